@@ -1,0 +1,45 @@
+/* tern.h: Tern guest ABI v1 for C (see ABI.md; one definition in guest-sdk/src/abi.rs).
+ *
+ * A Tern guest is a WASI preview1 command module (its `main` runs once per request, in a
+ * fresh instance). Build with: clang --target=wasm32-wasi -O2 -I guest-sdk/include ...
+ *
+ * Every function returns a non-negative result or one of the negative TERN_E* codes.
+ * A pointer/length pair outside the guest's memory traps the guest.
+ */
+#ifndef TERN_H
+#define TERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TERN_ABI_VERSION 1
+
+/* Error codes. */
+#define TERN_EINVALID_ARGUMENT (-1) /* malformed status, header name or value */
+#define TERN_EHEADERS_SENT (-2)     /* the body is already streaming: head is fixed */
+#define TERN_ELIMIT_EXCEEDED (-3)   /* too many headers or too large a body */
+#define TERN_EIO (-4)               /* the client went away or its body failed */
+
+/* Response bodies up to this size are buffered and sent complete; larger ones stream. */
+#define TERN_STREAM_THRESHOLD 65536
+
+#define TERN_IMPORT(name) __attribute__((import_module("tern"), import_name(name)))
+
+/* Copy the request method into buf (at most len bytes); returns its full length. */
+TERN_IMPORT("request_method") int32_t tern_request_method(char *buf, size_t len);
+/* Copy the request target (path and query); returns its full length. */
+TERN_IMPORT("request_uri") int32_t tern_request_uri(char *buf, size_t len);
+/* Copy every request header as "name\0value\0" pairs; returns the full length. */
+TERN_IMPORT("request_headers") int32_t tern_request_headers(char *buf, size_t len);
+/* Read the next bytes of the request body; returns the count, 0 at the end. */
+TERN_IMPORT("request_body_read") int32_t tern_request_body_read(char *buf, size_t len);
+/* Set the response status (100-999); returns 0. */
+TERN_IMPORT("response_set_status") int32_t tern_response_set_status(int32_t status);
+/* Append a response header; returns 0. */
+TERN_IMPORT("response_header_append")
+int32_t tern_response_header_append(const char *name, size_t name_len, const char *value,
+                                    size_t value_len);
+/* Append bytes to the response body; returns len. */
+TERN_IMPORT("response_body_write") int32_t tern_response_body_write(const char *buf, size_t len);
+
+#endif /* TERN_H */

@@ -1,0 +1,76 @@
+//! Tern guest ABI v1: the one definition of the contract between the server and its guests.
+//!
+//! The server (compiled for the host) and guests (compiled for `wasm32-wasip1`) both use this
+//! module, so import names, error codes and limits cannot drift apart. `ABI.md` and
+//! `include/tern.h` describe the same contract for other languages; a server test checks both
+//! against the constants here.
+
+/// Version of this ABI. Bumped on any incompatible change.
+pub const VERSION: u32 = 1;
+
+/// Wasm import module that holds every Tern host function.
+pub const IMPORT_MODULE: &str = "tern";
+
+/// The export the server calls once per request: the module's WASI command entry point.
+pub const HANDLER_EXPORT: &str = "_start";
+
+/// Export the server reads and writes guest memory through.
+pub const MEMORY_EXPORT: &str = "memory";
+
+/// Names of the host functions in [`IMPORT_MODULE`], with their Wasm signatures.
+pub mod func {
+    /// `(buf: i32, buf_len: i32) -> i32`: copy the request method; returns its full length.
+    pub const REQUEST_METHOD: &str = "request_method";
+    /// `(buf: i32, buf_len: i32) -> i32`: copy the request target (path and query); returns its full length.
+    pub const REQUEST_URI: &str = "request_uri";
+    /// `(buf: i32, buf_len: i32) -> i32`: copy every request header as `name NUL value NUL`
+    /// pairs; returns the full length.
+    pub const REQUEST_HEADERS: &str = "request_headers";
+    /// `(buf: i32, buf_len: i32) -> i32`: read the next bytes of the request body;
+    /// returns how many were written, `0` at the end of the body.
+    pub const REQUEST_BODY_READ: &str = "request_body_read";
+    /// `(status: i32) -> i32`: set the response status (100-999); `0` on success.
+    pub const RESPONSE_SET_STATUS: &str = "response_set_status";
+    /// `(name: i32, name_len: i32, value: i32, value_len: i32) -> i32`: append a response header.
+    pub const RESPONSE_HEADER_APPEND: &str = "response_header_append";
+    /// `(buf: i32, buf_len: i32) -> i32`: append bytes to the response body; returns `buf_len`.
+    pub const RESPONSE_BODY_WRITE: &str = "response_body_write";
+
+    /// Every host function name, for checks that list them.
+    pub const ALL: [&str; 7] = [
+        REQUEST_METHOD,
+        REQUEST_URI,
+        REQUEST_HEADERS,
+        REQUEST_BODY_READ,
+        RESPONSE_SET_STATUS,
+        RESPONSE_HEADER_APPEND,
+        RESPONSE_BODY_WRITE,
+    ];
+}
+
+/// Negative return values of the host functions. Non-negative values are results.
+///
+/// A pointer/length pair outside the guest's memory is not an error code: it traps the guest.
+pub mod errno {
+    /// An argument is malformed: a status outside 100-999, an invalid header name or value.
+    pub const INVALID_ARGUMENT: i32 = -1;
+    /// The response head was already sent (the body started streaming), so the status and
+    /// headers can no longer change.
+    pub const HEADERS_SENT: i32 = -2;
+    /// A per-request limit was hit: too many response headers or too large a response body.
+    pub const LIMIT_EXCEEDED: i32 = -3;
+    /// The client went away or its request body failed mid-stream.
+    pub const IO: i32 = -4;
+
+    /// Every error code with its name, for checks that list them.
+    pub const ALL: [(&str, i32); 4] = [
+        ("INVALID_ARGUMENT", INVALID_ARGUMENT),
+        ("HEADERS_SENT", HEADERS_SENT),
+        ("LIMIT_EXCEEDED", LIMIT_EXCEEDED),
+        ("IO", IO),
+    ];
+}
+
+/// Response bodies up to this many bytes are buffered, so the response is sent complete, with a
+/// `Content-Length` and the full `Server-Timing`; past it the head is sent and the body streams.
+pub const STREAM_THRESHOLD: usize = 64 * 1024;

@@ -1,0 +1,312 @@
+//! Write Tern request handlers in Rust.
+//!
+//! A Tern guest is a WASI preview1 command module: for every HTTP request the server
+//! instantiates it afresh, runs its `main`, and throws it away. `main` hands a handler to
+//! [`serve`], which reads the request from the host, calls the handler and writes its response.
+//!
+//! ```no_run
+//! use tern_sdk::http::{Request, Response};
+//! use tern_sdk::Body;
+//!
+//! fn hello(_req: Request<Body>) -> Response<Vec<u8>> {
+//!     Response::builder()
+//!         .header("content-type", "text/plain")
+//!         .body(b"Hello from Tern!\n".to_vec())
+//!         .unwrap()
+//! }
+//!
+//! fn main() {
+//!     tern_sdk::serve(hello);
+//! }
+//! ```
+//!
+//! Build it with `cargo build --target wasm32-wasip1 --release` and point a tenant's `module`
+//! at the `.wasm` file. Nothing survives between requests: statics start at their initial value
+//! every time.
+//!
+//! Large bodies stream: [`Body`] implements [`std::io::Read`] and pulls the request body from
+//! the host in chunks, and [`ResponseWriter`] implements [`std::io::Write`].
+
+pub mod abi;
+
+pub use http;
+
+use std::io;
+
+/// The raw host functions of ABI v1 (see `ABI.md`).
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
+mod sys {
+    #[link(wasm_import_module = "tern")]
+    unsafe extern "C" {
+        pub fn request_method(buf: *mut u8, len: usize) -> i32;
+        pub fn request_uri(buf: *mut u8, len: usize) -> i32;
+        pub fn request_headers(buf: *mut u8, len: usize) -> i32;
+        pub fn request_body_read(buf: *mut u8, len: usize) -> i32;
+        pub fn response_set_status(status: i32) -> i32;
+        pub fn response_header_append(
+            name: *const u8,
+            name_len: usize,
+            value: *const u8,
+            value_len: usize,
+        ) -> i32;
+        pub fn response_body_write(buf: *const u8, len: usize) -> i32;
+    }
+}
+
+/// Outside Wasm there is no Tern host: these stand-ins let the crate and its examples
+/// type-check on the host, and fail with `IO` if ever called.
+#[cfg(not(target_arch = "wasm32"))]
+#[allow(unsafe_code, clippy::missing_safety_doc)]
+mod sys {
+    use super::abi::errno::IO;
+    pub unsafe extern "C" fn request_method(_: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn request_uri(_: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn request_headers(_: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn request_body_read(_: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn response_set_status(_: i32) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn response_header_append(
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+    ) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn response_body_write(_: *const u8, _: usize) -> i32 {
+        IO
+    }
+}
+
+/// An error code returned by a host function (see [`abi::errno`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Error(pub i32);
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = abi::errno::ALL
+            .iter()
+            .find(|(_, code)| *code == self.0)
+            .map_or("UNKNOWN", |(name, _)| name);
+        write!(f, "tern host error {} ({name})", self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> Self {
+        io::Error::other(e)
+    }
+}
+
+fn check(ret: i32) -> Result<usize, Error> {
+    usize::try_from(ret).map_err(|_| Error(ret))
+}
+
+/// Calls a "copy into my buffer, tell me the full length" host function until the buffer fits.
+#[allow(unsafe_code)]
+fn fetch(
+    f: unsafe extern "C" fn(*mut u8, usize) -> i32,
+    first_guess: usize,
+) -> Result<Vec<u8>, Error> {
+    let mut buf = Vec::with_capacity(first_guess);
+    loop {
+        // SAFETY: the host writes at most `capacity` bytes into the spare capacity.
+        let full = check(unsafe { f(buf.as_mut_ptr(), buf.capacity()) })?;
+        if full <= buf.capacity() {
+            // SAFETY: the host initialised the first `full` bytes.
+            unsafe { buf.set_len(full) };
+            return Ok(buf);
+        }
+        buf.reserve_exact(full);
+    }
+}
+
+/// Low-level, safe wrappers of each host function, for handlers that want full control.
+pub mod raw {
+    #![allow(unsafe_code)]
+    use super::{Error, check, fetch, sys};
+
+    /// The request method, e.g. `GET`.
+    ///
+    /// # Errors
+    /// Only if called outside a Tern guest.
+    pub fn method() -> Result<Vec<u8>, Error> {
+        fetch(sys::request_method, 16)
+    }
+
+    /// The request target: path and query, e.g. `/echo?x=1`.
+    ///
+    /// # Errors
+    /// Only if called outside a Tern guest.
+    pub fn uri() -> Result<Vec<u8>, Error> {
+        fetch(sys::request_uri, 256)
+    }
+
+    /// Every request header as `name NUL value NUL` pairs.
+    ///
+    /// # Errors
+    /// Only if called outside a Tern guest.
+    pub fn headers() -> Result<Vec<u8>, Error> {
+        fetch(sys::request_headers, 1024)
+    }
+
+    /// Reads the next bytes of the request body into `buf`; `Ok(0)` at its end.
+    ///
+    /// # Errors
+    /// [`abi::errno::IO`](crate::abi::errno::IO) if the client's body failed mid-stream.
+    pub fn body_read(buf: &mut [u8]) -> Result<usize, Error> {
+        // SAFETY: the host writes at most `buf.len()` bytes into `buf`.
+        check(unsafe { sys::request_body_read(buf.as_mut_ptr(), buf.len()) })
+    }
+
+    /// Sets the response status.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` outside 100-999, `HEADERS_SENT` once the body has started streaming.
+    pub fn set_status(status: u16) -> Result<(), Error> {
+        // SAFETY: no pointers are passed.
+        check(unsafe { sys::response_set_status(i32::from(status)) }).map(drop)
+    }
+
+    /// Appends a response header.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for an invalid name or value, `HEADERS_SENT` once the body has
+    /// started streaming, `LIMIT_EXCEEDED` past the tenant's header limit.
+    pub fn header_append(name: &[u8], value: &[u8]) -> Result<(), Error> {
+        // SAFETY: both slices are valid for their lengths; the host only reads them.
+        check(unsafe {
+            sys::response_header_append(name.as_ptr(), name.len(), value.as_ptr(), value.len())
+        })
+        .map(drop)
+    }
+
+    /// Appends bytes to the response body.
+    ///
+    /// # Errors
+    /// `LIMIT_EXCEEDED` past the tenant's body limit, `IO` if the client went away.
+    pub fn body_write(buf: &[u8]) -> Result<usize, Error> {
+        // SAFETY: `buf` is valid for its length; the host only reads it.
+        check(unsafe { sys::response_body_write(buf.as_ptr(), buf.len()) })
+    }
+}
+
+/// The request body, read from the host in chunks as the handler asks for it.
+#[derive(Debug, Default)]
+pub struct Body {
+    done: bool,
+}
+
+impl Body {
+    /// Reads the rest of the body into memory.
+    ///
+    /// # Errors
+    /// If the client's body fails mid-stream.
+    pub fn into_bytes(mut self) -> io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        io::Read::read_to_end(&mut self, &mut out)?;
+        Ok(out)
+    }
+}
+
+impl io::Read for Body {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.done || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = raw::body_read(buf)?;
+        self.done = n == 0;
+        Ok(n)
+    }
+}
+
+/// A response body that streams to the client as it is written.
+///
+/// Obtain one with [`ResponseWriter::start`]; the status and headers are fixed by then.
+#[derive(Debug)]
+pub struct ResponseWriter(());
+
+impl ResponseWriter {
+    /// Sends the status and headers of `head`; the body follows through [`io::Write`].
+    ///
+    /// # Errors
+    /// If the host refuses the status or a header (see [`raw::header_append`]).
+    pub fn start(head: &http::response::Parts) -> Result<Self, Error> {
+        raw::set_status(head.status.as_u16())?;
+        for (name, value) in &head.headers {
+            raw::header_append(name.as_str().as_bytes(), value.as_bytes())?;
+        }
+        Ok(Self(()))
+    }
+}
+
+impl io::Write for ResponseWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Ok(raw::body_write(buf)?)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Builds the incoming request from the host.
+///
+/// # Errors
+/// Only if called outside a Tern guest or the host sent something that is not HTTP.
+pub fn request() -> Result<http::Request<Body>, Error> {
+    let invalid = |_| Error(abi::errno::INVALID_ARGUMENT);
+    let method = http::Method::from_bytes(&raw::method()?).map_err(invalid)?;
+    let uri = http::Uri::try_from(raw::uri()?).map_err(|_| Error(abi::errno::INVALID_ARGUMENT))?;
+    let mut builder = http::Request::builder().method(method).uri(uri);
+    let headers = raw::headers()?;
+    let mut fields = headers.split(|b| *b == 0);
+    while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+        builder = builder.header(name, value);
+    }
+    builder
+        .body(Body::default())
+        .map_err(|_| Error(abi::errno::INVALID_ARGUMENT))
+}
+
+/// Sends a complete response to the host.
+///
+/// # Errors
+/// If the host refuses the status, a header, or the body (see [`raw`]).
+pub fn respond<B: AsRef<[u8]>>(response: http::Response<B>) -> Result<(), Error> {
+    let (head, body) = response.into_parts();
+    ResponseWriter::start(&head)?;
+    let mut rest = body.as_ref();
+    while !rest.is_empty() {
+        let n = raw::body_write(rest)?;
+        rest = &rest[n..];
+    }
+    Ok(())
+}
+
+/// Runs `handler` on the current request and sends its response: the whole of a guest's `main`.
+///
+/// If the handler's response cannot be sent (for example it exceeds the tenant's limits),
+/// the guest exits with status 1 and the client gets `500`.
+pub fn serve<B, F>(handler: F)
+where
+    B: AsRef<[u8]>,
+    F: FnOnce(http::Request<Body>) -> http::Response<B>,
+{
+    let result = request().and_then(|req| respond(handler(req)));
+    if let Err(e) = result {
+        eprintln!("tern-sdk: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,67 @@
+//! Builds the demo guests (guest-sdk/examples) for wasm32-wasip1 so `tern serve` can embed
+//! them: the README's first command then needs no setup beyond `cargo`.
+//!
+//! The guests get their own target directory under OUT_DIR, so this nested cargo never waits
+//! on the outer build's lock.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+const GUESTS: [&str; 4] = ["hello", "echo", "json", "counter"];
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let root = manifest
+        .parent()
+        .expect("server/ is inside the workspace")
+        .to_path_buf();
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("set by cargo"));
+    let target_dir = out.join("guests");
+    for watched in [
+        "guest-sdk/src",
+        "guest-sdk/examples",
+        "guest-sdk/Cargo.toml",
+        "Cargo.lock",
+    ] {
+        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+    }
+
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&root)
+        .args(["build", "--quiet", "-p", "tern-sdk", "--examples"])
+        .args([
+            "--target",
+            "wasm32-wasip1",
+            "--profile",
+            "guest",
+            "--target-dir",
+        ])
+        .arg(&target_dir);
+    // Host-build settings must not leak into the guest build.
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_BUILD_RUSTFLAGS",
+        "RUSTC_WORKSPACE_WRAPPER",
+    ] {
+        cmd.env_remove(var);
+    }
+    let status = cmd.status().expect("run cargo for the demo guests");
+    assert!(
+        status.success(),
+        "building the demo guests failed; is the wasm32-wasip1 target installed? \
+         (`rustup target add wasm32-wasip1`)"
+    );
+    for name in GUESTS {
+        let wasm = target_dir.join(format!("wasm32-wasip1/guest/examples/{name}.wasm"));
+        assert!(wasm.exists(), "{} was not built", wasm.display());
+        println!(
+            "cargo:rustc-env=TERN_GUEST_{}={}",
+            name.to_uppercase(),
+            wasm.display()
+        );
+    }
+}

@@ -1,0 +1,240 @@
+//! Ahead-of-time compiled modules: compile, seal, store atomically, verify and load by mmap.
+//!
+//! This is the only module with `unsafe`: loading compiled code. wasmtime trusts a `.cwasm`
+//! file's contents (it checks only the engine version and configuration), so Tern loads only
+//! files it can prove it produced unmodified: every artifact ends with a *seal*
+//! (`SHA-256 of the wasmtime artifact` + [`SEAL_MAGIC`]) written by [`compile`], and [`load_cwasm`]
+//! refuses a file whose digest does not match. Artifacts are written once, atomically (temp
+//! file, fsync, rename, fsync directory), and never rewritten in place, because they are mmapped
+//! for as long as a module lives.
+
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::hash::{Hash, Hasher};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use wasmtime::{Engine, Module, Precompiled};
+
+/// Marks the end of a sealed Tern artifact (format version 1).
+pub const SEAL_MAGIC: &[u8; 8] = b"TERNAOT1";
+const SEAL_LEN: usize = 32 + SEAL_MAGIC.len();
+
+/// Why a module could not be compiled or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The bytes are not a valid WebAssembly module.
+    #[error("{what}: not a valid WebAssembly module: {reason}")]
+    InvalidWasm {
+        /// The file or module name.
+        what: String,
+        /// The validator's or compiler's message.
+        reason: String,
+    },
+    /// A `.cwasm` without a valid Tern seal: modified, truncated, or not made by Tern.
+    #[error(
+        "{path}: compiled artifact refused: {reason}; only artifacts written by `tern compile` \
+         or this server are loaded, unmodified"
+    )]
+    Tampered {
+        /// The file.
+        path: String,
+        /// What failed: no seal, or a digest mismatch.
+        reason: String,
+    },
+    /// A sealed artifact from another wasmtime version or engine configuration.
+    #[error(
+        "{path}: compiled artifact is incompatible with this server's engine (another Tern \
+         version or configuration); recompile it with `tern compile`: {reason}"
+    )]
+    Incompatible {
+        /// The file.
+        path: String,
+        /// wasmtime's message.
+        reason: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ArtifactError + '_ {
+    move |source| ArtifactError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// A stable fingerprint of everything in `engine` that decides whether an artifact loads.
+pub fn engine_fingerprint(engine: &Engine) -> String {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+/// Compiles `wasm` with `engine` and returns a sealed artifact.
+///
+/// # Errors
+/// [`ArtifactError::InvalidWasm`] if `wasm` does not validate or compile.
+pub fn compile(engine: &Engine, wasm: &[u8], what: &str) -> Result<Vec<u8>, ArtifactError> {
+    let invalid = |e: wasmtime::Error| ArtifactError::InvalidWasm {
+        what: what.to_string(),
+        reason: format!("{e:#}"),
+    };
+    if Engine::detect_precompiled(wasm).is_some() {
+        return Err(ArtifactError::InvalidWasm {
+            what: what.to_string(),
+            reason: "this is already a compiled artifact, not a .wasm file".into(),
+        });
+    }
+    let mut out = engine.precompile_module(wasm).map_err(invalid)?;
+    seal(&mut out);
+    Ok(out)
+}
+
+/// Appends the seal (digest + magic) to a wasmtime artifact.
+pub fn seal(artifact: &mut Vec<u8>) {
+    let digest = Sha256::digest(&artifact[..]);
+    artifact.extend_from_slice(&digest);
+    artifact.extend_from_slice(SEAL_MAGIC);
+}
+
+/// Writes `bytes` to `path` atomically: a crash leaves the old file or the new one, never a
+/// torn one, and a file that is mapped somewhere is replaced, never modified.
+///
+/// # Errors
+/// Any I/O failure; the temporary file is removed.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ArtifactError> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}-{}", std::process::id(), unique()));
+    let result = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(io_err(path))
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Loads a sealed `.cwasm` by mmap after checking its seal.
+///
+/// # Errors
+/// [`ArtifactError::Tampered`] without a valid seal, [`ArtifactError::Incompatible`] if it was
+/// compiled by another engine, [`ArtifactError::Io`] if it cannot be read.
+pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Module, ArtifactError> {
+    let tampered = |reason: &str| ArtifactError::Tampered {
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    };
+    // One open file for the check and the mapping: the bytes checked are the bytes mapped.
+    let mut file = File::open(path).map_err(io_err(path))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(io_err(path))?;
+    if bytes.len() < SEAL_LEN || &bytes[bytes.len() - SEAL_MAGIC.len()..] != SEAL_MAGIC {
+        return Err(tampered("it has no Tern seal"));
+    }
+    let (body, seal) = bytes.split_at(bytes.len() - SEAL_LEN);
+    if Sha256::digest(body)[..] != seal[..32] {
+        return Err(tampered("its contents do not match its seal"));
+    }
+    if Engine::detect_precompiled(body) != Some(Precompiled::Module) {
+        return Err(tampered("it is not a compiled core module"));
+    }
+    drop(bytes);
+    // SAFETY: the file's digest matches the seal that `compile` appended to wasmtime's own
+    // output, so these are the unmodified bytes of `Engine::precompile_module`; wasmtime itself
+    // refuses output of another version or configuration. Tern writes artifacts only through
+    // `write_atomic` (rename, never in place), so the mapped file does not change while the
+    // module lives. The seal after the ELF image is ignored by wasmtime's object parser.
+    unsafe { Module::deserialize_open_file(engine, file) }.map_err(|e| {
+        ArtifactError::Incompatible {
+            path: path.display().to_string(),
+            reason: format!("{e:#}"),
+        }
+    })
+}
+
+/// Where the compiled form of `wasm` lives in `cache_dir`: keyed by the module's hash and the
+/// engine's fingerprint, so another engine never picks up a stale artifact.
+pub fn cache_path(engine: &Engine, cache_dir: &Path, wasm: &[u8]) -> PathBuf {
+    let digest = hex(&Sha256::digest(wasm));
+    cache_dir.join(format!("{digest}-{}.cwasm", engine_fingerprint(engine)))
+}
+
+/// Loads `wasm` bytes through the artifact cache: compiles and stores them on a miss, reuses
+/// the mmapped artifact on a hit. Call it off the async reactor: compiling takes a while.
+///
+/// # Errors
+/// If `wasm` is invalid or the cache cannot be written.
+pub fn load_wasm(
+    engine: &Engine,
+    wasm: &[u8],
+    what: &str,
+    cache_dir: &Path,
+) -> Result<Module, ArtifactError> {
+    let path = cache_path(engine, cache_dir, wasm);
+    if path.exists() {
+        match load_cwasm(engine, &path) {
+            Ok(m) => return Ok(m),
+            // A damaged cache entry is replaced, not trusted.
+            Err(e) => tracing::warn!("replacing cached artifact: {e}"),
+        }
+    }
+    let artifact = compile(engine, wasm, what)?;
+    write_atomic(&path, &artifact)?;
+    load_cwasm(engine, &path)
+}
+
+/// Loads a module file: a sealed `.cwasm` directly, a `.wasm` through the cache.
+///
+/// # Errors
+/// See [`load_cwasm`] and [`load_wasm`].
+pub fn load_file(engine: &Engine, path: &Path, cache_dir: &Path) -> Result<Module, ArtifactError> {
+    let kind = Engine::detect_precompiled_file(path).map_err(|e| ArtifactError::Io {
+        path: path.display().to_string(),
+        source: std::io::Error::other(format!("{e:#}")),
+    })?;
+    match kind {
+        Some(_) => load_cwasm(engine, path),
+        None => {
+            let wasm = std::fs::read(path).map_err(io_err(path))?;
+            load_wasm(engine, &wasm, &path.display().to_string(), cache_dir)
+        }
+    }
+}

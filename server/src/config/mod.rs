@@ -1,0 +1,453 @@
+//! Configuration: the TOML schema, its defaults, and validation with `file:line` errors.
+//!
+//! `tern serve` with no `--config` uses [`DEMO_CONFIG`], which routes the built-in demo tenants.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The built-in configuration: the demo tenants on `127.0.0.1:8080`.
+pub const DEMO_CONFIG: &str = include_str!("../../../config/tern.toml");
+
+/// Name shown in errors for [`DEMO_CONFIG`].
+pub const DEMO_CONFIG_NAME: &str = "<built-in config/tern.toml>";
+
+/// A configuration that cannot be used, with where in which file the problem is.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        /// The configuration file.
+        file: String,
+        /// Why it could not be read.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not match the schema, or a value is invalid.
+    #[error("{file}:{line}:{column}: {message}")]
+    Invalid {
+        /// The configuration file.
+        file: String,
+        /// 1-based line of the offending value.
+        line: usize,
+        /// 1-based column of the offending value.
+        column: usize,
+        /// What is wrong, naming the field.
+        message: String,
+    },
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Listeners, threads, caches.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Sizing of the preallocated instance pool.
+    #[serde(default)]
+    pub pool: PoolConfig,
+    /// The tenants and their routes.
+    #[serde(default, rename = "tenant")]
+    pub tenants: Vec<TenantConfig>,
+    /// Directory relative module paths are resolved against (the config file's directory).
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+/// `[server]`: process-wide settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Public listener for tenant traffic.
+    pub listen: SocketAddr,
+    /// Admin listener (`/metrics`, `/healthz`, `/readyz`); keep it off the public network.
+    pub admin_listen: SocketAddr,
+    /// Tokio worker threads; `0` means one per CPU core.
+    pub worker_threads: usize,
+    /// Where compiled modules are cached; empty means `$TERN_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/tern`, else `~/.cache/tern`.
+    pub cache_dir: String,
+    /// How long in-flight requests may take to finish after SIGTERM/SIGINT.
+    pub shutdown_grace_ms: u64,
+    /// At most this many tenants get their own metrics label; the rest count as `other`,
+    /// which keeps the metrics' cardinality bounded.
+    pub max_tenant_labels: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            worker_threads: 0,
+            cache_dir: String::new(),
+            shutdown_grace_ms: 10_000,
+            max_tenant_labels: 1000,
+        }
+    }
+}
+
+/// `[pool]`: the region of preallocated instance slots every request takes one of.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Instance slots (and memories, tables, fiber stacks): the most guests running at once.
+    pub instances: u32,
+    /// Largest linear memory any guest may have, in MiB (a tenant's limit may be lower).
+    pub max_memory_mib: u64,
+    /// Largest table any guest may have, in elements.
+    pub table_elements: usize,
+    /// Bytes of each freed memory slot that are reset by `memset` (and kept resident) instead of
+    /// returned to the kernel; covers what a small guest dirties, so most requests make no
+    /// `madvise` call. Measured: 1 MiB halves a Rust guest's instantiate+run+teardown.
+    pub memory_keep_resident_kib: usize,
+    /// Likewise for tables.
+    pub table_keep_resident_kib: usize,
+    /// Largest stack a guest may use before it traps with a stack overflow, in KiB.
+    pub max_wasm_stack_kib: usize,
+    /// Size of each guest's fiber stack, in KiB: the guest's stack plus room for host calls,
+    /// which must be at least 256 KiB more than `max_wasm_stack_kib`.
+    pub async_stack_kib: usize,
+    /// How long a request may wait for a free slot before it gets `503`.
+    pub queue_timeout_ms: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            instances: 256,
+            max_memory_mib: 256,
+            table_elements: 20_000,
+            memory_keep_resident_kib: 1024,
+            table_keep_resident_kib: 16,
+            max_wasm_stack_kib: 512,
+            async_stack_kib: 1024,
+            queue_timeout_ms: 1000,
+        }
+    }
+}
+
+/// `[[tenant]]`: one handler module and the requests routed to it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Unique name, used in logs and metrics labels.
+    pub name: Spanned<String>,
+    /// `.wasm` or `.cwasm` path (relative to the config file), or `builtin:NAME` for a demo guest.
+    pub module: Spanned<String>,
+    /// Host names routed here: exact (`api.example.com`) or wildcard (`*.example.com`).
+    /// Empty means any host.
+    #[serde(default)]
+    pub hosts: Vec<Spanned<String>>,
+    /// Path prefixes routed here (`/api` matches `/api` and `/api/...`). Empty means `/`.
+    #[serde(default)]
+    pub paths: Vec<Spanned<String>>,
+    /// Environment variables the tenant's guests see (and no others).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Per-request limits.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+/// `[tenant.limits]`: what one request of this tenant may use.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Wall-clock budget of a request's guest (instantiate + run), in ms; past it: `504`.
+    pub timeout_ms: u64,
+    /// Largest linear memory, in MiB; growth past it fails as the Wasm spec allows.
+    pub max_memory_mib: u64,
+    /// Bytes of stdout and of stderr kept per request for the log.
+    pub stdio_bytes: usize,
+    /// Largest response body, in bytes.
+    pub max_response_bytes: u64,
+    /// Most response headers a guest may set.
+    pub max_response_headers: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            timeout_ms: 1000,
+            max_memory_mib: 128,
+            stdio_bytes: 64 * 1024,
+            max_response_bytes: 64 * 1024 * 1024,
+            max_response_headers: 100,
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    ///
+    /// # Errors
+    /// If the file cannot be read, is not valid TOML, or fails validation; the error names the
+    /// file, line and field.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.display().to_string(),
+            source,
+        })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Self::parse(&text, &path.display().to_string(), base)
+    }
+
+    /// The built-in demo configuration.
+    ///
+    /// # Panics
+    /// Never: a test checks that the built-in configuration is valid.
+    pub fn demo() -> Self {
+        Self::parse(DEMO_CONFIG, DEMO_CONFIG_NAME, PathBuf::from("."))
+            .expect("built-in config is valid")
+    }
+
+    /// Parses and validates configuration text; `file` names it in errors.
+    ///
+    /// # Errors
+    /// If the text is not valid TOML or fails validation.
+    pub fn parse(text: &str, file: &str, base_dir: PathBuf) -> Result<Self, ConfigError> {
+        let invalid = |span: Option<std::ops::Range<usize>>, message: String| {
+            let (line, column) = line_col(text, span.map_or(0, |s| s.start));
+            ConfigError::Invalid {
+                file: file.to_string(),
+                line,
+                column,
+                message,
+            }
+        };
+        let mut config: Config =
+            toml::from_str(text).map_err(|e| invalid(e.span(), e.message().trim().to_string()))?;
+        config.base_dir = base_dir;
+        config
+            .validate()
+            .map_err(|(span, message)| invalid(span, message))?;
+        Ok(config)
+    }
+
+    /// Checks what the schema alone cannot: value ranges, names, routes and their clashes.
+    fn validate(&self) -> Result<(), (Option<std::ops::Range<usize>>, String)> {
+        let pool = &self.pool;
+        let whole = |m: &str| Err((None, m.to_string()));
+        if pool.instances == 0 {
+            return whole("pool.instances must be at least 1");
+        }
+        if pool.max_memory_mib == 0 || pool.max_memory_mib > 4096 {
+            return whole("pool.max_memory_mib must be between 1 and 4096");
+        }
+        if pool.max_wasm_stack_kib < 64 {
+            return whole("pool.max_wasm_stack_kib must be at least 64");
+        }
+        if pool.async_stack_kib < pool.max_wasm_stack_kib + 256 {
+            return whole(
+                "pool.async_stack_kib must exceed pool.max_wasm_stack_kib by at least 256 \
+                 (host calls run on the rest of the fiber stack)",
+            );
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut routes: BTreeMap<(String, String), &str> = BTreeMap::new();
+        for t in &self.tenants {
+            let name = t.name.get_ref();
+            let here = |s: &Spanned<String>, m: String| Err((Some(s.span()), m));
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return here(
+                    &t.name,
+                    format!("tenant.name {name:?} must be 1-64 letters, digits, '-' or '_'"),
+                );
+            }
+            if name == "other" || name == "none" {
+                return here(
+                    &t.name,
+                    format!("tenant.name {name:?} is reserved for metrics"),
+                );
+            }
+            if !names.insert(name.clone()) {
+                return here(
+                    &t.name,
+                    format!("tenant.name {name:?} is used by two tenants"),
+                );
+            }
+            if t.module.get_ref().is_empty() {
+                return here(
+                    &t.module,
+                    format!("tenant {name:?}: module must not be empty"),
+                );
+            }
+            for h in &t.hosts {
+                if let Err(m) = crate::router::HostPattern::parse(h.get_ref()) {
+                    return here(h, format!("tenant {name:?}: hosts: {m}"));
+                }
+            }
+            for p in &t.paths {
+                if let Err(m) = crate::router::check_prefix(p.get_ref()) {
+                    return here(p, format!("tenant {name:?}: paths: {m}"));
+                }
+            }
+            let l = &t.limits;
+            if l.timeout_ms == 0 {
+                return here(
+                    &t.name,
+                    format!("tenant {name:?}: limits.timeout_ms must be > 0"),
+                );
+            }
+            if l.max_memory_mib == 0 || l.max_memory_mib > pool.max_memory_mib {
+                return here(
+                    &t.name,
+                    format!(
+                        "tenant {name:?}: limits.max_memory_mib must be between 1 and \
+                         pool.max_memory_mib ({})",
+                        pool.max_memory_mib
+                    ),
+                );
+            }
+            for (k, _) in &t.env {
+                if k.is_empty() || k.contains('=') || k.contains('\0') {
+                    return here(
+                        &t.name,
+                        format!("tenant {name:?}: env name {k:?} is invalid"),
+                    );
+                }
+            }
+            // Every (host, prefix) pair must belong to one tenant: the router ranks routes by
+            // host specificity then prefix length, so only identical pairs could be ambiguous.
+            let any = Spanned::new(0..0, String::new());
+            let root = Spanned::new(0..0, "/".to_string());
+            let hosts: Vec<&Spanned<String>> = if t.hosts.is_empty() {
+                vec![&any]
+            } else {
+                t.hosts.iter().collect()
+            };
+            let paths: Vec<&Spanned<String>> = if t.paths.is_empty() {
+                vec![&root]
+            } else {
+                t.paths.iter().collect()
+            };
+            for h in &hosts {
+                for p in &paths {
+                    let key = (
+                        h.get_ref().to_ascii_lowercase(),
+                        normalise_prefix(p.get_ref()),
+                    );
+                    if let Some(other) = routes.insert(key, name) {
+                        let span = if p.span().is_empty() {
+                            t.name.span()
+                        } else {
+                            p.span()
+                        };
+                        return Err((
+                            Some(span),
+                            format!(
+                                "tenant {name:?}: route host={:?} path={:?} is already \
+                                 routed to tenant {other:?}",
+                                if h.get_ref().is_empty() {
+                                    "*"
+                                } else {
+                                    h.get_ref()
+                                },
+                                p.get_ref()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `/api/` and `/api` route the same requests.
+pub fn normalise_prefix(p: &str) -> String {
+    let trimmed = p.trim_end_matches('/');
+    if trimmed.is_empty() {
+        "/".to_string()
+    } else {
+        trimmed.to_string()
+    }
+}
+
+/// 1-based line and column of byte `offset` in `text`.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rfind('\n')
+        .map_or(before.len(), |i| before.len() - i - 1)
+        + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Config::parse(text, "t.toml", PathBuf::new())
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn demo_config_is_valid_and_routes_the_demo_tenants() {
+        let c = Config::demo();
+        let names: Vec<&str> = c
+            .tenants
+            .iter()
+            .map(|t| t.name.get_ref().as_str())
+            .collect();
+        assert_eq!(names, ["hello", "echo", "json", "counter"]);
+        assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
+    }
+
+    #[test]
+    fn syntax_errors_name_file_and_line() {
+        assert!(
+            err("[server]\nlisten = \n").starts_with("t.toml:2:"),
+            "{}",
+            err("[server]\nlisten = \n")
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_with_their_line() {
+        let e = err("[pool]\ninstances = 4\nbogus = 1\n");
+        assert!(e.starts_with("t.toml:3:") && e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn route_clash_names_both_tenants_and_the_line() {
+        let e = err(
+            "[[tenant]]\nname = \"a\"\nmodule = \"a.wasm\"\npaths = [\"/x\"]\n\
+             [[tenant]]\nname = \"b\"\nmodule = \"b.wasm\"\npaths = [\"/x/\"]\n",
+        );
+        assert!(
+            e.starts_with("t.toml:8:") && e.contains("\"a\"") && e.contains("\"b\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_prefix_and_host_are_refused() {
+        let e = err("[[tenant]]\nname = \"a\"\nmodule = \"a.wasm\"\npaths = [\"x\"]\n");
+        assert!(e.starts_with("t.toml:4:") && e.contains("paths"), "{e}");
+        let e = err("[[tenant]]\nname = \"a\"\nmodule = \"a.wasm\"\nhosts = [\"a.*.com\"]\n");
+        assert!(e.starts_with("t.toml:4:") && e.contains("hosts"), "{e}");
+    }
+
+    #[test]
+    fn tenant_memory_limit_must_fit_the_pool() {
+        let e = err(
+            "[pool]\nmax_memory_mib = 64\n[[tenant]]\nname = \"a\"\nmodule = \"a.wasm\"\n\
+             [tenant.limits]\nmax_memory_mib = 128\n",
+        );
+        assert!(e.contains("max_memory_mib"), "{e}");
+    }
+}

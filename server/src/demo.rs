@@ -1,0 +1,16 @@
+//! The demo guests, built from `guest-sdk/examples` by `build.rs` and embedded in the binary,
+//! so `tern serve` works with no files at all (`module = "builtin:NAME"`).
+
+/// Names of the built-in modules.
+pub const NAMES: [&str; 4] = ["hello", "echo", "json", "counter"];
+
+/// The `.wasm` bytes of built-in module `name`.
+pub fn module(name: &str) -> Option<&'static [u8]> {
+    Some(match name {
+        "hello" => include_bytes!(env!("TERN_GUEST_HELLO")),
+        "echo" => include_bytes!(env!("TERN_GUEST_ECHO")),
+        "json" => include_bytes!(env!("TERN_GUEST_JSON")),
+        "counter" => include_bytes!(env!("TERN_GUEST_COUNTER")),
+        _ => return None,
+    })
+}

@@ -1,0 +1,333 @@
+//! Execute: instantiate a fresh guest for one request and run its handler on its own fiber.
+//!
+//! Each request gets a new `Store`; `instantiate_async` takes a slot from the pool and maps the
+//! module's copy-on-write heap image; the handler (`_start`) runs through `call_async` on a
+//! pooled fiber stack. Epoch interruption makes the guest yield every tick, so a busy guest
+//! never holds a worker thread, and a wall-clock deadline around the whole run cuts it off.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use tokio::sync::oneshot;
+use wasmtime::{Extern, Store, Trap};
+use wasmtime_wasi::I32Exit;
+use wasmtime_wasi::WasiCtxBuilder;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+
+use crate::hostcalls::{GuestFault, GuestLimits, GuestRequest, GuestResponse, GuestState, Head};
+use crate::teardown;
+use crate::tenant::TenantRef;
+
+/// How a guest run ended; also the `outcome` label of `tern_guest_outcomes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The handler returned (or exited with status 0).
+    Ok = 0,
+    /// The wall-clock deadline passed.
+    Timeout,
+    /// Wasm stack overflow.
+    TrapStackOverflow,
+    /// Out-of-bounds memory or table access.
+    TrapOutOfBounds,
+    /// `unreachable` (also Rust panics with `panic = "abort"`).
+    TrapUnreachable,
+    /// Integer division by zero or overflow, or a bad float conversion.
+    TrapArithmetic,
+    /// `call_indirect` to a null or mistyped entry.
+    TrapBadIndirectCall,
+    /// Any other trap.
+    TrapOther,
+    /// A host call got a pointer outside guest memory.
+    BadPointer,
+    /// `proc_exit` with a non-zero status.
+    Exit,
+    /// Memory or table growth was refused by the tenant's limit.
+    MemoryLimit,
+    /// The response exceeded the tenant's body or header limits.
+    ResponseLimit,
+    /// No pool slot came free in time.
+    Overload,
+    /// Instantiation failed for another reason.
+    Error,
+}
+
+impl Outcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Outcome; 14] = [
+        Outcome::Ok,
+        Outcome::Timeout,
+        Outcome::TrapStackOverflow,
+        Outcome::TrapOutOfBounds,
+        Outcome::TrapUnreachable,
+        Outcome::TrapArithmetic,
+        Outcome::TrapBadIndirectCall,
+        Outcome::TrapOther,
+        Outcome::BadPointer,
+        Outcome::Exit,
+        Outcome::MemoryLimit,
+        Outcome::ResponseLimit,
+        Outcome::Overload,
+        Outcome::Error,
+    ];
+
+    /// The metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Timeout => "timeout",
+            Outcome::TrapStackOverflow => "trap_stack_overflow",
+            Outcome::TrapOutOfBounds => "trap_out_of_bounds",
+            Outcome::TrapUnreachable => "trap_unreachable",
+            Outcome::TrapArithmetic => "trap_arithmetic",
+            Outcome::TrapBadIndirectCall => "trap_bad_indirect_call",
+            Outcome::TrapOther => "trap_other",
+            Outcome::BadPointer => "bad_pointer",
+            Outcome::Exit => "exit",
+            Outcome::MemoryLimit => "memory_limit",
+            Outcome::ResponseLimit => "response_limit",
+            Outcome::Overload => "overload",
+            Outcome::Error => "error",
+        }
+    }
+
+    /// The status a client gets for this outcome.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Outcome::Ok => StatusCode::OK,
+            Outcome::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            Outcome::Overload => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// A failed guest run: what to count and what to tell the client.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ExecError {
+    /// The outcome (never [`Outcome::Ok`]).
+    pub outcome: Outcome,
+    /// A short message for the client; details go to the log.
+    pub message: String,
+}
+
+impl ExecError {
+    fn new(outcome: Outcome, message: impl Into<String>) -> Self {
+        Self {
+            outcome,
+            message: message.into(),
+        }
+    }
+}
+
+/// A guest's complete, buffered response.
+#[derive(Debug)]
+pub struct Finished {
+    /// Status set by the guest.
+    pub status: StatusCode,
+    /// Headers set by the guest.
+    pub headers: HeaderMap,
+    /// The whole body.
+    pub body: Bytes,
+}
+
+/// What a run produced and how long its phases took.
+#[derive(Debug)]
+pub struct RunOutput {
+    /// The response, `Ok(None)` if it was streamed (its head went through `commit`), or the
+    /// failure.
+    pub result: Result<Option<Finished>, ExecError>,
+    /// `Store::new` + WASI context + `instantiate_async`.
+    pub instantiate: Duration,
+    /// The handler call.
+    pub run: Duration,
+    /// Dropping the store.
+    pub teardown: Duration,
+}
+
+/// Instantiates a fresh guest of `tenant`, runs it on `request`, and tears it down.
+///
+/// If the guest's body outgrows the buffer, its head is sent through `commit` and the body
+/// streams from there while this future keeps running; the caller must then keep polling it
+/// (e.g. in a spawned task) until the guest ends.
+pub async fn run(
+    tenant: TenantRef,
+    request: GuestRequest,
+    commit: oneshot::Sender<Head>,
+    request_id: HeaderValue,
+) -> RunOutput {
+    let start = Instant::now();
+    let limits = &tenant.limits;
+    let stdout = MemoryOutputPipe::new(limits.stdio_bytes);
+    let stderr = MemoryOutputPipe::new(limits.stdio_bytes);
+    let wasi = WasiCtxBuilder::new()
+        .args(&[&tenant.name])
+        .envs(&tenant.env)
+        .stdout(stdout.clone())
+        .stderr(stderr.clone())
+        .build_p1();
+    let state = GuestState {
+        wasi,
+        memory: None,
+        request,
+        response: GuestResponse::new(
+            limits.max_response_bytes,
+            limits.max_response_headers,
+            commit,
+        ),
+        limits: GuestLimits {
+            max_memory: limits.max_memory,
+            max_table_elements: limits.max_table_elements,
+            memory_limit_hit: false,
+            peak_memory: 0,
+        },
+    };
+    let mut store = Store::new(tenant.pre.module().engine(), state);
+    store.limiter(|s| &mut s.limits);
+    // The first deadline is one tick away and every tick yields: time slicing, not a limit.
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_async_yield_and_update(1);
+
+    let mut instantiated = None;
+    let guest = async {
+        let instance = tenant
+            .pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(Stage::Instantiate)?;
+        let memory = instance
+            .get_module_export(&mut store, &tenant.memory)
+            .and_then(Extern::into_memory);
+        store.data_mut().memory = memory;
+        let handler = instance
+            .get_module_export(&mut store, &tenant.start)
+            .and_then(Extern::into_func)
+            .ok_or_else(|| Stage::Instantiate(wasmtime::format_err!("handler export missing")))?;
+        let handler = handler
+            .typed::<(), ()>(&store)
+            .map_err(Stage::Instantiate)?;
+        instantiated = Some(Instant::now());
+        handler.call_async(&mut store, ()).await.map_err(Stage::Run)
+    };
+    let result = tokio::time::timeout(limits.timeout, guest).await;
+    let ended = Instant::now();
+    let ran_from = instantiated.unwrap_or(ended);
+
+    let result = match result {
+        Err(_elapsed) => Err(ExecError::new(
+            Outcome::Timeout,
+            format!(
+                "guest exceeded its time limit ({} ms)",
+                limits.timeout.as_millis()
+            ),
+        )),
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(stage)) => classify(stage, store.data()),
+    };
+    let result = match result {
+        Ok(()) if store.data().response.is_streaming() => Ok(None),
+        Ok(()) => {
+            let resp = &mut store.data_mut().response;
+            Ok(Some(Finished {
+                status: resp.status,
+                headers: std::mem::take(&mut resp.headers),
+                body: resp.body.split().freeze(),
+            }))
+        }
+        Err(e) => {
+            store.data_mut().response.abort_stream().await;
+            tracing::warn!(
+                tenant = %tenant.name,
+                request_id = request_id.to_str().unwrap_or("-"),
+                outcome = e.outcome.name(),
+                "guest failed: {}", e.message
+            );
+            Err(e)
+        }
+    };
+    tenant.count_outcome(result.as_ref().map_or_else(|e| e.outcome, |_| Outcome::Ok));
+    let teardown = teardown::teardown(store);
+    teardown::log_stdio(
+        &tenant.name,
+        request_id.to_str().unwrap_or("-"),
+        &stdout,
+        &stderr,
+    );
+    RunOutput {
+        result,
+        instantiate: ran_from - start,
+        run: ended - ran_from,
+        teardown,
+    }
+}
+
+/// Where a guest error came from.
+enum Stage {
+    Instantiate(wasmtime::Error),
+    Run(wasmtime::Error),
+}
+
+fn classify(stage: Stage, state: &GuestState) -> Result<(), ExecError> {
+    let (err, instantiating) = match stage {
+        Stage::Instantiate(e) => (e, true),
+        Stage::Run(e) => (e, false),
+    };
+    if let Some(exit) = err.downcast_ref::<I32Exit>() {
+        return match exit.0 {
+            0 => Ok(()),
+            n if state.response.limit_hit => Err(response_limit(n)),
+            n => Err(ExecError::new(
+                Outcome::Exit,
+                format!("guest exited with status {n}"),
+            )),
+        };
+    }
+    if state.limits.memory_limit_hit {
+        return Err(ExecError::new(
+            Outcome::MemoryLimit,
+            format!(
+                "guest exceeded its memory limit ({} MiB)",
+                state.limits.max_memory / (1024 * 1024)
+            ),
+        ));
+    }
+    if state.response.limit_hit {
+        return Err(response_limit(1));
+    }
+    if let Some(fault) = err.downcast_ref::<GuestFault>() {
+        return Err(ExecError::new(
+            Outcome::BadPointer,
+            format!("guest fault: {fault}"),
+        ));
+    }
+    if let Some(trap) = err.downcast_ref::<Trap>() {
+        let outcome = match trap {
+            Trap::StackOverflow => Outcome::TrapStackOverflow,
+            Trap::MemoryOutOfBounds | Trap::TableOutOfBounds | Trap::HeapMisaligned => {
+                Outcome::TrapOutOfBounds
+            }
+            Trap::UnreachableCodeReached => Outcome::TrapUnreachable,
+            Trap::IntegerDivisionByZero | Trap::IntegerOverflow | Trap::BadConversionToInteger => {
+                Outcome::TrapArithmetic
+            }
+            Trap::IndirectCallToNull | Trap::BadSignature => Outcome::TrapBadIndirectCall,
+            _ => Outcome::TrapOther,
+        };
+        return Err(ExecError::new(outcome, format!("guest trapped: {trap}")));
+    }
+    let what = if instantiating {
+        "could not instantiate guest"
+    } else {
+        "guest failed"
+    };
+    tracing::debug!("{what}: {err:?}");
+    Err(ExecError::new(Outcome::Error, what))
+}
+
+fn response_limit(_status: i32) -> ExecError {
+    ExecError::new(
+        Outcome::ResponseLimit,
+        "guest exceeded its response size or header limit",
+    )
+}

@@ -1,0 +1,156 @@
+//! The host side of guest ABI v1: per-request guest state and the `tern` host functions.
+//!
+//! One file per interface: [`request`] (what the guest reads) and [`response`] (what it
+//! writes). Every pointer and length from the guest is bounds-checked against its memory; an
+//! out-of-range one traps the guest with [`GuestFault::BadPointer`] and never touches the host.
+
+pub mod request;
+pub mod response;
+
+use std::ops::Range;
+
+use tern_sdk::abi;
+use wasmtime::{Caller, Engine, Linker, Memory, ResourceLimiter};
+use wasmtime_wasi::p1::WasiP1Ctx;
+
+pub use request::{GuestRequest, RequestBody};
+pub use response::{GuestResponse, Head};
+
+/// Everything one request's store holds. Dropped with the store at teardown.
+pub struct GuestState {
+    /// WASI preview1: args, this tenant's env, captured stdout/stderr; no files, no sockets.
+    pub wasi: WasiP1Ctx,
+    /// The guest's exported memory, set right after instantiation.
+    pub memory: Option<Memory>,
+    /// The request the guest reads.
+    pub request: GuestRequest,
+    /// The response the guest writes.
+    pub response: GuestResponse,
+    /// Memory and table limits, and whether the guest ran into them.
+    pub limits: GuestLimits,
+}
+
+/// A guest fault caused by a host call, which traps the guest.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestFault {
+    /// A pointer/length pair outside the guest's memory.
+    #[error("guest passed a pointer/length outside its memory to `{0}`")]
+    BadPointer(&'static str),
+    /// The module has no memory export (refused at load, so only a broken module gets here).
+    #[error("guest has no exported memory")]
+    NoMemory,
+}
+
+/// Limits memory and table growth per request; remembers the peak and whether a limit was hit.
+#[derive(Debug, Clone)]
+pub struct GuestLimits {
+    /// Largest linear memory, in bytes.
+    pub max_memory: usize,
+    /// Largest table, in elements.
+    pub max_table_elements: usize,
+    /// Set when a growth request was refused: a later trap is then reported as the limit.
+    pub memory_limit_hit: bool,
+    /// Largest memory size the guest reached, in bytes.
+    pub peak_memory: usize,
+}
+
+impl ResourceLimiter for GuestLimits {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.max_memory {
+            self.memory_limit_hit = true;
+            return Ok(false);
+        }
+        self.peak_memory = self.peak_memory.max(desired);
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.max_table_elements {
+            self.memory_limit_hit = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn instances(&self) -> usize {
+        1
+    }
+    fn memories(&self) -> usize {
+        1
+    }
+    fn tables(&self) -> usize {
+        1
+    }
+}
+
+/// Builds the linker every tenant is pre-linked against: WASI preview1 plus the `tern` ABI.
+///
+/// # Errors
+/// Only if wasmtime rejects a definition (a bug).
+pub fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut GuestState| &mut s.wasi)?;
+    request::add_to_linker(&mut linker)?;
+    response::add_to_linker(&mut linker)?;
+    Ok(linker)
+}
+
+/// The range `ptr..ptr+len` of guest memory, if it lies inside `mem_len` bytes.
+///
+/// Wasm passes `i32`s; they are reinterpreted as the unsigned 32-bit values the guest meant.
+fn guest_range(ptr: i32, len: i32, mem_len: usize) -> Option<Range<usize>> {
+    let start = ptr as u32 as usize;
+    let end = start.checked_add(len as u32 as usize)?;
+    (end <= mem_len).then_some(start..end)
+}
+
+fn memory(caller: &Caller<'_, GuestState>) -> wasmtime::Result<Memory> {
+    caller
+        .data()
+        .memory
+        .ok_or_else(|| wasmtime::Error::new(GuestFault::NoMemory))
+}
+
+/// Copies as much of `src` as fits into the guest buffer `ptr..ptr+len` and returns the full
+/// length of `src`, so the guest can retry with a larger buffer.
+fn copy_to_guest(
+    data: &mut [u8],
+    ptr: i32,
+    len: i32,
+    src: &[u8],
+    func: &'static str,
+) -> wasmtime::Result<i32> {
+    let range = guest_range(ptr, len, data.len())
+        .ok_or_else(|| wasmtime::Error::new(GuestFault::BadPointer(func)))?;
+    let n = range.len().min(src.len());
+    data[range.start..range.start + n].copy_from_slice(&src[..n]);
+    Ok(i32::try_from(src.len()).unwrap_or(abi::errno::LIMIT_EXCEEDED))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guest_range;
+
+    #[test]
+    fn guest_ranges_are_bounds_checked() {
+        assert_eq!(guest_range(0, 4, 4), Some(0..4));
+        assert_eq!(guest_range(4, 0, 4), Some(4..4));
+        assert_eq!(guest_range(1, 4, 4), None);
+        assert_eq!(guest_range(-1, 1, 1 << 16), None);
+        assert_eq!(guest_range(1, -1, 1 << 16), None);
+        assert_eq!(
+            guest_range(i32::MAX, i32::MAX, usize::MAX),
+            Some(0x7fff_ffff..0xffff_fffe)
+        );
+    }
+}

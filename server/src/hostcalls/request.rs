@@ -1,0 +1,172 @@
+//! `tern::request_*`: the guest reads the request's method, target, headers and body.
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Uri};
+use http_body_util::BodyExt;
+use tern_sdk::abi::{self, func};
+use wasmtime::{Caller, Linker};
+
+use super::{GuestFault, GuestState, copy_to_guest, guest_range, memory};
+
+/// Where a request's body comes from.
+#[derive(Debug)]
+pub enum RequestBody {
+    /// No body.
+    Empty,
+    /// A body already in memory (benchmarks and tests drive guests without a socket).
+    Full(Bytes),
+    /// A body still streaming in from the client.
+    Incoming(hyper::body::Incoming),
+}
+
+/// The request as the guest sees it.
+#[derive(Debug)]
+pub struct GuestRequest {
+    /// Request method.
+    pub method: Method,
+    /// Request target; the guest sees its path and query.
+    pub uri: Uri,
+    /// Request headers.
+    pub headers: HeaderMap,
+    /// The body, read on demand.
+    pub body: RequestBody,
+    /// Bytes of the current body frame the guest has not read yet.
+    leftover: Bytes,
+    /// Headers serialised as `name NUL value NUL`, built on the first `request_headers` call.
+    headers_blob: Option<Vec<u8>>,
+}
+
+impl GuestRequest {
+    /// A request for a guest.
+    pub fn new(method: Method, uri: Uri, headers: HeaderMap, body: RequestBody) -> Self {
+        Self {
+            method,
+            uri,
+            headers,
+            body,
+            leftover: Bytes::new(),
+            headers_blob: None,
+        }
+    }
+
+    fn headers_blob(&mut self) -> &[u8] {
+        let headers = &self.headers;
+        self.headers_blob.get_or_insert_with(|| {
+            let mut blob = Vec::with_capacity(headers.len() * 32);
+            for (name, value) in headers {
+                blob.extend_from_slice(name.as_str().as_bytes());
+                blob.push(0);
+                blob.extend_from_slice(value.as_bytes());
+                blob.push(0);
+            }
+            blob
+        })
+    }
+
+    /// The next bytes of the body; empty at its end.
+    ///
+    /// # Errors
+    /// If the client's body fails mid-stream.
+    async fn next_chunk(&mut self) -> Result<Bytes, hyper::Error> {
+        if !self.leftover.is_empty() {
+            return Ok(std::mem::take(&mut self.leftover));
+        }
+        match &mut self.body {
+            RequestBody::Empty => Ok(Bytes::new()),
+            RequestBody::Full(b) => Ok(std::mem::take(b)),
+            RequestBody::Incoming(incoming) => loop {
+                match incoming.frame().await {
+                    None => return Ok(Bytes::new()),
+                    Some(Err(e)) => return Err(e),
+                    Some(Ok(frame)) => {
+                        // Trailers are not part of ABI v1; skip them and empty frames.
+                        if let Ok(data) = frame.into_data() {
+                            if !data.is_empty() {
+                                return Ok(data);
+                            }
+                        }
+                    }
+                }
+            },
+        }
+    }
+}
+
+fn path_and_query(uri: &Uri) -> &str {
+    uri.path_and_query().map_or("/", |pq| pq.as_str())
+}
+
+pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+    let m = abi::IMPORT_MODULE;
+    linker.func_wrap(
+        m,
+        func::REQUEST_METHOD,
+        |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
+            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
+            copy_to_guest(
+                data,
+                ptr,
+                len,
+                state.request.method.as_str().as_bytes(),
+                func::REQUEST_METHOD,
+            )
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        func::REQUEST_URI,
+        |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
+            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
+            copy_to_guest(
+                data,
+                ptr,
+                len,
+                path_and_query(&state.request.uri).as_bytes(),
+                func::REQUEST_URI,
+            )
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        func::REQUEST_HEADERS,
+        |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
+            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
+            copy_to_guest(
+                data,
+                ptr,
+                len,
+                state.request.headers_blob(),
+                func::REQUEST_HEADERS,
+            )
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::REQUEST_BODY_READ,
+        |mut caller: Caller<'_, GuestState>, (ptr, len): (i32, i32)| {
+            Box::new(async move {
+                let mem = memory(&caller)?;
+                // Check the buffer before waiting for data: a bad pointer traps even at the end.
+                let range = guest_range(ptr, len, mem.data_size(&caller))
+                    .ok_or(GuestFault::BadPointer(func::REQUEST_BODY_READ))?;
+                if range.is_empty() {
+                    return Ok(0);
+                }
+                let mut chunk = match caller.data_mut().request.next_chunk().await {
+                    Ok(chunk) => chunk,
+                    Err(e) => {
+                        tracing::debug!("request body failed: {e}");
+                        return Ok(abi::errno::IO);
+                    }
+                };
+                let n = range.len().min(chunk.len());
+                let (data, state) = mem.data_and_store_mut(&mut caller);
+                // The memory cannot shrink, so the range checked above is still inside it.
+                data[range.start..range.start + n].copy_from_slice(&chunk[..n]);
+                state.request.leftover = chunk.split_off(n);
+                Ok(i32::try_from(n).unwrap_or(i32::MAX))
+            })
+        },
+    )?;
+    Ok(())
+}

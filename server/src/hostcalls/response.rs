@@ -1,0 +1,211 @@
+//! `tern::response_*`: the guest sets the status and headers and writes the body.
+//!
+//! Bodies up to [`abi::STREAM_THRESHOLD`] are buffered, so most responses go out complete, with
+//! a `Content-Length` and every phase in `Server-Timing`. A body that grows past it *commits* the
+//! head: status and headers go to the client at once (through [`Head`]) and the body streams
+//! through a bounded channel, so a guest can send more than it could hold and waits (yields)
+//! while the client is slow to read.
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use tern_sdk::abi::{self, errno, func};
+use tokio::sync::{mpsc, oneshot};
+use wasmtime::{Caller, Linker};
+
+use super::{GuestFault, GuestState, guest_range, memory};
+use crate::body::{BodyAborted, StreamItem};
+
+/// How many body chunks may wait for the client before the guest's writes block.
+const STREAM_CHANNEL_CHUNKS: usize = 8;
+
+/// Headers the server sets itself: the response's framing and connection management belong to
+/// the server, not the guest. A guest's attempt to set one is ignored.
+const SERVER_OWNED: [&str; 8] = [
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+];
+
+/// A response head whose body streams: sent to the front end when the head commits.
+#[derive(Debug)]
+pub struct Head {
+    /// Status set by the guest.
+    pub status: StatusCode,
+    /// Headers set by the guest.
+    pub headers: HeaderMap,
+    /// The body, chunk by chunk; an `Err` aborts the response.
+    pub body: mpsc::Receiver<StreamItem>,
+}
+
+/// The response as the guest builds it.
+#[derive(Debug)]
+pub struct GuestResponse {
+    /// Status; `200` unless the guest sets one.
+    pub status: StatusCode,
+    /// Headers set by the guest.
+    pub headers: HeaderMap,
+    /// The buffered body (until the head commits).
+    pub body: BytesMut,
+    /// Body bytes written so far.
+    pub written: u64,
+    /// Largest body the tenant may send.
+    pub max_bytes: u64,
+    /// Most headers the tenant may set.
+    pub max_headers: usize,
+    /// Set when a write went past `max_bytes`.
+    pub limit_hit: bool,
+    /// Where the head goes when the body starts streaming; `None` once it has.
+    commit: Option<oneshot::Sender<Head>>,
+    /// The streaming body, once the head has committed.
+    pub stream: Option<mpsc::Sender<StreamItem>>,
+}
+
+impl GuestResponse {
+    /// An empty `200` response whose head, if the body streams, is sent through `commit`.
+    pub fn new(max_bytes: u64, max_headers: usize, commit: oneshot::Sender<Head>) -> Self {
+        Self {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: BytesMut::new(),
+            written: 0,
+            max_bytes,
+            max_headers,
+            limit_hit: false,
+            commit: Some(commit),
+            stream: None,
+        }
+    }
+
+    /// Whether the head has been sent and the body is streaming.
+    pub fn is_streaming(&self) -> bool {
+        self.stream.is_some()
+    }
+
+    /// Ends a streaming body with an error, so the client sees an aborted response rather
+    /// than a complete-looking truncated one.
+    pub async fn abort_stream(&mut self) {
+        if let Some(tx) = self.stream.take() {
+            let _ = tx.send(Err(BodyAborted)).await;
+        }
+    }
+
+    /// Sends the head and switches to streaming. Returns `false` if the client is gone.
+    fn commit(&mut self) -> bool {
+        let Some(commit) = self.commit.take() else {
+            return false;
+        };
+        let (tx, rx) = mpsc::channel(STREAM_CHANNEL_CHUNKS);
+        let head = Head {
+            status: self.status,
+            headers: std::mem::take(&mut self.headers),
+            body: rx,
+        };
+        if commit.send(head).is_err() {
+            return false;
+        }
+        self.stream = Some(tx);
+        true
+    }
+}
+
+pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+    let m = abi::IMPORT_MODULE;
+    linker.func_wrap(
+        m,
+        func::RESPONSE_SET_STATUS,
+        |mut caller: Caller<'_, GuestState>, status: i32| {
+            let resp = &mut caller.data_mut().response;
+            if resp.is_streaming() {
+                return errno::HEADERS_SENT;
+            }
+            match u16::try_from(status)
+                .ok()
+                .and_then(|s| StatusCode::from_u16(s).ok())
+            {
+                Some(s) => {
+                    resp.status = s;
+                    0
+                }
+                None => errno::INVALID_ARGUMENT,
+            }
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        func::RESPONSE_HEADER_APPEND,
+        |mut caller: Caller<'_, GuestState>, np: i32, nl: i32, vp: i32, vl: i32| {
+            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
+            let bad = || GuestFault::BadPointer(func::RESPONSE_HEADER_APPEND);
+            let name = guest_range(np, nl, data.len()).ok_or_else(bad)?;
+            let value = guest_range(vp, vl, data.len()).ok_or_else(bad)?;
+            let resp = &mut state.response;
+            if resp.is_streaming() {
+                return Ok(errno::HEADERS_SENT);
+            }
+            let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(&data[name]),
+                HeaderValue::from_bytes(&data[value]),
+            ) else {
+                return Ok(errno::INVALID_ARGUMENT);
+            };
+            if SERVER_OWNED.contains(&name.as_str()) {
+                return Ok(0);
+            }
+            if resp.headers.len() >= resp.max_headers {
+                resp.limit_hit = true;
+                return Ok(errno::LIMIT_EXCEEDED);
+            }
+            resp.headers.append(name, value);
+            Ok(0)
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::RESPONSE_BODY_WRITE,
+        |mut caller: Caller<'_, GuestState>, (ptr, len): (i32, i32)| {
+            Box::new(async move {
+                let mem = memory(&caller)?;
+                let (data, state) = mem.data_and_store_mut(&mut caller);
+                let range = guest_range(ptr, len, data.len())
+                    .ok_or(GuestFault::BadPointer(func::RESPONSE_BODY_WRITE))?;
+                let n = range.len();
+                let resp = &mut state.response;
+                if resp.written + n as u64 > resp.max_bytes {
+                    resp.limit_hit = true;
+                    return Ok(errno::LIMIT_EXCEEDED);
+                }
+                resp.written += n as u64;
+                if !resp.is_streaming() {
+                    if resp.body.len() + n <= abi::STREAM_THRESHOLD {
+                        resp.body.extend_from_slice(&data[range]);
+                        return Ok(i32::try_from(n).unwrap_or(i32::MAX));
+                    }
+                    if !resp.commit() {
+                        return Ok(errno::IO);
+                    }
+                    let buffered = resp.body.split().freeze();
+                    let tx = resp.stream.clone().expect("stream set by commit");
+                    let chunk = Bytes::copy_from_slice(&data[range]);
+                    for part in [buffered, chunk] {
+                        if tx.send(Ok(part)).await.is_err() {
+                            return Ok(errno::IO);
+                        }
+                    }
+                    return Ok(i32::try_from(n).unwrap_or(i32::MAX));
+                }
+                let chunk = Bytes::copy_from_slice(&data[range]);
+                let tx = resp.stream.clone().expect("streaming");
+                match tx.send(Ok(chunk)).await {
+                    Ok(()) => Ok(i32::try_from(n).unwrap_or(i32::MAX)),
+                    Err(_) => Ok(errno::IO),
+                }
+            })
+        },
+    )?;
+    Ok(())
+}

@@ -1,0 +1,260 @@
+//! The request path's front end: request ids, routing, admission, execution, and the response.
+//!
+//! [`handle`] never fails: every error becomes a short plain-text response with its own status,
+//! an `x-request-id`, and a `Server-Timing` header with the phases the request reached.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use http::header::{CONTENT_TYPE, HOST, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use tokio::sync::oneshot;
+use wasmtime::Engine;
+
+use crate::body::ResponseBody;
+use crate::execute::{self, Outcome, RunOutput};
+use crate::hostcalls::{GuestRequest, RequestBody};
+use crate::metrics::{Metrics, Phase, TenantMetrics, Timings};
+use crate::pool::Pool;
+use crate::router::Router;
+use crate::tenant::TenantRef;
+
+/// `x-request-id`: honoured when the client sends a sane one, generated otherwise.
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
+static TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+
+/// Everything the request path shares.
+pub struct App {
+    /// Host/path → tenant.
+    pub router: Router<TenantRef>,
+    /// Admission to the instance pool.
+    pub pool: Pool,
+    /// Metric handles.
+    pub metrics: Metrics,
+    /// The engine (for pool metrics).
+    pub engine: Engine,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("routes", &self.router.len())
+            .field("pool", &self.pool)
+            .finish()
+    }
+}
+
+/// Serves one request. Infallible: failures become responses.
+pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
+    let arrived = Instant::now();
+    let request_id = request_id(req.headers());
+    let mut timings = Timings::default();
+
+    // h2 carries the host in the URI (`:authority`); HTTP/1.1 in the Host header.
+    let host = req
+        .uri()
+        .host()
+        .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()));
+    let tenant = app.router.route(host, req.uri().path()).cloned();
+    timings.set(Phase::Route, arrived.elapsed());
+    let Some(tenant) = tenant else {
+        app.metrics.observe(&timings, 1);
+        let resp = plain(
+            StatusCode::NOT_FOUND,
+            "no tenant is routed for this host and path\n",
+        );
+        return finish(
+            &app,
+            app.metrics.unrouted(),
+            resp,
+            &request_id,
+            &timings,
+            1,
+            arrived,
+        );
+    };
+
+    let queued = Instant::now();
+    let slot = match app.pool.admit().await {
+        Ok(slot) => slot,
+        Err(overloaded) => {
+            timings.set(Phase::Queue, queued.elapsed());
+            app.metrics.observe(&timings, 2);
+            tenant.count_outcome(Outcome::Overload);
+            let mut resp = plain(StatusCode::SERVICE_UNAVAILABLE, &format!("{overloaded}\n"));
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            return finish(
+                &app,
+                &tenant.requests,
+                resp,
+                &request_id,
+                &timings,
+                2,
+                arrived,
+            );
+        }
+    };
+    timings.set(Phase::Queue, queued.elapsed());
+
+    let (parts, body) = req.into_parts();
+    let request = GuestRequest::new(
+        parts.method,
+        parts.uri,
+        parts.headers,
+        RequestBody::Incoming(body),
+    );
+    let (commit, mut committed) = oneshot::channel();
+    let mut run = Box::pin({
+        let (tenant, request_id) = (tenant.clone(), request_id.clone());
+        async move {
+            let out = execute::run(tenant, request, commit, request_id).await;
+            drop(slot); // after teardown: the pool slot is free again
+            out
+        }
+    });
+
+    tokio::select! {
+        // The guest finishing wins over a head that was never sent.
+        biased;
+        out = &mut run => complete(&app, &tenant, out, &request_id, timings, arrived),
+        head = &mut committed => match head {
+            Ok(head) => {
+                // The body outgrew the buffer: send the head now and let the guest run on in
+                // its own task, streaming into the body channel.
+                let mut after = timings;
+                let app2 = app.clone();
+                tokio::spawn(async move {
+                    let out = run.await;
+                    record_phases(&mut after, &out);
+                    app2.metrics.observe(&after, 5);
+                });
+                let mut resp = Response::new(ResponseBody::Stream(head.body));
+                *resp.status_mut() = head.status;
+                *resp.headers_mut() = head.headers;
+                // Only route and queue are known when the head leaves; the rest reaches /metrics.
+                finish(&app, &tenant.requests, resp, &request_id, &timings, 2, arrived)
+            }
+            Err(_) => {
+                let out = run.await;
+                complete(&app, &tenant, out, &request_id, timings, arrived)
+            }
+        },
+    }
+}
+
+fn record_phases(t: &mut Timings, out: &RunOutput) {
+    t.set(Phase::Instantiate, out.instantiate);
+    t.set(Phase::Run, out.run);
+    t.set(Phase::Teardown, out.teardown);
+}
+
+/// Builds the response of a guest that ran to its end (or failed).
+fn complete(
+    app: &App,
+    tenant: &TenantRef,
+    out: RunOutput,
+    request_id: &HeaderValue,
+    mut timings: Timings,
+    arrived: Instant,
+) -> Response<ResponseBody> {
+    record_phases(&mut timings, &out);
+    app.metrics.observe(&timings, 5);
+    let resp = match out.result {
+        Ok(Some(done)) => {
+            let mut resp = Response::new(ResponseBody::full(done.body));
+            *resp.status_mut() = done.status;
+            *resp.headers_mut() = done.headers;
+            resp
+        }
+        // Streamed responses are answered by the caller; a `None` here cannot be sent twice.
+        Ok(None) => plain(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "response already streamed\n",
+        ),
+        Err(e) => plain(e.outcome.status(), &format!("{}\n", e.message)),
+    };
+    finish(
+        app,
+        &tenant.requests,
+        resp,
+        request_id,
+        &timings,
+        5,
+        arrived,
+    )
+}
+
+/// Adds the request id and `Server-Timing`, and counts the response.
+fn finish(
+    app: &App,
+    counters: &TenantMetrics,
+    mut resp: Response<ResponseBody>,
+    request_id: &HeaderValue,
+    timings: &Timings,
+    reached: usize,
+    arrived: Instant,
+) -> Response<ResponseBody> {
+    let total = arrived.elapsed();
+    app.metrics.observe_total(total);
+    counters.count(resp.status().as_u16());
+    let headers: &mut HeaderMap = resp.headers_mut();
+    headers.insert(X_REQUEST_ID.clone(), request_id.clone());
+    if let Ok(v) = HeaderValue::from_str(&timings.server_timing(total, reached)) {
+        headers.insert(SERVER_TIMING.clone(), v);
+    }
+    resp
+}
+
+/// A short plain-text response.
+pub fn plain(status: StatusCode, text: &str) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::full(text.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN.clone());
+    resp
+}
+
+/// The client's `x-request-id` if it is 1-128 characters of `[A-Za-z0-9._:-]`, else a new one.
+fn request_id(headers: &HeaderMap) -> HeaderValue {
+    if let Some(v) = headers.get(&X_REQUEST_ID) {
+        let b = v.as_bytes();
+        if !b.is_empty()
+            && b.len() <= 128
+            && b.iter()
+                .all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(c))
+        {
+            return v.clone();
+        }
+    }
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static PREFIX: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let prefix = *PREFIX.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() ^ (d.as_secs() as u32));
+        nanos.rotate_left(13) ^ std::process::id()
+    });
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    HeaderValue::from_str(&format!("{prefix:08x}-{n:012x}")).expect("hex is a valid header value")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_honoured_only_when_sane() {
+        let mut h = HeaderMap::new();
+        h.insert(&X_REQUEST_ID, HeaderValue::from_static("abc-123.x:y_z"));
+        assert_eq!(request_id(&h), "abc-123.x:y_z");
+        h.insert(&X_REQUEST_ID, HeaderValue::from_static("has space"));
+        assert_ne!(request_id(&h), "has space");
+        let a = request_id(&HeaderMap::new());
+        let b = request_id(&HeaderMap::new());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 21);
+    }
+}

@@ -1,0 +1,114 @@
+//! The `tern` command: `tern serve` and `tern compile`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tern::config::{Config, PoolConfig};
+
+/// Tern: an edge request server running one fresh WebAssembly guest per HTTP request.
+#[derive(Debug, Parser)]
+#[command(name = "tern", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the tenants of a config file (with none: the built-in demo tenants on
+    /// 127.0.0.1:8080 at /hello, /echo, /json and /counter).
+    Serve {
+        /// Configuration file (TOML); see config/tern.toml.
+        #[arg(short, long, env = "TERN_CONFIG")]
+        config: Option<PathBuf>,
+        /// Public listen address, overriding the config's `server.listen`.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Admin listen address (/metrics, /healthz), overriding `server.admin_listen`.
+        #[arg(long)]
+        admin_listen: Option<SocketAddr>,
+    },
+    /// Compile a .wasm module ahead of time into a sealed .cwasm artifact that `tern serve`
+    /// loads by mmap, with the same engine configuration the server uses.
+    Compile {
+        /// The WebAssembly module to compile.
+        input: PathBuf,
+        /// Where to write the artifact (written atomically).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TERN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Serve {
+            config,
+            listen,
+            admin_listen,
+        } => serve(config, listen, admin_listen),
+        Command::Compile { input, output } => compile(&input, &output),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tern: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(
+    config: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    admin_listen: Option<SocketAddr>,
+) -> anyhow::Result<()> {
+    let mut config = match config {
+        Some(path) => Config::load(&path)?,
+        None => Config::demo(),
+    };
+    if let Some(a) = listen {
+        config.server.listen = a;
+    }
+    if let Some(a) = admin_listen {
+        config.server.admin_listen = a;
+    }
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if config.server.worker_threads > 0 {
+        rt.worker_threads(config.server.worker_threads);
+    }
+    let rt = rt.enable_all().thread_name("tern-worker").build()?;
+    rt.block_on(async {
+        let running = tern::server::start(config).await?;
+        running.shutdown.on_signals()?;
+        running.wait().await;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+fn compile(input: &std::path::Path, output: &std::path::Path) -> anyhow::Result<()> {
+    let engine = tern::engine::build(&PoolConfig::default())?;
+    let wasm = std::fs::read(input).map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
+    let started = std::time::Instant::now();
+    let artifact = tern::artifact::compile(&engine, &wasm, &input.display().to_string())?;
+    tern::artifact::write_atomic(output, &artifact)?;
+    eprintln!(
+        "compiled {} ({} bytes) -> {} ({} bytes) in {:.0} ms",
+        input.display(),
+        wasm.len(),
+        output.display(),
+        artifact.len(),
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! Prometheus metrics: phase histograms, per-tenant request counters, pool gauges.
+//!
+//! Every handle a request touches is resolved when the server starts (or a tenant is added),
+//! so the hot path only does atomic adds: no label lookups, no locks.
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use wasmtime::Engine;
+
+/// `Content-Type` of the Prometheus text exposition format (Prometheus 3 requires it).
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The phases of a request, in order. Their names are the `phase` label values and the
+/// `Server-Timing` metric names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Host/path lookup.
+    Route = 0,
+    /// Waiting for a free pool slot.
+    Queue = 1,
+    /// Taking a slot and instantiating the guest (`Store::new` + `instantiate_async`).
+    Instantiate = 2,
+    /// Running the handler on its fiber until it returns.
+    Run = 3,
+    /// Dropping the store: the slot is reset and returned to the pool.
+    Teardown = 4,
+}
+
+impl Phase {
+    /// All phases in request order.
+    pub const ALL: [Phase; 5] = [
+        Phase::Route,
+        Phase::Queue,
+        Phase::Instantiate,
+        Phase::Run,
+        Phase::Teardown,
+    ];
+
+    /// The label value / `Server-Timing` name.
+    pub fn name(self) -> &'static str {
+        ["route", "queue", "instantiate", "run", "teardown"][self as usize]
+    }
+}
+
+/// Durations of each phase of one request (zero for phases it did not reach).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timings(pub [Duration; 5]);
+
+impl Timings {
+    /// Records `d` for `phase`.
+    pub fn set(&mut self, phase: Phase, d: Duration) {
+        self.0[phase as usize] = d;
+    }
+
+    /// The `Server-Timing` header value: each phase reached and the total, in milliseconds.
+    pub fn server_timing(&self, total: Duration, reached: usize) -> String {
+        use std::fmt::Write;
+        let mut s = String::with_capacity(128);
+        for phase in &Phase::ALL[..reached] {
+            let _ = write!(
+                s,
+                "{};dur={:.3}, ",
+                phase.name(),
+                ms(self.0[*phase as usize])
+            );
+        }
+        let _ = write!(s, "total;dur={:.3}", ms(total));
+        s
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Buckets from 1 µs to ~16 s, doubling: fits a 2 µs teardown and a 1 s deadline alike.
+fn buckets() -> Vec<f64> {
+    prometheus::exponential_buckets(1e-6, 2.0, 25).expect("static bucket spec")
+}
+
+/// Request counters of one tenant, by status class, resolved once.
+#[derive(Debug, Clone)]
+pub struct TenantMetrics {
+    by_class: [IntCounter; 5],
+}
+
+impl TenantMetrics {
+    /// Counts one response with `status`.
+    pub fn count(&self, status: u16) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.by_class[class].inc();
+    }
+}
+
+/// All of Tern's metrics and the registry that exposes them.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    phases: [Histogram; 5],
+    total: Histogram,
+    requests: IntCounterVec,
+    outcomes: IntCounterVec,
+    pool: IntGaugeVec,
+    labelled_tenants: IntGauge,
+    max_tenant_labels: usize,
+    unrouted: TenantMetrics,
+}
+
+impl Metrics {
+    /// Registers every metric. At most `max_tenant_labels` tenants get their own label.
+    ///
+    /// # Panics
+    /// Never in practice: metric definitions are static and registered once.
+    pub fn new(max_tenant_labels: usize) -> Self {
+        let registry = Registry::new();
+        let phase_vec = HistogramVec::new(
+            HistogramOpts::new(
+                "tern_request_phase_duration_seconds",
+                "Time spent in each phase of a request: route, queue, instantiate, run, teardown.",
+            )
+            .buckets(buckets()),
+            &["phase"],
+        )
+        .expect("valid metric");
+        let total = Histogram::with_opts(
+            HistogramOpts::new(
+                "tern_request_duration_seconds",
+                "Time from a request's arrival until its response head is ready.",
+            )
+            .buckets(buckets()),
+        )
+        .expect("valid metric");
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "tern_requests_total",
+                "Responses sent, by tenant and status class.",
+            ),
+            &["tenant", "status"],
+        )
+        .expect("valid metric");
+        let outcomes = IntCounterVec::new(
+            Opts::new(
+                "tern_guest_outcomes_total",
+                "Guest runs by tenant and outcome (ok, trap kinds, timeout, exit, overload, ...).",
+            ),
+            &["tenant", "outcome"],
+        )
+        .expect("valid metric");
+        let pool = IntGaugeVec::new(
+            Opts::new(
+                "tern_pool_slots",
+                "Pooling allocator slots by kind (instances, memories, tables, stacks) and \
+                 state (in_use, warm: unused but still mapped).",
+            ),
+            &["kind", "state"],
+        )
+        .expect("valid metric");
+        let labelled_tenants = IntGauge::new(
+            "tern_tenant_labels",
+            "Tenants with their own metrics label (the rest count as `other`).",
+        )
+        .expect("valid metric");
+        for c in [
+            Box::new(phase_vec.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(total.clone()),
+            Box::new(requests.clone()),
+            Box::new(outcomes.clone()),
+            Box::new(pool.clone()),
+            Box::new(labelled_tenants.clone()),
+        ] {
+            registry.register(c).expect("metric registered once");
+        }
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("process metrics registered once");
+        let phases = Phase::ALL.map(|p| phase_vec.with_label_values(&[p.name()]));
+        let unrouted = Self::tenant_counters(&requests, "none");
+        Self {
+            registry,
+            phases,
+            total,
+            requests,
+            outcomes,
+            pool,
+            labelled_tenants,
+            max_tenant_labels,
+            unrouted,
+        }
+    }
+
+    fn tenant_counters(requests: &IntCounterVec, label: &str) -> TenantMetrics {
+        TenantMetrics {
+            by_class: ["1xx", "2xx", "3xx", "4xx", "5xx"]
+                .map(|class| requests.with_label_values(&[label, class])),
+        }
+    }
+
+    /// The label a tenant's metrics use: its name, or `other` past the label cap.
+    pub fn tenant_label(&self, name: &str) -> String {
+        let used = usize::try_from(self.labelled_tenants.get()).unwrap_or(usize::MAX);
+        if used < self.max_tenant_labels {
+            self.labelled_tenants.inc();
+            name.to_string()
+        } else {
+            "other".to_string()
+        }
+    }
+
+    /// Resolves the request counters of a tenant labelled `label`.
+    pub fn tenant(&self, label: &str) -> TenantMetrics {
+        Self::tenant_counters(&self.requests, label)
+    }
+
+    /// Counters for requests that matched no tenant (`tenant="none"`).
+    pub fn unrouted(&self) -> &TenantMetrics {
+        &self.unrouted
+    }
+
+    /// The outcome counter of a tenant (resolved once per tenant and outcome by the caller).
+    pub fn outcome(&self, label: &str, outcome: &str) -> IntCounter {
+        self.outcomes.with_label_values(&[label, outcome])
+    }
+
+    /// Records a request's phase timings.
+    pub fn observe(&self, t: &Timings, reached: usize) {
+        for (h, d) in self.phases.iter().zip(&t.0).take(reached) {
+            h.observe(d.as_secs_f64());
+        }
+    }
+
+    /// Records a request's total time to response head.
+    pub fn observe_total(&self, d: Duration) {
+        self.total.observe(d.as_secs_f64());
+    }
+
+    /// Renders every metric in the Prometheus text format, refreshing the pool gauges first.
+    pub fn render(&self, engine: &Engine) -> Vec<u8> {
+        if let Some(m) = engine.pooling_allocator_metrics() {
+            let set = |kind: &str, state: &str, v: u64| {
+                self.pool
+                    .with_label_values(&[kind, state])
+                    .set(i64::try_from(v).unwrap_or(i64::MAX));
+            };
+            let n = |v: usize| v as u64;
+            set("instances", "in_use", m.core_instances());
+            set("memories", "in_use", n(m.memories()));
+            set("tables", "in_use", n(m.tables()));
+            set("stacks", "in_use", n(m.stacks()));
+            set("memories", "warm", u64::from(m.unused_warm_memories()));
+            set("tables", "warm", u64::from(m.unused_warm_tables()));
+            set("stacks", "warm", u64::from(m.unused_warm_stacks()));
+        }
+        let mut out = Vec::with_capacity(16 * 1024);
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("encode to a Vec");
+        out
+    }
+}

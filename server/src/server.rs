@@ -1,0 +1,170 @@
+//! Start-up: build the engine, load and pre-link every tenant, bind the listeners, serve.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::config::{Config, ServerConfig};
+use crate::engine::{self, EpochTicker};
+use crate::http::App;
+use crate::metrics::Metrics;
+use crate::pool::Pool;
+use crate::router::Router;
+use crate::shutdown::Shutdown;
+use crate::tenant::{self, TenantRef};
+use crate::{admin, hostcalls, listener};
+
+/// A running server.
+#[derive(Debug)]
+pub struct Running {
+    /// Where the public listener is bound (useful with port 0).
+    pub addr: SocketAddr,
+    /// Where the admin listener is bound.
+    pub admin_addr: SocketAddr,
+    /// Fires shutdown.
+    pub shutdown: Shutdown,
+    /// Shared request-path state.
+    pub app: Arc<App>,
+    tasks: Vec<JoinHandle<()>>,
+    _ticker: EpochTicker,
+}
+
+impl Running {
+    /// Waits until both listeners have stopped and drained.
+    pub async fn wait(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// The directory compiled modules are cached in.
+pub fn cache_dir(server: &ServerConfig) -> PathBuf {
+    if !server.cache_dir.is_empty() {
+        return PathBuf::from(&server.cache_dir);
+    }
+    if let Some(dir) = std::env::var_os("TERN_CACHE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("tern");
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(home) => PathBuf::from(home).join(".cache/tern"),
+        None => std::env::temp_dir().join("tern-cache"),
+    }
+}
+
+/// Loads every tenant and starts serving.
+///
+/// # Errors
+/// If the engine cannot be built, a tenant cannot be loaded (every failing tenant is named),
+/// or a listener cannot be bound.
+pub async fn start(config: Config) -> anyhow::Result<Running> {
+    let engine = engine::build(&config.pool)?;
+    let linker = hostcalls::linker(&engine).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    let metrics = Metrics::new(config.server.max_tenant_labels);
+    let cache = cache_dir(&config.server);
+    let started = Instant::now();
+
+    // Compile or map every module in parallel, off the reactor.
+    let loads: Vec<_> = config
+        .tenants
+        .iter()
+        .map(|t| {
+            let (engine, t, base, cache) = (
+                engine.clone(),
+                t.clone(),
+                config.base_dir.clone(),
+                cache.clone(),
+            );
+            tokio::task::spawn_blocking(move || tenant::load_module(&engine, &t, &base, &cache))
+        })
+        .collect();
+    let mut tenants: Vec<TenantRef> = Vec::with_capacity(loads.len());
+    let mut errors = Vec::new();
+    for (load, t) in loads.into_iter().zip(&config.tenants) {
+        let prepared = load
+            .await
+            .context("module loader panicked")?
+            .and_then(|module| {
+                tenant::prepare(&linker, &module, t, config.pool.table_elements, &metrics)
+            });
+        match prepared {
+            Ok(tenant) => tenants.push(Arc::new(tenant)),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    if !errors.is_empty() {
+        anyhow::bail!(
+            "{} tenant(s) failed to load:\n  {}",
+            errors.len(),
+            errors.join("\n  ")
+        );
+    }
+    tracing::info!(
+        tenants = tenants.len(),
+        cache = %cache.display(),
+        "tenants loaded in {:.1} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+
+    let router = Router::new(config.tenants.iter().zip(&tenants).map(|(c, t)| {
+        (
+            c.hosts.iter().map(|h| h.get_ref().as_str()).collect(),
+            c.paths.iter().map(|p| p.get_ref().as_str()).collect(),
+            t.clone(),
+        )
+    }));
+    let pool = Pool::new(
+        config.pool.instances,
+        Duration::from_millis(config.pool.queue_timeout_ms),
+    );
+    let app = Arc::new(App {
+        router,
+        pool,
+        metrics,
+        engine: engine.clone(),
+    });
+
+    let public = TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.server.listen))?;
+    let admin_l = TcpListener::bind(config.server.admin_listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (admin)", config.server.admin_listen))?;
+    let addr = public.local_addr()?;
+    let admin_addr = admin_l.local_addr()?;
+    let ticker = EpochTicker::start(&engine);
+    let shutdown = Shutdown::new();
+    let grace = Duration::from_millis(config.server.shutdown_grace_ms);
+
+    let a = app.clone();
+    let public_task = tokio::spawn(listener::serve(
+        public,
+        move |req| crate::http::handle(a.clone(), req),
+        shutdown.clone(),
+        grace,
+    ));
+    let a = app.clone();
+    let admin_task = tokio::spawn(listener::serve(
+        admin_l,
+        move |req| admin::handle(a.clone(), req),
+        shutdown.clone(),
+        grace,
+    ));
+    tracing::info!("serving tenants on http://{addr}, metrics on http://{admin_addr}/metrics");
+    Ok(Running {
+        addr,
+        admin_addr,
+        shutdown,
+        app,
+        tasks: vec![public_task, admin_task],
+        _ticker: ticker,
+    })
+}

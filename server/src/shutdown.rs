@@ -1,0 +1,61 @@
+//! Shutdown: SIGTERM or SIGINT stops accepting and drains in-flight requests within the grace
+//! period; a second signal exits at once.
+
+use tokio::sync::watch;
+
+/// A shutdown trigger shared by the listeners.
+#[derive(Debug, Clone)]
+pub struct Shutdown {
+    tx: watch::Sender<bool>,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Shutdown {
+    /// A trigger that has not fired.
+    pub fn new() -> Self {
+        Self {
+            tx: watch::channel(false).0,
+        }
+    }
+
+    /// Fires the trigger: listeners stop accepting and start draining.
+    pub fn trigger(&self) {
+        self.tx.send_replace(true);
+    }
+
+    /// Whether the trigger has fired.
+    pub fn is_triggered(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// Resolves once the trigger fires.
+    pub async fn wait(&self) {
+        let mut rx = self.tx.subscribe();
+        let _ = rx.wait_for(|fired| *fired).await;
+    }
+
+    /// Fires the trigger on the first SIGTERM or SIGINT; exits the process on the second.
+    ///
+    /// # Errors
+    /// If the signal handlers cannot be installed.
+    pub fn on_signals(&self) -> std::io::Result<()> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+            tracing::info!("shutting down: draining in-flight requests (signal again to exit now)");
+            this.trigger();
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+            tracing::warn!("second signal: exiting now");
+            std::process::exit(130);
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,36 @@
+//! Teardown: the guest's store is dropped, which resets its slot and returns it to the pool.
+//!
+//! The pooling allocator restores the memory to the module's initial image (a `memset` of the
+//! dirtied pages up to `linear_memory_keep_resident`, `madvise` beyond), resets the table and
+//! zeroes the fiber stack, so the next guest in this slot sees only its own module's initial
+//! state. What the guest printed is logged here, with its tenant and request id.
+
+use std::time::{Duration, Instant};
+
+use wasmtime::Store;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+
+use crate::hostcalls::GuestState;
+
+/// Drops `store` and returns how long it took.
+pub fn teardown(store: Store<GuestState>) -> Duration {
+    let start = Instant::now();
+    drop(store);
+    start.elapsed()
+}
+
+/// Logs what a guest wrote to stdout and stderr (each capped at the tenant's `stdio_bytes`).
+pub fn log_stdio(
+    tenant: &str,
+    request_id: &str,
+    stdout: &MemoryOutputPipe,
+    stderr: &MemoryOutputPipe,
+) {
+    for (stream, pipe) in [("stdout", stdout), ("stderr", stderr)] {
+        let bytes = pipe.contents();
+        if !bytes.is_empty() {
+            let text = String::from_utf8_lossy(&bytes);
+            tracing::info!(target: "tern::guest", tenant, request_id, stream, "{}", text.trim_end());
+        }
+    }
+}

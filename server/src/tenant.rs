@@ -1,0 +1,241 @@
+//! Tenants: a pre-linked module, its limits and environment, and its metric handles.
+//!
+//! Loading checks everything a request would otherwise trip over: the handler and memory
+//! exports and every import. A tenant that loads is ready to instantiate with no linking.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::IntCounter;
+use tern_sdk::abi;
+use wasmtime::{Engine, ExternType, InstancePre, Linker, Module, ModuleExport};
+
+use crate::artifact::{self, ArtifactError};
+use crate::config::{LimitsConfig, TenantConfig};
+use crate::execute::Outcome;
+use crate::hostcalls::GuestState;
+use crate::metrics::{Metrics, TenantMetrics};
+
+/// Why a tenant could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    /// The module file could not be compiled or loaded.
+    #[error("tenant {tenant:?}: {source}")]
+    Artifact {
+        /// The tenant.
+        tenant: String,
+        /// What went wrong.
+        source: ArtifactError,
+    },
+    /// The module does not fit ABI v1 (exports or imports).
+    #[error("tenant {tenant:?}: module refused: {reason}")]
+    Abi {
+        /// The tenant.
+        tenant: String,
+        /// Which export or import is wrong.
+        reason: String,
+    },
+    /// `builtin:NAME` names no demo guest.
+    #[error("tenant {tenant:?}: no built-in module {name:?} (built-ins: {known})")]
+    UnknownBuiltin {
+        /// The tenant.
+        tenant: String,
+        /// The name asked for.
+        name: String,
+        /// The names that exist.
+        known: String,
+    },
+}
+
+/// Per-request limits of a tenant.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Wall-clock budget for instantiate + run.
+    pub timeout: Duration,
+    /// Largest linear memory, in bytes.
+    pub max_memory: usize,
+    /// Largest table, in elements.
+    pub max_table_elements: usize,
+    /// Bytes of stdout and of stderr captured per request.
+    pub stdio_bytes: usize,
+    /// Largest response body.
+    pub max_response_bytes: u64,
+    /// Most response headers.
+    pub max_response_headers: usize,
+}
+
+impl Limits {
+    fn from_config(c: &LimitsConfig, table_elements: usize) -> Self {
+        Self {
+            timeout: Duration::from_millis(c.timeout_ms),
+            max_memory: usize::try_from(c.max_memory_mib * 1024 * 1024).unwrap_or(usize::MAX),
+            max_table_elements: table_elements,
+            stdio_bytes: c.stdio_bytes,
+            max_response_bytes: c.max_response_bytes,
+            max_response_headers: c.max_response_headers,
+        }
+    }
+}
+
+/// A loaded tenant, shared by every request routed to it.
+pub struct Tenant {
+    /// Unique name.
+    pub name: String,
+    /// Its label in metrics (`other` past the label cap).
+    pub label: String,
+    /// The module, pre-linked: instantiation does no import resolution or type-checking.
+    pub pre: InstancePre<GuestState>,
+    /// The handler export (`_start`), resolved once.
+    pub start: ModuleExport,
+    /// The memory export, resolved once.
+    pub memory: ModuleExport,
+    /// Environment variables its guests see.
+    pub env: Vec<(String, String)>,
+    /// Per-request limits.
+    pub limits: Limits,
+    /// Request counters by status class.
+    pub requests: TenantMetrics,
+    /// Outcome counters, indexed by [`Outcome`].
+    pub outcomes: Vec<IntCounter>,
+}
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenant")
+            .field("name", &self.name)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl Tenant {
+    /// Counts one guest outcome.
+    pub fn count_outcome(&self, o: Outcome) {
+        self.outcomes[o as usize].inc();
+    }
+}
+
+/// Loads the module a tenant's config names: `builtin:NAME`, a `.wasm` or a `.cwasm` file.
+/// Blocking: compiles on a cache miss. Call it off the async reactor.
+///
+/// # Errors
+/// If the module cannot be found, compiled or loaded.
+pub fn load_module(
+    engine: &Engine,
+    config: &TenantConfig,
+    base_dir: &Path,
+    cache_dir: &Path,
+) -> Result<Module, TenantError> {
+    let tenant = config.name.get_ref().clone();
+    let spec = config.module.get_ref();
+    let wrap = |source| TenantError::Artifact {
+        tenant: tenant.clone(),
+        source,
+    };
+    if let Some(name) = spec.strip_prefix("builtin:") {
+        let wasm = crate::demo::module(name).ok_or_else(|| TenantError::UnknownBuiltin {
+            tenant: tenant.clone(),
+            name: name.to_string(),
+            known: crate::demo::NAMES.join(", "),
+        })?;
+        return artifact::load_wasm(engine, wasm, spec, cache_dir).map_err(wrap);
+    }
+    artifact::load_file(engine, &base_dir.join(spec), cache_dir).map_err(wrap)
+}
+
+/// Checks `module` against ABI v1 and pre-links it.
+///
+/// # Errors
+/// [`TenantError::Abi`] naming the missing export or the import Tern does not provide.
+pub fn prepare(
+    linker: &Linker<GuestState>,
+    module: &Module,
+    config: &TenantConfig,
+    pool_table_elements: usize,
+    metrics: &Metrics,
+) -> Result<Tenant, TenantError> {
+    let name = config.name.get_ref().clone();
+    let refuse = |reason: String| TenantError::Abi {
+        tenant: name.clone(),
+        reason,
+    };
+    check_abi(module).map_err(&refuse)?;
+    let pre = linker
+        .instantiate_pre(module)
+        .map_err(|e| refuse(format!("{e:#}")))?;
+    let start = module
+        .get_export_index(abi::HANDLER_EXPORT)
+        .expect("checked by check_abi");
+    let memory = module
+        .get_export_index(abi::MEMORY_EXPORT)
+        .expect("checked by check_abi");
+    let label = metrics.tenant_label(&name);
+    let outcomes = Outcome::ALL
+        .iter()
+        .map(|o| metrics.outcome(&label, o.name()))
+        .collect();
+    Ok(Tenant {
+        requests: metrics.tenant(&label),
+        outcomes,
+        label,
+        pre,
+        start,
+        memory,
+        env: config
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        limits: Limits::from_config(&config.limits, pool_table_elements),
+        name,
+    })
+}
+
+/// ABI v1: a `_start: [] -> []` export, a memory export, and imports only from `tern` (ABI
+/// functions) and `wasi_snapshot_preview1`.
+fn check_abi(module: &Module) -> Result<(), String> {
+    match module.get_export(abi::HANDLER_EXPORT) {
+        Some(ExternType::Func(f)) if f.params().len() == 0 && f.results().len() == 0 => {}
+        Some(_) => {
+            return Err(format!(
+                "export `{}` must be a function () -> ()",
+                abi::HANDLER_EXPORT
+            ));
+        }
+        None => {
+            return Err(format!(
+                "module has no `{}` export (the handler); build it as a WASI command \
+                 (a program with `main`)",
+                abi::HANDLER_EXPORT
+            ));
+        }
+    }
+    if !matches!(
+        module.get_export(abi::MEMORY_EXPORT),
+        Some(ExternType::Memory(_))
+    ) {
+        return Err(format!(
+            "module does not export its memory as `{}`",
+            abi::MEMORY_EXPORT
+        ));
+    }
+    for import in module.imports() {
+        let (m, n) = (import.module(), import.name());
+        let known = match m {
+            abi::IMPORT_MODULE => abi::func::ALL.contains(&n),
+            "wasi_snapshot_preview1" => true, // checked against the linker by instantiate_pre
+            _ => false,
+        };
+        if !known {
+            return Err(format!(
+                "module imports `{m}::{n}`, which Tern does not provide (it provides the `tern` \
+                 ABI v1 functions and `wasi_snapshot_preview1`)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Shared handle to a tenant.
+pub type TenantRef = Arc<Tenant>;
