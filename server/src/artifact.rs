@@ -226,15 +226,19 @@ pub fn load_wasm(
 /// # Errors
 /// See [`load_cwasm`] and [`load_wasm`].
 pub fn load_file(engine: &Engine, path: &Path, cache_dir: &Path) -> Result<Module, ArtifactError> {
-    let kind = Engine::detect_precompiled_file(path).map_err(|e| ArtifactError::Io {
-        path: path.display().to_string(),
-        source: std::io::Error::other(format!("{e:#}")),
-    })?;
-    match kind {
-        Some(_) => load_cwasm(engine, path),
-        None => {
+    let mut magic = [0u8; 4];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .map_err(io_err(path))?;
+    match &magic {
+        b"\x7fELF" => load_cwasm(engine, path),
+        b"\0asm" => {
             let wasm = std::fs::read(path).map_err(io_err(path))?;
             load_wasm(engine, &wasm, &path.display().to_string(), cache_dir)
         }
+        _ => Err(ArtifactError::InvalidWasm {
+            what: path.display().to_string(),
+            reason: "the file is neither a .wasm module nor a compiled .cwasm artifact".into(),
+        }),
     }
 }

@@ -314,7 +314,9 @@ fn classify(stage: Stage, state: &GuestState) -> Result<(), ExecError> {
             Trap::IndirectCallToNull | Trap::BadSignature => Outcome::TrapBadIndirectCall,
             _ => Outcome::TrapOther,
         };
-        return Err(ExecError::new(outcome, format!("guest trapped: {trap}")));
+        let text = trap.to_string();
+        let text = text.strip_prefix("wasm trap: ").unwrap_or(&text);
+        return Err(ExecError::new(outcome, format!("guest trapped: {text}")));
     }
     let what = if instantiating {
         "could not instantiate guest"

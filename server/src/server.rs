@@ -92,9 +92,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         let prepared = load
             .await
             .context("module loader panicked")?
-            .and_then(|module| {
-                tenant::prepare(&linker, &module, t, config.pool.table_elements, &metrics)
-            });
+            .and_then(|module| tenant::prepare(&linker, &module, t, &config.pool, &metrics));
         match prepared {
             Ok(tenant) => tenants.push(Arc::new(tenant)),
             Err(e) => errors.push(e.to_string()),

@@ -12,7 +12,7 @@ use tern_sdk::abi;
 use wasmtime::{Engine, ExternType, InstancePre, Linker, Module, ModuleExport};
 
 use crate::artifact::{self, ArtifactError};
-use crate::config::{LimitsConfig, TenantConfig};
+use crate::config::{LimitsConfig, PoolConfig, TenantConfig};
 use crate::execute::Outcome;
 use crate::hostcalls::GuestState;
 use crate::metrics::{Metrics, TenantMetrics};
@@ -66,11 +66,12 @@ pub struct Limits {
 }
 
 impl Limits {
-    fn from_config(c: &LimitsConfig, table_elements: usize) -> Self {
+    fn from_config(c: &LimitsConfig, pool: &PoolConfig) -> Self {
+        let mib = c.max_memory_mib.unwrap_or(pool.max_memory_mib);
         Self {
             timeout: Duration::from_millis(c.timeout_ms),
-            max_memory: usize::try_from(c.max_memory_mib * 1024 * 1024).unwrap_or(usize::MAX),
-            max_table_elements: table_elements,
+            max_memory: usize::try_from(mib * 1024 * 1024).unwrap_or(usize::MAX),
+            max_table_elements: pool.table_elements,
             stdio_bytes: c.stdio_bytes,
             max_response_bytes: c.max_response_bytes,
             max_response_headers: c.max_response_headers,
@@ -152,7 +153,7 @@ pub fn prepare(
     linker: &Linker<GuestState>,
     module: &Module,
     config: &TenantConfig,
-    pool_table_elements: usize,
+    pool: &PoolConfig,
     metrics: &Metrics,
 ) -> Result<Tenant, TenantError> {
     let name = config.name.get_ref().clone();
@@ -187,7 +188,7 @@ pub fn prepare(
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
-        limits: Limits::from_config(&config.limits, pool_table_elements),
+        limits: Limits::from_config(&config.limits, pool),
         name,
     })
 }

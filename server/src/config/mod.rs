@@ -161,7 +161,8 @@ pub struct LimitsConfig {
     /// Wall-clock budget of a request's guest (instantiate + run), in ms; past it: `504`.
     pub timeout_ms: u64,
     /// Largest linear memory, in MiB; growth past it fails as the Wasm spec allows.
-    pub max_memory_mib: u64,
+    /// Unset: `pool.max_memory_mib`.
+    pub max_memory_mib: Option<u64>,
     /// Bytes of stdout and of stderr kept per request for the log.
     pub stdio_bytes: usize,
     /// Largest response body, in bytes.
@@ -174,7 +175,7 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             timeout_ms: 1000,
-            max_memory_mib: 128,
+            max_memory_mib: None,
             stdio_bytes: 64 * 1024,
             max_response_bytes: 64 * 1024 * 1024,
             max_response_headers: 100,
@@ -299,7 +300,8 @@ impl Config {
                     format!("tenant {name:?}: limits.timeout_ms must be > 0"),
                 );
             }
-            if l.max_memory_mib == 0 || l.max_memory_mib > pool.max_memory_mib {
+            let mem = l.max_memory_mib.unwrap_or(pool.max_memory_mib);
+            if mem == 0 || mem > pool.max_memory_mib {
                 return here(
                     &t.name,
                     format!(

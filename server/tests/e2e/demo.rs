@@ -1,0 +1,165 @@
+//! The demo tenants answer as documented, over HTTP/1.1 and HTTP/2.
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+
+use crate::support::{Conn, TestServer, send, send_h2};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_answers_with_headers_timing_and_request_id() {
+    let s = TestServer::demo().await;
+    let r = s.get("/hello").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.text(), "Hello from Tern!\n");
+    assert_eq!(r.header("content-type"), "text/plain");
+    assert_eq!(r.header("content-length"), "17");
+    let timing = r.header("server-timing");
+    for phase in [
+        "route;dur=",
+        "queue;dur=",
+        "instantiate;dur=",
+        "run;dur=",
+        "teardown;dur=",
+        "total;dur=",
+    ] {
+        assert!(
+            timing.contains(phase),
+            "Server-Timing {timing:?} lacks {phase}"
+        );
+    }
+    assert!(!r.header("x-request-id").is_empty());
+
+    let r = send(
+        s.addr(),
+        Method::GET,
+        "/hello",
+        None,
+        &[("x-request-id", "trace-42")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.header("x-request-id"), "trace-42");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_returns_method_path_headers_and_body() {
+    let s = TestServer::demo().await;
+    let r = send(
+        s.addr(),
+        Method::PUT,
+        "/echo/some/path?q=1",
+        None,
+        &[("x-custom", "value 1")],
+        Bytes::from_static(b"the body"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("x-echo-method"), "PUT");
+    let text = r.text();
+    assert!(text.starts_with("PUT /echo/some/path?q=1\n"), "{text}");
+    assert!(text.contains("x-custom: value 1\n"), "{text}");
+    assert!(text.ends_with("\n\nthe body"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_streams_a_body_larger_than_the_buffer() {
+    let s = TestServer::demo().await;
+    let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    let r = send(
+        s.addr(),
+        Method::POST,
+        "/echo",
+        None,
+        &[],
+        Bytes::from(body.clone()),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    // Streamed: no Content-Length, head timing covers route and queue only.
+    assert_eq!(r.header("content-length"), "");
+    assert!(r.header("server-timing").starts_with("route;dur="));
+    assert!(r.body.ends_with(&body), "streamed body differs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_transforms_the_body_and_rejects_bad_json() {
+    let s = TestServer::demo().await;
+    let r = send(
+        s.addr(),
+        Method::POST,
+        "/json",
+        None,
+        &[],
+        Bytes::from_static(br#"{"a":1,"b":[true]}"#),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("content-type"), "application/json");
+    let v: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON reply");
+    assert_eq!(v["kind"], "object");
+    assert_eq!(v["keys"], serde_json::json!(["a", "b"]));
+    assert_eq!(v["echo"]["b"][0], true);
+    assert_eq!(v["bytes"], 18);
+
+    let r = send(
+        s.addr(),
+        Method::POST,
+        "/json",
+        None,
+        &[],
+        Bytes::from_static(b"{nope"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.text().contains("error"), "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_prior_knowledge_is_served() {
+    let s = TestServer::demo().await;
+    let r = send_h2(s.addr(), "/hello").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.text(), "Hello from Tern!\n");
+    assert!(r.header("server-timing").contains("instantiate;dur="));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_is_one_on_every_sequential_request() {
+    let s = TestServer::demo().await;
+    let mut conn = Conn::open(s.addr()).await;
+    for i in 0..1000 {
+        let r = conn.get("/counter").await;
+        assert_eq!(
+            (r.status, r.text().as_str()),
+            (StatusCode::OK, "1\n"),
+            "request {i}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_is_one_on_every_concurrent_request() {
+    let s = TestServer::demo().await;
+    let addr = s.addr();
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut conn = Conn::open(addr).await;
+                let mut bodies = Vec::new();
+                for _ in 0..20 {
+                    let r = conn.get("/counter").await;
+                    bodies.push((r.status, r.text()));
+                }
+                bodies
+            })
+        })
+        .collect();
+    let mut n = 0;
+    for t in tasks {
+        for (status, body) in t.await.expect("client task") {
+            assert_eq!((status, body.as_str()), (StatusCode::OK, "1\n"));
+            n += 1;
+        }
+    }
+    assert_eq!(n, 1000);
+}

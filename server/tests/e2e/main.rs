@@ -1,0 +1,13 @@
+//! End-to-end tests: real servers on 127.0.0.1:0, real HTTP, real guests.
+//!
+//! One test binary; a module per feature; [`support`] holds the `TestServer` builder and the
+//! HTTP client.
+
+mod artifacts;
+mod config;
+mod demo;
+mod errors;
+mod isolation;
+mod metrics;
+mod routing;
+mod support;

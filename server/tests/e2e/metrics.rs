@@ -1,0 +1,68 @@
+//! `/metrics` speaks the Prometheus text format and shows every phase of the tenant just called.
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+
+use crate::support::{TestServer, send};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_every_phase_and_the_tenant() {
+    let s = TestServer::demo().await;
+    for _ in 0..5 {
+        assert_eq!(s.get("/hello").await.status, StatusCode::OK);
+    }
+    let r = send(s.admin(), Method::GET, "/metrics", None, &[], Bytes::new()).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.header("content-type"),
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let m = r.text();
+    for phase in ["route", "queue", "instantiate", "run", "teardown"] {
+        let line = format!("tern_request_phase_duration_seconds_count{{phase=\"{phase}\"}} 5");
+        assert!(m.contains(&line), "missing {line}");
+    }
+    // Buckets start in the microseconds.
+    assert!(
+        m.contains(r#"tern_request_phase_duration_seconds_bucket{phase="teardown",le="0.000001"}"#)
+    );
+    assert!(m.contains("tern_request_duration_seconds_count 5"), "{m}");
+    assert!(m.contains(r#"tern_requests_total{status="2xx",tenant="hello"} 5"#));
+    assert!(m.contains(r#"tern_guest_outcomes_total{outcome="ok",tenant="hello"} 5"#));
+    assert!(
+        m.contains(r#"tern_pool_slots{kind="instances",state="in_use"} 0"#),
+        "{m}"
+    );
+    assert!(m.contains("process_resident_memory_bytes"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_routes_are_only_on_the_admin_listener() {
+    let s = TestServer::demo().await;
+    let r = send(s.admin(), Method::GET, "/healthz", None, &[], Bytes::new()).await;
+    assert_eq!((r.status, r.text().as_str()), (StatusCode::OK, "ok\n"));
+    let r = send(s.admin(), Method::GET, "/readyz", None, &[], Bytes::new()).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(s.get("/metrics").await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_past_the_label_cap_count_as_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = "[server]\nmax_tenant_labels = 1\n\
+                  [[tenant]]\nname = \"first\"\nmodule = \"builtin:hello\"\npaths = [\"/a\"]\n\
+                  [[tenant]]\nname = \"second\"\nmodule = \"builtin:hello\"\npaths = [\"/b\"]\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    assert_eq!(s.get("/a").await.status, StatusCode::OK);
+    assert_eq!(s.get("/b").await.status, StatusCode::OK);
+    let m = s.metrics().await;
+    assert!(
+        m.contains(r#"tern_requests_total{status="2xx",tenant="first"} 1"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"tern_requests_total{status="2xx",tenant="other"} 1"#),
+        "{m}"
+    );
+    assert!(!m.contains("tenant=\"second\""), "{m}");
+}

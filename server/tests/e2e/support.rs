@@ -1,0 +1,217 @@
+//! Shared test helpers: start a Tern server from a config snippet, speak HTTP to it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tern::config::Config;
+use tern::server::Running;
+
+/// A Tern server running in this test process on ephemeral ports.
+pub struct TestServer {
+    pub running: Running,
+    /// Temporary files: the config dir, module files, the artifact cache.
+    pub dir: tempfile::TempDir,
+}
+
+/// A small pool keeps many test servers within the address space.
+const POOL: &str = "[pool]\ninstances = 16\nmax_memory_mib = 64\n";
+
+impl TestServer {
+    /// Starts a server whose config is `tenants` (TOML `[[tenant]]` tables) plus a small pool.
+    pub async fn start(tenants: &str) -> Self {
+        Self::try_start(tenants)
+            .await
+            .unwrap_or_else(|e| panic!("server failed to start: {e:#}"))
+    }
+
+    /// Like [`start`], but returns the start-up error.
+    pub async fn try_start(tenants: &str) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        Self::try_start_in(dir, &format!("{POOL}{tenants}")).await
+    }
+
+    /// Starts with a complete config text, in `dir` (module paths are relative to it).
+    pub async fn try_start_in(dir: tempfile::TempDir, config: &str) -> anyhow::Result<Self> {
+        let cache = dir.path().join("cache");
+        let mut config = Config::parse(config, "test.toml", dir.path().to_path_buf())?;
+        config.server.listen = "127.0.0.1:0".parse()?;
+        config.server.admin_listen = "127.0.0.1:0".parse()?;
+        config.server.cache_dir = cache.display().to_string();
+        config.server.shutdown_grace_ms = 2000;
+        let running = tern::server::start(config).await?;
+        Ok(Self { running, dir })
+    }
+
+    /// The demo tenants of the built-in config, on a small pool.
+    pub async fn demo() -> Self {
+        let demo = tern::config::DEMO_CONFIG;
+        let tenants = &demo[demo.find("[[tenant]]").expect("demo has tenants")..];
+        Self::start(tenants).await
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.running.addr
+    }
+
+    pub fn admin(&self) -> SocketAddr {
+        self.running.admin_addr
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        send(self.addr(), Method::GET, path, None, &[], Bytes::new()).await
+    }
+
+    pub async fn metrics(&self) -> String {
+        let r = send(
+            self.admin(),
+            Method::GET,
+            "/metrics",
+            None,
+            &[],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK);
+        r.text()
+    }
+}
+
+/// A response, fully read.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .map_or("", |v| v.to_str().unwrap_or(""))
+    }
+}
+
+fn request(
+    method: Method,
+    path: &str,
+    host: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Request<Full<Bytes>> {
+    let mut b = Request::builder().method(method).uri(path);
+    b = b.header("host", host.unwrap_or("localhost"));
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Full::new(body)).expect("valid test request")
+}
+
+/// One HTTP/1.1 request on a fresh connection.
+pub async fn send(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    host: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Reply {
+    let mut conn = Conn::open(addr).await;
+    conn.send(request(method, path, host, headers, body)).await
+}
+
+/// A keep-alive HTTP/1.1 connection.
+pub struct Conn {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+}
+
+impl Conn {
+    pub async fn open(addr: SocketAddr) -> Self {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        Self { sender }
+    }
+
+    pub async fn get(&mut self, path: &str) -> Reply {
+        self.send(request(Method::GET, path, None, &[], Bytes::new()))
+            .await
+    }
+
+    pub async fn send(&mut self, req: Request<Full<Bytes>>) -> Reply {
+        self.sender.ready().await.expect("connection ready");
+        let resp = self.sender.send_request(req).await.expect("response");
+        read(resp).await
+    }
+}
+
+async fn read(resp: http::Response<hyper::body::Incoming>) -> Reply {
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.expect("read body").to_bytes();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+/// One HTTP/2 (prior knowledge) request.
+pub async fn send_h2(addr: SocketAddr, path: &str) -> Reply {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .uri(format!("http://{addr}{path}"))
+        .body(Full::new(Bytes::new()))
+        .expect("valid request");
+    read(sender.send_request(req).await.expect("h2 response")).await
+}
+
+/// Writes a WAT module as a `.wasm` file and returns its path.
+pub fn wat_file(dir: &Path, name: &str, wat: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, wat::parse_str(wat).expect("valid WAT")).expect("write module");
+    path
+}
+
+/// Writes a built-in demo guest as a `.wasm` file.
+pub fn demo_file(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::write(&path, tern::demo::module(name).expect("demo guest")).expect("write module");
+    path
+}
+
+/// The `tern` binary built with these tests.
+pub fn tern_bin() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_tern"))
+}
+
+/// WAT for a minimal ABI v1 guest whose handler is `body` (and data at offset 16).
+pub fn guest_wat(body: &str, data: &str) -> String {
+    format!(
+        r#"(module
+  (import "tern" "response_set_status" (func $status (param i32) (result i32)))
+  (import "tern" "response_body_write" (func $write (param i32 i32) (result i32)))
+  (import "tern" "request_uri" (func $uri (param i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "{data}")
+  (func (export "_start") {body}))"#
+    )
+}
