@@ -49,7 +49,10 @@ fn main() {
     ] {
         cmd.env_remove(var);
     }
-    let status = cmd.status().expect("run cargo for the demo guests");
+    let mut status = cmd.status().expect("run cargo for the demo guests");
+    if !status.success() && add_wasm_target() {
+        status = cmd.status().expect("run cargo for the demo guests");
+    }
     assert!(
         status.success(),
         "building the demo guests failed; is the wasm32-wasip1 target installed? \
@@ -64,4 +67,14 @@ fn main() {
             wasm.display()
         );
     }
+}
+
+/// On a fresh machine the wasm32-wasip1 standard library may be missing although
+/// rust-toolchain.toml names it; add it once and say so.
+fn add_wasm_target() -> bool {
+    println!("cargo:warning=installing the wasm32-wasip1 target for the demo guests");
+    Command::new("rustup")
+        .args(["target", "add", "wasm32-wasip1"])
+        .status()
+        .is_ok_and(|s| s.success())
 }

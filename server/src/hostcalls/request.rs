@@ -80,10 +80,10 @@ impl GuestRequest {
                     Some(Err(e)) => return Err(e),
                     Some(Ok(frame)) => {
                         // Trailers are not part of ABI v1; skip them and empty frames.
-                        if let Ok(data) = frame.into_data() {
-                            if !data.is_empty() {
-                                return Ok(data);
-                            }
+                        if let Ok(data) = frame.into_data()
+                            && !data.is_empty()
+                        {
+                            return Ok(data);
                         }
                     }
                 }

@@ -3,6 +3,7 @@
 //! One test binary; a module per feature; [`support`] holds the `TestServer` builder and the
 //! HTTP client.
 
+mod abi;
 mod artifacts;
 mod config;
 mod demo;
@@ -10,4 +11,5 @@ mod errors;
 mod isolation;
 mod metrics;
 mod routing;
+mod shutdown;
 mod support;
