@@ -39,7 +39,11 @@ pub fn engine_config(pool: &PoolConfig) -> Config {
         .linear_memory_keep_resident(pool.memory_keep_resident_kib * KIB)
         .table_keep_resident(pool.table_keep_resident_kib * KIB)
         // Reset only the pages a guest dirtied (Linux >= 6.7; a no-op elsewhere).
-        .pagemap_scan(if pool.pagemap_scan { Enabled::Auto } else { Enabled::No })
+        .pagemap_scan(if pool.pagemap_scan {
+            Enabled::Auto
+        } else {
+            Enabled::No
+        })
         // Zeroed fiber stacks: nothing a guest left on its stack reaches the next guest.
         // Keeping the top of each stack resident makes the zeroing a memset, not a page fault.
         .async_stack_keep_resident(pool.stack_keep_resident_kib * KIB);

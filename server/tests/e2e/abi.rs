@@ -15,7 +15,11 @@ fn repo_file(path: &str) -> String {
 fn abi_doc_and_c_header_match_the_definition_and_the_linker() {
     let doc = repo_file("guest-sdk/ABI.md");
     let header = repo_file("guest-sdk/include/tern.h");
-    let engine = tern::engine::build(&tern::config::PoolConfig { instances: 1, ..Default::default() }).unwrap();
+    let engine = tern::engine::build(&tern::config::PoolConfig {
+        instances: 1,
+        ..Default::default()
+    })
+    .unwrap();
     let linker = tern::hostcalls::linker(&engine).unwrap();
     let mut imports = String::new();
     for name in abi::func::ALL {
@@ -32,7 +36,10 @@ fn abi_doc_and_c_header_match_the_definition_and_the_linker() {
             " (param i32)".repeat(doc_params)
         ));
         // The C header declares the same number of parameters.
-        assert!(header.contains(&format!("TERN_IMPORT(\"{name}\")")), "tern.h lacks {name}");
+        assert!(
+            header.contains(&format!("TERN_IMPORT(\"{name}\")")),
+            "tern.h lacks {name}"
+        );
         let c_params = header
             .split(&format!("TERN_IMPORT(\"{name}\")"))
             .nth(1)
@@ -43,16 +50,28 @@ fn abi_doc_and_c_header_match_the_definition_and_the_linker() {
     }
     // A module importing every function with the documented signature links against the server:
     // instantiate_pre type-checks each import.
-    let wat = format!("(module {imports} (memory (export \"memory\") 1) (func (export \"_start\")))");
+    let wat =
+        format!("(module {imports} (memory (export \"memory\") 1) (func (export \"_start\")))");
     let module = wasmtime::Module::new(&engine, wat::parse_str(&wat).unwrap()).unwrap();
-    linker.instantiate_pre(&module).expect("documented signatures match the server's");
+    linker
+        .instantiate_pre(&module)
+        .expect("documented signatures match the server's");
     for (name, code) in abi::errno::ALL {
-        assert!(doc.contains(&format!("| `{name}` | {code} |")), "ABI.md: {name} = {code}");
-        assert!(header.contains(&format!("#define TERN_E{name} ({code})")), "tern.h: {name} = {code}");
+        assert!(
+            doc.contains(&format!("| `{name}` | {code} |")),
+            "ABI.md: {name} = {code}"
+        );
+        assert!(
+            header.contains(&format!("#define TERN_E{name} ({code})")),
+            "tern.h: {name} = {code}"
+        );
     }
     assert!(doc.contains(&format!("`{}`", abi::HANDLER_EXPORT)));
     assert!(doc.contains(&abi::STREAM_THRESHOLD.to_string()));
-    assert!(header.contains(&format!("#define TERN_STREAM_THRESHOLD {}", abi::STREAM_THRESHOLD)));
+    assert!(header.contains(&format!(
+        "#define TERN_STREAM_THRESHOLD {}",
+        abi::STREAM_THRESHOLD
+    )));
     assert!(header.contains(&format!("#define TERN_ABI_VERSION {}", abi::VERSION)));
 }
 
