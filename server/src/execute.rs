@@ -251,6 +251,7 @@ pub async fn run(
     teardown::log_stdio(
         &tenant.name,
         request_id.to_str().unwrap_or("-"),
+        tenant.limits.stdio_bytes,
         &stdout,
         &stderr,
     );

@@ -19,18 +19,30 @@ pub fn teardown(store: Store<GuestState>) -> Duration {
     start.elapsed()
 }
 
-/// Logs what a guest wrote to stdout and stderr (each capped at the tenant's `stdio_bytes`).
+/// Logs what a guest wrote to stdout and stderr (each capped at the tenant's `stdio_bytes`):
+/// one line per stream with the output escaped (a newline stays `\n`), so a guest cannot forge
+/// log lines.
 pub fn log_stdio(
     tenant: &str,
     request_id: &str,
+    limit: usize,
     stdout: &MemoryOutputPipe,
     stderr: &MemoryOutputPipe,
 ) {
     for (stream, pipe) in [("stdout", stdout), ("stderr", stderr)] {
         let bytes = pipe.contents();
         if !bytes.is_empty() {
-            let text = String::from_utf8_lossy(&bytes);
-            tracing::info!(target: "tern::guest", tenant, request_id, stream, "{}", text.trim_end());
+            let output = String::from_utf8_lossy(&bytes);
+            let truncated = bytes.len() >= limit;
+            tracing::info!(
+                target: "tern::guest",
+                tenant,
+                request_id,
+                stream,
+                truncated,
+                output = ?output,
+                "guest output"
+            );
         }
     }
 }

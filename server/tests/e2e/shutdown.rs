@@ -1,59 +1,34 @@
 //! The `tern serve` binary: with no config it serves the built-in demo tenants; SIGTERM stops
 //! accepting, lets the in-flight request finish, and exits 0.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::Stdio;
 use std::time::Duration;
 
-use crate::support::tern_bin;
+use crate::support::TernProcess;
 
 #[test]
 fn demo_server_drains_in_flight_requests_on_sigterm() {
     let cache = tempfile::tempdir().unwrap();
-    let mut child = tern_bin()
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .env("TERN_CACHE_DIR", cache.path())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tern");
-    let mut log = BufReader::new(child.stderr.take().unwrap());
-    let mut addr = None;
-    let mut line = String::new();
-    while addr.is_none() {
-        line.clear();
-        assert!(
-            log.read_line(&mut line).unwrap() > 0,
-            "tern exited before listening"
-        );
-        if let Some(rest) = line.split("serving tenants on http://").nth(1) {
-            addr = rest.split(',').next().map(str::to_string);
-        }
-    }
-    let addr = addr.unwrap();
+    let mut tern = TernProcess::serve(&[], cache.path());
 
     // A request whose body is only half sent when the signal arrives.
-    let mut conn = TcpStream::connect(&addr).unwrap();
+    let mut conn = TcpStream::connect(&tern.addr).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     conn.write_all(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nhello")
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &tern.child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
-    std::thread::sleep(Duration::from_millis(300));
+    tern.wait_for("shutting down");
+    std::thread::sleep(Duration::from_millis(200));
     // New connections are refused once the server stops accepting.
     assert!(
-        TcpStream::connect(&addr).is_err(),
+        TcpStream::connect(&tern.addr).is_err(),
         "listener still accepting after SIGTERM"
     );
     conn.write_all(b"world").unwrap();
@@ -62,9 +37,65 @@ fn demo_server_drains_in_flight_requests_on_sigterm() {
     assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
     assert!(reply.ends_with("helloworld"), "{reply}");
 
-    let exit = child.wait().unwrap();
+    let exit = tern.child.wait().unwrap();
     assert!(exit.success(), "tern exited with {exit}");
-    let mut rest = String::new();
-    log.read_to_string(&mut rest).unwrap();
-    assert!(rest.contains("shutting down"), "{rest}");
+}
+
+/// Writes "to stdout" and "to stderr" through WASI `fd_write`, then 200 KiB more to stdout.
+const PRINTER: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 5)
+  (data (i32.const 100) "to stdout\n")
+  (data (i32.const 200) "to stderr\n")
+  (func $print (param $fd i32) (param $ptr i32) (param $len i32)
+    (i32.store (i32.const 0) (local.get $ptr))
+    (i32.store (i32.const 4) (local.get $len))
+    (drop (call $fd_write (local.get $fd) (i32.const 0) (i32.const 1) (i32.const 8))))
+  (func (export "_start")
+    (call $print (i32.const 1) (i32.const 100) (i32.const 10))
+    (call $print (i32.const 2) (i32.const 200) (i32.const 10))
+    (memory.fill (i32.const 1024) (i32.const 120) (i32.const 204800))
+    (call $print (i32.const 1) (i32.const 1024) (i32.const 204800))))"#;
+
+#[test]
+fn guest_stdout_and_stderr_are_logged_with_tenant_and_request_id_and_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::support::wat_file(dir.path(), "printer.wasm", PRINTER);
+    let config = dir.path().join("tern.toml");
+    std::fs::write(
+        &config,
+        "[[tenant]]\nname = \"printer\"\nmodule = \"printer.wasm\"\n[tenant.limits]\nstdio_bytes = 1024\n",
+    )
+    .unwrap();
+    let tern = TernProcess::serve(
+        &["--config", config.to_str().unwrap()],
+        &dir.path().join("cache"),
+    );
+    let mut conn = TcpStream::connect(&tern.addr).unwrap();
+    conn.write_all(
+        b"GET / HTTP/1.1\r\nhost: x\r\nx-request-id: stdio-check-1\r\nconnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+
+    let out = tern.wait_for("stream=\"stdout\"");
+    assert!(
+        out.contains("printer") && out.contains("stdio-check-1") && out.contains("to stdout\\n"),
+        "{out}"
+    );
+    assert!(out.contains("truncated=true"), "{out}");
+    // Capped at stdio_bytes: the 200 KiB write does not reach the log whole.
+    assert!(
+        out.len() < 4096,
+        "stdout was not capped: {} bytes",
+        out.len()
+    );
+    let err = tern.wait_for("stream=\"stderr\"");
+    assert!(
+        err.contains("stdio-check-1") && err.contains("to stderr\\n"),
+        "{err}"
+    );
+    assert!(err.contains("truncated=false"), "{err}");
 }

@@ -215,3 +215,70 @@ pub fn guest_wat(body: &str, data: &str) -> String {
   (func (export "_start") {body}))"#
     )
 }
+
+/// A `tern serve` process and the lines of its log.
+pub struct TernProcess {
+    pub child: std::process::Child,
+    pub log: std::sync::mpsc::Receiver<String>,
+    /// The public address it announced.
+    pub addr: String,
+}
+
+impl TernProcess {
+    /// Starts `tern serve` with `args` (plus ephemeral ports) and waits until it listens.
+    pub fn serve(args: &[&str], cache: &Path) -> Self {
+        use std::io::BufRead;
+        let mut child = tern_bin()
+            .arg("serve")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .env("TERN_CACHE_DIR", cache)
+            .env("TERN_LOG", "info")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start tern");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, log) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut p = Self {
+            child,
+            log,
+            addr: String::new(),
+        };
+        let line = p.wait_for("serving tenants on http://");
+        p.addr = line
+            .split("serving tenants on http://")
+            .nth(1)
+            .and_then(|rest| rest.split(',').next())
+            .expect("address in log")
+            .to_string();
+        p
+    }
+
+    /// The next log line containing `needle` (panics after 20 s, or if the process exits).
+    pub fn wait_for(&self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {needle:?}: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for TernProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
