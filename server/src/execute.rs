@@ -46,6 +46,8 @@ pub enum Outcome {
     MemoryLimit,
     /// The response exceeded the tenant's body or header limits.
     ResponseLimit,
+    /// The request body exceeded the tenant's limit.
+    BodyTooLarge,
     /// No pool slot came free in time.
     Overload,
     /// Instantiation failed for another reason.
@@ -54,7 +56,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 14] = [
+    pub const ALL: [Outcome; 15] = [
         Outcome::Ok,
         Outcome::Timeout,
         Outcome::TrapStackOverflow,
@@ -67,6 +69,7 @@ impl Outcome {
         Outcome::Exit,
         Outcome::MemoryLimit,
         Outcome::ResponseLimit,
+        Outcome::BodyTooLarge,
         Outcome::Overload,
         Outcome::Error,
     ];
@@ -86,6 +89,7 @@ impl Outcome {
             Outcome::Exit => "exit",
             Outcome::MemoryLimit => "memory_limit",
             Outcome::ResponseLimit => "response_limit",
+            Outcome::BodyTooLarge => "body_too_large",
             Outcome::Overload => "overload",
             Outcome::Error => "error",
         }
@@ -97,6 +101,7 @@ impl Outcome {
             Outcome::Ok => StatusCode::OK,
             Outcome::Timeout => StatusCode::GATEWAY_TIMEOUT,
             Outcome::Overload => StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -113,7 +118,8 @@ pub struct ExecError {
 }
 
 impl ExecError {
-    fn new(outcome: Outcome, message: impl Into<String>) -> Self {
+    /// A failure with a client-facing message.
+    pub fn new(outcome: Outcome, message: impl Into<String>) -> Self {
         Self {
             outcome,
             message: message.into(),
@@ -215,6 +221,10 @@ pub async fn run(
     let ran_from = instantiated.unwrap_or(ended);
 
     let result = match result {
+        // The body limit is the server's to enforce, whatever the guest made of the error.
+        _ if store.data().request.too_large && !store.data().response.is_streaming() => {
+            Err(body_too_large(store.data().request.max_bytes))
+        }
         Err(_elapsed) => Err(ExecError::new(
             Outcome::Timeout,
             format!(
@@ -326,6 +336,14 @@ fn classify(stage: Stage, state: &GuestState) -> Result<(), ExecError> {
     };
     tracing::debug!("{what}: {err:?}");
     Err(ExecError::new(Outcome::Error, what))
+}
+
+/// The `413` for a request body over `max` bytes.
+pub fn body_too_large(max: u64) -> ExecError {
+    ExecError::new(
+        Outcome::BodyTooLarge,
+        format!("request body is larger than this tenant accepts ({max} bytes)"),
+    )
 }
 
 fn response_limit(_status: i32) -> ExecError {

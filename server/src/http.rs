@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use http::header::{CONTENT_TYPE, HOST, RETRY_AFTER};
+use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::sync::oneshot;
@@ -77,8 +77,31 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         );
     };
 
+    // A declared body over the limit is refused before any instance is made.
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > tenant.limits.max_request_bytes) {
+        let e = execute::body_too_large(tenant.limits.max_request_bytes);
+        tenant.count_outcome(e.outcome);
+        let mut resp = plain(e.outcome.status(), &format!("{}\n", e.message));
+        // The unread body would otherwise be drained; close instead.
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        return finish(
+            &app,
+            &tenant.requests,
+            resp,
+            &request_id,
+            &timings,
+            1,
+            arrived,
+        );
+    }
+
     let queued = Instant::now();
-    let slot = match app.pool.admit().await {
+    let slot = match app.pool.admit(&tenant.slots).await {
         Ok(slot) => slot,
         Err(overloaded) => {
             timings.set(Phase::Queue, queued.elapsed());
@@ -106,6 +129,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         parts.uri,
         parts.headers,
         RequestBody::Incoming(body),
+        tenant.limits.max_request_bytes,
     );
     let (commit, mut committed) = oneshot::channel();
     let mut run = Box::pin({

@@ -18,12 +18,34 @@ use tokio::net::TcpListener;
 use crate::body::ResponseBody;
 use crate::shutdown::Shutdown;
 
-/// How long a client may take to send a request's headers (slowloris protection).
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Client-facing limits of a listener.
+#[derive(Debug, Clone)]
+pub struct ListenOptions {
+    /// Most open connections; the rest wait in the accept backlog.
+    pub max_connections: usize,
+    /// Time allowed to send a request head; also the keep-alive idle limit.
+    pub header_read_timeout: Duration,
+    /// Largest request head; larger gets `431`.
+    pub max_header_bytes: usize,
+    /// How long open connections may take to finish after shutdown.
+    pub grace: Duration,
+}
+
+impl ListenOptions {
+    /// The options of `[server]`.
+    pub fn from_config(c: &crate::config::ServerConfig) -> Self {
+        Self {
+            max_connections: c.max_connections,
+            header_read_timeout: Duration::from_millis(c.header_read_timeout_ms),
+            max_header_bytes: c.max_header_bytes,
+            grace: Duration::from_millis(c.shutdown_grace_ms),
+        }
+    }
+}
 
 /// Accepts connections on `listener` and serves each request with `handler` until `shutdown`
-/// fires; then stops accepting and waits up to `grace` for open connections to finish.
-pub async fn serve<H, F>(listener: TcpListener, handler: H, shutdown: Shutdown, grace: Duration)
+/// fires; then stops accepting and waits up to the grace period for open connections to finish.
+pub async fn serve<H, F>(listener: TcpListener, handler: H, shutdown: Shutdown, opts: ListenOptions)
 where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
@@ -32,13 +54,29 @@ where
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(opts.header_read_timeout)
+        // The read buffer must hold a whole request head: past it hyper answers `431`.
+        .max_buf_size(opts.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(opts.max_header_bytes).unwrap_or(u32::MAX))
+        // Idle HTTP/2 connections are pinged and closed if the client stops answering.
+        .keep_alive_interval(opts.header_read_timeout)
+        .keep_alive_timeout(opts.header_read_timeout);
     let builder = Arc::new(builder);
+    // One permit per open connection: at the limit, accepting pauses and clients queue in the
+    // kernel's backlog instead of growing our memory.
+    let connections = Arc::new(tokio::sync::Semaphore::new(opts.max_connections));
     let graceful = GracefulShutdown::new();
     let addr = listener
         .local_addr()
         .map_or_else(|_| "?".to_string(), |a: SocketAddr| a.to_string());
     loop {
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => permit.expect("never closed"),
+            () = shutdown.wait() => break,
+        };
         let (stream, _peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
@@ -66,11 +104,12 @@ where
             if let Err(e) = conn.await {
                 tracing::debug!("connection ended with an error: {e}");
             }
+            drop(permit);
         });
     }
     drop(listener);
     tokio::select! {
         () = graceful.shutdown() => tracing::debug!("{addr}: all connections drained"),
-        () = tokio::time::sleep(grace) => tracing::warn!("{addr}: grace period over, closing open connections"),
+        () = tokio::time::sleep(opts.grace) => tracing::warn!("{addr}: grace period over, closing open connections"),
     }
 }

@@ -9,12 +9,15 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Every slot stayed busy for the whole queue timeout.
+/// No slot came free within the queue timeout.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("all {slots} instance slots are busy; try again shortly")]
-pub struct Overloaded {
-    /// Pool size, for the message.
-    pub slots: u32,
+pub enum Overloaded {
+    /// Every slot of the pool stayed busy.
+    #[error("all {0} instance slots are busy; try again shortly")]
+    Pool(u32),
+    /// The tenant stayed at its concurrency limit.
+    #[error("this tenant is at its limit of {0} concurrent requests; try again shortly")]
+    Tenant(usize),
 }
 
 /// The admission gate in front of the pool.
@@ -38,19 +41,31 @@ impl Pool {
         }
     }
 
-    /// Takes a slot, waiting up to the queue timeout.
+    /// Takes one of the tenant's permits (its concurrency cap, `tenant`) and then a pool slot,
+    /// waiting up to the queue timeout for both together.
     ///
     /// # Errors
-    /// [`Overloaded`] if no slot came free in time.
-    pub async fn admit(&self) -> Result<Slot, Overloaded> {
-        // Fast path without arming a timer: a slot is usually free.
-        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
-            return Ok(slot);
+    /// [`Overloaded`] if either stayed unavailable for the whole timeout.
+    pub async fn admit(&self, tenant: &Arc<Semaphore>) -> Result<(Slot, Slot), Overloaded> {
+        // Fast path without arming a timer: usually both are free.
+        if let Ok(t) = tenant.clone().try_acquire_owned() {
+            if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+                return Ok((t, slot));
+            }
+            drop(t);
         }
-        match tokio::time::timeout(self.queue_timeout, self.slots.clone().acquire_owned()).await {
-            Ok(Ok(slot)) => Ok(slot),
-            _ => Err(Overloaded { slots: self.size }),
-        }
+        let deadline = tokio::time::Instant::now() + self.queue_timeout;
+        let t = tokio::time::timeout_at(deadline, tenant.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or(Overloaded::Tenant(tenant.available_permits()))?;
+        let slot = tokio::time::timeout_at(deadline, self.slots.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or(Overloaded::Pool(self.size))?;
+        Ok((t, slot))
     }
 
     /// Slots not in use right now.

@@ -140,21 +140,21 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let admin_addr = admin_l.local_addr()?;
     let ticker = EpochTicker::start(&engine);
     let shutdown = Shutdown::new();
-    let grace = Duration::from_millis(config.server.shutdown_grace_ms);
+    let opts = listener::ListenOptions::from_config(&config.server);
 
     let a = app.clone();
     let public_task = tokio::spawn(listener::serve(
         public,
         move |req| crate::http::handle(a.clone(), req),
         shutdown.clone(),
-        grace,
+        opts.clone(),
     ));
     let a = app.clone();
     let admin_task = tokio::spawn(listener::serve(
         admin_l,
         move |req| admin::handle(a.clone(), req),
         shutdown.clone(),
-        grace,
+        opts.clone(),
     ));
     tracing::info!("serving tenants on http://{addr}, metrics on http://{admin_addr}/metrics");
     Ok(Running {

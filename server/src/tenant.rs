@@ -63,6 +63,10 @@ pub struct Limits {
     pub max_response_bytes: u64,
     /// Most response headers.
     pub max_response_headers: usize,
+    /// Largest request body.
+    pub max_request_bytes: u64,
+    /// Most concurrent requests.
+    pub max_concurrency: usize,
 }
 
 impl Limits {
@@ -75,6 +79,11 @@ impl Limits {
             stdio_bytes: c.stdio_bytes,
             max_response_bytes: c.max_response_bytes,
             max_response_headers: c.max_response_headers,
+            max_request_bytes: c.max_request_bytes,
+            max_concurrency: match c.max_concurrency {
+                0 => (pool.instances as usize * 3).div_ceil(4),
+                n => n as usize,
+            },
         }
     }
 }
@@ -99,6 +108,8 @@ pub struct Tenant {
     pub requests: TenantMetrics,
     /// Outcome counters, indexed by [`Outcome`].
     pub outcomes: Vec<IntCounter>,
+    /// Permits for this tenant's concurrent requests (`limits.max_concurrency`).
+    pub slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -176,7 +187,9 @@ pub fn prepare(
         .iter()
         .map(|o| metrics.outcome(&label, o.name()))
         .collect();
+    let limits = Limits::from_config(&config.limits, pool);
     Ok(Tenant {
+        slots: Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),
         requests: metrics.tenant(&label),
         outcomes,
         label,
@@ -188,7 +201,7 @@ pub fn prepare(
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
-        limits: Limits::from_config(&config.limits, pool),
+        limits,
         name,
     })
 }

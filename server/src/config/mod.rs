@@ -76,6 +76,13 @@ pub struct ServerConfig {
     /// At most this many tenants get their own metrics label; the rest count as `other`,
     /// which keeps the metrics' cardinality bounded.
     pub max_tenant_labels: usize,
+    /// Most open client connections; further clients wait in the kernel's accept backlog.
+    pub max_connections: usize,
+    /// A client must send a request's complete headers within this time (slowloris);
+    /// it also closes keep-alive connections that stay idle this long.
+    pub header_read_timeout_ms: u64,
+    /// Largest request head (request line + headers) in bytes; larger gets `431`.
+    pub max_header_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +94,9 @@ impl Default for ServerConfig {
             cache_dir: String::new(),
             shutdown_grace_ms: 10_000,
             max_tenant_labels: 1000,
+            max_connections: 10_000,
+            header_read_timeout_ms: 10_000,
+            max_header_bytes: 64 * 1024,
         }
     }
 }
@@ -178,6 +188,11 @@ pub struct LimitsConfig {
     pub max_response_bytes: u64,
     /// Most response headers a guest may set.
     pub max_response_headers: usize,
+    /// Largest request body, in bytes; larger gets `413` (checked as the body streams in).
+    pub max_request_bytes: u64,
+    /// Most requests of this tenant running at once; `0` means three quarters of the pool, so
+    /// one tenant can never take every slot.
+    pub max_concurrency: u32,
 }
 
 impl Default for LimitsConfig {
@@ -188,6 +203,8 @@ impl Default for LimitsConfig {
             stdio_bytes: 64 * 1024,
             max_response_bytes: 64 * 1024 * 1024,
             max_response_headers: 100,
+            max_request_bytes: 16 * 1024 * 1024,
+            max_concurrency: 0,
         }
     }
 }
@@ -248,6 +265,12 @@ impl Config {
         }
         if pool.max_memory_mib == 0 || pool.max_memory_mib > 4096 {
             return whole("pool.max_memory_mib must be between 1 and 4096");
+        }
+        if self.server.max_header_bytes < 8192 {
+            return whole("server.max_header_bytes must be at least 8192");
+        }
+        if self.server.max_connections == 0 || self.server.header_read_timeout_ms == 0 {
+            return whole("server.max_connections and server.header_read_timeout_ms must be > 0");
         }
         if pool.max_wasm_stack_kib < 64 {
             return whole("pool.max_wasm_stack_kib must be at least 64");

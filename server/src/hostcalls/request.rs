@@ -32,13 +32,25 @@ pub struct GuestRequest {
     pub body: RequestBody,
     /// Bytes of the current body frame the guest has not read yet.
     leftover: Bytes,
+    /// Largest body the tenant accepts.
+    pub max_bytes: u64,
+    /// Body bytes received so far.
+    received: u64,
+    /// Set when the body went past `max_bytes`: the client gets `413`.
+    pub too_large: bool,
     /// Headers serialised as `name NUL value NUL`, built on the first `request_headers` call.
     headers_blob: Option<Vec<u8>>,
 }
 
 impl GuestRequest {
-    /// A request for a guest.
-    pub fn new(method: Method, uri: Uri, headers: HeaderMap, body: RequestBody) -> Self {
+    /// A request for a guest whose body may be at most `max_bytes` long.
+    pub fn new(
+        method: Method,
+        uri: Uri,
+        headers: HeaderMap,
+        body: RequestBody,
+        max_bytes: u64,
+    ) -> Self {
         Self {
             method,
             uri,
@@ -46,6 +58,9 @@ impl GuestRequest {
             body,
             leftover: Bytes::new(),
             headers_blob: None,
+            max_bytes,
+            received: 0,
+            too_large: false,
         }
     }
 
@@ -66,11 +81,28 @@ impl GuestRequest {
     /// The next bytes of the body; empty at its end.
     ///
     /// # Errors
-    /// If the client's body fails mid-stream.
-    async fn next_chunk(&mut self) -> Result<Bytes, hyper::Error> {
+    /// The ABI error code: `LIMIT_EXCEEDED` past the tenant's body limit (counted as the body
+    /// streams in, never buffered whole), `IO` if the client's body fails mid-stream.
+    async fn next_chunk(&mut self) -> Result<Bytes, i32> {
         if !self.leftover.is_empty() {
             return Ok(std::mem::take(&mut self.leftover));
         }
+        if self.too_large {
+            return Err(abi::errno::LIMIT_EXCEEDED);
+        }
+        let chunk = self.next_frame().await.map_err(|e| {
+            tracing::debug!("request body failed: {e}");
+            abi::errno::IO
+        })?;
+        self.received += chunk.len() as u64;
+        if self.received > self.max_bytes {
+            self.too_large = true;
+            return Err(abi::errno::LIMIT_EXCEEDED);
+        }
+        Ok(chunk)
+    }
+
+    async fn next_frame(&mut self) -> Result<Bytes, hyper::Error> {
         match &mut self.body {
             RequestBody::Empty => Ok(Bytes::new()),
             RequestBody::Full(b) => Ok(std::mem::take(b)),
@@ -154,10 +186,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
                 }
                 let mut chunk = match caller.data_mut().request.next_chunk().await {
                     Ok(chunk) => chunk,
-                    Err(e) => {
-                        tracing::debug!("request body failed: {e}");
-                        return Ok(abi::errno::IO);
-                    }
+                    Err(code) => return Ok(code),
                 };
                 let n = range.len().min(chunk.len());
                 let (data, state) = mem.data_and_store_mut(&mut caller);
