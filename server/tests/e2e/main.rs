@@ -8,6 +8,7 @@ mod artifacts;
 mod config;
 mod demo;
 mod errors;
+mod hostile;
 mod isolation;
 mod metrics;
 mod routing;

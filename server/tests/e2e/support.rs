@@ -282,3 +282,55 @@ impl Drop for TernProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Builds the guests of `server/guests` (once per test run) and copies `name` into `dir`.
+pub fn test_guest(dir: &Path, name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let out = BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let target = root.join("target/test-guests");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .current_dir(&root)
+            .args(["build", "--quiet", "-p", "tern-test-guests", "--bins"])
+            .args([
+                "--target",
+                "wasm32-wasip1",
+                "--profile",
+                "guest",
+                "--target-dir",
+            ])
+            .arg(&target)
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env_remove("CARGO_TARGET_DIR")
+            .status()
+            .expect("run cargo to build the test guests");
+        assert!(
+            status.success(),
+            "building server/guests for wasm32-wasip1 failed"
+        );
+        target.join("wasm32-wasip1/guest")
+    });
+    let to = dir.join(format!("{name}.wasm"));
+    std::fs::copy(out.join(format!("{name}.wasm")), &to)
+        .unwrap_or_else(|e| panic!("test guest {name}: {e}"));
+    to
+}
+
+/// Sends raw bytes on a new connection and reads until the server closes it or `limit` passes.
+pub fn raw_exchange(addr: SocketAddr, bytes: &[u8], limit: std::time::Duration) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).expect("connect");
+    conn.set_read_timeout(Some(limit)).expect("timeout");
+    conn.write_all(bytes).expect("send");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    out
+}

@@ -1,0 +1,396 @@
+//! The hostile suite: each guest of `server/guests` misbehaves in one way; the client gets the
+//! documented status, and a well-behaved tenant served at the same time sees every request
+//! succeed. Timing never decides a verdict; generous bounds only catch hangs.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+
+use crate::support::{Conn, TestServer, raw_exchange, send, test_guest};
+
+const GUESTS: [&str; 13] = [
+    "loop_forever",
+    "read_body_forever",
+    "memory_bomb",
+    "stack_overflow",
+    "panic",
+    "out_of_bounds",
+    "bad_indirect_call",
+    "bad_pointers",
+    "output_flood",
+    "exit_code",
+    "env_dump",
+    "cpu_burn",
+    "canary",
+];
+
+/// One server with a tenant per hostile guest (at `/NAME`) and the demo hello at `/hello`.
+async fn hostile_server() -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = String::from("[pool]\ninstances = 16\nmax_memory_mib = 64\n");
+    for g in GUESTS {
+        test_guest(dir.path(), g);
+        config.push_str(&format!(
+            "[[tenant]]\nname = \"{g}\"\nmodule = \"{g}.wasm\"\npaths = [\"/{g}\"]\n"
+        ));
+        let limits = match g {
+            "loop_forever" | "read_body_forever" => "timeout_ms = 300\n",
+            "memory_bomb" => "max_memory_mib = 16\n",
+            "output_flood" => "max_response_bytes = 1048576\nmax_response_headers = 50\n",
+            "cpu_burn" => "timeout_ms = 10000\nmax_concurrency = 4\n",
+            _ => "",
+        };
+        if g == "env_dump" {
+            config.push_str("env = { ONLY_MINE = \"dump\" }\n");
+        }
+        config.push_str(&format!("[tenant.limits]\n{limits}"));
+    }
+    config.push_str(
+        "[[tenant]]\nname = \"hello\"\nmodule = \"builtin:hello\"\npaths = [\"/hello\"]\n\
+         env = { SECRET_OF_HELLO = \"never shown to others\" }\n",
+    );
+    TestServer::try_start_in(dir, &config).await.expect("start")
+}
+
+/// While `bad` runs, a neighbour tenant answers every request.
+async fn with_neighbour<F: std::future::Future>(s: &TestServer, bad: F) -> F::Output {
+    let addr = s.addr();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let neighbour = tokio::spawn(async move {
+        let mut conn = Conn::open(addr).await;
+        let mut n = 0;
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) || n < 5 {
+            let r = conn.get("/hello").await;
+            assert_eq!(
+                r.status,
+                StatusCode::OK,
+                "neighbour request {n} failed: {}",
+                r.text()
+            );
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        n
+    });
+    let out = bad.await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let served = neighbour.await.expect("neighbour never failed");
+    assert!(served >= 5);
+    out
+}
+
+async fn expect(s: &TestServer, path: &str, status: StatusCode, body_has: &str) {
+    with_neighbour(s, async {
+        for _ in 0..3 {
+            let r = s.get(path).await;
+            assert_eq!(r.status, status, "{path}: {}", r.text());
+            assert!(
+                r.text().contains(body_has),
+                "{path}: {:?} lacks {body_has:?}",
+                r.text()
+            );
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_hostile_guest_gets_its_status_and_the_neighbour_never_notices() {
+    let s = hostile_server().await;
+    expect(
+        &s,
+        "/loop_forever",
+        StatusCode::GATEWAY_TIMEOUT,
+        "time limit (300 ms)",
+    )
+    .await;
+    expect(
+        &s,
+        "/memory_bomb",
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "memory limit (16 MiB)",
+    )
+    .await;
+    expect(
+        &s,
+        "/stack_overflow",
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "call stack exhausted",
+    )
+    .await;
+    expect(
+        &s,
+        "/panic",
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "unreachable",
+    )
+    .await;
+    expect(
+        &s,
+        "/out_of_bounds",
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "out of bounds memory access",
+    )
+    .await;
+    expect(
+        &s,
+        "/bad_indirect_call",
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "guest trapped",
+    )
+    .await;
+    for case in ["body_write", "header", "uri", "body_read"] {
+        let path = format!("/bad_pointers?case={case}");
+        expect(
+            &s,
+            &path,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "outside its memory",
+        )
+        .await;
+    }
+    expect(
+        &s,
+        "/output_flood?headers",
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "header limit",
+    )
+    .await;
+    expect(
+        &s,
+        "/exit_code?code=0",
+        StatusCode::OK,
+        "responded before exiting",
+    )
+    .await;
+    expect(
+        &s,
+        "/exit_code?code=7",
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "exited with status 7",
+    )
+    .await;
+
+    let m = s.metrics().await;
+    for (tenant, outcome) in [
+        ("loop_forever", "timeout"),
+        ("memory_bomb", "memory_limit"),
+        ("stack_overflow", "trap_stack_overflow"),
+        ("panic", "trap_unreachable"),
+        ("out_of_bounds", "trap_out_of_bounds"),
+        ("bad_pointers", "bad_pointer"),
+        ("output_flood", "response_limit"),
+        ("exit_code", "exit"),
+    ] {
+        let line =
+            format!("tern_guest_outcomes_total{{outcome=\"{outcome}\",tenant=\"{tenant}\"}}");
+        let count = m
+            .lines()
+            .find(|l| l.starts_with(&line))
+            .and_then(|l| l.rsplit(' ').next());
+        assert!(count.is_some_and(|c| c != "0"), "{line} not counted");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_flood_streams_then_aborts_the_response() {
+    let s = hostile_server().await;
+    let reply = with_neighbour(&s, async {
+        let addr = s.addr();
+        tokio::task::spawn_blocking(move || {
+            raw_exchange(
+                addr,
+                b"GET /output_flood HTTP/1.1\r\nhost: x\r\n\r\n",
+                Duration::from_secs(20),
+            )
+        })
+        .await
+        .unwrap()
+    })
+    .await;
+    let text = String::from_utf8_lossy(&reply[..reply.len().min(200)]).into_owned();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(text.contains("transfer-encoding: chunked"), "{text}");
+    // The chunked body never gets its terminating zero-length chunk: the client knows it is cut.
+    assert!(
+        !reply.ends_with(b"0\r\n\r\n"),
+        "aborted stream looked complete"
+    );
+    assert!(
+        reply.len() <= 1_048_576 + 64 * 1024 + 4096,
+        "{} bytes passed the limit",
+        reply.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_body_that_never_comes_is_504() {
+    let s = hostile_server().await;
+    let reply = with_neighbour(&s, async {
+        let addr = s.addr();
+        tokio::task::spawn_blocking(move || {
+            raw_exchange(
+                addr,
+                b"POST /read_body_forever HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\nonly this",
+                Duration::from_secs(20),
+            )
+        })
+        .await
+        .unwrap()
+    })
+    .await;
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.starts_with("HTTP/1.1 504"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_sees_only_its_own_env_and_no_files() {
+    let s = hostile_server().await;
+    let r = s.get("/env_dump").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let text = r.text();
+    assert!(text.contains("ONLY_MINE=dump\n"), "{text}");
+    assert!(!text.contains("SECRET_OF_HELLO"), "{text}");
+    assert!(
+        !text.contains("PATH=") && !text.contains("HOME="),
+        "host env leaked: {text}"
+    );
+    assert!(!text.contains("can read"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_bound_guests_on_every_worker_leave_the_reactor_and_neighbours_responsive() {
+    let s = hostile_server().await;
+    let addr = s.addr();
+    // Four CPU-bound guests (two per worker thread) for 6 s each: far longer than the checks.
+    let burners: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(async move {
+                send(
+                    addr,
+                    Method::GET,
+                    "/cpu_burn?ms=6000",
+                    None,
+                    &[],
+                    Bytes::new(),
+                )
+                .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let m = s.metrics().await;
+    assert!(
+        m.contains(r#"tern_pool_slots{kind="instances",state="in_use"} 4"#),
+        "burners not running"
+    );
+    // Admin endpoints and a light tenant answer while the burners run (bounds only catch hangs).
+    let started = std::time::Instant::now();
+    for _ in 0..10 {
+        let h = tokio::time::timeout(
+            Duration::from_secs(5),
+            send(s.admin(), Method::GET, "/healthz", None, &[], Bytes::new()),
+        )
+        .await
+        .expect("/healthz hung");
+        assert_eq!(h.status, StatusCode::OK);
+        let r = tokio::time::timeout(Duration::from_secs(5), s.get("/hello"))
+            .await
+            .expect("hello hung");
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    let m = s.metrics().await;
+    assert!(
+        m.contains(r#"tern_pool_slots{kind="instances",state="in_use"} 4"#),
+        "burners finished before 10 light requests did ({:?}): {}",
+        started.elapsed(),
+        m.lines()
+            .filter(|l| l.starts_with("tern_pool_slots"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    for b in burners {
+        let r = b.await.unwrap();
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_state_crosses_requests_or_tenants_over_thousands_of_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "canary");
+    // Three tenants share two slots, so every slot is reused by every module.
+    let config = "[pool]\ninstances = 2\n\
+        [[tenant]]\nname = \"a\"\nmodule = \"canary.wasm\"\npaths = [\"/a\"]\n[tenant.limits]\nmax_concurrency = 2\n\
+        [[tenant]]\nname = \"b\"\nmodule = \"canary.wasm\"\npaths = [\"/b\"]\n[tenant.limits]\nmax_concurrency = 2\n\
+        [[tenant]]\nname = \"c\"\nmodule = \"builtin:counter\"\npaths = [\"/c\"]\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let addr = s.addr();
+    let clients: Vec<_> = ["/a", "/b", "/c"]
+        .into_iter()
+        .map(|path| {
+            tokio::spawn(async move {
+                let mut conn = Conn::open(addr).await;
+                for i in 0..1500 {
+                    let r = conn.get(path).await;
+                    let want = if path == "/c" { "1\n" } else { "clean" };
+                    assert_eq!(
+                        (r.status, r.text().as_str()),
+                        (StatusCode::OK, want),
+                        "{path} #{i}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.expect("no request saw another request's state");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_exhaustion_and_tenant_caps_answer_503_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "cpu_burn");
+    let config = "[pool]\ninstances = 3\nqueue_timeout_ms = 200\n\
+        [[tenant]]\nname = \"burn\"\nmodule = \"cpu_burn.wasm\"\npaths = [\"/burn\"]\n\
+        [tenant.limits]\ntimeout_ms = 10000\nmax_concurrency = 2\n\
+        [[tenant]]\nname = \"burn2\"\nmodule = \"cpu_burn.wasm\"\npaths = [\"/burn2\"]\n\
+        [tenant.limits]\ntimeout_ms = 10000\n\
+        [[tenant]]\nname = \"hello\"\nmodule = \"builtin:hello\"\npaths = [\"/hello\"]\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let addr = s.addr();
+    let burn = |path: &'static str| {
+        tokio::spawn(async move { send(addr, Method::GET, path, None, &[], Bytes::new()).await })
+    };
+    let a = burn("/burn?ms=5000");
+    let b = burn("/burn?ms=5000");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The tenant's cap (2) is reached: its third request waits, then gets 503.
+    let r = s.get("/burn?ms=10").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+    assert_eq!(r.header("retry-after"), "1");
+    assert!(r.text().contains("concurrent requests"), "{}", r.text());
+    // Another tenant takes the last slot; now the pool is exhausted for everyone.
+    let c = burn("/burn2?ms=5000");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = s.get("/hello").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+    assert_eq!(r.header("retry-after"), "1");
+    assert!(r.text().contains("instance slots are busy"), "{}", r.text());
+    for t in [a, b, c] {
+        assert_eq!(t.await.unwrap().status, StatusCode::OK);
+    }
+    assert_eq!(
+        s.get("/hello").await.status,
+        StatusCode::OK,
+        "slots come back"
+    );
+    let m = s.metrics().await;
+    assert!(
+        m.contains(r#"tern_guest_outcomes_total{outcome="overload",tenant="hello"} 1"#),
+        "{m}"
+    );
+}
