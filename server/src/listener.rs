@@ -96,12 +96,18 @@ where
             let fut = handler(req);
             async move { Ok::<_, Infallible>(fut.await) }
         });
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let (builder, watcher) = (builder.clone(), graceful.watcher());
+        let first_bytes_timeout = opts.header_read_timeout;
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            // hyper's header timeout starts only once it has told HTTP/1 from HTTP/2, which
+            // needs the client's first bytes: a client that sends nothing must not hold a slot.
+            if !first_bytes(&stream, first_bytes_timeout).await {
+                return drop(permit);
+            }
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .into_owned();
+            if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!("connection ended with an error: {e}");
             }
             drop(permit);
@@ -112,4 +118,28 @@ where
         () = graceful.shutdown() => tracing::debug!("{addr}: all connections drained"),
         () = tokio::time::sleep(opts.grace) => tracing::warn!("{addr}: grace period over, closing open connections"),
     }
+}
+
+/// The HTTP/2 connection preface; a client that sends a prefix of it may still be HTTP/2.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Waits until the client has sent enough to tell HTTP/1 from HTTP/2, for at most `limit`.
+/// Returns `false` if it sent nothing useful in time or closed the connection.
+async fn first_bytes(stream: &tokio::net::TcpStream, limit: Duration) -> bool {
+    let wait = async {
+        let mut buf = [0u8; 24];
+        loop {
+            if stream.readable().await.is_err() {
+                return false;
+            }
+            match stream.peek(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) if n >= H2_PREFACE.len() || buf[..n] != H2_PREFACE[..n] => return true,
+                // A partial HTTP/2 preface: data is buffered, so wait a little before peeking
+                // again rather than spinning.
+                Ok(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        }
+    };
+    tokio::time::timeout(limit, wait).await.unwrap_or(false)
 }

@@ -5,6 +5,7 @@
 
 mod abi;
 mod artifacts;
+mod clients;
 mod config;
 mod demo;
 mod errors;

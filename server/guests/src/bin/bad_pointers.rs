@@ -1,5 +1,6 @@
 //! Passes host calls pointers and lengths outside its memory: the guest traps (`500`), the host
 //! reads and writes nothing. `?case=` picks the call (body_write, header, uri, body_read).
+#[cfg(target_arch = "wasm32")]
 #[allow(unsafe_code)]
 #[link(wasm_import_module = "tern")]
 unsafe extern "C" {
@@ -9,6 +10,12 @@ unsafe extern "C" {
     fn request_body_read(buf: usize, len: usize) -> i32;
 }
 
+#[cfg(not(target_arch = "wasm32"))]
+fn main() {
+    eprintln!("bad_pointers is a Tern guest: build it for wasm32-wasip1");
+}
+
+#[cfg(target_arch = "wasm32")]
 #[allow(unsafe_code)]
 fn main() {
     let uri = tern_sdk::raw::uri().unwrap_or_default();

@@ -19,7 +19,7 @@ fn main() {
 
     // Fresh heap pages are assumed zero by the allocator: a canary here means memory leaked.
     let mut heap = vec![0u64; WORDS];
-    let dirty_heap = heap.iter().any(|&w| w == CANARY);
+    let dirty_heap = heap.contains(&CANARY);
     heap.fill(CANARY);
     std::hint::black_box(&heap);
     std::mem::forget(heap);
