@@ -99,3 +99,50 @@ fn guest_stdout_and_stderr_are_logged_with_tenant_and_request_id_and_capped() {
     );
     assert!(err.contains("truncated=false"), "{err}");
 }
+
+/// Shutdown under load: requests in flight when the signal comes all finish with `200`, and
+/// every response a client received is a success; the server then stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_under_load_drops_no_accepted_request() {
+    use crate::support::{TestServer, test_guest};
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "cpu_burn");
+    let config = "[[tenant]]\nname = \"burn\"\nmodule = \"cpu_burn.wasm\"\npaths = [\"/burn\"]\n\
+                  [tenant.limits]\ntimeout_ms = 10000\n\
+                  [[tenant]]\nname = \"hello\"\nmodule = \"builtin:hello\"\npaths = [\"/hello\"]\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let addr = s.addr();
+    // Long requests that will be in flight when shutdown starts.
+    let long: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(async move {
+                crate::support::send(addr, http::Method::GET, "/burn?ms=800", None, &[], bytes::Bytes::new())
+                    .await
+            })
+        })
+        .collect();
+    // Keep-alive clients hammering a light tenant until the server closes their connection.
+    let light: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut conn = crate::support::Conn::open(addr).await;
+                let mut ok = 0;
+                while let Some(r) = conn.try_get("/hello").await {
+                    assert_eq!(r.status, http::StatusCode::OK, "a response during shutdown failed");
+                    ok += 1;
+                }
+                ok
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.running.shutdown.trigger();
+    for t in long {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, http::StatusCode::OK, "in-flight request dropped: {}", r.text());
+    }
+    for t in light {
+        assert!(t.await.unwrap() > 0);
+    }
+    tokio::time::timeout(Duration::from_secs(10), s.running.wait()).await.expect("server stopped");
+}

@@ -152,6 +152,18 @@ impl Conn {
             .await
     }
 
+    /// A GET, or `None` once the server has closed the connection (e.g. at shutdown).
+    pub async fn try_get(&mut self, path: &str) -> Option<Reply> {
+        self.sender.ready().await.ok()?;
+        let req = request(Method::GET, path, None, &[], Bytes::new());
+        match self.sender.send_request(req).await {
+            Ok(resp) => Some(read(resp).await),
+            // Closed before the request was sent: never accepted, so nothing was dropped.
+            Err(e) if e.is_canceled() || e.is_closed() || e.is_incomplete_message() => None,
+            Err(e) => panic!("request failed: {e}"),
+        }
+    }
+
     pub async fn send(&mut self, req: Request<Full<Bytes>>) -> Reply {
         self.sender.ready().await.expect("connection ready");
         let resp = self.sender.send_request(req).await.expect("response");
