@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use wasmtime::Engine;
 
 use crate::body::ResponseBody;
-use crate::execute::{self, Outcome, RunOutput};
+use crate::execute::{self, ExecError, Outcome, RunOutput};
 use crate::hostcalls::{GuestRequest, RequestBody};
 use crate::metrics::{Metrics, Phase, TenantMetrics, Timings};
 use crate::pool::Pool;
@@ -84,20 +84,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > tenant.limits.max_request_bytes) {
         let e = execute::body_too_large(tenant.limits.max_request_bytes);
-        tenant.count_outcome(e.outcome);
-        let mut resp = plain(e.outcome.status(), &format!("{}\n", e.message));
-        // The unread body would otherwise be drained; close instead.
-        resp.headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
-        return finish(
-            &app,
-            &tenant.requests,
-            resp,
-            &request_id,
-            &timings,
-            1,
-            arrived,
-        );
+        return reject(&app, &tenant, &e, &request_id, &timings, 1, arrived);
     }
 
     let queued = Instant::now();
@@ -106,19 +93,8 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         Err(overloaded) => {
             timings.set(Phase::Queue, queued.elapsed());
             app.metrics.observe(&timings, 2);
-            tenant.count_outcome(Outcome::Overload);
-            let mut resp = plain(StatusCode::SERVICE_UNAVAILABLE, &format!("{overloaded}\n"));
-            resp.headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-            return finish(
-                &app,
-                &tenant.requests,
-                resp,
-                &request_id,
-                &timings,
-                2,
-                arrived,
-            );
+            let e = ExecError::new(Outcome::Overload, overloaded.to_string());
+            return reject(&app, &tenant, &e, &request_id, &timings, 2, arrived);
         }
     };
     timings.set(Phase::Queue, queued.elapsed());
@@ -199,7 +175,7 @@ fn complete(
             StatusCode::INTERNAL_SERVER_ERROR,
             "response already streamed\n",
         ),
-        Err(e) => plain(e.outcome.status(), &format!("{}\n", e.message)),
+        Err(e) => error_response(&e),
     };
     finish(
         app,
@@ -210,6 +186,47 @@ fn complete(
         5,
         arrived,
     )
+}
+
+/// Refuses a routed request before its guest runs, counting the outcome.
+fn reject(
+    app: &App,
+    tenant: &TenantRef,
+    e: &ExecError,
+    request_id: &HeaderValue,
+    timings: &Timings,
+    reached: usize,
+    arrived: Instant,
+) -> Response<ResponseBody> {
+    tenant.count_outcome(e.outcome);
+    let resp = error_response(e);
+    finish(
+        app,
+        &tenant.requests,
+        resp,
+        request_id,
+        timings,
+        reached,
+        arrived,
+    )
+}
+
+/// The response for a failure: its status, its message, and the headers its outcome calls for.
+fn error_response(e: &ExecError) -> Response<ResponseBody> {
+    let mut resp = plain(e.outcome.status(), &format!("{}\n", e.message));
+    match e.outcome {
+        Outcome::Overload => {
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        // The unread rest of the body would otherwise be drained; close instead.
+        Outcome::BodyTooLarge => {
+            resp.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        _ => {}
+    }
+    resp
 }
 
 /// Adds the request id and `Server-Timing`, and counts the response.

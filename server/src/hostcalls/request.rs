@@ -124,54 +124,36 @@ impl GuestRequest {
     }
 }
 
+/// Links `name` as a copy-out function (see ABI.md) of the request value `value` returns.
+fn copy_out(
+    linker: &mut Linker<GuestState>,
+    name: &'static str,
+    value: fn(&mut GuestRequest) -> &[u8],
+) -> wasmtime::Result<()> {
+    linker.func_wrap(
+        abi::IMPORT_MODULE,
+        name,
+        move |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
+            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
+            copy_to_guest(data, ptr, len, value(&mut state.request), name)
+        },
+    )?;
+    Ok(())
+}
+
 fn path_and_query(uri: &Uri) -> &str {
     uri.path_and_query().map_or("/", |pq| pq.as_str())
 }
 
 pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     let m = abi::IMPORT_MODULE;
-    linker.func_wrap(
-        m,
-        func::REQUEST_METHOD,
-        |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
-            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
-            copy_to_guest(
-                data,
-                ptr,
-                len,
-                state.request.method.as_str().as_bytes(),
-                func::REQUEST_METHOD,
-            )
-        },
-    )?;
-    linker.func_wrap(
-        m,
-        func::REQUEST_URI,
-        |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
-            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
-            copy_to_guest(
-                data,
-                ptr,
-                len,
-                path_and_query(&state.request.uri).as_bytes(),
-                func::REQUEST_URI,
-            )
-        },
-    )?;
-    linker.func_wrap(
-        m,
-        func::REQUEST_HEADERS,
-        |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
-            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
-            copy_to_guest(
-                data,
-                ptr,
-                len,
-                state.request.headers_blob(),
-                func::REQUEST_HEADERS,
-            )
-        },
-    )?;
+    copy_out(linker, func::REQUEST_METHOD, |r| {
+        r.method.as_str().as_bytes()
+    })?;
+    copy_out(linker, func::REQUEST_URI, |r| {
+        path_and_query(&r.uri).as_bytes()
+    })?;
+    copy_out(linker, func::REQUEST_HEADERS, GuestRequest::headers_blob)?;
     linker.func_wrap_async(
         m,
         func::REQUEST_BODY_READ,

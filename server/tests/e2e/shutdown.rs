@@ -116,8 +116,15 @@ async fn shutdown_under_load_drops_no_accepted_request() {
     let long: Vec<_> = (0..4)
         .map(|_| {
             tokio::spawn(async move {
-                crate::support::send(addr, http::Method::GET, "/burn?ms=800", None, &[], bytes::Bytes::new())
-                    .await
+                crate::support::send(
+                    addr,
+                    http::Method::GET,
+                    "/burn?ms=800",
+                    None,
+                    &[],
+                    bytes::Bytes::new(),
+                )
+                .await
             })
         })
         .collect();
@@ -128,7 +135,11 @@ async fn shutdown_under_load_drops_no_accepted_request() {
                 let mut conn = crate::support::Conn::open(addr).await;
                 let mut ok = 0;
                 while let Some(r) = conn.try_get("/hello").await {
-                    assert_eq!(r.status, http::StatusCode::OK, "a response during shutdown failed");
+                    assert_eq!(
+                        r.status,
+                        http::StatusCode::OK,
+                        "a response during shutdown failed"
+                    );
                     ok += 1;
                 }
                 ok
@@ -139,10 +150,17 @@ async fn shutdown_under_load_drops_no_accepted_request() {
     s.running.shutdown.trigger();
     for t in long {
         let r = t.await.unwrap();
-        assert_eq!(r.status, http::StatusCode::OK, "in-flight request dropped: {}", r.text());
+        assert_eq!(
+            r.status,
+            http::StatusCode::OK,
+            "in-flight request dropped: {}",
+            r.text()
+        );
     }
     for t in light {
         assert!(t.await.unwrap() > 0);
     }
-    tokio::time::timeout(Duration::from_secs(10), s.running.wait()).await.expect("server stopped");
+    tokio::time::timeout(Duration::from_secs(10), s.running.wait())
+        .await
+        .expect("server stopped");
 }
