@@ -1,0 +1,322 @@
+//! The instance lifecycle, phase by phase, as Fastly measured Lucet's: cold start, instantiate
+//! from a warm pool, a trivial call, teardown, and a whole request without HTTP; plus the two
+//! curves (instantiation against initial heap size, dense and sparse; teardown against pages
+//! touched) and the pool's reset settings.
+//!
+//! Run: `cargo bench -p tern --bench lifecycle` (add a filter, e.g. `-- heap`, for one group).
+//! Phase figures come from the server's own phase timers (`execute::run`), summed by criterion's
+//! `iter_custom`, so each line is the mean time of that phase alone.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use http::{HeaderMap, HeaderValue, Method, Uri};
+use tern::config::{Config, PoolConfig};
+use tern::execute::{self, RunOutput};
+use tern::hostcalls::{self, GuestRequest, RequestBody};
+use tern::metrics::Metrics;
+use tern::tenant::{self, TenantRef};
+use wasm_encoder::{
+    CodeSection, ConstExpr, DataSection, ExportKind, ExportSection, Function, FunctionSection,
+    Instruction, MemArg, MemArgTarget, MemorySection, MemoryType, Module, TypeSection,
+};
+
+const PAGE: u64 = 64 * 1024;
+
+/// A module with `pages` of initial memory whose `_start` stores one byte into each of the first
+/// `touch` pages; `fill` picks which pages get a non-zero data segment.
+fn heap_module(pages: u64, touch: u32, fill: impl Fn(u64) -> bool) -> Vec<u8> {
+    let mut m = Module::new();
+    let mut types = TypeSection::new();
+    types.ty().function([], []);
+    m.section(&types);
+    let mut funcs = FunctionSection::new();
+    funcs.function(0);
+    m.section(&funcs);
+    let mut mems = MemorySection::new();
+    mems.memory(MemoryType {
+        minimum: pages,
+        maximum: None,
+        memory64: false,
+        shared: false,
+        page_size_log2: None,
+    });
+    m.section(&mems);
+    let mut exports = ExportSection::new();
+    exports.export("_start", ExportKind::Func, 0);
+    exports.export("memory", ExportKind::Memory, 0);
+    m.section(&exports);
+    let mut code = CodeSection::new();
+    let mut f = Function::new([(1, wasm_encoder::ValType::I32)]);
+    // for (i = 0; i < touch; i++) mem[i * PAGE] = 1
+    let arg = MemArg {
+        offset: 0,
+        align: 0,
+        target: MemArgTarget::Memory(0),
+        ordering: None,
+    };
+    f.instruction(&Instruction::Block(wasm_encoder::BlockType::Empty));
+    f.instruction(&Instruction::Loop(wasm_encoder::BlockType::Empty));
+    f.instruction(&Instruction::LocalGet(0));
+    f.instruction(&Instruction::I32Const(touch as i32));
+    f.instruction(&Instruction::I32GeU);
+    f.instruction(&Instruction::BrIf(1));
+    f.instruction(&Instruction::LocalGet(0));
+    f.instruction(&Instruction::I32Const(PAGE as i32));
+    f.instruction(&Instruction::I32Mul);
+    f.instruction(&Instruction::I32Const(1));
+    f.instruction(&Instruction::I32Store8(arg));
+    f.instruction(&Instruction::LocalGet(0));
+    f.instruction(&Instruction::I32Const(1));
+    f.instruction(&Instruction::I32Add);
+    f.instruction(&Instruction::LocalSet(0));
+    f.instruction(&Instruction::Br(0));
+    f.instruction(&Instruction::End);
+    f.instruction(&Instruction::End);
+    f.instruction(&Instruction::End);
+    code.function(&f);
+    m.section(&code);
+    let mut data = DataSection::new();
+    let page_bytes = vec![0xA5u8; PAGE as usize];
+    for p in (0..pages).filter(|p| fill(*p)) {
+        data.active(
+            0,
+            &ConstExpr::i32_const((p * PAGE) as i32),
+            page_bytes.iter().copied(),
+        );
+    }
+    m.section(&data);
+    m.finish()
+}
+
+struct Bench {
+    rt: tokio::runtime::Runtime,
+    engine: wasmtime::Engine,
+    linker: wasmtime::Linker<hostcalls::GuestState>,
+    metrics: Metrics,
+    pool: PoolConfig,
+    cache: tempfile::TempDir,
+    _ticker: tern::engine::EpochTicker,
+}
+
+impl Bench {
+    fn new(pool: PoolConfig) -> Self {
+        let engine = tern::engine::build(&pool).expect("engine");
+        Self {
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+            linker: hostcalls::linker(&engine).expect("linker"),
+            _ticker: tern::engine::EpochTicker::start(&engine),
+            engine,
+            metrics: Metrics::new(1000),
+            pool,
+            cache: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// Compiles, seals, stores and maps `wasm` as the server does, then pre-links it.
+    fn tenant(&self, name: &str, wasm: &[u8]) -> TenantRef {
+        let module =
+            tern::artifact::load_wasm(&self.engine, wasm, name, self.cache.path()).unwrap();
+        let config = Config::parse(
+            &format!("[[tenant]]\nname = \"{name}\"\nmodule = \"x.wasm\"\n"),
+            "bench.toml",
+            Path::new(".").to_path_buf(),
+        )
+        .unwrap();
+        Arc::new(
+            tenant::prepare(
+                &self.linker,
+                &module,
+                &config.tenants[0],
+                &self.pool,
+                &self.metrics,
+            )
+            .unwrap(),
+        )
+    }
+
+    /// Criterion's mean of `phase` over whole requests of `tenant`.
+    fn phase(
+        &self,
+        tenant: &TenantRef,
+        phase: fn(&RunOutput, Duration) -> Duration,
+    ) -> impl FnMut(u64) -> Duration {
+        move |iters| {
+            self.rt.block_on(async {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    let out = request(tenant).await;
+                    total += phase(&out, start.elapsed());
+                }
+                total
+            })
+        }
+    }
+}
+
+async fn request(tenant: &TenantRef) -> RunOutput {
+    let req = GuestRequest::new(
+        Method::GET,
+        Uri::from_static("/"),
+        HeaderMap::new(),
+        RequestBody::Empty,
+        u64::MAX,
+    );
+    let (commit, _head) = tokio::sync::oneshot::channel();
+    let out = execute::run(
+        tenant.clone(),
+        req,
+        commit,
+        HeaderValue::from_static("bench"),
+    )
+    .await;
+    assert!(
+        out.result.is_ok(),
+        "bench guest failed: {:?}",
+        out.result.err()
+    );
+    out
+}
+
+fn small_pool() -> PoolConfig {
+    PoolConfig {
+        instances: 4,
+        ..PoolConfig::default()
+    }
+}
+
+const NOP: &str = r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
+
+fn lifecycle(c: &mut Criterion) {
+    let mut g = c.benchmark_group("lifecycle");
+    g.measurement_time(Duration::from_secs(4));
+    // Cold: create the engine and its pool region, map the artifact, pre-link, run once.
+    let hello = tern::demo::module("hello").unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    {
+        let b = Bench::new(small_pool());
+        tern::artifact::load_wasm(&b.engine, hello, "hello", cache.path()).unwrap();
+    }
+    g.bench_function("cold_start_hello", |bch| {
+        bch.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let start = Instant::now();
+                let b = Bench::new(small_pool());
+                let module =
+                    tern::artifact::load_wasm(&b.engine, hello, "hello", cache.path()).unwrap();
+                let config = Config::parse(
+                    "[[tenant]]\nname = \"hello\"\nmodule = \"x\"\n",
+                    "b",
+                    ".".into(),
+                )
+                .unwrap();
+                let t = Arc::new(
+                    tenant::prepare(&b.linker, &module, &config.tenants[0], &b.pool, &b.metrics)
+                        .unwrap(),
+                );
+                b.rt.block_on(request(&t));
+                total += start.elapsed();
+            }
+            total
+        })
+    });
+
+    let b = Bench::new(small_pool());
+    let hello = b.tenant("hello", hello);
+    let nop = b.tenant("nop", &wat::parse_str(NOP).unwrap());
+    g.bench_function("instantiate_warm/hello", |x| {
+        x.iter_custom(b.phase(&hello, |o, _| o.instantiate))
+    });
+    g.bench_function("call_trivial/nop", |x| {
+        x.iter_custom(b.phase(&nop, |o, _| o.run))
+    });
+    g.bench_function("run/hello", |x| {
+        x.iter_custom(b.phase(&hello, |o, _| o.run))
+    });
+    g.bench_function("teardown/hello", |x| {
+        x.iter_custom(b.phase(&hello, |o, _| o.teardown))
+    });
+    g.bench_function("total/hello", |x| {
+        x.iter_custom(b.phase(&hello, |_, all| all))
+    });
+    g.bench_function("total/nop", |x| x.iter_custom(b.phase(&nop, |_, all| all)));
+    g.finish();
+}
+
+fn heap_curves(c: &mut Criterion) {
+    let b = Bench::new(small_pool());
+    let mut g = c.benchmark_group("instantiate_vs_heap");
+    g.measurement_time(Duration::from_secs(3));
+    for kib in [64u64, 1024, 4096, 16384, 65536] {
+        let pages = kib * 1024 / PAGE;
+        let dense = b.tenant(&format!("dense{kib}"), &heap_module(pages, 0, |_| true));
+        let sparse = b.tenant(
+            &format!("sparse{kib}"),
+            &heap_module(pages, 0, |p| p % 8 == 0),
+        );
+        g.bench_with_input(
+            BenchmarkId::new("dense", format!("{kib}KiB")),
+            &dense,
+            |x, t| x.iter_custom(b.phase(t, |o, _| o.instantiate)),
+        );
+        g.bench_with_input(
+            BenchmarkId::new("sparse", format!("{kib}KiB")),
+            &sparse,
+            |x, t| x.iter_custom(b.phase(t, |o, _| o.instantiate)),
+        );
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("teardown_vs_touched");
+    g.measurement_time(Duration::from_secs(3));
+    for touched in [1u32, 16, 64, 256, 1024] {
+        let t = b.tenant(
+            &format!("touch{touched}"),
+            &heap_module(1024, touched, |_| false),
+        );
+        g.bench_with_input(
+            BenchmarkId::from_parameter(format!("{}KiB", u64::from(touched) * 64)),
+            &t,
+            |x, t| x.iter_custom(b.phase(t, |o, _| o.teardown)),
+        );
+    }
+    g.finish();
+}
+
+fn reset_settings(c: &mut Criterion) {
+    let mut g = c.benchmark_group("reset_settings_total_hello");
+    g.measurement_time(Duration::from_secs(3));
+    for (keep_kib, scan, stack_kib) in [
+        (0, false, 64),
+        (64, false, 64),
+        (1024, false, 64),
+        (1024, true, 64),
+        (1024, true, 16),
+        (4096, true, 64),
+    ] {
+        let pool = PoolConfig {
+            memory_keep_resident_kib: keep_kib,
+            pagemap_scan: scan,
+            stack_keep_resident_kib: stack_kib,
+            ..small_pool()
+        };
+        let b = Bench::new(pool);
+        let hello = b.tenant("hello", tern::demo::module("hello").unwrap());
+        let id = format!(
+            "keep{keep_kib}KiB_scan{}_stack{stack_kib}KiB",
+            if scan { "on" } else { "off" }
+        );
+        g.bench_function(id, |x| x.iter_custom(b.phase(&hello, |_, all| all)));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, lifecycle, heap_curves, reset_settings);
+criterion_main!(benches);
