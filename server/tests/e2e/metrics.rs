@@ -66,3 +66,35 @@ async fn tenants_past_the_label_cap_count_as_other() {
     );
     assert!(!m.contains("tenant=\"second\""), "{m}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promtool_finds_nothing_wrong_with_live_metrics() {
+    use std::io::Write;
+    let s = TestServer::demo().await;
+    assert_eq!(s.get("/hello").await.status, StatusCode::OK);
+    assert_eq!(s.get("/nowhere").await.status, StatusCode::NOT_FOUND);
+    let text = s.metrics().await;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool is required (Debian package `prometheus`; scripts/test installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && report.trim().is_empty(),
+        "promtool: {report}"
+    );
+}
