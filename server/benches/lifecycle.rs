@@ -120,8 +120,9 @@ impl Bench {
 
     /// Compiles, seals, stores and maps `wasm` as the server does, then pre-links it.
     fn tenant(&self, name: &str, wasm: &[u8]) -> TenantRef {
-        let module =
-            tern::artifact::load_wasm(&self.engine, wasm, name, self.cache.path()).unwrap();
+        let module = tern::artifact::load_wasm(&self.engine, wasm, name, self.cache.path())
+            .unwrap()
+            .module;
         let config = Config::parse(
             &format!("[[tenant]]\nname = \"{name}\"\nmodule = \"x.wasm\"\n"),
             "bench.toml",
@@ -209,8 +210,9 @@ fn lifecycle(c: &mut Criterion) {
             for _ in 0..iters {
                 let start = Instant::now();
                 let b = Bench::new(small_pool());
-                let module =
-                    tern::artifact::load_wasm(&b.engine, hello, "hello", cache.path()).unwrap();
+                let module = tern::artifact::load_wasm(&b.engine, hello, "hello", cache.path())
+                    .unwrap()
+                    .module;
                 let config = Config::parse(
                     "[[tenant]]\nname = \"hello\"\nmodule = \"x\"\n",
                     "b",

@@ -197,6 +197,15 @@ pub fn cache_path(engine: &Engine, cache_dir: &Path, wasm: &[u8]) -> PathBuf {
     cache_dir.join(format!("{digest}-{}.cwasm", engine_fingerprint(engine)))
 }
 
+/// A loaded module, and how long compiling it took if it was not in the cache.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The module, mapped from its artifact.
+    pub module: Module,
+    /// Compile time on a cache miss; `None` when an existing artifact was mapped.
+    pub compiled_in: Option<std::time::Duration>,
+}
+
 /// Loads `wasm` bytes through the artifact cache: compiles and stores them on a miss, reuses
 /// the mmapped artifact on a hit. Call it off the async reactor: compiling takes a while.
 ///
@@ -207,31 +216,44 @@ pub fn load_wasm(
     wasm: &[u8],
     what: &str,
     cache_dir: &Path,
-) -> Result<Module, ArtifactError> {
+) -> Result<Loaded, ArtifactError> {
     let path = cache_path(engine, cache_dir, wasm);
     if path.exists() {
         match load_cwasm(engine, &path) {
-            Ok(m) => return Ok(m),
+            Ok(module) => {
+                return Ok(Loaded {
+                    module,
+                    compiled_in: None,
+                });
+            }
             // A damaged cache entry is replaced, not trusted.
             Err(e) => tracing::warn!("replacing cached artifact: {e}"),
         }
     }
+    let started = std::time::Instant::now();
     let artifact = compile(engine, wasm, what)?;
+    let compiled_in = Some(started.elapsed());
     write_atomic(&path, &artifact)?;
-    load_cwasm(engine, &path)
+    Ok(Loaded {
+        module: load_cwasm(engine, &path)?,
+        compiled_in,
+    })
 }
 
 /// Loads a module file: a sealed `.cwasm` directly, a `.wasm` through the cache.
 ///
 /// # Errors
 /// See [`load_cwasm`] and [`load_wasm`].
-pub fn load_file(engine: &Engine, path: &Path, cache_dir: &Path) -> Result<Module, ArtifactError> {
+pub fn load_file(engine: &Engine, path: &Path, cache_dir: &Path) -> Result<Loaded, ArtifactError> {
     let mut magic = [0u8; 4];
     File::open(path)
         .and_then(|mut f| f.read_exact(&mut magic))
         .map_err(io_err(path))?;
     match &magic {
-        b"\x7fELF" => load_cwasm(engine, path),
+        b"\x7fELF" => Ok(Loaded {
+            module: load_cwasm(engine, path)?,
+            compiled_in: None,
+        }),
         b"\0asm" => {
             let wasm = std::fs::read(path).map_err(io_err(path))?;
             load_wasm(engine, &wasm, &path.display().to_string(), cache_dir)

@@ -257,6 +257,9 @@ pub async fn run(
         }
     };
     tenant.count_outcome(result.as_ref().map_or_else(|e| e.outcome, |_| Outcome::Ok));
+    tenant
+        .memory_peak
+        .observe(store.data().limits.peak_memory as f64);
     let teardown = teardown::teardown(store);
     teardown::log_stdio(
         &tenant.name,

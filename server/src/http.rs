@@ -50,6 +50,7 @@ impl std::fmt::Debug for App {
 /// Serves one request. Infallible: failures become responses.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
     let arrived = Instant::now();
+    app.metrics.in_flight.inc();
     let request_id = request_id(req.headers());
     let mut timings = Timings::default();
 
@@ -240,6 +241,7 @@ fn finish(
     arrived: Instant,
 ) -> Response<ResponseBody> {
     let total = arrived.elapsed();
+    app.metrics.in_flight.dec();
     app.metrics.observe_total(total);
     counters.count(resp.status().as_u16());
     let headers: &mut HeaderMap = resp.headers_mut();

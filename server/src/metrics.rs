@@ -108,6 +108,15 @@ pub struct Metrics {
     labelled_tenants: IntGauge,
     max_tenant_labels: usize,
     unrouted: TenantMetrics,
+    resident: IntGaugeVec,
+    /// Requests received and not yet answered (up to their response head).
+    pub in_flight: IntGauge,
+    /// Requests waiting for a pool slot or a tenant permit.
+    pub queue_depth: IntGauge,
+    /// Largest linear memory each guest reached.
+    pub memory_peak: Histogram,
+    /// Time to compile a module (cache misses only).
+    pub compile: Histogram,
 }
 
 impl Metrics {
@@ -164,8 +173,47 @@ impl Metrics {
             "Tenants with their own metrics label (the rest count as `other`).",
         )
         .expect("valid metric");
+        let resident = IntGaugeVec::new(
+            Opts::new(
+                "tern_pool_resident_bytes",
+                "Bytes kept resident by unused (warm) pool slots, by kind.",
+            ),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let in_flight = IntGauge::new(
+            "tern_requests_in_flight",
+            "Requests received and not yet answered (up to their response head).",
+        )
+        .expect("valid metric");
+        let queue_depth = IntGauge::new(
+            "tern_queue_depth",
+            "Requests waiting for a free pool slot or a tenant concurrency permit.",
+        )
+        .expect("valid metric");
+        let memory_peak = Histogram::with_opts(
+            HistogramOpts::new(
+                "tern_guest_memory_peak_bytes",
+                "Largest linear memory each guest reached during its request.",
+            )
+            .buckets(prometheus::exponential_buckets(65536.0, 2.0, 17).expect("static buckets")),
+        )
+        .expect("valid metric");
+        let compile = Histogram::with_opts(
+            HistogramOpts::new(
+                "tern_module_compile_duration_seconds",
+                "Time to compile a module ahead of time (artifact cache misses only).",
+            )
+            .buckets(prometheus::exponential_buckets(0.001, 2.0, 17).expect("static buckets")),
+        )
+        .expect("valid metric");
         for c in [
-            Box::new(phase_vec.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(resident.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(in_flight.clone()),
+            Box::new(queue_depth.clone()),
+            Box::new(memory_peak.clone()),
+            Box::new(compile.clone()),
+            Box::new(phase_vec.clone()),
             Box::new(total.clone()),
             Box::new(requests.clone()),
             Box::new(outcomes.clone()),
@@ -192,6 +240,11 @@ impl Metrics {
             labelled_tenants,
             max_tenant_labels,
             unrouted,
+            resident,
+            in_flight,
+            queue_depth,
+            memory_peak,
+            compile,
         }
     }
 
@@ -256,6 +309,14 @@ impl Metrics {
             set("memories", "warm", u64::from(m.unused_warm_memories()));
             set("tables", "warm", u64::from(m.unused_warm_tables()));
             set("stacks", "warm", u64::from(m.unused_warm_stacks()));
+            let bytes = |kind: &str, v: usize| {
+                self.resident
+                    .with_label_values(&[kind])
+                    .set(i64::try_from(v).unwrap_or(i64::MAX));
+            };
+            bytes("memories", m.unused_memory_bytes_resident());
+            bytes("tables", m.unused_table_bytes_resident());
+            bytes("stacks", m.unused_stack_bytes_resident().unwrap_or(0));
         }
         let mut out = Vec::with_capacity(16 * 1024);
         TextEncoder::new()

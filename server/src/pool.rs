@@ -26,18 +26,21 @@ pub struct Pool {
     slots: Arc<Semaphore>,
     size: u32,
     queue_timeout: Duration,
+    queue_depth: prometheus::IntGauge,
 }
 
 /// A held pool slot; returned when dropped (after teardown).
 pub type Slot = OwnedSemaphorePermit;
 
 impl Pool {
-    /// A gate for `size` slots where requests wait at most `queue_timeout`.
-    pub fn new(size: u32, queue_timeout: Duration) -> Self {
+    /// A gate for `size` slots where requests wait at most `queue_timeout`; `queue_depth`
+    /// counts the requests waiting.
+    pub fn new(size: u32, queue_timeout: Duration, queue_depth: prometheus::IntGauge) -> Self {
         Self {
             slots: Arc::new(Semaphore::new(size as usize)),
             size,
             queue_timeout,
+            queue_depth,
         }
     }
 
@@ -54,6 +57,8 @@ impl Pool {
             }
             drop(t);
         }
+        self.queue_depth.inc();
+        let _waiting = scopeguard(&self.queue_depth);
         let deadline = tokio::time::Instant::now() + self.queue_timeout;
         let t = tokio::time::timeout_at(deadline, tenant.clone().acquire_owned())
             .await
@@ -77,4 +82,18 @@ impl Pool {
     pub fn size(&self) -> u32 {
         self.size
     }
+}
+
+/// Decrements the queue-depth gauge when the waiting request leaves the queue, however it
+/// leaves (admitted, timed out, or its client went away and the future was dropped).
+struct QueueGuard<'a>(&'a prometheus::IntGauge);
+
+impl Drop for QueueGuard<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+fn scopeguard(g: &prometheus::IntGauge) -> QueueGuard<'_> {
+    QueueGuard(g)
 }

@@ -92,7 +92,12 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         let prepared = load
             .await
             .context("module loader panicked")?
-            .and_then(|module| tenant::prepare(&linker, &module, t, &config.pool, &metrics));
+            .and_then(|loaded| {
+                if let Some(d) = loaded.compiled_in {
+                    metrics.compile.observe(d.as_secs_f64());
+                }
+                tenant::prepare(&linker, &loaded.module, t, &config.pool, &metrics)
+            });
         match prepared {
             Ok(tenant) => tenants.push(Arc::new(tenant)),
             Err(e) => errors.push(e.to_string()),
@@ -122,6 +127,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let pool = Pool::new(
         config.pool.instances,
         Duration::from_millis(config.pool.queue_timeout_ms),
+        metrics.queue_depth.clone(),
     );
     let app = Arc::new(App {
         router,

@@ -110,6 +110,8 @@ pub struct Tenant {
     pub outcomes: Vec<IntCounter>,
     /// Permits for this tenant's concurrent requests (`limits.max_concurrency`).
     pub slots: Arc<tokio::sync::Semaphore>,
+    /// Where each request's peak guest memory is recorded.
+    pub memory_peak: prometheus::Histogram,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -138,7 +140,7 @@ pub fn load_module(
     config: &TenantConfig,
     base_dir: &Path,
     cache_dir: &Path,
-) -> Result<Module, TenantError> {
+) -> Result<artifact::Loaded, TenantError> {
     let tenant = config.name.get_ref().clone();
     let spec = config.module.get_ref();
     let wrap = |source| TenantError::Artifact {
@@ -190,6 +192,7 @@ pub fn prepare(
     let limits = Limits::from_config(&config.limits, pool);
     Ok(Tenant {
         slots: Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),
+        memory_peak: metrics.memory_peak.clone(),
         requests: metrics.tenant(&label),
         outcomes,
         label,
