@@ -12,6 +12,7 @@ mod errors;
 mod hostile;
 mod isolation;
 mod metrics;
+mod observability;
 mod routing;
 mod shutdown;
 mod support;

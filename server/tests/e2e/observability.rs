@@ -1,0 +1,250 @@
+//! The shipped observability kit is checked by real tools: the Grafana dashboard's structure and
+//! every PromQL expression (against live metric names and `promtool check rules`), and a real
+//! Prometheus server scraping a running Tern with the shipped scrape config.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+
+use crate::support::TestServer;
+
+fn repo_file(path: &str) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every `(panel id, refId, expr)` of the dashboard.
+fn dashboard_queries(d: &serde_json::Value) -> Vec<(u64, String, String)> {
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().expect("panels") {
+        let id = p["id"].as_u64().expect("panel id");
+        for t in p["targets"].as_array().expect("targets") {
+            out.push((
+                id,
+                t["refId"].as_str().expect("refId").to_string(),
+                t["expr"].as_str().expect("expr").to_string(),
+            ));
+        }
+    }
+    out
+}
+
+/// Metric names in a PromQL expression (ours and the process collector's).
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let rest = &expr[i..];
+        let boundary = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+        if boundary && (rest.starts_with("tern_") || rest.starts_with("process_")) {
+            let len = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            names.push(rest[..len].to_string());
+            i += len;
+        } else {
+            i += 1;
+        }
+    }
+    names
+}
+
+/// The expression as Prometheus would see it once Grafana substitutes its variables.
+fn substituted(expr: &str) -> String {
+    expr.replace("$__rate_interval", "1m")
+        .replace("$tenant", ".*")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grafana_dashboard_is_well_formed_and_queries_only_real_metrics() {
+    let d: serde_json::Value =
+        serde_json::from_str(&repo_file("deploy/grafana/dashboards/tern.json"))
+            .expect("dashboard is JSON");
+    // Unique panel ids, refIds unique within a panel, every query on the templated datasource.
+    let mut ids = HashSet::new();
+    for p in d["panels"].as_array().unwrap() {
+        assert!(
+            ids.insert(p["id"].as_u64().unwrap()),
+            "duplicate panel id {}",
+            p["id"]
+        );
+        assert_eq!(
+            p["datasource"]["uid"], "${datasource}",
+            "panel {}",
+            p["title"]
+        );
+        let mut refs = HashSet::new();
+        for t in p["targets"].as_array().unwrap() {
+            assert!(
+                refs.insert(t["refId"].as_str().unwrap()),
+                "duplicate refId in {}",
+                p["title"]
+            );
+            assert_eq!(t["datasource"]["uid"], "${datasource}");
+        }
+        assert!(!refs.is_empty(), "panel {} has no queries", p["title"]);
+    }
+    let vars = d["templating"]["list"].as_array().unwrap();
+    assert!(vars.iter().any(|v| v["name"] == "datasource"
+        && v["type"] == "datasource"
+        && v["query"] == "prometheus"));
+
+    // Every metric a query names is exported by a live server.
+    let s = TestServer::demo().await;
+    assert_eq!(s.get("/hello").await.status, StatusCode::OK);
+    let live = s.metrics().await;
+    let exported: HashSet<&str> = live
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(|c| c == '{' || c == ' ').next())
+        .collect();
+    let queries = dashboard_queries(&d);
+    assert!(queries.len() >= 10);
+    for (id, refid, expr) in &queries {
+        let names = metric_names(expr);
+        assert!(
+            !names.is_empty(),
+            "panel {id}/{refid} names no metric: {expr}"
+        );
+        for n in names {
+            assert!(
+                exported.contains(n.as_str()),
+                "panel {id}/{refid}: {n} is not exported"
+            );
+        }
+    }
+
+    // Every expression parses: as recording rules, checked by promtool.
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (id, refid, expr) in &queries {
+        let expr = substituted(expr).replace('\'', "''");
+        rules.push_str(&format!(
+            "      - record: dashboard:panel{id}_{refid}\n        expr: '{expr}'\n"
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.yml");
+    std::fs::write(&file, rules).unwrap();
+    let out = std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool is required (Debian package `prometheus`; scripts/test installs it)");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_scrapes_tern_and_answers_a_per_phase_p99() {
+    let s = TestServer::demo().await;
+    let dir = tempfile::tempdir().unwrap();
+    // The shipped scrape config, pointed at this server and scraping every second.
+    let config = repo_file("deploy/prometheus/prometheus.yml")
+        .replace("127.0.0.1:9090", &s.admin().to_string())
+        .replace("scrape_interval: 15s", "scrape_interval: 1s");
+    assert!(
+        config.contains(&s.admin().to_string()),
+        "scrape target not found in the shipped config"
+    );
+    std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let prom = std::process::Command::new("prometheus")
+        .arg(format!(
+            "--config.file={}",
+            dir.path().join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("prometheus is required (Debian package `prometheus`; scripts/test installs it)");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _prom = Kill(prom);
+
+    let query = "histogram_quantile(0.99, sum by (le, phase) (rate(tern_request_phase_duration_seconds_bucket[1m])))";
+    let url = format!("/api/v1/query?query={}", urlencode(query));
+    let prom_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut last = String::new();
+    loop {
+        // Traffic between scrapes, so the rate has something to show.
+        for _ in 0..20 {
+            assert_eq!(s.get("/hello").await.status, StatusCode::OK);
+        }
+        if let Ok(Some(body)) =
+            tokio::time::timeout(Duration::from_secs(5), try_get(prom_addr, &url)).await
+        {
+            {
+                last = body.clone();
+                let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                let result = v["data"]["result"].as_array().cloned().unwrap_or_default();
+                let phases: HashSet<String> = result
+                    .iter()
+                    .filter(|r| r["value"][1].as_str().is_some_and(|x| x != "NaN"))
+                    .filter_map(|r| r["metric"]["phase"].as_str().map(str::to_string))
+                    .collect();
+                if ["route", "queue", "instantiate", "run", "teardown"]
+                    .iter()
+                    .all(|p| phases.contains(*p))
+                {
+                    break;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never answered a p99 for every phase: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A GET that tolerates a server that is not up yet.
+async fn try_get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .ok()?;
+    tokio::spawn(conn);
+    let req = http::Request::get(path)
+        .header("host", addr.to_string())
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .ok()?;
+    let resp = sender.send_request(req).await.ok()?;
+    let body = resp.into_body().collect().await.ok()?.to_bytes();
+    Some(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Percent-encodes a query-string value.
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
