@@ -98,7 +98,7 @@ async fn grafana_dashboard_is_well_formed_and_queries_only_real_metrics() {
     let exported: HashSet<&str> = live
         .lines()
         .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split(|c| c == '{' || c == ' ').next())
+        .filter_map(|l| l.split(['{', ' ']).next())
         .collect();
     let queries = dashboard_queries(&d);
     assert!(queries.len() >= 10);
