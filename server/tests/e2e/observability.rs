@@ -248,3 +248,56 @@ fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+/// The k6 binary: `$TERN_K6`, else `target/tools/k6` (where scripts/test builds it), else PATH.
+fn k6() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("TERN_K6") {
+        return p.into();
+    }
+    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/k6");
+    if built.exists() {
+        return built;
+    }
+    "k6".into()
+}
+
+#[test]
+fn k6_smoke_script_passes_against_a_running_tern() {
+    let dir = tempfile::tempdir().unwrap();
+    let tern = crate::support::TernProcess::serve(&[], &dir.path().join("cache"));
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../loadtest/k6/smoke.js");
+    let out = std::process::Command::new(k6())
+        .args(["run", "--quiet", "--no-usage-report"])
+        .arg(&script)
+        .env("BASE_URL", format!("http://{}", tern.addr))
+        .env("OUT_DIR", dir.path())
+        .env("K6_NO_USAGE_REPORT", "true")
+        .output()
+        .expect(
+            "k6 is required: scripts/test builds it into target/tools (go install go.k6.io/k6)",
+        );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "k6 smoke failed:\n{text}");
+    // Our own summary writer produced both files, with the server-side phases parsed.
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("smoke-summary.json")).unwrap(),
+    )
+    .unwrap();
+    for phase in ["route", "queue", "instantiate", "run", "teardown", "total"] {
+        let m = &summary["metrics"][format!("tern_server_{phase}_ms")]["values"];
+        assert!(
+            m["max"].as_f64().is_some(),
+            "no {phase} timings in the k6 summary"
+        );
+    }
+    assert_eq!(summary["metrics"]["checks"]["values"]["fails"], 0, "{text}");
+    let txt = std::fs::read_to_string(dir.path().join("smoke-summary.txt")).unwrap();
+    assert!(
+        txt.contains("PASS threshold") && !txt.contains("FAIL threshold"),
+        "{txt}"
+    );
+}
