@@ -262,9 +262,8 @@ pub async fn run(
         .observe(store.data().limits.peak_memory as f64);
     let teardown = teardown::teardown(store);
     teardown::log_stdio(
-        &tenant.name,
+        &tenant,
         request_id.to_str().unwrap_or("-"),
-        tenant.limits.stdio_bytes,
         &stdout,
         &stderr,
     );

@@ -16,7 +16,7 @@ use wasmtime::Engine;
 use crate::body::ResponseBody;
 use crate::execute::{self, ExecError, Outcome, RunOutput};
 use crate::hostcalls::{GuestRequest, RequestBody};
-use crate::metrics::{Metrics, Phase, TenantMetrics, Timings};
+use crate::metrics::{Metrics, Phase, Timings};
 use crate::pool::Pool;
 use crate::router::Router;
 use crate::tenant::TenantRef;
@@ -67,15 +67,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
             StatusCode::NOT_FOUND,
             "no tenant is routed for this host and path\n",
         );
-        return finish(
-            &app,
-            app.metrics.unrouted(),
-            resp,
-            &request_id,
-            &timings,
-            1,
-            arrived,
-        );
+        return finish(&app, None, resp, &request_id, &timings, 1, arrived);
     };
 
     // A declared body over the limit is refused before any instance is made.
@@ -137,7 +129,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
                 *resp.status_mut() = head.status;
                 *resp.headers_mut() = head.headers;
                 // Only route and queue are known when the head leaves; the rest reaches /metrics.
-                finish(&app, &tenant.requests, resp, &request_id, &timings, 2, arrived)
+                finish(&app, Some(&tenant), resp, &request_id, &timings, 2, arrived)
             }
             Err(_) => {
                 let out = run.await;
@@ -178,15 +170,7 @@ fn complete(
         ),
         Err(e) => error_response(&e),
     };
-    finish(
-        app,
-        &tenant.requests,
-        resp,
-        request_id,
-        &timings,
-        5,
-        arrived,
-    )
+    finish(app, Some(tenant), resp, request_id, &timings, 5, arrived)
 }
 
 /// Refuses a routed request before its guest runs, counting the outcome.
@@ -203,7 +187,7 @@ fn reject(
     let resp = error_response(e);
     finish(
         app,
-        &tenant.requests,
+        Some(tenant),
         resp,
         request_id,
         timings,
@@ -230,10 +214,10 @@ fn error_response(e: &ExecError) -> Response<ResponseBody> {
     resp
 }
 
-/// Adds the request id and `Server-Timing`, and counts the response.
+/// Adds the request id and `Server-Timing`, counts the response and writes the access log line.
 fn finish(
     app: &App,
-    counters: &TenantMetrics,
+    tenant: Option<&TenantRef>,
     mut resp: Response<ResponseBody>,
     request_id: &HeaderValue,
     timings: &Timings,
@@ -243,7 +227,18 @@ fn finish(
     let total = arrived.elapsed();
     app.metrics.in_flight.dec();
     app.metrics.observe_total(total);
-    counters.count(resp.status().as_u16());
+    let status = resp.status().as_u16();
+    tenant
+        .map_or(app.metrics.unrouted(), |t| &t.requests)
+        .count(status);
+    tracing::info!(
+        target: "tern::access",
+        request_id = request_id.to_str().unwrap_or("-"),
+        tenant = tenant.map_or("-", |t| t.name.as_str()),
+        status,
+        total_ms = total.as_secs_f64() * 1e3,
+        "request"
+    );
     let headers: &mut HeaderMap = resp.headers_mut();
     headers.insert(X_REQUEST_ID.clone(), request_id.clone());
     if let Ok(v) = HeaderValue::from_str(&timings.server_timing(total, reached)) {

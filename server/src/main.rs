@@ -11,8 +11,18 @@ use tern::config::{Config, PoolConfig};
 #[derive(Debug, Parser)]
 #[command(name = "tern", version, about, long_about = None)]
 struct Cli {
+    /// Log format on stderr: `text` (human-readable) or `json` (one object per line).
+    /// The level comes from `TERN_LOG` (default `info`; e.g. `TERN_LOG=tern=debug`).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -43,14 +53,20 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TERN_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // Log lines go through a bounded queue to a writer thread: a worker never waits on stderr,
+    // and under a flood lines are dropped rather than requests slowed.
+    let (writer, _flush_on_exit) = tracing_appender::non_blocking(std::io::stderr());
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TERN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
+    match cli.log_format {
+        LogFormat::Json => logs.json().init(),
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
     let result = match cli.command {
         Command::Serve {
             config,

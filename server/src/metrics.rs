@@ -117,6 +117,8 @@ pub struct Metrics {
     pub memory_peak: Histogram,
     /// Time to compile a module (cache misses only).
     pub compile: Histogram,
+    /// Guest output lines dropped by tenants' log budgets.
+    pub log_dropped: IntCounter,
 }
 
 impl Metrics {
@@ -207,8 +209,14 @@ impl Metrics {
             .buckets(prometheus::exponential_buckets(0.001, 2.0, 17).expect("static buckets")),
         )
         .expect("valid metric");
+        let log_dropped = IntCounter::new(
+            "tern_guest_log_lines_dropped_total",
+            "Guest stdout/stderr log lines dropped because a tenant exceeded its log budget.",
+        )
+        .expect("valid metric");
         for c in [
-            Box::new(resident.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(log_dropped.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(resident.clone()),
             Box::new(in_flight.clone()),
             Box::new(queue_depth.clone()),
             Box::new(memory_peak.clone()),
@@ -245,6 +253,7 @@ impl Metrics {
             queue_depth,
             memory_peak,
             compile,
+            log_dropped,
         }
     }
 

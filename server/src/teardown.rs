@@ -23,20 +23,20 @@ pub fn teardown(store: Store<GuestState>) -> Duration {
 /// one line per stream with the output escaped (a newline stays `\n`), so a guest cannot forge
 /// log lines.
 pub fn log_stdio(
-    tenant: &str,
+    tenant: &crate::tenant::Tenant,
     request_id: &str,
-    limit: usize,
     stdout: &MemoryOutputPipe,
     stderr: &MemoryOutputPipe,
 ) {
+    let (limit, name) = (tenant.limits.stdio_bytes, tenant.name.as_str());
     for (stream, pipe) in [("stdout", stdout), ("stderr", stderr)] {
         let bytes = pipe.contents();
-        if !bytes.is_empty() {
+        if !bytes.is_empty() && tenant.log_budget.allow() {
             let output = String::from_utf8_lossy(&bytes);
             let truncated = bytes.len() >= limit;
             tracing::info!(
                 target: "tern::guest",
-                tenant,
+                tenant = name,
                 request_id,
                 stream,
                 truncated,

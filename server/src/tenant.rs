@@ -112,6 +112,48 @@ pub struct Tenant {
     pub slots: Arc<tokio::sync::Semaphore>,
     /// Where each request's peak guest memory is recorded.
     pub memory_peak: prometheus::Histogram,
+    /// Budget for guest output log lines.
+    pub log_budget: LogBudget,
+}
+
+/// A per-second budget of guest log lines, shared by all of a tenant's requests (lock-free; at a
+/// second's boundary a few lines more or less may pass, which is fine for a log).
+#[derive(Debug)]
+pub struct LogBudget {
+    per_sec: u32,
+    second: std::sync::atomic::AtomicU64,
+    used: std::sync::atomic::AtomicU32,
+    dropped: prometheus::IntCounter,
+}
+
+impl LogBudget {
+    /// A budget of `per_sec` lines a second; refused lines are counted in `dropped`.
+    pub fn new(per_sec: u32, dropped: prometheus::IntCounter) -> Self {
+        Self {
+            per_sec,
+            second: Default::default(),
+            used: Default::default(),
+            dropped,
+        }
+    }
+
+    /// Whether one more line may be logged now.
+    pub fn allow(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let now = EPOCH
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_secs();
+        if self.second.swap(now, Relaxed) != now {
+            self.used.store(0, Relaxed);
+        }
+        let ok = self.used.fetch_add(1, Relaxed) < self.per_sec;
+        if !ok {
+            self.dropped.inc();
+        }
+        ok
+    }
 }
 
 impl std::fmt::Debug for Tenant {
@@ -193,6 +235,7 @@ pub fn prepare(
     Ok(Tenant {
         slots: Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),
         memory_peak: metrics.memory_peak.clone(),
+        log_budget: LogBudget::new(config.limits.log_lines_per_sec, metrics.log_dropped.clone()),
         requests: metrics.tenant(&label),
         outcomes,
         label,

@@ -184,6 +184,9 @@ pub struct LimitsConfig {
     pub max_memory_mib: Option<u64>,
     /// Bytes of stdout and of stderr kept per request for the log.
     pub stdio_bytes: usize,
+    /// Guest output log lines per second for the whole tenant; the rest are dropped (and
+    /// counted in `tern_guest_log_lines_dropped_total`), so a chatty guest cannot flood the log.
+    pub log_lines_per_sec: u32,
     /// Largest response body, in bytes.
     pub max_response_bytes: u64,
     /// Most response headers a guest may set.
@@ -201,6 +204,7 @@ impl Default for LimitsConfig {
             timeout_ms: 1000,
             max_memory_mib: None,
             stdio_bytes: 64 * 1024,
+            log_lines_per_sec: 50,
             max_response_bytes: 64 * 1024 * 1024,
             max_response_headers: 100,
             max_request_bytes: 16 * 1024 * 1024,

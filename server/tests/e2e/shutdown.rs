@@ -98,6 +98,13 @@ fn guest_stdout_and_stderr_are_logged_with_tenant_and_request_id_and_capped() {
         "{err}"
     );
     assert!(err.contains("truncated=false"), "{err}");
+    let access = tern.wait_for("tern::access");
+    assert!(
+        access.contains("stdio-check-1")
+            && access.contains("tenant=\"printer\"")
+            && access.contains("status=200"),
+        "{access}"
+    );
 }
 
 /// Shutdown under load: requests in flight when the signal comes all finish with `200`, and
@@ -163,4 +170,24 @@ async fn shutdown_under_load_drops_no_accepted_request() {
     tokio::time::timeout(Duration::from_secs(10), s.running.wait())
         .await
         .expect("server stopped");
+}
+
+#[test]
+fn json_logs_are_one_object_per_line_with_an_access_line_per_request() {
+    let cache = tempfile::tempdir().unwrap();
+    let tern = TernProcess::serve(&["--log-format", "json"], cache.path());
+    let mut conn = TcpStream::connect(&tern.addr).unwrap();
+    conn.write_all(
+        b"GET /hello HTTP/1.1\r\nhost: x\r\nx-request-id: json-log-1\r\nconnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+    let line = tern.wait_for("json-log-1");
+    let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
+    assert_eq!(v["target"], "tern::access");
+    assert_eq!(v["fields"]["tenant"], "hello");
+    assert_eq!(v["fields"]["status"], 200);
+    assert!(v["fields"]["total_ms"].as_f64().is_some(), "{line}");
 }
