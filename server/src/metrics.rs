@@ -119,6 +119,8 @@ pub struct Metrics {
     pub compile: Histogram,
     /// Guest output lines dropped by tenants' log budgets.
     pub log_dropped: IntCounter,
+    /// Module deploys by tenant and outcome (`ok`, `error`).
+    pub deploys: IntCounterVec,
 }
 
 impl Metrics {
@@ -214,8 +216,17 @@ impl Metrics {
             "Guest stdout/stderr log lines dropped because a tenant exceeded its log budget.",
         )
         .expect("valid metric");
+        let deploys = IntCounterVec::new(
+            Opts::new(
+                "tern_deploys_total",
+                "Module deploys (loads of a tenant's module) by tenant and outcome.",
+            ),
+            &["tenant", "outcome"],
+        )
+        .expect("valid metric");
         for c in [
-            Box::new(log_dropped.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(deploys.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(log_dropped.clone()),
             Box::new(resident.clone()),
             Box::new(in_flight.clone()),
             Box::new(queue_depth.clone()),
@@ -254,6 +265,7 @@ impl Metrics {
             memory_peak,
             compile,
             log_dropped,
+            deploys,
         }
     }
 

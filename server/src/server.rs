@@ -99,8 +99,18 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 tenant::prepare(&linker, &loaded.module, t, &config.pool, &metrics)
             });
         match prepared {
-            Ok(tenant) => tenants.push(Arc::new(tenant)),
-            Err(e) => errors.push(e.to_string()),
+            Ok(tenant) => {
+                metrics
+                    .deploys
+                    .with_label_values(&[&tenant.label, "ok"])
+                    .inc();
+                tenants.push(Arc::new(tenant));
+            }
+            Err(e) => {
+                let label = metrics.tenant_label(t.name.get_ref());
+                metrics.deploys.with_label_values(&[&label, "error"]).inc();
+                errors.push(e.to_string());
+            }
         }
     }
     if !errors.is_empty() {

@@ -14,9 +14,24 @@ fn repo_file(path: &str) -> String {
     std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// Every `(panel id, refId, expr)` of the dashboard.
+/// Every `(panel id, refId, expr)` of the dashboard, with annotation queries as panel 0.
 fn dashboard_queries(d: &serde_json::Value) -> Vec<(u64, String, String)> {
     let mut out = Vec::new();
+    for (i, a) in d["annotations"]["list"]
+        .as_array()
+        .expect("annotations")
+        .iter()
+        .enumerate()
+    {
+        if let Some(expr) = a["expr"].as_str() {
+            assert_eq!(
+                a["datasource"]["uid"], "${datasource}",
+                "annotation {}",
+                a["name"]
+            );
+            out.push((0, format!("annotation{i}"), expr.to_string()));
+        }
+    }
     for p in d["panels"].as_array().expect("panels") {
         let id = p["id"].as_u64().expect("panel id");
         for t in p["targets"].as_array().expect("targets") {
@@ -102,6 +117,12 @@ async fn grafana_dashboard_is_well_formed_and_queries_only_real_metrics() {
         .collect();
     let queries = dashboard_queries(&d);
     assert!(queries.len() >= 10);
+    assert!(
+        queries
+            .iter()
+            .any(|(id, _, e)| *id == 0 && e.contains("tern_deploys_total")),
+        "deploys are annotations"
+    );
     for (id, refid, expr) in &queries {
         let names = metric_names(expr);
         assert!(
