@@ -47,6 +47,10 @@ async fn metrics_show_every_phase_and_the_tenant() {
         m.contains(r#"tern_pool_resident_bytes{kind="memories"}"#),
         "{m}"
     );
+    assert!(
+        m.contains(r#"tern_deploys_total{outcome="ok",tenant="hello"} 1"#),
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
