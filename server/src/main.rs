@@ -100,9 +100,11 @@ fn serve(
         config.server.admin_listen = a;
     }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if config.server.worker_threads > 0 {
-        rt.worker_threads(config.server.worker_threads);
-    }
+    // With per-core workers this runtime only runs the admin listener and signal handling.
+    rt.worker_threads(match config.server.runtime {
+        tern::config::RuntimeMode::PerCore => 1,
+        tern::config::RuntimeMode::Shared => config.server.workers(),
+    });
     let rt = rt.enable_all().thread_name("tern-worker").build()?;
     rt.block_on(async {
         let running = tern::server::start(config).await?;

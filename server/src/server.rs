@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 
 use crate::config::{Config, ServerConfig};
@@ -31,15 +31,26 @@ pub struct Running {
     /// Shared request-path state.
     pub app: Arc<App>,
     tasks: Vec<JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
     _ticker: EpochTicker,
 }
 
 impl Running {
     /// Waits until both listeners have stopped and drained.
-    pub async fn wait(self) {
-        for t in self.tasks {
+    pub async fn wait(mut self) {
+        for t in std::mem::take(&mut self.tasks) {
             let _ = t.await;
         }
+        for t in std::mem::take(&mut self.threads) {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+    }
+}
+
+/// Dropping a running server shuts it down (its worker threads would otherwise outlive it).
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
     }
 }
 
@@ -146,8 +157,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         engine: engine.clone(),
     });
 
-    let public = TcpListener::bind(config.server.listen)
-        .await
+    let per_core = config.server.runtime == crate::config::RuntimeMode::PerCore;
+    let public = bind(config.server.listen, per_core)
         .with_context(|| format!("cannot listen on {}", config.server.listen))?;
     let admin_l = TcpListener::bind(config.server.admin_listen)
         .await
@@ -158,13 +169,42 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let shutdown = Shutdown::new();
     let opts = listener::ListenOptions::from_config(&config.server);
 
-    let a = app.clone();
-    let public_task = tokio::spawn(listener::serve(
-        public,
-        move |req| crate::http::handle(a.clone(), req),
-        shutdown.clone(),
-        opts.clone(),
-    ));
+    let mut tasks = Vec::new();
+    let mut threads = Vec::new();
+    if per_core {
+        // Worker 0 takes the listener bound above (which fixed the port); the others bind the
+        // same address with SO_REUSEPORT, and the kernel spreads connections across them.
+        let mut first = Some(public.into_std()?);
+        for i in 0..config.server.workers() {
+            let std_listener = match first.take() {
+                Some(l) => l,
+                None => bind(addr, true)?.into_std()?,
+            };
+            let (app, shutdown, opts) = (app.clone(), shutdown.clone(), opts.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("tern-worker-{i}"))
+                .spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("worker runtime");
+                    rt.block_on(async move {
+                        let listener = TcpListener::from_std(std_listener).expect("listener");
+                        let handler = move |req| crate::http::handle(app.clone(), req);
+                        listener::serve(listener, handler, shutdown, opts).await;
+                    });
+                })?;
+            threads.push(thread);
+        }
+    } else {
+        let a = app.clone();
+        tasks.push(tokio::spawn(listener::serve(
+            public,
+            move |req| crate::http::handle(a.clone(), req),
+            shutdown.clone(),
+            opts.clone(),
+        )));
+    }
     let a = app.clone();
     let admin_task = tokio::spawn(listener::serve(
         admin_l,
@@ -178,7 +218,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         admin_addr,
         shutdown,
         app,
-        tasks: vec![public_task, admin_task],
+        tasks: {
+            tasks.push(admin_task);
+            tasks
+        },
+        threads,
         _ticker: ticker,
     })
+}
+
+/// Binds a listening socket, with `SO_REUSEPORT` when several workers share the address.
+fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    if reuse_port {
+        socket.set_reuseport(true)?;
+    }
+    socket.bind(addr)?;
+    // A deep backlog: past `max_connections`, clients wait here rather than being refused.
+    socket.listen(4096)
 }

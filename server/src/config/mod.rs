@@ -66,8 +66,12 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Admin listener (`/metrics`, `/healthz`, `/readyz`); keep it off the public network.
     pub admin_listen: SocketAddr,
-    /// Tokio worker threads; `0` means one per CPU core.
+    /// Threads serving tenant traffic; `0` means one per CPU core.
     pub worker_threads: usize,
+    /// `per-core`: each worker thread runs its own single-threaded runtime with its own
+    /// `SO_REUSEPORT` listener, so a request stays on one core from accept to teardown (no
+    /// work stealing, no cross-core wake-ups). `shared`: one multi-threaded runtime.
+    pub runtime: RuntimeMode,
     /// Where compiled modules are cached; empty means `$TERN_CACHE_DIR`, else
     /// `$XDG_CACHE_HOME/tern`, else `~/.cache/tern`.
     pub cache_dir: String,
@@ -91,12 +95,33 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             worker_threads: 0,
+            runtime: RuntimeMode::PerCore,
             cache_dir: String::new(),
             shutdown_grace_ms: 10_000,
             max_tenant_labels: 1000,
             max_connections: 10_000,
             header_read_timeout_ms: 10_000,
             max_header_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// How worker threads are organised (`server.runtime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeMode {
+    /// One single-threaded runtime and listener per worker thread.
+    PerCore,
+    /// One multi-threaded runtime with work stealing.
+    Shared,
+}
+
+impl ServerConfig {
+    /// Worker threads to run: the configured number, or one per core.
+    pub fn workers(&self) -> usize {
+        match self.worker_threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
         }
     }
 }
