@@ -229,7 +229,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 
 /// Binds a listening socket, with `SO_REUSEPORT` when several workers share the address.
 fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
     socket.set_reuseaddr(true)?;
     if reuse_port {
         socket.set_reuseport(true)?;
