@@ -51,6 +51,8 @@ impl std::fmt::Debug for App {
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
     let arrived = Instant::now();
     app.metrics.in_flight.inc();
+    // Decremented however this future ends: answered, or dropped because the client left.
+    let _in_flight = InFlight(&app.metrics.in_flight);
     let request_id = request_id(req.headers());
     let mut timings = Timings::default();
 
@@ -225,7 +227,6 @@ fn finish(
     arrived: Instant,
 ) -> Response<ResponseBody> {
     let total = arrived.elapsed();
-    app.metrics.in_flight.dec();
     app.metrics.observe_total(total);
     let status = resp.status().as_u16();
     tenant
@@ -245,6 +246,15 @@ fn finish(
         headers.insert(SERVER_TIMING.clone(), v);
     }
     resp
+}
+
+/// Counts a request in `tern_requests_in_flight` until it is dropped.
+struct InFlight<'a>(&'a prometheus::IntGauge);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// A short plain-text response.
