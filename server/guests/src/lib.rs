@@ -10,3 +10,17 @@ pub fn reply(body: &str) {
             .expect("static head is valid")
     });
 }
+
+/// The request target (path and query) as text.
+pub fn target() -> String {
+    String::from_utf8_lossy(&tern_sdk::raw::uri().unwrap_or_default()).into_owned()
+}
+
+/// The number after `name=` in the request target, or `default`.
+pub fn query_number<T: std::str::FromStr>(name: &str, default: T) -> T {
+    target()
+        .split(&format!("{name}="))
+        .nth(1)
+        .and_then(|v| v.split('&').next()?.parse().ok())
+        .unwrap_or(default)
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
-use crate::support::{TestServer, raw_exchange, send};
+use crate::support::{TestServer, raw, send};
 
 const LIMITS: &str = "[server]\nheader_read_timeout_ms = 500\nmax_connections = 40\n\
     [[tenant]]\nname = \"echo\"\nmodule = \"builtin:echo\"\npaths = [\"/echo\"]\n\
@@ -19,15 +19,6 @@ async fn server() -> TestServer {
     TestServer::try_start_in(tempfile::tempdir().unwrap(), LIMITS)
         .await
         .expect("start")
-}
-
-async fn raw(s: &TestServer, bytes: &'static [u8]) -> String {
-    let addr = s.addr();
-    let reply =
-        tokio::task::spawn_blocking(move || raw_exchange(addr, bytes, Duration::from_secs(20)))
-            .await
-            .unwrap();
-    String::from_utf8_lossy(&reply).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,7 +72,7 @@ async fn oversized_bodies_get_413_declared_or_streamed() {
     assert!(r.text().contains("32768 bytes"), "{}", r.text());
     // Chunked, no length: counted as it streams into the guest.
     let reply = raw(
-        &s,
+        s.addr(),
         b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
           8000\r\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
     )
@@ -95,12 +86,7 @@ async fn oversized_bodies_get_413_declared_or_streamed() {
         big.extend_from_slice(b"\r\n");
     }
     big.extend_from_slice(b"0\r\n\r\n");
-    let addr = s.addr();
-    let reply =
-        tokio::task::spawn_blocking(move || raw_exchange(addr, &big, Duration::from_secs(20)))
-            .await
-            .unwrap();
-    let reply = String::from_utf8_lossy(&reply);
+    let reply = raw(s.addr(), big).await;
     assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
     let m = s.metrics().await;
     assert!(
@@ -112,9 +98,9 @@ async fn oversized_bodies_get_413_declared_or_streamed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_http_gets_400() {
     let s = server().await;
-    let reply = raw(&s, b"THIS IS NOT HTTP\r\n\r\n").await;
+    let reply = raw(s.addr(), b"THIS IS NOT HTTP\r\n\r\n").await;
     assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
-    let reply = raw(&s, b"GET /hello HTTP/1.1\r\nbad header line\r\n\r\n").await;
+    let reply = raw(s.addr(), b"GET /hello HTTP/1.1\r\nbad header line\r\n\r\n").await;
     assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
     assert_eq!(s.get("/hello").await.status, StatusCode::OK);
 }

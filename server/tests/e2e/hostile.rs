@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
-use crate::support::{Conn, TestServer, raw_exchange, send, test_guest};
+use crate::support::{Conn, TestServer, raw, send, test_guest};
 
 const GUESTS: [&str; 13] = [
     "loop_forever",
@@ -197,25 +197,17 @@ async fn each_hostile_guest_gets_its_status_and_the_neighbour_never_notices() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_flood_streams_then_aborts_the_response() {
     let s = hostile_server().await;
-    let reply = with_neighbour(&s, async {
-        let addr = s.addr();
-        tokio::task::spawn_blocking(move || {
-            raw_exchange(
-                addr,
-                b"GET /output_flood HTTP/1.1\r\nhost: x\r\n\r\n",
-                Duration::from_secs(20),
-            )
-        })
-        .await
-        .unwrap()
-    })
+    let reply = with_neighbour(
+        &s,
+        raw(s.addr(), b"GET /output_flood HTTP/1.1\r\nhost: x\r\n\r\n"),
+    )
     .await;
-    let text = String::from_utf8_lossy(&reply[..reply.len().min(200)]).into_owned();
+    let text = &reply[..reply.len().min(200)];
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     assert!(text.contains("transfer-encoding: chunked"), "{text}");
     // The chunked body never gets its terminating zero-length chunk: the client knows it is cut.
     assert!(
-        !reply.ends_with(b"0\r\n\r\n"),
+        !reply.ends_with("0\r\n\r\n"),
         "aborted stream looked complete"
     );
     assert!(
@@ -228,21 +220,10 @@ async fn output_flood_streams_then_aborts_the_response() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_a_body_that_never_comes_is_504() {
     let s = hostile_server().await;
-    let reply = with_neighbour(&s, async {
-        let addr = s.addr();
-        tokio::task::spawn_blocking(move || {
-            raw_exchange(
-                addr,
-                b"POST /read_body_forever HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\nonly this",
-                Duration::from_secs(20),
-            )
-        })
-        .await
-        .unwrap()
-    })
-    .await;
-    let text = String::from_utf8_lossy(&reply);
-    assert!(text.starts_with("HTTP/1.1 504"), "{text}");
+    let request: &[u8] =
+        b"POST /read_body_forever HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\nonly this";
+    let reply = with_neighbour(&s, raw(s.addr(), request)).await;
+    assert!(reply.starts_with("HTTP/1.1 504"), "{reply}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,12 +261,19 @@ async fn cpu_bound_guests_on_every_worker_leave_the_reactor_and_neighbours_respo
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let m = s.metrics().await;
-    assert!(
-        m.contains(r#"tern_pool_slots{kind="instances",state="in_use"} 4"#),
-        "burners not running"
-    );
+    // Wait (bounded, to catch hangs) until all four burners hold a slot.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !s
+        .metrics()
+        .await
+        .contains(r#"tern_pool_slots{kind="instances",state="in_use"} 4"#)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "burners never all started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Admin endpoints and a light tenant answer while the burners run (bounds only catch hangs).
     let started = std::time::Instant::now();
     for _ in 0..10 {
@@ -367,7 +355,7 @@ async fn pool_exhaustion_and_tenant_caps_answer_503_with_retry_after() {
     };
     let a = burn("/burn?ms=5000");
     let b = burn("/burn?ms=5000");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    slots_in_use(&s, 2).await;
     // The tenant's cap (2) is reached: its third request waits, then gets 503.
     let r = s.get("/burn?ms=10").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
@@ -375,7 +363,7 @@ async fn pool_exhaustion_and_tenant_caps_answer_503_with_retry_after() {
     assert!(r.text().contains("concurrent requests"), "{}", r.text());
     // Another tenant takes the last slot; now the pool is exhausted for everyone.
     let c = burn("/burn2?ms=5000");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    slots_in_use(&s, 3).await;
     let r = s.get("/hello").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
     assert_eq!(r.header("retry-after"), "1");
@@ -393,4 +381,17 @@ async fn pool_exhaustion_and_tenant_caps_answer_503_with_retry_after() {
         m.contains(r#"tern_guest_outcomes_total{outcome="overload",tenant="hello"} 1"#),
         "{m}"
     );
+}
+
+/// Waits until `n` instance slots are in use (bounded at 10 s, to catch hangs).
+async fn slots_in_use(s: &TestServer, n: u32) {
+    let want = format!(r#"tern_pool_slots{{kind="instances",state="in_use"}} {n}"#);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !s.metrics().await.contains(&want) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never {n} slots in use"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -330,6 +330,18 @@ pub fn test_guest(dir: &Path, name: &str) -> PathBuf {
     to
 }
 
+/// [`raw_exchange`] off the async runtime, with a 20 s bound that only catches hangs; the reply
+/// as text.
+pub async fn raw(addr: SocketAddr, bytes: impl Into<Vec<u8>>) -> String {
+    let bytes = bytes.into();
+    let reply = tokio::task::spawn_blocking(move || {
+        raw_exchange(addr, &bytes, std::time::Duration::from_secs(20))
+    })
+    .await
+    .expect("raw exchange thread");
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
 /// Sends raw bytes on a new connection and reads until the server closes it or `limit` passes.
 pub fn raw_exchange(addr: SocketAddr, bytes: &[u8], limit: std::time::Duration) -> Vec<u8> {
     use std::io::{Read, Write};

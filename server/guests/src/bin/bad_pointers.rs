@@ -18,8 +18,7 @@ fn main() {
 #[cfg(target_arch = "wasm32")]
 #[allow(unsafe_code)]
 fn main() {
-    let uri = tern_sdk::raw::uri().unwrap_or_default();
-    let uri = String::from_utf8_lossy(&uri).into_owned();
+    let uri = tern_test_guests::target();
     let far = std::hint::black_box(0xFFFF_0000usize);
     // SAFETY: the host bounds-checks every pointer; these calls test exactly that.
     let r = unsafe {

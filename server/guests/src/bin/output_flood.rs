@@ -4,8 +4,7 @@
 use std::io::Write;
 
 fn main() {
-    let uri = tern_sdk::raw::uri().unwrap_or_default();
-    if String::from_utf8_lossy(&uri).contains("headers") {
+    if tern_test_guests::target().contains("headers") {
         for i in 0..10_000 {
             if tern_sdk::raw::header_append(format!("x-flood-{i}").as_bytes(), b"1").is_err() {
                 std::process::exit(1);
