@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const GUESTS: [&str; 4] = ["hello", "echo", "json", "counter"];
+const GUESTS: [&str; 5] = ["hello", "echo", "json", "counter", "static"];
 
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));

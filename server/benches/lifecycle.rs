@@ -94,7 +94,7 @@ fn heap_module(pages: u64, touch: u32, fill: impl Fn(u64) -> bool) -> Vec<u8> {
 struct Bench {
     rt: tokio::runtime::Runtime,
     engine: wasmtime::Engine,
-    linker: wasmtime::Linker<hostcalls::GuestState>,
+    linker: hostcalls::Linkers,
     metrics: Metrics,
     pool: PoolConfig,
     cache: tempfile::TempDir,
@@ -109,7 +109,7 @@ impl Bench {
                 .enable_all()
                 .build()
                 .unwrap(),
-            linker: hostcalls::linker(&engine).expect("linker"),
+            linker: hostcalls::Linkers::new(&engine).expect("linker"),
             _ticker: tern::engine::EpochTicker::start(&engine),
             engine,
             metrics: Metrics::new(1000),
@@ -134,6 +134,9 @@ impl Bench {
                 &self.linker,
                 &module,
                 &config.tenants[0],
+                origin(),
+                None,
+                Default::default(),
                 &self.pool,
                 &self.metrics,
             )
@@ -220,8 +223,17 @@ fn lifecycle(c: &mut Criterion) {
                 )
                 .unwrap();
                 let t = Arc::new(
-                    tenant::prepare(&b.linker, &module, &config.tenants[0], &b.pool, &b.metrics)
-                        .unwrap(),
+                    tenant::prepare(
+                        &b.linker,
+                        &module,
+                        &config.tenants[0],
+                        origin(),
+                        None,
+                        Default::default(),
+                        &b.pool,
+                        &b.metrics,
+                    )
+                    .unwrap(),
                 );
                 b.rt.block_on(request(&t));
                 total += start.elapsed();
@@ -322,3 +334,9 @@ fn reset_settings(c: &mut Criterion) {
 
 criterion_group!(benches, lifecycle, heap_curves, reset_settings);
 criterion_main!(benches);
+
+fn origin() -> tenant::Origin {
+    tenant::Origin::Config {
+        module: "bench".into(),
+    }
+}

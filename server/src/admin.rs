@@ -1,19 +1,43 @@
-//! The admin listener: `/metrics` (Prometheus), `/healthz`, `/readyz`. Never on the public port.
+//! The admin listener: `/metrics` (Prometheus), `/healthz`, `/readyz`, and the admin API
+//! under `/admin/v1/` (bearer token). Never served on the public listener.
+//!
+//! | method and path | what it does |
+//! |---|---|
+//! | `GET /admin/v1/tenants` | every tenant: routes, limits, versions, request counts |
+//! | `GET /admin/v1/tenants/{name}` | one tenant |
+//! | `PUT /admin/v1/tenants/{name}` | create a tenant or change its routes/env/limits (JSON) |
+//! | `PUT /admin/v1/tenants/{name}/module[?assets=HASH]` | deploy a `.wasm` (the body) |
+//! | `POST /admin/v1/tenants/{name}/rollback` | back to the previous version |
+//! | `DELETE /admin/v1/tenants/{name}` | remove a tenant |
+//! | `POST /admin/v1/assets` | store a tar archive of assets; returns its hash |
+//! | `POST /admin/v1/reload` | re-read the config file (as `SIGHUP` does) |
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use crate::body::ResponseBody;
 use crate::http::{App, plain};
 use crate::metrics;
+use crate::registry::ChangeError;
+use crate::store::TenantSpec;
 
-/// Serves one admin request.
+/// Largest JSON body the admin API reads (tenant specs).
+const MAX_JSON_BYTES: u64 = 1024 * 1024;
+
+/// Serves one admin-listener request.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
+    if req.uri().path().starts_with("/admin/") {
+        return api(app, req).await;
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return plain(StatusCode::METHOD_NOT_ALLOWED, "admin endpoints take GET\n");
+        return plain(StatusCode::METHOD_NOT_ALLOWED, "this endpoint takes GET\n");
     }
     match req.uri().path() {
         "/metrics" => {
@@ -39,7 +63,202 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         }
         _ => plain(
             StatusCode::NOT_FOUND,
-            "admin endpoints: /metrics /healthz /readyz\n",
+            "admin endpoints: /metrics /healthz /readyz /admin/v1/tenants\n",
         ),
+    }
+}
+
+/// Whether the request carries the admin token. Both sides are hashed first, so the
+/// comparison takes the same time whatever the token's length or where it differs.
+fn authorised(token: &str, headers: &HeaderMap) -> bool {
+    let Some(given) = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (Sha256::digest(given.trim()), Sha256::digest(token));
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<ResponseBody> {
+    let mut text = serde_json::to_vec_pretty(value).unwrap_or_default();
+    text.push(b'\n');
+    let mut resp = Response::new(ResponseBody::full(text));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn error_response(e: &ChangeError) -> Response<ResponseBody> {
+    json_response(e.status(), &json!({ "error": e.to_string() }))
+}
+
+/// Reads a body of at most `limit` bytes.
+async fn read_body(req: Request<Incoming>, limit: u64) -> Result<bytes::Bytes, ChangeError> {
+    let too_large = || {
+        ChangeError::TooLarge(format!(
+            "the upload is larger than this server accepts ({limit} bytes; \
+             server.max_upload_bytes)"
+        ))
+    };
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let limited = http_body_util::Limited::new(req.into_body(), limit as usize);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(ChangeError::Invalid(format!(
+            "could not read the request body: {e}"
+        ))),
+    }
+}
+
+fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
+    query?
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
+    if !authorised(&app.admin_token, req.headers()) {
+        let mut resp = json_response(
+            StatusCode::UNAUTHORIZED,
+            &json!({ "error": "missing or wrong admin token (Authorization: Bearer <token>)" }),
+        );
+        resp.headers_mut().insert(
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"tern-admin\""),
+        );
+        return resp;
+    }
+    let started = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().map(str::to_string);
+    let Some(rest) = path.strip_prefix("/admin/v1/") else {
+        return error_response(&ChangeError::NotFound(
+            "the admin API lives under /admin/v1/".into(),
+        ));
+    };
+    let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let registry = &app.registry;
+    let result: Result<(StatusCode, Value), ChangeError> = match (&method, parts.as_slice()) {
+        (&Method::GET, ["tenants"]) => registry.describe(None).await.map(|v| (StatusCode::OK, v)),
+        (&Method::GET, ["tenants", name]) => registry
+            .describe(Some(name))
+            .await
+            .map(|v| (StatusCode::OK, v)),
+        (&Method::PUT, ["tenants", name]) => {
+            let name = name.to_string();
+            match read_body(req, MAX_JSON_BYTES).await.and_then(|b| {
+                serde_json::from_slice::<TenantSpec>(&b).map_err(|e| {
+                    ChangeError::Invalid(format!("the tenant spec is not valid JSON for it: {e}"))
+                })
+            }) {
+                Err(e) => Err(e),
+                Ok(spec) => match registry.put_spec(&name, spec).await {
+                    Ok(created) => registry.describe(Some(&name)).await.map(|v| {
+                        let status = if created {
+                            StatusCode::CREATED
+                        } else {
+                            StatusCode::OK
+                        };
+                        (status, v)
+                    }),
+                    Err(e) => Err(e),
+                },
+            }
+        }
+        (&Method::DELETE, ["tenants", name]) => registry
+            .delete(name)
+            .await
+            .map(|()| (StatusCode::OK, json!({ "deleted": name }))),
+        (&Method::PUT, ["tenants", name, "module"]) => {
+            let name = name.to_string();
+            let assets = query_param(query.as_deref(), "assets").map(str::to_string);
+            match read_body(req, registry.max_upload()).await {
+                Err(e) => Err(e),
+                Ok(wasm) => registry.deploy(&name, wasm, assets).await.map(|d| {
+                    let v = &d.version;
+                    (
+                        StatusCode::OK,
+                        json!({
+                            "tenant": name,
+                            "version": v.id,
+                            "module": v.module,
+                            "module_bytes": v.module_bytes,
+                            "assets": v.assets,
+                            "compile_ms": v.compile_ms,
+                            "deploy_ms": started.elapsed().as_secs_f64() * 1e3,
+                            "previous": d.previous.map(|p| p.id),
+                        }),
+                    )
+                }),
+            }
+        }
+        (&Method::POST, ["tenants", name, "rollback"]) => registry.rollback(name).await.map(|d| {
+            (
+                StatusCode::OK,
+                json!({
+                    "tenant": name,
+                    "version": d.version.id,
+                    "previous": d.previous.map(|p| p.id),
+                }),
+            )
+        }),
+        (&Method::POST, ["assets"]) => match read_body(req, registry.max_upload()).await {
+            Err(e) => Err(e),
+            Ok(archive) => registry.put_assets(archive).await.map(|(hash, a)| {
+                (
+                    StatusCode::CREATED,
+                    json!({ "assets": hash, "entries": a.entries(), "bytes": a.bytes() }),
+                )
+            }),
+        },
+        (&Method::POST, ["reload"]) => registry
+            .reload()
+            .await
+            .map(|n| (StatusCode::OK, json!({ "config_tenants": n }))),
+        (_, ["tenants"] | ["tenants", _] | ["tenants", _, "module" | "rollback"])
+        | (_, ["assets"] | ["reload"]) => Err(ChangeError::MethodNotAllowed(format!(
+            "{method} is not allowed on {path}"
+        ))),
+        _ => Err(ChangeError::NotFound(format!(
+            "no admin endpoint {path}; see GET /admin/v1/tenants"
+        ))),
+    };
+    match result {
+        Ok((status, v)) => json_response(status, &v),
+        Err(e) => error_response(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_compared_whole() {
+        let mut h = HeaderMap::new();
+        assert!(!authorised("secret", &h));
+        h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer secret"));
+        assert!(authorised("secret", &h));
+        h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer secre"));
+        assert!(!authorised("secret", &h));
+        h.insert(AUTHORIZATION, HeaderValue::from_static("Basic secret"));
+        assert!(!authorised("secret", &h));
     }
 }

@@ -146,6 +146,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ArtifactError> {
     result.map_err(io_err(path))
 }
 
+/// Whether a file name is one of [`write_atomic`]'s temp files (left behind only by a crash).
+pub fn is_temp_name(name: &str) -> bool {
+    name.starts_with('.') && name.contains(".tmp-")
+}
+
 fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -193,8 +198,12 @@ pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Module, ArtifactError>
 /// Where the compiled form of `wasm` lives in `cache_dir`: keyed by the module's hash and the
 /// engine's fingerprint, so another engine never picks up a stale artifact.
 pub fn cache_path(engine: &Engine, cache_dir: &Path, wasm: &[u8]) -> PathBuf {
-    let digest = hex(&Sha256::digest(wasm));
-    cache_dir.join(format!("{digest}-{}.cwasm", engine_fingerprint(engine)))
+    artifact_path(engine, cache_dir, &hex(&Sha256::digest(wasm)))
+}
+
+/// Where the compiled form of the module with SHA-256 `hash` lives in `dir`.
+pub fn artifact_path(engine: &Engine, dir: &Path, hash: &str) -> PathBuf {
+    dir.join(format!("{hash}-{}.cwasm", engine_fingerprint(engine)))
 }
 
 /// A loaded module, and how long compiling it took if it was not in the cache.

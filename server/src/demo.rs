@@ -2,7 +2,7 @@
 //! so `tern serve` works with no files at all (`module = "builtin:NAME"`).
 
 /// Names of the built-in modules.
-pub const NAMES: [&str; 4] = ["hello", "echo", "json", "counter"];
+pub const NAMES: [&str; 5] = ["hello", "echo", "json", "counter", "static"];
 
 /// The `.wasm` bytes of built-in module `name`.
 pub fn module(name: &str) -> Option<&'static [u8]> {
@@ -11,6 +11,7 @@ pub fn module(name: &str) -> Option<&'static [u8]> {
         "echo" => include_bytes!(env!("TERN_GUEST_ECHO")),
         "json" => include_bytes!(env!("TERN_GUEST_JSON")),
         "counter" => include_bytes!(env!("TERN_GUEST_COUNTER")),
+        "static" => include_bytes!(env!("TERN_GUEST_STATIC")),
         _ => return None,
     })
 }

@@ -188,6 +188,7 @@ pub async fn run(
             memory_limit_hit: false,
             peak_memory: 0,
         },
+        files: crate::hostcalls::fs::Files::new(tenant.assets.clone()),
     };
     let mut store = Store::new(tenant.pre.module().engine(), state);
     store.limiter(|s| &mut s.limits);

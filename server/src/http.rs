@@ -18,7 +18,7 @@ use crate::execute::{self, ExecError, Outcome, RunOutput};
 use crate::hostcalls::{GuestRequest, RequestBody};
 use crate::metrics::{Metrics, Phase, Timings};
 use crate::pool::Pool;
-use crate::router::Router;
+use crate::registry::Registry;
 use crate::tenant::TenantRef;
 
 /// `x-request-id`: honoured when the client sends a sane one, generated otherwise.
@@ -28,8 +28,10 @@ static TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=u
 
 /// Everything the request path shares.
 pub struct App {
-    /// Host/path → tenant.
-    pub router: Router<TenantRef>,
+    /// The live tenants and routing table, and the way to change them.
+    pub registry: Registry,
+    /// Bearer token of the admin API.
+    pub admin_token: String,
     /// Admission to the instance pool.
     pub pool: Pool,
     /// Metric handles.
@@ -41,7 +43,7 @@ pub struct App {
 impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("App")
-            .field("routes", &self.router.len())
+            .field("registry", &self.registry)
             .field("pool", &self.pool)
             .finish()
     }
@@ -61,7 +63,12 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         .uri()
         .host()
         .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()));
-    let tenant = app.router.route(host, req.uri().path()).cloned();
+    let tenant = app
+        .registry
+        .live()
+        .router
+        .route(host, req.uri().path())
+        .cloned();
     timings.set(Phase::Route, arrived.elapsed());
     let Some(tenant) = tenant else {
         app.metrics.observe(&timings, 1);
@@ -229,9 +236,13 @@ fn finish(
     let total = arrived.elapsed();
     app.metrics.observe_total(total);
     let status = resp.status().as_u16();
-    tenant
-        .map_or(app.metrics.unrouted(), |t| &t.requests)
-        .count(status);
+    match tenant {
+        Some(t) => {
+            t.requests.count(status);
+            t.served.count(status);
+        }
+        None => app.metrics.unrouted().count(status),
+    }
     tracing::info!(
         target: "tern::access",
         request_id = request_id.to_str().unwrap_or("-"),

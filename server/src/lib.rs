@@ -11,17 +11,24 @@
 //! - [`hostcalls`]: the `tern` host functions of guest ABI v1 (request in, response out).
 //! - [`teardown`]: the store is dropped and its slot reset and returned.
 //! - [`tenant`]: loaded tenants: pre-linked modules, limits, env, metric handles.
+//! - [`registry`]: the live tenant table (swapped atomically) and deploy, rollback, delete,
+//!   reload.
+//! - [`store`]: the data directory: content-addressed modules and assets, the manifest.
+//! - [`assets`]: per-tenant read-only files held in memory (the guest's `/assets`).
 //! - [`artifact`]: ahead-of-time compilation, sealed artifacts, the artifact cache (the one
 //!   module with `unsafe`).
 //! - [`engine`]: the wasmtime `Config` shared by `tern serve` and `tern compile`, epoch ticker.
-//! - [`metrics`], [`admin`]: Prometheus metrics and the admin listener.
+//! - [`metrics`], [`admin`]: Prometheus metrics; the admin listener and API.
+//! - [`cli`]: the admin API's client (`tern deploy`, `tern tenants`, ...).
 //! - [`config`]: the TOML schema, defaults and validation.
 //! - [`server`], [`shutdown`]: start-up and signal handling.
 //! - [`body`], [`demo`]: the response body type; the embedded demo guests.
 
 pub mod admin;
 pub mod artifact;
+pub mod assets;
 pub mod body;
+pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod engine;
@@ -31,8 +38,10 @@ pub mod http;
 pub mod listener;
 pub mod metrics;
 pub mod pool;
+pub mod registry;
 pub mod router;
 pub mod server;
 pub mod shutdown;
+pub mod store;
 pub mod teardown;
 pub mod tenant;

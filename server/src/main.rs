@@ -1,4 +1,4 @@
-//! The `tern` command: `tern serve` and `tern compile`.
+//! The `tern` command: `tern serve`, `tern compile`, and the admin client commands.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,9 +36,66 @@ enum Command {
         /// Public listen address, overriding the config's `server.listen`.
         #[arg(long)]
         listen: Option<SocketAddr>,
-        /// Admin listen address (/metrics, /healthz), overriding `server.admin_listen`.
+        /// Admin listen address (/metrics, /healthz, /admin/v1), overriding
+        /// `server.admin_listen`.
         #[arg(long)]
         admin_listen: Option<SocketAddr>,
+        /// Data directory: deployed modules, compiled artifacts, assets, the tenant manifest
+        /// and the generated admin token. Default: `server.data_dir`, else
+        /// `$XDG_DATA_HOME/tern` or `~/.local/share/tern`.
+        #[arg(long, env = "TERN_DATA_DIR")]
+        data_dir: Option<PathBuf>,
+    },
+    /// Deploy a module to a tenant on a running server (creating the tenant, routed at
+    /// /<tenant>, if it does not exist).
+    Deploy {
+        /// The tenant's name.
+        tenant: String,
+        /// The .wasm module (built for wasm32-wasip1 with the Tern guest SDK).
+        module: PathBuf,
+        /// Host routed to the tenant (repeatable; replaces its hosts).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// Path prefix routed to the tenant (repeatable; replaces its paths).
+        #[arg(long = "path")]
+        paths: Vec<String>,
+        /// Environment variable for its guests, KEY=VALUE (repeatable; replaces its env).
+        #[arg(long = "env", value_parser = parse_env)]
+        env: Vec<(String, String)>,
+        /// A directory or .tar archive served read-only to the guests as /assets.
+        #[arg(long)]
+        assets: Option<PathBuf>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// List the tenants of a running server (or show one as JSON).
+    Tenants {
+        /// Show only this tenant, in full.
+        name: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Roll a tenant back to its previous version (a second rollback undoes the first).
+    Rollback {
+        /// The tenant's name.
+        tenant: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Delete a tenant deployed through the admin API.
+    Delete {
+        /// The tenant's name.
+        tenant: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Make a running server re-read its config file (as SIGHUP does).
+    Reload {
+        #[command(flatten)]
+        admin: AdminArgs,
     },
     /// Compile a .wasm module ahead of time into a sealed .cwasm artifact that `tern serve`
     /// loads by mmap, with the same engine configuration the server uses.
@@ -49,6 +106,42 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
+}
+
+/// How the client commands reach the admin API.
+#[derive(Debug, clap::Args)]
+struct AdminArgs {
+    /// The admin listener's URL.
+    #[arg(long, env = "TERN_ADMIN_URL", default_value = "http://127.0.0.1:9090")]
+    server: String,
+    /// The admin token; by default read from <data-dir>/admin-token, which `tern serve` writes.
+    #[arg(long, env = "TERN_ADMIN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The server's data directory (to find the admin token file).
+    #[arg(long, env = "TERN_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+impl AdminArgs {
+    fn target(self) -> anyhow::Result<tern::cli::Target> {
+        let dir = self.data_dir.unwrap_or_else(tern::store::default_data_dir);
+        tern::cli::Target::resolve(self.server, self.token, &dir)
+    }
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+/// Runs a client command on a small runtime.
+fn client(f: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
 }
 
 fn main() -> ExitCode {
@@ -72,8 +165,40 @@ fn main() -> ExitCode {
             config,
             listen,
             admin_listen,
-        } => serve(config, listen, admin_listen),
+            data_dir,
+        } => serve(config, listen, admin_listen, data_dir),
         Command::Compile { input, output } => compile(&input, &output),
+        Command::Deploy {
+            tenant,
+            module,
+            hosts,
+            paths,
+            env,
+            assets,
+            admin,
+        } => admin.target().and_then(|t| {
+            let d = tern::cli::Deploy {
+                tenant,
+                module,
+                hosts,
+                paths,
+                env,
+                assets,
+            };
+            client(async move { tern::cli::deploy(&t, &d).await })
+        }),
+        Command::Tenants { name, json, admin } => admin.target().and_then(|t| {
+            client(async move { tern::cli::tenants(&t, name.as_deref(), json).await })
+        }),
+        Command::Rollback { tenant, admin } => admin
+            .target()
+            .and_then(|t| client(async move { tern::cli::rollback(&t, &tenant).await })),
+        Command::Delete { tenant, admin } => admin
+            .target()
+            .and_then(|t| client(async move { tern::cli::delete(&t, &tenant).await })),
+        Command::Reload { admin } => admin
+            .target()
+            .and_then(|t| client(async move { tern::cli::reload(&t).await })),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -85,12 +210,13 @@ fn main() -> ExitCode {
 }
 
 fn serve(
-    config: Option<PathBuf>,
+    config_path: Option<PathBuf>,
     listen: Option<SocketAddr>,
     admin_listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
 ) -> anyhow::Result<()> {
-    let mut config = match config {
-        Some(path) => Config::load(&path)?,
+    let mut config = match &config_path {
+        Some(path) => Config::load(path)?,
         None => Config::demo(),
     };
     if let Some(a) = listen {
@@ -107,8 +233,13 @@ fn serve(
     });
     let rt = rt.enable_all().thread_name("tern-worker").build()?;
     rt.block_on(async {
-        let running = tern::server::start(config).await?;
+        let opts = tern::server::StartOptions {
+            config_path,
+            data_dir,
+        };
+        let running = tern::server::start_with(config, opts).await?;
         running.shutdown.on_signals()?;
+        running.reload_on_sighup()?;
         running.wait().await;
         tracing::info!("stopped");
         Ok(())

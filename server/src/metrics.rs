@@ -106,6 +106,8 @@ pub struct Metrics {
     outcomes: IntCounterVec,
     pool: IntGaugeVec,
     labelled_tenants: IntGauge,
+    /// Tenant names that have their own label (taken at load time, never per request).
+    labelled: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     max_tenant_labels: usize,
     unrouted: TenantMetrics,
     resident: IntGaugeVec,
@@ -257,6 +259,7 @@ impl Metrics {
             outcomes,
             pool,
             labelled_tenants,
+            labelled: Default::default(),
             max_tenant_labels,
             unrouted,
             resident,
@@ -276,11 +279,16 @@ impl Metrics {
         }
     }
 
-    /// The label a tenant's metrics use: its name, or `other` past the label cap.
+    /// The label a tenant's metrics use: its name, or `other` past the label cap. A tenant
+    /// keeps its label across redeploys.
     pub fn tenant_label(&self, name: &str) -> String {
-        let used = usize::try_from(self.labelled_tenants.get()).unwrap_or(usize::MAX);
-        if used < self.max_tenant_labels {
-            self.labelled_tenants.inc();
+        let mut labelled = self.labelled.lock().unwrap_or_else(|e| e.into_inner());
+        if labelled.contains(name) {
+            return name.to_string();
+        }
+        if labelled.len() < self.max_tenant_labels {
+            labelled.insert(name.to_string());
+            self.labelled_tenants.set(labelled.len() as i64);
             name.to_string()
         } else {
             "other".to_string()

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::{TcpListener, TcpSocket};
@@ -14,10 +14,10 @@ use crate::engine::{self, EpochTicker};
 use crate::http::App;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
-use crate::router::Router;
+use crate::registry::Registry;
 use crate::shutdown::Shutdown;
-use crate::tenant::{self, TenantRef};
-use crate::{admin, hostcalls, listener};
+use crate::store::{self, Store};
+use crate::{admin, listener};
 
 /// A running server.
 #[derive(Debug)]
@@ -36,6 +36,28 @@ pub struct Running {
 }
 
 impl Running {
+    /// Reloads the config file on every `SIGHUP`; a bad config is refused and logged, and the
+    /// tenants running keep serving.
+    ///
+    /// # Errors
+    /// If the signal handler cannot be installed.
+    pub fn reload_on_sighup(&self) -> std::io::Result<()> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hup = signal(SignalKind::hangup())?;
+        let app = self.app.clone();
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                match app.registry.reload().await {
+                    Ok(n) => tracing::info!(tenants = n, "SIGHUP: config reloaded"),
+                    Err(e) => tracing::error!(
+                        "SIGHUP: config reload refused, the running tenants keep serving: {e}"
+                    ),
+                }
+            }
+        });
+        Ok(())
+    }
+
     /// Waits until both listeners have stopped and drained.
     pub async fn wait(mut self) {
         for t in std::mem::take(&mut self.tasks) {
@@ -71,87 +93,62 @@ pub fn cache_dir(server: &ServerConfig) -> PathBuf {
     }
 }
 
-/// Loads every tenant and starts serving.
+/// Where and how the server keeps its state, beside the config.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// The config file, for reloads (`None`: the config cannot be reloaded).
+    pub config_path: Option<PathBuf>,
+    /// The data directory; `None`: `server.data_dir`, else [`store::default_data_dir`].
+    pub data_dir: Option<PathBuf>,
+}
+
+/// Loads every tenant (config and data directory) and starts serving.
 ///
 /// # Errors
-/// If the engine cannot be built, a tenant cannot be loaded (every failing tenant is named),
-/// or a listener cannot be bound.
+/// If the engine cannot be built, the data directory cannot be opened, a tenant cannot be
+/// loaded (every failing tenant is named), or a listener cannot be bound.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
+    start_with(config, StartOptions::default()).await
+}
+
+/// [`start`] with a config file to reload from and a data directory.
+///
+/// # Errors
+/// See [`start`].
+pub async fn start_with(config: Config, opts: StartOptions) -> anyhow::Result<Running> {
     let engine = engine::build(&config.pool)?;
-    let linker = hostcalls::linker(&engine).map_err(|e| anyhow::anyhow!("{e:#}"))?;
     let metrics = Metrics::new(config.server.max_tenant_labels);
-    let cache = cache_dir(&config.server);
-    let started = Instant::now();
-
-    // Compile or map every module in parallel, off the reactor.
-    let loads: Vec<_> = config
-        .tenants
-        .iter()
-        .map(|t| {
-            let (engine, t, base, cache) = (
-                engine.clone(),
-                t.clone(),
-                config.base_dir.clone(),
-                cache.clone(),
-            );
-            tokio::task::spawn_blocking(move || tenant::load_module(&engine, &t, &base, &cache))
+    let data_dir = opts
+        .data_dir
+        .clone()
+        .or_else(|| {
+            (!config.server.data_dir.is_empty())
+                .then(|| config.base_dir.join(&config.server.data_dir))
         })
-        .collect();
-    let mut tenants: Vec<TenantRef> = Vec::with_capacity(loads.len());
-    let mut errors = Vec::new();
-    for (load, t) in loads.into_iter().zip(&config.tenants) {
-        let prepared = load
-            .await
-            .context("module loader panicked")?
-            .and_then(|loaded| {
-                if let Some(d) = loaded.compiled_in {
-                    metrics.compile.observe(d.as_secs_f64());
-                }
-                tenant::prepare(&linker, &loaded.module, t, &config.pool, &metrics)
-            });
-        match prepared {
-            Ok(tenant) => {
-                metrics
-                    .deploys
-                    .with_label_values(&[&tenant.label, "ok"])
-                    .inc();
-                tenants.push(Arc::new(tenant));
-            }
-            Err(e) => {
-                let label = metrics.tenant_label(t.name.get_ref());
-                metrics.deploys.with_label_values(&[&label, "error"]).inc();
-                errors.push(e.to_string());
-            }
-        }
+        .unwrap_or_else(store::default_data_dir);
+    let store = Store::open(&data_dir)
+        .with_context(|| format!("cannot open the data directory {}", data_dir.display()))?;
+    let token = store::admin_token(&config.server.admin_token, &data_dir)?;
+    if let Some(file) = &token.file {
+        tracing::info!(file = %file.display(), "admin API token generated (read it from this file)");
     }
-    if !errors.is_empty() {
-        anyhow::bail!(
-            "{} tenant(s) failed to load:\n  {}",
-            errors.len(),
-            errors.join("\n  ")
-        );
-    }
-    tracing::info!(
-        tenants = tenants.len(),
-        cache = %cache.display(),
-        "tenants loaded in {:.1} ms",
-        started.elapsed().as_secs_f64() * 1e3
-    );
+    let registry = Registry::start(
+        config.clone(),
+        opts.config_path.clone(),
+        store,
+        engine.clone(),
+        metrics.clone(),
+    )
+    .await?;
 
-    let router = Router::new(config.tenants.iter().zip(&tenants).map(|(c, t)| {
-        (
-            c.hosts.iter().map(|h| h.get_ref().as_str()).collect(),
-            c.paths.iter().map(|p| p.get_ref().as_str()).collect(),
-            t.clone(),
-        )
-    }));
     let pool = Pool::new(
         config.pool.instances,
         Duration::from_millis(config.pool.queue_timeout_ms),
         metrics.queue_depth.clone(),
     );
     let app = Arc::new(App {
-        router,
+        registry,
+        admin_token: token.token,
         pool,
         metrics,
         engine: engine.clone(),

@@ -12,10 +12,12 @@ use tern_sdk::abi;
 use wasmtime::{Engine, ExternType, InstancePre, Linker, Module, ModuleExport};
 
 use crate::artifact::{self, ArtifactError};
+use crate::assets::{Assets, AssetsError};
 use crate::config::{LimitsConfig, PoolConfig, TenantConfig};
 use crate::execute::Outcome;
-use crate::hostcalls::GuestState;
+use crate::hostcalls::{GuestState, Linkers};
 use crate::metrics::{Metrics, TenantMetrics};
+use crate::store::Version;
 
 /// Why a tenant could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +37,14 @@ pub enum TenantError {
         tenant: String,
         /// Which export or import is wrong.
         reason: String,
+    },
+    /// The tenant's assets could not be loaded.
+    #[error("tenant {tenant:?}: {source}")]
+    Assets {
+        /// The tenant.
+        tenant: String,
+        /// What went wrong.
+        source: AssetsError,
     },
     /// `builtin:NAME` names no demo guest.
     #[error("tenant {tenant:?}: no built-in module {name:?} (built-ins: {known})")]
@@ -70,7 +80,8 @@ pub struct Limits {
 }
 
 impl Limits {
-    fn from_config(c: &LimitsConfig, pool: &PoolConfig) -> Self {
+    /// The limits `c` gives, with the pool's defaults filled in.
+    pub fn from_config(c: &LimitsConfig, pool: &PoolConfig) -> Self {
         let mib = c.max_memory_mib.unwrap_or(pool.max_memory_mib);
         Self {
             timeout: Duration::from_millis(c.timeout_ms),
@@ -88,10 +99,52 @@ impl Limits {
     }
 }
 
+/// Where a tenant comes from, which decides who may change it.
+#[derive(Debug, Clone)]
+pub enum Origin {
+    /// Declared in the config file (changed by editing it and reloading).
+    Config {
+        /// The `module` the file gives.
+        module: String,
+    },
+    /// Created through the admin API (kept in the data directory's manifest).
+    Api {
+        /// The version serving.
+        version: Version,
+    },
+}
+
+/// Responses by status class (1xx..5xx), kept across a tenant's versions for the admin API.
+#[derive(Debug, Default)]
+pub struct Served([std::sync::atomic::AtomicU64; 5]);
+
+impl Served {
+    /// Counts one response.
+    pub fn count(&self, status: u16) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.0[class].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The counts, 1xx to 5xx.
+    pub fn get(&self) -> [u64; 5] {
+        std::array::from_fn(|i| self.0[i].load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
 /// A loaded tenant, shared by every request routed to it.
 pub struct Tenant {
     /// Unique name.
     pub name: String,
+    /// Where it comes from.
+    pub origin: Origin,
+    /// Host patterns routed to it (empty: any host).
+    pub hosts: Vec<String>,
+    /// Path prefixes routed to it (empty: `/`).
+    pub paths: Vec<String>,
+    /// Its read-only `/assets` directory, if it has one.
+    pub assets: Option<Arc<Assets>>,
+    /// Responses served, across versions.
+    pub served: Arc<Served>,
     /// Its label in metrics (`other` past the label cap).
     pub label: String,
     /// The module, pre-linked: instantiation does no import resolution or type-checking.
@@ -200,18 +253,68 @@ pub fn load_module(
     artifact::load_file(engine, &base_dir.join(spec), cache_dir).map_err(wrap)
 }
 
-/// Checks `module` against ABI v1 and pre-links it.
+/// Loads the assets directory a config tenant names (relative to the config file).
+///
+/// # Errors
+/// [`TenantError::Assets`] if it cannot be read or holds something other than files and
+/// directories.
+pub fn load_assets(
+    config: &TenantConfig,
+    base_dir: &Path,
+    max_bytes: u64,
+) -> Result<Option<Arc<Assets>>, TenantError> {
+    let Some(dir) = &config.assets else {
+        return Ok(None);
+    };
+    Assets::from_dir(&base_dir.join(dir.get_ref()), max_bytes)
+        .map(|a| Some(Arc::new(a)))
+        .map_err(|source| TenantError::Assets {
+            tenant: config.name.get_ref().clone(),
+            source,
+        })
+}
+
+/// What a tenant keeps from the version it replaces (so a redeploy does not reset them).
+#[derive(Debug, Clone, Default)]
+pub struct Carried {
+    /// Its concurrency permits (kept when the limit is unchanged).
+    pub slots: Option<(usize, Arc<tokio::sync::Semaphore>)>,
+    /// Its response counts.
+    pub served: Option<Arc<Served>>,
+}
+
+impl Carried {
+    /// What `tenant`'s successor keeps.
+    pub fn from(tenant: &Tenant) -> Self {
+        Self {
+            slots: Some((tenant.limits.max_concurrency, tenant.slots.clone())),
+            served: Some(tenant.served.clone()),
+        }
+    }
+}
+
+/// Checks `module` against ABI v1 and pre-links it (with the `/assets` functions if the
+/// tenant has assets).
 ///
 /// # Errors
 /// [`TenantError::Abi`] naming the missing export or the import Tern does not provide.
+#[allow(clippy::too_many_arguments)]
 pub fn prepare(
-    linker: &Linker<GuestState>,
+    linkers: &Linkers,
     module: &Module,
     config: &TenantConfig,
+    origin: Origin,
+    assets: Option<Arc<Assets>>,
+    carried: Carried,
     pool: &PoolConfig,
     metrics: &Metrics,
 ) -> Result<Tenant, TenantError> {
     let name = config.name.get_ref().clone();
+    let linker: &Linker<GuestState> = if assets.is_some() {
+        &linkers.assets
+    } else {
+        &linkers.plain
+    };
     let refuse = |reason: String| TenantError::Abi {
         tenant: name.clone(),
         reason,
@@ -232,8 +335,17 @@ pub fn prepare(
         .map(|o| metrics.outcome(&label, o.name()))
         .collect();
     let limits = Limits::from_config(&config.limits, pool);
+    let slots = match carried.slots {
+        Some((n, slots)) if n == limits.max_concurrency => slots,
+        _ => Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),
+    };
     Ok(Tenant {
-        slots: Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),
+        origin,
+        hosts: config.hosts.iter().map(|h| h.get_ref().clone()).collect(),
+        paths: config.paths.iter().map(|p| p.get_ref().clone()).collect(),
+        assets,
+        served: carried.served.unwrap_or_default(),
+        slots,
         memory_peak: metrics.memory_peak.clone(),
         log_budget: LogBudget::new(config.limits.log_lines_per_sec, metrics.log_dropped.clone()),
         requests: metrics.tenant(&label),

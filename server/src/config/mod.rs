@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 /// The built-in configuration: the demo tenants on `127.0.0.1:8080`.
@@ -59,7 +59,7 @@ pub struct Config {
 }
 
 /// `[server]`: process-wide settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Public listener for tenant traffic.
@@ -87,6 +87,15 @@ pub struct ServerConfig {
     pub header_read_timeout_ms: u64,
     /// Largest request head (request line + headers) in bytes; larger gets `431`.
     pub max_header_bytes: usize,
+    /// Where deployed modules, their compiled artifacts, assets and the tenant manifest are
+    /// kept; empty means `$TERN_DATA_DIR`, else `$XDG_DATA_HOME/tern`, else
+    /// `~/.local/share/tern`. `--data-dir` overrides it.
+    pub data_dir: String,
+    /// Bearer token of the admin API. `TERN_ADMIN_TOKEN` overrides it; with neither, a random
+    /// token is generated at start-up and written to `<data_dir>/admin-token` (mode 0600).
+    pub admin_token: String,
+    /// Largest module or assets archive the admin API accepts, in bytes; larger gets `413`.
+    pub max_upload_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -102,6 +111,9 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             header_read_timeout_ms: 10_000,
             max_header_bytes: 64 * 1024,
+            data_dir: String::new(),
+            admin_token: String::new(),
+            max_upload_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -127,7 +139,7 @@ impl ServerConfig {
 }
 
 /// `[pool]`: the region of preallocated instance slots every request takes one of.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PoolConfig {
     /// Instance slots (and memories, tables, fiber stacks): the most guests running at once.
@@ -193,13 +205,17 @@ pub struct TenantConfig {
     /// Environment variables the tenant's guests see (and no others).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// A directory (relative to the config file) loaded into memory at start-up and shown to
+    /// the tenant's guests, read-only, as the preopened WASI directory `/assets`.
+    #[serde(default)]
+    pub assets: Option<Spanned<String>>,
     /// Per-request limits.
     #[serde(default)]
     pub limits: LimitsConfig,
 }
 
 /// `[tenant.limits]`: what one request of this tenant may use.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
     /// Wall-clock budget of a request's guest (instantiate + run), in ms; past it: `504`.
@@ -314,71 +330,12 @@ impl Config {
         let mut routes: BTreeMap<(String, String), &str> = BTreeMap::new();
         for t in &self.tenants {
             let name = t.name.get_ref();
-            let here = |s: &Spanned<String>, m: String| Err((Some(s.span()), m));
-            if name.is_empty()
-                || name.len() > 64
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            {
-                return here(
-                    &t.name,
-                    format!("tenant.name {name:?} must be 1-64 letters, digits, '-' or '_'"),
-                );
-            }
-            if name == "other" || name == "none" {
-                return here(
-                    &t.name,
-                    format!("tenant.name {name:?} is reserved for metrics"),
-                );
-            }
+            validate_tenant(t, pool)?;
             if !names.insert(name.clone()) {
-                return here(
-                    &t.name,
+                return Err((
+                    Some(t.name.span()),
                     format!("tenant.name {name:?} is used by two tenants"),
-                );
-            }
-            if t.module.get_ref().is_empty() {
-                return here(
-                    &t.module,
-                    format!("tenant {name:?}: module must not be empty"),
-                );
-            }
-            for h in &t.hosts {
-                if let Err(m) = crate::router::HostPattern::parse(h.get_ref()) {
-                    return here(h, format!("tenant {name:?}: hosts: {m}"));
-                }
-            }
-            for p in &t.paths {
-                if let Err(m) = crate::router::check_prefix(p.get_ref()) {
-                    return here(p, format!("tenant {name:?}: paths: {m}"));
-                }
-            }
-            let l = &t.limits;
-            if l.timeout_ms == 0 {
-                return here(
-                    &t.name,
-                    format!("tenant {name:?}: limits.timeout_ms must be > 0"),
-                );
-            }
-            let mem = l.max_memory_mib.unwrap_or(pool.max_memory_mib);
-            if mem == 0 || mem > pool.max_memory_mib {
-                return here(
-                    &t.name,
-                    format!(
-                        "tenant {name:?}: limits.max_memory_mib must be between 1 and \
-                         pool.max_memory_mib ({})",
-                        pool.max_memory_mib
-                    ),
-                );
-            }
-            for k in t.env.keys() {
-                if k.is_empty() || k.contains('=') || k.contains('\0') {
-                    return here(
-                        &t.name,
-                        format!("tenant {name:?}: env name {k:?} is invalid"),
-                    );
-                }
+                ));
             }
             // Every (host, prefix) pair must belong to one tenant: the router ranks routes by
             // host specificity then prefix length, so only identical pairs could be ambiguous.
@@ -425,6 +382,78 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Checks one tenant's name, module, routes, limits and env (not clashes with other tenants).
+///
+/// # Errors
+/// The span of the offending value (if known) and a message naming the field.
+pub fn validate_tenant(
+    t: &TenantConfig,
+    pool: &PoolConfig,
+) -> Result<(), (Option<std::ops::Range<usize>>, String)> {
+    let name = t.name.get_ref();
+    let here = |s: &Spanned<String>, m: String| Err((Some(s.span()), m));
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return here(
+            &t.name,
+            format!("tenant.name {name:?} must be 1-64 letters, digits, '-' or '_'"),
+        );
+    }
+    if name == "other" || name == "none" {
+        return here(
+            &t.name,
+            format!("tenant.name {name:?} is reserved for metrics"),
+        );
+    }
+    if t.module.get_ref().is_empty() {
+        return here(
+            &t.module,
+            format!("tenant {name:?}: module must not be empty"),
+        );
+    }
+    for h in &t.hosts {
+        if let Err(m) = crate::router::HostPattern::parse(h.get_ref()) {
+            return here(h, format!("tenant {name:?}: hosts: {m}"));
+        }
+    }
+    for p in &t.paths {
+        if let Err(m) = crate::router::check_prefix(p.get_ref()) {
+            return here(p, format!("tenant {name:?}: paths: {m}"));
+        }
+    }
+    let l = &t.limits;
+    if l.timeout_ms == 0 {
+        return here(
+            &t.name,
+            format!("tenant {name:?}: limits.timeout_ms must be > 0"),
+        );
+    }
+    let mem = l.max_memory_mib.unwrap_or(pool.max_memory_mib);
+    if mem == 0 || mem > pool.max_memory_mib {
+        return here(
+            &t.name,
+            format!(
+                "tenant {name:?}: limits.max_memory_mib must be between 1 and \
+         pool.max_memory_mib ({})",
+                pool.max_memory_mib
+            ),
+        );
+    }
+    for k in t.env.keys() {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return here(
+                &t.name,
+                format!("tenant {name:?}: env name {k:?} is invalid"),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `/api/` and `/api` route the same requests.

@@ -4,6 +4,7 @@
 //! writes). Every pointer and length from the guest is bounds-checked against its memory; an
 //! out-of-range one traps the guest with [`GuestFault::BadPointer`] and never touches the host.
 
+pub mod fs;
 pub mod request;
 pub mod response;
 
@@ -28,6 +29,8 @@ pub struct GuestState {
     pub response: GuestResponse,
     /// Memory and table limits, and whether the guest ran into them.
     pub limits: GuestLimits,
+    /// The tenant's `/assets` and the files this request opened (tenants with assets only).
+    pub files: fs::Files,
 }
 
 /// A guest fault caused by a host call, which traps the guest.
@@ -93,16 +96,42 @@ impl ResourceLimiter for GuestLimits {
     }
 }
 
-/// Builds the linker every tenant is pre-linked against: WASI preview1 plus the `tern` ABI.
+/// Builds the linker tenants are pre-linked against: WASI preview1 plus the `tern` ABI, and
+/// with `assets` the in-memory `/assets` directory in place of WASI's file functions.
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
+pub fn linker(engine: &Engine, assets: bool) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut GuestState| &mut s.wasi)?;
     request::add_to_linker(&mut linker)?;
     response::add_to_linker(&mut linker)?;
+    if assets {
+        fs::add_to_linker(&mut linker)?;
+    }
     Ok(linker)
+}
+
+/// The two linkers: for tenants without assets and for tenants with them.
+#[derive(Clone)]
+pub struct Linkers {
+    /// WASI preview1 as wasmtime-wasi provides it (no files at all) + the `tern` ABI.
+    pub plain: Linker<GuestState>,
+    /// The same with the read-only in-memory `/assets` directory.
+    pub assets: Linker<GuestState>,
+}
+
+impl Linkers {
+    /// Builds both.
+    ///
+    /// # Errors
+    /// Only if wasmtime rejects a definition (a bug).
+    pub fn new(engine: &Engine) -> wasmtime::Result<Self> {
+        Ok(Self {
+            plain: linker(engine, false)?,
+            assets: linker(engine, true)?,
+        })
+    }
 }
 
 /// The range `ptr..ptr+len` of guest memory, if it lies inside `mem_len` bytes.

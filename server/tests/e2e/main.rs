@@ -16,3 +16,4 @@ mod observability;
 mod routing;
 mod shutdown;
 mod support;
+mod tenants;

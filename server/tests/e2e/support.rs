@@ -17,6 +17,9 @@ pub struct TestServer {
     pub dir: tempfile::TempDir,
 }
 
+/// The admin token of [`TestServer`]s.
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
 /// A small pool keeps many test servers within the address space.
 const POOL: &str = "[pool]\ninstances = 16\nmax_memory_mib = 64\n";
 
@@ -34,16 +37,63 @@ impl TestServer {
         Self::try_start_in(dir, &format!("{POOL}{tenants}")).await
     }
 
-    /// Starts with a complete config text, in `dir` (module paths are relative to it).
+    /// Starts with a complete config text, in `dir` (module paths are relative to it; the
+    /// config is written to `dir/tern.toml`, the data directory is `dir/data`).
     pub async fn try_start_in(dir: tempfile::TempDir, config: &str) -> anyhow::Result<Self> {
         let cache = dir.path().join("cache");
-        let mut config = Config::parse(config, "test.toml", dir.path().to_path_buf())?;
+        let path = dir.path().join("tern.toml");
+        std::fs::write(&path, config)?;
+        let mut config = Config::load(&path)?;
         config.server.listen = "127.0.0.1:0".parse()?;
         config.server.admin_listen = "127.0.0.1:0".parse()?;
         config.server.cache_dir = cache.display().to_string();
         config.server.shutdown_grace_ms = 2000;
-        let running = tern::server::start(config).await?;
+        config.server.admin_token = ADMIN_TOKEN.into();
+        let opts = tern::server::StartOptions {
+            config_path: Some(path),
+            data_dir: Some(dir.path().join("data")),
+        };
+        let running = tern::server::start_with(config, opts).await?;
         Ok(Self { running, dir })
+    }
+
+    /// An admin API request with the right token; the answer's JSON (or `null`).
+    pub async fn admin_call(
+        &self,
+        method: Method,
+        path: &str,
+        body: impl Into<Bytes>,
+    ) -> (StatusCode, serde_json::Value) {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        let r = send(
+            self.admin(),
+            method,
+            path,
+            None,
+            &[("authorization", &auth)],
+            body.into(),
+        )
+        .await;
+        let json = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
+        (r.status, json)
+    }
+
+    /// Creates API tenant `name` routed at `path` and deploys `wasm` to it; panics on failure.
+    pub async fn deploy(&self, name: &str, path: &str, wasm: &[u8]) -> serde_json::Value {
+        let spec = serde_json::json!({ "paths": [path] }).to_string();
+        let (status, v) = self
+            .admin_call(Method::PUT, &format!("/admin/v1/tenants/{name}"), spec)
+            .await;
+        assert!(status.is_success(), "create {name}: {status} {v}");
+        let (status, v) = self
+            .admin_call(
+                Method::PUT,
+                &format!("/admin/v1/tenants/{name}/module"),
+                wasm.to_vec(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "deploy {name}: {v}");
+        v
     }
 
     /// The demo tenants of the built-in config, on a small pool.
@@ -234,6 +284,8 @@ pub struct TernProcess {
     pub log: std::sync::mpsc::Receiver<String>,
     /// The public address it announced.
     pub addr: String,
+    /// The admin address it announced.
+    pub admin: String,
 }
 
 impl TernProcess {
@@ -245,6 +297,8 @@ impl TernProcess {
             .args(args)
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .env("TERN_CACHE_DIR", cache)
+            .env("TERN_DATA_DIR", cache.join("data"))
+            .env_remove("TERN_ADMIN_TOKEN")
             .env("TERN_LOG", "info")
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -263,6 +317,7 @@ impl TernProcess {
             child,
             log,
             addr: String::new(),
+            admin: String::new(),
         };
         let line = p.wait_for("serving tenants on http://");
         p.addr = line
@@ -270,6 +325,12 @@ impl TernProcess {
             .nth(1)
             .and_then(|rest| rest.split(',').next())
             .expect("address in log")
+            .to_string();
+        p.admin = line
+            .split("metrics on http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .expect("admin address in log")
             .to_string();
         p
     }

@@ -1,0 +1,365 @@
+//! The admin API's client: what `tern deploy`, `tern tenants`, `tern rollback`, `tern delete`
+//! and `tern reload` do. Plain HTTP/1.1 to the admin listener, readable output, and an error
+//! (non-zero exit) for every refusal, with the server's message.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use serde_json::{Value, json};
+
+/// Where the admin API is and how to authenticate.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Base URL of the admin listener, e.g. `http://127.0.0.1:9090`.
+    pub server: String,
+    /// The bearer token.
+    pub token: String,
+}
+
+impl Target {
+    /// The server from `--server` (default `http://127.0.0.1:9090`), the token from `--token`,
+    /// else the token file in `data_dir` that `tern serve` wrote.
+    ///
+    /// # Errors
+    /// If no token is given and the token file cannot be read.
+    pub fn resolve(server: String, token: Option<String>, data_dir: &Path) -> anyhow::Result<Self> {
+        let token = match token.filter(|t| !t.is_empty()) {
+            Some(t) => t,
+            None => {
+                let file = data_dir.join("admin-token");
+                std::fs::read_to_string(&file)
+                    .map(|t| t.trim().to_string())
+                    .with_context(|| {
+                        format!(
+                            "no admin token: pass --token or set TERN_ADMIN_TOKEN, or run where \
+                             `tern serve` wrote {}",
+                            file.display()
+                        )
+                    })?
+            }
+        };
+        Ok(Self { server, token })
+    }
+
+    /// Sends one request and returns the status and the JSON answer.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &str,
+    ) -> anyhow::Result<(StatusCode, Value)> {
+        let url: Uri = format!("{}{path}", self.server.trim_end_matches('/'))
+            .parse()
+            .with_context(|| format!("bad server URL {:?}", self.server))?;
+        if url.scheme_str() != Some("http") {
+            bail!(
+                "the server URL must start with http:// (got {:?})",
+                self.server
+            );
+        }
+        let host = url
+            .host()
+            .context("the server URL has no host")?
+            .to_string();
+        let port = url.port_u16().unwrap_or(80);
+        let stream = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .with_context(|| format!("cannot reach the admin API at {}", self.server))?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .method(method)
+            .uri(url.path_and_query().map_or("/", |p| p.as_str()))
+            .header(http::header::HOST, format!("{host}:{port}"))
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", self.token),
+            )
+            .header(http::header::CONTENT_TYPE, content_type)
+            .body(Full::new(body))?;
+        let resp = send.send_request(req).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| json!({ "error": String::from_utf8_lossy(&bytes).trim() }));
+        Ok((status, value))
+    }
+
+    /// [`call`](Self::call), with any non-2xx answer turned into an error with its message.
+    async fn ok(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &str,
+    ) -> anyhow::Result<Value> {
+        let (status, value) = self.call(method, path, body, content_type).await?;
+        if !status.is_success() {
+            let msg = value["error"].as_str().unwrap_or("(no message)");
+            bail!(
+                "{} {}: {msg}",
+                status.as_u16(),
+                status.canonical_reason().unwrap_or("")
+            );
+        }
+        Ok(value)
+    }
+}
+
+/// What `tern deploy` was asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct Deploy {
+    /// The tenant.
+    pub tenant: String,
+    /// The `.wasm` file.
+    pub module: PathBuf,
+    /// `--host`: replaces the tenant's hosts.
+    pub hosts: Vec<String>,
+    /// `--path`: replaces the tenant's path prefixes.
+    pub paths: Vec<String>,
+    /// `--env KEY=VALUE`: replaces the tenant's environment.
+    pub env: Vec<(String, String)>,
+    /// `--assets`: a directory or a `.tar` archive.
+    pub assets: Option<PathBuf>,
+}
+
+/// `tern deploy`: creates the tenant if needed (routed at `/<tenant>` unless `--host` or
+/// `--path` say otherwise), uploads the assets, deploys the module, and prints the version.
+///
+/// # Errors
+/// If a file cannot be read or the server refuses a step (its message is in the error).
+pub async fn deploy(target: &Target, d: &Deploy) -> anyhow::Result<()> {
+    let wasm =
+        std::fs::read(&d.module).with_context(|| format!("cannot read {}", d.module.display()))?;
+    let path = format!("/admin/v1/tenants/{}", d.tenant);
+    let (status, existing) = target.call(Method::GET, &path, Bytes::new(), "").await?;
+    let exists = status.is_success();
+    if !exists && status != StatusCode::NOT_FOUND {
+        bail!("{}: {}", status, existing["error"].as_str().unwrap_or(""));
+    }
+    let changes_spec = !d.hosts.is_empty() || !d.paths.is_empty() || !d.env.is_empty();
+    if !exists || changes_spec {
+        let mut spec = existing.get("spec").cloned().unwrap_or_else(|| json!({}));
+        if !d.hosts.is_empty() || !exists {
+            spec["hosts"] = json!(d.hosts);
+        }
+        if !d.paths.is_empty() || !exists {
+            let paths = if d.paths.is_empty() && d.hosts.is_empty() {
+                vec![format!("/{}", d.tenant)]
+            } else {
+                d.paths.clone()
+            };
+            spec["paths"] = json!(paths);
+        }
+        if !d.env.is_empty() {
+            spec["env"] = d.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+        }
+        let body = Bytes::from(serde_json::to_vec(&spec)?);
+        target
+            .ok(Method::PUT, &path, body, "application/json")
+            .await?;
+        if !exists {
+            println!("created tenant {} (routes: {})", d.tenant, routes(&spec));
+        }
+    }
+    let mut query = String::new();
+    if let Some(assets) = &d.assets {
+        let archive = tokio::task::spawn_blocking({
+            let a = assets.clone();
+            move || archive(&a)
+        })
+        .await??;
+        let v = target
+            .ok(
+                Method::POST,
+                "/admin/v1/assets",
+                Bytes::from(archive),
+                "application/x-tar",
+            )
+            .await?;
+        let hash = v["assets"].as_str().unwrap_or_default();
+        println!(
+            "uploaded assets {} ({} entries, {} bytes)",
+            short(hash),
+            v["entries"],
+            v["bytes"]
+        );
+        query = format!("?assets={hash}");
+    }
+    let v = target
+        .ok(
+            Method::PUT,
+            &format!("{path}/module{query}"),
+            Bytes::from(wasm),
+            "application/wasm",
+        )
+        .await?;
+    println!(
+        "deployed {} version {} ({} bytes, compiled in {:.0} ms, serving {:.0} ms after upload){}",
+        d.tenant,
+        short(v["version"].as_str().unwrap_or("?")),
+        v["module_bytes"],
+        v["compile_ms"].as_f64().unwrap_or(0.0),
+        v["deploy_ms"].as_f64().unwrap_or(0.0),
+        v["previous"]
+            .as_str()
+            .map(|p| format!("; previous {}", short(p)))
+            .unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// A tar archive of a directory (symlinks stored as links, which the server refuses), or the
+/// bytes of a `.tar` file.
+fn archive(path: &Path) -> anyhow::Result<Vec<u8>> {
+    if path.is_file() {
+        return std::fs::read(path).with_context(|| format!("cannot read {}", path.display()));
+    }
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.append_dir_all(".", path)
+        .with_context(|| format!("cannot archive {}", path.display()))?;
+    Ok(b.into_inner()?)
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+fn routes(spec: &Value) -> String {
+    let list = |k: &str| -> Vec<String> {
+        spec[k]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (hosts, paths) = (list("hosts"), list("paths"));
+    let hosts = if hosts.is_empty() {
+        vec!["*".to_string()]
+    } else {
+        hosts
+    };
+    let paths = if paths.is_empty() {
+        vec!["/".to_string()]
+    } else {
+        paths
+    };
+    hosts
+        .iter()
+        .flat_map(|h| paths.iter().map(move |p| format!("{h}{p}")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `tern tenants [NAME]`: a table of tenants, or one tenant as JSON.
+///
+/// # Errors
+/// If the server cannot be reached or refuses.
+pub async fn tenants(target: &Target, name: Option<&str>, as_json: bool) -> anyhow::Result<()> {
+    let path = match name {
+        Some(n) => format!("/admin/v1/tenants/{n}"),
+        None => "/admin/v1/tenants".into(),
+    };
+    let v = target.ok(Method::GET, &path, Bytes::new(), "").await?;
+    if as_json || name.is_some() {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{:<20} {:<7} {:<12} {:<10} {:>10}  ROUTES",
+        "NAME", "SOURCE", "VERSION", "DEPLOYED", "REQUESTS"
+    );
+    for t in v["tenants"].as_array().into_iter().flatten() {
+        let version = match t["current"]["id"].as_str() {
+            Some(id) => short(id).to_string(),
+            None => t["module"].as_str().unwrap_or("-").to_string(),
+        };
+        let deployed = t["current"]["deployed_at"]
+            .as_u64()
+            .map_or("-".to_string(), ago);
+        println!(
+            "{:<20} {:<7} {:<12} {:<10} {:>10}  {}{}",
+            t["name"].as_str().unwrap_or("?"),
+            t["source"].as_str().unwrap_or("?"),
+            version,
+            deployed,
+            t["requests"]["total"],
+            routes(t),
+            if t["serving"].as_bool() == Some(true) {
+                ""
+            } else {
+                "  (not serving: no module deployed)"
+            }
+        );
+    }
+    Ok(())
+}
+
+fn ago(at: u64) -> String {
+    let s = crate::store::now().saturating_sub(at);
+    match s {
+        0..60 => format!("{s}s ago"),
+        60..3600 => format!("{}m ago", s / 60),
+        3600..86400 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86400),
+    }
+}
+
+/// `tern rollback NAME`.
+///
+/// # Errors
+/// If the server refuses (no previous version, unknown tenant, ...).
+pub async fn rollback(target: &Target, name: &str) -> anyhow::Result<()> {
+    let v = target
+        .ok(
+            Method::POST,
+            &format!("/admin/v1/tenants/{name}/rollback"),
+            Bytes::new(),
+            "",
+        )
+        .await?;
+    println!(
+        "rolled {name} back to version {} (was {})",
+        short(v["version"].as_str().unwrap_or("?")),
+        short(v["previous"].as_str().unwrap_or("-"))
+    );
+    Ok(())
+}
+
+/// `tern delete NAME`.
+///
+/// # Errors
+/// If the server refuses.
+pub async fn delete(target: &Target, name: &str) -> anyhow::Result<()> {
+    target
+        .ok(
+            Method::DELETE,
+            &format!("/admin/v1/tenants/{name}"),
+            Bytes::new(),
+            "",
+        )
+        .await?;
+    println!("deleted tenant {name}");
+    Ok(())
+}
+
+/// `tern reload`: the config file is re-read, as on `SIGHUP`.
+///
+/// # Errors
+/// If the server refuses the new config (the old one keeps serving).
+pub async fn reload(target: &Target) -> anyhow::Result<()> {
+    let v = target
+        .ok(Method::POST, "/admin/v1/reload", Bytes::new(), "")
+        .await?;
+    println!("config reloaded: {} config tenants", v["config_tenants"]);
+    Ok(())
+}

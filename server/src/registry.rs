@@ -1,0 +1,981 @@
+//! The tenant registry: the live routing table, and every change to it.
+//!
+//! Requests read [`Live`] through an atomically swapped pointer: one load per request, no
+//! lock. A change (deploy, rollback, delete, a new or changed tenant, a config reload) builds
+//! a complete new table beside the old one and swaps it in, so every request sees the old
+//! table or the new one, never a mix; a request that started on a version finishes on it
+//! (it holds an `Arc` of its tenant). Changes are serialised by one mutex, compile off the
+//! async reactor, and are written to the [`Store`] before they are published: a change the
+//! client saw succeed survives a crash, and a failed change leaves the running version
+//! serving.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::StatusCode;
+use serde_json::{Value, json};
+use wasmtime::{Engine, Module};
+
+use crate::artifact::{self, ArtifactError};
+use crate::assets::Assets;
+use crate::config::{self, Config, PoolConfig, TenantConfig};
+use crate::hostcalls::Linkers;
+use crate::metrics::Metrics;
+use crate::router::{Clash, Router};
+use crate::store::{self, Manifest, Store, StoredTenant, TenantSpec, Version};
+use crate::tenant::{self, Carried, Origin, Tenant, TenantError, TenantRef};
+
+/// What requests read: the routing table and the tenants by name.
+#[derive(Debug, Default)]
+pub struct Live {
+    /// Host/path → tenant.
+    pub router: Router<TenantRef>,
+    /// Every routed tenant.
+    pub tenants: BTreeMap<String, TenantRef>,
+}
+
+/// A change that was refused; the running tenants are unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// No such tenant (`404`).
+    #[error("{0}")]
+    NotFound(String),
+    /// The change conflicts with the current state: a route or name clash, a tenant owned by
+    /// the config file, nothing to roll back to (`409`).
+    #[error("{0}")]
+    Conflict(String),
+    /// Malformed input: not Wasm, truncated, bad JSON or values (`400`).
+    #[error("{0}")]
+    Invalid(String),
+    /// An upload over the size limit (`413`).
+    #[error("{0}")]
+    TooLarge(String),
+    /// Well-formed but unusable: imports Tern does not provide, no handler, bad assets
+    /// (`422`).
+    #[error("{0}")]
+    Unprocessable(String),
+    /// The endpoint exists but not with this method (`405`).
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// The server could not complete it (disk full, ...) (`500`).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ChangeError {
+    /// The status the admin API answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::Invalid(_) => StatusCode::BAD_REQUEST,
+            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl From<TenantError> for ChangeError {
+    fn from(e: TenantError) -> Self {
+        match e {
+            TenantError::Artifact {
+                source: ArtifactError::InvalidWasm { .. },
+                ..
+            } => Self::Invalid(e.to_string()),
+            TenantError::Artifact { .. } => Self::Internal(e.to_string()),
+            TenantError::Abi { .. } | TenantError::Assets { .. } => {
+                Self::Unprocessable(e.to_string())
+            }
+            TenantError::UnknownBuiltin { .. } => Self::Invalid(e.to_string()),
+        }
+    }
+}
+
+impl From<Clash> for ChangeError {
+    fn from(c: Clash) -> Self {
+        Self::Conflict(format!(
+            "tenant {:?}: {c}; choose other hosts or paths",
+            c.other
+        ))
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> ChangeError {
+    ChangeError::Internal(e.to_string())
+}
+
+/// What a deploy did.
+#[derive(Debug, Clone)]
+pub struct Deployed {
+    /// The version now serving.
+    pub version: Version,
+    /// The version it replaced.
+    pub previous: Option<Version>,
+}
+
+/// Everything that changes only under the change lock.
+struct State {
+    /// The config in effect (its tenants are the config-owned ones).
+    config: Config,
+    /// The file it came from (`None`: the built-in demo config).
+    config_path: Option<PathBuf>,
+    manifest: Manifest,
+}
+
+/// The live tenants and the way to change them.
+pub struct Registry {
+    live: ArcSwap<Live>,
+    state: tokio::sync::Mutex<State>,
+    store: Store,
+    engine: Engine,
+    linkers: Linkers,
+    pool: PoolConfig,
+    metrics: Metrics,
+    max_upload: u64,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("tenants", &self.live.load().tenants.len())
+            .field("store", &self.store.root())
+            .finish()
+    }
+}
+
+/// Runs `f` over `items` on one thread per core (module loading is CPU- and mmap-bound).
+fn parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(items.len())
+        .max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    let r = f(item);
+                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every item was processed")
+        })
+        .collect()
+}
+
+/// Modules already loaded in this batch, by SHA-256, so tenants deploying the same module
+/// share one mapping and one copy-on-write image.
+type ModuleCache = Mutex<HashMap<String, Module>>;
+
+impl Registry {
+    /// Loads the config's tenants and the store's, checks that their names and routes do not
+    /// clash, and publishes them.
+    ///
+    /// # Errors
+    /// If a tenant cannot be loaded (every failing tenant is named), a name or route clashes,
+    /// or the store cannot be read.
+    pub async fn start(
+        config: Config,
+        config_path: Option<PathBuf>,
+        store: Store,
+        engine: Engine,
+        metrics: Metrics,
+    ) -> anyhow::Result<Self> {
+        let linkers = Linkers::new(&engine).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let manifest = store.load_manifest()?;
+        for t in &config.tenants {
+            if manifest.tenants.contains_key(t.name.get_ref()) {
+                anyhow::bail!(
+                    "tenant {:?} is declared in the config file and was also deployed through \
+                     the admin API (in {}); remove it from one of them",
+                    t.name.get_ref(),
+                    store.root().display()
+                );
+            }
+        }
+        let registry = Self {
+            live: ArcSwap::from_pointee(Live::default()),
+            max_upload: config.server.max_upload_bytes,
+            pool: config.pool.clone(),
+            state: tokio::sync::Mutex::new(State {
+                config: config.clone(),
+                config_path,
+                manifest: manifest.clone(),
+            }),
+            store,
+            engine,
+            linkers,
+            metrics,
+        };
+        let started = Instant::now();
+        let mut tenants = registry.load_config_tenants(&config).await?;
+        let api = registry.load_api_tenants(&manifest).await?;
+        let (n_config, n_api) = (tenants.len(), api.len());
+        tenants.extend(api);
+        let live = Self::table(tenants.into_values())?;
+        registry.live.store(Arc::new(live));
+        let removed = registry.store.collect_garbage(&manifest);
+        tracing::info!(
+            config_tenants = n_config,
+            api_tenants = n_api,
+            data_dir = %registry.store.root().display(),
+            removed_unused_files = removed,
+            "tenants loaded in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(registry)
+    }
+
+    /// The current table (one atomic load).
+    pub fn live(&self) -> arc_swap::Guard<Arc<Live>> {
+        self.live.load()
+    }
+
+    /// The data directory.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Largest upload the admin API accepts.
+    pub fn max_upload(&self) -> u64 {
+        self.max_upload
+    }
+
+    fn table(tenants: impl IntoIterator<Item = TenantRef>) -> Result<Live, Clash> {
+        let tenants: BTreeMap<String, TenantRef> =
+            tenants.into_iter().map(|t| (t.name.clone(), t)).collect();
+        let router = Router::build(tenants.values().map(|t| {
+            (
+                t.name.as_str(),
+                t.hosts.iter().map(String::as_str).collect(),
+                t.paths.iter().map(String::as_str).collect(),
+                t.clone(),
+            )
+        }))?;
+        Ok(Live { router, tenants })
+    }
+
+    /// Builds the table for `tenants` and swaps it in.
+    fn publish(&self, tenants: BTreeMap<String, TenantRef>) -> Result<(), ChangeError> {
+        let live = Self::table(tenants.into_values())?;
+        self.live.store(Arc::new(live));
+        Ok(())
+    }
+
+    fn count_deploy(&self, name: &str, ok: bool) {
+        let label = self.metrics.tenant_label(name);
+        let outcome = if ok { "ok" } else { "error" };
+        self.metrics
+            .deploys
+            .with_label_values(&[&label, outcome])
+            .inc();
+    }
+
+    async fn load_config_tenants(
+        &self,
+        config: &Config,
+    ) -> Result<BTreeMap<String, TenantRef>, anyhow::Error> {
+        let (engine, linkers, pool, metrics) = (
+            self.engine.clone(),
+            self.linkers.clone(),
+            self.pool.clone(),
+            self.metrics.clone(),
+        );
+        let (tenants, base) = (config.tenants.clone(), config.base_dir.clone());
+        // Metric labels go to tenants in the file's order (loading below is parallel).
+        for t in &tenants {
+            self.metrics.tenant_label(t.name.get_ref());
+        }
+        let cache = crate::server::cache_dir(&config.server);
+        let max = config.server.max_upload_bytes;
+        let live = self.live.load_full();
+        let results = tokio::task::spawn_blocking(move || {
+            parallel(&tenants, |t| {
+                let loaded = tenant::load_module(&engine, t, &base, &cache)?;
+                if let Some(d) = loaded.compiled_in {
+                    metrics.compile.observe(d.as_secs_f64());
+                }
+                let assets = tenant::load_assets(t, &base, max)?;
+                let carried = live
+                    .tenants
+                    .get(t.name.get_ref())
+                    .map(|old| Carried::from(old))
+                    .unwrap_or_default();
+                let origin = Origin::Config {
+                    module: t.module.get_ref().clone(),
+                };
+                tenant::prepare(
+                    &linkers,
+                    &loaded.module,
+                    t,
+                    origin,
+                    assets,
+                    carried,
+                    &pool,
+                    &metrics,
+                )
+            })
+        })
+        .await?;
+        let mut out = BTreeMap::new();
+        let mut errors = Vec::new();
+        for (r, t) in results.into_iter().zip(&config.tenants) {
+            self.count_deploy(t.name.get_ref(), r.is_ok());
+            match r {
+                Ok(t) => {
+                    out.insert(t.name.clone(), Arc::new(t));
+                }
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if !errors.is_empty() {
+            anyhow::bail!(
+                "{} tenant(s) failed to load:\n  {}",
+                errors.len(),
+                errors.join("\n  ")
+            );
+        }
+        Ok(out)
+    }
+
+    async fn load_api_tenants(
+        &self,
+        manifest: &Manifest,
+    ) -> Result<BTreeMap<String, TenantRef>, anyhow::Error> {
+        let items: Vec<(String, StoredTenant, Version)> = manifest
+            .tenants
+            .iter()
+            .filter_map(|(n, t)| Some((n.clone(), t.clone(), t.current.clone()?)))
+            .collect();
+        for (name, ..) in &items {
+            self.metrics.tenant_label(name);
+        }
+        let this = self.loader();
+        let results = tokio::task::spawn_blocking(move || {
+            let cache = ModuleCache::default();
+            parallel(&items, |(name, stored, version)| {
+                this.load_version(name, &stored.spec, version, Carried::default(), &cache)
+            })
+        })
+        .await?;
+        let mut out = BTreeMap::new();
+        let mut errors = Vec::new();
+        for r in results {
+            match r {
+                Ok(t) => {
+                    out.insert(t.name.clone(), Arc::new(t));
+                }
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if !errors.is_empty() {
+            anyhow::bail!(
+                "{} deployed tenant(s) failed to load from {}:\n  {}",
+                errors.len(),
+                self.store.root().display(),
+                errors.join("\n  ")
+            );
+        }
+        Ok(out)
+    }
+
+    /// What blocking loads need, cloneable into `spawn_blocking`.
+    fn loader(&self) -> Loader {
+        Loader {
+            store: self.store.clone(),
+            engine: self.engine.clone(),
+            linkers: self.linkers.clone(),
+            pool: self.pool.clone(),
+            metrics: self.metrics.clone(),
+            max_upload: self.max_upload,
+        }
+    }
+
+    /// Refuses changes to tenants the config file owns.
+    fn check_api_owned(state: &State, name: &str) -> Result<(), ChangeError> {
+        if state
+            .config
+            .tenants
+            .iter()
+            .any(|t| t.name.get_ref() == name)
+        {
+            let file = state.config_path.as_ref().map_or_else(
+                || config::DEMO_CONFIG_NAME.to_string(),
+                |p| p.display().to_string(),
+            );
+            return Err(ChangeError::Conflict(format!(
+                "tenant {name:?} is declared in the config file ({file}); change it there and \
+                 reload (SIGHUP), or deploy under another name"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Creates a tenant or changes its routes, env and limits (`PUT /admin/v1/tenants/{name}`).
+    /// Returns whether it was created.
+    ///
+    /// # Errors
+    /// `400` for invalid values, `409` for a route clash or a config-owned tenant.
+    pub async fn put_spec(&self, name: &str, spec: TenantSpec) -> Result<bool, ChangeError> {
+        let as_config = spec.to_config(name, "(admin API)");
+        config::validate_tenant(&as_config, &self.pool)
+            .map_err(|(_, m)| ChangeError::Invalid(m))?;
+        let mut state = self.state.lock().await;
+        Self::check_api_owned(&state, name)?;
+        let created = !state.manifest.tenants.contains_key(name);
+        let live = self.live.load_full();
+        let mut tenants = live.tenants.clone();
+        // A tenant that serves is rebuilt with the new spec around the module it runs.
+        if let Some(old) = live.tenants.get(name) {
+            let Origin::Api { version } = &old.origin else {
+                unreachable!("config tenants were refused above")
+            };
+            let t = tenant::prepare(
+                &self.linkers,
+                old.pre.module(),
+                &as_config,
+                Origin::Api {
+                    version: version.clone(),
+                },
+                old.assets.clone(),
+                Carried::from(old),
+                &self.pool,
+                &self.metrics,
+            )?;
+            tenants.insert(name.to_string(), Arc::new(t));
+        }
+        check_routes(&live, &state.manifest, name, &spec)?;
+        let mut manifest = state.manifest.clone();
+        let entry = manifest
+            .tenants
+            .entry(name.to_string())
+            .or_insert_with(|| StoredTenant {
+                spec: spec.clone(),
+                current: None,
+                previous: None,
+                created_at: store::now(),
+            });
+        entry.spec = spec;
+        self.store.save_manifest(&manifest).map_err(internal)?;
+        state.manifest = manifest;
+        if live.tenants.contains_key(name) {
+            self.publish(tenants)?;
+        }
+        tracing::info!(tenant = name, created, "tenant spec saved");
+        Ok(created)
+    }
+
+    /// Stores an assets archive after checking it (`POST /admin/v1/assets`); returns its hash
+    /// and what it holds.
+    ///
+    /// # Errors
+    /// `422` if it is not a tar archive of plain files and directories.
+    pub async fn put_assets(&self, archive: Bytes) -> Result<(String, Arc<Assets>), ChangeError> {
+        let (store, max) = (self.store.clone(), self.max_upload);
+        tokio::task::spawn_blocking(move || {
+            let assets = Assets::from_tar(&archive, max)
+                .map_err(|e| ChangeError::Unprocessable(e.to_string()))?;
+            let hash = store.put_blob(&archive).map_err(internal)?;
+            Ok((hash, Arc::new(assets)))
+        })
+        .await
+        .map_err(internal)?
+    }
+
+    /// Deploys a module (with optionally a stored assets archive) as the tenant's new version
+    /// (`PUT /admin/v1/tenants/{name}/module`).
+    ///
+    /// # Errors
+    /// `404` unknown tenant or assets, `409` config-owned, `400` not a valid module, `422`
+    /// a module Tern cannot run; the running version keeps serving on any error.
+    pub async fn deploy(
+        &self,
+        name: &str,
+        wasm: Bytes,
+        assets: Option<String>,
+    ) -> Result<Deployed, ChangeError> {
+        let result = self.deploy_inner(name, wasm, assets).await;
+        self.count_deploy(name, result.is_ok());
+        if let Err(e) = &result {
+            tracing::warn!(tenant = name, "deploy refused: {e}");
+        }
+        result
+    }
+
+    async fn deploy_inner(
+        &self,
+        name: &str,
+        wasm: Bytes,
+        assets: Option<String>,
+    ) -> Result<Deployed, ChangeError> {
+        check_wasm_header(&wasm)?;
+        if let Some(a) = &assets
+            && !self.store.has_blob(a)
+        {
+            return Err(ChangeError::NotFound(format!(
+                "no assets archive {a:?} is stored; upload it with POST /admin/v1/assets first"
+            )));
+        }
+        let spec = {
+            let state = self.state.lock().await;
+            Self::check_api_owned(&state, name)?;
+            state.manifest.tenants.get(name).map(|t| t.spec.clone())
+        }
+        .ok_or_else(|| {
+            ChangeError::NotFound(format!(
+                "no tenant {name:?}; create it first with PUT /admin/v1/tenants/{name}"
+            ))
+        })?;
+
+        // Store and compile off the reactor, outside the change lock.
+        let this = self.loader();
+        let (n, live, spec2) = (name.to_string(), self.live.load_full(), spec.clone());
+        let tenant = tokio::task::spawn_blocking(move || {
+            let spec = spec2;
+            let started = Instant::now();
+            let module_hash = this.store.put_blob(&wasm).map_err(internal)?;
+            let loaded = artifact::load_wasm(
+                &this.engine,
+                &wasm,
+                "the uploaded module",
+                &this.store.artifacts(),
+            )
+            .map_err(|source| TenantError::Artifact {
+                tenant: n.clone(),
+                source,
+            })?;
+            let compiled = loaded.compiled_in.unwrap_or(Duration::ZERO);
+            if loaded.compiled_in.is_some() {
+                this.metrics.compile.observe(compiled.as_secs_f64());
+            }
+            let version = Version {
+                id: Version::id_of(&module_hash, assets.as_deref()),
+                module: module_hash.clone(),
+                module_bytes: wasm.len() as u64,
+                assets: assets.clone(),
+                deployed_at: store::now(),
+                compile_ms: compiled.as_secs_f64() * 1e3,
+            };
+            let cache = ModuleCache::default();
+            cache
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(module_hash, loaded.module);
+            let carried = live
+                .tenants
+                .get(&n)
+                .map(|t| Carried::from(t))
+                .unwrap_or_default();
+            let t = this.load_version(&n, &spec, &version, carried, &cache)?;
+            tracing::debug!(tenant = %n, "deploy prepared in {:?}", started.elapsed());
+            Ok::<_, ChangeError>(t)
+        })
+        .await
+        .map_err(internal)??;
+
+        let mut state = self.state.lock().await;
+        let Some(stored) = state.manifest.tenants.get(name) else {
+            return Err(ChangeError::NotFound(format!(
+                "tenant {name:?} was deleted during the deploy"
+            )));
+        };
+        // The routes may have changed while this compiled: rebuild around the latest spec.
+        let tenant = if stored.spec != spec {
+            let config = stored.spec.to_config(name, "(admin API)");
+            tenant::prepare(
+                &self.linkers,
+                tenant.pre.module(),
+                &config,
+                tenant.origin.clone(),
+                tenant.assets.clone(),
+                Carried::from(&tenant),
+                &self.pool,
+                &self.metrics,
+            )?
+        } else {
+            tenant
+        };
+        let Origin::Api { version } = tenant.origin.clone() else {
+            unreachable!("loaded as an API tenant")
+        };
+        let mut tenants = self.live.load().tenants.clone();
+        tenants.insert(name.to_string(), Arc::new(tenant));
+        let live = Self::table(tenants.into_values())?;
+
+        let mut manifest = state.manifest.clone();
+        let entry = manifest.tenants.get_mut(name).expect("checked above");
+        let previous = entry.current.take();
+        // Deploying the version that serves keeps the one before it for rollback.
+        entry.previous = match previous.clone() {
+            Some(p) if p.id == version.id => entry.previous.take(),
+            p => p,
+        };
+        entry.current = Some(version.clone());
+        self.store.save_manifest(&manifest).map_err(internal)?;
+        state.manifest = manifest;
+        self.live.store(Arc::new(live));
+        tracing::info!(
+            tenant = name,
+            version = %version.id,
+            bytes = version.module_bytes,
+            compile_ms = version.compile_ms,
+            "deployed"
+        );
+        Ok(Deployed { version, previous })
+    }
+
+    /// Makes the previous version current again (and the current one previous, so a second
+    /// rollback undoes the first).
+    ///
+    /// # Errors
+    /// `404` unknown tenant, `409` nothing to roll back to or config-owned.
+    pub async fn rollback(&self, name: &str) -> Result<Deployed, ChangeError> {
+        let mut state = self.state.lock().await;
+        Self::check_api_owned(&state, name)?;
+        let stored = state
+            .manifest
+            .tenants
+            .get(name)
+            .ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?
+            .clone();
+        let Some(target) = stored.previous.clone() else {
+            return Err(ChangeError::Conflict(format!(
+                "tenant {name:?} has no previous version to roll back to"
+            )));
+        };
+        let this = self.loader();
+        let live = self.live.load_full();
+        let (n, spec, t2) = (name.to_string(), stored.spec.clone(), target.clone());
+        let tenant = tokio::task::spawn_blocking(move || {
+            let carried = live
+                .tenants
+                .get(&n)
+                .map(|t| Carried::from(t))
+                .unwrap_or_default();
+            this.load_version(&n, &spec, &t2, carried, &ModuleCache::default())
+        })
+        .await
+        .map_err(internal)??;
+        let mut tenants = self.live.load().tenants.clone();
+        tenants.insert(name.to_string(), Arc::new(tenant));
+        let live = Self::table(tenants.into_values())?;
+        let mut manifest = state.manifest.clone();
+        let entry = manifest.tenants.get_mut(name).expect("checked above");
+        entry.previous = entry.current.take();
+        entry.current = Some(target.clone());
+        self.store.save_manifest(&manifest).map_err(internal)?;
+        state.manifest = manifest;
+        self.live.store(Arc::new(live));
+        tracing::info!(tenant = name, version = %target.id, "rolled back");
+        Ok(Deployed {
+            version: target,
+            previous: stored.current,
+        })
+    }
+
+    /// Removes an API tenant: it stops being routed at once; requests running finish.
+    ///
+    /// # Errors
+    /// `404` unknown tenant, `409` config-owned.
+    pub async fn delete(&self, name: &str) -> Result<(), ChangeError> {
+        let mut state = self.state.lock().await;
+        Self::check_api_owned(&state, name)?;
+        if !state.manifest.tenants.contains_key(name) {
+            return Err(ChangeError::NotFound(format!("no tenant {name:?}")));
+        }
+        let mut manifest = state.manifest.clone();
+        manifest.tenants.remove(name);
+        let mut tenants = self.live.load().tenants.clone();
+        tenants.remove(name);
+        self.store.save_manifest(&manifest).map_err(internal)?;
+        state.manifest = manifest;
+        self.publish(tenants)?;
+        tracing::info!(tenant = name, "deleted");
+        Ok(())
+    }
+
+    /// Re-reads the config file and swaps in its tenants (routes, limits, env, modules).
+    /// Returns how many config tenants now serve.
+    ///
+    /// # Errors
+    /// If the file is invalid, a tenant fails to load, or a name or route clashes with an
+    /// API tenant; the running tenants then keep serving.
+    pub async fn reload(&self) -> Result<usize, ChangeError> {
+        let mut state = self.state.lock().await;
+        let Some(path) = state.config_path.clone() else {
+            return Err(ChangeError::Conflict(
+                "the server runs the built-in demo config; start it with --config to reload".into(),
+            ));
+        };
+        let config = Config::load(&path).map_err(|e| ChangeError::Invalid(e.to_string()))?;
+        if config.server != state.config.server || config.pool != state.config.pool {
+            tracing::warn!(
+                "[server] and [pool] changes take effect at the next restart; reloading tenants only"
+            );
+        }
+        for t in &config.tenants {
+            if state.manifest.tenants.contains_key(t.name.get_ref()) {
+                return Err(ChangeError::Conflict(format!(
+                    "tenant {:?} is also deployed through the admin API; delete it there or \
+                     rename it in the file",
+                    t.name.get_ref()
+                )));
+            }
+        }
+        let mut tenants = self
+            .load_config_tenants(&config)
+            .await
+            .map_err(|e| ChangeError::Unprocessable(format!("{e:#}").replace("\n  ", "; ")))?;
+        let n = tenants.len();
+        for (name, t) in self.live.load().tenants.iter() {
+            if matches!(t.origin, Origin::Api { .. }) {
+                tenants.insert(name.clone(), t.clone());
+            }
+        }
+        self.publish(tenants)?;
+        state.config.tenants = config.tenants;
+        state.config.base_dir = config.base_dir;
+        tracing::info!(config = %path.display(), tenants = n, "config reloaded");
+        Ok(n)
+    }
+
+    /// JSON description of one tenant or of all (`GET /admin/v1/tenants[/{name}]`).
+    ///
+    /// # Errors
+    /// `404` for an unknown name.
+    pub async fn describe(&self, name: Option<&str>) -> Result<Value, ChangeError> {
+        let state = self.state.lock().await;
+        let live = self.live.load();
+        let mut out = Vec::new();
+        for t in &state.config.tenants {
+            let n = t.name.get_ref();
+            if name.is_none_or(|x| x == n) {
+                out.push(describe_tenant(n, live.tenants.get(n), None, &self.pool, t));
+            }
+        }
+        for (n, stored) in &state.manifest.tenants {
+            if name.is_none_or(|x| x == n) {
+                let config = stored.spec.to_config(n, "");
+                out.push(describe_tenant(
+                    n,
+                    live.tenants.get(n),
+                    Some(stored),
+                    &self.pool,
+                    &config,
+                ));
+            }
+        }
+        match name {
+            None => Ok(json!({ "tenants": out })),
+            Some(n) => out
+                .pop()
+                .ok_or_else(|| ChangeError::NotFound(format!("no tenant {n:?}"))),
+        }
+    }
+}
+
+/// Checks that `name` with `spec` claims no route another tenant has: a serving one, or one
+/// created through the API that has no module yet (its routes are reserved too).
+fn check_routes(
+    live: &Live,
+    manifest: &Manifest,
+    name: &str,
+    spec: &TenantSpec,
+) -> Result<(), ChangeError> {
+    fn strs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let serving = live
+        .tenants
+        .values()
+        .filter(|t| t.name != name)
+        .map(|t| (t.name.as_str(), strs(&t.hosts), strs(&t.paths), ()));
+    let pending = manifest
+        .tenants
+        .iter()
+        .filter(|(n, t)| *n != name && t.current.is_none())
+        .map(|(n, t)| (n.as_str(), strs(&t.spec.hosts), strs(&t.spec.paths), ()));
+    let this = std::iter::once((name, strs(&spec.hosts), strs(&spec.paths), ()));
+    Router::build(serving.chain(pending).chain(this))?;
+    Ok(())
+}
+
+/// A `.wasm` upload's first bytes: a core module, not an artifact, a component or text.
+fn check_wasm_header(wasm: &[u8]) -> Result<(), ChangeError> {
+    if wasm.is_empty() {
+        return Err(ChangeError::Invalid(
+            "the request body is empty; send the .wasm file as the body".into(),
+        ));
+    }
+    if wasm.starts_with(b"\x7fELF") {
+        return Err(ChangeError::Invalid(
+            "this is a compiled artifact; upload the .wasm module (the server compiles it)".into(),
+        ));
+    }
+    if !wasm.starts_with(b"\0asm") {
+        return Err(ChangeError::Invalid(
+            "not a WebAssembly module: it does not start with the `\\0asm` magic bytes".into(),
+        ));
+    }
+    if wasm.len() < 8 {
+        return Err(ChangeError::Invalid(
+            "truncated WebAssembly module: no version after the magic bytes".into(),
+        ));
+    }
+    if wasm[4..8] != [1, 0, 0, 0] {
+        return Err(ChangeError::Unprocessable(
+            "this is a WebAssembly component, not a core module; build the handler for \
+             wasm32-wasip1 with the Tern guest SDK"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The loading half of a deploy, rollback or start-up, cloneable into blocking threads.
+struct Loader {
+    store: Store,
+    engine: Engine,
+    linkers: Linkers,
+    pool: PoolConfig,
+    metrics: Metrics,
+    max_upload: u64,
+}
+
+impl Loader {
+    /// Loads a stored version: its artifact by mmap (compiled again from the stored `.wasm`
+    /// only if this engine cannot use it) and its assets into memory.
+    fn load_version(
+        &self,
+        name: &str,
+        spec: &TenantSpec,
+        version: &Version,
+        carried: Carried,
+        cache: &ModuleCache,
+    ) -> Result<Tenant, ChangeError> {
+        let module = self.module(name, &version.module, cache)?;
+        let assets = match &version.assets {
+            None => None,
+            Some(hash) => {
+                let archive = self.store.read_blob(hash).map_err(internal)?;
+                let assets = Assets::from_tar(&archive, self.max_upload).map_err(|source| {
+                    TenantError::Assets {
+                        tenant: name.to_string(),
+                        source,
+                    }
+                })?;
+                Some(Arc::new(assets))
+            }
+        };
+        let config = spec.to_config(name, &format!("sha256:{}", version.module));
+        let origin = Origin::Api {
+            version: version.clone(),
+        };
+        Ok(tenant::prepare(
+            &self.linkers,
+            &module,
+            &config,
+            origin,
+            assets,
+            carried,
+            &self.pool,
+            &self.metrics,
+        )?)
+    }
+
+    fn module(&self, name: &str, hash: &str, cache: &ModuleCache) -> Result<Module, ChangeError> {
+        if let Some(m) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(hash) {
+            return Ok(m.clone());
+        }
+        let path = artifact::artifact_path(&self.engine, &self.store.artifacts(), hash);
+        let module = match artifact::load_cwasm(&self.engine, &path) {
+            Ok(m) => m,
+            Err(e) => {
+                if path.exists() {
+                    tracing::warn!(tenant = name, "recompiling: {e}");
+                }
+                let wasm = self.store.read_blob(hash).map_err(internal)?;
+                let loaded = artifact::load_wasm(
+                    &self.engine,
+                    &wasm,
+                    &format!("tenant {name:?}"),
+                    &self.store.artifacts(),
+                )
+                .map_err(|source| TenantError::Artifact {
+                    tenant: name.to_string(),
+                    source,
+                })?;
+                if let Some(d) = loaded.compiled_in {
+                    self.metrics.compile.observe(d.as_secs_f64());
+                }
+                loaded.module
+            }
+        };
+        cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(hash.to_string(), module.clone());
+        Ok(module)
+    }
+}
+
+fn describe_tenant(
+    name: &str,
+    live: Option<&TenantRef>,
+    stored: Option<&StoredTenant>,
+    pool: &PoolConfig,
+    config: &TenantConfig,
+) -> Value {
+    let limits = tenant::Limits::from_config(&config.limits, pool);
+    let served = live.map(|t| t.served.get()).unwrap_or_default();
+    let (source, module) = match stored {
+        None => ("config", Some(config.module.get_ref().clone())),
+        Some(_) => ("api", None),
+    };
+    json!({
+        "name": name,
+        "source": source,
+        "serving": live.is_some(),
+        "hosts": config.hosts.iter().map(|h| h.get_ref()).collect::<Vec<_>>(),
+        "paths": config.paths.iter().map(|p| p.get_ref()).collect::<Vec<_>>(),
+        // Values may be secrets: the API shows only the names.
+        "env": config.env.keys().collect::<Vec<_>>(),
+        "limits": {
+            "timeout_ms": limits.timeout.as_millis() as u64,
+            "max_memory_mib": limits.max_memory / (1024 * 1024),
+            "max_request_bytes": limits.max_request_bytes,
+            "max_response_bytes": limits.max_response_bytes,
+            "max_concurrency": limits.max_concurrency,
+        },
+        "module": module,
+        "current": stored.and_then(|s| s.current.as_ref()),
+        "previous": stored.and_then(|s| s.previous.as_ref()),
+        "created_at": stored.map(|s| s.created_at),
+        "spec": stored.map(|s| &s.spec),
+        "assets": live.and_then(|t| t.assets.as_ref()).map(|a| json!({
+            "entries": a.entries(),
+            "bytes": a.bytes(),
+        })),
+        "requests": {
+            "total": served.iter().sum::<u64>(),
+            "1xx": served[0], "2xx": served[1], "3xx": served[2], "4xx": served[3],
+            "5xx": served[4],
+        },
+    })
+}

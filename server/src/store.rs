@@ -1,0 +1,459 @@
+//! The durable store (`--data-dir`): content-addressed modules and asset archives, their
+//! compiled artifacts, the manifest of tenants deployed through the admin API, and the admin
+//! token.
+//!
+//! ```text
+//! <data-dir>/manifest.json            tenants, their routes, limits and versions
+//! <data-dir>/blobs/<sha256>           uploaded .wasm modules and asset archives
+//! <data-dir>/artifacts/<sha256>-<engine>.cwasm   sealed compiled modules (mmapped)
+//! <data-dir>/admin-token              generated admin token (mode 0600)
+//! ```
+//!
+//! Every file is written atomically (temp file, fsync, rename, fsync the directory) and blobs
+//! and artifacts are written before the manifest that names them, so a crash at any moment
+//! leaves the old manifest or the new one, each naming only complete files. Leftover temp
+//! files of an interrupted write are removed when the store is opened.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::artifact::{self, ArtifactError};
+use crate::config::{LimitsConfig, TenantConfig};
+
+/// Format version of `manifest.json`.
+pub const MANIFEST_FORMAT: u32 = 1;
+
+/// Why the store could not be opened or read.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A file or directory could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// `manifest.json` is not a manifest this server understands.
+    #[error("{path}: not a valid Tern manifest: {reason}")]
+    Manifest {
+        /// The manifest file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// The tenants deployed through the admin API, and their versions.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// [`MANIFEST_FORMAT`].
+    pub format: u32,
+    /// By tenant name.
+    pub tenants: BTreeMap<String, StoredTenant>,
+}
+
+impl Default for Manifest {
+    fn default() -> Self {
+        Self {
+            format: MANIFEST_FORMAT,
+            tenants: BTreeMap::new(),
+        }
+    }
+}
+
+/// One API-managed tenant.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredTenant {
+    /// Routes, env and limits.
+    pub spec: TenantSpec,
+    /// The version serving requests; `None` until a module is deployed (the tenant is not
+    /// routed until then).
+    pub current: Option<Version>,
+    /// The version before it, which `rollback` returns to.
+    pub previous: Option<Version>,
+    /// When the tenant was created (Unix seconds).
+    pub created_at: u64,
+}
+
+/// What the admin API accepts to create or change a tenant (`PUT /admin/v1/tenants/{name}`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSpec {
+    /// Host names routed to the tenant (exact or `*.suffix`); empty means any host.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Path prefixes routed to the tenant; empty means `/`.
+    #[serde(default)]
+    pub paths: Vec<String>,
+    /// Environment variables its guests see.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Per-request limits (any field left out keeps its default).
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+impl TenantSpec {
+    /// The equivalent config-file tenant, so the API and the file share validation and loading.
+    pub fn to_config(&self, name: &str, module: &str) -> TenantConfig {
+        let spanned = |s: &str| toml::Spanned::new(0..0, s.to_string());
+        TenantConfig {
+            name: spanned(name),
+            module: spanned(module),
+            hosts: self.hosts.iter().map(|h| spanned(h)).collect(),
+            paths: self.paths.iter().map(|p| spanned(p)).collect(),
+            env: self.env.clone(),
+            assets: None,
+            limits: self.limits.clone(),
+        }
+    }
+}
+
+/// One deployed version of a tenant: a module and, optionally, an assets archive.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Version {
+    /// The version id: the module's SHA-256, or with assets the SHA-256 of both hashes.
+    pub id: String,
+    /// SHA-256 of the `.wasm` (its blob name).
+    pub module: String,
+    /// Size of the `.wasm` in bytes.
+    pub module_bytes: u64,
+    /// SHA-256 of the assets archive (its blob name), if any.
+    pub assets: Option<String>,
+    /// When it was deployed (Unix seconds).
+    pub deployed_at: u64,
+    /// Compile time when it was deployed, in milliseconds (0 if the artifact existed).
+    pub compile_ms: f64,
+}
+
+impl Version {
+    /// The id of a module + assets pair.
+    pub fn id_of(module: &str, assets: Option<&str>) -> String {
+        match assets {
+            None => module.to_string(),
+            Some(a) => artifact::hex(&Sha256::digest(format!("{module}+{a}"))),
+        }
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The data directory on disk.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `root` and removes temp files left by an
+    /// interrupted write.
+    ///
+    /// # Errors
+    /// If the directories cannot be created or listed.
+    pub fn open(root: &Path) -> Result<Self, StoreError> {
+        let store = Self {
+            root: root.to_path_buf(),
+        };
+        for dir in [store.root.clone(), store.blobs(), store.artifacts()] {
+            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+            for entry in std::fs::read_dir(&dir).map_err(io_err(&dir))? {
+                let entry = entry.map_err(io_err(&dir))?;
+                let name = entry.file_name();
+                if artifact::is_temp_name(&name.to_string_lossy()) {
+                    let path = entry.path();
+                    tracing::warn!(file = %path.display(), "removing a leftover temp file of an interrupted write");
+                    std::fs::remove_file(&path).map_err(io_err(&path))?;
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    /// The data directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn blobs(&self) -> PathBuf {
+        self.root.join("blobs")
+    }
+
+    /// Where compiled artifacts live.
+    pub fn artifacts(&self) -> PathBuf {
+        self.root.join("artifacts")
+    }
+
+    fn manifest_path(&self) -> PathBuf {
+        self.root.join("manifest.json")
+    }
+
+    /// The path of the blob with this SHA-256.
+    pub fn blob_path(&self, hash: &str) -> PathBuf {
+        self.blobs().join(hash)
+    }
+
+    /// Whether a blob with this SHA-256 is stored.
+    pub fn has_blob(&self, hash: &str) -> bool {
+        is_hash(hash) && self.blob_path(hash).is_file()
+    }
+
+    /// Stores `bytes` under their SHA-256 (once) and returns the hash.
+    ///
+    /// # Errors
+    /// If the blob cannot be written.
+    pub fn put_blob(&self, bytes: &[u8]) -> Result<String, ArtifactError> {
+        let hash = artifact::hex(&Sha256::digest(bytes));
+        let path = self.blob_path(&hash);
+        let complete = std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64);
+        if !complete {
+            artifact::write_atomic(&path, bytes)?;
+        }
+        Ok(hash)
+    }
+
+    /// Reads a blob and checks it still has its hash.
+    ///
+    /// # Errors
+    /// If it is missing, unreadable or damaged.
+    pub fn read_blob(&self, hash: &str) -> Result<Vec<u8>, StoreError> {
+        let path = self.blob_path(hash);
+        let bytes = std::fs::read(&path).map_err(io_err(&path))?;
+        if artifact::hex(&Sha256::digest(&bytes)) != hash {
+            return Err(StoreError::Io {
+                path: path.display().to_string(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "contents do not match their hash",
+                ),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Reads `manifest.json` (an empty manifest if there is none yet).
+    ///
+    /// # Errors
+    /// If it cannot be read or is not a manifest of this format.
+    pub fn load_manifest(&self) -> Result<Manifest, StoreError> {
+        let path = self.manifest_path();
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Manifest::default()),
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        let bad = |reason: String| StoreError::Manifest {
+            path: path.display().to_string(),
+            reason,
+        };
+        let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+        if manifest.format != MANIFEST_FORMAT {
+            return Err(bad(format!(
+                "format {} (this server reads format {MANIFEST_FORMAT})",
+                manifest.format
+            )));
+        }
+        Ok(manifest)
+    }
+
+    /// Writes `manifest.json` atomically.
+    ///
+    /// # Errors
+    /// If it cannot be written; the old manifest is then still in place.
+    pub fn save_manifest(&self, manifest: &Manifest) -> Result<(), ArtifactError> {
+        let mut text = serde_json::to_vec_pretty(manifest).expect("a manifest serialises");
+        text.push(b'\n');
+        artifact::write_atomic(&self.manifest_path(), &text)
+    }
+
+    /// Removes blobs and artifacts no version in `manifest` refers to (deleted tenants,
+    /// versions older than `previous`). Returns how many files were removed.
+    pub fn collect_garbage(&self, manifest: &Manifest) -> usize {
+        let mut keep = std::collections::HashSet::new();
+        for t in manifest.tenants.values() {
+            for v in t.current.iter().chain(&t.previous) {
+                keep.insert(v.module.clone());
+                keep.extend(v.assets.clone());
+            }
+        }
+        let mut removed = 0;
+        for dir in [self.blobs(), self.artifacts()] {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let hash = name.split(['-', '.']).next().unwrap_or("");
+                if is_hash(hash)
+                    && !keep.contains(hash)
+                    && std::fs::remove_file(entry.path()).is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+}
+
+/// Whether `s` is a lowercase hex SHA-256 (so it is safe as a file name).
+pub fn is_hash(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The default data directory: `$TERN_DATA_DIR`, `$XDG_DATA_HOME/tern`, or
+/// `~/.local/share/tern`.
+pub fn default_data_dir() -> PathBuf {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(dir) = var("TERN_DATA_DIR") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = var("XDG_DATA_HOME") {
+        return PathBuf::from(dir).join("tern");
+    }
+    match var("HOME") {
+        Some(home) => PathBuf::from(home).join(".local/share/tern"),
+        None => std::env::temp_dir().join("tern-data"),
+    }
+}
+
+/// The admin token and, if it was generated, the file it was written to.
+#[derive(Debug, Clone)]
+pub struct AdminToken {
+    /// The token.
+    pub token: String,
+    /// Where a generated token was written.
+    pub file: Option<PathBuf>,
+}
+
+/// The admin token: `TERN_ADMIN_TOKEN`, else `configured`, else a new random one written to
+/// `<data-dir>/admin-token` with mode 0600.
+///
+/// # Errors
+/// If a token must be generated and cannot be written.
+pub fn admin_token(configured: &str, data_dir: &Path) -> Result<AdminToken, StoreError> {
+    if let Some(t) = std::env::var("TERN_ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+    {
+        return Ok(AdminToken {
+            token: t,
+            file: None,
+        });
+    }
+    if !configured.is_empty() {
+        return Ok(AdminToken {
+            token: configured.to_string(),
+            file: None,
+        });
+    }
+    let mut bytes = [0u8; 32];
+    let urandom = Path::new("/dev/urandom");
+    std::fs::File::open(urandom)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(io_err(urandom))?;
+    let token = artifact::hex(&bytes);
+    let path = data_dir.join("admin-token");
+    write_private(&path, format!("{token}\n").as_bytes()).map_err(io_err(&path))?;
+    Ok(AdminToken {
+        token,
+        file: Some(path),
+    })
+}
+
+/// Writes a file only its owner can read, atomically.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".admin-token.tmp-{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blobs_are_content_addressed_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let hash = store.put_blob(b"hello").unwrap();
+        assert!(is_hash(&hash) && store.has_blob(&hash));
+        assert_eq!(store.read_blob(&hash).unwrap(), b"hello");
+        std::fs::write(store.blob_path(&hash), b"hellO").unwrap();
+        assert!(store.read_blob(&hash).is_err());
+        assert!(!store.has_blob("../manifest.json"));
+    }
+
+    #[test]
+    fn leftover_temp_files_are_removed_and_the_manifest_survives() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut m = Manifest::default();
+        m.tenants.insert(
+            "a".into(),
+            StoredTenant {
+                spec: TenantSpec::default(),
+                current: None,
+                previous: None,
+                created_at: 1,
+            },
+        );
+        store.save_manifest(&m).unwrap();
+        // A crash between writing a temp file and renaming it.
+        std::fs::write(dir.path().join(".manifest.json.tmp-1-0"), b"{ torn").unwrap();
+        std::fs::write(dir.path().join("blobs/.x.tmp-1-0"), b"torn").unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert!(!dir.path().join(".manifest.json.tmp-1-0").exists());
+        assert!(!dir.path().join("blobs/.x.tmp-1-0").exists());
+        assert_eq!(store.load_manifest().unwrap().tenants.len(), 1);
+    }
+
+    #[test]
+    fn generated_tokens_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let t = admin_token("", dir.path()).unwrap();
+        let Some(file) = t.file else {
+            // TERN_ADMIN_TOKEN is set in this environment: no file is written.
+            assert_eq!(Some(t.token), std::env::var("TERN_ADMIN_TOKEN").ok());
+            return;
+        };
+        assert_eq!(t.token.len(), 64);
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read_to_string(file).unwrap().trim(), t.token);
+        if std::env::var_os("TERN_ADMIN_TOKEN").is_none() {
+            assert_eq!(admin_token("fixed", dir.path()).unwrap().token, "fixed");
+        }
+    }
+}

@@ -1,0 +1,683 @@
+//! Tenants at runtime: the admin API (deploy, rollback, delete, create, list), its token, bad
+//! uploads, the durable store across restarts and crashes, and config reloads.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use serde_json::json;
+
+use crate::support::{self, ADMIN_TOKEN, Conn, TestServer, send};
+
+fn demo(name: &str) -> &'static [u8] {
+    tern::demo::module(name).expect("demo guest")
+}
+
+const HELLO: &str = "Hello from Tern!\n";
+
+#[tokio::test]
+async fn deploy_over_http_then_call_the_tenant() {
+    let s = TestServer::start("").await;
+    assert_eq!(s.get("/app").await.status, StatusCode::NOT_FOUND);
+    let v = s.deploy("app", "/app", demo("hello")).await;
+    let version = v["version"].as_str().unwrap();
+    assert_eq!(version.len(), 64, "{v}");
+    assert!(
+        v["module_bytes"].as_u64().unwrap() > 0 && v["previous"].is_null(),
+        "{v}"
+    );
+    assert_eq!(s.get("/app/x").await.text(), HELLO);
+
+    let (status, list) = s.admin_call(Method::GET, "/admin/v1/tenants", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let t = &list["tenants"][0];
+    assert_eq!(
+        (t["name"].as_str(), t["source"].as_str()),
+        (Some("app"), Some("api"))
+    );
+    assert_eq!(t["current"]["id"], version);
+    assert_eq!(t["paths"], json!(["/app"]));
+    assert_eq!(t["requests"]["2xx"], 1, "{t}");
+    let (status, one) = s.admin_call(Method::GET, "/admin/v1/tenants/app", "").await;
+    assert_eq!((status, &one["name"]), (StatusCode::OK, &json!("app")));
+    let (status, _) = s
+        .admin_call(Method::GET, "/admin/v1/tenants/nope", "")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn redeploys_under_load_fail_no_request() {
+    let s = TestServer::start("").await;
+    s.deploy("app", "/app", demo("hello")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut load = Vec::new();
+    for _ in 0..4 {
+        let (addr, stop, ok, failed) = (s.addr(), stop.clone(), ok.clone(), failed.clone());
+        load.push(tokio::spawn(async move {
+            let mut conn = Conn::open(addr).await;
+            while !stop.load(Ordering::Relaxed) {
+                let r = conn.get("/app").await;
+                if r.status == StatusCode::OK {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    // Alternate two versions while the load runs: every request must succeed.
+    for i in 0..6 {
+        let wasm = if i % 2 == 0 {
+            demo("counter")
+        } else {
+            demo("hello")
+        };
+        let (status, v) = s
+            .admin_call(Method::PUT, "/admin/v1/tenants/app/module", wasm.to_vec())
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    assert_eq!(failed.load(Ordering::Relaxed), 0);
+    assert!(ok.load(Ordering::Relaxed) > 0);
+}
+
+#[tokio::test]
+async fn rollback_returns_to_the_previous_version_and_back() {
+    let s = TestServer::start("").await;
+    let first = s.deploy("app", "/app", demo("hello")).await;
+    let second = s.deploy("app", "/app", demo("counter")).await;
+    assert_eq!(second["previous"], first["version"]);
+    assert_ne!(s.get("/app").await.text(), HELLO);
+    let (status, v) = s
+        .admin_call(Method::POST, "/admin/v1/tenants/app/rollback", "")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["version"], first["version"]);
+    assert_eq!(s.get("/app").await.text(), HELLO);
+    // A second rollback undoes the first.
+    s.admin_call(Method::POST, "/admin/v1/tenants/app/rollback", "")
+        .await;
+    assert_ne!(s.get("/app").await.text(), HELLO);
+
+    s.deploy("solo", "/solo", demo("hello")).await;
+    let (status, v) = s
+        .admin_call(Method::POST, "/admin/v1/tenants/solo/rollback", "")
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("no previous version"));
+
+    let (status, _) = s
+        .admin_call(Method::DELETE, "/admin/v1/tenants/app", "")
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(s.get("/app").await.status, StatusCode::NOT_FOUND);
+    let (status, _) = s
+        .admin_call(Method::DELETE, "/admin/v1/tenants/app", "")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn bad_uploads_are_refused_and_the_running_version_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        "[pool]\ninstances = 8\nmax_memory_mib = 64\n[server]\nmax_upload_bytes = 300000\n";
+    let s = TestServer::try_start_in(dir, config).await.unwrap();
+    s.deploy("app", "/app", demo("hello")).await;
+    let hello = demo("hello");
+    let wat = |w: &str| wat::parse_str(w).unwrap();
+    let cases: Vec<(&str, Vec<u8>, StatusCode, &str)> = vec![
+        (
+            "text",
+            b"hello world".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "not a WebAssembly module",
+        ),
+        ("empty", Vec::new(), StatusCode::BAD_REQUEST, "empty"),
+        (
+            "truncated",
+            hello[..hello.len() / 2].to_vec(),
+            StatusCode::BAD_REQUEST,
+            "not a valid WebAssembly module",
+        ),
+        (
+            "too large",
+            vec![0u8; 400_000],
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "larger than",
+        ),
+        (
+            "artifact",
+            b"\x7fELF\x02\x01\x01\0".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "compiled artifact",
+        ),
+        (
+            "component",
+            b"\0asm\x0d\0\x01\0".to_vec(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "component",
+        ),
+        (
+            "unknown import",
+            wat(
+                r#"(module (import "env" "socket" (func)) (memory (export "memory") 1) (func (export "_start")))"#,
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "env::socket",
+        ),
+        (
+            "no handler",
+            wat(r#"(module (memory (export "memory") 1))"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "_start",
+        ),
+    ];
+    for (what, body, want, message) in cases {
+        let (status, v) = s
+            .admin_call(Method::PUT, "/admin/v1/tenants/app/module", body)
+            .await;
+        assert_eq!(status, want, "{what}: {v}");
+        let error = v["error"].as_str().unwrap_or_default();
+        assert!(error.contains(message), "{what}: {error}");
+        assert_eq!(s.get("/app").await.text(), HELLO, "after {what}");
+    }
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains(r#"tern_deploys_total{outcome="error",tenant="app"} 7"#),
+        "{metrics}"
+    );
+    // Unknown tenants and bad specs.
+    let (status, _) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/ghost/module",
+            hello.to_vec(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    for spec in [r#"{"paths": ["nope"]}"#, r#"{"bogus": 1}"#, "not json"] {
+        let (status, v) = s.admin_call(Method::PUT, "/admin/v1/tenants/x", spec).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{spec}: {v}");
+    }
+    let (status, _) = s
+        .admin_call(Method::PUT, "/admin/v1/tenants/bad%20name", "{}")
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn route_clashes_and_config_tenants_are_409() {
+    let s = TestServer::start(
+        "[[tenant]]\nname = \"hello\"\nmodule = \"builtin:hello\"\npaths = [\"/hello\"]\n",
+    )
+    .await;
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/intruder",
+            r#"{"paths": ["/hello/"]}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("\"hello\""), "{v}");
+    for (method, path) in [
+        (Method::PUT, "/admin/v1/tenants/hello/module"),
+        (Method::DELETE, "/admin/v1/tenants/hello"),
+        (Method::POST, "/admin/v1/tenants/hello/rollback"),
+    ] {
+        let (status, v) = s.admin_call(method, path, demo("json").to_vec()).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{path}: {v}");
+        assert!(v["error"].as_str().unwrap().contains("config file"), "{v}");
+    }
+    // A tenant created without a module reserves its routes too.
+    let (status, _) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/a",
+            r#"{"hosts": ["a.test"]}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/b",
+            r#"{"hosts": ["A.test"]}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/a",
+            r#"{"hosts": ["a.test"], "paths": ["/v2"]}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(s.get("/hello").await.text(), HELLO);
+}
+
+#[tokio::test]
+async fn unauthorised_requests_are_refused_and_the_public_port_has_no_admin_api() {
+    let s = TestServer::start("").await;
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("test-admin-token"),
+        Some("Bearer "),
+    ] {
+        let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", *a)).collect();
+        let r = send(
+            s.admin(),
+            Method::GET,
+            "/admin/v1/tenants",
+            None,
+            &headers,
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{auth:?}");
+        assert!(r.header("www-authenticate").starts_with("Bearer"));
+        let r = send(
+            s.admin(),
+            Method::PUT,
+            "/admin/v1/tenants/x/module",
+            None,
+            &headers,
+            Bytes::from_static(demo("hello")),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    }
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let r = send(
+        s.addr(),
+        Method::GET,
+        "/admin/v1/tenants",
+        None,
+        &[("authorization", &auth)],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(
+        r.status,
+        StatusCode::NOT_FOUND,
+        "public listener: {}",
+        r.text()
+    );
+    assert!(!r.text().contains("tenants\""));
+}
+
+#[tokio::test]
+async fn restart_brings_every_tenant_back_without_recompiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("keep");
+    let config = "[pool]\ninstances = 8\nmax_memory_mib = 64\n";
+    // Two servers in turn on one data directory.
+    let start = |d: &std::path::Path| {
+        let mut c = tern::config::Config::parse(config, "t.toml", d.to_path_buf()).unwrap();
+        c.server.listen = "127.0.0.1:0".parse().unwrap();
+        c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
+        c.server.admin_token = ADMIN_TOKEN.into();
+        let opts = tern::server::StartOptions {
+            config_path: None,
+            data_dir: Some(data.clone()),
+        };
+        tern::server::start_with(c, opts)
+    };
+    let first = start(dir.path()).await.unwrap();
+    let call = |addr, method, path: &str, body: Vec<u8>| {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        let path = path.to_string();
+        async move {
+            send(
+                addr,
+                method,
+                &path,
+                None,
+                &[("authorization", &auth)],
+                Bytes::from(body),
+            )
+            .await
+        }
+    };
+    for (name, guest) in [("a", "hello"), ("b", "json")] {
+        let spec = format!(r#"{{"paths": ["/{name}"], "env": {{"K": "v"}}}}"#);
+        let r = call(
+            first.admin_addr,
+            Method::PUT,
+            &format!("/admin/v1/tenants/{name}"),
+            spec.into_bytes(),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+        let r = call(
+            first.admin_addr,
+            Method::PUT,
+            &format!("/admin/v1/tenants/{name}/module"),
+            demo(guest).to_vec(),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    first.shutdown.trigger();
+    first.wait().await;
+
+    let second = start(dir.path()).await.unwrap();
+    let r = send(second.addr, Method::GET, "/a", None, &[], Bytes::new()).await;
+    assert_eq!(r.text(), HELLO);
+    let r = send(
+        second.addr,
+        Method::POST,
+        "/b",
+        None,
+        &[],
+        Bytes::from_static(b"[1]"),
+    )
+    .await;
+    assert!(r.text().contains("\"array\""), "{}", r.text());
+    let metrics = send(
+        second.admin_addr,
+        Method::GET,
+        "/metrics",
+        None,
+        &[],
+        Bytes::new(),
+    )
+    .await
+    .text();
+    assert!(
+        metrics.contains("tern_module_compile_duration_seconds_count 0"),
+        "the restart recompiled: {}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("compile"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[tokio::test]
+async fn a_crash_between_writes_is_recovered_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = "[pool]\ninstances = 8\nmax_memory_mib = 64\n";
+    let s = TestServer::try_start_in(dir, config).await.unwrap();
+    s.deploy("app", "/app", demo("hello")).await;
+    let TestServer { running, dir } = s;
+    running.shutdown.trigger();
+    running.wait().await;
+    // What a kill -9 in the middle of a deploy leaves: temp files next to complete ones.
+    std::fs::write(
+        data.join(".manifest.json.tmp-99-0"),
+        b"{\"format\": 1, \"tena",
+    )
+    .unwrap();
+    std::fs::write(data.join("blobs/.0123.tmp-99-1"), b"\0asm\x01").unwrap();
+    std::fs::write(data.join("artifacts/.x.cwasm.tmp-99-2"), b"\x7fELF").unwrap();
+    let s = TestServer::try_start_in(dir, config).await.unwrap();
+    assert_eq!(s.get("/app").await.text(), HELLO);
+    for leftover in [
+        ".manifest.json.tmp-99-0",
+        "blobs/.0123.tmp-99-1",
+        "artifacts/.x.cwasm.tmp-99-2",
+    ] {
+        assert!(!data.join(leftover).exists(), "{leftover} was not removed");
+    }
+    // A damaged artifact is not trusted: the module is compiled again from the stored .wasm.
+    let TestServer { running, dir } = s;
+    running.shutdown.trigger();
+    running.wait().await;
+    for entry in std::fs::read_dir(data.join("artifacts")).unwrap() {
+        let path = entry.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let s = TestServer::try_start_in(dir, config).await.unwrap();
+    assert_eq!(s.get("/app").await.text(), HELLO);
+}
+
+#[tokio::test]
+async fn assets_are_served_from_memory_and_traversal_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = dir.path().join("site");
+    std::fs::create_dir_all(site.join("css")).unwrap();
+    std::fs::write(site.join("index.html"), "<h1>home</h1>").unwrap();
+    std::fs::write(site.join("css/site.css"), "body{}").unwrap();
+    std::fs::write(dir.path().join("secret.txt"), "top secret").unwrap();
+    let config = "[pool]\ninstances = 8\nmax_memory_mib = 64\n\
+        [[tenant]]\nname = \"site\"\nmodule = \"builtin:static\"\npaths = [\"/site\"]\nassets = \"site\"\n";
+    let s = TestServer::try_start_in(dir, config).await.unwrap();
+    let r = s.get("/site/").await;
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (StatusCode::OK, "<h1>home</h1>")
+    );
+    assert_eq!(r.header("content-type"), "text/html; charset=utf-8");
+    assert_eq!(s.get("/site/css/site.css").await.text(), "body{}");
+    assert_eq!(s.get("/site/nope.txt").await.status, StatusCode::NOT_FOUND);
+    // Climbing out of /assets: refused by the host, whatever the guest asks for.
+    for path in [
+        "/site/../secret.txt",
+        "/site/../../../etc/passwd",
+        "/site/css/../../secret.txt",
+    ] {
+        let reply = support::raw(
+            s.addr(),
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"),
+        )
+        .await;
+        assert!(
+            reply.starts_with("HTTP/1.1 403") || reply.starts_with("HTTP/1.1 404"),
+            "{path}: {reply}"
+        );
+        assert!(
+            !reply.contains("top secret") && !reply.contains("root:"),
+            "{path}: {reply}"
+        );
+    }
+
+    // Deployed through the API as a tar archive; links in an archive are refused.
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(5);
+    h.set_mode(0o644);
+    tar.append_data(&mut h, "index.html", &b"api!\n"[..])
+        .unwrap();
+    let archive = tar.into_inner().unwrap();
+    let (status, v) = s
+        .admin_call(Method::POST, "/admin/v1/assets", archive)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let hash = v["assets"].as_str().unwrap().to_string();
+    let (status, _) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/web",
+            r#"{"paths": ["/web"]}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            &format!("/admin/v1/tenants/web/module?assets={hash}"),
+            demo("static").to_vec(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["assets"], hash.as_str());
+    assert_eq!(s.get("/web/index.html").await.text(), "api!\n");
+
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    tar.append_link(&mut h, "passwd", "/etc/passwd").unwrap();
+    let (status, v) = s
+        .admin_call(Method::POST, "/admin/v1/assets", tar.into_inner().unwrap())
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("symlink"), "{v}");
+    let (status, _) = s
+        .admin_call(
+            Method::PUT,
+            &format!("/admin/v1/tenants/web/module?assets={}", "0".repeat(64)),
+            demo("static").to_vec(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn guests_without_assets_see_no_files() {
+    let s = TestServer::start("[[tenant]]\nname = \"s\"\nmodule = \"builtin:static\"\n").await;
+    assert_eq!(s.get("/index.html").await.status, StatusCode::NOT_FOUND);
+}
+
+#[test]
+fn sighup_reloads_a_good_config_and_refuses_a_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tern.toml");
+    let a = "[[tenant]]\nname = \"a\"\nmodule = \"builtin:hello\"\npaths = [\"/a\"]\n";
+    std::fs::write(&config, a).unwrap();
+    let p = support::TernProcess::serve(
+        &["--config", config.to_str().unwrap()],
+        &dir.path().join("cache"),
+    );
+    let get = |path: &str| {
+        let reply = support::raw_exchange(
+            p.addr.parse().unwrap(),
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+            std::time::Duration::from_secs(20),
+        );
+        String::from_utf8_lossy(&reply).into_owned()
+    };
+    assert!(get("/b").starts_with("HTTP/1.1 404"));
+    let hup = || {
+        let status = std::process::Command::new("kill")
+            .args(["-HUP", &p.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    std::fs::write(
+        &config,
+        format!("{a}[[tenant]]\nname = \"b\"\nmodule = \"builtin:counter\"\npaths = [\"/b\"]\n"),
+    )
+    .unwrap();
+    hup();
+    p.wait_for("config reloaded");
+    assert!(get("/b").starts_with("HTTP/1.1 200"));
+    // A bad file is refused; both tenants keep serving.
+    std::fs::write(
+        &config,
+        "[[tenant]]\nname = \"a\"\nmodule = \"builtin:nope\"\n",
+    )
+    .unwrap();
+    hup();
+    let line = p.wait_for("reload refused");
+    assert!(line.contains("nope"), "{line}");
+    std::fs::write(&config, "[[tenant]\n").unwrap();
+    hup();
+    let line = p.wait_for("reload refused");
+    assert!(line.contains("tern.toml:1"), "{line}");
+    assert!(get("/a").contains(HELLO) && get("/b").starts_with("HTTP/1.1 200"));
+}
+
+#[test]
+fn the_cli_deploys_lists_rolls_back_and_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let p = support::TernProcess::serve(&[], &cache);
+    // No token configured: one was generated into the data directory, for its owner only.
+    let token_file = cache.join("data/admin-token");
+    let meta = std::fs::metadata(&token_file).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o600
+    );
+    let hello = support::demo_file(dir.path(), "hello");
+    let counter = support::demo_file(dir.path(), "counter");
+    let tern = |args: &[&str]| {
+        let out = support::tern_bin()
+            .args(args)
+            .args(["--server", &format!("http://{}", p.admin)])
+            .env("TERN_DATA_DIR", cache.join("data"))
+            .env_remove("TERN_ADMIN_TOKEN")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let get = |path: &str| {
+        let reply = support::raw_exchange(
+            p.addr.parse().unwrap(),
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+            std::time::Duration::from_secs(20),
+        );
+        String::from_utf8_lossy(&reply).into_owned()
+    };
+    let (ok, out) = tern(&["deploy", "site", hello.to_str().unwrap()]);
+    assert!(
+        ok && out.contains("created tenant site") && out.contains("deployed site version"),
+        "{out}"
+    );
+    assert!(get("/site").contains(HELLO));
+    let (ok, out) = tern(&["deploy", "site", counter.to_str().unwrap(), "--env", "A=1"]);
+    assert!(ok && out.contains("previous"), "{out}");
+    assert!(!get("/site").contains(HELLO));
+    let (ok, out) = tern(&["tenants"]);
+    assert!(
+        ok && out.contains("site") && out.contains("api") && out.contains("/site"),
+        "{out}"
+    );
+    let (ok, out) = tern(&["rollback", "site"]);
+    assert!(ok && out.contains("rolled site back"), "{out}");
+    assert!(get("/site").contains(HELLO));
+    let (ok, out) = tern(&["deploy", "site", config_file(dir.path()).to_str().unwrap()]);
+    assert!(
+        !ok && out.contains("400") && out.contains("not a WebAssembly module"),
+        "{out}"
+    );
+    assert!(get("/site").contains(HELLO));
+    let (ok, out) = tern(&["rollback", "hello"]);
+    assert!(!ok && out.contains("409"), "{out}");
+    let (ok, out) = tern(&["delete", "site"]);
+    assert!(ok, "{out}");
+    assert!(get("/site").starts_with("HTTP/1.1 404"));
+    let (ok, out) = tern(&["delete", "site"]);
+    assert!(!ok && out.contains("404"), "{out}");
+    let out = support::tern_bin()
+        .args([
+            "tenants",
+            "--server",
+            &format!("http://{}", p.admin),
+            "--token",
+            "wrong",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("401"));
+}
+
+fn config_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let p = dir.join("notes.txt");
+    std::fs::write(&p, "not wasm").unwrap();
+    p
+}
