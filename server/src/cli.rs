@@ -275,7 +275,7 @@ pub async fn tenants(target: &Target, name: Option<&str>, as_json: bool) -> anyh
         return Ok(());
     }
     println!(
-        "{:<20} {:<7} {:<12} {:<10} {:>10}  ROUTES",
+        "{:<20} {:<7} {:<16} {:<10} {:>10}  ROUTES",
         "NAME", "SOURCE", "VERSION", "DEPLOYED", "REQUESTS"
     );
     for t in v["tenants"].as_array().into_iter().flatten() {
@@ -287,7 +287,7 @@ pub async fn tenants(target: &Target, name: Option<&str>, as_json: bool) -> anyh
             .as_u64()
             .map_or("-".to_string(), ago);
         println!(
-            "{:<20} {:<7} {:<12} {:<10} {:>10}  {}{}",
+            "{:<20} {:<7} {:<16} {:<10} {:>10}  {}{}",
             t["name"].as_str().unwrap_or("?"),
             t["source"].as_str().unwrap_or("?"),
             version,

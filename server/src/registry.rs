@@ -620,13 +620,13 @@ impl Registry {
 
         let mut manifest = state.manifest.clone();
         let entry = manifest.tenants.get_mut(name).expect("checked above");
-        let previous = entry.current.take();
-        // Deploying the version that serves keeps the one before it for rollback.
-        entry.previous = match previous.clone() {
-            Some(p) if p.id == version.id => entry.previous.take(),
-            p => p,
-        };
+        // Deploying the version that serves again keeps the one before it for rollback.
+        match entry.current.take() {
+            Some(replaced) if replaced.id == version.id => {}
+            replaced => entry.previous = replaced,
+        }
         entry.current = Some(version.clone());
+        let previous = entry.previous.clone();
         self.store.save_manifest(&manifest).map_err(internal)?;
         state.manifest = manifest;
         self.live.store(Arc::new(live));
