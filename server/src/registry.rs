@@ -179,6 +179,27 @@ fn parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R>
         .collect()
 }
 
+/// The loaded tenants by name, or one error naming every tenant that failed.
+fn collect<E: std::fmt::Display>(
+    results: Vec<Result<Tenant, E>>,
+    what: &str,
+) -> anyhow::Result<BTreeMap<String, TenantRef>> {
+    let mut out = BTreeMap::new();
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(t) => {
+                out.insert(t.name.clone(), Arc::new(t));
+            }
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    if !errors.is_empty() {
+        anyhow::bail!("{} {what}:\n  {}", errors.len(), errors.join("\n  "));
+    }
+    Ok(out)
+}
+
 /// Modules already loaded in this batch, by SHA-256, so tenants deploying the same module
 /// share one mapping and one copy-on-write image.
 type ModuleCache = Mutex<HashMap<String, Module>>;
@@ -333,25 +354,10 @@ impl Registry {
             })
         })
         .await?;
-        let mut out = BTreeMap::new();
-        let mut errors = Vec::new();
-        for (r, t) in results.into_iter().zip(&config.tenants) {
+        for (r, t) in results.iter().zip(&config.tenants) {
             self.count_deploy(t.name.get_ref(), r.is_ok());
-            match r {
-                Ok(t) => {
-                    out.insert(t.name.clone(), Arc::new(t));
-                }
-                Err(e) => errors.push(e.to_string()),
-            }
         }
-        if !errors.is_empty() {
-            anyhow::bail!(
-                "{} tenant(s) failed to load:\n  {}",
-                errors.len(),
-                errors.join("\n  ")
-            );
-        }
-        Ok(out)
+        collect(results, "tenant(s) failed to load")
     }
 
     async fn load_api_tenants(
@@ -374,25 +380,11 @@ impl Registry {
             })
         })
         .await?;
-        let mut out = BTreeMap::new();
-        let mut errors = Vec::new();
-        for r in results {
-            match r {
-                Ok(t) => {
-                    out.insert(t.name.clone(), Arc::new(t));
-                }
-                Err(e) => errors.push(e.to_string()),
-            }
-        }
-        if !errors.is_empty() {
-            anyhow::bail!(
-                "{} deployed tenant(s) failed to load from {}:\n  {}",
-                errors.len(),
-                self.store.root().display(),
-                errors.join("\n  ")
-            );
-        }
-        Ok(out)
+        let what = format!(
+            "deployed tenant(s) failed to load from {}",
+            self.store.root().display()
+        );
+        collect(results, &what)
     }
 
     /// What blocking loads need, cloneable into `spawn_blocking`.
