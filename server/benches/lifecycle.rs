@@ -134,7 +134,7 @@ impl Bench {
                 &self.linker,
                 &module,
                 &config.tenants[0],
-                origin(),
+                tenant::Origin::Config,
                 None,
                 Default::default(),
                 &self.pool,
@@ -227,7 +227,7 @@ fn lifecycle(c: &mut Criterion) {
                         &b.linker,
                         &module,
                         &config.tenants[0],
-                        origin(),
+                        tenant::Origin::Config,
                         None,
                         Default::default(),
                         &b.pool,
@@ -334,9 +334,3 @@ fn reset_settings(c: &mut Criterion) {
 
 criterion_group!(benches, lifecycle, heap_curves, reset_settings);
 criterion_main!(benches);
-
-fn origin() -> tenant::Origin {
-    tenant::Origin::Config {
-        module: "bench".into(),
-    }
-}

@@ -132,19 +132,15 @@ struct State {
 pub struct Registry {
     live: ArcSwap<Live>,
     state: tokio::sync::Mutex<State>,
-    store: Store,
-    engine: Engine,
-    linkers: Linkers,
-    pool: PoolConfig,
-    metrics: Metrics,
-    max_upload: u64,
+    /// The engine, linkers, store and limits every load uses (shared with blocking threads).
+    loader: Arc<Loader>,
 }
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registry")
             .field("tenants", &self.live.load().tenants.len())
-            .field("store", &self.store.root())
+            .field("store", &self.loader.store.root())
             .finish()
     }
 }
@@ -232,17 +228,19 @@ impl Registry {
         }
         let registry = Self {
             live: ArcSwap::from_pointee(Live::default()),
-            max_upload: config.server.max_upload_bytes,
-            pool: config.pool.clone(),
             state: tokio::sync::Mutex::new(State {
                 config: config.clone(),
                 config_path,
                 manifest: manifest.clone(),
             }),
-            store,
-            engine,
-            linkers,
-            metrics,
+            loader: Arc::new(Loader {
+                max_upload: config.server.max_upload_bytes,
+                pool: config.pool.clone(),
+                store,
+                engine,
+                linkers,
+                metrics,
+            }),
         };
         let started = Instant::now();
         let mut tenants = registry.load_config_tenants(&config).await?;
@@ -251,11 +249,11 @@ impl Registry {
         tenants.extend(api);
         let live = Self::table(tenants.into_values())?;
         registry.live.store(Arc::new(live));
-        let removed = registry.store.collect_garbage(&manifest);
+        let removed = registry.loader.store.collect_garbage(&manifest);
         tracing::info!(
             config_tenants = n_config,
             api_tenants = n_api,
-            data_dir = %registry.store.root().display(),
+            data_dir = %registry.loader.store.root().display(),
             removed_unused_files = removed,
             "tenants loaded in {:.1} ms",
             started.elapsed().as_secs_f64() * 1e3
@@ -268,14 +266,9 @@ impl Registry {
         self.live.load()
     }
 
-    /// The data directory.
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
-
     /// Largest upload the admin API accepts.
     pub fn max_upload(&self) -> u64 {
-        self.max_upload
+        self.loader.max_upload
     }
 
     fn table(tenants: impl IntoIterator<Item = TenantRef>) -> Result<Live, Clash> {
@@ -300,9 +293,10 @@ impl Registry {
     }
 
     fn count_deploy(&self, name: &str, ok: bool) {
-        let label = self.metrics.tenant_label(name);
+        let label = self.loader.metrics.tenant_label(name);
         let outcome = if ok { "ok" } else { "error" };
-        self.metrics
+        self.loader
+            .metrics
             .deploys
             .with_label_values(&[&label, outcome])
             .inc();
@@ -313,15 +307,15 @@ impl Registry {
         config: &Config,
     ) -> Result<BTreeMap<String, TenantRef>, anyhow::Error> {
         let (engine, linkers, pool, metrics) = (
-            self.engine.clone(),
-            self.linkers.clone(),
-            self.pool.clone(),
-            self.metrics.clone(),
+            self.loader.engine.clone(),
+            self.loader.linkers.clone(),
+            self.loader.pool.clone(),
+            self.loader.metrics.clone(),
         );
         let (tenants, base) = (config.tenants.clone(), config.base_dir.clone());
         // Metric labels go to tenants in the file's order (loading below is parallel).
         for t in &tenants {
-            self.metrics.tenant_label(t.name.get_ref());
+            self.loader.metrics.tenant_label(t.name.get_ref());
         }
         let cache = crate::server::cache_dir(&config.server);
         let max = config.server.max_upload_bytes;
@@ -338,14 +332,11 @@ impl Registry {
                     .get(t.name.get_ref())
                     .map(|old| Carried::from(old))
                     .unwrap_or_default();
-                let origin = Origin::Config {
-                    module: t.module.get_ref().clone(),
-                };
                 tenant::prepare(
                     &linkers,
                     &loaded.module,
                     t,
-                    origin,
+                    Origin::Config,
                     assets,
                     carried,
                     &pool,
@@ -370,7 +361,7 @@ impl Registry {
             .filter_map(|(n, t)| Some((n.clone(), t.clone(), t.current.clone()?)))
             .collect();
         for (name, ..) in &items {
-            self.metrics.tenant_label(name);
+            self.loader.metrics.tenant_label(name);
         }
         let this = self.loader();
         let results = tokio::task::spawn_blocking(move || {
@@ -382,21 +373,14 @@ impl Registry {
         .await?;
         let what = format!(
             "deployed tenant(s) failed to load from {}",
-            self.store.root().display()
+            self.loader.store.root().display()
         );
         collect(results, &what)
     }
 
-    /// What blocking loads need, cloneable into `spawn_blocking`.
-    fn loader(&self) -> Loader {
-        Loader {
-            store: self.store.clone(),
-            engine: self.engine.clone(),
-            linkers: self.linkers.clone(),
-            pool: self.pool.clone(),
-            metrics: self.metrics.clone(),
-            max_upload: self.max_upload,
-        }
+    /// What blocking loads need, for `spawn_blocking`.
+    fn loader(&self) -> Arc<Loader> {
+        self.loader.clone()
     }
 
     /// Refuses changes to tenants the config file owns.
@@ -426,7 +410,7 @@ impl Registry {
     /// `400` for invalid values, `409` for a route clash or a config-owned tenant.
     pub async fn put_spec(&self, name: &str, spec: TenantSpec) -> Result<bool, ChangeError> {
         let as_config = spec.to_config(name, "(admin API)");
-        config::validate_tenant(&as_config, &self.pool)
+        config::validate_tenant(&as_config, &self.loader.pool)
             .map_err(|(_, m)| ChangeError::Invalid(m))?;
         let mut state = self.state.lock().await;
         Self::check_api_owned(&state, name)?;
@@ -439,7 +423,7 @@ impl Registry {
                 unreachable!("config tenants were refused above")
             };
             let t = tenant::prepare(
-                &self.linkers,
+                &self.loader.linkers,
                 old.pre.module(),
                 &as_config,
                 Origin::Api {
@@ -447,8 +431,8 @@ impl Registry {
                 },
                 old.assets.clone(),
                 Carried::from(old),
-                &self.pool,
-                &self.metrics,
+                &self.loader.pool,
+                &self.loader.metrics,
             )?;
             tenants.insert(name.to_string(), Arc::new(t));
         }
@@ -464,7 +448,10 @@ impl Registry {
                 created_at: store::now(),
             });
         entry.spec = spec;
-        self.store.save_manifest(&manifest).map_err(internal)?;
+        self.loader
+            .store
+            .save_manifest(&manifest)
+            .map_err(internal)?;
         state.manifest = manifest;
         if live.tenants.contains_key(name) {
             self.publish(tenants)?;
@@ -479,7 +466,7 @@ impl Registry {
     /// # Errors
     /// `422` if it is not a tar archive of plain files and directories.
     pub async fn put_assets(&self, archive: Bytes) -> Result<(String, Arc<Assets>), ChangeError> {
-        let (store, max) = (self.store.clone(), self.max_upload);
+        let (store, max) = (self.loader.store.clone(), self.loader.max_upload);
         tokio::task::spawn_blocking(move || {
             let assets = Assets::from_tar(&archive, max)
                 .map_err(|e| ChangeError::Unprocessable(e.to_string()))?;
@@ -518,7 +505,7 @@ impl Registry {
     ) -> Result<Deployed, ChangeError> {
         check_wasm_header(&wasm)?;
         if let Some(a) = &assets
-            && !self.store.has_blob(a)
+            && !self.loader.store.has_blob(a)
         {
             return Err(ChangeError::NotFound(format!(
                 "no assets archive {a:?} is stored; upload it with POST /admin/v1/assets first"
@@ -558,23 +545,18 @@ impl Registry {
             }
             let version = Version {
                 id: Version::id_of(&module_hash, assets.as_deref()),
-                module: module_hash.clone(),
+                module: module_hash,
                 module_bytes: wasm.len() as u64,
                 assets: assets.clone(),
                 deployed_at: store::now(),
                 compile_ms: compiled.as_secs_f64() * 1e3,
             };
-            let cache = ModuleCache::default();
-            cache
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(module_hash, loaded.module);
             let carried = live
                 .tenants
                 .get(&n)
                 .map(|t| Carried::from(t))
                 .unwrap_or_default();
-            let t = this.load_version(&n, &spec, &version, carried, &cache)?;
+            let t = this.prepare_version(&n, &spec, &version, &loaded.module, carried)?;
             tracing::debug!(tenant = %n, "deploy prepared in {:?}", started.elapsed());
             Ok::<_, ChangeError>(t)
         })
@@ -591,14 +573,14 @@ impl Registry {
         let tenant = if stored.spec != spec {
             let config = stored.spec.to_config(name, "(admin API)");
             tenant::prepare(
-                &self.linkers,
+                &self.loader.linkers,
                 tenant.pre.module(),
                 &config,
                 tenant.origin.clone(),
                 tenant.assets.clone(),
                 Carried::from(&tenant),
-                &self.pool,
-                &self.metrics,
+                &self.loader.pool,
+                &self.loader.metrics,
             )?
         } else {
             tenant
@@ -619,7 +601,10 @@ impl Registry {
         }
         entry.current = Some(version.clone());
         let previous = entry.previous.clone();
-        self.store.save_manifest(&manifest).map_err(internal)?;
+        self.loader
+            .store
+            .save_manifest(&manifest)
+            .map_err(internal)?;
         state.manifest = manifest;
         self.live.store(Arc::new(live));
         tracing::info!(
@@ -671,7 +656,10 @@ impl Registry {
         let entry = manifest.tenants.get_mut(name).expect("checked above");
         entry.previous = entry.current.take();
         entry.current = Some(target.clone());
-        self.store.save_manifest(&manifest).map_err(internal)?;
+        self.loader
+            .store
+            .save_manifest(&manifest)
+            .map_err(internal)?;
         state.manifest = manifest;
         self.live.store(Arc::new(live));
         tracing::info!(tenant = name, version = %target.id, "rolled back");
@@ -695,7 +683,10 @@ impl Registry {
         manifest.tenants.remove(name);
         let mut tenants = self.live.load().tenants.clone();
         tenants.remove(name);
-        self.store.save_manifest(&manifest).map_err(internal)?;
+        self.loader
+            .store
+            .save_manifest(&manifest)
+            .map_err(internal)?;
         state.manifest = manifest;
         self.publish(tenants)?;
         tracing::info!(tenant = name, "deleted");
@@ -758,7 +749,13 @@ impl Registry {
         for t in &state.config.tenants {
             let n = t.name.get_ref();
             if name.is_none_or(|x| x == n) {
-                out.push(describe_tenant(n, live.tenants.get(n), None, &self.pool, t));
+                out.push(describe_tenant(
+                    n,
+                    live.tenants.get(n),
+                    None,
+                    &self.loader.pool,
+                    t,
+                ));
             }
         }
         for (n, stored) in &state.manifest.tenants {
@@ -768,7 +765,7 @@ impl Registry {
                     n,
                     live.tenants.get(n),
                     Some(stored),
-                    &self.pool,
+                    &self.loader.pool,
                     &config,
                 ));
             }
@@ -840,7 +837,7 @@ fn check_wasm_header(wasm: &[u8]) -> Result<(), ChangeError> {
     Ok(())
 }
 
-/// The loading half of a deploy, rollback or start-up, cloneable into blocking threads.
+/// The loading half of a deploy, rollback or start-up, shared with blocking threads.
 struct Loader {
     store: Store,
     engine: Engine,
@@ -862,6 +859,18 @@ impl Loader {
         cache: &ModuleCache,
     ) -> Result<Tenant, ChangeError> {
         let module = self.module(name, &version.module, cache)?;
+        self.prepare_version(name, spec, version, &module, carried)
+    }
+
+    /// Pre-links `module` as `version` of the tenant, with the version's assets in memory.
+    fn prepare_version(
+        &self,
+        name: &str,
+        spec: &TenantSpec,
+        version: &Version,
+        module: &Module,
+        carried: Carried,
+    ) -> Result<Tenant, ChangeError> {
         let assets = match &version.assets {
             None => None,
             Some(hash) => {
@@ -881,7 +890,7 @@ impl Loader {
         };
         Ok(tenant::prepare(
             &self.linkers,
-            &module,
+            module,
             &config,
             origin,
             assets,

@@ -103,10 +103,7 @@ impl Limits {
 #[derive(Debug, Clone)]
 pub enum Origin {
     /// Declared in the config file (changed by editing it and reloading).
-    Config {
-        /// The `module` the file gives.
-        module: String,
-    },
+    Config,
     /// Created through the admin API (kept in the data directory's manifest).
     Api {
         /// The version serving.
