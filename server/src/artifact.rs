@@ -123,6 +123,16 @@ pub fn seal(artifact: &mut Vec<u8>) {
 /// # Errors
 /// Any I/O failure; the temporary file is removed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ArtifactError> {
+    write_atomic_mode(path, bytes, 0o666)
+}
+
+/// [`write_atomic`] creating the file with permission bits `mode` (less the umask), e.g.
+/// `0o600` for a secret.
+///
+/// # Errors
+/// Any I/O failure; the temporary file is removed.
+pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ArtifactError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -134,7 +144,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ArtifactError> {
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}-{}", std::process::id(), unique()));
     let result = (|| {
-        let mut f = File::create(&tmp)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;

@@ -124,7 +124,7 @@ struct AdminArgs {
 
 impl AdminArgs {
     fn target(self) -> anyhow::Result<tern::cli::Target> {
-        let dir = self.data_dir.unwrap_or_else(tern::store::default_data_dir);
+        let dir = self.data_dir.unwrap_or_else(tern::config::default_data_dir);
         tern::cli::Target::resolve(self.server, self.token, &dir)
     }
 }

@@ -317,7 +317,7 @@ impl Registry {
         for t in &tenants {
             self.loader.metrics.tenant_label(t.name.get_ref());
         }
-        let cache = crate::server::cache_dir(&config.server);
+        let cache = config.server.cache_dir();
         let max = config.server.max_upload_bytes;
         let live = self.live.load_full();
         let results = tokio::task::spawn_blocking(move || {

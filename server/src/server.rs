@@ -9,7 +9,7 @@ use anyhow::Context;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 
-use crate::config::{Config, ServerConfig};
+use crate::config::Config;
 use crate::engine::{self, EpochTicker};
 use crate::http::App;
 use crate::metrics::Metrics;
@@ -76,29 +76,12 @@ impl Drop for Running {
     }
 }
 
-/// The directory compiled modules are cached in.
-pub fn cache_dir(server: &ServerConfig) -> PathBuf {
-    if !server.cache_dir.is_empty() {
-        return PathBuf::from(&server.cache_dir);
-    }
-    if let Some(dir) = std::env::var_os("TERN_CACHE_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir).join("tern");
-    }
-    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
-        Some(home) => PathBuf::from(home).join(".cache/tern"),
-        None => std::env::temp_dir().join("tern-cache"),
-    }
-}
-
 /// Where and how the server keeps its state, beside the config.
 #[derive(Debug, Clone, Default)]
 pub struct StartOptions {
     /// The config file, for reloads (`None`: the config cannot be reloaded).
     pub config_path: Option<PathBuf>,
-    /// The data directory; `None`: `server.data_dir`, else [`store::default_data_dir`].
+    /// The data directory; `None`: `server.data_dir`, else [`crate::config::default_data_dir`].
     pub data_dir: Option<PathBuf>,
 }
 
@@ -125,7 +108,7 @@ pub async fn start_with(config: Config, opts: StartOptions) -> anyhow::Result<Ru
             (!config.server.data_dir.is_empty())
                 .then(|| config.base_dir.join(&config.server.data_dir))
         })
-        .unwrap_or_else(store::default_data_dir);
+        .unwrap_or_else(crate::config::default_data_dir);
     let store = Store::open(&data_dir)
         .with_context(|| format!("cannot open the data directory {}", data_dir.display()))?;
     let token = store::admin_token(&config.server.admin_token, &data_dir)?;

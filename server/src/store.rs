@@ -15,7 +15,6 @@
 //! files of an interrupted write are removed when the store is opened.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -38,6 +37,9 @@ pub enum StoreError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A file could not be written.
+    #[error(transparent)]
+    Write(#[from] ArtifactError),
     /// `manifest.json` is not a manifest this server understands.
     #[error("{path}: not a valid Tern manifest: {reason}")]
     Manifest {
@@ -320,22 +322,6 @@ pub fn is_hash(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
-/// The default data directory: `$TERN_DATA_DIR`, `$XDG_DATA_HOME/tern`, or
-/// `~/.local/share/tern`.
-pub fn default_data_dir() -> PathBuf {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    if let Some(dir) = var("TERN_DATA_DIR") {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = var("XDG_DATA_HOME") {
-        return PathBuf::from(dir).join("tern");
-    }
-    match var("HOME") {
-        Some(home) => PathBuf::from(home).join(".local/share/tern"),
-        None => std::env::temp_dir().join("tern-data"),
-    }
-}
-
 /// The admin token and, if it was generated, the file it was written to.
 #[derive(Debug, Clone)]
 pub struct AdminToken {
@@ -373,29 +359,11 @@ pub fn admin_token(configured: &str, data_dir: &Path) -> Result<AdminToken, Stor
         .map_err(io_err(urandom))?;
     let token = artifact::hex(&bytes);
     let path = data_dir.join("admin-token");
-    write_private(&path, format!("{token}\n").as_bytes()).map_err(io_err(&path))?;
+    artifact::write_atomic_mode(&path, format!("{token}\n").as_bytes(), 0o600)?;
     Ok(AdminToken {
         token,
         file: Some(path),
     })
-}
-
-/// Writes a file only its owner can read, atomically.
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".admin-token.tmp-{}", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

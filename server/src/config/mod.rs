@@ -128,7 +128,47 @@ pub enum RuntimeMode {
     Shared,
 }
 
+/// `$own` if set, else `$xdg/tern`, else `$HOME/<home_sub>`, else `<temp>/<fallback>`.
+fn user_dir(own: &str, xdg: &str, home_sub: &str, fallback: &str) -> PathBuf {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(dir) = var(own) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = var(xdg) {
+        return PathBuf::from(dir).join("tern");
+    }
+    match var("HOME") {
+        Some(home) => PathBuf::from(home).join(home_sub),
+        None => std::env::temp_dir().join(fallback),
+    }
+}
+
+/// The data directory when neither `--data-dir` nor `server.data_dir` names one:
+/// `$TERN_DATA_DIR`, `$XDG_DATA_HOME/tern`, or `~/.local/share/tern`.
+pub fn default_data_dir() -> PathBuf {
+    user_dir(
+        "TERN_DATA_DIR",
+        "XDG_DATA_HOME",
+        ".local/share/tern",
+        "tern-data",
+    )
+}
+
 impl ServerConfig {
+    /// The directory compiled modules of config tenants are cached in: `cache_dir`, else
+    /// `$TERN_CACHE_DIR`, `$XDG_CACHE_HOME/tern`, or `~/.cache/tern`.
+    pub fn cache_dir(&self) -> PathBuf {
+        if !self.cache_dir.is_empty() {
+            return PathBuf::from(&self.cache_dir);
+        }
+        user_dir(
+            "TERN_CACHE_DIR",
+            "XDG_CACHE_HOME",
+            ".cache/tern",
+            "tern-cache",
+        )
+    }
+
     /// Worker threads to run: the configured number, or one per core.
     pub fn workers(&self) -> usize {
         match self.worker_threads {
