@@ -123,6 +123,18 @@ struct AdminArgs {
 }
 
 impl AdminArgs {
+    /// Resolves the server and token, then runs a client command on a small runtime.
+    fn run<F>(self, command: impl FnOnce(tern::cli::Target) -> F) -> anyhow::Result<()>
+    where
+        F: std::future::Future<Output = anyhow::Result<()>>,
+    {
+        let target = self.target()?;
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(command(target))
+    }
+
     fn target(self) -> anyhow::Result<tern::cli::Target> {
         let dir = self.data_dir.unwrap_or_else(tern::config::default_data_dir);
         tern::cli::Target::resolve(self.server, self.token, &dir)
@@ -134,14 +146,6 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
         .filter(|(k, _)| !k.is_empty())
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
-}
-
-/// Runs a client command on a small runtime.
-fn client(f: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?
-        .block_on(f)
 }
 
 fn main() -> ExitCode {
@@ -176,7 +180,7 @@ fn main() -> ExitCode {
             env,
             assets,
             admin,
-        } => admin.target().and_then(|t| {
+        } => {
             let d = tern::cli::Deploy {
                 tenant,
                 module,
@@ -185,20 +189,18 @@ fn main() -> ExitCode {
                 env,
                 assets,
             };
-            client(async move { tern::cli::deploy(&t, &d).await })
-        }),
-        Command::Tenants { name, json, admin } => admin.target().and_then(|t| {
-            client(async move { tern::cli::tenants(&t, name.as_deref(), json).await })
-        }),
-        Command::Rollback { tenant, admin } => admin
-            .target()
-            .and_then(|t| client(async move { tern::cli::rollback(&t, &tenant).await })),
-        Command::Delete { tenant, admin } => admin
-            .target()
-            .and_then(|t| client(async move { tern::cli::delete(&t, &tenant).await })),
-        Command::Reload { admin } => admin
-            .target()
-            .and_then(|t| client(async move { tern::cli::reload(&t).await })),
+            admin.run(|t| async move { tern::cli::deploy(&t, &d).await })
+        }
+        Command::Tenants { name, json, admin } => {
+            admin.run(|t| async move { tern::cli::tenants(&t, name.as_deref(), json).await })
+        }
+        Command::Rollback { tenant, admin } => {
+            admin.run(|t| async move { tern::cli::rollback(&t, &tenant).await })
+        }
+        Command::Delete { tenant, admin } => {
+            admin.run(|t| async move { tern::cli::delete(&t, &tenant).await })
+        }
+        Command::Reload { admin } => admin.run(|t| async move { tern::cli::reload(&t).await }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
