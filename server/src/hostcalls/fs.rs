@@ -132,6 +132,15 @@ impl Files {
     }
 }
 
+/// The contents of file `node` (`EISDIR` for a directory). Takes the tree rather than `Files`
+/// so the caller can still update its open file.
+fn file_bytes(assets: Option<&Assets>, node: usize) -> Result<&[u8], i32> {
+    match &assets.ok_or(errno::BADF)?.node(node).kind {
+        NodeKind::File(bytes) => Ok(bytes),
+        NodeKind::Dir(_) => Err(errno::ISDIR),
+    }
+}
+
 fn lookup_errno(l: Lookup) -> i32 {
     match l {
         Lookup::NotFound => errno::NOENT,
@@ -314,10 +323,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
                     Target::Stdio(_) => return Err(errno::BADF),
                     Target::Node(node, slot) => {
                         let slot = slot.ok_or(errno::ISDIR)?;
-                        let assets = files.assets.as_deref().ok_or(errno::BADF)?;
-                        let NodeKind::File(bytes) = &assets.node(node).kind else {
-                            return Err(errno::ISDIR);
-                        };
+                        let bytes = file_bytes(files.assets.as_deref(), node)?;
                         let open = files.open[slot].as_mut().ok_or(errno::BADF)?;
                         let from = usize::try_from(open.pos).unwrap_or(usize::MAX);
                         let n = scatter(data, iovs, iovs_len, bytes.get(from..).unwrap_or(&[]))?;
@@ -337,9 +343,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
                 let Target::Node(node, Some(_)) = files.target(fd)? else {
                     return Err(errno::SPIPE);
                 };
-                let NodeKind::File(bytes) = &files.assets()?.node(node).kind else {
-                    return Err(errno::ISDIR);
-                };
+                let bytes = file_bytes(files.assets.as_deref(), node)?;
                 let from = usize::try_from(at as u64).unwrap_or(usize::MAX);
                 let n = scatter(data, iovs, iovs_len, bytes.get(from..).unwrap_or(&[]))?;
                 put(data, nread, &(n as u32).to_le_bytes())
@@ -354,10 +358,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
                 let Target::Node(node, Some(slot)) = files.target(fd)? else {
                     return Err(errno::SPIPE);
                 };
-                let assets = files.assets.as_deref().ok_or(errno::BADF)?;
-                let NodeKind::File(bytes) = &assets.node(node).kind else {
-                    return Err(errno::ISDIR);
-                };
+                let bytes = file_bytes(files.assets.as_deref(), node)?;
                 let len = bytes.len() as i64;
                 let open = files.open[slot].as_mut().ok_or(errno::BADF)?;
                 let base = match whence {
