@@ -419,21 +419,7 @@ impl Registry {
         let mut tenants = live.tenants.clone();
         // A tenant that serves is rebuilt with the new spec around the module it runs.
         if let Some(old) = live.tenants.get(name) {
-            let Origin::Api { version } = &old.origin else {
-                unreachable!("config tenants were refused above")
-            };
-            let t = tenant::prepare(
-                &self.loader.linkers,
-                old.pre.module(),
-                &as_config,
-                Origin::Api {
-                    version: version.clone(),
-                },
-                old.assets.clone(),
-                Carried::from(old),
-                &self.loader.pool,
-                &self.loader.metrics,
-            )?;
+            let t = self.loader.respec(old, &as_config)?;
             tenants.insert(name.to_string(), Arc::new(t));
         }
         check_routes(&live, &state.manifest, name, &spec)?;
@@ -571,17 +557,8 @@ impl Registry {
         };
         // The routes may have changed while this compiled: rebuild around the latest spec.
         let tenant = if stored.spec != spec {
-            let config = stored.spec.to_config(name, "(admin API)");
-            tenant::prepare(
-                &self.loader.linkers,
-                tenant.pre.module(),
-                &config,
-                tenant.origin.clone(),
-                tenant.assets.clone(),
-                Carried::from(&tenant),
-                &self.loader.pool,
-                &self.loader.metrics,
-            )?
+            self.loader
+                .respec(&tenant, &stored.spec.to_config(name, "(admin API)"))?
         } else {
             tenant
         };
@@ -860,6 +837,21 @@ impl Loader {
     ) -> Result<Tenant, ChangeError> {
         let module = self.module(name, &version.module, cache)?;
         self.prepare_version(name, spec, version, &module, carried)
+    }
+
+    /// `old` again (same module, assets and version) with the routes, env and limits of
+    /// `config`.
+    fn respec(&self, old: &Tenant, config: &TenantConfig) -> Result<Tenant, ChangeError> {
+        Ok(tenant::prepare(
+            &self.linkers,
+            old.pre.module(),
+            config,
+            old.origin.clone(),
+            old.assets.clone(),
+            Carried::from(old),
+            &self.pool,
+            &self.metrics,
+        )?)
     }
 
     /// Pre-links `module` as `version` of the tenant, with the version's assets in memory.
