@@ -216,16 +216,7 @@ impl Registry {
     ) -> anyhow::Result<Self> {
         let linkers = Linkers::new(&engine).map_err(|e| anyhow::anyhow!("{e:#}"))?;
         let manifest = store.load_manifest()?;
-        for t in &config.tenants {
-            if manifest.tenants.contains_key(t.name.get_ref()) {
-                anyhow::bail!(
-                    "tenant {:?} is declared in the config file and was also deployed through \
-                     the admin API (in {}); remove it from one of them",
-                    t.name.get_ref(),
-                    store.root().display()
-                );
-            }
-        }
+        one_owner(&config, &manifest).map_err(|e| anyhow::anyhow!("{e}"))?;
         let registry = Self {
             live: ArcSwap::from_pointee(Live::default()),
             state: tokio::sync::Mutex::new(State {
@@ -684,20 +675,7 @@ impl Registry {
             ));
         };
         let config = Config::load(&path).map_err(|e| ChangeError::Invalid(e.to_string()))?;
-        if config.server != state.config.server || config.pool != state.config.pool {
-            tracing::warn!(
-                "[server] and [pool] changes take effect at the next restart; reloading tenants only"
-            );
-        }
-        for t in &config.tenants {
-            if state.manifest.tenants.contains_key(t.name.get_ref()) {
-                return Err(ChangeError::Conflict(format!(
-                    "tenant {:?} is also deployed through the admin API; delete it there or \
-                     rename it in the file",
-                    t.name.get_ref()
-                )));
-            }
-        }
+        one_owner(&config, &state.manifest)?;
         let mut tenants = self
             .load_config_tenants(&config)
             .await
@@ -711,7 +689,11 @@ impl Registry {
         self.publish(tenants)?;
         state.config.tenants = config.tenants;
         state.config.base_dir = config.base_dir;
-        tracing::info!(config = %path.display(), tenants = n, "config reloaded");
+        tracing::info!(
+            config = %path.display(),
+            tenants = n,
+            "config reloaded (its tenants; [server] and [pool] take effect at the next restart)"
+        );
         Ok(n)
     }
 
@@ -753,6 +735,23 @@ impl Registry {
                 .pop()
                 .ok_or_else(|| ChangeError::NotFound(format!("no tenant {n:?}"))),
         }
+    }
+}
+
+/// Refuses a tenant declared in the config file that was also deployed through the API: each
+/// tenant has one owner.
+fn one_owner(config: &Config, manifest: &Manifest) -> Result<(), ChangeError> {
+    match config
+        .tenants
+        .iter()
+        .find(|t| manifest.tenants.contains_key(t.name.get_ref()))
+    {
+        Some(t) => Err(ChangeError::Conflict(format!(
+            "tenant {:?} is declared in the config file and was also deployed through the admin \
+             API; delete it through the API or rename it in the file",
+            t.name.get_ref()
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -59,7 +59,7 @@ pub struct Config {
 }
 
 /// `[server]`: process-wide settings.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Public listener for tenant traffic.
@@ -179,7 +179,7 @@ impl ServerConfig {
 }
 
 /// `[pool]`: the region of preallocated instance slots every request takes one of.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PoolConfig {
     /// Instance slots (and memories, tables, fiber stacks): the most guests running at once.
