@@ -318,64 +318,33 @@ async fn unauthorised_requests_are_refused_and_the_public_port_has_no_admin_api(
 
 #[tokio::test]
 async fn restart_brings_every_tenant_back_without_recompiling() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("keep");
     let config = "[pool]\ninstances = 8\nmax_memory_mib = 64\n";
-    // Two servers in turn on one data directory.
-    let start = |d: &std::path::Path| {
-        let mut c = tern::config::Config::parse(config, "t.toml", d.to_path_buf()).unwrap();
-        c.server.listen = "127.0.0.1:0".parse().unwrap();
-        c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
-        c.server.admin_token = ADMIN_TOKEN.into();
-        let opts = tern::server::StartOptions {
-            config_path: None,
-            data_dir: Some(data.clone()),
-        };
-        tern::server::start_with(c, opts)
-    };
-    let first = start(dir.path()).await.unwrap();
-    let call = |addr, method, path: &str, body: Vec<u8>| {
-        let auth = format!("Bearer {ADMIN_TOKEN}");
-        let path = path.to_string();
-        async move {
-            send(
-                addr,
-                method,
-                &path,
-                None,
-                &[("authorization", &auth)],
-                Bytes::from(body),
-            )
-            .await
-        }
-    };
+    let first = TestServer::try_start_in(tempfile::tempdir().unwrap(), config)
+        .await
+        .unwrap();
     for (name, guest) in [("a", "hello"), ("b", "json")] {
         let spec = format!(r#"{{"paths": ["/{name}"], "env": {{"K": "v"}}}}"#);
-        let r = call(
-            first.admin_addr,
-            Method::PUT,
-            &format!("/admin/v1/tenants/{name}"),
-            spec.into_bytes(),
-        )
-        .await;
-        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
-        let r = call(
-            first.admin_addr,
-            Method::PUT,
-            &format!("/admin/v1/tenants/{name}/module"),
-            demo(guest).to_vec(),
-        )
-        .await;
-        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let (status, v) = first
+            .admin_call(Method::PUT, &format!("/admin/v1/tenants/{name}"), spec)
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        let (status, v) = first
+            .admin_call(
+                Method::PUT,
+                &format!("/admin/v1/tenants/{name}/module"),
+                demo(guest).to_vec(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
     }
-    first.shutdown.trigger();
-    first.wait().await;
-
-    let second = start(dir.path()).await.unwrap();
-    let r = send(second.addr, Method::GET, "/a", None, &[], Bytes::new()).await;
-    assert_eq!(r.text(), HELLO);
+    // A second server on the same data directory.
+    let TestServer { running, dir } = first;
+    running.shutdown.trigger();
+    running.wait().await;
+    let second = TestServer::try_start_in(dir, config).await.unwrap();
+    assert_eq!(second.get("/a").await.text(), HELLO);
     let r = send(
-        second.addr,
+        second.addr(),
         Method::POST,
         "/b",
         None,
@@ -384,16 +353,7 @@ async fn restart_brings_every_tenant_back_without_recompiling() {
     )
     .await;
     assert!(r.text().contains("\"array\""), "{}", r.text());
-    let metrics = send(
-        second.admin_addr,
-        Method::GET,
-        "/metrics",
-        None,
-        &[],
-        Bytes::new(),
-    )
-    .await
-    .text();
+    let metrics = second.metrics().await;
     assert!(
         metrics.contains("tern_module_compile_duration_seconds_count 0"),
         "the restart recompiled: {}",
