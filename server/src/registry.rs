@@ -276,10 +276,23 @@ impl Registry {
         Ok(Live { router, tenants })
     }
 
-    /// Builds the table for `tenants` and swaps it in.
-    fn publish(&self, tenants: BTreeMap<String, TenantRef>) -> Result<(), ChangeError> {
-        let live = Self::table(tenants.into_values())?;
-        self.live.store(Arc::new(live));
+    /// Makes a change durable, then visible: the manifest is written (atomically) before the
+    /// new table, if any, is swapped in, so a change a client saw succeed survives a crash and a
+    /// failed write changes nothing.
+    fn commit(
+        &self,
+        state: &mut State,
+        manifest: Manifest,
+        table: Option<Live>,
+    ) -> Result<(), ChangeError> {
+        self.loader
+            .store
+            .save_manifest(&manifest)
+            .map_err(internal)?;
+        state.manifest = manifest;
+        if let Some(live) = table {
+            self.live.store(Arc::new(live));
+        }
         Ok(())
     }
 
@@ -425,14 +438,13 @@ impl Registry {
                 created_at: store::now(),
             });
         entry.spec = spec;
-        self.loader
-            .store
-            .save_manifest(&manifest)
-            .map_err(internal)?;
-        state.manifest = manifest;
-        if live.tenants.contains_key(name) {
-            self.publish(tenants)?;
-        }
+        // A tenant with no module yet is not routed: only the manifest changes.
+        let table = if live.tenants.contains_key(name) {
+            Some(Self::table(tenants.into_values())?)
+        } else {
+            None
+        };
+        self.commit(&mut state, manifest, table)?;
         tracing::info!(tenant = name, created, "tenant spec saved");
         Ok(created)
     }
@@ -569,12 +581,7 @@ impl Registry {
         }
         entry.current = Some(version.clone());
         let previous = entry.previous.clone();
-        self.loader
-            .store
-            .save_manifest(&manifest)
-            .map_err(internal)?;
-        state.manifest = manifest;
-        self.live.store(Arc::new(live));
+        self.commit(&mut state, manifest, Some(live))?;
         tracing::info!(
             tenant = name,
             version = %version.id,
@@ -624,12 +631,7 @@ impl Registry {
         let entry = manifest.tenants.get_mut(name).expect("checked above");
         entry.previous = entry.current.take();
         entry.current = Some(target.clone());
-        self.loader
-            .store
-            .save_manifest(&manifest)
-            .map_err(internal)?;
-        state.manifest = manifest;
-        self.live.store(Arc::new(live));
+        self.commit(&mut state, manifest, Some(live))?;
         tracing::info!(tenant = name, version = %target.id, "rolled back");
         Ok(Deployed {
             version: target,
@@ -651,12 +653,8 @@ impl Registry {
         manifest.tenants.remove(name);
         let mut tenants = self.live.load().tenants.clone();
         tenants.remove(name);
-        self.loader
-            .store
-            .save_manifest(&manifest)
-            .map_err(internal)?;
-        state.manifest = manifest;
-        self.publish(tenants)?;
+        let table = Self::table(tenants.into_values())?;
+        self.commit(&mut state, manifest, Some(table))?;
         tracing::info!(tenant = name, "deleted");
         Ok(())
     }
@@ -686,7 +684,8 @@ impl Registry {
                 tenants.insert(name.clone(), t.clone());
             }
         }
-        self.publish(tenants)?;
+        self.live
+            .store(Arc::new(Self::table(tenants.into_values())?));
         state.config.tenants = config.tenants;
         state.config.base_dir = config.base_dir;
         tracing::info!(
