@@ -111,21 +111,32 @@ impl Target {
     }
 }
 
-/// What `tern deploy` was asked to do.
-#[derive(Debug, Clone, Default)]
+/// What `tern deploy` is asked to do (its command-line arguments).
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct Deploy {
-    /// The tenant.
+    /// The tenant's name.
     pub tenant: String,
-    /// The `.wasm` file.
+    /// The .wasm module (built for wasm32-wasip1 with the Tern guest SDK).
     pub module: PathBuf,
-    /// `--host`: replaces the tenant's hosts.
+    /// Host routed to the tenant (repeatable; replaces its hosts).
+    #[arg(long = "host")]
     pub hosts: Vec<String>,
-    /// `--path`: replaces the tenant's path prefixes.
+    /// Path prefix routed to the tenant (repeatable; replaces its paths).
+    #[arg(long = "path")]
     pub paths: Vec<String>,
-    /// `--env KEY=VALUE`: replaces the tenant's environment.
+    /// Environment variable for its guests, KEY=VALUE (repeatable; replaces its env).
+    #[arg(long = "env", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
-    /// `--assets`: a directory or a `.tar` archive.
+    /// A directory or .tar archive served read-only to the guests as /assets.
+    #[arg(long)]
     pub assets: Option<PathBuf>,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
 }
 
 /// `tern deploy`: creates the tenant if needed (routed at `/<tenant>` unless `--host` or

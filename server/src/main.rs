@@ -49,22 +49,8 @@ enum Command {
     /// Deploy a module to a tenant on a running server (creating the tenant, routed at
     /// /<tenant>, if it does not exist).
     Deploy {
-        /// The tenant's name.
-        tenant: String,
-        /// The .wasm module (built for wasm32-wasip1 with the Tern guest SDK).
-        module: PathBuf,
-        /// Host routed to the tenant (repeatable; replaces its hosts).
-        #[arg(long = "host")]
-        hosts: Vec<String>,
-        /// Path prefix routed to the tenant (repeatable; replaces its paths).
-        #[arg(long = "path")]
-        paths: Vec<String>,
-        /// Environment variable for its guests, KEY=VALUE (repeatable; replaces its env).
-        #[arg(long = "env", value_parser = parse_env)]
-        env: Vec<(String, String)>,
-        /// A directory or .tar archive served read-only to the guests as /assets.
-        #[arg(long)]
-        assets: Option<PathBuf>,
+        #[command(flatten)]
+        deploy: tern::cli::Deploy,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -141,13 +127,6 @@ impl AdminArgs {
     }
 }
 
-fn parse_env(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .filter(|(k, _)| !k.is_empty())
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Log lines go through a bounded queue to a writer thread: a worker never waits on stderr,
@@ -172,24 +151,8 @@ fn main() -> ExitCode {
             data_dir,
         } => serve(config, listen, admin_listen, data_dir),
         Command::Compile { input, output } => compile(&input, &output),
-        Command::Deploy {
-            tenant,
-            module,
-            hosts,
-            paths,
-            env,
-            assets,
-            admin,
-        } => {
-            let d = tern::cli::Deploy {
-                tenant,
-                module,
-                hosts,
-                paths,
-                env,
-                assets,
-            };
-            admin.run(|t| async move { tern::cli::deploy(&t, &d).await })
+        Command::Deploy { deploy, admin } => {
+            admin.run(|t| async move { tern::cli::deploy(&t, &deploy).await })
         }
         Command::Tenants { name, json, admin } => {
             admin.run(|t| async move { tern::cli::tenants(&t, name.as_deref(), json).await })
