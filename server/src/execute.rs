@@ -12,10 +12,10 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::sync::oneshot;
 use wasmtime::{Extern, Store, Trap};
 use wasmtime_wasi::I32Exit;
-use wasmtime_wasi::WasiCtxBuilder;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
-use crate::hostcalls::{GuestFault, GuestLimits, GuestRequest, GuestResponse, GuestState, Head};
+use crate::hostcalls::{
+    GuestFault, GuestLimits, GuestRequest, GuestResponse, GuestState, Head, Wasi,
+};
 use crate::teardown;
 use crate::tenant::TenantRef;
 
@@ -144,7 +144,7 @@ pub struct RunOutput {
     /// The response, `Ok(None)` if it was streamed (its head went through `commit`), or the
     /// failure.
     pub result: Result<Option<Finished>, ExecError>,
-    /// `Store::new` + WASI context + `instantiate_async`.
+    /// `Store::new` + `instantiate_async` (the WASI context is built on first use, in `run`).
     pub instantiate: Duration,
     /// The handler call.
     pub run: Duration,
@@ -165,16 +165,8 @@ pub async fn run(
 ) -> RunOutput {
     let start = Instant::now();
     let limits = &tenant.limits;
-    let stdout = MemoryOutputPipe::new(limits.stdio_bytes);
-    let stderr = MemoryOutputPipe::new(limits.stdio_bytes);
-    let wasi = WasiCtxBuilder::new()
-        .args(&[&tenant.name])
-        .envs(&tenant.env)
-        .stdout(stdout.clone())
-        .stderr(stderr.clone())
-        .build_p1();
     let state = GuestState {
-        wasi,
+        wasi: Wasi::new(tenant.clone()),
         memory: None,
         request,
         response: GuestResponse::new(
@@ -261,13 +253,11 @@ pub async fn run(
     tenant
         .memory_peak
         .observe(store.data().limits.peak_memory as f64);
+    let stdio = store.data_mut().wasi.take_stdio();
     let teardown = teardown::teardown(store);
-    teardown::log_stdio(
-        &tenant,
-        request_id.to_str().unwrap_or("-"),
-        &stdout,
-        &stderr,
-    );
+    if let Some(stdio) = stdio {
+        teardown::log_stdio(&tenant, request_id.to_str().unwrap_or("-"), &stdio);
+    }
     RunOutput {
         result,
         instantiate: ran_from - start,

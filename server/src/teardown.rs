@@ -7,10 +7,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::hostcalls::{GuestState, Stdio};
 use wasmtime::Store;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-
-use crate::hostcalls::GuestState;
 
 /// Drops `store` and returns how long it took.
 pub fn teardown(store: Store<GuestState>) -> Duration {
@@ -22,14 +20,9 @@ pub fn teardown(store: Store<GuestState>) -> Duration {
 /// Logs what a guest wrote to stdout and stderr (each capped at the tenant's `stdio_bytes`):
 /// one line per stream with the output escaped (a newline stays `\n`), so a guest cannot forge
 /// log lines.
-pub fn log_stdio(
-    tenant: &crate::tenant::Tenant,
-    request_id: &str,
-    stdout: &MemoryOutputPipe,
-    stderr: &MemoryOutputPipe,
-) {
+pub fn log_stdio(tenant: &crate::tenant::Tenant, request_id: &str, stdio: &Stdio) {
     let (limit, name) = (tenant.limits.stdio_bytes, tenant.name.as_str());
-    for (stream, pipe) in [("stdout", stdout), ("stderr", stderr)] {
+    for (stream, pipe) in [("stdout", &stdio.stdout), ("stderr", &stdio.stderr)] {
         let bytes = pipe.contents();
         if !bytes.is_empty() && tenant.log_budget.allow() {
             let output = String::from_utf8_lossy(&bytes);

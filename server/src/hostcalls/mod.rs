@@ -12,7 +12,11 @@ use std::ops::Range;
 
 use tern_sdk::abi;
 use wasmtime::{Caller, Engine, Linker, Memory, ResourceLimiter};
+use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+
+use crate::tenant::TenantRef;
 
 pub use request::{GuestRequest, RequestBody};
 pub use response::{GuestResponse, Head};
@@ -20,7 +24,7 @@ pub use response::{GuestResponse, Head};
 /// Everything one request's store holds. Dropped with the store at teardown.
 pub struct GuestState {
     /// WASI preview1: args, this tenant's env, captured stdout/stderr; no files, no sockets.
-    pub wasi: WasiP1Ctx,
+    pub wasi: Wasi,
     /// The guest's exported memory, set right after instantiation.
     pub memory: Option<Memory>,
     /// The request the guest reads.
@@ -31,6 +35,61 @@ pub struct GuestState {
     pub limits: GuestLimits,
     /// The tenant's `/assets` and the files this request opened (tenants with assets only).
     pub files: fs::Files,
+}
+
+/// A guest's WASI preview1 context, built on its first WASI call.
+///
+/// Many handlers make no WASI call at all (the SDK's `hello` makes none), and building a
+/// context with its two capture pipes costs about as much as instantiating the guest, so a
+/// request pays for it only when its guest uses it.
+pub struct Wasi {
+    ctx: Option<WasiP1Ctx>,
+    tenant: TenantRef,
+    stdio: Option<Stdio>,
+}
+
+/// What a guest wrote to stdout and stderr, each capped at its tenant's `stdio_bytes`.
+pub struct Stdio {
+    /// Captured stdout.
+    pub stdout: MemoryOutputPipe,
+    /// Captured stderr.
+    pub stderr: MemoryOutputPipe,
+}
+
+impl Wasi {
+    /// A context for a guest of `tenant`, not built yet.
+    pub fn new(tenant: TenantRef) -> Self {
+        Self {
+            ctx: None,
+            tenant,
+            stdio: None,
+        }
+    }
+
+    /// The context, built now if this is the guest's first WASI call: args are the tenant
+    /// name, the environment its configured variables, stdout and stderr captured.
+    pub fn ctx(&mut self) -> &mut WasiP1Ctx {
+        self.ctx.get_or_insert_with(|| {
+            let t = &self.tenant;
+            let stdio = Stdio {
+                stdout: MemoryOutputPipe::new(t.limits.stdio_bytes),
+                stderr: MemoryOutputPipe::new(t.limits.stdio_bytes),
+            };
+            let ctx = WasiCtxBuilder::new()
+                .args(&[&t.name])
+                .envs(&t.env)
+                .stdout(stdio.stdout.clone())
+                .stderr(stdio.stderr.clone())
+                .build_p1();
+            self.stdio = Some(stdio);
+            ctx
+        })
+    }
+
+    /// The captured output, if the guest made any WASI call.
+    pub fn take_stdio(&mut self) -> Option<Stdio> {
+        self.stdio.take()
+    }
 }
 
 /// A guest fault caused by a host call, which traps the guest.
@@ -103,7 +162,7 @@ impl ResourceLimiter for GuestLimits {
 /// Only if wasmtime rejects a definition (a bug).
 pub fn linker(engine: &Engine, assets: bool) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
-    wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut GuestState| &mut s.wasi)?;
+    wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut GuestState| s.wasi.ctx())?;
     request::add_to_linker(&mut linker)?;
     response::add_to_linker(&mut linker)?;
     if assets {
