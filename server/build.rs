@@ -21,6 +21,7 @@ fn main() {
         "guest-sdk/src",
         "guest-sdk/examples",
         "guest-sdk/Cargo.toml",
+        "guest-sdk/build.rs",
         "Cargo.lock",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());

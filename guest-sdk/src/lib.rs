@@ -24,6 +24,13 @@
 //! at the `.wasm` file. Nothing survives between requests: statics start at their initial value
 //! every time.
 //!
+//! **Keep guests lean.** Tern instantiates and resets the guest for every request, so its cost
+//! grows with the memory pages the guest touches. Rust gives wasm programs a 1 MiB stack placed
+//! below their data; unless your handler recurses deeply, link with a 64 KiB one
+//! (`RUSTFLAGS="-C link-arg=-zstack-size=65536"`, or `rustflags` under
+//! `[target.wasm32-wasip1]` in `.cargo/config.toml`) — the SDK's examples do. Overflowing it
+//! traps the guest (status 500); it never corrupts data.
+//!
 //! Large bodies stream: [`Body`] implements [`std::io::Read`] and pulls the request body from
 //! the host in chunks, and [`ResponseWriter`] implements [`std::io::Write`].
 
