@@ -197,6 +197,12 @@ pub struct PoolConfig {
     /// Bytes at the top of each fiber stack kept resident; the stack is zeroed after every
     /// request, so this part is cleared by `memset` rather than by page faults next time.
     pub stack_keep_resident_kib: usize,
+    /// Zero each fiber stack after every request (defence in depth: guest code cannot address
+    /// the host stack, so this guards only against a host bug reading stale stack memory).
+    pub zero_stacks: bool,
+    /// Memory, table and stack pages to hand back to the kernel are queued and returned in
+    /// batches of this many slots (one `process_madvise` call); capped at `instances / 4`.
+    pub decommit_batch_size: usize,
     /// Find the pages a guest dirtied with Linux's `PAGEMAP_SCAN` ioctl (kernel 6.7+) and reset
     /// only those. One `ioctl` per request: it pays off for guests that dirty a scattered part
     /// of a large `memory_keep_resident_kib`; for small guests a plain `memset` is faster.
@@ -218,7 +224,9 @@ impl Default for PoolConfig {
             table_elements: 20_000,
             memory_keep_resident_kib: 1024,
             table_keep_resident_kib: 16,
-            stack_keep_resident_kib: 64,
+            stack_keep_resident_kib: 16,
+            zero_stacks: true,
+            decommit_batch_size: 64,
             pagemap_scan: true,
             max_wasm_stack_kib: 512,
             async_stack_kib: 1024,
