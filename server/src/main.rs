@@ -127,6 +127,10 @@ impl AdminArgs {
     }
 }
 
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Log lines go through a bounded queue to a writer thread: a worker never waits on stderr,
