@@ -13,9 +13,11 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 use crate::config::PoolConfig;
 
 /// How often the epoch advances. Each tick a running guest yields to the scheduler, so this is
-/// the time slice: 1 ms keeps a light tenant's latency low next to CPU-bound ones, while the
-/// yield itself (~1 µs) costs under 0.1 % of a busy guest's time.
-pub const EPOCH_TICK: Duration = Duration::from_millis(1);
+/// the time slice: a light tenant's request waits at most one slice per busy guest ahead of it
+/// on its worker. With 1 ms, `hello`'s p99 next to a CPU-bound tenant was 2.6x its solo value;
+/// with 500 µs 1.7x (`loadtest/bench.sh mixed`), while the yield itself (~1 µs) costs about
+/// 0.2 % of a busy guest's time.
+pub const EPOCH_TICK: Duration = Duration::from_micros(500);
 
 const KIB: usize = 1024;
 const MIB: u64 = 1024 * 1024;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::sync::oneshot;
-use wasmtime::{Extern, Store, Trap};
+use wasmtime::{Extern, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::I32Exit;
 
 use crate::hostcalls::{
@@ -185,8 +185,17 @@ pub async fn run(
     let mut store = Store::new(tenant.pre.module().engine(), state);
     store.limiter(|s| &mut s.limits);
     // The first deadline is one tick away and every tick yields: time slicing, not a limit.
+    // The yield is tokio's `yield_now`, which lets the runtime poll its sockets before the guest
+    // resumes. A plain wake-and-return-pending yield requeues the guest at once, and the
+    // runtime checks for I/O only every 61 task polls: with two busy guests on a worker, other
+    // tenants' requests waited tens of milliseconds (`loadtest/bench.sh mixed`).
     store.set_epoch_deadline(1);
-    store.epoch_deadline_async_yield_and_update(1);
+    store.epoch_deadline_callback(|_| {
+        Ok(UpdateDeadline::YieldCustom(
+            1,
+            Box::pin(tokio::task::yield_now()),
+        ))
+    });
 
     let mut instantiated = None;
     let guest = async {
