@@ -5,6 +5,9 @@
 //!
 //! Usage: `startup [TERN_BINARY] [N ...]` (defaults: `target/release/tern`, 1000 and 10000).
 //! Each N runs twice: all tenants sharing one module, and every tenant with its own module.
+//!
+//! `startup write-store DATA_DIR N` only writes the data directory (N tenants `t0`..`t{N-1}` on
+//! paths `/t0`.., one module each), for `loadtest/bench.sh density`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -130,7 +133,16 @@ fn start(tern: &Path, dir: &Path, last: usize) -> Start {
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some("write-store") {
+        let (Some(dir), Some(n)) = (args.nth(1), args.next().and_then(|n| n.parse().ok())) else {
+            eprintln!("usage: startup write-store DATA_DIR N");
+            std::process::exit(2);
+        };
+        write_store(Path::new(&dir), n, true).expect("write data dir");
+        println!("{n} tenants in {dir}");
+        return;
+    }
     let tern = PathBuf::from(args.next().unwrap_or_else(|| "target/release/tern".into()));
     let sizes: Vec<usize> = {
         let v: Vec<usize> = args.filter_map(|a| a.parse().ok()).collect();

@@ -1,0 +1,368 @@
+#!/usr/bin/env bash
+# Tern's end-to-end benchmarks, each measured side by side in one run on this machine.
+#
+#   bash loadtest/bench.sh throughput   Tern `hello` vs a native hyper hello (and `wasmtime serve`
+#                                       if a wasmtime 48 binary is found), HTTP/1.1 and HTTP/2
+#   bash loadtest/bench.sh scaling      requests/s and per-worker CPU for 1..N worker threads
+#   bash loadtest/bench.sh mixed        `hello` p99 alone and next to a CPU-bound tenant
+#   bash loadtest/bench.sh allocator    the same load with mimalloc and with the system allocator
+#   bash loadtest/bench.sh density      requests spread over 1, 100 and 10,000 tenants
+#   bash loadtest/bench.sh charts       PNG charts from the results (gnuplot)
+#   bash loadtest/bench.sh all          all of the above, in that order
+#
+# Settings (environment): SECS=10 per run, CONNS=64, WRK_THREADS=2, ROUNDS=2 (alternating runs;
+# the best of each is reported), WASMTIME=path/to/wasmtime (default: `wasmtime` on PATH, else
+# ~/.cache/tern-tools/wasmtime-48.0.8/bin/wasmtime). Results: loadtest/results/*.md and *.tsv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+SECS=${SECS:-10}
+CONNS=${CONNS:-64}
+WRK_THREADS=${WRK_THREADS:-2}
+ROUNDS=${ROUNDS:-2}
+RESULTS=$ROOT/loadtest/results
+TERN_PORT=18180 ADMIN_PORT=18190 NATIVE_PORT=18181 PEER_PORT=18182
+mkdir -p "$RESULTS"
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+need() { # command debian-package
+    command -v "$1" >/dev/null && return
+    echo "installing $2 for $1" >&2
+    apt-get install -y -qq "$2" >/dev/null 2>&1 || { echo "$1 is required (apt-get install $2)" >&2; exit 1; }
+}
+
+header() { # title command
+    echo "# $1"
+    echo
+    echo "- Command: \`$2\` (SECS=$SECS, CONNS=$CONNS, WRK_THREADS=$WRK_THREADS, ROUNDS=$ROUNDS)"
+    echo "- Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), Linux $(uname -r | cut -d- -f1); load generator on the same cores; $(date -u +%F); commit \`$(git rev-parse --short HEAD)\`"
+    echo
+}
+
+wait_http() { # url
+    for _ in $(seq 1 300); do curl -fs -o /dev/null "$1" && return 0; sleep 0.1; done
+    echo "no answer from $1" >&2
+    return 1
+}
+
+# Starts Tern with config $1 (remaining args: extra env assignments); sets TERN_PID.
+start_tern() {
+    local config=$1 bin=${TERN_BIN:-$ROOT/target/release/tern}
+    shift
+    env TERN_CACHE_DIR="$WORK/cache" TERN_DATA_DIR="$WORK/data" "$@" \
+        "$bin" serve --config "$config" --listen 127.0.0.1:$TERN_PORT \
+        --admin-listen 127.0.0.1:$ADMIN_PORT >>"$WORK/tern.log" 2>&1 &
+    TERN_PID=$!
+    PIDS+=("$TERN_PID")
+    wait_http "http://127.0.0.1:$ADMIN_PORT/readyz"
+}
+stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+
+# A config with the demo `hello` on /hello plus extra TOML ($1, placed before the tenant).
+hello_config() {
+    local f=$WORK/hello-$RANDOM.toml
+    printf '%b\n[[tenant]]\nname = "hello"\nmodule = "builtin:hello"\npaths = ["/hello"]\n' "${1:-}" >"$f"
+    echo "$f"
+}
+
+# wrk, HTTP/1.1 keep-alive -> "rps p50 p99 p999 errors" (latencies in µs)
+h1() { # url [conns] [script]
+    wrk -t"$WRK_THREADS" -c"${2:-$CONNS}" -d"${SECS}s" -s "${3:-loadtest/latency.lua}" "$1" | awk '/^RESULT/ {
+        for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+        print v["rps"], v["p50"], v["p99"], v["p999"], v["errors"] }'
+}
+
+# h2load, HTTP/2 with prior knowledge, 10 streams per connection -> same fields as h1
+h2() { # url
+    local log=$WORK/h2.log out
+    out=$(h2load -c"$CONNS" -m10 -t"$WRK_THREADS" -D "$SECS" --log-file "$log" "$1" 2>&1)
+    local rps failed
+    rps=$(echo "$out" | awk '/^finished in/ { gsub(",", "", $4); printf "%.0f", $4 }')
+    failed=$(echo "$out" | awk '/^requests:/ { print $10 + $12 + $14 }')
+    sort -n -k3,3 "$log" | awk -v rps="$rps" -v failed="$failed" '{ d[NR] = $3 } END {
+        printf "%s %d %d %d %d\n", rps, d[int(NR * 0.5)], d[int(NR * 0.99)], d[int(NR * 0.999)], failed }'
+}
+
+best() { sort -k1,1nr | head -1; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+row() { # label "rps p50 p99 p999 errors" -> markdown row
+    read -r rps p50 p99 p999 err <<<"$2"
+    echo "| $1 | $rps | $p50 µs | $p99 µs | $p999 µs | $err |"
+}
+
+build() {
+    cargo build --release --quiet -p tern -p tern-loadtest
+}
+
+find_wasmtime() {
+    local w=${WASMTIME:-}
+    [ -z "$w" ] && w=$(command -v wasmtime || true)
+    [ -z "$w" ] && [ -x "$HOME/.cache/tern-tools/wasmtime-48.0.8/bin/wasmtime" ] &&
+        w=$HOME/.cache/tern-tools/wasmtime-48.0.8/bin/wasmtime
+    echo "$w"
+}
+
+throughput() {
+    need wrk wrk
+    need h2load nghttp2-client
+    build
+    local config nolog wasmtime peer="" component
+    config=$(hello_config)
+    target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+    local native=$!
+    PIDS+=("$native")
+    wait_http "http://127.0.0.1:$NATIVE_PORT/"
+    wasmtime=$(find_wasmtime)
+    local peer_note="not run: no wasmtime binary (install: \`cargo install wasmtime-cli --version 48.0.8 --locked --root ~/.cache/tern-tools/wasmtime-48.0.8\`, ~25 min; or set WASMTIME)"
+    if [ -n "$wasmtime" ]; then
+        rustup target add wasm32-wasip2 >/dev/null 2>&1 || true
+        if (cd loadtest/peers/wasi-http-hello && cargo build --quiet --release --target wasm32-wasip2); then
+            component=loadtest/peers/wasi-http-hello/target/wasm32-wasip2/release/wasi_http_hello.wasm
+            "$wasmtime" serve --addr 127.0.0.1:$PEER_PORT "$component" >"$WORK/peer.log" 2>&1 &
+            peer=$!
+            PIDS+=("$peer")
+            wait_http "http://127.0.0.1:$PEER_PORT/"
+            peer_note="$("$wasmtime" --version), \`wasmtime serve\` with its defaults, serving \`loadtest/peers/wasi-http-hello\` (a Rust \`wasi:http\` component)"
+        else
+            peer_note="not run: the wasi:http component did not build"
+        fi
+    fi
+
+    local -A r=()
+    local n
+    for n in $(seq 1 "$ROUNDS"); do
+        # Alternate the servers so drift on a shared machine hits all alike.
+        r[native_h1]+="$(h1 http://127.0.0.1:$NATIVE_PORT/)"$'\n'
+        start_tern "$config"
+        r[tern_h1]+="$(h1 http://127.0.0.1:$TERN_PORT/hello)"$'\n'
+        r[native_h2]+="$(h2 http://127.0.0.1:$NATIVE_PORT/)"$'\n'
+        r[tern_h2]+="$(h2 http://127.0.0.1:$TERN_PORT/hello)"$'\n'
+        stop "$TERN_PID"
+        start_tern "$config" TERN_LOG=info,tern::access=off
+        r[tern_nolog_h1]+="$(h1 http://127.0.0.1:$TERN_PORT/hello)"$'\n'
+        stop "$TERN_PID"
+        if [ -n "$peer" ]; then
+            r[peer_h1]+="$(h1 http://127.0.0.1:$PEER_PORT/)"$'\n'
+        fi
+    done
+    local k
+    for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | best); done
+
+    local rate=${r[tern_h1]%% *} native_rate=${r[native_h1]%% *}
+    {
+        header "Throughput: Tern \`hello\` against native hyper and \`wasmtime serve\`" "bash loadtest/bench.sh throughput"
+        echo "Every Tern request instantiates a fresh \`hello\` guest (the Rust SDK example) from the pool,"
+        echo "runs it and tears it down. \`native-hello\` is the same tokio + hyper 1 front end with no Wasm."
+        echo "Tern runs with its defaults (access log on) unless the row says otherwise."
+        echo
+        echo "| server | requests/s | p50 | p99 | p99.9 | errors |"
+        echo "|---|---|---|---|---|---|"
+        row "native hyper hello, HTTP/1.1" "${r[native_h1]}"
+        row "Tern \`hello\`, HTTP/1.1" "${r[tern_h1]}"
+        row "Tern \`hello\`, HTTP/1.1, access log off" "${r[tern_nolog_h1]}"
+        [ -n "$peer" ] && row "\`wasmtime serve\` hello, HTTP/1.1" "${r[peer_h1]}"
+        row "native hyper hello, HTTP/2 (10 streams per connection)" "${r[native_h2]}"
+        row "Tern \`hello\`, HTTP/2 (10 streams per connection)" "${r[tern_h2]}"
+        echo
+        echo "- Tern / native, HTTP/1.1: **$(ratio "$rate" "$native_rate")** (access log off: $(ratio "${r[tern_nolog_h1]%% *}" "$native_rate"))"
+        echo "- Tern / native, HTTP/2: **$(ratio "${r[tern_h2]%% *}" "${r[native_h2]%% *}")**"
+        if [ -n "$peer" ]; then
+            echo "- Tern / \`wasmtime serve\`, HTTP/1.1: **$(ratio "$rate" "${r[peer_h1]%% *}")**"
+        fi
+        echo "- \`wasmtime serve\` peer: $peer_note"
+        echo "- HTTP/1.1 by \`wrk -t$WRK_THREADS -c$CONNS -d${SECS}s\`; HTTP/2 by \`h2load -c$CONNS -m10 -D $SECS\`; latencies in µs"
+    } | tee "$RESULTS/throughput.md"
+    printf 'server\trps\tp99_us\nnative\t%s\t%s\nTern hello\t%s\t%s\n' \
+        "$native_rate" "$(echo "${r[native_h1]}" | cut -d' ' -f3)" "$rate" "$(echo "${r[tern_h1]}" | cut -d' ' -f3)" \
+        >"$RESULTS/throughput.tsv"
+    if [ -n "$peer" ]; then
+        printf 'wasmtime serve\t%s\t%s\n' "${r[peer_h1]%% *}" "$(echo "${r[peer_h1]}" | cut -d' ' -f3)" >>"$RESULTS/throughput.tsv"
+    fi
+}
+
+# CPU ticks (user + system) of each worker thread of $1: "name ticks" lines.
+worker_ticks() {
+    local t
+    for t in /proc/"$1"/task/*; do
+        local name
+        name=$(cat "$t/comm" 2>/dev/null) || continue
+        case $name in tern-worker-*|tokio-runtime-w*) awk -v n="$name" '{ print n, $14 + $15 }' "$t/stat" ;; esac
+    done | sort
+}
+
+# Per-worker utilisation over a run: "w0 93 %, w1 95 %".
+utilisation() { # before after secs
+    join <(echo "$1") <(echo "$2") | awk -v s="$3" -v hz="$(getconf CLK_TCK)" '{
+        printf "%s%d %%", (NR > 1 ? ", " : ""), ($3 - $2) / (s * hz) * 100 }'
+}
+
+scaling() {
+    need wrk wrk
+    build
+    local cores max w rows="" tsv=$'workers\ttern_rps\tnative_rps'
+    cores=$(nproc)
+    max=${MAX_WORKERS:-$cores}
+    for w in $(seq 1 "$max"); do
+        local config before after t n
+        config=$(hello_config "[server]\nworker_threads = $w")
+        start_tern "$config"
+        before=$(worker_ticks "$TERN_PID")
+        t=$(h1 http://127.0.0.1:$TERN_PORT/hello)
+        after=$(worker_ticks "$TERN_PID")
+        local util
+        util=$(utilisation "$before" "$after" "$SECS")
+        stop "$TERN_PID"
+        TOKIO_WORKER_THREADS=$w target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+        local native=$!
+        wait_http "http://127.0.0.1:$NATIVE_PORT/"
+        n=$(h1 http://127.0.0.1:$NATIVE_PORT/)
+        stop "$native"
+        read -r trps _ tp99 _ terr <<<"$t"
+        read -r nrps _ np99 _ _ <<<"$n"
+        rows+="| $w | $trps | $tp99 µs | $util | $terr | $nrps | $np99 µs | $(ratio "$trps" "$nrps") |"$'\n'
+        tsv+=$'\n'"$w"$'\t'"$trps"$'\t'"$nrps"
+    done
+    {
+        header "Scaling: requests/s per worker thread count" "bash loadtest/bench.sh scaling"
+        echo "Tern serves \`hello\` with \`[server] worker_threads = N\` (one single-threaded runtime and"
+        echo "\`SO_REUSEPORT\` listener per worker); the native baseline runs with \`TOKIO_WORKER_THREADS=N\`."
+        echo "Worker CPU is each worker thread's user + system time over the run, as a share of one core."
+        echo "The load generator runs on the same $cores cores, so the last rows share cores with it."
+        echo
+        echo "| workers | Tern req/s | Tern p99 | Tern worker CPU | errors | native req/s | native p99 | Tern / native |"
+        echo "|---:|---:|---:|---|---:|---:|---:|---:|"
+        printf '%s' "$rows"
+    } | tee "$RESULTS/scaling.md"
+    echo "$tsv" >"$RESULTS/scaling.tsv"
+}
+
+mixed() {
+    need wrk wrk
+    build
+    cargo build --quiet -p tern-test-guests --bin cpu_burn --target wasm32-wasip1 --profile guest
+    local burn=$ROOT/target/wasm32-wasip1/guest/cpu_burn.wasm config solo mixed burnres
+    config=$(hello_config)
+    printf '\n[[tenant]]\nname = "burn"\nmodule = "%s"\npaths = ["/burn"]\n' "$burn" >>"$config"
+    local -a solos=() mixes=()
+    local n
+    for n in $(seq 1 "$ROUNDS"); do
+        start_tern "$config"
+        solos+=("$(h1 http://127.0.0.1:$TERN_PORT/hello)")
+        # 4 clients keep the CPU-bound tenant busy (each request computes for 20 ms) while the
+        # same hello load runs.
+        wrk -t1 -c4 -d"$((SECS + 2))s" -s loadtest/latency.lua "http://127.0.0.1:$TERN_PORT/burn?ms=20" >"$WORK/burn.out" &
+        local bw=$!
+        sleep 1
+        mixes+=("$(h1 http://127.0.0.1:$TERN_PORT/hello)")
+        wait "$bw" || true
+        burnres=$(awk '/^RESULT/ { print $2, $4 }' "$WORK/burn.out")
+        stop "$TERN_PID"
+    done
+    solo=$(printf '%s\n' "${solos[@]}" | best)
+    mixed=$(printf '%s\n' "${mixes[@]}" | best)
+    {
+        header "Mixed load: \`hello\` next to a CPU-bound tenant" "bash loadtest/bench.sh mixed"
+        echo "The CPU-bound tenant (\`server/guests/src/bin/cpu_burn.rs\`, 20 ms of computation per"
+        echo "request, 4 clients) yields at every epoch tick (1 ms), so \`hello\` requests are not stuck"
+        echo "behind it. Target: \`hello\`'s p99 within 2x of its solo value."
+        echo
+        echo "| run | hello req/s | p50 | p99 | p99.9 | errors |"
+        echo "|---|---:|---:|---:|---:|---:|"
+        row "hello alone" "$solo"
+        row "hello + CPU-bound tenant" "$mixed"
+        echo
+        echo "- hello p99 mixed / solo: **$(ratio "$(echo "$mixed" | cut -d' ' -f3)" "$(echo "$solo" | cut -d' ' -f3)")**"
+        echo "- the CPU-bound tenant during the last run: ${burnres:-?} (requests/s, p99 µs)"
+    } | tee "$RESULTS/mixed.md"
+}
+
+allocator() {
+    need wrk wrk
+    cargo build --release --quiet -p tern --no-default-features
+    cp target/release/tern "$WORK/tern-system"
+    build
+    cp target/release/tern "$WORK/tern-mimalloc"
+    local config n a
+    config=$(hello_config)
+    local -A r=()
+    for n in $(seq 1 "$ROUNDS"); do
+        for a in mimalloc system; do
+            TERN_BIN=$WORK/tern-$a start_tern "$config"
+            r[$a]+="$(h1 http://127.0.0.1:$TERN_PORT/hello)"$'\n'
+            stop "$TERN_PID"
+        done
+    done
+    for a in mimalloc system; do r[$a]=$(printf '%s' "${r[$a]}" | grep . | best); done
+    {
+        header "Host allocator: mimalloc against the system allocator" "bash loadtest/bench.sh allocator"
+        echo "The same Tern build with the default \`mimalloc\` feature and with \`--no-default-features\`"
+        echo "(glibc malloc), alternating, under the \`hello\` load."
+        echo
+        echo "| allocator | requests/s | p50 | p99 | p99.9 | errors |"
+        echo "|---|---:|---:|---:|---:|---:|"
+        row "mimalloc (default)" "${r[mimalloc]}"
+        row "system (glibc)" "${r[system]}"
+        echo
+        echo "- mimalloc / system: **$(ratio "${r[mimalloc]%% *}" "${r[system]%% *}")**"
+    } | tee "$RESULTS/allocator.md"
+}
+
+density() {
+    need wrk wrk
+    build
+    local rows="" n
+    for n in ${DENSITY:-1 100 10000}; do
+        local dir=$WORK/density-$n
+        target/release/startup write-store "$dir/data" "$n" >/dev/null
+        printf '[server]\nadmin_token = "x"\n' >"$dir/tern.toml"
+        cat >"$dir/spread.lua" <<EOF
+local n = $n
+request = function() return wrk.format("GET", "/t" .. math.random(0, n - 1)) end
+EOF
+        cat loadtest/latency.lua >>"$dir/spread.lua"
+        local cold warm start
+        start=$(date +%s.%N)
+        env TERN_CACHE_DIR="$dir/cache" target/release/tern serve --config "$dir/tern.toml" \
+            --data-dir "$dir/data" --listen 127.0.0.1:$TERN_PORT --admin-listen 127.0.0.1:$ADMIN_PORT \
+            >>"$WORK/tern.log" 2>&1 &
+        TERN_PID=$!
+        wait_http "http://127.0.0.1:$ADMIN_PORT/readyz"
+        cold=$(h1 http://127.0.0.1:$TERN_PORT/ "$CONNS" "$dir/spread.lua")
+        warm=$(h1 http://127.0.0.1:$TERN_PORT/ "$CONNS" "$dir/spread.lua")
+        local rss
+        rss=$(awk '/VmRSS/ { printf "%.0f", $2 / 1024 }' /proc/$TERN_PID/status)
+        stop "$TERN_PID"
+        read -r crps _ cp99 _ cerr <<<"$cold"
+        read -r wrps _ wp99 _ werr <<<"$warm"
+        rows+="| $n | $crps | $cp99 µs | $wrps | $wp99 µs | $((cerr + werr)) | $rss MiB |"$'\n'
+    done
+    {
+        header "Tenant density: requests spread over many tenants" "bash loadtest/bench.sh density"
+        echo "N tenants deployed through the data directory (as \`tern deploy\` leaves it), each with its"
+        echo "own module (a minimal ABI v1 guest with one host call; \`target/release/startup write-store\`)"
+        echo "and its own path \`/tI\`; every request goes to a random tenant. *Cold* is the first run"
+        echo "after start (every module's first instantiation maps its image), *warm* the run after it."
+        echo
+        echo "| tenants | cold req/s | cold p99 | warm req/s | warm p99 | errors | RSS after |"
+        echo "|---:|---:|---:|---:|---:|---:|---:|"
+        printf '%s' "$rows"
+    } | tee "$RESULTS/density.md"
+}
+
+charts() {
+    need gnuplot gnuplot-nox
+    bash loadtest/charts.sh
+}
+
+case ${1:-} in
+    throughput | scaling | mixed | allocator | density | charts) "$1" ;;
+    all) throughput; scaling; mixed; allocator; density; charts ;;
+    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
