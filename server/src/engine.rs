@@ -33,6 +33,11 @@ pub fn engine_config(pool: &PoolConfig) -> Config {
         .total_memories(n)
         .total_tables(n)
         .total_stacks(n)
+        // A freed slot keeps its module's heap image mapped, so the module's next request
+        // reuses it without an `mmap`. wasmtime keeps at most 100 such slots by default: with
+        // 100 tenants spread over the pool, most requests then remapped an image and
+        // throughput fell from 70k to 29k requests/s (`loadtest/bench.sh density`).
+        .max_unused_warm_slots(n)
         // One module per instance (no components): one memory and table each.
         .max_memories_per_module(1)
         .max_tables_per_module(1)
@@ -50,9 +55,11 @@ pub fn engine_config(pool: &PoolConfig) -> Config {
         // Keeping the top of each stack resident makes the zeroing a memset, not a page fault.
         .async_stack_keep_resident(pool.stack_keep_resident_kib * KIB);
     // Batched `madvise`: a lone one per request forces a TLB shootdown on every other core
-    // running a worker (+18 % requests/s at 64 in `loadtest/`). A queued slot is not reused
-    // before its batch is flushed, and the pool flushes early when it runs out of free slots.
-    p.decommit_batch_size(pool.decommit_batch_size.min(n as usize / 4).max(1));
+    // running a worker (+15 % requests/s in `loadtest/bench.sh throughput`). A queued slot is
+    // not reused before its batch is flushed (the pool flushes early when it runs out), so a
+    // large batch keeps slots from their modules: with 64, 100 tenants got 44k requests/s,
+    // with 16 65k (`loadtest/bench.sh density`).
+    p.decommit_batch_size(pool.decommit_batch_size.min(n as usize / 8).max(1));
 
     let mut c = Config::new();
     c.allocation_strategy(InstanceAllocationStrategy::Pooling(p))

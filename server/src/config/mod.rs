@@ -201,7 +201,7 @@ pub struct PoolConfig {
     /// the host stack, so this guards only against a host bug reading stale stack memory).
     pub zero_stacks: bool,
     /// Memory, table and stack pages to hand back to the kernel are queued and returned in
-    /// batches of this many slots (one `process_madvise` call); capped at `instances / 4`.
+    /// batches of this many slots (one `process_madvise` call); capped at `instances / 8`.
     pub decommit_batch_size: usize,
     /// Find the pages a guest dirtied with Linux's `PAGEMAP_SCAN` ioctl (kernel 6.7+) and reset
     /// only those. One `ioctl` per request: it pays off for guests that dirty a scattered part
@@ -226,7 +226,7 @@ impl Default for PoolConfig {
             table_keep_resident_kib: 16,
             stack_keep_resident_kib: 16,
             zero_stacks: true,
-            decommit_batch_size: 64,
+            decommit_batch_size: 16,
             pagemap_scan: true,
             max_wasm_stack_kib: 512,
             async_stack_kib: 1024,
