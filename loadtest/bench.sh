@@ -179,7 +179,7 @@ throughput() {
         echo "- \`wasmtime serve\` peer: $peer_note"
         echo "- HTTP/1.1 by \`wrk -t$WRK_THREADS -c$CONNS -d${SECS}s\`; HTTP/2 by \`h2load -c$CONNS -m10 -D $SECS\`; latencies in µs"
     } | tee "$RESULTS/throughput.md"
-    printf 'server\trps\tp99_us\nnative\t%s\t%s\nTern hello\t%s\t%s\n' \
+    printf '# server\trps\tp99_us\nnative\t%s\t%s\nTern hello\t%s\t%s\n' \
         "$native_rate" "$(echo "${r[native_h1]}" | cut -d' ' -f3)" "$rate" "$(echo "${r[tern_h1]}" | cut -d' ' -f3)" \
         >"$RESULTS/throughput.tsv"
     if [ -n "$peer" ]; then
@@ -206,7 +206,7 @@ utilisation() { # before after secs
 scaling() {
     need wrk wrk
     build
-    local cores max w rows="" tsv=$'workers\ttern_rps\tnative_rps'
+    local cores max w rows="" tsv=$'# workers\ttern_rps\tnative_rps'
     cores=$(nproc)
     max=${MAX_WORKERS:-$cores}
     for w in $(seq 1 "$max"); do

@@ -308,12 +308,12 @@ fn reset_settings(c: &mut Criterion) {
     let mut g = c.benchmark_group("reset_settings_total_hello");
     g.measurement_time(Duration::from_secs(3));
     for (keep_kib, scan, stack_kib) in [
-        (0, false, 64),
-        (64, false, 64),
-        (1024, false, 64),
-        (1024, true, 64),
+        (0, false, 16),
+        (64, false, 16),
+        (1024, false, 16),
         (1024, true, 16),
-        (4096, true, 64),
+        (1024, true, 64),
+        (4096, true, 16),
     ] {
         let pool = PoolConfig {
             memory_keep_resident_kib: keep_kib,

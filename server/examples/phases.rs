@@ -2,7 +2,7 @@
 //! on one thread and print p50/p90/p99 of each phase.
 //!
 //! ```sh
-//! cargo run --release -p tern --example phases -- GUEST.wasm [REQUESTS] [KEY=VALUE ...]
+//! cargo run --release -p tern --example phases -- GUEST.wasm|GUEST.wat [REQUESTS] [KEY=VALUE ...]
 //! cargo run --release -p tern --example phases -- builtin:hello 200000 memory_keep_resident_kib=128
 //! ```
 //!
@@ -37,6 +37,7 @@ fn main() -> anyhow::Result<()> {
         Some(name) => tern::demo::module(name)
             .ok_or_else(|| anyhow::anyhow!("no builtin {name}"))?
             .to_vec(),
+        None if module.ends_with(".wat") => wat::parse_file(&module)?,
         None => std::fs::read(&module)?,
     };
     let toml = format!("{pool_toml}[[tenant]]\nname = \"probe\"\nmodule = \"x.wasm\"\n");
