@@ -125,11 +125,13 @@ throughput() {
         rustup target add wasm32-wasip2 >/dev/null 2>&1 || true
         if (cd loadtest/peers/wasi-http-hello && cargo build --quiet --release --target wasm32-wasip2); then
             component=loadtest/peers/wasi-http-hello/target/wasm32-wasip2/release/wasi_http_hello.wasm
-            "$wasmtime" serve --addr 127.0.0.1:$PEER_PORT "$component" >"$WORK/peer.log" 2>&1 &
+            # `-S cli`: Rust's wasm32-wasip2 standard library imports `wasi:cli/environment`,
+            # which the bare proxy world of `wasmtime serve` does not provide.
+            "$wasmtime" serve -S cli --addr 127.0.0.1:$PEER_PORT "$component" >"$WORK/peer.log" 2>&1 &
             peer=$!
             PIDS+=("$peer")
             wait_http "http://127.0.0.1:$PEER_PORT/"
-            peer_note="$("$wasmtime" --version), \`wasmtime serve\` with its defaults, serving \`loadtest/peers/wasi-http-hello\` (a Rust \`wasi:http\` component)"
+            peer_note="$("$wasmtime" --version), \`wasmtime serve -S cli\` (otherwise its defaults), serving \`loadtest/peers/wasi-http-hello\` (a Rust \`wasi:http\` component)"
         else
             peer_note="not run: the wasi:http component did not build"
         fi
@@ -270,7 +272,7 @@ mixed() {
     {
         header "Mixed load: \`hello\` next to a CPU-bound tenant" "bash loadtest/bench.sh mixed"
         echo "The CPU-bound tenant (\`server/guests/src/bin/cpu_burn.rs\`, 20 ms of computation per"
-        echo "request, 4 clients) yields at every epoch tick (1 ms), so \`hello\` requests are not stuck"
+        echo "request, 4 clients) yields at every epoch tick (500 µs), so \`hello\` requests are not stuck"
         echo "behind it. Target: \`hello\`'s p99 within 2x of its solo value."
         echo
         echo "| run | hello req/s | p50 | p99 | p99.9 | errors |"
