@@ -7,17 +7,15 @@
 //! Phase figures come from the server's own phase timers (`execute::run`), summed by criterion's
 //! `iter_custom`, so each line is the mean time of that phase alone.
 
-use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod support;
+
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use http::{HeaderMap, HeaderValue, Method, Uri};
-use tern::config::{Config, PoolConfig};
-use tern::execute::{self, RunOutput};
-use tern::hostcalls::{self, GuestRequest, RequestBody};
-use tern::metrics::Metrics;
-use tern::tenant::{self, TenantRef};
+use support::Harness;
+use tern::config::PoolConfig;
+use tern::execute::RunOutput;
+use tern::tenant::TenantRef;
 use wasm_encoder::{
     CodeSection, ConstExpr, DataSection, ExportKind, ExportSection, Function, FunctionSection,
     Instruction, MemArg, MemArgTarget, MemorySection, MemoryType, Module, TypeSection,
@@ -91,57 +89,27 @@ fn heap_module(pages: u64, touch: u32, fill: impl Fn(u64) -> bool) -> Vec<u8> {
     m.finish()
 }
 
+/// A harness, a runtime to drive it, and a cache directory for its artifacts.
 struct Bench {
     rt: tokio::runtime::Runtime,
-    engine: wasmtime::Engine,
-    linker: hostcalls::Linkers,
-    metrics: Metrics,
-    pool: PoolConfig,
+    h: Harness,
     cache: tempfile::TempDir,
-    _ticker: tern::engine::EpochTicker,
 }
 
 impl Bench {
     fn new(pool: PoolConfig) -> Self {
-        let engine = tern::engine::build(&pool).expect("engine");
         Self {
             rt: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap(),
-            linker: hostcalls::Linkers::new(&engine).expect("linker"),
-            _ticker: tern::engine::EpochTicker::start(&engine),
-            engine,
-            metrics: Metrics::new(1000),
-            pool,
+            h: Harness::new(pool).expect("engine"),
             cache: tempfile::tempdir().unwrap(),
         }
     }
 
-    /// Compiles, seals, stores and maps `wasm` as the server does, then pre-links it.
     fn tenant(&self, name: &str, wasm: &[u8]) -> TenantRef {
-        let module = tern::artifact::load_wasm(&self.engine, wasm, name, self.cache.path())
-            .unwrap()
-            .module;
-        let config = Config::parse(
-            &format!("[[tenant]]\nname = \"{name}\"\nmodule = \"x.wasm\"\n"),
-            "bench.toml",
-            Path::new(".").to_path_buf(),
-        )
-        .unwrap();
-        Arc::new(
-            tenant::prepare(
-                &self.linker,
-                &module,
-                &config.tenants[0],
-                tenant::Origin::Config,
-                None,
-                Default::default(),
-                &self.pool,
-                &self.metrics,
-            )
-            .unwrap(),
-        )
+        self.h.tenant(name, wasm, self.cache.path()).unwrap()
     }
 
     /// Criterion's mean of `phase` over whole requests of `tenant`.
@@ -155,7 +123,7 @@ impl Bench {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     let start = Instant::now();
-                    let out = request(tenant).await;
+                    let out = request_ok(tenant).await;
                     total += phase(&out, start.elapsed());
                 }
                 total
@@ -164,22 +132,8 @@ impl Bench {
     }
 }
 
-async fn request(tenant: &TenantRef) -> RunOutput {
-    let req = GuestRequest::new(
-        Method::GET,
-        Uri::from_static("/"),
-        HeaderMap::new(),
-        RequestBody::Empty,
-        u64::MAX,
-    );
-    let (commit, _head) = tokio::sync::oneshot::channel();
-    let out = execute::run(
-        tenant.clone(),
-        req,
-        commit,
-        HeaderValue::from_static("bench"),
-    )
-    .await;
+async fn request_ok(tenant: &TenantRef) -> RunOutput {
+    let out = support::request(tenant).await;
     assert!(
         out.result.is_ok(),
         "bench guest failed: {:?}",
@@ -204,38 +158,21 @@ fn lifecycle(c: &mut Criterion) {
     let hello = tern::demo::module("hello").unwrap();
     let cache = tempfile::tempdir().unwrap();
     {
-        let b = Bench::new(small_pool());
-        tern::artifact::load_wasm(&b.engine, hello, "hello", cache.path()).unwrap();
+        let h = Harness::new(small_pool()).unwrap();
+        tern::artifact::load_wasm(&h.engine, hello, "hello", cache.path()).unwrap();
     }
     g.bench_function("cold_start_hello", |bch| {
         bch.iter_custom(|iters| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let start = Instant::now();
-                let b = Bench::new(small_pool());
-                let module = tern::artifact::load_wasm(&b.engine, hello, "hello", cache.path())
-                    .unwrap()
-                    .module;
-                let config = Config::parse(
-                    "[[tenant]]\nname = \"hello\"\nmodule = \"x\"\n",
-                    "b",
-                    ".".into(),
-                )
-                .unwrap();
-                let t = Arc::new(
-                    tenant::prepare(
-                        &b.linker,
-                        &module,
-                        &config.tenants[0],
-                        tenant::Origin::Config,
-                        None,
-                        Default::default(),
-                        &b.pool,
-                        &b.metrics,
-                    )
-                    .unwrap(),
-                );
-                b.rt.block_on(request(&t));
+                let h = Harness::new(small_pool()).unwrap();
+                let t = h.tenant("hello", hello, cache.path()).unwrap();
+                rt.block_on(request_ok(&t));
                 total += start.elapsed();
             }
             total

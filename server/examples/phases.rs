@@ -10,20 +10,19 @@
 //! for a given guest. Useful to see what a guest costs per request before deploying it.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderValue, Method, Uri};
 use tern::config::Config;
-use tern::execute::{self, RunOutput};
-use tern::hostcalls::{self, GuestRequest, RequestBody};
-use tern::metrics::Metrics;
-use tern::tenant::{self, TenantRef};
+
+#[path = "../benches/support/mod.rs"]
+mod support;
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let Some(module) = args.next() else {
-        anyhow::bail!("usage: phases GUEST.wasm|builtin:NAME [REQUESTS] [POOL_KEY=VALUE ...]");
+        anyhow::bail!(
+            "usage: phases GUEST.wasm|GUEST.wat|builtin:NAME [REQUESTS] [POOL_KEY=VALUE ...]"
+        );
     };
     let mut requests = 100_000usize;
     let mut pool_toml = String::from("[pool]\ninstances = 4\n");
@@ -40,26 +39,10 @@ fn main() -> anyhow::Result<()> {
         None if module.ends_with(".wat") => wat::parse_file(&module)?,
         None => std::fs::read(&module)?,
     };
-    let toml = format!("{pool_toml}[[tenant]]\nname = \"probe\"\nmodule = \"x.wasm\"\n");
-    let config = Config::parse(&toml, "phases.toml", Path::new(".").to_path_buf())?;
-    let engine = tern::engine::build(&config.pool)?;
-    let _ticker = tern::engine::EpochTicker::start(&engine);
-    let linkers = hostcalls::Linkers::new(&engine)?;
-    let metrics = Metrics::new(1000);
-    let cache = std::env::temp_dir().join(format!("tern-phases-{}", std::process::id()));
-    std::fs::create_dir_all(&cache)?;
-    let loaded = tern::artifact::load_wasm(&engine, &wasm, "probe", &cache);
-    let _ = std::fs::remove_dir_all(&cache);
-    let tenant: TenantRef = Arc::new(tenant::prepare(
-        &linkers,
-        &loaded?.module,
-        &config.tenants[0],
-        tenant::Origin::Config,
-        None,
-        Default::default(),
-        &config.pool,
-        &metrics,
-    )?);
+    let pool = Config::parse(&pool_toml, "phases.toml", Path::new(".").to_path_buf())?.pool;
+    let harness = support::Harness::new(pool)?;
+    let cache = tempfile::tempdir()?;
+    let tenant = harness.tenant("probe", &wasm, cache.path())?;
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -68,7 +51,7 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async {
         for i in 0..requests + requests / 10 {
             let start = Instant::now();
-            let out = request(&tenant).await;
+            let out = support::request(&tenant).await;
             let total = start.elapsed();
             if let Err(e) = &out.result {
                 anyhow::bail!("guest failed: {e}");
@@ -102,22 +85,4 @@ fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-async fn request(tenant: &TenantRef) -> RunOutput {
-    let req = GuestRequest::new(
-        Method::GET,
-        Uri::from_static("/"),
-        HeaderMap::new(),
-        RequestBody::Empty,
-        u64::MAX,
-    );
-    let (commit, _head) = tokio::sync::oneshot::channel();
-    execute::run(
-        tenant.clone(),
-        req,
-        commit,
-        HeaderValue::from_static("probe"),
-    )
-    .await
 }
