@@ -39,20 +39,18 @@ rows = [
     ("total per request, `hello` (instantiate + run + teardown)", 60, ph["total"][0]),
 ]
 res = "loadtest/results"
-with open(f"{res}/lifecycle.tsv", "w") as f:
-    f.write("# phase\tLucet_us\tTern_us\n")
-    for name, lucet, tern in rows[1:]:
-        short = name.split(" (")[0].replace("`", "")
-        f.write(f"{short}\t{lucet}\t{tern:.3f}\n")
+def write_tsv(name, header, table):
+    with open(f"{res}/{name}.tsv", "w") as f:
+        f.write("# " + "\t".join(header) + "\n")
+        for r in table:
+            f.write("\t".join(str(x) for x in r) + "\n")
 sizes = [64, 1024, 4096, 16384, 65536]
-with open(f"{res}/heap.tsv", "w") as f:
-    f.write("# heap_KiB\tdense_us\tsparse_us\n")
-    for k in sizes:
-        f.write(f"{k}\t{median_us(f'instantiate_vs_heap/dense/{k}KiB'):.3f}\t{median_us(f'instantiate_vs_heap/sparse/{k}KiB'):.3f}\n")
-with open(f"{res}/teardown.tsv", "w") as f:
-    f.write("# touched_KiB\tTern_us\tLucet_us\n")
-    for k in sizes:
-        f.write(f"{k}\t{median_us(f'teardown_vs_touched/{k}KiB'):.3f}\t{23 + 37.5 * k / 1024:.1f}\n")
+heap = [(k, median_us(f"instantiate_vs_heap/dense/{k}KiB"), median_us(f"instantiate_vs_heap/sparse/{k}KiB")) for k in sizes]
+td = [(k, median_us(f"teardown_vs_touched/{k}KiB"), 23 + 37.5 * k / 1024) for k in sizes]
+write_tsv("lifecycle", ("phase", "Lucet_us", "Tern_us"),
+          [(name.split(" (")[0].replace("`", ""), lucet, round(tern, 3)) for name, lucet, tern in rows[1:]])
+write_tsv("heap", ("heap_KiB", "dense_us", "sparse_us"), [(k, round(d, 3), round(sp, 3)) for k, d, sp in heap])
+write_tsv("teardown", ("touched_KiB", "Tern_us", "Lucet_us"), [(k, round(t, 3), round(l, 1)) for k, t, l in td])
 
 L = []
 L.append("# Instance lifecycle: Tern against Lucet's published figures\n")
@@ -79,19 +77,16 @@ L.append("")
 L.append("## Instantiation against initial heap size (copy-on-write images)\n")
 L.append("| initial heap | dense | sparse (one page in eight) |")
 L.append("|---:|---:|---:|")
-heap = [l.split("\t") for l in open(f"{res}/heap.tsv") if not l.startswith("#")]
-for k, d, s in heap:
-    L.append(f"| {int(k)} KiB | {float(d):.2f} µs | {float(s):.2f} µs |")
-d64, d0 = float(heap[-1][1]), float(heap[0][1])
-L.append(f"\n64 MiB / 64 KiB (dense): **{d64 / d0:.2f}x** (target: within 2x; Lucet's grew linearly).")
+for k, d, sp in heap:
+    L.append(f"| {k} KiB | {d:.2f} µs | {sp:.2f} µs |")
+L.append(f"\n64 MiB / 64 KiB (dense): **{heap[-1][1] / heap[0][1]:.2f}x** (target: within 2x; Lucet's grew linearly).")
 L.append("![heap](heap.png)\n")
 L.append("## Teardown against memory the guest touched\n")
 L.append("| touched | Tern | Lucet (23 µs + 37.5 µs per MiB) |")
 L.append("|---:|---:|---:|")
-td = [l.split("\t") for l in open(f"{res}/teardown.tsv") if not l.startswith("#")]
 for k, t, l in td:
-    L.append(f"| {int(k)} KiB | {float(t):.1f} µs | {float(l):.0f} µs |")
-slope = (float(td[-1][1]) - float(td[-2][1])) / ((int(td[-1][0]) - int(td[-2][0])) / 1024)
+    L.append(f"| {k} KiB | {t:.1f} µs | {l:.0f} µs |")
+slope = (td[-1][1] - td[-2][1]) / ((td[-1][0] - td[-2][0]) / 1024)
 L.append(f"\nTern: about {slope:.1f} µs per MiB touched beyond what is kept resident (Lucet: 35-40).")
 L.append("![teardown](teardown.png)\n")
 L.append("## Pool reset settings (total per `hello` request, criterion median)\n")
