@@ -7,6 +7,8 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use tokio::sync::mpsc;
 
+use crate::metrics::Undelivered;
+
 /// A streaming body ended early because its guest failed after the head was sent.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("the guest failed after its response had started; the body is incomplete")]
@@ -20,14 +22,40 @@ pub type StreamItem = Result<Bytes, BodyAborted>;
 pub enum ResponseBody {
     /// Complete bytes (sent with a `Content-Length`); `None` once sent.
     Full(Option<Bytes>),
-    /// Chunks from a running guest.
-    Stream(mpsc::Receiver<StreamItem>),
+    /// Chunks from a guest, which may still be running.
+    Stream(GuestStream),
 }
 
 impl ResponseBody {
     /// A complete body.
     pub fn full(bytes: impl Into<Bytes>) -> Self {
         Self::Full(Some(bytes.into()))
+    }
+
+    /// A body streamed from a guest through `rx`. Unless the request was a `HEAD` (whose
+    /// body is never sent), a stream that does not reach its end is counted in `undelivered`.
+    pub fn stream(rx: mpsc::Receiver<StreamItem>, undelivered: Undelivered, head: bool) -> Self {
+        Self::Stream(GuestStream {
+            rx,
+            undelivered: (!head).then_some(undelivered),
+        })
+    }
+}
+
+/// A guest's streamed body. It counts itself as undelivered if it is aborted by its guest or
+/// dropped (the client left) before its end.
+#[derive(Debug)]
+pub struct GuestStream {
+    rx: mpsc::Receiver<StreamItem>,
+    /// Where a cut body is counted; `None` once the body has ended (or for a `HEAD`).
+    undelivered: Option<Undelivered>,
+}
+
+impl Drop for GuestStream {
+    fn drop(&mut self) {
+        if let Some(u) = self.undelivered.take() {
+            u.client_gone.inc();
+        }
     }
 }
 
@@ -46,9 +74,20 @@ impl http_body::Body for ResponseBody {
                     .filter(|b| !b.is_empty())
                     .map(|b| Ok(Frame::data(b))),
             ),
-            Self::Stream(rx) => rx
-                .poll_recv(cx)
-                .map(|item| item.map(|r| r.map(Frame::data))),
+            Self::Stream(s) => {
+                let item = std::task::ready!(s.rx.poll_recv(cx));
+                match &item {
+                    Some(Ok(_)) => {}
+                    // The end: delivered as far as the server can tell.
+                    None => s.undelivered = None,
+                    Some(Err(BodyAborted)) => {
+                        if let Some(u) = s.undelivered.take() {
+                            u.guest_failed.inc();
+                        }
+                    }
+                }
+                Poll::Ready(item.map(|r| r.map(Frame::data)))
+            }
         }
     }
 

@@ -138,12 +138,22 @@ pub struct Finished {
     pub body: Bytes,
 }
 
+/// How a guest that ran to its end answered.
+#[derive(Debug)]
+pub enum Reply {
+    /// The whole response, buffered.
+    Buffered(Finished),
+    /// The body outgrew the buffer: the head went through `commit` and the body through its
+    /// channel. The front end answers with that head, whether or not it saw it before the
+    /// guest ended.
+    Streamed,
+}
+
 /// What a run produced and how long its phases took.
 #[derive(Debug)]
 pub struct RunOutput {
-    /// The response, `Ok(None)` if it was streamed (its head went through `commit`), or the
-    /// failure.
-    pub result: Result<Option<Finished>, ExecError>,
+    /// The reply, or the failure.
+    pub result: Result<Reply, ExecError>,
     /// `Store::new` + `instantiate_async` (the WASI context is built on first use, in `run`).
     pub instantiate: Duration,
     /// The handler call.
@@ -238,10 +248,10 @@ pub async fn run(
         Ok(Err(stage)) => classify(stage, store.data()),
     };
     let result = match result {
-        Ok(()) if store.data().response.is_streaming() => Ok(None),
+        Ok(()) if store.data().response.is_streaming() => Ok(Reply::Streamed),
         Ok(()) => {
             let resp = &mut store.data_mut().response;
-            Ok(Some(Finished {
+            Ok(Reply::Buffered(Finished {
                 status: resp.status,
                 headers: std::mem::take(&mut resp.headers),
                 body: resp.body.split().freeze(),

@@ -8,14 +8,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::sync::oneshot;
 use wasmtime::Engine;
 
 use crate::body::ResponseBody;
-use crate::execute::{self, ExecError, Outcome, RunOutput};
-use crate::hostcalls::{GuestRequest, RequestBody};
+use crate::execute::{self, ExecError, Outcome, Reply, RunOutput};
+use crate::hostcalls::{GuestRequest, Head, RequestBody};
 use crate::metrics::{Metrics, Phase, Timings};
 use crate::pool::Pool;
 use crate::registry::Registry;
@@ -102,6 +102,8 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
     timings.set(Phase::Queue, queued.elapsed());
 
     let (parts, body) = req.into_parts();
+    // A `HEAD` response's body is never sent, so it is never counted as undelivered.
+    let head_only = parts.method == Method::HEAD;
     let request = GuestRequest::new(
         parts.method,
         parts.uri,
@@ -119,33 +121,62 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         }
     });
 
-    tokio::select! {
-        // The guest finishing wins over a head that was never sent.
+    let out = tokio::select! {
+        // A guest that ended wins: if it failed after committing a head that was never sent,
+        // the client gets a clean error instead of a cut stream.
         biased;
-        out = &mut run => complete(&app, &tenant, out, &request_id, timings, arrived),
-        head = &mut committed => match head {
-            Ok(head) => {
-                // The body outgrew the buffer: send the head now and let the guest run on in
-                // its own task, streaming into the body channel.
-                let mut after = timings;
-                let app2 = app.clone();
-                tokio::spawn(async move {
-                    let out = run.await;
-                    record_phases(&mut after, &out);
-                    app2.metrics.observe(&after, 5);
-                });
-                let mut resp = Response::new(ResponseBody::Stream(head.body));
-                *resp.status_mut() = head.status;
-                *resp.headers_mut() = head.headers;
-                // Only route and queue are known when the head leaves; the rest reaches /metrics.
-                finish(&app, Some(&tenant), resp, &request_id, &timings, 2, arrived)
-            }
-            Err(_) => {
+        out = &mut run => out,
+        Ok(head) = &mut committed => {
+            // The body outgrew the buffer while the guest runs: send the head now and let the
+            // guest run on in its own task, streaming into the body channel.
+            let mut after = timings;
+            let app2 = app.clone();
+            tokio::spawn(async move {
                 let out = run.await;
-                complete(&app, &tenant, out, &request_id, timings, arrived)
+                record_phases(&mut after, &out);
+                app2.metrics.observe(&after, Phase::COUNT);
+            });
+            let resp = streamed(&tenant, head, head_only);
+            // Only route and queue are known when the head leaves; the rest reaches /metrics.
+            return finish(&app, Some(&tenant), resp, &request_id, &timings, 2, arrived);
+        }
+    };
+
+    // The guest has ended. If it streamed, its head is still in `committed`: the guest wrote
+    // past the buffer and finished before this task looked (a body just over the threshold,
+    // written fast). That head is the response; the whole body waits in its channel.
+    record_phases(&mut timings, &out);
+    app.metrics.observe(&timings, Phase::COUNT);
+    let resp = match out.result {
+        Ok(Reply::Buffered(done)) => {
+            let mut resp = Response::new(ResponseBody::full(done.body));
+            *resp.status_mut() = done.status;
+            *resp.headers_mut() = done.headers;
+            resp
+        }
+        Ok(Reply::Streamed) => match committed.try_recv() {
+            Ok(head) => streamed(&tenant, head, head_only),
+            // Unreachable: a streamed run sent its head, and only the branch above takes it.
+            Err(_) => {
+                tracing::error!(
+                    tenant = %tenant.name,
+                    request_id = request_id.to_str().unwrap_or("-"),
+                    "a streamed response lost its head"
+                );
+                plain(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
             }
         },
-    }
+        Err(e) => error_response(&e),
+    };
+    finish(
+        &app,
+        Some(&tenant),
+        resp,
+        &request_id,
+        &timings,
+        Phase::COUNT,
+        arrived,
+    )
 }
 
 fn record_phases(t: &mut Timings, out: &RunOutput) {
@@ -154,32 +185,13 @@ fn record_phases(t: &mut Timings, out: &RunOutput) {
     t.set(Phase::Teardown, out.teardown);
 }
 
-/// Builds the response of a guest that ran to its end (or failed).
-fn complete(
-    app: &App,
-    tenant: &TenantRef,
-    out: RunOutput,
-    request_id: &HeaderValue,
-    mut timings: Timings,
-    arrived: Instant,
-) -> Response<ResponseBody> {
-    record_phases(&mut timings, &out);
-    app.metrics.observe(&timings, 5);
-    let resp = match out.result {
-        Ok(Some(done)) => {
-            let mut resp = Response::new(ResponseBody::full(done.body));
-            *resp.status_mut() = done.status;
-            *resp.headers_mut() = done.headers;
-            resp
-        }
-        // Streamed responses are answered by the caller; a `None` here cannot be sent twice.
-        Ok(None) => plain(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "response already streamed\n",
-        ),
-        Err(e) => error_response(&e),
-    };
-    finish(app, Some(tenant), resp, request_id, &timings, 5, arrived)
+/// The response of a guest whose body streams: its head, and its body from the channel.
+fn streamed(tenant: &TenantRef, head: Head, head_only: bool) -> Response<ResponseBody> {
+    let body = ResponseBody::stream(head.body, tenant.undelivered.clone(), head_only);
+    let mut resp = Response::new(body);
+    *resp.status_mut() = head.status;
+    *resp.headers_mut() = head.headers;
+    resp
 }
 
 /// Refuses a routed request before its guest runs, counting the outcome.

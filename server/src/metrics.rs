@@ -31,8 +31,11 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// How many phases there are: a request that ran its guest reached all of them.
+    pub const COUNT: usize = 5;
+
     /// All phases in request order.
-    pub const ALL: [Phase; 5] = [
+    pub const ALL: [Phase; Phase::COUNT] = [
         Phase::Route,
         Phase::Queue,
         Phase::Instantiate,
@@ -93,6 +96,18 @@ impl TenantMetrics {
     }
 }
 
+/// Streamed responses of one tenant that did not reach their end, by reason, resolved once.
+///
+/// A buffered response leaves in one piece with its head; a streamed one can be cut after its
+/// head was sent, and the status counted in `tern_requests_total` then says nothing of it.
+#[derive(Debug, Clone)]
+pub struct Undelivered {
+    /// The guest failed (trap, limit, deadline) after its head was sent: the body was aborted.
+    pub guest_failed: IntCounter,
+    /// The client closed the connection or stream before the body's end.
+    pub client_gone: IntCounter,
+}
+
 /// All of Tern's metrics and the registry that exposes them.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -101,6 +116,7 @@ pub struct Metrics {
     total: Histogram,
     requests: IntCounterVec,
     outcomes: IntCounterVec,
+    undelivered: IntCounterVec,
     pool: IntGaugeVec,
     labelled_tenants: IntGauge,
     /// Tenant names that have their own label (taken at load time, never per request).
@@ -160,6 +176,16 @@ impl Metrics {
                 "Guest runs by tenant and outcome (ok, trap kinds, timeout, exit, overload, ...).",
             ),
             &["tenant", "outcome"],
+        )
+        .expect("valid metric");
+        let undelivered = IntCounterVec::new(
+            Opts::new(
+                "tern_responses_undelivered_total",
+                "Streamed responses whose body did not reach its end, by tenant and reason \
+                 (guest_failed: the guest failed after the head was sent; client_gone: the \
+                 client left first).",
+            ),
+            &["tenant", "reason"],
         )
         .expect("valid metric");
         let pool = IntGaugeVec::new(
@@ -235,6 +261,7 @@ impl Metrics {
             Box::new(total.clone()),
             Box::new(requests.clone()),
             Box::new(outcomes.clone()),
+            Box::new(undelivered.clone()),
             Box::new(pool.clone()),
             Box::new(labelled_tenants.clone()),
         ] {
@@ -254,6 +281,7 @@ impl Metrics {
             total,
             requests,
             outcomes,
+            undelivered,
             pool,
             labelled_tenants,
             labelled: Default::default(),
@@ -305,6 +333,15 @@ impl Metrics {
     /// The outcome counter of a tenant (resolved once per tenant and outcome by the caller).
     pub fn outcome(&self, label: &str, outcome: &str) -> IntCounter {
         self.outcomes.with_label_values(&[label, outcome])
+    }
+
+    /// The undelivered-response counters of a tenant labelled `label`.
+    pub fn undelivered(&self, label: &str) -> Undelivered {
+        let counter = |reason| self.undelivered.with_label_values(&[label, reason]);
+        Undelivered {
+            guest_failed: counter("guest_failed"),
+            client_gone: counter("client_gone"),
+        }
     }
 
     /// Records a request's phase timings.

@@ -16,7 +16,7 @@ use crate::assets::{Assets, AssetsError};
 use crate::config::{LimitsConfig, PoolConfig, TenantConfig};
 use crate::execute::Outcome;
 use crate::hostcalls::{GuestState, Linkers};
-use crate::metrics::{Metrics, TenantMetrics};
+use crate::metrics::{Metrics, TenantMetrics, Undelivered};
 use crate::store::Version;
 
 /// Why a tenant could not be loaded.
@@ -158,6 +158,8 @@ pub struct Tenant {
     pub requests: TenantMetrics,
     /// Outcome counters, indexed by [`Outcome`].
     pub outcomes: Vec<IntCounter>,
+    /// Streamed responses that did not reach their end.
+    pub undelivered: Undelivered,
     /// Permits for this tenant's concurrent requests (`limits.max_concurrency`).
     pub slots: Arc<tokio::sync::Semaphore>,
     /// Where each request's peak guest memory is recorded.
@@ -346,6 +348,7 @@ pub fn prepare(
         memory_peak: metrics.memory_peak.clone(),
         log_budget: LogBudget::new(config.limits.log_lines_per_sec, metrics.log_dropped.clone()),
         requests: metrics.tenant(&label),
+        undelivered: metrics.undelivered(&label),
         outcomes,
         label,
         pre,

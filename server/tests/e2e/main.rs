@@ -15,5 +15,6 @@ mod metrics;
 mod observability;
 mod routing;
 mod shutdown;
+mod streaming;
 mod support;
 mod tenants;

@@ -233,17 +233,45 @@ async fn read(resp: http::Response<hyper::body::Incoming>) -> Reply {
 
 /// One HTTP/2 (prior knowledge) request.
 pub async fn send_h2(addr: SocketAddr, path: &str) -> Reply {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(conn);
-    let req = Request::builder()
-        .uri(format!("http://{addr}{path}"))
-        .body(Full::new(Bytes::new()))
-        .expect("valid request");
-    read(sender.send_request(req).await.expect("h2 response")).await
+    H2Conn::open(addr).await.get(path).await
+}
+
+/// An HTTP/2 (prior knowledge) connection; clones share it, so requests can run concurrently
+/// as streams of one connection.
+#[derive(Clone)]
+pub struct H2Conn {
+    addr: SocketAddr,
+    sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+}
+
+impl H2Conn {
+    pub async fn open(addr: SocketAddr) -> Self {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .expect("h2 handshake");
+        tokio::spawn(conn);
+        Self { addr, sender }
+    }
+
+    pub async fn get(&mut self, path: &str) -> Reply {
+        let req = Request::builder()
+            .uri(format!("http://{}{path}", self.addr))
+            .body(Full::new(Bytes::new()))
+            .expect("valid request");
+        self.sender.ready().await.expect("h2 connection ready");
+        read(self.sender.send_request(req).await.expect("h2 response")).await
+    }
+}
+
+/// The value of the metric line that starts with `series` (name and labels), or 0 if absent.
+pub fn metric_value(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// Writes a WAT module as a `.wasm` file and returns its path.
