@@ -1,6 +1,6 @@
 //! Ahead-of-time compiled modules: compile, seal, store atomically, verify and load by mmap.
 //!
-//! This is the only module with `unsafe`: loading compiled code. wasmtime trusts a `.cwasm`
+//! One of the two modules with `unsafe` (with `pagemap`): loading compiled code. wasmtime trusts a `.cwasm`
 //! file's contents (it checks only the engine version and configuration), so Tern loads only
 //! files it can prove it produced unmodified: every artifact ends with a *seal*
 //! (`SHA-256 of the wasmtime artifact` + [`SEAL_MAGIC`]) written by [`compile`], and [`load_cwasm`]

@@ -273,7 +273,7 @@ pub async fn run(
         .memory_peak
         .observe(store.data().limits.peak_memory as f64);
     let stdio = store.data_mut().wasi.take_stdio();
-    let teardown = teardown::teardown(store);
+    let teardown = teardown::teardown(store, tenant.sweep.as_ref());
     if let Some(stdio) = stdio {
         teardown::log_stdio(&tenant, request_id.to_str().unwrap_or("-"), &stdio);
     }

@@ -9,14 +9,16 @@
 //! - [`pool`]: admission to the preallocated instance pool (the `queue` phase).
 //! - [`execute`]: a fresh `Store`, `instantiate_async`, the handler on its own fiber.
 //! - [`hostcalls`]: the `tern` host functions of guest ABI v1 (request in, response out).
-//! - [`teardown`]: the store is dropped and its slot reset and returned.
+//! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
+//! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
+//!   before each teardown (with [`artifact`], the only modules with `unsafe`).
 //! - [`tenant`]: loaded tenants: pre-linked modules, limits, env, metric handles.
 //! - [`registry`]: the live tenant table (swapped atomically) and deploy, rollback, delete,
 //!   reload.
 //! - [`store`]: the data directory: content-addressed modules and assets, the manifest.
 //! - [`assets`]: per-tenant read-only files held in memory (the guest's `/assets`).
-//! - [`artifact`]: ahead-of-time compilation, sealed artifacts, the artifact cache (the one
-//!   module with `unsafe`).
+//! - [`artifact`]: ahead-of-time compilation, sealed artifacts, the artifact cache (`unsafe`:
+//!   loading compiled code).
 //! - [`engine`]: the wasmtime `Config` shared by `tern serve` and `tern compile`, epoch ticker.
 //! - [`metrics`], [`admin`]: Prometheus metrics; the admin listener and API.
 //! - [`cli`]: the admin API's client (`tern deploy`, `tern tenants`, ...).
@@ -37,6 +39,7 @@ pub mod hostcalls;
 pub mod http;
 pub mod listener;
 pub mod metrics;
+pub mod pagemap;
 pub mod pool;
 pub mod registry;
 pub mod router;

@@ -98,7 +98,20 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 ///
 /// # Errors
 /// See [`start`].
-pub async fn start_with(config: Config, opts: StartOptions) -> anyhow::Result<Running> {
+pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Result<Running> {
+    // Decided once, before the engine and every tenant take it from `config.pool`.
+    if config.pool.pagemap_scan {
+        if crate::teardown::swap_possible() {
+            tracing::warn!(
+                "a swap area is active: freed guest memory is reset with memset instead of the \
+                 dirty-page scan, which misses swapped pages (docs/limits.md, \"Zero state\"); \
+                 give Tern no swap (cgroup memory.swap.max = 0) for the faster reset"
+            );
+            config.pool.pagemap_scan = false;
+        } else {
+            crate::teardown::watch_swap();
+        }
+    }
     let engine = engine::build(&config.pool)?;
     let metrics = Metrics::new(config.server.max_tenant_labels);
     let data_dir = opts

@@ -4,17 +4,164 @@
 //! dirtied pages up to `linear_memory_keep_resident`, `madvise` beyond), resets the table and
 //! zeroes the fiber stack, so the next guest in this slot sees only its own module's initial
 //! state. What the guest printed is logged here, with its tenant and request id.
+//!
+//! # Zero state and swap
+//! wasmtime 48's dirty-page reset (`[pool] pagemap_scan`) misses pages the kernel swapped out
+//! while the guest ran, so they would reach the next guest of that slot (see [`crate::pagemap`]).
+//! Tern therefore:
+//! - uses that reset only when no swap area is active at start-up, or the process's cgroup
+//!   allows it no swap ([`swap_possible`]); otherwise every freed memory is reset with `memset`
+//!   up to `memory_keep_resident_kib` and `madvise` beyond, which holds whatever is swapped;
+//! - watches for a swap area switched on later ([`watch_swap`], woken by the kernel at every
+//!   `swapon`): while one is active, each memory is swept before its store is dropped and every
+//!   page its guest made private is discarded, so nothing is left for the kernel to swap out
+//!   before wasmtime's reset (slower: the next guest faults its pages in again). The log asks
+//!   for a restart, which picks the `memset` reset.
+//!
+//! # Scattered dirty pages
+//! The same reset takes at most 32 dirty regions and decommits the rest, so a guest that
+//! dirties many scattered pages would fault them in again on every request. A memory larger than
+//! 64 pages (smaller ones cannot hold more than 32 regions) is swept before it is dropped and its
+//! regions joined ([`crate::pagemap::Sweep`]). A tenant whose sweeps keep finding few regions is
+//! swept only on one request in [`RECHECK_EVERY`], so compact guests pay nothing.
 
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::hostcalls::{GuestState, Stdio};
+use crate::pagemap::{self, WASMTIME_REGIONS};
+pub use crate::pagemap::{Sweep, Swept};
 use wasmtime::Store;
 
-/// Drops `store` and returns how long it took.
-pub fn teardown(store: Store<GuestState>) -> Duration {
+/// Whether a swap area became active after start-up (kept current by [`watch_swap`]).
+static SWAP_ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// How long [`watch_swap`] waits for the kernel's word before it looks again anyway.
+const SWAP_RECHECK: Duration = Duration::from_secs(10);
+
+/// Sweeps in a row that found no more regions than wasmtime takes, after which a tenant is
+/// swept only now and then.
+const QUIET_AFTER: u32 = 16;
+
+/// A quiet tenant is still swept on one request in this many, in case its guests change.
+pub const RECHECK_EVERY: u32 = 128;
+
+/// The sweep of one tenant's memories before teardown, and how often it is needed.
+#[derive(Debug)]
+pub struct MemorySweep {
+    sweep: Sweep,
+    /// Sweeps in a row that found nothing to join (saturating at [`QUIET_AFTER`]).
+    quiet: AtomicU32,
+    /// Requests since the tenant went quiet.
+    skipped: AtomicU32,
+}
+
+impl MemorySweep {
+    /// The sweep for memories that keep up to `keep_resident` bytes resident, or `None` where
+    /// the kernel has no `PAGEMAP_SCAN` (then neither has wasmtime's reset).
+    pub fn new(keep_resident: usize) -> Option<Self> {
+        Some(Self {
+            sweep: Sweep::new(keep_resident)?,
+            quiet: AtomicU32::new(0),
+            skipped: AtomicU32::new(0),
+        })
+    }
+
+    fn before_drop(&self, memory: &mut [u8]) -> Option<Swept> {
+        if SWAP_ACTIVE.load(Ordering::Relaxed) {
+            return Some(self.sweep.run(memory, true));
+        }
+        if memory.len() <= 2 * WASMTIME_REGIONS * self.sweep.page() {
+            return None;
+        }
+        if self.quiet.load(Ordering::Relaxed) >= QUIET_AFTER
+            && !self
+                .skipped
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(RECHECK_EVERY)
+        {
+            return None;
+        }
+        let swept = self.sweep.run(memory, false);
+        if swept.regions > WASMTIME_REGIONS {
+            self.quiet.store(0, Ordering::Relaxed);
+        } else if self.quiet.load(Ordering::Relaxed) < QUIET_AFTER {
+            self.quiet.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(swept)
+    }
+}
+
+/// Sweeps the guest's memory when needed (see the module docs), drops `store` and returns how
+/// long both took.
+pub fn teardown(mut store: Store<GuestState>, sweep: Option<&MemorySweep>) -> Duration {
     let start = Instant::now();
+    if let (Some(sweep), Some(memory)) = (sweep, store.data().memory) {
+        sweep.before_drop(memory.data_mut(&mut store));
+    }
     drop(store);
     start.elapsed()
+}
+
+/// Whether the kernel could swap this process's pages out: a swap area is active
+/// (`/proc/swaps`; unreadable counts as yes) and the process's cgroup (v2) does not set
+/// `memory.swap.max` to 0.
+pub fn swap_possible() -> bool {
+    let active = std::fs::read_to_string("/proc/swaps").map_or(true, |s| s.lines().count() > 1);
+    active && !cgroup_forbids_swap()
+}
+
+fn cgroup_forbids_swap() -> bool {
+    let Ok(groups) = std::fs::read_to_string("/proc/self/cgroup") else {
+        return false;
+    };
+    groups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .and_then(|path| {
+            std::fs::read_to_string(format!("/sys/fs/cgroup{path}/memory.swap.max")).ok()
+        })
+        .is_some_and(|max| max.trim() == "0")
+}
+
+/// Watches (once per process) for swap areas switched on after start-up, for [`teardown`]'s
+/// sweep. Call it when the dirty-page reset is in use, before serving: the first look is made
+/// before it returns.
+pub fn watch_swap() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        // Opened before the first look, so a change after that look wakes the watcher.
+        let swaps = std::fs::File::open("/proc/swaps").ok();
+        let update = || {
+            let now = swap_possible();
+            if now != SWAP_ACTIVE.swap(now, Ordering::Relaxed) {
+                if now {
+                    tracing::error!(
+                        "a swap area became active after start-up: every page a guest dirties \
+                         is now discarded at teardown to keep zero state (slower); restart Tern \
+                         to use the swap-safe memset reset"
+                    );
+                } else {
+                    tracing::info!("no swap area is active any more: dirty-page reset resumed");
+                }
+            }
+        };
+        update();
+        let watcher = std::thread::Builder::new()
+            .name("tern-swap-watch".into())
+            .spawn(move || {
+                loop {
+                    match &swaps {
+                        Some(f) => pagemap::wait_for_swap_change(f, SWAP_RECHECK),
+                        None => std::thread::sleep(Duration::from_secs(1)),
+                    }
+                    update();
+                }
+            });
+        if let Err(e) = watcher {
+            tracing::error!("cannot watch for swap areas: {e}");
+        }
+    });
 }
 
 /// Logs what a guest wrote to stdout and stderr (each capped at the tenant's `stdio_bytes`):

@@ -18,6 +18,7 @@ use crate::execute::Outcome;
 use crate::hostcalls::{GuestState, Linkers};
 use crate::metrics::{Metrics, TenantMetrics, Undelivered};
 use crate::store::Version;
+use crate::teardown::MemorySweep;
 
 /// Why a tenant could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +167,8 @@ pub struct Tenant {
     pub memory_peak: prometheus::Histogram,
     /// Budget for guest output log lines.
     pub log_budget: LogBudget,
+    /// The sweep before teardown, when the dirty-page reset is in use (`crate::teardown`).
+    pub sweep: Option<MemorySweep>,
 }
 
 /// A per-second budget of guest log lines, shared by all of a tenant's requests (lock-free; at a
@@ -346,6 +349,10 @@ pub fn prepare(
         served: carried.served.unwrap_or_default(),
         slots,
         memory_peak: metrics.memory_peak.clone(),
+        sweep: pool
+            .pagemap_scan
+            .then(|| MemorySweep::new(pool.memory_keep_resident_kib * 1024))
+            .flatten(),
         log_budget: LogBudget::new(config.limits.log_lines_per_sec, metrics.log_dropped.clone()),
         requests: metrics.tenant(&label),
         undelivered: metrics.undelivered(&label),

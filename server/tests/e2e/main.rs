@@ -17,4 +17,5 @@ mod routing;
 mod shutdown;
 mod streaming;
 mod support;
+mod swap;
 mod tenants;
