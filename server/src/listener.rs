@@ -18,11 +18,15 @@ use tokio::net::TcpListener;
 use crate::body::ResponseBody;
 use crate::shutdown::Shutdown;
 
-/// Client-facing limits of a listener.
+/// Client-facing limits of a listener. Clones share one connection cap: every worker of the
+/// public listener counts against the same `max_connections`.
 #[derive(Debug, Clone)]
 pub struct ListenOptions {
-    /// Most open connections; the rest wait in the accept backlog.
-    pub max_connections: usize,
+    /// One permit per open connection, shared by the clones of these options: at the limit,
+    /// accepting pauses and clients queue in the kernel's backlog instead of growing memory.
+    connections: Arc<tokio::sync::Semaphore>,
+    /// Counts the open connections, if set.
+    pub open: Option<prometheus::IntGauge>,
     /// Time allowed to send a request head; also the keep-alive idle limit.
     pub header_read_timeout: Duration,
     /// Largest request head; larger gets `431`.
@@ -32,10 +36,11 @@ pub struct ListenOptions {
 }
 
 impl ListenOptions {
-    /// The options of `[server]`.
+    /// The options of `[server]`, with a connection cap of their own.
     pub fn from_config(c: &crate::config::ServerConfig) -> Self {
         Self {
-            max_connections: c.max_connections,
+            connections: Arc::new(tokio::sync::Semaphore::new(c.max_connections)),
+            open: None,
             header_read_timeout: Duration::from_millis(c.header_read_timeout_ms),
             max_header_bytes: c.max_header_bytes,
             grace: Duration::from_millis(c.shutdown_grace_ms),
@@ -65,16 +70,13 @@ where
         .keep_alive_interval(opts.header_read_timeout)
         .keep_alive_timeout(opts.header_read_timeout);
     let builder = Arc::new(builder);
-    // One permit per open connection: at the limit, accepting pauses and clients queue in the
-    // kernel's backlog instead of growing our memory.
-    let connections = Arc::new(tokio::sync::Semaphore::new(opts.max_connections));
     let graceful = GracefulShutdown::new();
     let addr = listener
         .local_addr()
         .map_or_else(|_| "?".to_string(), |a: SocketAddr| a.to_string());
     loop {
         let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => permit.expect("never closed"),
+            permit = opts.connections.clone().acquire_owned() => permit.expect("never closed"),
             () = shutdown.wait() => break,
         };
         let (stream, _peer) = tokio::select! {
@@ -98,7 +100,9 @@ where
         });
         let (builder, watcher) = (builder.clone(), graceful.watcher());
         let first_bytes_timeout = opts.header_read_timeout;
+        let open = opts.open.clone().map(OpenConnection::new);
         tokio::spawn(async move {
+            let _open = open;
             // hyper's header timeout starts only once it has told HTTP/1 from HTTP/2, which
             // needs the client's first bytes: a client that sends nothing must not hold a slot.
             if !first_bytes(&stream, first_bytes_timeout).await {
@@ -117,6 +121,22 @@ where
     tokio::select! {
         () = graceful.shutdown() => tracing::debug!("{addr}: all connections drained"),
         () = tokio::time::sleep(opts.grace) => tracing::warn!("{addr}: grace period over, closing open connections"),
+    }
+}
+
+/// Counts a connection in a gauge while it is open.
+struct OpenConnection(prometheus::IntGauge);
+
+impl OpenConnection {
+    fn new(gauge: prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -128,6 +128,8 @@ pub struct Metrics {
     pub in_flight: IntGauge,
     /// Requests waiting for a pool slot or a tenant permit.
     pub queue_depth: IntGauge,
+    /// Open client connections of the public listener (all workers).
+    pub connections_open: IntGauge,
     /// Largest linear memory each guest reached.
     pub memory_peak: Histogram,
     /// Time to compile a module (cache misses only).
@@ -220,6 +222,12 @@ impl Metrics {
             "Requests waiting for a free pool slot or a tenant concurrency permit.",
         )
         .expect("valid metric");
+        let connections_open = IntGauge::new(
+            "tern_connections_open",
+            "Open client connections on the public listener, all workers (at most \
+             server.max_connections).",
+        )
+        .expect("valid metric");
         let memory_peak = Histogram::with_opts(
             HistogramOpts::new(
                 "tern_guest_memory_peak_bytes",
@@ -255,6 +263,7 @@ impl Metrics {
             Box::new(resident.clone()),
             Box::new(in_flight.clone()),
             Box::new(queue_depth.clone()),
+            Box::new(connections_open.clone()),
             Box::new(memory_peak.clone()),
             Box::new(compile.clone()),
             Box::new(phase_vec.clone()),
@@ -290,6 +299,7 @@ impl Metrics {
             resident,
             in_flight,
             queue_depth,
+            connections_open,
             memory_peak,
             compile,
             log_dropped,

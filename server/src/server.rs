@@ -160,7 +160,10 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     let admin_addr = admin_l.local_addr()?;
     let ticker = EpochTicker::start(&engine);
     let shutdown = Shutdown::new();
-    let opts = listener::ListenOptions::from_config(&config.server);
+    // One connection cap for every worker of the public listener; the admin listener has its
+    // own, so `/metrics` and the admin API answer while the public one is full.
+    let mut opts = listener::ListenOptions::from_config(&config.server);
+    opts.open = Some(app.metrics.connections_open.clone());
 
     let mut tasks = Vec::new();
     let mut threads = Vec::new();
@@ -203,7 +206,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         admin_l,
         move |req| admin::handle(a.clone(), req),
         shutdown.clone(),
-        opts.clone(),
+        listener::ListenOptions::from_config(&config.server),
     ));
     tracing::info!("serving tenants on http://{addr}, metrics on http://{admin_addr}/metrics");
     Ok(Running {

@@ -141,3 +141,63 @@ async fn idle_connections_past_the_limit_wait_and_are_reaped() {
     assert_eq!(r.status, StatusCode::OK);
     drop(kept);
 }
+
+/// `max_connections` is one cap for the whole server, however many workers accept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_connections_is_one_cap_across_workers() {
+    let config = "[server]\nworker_threads = 2\nmax_connections = 4\nheader_read_timeout_ms = 20000\n\
+        [[tenant]]\nname = \"hello\"\nmodule = \"builtin:hello\"\npaths = [\"/hello\"]\n";
+    let s = TestServer::try_start_in(tempfile::tempdir().unwrap(), config)
+        .await
+        .expect("start");
+    let addr = s.addr();
+    let answered = |conns: &mut [(TcpStream, bool)]| {
+        for (c, done) in conns.iter_mut().filter(|(_, done)| !done) {
+            let mut buf = [0u8; 512];
+            if let Ok(n) = c.read(&mut buf) {
+                assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{n} bytes");
+                *done = true;
+            }
+        }
+        conns.iter().filter(|(_, done)| *done).count()
+    };
+    let mut conns = tokio::task::spawn_blocking(move || {
+        let mut conns: Vec<(TcpStream, bool)> = (0..8)
+            .map(|_| {
+                let mut c = TcpStream::connect(addr).unwrap();
+                c.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+                c.write_all(b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n")
+                    .unwrap();
+                (c, false)
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while answered(&mut conns) < 4 && std::time::Instant::now() < deadline {}
+        // Time for connections past the cap to be (wrongly) served, were the cap per worker.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(answered(&mut conns), 4, "connections served past the cap");
+        conns
+    })
+    .await
+    .unwrap();
+    let m = s.metrics().await;
+    assert_eq!(
+        crate::support::metric_value(&m, "tern_connections_open"),
+        4.0,
+        "{}",
+        m.lines()
+            .filter(|l| l.contains("connections"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // Closing the served ones lets the waiting clients in.
+    conns.retain(|(_, done)| !done);
+    let rest = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while answered(&mut conns) < 4 && std::time::Instant::now() < deadline {}
+        answered(&mut conns)
+    })
+    .await
+    .unwrap();
+    assert_eq!(rest, 4, "waiting clients were not served");
+}
