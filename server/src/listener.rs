@@ -13,7 +13,11 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::body::ResponseBody;
 use crate::shutdown::Shutdown;
@@ -105,9 +109,9 @@ where
             let _open = open;
             // hyper's header timeout starts only once it has told HTTP/1 from HTTP/2, which
             // needs the client's first bytes: a client that sends nothing must not hold a slot.
-            if !first_bytes(&stream, first_bytes_timeout).await {
+            let Some(stream) = first_bytes(stream, first_bytes_timeout).await else {
                 return drop(permit);
-            }
+            };
             let conn = builder
                 .serve_connection(TokioIo::new(stream), service)
                 .into_owned();
@@ -143,23 +147,99 @@ impl Drop for OpenConnection {
 /// The HTTP/2 connection preface; a client that sends a prefix of it may still be HTTP/2.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Waits until the client has sent enough to tell HTTP/1 from HTTP/2, for at most `limit`.
-/// Returns `false` if it sent nothing useful in time or closed the connection.
-async fn first_bytes(stream: &tokio::net::TcpStream, limit: Duration) -> bool {
+/// How much the first read may take: a typical request head, so hyper needs no second read.
+const FIRST_READ: usize = 2048;
+
+/// Reads until the client has sent enough to tell HTTP/1 from HTTP/2, for at most `limit`.
+/// Returns the connection with those bytes to be read again, or `None` if the client sent
+/// nothing useful in time or closed the connection.
+///
+/// The bytes are consumed, not peeked: with a partial HTTP/2 preface in the socket buffer the
+/// socket stays readable, and waiting on it again would spin (3,000 stalled prefaces kept two
+/// cores busy). After a read, waiting for readability waits for new bytes.
+async fn first_bytes(stream: TcpStream, limit: Duration) -> Option<Prefixed> {
+    let mut prefix = Vec::with_capacity(FIRST_READ);
     let wait = async {
-        let mut buf = [0u8; 24];
         loop {
-            if stream.readable().await.is_err() {
-                return false;
+            stream.readable().await.ok()?;
+            let mut buf = [0u8; FIRST_READ];
+            let room = FIRST_READ - prefix.len();
+            match stream.try_read(&mut buf[..room]) {
+                Ok(0) => return None,
+                Ok(n) => prefix.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return None,
             }
-            match stream.peek(&mut buf).await {
-                Ok(0) | Err(_) => return false,
-                Ok(n) if n >= H2_PREFACE.len() || buf[..n] != H2_PREFACE[..n] => return true,
-                // A partial HTTP/2 preface: data is buffered, so wait a little before peeking
-                // again rather than spinning.
-                Ok(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+            let n = prefix.len().min(H2_PREFACE.len());
+            if prefix.len() >= H2_PREFACE.len() || prefix[..n] != H2_PREFACE[..n] {
+                return Some(());
             }
         }
     };
-    tokio::time::timeout(limit, wait).await.unwrap_or(false)
+    tokio::time::timeout(limit, wait).await.ok()??;
+    Some(Prefixed {
+        prefix,
+        read: 0,
+        stream,
+    })
+}
+
+/// A connection whose first bytes were read by [`first_bytes`]: they are read again first.
+#[derive(Debug)]
+pub struct Prefixed {
+    prefix: Vec<u8>,
+    /// How much of `prefix` has been read again.
+    read: usize,
+    stream: TcpStream,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.read < this.prefix.len() {
+            let n = buf.remaining().min(this.prefix.len() - this.read);
+            buf.put_slice(&this.prefix[this.read..this.read + n]);
+            this.read += n;
+            if this.read == this.prefix.len() {
+                this.prefix = Vec::new();
+                this.read = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
 }

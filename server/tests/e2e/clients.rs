@@ -201,3 +201,51 @@ async fn max_connections_is_one_cap_across_workers() {
     .unwrap();
     assert_eq!(rest, 4, "waiting clients were not served");
 }
+
+/// CPU time (user + system, in clock ticks of 10 ms) a process has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read stat");
+    // Fields after the command name (which may contain spaces): utime is the 12th, stime 13th.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Connections that stall in the middle of an HTTP/2 preface cost no CPU while they wait for
+/// their timeout (they once kept the server spinning). The bound is loose: 500 stalled
+/// connections for two seconds may use at most a tenth of that time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_http2_prefaces_cost_no_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tern.toml");
+    std::fs::write(
+        &config,
+        "[server]\nheader_read_timeout_ms = 30000\n\
+         [[tenant]]\nname = \"hello\"\nmodule = \"builtin:hello\"\npaths = [\"/hello\"]\n",
+    )
+    .unwrap();
+    let tern = crate::support::TernProcess::serve(
+        &["--config", config.to_str().unwrap()],
+        &dir.path().join("cache"),
+    );
+    let addr: std::net::SocketAddr = tern.addr.parse().unwrap();
+    let stalled: Vec<TcpStream> = (0..500)
+        .map(|_| {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(b"PRI * HTTP").unwrap();
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = cpu_ticks(tern.child.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(tern.child.id()) - before;
+    assert!(
+        used <= 20,
+        "500 stalled prefaces used {used}0 ms of CPU in 2 s"
+    );
+    // They are still open, and a real client is served next to them.
+    let r = send(addr, Method::GET, "/hello", None, &[], Bytes::new()).await;
+    assert_eq!(r.status, StatusCode::OK);
+    drop(stalled);
+}
