@@ -10,6 +10,8 @@
 //! serving.
 
 use std::collections::{BTreeMap, HashMap};
+
+use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -89,9 +91,9 @@ impl From<TenantError> for ChangeError {
                 ..
             } => Self::Invalid(e.to_string()),
             TenantError::Artifact { .. } => Self::Internal(e.to_string()),
-            TenantError::Abi { .. } | TenantError::Assets { .. } => {
-                Self::Unprocessable(e.to_string())
-            }
+            TenantError::Abi { .. }
+            | TenantError::Assets { .. }
+            | TenantError::DoesNotFit { .. } => Self::Unprocessable(e.to_string()),
             TenantError::UnknownBuiltin { .. } => Self::Invalid(e.to_string()),
         }
     }
@@ -225,6 +227,7 @@ impl Registry {
                 manifest: manifest.clone(),
             }),
             loader: Arc::new(Loader {
+                in_flight: Default::default(),
                 max_upload: config.server.max_upload_bytes,
                 pool: config.pool.clone(),
                 store,
@@ -279,7 +282,7 @@ impl Registry {
     /// Makes a change durable, then visible: the manifest is written (atomically) before the
     /// new table, if any, is swapped in, so a change a client saw succeed survives a crash and a
     /// failed write changes nothing.
-    fn commit(
+    async fn commit(
         &self,
         state: &mut State,
         manifest: Manifest,
@@ -289,11 +292,47 @@ impl Registry {
             .store
             .save_manifest(&manifest)
             .map_err(internal)?;
+        let dropped: Vec<String> = state
+            .manifest
+            .referenced()
+            .difference(&manifest.referenced())
+            .cloned()
+            .collect();
         state.manifest = manifest;
         if let Some(live) = table {
             self.live.store(Arc::new(live));
         }
+        self.forget(state, dropped).await;
         Ok(())
+    }
+
+    /// Removes the stored files of `hashes` that no version in the manifest refers to and no
+    /// deploy in flight holds: versions a change dropped, uploads a deploy refused. The caller
+    /// holds the change lock, so the manifest cannot change meanwhile.
+    async fn forget(&self, state: &State, hashes: Vec<String>) {
+        let referenced = state.manifest.referenced();
+        let hashes: Vec<String> = hashes
+            .into_iter()
+            .filter(|h| !referenced.contains(h))
+            .collect();
+        if hashes.is_empty() {
+            return;
+        }
+        let loader = self.loader.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            // Under the in-flight lock: a deploy cannot store one of these hashes meanwhile.
+            let held = loader.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            hashes
+                .iter()
+                .filter(|h| !held.contains_key(*h))
+                .map(|h| loader.store.remove_hash(h))
+                .sum::<usize>()
+        })
+        .await
+        .unwrap_or(0);
+        if removed > 0 {
+            tracing::debug!("removed {removed} stored files no version uses");
+        }
     }
 
     fn count_deploy(&self, name: &str, ok: bool) {
@@ -326,7 +365,7 @@ impl Registry {
         let live = self.live.load_full();
         let results = tokio::task::spawn_blocking(move || {
             parallel(&tenants, |t| {
-                let loaded = tenant::load_module(&engine, t, &base, &cache)?;
+                let loaded = tenant::load_module(&engine, t, &base, &cache, &pool)?;
                 if let Some(d) = loaded.compiled_in {
                     metrics.compile.observe(d.as_secs_f64());
                 }
@@ -444,7 +483,7 @@ impl Registry {
         } else {
             None
         };
-        self.commit(&mut state, manifest, table)?;
+        self.commit(&mut state, manifest, table).await?;
         tracing::info!(tenant = name, created, "tenant spec saved");
         Ok(created)
     }
@@ -511,55 +550,89 @@ impl Registry {
             ))
         })?;
 
-        // Store and compile off the reactor, outside the change lock.
+        // Check, compile and prepare off the reactor, outside the change lock; the upload is
+        // stored only once it is known to load, and held until it is committed or forgotten.
         let this = self.loader();
         let (n, live, spec2) = (name.to_string(), self.live.load_full(), spec.clone());
-        let tenant = tokio::task::spawn_blocking(move || {
+        let (module_hash, prepared) = tokio::task::spawn_blocking(move || {
             let spec = spec2;
             let started = Instant::now();
-            let module_hash = this.store.put_blob(&wasm).map_err(internal)?;
-            let loaded = artifact::load_wasm(
-                &this.engine,
-                &wasm,
-                "the uploaded module",
-                &this.store.artifacts(),
-            )
-            .map_err(|source| TenantError::Artifact {
-                tenant: n.clone(),
-                source,
-            })?;
-            let compiled = loaded.compiled_in.unwrap_or(Duration::ZERO);
-            if loaded.compiled_in.is_some() {
-                this.metrics.compile.observe(compiled.as_secs_f64());
-            }
-            let version = Version {
-                id: Version::id_of(&module_hash, assets.as_deref()),
-                module: module_hash,
-                module_bytes: wasm.len() as u64,
-                assets: assets.clone(),
-                deployed_at: store::now(),
-                compile_ms: compiled.as_secs_f64() * 1e3,
-            };
-            let carried = live
-                .tenants
-                .get(&n)
-                .map(|t| Carried::from(t))
-                .unwrap_or_default();
-            let t = this.prepare_version(&n, &spec, &version, &loaded.module, carried)?;
-            tracing::debug!(tenant = %n, "deploy prepared in {:?}", started.elapsed());
-            Ok::<_, ChangeError>(t)
+            let module_hash = artifact::hex(&Sha256::digest(&wasm));
+            let prepared = (|| {
+                let limits = tenant::Limits::from_config(&spec.limits, &this.pool);
+                tenant::check_fits(&wasm, &limits).map_err(|reason| TenantError::DoesNotFit {
+                    tenant: n.clone(),
+                    reason,
+                })?;
+                let loaded = artifact::load_wasm(
+                    &this.engine,
+                    &wasm,
+                    "the uploaded module",
+                    &this.store.artifacts(),
+                )
+                .map_err(|source| TenantError::Artifact {
+                    tenant: n.clone(),
+                    source,
+                })?;
+                let compiled = loaded.compiled_in.unwrap_or(Duration::ZERO);
+                if loaded.compiled_in.is_some() {
+                    this.metrics.compile.observe(compiled.as_secs_f64());
+                }
+                let version = Version {
+                    id: Version::id_of(&module_hash, assets.as_deref()),
+                    module: module_hash.clone(),
+                    module_bytes: wasm.len() as u64,
+                    assets: assets.clone(),
+                    deployed_at: store::now(),
+                    compile_ms: compiled.as_secs_f64() * 1e3,
+                };
+                let carried = live
+                    .tenants
+                    .get(&n)
+                    .map(|t| Carried::from(t))
+                    .unwrap_or_default();
+                let t = this.prepare_version(&n, &spec, &version, &loaded.module, carried)?;
+                let held = this.hold(&module_hash);
+                this.store.put_blob(&wasm).map_err(internal)?;
+                tracing::debug!(tenant = %n, "deploy prepared in {:?}", started.elapsed());
+                Ok::<_, ChangeError>((t, held))
+            })();
+            (module_hash, prepared)
         })
         .await
-        .map_err(internal)??;
+        .map_err(internal)?;
 
         let mut state = self.state.lock().await;
+        let committed = match prepared {
+            Ok((tenant, held)) => {
+                let result = self.commit_deploy(&mut state, name, &spec, tenant).await;
+                drop(held);
+                result
+            }
+            Err(e) => Err(e),
+        };
+        if committed.is_err() {
+            // Nothing refused is kept: the upload and an artifact compiled for it.
+            self.forget(&state, vec![module_hash]).await;
+        }
+        committed
+    }
+
+    /// Makes a prepared deploy the tenant's current version.
+    async fn commit_deploy(
+        &self,
+        state: &mut State,
+        name: &str,
+        spec: &TenantSpec,
+        tenant: Tenant,
+    ) -> Result<Deployed, ChangeError> {
         let Some(stored) = state.manifest.tenants.get(name) else {
             return Err(ChangeError::NotFound(format!(
                 "tenant {name:?} was deleted during the deploy"
             )));
         };
         // The routes may have changed while this compiled: rebuild around the latest spec.
-        let tenant = if stored.spec != spec {
+        let tenant = if stored.spec != *spec {
             self.loader
                 .respec(&tenant, &stored.spec.to_config(name, "(admin API)"))?
         } else {
@@ -581,7 +654,7 @@ impl Registry {
         }
         entry.current = Some(version.clone());
         let previous = entry.previous.clone();
-        self.commit(&mut state, manifest, Some(live))?;
+        self.commit(state, manifest, Some(live)).await?;
         tracing::info!(
             tenant = name,
             version = %version.id,
@@ -631,7 +704,7 @@ impl Registry {
         let entry = manifest.tenants.get_mut(name).expect("checked above");
         entry.previous = entry.current.take();
         entry.current = Some(target.clone());
-        self.commit(&mut state, manifest, Some(live))?;
+        self.commit(&mut state, manifest, Some(live)).await?;
         tracing::info!(tenant = name, version = %target.id, "rolled back");
         Ok(Deployed {
             version: target,
@@ -654,7 +727,7 @@ impl Registry {
         let mut tenants = self.live.load().tenants.clone();
         tenants.remove(name);
         let table = Self::table(tenants.into_values())?;
-        self.commit(&mut state, manifest, Some(table))?;
+        self.commit(&mut state, manifest, Some(table)).await?;
         tracing::info!(tenant = name, "deleted");
         Ok(())
     }
@@ -814,6 +887,9 @@ fn check_wasm_header(wasm: &[u8]) -> Result<(), ChangeError> {
 
 /// The loading half of a deploy, rollback or start-up, shared with blocking threads.
 struct Loader {
+    /// Module hashes stored by deploys that have not committed (or failed) yet, with how many
+    /// deploys hold each: [`Registry::forget`] leaves them alone.
+    in_flight: std::sync::Mutex<HashMap<String, usize>>,
     store: Store,
     engine: Engine,
     linkers: Linkers,
@@ -822,7 +898,43 @@ struct Loader {
     max_upload: u64,
 }
 
+/// A deploy's hold on a module hash it stored and has not committed yet.
+struct InFlight {
+    loader: Arc<Loader>,
+    hash: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut held = self
+            .loader
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.hash) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.hash);
+            }
+        }
+    }
+}
+
 impl Loader {
+    /// Holds `hash` against [`Registry::forget`] until the returned guard is dropped.
+    fn hold(self: &Arc<Self>, hash: &str) -> InFlight {
+        *self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(hash.to_string())
+            .or_default() += 1;
+        InFlight {
+            loader: self.clone(),
+            hash: hash.to_string(),
+        }
+    }
+
     /// Loads a stored version: its artifact by mmap (compiled again from the stored `.wasm`
     /// only if this engine cannot use it) and its assets into memory.
     fn load_version(

@@ -67,6 +67,20 @@ pub struct Manifest {
     pub tenants: BTreeMap<String, StoredTenant>,
 }
 
+impl Manifest {
+    /// The module and assets hashes its versions (current and previous) refer to.
+    pub fn referenced(&self) -> std::collections::HashSet<String> {
+        let mut hashes = std::collections::HashSet::new();
+        for t in self.tenants.values() {
+            for v in t.current.iter().chain(&t.previous) {
+                hashes.insert(v.module.clone());
+                hashes.extend(v.assets.clone());
+            }
+        }
+        hashes
+    }
+}
+
 impl Default for Manifest {
     fn default() -> Self {
         Self {
@@ -290,13 +304,16 @@ impl Store {
     /// Removes blobs and artifacts no version in `manifest` refers to (deleted tenants,
     /// versions older than `previous`). Returns how many files were removed.
     pub fn collect_garbage(&self, manifest: &Manifest) -> usize {
-        let mut keep = std::collections::HashSet::new();
-        for t in manifest.tenants.values() {
-            for v in t.current.iter().chain(&t.previous) {
-                keep.insert(v.module.clone());
-                keep.extend(v.assets.clone());
-            }
-        }
+        let keep = manifest.referenced();
+        self.remove_where(|hash| !keep.contains(hash))
+    }
+
+    /// Removes the blob and the artifacts of `hash`. Returns how many files were removed.
+    pub fn remove_hash(&self, hash: &str) -> usize {
+        self.remove_where(|h| h == hash)
+    }
+
+    fn remove_where(&self, remove: impl Fn(&str) -> bool) -> usize {
         let mut removed = 0;
         for dir in [self.blobs(), self.artifacts()] {
             let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -305,10 +322,7 @@ impl Store {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 let hash = name.split(['-', '.']).next().unwrap_or("");
-                if is_hash(hash)
-                    && !keep.contains(hash)
-                    && std::fs::remove_file(entry.path()).is_ok()
-                {
+                if is_hash(hash) && remove(hash) && std::fs::remove_file(entry.path()).is_ok() {
                     removed += 1;
                 }
             }

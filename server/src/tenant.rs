@@ -39,6 +39,14 @@ pub enum TenantError {
         /// Which export or import is wrong.
         reason: String,
     },
+    /// The module needs more than the pool or the tenant's limits give a guest.
+    #[error("tenant {tenant:?}: module does not fit: {reason}")]
+    DoesNotFit {
+        /// The tenant.
+        tenant: String,
+        /// Which limit, and what the module asks for.
+        reason: String,
+    },
     /// The tenant's assets could not be loaded.
     #[error("tenant {tenant:?}: {source}")]
     Assets {
@@ -237,6 +245,7 @@ pub fn load_module(
     config: &TenantConfig,
     base_dir: &Path,
     cache_dir: &Path,
+    pool: &PoolConfig,
 ) -> Result<artifact::Loaded, TenantError> {
     let tenant = config.name.get_ref().clone();
     let spec = config.module.get_ref();
@@ -244,15 +253,98 @@ pub fn load_module(
         tenant: tenant.clone(),
         source,
     };
+    let limits = Limits::from_config(&config.limits, pool);
+    let fits = |wasm: &[u8]| {
+        check_fits(wasm, &limits).map_err(|reason| TenantError::DoesNotFit {
+            tenant: tenant.clone(),
+            reason,
+        })
+    };
     if let Some(name) = spec.strip_prefix("builtin:") {
         let wasm = crate::demo::module(name).ok_or_else(|| TenantError::UnknownBuiltin {
             tenant: tenant.clone(),
             name: name.to_string(),
             known: crate::demo::NAMES.join(", "),
         })?;
+        fits(wasm)?;
         return artifact::load_wasm(engine, wasm, spec, cache_dir).map_err(wrap);
     }
-    artifact::load_file(engine, &base_dir.join(spec), cache_dir).map_err(wrap)
+    let path = base_dir.join(spec);
+    // A `.wasm` is checked before it is compiled; a `.cwasm` holds no Wasm to check.
+    if let Ok(wasm) = std::fs::read(&path)
+        && wasm.starts_with(b"\0asm")
+    {
+        fits(&wasm)?;
+    }
+    artifact::load_file(engine, &path, cache_dir).map_err(wrap)
+}
+
+/// Checks, before compiling, that `wasm` fits what a guest of a tenant with `limits` gets: one
+/// memory (32-bit, not shared) starting within its memory limit and one table starting within
+/// the pool's table size. Otherwise the pool refuses the compiled module at load, with a
+/// message about incompatible artifacts. Bytes that do not parse are left to the compiler,
+/// whose message says why.
+///
+/// # Errors
+/// The limit and what the module asks for.
+pub fn check_fits(wasm: &[u8], limits: &Limits) -> Result<(), String> {
+    use wasmparser::Payload;
+    let (mut memories, mut tables) = (0, 0);
+    for payload in wasmparser::Parser::new(0).parse_all(wasm) {
+        match payload {
+            Ok(Payload::MemorySection(section)) => {
+                for memory in section {
+                    let Ok(m) = memory else { return Ok(()) };
+                    memories += 1;
+                    if m.memory64 || m.shared {
+                        return Err(format!(
+                            "its memory is {}; Tern gives a guest one 32-bit, unshared memory",
+                            if m.memory64 { "64-bit" } else { "shared" }
+                        ));
+                    }
+                    let page = 1u64 << m.page_size_log2.unwrap_or(16).min(16);
+                    let bytes = m.initial.saturating_mul(page);
+                    if bytes > limits.max_memory as u64 {
+                        return Err(format!(
+                            "its memory starts at {} MiB ({} pages), above this tenant's memory \
+                             limit of {} MiB (`limits.max_memory_mib`, at most \
+                             `pool.max_memory_mib`)",
+                            bytes.div_ceil(1 << 20),
+                            m.initial,
+                            limits.max_memory >> 20
+                        ));
+                    }
+                }
+            }
+            Ok(Payload::TableSection(section)) => {
+                for table in section {
+                    let Ok(t) = table else { return Ok(()) };
+                    tables += 1;
+                    if t.ty.initial > limits.max_table_elements as u64 {
+                        return Err(format!(
+                            "its table starts with {} elements, above the limit of {} \
+                             (`pool.table_elements`)",
+                            t.ty.initial, limits.max_table_elements
+                        ));
+                    }
+                }
+            }
+            // Memories and tables are declared before the code: nothing more to read.
+            Ok(Payload::CodeSectionStart { .. }) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    if memories > 1 {
+        return Err(format!(
+            "it defines {memories} memories; Tern gives a guest one"
+        ));
+    }
+    if tables > 1 {
+        return Err(format!(
+            "it defines {tables} tables; Tern gives a guest one"
+        ));
+    }
+    Ok(())
 }
 
 /// Loads the assets directory a config tenant names (relative to the config file).

@@ -641,3 +641,106 @@ fn config_file(dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::write(&p, "not wasm").unwrap();
     p
 }
+
+/// The stored files (blobs and artifacts) of a data directory, by the module hash they start
+/// with.
+fn stored_hashes(data: &std::path::Path) -> Vec<String> {
+    let mut hashes: Vec<String> = ["blobs", "artifacts"]
+        .iter()
+        .flat_map(|d| {
+            std::fs::read_dir(data.join(d))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|e| e.file_name().to_string_lossy()[..64].to_string())
+        .collect();
+    hashes.sort();
+    hashes.dedup();
+    hashes
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    tern::artifact::hex(&sha2::Sha256::digest(bytes))
+}
+
+#[tokio::test]
+async fn modules_that_do_not_fit_are_422_and_nothing_refused_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = "[pool]\ninstances = 8\nmax_memory_mib = 64\ntable_elements = 1000\n";
+    let s = TestServer::try_start_in(dir, config).await.unwrap();
+    s.deploy("app", "/app", demo("hello")).await;
+    let module = |memory: &str, table: &str| {
+        wat::parse_str(format!(
+            r#"(module {memory} {table} (func (export "_start")))"#
+        ))
+        .unwrap()
+    };
+    let one_page = r#"(memory (export "memory") 1)"#;
+    let cases = [
+        (
+            "4 GiB memory",
+            module(r#"(memory (export "memory") 65536)"#, ""),
+            "4096 MiB",
+        ),
+        (
+            "memory a page over",
+            module(r#"(memory (export "memory") 1025)"#, ""),
+            "65 MiB",
+        ),
+        (
+            "two memories",
+            module(&format!("(memory 1) {one_page}"), ""),
+            "2 memories",
+        ),
+        (
+            "table over",
+            module(one_page, "(table 1001 funcref)"),
+            "1001 elements",
+        ),
+        (
+            "two tables",
+            module(one_page, "(table 1 funcref) (table 1 funcref)"),
+            "2 tables",
+        ),
+        (
+            "no handler",
+            wat::parse_str(r#"(module (memory (export "memory") 1))"#).unwrap(),
+            "_start",
+        ),
+    ];
+    for (what, wasm, message) in cases {
+        let (status, v) = s
+            .admin_call(Method::PUT, "/admin/v1/tenants/app/module", wasm)
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{what}: {v}");
+        let error = v["error"].as_str().unwrap_or_default();
+        assert!(error.contains(message), "{what}: {error}");
+        assert!(
+            !error.contains(&data.display().to_string()),
+            "{what}: {error}"
+        );
+        assert_eq!(s.get("/app").await.text(), HELLO, "after {what}");
+    }
+    // Nothing refused is kept: only the serving version's files are stored.
+    assert_eq!(stored_hashes(&data), vec![sha256(demo("hello"))]);
+
+    // Right at the limits, a module fits.
+    let edge = module(r#"(memory (export "memory") 1024)"#, "(table 1000 funcref)");
+    s.deploy("edge", "/edge", &edge).await;
+    assert_eq!(s.get("/edge").await.status, StatusCode::OK);
+
+    // Versions a change drops are removed while the server runs.
+    s.deploy("app", "/app", demo("echo")).await;
+    s.deploy("app", "/app", demo("json")).await; // hello is now older than `previous`
+    let mut want = vec![sha256(demo("echo")), sha256(demo("json")), sha256(&edge)];
+    want.sort();
+    assert_eq!(stored_hashes(&data), want);
+    let (status, _) = s
+        .admin_call(Method::DELETE, "/admin/v1/tenants/app", Bytes::new())
+        .await;
+    assert!(status.is_success(), "{status}");
+    assert_eq!(stored_hashes(&data), vec![sha256(&edge)]);
+}
