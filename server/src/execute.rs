@@ -48,6 +48,9 @@ pub enum Outcome {
     ResponseLimit,
     /// The request body exceeded the tenant's limit.
     BodyTooLarge,
+    /// The client's request body was malformed or cut off (e.g. bad chunked framing): the
+    /// client's fault, whatever the guest made of the read error.
+    BadRequest,
     /// No pool slot came free in time.
     Overload,
     /// Instantiation failed for another reason.
@@ -56,7 +59,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 15] = [
+    pub const ALL: [Outcome; 16] = [
         Outcome::Ok,
         Outcome::Timeout,
         Outcome::TrapStackOverflow,
@@ -70,6 +73,7 @@ impl Outcome {
         Outcome::MemoryLimit,
         Outcome::ResponseLimit,
         Outcome::BodyTooLarge,
+        Outcome::BadRequest,
         Outcome::Overload,
         Outcome::Error,
     ];
@@ -90,6 +94,7 @@ impl Outcome {
             Outcome::MemoryLimit => "memory_limit",
             Outcome::ResponseLimit => "response_limit",
             Outcome::BodyTooLarge => "body_too_large",
+            Outcome::BadRequest => "bad_request",
             Outcome::Overload => "overload",
             Outcome::Error => "error",
         }
@@ -102,6 +107,7 @@ impl Outcome {
             Outcome::Timeout => StatusCode::GATEWAY_TIMEOUT,
             Outcome::Overload => StatusCode::SERVICE_UNAVAILABLE,
             Outcome::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Outcome::BadRequest => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -233,9 +239,24 @@ pub async fn run(
     let ran_from = instantiated.unwrap_or(ended);
 
     let result = match result {
-        // The body limit is the server's to enforce, whatever the guest made of the error.
+        // The body limit is the server's to enforce, and a broken body the client's fault,
+        // whatever the guest made of the error.
         _ if store.data().request.too_large && !store.data().response.is_streaming() => {
             Err(body_too_large(store.data().request.max_bytes))
+        }
+        _ if store.data().request.body_error.is_some() && !store.data().response.is_streaming() => {
+            Err(ExecError::new(
+                Outcome::BadRequest,
+                format!(
+                    "the request body could not be read: {}",
+                    store
+                        .data()
+                        .request
+                        .body_error
+                        .as_deref()
+                        .unwrap_or_default()
+                ),
+            ))
         }
         Err(_elapsed) => Err(ExecError::new(
             Outcome::Timeout,

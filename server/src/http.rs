@@ -225,8 +225,8 @@ fn error_response(e: &ExecError) -> Response<ResponseBody> {
             resp.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        // The unread rest of the body would otherwise be drained; close instead.
-        Outcome::BodyTooLarge => {
+        // The unread rest of the body would otherwise be drained (or cannot be framed); close.
+        Outcome::BodyTooLarge | Outcome::BadRequest => {
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
         }

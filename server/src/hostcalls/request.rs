@@ -38,6 +38,8 @@ pub struct GuestRequest {
     received: u64,
     /// Set when the body went past `max_bytes`: the client gets `413`.
     pub too_large: bool,
+    /// Why the client's body could not be read (bad framing, cut off): the client gets `400`.
+    pub body_error: Option<String>,
     /// Headers serialised as `name NUL value NUL`, built on the first `request_headers` call.
     headers_blob: Option<Vec<u8>>,
 }
@@ -61,6 +63,7 @@ impl GuestRequest {
             max_bytes,
             received: 0,
             too_large: false,
+            body_error: None,
         }
     }
 
@@ -90,8 +93,12 @@ impl GuestRequest {
         if self.too_large {
             return Err(abi::errno::LIMIT_EXCEEDED);
         }
+        if self.body_error.is_some() {
+            return Err(abi::errno::IO);
+        }
         let chunk = self.next_frame().await.map_err(|e| {
             tracing::debug!("request body failed: {e}");
+            self.body_error = Some(e.to_string());
             abi::errno::IO
         })?;
         self.received += chunk.len() as u64;

@@ -249,3 +249,46 @@ async fn stalled_http2_prefaces_cost_no_cpu() {
     assert_eq!(r.status, StatusCode::OK);
     drop(stalled);
 }
+
+/// A chunked body with broken framing is the client's fault: `400`, counted as `bad_request`,
+/// never as the tenant's trap, whatever the guest made of the read error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_chunked_bodies_are_400_not_the_tenants_fault() {
+    let s = server().await;
+    let bodies: [&[u8]; 4] = [
+        b"zz\r\nhello\r\n0\r\n\r\n",
+        b"-1\r\nhello\r\n0\r\n\r\n",
+        b"ffffffffffffffffffff\r\nhello\r\n0\r\n\r\n",
+        b"5\r\nhelloXX5\r\nhello\r\n0\r\n\r\n",
+    ];
+    for body in bodies {
+        let mut request =
+            b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        request.extend_from_slice(body);
+        let reply = raw(s.addr(), request).await;
+        assert!(
+            reply.starts_with("HTTP/1.1 400"),
+            "{:?}: {reply}",
+            String::from_utf8_lossy(body)
+        );
+        assert!(reply.contains("request body could not be read"), "{reply}");
+    }
+    let m = s.metrics().await;
+    let outcome = |o: &str| {
+        crate::support::metric_value(
+            &m,
+            &format!(r#"tern_guest_outcomes_total{{outcome="{o}",tenant="echo"}}"#),
+        )
+    };
+    assert_eq!(outcome("bad_request"), 4.0);
+    assert_eq!(outcome("trap_unreachable"), 0.0);
+    assert_eq!(outcome("exit"), 0.0);
+    // A well-formed chunked body still echoes.
+    let reply = raw(
+        s.addr(),
+        b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec(),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("hello"), "{reply}");
+}
