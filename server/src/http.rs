@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER};
+use http::header::{
+    CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER, TRANSFER_ENCODING,
+};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::sync::oneshot;
@@ -58,11 +60,22 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
     let request_id = request_id(req.headers());
     let mut timings = Timings::default();
 
-    // h2 carries the host in the URI (`:authority`); HTTP/1.1 in the Host header.
-    let host = req
-        .uri()
-        .host()
-        .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()));
+    // h2 carries the host in the URI (`:authority`); HTTP/1.1 in the Host header, or in the URI
+    // too for an absolute-form target. Where both are given they must agree.
+    let host = match authority(&req) {
+        Ok(host) => host,
+        Err(why) => {
+            timings.set(Phase::Route, arrived.elapsed());
+            app.metrics.observe(&timings, 1);
+            let mut resp = plain(
+                StatusCode::BAD_REQUEST,
+                &format!("ambiguous request: {why}\n"),
+            );
+            resp.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            return finish(&app, None, resp, &request_id, &timings, 1, arrived);
+        }
+    };
     let tenant = app
         .registry
         .live()
@@ -269,6 +282,49 @@ fn finish(
         headers.insert(SERVER_TIMING.clone(), v);
     }
     resp
+}
+
+/// The host a request is for, or why it is ambiguous (RFC 9112 3.2, 6.1; RFC 9113 8.3.1): one
+/// `Host` header at most, the same authority in the target and in `Host` when both are given,
+/// and `chunked` at most once (framing a proxy in front might read differently).
+fn authority(req: &Request<Incoming>) -> Result<Option<&str>, &'static str> {
+    let headers = req.headers();
+    let mut hosts = headers.get_all(HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err("more than one Host header");
+    }
+    let host = match host {
+        Some(h) => Some(h.to_str().map_err(|_| "a Host header that is not text")?),
+        None => None,
+    };
+    // (hyper itself drops a `Content-Length` sent with `Transfer-Encoding`.)
+    let chunked = headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .filter(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+        .count();
+    if chunked > 1 {
+        return Err("the chunked transfer coding applied more than once");
+    }
+    match (req.uri().authority(), host) {
+        (Some(target), Some(host)) => {
+            let host: http::uri::Authority = host
+                .parse()
+                .map_err(|_| "a Host header that is not a host")?;
+            let same_port = match (target.port_u16(), host.port_u16()) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            };
+            if !same_port || !target.host().eq_ignore_ascii_case(host.host()) {
+                return Err("the request target's authority and the Host header differ");
+            }
+            Ok(Some(target.host()))
+        }
+        (Some(target), None) => Ok(Some(target.host())),
+        (None, host) => Ok(host),
+    }
 }
 
 /// Counts a request in `tern_requests_in_flight` until it is dropped.

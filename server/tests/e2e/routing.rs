@@ -77,3 +77,36 @@ async fn unknown_route_is_404_with_a_short_body() {
         "prefixes match whole path segments"
     );
 }
+
+/// Requests whose authority or framing could be read two ways are refused: the router and the
+/// guest always see one host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_requests_are_400() {
+    let config = "[[tenant]]\nname = \"a\"\nmodule = \"builtin:hello\"\nhosts = [\"a.example\"]\n\
+                  [[tenant]]\nname = \"b\"\nmodule = \"builtin:echo\"\nhosts = [\"b.example\"]\n";
+    let s = crate::support::TestServer::start(config).await;
+    let ambiguous: [&[u8]; 4] = [
+        b"GET / HTTP/1.1\r\nhost: a.example\r\nhost: b.example\r\n\r\n",
+        b"GET http://b.example/ HTTP/1.1\r\nhost: a.example\r\n\r\n",
+        b"GET http://b.example:8080/ HTTP/1.1\r\nhost: b.example:9090\r\n\r\n",
+        b"POST / HTTP/1.1\r\nhost: b.example\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+    ];
+    for request in ambiguous {
+        let reply = crate::support::raw(s.addr(), request).await;
+        assert!(
+            reply.starts_with("HTTP/1.1 400") && reply.contains("ambiguous request"),
+            "{:?}: {reply}",
+            String::from_utf8_lossy(request)
+        );
+    }
+    // One authority, given either way or both ways alike, routes as usual.
+    for request in [
+        &b"GET http://b.example/x HTTP/1.1\r\nhost: b.example\r\nconnection: close\r\n\r\n"[..],
+        b"GET http://B.example:80/x HTTP/1.1\r\nhost: b.example\r\nconnection: close\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nhost: b.example\r\nconnection: close\r\n\r\n",
+    ] {
+        let reply = crate::support::raw(s.addr(), request).await;
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        assert!(reply.contains("host: b.example"), "{reply}");
+    }
+}
