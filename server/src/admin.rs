@@ -78,7 +78,8 @@ fn authorised(token: &str, headers: &HeaderMap) -> bool {
     else {
         return false;
     };
-    let (a, b) = (Sha256::digest(given.trim()), Sha256::digest(token));
+    // The token exactly as issued: no whitespace around it is forgiven.
+    let (a, b) = (Sha256::digest(given), Sha256::digest(token));
     a.iter()
         .zip(b.iter())
         .fold(0u8, |acc, (x, y)| acc | (x ^ y))
@@ -99,7 +100,14 @@ fn error_response(e: &ChangeError) -> Response<ResponseBody> {
     json_response(e.status(), &json!({ "error": e.to_string() }))
 }
 
+/// How long the rest of an upload past the limit is read (and discarded) before the `413`.
+const DISCARD_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Reads a body of at most `limit` bytes.
+///
+/// A larger body is refused with `413`, but only after the rest of it has been read and
+/// discarded (up to twice the limit, for at most [`DISCARD_FOR`]): a client still sending when
+/// the connection closed would get a reset instead of the answer.
 async fn read_body(req: Request<Incoming>, limit: u64) -> Result<bytes::Bytes, ChangeError> {
     let too_large = || {
         ChangeError::TooLarge(format!(
@@ -107,21 +115,41 @@ async fn read_body(req: Request<Incoming>, limit: u64) -> Result<bytes::Bytes, C
              server.max_upload_bytes)"
         ))
     };
+    let unreadable =
+        |e: hyper::Error| ChangeError::Invalid(format!("could not read the request body: {e}"));
     let declared = req
         .headers()
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(too_large());
+    let mut body = req.into_body();
+    let mut seen = 0u64;
+    if declared.is_none_or(|n| n <= limit) {
+        let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+        loop {
+            let Some(frame) = body.frame().await else {
+                return Ok(buf.freeze());
+            };
+            let Ok(data) = frame.map_err(unreadable)?.into_data() else {
+                continue;
+            };
+            seen += data.len() as u64;
+            if seen > limit {
+                break;
+            }
+            buf.extend_from_slice(&data);
+        }
     }
-    let limited = http_body_util::Limited::new(req.into_body(), limit as usize);
-    match limited.collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(ChangeError::Invalid(format!(
-            "could not read the request body: {e}"
-        ))),
-    }
+    let bound = limit.saturating_mul(2).max(1 << 20);
+    let discard = async {
+        while seen <= bound {
+            match body.frame().await {
+                Some(Ok(frame)) => seen += frame.data_ref().map_or(0, |d| d.len() as u64),
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DISCARD_FOR, discard).await;
+    Err(too_large())
 }
 
 fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
@@ -260,5 +288,9 @@ mod tests {
         assert!(!authorised("secret", &h));
         h.insert(AUTHORIZATION, HeaderValue::from_static("Basic secret"));
         assert!(!authorised("secret", &h));
+        for padded in ["Bearer  secret", "Bearer \tsecret", "Bearer secret "] {
+            h.insert(AUTHORIZATION, HeaderValue::from_str(padded).unwrap());
+            assert!(!authorised("secret", &h), "{padded:?}");
+        }
     }
 }

@@ -46,6 +46,9 @@ pub enum AssetsError {
     /// More entries or bytes than allowed.
     #[error("assets: {0}")]
     TooLarge(String),
+    /// An archive with no files in it (an empty upload, or a tar of nothing).
+    #[error("assets archive holds no files")]
+    Empty,
     /// A directory could not be read.
     #[error("assets: {path}: {source}")]
     Io {
@@ -144,6 +147,13 @@ impl Assets {
                     return Err(AssetsError::NotRegular { path, kind });
                 }
             }
+        }
+        if !assets
+            .nodes
+            .iter()
+            .any(|n| !matches!(n.kind, NodeKind::Dir(_)))
+        {
+            return Err(AssetsError::Empty);
         }
         Ok(assets)
     }

@@ -29,8 +29,11 @@ impl HostPattern {
     /// A message naming what is wrong with the pattern.
     pub fn parse(s: &str) -> Result<Self, String> {
         let s = s.to_ascii_lowercase();
-        if s.is_empty() || s == "*" {
+        if s == "*" {
             return Ok(Self::Any);
+        }
+        if s.is_empty() {
+            return Err("an empty host name (for any host, leave `hosts` out or use \"*\")".into());
         }
         let (wild, name) = match s.strip_prefix("*.") {
             Some(rest) => (true, rest),
@@ -65,10 +68,21 @@ pub fn check_prefix(p: &str) -> Result<(), String> {
     if !p.starts_with('/') {
         return Err(format!("{p:?} must start with '/'"));
     }
-    if p.contains(['?', '#', '*', ' ']) {
+    if p.contains(['?', '#', '*', ' ', '%', '\\']) || p.chars().any(|c| c.is_control()) {
         return Err(format!(
-            "{p:?} must be a plain path (no '?', '#', '*' or spaces)"
+            "{p:?} must be a plain path (no '?', '#', '*', '%', '\\', spaces or control \
+             characters)"
         ));
+    }
+    // A prefix is matched against the path as sent: a dot segment or an empty one would
+    // match a path that a client, a proxy or the guest reads as another.
+    let inner = p.trim_end_matches('/');
+    if inner
+        .split('/')
+        .skip(1)
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
+        return Err(format!("{p:?} must not have empty, `.` or `..` segments"));
     }
     Ok(())
 }

@@ -262,6 +262,17 @@ pub struct TenantConfig {
     pub limits: LimitsConfig,
 }
 
+/// Ceiling of `limits.timeout_ms`: 15 minutes.
+pub const MAX_TIMEOUT_MS: u64 = 15 * 60 * 1000;
+/// Ceiling of `limits.stdio_bytes` (captured in memory per request and stream): 16 MiB.
+pub const MAX_STDIO_BYTES: u64 = 16 << 20;
+/// Ceiling of `limits.log_lines_per_sec`.
+pub const MAX_LOG_LINES_PER_SEC: u64 = 100_000;
+/// Ceiling of `limits.max_request_bytes` and `limits.max_response_bytes`: 4 GiB.
+pub const MAX_BODY_BYTES: u64 = 4 << 30;
+/// Ceiling of `limits.max_response_headers`.
+pub const MAX_RESPONSE_HEADERS: u64 = 10_000;
+
 /// `[tenant.limits]`: what one request of this tenant may use.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -475,12 +486,69 @@ pub fn validate_tenant(
             return here(p, format!("tenant {name:?}: paths: {m}"));
         }
     }
+    for (i, p) in t.paths.iter().enumerate() {
+        let prefix = normalise_prefix(p.get_ref());
+        if t.paths[..i]
+            .iter()
+            .any(|q| normalise_prefix(q.get_ref()) == prefix)
+        {
+            return here(
+                p,
+                format!("tenant {name:?}: paths: {prefix:?} is listed twice"),
+            );
+        }
+    }
+    for (i, h) in t.hosts.iter().enumerate() {
+        if t.hosts[..i]
+            .iter()
+            .any(|g| g.get_ref().eq_ignore_ascii_case(h.get_ref()))
+        {
+            return here(
+                h,
+                format!("tenant {name:?}: hosts: {:?} is listed twice", h.get_ref()),
+            );
+        }
+    }
     let l = &t.limits;
-    if l.timeout_ms == 0 {
-        return here(
-            &t.name,
-            format!("tenant {name:?}: limits.timeout_ms must be > 0"),
-        );
+    // Every limit has a ceiling: a limit of "practically unbounded" is no limit.
+    let ceilings: [(&str, u64, u64, u64); 7] = [
+        ("timeout_ms", l.timeout_ms, 1, MAX_TIMEOUT_MS),
+        ("stdio_bytes", l.stdio_bytes as u64, 0, MAX_STDIO_BYTES),
+        (
+            "log_lines_per_sec",
+            u64::from(l.log_lines_per_sec),
+            0,
+            MAX_LOG_LINES_PER_SEC,
+        ),
+        (
+            "max_response_bytes",
+            l.max_response_bytes,
+            0,
+            MAX_BODY_BYTES,
+        ),
+        (
+            "max_response_headers",
+            l.max_response_headers as u64,
+            0,
+            MAX_RESPONSE_HEADERS,
+        ),
+        ("max_request_bytes", l.max_request_bytes, 0, MAX_BODY_BYTES),
+        (
+            "max_concurrency",
+            u64::from(l.max_concurrency),
+            0,
+            u64::from(pool.instances),
+        ),
+    ];
+    for (key, value, min, max) in ceilings {
+        if value < min || value > max {
+            return here(
+                &t.name,
+                format!(
+                    "tenant {name:?}: limits.{key} must be between {min} and {max}, not {value}"
+                ),
+            );
+        }
     }
     let mem = l.max_memory_mib.unwrap_or(pool.max_memory_mib);
     if mem == 0 || mem > pool.max_memory_mib {
@@ -493,11 +561,17 @@ pub fn validate_tenant(
             ),
         );
     }
-    for k in t.env.keys() {
+    for (k, v) in &t.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return here(
                 &t.name,
                 format!("tenant {name:?}: env name {k:?} is invalid"),
+            );
+        }
+        if v.contains('\0') {
+            return here(
+                &t.name,
+                format!("tenant {name:?}: env {k:?}: a value may not contain NUL"),
             );
         }
     }

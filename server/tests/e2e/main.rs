@@ -4,6 +4,7 @@
 //! HTTP client.
 
 mod abi;
+mod admin_input;
 mod artifacts;
 mod clients;
 mod config;
