@@ -90,6 +90,10 @@ impl From<TenantError> for ChangeError {
                 source: ArtifactError::InvalidWasm { .. },
                 ..
             } => Self::Invalid(e.to_string()),
+            TenantError::Artifact {
+                source: ArtifactError::TooCostly { .. },
+                ..
+            } => Self::Unprocessable(e.to_string()),
             TenantError::Artifact { .. } => Self::Internal(e.to_string()),
             TenantError::Abi { .. }
             | TenantError::Assets { .. }

@@ -744,3 +744,65 @@ async fn modules_that_do_not_fit_are_422_and_nothing_refused_is_kept() {
     assert!(status.is_success(), "{status}");
     assert_eq!(stored_hashes(&data), vec![sha256(&edge)]);
 }
+
+/// A module whose one function is `blocks` empty blocks in a row.
+fn many_blocks(blocks: usize) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let b = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(b);
+                return;
+            }
+            out.push(b | 0x80);
+        }
+    }
+    fn section(id: u8, payload: &[u8], out: &mut Vec<u8>) {
+        out.push(id);
+        leb(payload.len(), out);
+        out.extend_from_slice(payload);
+    }
+    let mut body = vec![0u8]; // no locals
+    for _ in 0..blocks {
+        body.extend_from_slice(&[0x02, 0x40, 0x0b]);
+    }
+    body.push(0x0b);
+    let mut code = vec![1u8];
+    leb(body.len(), &mut code);
+    code.extend_from_slice(&body);
+    let mut m = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 0, 0], &mut m);
+    section(3, &[1, 0], &mut m);
+    section(5, &[1, 0, 1], &mut m);
+    let mut exports = vec![2u8, 6];
+    exports.extend_from_slice(b"_start\x00\x00\x06memory\x02\x00");
+    section(7, &exports, &mut m);
+    section(10, &code, &mut m);
+    m
+}
+
+/// Compiling takes memory in proportion to a function's blocks: past the bound a deploy is
+/// refused before it is compiled, and at the bound it is served.
+#[tokio::test]
+async fn functions_too_costly_to_compile_are_422() {
+    let s = TestServer::start("").await;
+    s.deploy("app", "/app", demo("hello")).await;
+    let max = tern::artifact::MAX_BLOCKS_PER_FUNCTION;
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/app/module",
+            many_blocks(max + 1),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let error = v["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&format!("{} control blocks", max + 1)),
+        "{error}"
+    );
+    assert_eq!(s.get("/app").await.text(), HELLO);
+    s.deploy("edge", "/edge", &many_blocks(max)).await;
+    assert_eq!(s.get("/edge").await.status, StatusCode::OK);
+}
