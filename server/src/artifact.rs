@@ -161,7 +161,7 @@ fn check_compile_cost(wasm: &[u8]) -> Result<(), String> {
             return Err(format!(
                 "function {index} has {blocks} control blocks, more than Tern compiles in one \
                  function ({MAX_BLOCKS_PER_FUNCTION}); compiling it would take about {} MiB",
-                blocks * 1100 >> 20
+                (blocks * 1100) >> 20
             ));
         }
         index += 1;
