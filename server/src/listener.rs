@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderValue;
+use http::header::CONNECTION;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
@@ -29,6 +31,8 @@ pub struct ListenOptions {
     /// One permit per open connection, shared by the clones of these options: at the limit,
     /// accepting pauses and clients queue in the kernel's backlog instead of growing memory.
     connections: Arc<tokio::sync::Semaphore>,
+    /// The size of `connections`.
+    max_connections: usize,
     /// Counts the open connections, if set.
     pub open: Option<prometheus::IntGauge>,
     /// Time allowed to send a request head; also the keep-alive idle limit.
@@ -44,6 +48,7 @@ impl ListenOptions {
     pub fn from_config(c: &crate::config::ServerConfig) -> Self {
         Self {
             connections: Arc::new(tokio::sync::Semaphore::new(c.max_connections)),
+            max_connections: c.max_connections,
             open: None,
             header_read_timeout: Duration::from_millis(c.header_read_timeout_ms),
             max_header_bytes: c.max_header_bytes,
@@ -78,29 +83,25 @@ where
     let addr = listener
         .local_addr()
         .map_or_else(|_| "?".to_string(), |a: SocketAddr| a.to_string());
-    loop {
-        let permit = tokio::select! {
-            permit = opts.connections.clone().acquire_owned() => permit.expect("never closed"),
-            () = shutdown.wait() => break,
-        };
-        let (stream, _peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // Out of file descriptors or similar: back off instead of spinning.
-                    tracing::warn!("accept on {addr} failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = shutdown.wait() => break,
-        };
+    let serve_one = |stream: TcpStream, permit: Option<tokio::sync::OwnedSemaphorePermit>| {
         // Responses are written whole; waiting for more data (Nagle) only adds latency.
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let service = service_fn(move |req| {
+        let (handler, shutdown) = (handler.clone(), shutdown.clone());
+        let service = service_fn(move |req: Request<Incoming>| {
+            let http1 = req.version() < hyper::Version::HTTP_2;
             let fut = handler(req);
-            async move { Ok::<_, Infallible>(fut.await) }
+            let shutdown = shutdown.clone();
+            async move {
+                let mut resp = fut.await;
+                // Once shutdown has begun, every HTTP/1 response closes its connection: a
+                // request that reached the server is answered, and keep-alive connections end
+                // after their answer instead of being cut while a request may be on its way.
+                if http1 && shutdown.is_triggered() {
+                    resp.headers_mut()
+                        .insert(CONNECTION, HeaderValue::from_static("close"));
+                }
+                Ok::<_, Infallible>(resp)
+            }
         });
         let (builder, watcher) = (builder.clone(), graceful.watcher());
         let first_bytes_timeout = opts.header_read_timeout;
@@ -120,13 +121,49 @@ where
             }
             drop(permit);
         });
+    };
+    loop {
+        let permit = tokio::select! {
+            permit = opts.connections.clone().acquire_owned() => permit.expect("never closed"),
+            () = shutdown.wait() => break,
+        };
+        let (stream, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors or similar: back off instead of spinning.
+                    tracing::warn!("accept on {addr} failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.wait() => break,
+        };
+        serve_one(stream, Some(permit));
+    }
+    // Connections the kernel completed but this loop had not accepted would be reset when the
+    // listener closes, though their clients may have sent a request: take and answer them.
+    while let Poll::Ready(Ok((stream, _))) =
+        std::future::poll_fn(|cx| Poll::Ready(listener.poll_accept(cx))).await
+    {
+        serve_one(stream, opts.connections.clone().try_acquire_owned().ok());
     }
     drop(listener);
+    // Idle keep-alive connections stay open a moment: a request already on its way is answered
+    // (and closes its connection); hyper then closes the ones still idle.
+    let linger = LINGER.min(opts.grace);
+    let all_closed = opts
+        .connections
+        .acquire_many(u32::try_from(opts.max_connections).unwrap_or(u32::MAX));
+    let _ = tokio::time::timeout(linger, all_closed).await;
     tokio::select! {
         () = graceful.shutdown() => tracing::debug!("{addr}: all connections drained"),
-        () = tokio::time::sleep(opts.grace) => tracing::warn!("{addr}: grace period over, closing open connections"),
+        () = tokio::time::sleep(opts.grace.saturating_sub(linger)) => tracing::warn!("{addr}: grace period over, closing open connections"),
     }
 }
+
+/// How long idle keep-alive connections may still bring a request once shutdown has begun.
+const LINGER: Duration = Duration::from_secs(1);
 
 /// Counts a connection in a gauge while it is open.
 struct OpenConnection(prometheus::IntGauge);

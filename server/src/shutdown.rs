@@ -1,12 +1,17 @@
 //! Shutdown: SIGTERM or SIGINT stops accepting and drains in-flight requests within the grace
 //! period; a second signal exits at once.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tokio::sync::watch;
 
 /// A shutdown trigger shared by the listeners.
 #[derive(Debug, Clone)]
 pub struct Shutdown {
     tx: watch::Sender<bool>,
+    /// The same as the channel's value, readable per request without a lock.
+    fired: Arc<AtomicBool>,
 }
 
 impl Default for Shutdown {
@@ -20,17 +25,19 @@ impl Shutdown {
     pub fn new() -> Self {
         Self {
             tx: watch::channel(false).0,
+            fired: Arc::new(AtomicBool::new(false)),
         }
     }
 
     /// Fires the trigger: listeners stop accepting and start draining.
     pub fn trigger(&self) {
+        self.fired.store(true, Ordering::Relaxed);
         self.tx.send_replace(true);
     }
 
     /// Whether the trigger has fired.
     pub fn is_triggered(&self) -> bool {
-        *self.tx.borrow()
+        self.fired.load(Ordering::Relaxed)
     }
 
     /// Resolves once the trigger fires.

@@ -191,3 +191,106 @@ fn json_logs_are_one_object_per_line_with_an_access_line_per_request() {
     assert_eq!(v["fields"]["status"], 200);
     assert!(v["fields"]["total_ms"].as_f64().is_some(), "{line}");
 }
+
+/// Reads one HTTP/1.1 response with a `Content-Length`; returns its head, or `None` if the
+/// connection ended (EOF or reset) before a whole response came.
+fn read_response(conn: &mut TcpStream) -> Result<Option<String>, std::io::Error> {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return Ok(Some(head));
+            }
+        }
+        let n = conn.read(&mut byte)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&byte[..n]);
+    }
+}
+
+/// SIGTERM under load: every request sent on a keep-alive connection is answered (the last one
+/// with `Connection: close`), and a new connection is either answered or refused, never reset
+/// mid-request. One reset is allowed for a connection the kernel completes in the microseconds
+/// between the last accept from the backlog and the listener's close.
+#[test]
+fn sigterm_under_keep_alive_load_answers_every_request() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let cache = tempfile::tempdir().unwrap();
+    let mut tern = TernProcess::serve(&[], cache.path());
+    let addr = tern.addr.clone();
+    let answered = Arc::new(AtomicUsize::new(0));
+    let mut keep_alive = Vec::new();
+    for _ in 0..8 {
+        let (addr, answered) = (addr.clone(), answered.clone());
+        keep_alive.push(std::thread::spawn(move || -> Result<(), String> {
+            let mut conn = TcpStream::connect(&addr).map_err(|e| e.to_string())?;
+            conn.set_read_timeout(Some(Duration::from_secs(20)))
+                .unwrap();
+            for i in 0.. {
+                conn.write_all(b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n")
+                    .map_err(|e| format!("request {i}: write: {e}"))?;
+                match read_response(&mut conn) {
+                    Ok(Some(head)) if head.starts_with("http/1.1 200") => {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                        if head.contains("connection: close") {
+                            return Ok(());
+                        }
+                    }
+                    Ok(Some(head)) => return Err(format!("request {i}: {head}")),
+                    Ok(None) => return Err(format!("request {i}: closed unanswered")),
+                    Err(e) => return Err(format!("request {i}: {e}")),
+                }
+            }
+            Ok(())
+        }));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let fresh = {
+        let (addr, stop) = (addr.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (mut served, mut resets) = (0, 0);
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(mut conn) = TcpStream::connect(&addr) else {
+                    break; // refused: the listener is closed
+                };
+                conn.set_read_timeout(Some(Duration::from_secs(20)))
+                    .unwrap();
+                let sent =
+                    conn.write_all(b"GET /hello HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+                match (sent, read_response(&mut conn)) {
+                    (Ok(()), Ok(Some(head))) if head.starts_with("http/1.1 200") => served += 1,
+                    _ => resets += 1,
+                }
+            }
+            (served, resets)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let before = answered.load(Ordering::Relaxed);
+    assert!(before > 0, "no request answered before the signal");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &tern.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for (i, t) in keep_alive.into_iter().enumerate() {
+        let result = t.join().unwrap();
+        assert!(result.is_ok(), "keep-alive client {i}: {result:?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (served, resets) = fresh.join().unwrap();
+    assert!(served > 0, "no new connection was served");
+    assert!(resets <= 1, "{resets} new connections were reset");
+    let exit = tern.child.wait().unwrap();
+    assert!(exit.success(), "tern exited with {exit}");
+}
