@@ -22,8 +22,9 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::app::App;
 use crate::body::ResponseBody;
-use crate::http::{App, plain};
+use crate::body::plain;
 use crate::metrics;
 use crate::registry::ChangeError;
 use crate::store::TenantSpec;

@@ -7,6 +7,9 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use tokio::sync::mpsc;
 
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Response, StatusCode};
+
 use crate::metrics::Undelivered;
 
 /// A streaming body ended early because its guest failed after the head was sent.
@@ -102,4 +105,14 @@ impl http_body::Body for ResponseBody {
             Self::Stream(_) => SizeHint::default(),
         }
     }
+}
+
+static TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+
+/// A short plain-text response.
+pub fn plain(status: StatusCode, text: &str) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::full(text.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN.clone());
+    resp
 }

@@ -7,49 +7,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use http::header::{
-    CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER, TRANSFER_ENCODING,
-};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, RETRY_AFTER, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::sync::oneshot;
-use wasmtime::Engine;
 
-use crate::body::ResponseBody;
-use crate::execute::{self, ExecError, Outcome, Reply, RunOutput};
+use crate::app::App;
+use crate::body::{ResponseBody, plain};
+use crate::execute::{self, Reply, RunOutput};
 use crate::hostcalls::{GuestRequest, Head, RequestBody};
-use crate::metrics::{Metrics, Phase, Timings};
-use crate::pool::Pool;
-use crate::registry::Registry;
+use crate::metrics::{Phase, Timings};
+use crate::outcome::{self, ExecError, Outcome};
 use crate::tenant::TenantRef;
 
 /// `x-request-id`: honoured when the client sends a sane one, generated otherwise.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
-static TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
-
-/// Everything the request path shares.
-pub struct App {
-    /// The live tenants and routing table, and the way to change them.
-    pub registry: Registry,
-    /// Bearer token of the admin API.
-    pub admin_token: String,
-    /// Admission to the instance pool.
-    pub pool: Pool,
-    /// Metric handles.
-    pub metrics: Metrics,
-    /// The engine (for pool metrics).
-    pub engine: Engine,
-}
-
-impl std::fmt::Debug for App {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("App")
-            .field("registry", &self.registry)
-            .field("pool", &self.pool)
-            .finish()
-    }
-}
 
 /// Serves one request. Infallible: failures become responses.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
@@ -98,7 +71,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > tenant.limits.max_request_bytes) {
-        let e = execute::body_too_large(tenant.limits.max_request_bytes);
+        let e = outcome::body_too_large(tenant.limits.max_request_bytes);
         return reject(&app, &tenant, &e, &request_id, &timings, 1, arrived);
     }
 
@@ -334,14 +307,6 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.dec();
     }
-}
-
-/// A short plain-text response.
-pub fn plain(status: StatusCode, text: &str) -> Response<ResponseBody> {
-    let mut resp = Response::new(ResponseBody::full(text.to_string()));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN.clone());
-    resp
 }
 
 /// The client's `x-request-id` if it is 1-128 characters of `[A-Za-z0-9._:-]`, else a new one.

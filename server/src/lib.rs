@@ -8,6 +8,7 @@
 //! - [`router`]: `Host` / path prefix → tenant.
 //! - [`pool`]: admission to the preallocated instance pool (the `queue` phase).
 //! - [`execute`]: a fresh `Store`, `instantiate_async`, the handler on its own fiber.
+//! - [`outcome`]: how a run ended (`Outcome`, `ExecError`) and the status each one gets.
 //! - [`hostcalls`]: the `tern` host functions of guest ABI v1 (request in, response out).
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
 //! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
@@ -24,9 +25,12 @@
 //! - [`cli`]: the admin API's client (`tern deploy`, `tern tenants`, ...).
 //! - [`config`]: the TOML schema, defaults and validation.
 //! - [`server`], [`shutdown`]: start-up and signal handling.
-//! - [`body`], [`demo`]: the response body type; the embedded demo guests.
+//! - [`app`]: what the request path and the admin listener share.
+//! - [`body`], [`demo`]: the response body type and short plain responses; the embedded demo
+//!   guests.
 
 pub mod admin;
+pub mod app;
 pub mod artifact;
 pub mod assets;
 pub mod body;
@@ -39,6 +43,7 @@ pub mod hostcalls;
 pub mod http;
 pub mod listener;
 pub mod metrics;
+pub mod outcome;
 pub mod pagemap;
 pub mod pool;
 pub mod registry;

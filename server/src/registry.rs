@@ -27,7 +27,7 @@ use crate::assets::Assets;
 use crate::config::{self, Config, PoolConfig, TenantConfig};
 use crate::hostcalls::Linkers;
 use crate::metrics::Metrics;
-use crate::router::{Clash, Router};
+use crate::router::{Clash, Route, Router};
 use crate::store::{self, Manifest, Store, StoredTenant, TenantSpec, Version};
 use crate::tenant::{self, Carried, Origin, Tenant, TenantError, TenantRef};
 
@@ -273,10 +273,10 @@ impl Registry {
         let tenants: BTreeMap<String, TenantRef> =
             tenants.into_iter().map(|t| (t.name.clone(), t)).collect();
         let router = Router::build(tenants.values().map(|t| {
-            (
-                t.name.as_str(),
-                t.hosts.iter().map(String::as_str).collect(),
-                t.paths.iter().map(String::as_str).collect(),
+            Route::new(
+                &t.name,
+                t.hosts.iter().map(String::as_str),
+                t.paths.iter().map(String::as_str),
                 t.clone(),
             )
         }))?;
@@ -839,20 +839,25 @@ fn check_routes(
     name: &str,
     spec: &TenantSpec,
 ) -> Result<(), ChangeError> {
-    fn strs(v: &[String]) -> Vec<&str> {
-        v.iter().map(String::as_str).collect()
+    fn route<'a>(name: &'a str, hosts: &'a [String], paths: &'a [String]) -> Route<'a, ()> {
+        Route::new(
+            name,
+            hosts.iter().map(String::as_str),
+            paths.iter().map(String::as_str),
+            (),
+        )
     }
     let serving = live
         .tenants
         .values()
         .filter(|t| t.name != name)
-        .map(|t| (t.name.as_str(), strs(&t.hosts), strs(&t.paths), ()));
+        .map(|t| route(&t.name, &t.hosts, &t.paths));
     let pending = manifest
         .tenants
         .iter()
         .filter(|(n, t)| *n != name && t.current.is_none())
-        .map(|(n, t)| (n.as_str(), strs(&t.spec.hosts), strs(&t.spec.paths), ()));
-    let this = std::iter::once((name, strs(&spec.hosts), strs(&spec.paths), ()));
+        .map(|(n, t)| route(n, &t.spec.hosts, &t.spec.paths));
+    let this = std::iter::once(route(name, &spec.hosts, &spec.paths));
     Router::build(serving.chain(pending).chain(this))?;
     Ok(())
 }

@@ -9,8 +9,6 @@
 
 use std::collections::HashMap;
 
-use crate::config::normalise_prefix;
-
 /// Which hosts a route accepts.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum HostPattern {
@@ -142,9 +140,46 @@ impl<T> Group<T> {
     }
 }
 
-/// One routing entry: a target's name (for clash errors), host patterns, path prefixes and
-/// the target. Empty host or path lists mean any host and `/`.
-pub type Entry<'a, T> = (&'a str, Vec<&'a str>, Vec<&'a str>, T);
+/// One target's routes.
+#[derive(Debug, Clone)]
+pub struct Route<'a, T> {
+    /// The target's name (for clash errors).
+    pub name: &'a str,
+    /// Host patterns; empty means any host.
+    pub hosts: Vec<&'a str>,
+    /// Path prefixes; empty means `/`.
+    pub paths: Vec<&'a str>,
+    /// What requests matching them go to.
+    pub target: T,
+}
+
+impl<'a, T> Route<'a, T> {
+    /// The routes of `name`: `hosts` and `paths` (empty: any host, `/`) to `target`.
+    pub fn new(
+        name: &'a str,
+        hosts: impl IntoIterator<Item = &'a str>,
+        paths: impl IntoIterator<Item = &'a str>,
+        target: T,
+    ) -> Self {
+        Self {
+            name,
+            hosts: hosts.into_iter().collect(),
+            paths: paths.into_iter().collect(),
+            target,
+        }
+    }
+}
+
+/// A configured path prefix as the router keys it: without trailing slashes (`/` stays `/`),
+/// so `/api/` and `/api` route the same requests.
+pub fn normalise_prefix(p: &str) -> String {
+    let trimmed = p.trim_end_matches('/');
+    if trimmed.is_empty() {
+        "/".to_string()
+    } else {
+        trimmed.to_string()
+    }
+}
 
 /// The routing table for targets of type `T` (the server uses `Arc<Tenant>`).
 #[derive(Debug)]
@@ -172,10 +207,16 @@ impl<T: Clone> Router<T> {
     ///
     /// # Errors
     /// [`Clash`] if two different targets claim the same (host, prefix) pair.
-    pub fn build<'a>(entries: impl IntoIterator<Item = Entry<'a, T>>) -> Result<Self, Clash> {
+    pub fn build<'a>(routes: impl IntoIterator<Item = Route<'a, T>>) -> Result<Self, Clash> {
         let mut router = Self::default();
         let mut owners: HashMap<(HostPattern, String), &'a str> = HashMap::new();
-        for (name, hosts, paths, target) in entries {
+        for Route {
+            name,
+            hosts,
+            paths,
+            target,
+        } in routes
+        {
             let hosts = if hosts.is_empty() { vec![""] } else { hosts };
             let paths = if paths.is_empty() { vec!["/"] } else { paths };
             for h in &hosts {
@@ -300,7 +341,7 @@ mod tests {
             ]
             .into_iter()
             .zip(["fallback", "api", "api-v2", "shop", "wild", "eu-static"])
-            .map(|((h, p), name)| (name, h, p, name)),
+            .map(|((h, p), name)| Route::new(name, h, p, name)),
         )
         .unwrap()
     }
@@ -333,7 +374,7 @@ mod tests {
 
     #[test]
     fn no_route_is_none() {
-        let t = Router::build([("a", vec!["a.com"], vec!["/x"], 1)]).unwrap();
+        let t = Router::build([Route::new("a", vec!["a.com"], vec!["/x"], 1)]).unwrap();
         assert_eq!(t.route(Some("a.com"), "/y"), None);
         assert_eq!(t.route(Some("b.com"), "/x"), None);
         assert_eq!(t.route(None, "/x"), None);
@@ -342,14 +383,20 @@ mod tests {
     #[test]
     fn identical_routes_of_two_targets_clash() {
         let clash = Router::build([
-            ("a", vec!["A.com"], vec!["/x/"], 1),
-            ("a", vec!["a.com"], vec!["/x"], 1),
-            ("b", vec!["a.com"], vec!["/x"], 2),
+            Route::new("a", vec!["A.com"], vec!["/x/"], 1),
+            Route::new("a", vec!["a.com"], vec!["/x"], 1),
+            Route::new("b", vec!["a.com"], vec!["/x"], 2),
         ])
         .unwrap_err();
         assert_eq!((clash.existing.as_str(), clash.other.as_str()), ("a", "b"));
         assert_eq!(clash.prefix, "/x");
-        assert!(Router::build([("a", vec![], vec!["/"], 1), ("b", vec![], vec![], 2)]).is_err());
+        assert!(
+            Router::build([
+                Route::new("a", vec![], vec!["/"], 1),
+                Route::new("b", vec![], vec![], 2)
+            ])
+            .is_err()
+        );
     }
 
     #[test]
@@ -357,14 +404,12 @@ mod tests {
         let names: Vec<String> = (0..10_000).map(|i| format!("t{i}")).collect();
         let paths: Vec<String> = names.iter().map(|n| format!("/{n}")).collect();
         let hosts: Vec<String> = names.iter().map(|n| format!("{n}.example.com")).collect();
-        let r = Router::build(names.iter().enumerate().map(|(i, n)| {
-            (
-                n.as_str(),
-                vec![hosts[i].as_str()],
-                vec![paths[i].as_str()],
-                i,
-            )
-        }))
+        let r = Router::build(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| Route::new(n.as_str(), [hosts[i].as_str()], [paths[i].as_str()], i)),
+        )
         .unwrap();
         assert_eq!(r.len(), 10_000);
         assert_eq!(r.route(Some("t9999.example.com"), "/t9999/a"), Some(&9999));
@@ -373,7 +418,7 @@ mod tests {
             names
                 .iter()
                 .enumerate()
-                .map(|(i, n)| (n.as_str(), vec![], vec![paths[i].as_str()], i)),
+                .map(|(i, n)| Route::new(n.as_str(), [], [paths[i].as_str()], i)),
         )
         .unwrap();
         assert_eq!(r.route(None, "/t4242"), Some(&4242));

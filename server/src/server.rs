@@ -9,9 +9,9 @@ use anyhow::Context;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 
+use crate::app::App;
 use crate::config::Config;
 use crate::engine::{self, EpochTicker};
-use crate::http::App;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::registry::Registry;

@@ -14,9 +14,9 @@ use wasmtime::{Engine, ExternType, InstancePre, Linker, Module, ModuleExport};
 use crate::artifact::{self, ArtifactError};
 use crate::assets::{Assets, AssetsError};
 use crate::config::{LimitsConfig, PoolConfig, TenantConfig};
-use crate::execute::Outcome;
-use crate::hostcalls::{GuestState, Linkers};
+use crate::hostcalls::{GuestState, Linkers, WasiSpec};
 use crate::metrics::{Metrics, TenantMetrics, Undelivered};
+use crate::outcome::Outcome;
 use crate::store::Version;
 use crate::teardown::MemorySweep;
 
@@ -159,8 +159,8 @@ pub struct Tenant {
     pub start: ModuleExport,
     /// The memory export, resolved once.
     pub memory: ModuleExport,
-    /// Environment variables its guests see.
-    pub env: Vec<(String, String)>,
+    /// Its guests' WASI view: args, environment, captured output size.
+    pub wasi: Arc<WasiSpec>,
     /// Per-request limits.
     pub limits: Limits,
     /// Request counters by status class.
@@ -453,11 +453,15 @@ pub fn prepare(
         pre,
         start,
         memory,
-        env: config
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
+        wasi: Arc::new(WasiSpec {
+            name: name.clone(),
+            env: config
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            stdio_bytes: limits.stdio_bytes,
+        }),
         limits,
         name,
     })

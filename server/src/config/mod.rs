@@ -386,7 +386,6 @@ impl Config {
             );
         }
         let mut names = std::collections::HashSet::new();
-        let mut routes: BTreeMap<(String, String), &str> = BTreeMap::new();
         for t in &self.tenants {
             let name = t.name.get_ref();
             validate_tenant(t, pool)?;
@@ -396,48 +395,28 @@ impl Config {
                     format!("tenant.name {name:?} is used by two tenants"),
                 ));
             }
-            // Every (host, prefix) pair must belong to one tenant: the router ranks routes by
-            // host specificity then prefix length, so only identical pairs could be ambiguous.
-            let any = Spanned::new(0..0, String::new());
-            let root = Spanned::new(0..0, "/".to_string());
-            let hosts: Vec<&Spanned<String>> = if t.hosts.is_empty() {
-                vec![&any]
-            } else {
-                t.hosts.iter().collect()
-            };
-            let paths: Vec<&Spanned<String>> = if t.paths.is_empty() {
-                vec![&root]
-            } else {
-                t.paths.iter().collect()
-            };
-            for h in &hosts {
-                for p in &paths {
-                    let key = (
-                        h.get_ref().to_ascii_lowercase(),
-                        normalise_prefix(p.get_ref()),
-                    );
-                    if let Some(other) = routes.insert(key, name) {
-                        let span = if p.span().is_empty() {
-                            t.name.span()
-                        } else {
-                            p.span()
-                        };
-                        return Err((
-                            Some(span),
-                            format!(
-                                "tenant {name:?}: route host={:?} path={:?} is already \
-                                 routed to tenant {other:?}",
-                                if h.get_ref().is_empty() {
-                                    "*"
-                                } else {
-                                    h.get_ref()
-                                },
-                                p.get_ref()
-                            ),
-                        ));
-                    }
-                }
-            }
+        }
+        // Every (host, prefix) pair must belong to one tenant: the router's rule.
+        let routes = self.tenants.iter().map(|t| {
+            crate::router::Route::new(
+                t.name.get_ref().as_str(),
+                t.hosts.iter().map(|h| h.get_ref().as_str()),
+                t.paths.iter().map(|p| p.get_ref().as_str()),
+                (),
+            )
+        });
+        if let Err(clash) = crate::router::Router::build(routes) {
+            let t = self
+                .tenants
+                .iter()
+                .find(|t| *t.name.get_ref() == clash.other)
+                .expect("the clash names a tenant");
+            let span = t
+                .paths
+                .iter()
+                .find(|p| crate::router::normalise_prefix(p.get_ref()) == clash.prefix)
+                .map_or_else(|| t.name.span(), Spanned::span);
+            return Err((Some(span), format!("tenant {:?}: {clash}", clash.other)));
         }
         Ok(())
     }
@@ -487,10 +466,10 @@ pub fn validate_tenant(
         }
     }
     for (i, p) in t.paths.iter().enumerate() {
-        let prefix = normalise_prefix(p.get_ref());
+        let prefix = crate::router::normalise_prefix(p.get_ref());
         if t.paths[..i]
             .iter()
-            .any(|q| normalise_prefix(q.get_ref()) == prefix)
+            .any(|q| crate::router::normalise_prefix(q.get_ref()) == prefix)
         {
             return here(
                 p,
@@ -576,16 +555,6 @@ pub fn validate_tenant(
         }
     }
     Ok(())
-}
-
-/// `/api/` and `/api` route the same requests.
-pub fn normalise_prefix(p: &str) -> String {
-    let trimmed = p.trim_end_matches('/');
-    if trimmed.is_empty() {
-        "/".to_string()
-    } else {
-        trimmed.to_string()
-    }
 }
 
 /// 1-based line and column of byte `offset` in `text`.

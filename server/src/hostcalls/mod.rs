@@ -16,7 +16,7 @@ use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
-use crate::tenant::TenantRef;
+use std::sync::Arc;
 
 pub use request::{GuestRequest, RequestBody};
 pub use response::{GuestResponse, Head};
@@ -44,8 +44,19 @@ pub struct GuestState {
 /// request pays for it only when its guest uses it.
 pub struct Wasi {
     ctx: Option<WasiP1Ctx>,
-    tenant: TenantRef,
+    spec: Arc<WasiSpec>,
     stdio: Option<Stdio>,
+}
+
+/// What a tenant's guests see through WASI, owned by the tenant and shared by its requests.
+#[derive(Debug)]
+pub struct WasiSpec {
+    /// The guest's only argument: the tenant's name.
+    pub name: String,
+    /// Environment variables its guests see.
+    pub env: Vec<(String, String)>,
+    /// Bytes of stdout and of stderr captured per request.
+    pub stdio_bytes: usize,
 }
 
 /// What a guest wrote to stdout and stderr, each capped at its tenant's `stdio_bytes`.
@@ -57,11 +68,11 @@ pub struct Stdio {
 }
 
 impl Wasi {
-    /// A context for a guest of `tenant`, not built yet.
-    pub fn new(tenant: TenantRef) -> Self {
+    /// A context for a guest of a tenant with `spec`, not built yet.
+    pub fn new(spec: Arc<WasiSpec>) -> Self {
         Self {
             ctx: None,
-            tenant,
+            spec,
             stdio: None,
         }
     }
@@ -70,10 +81,10 @@ impl Wasi {
     /// name, the environment its configured variables, stdout and stderr captured.
     pub fn ctx(&mut self) -> &mut WasiP1Ctx {
         self.ctx.get_or_insert_with(|| {
-            let t = &self.tenant;
+            let t = &self.spec;
             let stdio = Stdio {
-                stdout: MemoryOutputPipe::new(t.limits.stdio_bytes),
-                stderr: MemoryOutputPipe::new(t.limits.stdio_bytes),
+                stdout: MemoryOutputPipe::new(t.stdio_bytes),
+                stderr: MemoryOutputPipe::new(t.stdio_bytes),
             };
             let ctx = WasiCtxBuilder::new()
                 .args(&[&t.name])

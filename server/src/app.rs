@@ -1,0 +1,30 @@
+//! What the request path and the admin listener share: the tenants, the pool, the metrics.
+
+use wasmtime::Engine;
+
+use crate::metrics::Metrics;
+use crate::pool::Pool;
+use crate::registry::Registry;
+
+/// Everything the request path shares.
+pub struct App {
+    /// The live tenants and routing table, and the way to change them.
+    pub registry: Registry,
+    /// Bearer token of the admin API.
+    pub admin_token: String,
+    /// Admission to the instance pool.
+    pub pool: Pool,
+    /// Metric handles.
+    pub metrics: Metrics,
+    /// The engine (for pool metrics).
+    pub engine: Engine,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("registry", &self.registry)
+            .field("pool", &self.pool)
+            .finish()
+    }
+}

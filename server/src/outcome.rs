@@ -1,0 +1,136 @@
+//! How a request's guest run ended: the outcome every layer counts and maps to a status.
+//!
+//! Its own small module so that the front end, the lifecycle, the tenants and the host calls
+//! can all name an outcome without depending on one another.
+
+use http::StatusCode;
+
+/// How a guest run ended; also the `outcome` label of `tern_guest_outcomes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The handler returned (or exited with status 0).
+    Ok = 0,
+    /// The wall-clock deadline passed.
+    Timeout,
+    /// Wasm stack overflow.
+    TrapStackOverflow,
+    /// Out-of-bounds memory or table access.
+    TrapOutOfBounds,
+    /// `unreachable` (also Rust panics with `panic = "abort"`).
+    TrapUnreachable,
+    /// Integer division by zero or overflow, or a bad float conversion.
+    TrapArithmetic,
+    /// `call_indirect` to a null or mistyped entry.
+    TrapBadIndirectCall,
+    /// Any other trap.
+    TrapOther,
+    /// A host call got a pointer outside guest memory.
+    BadPointer,
+    /// `proc_exit` with a non-zero status.
+    Exit,
+    /// Memory or table growth was refused by the tenant's limit.
+    MemoryLimit,
+    /// The response exceeded the tenant's body or header limits.
+    ResponseLimit,
+    /// The request body exceeded the tenant's limit.
+    BodyTooLarge,
+    /// The client's request body was malformed or cut off (e.g. bad chunked framing): the
+    /// client's fault, whatever the guest made of the read error.
+    BadRequest,
+    /// No pool slot came free in time.
+    Overload,
+    /// Instantiation failed for another reason.
+    Error,
+}
+
+impl Outcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Outcome; 16] = [
+        Outcome::Ok,
+        Outcome::Timeout,
+        Outcome::TrapStackOverflow,
+        Outcome::TrapOutOfBounds,
+        Outcome::TrapUnreachable,
+        Outcome::TrapArithmetic,
+        Outcome::TrapBadIndirectCall,
+        Outcome::TrapOther,
+        Outcome::BadPointer,
+        Outcome::Exit,
+        Outcome::MemoryLimit,
+        Outcome::ResponseLimit,
+        Outcome::BodyTooLarge,
+        Outcome::BadRequest,
+        Outcome::Overload,
+        Outcome::Error,
+    ];
+
+    /// The metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Timeout => "timeout",
+            Outcome::TrapStackOverflow => "trap_stack_overflow",
+            Outcome::TrapOutOfBounds => "trap_out_of_bounds",
+            Outcome::TrapUnreachable => "trap_unreachable",
+            Outcome::TrapArithmetic => "trap_arithmetic",
+            Outcome::TrapBadIndirectCall => "trap_bad_indirect_call",
+            Outcome::TrapOther => "trap_other",
+            Outcome::BadPointer => "bad_pointer",
+            Outcome::Exit => "exit",
+            Outcome::MemoryLimit => "memory_limit",
+            Outcome::ResponseLimit => "response_limit",
+            Outcome::BodyTooLarge => "body_too_large",
+            Outcome::BadRequest => "bad_request",
+            Outcome::Overload => "overload",
+            Outcome::Error => "error",
+        }
+    }
+
+    /// The status a client gets for this outcome.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Outcome::Ok => StatusCode::OK,
+            Outcome::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            Outcome::Overload => StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Outcome::BadRequest => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// A failed guest run: what to count and what to tell the client.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ExecError {
+    /// The outcome (never [`Outcome::Ok`]).
+    pub outcome: Outcome,
+    /// A short message for the client; details go to the log.
+    pub message: String,
+}
+
+impl ExecError {
+    /// A failure with a client-facing message.
+    pub fn new(outcome: Outcome, message: impl Into<String>) -> Self {
+        Self {
+            outcome,
+            message: message.into(),
+        }
+    }
+}
+
+/// The `413` for a request body over `max` bytes.
+pub fn body_too_large(max: u64) -> ExecError {
+    ExecError::new(
+        Outcome::BodyTooLarge,
+        format!("request body is larger than this tenant accepts ({max} bytes)"),
+    )
+}
+
+/// The `500` for a guest past its response size or header limit.
+pub fn response_limit(_status: i32) -> ExecError {
+    ExecError::new(
+        Outcome::ResponseLimit,
+        "guest exceeded its response size or header limit",
+    )
+}
