@@ -16,7 +16,7 @@ use crate::app::App;
 use crate::body::{ResponseBody, plain};
 use crate::execute::{self, Reply, RunOutput};
 use crate::hostcalls::{GuestRequest, Head, RequestBody};
-use crate::metrics::{Phase, Timings};
+use crate::metrics::{GaugeGuard, Phase, Timings};
 use crate::outcome::{self, ExecError, Outcome};
 use crate::tenant::TenantRef;
 
@@ -27,9 +27,7 @@ static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 /// Serves one request. Infallible: failures become responses.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
     let arrived = Instant::now();
-    app.metrics.in_flight.inc();
-    // Decremented however this future ends: answered, or dropped because the client left.
-    let _in_flight = InFlight(&app.metrics.in_flight);
+    let _in_flight = GaugeGuard::new(&app.metrics.in_flight);
     let request_id = request_id(req.headers());
     let mut timings = Timings::default();
 
@@ -39,14 +37,22 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         Ok(host) => host,
         Err(why) => {
             timings.set(Phase::Route, arrived.elapsed());
-            app.metrics.observe(&timings, 1);
+            app.metrics.observe(&timings, Phase::Route);
             let mut resp = plain(
                 StatusCode::BAD_REQUEST,
                 &format!("ambiguous request: {why}\n"),
             );
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
-            return finish(&app, None, resp, &request_id, &timings, 1, arrived);
+            return finish(
+                &app,
+                None,
+                resp,
+                &request_id,
+                &timings,
+                Phase::Route,
+                arrived,
+            );
         }
     };
     let tenant = app
@@ -57,12 +63,20 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         .cloned();
     timings.set(Phase::Route, arrived.elapsed());
     let Some(tenant) = tenant else {
-        app.metrics.observe(&timings, 1);
+        app.metrics.observe(&timings, Phase::Route);
         let resp = plain(
             StatusCode::NOT_FOUND,
             "no tenant is routed for this host and path\n",
         );
-        return finish(&app, None, resp, &request_id, &timings, 1, arrived);
+        return finish(
+            &app,
+            None,
+            resp,
+            &request_id,
+            &timings,
+            Phase::Route,
+            arrived,
+        );
     };
 
     // A declared body over the limit is refused before any instance is made.
@@ -72,17 +86,37 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > tenant.limits.max_request_bytes) {
         let e = outcome::body_too_large(tenant.limits.max_request_bytes);
-        return reject(&app, &tenant, &e, &request_id, &timings, 1, arrived);
+        return reject(
+            &app,
+            &tenant,
+            &e,
+            &request_id,
+            &timings,
+            Phase::Route,
+            arrived,
+        );
     }
 
     let queued = Instant::now();
-    let slot = match app.pool.admit(&tenant.slots).await {
-        Ok(slot) => slot,
+    let admitted = match app
+        .pool
+        .admit(&tenant.slots, tenant.limits.max_concurrency)
+        .await
+    {
+        Ok(admitted) => admitted,
         Err(overloaded) => {
             timings.set(Phase::Queue, queued.elapsed());
-            app.metrics.observe(&timings, 2);
+            app.metrics.observe(&timings, Phase::Queue);
             let e = ExecError::new(Outcome::Overload, overloaded.to_string());
-            return reject(&app, &tenant, &e, &request_id, &timings, 2, arrived);
+            return reject(
+                &app,
+                &tenant,
+                &e,
+                &request_id,
+                &timings,
+                Phase::Queue,
+                arrived,
+            );
         }
     };
     timings.set(Phase::Queue, queued.elapsed());
@@ -102,7 +136,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         let (tenant, request_id) = (tenant.clone(), request_id.clone());
         async move {
             let out = execute::run(tenant, request, commit, request_id).await;
-            drop(slot); // after teardown: the pool slot is free again
+            drop(admitted); // after teardown: the pool slot is free again
             out
         }
     });
@@ -120,11 +154,11 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
             tokio::spawn(async move {
                 let out = run.await;
                 record_phases(&mut after, &out);
-                app2.metrics.observe(&after, Phase::COUNT);
+                app2.metrics.observe(&after, Phase::Teardown);
             });
             let resp = streamed(&tenant, head, head_only);
             // Only route and queue are known when the head leaves; the rest reaches /metrics.
-            return finish(&app, Some(&tenant), resp, &request_id, &timings, 2, arrived);
+            return finish(&app, Some(&tenant), resp, &request_id, &timings, Phase::Queue, arrived);
         }
     };
 
@@ -132,7 +166,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
     // past the buffer and finished before this task looked (a body just over the threshold,
     // written fast). That head is the response; the whole body waits in its channel.
     record_phases(&mut timings, &out);
-    app.metrics.observe(&timings, Phase::COUNT);
+    app.metrics.observe(&timings, Phase::Teardown);
     let resp = match out.result {
         Ok(Reply::Buffered(done)) => {
             let mut resp = Response::new(ResponseBody::full(done.body));
@@ -160,7 +194,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         resp,
         &request_id,
         &timings,
-        Phase::COUNT,
+        Phase::Teardown,
         arrived,
     )
 }
@@ -187,7 +221,7 @@ fn reject(
     e: &ExecError,
     request_id: &HeaderValue,
     timings: &Timings,
-    reached: usize,
+    reached: Phase,
     arrived: Instant,
 ) -> Response<ResponseBody> {
     tenant.count_outcome(e.outcome);
@@ -228,7 +262,7 @@ fn finish(
     mut resp: Response<ResponseBody>,
     request_id: &HeaderValue,
     timings: &Timings,
-    reached: usize,
+    reached: Phase,
     arrived: Instant,
 ) -> Response<ResponseBody> {
     let total = arrived.elapsed();
@@ -297,15 +331,6 @@ fn authority(req: &Request<Incoming>) -> Result<Option<&str>, &'static str> {
         }
         (Some(target), None) => Ok(Some(target.host())),
         (None, host) => Ok(host),
-    }
-}
-
-/// Counts a request in `tern_requests_in_flight` until it is dropped.
-struct InFlight<'a>(&'a prometheus::IntGauge);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }
 

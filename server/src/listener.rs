@@ -22,6 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::body::ResponseBody;
+use crate::metrics::GaugeGuard;
 use crate::shutdown::Shutdown;
 
 /// Client-facing limits of a listener. Clones share one connection cap: every worker of the
@@ -105,7 +106,7 @@ where
         });
         let (builder, watcher) = (builder.clone(), graceful.watcher());
         let first_bytes_timeout = opts.header_read_timeout;
-        let open = opts.open.clone().map(OpenConnection::new);
+        let open = opts.open.clone().map(GaugeGuard::new);
         tokio::spawn(async move {
             let _open = open;
             // hyper's header timeout starts only once it has told HTTP/1 from HTTP/2, which
@@ -164,22 +165,6 @@ where
 
 /// How long idle keep-alive connections may still bring a request once shutdown has begun.
 const LINGER: Duration = Duration::from_secs(1);
-
-/// Counts a connection in a gauge while it is open.
-struct OpenConnection(prometheus::IntGauge);
-
-impl OpenConnection {
-    fn new(gauge: prometheus::IntGauge) -> Self {
-        gauge.inc();
-        Self(gauge)
-    }
-}
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
 
 /// The HTTP/2 connection preface; a client that sends a prefix of it may still be HTTP/2.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

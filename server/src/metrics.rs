@@ -31,11 +31,8 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// How many phases there are: a request that ran its guest reached all of them.
-    pub const COUNT: usize = 5;
-
     /// All phases in request order.
-    pub const ALL: [Phase; Phase::COUNT] = [
+    pub const ALL: [Phase; 5] = [
         Phase::Route,
         Phase::Queue,
         Phase::Instantiate,
@@ -59,8 +56,9 @@ impl Timings {
         self.0[phase as usize] = d;
     }
 
-    /// The `Server-Timing` header value: each phase reached and the total, in milliseconds.
-    pub fn server_timing(&self, total: Duration, reached: usize) -> String {
+    /// The `Server-Timing` header value: each phase up to `reached` and the total, in
+    /// milliseconds.
+    pub fn server_timing(&self, total: Duration, reached: Phase) -> String {
         use std::fmt::Write;
         let mut s = String::with_capacity(128);
         // Milliseconds with three decimals, formatted from whole microseconds: integer
@@ -69,7 +67,7 @@ impl Timings {
             let us = d.as_micros();
             let _ = write!(s, "{name};dur={}.{:03}{sep}", us / 1000, us % 1000);
         };
-        for phase in &Phase::ALL[..reached] {
+        for phase in &Phase::ALL[..=reached as usize] {
             dur(phase.name(), self.0[*phase as usize], ", ");
         }
         dur("total", total, "");
@@ -82,6 +80,30 @@ fn buckets() -> Vec<f64> {
     prometheus::exponential_buckets(1e-6, 2.0, 25).expect("static bucket spec")
 }
 
+/// The index (0-4) of `status`'s class, 1xx to 5xx (anything else counts as 1xx or 5xx).
+pub fn status_class(status: u16) -> usize {
+    usize::from(status / 100).clamp(1, 5) - 1
+}
+
+/// Counts something in a gauge while it lives: up when made, down when dropped, however its
+/// owner ends (answered, timed out, or dropped because the client left).
+#[derive(Debug)]
+pub struct GaugeGuard<G: std::borrow::Borrow<IntGauge>>(G);
+
+impl<G: std::borrow::Borrow<IntGauge>> GaugeGuard<G> {
+    /// Counts one in `gauge` until the guard is dropped.
+    pub fn new(gauge: G) -> Self {
+        gauge.borrow().inc();
+        Self(gauge)
+    }
+}
+
+impl<G: std::borrow::Borrow<IntGauge>> Drop for GaugeGuard<G> {
+    fn drop(&mut self) {
+        self.0.borrow().dec();
+    }
+}
+
 /// Request counters of one tenant, by status class, resolved once.
 #[derive(Debug, Clone)]
 pub struct TenantMetrics {
@@ -91,8 +113,7 @@ pub struct TenantMetrics {
 impl TenantMetrics {
     /// Counts one response with `status`.
     pub fn count(&self, status: u16) {
-        let class = usize::from(status / 100).clamp(1, 5) - 1;
-        self.by_class[class].inc();
+        self.by_class[status_class(status)].inc();
     }
 }
 
@@ -354,9 +375,9 @@ impl Metrics {
         }
     }
 
-    /// Records a request's phase timings.
-    pub fn observe(&self, t: &Timings, reached: usize) {
-        for (h, d) in self.phases.iter().zip(&t.0).take(reached) {
+    /// Records a request's phase timings up to the last phase it `reached`.
+    pub fn observe(&self, t: &Timings, reached: Phase) {
+        for (h, d) in self.phases.iter().zip(&t.0).take(reached as usize + 1) {
             h.observe(d.as_secs_f64());
         }
     }
@@ -410,11 +431,11 @@ mod tests {
         t.set(Phase::Queue, Duration::from_micros(12_345));
         t.set(Phase::Instantiate, Duration::from_micros(7));
         assert_eq!(
-            t.server_timing(Duration::from_micros(2_000_001), 2),
+            t.server_timing(Duration::from_micros(2_000_001), Phase::Queue),
             "route;dur=0.001, queue;dur=12.345, total;dur=2000.001"
         );
         assert_eq!(
-            t.server_timing(Duration::ZERO, 3),
+            t.server_timing(Duration::ZERO, Phase::Instantiate),
             "route;dur=0.001, queue;dur=12.345, instantiate;dur=0.007, total;dur=0.000"
         );
     }

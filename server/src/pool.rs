@@ -9,15 +9,27 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::metrics::GaugeGuard;
+
 /// No slot came free within the queue timeout.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 pub enum Overloaded {
     /// Every slot of the pool stayed busy.
     #[error("all {0} instance slots are busy; try again shortly")]
     Pool(u32),
-    /// The tenant stayed at its concurrency limit.
+    /// The tenant stayed at its concurrency limit (`limits.max_concurrency`).
     #[error("this tenant is at its limit of {0} concurrent requests; try again shortly")]
     Tenant(usize),
+}
+
+/// A request's admission: one of its tenant's concurrency permits and a pool slot, both
+/// returned when dropped (after teardown).
+#[derive(Debug)]
+pub struct Admitted {
+    /// One of the tenant's `limits.max_concurrency` permits.
+    pub tenant_permit: OwnedSemaphorePermit,
+    /// The pool slot.
+    pub slot: Slot,
 }
 
 /// The admission gate in front of the pool.
@@ -44,33 +56,42 @@ impl Pool {
         }
     }
 
-    /// Takes one of the tenant's permits (its concurrency cap, `tenant`) and then a pool slot,
-    /// waiting up to the queue timeout for both together.
+    /// Takes one of the tenant's permits (`tenant`, its concurrency cap of `tenant_limit`) and
+    /// then a pool slot, waiting up to the queue timeout for both together.
     ///
     /// # Errors
     /// [`Overloaded`] if either stayed unavailable for the whole timeout.
-    pub async fn admit(&self, tenant: &Arc<Semaphore>) -> Result<(Slot, Slot), Overloaded> {
+    pub async fn admit(
+        &self,
+        tenant: &Arc<Semaphore>,
+        tenant_limit: usize,
+    ) -> Result<Admitted, Overloaded> {
         // Fast path without arming a timer: usually both are free.
-        if let Ok(t) = tenant.clone().try_acquire_owned() {
+        if let Ok(tenant_permit) = tenant.clone().try_acquire_owned() {
             if let Ok(slot) = self.slots.clone().try_acquire_owned() {
-                return Ok((t, slot));
+                return Ok(Admitted {
+                    tenant_permit,
+                    slot,
+                });
             }
-            drop(t);
+            drop(tenant_permit);
         }
-        self.queue_depth.inc();
-        let _waiting = scopeguard(&self.queue_depth);
+        let _waiting = GaugeGuard::new(&self.queue_depth);
         let deadline = tokio::time::Instant::now() + self.queue_timeout;
-        let t = tokio::time::timeout_at(deadline, tenant.clone().acquire_owned())
+        let tenant_permit = tokio::time::timeout_at(deadline, tenant.clone().acquire_owned())
             .await
             .ok()
             .and_then(Result::ok)
-            .ok_or(Overloaded::Tenant(tenant.available_permits()))?;
+            .ok_or(Overloaded::Tenant(tenant_limit))?;
         let slot = tokio::time::timeout_at(deadline, self.slots.clone().acquire_owned())
             .await
             .ok()
             .and_then(Result::ok)
             .ok_or(Overloaded::Pool(self.size))?;
-        Ok((t, slot))
+        Ok(Admitted {
+            tenant_permit,
+            slot,
+        })
     }
 
     /// Slots not in use right now.
@@ -82,18 +103,4 @@ impl Pool {
     pub fn size(&self) -> u32 {
         self.size
     }
-}
-
-/// Decrements the queue-depth gauge when the waiting request leaves the queue, however it
-/// leaves (admitted, timed out, or its client went away and the future was dropped).
-struct QueueGuard<'a>(&'a prometheus::IntGauge);
-
-impl Drop for QueueGuard<'_> {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
-fn scopeguard(g: &prometheus::IntGauge) -> QueueGuard<'_> {
-    QueueGuard(g)
 }

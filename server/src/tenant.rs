@@ -127,8 +127,8 @@ pub struct Served([std::sync::atomic::AtomicU64; 5]);
 impl Served {
     /// Counts one response.
     pub fn count(&self, status: u16) {
-        let class = usize::from(status / 100).clamp(1, 5) - 1;
-        self.0[class].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0[crate::metrics::status_class(status)]
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The counts, 1xx to 5xx.

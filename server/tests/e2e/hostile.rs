@@ -360,7 +360,11 @@ async fn pool_exhaustion_and_tenant_caps_answer_503_with_retry_after() {
     let r = s.get("/burn?ms=10").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
     assert_eq!(r.header("retry-after"), "1");
-    assert!(r.text().contains("concurrent requests"), "{}", r.text());
+    assert!(
+        r.text().contains("at its limit of 2 concurrent requests"),
+        "{}",
+        r.text()
+    );
     // Another tenant takes the last slot; now the pool is exhausted for everyone.
     let c = burn("/burn2?ms=5000");
     slots_in_use(&s, 3).await;
