@@ -37,22 +37,13 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         Ok(host) => host,
         Err(why) => {
             timings.set(Phase::Route, arrived.elapsed());
-            app.metrics.observe(&timings, Phase::Route);
             let mut resp = plain(
                 StatusCode::BAD_REQUEST,
                 &format!("ambiguous request: {why}\n"),
             );
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
-            return finish(
-                &app,
-                None,
-                resp,
-                &request_id,
-                &timings,
-                Phase::Route,
-                arrived,
-            );
+            return unrouted(&app, resp, &request_id, &timings, arrived);
         }
     };
     let tenant = app
@@ -63,20 +54,11 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         .cloned();
     timings.set(Phase::Route, arrived.elapsed());
     let Some(tenant) = tenant else {
-        app.metrics.observe(&timings, Phase::Route);
         let resp = plain(
             StatusCode::NOT_FOUND,
             "no tenant is routed for this host and path\n",
         );
-        return finish(
-            &app,
-            None,
-            resp,
-            &request_id,
-            &timings,
-            Phase::Route,
-            arrived,
-        );
+        return unrouted(&app, resp, &request_id, &timings, arrived);
     };
 
     // A declared body over the limit is refused before any instance is made.
@@ -197,6 +179,18 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         Phase::Teardown,
         arrived,
     )
+}
+
+/// Answers a request that reached no tenant with `resp`.
+fn unrouted(
+    app: &App,
+    resp: Response<ResponseBody>,
+    request_id: &HeaderValue,
+    timings: &Timings,
+    arrived: Instant,
+) -> Response<ResponseBody> {
+    app.metrics.observe(timings, Phase::Route);
+    finish(app, None, resp, request_id, timings, Phase::Route, arrived)
 }
 
 fn record_phases(t: &mut Timings, out: &RunOutput) {

@@ -26,41 +26,52 @@ const SECRET_BYTES: u32 = 512 * 1024;
 /// Grows to 24 pages (1.5 MiB), answers how many secret bytes it finds there (4 bytes, little
 /// endian), then fills [512 KiB, 1 MiB) with the secret and reads its whole request body before
 /// it ends: a client that holds the body back holds the secret in a live guest.
-const KEEPER: &str = r#"(module
+fn keeper() -> String {
+    format!(
+        r#"(module
   (import "tern" "request_body_read" (func $read (param i32 i32) (result i32)))
   (import "tern" "response_body_write" (func $write (param i32 i32) (result i32)))
   (memory (export "memory") 1)
-  (func $count (result i32) (local $i i32) (local $n i32)
-    (local.set $i (i32.const 64))
-    (block $done (loop $scan
-      (br_if $done (i32.ge_u (local.get $i) (i32.const 1572864)))
-      (if (i32.eq (i32.load8_u (local.get $i)) (i32.const 0xA5))
-        (then (local.set $n (i32.add (local.get $n) (i32.const 1)))))
-      (local.set $i (i32.add (local.get $i) (i32.const 1)))
-      (br $scan)))
-    (local.get $n))
+  {COUNT}
   (func (export "_start")
     (drop (memory.grow (i32.const 23)))
     (i32.store (i32.const 0) (call $count))
     (memory.fill (i32.const 524288) (i32.const 0xA5) (i32.const 524288))
     (loop $more (br_if $more (i32.gt_s (call $read (i32.const 16) (i32.const 32)) (i32.const 0))))
-    (drop (call $write (i32.const 0) (i32.const 4)))))"#;
+    (drop (call $write (i32.const 0) (i32.const 4)))))"#,
+        COUNT = count_fn(SECRET, 64)
+    )
+}
 
 /// Another module: grows to 24 pages and answers how many secret bytes it finds.
-const SEEKER: &str = r#"(module
+fn seeker() -> String {
+    format!(
+        r#"(module
   (import "tern" "response_body_write" (func $write (param i32 i32) (result i32)))
   (memory (export "memory") 1)
-  (func (export "_start") (local $i i32) (local $n i32)
+  {COUNT}
+  (func (export "_start")
     (drop (memory.grow (i32.const 23)))
-    (local.set $i (i32.const 64))
+    (i32.store (i32.const 0) (call $count))
+    (drop (call $write (i32.const 0) (i32.const 4)))))"#,
+        COUNT = count_fn(SECRET, 64)
+    )
+}
+
+/// WAT for `$count`: how many bytes equal `byte` in `[from, 1.5 MiB)`.
+fn count_fn(byte: u8, from: u32) -> String {
+    format!(
+        r#"(func $count (result i32) (local $i i32) (local $n i32)
+    (local.set $i (i32.const {from}))
     (block $done (loop $scan
       (br_if $done (i32.ge_u (local.get $i) (i32.const 1572864)))
-      (if (i32.eq (i32.load8_u (local.get $i)) (i32.const 0xA5))
+      (if (i32.eq (i32.load8_u (local.get $i)) (i32.const {byte}))
         (then (local.set $n (i32.add (local.get $n) (i32.const 1)))))
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br $scan)))
-    (i32.store (i32.const 0) (local.get $n))
-    (drop (call $write (i32.const 0) (i32.const 4)))))"#;
+    (local.get $n))"#
+    )
+}
 
 /// A swap file switched on for as long as this lives.
 struct SwapFile(PathBuf);
@@ -204,8 +215,8 @@ async fn count(conn: &mut Conn, path: &str) -> u32 {
 /// A one-slot server with the keeper at `/keep` and the seeker at `/seek`.
 async fn one_slot_server() -> TestServer {
     let dir = tempfile::tempdir().unwrap();
-    wat_file(dir.path(), "keeper.wasm", KEEPER);
-    wat_file(dir.path(), "seeker.wasm", SEEKER);
+    wat_file(dir.path(), "keeper.wasm", &keeper());
+    wat_file(dir.path(), "seeker.wasm", &seeker());
     let config = "[pool]\ninstances = 1\nmax_memory_mib = 64\n\
                   [[tenant]]\nname = \"keeper\"\nmodule = \"keeper.wasm\"\npaths = [\"/keep\"]\n\
                   [tenant.limits]\ntimeout_ms = 30000\n\
@@ -311,26 +322,25 @@ async fn the_sweep_discards_swapped_pages() {
 
 /// Dirties one byte in every other page of 1 MiB (128 separate regions), after answering how
 /// many such bytes it found (4 bytes, little endian).
-const SCATTER: &str = r#"(module
+fn scatter() -> String {
+    format!(
+        r#"(module
   (import "tern" "response_body_write" (func $write (param i32 i32) (result i32)))
   (memory (export "memory") 1)
-  (func (export "_start") (local $i i32) (local $n i32)
+  {COUNT}
+  (func (export "_start") (local $i i32)
     (drop (memory.grow (i32.const 23)))
-    (local.set $i (i32.const 524288))
-    (block $done (loop $scan
-      (br_if $done (i32.ge_u (local.get $i) (i32.const 1572864)))
-      (if (i32.eq (i32.load8_u (local.get $i)) (i32.const 0x5A))
-        (then (local.set $n (i32.add (local.get $n) (i32.const 1)))))
-      (local.set $i (i32.add (local.get $i) (i32.const 1)))
-      (br $scan)))
-    (i32.store (i32.const 0) (local.get $n))
+    (i32.store (i32.const 0) (call $count))
     (local.set $i (i32.const 524288))
     (block $done (loop $dirty
       (br_if $done (i32.ge_u (local.get $i) (i32.const 1572864)))
       (i32.store8 (local.get $i) (i32.const 0x5A))
       (local.set $i (i32.add (local.get $i) (i32.const 8192)))
       (br $dirty)))
-    (drop (call $write (i32.const 0) (i32.const 4)))))"#;
+    (drop (call $write (i32.const 0) (i32.const 4)))))"#,
+        COUNT = count_fn(0x5A, 524288)
+    )
+}
 
 /// More than 32 dirty regions: every request starts clean, and the slot keeps the scattered
 /// pages resident (reset by `memset`) instead of decommitting all but 32 regions, after which
@@ -340,7 +350,7 @@ const SCATTER: &str = r#"(module
 async fn scattered_dirty_pages_are_reset_and_stay_resident() {
     let _turn = SWAP.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    wat_file(dir.path(), "scatter.wasm", SCATTER);
+    wat_file(dir.path(), "scatter.wasm", &scatter());
     let config = dir.path().join("tern.toml");
     std::fs::write(
         &config,
