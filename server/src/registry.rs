@@ -5,7 +5,7 @@
 //! a complete new table beside the old one and swaps it in, so every request sees the old
 //! table or the new one, never a mix; a request that started on a version finishes on it
 //! (it holds an `Arc` of its tenant). Changes are serialised by one mutex, compile off the
-//! async reactor, and are written to the [`Store`] before they are published: a change the
+//! async reactor, and are written to the [`DataDir`] before they are published: a change the
 //! client saw succeed survives a crash, and a failed change leaves the running version
 //! serving.
 
@@ -28,7 +28,7 @@ use crate::config::{self, Config, PoolConfig, TenantConfig};
 use crate::hostcalls::Linkers;
 use crate::metrics::Metrics;
 use crate::router::{Clash, Route, Router};
-use crate::store::{self, Manifest, Store, StoredTenant, TenantSpec, Version};
+use crate::store::{self, DataDir, Manifest, StoredTenant, TenantSpec, Version};
 use crate::tenant::{self, Carried, Origin, Tenant, TenantError, TenantRef};
 
 /// What requests read: the routing table and the tenants by name.
@@ -216,7 +216,7 @@ impl Registry {
     pub async fn start(
         config: Config,
         config_path: Option<PathBuf>,
-        store: Store,
+        store: DataDir,
         engine: Engine,
         metrics: Metrics,
     ) -> anyhow::Result<Self> {
@@ -380,14 +380,16 @@ impl Registry {
                     .map(|old| Carried::from(old))
                     .unwrap_or_default();
                 tenant::prepare(
-                    &linkers,
+                    tenant::Shared {
+                        linkers: &linkers,
+                        pool: &pool,
+                        metrics: &metrics,
+                    },
                     &loaded.module,
                     t,
                     Origin::Config,
                     assets,
                     carried,
-                    &pool,
-                    &metrics,
                 )
             })
         })
@@ -458,7 +460,7 @@ impl Registry {
     pub async fn put_spec(&self, name: &str, spec: TenantSpec) -> Result<bool, ChangeError> {
         let as_config = spec.to_config(name, "(admin API)");
         config::validate_tenant(&as_config, &self.loader.pool)
-            .map_err(|(_, m)| ChangeError::Invalid(m))?;
+            .map_err(|e| ChangeError::Invalid(e.message))?;
         let mut state = self.state.lock().await;
         Self::check_api_owned(&state, name)?;
         let created = !state.manifest.tenants.contains_key(name);
@@ -899,7 +901,7 @@ struct Loader {
     /// Module hashes stored by deploys that have not committed (or failed) yet, with how many
     /// deploys hold each: [`Registry::forget`] leaves them alone.
     in_flight: std::sync::Mutex<HashMap<String, usize>>,
-    store: Store,
+    store: DataDir,
     engine: Engine,
     linkers: Linkers,
     pool: PoolConfig,
@@ -930,6 +932,15 @@ impl Drop for InFlight {
 }
 
 impl Loader {
+    /// What every tenant this loader prepares shares.
+    fn shared(&self) -> tenant::Shared<'_> {
+        tenant::Shared {
+            linkers: &self.linkers,
+            pool: &self.pool,
+            metrics: &self.metrics,
+        }
+    }
+
     /// Holds `hash` against [`Registry::forget`] until the returned guard is dropped.
     fn hold(self: &Arc<Self>, hash: &str) -> InFlight {
         *self
@@ -962,14 +973,12 @@ impl Loader {
     /// `config`.
     fn respec(&self, old: &Tenant, config: &TenantConfig) -> Result<Tenant, ChangeError> {
         Ok(tenant::prepare(
-            &self.linkers,
+            self.shared(),
             old.pre.module(),
             config,
             old.origin.clone(),
             old.assets.clone(),
             Carried::from(old),
-            &self.pool,
-            &self.metrics,
         )?)
     }
 
@@ -1000,14 +1009,12 @@ impl Loader {
             version: version.clone(),
         };
         Ok(tenant::prepare(
-            &self.linkers,
+            self.shared(),
             module,
             &config,
             origin,
             assets,
             carried,
-            &self.pool,
-            &self.metrics,
         )?)
     }
 

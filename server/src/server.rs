@@ -16,7 +16,7 @@ use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::registry::Registry;
 use crate::shutdown::Shutdown;
-use crate::store::{self, Store};
+use crate::store::{self, DataDir};
 use crate::{admin, listener};
 
 /// A running server.
@@ -122,7 +122,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                 .then(|| config.base_dir.join(&config.server.data_dir))
         })
         .unwrap_or_else(crate::config::default_data_dir);
-    let store = Store::open(&data_dir)
+    let store = DataDir::open(&data_dir)
         .with_context(|| format!("cannot open the data directory {}", data_dir.display()))?;
     let token = store::admin_token(&config.server.admin_token, &data_dir)?;
     if let Some(file) = &token.file {

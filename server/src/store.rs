@@ -176,11 +176,11 @@ pub fn now() -> u64 {
 
 /// The data directory on disk.
 #[derive(Debug, Clone)]
-pub struct Store {
+pub struct DataDir {
     root: PathBuf,
 }
 
-impl Store {
+impl DataDir {
     /// Opens (creating if needed) the store at `root` and removes temp files left by an
     /// interrupted write.
     ///
@@ -387,7 +387,7 @@ mod tests {
     #[test]
     fn blobs_are_content_addressed_and_checked() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = DataDir::open(dir.path()).unwrap();
         let hash = store.put_blob(b"hello").unwrap();
         assert!(is_hash(&hash) && store.has_blob(&hash));
         assert_eq!(store.read_blob(&hash).unwrap(), b"hello");
@@ -399,7 +399,7 @@ mod tests {
     #[test]
     fn leftover_temp_files_are_removed_and_the_manifest_survives() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = DataDir::open(dir.path()).unwrap();
         let mut m = Manifest::default();
         m.tenants.insert(
             "a".into(),
@@ -414,7 +414,7 @@ mod tests {
         // A crash between writing a temp file and renaming it.
         std::fs::write(dir.path().join(".manifest.json.tmp-1-0"), b"{ torn").unwrap();
         std::fs::write(dir.path().join("blobs/.x.tmp-1-0"), b"torn").unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = DataDir::open(dir.path()).unwrap();
         assert!(!dir.path().join(".manifest.json.tmp-1-0").exists());
         assert!(!dir.path().join("blobs/.x.tmp-1-0").exists());
         assert_eq!(store.load_manifest().unwrap().tenants.len(), 1);

@@ -235,6 +235,17 @@ impl Tenant {
     }
 }
 
+/// What every tenant is prepared with, whoever loads it.
+#[derive(Clone, Copy)]
+pub struct Shared<'a> {
+    /// The linkers tenants are pre-linked against.
+    pub linkers: &'a Linkers,
+    /// The pool, whose settings fill in default limits.
+    pub pool: &'a PoolConfig,
+    /// Where tenants' metric handles come from.
+    pub metrics: &'a Metrics,
+}
+
 /// Loads the module a tenant's config names: `builtin:NAME`, a `.wasm` or a `.cwasm` file.
 /// Blocking: compiles on a cache miss. Call it off the async reactor.
 ///
@@ -392,17 +403,19 @@ impl Carried {
 ///
 /// # Errors
 /// [`TenantError::Abi`] naming the missing export or the import Tern does not provide.
-#[allow(clippy::too_many_arguments)]
 pub fn prepare(
-    linkers: &Linkers,
+    shared: Shared<'_>,
     module: &Module,
     config: &TenantConfig,
     origin: Origin,
     assets: Option<Arc<Assets>>,
     carried: Carried,
-    pool: &PoolConfig,
-    metrics: &Metrics,
 ) -> Result<Tenant, TenantError> {
+    let Shared {
+        linkers,
+        pool,
+        metrics,
+    } = shared;
     let name = config.name.get_ref().clone();
     let linker: &Linker<GuestState> = if assets.is_some() {
         &linkers.assets

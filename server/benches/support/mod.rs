@@ -44,15 +44,18 @@ impl Harness {
             "harness.toml",
             Path::new(".").to_path_buf(),
         )?;
+        let shared = tenant::Shared {
+            linkers: &self.linkers,
+            pool: &self.pool,
+            metrics: &self.metrics,
+        };
         Ok(Arc::new(tenant::prepare(
-            &self.linkers,
+            shared,
             &module,
             &config.tenants[0],
             tenant::Origin::Config,
             None,
             Default::default(),
-            &self.pool,
-            &self.metrics,
         )?))
     }
 }

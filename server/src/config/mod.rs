@@ -262,6 +262,16 @@ pub struct TenantConfig {
     pub limits: LimitsConfig,
 }
 
+/// A value validation refused: what is wrong, and where in the config file (when it came from
+/// one) so the message can name the line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// Byte range of the offending value in the file, if known.
+    pub span: Option<std::ops::Range<usize>>,
+    /// What is wrong.
+    pub message: String,
+}
+
 /// Ceiling of `limits.timeout_ms`: 15 minutes.
 pub const MAX_TIMEOUT_MS: u64 = 15 * 60 * 1000;
 /// Ceiling of `limits.stdio_bytes` (captured in memory per request and stream): 16 MiB.
@@ -354,16 +364,19 @@ impl Config {
         let mut config: Config =
             toml::from_str(text).map_err(|e| invalid(e.span(), e.message().trim().to_string()))?;
         config.base_dir = base_dir;
-        config
-            .validate()
-            .map_err(|(span, message)| invalid(span, message))?;
+        config.validate().map_err(|e| invalid(e.span, e.message))?;
         Ok(config)
     }
 
     /// Checks what the schema alone cannot: value ranges, names, routes and their clashes.
-    fn validate(&self) -> Result<(), (Option<std::ops::Range<usize>>, String)> {
+    fn validate(&self) -> Result<(), Invalid> {
         let pool = &self.pool;
-        let whole = |m: &str| Err((None, m.to_string()));
+        let whole = |m: &str| {
+            Err(Invalid {
+                span: None,
+                message: m.to_string(),
+            })
+        };
         if pool.instances == 0 {
             return whole("pool.instances must be at least 1");
         }
@@ -390,10 +403,10 @@ impl Config {
             let name = t.name.get_ref();
             validate_tenant(t, pool)?;
             if !names.insert(name.clone()) {
-                return Err((
-                    Some(t.name.span()),
-                    format!("tenant.name {name:?} is used by two tenants"),
-                ));
+                return Err(Invalid {
+                    span: Some(t.name.span()),
+                    message: format!("tenant.name {name:?} is used by two tenants"),
+                });
             }
         }
         // Every (host, prefix) pair must belong to one tenant: the router's rule.
@@ -416,7 +429,10 @@ impl Config {
                 .iter()
                 .find(|p| crate::router::normalise_prefix(p.get_ref()) == clash.prefix)
                 .map_or_else(|| t.name.span(), Spanned::span);
-            return Err((Some(span), format!("tenant {:?}: {clash}", clash.other)));
+            return Err(Invalid {
+                span: Some(span),
+                message: format!("tenant {:?}: {clash}", clash.other),
+            });
         }
         Ok(())
     }
@@ -426,12 +442,14 @@ impl Config {
 ///
 /// # Errors
 /// The span of the offending value (if known) and a message naming the field.
-pub fn validate_tenant(
-    t: &TenantConfig,
-    pool: &PoolConfig,
-) -> Result<(), (Option<std::ops::Range<usize>>, String)> {
+pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invalid> {
     let name = t.name.get_ref();
-    let here = |s: &Spanned<String>, m: String| Err((Some(s.span()), m));
+    let here = |s: &Spanned<String>, m: String| {
+        Err(Invalid {
+            span: Some(s.span()),
+            message: m,
+        })
+    };
     if name.is_empty()
         || name.len() > 64
         || !name
