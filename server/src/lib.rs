@@ -15,7 +15,7 @@
 //!   before each teardown (with [`artifact`], the only modules with `unsafe`).
 //! - [`tenant`]: loaded tenants: pre-linked modules, limits, env, metric handles.
 //! - [`registry`]: the live tenant table (swapped atomically) and deploy, rollback, delete,
-//!   reload.
+//!   reload; its `loader` turns stored versions into pre-linked tenants.
 //! - [`store`]: the data directory: content-addressed modules and assets, the manifest.
 //! - [`assets`]: per-tenant read-only files held in memory (the guest's `/assets`).
 //! - [`artifact`]: ahead-of-time compilation, sealed artifacts, the artifact cache (`unsafe`:

@@ -9,7 +9,7 @@
 //! client saw succeed survives a crash, and a failed change leaves the running version
 //! serving.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::StatusCode;
 use serde_json::{Value, json};
-use wasmtime::{Engine, Module};
+use wasmtime::Engine;
 
 use crate::artifact::{self, ArtifactError};
 use crate::assets::Assets;
@@ -28,8 +28,11 @@ use crate::config::{self, Config, PoolConfig, TenantConfig};
 use crate::hostcalls::Linkers;
 use crate::metrics::Metrics;
 use crate::router::{Clash, Route, Router};
+
+mod loader;
 use crate::store::{self, DataDir, Manifest, StoredTenant, TenantSpec, Version};
 use crate::tenant::{self, Carried, Origin, Tenant, TenantError, TenantRef};
+use loader::{Loader, ModuleCache};
 
 /// What requests read: the routing table and the tenants by name.
 #[derive(Debug, Default)]
@@ -201,10 +204,6 @@ fn collect<E: std::fmt::Display>(
     }
     Ok(out)
 }
-
-/// Modules already loaded in this batch, by SHA-256, so tenants deploying the same module
-/// share one mapping and one copy-on-write image.
-type ModuleCache = Mutex<HashMap<String, Module>>;
 
 impl Registry {
     /// Loads the config's tenants and the store's, checks that their names and routes do not
@@ -894,164 +893,6 @@ fn check_wasm_header(wasm: &[u8]) -> Result<(), ChangeError> {
         ));
     }
     Ok(())
-}
-
-/// The loading half of a deploy, rollback or start-up, shared with blocking threads.
-struct Loader {
-    /// Module hashes stored by deploys that have not committed (or failed) yet, with how many
-    /// deploys hold each: [`Registry::forget`] leaves them alone.
-    in_flight: std::sync::Mutex<HashMap<String, usize>>,
-    store: DataDir,
-    engine: Engine,
-    linkers: Linkers,
-    pool: PoolConfig,
-    metrics: Metrics,
-    max_upload: u64,
-}
-
-/// A deploy's hold on a module hash it stored and has not committed yet.
-struct InFlight {
-    loader: Arc<Loader>,
-    hash: String,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let mut held = self
-            .loader
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = held.get_mut(&self.hash) {
-            *n -= 1;
-            if *n == 0 {
-                held.remove(&self.hash);
-            }
-        }
-    }
-}
-
-impl Loader {
-    /// What every tenant this loader prepares shares.
-    fn shared(&self) -> tenant::Shared<'_> {
-        tenant::Shared {
-            linkers: &self.linkers,
-            pool: &self.pool,
-            metrics: &self.metrics,
-        }
-    }
-
-    /// Holds `hash` against [`Registry::forget`] until the returned guard is dropped.
-    fn hold(self: &Arc<Self>, hash: &str) -> InFlight {
-        *self
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(hash.to_string())
-            .or_default() += 1;
-        InFlight {
-            loader: self.clone(),
-            hash: hash.to_string(),
-        }
-    }
-
-    /// Loads a stored version: its artifact by mmap (compiled again from the stored `.wasm`
-    /// only if this engine cannot use it) and its assets into memory.
-    fn load_version(
-        &self,
-        name: &str,
-        spec: &TenantSpec,
-        version: &Version,
-        carried: Carried,
-        cache: &ModuleCache,
-    ) -> Result<Tenant, ChangeError> {
-        let module = self.module(name, &version.module, cache)?;
-        self.prepare_version(name, spec, version, &module, carried)
-    }
-
-    /// `old` again (same module, assets and version) with the routes, env and limits of
-    /// `config`.
-    fn respec(&self, old: &Tenant, config: &TenantConfig) -> Result<Tenant, ChangeError> {
-        Ok(tenant::prepare(
-            self.shared(),
-            old.pre.module(),
-            config,
-            old.origin.clone(),
-            old.assets.clone(),
-            Carried::from(old),
-        )?)
-    }
-
-    /// Pre-links `module` as `version` of the tenant, with the version's assets in memory.
-    fn prepare_version(
-        &self,
-        name: &str,
-        spec: &TenantSpec,
-        version: &Version,
-        module: &Module,
-        carried: Carried,
-    ) -> Result<Tenant, ChangeError> {
-        let assets = match &version.assets {
-            None => None,
-            Some(hash) => {
-                let archive = self.store.read_blob(hash).map_err(internal)?;
-                let assets = Assets::from_tar(&archive, self.max_upload).map_err(|source| {
-                    TenantError::Assets {
-                        tenant: name.to_string(),
-                        source,
-                    }
-                })?;
-                Some(Arc::new(assets))
-            }
-        };
-        let config = spec.to_config(name, &format!("sha256:{}", version.module));
-        let origin = Origin::Api {
-            version: version.clone(),
-        };
-        Ok(tenant::prepare(
-            self.shared(),
-            module,
-            &config,
-            origin,
-            assets,
-            carried,
-        )?)
-    }
-
-    fn module(&self, name: &str, hash: &str, cache: &ModuleCache) -> Result<Module, ChangeError> {
-        if let Some(m) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(hash) {
-            return Ok(m.clone());
-        }
-        let path = artifact::artifact_path(&self.engine, &self.store.artifacts(), hash);
-        let module = match artifact::load_cwasm(&self.engine, &path) {
-            Ok(m) => m,
-            Err(e) => {
-                if path.exists() {
-                    tracing::warn!(tenant = name, "recompiling: {e}");
-                }
-                let wasm = self.store.read_blob(hash).map_err(internal)?;
-                let loaded = artifact::load_wasm(
-                    &self.engine,
-                    &wasm,
-                    &format!("tenant {name:?}"),
-                    &self.store.artifacts(),
-                )
-                .map_err(|source| TenantError::Artifact {
-                    tenant: name.to_string(),
-                    source,
-                })?;
-                if let Some(d) = loaded.compiled_in {
-                    self.metrics.compile.observe(d.as_secs_f64());
-                }
-                loaded.module
-            }
-        };
-        cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(hash.to_string(), module.clone());
-        Ok(module)
-    }
 }
 
 fn describe_tenant(

@@ -1,0 +1,291 @@
+//! The loading half of the registry: stored versions become pre-linked tenants (artifacts
+//! mapped, compiled again only when this engine cannot use them), on blocking threads.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use wasmtime::{Engine, Module};
+
+use super::{ChangeError, internal};
+use crate::artifact;
+use crate::assets::Assets;
+use crate::config::{PoolConfig, TenantConfig};
+use crate::hostcalls::Linkers;
+use crate::metrics::Metrics;
+use crate::store::{DataDir, TenantSpec, Version};
+use crate::tenant::{self, Carried, Origin, Tenant, TenantError};
+
+/// Modules already loaded in this batch, by SHA-256, so tenants deploying the same module
+/// share one mapping and one copy-on-write image.
+pub(super) type ModuleCache = Mutex<HashMap<String, Module>>;
+
+/// The loading half of a deploy, rollback or start-up, shared with blocking threads.
+pub(super) struct Loader {
+    /// Module hashes stored by deploys that have not committed (or failed) yet, with how many
+    /// deploys hold each: [`Registry::forget`] leaves them alone.
+    pub(super) in_flight: std::sync::Mutex<HashMap<String, usize>>,
+    pub(super) store: DataDir,
+    pub(super) engine: Engine,
+    pub(super) linkers: Linkers,
+    pub(super) pool: PoolConfig,
+    pub(super) metrics: Metrics,
+    pub(super) max_upload: u64,
+}
+
+/// A deploy's hold on a module hash it stored and has not committed yet.
+pub(super) struct InFlight {
+    loader: Arc<Loader>,
+    hash: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut held = self
+            .loader
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.hash) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.hash);
+            }
+        }
+    }
+}
+
+impl Loader {
+    /// What every tenant this loader prepares shares.
+    pub(super) fn shared(&self) -> tenant::Shared<'_> {
+        tenant::Shared {
+            linkers: &self.linkers,
+            pool: &self.pool,
+            metrics: &self.metrics,
+        }
+    }
+
+    /// Holds `hash` against [`Registry::forget`] until the returned guard is dropped.
+    pub(super) fn hold(self: &Arc<Self>, hash: &str) -> InFlight {
+        *self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(hash.to_string())
+            .or_default() += 1;
+        InFlight {
+            loader: self.clone(),
+            hash: hash.to_string(),
+        }
+    }
+
+    /// Loads a stored version: its artifact by mmap (compiled again from the stored `.wasm`
+    /// only if this engine cannot use it) and its assets into memory.
+    pub(super) fn load_version(
+        &self,
+        name: &str,
+        spec: &TenantSpec,
+        version: &Version,
+        carried: Carried,
+        cache: &ModuleCache,
+    ) -> Result<Tenant, ChangeError> {
+        let module = self.module(name, &version.module, cache)?;
+        self.prepare_version(name, spec, version, &module, carried)
+    }
+
+    /// `old` again (same module, assets and version) with the routes, env and limits of
+    /// `config`.
+    pub(super) fn respec(
+        &self,
+        old: &Tenant,
+        config: &TenantConfig,
+    ) -> Result<Tenant, ChangeError> {
+        Ok(tenant::prepare(
+            self.shared(),
+            old.pre.module(),
+            config,
+            old.origin.clone(),
+            old.assets.clone(),
+            Carried::from(old),
+        )?)
+    }
+
+    /// Pre-links `module` as `version` of the tenant, with the version's assets in memory.
+    pub(super) fn prepare_version(
+        &self,
+        name: &str,
+        spec: &TenantSpec,
+        version: &Version,
+        module: &Module,
+        carried: Carried,
+    ) -> Result<Tenant, ChangeError> {
+        let assets = match &version.assets {
+            None => None,
+            Some(hash) => {
+                let archive = self.store.read_blob(hash).map_err(internal)?;
+                let assets = Assets::from_tar(&archive, self.max_upload).map_err(|source| {
+                    TenantError::Assets {
+                        tenant: name.to_string(),
+                        source,
+                    }
+                })?;
+                Some(Arc::new(assets))
+            }
+        };
+        let config = spec.to_config(name, &format!("sha256:{}", version.module));
+        let origin = Origin::Api {
+            version: version.clone(),
+        };
+        Ok(tenant::prepare(
+            self.shared(),
+            module,
+            &config,
+            origin,
+            assets,
+            carried,
+        )?)
+    }
+
+    pub(super) fn module(
+        &self,
+        name: &str,
+        hash: &str,
+        cache: &ModuleCache,
+    ) -> Result<Module, ChangeError> {
+        if let Some(m) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(hash) {
+            return Ok(m.clone());
+        }
+        let path = artifact::artifact_path(&self.engine, &self.store.artifacts(), hash);
+        let module = match artifact::load_cwasm(&self.engine, &path) {
+            Ok(m) => m,
+            Err(e) => {
+                if path.exists() {
+                    tracing::warn!(tenant = name, "recompiling: {e}");
+                }
+                let wasm = self.store.read_blob(hash).map_err(internal)?;
+                let loaded = artifact::load_wasm(
+                    &self.engine,
+                    &wasm,
+                    &format!("tenant {name:?}"),
+                    &self.store.artifacts(),
+                )
+                .map_err(|source| TenantError::Artifact {
+                    tenant: name.to_string(),
+                    source,
+                })?;
+                if let Some(d) = loaded.compiled_in {
+                    self.metrics.compile.observe(d.as_secs_f64());
+                }
+                loaded.module
+            }
+        };
+        cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(hash.to_string(), module.clone());
+        Ok(module)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loader over a fresh data directory, with a small pool.
+    fn loader(dir: &std::path::Path) -> Arc<Loader> {
+        let pool = PoolConfig {
+            instances: 2,
+            max_memory_mib: 16,
+            ..PoolConfig::default()
+        };
+        let engine = crate::engine::build(&pool).expect("engine");
+        Arc::new(Loader {
+            in_flight: Default::default(),
+            store: DataDir::open(dir).expect("data dir"),
+            linkers: Linkers::new(&engine).expect("linkers"),
+            engine,
+            pool,
+            metrics: Metrics::new(10),
+            max_upload: 1 << 20,
+        })
+    }
+
+    /// Stores `wasm` and returns the version that refers to it.
+    fn stored(loader: &Loader, wasm: &[u8]) -> Version {
+        let module = loader.store.put_blob(wasm).expect("blob");
+        Version {
+            id: Version::id_of(&module, None),
+            module,
+            module_bytes: wasm.len() as u64,
+            assets: None,
+            deployed_at: 0,
+            compile_ms: 0.0,
+        }
+    }
+
+    fn compiles(loader: &Loader) -> u64 {
+        loader.metrics.compile.get_sample_count()
+    }
+
+    #[test]
+    fn a_version_compiles_once_then_maps_its_artifact() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = loader(dir.path());
+        let v = stored(&l, crate::demo::module("hello").unwrap());
+        let spec = TenantSpec::default();
+        let t = l
+            .load_version("t", &spec, &v, Carried::default(), &Default::default())
+            .expect("first load");
+        assert_eq!((t.name.as_str(), compiles(&l)), ("t", 1));
+        // A new load (say, after a restart) maps the stored artifact.
+        l.load_version("t", &spec, &v, Carried::default(), &Default::default())
+            .expect("second load");
+        assert_eq!(compiles(&l), 1);
+    }
+
+    #[test]
+    fn a_damaged_artifact_is_compiled_again_from_the_blob() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = loader(dir.path());
+        let v = stored(&l, crate::demo::module("hello").unwrap());
+        let spec = TenantSpec::default();
+        l.load_version("t", &spec, &v, Carried::default(), &Default::default())
+            .expect("first load");
+        let path = artifact::artifact_path(&l.engine, &l.store.artifacts(), &v.module);
+        std::fs::write(&path, b"not an artifact").unwrap();
+        l.load_version("t", &spec, &v, Carried::default(), &Default::default())
+            .expect("recompiled");
+        assert_eq!(compiles(&l), 2);
+    }
+
+    #[test]
+    fn a_version_without_its_blob_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = loader(dir.path());
+        let mut v = stored(&l, crate::demo::module("hello").unwrap());
+        v.module = "0".repeat(64);
+        let e = l
+            .load_version(
+                "t",
+                &TenantSpec::default(),
+                &v,
+                Carried::default(),
+                &Default::default(),
+            )
+            .unwrap_err();
+        assert!(matches!(e, ChangeError::Internal(_)), "{e}");
+    }
+
+    #[test]
+    fn a_hold_lasts_until_every_holder_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = loader(dir.path());
+        let held = |l: &Loader| l.in_flight.lock().unwrap().get("h").copied();
+        let a = l.hold("h");
+        let b = l.hold("h");
+        assert_eq!(held(&l), Some(2));
+        drop(a);
+        assert_eq!(held(&l), Some(1));
+        drop(b);
+        assert_eq!(held(&l), None);
+    }
+}
