@@ -15,7 +15,9 @@
 //!   before each teardown (with [`artifact`], the only modules with `unsafe`).
 //! - [`tenant`]: loaded tenants: pre-linked modules, limits, env, metric handles.
 //! - [`registry`]: the live tenant table (swapped atomically) and deploy, rollback, delete,
-//!   reload; its `loader` turns stored versions into pre-linked tenants.
+//!   reload; beside it `loader` (stored versions into pre-linked tenants), `error` (why a
+//!   change was refused, its status), `describe` (the admin API's JSON), `upload` (checks on
+//!   an upload's first bytes).
 //! - [`store`]: the data directory: content-addressed modules and assets, the manifest.
 //! - [`assets`]: per-tenant read-only files held in memory (the guest's `/assets`).
 //! - [`artifact`]: ahead-of-time compilation, sealed artifacts, the artifact cache (`unsafe`:

@@ -10,29 +10,33 @@
 //! serving.
 
 use std::collections::BTreeMap;
-
-use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::StatusCode;
-use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 
-use crate::artifact::{self, ArtifactError};
+use crate::artifact;
 use crate::assets::Assets;
-use crate::config::{self, Config, PoolConfig, TenantConfig};
+use crate::config::{self, Config};
 use crate::hostcalls::Linkers;
 use crate::metrics::Metrics;
 use crate::router::{Clash, Route, Router};
-
-mod loader;
 use crate::store::{self, DataDir, Manifest, StoredTenant, TenantSpec, Version};
 use crate::tenant::{self, Carried, Origin, Tenant, TenantError, TenantRef};
+
+mod describe;
+mod error;
+mod loader;
+mod upload;
+
+pub use error::ChangeError;
+use error::internal;
 use loader::{Loader, ModuleCache};
+use upload::check_wasm_header;
 
 /// What requests read: the routing table and the tenants by name.
 #[derive(Debug, Default)]
@@ -41,82 +45,6 @@ pub struct Live {
     pub router: Router<TenantRef>,
     /// Every routed tenant.
     pub tenants: BTreeMap<String, TenantRef>,
-}
-
-/// A change that was refused; the running tenants are unchanged.
-#[derive(Debug, thiserror::Error)]
-pub enum ChangeError {
-    /// No such tenant (`404`).
-    #[error("{0}")]
-    NotFound(String),
-    /// The change conflicts with the current state: a route or name clash, a tenant owned by
-    /// the config file, nothing to roll back to (`409`).
-    #[error("{0}")]
-    Conflict(String),
-    /// Malformed input: not Wasm, truncated, bad JSON or values (`400`).
-    #[error("{0}")]
-    Invalid(String),
-    /// An upload over the size limit (`413`).
-    #[error("{0}")]
-    TooLarge(String),
-    /// Well-formed but unusable: imports Tern does not provide, no handler, bad assets
-    /// (`422`).
-    #[error("{0}")]
-    Unprocessable(String),
-    /// The endpoint exists but not with this method (`405`).
-    #[error("{0}")]
-    MethodNotAllowed(String),
-    /// The server could not complete it (disk full, ...) (`500`).
-    #[error("{0}")]
-    Internal(String),
-}
-
-impl ChangeError {
-    /// The status the admin API answers with.
-    pub fn status(&self) -> StatusCode {
-        match self {
-            Self::NotFound(_) => StatusCode::NOT_FOUND,
-            Self::Conflict(_) => StatusCode::CONFLICT,
-            Self::Invalid(_) => StatusCode::BAD_REQUEST,
-            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
-    }
-}
-
-impl From<TenantError> for ChangeError {
-    fn from(e: TenantError) -> Self {
-        match e {
-            TenantError::Artifact {
-                source: ArtifactError::InvalidWasm { .. },
-                ..
-            } => Self::Invalid(e.to_string()),
-            TenantError::Artifact {
-                source: ArtifactError::TooCostly { .. },
-                ..
-            } => Self::Unprocessable(e.to_string()),
-            TenantError::Artifact { .. } => Self::Internal(e.to_string()),
-            TenantError::Abi { .. }
-            | TenantError::Assets { .. }
-            | TenantError::DoesNotFit { .. } => Self::Unprocessable(e.to_string()),
-            TenantError::UnknownBuiltin { .. } => Self::Invalid(e.to_string()),
-        }
-    }
-}
-
-impl From<Clash> for ChangeError {
-    fn from(c: Clash) -> Self {
-        Self::Conflict(format!(
-            "tenant {:?}: {c}; choose other hosts or paths",
-            c.other
-        ))
-    }
-}
-
-fn internal(e: impl std::fmt::Display) -> ChangeError {
-    ChangeError::Internal(e.to_string())
 }
 
 /// What a deploy did.
@@ -773,46 +701,6 @@ impl Registry {
         );
         Ok(n)
     }
-
-    /// JSON description of one tenant or of all (`GET /admin/v1/tenants[/{name}]`).
-    ///
-    /// # Errors
-    /// `404` for an unknown name.
-    pub async fn describe(&self, name: Option<&str>) -> Result<Value, ChangeError> {
-        let state = self.state.lock().await;
-        let live = self.live.load();
-        let mut out = Vec::new();
-        for t in &state.config.tenants {
-            let n = t.name.get_ref();
-            if name.is_none_or(|x| x == n) {
-                out.push(describe_tenant(
-                    n,
-                    live.tenants.get(n),
-                    None,
-                    &self.loader.pool,
-                    t,
-                ));
-            }
-        }
-        for (n, stored) in &state.manifest.tenants {
-            if name.is_none_or(|x| x == n) {
-                let config = stored.spec.to_config(n, "");
-                out.push(describe_tenant(
-                    n,
-                    live.tenants.get(n),
-                    Some(stored),
-                    &self.loader.pool,
-                    &config,
-                ));
-            }
-        }
-        match name {
-            None => Ok(json!({ "tenants": out })),
-            Some(n) => out
-                .pop()
-                .ok_or_else(|| ChangeError::NotFound(format!("no tenant {n:?}"))),
-        }
-    }
 }
 
 /// Refuses a tenant declared in the config file that was also deployed through the API: each
@@ -861,81 +749,4 @@ fn check_routes(
     let this = std::iter::once(route(name, &spec.hosts, &spec.paths));
     Router::build(serving.chain(pending).chain(this))?;
     Ok(())
-}
-
-/// A `.wasm` upload's first bytes: a core module, not an artifact, a component or text.
-fn check_wasm_header(wasm: &[u8]) -> Result<(), ChangeError> {
-    if wasm.is_empty() {
-        return Err(ChangeError::Invalid(
-            "the request body is empty; send the .wasm file as the body".into(),
-        ));
-    }
-    if wasm.starts_with(b"\x7fELF") {
-        return Err(ChangeError::Invalid(
-            "this is a compiled artifact; upload the .wasm module (the server compiles it)".into(),
-        ));
-    }
-    if !wasm.starts_with(b"\0asm") {
-        return Err(ChangeError::Invalid(
-            "not a WebAssembly module: it does not start with the `\\0asm` magic bytes".into(),
-        ));
-    }
-    if wasm.len() < 8 {
-        return Err(ChangeError::Invalid(
-            "truncated WebAssembly module: no version after the magic bytes".into(),
-        ));
-    }
-    if wasm[4..8] != [1, 0, 0, 0] {
-        return Err(ChangeError::Unprocessable(
-            "this is a WebAssembly component, not a core module; build the handler for \
-             wasm32-wasip1 with the Tern guest SDK"
-                .into(),
-        ));
-    }
-    Ok(())
-}
-
-fn describe_tenant(
-    name: &str,
-    live: Option<&TenantRef>,
-    stored: Option<&StoredTenant>,
-    pool: &PoolConfig,
-    config: &TenantConfig,
-) -> Value {
-    let limits = tenant::Limits::from_config(&config.limits, pool);
-    let served = live.map(|t| t.served.get()).unwrap_or_default();
-    let (source, module) = match stored {
-        None => ("config", Some(config.module.get_ref().clone())),
-        Some(_) => ("api", None),
-    };
-    json!({
-        "name": name,
-        "source": source,
-        "serving": live.is_some(),
-        "hosts": config.hosts.iter().map(|h| h.get_ref()).collect::<Vec<_>>(),
-        "paths": config.paths.iter().map(|p| p.get_ref()).collect::<Vec<_>>(),
-        // Values may be secrets: the API shows only the names.
-        "env": config.env.keys().collect::<Vec<_>>(),
-        "limits": {
-            "timeout_ms": limits.timeout.as_millis() as u64,
-            "max_memory_mib": limits.max_memory / (1024 * 1024),
-            "max_request_bytes": limits.max_request_bytes,
-            "max_response_bytes": limits.max_response_bytes,
-            "max_concurrency": limits.max_concurrency,
-        },
-        "module": module,
-        "current": stored.and_then(|s| s.current.as_ref()),
-        "previous": stored.and_then(|s| s.previous.as_ref()),
-        "created_at": stored.map(|s| s.created_at),
-        "spec": stored.map(|s| &s.spec),
-        "assets": live.and_then(|t| t.assets.as_ref()).map(|a| json!({
-            "entries": a.entries(),
-            "bytes": a.bytes(),
-        })),
-        "requests": {
-            "total": served.iter().sum::<u64>(),
-            "1xx": served[0], "2xx": served[1], "3xx": served[2], "4xx": served[3],
-            "5xx": served[4],
-        },
-    })
 }

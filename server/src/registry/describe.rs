@@ -1,0 +1,95 @@
+//! The admin API's view of tenants: their routes, versions, limits and request counts as JSON.
+
+use serde_json::{Value, json};
+
+use super::{ChangeError, Registry};
+use crate::config::{PoolConfig, TenantConfig};
+use crate::store::StoredTenant;
+use crate::tenant::{self, TenantRef};
+
+impl Registry {
+    /// JSON description of one tenant or of all (`GET /admin/v1/tenants[/{name}]`).
+    ///
+    /// # Errors
+    /// `404` for an unknown name.
+    pub async fn describe(&self, name: Option<&str>) -> Result<Value, ChangeError> {
+        let state = self.state.lock().await;
+        let live = self.live.load();
+        let mut out = Vec::new();
+        for t in &state.config.tenants {
+            let n = t.name.get_ref();
+            if name.is_none_or(|x| x == n) {
+                out.push(describe_tenant(
+                    n,
+                    live.tenants.get(n),
+                    None,
+                    &self.loader.pool,
+                    t,
+                ));
+            }
+        }
+        for (n, stored) in &state.manifest.tenants {
+            if name.is_none_or(|x| x == n) {
+                let config = stored.spec.to_config(n, "");
+                out.push(describe_tenant(
+                    n,
+                    live.tenants.get(n),
+                    Some(stored),
+                    &self.loader.pool,
+                    &config,
+                ));
+            }
+        }
+        match name {
+            None => Ok(json!({ "tenants": out })),
+            Some(n) => out
+                .pop()
+                .ok_or_else(|| ChangeError::NotFound(format!("no tenant {n:?}"))),
+        }
+    }
+}
+
+fn describe_tenant(
+    name: &str,
+    live: Option<&TenantRef>,
+    stored: Option<&StoredTenant>,
+    pool: &PoolConfig,
+    config: &TenantConfig,
+) -> Value {
+    let limits = tenant::Limits::from_config(&config.limits, pool);
+    let served = live.map(|t| t.served.get()).unwrap_or_default();
+    let (source, module) = match stored {
+        None => ("config", Some(config.module.get_ref().clone())),
+        Some(_) => ("api", None),
+    };
+    json!({
+        "name": name,
+        "source": source,
+        "serving": live.is_some(),
+        "hosts": config.hosts.iter().map(|h| h.get_ref()).collect::<Vec<_>>(),
+        "paths": config.paths.iter().map(|p| p.get_ref()).collect::<Vec<_>>(),
+        // Values may be secrets: the API shows only the names.
+        "env": config.env.keys().collect::<Vec<_>>(),
+        "limits": {
+            "timeout_ms": limits.timeout.as_millis() as u64,
+            "max_memory_mib": limits.max_memory / (1024 * 1024),
+            "max_request_bytes": limits.max_request_bytes,
+            "max_response_bytes": limits.max_response_bytes,
+            "max_concurrency": limits.max_concurrency,
+        },
+        "module": module,
+        "current": stored.and_then(|s| s.current.as_ref()),
+        "previous": stored.and_then(|s| s.previous.as_ref()),
+        "created_at": stored.map(|s| s.created_at),
+        "spec": stored.map(|s| &s.spec),
+        "assets": live.and_then(|t| t.assets.as_ref()).map(|a| json!({
+            "entries": a.entries(),
+            "bytes": a.bytes(),
+        })),
+        "requests": {
+            "total": served.iter().sum::<u64>(),
+            "1xx": served[0], "2xx": served[1], "3xx": served[2], "4xx": served[3],
+            "5xx": served[4],
+        },
+    })
+}
