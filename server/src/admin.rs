@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -118,10 +118,7 @@ async fn read_body(req: Request<Incoming>, limit: u64) -> Result<bytes::Bytes, C
     };
     let unreadable =
         |e: hyper::Error| ChangeError::Invalid(format!("could not read the request body: {e}"));
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let declared = crate::body::declared_length(req.headers());
     let mut body = req.into_body();
     let mut seen = 0u64;
     if declared.is_none_or(|n| n <= limit) {

@@ -107,6 +107,13 @@ impl http_body::Body for ResponseBody {
     }
 }
 
+/// The body length a request declares (`Content-Length`), if it declares a valid one.
+pub fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+}
+
 static TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 
 /// A short plain-text response.

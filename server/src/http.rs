@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use http::header::{CONNECTION, CONTENT_LENGTH, HOST, RETRY_AFTER, TRANSFER_ENCODING};
+use http::header::{CONNECTION, HOST, RETRY_AFTER, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::sync::oneshot;
 
 use crate::app::App;
-use crate::body::{ResponseBody, plain};
+use crate::body::{ResponseBody, declared_length, plain};
 use crate::execute::{self, Reply, RunOutput};
 use crate::hostcalls::{GuestRequest, Head, RequestBody};
 use crate::metrics::{GaugeGuard, Phase, Timings};
@@ -62,10 +62,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
     };
 
     // A declared body over the limit is refused before any instance is made.
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let declared = declared_length(req.headers());
     if declared.is_some_and(|n| n > tenant.limits.max_request_bytes) {
         let e = outcome::body_too_large(tenant.limits.max_request_bytes);
         return reject(

@@ -222,6 +222,12 @@ mod tests {
         }
     }
 
+    /// Loads `v` as tenant `t` with a fresh module cache.
+    fn load(l: &Loader, v: &Version) -> Result<Tenant, ChangeError> {
+        let spec = TenantSpec::default();
+        l.load_version("t", &spec, v, Carried::default(), &Default::default())
+    }
+
     fn compiles(loader: &Loader) -> u64 {
         loader.metrics.compile.get_sample_count()
     }
@@ -231,14 +237,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let l = loader(dir.path());
         let v = stored(&l, crate::demo::module("hello").unwrap());
-        let spec = TenantSpec::default();
-        let t = l
-            .load_version("t", &spec, &v, Carried::default(), &Default::default())
-            .expect("first load");
+        let t = load(&l, &v).expect("first load");
         assert_eq!((t.name.as_str(), compiles(&l)), ("t", 1));
         // A new load (say, after a restart) maps the stored artifact.
-        l.load_version("t", &spec, &v, Carried::default(), &Default::default())
-            .expect("second load");
+        load(&l, &v).expect("second load");
         assert_eq!(compiles(&l), 1);
     }
 
@@ -247,13 +249,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let l = loader(dir.path());
         let v = stored(&l, crate::demo::module("hello").unwrap());
-        let spec = TenantSpec::default();
-        l.load_version("t", &spec, &v, Carried::default(), &Default::default())
-            .expect("first load");
+        load(&l, &v).expect("first load");
         let path = artifact::artifact_path(&l.engine, &l.store.artifacts(), &v.module);
         std::fs::write(&path, b"not an artifact").unwrap();
-        l.load_version("t", &spec, &v, Carried::default(), &Default::default())
-            .expect("recompiled");
+        load(&l, &v).expect("recompiled");
         assert_eq!(compiles(&l), 2);
     }
 
