@@ -89,15 +89,15 @@ where
         let _ = stream.set_nodelay(true);
         let (handler, shutdown) = (handler.clone(), shutdown.clone());
         let service = service_fn(move |req: Request<Incoming>| {
-            let http1 = req.version() < hyper::Version::HTTP_2;
+            // Once shutdown has begun, every HTTP/1 request is answered with `Connection:
+            // close`: it is served, and its keep-alive connection ends after the answer instead
+            // of being cut while a request may be on its way. (A request already running when
+            // shutdown begins is answered as usual; the connection's next one gets the close.)
+            let close = req.version() < hyper::Version::HTTP_2 && shutdown.is_triggered();
             let fut = handler(req);
-            let shutdown = shutdown.clone();
             async move {
                 let mut resp = fut.await;
-                // Once shutdown has begun, every HTTP/1 response closes its connection: a
-                // request that reached the server is answered, and keep-alive connections end
-                // after their answer instead of being cut while a request may be on its way.
-                if http1 && shutdown.is_triggered() {
+                if close {
                     resp.headers_mut()
                         .insert(CONNECTION, HeaderValue::from_static("close"));
                 }
