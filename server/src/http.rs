@@ -85,7 +85,6 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         Ok(admitted) => admitted,
         Err(overloaded) => {
             timings.set(Phase::Queue, queued.elapsed());
-            app.metrics.observe(&timings, Phase::Queue);
             let e = ExecError::new(Outcome::Overload, overloaded.to_string());
             return reject(
                 &app,
@@ -205,7 +204,8 @@ fn streamed(tenant: &TenantRef, head: Head, head_only: bool) -> Response<Respons
     resp
 }
 
-/// Refuses a routed request before its guest runs, counting the outcome.
+/// Refuses a routed request before its guest runs, recording the phases it reached and
+/// counting the outcome.
 fn reject(
     app: &App,
     tenant: &TenantRef,
@@ -215,6 +215,7 @@ fn reject(
     reached: Phase,
     arrived: Instant,
 ) -> Response<ResponseBody> {
+    app.metrics.observe(timings, reached);
     tenant.count_outcome(e.outcome);
     let resp = error_response(e);
     finish(
