@@ -67,12 +67,13 @@ impl MemorySweep {
         })
     }
 
-    fn before_drop(&self, memory: &mut [u8]) -> Option<Swept> {
+    fn before_drop(&self, memory: &mut [u8]) {
         if SWAP_ACTIVE.load(Ordering::Relaxed) {
-            return Some(self.sweep.run(memory, true));
+            self.sweep.run(memory, true);
+            return;
         }
         if memory.len() <= 2 * WASMTIME_REGIONS * self.sweep.page() {
-            return None;
+            return;
         }
         if self.quiet.load(Ordering::Relaxed) >= QUIET_AFTER
             && !self
@@ -80,7 +81,7 @@ impl MemorySweep {
                 .fetch_add(1, Ordering::Relaxed)
                 .is_multiple_of(RECHECK_EVERY)
         {
-            return None;
+            return;
         }
         let swept = self.sweep.run(memory, false);
         if swept.regions > WASMTIME_REGIONS {
@@ -88,7 +89,6 @@ impl MemorySweep {
         } else if self.quiet.load(Ordering::Relaxed) < QUIET_AFTER {
             self.quiet.fetch_add(1, Ordering::Relaxed);
         }
-        Some(swept)
     }
 }
 
