@@ -26,24 +26,26 @@ static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
 /// Serves one request. Infallible: failures become responses.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
-    let arrived = Instant::now();
+    let mut ex = Exchange {
+        arrived: Instant::now(),
+        request_id: request_id(req.headers()),
+        timings: Timings::default(),
+    };
     let _in_flight = GaugeGuard::new(&app.metrics.in_flight);
-    let request_id = request_id(req.headers());
-    let mut timings = Timings::default();
 
     // h2 carries the host in the URI (`:authority`); HTTP/1.1 in the Host header, or in the URI
     // too for an absolute-form target. Where both are given they must agree.
     let host = match authority(&req) {
         Ok(host) => host,
         Err(why) => {
-            timings.set(Phase::Route, arrived.elapsed());
+            ex.timings.set(Phase::Route, ex.arrived.elapsed());
             let mut resp = plain(
                 StatusCode::BAD_REQUEST,
                 &format!("ambiguous request: {why}\n"),
             );
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
-            return unrouted(&app, resp, &request_id, &timings, arrived);
+            return ex.unrouted(&app, resp);
         }
     };
     let tenant = app
@@ -52,28 +54,20 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         .router
         .route(host, req.uri().path())
         .cloned();
-    timings.set(Phase::Route, arrived.elapsed());
+    ex.timings.set(Phase::Route, ex.arrived.elapsed());
     let Some(tenant) = tenant else {
         let resp = plain(
             StatusCode::NOT_FOUND,
             "no tenant is routed for this host and path\n",
         );
-        return unrouted(&app, resp, &request_id, &timings, arrived);
+        return ex.unrouted(&app, resp);
     };
 
     // A declared body over the limit is refused before any instance is made.
     let declared = declared_length(req.headers());
     if declared.is_some_and(|n| n > tenant.limits.max_request_bytes) {
         let e = outcome::body_too_large(tenant.limits.max_request_bytes);
-        return reject(
-            &app,
-            &tenant,
-            &e,
-            &request_id,
-            &timings,
-            Phase::Route,
-            arrived,
-        );
+        return ex.reject(&app, &tenant, &e, Phase::Route);
     }
 
     let queued = Instant::now();
@@ -84,20 +78,12 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
     {
         Ok(admitted) => admitted,
         Err(overloaded) => {
-            timings.set(Phase::Queue, queued.elapsed());
+            ex.timings.set(Phase::Queue, queued.elapsed());
             let e = ExecError::new(Outcome::Overload, overloaded.to_string());
-            return reject(
-                &app,
-                &tenant,
-                &e,
-                &request_id,
-                &timings,
-                Phase::Queue,
-                arrived,
-            );
+            return ex.reject(&app, &tenant, &e, Phase::Queue);
         }
     };
-    timings.set(Phase::Queue, queued.elapsed());
+    ex.timings.set(Phase::Queue, queued.elapsed());
 
     let (parts, body) = req.into_parts();
     // A `HEAD` response's body is never sent, so it is never counted as undelivered.
@@ -111,7 +97,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
     );
     let (commit, mut committed) = oneshot::channel();
     let mut run = Box::pin({
-        let (tenant, request_id) = (tenant.clone(), request_id.clone());
+        let (tenant, request_id) = (tenant.clone(), ex.request_id.clone());
         async move {
             let out = execute::run(tenant, request, commit, request_id).await;
             drop(admitted); // after teardown: the pool slot is free again
@@ -127,7 +113,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         Ok(head) = &mut committed => {
             // The body outgrew the buffer while the guest runs: send the head now and let the
             // guest run on in its own task, streaming into the body channel.
-            let mut after = timings;
+            let mut after = ex.timings;
             let app2 = app.clone();
             tokio::spawn(async move {
                 let out = run.await;
@@ -136,15 +122,15 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
             });
             let resp = streamed(&tenant, head, head_only);
             // Only route and queue are known when the head leaves; the rest reaches /metrics.
-            return finish(&app, Some(&tenant), resp, &request_id, &timings, Phase::Queue, arrived);
+            return ex.finish(&app, Some(&tenant), resp, Phase::Queue);
         }
     };
 
     // The guest has ended. If it streamed, its head is still in `committed`: the guest wrote
     // past the buffer and finished before this task looked (a body just over the threshold,
     // written fast). That head is the response; the whole body waits in its channel.
-    record_phases(&mut timings, &out);
-    app.metrics.observe(&timings, Phase::Teardown);
+    record_phases(&mut ex.timings, &out);
+    app.metrics.observe(&ex.timings, Phase::Teardown);
     let resp = match out.result {
         Ok(Reply::Buffered(done)) => {
             let mut resp = Response::new(ResponseBody::full(done.body));
@@ -158,7 +144,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
             Err(_) => {
                 tracing::error!(
                     tenant = %tenant.name,
-                    request_id = request_id.to_str().unwrap_or("-"),
+                    request_id = ex.request_id.to_str().unwrap_or("-"),
                     "a streamed response lost its head"
                 );
                 plain(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
@@ -166,27 +152,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         },
         Err(e) => error_response(&e),
     };
-    finish(
-        &app,
-        Some(&tenant),
-        resp,
-        &request_id,
-        &timings,
-        Phase::Teardown,
-        arrived,
-    )
-}
-
-/// Answers a request that reached no tenant with `resp`.
-fn unrouted(
-    app: &App,
-    resp: Response<ResponseBody>,
-    request_id: &HeaderValue,
-    timings: &Timings,
-    arrived: Instant,
-) -> Response<ResponseBody> {
-    app.metrics.observe(timings, Phase::Route);
-    finish(app, None, resp, request_id, timings, Phase::Route, arrived)
+    ex.finish(&app, Some(&tenant), resp, Phase::Teardown)
 }
 
 fn record_phases(t: &mut Timings, out: &RunOutput) {
@@ -202,31 +168,6 @@ fn streamed(tenant: &TenantRef, head: Head, head_only: bool) -> Response<Respons
     *resp.status_mut() = head.status;
     *resp.headers_mut() = head.headers;
     resp
-}
-
-/// Refuses a routed request before its guest runs, recording the phases it reached and
-/// counting the outcome.
-fn reject(
-    app: &App,
-    tenant: &TenantRef,
-    e: &ExecError,
-    request_id: &HeaderValue,
-    timings: &Timings,
-    reached: Phase,
-    arrived: Instant,
-) -> Response<ResponseBody> {
-    app.metrics.observe(timings, reached);
-    tenant.count_outcome(e.outcome);
-    let resp = error_response(e);
-    finish(
-        app,
-        Some(tenant),
-        resp,
-        request_id,
-        timings,
-        reached,
-        arrived,
-    )
 }
 
 /// The response for a failure: its status, its message, and the headers its outcome calls for.
@@ -247,40 +188,68 @@ fn error_response(e: &ExecError) -> Response<ResponseBody> {
     resp
 }
 
-/// Adds the request id and `Server-Timing`, counts the response and writes the access log line.
-fn finish(
-    app: &App,
-    tenant: Option<&TenantRef>,
-    mut resp: Response<ResponseBody>,
-    request_id: &HeaderValue,
-    timings: &Timings,
-    reached: Phase,
+/// One request as the front end sees it: when it came, its id, and how long each phase took.
+struct Exchange {
     arrived: Instant,
-) -> Response<ResponseBody> {
-    let total = arrived.elapsed();
-    app.metrics.observe_total(total);
-    let status = resp.status().as_u16();
-    match tenant {
-        Some(t) => {
-            t.requests.count(status);
-            t.served.count(status);
+    request_id: HeaderValue,
+    timings: Timings,
+}
+
+impl Exchange {
+    /// Answers a request that reached no tenant with `resp`.
+    fn unrouted(&self, app: &App, resp: Response<ResponseBody>) -> Response<ResponseBody> {
+        app.metrics.observe(&self.timings, Phase::Route);
+        self.finish(app, None, resp, Phase::Route)
+    }
+
+    /// Refuses a routed request before its guest runs, recording the phases it reached and
+    /// counting the outcome.
+    fn reject(
+        &self,
+        app: &App,
+        tenant: &TenantRef,
+        e: &ExecError,
+        reached: Phase,
+    ) -> Response<ResponseBody> {
+        app.metrics.observe(&self.timings, reached);
+        tenant.count_outcome(e.outcome);
+        self.finish(app, Some(tenant), error_response(e), reached)
+    }
+
+    /// Adds the request id and `Server-Timing`, counts the response and writes the access log
+    /// line.
+    fn finish(
+        &self,
+        app: &App,
+        tenant: Option<&TenantRef>,
+        mut resp: Response<ResponseBody>,
+        reached: Phase,
+    ) -> Response<ResponseBody> {
+        let total = self.arrived.elapsed();
+        app.metrics.observe_total(total);
+        let status = resp.status().as_u16();
+        match tenant {
+            Some(t) => {
+                t.requests.count(status);
+                t.served.count(status);
+            }
+            None => app.metrics.unrouted().count(status),
         }
-        None => app.metrics.unrouted().count(status),
+        tracing::info!(
+            target: "tern::access",
+            request_id = self.request_id.to_str().unwrap_or("-"),
+            tenant = tenant.map_or("-", |t| t.name.as_str()),
+            status,
+            total_ms = total.as_secs_f64() * 1e3,
+            "request"
+        );
+        let headers: &mut HeaderMap = resp.headers_mut();
+        headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
+        if let Ok(v) = HeaderValue::from_str(&self.timings.server_timing(total, reached)) {
+            headers.insert(SERVER_TIMING.clone(), v);
+        }
+        resp
     }
-    tracing::info!(
-        target: "tern::access",
-        request_id = request_id.to_str().unwrap_or("-"),
-        tenant = tenant.map_or("-", |t| t.name.as_str()),
-        status,
-        total_ms = total.as_secs_f64() * 1e3,
-        "request"
-    );
-    let headers: &mut HeaderMap = resp.headers_mut();
-    headers.insert(X_REQUEST_ID.clone(), request_id.clone());
-    if let Ok(v) = HeaderValue::from_str(&timings.server_timing(total, reached)) {
-        headers.insert(SERVER_TIMING.clone(), v);
-    }
-    resp
 }
 
 /// The host a request is for, or why it is ambiguous (RFC 9112 3.2, 6.1; RFC 9113 8.3.1): one
