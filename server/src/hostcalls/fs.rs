@@ -130,6 +130,23 @@ impl Files {
             Target::Stdio(_) => Err(errno::NOTDIR),
         }
     }
+
+    /// The directory and the path of an `*at` call: `dirfd`, and `len` bytes at `ptr`.
+    fn at(&self, data: &mut [u8], dirfd: i32, ptr: i32, len: i32) -> Result<(usize, String), i32> {
+        let dir = self.dir(dirfd)?;
+        Ok((dir, guest_str(data, ptr, len)?))
+    }
+
+    /// The node `path` names from directory `dir`, and the tree it is in.
+    fn resolve(&self, dir: usize, path: &str) -> Result<(&Assets, usize), i32> {
+        let assets = self.assets()?;
+        let node = assets.resolve(dir, path).map_err(|l| match l {
+            Lookup::NotFound => errno::NOENT,
+            Lookup::NotDir => errno::NOTDIR,
+            Lookup::Escape => errno::NOTCAPABLE,
+        })?;
+        Ok((assets, node))
+    }
 }
 
 /// The contents of file `node` (`EISDIR` for a directory). Takes the tree rather than `Files`
@@ -138,14 +155,6 @@ fn file_bytes(assets: Option<&Assets>, node: usize) -> Result<&[u8], i32> {
     match &assets.ok_or(errno::BADF)?.node(node).kind {
         NodeKind::File(bytes) => Ok(bytes),
         NodeKind::Dir(_) => Err(errno::ISDIR),
-    }
-}
-
-fn lookup_errno(l: Lookup) -> i32 {
-    match l {
-        Lookup::NotFound => errno::NOENT,
-        Lookup::NotDir => errno::NOTDIR,
-        Lookup::Escape => errno::NOTCAPABLE,
     }
 }
 
@@ -220,45 +229,52 @@ fn scatter(data: &mut [u8], iovs: i32, iovs_len: i32, src: &[u8]) -> Result<usiz
     Ok(done)
 }
 
+/// Defines one WASI function whose body runs through [`call`]:
+/// `hostcall!(linker, "name", |data, files, arg: i32, ...| -> Result<(), errno>)`.
+macro_rules! hostcall {
+    ($linker:ident, $name:expr, |$data:tt, $files:tt $(, $arg:tt : $ty:ty)* $(,)?| $body:expr) => {
+        $linker.func_wrap(MODULE, $name, |mut c: Caller<'_, GuestState>, $($arg: $ty),*| {
+            call(&mut c, |$data, $files| $body)
+        })?
+    };
+}
+
 /// Adds the `/assets` functions to `linker`, replacing wasmtime-wasi's file functions.
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
 pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
-    linker.func_wrap(
-        MODULE,
+    hostcall!(
+        linker,
         "fd_prestat_get",
-        |mut c: Caller<'_, GuestState>, fd: i32, buf: i32| {
-            call(&mut c, |data, files| {
-                if fd as u32 != PREOPEN || files.assets.is_none() {
-                    return Err(errno::BADF);
-                }
-                let mut prestat = [0u8; 8]; // tag 0 = directory, then the name's length
-                prestat[4..].copy_from_slice(&(GUEST_DIR.len() as u32).to_le_bytes());
-                put(data, buf, &prestat)
-            })
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
+        |data, files, fd: i32, buf: i32| {
+            if fd as u32 != PREOPEN || files.assets.is_none() {
+                return Err(errno::BADF);
+            }
+            let mut prestat = [0u8; 8]; // tag 0 = directory, then the name's length
+            prestat[4..].copy_from_slice(&(GUEST_DIR.len() as u32).to_le_bytes());
+            put(data, buf, &prestat)
+        }
+    );
+    hostcall!(
+        linker,
         "fd_prestat_dir_name",
-        |mut c: Caller<'_, GuestState>, fd: i32, ptr: i32, len: i32| {
-            call(&mut c, |data, files| {
-                if fd as u32 != PREOPEN || files.assets.is_none() {
-                    return Err(errno::BADF);
-                }
-                if (len as u32 as usize) < GUEST_DIR.len() {
-                    return Err(errno::NAMETOOLONG);
-                }
-                put(data, ptr, GUEST_DIR.as_bytes())
-            })
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
+        |data, files, fd: i32, ptr: i32, len: i32| {
+            if fd as u32 != PREOPEN || files.assets.is_none() {
+                return Err(errno::BADF);
+            }
+            if (len as u32 as usize) < GUEST_DIR.len() {
+                return Err(errno::NAMETOOLONG);
+            }
+            put(data, ptr, GUEST_DIR.as_bytes())
+        }
+    );
+    hostcall!(
+        linker,
         "path_open",
-        |mut c: Caller<'_, GuestState>,
+        |data,
+         files,
          dirfd: i32,
          _lookup: i32,
          path: i32,
@@ -268,238 +284,195 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
          _inheriting: i64,
          fdflags: i32,
          out: i32| {
-            call(&mut c, |data, files| {
-                let dir = files.dir(dirfd)?;
-                let path = guest_str(data, path, path_len)?;
-                if oflags & (OFLAGS_CREAT | OFLAGS_TRUNC) != 0
-                    || rights_base as u64 & rights::FD_WRITE != 0
-                    || fdflags & FDFLAGS_WRITING != 0
-                {
-                    return Err(errno::ROFS);
+            let (dir, path) = files.at(data, dirfd, path, path_len)?;
+            if oflags & (OFLAGS_CREAT | OFLAGS_TRUNC) != 0
+                || rights_base as u64 & rights::FD_WRITE != 0
+                || fdflags & FDFLAGS_WRITING != 0
+            {
+                return Err(errno::ROFS);
+            }
+            let (assets, node) = files.resolve(dir, &path)?;
+            if oflags & OFLAGS_DIRECTORY != 0 && !matches!(assets.node(node).kind, NodeKind::Dir(_))
+            {
+                return Err(errno::NOTDIR);
+            }
+            let open = Some(Open { node, pos: 0 });
+            let slot = match files.open.iter().position(Option::is_none) {
+                Some(s) => {
+                    files.open[s] = open;
+                    s
                 }
-                let assets = files.assets()?;
-                let node = assets.resolve(dir, &path).map_err(lookup_errno)?;
-                if oflags & OFLAGS_DIRECTORY != 0
-                    && !matches!(assets.node(node).kind, NodeKind::Dir(_))
-                {
-                    return Err(errno::NOTDIR);
+                None if files.open.len() < MAX_OPEN => {
+                    files.open.push(open);
+                    files.open.len() - 1
                 }
-                let open = Some(Open { node, pos: 0 });
-                let slot = match files.open.iter().position(Option::is_none) {
-                    Some(s) => {
-                        files.open[s] = open;
-                        s
-                    }
-                    None if files.open.len() < MAX_OPEN => {
-                        files.open.push(open);
-                        files.open.len() - 1
-                    }
-                    None => return Err(errno::MFILE),
-                };
-                put(data, out, &(FIRST_FD + slot as u32).to_le_bytes())
-            })
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
+                None => return Err(errno::MFILE),
+            };
+            put(data, out, &(FIRST_FD + slot as u32).to_le_bytes())
+        }
+    );
+    hostcall!(
+        linker,
         "path_filestat_get",
-        |mut c: Caller<'_, GuestState>, dirfd: i32, _flags: i32, path: i32, len: i32, buf: i32| {
-            call(&mut c, |data, files| {
-                let dir = files.dir(dirfd)?;
-                let path = guest_str(data, path, len)?;
-                let assets = files.assets()?;
-                let node = assets.resolve(dir, &path).map_err(lookup_errno)?;
-                put(data, buf, &node_stat(assets, node))
-            })
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
+        |data, files, dirfd: i32, _flags: i32, path: i32, len: i32, buf: i32| {
+            let (dir, path) = files.at(data, dirfd, path, len)?;
+            let (assets, node) = files.resolve(dir, &path)?;
+            put(data, buf, &node_stat(assets, node))
+        }
+    );
+    hostcall!(
+        linker,
         "fd_read",
-        |mut c: Caller<'_, GuestState>, fd: i32, iovs: i32, iovs_len: i32, nread: i32| {
-            call(&mut c, |data, files| {
-                let n = match files.target(fd)? {
-                    Target::Stdio(0) => 0, // stdin is empty
-                    Target::Stdio(_) => return Err(errno::BADF),
-                    Target::Node(node, slot) => {
-                        let slot = slot.ok_or(errno::ISDIR)?;
-                        let bytes = file_bytes(files.assets.as_deref(), node)?;
-                        let open = files.open[slot].as_mut().ok_or(errno::BADF)?;
-                        let from = usize::try_from(open.pos).unwrap_or(usize::MAX);
-                        let n = scatter(data, iovs, iovs_len, bytes.get(from..).unwrap_or(&[]))?;
-                        open.pos += n as u64;
-                        n
-                    }
-                };
-                put(data, nread, &(n as u32).to_le_bytes())
-            })
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
+        |data, files, fd: i32, iovs: i32, iovs_len: i32, nread: i32| {
+            let n = match files.target(fd)? {
+                Target::Stdio(0) => 0, // stdin is empty
+                Target::Stdio(_) => return Err(errno::BADF),
+                Target::Node(node, slot) => {
+                    let slot = slot.ok_or(errno::ISDIR)?;
+                    let bytes = file_bytes(files.assets.as_deref(), node)?;
+                    let open = files.open[slot].as_mut().ok_or(errno::BADF)?;
+                    let from = usize::try_from(open.pos).unwrap_or(usize::MAX);
+                    let n = scatter(data, iovs, iovs_len, bytes.get(from..).unwrap_or(&[]))?;
+                    open.pos += n as u64;
+                    n
+                }
+            };
+            put(data, nread, &(n as u32).to_le_bytes())
+        }
+    );
+    hostcall!(
+        linker,
         "fd_pread",
-        |mut c: Caller<'_, GuestState>, fd: i32, iovs: i32, iovs_len: i32, at: i64, nread: i32| {
-            call(&mut c, |data, files| {
-                let Target::Node(node, Some(_)) = files.target(fd)? else {
-                    return Err(errno::SPIPE);
-                };
-                let bytes = file_bytes(files.assets.as_deref(), node)?;
-                let from = usize::try_from(at as u64).unwrap_or(usize::MAX);
-                let n = scatter(data, iovs, iovs_len, bytes.get(from..).unwrap_or(&[]))?;
-                put(data, nread, &(n as u32).to_le_bytes())
-            })
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
+        |data, files, fd: i32, iovs: i32, iovs_len: i32, at: i64, nread: i32| {
+            let Target::Node(node, Some(_)) = files.target(fd)? else {
+                return Err(errno::SPIPE);
+            };
+            let bytes = file_bytes(files.assets.as_deref(), node)?;
+            let from = usize::try_from(at as u64).unwrap_or(usize::MAX);
+            let n = scatter(data, iovs, iovs_len, bytes.get(from..).unwrap_or(&[]))?;
+            put(data, nread, &(n as u32).to_le_bytes())
+        }
+    );
+    hostcall!(
+        linker,
         "fd_seek",
-        |mut c: Caller<'_, GuestState>, fd: i32, offset: i64, whence: i32, out: i32| {
-            call(&mut c, |data, files| {
-                let Target::Node(node, Some(slot)) = files.target(fd)? else {
-                    return Err(errno::SPIPE);
-                };
-                let bytes = file_bytes(files.assets.as_deref(), node)?;
-                let len = bytes.len() as i64;
-                let open = files.open[slot].as_mut().ok_or(errno::BADF)?;
-                let base = match whence {
-                    0 => 0,
-                    1 => open.pos as i64,
-                    2 => len,
-                    _ => return Err(errno::INVAL),
-                };
-                let pos = base.checked_add(offset).filter(|p| *p >= 0);
-                open.pos = pos.ok_or(errno::INVAL)? as u64;
-                put(data, out, &open.pos.to_le_bytes())
-            })
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
-        "fd_tell",
-        |mut c: Caller<'_, GuestState>, fd: i32, out: i32| {
-            call(&mut c, |data, files| {
-                let Target::Node(_, Some(slot)) = files.target(fd)? else {
-                    return Err(errno::SPIPE);
-                };
-                let pos = files.open[slot].map_or(0, |o| o.pos);
-                put(data, out, &pos.to_le_bytes())
-            })
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
+        |data, files, fd: i32, offset: i64, whence: i32, out: i32| {
+            let Target::Node(node, Some(slot)) = files.target(fd)? else {
+                return Err(errno::SPIPE);
+            };
+            let bytes = file_bytes(files.assets.as_deref(), node)?;
+            let len = bytes.len() as i64;
+            let open = files.open[slot].as_mut().ok_or(errno::BADF)?;
+            let base = match whence {
+                0 => 0,
+                1 => open.pos as i64,
+                2 => len,
+                _ => return Err(errno::INVAL),
+            };
+            let pos = base.checked_add(offset).filter(|p| *p >= 0);
+            open.pos = pos.ok_or(errno::INVAL)? as u64;
+            put(data, out, &open.pos.to_le_bytes())
+        }
+    );
+    hostcall!(linker, "fd_tell", |data, files, fd: i32, out: i32| {
+        let Target::Node(_, Some(slot)) = files.target(fd)? else {
+            return Err(errno::SPIPE);
+        };
+        let pos = files.open[slot].map_or(0, |o| o.pos);
+        put(data, out, &pos.to_le_bytes())
+    });
+    hostcall!(
+        linker,
         "fd_close",
-        |mut c: Caller<'_, GuestState>, fd: i32| {
-            call(&mut c, |_, files| match files.target(fd)? {
-                Target::Node(_, Some(slot)) => {
-                    files.open[slot] = None;
-                    Ok(())
-                }
-                // Closing stdio or the preopen is allowed and changes nothing for the host.
-                _ => Ok(()),
-            })
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
+        |_, files, fd: i32| match files.target(fd)? {
+            Target::Node(_, Some(slot)) => {
+                files.open[slot] = None;
+                Ok(())
+            }
+            // Closing stdio or the preopen is allowed and changes nothing for the host.
+            _ => Ok(()),
+        }
+    );
+    hostcall!(
+        linker,
         "fd_filestat_get",
-        |mut c: Caller<'_, GuestState>, fd: i32, buf: i32| {
-            call(&mut c, |data, files| {
-                let stat = match files.target(fd)? {
-                    Target::Stdio(_) => filestat(filetype::UNKNOWN, 0, 0),
-                    Target::Node(n, _) => node_stat(files.assets()?, n),
-                };
-                put(data, buf, &stat)
-            })
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
-        "fd_fdstat_get",
-        |mut c: Caller<'_, GuestState>, fd: i32, buf: i32| {
-            call(&mut c, |data, files| {
-                let (ft, base, inheriting) = match files.target(fd)? {
-                    Target::Stdio(0) => (filetype::UNKNOWN, rights::FD_READ, 0),
-                    Target::Stdio(_) => (filetype::UNKNOWN, rights::FD_WRITE, 0),
-                    Target::Node(n, _) => match files.assets()?.node(n).kind {
-                        NodeKind::Dir(_) => {
-                            (filetype::DIRECTORY, rights::DIR, rights::DIR | rights::FILE)
-                        }
-                        NodeKind::File(_) => (filetype::REGULAR_FILE, rights::FILE, 0),
-                    },
-                };
-                let mut s = [0u8; 24];
-                s[0] = ft;
-                s[8..16].copy_from_slice(&(base | rights::POLL_FD_READWRITE).to_le_bytes());
-                s[16..24].copy_from_slice(&inheriting.to_le_bytes());
-                put(data, buf, &s)
-            })
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
+        |data, files, fd: i32, buf: i32| {
+            let stat = match files.target(fd)? {
+                Target::Stdio(_) => filestat(filetype::UNKNOWN, 0, 0),
+                Target::Node(n, _) => node_stat(files.assets()?, n),
+            };
+            put(data, buf, &stat)
+        }
+    );
+    hostcall!(linker, "fd_fdstat_get", |data, files, fd: i32, buf: i32| {
+        let (ft, base, inheriting) = match files.target(fd)? {
+            Target::Stdio(0) => (filetype::UNKNOWN, rights::FD_READ, 0),
+            Target::Stdio(_) => (filetype::UNKNOWN, rights::FD_WRITE, 0),
+            Target::Node(n, _) => match files.assets()?.node(n).kind {
+                NodeKind::Dir(_) => (filetype::DIRECTORY, rights::DIR, rights::DIR | rights::FILE),
+                NodeKind::File(_) => (filetype::REGULAR_FILE, rights::FILE, 0),
+            },
+        };
+        let mut s = [0u8; 24];
+        s[0] = ft;
+        s[8..16].copy_from_slice(&(base | rights::POLL_FD_READWRITE).to_le_bytes());
+        s[16..24].copy_from_slice(&inheriting.to_le_bytes());
+        put(data, buf, &s)
+    });
+    hostcall!(
+        linker,
         "fd_advise",
-        |mut c: Caller<'_, GuestState>, fd: i32, _off: i64, _len: i64, _advice: i32| {
-            call(&mut c, |_, files| match files.target(fd)? {
-                Target::Node(..) => Ok(()),
-                Target::Stdio(_) => Err(errno::SPIPE),
-            })
-        },
-    )?;
-    linker.func_wrap(
-        MODULE,
+        |_, files, fd: i32, _off: i64, _len: i64, _advice: i32| match files.target(fd)? {
+            Target::Node(..) => Ok(()),
+            Target::Stdio(_) => Err(errno::SPIPE),
+        }
+    );
+    hostcall!(
+        linker,
         "fd_readdir",
-        |mut c: Caller<'_, GuestState>, fd: i32, buf: i32, len: i32, cookie: i64, used: i32| {
-            call(&mut c, |data, files| {
-                let dir = files.dir(fd)?;
-                let assets = files.assets()?;
-                let NodeKind::Dir(children) = &assets.node(dir).kind else {
-                    return Err(errno::NOTDIR);
-                };
-                // `.`, `..`, then the entries; the cookie is the index of the next one.
-                let parent = assets.node(dir).parent;
-                let entries = [(".", dir), ("..", parent)]
-                    .into_iter()
-                    .chain(children.iter().map(|&i| (assets.node(i).name.as_str(), i)));
-                let mut out = Vec::new();
-                let cap = len as u32 as usize;
-                for (k, (name, node)) in entries.enumerate().skip(cookie.max(0) as usize) {
-                    if out.len() >= cap {
-                        break;
-                    }
-                    let ft = match assets.node(node).kind {
-                        NodeKind::Dir(_) => filetype::DIRECTORY,
-                        NodeKind::File(_) => filetype::REGULAR_FILE,
-                    };
-                    out.extend_from_slice(&(k as u64 + 1).to_le_bytes());
-                    out.extend_from_slice(&(node as u64 + 1).to_le_bytes());
-                    out.extend_from_slice(&(name.len() as u32).to_le_bytes());
-                    out.extend_from_slice(&[ft, 0, 0, 0]);
-                    out.extend_from_slice(name.as_bytes());
+        |data, files, fd: i32, buf: i32, len: i32, cookie: i64, used: i32| {
+            let dir = files.dir(fd)?;
+            let assets = files.assets()?;
+            let NodeKind::Dir(children) = &assets.node(dir).kind else {
+                return Err(errno::NOTDIR);
+            };
+            // `.`, `..`, then the entries; the cookie is the index of the next one.
+            let parent = assets.node(dir).parent;
+            let entries = [(".", dir), ("..", parent)]
+                .into_iter()
+                .chain(children.iter().map(|&i| (assets.node(i).name.as_str(), i)));
+            let mut out = Vec::new();
+            let cap = len as u32 as usize;
+            for (k, (name, node)) in entries.enumerate().skip(cookie.max(0) as usize) {
+                if out.len() >= cap {
+                    break;
                 }
-                // A full buffer tells the guest to call again; the last entry may be cut.
-                out.truncate(cap);
-                put(data, buf, &out)?;
-                put(data, used, &(out.len() as u32).to_le_bytes())
-            })
-        },
-    )?;
+                let ft = match assets.node(node).kind {
+                    NodeKind::Dir(_) => filetype::DIRECTORY,
+                    NodeKind::File(_) => filetype::REGULAR_FILE,
+                };
+                out.extend_from_slice(&(k as u64 + 1).to_le_bytes());
+                out.extend_from_slice(&(node as u64 + 1).to_le_bytes());
+                out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+                out.extend_from_slice(&[ft, 0, 0, 0]);
+                out.extend_from_slice(name.as_bytes());
+            }
+            // A full buffer tells the guest to call again; the last entry may be cut.
+            out.truncate(cap);
+            put(data, buf, &out)?;
+            put(data, used, &(out.len() as u32).to_le_bytes())
+        }
+    );
     // Writes through an asset fd, or creating anything, are refused as on a read-only mount.
     for name in [
         "path_create_directory",
         "path_remove_directory",
         "path_unlink_file",
     ] {
-        linker.func_wrap(
-            MODULE,
-            name,
-            |mut c: Caller<'_, GuestState>, fd: i32, _p: i32, _l: i32| {
-                call(&mut c, |_, files| {
-                    files.dir(fd)?;
-                    Err(errno::ROFS)
-                })
-            },
-        )?;
+        hostcall!(linker, name, |_, files, fd: i32, _p: i32, _l: i32| {
+            files.dir(fd)?;
+            Err(errno::ROFS)
+        });
     }
     linker.allow_shadowing(false);
     Ok(())
