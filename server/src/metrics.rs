@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -76,6 +77,35 @@ impl Timings {
 }
 
 /// Buckets from 1 µs to ~16 s, doubling: fits a 2 µs teardown and a 1 s deadline alike.
+/// Makes metrics and registers each as it is made.
+struct Registrar(Registry);
+
+impl Registrar {
+    fn register<C: Collector + Clone + 'static>(&self, metric: C) -> C {
+        self.0
+            .register(Box::new(metric.clone()))
+            .expect("metric registered once");
+        metric
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.register(IntGauge::new(name, help).expect("valid metric"))
+    }
+
+    fn gauges(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.register(IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn counters(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.register(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn histogram(&self, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+        let opts = HistogramOpts::new(name, help).buckets(buckets);
+        self.register(Histogram::with_opts(opts).expect("valid metric"))
+    }
+}
+
 fn buckets() -> Vec<f64> {
     prometheus::exponential_buckets(1e-6, 2.0, 25).expect("static bucket spec")
 }
@@ -167,136 +197,92 @@ impl Metrics {
     /// # Panics
     /// Never in practice: metric definitions are static and registered once.
     pub fn new(max_tenant_labels: usize) -> Self {
-        let registry = Registry::new();
-        let phase_vec = HistogramVec::new(
-            HistogramOpts::new(
-                "tern_request_phase_duration_seconds",
-                "Time spent in each phase of a request: route, queue, instantiate, run, teardown.",
+        let r = Registrar(Registry::new());
+        let phase_vec = r.register(
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "tern_request_phase_duration_seconds",
+                    "Time spent in each phase of a request: route, queue, instantiate, run, \
+                     teardown.",
+                )
+                .buckets(buckets()),
+                &["phase"],
             )
-            .buckets(buckets()),
-            &["phase"],
-        )
-        .expect("valid metric");
-        let total = Histogram::with_opts(
-            HistogramOpts::new(
-                "tern_request_duration_seconds",
-                "Time from a request's arrival until its response head is ready.",
-            )
-            .buckets(buckets()),
-        )
-        .expect("valid metric");
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "tern_requests_total",
-                "Responses sent, by tenant and status class.",
-            ),
+            .expect("valid metric"),
+        );
+        let total = r.histogram(
+            "tern_request_duration_seconds",
+            "Time from a request's arrival until its response head is ready.",
+            buckets(),
+        );
+        let requests = r.counters(
+            "tern_requests_total",
+            "Responses sent, by tenant and status class.",
             &["tenant", "status"],
-        )
-        .expect("valid metric");
-        let outcomes = IntCounterVec::new(
-            Opts::new(
-                "tern_guest_outcomes_total",
-                "Guest runs by tenant and outcome (ok, trap kinds, timeout, exit, overload, ...).",
-            ),
+        );
+        let outcomes = r.counters(
+            "tern_guest_outcomes_total",
+            "Guest runs by tenant and outcome (ok, trap kinds, timeout, exit, overload, ...).",
             &["tenant", "outcome"],
-        )
-        .expect("valid metric");
-        let undelivered = IntCounterVec::new(
-            Opts::new(
-                "tern_responses_undelivered_total",
-                "Streamed responses whose body did not reach its end, by tenant and reason \
-                 (guest_failed: the guest failed after the head was sent; client_gone: the \
-                 client left first).",
-            ),
+        );
+        let undelivered = r.counters(
+            "tern_responses_undelivered_total",
+            "Streamed responses whose body did not reach its end, by tenant and reason \
+             (guest_failed: the guest failed after the head was sent; client_gone: the \
+             client left first).",
             &["tenant", "reason"],
-        )
-        .expect("valid metric");
-        let pool = IntGaugeVec::new(
-            Opts::new(
-                "tern_pool_slots",
-                "Pooling allocator slots by kind (instances, memories, tables, stacks) and \
-                 state (in_use, warm: unused but still mapped).",
-            ),
+        );
+        let pool = r.gauges(
+            "tern_pool_slots",
+            "Pooling allocator slots by kind (instances, memories, tables, stacks) and \
+             state (in_use, warm: unused but still mapped).",
             &["kind", "state"],
-        )
-        .expect("valid metric");
-        let labelled_tenants = IntGauge::new(
+        );
+        let labelled_tenants = r.gauge(
             "tern_tenant_labels",
             "Tenants with their own metrics label (the rest count as `other`).",
-        )
-        .expect("valid metric");
-        let resident = IntGaugeVec::new(
-            Opts::new(
-                "tern_pool_resident_bytes",
-                "Bytes kept resident by unused (warm) pool slots, by kind.",
-            ),
+        );
+        let resident = r.gauges(
+            "tern_pool_resident_bytes",
+            "Bytes kept resident by unused (warm) pool slots, by kind.",
             &["kind"],
-        )
-        .expect("valid metric");
-        let in_flight = IntGauge::new(
+        );
+        let in_flight = r.gauge(
             "tern_requests_in_flight",
             "Requests received and not yet answered (up to their response head).",
-        )
-        .expect("valid metric");
-        let queue_depth = IntGauge::new(
+        );
+        let queue_depth = r.gauge(
             "tern_queue_depth",
             "Requests waiting for a free pool slot or a tenant concurrency permit.",
-        )
-        .expect("valid metric");
-        let connections_open = IntGauge::new(
+        );
+        let connections_open = r.gauge(
             "tern_connections_open",
             "Open client connections on the public listener, all workers (at most \
              server.max_connections).",
-        )
-        .expect("valid metric");
-        let memory_peak = Histogram::with_opts(
-            HistogramOpts::new(
-                "tern_guest_memory_peak_bytes",
-                "Largest linear memory each guest reached during its request.",
+        );
+        let memory_peak = r.histogram(
+            "tern_guest_memory_peak_bytes",
+            "Largest linear memory each guest reached during its request.",
+            prometheus::exponential_buckets(65536.0, 2.0, 17).expect("static buckets"),
+        );
+        let compile = r.histogram(
+            "tern_module_compile_duration_seconds",
+            "Time to compile a module ahead of time (artifact cache misses only).",
+            prometheus::exponential_buckets(0.001, 2.0, 17).expect("static buckets"),
+        );
+        let log_dropped = r.register(
+            IntCounter::new(
+                "tern_guest_log_lines_dropped_total",
+                "Guest stdout/stderr log lines dropped because a tenant exceeded its log budget.",
             )
-            .buckets(prometheus::exponential_buckets(65536.0, 2.0, 17).expect("static buckets")),
-        )
-        .expect("valid metric");
-        let compile = Histogram::with_opts(
-            HistogramOpts::new(
-                "tern_module_compile_duration_seconds",
-                "Time to compile a module ahead of time (artifact cache misses only).",
-            )
-            .buckets(prometheus::exponential_buckets(0.001, 2.0, 17).expect("static buckets")),
-        )
-        .expect("valid metric");
-        let log_dropped = IntCounter::new(
-            "tern_guest_log_lines_dropped_total",
-            "Guest stdout/stderr log lines dropped because a tenant exceeded its log budget.",
-        )
-        .expect("valid metric");
-        let deploys = IntCounterVec::new(
-            Opts::new(
-                "tern_deploys_total",
-                "Module deploys (loads of a tenant's module) by tenant and outcome.",
-            ),
+            .expect("valid metric"),
+        );
+        let deploys = r.counters(
+            "tern_deploys_total",
+            "Module deploys (loads of a tenant's module) by tenant and outcome.",
             &["tenant", "outcome"],
-        )
-        .expect("valid metric");
-        for c in [
-            Box::new(deploys.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(log_dropped.clone()),
-            Box::new(resident.clone()),
-            Box::new(in_flight.clone()),
-            Box::new(queue_depth.clone()),
-            Box::new(connections_open.clone()),
-            Box::new(memory_peak.clone()),
-            Box::new(compile.clone()),
-            Box::new(phase_vec.clone()),
-            Box::new(total.clone()),
-            Box::new(requests.clone()),
-            Box::new(outcomes.clone()),
-            Box::new(undelivered.clone()),
-            Box::new(pool.clone()),
-            Box::new(labelled_tenants.clone()),
-        ] {
-            registry.register(c).expect("metric registered once");
-        }
+        );
+        let Registrar(registry) = r;
         #[cfg(target_os = "linux")]
         registry
             .register(Box::new(
