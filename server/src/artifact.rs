@@ -26,13 +26,8 @@ const SEAL_LEN: usize = 32 + SEAL_MAGIC.len();
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
     /// Reading or writing a file failed.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: String,
-        /// The OS error.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] FileError),
     /// The bytes are not a valid WebAssembly module.
     #[error("{what}: not a valid WebAssembly module: {reason}")]
     InvalidWasm {
@@ -73,8 +68,19 @@ pub enum ArtifactError {
     },
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ArtifactError + '_ {
-    move |source| ArtifactError::Io {
+/// An operation on a file failed: which file, and the OS error.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {source}")]
+pub struct FileError {
+    /// The file or directory.
+    pub path: String,
+    /// The OS error.
+    pub source: std::io::Error,
+}
+
+/// For `map_err`: the OS error of an operation on `path`, with the path.
+pub fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FileError + '_ {
+    move |source| FileError {
         path: path.display().to_string(),
         source,
     }
@@ -246,7 +252,7 @@ pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Art
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    result.map_err(io_err(path))
+    Ok(result.map_err(io_err(path))?)
 }
 
 /// Whether a file name is one of [`write_atomic`]'s temp files (left behind only by a crash).

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::artifact::{self, ArtifactError};
+use crate::artifact::{self, ArtifactError, FileError, io_err};
 use crate::config::{LimitsConfig, TenantConfig};
 
 /// Format version of `manifest.json`.
@@ -30,13 +30,8 @@ pub const MANIFEST_FORMAT: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// A file or directory could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file or directory.
-        path: String,
-        /// The OS error.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] FileError),
     /// A file could not be written.
     #[error(transparent)]
     Write(#[from] ArtifactError),
@@ -48,13 +43,6 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
-}
-
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
-    move |source| StoreError::Io {
-        path: path.display().to_string(),
-        source,
-    }
 }
 
 /// The tenants deployed through the admin API, and their versions.
@@ -255,13 +243,11 @@ impl DataDir {
         let path = self.blob_path(hash);
         let bytes = std::fs::read(&path).map_err(io_err(&path))?;
         if artifact::hex(&Sha256::digest(&bytes)) != hash {
-            return Err(StoreError::Io {
-                path: path.display().to_string(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    "contents do not match their hash",
-                ),
-            });
+            let damaged = std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "contents do not match their hash",
+            );
+            return Err(io_err(&path)(damaged).into());
         }
         Ok(bytes)
     }
@@ -275,7 +261,7 @@ impl DataDir {
         let text = match std::fs::read(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Manifest::default()),
-            Err(e) => return Err(io_err(&path)(e)),
+            Err(e) => return Err(io_err(&path)(e).into()),
         };
         let bad = |reason: String| StoreError::Manifest {
             path: path.display().to_string(),
