@@ -47,6 +47,41 @@ pub struct Live {
     pub tenants: BTreeMap<String, TenantRef>,
 }
 
+impl Live {
+    /// The table serving `tenants`, with their routes (refused if two routes clash).
+    fn build(tenants: impl IntoIterator<Item = TenantRef>) -> Result<Live, Clash> {
+        let tenants: BTreeMap<String, TenantRef> =
+            tenants.into_iter().map(|t| (t.name.clone(), t)).collect();
+        let router = Router::build(tenants.values().map(|t| {
+            Route::new(
+                &t.name,
+                t.hosts.iter().map(String::as_str),
+                t.paths.iter().map(String::as_str),
+                t.clone(),
+            )
+        }))?;
+        Ok(Live { router, tenants })
+    }
+
+    /// This table with tenant `name` served by `tenant`, or not served at all (`None`).
+    fn with(&self, name: &str, tenant: Option<Tenant>) -> Result<Live, Clash> {
+        let mut tenants = self.tenants.clone();
+        match tenant {
+            Some(t) => tenants.insert(name.to_string(), Arc::new(t)),
+            None => tenants.remove(name),
+        };
+        Self::build(tenants.into_values())
+    }
+
+    /// What a new version of tenant `name` carries over from the one serving (its counters).
+    fn carried(&self, name: &str) -> Carried {
+        self.tenants
+            .get(name)
+            .map(|t| Carried::from(t))
+            .unwrap_or_default()
+    }
+}
+
 /// What a deploy did.
 #[derive(Debug, Clone)]
 pub struct Deployed {
@@ -172,7 +207,7 @@ impl Registry {
         let api = registry.load_api_tenants(&manifest).await?;
         let (n_config, n_api) = (tenants.len(), api.len());
         tenants.extend(api);
-        let live = Self::table(tenants.into_values())?;
+        let live = Live::build(tenants.into_values())?;
         registry.live.store(Arc::new(live));
         let removed = registry.loader.store.collect_garbage(&manifest);
         tracing::info!(
@@ -194,20 +229,6 @@ impl Registry {
     /// Largest upload the admin API accepts.
     pub fn max_upload(&self) -> u64 {
         self.loader.max_upload
-    }
-
-    fn table(tenants: impl IntoIterator<Item = TenantRef>) -> Result<Live, Clash> {
-        let tenants: BTreeMap<String, TenantRef> =
-            tenants.into_iter().map(|t| (t.name.clone(), t)).collect();
-        let router = Router::build(tenants.values().map(|t| {
-            Route::new(
-                &t.name,
-                t.hosts.iter().map(String::as_str),
-                t.paths.iter().map(String::as_str),
-                t.clone(),
-            )
-        }))?;
-        Ok(Live { router, tenants })
     }
 
     /// Makes a change durable, then visible: the manifest is written (atomically) before the
@@ -301,11 +322,7 @@ impl Registry {
                     metrics.compile.observe(d.as_secs_f64());
                 }
                 let assets = tenant::load_assets(t, &base, max)?;
-                let carried = live
-                    .tenants
-                    .get(t.name.get_ref())
-                    .map(|old| Carried::from(old))
-                    .unwrap_or_default();
+                let carried = live.carried(t.name.get_ref());
                 tenant::prepare(
                     tenant::Shared {
                         linkers: &linkers,
@@ -392,12 +409,11 @@ impl Registry {
         Self::check_api_owned(&state, name)?;
         let created = !state.manifest.tenants.contains_key(name);
         let live = self.live.load_full();
-        let mut tenants = live.tenants.clone();
         // A tenant that serves is rebuilt with the new spec around the module it runs.
-        if let Some(old) = live.tenants.get(name) {
-            let t = self.loader.respec(old, &as_config)?;
-            tenants.insert(name.to_string(), Arc::new(t));
-        }
+        let respecced = match live.tenants.get(name) {
+            Some(old) => Some(self.loader.respec(old, &as_config)?),
+            None => None,
+        };
         check_routes(&live, &state.manifest, name, &spec)?;
         let mut manifest = state.manifest.clone();
         let entry = manifest
@@ -411,10 +427,9 @@ impl Registry {
             });
         entry.spec = spec;
         // A tenant with no module yet is not routed: only the manifest changes.
-        let table = if live.tenants.contains_key(name) {
-            Some(Self::table(tenants.into_values())?)
-        } else {
-            None
+        let table = match respecced {
+            Some(t) => Some(live.with(name, Some(t))?),
+            None => None,
         };
         self.commit(&mut state, manifest, table).await?;
         tracing::info!(tenant = name, created, "tenant spec saved");
@@ -519,11 +534,7 @@ impl Registry {
                     deployed_at: store::now(),
                     compile_ms: compiled.as_secs_f64() * 1e3,
                 };
-                let carried = live
-                    .tenants
-                    .get(&n)
-                    .map(|t| Carried::from(t))
-                    .unwrap_or_default();
+                let carried = live.carried(&n);
                 let t = this.prepare_version(&n, &spec, &version, &loaded.module, carried)?;
                 let held = this.hold(&module_hash);
                 this.store.put_blob(&wasm).map_err(internal)?;
@@ -574,9 +585,7 @@ impl Registry {
         let Origin::Api { version } = tenant.origin.clone() else {
             unreachable!("loaded as an API tenant")
         };
-        let mut tenants = self.live.load().tenants.clone();
-        tenants.insert(name.to_string(), Arc::new(tenant));
-        let live = Self::table(tenants.into_values())?;
+        let live = self.live.load().with(name, Some(tenant))?;
 
         let mut manifest = state.manifest.clone();
         let entry = manifest.tenants.get_mut(name).expect("checked above");
@@ -621,18 +630,12 @@ impl Registry {
         let live = self.live.load_full();
         let (n, spec, t2) = (name.to_string(), stored.spec.clone(), target.clone());
         let tenant = tokio::task::spawn_blocking(move || {
-            let carried = live
-                .tenants
-                .get(&n)
-                .map(|t| Carried::from(t))
-                .unwrap_or_default();
+            let carried = live.carried(&n);
             this.load_version(&n, &spec, &t2, carried, &ModuleCache::default())
         })
         .await
         .map_err(internal)??;
-        let mut tenants = self.live.load().tenants.clone();
-        tenants.insert(name.to_string(), Arc::new(tenant));
-        let live = Self::table(tenants.into_values())?;
+        let live = self.live.load().with(name, Some(tenant))?;
         let mut manifest = state.manifest.clone();
         let entry = manifest.tenants.get_mut(name).expect("checked above");
         entry.previous = entry.current.take();
@@ -657,9 +660,7 @@ impl Registry {
         }
         let mut manifest = state.manifest.clone();
         manifest.tenants.remove(name);
-        let mut tenants = self.live.load().tenants.clone();
-        tenants.remove(name);
-        let table = Self::table(tenants.into_values())?;
+        let table = self.live.load().with(name, None)?;
         self.commit(&mut state, manifest, Some(table)).await?;
         tracing::info!(tenant = name, "deleted");
         Ok(())
@@ -691,7 +692,7 @@ impl Registry {
             }
         }
         self.live
-            .store(Arc::new(Self::table(tenants.into_values())?));
+            .store(Arc::new(Live::build(tenants.into_values())?));
         state.config.tenants = config.tenants;
         state.config.base_dir = config.base_dir;
         tracing::info!(
