@@ -7,6 +7,7 @@ use crate::pool::Pool;
 use crate::registry::Registry;
 
 /// Everything the request path shares.
+#[derive(Debug)]
 pub struct App {
     /// The live tenants and routing table, and the way to change them.
     pub registry: Registry,
@@ -18,13 +19,4 @@ pub struct App {
     pub metrics: Metrics,
     /// The engine (for pool metrics).
     pub engine: Engine,
-}
-
-impl std::fmt::Debug for App {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("App")
-            .field("registry", &self.registry)
-            .field("pool", &self.pool)
-            .finish()
-    }
 }

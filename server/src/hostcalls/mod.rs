@@ -127,32 +127,35 @@ pub struct GuestLimits {
     pub peak_memory: usize,
 }
 
+impl GuestLimits {
+    /// Whether growing to `desired` stays within `max`; a refusal is recorded.
+    fn allow(&mut self, desired: usize, max: usize) -> bool {
+        self.memory_limit_hit |= desired > max;
+        desired <= max
+    }
+}
+
 impl ResourceLimiter for GuestLimits {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        _: usize,
         desired: usize,
-        _maximum: Option<usize>,
+        _: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.max_memory {
-            self.memory_limit_hit = true;
-            return Ok(false);
+        let ok = self.allow(desired, self.max_memory);
+        if ok {
+            self.peak_memory = self.peak_memory.max(desired);
         }
-        self.peak_memory = self.peak_memory.max(desired);
-        Ok(true)
+        Ok(ok)
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        _: usize,
         desired: usize,
-        _maximum: Option<usize>,
+        _: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.max_table_elements {
-            self.memory_limit_hit = true;
-            return Ok(false);
-        }
-        Ok(true)
+        Ok(self.allow(desired, self.max_table_elements))
     }
 
     fn instances(&self) -> usize {

@@ -228,15 +228,21 @@ mod tests {
         l.load_version("t", &spec, v, Carried::default(), &Default::default())
     }
 
+    /// A loader over a temporary directory holding the `hello` demo module, and its version.
+    fn with_hello() -> (tempfile::TempDir, Arc<Loader>, Version) {
+        let dir = tempfile::tempdir().unwrap();
+        let l = loader(dir.path());
+        let v = stored(&l, crate::demo::module("hello").unwrap());
+        (dir, l, v)
+    }
+
     fn compiles(loader: &Loader) -> u64 {
         loader.metrics.compile.get_sample_count()
     }
 
     #[test]
     fn a_version_compiles_once_then_maps_its_artifact() {
-        let dir = tempfile::tempdir().unwrap();
-        let l = loader(dir.path());
-        let v = stored(&l, crate::demo::module("hello").unwrap());
+        let (_dir, l, v) = with_hello();
         let t = load(&l, &v).expect("first load");
         assert_eq!((t.name.as_str(), compiles(&l)), ("t", 1));
         // A new load (say, after a restart) maps the stored artifact.
@@ -246,9 +252,7 @@ mod tests {
 
     #[test]
     fn a_damaged_artifact_is_compiled_again_from_the_blob() {
-        let dir = tempfile::tempdir().unwrap();
-        let l = loader(dir.path());
-        let v = stored(&l, crate::demo::module("hello").unwrap());
+        let (_dir, l, v) = with_hello();
         load(&l, &v).expect("first load");
         let path = artifact::artifact_path(&l.engine, &l.store.artifacts(), &v.module);
         std::fs::write(&path, b"not an artifact").unwrap();
@@ -258,19 +262,9 @@ mod tests {
 
     #[test]
     fn a_version_without_its_blob_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let l = loader(dir.path());
-        let mut v = stored(&l, crate::demo::module("hello").unwrap());
+        let (_dir, l, mut v) = with_hello();
         v.module = "0".repeat(64);
-        let e = l
-            .load_version(
-                "t",
-                &TenantSpec::default(),
-                &v,
-                Carried::default(),
-                &Default::default(),
-            )
-            .unwrap_err();
+        let e = load(&l, &v).unwrap_err();
         assert!(matches!(e, ChangeError::Internal(_)), "{e}");
     }
 
