@@ -7,6 +7,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+#[path = "guest_build.rs"]
+mod guest_build;
+
 const GUESTS: [&str; 5] = ["hello", "echo", "json", "counter", "static"];
 
 fn main() {
@@ -26,30 +29,9 @@ fn main() {
     ] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
+    println!("cargo:rerun-if-changed=guest_build.rs");
 
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(&root)
-        .args(["build", "--quiet", "-p", "tern-sdk", "--examples"])
-        .args([
-            "--target",
-            "wasm32-wasip1",
-            "--profile",
-            "guest",
-            "--target-dir",
-        ])
-        .arg(&target_dir);
-    // Host-build settings must not leak into the guest build.
-    for var in [
-        "RUSTFLAGS",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-        "CARGO_BUILD_RUSTFLAGS",
-        "RUSTC_WORKSPACE_WRAPPER",
-    ] {
-        cmd.env_remove(var);
-    }
+    let mut cmd = guest_build::command(&root, &["-p", "tern-sdk", "--examples"], &target_dir);
     let mut status = cmd.status().expect("run cargo for the demo guests");
     if !status.success() && add_wasm_target() {
         status = cmd.status().expect("run cargo for the demo guests");

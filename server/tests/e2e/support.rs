@@ -10,6 +10,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tern::config::Config;
 use tern::server::Running;
 
+#[path = "../../guest_build.rs"]
+mod guest_build;
+
 /// A Tern server running in this test process on ephemeral ports.
 pub struct TestServer {
     pub running: Running,
@@ -76,6 +79,11 @@ impl TestServer {
         .await;
         let json = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
         (r.status, json)
+    }
+
+    /// The status of a bodiless admin API call.
+    pub async fn admin_status(&self, method: Method, path: &str) -> StatusCode {
+        self.admin_call(method, path, "").await.0
     }
 
     /// Creates API tenant `name` routed at `path` and deploys `wasm` to it; panics on failure.
@@ -390,21 +398,7 @@ pub fn test_guest(dir: &Path, name: &str) -> PathBuf {
     let out = BUILT.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let target = root.join("target/test-guests");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .current_dir(&root)
-            .args(["build", "--quiet", "-p", "tern-test-guests", "--bins"])
-            .args([
-                "--target",
-                "wasm32-wasip1",
-                "--profile",
-                "guest",
-                "--target-dir",
-            ])
-            .arg(&target)
-            .env_remove("RUSTFLAGS")
-            .env_remove("CARGO_ENCODED_RUSTFLAGS")
-            .env_remove("CARGO_TARGET_DIR")
+        let status = guest_build::command(&root, &["-p", "tern-test-guests", "--bins"], &target)
             .status()
             .expect("run cargo to build the test guests");
         assert!(
