@@ -41,10 +41,10 @@ async fn deploy_over_http_then_call_the_tenant() {
     assert_eq!(t["requests"]["2xx"], 1, "{t}");
     let (status, one) = s.admin_call(Method::GET, "/admin/v1/tenants/app", "").await;
     assert_eq!((status, &one["name"]), (StatusCode::OK, &json!("app")));
-    let (status, _) = s
-        .admin_call(Method::GET, "/admin/v1/tenants/nope", "")
-        .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        s.admin_status(Method::GET, "/admin/v1/tenants/nope").await,
+        StatusCode::NOT_FOUND
+    );
 }
 
 #[tokio::test]
@@ -113,15 +113,17 @@ async fn rollback_returns_to_the_previous_version_and_back() {
     assert_eq!(status, StatusCode::CONFLICT, "{v}");
     assert!(v["error"].as_str().unwrap().contains("no previous version"));
 
-    let (status, _) = s
-        .admin_call(Method::DELETE, "/admin/v1/tenants/app", "")
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        s.admin_status(Method::DELETE, "/admin/v1/tenants/app")
+            .await,
+        StatusCode::OK
+    );
     assert_eq!(s.get("/app").await.status, StatusCode::NOT_FOUND);
-    let (status, _) = s
-        .admin_call(Method::DELETE, "/admin/v1/tenants/app", "")
-        .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        s.admin_status(Method::DELETE, "/admin/v1/tenants/app")
+            .await,
+        StatusCode::NOT_FOUND
+    );
 }
 
 #[tokio::test]
