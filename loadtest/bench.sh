@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Tern's end-to-end benchmarks, each measured side by side in one run on this machine.
 #
+#   bash loadtest/bench.sh cpu          server CPU per `hello` request, Tern and native, one worker
+#                                       pinned to core 0 and the load generator to core 1, next to
+#                                       the lifecycle's p50 measured in the same run (the headline)
 #   bash loadtest/bench.sh throughput   Tern `hello` vs a native hyper hello (and `wasmtime serve`
 #                                       if a wasmtime 48 binary is found), HTTP/1.1 and HTTP/2
 #   bash loadtest/bench.sh scaling      requests/s and per-worker CPU for 1..N worker threads
@@ -8,7 +11,7 @@
 #   bash loadtest/bench.sh allocator    the same load with mimalloc and with the system allocator
 #   bash loadtest/bench.sh density      requests spread over 1, 100 and 10,000 tenants
 #   bash loadtest/bench.sh charts       PNG charts from the results (gnuplot)
-#   bash loadtest/bench.sh all          all of the above, in that order
+#   bash loadtest/bench.sh all          all of the above, in that order (cpu first)
 #
 # Settings (environment): SECS=10 per run, CONNS=64, WRK_THREADS=2, ROUNDS=2 (alternating runs;
 # the best of each is reported), WASMTIME=path/to/wasmtime (default: `wasmtime` on PATH, else
@@ -52,12 +55,14 @@ wait_http() { # url
     return 1
 }
 
-# Starts Tern with config $1 (remaining args: extra env assignments); sets TERN_PID.
+# Starts Tern with config $1 (remaining args: extra env assignments); sets TERN_PID. With PIN=N
+# in the environment it runs on core N only.
 start_tern() {
-    local config=$1 bin=${TERN_BIN:-$ROOT/target/release/tern}
+    local config=$1 bin=${TERN_BIN:-$ROOT/target/release/tern} pin=()
     shift
+    [ -n "${PIN:-}" ] && pin=(taskset -c "$PIN")
     env TERN_CACHE_DIR="$WORK/cache" TERN_DATA_DIR="$WORK/data" "$@" \
-        "$bin" serve --config "$config" --listen 127.0.0.1:$TERN_PORT \
+        "${pin[@]}" "$bin" serve --config "$config" --listen 127.0.0.1:$TERN_PORT \
         --admin-listen 127.0.0.1:$ADMIN_PORT >>"$WORK/tern.log" 2>&1 &
     TERN_PID=$!
     PIDS+=("$TERN_PID")
@@ -358,13 +363,97 @@ EOF
     } | tee "$RESULTS/density.md"
 }
 
+# CPU ticks (user + system) of every thread of process $1.
+process_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# wrk pinned to core 1, one thread -> "rps p50 p99 p999 errors requests cpu_us_per_request" where
+# the CPU is process $2's over the run.
+pinned_h1() { # url pid
+    local before after out
+    before=$(process_ticks "$2")
+    out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" -s loadtest/latency.lua "$1")
+    after=$(process_ticks "$2")
+    echo "$out" | awk -v b="$before" -v a="$after" -v hz="$(getconf CLK_TCK)" '
+        /requests in/ { n = $1 }
+        /^RESULT/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] } }
+        END { printf "%s %s %s %s %s %d %.2f\n", v["rps"], v["p50"], v["p99"], v["p999"], v["errors"],
+              n, (n > 0 ? (a - b) / hz * 1e6 / n : 0) }'
+}
+
+# Lowest CPU per request of a set of pinned_h1 lines (the least disturbed run).
+least_cpu() { sort -k7,7n | head -1; }
+
+cpu() {
+    need wrk wrk
+    need taskset util-linux
+    if [ "$(nproc)" -lt 2 ]; then
+        echo "bench.sh cpu needs 2 cores (server on one, load generator on the other)" >&2
+        exit 1
+    fi
+    build
+    cargo build --release --quiet -p tern --example phases
+    local config n
+    config=$(hello_config "[server]\nworker_threads = 1")
+    local -A r=()
+    local lifecycle=""
+    for n in $(seq 1 "$ROUNDS"); do
+        # Alternate everything so drift on a shared machine hits all rows alike.
+        TOKIO_WORKER_THREADS=1 taskset -c 0 target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+        local native=$!
+        PIDS+=("$native")
+        wait_http "http://127.0.0.1:$NATIVE_PORT/"
+        r[native]+="$(pinned_h1 http://127.0.0.1:$NATIVE_PORT/ "$native")"$'\n'
+        stop "$native"
+        PIN=0 start_tern "$config"
+        r[tern]+="$(pinned_h1 http://127.0.0.1:$TERN_PORT/hello "$TERN_PID")"$'\n'
+        stop "$TERN_PID"
+        PIN=0 start_tern "$config" TERN_LOG=info,tern::access=off
+        r[nolog]+="$(pinned_h1 http://127.0.0.1:$TERN_PORT/hello "$TERN_PID")"$'\n'
+        stop "$TERN_PID"
+        lifecycle+="$(taskset -c 0 target/release/examples/phases builtin:hello 100000 |
+            awk '$1 == "total" { sub("µs", "", $2); print $2 }')"$'\n'
+    done
+    local k
+    for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | least_cpu); done
+    local life ncpu tcpu lcpu
+    life=$(printf '%s' "$lifecycle" | grep . | sort -n | head -1)
+    ncpu=$(echo "${r[native]}" | cut -d' ' -f7)
+    tcpu=$(echo "${r[tern]}" | cut -d' ' -f7)
+    lcpu=$(echo "${r[nolog]}" | cut -d' ' -f7)
+    cpu_row() { # label line
+        read -r rps p50 p99 p999 err reqs us <<<"$2"
+        echo "| $1 | **$us µs** | $rps | $p50 µs | $p99 µs | $p999 µs | $err |"
+    }
+    {
+        header "CPU per request: Tern \`hello\` against native hyper, one pinned worker" "bash loadtest/bench.sh cpu"
+        echo "Each server runs one worker pinned to core 0 (\`taskset -c 0\`; Tern with"
+        echo "\`[server] worker_threads = 1\`, native with \`TOKIO_WORKER_THREADS=1\`); \`wrk -t1 -c$CONNS\` runs"
+        echo "pinned to core 1, so no load generator shares the server's core. CPU is the server"
+        echo "process's user + system time (\`/proc/PID/stat\`, all its threads) over the run divided by"
+        echo "the requests answered; the least disturbed of $ROUNDS alternating rounds is shown. The"
+        echo "lifecycle p50 is \`phases builtin:hello\` (instantiate + run + teardown of the same guest,"
+        echo "no server) pinned to core 0 in the same run."
+        echo
+        echo "| server | CPU per request | requests/s | p50 | p99 | p99.9 | errors |"
+        echo "|---|---:|---:|---:|---:|---:|---:|"
+        cpu_row "native hyper hello" "${r[native]}"
+        cpu_row "Tern \`hello\` (defaults: access log on)" "${r[tern]}"
+        cpu_row "Tern \`hello\`, access log off" "${r[nolog]}"
+        echo
+        echo "- lifecycle p50 of \`hello\` (instantiate + run + teardown): **$life µs**"
+        echo "- Tern − native: **$(awk -v a="$tcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs** per request (access log off: $(awk -v a="$lcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs); goal ≤ 5 µs and ≤ the lifecycle p50"
+        echo "- p99 Tern / native: **$(ratio "$(echo "${r[tern]}" | cut -d' ' -f3)" "$(echo "${r[native]}" | cut -d' ' -f3)")** (access log off: $(ratio "$(echo "${r[nolog]}" | cut -d' ' -f3)" "$(echo "${r[native]}" | cut -d' ' -f3)")); goal ≤ 1.2"
+        echo "- access log cost in requests/s: $(awk -v a="$(echo "${r[tern]}" | cut -d' ' -f1)" -v b="$(echo "${r[nolog]}" | cut -d' ' -f1)" 'BEGIN { printf "%.1f %%", (1 - a / b) * 100 }'); in CPU per request: $(awk -v a="$tcpu" -v b="$lcpu" 'BEGIN { printf "%.1f %%", (a / b - 1) * 100 }'); goal ≤ 5 %"
+    } | tee "$RESULTS/cpu.md"
+}
+
 charts() {
     need gnuplot gnuplot-nox
     bash loadtest/charts.sh
 }
 
 case ${1:-} in
-    throughput | scaling | mixed | allocator | density | charts) "$1" ;;
-    all) throughput; scaling; mixed; allocator; density; charts ;;
+    cpu | throughput | scaling | mixed | allocator | density | charts) "$1" ;;
+    all) cpu; throughput; scaling; mixed; allocator; density; charts ;;
     *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
