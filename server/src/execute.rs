@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use wasmtime::{Extern, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::I32Exit;
 
+use crate::engine::EPOCH_TICK;
 use crate::hostcalls::{
     GuestFault, GuestLimits, GuestRequest, GuestResponse, GuestState, Head, Stdio, Wasi,
 };
@@ -87,17 +88,21 @@ pub async fn run(
     };
     let mut store = Store::new(tenant.pre.module().engine(), state);
     store.limiter(|s| &mut s.limits);
-    // The first deadline is one tick away and every tick yields: time slicing, not a limit.
-    // The yield is tokio's `yield_now`, which lets the runtime poll its sockets before the guest
-    // resumes. A plain wake-and-return-pending yield requeues the guest at once, and the
-    // runtime checks for I/O only every 61 task polls: with two busy guests on a worker, other
-    // tenants' requests waited tens of milliseconds (`loadtest/bench.sh mixed`).
+    // Time slicing, not a limit: a guest yields at an epoch tick once it has run a full slice.
+    // A tick that lands in a short guest's first microseconds must not send it to the back of
+    // the run queue: with a yield at every tick, 2-3 % of `hello` runs under load took 1-8 ms
+    // (they waited behind every other connection's task). The yield is tokio's `yield_now`,
+    // which lets the runtime poll its sockets before the guest resumes. A plain
+    // wake-and-return-pending yield requeues the guest at once, and the runtime checks for I/O
+    // only every 61 task polls: with two busy guests on a worker, other tenants' requests waited
+    // tens of milliseconds (`loadtest/bench.sh mixed`).
     store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(|_| {
-        Ok(UpdateDeadline::YieldCustom(
-            1,
-            Box::pin(tokio::task::yield_now()),
-        ))
+    store.epoch_deadline_callback(move |_| {
+        Ok(if start.elapsed() < EPOCH_TICK {
+            UpdateDeadline::Continue(1)
+        } else {
+            UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
+        })
     });
 
     let mut instantiated = None;
