@@ -240,7 +240,7 @@ impl Exchange {
             request_id = self.request_id.to_str().unwrap_or("-"),
             tenant = tenant.map_or("-", |t| t.name.as_str()),
             status,
-            total_ms = total.as_secs_f64() * 1e3,
+            total_ms = total.as_micros() as f64 / 1e3,
             "request"
         );
         let headers: &mut HeaderMap = resp.headers_mut();

@@ -27,6 +27,7 @@
 //! - [`cli`]: the admin API's client (`tern deploy`, `tern tenants`, ...).
 //! - [`config`]: the TOML schema, defaults and validation.
 //! - [`server`], [`shutdown`]: start-up and signal handling.
+//! - [`logwriter`]: log lines batched to stderr by one thread.
 //! - [`app`]: what the request path and the admin listener share.
 //! - [`body`], [`demo`]: the response body type and short plain responses; the embedded demo
 //!   guests.
@@ -44,6 +45,7 @@ pub mod execute;
 pub mod hostcalls;
 pub mod http;
 pub mod listener;
+pub mod logwriter;
 pub mod metrics;
 pub mod outcome;
 pub mod pagemap;

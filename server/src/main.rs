@@ -127,24 +127,32 @@ impl AdminArgs {
     }
 }
 
+use tern::logwriter::AccessFormat;
+
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Log lines go through a bounded queue to a writer thread: a worker never waits on stderr,
-    // and under a flood lines are dropped rather than requests slowed.
-    let (writer, _flush_on_exit) = tracing_appender::non_blocking(std::io::stderr());
+    // Log lines wait in a bounded buffer that one thread writes to stderr every few
+    // milliseconds: a worker never waits on stderr, and under a flood lines are dropped rather
+    // than requests slowed.
+    let (writer, _flush_on_exit) = tern::logwriter::start(std::io::stderr());
     let filter = tracing_subscriber::EnvFilter::try_from_env("TERN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);
+    let format = tracing_subscriber::fmt::format();
     match cli.log_format {
-        LogFormat::Json => logs.json().init(),
+        LogFormat::Json => logs
+            .json()
+            .event_format(AccessFormat::new(format.json(), true))
+            .init(),
         LogFormat::Text => logs
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .event_format(AccessFormat::new(format, false))
             .init(),
     }
     let result = match cli.command {
