@@ -124,10 +124,9 @@ where
         });
     };
     loop {
-        let permit = tokio::select! {
-            permit = opts.connections.clone().acquire_owned() => permit.expect("never closed"),
-            () = shutdown.wait() => break,
-        };
+        // Accept first, then wait for a permit: a worker waiting in `accept` must not hold a
+        // permit, or with one listener per worker (`SO_REUSEPORT`) it could hold the last one
+        // while the connections queue at another worker's listener, which then serves none.
         let (stream, _peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
@@ -139,6 +138,13 @@ where
                 }
             },
             () = shutdown.wait() => break,
+        };
+        let permit = tokio::select! {
+            permit = opts.connections.clone().acquire_owned() => permit.expect("never closed"),
+            () = shutdown.wait() => {
+                serve_one(stream, opts.connections.clone().try_acquire_owned().ok());
+                break;
+            }
         };
         serve_one(stream, Some(permit));
     }
