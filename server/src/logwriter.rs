@@ -241,7 +241,7 @@ impl Visit for Fields<'_, '_> {
         let json = self.json;
         self.field(field.name(), |f| {
             if json {
-                json_str(f.out, &format!("{value:?}"))
+                json_str(f.out, format_args!("{value:?}"))
             } else {
                 write!(f.out, "{value:?}")
             }
@@ -249,22 +249,33 @@ impl Visit for Fields<'_, '_> {
     }
 }
 
-/// `s` as a JSON string.
-fn json_str(out: &mut Writer<'_>, s: &str) -> std::fmt::Result {
-    out.write_char('"')?;
-    let mut rest = s;
-    while let Some(i) = rest.find(|c: char| c == '"' || c == '\\' || c < ' ') {
-        out.write_str(&rest[..i])?;
-        let c = rest[i..].chars().next().expect("found above");
-        match c {
-            '"' => out.write_str("\\\"")?,
-            '\\' => out.write_str("\\\\")?,
-            '\n' => out.write_str("\\n")?,
-            c => write!(out, "\\u{:04x}", c as u32)?,
+/// Writes what is written to it as the inside of a JSON string (quotes, backslashes and control
+/// characters escaped), so any `Display` or `Debug` value can be written into a JSON string
+/// without a copy.
+struct JsonEscaped<'a, 'w>(&'a mut Writer<'w>);
+
+impl std::fmt::Write for JsonEscaped<'_, '_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let mut rest = s;
+        while let Some(i) = rest.find(|c: char| c == '"' || c == '\\' || c < ' ') {
+            self.0.write_str(&rest[..i])?;
+            let c = rest[i..].chars().next().expect("found above");
+            match c {
+                '"' => self.0.write_str("\\\"")?,
+                '\\' => self.0.write_str("\\\\")?,
+                '\n' => self.0.write_str("\\n")?,
+                c => write!(self.0, "\\u{:04x}", c as u32)?,
+            }
+            rest = &rest[i + c.len_utf8()..];
         }
-        rest = &rest[i + c.len_utf8()..];
+        self.0.write_str(rest)
     }
-    out.write_str(rest)?;
+}
+
+/// `value` as a JSON string.
+fn json_str(out: &mut Writer<'_>, value: impl std::fmt::Display) -> std::fmt::Result {
+    out.write_char('"')?;
+    write!(JsonEscaped(out), "{value}")?;
     out.write_char('"')
 }
 

@@ -427,10 +427,7 @@ impl Registry {
             });
         entry.spec = spec;
         // A tenant with no module yet is not routed: only the manifest changes.
-        let table = match respecced {
-            Some(t) => Some(live.with(name, Some(t))?),
-            None => None,
-        };
+        let table = respecced.map(|t| live.with(name, Some(t))).transpose()?;
         self.commit(&mut state, manifest, table).await?;
         tracing::info!(tenant = name, created, "tenant spec saved");
         Ok(created)
