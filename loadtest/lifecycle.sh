@@ -25,7 +25,7 @@ def p(text):
     out = {}
     for line in text.splitlines():
         f = line.split()
-        if len(f) == 4 and f[1].endswith("µs"):
+        if len(f) >= 4 and f[1].endswith("µs"):
             out[f[0]] = [float(x[:-2]) for x in f[1:]]
     return out
 ph, pm = p(hello), p(minimal)
