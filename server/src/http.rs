@@ -235,13 +235,11 @@ impl Exchange {
             }
             None => app.metrics.unrouted().count(status),
         }
-        tracing::info!(
-            target: "tern::access",
-            request_id = self.request_id.to_str().unwrap_or("-"),
-            tenant = tenant.map_or("-", |t| t.name.as_str()),
+        crate::logwriter::access(
+            self.request_id.to_str().unwrap_or("-"),
+            tenant.map_or("-", |t| t.name.as_str()),
             status,
-            total_ms = total.as_micros() as f64 / 1e3,
-            "request"
+            total,
         );
         let headers: &mut HeaderMap = resp.headers_mut();
         headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());

@@ -167,6 +167,50 @@ impl Drop for FlushGuard {
 /// The target of the per-request access line.
 pub const ACCESS_TARGET: &str = "tern::access";
 
+/// Writes the access line of one request (target [`ACCESS_TARGET`], level info): the request
+/// id, the tenant (`-` when none was routed), the status and the total time in ms.
+pub fn access(request_id: &str, tenant: &str, status: u16, total: Duration) {
+    tracing::info!(
+        target: "tern::access",
+        request_id,
+        tenant,
+        status,
+        total_ms = total.as_micros() as f64 / 1e3,
+        "request"
+    );
+}
+
+/// The process's log subscriber: events passing `filter` (an `EnvFilter` directive string such
+/// as `info,tern::access=off`) formatted as text (with colours when `ansi`) or JSON, access
+/// lines by [`AccessFormat`], handed to `writer`.
+///
+/// # Errors
+/// If `filter` is not a valid directive string.
+pub fn subscriber(
+    filter: &str,
+    json: bool,
+    ansi: bool,
+    writer: LogWriter,
+) -> Result<Box<dyn Subscriber + Send + Sync>, tracing_subscriber::filter::ParseError> {
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(filter)?)
+        .with_writer(writer);
+    let format = tracing_subscriber::fmt::format();
+    Ok(if json {
+        Box::new(
+            logs.json()
+                .event_format(AccessFormat::new(format.json(), true))
+                .finish(),
+        )
+    } else {
+        Box::new(
+            logs.with_ansi(ansi)
+                .event_format(AccessFormat::new(format, false))
+                .finish(),
+        )
+    })
+}
+
 /// An event format that writes `tern::access` lines itself and hands every other event to
 /// `inner` (`tracing_subscriber`'s text or JSON format). The lines read as `inner` writes them
 /// (same fields, order and quoting) with less work: the general formatter visits each field

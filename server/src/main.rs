@@ -127,8 +127,6 @@ impl AdminArgs {
     }
 }
 
-use tern::logwriter::AccessFormat;
-
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -139,22 +137,19 @@ fn main() -> ExitCode {
     // milliseconds: a worker never waits on stderr, and under a flood lines are dropped rather
     // than requests slowed.
     let (writer, _flush_on_exit) = tern::logwriter::start(std::io::stderr());
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TERN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(writer);
-    let format = tracing_subscriber::fmt::format();
-    match cli.log_format {
-        LogFormat::Json => logs
-            .json()
-            .event_format(AccessFormat::new(format.json(), true))
-            .init(),
-        LogFormat::Text => logs
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .event_format(AccessFormat::new(format, false))
-            .init(),
-    }
+    let filter = std::env::var("TERN_LOG")
+        .ok()
+        .filter(|f| !f.trim().is_empty())
+        .unwrap_or_else(|| "info".into());
+    let json = matches!(cli.log_format, LogFormat::Json);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs =
+        tern::logwriter::subscriber(&filter, json, ansi, writer.clone()).unwrap_or_else(|e| {
+            eprintln!("tern: TERN_LOG={filter:?} is not a log filter ({e}); logging at info");
+            tern::logwriter::subscriber("info", json, ansi, writer).expect("a valid filter")
+        });
+    // (`init` also routes the `log` records of dependencies into these logs.)
+    tracing_subscriber::util::SubscriberInitExt::init(logs);
     let result = match cli.command {
         Command::Serve {
             config,
