@@ -19,6 +19,21 @@
 #define TERN_EHEADERS_SENT (-2)     /* the body is already streaming: head is fixed */
 #define TERN_ELIMIT_EXCEEDED (-3)   /* too many headers or too large a body */
 #define TERN_EIO (-4)               /* the client went away or its body failed */
+#define TERN_EUNAVAILABLE (-5)      /* this request has no such value (tern_request_info) */
+
+/* Keys of tern_request_info: the request's context. Every value is text. */
+#define TERN_INFO_CLIENT_IP 0     /* "203.0.113.7" or "2001:db8::1" */
+#define TERN_INFO_CLIENT_PORT 1   /* decimal */
+#define TERN_INFO_REQUEST_ID 2    /* also the x-request-id response header */
+#define TERN_INFO_ROUTE_PREFIX 3  /* where the tenant is mounted, e.g. "/api"; "" at "/" */
+#define TERN_INFO_PATH_INFO 4     /* the path below the prefix: "" or "/..." (no query) */
+#define TERN_INFO_SCHEME 5        /* "http" or "https" */
+#define TERN_INFO_HOST 6          /* the host asked for, with its port if given */
+#define TERN_INFO_URL 7           /* scheme://host/path?query */
+#define TERN_INFO_HTTP_VERSION 8  /* "HTTP/1.0", "HTTP/1.1", "HTTP/2" */
+#define TERN_INFO_TLS_PROTOCOL 9  /* e.g. "TLSv1.3"; TERN_EUNAVAILABLE over plain HTTP */
+#define TERN_INFO_TLS_SNI 10      /* the TLS server name; TERN_EUNAVAILABLE over plain HTTP */
+#define TERN_INFO_TENANT 11       /* the tenant's name */
 
 /* Response bodies up to this size are buffered and sent complete; larger ones stream. */
 #define TERN_STREAM_THRESHOLD 65536
@@ -41,5 +56,8 @@ int32_t tern_response_header_append(const char *name, size_t name_len, const cha
                                     size_t value_len);
 /* Append bytes to the response body; returns len. */
 TERN_IMPORT("response_body_write") int32_t tern_response_body_write(const char *buf, size_t len);
+/* Copy one value of the request's context (a TERN_INFO_* key); returns its full length,
+ * TERN_EUNAVAILABLE, or TERN_EINVALID_ARGUMENT for a key this server does not know. */
+TERN_IMPORT("request_info") int32_t tern_request_info(int32_t key, char *buf, size_t len);
 
 #endif /* TERN_H */

@@ -35,9 +35,12 @@ pub mod func {
     pub const RESPONSE_HEADER_APPEND: &str = "response_header_append";
     /// `(buf: i32, buf_len: i32) -> i32`: append bytes to the response body; returns `buf_len`.
     pub const RESPONSE_BODY_WRITE: &str = "response_body_write";
+    /// `(key: i32, buf: i32, buf_len: i32) -> i32`: copy one value of the request's context
+    /// (a [`super::info`] key); returns its full length.
+    pub const REQUEST_INFO: &str = "request_info";
 
     /// Every host function name, for checks that list them.
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 8] = [
         REQUEST_METHOD,
         REQUEST_URI,
         REQUEST_HEADERS,
@@ -45,6 +48,58 @@ pub mod func {
         RESPONSE_SET_STATUS,
         RESPONSE_HEADER_APPEND,
         RESPONSE_BODY_WRITE,
+        REQUEST_INFO,
+    ];
+}
+
+/// Keys of `request_info`: what the guest can learn about the request beyond its message. Every
+/// value is text (UTF-8). New keys may be added to ABI v1; a server that does not know a key
+/// answers `INVALID_ARGUMENT`.
+pub mod info {
+    /// The client's IP address, e.g. `203.0.113.7` or `2001:db8::1` (no brackets).
+    pub const CLIENT_IP: i32 = 0;
+    /// The client's TCP port, in decimal.
+    pub const CLIENT_PORT: i32 = 1;
+    /// The id Tern gave the request (also its `x-request-id` response header).
+    pub const REQUEST_ID: i32 = 2;
+    /// The path prefix the tenant is mounted at, as the request spelled it, without a trailing
+    /// slash: `/api` for a tenant at `/api`; empty for a tenant at `/`.
+    pub const ROUTE_PREFIX: i32 = 3;
+    /// The request path below [`ROUTE_PREFIX`]: empty or starting with `/`, without the query.
+    /// `ROUTE_PREFIX` followed by `PATH_INFO` is the whole path.
+    pub const PATH_INFO: i32 = 4;
+    /// `http` or `https`.
+    pub const SCHEME: i32 = 5;
+    /// The host the client asked for (`Host` header or the target's authority), with its port
+    /// if it gave one. `UNAVAILABLE` for an HTTP/1.0 request without one.
+    pub const HOST: i32 = 6;
+    /// The full URL: scheme, host, path and query. `UNAVAILABLE` without a host.
+    pub const URL: i32 = 7;
+    /// The HTTP version: `HTTP/1.0`, `HTTP/1.1` or `HTTP/2`.
+    pub const HTTP_VERSION: i32 = 8;
+    /// The TLS version of the client's connection, e.g. `TLSv1.3`; `UNAVAILABLE` over plain
+    /// HTTP.
+    pub const TLS_PROTOCOL: i32 = 9;
+    /// The server name the client sent in its TLS handshake (SNI); `UNAVAILABLE` over plain
+    /// HTTP or when the client sent none.
+    pub const TLS_SNI: i32 = 10;
+    /// The tenant's name.
+    pub const TENANT: i32 = 11;
+
+    /// Every key with its name, for checks that list them.
+    pub const ALL: [(&str, i32); 12] = [
+        ("CLIENT_IP", CLIENT_IP),
+        ("CLIENT_PORT", CLIENT_PORT),
+        ("REQUEST_ID", REQUEST_ID),
+        ("ROUTE_PREFIX", ROUTE_PREFIX),
+        ("PATH_INFO", PATH_INFO),
+        ("SCHEME", SCHEME),
+        ("HOST", HOST),
+        ("URL", URL),
+        ("HTTP_VERSION", HTTP_VERSION),
+        ("TLS_PROTOCOL", TLS_PROTOCOL),
+        ("TLS_SNI", TLS_SNI),
+        ("TENANT", TENANT),
     ];
 }
 
@@ -61,13 +116,16 @@ pub mod errno {
     pub const LIMIT_EXCEEDED: i32 = -3;
     /// The client went away or its request body failed mid-stream.
     pub const IO: i32 = -4;
+    /// The value does not exist for this request (e.g. TLS details of a plain HTTP request).
+    pub const UNAVAILABLE: i32 = -5;
 
     /// Every error code with its name, for checks that list them.
-    pub const ALL: [(&str, i32); 4] = [
+    pub const ALL: [(&str, i32); 5] = [
         ("INVALID_ARGUMENT", INVALID_ARGUMENT),
         ("HEADERS_SENT", HEADERS_SENT),
         ("LIMIT_EXCEEDED", LIMIT_EXCEEDED),
         ("IO", IO),
+        ("UNAVAILABLE", UNAVAILABLE),
     ];
 }
 

@@ -58,6 +58,7 @@ mod sys {
             value_len: usize,
         ) -> i32;
         pub fn response_body_write(buf: *const u8, len: usize) -> i32;
+        pub fn request_info(key: i32, buf: *mut u8, len: usize) -> i32;
     }
 }
 
@@ -91,6 +92,9 @@ mod sys {
         IO
     }
     pub unsafe extern "C" fn response_body_write(_: *const u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn request_info(_: i32, _: *mut u8, _: usize) -> i32 {
         IO
     }
 }
@@ -127,10 +131,21 @@ fn fetch(
     f: unsafe extern "C" fn(*mut u8, usize) -> i32,
     first_guess: usize,
 ) -> Result<Vec<u8>, Error> {
+    // SAFETY: `f` is a copy-out host function: it writes at most `len` bytes at `buf`.
+    fetch_with(|buf, len| unsafe { f(buf, len) }, first_guess)
+}
+
+/// [`fetch`] for a copy-out call that takes more than the buffer; `f(buf, len)` must write at
+/// most `len` bytes at `buf` and return the value's full length or an error code.
+#[allow(unsafe_code)]
+fn fetch_with(
+    mut f: impl FnMut(*mut u8, usize) -> i32,
+    first_guess: usize,
+) -> Result<Vec<u8>, Error> {
     let mut buf = Vec::with_capacity(first_guess);
     loop {
-        // SAFETY: the host writes at most `capacity` bytes into the spare capacity.
-        let full = check(unsafe { f(buf.as_mut_ptr(), buf.capacity()) })?;
+        // The host writes at most `capacity` bytes into the spare capacity.
+        let full = check(f(buf.as_mut_ptr(), buf.capacity()))?;
         if full <= buf.capacity() {
             // SAFETY: the host initialised the first `full` bytes.
             unsafe { buf.set_len(full) };
@@ -143,7 +158,7 @@ fn fetch(
 /// Low-level, safe wrappers of each host function, for handlers that want full control.
 pub mod raw {
     #![allow(unsafe_code)]
-    use super::{Error, check, fetch, sys};
+    use super::{Error, check, fetch, fetch_with, sys};
 
     /// The request method, e.g. `GET`.
     ///
@@ -167,6 +182,16 @@ pub mod raw {
     /// Only if called outside a Tern guest.
     pub fn headers() -> Result<Vec<u8>, Error> {
         fetch(sys::request_headers, 1024)
+    }
+
+    /// One value of the request's context: `key` is an [`abi::info`](crate::abi::info) key.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` if this request has no such value (e.g. TLS details over plain HTTP),
+    /// `INVALID_ARGUMENT` if the server does not know the key.
+    pub fn info(key: i32) -> Result<Vec<u8>, Error> {
+        // SAFETY: the host writes at most `len` bytes at `buf`.
+        fetch_with(|buf, len| unsafe { sys::request_info(key, buf, len) }, 64)
     }
 
     /// Reads the next bytes of the request body into `buf`; `Ok(0)` at its end.
@@ -207,6 +232,82 @@ pub mod raw {
     pub fn body_write(buf: &[u8]) -> Result<usize, Error> {
         // SAFETY: `buf` is valid for its length; the host only reads it.
         check(unsafe { sys::response_body_write(buf.as_ptr(), buf.len()) })
+    }
+}
+
+/// The request's context beyond its message: who is asking, where the tenant is mounted, the
+/// full URL (ABI `request_info`, see `ABI.md`). Each function asks the host once; `None` means
+/// the request has no such value (or the guest runs outside Tern).
+///
+/// ```no_run
+/// use tern_sdk::context;
+/// // A tenant mounted at `/api`, asked for `/api/users/7?full=1`:
+/// assert_eq!(context::route_prefix().as_deref(), Some("/api"));
+/// assert_eq!(context::path_info().as_deref(), Some("/users/7"));
+/// ```
+pub mod context {
+    use crate::abi::info;
+
+    fn text(key: i32) -> Option<String> {
+        String::from_utf8(super::raw::info(key).ok()?).ok()
+    }
+
+    /// The client's address (IP and port).
+    pub fn client_addr() -> Option<std::net::SocketAddr> {
+        let ip = text(info::CLIENT_IP)?.parse().ok()?;
+        let port = text(info::CLIENT_PORT)?.parse().ok()?;
+        Some(std::net::SocketAddr::new(ip, port))
+    }
+
+    /// The id Tern gave this request (its `x-request-id` response header too).
+    pub fn request_id() -> Option<String> {
+        text(info::REQUEST_ID)
+    }
+
+    /// The path prefix the tenant is mounted at, without a trailing slash (`/api`); empty for
+    /// a tenant at `/`.
+    pub fn route_prefix() -> Option<String> {
+        text(info::ROUTE_PREFIX)
+    }
+
+    /// The path below [`route_prefix`]: empty or starting with `/`, without the query.
+    pub fn path_info() -> Option<String> {
+        text(info::PATH_INFO)
+    }
+
+    /// `http` or `https`.
+    pub fn scheme() -> Option<String> {
+        text(info::SCHEME)
+    }
+
+    /// The host the client asked for, with its port if it gave one.
+    pub fn host() -> Option<String> {
+        text(info::HOST)
+    }
+
+    /// The full URL of the request: scheme, host, path and query.
+    pub fn url() -> Option<String> {
+        text(info::URL)
+    }
+
+    /// `HTTP/1.0`, `HTTP/1.1` or `HTTP/2`.
+    pub fn http_version() -> Option<String> {
+        text(info::HTTP_VERSION)
+    }
+
+    /// The TLS version of the client's connection (`None` over plain HTTP).
+    pub fn tls_protocol() -> Option<String> {
+        text(info::TLS_PROTOCOL)
+    }
+
+    /// The server name the client sent in its TLS handshake (`None` over plain HTTP).
+    pub fn tls_sni() -> Option<String> {
+        text(info::TLS_SNI)
+    }
+
+    /// The tenant's name.
+    pub fn tenant() -> Option<String> {
+        text(info::TENANT)
     }
 }
 

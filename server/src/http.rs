@@ -3,6 +3,7 @@
 //! [`handle`] never fails: every error becomes a short plain-text response with its own status,
 //! an `x-request-id`, and a `Server-Timing` header with the phases the request reached.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -15,7 +16,7 @@ use tokio::sync::oneshot;
 use crate::app::App;
 use crate::body::{ResponseBody, declared_length, plain};
 use crate::execute::{self, Reply, RunOutput};
-use crate::hostcalls::{GuestRequest, Head, RequestBody};
+use crate::hostcalls::{GuestRequest, Head, RequestBody, RequestContext};
 use crate::metrics::{GaugeGuard, Phase, Timings};
 use crate::outcome::{self, ExecError, Outcome};
 use crate::tenant::TenantRef;
@@ -24,8 +25,12 @@ use crate::tenant::TenantRef;
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
-/// Serves one request. Infallible: failures become responses.
-pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
+/// Serves one request from `client`. Infallible: failures become responses.
+pub async fn handle(
+    app: Arc<App>,
+    req: Request<Incoming>,
+    client: SocketAddr,
+) -> Response<ResponseBody> {
     let mut ex = Exchange {
         arrived: Instant::now(),
         request_id: request_id(req.headers()),
@@ -48,14 +53,14 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
             return ex.unrouted(&app, resp);
         }
     };
-    let tenant = app
+    let routed = app
         .registry
         .live()
         .router
-        .route(host, req.uri().path())
-        .cloned();
+        .find(host, req.uri().path())
+        .map(|(t, prefix_len)| (t.clone(), prefix_len));
     ex.timings.set(Phase::Route, ex.arrived.elapsed());
-    let Some(tenant) = tenant else {
+    let Some((tenant, prefix_len)) = routed else {
         let resp = plain(
             StatusCode::NOT_FOUND,
             "no tenant is routed for this host and path\n",
@@ -88,12 +93,19 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
     let (parts, body) = req.into_parts();
     // A `HEAD` response's body is never sent, so it is never counted as undelivered.
     let head_only = parts.method == Method::HEAD;
+    let context = RequestContext {
+        client,
+        request_id: ex.request_id.clone(),
+        prefix_len,
+        version: parts.version,
+    };
     let request = GuestRequest::new(
         parts.method,
         parts.uri,
         parts.headers,
         RequestBody::Incoming(body),
         tenant.limits.max_request_bytes,
+        context,
     );
     let (commit, mut committed) = oneshot::channel();
     let mut run = Box::pin({

@@ -62,7 +62,7 @@ impl ListenOptions {
 /// fires; then stops accepting and waits up to the grace period for open connections to finish.
 pub async fn serve<H, F>(listener: TcpListener, handler: H, shutdown: Shutdown, opts: ListenOptions)
 where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -84,50 +84,51 @@ where
     let addr = listener
         .local_addr()
         .map_or_else(|_| "?".to_string(), |a: SocketAddr| a.to_string());
-    let serve_one = |stream: TcpStream, permit: Option<tokio::sync::OwnedSemaphorePermit>| {
-        // Responses are written whole; waiting for more data (Nagle) only adds latency.
-        let _ = stream.set_nodelay(true);
-        let (handler, shutdown) = (handler.clone(), shutdown.clone());
-        let service = service_fn(move |req: Request<Incoming>| {
-            // Once shutdown has begun, every HTTP/1 request is answered with `Connection:
-            // close`: it is served, and its keep-alive connection ends after the answer instead
-            // of being cut while a request may be on its way. (A request already running when
-            // shutdown begins is answered as usual; the connection's next one gets the close.)
-            let close = req.version() < hyper::Version::HTTP_2 && shutdown.is_triggered();
-            let fut = handler(req);
-            async move {
-                let mut resp = fut.await;
-                if close {
-                    resp.headers_mut()
-                        .insert(CONNECTION, HeaderValue::from_static("close"));
+    let serve_one =
+        |stream: TcpStream, peer: SocketAddr, permit: Option<tokio::sync::OwnedSemaphorePermit>| {
+            // Responses are written whole; waiting for more data (Nagle) only adds latency.
+            let _ = stream.set_nodelay(true);
+            let (handler, shutdown) = (handler.clone(), shutdown.clone());
+            let service = service_fn(move |req: Request<Incoming>| {
+                // Once shutdown has begun, every HTTP/1 request is answered with `Connection:
+                // close`: it is served, and its keep-alive connection ends after the answer instead
+                // of being cut while a request may be on its way. (A request already running when
+                // shutdown begins is answered as usual; the connection's next one gets the close.)
+                let close = req.version() < hyper::Version::HTTP_2 && shutdown.is_triggered();
+                let fut = handler(req, peer);
+                async move {
+                    let mut resp = fut.await;
+                    if close {
+                        resp.headers_mut()
+                            .insert(CONNECTION, HeaderValue::from_static("close"));
+                    }
+                    Ok::<_, Infallible>(resp)
                 }
-                Ok::<_, Infallible>(resp)
-            }
-        });
-        let (builder, watcher) = (builder.clone(), graceful.watcher());
-        let first_bytes_timeout = opts.header_read_timeout;
-        let open = opts.open.clone().map(GaugeGuard::new);
-        tokio::spawn(async move {
-            let _open = open;
-            // hyper's header timeout starts only once it has told HTTP/1 from HTTP/2, which
-            // needs the client's first bytes: a client that sends nothing must not hold a slot.
-            let Some(stream) = first_bytes(stream, first_bytes_timeout).await else {
-                return drop(permit);
-            };
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .into_owned();
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::debug!("connection ended with an error: {e}");
-            }
-            drop(permit);
-        });
-    };
+            });
+            let (builder, watcher) = (builder.clone(), graceful.watcher());
+            let first_bytes_timeout = opts.header_read_timeout;
+            let open = opts.open.clone().map(GaugeGuard::new);
+            tokio::spawn(async move {
+                let _open = open;
+                // hyper's header timeout starts only once it has told HTTP/1 from HTTP/2, which
+                // needs the client's first bytes: a client that sends nothing must not hold a slot.
+                let Some(stream) = first_bytes(stream, first_bytes_timeout).await else {
+                    return drop(permit);
+                };
+                let conn = builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .into_owned();
+                if let Err(e) = watcher.watch(conn).await {
+                    tracing::debug!("connection ended with an error: {e}");
+                }
+                drop(permit);
+            });
+        };
     loop {
         // Accept first, then wait for a permit: a worker waiting in `accept` must not hold a
         // permit, or with one listener per worker (`SO_REUSEPORT`) it could hold the last one
         // while the connections queue at another worker's listener, which then serves none.
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
                 Err(e) => {
@@ -142,18 +143,22 @@ where
         let permit = tokio::select! {
             permit = opts.connections.clone().acquire_owned() => permit.expect("never closed"),
             () = shutdown.wait() => {
-                serve_one(stream, opts.connections.clone().try_acquire_owned().ok());
+                serve_one(stream, peer, opts.connections.clone().try_acquire_owned().ok());
                 break;
             }
         };
-        serve_one(stream, Some(permit));
+        serve_one(stream, peer, Some(permit));
     }
     // Connections the kernel completed but this loop had not accepted would be reset when the
     // listener closes, though their clients may have sent a request: take and answer them.
-    while let Poll::Ready(Ok((stream, _))) =
+    while let Poll::Ready(Ok((stream, peer))) =
         std::future::poll_fn(|cx| Poll::Ready(listener.poll_accept(cx))).await
     {
-        serve_one(stream, opts.connections.clone().try_acquire_owned().ok());
+        serve_one(
+            stream,
+            peer,
+            opts.connections.clone().try_acquire_owned().ok(),
+        );
     }
     drop(listener);
     // Idle keep-alive connections stay open a moment: a request already on its way is answered

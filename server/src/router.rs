@@ -131,12 +131,13 @@ impl<T> Group<T> {
         list.insert(at, (prefix, target));
     }
 
-    fn lookup(&self, path: &str) -> Option<&T> {
+    /// The target for `path` and the length of the prefix it matched (0 for `/`).
+    fn lookup(&self, path: &str) -> Option<(&T, usize)> {
         self.by_segment
             .get(first_segment(path))
             .and_then(|list| list.iter().find(|(p, _)| prefix_matches(p, path)))
-            .map(|(_, t)| t)
-            .or(self.root.as_ref())
+            .map(|(p, t)| (t, p.len()))
+            .or(self.root.as_ref().map(|t| (t, 0)))
     }
 }
 
@@ -258,6 +259,12 @@ impl<T: Clone> Router<T> {
 
     /// The target for a request to `host` (any case, with or without `:port`) and `path`.
     pub fn route(&self, host: Option<&str>, path: &str) -> Option<&T> {
+        self.find(host, path).map(|(t, _)| t)
+    }
+
+    /// Like [`Router::route`], with the length of the path prefix that matched: `path[..len]`
+    /// is where the target is mounted (empty when at `/`), `path[len..]` the path below it.
+    pub fn find(&self, host: Option<&str>, path: &str) -> Option<(&T, usize)> {
         let host = host.map_or("", strip_port);
         // Host names are case-insensitive; avoid allocating for the usual lowercase case.
         let lowered;
@@ -369,6 +376,17 @@ mod tests {
                 want,
                 "host={host:?} path={path}"
             );
+        }
+        // The matched prefix splits the path into mount point and the path below it.
+        for (path, mount) in [
+            ("/", ""),
+            ("/apix", ""),
+            ("/api", "/api"),
+            ("/api/", "/api"),
+            ("/api/v2/users", "/api/v2"),
+        ] {
+            let (_, len) = t.find(None, path).expect("routed");
+            assert_eq!(&path[..len], mount, "path={path}");
         }
     }
 

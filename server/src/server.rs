@@ -186,7 +186,8 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                         .expect("worker runtime");
                     rt.block_on(async move {
                         let listener = TcpListener::from_std(std_listener).expect("listener");
-                        let handler = move |req| crate::http::handle(app.clone(), req);
+                        let handler =
+                            move |req, client| crate::http::handle(app.clone(), req, client);
                         listener::serve(listener, handler, shutdown, opts).await;
                     });
                 })?;
@@ -196,7 +197,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         let a = app.clone();
         tasks.push(tokio::spawn(listener::serve(
             public,
-            move |req| crate::http::handle(a.clone(), req),
+            move |req, client| crate::http::handle(a.clone(), req, client),
             shutdown.clone(),
             opts.clone(),
         )));
@@ -204,7 +205,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     let a = app.clone();
     let admin_task = tokio::spawn(listener::serve(
         admin_l,
-        move |req| admin::handle(a.clone(), req),
+        move |req, _client| admin::handle(a.clone(), req),
         shutdown.clone(),
         listener::ListenOptions::from_config(&config.server),
     ));

@@ -8,7 +8,7 @@ use http::{HeaderMap, HeaderValue, Method, Uri};
 use tern::config::{Config, PoolConfig};
 use tern::engine::EpochTicker;
 use tern::execute::{self, RunOutput};
-use tern::hostcalls::{GuestRequest, Linkers, RequestBody};
+use tern::hostcalls::{GuestRequest, Linkers, RequestBody, RequestContext};
 use tern::metrics::Metrics;
 use tern::tenant::{self, TenantRef};
 
@@ -68,6 +68,12 @@ pub async fn request(tenant: &TenantRef) -> RunOutput {
         HeaderMap::new(),
         RequestBody::Empty,
         u64::MAX,
+        RequestContext {
+            client: ([127, 0, 0, 1], 1).into(),
+            request_id: HeaderValue::from_static("harness"),
+            prefix_len: 0,
+            version: http::Version::HTTP_11,
+        },
     );
     let (commit, _head) = tokio::sync::oneshot::channel();
     execute::run(

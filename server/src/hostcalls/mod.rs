@@ -18,7 +18,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 use std::sync::Arc;
 
-pub use request::{GuestRequest, RequestBody};
+pub use request::{GuestRequest, RequestBody, RequestContext};
 pub use response::{GuestResponse, Head};
 
 /// Everything one request's store holds. Dropped with the store at teardown.
@@ -95,6 +95,11 @@ impl Wasi {
             self.stdio = Some(stdio);
             ctx
         })
+    }
+
+    /// The tenant's name.
+    pub fn tenant(&self) -> &str {
+        &self.spec.name
     }
 
     /// The captured output, if the guest made any WASI call.

@@ -1,7 +1,12 @@
-//! `tern::request_*`: the guest reads the request's method, target, headers and body.
+//! `tern::request_*`: the guest reads the request's method, target, headers and body, and its
+//! context (`request_info`: who asks, where the tenant is mounted, the URL).
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Uri};
+use http::header::HOST;
+use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 use http_body_util::BodyExt;
 use tern_sdk::abi::{self, func};
 use wasmtime::{Caller, Linker};
@@ -17,6 +22,19 @@ pub enum RequestBody {
     Full(Bytes),
     /// A body still streaming in from the client.
     Incoming(hyper::body::Incoming),
+}
+
+/// What the server knows of a request beyond its message, for `request_info`.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    /// The client's address.
+    pub client: SocketAddr,
+    /// The id the server gave the request.
+    pub request_id: HeaderValue,
+    /// Bytes of the path that matched the tenant's route prefix (0 for a tenant at `/`).
+    pub prefix_len: usize,
+    /// The HTTP version the request came in.
+    pub version: Version,
 }
 
 /// The request as the guest sees it.
@@ -42,6 +60,8 @@ pub struct GuestRequest {
     pub body_error: Option<String>,
     /// Headers serialised as `name NUL value NUL`, built on the first `request_headers` call.
     headers_blob: Option<Vec<u8>>,
+    /// The client, the request id, the route prefix and the HTTP version.
+    pub context: RequestContext,
 }
 
 impl GuestRequest {
@@ -52,12 +72,14 @@ impl GuestRequest {
         headers: HeaderMap,
         body: RequestBody,
         max_bytes: u64,
+        context: RequestContext,
     ) -> Self {
         Self {
             method,
             uri,
             headers,
             body,
+            context,
             leftover: Bytes::new(),
             headers_blob: None,
             max_bytes,
@@ -79,6 +101,59 @@ impl GuestRequest {
             }
             blob
         })
+    }
+
+    /// The value of `request_info` key `key` for a guest of tenant `tenant`, or the error code:
+    /// `INVALID_ARGUMENT` for a key this server does not know, `UNAVAILABLE` for a value this
+    /// request has not got.
+    fn info(&self, key: i32, tenant: &str) -> Result<Cow<'_, [u8]>, i32> {
+        use abi::info;
+        let text = |s: &'static str| Ok(Cow::Borrowed(s.as_bytes()));
+        let owned = |s: String| Ok(Cow::Owned(s.into_bytes()));
+        let path = self.uri.path();
+        let split = self.context.prefix_len.min(path.len());
+        match key {
+            // An IPv4 client of a dual-stack listener arrives as `::ffff:a.b.c.d`.
+            info::CLIENT_IP => owned(self.context.client.ip().to_canonical().to_string()),
+            info::CLIENT_PORT => owned(self.context.client.port().to_string()),
+            info::REQUEST_ID => Ok(Cow::Borrowed(self.context.request_id.as_bytes())),
+            info::ROUTE_PREFIX => Ok(Cow::Borrowed(&path.as_bytes()[..split])),
+            info::PATH_INFO => Ok(Cow::Borrowed(&path.as_bytes()[split..])),
+            info::SCHEME => text(SCHEME),
+            info::HOST => self
+                .host()
+                .map(Cow::Borrowed)
+                .ok_or(abi::errno::UNAVAILABLE),
+            info::URL => {
+                let host = self.host().ok_or(abi::errno::UNAVAILABLE)?;
+                let mut url = Vec::with_capacity(SCHEME.len() + 3 + host.len() + 64);
+                url.extend_from_slice(SCHEME.as_bytes());
+                url.extend_from_slice(b"://");
+                url.extend_from_slice(host);
+                url.extend_from_slice(path_and_query(&self.uri).as_bytes());
+                Ok(Cow::Owned(url))
+            }
+            info::HTTP_VERSION => text(match self.context.version {
+                Version::HTTP_09 => "HTTP/0.9",
+                Version::HTTP_10 => "HTTP/1.0",
+                Version::HTTP_2 => "HTTP/2",
+                Version::HTTP_3 => "HTTP/3",
+                _ => "HTTP/1.1",
+            }),
+            // Tern serves plain HTTP only so far.
+            info::TLS_PROTOCOL | info::TLS_SNI => Err(abi::errno::UNAVAILABLE),
+            info::TENANT => Ok(Cow::Owned(tenant.as_bytes().to_vec())),
+            _ => Err(abi::errno::INVALID_ARGUMENT),
+        }
+    }
+
+    /// The host the client asked for: the target's authority (HTTP/2, absolute-form), else the
+    /// `Host` header (the front end has checked that they agree where both are given).
+    fn host(&self) -> Option<&[u8]> {
+        match self.uri.authority() {
+            Some(a) => Some(a.as_str().as_bytes()),
+            None => self.headers.get(HOST).map(HeaderValue::as_bytes),
+        }
     }
 
     /// The next bytes of the body; empty at its end.
@@ -148,6 +223,9 @@ fn copy_out(
     Ok(())
 }
 
+/// The scheme of every request so far (no TLS listener yet).
+const SCHEME: &str = "http";
+
 fn path_and_query(uri: &Uri) -> &str {
     uri.path_and_query().map_or("/", |pq| pq.as_str())
 }
@@ -161,6 +239,19 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
         path_and_query(&r.uri).as_bytes()
     })?;
     copy_out(linker, func::REQUEST_HEADERS, GuestRequest::headers_blob)?;
+    linker.func_wrap(
+        m,
+        func::REQUEST_INFO,
+        |mut caller: Caller<'_, GuestState>, key: i32, ptr: i32, len: i32| {
+            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
+            // A bad buffer traps whatever the key, as in every copy-out function.
+            guest_range(ptr, len, data.len()).ok_or(GuestFault::BadPointer(func::REQUEST_INFO))?;
+            match state.request.info(key, state.wasi.tenant()) {
+                Ok(value) => copy_to_guest(data, ptr, len, &value, func::REQUEST_INFO),
+                Err(code) => Ok(code),
+            }
+        },
+    )?;
     linker.func_wrap_async(
         m,
         func::REQUEST_BODY_READ,

@@ -66,6 +66,16 @@ fn abi_doc_and_c_header_match_the_definition_and_the_linker() {
             "tern.h: {name} = {code}"
         );
     }
+    for (name, key) in abi::info::ALL {
+        assert!(
+            doc.contains(&format!("| `{name}` | {key} |")),
+            "ABI.md: info key {name} = {key}"
+        );
+        assert!(
+            header.contains(&format!("#define TERN_INFO_{name} {key} ")),
+            "tern.h: TERN_INFO_{name} = {key}"
+        );
+    }
     assert!(doc.contains(&format!("`{}`", abi::HANDLER_EXPORT)));
     assert!(doc.contains(&abi::STREAM_THRESHOLD.to_string()));
     assert!(header.contains(&format!(

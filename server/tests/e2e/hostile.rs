@@ -141,7 +141,14 @@ async fn each_hostile_guest_gets_its_status_and_the_neighbour_never_notices() {
         "guest trapped",
     )
     .await;
-    for case in ["body_write", "header", "uri", "body_read"] {
+    for case in [
+        "body_write",
+        "header",
+        "uri",
+        "body_read",
+        "info",
+        "info_unavailable",
+    ] {
         let path = format!("/bad_pointers?case={case}");
         expect(
             &s,

@@ -110,3 +110,123 @@ async fn ambiguous_requests_are_400() {
         assert!(reply.contains("host: b.example"), "{reply}");
     }
 }
+
+/// The `context` guest's `KEY=value` lines for a raw HTTP/1 request on a fresh connection, with
+/// the connection's local port (the client port the guest should see) and the `x-request-id`.
+async fn context_of(
+    addr: std::net::SocketAddr,
+    request: &'static str,
+) -> (std::collections::HashMap<String, String>, u16, String) {
+    let (reply, port) = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(addr).expect("connect");
+        let port = conn.local_addr().expect("local addr").port();
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .expect("timeout");
+        conn.write_all(request.as_bytes()).expect("send");
+        let mut reply = Vec::new();
+        let _ = conn.read_to_end(&mut reply);
+        (String::from_utf8_lossy(&reply).into_owned(), port)
+    })
+    .await
+    .expect("client thread");
+    let (head, body) = reply.split_once("\r\n\r\n").expect("a whole response");
+    assert!(
+        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
+        "{reply}"
+    );
+    let id = head
+        .lines()
+        .find_map(|l| l.strip_prefix("x-request-id: "))
+        .expect("x-request-id")
+        .to_string();
+    (parse_context(body), port, id)
+}
+
+fn parse_context(body: &str) -> std::collections::HashMap<String, String> {
+    body.lines()
+        .filter_map(|l| {
+            let at = l.find(['=', '!'])?;
+            Some((l[..at].to_string(), l[at..].to_string()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guests_read_their_request_context() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::support::test_guest(dir.path(), "context");
+    let config = "[[tenant]]\nname = \"api\"\nmodule = \"context.wasm\"\npaths = [\"/api/\"]\n\
+                  [[tenant]]\nname = \"root\"\nmodule = \"context.wasm\"\npaths = [\"/\"]\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let unavailable = format!("!{}", tern_sdk::abi::errno::UNAVAILABLE);
+
+    let (c, port, id) = context_of(
+        s.addr(),
+        "GET /api/users/7?full=1 HTTP/1.1\r\nhost: Example.test:8080\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    let want = [
+        ("CLIENT_IP", "=127.0.0.1".to_string()),
+        ("CLIENT_PORT", format!("={port}")),
+        ("REQUEST_ID", format!("={id}")),
+        ("ROUTE_PREFIX", "=/api".into()),
+        ("PATH_INFO", "=/users/7".into()),
+        ("SCHEME", "=http".into()),
+        ("HOST", "=Example.test:8080".into()),
+        ("URL", "=http://Example.test:8080/api/users/7?full=1".into()),
+        ("HTTP_VERSION", "=HTTP/1.1".into()),
+        ("TLS_PROTOCOL", unavailable.clone()),
+        ("TLS_SNI", unavailable.clone()),
+        ("TENANT", "=api".into()),
+        (
+            "UNKNOWN",
+            format!("!{}", tern_sdk::abi::errno::INVALID_ARGUMENT),
+        ),
+        ("sdk client_addr", format!("=127.0.0.1:{port}")),
+        ("sdk split", "=/api|/users/7".into()),
+    ];
+    for (key, value) in &want {
+        assert_eq!(c.get(*key), Some(value), "{key} in {c:?}");
+    }
+    // Every key the ABI defines was answered.
+    for (name, _) in tern_sdk::abi::info::ALL {
+        assert!(c.contains_key(name), "{name} missing from {c:?}");
+    }
+
+    // The prefix exactly, with a trailing slash, percent-encoded and below: path info is what
+    // follows the prefix; prefix + path info is the whole path.
+    for (target, prefix, info) in [
+        ("/api", "=/api", "="),
+        ("/api/", "=/api", "=/"),
+        ("/api/a%20b/", "=/api", "=/a%20b/"),
+        ("/apix/y", "=", "=/apix/y"),
+        ("/", "=", "=/"),
+    ] {
+        let request: &'static str = Box::leak(
+            format!("GET {target} HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n")
+                .into_boxed_str(),
+        );
+        let (c, _, _) = context_of(s.addr(), request).await;
+        assert_eq!(c["ROUTE_PREFIX"], prefix, "{target}");
+        assert_eq!(c["PATH_INFO"], info, "{target}");
+        let tenant = if prefix == "=" { "=root" } else { "=api" };
+        assert_eq!(c["TENANT"], tenant, "{target}");
+    }
+
+    // HTTP/1.0 without a Host: no host and so no URL, the rest as usual.
+    let (c, _, _) = context_of(s.addr(), "GET /api/x HTTP/1.0\r\n\r\n").await;
+    assert_eq!(c["HTTP_VERSION"], "=HTTP/1.0");
+    assert_eq!(c["HOST"], unavailable);
+    assert_eq!(c["URL"], unavailable);
+    assert_eq!(c["PATH_INFO"], "=/x");
+
+    // HTTP/2 carries the host in `:authority`.
+    let r = crate::support::send_h2(s.addr(), "/api/h2?q").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let c = parse_context(&r.text());
+    assert_eq!(c["HTTP_VERSION"], "=HTTP/2");
+    assert_eq!(c["HOST"], format!("={}", s.addr()));
+    assert_eq!(c["URL"], format!("=http://{}/api/h2?q", s.addr()));
+    assert_eq!(c["REQUEST_ID"], format!("={}", r.header("x-request-id")));
+}

@@ -1,5 +1,6 @@
 //! Passes host calls pointers and lengths outside its memory: the guest traps (`500`), the host
-//! reads and writes nothing. `?case=` picks the call (body_write, header, uri, body_read).
+//! reads and writes nothing. `?case=` picks the call (body_write, header, uri, body_read, info, info_unavailable: a bad
+//! buffer traps even for a value the request has not got).
 #[cfg(target_arch = "wasm32")]
 #[allow(unsafe_code)]
 #[link(wasm_import_module = "tern")]
@@ -8,6 +9,7 @@ unsafe extern "C" {
     fn response_header_append(name: usize, name_len: usize, value: usize, value_len: usize) -> i32;
     fn request_uri(buf: usize, len: usize) -> i32;
     fn request_body_read(buf: usize, len: usize) -> i32;
+    fn request_info(key: i32, buf: usize, len: usize) -> i32;
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -26,6 +28,10 @@ fn main() {
             response_header_append(16, 4, far, 8)
         } else if uri.contains("case=uri") {
             request_uri(far, 1024)
+        } else if uri.contains("case=info_unavailable") {
+            request_info(tern_sdk::abi::info::TLS_SNI, far, 1024)
+        } else if uri.contains("case=info") {
+            request_info(tern_sdk::abi::info::URL, 16, far)
         } else if uri.contains("case=body_read") {
             request_body_read(1024, far)
         } else {
