@@ -10,7 +10,15 @@ use std::process::Command;
 #[path = "guest_build.rs"]
 mod guest_build;
 
-const GUESTS: [&str; 5] = ["hello", "echo", "json", "counter", "static"];
+const GUESTS: [&str; 7] = [
+    "hello",
+    "echo",
+    "json",
+    "counter",
+    "static",
+    "proxy",
+    "aggregate",
+];
 
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));

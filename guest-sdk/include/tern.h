@@ -20,6 +20,8 @@
 #define TERN_ELIMIT_EXCEEDED (-3)   /* too many headers or too large a body */
 #define TERN_EIO (-4)               /* the client went away or its body failed */
 #define TERN_EUNAVAILABLE (-5)      /* this request has no such value (tern_request_info) */
+#define TERN_EDENIED (-6)           /* outbound request not allowed for this tenant */
+#define TERN_ETIMEOUT (-7)          /* outbound request past a backend timeout */
 
 /* Keys of tern_request_info: the request's context. Every value is text. */
 #define TERN_INFO_CLIENT_IP 0     /* "203.0.113.7" or "2001:db8::1" */
@@ -59,5 +61,35 @@ TERN_IMPORT("response_body_write") int32_t tern_response_body_write(const char *
 /* Copy one value of the request's context (a TERN_INFO_* key); returns its full length,
  * TERN_EUNAVAILABLE, or TERN_EINVALID_ARGUMENT for a key this server does not know. */
 TERN_IMPORT("request_info") int32_t tern_request_info(int32_t key, char *buf, size_t len);
+
+/* Outbound requests (see ABI.md): to a named backend (url = path and query) or, with
+ * backend_len 0, to an absolute http:// URL; returns a handle. */
+TERN_IMPORT("outbound_request")
+int32_t tern_outbound_request(const char *method, size_t method_len, const char *backend,
+                              size_t backend_len, const char *url, size_t url_len);
+/* Add a header before sending; returns 0. */
+TERN_IMPORT("outbound_header_append")
+int32_t tern_outbound_header_append(int32_t handle, const char *name, size_t name_len,
+                                    const char *value, size_t value_len);
+/* Append body bytes (before send: sent whole; after a streaming send: sent now); returns len. */
+TERN_IMPORT("outbound_body_write")
+int32_t tern_outbound_body_write(int32_t handle, const char *buf, size_t len);
+/* Send; flags TERN_OUTBOUND_STREAM_BODY streams the body from later writes. Returns 0. */
+#define TERN_OUTBOUND_STREAM_BODY 1
+TERN_IMPORT("outbound_send") int32_t tern_outbound_send(int32_t handle, int32_t flags);
+/* End a streamed body; returns 0. */
+TERN_IMPORT("outbound_body_finish") int32_t tern_outbound_body_finish(int32_t handle);
+/* Wait for the response head; returns its status. */
+TERN_IMPORT("outbound_response_status") int32_t tern_outbound_response_status(int32_t handle);
+/* Copy the response headers as "name\0value\0" pairs; returns the full length. */
+TERN_IMPORT("outbound_response_headers")
+int32_t tern_outbound_response_headers(int32_t handle, char *buf, size_t len);
+/* Read the next bytes of the response body; returns the count, 0 at the end. */
+TERN_IMPORT("outbound_response_body_read")
+int32_t tern_outbound_response_body_read(int32_t handle, char *buf, size_t len);
+/* End the request and free its handle; returns 0. */
+TERN_IMPORT("outbound_close") int32_t tern_outbound_close(int32_t handle);
+/* Copy the message of the last outbound call that failed; returns the full length. */
+TERN_IMPORT("outbound_last_error") int32_t tern_outbound_last_error(char *buf, size_t len);
 
 #endif /* TERN_H */

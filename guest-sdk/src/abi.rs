@@ -39,8 +39,35 @@ pub mod func {
     /// (a [`super::info`] key); returns its full length.
     pub const REQUEST_INFO: &str = "request_info";
 
+    /// `(method, method_len, backend, backend_len, url, url_len) -> handle`: start an outbound
+    /// request to a named backend (`url` is then a path and query) or, with an empty backend,
+    /// to an absolute URL.
+    pub const OUTBOUND_REQUEST: &str = "outbound_request";
+    /// `(handle, name, name_len, value, value_len) -> i32`: add a header before sending.
+    pub const OUTBOUND_HEADER_APPEND: &str = "outbound_header_append";
+    /// `(handle, buf, buf_len) -> i32`: write body bytes (buffered before `outbound_send`,
+    /// streamed after it with [`super::OUTBOUND_STREAM_BODY`]); returns `buf_len`.
+    pub const OUTBOUND_BODY_WRITE: &str = "outbound_body_write";
+    /// `(handle, flags) -> i32`: send the request.
+    pub const OUTBOUND_SEND: &str = "outbound_send";
+    /// `(handle) -> i32`: end a streamed request body.
+    pub const OUTBOUND_BODY_FINISH: &str = "outbound_body_finish";
+    /// `(handle) -> i32`: wait for the response head; returns its status.
+    pub const OUTBOUND_RESPONSE_STATUS: &str = "outbound_response_status";
+    /// `(handle, buf, buf_len) -> i32`: copy the response headers as `name NUL value NUL`
+    /// pairs; returns the full length.
+    pub const OUTBOUND_RESPONSE_HEADERS: &str = "outbound_response_headers";
+    /// `(handle, buf, buf_len) -> i32`: read the next bytes of the response body; `0` at
+    /// its end.
+    pub const OUTBOUND_RESPONSE_BODY_READ: &str = "outbound_response_body_read";
+    /// `(handle) -> i32`: end the request (abandoning what is unread).
+    pub const OUTBOUND_CLOSE: &str = "outbound_close";
+    /// `(buf, buf_len) -> i32`: copy the message of the last outbound call that failed;
+    /// returns the full length.
+    pub const OUTBOUND_LAST_ERROR: &str = "outbound_last_error";
+
     /// Every host function name, for checks that list them.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 18] = [
         REQUEST_METHOD,
         REQUEST_URI,
         REQUEST_HEADERS,
@@ -49,6 +76,16 @@ pub mod func {
         RESPONSE_HEADER_APPEND,
         RESPONSE_BODY_WRITE,
         REQUEST_INFO,
+        OUTBOUND_REQUEST,
+        OUTBOUND_HEADER_APPEND,
+        OUTBOUND_BODY_WRITE,
+        OUTBOUND_SEND,
+        OUTBOUND_BODY_FINISH,
+        OUTBOUND_RESPONSE_STATUS,
+        OUTBOUND_RESPONSE_HEADERS,
+        OUTBOUND_RESPONSE_BODY_READ,
+        OUTBOUND_CLOSE,
+        OUTBOUND_LAST_ERROR,
     ];
 }
 
@@ -118,16 +155,28 @@ pub mod errno {
     pub const IO: i32 = -4;
     /// The value does not exist for this request (e.g. TLS details of a plain HTTP request).
     pub const UNAVAILABLE: i32 = -5;
+    /// An outbound request the tenant may not send: an unknown backend, a host not allowed, a
+    /// non-public address, or a request loop.
+    pub const DENIED: i32 = -6;
+    /// An outbound request took longer than its backend's timeouts.
+    pub const TIMEOUT: i32 = -7;
 
     /// Every error code with its name, for checks that list them.
-    pub const ALL: [(&str, i32); 5] = [
+    pub const ALL: [(&str, i32); 7] = [
         ("INVALID_ARGUMENT", INVALID_ARGUMENT),
         ("HEADERS_SENT", HEADERS_SENT),
         ("LIMIT_EXCEEDED", LIMIT_EXCEEDED),
         ("IO", IO),
         ("UNAVAILABLE", UNAVAILABLE),
+        ("DENIED", DENIED),
+        ("TIMEOUT", TIMEOUT),
     ];
 }
+
+/// `outbound_send` flag: send the head now and stream the body from later
+/// `outbound_body_write` calls (chunked), ended by `outbound_body_finish`. Without it the body
+/// written before the send goes whole, with a `Content-Length`.
+pub const OUTBOUND_STREAM_BODY: i32 = 1;
 
 /// Response bodies up to this many bytes are buffered, so the response is sent complete, with a
 /// `Content-Length` and the full `Server-Timing`; past it the head is sent and the body streams.

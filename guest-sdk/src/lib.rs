@@ -35,8 +35,10 @@
 //! the host in chunks, and [`ResponseWriter`] implements [`std::io::Write`].
 
 pub mod abi;
+pub mod outbound;
 
 pub use http;
+pub use outbound::{FetchError, fetch, fetch_backend};
 
 use std::io;
 
@@ -59,6 +61,29 @@ mod sys {
         ) -> i32;
         pub fn response_body_write(buf: *const u8, len: usize) -> i32;
         pub fn request_info(key: i32, buf: *mut u8, len: usize) -> i32;
+        pub fn outbound_request(
+            method: *const u8,
+            method_len: usize,
+            backend: *const u8,
+            backend_len: usize,
+            url: *const u8,
+            url_len: usize,
+        ) -> i32;
+        pub fn outbound_header_append(
+            handle: i32,
+            name: *const u8,
+            name_len: usize,
+            value: *const u8,
+            value_len: usize,
+        ) -> i32;
+        pub fn outbound_body_write(handle: i32, buf: *const u8, len: usize) -> i32;
+        pub fn outbound_send(handle: i32, flags: i32) -> i32;
+        pub fn outbound_body_finish(handle: i32) -> i32;
+        pub fn outbound_response_status(handle: i32) -> i32;
+        pub fn outbound_response_headers(handle: i32, buf: *mut u8, len: usize) -> i32;
+        pub fn outbound_response_body_read(handle: i32, buf: *mut u8, len: usize) -> i32;
+        pub fn outbound_close(handle: i32) -> i32;
+        pub fn outbound_last_error(buf: *mut u8, len: usize) -> i32;
     }
 }
 
@@ -97,6 +122,49 @@ mod sys {
     pub unsafe extern "C" fn request_info(_: i32, _: *mut u8, _: usize) -> i32 {
         IO
     }
+    pub unsafe extern "C" fn outbound_request(
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+    ) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn outbound_header_append(
+        _: i32,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+    ) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn outbound_body_write(_: i32, _: *const u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn outbound_send(_: i32, _: i32) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn outbound_body_finish(_: i32) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn outbound_response_status(_: i32) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn outbound_response_headers(_: i32, _: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn outbound_response_body_read(_: i32, _: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn outbound_close(_: i32) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn outbound_last_error(_: *mut u8, _: usize) -> i32 {
+        IO
+    }
 }
 
 /// An error code returned by a host function (see [`abi::errno`]).
@@ -127,18 +195,18 @@ fn check(ret: i32) -> Result<usize, Error> {
 
 /// Calls a "copy into my buffer, tell me the full length" host function until the buffer fits.
 #[allow(unsafe_code)]
-fn fetch(
+fn copy_out(
     f: unsafe extern "C" fn(*mut u8, usize) -> i32,
     first_guess: usize,
 ) -> Result<Vec<u8>, Error> {
     // SAFETY: `f` is a copy-out host function: it writes at most `len` bytes at `buf`.
-    fetch_with(|buf, len| unsafe { f(buf, len) }, first_guess)
+    copy_out_with(|buf, len| unsafe { f(buf, len) }, first_guess)
 }
 
-/// [`fetch`] for a copy-out call that takes more than the buffer; `f(buf, len)` must write at
+/// [`copy_out`] for a copy-out call that takes more than the buffer; `f(buf, len)` must write at
 /// most `len` bytes at `buf` and return the value's full length or an error code.
 #[allow(unsafe_code)]
-fn fetch_with(
+fn copy_out_with(
     mut f: impl FnMut(*mut u8, usize) -> i32,
     first_guess: usize,
 ) -> Result<Vec<u8>, Error> {
@@ -158,14 +226,14 @@ fn fetch_with(
 /// Low-level, safe wrappers of each host function, for handlers that want full control.
 pub mod raw {
     #![allow(unsafe_code)]
-    use super::{Error, check, fetch, fetch_with, sys};
+    use super::{Error, check, copy_out, copy_out_with, sys};
 
     /// The request method, e.g. `GET`.
     ///
     /// # Errors
     /// Only if called outside a Tern guest.
     pub fn method() -> Result<Vec<u8>, Error> {
-        fetch(sys::request_method, 16)
+        copy_out(sys::request_method, 16)
     }
 
     /// The request target: path and query, e.g. `/echo?x=1`.
@@ -173,7 +241,7 @@ pub mod raw {
     /// # Errors
     /// Only if called outside a Tern guest.
     pub fn uri() -> Result<Vec<u8>, Error> {
-        fetch(sys::request_uri, 256)
+        copy_out(sys::request_uri, 256)
     }
 
     /// Every request header as `name NUL value NUL` pairs.
@@ -181,7 +249,7 @@ pub mod raw {
     /// # Errors
     /// Only if called outside a Tern guest.
     pub fn headers() -> Result<Vec<u8>, Error> {
-        fetch(sys::request_headers, 1024)
+        copy_out(sys::request_headers, 1024)
     }
 
     /// One value of the request's context: `key` is an [`abi::info`](crate::abi::info) key.
@@ -191,7 +259,7 @@ pub mod raw {
     /// `INVALID_ARGUMENT` if the server does not know the key.
     pub fn info(key: i32) -> Result<Vec<u8>, Error> {
         // SAFETY: the host writes at most `len` bytes at `buf`.
-        fetch_with(|buf, len| unsafe { sys::request_info(key, buf, len) }, 64)
+        copy_out_with(|buf, len| unsafe { sys::request_info(key, buf, len) }, 64)
     }
 
     /// Reads the next bytes of the request body into `buf`; `Ok(0)` at its end.

@@ -1,8 +1,17 @@
 //! The demo guests, built from `guest-sdk/examples` by `build.rs` and embedded in the binary,
 //! so `tern serve` works with no files at all (`module = "builtin:NAME"`).
 
-/// Names of the built-in modules.
-pub const NAMES: [&str; 5] = ["hello", "echo", "json", "counter", "static"];
+/// Names of the built-in modules (`proxy` and `aggregate` call backends the tenant configures
+/// under `[tenant.outbound.backends]`: `origin`; `users` and `orders`).
+pub const NAMES: [&str; 7] = [
+    "hello",
+    "echo",
+    "json",
+    "counter",
+    "static",
+    "proxy",
+    "aggregate",
+];
 
 /// The `.wasm` bytes of built-in module `name`.
 pub fn module(name: &str) -> Option<&'static [u8]> {
@@ -12,6 +21,8 @@ pub fn module(name: &str) -> Option<&'static [u8]> {
         "json" => include_bytes!(env!("TERN_GUEST_JSON")),
         "counter" => include_bytes!(env!("TERN_GUEST_COUNTER")),
         "static" => include_bytes!(env!("TERN_GUEST_STATIC")),
+        "proxy" => include_bytes!(env!("TERN_GUEST_PROXY")),
+        "aggregate" => include_bytes!(env!("TERN_GUEST_AGGREGATE")),
         _ => return None,
     })
 }

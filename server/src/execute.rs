@@ -14,6 +14,7 @@ use wasmtime::{Extern, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::I32Exit;
 
 use crate::engine::EPOCH_TICK;
+use crate::hostcalls::outbound::Outbound;
 use crate::hostcalls::{
     GuestFault, GuestLimits, GuestRequest, GuestResponse, GuestState, Head, Stdio, Wasi,
 };
@@ -54,6 +55,8 @@ pub struct RunOutput {
     pub run: Duration,
     /// Dropping the store.
     pub teardown: Duration,
+    /// Part of `run`: waiting for outbound requests.
+    pub outbound: Duration,
 }
 
 /// Instantiates a fresh guest of `tenant`, runs it on `request`, and tears it down.
@@ -85,6 +88,7 @@ pub async fn run(
             peak_memory: 0,
         },
         files: crate::hostcalls::fs::Files::new(tenant.assets.clone()),
+        outbound: Outbound::new(tenant.outbound.clone()),
     };
     let mut store = Store::new(tenant.pre.module().engine(), state);
     store.limiter(|s| &mut s.limits);
@@ -186,6 +190,7 @@ pub async fn run(
         .memory_peak
         .observe(store.data().limits.peak_memory as f64);
     let stdio = store.data_mut().wasi.take_stdio();
+    let outbound = store.data().outbound.waited;
     let teardown = teardown::teardown(store, tenant.sweep.as_ref());
     if let Some(stdio) = stdio {
         log_stdio(&tenant, request_id.to_str().unwrap_or("-"), &stdio);
@@ -195,6 +200,7 @@ pub async fn run(
         instantiate: ran_from - start,
         run: ended - ran_from,
         teardown,
+        outbound,
     }
 }
 

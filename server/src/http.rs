@@ -171,6 +171,7 @@ fn record_phases(t: &mut Timings, out: &RunOutput) {
     t.set(Phase::Instantiate, out.instantiate);
     t.set(Phase::Run, out.run);
     t.set(Phase::Teardown, out.teardown);
+    t.set(Phase::Outbound, out.outbound);
 }
 
 /// The response of a guest whose body streams: its head, and its body from the channel.

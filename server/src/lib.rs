@@ -9,7 +9,10 @@
 //! - [`pool`]: admission to the preallocated instance pool (the `queue` phase).
 //! - [`execute`]: a fresh `Store`, `instantiate_async`, the handler on its own fiber.
 //! - [`outcome`]: how a run ended (`Outcome`, `ExecError`) and the status each one gets.
-//! - [`hostcalls`]: the `tern` host functions of guest ABI v1 (request in, response out).
+//! - [`hostcalls`]: the `tern` host functions of guest ABI v1 (request in, response out,
+//!   outbound requests).
+//! - [`outbound`]: what a tenant's guests may call (backends, allowed hosts, SSRF checks, loop
+//!   detection) and the pooled client that calls it.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
 //! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
 //!   before each teardown (with [`artifact`], the only modules with `unsafe`).
@@ -47,6 +50,7 @@ pub mod http;
 pub mod listener;
 pub mod logwriter;
 pub mod metrics;
+pub mod outbound;
 pub mod outcome;
 pub mod pagemap;
 pub mod pool;

@@ -29,6 +29,9 @@ pub enum Phase {
     Run = 3,
     /// Dropping the store: the slot is reset and returned to the pool.
     Teardown = 4,
+    /// Part of `run`: the guest waiting for its outbound requests (connect, send, response
+    /// head and body). Recorded only for requests that made outbound requests.
+    Outbound = 5,
 }
 
 impl Phase {
@@ -43,13 +46,20 @@ impl Phase {
 
     /// The label value / `Server-Timing` name.
     pub fn name(self) -> &'static str {
-        ["route", "queue", "instantiate", "run", "teardown"][self as usize]
+        [
+            "route",
+            "queue",
+            "instantiate",
+            "run",
+            "teardown",
+            "outbound",
+        ][self as usize]
     }
 }
 
 /// Durations of each phase of one request (zero for phases it did not reach).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Timings(pub [Duration; 5]);
+pub struct Timings(pub [Duration; 6]);
 
 impl Timings {
     /// Records `d` for `phase`.
@@ -70,6 +80,10 @@ impl Timings {
         };
         for phase in &Phase::ALL[..=reached as usize] {
             dur(phase.name(), self.0[*phase as usize], ", ");
+        }
+        let outbound = self.0[Phase::Outbound as usize];
+        if !outbound.is_zero() {
+            dur(Phase::Outbound.name(), outbound, ", ");
         }
         dur("total", total, "");
         s
@@ -163,7 +177,7 @@ pub struct Undelivered {
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
-    phases: [Histogram; 5],
+    phases: [Histogram; 6],
     total: Histogram,
     requests: IntCounterVec,
     outcomes: IntCounterVec,
@@ -189,6 +203,12 @@ pub struct Metrics {
     pub log_dropped: IntCounter,
     /// Module deploys by tenant and outcome (`ok`, `error`).
     pub deploys: IntCounterVec,
+    /// Outbound requests by tenant, backend and status.
+    pub outbound_requests: IntCounterVec,
+    /// Outbound time to response head, by tenant.
+    pub outbound_duration: HistogramVec,
+    /// Outbound connections opened.
+    pub outbound_connections: IntCounter,
 }
 
 impl Metrics {
@@ -203,7 +223,8 @@ impl Metrics {
                 HistogramOpts::new(
                     "tern_request_phase_duration_seconds",
                     "Time spent in each phase of a request: route, queue, instantiate, run, \
-                     teardown.",
+                     teardown; outbound (part of run: waiting for outbound requests) for \
+                     requests that made any.",
                 )
                 .buckets(buckets()),
                 &["phase"],
@@ -282,6 +303,31 @@ impl Metrics {
             "Module deploys (loads of a tenant's module) by tenant and outcome.",
             &["tenant", "outcome"],
         );
+        let outbound_requests = r.counters(
+            "tern_outbound_requests_total",
+            "Outbound requests of guests by tenant, backend (`url` for requests by URL) and \
+             status (status class, or denied, timeout, error, limit).",
+            &["tenant", "backend", "status"],
+        );
+        let outbound_duration = r.register(
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "tern_outbound_duration_seconds",
+                    "Time from an outbound request's start to its response head, by tenant.",
+                )
+                .buckets(buckets()),
+                &["tenant"],
+            )
+            .expect("valid metric"),
+        );
+        let outbound_connections = r.register(
+            IntCounter::new(
+                "tern_outbound_connections_total",
+                "Connections opened for outbound requests; the rest of the requests reused \
+                 a pooled one.",
+            )
+            .expect("valid metric"),
+        );
         let Registrar(registry) = r;
         #[cfg(target_os = "linux")]
         registry
@@ -289,7 +335,15 @@ impl Metrics {
                 prometheus::process_collector::ProcessCollector::for_self(),
             ))
             .expect("process metrics registered once");
-        let phases = Phase::ALL.map(|p| phase_vec.with_label_values(&[p.name()]));
+        let phases = [
+            Phase::Route,
+            Phase::Queue,
+            Phase::Instantiate,
+            Phase::Run,
+            Phase::Teardown,
+            Phase::Outbound,
+        ]
+        .map(|p| phase_vec.with_label_values(&[p.name()]));
         let unrouted = Self::tenant_counters(&requests, "none");
         Self {
             registry,
@@ -311,6 +365,9 @@ impl Metrics {
             compile,
             log_dropped,
             deploys,
+            outbound_requests,
+            outbound_duration,
+            outbound_connections,
         }
     }
 
@@ -365,6 +422,10 @@ impl Metrics {
     pub fn observe(&self, t: &Timings, reached: Phase) {
         for (h, d) in self.phases.iter().zip(&t.0).take(reached as usize + 1) {
             h.observe(d.as_secs_f64());
+        }
+        let outbound = t.0[Phase::Outbound as usize];
+        if !outbound.is_zero() {
+            self.phases[Phase::Outbound as usize].observe(outbound.as_secs_f64());
         }
     }
 

@@ -56,6 +56,15 @@ impl HostPattern {
             Self::Exact(name.to_string())
         })
     }
+
+    /// Whether `host` (lowercase, no port) matches.
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Exact(e) => e == host,
+            Self::Suffix(s) => host.len() > s.len() && host.ends_with(s.as_str()),
+        }
+    }
 }
 
 /// Checks a configured path prefix.

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::artifact::{self, ArtifactError, FileError, io_err};
-use crate::config::{LimitsConfig, TenantConfig};
+use crate::config::{LimitsConfig, OutboundConfig, TenantConfig};
 
 /// Format version of `manifest.json`.
 pub const MANIFEST_FORMAT: u32 = 1;
@@ -109,6 +109,9 @@ pub struct TenantSpec {
     /// Per-request limits (any field left out keeps its default).
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Backends and hosts its guests may call (none unless given).
+    #[serde(default)]
+    pub outbound: OutboundConfig,
 }
 
 impl TenantSpec {
@@ -123,6 +126,7 @@ impl TenantSpec {
             env: self.env.clone(),
             assets: None,
             limits: self.limits.clone(),
+            outbound: self.outbound.clone(),
         }
     }
 }

@@ -177,6 +177,8 @@ pub struct Tenant {
     pub log_budget: LogBudget,
     /// The sweep before teardown, when the dirty-page reset is in use (`crate::teardown`).
     pub sweep: Option<MemorySweep>,
+    /// What its guests may call, with the metric handles of those calls.
+    pub outbound: Arc<crate::hostcalls::outbound::Calls>,
 }
 
 /// A per-second budget of guest log lines, shared by all of a tenant's requests (lock-free; at a
@@ -442,6 +444,17 @@ pub fn prepare(
         .map(|o| metrics.outcome(&label, o.name()))
         .collect();
     let limits = Limits::from_config(&config.limits, pool);
+    let policy = crate::outbound::Policy::from_config(&config.outbound)
+        .map_err(|e| refuse(format!("outbound: {e}")))?;
+    let outbound = Arc::new(crate::hostcalls::outbound::Calls {
+        policy,
+        label: label.clone(),
+        requests: metrics.outbound_requests.clone(),
+        duration: metrics
+            .outbound_duration
+            .with_label_values(&[label.as_str()]),
+        opened: metrics.outbound_connections.clone(),
+    });
     let slots = match carried.slots {
         Some((n, slots)) if n == limits.max_concurrency => slots,
         _ => Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),
@@ -461,6 +474,7 @@ pub fn prepare(
         log_budget: LogBudget::new(config.limits.log_lines_per_sec, metrics.log_dropped.clone()),
         requests: metrics.tenant(&label),
         undelivered: metrics.undelivered(&label),
+        outbound,
         outcomes,
         label,
         pre,

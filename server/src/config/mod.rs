@@ -235,6 +235,8 @@ impl Default for PoolConfig {
     }
 }
 
+pub use crate::outbound::{BackendConfig, OutboundConfig};
+
 /// `[[tenant]]`: one handler module and the requests routed to it.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -260,6 +262,9 @@ pub struct TenantConfig {
     /// Per-request limits.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// What its guests may call (`tern::outbound_*`): nothing unless listed here.
+    #[serde(default)]
+    pub outbound: OutboundConfig,
 }
 
 /// A value validation refused: what is wrong, and where in the config file (when it came from
@@ -546,6 +551,9 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
                 ),
             );
         }
+    }
+    if let Err(m) = crate::outbound::check_config(&t.outbound) {
+        return here(&t.name, format!("tenant {name:?}: outbound: {m}"));
     }
     let mem = l.max_memory_mib.unwrap_or(pool.max_memory_mib);
     if mem == 0 || mem > pool.max_memory_mib {

@@ -1,10 +1,11 @@
 //! The host side of guest ABI v1: per-request guest state and the `tern` host functions.
 //!
-//! One file per interface: [`request`] (what the guest reads) and [`response`] (what it
-//! writes). Every pointer and length from the guest is bounds-checked against its memory; an
+//! One file per interface: [`request`] (what the guest reads), [`response`] (what it
+//! writes) and [`outbound`] (the requests it sends). Every pointer and length from the guest is bounds-checked against its memory; an
 //! out-of-range one traps the guest with [`GuestFault::BadPointer`] and never touches the host.
 
 pub mod fs;
+pub mod outbound;
 pub mod request;
 pub mod response;
 
@@ -35,6 +36,8 @@ pub struct GuestState {
     pub limits: GuestLimits,
     /// The tenant's `/assets` and the files this request opened (tenants with assets only).
     pub files: fs::Files,
+    /// The guest's outbound requests.
+    pub outbound: outbound::Outbound,
 }
 
 /// A guest's WASI preview1 context, built on its first WASI call.
@@ -184,6 +187,7 @@ pub fn linker(engine: &Engine, assets: bool) -> wasmtime::Result<Linker<GuestSta
     wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut GuestState| s.wasi.ctx())?;
     request::add_to_linker(&mut linker)?;
     response::add_to_linker(&mut linker)?;
+    outbound::add_to_linker(&mut linker)?;
     if assets {
         fs::add_to_linker(&mut linker)?;
     }

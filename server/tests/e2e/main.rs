@@ -14,6 +14,7 @@ mod hostile;
 mod isolation;
 mod metrics;
 mod observability;
+mod outbound;
 mod routing;
 mod shutdown;
 mod streaming;

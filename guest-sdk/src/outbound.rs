@@ -1,0 +1,378 @@
+//! Outbound HTTP: call the tenant's backends and allowed hosts (ABI `outbound_*`).
+//!
+//! The server denies every request the tenant's config does not allow: a **named backend**
+//! (`[tenant.outbound.backends.NAME]`, reached by name and a path) or, by absolute `http://`
+//! URL, a host in `outbound.allowed_hosts` whose addresses are public.
+//!
+//! ```no_run
+//! use tern_sdk::http::{Method, Request};
+//! // Whole bodies, `http` types:
+//! let req = Request::get("/users/7").body(Vec::new()).unwrap();
+//! let resp = tern_sdk::fetch_backend("origin", req)?;
+//! assert!(resp.status().is_success());
+//!
+//! // Two at once: send both, then read both.
+//! use tern_sdk::outbound::Outgoing;
+//! let a = Outgoing::to_backend(&Method::GET, "users", "/7")?.send()?;
+//! let b = Outgoing::to_backend(&Method::GET, "orders", "/?user=7")?.send()?;
+//! let (a, b) = (a.response()?.into_bytes()?, b.response()?.into_bytes()?);
+//! # Ok::<(), tern_sdk::FetchError>(())
+//! ```
+//!
+//! Bodies stream both ways when asked: [`Outgoing::send_streaming`] gives an [`io::Write`]
+//! for the request body, and [`Incoming::body`] is an [`io::Read`] of the response's.
+//! Redirects are not followed.
+#![allow(unsafe_code)]
+
+use std::io;
+
+use crate::abi::{self, errno};
+use crate::sys;
+
+/// Why an outbound request failed: the host's error code and its message (what to change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchError {
+    /// The ABI error code ([`abi::errno`]): `DENIED`, `TIMEOUT`, `IO`, `LIMIT_EXCEEDED`, ...
+    pub code: i32,
+    /// The server's explanation.
+    pub message: String,
+}
+
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = errno::ALL
+            .iter()
+            .find(|(_, c)| *c == self.code)
+            .map_or("UNKNOWN", |(n, _)| n);
+        write!(f, "outbound request failed ({name}): {}", self.message)
+    }
+}
+
+impl std::error::Error for FetchError {}
+
+impl From<FetchError> for io::Error {
+    fn from(e: FetchError) -> Self {
+        io::Error::other(e)
+    }
+}
+
+/// `ret` as a count, or the failure with the host's message.
+fn check(ret: i32) -> Result<usize, FetchError> {
+    usize::try_from(ret).map_err(|_| FetchError {
+        code: ret,
+        message: last_error(),
+    })
+}
+
+/// The message of the last outbound call that failed.
+fn last_error() -> String {
+    // SAFETY: the host writes at most `len` bytes at `buf`.
+    let bytes = crate::copy_out_with(
+        |buf, len| unsafe { sys::outbound_last_error(buf, len) },
+        256,
+    );
+    bytes.map_or_else(
+        |_| String::new(),
+        |b| String::from_utf8_lossy(&b).into_owned(),
+    )
+}
+
+/// An outbound request handle, closed when dropped.
+#[derive(Debug)]
+struct Handle(i32);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: no pointers.
+        unsafe { sys::outbound_close(self.0) };
+    }
+}
+
+/// An outbound request being built: add headers and body, then send it.
+#[derive(Debug)]
+pub struct Outgoing(Handle);
+
+impl Outgoing {
+    fn new(method: &http::Method, backend: &str, url: &str) -> Result<Self, FetchError> {
+        let m = method.as_str();
+        // SAFETY: the three slices are valid for their lengths; the host only reads them.
+        let h = check(unsafe {
+            sys::outbound_request(
+                m.as_ptr(),
+                m.len(),
+                backend.as_ptr(),
+                backend.len(),
+                url.as_ptr(),
+                url.len(),
+            )
+        })?;
+        Ok(Self(Handle(h as i32)))
+    }
+
+    /// A request to the tenant's backend `backend` at `path` (path and query, starting with
+    /// `/`; appended to the backend's base path).
+    ///
+    /// # Errors
+    /// `DENIED` for a backend the tenant does not have, `LIMIT_EXCEEDED` past the tenant's
+    /// outbound requests per request.
+    pub fn to_backend(
+        method: &http::Method,
+        backend: &str,
+        path: &str,
+    ) -> Result<Self, FetchError> {
+        Self::new(method, backend, path)
+    }
+
+    /// A request to an absolute `http://` URL; its host must be in the tenant's
+    /// `outbound.allowed_hosts` and resolve to public addresses only.
+    ///
+    /// # Errors
+    /// `DENIED` for a host not allowed or not public, `INVALID_ARGUMENT` for a bad URL, `IO`
+    /// if the host cannot be resolved.
+    pub fn to_url(method: &http::Method, url: &str) -> Result<Self, FetchError> {
+        Self::new(method, "", url)
+    }
+
+    /// Adds a header (framing headers, `Host` and `CDN-Loop` are the server's and ignored).
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a bad name or value, `LIMIT_EXCEEDED` past 100 headers.
+    pub fn header(&mut self, name: &str, value: &[u8]) -> Result<(), FetchError> {
+        // SAFETY: both slices are valid for their lengths; the host only reads them.
+        check(unsafe {
+            sys::outbound_header_append(
+                self.0.0,
+                name.as_ptr(),
+                name.len(),
+                value.as_ptr(),
+                value.len(),
+            )
+        })
+        .map(drop)
+    }
+
+    /// Appends to the body, which is sent whole (with a `Content-Length`) by [`Outgoing::send`].
+    ///
+    /// # Errors
+    /// `LIMIT_EXCEEDED` past the tenant's `outbound.max_request_bytes`.
+    pub fn write_body(&mut self, bytes: &[u8]) -> Result<(), FetchError> {
+        write_all(self.0.0, bytes)
+    }
+
+    /// Sends the request; its response is read from the returned [`Pending`].
+    ///
+    /// # Errors
+    /// Only for misuse (the request was already sent).
+    pub fn send(self) -> Result<Pending, FetchError> {
+        // SAFETY: no pointers.
+        check(unsafe { sys::outbound_send(self.0.0, 0) })?;
+        Ok(Pending(self.0))
+    }
+
+    /// Sends the head now; the body follows through the returned writer (chunked), which
+    /// [`StreamingBody::finish`] ends. Body bytes written before this are not sent.
+    ///
+    /// # Errors
+    /// Only for misuse (the request was already sent).
+    pub fn send_streaming(self) -> Result<StreamingBody, FetchError> {
+        // SAFETY: no pointers.
+        check(unsafe { sys::outbound_send(self.0.0, abi::OUTBOUND_STREAM_BODY) })?;
+        Ok(StreamingBody(self.0))
+    }
+}
+
+fn write_all(handle: i32, mut bytes: &[u8]) -> Result<(), FetchError> {
+    while !bytes.is_empty() {
+        // SAFETY: `bytes` is valid for its length; the host only reads it.
+        let n = check(unsafe { sys::outbound_body_write(handle, bytes.as_ptr(), bytes.len()) })?;
+        bytes = &bytes[n.min(bytes.len())..];
+    }
+    Ok(())
+}
+
+/// The body of a sent request, streaming to the backend as it is written.
+#[derive(Debug)]
+pub struct StreamingBody(Handle);
+
+impl StreamingBody {
+    /// Ends the body; the response is read from the returned [`Pending`].
+    ///
+    /// # Errors
+    /// Only for misuse.
+    pub fn finish(self) -> Result<Pending, FetchError> {
+        // SAFETY: no pointers.
+        check(unsafe { sys::outbound_body_finish(self.0.0) })?;
+        Ok(Pending(self.0))
+    }
+}
+
+impl io::Write for StreamingBody {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        // SAFETY: `buf` is valid for its length; the host only reads it.
+        Ok(check(unsafe {
+            sys::outbound_body_write(self.0.0, buf.as_ptr(), buf.len())
+        })?)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A sent request whose response has not been read yet.
+#[derive(Debug)]
+pub struct Pending(Handle);
+
+impl Pending {
+    /// Waits for the response head.
+    ///
+    /// # Errors
+    /// `TIMEOUT` past the backend's first-byte or total timeout, `IO` if it could not be
+    /// reached or broke off.
+    pub fn response(self) -> Result<Incoming, FetchError> {
+        // SAFETY: no pointers.
+        let status = check(unsafe { sys::outbound_response_status(self.0.0) })?;
+        let handle = self.0.0;
+        // SAFETY: the host writes at most `len` bytes at `buf`.
+        let blob = crate::copy_out_with(
+            |buf, len| unsafe { sys::outbound_response_headers(handle, buf, len) },
+            1024,
+        )
+        .map_err(|e| FetchError {
+            code: e.0,
+            message: last_error(),
+        })?;
+        let mut headers = http::HeaderMap::new();
+        let mut fields = blob.split(|b| *b == 0);
+        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+            if let (Ok(n), Ok(v)) = (
+                http::HeaderName::from_bytes(name),
+                http::HeaderValue::from_bytes(value),
+            ) {
+                headers.append(n, v);
+            }
+        }
+        Ok(Incoming {
+            status: http::StatusCode::from_u16(status as u16)
+                .unwrap_or(http::StatusCode::BAD_GATEWAY),
+            headers,
+            body: ResponseBody {
+                handle: self.0,
+                done: false,
+            },
+        })
+    }
+}
+
+/// A backend's response: status and headers read, body on demand.
+#[derive(Debug)]
+pub struct Incoming {
+    /// Its status.
+    pub status: http::StatusCode,
+    /// Its headers (hop-by-hop ones removed).
+    pub headers: http::HeaderMap,
+    /// Its body.
+    pub body: ResponseBody,
+}
+
+impl Incoming {
+    /// Reads the whole body.
+    ///
+    /// # Errors
+    /// `LIMIT_EXCEEDED` past the tenant's `outbound.max_response_bytes`, `TIMEOUT`, `IO`.
+    pub fn into_bytes(self) -> Result<Vec<u8>, FetchError> {
+        self.body.into_bytes()
+    }
+
+    /// As an `http::Response` with the whole body.
+    ///
+    /// # Errors
+    /// As [`Incoming::into_bytes`].
+    pub fn into_response(self) -> Result<http::Response<Vec<u8>>, FetchError> {
+        let (status, headers) = (self.status, self.headers);
+        let mut resp = http::Response::new(self.body.into_bytes()?);
+        *resp.status_mut() = status;
+        *resp.headers_mut() = headers;
+        Ok(resp)
+    }
+}
+
+/// A response body, read from the backend as the guest asks for it.
+#[derive(Debug)]
+pub struct ResponseBody {
+    handle: Handle,
+    done: bool,
+}
+
+impl ResponseBody {
+    /// The next bytes into `buf`; `Ok(0)` at the end.
+    ///
+    /// # Errors
+    /// As [`Incoming::into_bytes`].
+    pub fn read_chunk(&mut self, buf: &mut [u8]) -> Result<usize, FetchError> {
+        if self.done || buf.is_empty() {
+            return Ok(0);
+        }
+        // SAFETY: the host writes at most `buf.len()` bytes into `buf`.
+        let n = check(unsafe {
+            sys::outbound_response_body_read(self.handle.0, buf.as_mut_ptr(), buf.len())
+        })?;
+        self.done = n == 0;
+        Ok(n)
+    }
+
+    /// Reads the rest of the body.
+    ///
+    /// # Errors
+    /// As [`Incoming::into_bytes`].
+    pub fn into_bytes(mut self) -> Result<Vec<u8>, FetchError> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = self.read_chunk(&mut buf)?;
+            if n == 0 {
+                return Ok(out);
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+    }
+}
+
+impl io::Read for ResponseBody {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        Ok(self.read_chunk(buf)?)
+    }
+}
+
+fn send_whole<B: AsRef<[u8]>>(
+    mut out: Outgoing,
+    req: &http::Request<B>,
+) -> Result<http::Response<Vec<u8>>, FetchError> {
+    for (name, value) in req.headers() {
+        out.header(name.as_str(), value.as_bytes())?;
+    }
+    out.write_body(req.body().as_ref())?;
+    out.send()?.response()?.into_response()
+}
+
+/// Sends `req` to the absolute `http://` URL in its URI and returns the whole response.
+///
+/// # Errors
+/// See [`Outgoing::to_url`] and [`Incoming::into_bytes`].
+pub fn fetch<B: AsRef<[u8]>>(req: http::Request<B>) -> Result<http::Response<Vec<u8>>, FetchError> {
+    let out = Outgoing::to_url(req.method(), &req.uri().to_string())?;
+    send_whole(out, &req)
+}
+
+/// Sends `req` to the tenant's backend `backend` (its URI is the path and query) and returns
+/// the whole response.
+///
+/// # Errors
+/// See [`Outgoing::to_backend`] and [`Incoming::into_bytes`].
+pub fn fetch_backend<B: AsRef<[u8]>>(
+    backend: &str,
+    req: http::Request<B>,
+) -> Result<http::Response<Vec<u8>>, FetchError> {
+    let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+    let out = Outgoing::to_backend(req.method(), backend, path)?;
+    send_whole(out, &req)
+}

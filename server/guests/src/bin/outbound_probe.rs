@@ -1,0 +1,70 @@
+//! Sends the outbound requests its query describes and answers with what happened, one line
+//! per request: `status=S bytes=N body=FIRST_BYTES` or `error=CODE MESSAGE`.
+//!
+//! Query: `backend=NAME&path=/p` (a named backend) or `url=http://...` (last: the rest of the
+//! query is the URL); `times=N` sends N one after the other; `parallel=N` sends N, then reads
+//! them all; `method=POST&size=N` sends a body of N bytes.
+use tern_sdk::http::Method;
+use tern_sdk::outbound::{Outgoing, Pending};
+
+fn param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+}
+
+fn main() {
+    let target = tern_test_guests::target();
+    let query = target.split_once('?').map_or("", |(_, q)| q);
+    let url = query.split_once("url=").map(|(_, u)| u.to_string());
+    let query = query.split("url=").next().unwrap_or("");
+    let backend = param(query, "backend").unwrap_or("").to_string();
+    let path = param(query, "path").unwrap_or("/").to_string();
+    let times: usize = param(query, "times")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    let parallel: usize = param(query, "parallel")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let method = Method::from_bytes(param(query, "method").unwrap_or("GET").as_bytes())
+        .unwrap_or(Method::GET);
+    let size: usize = param(query, "size")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+
+    let start = || -> Result<Pending, tern_sdk::FetchError> {
+        let mut out = match &url {
+            Some(u) => Outgoing::to_url(&method, u)?,
+            None => Outgoing::to_backend(&method, &backend, &path)?,
+        };
+        if size > 0 {
+            out.write_body(&vec![b'b'; size])?;
+        }
+        out.send()
+    };
+    let finish = |sent: Result<Pending, tern_sdk::FetchError>| -> String {
+        let result = sent.and_then(Pending::response).and_then(|r| {
+            let status = r.status.as_u16();
+            r.into_bytes().map(|b| (status, b))
+        });
+        match result {
+            Ok((status, body)) => {
+                let shown = String::from_utf8_lossy(&body[..body.len().min(2000)]).into_owned();
+                format!("status={status} bytes={} body={shown}\n", body.len())
+            }
+            Err(e) => format!("error={} {}\n", e.code, e.message),
+        }
+    };
+    let mut text = String::new();
+    if parallel > 0 {
+        let sent: Vec<_> = (0..parallel).map(|_| start()).collect();
+        for s in sent {
+            text.push_str(&finish(s));
+        }
+    } else {
+        for _ in 0..times {
+            text.push_str(&finish(start()));
+        }
+    }
+    tern_test_guests::reply(&text);
+}

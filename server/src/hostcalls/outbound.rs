@@ -1,0 +1,802 @@
+//! `tern::outbound_*`: a guest sends HTTP requests to its tenant's backends and allowed hosts
+//! and reads the responses, several at once if it likes.
+//!
+//! A request is a handle: made (`outbound_request`, where the policy is checked), given
+//! headers and a body, sent, then read. A request runs in its own task once sent, so a guest
+//! can send two and then read both. While the guest waits (connect, response head, body) its
+//! instance is suspended and holds no thread; the wait counts against its deadline and is
+//! recorded as the request's `outbound` phase. Every task still running when the guest ends is
+//! aborted with it: nothing of a request outlives its instance.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HOST, HeaderName};
+use http::{HeaderMap, HeaderValue, Method, Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tern_sdk::abi::{self, errno, func};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::task::JoinHandle;
+use wasmtime::{Caller, Linker};
+
+use super::{GuestFault, GuestState, copy_to_guest, guest_range, memory};
+use crate::outbound::{self, Denied, OutBody, Policy, Target};
+
+/// Body chunks that may wait for the backend before a streaming guest's writes block.
+const STREAM_CHUNKS: usize = 4;
+
+/// Most headers a guest may set on one outbound request.
+const MAX_HEADERS: usize = 100;
+
+/// Headers Tern sets or strips on outbound requests and responses: framing and connection
+/// management (hop-by-hop), the host (from the target) and the loop marker.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "cdn-loop",
+];
+
+static CDN_LOOP: HeaderName = HeaderName::from_static("cdn-loop");
+static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// A tenant's outbound policy with its metric handles, shared by its requests.
+#[derive(Debug)]
+pub struct Calls {
+    /// What its guests may call.
+    pub policy: Policy,
+    /// The tenant's metrics label.
+    pub label: String,
+    /// `tern_outbound_requests_total`.
+    pub requests: prometheus::IntCounterVec,
+    /// Time to response head, this tenant's child of `tern_outbound_duration_seconds`.
+    pub duration: prometheus::Histogram,
+    /// `tern_outbound_connections_total`.
+    pub opened: prometheus::IntCounter,
+}
+
+impl Calls {
+    fn count(&self, backend: &str, status: &str) {
+        self.requests
+            .with_label_values(&[self.label.as_str(), backend, status])
+            .inc();
+    }
+}
+
+/// How an outbound request failed: its ABI code, its metrics status and its message.
+struct Failure {
+    code: i32,
+    status: &'static str,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: i32, status: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+type Exchange = Result<(Response<Incoming>, OwnedSemaphorePermit), Failure>;
+
+/// A request sent and not yet answered.
+struct Pending {
+    task: JoinHandle<Exchange>,
+    label: Arc<str>,
+    started: Instant,
+    deadline: Instant,
+    total: Duration,
+}
+
+/// A response whose head arrived; its body is read on demand.
+struct Responded {
+    status: u16,
+    headers: HeaderMap,
+    blob: Option<Vec<u8>>,
+    body: Incoming,
+    leftover: Bytes,
+    received: u64,
+    done: bool,
+    deadline: Instant,
+    total: Duration,
+    label: Arc<str>,
+    /// The backend's concurrency slot, held until the response is read or closed.
+    _permit: OwnedSemaphorePermit,
+}
+
+/// A request made and not sent yet.
+struct Draft {
+    method: Method,
+    target: Target,
+    headers: HeaderMap,
+    body: BytesMut,
+}
+
+/// One handle's state.
+enum Call {
+    /// Made; headers and body being written.
+    Building(Box<Draft>),
+    /// Sent with a streaming body the guest is still writing.
+    Streaming {
+        body: mpsc::Sender<Bytes>,
+        written: u64,
+        pending: Pending,
+    },
+    /// Sent, body complete, waiting for the head.
+    Sent(Pending),
+    /// Head received.
+    Responded(Box<Responded>),
+    /// Failed or closed; any further use answers `code`.
+    Done(i32),
+}
+
+/// A guest's outbound requests: its handles, how many it sent, how long it waited.
+pub struct Outbound {
+    calls: Arc<Calls>,
+    handles: Vec<Call>,
+    /// Time the guest spent waiting in outbound calls.
+    pub waited: Duration,
+    last_error: String,
+}
+
+impl Drop for Outbound {
+    fn drop(&mut self) {
+        for call in &self.handles {
+            match call {
+                Call::Streaming { pending, .. } | Call::Sent(pending) => pending.task.abort(),
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Outbound {
+    /// No requests yet, under the tenant's `calls`.
+    pub fn new(calls: Arc<Calls>) -> Self {
+        Self {
+            calls,
+            handles: Vec::new(),
+            waited: Duration::ZERO,
+            last_error: String::new(),
+        }
+    }
+
+    /// Records `f` as the last error (for `outbound_last_error`), counts it and returns its code.
+    fn fail(&mut self, label: &str, f: Failure) -> i32 {
+        self.calls.count(label, f.status);
+        self.last_error = f.message;
+        f.code
+    }
+
+    /// A usage error: the guest called in the wrong order or with a bad argument.
+    fn misuse(&mut self, message: impl Into<String>) -> i32 {
+        self.last_error = message.into();
+        errno::INVALID_ARGUMENT
+    }
+
+    fn get(&mut self, handle: i32) -> Result<&mut Call, i32> {
+        match usize::try_from(handle) {
+            Ok(i) if i < self.handles.len() => Ok(&mut self.handles[i]),
+            _ => Err(self.misuse(format!("{handle} is not an outbound request handle"))),
+        }
+    }
+
+    /// Takes the call out (leaving `Done(INVALID_ARGUMENT)` while it is worked on).
+    fn take(&mut self, handle: i32) -> Result<Call, i32> {
+        let call = self.get(handle)?;
+        Ok(std::mem::replace(call, Call::Done(errno::INVALID_ARGUMENT)))
+    }
+
+    fn put(&mut self, handle: i32, call: Call) {
+        if let Some(slot) = usize::try_from(handle)
+            .ok()
+            .and_then(|i| self.handles.get_mut(i))
+        {
+            *slot = call;
+        }
+    }
+
+    /// Whether one more request may be made (to `backend`, empty for a URL).
+    fn check_new(&mut self, incoming: &HeaderMap, backend: &str) -> Result<(), i32> {
+        let label = self.label(backend);
+        let max = self.calls.policy.max_requests;
+        if self.handles.len() >= max as usize {
+            let f = Failure::new(
+                errno::LIMIT_EXCEEDED,
+                "limit",
+                format!("at most {max} outbound requests per request (outbound.max_requests)"),
+            );
+            return Err(self.fail(&label, f));
+        }
+        let hops = outbound::hops(incoming.get_all(&CDN_LOOP).iter());
+        if hops >= outbound::MAX_HOPS {
+            let f = Failure::new(errno::DENIED, "denied", Denied::Loop(hops).to_string());
+            return Err(self.fail(&label, f));
+        }
+        Ok(())
+    }
+
+    /// The metrics label of a request to `backend`: its name if the tenant has it (names a
+    /// guest makes up must not become labels), `unknown` otherwise, `url` for URL requests.
+    fn label(&self, backend: &str) -> Arc<str> {
+        if backend.is_empty() {
+            Arc::from(outbound::URL_LABEL)
+        } else {
+            self.calls
+                .policy
+                .backend_label(backend)
+                .unwrap_or_else(|| Arc::from("unknown"))
+        }
+    }
+
+    fn denied(&mut self, backend: &str, d: &Denied) -> i32 {
+        let label = self.label(backend);
+        let code = match d {
+            Denied::BadTarget(_) => errno::INVALID_ARGUMENT,
+            Denied::Unresolved { .. } => errno::IO,
+            _ => errno::DENIED,
+        };
+        self.fail(&label, Failure::new(code, "denied", d.to_string()))
+    }
+
+    /// Sends the request built in `handle`: its head now; its body whole, or (with `stream`)
+    /// from later writes.
+    fn send(&mut self, handle: i32, stream: bool, incoming: &HeaderMap) -> i32 {
+        let call = match self.take(handle) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        let Call::Building(draft) = call else {
+            self.put(handle, call);
+            return self.misuse("outbound_send: this request was already sent");
+        };
+        let Draft {
+            method,
+            target,
+            mut headers,
+            body,
+        } = *draft;
+        // What the request passed through, and us; the trace it belongs to.
+        let mut cdn_loop = String::new();
+        for v in incoming.get_all(&CDN_LOOP) {
+            if let Ok(v) = v.to_str() {
+                cdn_loop.push_str(v);
+                cdn_loop.push_str(", ");
+            }
+        }
+        cdn_loop.push_str(outbound::CDN_ID);
+        if let Ok(v) = HeaderValue::from_str(&cdn_loop) {
+            headers.insert(CDN_LOOP.clone(), v);
+        }
+        if !headers.contains_key(&TRACEPARENT)
+            && let Some(tp) = incoming.get(&TRACEPARENT)
+        {
+            headers.insert(TRACEPARENT.clone(), tp.clone());
+            if let Some(ts) = incoming.get(&TRACESTATE) {
+                headers.insert(TRACESTATE.clone(), ts.clone());
+            }
+        }
+        headers.insert(HOST, target.host.clone());
+        let (out_body, sender) = if stream {
+            let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
+            (OutBody::Stream(rx), Some(tx))
+        } else {
+            (OutBody::Full(Some(body.freeze())), None)
+        };
+        let mut req = Request::new(out_body);
+        *req.method_mut() = method;
+        *req.uri_mut() = target.uri;
+        *req.headers_mut() = headers;
+        let client = outbound::client(target.timeouts.connect, &self.calls.opened);
+        let (budget, first_byte, label) = (
+            target.budget.clone(),
+            target.timeouts.first_byte,
+            target.label.clone(),
+        );
+        let started = Instant::now();
+        let task = tokio::spawn(async move {
+            let permit = budget
+                .acquire_owned()
+                .await
+                .map_err(|_| Failure::new(errno::IO, "error", "the backend's budget is closed"))?;
+            match tokio::time::timeout(first_byte, client.request(req)).await {
+                Ok(Ok(resp)) => Ok((resp, permit)),
+                Ok(Err(e)) => {
+                    let what = if e.is_connect() {
+                        "connecting to the backend failed"
+                    } else {
+                        "the request failed"
+                    };
+                    let source = std::error::Error::source(&e)
+                        .map_or_else(String::new, |s| format!(": {s}"));
+                    Err(Failure::new(
+                        errno::IO,
+                        "error",
+                        format!("{what}: {e}{source}"),
+                    ))
+                }
+                Err(_) => Err(Failure::new(
+                    errno::TIMEOUT,
+                    "timeout",
+                    format!(
+                        "no response head within {} ms (first_byte_timeout_ms)",
+                        first_byte.as_millis()
+                    ),
+                )),
+            }
+        });
+        let pending = Pending {
+            task,
+            label,
+            started,
+            deadline: started + target.timeouts.total,
+            total: target.timeouts.total,
+        };
+        let call = match sender {
+            Some(body) => Call::Streaming {
+                body,
+                written: 0,
+                pending,
+            },
+            None => Call::Sent(pending),
+        };
+        self.put(handle, call);
+        0
+    }
+
+    /// Waits for the head of `handle`'s response (ending a streaming body first).
+    async fn responded(&mut self, handle: i32) -> Result<&mut Responded, i32> {
+        let call = self.take(handle)?;
+        let pending = match call {
+            Call::Responded(_) => {
+                self.put(handle, call);
+                return match self.get(handle)? {
+                    Call::Responded(r) => Ok(r),
+                    _ => unreachable!("just put back"),
+                };
+            }
+            Call::Streaming { pending, .. } | Call::Sent(pending) => pending,
+            Call::Building(_) => {
+                self.put(handle, call);
+                return Err(self.misuse("the request has not been sent (call outbound_send)"));
+            }
+            Call::Done(code) => {
+                self.put(handle, Call::Done(code));
+                return Err(code);
+            }
+        };
+        let waited = Instant::now();
+        let result = tokio::time::timeout_at(pending.deadline.into(), pending.task).await;
+        self.waited += waited.elapsed();
+        let label = pending.label.clone();
+        let outcome = match result {
+            Ok(Ok(Ok(r))) => Ok(r),
+            Ok(Ok(Err(f))) => Err(f),
+            Ok(Err(join)) => Err(Failure::new(
+                errno::IO,
+                "error",
+                format!("the request task ended: {join}"),
+            )),
+            Err(_) => Err(Failure::new(
+                errno::TIMEOUT,
+                "timeout",
+                format!(
+                    "no response within {} ms (total_timeout_ms)",
+                    pending.total.as_millis()
+                ),
+            )),
+        };
+        match outcome {
+            Ok((resp, permit)) => {
+                self.calls
+                    .duration
+                    .observe(pending.started.elapsed().as_secs_f64());
+                let status = resp.status().as_u16();
+                self.calls.count(&label, class(status));
+                let (parts, body) = resp.into_parts();
+                let mut headers = parts.headers;
+                for name in HOP_BY_HOP {
+                    headers.remove(name);
+                }
+                self.put(
+                    handle,
+                    Call::Responded(Box::new(Responded {
+                        status,
+                        headers,
+                        blob: None,
+                        body,
+                        leftover: Bytes::new(),
+                        received: 0,
+                        done: false,
+                        deadline: pending.deadline,
+                        total: pending.total,
+                        label,
+                        _permit: permit,
+                    })),
+                );
+                match self.get(handle)? {
+                    Call::Responded(r) => Ok(r),
+                    _ => unreachable!("just put"),
+                }
+            }
+            Err(f) => {
+                let code = self.fail(&label, f);
+                self.put(handle, Call::Done(code));
+                Err(code)
+            }
+        }
+    }
+
+    /// The next bytes of `handle`'s response body (empty at its end).
+    async fn body_chunk(&mut self, handle: i32) -> Result<Bytes, i32> {
+        let max = self.calls.policy.max_response_bytes;
+        let waited = Instant::now();
+        let r = self.responded(handle).await?;
+        if !r.leftover.is_empty() {
+            return Ok(std::mem::take(&mut r.leftover));
+        }
+        if r.done {
+            return Ok(Bytes::new());
+        }
+        let result = loop {
+            match tokio::time::timeout_at(r.deadline.into(), r.body.frame()).await {
+                Err(_) => {
+                    break Err(Failure::new(
+                        errno::TIMEOUT,
+                        "timeout",
+                        format!(
+                            "the response body did not end within {} ms (total_timeout_ms)",
+                            r.total.as_millis()
+                        ),
+                    ));
+                }
+                Ok(None) => {
+                    r.done = true;
+                    break Ok(Bytes::new());
+                }
+                Ok(Some(Err(e))) => {
+                    break Err(Failure::new(
+                        errno::IO,
+                        "error",
+                        format!("the response body failed: {e}"),
+                    ));
+                }
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        r.received += data.len() as u64;
+                        if r.received > max {
+                            break Err(Failure::new(
+                                errno::LIMIT_EXCEEDED,
+                                "limit",
+                                format!(
+                                    "the response body is larger than {max} bytes \
+                                     (outbound.max_response_bytes)"
+                                ),
+                            ));
+                        }
+                        break Ok(data);
+                    }
+                }
+            }
+        };
+        let label = r.label.clone();
+        self.waited += waited.elapsed();
+        result.map_err(|f| {
+            let code = self.fail(&label, f);
+            self.put(handle, Call::Done(code));
+            code
+        })
+    }
+}
+
+fn class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// Copies the guest's bytes at `ptr..ptr+len`, or traps naming `func`.
+fn read_guest(
+    caller: &Caller<'_, GuestState>,
+    ptr: i32,
+    len: i32,
+    func: &'static str,
+) -> wasmtime::Result<Vec<u8>> {
+    let data = memory(caller)?.data(caller);
+    let range = guest_range(ptr, len, data.len()).ok_or(GuestFault::BadPointer(func))?;
+    Ok(data[range].to_vec())
+}
+
+pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+    let m = abi::IMPORT_MODULE;
+    linker.func_wrap_async(
+        m,
+        func::OUTBOUND_REQUEST,
+        |mut caller: Caller<'_, GuestState>,
+         (method, method_len, backend, backend_len, url, url_len): (
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+        )| {
+            Box::new(async move {
+                let f = func::OUTBOUND_REQUEST;
+                let method = read_guest(&caller, method, method_len, f)?;
+                let backend = read_guest(&caller, backend, backend_len, f)?;
+                let url = read_guest(&caller, url, url_len, f)?;
+                let state = caller.data_mut();
+                let out = &mut state.outbound;
+                let (Ok(backend), Ok(url)) = (String::from_utf8(backend), String::from_utf8(url))
+                else {
+                    return Ok(out.misuse("the backend name and URL must be UTF-8"));
+                };
+                if let Err(code) = out.check_new(&state.request.headers, &backend) {
+                    return Ok(code);
+                }
+                let Ok(method) = Method::from_bytes(&method) else {
+                    return Ok(out.misuse("not an HTTP method"));
+                };
+                if backend.is_empty() && url.is_empty() {
+                    return Ok(out.misuse("give a backend name and a path, or a URL"));
+                }
+                let calls = out.calls.clone();
+                let waited = Instant::now();
+                let target = calls.policy.target(&backend, &url).await;
+                let out = &mut caller.data_mut().outbound;
+                out.waited += waited.elapsed();
+                let target = match target {
+                    Ok(t) => t,
+                    Err(d) => return Ok(out.denied(&backend, &d)),
+                };
+                out.handles.push(Call::Building(Box::new(Draft {
+                    method,
+                    target,
+                    headers: HeaderMap::new(),
+                    body: BytesMut::new(),
+                })));
+                Ok(i32::try_from(out.handles.len() - 1).unwrap_or(errno::LIMIT_EXCEEDED))
+            })
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        func::OUTBOUND_HEADER_APPEND,
+        |mut caller: Caller<'_, GuestState>,
+         handle: i32,
+         name: i32,
+         name_len: i32,
+         value: i32,
+         value_len: i32| {
+            let f = func::OUTBOUND_HEADER_APPEND;
+            let name = read_guest(&caller, name, name_len, f)?;
+            let value = read_guest(&caller, value, value_len, f)?;
+            let out = &mut caller.data_mut().outbound;
+            let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(&name),
+                HeaderValue::from_bytes(&value),
+            ) else {
+                return Ok(out.misuse("not a valid header name or value"));
+            };
+            let call = match out.get(handle) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            let Call::Building(draft) = call else {
+                return Ok(out.misuse("headers can be added only before outbound_send"));
+            };
+            if HOP_BY_HOP.contains(&name.as_str()) || name == http::header::CONTENT_LENGTH {
+                return Ok(0); // Tern frames the request and sets the host itself.
+            }
+            if draft.headers.len() >= MAX_HEADERS {
+                return Ok(errno::LIMIT_EXCEEDED);
+            }
+            draft.headers.append(name, value);
+            Ok(0)
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::OUTBOUND_BODY_WRITE,
+        |mut caller: Caller<'_, GuestState>, (handle, ptr, len): (i32, i32, i32)| {
+            Box::new(async move {
+                let chunk = read_guest(&caller, ptr, len, func::OUTBOUND_BODY_WRITE)?;
+                let out = &mut caller.data_mut().outbound;
+                let max = out.calls.policy.max_request_bytes;
+                let too_large = |out: &mut Outbound| {
+                    out.misuse(format!(
+                        "the request body is larger than {max} bytes (outbound.max_request_bytes)"
+                    ));
+                    errno::LIMIT_EXCEEDED
+                };
+                let n = i32::try_from(chunk.len()).unwrap_or(i32::MAX);
+                let sender = match out.get(handle) {
+                    Err(code) => return Ok(code),
+                    Ok(Call::Building(draft)) => {
+                        if (draft.body.len() + chunk.len()) as u64 > max {
+                            return Ok(too_large(out));
+                        }
+                        draft.body.extend_from_slice(&chunk);
+                        return Ok(n);
+                    }
+                    Ok(Call::Streaming { body, written, .. }) => {
+                        *written += chunk.len() as u64;
+                        if *written > max {
+                            return Ok(too_large(out));
+                        }
+                        body.clone()
+                    }
+                    Ok(_) => return Ok(out.misuse("the request body is complete")),
+                };
+                if chunk.is_empty() {
+                    return Ok(0);
+                }
+                let waited = Instant::now();
+                let sent = sender.send(Bytes::from(chunk)).await;
+                let out = &mut caller.data_mut().outbound;
+                out.waited += waited.elapsed();
+                Ok(match sent {
+                    Ok(()) => n,
+                    Err(_) => {
+                        out.last_error = "the backend stopped reading the request body".into();
+                        errno::IO
+                    }
+                })
+            })
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        func::OUTBOUND_SEND,
+        |mut caller: Caller<'_, GuestState>, handle: i32, flags: i32| {
+            let state = caller.data_mut();
+            Ok(state.outbound.send(
+                handle,
+                flags & abi::OUTBOUND_STREAM_BODY != 0,
+                &state.request.headers,
+            ))
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        func::OUTBOUND_BODY_FINISH,
+        |mut caller: Caller<'_, GuestState>, handle: i32| {
+            let out = &mut caller.data_mut().outbound;
+            let call = match out.take(handle) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            Ok(match call {
+                Call::Streaming { pending, .. } => {
+                    // Dropping the sender ends the body.
+                    out.put(handle, Call::Sent(pending));
+                    0
+                }
+                Call::Building(_) => {
+                    out.put(handle, call);
+                    out.misuse("the request has not been sent (call outbound_send)")
+                }
+                other => {
+                    out.put(handle, other);
+                    0
+                }
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::OUTBOUND_RESPONSE_STATUS,
+        |mut caller: Caller<'_, GuestState>, (handle,): (i32,)| {
+            Box::new(async move {
+                let out = &mut caller.data_mut().outbound;
+                Ok(match out.responded(handle).await {
+                    Ok(r) => i32::from(r.status),
+                    Err(code) => code,
+                })
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::OUTBOUND_RESPONSE_HEADERS,
+        |mut caller: Caller<'_, GuestState>, (handle, ptr, len): (i32, i32, i32)| {
+            Box::new(async move {
+                let f = func::OUTBOUND_RESPONSE_HEADERS;
+                let mem = memory(&caller)?;
+                guest_range(ptr, len, mem.data_size(&caller)).ok_or(GuestFault::BadPointer(f))?;
+                let (data, state) = mem.data_and_store_mut(&mut caller);
+                let r = match state.outbound.responded(handle).await {
+                    Ok(r) => r,
+                    Err(code) => return Ok(code),
+                };
+                let headers = &r.headers;
+                let blob = r.blob.get_or_insert_with(|| {
+                    let mut blob = Vec::with_capacity(headers.len() * 32);
+                    for (name, value) in headers {
+                        blob.extend_from_slice(name.as_str().as_bytes());
+                        blob.push(0);
+                        blob.extend_from_slice(value.as_bytes());
+                        blob.push(0);
+                    }
+                    blob
+                });
+                copy_to_guest(data, ptr, len, blob, f)
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::OUTBOUND_RESPONSE_BODY_READ,
+        |mut caller: Caller<'_, GuestState>, (handle, ptr, len): (i32, i32, i32)| {
+            Box::new(async move {
+                let f = func::OUTBOUND_RESPONSE_BODY_READ;
+                let mem = memory(&caller)?;
+                let range = guest_range(ptr, len, mem.data_size(&caller))
+                    .ok_or(GuestFault::BadPointer(f))?;
+                if range.is_empty() {
+                    return Ok(0);
+                }
+                let mut chunk = match caller.data_mut().outbound.body_chunk(handle).await {
+                    Ok(c) => c,
+                    Err(code) => return Ok(code),
+                };
+                let n = range.len().min(chunk.len());
+                let (data, state) = mem.data_and_store_mut(&mut caller);
+                data[range.start..range.start + n].copy_from_slice(&chunk[..n]);
+                if let Ok(Call::Responded(r)) = state.outbound.get(handle) {
+                    r.leftover = chunk.split_off(n);
+                }
+                Ok(i32::try_from(n).unwrap_or(i32::MAX))
+            })
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        func::OUTBOUND_CLOSE,
+        |mut caller: Caller<'_, GuestState>, handle: i32| {
+            let out = &mut caller.data_mut().outbound;
+            let call = match out.take(handle) {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            if let Call::Streaming { pending, .. } | Call::Sent(pending) = &call {
+                pending.task.abort();
+            }
+            out.put(handle, Call::Done(errno::INVALID_ARGUMENT));
+            Ok(0)
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        func::OUTBOUND_LAST_ERROR,
+        |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
+            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
+            copy_to_guest(
+                data,
+                ptr,
+                len,
+                state.outbound.last_error.as_bytes(),
+                func::OUTBOUND_LAST_ERROR,
+            )
+        },
+    )?;
+    Ok(())
+}

@@ -1,0 +1,718 @@
+//! Outbound HTTP: which backends and hosts a tenant's guests may call, and the client that
+//! calls them.
+//!
+//! **Deny by default.** A tenant's guests may send requests only to its named backends
+//! (`[tenant.outbound.backends.NAME]`, any address the operator wrote down, private ones
+//! included) and, by URL, to hosts matching its `allowed_hosts`. A URL request's host is
+//! resolved here and every address must be public (not loopback, private, link-local, shared,
+//! multicast, documentation or otherwise special); the request then goes to the checked address,
+//! so a DNS answer that changes between check and connect cannot redirect it (SSRF).
+//!
+//! **Loops.** Every outbound request carries `CDN-Loop: tern` (RFC 8586) appended to what the
+//! incoming request carried; a request that already passed through Tern [`MAX_HOPS`] times
+//! cannot go out again, so a tenant calling itself stops.
+//!
+//! **Connections** are pooled per worker thread and reused (HTTP/1.1 keep-alive). Redirects are
+//! never followed: the guest sees the `3xx`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderValue, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+
+use crate::router::HostPattern;
+
+/// How many times a request may pass through Tern (counted in `CDN-Loop`) before its guest's
+/// outbound requests are refused as a loop.
+pub const MAX_HOPS: usize = 8;
+
+/// Our entry in `CDN-Loop`.
+pub const CDN_ID: &str = "tern";
+
+/// The label of URL requests in metrics (backends are labelled by name).
+pub const URL_LABEL: &str = "url";
+
+/// Ceiling of every outbound timeout: 15 minutes (as `limits.timeout_ms`).
+const MAX_TIMEOUT_MS: u64 = 15 * 60 * 1000;
+
+/// Ceiling of outbound body limits: 4 GiB (as the tenant's body limits).
+const MAX_BODY_BYTES: u64 = 4 << 30;
+
+/// Ceiling of `outbound.max_requests`.
+const MAX_REQUESTS: u32 = 1_000;
+
+/// Ceiling of `outbound.max_concurrent`.
+const MAX_CONCURRENT: u32 = 10_000;
+
+/// `[tenant.outbound]`: the backends and hosts a tenant's guests may send requests to, and the
+/// limits on those requests. Empty (the default) denies every outbound request.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboundConfig {
+    /// Named backends (`[tenant.outbound.backends.NAME]`): a guest sends to one by name and a
+    /// path. A backend may name a private or loopback address; that is how a tenant reaches
+    /// an internal service.
+    pub backends: BTreeMap<String, BackendConfig>,
+    /// Hosts a guest may send to by URL (`api.example.com`, `*.example.com`, or `*` for any).
+    /// Their addresses must be public: loopback, private, link-local and other special ranges
+    /// are refused (use a backend for those).
+    pub allowed_hosts: Vec<String>,
+    /// Most outbound requests one guest request may send.
+    pub max_requests: u32,
+    /// Most outbound requests of this tenant in flight at once, per backend (URL requests
+    /// share one budget).
+    pub max_concurrent: u32,
+    /// Largest outbound request body a guest may send, in bytes.
+    pub max_request_bytes: u64,
+    /// Largest outbound response body a guest may read, in bytes.
+    pub max_response_bytes: u64,
+    /// Defaults for backends that set none, and the timeouts of URL requests.
+    pub connect_timeout_ms: u64,
+    /// Time from the request sent to the response head.
+    pub first_byte_timeout_ms: u64,
+    /// Time from the request started to the end of the response body.
+    pub total_timeout_ms: u64,
+}
+
+impl Default for OutboundConfig {
+    fn default() -> Self {
+        Self {
+            backends: BTreeMap::new(),
+            allowed_hosts: Vec::new(),
+            max_requests: 16,
+            max_concurrent: 64,
+            max_request_bytes: 16 * 1024 * 1024,
+            max_response_bytes: 16 * 1024 * 1024,
+            connect_timeout_ms: 2_000,
+            first_byte_timeout_ms: 10_000,
+            total_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// `[tenant.outbound.backends.NAME]`: one origin a guest may call by name.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// The origin: `http://host[:port]`, optionally with a base path the guest's path is
+    /// appended to (`http://10.0.0.5:8080/v1`).
+    pub url: String,
+    /// `Host` header to send instead of the URL's host.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Connect timeout (default: the tenant's `outbound.connect_timeout_ms`).
+    #[serde(default)]
+    pub connect_timeout_ms: Option<u64>,
+    /// Time to the response head (default: `outbound.first_byte_timeout_ms`).
+    #[serde(default)]
+    pub first_byte_timeout_ms: Option<u64>,
+    /// Time to the end of the response (default: `outbound.total_timeout_ms`).
+    #[serde(default)]
+    pub total_timeout_ms: Option<u64>,
+}
+
+/// The three timeouts of one outbound request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Timeouts {
+    /// Establishing the TCP connection.
+    pub connect: Duration,
+    /// From the request sent to the response head.
+    pub first_byte: Duration,
+    /// From the request started to the end of the response body.
+    pub total: Duration,
+}
+
+/// A named backend, checked and parsed.
+#[derive(Debug)]
+pub struct Backend {
+    /// Its name (the metrics label).
+    pub name: Arc<str>,
+    scheme: Scheme,
+    authority: Authority,
+    /// Base path without a trailing slash (empty for none).
+    base: String,
+    /// `Host` header: the override, or the URL's authority.
+    host: HeaderValue,
+    timeouts: Timeouts,
+    /// This tenant's requests in flight to it.
+    budget: Arc<Semaphore>,
+}
+
+/// What a tenant's guests may call, and the limits on those calls.
+#[derive(Debug)]
+pub struct Policy {
+    backends: HashMap<String, Arc<Backend>>,
+    allowed: Vec<HostPattern>,
+    url_timeouts: Timeouts,
+    url_budget: Arc<Semaphore>,
+    /// Most outbound requests per guest request.
+    pub max_requests: u32,
+    /// Largest outbound request body.
+    pub max_request_bytes: u64,
+    /// Largest outbound response body.
+    pub max_response_bytes: u64,
+}
+
+/// Where one outbound request goes, resolved and permitted.
+#[derive(Debug)]
+pub struct Target {
+    /// The URI to send (for URL requests: with the checked IP address as its authority).
+    pub uri: Uri,
+    /// The `Host` header to send.
+    pub host: HeaderValue,
+    /// Its timeouts.
+    pub timeouts: Timeouts,
+    /// The budget its in-flight slot is taken from.
+    pub budget: Arc<Semaphore>,
+    /// The metrics label: the backend's name, or [`URL_LABEL`].
+    pub label: Arc<str>,
+}
+
+/// Why an outbound request may not go out. Its text is what the guest reads from
+/// `outbound_last_error`, so it says what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum Denied {
+    /// No backend of that name.
+    #[error("no backend named {0:?} (add it under [tenant.outbound.backends])")]
+    UnknownBackend(String),
+    /// The URL's host matches no `allowed_hosts` entry.
+    #[error(
+        "host {0:?} is not in this tenant's outbound.allowed_hosts (requests are denied unless allowed)"
+    )]
+    HostNotAllowed(String),
+    /// The host resolved to an address that is not public.
+    #[error(
+        "{host:?} resolves to {addr}, which is not a public address (name it in a backend to reach it)"
+    )]
+    NotPublic {
+        /// The host asked for.
+        host: String,
+        /// The address it resolved to.
+        addr: IpAddr,
+    },
+    /// The host could not be resolved.
+    #[error("cannot resolve {host:?}: {why}")]
+    Unresolved {
+        /// The host asked for.
+        host: String,
+        /// The resolver's error.
+        why: String,
+    },
+    /// The target is not a usable URL or path.
+    #[error("{0}")]
+    BadTarget(String),
+    /// The request has passed through Tern too often.
+    #[error(
+        "request loop: this request already passed through Tern {0} times (CDN-Loop); outbound requests are refused"
+    )]
+    Loop(usize),
+}
+
+/// Checks a tenant's `[outbound]` section.
+///
+/// # Errors
+/// What is wrong, naming the setting.
+pub fn check_config(c: &OutboundConfig) -> Result<(), String> {
+    Policy::from_config(c).map(drop)
+}
+
+fn ms(key: &str, v: u64) -> Result<Duration, String> {
+    if v == 0 || v > MAX_TIMEOUT_MS {
+        return Err(format!(
+            "{key} must be between 1 and {MAX_TIMEOUT_MS}, not {v}"
+        ));
+    }
+    Ok(Duration::from_millis(v))
+}
+
+impl Policy {
+    /// The policy `c` describes.
+    ///
+    /// # Errors
+    /// What is wrong with `c`, naming the setting.
+    pub fn from_config(c: &OutboundConfig) -> Result<Self, String> {
+        let ceilings: [(&str, u64, u64, u64); 4] = [
+            (
+                "max_requests",
+                u64::from(c.max_requests),
+                0,
+                u64::from(MAX_REQUESTS),
+            ),
+            (
+                "max_concurrent",
+                u64::from(c.max_concurrent),
+                1,
+                u64::from(MAX_CONCURRENT),
+            ),
+            ("max_request_bytes", c.max_request_bytes, 0, MAX_BODY_BYTES),
+            (
+                "max_response_bytes",
+                c.max_response_bytes,
+                0,
+                MAX_BODY_BYTES,
+            ),
+        ];
+        for (key, value, min, max) in ceilings {
+            if value < min || value > max {
+                return Err(format!(
+                    "{key} must be between {min} and {max}, not {value}"
+                ));
+            }
+        }
+        let defaults = Timeouts {
+            connect: ms("connect_timeout_ms", c.connect_timeout_ms)?,
+            first_byte: ms("first_byte_timeout_ms", c.first_byte_timeout_ms)?,
+            total: ms("total_timeout_ms", c.total_timeout_ms)?,
+        };
+        let allowed = c
+            .allowed_hosts
+            .iter()
+            .map(|h| HostPattern::parse(h).map_err(|e| format!("allowed_hosts: {e}")))
+            .collect::<Result<_, _>>()?;
+        let mut backends = HashMap::new();
+        for (name, b) in &c.backends {
+            let backend = Backend::from_config(name, b, defaults, c.max_concurrent)
+                .map_err(|e| format!("backends.{name}: {e}"))?;
+            backends.insert(name.clone(), Arc::new(backend));
+        }
+        Ok(Self {
+            backends,
+            allowed,
+            url_timeouts: defaults,
+            url_budget: Arc::new(Semaphore::new(c.max_concurrent as usize)),
+            max_requests: c.max_requests,
+            max_request_bytes: c.max_request_bytes,
+            max_response_bytes: c.max_response_bytes,
+        })
+    }
+
+    /// The metrics label of backend `name`, if the tenant has one of that name.
+    pub fn backend_label(&self, name: &str) -> Option<Arc<str>> {
+        self.backends.get(name).map(|b| b.name.clone())
+    }
+
+    /// Whether the tenant may call anything at all.
+    pub fn denies_all(&self) -> bool {
+        self.backends.is_empty() && self.allowed.is_empty()
+    }
+
+    /// Where a guest's request goes: to backend `backend` at `path` (a path and query), or,
+    /// with `backend` empty, to the absolute `http://` URL `path`.
+    ///
+    /// # Errors
+    /// [`Denied`], saying why.
+    pub async fn target(&self, backend: &str, path: &str) -> Result<Target, Denied> {
+        if backend.is_empty() {
+            return self.url_target(path).await;
+        }
+        let b = self
+            .backends
+            .get(backend)
+            .ok_or_else(|| Denied::UnknownBackend(backend.to_string()))?;
+        if !path.starts_with('/') {
+            return Err(Denied::BadTarget(format!(
+                "a backend request's path must start with '/', not {path:?}"
+            )));
+        }
+        let pq = PathAndQuery::try_from(format!("{}{path}", b.base))
+            .map_err(|e| Denied::BadTarget(format!("path {path:?}: {e}")))?;
+        let uri = Uri::builder()
+            .scheme(b.scheme.clone())
+            .authority(b.authority.clone())
+            .path_and_query(pq)
+            .build()
+            .map_err(|e| Denied::BadTarget(e.to_string()))?;
+        Ok(Target {
+            uri,
+            host: b.host.clone(),
+            timeouts: b.timeouts,
+            budget: b.budget.clone(),
+            label: b.name.clone(),
+        })
+    }
+
+    async fn url_target(&self, url: &str) -> Result<Target, Denied> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| Denied::BadTarget(format!("{url:?} is not a URL: {e}")))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => {
+                return Err(Denied::BadTarget(
+                    "https URLs are not supported yet (outbound TLS is on its way); use http"
+                        .into(),
+                ));
+            }
+            _ => {
+                return Err(Denied::BadTarget(format!(
+                    "{url:?} is not an absolute http:// URL (or name a backend)"
+                )));
+            }
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| Denied::BadTarget(format!("{url:?} has no host")))?;
+        if authority.as_str().contains('@') {
+            return Err(Denied::BadTarget(format!(
+                "{url:?}: credentials in URLs are not sent; use an Authorization header"
+            )));
+        }
+        let host = authority
+            .host()
+            .trim_matches(['[', ']'])
+            .to_ascii_lowercase();
+        let port = authority.port_u16().unwrap_or(80);
+        if !self.allowed.iter().any(|p| p.matches(&host)) {
+            return Err(Denied::HostNotAllowed(host));
+        }
+        let addr = resolve_public(&host, port).await?;
+        let pq = uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let uri = Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(addr.to_string().as_str())
+            .path_and_query(pq)
+            .build()
+            .map_err(|e| Denied::BadTarget(e.to_string()))?;
+        let host = HeaderValue::from_str(authority.as_str())
+            .map_err(|e| Denied::BadTarget(e.to_string()))?;
+        Ok(Target {
+            uri,
+            host,
+            timeouts: self.url_timeouts,
+            budget: self.url_budget.clone(),
+            label: Arc::from(URL_LABEL),
+        })
+    }
+}
+
+impl Backend {
+    fn from_config(
+        name: &str,
+        c: &BackendConfig,
+        defaults: Timeouts,
+        concurrent: u32,
+    ) -> Result<Self, String> {
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err("a backend name is 1-64 letters, digits, '-' or '_'".into());
+        }
+        let uri: Uri = c
+            .url
+            .parse()
+            .map_err(|e| format!("url {:?} is not a URL: {e}", c.url))?;
+        let scheme = match uri.scheme_str() {
+            Some("http") => Scheme::HTTP,
+            Some("https") => {
+                return Err(format!(
+                    "url {:?}: https backends are not supported yet (outbound TLS is on its way)",
+                    c.url
+                ));
+            }
+            _ => return Err(format!("url {:?} must start with http://", c.url)),
+        };
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("url {:?} has no host", c.url))?;
+        if authority.as_str().contains('@') {
+            return Err(format!("url {:?}: no credentials in the URL", c.url));
+        }
+        if uri.query().is_some() {
+            return Err(format!("url {:?}: no query in a backend's URL", c.url));
+        }
+        let base = uri.path().trim_end_matches('/').to_string();
+        let host = c.host.as_deref().unwrap_or(authority.as_str());
+        let host =
+            HeaderValue::from_str(host).map_err(|_| format!("host {host:?} is not valid"))?;
+        let pick = |key: &str, v: Option<u64>, d: Duration| match v {
+            Some(v) => ms(key, v),
+            None => Ok(d),
+        };
+        Ok(Self {
+            name: Arc::from(name),
+            scheme,
+            authority,
+            base,
+            host,
+            timeouts: Timeouts {
+                connect: pick("connect_timeout_ms", c.connect_timeout_ms, defaults.connect)?,
+                first_byte: pick(
+                    "first_byte_timeout_ms",
+                    c.first_byte_timeout_ms,
+                    defaults.first_byte,
+                )?,
+                total: pick("total_timeout_ms", c.total_timeout_ms, defaults.total)?,
+            },
+            budget: Arc::new(Semaphore::new(concurrent as usize)),
+        })
+    }
+}
+
+/// The first address of `host` (a name or an IP literal), if every address it has is public.
+async fn resolve_public(host: &str, port: u16) -> Result<SocketAddr, Denied> {
+    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|e| Denied::Unresolved {
+                host: host.to_string(),
+                why: e.to_string(),
+            })?
+            .collect(),
+    };
+    // All of them: a name that also points inside must not be used to reach outside either.
+    if let Some(bad) = addrs.iter().find(|a| !is_public(a.ip())) {
+        return Err(Denied::NotPublic {
+            host: host.to_string(),
+            addr: bad.ip(),
+        });
+    }
+    addrs.first().copied().ok_or_else(|| Denied::Unresolved {
+        host: host.to_string(),
+        why: "no addresses".into(),
+    })
+}
+
+/// Whether `ip` is a public unicast address (RFC 6890's special-purpose ranges are not).
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_public_v4(v4),
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public_v4(v4);
+            }
+            let s = v6.segments();
+            !(v6.is_unspecified()
+                || v6.is_loopback()
+                || v6.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00 // unique local fc00::/7
+                || (s[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
+                || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated) fec0::/10
+                || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation 2001:db8::/32
+                || (s[0] == 0x0064 && s[1] == 0xff9b) // NAT64 64:ff9b::/96 and /48
+                || (s[0] == 0x0100 && s[1] == 0 && s[2] == 0 && s[3] == 0) // discard 100::/64
+                || s[0] == 0x2002 // 6to4 (embeds any IPv4 address)
+                || (s[0] == 0x2001 && s[1] == 0)) // Teredo 2001::/32
+        }
+    }
+}
+
+fn is_public_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    !(ip.is_unspecified()
+        || a == 0 // "this network" 0.0.0.0/8
+        || ip.is_loopback()
+        || ip.is_private()
+        || ip.is_link_local()
+        || ip.is_multicast()
+        || ip.is_broadcast()
+        || ip.is_documentation()
+        || a >= 240 // reserved 240.0.0.0/4
+        || (a == 100 && (b & 0xc0) == 64) // shared address space 100.64.0.0/10
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments 192.0.0.0/24
+        || (a == 198 && (b & 0xfe) == 18) // benchmarking 198.18.0.0/15
+        || (a == 192 && b == 88 && c == 99)) // 6to4 relay anycast
+}
+
+/// The number of times `CDN-Loop` values already name Tern.
+pub fn hops<'a>(values: impl Iterator<Item = &'a HeaderValue>) -> usize {
+    values
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter(|entry| {
+            let id = entry.split(';').next().unwrap_or("").trim();
+            id.eq_ignore_ascii_case(CDN_ID)
+        })
+        .count()
+}
+
+/// Counts the connections a client opens (`tern_outbound_connections_total`); requests beyond
+/// that count reused a pooled connection.
+#[derive(Clone)]
+pub struct Counted {
+    inner: HttpConnector,
+    opened: prometheus::IntCounter,
+}
+
+type Connecting = Pin<Box<dyn Future<Output = Result<TokioIo<TcpStream>, BoxError>> + Send>>;
+
+/// A boxed error, as hyper-util's client takes from a connector.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Uri> for Counted {
+    type Response = TokioIo<TcpStream>;
+    type Error = BoxError;
+    type Future = Connecting;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        tower_service::Service::<Uri>::poll_ready(&mut self.inner, cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let opened = self.opened.clone();
+        let connecting = tower_service::Service::<Uri>::call(&mut self.inner, uri);
+        Box::pin(async move {
+            let stream = connecting.await?;
+            opened.inc();
+            Ok(stream)
+        })
+    }
+}
+
+/// The body of an outbound request: whole, or streamed from the guest through a channel.
+pub enum OutBody {
+    /// Written before the request was sent (sent with a `Content-Length`).
+    Full(Option<Bytes>),
+    /// Written after: each write is a chunk.
+    Stream(tokio::sync::mpsc::Receiver<Bytes>),
+}
+
+impl http_body::Body for OutBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            OutBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(http_body::Frame::data(b)))),
+            OutBody::Stream(rx) => rx
+                .poll_recv(cx)
+                .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, OutBody::Full(None))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            OutBody::Full(Some(b)) => http_body::SizeHint::with_exact(b.len() as u64),
+            OutBody::Full(None) => http_body::SizeHint::with_exact(0),
+            OutBody::Stream(_) => http_body::SizeHint::default(),
+        }
+    }
+}
+
+/// The HTTP client of one worker thread, for one connect timeout.
+pub type HttpClient = Client<Counted, OutBody>;
+
+thread_local! {
+    /// Clients by connect timeout: each keeps its own pool of connections on this worker.
+    static CLIENTS: std::cell::RefCell<HashMap<Duration, HttpClient>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
+/// The client this worker uses for requests with connect timeout `connect` (made on first use).
+pub fn client(connect: Duration, opened: &prometheus::IntCounter) -> HttpClient {
+    CLIENTS.with_borrow_mut(|clients| {
+        clients
+            .entry(connect)
+            .or_insert_with(|| {
+                let mut http = HttpConnector::new();
+                http.set_connect_timeout(Some(connect));
+                http.set_nodelay(true);
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(60))
+                    .pool_max_idle_per_host(64)
+                    .build(Counted {
+                        inner: http,
+                        opened: opened.clone(),
+                    })
+            })
+            .clone()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_public_addresses_are_public() {
+        for private in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "224.0.0.1",
+            "255.255.255.255",
+            "192.0.2.1",
+            "198.18.0.1",
+            "::1",
+            "::",
+            "fc00::1",
+            "fd12::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "64:ff9b::a00:1",
+            "2002:a00:1::",
+            "2001:db8::1",
+        ] {
+            assert!(!is_public(private.parse().unwrap()), "{private}");
+        }
+        for public in ["1.1.1.1", "8.8.8.8", "93.184.216.34", "2606:4700::1111"] {
+            assert!(is_public(public.parse().unwrap()), "{public}");
+        }
+    }
+
+    #[test]
+    fn hops_count_tern_entries() {
+        let v = [
+            HeaderValue::from_static("foo, tern"),
+            HeaderValue::from_static("TERN; v=1,bar"),
+        ];
+        assert_eq!(hops(v.iter()), 2);
+        assert_eq!(hops([].iter()), 0);
+    }
+
+    #[test]
+    fn configs_are_checked() {
+        let mut c = OutboundConfig::default();
+        assert!(check_config(&c).is_ok());
+        c.backends.insert(
+            "origin".into(),
+            BackendConfig {
+                url: "https://x".into(),
+                host: None,
+                connect_timeout_ms: None,
+                first_byte_timeout_ms: None,
+                total_timeout_ms: None,
+            },
+        );
+        assert!(check_config(&c).unwrap_err().contains("https"));
+        c.backends.get_mut("origin").unwrap().url = "http://10.0.0.5:8080/v1/".into();
+        assert!(check_config(&c).is_ok());
+        c.allowed_hosts = vec!["exa mple.com".into()];
+        assert!(check_config(&c).unwrap_err().contains("allowed_hosts"));
+        c.allowed_hosts.clear();
+        c.total_timeout_ms = 0;
+        assert!(check_config(&c).unwrap_err().contains("total_timeout_ms"));
+    }
+}

@@ -1,0 +1,456 @@
+//! Outbound requests: guests call their tenant's backends and allowed hosts, and nothing else;
+//! timeouts, limits, loop detection, connection reuse; the proxy and aggregator examples
+//! against real backends on 127.0.0.1.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tern_sdk::abi::errno;
+
+use crate::support::{TestServer, metric_value, send, test_guest};
+
+/// A backend for the tests: `/hello` answers `hi` and the request's headers, `/slow` answers
+/// after 3 s, `/big?n=N` N bytes, `/echo` the request body, `/users` and `/orders` each wait
+/// (up to 5 s) until the other has arrived too, so they succeed only when sent in parallel.
+struct Backend {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+}
+
+async fn handle(req: Request<Incoming>, both: Arc<tokio::sync::Barrier>) -> Response<Full<Bytes>> {
+    let full = req.uri().path().to_string();
+    // The `base` backend's URL has the base path `/v1`.
+    let path = full.strip_prefix("/v1").unwrap_or(&full).to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let mut text = String::new();
+    match path.as_str() {
+        "/hello" => {
+            text.push_str("hi\n");
+            text.push_str(&format!("path: {full}\n"));
+            for (name, value) in req.headers() {
+                text.push_str(&format!("{name}: {}\n", value.to_str().unwrap_or("?")));
+            }
+        }
+        "/slow" => {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            text.push_str("late\n");
+        }
+        "/big" => {
+            let n: usize = query
+                .strip_prefix("n=")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            return Response::new(Full::new(Bytes::from(vec![b'x'; n])));
+        }
+        "/echo" => {
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            return Response::new(Full::new(body));
+        }
+        "/users" | "/orders" => {
+            if tokio::time::timeout(Duration::from_secs(5), both.wait())
+                .await
+                .is_err()
+            {
+                let mut r = Response::new(Full::new(Bytes::from("not sent in parallel")));
+                *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                return r;
+            }
+            text = format!("{{\"from\":\"{}\"}}", &path[1..]);
+        }
+        _ => {
+            let mut r = Response::new(Full::new(Bytes::from("no such path")));
+            *r.status_mut() = StatusCode::NOT_FOUND;
+            return r;
+        }
+    }
+    Response::new(Full::new(Bytes::from(text)))
+}
+
+impl Backend {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        let both = Arc::new(tokio::sync::Barrier::new(2));
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                let both = both.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let both = both.clone();
+                        async move { Ok::<_, Infallible>(handle(req, both).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, accepted }
+    }
+}
+
+/// A port nothing listens on.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn probe_server(backend: &Backend) -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "outbound_probe");
+    let b = backend.addr;
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"probe\"\nmodule = \"outbound_probe.wasm\"\npaths = [\"/probe\"]\n\
+         [tenant.limits]\ntimeout_ms = 5000\n\
+         [tenant.outbound]\nallowed_hosts = [\"localhost\", \"127.0.0.1\"]\nmax_requests = 3\n\
+         max_response_bytes = 100000\nmax_request_bytes = 1000\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://{b}\"\n\
+         [tenant.outbound.backends.base]\nurl = \"http://{b}/v1/\"\nhost = \"origin.internal\"\n\
+         [tenant.outbound.backends.slow]\nurl = \"http://{b}\"\nfirst_byte_timeout_ms = 200\n\
+         [tenant.outbound.backends.down]\nurl = \"http://127.0.0.1:{}\"\n\
+         [[tenant]]\nname = \"closed\"\nmodule = \"outbound_probe.wasm\"\npaths = [\"/closed\"]\n\
+         [[tenant]]\nname = \"deadline\"\nmodule = \"outbound_probe.wasm\"\npaths = [\"/deadline\"]\n\
+         [tenant.limits]\ntimeout_ms = 300\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://{b}\"\n",
+        closed_port()
+    );
+    TestServer::try_start_in(dir, &config).await.expect("start")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guests_call_their_backends_and_nothing_else() {
+    let backend = Backend::start().await;
+    let s = probe_server(&backend).await;
+    let b = backend.addr;
+
+    // A named backend, on loopback: the operator named it, so it may be private.
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let r = send(
+        s.addr(),
+        Method::GET,
+        "/probe?backend=origin&path=/hello",
+        None,
+        &[("traceparent", traceparent)],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let text = r.text();
+    assert!(text.starts_with("status=200 "), "{text}");
+    assert!(text.contains("body=hi\n"), "{text}");
+    assert!(text.contains(&format!("host: {b}\n")), "{text}");
+    assert!(text.contains("cdn-loop: tern\n"), "{text}");
+    assert!(
+        text.contains(&format!("traceparent: {traceparent}\n")),
+        "the incoming trace context is passed on: {text}"
+    );
+    assert!(
+        r.header("server-timing").contains("outbound;dur="),
+        "{}",
+        r.header("server-timing")
+    );
+    // A base path and a Host override.
+    let r = s.get("/probe?backend=base&path=/hello?x=1").await;
+    assert!(r.text().starts_with("status=200 "), "{}", r.text());
+    assert!(r.text().contains("path: /v1/hello\n"), "{}", r.text());
+    assert!(r.text().contains("host: origin.internal\n"), "{}", r.text());
+    let r = s.get("/probe?backend=base&path=hello").await;
+    assert!(
+        r.text()
+            .starts_with(&format!("error={} ", errno::INVALID_ARGUMENT)),
+        "a path must start with '/': {}",
+        r.text()
+    );
+
+    // Everything else is denied, each with a message that says why.
+    let denied = format!("error={} ", errno::DENIED);
+    for (path, why) in [
+        ("/probe?backend=nope", "no backend named \"nope\""),
+        ("/closed?backend=origin", "no backend named \"origin\""),
+        (
+            "/probe?url=http://evil.example/x",
+            "not in this tenant's outbound.allowed_hosts",
+        ),
+        ("/probe?url=http://localhost:1/x", "not a public address"),
+        ("/probe?url=http://127.0.0.1:1/x", "not a public address"),
+        (
+            "/closed?url=http://127.0.0.1:1/x",
+            "not in this tenant's outbound.allowed_hosts",
+        ),
+    ] {
+        let r = s.get(path).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert!(r.text().starts_with(&denied), "{path}: {}", r.text());
+        assert!(r.text().contains(why), "{path}: {}", r.text());
+    }
+    let r = s.get("/probe?url=https://localhost/x").await;
+    assert!(
+        r.text().contains("https URLs are not supported yet"),
+        "{}",
+        r.text()
+    );
+
+    // Limits: requests per request, request and response body sizes.
+    let r = s.get("/probe?backend=origin&path=/hello&times=4").await;
+    let text = r.text();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("status=") || l.starts_with("error="))
+        .collect();
+    assert_eq!(lines.len(), 4, "{}", r.text());
+    assert!(
+        lines[3].starts_with(&format!(
+            "error={} at most 3 outbound requests",
+            errno::LIMIT_EXCEEDED
+        )),
+        "{}",
+        r.text()
+    );
+    let r = s.get("/probe?backend=origin&path=/big?n=100001").await;
+    assert!(
+        r.text()
+            .starts_with(&format!("error={} ", errno::LIMIT_EXCEEDED)),
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains("max_response_bytes"), "{}", r.text());
+    let r = s.get("/probe?backend=origin&path=/big?n=100000").await;
+    assert!(
+        r.text().starts_with("status=200 bytes=100000 "),
+        "limit exactly: {}",
+        &r.text()[..40]
+    );
+    let r = s
+        .get("/probe?backend=origin&path=/echo&method=POST&size=1001")
+        .await;
+    assert!(
+        r.text()
+            .starts_with(&format!("error={} ", errno::LIMIT_EXCEEDED)),
+        "{}",
+        r.text()
+    );
+    let r = s
+        .get("/probe?backend=origin&path=/echo&method=POST&size=1000")
+        .await;
+    assert!(
+        r.text().starts_with("status=200 bytes=1000 "),
+        "{}",
+        &r.text()[..40]
+    );
+
+    // Timeouts and a backend that is down: errors for the guest, not for the client.
+    let r = s.get("/probe?backend=slow&path=/slow").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        r.text().starts_with(&format!("error={} ", errno::TIMEOUT)),
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains("first_byte_timeout_ms"), "{}", r.text());
+    let r = s.get("/probe?backend=down&path=/").await;
+    assert!(
+        r.text().starts_with(&format!(
+            "error={} connecting to the backend failed",
+            errno::IO
+        )),
+        "{}",
+        r.text()
+    );
+    // The guest's own deadline still holds while it waits for a backend.
+    let r = s.get("/deadline?backend=origin&path=/slow").await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.text());
+
+    let m = s.metrics().await;
+    for (series, at_least) in [
+        (
+            "tern_outbound_requests_total{backend=\"origin\",status=\"2xx\",tenant=\"probe\"}",
+            3.0,
+        ),
+        (
+            "tern_outbound_requests_total{backend=\"unknown\",status=\"denied\",tenant=\"probe\"}",
+            1.0,
+        ),
+        (
+            "tern_outbound_requests_total{backend=\"url\",status=\"denied\",tenant=\"probe\"}",
+            3.0,
+        ),
+        (
+            "tern_outbound_requests_total{backend=\"slow\",status=\"timeout\",tenant=\"probe\"}",
+            1.0,
+        ),
+        (
+            "tern_outbound_requests_total{backend=\"down\",status=\"error\",tenant=\"probe\"}",
+            1.0,
+        ),
+        (
+            "tern_outbound_requests_total{backend=\"origin\",status=\"limit\",tenant=\"probe\"}",
+            2.0,
+        ),
+        ("tern_outbound_connections_total", 1.0),
+        (
+            "tern_request_phase_duration_seconds_count{phase=\"outbound\"}",
+            1.0,
+        ),
+    ] {
+        assert!(metric_value(&m, series) >= at_least, "{series} in\n{m}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_parallel_and_connections_reused() {
+    let backend = Backend::start().await;
+    let s = probe_server(&backend).await;
+    // Two at once: each backend request waits for the other, so only parallel ones succeed.
+    let r = s.get("/probe?backend=origin&path=/users&parallel=2").await;
+    assert_eq!(r.text().matches("status=200").count(), 2, "{}", r.text());
+    assert!(r.text().contains("{\"from\":\"users\"}"), "{}", r.text());
+    // Sequential requests reuse the worker's pooled connection.
+    let before = backend.accepted.load(Ordering::SeqCst);
+    for _ in 0..10 {
+        let r = s.get("/probe?backend=origin&path=/hello&times=3").await;
+        assert_eq!(r.text().matches("status=200").count(), 3, "{}", r.text());
+    }
+    let opened = backend.accepted.load(Ordering::SeqCst) - before;
+    // One pool per worker thread (2 here), and the one connection the parallel pair left.
+    assert!(opened <= 3, "30 requests opened {opened} connections");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_example_streams_10_mb_both_ways() {
+    let backend = Backend::start().await;
+    let b = backend.addr;
+    let mb10 = 10_000_000;
+    // 4 MiB of guest memory: a proxy that held a 10 MB body whole would run out.
+    let config = format!(
+        "[[tenant]]\nname = \"shop\"\nmodule = \"builtin:proxy\"\npaths = [\"/shop\"]\n\
+         [tenant.limits]\nmax_memory_mib = 4\nmax_request_bytes = 20000000\n\
+         max_response_bytes = 20000000\ntimeout_ms = 20000\n\
+         [tenant.outbound]\nmax_request_bytes = 20000000\nmax_response_bytes = 20000000\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://{b}\"\n\
+         [[tenant]]\nname = \"gone\"\nmodule = \"builtin:proxy\"\npaths = [\"/gone\"]\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://127.0.0.1:{}\"\n",
+        closed_port()
+    );
+    let s = TestServer::start(&config).await;
+
+    let r = s.get("/shop/hello?x=1").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let text = r.text();
+    for line in [
+        "path: /hello\n",
+        "x-forwarded-for: 127.0.0.1\n",
+        "x-forwarded-host: localhost\n",
+        "x-forwarded-proto: http\n",
+        "cdn-loop: tern\n",
+    ] {
+        assert!(text.contains(line), "{line:?} in {text}");
+    }
+    assert_eq!(r.header("cache-control"), "public, max-age=60");
+
+    let body: Vec<u8> = (0..mb10).map(|i| (i % 251) as u8).collect();
+    let r = send(
+        s.addr(),
+        Method::POST,
+        "/shop/echo",
+        None,
+        &[],
+        Bytes::from(body.clone()),
+    )
+    .await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        &r.text()[..r.text().len().min(300)]
+    );
+    assert_eq!(r.body.len(), mb10);
+    assert!(r.body == body, "the body came back changed");
+
+    let r = s.get(&format!("/shop/big?n={mb10}")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body.len(), mb10);
+
+    // The backend's status passes through; a backend that is down is a 502.
+    assert_eq!(s.get("/shop/nothing").await.status, StatusCode::NOT_FOUND);
+    let r = s.get("/gone/x").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert!(
+        r.text().contains("connecting to the backend failed"),
+        "{}",
+        r.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aggregate_example_asks_two_backends_at_once() {
+    let backend = Backend::start().await;
+    let b = backend.addr;
+    let config = format!(
+        "[[tenant]]\nname = \"dash\"\nmodule = \"builtin:aggregate\"\n\
+         [tenant.limits]\ntimeout_ms = 8000\n\
+         [tenant.outbound.backends.users]\nurl = \"http://{b}\"\n\
+         [tenant.outbound.backends.orders]\nurl = \"http://{b}\"\n"
+    );
+    let s = TestServer::start(&config).await;
+    let r = s.get("/").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({ "users": { "from": "users" }, "orders": { "from": "orders" } })
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_that_calls_itself_is_stopped_by_the_loop_header() {
+    let s = TestServer::start("").await;
+    // A proxy whose origin is this very tenant: each request would call it again, forever.
+    let spec = serde_json::json!({
+        "paths": ["/loop"],
+        "outbound": { "backends": { "origin": { "url": format!("http://{}/loop", s.addr()) } } },
+        "limits": { "timeout_ms": 10000 }
+    });
+    let (status, v) = s
+        .admin_call(Method::PUT, "/admin/v1/tenants/loop", spec.to_string())
+        .await;
+    assert!(status.is_success(), "{status} {v}");
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/loop/module",
+            tern::demo::module("proxy").unwrap().to_vec(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let r = s.get("/loop/x").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert!(r.text().contains("request loop"), "{}", r.text());
+    let m = s.metrics().await;
+    let series =
+        "tern_outbound_requests_total{backend=\"origin\",status=\"denied\",tenant=\"loop\"}";
+    assert_eq!(metric_value(&m, series), 1.0, "{m}");
+    assert_eq!(
+        metric_value(
+            &m,
+            "tern_outbound_requests_total{backend=\"origin\",status=\"5xx\",tenant=\"loop\"}"
+        ),
+        tern::outbound::MAX_HOPS as f64,
+        "every hop but the last sent a request and got the 502 back"
+    );
+}
