@@ -580,16 +580,26 @@ impl tower_service::Service<Uri> for Counted {
 }
 
 /// The body of an outbound request: whole, or streamed from the guest through a channel.
+///
+/// A streamed body ends only at its end marker (an empty chunk, sent by
+/// `outbound_body_finish`). If the guest goes away first (a trap, its deadline) the channel
+/// closes without it and the body fails, so the backend sees an aborted request, never a
+/// complete-looking truncated one.
 pub enum OutBody {
     /// Written before the request was sent (sent with a `Content-Length`).
     Full(Option<Bytes>),
-    /// Written after: each write is a chunk.
-    Stream(tokio::sync::mpsc::Receiver<Bytes>),
+    /// Written after: each write is a chunk; an empty chunk ends the body.
+    Stream(tokio::sync::mpsc::Receiver<Bytes>, bool),
 }
+
+/// A streamed outbound body whose guest ended before finishing it.
+#[derive(Debug, thiserror::Error)]
+#[error("the guest ended before finishing the request body")]
+pub struct BodyAborted;
 
 impl http_body::Body for OutBody {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = BodyAborted;
 
     fn poll_frame(
         self: Pin<&mut Self>,
@@ -597,21 +607,28 @@ impl http_body::Body for OutBody {
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             OutBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(http_body::Frame::data(b)))),
-            OutBody::Stream(rx) => rx
-                .poll_recv(cx)
-                .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c)))),
+            OutBody::Stream(_, true) => Poll::Ready(None),
+            OutBody::Stream(rx, ended) => match rx.poll_recv(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Some(chunk)) if chunk.is_empty() => {
+                    *ended = true;
+                    Poll::Ready(None)
+                }
+                Poll::Ready(Some(chunk)) => Poll::Ready(Some(Ok(http_body::Frame::data(chunk)))),
+                Poll::Ready(None) => Poll::Ready(Some(Err(BodyAborted))),
+            },
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self, OutBody::Full(None))
+        matches!(self, OutBody::Full(None) | OutBody::Stream(_, true))
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
         match self {
             OutBody::Full(Some(b)) => http_body::SizeHint::with_exact(b.len() as u64),
-            OutBody::Full(None) => http_body::SizeHint::with_exact(0),
-            OutBody::Stream(_) => http_body::SizeHint::default(),
+            OutBody::Full(None) | OutBody::Stream(_, true) => http_body::SizeHint::with_exact(0),
+            OutBody::Stream(..) => http_body::SizeHint::default(),
         }
     }
 }

@@ -290,7 +290,7 @@ impl Outbound {
         headers.insert(HOST, target.host.clone());
         let (out_body, sender) = if stream {
             let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
-            (OutBody::Stream(rx), Some(tx))
+            (OutBody::Stream(rx, false), Some(tx))
         } else {
             (OutBody::Full(Some(body.freeze())), None)
         };
@@ -357,6 +357,7 @@ impl Outbound {
 
     /// Waits for the head of `handle`'s response (ending a streaming body first).
     async fn responded(&mut self, handle: i32) -> Result<&mut Responded, i32> {
+        let waited = Instant::now();
         let call = self.take(handle)?;
         let pending = match call {
             Call::Responded(_) => {
@@ -366,7 +367,11 @@ impl Outbound {
                     _ => unreachable!("just put back"),
                 };
             }
-            Call::Streaming { pending, .. } | Call::Sent(pending) => pending,
+            Call::Streaming { body, pending, .. } => {
+                finish(&body).await;
+                pending
+            }
+            Call::Sent(pending) => pending,
             Call::Building(_) => {
                 self.put(handle, call);
                 return Err(self.misuse("the request has not been sent (call outbound_send)"));
@@ -376,7 +381,6 @@ impl Outbound {
                 return Err(code);
             }
         };
-        let waited = Instant::now();
         let result = tokio::time::timeout_at(pending.deadline.into(), pending.task).await;
         self.waited += waited.elapsed();
         let label = pending.label.clone();
@@ -441,8 +445,9 @@ impl Outbound {
     /// The next bytes of `handle`'s response body (empty at its end).
     async fn body_chunk(&mut self, handle: i32) -> Result<Bytes, i32> {
         let max = self.calls.policy.max_response_bytes;
-        let waited = Instant::now();
         let r = self.responded(handle).await?;
+        // (The wait for the head is counted by `responded`.)
+        let waited = Instant::now();
         if !r.leftover.is_empty() {
             return Ok(std::mem::take(&mut r.leftover));
         }
@@ -500,6 +505,12 @@ impl Outbound {
             code
         })
     }
+}
+
+/// Ends a streamed request body with its end marker (an empty chunk). If the request already
+/// failed nobody reads it, which is fine: the failure is what the guest will see.
+async fn finish(body: &mpsc::Sender<Bytes>) {
+    let _ = body.send(Bytes::new()).await;
 }
 
 fn class(status: u16) -> &'static str {
@@ -675,29 +686,33 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             ))
         },
     )?;
-    linker.func_wrap(
+    linker.func_wrap_async(
         m,
         func::OUTBOUND_BODY_FINISH,
-        |mut caller: Caller<'_, GuestState>, handle: i32| {
-            let out = &mut caller.data_mut().outbound;
-            let call = match out.take(handle) {
-                Ok(c) => c,
-                Err(code) => return Ok(code),
-            };
-            Ok(match call {
-                Call::Streaming { pending, .. } => {
-                    // Dropping the sender ends the body.
-                    out.put(handle, Call::Sent(pending));
-                    0
-                }
-                Call::Building(_) => {
-                    out.put(handle, call);
-                    out.misuse("the request has not been sent (call outbound_send)")
-                }
-                other => {
-                    out.put(handle, other);
-                    0
-                }
+        |mut caller: Caller<'_, GuestState>, (handle,): (i32,)| {
+            Box::new(async move {
+                let out = &mut caller.data_mut().outbound;
+                let call = match out.take(handle) {
+                    Ok(c) => c,
+                    Err(code) => return Ok(code),
+                };
+                Ok(match call {
+                    Call::Streaming { body, pending, .. } => {
+                        let waited = Instant::now();
+                        finish(&body).await;
+                        out.waited += waited.elapsed();
+                        out.put(handle, Call::Sent(pending));
+                        0
+                    }
+                    Call::Building(_) => {
+                        out.put(handle, call);
+                        out.misuse("the request has not been sent (call outbound_send)")
+                    }
+                    other => {
+                        out.put(handle, other);
+                        0
+                    }
+                })
             })
         },
     )?;

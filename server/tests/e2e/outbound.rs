@@ -23,9 +23,15 @@ use crate::support::{TestServer, metric_value, send, test_guest};
 struct Backend {
     addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
+    /// `/echo` bodies that failed to arrive whole (the client aborted them).
+    aborted: Arc<AtomicUsize>,
 }
 
-async fn handle(req: Request<Incoming>, both: Arc<tokio::sync::Barrier>) -> Response<Full<Bytes>> {
+async fn handle(
+    req: Request<Incoming>,
+    both: Arc<tokio::sync::Barrier>,
+    aborted: Arc<AtomicUsize>,
+) -> Response<Full<Bytes>> {
     let full = req.uri().path().to_string();
     // The `base` backend's URL has the base path `/v1`.
     let path = full.strip_prefix("/v1").unwrap_or(&full).to_string();
@@ -51,8 +57,11 @@ async fn handle(req: Request<Incoming>, both: Arc<tokio::sync::Barrier>) -> Resp
             return Response::new(Full::new(Bytes::from(vec![b'x'; n])));
         }
         "/echo" => {
-            let body = req.into_body().collect().await.unwrap().to_bytes();
-            return Response::new(Full::new(body));
+            let Ok(body) = req.into_body().collect().await else {
+                aborted.fetch_add(1, Ordering::SeqCst);
+                return Response::new(Full::new(Bytes::new()));
+            };
+            return Response::new(Full::new(body.to_bytes()));
         }
         "/users" | "/orders" => {
             if tokio::time::timeout(Duration::from_secs(5), both.wait())
@@ -79,17 +88,18 @@ impl Backend {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
+        let aborted = Arc::new(AtomicUsize::new(0));
+        let (count, failed) = (accepted.clone(), aborted.clone());
         let both = Arc::new(tokio::sync::Barrier::new(2));
         tokio::spawn(async move {
             loop {
                 let (stream, _) = listener.accept().await.unwrap();
                 count.fetch_add(1, Ordering::SeqCst);
-                let both = both.clone();
+                let (both, failed) = (both.clone(), failed.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
-                        let both = both.clone();
-                        async move { Ok::<_, Infallible>(handle(req, both).await) }
+                        let (both, failed) = (both.clone(), failed.clone());
+                        async move { Ok::<_, Infallible>(handle(req, both, failed).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -97,7 +107,11 @@ impl Backend {
                 });
             }
         });
-        Self { addr, accepted }
+        Self {
+            addr,
+            accepted,
+            aborted,
+        }
     }
 }
 
@@ -453,4 +467,59 @@ async fn a_tenant_that_calls_itself_is_stopped_by_the_loop_header() {
         tern::outbound::MAX_HOPS as f64,
         "every hop but the last sent a request and got the 502 back"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_request_body_arrives_whole_or_visibly_aborted() {
+    let backend = Backend::start().await;
+    let s = probe_server(&backend).await;
+    // Within the tenant's 1000-byte outbound body limit, streamed after the head.
+    let r = s
+        .get("/probe?backend=origin&path=/echo&method=POST&stream=1000")
+        .await;
+    assert!(
+        r.text().starts_with("status=200 bytes=1000 "),
+        "{}",
+        r.text()
+    );
+    let r = s
+        .get("/probe?backend=origin&path=/echo&method=POST&stream=2000")
+        .await;
+    assert!(
+        r.text()
+            .starts_with(&format!("error={} ", errno::LIMIT_EXCEEDED)),
+        "{}",
+        r.text()
+    );
+    assert_eq!(backend.aborted.load(Ordering::SeqCst), 0);
+    // A guest that traps mid-body: the backend sees the request fail, not a short body. (It
+    // writes more than the body channel holds, so the request is surely on its way.)
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "outbound_probe");
+    let config = format!(
+        "[[tenant]]\nname = \"stream\"\nmodule = \"outbound_probe.wasm\"\n\
+         [tenant.outbound]\nmax_request_bytes = 100000\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://{}\"\n",
+        backend.addr
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let r = s
+        .get("/?backend=origin&path=/echo&method=POST&stream=50000")
+        .await;
+    assert!(
+        r.text().starts_with("status=200 bytes=50000 "),
+        "{}",
+        r.text()
+    );
+    let before = backend.aborted.load(Ordering::SeqCst);
+    let r = s
+        .get("/?backend=origin&path=/echo&method=POST&stream=50000&trap=1")
+        .await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
+    let mut waited = 0;
+    while backend.aborted.load(Ordering::SeqCst) == before {
+        assert!(waited < 100, "the backend never saw the body fail");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+    }
 }

@@ -3,7 +3,8 @@
 //!
 //! Query: `backend=NAME&path=/p` (a named backend) or `url=http://...` (last: the rest of the
 //! query is the URL); `times=N` sends N one after the other; `parallel=N` sends N, then reads
-//! them all; `method=POST&size=N` sends a body of N bytes.
+//! them all; `method=POST&size=N` sends a body of N bytes; `stream=N` streams a body of N
+//! bytes after sending the head (`&trap=1`: then traps instead of finishing it).
 use tern_sdk::http::Method;
 use tern_sdk::outbound::{Outgoing, Pending};
 
@@ -31,6 +32,10 @@ fn main() {
     let size: usize = param(query, "size")
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
+    let stream: usize = param(query, "stream")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let trap = param(query, "trap").is_some();
 
     let start = || -> Result<Pending, tern_sdk::FetchError> {
         let mut out = match &url {
@@ -40,7 +45,26 @@ fn main() {
         if size > 0 {
             out.write_body(&vec![b'b'; size])?;
         }
-        out.send()
+        if stream == 0 {
+            return out.send();
+        }
+        let mut body = out.send_streaming()?;
+        for _ in 0..stream / 1000 {
+            std::io::Write::write_all(&mut body, &[b's'; 1000]).map_err(|e| {
+                // The SDK's writer carries the host's error inside the io::Error.
+                e.get_ref()
+                    .and_then(|inner| inner.downcast_ref::<tern_sdk::FetchError>())
+                    .cloned()
+                    .unwrap_or(tern_sdk::FetchError {
+                        code: tern_sdk::abi::errno::IO,
+                        message: e.to_string(),
+                    })
+            })?;
+        }
+        if trap {
+            panic!("trapping with the request body half sent");
+        }
+        body.finish()
     };
     let finish = |sent: Result<Pending, tern_sdk::FetchError>| -> String {
         let result = sent.and_then(Pending::response).and_then(|r| {
