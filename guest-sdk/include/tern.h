@@ -63,7 +63,7 @@ TERN_IMPORT("response_body_write") int32_t tern_response_body_write(const char *
 TERN_IMPORT("request_info") int32_t tern_request_info(int32_t key, char *buf, size_t len);
 
 /* Outbound requests (see ABI.md): to a named backend (url = path and query) or, with
- * backend_len 0, to an absolute http:// URL; returns a handle. */
+ * backend_len 0, to an absolute http:// or https:// URL; returns a handle. */
 TERN_IMPORT("outbound_request")
 int32_t tern_outbound_request(const char *method, size_t method_len, const char *backend,
                               size_t backend_len, const char *url, size_t url_len);

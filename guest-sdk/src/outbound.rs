@@ -1,7 +1,7 @@
 //! Outbound HTTP: call the tenant's backends and allowed hosts (ABI `outbound_*`).
 //!
 //! The server denies every request the tenant's config does not allow: a **named backend**
-//! (`[tenant.outbound.backends.NAME]`, reached by name and a path) or, by absolute `http://`
+//! (`[tenant.outbound.backends.NAME]`, reached by name and a path) or, by absolute `http(s)://`
 //! URL, a host in `outbound.allowed_hosts` whose addresses are public.
 //!
 //! ```no_run
@@ -123,7 +123,7 @@ impl Outgoing {
         Self::new(method, backend, path)
     }
 
-    /// A request to an absolute `http://` URL; its host must be in the tenant's
+    /// A request to an absolute `http://` or `https://` URL; its host must be in the tenant's
     /// `outbound.allowed_hosts` and resolve to public addresses only.
     ///
     /// # Errors
@@ -354,7 +354,7 @@ fn send_whole<B: AsRef<[u8]>>(
     out.send()?.response()?.into_response()
 }
 
-/// Sends `req` to the absolute `http://` URL in its URI and returns the whole response.
+/// Sends `req` to the absolute `http(s)://` URL in its URI and returns the whole response.
 ///
 /// # Errors
 /// See [`Outgoing::to_url`] and [`Incoming::into_bytes`].

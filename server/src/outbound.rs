@@ -5,15 +5,16 @@
 //! (`[tenant.outbound.backends.NAME]`, any address the operator wrote down, private ones
 //! included) and, by URL, to hosts matching its `allowed_hosts`. A URL request's host is
 //! resolved here and every address must be public (not loopback, private, link-local, shared,
-//! multicast, documentation or otherwise special); the request then goes to the checked address,
-//! so a DNS answer that changes between check and connect cannot redirect it (SSRF).
+//! multicast, documentation or otherwise special), and the connection's own lookup checks again,
+//! so a DNS answer that changes between check and connect cannot redirect it inside (SSRF).
 //!
 //! **Loops.** Every outbound request carries `CDN-Loop: tern` (RFC 8586) appended to what the
 //! incoming request carried; a request that already passed through Tern [`MAX_HOPS`] times
 //! cannot go out again, so a tenant calling itself stops.
 //!
-//! **Connections** are pooled per worker thread and reused (HTTP/1.1 keep-alive). Redirects are
-//! never followed: the guest sees the `3xx`.
+//! **Connections** are pooled per worker thread and reused (HTTP/1.1 keep-alive, HTTP/2 when
+//! a TLS backend offers it). TLS is rustls, verifying against the platform's roots or a
+//! backend's `ca_file`. Redirects are never followed: the guest sees the `3xx`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -26,8 +27,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
@@ -122,6 +125,10 @@ pub struct BackendConfig {
     /// Time to the end of the response (default: `outbound.total_timeout_ms`).
     #[serde(default)]
     pub total_timeout_ms: Option<u64>,
+    /// For an `https` backend: an absolute path to a PEM file of the CA certificates its
+    /// certificate must chain to, instead of the platform's roots.
+    #[serde(default)]
+    pub ca_file: Option<String>,
 }
 
 /// The three timeouts of one outbound request.
@@ -147,8 +154,18 @@ pub struct Backend {
     /// `Host` header: the override, or the URL's authority.
     host: HeaderValue,
     timeouts: Timeouts,
+    tls: Tls,
     /// This tenant's requests in flight to it.
     budget: Arc<Semaphore>,
+}
+
+/// Which certificates an `https` target must chain to.
+#[derive(Debug, Clone)]
+pub enum Tls {
+    /// The platform's roots (loaded once, on first use).
+    Platform,
+    /// A backend's own CA file.
+    Custom(Arc<rustls::ClientConfig>),
 }
 
 /// What a tenant's guests may call, and the limits on those calls.
@@ -169,7 +186,7 @@ pub struct Policy {
 /// Where one outbound request goes, resolved and permitted.
 #[derive(Debug)]
 pub struct Target {
-    /// The URI to send (for URL requests: with the checked IP address as its authority).
+    /// The URI to send.
     pub uri: Uri,
     /// The `Host` header to send.
     pub host: HeaderValue,
@@ -179,6 +196,10 @@ pub struct Target {
     pub budget: Arc<Semaphore>,
     /// The metrics label: the backend's name, or [`URL_LABEL`].
     pub label: Arc<str>,
+    /// The certificates an `https` target must chain to.
+    pub tls: Tls,
+    /// Whether every address the host resolves to must be public (URL requests).
+    pub public_only: bool,
 }
 
 /// Why an outbound request may not go out. Its text is what the guest reads from
@@ -310,7 +331,7 @@ impl Policy {
     }
 
     /// Where a guest's request goes: to backend `backend` at `path` (a path and query), or,
-    /// with `backend` empty, to the absolute `http://` URL `path`.
+    /// with `backend` empty, to the absolute `http(s)://` URL `path`.
     ///
     /// # Errors
     /// [`Denied`], saying why.
@@ -341,6 +362,8 @@ impl Policy {
             timeouts: b.timeouts,
             budget: b.budget.clone(),
             label: b.name.clone(),
+            tls: b.tls.clone(),
+            public_only: false,
         })
     }
 
@@ -348,20 +371,15 @@ impl Policy {
         let uri: Uri = url
             .parse()
             .map_err(|e| Denied::BadTarget(format!("{url:?} is not a URL: {e}")))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return Err(Denied::BadTarget(
-                    "https URLs are not supported yet (outbound TLS is on its way); use http"
-                        .into(),
-                ));
-            }
+        let default_port = match uri.scheme_str() {
+            Some("http") => 80,
+            Some("https") => 443,
             _ => {
                 return Err(Denied::BadTarget(format!(
-                    "{url:?} is not an absolute http:// URL (or name a backend)"
+                    "{url:?} is not an absolute http:// or https:// URL (or name a backend)"
                 )));
             }
-        }
+        };
         let authority = uri
             .authority()
             .ok_or_else(|| Denied::BadTarget(format!("{url:?} has no host")))?;
@@ -374,21 +392,13 @@ impl Policy {
             .host()
             .trim_matches(['[', ']'])
             .to_ascii_lowercase();
-        let port = authority.port_u16().unwrap_or(80);
+        let port = authority.port_u16().unwrap_or(default_port);
         if !self.allowed.iter().any(|p| p.matches(&host)) {
             return Err(Denied::HostNotAllowed(host));
         }
-        let addr = resolve_public(&host, port).await?;
-        let pq = uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let uri = Uri::builder()
-            .scheme(Scheme::HTTP)
-            .authority(addr.to_string().as_str())
-            .path_and_query(pq)
-            .build()
-            .map_err(|e| Denied::BadTarget(e.to_string()))?;
+        // Checked here for a clear `DENIED`; the connection's own lookup checks again (a
+        // name whose answer changes in between fails to connect instead).
+        resolve_public(&host, port).await?;
         let host = HeaderValue::from_str(authority.as_str())
             .map_err(|e| Denied::BadTarget(e.to_string()))?;
         Ok(Target {
@@ -397,6 +407,8 @@ impl Policy {
             timeouts: self.url_timeouts,
             budget: self.url_budget.clone(),
             label: Arc::from(URL_LABEL),
+            tls: Tls::Platform,
+            public_only: true,
         })
     }
 }
@@ -422,13 +434,18 @@ impl Backend {
             .map_err(|e| format!("url {:?} is not a URL: {e}", c.url))?;
         let scheme = match uri.scheme_str() {
             Some("http") => Scheme::HTTP,
-            Some("https") => {
+            Some("https") => Scheme::HTTPS,
+            _ => {
                 return Err(format!(
-                    "url {:?}: https backends are not supported yet (outbound TLS is on its way)",
+                    "url {:?} must start with http:// or https://",
                     c.url
                 ));
             }
-            _ => return Err(format!("url {:?} must start with http://", c.url)),
+        };
+        let tls = match (&c.ca_file, scheme == Scheme::HTTPS) {
+            (None, _) => Tls::Platform,
+            (Some(_), false) => return Err("ca_file is for https backends".into()),
+            (Some(path), true) => Tls::Custom(ca_config(path)?),
         };
         let authority = uri
             .authority()
@@ -463,6 +480,7 @@ impl Backend {
                 )?,
                 total: pick("total_timeout_ms", c.total_timeout_ms, defaults.total)?,
             },
+            tls,
             budget: Arc::new(Semaphore::new(concurrent as usize)),
         })
     }
@@ -546,11 +564,112 @@ pub fn hops<'a>(values: impl Iterator<Item = &'a HeaderValue>) -> usize {
         .count()
 }
 
+/// rustls with the `ring` provider and safe protocol versions.
+fn tls_builder() -> rustls::ConfigBuilder<rustls::ClientConfig, rustls::WantsVerifier> {
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+}
+
+/// A client config trusting only the CA certificates in the PEM file at `path`.
+fn ca_config(path: &str) -> Result<Arc<rustls::ClientConfig>, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    if !std::path::Path::new(path).is_absolute() {
+        return Err(format!("ca_file {path:?} must be an absolute path"));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(path).map_err(|e| format!("ca_file {path:?}: {e}"))? {
+        let cert = cert.map_err(|e| format!("ca_file {path:?}: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("ca_file {path:?}: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("ca_file {path:?} holds no certificates"));
+    }
+    Ok(Arc::new(
+        tls_builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    ))
+}
+
+/// The platform's roots (`/etc/ssl/certs` and the like), loaded once.
+fn platform_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    use hyper_rustls::ConfigBuilderExt;
+    static CONFIG: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>> =
+        std::sync::OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            tls_builder()
+                .with_native_roots()
+                .map(|b| Arc::new(b.with_no_client_auth()))
+                .map_err(|e| {
+                    format!(
+                        "the platform's CA certificates could not be loaded ({e}); install \
+                         them (e.g. Debian's ca-certificates) or give the backend a ca_file"
+                    )
+                })
+        })
+        .clone()
+}
+
+impl Tls {
+    /// The rustls config.
+    ///
+    /// # Errors
+    /// If the platform's roots cannot be loaded.
+    pub fn config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
+        match self {
+            Tls::Platform => platform_config(),
+            Tls::Custom(c) => Ok(c.clone()),
+        }
+    }
+}
+
+/// Name resolution for outbound connections; for URL requests every address must be public
+/// (checked at connect time too, so a DNS answer that changes after the policy check cannot
+/// send the request inside).
+#[derive(Clone)]
+pub struct Resolver {
+    public_only: bool,
+}
+
+type Resolving =
+    Pin<Box<dyn Future<Output = std::io::Result<std::vec::IntoIter<SocketAddr>>> + Send>>;
+
+impl tower_service::Service<Name> for Resolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = Resolving;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let public_only = self.public_only;
+        Box::pin(async move {
+            let host = name.as_str().to_string();
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if public_only && let Some(bad) = addrs.iter().find(|a| !is_public(a.ip())) {
+                return Err(std::io::Error::other(format!(
+                    "{host} resolves to {}, which is not a public address",
+                    bad.ip()
+                )));
+            }
+            Ok(addrs.into_iter())
+        })
+    }
+}
+
 /// Counts the connections a client opens (`tern_outbound_connections_total`); requests beyond
 /// that count reused a pooled connection.
 #[derive(Clone)]
 pub struct Counted {
-    inner: HttpConnector,
+    inner: HttpConnector<Resolver>,
     opened: prometheus::IntCounter,
 }
 
@@ -633,36 +752,56 @@ impl http_body::Body for OutBody {
     }
 }
 
-/// The HTTP client of one worker thread, for one connect timeout.
-pub type HttpClient = Client<Counted, OutBody>;
+/// The HTTP client of one worker thread for one kind of target.
+pub type HttpClient = Client<HttpsConnector<Counted>, OutBody>;
+
+/// What tells clients apart: connect timeout, TLS roots (by identity) and the resolver.
+type ClientKey = (Duration, usize, bool);
 
 thread_local! {
-    /// Clients by connect timeout: each keeps its own pool of connections on this worker.
-    static CLIENTS: std::cell::RefCell<HashMap<Duration, HttpClient>> =
+    /// Clients by kind: each keeps its own pool of connections on this worker.
+    static CLIENTS: std::cell::RefCell<HashMap<ClientKey, HttpClient>> =
         std::cell::RefCell::new(HashMap::new());
 }
 
-/// The client this worker uses for requests with connect timeout `connect` (made on first use).
-pub fn client(connect: Duration, opened: &prometheus::IntCounter) -> HttpClient {
-    CLIENTS.with_borrow_mut(|clients| {
+/// The client this worker uses for `target` (made on first use).
+///
+/// # Errors
+/// If the TLS roots `target` needs cannot be loaded.
+pub fn client(target: &Target, opened: &prometheus::IntCounter) -> Result<HttpClient, String> {
+    let tls = target.tls.config()?;
+    let key = (
+        target.timeouts.connect,
+        Arc::as_ptr(&tls) as usize,
+        target.public_only,
+    );
+    Ok(CLIENTS.with_borrow_mut(|clients| {
         clients
-            .entry(connect)
+            .entry(key)
             .or_insert_with(|| {
-                let mut http = HttpConnector::new();
-                http.set_connect_timeout(Some(connect));
+                let mut http = HttpConnector::new_with_resolver(Resolver {
+                    public_only: target.public_only,
+                });
+                http.set_connect_timeout(Some(target.timeouts.connect));
                 http.set_nodelay(true);
+                http.enforce_http(false);
+                let https = HttpsConnectorBuilder::new()
+                    .with_tls_config((*tls).clone())
+                    .https_or_http()
+                    .enable_http1()
+                    .enable_http2()
+                    .wrap_connector(Counted {
+                        inner: http,
+                        opened: opened.clone(),
+                    });
                 Client::builder(TokioExecutor::new())
                     .pool_idle_timeout(Duration::from_secs(60))
                     .pool_max_idle_per_host(64)
-                    .build(Counted {
-                        inner: http,
-                        opened: opened.clone(),
-                    })
+                    .build(https)
             })
             .clone()
-    })
+    }))
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -721,9 +860,15 @@ mod tests {
                 connect_timeout_ms: None,
                 first_byte_timeout_ms: None,
                 total_timeout_ms: None,
+                ca_file: None,
             },
         );
-        assert!(check_config(&c).unwrap_err().contains("https"));
+        assert!(check_config(&c).is_ok());
+        c.backends.get_mut("origin").unwrap().ca_file = Some("relative.pem".into());
+        assert!(check_config(&c).unwrap_err().contains("absolute"));
+        c.backends.get_mut("origin").unwrap().ca_file = None;
+        c.backends.get_mut("origin").unwrap().url = "ftp://x".into();
+        assert!(check_config(&c).unwrap_err().contains("http://"));
         c.backends.get_mut("origin").unwrap().url = "http://10.0.0.5:8080/v1/".into();
         assert!(check_config(&c).is_ok());
         c.allowed_hosts = vec!["exa mple.com".into()];

@@ -287,6 +287,14 @@ impl Outbound {
                 headers.insert(TRACESTATE.clone(), ts.clone());
             }
         }
+        let client = match outbound::client(&target, &self.calls.opened) {
+            Ok(c) => c,
+            Err(message) => {
+                let code = self.fail(&target.label, Failure::new(errno::IO, "error", message));
+                self.put(handle, Call::Done(code));
+                return code;
+            }
+        };
         headers.insert(HOST, target.host.clone());
         let (out_body, sender) = if stream {
             let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
@@ -298,7 +306,6 @@ impl Outbound {
         *req.method_mut() = method;
         *req.uri_mut() = target.uri;
         *req.headers_mut() = headers;
-        let client = outbound::client(target.timeouts.connect, &self.calls.opened);
         let (budget, first_byte, label) = (
             target.budget.clone(),
             target.timeouts.first_byte,

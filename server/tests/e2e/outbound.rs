@@ -214,11 +214,8 @@ async fn guests_call_their_backends_and_nothing_else() {
         assert!(r.text().contains(why), "{path}: {}", r.text());
     }
     let r = s.get("/probe?url=https://localhost/x").await;
-    assert!(
-        r.text().contains("https URLs are not supported yet"),
-        "{}",
-        r.text()
-    );
+    assert!(r.text().starts_with(&denied), "{}", r.text());
+    assert!(r.text().contains("not a public address"), "{}", r.text());
 
     // Limits: requests per request, request and response body sizes.
     let r = s.get("/probe?backend=origin&path=/hello&times=4").await;
@@ -522,4 +519,108 @@ async fn a_streamed_request_body_arrives_whole_or_visibly_aborted() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         waited += 1;
     }
+}
+
+/// A CA made for the test, and a TLS backend for `localhost` whose certificate it signed.
+struct TlsBackend {
+    addr: SocketAddr,
+    ca_pem: String,
+}
+
+impl TlsBackend {
+    async fn start() -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let both = Arc::new(tokio::sync::Barrier::new(2));
+            let aborted = Arc::new(AtomicUsize::new(0));
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let (acceptor, both, aborted) = (acceptor.clone(), both.clone(), aborted.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(stream).await else {
+                        return; // a client that did not trust us
+                    };
+                    let service = hyper::service::service_fn(move |req| {
+                        let (both, aborted) = (both.clone(), aborted.clone());
+                        async move { Ok::<_, Infallible>(handle(req, both, aborted).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            ca_pem: ca_cert.pem(),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_backends_are_verified_against_their_ca() {
+    let backend = TlsBackend::start().await;
+    let other = TlsBackend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "outbound_probe");
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &backend.ca_pem).unwrap();
+    let wrong_ca = dir.path().join("other-ca.pem");
+    std::fs::write(&wrong_ca, &other.ca_pem).unwrap();
+    let port = backend.addr.port();
+    let config = format!(
+        "[[tenant]]\nname = \"tls\"\nmodule = \"outbound_probe.wasm\"\n\
+         [tenant.outbound.backends.secure]\nurl = \"https://localhost:{port}\"\nca_file = \"{}\"\n\
+         [tenant.outbound.backends.wrongca]\nurl = \"https://localhost:{port}\"\nca_file = \"{}\"\n\
+         [tenant.outbound.backends.platform]\nurl = \"https://localhost:{port}\"\n",
+        ca.display(),
+        wrong_ca.display()
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let r = s.get("/?backend=secure&path=/hello").await;
+    assert!(r.text().starts_with("status=200 "), "{}", r.text());
+    assert!(
+        r.text().contains(&format!("host: localhost:{port}\n")),
+        "{}",
+        r.text()
+    );
+    // Signed by another CA, or checked against the platform's roots: refused.
+    for backend in ["wrongca", "platform"] {
+        let r = s.get(&format!("/?backend={backend}&path=/hello")).await;
+        assert!(
+            r.text().starts_with(&format!("error={} ", errno::IO)),
+            "{backend}: {}",
+            r.text()
+        );
+        assert!(r.text().contains("certificate"), "{backend}: {}", r.text());
+    }
+    // A CA file that is missing or holds no certificate is a configuration error.
+    let bad = "[[tenant]]\nname = \"t\"\nmodule = \"builtin:hello\"\n\
+               [tenant.outbound.backends.b]\nurl = \"https://localhost\"\nca_file = \"/nonexistent/ca.pem\"\n";
+    let err = TestServer::try_start(bad).await.err().expect("refused");
+    assert!(format!("{err:#}").contains("ca_file"), "{err:#}");
 }
