@@ -10,6 +10,8 @@
 #   bash loadtest/bench.sh mixed        `hello` p99 alone and next to a CPU-bound tenant
 #   bash loadtest/bench.sh allocator    the same load with mimalloc and with the system allocator
 #   bash loadtest/bench.sh density      requests spread over 1, 100 and 10,000 tenants
+#   bash loadtest/bench.sh proxy        the `proxy` example in front of the native hello, against
+#                                       the native hello alone and HAProxy in front of it
 #   bash loadtest/bench.sh charts       PNG charts from the results (gnuplot)
 #   bash loadtest/bench.sh all          all of the above, in that order (cpu first)
 #
@@ -24,7 +26,7 @@ CONNS=${CONNS:-64}
 WRK_THREADS=${WRK_THREADS:-2}
 ROUNDS=${ROUNDS:-2}
 RESULTS=$ROOT/loadtest/results
-TERN_PORT=18180 ADMIN_PORT=18190 NATIVE_PORT=18181 PEER_PORT=18182
+TERN_PORT=18180 ADMIN_PORT=18190 NATIVE_PORT=18181 PEER_PORT=18182 HAPROXY_PORT=18183
 mkdir -p "$RESULTS"
 WORK=$(mktemp -d)
 PIDS=()
@@ -447,13 +449,77 @@ cpu() {
     } | tee "$RESULTS/cpu.md"
 }
 
+proxy() {
+    need wrk wrk
+    need haproxy haproxy
+    build
+    local config
+    config=$WORK/proxy.toml
+    printf '[[tenant]]\nname = "proxy"\nmodule = "builtin:proxy"\n[tenant.outbound.backends.origin]\nurl = "http://127.0.0.1:%s"\n' \
+        "$NATIVE_PORT" >"$config"
+    target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+    PIDS+=("$!")
+    wait_http "http://127.0.0.1:$NATIVE_PORT/"
+    # HAProxy as a plain reverse proxy: HTTP mode, keep-alive both sides, no logging.
+    cat >"$WORK/haproxy.cfg" <<CFG
+global
+    nbthread 2
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+    option http-keep-alive
+frontend in
+    bind 127.0.0.1:$HAPROXY_PORT
+    default_backend out
+backend out
+    server native 127.0.0.1:$NATIVE_PORT
+CFG
+    haproxy -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 &
+    PIDS+=("$!")
+    wait_http "http://127.0.0.1:$HAPROXY_PORT/"
+    local -A r=()
+    local n
+    for n in $(seq 1 "$ROUNDS"); do
+        r[native]+="$(h1 http://127.0.0.1:$NATIVE_PORT/)"$'\n'
+        r[haproxy]+="$(h1 http://127.0.0.1:$HAPROXY_PORT/)"$'\n'
+        start_tern "$config" TERN_LOG=info,tern::access=off
+        r[tern]+="$(h1 http://127.0.0.1:$TERN_PORT/)"$'\n'
+        stop "$TERN_PID"
+    done
+    local k
+    for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | best); done
+    added() { # "rps p50 ..." of the proxy -> p50 added to native's, in µs
+        awk -v a="$(echo "$1" | cut -d' ' -f2)" -v b="$(echo "${r[native]}" | cut -d' ' -f2)" 'BEGIN { printf "%d", a - b }'
+    }
+    {
+        header "Proxy: the \`proxy\` example in front of a backend, against HAProxy" "bash loadtest/bench.sh proxy"
+        echo "The backend is \`native-hello\` (tokio + hyper 1). Tern runs \`builtin:proxy\` (guest-sdk/examples/proxy.rs:"
+        echo "a fresh instance per request that forwards method, path, headers and body to the backend"
+        echo "\`origin\` over a pooled keep-alive connection, adds \`x-forwarded-*\` and \`cache-control\`, and"
+        echo "streams the answer back), access log off; HAProxy $(haproxy -v 2>/dev/null | head -1 | awk '{print $3}') is a plain HTTP-mode reverse"
+        echo "proxy with keep-alive on both sides. All share the machine's $(nproc) cores with \`wrk\`."
+        echo
+        echo "| path | requests/s | p50 | p99 | p99.9 | errors |"
+        echo "|---|---|---|---|---|---|"
+        row "client → native hello" "${r[native]}"
+        row "client → HAProxy → native hello" "${r[haproxy]}"
+        row "client → Tern \`proxy\` guest → native hello" "${r[tern]}"
+        echo
+        echo "- Tern proxy / HAProxy, requests/s: **$(ratio "${r[tern]%% *}" "${r[haproxy]%% *}")**; Tern proxy / backend alone: $(ratio "${r[tern]%% *}" "${r[native]%% *}")"
+        echo "- p50 added to the backend's: Tern $(added "${r[tern]}") µs, HAProxy $(added "${r[haproxy]}") µs (at $CONNS connections, so this includes queueing)"
+        echo "- \`wrk -t$WRK_THREADS -c$CONNS -d${SECS}s\`, best of $ROUNDS alternating rounds; latencies in µs"
+    } | tee "$RESULTS/proxy.md"
+}
+
 charts() {
     need gnuplot gnuplot-nox
     bash loadtest/charts.sh
 }
 
 case ${1:-} in
-    cpu | throughput | scaling | mixed | allocator | density | charts) "$1" ;;
-    all) cpu; throughput; scaling; mixed; allocator; density; charts ;;
-    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    cpu | throughput | scaling | mixed | allocator | density | proxy | charts) "$1" ;;
+    all) cpu; throughput; scaling; mixed; allocator; density; proxy; charts ;;
+    *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

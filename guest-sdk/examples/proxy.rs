@@ -84,28 +84,34 @@ fn proxy() -> Result<(), FetchError> {
         context::scheme().unwrap_or_default().as_bytes(),
     )?;
 
+    // One buffer for both directions, small enough that a request needs no more memory than
+    // the guest starts with: growing it would cost the server page-protection changes on every
+    // request.
+    let mut buf = vec![0u8; BUFFER];
     let has_body = parts.headers.contains_key("content-length")
         || parts.headers.contains_key("transfer-encoding");
     let pending = if has_body {
         let mut upstream = out.send_streaming()?;
-        copy(body, &mut upstream)?;
+        copy(body, &mut upstream, &mut buf)?;
         upstream.finish()?
     } else {
         out.send()?
     };
     let resp = pending.response()?;
-    respond(resp)
+    respond(resp, &mut buf)
 }
 
+/// Bytes relayed per host call.
+const BUFFER: usize = 16 * 1024;
+
 /// Streams the client's body to the backend.
-fn copy(mut from: Body, to: &mut impl Write) -> Result<(), FetchError> {
+fn copy(mut from: Body, to: &mut impl Write, buf: &mut [u8]) -> Result<(), FetchError> {
     let io_failure = |e: io::Error| FetchError {
         code: errno::IO,
         message: format!("relaying the request body: {e}"),
     };
-    let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = from.read(&mut buf).map_err(io_failure)?;
+        let n = from.read(buf).map_err(io_failure)?;
         if n == 0 {
             return Ok(());
         }
@@ -114,7 +120,7 @@ fn copy(mut from: Body, to: &mut impl Write) -> Result<(), FetchError> {
 }
 
 /// Sends the backend's response on to the client, its body streamed.
-fn respond(mut resp: Incoming) -> Result<(), FetchError> {
+fn respond(mut resp: Incoming, buf: &mut [u8]) -> Result<(), FetchError> {
     let mut head = Response::new(());
     *head.status_mut() = resp.status;
     *head.headers_mut() = std::mem::take(&mut resp.headers);
@@ -126,9 +132,8 @@ fn respond(mut resp: Incoming) -> Result<(), FetchError> {
         code: e.0,
         message: "the response head was refused".into(),
     })?;
-    let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = resp.body.read_chunk(&mut buf)?;
+        let n = resp.body.read_chunk(buf)?;
         if n == 0 {
             return Ok(());
         }

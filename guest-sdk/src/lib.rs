@@ -29,7 +29,11 @@
 //! below their data; unless your handler recurses deeply, link with a 64 KiB one
 //! (`RUSTFLAGS="-C link-arg=-zstack-size=65536"`, or `rustflags` under
 //! `[target.wasm32-wasip1]` in `.cargo/config.toml`) — the SDK's examples do. Overflowing it
-//! traps the guest (status 500); it never corrupts data.
+//! traps the guest (status 500); it never corrupts data. Likewise keep per-request buffers
+//! small (16 KiB rather than 64 KiB) and reuse them: a guest that outgrows the memory it
+//! starts with makes the server change page protections twice per request, which on a
+//! multi-core server interrupts every core (the `proxy` example doubled its requests/s by
+//! staying within its initial memory).
 //!
 //! Large bodies stream: [`Body`] implements [`std::io::Read`] and pulls the request body from
 //! the host in chunks, and [`ResponseWriter`] implements [`std::io::Write`].
