@@ -306,8 +306,9 @@ impl Outbound {
         *req.method_mut() = method;
         *req.uri_mut() = target.uri;
         *req.headers_mut() = headers;
-        let (budget, first_byte, label) = (
+        let (budget, connect, first_byte, label) = (
             target.budget.clone(),
+            target.timeouts.connect,
             target.timeouts.first_byte,
             target.label.clone(),
         );
@@ -317,20 +318,28 @@ impl Outbound {
                 .acquire_owned()
                 .await
                 .map_err(|_| Failure::new(errno::IO, "error", "the backend's budget is closed"))?;
-            match tokio::time::timeout(first_byte, client.request(req)).await {
+            // The connector enforces the connect timeout; the connect time does not count
+            // against the first byte's.
+            match tokio::time::timeout(connect + first_byte, client.request(req)).await {
                 Ok(Ok(resp)) => Ok((resp, permit)),
+                Ok(Err(e)) if e.is_connect() && timed_out(&e) => Err(Failure::new(
+                    errno::TIMEOUT,
+                    "timeout",
+                    format!(
+                        "connecting to the backend took longer than {} ms (connect_timeout_ms)",
+                        connect.as_millis()
+                    ),
+                )),
                 Ok(Err(e)) => {
                     let what = if e.is_connect() {
                         "connecting to the backend failed"
                     } else {
                         "the request failed"
                     };
-                    let source = std::error::Error::source(&e)
-                        .map_or_else(String::new, |s| format!(": {s}"));
                     Err(Failure::new(
                         errno::IO,
                         "error",
-                        format!("{what}: {e}{source}"),
+                        format!("{what}: {}", chain(&e)),
                     ))
                 }
                 Err(_) => Err(Failure::new(
@@ -518,6 +527,36 @@ impl Outbound {
 /// failed nobody reads it, which is fine: the failure is what the guest will see.
 async fn finish(body: &mpsc::Sender<Bytes>) {
     let _ = body.send(Bytes::new()).await;
+}
+
+/// An error and its sources, `: `-separated.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let c = cause.to_string();
+        if !text.ends_with(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+        next = cause.source();
+    }
+    text
+}
+
+/// Whether an I/O timeout is among `e`'s causes.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cause) = next {
+        if cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        next = cause.source();
+    }
+    false
 }
 
 fn class(status: u16) -> &'static str {

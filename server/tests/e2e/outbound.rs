@@ -27,7 +27,42 @@ struct Backend {
     aborted: Arc<AtomicUsize>,
 }
 
+/// A body that sends a few bytes and then never ends.
+struct Stall(bool);
+
+impl http_body::Body for Stall {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        if std::mem::replace(&mut self.0, true) {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+                b"partial",
+            )))))
+        }
+    }
+}
+
+type AnyBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// The backend's answer; `/stall` sends its head and part of a body that never ends.
 async fn handle(
+    req: Request<Incoming>,
+    both: Arc<tokio::sync::Barrier>,
+    aborted: Arc<AtomicUsize>,
+) -> Response<AnyBody> {
+    if req.uri().path() == "/stall" {
+        return Response::new(BodyExt::boxed(Stall(false)));
+    }
+    handle_whole(req, both, aborted).await.map(BodyExt::boxed)
+}
+
+async fn handle_whole(
     req: Request<Incoming>,
     both: Arc<tokio::sync::Barrier>,
     aborted: Arc<AtomicUsize>,
@@ -623,4 +658,79 @@ async fn https_backends_are_verified_against_their_ca() {
                [tenant.outbound.backends.b]\nurl = \"https://localhost\"\nca_file = \"/nonexistent/ca.pem\"\n";
     let err = TestServer::try_start(bad).await.err().expect("refused");
     assert!(format!("{err:#}").contains("ca_file"), "{err:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_and_total_timeouts_and_many_guests_at_once() {
+    let backend = Backend::start().await;
+    // A listener that never accepts, its queue full: further connects hang.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let hole = socket.listen(1).unwrap();
+    let hole_addr = hole.local_addr().unwrap();
+    let mut held = Vec::new();
+    loop {
+        match tokio::time::timeout(
+            Duration::from_millis(300),
+            tokio::net::TcpStream::connect(hole_addr),
+        )
+        .await
+        {
+            Ok(Ok(stream)) => held.push(stream),
+            _ => break,
+        }
+        assert!(held.len() < 64, "the accept queue never filled");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "outbound_probe");
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"t\"\nmodule = \"outbound_probe.wasm\"\n\
+         [tenant.limits]\ntimeout_ms = 5000\nmax_concurrency = 16\n\
+         [tenant.outbound.backends.hole]\nurl = \"http://{hole_addr}\"\nconnect_timeout_ms = 300\n\
+         [tenant.outbound.backends.stall]\nurl = \"http://{}\"\ntotal_timeout_ms = 500\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://{}\"\n",
+        backend.addr, backend.addr
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+
+    let r = s.get("/?backend=hole&path=/").await;
+    assert!(
+        r.text().starts_with(&format!("error={} ", errno::TIMEOUT)),
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains("connect_timeout_ms"), "{}", r.text());
+
+    let r = s.get("/?backend=stall&path=/stall").await;
+    assert!(
+        r.text().starts_with(&format!("error={} ", errno::TIMEOUT)),
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains("total_timeout_ms"), "{}", r.text());
+
+    // Many guests calling out at once, each answered.
+    let addr = s.addr();
+    let calls: Vec<_> = (0..48)
+        .map(|_| {
+            tokio::spawn(async move {
+                send(
+                    addr,
+                    Method::GET,
+                    "/?backend=origin&path=/hello&times=2",
+                    None,
+                    &[],
+                    Bytes::new(),
+                )
+                .await
+            })
+        })
+        .collect();
+    for call in calls {
+        let r = call.await.unwrap();
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(r.text().matches("status=200 ").count(), 2, "{}", r.text());
+    }
+    drop(held);
 }
