@@ -66,6 +66,28 @@ pub mod func {
     /// returns the full length.
     pub const OUTBOUND_LAST_ERROR: &str = "outbound_last_error";
 
+    /// Every host function with its number of `i32` parameters; each returns one `i32`.
+    pub const SIGNATURES: [(&str, usize); 18] = [
+        (REQUEST_METHOD, 2),
+        (REQUEST_URI, 2),
+        (REQUEST_HEADERS, 2),
+        (REQUEST_BODY_READ, 2),
+        (RESPONSE_SET_STATUS, 1),
+        (RESPONSE_HEADER_APPEND, 4),
+        (RESPONSE_BODY_WRITE, 2),
+        (REQUEST_INFO, 3),
+        (OUTBOUND_REQUEST, 6),
+        (OUTBOUND_HEADER_APPEND, 5),
+        (OUTBOUND_BODY_WRITE, 3),
+        (OUTBOUND_SEND, 2),
+        (OUTBOUND_BODY_FINISH, 1),
+        (OUTBOUND_RESPONSE_STATUS, 1),
+        (OUTBOUND_RESPONSE_HEADERS, 3),
+        (OUTBOUND_RESPONSE_BODY_READ, 3),
+        (OUTBOUND_CLOSE, 1),
+        (OUTBOUND_LAST_ERROR, 2),
+    ];
+
     /// Every host function name, for checks that list them.
     pub const ALL: [&str; 18] = [
         REQUEST_METHOD,

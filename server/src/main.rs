@@ -45,6 +45,10 @@ enum Command {
         /// `$XDG_DATA_HOME/tern` or `~/.local/share/tern`.
         #[arg(long, env = "TERN_DATA_DIR")]
         data_dir: Option<PathBuf>,
+        /// Without --config: serve the built-in defaults without the demo tenants (only
+        /// tenants deployed through the admin API).
+        #[arg(long, conflicts_with = "config")]
+        no_demo: bool,
     },
     /// Deploy a module to a tenant on a running server (creating the tenant, routed at
     /// /<tenant>, if it does not exist).
@@ -84,7 +88,10 @@ enum Command {
         admin: AdminArgs,
     },
     /// Compile a .wasm module ahead of time into a sealed .cwasm artifact that `tern serve`
-    /// loads by mmap, with the same engine configuration the server uses.
+    /// loads by mmap, with the same engine configuration the server uses. The module is
+    /// checked against the Tern ABI as a deploy would check it. Use the artifact as a config
+    /// file's `module = "x.cwasm"`; `tern deploy` takes the .wasm instead (the server compiles
+    /// and caches it itself, and refuses artifacts).
     Compile {
         /// The WebAssembly module to compile.
         input: PathBuf,
@@ -156,7 +163,8 @@ fn main() -> ExitCode {
             listen,
             admin_listen,
             data_dir,
-        } => serve(config, listen, admin_listen, data_dir),
+            no_demo,
+        } => serve(config, listen, admin_listen, data_dir, no_demo),
         Command::Compile { input, output } => compile(&input, &output),
         Command::Deploy { deploy, admin } => {
             admin.run(|t| async move { tern::cli::deploy(&t, &deploy).await })
@@ -186,11 +194,15 @@ fn serve(
     listen: Option<SocketAddr>,
     admin_listen: Option<SocketAddr>,
     data_dir: Option<PathBuf>,
+    no_demo: bool,
 ) -> anyhow::Result<()> {
     let mut config = match &config_path {
         Some(path) => Config::load(path)?,
         None => Config::demo(),
     };
+    if no_demo {
+        config.tenants.clear();
+    }
     if let Some(a) = listen {
         config.server.listen = a;
     }
@@ -221,9 +233,27 @@ fn serve(
 fn compile(input: &std::path::Path, output: &std::path::Path) -> anyhow::Result<()> {
     let engine = tern::engine::build(&PoolConfig::default())?;
     let wasm = std::fs::read(input).map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
+    if let Some((problem, _)) = tern::registry::wasm_header_problem(&wasm, "the file is empty") {
+        anyhow::bail!("{}: {problem}", input.display());
+    }
     let started = std::time::Instant::now();
     let artifact = tern::artifact::compile(&engine, &wasm, &input.display().to_string())?;
     tern::artifact::write_atomic(output, &artifact)?;
+    // What `tern serve` would refuse at load is refused here, and no artifact is left.
+    let checked = tern::artifact::load_cwasm(&engine, output)
+        .map_err(|e| e.to_string())
+        .and_then(|module| {
+            tern::tenant::check_abi(&module)?;
+            let linker = tern::hostcalls::linker(&engine, false).map_err(|e| e.to_string())?;
+            linker
+                .instantiate_pre(&module)
+                .map(drop)
+                .map_err(|e| format!("{e:#}"))
+        });
+    if let Err(problem) = checked {
+        let _ = std::fs::remove_file(output);
+        anyhow::bail!("{}: {problem}", input.display());
+    }
     eprintln!(
         "compiled {} ({} bytes) -> {} ({} bytes) in {:.0} ms",
         input.display(),

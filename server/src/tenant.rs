@@ -179,6 +179,8 @@ pub struct Tenant {
     pub sweep: Option<MemorySweep>,
     /// What its guests may call, with the metric handles of those calls.
     pub outbound: Arc<crate::hostcalls::outbound::Calls>,
+    /// Something about the module its author should know (shown by a deploy, logged at load).
+    pub warning: Option<String>,
 }
 
 /// A per-second budget of guest log lines, shared by all of a tenant's requests (lock-free; at a
@@ -429,6 +431,10 @@ pub fn prepare(
         reason,
     };
     check_abi(module).map_err(&refuse)?;
+    let warning = kind_warning(module);
+    if let Some(w) = &warning {
+        tracing::warn!(tenant = %name, "{w}");
+    }
     let pre = linker
         .instantiate_pre(module)
         .map_err(|e| refuse(format!("{e:#}")))?;
@@ -475,6 +481,7 @@ pub fn prepare(
         requests: metrics.tenant(&label),
         undelivered: metrics.undelivered(&label),
         outbound,
+        warning,
         outcomes,
         label,
         pre,
@@ -495,8 +502,11 @@ pub fn prepare(
 }
 
 /// ABI v1: a `_start: [] -> []` export, a memory export, and imports only from `tern` (ABI
-/// functions) and `wasi_snapshot_preview1`.
-fn check_abi(module: &Module) -> Result<(), String> {
+/// functions, with their ABI signatures) and `wasi_snapshot_preview1`.
+///
+/// # Errors
+/// What the module lacks or imports wrongly, in words for the module's author.
+pub fn check_abi(module: &Module) -> Result<(), String> {
     match module.get_export(abi::HANDLER_EXPORT) {
         Some(ExternType::Func(f)) if f.params().len() == 0 && f.results().len() == 0 => {}
         Some(_) => {
@@ -535,8 +545,45 @@ fn check_abi(module: &Module) -> Result<(), String> {
                  ABI v1 functions and `wasi_snapshot_preview1`)"
             ));
         }
+        if m == abi::IMPORT_MODULE
+            && let Some(&(_, params)) = abi::func::SIGNATURES.iter().find(|(f, _)| *f == n)
+            && let ExternType::Func(f) = import.ty()
+        {
+            let i32s = |n: usize| vec!["i32"; n].join(", ");
+            let yours = |types: &mut dyn Iterator<Item = wasmtime::ValType>| {
+                types.map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+            };
+            let matches = f.params().len() == params
+                && f.params().all(|t| t.is_i32())
+                && f.results().len() == 1
+                && f.results().all(|t| t.is_i32());
+            if !matches {
+                return Err(format!(
+                    "module imports `{m}::{n}` as ({}) -> ({}), but Tern's `{n}` is ({}) -> (i32) \
+                     (guest-sdk/ABI.md)",
+                    yours(&mut f.params()),
+                    yours(&mut f.results()),
+                    i32s(params),
+                ));
+            }
+        }
     }
     Ok(())
+}
+
+/// A warning for a module that imports nothing from `tern`: a plain WASI program, which can
+/// neither read the request nor write a response through the ABI.
+pub fn kind_warning(module: &Module) -> Option<String> {
+    if module.imports().any(|i| i.module() == abi::IMPORT_MODULE) {
+        return None;
+    }
+    Some(
+        "this module imports nothing from `tern`: it looks like a plain WASI program. Tern \
+         runs it once per request, but it cannot read the request, its stdout goes to the \
+         server log, and every client gets an empty 200. Answer requests through the Tern ABI \
+         (the Rust SDK's `tern_sdk::serve`, tern.h, guest-sdk/ABI.md)"
+            .into(),
+    )
 }
 
 /// Shared handle to a tenant.

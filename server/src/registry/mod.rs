@@ -37,6 +37,7 @@ pub use error::ChangeError;
 use error::internal;
 use loader::{Loader, ModuleCache};
 use upload::check_wasm_header;
+pub use upload::wasm_header_problem;
 
 /// What requests read: the routing table and the tenants by name.
 #[derive(Debug, Default)]
@@ -89,6 +90,8 @@ pub struct Deployed {
     pub version: Version,
     /// The version it replaced.
     pub previous: Option<Version>,
+    /// What the module's author should know (e.g. a module that cannot answer requests).
+    pub warnings: Vec<String>,
 }
 
 /// Everything that changes only under the change lock.
@@ -384,14 +387,19 @@ impl Registry {
             .iter()
             .any(|t| t.name.get_ref() == name)
         {
-            let file = state.config_path.as_ref().map_or_else(
-                || config::DEMO_CONFIG_NAME.to_string(),
-                |p| p.display().to_string(),
-            );
-            return Err(ChangeError::Conflict(format!(
-                "tenant {name:?} is declared in the config file ({file}); change it there and \
-                 reload (SIGHUP), or deploy under another name"
-            )));
+            return Err(ChangeError::Conflict(match &state.config_path {
+                Some(file) => format!(
+                    "tenant {name:?} is declared in the config file ({}); change it there and \
+                     reload (SIGHUP), or deploy under another name",
+                    file.display()
+                ),
+                None => format!(
+                    "tenant {name:?} is a demo tenant of the built-in config ({}); to serve \
+                     without the demo tenants start `tern serve --no-demo` (or with --config \
+                     FILE listing only your tenants), or deploy under another name",
+                    config::DEMO_CONFIG_NAME
+                ),
+            }));
         }
         Ok(())
     }
@@ -582,6 +590,7 @@ impl Registry {
         let Origin::Api { version } = tenant.origin.clone() else {
             unreachable!("loaded as an API tenant")
         };
+        let warnings: Vec<String> = tenant.warning.iter().cloned().collect();
         let live = self.live.load().with(name, Some(tenant))?;
 
         let mut manifest = state.manifest.clone();
@@ -601,7 +610,11 @@ impl Registry {
             compile_ms = version.compile_ms,
             "deployed"
         );
-        Ok(Deployed { version, previous })
+        Ok(Deployed {
+            version,
+            previous,
+            warnings,
+        })
     }
 
     /// Makes the previous version current again (and the current one previous, so a second
@@ -642,6 +655,7 @@ impl Registry {
         Ok(Deployed {
             version: target,
             previous: stored.current,
+            warnings: Vec::new(),
         })
     }
 
@@ -678,10 +692,11 @@ impl Registry {
         };
         let config = Config::load(&path).map_err(|e| ChangeError::Invalid(e.to_string()))?;
         one_owner(&config, &state.manifest)?;
-        let mut tenants = self
-            .load_config_tenants(&config)
-            .await
-            .map_err(|e| ChangeError::Unprocessable(format!("{e:#}").replace("\n  ", "; ")))?;
+        let mut tenants = self.load_config_tenants(&config).await.map_err(|e| {
+            // One line for the JSON error: "2 tenant(s) failed to load: a: ...; b: ...".
+            let text = format!("{e:#}").replacen(":\n  ", ": ", 1);
+            ChangeError::Unprocessable(text.replace("\n  ", "; "))
+        })?;
         let n = tenants.len();
         for (name, t) in self.live.load().tenants.iter() {
             if matches!(t.origin, Origin::Api { .. }) {

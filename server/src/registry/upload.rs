@@ -4,32 +4,48 @@ use super::ChangeError;
 
 /// A `.wasm` upload's first bytes: a core module, not an artifact, a component or text.
 pub(super) fn check_wasm_header(wasm: &[u8]) -> Result<(), ChangeError> {
+    match wasm_header_problem(
+        wasm,
+        "the request body is empty; send the .wasm file as the body",
+    ) {
+        None => Ok(()),
+        Some((message, false)) => Err(ChangeError::Invalid(message)),
+        Some((message, true)) => Err(ChangeError::Unprocessable(message)),
+    }
+}
+
+/// What is wrong with `wasm`'s first bytes for a Tern module, if anything, and whether it is
+/// valid WebAssembly Tern cannot run (a component) rather than not WebAssembly at all. `empty`
+/// is the message for no bytes. Shared by uploads and `tern compile`.
+pub fn wasm_header_problem(wasm: &[u8], empty: &str) -> Option<(String, bool)> {
+    let invalid = |m: &str| Some((m.to_string(), false));
     if wasm.is_empty() {
-        return Err(ChangeError::Invalid(
-            "the request body is empty; send the .wasm file as the body".into(),
-        ));
+        return invalid(empty);
     }
     if wasm.starts_with(b"\x7fELF") {
-        return Err(ChangeError::Invalid(
-            "this is a compiled artifact; upload the .wasm module (the server compiles it)".into(),
-        ));
+        return invalid(
+            "this is a compiled artifact; give the .wasm module (the server compiles it)",
+        );
     }
     if !wasm.starts_with(b"\0asm") {
-        return Err(ChangeError::Invalid(
-            "not a WebAssembly module: it does not start with the `\\0asm` magic bytes".into(),
-        ));
+        return invalid(
+            "not a WebAssembly module: it does not start with the `\\0asm` magic bytes",
+        );
     }
     if wasm.len() < 8 {
-        return Err(ChangeError::Invalid(
-            "truncated WebAssembly module: no version after the magic bytes".into(),
-        ));
+        return invalid("truncated WebAssembly module: no version after the magic bytes");
     }
-    if wasm[4..8] != [1, 0, 0, 0] {
-        return Err(ChangeError::Unprocessable(
+    if wasm[4..8] == [1, 0, 0, 0] {
+        return None;
+    }
+    // A component's preamble: version 0x0d (any draft), layer 1.
+    if wasm[6..8] == [1, 0] {
+        return Some((
             "this is a WebAssembly component, not a core module; build the handler for \
              wasm32-wasip1 with the Tern guest SDK"
                 .into(),
+            true,
         ));
     }
-    Ok(())
+    invalid("not a valid WebAssembly module: unknown version after the magic bytes")
 }

@@ -167,3 +167,47 @@ fn compile_refuses_garbage_with_a_clear_error() {
     );
     assert!(!dir.path().join("o.cwasm").exists());
 }
+
+#[test]
+fn compile_refuses_what_a_deploy_would_refuse_and_leaves_no_artifact() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &[u8], &str); 3] = [
+        (
+            "text.wasm",
+            b"hello, not wasm",
+            "does not start with the `\\0asm` magic bytes",
+        ),
+        (
+            "nostart.wasm",
+            &wat::parse_str(r#"(module (memory (export "memory") 1) (func (export "handle")))"#)
+                .unwrap(),
+            "no `_start` export",
+        ),
+        (
+            "badsig.wasm",
+            &wat::parse_str(
+                r#"(module (import "tern" "response_set_status" (func (param i32 i32) (result i32)))
+                   (memory (export "memory") 1) (func (export "_start")))"#,
+            )
+            .unwrap(),
+            "Tern's `response_set_status` is (i32) -> (i32)",
+        ),
+    ];
+    for (name, bytes, why) in cases {
+        let input = dir.path().join(name);
+        std::fs::write(&input, bytes).unwrap();
+        let out = dir.path().join(format!("{name}.cwasm"));
+        let result = tern_bin()
+            .arg("compile")
+            .arg(&input)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .expect("run tern");
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert!(!result.status.success(), "{name}: {stderr}");
+        assert!(stderr.contains(why), "{name}: {stderr}");
+        assert!(!stderr.contains("[0x"), "{name}: no byte dumps: {stderr}");
+        assert!(!out.exists(), "{name}: an artifact was left behind");
+    }
+}

@@ -126,7 +126,11 @@ async fn modules_that_do_not_fit_the_abi_are_refused_at_load() {
         r#"(module (import "tern" "response_body_write" (func (param i64))) (memory (export "memory") 1) (func (export "_start")))"#,
     )
     .await;
-    assert!(e.contains("response_body_write"), "{e}");
+    assert!(
+        e.contains("imports `tern::response_body_write` as (i64) -> ()")
+            && e.contains("Tern's `response_body_write` is (i32, i32) -> (i32)"),
+        "the module's type and Tern's, each named as what it is: {e}"
+    );
 
     let e = load_error(r#"(module (memory (export "memory") 1) (func (export "handle")))"#).await;
     assert!(e.contains("no `_start` export"), "{e}");
