@@ -230,6 +230,7 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
                             "compile_ms": v.compile_ms,
                             "deploy_ms": started.elapsed().as_secs_f64() * 1e3,
                             "previous": d.previous.map(|p| p.id),
+                            "warnings": d.warnings,
                         }),
                     )
                 }),

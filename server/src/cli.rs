@@ -17,6 +17,8 @@ pub struct Target {
     pub server: String,
     /// The bearer token.
     pub token: String,
+    /// Where the token came from, for a `401`'s message.
+    pub token_source: String,
 }
 
 impl Target {
@@ -26,11 +28,11 @@ impl Target {
     /// # Errors
     /// If no token is given and the token file cannot be read.
     pub fn resolve(server: String, token: Option<String>, data_dir: &Path) -> anyhow::Result<Self> {
-        let token = match token.filter(|t| !t.is_empty()) {
-            Some(t) => t,
+        let (token, token_source) = match token.filter(|t| !t.is_empty()) {
+            Some(t) => (t, "--token or TERN_ADMIN_TOKEN".to_string()),
             None => {
                 let file = data_dir.join("admin-token");
-                std::fs::read_to_string(&file)
+                let token = std::fs::read_to_string(&file)
                     .map(|t| t.trim().to_string())
                     .with_context(|| {
                         format!(
@@ -38,10 +40,15 @@ impl Target {
                              `tern serve` wrote {}",
                             file.display()
                         )
-                    })?
+                    })?;
+                (token, format!("the token file {}", file.display()))
             }
         };
-        Ok(Self { server, token })
+        Ok(Self {
+            server,
+            token,
+            token_source,
+        })
     }
 
     /// Sends one request and returns the status and the JSON answer.
@@ -101,8 +108,17 @@ impl Target {
         let (status, value) = self.call(method, path, body, content_type).await?;
         if !status.is_success() {
             let msg = value["error"].as_str().unwrap_or("(no message)");
+            let hint = if status == StatusCode::UNAUTHORIZED {
+                format!(
+                    " (the token came from {}; the server's is its admin_token setting, \
+                     TERN_ADMIN_TOKEN, or the admin-token file in its data directory)",
+                    self.token_source
+                )
+            } else {
+                String::new()
+            };
             bail!(
-                "{} {}: {msg}",
+                "{} {}: {msg}{hint}",
                 status.as_u16(),
                 status.canonical_reason().unwrap_or("")
             );
@@ -178,6 +194,19 @@ pub async fn deploy(target: &Target, d: &Deploy) -> anyhow::Result<()> {
             println!("created tenant {} (routes: {})", d.tenant, routes(&spec));
         }
     }
+    let uploaded = upload(target, d, &path, wasm).await;
+    if uploaded.is_err() && !exists {
+        // A first deploy that failed leaves nothing behind: no tenant holding its routes.
+        match target.ok(Method::DELETE, &path, Bytes::new(), "").await {
+            Ok(_) => eprintln!("removed the new tenant {} again", d.tenant),
+            Err(e) => eprintln!("could not remove the new tenant {}: {e:#}", d.tenant),
+        }
+    }
+    uploaded
+}
+
+/// Uploads `d`'s assets (if any) and module to tenant `path`.
+async fn upload(target: &Target, d: &Deploy, path: &str, wasm: Vec<u8>) -> anyhow::Result<()> {
     let mut query = String::new();
     if let Some(assets) = &d.assets {
         let archive = tokio::task::spawn_blocking({
@@ -222,6 +251,9 @@ pub async fn deploy(target: &Target, d: &Deploy) -> anyhow::Result<()> {
             .map(|p| format!("; previous {}", short(p)))
             .unwrap_or_default()
     );
+    for w in v["warnings"].as_array().into_iter().flatten() {
+        eprintln!("warning: {}", w.as_str().unwrap_or_default());
+    }
     Ok(())
 }
 
@@ -285,10 +317,14 @@ pub async fn tenants(target: &Target, name: Option<&str>, as_json: bool) -> anyh
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!(
-        "{:<20} {:<7} {:<16} {:<10} {:>10}  ROUTES",
-        "NAME", "SOURCE", "VERSION", "DEPLOYED", "REQUESTS"
-    );
+    let mut rows = vec![[
+        "NAME".to_string(),
+        "SOURCE".into(),
+        "VERSION".into(),
+        "DEPLOYED".into(),
+        "REQUESTS".into(),
+        "ROUTES".into(),
+    ]];
     for t in v["tenants"].as_array().into_iter().flatten() {
         let version = match t["current"]["id"].as_str() {
             Some(id) => short(id).to_string(),
@@ -297,22 +333,46 @@ pub async fn tenants(target: &Target, name: Option<&str>, as_json: bool) -> anyh
         let deployed = t["current"]["deployed_at"]
             .as_u64()
             .map_or("-".to_string(), ago);
-        println!(
-            "{:<20} {:<7} {:<16} {:<10} {:>10}  {}{}",
-            t["name"].as_str().unwrap_or("?"),
-            t["source"].as_str().unwrap_or("?"),
+        let serving = if t["serving"].as_bool() == Some(true) {
+            ""
+        } else {
+            "  (not serving: no module deployed)"
+        };
+        rows.push([
+            t["name"].as_str().unwrap_or("?").to_string(),
+            t["source"].as_str().unwrap_or("?").to_string(),
             version,
             deployed,
-            t["requests"]["total"],
-            routes(t),
-            if t["serving"].as_bool() == Some(true) {
-                ""
-            } else {
-                "  (not serving: no module deployed)"
-            }
-        );
+            t["requests"]["total"].as_u64().unwrap_or(0).to_string(),
+            format!("{}{serving}", routes(t)),
+        ]);
     }
+    print!("{}", table(&rows));
     Ok(())
+}
+
+/// Rows as aligned columns (each as wide as its widest cell; the fifth, a count, right-aligned;
+/// the last unpadded).
+fn table(rows: &[[String; 6]]) -> String {
+    let mut widths = [0usize; 6];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            let pad = " ".repeat(w - cell.chars().count());
+            match i {
+                4 => out.push_str(&format!("{pad}{cell}  ")),
+                5 => out.push_str(cell),
+                _ => out.push_str(&format!("{cell}{pad}  ")),
+            }
+        }
+        out.push('\n');
+    }
+    out
 }
 
 fn ago(at: u64) -> String {
@@ -373,4 +433,37 @@ pub async fn reload(target: &Target) -> anyhow::Result<()> {
         .await?;
     println!("config reloaded: {} config tenants", v["config_tenants"]);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::table;
+
+    #[test]
+    fn table_columns_line_up_whatever_their_width() {
+        let row = |c: [&str; 6]| c.map(String::from);
+        let t = table(&[
+            row([
+                "NAME", "SOURCE", "VERSION", "DEPLOYED", "REQUESTS", "ROUTES",
+            ]),
+            row([
+                "a",
+                "config",
+                "builtin:a-rather-long-module",
+                "-",
+                "7",
+                "/a",
+            ]),
+            row(["bb", "api", "1234abcd", "2m ago", "123456789012", "/b"]),
+        ]);
+        let lines: Vec<&str> = t.lines().collect();
+        let col = |l: &str, word: &str| l.find(word).unwrap();
+        assert_eq!(col(lines[0], "DEPLOYED"), col(lines[1], "-"));
+        assert_eq!(col(lines[0], "DEPLOYED"), col(lines[2], "2m ago"));
+        // Counts end where their header ends.
+        let end = |l: &str, word: &str| l.find(word).unwrap() + word.len();
+        assert_eq!(end(lines[1], " 7"), end(lines[2], "123456789012"));
+        assert_eq!(end(lines[0], "REQUESTS"), end(lines[2], "123456789012"));
+        assert_eq!(col(lines[0], "ROUTES"), col(lines[1], "/a"));
+    }
 }

@@ -161,13 +161,23 @@ pub async fn run(
                 limits.timeout.as_millis()
             ),
         )),
-        Ok(Ok(())) => Ok(()),
+        // A body that does not match its declared length fails (a `HEAD` answer has none).
+        Ok(Ok(())) => match store.data().response.length_mismatch() {
+            Some(why) if store.data().request.method != http::Method::HEAD => {
+                Err(ExecError::new(Outcome::ResponseLimit, why))
+            }
+            _ => Ok(()),
+        },
         Ok(Err(stage)) => classify(stage, store.data()),
     };
     let result = match result {
         Ok(()) if store.data().response.is_streaming() => Ok(Reply::Streamed),
         Ok(()) => {
             let resp = &mut store.data_mut().response;
+            if let Some(n) = resp.declared {
+                resp.headers
+                    .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+            }
             Ok(Reply::Buffered(Finished {
                 status: resp.status,
                 headers: std::mem::take(&mut resp.headers),

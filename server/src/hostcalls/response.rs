@@ -19,9 +19,9 @@ use crate::body::{BodyAborted, StreamItem};
 const STREAM_CHANNEL_CHUNKS: usize = 8;
 
 /// Headers the server sets itself: the response's framing and connection management belong to
-/// the server, not the guest. A guest's attempt to set one is ignored.
-const SERVER_OWNED: [&str; 8] = [
-    "content-length",
+/// the server, not the guest. A guest's attempt to set one is ignored. (`content-length` is
+/// taken as a declaration the server holds the body to, see [`GuestResponse::declared`].)
+const SERVER_OWNED: [&str; 7] = [
     "transfer-encoding",
     "connection",
     "keep-alive",
@@ -63,6 +63,10 @@ pub struct GuestResponse {
     commit: Option<oneshot::Sender<Head>>,
     /// The streaming body, once the head has committed.
     pub stream: Option<mpsc::Sender<StreamItem>>,
+    /// The body length the guest declared with a `content-length` header: a streamed response
+    /// is sent with it instead of chunked, writes past it fail, and a body that ends short of
+    /// it fails the request.
+    pub declared: Option<u64>,
 }
 
 impl GuestResponse {
@@ -78,7 +82,19 @@ impl GuestResponse {
             limit_hit: false,
             commit: Some(commit),
             stream: None,
+            declared: None,
         }
+    }
+
+    /// Why the body the guest wrote does not match the length it declared, if it does not.
+    pub fn length_mismatch(&self) -> Option<String> {
+        let declared = self.declared?;
+        (declared != self.written).then(|| {
+            format!(
+                "the guest declared a body of {declared} bytes (content-length) but wrote {}",
+                self.written
+            )
+        })
     }
 
     /// Whether the head has been sent and the body is streaming.
@@ -100,9 +116,13 @@ impl GuestResponse {
             return false;
         };
         let (tx, rx) = mpsc::channel(STREAM_CHANNEL_CHUNKS);
+        let mut headers = std::mem::take(&mut self.headers);
+        if let Some(n) = self.declared {
+            headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
         let head = Head {
             status: self.status,
-            headers: std::mem::take(&mut self.headers),
+            headers,
             body: rx,
         };
         if commit.send(head).is_err() {
@@ -156,6 +176,24 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             if SERVER_OWNED.contains(&name.as_str()) {
                 return Ok(0);
             }
+            if name == http::header::CONTENT_LENGTH {
+                let n = std::str::from_utf8(value.as_bytes())
+                    .ok()
+                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|v| v.parse::<u64>().ok());
+                return Ok(match (n, resp.declared) {
+                    (None, _) => errno::INVALID_ARGUMENT,
+                    (Some(n), Some(d)) if n != d => errno::INVALID_ARGUMENT,
+                    (Some(n), _) if n > resp.max_bytes => {
+                        resp.limit_hit = true;
+                        errno::LIMIT_EXCEEDED
+                    }
+                    (Some(n), _) => {
+                        resp.declared = Some(n);
+                        0
+                    }
+                });
+            }
             if resp.headers.len() >= resp.max_headers {
                 resp.limit_hit = true;
                 return Ok(errno::LIMIT_EXCEEDED);
@@ -177,6 +215,11 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
                 let resp = &mut state.response;
                 if resp.written + n as u64 > resp.max_bytes {
                     resp.limit_hit = true;
+                    return Ok(errno::LIMIT_EXCEEDED);
+                }
+                if resp.declared.is_some_and(|d| resp.written + n as u64 > d) {
+                    // Past its own declared length: refused, and the request fails at its end.
+                    resp.written = resp.written.saturating_add(n as u64);
                     return Ok(errno::LIMIT_EXCEEDED);
                 }
                 resp.written += n as u64;

@@ -164,3 +164,43 @@ async fn a_client_leaving_mid_stream_is_counted() {
     // hyper drops a HEAD's body before it writes the head, so a false count would show now.
     assert_eq!(metric_value(&s.metrics().await, series), 1.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_content_length_is_sent_and_held_to() {
+    let s = server().await;
+    for (n, slow) in [
+        (100, false),
+        (70_000, false),
+        (70_000, true),
+        (1_000_000, false),
+    ] {
+        let path = format!("{}&declare={n}", target(n, slow));
+        let r = s.get(&path).await;
+        check(&r, n, &path);
+        // Streamed or not, the client gets the length the guest declared, never chunked.
+        assert_eq!(r.header("content-length"), n.to_string(), "{path}");
+        assert!(r.header("transfer-encoding").is_empty(), "{path}");
+    }
+    // Short of the declared length, or past it: the request fails, never a short body that
+    // looks complete.
+    for (n, declared) in [(100, 101), (100, 99), (70_000, 70_001), (70_000, 69_999)] {
+        let path = format!("/sized?n={n}&declare={declared}");
+        let reply = crate::support::raw(
+            s.addr(),
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"),
+        )
+        .await;
+        let complete = reply.starts_with("HTTP/1.1 200")
+            && reply
+                .split_once("\r\n\r\n")
+                .is_some_and(|(_, body)| body.len() == declared);
+        assert!(!complete, "{path}: {}", &reply[..reply.len().min(300)]);
+        if n < abi::STREAM_THRESHOLD {
+            assert!(reply.starts_with("HTTP/1.1 500"), "{path}: {reply}");
+            assert!(reply.contains("declared a body of"), "{path}: {reply}");
+        }
+    }
+    // Not a number: refused (the guest exits 2).
+    let r = s.get("/sized?n=10&declare=ten").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
+}

@@ -617,8 +617,26 @@ fn the_cli_deploys_lists_rolls_back_and_deletes() {
         "{out}"
     );
     assert!(get("/site").contains(HELLO));
+    // A failed first deploy leaves no tenant behind to hold its route.
+    let (ok, out) = tern(&["deploy", "fresh", config_file(dir.path()).to_str().unwrap()]);
+    assert!(
+        !ok && out.contains("removed the new tenant fresh again"),
+        "{out}"
+    );
+    let (_, out) = tern(&["tenants"]);
+    assert!(!out.contains("fresh"), "{out}");
+    // The table's columns line up under their headers.
+    let header = out.lines().next().unwrap_or("");
+    let row = out.lines().find(|l| l.starts_with("site ")).unwrap_or("");
+    for (word, value) in [("SOURCE", "api"), ("ROUTES", "*/site")] {
+        assert_eq!(header.find(word), row.find(value), "{word}:\n{out}");
+    }
     let (ok, out) = tern(&["rollback", "hello"]);
     assert!(!ok && out.contains("409"), "{out}");
+    assert!(
+        out.contains("demo tenant of the built-in config") && out.contains("--no-demo"),
+        "says how to run without the demo tenants: {out}"
+    );
     let (ok, out) = tern(&["delete", "site"]);
     assert!(ok, "{out}");
     assert!(get("/site").starts_with("HTTP/1.1 404"));
@@ -635,7 +653,52 @@ fn the_cli_deploys_lists_rolls_back_and_deletes() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("401"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("401") && err.contains("the token came from --token"),
+        "{err}"
+    );
+}
+
+#[test]
+fn no_demo_serves_only_deployed_tenants() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let p = support::TernProcess::serve(&["--no-demo"], &cache);
+    let get = |path: &str| {
+        let reply = support::raw_exchange(
+            p.addr.parse().unwrap(),
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+            std::time::Duration::from_secs(20),
+        );
+        String::from_utf8_lossy(&reply).into_owned()
+    };
+    assert!(get("/hello").starts_with("HTTP/1.1 404"));
+    let hello = support::demo_file(dir.path(), "hello");
+    let out = support::tern_bin()
+        .args([
+            "deploy",
+            "hello",
+            hello.to_str().unwrap(),
+            "--path",
+            "/hello",
+        ])
+        .args(["--server", &format!("http://{}", p.admin)])
+        .env("TERN_DATA_DIR", cache.join("data"))
+        .env_remove("TERN_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(get("/hello").contains(HELLO));
+    let refused = support::tern_bin()
+        .args(["serve", "--no-demo", "--config", "x.toml"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
 }
 
 fn config_file(dir: &std::path::Path) -> std::path::PathBuf {
@@ -807,4 +870,19 @@ async fn functions_too_costly_to_compile_are_422() {
     assert_eq!(s.get("/app").await.text(), HELLO);
     s.deploy("edge", "/edge", &many_blocks(max)).await;
     assert_eq!(s.get("/edge").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_module_that_cannot_answer_is_deployed_with_a_warning() {
+    let s = TestServer::start("").await;
+    let plain = wat::parse_str(r#"(module (memory (export "memory") 1) (func (export "_start")))"#)
+        .unwrap();
+    let v = s.deploy("plain", "/plain", &plain).await;
+    let warning = v["warnings"][0].as_str().unwrap_or_default();
+    assert!(
+        warning.contains("imports nothing from `tern`") && warning.contains("tern_sdk::serve"),
+        "{v}"
+    );
+    let v = s.deploy("sdk", "/sdk", demo("hello")).await;
+    assert_eq!(v["warnings"], serde_json::json!([]), "{v}");
 }

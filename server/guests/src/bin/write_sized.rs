@@ -1,9 +1,18 @@
 //! Writes `?n=BYTES` of body (default 65,537), byte `i` being `i % 251`, in writes of
 //! `?chunk=BYTES` (default: all at once) and answers `200` with exactly that body. `?slow=1`
 //! computes for about 2 ms before each write, so the head leaves while the guest still runs;
-//! without it the guest usually finishes before the server looks at its head.
+//! without it the guest usually finishes before the server looks at its head. `?declare=N`
+//! first sets `content-length: N` (the server holds the body to it).
 fn main() {
     let n: usize = tern_test_guests::query_number("n", 65_537);
+    if let Some(declared) = tern_test_guests::target()
+        .split("declare=")
+        .nth(1)
+        .and_then(|v| v.split('&').next())
+        && tern_sdk::raw::header_append(b"content-length", declared.as_bytes()).is_err()
+    {
+        std::process::exit(2);
+    }
     let chunk: usize = tern_test_guests::query_number("chunk", n).max(1);
     let slow = tern_test_guests::query_number("slow", 0u8) == 1;
     let body: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
@@ -19,6 +28,8 @@ fn main() {
         while !rest.is_empty() {
             match tern_sdk::raw::body_write(rest) {
                 Ok(w) => rest = &rest[w..],
+                // Past a declared length: stop writing (the server fails the request).
+                Err(e) if e.0 == tern_sdk::abi::errno::LIMIT_EXCEEDED => return,
                 Err(_) => std::process::exit(1),
             }
         }
