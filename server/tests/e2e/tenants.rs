@@ -550,6 +550,19 @@ fn sighup_reloads_a_good_config_and_refuses_a_bad_one() {
     hup();
     let line = p.wait_for("reload refused");
     assert!(line.contains("nope"), "{line}");
+    // `tern reload` says the same in one readable line.
+    let out = support::tern_bin()
+        .args(["reload", "--server", &format!("http://{}", p.admin)])
+        .env("TERN_DATA_DIR", dir.path().join("cache/data"))
+        .env_remove("TERN_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("1 tenant(s) failed to load: tenant \"a\"") && !err.contains(":;"),
+        "{err}"
+    );
     std::fs::write(&config, "[[tenant]\n").unwrap();
     hup();
     let line = p.wait_for("reload refused");
