@@ -289,12 +289,15 @@ fn log_stdio(tenant: &crate::tenant::Tenant, request_id: &str, stdio: &Stdio) {
         if !bytes.is_empty() && tenant.log_budget.allow() {
             let output = String::from_utf8_lossy(&bytes);
             let truncated = bytes.len() >= limit;
+            // A Rust guest's panic message, tagged so it can be found (and alerted on).
+            let panic = stream == "stderr" && output.contains("panicked at");
             tracing::info!(
                 target: "tern::guest",
                 tenant = name,
                 request_id,
                 stream,
                 truncated,
+                panic,
                 output = ?output,
                 "guest output"
             );

@@ -162,7 +162,7 @@ pub async fn handle(
                 plain(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
             }
         },
-        Err(e) => error_response(&e),
+        Err(e) => error_response(&e, &tenant, &ex.request_id),
     };
     ex.finish(&app, Some(&tenant), resp, Phase::Teardown)
 }
@@ -183,9 +183,18 @@ fn streamed(tenant: &TenantRef, head: Head, head_only: bool) -> Response<Respons
     resp
 }
 
-/// The response for a failure: its status, its message, and the headers its outcome calls for.
-fn error_response(e: &ExecError) -> Response<ResponseBody> {
-    let mut resp = plain(e.outcome.status(), &format!("{}\n", e.message));
+/// The response for a failure: its status, the body the tenant's error settings give it, and
+/// the headers its outcome calls for.
+fn error_response(
+    e: &ExecError,
+    tenant: &TenantRef,
+    request_id: &HeaderValue,
+) -> Response<ResponseBody> {
+    let (body, kind) = tenant.errors.body(e, request_id.to_str().unwrap_or("-"));
+    let mut resp = plain(e.outcome.status(), &body);
+    if let Some(kind) = kind {
+        resp.headers_mut().insert(http::header::CONTENT_TYPE, kind);
+    }
     match e.outcome {
         Outcome::Overload => {
             resp.headers_mut()
@@ -226,7 +235,12 @@ impl Exchange {
     ) -> Response<ResponseBody> {
         app.metrics.observe(&self.timings, reached);
         tenant.count_outcome(e.outcome);
-        self.finish(app, Some(tenant), error_response(e), reached)
+        self.finish(
+            app,
+            Some(tenant),
+            error_response(e, tenant, &self.request_id),
+            reached,
+        )
     }
 
     /// Adds the request id and `Server-Timing`, counts the response and writes the access log

@@ -86,6 +86,19 @@ impl Outcome {
         }
     }
 
+    /// Whether the guest's own code ended the request this way (a trap, an exit, its deadline,
+    /// its limits), so its output in the log may say why.
+    pub fn is_guests(self) -> bool {
+        !matches!(
+            self,
+            Outcome::Ok
+                | Outcome::Overload
+                | Outcome::BodyTooLarge
+                | Outcome::BadRequest
+                | Outcome::Error
+        )
+    }
+
     /// The status a client gets for this outcome.
     pub fn status(self) -> StatusCode {
         match self {
@@ -125,6 +138,68 @@ pub fn body_too_large(max: u64) -> ExecError {
         Outcome::BodyTooLarge,
         format!("request body is larger than this tenant accepts ({max} bytes)"),
     )
+}
+
+/// What clients of a tenant see when a request fails: the reason or only the status, or the
+/// tenant's own page for that status.
+#[derive(Debug, Default)]
+pub struct ErrorPages {
+    minimal: bool,
+    pages: std::collections::HashMap<u16, (String, http::HeaderValue)>,
+}
+
+impl ErrorPages {
+    /// From a tenant's `errors` and `error_pages` (keys already checked to be statuses).
+    pub fn new(
+        detail: crate::config::ErrorDetail,
+        pages: &std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        let pages = pages
+            .iter()
+            .filter_map(|(status, body)| {
+                let kind = if body.trim_start().starts_with('<') {
+                    "text/html; charset=utf-8"
+                } else {
+                    "text/plain; charset=utf-8"
+                };
+                Some((
+                    status.parse().ok()?,
+                    (body.clone(), http::HeaderValue::from_static(kind)),
+                ))
+            })
+            .collect();
+        Self {
+            minimal: detail == crate::config::ErrorDetail::Minimal,
+            pages,
+        }
+    }
+
+    /// The body and content type of the error response for `e` to request `request_id`; `None`
+    /// for the plain-text message.
+    pub fn body(&self, e: &ExecError, request_id: &str) -> (String, Option<http::HeaderValue>) {
+        let status = e.outcome.status();
+        if let Some((page, kind)) = self.pages.get(&status.as_u16()) {
+            return (page.replace("{request_id}", request_id), Some(kind.clone()));
+        }
+        if self.minimal {
+            let reason = status.canonical_reason().unwrap_or("error");
+            return (
+                format!("{} {reason}\nrequest id: {request_id}\n", status.as_u16()),
+                None,
+            );
+        }
+        if e.outcome.is_guests() {
+            // The guest's own words (a panic message, stderr) are in the server log.
+            return (
+                format!(
+                    "{}\nrequest id: {request_id} (the guest's output is in the server log)\n",
+                    e.message
+                ),
+                None,
+            );
+        }
+        (format!("{}\n", e.message), None)
+    }
 }
 
 /// The `500` for a guest past its response size or header limit.

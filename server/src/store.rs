@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::artifact::{self, ArtifactError, FileError, io_err};
-use crate::config::{LimitsConfig, OutboundConfig, TenantConfig};
+use crate::config::{ErrorDetail, LimitsConfig, OutboundConfig, TenantConfig};
 
 /// Format version of `manifest.json`.
 pub const MANIFEST_FORMAT: u32 = 1;
@@ -112,6 +112,12 @@ pub struct TenantSpec {
     /// Backends and hosts its guests may call (none unless given).
     #[serde(default)]
     pub outbound: OutboundConfig,
+    /// `detailed` or `minimal` error responses.
+    #[serde(default)]
+    pub errors: ErrorDetail,
+    /// Custom error bodies by status.
+    #[serde(default)]
+    pub error_pages: BTreeMap<String, String>,
 }
 
 impl TenantSpec {
@@ -127,6 +133,8 @@ impl TenantSpec {
             assets: None,
             limits: self.limits.clone(),
             outbound: self.outbound.clone(),
+            errors: self.errors,
+            error_pages: self.error_pages.clone(),
         }
     }
 }

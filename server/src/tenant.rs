@@ -181,6 +181,8 @@ pub struct Tenant {
     pub outbound: Arc<crate::hostcalls::outbound::Calls>,
     /// Something about the module its author should know (shown by a deploy, logged at load).
     pub warning: Option<String>,
+    /// What its clients see when a request fails.
+    pub errors: crate::outcome::ErrorPages,
 }
 
 /// A per-second budget of guest log lines, shared by all of a tenant's requests (lock-free; at a
@@ -482,6 +484,7 @@ pub fn prepare(
         undelivered: metrics.undelivered(&label),
         outbound,
         warning,
+        errors: crate::outcome::ErrorPages::new(config.errors, &config.error_pages),
         outcomes,
         label,
         pre,

@@ -265,7 +265,31 @@ pub struct TenantConfig {
     /// What its guests may call (`tern::outbound_*`): nothing unless listed here.
     #[serde(default)]
     pub outbound: OutboundConfig,
+    /// What clients see when one of its requests fails: `detailed` (the reason: trap kind,
+    /// limit, ...) or `minimal` (the status and the request id only).
+    #[serde(default)]
+    pub errors: ErrorDetail,
+    /// Custom bodies of error responses by status (`"503" = "<html>...</html>"`): HTML if the
+    /// body starts with `<`, else plain text; `{request_id}` in it becomes the request's id.
+    #[serde(default)]
+    pub error_pages: BTreeMap<String, String>,
 }
+
+/// How much an error response says (`errors` of a tenant).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ErrorDetail {
+    /// The reason (trap kind, limit, ...) and the request id.
+    #[default]
+    Detailed,
+    /// The status and the request id; nothing about the guest or its limits.
+    Minimal,
+}
+
+/// Most custom error pages per tenant.
+pub const MAX_ERROR_PAGES: usize = 64;
+/// Largest custom error page, in bytes.
+pub const MAX_ERROR_PAGE_BYTES: usize = 64 * 1024;
 
 /// A value validation refused: what is wrong, and where in the config file (when it came from
 /// one) so the message can name the line.
@@ -548,6 +572,31 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
                 &t.name,
                 format!(
                     "tenant {name:?}: limits.{key} must be between {min} and {max}, not {value}"
+                ),
+            );
+        }
+    }
+    if t.error_pages.len() > MAX_ERROR_PAGES {
+        return here(
+            &t.name,
+            format!("tenant {name:?}: at most {MAX_ERROR_PAGES} error_pages"),
+        );
+    }
+    for (status, page) in &t.error_pages {
+        if !status
+            .parse::<u16>()
+            .is_ok_and(|s| (400..=599).contains(&s))
+        {
+            return here(
+                &t.name,
+                format!("tenant {name:?}: error_pages key {status:?} is not a status 400-599"),
+            );
+        }
+        if page.len() > MAX_ERROR_PAGE_BYTES {
+            return here(
+                &t.name,
+                format!(
+                    "tenant {name:?}: error_pages.{status} is larger than {MAX_ERROR_PAGE_BYTES} bytes"
                 ),
             );
         }

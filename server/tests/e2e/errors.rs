@@ -70,18 +70,20 @@ async fn endless_loop_is_504_at_the_deadline() {
     expect(&s, StatusCode::GATEWAY_TIMEOUT, "time limit (200 ms)").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nonzero_exit_is_500_and_zero_exit_is_a_normal_end() {
-    let exit = |code: i32| {
-        format!(
-            r#"(module
+/// A guest that writes `done` and exits with `code`.
+fn exit(code: i32) -> String {
+    format!(
+        r#"(module
   (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
   (import "tern" "response_body_write" (func $write (param i32 i32) (result i32)))
   (memory (export "memory") 1)
   (data (i32.const 0) "done")
   (func (export "_start") (drop (call $write (i32.const 0) (i32.const 4))) (call $exit (i32.const {code}))))"#
-        )
-    };
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nonzero_exit_is_500_and_zero_exit_is_a_normal_end() {
     let dir = tempfile::tempdir().unwrap();
     wat_file(dir.path(), "zero.wasm", &exit(0));
     wat_file(dir.path(), "three.wasm", &exit(3));
@@ -92,7 +94,44 @@ async fn nonzero_exit_is_500_and_zero_exit_is_a_normal_end() {
     assert_eq!((r.status, r.text().as_str()), (StatusCode::OK, "done"));
     let r = s.get("/three").await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(r.text(), "guest exited with status 3\n");
+    let id = r.header("x-request-id").to_string();
+    assert_eq!(
+        r.text(),
+        format!(
+            "guest exited with status 3\nrequest id: {id} (the guest's output is in the server log)\n"
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_choose_minimal_errors_and_their_own_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    wat_file(dir.path(), "three.wasm", &exit(3));
+    let config = "[[tenant]]\nname = \"minimal\"\nmodule = \"three.wasm\"\npaths = [\"/minimal\"]\n\
+                  errors = \"minimal\"\n\
+                  [[tenant]]\nname = \"paged\"\nmodule = \"three.wasm\"\npaths = [\"/paged\"]\n\
+                  error_pages = { \"500\" = \"<h1>Sorry</h1><p>{request_id}</p>\" }\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let r = s.get("/minimal").await;
+    let id = r.header("x-request-id").to_string();
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        r.text(),
+        format!("500 Internal Server Error\nrequest id: {id}\n")
+    );
+    let r = s.get("/paged").await;
+    let id = r.header("x-request-id").to_string();
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(r.header("content-type"), "text/html; charset=utf-8");
+    assert_eq!(r.text(), format!("<h1>Sorry</h1><p>{id}</p>"));
+    // Only error statuses may have pages.
+    let e = TestServer::try_start(
+        "[[tenant]]\nname = \"t\"\nmodule = \"builtin:hello\"\nerror_pages = { \"200\" = \"x\" }\n",
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(format!("{e:#}").contains("not a status 400-599"), "{e:#}");
 }
 
 async fn load_error(wat: &str) -> String {
