@@ -200,6 +200,17 @@ pub async fn run(
         .memory_peak
         .observe(store.data().limits.peak_memory as f64);
     let stdio = store.data_mut().wasi.take_stdio();
+    let mut result = result;
+    if tenant.errors.dev
+        && let (Err(e), Some(stdio)) = (&mut result, &stdio)
+    {
+        let stderr = stdio.stderr.contents();
+        if !stderr.is_empty() {
+            e.message.push_str("\n--- the guest's stderr ---\n");
+            e.message
+                .push_str(String::from_utf8_lossy(&stderr).trim_end());
+        }
+    }
     let outbound = store.data().outbound.waited;
     let teardown = teardown::teardown(store, tenant.sweep.as_ref());
     if let Some(stdio) = stdio {

@@ -27,7 +27,7 @@
 //!   loading compiled code).
 //! - [`engine`]: the wasmtime `Config` shared by `tern serve` and `tern compile`, epoch ticker.
 //! - [`metrics`], [`admin`]: Prometheus metrics; the admin listener and API.
-//! - [`cli`]: the admin API's client (`tern deploy`, `tern tenants`, ...).
+//! - [`cli`]: the admin API's client (`tern deploy`, `tern tenants`, ...); [`dev`]: `tern dev`.
 //! - [`config`]: the TOML schema, defaults and validation.
 //! - [`server`], [`shutdown`]: start-up and signal handling.
 //! - [`logwriter`]: log lines batched to stderr by one thread.
@@ -43,6 +43,7 @@ pub mod body;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod dev;
 pub mod engine;
 pub mod execute;
 pub mod hostcalls;

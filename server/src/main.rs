@@ -50,6 +50,19 @@ enum Command {
         #[arg(long, conflicts_with = "config")]
         no_demo: bool,
     },
+    /// Serve one module at / on a local port for development: no config, no token; it is
+    /// reloaded when the file changes, and error responses show the guest's stderr (a panic's
+    /// message). Not for production: use `tern serve`.
+    Dev {
+        /// The .wasm module (or .cwasm artifact) to serve.
+        module: PathBuf,
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// The guest's time limit per request, in ms.
+        #[arg(long, default_value_t = 10_000)]
+        timeout_ms: u64,
+    },
     /// Deploy a module to a tenant on a running server (creating the tenant, routed at
     /// /<tenant>, if it does not exist).
     Deploy {
@@ -166,6 +179,15 @@ fn main() -> ExitCode {
             no_demo,
         } => serve(config, listen, admin_listen, data_dir, no_demo),
         Command::Compile { input, output } => compile(&input, &output),
+        Command::Dev {
+            module,
+            listen,
+            timeout_ms,
+        } => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(tern::dev::run(&module, listen, timeout_ms))),
         Command::Deploy { deploy, admin } => {
             admin.run(|t| async move { tern::cli::deploy(&t, &deploy).await })
         }

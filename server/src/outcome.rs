@@ -145,6 +145,8 @@ pub fn body_too_large(max: u64) -> ExecError {
 #[derive(Debug, Default)]
 pub struct ErrorPages {
     minimal: bool,
+    /// Show the guest's stderr in error responses (`errors = "dev"`).
+    pub dev: bool,
     pages: std::collections::HashMap<u16, (String, http::HeaderValue)>,
 }
 
@@ -170,6 +172,7 @@ impl ErrorPages {
             .collect();
         Self {
             minimal: detail == crate::config::ErrorDetail::Minimal,
+            dev: detail == crate::config::ErrorDetail::Dev,
             pages,
         }
     }

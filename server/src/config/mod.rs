@@ -284,6 +284,9 @@ pub enum ErrorDetail {
     Detailed,
     /// The status and the request id; nothing about the guest or its limits.
     Minimal,
+    /// As `detailed`, plus what the guest wrote to stderr (a panic's message): for
+    /// development (`tern dev`), never for clients you do not trust.
+    Dev,
 }
 
 /// Most custom error pages per tenant.

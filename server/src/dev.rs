@@ -1,0 +1,104 @@
+//! `tern dev FILE.wasm`: one module served at `/` on a local port, no config file and no admin
+//! token to handle (the admin listener is on a random port, its token in a temporary data
+//! directory removed at exit), rebuilt into the server whenever the file changes, with the guest's stderr (a panic's
+//! message) in error responses and its output in the terminal.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+
+use crate::config::Config;
+
+/// How often the module file is looked at.
+const POLL: Duration = Duration::from_millis(250);
+
+/// The config `tern dev` serves `module` with.
+fn config_text(module: &Path, listen: SocketAddr, timeout_ms: u64) -> String {
+    format!(
+        "[server]\nlisten = \"{listen}\"\nadmin_listen = \"127.0.0.1:0\"\n\
+         [pool]\ninstances = 16\n\
+         [[tenant]]\nname = \"dev\"\nmodule = {module:?}\nerrors = \"dev\"\n\
+         [tenant.limits]\ntimeout_ms = {timeout_ms}\nlog_lines_per_sec = 1000\n",
+        module = module.display().to_string(),
+    )
+}
+
+/// What identifies a version of the file: its modification time and size.
+fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+/// Serves `module` at `http://listen/` until Ctrl-C, reloading it when the file changes.
+///
+/// # Errors
+/// If the module cannot be read or loaded at start, or the server cannot start.
+pub async fn run(module: &Path, listen: SocketAddr, timeout_ms: u64) -> anyhow::Result<()> {
+    let module: PathBuf = module
+        .canonicalize()
+        .with_context(|| format!("cannot read {}", module.display()))?;
+    let dir = tempfile_dir()?;
+    let path = dir.join("tern-dev.toml");
+    std::fs::write(&path, config_text(&module, listen, timeout_ms))?;
+    let config = Config::load(&path)?;
+    let opts = crate::server::StartOptions {
+        config_path: Some(path),
+        data_dir: Some(dir.join("data")),
+    };
+    let running = crate::server::start_with(config, opts).await?;
+    running.shutdown.on_signals()?;
+    eprintln!(
+        "tern dev: serving {} at http://{}/ (reloads when the file changes; Ctrl-C stops)",
+        module.display(),
+        running.addr
+    );
+    let app = running.app.clone();
+    let shutdown = running.shutdown.clone();
+    let watch = tokio::spawn(async move {
+        let mut seen = stamp(&module);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {}
+                () = shutdown.wait() => return,
+            }
+            let now = stamp(&module);
+            if now == seen || now.is_none() {
+                continue;
+            }
+            // Wait for the writer (a build) to finish: the same stamp twice in a row.
+            tokio::time::sleep(POLL).await;
+            if stamp(&module) != now {
+                continue;
+            }
+            seen = now;
+            let started = std::time::Instant::now();
+            match app.registry.reload().await {
+                Ok(_) => eprintln!(
+                    "tern dev: reloaded {} in {:.0} ms",
+                    module.display(),
+                    started.elapsed().as_secs_f64() * 1e3
+                ),
+                Err(e) => eprintln!(
+                    "tern dev: {} was not loaded, the previous version keeps serving: {e}",
+                    module.display()
+                ),
+            }
+        }
+    });
+    running.wait().await;
+    watch.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// A fresh private directory for the generated config and data.
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!("tern-dev-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
