@@ -27,7 +27,8 @@
 //!   loading compiled code).
 //! - [`engine`]: the wasmtime `Config` shared by `tern serve` and `tern compile`, epoch ticker.
 //! - [`metrics`], [`admin`]: Prometheus metrics; the admin listener and API.
-//! - [`cli`]: the admin API's client (`tern deploy`, `tern tenants`, ...); [`dev`]: `tern dev`.
+//! - [`cli`]: the admin API's client (`tern deploy`, `tern tenants`, ...); [`dev`]: `tern dev`;
+//!   [`scaffold`]: `tern new`.
 //! - [`config`]: the TOML schema, defaults and validation.
 //! - [`server`], [`shutdown`]: start-up and signal handling.
 //! - [`logwriter`]: log lines batched to stderr by one thread.
@@ -57,6 +58,7 @@ pub mod pagemap;
 pub mod pool;
 pub mod registry;
 pub mod router;
+pub mod scaffold;
 pub mod server;
 pub mod shutdown;
 pub mod store;

@@ -50,6 +50,15 @@ enum Command {
         #[arg(long, conflicts_with = "config")]
         no_demo: bool,
     },
+    /// Create a handler project in ./NAME that builds with one command (Rust with a copy of
+    /// the SDK, C with tern.h, or Zig against the ABI).
+    New {
+        /// The project's name (a-z, 0-9, '-', '_').
+        name: String,
+        /// Its language.
+        #[arg(long, value_enum, default_value_t = tern::scaffold::Lang::Rust)]
+        lang: tern::scaffold::Lang,
+    },
     /// Serve one module at / on a local port for development: no config, no token; it is
     /// reloaded when the file changes, and error responses show the guest's stderr (a panic's
     /// message). Not for production: use `tern serve`.
@@ -179,6 +188,15 @@ fn main() -> ExitCode {
             no_demo,
         } => serve(config, listen, admin_listen, data_dir, no_demo),
         Command::Compile { input, output } => compile(&input, &output),
+        Command::New { name, lang } => {
+            tern::scaffold::create(std::path::Path::new("."), &name, lang).map(|dir| {
+                let (build, wasm) = tern::scaffold::build_hint(lang, &name);
+                println!(
+                    "created {}\n  cd {name} && {build}\n  tern dev {wasm}",
+                    dir.display()
+                );
+            })
+        }
         Command::Dev {
             module,
             listen,

@@ -1,4 +1,4 @@
-//! The demo tenants answer as documented, over HTTP/1.1 and HTTP/2.
+//! The demo tenants answer as documented, over HTTP/1.1 and HTTP/2; `tern dev` and `tern new`.
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -230,4 +230,74 @@ fn tern_dev_serves_a_file_shows_panics_and_reloads_it() {
     assert!(get().contains("Hello from Tern!"));
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// `tern new` writes projects that build outside this repository with their one command and
+/// serve on Tern: Rust (with its copy of the SDK) and C (with tern.h).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tern_new_projects_build_outside_the_repository_and_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = String::from("[pool]\ninstances = 8\nmax_memory_mib = 64\n");
+    for (name, lang, build, wasm) in [
+        (
+            "hello-rs",
+            "rust",
+            vec!["cargo", "build", "--release", "--quiet"],
+            "target/wasm32-wasip1/release/hello-rs.wasm",
+        ),
+        ("hello-c", "c", vec!["sh", "build.sh"], "hello-c.wasm"),
+    ] {
+        let out = crate::support::tern_bin()
+            .args(["new", name, "--lang", lang])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            said.contains(&build.join(" ").replace(" --quiet", "")),
+            "{said}"
+        );
+        let project = dir.path().join(name);
+        let mut cmd = std::process::Command::new(build[0]);
+        cmd.args(&build[1..]).current_dir(&project);
+        // Nothing of this repository's build may leak into the project's.
+        for var in [
+            "RUSTFLAGS",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_TARGET",
+            "CARGO_ENCODED_RUSTFLAGS",
+        ] {
+            cmd.env_remove(var);
+        }
+        let built = cmd.output().unwrap();
+        assert!(
+            built.status.success(),
+            "{name}: {}{}",
+            String::from_utf8_lossy(&built.stdout),
+            String::from_utf8_lossy(&built.stderr)
+        );
+        let module = project.join(wasm);
+        assert!(module.exists(), "{name}: no {wasm}");
+        config.push_str(&format!(
+            "[[tenant]]\nname = \"{name}\"\nmodule = \"{}\"\npaths = [\"/{name}\"]\n",
+            module.display()
+        ));
+    }
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let r = s.get("/hello-rs/x").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(
+        r.text()
+            .starts_with("Hello, 127.0.0.1! You asked for GET /hello-rs/x"),
+        "{}",
+        r.text()
+    );
+    let r = s.get("/hello-c/y").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.text(), "Hello from hello-c! You asked for /hello-c/y\n");
 }
