@@ -450,7 +450,7 @@ mod tests {
                 "a",
                 "config",
                 "builtin:a-rather-long-module",
-                "-",
+                "1h ago",
                 "7",
                 "/a",
             ]),
@@ -458,7 +458,7 @@ mod tests {
         ]);
         let lines: Vec<&str> = t.lines().collect();
         let col = |l: &str, word: &str| l.find(word).unwrap();
-        assert_eq!(col(lines[0], "DEPLOYED"), col(lines[1], "-"));
+        assert_eq!(col(lines[0], "DEPLOYED"), col(lines[1], "1h ago"));
         assert_eq!(col(lines[0], "DEPLOYED"), col(lines[2], "2m ago"));
         // Counts end where their header ends.
         let end = |l: &str, word: &str| l.find(word).unwrap() + word.len();

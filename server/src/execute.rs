@@ -286,7 +286,8 @@ fn classify(stage: Stage, state: &GuestState) -> Result<(), ExecError> {
     } else {
         "guest failed"
     };
-    tracing::debug!("{what}: {err:?}");
+    // Not the guest's doing: the operator needs the cause (the client gets only `what`).
+    tracing::warn!("{what}: {err:#}");
     Err(ExecError::new(Outcome::Error, what))
 }
 

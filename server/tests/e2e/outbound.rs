@@ -686,7 +686,7 @@ async fn connect_and_total_timeouts_and_many_guests_at_once() {
     let config = format!(
         "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
          [[tenant]]\nname = \"t\"\nmodule = \"outbound_probe.wasm\"\n\
-         [tenant.limits]\ntimeout_ms = 5000\nmax_concurrency = 16\n\
+         [tenant.limits]\ntimeout_ms = 5000\nmax_concurrency = 8\n\
          [tenant.outbound.backends.hole]\nurl = \"http://{hole_addr}\"\nconnect_timeout_ms = 300\n\
          [tenant.outbound.backends.stall]\nurl = \"http://{}\"\ntotal_timeout_ms = 500\n\
          [tenant.outbound.backends.origin]\nurl = \"http://{}\"\n",
@@ -712,7 +712,7 @@ async fn connect_and_total_timeouts_and_many_guests_at_once() {
 
     // Many guests calling out at once, each answered.
     let addr = s.addr();
-    let calls: Vec<_> = (0..48)
+    let calls: Vec<_> = (0..32)
         .map(|_| {
             tokio::spawn(async move {
                 send(
