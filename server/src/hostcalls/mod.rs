@@ -232,6 +232,18 @@ fn memory(caller: &Caller<'_, GuestState>) -> wasmtime::Result<Memory> {
         .ok_or_else(|| wasmtime::Error::new(GuestFault::NoMemory))
 }
 
+/// Headers as the ABI's copy-out functions give them: `name NUL value NUL` pairs, in order.
+fn headers_blob(headers: &http::HeaderMap) -> Vec<u8> {
+    let mut blob = Vec::with_capacity(headers.len() * 32);
+    for (name, value) in headers {
+        blob.extend_from_slice(name.as_str().as_bytes());
+        blob.push(0);
+        blob.extend_from_slice(value.as_bytes());
+        blob.push(0);
+    }
+    blob
+}
+
 /// Copies as much of `src` as fits into the guest buffer `ptr..ptr+len` and returns the full
 /// length of `src`, so the guest can retry with a larger buffer.
 fn copy_to_guest(

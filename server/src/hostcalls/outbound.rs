@@ -789,16 +789,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
                     Err(code) => return Ok(code),
                 };
                 let headers = &r.headers;
-                let blob = r.blob.get_or_insert_with(|| {
-                    let mut blob = Vec::with_capacity(headers.len() * 32);
-                    for (name, value) in headers {
-                        blob.extend_from_slice(name.as_str().as_bytes());
-                        blob.push(0);
-                        blob.extend_from_slice(value.as_bytes());
-                        blob.push(0);
-                    }
-                    blob
-                });
+                let blob = r.blob.get_or_insert_with(|| super::headers_blob(headers));
                 copy_to_guest(data, ptr, len, blob, f)
             })
         },

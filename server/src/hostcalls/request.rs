@@ -91,16 +91,8 @@ impl GuestRequest {
 
     fn headers_blob(&mut self) -> &[u8] {
         let headers = &self.headers;
-        self.headers_blob.get_or_insert_with(|| {
-            let mut blob = Vec::with_capacity(headers.len() * 32);
-            for (name, value) in headers {
-                blob.extend_from_slice(name.as_str().as_bytes());
-                blob.push(0);
-                blob.extend_from_slice(value.as_bytes());
-                blob.push(0);
-            }
-            blob
-        })
+        self.headers_blob
+            .get_or_insert_with(|| super::headers_blob(headers))
     }
 
     /// The value of `request_info` key `key` for a guest of tenant `tenant`, or the error code:

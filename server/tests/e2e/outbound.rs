@@ -118,6 +118,20 @@ async fn handle_whole(
     Response::new(Full::new(Bytes::from(text)))
 }
 
+/// Serves the test backend's paths (see [`handle`]) on one connection.
+async fn serve_backend<S>(stream: S, both: Arc<tokio::sync::Barrier>, aborted: Arc<AtomicUsize>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req| {
+        let (both, aborted) = (both.clone(), aborted.clone());
+        async move { Ok::<_, Infallible>(handle(req, both, aborted).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+}
+
 impl Backend {
     async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -130,16 +144,7 @@ impl Backend {
             loop {
                 let (stream, _) = listener.accept().await.unwrap();
                 count.fetch_add(1, Ordering::SeqCst);
-                let (both, failed) = (both.clone(), failed.clone());
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let (both, failed) = (both.clone(), failed.clone());
-                        async move { Ok::<_, Infallible>(handle(req, both, failed).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
+                tokio::spawn(serve_backend(stream, both.clone(), failed.clone()));
             }
         });
         Self {
@@ -596,16 +601,10 @@ impl TlsBackend {
                 let (stream, _) = listener.accept().await.unwrap();
                 let (acceptor, both, aborted) = (acceptor.clone(), both.clone(), aborted.clone());
                 tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(stream).await else {
-                        return; // a client that did not trust us
-                    };
-                    let service = hyper::service::service_fn(move |req| {
-                        let (both, aborted) = (both.clone(), aborted.clone());
-                        async move { Ok::<_, Infallible>(handle(req, both, aborted).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tls), service)
-                        .await;
+                    // A client that did not trust us gets no service.
+                    if let Ok(tls) = acceptor.accept(stream).await {
+                        serve_backend(tls, both, aborted).await;
+                    }
                 });
             }
         });
