@@ -233,12 +233,28 @@ fn tern_dev_serves_a_file_shows_panics_and_reloads_it() {
 }
 
 /// `tern new` writes projects that build outside this repository with their one command and
-/// serve on Tern: Rust (with its copy of the SDK) and C (with tern.h).
+/// serve on Tern: Rust (with its copy of the SDK), C (with tern.h) and Zig (the ABI alone;
+/// `bash scripts/test` puts a `zig` in target/tools/bin).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tern_new_projects_build_outside_the_repository_and_serve() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = String::from("[pool]\ninstances = 8\nmax_memory_mib = 64\n");
-    for (name, lang, build, wasm) in [
+    let tools = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/bin");
+    let path = format!(
+        "{}:{}",
+        tools.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let zig = std::process::Command::new("zig")
+        .arg("version")
+        .env("PATH", &path)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        zig || std::env::var_os("CI").is_none(),
+        "no zig: bash scripts/test installs one into target/tools/bin"
+    );
+    let mut projects = vec![
         (
             "hello-rs",
             "rust",
@@ -246,7 +262,13 @@ async fn tern_new_projects_build_outside_the_repository_and_serve() {
             "target/wasm32-wasip1/release/hello-rs.wasm",
         ),
         ("hello-c", "c", vec!["sh", "build.sh"], "hello-c.wasm"),
-    ] {
+    ];
+    if zig {
+        projects.push(("hello-zig", "zig", vec!["sh", "build.sh"], "hello-zig.wasm"));
+    } else {
+        eprintln!("zig not found: the Zig project is not built (bash scripts/test installs it)");
+    }
+    for (name, lang, build, wasm) in projects {
         let out = crate::support::tern_bin()
             .args(["new", name, "--lang", lang])
             .current_dir(dir.path())
@@ -264,7 +286,9 @@ async fn tern_new_projects_build_outside_the_repository_and_serve() {
         );
         let project = dir.path().join(name);
         let mut cmd = std::process::Command::new(build[0]);
-        cmd.args(&build[1..]).current_dir(&project);
+        cmd.args(&build[1..])
+            .current_dir(&project)
+            .env("PATH", &path);
         // Nothing of this repository's build may leak into the project's.
         for var in [
             "RUSTFLAGS",
@@ -300,4 +324,12 @@ async fn tern_new_projects_build_outside_the_repository_and_serve() {
     let r = s.get("/hello-c/y").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.text(), "Hello from hello-c! You asked for /hello-c/y\n");
+    if zig {
+        let r = s.get("/hello-zig/z").await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(
+            r.text(),
+            "Hello from hello-zig! You asked for /hello-zig/z\n"
+        );
+    }
 }
