@@ -398,7 +398,7 @@ impl Policy {
         }
         // Checked here for a clear `DENIED`; the connection's own lookup checks again (a
         // name whose answer changes in between fails to connect instead).
-        resolve_public(&host, port).await?;
+        check_public(&host, port).await?;
         let host = HeaderValue::from_str(authority.as_str())
             .map_err(|e| Denied::BadTarget(e.to_string()))?;
         Ok(Target {
@@ -486,8 +486,8 @@ impl Backend {
     }
 }
 
-/// The first address of `host` (a name or an IP literal), if every address it has is public.
-async fn resolve_public(host: &str, port: u16) -> Result<SocketAddr, Denied> {
+/// Checks that every address `host` (a name or an IP literal) has is public.
+async fn check_public(host: &str, port: u16) -> Result<(), Denied> {
     let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
         Err(_) => tokio::net::lookup_host((host, port))
@@ -498,17 +498,25 @@ async fn resolve_public(host: &str, port: u16) -> Result<SocketAddr, Denied> {
             })?
             .collect(),
     };
-    // All of them: a name that also points inside must not be used to reach outside either.
-    if let Some(bad) = addrs.iter().find(|a| !is_public(a.ip())) {
-        return Err(Denied::NotPublic {
+    if addrs.is_empty() {
+        return Err(Denied::Unresolved {
             host: host.to_string(),
-            addr: bad.ip(),
+            why: "no addresses".into(),
         });
     }
-    addrs.first().copied().ok_or_else(|| Denied::Unresolved {
-        host: host.to_string(),
-        why: "no addresses".into(),
-    })
+    not_public(host, &addrs).map_or(Ok(()), Err)
+}
+
+/// The refusal for `host` if any of its addresses is not public: a name that also points
+/// inside must not be used to reach outside either.
+fn not_public(host: &str, addrs: &[SocketAddr]) -> Option<Denied> {
+    addrs
+        .iter()
+        .find(|a| !is_public(a.ip()))
+        .map(|bad| Denied::NotPublic {
+            host: host.to_string(),
+            addr: bad.ip(),
+        })
 }
 
 /// Whether `ip` is a public unicast address (RFC 6890's special-purpose ranges are not).
@@ -654,11 +662,8 @@ impl tower_service::Service<Name> for Resolver {
             let host = name.as_str().to_string();
             let addrs: Vec<SocketAddr> =
                 tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if public_only && let Some(bad) = addrs.iter().find(|a| !is_public(a.ip())) {
-                return Err(std::io::Error::other(format!(
-                    "{host} resolves to {}, which is not a public address",
-                    bad.ip()
-                )));
+            if public_only && let Some(denied) = not_public(&host, &addrs) {
+                return Err(std::io::Error::other(denied));
             }
             Ok(addrs.into_iter())
         })

@@ -29,6 +29,16 @@ fn abi_doc_and_c_header_match_the_definition_and_the_linker() {
             .find(|l| l.starts_with(&format!("- `{name}(")))
             .unwrap_or_else(|| panic!("ABI.md does not document `{name}`"));
         let doc_params = line[..line.find(')').unwrap()].matches(": i32").count();
+        // The table the server checks imports against says the same.
+        let table = abi::func::SIGNATURES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, params)| *params);
+        assert_eq!(
+            table,
+            Some(doc_params),
+            "abi::func::SIGNATURES and ABI.md: {name}"
+        );
         assert!(line.contains(") -> i32`"), "{name} returns one i32");
         imports.push_str(&format!(
             "(import \"{}\" \"{name}\" (func{} (result i32)))\n",
