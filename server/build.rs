@@ -10,7 +10,7 @@ use std::process::Command;
 #[path = "guest_build.rs"]
 mod guest_build;
 
-const GUESTS: [&str; 7] = [
+const GUESTS: [&str; 8] = [
     "hello",
     "echo",
     "json",
@@ -18,6 +18,7 @@ const GUESTS: [&str; 7] = [
     "static",
     "proxy",
     "aggregate",
+    "cgi",
 ];
 
 fn main() {
@@ -31,6 +32,8 @@ fn main() {
     for watched in [
         "guest-sdk/src",
         "guest-sdk/examples",
+        "guest-sdk/examples/wasi-http/src",
+        "guest-sdk/examples/wasi-http/Cargo.toml",
         "guest-sdk/Cargo.toml",
         "guest-sdk/build.rs",
         "Cargo.lock",
@@ -58,6 +61,15 @@ fn main() {
             wasm.display()
         );
     }
+    let component = guest_build::component(
+        &root.join("guest-sdk/examples/wasi-http"),
+        "wasi_http_example",
+        &target_dir,
+    );
+    println!(
+        "cargo:rustc-env=TERN_GUEST_WASI_HTTP={}",
+        component.display()
+    );
 }
 
 /// On a fresh machine the wasm32-wasip1 standard library may be missing although

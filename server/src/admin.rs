@@ -6,7 +6,7 @@
 //! | `GET /admin/v1/tenants` | every tenant: routes, limits, versions, request counts |
 //! | `GET /admin/v1/tenants/{name}` | one tenant |
 //! | `PUT /admin/v1/tenants/{name}` | create a tenant or change its routes/env/limits (JSON) |
-//! | `PUT /admin/v1/tenants/{name}/module[?assets=HASH]` | deploy a `.wasm` (the body) |
+//! | `PUT /admin/v1/tenants/{name}/module[?assets=HASH][&kind=KIND]` | deploy a `.wasm` (the body): a module or component; `kind` = `tern`, `wasi-http` or `cgi` (else detected) |
 //! | `POST /admin/v1/tenants/{name}/rollback` | back to the previous version |
 //! | `DELETE /admin/v1/tenants/{name}` | remove a tenant |
 //! | `POST /admin/v1/assets` | store a tar archive of assets; returns its hash |
@@ -215,25 +215,33 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
         (&Method::PUT, ["tenants", name, "module"]) => {
             let name = name.to_string();
             let assets = query_param(query.as_deref(), "assets").map(str::to_string);
-            match read_body(req, registry.max_upload()).await {
+            let kind = query_param(query.as_deref(), "kind")
+                .map(str::parse::<crate::config::GuestKind>)
+                .transpose()
+                .map_err(ChangeError::Invalid);
+            match kind {
                 Err(e) => Err(e),
-                Ok(wasm) => registry.deploy(&name, wasm, assets).await.map(|d| {
-                    let v = &d.version;
-                    (
-                        StatusCode::OK,
-                        json!({
-                            "tenant": name,
-                            "version": v.id,
-                            "module": v.module,
-                            "module_bytes": v.module_bytes,
-                            "assets": v.assets,
-                            "compile_ms": v.compile_ms,
-                            "deploy_ms": started.elapsed().as_secs_f64() * 1e3,
-                            "previous": d.previous.map(|p| p.id),
-                            "warnings": d.warnings,
-                        }),
-                    )
-                }),
+                Ok(kind) => match read_body(req, registry.max_upload()).await {
+                    Err(e) => Err(e),
+                    Ok(wasm) => registry.deploy(&name, wasm, assets, kind).await.map(|d| {
+                        let v = &d.version;
+                        (
+                            StatusCode::OK,
+                            json!({
+                                "tenant": name,
+                                "version": v.id,
+                                "module": v.module,
+                                "module_bytes": v.module_bytes,
+                                "assets": v.assets,
+                                "compile_ms": v.compile_ms,
+                                "deploy_ms": started.elapsed().as_secs_f64() * 1e3,
+                                "previous": d.previous.map(|p| p.id),
+                                "kind": d.kind.name(),
+                                "warnings": d.warnings,
+                            }),
+                        )
+                    }),
+                },
             }
         }
         (&Method::POST, ["tenants", name, "rollback"]) => registry.rollback(name).await.map(|d| {

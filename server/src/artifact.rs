@@ -16,7 +16,42 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
+use wasmtime::component::Component;
 use wasmtime::{Engine, Module, Precompiled};
+
+/// A compiled guest: a core module (the `tern` and `cgi` kinds) or a component (`wasi-http`).
+#[derive(Clone)]
+pub enum Compiled {
+    /// A core WebAssembly module.
+    Module(Module),
+    /// A WebAssembly component.
+    Component(Component),
+}
+
+impl Compiled {
+    /// The core module, if this is one.
+    pub fn module(&self) -> Option<&Module> {
+        match self {
+            Self::Module(m) => Some(m),
+            Self::Component(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Module(_) => "Compiled::Module",
+            Self::Component(_) => "Compiled::Component",
+        })
+    }
+}
+
+/// Whether `wasm` starts with a component's preamble (version 0x0d of any draft, layer 1)
+/// rather than a core module's.
+pub fn is_component(wasm: &[u8]) -> bool {
+    wasm.len() >= 8 && wasm.starts_with(b"\0asm") && wasm[6..8] == [1, 0]
+}
 
 /// Marks the end of a sealed Tern artifact (format version 1).
 pub const SEAL_MAGIC: &[u8; 8] = b"TERNAOT1";
@@ -124,7 +159,12 @@ pub fn compile(engine: &Engine, wasm: &[u8], what: &str) -> Result<Vec<u8>, Arti
         reason,
     })?;
     let _turn = CompileTurn::take();
-    let mut out = engine.precompile_module(wasm).map_err(invalid)?;
+    let mut out = if is_component(wasm) {
+        engine.precompile_component(wasm)
+    } else {
+        engine.precompile_module(wasm)
+    }
+    .map_err(invalid)?;
     seal(&mut out);
     Ok(out)
 }
@@ -266,12 +306,13 @@ fn unique() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Loads a sealed `.cwasm` by mmap after checking its seal.
+/// Loads a sealed `.cwasm` after checking its seal: a module by mmap, a component from the
+/// checked bytes.
 ///
 /// # Errors
 /// [`ArtifactError::Tampered`] without a valid seal, [`ArtifactError::Incompatible`] if it was
 /// compiled by another engine, [`ArtifactError::Io`] if it cannot be read.
-pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Module, ArtifactError> {
+pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Compiled, ArtifactError> {
     let tampered = |reason: &str| ArtifactError::Tampered {
         path: path.display().to_string(),
         reason: reason.to_string(),
@@ -287,8 +328,22 @@ pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Module, ArtifactError>
     if Sha256::digest(body)[..] != seal[..32] {
         return Err(tampered("its contents do not match its seal"));
     }
-    if Engine::detect_precompiled(body) != Some(Precompiled::Module) {
-        return Err(tampered("it is not a compiled core module"));
+    let incompatible = |e: wasmtime::Error| ArtifactError::Incompatible {
+        path: path.display().to_string(),
+        reason: format!("{e:#}"),
+    };
+    match Engine::detect_precompiled(body) {
+        Some(Precompiled::Module) => {}
+        Some(Precompiled::Component) => {
+            // SAFETY: `body` is exactly the bytes whose digest matches the seal that `compile`
+            // appended to wasmtime's own `precompile_component` output (checked above, in
+            // memory, so no later change to the file matters); wasmtime itself refuses output
+            // of another version or configuration. A component is loaded from these bytes
+            // rather than mapped: wasmtime offers no way to map an already opened file.
+            let component = unsafe { Component::deserialize(engine, body) };
+            return component.map(Compiled::Component).map_err(incompatible);
+        }
+        None => return Err(tampered("it is not a compiled module or component")),
     }
     drop(bytes);
     // SAFETY: the file's digest matches the seal that `compile` appended to wasmtime's own
@@ -296,12 +351,9 @@ pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Module, ArtifactError>
     // refuses output of another version or configuration. Tern writes artifacts only through
     // `write_atomic` (rename, never in place), so the mapped file does not change while the
     // module lives. The seal after the ELF image is ignored by wasmtime's object parser.
-    unsafe { Module::deserialize_open_file(engine, file) }.map_err(|e| {
-        ArtifactError::Incompatible {
-            path: path.display().to_string(),
-            reason: format!("{e:#}"),
-        }
-    })
+    unsafe { Module::deserialize_open_file(engine, file) }
+        .map(Compiled::Module)
+        .map_err(incompatible)
 }
 
 /// Where the compiled form of `wasm` lives in `cache_dir`: keyed by the module's hash and the
@@ -315,11 +367,11 @@ pub fn artifact_path(engine: &Engine, dir: &Path, hash: &str) -> PathBuf {
     dir.join(format!("{hash}-{}.cwasm", engine_fingerprint(engine)))
 }
 
-/// A loaded module, and how long compiling it took if it was not in the cache.
+/// A loaded module or component, and how long compiling it took if it was not in the cache.
 #[derive(Debug)]
 pub struct Loaded {
-    /// The module, mapped from its artifact.
-    pub module: Module,
+    /// The module (mapped from its artifact) or component.
+    pub module: Compiled,
     /// Compile time on a cache miss; `None` when an existing artifact was mapped.
     pub compiled_in: Option<std::time::Duration>,
 }

@@ -132,8 +132,12 @@ impl Target {
 pub struct Deploy {
     /// The tenant's name.
     pub tenant: String,
-    /// The .wasm module (built for wasm32-wasip1 with the Tern guest SDK).
+    /// The .wasm file: a Tern module (wasm32-wasip1, the guest SDK), a wasi:http component
+    /// (wasm32-wasip2) or a WASI program to run as CGI.
     pub module: PathBuf,
+    /// Guest kind: tern, wasi-http or cgi (default: detected from the module).
+    #[arg(long)]
+    pub kind: Option<crate::config::GuestKind>,
     /// Host routed to the tenant (repeatable; replaces its hosts).
     #[arg(long = "host")]
     pub hosts: Vec<String>,
@@ -231,6 +235,11 @@ async fn upload(target: &Target, d: &Deploy, path: &str, wasm: Vec<u8>) -> anyho
         );
         query = format!("?assets={hash}");
     }
+    if let Some(kind) = d.kind {
+        query.push(if query.is_empty() { '?' } else { '&' });
+        query.push_str("kind=");
+        query.push_str(kind.name());
+    }
     let v = target
         .ok(
             Method::PUT,
@@ -240,9 +249,10 @@ async fn upload(target: &Target, d: &Deploy, path: &str, wasm: Vec<u8>) -> anyho
         )
         .await?;
     println!(
-        "deployed {} version {} ({} bytes, compiled in {:.0} ms, serving {:.0} ms after upload){}",
+        "deployed {} version {} ({}, {} bytes, compiled in {:.0} ms, serving {:.0} ms after upload){}",
         d.tenant,
         short(v["version"].as_str().unwrap_or("?")),
+        v["kind"].as_str().unwrap_or("?"),
         v["module_bytes"],
         v["compile_ms"].as_f64().unwrap_or(0.0),
         v["deploy_ms"].as_f64().unwrap_or(0.0),

@@ -2,8 +2,9 @@
 //! so `tern serve` works with no files at all (`module = "builtin:NAME"`).
 
 /// Names of the built-in modules (`proxy` and `aggregate` call backends the tenant configures
-/// under `[tenant.outbound.backends]`: `origin`; `users` and `orders`).
-pub const NAMES: [&str; 7] = [
+/// under `[tenant.outbound.backends]`: `origin`; `users` and `orders`). `cgi` is a plain Rust
+/// program served as CGI, `wasi-http` a `wasi:http` component; the rest use the Tern ABI.
+pub const NAMES: [&str; 9] = [
     "hello",
     "echo",
     "json",
@@ -11,6 +12,8 @@ pub const NAMES: [&str; 7] = [
     "static",
     "proxy",
     "aggregate",
+    "cgi",
+    "wasi-http",
 ];
 
 /// The `.wasm` bytes of built-in module `name`.
@@ -23,6 +26,8 @@ pub fn module(name: &str) -> Option<&'static [u8]> {
         "static" => include_bytes!(env!("TERN_GUEST_STATIC")),
         "proxy" => include_bytes!(env!("TERN_GUEST_PROXY")),
         "aggregate" => include_bytes!(env!("TERN_GUEST_AGGREGATE")),
+        "cgi" => include_bytes!(env!("TERN_GUEST_CGI")),
+        "wasi-http" => include_bytes!(env!("TERN_GUEST_WASI_HTTP")),
         _ => return None,
     })
 }

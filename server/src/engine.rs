@@ -29,16 +29,24 @@ const MIB: u64 = 1024 * 1024;
 pub fn engine_config(pool: &PoolConfig) -> Config {
     let mut p = PoolingAllocationConfig::new();
     let n = pool.instances;
-    p.total_core_instances(n)
+    // A slot holds one guest: a core module (one instance, memory and table) or a component
+    // (up to `component_core_instances` core instances and tables, still one memory). One
+    // admission permit per slot then guarantees that an admitted request finds room.
+    let k = pool.component_core_instances;
+    p.total_core_instances(n.saturating_mul(k))
+        .total_component_instances(n)
+        .max_core_instances_per_component(k)
+        .max_memories_per_component(1)
+        .max_tables_per_component(k)
         .total_memories(n)
-        .total_tables(n)
+        .total_tables(n.saturating_mul(k))
         .total_stacks(n)
         // A freed slot keeps its module's heap image mapped, so the module's next request
         // reuses it without an `mmap`. wasmtime keeps at most 100 such slots by default: with
         // 100 tenants spread over the pool, most requests then remapped an image and
         // throughput fell from 70k to 29k requests/s (`loadtest/bench.sh density`).
         .max_unused_warm_slots(n)
-        // One module per instance (no components): one memory and table each.
+        // One memory and table per module.
         .max_memories_per_module(1)
         .max_tables_per_module(1)
         .max_memory_size(usize::try_from(pool.max_memory_mib * MIB).unwrap_or(usize::MAX))

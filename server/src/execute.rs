@@ -1,10 +1,14 @@
 //! Execute: instantiate a fresh guest for one request and run its handler on its own fiber.
 //!
 //! Each request gets a new `Store`; `instantiate_async` takes a slot from the pool and maps the
-//! module's copy-on-write heap image; the handler (`_start`) runs through `call_async` on a
-//! pooled fiber stack. Epoch interruption makes the guest yield every tick, so a busy guest
-//! never holds a worker thread, and a wall-clock deadline around the whole run cuts it off.
+//! module's copy-on-write heap image; the handler runs on a pooled fiber stack: `_start` through
+//! `call_async` for a core module (the `tern` ABI or a CGI program), `incoming-handler.handle`
+//! for a `wasi:http` component ([`crate::wasi_http`]). Epoch interruption makes the guest yield
+//! every tick, so a busy guest never holds a worker thread, and a wall-clock deadline around the
+//! whole run cuts it off. Every kind shares this lifecycle: the limits, the verdict, the reply,
+//! the outcome counts, the captured output and teardown.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -12,15 +16,20 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::sync::oneshot;
 use wasmtime::{Extern, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::I32Exit;
+use wasmtime_wasi_http::WasiHttpView;
+use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
+use crate::config::GuestKind;
 use crate::engine::EPOCH_TICK;
+use crate::hostcalls::cgi::Cgi;
 use crate::hostcalls::outbound::Outbound;
 use crate::hostcalls::{
     GuestFault, GuestLimits, GuestRequest, GuestResponse, GuestState, Head, Stdio, Wasi,
 };
 use crate::outcome::{ExecError, Outcome, body_too_large, response_limit};
 use crate::teardown;
-use crate::tenant::TenantRef;
+use crate::tenant::{CoreGuest, Guest, Tenant, TenantRef};
+use crate::wasi_http::{Answer, BodyFlags, HttpState};
 
 /// A guest's complete, buffered response.
 #[derive(Debug)]
@@ -70,28 +79,15 @@ pub async fn run(
     commit: oneshot::Sender<Head>,
     request_id: HeaderValue,
 ) -> RunOutput {
-    let start = Instant::now();
-    let limits = &tenant.limits;
-    let state = GuestState {
-        wasi: Wasi::new(tenant.wasi.clone()),
-        memory: None,
-        request,
-        response: GuestResponse::new(
-            limits.max_response_bytes,
-            limits.max_response_headers,
-            commit,
-        ),
-        limits: GuestLimits {
-            max_memory: limits.max_memory,
-            max_table_elements: limits.max_table_elements,
-            memory_limit_hit: false,
-            peak_memory: 0,
-        },
-        files: crate::hostcalls::fs::Files::new(tenant.assets.clone()),
-        outbound: Outbound::new(tenant.outbound.clone()),
-    };
-    let mut store = Store::new(tenant.pre.module().engine(), state);
-    store.limiter(|s| &mut s.limits);
+    match &tenant.guest {
+        Guest::Core(core) => run_core(&tenant, core, request, commit, &request_id).await,
+        Guest::Http(pre) => run_component(&tenant, pre, request, commit, &request_id).await,
+    }
+}
+
+/// A fresh store for one request of `tenant`, time-sliced by the epoch from `start`.
+fn new_store<T>(engine: &wasmtime::Engine, state: T, start: Instant) -> Store<T> {
+    let mut store = Store::new(engine, state);
     // Time slicing, not a limit: a guest yields at an epoch tick once it has run a full slice.
     // A tick that lands in a short guest's first microseconds must not send it to the back of
     // the run queue: with a yield at every tick, 2-3 % of `hello` runs under load took 1-8 ms
@@ -108,84 +104,85 @@ pub async fn run(
             UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
         })
     });
+    store
+}
 
-    let mut instantiated = None;
-    let guest = async {
-        let instance = tenant
-            .pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(Stage::Instantiate)?;
-        let memory = instance
-            .get_module_export(&mut store, &tenant.memory)
-            .and_then(Extern::into_memory);
-        store.data_mut().memory = memory;
-        let handler = instance
-            .get_module_export(&mut store, &tenant.start)
-            .and_then(Extern::into_func)
-            .ok_or_else(|| Stage::Instantiate(wasmtime::format_err!("handler export missing")))?;
-        let handler = handler
-            .typed::<(), ()>(&store)
-            .map_err(Stage::Instantiate)?;
-        instantiated = Some(Instant::now());
-        handler.call_async(&mut store, ()).await.map_err(Stage::Run)
-    };
-    let result = tokio::time::timeout(limits.timeout, guest).await;
-    let ended = Instant::now();
-    let ran_from = instantiated.unwrap_or(ended);
+fn guest_limits(limits: &crate::tenant::Limits) -> GuestLimits {
+    GuestLimits {
+        max_memory: limits.max_memory,
+        max_table_elements: limits.max_table_elements,
+        memory_limit_hit: false,
+        peak_memory: 0,
+        instances: 1,
+    }
+}
 
-    let result = match result {
-        // The body limit is the server's to enforce, and a broken body the client's fault,
-        // whatever the guest made of the error.
-        _ if store.data().request.too_large && !store.data().response.is_streaming() => {
-            Err(body_too_large(store.data().request.max_bytes))
-        }
-        _ if store.data().request.body_error.is_some() && !store.data().response.is_streaming() => {
-            Err(ExecError::new(
-                Outcome::BadRequest,
-                format!(
-                    "the request body could not be read: {}",
-                    store
-                        .data()
-                        .request
-                        .body_error
-                        .as_deref()
-                        .unwrap_or_default()
-                ),
-            ))
-        }
+/// How the client's request body ended, as far as the server's own limits go.
+struct BodyEnd {
+    /// The body went past the tenant's limit of this many bytes.
+    too_large: Option<u64>,
+    /// The body could not be read.
+    failed: Option<String>,
+}
+
+/// The verdict of a run that ended (`Ok`) or passed its deadline (`Err`), before its answer
+/// is sent. The server's own limits come first: a body over the limit is `413` and a broken
+/// one `400`, whatever the guest made of the error (unless the answer is already streaming).
+fn verdict(
+    ended: Result<Result<(), ExecError>, tokio::time::error::Elapsed>,
+    body: BodyEnd,
+    response: &GuestResponse,
+    timeout: Duration,
+    head_request: bool,
+) -> Result<(), ExecError> {
+    let streaming = response.is_streaming();
+    if let Some(max) = body.too_large.filter(|_| !streaming) {
+        return Err(body_too_large(max));
+    }
+    if let Some(why) = body.failed.filter(|_| !streaming) {
+        return Err(ExecError::new(
+            Outcome::BadRequest,
+            format!("the request body could not be read: {why}"),
+        ));
+    }
+    match ended {
         Err(_elapsed) => Err(ExecError::new(
             Outcome::Timeout,
-            format!(
-                "guest exceeded its time limit ({} ms)",
-                limits.timeout.as_millis()
-            ),
+            format!("guest exceeded its time limit ({} ms)", timeout.as_millis()),
         )),
         // A body that does not match its declared length fails (a `HEAD` answer has none).
-        Ok(Ok(())) => match store.data().response.length_mismatch() {
-            Some(why) if store.data().request.method != http::Method::HEAD => {
-                Err(ExecError::new(Outcome::ResponseLimit, why))
-            }
+        Ok(Ok(())) => match response.length_mismatch() {
+            Some(why) if !head_request => Err(ExecError::new(Outcome::ResponseLimit, why)),
             _ => Ok(()),
         },
-        Ok(Err(stage)) => classify(stage, store.data()),
-    };
+        Ok(Err(e)) => Err(e),
+    }
+}
+
+/// The reply a run's `result` makes of `response`; a failure ends a streaming body with an
+/// error (so the client sees it cut, not complete) and is logged.
+async fn reply(
+    result: Result<(), ExecError>,
+    response: &mut GuestResponse,
+    tenant: &Tenant,
+    request_id: &HeaderValue,
+) -> Result<Reply, ExecError> {
     let result = match result {
-        Ok(()) if store.data().response.is_streaming() => Ok(Reply::Streamed),
+        Ok(()) if response.is_streaming() => Ok(Reply::Streamed),
         Ok(()) => {
-            let resp = &mut store.data_mut().response;
-            if let Some(n) = resp.declared {
-                resp.headers
+            if let Some(n) = response.declared {
+                response
+                    .headers
                     .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
             }
             Ok(Reply::Buffered(Finished {
-                status: resp.status,
-                headers: std::mem::take(&mut resp.headers),
-                body: resp.body.split().freeze(),
+                status: response.status,
+                headers: std::mem::take(&mut response.headers),
+                body: response.body.split().freeze(),
             }))
         }
         Err(e) => {
-            store.data_mut().response.abort_stream().await;
+            response.abort_stream().await;
             tracing::warn!(
                 tenant = %tenant.name,
                 request_id = request_id.to_str().unwrap_or("-"),
@@ -196,13 +193,13 @@ pub async fn run(
         }
     };
     tenant.count_outcome(result.as_ref().map_or_else(|e| e.outcome, |_| Outcome::Ok));
-    tenant
-        .memory_peak
-        .observe(store.data().limits.peak_memory as f64);
-    let stdio = store.data_mut().wasi.take_stdio();
-    let mut result = result;
+    result
+}
+
+/// In `tern dev`, a failure's message gets the guest's stderr (a panic's message).
+fn add_stderr(tenant: &Tenant, result: &mut Result<Reply, ExecError>, stdio: Option<&Stdio>) {
     if tenant.errors.dev
-        && let (Err(e), Some(stdio)) = (&mut result, &stdio)
+        && let (Err(e), Some(stdio)) = (result, stdio)
     {
         let stderr = stdio.stderr.contents();
         if !stderr.is_empty() {
@@ -211,15 +208,217 @@ pub async fn run(
                 .push_str(String::from_utf8_lossy(&stderr).trim_end());
         }
     }
+}
+
+/// A core module's run: the `tern` ABI, or a CGI program.
+async fn run_core(
+    tenant: &Tenant,
+    core: &CoreGuest,
+    request: GuestRequest,
+    commit: oneshot::Sender<Head>,
+    request_id: &HeaderValue,
+) -> RunOutput {
+    let start = Instant::now();
+    let limits = &tenant.limits;
+    let cgi = tenant.kind == GuestKind::Cgi;
+    let state = GuestState {
+        wasi: Wasi::new(tenant.wasi.clone()),
+        memory: None,
+        request,
+        response: GuestResponse::new(
+            limits.max_response_bytes,
+            limits.max_response_headers,
+            commit,
+        ),
+        limits: guest_limits(limits),
+        files: crate::hostcalls::fs::Files::new(tenant.assets.clone()),
+        outbound: Outbound::new(tenant.outbound.clone()),
+        cgi: cgi.then(Cgi::default),
+    };
+    let mut store = new_store(core.pre.module().engine(), state, start);
+    store.limiter(|s| &mut s.limits);
+
+    let mut instantiated = None;
+    let guest = async {
+        let instance = core
+            .pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(Stage::Instantiate)?;
+        let memory = instance
+            .get_module_export(&mut store, &core.memory)
+            .and_then(Extern::into_memory);
+        store.data_mut().memory = memory;
+        let handler = instance
+            .get_module_export(&mut store, &core.start)
+            .and_then(Extern::into_func)
+            .ok_or_else(|| Stage::Instantiate(wasmtime::format_err!("handler export missing")))?;
+        let handler = handler
+            .typed::<(), ()>(&store)
+            .map_err(Stage::Instantiate)?;
+        instantiated = Some(Instant::now());
+        handler.call_async(&mut store, ()).await.map_err(Stage::Run)
+    };
+    let ended = tokio::time::timeout(limits.timeout, guest).await;
+    let ran_until = Instant::now();
+    let ran_from = instantiated.unwrap_or(ran_until);
+
+    let state = store.data_mut();
+    let ended = ended.map(|r| {
+        r.or_else(|stage| {
+            classify(
+                stage,
+                &state.limits,
+                &state.response,
+                state.cgi.as_ref().map(|c| c.in_body),
+            )
+        })
+        .and_then(|()| {
+            let why = state
+                .cgi
+                .as_mut()
+                .and_then(|cgi| cgi.finish(&mut state.response));
+            why.map_or(Ok(()), |why| Err(ExecError::new(Outcome::BadOutput, why)))
+        })
+    });
+    let body = BodyEnd {
+        too_large: state.request.too_large.then_some(state.request.max_bytes),
+        failed: state.request.body_error.clone(),
+    };
+    let head_request = state.request.method == http::Method::HEAD;
+    let result = verdict(ended, body, &state.response, limits.timeout, head_request);
+    let mut result = reply(result, &mut state.response, tenant, request_id).await;
+    tenant
+        .memory_peak
+        .observe(store.data().limits.peak_memory as f64);
+    let stdio = store.data_mut().wasi.take_stdio();
+    add_stderr(tenant, &mut result, stdio.as_ref());
     let outbound = store.data().outbound.waited;
-    let teardown = teardown::teardown(store, tenant.sweep.as_ref());
+    let memory = store.data().memory;
+    let teardown = teardown::teardown(store, tenant.sweep.as_ref().zip(memory));
     if let Some(stdio) = stdio {
-        log_stdio(&tenant, request_id.to_str().unwrap_or("-"), &stdio);
+        log_stdio(tenant, request_id.to_str().unwrap_or("-"), &stdio);
     }
     RunOutput {
         result,
         instantiate: ran_from - start,
-        run: ended - ran_from,
+        run: ran_until - ran_from,
+        teardown,
+        outbound,
+    }
+}
+
+/// A `wasi:http` component's run: `incoming-handler.handle` with the request, its answer
+/// moved into a [`GuestResponse`] as the guest writes it.
+async fn run_component(
+    tenant: &Tenant,
+    pre: &crate::wasi_http::Pre,
+    request: GuestRequest,
+    commit: oneshot::Sender<Head>,
+    request_id: &HeaderValue,
+) -> RunOutput {
+    let start = Instant::now();
+    let limits = &tenant.limits;
+    let mut response = GuestResponse::new(
+        limits.max_response_bytes,
+        limits.max_response_headers,
+        commit,
+    );
+    if tenant.sweep.is_some() && teardown::swap_active() {
+        // Its memory cannot be swept before teardown (see `teardown`): refuse rather than risk
+        // another guest reading this one's swapped pages.
+        let e = ExecError::new(
+            Outcome::Error,
+            "wasi-http guests are not run while a swap area switched on after start-up is \
+             active; the server needs a restart",
+        );
+        let result = reply(Err(e), &mut response, tenant, request_id).await;
+        return RunOutput {
+            result,
+            instantiate: Duration::ZERO,
+            run: Duration::ZERO,
+            teardown: Duration::ZERO,
+            outbound: Duration::ZERO,
+        };
+    }
+    let stdio = Stdio::new(limits.stdio_bytes);
+    let flags = Arc::new(BodyFlags::default());
+    let head_request = request.method == http::Method::HEAD;
+    let max_request = request.max_bytes;
+    let state = HttpState::new(
+        &tenant.wasi,
+        &stdio,
+        guest_limits(limits),
+        tenant.outbound.clone(),
+        &request.headers,
+    );
+    let incoming = crate::wasi_http::incoming(request, flags.clone());
+    let engine = pre.instance_pre().component().engine().clone();
+    let mut store = new_store(&engine, state, start);
+    store.limiter(|s| &mut s.limits);
+
+    let mut instantiated = None;
+    let (tx, rx) = oneshot::channel();
+    let guest = async {
+        let proxy = pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(Stage::Instantiate)?;
+        instantiated = Some(Instant::now());
+        let mut http = store.data_mut().http();
+        let req = http
+            .new_incoming_request(Scheme::Http, incoming)
+            .map_err(Stage::Instantiate)?;
+        let out = http.new_response_outparam(tx).map_err(Stage::Instantiate)?;
+        let mut call = std::pin::pin!(
+            proxy
+                .wasi_http_incoming_handler()
+                .call_handle(&mut store, req, out)
+        );
+        let mut pump = std::pin::pin!(crate::wasi_http::pump(rx, &mut response));
+        // The answer is taken as the guest writes it. A guest that fails ends the run at once
+        // (its body may never end otherwise); one that returns may still be sending its body.
+        tokio::select! {
+            called = &mut call => {
+                called.map_err(Stage::Run)?;
+                pump.await.map_err(Stage::Answer)
+            }
+            pumped = &mut pump => {
+                pumped.map_err(Stage::Answer)?;
+                call.await.map_err(Stage::Run)
+            }
+        }
+    };
+    let ended = tokio::time::timeout(limits.timeout, guest).await;
+    let ran_until = Instant::now();
+    let ran_from = instantiated.unwrap_or(ran_until);
+
+    let ended =
+        ended.map(|r| r.or_else(|stage| classify(stage, &store.data().limits, &response, None)));
+    let body = BodyEnd {
+        too_large: flags
+            .too_large
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then_some(max_request),
+        failed: flags
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(),
+    };
+    let result = verdict(ended, body, &response, limits.timeout, head_request);
+    let mut result = reply(result, &mut response, tenant, request_id).await;
+    tenant
+        .memory_peak
+        .observe(store.data().limits.peak_memory as f64);
+    add_stderr(tenant, &mut result, Some(&stdio));
+    let outbound = store.data().outbound_waited();
+    let teardown = teardown::teardown(store, None);
+    log_stdio(tenant, request_id.to_str().unwrap_or("-"), &stdio);
+    RunOutput {
+        result,
+        instantiate: ran_from - start,
+        run: ran_until - ran_from,
         teardown,
         outbound,
     }
@@ -229,33 +428,53 @@ pub async fn run(
 enum Stage {
     Instantiate(wasmtime::Error),
     Run(wasmtime::Error),
+    /// A component's answer could not be taken.
+    Answer(Answer),
 }
 
-fn classify(stage: Stage, state: &GuestState) -> Result<(), ExecError> {
+/// What a failed run means for the client, from the error and what the guest ran into:
+/// `cgi_headers_done` is, for a CGI program, whether its header block was complete.
+fn classify(
+    stage: Stage,
+    limits: &GuestLimits,
+    response: &GuestResponse,
+    cgi_headers_done: Option<bool>,
+) -> Result<(), ExecError> {
     let (err, instantiating) = match stage {
         Stage::Instantiate(e) => (e, true),
         Stage::Run(e) => (e, false),
+        Stage::Answer(a) => return Err(answer_error(a, response)),
     };
     if let Some(exit) = err.downcast_ref::<I32Exit>() {
-        return match exit.0 {
-            0 => Ok(()),
-            n if state.response.limit_hit => Err(response_limit(n)),
-            n => Err(ExecError::new(
+        return match (exit.0, cgi_headers_done) {
+            (0, _) => Ok(()),
+            (_, _) if response.limit_hit => Err(response_limit(exit.0)),
+            // A CGI program's exit status does not change an answer it has given (as with
+            // classic CGI servers); the log has it.
+            (n, Some(true)) => {
+                tracing::debug!("CGI program exited with status {n} after its headers");
+                Ok(())
+            }
+            (n, Some(false)) => Err(ExecError::new(
+                Outcome::BadOutput,
+                format!("the CGI program exited with status {n} before its header block ended"),
+            )),
+            (n, None) => Err(ExecError::new(
                 Outcome::Exit,
                 format!("guest exited with status {n}"),
             )),
         };
     }
-    if state.limits.memory_limit_hit {
+    if limits.memory_limit_hit {
         return Err(ExecError::new(
             Outcome::MemoryLimit,
             format!(
                 "guest exceeded its memory limit ({} MiB)",
-                state.limits.max_memory / (1024 * 1024)
+                limits.max_memory / (1024 * 1024)
             ),
         ));
     }
-    if state.response.limit_hit {
+    if response.limit_hit {
         return Err(response_limit(1));
     }
     if let Some(fault) = err.downcast_ref::<GuestFault>() {
@@ -289,6 +508,26 @@ fn classify(stage: Stage, state: &GuestState) -> Result<(), ExecError> {
     // Not the guest's doing: the operator needs the cause (the client gets only `what`).
     tracing::warn!("{what}: {err:#}");
     Err(ExecError::new(Outcome::Error, what))
+}
+
+/// The failure for a component answer that could not be taken.
+fn answer_error(a: Answer, response: &GuestResponse) -> ExecError {
+    match a {
+        Answer::NoResponse => ExecError::new(
+            Outcome::BadOutput,
+            "the component returned without setting a response (ResponseOutparam::set)",
+        ),
+        Answer::Error(code) => ExecError::new(
+            Outcome::BadOutput,
+            format!("the component answered with an error: {code:?}"),
+        ),
+        Answer::Limit => response_limit(if response.limit_hit { 1 } else { 0 }),
+        Answer::BodyFailed(why) => ExecError::new(
+            Outcome::BadOutput,
+            format!("the component's response body failed before its end: {why}"),
+        ),
+        Answer::ClientGone => ExecError::new(Outcome::Error, "the client went away"),
+    }
 }
 
 /// Logs what a guest wrote to stdout and stderr (each capped at the tenant's `stdio_bytes`):

@@ -64,3 +64,4 @@ pub mod shutdown;
 pub mod store;
 pub mod teardown;
 pub mod tenant;
+pub mod wasi_http;

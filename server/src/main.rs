@@ -282,22 +282,22 @@ fn compile(input: &std::path::Path, output: &std::path::Path) -> anyhow::Result<
     // What `tern serve` would refuse at load is refused here, and no artifact is left.
     let checked = tern::artifact::load_cwasm(&engine, output)
         .map_err(|e| e.to_string())
-        .and_then(|module| {
-            tern::tenant::check_abi(&module)?;
-            let linker = tern::hostcalls::linker(&engine, false).map_err(|e| e.to_string())?;
-            linker
-                .instantiate_pre(&module)
-                .map(drop)
-                .map_err(|e| format!("{e:#}"))
+        .and_then(|compiled| {
+            let linkers = tern::tenant::Linkers::new(&engine).map_err(|e| e.to_string())?;
+            tern::tenant::link(&linkers, &compiled, None, false)
         });
-    if let Err(problem) = checked {
-        let _ = std::fs::remove_file(output);
-        anyhow::bail!("{}: {problem}", input.display());
-    }
+    let kind = match checked {
+        Ok(linked) => linked.kind,
+        Err(problem) => {
+            let _ = std::fs::remove_file(output);
+            anyhow::bail!("{}: {problem}", input.display());
+        }
+    };
     eprintln!(
-        "compiled {} ({} bytes) -> {} ({} bytes) in {:.0} ms",
+        "compiled {} ({} bytes, kind {}) -> {} ({} bytes) in {:.0} ms",
         input.display(),
         wasm.len(),
+        kind.name(),
         output.display(),
         artifact.len(),
         started.elapsed().as_secs_f64() * 1e3

@@ -714,6 +714,9 @@ pub enum OutBody {
     Full(Option<Bytes>),
     /// Written after: each write is a chunk; an empty chunk ends the body.
     Stream(tokio::sync::mpsc::Receiver<Bytes>, bool),
+    /// A `wasi:http` component's outgoing body (which fails by itself if the guest drops it
+    /// unfinished).
+    Boxed(http_body_util::combinators::UnsyncBoxBody<Bytes, BodyAborted>),
 }
 
 /// A streamed outbound body whose guest ended before finishing it.
@@ -741,11 +744,15 @@ impl http_body::Body for OutBody {
                 Poll::Ready(Some(chunk)) => Poll::Ready(Some(Ok(http_body::Frame::data(chunk)))),
                 Poll::Ready(None) => Poll::Ready(Some(Err(BodyAborted))),
             },
+            OutBody::Boxed(b) => Pin::new(b).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self, OutBody::Full(None) | OutBody::Stream(_, true))
+        match self {
+            OutBody::Boxed(b) => b.is_end_stream(),
+            _ => matches!(self, OutBody::Full(None) | OutBody::Stream(_, true)),
+        }
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
@@ -753,6 +760,7 @@ impl http_body::Body for OutBody {
             OutBody::Full(Some(b)) => http_body::SizeHint::with_exact(b.len() as u64),
             OutBody::Full(None) | OutBody::Stream(_, true) => http_body::SizeHint::with_exact(0),
             OutBody::Stream(..) => http_body::SizeHint::default(),
+            OutBody::Boxed(b) => b.size_hint(),
         }
     }
 }

@@ -41,11 +41,14 @@ pub enum Outcome {
     Overload,
     /// Instantiation failed for another reason.
     Error,
+    /// The guest's answer was not a valid response: a CGI program's malformed header block,
+    /// a component that set no response or an error.
+    BadOutput,
 }
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 16] = [
+    pub const ALL: [Outcome; 17] = [
         Outcome::Ok,
         Outcome::Timeout,
         Outcome::TrapStackOverflow,
@@ -62,6 +65,7 @@ impl Outcome {
         Outcome::BadRequest,
         Outcome::Overload,
         Outcome::Error,
+        Outcome::BadOutput,
     ];
 
     /// The metric label.
@@ -83,6 +87,7 @@ impl Outcome {
             Outcome::BadRequest => "bad_request",
             Outcome::Overload => "overload",
             Outcome::Error => "error",
+            Outcome::BadOutput => "bad_output",
         }
     }
 
@@ -107,6 +112,7 @@ impl Outcome {
             Outcome::Overload => StatusCode::SERVICE_UNAVAILABLE,
             Outcome::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Outcome::BadRequest => StatusCode::BAD_REQUEST,
+            Outcome::BadOutput => StatusCode::BAD_GATEWAY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

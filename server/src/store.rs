@@ -127,6 +127,7 @@ impl TenantSpec {
         TenantConfig {
             name: spanned(name),
             module: spanned(module),
+            kind: None,
             hosts: self.hosts.iter().map(|h| spanned(h)).collect(),
             paths: self.paths.iter().map(|p| spanned(p)).collect(),
             env: self.env.clone(),
@@ -155,6 +156,9 @@ pub struct Version {
     pub deployed_at: u64,
     /// Compile time when it was deployed, in milliseconds (0 if the artifact existed).
     pub compile_ms: f64,
+    /// The guest kind the deploy asked for (`tern deploy --kind`); `None`: detected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<crate::config::GuestKind>,
 }
 
 impl Version {

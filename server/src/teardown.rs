@@ -28,10 +28,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::hostcalls::GuestState;
 use crate::pagemap::{self, WASMTIME_REGIONS};
 pub use crate::pagemap::{Sweep, Swept};
-use wasmtime::Store;
+use wasmtime::{Memory, Store};
 
 /// Whether a swap area became active after start-up (kept current by [`watch_swap`]).
 static SWAP_ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -94,13 +93,19 @@ impl MemorySweep {
 
 /// Sweeps the guest's memory when needed (see the module docs), drops `store` and returns how
 /// long both took.
-pub fn teardown(mut store: Store<GuestState>, sweep: Option<&MemorySweep>) -> Duration {
+pub fn teardown<T>(mut store: Store<T>, sweep: Option<(&MemorySweep, Memory)>) -> Duration {
     let start = Instant::now();
-    if let (Some(sweep), Some(memory)) = (sweep, store.data().memory) {
+    if let Some((sweep, memory)) = sweep {
         sweep.before_drop(memory.data_mut(&mut store));
     }
     drop(store);
     start.elapsed()
+}
+
+/// Whether a swap area became active after start-up (every memory must then be swept before
+/// its teardown).
+pub fn swap_active() -> bool {
+    SWAP_ACTIVE.load(Ordering::Relaxed)
 }
 
 /// Whether the kernel could swap this process's pages out: a swap area is active

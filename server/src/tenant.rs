@@ -11,10 +11,10 @@ use prometheus::IntCounter;
 use tern_sdk::abi;
 use wasmtime::{Engine, ExternType, InstancePre, Linker, Module, ModuleExport};
 
-use crate::artifact::{self, ArtifactError};
+use crate::artifact::{self, ArtifactError, Compiled};
 use crate::assets::{Assets, AssetsError};
-use crate::config::{LimitsConfig, PoolConfig, TenantConfig};
-use crate::hostcalls::{GuestState, Linkers, WasiSpec};
+use crate::config::{GuestKind, LimitsConfig, PoolConfig, TenantConfig};
+use crate::hostcalls::{GuestState, WasiSpec};
 use crate::metrics::{Metrics, TenantMetrics, Undelivered};
 use crate::outcome::Outcome;
 use crate::store::Version;
@@ -153,12 +153,12 @@ pub struct Tenant {
     pub served: Arc<Served>,
     /// Its label in metrics (`other` past the label cap).
     pub label: String,
-    /// The module, pre-linked: instantiation does no import resolution or type-checking.
-    pub pre: InstancePre<GuestState>,
-    /// The handler export (`_start`), resolved once.
-    pub start: ModuleExport,
-    /// The memory export, resolved once.
-    pub memory: ModuleExport,
+    /// How its guests take a request and answer it.
+    pub kind: GuestKind,
+    /// Its compiled module or component (kept to re-prepare it with new settings).
+    pub compiled: Compiled,
+    /// The guest, pre-linked: instantiation does no import resolution or type-checking.
+    pub guest: Guest,
     /// Its guests' WASI view: args, environment, captured output size.
     pub wasi: Arc<WasiSpec>,
     /// Per-request limits.
@@ -183,6 +183,24 @@ pub struct Tenant {
     pub warning: Option<String>,
     /// What its clients see when a request fails.
     pub errors: crate::outcome::ErrorPages,
+}
+
+/// A tenant's guest, pre-linked for its kind.
+pub enum Guest {
+    /// A core module: the `tern` ABI, or a CGI program (linked with CGI's stdin and stdout).
+    Core(CoreGuest),
+    /// A `wasi:http/proxy` component.
+    Http(crate::wasi_http::Pre),
+}
+
+/// A pre-linked core module and the exports every request needs.
+pub struct CoreGuest {
+    /// The module, pre-linked.
+    pub pre: InstancePre<GuestState>,
+    /// The handler export (`_start`), resolved once.
+    pub start: ModuleExport,
+    /// The memory export, resolved once.
+    pub memory: ModuleExport,
 }
 
 /// A per-second budget of guest log lines, shared by all of a tenant's requests (lock-free; at a
@@ -283,13 +301,16 @@ pub fn load_module(
             name: name.to_string(),
             known: crate::demo::NAMES.join(", "),
         })?;
-        fits(wasm)?;
+        if !artifact::is_component(wasm) {
+            fits(wasm)?;
+        }
         return artifact::load_wasm(engine, wasm, spec, cache_dir).map_err(wrap);
     }
     let path = base_dir.join(spec);
     // A `.wasm` is checked before it is compiled; a `.cwasm` holds no Wasm to check.
     if let Ok(wasm) = std::fs::read(&path)
         && wasm.starts_with(b"\0asm")
+        && !artifact::is_component(&wasm)
     {
         fits(&wasm)?;
     }
@@ -404,14 +425,16 @@ impl Carried {
     }
 }
 
-/// Checks `module` against ABI v1 and pre-links it (with the `/assets` functions if the
-/// tenant has assets).
+/// Decides the kind of `compiled` (`asked` if the config or deploy names one, else detected),
+/// checks it against what that kind needs, and pre-links it (core modules with the `/assets`
+/// functions if the tenant has assets).
 ///
 /// # Errors
-/// [`TenantError::Abi`] naming the missing export or the import Tern does not provide.
+/// [`TenantError::Abi`] saying what the module or component lacks or imports wrongly, or why
+/// it is not of the kind asked for.
 pub fn prepare(
     shared: Shared<'_>,
-    module: &Module,
+    compiled: &Compiled,
     config: &TenantConfig,
     origin: Origin,
     assets: Option<Arc<Assets>>,
@@ -423,29 +446,18 @@ pub fn prepare(
         metrics,
     } = shared;
     let name = config.name.get_ref().clone();
-    let linker: &Linker<GuestState> = if assets.is_some() {
-        &linkers.assets
-    } else {
-        &linkers.plain
-    };
     let refuse = |reason: String| TenantError::Abi {
         tenant: name.clone(),
         reason,
     };
-    check_abi(module).map_err(&refuse)?;
-    let warning = kind_warning(module);
+    let Linked {
+        kind,
+        guest,
+        warning,
+    } = link(linkers, compiled, config.kind, assets.is_some()).map_err(refuse)?;
     if let Some(w) = &warning {
         tracing::warn!(tenant = %name, "{w}");
     }
-    let pre = linker
-        .instantiate_pre(module)
-        .map_err(|e| refuse(format!("{e:#}")))?;
-    let start = module
-        .get_export_index(abi::HANDLER_EXPORT)
-        .expect("checked by check_abi");
-    let memory = module
-        .get_export_index(abi::MEMORY_EXPORT)
-        .expect("checked by check_abi");
     let label = metrics.tenant_label(&name);
     let outcomes = Outcome::ALL
         .iter()
@@ -487,9 +499,9 @@ pub fn prepare(
         errors: crate::outcome::ErrorPages::new(config.errors, &config.error_pages),
         outcomes,
         label,
-        pre,
-        start,
-        memory,
+        kind,
+        compiled: compiled.clone(),
+        guest,
         wasi: Arc::new(WasiSpec {
             name: name.clone(),
             env: config
@@ -502,6 +514,112 @@ pub fn prepare(
         limits,
         name,
     })
+}
+
+/// A module or component checked and pre-linked for its kind.
+pub struct Linked {
+    /// Its kind.
+    pub kind: GuestKind,
+    /// The pre-linked guest.
+    pub guest: Guest,
+    /// Something its author should know.
+    pub warning: Option<String>,
+}
+
+/// Decides the kind of `compiled` (`asked`, else detected), checks it against what that kind
+/// needs and pre-links it (a core module with the `/assets` functions if `assets`).
+///
+/// # Errors
+/// What the module or component lacks or imports wrongly, or why it is not of the kind asked
+/// for, in words for its author.
+pub fn link(
+    linkers: &Linkers,
+    compiled: &Compiled,
+    asked: Option<GuestKind>,
+    assets: bool,
+) -> Result<Linked, String> {
+    let kind = kind_of(compiled, asked)?;
+    let mut warning = None;
+    let guest = match compiled {
+        Compiled::Component(component) => {
+            crate::wasi_http::check_exports(component, component.engine())?;
+            let pre = linkers
+                .http
+                .instantiate_pre(component)
+                .and_then(crate::wasi_http::Pre::new)
+                .map_err(|e| link_message(&e))?;
+            Guest::Http(pre)
+        }
+        Compiled::Module(module) => {
+            check_abi(module)?;
+            if kind == GuestKind::Tern {
+                warning = kind_warning(module);
+            }
+            let linker: &Linker<GuestState> = linkers.core(assets, kind == GuestKind::Cgi);
+            let pre = linker
+                .instantiate_pre(module)
+                .map_err(|e| format!("{e:#}"))?;
+            Guest::Core(CoreGuest {
+                pre,
+                start: module
+                    .get_export_index(abi::HANDLER_EXPORT)
+                    .expect("checked by check_abi"),
+                memory: module
+                    .get_export_index(abi::MEMORY_EXPORT)
+                    .expect("checked by check_abi"),
+            })
+        }
+    };
+    Ok(Linked {
+        kind,
+        guest,
+        warning,
+    })
+}
+
+/// The kind of `compiled`: `asked` if given (and possible), else detected: a component is
+/// `wasi-http`; a core module importing from `tern` is `tern`, any other is `cgi`.
+///
+/// # Errors
+/// Why `compiled` cannot be of the kind asked for.
+pub fn kind_of(compiled: &Compiled, asked: Option<GuestKind>) -> Result<GuestKind, String> {
+    match (compiled, asked) {
+        (Compiled::Component(_), None | Some(GuestKind::WasiHttp)) => Ok(GuestKind::WasiHttp),
+        (Compiled::Component(_), Some(k)) => Err(format!(
+            "kind `{}` needs a core module, but this is a component (components are served as \
+             `wasi-http`)",
+            k.name()
+        )),
+        (Compiled::Module(_), Some(GuestKind::WasiHttp)) => Err(
+            "kind `wasi-http` needs a component exporting `wasi:http/incoming-handler`, but this \
+             is a core module (build it with `--target wasm32-wasip2`, or deploy it as `tern` or \
+             `cgi`)"
+                .into(),
+        ),
+        (Compiled::Module(_), Some(k)) => Ok(k),
+        (Compiled::Module(m), None) => {
+            Ok(if m.imports().any(|i| i.module() == abi::IMPORT_MODULE) {
+                GuestKind::Tern
+            } else {
+                GuestKind::Cgi
+            })
+        }
+    }
+}
+
+/// A component's link error in words: the usual cause is an import of a WASI version newer
+/// than this server's.
+fn link_message(e: &wasmtime::Error) -> String {
+    let text = format!("{e:#}");
+    if text.contains("matching implementation was not found in the linker") {
+        format!(
+            "{text}; Tern provides WASI 0.2 as wasmtime 48 does (up to 0.2.6): build the \
+             component against that WASI version (for Rust, `wasip2` crate 1.0.0 or wit-bindgen \
+             bindings of WASI 0.2.0-0.2.6)"
+        )
+    } else {
+        text
+    }
 }
 
 /// ABI v1: a `_start: [] -> []` export, a memory export, and imports only from `tern` (ABI
@@ -574,19 +692,59 @@ pub fn check_abi(module: &Module) -> Result<(), String> {
     Ok(())
 }
 
-/// A warning for a module that imports nothing from `tern`: a plain WASI program, which can
-/// neither read the request nor write a response through the ABI.
+/// A warning for a module deployed as kind `tern` that imports nothing from `tern`: a plain
+/// WASI program, which can neither read the request nor write a response through the ABI.
 pub fn kind_warning(module: &Module) -> Option<String> {
     if module.imports().any(|i| i.module() == abi::IMPORT_MODULE) {
         return None;
     }
     Some(
-        "this module imports nothing from `tern`: it looks like a plain WASI program. Tern \
-         runs it once per request, but it cannot read the request, its stdout goes to the \
-         server log, and every client gets an empty 200. Answer requests through the Tern ABI \
-         (the Rust SDK's `tern_sdk::serve`, tern.h, guest-sdk/ABI.md)"
+        "this module imports nothing from `tern` but is deployed as kind `tern`: it cannot \
+         read the request, its stdout goes to the server log, and every client gets an empty \
+         200. Deploy it as kind `cgi` (the default for such modules) to answer on stdout"
             .into(),
     )
+}
+
+/// The linkers every tenant is pre-linked against, by guest kind and whether it has assets.
+#[derive(Clone)]
+pub struct Linkers {
+    /// WASI preview1 as wasmtime-wasi provides it (no files at all) + the `tern` ABI.
+    pub plain: Linker<GuestState>,
+    /// The same with the read-only in-memory `/assets` directory.
+    pub assets: Linker<GuestState>,
+    /// `plain` with stdin and stdout as CGI's request body and response.
+    pub cgi: Linker<GuestState>,
+    /// `assets` with stdin and stdout as CGI's request body and response.
+    pub cgi_assets: Linker<GuestState>,
+    /// WASI preview2 and `wasi:http` for components.
+    pub http: wasmtime::component::Linker<crate::wasi_http::HttpState>,
+}
+
+impl Linkers {
+    /// Builds them all.
+    ///
+    /// # Errors
+    /// Only if wasmtime rejects a definition (a bug).
+    pub fn new(engine: &Engine) -> wasmtime::Result<Self> {
+        Ok(Self {
+            plain: crate::hostcalls::linker(engine, false, false)?,
+            assets: crate::hostcalls::linker(engine, true, false)?,
+            cgi: crate::hostcalls::linker(engine, false, true)?,
+            cgi_assets: crate::hostcalls::linker(engine, true, true)?,
+            http: crate::wasi_http::linker(engine)?,
+        })
+    }
+
+    /// The linker for a core module of a tenant with or without assets, CGI or not.
+    pub fn core(&self, assets: bool, cgi: bool) -> &Linker<GuestState> {
+        match (assets, cgi) {
+            (false, false) => &self.plain,
+            (true, false) => &self.assets,
+            (false, true) => &self.cgi,
+            (true, true) => &self.cgi_assets,
+        }
+    }
 }
 
 /// Shared handle to a tenant.

@@ -8,8 +8,9 @@ use http::{HeaderMap, HeaderValue, Method, Uri};
 use tern::config::{Config, PoolConfig};
 use tern::engine::EpochTicker;
 use tern::execute::{self, RunOutput};
-use tern::hostcalls::{GuestRequest, Linkers, RequestBody, RequestContext};
+use tern::hostcalls::{GuestRequest, RequestBody, RequestContext};
 use tern::metrics::Metrics;
+use tern::tenant::Linkers;
 use tern::tenant::{self, TenantRef};
 
 /// An engine with its pool and epoch ticker, and the linkers, as `tern serve` builds them.

@@ -188,6 +188,11 @@ pub struct PoolConfig {
     pub max_memory_mib: u64,
     /// Largest table any guest may have, in elements.
     pub table_elements: usize,
+    /// Core instances one `wasi-http` component may create (its modules plus the small shim
+    /// modules component tooling adds: a Rust component has 3, JavaScript and Python ones
+    /// more). Each slot then reserves this many core instances and tables (address space and
+    /// a little bookkeeping; still one memory). A component needing more is refused at deploy.
+    pub component_core_instances: u32,
     /// Bytes of each freed memory slot that are reset by `memset` (and kept resident) instead of
     /// returned to the kernel; covers what a small guest dirties, so most requests make no
     /// `madvise` call. Measured: 1 MiB halves a Rust guest's instantiate+run+teardown.
@@ -222,6 +227,7 @@ impl Default for PoolConfig {
             instances: 256,
             max_memory_mib: 256,
             table_elements: 20_000,
+            component_core_instances: 16,
             memory_keep_resident_kib: 1024,
             table_keep_resident_kib: 16,
             stack_keep_resident_kib: 16,
@@ -245,6 +251,10 @@ pub struct TenantConfig {
     pub name: Spanned<String>,
     /// `.wasm` or `.cwasm` path (relative to the config file), or `builtin:NAME` for a demo guest.
     pub module: Spanned<String>,
+    /// What kind of guest the module is (`tern`, `wasi-http`, `cgi`); unset: detected from the
+    /// module itself (see [`GuestKind`]).
+    #[serde(default)]
+    pub kind: Option<GuestKind>,
     /// Host names routed here: exact (`api.example.com`) or wildcard (`*.example.com`).
     /// Empty means any host.
     #[serde(default)]
@@ -273,6 +283,47 @@ pub struct TenantConfig {
     /// body starts with `<`, else plain text; `{request_id}` in it becomes the request's id.
     #[serde(default)]
     pub error_pages: BTreeMap<String, String>,
+}
+
+/// How a guest takes its request and gives its answer (`kind` of a tenant, `tern deploy
+/// --kind`). Detected from the module when not given: a component exporting
+/// `wasi:http/incoming-handler` is `wasi-http`; a core module importing from `tern` is `tern`;
+/// any other WASI command (`_start`) is `cgi`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GuestKind {
+    /// Tern's own ABI v1 (the guest SDK, `tern.h`): a fresh instance's `_start` per request.
+    Tern,
+    /// A `wasi:http` proxy component (`wasmtime serve`, Spin, wasmCloud): its
+    /// `wasi:http/incoming-handler.handle` per request.
+    WasiHttp,
+    /// A WASI preview1 program run as CGI (RFC 3875): the request in its environment and on
+    /// stdin, the response (a header block, a blank line, the body) on stdout.
+    Cgi,
+}
+
+impl GuestKind {
+    /// Every kind, in the order the docs list them.
+    pub const ALL: [GuestKind; 3] = [Self::Tern, Self::WasiHttp, Self::Cgi];
+
+    /// The name used in config files, the admin API and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tern => "tern",
+            Self::WasiHttp => "wasi-http",
+            Self::Cgi => "cgi",
+        }
+    }
+}
+
+impl std::str::FromStr for GuestKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| format!("unknown guest kind {s:?} (kinds: tern, wasi-http, cgi)"))
+    }
 }
 
 /// How much an error response says (`errors` of a tenant).
@@ -420,6 +471,9 @@ impl Config {
         }
         if self.server.max_connections == 0 || self.server.header_read_timeout_ms == 0 {
             return whole("server.max_connections and server.header_read_timeout_ms must be > 0");
+        }
+        if pool.component_core_instances == 0 || pool.component_core_instances > 1000 {
+            return whole("pool.component_core_instances must be between 1 and 1000");
         }
         if pool.max_wasm_stack_kib < 64 {
             return whole("pool.max_wasm_stack_kib must be at least 64");

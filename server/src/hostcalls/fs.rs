@@ -29,7 +29,7 @@ const FIRST_FD: u32 = 4;
 const MAX_OPEN: usize = 256;
 
 /// WASI preview1 errno values used here.
-mod errno {
+pub(super) mod errno {
     pub const SUCCESS: i32 = 0;
     pub const BADF: i32 = 8;
     pub const FAULT: i32 = 21;
@@ -173,18 +173,18 @@ fn call(
     }
 }
 
-fn slice(data: &mut [u8], ptr: i32, len: usize) -> Result<&mut [u8], i32> {
+pub(super) fn slice(data: &mut [u8], ptr: i32, len: usize) -> Result<&mut [u8], i32> {
     let start = ptr as u32 as usize;
     let end = start.checked_add(len).ok_or(errno::FAULT)?;
     data.get_mut(start..end).ok_or(errno::FAULT)
 }
 
-fn put(data: &mut [u8], ptr: i32, bytes: &[u8]) -> Result<(), i32> {
+pub(super) fn put(data: &mut [u8], ptr: i32, bytes: &[u8]) -> Result<(), i32> {
     slice(data, ptr, bytes.len())?.copy_from_slice(bytes);
     Ok(())
 }
 
-fn get_u32(data: &mut [u8], ptr: i32) -> Result<u32, i32> {
+pub(super) fn get_u32(data: &mut [u8], ptr: i32) -> Result<u32, i32> {
     let b = slice(data, ptr, 4)?;
     Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
@@ -213,8 +213,36 @@ fn node_stat(assets: &Assets, n: usize) -> [u8; 64] {
     }
 }
 
+/// `fd_read` of an assets file (stdin reads as empty).
+///
+/// # Errors
+/// The WASI errno.
+pub(super) fn read(
+    data: &mut [u8],
+    files: &mut Files,
+    fd: i32,
+    iovs: i32,
+    iovs_len: i32,
+    nread: i32,
+) -> Result<(), i32> {
+    let n = match files.target(fd)? {
+        Target::Stdio(0) => 0, // stdin is empty
+        Target::Stdio(_) => return Err(errno::BADF),
+        Target::Node(node, slot) => {
+            let slot = slot.ok_or(errno::ISDIR)?;
+            let bytes = file_bytes(files.assets.as_deref(), node)?;
+            let open = files.open[slot].as_mut().ok_or(errno::BADF)?;
+            let from = usize::try_from(open.pos).unwrap_or(usize::MAX);
+            let n = scatter(data, iovs, iovs_len, bytes.get(from..).unwrap_or(&[]))?;
+            open.pos += n as u64;
+            n
+        }
+    };
+    put(data, nread, &(n as u32).to_le_bytes())
+}
+
 /// Copies `src` into the guest's iovec list and returns how much was copied.
-fn scatter(data: &mut [u8], iovs: i32, iovs_len: i32, src: &[u8]) -> Result<usize, i32> {
+pub(super) fn scatter(data: &mut [u8], iovs: i32, iovs_len: i32, src: &[u8]) -> Result<usize, i32> {
     let mut done = 0;
     for i in 0..iovs_len as u32 {
         let at = (iovs as u32).checked_add(i * 8).ok_or(errno::FAULT)? as i32;
@@ -324,20 +352,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
         linker,
         "fd_read",
         |data, files, fd: i32, iovs: i32, iovs_len: i32, nread: i32| {
-            let n = match files.target(fd)? {
-                Target::Stdio(0) => 0, // stdin is empty
-                Target::Stdio(_) => return Err(errno::BADF),
-                Target::Node(node, slot) => {
-                    let slot = slot.ok_or(errno::ISDIR)?;
-                    let bytes = file_bytes(files.assets.as_deref(), node)?;
-                    let open = files.open[slot].as_mut().ok_or(errno::BADF)?;
-                    let from = usize::try_from(open.pos).unwrap_or(usize::MAX);
-                    let n = scatter(data, iovs, iovs_len, bytes.get(from..).unwrap_or(&[]))?;
-                    open.pos += n as u64;
-                    n
-                }
-            };
-            put(data, nread, &(n as u32).to_le_bytes())
+            read(data, files, fd, iovs, iovs_len, nread)
         }
     );
     hostcall!(

@@ -1,9 +1,12 @@
 //! The host side of guest ABI v1: per-request guest state and the `tern` host functions.
 //!
 //! One file per interface: [`request`] (what the guest reads), [`response`] (what it
-//! writes) and [`outbound`] (the requests it sends). Every pointer and length from the guest is bounds-checked against its memory; an
+//! writes) and [`outbound`] (the requests it sends); [`fs`] is the read-only `/assets`
+//! directory and [`cgi`] the stdin/stdout of CGI programs (the `cgi` guest kind, which shares
+//! this state and these functions). Every pointer and length from the guest is bounds-checked against its memory; an
 //! out-of-range one traps the guest with [`GuestFault::BadPointer`] and never touches the host.
 
+pub mod cgi;
 pub mod fs;
 pub mod outbound;
 pub mod request;
@@ -38,6 +41,17 @@ pub struct GuestState {
     pub files: fs::Files,
     /// The guest's outbound requests.
     pub outbound: outbound::Outbound,
+    /// The CGI output parser, for a guest of the `cgi` kind.
+    pub cgi: Option<cgi::Cgi>,
+}
+
+impl GuestState {
+    /// The WASI context, built on first use: a CGI program's environment also holds the
+    /// request's meta-variables.
+    fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {
+        let (request, cgi) = (&self.request, self.cgi.is_some());
+        self.wasi.ctx(|spec| cgi.then(|| cgi::env(request, spec)))
+    }
 }
 
 /// A guest's WASI preview1 context, built on its first WASI call.
@@ -70,6 +84,16 @@ pub struct Stdio {
     pub stderr: MemoryOutputPipe,
 }
 
+impl Stdio {
+    /// Two empty pipes of `capacity` bytes each.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            stdout: MemoryOutputPipe::new(capacity),
+            stderr: MemoryOutputPipe::new(capacity),
+        }
+    }
+}
+
 impl Wasi {
     /// A context for a guest of a tenant with `spec`, not built yet.
     pub fn new(spec: Arc<WasiSpec>) -> Self {
@@ -81,23 +105,31 @@ impl Wasi {
     }
 
     /// The context, built now if this is the guest's first WASI call: args are the tenant
-    /// name, the environment its configured variables, stdout and stderr captured.
-    pub fn ctx(&mut self) -> &mut WasiP1Ctx {
+    /// name, the environment its configured variables (or what `env` makes of them), stdout
+    /// and stderr captured.
+    pub fn ctx(
+        &mut self,
+        env: impl FnOnce(&WasiSpec) -> Option<Vec<(String, String)>>,
+    ) -> &mut WasiP1Ctx {
         self.ctx.get_or_insert_with(|| {
             let t = &self.spec;
-            let stdio = Stdio {
-                stdout: MemoryOutputPipe::new(t.stdio_bytes),
-                stderr: MemoryOutputPipe::new(t.stdio_bytes),
-            };
-            let ctx = WasiCtxBuilder::new()
-                .args(&[&t.name])
-                .envs(&t.env)
+            let stdio = self.stdio.get_or_insert_with(|| Stdio::new(t.stdio_bytes));
+            let mut b = WasiCtxBuilder::new();
+            b.args(&[&t.name])
                 .stdout(stdio.stdout.clone())
-                .stderr(stdio.stderr.clone())
-                .build_p1();
-            self.stdio = Some(stdio);
-            ctx
+                .stderr(stdio.stderr.clone());
+            match env(t) {
+                Some(vars) => b.envs(&vars),
+                None => b.envs(&t.env),
+            };
+            b.build_p1()
         })
+    }
+
+    /// The captured stderr (made now if the guest has made no WASI call yet).
+    pub fn stderr(&mut self) -> &MemoryOutputPipe {
+        let n = self.spec.stdio_bytes;
+        &self.stdio.get_or_insert_with(|| Stdio::new(n)).stderr
     }
 
     /// The tenant's name.
@@ -133,6 +165,9 @@ pub struct GuestLimits {
     pub memory_limit_hit: bool,
     /// Largest memory size the guest reached, in bytes.
     pub peak_memory: usize,
+    /// Core instances (and tables) one guest may create: 1 for a module; for a component,
+    /// `pool.component_core_instances`.
+    pub instances: usize,
 }
 
 impl GuestLimits {
@@ -167,53 +202,35 @@ impl ResourceLimiter for GuestLimits {
     }
 
     fn instances(&self) -> usize {
-        1
+        self.instances
     }
     fn memories(&self) -> usize {
         1
     }
     fn tables(&self) -> usize {
-        1
+        self.instances
     }
 }
 
-/// Builds the linker tenants are pre-linked against: WASI preview1 plus the `tern` ABI, and
-/// with `assets` the in-memory `/assets` directory in place of WASI's file functions.
+/// Builds the linker core modules are pre-linked against: WASI preview1 plus the `tern` ABI,
+/// with `assets` the in-memory `/assets` directory in place of WASI's file functions, and with
+/// `cgi` stdin and stdout as a CGI program's request body and response.
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn linker(engine: &Engine, assets: bool) -> wasmtime::Result<Linker<GuestState>> {
+pub fn linker(engine: &Engine, assets: bool, cgi: bool) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
-    wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut GuestState| s.wasi.ctx())?;
+    wasmtime_wasi::p1::add_to_linker_async(&mut linker, GuestState::wasi_ctx)?;
     request::add_to_linker(&mut linker)?;
     response::add_to_linker(&mut linker)?;
     outbound::add_to_linker(&mut linker)?;
     if assets {
         fs::add_to_linker(&mut linker)?;
     }
-    Ok(linker)
-}
-
-/// The two linkers: for tenants without assets and for tenants with them.
-#[derive(Clone)]
-pub struct Linkers {
-    /// WASI preview1 as wasmtime-wasi provides it (no files at all) + the `tern` ABI.
-    pub plain: Linker<GuestState>,
-    /// The same with the read-only in-memory `/assets` directory.
-    pub assets: Linker<GuestState>,
-}
-
-impl Linkers {
-    /// Builds both.
-    ///
-    /// # Errors
-    /// Only if wasmtime rejects a definition (a bug).
-    pub fn new(engine: &Engine) -> wasmtime::Result<Self> {
-        Ok(Self {
-            plain: linker(engine, false)?,
-            assets: linker(engine, true)?,
-        })
+    if cgi {
+        cgi::add_to_linker(&mut linker, assets)?;
     }
+    Ok(linker)
 }
 
 /// The range `ptr..ptr+len` of guest memory, if it lies inside `mem_len` bytes.

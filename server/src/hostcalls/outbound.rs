@@ -44,9 +44,9 @@ const HOP_BY_HOP: [&str; 9] = [
     "cdn-loop",
 ];
 
-static CDN_LOOP: HeaderName = HeaderName::from_static("cdn-loop");
-static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+pub(crate) static CDN_LOOP: HeaderName = HeaderName::from_static("cdn-loop");
+pub(crate) static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+pub(crate) static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// A tenant's outbound policy with its metric handles, shared by its requests.
 #[derive(Debug)]
@@ -64,7 +64,8 @@ pub struct Calls {
 }
 
 impl Calls {
-    fn count(&self, backend: &str, status: &str) {
+    /// Counts one outbound request to `backend` that ended with `status`.
+    pub fn count(&self, backend: &str, status: &str) {
         self.requests
             .with_label_values(&[self.label.as_str(), backend, status])
             .inc();

@@ -176,6 +176,19 @@ impl GuestRequest {
         Ok(chunk)
     }
 
+    /// At most `max` next bytes of the body (the rest stays for the next read); empty at its
+    /// end.
+    ///
+    /// # Errors
+    /// As [`Self::next_chunk`].
+    pub(super) async fn read_up_to(&mut self, max: usize) -> Result<Bytes, i32> {
+        let mut chunk = self.next_chunk().await?;
+        if chunk.len() > max {
+            self.leftover = chunk.split_off(max);
+        }
+        Ok(chunk)
+    }
+
     async fn next_frame(&mut self) -> Result<Bytes, hyper::Error> {
         match &mut self.body {
             RequestBody::Empty => Ok(Bytes::new()),

@@ -110,6 +110,85 @@ impl GuestResponse {
         }
     }
 
+    /// Adds `bytes` to the body: buffered up to [`abi::STREAM_THRESHOLD`], past it the head
+    /// commits and the body streams (waiting while the client is slow to read). Returns the
+    /// bytes taken or the ABI error: `LIMIT_EXCEEDED` past the tenant's body limit or the
+    /// declared length, `IO` if the client is gone.
+    pub async fn write(&mut self, bytes: &[u8]) -> i32 {
+        let n = bytes.len();
+        if self.written + n as u64 > self.max_bytes {
+            self.limit_hit = true;
+            return errno::LIMIT_EXCEEDED;
+        }
+        if self.declared.is_some_and(|d| self.written + n as u64 > d) {
+            // Past its own declared length: refused, and the request fails at its end.
+            self.written = self.written.saturating_add(n as u64);
+            return errno::LIMIT_EXCEEDED;
+        }
+        self.written += n as u64;
+        let taken = i32::try_from(n).unwrap_or(i32::MAX);
+        if !self.is_streaming() {
+            if self.body.len() + n <= abi::STREAM_THRESHOLD {
+                self.body.extend_from_slice(bytes);
+                return taken;
+            }
+            if !self.commit() {
+                return errno::IO;
+            }
+            let buffered = self.body.split().freeze();
+            if self.send(buffered).await.is_err() {
+                return errno::IO;
+            }
+        }
+        match self.send(Bytes::copy_from_slice(bytes)).await {
+            Ok(()) => taken,
+            Err(()) => errno::IO,
+        }
+    }
+
+    /// Adds a header as `response_header_append` does: framing headers are the server's and
+    /// ignored, `content-length` declares the body's length. Returns 0 or the ABI error:
+    /// `HEADERS_SENT`, `INVALID_ARGUMENT`, `LIMIT_EXCEEDED` (too many headers, or a declared
+    /// length over the body limit).
+    pub fn append_header(&mut self, name: HeaderName, value: HeaderValue) -> i32 {
+        if self.is_streaming() {
+            return errno::HEADERS_SENT;
+        }
+        if SERVER_OWNED.contains(&name.as_str()) {
+            return 0;
+        }
+        if name == http::header::CONTENT_LENGTH {
+            let n = std::str::from_utf8(value.as_bytes())
+                .ok()
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<u64>().ok());
+            return match (n, self.declared) {
+                (None, _) => errno::INVALID_ARGUMENT,
+                (Some(n), Some(d)) if n != d => errno::INVALID_ARGUMENT,
+                (Some(n), _) if n > self.max_bytes => {
+                    self.limit_hit = true;
+                    errno::LIMIT_EXCEEDED
+                }
+                (Some(n), _) => {
+                    self.declared = Some(n);
+                    0
+                }
+            };
+        }
+        if self.headers.len() >= self.max_headers {
+            self.limit_hit = true;
+            return errno::LIMIT_EXCEEDED;
+        }
+        self.headers.append(name, value);
+        0
+    }
+
+    /// Sends one chunk of a streaming body; `Err` if the client is gone.
+    async fn send(&self, chunk: Bytes) -> Result<(), ()> {
+        let tx = self.stream.as_ref().ok_or(())?;
+        tx.send(Ok(chunk)).await.map_err(drop)
+    }
+
     /// Sends the head and switches to streaming. Returns `false` if the client is gone.
     fn commit(&mut self) -> bool {
         let Some(commit) = self.commit.take() else {
@@ -173,33 +252,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             ) else {
                 return Ok(errno::INVALID_ARGUMENT);
             };
-            if SERVER_OWNED.contains(&name.as_str()) {
-                return Ok(0);
-            }
-            if name == http::header::CONTENT_LENGTH {
-                let n = std::str::from_utf8(value.as_bytes())
-                    .ok()
-                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|v| v.parse::<u64>().ok());
-                return Ok(match (n, resp.declared) {
-                    (None, _) => errno::INVALID_ARGUMENT,
-                    (Some(n), Some(d)) if n != d => errno::INVALID_ARGUMENT,
-                    (Some(n), _) if n > resp.max_bytes => {
-                        resp.limit_hit = true;
-                        errno::LIMIT_EXCEEDED
-                    }
-                    (Some(n), _) => {
-                        resp.declared = Some(n);
-                        0
-                    }
-                });
-            }
-            if resp.headers.len() >= resp.max_headers {
-                resp.limit_hit = true;
-                return Ok(errno::LIMIT_EXCEEDED);
-            }
-            resp.headers.append(name, value);
-            Ok(0)
+            Ok(resp.append_header(name, value))
         },
     )?;
     linker.func_wrap_async(
@@ -211,42 +264,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
                 let (data, state) = mem.data_and_store_mut(&mut caller);
                 let range = guest_range(ptr, len, data.len())
                     .ok_or(GuestFault::BadPointer(func::RESPONSE_BODY_WRITE))?;
-                let n = range.len();
-                let resp = &mut state.response;
-                if resp.written + n as u64 > resp.max_bytes {
-                    resp.limit_hit = true;
-                    return Ok(errno::LIMIT_EXCEEDED);
-                }
-                if resp.declared.is_some_and(|d| resp.written + n as u64 > d) {
-                    // Past its own declared length: refused, and the request fails at its end.
-                    resp.written = resp.written.saturating_add(n as u64);
-                    return Ok(errno::LIMIT_EXCEEDED);
-                }
-                resp.written += n as u64;
-                if !resp.is_streaming() {
-                    if resp.body.len() + n <= abi::STREAM_THRESHOLD {
-                        resp.body.extend_from_slice(&data[range]);
-                        return Ok(i32::try_from(n).unwrap_or(i32::MAX));
-                    }
-                    if !resp.commit() {
-                        return Ok(errno::IO);
-                    }
-                    let buffered = resp.body.split().freeze();
-                    let tx = resp.stream.clone().expect("stream set by commit");
-                    let chunk = Bytes::copy_from_slice(&data[range]);
-                    for part in [buffered, chunk] {
-                        if tx.send(Ok(part)).await.is_err() {
-                            return Ok(errno::IO);
-                        }
-                    }
-                    return Ok(i32::try_from(n).unwrap_or(i32::MAX));
-                }
-                let chunk = Bytes::copy_from_slice(&data[range]);
-                let tx = resp.stream.clone().expect("streaming");
-                match tx.send(Ok(chunk)).await {
-                    Ok(()) => Ok(i32::try_from(n).unwrap_or(i32::MAX)),
-                    Err(_) => Ok(errno::IO),
-                }
+                Ok(state.response.write(&data[range]).await)
             })
         },
     )?;

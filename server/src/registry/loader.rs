@@ -4,20 +4,20 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use wasmtime::{Engine, Module};
+use wasmtime::Engine;
 
 use super::{ChangeError, internal};
-use crate::artifact;
+use crate::artifact::{self, Compiled};
 use crate::assets::Assets;
 use crate::config::{PoolConfig, TenantConfig};
-use crate::hostcalls::Linkers;
 use crate::metrics::Metrics;
 use crate::store::{DataDir, TenantSpec, Version};
+use crate::tenant::Linkers;
 use crate::tenant::{self, Carried, Origin, Tenant, TenantError};
 
 /// Modules already loaded in this batch, by SHA-256, so tenants deploying the same module
 /// share one mapping and one copy-on-write image.
-pub(super) type ModuleCache = Mutex<HashMap<String, Module>>;
+pub(super) type ModuleCache = Mutex<HashMap<String, Compiled>>;
 
 /// The loading half of a deploy, rollback or start-up, shared with blocking threads.
 pub(super) struct Loader {
@@ -99,10 +99,13 @@ impl Loader {
         old: &Tenant,
         config: &TenantConfig,
     ) -> Result<Tenant, ChangeError> {
+        // The module is the same, so is its kind.
+        let mut config = config.clone();
+        config.kind = Some(old.kind);
         Ok(tenant::prepare(
             self.shared(),
-            old.pre.module(),
-            config,
+            &old.compiled,
+            &config,
             old.origin.clone(),
             old.assets.clone(),
             Carried::from(old),
@@ -115,7 +118,7 @@ impl Loader {
         name: &str,
         spec: &TenantSpec,
         version: &Version,
-        module: &Module,
+        module: &Compiled,
         carried: Carried,
     ) -> Result<Tenant, ChangeError> {
         let assets = match &version.assets {
@@ -131,7 +134,8 @@ impl Loader {
                 Some(Arc::new(assets))
             }
         };
-        let config = spec.to_config(name, &format!("sha256:{}", version.module));
+        let mut config = spec.to_config(name, &format!("sha256:{}", version.module));
+        config.kind = version.kind;
         let origin = Origin::Api {
             version: version.clone(),
         };
@@ -150,7 +154,7 @@ impl Loader {
         name: &str,
         hash: &str,
         cache: &ModuleCache,
-    ) -> Result<Module, ChangeError> {
+    ) -> Result<Compiled, ChangeError> {
         if let Some(m) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(hash) {
             return Ok(m.clone());
         }
@@ -219,6 +223,7 @@ mod tests {
             assets: None,
             deployed_at: 0,
             compile_ms: 0.0,
+            kind: None,
         }
     }
 

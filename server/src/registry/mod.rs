@@ -22,10 +22,10 @@ use wasmtime::Engine;
 use crate::artifact;
 use crate::assets::Assets;
 use crate::config::{self, Config};
-use crate::hostcalls::Linkers;
 use crate::metrics::Metrics;
 use crate::router::{Clash, Route, Router};
 use crate::store::{self, DataDir, Manifest, StoredTenant, TenantSpec, Version};
+use crate::tenant::Linkers;
 use crate::tenant::{self, Carried, Origin, Tenant, TenantError, TenantRef};
 
 mod describe;
@@ -92,6 +92,8 @@ pub struct Deployed {
     pub previous: Option<Version>,
     /// What the module's author should know (e.g. a module that cannot answer requests).
     pub warnings: Vec<String>,
+    /// The guest kind it serves as.
+    pub kind: crate::config::GuestKind,
 }
 
 /// Everything that changes only under the change lock.
@@ -469,8 +471,9 @@ impl Registry {
         name: &str,
         wasm: Bytes,
         assets: Option<String>,
+        kind: Option<crate::config::GuestKind>,
     ) -> Result<Deployed, ChangeError> {
-        let result = self.deploy_inner(name, wasm, assets).await;
+        let result = self.deploy_inner(name, wasm, assets, kind).await;
         self.count_deploy(name, result.is_ok());
         if let Err(e) = &result {
             tracing::warn!(tenant = name, "deploy refused: {e}");
@@ -483,6 +486,7 @@ impl Registry {
         name: &str,
         wasm: Bytes,
         assets: Option<String>,
+        kind: Option<crate::config::GuestKind>,
     ) -> Result<Deployed, ChangeError> {
         check_wasm_header(&wasm)?;
         if let Some(a) = &assets
@@ -513,10 +517,14 @@ impl Registry {
             let module_hash = artifact::hex(&Sha256::digest(&wasm));
             let prepared = (|| {
                 let limits = tenant::Limits::from_config(&spec.limits, &this.pool);
-                tenant::check_fits(&wasm, &limits).map_err(|reason| TenantError::DoesNotFit {
-                    tenant: n.clone(),
-                    reason,
-                })?;
+                if !artifact::is_component(&wasm) {
+                    tenant::check_fits(&wasm, &limits).map_err(|reason| {
+                        TenantError::DoesNotFit {
+                            tenant: n.clone(),
+                            reason,
+                        }
+                    })?;
+                }
                 let loaded = artifact::load_wasm(
                     &this.engine,
                     &wasm,
@@ -538,6 +546,7 @@ impl Registry {
                     assets: assets.clone(),
                     deployed_at: store::now(),
                     compile_ms: compiled.as_secs_f64() * 1e3,
+                    kind,
                 };
                 let carried = live.carried(&n);
                 let t = this.prepare_version(&n, &spec, &version, &loaded.module, carried)?;
@@ -591,6 +600,7 @@ impl Registry {
             unreachable!("loaded as an API tenant")
         };
         let warnings: Vec<String> = tenant.warning.iter().cloned().collect();
+        let kind = tenant.kind;
         let live = self.live.load().with(name, Some(tenant))?;
 
         let mut manifest = state.manifest.clone();
@@ -614,6 +624,7 @@ impl Registry {
             version,
             previous,
             warnings,
+            kind,
         })
     }
 
@@ -645,6 +656,7 @@ impl Registry {
         })
         .await
         .map_err(internal)??;
+        let kind = tenant.kind;
         let live = self.live.load().with(name, Some(tenant))?;
         let mut manifest = state.manifest.clone();
         let entry = manifest.tenants.get_mut(name).expect("checked above");
@@ -656,6 +668,7 @@ impl Registry {
             version: target,
             previous: stored.current,
             warnings: Vec::new(),
+            kind,
         })
     }
 

@@ -2,7 +2,7 @@
 
 use super::ChangeError;
 
-/// A `.wasm` upload's first bytes: a core module, not an artifact, a component or text.
+/// A `.wasm` upload's first bytes: a core module or a component, not an artifact or text.
 pub(super) fn check_wasm_header(wasm: &[u8]) -> Result<(), ChangeError> {
     match wasm_header_problem(
         wasm,
@@ -15,8 +15,8 @@ pub(super) fn check_wasm_header(wasm: &[u8]) -> Result<(), ChangeError> {
 }
 
 /// What is wrong with `wasm`'s first bytes for a Tern module, if anything, and whether it is
-/// valid WebAssembly Tern cannot run (a component) rather than not WebAssembly at all. `empty`
-/// is the message for no bytes. Shared by uploads and `tern compile`.
+/// WebAssembly Tern cannot run rather than not WebAssembly at all. `empty` is the message for
+/// no bytes. Shared by uploads and `tern compile`.
 pub fn wasm_header_problem(wasm: &[u8], empty: &str) -> Option<(String, bool)> {
     let invalid = |m: &str| Some((m.to_string(), false));
     if wasm.is_empty() {
@@ -35,17 +35,9 @@ pub fn wasm_header_problem(wasm: &[u8], empty: &str) -> Option<(String, bool)> {
     if wasm.len() < 8 {
         return invalid("truncated WebAssembly module: no version after the magic bytes");
     }
-    if wasm[4..8] == [1, 0, 0, 0] {
+    // A core module, or a component (version 0x0d of any draft, layer 1).
+    if wasm[4..8] == [1, 0, 0, 0] || crate::artifact::is_component(wasm) {
         return None;
-    }
-    // A component's preamble: version 0x0d (any draft), layer 1.
-    if wasm[6..8] == [1, 0] {
-        return Some((
-            "this is a WebAssembly component, not a core module; build the handler for \
-             wasm32-wasip1 with the Tern guest SDK"
-                .into(),
-            true,
-        ));
     }
     invalid("not a valid WebAssembly module: unknown version after the magic bytes")
 }

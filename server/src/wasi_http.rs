@@ -1,0 +1,479 @@
+//! The `wasi-http` guest kind: `wasi:http/proxy` components, as `wasmtime serve`, Spin and
+//! wasmCloud run them, each request in a fresh pooled instance.
+//!
+//! This room holds what is particular to components: their store state (WASI preview2, a
+//! resource table, the `wasi:http` context), their linker, how a request goes in (a
+//! `wasi:http` incoming-request whose body streams from the client within the tenant's limit)
+//! and how the answer comes out (the response-outparam's head and body, fed into the same
+//! [`GuestResponse`] the `tern` ABI writes: buffered up to 64 KiB, streamed beyond). Outgoing
+//! requests (`wasi:http/outgoing-handler`) go through Tern's outbound client under the
+//! tenant's `[tenant.outbound]` policy: denied unless allowed. Admission, deadlines, memory
+//! limits, teardown and metrics are the shared lifecycle's ([`crate::execute`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::HOST;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tern_sdk::abi::errno;
+use wasmtime::Engine;
+use wasmtime::component::{Linker, ResourceTable};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
+use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
+use wasmtime_wasi_http::{
+    RequestOptions, WasiBody, WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView,
+};
+
+use crate::hostcalls::outbound::{CDN_LOOP, Calls, TRACEPARENT, TRACESTATE};
+use crate::hostcalls::{GuestLimits, GuestRequest, GuestResponse, RequestBody, Stdio, WasiSpec};
+use crate::outbound::{self, Denied, OutBody};
+
+/// The pre-linked form of a `wasi:http/proxy` component.
+pub type Pre = wasmtime_wasi_http::p2::bindings::ProxyPre<HttpState>;
+
+/// The export a component must have to be served: `wasi:http/incoming-handler`, any 0.2.x.
+pub const HANDLER_EXPORT: &str = "wasi:http/incoming-handler@0.2";
+
+/// Core instances (and tables) a component's store may create; the pool's own per-component
+/// limit (`pool.component_core_instances`) is the one that binds, checked at deploy.
+const STORE_INSTANCES: usize = 10_000;
+
+/// One request's component store state. Dropped with the store at teardown.
+pub struct HttpState {
+    table: ResourceTable,
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    hooks: Hooks,
+    /// Memory and table limits, and whether the guest ran into them.
+    pub limits: GuestLimits,
+}
+
+impl WasiView for HttpState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for HttpState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+impl HttpState {
+    /// The state of one request of a tenant whose guests see `spec` (args, env; stdout and
+    /// stderr captured into `stdio`), limited by `limits`, calling out under `calls`; the
+    /// client's request `headers` carry the loop and trace headers passed on.
+    pub fn new(
+        spec: &WasiSpec,
+        stdio: &Stdio,
+        mut limits: GuestLimits,
+        calls: Arc<Calls>,
+        headers: &HeaderMap,
+    ) -> Self {
+        let wasi = WasiCtxBuilder::new()
+            .args(&[&spec.name])
+            .envs(&spec.env)
+            .stdout(stdio.stdout.clone())
+            .stderr(stdio.stderr.clone())
+            .build();
+        limits.instances = STORE_INSTANCES;
+        Self {
+            table: ResourceTable::new(),
+            wasi,
+            http: WasiHttpCtx::new(),
+            hooks: Hooks::new(calls, headers),
+            limits,
+        }
+    }
+
+    /// Time spent waiting for outgoing responses' heads.
+    pub fn outbound_waited(&self) -> Duration {
+        Duration::from_nanos(self.hooks.waited.load(Ordering::Relaxed))
+    }
+}
+
+/// The linker components are pre-linked against: WASI preview2 (no files, sockets or network
+/// names: the context grants none) and `wasi:http`.
+///
+/// # Errors
+/// Only if wasmtime rejects a definition (a bug).
+pub fn linker(engine: &Engine) -> wasmtime::Result<Linker<HttpState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    Ok(linker)
+}
+
+/// Why a component's answer could not be sent.
+#[derive(Debug)]
+pub enum Answer {
+    /// The handler returned without setting its response-outparam.
+    NoResponse,
+    /// The guest set its response-outparam to an error.
+    Error(ErrorCode),
+    /// The response went past the tenant's body or header limits.
+    Limit,
+    /// The guest's body failed before its end (it was dropped unfinished, or its declared
+    /// length was not met).
+    BodyFailed(String),
+    /// The client went away.
+    ClientGone,
+}
+
+/// Moves a component's answer into `response`: the head from `head` (the response-outparam's
+/// channel), then the body chunk by chunk as the guest writes it.
+///
+/// # Errors
+/// [`Answer`], saying why the answer is not complete.
+pub async fn pump(
+    head: tokio::sync::oneshot::Receiver<Result<Response<HyperOutgoingBody>, ErrorCode>>,
+    response: &mut GuestResponse,
+) -> Result<(), Answer> {
+    let answer = match head.await {
+        Ok(Ok(r)) => r,
+        Ok(Err(code)) => return Err(Answer::Error(code)),
+        Err(_) => return Err(Answer::NoResponse),
+    };
+    let (parts, mut body) = answer.into_parts();
+    response.status = parts.status;
+    let mut name = None;
+    for (n, value) in parts.headers {
+        // `HeaderMap`'s iterator names only the first of a header's values.
+        if let Some(n) = n {
+            name = Some(n);
+        }
+        let Some(n) = name.clone() else { continue };
+        if response.append_header(n, value) == errno::LIMIT_EXCEEDED {
+            return Err(Answer::Limit);
+        }
+    }
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Answer::BodyFailed(e.to_string()))?;
+        // Trailers are not sent (HTTP/1.1 clients rarely ask for them).
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        match response.write(&data).await {
+            n if n >= 0 => {}
+            errno::LIMIT_EXCEEDED => return Err(Answer::Limit),
+            _ => return Err(Answer::ClientGone),
+        }
+    }
+    Ok(())
+}
+
+/// What the client's body did as the guest read it: the shared lifecycle answers `413` or
+/// `400` for it, whatever the guest made of the error.
+#[derive(Debug, Default)]
+pub struct BodyFlags {
+    /// The body went past the tenant's limit.
+    pub too_large: AtomicBool,
+    /// The body could not be read (bad framing, cut off).
+    pub failed: std::sync::Mutex<Option<String>>,
+}
+
+/// The client's body as a component reads it: counted against the tenant's limit as it
+/// streams in.
+struct ClientBody {
+    body: RequestBody,
+    seen: u64,
+    max: u64,
+    flags: Arc<BodyFlags>,
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = wasmtime_wasi_http::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let frame = match &mut this.body {
+            RequestBody::Empty => return Poll::Ready(None),
+            RequestBody::Full(b) if b.is_empty() => return Poll::Ready(None),
+            RequestBody::Full(b) => Some(Ok(Frame::data(std::mem::take(b)))),
+            RequestBody::Incoming(i) => std::task::ready!(Pin::new(i).poll_frame(cx)),
+        };
+        Poll::Ready(match frame {
+            None => None,
+            Some(Err(e)) => {
+                *this.flags.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                Some(Err(wasmtime_wasi_http::Error::Hyper(e)))
+            }
+            Some(Ok(frame)) => {
+                this.seen += frame.data_ref().map_or(0, |d| d.len() as u64);
+                if this.seen > this.max {
+                    this.flags.too_large.store(true, Ordering::Relaxed);
+                    Some(Err(wasmtime_wasi_http::Error::HttpRequestBodySize(Some(
+                        this.seen,
+                    ))))
+                } else {
+                    Some(Ok(frame))
+                }
+            }
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.body {
+            RequestBody::Empty => true,
+            RequestBody::Full(b) => b.is_empty(),
+            RequestBody::Incoming(i) => i.is_end_stream(),
+        }
+    }
+}
+
+/// The request as a component receives it: the body limited to `request.max_bytes`, a `Host`
+/// header if the client sent no authority (`wasi:http` requires one).
+pub fn incoming(
+    request: GuestRequest,
+    flags: Arc<BodyFlags>,
+) -> Request<impl Body<Data = Bytes, Error = wasmtime_wasi_http::Error> + Send + 'static> {
+    let GuestRequest {
+        method,
+        uri,
+        mut headers,
+        body,
+        max_bytes,
+        ..
+    } = request;
+    if uri.authority().is_none() && !headers.contains_key(HOST) {
+        headers.insert(HOST, HeaderValue::from_static("localhost"));
+    }
+    let mut req = Request::new(ClientBody {
+        body,
+        seen: 0,
+        max: max_bytes,
+        flags,
+    });
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers;
+    req
+}
+
+/// How a component's outgoing requests are sent: through Tern's outbound client, under the
+/// tenant's policy.
+struct Hooks {
+    calls: Arc<Calls>,
+    /// Requests sent so far by this guest.
+    sent: u32,
+    /// The `CDN-Loop` value to send (what the client's request passed through, and us), and
+    /// how many times it passed through Tern.
+    cdn_loop: Option<HeaderValue>,
+    hops: usize,
+    /// The client's trace headers, passed on.
+    trace: Option<(HeaderValue, Option<HeaderValue>)>,
+    /// Nanoseconds spent waiting for response heads.
+    waited: Arc<AtomicU64>,
+}
+
+impl Hooks {
+    fn new(calls: Arc<Calls>, incoming: &HeaderMap) -> Self {
+        let mut cdn_loop = String::new();
+        for v in incoming.get_all(&CDN_LOOP) {
+            if let Ok(v) = v.to_str() {
+                cdn_loop.push_str(v);
+                cdn_loop.push_str(", ");
+            }
+        }
+        cdn_loop.push_str(outbound::CDN_ID);
+        Self {
+            hops: outbound::hops(incoming.get_all(&CDN_LOOP).iter()),
+            cdn_loop: HeaderValue::from_str(&cdn_loop).ok(),
+            trace: incoming
+                .get(&TRACEPARENT)
+                .map(|tp| (tp.clone(), incoming.get(&TRACESTATE).cloned())),
+            calls,
+            sent: 0,
+            waited: Arc::default(),
+        }
+    }
+}
+
+/// The future `send_request` returns.
+type Sent = Box<
+    dyn Future<
+            Output = wasmtime_wasi_http::Result<(
+                Response<WasiBody>,
+                Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+            )>,
+        > + Send,
+>;
+
+impl WasiHttpHooks for Hooks {
+    fn send_request(
+        &mut self,
+        request: Request<WasiBody>,
+        _options: Option<RequestOptions>,
+        _fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+    ) -> Sent {
+        self.sent += 1;
+        let calls = self.calls.clone();
+        let (over, hops) = (self.sent > calls.policy.max_requests, self.hops);
+        let (cdn_loop, trace, waited) = (
+            self.cdn_loop.clone(),
+            self.trace.clone(),
+            self.waited.clone(),
+        );
+        Box::new(async move {
+            use wasmtime_wasi_http::Error;
+            let deny = |label: &str, why: String| {
+                tracing::debug!(
+                    tenant = calls.label.as_str(),
+                    "outgoing request denied: {why}"
+                );
+                calls.count(label, "denied");
+                Error::HttpRequestDenied
+            };
+            if over {
+                return Err(deny(
+                    "unknown",
+                    format!(
+                        "at most {} outbound requests per request (outbound.max_requests)",
+                        calls.policy.max_requests
+                    ),
+                ));
+            }
+            if hops >= outbound::MAX_HOPS {
+                calls.count("unknown", "denied");
+                return Err(Error::LoopDetected);
+            }
+            // `http://NAME/path` calls the tenant's backend NAME; any other URL must be an
+            // allowed public host.
+            let uri = request.uri().clone();
+            let pq = uri.path_and_query().map_or("/", |p| p.as_str());
+            let host = uri.host().unwrap_or_default();
+            let target = match calls.policy.backend_label(host) {
+                Some(_) if uri.port().is_none() => calls.policy.target(host, pq).await,
+                _ => calls.policy.target("", &uri.to_string()).await,
+            };
+            let target = match target {
+                Ok(t) => t,
+                Err(Denied::Unresolved { host, .. }) => {
+                    calls.count(outbound::URL_LABEL, "error");
+                    return Err(Error::DnsError {
+                        rcode: Some(format!("cannot resolve {host}")),
+                        info_code: None,
+                    });
+                }
+                Err(d) => return Err(deny(outbound::URL_LABEL, d.to_string())),
+            };
+            let client = outbound::client(&target, &calls.opened).map_err(|e| {
+                calls.count(&target.label, "error");
+                Error::InternalError(Some(e))
+            })?;
+            let (mut parts, body) = request.into_parts();
+            parts.uri = target.uri.clone();
+            parts.headers.insert(HOST, target.host.clone());
+            if let Some(v) = cdn_loop {
+                parts.headers.insert(CDN_LOOP.clone(), v);
+            }
+            if let Some((tp, ts)) = trace
+                && !parts.headers.contains_key(&TRACEPARENT)
+            {
+                parts.headers.insert(TRACEPARENT.clone(), tp);
+                if let Some(ts) = ts {
+                    parts.headers.insert(TRACESTATE.clone(), ts);
+                }
+            }
+            let body = http_body_util::Limited::new(body, calls.policy.max_request_bytes as usize)
+                .map_err(|_| outbound::BodyAborted)
+                .boxed_unsync();
+            let req = Request::from_parts(parts, OutBody::Boxed(body));
+            let started = Instant::now();
+            let permit = target
+                .budget
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| Error::ConnectionLimitReached)?;
+            let limit = target.timeouts.connect + target.timeouts.first_byte;
+            let sent = tokio::time::timeout(limit, client.request(req)).await;
+            waited.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let resp = match sent {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    calls.count(&target.label, "error");
+                    return Err(if e.is_connect() {
+                        Error::ConnectionRefused
+                    } else {
+                        Error::HttpProtocolError
+                    });
+                }
+                Err(_) => {
+                    calls.count(&target.label, "timeout");
+                    return Err(Error::ConnectionReadTimeout);
+                }
+            };
+            calls.duration.observe(started.elapsed().as_secs_f64());
+            calls.count(&target.label, resp.status().as_str());
+            let max = calls.policy.max_response_bytes;
+            let resp = resp.map(move |b| {
+                http_body_util::Limited::new(b, max as usize)
+                    .map_err(move |e| match e.downcast::<hyper::Error>() {
+                        Ok(e) => Error::Hyper(*e),
+                        Err(_) => Error::HttpResponseBodySize(None),
+                    })
+                    // The backend's in-flight slot is held until the body is dropped.
+                    .map_frame(move |f| {
+                        let _ = &permit;
+                        f
+                    })
+                    .boxed_unsync()
+            });
+            let done: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send> =
+                Box::new(async { Ok(()) });
+            Ok((resp, done))
+        })
+    }
+}
+
+/// Why a component is not a `wasi-http` guest, if it is not: it must export
+/// `wasi:http/incoming-handler@0.2.x`.
+pub fn check_exports(
+    component: &wasmtime::component::Component,
+    engine: &Engine,
+) -> Result<(), String> {
+    let ty = component.component_type();
+    let exports: Vec<String> = ty
+        .exports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    if exports.iter().any(|e| e.starts_with(HANDLER_EXPORT)) {
+        return Ok(());
+    }
+    let hint = if exports.iter().any(|e| e.starts_with("wasi:cli/run@")) {
+        "; it is a command component (a program with `main`, built for wasm32-wasip2): build it \
+         for wasm32-wasip1 to serve it as a CGI program, or make it a wasi:http proxy component"
+    } else {
+        ""
+    };
+    Err(format!(
+        "this component does not export `wasi:http/incoming-handler` (it exports: {}); Tern \
+         serves wasi:http proxy components (`wasmtime serve`, Spin){hint}",
+        if exports.is_empty() {
+            "nothing".to_string()
+        } else {
+            exports.join(", ")
+        }
+    ))
+}
