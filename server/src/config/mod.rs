@@ -718,7 +718,10 @@ mod tests {
             .iter()
             .map(|t| t.name.get_ref().as_str())
             .collect();
-        assert_eq!(names, ["hello", "echo", "json", "counter"]);
+        assert_eq!(
+            names,
+            ["hello", "echo", "json", "component", "cgi", "counter"]
+        );
         assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
     }
 

@@ -12,6 +12,7 @@ mod demo;
 mod errors;
 mod hostile;
 mod isolation;
+mod kinds;
 mod metrics;
 mod observability;
 mod outbound;

@@ -20,8 +20,8 @@ use crate::support::{TestServer, metric_value, send, test_guest};
 /// A backend for the tests: `/hello` answers `hi` and the request's headers, `/slow` answers
 /// after 3 s, `/big?n=N` N bytes, `/echo` the request body, `/users` and `/orders` each wait
 /// (up to 5 s) until the other has arrived too, so they succeed only when sent in parallel.
-struct Backend {
-    addr: SocketAddr,
+pub(crate) struct Backend {
+    pub(crate) addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
     /// `/echo` bodies that failed to arrive whole (the client aborted them).
     aborted: Arc<AtomicUsize>,
@@ -133,7 +133,7 @@ where
 }
 
 impl Backend {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));

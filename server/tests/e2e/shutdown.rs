@@ -64,7 +64,7 @@ fn guest_stdout_and_stderr_are_logged_with_tenant_and_request_id_and_capped() {
     let config = dir.path().join("tern.toml");
     std::fs::write(
         &config,
-        "[[tenant]]\nname = \"printer\"\nmodule = \"printer.wasm\"\n[tenant.limits]\nstdio_bytes = 1024\n",
+        "[[tenant]]\nname = \"printer\"\nmodule = \"printer.wasm\"\nkind = \"tern\"\n[tenant.limits]\nstdio_bytes = 1024\n",
     )
     .unwrap();
     let tern = TernProcess::serve(

@@ -88,6 +88,28 @@ impl TestServer {
 
     /// Creates API tenant `name` routed at `path` and deploys `wasm` to it; panics on failure.
     pub async fn deploy(&self, name: &str, path: &str, wasm: &[u8]) -> serde_json::Value {
+        self.deploy_query(name, path, wasm, "").await
+    }
+
+    /// [`Self::deploy`] as guest kind `kind`.
+    pub async fn deploy_as(
+        &self,
+        name: &str,
+        path: &str,
+        wasm: &[u8],
+        kind: &str,
+    ) -> serde_json::Value {
+        self.deploy_query(name, path, wasm, &format!("?kind={kind}"))
+            .await
+    }
+
+    async fn deploy_query(
+        &self,
+        name: &str,
+        path: &str,
+        wasm: &[u8],
+        query: &str,
+    ) -> serde_json::Value {
         let spec = serde_json::json!({ "paths": [path] }).to_string();
         let (status, v) = self
             .admin_call(Method::PUT, &format!("/admin/v1/tenants/{name}"), spec)
@@ -96,7 +118,7 @@ impl TestServer {
         let (status, v) = self
             .admin_call(
                 Method::PUT,
-                &format!("/admin/v1/tenants/{name}/module"),
+                &format!("/admin/v1/tenants/{name}/module{query}"),
                 wasm.to_vec(),
             )
             .await;
@@ -411,6 +433,40 @@ pub fn test_guest(dir: &Path, name: &str) -> PathBuf {
     std::fs::copy(out.join(format!("{name}.wasm")), &to)
         .unwrap_or_else(|e| panic!("test guest {name}: {e}"));
     to
+}
+
+/// Builds the `wasi:http` test component of `server/guests/component` (once per test run) and
+/// copies it into `dir` as `name.wasm`.
+pub fn test_component(dir: &Path, name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        guest_build::component(
+            &root.join("server/guests/component"),
+            "tern_test_component",
+            &root.join("target/test-guests"),
+        )
+    });
+    let to = dir.join(format!("{name}.wasm"));
+    std::fs::copy(built, &to).unwrap_or_else(|e| panic!("test component: {e}"));
+    to
+}
+
+/// Compiles the C program `source` (relative to the repository) with clang for wasm32-wasi
+/// into `dir/name.wasm`.
+pub fn c_program(dir: &Path, source: &str, name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = dir.join(format!("{name}.wasm"));
+    let status = std::process::Command::new("clang")
+        .args(["--target=wasm32-wasi", "-O2", "-I"])
+        .arg(root.join("guest-sdk/include"))
+        .arg("-o")
+        .arg(&out)
+        .arg(root.join(source))
+        .status()
+        .expect("clang is required for C guests (scripts/test installs clang lld wasi-libc)");
+    assert!(status.success(), "clang failed to build {source}");
+    out
 }
 
 /// [`raw_exchange`] off the async runtime, with a 20 s bound that only catches hangs; the reply

@@ -807,7 +807,7 @@ async fn modules_that_do_not_fit_are_422_and_nothing_refused_is_kept() {
 
     // Right at the limits, a module fits.
     let edge = module(r#"(memory (export "memory") 1024)"#, "(table 1000 funcref)");
-    s.deploy("edge", "/edge", &edge).await;
+    s.deploy_as("edge", "/edge", &edge, "tern").await;
     assert_eq!(s.get("/edge").await.status, StatusCode::OK);
 
     // Versions a change drops are removed while the server runs.
@@ -881,21 +881,34 @@ async fn functions_too_costly_to_compile_are_422() {
         "{error}"
     );
     assert_eq!(s.get("/app").await.text(), HELLO);
-    s.deploy("edge", "/edge", &many_blocks(max)).await;
+    s.deploy_as("edge", "/edge", &many_blocks(max), "tern")
+        .await;
     assert_eq!(s.get("/edge").await.status, StatusCode::OK);
 }
 
 #[tokio::test]
-async fn a_module_that_cannot_answer_is_deployed_with_a_warning() {
+async fn a_module_that_imports_nothing_from_tern_is_cgi_unless_deployed_as_tern() {
     let s = TestServer::start("").await;
     let plain = wat::parse_str(r#"(module (memory (export "memory") 1) (func (export "_start")))"#)
         .unwrap();
+    // Detected as a CGI program: it writes nothing, which CGI answers with 502.
     let v = s.deploy("plain", "/plain", &plain).await;
+    assert_eq!(
+        (v["kind"].as_str(), &v["warnings"]),
+        (Some("cgi"), &serde_json::json!([]))
+    );
+    let r = s.get("/plain").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    assert!(r.text().contains("wrote nothing to stdout"), "{}", r.text());
+    // Deployed as `tern`, it is run as before, with a warning saying what it cannot do.
+    let v = s.deploy_as("plain", "/plain", &plain, "tern").await;
     let warning = v["warnings"][0].as_str().unwrap_or_default();
     assert!(
-        warning.contains("imports nothing from `tern`") && warning.contains("tern_sdk::serve"),
+        warning.contains("imports nothing from `tern`") && warning.contains("kind `cgi`"),
         "{v}"
     );
+    assert_eq!(s.get("/plain").await.status, StatusCode::OK);
     let v = s.deploy("sdk", "/sdk", demo("hello")).await;
+    assert_eq!(v["kind"], "tern");
     assert_eq!(v["warnings"], serde_json::json!([]), "{v}");
 }

@@ -1,6 +1,6 @@
 //! Panics (with `panic = "abort"`, a Wasm `unreachable`): `500` naming the trap.
 fn main() {
     let v: Vec<u32> = std::hint::black_box(Vec::new());
-    println!("about to index an empty vector");
+    eprintln!("about to index an empty vector");
     println!("{}", v[3]);
 }

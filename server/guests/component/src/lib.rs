@@ -1,0 +1,189 @@
+//! A `wasi:http` component with one behaviour per path (its last segment), for the e2e tests:
+//!
+//! - `/hello`: `200` "Hello from a component!" with `x-kind: wasi-http`.
+//! - `/info`: the method, path and query, the `x-test` header, and the body's length.
+//! - `/big?n=N`: `200` with a body of N bytes (`x`), written in 4 KiB pieces (streams past 64 KiB).
+//! - `/echo`: the request body back, as it streams in.
+//! - `/trap-mid`: 100 KiB of body, then a panic (a trap): the client sees a cut body.
+//! - `/panic`: a panic before any response: `500`.
+//! - `/loop`: loops forever: `504`.
+//! - `/bomb`: grows memory until the tenant's limit: `500` (memory limit).
+//! - `/none`: returns without setting a response: `502`.
+//! - `/status?code=N`: an empty response with status N.
+//! - `/fetch?url=U`: sends `GET U` with `wasi:http/outgoing-handler` and answers with its
+//!   status and body, or `502` with the error code if the request fails.
+
+use wasip2::http::outgoing_handler;
+use wasip2::http::types::{
+    Fields, IncomingRequest, OutgoingBody, OutgoingRequest, OutgoingResponse, ResponseOutparam,
+    Scheme,
+};
+use wasip2::io::streams::{OutputStream, StreamError};
+
+struct Component;
+
+wasip2::http::proxy::export!(Component);
+
+fn query(path: &str, key: &str) -> Option<String> {
+    let (_, q) = path.split_once('?')?;
+    q.split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=').map(str::to_string))
+}
+
+fn respond(out: ResponseOutparam, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+    let fields = Fields::new();
+    for (k, v) in headers {
+        fields
+            .append(&k.to_string(), &v.as_bytes().to_vec())
+            .expect("a valid header");
+    }
+    let response = OutgoingResponse::new(fields);
+    response.set_status_code(status).expect("a valid status");
+    let out_body = response.body().expect("the body is taken once");
+    ResponseOutparam::set(out, Ok(response));
+    let stream = out_body.write().expect("the stream is taken once");
+    write_all(&stream, body);
+    drop(stream);
+    OutgoingBody::finish(out_body, None).expect("the body ends");
+}
+
+fn write_all(stream: &OutputStream, bytes: &[u8]) {
+    for piece in bytes.chunks(4096) {
+        stream.blocking_write_and_flush(piece).expect("the client reads");
+    }
+}
+
+fn read_all(request: IncomingRequest) -> Vec<u8> {
+    let body = request.consume().expect("the body is consumed once");
+    let input = body.stream().expect("the stream is taken once");
+    let mut all = Vec::new();
+    loop {
+        match input.blocking_read(64 * 1024) {
+            Ok(chunk) => all.extend_from_slice(&chunk),
+            Err(StreamError::Closed) => break,
+            Err(StreamError::LastOperationFailed(e)) => panic!("body: {}", e.to_debug_string()),
+        }
+    }
+    all
+}
+
+impl wasip2::exports::http::incoming_handler::Guest for Component {
+    fn handle(request: IncomingRequest, out: ResponseOutparam) {
+        let path = request.path_with_query().unwrap_or_default();
+        // The component sees the whole path (its tenant may be mounted under a prefix): the
+        // behaviour is named by the last segment.
+        let route = path.split('?').next().unwrap_or_default();
+        let route = format!("/{}", route.rsplit('/').next().unwrap_or_default());
+        match route.as_str() {
+            "/hello" => respond(out, 200, &[("x-kind", "wasi-http")], b"Hello from a component!\n"),
+            "/info" => {
+                let method = format!("{:?}", request.method());
+                let header = request
+                    .headers()
+                    .get(&"x-test".to_string())
+                    .first()
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default();
+                let body = read_all(request);
+                let text = format!(
+                    "method={method} path={path} x-test={header} body={}\n",
+                    body.len()
+                );
+                respond(out, 200, &[("content-type", "text/plain")], text.as_bytes());
+            }
+            "/big" => {
+                let n: usize = query(&path, "n").and_then(|n| n.parse().ok()).unwrap_or(0);
+                respond(out, 200, &[], &vec![b'x'; n]);
+            }
+            "/echo" => {
+                let response = OutgoingResponse::new(Fields::new());
+                let out_body = response.body().expect("the body is taken once");
+                ResponseOutparam::set(out, Ok(response));
+                let stream = out_body.write().expect("the stream is taken once");
+                let body = request.consume().expect("the body is consumed once");
+                let input = body.stream().expect("the stream is taken once");
+                loop {
+                    match input.blocking_read(64 * 1024) {
+                        Ok(chunk) => write_all(&stream, &chunk),
+                        Err(StreamError::Closed) => break,
+                        Err(StreamError::LastOperationFailed(e)) => {
+                            panic!("body: {}", e.to_debug_string())
+                        }
+                    }
+                }
+                drop(stream);
+                OutgoingBody::finish(out_body, None).expect("the body ends");
+            }
+            "/trap-mid" => {
+                let response = OutgoingResponse::new(Fields::new());
+                let out_body = response.body().expect("the body is taken once");
+                ResponseOutparam::set(out, Ok(response));
+                let stream = out_body.write().expect("the stream is taken once");
+                write_all(&stream, &vec![b'x'; 100 * 1024]);
+                panic!("trapping after 100 KiB of body");
+            }
+            "/panic" => panic!("a panic before any response"),
+            "/loop" => {
+                let mut n = 0u64;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            "/bomb" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 1 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            "/none" => drop(out),
+            "/status" => {
+                let code = query(&path, "code").and_then(|c| c.parse().ok()).unwrap_or(200);
+                respond(out, code, &[], b"");
+            }
+            "/fetch" => {
+                let url = query(&path, "url").unwrap_or_default();
+                match fetch(&url) {
+                    Ok((status, body)) => {
+                        let text = format!("backend said {status}: {}", String::from_utf8_lossy(&body));
+                        respond(out, 200, &[], text.as_bytes());
+                    }
+                    Err(e) => respond(out, 502, &[], format!("fetch failed: {e}\n").as_bytes()),
+                }
+            }
+            _ => respond(out, 404, &[], b"no such test path\n"),
+        }
+    }
+}
+
+/// `GET url` (`http://host[:port]/path`), its status and body.
+fn fetch(url: &str) -> Result<(u16, Vec<u8>), String> {
+    let rest = url.strip_prefix("http://").ok_or("only http:// URLs")?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let req = OutgoingRequest::new(Fields::new());
+    req.set_scheme(Some(&Scheme::Http)).map_err(|()| "scheme")?;
+    req.set_authority(Some(authority)).map_err(|()| "authority")?;
+    req.set_path_with_query(Some(path)).map_err(|()| "path")?;
+    let future = outgoing_handler::handle(req, None).map_err(|e| format!("{e:?}"))?;
+    future.subscribe().block();
+    let resp = future
+        .get()
+        .ok_or("no response")?
+        .map_err(|()| "taken twice")?
+        .map_err(|e| format!("{e:?}"))?;
+    let status = resp.status();
+    let body = resp.consume().map_err(|()| "body")?;
+    let input = body.stream().map_err(|()| "stream")?;
+    let mut all = Vec::new();
+    loop {
+        match input.blocking_read(64 * 1024) {
+            Ok(chunk) => all.extend_from_slice(&chunk),
+            Err(StreamError::Closed) => break,
+            Err(StreamError::LastOperationFailed(e)) => return Err(e.to_debug_string()),
+        }
+    }
+    Ok((status, all))
+}

@@ -1,0 +1,71 @@
+//! A CGI program (plain Rust, no SDK) with one behaviour per `PATH_INFO`, for the tests of
+//! malformed and edge-case CGI output:
+//!
+//! - `/raw`: text without a header block: `502`.
+//! - `/nothing`: no output at all: `502`.
+//! - `/bad-status`: `Status: abc`: `502`.
+//! - `/huge-header`: a header line longer than the 64 KiB header block limit: `502`.
+//! - `/exit-early`: a header line, then exit status 3 before the blank line: `502`.
+//! - `/exit-after`: a complete response, then exit status 3: the response stands.
+//! - `/headers-only`: `Status: 204` and no blank line before the end: `204`.
+//! - `/location`: `Location: /elsewhere` and nothing else: `302`.
+//! - `/big?n=N`: `200` with N bytes of `x`, written in one go after the headers.
+//! - `/read`: reads stdin to its end and reports how many bytes it got (or the error).
+
+use std::io::{Read, Write};
+
+fn main() {
+    let path = std::env::var("PATH_INFO").unwrap_or_default();
+    let query = std::env::var("QUERY_STRING").unwrap_or_default();
+    let mut out = std::io::stdout().lock();
+    match path.as_str() {
+        "/raw" => {
+            let _ = writeln!(out, "Hello without headers");
+        }
+        "/nothing" => {}
+        "/bad-status" => {
+            let _ = write!(out, "Status: abc\r\n\r\nbody");
+        }
+        "/huge-header" => {
+            let _ = write!(out, "X-Big: {}", "y".repeat(70 * 1024));
+        }
+        "/exit-early" => {
+            let _ = write!(out, "Content-Type: text/plain\r\n");
+            let _ = out.flush();
+            std::process::exit(3);
+        }
+        "/exit-after" => {
+            let _ = write!(out, "Content-Type: text/plain\r\n\r\ncomplete\n");
+            let _ = out.flush();
+            std::process::exit(3);
+        }
+        "/headers-only" => {
+            let _ = write!(out, "Status: 204 No Content\n");
+        }
+        "/location" => {
+            let _ = write!(out, "Location: /elsewhere\n\n");
+        }
+        "/big" => {
+            let n: usize = query
+                .strip_prefix("n=")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let mut all = b"Content-Type: application/octet-stream\n\n".to_vec();
+            all.resize(all.len() + n, b'x');
+            let _ = out.write_all(&all);
+        }
+        "/read" => {
+            let mut body = Vec::new();
+            let result = std::io::stdin().read_to_end(&mut body);
+            let _ = write!(out, "Content-Type: text/plain\n\n");
+            let _ = match result {
+                Ok(n) => writeln!(out, "read {n} bytes"),
+                Err(e) => writeln!(out, "read failed after {} bytes: {e}", body.len()),
+            };
+        }
+        _ => {
+            let _ = write!(out, "Status: 404 Not Found\n\nno such test path\n");
+        }
+    }
+    let _ = out.flush();
+}
