@@ -318,7 +318,10 @@ async fn component_bodies_stream_both_ways_at_every_size() {
         vec![0u8; 1234],
     )
     .await;
-    assert_eq!(r.text(), "method=Method::Post path=/component/info?q=1 x-test=t body=1234\n");
+    assert_eq!(
+        r.text(),
+        "method=Method::Post path=/component/info?q=1 x-test=t body=1234\n"
+    );
     // The status the component sets is the status sent.
     assert_eq!(
         s.get("/component/status?code=418").await.status.as_u16(),
@@ -397,7 +400,10 @@ async fn component_request_bodies_over_the_limit_are_413() {
                   module = \"component.wasm\"\n[tenant.limits]\nmax_request_bytes = 1000\n";
     let s = TestServer::try_start_in(dir, config).await.expect("start");
     let r = post(&s, "/info", &[], vec![0u8; 1000]).await;
-    assert_eq!(r.text(), "method=Method::Post path=/info x-test= body=1000\n");
+    assert_eq!(
+        r.text(),
+        "method=Method::Post path=/info x-test= body=1000\n"
+    );
     // Declared too large: refused before any instance; streamed too large: 413 all the same.
     let r = post(&s, "/info", &[], vec![0u8; 1001]).await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
