@@ -242,7 +242,8 @@ impl Body for ClientBody {
 }
 
 /// The request as a component receives it: the body limited to `request.max_bytes`, a `Host`
-/// header if the client sent no authority (`wasi:http` requires one).
+/// header if the client sent no authority (`wasi:http` requires one), and the routing headers
+/// Spin gives its components (`spin-path-info`, `spin-full-url`, ...), set by the server only.
 pub fn incoming(
     request: GuestRequest,
     flags: Arc<BodyFlags>,
@@ -253,11 +254,13 @@ pub fn incoming(
         mut headers,
         body,
         max_bytes,
+        context,
         ..
     } = request;
     if uri.authority().is_none() && !headers.contains_key(HOST) {
         headers.insert(HOST, HeaderValue::from_static("localhost"));
     }
+    spin_headers(&mut headers, &uri, &context);
     let mut req = Request::new(ClientBody {
         body,
         seen: 0,
@@ -268,6 +271,54 @@ pub fn incoming(
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;
     req
+}
+
+/// Spin's routing headers, so components written for Spin find what they read there. A
+/// client's own `spin-*` headers are dropped: only the server's values are seen.
+fn spin_headers(
+    headers: &mut HeaderMap,
+    uri: &http::Uri,
+    context: &crate::hostcalls::RequestContext,
+) {
+    let spoofed: Vec<_> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("spin-"))
+        .cloned()
+        .collect();
+    for k in spoofed {
+        headers.remove(&k);
+    }
+    let path = uri.path();
+    let (prefix, info) = path.split_at(context.prefix_len.min(path.len()));
+    let prefix = prefix.trim_end_matches('/');
+    let host = uri
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| {
+            headers
+                .get(HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    let full = format!(
+        "http://{host}{}",
+        uri.path_and_query().map_or("/", |pq| pq.as_str())
+    );
+    let route = format!("{prefix}/...");
+    for (name, value) in [
+        ("spin-full-url", full),
+        ("spin-path-info", info.to_string()),
+        ("spin-matched-route", route.clone()),
+        ("spin-raw-component-route", route),
+        ("spin-component-route", prefix.to_string()),
+        ("spin-base-path", "/".to_string()),
+        ("spin-client-addr", context.client.to_string()),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(http::HeaderName::from_static(name), v);
+        }
+    }
 }
 
 /// How a component's outgoing requests are sent: through Tern's outbound client, under the

@@ -76,8 +76,8 @@ impl Cgi {
     }
 }
 
-/// The RFC 3875 meta-variables of a request, followed by the tenant's own environment (which
-/// cannot override them).
+/// The RFC 3875 meta-variables of a request (and WAGI's `X_*` additions), followed by the
+/// tenant's own environment (which cannot override them).
 pub fn env(request: &super::GuestRequest, spec: &WasiSpec) -> Vec<(String, String)> {
     let ctx: &RequestContext = &request.context;
     let path = request.uri.path();
@@ -100,8 +100,13 @@ pub fn env(request: &super::GuestRequest, spec: &WasiSpec) -> Vec<(String, Strin
         .into(),
     );
     set("REQUEST_METHOD", request.method.as_str().into());
-    set("SCRIPT_NAME", script.trim_end_matches('/').into());
+    let script = script.trim_end_matches('/');
+    set("SCRIPT_NAME", script.into());
     set("PATH_INFO", percent_decode(info));
+    // What WAGI (Spin's CGI executor) adds, so its programs move unchanged.
+    set("PATH_TRANSLATED", percent_decode(info));
+    set("X_RAW_PATH_INFO", info.into());
+    set("X_MATCHED_ROUTE", format!("{script}/..."));
     set("QUERY_STRING", request.uri.query().unwrap_or("").into());
     set(
         "REQUEST_URI",
@@ -131,6 +136,13 @@ pub fn env(request: &super::GuestRequest, spec: &WasiSpec) -> Vec<(String, Strin
         Ok(a) => (a.host().to_string(), a.port_u16().unwrap_or(80)),
         Err(_) => (host.clone(), 80),
     };
+    set(
+        "X_FULL_URL",
+        format!(
+            "http://{host}{}",
+            request.uri.path_and_query().map_or("/", |pq| pq.as_str())
+        ),
+    );
     set("SERVER_NAME", name);
     set("SERVER_PORT", port.to_string());
     set("REQUEST_SCHEME", "http".into());

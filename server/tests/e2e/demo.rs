@@ -333,3 +333,38 @@ async fn tern_new_projects_build_outside_the_repository_and_serve() {
         );
     }
 }
+
+/// The README's demo commands for the other two guest kinds: the `wasi:http` component at
+/// `/component` (and its streaming `/component/echo`) and the CGI program at `/cgi`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_serves_a_component_and_a_cgi_program() {
+    let s = TestServer::demo().await;
+    let r = s.get("/component").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.text(), "Hello from a wasi:http component on Tern!\n");
+    let body: Vec<u8> = (0..300_000u32).map(|i| (i % 249) as u8).collect();
+    let r = send(
+        s.addr(),
+        Method::POST,
+        "/component/echo",
+        None,
+        &[],
+        Bytes::from(body.clone()),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        r.body == body,
+        "echoed {} of {} bytes",
+        r.body.len(),
+        body.len()
+    );
+    let r = s.get("/cgi").await;
+    assert_eq!(r.text(), "Hello from a CGI program on Tern!\n");
+    let r = s.get("/cgi/env").await;
+    assert!(
+        r.text().lines().any(|l| l == "SCRIPT_NAME=/cgi"),
+        "{}",
+        r.text()
+    );
+}

@@ -159,6 +159,9 @@ async fn cgi_programs_get_rfc_3875_variables_and_stream_both_ways() {
         "HTTP_X_TEST=yes",
         "HTTP_COOKIE=a=1",
         "GREETING=from the tenant's env",
+        "X_RAW_PATH_INFO=/env",
+        "X_MATCHED_ROUTE=/rust/...",
+        "X_FULL_URL=http://example.test:8443/rust/env?a=1&b=two",
     ] {
         assert!(env.lines().any(|l| l == line), "no {line:?} in:\n{env}");
     }
@@ -320,7 +323,7 @@ async fn component_bodies_stream_both_ways_at_every_size() {
     .await;
     assert_eq!(
         r.text(),
-        "method=Method::Post path=/component/info?q=1 x-test=t body=1234\n"
+        "method=Method::Post path=/component/info?q=1 x-test=t spin-path-info=/info body=1234\n"
     );
     // The status the component sets is the status sent.
     assert_eq!(
@@ -402,7 +405,7 @@ async fn component_request_bodies_over_the_limit_are_413() {
     let r = post(&s, "/info", &[], vec![0u8; 1000]).await;
     assert_eq!(
         r.text(),
-        "method=Method::Post path=/info x-test= body=1000\n"
+        "method=Method::Post path=/info x-test= spin-path-info=/info body=1000\n"
     );
     // Declared too large: refused before any instance; streamed too large: 413 all the same.
     let r = post(&s, "/info", &[], vec![0u8; 1001]).await;

@@ -1,7 +1,8 @@
 //! A `wasi:http` component with one behaviour per path (its last segment), for the e2e tests:
 //!
 //! - `/hello`: `200` "Hello from a component!" with `x-kind: wasi-http`.
-//! - `/info`: the method, path and query, the `x-test` header, and the body's length.
+//! - `/info`: the method, path and query, the `x-test` and `spin-path-info` headers, and the
+//!   body's length.
 //! - `/big?n=N`: `200` with a body of N bytes (`x`), written in 4 KiB pieces (streams past 64 KiB).
 //! - `/echo`: the request body back, as it streams in.
 //! - `/trap-mid`: 100 KiB of body, then a panic (a trap): the client sees a cut body.
@@ -78,15 +79,18 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
             "/hello" => respond(out, 200, &[("x-kind", "wasi-http")], b"Hello from a component!\n"),
             "/info" => {
                 let method = format!("{:?}", request.method());
-                let header = request
-                    .headers()
-                    .get(&"x-test".to_string())
-                    .first()
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-                    .unwrap_or_default();
+                let header = |name: &str| {
+                    request
+                        .headers()
+                        .get(&name.to_string())
+                        .first()
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                        .unwrap_or_default()
+                };
+                let (test, info) = (header("x-test"), header("spin-path-info"));
                 let body = read_all(request);
                 let text = format!(
-                    "method={method} path={path} x-test={header} body={}\n",
+                    "method={method} path={path} x-test={test} spin-path-info={info} body={}\n",
                     body.len()
                 );
                 respond(out, 200, &[("content-type", "text/plain")], text.as_bytes());

@@ -40,7 +40,7 @@ fn main() {
             std::process::exit(3);
         }
         "/headers-only" => {
-            let _ = write!(out, "Status: 204 No Content\n");
+            let _ = writeln!(out, "Status: 204 No Content");
         }
         "/location" => {
             let _ = write!(out, "Location: /elsewhere\n\n");
