@@ -12,6 +12,9 @@
 #   bash loadtest/bench.sh density      requests spread over 1, 100 and 10,000 tenants
 #   bash loadtest/bench.sh proxy        the `proxy` example in front of the native hello, against
 #                                       the native hello alone and HAProxy in front of it
+#   bash loadtest/bench.sh kinds        the three guest kinds, and the same `wasi:http` hello
+#                                       component in Tern and in `wasmtime serve`: requests/s with
+#                                       shared cores, and CPU per request with the server pinned
 #   bash loadtest/bench.sh charts       PNG charts from the results (gnuplot)
 #   bash loadtest/bench.sh all          all of the above, in that order (cpu first)
 #
@@ -449,6 +452,103 @@ cpu() {
     } | tee "$RESULTS/cpu.md"
 }
 
+# Builds the `wasi:http` hello of loadtest/peers (the component `wasmtime serve` runs) and prints
+# its path.
+peer_component() {
+    rustup target add wasm32-wasip2 >/dev/null 2>&1 || true
+    (cd loadtest/peers/wasi-http-hello && cargo build --quiet --release --target wasm32-wasip2) >&2
+    echo "$ROOT/loadtest/peers/wasi-http-hello/target/wasm32-wasip2/release/wasi_http_hello.wasm"
+}
+
+kinds() {
+    need wrk wrk
+    need taskset util-linux
+    build
+    local wasmtime component
+    wasmtime=$(find_wasmtime)
+    if [ -z "$wasmtime" ]; then
+        echo "bench.sh kinds needs wasmtime 48: cargo install wasmtime-cli --version 48.0.8 --locked --root ~/.cache/tern-tools/wasmtime-48.0.8 (~25 min), or set WASMTIME" >&2
+        exit 1
+    fi
+    component=$(peer_component)
+    # The same component in both servers; Tern also serves the SDK's hello and the Rust CGI
+    # example, for the cost of each kind.
+    local shared=$WORK/kinds.toml pinned=$WORK/kinds-pinned.toml
+    printf '[[tenant]]\nname = "hello"\nmodule = "builtin:hello"\npaths = ["/hello"]\n[[tenant]]\nname = "component"\nmodule = "%s"\npaths = ["/component"]\n[[tenant]]\nname = "cgi"\nmodule = "builtin:cgi"\npaths = ["/cgi"]\n' \
+        "$component" >"$shared"
+    { printf '[server]\nworker_threads = 1\n'; cat "$shared"; } >"$pinned"
+    local -A r=() c=()
+    local n path
+    for n in $(seq 1 "$ROUNDS"); do
+        # Shared cores, as a user would run both: requests/s.
+        start_tern "$shared" TERN_LOG=info,tern::access=off
+        for path in hello component cgi; do
+            r[$path]+="$(h1 "http://127.0.0.1:$TERN_PORT/$path")"$'\n'
+        done
+        stop "$TERN_PID"
+        # `-S cli`: Rust's wasm32-wasip2 standard library imports `wasi:cli/environment`.
+        "$wasmtime" serve -S cli --addr 127.0.0.1:$PEER_PORT "$component" >"$WORK/peer.log" 2>&1 &
+        local peer=$!
+        PIDS+=("$peer")
+        wait_http "http://127.0.0.1:$PEER_PORT/"
+        r[peer]+="$(h1 "http://127.0.0.1:$PEER_PORT/")"$'\n'
+        stop "$peer"
+        # Server pinned to core 0, load generator to core 1: CPU per request.
+        PIN=0 start_tern "$pinned" TERN_LOG=info,tern::access=off
+        for path in hello component cgi; do
+            c[$path]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT/$path" "$TERN_PID")"$'\n'
+        done
+        stop "$TERN_PID"
+        taskset -c 0 "$wasmtime" serve -S cli --addr 127.0.0.1:$PEER_PORT "$component" >"$WORK/peer.log" 2>&1 &
+        peer=$!
+        PIDS+=("$peer")
+        wait_http "http://127.0.0.1:$PEER_PORT/"
+        c[peer]+="$(pinned_h1 "http://127.0.0.1:$PEER_PORT/" "$peer")"$'\n'
+        stop "$peer"
+    done
+    local k
+    for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | best); done
+    for k in "${!c[@]}"; do c[$k]=$(printf '%s' "${c[$k]}" | grep . | least_cpu); done
+    cpu_row() { # label line
+        read -r rps p50 p99 _ err _ us <<<"$2"
+        echo "| $1 | **$us µs** | $rps | $p50 µs | $p99 µs | $err |"
+    }
+    {
+        header "Guest kinds, and \`wasi:http\` in Tern against \`wasmtime serve\`" "bash loadtest/bench.sh kinds"
+        echo "Every request instantiates a fresh guest on both servers. The component is"
+        echo "\`loadtest/peers/wasi-http-hello\` (Rust, \`wasm32-wasip2\`), served by Tern as the \`wasi-http\`"
+        echo "kind and by $("$wasmtime" --version) as \`wasmtime serve -S cli\` (otherwise its defaults: pooling"
+        echo "allocator, a fresh instance per request). Tern runs with its defaults, access log off"
+        echo "(\`wasmtime serve\` logs nothing per request either). \`hello\` is the SDK example (\`tern\` kind),"
+        echo "\`cgi\` the Rust CGI example (\`guest-sdk/examples/cgi.rs\`, Rust std start-up included)."
+        echo
+        echo "Requests/s, server and \`wrk -t$WRK_THREADS -c$CONNS\` sharing the $(nproc) cores (best of $ROUNDS alternating rounds):"
+        echo
+        echo "| server, guest | requests/s | p50 | p99 | p99.9 | errors |"
+        echo "|---|---:|---:|---:|---:|---:|"
+        row "Tern, \`tern\` kind (\`hello\`)" "${r[hello]}"
+        row "Tern, \`wasi-http\` component" "${r[component]}"
+        row "Tern, \`cgi\` program" "${r[cgi]}"
+        row "\`wasmtime serve\`, the same component" "${r[peer]}"
+        echo
+        echo "- **Tern / \`wasmtime serve\`, same component: $(ratio "${r[component]%% *}" "${r[peer]%% *}")** (goal ≥ 3)"
+        echo
+        echo "CPU per request, server pinned to core 0 (Tern \`worker_threads = 1\`; \`wasmtime serve\` under"
+        echo "\`taskset -c 0\`), \`wrk -t1 -c$CONNS\` on core 1; user + system time of the whole process over the"
+        echo "run (\`/proc/PID/stat\`) divided by the requests answered (least disturbed of $ROUNDS rounds):"
+        echo
+        echo "| server, guest | CPU per request | requests/s | p50 | p99 | errors |"
+        echo "|---|---:|---:|---:|---:|---:|"
+        cpu_row "Tern, \`tern\` kind (\`hello\`)" "${c[hello]}"
+        cpu_row "Tern, \`wasi-http\` component" "${c[component]}"
+        cpu_row "Tern, \`cgi\` program" "${c[cgi]}"
+        cpu_row "\`wasmtime serve\`, the same component" "${c[peer]}"
+        echo
+        echo "- CPU per request, \`wasmtime serve\` / Tern, same component: **$(ratio "$(echo "${c[peer]}" | cut -d' ' -f7)" "$(echo "${c[component]}" | cut -d' ' -f7)")**"
+        echo "- HTTP/1.1 keep-alive by wrk; latencies in µs"
+    } | tee "$RESULTS/kinds.md"
+}
+
 proxy() {
     need wrk wrk
     need haproxy haproxy
@@ -519,7 +619,7 @@ charts() {
 }
 
 case ${1:-} in
-    cpu | throughput | scaling | mixed | allocator | density | proxy | charts) "$1" ;;
-    all) cpu; throughput; scaling; mixed; allocator; density; proxy; charts ;;
-    *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | charts) "$1" ;;
+    all) cpu; throughput; scaling; mixed; allocator; density; proxy; kinds; charts ;;
+    *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
