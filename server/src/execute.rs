@@ -379,6 +379,7 @@ async fn run_component(
         // The answer is taken as the guest writes it. A guest that fails ends the run at once
         // (its body may never end otherwise); one that returns may still be sending its body.
         tokio::select! {
+            biased;
             called = &mut call => {
                 called.map_err(Stage::Run)?;
                 pump.await.map_err(Stage::Answer)

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::HOST;
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tern_sdk::abi::errno;
@@ -280,43 +280,58 @@ fn spin_headers(
     uri: &http::Uri,
     context: &crate::hostcalls::RequestContext,
 ) {
-    let spoofed: Vec<_> = headers
-        .keys()
-        .filter(|k| k.as_str().starts_with("spin-"))
-        .cloned()
-        .collect();
-    for k in spoofed {
-        headers.remove(&k);
+    static FULL_URL: HeaderName = HeaderName::from_static("spin-full-url");
+    static PATH_INFO: HeaderName = HeaderName::from_static("spin-path-info");
+    static MATCHED_ROUTE: HeaderName = HeaderName::from_static("spin-matched-route");
+    static RAW_COMPONENT_ROUTE: HeaderName = HeaderName::from_static("spin-raw-component-route");
+    static COMPONENT_ROUTE: HeaderName = HeaderName::from_static("spin-component-route");
+    static BASE_PATH: HeaderName = HeaderName::from_static("spin-base-path");
+    static CLIENT_ADDR: HeaderName = HeaderName::from_static("spin-client-addr");
+    if headers.keys().any(|k| k.as_str().starts_with("spin-")) {
+        let spoofed: Vec<_> = headers
+            .keys()
+            .filter(|k| k.as_str().starts_with("spin-"))
+            .cloned()
+            .collect();
+        for k in spoofed {
+            headers.remove(&k);
+        }
     }
+    headers.reserve(7);
     let path = uri.path();
     let (prefix, info) = path.split_at(context.prefix_len.min(path.len()));
     let prefix = prefix.trim_end_matches('/');
-    let host = uri
-        .authority()
-        .map(|a| a.as_str().to_string())
-        .or_else(|| {
-            headers
-                .get(HOST)
-                .and_then(|h| h.to_str().ok())
-                .map(str::to_string)
-        })
-        .unwrap_or_default();
-    let full = format!(
-        "http://{host}{}",
-        uri.path_and_query().map_or("/", |pq| pq.as_str())
-    );
-    let route = format!("{prefix}/...");
-    for (name, value) in [
-        ("spin-full-url", full),
-        ("spin-path-info", info.to_string()),
-        ("spin-matched-route", route.clone()),
-        ("spin-raw-component-route", route),
-        ("spin-component-route", prefix.to_string()),
-        ("spin-base-path", "/".to_string()),
-        ("spin-client-addr", context.client.to_string()),
-    ] {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert(http::HeaderName::from_static(name), v);
+    let host = match uri.authority() {
+        Some(a) => a.as_str().as_bytes(),
+        None => headers.get(HOST).map_or(&b""[..], HeaderValue::as_bytes),
+    };
+    let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let mut full = Vec::with_capacity(7 + host.len() + pq.len());
+    full.extend_from_slice(b"http://");
+    full.extend_from_slice(host);
+    full.extend_from_slice(pq.as_bytes());
+    let route = HeaderValue::from_maybe_shared(Bytes::from(format!("{prefix}/..."))).ok();
+    let values = [
+        (
+            &FULL_URL,
+            HeaderValue::from_maybe_shared(Bytes::from(full)).map_err(drop),
+        ),
+        (&PATH_INFO, HeaderValue::from_str(info).map_err(drop)),
+        (&MATCHED_ROUTE, route.clone().ok_or(())),
+        (&RAW_COMPONENT_ROUTE, route.ok_or(())),
+        (
+            &COMPONENT_ROUTE,
+            HeaderValue::from_str(prefix).map_err(drop),
+        ),
+        (&BASE_PATH, Ok(HeaderValue::from_static("/"))),
+        (
+            &CLIENT_ADDR,
+            HeaderValue::from_str(&context.client.to_string()).map_err(drop),
+        ),
+    ];
+    for (name, value) in values {
+        if let Ok(v) = value {
+            headers.insert(name.clone(), v);
         }
     }
 }
@@ -327,10 +342,9 @@ struct Hooks {
     calls: Arc<Calls>,
     /// Requests sent so far by this guest.
     sent: u32,
-    /// The `CDN-Loop` value to send (what the client's request passed through, and us), and
-    /// how many times it passed through Tern.
-    cdn_loop: Option<HeaderValue>,
-    hops: usize,
+    /// The client's `CDN-Loop` values (what its request passed through), for the value sent
+    /// on and the loop check; most requests have none.
+    cdn_loop: Vec<HeaderValue>,
     /// The client's trace headers, passed on.
     trace: Option<(HeaderValue, Option<HeaderValue>)>,
     /// Nanoseconds spent waiting for response heads.
@@ -339,17 +353,8 @@ struct Hooks {
 
 impl Hooks {
     fn new(calls: Arc<Calls>, incoming: &HeaderMap) -> Self {
-        let mut cdn_loop = String::new();
-        for v in incoming.get_all(&CDN_LOOP) {
-            if let Ok(v) = v.to_str() {
-                cdn_loop.push_str(v);
-                cdn_loop.push_str(", ");
-            }
-        }
-        cdn_loop.push_str(outbound::CDN_ID);
         Self {
-            hops: outbound::hops(incoming.get_all(&CDN_LOOP).iter()),
-            cdn_loop: HeaderValue::from_str(&cdn_loop).ok(),
+            cdn_loop: incoming.get_all(&CDN_LOOP).iter().cloned().collect(),
             trace: incoming
                 .get(&TRACEPARENT)
                 .map(|tp| (tp.clone(), incoming.get(&TRACESTATE).cloned())),
@@ -379,12 +384,18 @@ impl WasiHttpHooks for Hooks {
     ) -> Sent {
         self.sent += 1;
         let calls = self.calls.clone();
-        let (over, hops) = (self.sent > calls.policy.max_requests, self.hops);
-        let (cdn_loop, trace, waited) = (
-            self.cdn_loop.clone(),
-            self.trace.clone(),
-            self.waited.clone(),
-        );
+        let over = self.sent > calls.policy.max_requests;
+        let hops = outbound::hops(self.cdn_loop.iter());
+        let mut cdn_loop = String::new();
+        for v in &self.cdn_loop {
+            if let Ok(v) = v.to_str() {
+                cdn_loop.push_str(v);
+                cdn_loop.push_str(", ");
+            }
+        }
+        cdn_loop.push_str(outbound::CDN_ID);
+        let cdn_loop = HeaderValue::from_str(&cdn_loop).ok();
+        let (trace, waited) = (self.trace.clone(), self.waited.clone());
         Box::new(async move {
             use wasmtime_wasi_http::Error;
             let deny = |label: &str, why: String| {
