@@ -341,13 +341,11 @@ async fn run_component(
             outbound: Duration::ZERO,
         };
     }
-    let stdio = Stdio::new(limits.stdio_bytes);
     let flags = Arc::new(BodyFlags::default());
     let head_request = request.method == http::Method::HEAD;
     let max_request = request.max_bytes;
     let state = HttpState::new(
-        &tenant.wasi,
-        &stdio,
+        tenant.wasi.clone(),
         guest_limits(limits),
         tenant.outbound.clone(),
         &request.headers,
@@ -412,10 +410,13 @@ async fn run_component(
     tenant
         .memory_peak
         .observe(store.data().limits.peak_memory as f64);
-    add_stderr(tenant, &mut result, Some(&stdio));
+    let stdio = store.data_mut().take_stdio();
+    add_stderr(tenant, &mut result, stdio.as_ref());
     let outbound = store.data().outbound_waited();
     let teardown = teardown::teardown(store, None);
-    log_stdio(tenant, request_id.to_str().unwrap_or("-"), &stdio);
+    if let Some(stdio) = stdio {
+        log_stdio(tenant, request_id.to_str().unwrap_or("-"), &stdio);
+    }
     RunOutput {
         result,
         instantiate: ran_from - start,

@@ -49,7 +49,13 @@ const STORE_INSTANCES: usize = 10_000;
 /// One request's component store state. Dropped with the store at teardown.
 pub struct HttpState {
     table: ResourceTable,
-    wasi: WasiCtx,
+    /// WASI preview2, built on the guest's first call that needs it: a handler that only
+    /// speaks `wasi:http` (and `wasi:io` streams) never pays for it (~2 µs).
+    wasi: Option<WasiCtx>,
+    /// Args and env of the context.
+    spec: Arc<WasiSpec>,
+    /// What the guest wrote to stdout and stderr, once it has a context.
+    stdio: Option<Stdio>,
     http: WasiHttpCtx,
     hooks: Hooks,
     /// Memory and table limits, and whether the guest ran into them.
@@ -58,8 +64,18 @@ pub struct HttpState {
 
 impl WasiView for HttpState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
+        let (spec, stdio) = (&self.spec, &mut self.stdio);
+        let ctx = self.wasi.get_or_insert_with(|| {
+            let stdio = stdio.get_or_insert_with(|| Stdio::new(spec.stdio_bytes));
+            WasiCtxBuilder::new()
+                .args(&[&spec.name])
+                .envs(&spec.env)
+                .stdout(stdio.stdout.clone())
+                .stderr(stdio.stderr.clone())
+                .build()
+        });
         WasiCtxView {
-            ctx: &mut self.wasi,
+            ctx,
             table: &mut self.table,
         }
     }
@@ -77,34 +93,39 @@ impl WasiHttpView for HttpState {
 
 impl HttpState {
     /// The state of one request of a tenant whose guests see `spec` (args, env; stdout and
-    /// stderr captured into `stdio`), limited by `limits`, calling out under `calls`; the
-    /// client's request `headers` carry the loop and trace headers passed on.
+    /// stderr captured), limited by `limits`, calling out under `calls`; the client's request
+    /// `headers` carry the loop and trace headers passed on.
     pub fn new(
-        spec: &WasiSpec,
-        stdio: &Stdio,
+        spec: Arc<WasiSpec>,
         mut limits: GuestLimits,
         calls: Arc<Calls>,
         headers: &HeaderMap,
     ) -> Self {
-        let wasi = WasiCtxBuilder::new()
-            .args(&[&spec.name])
-            .envs(&spec.env)
-            .stdout(stdio.stdout.clone())
-            .stderr(stdio.stderr.clone())
-            .build();
         limits.instances = STORE_INSTANCES;
         Self {
             table: ResourceTable::new(),
-            wasi,
+            wasi: None,
+            spec,
+            stdio: None,
             http: WasiHttpCtx::new(),
             hooks: Hooks::new(calls, headers),
             limits,
         }
     }
 
+    /// What the guest wrote to stdout and stderr, if it made a WASI call.
+    pub fn take_stdio(&mut self) -> Option<Stdio> {
+        self.stdio.take()
+    }
+
     /// Time spent waiting for outgoing responses' heads.
     pub fn outbound_waited(&self) -> Duration {
-        Duration::from_nanos(self.hooks.waited.load(Ordering::Relaxed))
+        Duration::from_nanos(
+            self.hooks
+                .waited
+                .as_ref()
+                .map_or(0, |w| w.load(Ordering::Relaxed)),
+        )
     }
 }
 
@@ -347,8 +368,8 @@ struct Hooks {
     cdn_loop: Vec<HeaderValue>,
     /// The client's trace headers, passed on.
     trace: Option<(HeaderValue, Option<HeaderValue>)>,
-    /// Nanoseconds spent waiting for response heads.
-    waited: Arc<AtomicU64>,
+    /// Nanoseconds spent waiting for response heads (made by the first request sent).
+    waited: Option<Arc<AtomicU64>>,
 }
 
 impl Hooks {
@@ -360,7 +381,7 @@ impl Hooks {
                 .map(|tp| (tp.clone(), incoming.get(&TRACESTATE).cloned())),
             calls,
             sent: 0,
-            waited: Arc::default(),
+            waited: None,
         }
     }
 }
@@ -395,7 +416,8 @@ impl WasiHttpHooks for Hooks {
         }
         cdn_loop.push_str(outbound::CDN_ID);
         let cdn_loop = HeaderValue::from_str(&cdn_loop).ok();
-        let (trace, waited) = (self.trace.clone(), self.waited.clone());
+        let trace = self.trace.clone();
+        let waited = self.waited.get_or_insert_with(Arc::default).clone();
         Box::new(async move {
             use wasmtime_wasi_http::Error;
             let deny = |label: &str, why: String| {
