@@ -330,6 +330,7 @@ pub async fn tenants(target: &Target, name: Option<&str>, as_json: bool) -> anyh
     let mut rows = vec![[
         "NAME".to_string(),
         "SOURCE".into(),
+        "KIND".into(),
         "VERSION".into(),
         "DEPLOYED".into(),
         "REQUESTS".into(),
@@ -351,6 +352,7 @@ pub async fn tenants(target: &Target, name: Option<&str>, as_json: bool) -> anyh
         rows.push([
             t["name"].as_str().unwrap_or("?").to_string(),
             t["source"].as_str().unwrap_or("?").to_string(),
+            t["kind"].as_str().unwrap_or("-").to_string(),
             version,
             deployed,
             t["requests"]["total"].as_u64().unwrap_or(0).to_string(),
@@ -361,10 +363,10 @@ pub async fn tenants(target: &Target, name: Option<&str>, as_json: bool) -> anyh
     Ok(())
 }
 
-/// Rows as aligned columns (each as wide as its widest cell; the fifth, a count, right-aligned;
+/// Rows as aligned columns (each as wide as its widest cell; the sixth, a count, right-aligned;
 /// the last unpadded).
-fn table(rows: &[[String; 6]]) -> String {
-    let mut widths = [0usize; 6];
+fn table(rows: &[[String; 7]]) -> String {
+    let mut widths = [0usize; 7];
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -375,8 +377,8 @@ fn table(rows: &[[String; 6]]) -> String {
         for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
             let pad = " ".repeat(w - cell.chars().count());
             match i {
-                4 => out.push_str(&format!("{pad}{cell}  ")),
-                5 => out.push_str(cell),
+                5 => out.push_str(&format!("{pad}{cell}  ")),
+                6 => out.push_str(cell),
                 _ => out.push_str(&format!("{cell}{pad}  ")),
             }
         }
@@ -451,23 +453,33 @@ mod tests {
 
     #[test]
     fn table_columns_line_up_whatever_their_width() {
-        let row = |c: [&str; 6]| c.map(String::from);
+        let row = |c: [&str; 7]| c.map(String::from);
         let t = table(&[
             row([
-                "NAME", "SOURCE", "VERSION", "DEPLOYED", "REQUESTS", "ROUTES",
+                "NAME", "SOURCE", "KIND", "VERSION", "DEPLOYED", "REQUESTS", "ROUTES",
             ]),
             row([
                 "a",
                 "config",
+                "wasi-http",
                 "builtin:a-rather-long-module",
                 "1h ago",
                 "7",
                 "/a",
             ]),
-            row(["bb", "api", "1234abcd", "2m ago", "123456789012", "/b"]),
+            row([
+                "bb",
+                "api",
+                "cgi",
+                "1234abcd",
+                "2m ago",
+                "123456789012",
+                "/b",
+            ]),
         ]);
         let lines: Vec<&str> = t.lines().collect();
         let col = |l: &str, word: &str| l.find(word).unwrap();
+        assert_eq!(col(lines[0], "KIND"), col(lines[2], "cgi"));
         assert_eq!(col(lines[0], "DEPLOYED"), col(lines[1], "1h ago"));
         assert_eq!(col(lines[0], "DEPLOYED"), col(lines[2], "2m ago"));
         // Counts end where their header ends.
