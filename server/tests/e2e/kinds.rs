@@ -569,3 +569,35 @@ async fn a_component_is_redeployed_under_load_without_a_failed_request() {
         "{bodies:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_is_compiled_ahead_of_time_and_served_from_its_sealed_artifact() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = test_component(dir.path(), "component");
+    let cwasm = dir.path().join("component.cwasm");
+    let out = crate::support::tern_bin()
+        .arg("compile")
+        .arg(&wasm)
+        .arg("-o")
+        .arg(&cwasm)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("kind wasi-http"), "{said}");
+    // A modified artifact is refused at start-up; the sealed one serves.
+    let mut bytes = std::fs::read(&cwasm).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0xff;
+    std::fs::write(other.path().join("component.cwasm"), &bytes).unwrap();
+    let config = "[pool]\ninstances = 4\nmax_memory_mib = 64\n[[tenant]]\nname = \"c\"\n\
+                  module = \"component.cwasm\"\n";
+    let e = TestServer::try_start_in(other, config)
+        .await
+        .err()
+        .expect("refused");
+    assert!(format!("{e:#}").contains("do not match its seal"), "{e:#}");
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    assert_eq!(s.get("/hello").await.text(), "Hello from a component!\n");
+}
