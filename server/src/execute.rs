@@ -287,24 +287,53 @@ async fn run_core(
     };
     let head_request = state.request.method == http::Method::HEAD;
     let result = verdict(ended, body, &state.response, limits.timeout, head_request);
-    let mut result = reply(result, &mut state.response, tenant, request_id).await;
-    tenant
-        .memory_peak
-        .observe(store.data().limits.peak_memory as f64);
-    let stdio = store.data_mut().wasi.take_stdio();
-    add_stderr(tenant, &mut result, stdio.as_ref());
-    let outbound = store.data().outbound.waited;
-    let memory = store.data().memory;
-    let teardown = teardown::teardown(store, tenant.sweep.as_ref().zip(memory));
-    if let Some(stdio) = stdio {
-        log_stdio(tenant, request_id.to_str().unwrap_or("-"), &stdio);
-    }
-    RunOutput {
-        result,
-        instantiate: ran_from - start,
-        run: ran_until - ran_from,
-        teardown,
-        outbound,
+    let result = reply(result, &mut state.response, tenant, request_id).await;
+    let data = store.data_mut();
+    let ended = Ended {
+        peak_memory: data.limits.peak_memory,
+        stdio: data.wasi.take_stdio(),
+        outbound: data.outbound.waited,
+        times: [start, ran_from, ran_until],
+    };
+    let memory = data.memory;
+    ended.finish(result, tenant, request_id, || {
+        teardown::teardown(store, tenant.sweep.as_ref().zip(memory))
+    })
+}
+
+/// What every run hands to [`Ended::finish`].
+struct Ended {
+    peak_memory: usize,
+    stdio: Option<Stdio>,
+    outbound: Duration,
+    /// Start, end of instantiation, end of the run.
+    times: [Instant; 3],
+}
+
+impl Ended {
+    /// The end every run shares: the peak memory recorded, the guest's output added (in `tern
+    /// dev`) and logged, the store torn down by `teardown`, the phases timed.
+    fn finish(
+        self,
+        mut result: Result<Reply, ExecError>,
+        tenant: &Tenant,
+        request_id: &HeaderValue,
+        teardown: impl FnOnce() -> Duration,
+    ) -> RunOutput {
+        tenant.memory_peak.observe(self.peak_memory as f64);
+        add_stderr(tenant, &mut result, self.stdio.as_ref());
+        let teardown = teardown();
+        if let Some(stdio) = &self.stdio {
+            log_stdio(tenant, request_id.to_str().unwrap_or("-"), stdio);
+        }
+        let [start, ran_from, ran_until] = self.times;
+        RunOutput {
+            result,
+            instantiate: ran_from - start,
+            run: ran_until - ran_from,
+            teardown,
+            outbound: self.outbound,
+        }
     }
 }
 
@@ -406,24 +435,17 @@ async fn run_component(
             .take(),
     };
     let result = verdict(ended, body, &response, limits.timeout, head_request);
-    let mut result = reply(result, &mut response, tenant, request_id).await;
-    tenant
-        .memory_peak
-        .observe(store.data().limits.peak_memory as f64);
-    let stdio = store.data_mut().take_stdio();
-    add_stderr(tenant, &mut result, stdio.as_ref());
-    let outbound = store.data().outbound_waited();
-    let teardown = teardown::teardown(store, None);
-    if let Some(stdio) = stdio {
-        log_stdio(tenant, request_id.to_str().unwrap_or("-"), &stdio);
-    }
-    RunOutput {
-        result,
-        instantiate: ran_from - start,
-        run: ran_until - ran_from,
-        teardown,
-        outbound,
-    }
+    let result = reply(result, &mut response, tenant, request_id).await;
+    let data = store.data_mut();
+    let ended = Ended {
+        peak_memory: data.limits.peak_memory,
+        stdio: data.take_stdio(),
+        outbound: data.outbound_waited(),
+        times: [start, ran_from, ran_until],
+    };
+    ended.finish(result, tenant, request_id, || {
+        teardown::teardown(store, None)
+    })
 }
 
 /// Where a guest error came from.

@@ -197,6 +197,11 @@ async fn cgi_programs_get_rfc_3875_variables_and_stream_both_ways() {
     assert_eq!((r.status, r.body.len()), (StatusCode::OK, 0));
 }
 
+/// A POST of `n` bytes sent chunked (no length declared up front).
+async fn post_chunked(s: &TestServer, path: &str, n: usize) -> crate::support::Reply {
+    post(s, path, &[("transfer-encoding", "chunked")], vec![0u8; n]).await
+}
+
 /// A server with the CGI probe program at `/p`, limits as given.
 async fn probe(limits: &str) -> TestServer {
     let dir = tempfile::tempdir().unwrap();
@@ -282,15 +287,7 @@ async fn cgi_bodies_at_the_stream_threshold_and_the_limits() {
     // The request body limit holds for stdin: 413, whatever the program made of the error.
     let r = post(&s, "/p/read", &[], vec![1u8; 9_999]).await;
     assert_eq!(r.text(), "read 9999 bytes\n");
-    let r = send(
-        s.addr(),
-        Method::POST,
-        "/p/read",
-        None,
-        &[("transfer-encoding", "chunked")],
-        Bytes::from(vec![1u8; 20_000]),
-    )
-    .await;
+    let r = post_chunked(&s, "/p/read", 20_000).await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text());
 }
 
@@ -410,15 +407,7 @@ async fn component_request_bodies_over_the_limit_are_413() {
     // Declared too large: refused before any instance; streamed too large: 413 all the same.
     let r = post(&s, "/info", &[], vec![0u8; 1001]).await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
-    let r = send(
-        s.addr(),
-        Method::POST,
-        "/info",
-        None,
-        &[("transfer-encoding", "chunked")],
-        Bytes::from(vec![0u8; 5000]),
-    )
-    .await;
+    let r = post_chunked(&s, "/info", 5000).await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text());
 }
 
