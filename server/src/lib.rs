@@ -7,16 +7,20 @@
 //! - [`http`]: request ids, routing, admission, the response and its `Server-Timing`.
 //! - [`router`]: `Host` / path prefix → tenant.
 //! - [`pool`]: admission to the preallocated instance pool (the `queue` phase).
-//! - [`execute`]: a fresh `Store`, `instantiate_async`, the handler on its own fiber.
+//! - [`execute`]: a fresh `Store`, `instantiate_async`, the handler on its own fiber: the one
+//!   lifecycle of every guest kind (`tern`, `wasi-http`, `cgi`).
 //! - [`outcome`]: how a run ended (`Outcome`, `ExecError`) and the status each one gets.
 //! - [`hostcalls`]: the `tern` host functions of guest ABI v1 (request in, response out,
-//!   outbound requests).
+//!   outbound requests), and CGI's stdin/stdout for the `cgi` kind.
+//! - [`wasi_http`]: the `wasi-http` kind: `wasi:http/proxy` components, their request in and
+//!   answer out, their outgoing requests under the tenant's policy.
 //! - [`outbound`]: what a tenant's guests may call (backends, allowed hosts, SSRF checks, loop
 //!   detection) and the pooled client that calls it.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
 //! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
 //!   before each teardown (with [`artifact`], the only modules with `unsafe`).
-//! - [`tenant`]: loaded tenants: pre-linked modules, limits, env, metric handles.
+//! - [`tenant`]: loaded tenants: the guest kind, pre-linked modules or components, limits,
+//!   env, metric handles.
 //! - [`registry`]: the live tenant table (swapped atomically) and deploy, rollback, delete,
 //!   reload; beside it `loader` (stored versions into pre-linked tenants), `error` (why a
 //!   change was refused, its status), `describe` (the admin API's JSON), `upload` (checks on
