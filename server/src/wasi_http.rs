@@ -400,7 +400,7 @@ impl WasiHttpHooks for Hooks {
     fn send_request(
         &mut self,
         request: Request<WasiBody>,
-        _options: Option<RequestOptions>,
+        options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
     ) -> Sent {
         self.sent += 1;
@@ -490,7 +490,13 @@ impl WasiHttpHooks for Hooks {
                 .acquire_owned()
                 .await
                 .map_err(|_| Error::ConnectionLimitReached)?;
-            let limit = target.timeouts.connect + target.timeouts.first_byte;
+            // The guest's request options may shorten the wait for the head, never lengthen it.
+            let ours = target.timeouts.connect + target.timeouts.first_byte;
+            let asked = options.map(|o| {
+                o.connect_timeout.unwrap_or(target.timeouts.connect)
+                    + o.first_byte_timeout.unwrap_or(target.timeouts.first_byte)
+            });
+            let limit = asked.map_or(ours, |a| a.min(ours));
             let sent = tokio::time::timeout(limit, client.request(req)).await;
             waited.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let resp = match sent {

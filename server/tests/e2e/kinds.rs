@@ -26,6 +26,12 @@ timeout_ms = 1000
 max_memory_mib = 16
 
 [[tenant]]
+name = "component-dev"
+module = "component.wasm"
+paths = ["/dev"]
+errors = "dev"
+
+[[tenant]]
 name = "c-cgi"
 module = "cgi-c.wasm"
 paths = ["/c"]
