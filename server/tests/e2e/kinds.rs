@@ -203,6 +203,26 @@ async fn cgi_programs_get_rfc_3875_variables_and_stream_both_ways() {
     assert_eq!((r.status, r.body.len()), (StatusCode::OK, 0));
 }
 
+/// GETs `path` over a raw connection and checks that the answer started (`200`) but its
+/// chunked body was cut: it never reaches the final empty chunk, so no client takes it for
+/// complete.
+async fn assert_cut(s: &TestServer, path: &str) {
+    let reply = raw(
+        s.addr(),
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"),
+    )
+    .await;
+    assert!(
+        reply.starts_with("HTTP/1.1 200"),
+        "{path}: {}",
+        &reply[..reply.len().min(200)]
+    );
+    assert!(
+        !reply.ends_with("0\r\n\r\n"),
+        "{path}: a cut body must not end cleanly"
+    );
+}
+
 /// A POST of `n` bytes sent chunked (no length declared up front).
 async fn post_chunked(s: &TestServer, path: &str, n: usize) -> crate::support::Reply {
     post(s, path, &[("transfer-encoding", "chunked")], vec![0u8; n]).await
@@ -276,20 +296,7 @@ async fn cgi_bodies_at_the_stream_threshold_and_the_limits() {
     }
     // Past the response limit: the program's write fails and the client sees an error (the
     // head is already out, so the body is cut).
-    let reply = raw(
-        s.addr(),
-        "GET /p/big?n=200001 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
-    )
-    .await;
-    assert!(
-        reply.starts_with("HTTP/1.1 200"),
-        "{}",
-        &reply[..reply.len().min(200)]
-    );
-    assert!(
-        !reply.ends_with("0\r\n\r\n"),
-        "a cut body must not end cleanly"
-    );
+    assert_cut(&s, "/p/big?n=200001").await;
     // The request body limit holds for stdin: 413, whatever the program made of the error.
     let r = post(&s, "/p/read", &[], vec![1u8; 9_999]).await;
     assert_eq!(r.text(), "read 9999 bytes\n");
@@ -365,20 +372,7 @@ async fn hostile_components_get_defined_statuses_and_the_pool_survives() {
         r.text()
     );
     // A trap after the head and 100 KiB of body: the client sees a cut body, never a clean end.
-    let reply = raw(
-        s.addr(),
-        "GET /component/trap-mid HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
-    )
-    .await;
-    assert!(
-        reply.starts_with("HTTP/1.1 200"),
-        "{}",
-        &reply[..reply.len().min(200)]
-    );
-    assert!(
-        !reply.ends_with("0\r\n\r\n"),
-        "a cut body must not end cleanly"
-    );
+    assert_cut(&s, "/component/trap-mid").await;
     // The pool and every other tenant carry on.
     for _ in 0..20 {
         assert_eq!(s.get("/component/hello").await.status, StatusCode::OK);
