@@ -607,18 +607,24 @@ pub fn kind_of(compiled: &Compiled, asked: Option<GuestKind>) -> Result<GuestKin
     }
 }
 
-/// A component's link error in words: the usual cause is an import of a WASI version newer
-/// than this server's.
+/// A component's link error in words: an import Tern does not provide is either a WASI
+/// version newer than this server's or another platform's host API.
 fn link_message(e: &wasmtime::Error) -> String {
     let text = format!("{e:#}");
-    if text.contains("matching implementation was not found in the linker") {
+    if !text.contains("matching implementation was not found in the linker") {
+        return text;
+    }
+    if text.contains("`wasi:") {
         format!(
             "{text}; Tern provides WASI 0.2 as wasmtime 48 does (up to 0.2.6): build the \
              component against that WASI version (for Rust, `wasip2` crate 1.0.0 or wit-bindgen \
              bindings of WASI 0.2.0-0.2.6)"
         )
     } else {
-        text
+        format!(
+            "{text}; Tern provides WASI 0.2 and wasi:http, not the host APIs of other platforms \
+             (e.g. Spin's key-value or variables)"
+        )
     }
 }
 

@@ -508,6 +508,21 @@ async fn kinds_are_detected_or_chosen_and_mismatches_refused() {
             && e.contains("exports: nothing"),
         "{e}"
     );
+    // Another platform's host API is named, with what Tern provides instead.
+    let spin = wat::parse_str(
+        r#"(component
+            (import "fermyon:spin/key-value@2.0.0" (instance (export "get" (func))))
+            (instance $handler)
+            (export "wasi:http/incoming-handler@0.2.0" (instance $handler)))"#,
+    )
+    .unwrap();
+    let (status, v) = refused("wasi-http", spin).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let e = v["error"].as_str().unwrap();
+    assert!(
+        e.contains("fermyon:spin/key-value") && e.contains("not the host APIs of other platforms"),
+        "{e}"
+    );
     // Every refusal left the serving version alone.
     assert_eq!(
         s.get("/comp/hello").await.text(),
