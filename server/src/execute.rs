@@ -423,6 +423,9 @@ async fn run_component(
 
     let ended =
         ended.map(|r| r.or_else(|stage| classify(stage, &store.data().limits, &response, None)));
+    if !matches!(ended, Ok(Ok(()))) {
+        store.data().guest_failed();
+    }
     let body = BodyEnd {
         too_large: flags
             .too_large

@@ -714,9 +714,14 @@ pub enum OutBody {
     Full(Option<Bytes>),
     /// Written after: each write is a chunk; an empty chunk ends the body.
     Stream(tokio::sync::mpsc::Receiver<Bytes>, bool),
-    /// A `wasi:http` component's outgoing body (which fails by itself if the guest drops it
-    /// unfinished).
-    Boxed(http_body_util::combinators::UnsyncBoxBody<Bytes, BodyAborted>),
+    /// A `wasi:http` component's outgoing body. wasmtime ends it cleanly both when the guest
+    /// finishes it and when its store is dropped, so the flag (set when the guest's run
+    /// failed, before the store is dropped) tells the two apart: an end after a failed run is
+    /// an abort.
+    Boxed(
+        http_body_util::combinators::UnsyncBoxBody<Bytes, BodyAborted>,
+        Arc<std::sync::atomic::AtomicBool>,
+    ),
 }
 
 /// A streamed outbound body whose guest ended before finishing it.
@@ -744,13 +749,18 @@ impl http_body::Body for OutBody {
                 Poll::Ready(Some(chunk)) => Poll::Ready(Some(Ok(http_body::Frame::data(chunk)))),
                 Poll::Ready(None) => Poll::Ready(Some(Err(BodyAborted))),
             },
-            OutBody::Boxed(b) => Pin::new(b).poll_frame(cx),
+            OutBody::Boxed(b, failed) => match Pin::new(b).poll_frame(cx) {
+                Poll::Ready(None) if failed.load(std::sync::atomic::Ordering::Acquire) => {
+                    Poll::Ready(Some(Err(BodyAborted)))
+                }
+                other => other,
+            },
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            OutBody::Boxed(b) => b.is_end_stream(),
+            OutBody::Boxed(b, _) => b.is_end_stream(),
             _ => matches!(self, OutBody::Full(None) | OutBody::Stream(_, true)),
         }
     }
@@ -760,7 +770,7 @@ impl http_body::Body for OutBody {
             OutBody::Full(Some(b)) => http_body::SizeHint::with_exact(b.len() as u64),
             OutBody::Full(None) | OutBody::Stream(_, true) => http_body::SizeHint::with_exact(0),
             OutBody::Stream(..) => http_body::SizeHint::default(),
-            OutBody::Boxed(b) => b.size_hint(),
+            OutBody::Boxed(b, _) => b.size_hint(),
         }
     }
 }

@@ -118,6 +118,15 @@ impl HttpState {
         self.stdio.take()
     }
 
+    /// Marks the guest's run as failed (a trap, its deadline): outgoing request bodies still
+    /// streaming fail toward their backends when the store is dropped, rather than ending as
+    /// if complete. Call before dropping the store.
+    pub fn guest_failed(&self) {
+        if let Some(f) = &self.hooks.failed {
+            f.store(true, Ordering::Release);
+        }
+    }
+
     /// Time spent waiting for outgoing responses' heads.
     pub fn outbound_waited(&self) -> Duration {
         Duration::from_nanos(
@@ -370,6 +379,10 @@ struct Hooks {
     trace: Option<(HeaderValue, Option<HeaderValue>)>,
     /// Nanoseconds spent waiting for response heads (made by the first request sent).
     waited: Option<Arc<AtomicU64>>,
+    /// Set when the guest's run failed, before its store is dropped: an outgoing body it did
+    /// not finish then fails toward the backend instead of ending cleanly (made by the first
+    /// request sent).
+    failed: Option<Arc<AtomicBool>>,
 }
 
 impl Hooks {
@@ -382,6 +395,7 @@ impl Hooks {
             calls,
             sent: 0,
             waited: None,
+            failed: None,
         }
     }
 }
@@ -418,6 +432,7 @@ impl WasiHttpHooks for Hooks {
         let cdn_loop = HeaderValue::from_str(&cdn_loop).ok();
         let trace = self.trace.clone();
         let waited = self.waited.get_or_insert_with(Arc::default).clone();
+        let failed = self.failed.get_or_insert_with(Arc::default).clone();
         Box::new(async move {
             use wasmtime_wasi_http::Error;
             let deny = |label: &str, why: String| {
@@ -482,7 +497,7 @@ impl WasiHttpHooks for Hooks {
             let body = http_body_util::Limited::new(body, calls.policy.max_request_bytes as usize)
                 .map_err(|_| outbound::BodyAborted)
                 .boxed_unsync();
-            let req = Request::from_parts(parts, OutBody::Boxed(body));
+            let req = Request::from_parts(parts, OutBody::Boxed(body, failed));
             let started = Instant::now();
             let permit = target
                 .budget

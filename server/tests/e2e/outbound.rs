@@ -24,7 +24,7 @@ pub(crate) struct Backend {
     pub(crate) addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
     /// `/echo` bodies that failed to arrive whole (the client aborted them).
-    aborted: Arc<AtomicUsize>,
+    pub(crate) aborted: Arc<AtomicUsize>,
 }
 
 /// A body that sends a few bytes and then never ends.

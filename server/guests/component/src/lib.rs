@@ -13,6 +13,9 @@
 //! - `/status?code=N`: an empty response with status N.
 //! - `/fetch?url=U`: sends `GET U` with `wasi:http/outgoing-handler` and answers with its
 //!   status and body, or `502` with the error code if the request fails.
+//! - `/upload?url=U&n=N[&trap=1]`: sends `POST U` and streams N bytes of body after the
+//!   request is on its way, then finishes the body and answers with the backend's status and
+//!   body length; with `trap=1` it panics after writing the bytes, before finishing the body.
 
 use wasip2::http::outgoing_handler;
 use wasip2::http::types::{
@@ -50,7 +53,9 @@ fn respond(out: ResponseOutparam, status: u16, headers: &[(&str, &str)], body: &
 
 fn write_all(stream: &OutputStream, bytes: &[u8]) {
     for piece in bytes.chunks(4096) {
-        stream.blocking_write_and_flush(piece).expect("the client reads");
+        stream
+            .blocking_write_and_flush(piece)
+            .expect("the client reads");
     }
 }
 
@@ -76,7 +81,12 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
         let route = path.split('?').next().unwrap_or_default();
         let route = format!("/{}", route.rsplit('/').next().unwrap_or_default());
         match route.as_str() {
-            "/hello" => respond(out, 200, &[("x-kind", "wasi-http")], b"Hello from a component!\n"),
+            "/hello" => respond(
+                out,
+                200,
+                &[("x-kind", "wasi-http")],
+                b"Hello from a component!\n",
+            ),
             "/info" => {
                 let method = format!("{:?}", request.method());
                 let header = |name: &str| {
@@ -142,17 +152,32 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
             }
             "/none" => drop(out),
             "/status" => {
-                let code = query(&path, "code").and_then(|c| c.parse().ok()).unwrap_or(200);
+                let code = query(&path, "code")
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(200);
                 respond(out, code, &[], b"");
             }
             "/fetch" => {
                 let url = query(&path, "url").unwrap_or_default();
                 match fetch(&url) {
                     Ok((status, body)) => {
-                        let text = format!("backend said {status}: {}", String::from_utf8_lossy(&body));
+                        let text =
+                            format!("backend said {status}: {}", String::from_utf8_lossy(&body));
                         respond(out, 200, &[], text.as_bytes());
                     }
                     Err(e) => respond(out, 502, &[], format!("fetch failed: {e}\n").as_bytes()),
+                }
+            }
+            "/upload" => {
+                let url = query(&path, "url").unwrap_or_default();
+                let n = query(&path, "n").and_then(|n| n.parse().ok()).unwrap_or(0);
+                let trap = query(&path, "trap").is_some();
+                match upload(&url, n, trap) {
+                    Ok((status, body)) => {
+                        let text = format!("backend said {status}: {} bytes", body.len());
+                        respond(out, 200, &[], text.as_bytes());
+                    }
+                    Err(e) => respond(out, 502, &[], format!("upload failed: {e}\n").as_bytes()),
                 }
             }
             _ => respond(out, 404, &[], b"no such test path\n"),
@@ -160,8 +185,8 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
     }
 }
 
-/// `GET url` (`http://host[:port]/path`), its status and body.
-fn fetch(url: &str) -> Result<(u16, Vec<u8>), String> {
+/// A request to `url` (`http://host[:port]/path`).
+fn request_to(url: &str) -> Result<OutgoingRequest, String> {
     let rest = url.strip_prefix("http://").ok_or("only http:// URLs")?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
@@ -169,9 +194,45 @@ fn fetch(url: &str) -> Result<(u16, Vec<u8>), String> {
     };
     let req = OutgoingRequest::new(Fields::new());
     req.set_scheme(Some(&Scheme::Http)).map_err(|()| "scheme")?;
-    req.set_authority(Some(authority)).map_err(|()| "authority")?;
+    req.set_authority(Some(authority))
+        .map_err(|()| "authority")?;
     req.set_path_with_query(Some(path)).map_err(|()| "path")?;
+    Ok(req)
+}
+
+/// `GET url`, its status and body.
+fn fetch(url: &str) -> Result<(u16, Vec<u8>), String> {
+    let req = request_to(url)?;
     let future = outgoing_handler::handle(req, None).map_err(|e| format!("{e:?}"))?;
+    response_of(future)
+}
+
+/// `POST url` with `n` bytes streamed after the request is sent; with `trap`, a panic before
+/// the body is finished.
+fn upload(url: &str, n: usize, trap: bool) -> Result<(u16, Vec<u8>), String> {
+    let req = request_to(url)?;
+    req.set_method(&wasip2::http::types::Method::Post)
+        .map_err(|()| "method")?;
+    let body = req.body().map_err(|()| "body")?;
+    let future = outgoing_handler::handle(req, None).map_err(|e| format!("{e:?}"))?;
+    let stream = body.write().map_err(|()| "stream")?;
+    for piece in vec![b'u'; n].chunks(4096) {
+        stream
+            .blocking_write_and_flush(piece)
+            .map_err(|e| format!("write: {e:?}"))?;
+    }
+    if trap {
+        panic!("trapping before finishing the outgoing body");
+    }
+    drop(stream);
+    OutgoingBody::finish(body, None).map_err(|e| format!("finish: {e:?}"))?;
+    response_of(future)
+}
+
+/// The status and body of an outgoing request's response.
+fn response_of(
+    future: wasip2::http::types::FutureIncomingResponse,
+) -> Result<(u16, Vec<u8>), String> {
     future.subscribe().block();
     let resp = future
         .get()
