@@ -1,7 +1,8 @@
 //! The `cgi` guest kind: an unmodified WASI preview1 program answers a request as a CGI script
 //! (RFC 3875).
 //!
-//! The program gets the request's meta-variables in its environment ([`env`]), reads the body
+//! The program gets the request's meta-variables in its environment ([`env`]) and WAGI's
+//! arguments (the path, then the query split at `&`: [`args`]), reads the body
 //! on stdin and writes its answer to stdout: a header block (`Content-Type`, `Status`,
 //! `Location` and any other header, one `Name: value` per line), a blank line, the body. Tenants
 //! of this kind are linked with `fd_read` and `fd_write` replaced for stdin and stdout: stdin
@@ -74,6 +75,17 @@ impl Cgi {
         self.in_body = true;
         apply_headers(&head, response).err()
     }
+}
+
+/// A program's arguments, as WAGI (and Spin's WAGI executor) gives them: the request's path,
+/// then the query string split at each `&` (not decoded), e.g. `/cgi/run?a=1&b` gives
+/// `["/cgi/run", "a=1", "b"]`; no query, no arguments after the path.
+pub fn args(request: &super::GuestRequest) -> Vec<String> {
+    let mut args = vec![request.uri.path().to_string()];
+    if let Some(q) = request.uri.query().filter(|q| !q.is_empty()) {
+        args.extend(q.split('&').map(str::to_string));
+    }
+    args
 }
 
 /// The RFC 3875 meta-variables of a request (and WAGI's `X_*` additions), followed by the

@@ -50,7 +50,8 @@ impl GuestState {
     /// request's meta-variables.
     fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {
         let (request, cgi) = (&self.request, self.cgi.is_some());
-        self.wasi.ctx(|spec| cgi.then(|| cgi::env(request, spec)))
+        self.wasi
+            .ctx(|spec| cgi.then(|| (cgi::args(request), cgi::env(request, spec))))
     }
 }
 
@@ -105,22 +106,20 @@ impl Wasi {
     }
 
     /// The context, built now if this is the guest's first WASI call: args are the tenant
-    /// name, the environment its configured variables (or what `env` makes of them), stdout
-    /// and stderr captured.
+    /// name and the environment its configured variables, unless `program` gives both (a CGI
+    /// program's); stdout and stderr captured.
     pub fn ctx(
         &mut self,
-        env: impl FnOnce(&WasiSpec) -> Option<Vec<(String, String)>>,
+        program: impl FnOnce(&WasiSpec) -> Option<(Vec<String>, Vec<(String, String)>)>,
     ) -> &mut WasiP1Ctx {
         self.ctx.get_or_insert_with(|| {
             let t = &self.spec;
             let stdio = self.stdio.get_or_insert_with(|| Stdio::new(t.stdio_bytes));
             let mut b = WasiCtxBuilder::new();
-            b.args(&[&t.name])
-                .stdout(stdio.stdout.clone())
-                .stderr(stdio.stderr.clone());
-            match env(t) {
-                Some(vars) => b.envs(&vars),
-                None => b.envs(&t.env),
+            b.stdout(stdio.stdout.clone()).stderr(stdio.stderr.clone());
+            match program(t) {
+                Some((args, vars)) => b.args(&args).envs(&vars),
+                None => b.args(&[&t.name]).envs(&t.env),
             };
             b.build_p1()
         })

@@ -284,6 +284,18 @@ async fn malformed_cgi_output_is_502_with_the_reason() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cgi_programs_get_wagi_arguments() {
+    let s = probe("").await;
+    // The path, then the query split at `&`, undecoded (as WAGI gives them).
+    let r = s.get("/p/args?name=Ada%20L&x&=").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.text(), "/p/args\nname=Ada%20L\nx\n=\n");
+    // No query (or an empty one): the path alone.
+    assert_eq!(s.get("/p/args").await.text(), "/p/args\n");
+    assert_eq!(s.get("/p/args?").await.text(), "/p/args\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cgi_bodies_at_the_stream_threshold_and_the_limits() {
     let s = probe("max_request_bytes = 10000\nmax_response_bytes = 200000").await;
     // Up to 64 KiB a CGI answer is buffered (Content-Length); one byte more streams.

@@ -11,6 +11,7 @@
 //! - `/location`: `Location: /elsewhere` and nothing else: `302`.
 //! - `/big?n=N`: `200` with N bytes of `x`, written in one go after the headers.
 //! - `/read`: reads stdin to its end and reports how many bytes it got (or the error).
+//! - `/args`: its arguments, one per line.
 
 use std::io::{Read, Write};
 
@@ -62,6 +63,12 @@ fn main() {
                 Ok(n) => writeln!(out, "read {n} bytes"),
                 Err(e) => writeln!(out, "read failed after {} bytes: {e}", body.len()),
             };
+        }
+        "/args" => {
+            let _ = write!(out, "Content-Type: text/plain\n\n");
+            for a in std::env::args() {
+                let _ = writeln!(out, "{a}");
+            }
         }
         _ => {
             let _ = write!(out, "Status: 404 Not Found\n\nno such test path\n");
