@@ -50,11 +50,15 @@ enum Command {
         #[arg(long, conflicts_with = "config")]
         no_demo: bool,
     },
-    /// Create a handler project in ./NAME that builds with one command (Rust with a copy of
-    /// the SDK, C with tern.h, or Zig against the ABI).
+    /// Create a handler project in ./NAME that builds with one command: for Tern's ABI, Rust
+    /// with a copy of the SDK, C with tern.h, or Zig; a wasi:http component in Rust; a CGI
+    /// program in Rust or C.
     New {
         /// The project's name (a-z, 0-9, '-', '_').
         name: String,
+        /// Its guest kind.
+        #[arg(long, value_enum, default_value_t = tern::scaffold::Kind::Tern)]
+        kind: tern::scaffold::Kind,
         /// Its language.
         #[arg(long, value_enum, default_value_t = tern::scaffold::Lang::Rust)]
         lang: tern::scaffold::Lang,
@@ -188,9 +192,9 @@ fn main() -> ExitCode {
             no_demo,
         } => serve(config, listen, admin_listen, data_dir, no_demo),
         Command::Compile { input, output } => compile(&input, &output),
-        Command::New { name, lang } => {
-            tern::scaffold::create(std::path::Path::new("."), &name, lang).map(|dir| {
-                let (build, wasm) = tern::scaffold::build_hint(lang, &name);
+        Command::New { name, kind, lang } => {
+            tern::scaffold::create(std::path::Path::new("."), &name, kind, lang).map(|dir| {
+                let (build, wasm) = tern::scaffold::build_hint(kind, lang, &name);
                 println!(
                     "created {}\n  cd {name} && {build}\n  tern dev {wasm}",
                     dir.display()

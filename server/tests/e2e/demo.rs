@@ -233,8 +233,9 @@ fn tern_dev_serves_a_file_shows_panics_and_reloads_it() {
 }
 
 /// `tern new` writes projects that build outside this repository with their one command and
-/// serve on Tern: Rust (with its copy of the SDK), C (with tern.h) and Zig (the ABI alone;
-/// `bash scripts/test` puts a `zig` in target/tools/bin).
+/// serve on Tern: for the ABI Rust (with its copy of the SDK), C (with tern.h) and Zig (the ABI
+/// alone; `bash scripts/test` puts a `zig` in target/tools/bin); a wasi:http component in Rust;
+/// CGI programs in Rust and C.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tern_new_projects_build_outside_the_repository_and_serve() {
     let dir = tempfile::tempdir().unwrap();
@@ -254,23 +255,41 @@ async fn tern_new_projects_build_outside_the_repository_and_serve() {
         zig || std::env::var_os("CI").is_none(),
         "no zig: bash scripts/test installs one into target/tools/bin"
     );
+    let cargo = vec!["cargo", "build", "--release", "--quiet"];
+    let sh = vec!["sh", "build.sh"];
     let mut projects = vec![
         (
             "hello-rs",
+            "tern",
             "rust",
-            vec!["cargo", "build", "--release", "--quiet"],
+            cargo.clone(),
             "target/wasm32-wasip1/release/hello-rs.wasm",
         ),
-        ("hello-c", "c", vec!["sh", "build.sh"], "hello-c.wasm"),
+        ("hello-c", "tern", "c", sh.clone(), "hello-c.wasm"),
+        (
+            "comp-rs",
+            "wasi-http",
+            "rust",
+            cargo.clone(),
+            "target/wasm32-wasip2/release/comp_rs.wasm",
+        ),
+        (
+            "cgi-rs",
+            "cgi",
+            "rust",
+            cargo.clone(),
+            "target/wasm32-wasip1/release/cgi-rs.wasm",
+        ),
+        ("cgi-c", "cgi", "c", sh.clone(), "cgi-c.wasm"),
     ];
     if zig {
-        projects.push(("hello-zig", "zig", vec!["sh", "build.sh"], "hello-zig.wasm"));
+        projects.push(("hello-zig", "tern", "zig", sh, "hello-zig.wasm"));
     } else {
         eprintln!("zig not found: the Zig project is not built (bash scripts/test installs it)");
     }
-    for (name, lang, build, wasm) in projects {
+    for (name, kind, lang, build, wasm) in projects {
         let out = crate::support::tern_bin()
-            .args(["new", name, "--lang", lang])
+            .args(["new", name, "--kind", kind, "--lang", lang])
             .current_dir(dir.path())
             .output()
             .unwrap();
@@ -324,6 +343,24 @@ async fn tern_new_projects_build_outside_the_repository_and_serve() {
     let r = s.get("/hello-c/y").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.text(), "Hello from hello-c! You asked for /hello-c/y\n");
+    // The other kinds, detected from what was built.
+    let r = s.get("/comp-rs").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.text(), "Hello from a wasi:http component on Tern!\n");
+    let r = s.get("/cgi-rs/env").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(
+        r.text().lines().any(|l| l == "SCRIPT_NAME=/cgi-rs"),
+        "{}",
+        r.text()
+    );
+    let r = s.get("/cgi-c/z?q=1").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(
+        r.text().contains("script=/cgi-c path=/z query=q=1"),
+        "{}",
+        r.text()
+    );
     if zig {
         let r = s.get("/hello-zig/z").await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text());
