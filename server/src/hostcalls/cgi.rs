@@ -203,7 +203,7 @@ pub fn env(request: &super::GuestRequest, spec: &WasiSpec) -> Vec<(String, Strin
 }
 
 /// `%XX` decoded (RFC 3875 4.1.5: PATH_INFO is not URL-encoded); the raw path if the result
-/// would not be UTF-8.
+/// would not be UTF-8 or would hold a NUL.
 fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -221,7 +221,12 @@ fn percent_decode(s: &str) -> String {
             i += 1;
         }
     }
-    String::from_utf8(out).unwrap_or_else(|_| s.to_string())
+    // A NUL would cut the variable short for the program (environment strings end at one):
+    // `/file.txt%00.sh` must not reach it as `/file.txt`.
+    match String::from_utf8(out) {
+        Ok(decoded) if !decoded.contains('\0') => decoded,
+        _ => s.to_string(),
+    }
 }
 
 /// The start of `bytes` for a message.
@@ -540,5 +545,6 @@ mod tests {
         assert_eq!(percent_decode("/a%20b/%2F"), "/a b//");
         assert_eq!(percent_decode("/100%"), "/100%");
         assert_eq!(percent_decode("/%ff"), "/%ff");
+        assert_eq!(percent_decode("/a.txt%00.sh"), "/a.txt%00.sh");
     }
 }
