@@ -616,9 +616,10 @@ fn link_message(e: &wasmtime::Error) -> String {
     }
     if text.contains("`wasi:") {
         format!(
-            "{text}; Tern provides WASI 0.2 as wasmtime 48 does (up to 0.2.6): build the \
-             component against that WASI version (for Rust, `wasip2` crate 1.0.0 or wit-bindgen \
-             bindings of WASI 0.2.0-0.2.6)"
+            "{text}; Tern provides WASI 0.2 as wasmtime 48 does (0.2.6; imports of other 0.2.x \
+             versions match when what they call exists in 0.2.6): build the component against \
+             WASI 0.2 without newer functions (for Rust, the `wasip2` crate's bindings), or \
+             against 0.2.6 or older"
         )
     } else {
         format!(

@@ -504,6 +504,14 @@ async fn kinds_are_detected_or_chosen_and_mismatches_refused() {
     let s = TestServer::start("").await;
     let dir = tempfile::tempdir().unwrap();
     let component = std::fs::read(test_component(dir.path(), "c")).unwrap();
+    // The test component imports WASI 0.2.12, newer than wasmtime 48's 0.2.6: served all the
+    // same (0.2.x imports match by semver).
+    assert!(
+        component
+            .windows(22)
+            .any(|w| w == b"wasi:http/types@0.2.12"),
+        "the test component should import WASI 0.2.12 (server/guests/component/Cargo.lock)"
+    );
     let v = s.deploy("comp", "/comp", &component).await;
     assert_eq!(v["kind"], "wasi-http");
     assert_eq!(
