@@ -715,13 +715,24 @@ pub enum OutBody {
     /// Written after: each write is a chunk; an empty chunk ends the body.
     Stream(tokio::sync::mpsc::Receiver<Bytes>, bool),
     /// A `wasi:http` component's outgoing body. wasmtime ends it cleanly both when the guest
-    /// finishes it and when its store is dropped, so the flag (set when the guest's run
-    /// failed, before the store is dropped) tells the two apart: an end after a failed run is
-    /// an abort.
+    /// finishes it and when its store is dropped, so [`ComponentCalls::failed`] (set when the
+    /// guest's run failed, before the store is dropped) tells the two apart: an end after a
+    /// failed run is an abort.
     Boxed(
         http_body_util::combinators::UnsyncBoxBody<Bytes, BodyAborted>,
-        Arc<std::sync::atomic::AtomicBool>,
+        Arc<ComponentCalls>,
     ),
+}
+
+/// What a `wasi:http` component's outgoing requests share with its run (made by its first
+/// request).
+#[derive(Debug, Default)]
+pub struct ComponentCalls {
+    /// Nanoseconds spent waiting for response heads.
+    pub waited_ns: std::sync::atomic::AtomicU64,
+    /// Set when the guest's run failed, before its store is dropped: a body it did not finish
+    /// then fails toward the backend instead of ending cleanly.
+    pub failed: std::sync::atomic::AtomicBool,
 }
 
 /// A streamed outbound body whose guest ended before finishing it.
@@ -749,8 +760,8 @@ impl http_body::Body for OutBody {
                 Poll::Ready(Some(chunk)) => Poll::Ready(Some(Ok(http_body::Frame::data(chunk)))),
                 Poll::Ready(None) => Poll::Ready(Some(Err(BodyAborted))),
             },
-            OutBody::Boxed(b, failed) => match Pin::new(b).poll_frame(cx) {
-                Poll::Ready(None) if failed.load(std::sync::atomic::Ordering::Acquire) => {
+            OutBody::Boxed(b, calls) => match Pin::new(b).poll_frame(cx) {
+                Poll::Ready(None) if calls.failed.load(std::sync::atomic::Ordering::Acquire) => {
                     Poll::Ready(Some(Err(BodyAborted)))
                 }
                 other => other,

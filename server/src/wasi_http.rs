@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -34,7 +34,7 @@ use wasmtime_wasi_http::{
 
 use crate::hostcalls::outbound::{CDN_LOOP, Calls, TRACEPARENT, TRACESTATE};
 use crate::hostcalls::{GuestLimits, GuestRequest, GuestResponse, RequestBody, Stdio, WasiSpec};
-use crate::outbound::{self, Denied, OutBody};
+use crate::outbound::{self, ComponentCalls, Denied, OutBody};
 
 /// The pre-linked form of a `wasi:http/proxy` component.
 pub type Pre = wasmtime_wasi_http::p2::bindings::ProxyPre<HttpState>;
@@ -122,19 +122,15 @@ impl HttpState {
     /// streaming fail toward their backends when the store is dropped, rather than ending as
     /// if complete. Call before dropping the store.
     pub fn guest_failed(&self) {
-        if let Some(f) = &self.hooks.failed {
-            f.store(true, Ordering::Release);
+        if let Some(shared) = &self.hooks.shared {
+            shared.failed.store(true, Ordering::Release);
         }
     }
 
     /// Time spent waiting for outgoing responses' heads.
     pub fn outbound_waited(&self) -> Duration {
-        Duration::from_nanos(
-            self.hooks
-                .waited
-                .as_ref()
-                .map_or(0, |w| w.load(Ordering::Relaxed)),
-        )
+        let shared = self.hooks.shared.as_ref();
+        Duration::from_nanos(shared.map_or(0, |s| s.waited_ns.load(Ordering::Relaxed)))
     }
 }
 
@@ -377,12 +373,8 @@ struct Hooks {
     cdn_loop: Vec<HeaderValue>,
     /// The client's trace headers, passed on.
     trace: Option<(HeaderValue, Option<HeaderValue>)>,
-    /// Nanoseconds spent waiting for response heads (made by the first request sent).
-    waited: Option<Arc<AtomicU64>>,
-    /// Set when the guest's run failed, before its store is dropped: an outgoing body it did
-    /// not finish then fails toward the backend instead of ending cleanly (made by the first
-    /// request sent).
-    failed: Option<Arc<AtomicBool>>,
+    /// Time waited and the run's failure, shared with the requests sent (made by the first).
+    shared: Option<Arc<ComponentCalls>>,
 }
 
 impl Hooks {
@@ -394,8 +386,7 @@ impl Hooks {
                 .map(|tp| (tp.clone(), incoming.get(&TRACESTATE).cloned())),
             calls,
             sent: 0,
-            waited: None,
-            failed: None,
+            shared: None,
         }
     }
 }
@@ -431,8 +422,7 @@ impl WasiHttpHooks for Hooks {
         cdn_loop.push_str(outbound::CDN_ID);
         let cdn_loop = HeaderValue::from_str(&cdn_loop).ok();
         let trace = self.trace.clone();
-        let waited = self.waited.get_or_insert_with(Arc::default).clone();
-        let failed = self.failed.get_or_insert_with(Arc::default).clone();
+        let shared = self.shared.get_or_insert_with(Arc::default).clone();
         Box::new(async move {
             use wasmtime_wasi_http::Error;
             let deny = |label: &str, why: String| {
@@ -497,7 +487,7 @@ impl WasiHttpHooks for Hooks {
             let body = http_body_util::Limited::new(body, calls.policy.max_request_bytes as usize)
                 .map_err(|_| outbound::BodyAborted)
                 .boxed_unsync();
-            let req = Request::from_parts(parts, OutBody::Boxed(body, failed));
+            let req = Request::from_parts(parts, OutBody::Boxed(body, shared.clone()));
             let started = Instant::now();
             let permit = target
                 .budget
@@ -513,7 +503,9 @@ impl WasiHttpHooks for Hooks {
             });
             let limit = asked.map_or(ours, |a| a.min(ours));
             let sent = tokio::time::timeout(limit, client.request(req)).await;
-            waited.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            shared
+                .waited_ns
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let resp = match sent {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {

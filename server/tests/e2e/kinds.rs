@@ -1,9 +1,6 @@
 //! Guest kinds side by side: `tern` modules, `wasi:http` components and CGI programs in one
 //! server; each kind's request in, answer out, limits and failures, detection and `kind`.
 
-use std::sync::atomic::Ordering;
-use std::time::Duration;
-
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
@@ -486,17 +483,12 @@ async fn a_component_failing_mid_upload_aborts_the_backends_request() {
     let r = s.get("/upload?url=http://origin/echo&n=50000").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.text(), "backend said 200: 50000 bytes");
-    assert_eq!(backend.aborted.load(Ordering::SeqCst), 0);
+    assert_eq!(backend.aborted(), 0);
     // A guest that traps before finishing it: the backend sees the request fail, never a
     // complete-looking shorter body.
     let r = s.get("/upload?url=http://origin/echo&n=50000&trap=1").await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
-    let mut waited = 0;
-    while backend.aborted.load(Ordering::SeqCst) == 0 {
-        assert!(waited < 100, "the backend never saw the body fail");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        waited += 1;
-    }
+    backend.await_abort(0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

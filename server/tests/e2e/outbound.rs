@@ -24,7 +24,7 @@ pub(crate) struct Backend {
     pub(crate) addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
     /// `/echo` bodies that failed to arrive whole (the client aborted them).
-    pub(crate) aborted: Arc<AtomicUsize>,
+    aborted: Arc<AtomicUsize>,
 }
 
 /// A body that sends a few bytes and then never ends.
@@ -133,6 +133,21 @@ where
 }
 
 impl Backend {
+    /// `/echo` bodies that failed to arrive whole so far.
+    pub(crate) fn aborted(&self) -> usize {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// Waits (up to 5 s) until more than `before` `/echo` bodies have failed to arrive whole.
+    pub(crate) async fn await_abort(&self, before: usize) {
+        let mut waited = 0;
+        while self.aborted() == before {
+            assert!(waited < 100, "the backend never saw the body fail");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            waited += 1;
+        }
+    }
+
     pub(crate) async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -528,7 +543,7 @@ async fn a_streamed_request_body_arrives_whole_or_visibly_aborted() {
         "{}",
         r.text()
     );
-    assert_eq!(backend.aborted.load(Ordering::SeqCst), 0);
+    assert_eq!(backend.aborted(), 0);
     // A guest that traps mid-body: the backend sees the request fail, not a short body. (It
     // writes more than the body channel holds, so the request is surely on its way.)
     let dir = tempfile::tempdir().unwrap();
@@ -548,17 +563,12 @@ async fn a_streamed_request_body_arrives_whole_or_visibly_aborted() {
         "{}",
         r.text()
     );
-    let before = backend.aborted.load(Ordering::SeqCst);
+    let before = backend.aborted();
     let r = s
         .get("/?backend=origin&path=/echo&method=POST&stream=50000&trap=1")
         .await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
-    let mut waited = 0;
-    while backend.aborted.load(Ordering::SeqCst) == before {
-        assert!(waited < 100, "the backend never saw the body fail");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        waited += 1;
-    }
+    backend.await_abort(before).await;
 }
 
 /// A CA made for the test, and a TLS backend for `localhost` whose certificate it signed.
