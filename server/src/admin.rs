@@ -5,7 +5,8 @@
 //! |---|---|
 //! | `GET /admin/v1/tenants` | every tenant: routes, limits, versions, request counts |
 //! | `GET /admin/v1/tenants/{name}` | one tenant |
-//! | `PUT /admin/v1/tenants/{name}` | create a tenant or change its routes/env/limits (JSON) |
+//! | `PUT /admin/v1/tenants/{name}` | create a tenant, or replace its spec (JSON; every field the tenant has set must be named) |
+//! | `PATCH /admin/v1/tenants/{name}` | change only the named fields of its spec (JSON merge patch, RFC 7396: `null` resets a field) |
 //! | `PUT /admin/v1/tenants/{name}/module[?assets=HASH][&kind=KIND]` | deploy a `.wasm` (the body): a module or component; `kind` = `tern`, `wasi-http` or `cgi` (else detected) |
 //! | `POST /admin/v1/tenants/{name}/rollback` | back to the previous version |
 //! | `DELETE /admin/v1/tenants/{name}` | remove a tenant |
@@ -26,8 +27,7 @@ use crate::app::App;
 use crate::body::ResponseBody;
 use crate::body::plain;
 use crate::metrics;
-use crate::registry::ChangeError;
-use crate::store::TenantSpec;
+use crate::registry::{ChangeError, SpecChange};
 
 /// Largest JSON body the admin API reads (tenant specs).
 const MAX_JSON_BYTES: u64 = 1024 * 1024;
@@ -187,25 +187,33 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
             .describe(Some(name))
             .await
             .map(|v| (StatusCode::OK, v)),
-        (&Method::PUT, ["tenants", name]) => {
+        (&Method::PUT | &Method::PATCH, ["tenants", name]) => {
             let name = name.to_string();
+            let merge = method == Method::PATCH;
             match read_body(req, MAX_JSON_BYTES).await.and_then(|b| {
-                serde_json::from_slice::<TenantSpec>(&b).map_err(|e| {
-                    ChangeError::Invalid(format!("the tenant spec is not valid JSON for it: {e}"))
+                serde_json::from_slice::<Value>(&b).map_err(|e| {
+                    ChangeError::Invalid(format!("the tenant spec is not valid JSON: {e}"))
                 })
             }) {
                 Err(e) => Err(e),
-                Ok(spec) => match registry.put_spec(&name, spec).await {
-                    Ok(created) => registry.describe(Some(&name)).await.map(|v| {
-                        let status = if created {
-                            StatusCode::CREATED
-                        } else {
-                            StatusCode::OK
-                        };
-                        (status, v)
-                    }),
-                    Err(e) => Err(e),
-                },
+                Ok(body) => {
+                    let change = if merge {
+                        SpecChange::Merge(body)
+                    } else {
+                        SpecChange::Replace(body)
+                    };
+                    match registry.put_spec(&name, change).await {
+                        Ok(created) => registry.describe(Some(&name)).await.map(|v| {
+                            let status = if created {
+                                StatusCode::CREATED
+                            } else {
+                                StatusCode::OK
+                            };
+                            (status, v)
+                        }),
+                        Err(e) => Err(e),
+                    }
+                }
             }
         }
         (&Method::DELETE, ["tenants", name]) => registry

@@ -147,9 +147,20 @@ pub struct Deploy {
     /// Environment variable for its guests, KEY=VALUE (repeatable; replaces its env).
     #[arg(long = "env", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
+    /// A backend its guests may call, NAME=URL (repeatable; adds or replaces that backend,
+    /// keeps the others): a guest calls it by NAME and a path.
+    #[arg(long = "backend", value_parser = parse_backend)]
+    pub backends: Vec<(String, String)>,
     /// A directory or .tar archive served read-only to the guests as /assets.
     #[arg(long)]
     pub assets: Option<PathBuf>,
+}
+
+fn parse_backend(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not NAME=URL (e.g. origin=http://10.0.0.5:8080)"))
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -173,27 +184,35 @@ pub async fn deploy(target: &Target, d: &Deploy) -> anyhow::Result<()> {
     if !exists && status != StatusCode::NOT_FOUND {
         bail!("{}: {}", status, existing["error"].as_str().unwrap_or(""));
     }
-    let changes_spec = !d.hosts.is_empty() || !d.paths.is_empty() || !d.env.is_empty();
-    if !exists || changes_spec {
-        let mut spec = existing.get("spec").cloned().unwrap_or_else(|| json!({}));
-        if !d.hosts.is_empty() || !exists {
-            spec["hosts"] = json!(d.hosts);
-        }
-        if !d.paths.is_empty() || !exists {
-            let paths = if d.paths.is_empty() && d.hosts.is_empty() {
-                vec![format!("/{}", d.tenant)]
-            } else {
-                d.paths.clone()
-            };
-            spec["paths"] = json!(paths);
-        }
-        if !d.env.is_empty() {
-            spec["env"] = d.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
-        }
+    // Only what the flags name changes: a new tenant is created with PUT, an existing one
+    // changed with PATCH (the server merges it, so nothing else of its spec is touched).
+    let mut spec = json!({});
+    if !d.hosts.is_empty() || !exists {
+        spec["hosts"] = json!(d.hosts);
+    }
+    if !d.paths.is_empty() || !exists {
+        let paths = if d.paths.is_empty() && d.hosts.is_empty() {
+            vec![format!("/{}", d.tenant)]
+        } else {
+            d.paths.clone()
+        };
+        spec["paths"] = json!(paths);
+    }
+    if !d.env.is_empty() {
+        spec["env"] = d.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    }
+    if !d.backends.is_empty() {
+        let backends: serde_json::Map<String, serde_json::Value> = d
+            .backends
+            .iter()
+            .map(|(name, url)| (name.clone(), json!({ "url": url })))
+            .collect();
+        spec["outbound"] = json!({ "backends": backends });
+    }
+    if spec.as_object().is_some_and(|o| !o.is_empty()) {
         let body = Bytes::from(serde_json::to_vec(&spec)?);
-        target
-            .ok(Method::PUT, &path, body, "application/json")
-            .await?;
+        let method = if exists { Method::PATCH } else { Method::PUT };
+        target.ok(method, &path, body, "application/json").await?;
         if !exists {
             println!("created tenant {} (routes: {})", d.tenant, routes(&spec));
         }

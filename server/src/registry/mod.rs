@@ -31,11 +31,13 @@ use crate::tenant::{self, Carried, Origin, Tenant, TenantError, TenantRef};
 mod describe;
 mod error;
 mod loader;
+mod spec;
 mod upload;
 
 pub use error::ChangeError;
 use error::internal;
 use loader::{Loader, ModuleCache};
+pub use spec::SpecChange;
 use upload::check_wasm_header;
 pub use upload::wasm_header_problem;
 
@@ -406,17 +408,21 @@ impl Registry {
         Ok(())
     }
 
-    /// Creates a tenant or changes its routes, env and limits (`PUT /admin/v1/tenants/{name}`).
-    /// Returns whether it was created.
+    /// Creates a tenant or changes its routes, env and limits (`PUT` or `PATCH
+    /// /admin/v1/tenants/{name}`: [`SpecChange`]). Returns whether it was created.
     ///
     /// # Errors
-    /// `400` for invalid values, `409` for a route clash or a config-owned tenant.
-    pub async fn put_spec(&self, name: &str, spec: TenantSpec) -> Result<bool, ChangeError> {
+    /// `400` for invalid values, `404` for a `PATCH` of no tenant, `409` for a route clash, a
+    /// config-owned tenant or a `PUT` that leaves out a field the tenant has set.
+    pub async fn put_spec(&self, name: &str, change: SpecChange) -> Result<bool, ChangeError> {
+        let mut state = self.state.lock().await;
+        Self::check_api_owned(&state, name)?;
+        // Under the lock: two changes at once each apply to the other's result.
+        let current = state.manifest.tenants.get(name).map(|t| &t.spec);
+        let spec = change.apply(name, current)?;
         let as_config = spec.to_config(name, "(admin API)");
         config::validate_tenant(&as_config, &self.loader.pool)
             .map_err(|e| ChangeError::Invalid(e.message))?;
-        let mut state = self.state.lock().await;
-        Self::check_api_owned(&state, name)?;
         let created = !state.manifest.tenants.contains_key(name);
         let live = self.live.load_full();
         // A tenant that serves is rebuilt with the new spec around the module it runs.

@@ -48,6 +48,108 @@ async fn deploy_over_http_then_call_the_tenant() {
 }
 
 #[tokio::test]
+async fn partial_updates_change_only_what_they_name() {
+    let s = TestServer::start("").await;
+    s.deploy("app", "/app", demo("hello")).await;
+    let spec = json!({ "paths": ["/app"], "env": { "A": "1" } }).to_string();
+    let (status, v) = s
+        .admin_call(Method::PUT, "/admin/v1/tenants/app", spec)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let spec_of = |v: &serde_json::Value| v["spec"].clone();
+
+    // A PUT naming only `outbound` would reset the routes (to every path) and the env: 409,
+    // and nothing changes.
+    let only_outbound =
+        json!({ "outbound": { "backends": { "origin": { "url": "http://127.0.0.1:9" } } } });
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/app",
+            only_outbound.to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    let e = v["error"].as_str().unwrap();
+    assert!(
+        e.contains("`paths`") && e.contains("`env`") && e.contains("PATCH"),
+        "{e}"
+    );
+    assert_eq!(s.get("/elsewhere").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(s.get("/app").await.text(), HELLO);
+
+    // PATCH changes what it names and keeps the rest.
+    let (status, v) = s
+        .admin_call(
+            Method::PATCH,
+            "/admin/v1/tenants/app",
+            only_outbound.to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let spec = spec_of(&v);
+    assert_eq!(spec["paths"], json!(["/app"]), "{v}");
+    assert_eq!(spec["env"], json!({ "A": "1" }), "{v}");
+    assert_eq!(
+        spec["outbound"]["backends"]["origin"]["url"],
+        "http://127.0.0.1:9"
+    );
+    assert_eq!(s.get("/elsewhere").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(s.get("/app").await.text(), HELLO);
+    // A nested field merges; `null` resets a field to its default.
+    let patch = json!({ "limits": { "timeout_ms": 900 }, "env": null });
+    let (status, v) = s
+        .admin_call(Method::PATCH, "/admin/v1/tenants/app", patch.to_string())
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let spec = spec_of(&v);
+    assert_eq!(spec["limits"]["timeout_ms"], 900, "{v}");
+    assert_eq!(spec["env"], json!({}), "{v}");
+    assert_eq!(spec["paths"], json!(["/app"]), "{v}");
+    assert!(spec["outbound"]["backends"]["origin"].is_object(), "{v}");
+
+    // Widening the route is explicit: named, it is done.
+    let (status, v) = s
+        .admin_call(
+            Method::PATCH,
+            "/admin/v1/tenants/app",
+            json!({ "paths": [] }).to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(s.get("/elsewhere").await.text(), HELLO);
+
+    // Bad patches change nothing: unknown fields, bad values, a tenant that does not exist.
+    for (path, body, want) in [
+        (
+            "/admin/v1/tenants/app",
+            json!({ "pahts": ["/x"] }),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/admin/v1/tenants/app",
+            json!({ "limits": { "timeout_ms": 0 } }),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/admin/v1/tenants/app",
+            json!(["/x"]),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/admin/v1/tenants/nope",
+            json!({ "paths": ["/x"] }),
+            StatusCode::NOT_FOUND,
+        ),
+    ] {
+        let (status, v) = s.admin_call(Method::PATCH, path, body.to_string()).await;
+        assert_eq!(status, want, "{body}: {v}");
+    }
+    let (_, v) = s.admin_call(Method::GET, "/admin/v1/tenants/app", "").await;
+    assert_eq!(spec_of(&v)["limits"]["timeout_ms"], 900, "{v}");
+}
+
+#[tokio::test]
 async fn redeploys_under_load_fail_no_request() {
     let s = TestServer::start("").await;
     s.deploy("app", "/app", demo("hello")).await;
@@ -616,6 +718,24 @@ fn the_cli_deploys_lists_rolls_back_and_deletes() {
     let (ok, out) = tern(&["deploy", "site", counter.to_str().unwrap(), "--env", "A=1"]);
     assert!(ok && out.contains("previous"), "{out}");
     assert!(!get("/site").contains(HELLO));
+    // A backend set from the command line changes only that: the route stays `/site`.
+    let (ok, out) = tern(&[
+        "deploy",
+        "site",
+        counter.to_str().unwrap(),
+        "--backend",
+        "origin=http://127.0.0.1:9",
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = tern(&[
+        "deploy",
+        "site",
+        hello.to_str().unwrap(),
+        "--backend",
+        "nourl",
+    ]);
+    assert!(!ok && out.contains("NAME=URL"), "{out}");
+    assert!(get("/other").contains("404"));
     let (ok, out) = tern(&["tenants"]);
     assert!(
         ok && out.contains("site") && out.contains("api") && out.contains("/site"),
