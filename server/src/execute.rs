@@ -239,7 +239,20 @@ async fn run_core(
     store.limiter(|s| &mut s.limits);
 
     let mut instantiated = None;
+    let mut body_read = Duration::ZERO;
     let guest = async {
+        if cgi && store.data().request.length_unknown() {
+            // RFC 3875 gives a CGI program its body with a length: one sent without (chunked)
+            // is read whole first. Over the limit or broken, the program is not run: the
+            // verdict answers 413 or 400.
+            let reading = Instant::now();
+            let request = &mut store.data_mut().request;
+            request.buffer_whole().await;
+            body_read = reading.elapsed();
+            if request.too_large || request.body_error.is_some() {
+                return Ok(());
+            }
+        }
         let instance = core
             .pre
             .instantiate_async(&mut store)
@@ -293,7 +306,12 @@ async fn run_core(
         peak_memory: data.limits.peak_memory,
         stdio: data.wasi.take_stdio(),
         outbound: data.outbound.waited,
-        times: [start, ran_from, ran_until],
+        // Reading a body whole is the client's time, not instantiation's.
+        times: [
+            start + body_read,
+            ran_from.max(start + body_read),
+            ran_until,
+        ],
     };
     let memory = data.memory;
     ended.finish(result, tenant, request_id, || {
@@ -378,6 +396,7 @@ async fn run_component(
         guest_limits(limits),
         tenant.outbound.clone(),
         &request.headers,
+        request_id,
     );
     let incoming = crate::wasi_http::incoming(request, flags.clone());
     let engine = pre.instance_pre().component().engine().clone();
@@ -386,6 +405,7 @@ async fn run_component(
 
     let mut instantiated = None;
     let (tx, rx) = oneshot::channel();
+    let returned = std::sync::atomic::AtomicBool::new(false);
     let guest = async {
         let proxy = pre
             .instantiate_async(&mut store)
@@ -402,13 +422,16 @@ async fn run_component(
                 .wasi_http_incoming_handler()
                 .call_handle(&mut store, req, out)
         );
-        let mut pump = std::pin::pin!(crate::wasi_http::pump(rx, &mut response));
+        let mut pump = std::pin::pin!(crate::wasi_http::pump(rx, &mut response, &returned));
         // The answer is taken as the guest writes it. A guest that fails ends the run at once
-        // (its body may never end otherwise); one that returns may still be sending its body.
+        // (its body may never end otherwise). Once it returns it can write nothing more: what
+        // it wrote is sent, and a body it did not finish ends the answer as failed (rather
+        // than waiting for the deadline with the slot held).
         tokio::select! {
             biased;
             called = &mut call => {
                 called.map_err(Stage::Run)?;
+                returned.store(true, std::sync::atomic::Ordering::Release);
                 pump.await.map_err(Stage::Answer)
             }
             pumped = &mut pump => {
@@ -554,6 +577,12 @@ fn answer_error(a: Answer, response: &GuestResponse) -> ExecError {
             format!("the component's response body failed before its end: {why}"),
         ),
         Answer::ClientGone => ExecError::new(Outcome::Error, "the client went away"),
+        Answer::Unfinished => ExecError::new(
+            Outcome::BadOutput,
+            "the component returned from its handler without finishing its response body \
+             (outgoing-body.finish), so the body is incomplete (componentize-js does this when \
+             the JavaScript throws: see the guest's stderr)",
+        ),
     }
 }
 

@@ -174,7 +174,7 @@ pub struct Tenant {
     /// Where each request's peak guest memory is recorded.
     pub memory_peak: prometheus::Histogram,
     /// Budget for guest output log lines.
-    pub log_budget: LogBudget,
+    pub log_budget: Arc<LogBudget>,
     /// The sweep before teardown, when the dirty-page reset is in use (`crate::teardown`).
     pub sweep: Option<MemorySweep>,
     /// What its guests may call, with the metric handles of those calls.
@@ -466,8 +466,13 @@ pub fn prepare(
     let limits = Limits::from_config(&config.limits, pool);
     let policy = crate::outbound::Policy::from_config(&config.outbound)
         .map_err(|e| refuse(format!("outbound: {e}")))?;
+    let log_budget = Arc::new(LogBudget::new(
+        config.limits.log_lines_per_sec,
+        metrics.log_dropped.clone(),
+    ));
     let outbound = Arc::new(crate::hostcalls::outbound::Calls {
         policy,
+        log_budget: log_budget.clone(),
         label: label.clone(),
         requests: metrics.outbound_requests.clone(),
         duration: metrics
@@ -491,7 +496,7 @@ pub fn prepare(
             .pagemap_scan
             .then(|| MemorySweep::new(pool.memory_keep_resident_kib * 1024))
             .flatten(),
-        log_budget: LogBudget::new(config.limits.log_lines_per_sec, metrics.log_dropped.clone()),
+        log_budget,
         requests: metrics.tenant(&label),
         undelivered: metrics.undelivered(&label),
         outbound,

@@ -94,12 +94,14 @@ impl WasiHttpView for HttpState {
 impl HttpState {
     /// The state of one request of a tenant whose guests see `spec` (args, env; stdout and
     /// stderr captured), limited by `limits`, calling out under `calls`; the client's request
-    /// `headers` carry the loop and trace headers passed on.
+    /// `headers` carry the loop and trace headers passed on; `request_id` names the request in
+    /// log lines.
     pub fn new(
         spec: Arc<WasiSpec>,
         mut limits: GuestLimits,
         calls: Arc<Calls>,
         headers: &HeaderMap,
+        request_id: &HeaderValue,
     ) -> Self {
         limits.instances = STORE_INSTANCES;
         Self {
@@ -108,7 +110,7 @@ impl HttpState {
             spec,
             stdio: None,
             http: WasiHttpCtx::new(),
-            hooks: Hooks::new(calls, headers),
+            hooks: Hooks::new(calls, headers, request_id),
             limits,
         }
     }
@@ -160,21 +162,40 @@ pub enum Answer {
     BodyFailed(String),
     /// The client went away.
     ClientGone,
+    /// The handler returned without finishing its body (`outgoing-body.finish`) or dropping
+    /// it: by wasi:http's rules the body is not complete, and nothing more can come.
+    Unfinished,
+}
+
+/// `wait` for something the guest produces (its response head, its next body frame). Once
+/// the handler has `returned`, a `wasi:http` 0.2 guest can no longer act, so what is not
+/// there now never comes: `None` then, at once, instead of a wait until the deadline.
+async fn from_guest<F: Future>(wait: F, returned: &AtomicBool) -> Option<F::Output> {
+    let mut wait = std::pin::pin!(wait);
+    std::future::poll_fn(|cx| match wait.as_mut().poll(cx) {
+        Poll::Ready(v) => Poll::Ready(Some(v)),
+        Poll::Pending if returned.load(Ordering::Acquire) => Poll::Ready(None),
+        Poll::Pending => Poll::Pending,
+    })
+    .await
 }
 
 /// Moves a component's answer into `response`: the head from `head` (the response-outparam's
-/// channel), then the body chunk by chunk as the guest writes it.
+/// channel), then the body chunk by chunk as the guest writes it. Set `returned` when the
+/// handler has returned and poll again: what the guest left unsent then ends the answer.
 ///
 /// # Errors
 /// [`Answer`], saying why the answer is not complete.
 pub async fn pump(
     head: tokio::sync::oneshot::Receiver<Result<Response<HyperOutgoingBody>, ErrorCode>>,
     response: &mut GuestResponse,
+    returned: &AtomicBool,
 ) -> Result<(), Answer> {
-    let answer = match head.await {
-        Ok(Ok(r)) => r,
-        Ok(Err(code)) => return Err(Answer::Error(code)),
-        Err(_) => return Err(Answer::NoResponse),
+    let answer = match from_guest(head, returned).await {
+        Some(Ok(Ok(r))) => r,
+        Some(Ok(Err(code))) => return Err(Answer::Error(code)),
+        // Dropped, or kept by a handler that returned without setting it.
+        Some(Err(_)) | None => return Err(Answer::NoResponse),
     };
     let (parts, mut body) = answer.into_parts();
     response.status = parts.status;
@@ -189,7 +210,12 @@ pub async fn pump(
             return Err(Answer::Limit);
         }
     }
-    while let Some(frame) = body.frame().await {
+    loop {
+        let frame = match from_guest(body.frame(), returned).await {
+            Some(Some(frame)) => frame,
+            Some(None) => break,
+            None => return Err(Answer::Unfinished),
+        };
         let frame = frame.map_err(|e| Answer::BodyFailed(e.to_string()))?;
         // Trailers are not sent (HTTP/1.1 clients rarely ask for them).
         let Ok(data) = frame.into_data() else {
@@ -375,11 +401,14 @@ struct Hooks {
     trace: Option<(HeaderValue, Option<HeaderValue>)>,
     /// Time waited and the run's failure, shared with the requests sent (made by the first).
     shared: Option<Arc<ComponentCalls>>,
+    /// The client's request, in log lines.
+    request_id: HeaderValue,
 }
 
 impl Hooks {
-    fn new(calls: Arc<Calls>, incoming: &HeaderMap) -> Self {
+    fn new(calls: Arc<Calls>, incoming: &HeaderMap, request_id: &HeaderValue) -> Self {
         Self {
+            request_id: request_id.clone(),
             cdn_loop: incoming.get_all(&CDN_LOOP).iter().cloned().collect(),
             trace: incoming
                 .get(&TRACEPARENT)
@@ -423,13 +452,11 @@ impl WasiHttpHooks for Hooks {
         let cdn_loop = HeaderValue::from_str(&cdn_loop).ok();
         let trace = self.trace.clone();
         let shared = self.shared.get_or_insert_with(Arc::default).clone();
+        let request_id = self.request_id.clone();
         Box::new(async move {
             use wasmtime_wasi_http::Error;
             let deny = |label: &str, why: String| {
-                tracing::debug!(
-                    tenant = calls.label.as_str(),
-                    "outgoing request denied: {why}"
-                );
+                calls.log_denied(&request_id, &why);
                 calls.count(label, "denied");
                 Error::HttpRequestDenied
             };
@@ -443,6 +470,7 @@ impl WasiHttpHooks for Hooks {
                 ));
             }
             if hops >= outbound::MAX_HOPS {
+                calls.log_denied(&request_id, &Denied::Loop(hops).to_string());
                 calls.count("unknown", "denied");
                 return Err(Error::LoopDetected);
             }
@@ -458,6 +486,7 @@ impl WasiHttpHooks for Hooks {
             let target = match target {
                 Ok(t) => t,
                 Err(Denied::Unresolved { host, .. }) => {
+                    calls.log_denied(&request_id, &format!("cannot resolve {host}"));
                     calls.count(outbound::URL_LABEL, "error");
                     return Err(Error::DnsError {
                         rcode: Some(format!("cannot resolve {host}")),
@@ -487,7 +516,7 @@ impl WasiHttpHooks for Hooks {
             let body = http_body_util::Limited::new(body, calls.policy.max_request_bytes as usize)
                 .map_err(|_| outbound::BodyAborted)
                 .boxed_unsync();
-            let req = Request::from_parts(parts, OutBody::Boxed(body, shared.clone()));
+            let req = Request::from_parts(parts, OutBody::component(body, shared.clone()));
             let started = Instant::now();
             let permit = target
                 .budget
@@ -495,20 +524,20 @@ impl WasiHttpHooks for Hooks {
                 .acquire_owned()
                 .await
                 .map_err(|_| Error::ConnectionLimitReached)?;
-            // The guest's request options may shorten the wait for the head, never lengthen it.
-            let ours = target.timeouts.connect + target.timeouts.first_byte;
-            let asked = options.map(|o| {
-                o.connect_timeout.unwrap_or(target.timeouts.connect)
-                    + o.first_byte_timeout.unwrap_or(target.timeouts.first_byte)
-            });
-            let limit = asked.map_or(ours, |a| a.min(ours));
-            let sent = tokio::time::timeout(limit, client.request(req)).await;
+            // The guest's request options may shorten the wait for the head, never lengthen
+            // it. (The connect timeout is the worker's connector's: the tenant's.)
+            let first_byte = options
+                .and_then(|o| o.first_byte_timeout)
+                .map_or(target.timeouts.first_byte, |t| {
+                    t.min(target.timeouts.first_byte)
+                });
+            let sent = outbound::send(&client, req, first_byte).await;
             shared
                 .waited_ns
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let resp = match sent {
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) => {
+                Ok(r) => r,
+                Err(outbound::HeadError::Failed(e)) => {
                     calls.count(&target.label, "error");
                     return Err(if e.is_connect() {
                         Error::ConnectionRefused
@@ -516,7 +545,7 @@ impl WasiHttpHooks for Hooks {
                         Error::HttpProtocolError
                     });
                 }
-                Err(_) => {
+                Err(outbound::HeadError::FirstByte) => {
                     calls.count(&target.label, "timeout");
                     return Err(Error::ConnectionReadTimeout);
                 }

@@ -93,8 +93,10 @@ pub fn args(request: &super::GuestRequest) -> Vec<String> {
 pub fn env(request: &super::GuestRequest, spec: &WasiSpec) -> Vec<(String, String)> {
     let ctx: &RequestContext = &request.context;
     let path = request.uri.path();
-    let split = ctx.prefix_len.min(path.len());
-    let (script, info) = path.split_at(split);
+    // SCRIPT_NAME is the route prefix without a trailing `/`, and PATH_INFO the rest, which
+    // is empty or starts with `/` (RFC 3875 4.1.5, 4.1.13).
+    let prefix = &path[..ctx.prefix_len.min(path.len())];
+    let (script, info) = path.split_at(prefix.trim_end_matches('/').len());
     let mut vars: Vec<(String, String)> = Vec::with_capacity(24 + request.headers.len());
     let mut set = |k: &str, v: String| vars.push((k.to_string(), v));
     set("GATEWAY_INTERFACE", "CGI/1.1".into());
@@ -104,15 +106,18 @@ pub fn env(request: &super::GuestRequest, spec: &WasiSpec) -> Vec<(String, Strin
     );
     set(
         "SERVER_PROTOCOL",
+        // RFC 3875 4.1.16: `HTTP/major.minor`, so HTTP/2 is `HTTP/2.0` (as Apache gives it;
+        // Go's net/http/cgi refuses `HTTP/2`).
         match ctx.version {
+            http::Version::HTTP_09 => "HTTP/0.9",
             http::Version::HTTP_10 => "HTTP/1.0",
-            http::Version::HTTP_2 => "HTTP/2",
+            http::Version::HTTP_2 => "HTTP/2.0",
+            http::Version::HTTP_3 => "HTTP/3.0",
             _ => "HTTP/1.1",
         }
         .into(),
     );
     set("REQUEST_METHOD", request.method.as_str().into());
-    let script = script.trim_end_matches('/');
     set("SCRIPT_NAME", script.into());
     set("PATH_INFO", percent_decode(info));
     // What WAGI (Spin's CGI executor) adds, so its programs move unchanged.
@@ -168,13 +173,24 @@ pub fn env(request: &super::GuestRequest, spec: &WasiSpec) -> Vec<(String, Strin
     if let Some(n) = crate::body::declared_length(&request.headers) {
         set("CONTENT_LENGTH", n.to_string());
     }
+    // An HTTP/2 request names its host in `:authority`, not `Host`: programs read HTTP_HOST.
+    if !request.headers.contains_key(http::header::HOST) && !host.is_empty() {
+        set("HTTP_HOST", host.clone());
+    }
     // HTTP_*: every header but the two above and `Proxy` (a client's `Proxy` header must not
     // become the program's HTTP_PROXY, CVE-2016-5385 "httpoxy"). Repeated headers are joined.
+    // Only names of letters, digits and `-` (RFC 3875 4.1.18 maps `-` to `_`): `X_User` would
+    // otherwise pass as `X-User`'s HTTP_X_USER, so such headers are left out (as Apache and
+    // nginx do).
     for name in request.headers.keys() {
         if matches!(
             name.as_str(),
             "content-type" | "content-length" | "proxy" | "connection"
-        ) {
+        ) || !name
+            .as_str()
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-')
+        {
             continue;
         }
         let value = request
@@ -538,6 +554,103 @@ mod tests {
         assert!(e.contains("three-digit"), "{e}");
         let e = apply_headers(b"Status: 2000\n", &mut response()).unwrap_err();
         assert!(e.contains("three-digit"), "{e}");
+    }
+
+    fn env_of(
+        uri: &str,
+        prefix_len: usize,
+        version: http::Version,
+        headers: &[(&str, &str)],
+    ) -> Vec<(String, String)> {
+        let mut map = http::HeaderMap::new();
+        for (k, v) in headers {
+            map.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        let context = super::super::RequestContext {
+            client: "127.0.0.1:4000".parse().unwrap(),
+            request_id: HeaderValue::from_static("r1"),
+            prefix_len,
+            version,
+        };
+        let request = super::super::GuestRequest::new(
+            http::Method::GET,
+            uri.parse().unwrap(),
+            map,
+            super::super::RequestBody::Empty,
+            1000,
+            context,
+        );
+        let spec = WasiSpec {
+            name: "t".into(),
+            env: vec![],
+            stdio_bytes: 100,
+        };
+        env(&request, &spec)
+    }
+
+    fn var<'a>(vars: &'a [(String, String)], key: &str) -> Option<&'a str> {
+        vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn meta_variables_follow_rfc_3875_grammar() {
+        // HTTP/2 is `HTTP/2.0` (`HTTP/x.y`); its host comes from `:authority` as HTTP_HOST.
+        let v = env_of(
+            "http://example.com:8080/cgi/run?a=1",
+            4,
+            http::Version::HTTP_2,
+            &[],
+        );
+        assert_eq!(var(&v, "SERVER_PROTOCOL"), Some("HTTP/2.0"));
+        assert_eq!(var(&v, "HTTP_HOST"), Some("example.com:8080"));
+        assert_eq!(var(&v, "SERVER_NAME"), Some("example.com"));
+        assert_eq!(var(&v, "SERVER_PORT"), Some("8080"));
+        assert_eq!(var(&v, "SCRIPT_NAME"), Some("/cgi"));
+        assert_eq!(var(&v, "PATH_INFO"), Some("/run"));
+        for (version, text) in [
+            (http::Version::HTTP_10, "HTTP/1.0"),
+            (http::Version::HTTP_11, "HTTP/1.1"),
+            (http::Version::HTTP_3, "HTTP/3.0"),
+        ] {
+            let v = env_of("/x", 0, version, &[("host", "h")]);
+            assert_eq!(var(&v, "SERVER_PROTOCOL"), Some(text));
+            assert_eq!(var(&v, "HTTP_HOST"), Some("h"));
+        }
+        // A prefix that ends in `/` still leaves PATH_INFO empty or starting with `/`.
+        let v = env_of("/cgi/run", 5, http::Version::HTTP_11, &[("host", "h")]);
+        assert_eq!(var(&v, "SCRIPT_NAME"), Some("/cgi"));
+        assert_eq!(var(&v, "PATH_INFO"), Some("/run"));
+        let v = env_of("/cgi", 4, http::Version::HTTP_11, &[("host", "h")]);
+        assert_eq!(var(&v, "PATH_INFO"), Some(""));
+        let v = env_of("/run", 0, http::Version::HTTP_11, &[("host", "h")]);
+        assert_eq!(var(&v, "SCRIPT_NAME"), Some(""));
+        assert_eq!(var(&v, "PATH_INFO"), Some("/run"));
+        // Header names outside letters, digits and `-` are left out: `X_User` must not pass
+        // as `X-User`.
+        let v = env_of(
+            "/run",
+            0,
+            http::Version::HTTP_11,
+            &[
+                ("host", "h"),
+                ("x-user", "alice"),
+                ("x_user", "mallory"),
+                ("proxy", "p"),
+            ],
+        );
+        assert_eq!(var(&v, "HTTP_X_USER"), Some("alice"));
+        assert_eq!(v.iter().filter(|(k, _)| k == "HTTP_X_USER").count(), 1);
+        assert_eq!(var(&v, "HTTP_PROXY"), None);
+        for (k, _) in &v {
+            assert!(
+                k.bytes()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_'),
+                "{k}"
+            );
+        }
     }
 
     #[test]

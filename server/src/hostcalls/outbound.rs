@@ -21,8 +21,8 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinHandle;
 use wasmtime::{Caller, Linker};
 
-use super::{GuestFault, GuestState, copy_to_guest, guest_range, memory};
-use crate::outbound::{self, Denied, OutBody, Policy, Target};
+use super::{GuestFault, GuestRequest, GuestState, copy_to_guest, guest_range, memory};
+use crate::outbound::{self, Denied, HeadError, OutBody, Policy, Target};
 
 /// Body chunks that may wait for the backend before a streaming guest's writes block.
 const STREAM_CHUNKS: usize = 4;
@@ -61,9 +61,26 @@ pub struct Calls {
     pub duration: prometheus::Histogram,
     /// `tern_outbound_connections_total`.
     pub opened: prometheus::IntCounter,
+    /// The tenant's budget of guest log lines (denials are logged within it).
+    pub log_budget: Arc<crate::tenant::LogBudget>,
 }
 
 impl Calls {
+    /// Logs that the guest's outbound request was refused and why (what
+    /// `outbound_last_error` says), within the tenant's log budget: a denial shows only as
+    /// an error value inside the guest (JavaScript's `fetch` throws a bare `NetworkError`),
+    /// so its developer finds the reason here (and in `tern dev`'s terminal).
+    pub fn log_denied(&self, request_id: &HeaderValue, why: &str) {
+        if self.log_budget.allow() {
+            tracing::warn!(
+                target: "tern::guest",
+                tenant = self.label.as_str(),
+                request_id = request_id.to_str().unwrap_or("-"),
+                "outbound request refused: {why}"
+            );
+        }
+    }
+
     /// Counts one outbound request to `backend` that ended with `status`.
     pub fn count(&self, backend: &str, status: &str) {
         self.requests
@@ -209,7 +226,8 @@ impl Outbound {
     }
 
     /// Whether one more request may be made (to `backend`, empty for a URL).
-    fn check_new(&mut self, incoming: &HeaderMap, backend: &str) -> Result<(), i32> {
+    fn check_new(&mut self, request: &GuestRequest, backend: &str) -> Result<(), i32> {
+        let incoming = &request.headers;
         let label = self.label(backend);
         let max = self.calls.policy.max_requests;
         if self.handles.len() >= max as usize {
@@ -222,8 +240,7 @@ impl Outbound {
         }
         let hops = outbound::hops(incoming.get_all(&CDN_LOOP).iter());
         if hops >= outbound::MAX_HOPS {
-            let f = Failure::new(errno::DENIED, "denied", Denied::Loop(hops).to_string());
-            return Err(self.fail(&label, f));
+            return Err(self.denied(backend, &Denied::Loop(hops), request));
         }
         Ok(())
     }
@@ -241,14 +258,18 @@ impl Outbound {
         }
     }
 
-    fn denied(&mut self, backend: &str, d: &Denied) -> i32 {
+    /// A request refused by the policy: counted, logged, and its reason kept for
+    /// `outbound_last_error`.
+    fn denied(&mut self, backend: &str, d: &Denied, request: &GuestRequest) -> i32 {
         let label = self.label(backend);
+        let why = d.to_string();
+        self.calls.log_denied(&request.context.request_id, &why);
         let code = match d {
             Denied::BadTarget(_) => errno::INVALID_ARGUMENT,
             Denied::Unresolved { .. } => errno::IO,
             _ => errno::DENIED,
         };
-        self.fail(&label, Failure::new(code, "denied", d.to_string()))
+        self.fail(&label, Failure::new(code, "denied", why))
     }
 
     /// Sends the request built in `handle`: its head now; its body whole, or (with `stream`)
@@ -299,9 +320,9 @@ impl Outbound {
         headers.insert(HOST, target.host.clone());
         let (out_body, sender) = if stream {
             let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
-            (OutBody::Stream(rx, false), Some(tx))
+            (OutBody::stream(rx), Some(tx))
         } else {
-            (OutBody::Full(Some(body.freeze())), None)
+            (OutBody::full(body.freeze()), None)
         };
         let mut req = Request::new(out_body);
         *req.method_mut() = method;
@@ -319,11 +340,9 @@ impl Outbound {
                 .acquire_owned()
                 .await
                 .map_err(|_| Failure::new(errno::IO, "error", "the backend's budget is closed"))?;
-            // The connector enforces the connect timeout; the connect time does not count
-            // against the first byte's.
-            match tokio::time::timeout(connect + first_byte, client.request(req)).await {
-                Ok(Ok(resp)) => Ok((resp, permit)),
-                Ok(Err(e)) if e.is_connect() && timed_out(&e) => Err(Failure::new(
+            match outbound::send(&client, req, first_byte).await {
+                Ok(resp) => Ok((resp, permit)),
+                Err(HeadError::Failed(e)) if e.is_connect() && timed_out(&e) => Err(Failure::new(
                     errno::TIMEOUT,
                     "timeout",
                     format!(
@@ -331,7 +350,7 @@ impl Outbound {
                         connect.as_millis()
                     ),
                 )),
-                Ok(Err(e)) => {
+                Err(HeadError::Failed(e)) => {
                     let what = if e.is_connect() {
                         "connecting to the backend failed"
                     } else {
@@ -343,11 +362,12 @@ impl Outbound {
                         format!("{what}: {}", chain(&e)),
                     ))
                 }
-                Err(_) => Err(Failure::new(
+                Err(HeadError::FirstByte) => Err(Failure::new(
                     errno::TIMEOUT,
                     "timeout",
                     format!(
-                        "no response head within {} ms (first_byte_timeout_ms)",
+                        "no response head within {} ms of sending the request \
+                         (first_byte_timeout_ms)",
                         first_byte.as_millis()
                     ),
                 )),
@@ -607,7 +627,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
                 else {
                     return Ok(out.misuse("the backend name and URL must be UTF-8"));
                 };
-                if let Err(code) = out.check_new(&state.request.headers, &backend) {
+                if let Err(code) = out.check_new(&state.request, &backend) {
                     return Ok(code);
                 }
                 let Ok(method) = Method::from_bytes(&method) else {
@@ -619,11 +639,12 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
                 let calls = out.calls.clone();
                 let waited = Instant::now();
                 let target = calls.policy.target(&backend, &url).await;
-                let out = &mut caller.data_mut().outbound;
+                let state = caller.data_mut();
+                let out = &mut state.outbound;
                 out.waited += waited.elapsed();
                 let target = match target {
                     Ok(t) => t,
-                    Err(d) => return Ok(out.denied(&backend, &d)),
+                    Err(d) => return Ok(out.denied(&backend, &d, &state.request)),
                 };
                 out.handles.push(Call::Building(Box::new(Draft {
                     method,

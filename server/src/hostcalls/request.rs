@@ -176,6 +176,39 @@ impl GuestRequest {
         Ok(chunk)
     }
 
+    /// Whether a body is coming whose length the client did not declare (HTTP/1.1 chunked,
+    /// or HTTP/2 without `content-length`).
+    pub fn length_unknown(&self) -> bool {
+        crate::body::declared_length(&self.headers).is_none()
+            && match &self.body {
+                RequestBody::Incoming(i) => !http_body::Body::is_end_stream(i),
+                RequestBody::Full(b) => !b.is_empty(),
+                RequestBody::Empty => false,
+            }
+    }
+
+    /// Reads the whole body into memory, within the tenant's limit, and presents it with its
+    /// length: `Content-Length` replaces `Transfer-Encoding`. CGI programs need this: RFC 3875
+    /// gives them the body with its length (`CONTENT_LENGTH`), and programs that follow it
+    /// read nothing without one. A body over the limit or broken is not kept:
+    /// [`Self::too_large`] or [`Self::body_error`] says so.
+    pub async fn buffer_whole(&mut self) {
+        let mut whole = bytes::BytesMut::new();
+        loop {
+            match self.next_chunk().await {
+                Ok(chunk) if chunk.is_empty() => break,
+                Ok(chunk) => whole.extend_from_slice(&chunk),
+                Err(_) => return,
+            }
+        }
+        self.headers.remove(http::header::TRANSFER_ENCODING);
+        self.headers
+            .insert(http::header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
+        self.headers_blob = None;
+        self.received = 0;
+        self.body = RequestBody::Full(whole.freeze());
+    }
+
     /// At most `max` next bytes of the body (the rest stays for the next read); empty at its
     /// end.
     ///

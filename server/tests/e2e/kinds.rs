@@ -207,13 +207,18 @@ async fn cgi_programs_get_rfc_3875_variables_and_stream_both_ways() {
 /// chunked body was cut: it never reaches the final empty chunk, so no client takes it for
 /// complete.
 async fn assert_cut(s: &TestServer, path: &str) {
+    assert_cut_with(s, path, "HTTP/1.1 200").await;
+}
+
+/// [`assert_cut`] for an answer whose head starts with `status_line`.
+async fn assert_cut_with(s: &TestServer, path: &str, status_line: &str) {
     let reply = raw(
         s.addr(),
         format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"),
     )
     .await;
     assert!(
-        reply.starts_with("HTTP/1.1 200"),
+        reply.starts_with(status_line),
         "{path}: {}",
         &reply[..reply.len().min(200)]
     );
@@ -370,6 +375,20 @@ async fn hostile_components_get_defined_statuses_and_the_pool_survives() {
             "memory_limit",
         ),
         ("/component/none", StatusCode::BAD_GATEWAY, "bad_output"),
+        // Returned with the outparam neither set nor dropped: nothing more can come, so the
+        // answer is at once, not at the deadline (1 s here) as a 504.
+        (
+            "/component/forgotten",
+            StatusCode::BAD_GATEWAY,
+            "bad_output",
+        ),
+        // Returned without finishing the body (componentize-js when the JavaScript throws):
+        // the body is incomplete by wasi:http's rules, and the answer is at once.
+        (
+            "/component/unfinished?n=100",
+            StatusCode::BAD_GATEWAY,
+            "bad_output",
+        ),
     ];
     for (path, status, _) in cases {
         let r = s.get(path).await;
@@ -383,8 +402,17 @@ async fn hostile_components_get_defined_statuses_and_the_pool_survives() {
         "{}",
         r.text()
     );
+    let r = s.get("/component/unfinished?n=0").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert!(
+        r.text().contains("without finishing its response body"),
+        "{}",
+        r.text()
+    );
     // A trap after the head and 100 KiB of body: the client sees a cut body, never a clean end.
     assert_cut(&s, "/component/trap-mid").await;
+    // So does a body left unfinished after its head was sent (past 64 KiB it streams).
+    assert_cut_with(&s, "/component/unfinished?n=100000", "HTTP/1.1 500").await;
     // The pool and every other tenant carry on.
     for _ in 0..20 {
         assert_eq!(s.get("/component/hello").await.status, StatusCode::OK);
@@ -433,10 +461,16 @@ async fn component_outgoing_requests_follow_the_tenant_policy() {
          [[tenant]]\nname = \"closed\"\nmodule = \"component.wasm\"\npaths = [\"/closed\"]\n\
          [[tenant]]\nname = \"open\"\nmodule = \"component.wasm\"\npaths = [\"/open\"]\n\
          [tenant.outbound]\nmax_requests = 1\n\
-         [tenant.outbound.backends.origin]\nurl = \"http://{}\"\n",
+         [tenant.outbound.backends.origin]\nurl = \"http://{0}\"\n\
+         [tenant.outbound.backends.slow]\nurl = \"http://{0}\"\nfirst_byte_timeout_ms = 200\n",
         backend.addr
     );
     let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    // The head wait is first_byte_timeout_ms from the request's sending (not plus the connect
+    // timeout): a head 1 s late is a timeout.
+    let r = s.get("/open/fetch?url=http://slow/late").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert!(r.text().contains("ConnectionReadTimeout"), "{}", r.text());
     // Deny by default: no backends, no allowed hosts.
     let direct = format!("/closed/fetch?url=http://{}/hello", backend.addr);
     let r = s.get(&direct).await;

@@ -22,3 +22,4 @@ mod streaming;
 mod support;
 mod swap;
 mod tenants;
+mod toolchains;

@@ -18,7 +18,7 @@ use tern_sdk::abi::errno;
 use crate::support::{TestServer, metric_value, send, test_guest};
 
 /// A backend for the tests: `/hello` answers `hi` and the request's headers, `/slow` answers
-/// after 3 s, `/big?n=N` N bytes, `/echo` the request body, `/users` and `/orders` each wait
+/// after 3 s, `/late` after 1 s, `/big?n=N` N bytes, `/echo` the request body, `/users` and `/orders` each wait
 /// (up to 5 s) until the other has arrived too, so they succeed only when sent in parallel.
 pub(crate) struct Backend {
     pub(crate) addr: SocketAddr,
@@ -82,6 +82,10 @@ async fn handle_whole(
         }
         "/slow" => {
             tokio::time::sleep(Duration::from_secs(3)).await;
+            text.push_str("late\n");
+        }
+        "/late" => {
+            tokio::time::sleep(Duration::from_secs(1)).await;
             text.push_str("late\n");
         }
         "/big" => {
@@ -329,6 +333,19 @@ async fn guests_call_their_backends_and_nothing_else() {
         r.text()
     );
     assert!(r.text().contains("first_byte_timeout_ms"), "{}", r.text());
+    // The head wait is first_byte_timeout_ms (200) from the request's sending, not that plus
+    // the connect timeout (2 s): a head 1 s late is too late, on a pooled connection as on a
+    // new one.
+    for _ in 0..2 {
+        let r = s.get("/probe?backend=slow&path=/late").await;
+        assert!(
+            r.text().starts_with(&format!("error={} ", errno::TIMEOUT)),
+            "{}",
+            r.text()
+        );
+        let r = s.get("/probe?backend=slow&path=/hello").await;
+        assert!(r.text().starts_with("status=200 "), "{}", r.text());
+    }
     let r = s.get("/probe?backend=down&path=/").await;
     assert!(
         r.text().starts_with(&format!(
@@ -358,7 +375,7 @@ async fn guests_call_their_backends_and_nothing_else() {
         ),
         (
             "tern_outbound_requests_total{backend=\"slow\",status=\"timeout\",tenant=\"probe\"}",
-            1.0,
+            3.0,
         ),
         (
             "tern_outbound_requests_total{backend=\"down\",status=\"error\",tenant=\"probe\"}",

@@ -452,6 +452,27 @@ pub fn test_component(dir: &Path, name: &str) -> PathBuf {
     to
 }
 
+/// Builds the Go program in `package` (relative to the repository) with Go's own toolchain for
+/// `GOOS=wasip1 GOARCH=wasm` (the toolchain Go users deploy with; no module downloads, the
+/// standard library only) into `dir/name.wasm`. Go's build cache keeps rebuilds quick.
+pub fn go_program(dir: &Path, package: &str, name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = dir.join(format!("{name}.wasm"));
+    let status = std::process::Command::new("go")
+        .current_dir(root.join(package))
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(".")
+        .env("GOOS", "wasip1")
+        .env("GOARCH", "wasm")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=mod")
+        .status()
+        .expect("Go is required for the Go guests (https://go.dev; scripts/test checks it)");
+    assert!(status.success(), "go build of {package} for wasip1 failed");
+    out
+}
+
 /// Compiles the C program `source` (relative to the repository) with clang for wasm32-wasi
 /// into `dir/name.wasm`.
 pub fn c_program(dir: &Path, source: &str, name: &str) -> PathBuf {

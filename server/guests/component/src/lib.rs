@@ -10,6 +10,10 @@
 //! - `/loop`: loops forever: `504`.
 //! - `/bomb`: grows memory until the tenant's limit: `500` (memory limit).
 //! - `/none`: returns without setting a response: `502`.
+//! - `/unfinished?n=N`: what StarlingMonkey (componentize-js) does when the JavaScript
+//!   throws: sets a `500` response, writes N bytes of body and returns without finishing or
+//!   dropping the body.
+//! - `/forgotten`: returns without setting or dropping its response-outparam.
 //! - `/status?code=N`: an empty response with status N.
 //! - `/fetch?url=U`: sends `GET U` with `wasi:http/outgoing-handler` and answers with its
 //!   status and body, or `502` with the error code if the request fails.
@@ -136,6 +140,19 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
                 write_all(&stream, &vec![b'x'; 100 * 1024]);
                 panic!("trapping after 100 KiB of body");
             }
+            "/unfinished" => {
+                let n: usize = query(&path, "n").and_then(|n| n.parse().ok()).unwrap_or(0);
+                let response = OutgoingResponse::new(Fields::new());
+                response.set_status_code(500).expect("a valid status");
+                let out_body = response.body().expect("the body is taken once");
+                ResponseOutparam::set(out, Ok(response));
+                let stream = out_body.write().expect("the stream is taken once");
+                write_all(&stream, &vec![b'x'; n]);
+                // Neither finished nor dropped: the handles stay in the host's table.
+                std::mem::forget(stream);
+                std::mem::forget(out_body);
+            }
+            "/forgotten" => std::mem::forget(out),
             "/panic" => panic!("a panic before any response"),
             "/loop" => {
                 let mut n = 0u64;

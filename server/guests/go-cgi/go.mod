@@ -1,0 +1,3 @@
+module tern.invalid/go-cgi
+
+go 1.26

@@ -1,0 +1,98 @@
+//! Guests built by other people's toolchains, as their users build them: Go's standard
+//! library CGI (`GOOS=wasip1`). Each found a wrong answer our own guests never showed.
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+
+use crate::support::{H2Conn, TestServer, go_program, raw, send};
+
+/// A server with the Go CGI program at `/go`, its body limit 100,000 bytes.
+async fn go_cgi() -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    go_program(dir.path(), "server/guests/go-cgi", "go-cgi");
+    let config = "[pool]\ninstances = 4\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"go\"\nmodule = \"go-cgi.wasm\"\npaths = [\"/go\"]\n\
+         [tenant.limits]\ntimeout_ms = 10000\nmax_request_bytes = 100000\n";
+    TestServer::try_start_in(dir, config).await.expect("start")
+}
+
+/// The `key=value` lines of the Go program's answer.
+fn field<'a>(text: &'a str, key: &str) -> &'a str {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key} in {text:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_net_http_cgi_programs_read_every_request_right() {
+    let s = go_cgi().await;
+    let r = s.get("/go/hello").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header("x-toolchain"), "go-net-http-cgi");
+    let t = r.text();
+    assert_eq!(
+        (field(&t, "proto"), field(&t, "method"), field(&t, "path")),
+        ("HTTP/1.1", "GET", "/go/hello")
+    );
+    assert_eq!(field(&t, "host"), "localhost");
+
+    // HTTP/2: SERVER_PROTOCOL must be `HTTP/2.0` (RFC 3875's HTTP/x.y), which net/http/cgi
+    // parses; `HTTP/2` made every HTTP/2 request a 502. The host comes from `:authority`.
+    let mut h2 = H2Conn::open(s.addr()).await;
+    let r = h2.get("/go/two").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let t = r.text();
+    assert_eq!(field(&t, "proto"), "HTTP/2.0");
+    assert_eq!(field(&t, "host"), s.addr().to_string());
+
+    // HTTP/1.0.
+    let reply = raw(s.addr(), "GET /go/old HTTP/1.0\r\nhost: x\r\n\r\n").await;
+    assert!(reply.starts_with("HTTP/1.0 200"), "{reply}");
+    assert!(reply.contains("proto=HTTP/1.0"), "{reply}");
+
+    // A chunked upload reaches the program whole, with its length (RFC 3875 4.2): before,
+    // it read nothing and answered 200, a silently lost upload.
+    for n in [0usize, 1, 65_536, 99_999, 100_000] {
+        let r = send(
+            s.addr(),
+            Method::POST,
+            "/go/up",
+            None,
+            &[("transfer-encoding", "chunked")],
+            Bytes::from(vec![b'a'; n]),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{n}: {}", r.text());
+        let t = r.text();
+        assert_eq!(field(&t, "read"), n.to_string(), "{t}");
+        if n > 0 {
+            assert_eq!(field(&t, "content-length"), n.to_string(), "{t}");
+        }
+    }
+    // Past the limit: 413, and the program is not run.
+    let r = send(
+        s.addr(),
+        Method::POST,
+        "/go/up",
+        None,
+        &[("transfer-encoding", "chunked")],
+        Bytes::from(vec![b'a'; 100_001]),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text());
+    // A sized body streams to the program as before.
+    let r = send(
+        s.addr(),
+        Method::POST,
+        "/go/up",
+        None,
+        &[],
+        Bytes::from(vec![b'b'; 70_000]),
+    )
+    .await;
+    let t = r.text();
+    assert_eq!(
+        (field(&t, "read"), field(&t, "content-length")),
+        ("70000", "70000")
+    );
+}
