@@ -168,52 +168,11 @@ async fn counter_is_one_on_every_concurrent_request() {
 /// picks up a new build of the file (keeping the old one when the new one is broken).
 #[test]
 fn tern_dev_serves_a_file_shows_panics_and_reloads_it() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let app = dir.path().join("app.wasm");
     std::fs::copy(crate::support::test_guest(dir.path(), "panic"), &app).unwrap();
-    let mut child = crate::support::tern_bin()
-        .args(["dev", app.to_str().unwrap(), "--listen", "127.0.0.1:0"])
-        .env("TERN_CACHE_DIR", dir.path().join("cache"))
-        .env("TERN_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, log) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
-    let wait_for = |needle: &str| loop {
-        let line = log
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .unwrap_or_else(|e| panic!("no {needle:?} in the output: {e}"));
-        if line.contains(needle) {
-            return line;
-        }
-    };
-    let line = wait_for("tern dev: serving");
-    let addr: std::net::SocketAddr = line
-        .split("at http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap()
-        .parse()
-        .unwrap();
-    let get = || {
-        let reply = crate::support::raw_exchange(
-            addr,
-            b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
-            std::time::Duration::from_secs(20),
-        );
-        String::from_utf8_lossy(&reply).into_owned()
-    };
-    let r = get();
+    let dev = crate::support::TernDev::start(&app, &dir.path().join("cache"));
+    let r = dev.get("/");
     assert!(r.starts_with("HTTP/1.1 500"), "{r}");
     assert!(
         r.contains("panicked at") && r.contains("index out of bounds"),
@@ -221,15 +180,13 @@ fn tern_dev_serves_a_file_shows_panics_and_reloads_it() {
     );
     // A new build of the file is served without a restart.
     std::fs::write(&app, tern::demo::module("hello").unwrap()).unwrap();
-    wait_for("tern dev: reloaded");
-    assert!(get().contains("Hello from Tern!"));
+    dev.wait_for("tern dev: reloaded");
+    assert!(dev.get("/").contains("Hello from Tern!"));
     // A broken one is refused and the last good one keeps serving.
     std::fs::write(&app, b"not wasm").unwrap();
-    let line = wait_for("was not loaded");
+    let line = dev.wait_for("was not loaded");
     assert!(line.contains("previous version keeps serving"), "{line}");
-    assert!(get().contains("Hello from Tern!"));
-    let _ = child.kill();
-    let _ = child.wait();
+    assert!(dev.get("/").contains("Hello from Tern!"));
 }
 
 /// `tern new` writes projects that build outside this repository with their one command and

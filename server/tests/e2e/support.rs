@@ -452,6 +452,158 @@ pub fn test_component(dir: &Path, name: &str) -> PathBuf {
     to
 }
 
+/// Where the test command (`bash scripts/test`) keeps the toolchains it installs, outside the
+/// checkout: `$TERN_TOOLS`, else `~/.cache/tern-tools`.
+pub fn tools_dir() -> PathBuf {
+    std::env::var_os("TERN_TOOLS").map_or_else(
+        || Path::new(&std::env::var_os("HOME").expect("HOME is set")).join(".cache/tern-tools"),
+        PathBuf::from,
+    )
+}
+
+/// The componentize-js version the suite builds JavaScript guests with (pinned in
+/// scripts/test, which installs it under [`tools_dir`]).
+pub const COMPONENTIZE_JS: &str = "0.23.0";
+
+/// Builds `server/guests/js/handler.js` into a `wasi:http` component with componentize-js
+/// (once per test run) and copies it into `dir` as `name.wasm`.
+///
+/// componentize-js 0.23's engine exports `wasi:http/incoming-handler@0.2.10` and needs the WIT
+/// of that version to build: it is made from the WASI 0.2.12 WIT that its jco dependency ships
+/// (the same interfaces), in a temporary directory.
+pub fn js_component(dir: &Path, name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let modules = tools_dir().join(format!("componentize-js-{COMPONENTIZE_JS}/node_modules"));
+        let cli = modules.join(".bin/componentize-js");
+        assert!(
+            cli.exists(),
+            "componentize-js {COMPONENTIZE_JS} is not installed at {} (bash scripts/test installs it)",
+            cli.display()
+        );
+        let wit = tempfile::tempdir().expect("temp dir");
+        let deps = wit.path().join("deps");
+        let shipped = modules.join("@bytecodealliance/jco/lib/wit/builtin/0.2.12");
+        for package in std::fs::read_dir(&shipped).expect("jco's WASI WIT") {
+            let package = package.unwrap();
+            let to = deps.join(package.file_name());
+            std::fs::create_dir_all(&to).unwrap();
+            for file in std::fs::read_dir(package.path()).unwrap() {
+                let file = file.unwrap();
+                let text = std::fs::read_to_string(file.path()).unwrap();
+                std::fs::write(to.join(file.file_name()), text.replace("@0.2.12", "@0.2.10"))
+                    .unwrap();
+            }
+        }
+        std::fs::write(
+            wit.path().join("world.wit"),
+            "package tern:js-test;
+
+world handler {
+  export wasi:http/incoming-handler@0.2.10;
+}
+",
+        )
+        .unwrap();
+        let out_dir = root.join("target/test-guests/js");
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let out = out_dir.join("handler.wasm");
+        let output = std::process::Command::new(&cli)
+            .arg(root.join("server/guests/js/handler.js"))
+            .arg("--wit")
+            .arg(wit.path())
+            .args(["--world-name", "handler", "-o"])
+            .arg(&out)
+            .output()
+            .expect("run componentize-js (needs node)");
+        assert!(
+            output.status.success(),
+            "componentize-js failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        out
+    });
+    let to = dir.join(format!("{name}.wasm"));
+    std::fs::copy(built, &to).unwrap_or_else(|e| panic!("js component: {e}"));
+    to
+}
+
+/// A `tern dev FILE.wasm` process and the lines of its output.
+pub struct TernDev {
+    child: std::process::Child,
+    log: std::sync::mpsc::Receiver<String>,
+    /// Where it serves.
+    pub addr: SocketAddr,
+}
+
+impl TernDev {
+    /// Starts `tern dev module` on an ephemeral port and waits until it serves.
+    pub fn start(module: &Path, cache: &Path) -> Self {
+        use std::io::BufRead;
+        let mut child = tern_bin()
+            .args(["dev", module.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+            .env("TERN_CACHE_DIR", cache)
+            .env("TERN_LOG", "info")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start tern dev");
+        let (tx, log) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().expect("piped stderr");
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+        let mut dev = Self {
+            child,
+            log,
+            addr: "127.0.0.1:0".parse().unwrap(),
+        };
+        let line = dev.wait_for("tern dev: serving");
+        dev.addr = line
+            .split("at http://")
+            .nth(1)
+            .and_then(|r| r.split('/').next())
+            .and_then(|a| a.parse().ok())
+            .expect("address in the output");
+        dev
+    }
+
+    /// The next output line containing `needle` (panics after 30 s).
+    pub fn wait_for(&self, needle: &str) -> String {
+        loop {
+            let line = self
+                .log
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .unwrap_or_else(|e| panic!("no {needle:?} in the output: {e}"));
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+
+    /// A GET of `path` on a new connection: the raw reply.
+    pub fn get(&self, path: &str) -> String {
+        let reply = raw_exchange(
+            self.addr,
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+            std::time::Duration::from_secs(20),
+        );
+        String::from_utf8_lossy(&reply).into_owned()
+    }
+}
+
+impl Drop for TernDev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Builds the Go program in `package` (relative to the repository) with Go's own toolchain for
 /// `GOOS=wasip1 GOARCH=wasm` (the toolchain Go users deploy with; no module downloads, the
 /// standard library only) into `dir/name.wasm`. Go's build cache keeps rebuilds quick.

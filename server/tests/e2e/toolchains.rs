@@ -1,10 +1,13 @@
 //! Guests built by other people's toolchains, as their users build them: Go's standard
-//! library CGI (`GOOS=wasip1`). Each found a wrong answer our own guests never showed.
+//! library CGI (`GOOS=wasip1`), JavaScript through componentize-js. Each found a wrong answer
+//! our own guests never showed.
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
-use crate::support::{H2Conn, TestServer, go_program, raw, send};
+use crate::support::{
+    H2Conn, TernDev, TestServer, go_program, js_component, metric_value, raw, send,
+};
 
 /// A server with the Go CGI program at `/go`, its body limit 100,000 bytes.
 async fn go_cgi() -> TestServer {
@@ -94,5 +97,71 @@ async fn go_net_http_cgi_programs_read_every_request_right() {
     assert_eq!(
         (field(&t, "read"), field(&t, "content-length")),
         ("70000", "70000")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn componentize_js_handlers_are_served_and_a_throw_ends_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    js_component(dir.path(), "js");
+    let config = "[pool]\ninstances = 4\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"js\"\nmodule = \"js.wasm\"\npaths = [\"/js\"]\n\
+         [tenant.limits]\ntimeout_ms = 10000\n\
+         [[tenant]]\nname = \"js-dev\"\nmodule = \"js.wasm\"\npaths = [\"/jsdev\"]\n\
+         errors = \"dev\"\n[tenant.limits]\ntimeout_ms = 10000\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let r = s.get("/js/hello").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header("x-toolchain"), "componentize-js");
+    assert_eq!(r.text(), "hello from javascript: GET /js/hello\n");
+    for n in [0usize, 65_537, 300_000] {
+        let r = send(
+            s.addr(),
+            Method::POST,
+            "/js/echo",
+            None,
+            &[],
+            Bytes::from(vec![b'j'; n]),
+        )
+        .await;
+        assert_eq!(r.text(), format!("read {n} bytes\n"));
+    }
+    // A handler that throws: StarlingMonkey sets a 500 response and returns without finishing
+    // its body. The request ends at once (it waited out the 10 s deadline and answered 504).
+    for _ in 0..3 {
+        let r = s.get("/js/throw").await;
+        assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+        assert!(
+            r.text().contains("without finishing its response body"),
+            "{}",
+            r.text()
+        );
+    }
+    // In dev mode the answer carries the exception, from the guest's stderr.
+    let r = s.get("/jsdev/throw").await;
+    assert!(r.text().contains("thrown on purpose"), "{}", r.text());
+    // The pool carries on; no slot is held.
+    assert_eq!(s.get("/js/hello").await.status, StatusCode::OK);
+    let m = s.metrics().await;
+    assert_eq!(
+        metric_value(&m, r#"tern_pool_slots{kind="instances",state="in_use"}"#),
+        0.0,
+        "{m}"
+    );
+}
+
+/// A denied `fetch` is a bare `NetworkError` inside the JavaScript; `tern dev` shows why.
+#[test]
+fn tern_dev_shows_why_an_outbound_request_was_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let js = js_component(dir.path(), "js");
+    let dev = TernDev::start(&js, &dir.path().join("cache"));
+    let r = dev.get("/fetch?url=http://example.com/x");
+    assert!(r.starts_with("HTTP/1.1 502"), "{r}");
+    assert!(r.contains("fetch failed"), "{r}");
+    let line = dev.wait_for("outbound request refused");
+    assert!(
+        line.contains("example.com") && line.contains("request_id") && line.contains("tenant"),
+        "{line}"
     );
 }
