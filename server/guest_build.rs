@@ -65,7 +65,7 @@ pub fn component(dir: &Path, lib: &str, target_dir: &Path) -> std::path::PathBuf
 }
 
 /// Host-build settings must not leak into a guest build.
-fn clean_env(cmd: &mut Command) {
+pub fn clean_env(cmd: &mut Command) {
     for var in [
         "RUSTFLAGS",
         "CARGO_ENCODED_RUSTFLAGS",

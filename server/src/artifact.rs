@@ -82,6 +82,14 @@ pub enum ArtifactError {
         /// What failed: no seal, or a digest mismatch.
         reason: String,
     },
+    /// A core module exporting the `wasi:http` handler that could not be made a component.
+    #[error("{what}: {reason}")]
+    NotAdaptable {
+        /// The file or module name.
+        what: String,
+        /// Why, for the module's author.
+        reason: String,
+    },
     /// A module whose compilation would take more memory than Tern allows one compile.
     #[error("{what}: {reason}")]
     TooCostly {
@@ -161,6 +169,13 @@ pub fn compile(engine: &Engine, wasm: &[u8], what: &str) -> Result<Vec<u8>, Arti
     let _turn = CompileTurn::take();
     let mut out = if is_component(wasm) {
         engine.precompile_component(wasm)
+    } else if crate::adapter::exports_http_handler(wasm) {
+        let component =
+            crate::adapter::componentize(wasm).map_err(|reason| ArtifactError::NotAdaptable {
+                what: what.to_string(),
+                reason,
+            })?;
+        engine.precompile_component(&component)
     } else {
         engine.precompile_module(wasm)
     }

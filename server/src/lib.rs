@@ -13,7 +13,8 @@
 //! - [`hostcalls`]: the `tern` host functions of guest ABI v1 (request in, response out,
 //!   outbound requests), and CGI's stdin/stdout for the `cgi` kind.
 //! - [`wasi_http`]: the `wasi-http` kind: `wasi:http/proxy` components, their request in and
-//!   answer out, their outgoing requests under the tenant's policy.
+//!   answer out, their outgoing requests under the tenant's policy; [`adapter`]: core modules
+//!   exporting the handler (spin-sdk for wasm32-wasip1) made components before compiling.
 //! - [`outbound`]: what a tenant's guests may call (backends, allowed hosts, SSRF checks, loop
 //!   detection) and the pooled client that calls it.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
@@ -40,6 +41,7 @@
 //! - [`body`], [`demo`]: the response body type and short plain responses; the embedded demo
 //!   guests.
 
+pub mod adapter;
 pub mod admin;
 pub mod app;
 pub mod artifact;

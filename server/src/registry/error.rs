@@ -57,7 +57,7 @@ impl From<TenantError> for ChangeError {
                 ..
             } => Self::Invalid(e.to_string()),
             TenantError::Artifact {
-                source: ArtifactError::TooCostly { .. },
+                source: ArtifactError::TooCostly { .. } | ArtifactError::NotAdaptable { .. },
                 ..
             } => Self::Unprocessable(e.to_string()),
             TenantError::Artifact { .. } => Self::Internal(e.to_string()),

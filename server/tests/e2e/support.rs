@@ -529,6 +529,34 @@ world handler {
     to
 }
 
+/// Builds the Spin components of `server/guests/spin` (spin-sdk 3.x and 5.x for
+/// wasm32-wasip1, as Spin's docs build them; once per test run) and copies the one of SDK
+/// major version `sdk` (3 or 5) into `dir` as `name.wasm`.
+pub fn spin_module(dir: &Path, sdk: u32, name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let out = BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let target = root.join("target/test-guests/spin");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.current_dir(root.join("server/guests/spin"))
+            .args(["build", "--quiet", "--locked", "--release", "--target"])
+            .arg(guest_build::TARGET)
+            .arg("--target-dir")
+            .arg(&target);
+        guest_build::clean_env(&mut cmd);
+        let status = cmd
+            .status()
+            .expect("run cargo to build the Spin components");
+        assert!(status.success(), "building server/guests/spin failed");
+        target.join(format!("{}/release", guest_build::TARGET))
+    });
+    let to = dir.join(format!("{name}.wasm"));
+    std::fs::copy(out.join(format!("tern_spin_sdk{sdk}.wasm")), &to)
+        .unwrap_or_else(|e| panic!("spin-sdk {sdk} module: {e}"));
+    to
+}
+
 /// A `tern dev FILE.wasm` process and the lines of its output.
 pub struct TernDev {
     child: std::process::Child,

@@ -1,12 +1,12 @@
 //! Guests built by other people's toolchains, as their users build them: Go's standard
-//! library CGI (`GOOS=wasip1`), JavaScript through componentize-js. Each found a wrong answer
-//! our own guests never showed.
+//! library CGI (`GOOS=wasip1`), JavaScript through componentize-js, Spin's Rust SDK. Each found
+//! a wrong answer our own guests never showed.
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use crate::support::{
-    H2Conn, TernDev, TestServer, go_program, js_component, metric_value, raw, send,
+    H2Conn, TernDev, TestServer, go_program, js_component, metric_value, raw, send, spin_module,
 };
 
 /// A server with the Go CGI program at `/go`, its body limit 100,000 bytes.
@@ -163,5 +163,66 @@ fn tern_dev_shows_why_an_outbound_request_was_refused() {
     assert!(
         line.contains("example.com") && line.contains("request_id") && line.contains("tenant"),
         "{line}"
+    );
+}
+
+/// spin-sdk 3.x and 5.x built for wasm32-wasip1 (as Spin's docs say) are core modules that
+/// export the wasi:http handler by the component naming convention: served as components,
+/// as Spin serves them. They were refused as "no _start export ... build it as a WASI command".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spin_sdk_wasip1_modules_are_served_as_components() {
+    let s = TestServer::start("").await;
+    let dir = tempfile::tempdir().unwrap();
+    for sdk in [3, 5] {
+        let wasm = std::fs::read(spin_module(dir.path(), sdk, "spin")).unwrap();
+        let name = format!("spin{sdk}");
+        let v = s.deploy(&name, &format!("/{name}"), &wasm).await;
+        assert_eq!(v["kind"], "wasi-http", "{v}");
+        let r = s.get(&format!("/{name}/x?y=1")).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(r.header("x-toolchain"), format!("tern-spin-sdk{sdk}"));
+        assert_eq!(
+            r.text(),
+            format!("hello from tern-spin-sdk{sdk}: GET /{name}/x body=0\n")
+        );
+        let r = send(
+            s.addr(),
+            Method::POST,
+            &format!("/{name}/up"),
+            None,
+            &[("transfer-encoding", "chunked")],
+            Bytes::from(vec![1u8; 70_000]),
+        )
+        .await;
+        assert!(r.text().ends_with("body=70000\n"), "{}", r.text());
+        // The stored module is what was uploaded: a redeploy of the same bytes is the same
+        // version.
+        let again = s.deploy(&name, &format!("/{name}"), &wasm).await;
+        assert_eq!(again["version"], v["version"]);
+    }
+    // A core module that exports the handler but carries no world to make a component of:
+    // 422 saying what to do, and nothing is kept.
+    let wat = r#"(module (memory (export "memory") 1)
+        (func (export "wasi:http/incoming-handler@0.2.0#handle") (param i32 i32)))"#;
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/bare",
+            serde_json::json!({ "paths": ["/bare"] }).to_string(),
+        )
+        .await;
+    assert!(status.is_success(), "{v}");
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/bare/module",
+            wat::parse_str(wat).unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let e = v["error"].as_str().unwrap();
+    assert!(
+        e.contains("could not be made a component") && e.contains("wasm32-wasip2"),
+        "{e}"
     );
 }
