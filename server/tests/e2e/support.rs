@@ -482,30 +482,11 @@ pub fn js_component(dir: &Path, name: &str) -> PathBuf {
             "componentize-js {COMPONENTIZE_JS} is not installed at {} (bash scripts/test installs it)",
             cli.display()
         );
-        let wit = tempfile::tempdir().expect("temp dir");
-        let deps = wit.path().join("deps");
-        let shipped = modules.join("@bytecodealliance/jco/lib/wit/builtin/0.2.12");
-        for package in std::fs::read_dir(&shipped).expect("jco's WASI WIT") {
-            let package = package.unwrap();
-            let to = deps.join(package.file_name());
-            std::fs::create_dir_all(&to).unwrap();
-            for file in std::fs::read_dir(package.path()).unwrap() {
-                let file = file.unwrap();
-                let text = std::fs::read_to_string(file.path()).unwrap();
-                std::fs::write(to.join(file.file_name()), text.replace("@0.2.12", "@0.2.10"))
-                    .unwrap();
-            }
-        }
-        std::fs::write(
-            wit.path().join("world.wit"),
-            "package tern:js-test;
-
-world handler {
-  export wasi:http/incoming-handler@0.2.10;
-}
-",
-        )
-        .unwrap();
+        let wit = wasi_wit(
+            &modules,
+            "@0.2.10",
+            "world handler {\n  export wasi:http/incoming-handler@0.2.10;\n}\n",
+        );
         let out_dir = root.join("target/test-guests/js");
         std::fs::create_dir_all(&out_dir).unwrap();
         let out = out_dir.join("handler.wasm");
@@ -554,6 +535,83 @@ pub fn spin_module(dir: &Path, sdk: u32, name: &str) -> PathBuf {
     let to = dir.join(format!("{name}.wasm"));
     std::fs::copy(out.join(format!("tern_spin_sdk{sdk}.wasm")), &to)
         .unwrap_or_else(|e| panic!("spin-sdk {sdk} module: {e}"));
+    to
+}
+
+/// A WIT directory in a new temporary directory: the WASI 0.2.12 packages that componentize-js's
+/// jco dependency ships (in `modules`, its `node_modules`), their version written as `version`
+/// (`@0.2.12` leaves them as they are), and a package `tern:guest` holding `world`.
+fn wasi_wit(modules: &Path, version: &str, world: &str) -> tempfile::TempDir {
+    let wit = tempfile::tempdir().expect("temp dir");
+    let deps = wit.path().join("deps");
+    let shipped = modules.join("@bytecodealliance/jco/lib/wit/builtin/0.2.12");
+    for package in std::fs::read_dir(&shipped).expect("jco's WASI WIT") {
+        let package = package.unwrap();
+        let to = deps.join(package.file_name());
+        std::fs::create_dir_all(&to).unwrap();
+        for file in std::fs::read_dir(package.path()).unwrap() {
+            let file = file.unwrap();
+            let text = std::fs::read_to_string(file.path()).unwrap();
+            std::fs::write(to.join(file.file_name()), text.replace("@0.2.12", version)).unwrap();
+        }
+    }
+    std::fs::write(
+        wit.path().join("world.wit"),
+        format!("package tern:guest;\n\n{world}"),
+    )
+    .unwrap();
+    wit
+}
+
+/// The componentize-py version the suite builds Python guests with (pinned in scripts/test,
+/// which installs it under [`tools_dir`]).
+pub const COMPONENTIZE_PY: &str = "0.25.1";
+
+/// Builds `server/guests/python/app.py` into a `wasi:http` component with componentize-py
+/// (once per test run; bindings for `wasi:http/proxy@0.2.12` made as it builds) and copies it
+/// into `dir` as `name.wasm`.
+pub fn python_component(dir: &Path, name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let tools = tools_dir();
+        let home = tools.join(format!("componentize-py-{COMPONENTIZE_PY}"));
+        let cli = home.join("bin/componentize-py");
+        assert!(
+            cli.exists(),
+            "componentize-py {COMPONENTIZE_PY} is not installed at {} (bash scripts/test installs it)",
+            cli.display()
+        );
+        let modules = tools.join(format!("componentize-js-{COMPONENTIZE_JS}/node_modules"));
+        let wit = wasi_wit(
+            &modules,
+            "@0.2.12",
+            "world handler {\n  include wasi:http/proxy@0.2.12;\n}\n",
+        );
+        let out_dir = root.join("target/test-guests/python");
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let out = out_dir.join("app.wasm");
+        let output = std::process::Command::new("python3")
+            .arg(&cli)
+            .env("PYTHONPATH", &home)
+            .arg("-d")
+            .arg(wit.path())
+            .args(["-w", "handler", "componentize", "-p"])
+            .arg(root.join("server/guests/python"))
+            .args(["app", "-o"])
+            .arg(&out)
+            .output()
+            .expect("run componentize-py (needs python3)");
+        assert!(
+            output.status.success(),
+            "componentize-py failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        out
+    });
+    let to = dir.join(format!("{name}.wasm"));
+    std::fs::copy(built, &to).unwrap_or_else(|e| panic!("python component: {e}"));
     to
 }
 

@@ -1,12 +1,13 @@
 //! Guests built by other people's toolchains, as their users build them: Go's standard
-//! library CGI (`GOOS=wasip1`), JavaScript through componentize-js, Spin's Rust SDK. Each found
-//! a wrong answer our own guests never showed.
+//! library CGI (`GOOS=wasip1`), JavaScript through componentize-js, Python through
+//! componentize-py, Spin's Rust SDK. Each found a wrong answer our own guests never showed.
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use crate::support::{
-    H2Conn, TernDev, TestServer, go_program, js_component, metric_value, raw, send, spin_module,
+    H2Conn, TernDev, TestServer, go_program, js_component, metric_value, python_component, raw,
+    send, spin_module,
 };
 
 /// A server with the Go CGI program at `/go`, its body limit 100,000 bytes.
@@ -225,4 +226,47 @@ async fn spin_sdk_wasip1_modules_are_served_as_components() {
         e.contains("could not be made a component") && e.contains("wasm32-wasip2"),
         "{e}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn componentize_py_handlers_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    python_component(dir.path(), "py");
+    let config = "[pool]\ninstances = 4\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"py\"\nmodule = \"py.wasm\"\npaths = [\"/py\"]\n\
+         errors = \"dev\"\n[tenant.limits]\ntimeout_ms = 10000\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let r = s.get("/py/hello?x=1").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header("x-toolchain"), "componentize-py");
+    assert_eq!(r.text(), "hello from python: GET /py/hello?x=1 read=0\n");
+    for (n, chunked) in [(1usize, false), (100_000, true), (100_000, false)] {
+        let headers: &[(&str, &str)] = if chunked {
+            &[("transfer-encoding", "chunked")]
+        } else {
+            &[]
+        };
+        let r = send(
+            s.addr(),
+            Method::POST,
+            "/py/up",
+            None,
+            headers,
+            Bytes::from(vec![b'p'; n]),
+        )
+        .await;
+        assert_eq!(
+            r.text(),
+            format!("hello from python: POST /py/up read={n}\n")
+        );
+    }
+    // An exception is a trap: 500, with Python's traceback in dev mode; the pool carries on.
+    let r = s.get("/py/raise").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
+    assert!(
+        r.text().contains("RuntimeError: raised on purpose"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(s.get("/py/hello").await.status, StatusCode::OK);
 }
