@@ -6,17 +6,20 @@
 //! preview1-to-preview2 adapter; so does Tern, before compiling, so they serve as the
 //! `wasi-http` kind. The stored module stays what was uploaded.
 
-use crate::wasi_http::HANDLER_EXPORT;
+/// The export a `wasi:http` component is served by: `wasi:http/incoming-handler`, any 0.2.x
+/// (for a core module: that name, `#handle`).
+pub const HANDLER_EXPORT: &str = "wasi:http/incoming-handler@0.2";
 
 /// Whether `wasm` is a core module exporting the `wasi:http` handler by the component naming
 /// convention.
 pub fn exports_http_handler(wasm: &[u8]) -> bool {
     use wasmparser::Payload;
-    if crate::artifact::is_component(wasm) {
-        return false;
-    }
     for payload in wasmparser::Parser::new(0).parse_all(wasm) {
         match payload {
+            Ok(Payload::Version {
+                encoding: wasmparser::Encoding::Component,
+                ..
+            }) => return false,
             Ok(Payload::ExportSection(exports)) => {
                 return exports
                     .into_iter()

@@ -82,9 +82,10 @@ pub enum ArtifactError {
         /// What failed: no seal, or a digest mismatch.
         reason: String,
     },
-    /// A core module exporting the `wasi:http` handler that could not be made a component.
+    /// Well-formed, but not something Tern serves: a core module exporting the `wasi:http`
+    /// handler that could not be made a component, a WASI 0.3 component.
     #[error("{what}: {reason}")]
-    NotAdaptable {
+    Unsupported {
         /// The file or module name.
         what: String,
         /// Why, for the module's author.
@@ -168,18 +169,33 @@ pub fn compile(engine: &Engine, wasm: &[u8], what: &str) -> Result<Vec<u8>, Arti
     })?;
     let _turn = CompileTurn::take();
     let mut out = if is_component(wasm) {
-        engine.precompile_component(wasm)
+        engine.precompile_component(wasm).map_err(|e| {
+            let text = format!("{e:#}");
+            if text.contains("component model async") {
+                ArtifactError::Unsupported {
+                    what: what.to_string(),
+                    reason: format!(
+                        "this is a WASI 0.3 component (component-model async: {}), as spin-sdk \
+                         6 and later and wit-bindgen's async mode build them; Tern serves WASI \
+                         0.2 components: build it with spin-sdk 5.x or the `wasip2` crate \
+                         (wasm32-wasip2), or as spin-sdk 3.x/5.x for wasm32-wasip1",
+                        text.rsplit(": ").next().unwrap_or(&text)
+                    ),
+                }
+            } else {
+                invalid(e)
+            }
+        })?
     } else if crate::adapter::exports_http_handler(wasm) {
         let component =
-            crate::adapter::componentize(wasm).map_err(|reason| ArtifactError::NotAdaptable {
+            crate::adapter::componentize(wasm).map_err(|reason| ArtifactError::Unsupported {
                 what: what.to_string(),
                 reason,
             })?;
-        engine.precompile_component(&component)
+        engine.precompile_component(&component).map_err(invalid)?
     } else {
-        engine.precompile_module(wasm)
-    }
-    .map_err(invalid)?;
+        engine.precompile_module(wasm).map_err(invalid)?
+    };
     seal(&mut out);
     Ok(out)
 }

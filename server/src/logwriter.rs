@@ -415,6 +415,46 @@ where
     }
 }
 
+/// A per-second budget of guest log lines, shared by all of a tenant's requests (lock-free; at a
+/// second's boundary a few lines more or less may pass, which is fine for a log).
+#[derive(Debug)]
+pub struct LogBudget {
+    per_sec: u32,
+    second: std::sync::atomic::AtomicU64,
+    used: std::sync::atomic::AtomicU32,
+    dropped: prometheus::IntCounter,
+}
+
+impl LogBudget {
+    /// A budget of `per_sec` lines a second; refused lines are counted in `dropped`.
+    pub fn new(per_sec: u32, dropped: prometheus::IntCounter) -> Self {
+        Self {
+            per_sec,
+            second: Default::default(),
+            used: Default::default(),
+            dropped,
+        }
+    }
+
+    /// Whether one more line may be logged now.
+    pub fn allow(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let now = EPOCH
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_secs();
+        if self.second.swap(now, Relaxed) != now {
+            self.used.store(0, Relaxed);
+        }
+        let ok = self.used.fetch_add(1, Relaxed) < self.per_sec;
+        if !ok {
+            self.dropped.inc();
+        }
+        ok
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

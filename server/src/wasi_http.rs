@@ -39,8 +39,7 @@ use crate::outbound::{self, ComponentCalls, Denied, OutBody};
 /// The pre-linked form of a `wasi:http/proxy` component.
 pub type Pre = wasmtime_wasi_http::p2::bindings::ProxyPre<HttpState>;
 
-/// The export a component must have to be served: `wasi:http/incoming-handler`, any 0.2.x.
-pub const HANDLER_EXPORT: &str = "wasi:http/incoming-handler@0.2";
+pub use crate::adapter::HANDLER_EXPORT;
 
 /// Core instances (and tables) a component's store may create; the pool's own per-component
 /// limit (`pool.component_core_instances`) is the one that binds, checked at deploy.

@@ -62,7 +62,7 @@ pub struct Calls {
     /// `tern_outbound_connections_total`.
     pub opened: prometheus::IntCounter,
     /// The tenant's budget of guest log lines (denials are logged within it).
-    pub log_budget: Arc<crate::tenant::LogBudget>,
+    pub log_budget: Arc<crate::logwriter::LogBudget>,
 }
 
 impl Calls {

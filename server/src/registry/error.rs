@@ -57,7 +57,7 @@ impl From<TenantError> for ChangeError {
                 ..
             } => Self::Invalid(e.to_string()),
             TenantError::Artifact {
-                source: ArtifactError::TooCostly { .. } | ArtifactError::NotAdaptable { .. },
+                source: ArtifactError::TooCostly { .. } | ArtifactError::Unsupported { .. },
                 ..
             } => Self::Unprocessable(e.to_string()),
             TenantError::Artifact { .. } => Self::Internal(e.to_string()),

@@ -521,7 +521,8 @@ pub fn spin_module(dir: &Path, sdk: u32, name: &str) -> PathBuf {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = std::process::Command::new(cargo);
         cmd.current_dir(root.join("server/guests/spin"))
-            .args(["build", "--quiet", "--locked", "--release", "--target"])
+            .args(["build", "--quiet", "--locked", "--release"])
+            .args(["-p", "tern-spin-sdk3", "-p", "tern-spin-sdk5", "--target"])
             .arg(guest_build::TARGET)
             .arg("--target-dir")
             .arg(&target);
@@ -612,6 +613,41 @@ pub fn python_component(dir: &Path, name: &str) -> PathBuf {
     });
     let to = dir.join(format!("{name}.wasm"));
     std::fs::copy(built, &to).unwrap_or_else(|e| panic!("python component: {e}"));
+    to
+}
+
+/// Builds the spin-sdk 7 component of `server/guests/spin` (a WASI 0.3 component, for
+/// wasm32-wasip2; once per test run) and copies it into `dir` as `name.wasm`.
+pub fn spin_p3_component(dir: &Path, name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let target = root.join("target/test-guests/spin");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.current_dir(root.join("server/guests/spin"))
+            .args([
+                "build",
+                "--quiet",
+                "--locked",
+                "--release",
+                "-p",
+                "tern-spin-sdk7",
+            ])
+            .args(["--target", guest_build::COMPONENT_TARGET, "--target-dir"])
+            .arg(&target);
+        guest_build::clean_env(&mut cmd);
+        let status = cmd
+            .status()
+            .expect("run cargo to build the spin-sdk 7 component");
+        assert!(status.success(), "building server/guests/spin/sdk7 failed");
+        target.join(format!(
+            "{}/release/tern_spin_sdk7.wasm",
+            guest_build::COMPONENT_TARGET
+        ))
+    });
+    let to = dir.join(format!("{name}.wasm"));
+    std::fs::copy(built, &to).unwrap_or_else(|e| panic!("spin-sdk 7 component: {e}"));
     to
 }
 

@@ -7,7 +7,7 @@ use http::{Method, StatusCode};
 
 use crate::support::{
     H2Conn, TernDev, TestServer, go_program, js_component, metric_value, python_component, raw,
-    send, spin_module,
+    send, spin_module, spin_p3_component,
 };
 
 /// A server with the Go CGI program at `/go`, its body limit 100,000 bytes.
@@ -269,4 +269,32 @@ async fn componentize_py_handlers_are_served() {
         r.text()
     );
     assert_eq!(s.get("/py/hello").await.status, StatusCode::OK);
+}
+
+/// spin-sdk 7 builds WASI 0.3 (component-model async) components. Tern does not serve them yet:
+/// refused with 422 saying what they are and how to build one Tern serves (it was a 400 "not a
+/// valid WebAssembly module").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasi_0_3_components_are_refused_saying_what_to_build() {
+    let s = TestServer::start("").await;
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = std::fs::read(spin_p3_component(dir.path(), "p3")).unwrap();
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/p3",
+            serde_json::json!({ "paths": ["/p3"] }).to_string(),
+        )
+        .await;
+    assert!(status.is_success(), "{v}");
+    let (status, v) = s
+        .admin_call(Method::PUT, "/admin/v1/tenants/p3/module", wasm)
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let e = v["error"].as_str().unwrap();
+    assert!(
+        e.contains("WASI 0.3 component") && e.contains("spin-sdk 5.x"),
+        "{e}"
+    );
+    assert_eq!(s.get("/p3").await.status, StatusCode::NOT_FOUND);
 }
