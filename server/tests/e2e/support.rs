@@ -293,6 +293,39 @@ impl H2Conn {
         self.sender.ready().await.expect("h2 connection ready");
         read(self.sender.send_request(req).await.expect("h2 response")).await
     }
+
+    /// A POST of `chunks` on a new connection, as DATA frames of a body whose length is not
+    /// declared (no `content-length`: its size is not known up front).
+    pub async fn post_unsized(addr: SocketAddr, path: &str, chunks: Vec<Bytes>) -> Reply {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .expect("h2 handshake");
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("http://{addr}{path}"))
+            .body(Unsized(chunks.into()))
+            .expect("valid request");
+        sender.ready().await.expect("h2 connection ready");
+        read(sender.send_request(req).await.expect("h2 response")).await
+    }
+}
+
+/// A body of chunks whose size it does not tell (so no `content-length` is sent).
+struct Unsized(std::collections::VecDeque<Bytes>);
+
+impl http_body::Body for Unsized {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|c| Ok(http_body::Frame::data(c))))
+    }
 }
 
 /// The value of the metric line that starts with `series` (name and labels), or 0 if absent.

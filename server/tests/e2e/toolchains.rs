@@ -84,6 +84,11 @@ async fn go_net_http_cgi_programs_read_every_request_right() {
     )
     .await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text());
+    // So does an HTTP/2 body sent without a content-length.
+    let chunks = vec![Bytes::from(vec![b'c'; 40_000]), Bytes::from(vec![b'd'; 30_000])];
+    let r = H2Conn::post_unsized(s.addr(), "/go/up", chunks).await;
+    let t = r.text();
+    assert_eq!((field(&t, "read"), field(&t, "content-length")), ("70000", "70000"), "{t}");
     // A sized body streams to the program as before.
     let r = send(
         s.addr(),
