@@ -548,28 +548,51 @@ pub fn js_component(dir: &Path, name: &str) -> PathBuf {
 /// major version `sdk` (3 or 5) into `dir` as `name.wasm`.
 pub fn spin_module(dir: &Path, sdk: u32, name: &str) -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    let out = BUILT.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let target = root.join("target/test-guests/spin");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = std::process::Command::new(cargo);
-        cmd.current_dir(root.join("server/guests/spin"))
-            .args(["build", "--quiet", "--locked", "--release"])
-            .args(["-p", "tern-spin-sdk3", "-p", "tern-spin-sdk5", "--target"])
-            .arg(guest_build::TARGET)
-            .arg("--target-dir")
-            .arg(&target);
-        guest_build::clean_env(&mut cmd);
-        let status = cmd
-            .status()
-            .expect("run cargo to build the Spin components");
-        assert!(status.success(), "building server/guests/spin failed");
-        target.join(format!("{}/release", guest_build::TARGET))
-    });
+    let out = BUILT
+        .get_or_init(|| spin_build(&["tern-spin-sdk3", "tern-spin-sdk5"], guest_build::TARGET));
     let to = dir.join(format!("{name}.wasm"));
     std::fs::copy(out.join(format!("tern_spin_sdk{sdk}.wasm")), &to)
         .unwrap_or_else(|e| panic!("spin-sdk {sdk} module: {e}"));
     to
+}
+
+/// Builds the spin-sdk 7 component of `server/guests/spin` (a WASI 0.3 component, for
+/// wasm32-wasip2; once per test run) and copies it into `dir` as `name.wasm`.
+pub fn spin_p3_component(dir: &Path, name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let out = BUILT.get_or_init(|| spin_build(&["tern-spin-sdk7"], guest_build::COMPONENT_TARGET));
+    let to = dir.join(format!("{name}.wasm"));
+    std::fs::copy(out.join("tern_spin_sdk7.wasm"), &to)
+        .unwrap_or_else(|e| panic!("spin-sdk 7 component: {e}"));
+    to
+}
+
+/// Builds `packages` of `server/guests/spin` for `target` (release, locked); the directory
+/// their `.wasm` files land in.
+fn spin_build(packages: &[&str], target: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target_dir = root.join("target/test-guests/spin");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.current_dir(root.join("server/guests/spin")).args([
+        "build",
+        "--quiet",
+        "--locked",
+        "--release",
+        "--target",
+        target,
+    ]);
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    cmd.arg("--target-dir").arg(&target_dir);
+    guest_build::clean_env(&mut cmd);
+    let status = cmd.status().expect("run cargo to build the Spin guests");
+    assert!(
+        status.success(),
+        "building {packages:?} of server/guests/spin failed"
+    );
+    target_dir.join(format!("{target}/release"))
 }
 
 /// A WIT directory in a new temporary directory: the WASI 0.2.12 packages that componentize-js's
@@ -646,41 +669,6 @@ pub fn python_component(dir: &Path, name: &str) -> PathBuf {
     });
     let to = dir.join(format!("{name}.wasm"));
     std::fs::copy(built, &to).unwrap_or_else(|e| panic!("python component: {e}"));
-    to
-}
-
-/// Builds the spin-sdk 7 component of `server/guests/spin` (a WASI 0.3 component, for
-/// wasm32-wasip2; once per test run) and copies it into `dir` as `name.wasm`.
-pub fn spin_p3_component(dir: &Path, name: &str) -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    let built = BUILT.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let target = root.join("target/test-guests/spin");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = std::process::Command::new(cargo);
-        cmd.current_dir(root.join("server/guests/spin"))
-            .args([
-                "build",
-                "--quiet",
-                "--locked",
-                "--release",
-                "-p",
-                "tern-spin-sdk7",
-            ])
-            .args(["--target", guest_build::COMPONENT_TARGET, "--target-dir"])
-            .arg(&target);
-        guest_build::clean_env(&mut cmd);
-        let status = cmd
-            .status()
-            .expect("run cargo to build the spin-sdk 7 component");
-        assert!(status.success(), "building server/guests/spin/sdk7 failed");
-        target.join(format!(
-            "{}/release/tern_spin_sdk7.wasm",
-            guest_build::COMPONENT_TARGET
-        ))
-    });
-    let to = dir.join(format!("{name}.wasm"));
-    std::fs::copy(built, &to).unwrap_or_else(|e| panic!("spin-sdk 7 component: {e}"));
     to
 }
 

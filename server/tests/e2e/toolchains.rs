@@ -10,6 +10,20 @@ use crate::support::{
     send, spin_module, spin_p3_component,
 };
 
+/// Creates tenant `name` at `/name` and deploys `wasm`, which must be refused with `422`; the
+/// refusal's message.
+async fn refused_deploy(s: &TestServer, name: &str, wasm: Vec<u8>) -> String {
+    let spec = serde_json::json!({ "paths": [format!("/{name}")] }).to_string();
+    let path = format!("/admin/v1/tenants/{name}");
+    let (status, v) = s.admin_call(Method::PUT, &path, spec).await;
+    assert!(status.is_success(), "{v}");
+    let (status, v) = s
+        .admin_call(Method::PUT, &format!("{path}/module"), wasm)
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    v["error"].as_str().unwrap().to_string()
+}
+
 /// A server with the Go CGI program at `/go`, its body limit 100,000 bytes.
 async fn go_cgi() -> TestServer {
     let dir = tempfile::tempdir().unwrap();
@@ -85,10 +99,17 @@ async fn go_net_http_cgi_programs_read_every_request_right() {
     .await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text());
     // So does an HTTP/2 body sent without a content-length.
-    let chunks = vec![Bytes::from(vec![b'c'; 40_000]), Bytes::from(vec![b'd'; 30_000])];
+    let chunks = vec![
+        Bytes::from(vec![b'c'; 40_000]),
+        Bytes::from(vec![b'd'; 30_000]),
+    ];
     let r = H2Conn::post_unsized(s.addr(), "/go/up", chunks).await;
     let t = r.text();
-    assert_eq!((field(&t, "read"), field(&t, "content-length")), ("70000", "70000"), "{t}");
+    assert_eq!(
+        (field(&t, "read"), field(&t, "content-length")),
+        ("70000", "70000"),
+        "{t}"
+    );
     // A sized body streams to the program as before.
     let r = send(
         s.addr(),
@@ -210,23 +231,7 @@ async fn spin_sdk_wasip1_modules_are_served_as_components() {
     // 422 saying what to do, and nothing is kept.
     let wat = r#"(module (memory (export "memory") 1)
         (func (export "wasi:http/incoming-handler@0.2.0#handle") (param i32 i32)))"#;
-    let (status, v) = s
-        .admin_call(
-            Method::PUT,
-            "/admin/v1/tenants/bare",
-            serde_json::json!({ "paths": ["/bare"] }).to_string(),
-        )
-        .await;
-    assert!(status.is_success(), "{v}");
-    let (status, v) = s
-        .admin_call(
-            Method::PUT,
-            "/admin/v1/tenants/bare/module",
-            wat::parse_str(wat).unwrap(),
-        )
-        .await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
-    let e = v["error"].as_str().unwrap();
+    let e = refused_deploy(&s, "bare", wat::parse_str(wat).unwrap()).await;
     assert!(
         e.contains("could not be made a component") && e.contains("wasm32-wasip2"),
         "{e}"
@@ -284,19 +289,7 @@ async fn wasi_0_3_components_are_refused_saying_what_to_build() {
     let s = TestServer::start("").await;
     let dir = tempfile::tempdir().unwrap();
     let wasm = std::fs::read(spin_p3_component(dir.path(), "p3")).unwrap();
-    let (status, v) = s
-        .admin_call(
-            Method::PUT,
-            "/admin/v1/tenants/p3",
-            serde_json::json!({ "paths": ["/p3"] }).to_string(),
-        )
-        .await;
-    assert!(status.is_success(), "{v}");
-    let (status, v) = s
-        .admin_call(Method::PUT, "/admin/v1/tenants/p3/module", wasm)
-        .await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
-    let e = v["error"].as_str().unwrap();
+    let e = refused_deploy(&s, "p3", wasm).await;
     assert!(
         e.contains("WASI 0.3 component") && e.contains("spin-sdk 5.x"),
         "{e}"
