@@ -83,7 +83,11 @@ pub fn engine_config(pool: &PoolConfig) -> Config {
         // 64 MiB heap with one data page in eight was copied on every instantiation (4.3 ms
         // instead of 2 µs, `cargo bench --bench lifecycle -- heap`). The image is a sparse
         // memfd, so holes cost no memory.
-        .memory_guaranteed_dense_image_size(pool.max_memory_mib * MIB);
+        .memory_guaranteed_dense_image_size(pool.max_memory_mib * MIB)
+        // WASI 0.3 components need the component-model async ABI and the store's concurrency
+        // support; both stay off unless asked for (`pool.wasi_p3`).
+        .concurrency_support(pool.wasi_p3)
+        .wasm_component_model_async(pool.wasi_p3);
     c
 }
 

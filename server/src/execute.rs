@@ -81,7 +81,12 @@ pub async fn run(
 ) -> RunOutput {
     match &tenant.guest {
         Guest::Core(core) => run_core(&tenant, core, request, commit, &request_id).await,
-        Guest::Http(pre) => run_component(&tenant, pre, request, commit, &request_id).await,
+        Guest::Http(pre) => {
+            run_component(&tenant, Component::P2(pre), request, commit, &request_id).await
+        }
+        Guest::HttpP3(pre) => {
+            run_component(&tenant, Component::P3(pre), request, commit, &request_id).await
+        }
     }
 }
 
@@ -355,11 +360,19 @@ impl Ended {
     }
 }
 
-/// A `wasi:http` component's run: `incoming-handler.handle` with the request, its answer
-/// moved into a [`GuestResponse`] as the guest writes it.
+/// A pre-linked component, by the `wasi:http` it is served through.
+enum Component<'a> {
+    P2(&'a crate::wasi_http::Pre),
+    P3(&'a crate::wasi_http::PreP3),
+}
+
+/// A `wasi:http` component's run: `incoming-handler.handle` (WASI 0.2) or `handler.handle`
+/// (WASI 0.3, run in the store's concurrent event loop, which keeps running the guest's tasks
+/// while its body streams) with the request, its answer moved into a [`GuestResponse`] as the
+/// guest writes it.
 async fn run_component(
     tenant: &Tenant,
-    pre: &crate::wasi_http::Pre,
+    pre: Component<'_>,
     request: GuestRequest,
     commit: oneshot::Sender<Head>,
     request_id: &HeaderValue,
@@ -399,7 +412,10 @@ async fn run_component(
         request_id,
     );
     let incoming = crate::wasi_http::incoming(request, flags.clone());
-    let engine = pre.instance_pre().component().engine().clone();
+    let engine = match pre {
+        Component::P2(p) => p.instance_pre().component().engine().clone(),
+        Component::P3(p) => p.instance_pre().component().engine().clone(),
+    };
     let mut store = new_store(&engine, state, start);
     store.limiter(|s| &mut s.limits);
 
@@ -407,6 +423,38 @@ async fn run_component(
     let (tx, rx) = oneshot::channel();
     let returned = std::sync::atomic::AtomicBool::new(false);
     let guest = async {
+        let pre = match pre {
+            Component::P2(pre) => pre,
+            Component::P3(pre) => {
+                let service = pre
+                    .instantiate_async(&mut store)
+                    .await
+                    .map_err(Stage::Instantiate)?;
+                instantiated = Some(Instant::now());
+                let hooks = store.data_mut().http().hooks;
+                let (req, _sent) = wasmtime_wasi_http::p3::Request::from_http(hooks, incoming);
+                let (response, never) = (&mut response, &returned);
+                // A WASI 0.3 guest may go on writing its body after `handle` returns: the answer
+                // is pumped inside the event loop that runs its tasks.
+                return store
+                    .run_concurrent(async |acc| {
+                        let answer = service
+                            .handle(acc, req)
+                            .await
+                            .map_err(Stage::Run)?
+                            .map_err(|code| Stage::Answer(Answer::ErrorP3(format!("{code:?}"))))?;
+                        let answer = acc
+                            .with(|s| answer.into_http(s, async { Ok(()) }))
+                            .map_err(Stage::Run)?;
+                        let (parts, body) = answer.into_parts();
+                        crate::wasi_http::pump_parts(parts, body, response, never)
+                            .await
+                            .map_err(Stage::Answer)
+                    })
+                    .await
+                    .map_err(Stage::Run)?;
+            }
+        };
         let proxy = pre
             .instantiate_async(&mut store)
             .await
@@ -570,6 +618,10 @@ fn answer_error(a: Answer, response: &GuestResponse) -> ExecError {
         Answer::Error(code) => ExecError::new(
             Outcome::BadOutput,
             format!("the component answered with an error: {code:?}"),
+        ),
+        Answer::ErrorP3(code) => ExecError::new(
+            Outcome::BadOutput,
+            format!("the component answered with an error: {code}"),
         ),
         Answer::Limit => response_limit(if response.limit_hit { 1 } else { 0 }),
         Answer::BodyFailed(why) => ExecError::new(

@@ -287,7 +287,7 @@ fn compile(input: &std::path::Path, output: &std::path::Path) -> anyhow::Result<
     let checked = tern::artifact::load_cwasm(&engine, output)
         .map_err(|e| e.to_string())
         .and_then(|compiled| {
-            let linkers = tern::tenant::Linkers::new(&engine).map_err(|e| e.to_string())?;
+            let linkers = tern::tenant::Linkers::new(&engine, false).map_err(|e| e.to_string())?;
             tern::tenant::link(&linkers, &compiled, None, false)
         });
     let kind = match checked {

@@ -190,8 +190,10 @@ pub struct Tenant {
 pub enum Guest {
     /// A core module: the `tern` ABI, or a CGI program (linked with CGI's stdin and stdout).
     Core(CoreGuest),
-    /// A `wasi:http/proxy` component.
+    /// A `wasi:http/proxy` component (WASI 0.2).
     Http(crate::wasi_http::Pre),
+    /// A `wasi:http/service` component (WASI 0.3, component-model async).
+    HttpP3(crate::wasi_http::PreP3),
 }
 
 /// A pre-linked core module and the exports every request needs.
@@ -508,13 +510,19 @@ pub fn link(
     let mut warning = None;
     let guest = match compiled {
         Compiled::Component(component) => {
-            crate::wasi_http::check_exports(component, component.engine())?;
+            let version = crate::wasi_http::check_exports(component, component.engine())?;
             let pre = linkers
                 .http
                 .instantiate_pre(component)
-                .and_then(crate::wasi_http::Pre::new)
                 .map_err(|e| link_message(&e))?;
-            Guest::Http(pre)
+            match version {
+                crate::wasi_http::Version::P2 => {
+                    Guest::Http(crate::wasi_http::Pre::new(pre).map_err(|e| link_message(&e))?)
+                }
+                crate::wasi_http::Version::P3 => {
+                    Guest::HttpP3(crate::wasi_http::PreP3::new(pre).map_err(|e| link_message(&e))?)
+                }
+            }
         }
         Compiled::Module(module) => {
             check_abi(module)?;
@@ -690,22 +698,22 @@ pub struct Linkers {
     pub cgi: Linker<GuestState>,
     /// `assets` with stdin and stdout as CGI's request body and response.
     pub cgi_assets: Linker<GuestState>,
-    /// WASI preview2 and `wasi:http` for components.
+    /// WASI preview2 and `wasi:http` for components (and WASI 0.3 where the engine has it).
     pub http: wasmtime::component::Linker<crate::wasi_http::HttpState>,
 }
 
 impl Linkers {
-    /// Builds them all.
+    /// Builds them all; `wasi_p3` if the engine serves WASI 0.3 components (`pool.wasi_p3`).
     ///
     /// # Errors
     /// Only if wasmtime rejects a definition (a bug).
-    pub fn new(engine: &Engine) -> wasmtime::Result<Self> {
+    pub fn new(engine: &Engine, wasi_p3: bool) -> wasmtime::Result<Self> {
         Ok(Self {
             plain: crate::hostcalls::linker(engine, false, false)?,
             assets: crate::hostcalls::linker(engine, true, false)?,
             cgi: crate::hostcalls::linker(engine, false, true)?,
             cgi_assets: crate::hostcalls::linker(engine, true, true)?,
-            http: crate::wasi_http::linker(engine)?,
+            http: crate::wasi_http::linker(engine, wasi_p3)?,
         })
     }
 

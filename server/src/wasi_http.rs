@@ -36,8 +36,23 @@ use crate::hostcalls::outbound::{CDN_LOOP, Calls, TRACEPARENT, TRACESTATE};
 use crate::hostcalls::{GuestLimits, GuestRequest, GuestResponse, RequestBody, Stdio, WasiSpec};
 use crate::outbound::{self, ComponentCalls, Denied, OutBody};
 
-/// The pre-linked form of a `wasi:http/proxy` component.
+/// The pre-linked form of a `wasi:http/proxy` component (WASI 0.2).
 pub type Pre = wasmtime_wasi_http::p2::bindings::ProxyPre<HttpState>;
+
+/// The pre-linked form of a `wasi:http/service` component (WASI 0.3).
+pub type PreP3 = wasmtime_wasi_http::p3::bindings::ServicePre<HttpState>;
+
+/// The export a WASI 0.3 component is served by.
+pub const HANDLER_EXPORT_P3: &str = "wasi:http/handler@0.3";
+
+/// Which `wasi:http` a component is served through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    /// WASI 0.2: `wasi:http/incoming-handler`.
+    P2,
+    /// WASI 0.3: `wasi:http/handler` (component-model async).
+    P3,
+}
 
 pub use crate::adapter::HANDLER_EXPORT;
 
@@ -136,14 +151,19 @@ impl HttpState {
 }
 
 /// The linker components are pre-linked against: WASI preview2 (no files, sockets or network
-/// names: the context grants none) and `wasi:http`.
+/// names: the context grants none) and `wasi:http`; with `wasi_p3` also their WASI 0.3
+/// versions.
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn linker(engine: &Engine) -> wasmtime::Result<Linker<HttpState>> {
+pub fn linker(engine: &Engine, wasi_p3: bool) -> wasmtime::Result<Linker<HttpState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    if wasi_p3 {
+        wasmtime_wasi::p3::add_to_linker(&mut linker)?;
+        wasmtime_wasi_http::p3::add_to_linker(&mut linker)?;
+    }
     Ok(linker)
 }
 
@@ -154,6 +174,8 @@ pub enum Answer {
     NoResponse,
     /// The guest set its response-outparam to an error.
     Error(ErrorCode),
+    /// A WASI 0.3 guest answered with an error code (its text).
+    ErrorP3(String),
     /// The response went past the tenant's body or header limits.
     Limit,
     /// The guest's body failed before its end (it was dropped unfinished, or its declared
@@ -170,7 +192,9 @@ pub enum Answer {
 /// the handler has `returned`, a `wasi:http` 0.2 guest can no longer act, so what is not
 /// there now never comes: `None` then, at once, instead of a wait until the deadline.
 async fn from_guest<F: Future>(wait: F, returned: &AtomicBool) -> Option<F::Output> {
-    let mut wait = std::pin::pin!(wait);
+    // Unconstrained: tokio's channels answer `Pending` when the task has used up its
+    // cooperative budget, even with a value waiting, which must not pass for "never comes".
+    let mut wait = std::pin::pin!(tokio::task::unconstrained(wait));
     std::future::poll_fn(|cx| match wait.as_mut().poll(cx) {
         Poll::Ready(v) => Poll::Ready(Some(v)),
         Poll::Pending if returned.load(Ordering::Acquire) => Poll::Ready(None),
@@ -196,7 +220,25 @@ pub async fn pump(
         // Dropped, or kept by a handler that returned without setting it.
         Some(Err(_)) | None => return Err(Answer::NoResponse),
     };
-    let (parts, mut body) = answer.into_parts();
+    let (parts, body) = answer.into_parts();
+    pump_parts(parts, body, response, returned).await
+}
+
+/// Moves a response head `parts` and its `body` into `response`, the body chunk by chunk as
+/// the guest writes it; `returned` as for [`pump`].
+///
+/// # Errors
+/// [`Answer`], saying why the answer is not complete.
+pub async fn pump_parts<B>(
+    parts: http::response::Parts,
+    mut body: B,
+    response: &mut GuestResponse,
+    returned: &AtomicBool,
+) -> Result<(), Answer>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
     response.status = parts.status;
     let mut name = None;
     for (n, value) in parts.headers {
@@ -572,19 +614,22 @@ impl WasiHttpHooks for Hooks {
     }
 }
 
-/// Why a component is not a `wasi-http` guest, if it is not: it must export
-/// `wasi:http/incoming-handler@0.2.x`.
+/// Which `wasi:http` a component is served through, or why it is not a `wasi-http` guest: it
+/// must export `wasi:http/incoming-handler@0.2.x` (or, WASI 0.3, `wasi:http/handler@0.3.x`).
 pub fn check_exports(
     component: &wasmtime::component::Component,
     engine: &Engine,
-) -> Result<(), String> {
+) -> Result<Version, String> {
     let ty = component.component_type();
     let exports: Vec<String> = ty
         .exports(engine)
         .map(|(name, _)| name.to_string())
         .collect();
     if exports.iter().any(|e| e.starts_with(HANDLER_EXPORT)) {
-        return Ok(());
+        return Ok(Version::P2);
+    }
+    if exports.iter().any(|e| e.starts_with(HANDLER_EXPORT_P3)) {
+        return Ok(Version::P3);
     }
     let hint = if exports.iter().any(|e| e.starts_with("wasi:cli/run@")) {
         "; it is a command component (a program with `main`, built for wasm32-wasip2): build it \

@@ -28,7 +28,7 @@ impl Harness {
     pub fn new(pool: PoolConfig) -> anyhow::Result<Self> {
         let engine = tern::engine::build(&pool)?;
         Ok(Self {
-            linkers: Linkers::new(&engine)?,
+            linkers: Linkers::new(&engine, pool.wasi_p3)?,
             _ticker: EpochTicker::start(&engine),
             engine,
             metrics: Metrics::new(1000),

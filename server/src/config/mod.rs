@@ -219,6 +219,11 @@ pub struct PoolConfig {
     pub async_stack_kib: usize,
     /// How long a request may wait for a free slot before it gets `503`.
     pub queue_timeout_ms: u64,
+    /// Serve WASI 0.3 components (component-model async: what spin-sdk 6 and later build).
+    /// Off by default: wasmtime 48 marks its WASI 0.3 `wasi:http` experimental (not for
+    /// production, no security fixes backported to this release), and the engine's concurrency
+    /// support adds bookkeeping to every component request.
+    pub wasi_p3: bool,
 }
 
 impl Default for PoolConfig {
@@ -237,6 +242,7 @@ impl Default for PoolConfig {
             max_wasm_stack_kib: 512,
             async_stack_kib: 1024,
             queue_timeout_ms: 1000,
+            wasi_p3: false,
         }
     }
 }

@@ -205,7 +205,7 @@ mod tests {
         Arc::new(Loader {
             in_flight: Default::default(),
             store: DataDir::open(dir).expect("data dir"),
-            linkers: Linkers::new(&engine).expect("linkers"),
+            linkers: Linkers::new(&engine, false).expect("linkers"),
             engine,
             pool,
             metrics: Metrics::new(10),

@@ -189,7 +189,8 @@ impl Registry {
         engine: Engine,
         metrics: Metrics,
     ) -> anyhow::Result<Self> {
-        let linkers = Linkers::new(&engine).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let linkers =
+            Linkers::new(&engine, config.pool.wasi_p3).map_err(|e| anyhow::anyhow!("{e:#}"))?;
         let manifest = store.load_manifest()?;
         one_owner(&config, &manifest).map_err(|e| anyhow::anyhow!("{e}"))?;
         let registry = Self {

@@ -684,3 +684,29 @@ async fn a_component_is_compiled_ahead_of_time_and_served_from_its_sealed_artifa
     let s = TestServer::try_start_in(dir, config).await.expect("start");
     assert_eq!(s.get("/hello").await.text(), "Hello from a component!\n");
 }
+
+/// The lifecycle example (`phases`) runs many requests in one task, which uses up tokio's
+/// cooperative budget: a component's answer must still be taken then (a budget-limited channel
+/// poll once passed for "the component returned without setting a response").
+#[test]
+fn the_lifecycle_example_runs_every_kind_many_times_in_one_task() {
+    let exe =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/examples/phases");
+    assert!(
+        exe.exists(),
+        "{} is built by `cargo test --release` (examples are built with the tests)",
+        exe.display()
+    );
+    for guest in ["builtin:hello", "builtin:wasi-http", "builtin:cgi"] {
+        let out = std::process::Command::new(&exe)
+            .args([guest, "300"])
+            .output()
+            .expect("run phases");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(&format!("300 requests of {guest}")),
+            "{guest}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -281,18 +281,74 @@ async fn componentize_py_handlers_are_served() {
     assert_eq!(s.get("/py/hello").await.status, StatusCode::OK);
 }
 
-/// spin-sdk 7 builds WASI 0.3 (component-model async) components. Tern does not serve them yet:
-/// refused with 422 saying what they are and how to build one Tern serves (it was a 400 "not a
-/// valid WebAssembly module").
+/// spin-sdk 7 builds WASI 0.3 (component-model async) components. By default they are refused
+/// with 422 saying what they are and what to do (it was a 400 "not a valid WebAssembly
+/// module"); with `[pool] wasi_p3 = true` they are served, a fresh instance per request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wasi_0_3_components_are_refused_saying_what_to_build() {
+async fn wasi_0_3_components_are_served_where_enabled_and_refused_elsewhere() {
     let s = TestServer::start("").await;
     let dir = tempfile::tempdir().unwrap();
     let wasm = std::fs::read(spin_p3_component(dir.path(), "p3")).unwrap();
     let e = refused_deploy(&s, "p3", wasm).await;
     assert!(
-        e.contains("WASI 0.3 component") && e.contains("spin-sdk 5.x"),
+        e.contains("WASI 0.3 component") && e.contains("spin-sdk 5.x") && e.contains("wasi_p3"),
         "{e}"
     );
     assert_eq!(s.get("/p3").await.status, StatusCode::NOT_FOUND);
+
+    // Served where the server is asked to, beside a WASI 0.2 component, with the same
+    // lifecycle, limits and outbound policy.
+    let backend = crate::outbound::Backend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    spin_p3_component(dir.path(), "p3");
+    crate::support::test_component(dir.path(), "p2");
+    let config = format!(
+        "[pool]\ninstances = 4\nmax_memory_mib = 64\nwasi_p3 = true\n\
+         [[tenant]]\nname = \"p3\"\nmodule = \"p3.wasm\"\npaths = [\"/p3\"]\n\
+         [tenant.limits]\ntimeout_ms = 1000\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://{}\"\n\
+         [[tenant]]\nname = \"p2\"\nmodule = \"p2.wasm\"\npaths = [\"/p2\"]\n",
+        backend.addr
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    for _ in 0..3 {
+        let r = s.get("/p3/x").await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(r.text(), "hello from tern-spin-sdk7: /p3/x\n");
+        let r = s.get("/p2/hello").await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    for (n, chunked) in [(0usize, false), (65_537, true), (300_000, false)] {
+        let headers: &[(&str, &str)] = if chunked {
+            &[("transfer-encoding", "chunked")]
+        } else {
+            &[]
+        };
+        let body = Bytes::from(vec![b'e'; n]);
+        let r = send(s.addr(), Method::POST, "/p3/echo", None, headers, body).await;
+        assert_eq!(r.text(), format!("read {n} bytes\n"));
+    }
+    for n in [0usize, 65_535, 65_537, 1_000_000] {
+        let r = s.get(&format!("/p3/big?n={n}")).await;
+        assert_eq!((r.status, r.body.len()), (StatusCode::OK, n));
+    }
+    let r = s.get("/p3/panic").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
+    let r = s.get("/p3/loop").await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.text());
+    // Outgoing requests go through the tenant's policy: its backend by name, nothing else.
+    let r = s.get("/p3/fetch?url=http://origin/hello").await;
+    assert!(r.text().starts_with("backend said 200: hi"), "{}", r.text());
+    let r = s
+        .get(&format!("/p3/fetch?url=http://{}/hello", backend.addr))
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert!(r.text().contains("fetch failed"), "{}", r.text());
+    assert_eq!(s.get("/p3/x").await.status, StatusCode::OK);
+    let m = s.metrics().await;
+    assert_eq!(
+        metric_value(&m, r#"tern_pool_slots{kind="instances",state="in_use"}"#),
+        0.0,
+        "{m}"
+    );
 }
