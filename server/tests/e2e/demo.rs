@@ -191,13 +191,13 @@ fn tern_dev_serves_a_file_shows_panics_and_reloads_it() {
 
 /// `tern new` writes projects that build outside this repository with their one command and
 /// serve on Tern: for the ABI Rust (with its copy of the SDK), C (with tern.h) and Zig (the ABI
-/// alone; `bash scripts/test` puts a `zig` in target/tools/bin); a wasi:http component in Rust;
+/// alone; `bash scripts/test` puts a `zig` in ~/.cache/tern-tools/bin); a wasi:http component in Rust;
 /// CGI programs in Rust and C.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tern_new_projects_build_outside_the_repository_and_serve() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = String::from("[pool]\ninstances = 8\nmax_memory_mib = 64\n");
-    let tools = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/bin");
+    let tools = crate::support::tools_dir().join("bin");
     let path = format!(
         "{}:{}",
         tools.display(),
@@ -210,7 +210,7 @@ async fn tern_new_projects_build_outside_the_repository_and_serve() {
         .is_ok_and(|o| o.status.success());
     assert!(
         zig || std::env::var_os("CI").is_none(),
-        "no zig: bash scripts/test installs one into target/tools/bin"
+        "no zig: bash scripts/test installs one into ~/.cache/tern-tools/bin"
     );
     let cargo = vec!["cargo", "build", "--release", "--quiet"];
     let sh = vec!["sh", "build.sh"];

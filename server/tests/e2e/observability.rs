@@ -270,12 +270,13 @@ fn urlencode(s: &str) -> String {
         .collect()
 }
 
-/// The k6 binary: `$TERN_K6`, else `target/tools/k6` (where scripts/test builds it), else PATH.
+/// The k6 binary: `$TERN_K6`, else `~/.cache/tern-tools/k6-1.8.1/k6` (where scripts/test builds
+/// it), else PATH.
 fn k6() -> std::path::PathBuf {
     if let Some(p) = std::env::var_os("TERN_K6") {
         return p.into();
     }
-    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/k6");
+    let built = crate::support::tools_dir().join("k6-1.8.1/k6");
     if built.exists() {
         return built;
     }
@@ -295,7 +296,7 @@ fn k6_smoke_script_passes_against_a_running_tern() {
         .env("K6_NO_USAGE_REPORT", "true")
         .output()
         .expect(
-            "k6 is required: scripts/test builds it into target/tools (go install go.k6.io/k6)",
+            "k6 is required: scripts/test builds it into ~/.cache/tern-tools (go install go.k6.io/k6)",
         );
     let text = format!(
         "{}{}",
