@@ -10,6 +10,16 @@ use crate::support::{
     send, spin_module, spin_p3_component,
 };
 
+/// Checks that no pool slot is in use (every request's instance was torn down).
+async fn assert_no_slot_held(s: &TestServer) {
+    let m = s.metrics().await;
+    assert_eq!(
+        metric_value(&m, r#"tern_pool_slots{kind="instances",state="in_use"}"#),
+        0.0,
+        "{m}"
+    );
+}
+
 /// Creates tenant `name` at `/name` and deploys `wasm`, which must be refused with `422`; the
 /// refusal's message.
 async fn refused_deploy(s: &TestServer, name: &str, wasm: Vec<u8>) -> String {
@@ -169,12 +179,7 @@ async fn componentize_js_handlers_are_served_and_a_throw_ends_at_once() {
     assert!(r.text().contains("thrown on purpose"), "{}", r.text());
     // The pool carries on; no slot is held.
     assert_eq!(s.get("/js/hello").await.status, StatusCode::OK);
-    let m = s.metrics().await;
-    assert_eq!(
-        metric_value(&m, r#"tern_pool_slots{kind="instances",state="in_use"}"#),
-        0.0,
-        "{m}"
-    );
+    assert_no_slot_held(&s).await;
 }
 
 /// A denied `fetch` is a bare `NetworkError` inside the JavaScript; `tern dev` shows why.
@@ -345,10 +350,5 @@ async fn wasi_0_3_components_are_served_where_enabled_and_refused_elsewhere() {
     assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
     assert!(r.text().contains("fetch failed"), "{}", r.text());
     assert_eq!(s.get("/p3/x").await.status, StatusCode::OK);
-    let m = s.metrics().await;
-    assert_eq!(
-        metric_value(&m, r#"tern_pool_slots{kind="instances",state="in_use"}"#),
-        0.0,
-        "{m}"
-    );
+    assert_no_slot_held(&s).await;
 }
