@@ -179,8 +179,8 @@ pub fn compile(engine: &Engine, wasm: &[u8], what: &str) -> Result<Vec<u8>, Arti
                          6 and later and wit-bindgen's async mode build them; this server serves \
                          WASI 0.2 components: build it with spin-sdk 5.x or the `wasip2` crate \
                          (wasm32-wasip2), or as spin-sdk 3.x/5.x for wasm32-wasip1; or have the \
-                         server serve WASI 0.3 with `[pool] wasi_p3 = true` (experimental in \
-                         wasmtime 48)",
+                         server serve WASI 0.3 with `[pool] wasi_p3 = true` (`tern compile \
+                         --wasi-p3`; experimental in wasmtime 48)",
                         text.rsplit(": ").next().unwrap_or(&text)
                     ),
                 }

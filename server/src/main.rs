@@ -124,6 +124,11 @@ enum Command {
         /// Where to write the artifact (written atomically).
         #[arg(short, long)]
         output: PathBuf,
+        /// For a server with `[pool] wasi_p3 = true`: WASI 0.3 components compile, and the
+        /// artifact matches that server's engine (an artifact made without it is not loaded
+        /// there, nor the other way).
+        #[arg(long)]
+        wasi_p3: bool,
     },
 }
 
@@ -191,7 +196,11 @@ fn main() -> ExitCode {
             data_dir,
             no_demo,
         } => serve(config, listen, admin_listen, data_dir, no_demo),
-        Command::Compile { input, output } => compile(&input, &output),
+        Command::Compile {
+            input,
+            output,
+            wasi_p3,
+        } => compile(&input, &output, wasi_p3),
         Command::New { name, kind, lang } => {
             tern::scaffold::create(std::path::Path::new("."), &name, kind, lang).map(|dir| {
                 let (build, wasm) = tern::scaffold::build_hint(kind, lang, &name);
@@ -274,8 +283,11 @@ fn serve(
     })
 }
 
-fn compile(input: &std::path::Path, output: &std::path::Path) -> anyhow::Result<()> {
-    let engine = tern::engine::build(&PoolConfig::default())?;
+fn compile(input: &std::path::Path, output: &std::path::Path, wasi_p3: bool) -> anyhow::Result<()> {
+    let engine = tern::engine::build(&PoolConfig {
+        wasi_p3,
+        ..PoolConfig::default()
+    })?;
     let wasm = std::fs::read(input).map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
     if let Some((problem, _)) = tern::registry::wasm_header_problem(&wasm, "the file is empty") {
         anyhow::bail!("{}: {problem}", input.display());
@@ -287,7 +299,8 @@ fn compile(input: &std::path::Path, output: &std::path::Path) -> anyhow::Result<
     let checked = tern::artifact::load_cwasm(&engine, output)
         .map_err(|e| e.to_string())
         .and_then(|compiled| {
-            let linkers = tern::tenant::Linkers::new(&engine, false).map_err(|e| e.to_string())?;
+            let linkers =
+                tern::tenant::Linkers::new(&engine, wasi_p3).map_err(|e| e.to_string())?;
             tern::tenant::link(&linkers, &compiled, None, false)
         });
     let kind = match checked {

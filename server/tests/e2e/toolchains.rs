@@ -305,14 +305,28 @@ async fn wasi_0_3_components_are_served_where_enabled_and_refused_elsewhere() {
     // lifecycle, limits and outbound policy.
     let backend = crate::outbound::Backend::start().await;
     let dir = tempfile::tempdir().unwrap();
-    spin_p3_component(dir.path(), "p3");
+    let p3 = spin_p3_component(dir.path(), "p3");
     crate::support::test_component(dir.path(), "p2");
+    // `tern compile --wasi-p3` makes an artifact such a server loads.
+    let out = crate::support::tern_bin()
+        .args(["compile", "--wasi-p3"])
+        .arg(&p3)
+        .arg("-o")
+        .arg(dir.path().join("p3.cwasm"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let config = format!(
         "[pool]\ninstances = 4\nmax_memory_mib = 64\nwasi_p3 = true\n\
          [[tenant]]\nname = \"p3\"\nmodule = \"p3.wasm\"\npaths = [\"/p3\"]\n\
          [tenant.limits]\ntimeout_ms = 1000\n\
          [tenant.outbound.backends.origin]\nurl = \"http://{}\"\n\
-         [[tenant]]\nname = \"p2\"\nmodule = \"p2.wasm\"\npaths = [\"/p2\"]\n",
+         [[tenant]]\nname = \"p2\"\nmodule = \"p2.wasm\"\npaths = [\"/p2\"]\n\
+         [[tenant]]\nname = \"p3-aot\"\nmodule = \"p3.cwasm\"\npaths = [\"/aot\"]\n",
         backend.addr
     );
     let s = TestServer::try_start_in(dir, &config).await.expect("start");
@@ -322,6 +336,8 @@ async fn wasi_0_3_components_are_served_where_enabled_and_refused_elsewhere() {
         assert_eq!(r.text(), "hello from tern-spin-sdk7: /p3/x\n");
         let r = s.get("/p2/hello").await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let r = s.get("/aot/y").await;
+        assert_eq!(r.text(), "hello from tern-spin-sdk7: /aot/y\n");
     }
     for (n, chunked) in [(0usize, false), (65_537, true), (300_000, false)] {
         let headers: &[(&str, &str)] = if chunked {
