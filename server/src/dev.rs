@@ -39,6 +39,10 @@ pub async fn run(module: &Path, listen: SocketAddr, timeout_ms: u64) -> anyhow::
     let module: PathBuf = module
         .canonicalize()
         .with_context(|| format!("cannot read {}", module.display()))?;
+    // Taken before the module is loaded: a change made while the server starts (a build
+    // finishing) is a change, even if the watcher starts late on a busy machine (it was taken
+    // by the watcher itself, which could miss a write made right after the "serving" line).
+    let mut seen = stamp(&module);
     let dir = tempfile_dir()?;
     let path = dir.join("tern-dev.toml");
     std::fs::write(&path, config_text(&module, listen, timeout_ms))?;
@@ -57,7 +61,6 @@ pub async fn run(module: &Path, listen: SocketAddr, timeout_ms: u64) -> anyhow::
     let app = running.app.clone();
     let shutdown = running.shutdown.clone();
     let watch = tokio::spawn(async move {
-        let mut seen = stamp(&module);
         loop {
             tokio::select! {
                 () = tokio::time::sleep(POLL) => {}
