@@ -10,6 +10,24 @@ use crate::support::{
     send, spin_module, spin_p3_component,
 };
 
+/// A POST of `n` bytes to `path`, sent chunked (no length declared) or with its length.
+async fn post(s: &TestServer, path: &str, n: usize, chunked: bool) -> crate::support::Reply {
+    let headers: &[(&str, &str)] = if chunked {
+        &[("transfer-encoding", "chunked")]
+    } else {
+        &[]
+    };
+    send(
+        s.addr(),
+        Method::POST,
+        path,
+        None,
+        headers,
+        Bytes::from(vec![b'x'; n]),
+    )
+    .await
+}
+
 /// Checks that no pool slot is in use (every request's instance was torn down).
 async fn assert_no_slot_held(s: &TestServer) {
     let m = s.metrics().await;
@@ -81,15 +99,7 @@ async fn go_net_http_cgi_programs_read_every_request_right() {
     // A chunked upload reaches the program whole, with its length (RFC 3875 4.2): before,
     // it read nothing and answered 200, a silently lost upload.
     for n in [0usize, 1, 65_536, 99_999, 100_000] {
-        let r = send(
-            s.addr(),
-            Method::POST,
-            "/go/up",
-            None,
-            &[("transfer-encoding", "chunked")],
-            Bytes::from(vec![b'a'; n]),
-        )
-        .await;
+        let r = post(&s, "/go/up", n, true).await;
         assert_eq!(r.status, StatusCode::OK, "{n}: {}", r.text());
         let t = r.text();
         assert_eq!(field(&t, "read"), n.to_string(), "{t}");
@@ -98,15 +108,7 @@ async fn go_net_http_cgi_programs_read_every_request_right() {
         }
     }
     // Past the limit: 413, and the program is not run.
-    let r = send(
-        s.addr(),
-        Method::POST,
-        "/go/up",
-        None,
-        &[("transfer-encoding", "chunked")],
-        Bytes::from(vec![b'a'; 100_001]),
-    )
-    .await;
+    let r = post(&s, "/go/up", 100_001, true).await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text());
     // So does an HTTP/2 body sent without a content-length.
     let chunks = vec![
@@ -121,15 +123,7 @@ async fn go_net_http_cgi_programs_read_every_request_right() {
         "{t}"
     );
     // A sized body streams to the program as before.
-    let r = send(
-        s.addr(),
-        Method::POST,
-        "/go/up",
-        None,
-        &[],
-        Bytes::from(vec![b'b'; 70_000]),
-    )
-    .await;
+    let r = post(&s, "/go/up", 70_000, false).await;
     let t = r.text();
     assert_eq!(
         (field(&t, "read"), field(&t, "content-length")),
@@ -152,15 +146,7 @@ async fn componentize_js_handlers_are_served_and_a_throw_ends_at_once() {
     assert_eq!(r.header("x-toolchain"), "componentize-js");
     assert_eq!(r.text(), "hello from javascript: GET /js/hello\n");
     for n in [0usize, 65_537, 300_000] {
-        let r = send(
-            s.addr(),
-            Method::POST,
-            "/js/echo",
-            None,
-            &[],
-            Bytes::from(vec![b'j'; n]),
-        )
-        .await;
+        let r = post(&s, "/js/echo", n, false).await;
         assert_eq!(r.text(), format!("read {n} bytes\n"));
     }
     // A handler that throws: StarlingMonkey sets a 500 response and returns without finishing
@@ -217,15 +203,7 @@ async fn spin_sdk_wasip1_modules_are_served_as_components() {
             r.text(),
             format!("hello from tern-spin-sdk{sdk}: GET /{name}/x body=0\n")
         );
-        let r = send(
-            s.addr(),
-            Method::POST,
-            &format!("/{name}/up"),
-            None,
-            &[("transfer-encoding", "chunked")],
-            Bytes::from(vec![1u8; 70_000]),
-        )
-        .await;
+        let r = post(&s, &format!("/{name}/up"), 70_000, true).await;
         assert!(r.text().ends_with("body=70000\n"), "{}", r.text());
         // The stored module is what was uploaded: a redeploy of the same bytes is the same
         // version.
@@ -256,20 +234,7 @@ async fn componentize_py_handlers_are_served() {
     assert_eq!(r.header("x-toolchain"), "componentize-py");
     assert_eq!(r.text(), "hello from python: GET /py/hello?x=1 read=0\n");
     for (n, chunked) in [(1usize, false), (100_000, true), (100_000, false)] {
-        let headers: &[(&str, &str)] = if chunked {
-            &[("transfer-encoding", "chunked")]
-        } else {
-            &[]
-        };
-        let r = send(
-            s.addr(),
-            Method::POST,
-            "/py/up",
-            None,
-            headers,
-            Bytes::from(vec![b'p'; n]),
-        )
-        .await;
+        let r = post(&s, "/py/up", n, chunked).await;
         assert_eq!(
             r.text(),
             format!("hello from python: POST /py/up read={n}\n")
@@ -340,13 +305,7 @@ async fn wasi_0_3_components_are_served_where_enabled_and_refused_elsewhere() {
         assert_eq!(r.text(), "hello from tern-spin-sdk7: /aot/y\n");
     }
     for (n, chunked) in [(0usize, false), (65_537, true), (300_000, false)] {
-        let headers: &[(&str, &str)] = if chunked {
-            &[("transfer-encoding", "chunked")]
-        } else {
-            &[]
-        };
-        let body = Bytes::from(vec![b'e'; n]);
-        let r = send(s.addr(), Method::POST, "/p3/echo", None, headers, body).await;
+        let r = post(&s, "/p3/echo", n, chunked).await;
         assert_eq!(r.text(), format!("read {n} bytes\n"));
     }
     for n in [0usize, 65_535, 65_537, 1_000_000] {
