@@ -44,9 +44,10 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         "/metrics" => {
             // Rendering walks every metric; keep it off the reactor's critical path.
             let app2 = app.clone();
-            let body = tokio::task::spawn_blocking(move || app2.metrics.render(&app2.engine))
-                .await
-                .unwrap_or_default();
+            let body =
+                tokio::task::spawn_blocking(move || app2.metrics.render(&app2.registry.engine()))
+                    .await
+                    .unwrap_or_default();
             let mut resp = Response::new(ResponseBody::full(body));
             resp.headers_mut().insert(
                 CONTENT_TYPE,

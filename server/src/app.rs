@@ -1,7 +1,5 @@
 //! What the request path and the admin listener share: the tenants, the pool, the metrics.
 
-use wasmtime::Engine;
-
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::registry::Registry;
@@ -17,6 +15,4 @@ pub struct App {
     pub pool: Pool,
     /// Metric handles.
     pub metrics: Metrics,
-    /// The engine (for pool metrics).
-    pub engine: Engine,
 }

@@ -36,6 +36,58 @@ impl Compiled {
             Self::Component(_) => None,
         }
     }
+
+    /// The engine it was loaded on.
+    pub fn engine(&self) -> &Engine {
+        match self {
+            Self::Module(m) => m.engine(),
+            Self::Component(c) => c.engine(),
+        }
+    }
+
+    /// Where its compiled code lives: the same for every handle of one loaded module.
+    pub fn image_start(&self) -> usize {
+        match self {
+            Self::Module(m) => m.image_range().start as usize,
+            Self::Component(c) => c.image_range().start as usize,
+        }
+    }
+
+    /// The same compiled code, loaded on `engine`: no compiling, since `engine` has the
+    /// fingerprint of the engine it was compiled for (only its pool settings may differ).
+    ///
+    /// # Errors
+    /// [`ArtifactError::Incompatible`] if `engine` compiles differently.
+    pub fn rehome(&self, engine: &Engine) -> Result<Compiled, ArtifactError> {
+        if engine_fingerprint(engine) != engine_fingerprint(self.engine()) {
+            return Err(ArtifactError::Incompatible {
+                path: "(a loaded module)".into(),
+                reason: "the new engine compiles differently".into(),
+            });
+        }
+        let incompatible = |e: wasmtime::Error| ArtifactError::Incompatible {
+            path: "(a loaded module)".into(),
+            reason: format!("{e:#}"),
+        };
+        match self {
+            Self::Module(m) => {
+                let image = m.serialize().map_err(incompatible)?;
+                // SAFETY: `image` is wasmtime's own serialization of a module it loaded (from a
+                // sealed artifact, checked before it was loaded), and `engine` has the same
+                // compilation fingerprint.
+                unsafe { Module::deserialize(engine, image) }
+                    .map(Self::Module)
+                    .map_err(incompatible)
+            }
+            Self::Component(c) => {
+                let image = c.serialize().map_err(incompatible)?;
+                // SAFETY: as for modules above.
+                unsafe { Component::deserialize(engine, image) }
+                    .map(Self::Component)
+                    .map_err(incompatible)
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Compiled {

@@ -99,7 +99,12 @@ pub fn build(pool: &PoolConfig) -> anyhow::Result<Engine> {
     Engine::new(&engine_config(pool)).map_err(|e| anyhow::anyhow!("cannot create engine: {e:#}"))
 }
 
-/// A thread that advances the engine's epoch every [`EPOCH_TICK`] until dropped.
+/// A thread that advances an engine's epoch every [`EPOCH_TICK`] until it is dropped or the
+/// engine is gone.
+///
+/// It holds the engine weakly: an engine replaced at run time (see
+/// [`crate::registry::Registry::use_memset_reset`]) is still ticked, so the deadlines of the
+/// guests finishing on it hold, and the thread ends by itself once the last of them is gone.
 #[derive(Debug)]
 pub struct EpochTicker {
     stop: Arc<AtomicBool>,
@@ -113,13 +118,16 @@ impl EpochTicker {
     /// If the OS cannot start a thread.
     pub fn start(engine: &Engine) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let (engine, flag) = (engine.clone(), stop.clone());
+        let (engine, flag) = (engine.weak(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("tern-epoch".into())
             .spawn(move || {
                 while !flag.load(Ordering::Relaxed) {
                     std::thread::sleep(EPOCH_TICK);
-                    engine.increment_epoch();
+                    match engine.upgrade() {
+                        Some(engine) => engine.increment_epoch(),
+                        None => break,
+                    }
                 }
             })
             .expect("start epoch thread");

@@ -384,13 +384,14 @@ async fn run_component(
         limits.max_response_headers,
         commit,
     );
-    if tenant.sweep.is_some() && teardown::swap_active() {
+    if tenant.awaits_memset_reset() {
         // Its memory cannot be swept before teardown (see `teardown`): refuse rather than risk
-        // another guest reading this one's swapped pages.
+        // another guest reading this one's swapped pages. Requests wait for the move to the
+        // `memset` reset before they get here; this one waited in vain.
         let e = ExecError::new(
-            Outcome::Error,
-            "wasi-http guests are not run while a swap area switched on after start-up is \
-             active; the server needs a restart",
+            Outcome::Overload,
+            "a swap area was switched on and the server has not yet moved this tenant to the \
+             swap-safe memory reset; retry shortly",
         );
         let result = reply(Err(e), &mut response, tenant, request_id).await;
         return RunOutput {

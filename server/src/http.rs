@@ -53,12 +53,25 @@ pub async fn handle(
             return ex.unrouted(&app, resp);
         }
     };
-    let routed = app
-        .registry
-        .live()
-        .router
-        .find(host, req.uri().path())
-        .map(|(t, prefix_len)| (t.clone(), prefix_len));
+    let route = || {
+        app.registry
+            .live()
+            .router
+            .find(host, req.uri().path())
+            .map(|(t, prefix_len)| (t.clone(), prefix_len))
+    };
+    let mut routed = route();
+    if routed
+        .as_ref()
+        .is_some_and(|(t, _)| t.awaits_memset_reset())
+    {
+        // A swap area was just switched on and the tenants are being moved to the swap-safe
+        // reset (milliseconds): route on the moved table.
+        app.registry
+            .memset_reset_ready(app.pool.queue_timeout())
+            .await;
+        routed = route();
+    }
     ex.timings.set(Phase::Route, ex.arrived.elapsed());
     let Some((tenant, prefix_len)) = routed else {
         let resp = plain(

@@ -25,7 +25,8 @@
 //! - [`registry`]: the live tenant table (swapped atomically) and deploy, rollback, delete,
 //!   reload; beside it `loader` (stored versions into pre-linked tenants), `error` (why a
 //!   change was refused, its status), `describe` (the admin API's JSON), `upload` (checks on
-//!   an upload's first bytes).
+//!   an upload's first bytes), `reset` (every tenant moved to a swap-safe engine when swap
+//!   is switched on).
 //! - [`store`]: the data directory: content-addressed modules and assets, the manifest.
 //! - [`assets`]: per-tenant read-only files held in memory (the guest's `/assets`).
 //! - [`artifact`]: ahead-of-time compilation, sealed artifacts, the artifact cache (`unsafe`:

@@ -45,6 +45,11 @@ pub struct Pool {
 pub type Slot = OwnedSemaphorePermit;
 
 impl Pool {
+    /// How long a request waits for a slot at most.
+    pub fn queue_timeout(&self) -> Duration {
+        self.queue_timeout
+    }
+
     /// A gate for `size` slots where requests wait at most `queue_timeout`; `queue_depth`
     /// counts the requests waiting.
     pub fn new(size: u32, queue_timeout: Duration, queue_depth: prometheus::IntGauge) -> Self {

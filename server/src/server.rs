@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::app::App;
 use crate::config::Config;
-use crate::engine::{self, EpochTicker};
+use crate::engine;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::registry::Registry;
@@ -32,7 +32,6 @@ pub struct Running {
     pub app: Arc<App>,
     tasks: Vec<JoinHandle<()>>,
     threads: Vec<std::thread::JoinHandle<()>>,
-    _ticker: EpochTicker,
 }
 
 impl Running {
@@ -112,6 +111,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
             crate::teardown::watch_swap();
         }
     }
+    let watch_swap = config.pool.pagemap_scan;
     let engine = engine::build(&config.pool)?;
     let metrics = Metrics::new(config.server.max_tenant_labels);
     let data_dir = opts
@@ -132,7 +132,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         config.clone(),
         opts.config_path.clone(),
         store,
-        engine.clone(),
+        engine,
         metrics.clone(),
     )
     .await?;
@@ -147,7 +147,6 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         admin_token: token.token,
         pool,
         metrics,
-        engine: engine.clone(),
     });
 
     let per_core = config.server.runtime == crate::config::RuntimeMode::PerCore;
@@ -158,8 +157,10 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         .with_context(|| format!("cannot listen on {} (admin)", config.server.admin_listen))?;
     let addr = public.local_addr()?;
     let admin_addr = admin_l.local_addr()?;
-    let ticker = EpochTicker::start(&engine);
     let shutdown = Shutdown::new();
+    if watch_swap {
+        tokio::spawn(use_memset_reset_under_swap(app.clone(), shutdown.clone()));
+    }
     // One connection cap for every worker of the public listener; the admin listener has its
     // own, so `/metrics` and the admin API answer while the public one is full.
     let mut opts = listener::ListenOptions::from_config(&config.server);
@@ -220,8 +221,32 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
             tasks
         },
         threads,
-        _ticker: ticker,
     })
+}
+
+/// Once a swap area is switched on (see [`crate::teardown`]), moves every tenant to an engine
+/// with the swap-safe `memset` reset; tries again every 10 s while it cannot.
+async fn use_memset_reset_under_swap(app: Arc<App>, shutdown: Shutdown) {
+    let mut swap = crate::teardown::swap_changes();
+    loop {
+        tokio::select! {
+            on = swap.wait_for(|&on| on) => if on.is_err() { return },
+            () = shutdown.wait() => return,
+        }
+        match app.registry.use_memset_reset().await {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::error!(
+                    "cannot move the tenants to the swap-safe memset reset (trying again in \
+                     10 s; wasi-http guests are refused meanwhile): {e:#}"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(10)) => {}
+                    () = shutdown.wait() => return,
+                }
+            }
+        }
+    }
 }
 
 /// Binds a listening socket, with `SO_REUSEPORT` when several workers share the address.

@@ -13,10 +13,12 @@
 //!   allows it no swap ([`swap_possible`]); otherwise every freed memory is reset with `memset`
 //!   up to `memory_keep_resident_kib` and `madvise` beyond, which holds whatever is swapped;
 //! - watches for a swap area switched on later ([`watch_swap`], woken by the kernel at every
-//!   `swapon`): while one is active, each memory is swept before its store is dropped and every
-//!   page its guest made private is discarded, so nothing is left for the kernel to swap out
-//!   before wasmtime's reset (slower: the next guest faults its pages in again). The log asks
-//!   for a restart, which picks the `memset` reset.
+//!   `swapon`) and then moves every tenant to an engine with the `memset` reset
+//!   ([`crate::registry::Registry::use_memset_reset`], as a deploy swaps a tenant). Until the
+//!   move is published (milliseconds), each core module's memory is swept before its store is
+//!   dropped and every page its guest made private is discarded, so nothing is left for the
+//!   kernel to swap out before wasmtime's reset; a component's memory cannot be reached that
+//!   way (wasmtime exposes no handle to it), so its requests wait for the move.
 //!
 //! # Scattered dirty pages
 //! The same reset takes at most 32 dirty regions and decommits the rest, so a guest that
@@ -34,6 +36,18 @@ use wasmtime::{Memory, Store};
 
 /// Whether a swap area became active after start-up (kept current by [`watch_swap`]).
 static SWAP_ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// [`SWAP_ACTIVE`] for async waiters ([`swap_changes`]).
+fn swap_state() -> &'static tokio::sync::watch::Sender<bool> {
+    static STATE: std::sync::OnceLock<tokio::sync::watch::Sender<bool>> =
+        std::sync::OnceLock::new();
+    STATE.get_or_init(|| tokio::sync::watch::Sender::new(false))
+}
+
+/// Whether a swap area became active after start-up, as it changes (see [`watch_swap`]).
+pub fn swap_changes() -> tokio::sync::watch::Receiver<bool> {
+    swap_state().subscribe()
+}
 
 /// How long [`watch_swap`] waits for the kernel's word before it looks again anyway.
 const SWAP_RECHECK: Duration = Duration::from_secs(10);
@@ -140,14 +154,12 @@ pub fn watch_swap() {
         let update = || {
             let now = swap_possible();
             if now != SWAP_ACTIVE.swap(now, Ordering::Relaxed) {
+                swap_state().send_replace(now);
                 if now {
-                    tracing::error!(
-                        "a swap area became active after start-up: every page a guest dirties \
-                         is now discarded at teardown to keep zero state (slower); restart Tern \
-                         to use the swap-safe memset reset"
+                    tracing::warn!(
+                        "a swap area became active after start-up: moving every tenant to the \
+                         swap-safe memset reset"
                     );
-                } else {
-                    tracing::info!("no swap area is active any more: dirty-page reset resumed");
                 }
             }
         };

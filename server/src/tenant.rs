@@ -220,6 +220,15 @@ impl Tenant {
     pub fn count_outcome(&self, o: Outcome) {
         self.outcomes[o as usize].inc();
     }
+
+    /// Whether its guests cannot run now: a component (whose memory cannot be swept) on an
+    /// engine with the dirty-page reset while a swap area switched on after start-up is active
+    /// and the tenants are not yet moved to the `memset` reset (see [`crate::teardown`]).
+    pub fn awaits_memset_reset(&self) -> bool {
+        self.sweep.is_some()
+            && matches!(self.guest, Guest::Http(_) | Guest::HttpP3(_))
+            && crate::teardown::swap_active()
+    }
 }
 
 /// What every tenant is prepared with, whoever loads it.

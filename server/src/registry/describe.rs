@@ -15,17 +15,12 @@ impl Registry {
     pub async fn describe(&self, name: Option<&str>) -> Result<Value, ChangeError> {
         let state = self.state.lock().await;
         let live = self.live.load();
+        let pool = &self.loader.runtime().pool;
         let mut out = Vec::new();
         for t in &state.config.tenants {
             let n = t.name.get_ref();
             if name.is_none_or(|x| x == n) {
-                out.push(describe_tenant(
-                    n,
-                    live.tenants.get(n),
-                    None,
-                    &self.loader.pool,
-                    t,
-                ));
+                out.push(describe_tenant(n, live.tenants.get(n), None, pool, t));
             }
         }
         for (n, stored) in &state.manifest.tenants {
@@ -35,7 +30,7 @@ impl Registry {
                     n,
                     live.tenants.get(n),
                     Some(stored),
-                    &self.loader.pool,
+                    pool,
                     &config,
                 ));
             }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use arc_swap::ArcSwap;
 use wasmtime::Engine;
 
 use super::{ChangeError, internal};
@@ -19,15 +20,47 @@ use crate::tenant::{self, Carried, Origin, Tenant, TenantError};
 /// share one mapping and one copy-on-write image.
 pub(super) type ModuleCache = Mutex<HashMap<String, Compiled>>;
 
+/// The engine tenants are linked on and what is built with it: replaced as a whole when the
+/// engine is ([`super::Registry::use_memset_reset`]).
+pub(super) struct Runtime {
+    pub(super) engine: Engine,
+    pub(super) linkers: Linkers,
+    /// The pool settings the engine was built with (and tenants' default limits).
+    pub(super) pool: PoolConfig,
+}
+
+impl Runtime {
+    /// The runtime over `engine`, which was built with `pool`.
+    ///
+    /// # Errors
+    /// Only if wasmtime rejects a linker definition (a bug).
+    pub(super) fn new(engine: Engine, pool: PoolConfig) -> anyhow::Result<Self> {
+        let linkers = Linkers::new(&engine, pool.wasi_p3).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        Ok(Self {
+            engine,
+            linkers,
+            pool,
+        })
+    }
+
+    /// What every tenant prepared on this runtime shares.
+    pub(super) fn shared<'a>(&'a self, metrics: &'a Metrics) -> tenant::Shared<'a> {
+        tenant::Shared {
+            linkers: &self.linkers,
+            pool: &self.pool,
+            metrics,
+        }
+    }
+}
+
 /// The loading half of a deploy, rollback or start-up, shared with blocking threads.
 pub(super) struct Loader {
     /// Module hashes stored by deploys that have not committed (or failed) yet, with how many
     /// deploys hold each: [`Registry::forget`] leaves them alone.
     pub(super) in_flight: std::sync::Mutex<HashMap<String, usize>>,
     pub(super) store: DataDir,
-    pub(super) engine: Engine,
-    pub(super) linkers: Linkers,
-    pub(super) pool: PoolConfig,
+    /// Replaced only under the registry's change lock.
+    pub(super) runtime: ArcSwap<Runtime>,
     pub(super) metrics: Metrics,
     pub(super) max_upload: u64,
 }
@@ -55,13 +88,9 @@ impl Drop for InFlight {
 }
 
 impl Loader {
-    /// What every tenant this loader prepares shares.
-    pub(super) fn shared(&self) -> tenant::Shared<'_> {
-        tenant::Shared {
-            linkers: &self.linkers,
-            pool: &self.pool,
-            metrics: &self.metrics,
-        }
+    /// The runtime new tenants are prepared on.
+    pub(super) fn runtime(&self) -> Arc<Runtime> {
+        self.runtime.load_full()
     }
 
     /// Holds `hash` against [`Registry::forget`] until the returned guard is dropped.
@@ -88,23 +117,26 @@ impl Loader {
         carried: Carried,
         cache: &ModuleCache,
     ) -> Result<Tenant, ChangeError> {
-        let module = self.module(name, &version.module, cache)?;
-        self.prepare_version(name, spec, version, &module, carried)
+        let rt = self.runtime();
+        let module = self.module(&rt, name, &version.module, cache)?;
+        self.prepare_version(&rt, name, spec, version, &module, carried)
     }
 
     /// `old` again (same module, assets and version) with the routes, env and limits of
-    /// `config`.
+    /// `config`, linked on `rt` with `compiled` (`old`'s module, loaded on `rt`'s engine).
     pub(super) fn respec(
         &self,
+        rt: &Runtime,
         old: &Tenant,
+        compiled: &Compiled,
         config: &TenantConfig,
     ) -> Result<Tenant, ChangeError> {
         // The module is the same, so is its kind.
         let mut config = config.clone();
         config.kind = Some(old.kind);
         Ok(tenant::prepare(
-            self.shared(),
-            &old.compiled,
+            rt.shared(&self.metrics),
+            compiled,
             &config,
             old.origin.clone(),
             old.assets.clone(),
@@ -112,9 +144,11 @@ impl Loader {
         )?)
     }
 
-    /// Pre-links `module` as `version` of the tenant, with the version's assets in memory.
+    /// Pre-links `module` (loaded on `rt`'s engine) as `version` of the tenant, with the
+    /// version's assets in memory.
     pub(super) fn prepare_version(
         &self,
+        rt: &Runtime,
         name: &str,
         spec: &TenantSpec,
         version: &Version,
@@ -140,7 +174,7 @@ impl Loader {
             version: version.clone(),
         };
         Ok(tenant::prepare(
-            self.shared(),
+            rt.shared(&self.metrics),
             module,
             &config,
             origin,
@@ -149,8 +183,9 @@ impl Loader {
         )?)
     }
 
-    pub(super) fn module(
+    fn module(
         &self,
+        rt: &Runtime,
         name: &str,
         hash: &str,
         cache: &ModuleCache,
@@ -158,8 +193,8 @@ impl Loader {
         if let Some(m) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(hash) {
             return Ok(m.clone());
         }
-        let path = artifact::artifact_path(&self.engine, &self.store.artifacts(), hash);
-        let module = match artifact::load_cwasm(&self.engine, &path) {
+        let path = artifact::artifact_path(&rt.engine, &self.store.artifacts(), hash);
+        let module = match artifact::load_cwasm(&rt.engine, &path) {
             Ok(m) => m,
             Err(e) => {
                 if path.exists() {
@@ -167,7 +202,7 @@ impl Loader {
                 }
                 let wasm = self.store.read_blob(hash).map_err(internal)?;
                 let loaded = artifact::load_wasm(
-                    &self.engine,
+                    &rt.engine,
                     &wasm,
                     &format!("tenant {name:?}"),
                     &self.store.artifacts(),
@@ -205,9 +240,7 @@ mod tests {
         Arc::new(Loader {
             in_flight: Default::default(),
             store: DataDir::open(dir).expect("data dir"),
-            linkers: Linkers::new(&engine, false).expect("linkers"),
-            engine,
-            pool,
+            runtime: ArcSwap::from_pointee(Runtime::new(engine, pool).expect("runtime")),
             metrics: Metrics::new(10),
             max_upload: 1 << 20,
         })
@@ -259,7 +292,7 @@ mod tests {
     fn a_damaged_artifact_is_compiled_again_from_the_blob() {
         let (_dir, l, v) = with_hello();
         load(&l, &v).expect("first load");
-        let path = artifact::artifact_path(&l.engine, &l.store.artifacts(), &v.module);
+        let path = artifact::artifact_path(&l.runtime().engine, &l.store.artifacts(), &v.module);
         std::fs::write(&path, b"not an artifact").unwrap();
         load(&l, &v).expect("recompiled");
         assert_eq!(compiles(&l), 2);
@@ -271,6 +304,32 @@ mod tests {
         v.module = "0".repeat(64);
         let e = load(&l, &v).unwrap_err();
         assert!(matches!(e, ChangeError::Internal(_)), "{e}");
+    }
+
+    #[test]
+    fn loaded_code_moves_to_an_engine_with_another_reset_without_compiling() {
+        let (_dir, l, v) = with_hello();
+        let t = load(&l, &v).expect("load");
+        let mut pool = l.runtime().pool.clone();
+        pool.pagemap_scan = !pool.pagemap_scan;
+        let engine = crate::engine::build(&pool).expect("engine");
+        assert_eq!(
+            artifact::engine_fingerprint(&engine),
+            artifact::engine_fingerprint(&l.runtime().engine),
+            "the pool's reset is not part of what compiled code depends on"
+        );
+        let moved = t.compiled.rehome(&engine).expect("rehome");
+        assert!(Engine::same(moved.engine(), &engine));
+        assert_ne!(moved.image_start(), t.compiled.image_start());
+        let rt = Runtime::new(engine, pool).expect("runtime");
+        let config = TenantSpec::default().to_config("t", "sha256:x");
+        let t2 = l
+            .respec(&rt, &t, &moved, &config)
+            .expect("linked on the new engine");
+        assert_eq!((t2.kind, compiles(&l)), (t.kind, 1));
+        // Code from an engine that compiles differently is refused, not loaded.
+        let other = Engine::new(wasmtime::Config::new().consume_fuel(true)).unwrap();
+        assert!(t.compiled.rehome(&other).is_err());
     }
 
     #[test]

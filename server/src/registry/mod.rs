@@ -22,21 +22,22 @@ use wasmtime::Engine;
 use crate::artifact;
 use crate::assets::Assets;
 use crate::config::{self, Config};
+use crate::engine::EpochTicker;
 use crate::metrics::Metrics;
 use crate::router::{Clash, Route, Router};
 use crate::store::{self, DataDir, Manifest, StoredTenant, TenantSpec, Version};
-use crate::tenant::Linkers;
 use crate::tenant::{self, Carried, Origin, Tenant, TenantError, TenantRef};
 
 mod describe;
 mod error;
 mod loader;
+mod reset;
 mod spec;
 mod upload;
 
 pub use error::ChangeError;
 use error::internal;
-use loader::{Loader, ModuleCache};
+use loader::{Loader, ModuleCache, Runtime};
 pub use spec::SpecChange;
 use upload::check_wasm_header;
 pub use upload::wasm_header_problem;
@@ -113,6 +114,12 @@ pub struct Registry {
     state: tokio::sync::Mutex<State>,
     /// The engine, linkers, store and limits every load uses (shared with blocking threads).
     loader: Arc<Loader>,
+    /// The epoch tickers of the engines in use: the current one's, and any replaced one's
+    /// until its last guest is gone.
+    tickers: Mutex<Vec<EpochTicker>>,
+    /// Whether every tenant is linked on an engine with the `memset` reset (sent once the
+    /// switch of [`Registry::use_memset_reset`] is published).
+    memset: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -189,11 +196,12 @@ impl Registry {
         engine: Engine,
         metrics: Metrics,
     ) -> anyhow::Result<Self> {
-        let linkers =
-            Linkers::new(&engine, config.pool.wasi_p3).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let runtime = Runtime::new(engine.clone(), config.pool.clone())?;
         let manifest = store.load_manifest()?;
         one_owner(&config, &manifest).map_err(|e| anyhow::anyhow!("{e}"))?;
         let registry = Self {
+            tickers: Mutex::new(vec![EpochTicker::start(&engine)]),
+            memset: tokio::sync::watch::Sender::new(!config.pool.pagemap_scan),
             live: ArcSwap::from_pointee(Live::default()),
             state: tokio::sync::Mutex::new(State {
                 config: config.clone(),
@@ -203,10 +211,8 @@ impl Registry {
             loader: Arc::new(Loader {
                 in_flight: Default::default(),
                 max_upload: config.server.max_upload_bytes,
-                pool: config.pool.clone(),
                 store,
-                engine,
-                linkers,
+                runtime: ArcSwap::from_pointee(runtime),
                 metrics,
             }),
         };
@@ -237,6 +243,11 @@ impl Registry {
     /// Largest upload the admin API accepts.
     pub fn max_upload(&self) -> u64 {
         self.loader.max_upload
+    }
+
+    /// The engine new tenants are linked on (for the pool's metrics).
+    pub fn engine(&self) -> Engine {
+        self.loader.runtime().engine.clone()
     }
 
     /// Makes a change durable, then visible: the manifest is written (atomically) before the
@@ -309,12 +320,7 @@ impl Registry {
         &self,
         config: &Config,
     ) -> Result<BTreeMap<String, TenantRef>, anyhow::Error> {
-        let (engine, linkers, pool, metrics) = (
-            self.loader.engine.clone(),
-            self.loader.linkers.clone(),
-            self.loader.pool.clone(),
-            self.loader.metrics.clone(),
-        );
+        let (rt, metrics) = (self.loader.runtime(), self.loader.metrics.clone());
         let (tenants, base) = (config.tenants.clone(), config.base_dir.clone());
         // Metric labels go to tenants in the file's order (loading below is parallel).
         for t in &tenants {
@@ -325,18 +331,14 @@ impl Registry {
         let live = self.live.load_full();
         let results = tokio::task::spawn_blocking(move || {
             parallel(&tenants, |t| {
-                let loaded = tenant::load_module(&engine, t, &base, &cache, &pool)?;
+                let loaded = tenant::load_module(&rt.engine, t, &base, &cache, &rt.pool)?;
                 if let Some(d) = loaded.compiled_in {
                     metrics.compile.observe(d.as_secs_f64());
                 }
                 let assets = tenant::load_assets(t, &base, max)?;
                 let carried = live.carried(t.name.get_ref());
                 tenant::prepare(
-                    tenant::Shared {
-                        linkers: &linkers,
-                        pool: &pool,
-                        metrics: &metrics,
-                    },
+                    rt.shared(&metrics),
                     &loaded.module,
                     t,
                     Origin::Config,
@@ -422,13 +424,14 @@ impl Registry {
         let current = state.manifest.tenants.get(name).map(|t| &t.spec);
         let spec = change.apply(name, current)?;
         let as_config = spec.to_config(name, "(admin API)");
-        config::validate_tenant(&as_config, &self.loader.pool)
+        let rt = self.loader.runtime();
+        config::validate_tenant(&as_config, &rt.pool)
             .map_err(|e| ChangeError::Invalid(e.message))?;
         let created = !state.manifest.tenants.contains_key(name);
         let live = self.live.load_full();
         // A tenant that serves is rebuilt with the new spec around the module it runs.
         let respecced = match live.tenants.get(name) {
-            Some(old) => Some(self.loader.respec(old, &as_config)?),
+            Some(old) => Some(self.loader.respec(&rt, old, &old.compiled, &as_config)?),
             None => None,
         };
         check_routes(&live, &state.manifest, name, &spec)?;
@@ -522,8 +525,9 @@ impl Registry {
             let spec = spec2;
             let started = Instant::now();
             let module_hash = artifact::hex(&Sha256::digest(&wasm));
+            let rt = this.runtime();
             let prepared = (|| {
-                let limits = tenant::Limits::from_config(&spec.limits, &this.pool);
+                let limits = tenant::Limits::from_config(&spec.limits, &rt.pool);
                 if !artifact::is_component(&wasm) {
                     tenant::check_fits(&wasm, &limits).map_err(|reason| {
                         TenantError::DoesNotFit {
@@ -533,7 +537,7 @@ impl Registry {
                     })?;
                 }
                 let loaded = artifact::load_wasm(
-                    &this.engine,
+                    &rt.engine,
                     &wasm,
                     "the uploaded module",
                     &this.store.artifacts(),
@@ -556,7 +560,7 @@ impl Registry {
                     kind,
                 };
                 let carried = live.carried(&n);
-                let t = this.prepare_version(&n, &spec, &version, &loaded.module, carried)?;
+                let t = this.prepare_version(&rt, &n, &spec, &version, &loaded.module, carried)?;
                 let held = this.hold(&module_hash);
                 this.store.put_blob(&wasm).map_err(internal)?;
                 tracing::debug!(tenant = %n, "deploy prepared in {:?}", started.elapsed());
@@ -596,10 +600,25 @@ impl Registry {
                 "tenant {name:?} was deleted during the deploy"
             )));
         };
-        // The routes may have changed while this compiled: rebuild around the latest spec.
-        let tenant = if stored.spec != *spec {
+        let rt = self.loader.runtime();
+        let tenant = if !Engine::same(tenant.compiled.engine(), &rt.engine) {
+            // The engine was replaced while this compiled (`use_memset_reset`): the stored
+            // version is loaded on the new one, with the latest spec.
+            let (this, n, spec) = (self.loader(), name.to_string(), stored.spec.clone());
+            let Origin::Api { version } = tenant.origin.clone() else {
+                unreachable!("loaded as an API tenant")
+            };
+            let carried = Carried::from(&tenant);
+            tokio::task::spawn_blocking(move || {
+                this.load_version(&n, &spec, &version, carried, &ModuleCache::default())
+            })
+            .await
+            .map_err(internal)??
+        } else if stored.spec != *spec {
+            // The routes changed while this compiled: rebuild around the latest spec.
+            let config = stored.spec.to_config(name, "(admin API)");
             self.loader
-                .respec(&tenant, &stored.spec.to_config(name, "(admin API)"))?
+                .respec(&rt, &tenant, &tenant.compiled, &config)?
         } else {
             tenant
         };

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::support::{Conn, TernProcess, TestServer, metric_value, wat_file};
+use crate::support::{Conn, TernProcess, TestServer, metric_value, test_component, wat_file};
 
 /// Swap is machine-wide: the tests that switch it on or need it off take turns.
 static SWAP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -212,22 +212,26 @@ async fn count(conn: &mut Conn, path: &str) -> u32 {
     u32::from_le_bytes(r.body[..4].try_into().expect("4 bytes"))
 }
 
-/// A one-slot server with the keeper at `/keep` and the seeker at `/seek`.
+/// A one-slot server with the keeper at `/keep`, the seeker at `/seek`, and the test
+/// component (whose `/c/keep` and `/c/seek` do the same) at `/c`.
 async fn one_slot_server() -> TestServer {
     let dir = tempfile::tempdir().unwrap();
     wat_file(dir.path(), "keeper.wasm", &keeper());
     wat_file(dir.path(), "seeker.wasm", &seeker());
+    test_component(dir.path(), "component");
     let config = "[pool]\ninstances = 1\nmax_memory_mib = 64\n\
                   [[tenant]]\nname = \"keeper\"\nmodule = \"keeper.wasm\"\npaths = [\"/keep\"]\n\
                   [tenant.limits]\ntimeout_ms = 30000\n\
-                  [[tenant]]\nname = \"seeker\"\nmodule = \"seeker.wasm\"\npaths = [\"/seek\"]\n";
+                  [[tenant]]\nname = \"seeker\"\nmodule = \"seeker.wasm\"\npaths = [\"/seek\"]\n\
+                  [[tenant]]\nname = \"component\"\nmodule = \"component.wasm\"\npaths = [\"/c\"]\n\
+                  [tenant.limits]\ntimeout_ms = 30000\n";
     TestServer::try_start_in(dir, config).await.expect("start")
 }
 
-/// Keeps the secret in a live guest, pushes its pages to swap, lets it finish, and returns how
-/// many secret bytes the next guests (another module, then the same) find in the slot.
-async fn leak_after_swap(s: &TestServer) -> (u32, u32) {
-    let held = held_request(s.addr(), "/keep");
+/// Keeps the secret in a live guest at `keep`, pushes its pages to swap, lets it finish, and
+/// returns how many secret bytes the next guests (`seek`, then `keep` again) find in the slot.
+async fn leak_after_swap(s: &TestServer, keep: &str, seek: &str) -> (u32, u32) {
+    let held = held_request(s.addr(), keep);
     // The guest fills its memory in microseconds; page out until its secret is in swap.
     let mut swapped = 0;
     for _ in 0..100 {
@@ -246,9 +250,9 @@ async fn leak_after_swap(s: &TestServer) -> (u32, u32) {
         .unwrap();
     assert_eq!(seen_before, 0, "the keeper started dirty");
     let mut conn = Conn::open(s.addr()).await;
-    let other_module = count(&mut conn, "/seek").await;
+    let other_module = count(&mut conn, seek).await;
     let (seen, _) = {
-        let held = held_request(s.addr(), "/keep");
+        let held = held_request(s.addr(), keep);
         (
             tokio::task::spawn_blocking(move || release(held))
                 .await
@@ -279,12 +283,36 @@ async fn swapped_out_guest_memory_never_reaches_the_next_guest() {
         ),
     };
     assert_eq!(
-        leak_after_swap(&before).await,
+        leak_after_swap(&before, "/keep", "/seek").await,
         (0, 0),
         "started without swap"
     );
+    // Components too: their memories cannot be swept, so the server moves every tenant to an
+    // engine with the swap-safe reset (requests wait for the move rather than fail).
+    let mut conn = Conn::open(before.addr()).await;
+    let r = conn.get("/c/hello").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(
+        leak_after_swap(&before, "/c/keep", "/c/seek").await,
+        (0, 0),
+        "component, started without swap"
+    );
+    assert_eq!(
+        leak_after_swap(&before, "/keep", "/seek").await,
+        (0, 0),
+        "started without swap, after the move"
+    );
     let after = one_slot_server().await;
-    assert_eq!(leak_after_swap(&after).await, (0, 0), "started with swap");
+    assert_eq!(
+        leak_after_swap(&after, "/keep", "/seek").await,
+        (0, 0),
+        "started with swap"
+    );
+    assert_eq!(
+        leak_after_swap(&after, "/c/keep", "/c/seek").await,
+        (0, 0),
+        "component, started with swap"
+    );
     drop(swap);
 }
 

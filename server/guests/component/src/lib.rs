@@ -17,6 +17,11 @@
 //! - `/status?code=N`: an empty response with status N.
 //! - `/fetch?url=U`: sends `GET U` with `wasi:http/outgoing-handler` and answers with its
 //!   status and body, or `502` with the error code if the request fails.
+//! - `/keep`: grows its memory by 24 pages (1.5 MiB), counts the bytes 0xA5 in them, fills
+//!   the middle 512 KiB of them with 0xA5 and reads the whole request body before it answers
+//!   with the count (4 bytes, little endian): a client that holds the body back holds the
+//!   secret in a live guest.
+//! - `/seek`: grows its memory by 24 pages and answers how many bytes 0xA5 they hold.
 //! - `/upload?url=U&n=N[&trap=1]`: sends `POST U` and streams N bytes of body after the
 //!   request is on its way, then finishes the body and answers with the backend's status and
 //!   body length; with `trap=1` it panics after writing the bytes, before finishing the body.
@@ -153,6 +158,18 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
                 std::mem::forget(out_body);
             }
             "/forgotten" => std::mem::forget(out),
+            "/keep" => {
+                let fresh = grown_pages(24);
+                let count = fresh.iter().filter(|&&b| b == SECRET).count() as u32;
+                fresh[512 * 1024..1024 * 1024].fill(SECRET);
+                read_all(request);
+                respond(out, 200, &[], &count.to_le_bytes());
+            }
+            "/seek" => {
+                let fresh = grown_pages(24);
+                let count = fresh.iter().filter(|&&b| b == SECRET).count() as u32;
+                respond(out, 200, &[], &count.to_le_bytes());
+            }
             "/panic" => panic!("a panic before any response"),
             "/loop" => {
                 let mut n = 0u64;
@@ -200,6 +217,17 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
             _ => respond(out, 404, &[], b"no such test path\n"),
         }
     }
+}
+
+/// The byte `/keep` leaves in memory and `/seek` looks for.
+const SECRET: u8 = 0xA5;
+
+/// `n` new pages of linear memory, as the slot gives them (the allocator never hands them out).
+fn grown_pages(n: usize) -> &'static mut [u8] {
+    let first = core::arch::wasm32::memory_grow(0, n);
+    assert_ne!(first, usize::MAX, "memory.grow refused");
+    // SAFETY: the pages were just added to the memory and nothing else refers to them.
+    unsafe { std::slice::from_raw_parts_mut((first * 65536) as *mut u8, n * 65536) }
 }
 
 /// A request to `url` (`http://host[:port]/path`).
