@@ -15,8 +15,12 @@
 //! - [`wasi_http`]: the `wasi-http` kind: `wasi:http/proxy` components, their request in and
 //!   answer out, their outgoing requests under the tenant's policy; [`adapter`]: core modules
 //!   exporting the handler (spin-sdk for wasm32-wasip1) made components before compiling.
-//! - [`outbound`]: what a tenant's guests may call (backends, allowed hosts, SSRF checks, loop
-//!   detection) and the pooled client that calls it.
+//! - [`outbound`]: one room for every guest kind's outgoing requests: `policy` (what a
+//!   tenant's guests may call: backends, allowed hosts, SSRF checks, the `[tenant.outbound]`
+//!   schema), `calls` (the one path a request takes: admission, loop check, `CDN-Loop` and
+//!   trace, budget, timeouts, metrics), `send` (the body and the wait for the head), `client`
+//!   (the pooled client per worker). `hostcalls::outbound` and `wasi_http` only map its
+//!   errors to their ABI's.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
 //! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
 //!   before each teardown (with [`artifact`], the only modules with `unsafe`).

@@ -179,7 +179,7 @@ pub struct Tenant {
     /// The sweep before teardown, when the dirty-page reset is in use (`crate::teardown`).
     pub sweep: Option<MemorySweep>,
     /// What its guests may call, with the metric handles of those calls.
-    pub outbound: Arc<crate::hostcalls::outbound::Calls>,
+    pub outbound: Arc<crate::outbound::Calls>,
     /// Something about the module its author should know (shown by a deploy, logged at load).
     pub warning: Option<String>,
     /// What its clients see when a request fails.
@@ -442,7 +442,7 @@ pub fn prepare(
         config.limits.log_lines_per_sec,
         metrics.log_dropped.clone(),
     ));
-    let outbound = Arc::new(crate::hostcalls::outbound::Calls {
+    let outbound = Arc::new(crate::outbound::Calls {
         policy,
         log_budget: log_budget.clone(),
         label: label.clone(),

@@ -32,9 +32,9 @@ use wasmtime_wasi_http::{
     RequestOptions, WasiBody, WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView,
 };
 
-use crate::hostcalls::outbound::{CDN_LOOP, Calls, TRACEPARENT, TRACESTATE};
 use crate::hostcalls::{GuestLimits, GuestRequest, GuestResponse, RequestBody, Stdio, WasiSpec};
 use crate::outbound::{self, ComponentCalls, Denied, OutBody};
+use crate::outbound::{Calls, Failed, Passing, Refused};
 
 /// The pre-linked form of a `wasi:http/proxy` component (WASI 0.2).
 pub type Pre = wasmtime_wasi_http::p2::bindings::ProxyPre<HttpState>;
@@ -433,13 +433,10 @@ fn spin_headers(
 /// tenant's policy.
 struct Hooks {
     calls: Arc<Calls>,
-    /// Requests sent so far by this guest.
-    sent: u32,
-    /// The client's `CDN-Loop` values (what its request passed through), for the value sent
-    /// on and the loop check; most requests have none.
-    cdn_loop: Vec<HeaderValue>,
-    /// The client's trace headers, passed on.
-    trace: Option<(HeaderValue, Option<HeaderValue>)>,
+    /// Requests made so far by this guest.
+    sent: usize,
+    /// What the client's request hands on to the guest's requests.
+    passing: Passing,
     /// Time waited and the run's failure, shared with the requests sent (made by the first).
     shared: Option<Arc<ComponentCalls>>,
     /// The client's request, in log lines.
@@ -450,10 +447,7 @@ impl Hooks {
     fn new(calls: Arc<Calls>, incoming: &HeaderMap, request_id: &HeaderValue) -> Self {
         Self {
             request_id: request_id.clone(),
-            cdn_loop: incoming.get_all(&CDN_LOOP).iter().cloned().collect(),
-            trace: incoming
-                .get(&TRACEPARENT)
-                .map(|tp| (tp.clone(), incoming.get(&TRACESTATE).cloned())),
+            passing: Passing::of(incoming),
             calls,
             sent: 0,
             shared: None,
@@ -480,49 +474,35 @@ impl WasiHttpHooks for Hooks {
     ) -> Sent {
         self.sent += 1;
         let calls = self.calls.clone();
-        let over = self.sent > calls.policy.max_requests;
-        let hops = outbound::hops(self.cdn_loop.iter());
-        let mut cdn_loop = String::new();
-        for v in &self.cdn_loop {
-            if let Ok(v) = v.to_str() {
-                cdn_loop.push_str(v);
-                cdn_loop.push_str(", ");
-            }
-        }
-        cdn_loop.push_str(outbound::CDN_ID);
-        let cdn_loop = HeaderValue::from_str(&cdn_loop).ok();
-        let trace = self.trace.clone();
+        // `http://NAME/path` calls the tenant's backend NAME; any other URL must be an
+        // allowed public host.
+        let uri = request.uri().clone();
+        let host = uri.host().unwrap_or_default();
+        let backend = match calls.policy.backend_label(host) {
+            Some(_) if uri.port().is_none() => host.to_string(),
+            _ => String::new(),
+        };
+        let admitted = calls.admit(
+            self.sent,
+            &self.passing,
+            &calls.label(&backend),
+            &self.request_id,
+        );
+        let passing = self.passing.clone();
         let shared = self.shared.get_or_insert_with(Arc::default).clone();
         let request_id = self.request_id.clone();
         Box::new(async move {
             use wasmtime_wasi_http::Error;
-            let deny = |label: &str, why: String| {
-                calls.log_denied(&request_id, &why);
-                calls.count(label, "denied");
-                Error::HttpRequestDenied
-            };
-            if over {
-                return Err(deny(
-                    "unknown",
-                    format!(
-                        "at most {} outbound requests per request (outbound.max_requests)",
-                        calls.policy.max_requests
-                    ),
-                ));
+            match admitted {
+                Ok(()) => {}
+                Err(Refused::TooMany(_)) => return Err(Error::HttpRequestDenied),
+                Err(Refused::Loop(_)) => return Err(Error::LoopDetected),
             }
-            if hops >= outbound::MAX_HOPS {
-                calls.log_denied(&request_id, &Denied::Loop(hops).to_string());
-                calls.count("unknown", "denied");
-                return Err(Error::LoopDetected);
-            }
-            // `http://NAME/path` calls the tenant's backend NAME; any other URL must be an
-            // allowed public host.
-            let uri = request.uri().clone();
             let pq = uri.path_and_query().map_or("/", |p| p.as_str());
-            let host = uri.host().unwrap_or_default();
-            let target = match calls.policy.backend_label(host) {
-                Some(_) if uri.port().is_none() => calls.policy.target(host, pq).await,
-                _ => calls.policy.target("", &uri.to_string()).await,
+            let target = if backend.is_empty() {
+                calls.policy.target("", &uri.to_string()).await
+            } else {
+                calls.policy.target(&backend, pq).await
             };
             let target = match target {
                 Ok(t) => t,
@@ -534,37 +514,18 @@ impl WasiHttpHooks for Hooks {
                         info_code: None,
                     });
                 }
-                Err(d) => return Err(deny(outbound::URL_LABEL, d.to_string())),
-            };
-            let client = outbound::client(&target, &calls.opened).map_err(|e| {
-                calls.count(&target.label, "error");
-                Error::InternalError(Some(e))
-            })?;
-            let (mut parts, body) = request.into_parts();
-            parts.uri = target.uri.clone();
-            parts.headers.insert(HOST, target.host.clone());
-            if let Some(v) = cdn_loop {
-                parts.headers.insert(CDN_LOOP.clone(), v);
-            }
-            if let Some((tp, ts)) = trace
-                && !parts.headers.contains_key(&TRACEPARENT)
-            {
-                parts.headers.insert(TRACEPARENT.clone(), tp);
-                if let Some(ts) = ts {
-                    parts.headers.insert(TRACESTATE.clone(), ts);
+                Err(d) => {
+                    calls.log_denied(&request_id, &d.to_string());
+                    calls.count(outbound::URL_LABEL, "denied");
+                    return Err(Error::HttpRequestDenied);
                 }
-            }
+            };
+            let (parts, body) = request.into_parts();
             let body = http_body_util::Limited::new(body, calls.policy.max_request_bytes as usize)
                 .map_err(|_| outbound::BodyAborted)
                 .boxed_unsync();
             let req = Request::from_parts(parts, OutBody::component(body, shared.clone()));
             let started = Instant::now();
-            let permit = target
-                .budget
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| Error::ConnectionLimitReached)?;
             // The guest's request options may shorten the wait for the head, never lengthen
             // it. (The connect timeout is the worker's connector's: the tenant's.)
             let first_byte = options
@@ -572,27 +533,17 @@ impl WasiHttpHooks for Hooks {
                 .map_or(target.timeouts.first_byte, |t| {
                     t.min(target.timeouts.first_byte)
                 });
-            let sent = outbound::send(&client, req, first_byte).await;
+            let sent = calls.exchange(&target, req, first_byte, &passing).await;
             shared
                 .waited_ns
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            let resp = match sent {
-                Ok(r) => r,
-                Err(outbound::HeadError::Failed(e)) => {
-                    calls.count(&target.label, "error");
-                    return Err(if e.is_connect() {
-                        Error::ConnectionRefused
-                    } else {
-                        Error::HttpProtocolError
-                    });
-                }
-                Err(outbound::HeadError::FirstByte) => {
-                    calls.count(&target.label, "timeout");
-                    return Err(Error::ConnectionReadTimeout);
-                }
-            };
-            calls.duration.observe(started.elapsed().as_secs_f64());
-            calls.count(&target.label, resp.status().as_str());
+            let (resp, permit) = sent.map_err(|f| match f {
+                Failed::ConnectTimeout(_) => Error::ConnectionTimeout,
+                Failed::Connect(_) => Error::ConnectionRefused,
+                Failed::FirstByte(_) | Failed::Total(_) => Error::ConnectionReadTimeout,
+                Failed::NoClient(e) => Error::InternalError(Some(e)),
+                Failed::Request(_) => Error::HttpProtocolError,
+            })?;
             let max = calls.policy.max_response_bytes;
             let resp = resp.map(move |b| {
                 http_body_util::Limited::new(b, max as usize)

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{HOST, HeaderName};
+use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use wasmtime::{Caller, Linker};
 
 use super::{GuestFault, GuestRequest, GuestState, copy_to_guest, guest_range, memory};
-use crate::outbound::{self, Denied, HeadError, OutBody, Policy, Target};
+use crate::outbound::{Calls, Denied, Failed, OutBody, Passing, Refused, Target};
 
 /// Body chunks that may wait for the backend before a streaming guest's writes block.
 const STREAM_CHUNKS: usize = 4;
@@ -44,55 +44,11 @@ const HOP_BY_HOP: [&str; 9] = [
     "cdn-loop",
 ];
 
-pub(crate) static CDN_LOOP: HeaderName = HeaderName::from_static("cdn-loop");
-pub(crate) static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-pub(crate) static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
-
-/// A tenant's outbound policy with its metric handles, shared by its requests.
-#[derive(Debug)]
-pub struct Calls {
-    /// What its guests may call.
-    pub policy: Policy,
-    /// The tenant's metrics label.
-    pub label: String,
-    /// `tern_outbound_requests_total`.
-    pub requests: prometheus::IntCounterVec,
-    /// Time to response head, this tenant's child of `tern_outbound_duration_seconds`.
-    pub duration: prometheus::Histogram,
-    /// `tern_outbound_connections_total`.
-    pub opened: prometheus::IntCounter,
-    /// The tenant's budget of guest log lines (denials are logged within it).
-    pub log_budget: Arc<crate::logwriter::LogBudget>,
-}
-
-impl Calls {
-    /// Logs that the guest's outbound request was refused and why (what
-    /// `outbound_last_error` says), within the tenant's log budget: a denial shows only as
-    /// an error value inside the guest (JavaScript's `fetch` throws a bare `NetworkError`),
-    /// so its developer finds the reason here (and in `tern dev`'s terminal).
-    pub fn log_denied(&self, request_id: &HeaderValue, why: &str) {
-        if self.log_budget.allow() {
-            tracing::warn!(
-                target: "tern::guest",
-                tenant = self.label.as_str(),
-                request_id = request_id.to_str().unwrap_or("-"),
-                "outbound request refused: {why}"
-            );
-        }
-    }
-
-    /// Counts one outbound request to `backend` that ended with `status`.
-    pub fn count(&self, backend: &str, status: &str) {
-        self.requests
-            .with_label_values(&[self.label.as_str(), backend, status])
-            .inc();
-    }
-}
-
-/// How an outbound request failed: its ABI code, its metrics status and its message.
+/// How an outbound request failed: its ABI code, its metrics status (`None`: counted by the
+/// exchange already) and its message.
 struct Failure {
     code: i32,
-    status: &'static str,
+    status: Option<&'static str>,
     message: String,
 }
 
@@ -100,8 +56,22 @@ impl Failure {
     fn new(code: i32, status: &'static str, message: impl Into<String>) -> Self {
         Self {
             code,
-            status,
+            status: Some(status),
             message: message.into(),
+        }
+    }
+}
+
+impl From<Failed> for Failure {
+    fn from(f: Failed) -> Self {
+        Self {
+            code: if f.is_timeout() {
+                errno::TIMEOUT
+            } else {
+                errno::IO
+            },
+            status: None,
+            message: f.to_string(),
         }
     }
 }
@@ -112,7 +82,6 @@ type Exchange = Result<(Response<Incoming>, OwnedSemaphorePermit), Failure>;
 struct Pending {
     task: JoinHandle<Exchange>,
     label: Arc<str>,
-    started: Instant,
     deadline: Instant,
     total: Duration,
 }
@@ -192,7 +161,9 @@ impl Outbound {
 
     /// Records `f` as the last error (for `outbound_last_error`), counts it and returns its code.
     fn fail(&mut self, label: &str, f: Failure) -> i32 {
-        self.calls.count(label, f.status);
+        if let Some(status) = f.status {
+            self.calls.count(label, status);
+        }
         self.last_error = f.message;
         f.code
     }
@@ -227,41 +198,28 @@ impl Outbound {
 
     /// Whether one more request may be made (to `backend`, empty for a URL).
     fn check_new(&mut self, request: &GuestRequest, backend: &str) -> Result<(), i32> {
-        let incoming = &request.headers;
-        let label = self.label(backend);
-        let max = self.calls.policy.max_requests;
-        if self.handles.len() >= max as usize {
-            let f = Failure::new(
-                errno::LIMIT_EXCEEDED,
-                "limit",
-                format!("at most {max} outbound requests per request (outbound.max_requests)"),
-            );
-            return Err(self.fail(&label, f));
-        }
-        let hops = outbound::hops(incoming.get_all(&CDN_LOOP).iter());
-        if hops >= outbound::MAX_HOPS {
-            return Err(self.denied(backend, &Denied::Loop(hops), request));
-        }
-        Ok(())
-    }
-
-    /// The metrics label of a request to `backend`: its name if the tenant has it (names a
-    /// guest makes up must not become labels), `unknown` otherwise, `url` for URL requests.
-    fn label(&self, backend: &str) -> Arc<str> {
-        if backend.is_empty() {
-            Arc::from(outbound::URL_LABEL)
-        } else {
-            self.calls
-                .policy
-                .backend_label(backend)
-                .unwrap_or_else(|| Arc::from("unknown"))
+        let label = self.calls.label(backend);
+        let passing = Passing::of(&request.headers);
+        let n = self.handles.len() + 1;
+        match self
+            .calls
+            .admit(n, &passing, &label, &request.context.request_id)
+        {
+            Ok(()) => Ok(()),
+            Err(refused) => {
+                self.last_error = refused.to_string();
+                Err(match refused {
+                    Refused::TooMany(_) => errno::LIMIT_EXCEEDED,
+                    Refused::Loop(_) => errno::DENIED,
+                })
+            }
         }
     }
 
     /// A request refused by the policy: counted, logged, and its reason kept for
     /// `outbound_last_error`.
     fn denied(&mut self, backend: &str, d: &Denied, request: &GuestRequest) -> i32 {
-        let label = self.label(backend);
+        let label = self.calls.label(backend);
         let why = d.to_string();
         self.calls.log_denied(&request.context.request_id, &why);
         let code = match d {
@@ -286,38 +244,9 @@ impl Outbound {
         let Draft {
             method,
             target,
-            mut headers,
+            headers,
             body,
         } = *draft;
-        // What the request passed through, and us; the trace it belongs to.
-        let mut cdn_loop = String::new();
-        for v in incoming.get_all(&CDN_LOOP) {
-            if let Ok(v) = v.to_str() {
-                cdn_loop.push_str(v);
-                cdn_loop.push_str(", ");
-            }
-        }
-        cdn_loop.push_str(outbound::CDN_ID);
-        if let Ok(v) = HeaderValue::from_str(&cdn_loop) {
-            headers.insert(CDN_LOOP.clone(), v);
-        }
-        if !headers.contains_key(&TRACEPARENT)
-            && let Some(tp) = incoming.get(&TRACEPARENT)
-        {
-            headers.insert(TRACEPARENT.clone(), tp.clone());
-            if let Some(ts) = incoming.get(&TRACESTATE) {
-                headers.insert(TRACESTATE.clone(), ts.clone());
-            }
-        }
-        let client = match outbound::client(&target, &self.calls.opened) {
-            Ok(c) => c,
-            Err(message) => {
-                let code = self.fail(&target.label, Failure::new(errno::IO, "error", message));
-                self.put(handle, Call::Done(code));
-                return code;
-            }
-        };
-        headers.insert(HOST, target.host.clone());
         let (out_body, sender) = if stream {
             let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
             (OutBody::stream(rx), Some(tx))
@@ -326,59 +255,21 @@ impl Outbound {
         };
         let mut req = Request::new(out_body);
         *req.method_mut() = method;
-        *req.uri_mut() = target.uri;
         *req.headers_mut() = headers;
-        let (budget, connect, first_byte, label) = (
-            target.budget.clone(),
-            target.timeouts.connect,
-            target.timeouts.first_byte,
-            target.label.clone(),
-        );
+        let (calls, passing) = (self.calls.clone(), Passing::of(incoming));
+        let (first_byte, label) = (target.timeouts.first_byte, target.label.clone());
         let started = Instant::now();
-        let task = tokio::spawn(async move {
-            let permit = budget
-                .acquire_owned()
-                .await
-                .map_err(|_| Failure::new(errno::IO, "error", "the backend's budget is closed"))?;
-            match outbound::send(&client, req, first_byte).await {
-                Ok(resp) => Ok((resp, permit)),
-                Err(HeadError::Failed(e)) if e.is_connect() && timed_out(&e) => Err(Failure::new(
-                    errno::TIMEOUT,
-                    "timeout",
-                    format!(
-                        "connecting to the backend took longer than {} ms (connect_timeout_ms)",
-                        connect.as_millis()
-                    ),
-                )),
-                Err(HeadError::Failed(e)) => {
-                    let what = if e.is_connect() {
-                        "connecting to the backend failed"
-                    } else {
-                        "the request failed"
-                    };
-                    Err(Failure::new(
-                        errno::IO,
-                        "error",
-                        format!("{what}: {}", chain(&e)),
-                    ))
-                }
-                Err(HeadError::FirstByte) => Err(Failure::new(
-                    errno::TIMEOUT,
-                    "timeout",
-                    format!(
-                        "no response head within {} ms of sending the request \
-                         (first_byte_timeout_ms)",
-                        first_byte.as_millis()
-                    ),
-                )),
-            }
-        });
+        let deadline = started + target.timeouts.total;
+        let total = target.timeouts.total;
+        let task =
+            tokio::spawn(
+                async move { Ok(calls.exchange(&target, req, first_byte, &passing).await?) },
+            );
         let pending = Pending {
             task,
             label,
-            started,
-            deadline: started + target.timeouts.total,
-            total: target.timeouts.total,
+            deadline,
+            total,
         };
         let call = match sender {
             Some(body) => Call::Streaming {
@@ -418,33 +309,21 @@ impl Outbound {
                 return Err(code);
             }
         };
-        let result = tokio::time::timeout_at(pending.deadline.into(), pending.task).await;
+        // The exchange ends by the backend's total timeout.
+        let result = pending.task.await;
         self.waited += waited.elapsed();
         let label = pending.label.clone();
         let outcome = match result {
-            Ok(Ok(Ok(r))) => Ok(r),
-            Ok(Ok(Err(f))) => Err(f),
-            Ok(Err(join)) => Err(Failure::new(
+            Ok(r) => r,
+            Err(join) => Err(Failure::new(
                 errno::IO,
                 "error",
                 format!("the request task ended: {join}"),
             )),
-            Err(_) => Err(Failure::new(
-                errno::TIMEOUT,
-                "timeout",
-                format!(
-                    "no response within {} ms (total_timeout_ms)",
-                    pending.total.as_millis()
-                ),
-            )),
         };
         match outcome {
             Ok((resp, permit)) => {
-                self.calls
-                    .duration
-                    .observe(pending.started.elapsed().as_secs_f64());
                 let status = resp.status().as_u16();
-                self.calls.count(&label, class(status));
                 let (parts, body) = resp.into_parts();
                 let mut headers = parts.headers;
                 for name in HOP_BY_HOP {
@@ -548,46 +427,6 @@ impl Outbound {
 /// failed nobody reads it, which is fine: the failure is what the guest will see.
 async fn finish(body: &mpsc::Sender<Bytes>) {
     let _ = body.send(Bytes::new()).await;
-}
-
-/// An error and its sources, `: `-separated.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let c = cause.to_string();
-        if !text.ends_with(&c) {
-            text.push_str(": ");
-            text.push_str(&c);
-        }
-        next = cause.source();
-    }
-    text
-}
-
-/// Whether an I/O timeout is among `e`'s causes.
-fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(cause) = next {
-        if cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-        {
-            return true;
-        }
-        next = cause.source();
-    }
-    false
-}
-
-fn class(status: u16) -> &'static str {
-    match status {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
-    }
 }
 
 /// Copies the guest's bytes at `ptr..ptr+len`, or traps naming `func`.

@@ -1,0 +1,27 @@
+//! Outbound HTTP: which backends and hosts a tenant's guests may call, and the client that
+//! calls them.
+//!
+//! **Deny by default.** A tenant's guests may send requests only to its named backends
+//! (`[tenant.outbound.backends.NAME]`, any address the operator wrote down, private ones
+//! included) and, by URL, to hosts matching its `allowed_hosts`. A URL request's host is
+//! resolved here and every address must be public (not loopback, private, link-local, shared,
+//! multicast, documentation or otherwise special), and the connection's own lookup checks again,
+//! so a DNS answer that changes between check and connect cannot redirect it inside (SSRF).
+//!
+//! **Loops.** Every outbound request carries `CDN-Loop: tern` (RFC 8586) appended to what the
+//! incoming request carried; a request that already passed through Tern [`MAX_HOPS`] times
+//! cannot go out again, so a tenant calling itself stops.
+//!
+//! **Connections** are pooled per worker thread and reused (HTTP/1.1 keep-alive, HTTP/2 when
+//! a TLS backend offers it). TLS is rustls, verifying against the platform's roots or a
+//! backend's `ca_file`. Redirects are never followed: the guest sees the `3xx`.
+
+mod calls;
+mod client;
+mod policy;
+mod send;
+
+pub use calls::{CDN_LOOP, Calls, Failed, Passing, Refused, TRACEPARENT, TRACESTATE};
+pub use client::{BoxError, Counted, HttpClient, Resolver, client};
+pub use policy::*;
+pub use send::{BodyAborted, ComponentCalls, HeadError, OutBody, send};
