@@ -706,7 +706,9 @@ impl TernDev {
             log,
             addr: "127.0.0.1:0".parse().unwrap(),
         };
-        let line = dev.wait_for("tern dev: serving");
+        // Serving follows the first compile: minutes for a JavaScript component on a busy
+        // 2-core machine.
+        let line = dev.wait_within("tern dev: serving", std::time::Duration::from_secs(300));
         dev.addr = line
             .split("at http://")
             .nth(1)
@@ -718,10 +720,16 @@ impl TernDev {
 
     /// The next output line containing `needle` (panics after 30 s).
     pub fn wait_for(&self, needle: &str) -> String {
+        self.wait_within(needle, std::time::Duration::from_secs(30))
+    }
+
+    /// The next output line containing `needle` (panics after `within`).
+    pub fn wait_within(&self, needle: &str, within: std::time::Duration) -> String {
+        let deadline = std::time::Instant::now() + within;
         loop {
             let line = self
                 .log
-                .recv_timeout(std::time::Duration::from_secs(30))
+                .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
                 .unwrap_or_else(|e| panic!("no {needle:?} in the output: {e}"));
             if line.contains(needle) {
                 return line;
