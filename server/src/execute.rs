@@ -77,8 +77,8 @@ pub async fn run(
     tenant: TenantRef,
     request: GuestRequest,
     commit: oneshot::Sender<Head>,
-    request_id: HeaderValue,
 ) -> RunOutput {
+    let request_id = request.context.request_id.clone();
     match &tenant.guest {
         Guest::Core(core) => run_core(&tenant, core, request, commit, &request_id).await,
         Guest::Http(pre) => {
@@ -412,6 +412,10 @@ async fn run_component(
         &request.headers,
         request_id,
     );
+    let scheme = match request.context.conn.tls {
+        Some(_) => Scheme::Https,
+        None => Scheme::Http,
+    };
     let incoming = crate::wasi_http::incoming(request, flags.clone());
     let engine = match pre {
         Component::P2(p) => p.instance_pre().component().engine().clone(),
@@ -463,7 +467,7 @@ async fn run_component(
         instantiated = Some(Instant::now());
         let mut http = store.data_mut().http();
         let req = http
-            .new_incoming_request(Scheme::Http, incoming)
+            .new_incoming_request(scheme, incoming)
             .map_err(Stage::Instantiate)?;
         let out = http.new_response_outparam(tx).map_err(Stage::Instantiate)?;
         let mut call = std::pin::pin!(

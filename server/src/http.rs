@@ -3,7 +3,6 @@
 //! [`handle`] never fails: every error becomes a short plain-text response with its own status,
 //! an `x-request-id`, and a `Server-Timing` header with the phases the request reached.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -15,8 +14,9 @@ use tokio::sync::oneshot;
 
 use crate::app::App;
 use crate::body::{ResponseBody, declared_length, plain};
+use crate::context::{Connection, RequestContext};
 use crate::execute::{self, Reply, RunOutput};
-use crate::hostcalls::{GuestRequest, Head, RequestBody, RequestContext};
+use crate::hostcalls::{GuestRequest, Head, RequestBody};
 use crate::metrics::{GaugeGuard, Phase, Timings};
 use crate::outcome::{self, ExecError, Outcome};
 use crate::tenant::TenantRef;
@@ -25,11 +25,11 @@ use crate::tenant::TenantRef;
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
-/// Serves one request from `client`. Infallible: failures become responses.
+/// Serves one request that came on `conn`. Infallible: failures become responses.
 pub async fn handle(
     app: Arc<App>,
     req: Request<Incoming>,
-    client: SocketAddr,
+    conn: Connection,
 ) -> Response<ResponseBody> {
     let mut ex = Exchange {
         arrived: Instant::now(),
@@ -107,7 +107,7 @@ pub async fn handle(
     // A `HEAD` response's body is never sent, so it is never counted as undelivered.
     let head_only = parts.method == Method::HEAD;
     let context = RequestContext {
-        client,
+        conn,
         request_id: ex.request_id.clone(),
         prefix_len,
         version: parts.version,
@@ -122,9 +122,9 @@ pub async fn handle(
     );
     let (commit, mut committed) = oneshot::channel();
     let mut run = Box::pin({
-        let (tenant, request_id) = (tenant.clone(), ex.request_id.clone());
+        let tenant = tenant.clone();
         async move {
-            let out = execute::run(tenant, request, commit, request_id).await;
+            let out = execute::run(tenant, request, commit).await;
             drop(admitted); // after teardown: the pool slot is free again
             out
         }

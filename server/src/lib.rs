@@ -3,7 +3,12 @@
 //! # Layout
 //! The modules follow a request from the socket to teardown:
 //!
-//! - [`listener`]: accept loop, hyper (HTTP/1.1 + h2c), graceful drain.
+//! - [`listener`]: accept loop, hyper (HTTP/1.1 + h2c), graceful drain; what it knows of a
+//!   connection (peer, local address, TLS facts) goes to every request as a
+//!   [`context::Connection`].
+//! - [`context`]: the request's context, computed once (connection, id, route prefix, HTTP
+//!   version) and the values every guest kind renders from it (scheme, host, URL, server name
+//!   and port).
 //! - [`http`]: request ids, routing, admission, the response and its `Server-Timing`.
 //! - [`router`]: `Host` / path prefix → tenant.
 //! - [`pool`]: admission to the preallocated instance pool (the `queue` phase).
@@ -54,6 +59,7 @@ pub mod assets;
 pub mod body;
 pub mod cli;
 pub mod config;
+pub mod context;
 pub mod demo;
 pub mod dev;
 pub mod engine;

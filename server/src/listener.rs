@@ -22,6 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::body::ResponseBody;
+use crate::context::Connection;
 use crate::metrics::GaugeGuard;
 use crate::shutdown::Shutdown;
 
@@ -62,7 +63,7 @@ impl ListenOptions {
 /// fires; then stops accepting and waits up to the grace period for open connections to finish.
 pub async fn serve<H, F>(listener: TcpListener, handler: H, shutdown: Shutdown, opts: ListenOptions)
 where
-    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, Connection) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -88,6 +89,7 @@ where
         |stream: TcpStream, peer: SocketAddr, permit: Option<tokio::sync::OwnedSemaphorePermit>| {
             // Responses are written whole; waiting for more data (Nagle) only adds latency.
             let _ = stream.set_nodelay(true);
+            let conn = Connection::plain(peer, stream.local_addr().unwrap_or(peer));
             let (handler, shutdown) = (handler.clone(), shutdown.clone());
             let service = service_fn(move |req: Request<Incoming>| {
                 // Once shutdown has begun, every HTTP/1 request is answered with `Connection:
@@ -95,7 +97,7 @@ where
                 // of being cut while a request may be on its way. (A request already running when
                 // shutdown begins is answered as usual; the connection's next one gets the close.)
                 let close = req.version() < hyper::Version::HTTP_2 && shutdown.is_triggered();
-                let fut = handler(req, peer);
+                let fut = handler(req, conn.clone());
                 async move {
                     let mut resp = fut.await;
                     if close {

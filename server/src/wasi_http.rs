@@ -371,7 +371,7 @@ pub fn incoming(
 fn spin_headers(
     headers: &mut HeaderMap,
     uri: &http::Uri,
-    context: &crate::hostcalls::RequestContext,
+    context: &crate::context::RequestContext,
 ) {
     static FULL_URL: HeaderName = HeaderName::from_static("spin-full-url");
     static PATH_INFO: HeaderName = HeaderName::from_static("spin-path-info");
@@ -394,15 +394,7 @@ fn spin_headers(
     let path = uri.path();
     let (prefix, info) = path.split_at(context.prefix_len.min(path.len()));
     let prefix = prefix.trim_end_matches('/');
-    let host = match uri.authority() {
-        Some(a) => a.as_str().as_bytes(),
-        None => headers.get(HOST).map_or(&b""[..], HeaderValue::as_bytes),
-    };
-    let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let mut full = Vec::with_capacity(7 + host.len() + pq.len());
-    full.extend_from_slice(b"http://");
-    full.extend_from_slice(host);
-    full.extend_from_slice(pq.as_bytes());
+    let full = crate::context::url(context, uri, headers);
     let route = HeaderValue::from_maybe_shared(Bytes::from(format!("{prefix}/..."))).ok();
     let values = [
         (
@@ -419,7 +411,7 @@ fn spin_headers(
         (&BASE_PATH, Ok(HeaderValue::from_static("/"))),
         (
             &CLIENT_ADDR,
-            HeaderValue::from_str(&context.client.to_string()).map_err(drop),
+            HeaderValue::from_str(&context.client().to_string()).map_err(drop),
         ),
     ];
     for (name, value) in values {

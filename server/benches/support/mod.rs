@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue, Method, Uri};
 use tern::config::{Config, PoolConfig};
+use tern::context::{Connection, RequestContext};
 use tern::engine::EpochTicker;
 use tern::execute::{self, RunOutput};
-use tern::hostcalls::{GuestRequest, RequestBody, RequestContext};
+use tern::hostcalls::{GuestRequest, RequestBody};
 use tern::metrics::Metrics;
 use tern::tenant::Linkers;
 use tern::tenant::{self, TenantRef};
@@ -70,18 +71,12 @@ pub async fn request(tenant: &TenantRef) -> RunOutput {
         RequestBody::Empty,
         u64::MAX,
         RequestContext {
-            client: ([127, 0, 0, 1], 1).into(),
+            conn: Connection::plain(([127, 0, 0, 1], 1).into(), ([127, 0, 0, 1], 80).into()),
             request_id: HeaderValue::from_static("harness"),
             prefix_len: 0,
             version: http::Version::HTTP_11,
         },
     );
     let (commit, _head) = tokio::sync::oneshot::channel();
-    execute::run(
-        tenant.clone(),
-        req,
-        commit,
-        HeaderValue::from_static("harness"),
-    )
-    .await
+    execute::run(tenant.clone(), req, commit).await
 }

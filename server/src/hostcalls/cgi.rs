@@ -19,7 +19,8 @@ use wasmtime::{Caller, Linker};
 use wasmtime_wasi::p2::OutputStream;
 
 use super::fs::{self, errno, get_u32, put, scatter, slice};
-use super::{GuestState, RequestContext, WasiSpec};
+use super::{GuestState, WasiSpec};
+use crate::context::{self, RequestContext};
 
 const MODULE: &str = "wasi_snapshot_preview1";
 
@@ -133,36 +134,25 @@ pub fn env(request: &super::GuestRequest, spec: &WasiSpec) -> Vec<(String, Strin
             .map_or("/", |pq| pq.as_str())
             .into(),
     );
-    let client = ctx.client.ip().to_canonical();
+    let client = ctx.client().ip().to_canonical();
     set("REMOTE_ADDR", client.to_string());
     set("REMOTE_HOST", client.to_string());
-    set("REMOTE_PORT", ctx.client.port().to_string());
-    let host = request
-        .uri
-        .authority()
-        .map(|a| a.as_str().to_string())
-        .or_else(|| {
-            request
-                .headers
-                .get(http::header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .map(str::to_string)
-        })
-        .unwrap_or_default();
-    let (name, port) = match host.parse::<http::uri::Authority>() {
-        Ok(a) => (a.host().to_string(), a.port_u16().unwrap_or(80)),
-        Err(_) => (host.clone(), 80),
-    };
+    set("REMOTE_PORT", ctx.client().port().to_string());
+    let host =
+        String::from_utf8_lossy(context::host(&request.uri, &request.headers).unwrap_or_default())
+            .into_owned();
+    let (name, port) = context::server_name_port(ctx, &request.uri, &request.headers);
     set(
         "X_FULL_URL",
-        format!(
-            "http://{host}{}",
-            request.uri.path_and_query().map_or("/", |pq| pq.as_str())
-        ),
+        String::from_utf8_lossy(&context::url(ctx, &request.uri, &request.headers)).into_owned(),
     );
     set("SERVER_NAME", name);
     set("SERVER_PORT", port.to_string());
-    set("REQUEST_SCHEME", "http".into());
+    set("REQUEST_SCHEME", ctx.scheme().into());
+    if ctx.conn.tls.is_some() {
+        // What Apache and nginx set for CGI programs served over TLS.
+        set("HTTPS", "on".into());
+    }
     set(
         "TERN_REQUEST_ID",
         ctx.request_id.to_str().unwrap_or("").into(),
@@ -569,8 +559,9 @@ mod tests {
                 HeaderValue::from_str(v).unwrap(),
             );
         }
-        let context = super::super::RequestContext {
-            client: "127.0.0.1:4000".parse().unwrap(),
+        let addr = "127.0.0.1:4000".parse().unwrap();
+        let context = RequestContext {
+            conn: crate::context::Connection::plain(addr, "127.0.0.1:80".parse().unwrap()),
             request_id: HeaderValue::from_static("r1"),
             prefix_len,
             version,

@@ -22,7 +22,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 use std::sync::Arc;
 
-pub use request::{GuestRequest, RequestBody, RequestContext};
+pub use request::{GuestRequest, RequestBody};
 pub use response::{GuestResponse, Head};
 
 /// Everything one request's store holds. Dropped with the store at teardown.

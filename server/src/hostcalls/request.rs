@@ -2,16 +2,15 @@
 //! context (`request_info`: who asks, where the tenant is mounted, the URL).
 
 use std::borrow::Cow;
-use std::net::SocketAddr;
 
 use bytes::Bytes;
-use http::header::HOST;
 use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 use http_body_util::BodyExt;
 use tern_sdk::abi::{self, func};
 use wasmtime::{Caller, Linker};
 
 use super::{GuestFault, GuestState, copy_to_guest, guest_range, memory};
+use crate::context::{self, RequestContext};
 
 /// Where a request's body comes from.
 #[derive(Debug)]
@@ -22,19 +21,6 @@ pub enum RequestBody {
     Full(Bytes),
     /// A body still streaming in from the client.
     Incoming(hyper::body::Incoming),
-}
-
-/// What the server knows of a request beyond its message, for `request_info`.
-#[derive(Debug, Clone)]
-pub struct RequestContext {
-    /// The client's address.
-    pub client: SocketAddr,
-    /// The id the server gave the request.
-    pub request_id: HeaderValue,
-    /// Bytes of the path that matched the tenant's route prefix (0 for a tenant at `/`).
-    pub prefix_len: usize,
-    /// The HTTP version the request came in.
-    pub version: Version,
 }
 
 /// The request as the guest sees it.
@@ -106,24 +92,22 @@ impl GuestRequest {
         let split = self.context.prefix_len.min(path.len());
         match key {
             // An IPv4 client of a dual-stack listener arrives as `::ffff:a.b.c.d`.
-            info::CLIENT_IP => owned(self.context.client.ip().to_canonical().to_string()),
-            info::CLIENT_PORT => owned(self.context.client.port().to_string()),
+            info::CLIENT_IP => owned(self.context.client().ip().to_canonical().to_string()),
+            info::CLIENT_PORT => owned(self.context.client().port().to_string()),
             info::REQUEST_ID => Ok(Cow::Borrowed(self.context.request_id.as_bytes())),
             info::ROUTE_PREFIX => Ok(Cow::Borrowed(&path.as_bytes()[..split])),
             info::PATH_INFO => Ok(Cow::Borrowed(&path.as_bytes()[split..])),
-            info::SCHEME => text(SCHEME),
-            info::HOST => self
-                .host()
+            info::SCHEME => text(self.context.scheme()),
+            info::HOST => context::host(&self.uri, &self.headers)
                 .map(Cow::Borrowed)
                 .ok_or(abi::errno::UNAVAILABLE),
             info::URL => {
-                let host = self.host().ok_or(abi::errno::UNAVAILABLE)?;
-                let mut url = Vec::with_capacity(SCHEME.len() + 3 + host.len() + 64);
-                url.extend_from_slice(SCHEME.as_bytes());
-                url.extend_from_slice(b"://");
-                url.extend_from_slice(host);
-                url.extend_from_slice(path_and_query(&self.uri).as_bytes());
-                Ok(Cow::Owned(url))
+                context::host(&self.uri, &self.headers).ok_or(abi::errno::UNAVAILABLE)?;
+                Ok(Cow::Owned(context::url(
+                    &self.context,
+                    &self.uri,
+                    &self.headers,
+                )))
             }
             info::HTTP_VERSION => text(match self.context.version {
                 Version::HTTP_09 => "HTTP/0.9",
@@ -132,8 +116,14 @@ impl GuestRequest {
                 Version::HTTP_3 => "HTTP/3",
                 _ => "HTTP/1.1",
             }),
-            // Tern serves plain HTTP only so far.
-            info::TLS_PROTOCOL | info::TLS_SNI => Err(abi::errno::UNAVAILABLE),
+            info::TLS_PROTOCOL => match &self.context.conn.tls {
+                Some(tls) => text(tls.protocol),
+                None => Err(abi::errno::UNAVAILABLE),
+            },
+            info::TLS_SNI => match self.context.conn.tls.as_ref().and_then(|t| t.sni.as_ref()) {
+                Some(sni) => Ok(Cow::Borrowed(sni.as_bytes())),
+                None => Err(abi::errno::UNAVAILABLE),
+            },
             info::TENANT => Ok(Cow::Owned(tenant.as_bytes().to_vec())),
             _ => Err(abi::errno::INVALID_ARGUMENT),
         }
@@ -141,13 +131,6 @@ impl GuestRequest {
 
     /// The host the client asked for: the target's authority (HTTP/2, absolute-form), else the
     /// `Host` header (the front end has checked that they agree where both are given).
-    fn host(&self) -> Option<&[u8]> {
-        match self.uri.authority() {
-            Some(a) => Some(a.as_str().as_bytes()),
-            None => self.headers.get(HOST).map(HeaderValue::as_bytes),
-        }
-    }
-
     /// The next bytes of the body; empty at its end.
     ///
     /// # Errors
@@ -261,20 +244,13 @@ fn copy_out(
     Ok(())
 }
 
-/// The scheme of every request so far (no TLS listener yet).
-const SCHEME: &str = "http";
-
-fn path_and_query(uri: &Uri) -> &str {
-    uri.path_and_query().map_or("/", |pq| pq.as_str())
-}
-
 pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     let m = abi::IMPORT_MODULE;
     copy_out(linker, func::REQUEST_METHOD, |r| {
         r.method.as_str().as_bytes()
     })?;
     copy_out(linker, func::REQUEST_URI, |r| {
-        path_and_query(&r.uri).as_bytes()
+        context::path_and_query(&r.uri).as_bytes()
     })?;
     copy_out(linker, func::REQUEST_HEADERS, GuestRequest::headers_blob)?;
     linker.func_wrap(
