@@ -99,6 +99,34 @@ impl std::fmt::Debug for Compiled {
     }
 }
 
+/// What is wrong with `wasm`'s first bytes for a Tern module, if anything, and whether it is
+/// WebAssembly Tern cannot run rather than not WebAssembly at all. `empty` is the message for
+/// no bytes. Shared by uploads and `tern compile`.
+pub fn wasm_header_problem(wasm: &[u8], empty: &str) -> Option<(String, bool)> {
+    let invalid = |m: &str| Some((m.to_string(), false));
+    if wasm.is_empty() {
+        return invalid(empty);
+    }
+    if wasm.starts_with(b"\x7fELF") {
+        return invalid(
+            "this is a compiled artifact; give the .wasm module (the server compiles it)",
+        );
+    }
+    if !wasm.starts_with(b"\0asm") {
+        return invalid(
+            "not a WebAssembly module: it does not start with the `\\0asm` magic bytes",
+        );
+    }
+    if wasm.len() < 8 {
+        return invalid("truncated WebAssembly module: no version after the magic bytes");
+    }
+    // A core module, or a component (version 0x0d of any draft, layer 1).
+    if wasm[4..8] == [1, 0, 0, 0] || is_component(wasm) {
+        return None;
+    }
+    invalid("not a valid WebAssembly module: unknown version after the magic bytes")
+}
+
 /// Whether `wasm` starts with a component's preamble (version 0x0d of any draft, layer 1)
 /// rather than a core module's.
 pub fn is_component(wasm: &[u8]) -> bool {

@@ -14,15 +14,25 @@ use crate::config::Config;
 /// How often the module file is looked at.
 const POLL: Duration = Duration::from_millis(250);
 
-/// The config `tern dev` serves `module` with.
+/// The config `tern dev` serves `module` with (written as a file: a reload reads it again).
+/// Built as TOML values, so any path is quoted as TOML quotes it.
 fn config_text(module: &Path, listen: SocketAddr, timeout_ms: u64) -> String {
-    format!(
-        "[server]\nlisten = \"{listen}\"\nadmin_listen = \"127.0.0.1:0\"\n\
-         [pool]\ninstances = 16\n\
-         [[tenant]]\nname = \"dev\"\nmodule = {module:?}\nerrors = \"dev\"\n\
-         [tenant.limits]\ntimeout_ms = {timeout_ms}\nlog_lines_per_sec = 1000\n",
-        module = module.display().to_string(),
-    )
+    let timeout_ms = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
+    let config = toml::toml! {
+        [server]
+        listen = (listen.to_string())
+        admin_listen = "127.0.0.1:0"
+        [pool]
+        instances = 16
+        [[tenant]]
+        name = "dev"
+        module = (module.display().to_string())
+        errors = "dev"
+        [tenant.limits]
+        timeout_ms = (timeout_ms)
+        log_lines_per_sec = 1000
+    };
+    toml::to_string(&config).expect("a TOML table serializes")
 }
 
 /// What identifies a version of the file: its modification time and size.
@@ -104,4 +114,20 @@ fn tempfile_dir() -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("tern-dev-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_holds_any_path() {
+        let module = Path::new("/tmp/a \"b\"\\c\u{1b}\u{e9}.wasm");
+        let text = config_text(module, "127.0.0.1:0".parse().unwrap(), 1234);
+        let config = Config::parse(&text, "tern-dev.toml", PathBuf::from("/")).expect(&text);
+        let t = &config.tenants[0];
+        assert_eq!(t.module.get_ref(), &module.display().to_string());
+        assert_eq!(t.limits.timeout_ms, 1234);
+        assert_eq!(config.server.admin_listen.port(), 0);
+    }
 }

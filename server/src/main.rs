@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tern::config::{Config, PoolConfig};
+use tern::config::Config;
 
 /// Tern: an edge request server running one fresh WebAssembly guest per HTTP request.
 #[derive(Debug, Parser)]
@@ -284,40 +284,15 @@ fn serve(
 }
 
 fn compile(input: &std::path::Path, output: &std::path::Path, wasi_p3: bool) -> anyhow::Result<()> {
-    let engine = tern::engine::build(&PoolConfig {
-        wasi_p3,
-        ..PoolConfig::default()
-    })?;
-    let wasm = std::fs::read(input).map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
-    if let Some((problem, _)) = tern::registry::wasm_header_problem(&wasm, "the file is empty") {
-        anyhow::bail!("{}: {problem}", input.display());
-    }
-    let started = std::time::Instant::now();
-    let artifact = tern::artifact::compile(&engine, &wasm, &input.display().to_string())?;
-    tern::artifact::write_atomic(output, &artifact)?;
-    // What `tern serve` would refuse at load is refused here, and no artifact is left.
-    let checked = tern::artifact::load_cwasm(&engine, output)
-        .map_err(|e| e.to_string())
-        .and_then(|compiled| {
-            let linkers =
-                tern::tenant::Linkers::new(&engine, wasi_p3).map_err(|e| e.to_string())?;
-            tern::tenant::link(&linkers, &compiled, None, false)
-        });
-    let kind = match checked {
-        Ok(linked) => linked.kind,
-        Err(problem) => {
-            let _ = std::fs::remove_file(output);
-            anyhow::bail!("{}: {problem}", input.display());
-        }
-    };
+    let done = tern::tenant::compile_file(input, output, wasi_p3)?;
     eprintln!(
         "compiled {} ({} bytes, kind {}) -> {} ({} bytes) in {:.0} ms",
         input.display(),
-        wasm.len(),
-        kind.name(),
+        done.wasm_bytes,
+        done.kind.name(),
         output.display(),
-        artifact.len(),
-        started.elapsed().as_secs_f64() * 1e3
+        done.artifact_bytes,
+        done.took.as_secs_f64() * 1e3
     );
     Ok(())
 }

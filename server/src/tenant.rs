@@ -696,6 +696,58 @@ pub fn kind_warning(module: &Module) -> Option<String> {
     )
 }
 
+/// What [`compile_file`] made.
+#[derive(Debug)]
+pub struct CompiledFile {
+    /// The kind it serves as (detected).
+    pub kind: GuestKind,
+    /// Size of the input.
+    pub wasm_bytes: usize,
+    /// Size of the sealed artifact.
+    pub artifact_bytes: usize,
+    /// How long compiling and checking took.
+    pub took: std::time::Duration,
+}
+
+/// `tern compile`: compiles the module or component at `input` into a sealed artifact at
+/// `output` for a server whose engine has (`wasi_p3`) or has not WASI 0.3, and checks that it
+/// would load and link there; what `tern serve` would refuse is refused here, and no artifact
+/// is left.
+///
+/// # Errors
+/// If the input cannot be read or is not Wasm, does not compile, or would not load as a tenant.
+pub fn compile_file(input: &Path, output: &Path, wasi_p3: bool) -> anyhow::Result<CompiledFile> {
+    let engine = crate::engine::build(&PoolConfig {
+        wasi_p3,
+        ..PoolConfig::default()
+    })?;
+    let wasm = std::fs::read(input).map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
+    if let Some((problem, _)) = artifact::wasm_header_problem(&wasm, "the file is empty") {
+        anyhow::bail!("{}: {problem}", input.display());
+    }
+    let started = std::time::Instant::now();
+    let artifact = artifact::compile(&engine, &wasm, &input.display().to_string())?;
+    artifact::write_atomic(output, &artifact)?;
+    let checked = artifact::load_cwasm(&engine, output)
+        .map_err(|e| e.to_string())
+        .and_then(|compiled| {
+            let linkers = Linkers::new(&engine, wasi_p3).map_err(|e| e.to_string())?;
+            link(&linkers, &compiled, None, false)
+        });
+    match checked {
+        Ok(linked) => Ok(CompiledFile {
+            kind: linked.kind,
+            wasm_bytes: wasm.len(),
+            artifact_bytes: artifact.len(),
+            took: started.elapsed(),
+        }),
+        Err(problem) => {
+            let _ = std::fs::remove_file(output);
+            anyhow::bail!("{}: {problem}", input.display());
+        }
+    }
+}
+
 /// The linkers every tenant is pre-linked against, by guest kind and whether it has assets.
 #[derive(Clone)]
 pub struct Linkers {

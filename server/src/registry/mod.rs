@@ -40,7 +40,6 @@ use error::internal;
 use loader::{Loader, ModuleCache, Runtime};
 pub use spec::SpecChange;
 use upload::check_wasm_header;
-pub use upload::wasm_header_problem;
 
 /// What requests read: the routing table and the tenants by name.
 #[derive(Debug, Default)]
