@@ -292,27 +292,15 @@ async fn swapped_out_guest_memory_never_reaches_the_next_guest() {
     let mut conn = Conn::open(before.addr()).await;
     let r = conn.get("/c/hello").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    assert_eq!(
-        leak_after_swap(&before, "/c/keep", "/c/seek").await,
-        (0, 0),
-        "component, started without swap"
-    );
-    assert_eq!(
-        leak_after_swap(&before, "/keep", "/seek").await,
-        (0, 0),
-        "started without swap, after the move"
-    );
     let after = one_slot_server().await;
-    assert_eq!(
-        leak_after_swap(&after, "/keep", "/seek").await,
-        (0, 0),
-        "started with swap"
-    );
-    assert_eq!(
-        leak_after_swap(&after, "/c/keep", "/c/seek").await,
-        (0, 0),
-        "component, started with swap"
-    );
+    for (server, keep, seek, what) in [
+        (&before, "/c/keep", "/c/seek", "component, swap on later"),
+        (&before, "/keep", "/seek", "swap on later, after the move"),
+        (&after, "/keep", "/seek", "started with swap"),
+        (&after, "/c/keep", "/c/seek", "component, with swap"),
+    ] {
+        assert_eq!(leak_after_swap(server, keep, seek).await, (0, 0), "{what}");
+    }
     drop(swap);
 }
 
