@@ -233,6 +233,9 @@ async fn use_memset_reset_under_swap(app: Arc<App>, shutdown: Shutdown) {
             on = swap.wait_for(|&on| on) => if on.is_err() { return },
             () = shutdown.wait() => return,
         }
+        if shutdown.is_triggered() {
+            return;
+        }
         match app.registry.use_memset_reset().await {
             Ok(_) => return,
             Err(e) => {

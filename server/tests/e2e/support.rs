@@ -821,3 +821,11 @@ pub fn raw_exchange(addr: SocketAddr, bytes: &[u8], limit: std::time::Duration) 
     }
     out
 }
+
+/// Replaces the file at `path` with `bytes` as Tern writes files (a new file renamed over the
+/// old), never truncating the old one: a server's mapping of a `.cwasm` must not be cut short.
+pub fn replace_file(path: &Path, bytes: &[u8]) {
+    let tmp = path.with_extension("replacing");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}

@@ -505,7 +505,7 @@ async fn a_crash_between_writes_is_recovered_at_start_up() {
         let mut bytes = std::fs::read(&path).unwrap();
         let mid = bytes.len() / 2;
         bytes[mid] ^= 0xff;
-        std::fs::write(&path, bytes).unwrap();
+        crate::support::replace_file(&path, &bytes);
     }
     let s = TestServer::try_start_in(dir, config).await.unwrap();
     assert_eq!(s.get("/app").await.text(), HELLO);
