@@ -1,5 +1,5 @@
 //! What the server knows of a request beyond its message, computed once: the connection it
-//! came on (from the listener: peer, local address, TLS facts), its id, its route prefix and
+//! came on (from the listener: peer and TLS facts), its id, its route prefix and
 //! HTTP version. Every guest kind renders it its own way (the `tern` ABI's `request_info`,
 //! CGI's meta-variables, Spin's `spin-*` headers, `wasi:http`'s scheme); the values they share
 //! (scheme, host, URL, server name and port) are derived here only.
@@ -15,20 +15,14 @@ use http::{HeaderMap, HeaderValue, Uri, Version};
 pub struct Connection {
     /// The client's address.
     pub peer: SocketAddr,
-    /// The address the client connected to.
-    pub local: SocketAddr,
     /// The TLS session, when the listener terminates TLS (`None`: plain HTTP).
     pub tls: Option<Arc<TlsInfo>>,
 }
 
 impl Connection {
-    /// A plain-HTTP connection from `peer` to `local`.
-    pub fn plain(peer: SocketAddr, local: SocketAddr) -> Self {
-        Self {
-            peer,
-            local,
-            tls: None,
-        }
+    /// A plain-HTTP connection from `peer`.
+    pub fn plain(peer: SocketAddr) -> Self {
+        Self { peer, tls: None }
     }
 
     /// `https` on a TLS connection, else `http`.
@@ -130,7 +124,7 @@ mod tests {
                         sni: None,
                     })
                 }),
-                ..Connection::plain(addr, addr)
+                ..Connection::plain(addr)
             },
             request_id: HeaderValue::from_static("r"),
             prefix_len: 0,

@@ -4,7 +4,7 @@
 //! The modules follow a request from the socket to teardown:
 //!
 //! - [`listener`]: accept loop, hyper (HTTP/1.1 + h2c), graceful drain; what it knows of a
-//!   connection (peer, local address, TLS facts) goes to every request as a
+//!   connection (peer, TLS facts) goes to every request as a
 //!   [`context::Connection`].
 //! - [`context`]: the request's context, computed once (connection, id, route prefix, HTTP
 //!   version) and the values every guest kind renders from it (scheme, host, URL, server name

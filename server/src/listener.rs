@@ -89,7 +89,7 @@ where
         |stream: TcpStream, peer: SocketAddr, permit: Option<tokio::sync::OwnedSemaphorePermit>| {
             // Responses are written whole; waiting for more data (Nagle) only adds latency.
             let _ = stream.set_nodelay(true);
-            let conn = Connection::plain(peer, stream.local_addr().unwrap_or(peer));
+            let conn = Connection::plain(peer);
             let (handler, shutdown) = (handler.clone(), shutdown.clone());
             let service = service_fn(move |req: Request<Incoming>| {
                 // Once shutdown has begun, every HTTP/1 request is answered with `Connection:

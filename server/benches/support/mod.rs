@@ -71,7 +71,7 @@ pub async fn request(tenant: &TenantRef) -> RunOutput {
         RequestBody::Empty,
         u64::MAX,
         RequestContext {
-            conn: Connection::plain(([127, 0, 0, 1], 1).into(), ([127, 0, 0, 1], 80).into()),
+            conn: Connection::plain(([127, 0, 0, 1], 1).into()),
             request_id: HeaderValue::from_static("harness"),
             prefix_len: 0,
             version: http::Version::HTTP_11,

@@ -561,7 +561,7 @@ mod tests {
         }
         let addr = "127.0.0.1:4000".parse().unwrap();
         let context = RequestContext {
-            conn: crate::context::Connection::plain(addr, "127.0.0.1:80".parse().unwrap()),
+            conn: crate::context::Connection::plain(addr),
             request_id: HeaderValue::from_static("r1"),
             prefix_len,
             version,

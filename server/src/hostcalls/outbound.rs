@@ -135,6 +135,8 @@ pub struct Outbound {
     /// Time the guest spent waiting in outbound calls.
     pub waited: Duration,
     last_error: String,
+    /// What the client's request hands on (see [`Outbound::passing`]).
+    passing: Option<Passing>,
 }
 
 impl Drop for Outbound {
@@ -156,7 +158,14 @@ impl Outbound {
             handles: Vec::new(),
             waited: Duration::ZERO,
             last_error: String::new(),
+            passing: None,
         }
+    }
+
+    /// What the client's request (with `incoming` headers) hands on to the guest's requests,
+    /// worked out at the guest's first request.
+    fn passing(&mut self, incoming: &HeaderMap) -> &Passing {
+        self.passing.get_or_insert_with(|| Passing::of(incoming))
     }
 
     /// Records `f` as the last error (for `outbound_last_error`), counts it and returns its code.
@@ -199,12 +208,14 @@ impl Outbound {
     /// Whether one more request may be made (to `backend`, empty for a URL).
     fn check_new(&mut self, request: &GuestRequest, backend: &str) -> Result<(), i32> {
         let label = self.calls.label(backend);
-        let passing = Passing::of(&request.headers);
         let n = self.handles.len() + 1;
-        match self
-            .calls
-            .admit(n, &passing, &label, &request.context.request_id)
-        {
+        let calls = self.calls.clone();
+        match calls.admit(
+            n,
+            self.passing(&request.headers),
+            &label,
+            &request.context.request_id,
+        ) {
             Ok(()) => Ok(()),
             Err(refused) => {
                 self.last_error = refused.to_string();
@@ -256,7 +267,7 @@ impl Outbound {
         let mut req = Request::new(out_body);
         *req.method_mut() = method;
         *req.headers_mut() = headers;
-        let (calls, passing) = (self.calls.clone(), Passing::of(incoming));
+        let (calls, passing) = (self.calls.clone(), self.passing(incoming).clone());
         let (first_byte, label) = (target.timeouts.first_byte, target.label.clone());
         let started = Instant::now();
         let deadline = started + target.timeouts.total;

@@ -4,7 +4,9 @@
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
-use crate::support::{TestServer, c_program, metric_value, raw, send, test_component, test_guest};
+use crate::support::{
+    TestServer, c_program, metric_value, post, raw, send, test_component, test_guest,
+};
 
 /// A config serving all three kinds: `tern` (the SDK's hello), a component, C and Rust CGI.
 const THREE_KINDS: &str = r#"
@@ -50,23 +52,6 @@ async fn three_kinds() -> TestServer {
     TestServer::try_start_in(dir, THREE_KINDS)
         .await
         .expect("start")
-}
-
-async fn post(
-    s: &TestServer,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Vec<u8>,
-) -> crate::support::Reply {
-    send(
-        s.addr(),
-        Method::POST,
-        path,
-        None,
-        headers,
-        Bytes::from(body),
-    )
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -212,6 +212,19 @@ pub async fn send(
     conn.send(request(method, path, host, headers, body)).await
 }
 
+/// A POST of `body` to `path` with `headers`, on a new connection.
+pub async fn post(s: &TestServer, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
+    send(
+        s.addr(),
+        Method::POST,
+        path,
+        None,
+        headers,
+        Bytes::from(body),
+    )
+    .await
+}
+
 /// A keep-alive HTTP/1.1 connection.
 pub struct Conn {
     sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,

@@ -7,7 +7,7 @@ use http::{Method, StatusCode};
 
 use crate::support::{
     H2Conn, TernDev, TestServer, go_program, js_component, metric_value, python_component, raw,
-    send, spin_module, spin_p3_component,
+    spin_module, spin_p3_component,
 };
 
 /// A POST of `n` bytes to `path`, sent chunked (no length declared) or with its length.
@@ -17,15 +17,7 @@ async fn post(s: &TestServer, path: &str, n: usize, chunked: bool) -> crate::sup
     } else {
         &[]
     };
-    send(
-        s.addr(),
-        Method::POST,
-        path,
-        None,
-        headers,
-        Bytes::from(vec![b'x'; n]),
-    )
-    .await
+    crate::support::post(s, path, headers, vec![b'x'; n]).await
 }
 
 /// Checks that no pool slot is in use (every request's instance was torn down).
