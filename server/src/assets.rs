@@ -1,5 +1,5 @@
 //! Per-tenant read-only assets, held in memory and shown to guests as the preopened WASI
-//! directory `/assets` (see [`crate::hostcalls::fs`]).
+//! directory `/assets` (see [`crate::guest::module::fs`]).
 //!
 //! Assets come from a directory named in the config file or a tar archive uploaded through the
 //! admin API. They are read once, at load time, into one immutable tree shared by every request

@@ -16,7 +16,7 @@ use crate::app::App;
 use crate::body::{ResponseBody, declared_length, plain};
 use crate::context::{Connection, RequestContext};
 use crate::execute::{self, Reply, RunOutput};
-use crate::hostcalls::{GuestRequest, Head, RequestBody};
+use crate::guest::{GuestRequest, Head, RequestBody};
 use crate::metrics::{GaugeGuard, Phase, Timings};
 use crate::outcome::{self, ExecError, Outcome};
 use crate::tenant::TenantRef;

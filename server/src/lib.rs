@@ -12,25 +12,28 @@
 //! - [`http`]: request ids, routing, admission, the response and its `Server-Timing`.
 //! - [`router`]: `Host` / path prefix → tenant.
 //! - [`pool`]: admission to the preallocated instance pool (the `queue` phase).
-//! - [`execute`]: a fresh `Store`, `instantiate_async`, the handler on its own fiber: the one
-//!   lifecycle of every guest kind (`tern`, `wasi-http`, `cgi`).
+//! - [`execute`]: the drivers of the guest kinds and the lifecycle they share: a fresh `Store`,
+//!   `instantiate_async`, the handler on its own fiber under the deadline, the verdict, the
+//!   reply, the outcome counts, teardown.
+//! - [`guest`]: one room per guest kind with its linker and host side: [`guest::tern`] (Tern's
+//!   ABI v1), [`guest::cgi`] (WASI programs as CGI scripts), [`guest::wasi_http`] (`wasi:http`
+//!   components; [`adapter`] makes core modules exporting the handler into components before
+//!   they are compiled); `tern` and `cgi` share [`guest::module`] (core modules: store state,
+//!   WASI preview1, `/assets`). Beside them what every kind shares: the request a guest reads
+//!   and the response it writes, with typed errors each kind maps to its own, the limits, the
+//!   captured output. A new kind is a room here, a variant of [`guest::Guest`], and its driver
+//!   in `execute`.
 //! - [`outcome`]: how a run ended (`Outcome`, `ExecError`) and the status each one gets.
-//! - [`hostcalls`]: the `tern` host functions of guest ABI v1 (request in, response out,
-//!   outbound requests), and CGI's stdin/stdout for the `cgi` kind.
-//! - [`wasi_http`]: the `wasi-http` kind: `wasi:http/proxy` components, their request in and
-//!   answer out, their outgoing requests under the tenant's policy; [`adapter`]: core modules
-//!   exporting the handler (spin-sdk for wasm32-wasip1) made components before compiling.
 //! - [`outbound`]: one room for every guest kind's outgoing requests: `policy` (what a
 //!   tenant's guests may call: backends, allowed hosts, SSRF checks, the `[tenant.outbound]`
 //!   schema), `calls` (the one path a request takes: admission, loop check, `CDN-Loop` and
 //!   trace, budget, timeouts, metrics), `send` (the body and the wait for the head), `client`
-//!   (the pooled client per worker). `hostcalls::outbound` and `wasi_http` only map its
-//!   errors to their ABI's.
+//!   (the pooled client per worker). `guest::tern::outbound` and `guest::wasi_http` only map
+//!   its errors to their ABI's.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
 //! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
 //!   before each teardown (with [`artifact`], the only modules with `unsafe`).
-//! - [`tenant`]: loaded tenants: the guest kind, pre-linked modules or components, limits,
-//!   env, metric handles.
+//! - [`tenant`]: loaded tenants: the pre-linked guest (its kind), limits, env, metric handles.
 //! - [`registry`]: the live tenant table (swapped atomically) and deploy, rollback, delete,
 //!   reload; beside it `loader` (stored versions into pre-linked tenants), `error` (why a
 //!   change was refused, its status), `describe` (the admin API's JSON), `upload` (checks on
@@ -64,7 +67,7 @@ pub mod demo;
 pub mod dev;
 pub mod engine;
 pub mod execute;
-pub mod hostcalls;
+pub mod guest;
 pub mod http;
 pub mod listener;
 pub mod logwriter;
@@ -81,4 +84,3 @@ pub mod shutdown;
 pub mod store;
 pub mod teardown;
 pub mod tenant;
-pub mod wasi_http;

@@ -219,7 +219,7 @@ async fn first_bytes(stream: TcpStream, limit: Duration) -> Option<Prefixed> {
     })
 }
 
-/// A connection whose first bytes were read by [`first_bytes`]: they are read again first.
+/// A connection whose first bytes were read by `first_bytes`: they are read again first.
 #[derive(Debug)]
 pub struct Prefixed {
     prefix: Vec<u8>,

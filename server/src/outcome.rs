@@ -212,7 +212,7 @@ impl ErrorPages {
 }
 
 /// The `500` for a guest past its response size or header limit.
-pub fn response_limit(_status: i32) -> ExecError {
+pub fn response_limit() -> ExecError {
     ExecError::new(
         Outcome::ResponseLimit,
         "guest exceeded its response size or header limit",

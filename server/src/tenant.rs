@@ -8,13 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::IntCounter;
-use tern_sdk::abi;
-use wasmtime::{Engine, ExternType, InstancePre, Linker, Module, ModuleExport};
+use wasmtime::Engine;
 
 use crate::artifact::{self, ArtifactError, Compiled};
 use crate::assets::{Assets, AssetsError};
 use crate::config::{GuestKind, LimitsConfig, PoolConfig, TenantConfig};
-use crate::hostcalls::{GuestState, WasiSpec};
+use crate::guest::{Guest, Linked, Linkers, WasiSpec, link};
 use crate::logwriter::LogBudget;
 use crate::metrics::{Metrics, TenantMetrics, Undelivered};
 use crate::outcome::Outcome;
@@ -154,11 +153,10 @@ pub struct Tenant {
     pub served: Arc<Served>,
     /// Its label in metrics (`other` past the label cap).
     pub label: String,
-    /// How its guests take a request and answer it.
-    pub kind: GuestKind,
     /// Its compiled module or component (kept to re-prepare it with new settings).
     pub compiled: Compiled,
-    /// The guest, pre-linked: instantiation does no import resolution or type-checking.
+    /// The guest, pre-linked for its kind: instantiation does no import resolution or
+    /// type-checking.
     pub guest: Guest,
     /// Its guests' WASI view: args, environment, captured output size.
     pub wasi: Arc<WasiSpec>,
@@ -186,26 +184,6 @@ pub struct Tenant {
     pub errors: crate::outcome::ErrorPages,
 }
 
-/// A tenant's guest, pre-linked for its kind.
-pub enum Guest {
-    /// A core module: the `tern` ABI, or a CGI program (linked with CGI's stdin and stdout).
-    Core(CoreGuest),
-    /// A `wasi:http/proxy` component (WASI 0.2).
-    Http(crate::wasi_http::Pre),
-    /// A `wasi:http/service` component (WASI 0.3, component-model async).
-    HttpP3(crate::wasi_http::PreP3),
-}
-
-/// A pre-linked core module and the exports every request needs.
-pub struct CoreGuest {
-    /// The module, pre-linked.
-    pub pre: InstancePre<GuestState>,
-    /// The handler export (`_start`), resolved once.
-    pub start: ModuleExport,
-    /// The memory export, resolved once.
-    pub memory: ModuleExport,
-}
-
 impl std::fmt::Debug for Tenant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tenant")
@@ -216,6 +194,11 @@ impl std::fmt::Debug for Tenant {
 }
 
 impl Tenant {
+    /// How its guests take a request and answer it.
+    pub fn kind(&self) -> GuestKind {
+        self.guest.kind()
+    }
+
     /// Counts one guest outcome.
     pub fn count_outcome(&self, o: Outcome) {
         self.outcomes[o as usize].inc();
@@ -226,7 +209,7 @@ impl Tenant {
     /// and the tenants are not yet moved to the `memset` reset (see [`crate::teardown`]).
     pub fn awaits_memset_reset(&self) -> bool {
         self.sweep.is_some()
-            && matches!(self.guest, Guest::Http(_) | Guest::HttpP3(_))
+            && matches!(self.guest, Guest::WasiHttp(_))
             && crate::teardown::swap_active()
     }
 }
@@ -422,11 +405,8 @@ pub fn prepare(
         tenant: name.clone(),
         reason,
     };
-    let Linked {
-        kind,
-        guest,
-        warning,
-    } = link(linkers, compiled, config.kind, assets.is_some()).map_err(refuse)?;
+    let Linked { guest, warning } =
+        link(linkers, compiled, config.kind, assets.is_some()).map_err(refuse)?;
     if let Some(w) = &warning {
         tracing::warn!(tenant = %name, "{w}");
     }
@@ -476,7 +456,6 @@ pub fn prepare(
         errors: crate::outcome::ErrorPages::new(config.errors, &config.error_pages),
         outcomes,
         label,
-        kind,
         compiled: compiled.clone(),
         guest,
         wasi: Arc::new(WasiSpec {
@@ -491,209 +470,6 @@ pub fn prepare(
         limits,
         name,
     })
-}
-
-/// A module or component checked and pre-linked for its kind.
-pub struct Linked {
-    /// Its kind.
-    pub kind: GuestKind,
-    /// The pre-linked guest.
-    pub guest: Guest,
-    /// Something its author should know.
-    pub warning: Option<String>,
-}
-
-/// Decides the kind of `compiled` (`asked`, else detected), checks it against what that kind
-/// needs and pre-links it (a core module with the `/assets` functions if `assets`).
-///
-/// # Errors
-/// What the module or component lacks or imports wrongly, or why it is not of the kind asked
-/// for, in words for its author.
-pub fn link(
-    linkers: &Linkers,
-    compiled: &Compiled,
-    asked: Option<GuestKind>,
-    assets: bool,
-) -> Result<Linked, String> {
-    let kind = kind_of(compiled, asked)?;
-    let mut warning = None;
-    let guest = match compiled {
-        Compiled::Component(component) => {
-            let version = crate::wasi_http::check_exports(component, component.engine())?;
-            let pre = linkers
-                .http
-                .instantiate_pre(component)
-                .map_err(|e| link_message(&e))?;
-            match version {
-                crate::wasi_http::Version::P2 => {
-                    Guest::Http(crate::wasi_http::Pre::new(pre).map_err(|e| link_message(&e))?)
-                }
-                crate::wasi_http::Version::P3 => {
-                    Guest::HttpP3(crate::wasi_http::PreP3::new(pre).map_err(|e| link_message(&e))?)
-                }
-            }
-        }
-        Compiled::Module(module) => {
-            check_abi(module)?;
-            if kind == GuestKind::Tern {
-                warning = kind_warning(module);
-            }
-            let linker: &Linker<GuestState> = linkers.core(assets, kind == GuestKind::Cgi);
-            let pre = linker
-                .instantiate_pre(module)
-                .map_err(|e| format!("{e:#}"))?;
-            Guest::Core(CoreGuest {
-                pre,
-                start: module
-                    .get_export_index(abi::HANDLER_EXPORT)
-                    .expect("checked by check_abi"),
-                memory: module
-                    .get_export_index(abi::MEMORY_EXPORT)
-                    .expect("checked by check_abi"),
-            })
-        }
-    };
-    Ok(Linked {
-        kind,
-        guest,
-        warning,
-    })
-}
-
-/// The kind of `compiled`: `asked` if given (and possible), else detected: a component is
-/// `wasi-http`; a core module importing from `tern` is `tern`, any other is `cgi`.
-///
-/// # Errors
-/// Why `compiled` cannot be of the kind asked for.
-pub fn kind_of(compiled: &Compiled, asked: Option<GuestKind>) -> Result<GuestKind, String> {
-    match (compiled, asked) {
-        (Compiled::Component(_), None | Some(GuestKind::WasiHttp)) => Ok(GuestKind::WasiHttp),
-        (Compiled::Component(_), Some(k)) => Err(format!(
-            "kind `{}` needs a core module, but this is a component (components are served as \
-             `wasi-http`)",
-            k.name()
-        )),
-        (Compiled::Module(_), Some(GuestKind::WasiHttp)) => Err(
-            "kind `wasi-http` needs a component exporting `wasi:http/incoming-handler`, but this \
-             is a core module (build it with `--target wasm32-wasip2`, or deploy it as `tern` or \
-             `cgi`)"
-                .into(),
-        ),
-        (Compiled::Module(_), Some(k)) => Ok(k),
-        (Compiled::Module(m), None) => {
-            Ok(if m.imports().any(|i| i.module() == abi::IMPORT_MODULE) {
-                GuestKind::Tern
-            } else {
-                GuestKind::Cgi
-            })
-        }
-    }
-}
-
-/// A component's link error in words: an import Tern does not provide is either a WASI
-/// version newer than this server's or another platform's host API.
-fn link_message(e: &wasmtime::Error) -> String {
-    let text = format!("{e:#}");
-    if !text.contains("matching implementation was not found in the linker") {
-        return text;
-    }
-    if text.contains("`wasi:") {
-        format!(
-            "{text}; Tern provides WASI 0.2 as wasmtime 48 does (0.2.6; imports of other 0.2.x \
-             versions match when what they call exists in 0.2.6): build the component against \
-             WASI 0.2 without newer functions (for Rust, the `wasip2` crate's bindings), or \
-             against 0.2.6 or older"
-        )
-    } else {
-        format!(
-            "{text}; Tern provides WASI 0.2 and wasi:http, not the host APIs of other platforms \
-             (e.g. Spin's key-value or variables)"
-        )
-    }
-}
-
-/// ABI v1: a `_start: [] -> []` export, a memory export, and imports only from `tern` (ABI
-/// functions, with their ABI signatures) and `wasi_snapshot_preview1`.
-///
-/// # Errors
-/// What the module lacks or imports wrongly, in words for the module's author.
-pub fn check_abi(module: &Module) -> Result<(), String> {
-    match module.get_export(abi::HANDLER_EXPORT) {
-        Some(ExternType::Func(f)) if f.params().len() == 0 && f.results().len() == 0 => {}
-        Some(_) => {
-            return Err(format!(
-                "export `{}` must be a function () -> ()",
-                abi::HANDLER_EXPORT
-            ));
-        }
-        None => {
-            return Err(format!(
-                "module has no `{}` export (the handler); build it as a WASI command \
-                 (a program with `main`)",
-                abi::HANDLER_EXPORT
-            ));
-        }
-    }
-    if !matches!(
-        module.get_export(abi::MEMORY_EXPORT),
-        Some(ExternType::Memory(_))
-    ) {
-        return Err(format!(
-            "module does not export its memory as `{}`",
-            abi::MEMORY_EXPORT
-        ));
-    }
-    for import in module.imports() {
-        let (m, n) = (import.module(), import.name());
-        let known = match m {
-            abi::IMPORT_MODULE => abi::func::ALL.contains(&n),
-            "wasi_snapshot_preview1" => true, // checked against the linker by instantiate_pre
-            _ => false,
-        };
-        if !known {
-            return Err(format!(
-                "module imports `{m}::{n}`, which Tern does not provide (it provides the `tern` \
-                 ABI v1 functions and `wasi_snapshot_preview1`)"
-            ));
-        }
-        if m == abi::IMPORT_MODULE
-            && let Some(&(_, params)) = abi::func::SIGNATURES.iter().find(|(f, _)| *f == n)
-            && let ExternType::Func(f) = import.ty()
-        {
-            let i32s = |n: usize| vec!["i32"; n].join(", ");
-            let yours = |types: &mut dyn Iterator<Item = wasmtime::ValType>| {
-                types.map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
-            };
-            let matches = f.params().len() == params
-                && f.params().all(|t| t.is_i32())
-                && f.results().len() == 1
-                && f.results().all(|t| t.is_i32());
-            if !matches {
-                return Err(format!(
-                    "module imports `{m}::{n}` as ({}) -> ({}), but Tern's `{n}` is ({}) -> (i32) \
-                     (guest-sdk/ABI.md)",
-                    yours(&mut f.params()),
-                    yours(&mut f.results()),
-                    i32s(params),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A warning for a module deployed as kind `tern` that imports nothing from `tern`: a plain
-/// WASI program, which can neither read the request nor write a response through the ABI.
-pub fn kind_warning(module: &Module) -> Option<String> {
-    if module.imports().any(|i| i.module() == abi::IMPORT_MODULE) {
-        return None;
-    }
-    Some(
-        "this module imports nothing from `tern` but is deployed as kind `tern`: it cannot \
-         read the request, its stdout goes to the server log, and every client gets an empty \
-         200. Deploy it as kind `cgi` (the default for such modules) to answer on stdout"
-            .into(),
-    )
 }
 
 /// What [`compile_file`] made.
@@ -736,7 +512,7 @@ pub fn compile_file(input: &Path, output: &Path, wasi_p3: bool) -> anyhow::Resul
         });
     match checked {
         Ok(linked) => Ok(CompiledFile {
-            kind: linked.kind,
+            kind: linked.guest.kind(),
             wasm_bytes: wasm.len(),
             artifact_bytes: artifact.len(),
             took: started.elapsed(),
@@ -744,47 +520,6 @@ pub fn compile_file(input: &Path, output: &Path, wasi_p3: bool) -> anyhow::Resul
         Err(problem) => {
             let _ = std::fs::remove_file(output);
             anyhow::bail!("{}: {problem}", input.display());
-        }
-    }
-}
-
-/// The linkers every tenant is pre-linked against, by guest kind and whether it has assets.
-#[derive(Clone)]
-pub struct Linkers {
-    /// WASI preview1 as wasmtime-wasi provides it (no files at all) + the `tern` ABI.
-    pub plain: Linker<GuestState>,
-    /// The same with the read-only in-memory `/assets` directory.
-    pub assets: Linker<GuestState>,
-    /// `plain` with stdin and stdout as CGI's request body and response.
-    pub cgi: Linker<GuestState>,
-    /// `assets` with stdin and stdout as CGI's request body and response.
-    pub cgi_assets: Linker<GuestState>,
-    /// WASI preview2 and `wasi:http` for components (and WASI 0.3 where the engine has it).
-    pub http: wasmtime::component::Linker<crate::wasi_http::HttpState>,
-}
-
-impl Linkers {
-    /// Builds them all; `wasi_p3` if the engine serves WASI 0.3 components (`pool.wasi_p3`).
-    ///
-    /// # Errors
-    /// Only if wasmtime rejects a definition (a bug).
-    pub fn new(engine: &Engine, wasi_p3: bool) -> wasmtime::Result<Self> {
-        Ok(Self {
-            plain: crate::hostcalls::linker(engine, false, false)?,
-            assets: crate::hostcalls::linker(engine, true, false)?,
-            cgi: crate::hostcalls::linker(engine, false, true)?,
-            cgi_assets: crate::hostcalls::linker(engine, true, true)?,
-            http: crate::wasi_http::linker(engine, wasi_p3)?,
-        })
-    }
-
-    /// The linker for a core module of a tenant with or without assets, CGI or not.
-    pub fn core(&self, assets: bool, cgi: bool) -> &Linker<GuestState> {
-        match (assets, cgi) {
-            (false, false) => &self.plain,
-            (true, false) => &self.assets,
-            (false, true) => &self.cgi,
-            (true, true) => &self.cgi_assets,
         }
     }
 }

@@ -9,9 +9,9 @@ use tern::config::{Config, PoolConfig};
 use tern::context::{Connection, RequestContext};
 use tern::engine::EpochTicker;
 use tern::execute::{self, RunOutput};
-use tern::hostcalls::{GuestRequest, RequestBody};
+use tern::guest::Linkers;
+use tern::guest::{GuestRequest, RequestBody};
 use tern::metrics::Metrics;
-use tern::tenant::Linkers;
 use tern::tenant::{self, TenantRef};
 
 /// An engine with its pool and epoch ticker, and the linkers, as `tern serve` builds them.

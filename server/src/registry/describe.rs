@@ -61,7 +61,7 @@ fn describe_tenant(
         "name": name,
         "source": source,
         "serving": live.is_some(),
-        "kind": live.map(|t| t.kind.name()),
+        "kind": live.map(|t| t.kind().name()),
         "hosts": config.hosts.iter().map(|h| h.get_ref()).collect::<Vec<_>>(),
         "paths": config.paths.iter().map(|p| p.get_ref()).collect::<Vec<_>>(),
         // Values may be secrets: the API shows only the names.

@@ -11,9 +11,9 @@ use super::{ChangeError, internal};
 use crate::artifact::{self, Compiled};
 use crate::assets::Assets;
 use crate::config::{PoolConfig, TenantConfig};
+use crate::guest::Linkers;
 use crate::metrics::Metrics;
 use crate::store::{DataDir, TenantSpec, Version};
-use crate::tenant::Linkers;
 use crate::tenant::{self, Carried, Origin, Tenant, TenantError};
 
 /// Modules already loaded in this batch, by SHA-256, so tenants deploying the same module
@@ -133,7 +133,7 @@ impl Loader {
     ) -> Result<Tenant, ChangeError> {
         // The module is the same, so is its kind.
         let mut config = config.clone();
-        config.kind = Some(old.kind);
+        config.kind = Some(old.kind());
         Ok(tenant::prepare(
             rt.shared(&self.metrics),
             compiled,
@@ -326,7 +326,7 @@ mod tests {
         let t2 = l
             .respec(&rt, &t, &moved, &config)
             .expect("linked on the new engine");
-        assert_eq!((t2.kind, compiles(&l)), (t.kind, 1));
+        assert_eq!((t2.kind(), compiles(&l)), (t.kind(), 1));
         // Code from an engine that compiles differently is refused, not loaded.
         let other = Engine::new(wasmtime::Config::new().consume_fuel(true)).unwrap();
         assert!(t.compiled.rehome(&other).is_err());

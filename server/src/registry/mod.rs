@@ -625,7 +625,7 @@ impl Registry {
             unreachable!("loaded as an API tenant")
         };
         let warnings: Vec<String> = tenant.warning.iter().cloned().collect();
-        let kind = tenant.kind;
+        let kind = tenant.kind();
         let live = self.live.load().with(name, Some(tenant))?;
 
         let mut manifest = state.manifest.clone();
@@ -681,7 +681,7 @@ impl Registry {
         })
         .await
         .map_err(internal)??;
-        let kind = tenant.kind;
+        let kind = tenant.kind();
         let live = self.live.load().with(name, Some(tenant))?;
         let mut manifest = state.manifest.clone();
         let entry = manifest.tenants.get_mut(name).expect("checked above");

@@ -20,7 +20,7 @@ fn abi_doc_and_c_header_match_the_definition_and_the_linker() {
         ..Default::default()
     })
     .unwrap();
-    let linker = tern::hostcalls::linker(&engine, false, false).unwrap();
+    let linker = tern::guest::module::linker(&engine, false, false).unwrap();
     let mut imports = String::new();
     for name in abi::func::ALL {
         // The doc states each signature.

@@ -1,29 +1,28 @@
-//! The host side of guest ABI v1: per-request guest state and the `tern` host functions.
+//! Core modules, the `tern` and `cgi` kinds: their store state and their linker.
 //!
-//! One file per interface: [`request`] (what the guest reads), [`response`] (what it
-//! writes) and [`outbound`] (the requests it sends); [`fs`] is the read-only `/assets`
-//! directory and [`cgi`] the stdin/stdout of CGI programs (the `cgi` guest kind, which shares
-//! this state and these functions). Every pointer and length from the guest is bounds-checked against its memory; an
-//! out-of-range one traps the guest with [`GuestFault::BadPointer`] and never touches the host.
+//! A core module's store holds WASI preview1 (built on the guest's first WASI call), the
+//! read-only `/assets` directory ([`fs`]), the request and response, and the host side of its
+//! kind: the `tern` ABI's outbound calls, CGI's output parser. Its linker is WASI preview1 with
+//! the `tern` ABI ([`super::tern`]), `/assets` in place of WASI's files, and for CGI stdin and
+//! stdout as the request body and response ([`super::cgi`]). Its driver, which instantiates
+//! the module and calls `_start` on its own fiber, is [`crate::execute`]'s. Every pointer and length from the guest is
+//! bounds-checked against its memory; an out-of-range one traps the guest with
+//! [`GuestFault::BadPointer`] and never touches the host.
 
-pub mod cgi;
 pub mod fs;
-pub mod outbound;
-pub mod request;
-pub mod response;
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use tern_sdk::abi;
-use wasmtime::{Caller, Engine, Linker, Memory, ResourceLimiter};
+use wasmtime::{Caller, Engine, ExternType, InstancePre, Linker, Memory, Module, ModuleExport};
 use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
-use std::sync::Arc;
-
-pub use request::{GuestRequest, RequestBody};
-pub use response::{GuestResponse, Head};
+use super::cgi::{self, Cgi};
+use super::tern::outbound::Outbound;
+use super::{GuestLimits, GuestRequest, GuestResponse, Stdio, WasiSpec};
 
 /// Everything one request's store holds. Dropped with the store at teardown.
 pub struct GuestState {
@@ -40,15 +39,17 @@ pub struct GuestState {
     /// The tenant's `/assets` and the files this request opened (tenants with assets only).
     pub files: fs::Files,
     /// The guest's outbound requests.
-    pub outbound: outbound::Outbound,
+    pub outbound: Outbound,
     /// The CGI output parser, for a guest of the `cgi` kind.
-    pub cgi: Option<cgi::Cgi>,
+    pub cgi: Option<Cgi>,
+    /// The request's headers as `tern::request_headers` gives them, made on its first call.
+    pub headers_blob: Option<Vec<u8>>,
 }
 
 impl GuestState {
     /// The WASI context, built on first use: a CGI program's environment also holds the
     /// request's meta-variables.
-    fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {
+    pub(in crate::guest) fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {
         let (request, cgi) = (&self.request, self.cgi.is_some());
         self.wasi
             .ctx(|spec| cgi.then(|| (cgi::args(request), cgi::env(request, spec))))
@@ -64,35 +65,6 @@ pub struct Wasi {
     ctx: Option<WasiP1Ctx>,
     spec: Arc<WasiSpec>,
     stdio: Option<Stdio>,
-}
-
-/// What a tenant's guests see through WASI, owned by the tenant and shared by its requests.
-#[derive(Debug)]
-pub struct WasiSpec {
-    /// The guest's only argument: the tenant's name.
-    pub name: String,
-    /// Environment variables its guests see.
-    pub env: Vec<(String, String)>,
-    /// Bytes of stdout and of stderr captured per request.
-    pub stdio_bytes: usize,
-}
-
-/// What a guest wrote to stdout and stderr, each capped at its tenant's `stdio_bytes`.
-pub struct Stdio {
-    /// Captured stdout.
-    pub stdout: MemoryOutputPipe,
-    /// Captured stderr.
-    pub stderr: MemoryOutputPipe,
-}
-
-impl Stdio {
-    /// Two empty pipes of `capacity` bytes each.
-    pub fn new(capacity: usize) -> Self {
-        Self {
-            stdout: MemoryOutputPipe::new(capacity),
-            stderr: MemoryOutputPipe::new(capacity),
-        }
-    }
 }
 
 impl Wasi {
@@ -153,64 +125,6 @@ pub enum GuestFault {
     NoMemory,
 }
 
-/// Limits memory and table growth per request; remembers the peak and whether a limit was hit.
-#[derive(Debug, Clone)]
-pub struct GuestLimits {
-    /// Largest linear memory, in bytes.
-    pub max_memory: usize,
-    /// Largest table, in elements.
-    pub max_table_elements: usize,
-    /// Set when a growth request was refused: a later trap is then reported as the limit.
-    pub memory_limit_hit: bool,
-    /// Largest memory size the guest reached, in bytes.
-    pub peak_memory: usize,
-    /// Core instances (and tables) one guest may create: 1 for a module; for a component,
-    /// `pool.component_core_instances`.
-    pub instances: usize,
-}
-
-impl GuestLimits {
-    /// Whether growing to `desired` stays within `max`; a refusal is recorded.
-    fn allow(&mut self, desired: usize, max: usize) -> bool {
-        self.memory_limit_hit |= desired > max;
-        desired <= max
-    }
-}
-
-impl ResourceLimiter for GuestLimits {
-    fn memory_growing(
-        &mut self,
-        _: usize,
-        desired: usize,
-        _: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        let ok = self.allow(desired, self.max_memory);
-        if ok {
-            self.peak_memory = self.peak_memory.max(desired);
-        }
-        Ok(ok)
-    }
-
-    fn table_growing(
-        &mut self,
-        _: usize,
-        desired: usize,
-        _: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(self.allow(desired, self.max_table_elements))
-    }
-
-    fn instances(&self) -> usize {
-        self.instances
-    }
-    fn memories(&self) -> usize {
-        1
-    }
-    fn tables(&self) -> usize {
-        self.instances
-    }
-}
-
 /// Builds the linker core modules are pre-linked against: WASI preview1 plus the `tern` ABI,
 /// with `assets` the in-memory `/assets` directory in place of WASI's file functions, and with
 /// `cgi` stdin and stdout as a CGI program's request body and response.
@@ -220,9 +134,7 @@ impl ResourceLimiter for GuestLimits {
 pub fn linker(engine: &Engine, assets: bool, cgi: bool) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_async(&mut linker, GuestState::wasi_ctx)?;
-    request::add_to_linker(&mut linker)?;
-    response::add_to_linker(&mut linker)?;
-    outbound::add_to_linker(&mut linker)?;
+    super::tern::add_to_linker(&mut linker)?;
     if assets {
         fs::add_to_linker(&mut linker)?;
     }
@@ -232,16 +144,116 @@ pub fn linker(engine: &Engine, assets: bool, cgi: bool) -> wasmtime::Result<Link
     Ok(linker)
 }
 
+/// A pre-linked core module and the exports every request needs.
+pub struct CoreGuest {
+    /// The module, pre-linked.
+    pub pre: InstancePre<GuestState>,
+    /// The handler export (`_start`), resolved once.
+    pub start: ModuleExport,
+    /// The memory export, resolved once.
+    pub memory: ModuleExport,
+}
+
+/// Checks `module` against what every core module needs ([`check_abi`]) and pre-links it.
+///
+/// # Errors
+/// What the module lacks or imports wrongly, in words for its author.
+pub fn link(linker: &Linker<GuestState>, module: &Module) -> Result<CoreGuest, String> {
+    check_abi(module)?;
+    let pre = linker
+        .instantiate_pre(module)
+        .map_err(|e| format!("{e:#}"))?;
+    Ok(CoreGuest {
+        pre,
+        start: module
+            .get_export_index(abi::HANDLER_EXPORT)
+            .expect("checked by check_abi"),
+        memory: module
+            .get_export_index(abi::MEMORY_EXPORT)
+            .expect("checked by check_abi"),
+    })
+}
+
+/// ABI v1: a `_start: [] -> []` export, a memory export, and imports only from `tern` (ABI
+/// functions, with their ABI signatures) and `wasi_snapshot_preview1`.
+///
+/// # Errors
+/// What the module lacks or imports wrongly, in words for the module's author.
+pub fn check_abi(module: &Module) -> Result<(), String> {
+    match module.get_export(abi::HANDLER_EXPORT) {
+        Some(ExternType::Func(f)) if f.params().len() == 0 && f.results().len() == 0 => {}
+        Some(_) => {
+            return Err(format!(
+                "export `{}` must be a function () -> ()",
+                abi::HANDLER_EXPORT
+            ));
+        }
+        None => {
+            return Err(format!(
+                "module has no `{}` export (the handler); build it as a WASI command \
+                 (a program with `main`)",
+                abi::HANDLER_EXPORT
+            ));
+        }
+    }
+    if !matches!(
+        module.get_export(abi::MEMORY_EXPORT),
+        Some(ExternType::Memory(_))
+    ) {
+        return Err(format!(
+            "module does not export its memory as `{}`",
+            abi::MEMORY_EXPORT
+        ));
+    }
+    for import in module.imports() {
+        let (m, n) = (import.module(), import.name());
+        let known = match m {
+            abi::IMPORT_MODULE => abi::func::ALL.contains(&n),
+            "wasi_snapshot_preview1" => true, // checked against the linker by instantiate_pre
+            _ => false,
+        };
+        if !known {
+            return Err(format!(
+                "module imports `{m}::{n}`, which Tern does not provide (it provides the `tern` \
+                 ABI v1 functions and `wasi_snapshot_preview1`)"
+            ));
+        }
+        if m == abi::IMPORT_MODULE
+            && let Some(&(_, params)) = abi::func::SIGNATURES.iter().find(|(f, _)| *f == n)
+            && let ExternType::Func(f) = import.ty()
+        {
+            let i32s = |n: usize| vec!["i32"; n].join(", ");
+            let yours = |types: &mut dyn Iterator<Item = wasmtime::ValType>| {
+                types.map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+            };
+            let matches = f.params().len() == params
+                && f.params().all(|t| t.is_i32())
+                && f.results().len() == 1
+                && f.results().all(|t| t.is_i32());
+            if !matches {
+                return Err(format!(
+                    "module imports `{m}::{n}` as ({}) -> ({}), but Tern's `{n}` is ({}) -> (i32) \
+                     (guest-sdk/ABI.md)",
+                    yours(&mut f.params()),
+                    yours(&mut f.results()),
+                    i32s(params),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The range `ptr..ptr+len` of guest memory, if it lies inside `mem_len` bytes.
 ///
 /// Wasm passes `i32`s; they are reinterpreted as the unsigned 32-bit values the guest meant.
-fn guest_range(ptr: i32, len: i32, mem_len: usize) -> Option<Range<usize>> {
+pub(in crate::guest) fn guest_range(ptr: i32, len: i32, mem_len: usize) -> Option<Range<usize>> {
     let start = ptr as u32 as usize;
     let end = start.checked_add(len as u32 as usize)?;
     (end <= mem_len).then_some(start..end)
 }
 
-fn memory(caller: &Caller<'_, GuestState>) -> wasmtime::Result<Memory> {
+pub(in crate::guest) fn memory(caller: &Caller<'_, GuestState>) -> wasmtime::Result<Memory> {
     caller
         .data()
         .memory
@@ -249,7 +261,7 @@ fn memory(caller: &Caller<'_, GuestState>) -> wasmtime::Result<Memory> {
 }
 
 /// Headers as the ABI's copy-out functions give them: `name NUL value NUL` pairs, in order.
-fn headers_blob(headers: &http::HeaderMap) -> Vec<u8> {
+pub(in crate::guest) fn headers_blob(headers: &http::HeaderMap) -> Vec<u8> {
     let mut blob = Vec::with_capacity(headers.len() * 32);
     for (name, value) in headers {
         blob.extend_from_slice(name.as_str().as_bytes());
@@ -262,7 +274,7 @@ fn headers_blob(headers: &http::HeaderMap) -> Vec<u8> {
 
 /// Copies as much of `src` as fits into the guest buffer `ptr..ptr+len` and returns the full
 /// length of `src`, so the guest can retry with a larger buffer.
-fn copy_to_guest(
+pub(in crate::guest) fn copy_to_guest(
     data: &mut [u8],
     ptr: i32,
     len: i32,

@@ -29,7 +29,7 @@ const FIRST_FD: u32 = 4;
 const MAX_OPEN: usize = 256;
 
 /// WASI preview1 errno values used here.
-pub(super) mod errno {
+pub(in crate::guest) mod errno {
     pub const SUCCESS: i32 = 0;
     pub const BADF: i32 = 8;
     pub const FAULT: i32 = 21;
@@ -173,18 +173,18 @@ fn call(
     }
 }
 
-pub(super) fn slice(data: &mut [u8], ptr: i32, len: usize) -> Result<&mut [u8], i32> {
+pub(in crate::guest) fn slice(data: &mut [u8], ptr: i32, len: usize) -> Result<&mut [u8], i32> {
     let start = ptr as u32 as usize;
     let end = start.checked_add(len).ok_or(errno::FAULT)?;
     data.get_mut(start..end).ok_or(errno::FAULT)
 }
 
-pub(super) fn put(data: &mut [u8], ptr: i32, bytes: &[u8]) -> Result<(), i32> {
+pub(in crate::guest) fn put(data: &mut [u8], ptr: i32, bytes: &[u8]) -> Result<(), i32> {
     slice(data, ptr, bytes.len())?.copy_from_slice(bytes);
     Ok(())
 }
 
-pub(super) fn get_u32(data: &mut [u8], ptr: i32) -> Result<u32, i32> {
+pub(in crate::guest) fn get_u32(data: &mut [u8], ptr: i32) -> Result<u32, i32> {
     let b = slice(data, ptr, 4)?;
     Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
@@ -217,7 +217,7 @@ fn node_stat(assets: &Assets, n: usize) -> [u8; 64] {
 ///
 /// # Errors
 /// The WASI errno.
-pub(super) fn read(
+pub(in crate::guest) fn read(
     data: &mut [u8],
     files: &mut Files,
     fd: i32,
@@ -242,7 +242,12 @@ pub(super) fn read(
 }
 
 /// Copies `src` into the guest's iovec list and returns how much was copied.
-pub(super) fn scatter(data: &mut [u8], iovs: i32, iovs_len: i32, src: &[u8]) -> Result<usize, i32> {
+pub(in crate::guest) fn scatter(
+    data: &mut [u8],
+    iovs: i32,
+    iovs_len: i32,
+    src: &[u8],
+) -> Result<usize, i32> {
     let mut done = 0;
     for i in 0..iovs_len as u32 {
         let at = (iovs as u32).checked_add(i * 8).ok_or(errno::FAULT)? as i32;

@@ -21,7 +21,10 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinHandle;
 use wasmtime::{Caller, Linker};
 
-use super::{GuestFault, GuestRequest, GuestState, copy_to_guest, guest_range, memory};
+use crate::guest::GuestRequest;
+use crate::guest::module::{
+    GuestFault, GuestState, copy_to_guest, guest_range, headers_blob, memory,
+};
 use crate::outbound::{Calls, Denied, Failed, OutBody, Passing, Refused, Target};
 
 /// Body chunks that may wait for the backend before a streaming guest's writes block.
@@ -661,7 +664,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
                     Err(code) => return Ok(code),
                 };
                 let headers = &r.headers;
-                let blob = r.blob.get_or_insert_with(|| super::headers_blob(headers));
+                let blob = r.blob.get_or_insert_with(|| headers_blob(headers));
                 copy_to_guest(data, ptr, len, blob, f)
             })
         },

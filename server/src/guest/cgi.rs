@@ -1,7 +1,7 @@
 //! The `cgi` guest kind: an unmodified WASI preview1 program answers a request as a CGI script
 //! (RFC 3875).
 //!
-//! The program gets the request's meta-variables in its environment ([`env`]) and WAGI's
+//! The program gets the request's meta-variables in its environment ([`env()`]) and WAGI's
 //! arguments (the path, then the query split at `&`: [`args`]), reads the body
 //! on stdin and writes its answer to stdout: a header block (`Content-Type`, `Status`,
 //! `Location` and any other header, one `Name: value` per line), a blank line, the body. Tenants
@@ -14,12 +14,13 @@
 
 use bytes::BytesMut;
 use http::{HeaderName, HeaderValue, StatusCode};
-use tern_sdk::abi;
 use wasmtime::{Caller, Linker};
 use wasmtime_wasi::p2::OutputStream;
 
-use super::fs::{self, errno, get_u32, put, scatter, slice};
-use super::{GuestState, WasiSpec};
+use super::module::GuestState;
+use super::module::fs::{self, errno, get_u32, put, scatter, slice};
+use super::request::BodyError;
+use super::{GuestRequest, GuestResponse, HeaderError, WasiSpec, WriteError};
 use crate::context::{self, RequestContext};
 
 const MODULE: &str = "wasi_snapshot_preview1";
@@ -52,7 +53,7 @@ impl Cgi {
     /// How the run ends for output that is not a complete CGI response, if it is not: called
     /// when the program has ended. A header block cut off by the end of the output is taken
     /// as complete when it ends at a line's end (the body is then empty).
-    pub fn finish(&mut self, response: &mut super::GuestResponse) -> Option<String> {
+    pub fn finish(&mut self, response: &mut GuestResponse) -> Option<String> {
         if let Some(why) = &self.malformed {
             return Some(why.clone());
         }
@@ -81,7 +82,7 @@ impl Cgi {
 /// A program's arguments, as WAGI (and Spin's WAGI executor) gives them: the request's path,
 /// then the query string split at each `&` (not decoded), e.g. `/cgi/run?a=1&b` gives
 /// `["/cgi/run", "a=1", "b"]`; no query, no arguments after the path.
-pub fn args(request: &super::GuestRequest) -> Vec<String> {
+pub fn args(request: &GuestRequest) -> Vec<String> {
     let mut args = vec![request.uri.path().to_string()];
     if let Some(q) = request.uri.query().filter(|q| !q.is_empty()) {
         args.extend(q.split('&').map(str::to_string));
@@ -91,7 +92,7 @@ pub fn args(request: &super::GuestRequest) -> Vec<String> {
 
 /// The RFC 3875 meta-variables of a request (and WAGI's `X_*` additions), followed by the
 /// tenant's own environment (which cannot override them).
-pub fn env(request: &super::GuestRequest, spec: &WasiSpec) -> Vec<(String, String)> {
+pub fn env(request: &GuestRequest, spec: &WasiSpec) -> Vec<(String, String)> {
     let ctx: &RequestContext = &request.context;
     let path = request.uri.path();
     // SCRIPT_NAME is the route prefix without a trailing `/`, and PATH_INFO the rest, which
@@ -262,7 +263,7 @@ fn header_end(head: &[u8]) -> Option<usize> {
 ///
 /// # Errors
 /// Why the block is not a CGI header block.
-fn apply_headers(head: &[u8], response: &mut super::GuestResponse) -> Result<(), String> {
+fn apply_headers(head: &[u8], response: &mut GuestResponse) -> Result<(), String> {
     let mut status = None;
     let mut location = false;
     for (n, line) in head.split(|&c| c == b'\n').enumerate() {
@@ -307,8 +308,8 @@ fn apply_headers(head: &[u8], response: &mut super::GuestResponse) -> Result<(),
         }
         location |= name == http::header::LOCATION;
         match response.append_header(name, value) {
-            0 => {}
-            abi::errno::LIMIT_EXCEEDED => {
+            Ok(()) => {}
+            Err(HeaderError::Limit) => {
                 return Err(format!(
                     "the CGI program's headers exceed this tenant's limits ({} headers, a \
                      content-length of at most {} bytes)",
@@ -368,17 +369,16 @@ async fn stdout(state: &mut GuestState, bytes: &[u8]) -> Result<(), i32> {
     if body.is_empty() {
         return Ok(());
     }
-    match state.response.write(body).await {
-        n if n >= 0 => Ok(()),
-        abi::errno::LIMIT_EXCEEDED => Err(EFBIG),
-        _ => Err(EPIPE),
-    }
+    state.response.write(body).await.map_err(|e| match e {
+        WriteError::Limit => EFBIG,
+        WriteError::ClientGone => EPIPE,
+    })
 }
 
 /// A throwaway response with `real`'s limits, to check a header line without applying it.
-fn dry_run(real: &super::GuestResponse) -> super::GuestResponse {
+fn dry_run(real: &GuestResponse) -> GuestResponse {
     let (commit, _) = tokio::sync::oneshot::channel();
-    super::GuestResponse::new(real.max_bytes, real.max_headers, commit)
+    GuestResponse::new(real.max_bytes, real.max_headers, commit)
 }
 
 /// The bytes of the guest's iovec list `iovs`/`iovs_len`, copied out.
@@ -479,7 +479,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>, assets: bool) -> wasmtime:
                     match caller.data_mut().request.read_up_to(room).await {
                         Ok(c) => c,
                         // Past the body limit (the client gets 413) or a broken body (400).
-                        Err(_) => return Ok(EIO),
+                        Err(BodyError::TooLarge | BodyError::Failed) => return Ok(EIO),
                     }
                 };
                 let data = memory.data_mut(&mut caller);
@@ -502,9 +502,9 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>, assets: bool) -> wasmtime:
 mod tests {
     use super::*;
 
-    fn response() -> super::super::GuestResponse {
+    fn response() -> super::GuestResponse {
         let (commit, _) = tokio::sync::oneshot::channel();
-        super::super::GuestResponse::new(1 << 20, 100, commit)
+        super::GuestResponse::new(1 << 20, 100, commit)
     }
 
     #[test]
@@ -566,11 +566,11 @@ mod tests {
             prefix_len,
             version,
         };
-        let request = super::super::GuestRequest::new(
+        let request = super::GuestRequest::new(
             http::Method::GET,
             uri.parse().unwrap(),
             map,
-            super::super::RequestBody::Empty,
+            crate::guest::RequestBody::Empty,
             1000,
             context,
         );

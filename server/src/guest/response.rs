@@ -1,4 +1,4 @@
-//! `tern::response_*`: the guest sets the status and headers and writes the body.
+//! The response a guest writes, whatever its kind: status, headers, body.
 //!
 //! Bodies up to [`abi::STREAM_THRESHOLD`] are buffered, so most responses go out complete, with
 //! a `Content-Length` and every phase in `Server-Timing`. A body that grows past it *commits* the
@@ -8,12 +8,30 @@
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use tern_sdk::abi::{self, errno, func};
+use tern_sdk::abi;
 use tokio::sync::{mpsc, oneshot};
-use wasmtime::{Caller, Linker};
 
-use super::{GuestFault, GuestState, guest_range, memory};
 use crate::body::{BodyAborted, StreamItem};
+
+/// Why a body write was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteError {
+    /// Past the tenant's response body limit, or past the length the guest declared.
+    Limit,
+    /// The client is gone.
+    ClientGone,
+}
+
+/// Why a header was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderError {
+    /// The head has been sent: the body is streaming.
+    HeadersSent,
+    /// A `content-length` that is not a length, or disagrees with one declared before.
+    Invalid,
+    /// Too many headers, or a declared length over the tenant's body limit.
+    Limit,
+}
 
 /// How many body chunks may wait for the client before the guest's writes block.
 const STREAM_CHANNEL_CHUNKS: usize = 8;
@@ -111,51 +129,53 @@ impl GuestResponse {
     }
 
     /// Adds `bytes` to the body: buffered up to [`abi::STREAM_THRESHOLD`], past it the head
-    /// commits and the body streams (waiting while the client is slow to read). Returns the
-    /// bytes taken or the ABI error: `LIMIT_EXCEEDED` past the tenant's body limit or the
-    /// declared length, `IO` if the client is gone.
-    pub async fn write(&mut self, bytes: &[u8]) -> i32 {
+    /// commits and the body streams (waiting while the client is slow to read).
+    ///
+    /// # Errors
+    /// [`WriteError::Limit`] past the tenant's body limit or the declared length (nothing is
+    /// taken), [`WriteError::ClientGone`].
+    pub async fn write(&mut self, bytes: &[u8]) -> Result<(), WriteError> {
         let n = bytes.len();
         if self.written + n as u64 > self.max_bytes {
             self.limit_hit = true;
-            return errno::LIMIT_EXCEEDED;
+            return Err(WriteError::Limit);
         }
         if self.declared.is_some_and(|d| self.written + n as u64 > d) {
             // Past its own declared length: refused, and the request fails at its end.
             self.written = self.written.saturating_add(n as u64);
-            return errno::LIMIT_EXCEEDED;
+            return Err(WriteError::Limit);
         }
         self.written += n as u64;
-        let taken = i32::try_from(n).unwrap_or(i32::MAX);
         if !self.is_streaming() {
             if self.body.len() + n <= abi::STREAM_THRESHOLD {
                 self.body.extend_from_slice(bytes);
-                return taken;
+                return Ok(());
             }
             if !self.commit() {
-                return errno::IO;
+                return Err(WriteError::ClientGone);
             }
             let buffered = self.body.split().freeze();
-            if self.send(buffered).await.is_err() {
-                return errno::IO;
-            }
+            self.send(buffered).await?;
         }
-        match self.send(Bytes::copy_from_slice(bytes)).await {
-            Ok(()) => taken,
-            Err(()) => errno::IO,
-        }
+        self.send(Bytes::copy_from_slice(bytes)).await
     }
 
-    /// Adds a header as `response_header_append` does: framing headers are the server's and
-    /// ignored, `content-length` declares the body's length. Returns 0 or the ABI error:
-    /// `HEADERS_SENT`, `INVALID_ARGUMENT`, `LIMIT_EXCEEDED` (too many headers, or a declared
-    /// length over the body limit).
-    pub fn append_header(&mut self, name: HeaderName, value: HeaderValue) -> i32 {
+    /// Adds a header: framing headers are the server's and ignored, `content-length`
+    /// declares the body's length.
+    ///
+    /// # Errors
+    /// [`HeaderError`]: the head is sent, a bad `content-length`, too many headers or a
+    /// declared length over the body limit.
+    pub fn append_header(
+        &mut self,
+        name: HeaderName,
+        value: HeaderValue,
+    ) -> Result<(), HeaderError> {
         if self.is_streaming() {
-            return errno::HEADERS_SENT;
+            return Err(HeaderError::HeadersSent);
         }
         if SERVER_OWNED.contains(&name.as_str()) {
-            return 0;
+            return Ok(());
         }
         if name == http::header::CONTENT_LENGTH {
             let n = std::str::from_utf8(value.as_bytes())
@@ -163,30 +183,30 @@ impl GuestResponse {
                 .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|v| v.parse::<u64>().ok());
             return match (n, self.declared) {
-                (None, _) => errno::INVALID_ARGUMENT,
-                (Some(n), Some(d)) if n != d => errno::INVALID_ARGUMENT,
+                (None, _) => Err(HeaderError::Invalid),
+                (Some(n), Some(d)) if n != d => Err(HeaderError::Invalid),
                 (Some(n), _) if n > self.max_bytes => {
                     self.limit_hit = true;
-                    errno::LIMIT_EXCEEDED
+                    Err(HeaderError::Limit)
                 }
                 (Some(n), _) => {
                     self.declared = Some(n);
-                    0
+                    Ok(())
                 }
             };
         }
         if self.headers.len() >= self.max_headers {
             self.limit_hit = true;
-            return errno::LIMIT_EXCEEDED;
+            return Err(HeaderError::Limit);
         }
         self.headers.append(name, value);
-        0
+        Ok(())
     }
 
-    /// Sends one chunk of a streaming body; `Err` if the client is gone.
-    async fn send(&self, chunk: Bytes) -> Result<(), ()> {
-        let tx = self.stream.as_ref().ok_or(())?;
-        tx.send(Ok(chunk)).await.map_err(drop)
+    /// Sends one chunk of a streaming body.
+    async fn send(&self, chunk: Bytes) -> Result<(), WriteError> {
+        let tx = self.stream.as_ref().ok_or(WriteError::ClientGone)?;
+        tx.send(Ok(chunk)).await.map_err(|_| WriteError::ClientGone)
     }
 
     /// Sends the head and switches to streaming. Returns `false` if the client is gone.
@@ -210,63 +230,4 @@ impl GuestResponse {
         self.stream = Some(tx);
         true
     }
-}
-
-pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
-    let m = abi::IMPORT_MODULE;
-    linker.func_wrap(
-        m,
-        func::RESPONSE_SET_STATUS,
-        |mut caller: Caller<'_, GuestState>, status: i32| {
-            let resp = &mut caller.data_mut().response;
-            if resp.is_streaming() {
-                return errno::HEADERS_SENT;
-            }
-            match u16::try_from(status)
-                .ok()
-                .and_then(|s| StatusCode::from_u16(s).ok())
-            {
-                Some(s) => {
-                    resp.status = s;
-                    0
-                }
-                None => errno::INVALID_ARGUMENT,
-            }
-        },
-    )?;
-    linker.func_wrap(
-        m,
-        func::RESPONSE_HEADER_APPEND,
-        |mut caller: Caller<'_, GuestState>, np: i32, nl: i32, vp: i32, vl: i32| {
-            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
-            let bad = || GuestFault::BadPointer(func::RESPONSE_HEADER_APPEND);
-            let name = guest_range(np, nl, data.len()).ok_or_else(bad)?;
-            let value = guest_range(vp, vl, data.len()).ok_or_else(bad)?;
-            let resp = &mut state.response;
-            if resp.is_streaming() {
-                return Ok(errno::HEADERS_SENT);
-            }
-            let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(&data[name]),
-                HeaderValue::from_bytes(&data[value]),
-            ) else {
-                return Ok(errno::INVALID_ARGUMENT);
-            };
-            Ok(resp.append_header(name, value))
-        },
-    )?;
-    linker.func_wrap_async(
-        m,
-        func::RESPONSE_BODY_WRITE,
-        |mut caller: Caller<'_, GuestState>, (ptr, len): (i32, i32)| {
-            Box::new(async move {
-                let mem = memory(&caller)?;
-                let (data, state) = mem.data_and_store_mut(&mut caller);
-                let range = guest_range(ptr, len, data.len())
-                    .ok_or(GuestFault::BadPointer(func::RESPONSE_BODY_WRITE))?;
-                Ok(state.response.write(&data[range]).await)
-            })
-        },
-    )?;
-    Ok(())
 }

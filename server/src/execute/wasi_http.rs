@@ -1,0 +1,207 @@
+//! The driver of a `wasi:http` component: `incoming-handler.handle` (WASI 0.2) or
+//! `handler.handle` (WASI 0.3) with the request, its answer moved into the shared response as
+//! the guest writes it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+use wasmtime_wasi_http::WasiHttpView;
+use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
+
+use super::{BodyEnd, Ended, RunOutput, Stage, classify, new_store, reply, verdict};
+use crate::guest::wasi_http::{Answer, BodyFlags, Handler, HttpState, incoming, pump, pump_parts};
+use crate::guest::{GuestRequest, GuestResponse, Head};
+use crate::outcome::{ExecError, Outcome, response_limit};
+use crate::teardown;
+use crate::tenant::Tenant;
+
+/// A `wasi:http` component's run: `incoming-handler.handle` (WASI 0.2) or `handler.handle`
+/// (WASI 0.3, run in the store's concurrent event loop, which keeps running the guest's tasks
+/// while its body streams) with the request, its answer moved into a [`GuestResponse`] as the
+/// guest writes it.
+pub(super) async fn run(
+    tenant: &Tenant,
+    handler: &Handler,
+    request: GuestRequest,
+    commit: oneshot::Sender<Head>,
+) -> RunOutput {
+    let start = Instant::now();
+    let request_id = &request.context.request_id.clone();
+    let limits = &tenant.limits;
+    let mut response = GuestResponse::new(
+        limits.max_response_bytes,
+        limits.max_response_headers,
+        commit,
+    );
+    if tenant.awaits_memset_reset() {
+        // Its memory cannot be swept before teardown (see `teardown`): refuse rather than risk
+        // another guest reading this one's swapped pages. Requests wait for the move to the
+        // `memset` reset before they get here; this one waited in vain.
+        let e = ExecError::new(
+            Outcome::Overload,
+            "a swap area was switched on and the server has not yet moved this tenant to the \
+             swap-safe memory reset; retry shortly",
+        );
+        let result = reply(Err(e), &mut response, tenant, request_id).await;
+        return RunOutput {
+            result,
+            instantiate: Duration::ZERO,
+            run: Duration::ZERO,
+            teardown: Duration::ZERO,
+            outbound: Duration::ZERO,
+        };
+    }
+    let flags = Arc::new(BodyFlags::default());
+    let head_request = request.method == http::Method::HEAD;
+    let max_request = request.max_bytes;
+    let state = HttpState::new(
+        tenant.wasi.clone(),
+        super::guest_limits(limits),
+        tenant.outbound.clone(),
+        &request.headers,
+        request_id,
+    );
+    let scheme = match request.context.conn.tls {
+        Some(_) => Scheme::Https,
+        None => Scheme::Http,
+    };
+    let incoming = incoming(request, flags.clone());
+    let mut store = new_store(handler.engine(), state, start);
+    store.limiter(|s| &mut s.limits);
+
+    let mut instantiated = None;
+    let (tx, rx) = oneshot::channel();
+    let returned = AtomicBool::new(false);
+    let guest = async {
+        let pre = match handler {
+            Handler::P2(pre) => pre,
+            Handler::P3(pre) => {
+                let service = pre
+                    .instantiate_async(&mut store)
+                    .await
+                    .map_err(Stage::Instantiate)?;
+                instantiated = Some(Instant::now());
+                let hooks = store.data_mut().http().hooks;
+                let (req, _sent) = wasmtime_wasi_http::p3::Request::from_http(hooks, incoming);
+                let (response, never) = (&mut response, &returned);
+                // A WASI 0.3 guest may go on writing its body after `handle` returns: the answer
+                // is pumped inside the event loop that runs its tasks.
+                return store
+                    .run_concurrent(async |acc| {
+                        let answer = service
+                            .handle(acc, req)
+                            .await
+                            .map_err(Stage::Run)?
+                            .map_err(|code| {
+                                Stage::Answer(answer_error(Answer::ErrorP3(format!("{code:?}"))))
+                            })?;
+                        let answer = acc
+                            .with(|s| answer.into_http(s, async { Ok(()) }))
+                            .map_err(Stage::Run)?;
+                        let (parts, body) = answer.into_parts();
+                        pump_parts(parts, body, response, never)
+                            .await
+                            .map_err(|a| Stage::Answer(answer_error(a)))
+                    })
+                    .await
+                    .map_err(Stage::Run)?;
+            }
+        };
+        let proxy = pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(Stage::Instantiate)?;
+        instantiated = Some(Instant::now());
+        let mut http = store.data_mut().http();
+        let req = http
+            .new_incoming_request(scheme, incoming)
+            .map_err(Stage::Instantiate)?;
+        let out = http.new_response_outparam(tx).map_err(Stage::Instantiate)?;
+        let mut call = std::pin::pin!(
+            proxy
+                .wasi_http_incoming_handler()
+                .call_handle(&mut store, req, out)
+        );
+        let mut pump = std::pin::pin!(pump(rx, &mut response, &returned));
+        // The answer is taken as the guest writes it. A guest that fails ends the run at once
+        // (its body may never end otherwise). Once it returns it can write nothing more: what
+        // it wrote is sent, and a body it did not finish ends the answer as failed (rather
+        // than waiting for the deadline with the slot held).
+        tokio::select! {
+            biased;
+            called = &mut call => {
+                called.map_err(Stage::Run)?;
+                returned.store(true, Ordering::Release);
+                pump.await.map_err(|a| Stage::Answer(answer_error(a)))
+            }
+            pumped = &mut pump => {
+                pumped.map_err(|a| Stage::Answer(answer_error(a)))?;
+                call.await.map_err(Stage::Run)
+            }
+        }
+    };
+    let ended = tokio::time::timeout(limits.timeout, guest).await;
+    let ran_until = Instant::now();
+    let ran_from = instantiated.unwrap_or(ran_until);
+
+    let ended =
+        ended.map(|r| r.or_else(|stage| classify(stage, &store.data().limits, &response, None)));
+    if !matches!(ended, Ok(Ok(()))) {
+        store.data().guest_failed();
+    }
+    let body = BodyEnd {
+        too_large: flags
+            .too_large
+            .load(Ordering::Relaxed)
+            .then_some(max_request),
+        failed: flags
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(),
+    };
+    let result = verdict(ended, body, &response, limits.timeout, head_request);
+    let result = reply(result, &mut response, tenant, request_id).await;
+    let data = store.data_mut();
+    let ended = Ended {
+        peak_memory: data.limits.peak_memory,
+        stdio: data.take_stdio(),
+        outbound: data.outbound_waited(),
+        times: [start, ran_from, ran_until],
+    };
+    ended.finish(result, tenant, request_id, || {
+        teardown::teardown(store, None)
+    })
+}
+
+/// The failure for a component answer that could not be taken.
+fn answer_error(a: Answer) -> ExecError {
+    match a {
+        Answer::NoResponse => ExecError::new(
+            Outcome::BadOutput,
+            "the component returned without setting a response (ResponseOutparam::set)",
+        ),
+        Answer::Error(code) => ExecError::new(
+            Outcome::BadOutput,
+            format!("the component answered with an error: {code:?}"),
+        ),
+        Answer::ErrorP3(code) => ExecError::new(
+            Outcome::BadOutput,
+            format!("the component answered with an error: {code}"),
+        ),
+        Answer::Limit => response_limit(),
+        Answer::BodyFailed(why) => ExecError::new(
+            Outcome::BadOutput,
+            format!("the component's response body failed before its end: {why}"),
+        ),
+        Answer::ClientGone => ExecError::new(Outcome::Error, "the client went away"),
+        Answer::Unfinished => ExecError::new(
+            Outcome::BadOutput,
+            "the component returned from its handler without finishing its response body \
+             (outgoing-body.finish), so the body is incomplete (componentize-js does this when \
+             the JavaScript throws: see the guest's stderr)",
+        ),
+    }
+}

@@ -1,0 +1,248 @@
+//! Guest kinds: one room per kind with its linker and its host side, and what the kinds share.
+//!
+//! A guest kind is how a compiled module or component takes a request and answers it:
+//!
+//! - [`tern`]: Tern's own ABI v1 (`tern::request_*`, `tern::response_*`, `tern::outbound_*`).
+//! - [`cgi`]: WASI programs answering on stdout (RFC 3875), the request in their environment.
+//! - [`wasi_http`]: `wasi:http` components (WASI 0.2 `proxy`, WASI 0.3 `service`; core
+//!   modules that export the handler are made components first, by [`crate::adapter`]).
+//!
+//! `tern` and `cgi` guests are core modules and share [`module`]: their store state (WASI
+//! preview1, the in-memory `/assets` directory) and their linker.
+//!
+//! What the kinds share lives here: the request a guest reads ([`request`]: its body within the
+//! tenant's limit, typed read errors), the response it writes ([`response`]: buffered, then
+//! streamed, typed write errors), the limits and the captured output. Each kind maps those
+//! errors to its own (`tern` errnos, WASI errnos for CGI's stdio, `wasi:http` error codes).
+//!
+//! Kinds sit below tenants (a [`crate::tenant::Tenant`] holds its pre-linked [`Guest`]); each
+//! kind's driver sits above them, in [`crate::execute`], beside the lifecycle every kind
+//! shares. A new kind is a room here, a variant of [`Guest`] with its line in [`link`], and a
+//! driver in `execute` with its line in `execute::run`.
+
+pub mod cgi;
+pub mod module;
+pub mod request;
+pub mod response;
+pub mod tern;
+pub mod wasi_http;
+
+use wasmtime::{Engine, Linker, ResourceLimiter};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+
+use crate::artifact::Compiled;
+use crate::config::GuestKind;
+
+pub use request::{GuestRequest, RequestBody};
+pub use response::{GuestResponse, Head, HeaderError, WriteError};
+
+/// A tenant's guest, pre-linked for its kind (the one place the kinds are listed).
+pub enum Guest {
+    /// A core module on Tern's ABI v1.
+    Tern(module::CoreGuest),
+    /// A core module run as a CGI program (stdin and stdout are the request body and response).
+    Cgi(module::CoreGuest),
+    /// A `wasi:http` component.
+    WasiHttp(wasi_http::Handler),
+}
+
+impl Guest {
+    /// Its kind, as configs and the admin API name it.
+    pub fn kind(&self) -> GuestKind {
+        match self {
+            Self::Tern(_) => GuestKind::Tern,
+            Self::Cgi(_) => GuestKind::Cgi,
+            Self::WasiHttp(_) => GuestKind::WasiHttp,
+        }
+    }
+}
+
+/// A module or component checked and pre-linked for its kind.
+pub struct Linked {
+    /// The pre-linked guest.
+    pub guest: Guest,
+    /// Something its author should know.
+    pub warning: Option<String>,
+}
+
+/// Decides the kind of `compiled` (`asked`, else detected), checks it against what that kind
+/// needs and pre-links it (a core module with the `/assets` functions if `assets`).
+///
+/// # Errors
+/// What the module or component lacks or imports wrongly, or why it is not of the kind asked
+/// for, in words for its author.
+pub fn link(
+    linkers: &Linkers,
+    compiled: &Compiled,
+    asked: Option<GuestKind>,
+    assets: bool,
+) -> Result<Linked, String> {
+    let kind = kind_of(compiled, asked)?;
+    let linked = |guest| Linked {
+        guest,
+        warning: None,
+    };
+    Ok(match (compiled, kind) {
+        (Compiled::Component(component), _) => linked(Guest::WasiHttp(wasi_http::Handler::link(
+            &linkers.http,
+            component,
+        )?)),
+        (Compiled::Module(module), GuestKind::Cgi) => linked(Guest::Cgi(module::link(
+            linkers.module(assets, true),
+            module,
+        )?)),
+        (Compiled::Module(module), _) => Linked {
+            guest: Guest::Tern(module::link(linkers.module(assets, false), module)?),
+            warning: tern::kind_warning(module),
+        },
+    })
+}
+
+/// The kind of `compiled`: `asked` if given (and possible), else detected: a component is
+/// `wasi-http`; a core module importing from `tern` is `tern`, any other is `cgi`.
+///
+/// # Errors
+/// Why `compiled` cannot be of the kind asked for.
+pub fn kind_of(compiled: &Compiled, asked: Option<GuestKind>) -> Result<GuestKind, String> {
+    match (compiled, asked) {
+        (Compiled::Component(_), None | Some(GuestKind::WasiHttp)) => Ok(GuestKind::WasiHttp),
+        (Compiled::Component(_), Some(k)) => Err(format!(
+            "kind `{}` needs a core module, but this is a component (components are served as \
+             `wasi-http`)",
+            k.name()
+        )),
+        (Compiled::Module(_), Some(GuestKind::WasiHttp)) => Err(
+            "kind `wasi-http` needs a component exporting `wasi:http/incoming-handler`, but this \
+             is a core module (build it with `--target wasm32-wasip2`, or deploy it as `tern` or \
+             `cgi`)"
+                .into(),
+        ),
+        (Compiled::Module(_), Some(k)) => Ok(k),
+        (Compiled::Module(m), None) => Ok(if tern::imports_abi(m) {
+            GuestKind::Tern
+        } else {
+            GuestKind::Cgi
+        }),
+    }
+}
+
+/// The linkers every tenant is pre-linked against, by guest kind and whether it has assets.
+#[derive(Clone)]
+pub struct Linkers {
+    /// Core modules: WASI preview1 (no files at all) and the `tern` ABI; the same with the
+    /// read-only in-memory `/assets`; and both with stdin and stdout as CGI's request body and
+    /// response. Indexed by [`Self::module`].
+    modules: [Linker<module::GuestState>; 4],
+    /// WASI preview2 and `wasi:http` for components (and WASI 0.3 where the engine has it).
+    pub http: wasmtime::component::Linker<wasi_http::HttpState>,
+}
+
+impl Linkers {
+    /// Builds them all; `wasi_p3` if the engine serves WASI 0.3 components (`pool.wasi_p3`).
+    ///
+    /// # Errors
+    /// Only if wasmtime rejects a definition (a bug).
+    pub fn new(engine: &Engine, wasi_p3: bool) -> wasmtime::Result<Self> {
+        Ok(Self {
+            modules: [
+                module::linker(engine, false, false)?,
+                module::linker(engine, true, false)?,
+                module::linker(engine, false, true)?,
+                module::linker(engine, true, true)?,
+            ],
+            http: wasi_http::linker(engine, wasi_p3)?,
+        })
+    }
+
+    /// The linker for a core module of a tenant with or without assets, CGI or not.
+    pub fn module(&self, assets: bool, cgi: bool) -> &Linker<module::GuestState> {
+        &self.modules[usize::from(assets) + 2 * usize::from(cgi)]
+    }
+}
+
+/// What a tenant's guests see through WASI, owned by the tenant and shared by its requests.
+#[derive(Debug)]
+pub struct WasiSpec {
+    /// The guest's only argument: the tenant's name.
+    pub name: String,
+    /// Environment variables its guests see.
+    pub env: Vec<(String, String)>,
+    /// Bytes of stdout and of stderr captured per request.
+    pub stdio_bytes: usize,
+}
+
+/// What a guest wrote to stdout and stderr, each capped at its tenant's `stdio_bytes`.
+pub struct Stdio {
+    /// Captured stdout.
+    pub stdout: MemoryOutputPipe,
+    /// Captured stderr.
+    pub stderr: MemoryOutputPipe,
+}
+
+impl Stdio {
+    /// Two empty pipes of `capacity` bytes each.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            stdout: MemoryOutputPipe::new(capacity),
+            stderr: MemoryOutputPipe::new(capacity),
+        }
+    }
+}
+
+/// Limits memory and table growth per request; remembers the peak and whether a limit was hit.
+#[derive(Debug, Clone)]
+pub struct GuestLimits {
+    /// Largest linear memory, in bytes.
+    pub max_memory: usize,
+    /// Largest table, in elements.
+    pub max_table_elements: usize,
+    /// Set when a growth request was refused: a later trap is then reported as the limit.
+    pub memory_limit_hit: bool,
+    /// Largest memory size the guest reached, in bytes.
+    pub peak_memory: usize,
+    /// Core instances (and tables) one guest may create: 1 for a module; for a component,
+    /// `pool.component_core_instances`.
+    pub instances: usize,
+}
+
+impl GuestLimits {
+    /// Whether growing to `desired` stays within `max`; a refusal is recorded.
+    fn allow(&mut self, desired: usize, max: usize) -> bool {
+        self.memory_limit_hit |= desired > max;
+        desired <= max
+    }
+}
+
+impl ResourceLimiter for GuestLimits {
+    fn memory_growing(
+        &mut self,
+        _: usize,
+        desired: usize,
+        _: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let ok = self.allow(desired, self.max_memory);
+        if ok {
+            self.peak_memory = self.peak_memory.max(desired);
+        }
+        Ok(ok)
+    }
+
+    fn table_growing(
+        &mut self,
+        _: usize,
+        desired: usize,
+        _: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(self.allow(desired, self.max_table_elements))
+    }
+
+    fn instances(&self) -> usize {
+        self.instances
+    }
+    fn memories(&self) -> usize {
+        1
+    }
+    fn tables(&self) -> usize {
+        self.instances
+    }
+}

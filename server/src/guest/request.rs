@@ -1,0 +1,172 @@
+//! The request a guest reads, whatever its kind: method, target, headers, its context, and
+//! its body, read on demand within the tenant's limit.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Uri};
+use http_body_util::BodyExt;
+
+use crate::context::RequestContext;
+
+/// Why the next bytes of the body cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyError {
+    /// The body went past the tenant's limit (the client gets `413`).
+    TooLarge,
+    /// The client's body failed: bad framing, cut off (the client gets `400`).
+    Failed,
+}
+
+/// Where a request's body comes from.
+#[derive(Debug)]
+pub enum RequestBody {
+    /// No body.
+    Empty,
+    /// A body already in memory (benchmarks and tests drive guests without a socket).
+    Full(Bytes),
+    /// A body still streaming in from the client.
+    Incoming(hyper::body::Incoming),
+}
+
+/// The request as the guest sees it.
+#[derive(Debug)]
+pub struct GuestRequest {
+    /// Request method.
+    pub method: Method,
+    /// Request target; the guest sees its path and query.
+    pub uri: Uri,
+    /// Request headers.
+    pub headers: HeaderMap,
+    /// The body, read on demand.
+    pub body: RequestBody,
+    /// Bytes of the current body frame the guest has not read yet.
+    leftover: Bytes,
+    /// Largest body the tenant accepts.
+    pub max_bytes: u64,
+    /// Body bytes received so far.
+    received: u64,
+    /// Set when the body went past `max_bytes`: the client gets `413`.
+    pub too_large: bool,
+    /// Why the client's body could not be read (bad framing, cut off): the client gets `400`.
+    pub body_error: Option<String>,
+    /// The client, the request id, the route prefix and the HTTP version.
+    pub context: RequestContext,
+}
+
+impl GuestRequest {
+    /// A request for a guest whose body may be at most `max_bytes` long.
+    pub fn new(
+        method: Method,
+        uri: Uri,
+        headers: HeaderMap,
+        body: RequestBody,
+        max_bytes: u64,
+        context: RequestContext,
+    ) -> Self {
+        Self {
+            method,
+            uri,
+            headers,
+            body,
+            context,
+            leftover: Bytes::new(),
+            max_bytes,
+            received: 0,
+            too_large: false,
+            body_error: None,
+        }
+    }
+
+    /// The next bytes of the body; empty at its end.
+    ///
+    /// # Errors
+    /// [`BodyError::TooLarge`] past the tenant's body limit (counted as the body streams in,
+    /// never buffered whole), [`BodyError::Failed`] if the client's body fails mid-stream.
+    pub async fn next_chunk(&mut self) -> Result<Bytes, BodyError> {
+        if !self.leftover.is_empty() {
+            return Ok(std::mem::take(&mut self.leftover));
+        }
+        if self.too_large {
+            return Err(BodyError::TooLarge);
+        }
+        if self.body_error.is_some() {
+            return Err(BodyError::Failed);
+        }
+        let chunk = self.next_frame().await.map_err(|e| {
+            tracing::debug!("request body failed: {e}");
+            self.body_error = Some(e.to_string());
+            BodyError::Failed
+        })?;
+        self.received += chunk.len() as u64;
+        if self.received > self.max_bytes {
+            self.too_large = true;
+            return Err(BodyError::TooLarge);
+        }
+        Ok(chunk)
+    }
+
+    /// Whether a body is coming whose length the client did not declare (HTTP/1.1 chunked,
+    /// or HTTP/2 without `content-length`).
+    pub fn length_unknown(&self) -> bool {
+        crate::body::declared_length(&self.headers).is_none()
+            && match &self.body {
+                RequestBody::Incoming(i) => !http_body::Body::is_end_stream(i),
+                RequestBody::Full(b) => !b.is_empty(),
+                RequestBody::Empty => false,
+            }
+    }
+
+    /// Reads the whole body into memory, within the tenant's limit, and presents it with its
+    /// length: `Content-Length` replaces `Transfer-Encoding`. CGI programs need this: RFC 3875
+    /// gives them the body with its length (`CONTENT_LENGTH`), and programs that follow it
+    /// read nothing without one. A body over the limit or broken is not kept:
+    /// [`Self::too_large`] or [`Self::body_error`] says so.
+    pub async fn buffer_whole(&mut self) {
+        let mut whole = bytes::BytesMut::new();
+        loop {
+            match self.next_chunk().await {
+                Ok(chunk) if chunk.is_empty() => break,
+                Ok(chunk) => whole.extend_from_slice(&chunk),
+                Err(_) => return,
+            }
+        }
+        self.headers.remove(http::header::TRANSFER_ENCODING);
+        self.headers
+            .insert(http::header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
+        self.received = 0;
+        self.body = RequestBody::Full(whole.freeze());
+    }
+
+    /// At most `max` next bytes of the body (the rest stays for the next read); empty at its
+    /// end.
+    ///
+    /// # Errors
+    /// As [`Self::next_chunk`].
+    pub async fn read_up_to(&mut self, max: usize) -> Result<Bytes, BodyError> {
+        let mut chunk = self.next_chunk().await?;
+        if chunk.len() > max {
+            self.leftover = chunk.split_off(max);
+        }
+        Ok(chunk)
+    }
+
+    async fn next_frame(&mut self) -> Result<Bytes, hyper::Error> {
+        match &mut self.body {
+            RequestBody::Empty => Ok(Bytes::new()),
+            RequestBody::Full(b) => Ok(std::mem::take(b)),
+            RequestBody::Incoming(incoming) => loop {
+                match incoming.frame().await {
+                    None => return Ok(Bytes::new()),
+                    Some(Err(e)) => return Err(e),
+                    Some(Ok(frame)) => {
+                        // Trailers are not read by any kind; skip them and empty frames.
+                        if let Ok(data) = frame.into_data()
+                            && !data.is_empty()
+                        {
+                            return Ok(data);
+                        }
+                    }
+                }
+            },
+        }
+    }
+}

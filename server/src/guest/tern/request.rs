@@ -1,0 +1,142 @@
+//! `tern::request_*`: the guest reads the request's method, target, headers and body, and its
+//! context (`request_info`: who asks, where the tenant is mounted, the URL).
+
+use std::borrow::Cow;
+
+use http::Version;
+use tern_sdk::abi::{self, errno, func};
+use wasmtime::{Caller, Linker};
+
+use crate::context;
+use crate::guest::GuestRequest;
+use crate::guest::module::{
+    GuestFault, GuestState, copy_to_guest, guest_range, headers_blob, memory,
+};
+use crate::guest::request::BodyError;
+
+/// The value of `request_info` key `key` for a guest of tenant `tenant`, or the error code:
+/// `INVALID_ARGUMENT` for a key this server does not know, `UNAVAILABLE` for a value this
+/// request has not got.
+fn request_info<'a>(
+    request: &'a GuestRequest,
+    key: i32,
+    tenant: &str,
+) -> Result<Cow<'a, [u8]>, i32> {
+    use abi::info;
+    let text = |s: &'static str| Ok(Cow::Borrowed(s.as_bytes()));
+    let owned = |s: String| Ok(Cow::Owned(s.into_bytes()));
+    let path = request.uri.path();
+    let split = request.context.prefix_len.min(path.len());
+    match key {
+        // An IPv4 client of a dual-stack listener arrives as `::ffff:a.b.c.d`.
+        info::CLIENT_IP => owned(request.context.client().ip().to_canonical().to_string()),
+        info::CLIENT_PORT => owned(request.context.client().port().to_string()),
+        info::REQUEST_ID => Ok(Cow::Borrowed(request.context.request_id.as_bytes())),
+        info::ROUTE_PREFIX => Ok(Cow::Borrowed(&path.as_bytes()[..split])),
+        info::PATH_INFO => Ok(Cow::Borrowed(&path.as_bytes()[split..])),
+        info::SCHEME => text(request.context.scheme()),
+        info::HOST => context::host(&request.uri, &request.headers)
+            .map(Cow::Borrowed)
+            .ok_or(abi::errno::UNAVAILABLE),
+        info::URL => {
+            context::host(&request.uri, &request.headers).ok_or(abi::errno::UNAVAILABLE)?;
+            Ok(Cow::Owned(context::url(
+                &request.context,
+                &request.uri,
+                &request.headers,
+            )))
+        }
+        info::HTTP_VERSION => text(match request.context.version {
+            Version::HTTP_09 => "HTTP/0.9",
+            Version::HTTP_10 => "HTTP/1.0",
+            Version::HTTP_2 => "HTTP/2",
+            Version::HTTP_3 => "HTTP/3",
+            _ => "HTTP/1.1",
+        }),
+        info::TLS_PROTOCOL => match &request.context.conn.tls {
+            Some(tls) => text(tls.protocol),
+            None => Err(abi::errno::UNAVAILABLE),
+        },
+        info::TLS_SNI => match request
+            .context
+            .conn
+            .tls
+            .as_ref()
+            .and_then(|t| t.sni.as_ref())
+        {
+            Some(sni) => Ok(Cow::Borrowed(sni.as_bytes())),
+            None => Err(abi::errno::UNAVAILABLE),
+        },
+        info::TENANT => Ok(Cow::Owned(tenant.as_bytes().to_vec())),
+        _ => Err(abi::errno::INVALID_ARGUMENT),
+    }
+}
+
+/// Links `name` as a copy-out function (see ABI.md) of the request value `value` returns.
+fn copy_out(
+    linker: &mut Linker<GuestState>,
+    name: &'static str,
+    value: fn(&mut GuestState) -> &[u8],
+) -> wasmtime::Result<()> {
+    linker.func_wrap(
+        abi::IMPORT_MODULE,
+        name,
+        move |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
+            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
+            copy_to_guest(data, ptr, len, value(state), name)
+        },
+    )?;
+    Ok(())
+}
+
+pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+    let m = abi::IMPORT_MODULE;
+    copy_out(linker, func::REQUEST_METHOD, |s| {
+        s.request.method.as_str().as_bytes()
+    })?;
+    copy_out(linker, func::REQUEST_URI, |s| {
+        context::path_and_query(&s.request.uri).as_bytes()
+    })?;
+    copy_out(linker, func::REQUEST_HEADERS, |s| {
+        let headers = &s.request.headers;
+        s.headers_blob.get_or_insert_with(|| headers_blob(headers))
+    })?;
+    linker.func_wrap(
+        m,
+        func::REQUEST_INFO,
+        |mut caller: Caller<'_, GuestState>, key: i32, ptr: i32, len: i32| {
+            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
+            // A bad buffer traps whatever the key, as in every copy-out function.
+            guest_range(ptr, len, data.len()).ok_or(GuestFault::BadPointer(func::REQUEST_INFO))?;
+            match request_info(&state.request, key, state.wasi.tenant()) {
+                Ok(value) => copy_to_guest(data, ptr, len, &value, func::REQUEST_INFO),
+                Err(code) => Ok(code),
+            }
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::REQUEST_BODY_READ,
+        |mut caller: Caller<'_, GuestState>, (ptr, len): (i32, i32)| {
+            Box::new(async move {
+                let mem = memory(&caller)?;
+                // Check the buffer before waiting for data: a bad pointer traps even at the end.
+                let range = guest_range(ptr, len, mem.data_size(&caller))
+                    .ok_or(GuestFault::BadPointer(func::REQUEST_BODY_READ))?;
+                if range.is_empty() {
+                    return Ok(0);
+                }
+                let chunk = match caller.data_mut().request.read_up_to(range.len()).await {
+                    Ok(chunk) => chunk,
+                    Err(BodyError::TooLarge) => return Ok(errno::LIMIT_EXCEEDED),
+                    Err(BodyError::Failed) => return Ok(errno::IO),
+                };
+                let n = chunk.len();
+                // The memory cannot shrink, so the range checked above is still inside it.
+                mem.data_mut(&mut caller)[range.start..range.start + n].copy_from_slice(&chunk);
+                Ok(i32::try_from(n).unwrap_or(i32::MAX))
+            })
+        },
+    )?;
+    Ok(())
+}

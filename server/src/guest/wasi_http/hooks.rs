@@ -1,0 +1,150 @@
+//! A component's outgoing requests (`wasi:http/outgoing-handler`): sent through Tern's one
+//! outbound path under the tenant's policy; only its failures are mapped to `wasi:http`'s error
+//! codes here.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body_util::BodyExt;
+use wasmtime_wasi_http::{RequestOptions, WasiBody, WasiHttpHooks};
+
+use crate::outbound::{self, Calls, ComponentCalls, Denied, Failed, OutBody, Passing, Refused};
+
+/// How a component's outgoing requests are sent: through Tern's outbound client, under the
+/// tenant's policy.
+pub(super) struct Hooks {
+    calls: Arc<Calls>,
+    /// Requests made so far by this guest.
+    sent: usize,
+    /// What the client's request hands on to the guest's requests.
+    passing: Passing,
+    /// Time waited and the run's failure, shared with the requests sent (made by the first).
+    pub(super) shared: Option<Arc<ComponentCalls>>,
+    /// The client's request, in log lines.
+    request_id: HeaderValue,
+}
+
+impl Hooks {
+    pub(super) fn new(calls: Arc<Calls>, incoming: &HeaderMap, request_id: &HeaderValue) -> Self {
+        Self {
+            request_id: request_id.clone(),
+            passing: Passing::of(incoming),
+            calls,
+            sent: 0,
+            shared: None,
+        }
+    }
+}
+
+/// The future `send_request` returns.
+type Sent = Box<
+    dyn Future<
+            Output = wasmtime_wasi_http::Result<(
+                Response<WasiBody>,
+                Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+            )>,
+        > + Send,
+>;
+
+impl WasiHttpHooks for Hooks {
+    fn send_request(
+        &mut self,
+        request: Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+    ) -> Sent {
+        self.sent += 1;
+        let calls = self.calls.clone();
+        // `http://NAME/path` calls the tenant's backend NAME; any other URL must be an
+        // allowed public host.
+        let uri = request.uri().clone();
+        let host = uri.host().unwrap_or_default();
+        let backend = match calls.policy.backend_label(host) {
+            Some(_) if uri.port().is_none() => host.to_string(),
+            _ => String::new(),
+        };
+        let admitted = calls.admit(
+            self.sent,
+            &self.passing,
+            &calls.label(&backend),
+            &self.request_id,
+        );
+        let passing = self.passing.clone();
+        let shared = self.shared.get_or_insert_with(Arc::default).clone();
+        let request_id = self.request_id.clone();
+        Box::new(async move {
+            use wasmtime_wasi_http::Error;
+            match admitted {
+                Ok(()) => {}
+                Err(Refused::TooMany(_)) => return Err(Error::HttpRequestDenied),
+                Err(Refused::Loop(_)) => return Err(Error::LoopDetected),
+            }
+            let pq = uri.path_and_query().map_or("/", |p| p.as_str());
+            let target = if backend.is_empty() {
+                calls.policy.target("", &uri.to_string()).await
+            } else {
+                calls.policy.target(&backend, pq).await
+            };
+            let target = match target {
+                Ok(t) => t,
+                Err(Denied::Unresolved { host, .. }) => {
+                    calls.log_denied(&request_id, &format!("cannot resolve {host}"));
+                    calls.count(outbound::URL_LABEL, "error");
+                    return Err(Error::DnsError {
+                        rcode: Some(format!("cannot resolve {host}")),
+                        info_code: None,
+                    });
+                }
+                Err(d) => {
+                    calls.log_denied(&request_id, &d.to_string());
+                    calls.count(outbound::URL_LABEL, "denied");
+                    return Err(Error::HttpRequestDenied);
+                }
+            };
+            let (parts, body) = request.into_parts();
+            let body = http_body_util::Limited::new(body, calls.policy.max_request_bytes as usize)
+                .map_err(|_| outbound::BodyAborted)
+                .boxed_unsync();
+            let req = Request::from_parts(parts, OutBody::component(body, shared.clone()));
+            let started = Instant::now();
+            // The guest's request options may shorten the wait for the head, never lengthen
+            // it. (The connect timeout is the worker's connector's: the tenant's.)
+            let first_byte = options
+                .and_then(|o| o.first_byte_timeout)
+                .map_or(target.timeouts.first_byte, |t| {
+                    t.min(target.timeouts.first_byte)
+                });
+            let sent = calls.exchange(&target, req, first_byte, &passing).await;
+            shared
+                .waited_ns
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let (resp, permit) = sent.map_err(|f| match f {
+                Failed::ConnectTimeout(_) => Error::ConnectionTimeout,
+                Failed::Connect(_) => Error::ConnectionRefused,
+                Failed::FirstByte(_) | Failed::Total(_) => Error::ConnectionReadTimeout,
+                Failed::NoClient(e) => Error::InternalError(Some(e)),
+                Failed::Request(_) => Error::HttpProtocolError,
+            })?;
+            let max = calls.policy.max_response_bytes;
+            let resp = resp.map(move |b| {
+                http_body_util::Limited::new(b, max as usize)
+                    .map_err(move |e| match e.downcast::<hyper::Error>() {
+                        Ok(e) => Error::Hyper(*e),
+                        Err(_) => Error::HttpResponseBodySize(None),
+                    })
+                    // The backend's in-flight slot is held until the body is dropped.
+                    .map_frame(move |f| {
+                        let _ = &permit;
+                        f
+                    })
+                    .boxed_unsync()
+            });
+            let done: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send> =
+                Box::new(async { Ok(()) });
+            Ok((resp, done))
+        })
+    }
+}

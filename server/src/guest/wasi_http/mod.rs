@@ -1,0 +1,251 @@
+//! The `wasi-http` guest kind: `wasi:http` components, as `wasmtime serve`, Spin and wasmCloud
+//! run them, each request in a fresh pooled instance.
+//!
+//! This room holds what is particular to components: their store state (WASI preview2, a
+//! resource table, the `wasi:http` context) and their linker (here), how a request goes in and
+//! the answer comes out ([`body`]: a `wasi:http` incoming-request whose body streams from the
+//! client within the tenant's limit; the response's head and body fed into the same
+//! [`GuestResponse`](crate::guest::GuestResponse) every kind writes, buffered up to 64 KiB and
+//! streamed beyond), their outgoing requests ([`hooks`]: `wasi:http/outgoing-handler` through
+//! Tern's outbound path under the tenant's `[tenant.outbound]` policy, denied unless allowed),
+//! their driver is [`crate::execute`]'s (WASI 0.2's `incoming-handler`, WASI 0.3's `handler`). Core modules
+//! that export the handler are made components before compiling ([`crate::adapter`]).
+//! Admission, deadlines, memory limits, teardown and metrics are the shared lifecycle's
+//! ([`crate::execute`]).
+
+pub mod body;
+pub mod hooks;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+use wasmtime::Engine;
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+pub use body::{Answer, BodyFlags, incoming, pump, pump_parts};
+
+use super::{GuestLimits, Stdio, WasiSpec};
+use crate::outbound::Calls;
+use hooks::Hooks;
+
+/// The pre-linked form of a `wasi:http/proxy` component (WASI 0.2).
+pub type Pre = wasmtime_wasi_http::p2::bindings::ProxyPre<HttpState>;
+
+/// The pre-linked form of a `wasi:http/service` component (WASI 0.3).
+pub type PreP3 = wasmtime_wasi_http::p3::bindings::ServicePre<HttpState>;
+
+/// The export a WASI 0.3 component is served by.
+pub const HANDLER_EXPORT_P3: &str = "wasi:http/handler@0.3";
+
+/// Which `wasi:http` a component is served through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    /// WASI 0.2: `wasi:http/incoming-handler`.
+    P2,
+    /// WASI 0.3: `wasi:http/handler` (component-model async).
+    P3,
+}
+
+pub use crate::adapter::HANDLER_EXPORT;
+
+/// Core instances (and tables) a component's store may create; the pool's own per-component
+/// limit (`pool.component_core_instances`) is the one that binds, checked at deploy.
+const STORE_INSTANCES: usize = 10_000;
+
+/// One request's component store state. Dropped with the store at teardown.
+pub struct HttpState {
+    table: ResourceTable,
+    /// WASI preview2, built on the guest's first call that needs it: a handler that only
+    /// speaks `wasi:http` (and `wasi:io` streams) never pays for it (~2 µs).
+    wasi: Option<WasiCtx>,
+    /// Args and env of the context.
+    spec: Arc<WasiSpec>,
+    /// What the guest wrote to stdout and stderr, once it has a context.
+    stdio: Option<Stdio>,
+    http: WasiHttpCtx,
+    hooks: Hooks,
+    /// Memory and table limits, and whether the guest ran into them.
+    pub limits: GuestLimits,
+}
+
+impl WasiView for HttpState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        let (spec, stdio) = (&self.spec, &mut self.stdio);
+        let ctx = self.wasi.get_or_insert_with(|| {
+            let stdio = stdio.get_or_insert_with(|| Stdio::new(spec.stdio_bytes));
+            WasiCtxBuilder::new()
+                .args(&[&spec.name])
+                .envs(&spec.env)
+                .stdout(stdio.stdout.clone())
+                .stderr(stdio.stderr.clone())
+                .build()
+        });
+        WasiCtxView {
+            ctx,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for HttpState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+impl HttpState {
+    /// The state of one request of a tenant whose guests see `spec` (args, env; stdout and
+    /// stderr captured), limited by `limits`, calling out under `calls`; the client's request
+    /// `headers` carry the loop and trace headers passed on; `request_id` names the request in
+    /// log lines.
+    pub fn new(
+        spec: Arc<WasiSpec>,
+        mut limits: GuestLimits,
+        calls: Arc<Calls>,
+        headers: &HeaderMap,
+        request_id: &HeaderValue,
+    ) -> Self {
+        limits.instances = STORE_INSTANCES;
+        Self {
+            table: ResourceTable::new(),
+            wasi: None,
+            spec,
+            stdio: None,
+            http: WasiHttpCtx::new(),
+            hooks: Hooks::new(calls, headers, request_id),
+            limits,
+        }
+    }
+
+    /// What the guest wrote to stdout and stderr, if it made a WASI call.
+    pub fn take_stdio(&mut self) -> Option<Stdio> {
+        self.stdio.take()
+    }
+
+    /// Marks the guest's run as failed (a trap, its deadline): outgoing request bodies still
+    /// streaming fail toward their backends when the store is dropped, rather than ending as
+    /// if complete. Call before dropping the store.
+    pub fn guest_failed(&self) {
+        if let Some(shared) = &self.hooks.shared {
+            shared.failed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Time spent waiting for outgoing responses' heads.
+    pub fn outbound_waited(&self) -> Duration {
+        let shared = self.hooks.shared.as_ref();
+        Duration::from_nanos(shared.map_or(0, |s| s.waited_ns.load(Ordering::Relaxed)))
+    }
+}
+
+/// The linker components are pre-linked against: WASI preview2 (no files, sockets or network
+/// names: the context grants none) and `wasi:http`; with `wasi_p3` also their WASI 0.3
+/// versions.
+///
+/// # Errors
+/// Only if wasmtime rejects a definition (a bug).
+pub fn linker(engine: &Engine, wasi_p3: bool) -> wasmtime::Result<Linker<HttpState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    if wasi_p3 {
+        wasmtime_wasi::p3::add_to_linker(&mut linker)?;
+        wasmtime_wasi_http::p3::add_to_linker(&mut linker)?;
+    }
+    Ok(linker)
+}
+
+/// A component pre-linked for the `wasi:http` it is served through.
+pub enum Handler {
+    /// A `wasi:http/proxy` component (WASI 0.2).
+    P2(Pre),
+    /// A `wasi:http/service` component (WASI 0.3, component-model async).
+    P3(PreP3),
+}
+
+impl Handler {
+    /// Checks that `component` exports a `wasi:http` handler and pre-links it with `linker`.
+    ///
+    /// # Errors
+    /// What it lacks or imports that Tern does not provide, in words for its author.
+    pub fn link(linker: &Linker<HttpState>, component: &Component) -> Result<Self, String> {
+        let version = check_exports(component, component.engine())?;
+        let pre = linker
+            .instantiate_pre(component)
+            .map_err(|e| link_message(&e))?;
+        match version {
+            Version::P2 => Pre::new(pre).map(Self::P2),
+            Version::P3 => PreP3::new(pre).map(Self::P3),
+        }
+        .map_err(|e| link_message(&e))
+    }
+
+    /// The engine it is compiled for.
+    pub fn engine(&self) -> &Engine {
+        match self {
+            Self::P2(p) => p.instance_pre().component().engine(),
+            Self::P3(p) => p.instance_pre().component().engine(),
+        }
+    }
+}
+
+/// Which `wasi:http` a component is served through, or why it is not a `wasi-http` guest: it
+/// must export `wasi:http/incoming-handler@0.2.x` (or, WASI 0.3, `wasi:http/handler@0.3.x`).
+pub fn check_exports(component: &Component, engine: &Engine) -> Result<Version, String> {
+    let ty = component.component_type();
+    let exports: Vec<String> = ty
+        .exports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    if exports.iter().any(|e| e.starts_with(HANDLER_EXPORT)) {
+        return Ok(Version::P2);
+    }
+    if exports.iter().any(|e| e.starts_with(HANDLER_EXPORT_P3)) {
+        return Ok(Version::P3);
+    }
+    let hint = if exports.iter().any(|e| e.starts_with("wasi:cli/run@")) {
+        "; it is a command component (a program with `main`, built for wasm32-wasip2): build it \
+         for wasm32-wasip1 to serve it as a CGI program, or make it a wasi:http proxy component"
+    } else {
+        ""
+    };
+    Err(format!(
+        "this component does not export `wasi:http/incoming-handler` (it exports: {}); Tern \
+         serves wasi:http proxy components (`wasmtime serve`, Spin){hint}",
+        if exports.is_empty() {
+            "nothing".to_string()
+        } else {
+            exports.join(", ")
+        }
+    ))
+}
+
+/// A component's link error in words: an import Tern does not provide is either a WASI
+/// version newer than this server's or another platform's host API.
+fn link_message(e: &wasmtime::Error) -> String {
+    let text = format!("{e:#}");
+    if !text.contains("matching implementation was not found in the linker") {
+        return text;
+    }
+    if text.contains("`wasi:") {
+        format!(
+            "{text}; Tern provides WASI 0.2 as wasmtime 48 does (0.2.6; imports of other 0.2.x \
+             versions match when what they call exists in 0.2.6): build the component against \
+             WASI 0.2 without newer functions (for Rust, the `wasip2` crate's bindings), or \
+             against 0.2.6 or older"
+        )
+    } else {
+        format!(
+            "{text}; Tern provides WASI 0.2 and wasi:http, not the host APIs of other platforms \
+             (e.g. Spin's key-value or variables)"
+        )
+    }
+}
