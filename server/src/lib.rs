@@ -47,7 +47,8 @@
 //! - [`metrics`], [`admin`]: Prometheus metrics; the admin listener and API.
 //! - [`cli`]: the admin API's client (`tern deploy`, `tern tenants`, ...); [`dev`]: `tern dev`;
 //!   [`scaffold`]: `tern new`.
-//! - [`config`]: the TOML schema, defaults and validation.
+//! - [`config`]: the TOML schema, defaults and validation; [`ceilings`]: the ceiling of every
+//!   per-tenant setting and the one check against them (config, admin API, outbound policy).
 //! - [`server`], [`shutdown`]: start-up and signal handling.
 //! - [`logwriter`]: log lines batched to stderr by one thread.
 //! - [`app`]: what the request path and the admin listener share.
@@ -60,6 +61,7 @@ pub mod app;
 pub mod artifact;
 pub mod assets;
 pub mod body;
+pub mod ceilings;
 pub mod cli;
 pub mod config;
 pub mod context;

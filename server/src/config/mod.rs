@@ -346,11 +346,6 @@ pub enum ErrorDetail {
     Dev,
 }
 
-/// Most custom error pages per tenant.
-pub const MAX_ERROR_PAGES: usize = 64;
-/// Largest custom error page, in bytes.
-pub const MAX_ERROR_PAGE_BYTES: usize = 64 * 1024;
-
 /// A value validation refused: what is wrong, and where in the config file (when it came from
 /// one) so the message can name the line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -361,16 +356,10 @@ pub struct Invalid {
     pub message: String,
 }
 
-/// Ceiling of `limits.timeout_ms`: 15 minutes.
-pub const MAX_TIMEOUT_MS: u64 = 15 * 60 * 1000;
-/// Ceiling of `limits.stdio_bytes` (captured in memory per request and stream): 16 MiB.
-pub const MAX_STDIO_BYTES: u64 = 16 << 20;
-/// Ceiling of `limits.log_lines_per_sec`.
-pub const MAX_LOG_LINES_PER_SEC: u64 = 100_000;
-/// Ceiling of `limits.max_request_bytes` and `limits.max_response_bytes`: 4 GiB.
-pub const MAX_BODY_BYTES: u64 = 4 << 30;
-/// Ceiling of `limits.max_response_headers`.
-pub const MAX_RESPONSE_HEADERS: u64 = 10_000;
+use crate::ceilings::{
+    self, MAX_BODY_BYTES, MAX_ERROR_PAGE_BYTES, MAX_ERROR_PAGES, MAX_LOG_LINES_PER_SEC,
+    MAX_RESPONSE_HEADERS, MAX_STDIO_BYTES, MAX_TIMEOUT_MS,
+};
 
 /// `[tenant.limits]`: what one request of this tenant may use.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -600,44 +589,46 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
     }
     let l = &t.limits;
     // Every limit has a ceiling: a limit of "practically unbounded" is no limit.
-    let ceilings: [(&str, u64, u64, u64); 7] = [
-        ("timeout_ms", l.timeout_ms, 1, MAX_TIMEOUT_MS),
-        ("stdio_bytes", l.stdio_bytes as u64, 0, MAX_STDIO_BYTES),
+    if let Err(why) = ceilings::check(&[
+        ("limits.timeout_ms", l.timeout_ms, 1, MAX_TIMEOUT_MS),
         (
-            "log_lines_per_sec",
+            "limits.stdio_bytes",
+            l.stdio_bytes as u64,
+            0,
+            MAX_STDIO_BYTES,
+        ),
+        (
+            "limits.log_lines_per_sec",
             u64::from(l.log_lines_per_sec),
             0,
             MAX_LOG_LINES_PER_SEC,
         ),
         (
-            "max_response_bytes",
+            "limits.max_response_bytes",
             l.max_response_bytes,
             0,
             MAX_BODY_BYTES,
         ),
         (
-            "max_response_headers",
+            "limits.max_response_headers",
             l.max_response_headers as u64,
             0,
             MAX_RESPONSE_HEADERS,
         ),
-        ("max_request_bytes", l.max_request_bytes, 0, MAX_BODY_BYTES),
         (
-            "max_concurrency",
+            "limits.max_request_bytes",
+            l.max_request_bytes,
+            0,
+            MAX_BODY_BYTES,
+        ),
+        (
+            "limits.max_concurrency",
             u64::from(l.max_concurrency),
             0,
             u64::from(pool.instances),
         ),
-    ];
-    for (key, value, min, max) in ceilings {
-        if value < min || value > max {
-            return here(
-                &t.name,
-                format!(
-                    "tenant {name:?}: limits.{key} must be between {min} and {max}, not {value}"
-                ),
-            );
-        }
+    ]) {
+        return here(&t.name, format!("tenant {name:?}: {why}"));
     }
     if t.error_pages.len() > MAX_ERROR_PAGES {
         return here(

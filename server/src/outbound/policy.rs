@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 use super::client::ca_config;
+use crate::ceilings;
 use crate::router::HostPattern;
 
 /// How many times a request may pass through Tern (counted in `CDN-Loop`) before its guest's
@@ -23,18 +24,6 @@ pub const CDN_ID: &str = "tern";
 
 /// The label of URL requests in metrics (backends are labelled by name).
 pub const URL_LABEL: &str = "url";
-
-/// Ceiling of every outbound timeout: 15 minutes (as `limits.timeout_ms`).
-const MAX_TIMEOUT_MS: u64 = 15 * 60 * 1000;
-
-/// Ceiling of outbound body limits: 4 GiB (as the tenant's body limits).
-const MAX_BODY_BYTES: u64 = 4 << 30;
-
-/// Ceiling of `outbound.max_requests`.
-const MAX_REQUESTS: u32 = 1_000;
-
-/// Ceiling of `outbound.max_concurrent`.
-const MAX_CONCURRENT: u32 = 10_000;
 
 /// `[tenant.outbound]`: the backends and hosts a tenant's guests may send requests to, and the
 /// limits on those requests. Empty (the default) denies every outbound request.
@@ -222,11 +211,7 @@ pub fn check_config(c: &OutboundConfig) -> Result<(), String> {
 }
 
 fn ms(key: &str, v: u64) -> Result<Duration, String> {
-    if v == 0 || v > MAX_TIMEOUT_MS {
-        return Err(format!(
-            "{key} must be between 1 and {MAX_TIMEOUT_MS}, not {v}"
-        ));
-    }
+    ceilings::check(&[(key, v, 1, ceilings::MAX_TIMEOUT_MS)])?;
     Ok(Duration::from_millis(v))
 }
 
@@ -236,34 +221,32 @@ impl Policy {
     /// # Errors
     /// What is wrong with `c`, naming the setting.
     pub fn from_config(c: &OutboundConfig) -> Result<Self, String> {
-        let ceilings: [(&str, u64, u64, u64); 4] = [
+        ceilings::check(&[
             (
                 "max_requests",
                 u64::from(c.max_requests),
                 0,
-                u64::from(MAX_REQUESTS),
+                ceilings::MAX_OUTBOUND_REQUESTS,
             ),
             (
                 "max_concurrent",
                 u64::from(c.max_concurrent),
                 1,
-                u64::from(MAX_CONCURRENT),
+                ceilings::MAX_OUTBOUND_CONCURRENT,
             ),
-            ("max_request_bytes", c.max_request_bytes, 0, MAX_BODY_BYTES),
+            (
+                "max_request_bytes",
+                c.max_request_bytes,
+                0,
+                ceilings::MAX_BODY_BYTES,
+            ),
             (
                 "max_response_bytes",
                 c.max_response_bytes,
                 0,
-                MAX_BODY_BYTES,
+                ceilings::MAX_BODY_BYTES,
             ),
-        ];
-        for (key, value, min, max) in ceilings {
-            if value < min || value > max {
-                return Err(format!(
-                    "{key} must be between {min} and {max}, not {value}"
-                ));
-            }
-        }
+        ])?;
         let defaults = Timeouts {
             connect: ms("connect_timeout_ms", c.connect_timeout_ms)?,
             first_byte: ms("first_byte_timeout_ms", c.first_byte_timeout_ms)?,
