@@ -127,7 +127,7 @@ mod tests {
         let config = Config::parse(&text, "tern-dev.toml", PathBuf::from("/")).expect(&text);
         let t = &config.tenants[0];
         assert_eq!(t.module.get_ref(), &module.display().to_string());
-        assert_eq!(t.limits.timeout_ms, 1234);
+        assert_eq!(t.settings.limits.timeout_ms, 1234);
         assert_eq!(config.server.admin_listen.port(), 0);
     }
 }

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::artifact::{self, ArtifactError, FileError, io_err};
-use crate::config::{ErrorDetail, LimitsConfig, OutboundConfig, TenantConfig};
+use crate::config::{TenantConfig, TenantSettings};
 
 /// Format version of `manifest.json`.
 pub const MANIFEST_FORMAT: u32 = 1;
@@ -93,49 +93,21 @@ pub struct StoredTenant {
     pub created_at: u64,
 }
 
-/// What the admin API accepts to create or change a tenant (`PUT /admin/v1/tenants/{name}`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TenantSpec {
-    /// Host names routed to the tenant (exact or `*.suffix`); empty means any host.
-    #[serde(default)]
-    pub hosts: Vec<String>,
-    /// Path prefixes routed to the tenant; empty means `/`.
-    #[serde(default)]
-    pub paths: Vec<String>,
-    /// Environment variables its guests see.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// Per-request limits (any field left out keeps its default).
-    #[serde(default)]
-    pub limits: LimitsConfig,
-    /// Backends and hosts its guests may call (none unless given).
-    #[serde(default)]
-    pub outbound: OutboundConfig,
-    /// `detailed` or `minimal` error responses.
-    #[serde(default)]
-    pub errors: ErrorDetail,
-    /// Custom error bodies by status.
-    #[serde(default)]
-    pub error_pages: BTreeMap<String, String>,
-}
+/// What the admin API accepts to create or change a tenant (`PUT /admin/v1/tenants/{name}`),
+/// kept in the manifest: the tenant settings a config file's `[[tenant]]` has too, with routes
+/// as plain strings.
+pub type TenantSpec = TenantSettings<String>;
 
 impl TenantSpec {
     /// The equivalent config-file tenant, so the API and the file share validation and loading.
     pub fn to_config(&self, name: &str, module: &str) -> TenantConfig {
-        let spanned = |s: &str| toml::Spanned::new(0..0, s.to_string());
+        let spanned = |s: &String| toml::Spanned::new(0..0, s.clone());
         TenantConfig {
-            name: spanned(name),
-            module: spanned(module),
+            name: spanned(&name.to_string()),
+            module: spanned(&module.to_string()),
             kind: None,
-            hosts: self.hosts.iter().map(|h| spanned(h)).collect(),
-            paths: self.paths.iter().map(|p| spanned(p)).collect(),
-            env: self.env.clone(),
             assets: None,
-            limits: self.limits.clone(),
-            outbound: self.outbound.clone(),
-            errors: self.errors,
-            error_pages: self.error_pages.clone(),
+            settings: self.map_routes(spanned),
         }
     }
 }

@@ -243,7 +243,7 @@ pub fn load_module(
         tenant: tenant.clone(),
         source,
     };
-    let limits = Limits::from_config(&config.limits, pool);
+    let limits = Limits::from_config(&config.settings.limits, pool);
     let fits = |wasm: &[u8]| {
         check_fits(wasm, &limits).map_err(|reason| TenantError::DoesNotFit {
             tenant: tenant.clone(),
@@ -415,11 +415,11 @@ pub fn prepare(
         .iter()
         .map(|o| metrics.outcome(&label, o.name()))
         .collect();
-    let limits = Limits::from_config(&config.limits, pool);
-    let policy = crate::outbound::Policy::from_config(&config.outbound)
+    let limits = Limits::from_config(&config.settings.limits, pool);
+    let policy = crate::outbound::Policy::from_config(&config.settings.outbound)
         .map_err(|e| refuse(format!("outbound: {e}")))?;
     let log_budget = Arc::new(LogBudget::new(
-        config.limits.log_lines_per_sec,
+        config.settings.limits.log_lines_per_sec,
         metrics.log_dropped.clone(),
     ));
     let outbound = Arc::new(crate::outbound::Calls {
@@ -438,8 +438,18 @@ pub fn prepare(
     };
     Ok(Tenant {
         origin,
-        hosts: config.hosts.iter().map(|h| h.get_ref().clone()).collect(),
-        paths: config.paths.iter().map(|p| p.get_ref().clone()).collect(),
+        hosts: config
+            .settings
+            .hosts
+            .iter()
+            .map(|h| h.get_ref().clone())
+            .collect(),
+        paths: config
+            .settings
+            .paths
+            .iter()
+            .map(|p| p.get_ref().clone())
+            .collect(),
         assets,
         served: carried.served.unwrap_or_default(),
         slots,
@@ -453,7 +463,10 @@ pub fn prepare(
         undelivered: metrics.undelivered(&label),
         outbound,
         warning,
-        errors: crate::outcome::ErrorPages::new(config.errors, &config.error_pages),
+        errors: crate::outcome::ErrorPages::new(
+            config.settings.errors,
+            &config.settings.error_pages,
+        ),
         outcomes,
         label,
         compiled: compiled.clone(),
@@ -461,6 +474,7 @@ pub fn prepare(
         wasi: Arc::new(WasiSpec {
             name: name.clone(),
             env: config
+                .settings
                 .env
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))

@@ -249,9 +249,11 @@ impl Default for PoolConfig {
 
 pub use crate::outbound::{BackendConfig, OutboundConfig};
 
-/// `[[tenant]]`: one handler module and the requests routed to it.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `[[tenant]]`: one handler module and the requests routed to it. Its name, module, kind and
+/// assets are the file's own (the admin API names the tenant in its path and deploys modules and
+/// assets apart); everything else is [`TenantSettings`], the schema the API shares, written at
+/// the same level of the table.
+#[derive(Debug, Clone)]
 pub struct TenantConfig {
     /// Unique name, used in logs and metrics labels.
     pub name: Spanned<String>,
@@ -259,26 +261,37 @@ pub struct TenantConfig {
     pub module: Spanned<String>,
     /// What kind of guest the module is (`tern`, `wasi-http`, `cgi`); unset: detected from the
     /// module itself (see [`GuestKind`]).
-    #[serde(default)]
     pub kind: Option<GuestKind>,
+    /// A directory (relative to the config file) loaded into memory at start-up and shown to
+    /// the tenant's guests, read-only, as the preopened WASI directory `/assets`.
+    pub assets: Option<Spanned<String>>,
+    /// Routes, environment, limits, outbound policy, error responses.
+    pub settings: TenantSettings<Spanned<String>>,
+}
+
+/// What a tenant is besides its code, wherever it is declared: in a `[[tenant]]` table of the
+/// config file ([`TenantConfig`]) or through the admin API (`PUT /admin/v1/tenants/{name}`, kept
+/// in the manifest as [`crate::store::TenantSpec`]). A new tenant setting is a field here, and
+/// both accept it. `R` is how a route (a host or a path) is held: with its place in the config
+/// file (`Spanned<String>`, so errors name the line) or plain (`String`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSettings<R> {
     /// Host names routed here: exact (`api.example.com`) or wildcard (`*.example.com`).
     /// Empty means any host.
-    #[serde(default)]
-    pub hosts: Vec<Spanned<String>>,
+    #[serde(default = "Vec::new")]
+    pub hosts: Vec<R>,
     /// Path prefixes routed here (`/api` matches `/api` and `/api/...`). Empty means `/`.
-    #[serde(default)]
-    pub paths: Vec<Spanned<String>>,
+    #[serde(default = "Vec::new")]
+    pub paths: Vec<R>,
     /// Environment variables the tenant's guests see (and no others).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// A directory (relative to the config file) loaded into memory at start-up and shown to
-    /// the tenant's guests, read-only, as the preopened WASI directory `/assets`.
-    #[serde(default)]
-    pub assets: Option<Spanned<String>>,
-    /// Per-request limits.
+    /// Per-request limits (any field left out keeps its default).
     #[serde(default)]
     pub limits: LimitsConfig,
-    /// What its guests may call (`tern::outbound_*`): nothing unless listed here.
+    /// What its guests may call (outbound requests of every guest kind): nothing unless listed
+    /// here.
     #[serde(default)]
     pub outbound: OutboundConfig,
     /// What clients see when one of its requests fails: `detailed` (the reason: trap kind,
@@ -289,6 +302,203 @@ pub struct TenantConfig {
     /// body starts with `<`, else plain text; `{request_id}` in it becomes the request's id.
     #[serde(default)]
     pub error_pages: BTreeMap<String, String>,
+}
+
+impl<R> Default for TenantSettings<R> {
+    fn default() -> Self {
+        Self {
+            hosts: Vec::new(),
+            paths: Vec::new(),
+            env: BTreeMap::new(),
+            limits: LimitsConfig::default(),
+            outbound: OutboundConfig::default(),
+            errors: ErrorDetail::default(),
+            error_pages: BTreeMap::new(),
+        }
+    }
+}
+
+impl<R> TenantSettings<R> {
+    /// The same settings with each route held as `f` makes it.
+    pub fn map_routes<Q>(&self, f: impl Fn(&R) -> Q) -> TenantSettings<Q> {
+        let Self {
+            hosts,
+            paths,
+            env,
+            limits,
+            outbound,
+            errors,
+            error_pages,
+        } = self;
+        TenantSettings {
+            hosts: hosts.iter().map(&f).collect(),
+            paths: paths.iter().map(&f).collect(),
+            env: env.clone(),
+            limits: limits.clone(),
+            outbound: outbound.clone(),
+            errors: *errors,
+            error_pages: error_pages.clone(),
+        }
+    }
+}
+
+/// The keys of a `[[tenant]]` table that are the file's own, not [`TenantSettings`].
+const FILE_ONLY: [&str; 4] = ["name", "module", "kind", "assets"];
+
+/// The keys of [`TenantSettings`], as the file and the admin API write them (a unit test holds
+/// this list to the struct).
+pub const SETTINGS_KEYS: [&str; 7] = [
+    "hosts",
+    "paths",
+    "env",
+    "limits",
+    "outbound",
+    "errors",
+    "error_pages",
+];
+
+/// Every key of a `[[tenant]]` table, for the message about an unknown one: the file's own,
+/// then the settings'.
+const TENANT_KEYS: [&str; FILE_ONLY.len() + SETTINGS_KEYS.len()] = {
+    let mut keys = [""; FILE_ONLY.len() + SETTINGS_KEYS.len()];
+    let mut i = 0;
+    while i < keys.len() {
+        keys[i] = if i < FILE_ONLY.len() {
+            FILE_ONLY[i]
+        } else {
+            SETTINGS_KEYS[i - FILE_ONLY.len()]
+        };
+        i += 1;
+    }
+    keys
+};
+
+impl<'de> Deserialize<'de> for TenantConfig {
+    /// A `[[tenant]]` table: the file's own keys taken here, every other key handed to
+    /// [`TenantSettings`]' own deserializer as the table's next key. (`serde(flatten)` would
+    /// buffer the table: `deny_unknown_fields` and the spans of `Spanned` values, which name the
+    /// line of a bad value, would be lost.)
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(FileTenant)
+    }
+}
+
+/// Reads a `[[tenant]]` table.
+struct FileTenant;
+
+/// The file's own keys of a `[[tenant]]` table, as they are read.
+#[derive(Default)]
+struct FileOnly {
+    name: Option<Spanned<String>>,
+    module: Option<Spanned<String>>,
+    kind: Option<GuestKind>,
+    assets: Option<Spanned<String>>,
+}
+
+impl<'de> serde::de::Visitor<'de> for FileTenant {
+    type Value = TenantConfig;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a [[tenant]] table")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<TenantConfig, A::Error> {
+        use serde::de::Error;
+        let mut own = FileOnly::default();
+        let settings =
+            TenantSettings::deserialize(serde::de::value::MapAccessDeserializer::new(Settings {
+                map,
+                own: &mut own,
+            }))?;
+        Ok(TenantConfig {
+            name: own.name.ok_or_else(|| A::Error::missing_field("name"))?,
+            module: own
+                .module
+                .ok_or_else(|| A::Error::missing_field("module"))?,
+            kind: own.kind,
+            assets: own.assets,
+            settings,
+        })
+    }
+}
+
+/// A `[[tenant]]` table as [`TenantSettings`] sees it: the file's own keys are taken into `own`
+/// on the way.
+struct Settings<'a, A> {
+    map: A,
+    own: &'a mut FileOnly,
+}
+
+/// A key of a `[[tenant]]` table: the file's own (with the unused seed `K` handed back), or
+/// one for [`TenantSettings`].
+enum Key<K, V> {
+    Own(&'static str, K),
+    Setting(V),
+}
+
+/// Reads a key of a `[[tenant]]` table; a settings key goes to `K`, inside the file's own key
+/// deserializer (so an unknown key's error names its line).
+struct KeySeed<K>(K);
+
+impl<'de, K: serde::de::DeserializeSeed<'de>> serde::de::DeserializeSeed<'de> for KeySeed<K> {
+    type Value = Key<K, K::Value>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de, K: serde::de::DeserializeSeed<'de>> serde::de::Visitor<'de> for KeySeed<K> {
+    type Value = Key<K, K::Value>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Self::Value, E> {
+        use serde::de::IntoDeserializer;
+        match FILE_ONLY.iter().find(|k| **k == key) {
+            Some(own) => Ok(Key::Own(own, self.0)),
+            None if TENANT_KEYS.contains(&key) => self
+                .0
+                .deserialize(key.into_deserializer())
+                .map(Key::Setting),
+            None => Err(E::unknown_field(key, &TENANT_KEYS)),
+        }
+    }
+}
+
+impl<'de, A: serde::de::MapAccess<'de>> serde::de::MapAccess<'de> for Settings<'_, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: serde::de::DeserializeSeed<'de>>(
+        &mut self,
+        mut seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        loop {
+            let own = match self.map.next_key_seed(KeySeed(seed))? {
+                None => return Ok(None),
+                Some(Key::Setting(key)) => return Ok(Some(key)),
+                Some(Key::Own(own, unused)) => {
+                    seed = unused;
+                    own
+                }
+            };
+            match own {
+                "name" => self.own.name = Some(self.map.next_value()?),
+                "module" => self.own.module = Some(self.map.next_value()?),
+                "kind" => self.own.kind = Some(self.map.next_value()?),
+                _ => self.own.assets = Some(self.map.next_value()?),
+            }
+        }
+    }
+
+    fn next_value_seed<V: serde::de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
+    }
 }
 
 /// How a guest takes its request and gives its answer (`kind` of a tenant, `tern deploy
@@ -494,8 +704,8 @@ impl Config {
         let routes = self.tenants.iter().map(|t| {
             crate::router::Route::new(
                 t.name.get_ref().as_str(),
-                t.hosts.iter().map(|h| h.get_ref().as_str()),
-                t.paths.iter().map(|p| p.get_ref().as_str()),
+                t.settings.hosts.iter().map(|h| h.get_ref().as_str()),
+                t.settings.paths.iter().map(|p| p.get_ref().as_str()),
                 (),
             )
         });
@@ -506,6 +716,7 @@ impl Config {
                 .find(|t| *t.name.get_ref() == clash.other)
                 .expect("the clash names a tenant");
             let span = t
+                .settings
                 .paths
                 .iter()
                 .find(|p| crate::router::normalise_prefix(p.get_ref()) == clash.prefix)
@@ -554,19 +765,19 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
             format!("tenant {name:?}: module must not be empty"),
         );
     }
-    for h in &t.hosts {
+    for h in &t.settings.hosts {
         if let Err(m) = crate::router::HostPattern::parse(h.get_ref()) {
             return here(h, format!("tenant {name:?}: hosts: {m}"));
         }
     }
-    for p in &t.paths {
+    for p in &t.settings.paths {
         if let Err(m) = crate::router::check_prefix(p.get_ref()) {
             return here(p, format!("tenant {name:?}: paths: {m}"));
         }
     }
-    for (i, p) in t.paths.iter().enumerate() {
+    for (i, p) in t.settings.paths.iter().enumerate() {
         let prefix = crate::router::normalise_prefix(p.get_ref());
-        if t.paths[..i]
+        if t.settings.paths[..i]
             .iter()
             .any(|q| crate::router::normalise_prefix(q.get_ref()) == prefix)
         {
@@ -576,8 +787,8 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
             );
         }
     }
-    for (i, h) in t.hosts.iter().enumerate() {
-        if t.hosts[..i]
+    for (i, h) in t.settings.hosts.iter().enumerate() {
+        if t.settings.hosts[..i]
             .iter()
             .any(|g| g.get_ref().eq_ignore_ascii_case(h.get_ref()))
         {
@@ -587,7 +798,7 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
             );
         }
     }
-    let l = &t.limits;
+    let l = &t.settings.limits;
     // Every limit has a ceiling: a limit of "practically unbounded" is no limit.
     if let Err(why) = ceilings::check(&[
         ("limits.timeout_ms", l.timeout_ms, 1, MAX_TIMEOUT_MS),
@@ -630,13 +841,13 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
     ]) {
         return here(&t.name, format!("tenant {name:?}: {why}"));
     }
-    if t.error_pages.len() > MAX_ERROR_PAGES {
+    if t.settings.error_pages.len() > MAX_ERROR_PAGES {
         return here(
             &t.name,
             format!("tenant {name:?}: at most {MAX_ERROR_PAGES} error_pages"),
         );
     }
-    for (status, page) in &t.error_pages {
+    for (status, page) in &t.settings.error_pages {
         if !status
             .parse::<u16>()
             .is_ok_and(|s| (400..=599).contains(&s))
@@ -655,7 +866,7 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
             );
         }
     }
-    if let Err(m) = crate::outbound::check_config(&t.outbound) {
+    if let Err(m) = crate::outbound::check_config(&t.settings.outbound) {
         return here(&t.name, format!("tenant {name:?}: outbound: {m}"));
     }
     let mem = l.max_memory_mib.unwrap_or(pool.max_memory_mib);
@@ -669,7 +880,7 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
             ),
         );
     }
-    for (k, v) in &t.env {
+    for (k, v) in &t.settings.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return here(
                 &t.name,
@@ -755,6 +966,61 @@ mod tests {
         assert!(e.starts_with("t.toml:4:") && e.contains("paths"), "{e}");
         let e = err("[[tenant]]\nname = \"a\"\nmodule = \"a.wasm\"\nhosts = [\"a.*.com\"]\n");
         assert!(e.starts_with("t.toml:4:") && e.contains("hosts"), "{e}");
+    }
+
+    #[test]
+    fn a_tenant_table_reads_its_own_keys_and_the_shared_settings_with_their_lines() {
+        let c = Config::parse(
+            "[[tenant]]\nhosts = [\"a.example\"]\nname = \"a\"\nenv = { K = \"v\" }\n\
+             module = \"a.wasm\"\nkind = \"cgi\"\nassets = \"www\"\n\
+             [tenant.limits]\ntimeout_ms = 7\n",
+            "t.toml",
+            PathBuf::new(),
+        )
+        .unwrap();
+        let t = &c.tenants[0];
+        assert_eq!(
+            (t.name.get_ref().as_str(), t.module.get_ref().as_str()),
+            ("a", "a.wasm")
+        );
+        assert_eq!(
+            (t.kind, t.assets.as_ref().map(|a| a.get_ref().as_str())),
+            (Some(GuestKind::Cgi), Some("www"))
+        );
+        assert_eq!(t.settings.hosts[0].get_ref(), "a.example");
+        assert_eq!(t.settings.env["K"], "v");
+        assert_eq!(t.settings.limits.timeout_ms, 7);
+        // Spans reach through to the shared settings: a route names its line.
+        assert_eq!(
+            t.settings.hosts[0].span().start,
+            "[[tenant]]\nhosts = [".len()
+        );
+        let unknown = err("[[tenant]]\nname = \"a\"\nmodule = \"a.wasm\"\nmodul = 1\n");
+        assert!(
+            unknown.starts_with("t.toml:4:")
+                && unknown.contains("`modul`, expected one of `name`, `module`"),
+            "{unknown}"
+        );
+        let bad =
+            err("[[tenant]]\nname = \"a\"\nmodule = \"a.wasm\"\nlimits = { timeout_ms = \"x\" }\n");
+        assert!(
+            bad.starts_with("t.toml:4:") && bad.contains("expected u64"),
+            "{bad}"
+        );
+        let missing = err("[[tenant]]\nmodule = \"a.wasm\"\n");
+        assert!(missing.contains("missing field `name`"), "{missing}");
+    }
+
+    #[test]
+    fn the_tenant_key_list_is_the_file_keys_and_the_settings_keys() {
+        // serde names a struct's fields when it refuses an unknown one.
+        let e = serde_json::from_str::<TenantSettings<String>>(r#"{"zz": 1}"#)
+            .unwrap_err()
+            .to_string();
+        let listed: Vec<&str> = e.split('`').skip(3).step_by(2).collect();
+        assert_eq!(listed, SETTINGS_KEYS, "{e}");
+        assert_eq!(TENANT_KEYS[..FILE_ONLY.len()], FILE_ONLY);
+        assert_eq!(TENANT_KEYS[FILE_ONLY.len()..], SETTINGS_KEYS);
     }
 
     #[test]

@@ -51,7 +51,7 @@ fn describe_tenant(
     pool: &PoolConfig,
     config: &TenantConfig,
 ) -> Value {
-    let limits = tenant::Limits::from_config(&config.limits, pool);
+    let limits = tenant::Limits::from_config(&config.settings.limits, pool);
     let served = live.map(|t| t.served.get()).unwrap_or_default();
     let (source, module) = match stored {
         None => ("config", Some(config.module.get_ref().clone())),
@@ -62,10 +62,10 @@ fn describe_tenant(
         "source": source,
         "serving": live.is_some(),
         "kind": live.map(|t| t.kind().name()),
-        "hosts": config.hosts.iter().map(|h| h.get_ref()).collect::<Vec<_>>(),
-        "paths": config.paths.iter().map(|p| p.get_ref()).collect::<Vec<_>>(),
+        "hosts": config.settings.hosts.iter().map(|h| h.get_ref()).collect::<Vec<_>>(),
+        "paths": config.settings.paths.iter().map(|p| p.get_ref()).collect::<Vec<_>>(),
         // Values may be secrets: the API shows only the names.
-        "env": config.env.keys().collect::<Vec<_>>(),
+        "env": config.settings.env.keys().collect::<Vec<_>>(),
         "limits": {
             "timeout_ms": limits.timeout.as_millis() as u64,
             "max_memory_mib": limits.max_memory / (1024 * 1024),

@@ -93,16 +93,7 @@ fn parse(v: Value) -> Result<TenantSpec, ChangeError> {
 /// The top-level fields of `spec` that differ from their defaults.
 fn set_fields(spec: &TenantSpec) -> Vec<&'static str> {
     let (now, default) = (to_value(spec), to_value(&TenantSpec::default()));
-    const FIELDS: [&str; 7] = [
-        "hosts",
-        "paths",
-        "env",
-        "limits",
-        "outbound",
-        "errors",
-        "error_pages",
-    ];
-    FIELDS
+    crate::config::SETTINGS_KEYS
         .into_iter()
         .filter(|f| now.get(f) != default.get(f))
         .collect()
