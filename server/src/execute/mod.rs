@@ -74,11 +74,30 @@ pub async fn run(
     request: GuestRequest,
     commit: oneshot::Sender<Head>,
 ) -> RunOutput {
+    let run = Run {
+        start: Instant::now(),
+        request_id: request.context.request_id.clone(),
+        response: GuestResponse::new(
+            tenant.limits.max_response_bytes,
+            tenant.limits.max_response_headers,
+            commit,
+        ),
+    };
     match &tenant.guest {
-        Guest::Tern(core) => module::run(&tenant, core, false, request, commit).await,
-        Guest::Cgi(core) => module::run(&tenant, core, true, request, commit).await,
-        Guest::WasiHttp(handler) => wasi_http::run(&tenant, handler, request, commit).await,
+        Guest::Tern(core) => module::run(&tenant, core, false, request, run).await,
+        Guest::Cgi(core) => module::run(&tenant, core, true, request, run).await,
+        Guest::WasiHttp(handler) => wasi_http::run(&tenant, handler, request, run).await,
     }
+}
+
+/// What every driver starts from.
+struct Run {
+    /// When the run began (its phases are timed from here).
+    start: Instant,
+    /// The request's id, for log lines.
+    request_id: HeaderValue,
+    /// The empty response the guest writes.
+    response: GuestResponse,
 }
 
 /// A fresh store for one request of `tenant`, time-sliced by the epoch from `start`.

@@ -3,14 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
 use wasmtime::Extern;
 
-use super::{BodyEnd, Ended, RunOutput, Stage, classify, new_store, reply, verdict};
+use super::{BodyEnd, Ended, Run, RunOutput, Stage, classify, new_store, reply, verdict};
+use crate::guest::GuestRequest;
 use crate::guest::cgi::Cgi;
 use crate::guest::module::{CoreGuest, GuestState, Wasi, fs};
 use crate::guest::tern::outbound::Outbound;
-use crate::guest::{GuestRequest, GuestResponse, Head};
 use crate::outcome::{ExecError, Outcome};
 use crate::teardown;
 use crate::tenant::Tenant;
@@ -22,20 +21,19 @@ pub(super) async fn run(
     core: &CoreGuest,
     cgi: bool,
     request: GuestRequest,
-    commit: oneshot::Sender<Head>,
+    Run {
+        start,
+        request_id,
+        response,
+    }: Run,
 ) -> RunOutput {
-    let start = Instant::now();
-    let request_id = &request.context.request_id.clone();
+    let request_id = &request_id;
     let limits = &tenant.limits;
     let state = GuestState {
         wasi: Wasi::new(tenant.wasi.clone()),
         memory: None,
         request,
-        response: GuestResponse::new(
-            limits.max_response_bytes,
-            limits.max_response_headers,
-            commit,
-        ),
+        response,
         limits: super::guest_limits(limits),
         files: fs::Files::new(tenant.assets.clone()),
         outbound: Outbound::new(tenant.outbound.clone()),

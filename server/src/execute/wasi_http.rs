@@ -10,9 +10,9 @@ use tokio::sync::oneshot;
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
-use super::{BodyEnd, Ended, RunOutput, Stage, classify, new_store, reply, verdict};
+use super::{BodyEnd, Ended, Run, RunOutput, Stage, classify, new_store, reply, verdict};
+use crate::guest::GuestRequest;
 use crate::guest::wasi_http::{Answer, BodyFlags, Handler, HttpState, incoming, pump, pump_parts};
-use crate::guest::{GuestRequest, GuestResponse, Head};
 use crate::outcome::{ExecError, Outcome, response_limit};
 use crate::teardown;
 use crate::tenant::Tenant;
@@ -25,16 +25,14 @@ pub(super) async fn run(
     tenant: &Tenant,
     handler: &Handler,
     request: GuestRequest,
-    commit: oneshot::Sender<Head>,
+    Run {
+        start,
+        request_id,
+        mut response,
+    }: Run,
 ) -> RunOutput {
-    let start = Instant::now();
-    let request_id = &request.context.request_id.clone();
+    let request_id = &request_id;
     let limits = &tenant.limits;
-    let mut response = GuestResponse::new(
-        limits.max_response_bytes,
-        limits.max_response_headers,
-        commit,
-    );
     if tenant.awaits_memset_reset() {
         // Its memory cannot be swept before teardown (see `teardown`): refuse rather than risk
         // another guest reading this one's swapped pages. Requests wait for the move to the
