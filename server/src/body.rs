@@ -12,6 +12,19 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::metrics::Undelivered;
 
+/// Headers that frame a message and manage its connection (hop-by-hop): the server's to set on
+/// every message it sends, never a guest's. (`content-length` is not among them: a guest may
+/// declare its body's length.)
+pub const FRAMING_HEADERS: [&str; 7] = [
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+];
+
 /// A streaming body ended early because its guest failed after the head was sent.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("the guest failed after its response had started; the body is incomplete")]

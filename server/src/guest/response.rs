@@ -11,7 +11,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tern_sdk::abi;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::body::{BodyAborted, StreamItem};
+use crate::body::{BodyAborted, FRAMING_HEADERS, StreamItem};
 
 /// Why a body write was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,19 +35,6 @@ pub enum HeaderError {
 
 /// How many body chunks may wait for the client before the guest's writes block.
 const STREAM_CHANNEL_CHUNKS: usize = 8;
-
-/// Headers the server sets itself: the response's framing and connection management belong to
-/// the server, not the guest. A guest's attempt to set one is ignored. (`content-length` is
-/// taken as a declaration the server holds the body to, see [`GuestResponse::declared`].)
-const SERVER_OWNED: [&str; 7] = [
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "upgrade",
-    "te",
-    "trailer",
-    "proxy-connection",
-];
 
 /// A response head whose body streams: sent to the front end when the head commits.
 #[derive(Debug)]
@@ -174,7 +161,9 @@ impl GuestResponse {
         if self.is_streaming() {
             return Err(HeaderError::HeadersSent);
         }
-        if SERVER_OWNED.contains(&name.as_str()) {
+        // Framing and connection management are the server's: a guest's attempt is ignored.
+        // (`content-length` is a declaration the server holds the body to: `declared`.)
+        if FRAMING_HEADERS.contains(&name.as_str()) {
             return Ok(());
         }
         if name == http::header::CONTENT_LENGTH {

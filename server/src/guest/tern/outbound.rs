@@ -33,19 +33,14 @@ const STREAM_CHUNKS: usize = 4;
 /// Most headers a guest may set on one outbound request.
 const MAX_HEADERS: usize = 100;
 
-/// Headers Tern sets or strips on outbound requests and responses: framing and connection
-/// management (hop-by-hop), the host (from the target) and the loop marker.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "cdn-loop",
-];
+/// Whether Tern sets or strips header `name` on outbound requests and responses: framing and
+/// connection management (hop-by-hop), the host (from the target) and the loop marker.
+fn hop_by_hop(name: &str) -> bool {
+    crate::body::FRAMING_HEADERS.contains(&name) || SET_BY_TERN.contains(&name)
+}
+
+/// Headers Tern sets on outbound requests itself: the host (from the target), the loop marker.
+const SET_BY_TERN: [&str; 2] = ["host", "cdn-loop"];
 
 /// How an outbound request failed: its ABI code, its metrics status (`None`: counted by the
 /// exchange already) and its message.
@@ -340,8 +335,8 @@ impl Outbound {
                 let status = resp.status().as_u16();
                 let (parts, body) = resp.into_parts();
                 let mut headers = parts.headers;
-                for name in HOP_BY_HOP {
-                    headers.remove(name);
+                for name in crate::body::FRAMING_HEADERS.iter().chain(&SET_BY_TERN) {
+                    headers.remove(*name);
                 }
                 self.put(
                     handle,
@@ -535,7 +530,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             let Call::Building(draft) = call else {
                 return Ok(out.misuse("headers can be added only before outbound_send"));
             };
-            if HOP_BY_HOP.contains(&name.as_str()) || name == http::header::CONTENT_LENGTH {
+            if hop_by_hop(name.as_str()) || name == http::header::CONTENT_LENGTH {
                 return Ok(0); // Tern frames the request and sets the host itself.
             }
             if draft.headers.len() >= MAX_HEADERS {
