@@ -3,9 +3,10 @@
 //! # Layout
 //! The modules follow a request from the socket to teardown:
 //!
-//! - [`listener`]: accept loop, hyper (HTTP/1.1 + h2c), graceful drain; what it knows of a
-//!   connection (peer, TLS facts) goes to every request as a
-//!   [`context::Connection`].
+//! - [`listener`]: accept loop, hyper (HTTP/1.1 + h2c; over TLS, h2 or HTTP/1.1 by ALPN),
+//!   graceful drain; what it knows of a connection (peer, TLS facts) goes to every request as a
+//!   [`context::Connection`]. [`tls`]: TLS termination: the certificates by host name (SNI),
+//!   swapped whole; the handshake under a deadline and a cap, failures counted by reason.
 //! - [`context`]: the request's context, computed once (connection, id, route prefix, HTTP
 //!   version) and the values every guest kind renders from it (scheme, host, URL, server name
 //!   and port).
@@ -86,3 +87,4 @@ pub mod shutdown;
 pub mod store;
 pub mod teardown;
 pub mod tenant;
+pub mod tls;

@@ -1,5 +1,6 @@
 //! The accept loop: TCP connections served by hyper (HTTP/1.1 with keep-alive, and HTTP/2 with
-//! prior knowledge), drained gracefully on shutdown.
+//! prior knowledge; over TLS, HTTP/2 or HTTP/1.1 as the client's ALPN chose), drained gracefully
+//! on shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -43,6 +44,8 @@ pub struct ListenOptions {
     pub max_header_bytes: usize,
     /// How long open connections may take to finish after shutdown.
     pub grace: Duration,
+    /// TLS termination, for a TLS listener.
+    pub tls: Option<Arc<crate::tls::Acceptor>>,
 }
 
 impl ListenOptions {
@@ -55,6 +58,7 @@ impl ListenOptions {
             header_read_timeout: Duration::from_millis(c.header_read_timeout_ms),
             max_header_bytes: c.max_header_bytes,
             grace: Duration::from_millis(c.shutdown_grace_ms),
+            tls: None,
         }
     }
 }
@@ -80,52 +84,83 @@ where
         // Idle HTTP/2 connections are pinged and closed if the client stops answering.
         .keep_alive_interval(opts.header_read_timeout)
         .keep_alive_timeout(opts.header_read_timeout);
-    let builder = Arc::new(builder);
+    // Over TLS the client's ALPN has chosen the protocol: no guessing from the first bytes.
+    let builders = Arc::new([
+        builder.clone(),
+        builder.clone().http1_only(),
+        builder.http2_only(),
+    ]);
     let graceful = GracefulShutdown::new();
     let addr = listener
         .local_addr()
         .map_or_else(|_| "?".to_string(), |a: SocketAddr| a.to_string());
-    let serve_one =
-        |stream: TcpStream, peer: SocketAddr, permit: Option<tokio::sync::OwnedSemaphorePermit>| {
-            // Responses are written whole; waiting for more data (Nagle) only adds latency.
-            let _ = stream.set_nodelay(true);
-            let conn = Connection::plain(peer);
-            let (handler, shutdown) = (handler.clone(), shutdown.clone());
-            let service = service_fn(move |req: Request<Incoming>| {
-                // Once shutdown has begun, every HTTP/1 request is answered with `Connection:
-                // close`: it is served, and its keep-alive connection ends after the answer instead
-                // of being cut while a request may be on its way. (A request already running when
-                // shutdown begins is answered as usual; the connection's next one gets the close.)
-                let close = req.version() < hyper::Version::HTTP_2 && shutdown.is_triggered();
-                let fut = handler(req, conn.clone());
-                async move {
-                    let mut resp = fut.await;
-                    if close {
-                        resp.headers_mut()
-                            .insert(CONNECTION, HeaderValue::from_static("close"));
+    let serve_one = |stream: TcpStream,
+                     peer: SocketAddr,
+                     permit: Option<tokio::sync::OwnedSemaphorePermit>| {
+        // Responses are written whole; waiting for more data (Nagle) only adds latency.
+        let _ = stream.set_nodelay(true);
+        let (handler, shutdown) = (handler.clone(), shutdown.clone());
+        let (builders, watcher, tls) = (builders.clone(), graceful.watcher(), opts.tls.clone());
+        let first_bytes_timeout = opts.header_read_timeout;
+        let open = opts.open.clone().map(GaugeGuard::new);
+        tokio::spawn(async move {
+            let _open = open;
+            let _permit = permit;
+            let service = move |conn: Connection| {
+                service_fn(move |req: Request<Incoming>| {
+                    // Once shutdown has begun, every HTTP/1 request is answered with
+                    // `Connection: close`: it is served, and its keep-alive connection ends
+                    // after the answer instead of being cut while a request may be on its
+                    // way. (A request already running when shutdown begins is answered as
+                    // usual; the connection's next one gets the close.)
+                    let close = req.version() < hyper::Version::HTTP_2 && shutdown.is_triggered();
+                    let fut = handler(req, conn.clone());
+                    async move {
+                        let mut resp = fut.await;
+                        if close {
+                            resp.headers_mut()
+                                .insert(CONNECTION, HeaderValue::from_static("close"));
+                        }
+                        Ok::<_, Infallible>(resp)
                     }
-                    Ok::<_, Infallible>(resp)
+                })
+            };
+            // hyper's header timeout starts only once it has told HTTP/1 from HTTP/2 (or,
+            // over HTTP/2, never), which needs the client's first bytes: a client that sends
+            // nothing must not hold a slot.
+            let ended = match tls {
+                None => {
+                    let Some(stream) = first_bytes(stream, first_bytes_timeout).await else {
+                        return;
+                    };
+                    let conn = builders[0]
+                        .serve_connection(TokioIo::new(stream), service(Connection::plain(peer)))
+                        .into_owned();
+                    watcher.watch(conn).await
                 }
-            });
-            let (builder, watcher) = (builder.clone(), graceful.watcher());
-            let first_bytes_timeout = opts.header_read_timeout;
-            let open = opts.open.clone().map(GaugeGuard::new);
-            tokio::spawn(async move {
-                let _open = open;
-                // hyper's header timeout starts only once it has told HTTP/1 from HTTP/2, which
-                // needs the client's first bytes: a client that sends nothing must not hold a slot.
-                let Some(stream) = first_bytes(stream, first_bytes_timeout).await else {
-                    return drop(permit);
-                };
-                let conn = builder
-                    .serve_connection(TokioIo::new(stream), service)
-                    .into_owned();
-                if let Err(e) = watcher.watch(conn).await {
-                    tracing::debug!("connection ended with an error: {e}");
+                Some(tls) => {
+                    let Some(accepted) = tls.accept(stream).await else {
+                        return;
+                    };
+                    let Some(stream) = first_bytes(accepted.stream, first_bytes_timeout).await
+                    else {
+                        return;
+                    };
+                    let conn = Connection {
+                        peer,
+                        tls: Some(accepted.info),
+                    };
+                    let conn = builders[if accepted.h2 { 2 } else { 1 }]
+                        .serve_connection(TokioIo::new(stream), service(conn))
+                        .into_owned();
+                    watcher.watch(conn).await
                 }
-                drop(permit);
-            });
-        };
+            };
+            if let Err(e) = ended {
+                tracing::debug!("connection ended with an error: {e}");
+            }
+        });
+    };
     loop {
         // Accept first, then wait for a permit: a worker waiting in `accept` must not hold a
         // permit, or with one listener per worker (`SO_REUSEPORT`) it could hold the last one
@@ -191,19 +226,17 @@ const FIRST_READ: usize = 2048;
 ///
 /// The bytes are consumed, not peeked: with a partial HTTP/2 preface in the socket buffer the
 /// socket stays readable, and waiting on it again would spin (3,000 stalled prefaces kept two
-/// cores busy). After a read, waiting for readability waits for new bytes.
-async fn first_bytes(stream: TcpStream, limit: Duration) -> Option<Prefixed> {
+/// cores busy). A read waits for new bytes.
+async fn first_bytes<S: AsyncRead + Unpin>(mut stream: S, limit: Duration) -> Option<Prefixed<S>> {
+    use tokio::io::AsyncReadExt;
     let mut prefix = Vec::with_capacity(FIRST_READ);
     let wait = async {
         loop {
-            stream.readable().await.ok()?;
             let mut buf = [0u8; FIRST_READ];
             let room = FIRST_READ - prefix.len();
-            match stream.try_read(&mut buf[..room]) {
-                Ok(0) => return None,
+            match stream.read(&mut buf[..room]).await {
+                Ok(0) | Err(_) => return None,
                 Ok(n) => prefix.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(_) => return None,
             }
             let n = prefix.len().min(H2_PREFACE.len());
             if prefix.len() >= H2_PREFACE.len() || prefix[..n] != H2_PREFACE[..n] {
@@ -221,14 +254,14 @@ async fn first_bytes(stream: TcpStream, limit: Duration) -> Option<Prefixed> {
 
 /// A connection whose first bytes were read by `first_bytes`: they are read again first.
 #[derive(Debug)]
-pub struct Prefixed {
+pub struct Prefixed<S> {
     prefix: Vec<u8>,
     /// How much of `prefix` has been read again.
     read: usize,
-    stream: TcpStream,
+    stream: S,
 }
 
-impl AsyncRead for Prefixed {
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -249,7 +282,7 @@ impl AsyncRead for Prefixed {
     }
 }
 
-impl AsyncWrite for Prefixed {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -209,6 +209,12 @@ pub struct Metrics {
     pub outbound_duration: HistogramVec,
     /// Outbound connections opened.
     pub outbound_connections: IntCounter,
+    /// TLS handshakes completed.
+    pub tls_handshakes: IntCounter,
+    /// TLS handshakes that failed, by reason.
+    pub tls_handshake_failures: IntCounterVec,
+    /// When each served certificate expires (Unix seconds), by its name.
+    pub tls_certificate_expiry: IntGaugeVec,
 }
 
 impl Metrics {
@@ -280,6 +286,28 @@ impl Metrics {
             "tern_connections_open",
             "Open client connections on the public listener, all workers (at most \
              server.max_connections).",
+        );
+        let tls_handshakes = r.register(
+            IntCounter::new(
+                "tern_tls_handshakes_total",
+                "TLS handshakes completed on the TLS listener.",
+            )
+            .expect("valid metric"),
+        );
+        let tls_handshake_failures = r.counters(
+            "tern_tls_handshake_failures_total",
+            "TLS handshakes that failed, by reason: timeout (not done within \
+             server.tls_handshake_timeout_ms), busy (server.max_tls_handshakes in flight), \
+             no_certificate (no certificate for the name asked and no default), protocol (not \
+             TLS, or TLS this server does not speak), alert (the client refused, e.g. an \
+             untrusted certificate), io (the connection closed or failed).",
+            &["reason"],
+        );
+        let tls_certificate_expiry = r.gauges(
+            "tern_tls_certificate_expiry_timestamp_seconds",
+            "When each certificate the TLS listener serves expires (Unix seconds), by its first \
+             host name (`default` for the default certificate).",
+            &["certificate"],
         );
         let memory_peak = r.histogram(
             "tern_guest_memory_peak_bytes",
@@ -361,6 +389,9 @@ impl Metrics {
             in_flight,
             queue_depth,
             connections_open,
+            tls_handshakes,
+            tls_handshake_failures,
+            tls_certificate_expiry,
             memory_peak,
             compile,
             log_dropped,

@@ -26,6 +26,8 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Where the admin listener is bound.
     pub admin_addr: SocketAddr,
+    /// Where the TLS listener is bound, if there is one.
+    pub tls_addr: Option<SocketAddr>,
     /// Fires shutdown.
     pub shutdown: Shutdown,
     /// Shared request-path state.
@@ -157,6 +159,24 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         .with_context(|| format!("cannot listen on {} (admin)", config.server.admin_listen))?;
     let addr = public.local_addr()?;
     let admin_addr = admin_l.local_addr()?;
+    // The TLS listener: its certificates are read and checked before anything serves.
+    let tls = match config.server.tls_listen {
+        None => None,
+        Some(at) => {
+            let table = crate::tls::Table::load(&config.certificates, &config.base_dir)?;
+            let certificates = crate::tls::Certificates::new(table, &app.metrics);
+            app.registry.reload_certificates(certificates.clone());
+            let acceptor = crate::tls::Acceptor::new(
+                certificates,
+                config.server.max_tls_handshakes,
+                Duration::from_millis(config.server.tls_handshake_timeout_ms),
+                &app.metrics,
+            )?;
+            let l = bind(at, per_core).with_context(|| format!("cannot listen on {at} (TLS)"))?;
+            Some((l, Arc::new(acceptor)))
+        }
+    };
+    let tls_addr = tls.as_ref().map(|(l, _)| l.local_addr()).transpose()?;
     let shutdown = Shutdown::new();
     if watch_swap {
         tokio::spawn(use_memset_reset_under_swap(app.clone(), shutdown.clone()));
@@ -165,6 +185,13 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     // own, so `/metrics` and the admin API answer while the public one is full.
     let mut opts = listener::ListenOptions::from_config(&config.server);
     opts.open = Some(app.metrics.connections_open.clone());
+    // The TLS listener shares the public one's connection cap.
+    let tls_opts = tls.as_ref().map(|(_, acceptor)| {
+        let mut o = opts.clone();
+        o.tls = Some(acceptor.clone());
+        o
+    });
+    let mut tls_first = tls.map(|(l, _)| l);
 
     let mut tasks = Vec::new();
     let mut threads = Vec::new();
@@ -177,6 +204,12 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                 Some(l) => l,
                 None => bind(addr, true)?.into_std()?,
             };
+            let tls_listener = match (tls_first.take(), tls_addr) {
+                (Some(l), _) => Some(l.into_std()?),
+                (None, Some(at)) => Some(bind(at, true)?.into_std()?),
+                (None, None) => None,
+            };
+            let tls_opts = tls_opts.clone();
             let (app, shutdown, opts) = (app.clone(), shutdown.clone(), opts.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("tern-worker-{i}"))
@@ -189,19 +222,37 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                         let listener = TcpListener::from_std(std_listener).expect("listener");
                         let handler =
                             move |req, client| crate::http::handle(app.clone(), req, client);
-                        listener::serve(listener, handler, shutdown, opts).await;
+                        let tls = async {
+                            if let (Some(l), Some(o)) = (tls_listener, tls_opts) {
+                                let l = TcpListener::from_std(l).expect("listener");
+                                listener::serve(l, handler.clone(), shutdown.clone(), o).await;
+                            }
+                        };
+                        tokio::join!(
+                            listener::serve(listener, handler.clone(), shutdown.clone(), opts),
+                            tls
+                        );
                     });
                 })?;
             threads.push(thread);
         }
     } else {
         let a = app.clone();
+        let handler = move |req, client| crate::http::handle(a.clone(), req, client);
         tasks.push(tokio::spawn(listener::serve(
             public,
-            move |req, client| crate::http::handle(a.clone(), req, client),
+            handler.clone(),
             shutdown.clone(),
             opts.clone(),
         )));
+        if let (Some(l), Some(o)) = (tls_first.take(), tls_opts) {
+            tasks.push(tokio::spawn(listener::serve(
+                l,
+                handler,
+                shutdown.clone(),
+                o,
+            )));
+        }
     }
     let a = app.clone();
     let admin_task = tokio::spawn(listener::serve(
@@ -210,10 +261,18 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         shutdown.clone(),
         listener::ListenOptions::from_config(&config.server),
     ));
-    tracing::info!("serving tenants on http://{addr}, metrics on http://{admin_addr}/metrics");
+    match tls_addr {
+        Some(tls) => tracing::info!(
+            "serving tenants on http://{addr} and https://{tls}, metrics on http://{admin_addr}/metrics"
+        ),
+        None => tracing::info!(
+            "serving tenants on http://{addr}, metrics on http://{admin_addr}/metrics"
+        ),
+    }
     Ok(Running {
         addr,
         admin_addr,
+        tls_addr,
         shutdown,
         app,
         tasks: {

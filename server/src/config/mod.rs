@@ -53,6 +53,9 @@ pub struct Config {
     /// The tenants and their routes.
     #[serde(default, rename = "tenant")]
     pub tenants: Vec<TenantConfig>,
+    /// The certificates the TLS listener serves (`server.tls_listen`).
+    #[serde(default, rename = "certificate")]
+    pub certificates: Vec<CertificateConfig>,
     /// Directory relative module paths are resolved against (the config file's directory).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -96,6 +99,15 @@ pub struct ServerConfig {
     pub admin_token: String,
     /// Largest module or assets archive the admin API accepts, in bytes; larger gets `413`.
     pub max_upload_bytes: u64,
+    /// TLS listener for tenant traffic (HTTPS; HTTP/2 or HTTP/1.1 as the client's ALPN asks),
+    /// beside `listen`, with the same tenants, limits and connection cap. It serves the
+    /// `[[certificate]]`s, at least one. Unset: no TLS.
+    pub tls_listen: Option<SocketAddr>,
+    /// A client must complete its TLS handshake within this time, or its connection is closed.
+    pub tls_handshake_timeout_ms: u64,
+    /// Most TLS handshakes in progress at once; a connection past it is closed at once, so a
+    /// flood of handshakes (each costs a signature) cannot take every core.
+    pub max_tls_handshakes: usize,
 }
 
 impl Default for ServerConfig {
@@ -114,8 +126,27 @@ impl Default for ServerConfig {
             data_dir: String::new(),
             admin_token: String::new(),
             max_upload_bytes: 64 * 1024 * 1024,
+            tls_listen: None,
+            tls_handshake_timeout_ms: 10_000,
+            max_tls_handshakes: 1024,
         }
     }
+}
+
+/// `[[certificate]]`: a certificate chain and its private key, PEM files (relative to the
+/// config file), served by the TLS listener to clients that ask for one of its `hosts`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateConfig {
+    /// Host names it is served for, exact (`api.example.com`) or wildcard (`*.example.com`);
+    /// the certificate must cover each. Empty: the default certificate, served to clients that
+    /// ask for a name no other certificate has, or for none (at most one default).
+    #[serde(default)]
+    pub hosts: Vec<Spanned<String>>,
+    /// The certificate, then its chain (PEM).
+    pub cert: Spanned<String>,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: Spanned<String>,
 }
 
 /// How worker threads are organised (`server.runtime`).
@@ -689,6 +720,7 @@ impl Config {
                  (host calls run on the rest of the fiber stack)",
             );
         }
+        self.validate_tls()?;
         let mut names = std::collections::HashSet::new();
         for t in &self.tenants {
             let name = t.name.get_ref();
@@ -725,6 +757,80 @@ impl Config {
                 span: Some(span),
                 message: format!("tenant {:?}: {clash}", clash.other),
             });
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// The TLS listener has certificates and they have it; a host is served by one certificate;
+    /// at most one default. (The files are read when the listener starts: [`crate::tls`].)
+    fn validate_tls(&self) -> Result<(), Invalid> {
+        let at =
+            |span: Option<std::ops::Range<usize>>, message: String| Err(Invalid { span, message });
+        let server = &self.server;
+        match (server.tls_listen, self.certificates.first()) {
+            (Some(_), None) => {
+                return at(
+                    None,
+                    "server.tls_listen needs a certificate: add a [[certificate]] with `cert` and \
+                     `key` PEM files"
+                        .into(),
+                );
+            }
+            (None, Some(c)) => {
+                return at(
+                    Some(c.cert.span()),
+                    "[[certificate]] is served by the TLS listener: set server.tls_listen \
+                     (e.g. \"0.0.0.0:8443\")"
+                        .into(),
+                );
+            }
+            _ => {}
+        }
+        if server.tls_handshake_timeout_ms == 0 || server.max_tls_handshakes == 0 {
+            return at(
+                None,
+                "server.tls_handshake_timeout_ms and server.max_tls_handshakes must be > 0".into(),
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut default = None;
+        for c in &self.certificates {
+            if c.hosts.is_empty()
+                && let Some(first) = default.replace(&c.cert)
+            {
+                return at(
+                    Some(c.cert.span()),
+                    format!(
+                        "a second default certificate (no `hosts`): {:?} is the default \
+                             already; give this one `hosts`",
+                        first.get_ref()
+                    ),
+                );
+            }
+            for h in &c.hosts {
+                if h.get_ref() == "*" {
+                    return at(
+                        Some(h.span()),
+                        "certificate hosts: \"*\" is not a name; leave `hosts` out for the \
+                         default certificate"
+                            .into(),
+                    );
+                }
+                if let Err(m) = crate::router::HostPattern::parse(h.get_ref()) {
+                    return at(Some(h.span()), format!("certificate hosts: {m}"));
+                }
+                if !seen.insert(h.get_ref().to_ascii_lowercase()) {
+                    return at(
+                        Some(h.span()),
+                        format!(
+                            "certificate hosts: {:?} is served by two certificates",
+                            h.get_ref()
+                        ),
+                    );
+                }
+            }
         }
         Ok(())
     }

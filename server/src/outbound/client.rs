@@ -20,11 +20,13 @@ use tokio::net::TcpStream;
 use super::policy::not_public;
 use super::{OutBody, Target, Tls};
 
-/// rustls with the `ring` provider and safe protocol versions.
+/// rustls with the aws-lc-rs provider (the TLS listener's too) and safe protocol versions.
 fn tls_builder() -> rustls::ConfigBuilder<rustls::ClientConfig, rustls::WantsVerifier> {
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
+    rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("aws-lc-rs supports the default protocol versions")
 }
 
 /// A client config trusting only the CA certificates in the PEM file at `path`.

@@ -119,6 +119,8 @@ pub struct Registry {
     /// Whether every tenant is linked on an engine with the `memset` reset (sent once the
     /// switch of [`Registry::use_memset_reset`] is published).
     memset: tokio::sync::watch::Sender<bool>,
+    /// The TLS listener's certificates, which a config reload replaces with the tenants.
+    certificates: std::sync::OnceLock<Arc<crate::tls::Certificates>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -201,6 +203,7 @@ impl Registry {
         let registry = Self {
             tickers: Mutex::new(vec![EpochTicker::start(&engine)]),
             memset: tokio::sync::watch::Sender::new(!config.pool.pagemap_scan),
+            certificates: std::sync::OnceLock::new(),
             live: ArcSwap::from_pointee(Live::default()),
             state: tokio::sync::Mutex::new(State {
                 config: config.clone(),
@@ -232,6 +235,11 @@ impl Registry {
             started.elapsed().as_secs_f64() * 1e3
         );
         Ok(registry)
+    }
+
+    /// Makes config reloads replace `certificates` (the TLS listener's) too.
+    pub fn reload_certificates(&self, certificates: Arc<crate::tls::Certificates>) {
+        let _ = self.certificates.set(certificates);
     }
 
     /// The current table (one atomic load).
@@ -715,12 +723,13 @@ impl Registry {
         Ok(())
     }
 
-    /// Re-reads the config file and swaps in its tenants (routes, limits, env, modules).
-    /// Returns how many config tenants now serve.
+    /// Re-reads the config file and swaps in its tenants (routes, limits, env, modules) and the
+    /// TLS listener's certificates (the next handshake sees them; open connections keep
+    /// theirs). Returns how many config tenants now serve.
     ///
     /// # Errors
-    /// If the file is invalid, a tenant fails to load, or a name or route clashes with an
-    /// API tenant; the running tenants then keep serving.
+    /// If the file is invalid, a tenant or certificate fails to load, or a name or route
+    /// clashes with an API tenant; the running tenants and certificates then keep serving.
     pub async fn reload(&self) -> Result<usize, ChangeError> {
         let mut state = self.state.lock().await;
         let Some(path) = state.config_path.clone() else {
@@ -730,6 +739,21 @@ impl Registry {
         };
         let config = Config::load(&path).map_err(|e| ChangeError::Invalid(e.to_string()))?;
         one_owner(&config, &state.manifest)?;
+        let certificates = match self.certificates.get() {
+            None => None,
+            Some(_) if config.certificates.is_empty() => {
+                return Err(ChangeError::Invalid(
+                    "the TLS listener needs its [[certificate]]s: server.tls_listen and the \
+                     other [server] settings change at the next restart"
+                        .into(),
+                ));
+            }
+            Some(served) => {
+                let table = crate::tls::Table::load(&config.certificates, &config.base_dir)
+                    .map_err(|e| ChangeError::Unprocessable(e.to_string()))?;
+                Some((served, table))
+            }
+        };
         let mut tenants = self.load_config_tenants(&config).await.map_err(|e| {
             // One line for the JSON error: "2 tenant(s) failed to load: a: ...; b: ...".
             let text = format!("{e:#}").replacen(":\n  ", ": ", 1);
@@ -743,12 +767,15 @@ impl Registry {
         }
         self.live
             .store(Arc::new(Live::build(tenants.into_values())?));
+        if let Some((served, table)) = certificates {
+            served.replace(table);
+        }
         state.config.tenants = config.tenants;
         state.config.base_dir = config.base_dir;
         tracing::info!(
             config = %path.display(),
             tenants = n,
-            "config reloaded (its tenants; [server] and [pool] take effect at the next restart)"
+            "config reloaded (its tenants and certificates; [server] and [pool] take effect at the next restart)"
         );
         Ok(n)
     }

@@ -22,4 +22,5 @@ mod streaming;
 mod support;
 mod swap;
 mod tenants;
+mod tls;
 mod toolchains;

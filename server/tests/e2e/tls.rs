@@ -1,0 +1,476 @@
+//! The TLS listener, with real clients: certificates made here (rcgen) picked by SNI (exact,
+//! wildcard, default), HTTP/2 and HTTP/1.1 chosen by ALPN, what guests see of the session,
+//! handshakes that fail or stall closed and counted by reason, and certificate files refused
+//! at start with a clear error.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode, Version};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use crate::support::TestServer;
+
+/// A CA made for the test.
+struct Pki {
+    ca: CertificateDer<'static>,
+    ca_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        // Subject names of their own: OpenSSL takes a certificate whose issuer is its subject
+        // for self-signed.
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "Tern test CA");
+        let cert = params.self_signed(&key).unwrap();
+        Self {
+            ca: cert.der().clone(),
+            ca_pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A certificate for `names`, written to `dir/FILE.crt` and `dir/FILE.key`.
+    fn issue(&self, dir: &Path, file: &str, names: &[&str]) -> CertificateDer<'static> {
+        let key = KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(names.clone()).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, names[0].as_str());
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        std::fs::write(dir.join(format!("{file}.crt")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{file}.key")), key.serialize_pem()).unwrap();
+        cert.der().clone()
+    }
+}
+
+/// A TLS connection to `addr` asking for `sni`, offering `alpn`, trusting `ca` only.
+async fn connect(
+    addr: SocketAddr,
+    sni: &str,
+    alpn: &[&[u8]],
+    ca: &CertificateDer<'static>,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    connect_with(addr, sni, alpn, ca, rustls::DEFAULT_VERSIONS).await
+}
+
+/// [`connect`] offering only the TLS `versions`.
+async fn connect_with(
+    addr: SocketAddr,
+    sni: &str,
+    alpn: &[&[u8]],
+    ca: &CertificateDer<'static>,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_protocol_versions(versions)
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::try_from(sni.to_string()).unwrap();
+    connector.connect(name, tcp).await
+}
+
+/// `GET path` over `tls` with HTTP/2 if ALPN chose it, else HTTP/1.1: status, version, body.
+async fn get(tls: TlsStream<TcpStream>, host: &str, path: &str) -> (StatusCode, Version, String) {
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let io = TokioIo::new(tls);
+    let request = |version| {
+        Request::get(format!("https://{host}{path}"))
+            .version(version)
+            .header("host", host)
+            .body(Empty::<Bytes>::new())
+            .unwrap()
+    };
+    let response = if h2 {
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        sender.send_request(request(Version::HTTP_2)).await.unwrap()
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        sender
+            .send_request(request(Version::HTTP_11))
+            .await
+            .unwrap()
+    };
+    let (status, version) = (response.status(), response.version());
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, version, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The value the `context` guest printed for `key` (`=value`, or `!errno`).
+fn field<'a>(body: &'a str, key: &str) -> &'a str {
+    body.lines()
+        .find_map(|l| l.strip_prefix(key).filter(|v| v.starts_with(['=', '!'])))
+        .unwrap_or_else(|| panic!("{key} missing from {body}"))
+}
+
+/// A server with a TLS listener serving `certificates` (TOML `[[certificate]]` tables) and the
+/// `context` guest at `/`; the certificate files are in its directory.
+async fn tls_server(dir: tempfile::TempDir, certificates: &str) -> anyhow::Result<TestServer> {
+    crate::support::test_guest(dir.path(), "context");
+    let config = format!(
+        "[server]\ntls_listen = \"127.0.0.1:0\"\ntls_handshake_timeout_ms = 1000\n\
+         [pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\n{certificates}"
+    );
+    TestServer::try_start_in(dir, &config).await
+}
+
+/// A server whose TLS listener serves one certificate, for `a.test` (no default): the server,
+/// the listener's address, the certificate.
+async fn a_test_server(pki: &Pki) -> (TestServer, SocketAddr, CertificateDer<'static>) {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = pki.issue(dir.path(), "a", &["a.test"]);
+    let s = tls_server(
+        dir,
+        "[[certificate]]\nhosts = [\"a.test\"]\ncert = \"a.crt\"\nkey = \"a.key\"\n",
+    )
+    .await
+    .expect("start");
+    let addr = s.running.tls_addr.expect("a TLS listener");
+    (s, addr, cert)
+}
+
+fn metric(text: &str, line_start: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_start))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_serves_each_host_its_certificate_over_h2_and_http1_and_guests_see_it() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let exact = pki.issue(dir.path(), "a", &["a.test"]);
+    let wild = pki.issue(dir.path(), "w", &["*.w.test"]);
+    let default = pki.issue(dir.path(), "d", &["default.test", "other.test"]);
+    let s = tls_server(
+        dir,
+        "[[certificate]]\nhosts = [\"a.test\"]\ncert = \"a.crt\"\nkey = \"a.key\"\n\
+         [[certificate]]\nhosts = [\"*.w.test\"]\ncert = \"w.crt\"\nkey = \"w.key\"\n\
+         [[certificate]]\ncert = \"d.crt\"\nkey = \"d.key\"\n",
+    )
+    .await
+    .expect("start");
+    let addr = s.running.tls_addr.expect("a TLS listener");
+    for (sni, want) in [
+        ("a.test", &exact),
+        ("x.w.test", &wild),
+        ("other.test", &default),
+    ] {
+        for (alpn, version, shown) in [
+            (&[&b"h2"[..], b"http/1.1"][..], Version::HTTP_2, "=HTTP/2"),
+            (&[&b"http/1.1"[..]][..], Version::HTTP_11, "=HTTP/1.1"),
+            (&[][..], Version::HTTP_11, "=HTTP/1.1"),
+        ] {
+            let tls = connect(addr, sni, alpn, &pki.ca).await.expect("handshake");
+            let served = &tls.get_ref().1.peer_certificates().unwrap()[0];
+            assert_eq!(served, want, "{sni}: the wrong certificate");
+            let host = format!("{sni}:{}", addr.port());
+            let (status, v, body) = get(tls, &host, "/x?y=1").await;
+            assert_eq!(
+                (status, v),
+                (StatusCode::OK, version),
+                "{sni} {alpn:?}: {body}"
+            );
+            assert_eq!(field(&body, "SCHEME"), "=https", "{body}");
+            assert_eq!(field(&body, "TLS_PROTOCOL"), "=TLSv1.3", "{body}");
+            assert_eq!(field(&body, "TLS_SNI"), format!("={sni}"), "{body}");
+            assert_eq!(field(&body, "HTTP_VERSION"), shown, "{body}");
+            assert_eq!(
+                field(&body, "URL"),
+                format!("=https://{host}/x?y=1"),
+                "{body}"
+            );
+        }
+    }
+    // TLS 1.2 clients are served too.
+    let tls = connect_with(
+        addr,
+        "a.test",
+        &[b"h2"],
+        &pki.ca,
+        &[&rustls::version::TLS12],
+    )
+    .await
+    .expect("TLS 1.2 handshake");
+    let (status, _, body) = get(tls, "a.test", "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(field(&body, "TLS_PROTOCOL"), "=TLSv1.2", "{body}");
+    // The cleartext listener still answers, as plain HTTP.
+    let r = s.get("/").await;
+    assert_eq!(field(&r.text(), "SCHEME"), "=http", "{}", r.text());
+    assert_eq!(field(&r.text(), "TLS_SNI").chars().next(), Some('!'));
+
+    let m = s.metrics().await;
+    assert!(metric(&m, "tern_tls_handshakes_total ") >= 9.0, "{m}");
+    let expiry = metric(
+        &m,
+        "tern_tls_certificate_expiry_timestamp_seconds{certificate=\"a.test\"} ",
+    );
+    assert!(expiry > tern::store::now() as f64, "{m}");
+    assert!(m.contains("tern_tls_certificate_expiry_timestamp_seconds{certificate=\"default\"}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_speaks_https_and_h2_to_the_tls_listener() {
+    let pki = Pki::new();
+    let (s, addr, _) = a_test_server(&pki).await;
+    let ca = s.path("ca.pem");
+    std::fs::write(&ca, &pki.ca_pem).unwrap();
+    let port = addr.port();
+    for (flag, version) in [("--http2", "=HTTP/2"), ("--http1.1", "=HTTP/1.1")] {
+        let args = [
+            "-sS".to_string(),
+            "--fail".into(),
+            flag.into(),
+            "--cacert".into(),
+            ca.display().to_string(),
+            "--resolve".into(),
+            format!("a.test:{port}:127.0.0.1"),
+            format!("https://a.test:{port}/"),
+        ];
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("curl").args(args).output()
+        })
+        .await
+        .unwrap()
+        .expect("curl (Debian's curl) is installed");
+        let body = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(field(&body, "HTTP_VERSION"), version, "{body}");
+        assert_eq!(field(&body, "TLS_SNI"), "=a.test", "{body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_and_stalled_handshakes_are_closed_and_counted_by_reason() {
+    let pki = Pki::new();
+    // No default certificate: a name nobody serves gets no certificate.
+    let (s, addr, _) = a_test_server(&pki).await;
+
+    // A client that connects and says nothing is closed at the handshake deadline (1 s here).
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buf)).await;
+    assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+
+    // Plain HTTP to the TLS port: not TLS.
+    let mut plain = TcpStream::connect(addr).await.unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nhost: a.test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut rest)).await;
+    assert!(!String::from_utf8_lossy(&rest).contains("200"), "{rest:?}");
+
+    // A name no certificate serves, and no default.
+    let e = connect(addr, "nobody.test", &[], &pki.ca)
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().to_lowercase().contains("alert"), "{e}");
+
+    // A client that does not trust the certificate (it has another CA).
+    let other = Pki::new();
+    let e = connect(addr, "a.test", &[], &other.ca)
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().contains("certificate"), "{e}");
+
+    // And the listener still serves.
+    let tls = connect(addr, "a.test", &[b"h2"], &pki.ca)
+        .await
+        .expect("handshake");
+    assert_eq!(get(tls, "a.test", "/").await.0, StatusCode::OK);
+
+    let mut m = String::new();
+    for _ in 0..50 {
+        m = s.metrics().await;
+        let counted = ["timeout", "protocol", "no_certificate", "alert"]
+            .iter()
+            .all(|r| {
+                metric(
+                    &m,
+                    &format!("tern_tls_handshake_failures_total{{reason=\"{r}\"}} "),
+                ) >= 1.0
+            });
+        if counted {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("every failure counted by its reason: {m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_certificate_files_are_refused_at_start_with_the_reason() {
+    let pki = Pki::new();
+    // The certificates of the config, the files written for them, what the error says.
+    type Case<'a> = (&'a str, &'a dyn Fn(&Path), &'a str);
+    let cases: [Case<'_>; 6] = [
+        (
+            "[[certificate]]\nhosts = [\"a.test\"]\ncert = \"a.crt\"\nkey = \"b.key\"\n",
+            &|d| {
+                pki.issue(d, "a", &["a.test"]);
+                pki.issue(d, "b", &["a.test"]);
+            },
+            "does not belong to the certificate",
+        ),
+        (
+            "[[certificate]]\nhosts = [\"b.test\"]\ncert = \"a.crt\"\nkey = \"a.key\"\n",
+            &|d| {
+                pki.issue(d, "a", &["a.test", "*.w.test"]);
+            },
+            "does not cover host \"b.test\" (its names: a.test, *.w.test)",
+        ),
+        (
+            "[[certificate]]\ncert = \"missing.crt\"\nkey = \"a.key\"\n",
+            &|d| {
+                pki.issue(d, "a", &["a.test"]);
+            },
+            "missing.crt: cannot read",
+        ),
+        (
+            "[[certificate]]\ncert = \"a.key\"\nkey = \"a.key\"\n",
+            &|d| {
+                pki.issue(d, "a", &["a.test"]);
+            },
+            "holds no certificate (no `BEGIN CERTIFICATE` block)",
+        ),
+        (
+            "[[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n[[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n",
+            &|d| {
+                pki.issue(d, "a", &["a.test"]);
+            },
+            "a second default certificate",
+        ),
+        ("", &|_| {}, "server.tls_listen needs a certificate"),
+    ];
+    for (certificates, files, want) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        files(dir.path());
+        let e = tls_server(dir, certificates).await.err().expect("refused");
+        assert!(format!("{e:#}").contains(want), "want {want:?}, got: {e:#}");
+    }
+    // A certificate without a TLS listener is a mistake, said with its line.
+    let e = TestServer::try_start("[[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n")
+        .await
+        .err()
+        .expect("refused");
+    assert!(format!("{e:#}").contains("set server.tls_listen"), "{e:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_rotates_certificates_under_load_and_a_bad_one_changes_nothing() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let pki = Arc::new(Pki::new());
+    let (s, addr, old) = a_test_server(&pki).await;
+    let served =
+        |tls: &TlsStream<TcpStream>| tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+
+    // An HTTP/2 connection opened before the rotation, used again after it.
+    let tls = connect(addr, "a.test", &[b"h2"], &pki.ca).await.unwrap();
+    assert_eq!(served(&tls), old);
+    let (mut early, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let request = || {
+        Request::get("https://a.test/")
+            .body(Empty::<Bytes>::new())
+            .unwrap()
+    };
+    assert_eq!(
+        early.send_request(request()).await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    // Clients making a new handshake and request in a loop, all through the rotation.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (done, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut load = Vec::new();
+    for _ in 0..4 {
+        let (stop, done, failed, pki) = (stop.clone(), done.clone(), failed.clone(), pki.clone());
+        load.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let ok = match connect(addr, "a.test", &[b"h2", b"http/1.1"], &pki.ca).await {
+                    Ok(tls) => get(tls, "a.test", "/").await.0 == StatusCode::OK,
+                    Err(_) => false,
+                };
+                let counter = if ok { &done } else { &failed };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // The config's certificate made to name other files, then reloaded: its status and JSON.
+    let config_path = s.path("tern.toml");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    let reload_with = |cert: &str, key: &str| {
+        let text = config
+            .replace("\"a.crt", &format!("\"{cert}"))
+            .replace("\"a.key", &format!("\"{key}"));
+        std::fs::write(&config_path, text).unwrap();
+        s.admin_call(http::Method::POST, "/admin/v1/reload", "")
+    };
+    let new = pki.issue(s.dir.path(), "a2", &["a.test"]);
+    let (status, body) = reload_with("a2.crt", "a2.key").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let tls = connect(addr, "a.test", &[], &pki.ca).await.unwrap();
+    assert_eq!(
+        served(&tls),
+        new,
+        "the next handshake gets the new certificate"
+    );
+
+    // A certificate whose key is another's: refused, the one serving keeps serving.
+    pki.issue(s.dir.path(), "b", &["a.test"]);
+    let (status, body) = reload_with("a2.crt", "b.key").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body.to_string().contains("does not belong"), "{body}");
+    let tls = connect(addr, "a.test", &[], &pki.ca).await.unwrap();
+    assert_eq!(served(&tls), new);
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        early.send_request(request()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let (done, failed) = (done.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    assert!(done > 20 && failed == 0, "{done} requests, {failed} failed");
+}
