@@ -130,11 +130,23 @@ fn field<'a>(body: &'a str, key: &str) -> &'a str {
 /// A server with a TLS listener serving `certificates` (TOML `[[certificate]]` tables) and the
 /// `context` guest at `/`; the certificate files are in its directory.
 async fn tls_server(dir: tempfile::TempDir, certificates: &str) -> anyhow::Result<TestServer> {
+    tls_server_with(dir, "", certificates).await
+}
+
+/// [`tls_server`] with more `[server]` settings.
+async fn tls_server_with(
+    dir: tempfile::TempDir,
+    server: &str,
+    certificates: &str,
+) -> anyhow::Result<TestServer> {
     crate::support::test_guest(dir.path(), "context");
+    crate::support::test_guest(dir.path(), "cgi_probe");
     let config = format!(
-        "[server]\ntls_listen = \"127.0.0.1:0\"\ntls_handshake_timeout_ms = 1000\n\
+        "[server]\ntls_listen = \"127.0.0.1:0\"\ntls_handshake_timeout_ms = 1000\n{server}\
          [pool]\ninstances = 16\nmax_memory_mib = 64\n\
-         [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\n{certificates}"
+         [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\n\
+         [[tenant]]\nname = \"cgi\"\nmodule = \"cgi_probe.wasm\"\npaths = [\"/cgi\"]\n\
+         {certificates}"
     );
     TestServer::try_start_in(dir, &config).await
 }
@@ -190,6 +202,13 @@ async fn https_serves_each_host_its_certificate_over_h2_and_http1_and_guests_see
             let tls = connect(addr, sni, alpn, &pki.ca).await.expect("handshake");
             let served = &tls.get_ref().1.peer_certificates().unwrap()[0];
             assert_eq!(served, want, "{sni}: the wrong certificate");
+            // The hybrid post-quantum key exchange, which a current client offers first.
+            let group = tls
+                .get_ref()
+                .1
+                .negotiated_key_exchange_group()
+                .map(|g| g.name());
+            assert_eq!(group, Some(rustls::NamedGroup::X25519MLKEM768));
             let host = format!("{sni}:{}", addr.port());
             let (status, v, body) = get(tls, &host, "/x?y=1").await;
             assert_eq!(
@@ -207,6 +226,17 @@ async fn https_serves_each_host_its_certificate_over_h2_and_http1_and_guests_see
                 "{body}"
             );
         }
+    }
+    // A CGI program learns it too (RFC 3875 and Apache's variables).
+    let tls = connect(addr, "a.test", &[b"h2"], &pki.ca).await.unwrap();
+    let (_, _, env) = get(tls, &format!("a.test:{}", addr.port()), "/cgi/env").await;
+    for want in [
+        "HTTPS=on".to_string(),
+        "REQUEST_SCHEME=https".into(),
+        format!("SERVER_PORT={}", addr.port()),
+        "SERVER_NAME=a.test".into(),
+    ] {
+        assert!(env.lines().any(|l| l == want), "{want} missing from {env}");
     }
     // TLS 1.2 clients are served too.
     let tls = connect_with(
@@ -329,6 +359,39 @@ async fn failed_and_stalled_handshakes_are_closed_and_counted_by_reason() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("every failure counted by its reason: {m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_past_the_cap_are_closed_at_once_and_counted_busy() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    pki.issue(dir.path(), "a", &["a.test"]);
+    let s = tls_server_with(
+        dir,
+        "max_tls_handshakes = 1\nruntime = \"shared\"\n",
+        "[[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n",
+    )
+    .await
+    .expect("start");
+    let addr = s.running.tls_addr.unwrap();
+    // A client that says nothing holds the one handshake slot until the deadline (1 s).
+    let _silent = TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    connect(addr, "a.test", &[], &pki.ca)
+        .await
+        .expect_err("no handshake slot");
+    let m = s.metrics().await;
+    assert_eq!(
+        metric(&m, "tern_tls_handshake_failures_total{reason=\"busy\"} "),
+        1.0,
+        "{m}"
+    );
+    // Once the silent one is timed out, handshakes are taken again.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let tls = connect(addr, "a.test", &[], &pki.ca)
+        .await
+        .expect("handshake");
+    assert_eq!(get(tls, "a.test", "/").await.0, StatusCode::OK);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

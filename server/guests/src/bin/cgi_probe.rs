@@ -12,6 +12,7 @@
 //! - `/big?n=N`: `200` with N bytes of `x`, written in one go after the headers.
 //! - `/read`: reads stdin to its end and reports how many bytes it got (or the error).
 //! - `/args`: its arguments, one per line.
+//! - `/env`: its environment (the request's meta-variables), one `NAME=value` per line.
 
 use std::io::{Read, Write};
 
@@ -68,6 +69,12 @@ fn main() {
             let _ = write!(out, "Content-Type: text/plain\n\n");
             for a in std::env::args() {
                 let _ = writeln!(out, "{a}");
+            }
+        }
+        "/env" => {
+            let _ = write!(out, "Content-Type: text/plain\n\n");
+            for (k, v) in std::env::vars() {
+                let _ = writeln!(out, "{k}={v}");
             }
         }
         _ => {
