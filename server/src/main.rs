@@ -49,6 +49,17 @@ enum Command {
         /// tenants deployed through the admin API).
         #[arg(long, conflicts_with = "config")]
         no_demo: bool,
+        /// Also serve HTTPS on this address (`server.tls_listen`), with --tls-cert and --tls-key
+        /// as the default certificate.
+        #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+        tls_listen: Option<SocketAddr>,
+        /// PEM file: the certificate (then its chain) served by --tls-listen to clients whose
+        /// name no `[[certificate]]` of the config serves.
+        #[arg(long, requires = "tls_listen")]
+        tls_cert: Option<PathBuf>,
+        /// PEM file: the private key of --tls-cert.
+        #[arg(long, requires = "tls_listen")]
+        tls_key: Option<PathBuf>,
     },
     /// Create a handler project in ./NAME that builds with one command: for Tern's ABI, Rust
     /// with a copy of the SDK, C with tern.h, or Zig; a wasi:http component in Rust; a CGI
@@ -195,7 +206,13 @@ fn main() -> ExitCode {
             admin_listen,
             data_dir,
             no_demo,
-        } => serve(config, listen, admin_listen, data_dir, no_demo),
+            tls_listen,
+            tls_cert,
+            tls_key,
+        } => {
+            let tls = tls_listen.zip(tls_cert.zip(tls_key));
+            serve(config, listen, admin_listen, data_dir, no_demo, tls)
+        }
         Command::Compile {
             input,
             output,
@@ -248,6 +265,7 @@ fn serve(
     admin_listen: Option<SocketAddr>,
     data_dir: Option<PathBuf>,
     no_demo: bool,
+    tls: Option<(SocketAddr, (PathBuf, PathBuf))>,
 ) -> anyhow::Result<()> {
     let mut config = match &config_path {
         Some(path) => Config::load(path)?,
@@ -261,6 +279,9 @@ fn serve(
     }
     if let Some(a) = admin_listen {
         config.server.admin_listen = a;
+    }
+    if let Some((at, (cert, key))) = tls {
+        config.serve_tls_from_command_line(at, &cert, &key)?;
     }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     // With per-core workers this runtime only runs the admin listener and signal handling.

@@ -263,7 +263,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     ));
     match tls_addr {
         Some(tls) => tracing::info!(
-            "serving tenants on http://{addr} and https://{tls}, metrics on http://{admin_addr}/metrics"
+            "serving tenants on http://{addr}, https://{tls}, metrics on http://{admin_addr}/metrics"
         ),
         None => tracing::info!(
             "serving tenants on http://{addr}, metrics on http://{admin_addr}/metrics"

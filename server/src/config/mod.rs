@@ -147,6 +147,9 @@ pub struct CertificateConfig {
     pub cert: Spanned<String>,
     /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key: Spanned<String>,
+    /// Given by `tern serve --tls-cert/--tls-key`, not the file (a reload keeps it).
+    #[serde(skip)]
+    pub from_command_line: bool,
 }
 
 /// How worker threads are organised (`server.runtime`).
@@ -763,6 +766,35 @@ impl Config {
 }
 
 impl Config {
+    /// `tern serve --tls-listen --tls-cert --tls-key`: a TLS listener on `at` whose default
+    /// certificate is `cert` and `key` (paths as given, from the working directory).
+    ///
+    /// # Errors
+    /// If the config has a default certificate already, or the paths are not UTF-8.
+    pub fn serve_tls_from_command_line(
+        &mut self,
+        at: SocketAddr,
+        cert: &Path,
+        key: &Path,
+    ) -> anyhow::Result<()> {
+        let absolute = |p: &Path| -> anyhow::Result<Spanned<String>> {
+            let p = std::path::absolute(p)?;
+            let text = p
+                .to_str()
+                .ok_or_else(|| anyhow::anyhow!("{}: not a UTF-8 path", p.display()))?;
+            Ok(Spanned::new(0..0, text.to_string()))
+        };
+        self.server.tls_listen = Some(at);
+        self.certificates.push(CertificateConfig {
+            hosts: Vec::new(),
+            cert: absolute(cert)?,
+            key: absolute(key)?,
+            from_command_line: true,
+        });
+        self.validate_tls()
+            .map_err(|e| anyhow::anyhow!("--tls-cert: {}", e.message))
+    }
+
     /// The TLS listener has certificates and they have it; a host is served by one certificate;
     /// at most one default. (The files are read when the listener starts: [`crate::tls`].)
     fn validate_tls(&self) -> Result<(), Invalid> {

@@ -737,8 +737,17 @@ impl Registry {
                 "the server runs the built-in demo config; start it with --config to reload".into(),
             ));
         };
-        let config = Config::load(&path).map_err(|e| ChangeError::Invalid(e.to_string()))?;
+        let mut config = Config::load(&path).map_err(|e| ChangeError::Invalid(e.to_string()))?;
         one_owner(&config, &state.manifest)?;
+        // The certificate given on the command line is not in the file: it stays.
+        config.certificates.extend(
+            state
+                .config
+                .certificates
+                .iter()
+                .filter(|c| c.from_command_line)
+                .cloned(),
+        );
         let certificates = match self.certificates.get() {
             None => None,
             Some(_) if config.certificates.is_empty() => {
@@ -771,6 +780,7 @@ impl Registry {
             served.replace(table);
         }
         state.config.tenants = config.tenants;
+        state.config.certificates = config.certificates;
         state.config.base_dir = config.base_dir;
         tracing::info!(
             config = %path.display(),

@@ -365,6 +365,19 @@ pub fn demo_file(dir: &Path, name: &str) -> PathBuf {
 }
 
 /// The `tern` binary built with these tests.
+/// Runs `command` to its end and checks that it succeeded (its stderr is the failure message).
+pub fn ran(command: &mut std::process::Command) -> std::process::Output {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?} cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 pub fn tern_bin() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_tern"))
 }
@@ -390,6 +403,8 @@ pub struct TernProcess {
     pub addr: String,
     /// The admin address it announced.
     pub admin: String,
+    /// The HTTPS address it announced, if it serves HTTPS.
+    pub tls: Option<String>,
 }
 
 impl TernProcess {
@@ -422,6 +437,7 @@ impl TernProcess {
             log,
             addr: String::new(),
             admin: String::new(),
+            tls: None,
         };
         let line = p.wait_for("serving tenants on http://");
         p.addr = line
@@ -430,6 +446,11 @@ impl TernProcess {
             .and_then(|rest| rest.split(',').next())
             .expect("address in log")
             .to_string();
+        p.tls = line
+            .split(", https://")
+            .nth(1)
+            .and_then(|rest| rest.split(',').next())
+            .map(str::to_string);
         p.admin = line
             .split("metrics on http://")
             .nth(1)

@@ -537,3 +537,57 @@ async fn a_reload_rotates_certificates_under_load_and_a_bad_one_changes_nothing(
     let (done, failed) = (done.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
     assert!(done > 20 && failed == 0, "{done} requests, {failed} failed");
 }
+
+/// The README's HTTPS commands, as written there: `openssl req` for a self-signed `localhost`
+/// certificate, `tern serve --tls-listen --tls-cert --tls-key` (here on an ephemeral port), and
+/// curl trusting that certificate.
+#[test]
+fn the_readme_https_commands_serve_the_demo_over_https() {
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
+    )
+    .unwrap();
+    let line = |start: &str| {
+        readme
+            .lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("README has no `{start}` line"))
+            .to_string()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let openssl = line("openssl req ");
+    crate::support::ran(
+        std::process::Command::new("sh")
+            .args(["-c", &openssl])
+            .current_dir(dir.path()),
+    );
+    // `cargo run --release -p tern -- serve ARGS` is the binary with ARGS.
+    let serve = line("cargo run --release -p tern -- serve --tls-listen");
+    let args: Vec<String> = serve
+        .split_whitespace()
+        .skip_while(|w| *w != "serve")
+        .skip(1)
+        .map(|w| match w {
+            "127.0.0.1:8443" => "127.0.0.1:0".to_string(),
+            "cert.pem" | "key.pem" => dir.path().join(w).display().to_string(),
+            w => w.to_string(),
+        })
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let p = crate::support::TernProcess::serve(&args, &dir.path().join("cache"));
+    let tls = p.tls.clone().expect("the HTTPS address in the log");
+    let port = tls.rsplit(':').next().unwrap();
+    let curl = line("curl --cacert cert.pem https://");
+    assert!(curl.contains("https://localhost:8443/hello"), "{curl}");
+    let out = crate::support::ran(
+        std::process::Command::new("curl")
+            .args(["-sS", "--fail", "--cacert"])
+            .arg(dir.path().join("cert.pem"))
+            .arg(format!("https://localhost:{port}/hello")),
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("Hello"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
