@@ -224,11 +224,12 @@ impl Certificates {
 
     /// Serves `table` from the next handshake on.
     pub fn replace(&self, table: Table) {
-        let old = self.table.swap(Arc::new(table));
+        let table = Arc::new(table);
+        let old = self.table.swap(table.clone());
         for (name, _) in &old.expiries {
             let _ = self.expiry.remove_label_values(&[name]);
         }
-        for (name, at) in &self.table.load().expiries {
+        for (name, at) in &table.expiries {
             self.expiry.with_label_values(&[name]).set(*at);
         }
     }

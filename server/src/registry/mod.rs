@@ -737,32 +737,39 @@ impl Registry {
                 "the server runs the built-in demo config; start it with --config to reload".into(),
             ));
         };
-        let mut config = Config::load(&path).map_err(|e| ChangeError::Invalid(e.to_string()))?;
-        one_owner(&config, &state.manifest)?;
         // The certificate given on the command line is not in the file: it stays.
-        config.certificates.extend(
-            state
-                .config
-                .certificates
-                .iter()
-                .filter(|c| c.from_command_line)
-                .cloned(),
-        );
-        let certificates = match self.certificates.get() {
-            None => None,
-            Some(_) if config.certificates.is_empty() => {
-                return Err(ChangeError::Invalid(
-                    "the TLS listener needs its [[certificate]]s: server.tls_listen and the \
-                     other [server] settings change at the next restart"
-                        .into(),
-                ));
-            }
-            Some(served) => {
-                let table = crate::tls::Table::load(&config.certificates, &config.base_dir)
-                    .map_err(|e| ChangeError::Unprocessable(e.to_string()))?;
-                Some((served, table))
-            }
-        };
+        let kept: Vec<_> = state
+            .config
+            .certificates
+            .iter()
+            .filter(|c| c.from_command_line)
+            .cloned()
+            .collect();
+        let (serves_tls, file) = (self.certificates.get().is_some(), path.clone());
+        // The file and the certificates (read, parsed, keys checked) are read off the reactor.
+        let (config, table) = tokio::task::spawn_blocking(move || {
+            let mut config =
+                Config::load(&file).map_err(|e| ChangeError::Invalid(e.to_string()))?;
+            config.certificates.extend(kept);
+            let table = match (serves_tls, config.certificates.is_empty()) {
+                (false, _) => None,
+                (true, true) => {
+                    return Err(ChangeError::Invalid(
+                        "the TLS listener needs its [[certificate]]s: server.tls_listen and the \
+                         other [server] settings change at the next restart"
+                            .into(),
+                    ));
+                }
+                (true, false) => Some(
+                    crate::tls::Table::load(&config.certificates, &config.base_dir)
+                        .map_err(|e| ChangeError::Unprocessable(e.to_string()))?,
+                ),
+            };
+            Ok((config, table))
+        })
+        .await
+        .map_err(internal)??;
+        one_owner(&config, &state.manifest)?;
         let mut tenants = self.load_config_tenants(&config).await.map_err(|e| {
             // One line for the JSON error: "2 tenant(s) failed to load: a: ...; b: ...".
             let text = format!("{e:#}").replacen(":\n  ", ": ", 1);
@@ -776,7 +783,7 @@ impl Registry {
         }
         self.live
             .store(Arc::new(Live::build(tenants.into_values())?));
-        if let Some((served, table)) = certificates {
+        if let (Some(served), Some(table)) = (self.certificates.get(), table) {
             served.replace(table);
         }
         state.config.tenants = config.tenants;
