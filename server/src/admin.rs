@@ -12,6 +12,9 @@
 //! | `DELETE /admin/v1/tenants/{name}` | remove a tenant |
 //! | `POST /admin/v1/assets` | store a tar archive of assets; returns its hash |
 //! | `POST /admin/v1/reload` | re-read the config file (as `SIGHUP` does) |
+//! | `GET /admin/v1/certificates` | every certificate the TLS listener serves: config file, uploaded, ACME |
+//! | `PUT /admin/v1/certificates/{name}` | upload a certificate (JSON `hosts`, `cert`, `key` PEM); served from the next handshake |
+//! | `DELETE /admin/v1/certificates/{name}` | remove an uploaded or ACME certificate |
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -272,6 +275,9 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
                 )
             }),
         },
+        (_, ["certificates"] | ["certificates", _]) => {
+            certificates(&app, &method, &parts, req).await
+        }
         (&Method::POST, ["reload"]) => registry
             .reload()
             .await
@@ -287,6 +293,65 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
     match result {
         Ok((status, v)) => json_response(status, &v),
         Err(e) => error_response(&e),
+    }
+}
+
+/// `/admin/v1/certificates[/{name}]`.
+async fn certificates(
+    app: &App,
+    method: &Method,
+    parts: &[&str],
+    req: Request<Incoming>,
+) -> Result<(StatusCode, Value), ChangeError> {
+    use crate::tls::uploads::{Refused, Upload};
+    let Some(certificates) = app.registry.certificates() else {
+        return Err(ChangeError::Conflict(
+            "this server has no TLS listener: set server.tls_listen (and restart) to serve \
+             certificates"
+                .into(),
+        ));
+    };
+    let refused = |e: Refused| match e {
+        Refused::Invalid(m) => ChangeError::Invalid(m),
+        Refused::Unusable(m) => ChangeError::Unprocessable(m),
+        Refused::Conflict(m) => ChangeError::Conflict(m),
+        Refused::NotFound(m) => ChangeError::NotFound(m),
+        Refused::Internal(m) => ChangeError::Internal(m),
+    };
+    match (method, parts) {
+        (&Method::GET, ["certificates"]) => certificates
+            .describe()
+            .await
+            .map(|v| (StatusCode::OK, v))
+            .map_err(refused),
+        (&Method::PUT, ["certificates", name]) => {
+            let body = read_body(req, MAX_JSON_BYTES).await?;
+            let upload: Upload = serde_json::from_slice(&body).map_err(|e| {
+                ChangeError::Invalid(format!(
+                    "a certificate upload is JSON {{\"hosts\": [...], \"cert\": PEM, \"key\": \
+                     PEM}}: {e}"
+                ))
+            })?;
+            let created = certificates
+                .put_uploaded(name, upload)
+                .await
+                .map_err(refused)?;
+            let status = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            Ok((status, json!({ "certificate": name, "created": created })))
+        }
+        (&Method::DELETE, ["certificates", name]) => certificates
+            .delete_stored(name)
+            .await
+            .map(|()| (StatusCode::OK, json!({ "deleted": name })))
+            .map_err(refused),
+        _ => Err(ChangeError::MethodNotAllowed(format!(
+            "{method} is not allowed on /admin/v1/{}",
+            parts.join("/")
+        ))),
     }
 }
 

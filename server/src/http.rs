@@ -23,6 +23,8 @@ use crate::tenant::TenantRef;
 
 /// `x-request-id`: honoured when the client sends a sane one, generated otherwise.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// Where HTTP-01 challenge answers are asked for (RFC 8555 §8.3).
+const ACME_CHALLENGE_PATH: &str = "/.well-known/acme-challenge/";
 static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
 /// Serves one request that came on `conn`. Infallible: failures become responses.
@@ -53,6 +55,17 @@ pub async fn handle(
             return ex.unrouted(&app, resp);
         }
     };
+    // An ACME HTTP-01 challenge in progress is answered before any tenant sees the path.
+    if conn.tls.is_none()
+        && let Some(token) = req.uri().path().strip_prefix(ACME_CHALLENGE_PATH)
+        && let Some(answer) = app
+            .registry
+            .certificates()
+            .and_then(|c| c.http_challenge(token))
+    {
+        ex.timings.set(Phase::Route, ex.arrived.elapsed());
+        return ex.unrouted(&app, plain(StatusCode::OK, &answer));
+    }
     let route = || {
         app.registry
             .live()

@@ -119,6 +119,12 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Manage the certificates a running server's TLS listener serves, kept in its data
+    /// directory beside the tenants (config-file certificates are changed in the file).
+    Cert {
+        #[command(subcommand)]
+        action: CertAction,
+    },
     /// Make a running server re-read its config file (as SIGHUP does).
     Reload {
         #[command(flatten)]
@@ -140,6 +146,44 @@ enum Command {
         /// there, nor the other way).
         #[arg(long)]
         wasi_p3: bool,
+    },
+}
+
+/// `tern cert ...`.
+#[derive(Debug, clap::Subcommand)]
+enum CertAction {
+    /// Upload a certificate and its key (PEM), served from the next TLS handshake; replaces
+    /// a stored certificate of the same name.
+    Put {
+        /// A name for it (shown by `tern cert list`, used by `tern cert delete`).
+        name: String,
+        /// The certificate, then its chain (PEM file).
+        #[arg(long)]
+        cert: PathBuf,
+        /// Its private key (PEM file).
+        #[arg(long)]
+        key: PathBuf,
+        /// A host name it serves, exact or `*.wildcard` (repeat for more); none: the default
+        /// certificate, for clients asking for a name no other certificate serves.
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// List every certificate served: config file, uploaded, obtained by ACME.
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Remove an uploaded certificate (or an ACME one, which is ordered again if still wanted).
+    Delete {
+        /// Its name.
+        name: String,
+        #[command(flatten)]
+        admin: AdminArgs,
     },
 }
 
@@ -248,6 +292,22 @@ fn main() -> ExitCode {
         Command::Delete { tenant, admin } => {
             admin.run(|t| async move { tern::cli::delete(&t, &tenant).await })
         }
+        Command::Cert { action } => match action {
+            CertAction::Put {
+                name,
+                cert,
+                key,
+                hosts,
+                admin,
+            } => admin
+                .run(|t| async move { tern::cli::cert_put(&t, &name, &cert, &key, &hosts).await }),
+            CertAction::List { json, admin } => {
+                admin.run(|t| async move { tern::cli::cert_list(&t, json).await })
+            }
+            CertAction::Delete { name, admin } => {
+                admin.run(|t| async move { tern::cli::cert_delete(&t, &name).await })
+            }
+        },
         Command::Reload { admin } => admin.run(|t| async move { tern::cli::reload(&t).await }),
     };
     match result {

@@ -215,6 +215,8 @@ pub struct Metrics {
     pub tls_handshake_failures: IntCounterVec,
     /// When each served certificate expires (Unix seconds), by its name.
     pub tls_certificate_expiry: IntGaugeVec,
+    /// ACME orders, by outcome.
+    pub acme_orders: IntCounterVec,
 }
 
 impl Metrics {
@@ -309,6 +311,14 @@ impl Metrics {
              host name (`default` for the default certificate).",
             &["certificate"],
         );
+        let acme_orders = r.counters(
+            "tern_acme_orders_total",
+            "Certificate orders placed with the ACME CA ([tls.acme]), by outcome: issued (a \
+             certificate obtained and served), failed (the CA refused or could not be reached; \
+             retried with backoff, the old certificate keeps serving), busy (another process \
+             sharing the data directory holds the name's lease and orders it).",
+            &["outcome"],
+        );
         let memory_peak = r.histogram(
             "tern_guest_memory_peak_bytes",
             "Largest linear memory each guest reached during its request.",
@@ -392,6 +402,7 @@ impl Metrics {
             tls_handshakes,
             tls_handshake_failures,
             tls_certificate_expiry,
+            acme_orders,
             memory_peak,
             compile,
             log_dropped,

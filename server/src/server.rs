@@ -160,12 +160,41 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     let addr = public.local_addr()?;
     let admin_addr = admin_l.local_addr()?;
     // The TLS listener: its certificates are read and checked before anything serves.
+    let mut acme_manager = None;
     let tls = match config.server.tls_listen {
         None => None,
         Some(at) => {
             let table = crate::tls::Table::load(&config.certificates, &config.base_dir)?;
-            let certificates = crate::tls::Certificates::new(table, &app.metrics);
+            let store = crate::tls::stored::CertStore::open(&data_dir)?;
+            let stored = store.table(&store.read()?);
+            let nothing = table.is_empty() && stored.is_empty() && config.tls.acme.is_none();
+            let certificates = crate::tls::Certificates::new(table, Some(store), &app.metrics);
+            certificates.replace_stored(stored);
+            if nothing {
+                tracing::warn!(
+                    "the TLS listener has no certificate yet: handshakes fail until one is \
+                     uploaded (tern cert put) or configured ([[certificate]], [tls.acme])"
+                );
+            }
             app.registry.reload_certificates(certificates.clone());
+            if let Some(acme) = &config.tls.acme {
+                let a = app.clone();
+                let tenant_hosts: crate::tls::acme::TenantHosts = Box::new(move || {
+                    let live = a.registry.live();
+                    live.tenants
+                        .values()
+                        .flat_map(|t| t.hosts.iter().cloned())
+                        .collect()
+                });
+                acme_manager = Some(crate::tls::acme::Manager::new(
+                    acme.clone(),
+                    &config.base_dir,
+                    &data_dir,
+                    certificates.clone(),
+                    tenant_hosts,
+                    &app.metrics,
+                )?);
+            }
             let acceptor = crate::tls::Acceptor::new(
                 certificates,
                 config.server.max_tls_handshakes,
@@ -195,6 +224,9 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
 
     let mut tasks = Vec::new();
     let mut threads = Vec::new();
+    if let Some(manager) = acme_manager {
+        tasks.push(manager.spawn(shutdown.clone()));
+    }
     if per_core {
         // Worker 0 takes the listener bound above (which fixed the port); the others bind the
         // same address with SO_REUSEPORT, and the kernel spreads connections across them.

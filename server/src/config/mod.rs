@@ -56,6 +56,9 @@ pub struct Config {
     /// The certificates the TLS listener serves (`server.tls_listen`).
     #[serde(default, rename = "certificate")]
     pub certificates: Vec<CertificateConfig>,
+    /// `[tls]`: certificates obtained automatically.
+    #[serde(default)]
+    pub tls: TlsConfig,
     /// Directory relative module paths are resolved against (the config file's directory).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -150,6 +153,70 @@ pub struct CertificateConfig {
     /// Given by `tern serve --tls-cert/--tls-key`, not the file (a reload keeps it).
     #[serde(skip)]
     pub from_command_line: bool,
+}
+
+/// `[tls]`: TLS settings beyond the listener and the certificate files.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// `[tls.acme]`: certificates obtained and renewed from an ACME certificate authority.
+    pub acme: Option<AcmeConfig>,
+}
+
+/// `[tls.acme]`: obtain a certificate per host name from an ACME CA (RFC 8555: Let's Encrypt,
+/// ZeroSSL, a company CA) and renew it before it expires. Setting it agrees to the CA's terms
+/// of service.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcmeConfig {
+    /// The CA's directory URL, e.g. Let's Encrypt's
+    /// `https://acme-v02.api.letsencrypt.org/directory` (its staging CA for trials:
+    /// `https://acme-staging-v02.api.letsencrypt.org/directory`).
+    pub directory: Spanned<String>,
+    /// Contact URLs for the account (`mailto:ops@example.com`); the CA writes about problems.
+    #[serde(default)]
+    pub contact: Vec<String>,
+    /// Host names to obtain certificates for. Empty: every exact name in the tenants' `hosts`
+    /// (wildcards need DNS validation, which Tern does not do). Names a `[[certificate]]` or an
+    /// uploaded certificate serves are left to it.
+    #[serde(default)]
+    pub hosts: Vec<Spanned<String>>,
+    /// How the CA checks that a name points here: `tls-alpn-01` (on the TLS listener, which
+    /// must be reachable on port 443) or `http-01` (on `listen`, reachable on port 80).
+    #[serde(default)]
+    pub challenge: AcmeChallenge,
+    /// A PEM file with the CA certificate to trust for the ACME server's own HTTPS (a private
+    /// or test CA); unset: the system's roots.
+    #[serde(default)]
+    pub ca_root: Option<Spanned<String>>,
+    /// How often certificates are checked for renewal and the data directory for certificates
+    /// other replicas obtained, in seconds.
+    #[serde(default = "default_acme_check")]
+    pub check_interval_seconds: u64,
+    /// After a failed order, the wait before the next try, in seconds; it doubles with each
+    /// failure up to 6 hours.
+    #[serde(default = "default_acme_retry")]
+    pub retry_seconds: u64,
+}
+
+fn default_acme_check() -> u64 {
+    60
+}
+
+fn default_acme_retry() -> u64 {
+    60
+}
+
+/// The ACME challenge Tern answers (`tls.acme.challenge`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum AcmeChallenge {
+    /// RFC 8737: a special certificate on the TLS listener.
+    #[default]
+    #[serde(rename = "tls-alpn-01")]
+    TlsAlpn01,
+    /// RFC 8555 8.3: a token at `/.well-known/acme-challenge/` on the cleartext listener.
+    #[serde(rename = "http-01")]
+    Http01,
 }
 
 /// How worker threads are organised (`server.runtime`).
@@ -801,24 +868,46 @@ impl Config {
         let at =
             |span: Option<std::ops::Range<usize>>, message: String| Err(Invalid { span, message });
         let server = &self.server;
-        match (server.tls_listen, self.certificates.first()) {
-            (Some(_), None) => {
+        // A TLS listener without [[certificate]]s serves the data directory's (uploaded with
+        // `tern cert put`, or obtained by [tls.acme]).
+        if server.tls_listen.is_none()
+            && let Some(c) = self.certificates.first()
+        {
+            return at(
+                Some(c.cert.span()),
+                "[[certificate]] is served by the TLS listener: set server.tls_listen \
+                 (e.g. \"0.0.0.0:8443\")"
+                    .into(),
+            );
+        }
+        let acme = self.tls.acme.as_ref();
+        if let Some(acme) = acme {
+            if server.tls_listen.is_none() {
                 return at(
-                    None,
-                    "server.tls_listen needs a certificate: add a [[certificate]] with `cert` and \
-                     `key` PEM files"
+                    Some(acme.directory.span()),
+                    "[tls.acme] certificates are served by the TLS listener: set \
+                     server.tls_listen (e.g. \"0.0.0.0:443\")"
                         .into(),
                 );
             }
-            (None, Some(c)) => {
+            let url = acme.directory.get_ref();
+            if !(url.starts_with("https://") || url.starts_with("http://")) {
                 return at(
-                    Some(c.cert.span()),
-                    "[[certificate]] is served by the TLS listener: set server.tls_listen \
-                     (e.g. \"0.0.0.0:8443\")"
-                        .into(),
+                    Some(acme.directory.span()),
+                    format!("tls.acme.directory: {url:?} is not an http(s) URL"),
                 );
             }
-            _ => {}
+            if acme.check_interval_seconds == 0 || acme.retry_seconds == 0 {
+                return at(
+                    Some(acme.directory.span()),
+                    "tls.acme.check_interval_seconds and tls.acme.retry_seconds must be > 0".into(),
+                );
+            }
+            for h in &acme.hosts {
+                if let Err(m) = acme_name(h.get_ref()) {
+                    return at(Some(h.span()), format!("tls.acme.hosts: {m}"));
+                }
+            }
         }
         if server.tls_handshake_timeout_ms == 0 || server.max_tls_handshakes == 0 {
             return at(
@@ -1046,9 +1135,58 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// Whether `name` is a host name a CA can issue a certificate for by HTTP-01 or TLS-ALPN-01:
+/// a DNS name with a dot, no wildcard, no IP address, no port.
+///
+/// # Errors
+/// Why it is not.
+pub fn acme_name(name: &str) -> Result<(), String> {
+    if name.contains('*') {
+        return Err(format!(
+            "{name:?}: a wildcard needs DNS validation, which Tern does not do; give it a \
+             [[certificate]]"
+        ));
+    }
+    if name.parse::<std::net::IpAddr>().is_ok() || name.contains(':') {
+        return Err(format!("{name:?}: not a DNS name (an address or a port)"));
+    }
+    let labels_ok = name.split('.').all(|l| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    });
+    if !name.contains('.') || !labels_ok || name.len() > 253 {
+        return Err(format!(
+            "{name:?}: not a public DNS name a CA can issue for (letters, digits, `-`, at least \
+             one dot)"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn acme_names_are_dns_names_without_wildcards_addresses_or_ports() {
+        assert!(acme_name("a.example.com").is_ok());
+        assert!(acme_name("xn--bcher-kva.example").is_ok());
+        for bad in [
+            "*.example.com",
+            "127.0.0.1",
+            "::1",
+            "a.test:443",
+            "localhost",
+            "-a.test",
+            "a..test",
+            "a_b.test",
+        ] {
+            assert!(acme_name(bad).is_err(), "{bad}");
+        }
+    }
 
     fn err(text: &str) -> String {
         Config::parse(text, "t.toml", PathBuf::new())

@@ -242,6 +242,11 @@ impl Registry {
         let _ = self.certificates.set(certificates);
     }
 
+    /// The TLS listener's certificates, if there is one.
+    pub fn certificates(&self) -> Option<&Arc<crate::tls::Certificates>> {
+        self.certificates.get()
+    }
+
     /// The current table (one atomic load).
     pub fn live(&self) -> arc_swap::Guard<Arc<Live>> {
         self.live.load()
@@ -751,21 +756,12 @@ impl Registry {
             let mut config =
                 Config::load(&file).map_err(|e| ChangeError::Invalid(e.to_string()))?;
             config.certificates.extend(kept);
-            let table = match (serves_tls, config.certificates.is_empty()) {
-                (false, _) => None,
-                (true, true) => {
-                    return Err(ChangeError::Invalid(
-                        "the TLS listener needs its [[certificate]]s: server.tls_listen and the \
-                         other [server] settings change at the next restart"
-                            .into(),
-                    ));
-                }
-                (true, false) => Some(
-                    crate::tls::Table::load(&config.certificates, &config.base_dir)
-                        .map_err(|e| ChangeError::Unprocessable(e.to_string()))?,
-                ),
-            };
-            Ok((config, table))
+            // Without [[certificate]]s the listener serves what the data directory holds.
+            let table = serves_tls
+                .then(|| crate::tls::Table::load(&config.certificates, &config.base_dir))
+                .transpose()
+                .map_err(|e| ChangeError::Unprocessable(e.to_string()))?;
+            Ok::<_, ChangeError>((config, table))
         })
         .await
         .map_err(internal)??;

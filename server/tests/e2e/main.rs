@@ -4,6 +4,7 @@
 //! HTTP client.
 
 mod abi;
+mod acme;
 mod admin_input;
 mod artifacts;
 mod clients;

@@ -436,7 +436,11 @@ async fn bad_certificate_files_are_refused_at_start_with_the_reason() {
             },
             "a second default certificate",
         ),
-        ("", &|_| {}, "server.tls_listen needs a certificate"),
+        (
+            "[tls.acme]\ndirectory = \"https://ca.test/dir\"\nhosts = [\"*.w.test\"]\n",
+            &|_| {},
+            "tls.acme.hosts: \"*.w.test\": a wildcard needs DNS validation",
+        ),
     ];
     for (certificates, files, want) in cases {
         let dir = tempfile::tempdir().unwrap();
@@ -450,6 +454,175 @@ async fn bad_certificate_files_are_refused_at_start_with_the_reason() {
         .err()
         .expect("refused");
     assert!(format!("{e:#}").contains("set server.tls_listen"), "{e:#}");
+    // So is ACME without one.
+    let e = TestServer::try_start("[tls.acme]\ndirectory = \"https://ca.test/dir\"\n")
+        .await
+        .err()
+        .expect("refused");
+    assert!(format!("{e:#}").contains("set server.tls_listen"), "{e:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_uploaded_through_the_admin_api_serve_from_the_next_handshake_and_persist() {
+    use http::Method;
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let first = pki.issue(files.path(), "a1", &["a.test"]);
+    let second = pki.issue(files.path(), "a2", &["a.test"]);
+    pki.issue(files.path(), "b", &["b.test"]);
+    let read = |f: &str| std::fs::read_to_string(files.path().join(f)).unwrap();
+    let upload = |cert: &str, key: &str, hosts: &[&str]| {
+        serde_json::json!({ "hosts": hosts, "cert": read(cert), "key": read(key) }).to_string()
+    };
+    // A TLS listener with no certificate of its own starts, and refuses every name.
+    let s = tls_server(dir, "")
+        .await
+        .expect("starts without a certificate");
+    let tls = s.running.tls_addr.unwrap();
+    assert!(connect(tls, "a.test", &[], &pki.ca).await.is_err());
+
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/certificates/a",
+            upload("a1.crt", "a1.key", &["a.test"]),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let conn = connect(tls, "a.test", &[b"http/1.1"], &pki.ca)
+        .await
+        .expect("served");
+    assert_eq!(conn.get_ref().1.peer_certificates().unwrap()[0], first);
+    let (status, _, body) = get(conn, "a.test", "/").await;
+    assert_eq!(status, 200);
+    assert_eq!(field(&body, "TLS_SNI"), "=a.test");
+
+    // Refused uploads change nothing: a key of another certificate, a host taken by another
+    // upload, a name the certificate does not cover, not JSON.
+    let bad = [
+        (
+            upload("a2.crt", "a1.key", &["a.test"]),
+            "a",
+            422,
+            "does not belong",
+        ),
+        (
+            upload("b.crt", "b.key", &["b.test", "a.test"]),
+            "b",
+            422,
+            "does not cover host \"a.test\"",
+        ),
+        (
+            upload("a2.crt", "a2.key", &["a.test"]),
+            "other",
+            409,
+            "served by the uploaded certificate \"a\"",
+        ),
+        ("{\"cert\": 1}".to_string(), "a", 400, "is JSON"),
+    ];
+    for (body, name, want_status, want) in bad {
+        let (status, v) = s
+            .admin_call(Method::PUT, &format!("/admin/v1/certificates/{name}"), body)
+            .await;
+        assert_eq!(status, want_status, "{v}");
+        assert!(v["error"].as_str().unwrap().contains(want), "{v}");
+    }
+    let conn = connect(tls, "a.test", &[], &pki.ca).await.unwrap();
+    assert_eq!(
+        conn.get_ref().1.peer_certificates().unwrap()[0],
+        first,
+        "unchanged"
+    );
+
+    // `tern cert`: replace it (served from the next handshake), list, upload another.
+    let cli = |args: &[&str]| {
+        crate::support::ran(
+            crate::support::tern_bin()
+                .arg("cert")
+                .args(args)
+                .args(["--server", &format!("http://{}", s.admin())])
+                .args(["--token", crate::support::ADMIN_TOKEN])
+                .current_dir(files.path()),
+        )
+    };
+    let out = cli(&[
+        "put", "a", "--cert", "a2.crt", "--key", "a2.key", "--host", "a.test",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("replaced certificate a for a.test"));
+    let conn = connect(tls, "a.test", &[], &pki.ca).await.unwrap();
+    assert_eq!(
+        conn.get_ref().1.peer_certificates().unwrap()[0],
+        second,
+        "the new one serves"
+    );
+    cli(&[
+        "put", "b", "--cert", "b.crt", "--key", "b.key", "--host", "b.test",
+    ]);
+    let listed = String::from_utf8_lossy(&cli(&["list"]).stdout).into_owned();
+    assert!(
+        listed.contains("a.test") && listed.contains("b.test") && listed.contains("api"),
+        "{listed}"
+    );
+    let m = s.metrics().await;
+    assert!(
+        metric(
+            &m,
+            "tern_tls_certificate_expiry_timestamp_seconds{certificate=\"b.test\"}"
+        ) > 0.0
+    );
+
+    // Delete: the name is refused again; an unknown name is a 404.
+    cli(&["delete", "b"]);
+    assert!(connect(tls, "b.test", &[], &pki.ca).await.is_err());
+    let (status, _) = s
+        .admin_call(Method::DELETE, "/admin/v1/certificates/b", "")
+        .await;
+    assert_eq!(status, 404);
+
+    // A restart serves what was uploaded; a bundle damaged on disk is refused, never served.
+    s.running.shutdown.trigger();
+    let data = s.dir.path().join("data");
+    let dir2 = tempfile::tempdir().unwrap();
+    crate::support::ran(
+        std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&data)
+            .arg(dir2.path().join("data")),
+    );
+    drop(s);
+    let s2 = tls_server(dir2, "").await.unwrap();
+    let tls2 = s2.running.tls_addr.unwrap();
+    let conn = connect(tls2, "a.test", &[], &pki.ca)
+        .await
+        .expect("served after a restart");
+    assert_eq!(conn.get_ref().1.peer_certificates().unwrap()[0], second);
+    let certs = s2.dir.path().join("data/certificates");
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(certs.join("index.json")).unwrap()).unwrap();
+    let bundle = index["certificates"]["a"]["bundle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut pem = std::fs::read(certs.join(format!("{bundle}.pem"))).unwrap();
+    pem.extend_from_slice(b"\n# tampered\n");
+    std::fs::write(certs.join(format!("{bundle}.pem")), pem).unwrap();
+    s2.running.shutdown.trigger();
+    let dir3 = tempfile::tempdir().unwrap();
+    crate::support::ran(
+        std::process::Command::new("cp")
+            .arg("-a")
+            .arg(s2.dir.path().join("data"))
+            .arg(dir3.path().join("data")),
+    );
+    drop(s2);
+    let s3 = tls_server(dir3, "").await.unwrap();
+    assert!(
+        connect(s3.running.tls_addr.unwrap(), "a.test", &[], &pki.ca)
+            .await
+            .is_err(),
+        "a damaged bundle is not served"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,6 +21,10 @@ use rustls::sign::CertifiedKey;
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
+pub mod acme;
+pub mod stored;
+pub mod uploads;
+
 use crate::config::CertificateConfig;
 use crate::context::TlsInfo;
 use crate::metrics::Metrics;
@@ -36,23 +40,47 @@ pub struct CertError {
 }
 
 /// One certificate, loaded and checked.
-struct Loaded {
+#[derive(Debug, Clone)]
+pub struct Loaded {
     key: Arc<CertifiedKey>,
     /// The host patterns it serves (empty: the default).
     hosts: Vec<String>,
     /// When it expires (Unix seconds).
-    not_after: i64,
+    pub not_after: i64,
 }
 
-/// The certificates of a TLS listener, by the name they serve.
-#[derive(Debug, Default)]
+impl Loaded {
+    /// Reads a PEM certificate chain and its key, checks that they belong together and that
+    /// the certificate covers every host in `hosts`; `names` names the two sources in errors.
+    ///
+    /// # Errors
+    /// Unparsable PEM, no certificate or key, a key of another certificate, a host not covered.
+    pub fn from_pem(
+        cert: &[u8],
+        key: &[u8],
+        hosts: &[String],
+        names: (&str, &str),
+    ) -> Result<Self, CertError> {
+        let hosts = hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
+        check_pem(cert, key, hosts, &|which, why| CertError {
+            file: match which {
+                Which::Cert => names.0.to_string(),
+                Which::Key => names.1.to_string(),
+            },
+            why,
+        })
+    }
+
+    /// The leaf certificate (DER).
+    pub fn leaf(&self) -> &CertificateDer<'static> {
+        &self.key.cert[0]
+    }
+}
+
+/// The certificates of a TLS listener's config file, loaded and checked.
+#[derive(Debug, Default, Clone)]
 pub struct Table {
-    exact: HashMap<String, Arc<CertifiedKey>>,
-    /// By the suffix after `*.`.
-    wildcard: HashMap<String, Arc<CertifiedKey>>,
-    default: Option<Arc<CertifiedKey>>,
-    /// Each certificate's name (its first host, or `default`) and expiry (Unix seconds).
-    expiries: Vec<(String, i64)>,
+    certificates: Vec<Loaded>,
 }
 
 impl Table {
@@ -62,35 +90,102 @@ impl Table {
     /// The first file that cannot be read or parsed, a key that does not match its
     /// certificate, or a host the certificate does not cover.
     pub fn load(configs: &[CertificateConfig], base_dir: &Path) -> Result<Self, CertError> {
-        let mut table = Self::default();
+        let mut certificates = Vec::new();
         for c in configs {
-            let hosts: Vec<String> = c
-                .hosts
-                .iter()
-                .map(|h| h.get_ref().to_ascii_lowercase())
-                .collect();
-            let loaded = load_one(
-                &base_dir.join(c.cert.get_ref()),
-                &base_dir.join(c.key.get_ref()),
-                hosts,
-            )?;
-            table.add(loaded);
+            let hosts: Vec<String> = c.hosts.iter().map(|h| h.get_ref().clone()).collect();
+            let (cert, key) = (
+                base_dir.join(c.cert.get_ref()),
+                base_dir.join(c.key.get_ref()),
+            );
+            let read = |p: &Path| {
+                std::fs::read(p).map_err(|e| CertError {
+                    file: p.display().to_string(),
+                    why: format!("cannot read: {e}"),
+                })
+            };
+            let names = (cert.display().to_string(), key.display().to_string());
+            certificates.push(Loaded::from_pem(
+                &read(&cert)?,
+                &read(&key)?,
+                &hosts,
+                (&names.0, &names.1),
+            )?);
         }
-        Ok(table)
+        Ok(Self { certificates })
     }
 
-    fn add(&mut self, c: Loaded) {
-        let name = c.hosts.first().cloned().unwrap_or_else(|| "default".into());
-        self.expiries.push((name, c.not_after));
-        if c.hosts.is_empty() {
-            self.default = Some(c.key.clone());
+    /// A table of certificates loaded elsewhere (the data directory's).
+    pub fn of(certificates: Vec<Loaded>) -> Self {
+        Self { certificates }
+    }
+
+    /// Whether a certificate of this table names `pattern` (an exact host or a wildcard) in its
+    /// `hosts`.
+    pub fn names(&self, pattern: &str) -> bool {
+        self.certificates
+            .iter()
+            .any(|c| c.hosts.iter().any(|h| h == pattern))
+    }
+
+    /// Whether the table has a default certificate (one without `hosts`).
+    pub fn has_default(&self) -> bool {
+        self.certificates.iter().any(|c| c.hosts.is_empty())
+    }
+
+    /// Whether the table holds no certificate.
+    pub fn is_empty(&self) -> bool {
+        self.certificates.is_empty()
+    }
+
+    /// Whether a certificate of this table serves `host` by its exact name or a wildcard (the
+    /// default does not count).
+    pub fn serves(&self, host: &str) -> bool {
+        self.certificates
+            .iter()
+            .any(|c| c.hosts.iter().any(|h| h == host || wildcard_match(h, host)))
+    }
+}
+
+/// Whether the pattern `*.parent` matches `host` (one label under `parent`).
+fn wildcard_match(pattern: &str, host: &str) -> bool {
+    pattern.strip_prefix("*.").is_some_and(|parent| {
+        host.split_once('.')
+            .is_some_and(|(label, rest)| !label.is_empty() && rest == parent)
+    })
+}
+
+/// What a handshake looks certificates up in: the config file's, then the data directory's
+/// (uploaded, then obtained by ACME); a name taken by an earlier one is not taken again.
+#[derive(Debug, Default)]
+struct Index {
+    exact: HashMap<String, Arc<CertifiedKey>>,
+    /// By the suffix after `*.`.
+    wildcard: HashMap<String, Arc<CertifiedKey>>,
+    default: Option<Arc<CertifiedKey>>,
+    /// Each certificate's name (its first host, or `default`) and expiry (Unix seconds).
+    expiries: Vec<(String, i64)>,
+}
+
+impl Index {
+    fn build<'a>(tables: impl IntoIterator<Item = &'a Table>) -> Self {
+        let mut index = Self::default();
+        for c in tables.into_iter().flat_map(|t| &t.certificates) {
+            let name = c.hosts.first().cloned().unwrap_or_else(|| "default".into());
+            if !index.expiries.iter().any(|(n, _)| *n == name) {
+                index.expiries.push((name, c.not_after));
+            }
+            if c.hosts.is_empty() && index.default.is_none() {
+                index.default = Some(c.key.clone());
+            }
+            for h in &c.hosts {
+                let map = match h.strip_prefix("*.") {
+                    Some(suffix) => index.wildcard.entry(suffix.to_string()),
+                    None => index.exact.entry(h.clone()),
+                };
+                map.or_insert_with(|| c.key.clone());
+            }
         }
-        for h in c.hosts {
-            match h.strip_prefix("*.") {
-                Some(suffix) => self.wildcard.insert(suffix.to_string(), c.key.clone()),
-                None => self.exact.insert(h, c.key.clone()),
-            };
-        }
+        index
     }
 
     /// The certificate for a client asking for `name`: the exact name's, else the wildcard's
@@ -107,38 +202,43 @@ impl Table {
     }
 }
 
-/// Reads a PEM certificate chain and its key, checks that they belong together and that the
-/// certificate covers every host in `hosts`.
-fn load_one(cert: &Path, key: &Path, hosts: Vec<String>) -> Result<Loaded, CertError> {
-    let fail = |path: &Path, why: String| CertError {
-        file: path.display().to_string(),
-        why,
-    };
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| fail(cert, pem_error(&e)))?;
+enum Which {
+    Cert,
+    Key,
+}
+
+/// Parses and checks a PEM certificate chain and key (see [`Loaded::from_pem`]).
+fn check_pem(
+    cert: &[u8],
+    key: &[u8],
+    hosts: Vec<String>,
+    fail: &dyn Fn(Which, String) -> CertError,
+) -> Result<Loaded, CertError> {
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| fail(Which::Cert, pem_error(&e)))?;
     let Some(leaf) = chain.first() else {
         return Err(fail(
-            cert,
+            Which::Cert,
             "holds no certificate (no `BEGIN CERTIFICATE` block)".into(),
         ));
     };
-    let private = PrivateKeyDer::from_pem_file(key).map_err(|e| fail(key, pem_error(&e)))?;
+    let private =
+        PrivateKeyDer::from_pem_slice(key).map_err(|e| fail(Which::Key, pem_error(&e)))?;
     let provider = rustls::crypto::aws_lc_rs::default_provider();
     let certified = CertifiedKey::from_der(chain.clone(), private, &provider).map_err(|e| {
         fail(
-            key,
+            Which::Key,
             match e {
-                rustls::Error::InconsistentKeys(_) => format!(
-                    "this key does not belong to the certificate in {}",
-                    cert.display()
-                ),
+                rustls::Error::InconsistentKeys(_) => {
+                    "this key does not belong to the certificate".to_string()
+                }
                 e => format!("not a usable private key: {e}"),
             },
         )
     })?;
     let (_, parsed) = x509_parser::parse_x509_certificate(leaf)
-        .map_err(|e| fail(cert, format!("not a valid X.509 certificate: {e}")))?;
+        .map_err(|e| fail(Which::Cert, format!("not a valid X.509 certificate: {e}")))?;
     let names: Vec<String> = parsed
         .subject_alternative_name()
         .ok()
@@ -159,7 +259,7 @@ fn load_one(cert: &Path, key: &Path, hosts: Vec<String>) -> Result<Loaded, CertE
     for h in &hosts {
         if !covers(&names, h) {
             return Err(fail(
-                cert,
+                Which::Cert,
                 format!(
                     "does not cover host {h:?} (its names: {})",
                     if names.is_empty() {
@@ -174,7 +274,7 @@ fn load_one(cert: &Path, key: &Path, hosts: Vec<String>) -> Result<Loaded, CertE
     let not_after = parsed.validity().not_after.timestamp();
     if not_after < crate::store::now() as i64 {
         tracing::warn!(
-            certificate = %cert.display(),
+            certificate = hosts.first().map_or("default", String::as_str),
             "the certificate has expired: clients will refuse it"
         );
     }
@@ -203,41 +303,122 @@ fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
     }
 }
 
-/// The certificates a TLS listener serves: the table is replaced whole, and the next handshake
-/// sees the new one (connections already open keep theirs).
+/// The certificates a TLS listener serves: the config file's table and the data directory's,
+/// each replaced whole; the next handshake sees the new index (connections already open keep
+/// theirs). Also the answers to ACME TLS-ALPN-01 and HTTP-01 challenges in progress.
 #[derive(Debug)]
 pub struct Certificates {
-    table: ArcSwap<Table>,
+    index: ArcSwap<Index>,
+    /// The config file's table and the data directory's; the lock orders rebuilds.
+    tables: std::sync::Mutex<(Arc<Table>, Arc<Table>)>,
     expiry: prometheus::IntGaugeVec,
+    /// TLS-ALPN-01 answers by host name (RFC 8737).
+    alpn_challenges: std::sync::Mutex<HashMap<String, Arc<CertifiedKey>>>,
+    /// HTTP-01 key authorizations by token.
+    http_challenges: std::sync::Mutex<HashMap<String, String>>,
+    /// Where uploaded and ACME certificates are kept.
+    store: Option<stored::CertStore>,
 }
 
 impl Certificates {
-    /// Serves `table`; its expiry dates go to `metrics`.
-    pub fn new(table: Table, metrics: &Metrics) -> Arc<Self> {
+    /// Serves `table` (the config file's) and what `store` holds; the expiry dates go to
+    /// `metrics`.
+    pub fn new(table: Table, store: Option<stored::CertStore>, metrics: &Metrics) -> Arc<Self> {
         let this = Arc::new(Self {
-            table: ArcSwap::from_pointee(Table::default()),
+            index: ArcSwap::from_pointee(Index::default()),
+            tables: std::sync::Mutex::new((Arc::new(Table::default()), Arc::default())),
             expiry: metrics.tls_certificate_expiry.clone(),
+            alpn_challenges: std::sync::Mutex::default(),
+            http_challenges: std::sync::Mutex::default(),
+            store,
         });
         this.replace(table);
         this
     }
 
-    /// Serves `table` from the next handshake on.
+    /// Serves `table` in place of the config file's from the next handshake on.
     pub fn replace(&self, table: Table) {
-        let table = Arc::new(table);
-        let old = self.table.swap(table.clone());
+        self.rebuild(|tables| tables.0 = Arc::new(table));
+    }
+
+    /// Serves `table` in place of the data directory's from the next handshake on.
+    pub fn replace_stored(&self, table: Table) {
+        self.rebuild(|tables| tables.1 = Arc::new(table));
+    }
+
+    /// The config file's table and the data directory's.
+    pub fn tables(&self) -> (Arc<Table>, Arc<Table>) {
+        self.tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn rebuild(&self, change: impl FnOnce(&mut (Arc<Table>, Arc<Table>))) {
+        let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        change(&mut tables);
+        let index = Arc::new(Index::build([&*tables.0, &*tables.1]));
+        let old = self.index.swap(index.clone());
         for (name, _) in &old.expiries {
             let _ = self.expiry.remove_label_values(&[name]);
         }
-        for (name, at) in &table.expiries {
+        for (name, at) in &index.expiries {
             self.expiry.with_label_values(&[name]).set(*at);
         }
     }
+
+    /// Answers TLS-ALPN-01 challenges for `host` with `key` (`None`: stops answering).
+    pub fn set_alpn_challenge(&self, host: &str, key: Option<Arc<CertifiedKey>>) {
+        let mut map = self
+            .alpn_challenges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match key {
+            Some(k) => map.insert(host.to_string(), k),
+            None => map.remove(host),
+        };
+    }
+
+    /// Answers the HTTP-01 challenge `token` with `key_authorization` (`None`: stops).
+    pub fn set_http_challenge(&self, token: &str, key_authorization: Option<String>) {
+        let mut map = self
+            .http_challenges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match key_authorization {
+            Some(k) => map.insert(token.to_string(), k),
+            None => map.remove(token),
+        };
+    }
+
+    /// The key authorization of the HTTP-01 challenge `token`, if one is in progress.
+    pub fn http_challenge(&self, token: &str) -> Option<String> {
+        self.http_challenges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(token)
+            .cloned()
+    }
 }
+
+/// The ALPN protocol of TLS-ALPN-01 validation (RFC 8737).
+pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
 
 impl ResolvesServerCert for Certificates {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.table.load().pick(hello.server_name())
+        if hello
+            .alpn()
+            .is_some_and(|mut offered| offered.any(|p| p == ACME_TLS_ALPN))
+        {
+            // A CA validating a name: only its challenge certificate answers (RFC 8737 §3).
+            let name = hello.server_name()?;
+            let map = self
+                .alpn_challenges
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            return map.get(name).cloned();
+        }
+        self.index.load().pick(hello.server_name())
     }
 }
 
@@ -290,7 +471,8 @@ impl Acceptor {
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_cert_resolver(certificates.clone());
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        // `acme-tls/1` last: only a CA validating a TLS-ALPN-01 challenge offers it.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()];
         config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
         config.session_storage = rustls::server::ServerSessionMemoryCache::new(16 * 1024);
         Ok(Self {
@@ -323,6 +505,10 @@ impl Acceptor {
         };
         self.done.inc();
         let (_, conn) = stream.get_ref();
+        if conn.alpn_protocol() == Some(ACME_TLS_ALPN) {
+            // The CA has seen the challenge certificate; the connection carries nothing else.
+            return None;
+        }
         let info = TlsInfo {
             protocol: match conn.protocol_version() {
                 Some(ProtocolVersion::TLSv1_3) => "TLSv1.3",
