@@ -15,4 +15,7 @@ pub struct App {
     pub pool: Pool,
     /// Metric handles.
     pub metrics: Metrics,
+    /// Where tenants' `https_redirect` sends clients: the TLS listener's public port (set once
+    /// it is bound; unset without one).
+    pub https_port: std::sync::OnceLock<u16>,
 }

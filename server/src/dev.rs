@@ -66,7 +66,7 @@ pub async fn run(module: &Path, listen: SocketAddr, timeout_ms: u64) -> anyhow::
     eprintln!(
         "tern dev: serving {} at http://{}/ (reloads when the file changes; Ctrl-C stops)",
         module.display(),
-        running.addr
+        running.addr.expect("tern dev listens in cleartext")
     );
     let app = running.app.clone();
     let shutdown = running.shutdown.clone();

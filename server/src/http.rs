@@ -94,6 +94,15 @@ pub async fn handle(
         return ex.unrouted(&app, resp);
     };
 
+    // (A request without a host name has nowhere to be sent: it is served.)
+    if tenant.https_redirect
+        && conn.tls.is_none()
+        && let Some(&port) = app.https_port.get()
+        && let Some(to) = host.and_then(|h| https_location(h, port, req.uri()))
+    {
+        return ex.unrouted(&app, redirect(&to));
+    }
+
     // A declared body over the limit is refused before any instance is made.
     let declared = declared_length(req.headers());
     if declared.is_some_and(|n| n > tenant.limits.max_request_bytes) {
@@ -368,6 +377,31 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
     });
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     HeaderValue::from_str(&format!("{prefix:08x}-{n:012x}")).expect("hex is a valid header value")
+}
+
+/// The same URL as `uri` asked of `host`, over HTTPS on `port`.
+fn https_location(host: &str, port: u16, uri: &http::Uri) -> Option<HeaderValue> {
+    let authority: http::uri::Authority = host.parse().ok()?;
+    let name = authority.host();
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let location = if port == 443 {
+        format!("https://{name}{path}")
+    } else {
+        format!("https://{name}:{port}{path}")
+    };
+    HeaderValue::from_str(&location).ok()
+}
+
+/// `308 Permanent Redirect` to `location` (a 308 keeps the method and body, unlike a 301).
+fn redirect(location: &HeaderValue) -> Response<ResponseBody> {
+    let text = format!(
+        "this site is served over HTTPS: {}\n",
+        location.to_str().unwrap_or_default()
+    );
+    let mut resp = plain(StatusCode::PERMANENT_REDIRECT, &text);
+    resp.headers_mut()
+        .insert(http::header::LOCATION, location.clone());
+    resp
 }
 
 #[cfg(test)]

@@ -335,7 +335,7 @@ fn serve(
         config.tenants.clear();
     }
     if let Some(a) = listen {
-        config.server.listen = a;
+        config.server.listen = Some(a);
     }
     if let Some(a) = admin_listen {
         config.server.admin_listen = a;

@@ -22,8 +22,9 @@ use crate::{admin, listener};
 /// A running server.
 #[derive(Debug)]
 pub struct Running {
-    /// Where the public listener is bound (useful with port 0).
-    pub addr: SocketAddr,
+    /// Where the public cleartext listener is bound (useful with port 0); `None` with
+    /// `listen = "off"`.
+    pub addr: Option<SocketAddr>,
     /// Where the admin listener is bound.
     pub admin_addr: SocketAddr,
     /// Where the TLS listener is bound, if there is one.
@@ -149,15 +150,19 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         admin_token: token.token,
         pool,
         metrics,
+        https_port: std::sync::OnceLock::new(),
     });
 
     let per_core = config.server.runtime == crate::config::RuntimeMode::PerCore;
-    let public = bind(config.server.listen, per_core)
-        .with_context(|| format!("cannot listen on {}", config.server.listen))?;
+    let public = config
+        .server
+        .listen
+        .map(|at| bind(at, per_core).with_context(|| format!("cannot listen on {at}")))
+        .transpose()?;
     let admin_l = TcpListener::bind(config.server.admin_listen)
         .await
         .with_context(|| format!("cannot listen on {} (admin)", config.server.admin_listen))?;
-    let addr = public.local_addr()?;
+    let addr = public.as_ref().map(TcpListener::local_addr).transpose()?;
     let admin_addr = admin_l.local_addr()?;
     // The TLS listener: its certificates are read and checked before anything serves.
     let mut acme_manager = None;
@@ -206,6 +211,12 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         }
     };
     let tls_addr = tls.as_ref().map(|(l, _)| l.local_addr()).transpose()?;
+    if let Some(at) = tls_addr {
+        let public = config.server.public_https_port;
+        let _ = app
+            .https_port
+            .set(if public == 0 { at.port() } else { public });
+    }
     let shutdown = Shutdown::new();
     if watch_swap {
         tokio::spawn(use_memset_reset_under_swap(app.clone(), shutdown.clone()));
@@ -230,11 +241,12 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     if per_core {
         // Worker 0 takes the listener bound above (which fixed the port); the others bind the
         // same address with SO_REUSEPORT, and the kernel spreads connections across them.
-        let mut first = Some(public.into_std()?);
+        let mut first = public;
         for i in 0..config.server.workers() {
-            let std_listener = match first.take() {
-                Some(l) => l,
-                None => bind(addr, true)?.into_std()?,
+            let plain_listener = match (first.take(), addr) {
+                (Some(l), _) => Some(l.into_std()?),
+                (None, Some(at)) => Some(bind(at, true)?.into_std()?),
+                (None, None) => None,
             };
             let tls_listener = match (tls_first.take(), tls_addr) {
                 (Some(l), _) => Some(l.into_std()?),
@@ -251,19 +263,22 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                         .build()
                         .expect("worker runtime");
                     rt.block_on(async move {
-                        let listener = TcpListener::from_std(std_listener).expect("listener");
                         let handler =
                             move |req, client| crate::http::handle(app.clone(), req, client);
+                        let plain = async {
+                            if let Some(l) = plain_listener {
+                                let l = TcpListener::from_std(l).expect("listener");
+                                let (h, s) = (handler.clone(), shutdown.clone());
+                                listener::serve(l, h, s, opts).await;
+                            }
+                        };
                         let tls = async {
                             if let (Some(l), Some(o)) = (tls_listener, tls_opts) {
                                 let l = TcpListener::from_std(l).expect("listener");
                                 listener::serve(l, handler.clone(), shutdown.clone(), o).await;
                             }
                         };
-                        tokio::join!(
-                            listener::serve(listener, handler.clone(), shutdown.clone(), opts),
-                            tls
-                        );
+                        tokio::join!(plain, tls);
                     });
                 })?;
             threads.push(thread);
@@ -271,12 +286,14 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     } else {
         let a = app.clone();
         let handler = move |req, client| crate::http::handle(a.clone(), req, client);
-        tasks.push(tokio::spawn(listener::serve(
-            public,
-            handler.clone(),
-            shutdown.clone(),
-            opts.clone(),
-        )));
+        if let Some(l) = public {
+            tasks.push(tokio::spawn(listener::serve(
+                l,
+                handler.clone(),
+                shutdown.clone(),
+                opts.clone(),
+            )));
+        }
         if let (Some(l), Some(o)) = (tls_first.take(), tls_opts) {
             tasks.push(tokio::spawn(listener::serve(
                 l,
@@ -293,14 +310,17 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         shutdown.clone(),
         listener::ListenOptions::from_config(&config.server),
     ));
-    match tls_addr {
-        Some(tls) => tracing::info!(
-            "serving tenants on http://{addr}, https://{tls}, metrics on http://{admin_addr}/metrics"
-        ),
-        None => tracing::info!(
-            "serving tenants on http://{addr}, metrics on http://{admin_addr}/metrics"
-        ),
-    }
+    let serving: Vec<String> = [
+        addr.map(|a| format!("http://{a}")),
+        tls_addr.map(|a| format!("https://{a}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    tracing::info!(
+        "serving tenants on {}, metrics on http://{admin_addr}/metrics",
+        serving.join(", ")
+    );
     Ok(Running {
         addr,
         admin_addr,

@@ -182,6 +182,8 @@ pub struct Tenant {
     pub warning: Option<String>,
     /// What its clients see when a request fails.
     pub errors: crate::outcome::ErrorPages,
+    /// Cleartext requests are redirected to HTTPS.
+    pub https_redirect: bool,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -467,6 +469,7 @@ pub fn prepare(
             config.settings.errors,
             &config.settings.error_pages,
         ),
+        https_redirect: config.settings.https_redirect,
         outcomes,
         label,
         compiled: compiled.clone(),

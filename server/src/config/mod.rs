@@ -68,8 +68,10 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
-    /// Public listener for tenant traffic.
-    pub listen: SocketAddr,
+    /// Public cleartext (HTTP) listener for tenant traffic; `"off"`: none, the TLS listener
+    /// serves alone (then ACME answers TLS-ALPN-01 only).
+    #[serde(deserialize_with = "listen_or_off")]
+    pub listen: Option<SocketAddr>,
     /// Admin listener (`/metrics`, `/healthz`, `/readyz`); keep it off the public network.
     pub admin_listen: SocketAddr,
     /// Threads serving tenant traffic; `0` means one per CPU core.
@@ -111,12 +113,16 @@ pub struct ServerConfig {
     /// Most TLS handshakes in progress at once; a connection past it is closed at once, so a
     /// flood of handshakes (each costs a signature) cannot take every core.
     pub max_tls_handshakes: usize,
+    /// The port in the `Location` of a tenant's `https_redirect`, where clients reach the TLS
+    /// listener (a load balancer's 443 in front of `tls_listen`'s 8443); `0`: `tls_listen`'s
+    /// port (left out of the URL when it is 443).
+    pub public_https_port: u16,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             worker_threads: 0,
             runtime: RuntimeMode::PerCore,
@@ -132,8 +138,22 @@ impl Default for ServerConfig {
             tls_listen: None,
             tls_handshake_timeout_ms: 10_000,
             max_tls_handshakes: 1024,
+            public_https_port: 0,
         }
     }
+}
+
+/// `server.listen`: an address, or `"off"`.
+fn listen_or_off<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    let text = String::deserialize(d)?;
+    if text == "off" {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{text:?} is not an address (\"0.0.0.0:8080\", \"[::]:80\") or \"off\""
+        ))
+    })
 }
 
 /// `[[certificate]]`: a certificate chain and its private key, PEM files (relative to the
@@ -403,6 +423,11 @@ pub struct TenantSettings<R> {
     /// body starts with `<`, else plain text; `{request_id}` in it becomes the request's id.
     #[serde(default)]
     pub error_pages: BTreeMap<String, String>,
+    /// Answer its requests on the cleartext listener with `308 Permanent Redirect` to the same
+    /// URL over HTTPS (the TLS listener's port, or `server.public_https_port`); HTTPS
+    /// requests are served. Needs `server.tls_listen`.
+    #[serde(default)]
+    pub https_redirect: bool,
 }
 
 impl<R> Default for TenantSettings<R> {
@@ -415,6 +440,7 @@ impl<R> Default for TenantSettings<R> {
             outbound: OutboundConfig::default(),
             errors: ErrorDetail::default(),
             error_pages: BTreeMap::new(),
+            https_redirect: false,
         }
     }
 }
@@ -430,6 +456,7 @@ impl<R> TenantSettings<R> {
             outbound,
             errors,
             error_pages,
+            https_redirect,
         } = self;
         TenantSettings {
             hosts: hosts.iter().map(&f).collect(),
@@ -439,6 +466,7 @@ impl<R> TenantSettings<R> {
             outbound: outbound.clone(),
             errors: *errors,
             error_pages: error_pages.clone(),
+            https_redirect: *https_redirect,
         }
     }
 }
@@ -448,7 +476,7 @@ const FILE_ONLY: [&str; 4] = ["name", "module", "kind", "assets"];
 
 /// The keys of [`TenantSettings`], as the file and the admin API write them (a unit test holds
 /// this list to the struct).
-pub const SETTINGS_KEYS: [&str; 7] = [
+pub const SETTINGS_KEYS: [&str; 8] = [
     "hosts",
     "paths",
     "env",
@@ -456,6 +484,7 @@ pub const SETTINGS_KEYS: [&str; 7] = [
     "outbound",
     "errors",
     "error_pages",
+    "https_redirect",
 ];
 
 /// Every key of a `[[tenant]]` table, for the message about an unknown one: the file's own,
@@ -795,6 +824,15 @@ impl Config {
         for t in &self.tenants {
             let name = t.name.get_ref();
             validate_tenant(t, pool)?;
+            if t.settings.https_redirect && self.server.tls_listen.is_none() {
+                return Err(Invalid {
+                    span: Some(t.name.span()),
+                    message: format!(
+                        "tenant {name:?}: https_redirect needs the TLS listener: set \
+                         server.tls_listen"
+                    ),
+                });
+            }
             if !names.insert(name.clone()) {
                 return Err(Invalid {
                     span: Some(t.name.span()),
@@ -881,6 +919,14 @@ impl Config {
             );
         }
         let acme = self.tls.acme.as_ref();
+        if server.listen.is_none() && server.tls_listen.is_none() {
+            return at(
+                None,
+                "server.listen is \"off\" and there is no server.tls_listen: nothing would \
+                 serve the tenants"
+                    .into(),
+            );
+        }
         if let Some(acme) = acme {
             if server.tls_listen.is_none() {
                 return at(
@@ -895,6 +941,14 @@ impl Config {
                 return at(
                     Some(acme.directory.span()),
                     format!("tls.acme.directory: {url:?} is not an http(s) URL"),
+                );
+            }
+            if acme.challenge == AcmeChallenge::Http01 && server.listen.is_none() {
+                return at(
+                    Some(acme.directory.span()),
+                    "tls.acme.challenge = \"http-01\" is answered on the cleartext listener, \
+                     and server.listen is \"off\": use \"tls-alpn-01\""
+                        .into(),
                 );
             }
             if acme.check_interval_seconds == 0 || acme.retry_seconds == 0 {
@@ -1206,7 +1260,7 @@ mod tests {
             names,
             ["hello", "echo", "json", "component", "cgi", "counter"]
         );
-        assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.server.listen, Some("127.0.0.1:8080".parse().unwrap()));
     }
 
     #[test]

@@ -439,6 +439,12 @@ impl Registry {
         let rt = self.loader.runtime();
         config::validate_tenant(&as_config, &rt.pool)
             .map_err(|e| ChangeError::Invalid(e.message))?;
+        if spec.https_redirect && state.config.server.tls_listen.is_none() {
+            return Err(ChangeError::Invalid(
+                "https_redirect needs the TLS listener: this server has no server.tls_listen"
+                    .into(),
+            ));
+        }
         let created = !state.manifest.tenants.contains_key(name);
         let live = self.live.load_full();
         // A tenant that serves is rebuilt with the new spec around the module it runs.

@@ -293,7 +293,7 @@ async fn acme_server(
     let path = dir.path().join("tern.toml");
     std::fs::write(&path, config).unwrap();
     let mut config = tern::config::Config::load(&path).unwrap();
-    config.server.listen = format!("127.0.0.1:{}", ports.0).parse().unwrap();
+    config.server.listen = Some(format!("127.0.0.1:{}", ports.0).parse().unwrap());
     config.server.admin_listen = "127.0.0.1:0".parse().unwrap();
     config.server.cache_dir = dir.path().join("cache").display().to_string();
     config.server.admin_token = crate::support::ADMIN_TOKEN.into();

@@ -335,7 +335,7 @@ async fn component_bodies_stream_both_ways_at_every_size() {
     .await;
     assert_eq!(
         r.text(),
-        "method=Method::Post path=/component/info?q=1 x-test=t spin-path-info=/info body=1234\n"
+        "method=Method::Post path=/component/info?q=1 x-test=t spin-path-info=/info body=1234 scheme=http\n"
     );
     // The status the component sets is the status sent.
     assert_eq!(
@@ -427,7 +427,7 @@ async fn component_request_bodies_over_the_limit_are_413() {
     let r = post(&s, "/info", &[], vec![0u8; 1000]).await;
     assert_eq!(
         r.text(),
-        "method=Method::Post path=/info x-test= spin-path-info=/info body=1000\n"
+        "method=Method::Post path=/info x-test= spin-path-info=/info body=1000 scheme=http\n"
     );
     // Declared too large: refused before any instance; streamed too large: 413 all the same.
     let r = post(&s, "/info", &[], vec![0u8; 1001]).await;

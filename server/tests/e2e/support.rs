@@ -47,7 +47,9 @@ impl TestServer {
         let path = dir.path().join("tern.toml");
         std::fs::write(&path, config)?;
         let mut config = Config::load(&path)?;
-        config.server.listen = "127.0.0.1:0".parse()?;
+        if config.server.listen.is_some() {
+            config.server.listen = Some("127.0.0.1:0".parse()?);
+        }
         config.server.admin_listen = "127.0.0.1:0".parse()?;
         config.server.cache_dir = cache.display().to_string();
         config.server.shutdown_grace_ms = 2000;
@@ -134,7 +136,7 @@ impl TestServer {
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.running.addr
+        self.running.addr.expect("a cleartext listener")
     }
 
     pub fn admin(&self) -> SocketAddr {

@@ -141,11 +141,13 @@ async fn tls_server_with(
 ) -> anyhow::Result<TestServer> {
     crate::support::test_guest(dir.path(), "context");
     crate::support::test_guest(dir.path(), "cgi_probe");
+    crate::support::test_component(dir.path(), "component");
     let config = format!(
         "[server]\ntls_listen = \"127.0.0.1:0\"\ntls_handshake_timeout_ms = 1000\n{server}\
          [pool]\ninstances = 16\nmax_memory_mib = 64\n\
          [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\n\
          [[tenant]]\nname = \"cgi\"\nmodule = \"cgi_probe.wasm\"\npaths = [\"/cgi\"]\n\
+         [[tenant]]\nname = \"comp\"\nmodule = \"component.wasm\"\npaths = [\"/component\"]\n\
          {certificates}"
     );
     TestServer::try_start_in(dir, &config).await
@@ -238,6 +240,11 @@ async fn https_serves_each_host_its_certificate_over_h2_and_http1_and_guests_see
     ] {
         assert!(env.lines().any(|l| l == want), "{want} missing from {env}");
     }
+    // So does a wasi:http component (the request's scheme).
+    let tls = connect(addr, "a.test", &[b"h2"], &pki.ca).await.unwrap();
+    let (status, _, info) = get(tls, "a.test", "/component/info").await;
+    assert_eq!(status, StatusCode::OK, "{info}");
+    assert!(info.ends_with("scheme=https\n"), "{info}");
     // TLS 1.2 clients are served too.
     let tls = connect_with(
         addr,
@@ -763,4 +770,146 @@ fn the_readme_https_commands_serve_the_demo_over_https() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_with_https_redirect_sends_cleartext_clients_to_https() {
+    use crate::support::send;
+    use http::Method;
+    let pki = Pki::new();
+    let start = async |public_port: u16| {
+        let dir = tempfile::tempdir().unwrap();
+        pki.issue(dir.path(), "a", &["a.test", "b.test"]);
+        crate::support::test_guest(dir.path(), "context");
+        let config = format!(
+            "[server]\ntls_listen = \"127.0.0.1:0\"\npublic_https_port = {public_port}\n\
+             [pool]\ninstances = 8\nmax_memory_mib = 64\n\
+             [[tenant]]\nname = \"secure\"\nmodule = \"context.wasm\"\nhosts = [\"a.test\"]\n\
+             https_redirect = true\n\
+             [[tenant]]\nname = \"plain\"\nmodule = \"context.wasm\"\nhosts = [\"b.test\"]\n\
+             [[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n"
+        );
+        TestServer::try_start_in(dir, &config).await
+    };
+    let s = start(0).await.expect("start");
+    let tls = s.running.tls_addr.unwrap();
+    let r = send(
+        s.addr(),
+        Method::GET,
+        "/x/y?z=1",
+        Some("a.test:8080"),
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 308, "{}", r.text());
+    assert_eq!(
+        r.header("location"),
+        format!("https://a.test:{}/x/y?z=1", tls.port())
+    );
+    // A 308 keeps the method and body: a POST is sent on, not turned into a GET.
+    let r = send(
+        s.addr(),
+        Method::POST,
+        "/form",
+        Some("a.test"),
+        &[],
+        Bytes::from("k=v"),
+    )
+    .await;
+    assert_eq!(r.status, 308);
+    // Over HTTPS it is served; a tenant without the setting is served in cleartext.
+    let conn = connect(tls, "a.test", &[b"http/1.1"], &pki.ca)
+        .await
+        .unwrap();
+    let (status, _, body) = get(conn, "a.test", "/x").await;
+    assert_eq!(status, 200);
+    assert_eq!(field(&body, "SCHEME"), "=https");
+    let r = send(
+        s.addr(),
+        Method::GET,
+        "/",
+        Some("b.test"),
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+
+    // Behind a load balancer that listens on 443: no port in the URL.
+    let s443 = start(443).await.expect("start");
+    let r = send(
+        s443.addr(),
+        Method::GET,
+        "/p",
+        Some("a.test"),
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.header("location"), "https://a.test/p");
+
+    // Without a TLS listener the setting is refused, in the file and through the API.
+    let e = TestServer::try_start(
+        "[[tenant]]\nname = \"t\"\nmodule = \"m.wasm\"\nhttps_redirect = true\n",
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(
+        format!("{e:#}").contains("https_redirect needs the TLS listener"),
+        "{e:#}"
+    );
+    let plain = TestServer::start("").await;
+    let (status, v) = plain
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/t",
+            r#"{"https_redirect": true}"#,
+        )
+        .await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("https_redirect needs the TLS listener")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_listen_off_the_tls_listener_serves_alone() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    pki.issue(dir.path(), "a", &["a.test"]);
+    let s = tls_server_with(
+        dir,
+        "listen = \"off\"\n",
+        "[[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n",
+    )
+    .await
+    .expect("start");
+    assert_eq!(s.running.addr, None, "no cleartext listener");
+    let conn = connect(s.running.tls_addr.unwrap(), "a.test", &[b"h2"], &pki.ca)
+        .await
+        .unwrap();
+    let (status, version, _) = get(conn, "a.test", "/").await;
+    assert_eq!((status, version), (StatusCode::OK, Version::HTTP_2));
+
+    // Nothing left to serve, or an HTTP-01 challenge with nowhere to answer it: refused.
+    for (config, want) in [
+        (
+            "[server]\nlisten = \"off\"\n",
+            "nothing would serve the tenants",
+        ),
+        (
+            "[server]\nlisten = \"off\"\ntls_listen = \"127.0.0.1:0\"\n[tls.acme]\n\
+             directory = \"https://ca.test/dir\"\nchallenge = \"http-01\"\n",
+            "use \"tls-alpn-01\"",
+        ),
+        ("[server]\nlisten = \"80\"\n", "\"80\" is not an address"),
+    ] {
+        let e = TestServer::try_start(config).await.err().expect("refused");
+        assert!(format!("{e:#}").contains(want), "want {want:?}: {e:#}");
+    }
 }

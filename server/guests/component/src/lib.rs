@@ -1,8 +1,8 @@
 //! A `wasi:http` component with one behaviour per path (its last segment), for the e2e tests:
 //!
 //! - `/hello`: `200` "Hello from a component!" with `x-kind: wasi-http`.
-//! - `/info`: the method, path and query, the `x-test` and `spin-path-info` headers, and the
-//!   body's length.
+//! - `/info`: the method, path and query, the `x-test` and `spin-path-info` headers, the
+//!   body's length and the scheme.
 //! - `/big?n=N`: `200` with a body of N bytes (`x`), written in 4 KiB pieces (streams past 64 KiB).
 //! - `/echo`: the request body back, as it streams in.
 //! - `/trap-mid`: 100 KiB of body, then a panic (a trap): the client sees a cut body.
@@ -107,9 +107,16 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
                         .unwrap_or_default()
                 };
                 let (test, info) = (header("x-test"), header("spin-path-info"));
+                let scheme = match request.scheme() {
+                    Some(Scheme::Http) => "http",
+                    Some(Scheme::Https) => "https",
+                    Some(Scheme::Other(_)) => "other",
+                    None => "none",
+                };
                 let body = read_all(request);
                 let text = format!(
-                    "method={method} path={path} x-test={test} spin-path-info={info} body={}\n",
+                    "method={method} path={path} x-test={test} spin-path-info={info} body={} \
+                     scheme={scheme}\n",
                     body.len()
                 );
                 respond(out, 200, &[("content-type", "text/plain")], text.as_bytes());
