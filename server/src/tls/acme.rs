@@ -201,13 +201,16 @@ impl Manager {
         }
     }
 
-    /// Reads the store's index and, if it changed since `seen`, serves its certificates.
+    /// Reads the store's index and, if its certificates changed since `seen`, serves them.
     async fn sync(&self, seen: &mut Option<Index>) -> Option<Index> {
         let store = self.store.clone();
         let unchanged = seen.clone();
         let read = tokio::task::spawn_blocking(move || {
             let index = store.read()?;
-            let table = (Some(&index) != unchanged.as_ref()).then(|| store.table(&index));
+            // Leases come and go with every order; the certificates are reloaded only when
+            // they changed.
+            let changed = unchanged.is_none_or(|u| u.certificates != index.certificates);
+            let table = changed.then(|| store.table(&index));
             Ok::<_, crate::store::StoreError>((index, table))
         })
         .await;

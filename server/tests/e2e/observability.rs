@@ -107,14 +107,8 @@ async fn grafana_dashboard_is_well_formed_and_queries_only_real_metrics() {
         && v["query"] == "prometheus"));
 
     // Every metric a query names is exported by a live server.
-    let s = TestServer::demo().await;
-    assert_eq!(s.get("/hello").await.status, StatusCode::OK);
-    let live = s.metrics().await;
-    let exported: HashSet<&str> = live
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split(['{', ' ']).next())
-        .collect();
+    let live = live_metrics().await;
+    let exported = exported_names(&live);
     let queries = dashboard_queries(&d);
     assert!(queries.len() >= 10);
     assert!(
@@ -161,6 +155,75 @@ async fn grafana_dashboard_is_well_formed_and_queries_only_real_metrics() {
     );
 }
 
+/// The metrics of the demo after a request, and of a server with a TLS listener serving a
+/// certificate (its expiry).
+async fn live_metrics() -> String {
+    let s = TestServer::demo().await;
+    assert_eq!(s.get("/hello").await.status, StatusCode::OK);
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["a.test".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    std::fs::write(dir.path().join("a.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.path().join("a.key"), key.serialize_pem()).unwrap();
+    let tls = TestServer::try_start_in(
+        dir,
+        "[server]\ntls_listen = \"127.0.0.1:0\"\n[pool]\ninstances = 4\nmax_memory_mib = 64\n\
+         [[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n",
+    )
+    .await
+    .unwrap();
+    s.metrics().await + &tls.metrics().await
+}
+
+fn exported_names(metrics: &str) -> HashSet<&str> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_alerts_are_valid_rules_on_real_metrics() {
+    let file =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/alerts.yml");
+    let out = std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool is required (Debian package `prometheus`; scripts/test installs it)");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules = repo_file("deploy/prometheus/alerts.yml");
+    let live = live_metrics().await;
+    let exported = exported_names(&live);
+    let exprs: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr: "))
+        .collect();
+    assert!(exprs.len() >= 3, "{rules}");
+    for expr in exprs {
+        for n in metric_names(expr) {
+            // The ACME order counter appears once a server orders (tested in acme.rs).
+            assert!(
+                exported.contains(n.as_str()) || n == "tern_acme_orders_total",
+                "alert {expr}: {n} is not exported"
+            );
+        }
+    }
+    assert!(
+        repo_file("deploy/prometheus/prometheus.yml").contains("- alerts.yml"),
+        "prometheus.yml loads the alerts"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_scrapes_tern_and_answers_a_per_phase_p99() {
     let s = TestServer::demo().await;
@@ -174,6 +237,11 @@ async fn a_real_prometheus_scrapes_tern_and_answers_a_per_phase_p99() {
         "scrape target not found in the shipped config"
     );
     std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+    std::fs::write(
+        dir.path().join("alerts.yml"),
+        repo_file("deploy/prometheus/alerts.yml"),
+    )
+    .unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
