@@ -913,3 +913,58 @@ async fn with_listen_off_the_tls_listener_serves_alone() {
         assert!(format!("{e:#}").contains(want), "want {want:?}: {e:#}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_and_wrong_host_certificates_are_refused_by_clients_and_counted() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    // An expired certificate for e.test: loaded with a warning (it is the one there is).
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["e.test".to_string()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let cert = params.signed_by(&key, &pki.issuer).unwrap();
+    std::fs::write(dir.path().join("e.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.path().join("e.key"), key.serialize_pem()).unwrap();
+    // The default certificate is for d.test only.
+    pki.issue(dir.path(), "d", &["d.test"]);
+    let s = tls_server(
+        dir,
+        "[[certificate]]\nhosts = [\"e.test\"]\ncert = \"e.crt\"\nkey = \"e.key\"\n\
+         [[certificate]]\ncert = \"d.crt\"\nkey = \"d.key\"\n",
+    )
+    .await
+    .expect("an expired certificate does not stop the start");
+    let addr = s.running.tls_addr.unwrap();
+    let m = s.metrics().await;
+    let expiry = metric(
+        &m,
+        "tern_tls_certificate_expiry_timestamp_seconds{certificate=\"e.test\"} ",
+    );
+    assert!(expiry > 0.0 && expiry < tern::store::now() as f64, "{m}");
+
+    let e = connect(addr, "e.test", &[], &pki.ca)
+        .await
+        .expect_err("expired");
+    assert!(format!("{e:?}").contains("Expired"), "{e:?}");
+    // A name only the default serves gets the default, which is not valid for it.
+    let e = connect(addr, "x.test", &[], &pki.ca)
+        .await
+        .expect_err("wrong host");
+    assert!(format!("{e:?}").contains("NotValidForName"), "{e:?}");
+    // The server counts the clients' refusals, and serves the names it has.
+    let tls = connect(addr, "d.test", &[], &pki.ca).await.expect("d.test");
+    assert_eq!(get(tls, "d.test", "/").await.0, StatusCode::OK);
+    let mut alerts = 0.0;
+    for _ in 0..50 {
+        alerts = metric(
+            &s.metrics().await,
+            "tern_tls_handshake_failures_total{reason=\"alert\"} ",
+        );
+        if alerts >= 2.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(alerts >= 2.0, "{alerts}");
+}
