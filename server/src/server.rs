@@ -19,6 +19,10 @@ use crate::shutdown::Shutdown;
 use crate::store::{self, DataDir};
 use crate::{admin, listener};
 
+/// How often a TLS listener without `[tls.acme]` looks for certificates other processes
+/// sharing its data directory stored.
+const STORED_CERTIFICATES_CHECK_SECONDS: u64 = 2;
+
 /// A running server.
 #[derive(Debug)]
 pub struct Running {
@@ -237,6 +241,12 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     let mut threads = Vec::new();
     if let Some(manager) = acme_manager {
         tasks.push(manager.spawn(shutdown.clone()));
+    } else if let Some(certificates) = app.registry.certificates() {
+        // Certificates another process sharing the data directory uploads serve here too.
+        tasks.push(certificates.clone().watch_stored(
+            Duration::from_secs(STORED_CERTIFICATES_CHECK_SECONDS),
+            shutdown.clone(),
+        ));
     }
     if per_core {
         // Worker 0 takes the listener bound above (which fixed the port); the others bind the

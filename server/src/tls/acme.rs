@@ -203,31 +203,7 @@ impl Manager {
 
     /// Reads the store's index and, if its certificates changed since `seen`, serves them.
     async fn sync(&self, seen: &mut Option<Index>) -> Option<Index> {
-        let store = self.store.clone();
-        let unchanged = seen.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let index = store.read()?;
-            // Leases come and go with every order; the certificates are reloaded only when
-            // they changed.
-            let changed = unchanged.is_none_or(|u| u.certificates != index.certificates);
-            let table = changed.then(|| store.table(&index));
-            Ok::<_, crate::store::StoreError>((index, table))
-        })
-        .await;
-        match read {
-            Ok(Ok((index, table))) => {
-                if let Some(table) = table {
-                    self.certificates.replace_stored(table);
-                }
-                *seen = Some(index.clone());
-                Some(index)
-            }
-            Ok(Err(e)) => {
-                tracing::error!("ACME: cannot read the stored certificates: {e}");
-                None
-            }
-            Err(_) => None,
-        }
+        self.certificates.sync_stored(seen).await
     }
 
     /// The names to keep certificates for: the configured ones, else the tenants' exact host

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::stored::{Record, Source};
+use super::stored::{Index, Record, Source};
 use super::{Certificates, Loaded};
 use crate::store::now;
 
@@ -172,6 +172,55 @@ impl Certificates {
         .map_err(internal)??;
         self.replace_stored(table);
         Ok(())
+    }
+
+    /// Reads the data directory's index and, if its certificates changed since `seen` (another
+    /// process sharing the directory stored or removed one), serves them; the index read.
+    pub async fn sync_stored(&self, seen: &mut Option<Index>) -> Option<Index> {
+        let store = self.stored().ok()?.clone();
+        let unchanged = seen.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let index = store.read()?;
+            // Leases come and go with every ACME order; the certificates are reloaded only
+            // when they changed.
+            let changed = unchanged.is_none_or(|u| u.certificates != index.certificates);
+            let table = changed.then(|| store.table(&index));
+            Ok::<_, crate::store::StoreError>((index, table))
+        })
+        .await;
+        match read {
+            Ok(Ok((index, table))) => {
+                if let Some(table) = table {
+                    self.replace_stored(table);
+                }
+                *seen = Some(index.clone());
+                Some(index)
+            }
+            Ok(Err(e)) => {
+                tracing::error!("cannot read the stored certificates: {e}");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Serves what other processes sharing the data directory store, checking every `every`
+    /// until `shutdown` (without `[tls.acme]`, whose rounds do it).
+    pub fn watch_stored(
+        self: Arc<Self>,
+        every: std::time::Duration,
+        shutdown: crate::shutdown::Shutdown,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut seen = None;
+            loop {
+                self.sync_stored(&mut seen).await;
+                tokio::select! {
+                    () = tokio::time::sleep(every) => {}
+                    () = shutdown.wait() => return,
+                }
+            }
+        })
     }
 
     /// Every certificate: the config file's and the stored ones, with hosts, source and expiry.

@@ -968,3 +968,50 @@ async fn expired_and_wrong_host_certificates_are_refused_by_clients_and_counted(
     }
     assert!(alerts >= 2.0, "{alerts}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_uploaded_to_one_process_serves_in_another_sharing_its_data_directory() {
+    use http::Method;
+    let pki = Pki::new();
+    let files = tempfile::tempdir().unwrap();
+    let cert = pki.issue(files.path(), "a", &["a.test"]);
+    let a = tls_server(tempfile::tempdir().unwrap(), "").await.unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(a.dir.path().join("data"), dir_b.path().join("data")).unwrap();
+    let b = tls_server(dir_b, "").await.unwrap();
+    let b_tls = b.running.tls_addr.unwrap();
+    assert!(connect(b_tls, "a.test", &[], &pki.ca).await.is_err());
+
+    let read = |f: &str| std::fs::read_to_string(files.path().join(f)).unwrap();
+    let body =
+        serde_json::json!({ "hosts": ["a.test"], "cert": read("a.crt"), "key": read("a.key") });
+    let (status, v) = a
+        .admin_call(Method::PUT, "/admin/v1/certificates/a", body.to_string())
+        .await;
+    assert_eq!(status, 201, "{v}");
+    // The other process serves it at its next check of the data directory (every 2 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(conn) = connect(b_tls, "a.test", &[], &pki.ca).await {
+            assert_eq!(conn.get_ref().1.peer_certificates().unwrap()[0], cert);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never served by the other process"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, _) = a
+        .admin_call(Method::DELETE, "/admin/v1/certificates/a", "")
+        .await;
+    assert_eq!(status, 200);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while connect(b_tls, "a.test", &[], &pki.ca).await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still served after the delete"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
