@@ -466,6 +466,39 @@ pub async fn reload(target: &Target) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `tern registry probe URL`: the store's conditional-write checks, one line each.
+///
+/// # Errors
+/// If the store cannot be reached, or a check fails.
+pub async fn registry_probe(url: &str) -> anyhow::Result<()> {
+    let (store, prefix) = crate::registry::objects::open(url).map_err(anyhow::Error::msg)?;
+    let checks = crate::registry::objects::probe(&store, &prefix)
+        .await
+        .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+    for c in &checks {
+        println!(
+            "{} {:<18} {}",
+            if c.passed { "ok  " } else { "FAIL" },
+            c.name,
+            c.detail
+        );
+    }
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| c.name)
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "{url} is not safe for a shared registry: {} failed (two replicas changing one \
+             tenant at once could lose a change without an error)",
+            failed.join(", ")
+        );
+    }
+    println!("{url}: every check passed; this store can hold a shared registry");
+    Ok(())
+}
+
 /// `tern cert put NAME --cert F --key F [--host H]...`.
 ///
 /// # Errors

@@ -125,6 +125,11 @@ enum Command {
         #[command(subcommand)]
         action: CertAction,
     },
+    /// The registry a fleet of replicas shares on object storage.
+    Registry {
+        #[command(subcommand)]
+        action: RegistryAction,
+    },
     /// Make a running server re-read its config file (as SIGHUP does).
     Reload {
         #[command(flatten)]
@@ -146,6 +151,22 @@ enum Command {
         /// there, nor the other way).
         #[arg(long)]
         wasi_p3: bool,
+    },
+}
+
+/// `tern registry ...`.
+#[derive(Debug, clap::Subcommand)]
+enum RegistryAction {
+    /// Check that an object store keeps the promises a shared registry rests on: a second
+    /// create of a name is refused (If-None-Match: *), an update of a changed object is refused
+    /// (If-Match), a conditional read of an unchanged one answers 304, and of writers racing to
+    /// create or update one object exactly one wins. Writes and removes a few small objects
+    /// under the prefix. Credentials and endpoint come from the AWS_* environment variables
+    /// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL,
+    /// AWS_ALLOW_HTTP=true for a plain-HTTP endpoint). Exits 1 if any check fails.
+    Probe {
+        /// The store: `s3://bucket[/prefix]`.
+        url: String,
     },
 }
 
@@ -308,6 +329,13 @@ fn main() -> ExitCode {
                 admin.run(|t| async move { tern::cli::cert_delete(&t, &name).await })
             }
         },
+        Command::Registry {
+            action: RegistryAction::Probe { url },
+        } => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(tern::cli::registry_probe(&url))),
         Command::Reload { admin } => admin.run(|t| async move { tern::cli::reload(&t).await }),
     };
     match result {

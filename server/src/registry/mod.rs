@@ -31,6 +31,7 @@ use crate::tenant::{self, Carried, Origin, Tenant, TenantError, TenantRef};
 mod describe;
 mod error;
 mod loader;
+pub mod objects;
 mod reset;
 mod spec;
 mod upload;

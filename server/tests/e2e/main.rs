@@ -11,6 +11,7 @@ mod clients;
 mod config;
 mod demo;
 mod errors;
+mod fleet;
 mod hostile;
 mod isolation;
 mod kinds;
