@@ -167,6 +167,8 @@ impl Manager {
             }
             match self.obtain(&host, current.as_ref()).await {
                 Ok(record) => {
+                    // Served first, then counted and logged: whoever sees the count can use it.
+                    self.sync(seen).await;
                     self.orders.with_label_values(&["issued"]).inc();
                     self.retry.remove(&host);
                     tracing::info!(
@@ -175,7 +177,6 @@ impl Manager {
                         "ACME: certificate {}",
                         if current.is_some() { "renewed" } else { "obtained" }
                     );
-                    self.sync(seen).await;
                 }
                 Err(Failed::Busy) => {
                     self.orders.with_label_values(&["busy"]).inc();
