@@ -24,16 +24,30 @@ use object_store::{
 /// # Errors
 /// An unparsable URL, an unknown scheme, or settings the S3 client refuses.
 pub fn open(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), String> {
+    open_with(url, &[])
+}
+
+/// [`open`] with S3 settings given as object_store's keys (`aws_endpoint`, `aws_access_key_id`,
+/// ...) over those of the environment.
+///
+/// # Errors
+/// See [`open`]; also an unknown key.
+pub fn open_with(
+    url: &str,
+    options: &[(&str, &str)],
+) -> Result<(Arc<dyn ObjectStore>, Path), String> {
     let parsed = url::Url::parse(url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
     let prefix = Path::parse(parsed.path().trim_start_matches('/'))
         .map_err(|e| format!("{url}: not a valid object prefix: {e}"))?;
     let store: Arc<dyn ObjectStore> = match parsed.scheme() {
-        "s3" | "s3a" => Arc::new(
-            object_store::aws::AmazonS3Builder::from_env()
-                .with_url(url)
-                .build()
-                .map_err(|e| format!("{url}: {e}"))?,
-        ),
+        "s3" | "s3a" => {
+            let mut builder = object_store::aws::AmazonS3Builder::from_env().with_url(url);
+            for (key, value) in options {
+                let key = key.parse().map_err(|e| format!("{key}: {e}"))?;
+                builder = builder.with_config(key, *value);
+            }
+            Arc::new(builder.build().map_err(|e| format!("{url}: {e}"))?)
+        }
         "memory" => Arc::new(object_store::memory::InMemory::new()),
         other => {
             // Other object_store schemes (file://, ...) are opened only to be probed: the
@@ -216,4 +230,251 @@ where
         set.spawn(f);
     }
     set.join_all().await
+}
+
+/// Why a registry object could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// The store could not be reached or refused the request (credentials, network).
+    #[error("the registry store is unreachable: {0}")]
+    Unreachable(String),
+    /// Another writer changed the object first (a conditional write was refused).
+    #[error("{0}")]
+    Conflict(String),
+    /// The object's bytes do not match its name: damaged or tampered with; never used.
+    #[error("{0}")]
+    Damaged(String),
+    /// No such object.
+    #[error("{0}")]
+    NotFound(String),
+}
+
+/// The registry's objects in a store, under a prefix:
+///
+/// ```text
+/// <prefix>/blobs/<sha256>      modules and asset archives, written once, named by their digest
+/// <prefix>/manifest.json       the tenants and their versions, replaced only by compare-and-swap
+/// ```
+#[derive(Debug, Clone)]
+pub struct Remote {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+}
+
+impl Remote {
+    /// The registry under `prefix` of `store`.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: Path) -> Self {
+        Self { store, prefix }
+    }
+
+    fn blob(&self, hash: &str) -> Path {
+        self.prefix.clone().join("blobs").join(hash)
+    }
+
+    fn manifest_path(&self) -> Path {
+        self.prefix.clone().join("manifest.json")
+    }
+
+    /// Stores `bytes` under their SHA-256, once (a name that exists already holds the same
+    /// bytes), and returns the hash.
+    ///
+    /// # Errors
+    /// [`RemoteError::Unreachable`].
+    pub async fn put_blob(&self, bytes: bytes::Bytes) -> Result<String, RemoteError> {
+        use sha2::Digest;
+        let hash = crate::artifact::hex(&sha2::Sha256::digest(&bytes));
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        match self
+            .store
+            .put_opts(&self.blob(&hash), bytes.into(), opts)
+            .await
+        {
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(hash),
+            Err(e) => Err(RemoteError::Unreachable(e.to_string())),
+        }
+    }
+
+    /// Reads the blob `hash` and checks its digest.
+    ///
+    /// # Errors
+    /// [`RemoteError::NotFound`], [`RemoteError::Damaged`] (never returned as good bytes), or
+    /// [`RemoteError::Unreachable`].
+    pub async fn get_blob(&self, hash: &str) -> Result<bytes::Bytes, RemoteError> {
+        use sha2::Digest;
+        if !crate::store::is_hash(hash) {
+            return Err(RemoteError::NotFound(format!(
+                "{hash:?} is not a blob name"
+            )));
+        }
+        let path = self.blob(hash);
+        let bytes = match self.store.get(&path).await {
+            Ok(r) => r.bytes().await,
+            Err(e) => Err(e),
+        }
+        .map_err(|e| match e {
+            object_store::Error::NotFound { .. } => {
+                RemoteError::NotFound(format!("no blob {hash} in the registry"))
+            }
+            e => RemoteError::Unreachable(e.to_string()),
+        })?;
+        if crate::artifact::hex(&sha2::Sha256::digest(&bytes)) != hash {
+            return Err(RemoteError::Damaged(format!(
+                "registry object {path}: its contents do not match their digest (damaged or \
+                 tampered with); not used"
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// The manifest and its version, if there is one yet.
+    ///
+    /// # Errors
+    /// [`RemoteError::Unreachable`], or [`RemoteError::Damaged`] if it is not a manifest.
+    pub async fn manifest(
+        &self,
+    ) -> Result<Option<(crate::store::Manifest, UpdateVersion)>, RemoteError> {
+        self.manifest_if_changed(None).await
+    }
+
+    /// The manifest if its version is no longer `seen` (a conditional read: an unchanged one
+    /// costs one small request and no body).
+    ///
+    /// # Errors
+    /// See [`Remote::manifest`].
+    pub async fn manifest_if_changed(
+        &self,
+        seen: Option<&UpdateVersion>,
+    ) -> Result<Option<(crate::store::Manifest, UpdateVersion)>, RemoteError> {
+        let opts = GetOptions {
+            if_none_match: seen.and_then(|v| v.e_tag.clone()),
+            ..GetOptions::default()
+        };
+        let got = match self.store.get_opts(&self.manifest_path(), opts).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. } | object_store::Error::NotModified { .. }) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(RemoteError::Unreachable(e.to_string())),
+        };
+        let version = UpdateVersion {
+            e_tag: got.meta.e_tag.clone(),
+            version: got.meta.version.clone(),
+        };
+        let bytes = got
+            .bytes()
+            .await
+            .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
+        let manifest: crate::store::Manifest = serde_json::from_slice(&bytes).map_err(|e| {
+            RemoteError::Damaged(format!(
+                "registry object {}: not a manifest: {e}",
+                self.manifest_path()
+            ))
+        })?;
+        Ok(Some((manifest, version)))
+    }
+
+    /// Writes `manifest` if the stored one is still `expected` (`None`: if there is none), and
+    /// returns the new version.
+    ///
+    /// # Errors
+    /// [`RemoteError::Conflict`] if another writer changed it first (nothing was written), or
+    /// [`RemoteError::Unreachable`].
+    pub async fn put_manifest(
+        &self,
+        manifest: &crate::store::Manifest,
+        expected: Option<&UpdateVersion>,
+    ) -> Result<UpdateVersion, RemoteError> {
+        let mut text = serde_json::to_vec_pretty(manifest).expect("a manifest serialises");
+        text.push(b'\n');
+        let opts = PutOptions {
+            mode: expected.map_or(PutMode::Create, |v| PutMode::Update(v.clone())),
+            ..PutOptions::default()
+        };
+        match self
+            .store
+            .put_opts(&self.manifest_path(), text.into(), opts)
+            .await
+        {
+            Ok(r) => Ok(r.into()),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Err(RemoteError::Conflict(
+                "another change to the registry was made first; nothing was written (read \
+                     it again and retry)"
+                    .into(),
+            )),
+            Err(e) => Err(RemoteError::Unreachable(e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remote() -> Remote {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        Remote::new(store, Path::from("fleet"))
+    }
+
+    #[tokio::test]
+    async fn blobs_are_written_once_and_read_back_only_with_their_digest() {
+        let r = remote();
+        let hash = r
+            .put_blob(bytes::Bytes::from_static(b"module"))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.put_blob(bytes::Bytes::from_static(b"module"))
+                .await
+                .unwrap(),
+            hash
+        );
+        assert_eq!(&r.get_blob(&hash).await.unwrap()[..], b"module");
+        // Tampered with in the store: refused.
+        r.store
+            .put(&r.blob(&hash), PutPayload::from_static(b"other"))
+            .await
+            .unwrap();
+        assert!(matches!(
+            r.get_blob(&hash).await,
+            Err(RemoteError::Damaged(_))
+        ));
+        let missing = crate::artifact::hex(&[0u8; 32]);
+        assert!(matches!(
+            r.get_blob(&missing).await,
+            Err(RemoteError::NotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn of_two_writers_from_one_manifest_version_one_wins_and_one_is_told() {
+        let r = remote();
+        assert!(r.manifest().await.unwrap().is_none());
+        let mut m = crate::store::Manifest::default();
+        let v1 = r.put_manifest(&m, None).await.unwrap();
+        assert!(matches!(
+            r.put_manifest(&m, None).await,
+            Err(RemoteError::Conflict(_))
+        ));
+        let (_, read) = r.manifest().await.unwrap().unwrap();
+        assert!(
+            r.manifest_if_changed(Some(&read)).await.unwrap().is_none(),
+            "unchanged"
+        );
+        m.format = crate::store::MANIFEST_FORMAT;
+        let v2 = r.put_manifest(&m, Some(&v1)).await.unwrap();
+        let lost = r.put_manifest(&m, Some(&v1)).await;
+        assert!(matches!(lost, Err(RemoteError::Conflict(_))), "{lost:?}");
+        assert!(
+            r.manifest_if_changed(Some(&read)).await.unwrap().is_some(),
+            "changed"
+        );
+        let (_, now) = r.manifest().await.unwrap().unwrap();
+        assert_eq!(now.e_tag, v2.e_tag);
+    }
 }

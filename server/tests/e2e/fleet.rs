@@ -63,6 +63,17 @@ impl S3 {
         }
     }
 
+    /// The settings a client of this server needs, as object_store's keys.
+    pub fn options(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("aws_access_key_id", ACCESS_KEY.into()),
+            ("aws_secret_access_key", SECRET_KEY.into()),
+            ("aws_region", "us-east-1".into()),
+            ("aws_endpoint", self.endpoint.clone()),
+            ("aws_allow_http", "true".into()),
+        ]
+    }
+
     /// The AWS settings a client of this server needs, for a `Command`.
     pub fn env(&self, cmd: &mut Command) {
         cmd.env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
@@ -149,4 +160,76 @@ fn walk(dir: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_objects_on_a_real_s3_server_are_digest_checked_and_the_manifest_swapped_by_one_writer()
+ {
+    use tern::registry::objects::{Remote, RemoteError, open_with};
+    let s3 = S3::start();
+    let options = s3.options();
+    let options: Vec<(&str, &str)> = options.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (store, prefix) = open_with("s3://fleet/registry", &options).unwrap();
+    let remote = Remote::new(store, prefix);
+
+    // A blob is written once, named by its digest, and read back whole.
+    let wasm = bytes::Bytes::from(vec![7u8; 100_000]);
+    let hash = remote.put_blob(wasm.clone()).await.unwrap();
+    assert_eq!(remote.put_blob(wasm.clone()).await.unwrap(), hash);
+    assert_eq!(remote.get_blob(&hash).await.unwrap(), wasm);
+    // Changed behind the registry's back (on the S3 server's disk): refused, never used.
+    let on_disk = s3.root.path().join("fleet/registry/blobs").join(&hash);
+    std::fs::write(&on_disk, b"tampered").unwrap();
+    let e = remote.get_blob(&hash).await.unwrap_err();
+    assert!(matches!(e, RemoteError::Damaged(_)), "{e}");
+    assert!(e.to_string().contains("do not match their digest"), "{e}");
+
+    // Two writers change the manifest from the same version at once (each adding its own
+    // tenant): one wins, one is told and nothing of the winner's is lost.
+    let with_tenant = |name: &str| -> tern::store::Manifest {
+        serde_json::from_value(serde_json::json!({
+            "format": tern::store::MANIFEST_FORMAT,
+            "tenants": { name: { "spec": {}, "current": null, "previous": null, "created_at": 1 } },
+        }))
+        .unwrap()
+    };
+    let base = remote
+        .put_manifest(&tern::store::Manifest::default(), None)
+        .await
+        .unwrap();
+    let (a, b) = (remote.clone(), remote.clone());
+    let (base_a, base_b) = (base.clone(), base.clone());
+    let (ma, mb) = (with_tenant("a"), with_tenant("b"));
+    let results = tokio::join!(
+        tokio::spawn(async move { a.put_manifest(&ma, Some(&base_a)).await }),
+        tokio::spawn(async move { b.put_manifest(&mb, Some(&base_b)).await }),
+    );
+    let results = [results.0.unwrap(), results.1.unwrap()];
+    assert_eq!(
+        results.iter().filter(|r| r.is_ok()).count(),
+        1,
+        "{results:?}"
+    );
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(RemoteError::Conflict(_)))),
+        "{results:?}"
+    );
+    let (stored, now) = remote.manifest().await.unwrap().expect("a manifest");
+    let winner = if results[0].is_ok() { "a" } else { "b" };
+    assert_eq!(stored.tenants.keys().collect::<Vec<_>>(), [winner]);
+    // A watcher holding the new version learns that nothing changed from one small request.
+    assert!(
+        remote
+            .manifest_if_changed(Some(&now))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // The store goes away: said so, distinctly from a conflict.
+    drop(s3);
+    let e = remote.manifest().await.unwrap_err();
+    assert!(matches!(e, RemoteError::Unreachable(_)), "{e}");
 }
