@@ -352,8 +352,19 @@ impl Manager {
     /// Orders a certificate for `host` under its lease, stores it and returns its record.
     async fn obtain(&mut self, host: &str, current: Option<&Record>) -> Result<Record, Failed> {
         let (store, h, holder) = (self.store.clone(), host.to_string(), self.holder.clone());
+        let seen = current.map(|r| r.bundle.clone());
         let leased = tokio::task::spawn_blocking(move || {
-            store.change(|i| i.take_lease(&h, &holder, LEASE_SECONDS))
+            store.change(|i| {
+                // Another process stored a certificate for the name since this round read the
+                // index (and gave its lease back): it is served at the next sync, not ordered
+                // again.
+                let now_stored = i
+                    .certificates
+                    .get(&h)
+                    .filter(|r| r.source == Source::Acme)
+                    .map(|r| r.bundle.clone());
+                now_stored == seen && i.take_lease(&h, &holder, LEASE_SECONDS)
+            })
         })
         .await??;
         if !leased {
