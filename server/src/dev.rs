@@ -72,9 +72,8 @@ pub async fn run(module: &Path, listen: SocketAddr, timeout_ms: u64) -> anyhow::
     let shutdown = running.shutdown.clone();
     let watch = tokio::spawn(async move {
         loop {
-            tokio::select! {
-                () = tokio::time::sleep(POLL) => {}
-                () = shutdown.wait() => return,
+            if !shutdown.sleep(POLL).await {
+                return;
             }
             let now = stamp(&module);
             if now == seen || now.is_none() {

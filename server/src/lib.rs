@@ -88,3 +88,19 @@ pub mod store;
 pub mod teardown;
 pub mod tenant;
 pub mod tls;
+
+/// An error and its causes, `: `-separated (a client's own message alone often says only
+/// "client error (Connect)"); a cause its error already quotes is not repeated.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let c = cause.to_string();
+        if !text.ends_with(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+        next = cause.source();
+    }
+    text
+}

@@ -177,7 +177,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
             let store = crate::tls::stored::CertStore::open(&data_dir)?;
             let stored = store.table(&store.read()?);
             let nothing = table.is_empty() && stored.is_empty() && config.tls.acme.is_none();
-            let certificates = crate::tls::Certificates::new(table, Some(store), &app.metrics);
+            let certificates = crate::tls::Certificates::new(table, store, &app.metrics);
             certificates.replace_stored(stored);
             if nothing {
                 tracing::warn!(
@@ -202,7 +202,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                     certificates.clone(),
                     tenant_hosts,
                     &app.metrics,
-                )?);
+                ));
             }
             let acceptor = crate::tls::Acceptor::new(
                 certificates,
@@ -364,9 +364,8 @@ async fn use_memset_reset_under_swap(app: Arc<App>, shutdown: Shutdown) {
                     "cannot move the tenants to the swap-safe memset reset (trying again in \
                      10 s; wasi-http guests are refused meanwhile): {e:#}"
                 );
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(10)) => {}
-                    () = shutdown.wait() => return,
+                if !shutdown.sleep(Duration::from_secs(10)).await {
+                    return;
                 }
             }
         }

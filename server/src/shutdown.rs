@@ -46,6 +46,14 @@ impl Shutdown {
         let _ = rx.wait_for(|fired| *fired).await;
     }
 
+    /// Sleeps for `d`; `false` if the trigger fired first (the caller should stop).
+    pub async fn sleep(&self, d: std::time::Duration) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(d) => true,
+            () = self.wait() => false,
+        }
+    }
+
     /// Fires the trigger on the first SIGTERM or SIGINT; exits the process on the second.
     ///
     /// # Errors

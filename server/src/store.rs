@@ -35,10 +35,10 @@ pub enum StoreError {
     /// A file could not be written.
     #[error(transparent)]
     Write(#[from] ArtifactError),
-    /// `manifest.json` is not a manifest this server understands.
-    #[error("{path}: not a valid Tern manifest: {reason}")]
+    /// `manifest.json` (or another JSON file of the store) is not one this server understands.
+    #[error("{path}: not a valid Tern store file: {reason}")]
     Manifest {
-        /// The manifest file.
+        /// The file.
         path: String,
         /// What is wrong with it.
         reason: String,
@@ -245,24 +245,12 @@ impl DataDir {
     /// # Errors
     /// If it cannot be read or is not a manifest of this format.
     pub fn load_manifest(&self) -> Result<Manifest, StoreError> {
-        let path = self.manifest_path();
-        let text = match std::fs::read(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Manifest::default()),
-            Err(e) => return Err(io_err(&path)(e).into()),
-        };
-        let bad = |reason: String| StoreError::Manifest {
-            path: path.display().to_string(),
-            reason,
-        };
-        let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
-        if manifest.format != MANIFEST_FORMAT {
-            return Err(bad(format!(
-                "format {} (this server reads format {MANIFEST_FORMAT})",
-                manifest.format
-            )));
-        }
-        Ok(manifest)
+        let manifest = read_versioned(
+            &self.manifest_path(),
+            |m: &Manifest| m.format,
+            MANIFEST_FORMAT,
+        )?;
+        Ok(manifest.unwrap_or_default())
     }
 
     /// Writes `manifest.json` atomically.
@@ -303,6 +291,35 @@ impl DataDir {
         }
         removed
     }
+}
+
+/// Reads a JSON file of the store that carries its format version: `None` if there is none
+/// yet.
+///
+/// # Errors
+/// If it cannot be read, is not that JSON, or has a format `format_of` says is not `format`.
+pub fn read_versioned<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    format_of: impl Fn(&T) -> u32,
+    format: u32,
+) -> Result<Option<T>, StoreError> {
+    let text = match std::fs::read(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(path)(e).into()),
+    };
+    let bad = |reason: String| StoreError::Manifest {
+        path: path.display().to_string(),
+        reason,
+    };
+    let value: T = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+    let found = format_of(&value);
+    if found != format {
+        return Err(bad(format!(
+            "format {found} (this server reads format {format})"
+        )));
+    }
+    Ok(Some(value))
 }
 
 /// Whether `s` is a lowercase hex SHA-256 (so it is safe as a file name).

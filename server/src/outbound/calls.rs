@@ -258,8 +258,10 @@ impl Calls {
                 Err(HeadError::Failed(e)) if e.is_connect() && timed_out(&e) => {
                     Err(Failed::ConnectTimeout(target.timeouts.connect))
                 }
-                Err(HeadError::Failed(e)) if e.is_connect() => Err(Failed::Connect(chain(&e))),
-                Err(HeadError::Failed(e)) => Err(Failed::Request(chain(&e))),
+                Err(HeadError::Failed(e)) if e.is_connect() => {
+                    Err(Failed::Connect(crate::error_chain(&e)))
+                }
+                Err(HeadError::Failed(e)) => Err(Failed::Request(crate::error_chain(&e))),
                 Err(HeadError::FirstByte) => Err(Failed::FirstByte(first_byte)),
             }
         };
@@ -271,21 +273,6 @@ impl Calls {
         }
         result
     }
-}
-
-/// An error and its sources, `: `-separated.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let c = cause.to_string();
-        if !text.ends_with(&c) {
-            text.push_str(": ");
-            text.push_str(&c);
-        }
-        next = cause.source();
-    }
-    text
 }
 
 /// Whether an I/O timeout is among `e`'s causes.

@@ -24,7 +24,7 @@ use rustls::pki_types::PrivateKeyDer;
 use rustls::sign::CertifiedKey;
 use sha2::{Digest, Sha256};
 
-use super::stored::{CertStore, Index, Record, Source};
+use super::stored::{Index, Record, Source};
 use super::{Certificates, Loaded};
 use crate::config::{AcmeChallenge, AcmeConfig};
 use crate::shutdown::Shutdown;
@@ -46,7 +46,6 @@ pub struct Manager {
     /// The config file's directory (for `ca_root`).
     base_dir: PathBuf,
     certificates: Arc<Certificates>,
-    store: CertStore,
     /// Where the ACME account is kept.
     account_dir: PathBuf,
     tenant_hosts: TenantHosts,
@@ -78,31 +77,13 @@ enum Failed {
 
 impl<E: std::error::Error> From<E> for Failed {
     fn from(e: E) -> Self {
-        Self::Error(chain(&e))
+        Self::Error(crate::error_chain(&e))
     }
-}
-
-/// An error and its causes, `a: b: c` (the HTTP client's own message alone says only
-/// "client error (Connect)").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let next = s.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        source = s.source();
-    }
-    text
 }
 
 impl Manager {
-    /// A manager serving what it obtains through `certificates`, storing it in `data_dir`.
-    ///
-    /// # Errors
-    /// If the data directory's certificate store cannot be opened.
+    /// A manager serving what it obtains through `certificates` and keeping it in their store;
+    /// its ACME account is kept in `data_dir`.
     pub fn new(
         config: AcmeConfig,
         base_dir: &Path,
@@ -110,16 +91,15 @@ impl Manager {
         certificates: Arc<Certificates>,
         tenant_hosts: TenantHosts,
         metrics: &crate::metrics::Metrics,
-    ) -> Result<Self, crate::store::StoreError> {
+    ) -> Self {
         let mut id = [0u8; 8];
         let _ = rustls::crypto::aws_lc_rs::default_provider()
             .secure_random
             .fill(&mut id);
-        Ok(Self {
+        Self {
             config,
             base_dir: base_dir.to_path_buf(),
             certificates,
-            store: CertStore::open(data_dir)?,
             account_dir: data_dir.join("acme"),
             tenant_hosts,
             holder: format!("{}-{}", std::process::id(), crate::artifact::hex(&id)),
@@ -127,7 +107,7 @@ impl Manager {
             account: None,
             retry: HashMap::new(),
             renew_at: HashMap::new(),
-        })
+        }
     }
 
     /// Runs the rounds until `shutdown`.
@@ -137,9 +117,8 @@ impl Manager {
             let mut seen = None;
             loop {
                 self.round(&mut seen).await;
-                tokio::select! {
-                    () = tokio::time::sleep(every) => {}
-                    () = shutdown.wait() => return,
+                if !shutdown.sleep(every).await {
+                    return;
                 }
             }
         })
@@ -278,16 +257,33 @@ impl Manager {
 
     /// The CA's suggested renewal window for `record` and when to ask again (Unix seconds).
     async fn suggested_window(&mut self, record: &Record) -> Result<(u64, u64, u64), String> {
-        let loaded = self.store.load(record)?;
-        let id = CertificateIdentifier::try_from(loaded.leaf())?;
+        let id = self.certificate_id(record).await?;
         let account = self.account().await?;
-        let (info, retry_after) = account.renewal_info(&id).await.map_err(|e| chain(&e))?;
+        let (info, retry_after) = account
+            .renewal_info(&id)
+            .await
+            .map_err(|e| crate::error_chain(&e))?;
         let secs = |t: i64| u64::try_from(t).unwrap_or(0);
         Ok((
             secs(info.suggested_window.start.unix_timestamp()),
             secs(info.suggested_window.end.unix_timestamp()),
             retry_after.as_secs(),
         ))
+    }
+
+    /// How the CA names the certificate of `record` (RFC 9773: its issuer's key id and serial),
+    /// read from the store off the reactor.
+    async fn certificate_id(
+        &self,
+        record: &Record,
+    ) -> Result<CertificateIdentifier<'static>, String> {
+        let (store, record) = (self.certificates.store.clone(), record.clone());
+        tokio::task::spawn_blocking(move || {
+            let loaded = store.load(&record)?;
+            CertificateIdentifier::try_from(loaded.leaf()).map(CertificateIdentifier::into_owned)
+        })
+        .await
+        .map_err(|e| e.to_string())?
     }
 
     /// The ACME account: the stored one for this directory, else a new one (stored).
@@ -315,14 +311,14 @@ impl Manager {
             .and_then(|b| serde_json::from_slice::<AccountCredentials>(&b).ok())
         {
             Some(credentials) => builder()
-                .map_err(|e| format!("ACME client: {}", chain(&e)))?
+                .map_err(|e| format!("ACME client: {}", crate::error_chain(&e)))?
                 .from_credentials(credentials)
                 .await
-                .map_err(|e| format!("{directory}: {}", chain(&e)))?,
+                .map_err(|e| format!("{directory}: {}", crate::error_chain(&e)))?,
             None => {
                 let contact: Vec<&str> = self.config.contact.iter().map(String::as_str).collect();
                 let (account, credentials) = builder()
-                    .map_err(|e| format!("ACME client: {}", chain(&e)))?
+                    .map_err(|e| format!("ACME client: {}", crate::error_chain(&e)))?
                     .create(
                         &NewAccount {
                             contact: &contact,
@@ -333,7 +329,12 @@ impl Manager {
                         None,
                     )
                     .await
-                    .map_err(|e| format!("{directory}: cannot create an account: {}", chain(&e)))?;
+                    .map_err(|e| {
+                        format!(
+                            "{directory}: cannot create an account: {}",
+                            crate::error_chain(&e)
+                        )
+                    })?;
                 let text = serde_json::to_vec(&credentials).map_err(|e| e.to_string())?;
                 tokio::task::spawn_blocking(move || {
                     crate::artifact::write_atomic_mode(&file, &text, 0o600)
@@ -351,7 +352,11 @@ impl Manager {
 
     /// Orders a certificate for `host` under its lease, stores it and returns its record.
     async fn obtain(&mut self, host: &str, current: Option<&Record>) -> Result<Record, Failed> {
-        let (store, h, holder) = (self.store.clone(), host.to_string(), self.holder.clone());
+        let (store, h, holder) = (
+            self.certificates.store.clone(),
+            host.to_string(),
+            self.holder.clone(),
+        );
         let seen = current.map(|r| r.bundle.clone());
         let leased = tokio::task::spawn_blocking(move || {
             store.change(|i| {
@@ -376,7 +381,11 @@ impl Manager {
         )
         .await
         .unwrap_or_else(|_| Err(Failed::Error("the order took too long".into())));
-        let (store, h, holder) = (self.store.clone(), host.to_string(), self.holder.clone());
+        let (store, h, holder) = (
+            self.certificates.store.clone(),
+            host.to_string(),
+            self.holder.clone(),
+        );
         let record = ordered.as_ref().ok().cloned();
         tokio::task::spawn_blocking(move || {
             store.change(|i| {
@@ -395,9 +404,10 @@ impl Manager {
         let account = self.account().await.map_err(Failed::Error)?;
         let ids = [Identifier::Dns(host.to_string())];
         // The certificate this one replaces, for CAs with renewal information (RFC 9773).
-        let replaces = current
-            .and_then(|r| self.store.load(r).ok())
-            .and_then(|l| CertificateIdentifier::try_from(l.leaf()).ok());
+        let replaces = match current {
+            Some(r) => self.certificate_id(r).await.ok(),
+            None => None,
+        };
         let mut order = match replaces {
             Some(id) => match account.new_order(&NewOrder::new(&ids).replaces(id)).await {
                 Err(instant_acme::Error::Unsupported(_)) => {
@@ -466,16 +476,16 @@ impl Manager {
         }
         let key = order.finalize().await?;
         let chain = order.poll_certificate(&retries).await?;
-        let loaded = Loaded::from_pem(
-            chain.as_bytes(),
-            key.as_bytes(),
-            &[host.to_string()],
-            ("the CA's certificate", "the generated key"),
-        )?;
-        let store = self.store.clone();
-        let bundle =
-            tokio::task::spawn_blocking(move || store.put_bundle(chain.as_bytes(), key.as_bytes()))
-                .await??;
+        // Checked (parsed, key matched, name covered) and stored off the reactor.
+        let (store, hosts) = (self.certificates.store.clone(), vec![host.to_string()]);
+        let (loaded, bundle) = tokio::task::spawn_blocking(move || {
+            let names = ("the CA's certificate", "the generated key");
+            let loaded = Loaded::from_pem(chain.as_bytes(), key.as_bytes(), &hosts, names)
+                .map_err(|e| Failed::Error(e.to_string()))?;
+            let bundle = store.put_bundle(chain.as_bytes(), key.as_bytes())?;
+            Ok::<_, Failed>((loaded, bundle))
+        })
+        .await??;
         Ok(Record {
             hosts: vec![host.to_string()],
             bundle,

@@ -288,11 +288,9 @@ fn check_pem(
 /// Whether a certificate with DNS names `names` is valid for every name `host` stands for: an
 /// exact host by its own name or a wildcard of its parent; a wildcard host by the same wildcard.
 fn covers(names: &[String], host: &str) -> bool {
-    names.iter().any(|n| n == host)
-        || (!host.starts_with("*.")
-            && host.split_once('.').is_some_and(|(_, parent)| {
-                names.iter().any(|n| n.strip_prefix("*.") == Some(parent))
-            }))
+    names
+        .iter()
+        .any(|n| n == host || (!host.starts_with("*.") && wildcard_match(n, host)))
 }
 
 fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
@@ -317,13 +315,13 @@ pub struct Certificates {
     /// HTTP-01 key authorizations by token.
     http_challenges: std::sync::Mutex<HashMap<String, String>>,
     /// Where uploaded and ACME certificates are kept.
-    store: Option<stored::CertStore>,
+    store: stored::CertStore,
 }
 
 impl Certificates {
     /// Serves `table` (the config file's) and what `store` holds; the expiry dates go to
     /// `metrics`.
-    pub fn new(table: Table, store: Option<stored::CertStore>, metrics: &Metrics) -> Arc<Self> {
+    pub fn new(table: Table, store: stored::CertStore, metrics: &Metrics) -> Arc<Self> {
         let this = Arc::new(Self {
             index: ArcSwap::from_pointee(Index::default()),
             tables: std::sync::Mutex::new((Arc::new(Table::default()), Arc::default())),
@@ -369,26 +367,12 @@ impl Certificates {
 
     /// Answers TLS-ALPN-01 challenges for `host` with `key` (`None`: stops answering).
     pub fn set_alpn_challenge(&self, host: &str, key: Option<Arc<CertifiedKey>>) {
-        let mut map = self
-            .alpn_challenges
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        match key {
-            Some(k) => map.insert(host.to_string(), k),
-            None => map.remove(host),
-        };
+        set_or_remove(&self.alpn_challenges, host, key);
     }
 
     /// Answers the HTTP-01 challenge `token` with `key_authorization` (`None`: stops).
     pub fn set_http_challenge(&self, token: &str, key_authorization: Option<String>) {
-        let mut map = self
-            .http_challenges
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        match key_authorization {
-            Some(k) => map.insert(token.to_string(), k),
-            None => map.remove(token),
-        };
+        set_or_remove(&self.http_challenges, token, key_authorization);
     }
 
     /// The key authorization of the HTTP-01 challenge `token`, if one is in progress.
@@ -399,6 +383,15 @@ impl Certificates {
             .get(token)
             .cloned()
     }
+}
+
+/// Puts `value` under `key` in `map`, or removes the key for `None`.
+fn set_or_remove<V>(map: &std::sync::Mutex<HashMap<String, V>>, key: &str, value: Option<V>) {
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    match value {
+        Some(v) => map.insert(key.to_string(), v),
+        None => map.remove(key),
+    };
 }
 
 /// The ALPN protocol of TLS-ALPN-01 validation (RFC 8737).

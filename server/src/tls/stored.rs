@@ -19,9 +19,11 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use std::sync::Arc;
+
 use super::{Loaded, Table};
 use crate::artifact::{self, io_err};
-use crate::store::{StoreError, is_hash, now};
+use crate::store::{StoreError, is_hash, now, read_versioned};
 
 /// Format version of `index.json`.
 pub const FORMAT: u32 = 1;
@@ -149,24 +151,8 @@ impl CertStore {
     /// # Errors
     /// If it cannot be read or is not an index of this format.
     pub fn read(&self) -> Result<Index, StoreError> {
-        let path = self.index_path();
-        let text = match std::fs::read(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Index::default()),
-            Err(e) => return Err(io_err(&path)(e).into()),
-        };
-        let bad = |reason: String| StoreError::Manifest {
-            path: path.display().to_string(),
-            reason,
-        };
-        let index: Index = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
-        if index.format != FORMAT {
-            return Err(bad(format!(
-                "format {} (this server reads format {FORMAT})",
-                index.format
-            )));
-        }
-        Ok(index)
+        let index = read_versioned(&self.index_path(), |i: &Index| i.format, FORMAT)?;
+        Ok(index.unwrap_or_default())
     }
 
     /// Reads the index, applies `change` and writes the result (when it changed), holding the
@@ -269,6 +255,56 @@ impl CertStore {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
+    }
+}
+
+impl super::Certificates {
+    /// Reads the data directory's index and, if its certificates changed since `seen` (another
+    /// process sharing the directory stored or removed one), serves them; the index read.
+    pub async fn sync_stored(&self, seen: &mut Option<Index>) -> Option<Index> {
+        let store = self.store.clone();
+        let unchanged = seen.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let index = store.read()?;
+            // Leases come and go with every ACME order; the certificates are reloaded only
+            // when they changed.
+            let changed = unchanged.is_none_or(|u| u.certificates != index.certificates);
+            let table = changed.then(|| store.table(&index));
+            Ok::<_, crate::store::StoreError>((index, table))
+        })
+        .await;
+        match read {
+            Ok(Ok((index, table))) => {
+                if let Some(table) = table {
+                    self.replace_stored(table);
+                }
+                *seen = Some(index.clone());
+                Some(index)
+            }
+            Ok(Err(e)) => {
+                tracing::error!("cannot read the stored certificates: {e}");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Serves what other processes sharing the data directory store, checking every `every`
+    /// until `shutdown` (without `[tls.acme]`, whose rounds do it).
+    pub fn watch_stored(
+        self: Arc<Self>,
+        every: std::time::Duration,
+        shutdown: crate::shutdown::Shutdown,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut seen = None;
+            loop {
+                self.sync_stored(&mut seen).await;
+                if !shutdown.sleep(every).await {
+                    return;
+                }
+            }
+        })
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::stored::{Index, Record, Source};
+use super::stored::{Record, Source};
 use super::{Certificates, Loaded};
 use crate::store::now;
 
@@ -49,12 +49,6 @@ fn internal(e: impl std::fmt::Display) -> Refused {
 }
 
 impl Certificates {
-    fn stored(&self) -> Result<&super::stored::CertStore, Refused> {
-        self.store
-            .as_ref()
-            .ok_or_else(|| Refused::Internal("no data directory for certificates".into()))
-    }
-
     /// Checks and stores `upload` as the certificate `name` (replacing one of that name);
     /// whether it is new. Served from the next handshake.
     ///
@@ -97,16 +91,17 @@ impl Certificates {
                     .into(),
             ));
         }
-        let loaded = Loaded::from_pem(
-            upload.cert.as_bytes(),
-            upload.key.as_bytes(),
-            &hosts,
-            ("cert", "key"),
-        )
-        .map_err(|e| Refused::Unusable(e.to_string()))?;
-        let store = self.stored()?.clone();
+        let store = self.store.clone();
         let name = name.to_string();
+        // Parsing and the key check, like the disk work, stay off the reactor.
         let created = tokio::task::spawn_blocking(move || {
+            let loaded = Loaded::from_pem(
+                upload.cert.as_bytes(),
+                upload.key.as_bytes(),
+                &hosts,
+                ("cert", "key"),
+            )
+            .map_err(|e| Refused::Unusable(e.to_string()))?;
             let bundle = store
                 .put_bundle(upload.cert.as_bytes(), upload.key.as_bytes())
                 .map_err(internal)?;
@@ -154,7 +149,7 @@ impl Certificates {
     /// # Errors
     /// [`Refused::NotFound`] if there is none.
     pub async fn delete_stored(self: &Arc<Self>, name: &str) -> Result<(), Refused> {
-        let store = self.stored()?.clone();
+        let store = self.store.clone();
         let name = name.to_string();
         let table = tokio::task::spawn_blocking(move || {
             let found = store
@@ -174,61 +169,12 @@ impl Certificates {
         Ok(())
     }
 
-    /// Reads the data directory's index and, if its certificates changed since `seen` (another
-    /// process sharing the directory stored or removed one), serves them; the index read.
-    pub async fn sync_stored(&self, seen: &mut Option<Index>) -> Option<Index> {
-        let store = self.stored().ok()?.clone();
-        let unchanged = seen.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let index = store.read()?;
-            // Leases come and go with every ACME order; the certificates are reloaded only
-            // when they changed.
-            let changed = unchanged.is_none_or(|u| u.certificates != index.certificates);
-            let table = changed.then(|| store.table(&index));
-            Ok::<_, crate::store::StoreError>((index, table))
-        })
-        .await;
-        match read {
-            Ok(Ok((index, table))) => {
-                if let Some(table) = table {
-                    self.replace_stored(table);
-                }
-                *seen = Some(index.clone());
-                Some(index)
-            }
-            Ok(Err(e)) => {
-                tracing::error!("cannot read the stored certificates: {e}");
-                None
-            }
-            Err(_) => None,
-        }
-    }
-
-    /// Serves what other processes sharing the data directory store, checking every `every`
-    /// until `shutdown` (without `[tls.acme]`, whose rounds do it).
-    pub fn watch_stored(
-        self: Arc<Self>,
-        every: std::time::Duration,
-        shutdown: crate::shutdown::Shutdown,
-    ) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move {
-            let mut seen = None;
-            loop {
-                self.sync_stored(&mut seen).await;
-                tokio::select! {
-                    () = tokio::time::sleep(every) => {}
-                    () = shutdown.wait() => return,
-                }
-            }
-        })
-    }
-
     /// Every certificate: the config file's and the stored ones, with hosts, source and expiry.
     ///
     /// # Errors
     /// If the data directory cannot be read.
     pub async fn describe(&self) -> Result<Value, Refused> {
-        let store = self.stored()?.clone();
+        let store = self.store.clone();
         let index = tokio::task::spawn_blocking(move || store.read())
             .await
             .map_err(internal)?
