@@ -17,19 +17,10 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{TestServer, metric_value, ran, tools_dir};
+use crate::support::{TestServer, free_port, metric_value, ran, restart_dir, tools_dir};
 
 /// The Pebble release the suite runs (installed by scripts/test under [`tools_dir`]).
 const PEBBLE: &str = "pebble-2.10.1";
-
-/// A port free now (the test servers take it next: Pebble must know where to validate).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Pebble and its DNS server, stopped when dropped.
 struct Pebble {
@@ -415,13 +406,7 @@ async fn tls_alpn_01_obtains_renews_and_keeps_serving_when_the_ca_is_down() {
         "nothing was issued while the CA was down"
     );
     // A restart with the CA still down serves the stored certificate at once.
-    s.running.shutdown.trigger();
-    let dir2 = tempfile::tempdir().unwrap();
-    ran(Command::new("cp")
-        .arg("-a")
-        .arg(&data)
-        .arg(dir2.path().join("data")));
-    drop(s);
+    let dir2 = restart_dir(s);
     let s2 = acme_server(dir2, (free_port(), free_port()), "\"a.test\"", "", &pebble).await;
     let again = presented(s2.running.tls_addr.unwrap(), "a.test").await;
     assert_eq!(

@@ -34,11 +34,7 @@ impl S3 {
         let root = tempfile::tempdir().unwrap();
         // A top-level directory is a bucket.
         std::fs::create_dir(root.path().join("fleet")).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::support::free_port();
         let child = Command::new(bin)
             .args(["--port", &format!("127.0.0.1:{port}")])
             .args(["--access", ACCESS_KEY, "--secret", SECRET_KEY, "--quiet"])

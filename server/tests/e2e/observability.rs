@@ -9,6 +9,16 @@ use http::StatusCode;
 
 use crate::support::TestServer;
 
+/// `promtool check rules FILE` succeeds (promtool: Debian's `prometheus`, which scripts/test
+/// installs).
+fn promtool_check_rules(file: &std::path::Path) {
+    crate::support::ran(
+        std::process::Command::new("promtool")
+            .args(["check", "rules"])
+            .arg(file),
+    );
+}
+
 fn repo_file(path: &str) -> String {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
@@ -142,17 +152,7 @@ async fn grafana_dashboard_is_well_formed_and_queries_only_real_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("rules.yml");
     std::fs::write(&file, rules).unwrap();
-    let out = std::process::Command::new("promtool")
-        .args(["check", "rules"])
-        .arg(&file)
-        .output()
-        .expect("promtool is required (Debian package `prometheus`; scripts/test installs it)");
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_check_rules(&file);
 }
 
 /// The metrics of the demo after a request, and of a server with a TLS listener serving a
@@ -190,17 +190,7 @@ fn exported_names(metrics: &str) -> HashSet<&str> {
 async fn the_shipped_alerts_are_valid_rules_on_real_metrics() {
     let file =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/alerts.yml");
-    let out = std::process::Command::new("promtool")
-        .args(["check", "rules"])
-        .arg(&file)
-        .output()
-        .expect("promtool is required (Debian package `prometheus`; scripts/test installs it)");
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_check_rules(&file);
     let rules = repo_file("deploy/prometheus/alerts.yml");
     let live = live_metrics().await;
     let exported = exported_names(&live);
@@ -242,11 +232,7 @@ async fn a_real_prometheus_scrapes_tern_and_answers_a_per_phase_p99() {
         repo_file("deploy/prometheus/alerts.yml"),
     )
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::free_port();
     let prom = std::process::Command::new("prometheus")
         .arg(format!(
             "--config.file={}",

@@ -174,15 +174,6 @@ impl Backend {
     }
 }
 
-/// A port nothing listens on.
-fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn probe_server(backend: &Backend) -> TestServer {
     let dir = tempfile::tempdir().unwrap();
     test_guest(dir.path(), "outbound_probe");
@@ -201,7 +192,7 @@ async fn probe_server(backend: &Backend) -> TestServer {
          [[tenant]]\nname = \"deadline\"\nmodule = \"outbound_probe.wasm\"\npaths = [\"/deadline\"]\n\
          [tenant.limits]\ntimeout_ms = 300\n\
          [tenant.outbound.backends.origin]\nurl = \"http://{b}\"\n",
-        closed_port()
+        crate::support::free_port()
     );
     TestServer::try_start_in(dir, &config).await.expect("start")
 }
@@ -428,7 +419,7 @@ async fn the_proxy_example_streams_10_mb_both_ways() {
          [tenant.outbound.backends.origin]\nurl = \"http://{b}\"\n\
          [[tenant]]\nname = \"gone\"\nmodule = \"builtin:proxy\"\npaths = [\"/gone\"]\n\
          [tenant.outbound.backends.origin]\nurl = \"http://127.0.0.1:{}\"\n",
-        closed_port()
+        crate::support::free_port()
     );
     let s = TestServer::start(&config).await;
 

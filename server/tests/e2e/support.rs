@@ -366,20 +366,42 @@ pub fn demo_file(dir: &Path, name: &str) -> PathBuf {
     path
 }
 
-/// The `tern` binary built with these tests.
-/// Runs `command` to its end and checks that it succeeded (its stderr is the failure message).
+/// Runs `command` to its end and checks that it succeeded (its output is the failure message).
 pub fn ran(command: &mut std::process::Command) -> std::process::Output {
     let out = command
         .output()
         .unwrap_or_else(|e| panic!("{command:?} cannot run: {e}"));
     assert!(
         out.status.success(),
-        "{command:?}: {}",
+        "{command:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     out
 }
 
+/// A port free now (for a server that must be told its port before it starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Stops `s` and returns a new directory holding a copy of its data directory (`data`), for a
+/// server started from it as after a restart.
+pub fn restart_dir(s: TestServer) -> tempfile::TempDir {
+    s.running.shutdown.trigger();
+    let dir = tempfile::tempdir().unwrap();
+    ran(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(s.dir.path().join("data"))
+        .arg(dir.path().join("data")));
+    dir
+}
+
+/// The `tern` binary built with these tests.
 pub fn tern_bin() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_tern"))
 }

@@ -588,16 +588,7 @@ async fn certificates_uploaded_through_the_admin_api_serve_from_the_next_handsha
     assert_eq!(status, 404);
 
     // A restart serves what was uploaded; a bundle damaged on disk is refused, never served.
-    s.running.shutdown.trigger();
-    let data = s.dir.path().join("data");
-    let dir2 = tempfile::tempdir().unwrap();
-    crate::support::ran(
-        std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&data)
-            .arg(dir2.path().join("data")),
-    );
-    drop(s);
+    let dir2 = crate::support::restart_dir(s);
     let s2 = tls_server(dir2, "").await.unwrap();
     let tls2 = s2.running.tls_addr.unwrap();
     let conn = connect(tls2, "a.test", &[], &pki.ca)
@@ -614,15 +605,7 @@ async fn certificates_uploaded_through_the_admin_api_serve_from_the_next_handsha
     let mut pem = std::fs::read(certs.join(format!("{bundle}.pem"))).unwrap();
     pem.extend_from_slice(b"\n# tampered\n");
     std::fs::write(certs.join(format!("{bundle}.pem")), pem).unwrap();
-    s2.running.shutdown.trigger();
-    let dir3 = tempfile::tempdir().unwrap();
-    crate::support::ran(
-        std::process::Command::new("cp")
-            .arg("-a")
-            .arg(s2.dir.path().join("data"))
-            .arg(dir3.path().join("data")),
-    );
-    drop(s2);
+    let dir3 = crate::support::restart_dir(s2);
     let s3 = tls_server(dir3, "").await.unwrap();
     assert!(
         connect(s3.running.tls_addr.unwrap(), "a.test", &[], &pki.ca)
