@@ -62,6 +62,12 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
         "/readyz" => {
             if app.pool.available() == 0 {
                 plain(StatusCode::SERVICE_UNAVAILABLE, "pool exhausted\n")
+            } else if !app.registry.ready() {
+                plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the shared registry has not been read yet and there is no snapshot of it \
+                     to serve\n",
+                )
             } else {
                 plain(StatusCode::OK, "ready\n")
             }
@@ -282,8 +288,9 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
             .reload()
             .await
             .map(|n| (StatusCode::OK, json!({ "config_tenants": n }))),
+        (&Method::GET, ["fleet"]) => registry.fleet_view().await.map(|v| (StatusCode::OK, v)),
         (_, ["tenants"] | ["tenants", _] | ["tenants", _, "module" | "rollback"])
-        | (_, ["assets"] | ["reload"]) => Err(ChangeError::MethodNotAllowed(format!(
+        | (_, ["assets"] | ["reload"] | ["fleet"]) => Err(ChangeError::MethodNotAllowed(format!(
             "{method} is not allowed on {path}"
         ))),
         _ => Err(ChangeError::NotFound(format!(

@@ -346,6 +346,11 @@ pub async fn tenants(target: &Target, name: Option<&str>, as_json: bool) -> anyh
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
+    // A replica of a fleet also says how many replicas serve each tenant's version.
+    let fleet = target
+        .ok(Method::GET, "/admin/v1/fleet", Bytes::new(), "")
+        .await
+        .ok();
     let mut rows = vec![[
         "NAME".to_string(),
         "SOURCE".into(),
@@ -356,10 +361,18 @@ pub async fn tenants(target: &Target, name: Option<&str>, as_json: bool) -> anyh
         "ROUTES".into(),
     ]];
     for t in v["tenants"].as_array().into_iter().flatten() {
-        let version = match t["current"]["id"].as_str() {
+        let mut version = match t["current"]["id"].as_str() {
             Some(id) => short(id).to_string(),
             None => t["module"].as_str().unwrap_or("-").to_string(),
         };
+        if let Some(f) = fleet
+            .as_ref()
+            .map(|f| &f["tenants"][t["name"].as_str().unwrap_or("")])
+            .filter(|f| f.is_object())
+        {
+            let (serving, replicas) = (&f["serving"], &f["replicas"]);
+            version = format!("{version} ({serving}/{replicas} replicas)");
+        }
         let deployed = t["current"]["deployed_at"]
             .as_u64()
             .map_or("-".to_string(), ago);

@@ -49,6 +49,11 @@ enum Command {
         /// tenants deployed through the admin API).
         #[arg(long, conflicts_with = "config")]
         no_demo: bool,
+        /// The registry a fleet of replicas shares (`registry.url`): `s3://bucket/prefix`, with
+        /// the `AWS_*` settings from the environment. Every replica serves what is deployed
+        /// on any of them.
+        #[arg(long, env = "TERN_REGISTRY_URL")]
+        registry: Option<String>,
         /// Also serve HTTPS on this address (`server.tls_listen`), with --tls-cert and --tls-key
         /// as the default certificate.
         #[arg(long, requires_all = ["tls_cert", "tls_key"])]
@@ -271,12 +276,19 @@ fn main() -> ExitCode {
             admin_listen,
             data_dir,
             no_demo,
+            registry,
             tls_listen,
             tls_cert,
             tls_key,
         } => {
             let tls = tls_listen.zip(tls_cert.zip(tls_key));
-            serve(config, listen, admin_listen, data_dir, no_demo, tls)
+            let places = Places {
+                listen,
+                admin_listen,
+                data_dir,
+                registry,
+            };
+            serve(config, places, no_demo, tls)
         }
         Command::Compile {
             input,
@@ -347,14 +359,26 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(
-    config_path: Option<PathBuf>,
+/// Where `tern serve` listens and keeps its tenants, as given on the command line.
+struct Places {
     listen: Option<SocketAddr>,
     admin_listen: Option<SocketAddr>,
     data_dir: Option<PathBuf>,
+    registry: Option<String>,
+}
+
+fn serve(
+    config_path: Option<PathBuf>,
+    places: Places,
     no_demo: bool,
     tls: Option<(SocketAddr, (PathBuf, PathBuf))>,
 ) -> anyhow::Result<()> {
+    let Places {
+        listen,
+        admin_listen,
+        data_dir,
+        registry,
+    } = places;
     let mut config = match &config_path {
         Some(path) => Config::load(path)?,
         None => Config::demo(),
@@ -367,6 +391,9 @@ fn serve(
     }
     if let Some(a) = admin_listen {
         config.server.admin_listen = a;
+    }
+    if let Some(url) = registry.filter(|u| !u.is_empty()) {
+        config.set_registry(url)?;
     }
     if let Some((at, (cert, key))) = tls {
         config.serve_tls_from_command_line(at, &cert, &key)?;

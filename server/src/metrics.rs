@@ -217,6 +217,12 @@ pub struct Metrics {
     pub tls_certificate_expiry: IntGaugeVec,
     /// ACME orders, by outcome.
     pub acme_orders: IntCounterVec,
+    /// Reads of a fleet's shared registry, by outcome.
+    pub registry_syncs: IntCounterVec,
+    /// The revision of the shared registry this replica serves.
+    pub registry_revision: IntGauge,
+    /// Compiled artifacts a replica took from the shared registry or published to it.
+    pub registry_artifacts: IntCounterVec,
 }
 
 impl Metrics {
@@ -319,6 +325,27 @@ impl Metrics {
              sharing the data directory holds the name's lease and orders it).",
             &["outcome"],
         );
+        let registry_syncs = r.counters(
+            "tern_registry_syncs_total",
+            "Reads of the fleet's shared registry ([registry] url), by outcome: unchanged (a \
+             conditional read answered not modified), changed (a new revision was read and \
+             applied), unreachable (the store could not be reached; what was served keeps \
+             serving), failed (a tenant of the new revision could not be loaded, e.g. an object \
+             refused by its digest; its running version keeps serving).",
+            &["outcome"],
+        );
+        let registry_revision = r.gauge(
+            "tern_registry_revision",
+            "The revision of the fleet's shared registry this replica last applied (0: none yet).",
+        );
+        let registry_artifacts = r.counters(
+            "tern_registry_artifacts_total",
+            "Compiled artifacts and the shared registry: downloaded (taken from the registry, \
+             verified, not compiled here), published (compiled here and stored for the other \
+             replicas), refused (an artifact in the registry failed verification; compiled here \
+             instead).",
+            &["outcome"],
+        );
         let memory_peak = r.histogram(
             "tern_guest_memory_peak_bytes",
             "Largest linear memory each guest reached during its request.",
@@ -403,6 +430,9 @@ impl Metrics {
             tls_handshake_failures,
             tls_certificate_expiry,
             acme_orders,
+            registry_syncs,
+            registry_revision,
+            registry_artifacts,
             memory_peak,
             compile,
             log_dropped,

@@ -135,12 +135,35 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     if let Some(file) = &token.file {
         tracing::info!(file = %file.display(), "admin API token generated (read it from this file)");
     }
+    let fleet = match config.registry.shared_url() {
+        None => None,
+        Some(url) => {
+            if token.file.is_some() {
+                anyhow::bail!(
+                    "[registry] url is set: the replicas of a fleet share one admin token (it \
+                     also signs the compiled artifacts they share); set TERN_ADMIN_TOKEN or \
+                     server.admin_token"
+                );
+            }
+            let poll = Duration::from_millis(config.registry.poll_interval_ms);
+            let fleet = crate::registry::fleet::Fleet::open(
+                url,
+                config.registry.replica_name(),
+                poll,
+                &token.token,
+            )
+            .map_err(|e| anyhow::anyhow!("[registry] url: {e}"))?;
+            tracing::info!(registry = url, replica = %fleet.replica, "serving from a shared registry");
+            Some(Arc::new(fleet))
+        }
+    };
     let registry = Registry::start(
         config.clone(),
         opts.config_path.clone(),
         store,
         engine,
         metrics.clone(),
+        fleet,
     )
     .await?;
 
@@ -239,6 +262,12 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
 
     let mut tasks = Vec::new();
     let mut threads = Vec::new();
+    if app.registry.shared_url().is_some() {
+        let (a, s) = (app.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(
+            async move { a.registry.watch_shared(s).await },
+        ));
+    }
     if let Some(manager) = acme_manager {
         tasks.push(manager.spawn(shutdown.clone()));
     } else if let Some(certificates) = app.registry.certificates() {

@@ -51,11 +51,23 @@ pub enum StoreError {
 pub struct Manifest {
     /// [`MANIFEST_FORMAT`].
     pub format: u32,
+    /// Counts the changes written to a fleet's shared registry (each write adds one), so a
+    /// change back to earlier contents is still a new version of the object.
+    #[serde(default)]
+    pub revision: u64,
     /// By tenant name.
     pub tenants: BTreeMap<String, StoredTenant>,
 }
 
 impl Manifest {
+    /// This manifest with tenant `name` set to `entry`, or removed (`None`).
+    pub fn set(&mut self, name: &str, entry: Option<StoredTenant>) {
+        match entry {
+            Some(e) => self.tenants.insert(name.to_string(), e),
+            None => self.tenants.remove(name),
+        };
+    }
+
     /// The module and assets hashes its versions (current and previous) refer to.
     pub fn referenced(&self) -> std::collections::HashSet<String> {
         let mut hashes = std::collections::HashSet::new();
@@ -73,13 +85,14 @@ impl Default for Manifest {
     fn default() -> Self {
         Self {
             format: MANIFEST_FORMAT,
+            revision: 0,
             tenants: BTreeMap::new(),
         }
     }
 }
 
 /// One API-managed tenant.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoredTenant {
     /// Routes, env and limits.

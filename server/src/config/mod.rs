@@ -59,6 +59,10 @@ pub struct Config {
     /// `[tls]`: certificates obtained automatically.
     #[serde(default)]
     pub tls: TlsConfig,
+    /// `[registry]`: where API-deployed tenants live (this data directory, or a store shared by
+    /// a fleet).
+    #[serde(default)]
+    pub registry: RegistryConfig,
     /// Directory relative module paths are resolved against (the config file's directory).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -173,6 +177,66 @@ pub struct CertificateConfig {
     /// Given by `tern serve --tls-cert/--tls-key`, not the file (a reload keeps it).
     #[serde(skip)]
     pub from_command_line: bool,
+}
+
+/// `[registry]`: where the tenants deployed through the admin API are kept. Without `url`, in
+/// the data directory (one server). With `url`, in an object store every replica of a fleet
+/// shares: a deploy on any replica is served by all of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistryConfig {
+    /// The shared registry: `s3://bucket/prefix` (AWS S3, Cloudflare R2, Ceph RGW, versitygw,
+    /// MinIO, ... with the usual `AWS_*` settings from the environment: `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`). Empty: the
+    /// data directory alone. `TERN_REGISTRY_URL` and `tern serve --registry` override it.
+    pub url: String,
+    /// How often each replica checks the registry for changes (one conditional read, which
+    /// costs no body when nothing changed).
+    pub poll_interval_ms: u64,
+    /// This replica's name in the registry's fleet view; empty: `TERN_REPLICA`, else the host
+    /// name (a Kubernetes pod's name).
+    pub replica: String,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            poll_interval_ms: 1000,
+            replica: String::new(),
+        }
+    }
+}
+
+impl RegistryConfig {
+    /// The shared registry's URL, if there is one.
+    pub fn shared_url(&self) -> Option<&str> {
+        (!self.url.is_empty()).then_some(self.url.as_str())
+    }
+
+    /// This replica's name.
+    pub fn replica_name(&self) -> String {
+        let name = [
+            Some(self.replica.clone()),
+            std::env::var("TERN_REPLICA").ok(),
+            std::fs::read_to_string("/proc/sys/kernel/hostname").ok(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|n| n.trim().to_string())
+        .find(|n| !n.is_empty())
+        .unwrap_or_else(|| "replica".into());
+        // A name safe as an object name.
+        name.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect()
+    }
 }
 
 /// `[tls]`: TLS settings beyond the listener and the certificate files.
@@ -820,6 +884,7 @@ impl Config {
             );
         }
         self.validate_tls()?;
+        self.validate_registry()?;
         let mut names = std::collections::HashSet::new();
         for t in &self.tenants {
             let name = t.name.get_ref();
@@ -902,6 +967,37 @@ impl Config {
 
     /// The TLS listener has certificates and they have it; a host is served by one certificate;
     /// at most one default. (The files are read when the listener starts: [`crate::tls`].)
+    /// Uses the shared registry at `url` (`tern serve --registry`).
+    ///
+    /// # Errors
+    /// If it is not a registry URL.
+    pub fn set_registry(&mut self, url: String) -> anyhow::Result<()> {
+        self.registry.url = url;
+        self.validate_registry()
+            .map_err(|e| anyhow::anyhow!("--registry: {}", e.message))
+    }
+
+    fn validate_registry(&self) -> Result<(), Invalid> {
+        let r = &self.registry;
+        let bad = |message: String| {
+            Err(Invalid {
+                span: None,
+                message,
+            })
+        };
+        if r.poll_interval_ms == 0 {
+            return bad("registry.poll_interval_ms must be > 0".into());
+        }
+        if !(r.url.is_empty() || r.url.starts_with("s3://")) {
+            return bad(format!(
+                "registry.url: {:?} is not an s3://bucket/prefix URL (leave it empty for the \
+                 data directory alone)",
+                r.url
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_tls(&self) -> Result<(), Invalid> {
         let at =
             |span: Option<std::ops::Range<usize>>, message: String| Err(Invalid { span, message });

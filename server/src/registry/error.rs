@@ -29,6 +29,9 @@ pub enum ChangeError {
     /// The endpoint exists but not with this method (`405`).
     #[error("{0}")]
     MethodNotAllowed(String),
+    /// The fleet's shared registry cannot be reached; nothing changed (`503`).
+    #[error("{0}")]
+    Unavailable(String),
     /// The server could not complete it (disk full, ...) (`500`).
     #[error("{0}")]
     Internal(String),
@@ -44,6 +47,7 @@ impl ChangeError {
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -30,9 +30,11 @@ use crate::tenant::{self, Carried, Origin, Tenant, TenantError, TenantRef};
 
 mod describe;
 mod error;
+pub mod fleet;
 mod loader;
 pub mod objects;
 mod reset;
+mod shared;
 mod spec;
 mod upload;
 
@@ -68,10 +70,10 @@ impl Live {
     }
 
     /// This table with tenant `name` served by `tenant`, or not served at all (`None`).
-    fn with(&self, name: &str, tenant: Option<Tenant>) -> Result<Live, Clash> {
+    fn with(&self, name: &str, tenant: Option<TenantRef>) -> Result<Live, Clash> {
         let mut tenants = self.tenants.clone();
         match tenant {
-            Some(t) => tenants.insert(name.to_string(), Arc::new(t)),
+            Some(t) => tenants.insert(name.to_string(), t),
             None => tenants.remove(name),
         };
         Self::build(tenants.into_values())
@@ -105,7 +107,34 @@ struct State {
     config: Config,
     /// The file it came from (`None`: the built-in demo config).
     config_path: Option<PathBuf>,
+    /// The API tenants this process serves, as saved in the data directory (with a shared
+    /// registry: the snapshot a restart serves from while the registry cannot be reached).
     manifest: Manifest,
+    /// With a shared registry: its manifest as last read, and its version; `None` until it
+    /// has been read.
+    shared: Option<shared::Read>,
+    /// With a shared registry: when tenants that failed to load from it are tried again.
+    retry_at: Option<Instant>,
+}
+
+impl State {
+    /// The manifest changes start from: the shared registry's, else the data directory's.
+    fn truth(&self) -> &Manifest {
+        self.shared.as_ref().map_or(&self.manifest, |r| &r.manifest)
+    }
+}
+
+/// One change to one API tenant, as the change functions hand it to [`Registry::commit`].
+struct Change {
+    /// The tenant.
+    name: String,
+    /// Its entry the change was computed from (`None`: there was none).
+    base: Option<StoredTenant>,
+    /// Its entry after the change (`None`: deleted).
+    entry: Option<StoredTenant>,
+    /// What serves it after the change: `None` leaves the table as it is, `Some(None)` stops
+    /// routing it.
+    serve: Option<Option<TenantRef>>,
 }
 
 /// The live tenants and the way to change them.
@@ -122,6 +151,13 @@ pub struct Registry {
     memset: tokio::sync::watch::Sender<bool>,
     /// The TLS listener's certificates, which a config reload replaces with the tenants.
     certificates: std::sync::OnceLock<Arc<crate::tls::Certificates>>,
+    /// The fleet's shared registry, if there is one.
+    fleet: Option<Arc<fleet::Fleet>>,
+    /// Whether there is something consistent to serve: always on a single server; with a
+    /// shared registry, once it was read or a snapshot of it was loaded.
+    ready: std::sync::atomic::AtomicBool,
+    /// Whether this replica's report in the shared registry is behind what it serves.
+    report_due: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Registry {
@@ -186,22 +222,35 @@ fn collect<E: std::fmt::Display>(
 
 impl Registry {
     /// Loads the config's tenants and the store's, checks that their names and routes do not
-    /// clash, and publishes them.
+    /// clash, and publishes them. With a shared registry (`fleet`), the API tenants come from
+    /// it, or from the data directory's snapshot of it if it cannot be reached.
     ///
     /// # Errors
     /// If a tenant cannot be loaded (every failing tenant is named), a name or route clashes,
-    /// or the store cannot be read.
+    /// or the store cannot be read. With a shared registry, a tenant of it that cannot be
+    /// loaded is left out (logged, tried again later) rather than stopping the replica.
     pub async fn start(
         config: Config,
         config_path: Option<PathBuf>,
         store: DataDir,
         engine: Engine,
         metrics: Metrics,
+        fleet: Option<Arc<fleet::Fleet>>,
     ) -> anyhow::Result<Self> {
         let runtime = Runtime::new(engine.clone(), config.pool.clone())?;
-        let manifest = store.load_manifest()?;
-        one_owner(&config, &manifest).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let snapshot = store.load_manifest()?;
+        let (manifest, shared) = match &fleet {
+            None => {
+                one_owner(&config, &snapshot).map_err(|e| anyhow::anyhow!("{e}"))?;
+                (snapshot, None)
+            }
+            Some(f) => shared::first_read(f, snapshot, &config, &metrics).await,
+        };
+        let ready = fleet.is_none() || shared.is_some() || !manifest.tenants.is_empty();
         let registry = Self {
+            fleet,
+            ready: std::sync::atomic::AtomicBool::new(ready),
+            report_due: std::sync::atomic::AtomicBool::new(true),
             tickers: Mutex::new(vec![EpochTicker::start(&engine)]),
             memset: tokio::sync::watch::Sender::new(!config.pool.pagemap_scan),
             certificates: std::sync::OnceLock::new(),
@@ -210,6 +259,8 @@ impl Registry {
                 config: config.clone(),
                 config_path,
                 manifest: manifest.clone(),
+                shared,
+                retry_at: None,
             }),
             loader: Arc::new(Loader {
                 in_flight: Default::default(),
@@ -223,9 +274,14 @@ impl Registry {
         let mut tenants = registry.load_config_tenants(&config).await?;
         let api = registry.load_api_tenants(&manifest).await?;
         let (n_config, n_api) = (tenants.len(), api.len());
-        tenants.extend(api);
+        tenants.extend(api.iter().map(|(n, t)| (n.clone(), t.clone())));
         let live = Live::build(tenants.into_values())?;
         registry.live.store(Arc::new(live));
+        let manifest = {
+            let mut state = registry.state.lock().await;
+            registry.served_after_start(&mut state, &api).await;
+            state.manifest.clone()
+        };
         let removed = registry.loader.store.collect_garbage(&manifest);
         tracing::info!(
             config_tenants = n_config,
@@ -263,19 +319,83 @@ impl Registry {
         self.loader.runtime().engine.clone()
     }
 
-    /// Makes a change durable, then visible: the manifest is written (atomically) before the
-    /// new table, if any, is swapped in, so a change a client saw succeed survives a crash and a
-    /// failed write changes nothing.
-    async fn commit(
-        &self,
-        state: &mut State,
-        manifest: Manifest,
-        table: Option<Live>,
-    ) -> Result<(), ChangeError> {
-        self.loader
-            .store
-            .save_manifest(&manifest)
-            .map_err(internal)?;
+    /// Makes a change durable, then visible: the manifest is written before the new table, if
+    /// any, is swapped in, so a change a client saw succeed survives a crash and a failed write
+    /// changes nothing. On a single server the manifest is the data directory's (written
+    /// atomically). With a shared registry it is the registry's, replaced by compare-and-swap:
+    /// if another replica changed the registry first, its change is applied here and this one
+    /// is made again on top of it, unless it changed this same tenant (then `409`, nothing
+    /// written); an unreachable registry is a `503`.
+    async fn commit(&self, state: &mut State, change: Change) -> Result<(), ChangeError> {
+        let Change {
+            name,
+            base,
+            entry,
+            serve,
+        } = change;
+        let mut table = serve
+            .clone()
+            .map(|t| self.live.load().with(&name, t))
+            .transpose()?;
+        if let Some(fleet) = self.fleet.clone() {
+            let mut attempts = 0;
+            loop {
+                let read = state.shared.as_ref().ok_or_else(|| {
+                    ChangeError::Unavailable("the shared registry has not been read yet".into())
+                })?;
+                let mut next = read.manifest.clone();
+                next.set(&name, entry.clone());
+                next.revision = read.manifest.revision + 1;
+                match fleet
+                    .remote
+                    .put_manifest(&next, read.version.as_ref())
+                    .await
+                {
+                    Ok(version) => {
+                        state.shared = Some(shared::Read {
+                            manifest: next,
+                            version: Some(version),
+                        });
+                        break;
+                    }
+                    Err(objects::RemoteError::Conflict(_)) if attempts < 5 => {
+                        attempts += 1;
+                        self.sync(state).await?;
+                        if state.truth().tenants.get(&name) != base.as_ref() {
+                            return Err(ChangeError::Conflict(format!(
+                                "tenant {name:?} was changed on another replica at the same                                  time; nothing was written: read it again and retry"
+                            )));
+                        }
+                        if let Some(e) = &entry {
+                            check_routes(&self.live.load(), state.truth(), &name, &e.spec)?;
+                        }
+                        table = serve
+                            .clone()
+                            .map(|t| self.live.load().with(&name, t))
+                            .transpose()?;
+                    }
+                    Err(objects::RemoteError::Conflict(_)) => {
+                        return Err(ChangeError::Conflict(
+                            "the shared registry kept changing during this change; nothing was                              written: retry"
+                                .into(),
+                        ));
+                    }
+                    Err(e) => return Err(shared::unavailable(&fleet, &e)),
+                }
+            }
+        }
+        let mut manifest = state.manifest.clone();
+        manifest.set(&name, entry);
+        if let Some(read) = &state.shared {
+            manifest.revision = read.manifest.revision;
+        }
+        if let Err(e) = self.save_manifest(&manifest).await {
+            if self.fleet.is_none() {
+                return Err(internal(e));
+            }
+            // The registry holds the change; only the local snapshot is behind.
+            tracing::error!("cannot save the registry's snapshot in the data directory: {e}");
+        }
         let dropped: Vec<String> = state
             .manifest
             .referenced()
@@ -287,7 +407,17 @@ impl Registry {
             self.live.store(Arc::new(live));
         }
         self.forget(state, dropped).await;
+        self.changed(state);
         Ok(())
+    }
+
+    /// Writes the data directory's manifest, off the reactor.
+    async fn save_manifest(&self, manifest: &Manifest) -> Result<(), String> {
+        let (store, manifest) = (self.loader.store.clone(), manifest.clone());
+        tokio::task::spawn_blocking(move || store.save_manifest(&manifest))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
     }
 
     /// Removes the stored files of `hashes` that no version in the manifest refers to and no
@@ -367,31 +497,103 @@ impl Registry {
         collect(results, "tenant(s) failed to load")
     }
 
+    /// Loads the API tenants of `manifest` that have a version. On a single server every one
+    /// must load; with a shared registry those that do not are left out (and logged).
     async fn load_api_tenants(
         &self,
         manifest: &Manifest,
     ) -> Result<BTreeMap<String, TenantRef>, anyhow::Error> {
-        let items: Vec<(String, StoredTenant, Version)> = manifest
+        let items: Vec<(String, TenantSpec, Version)> = manifest
             .tenants
             .iter()
-            .filter_map(|(n, t)| Some((n.clone(), t.clone(), t.current.clone()?)))
+            .filter_map(|(n, t)| Some((n.clone(), t.spec.clone(), t.current.clone()?)))
             .collect();
-        for (name, ..) in &items {
-            self.loader.metrics.tenant_label(name);
+        let results = self.load_stored(items, None).await;
+        if self.fleet.is_some() {
+            let mut loaded = BTreeMap::new();
+            for (name, r) in results {
+                match r {
+                    Ok(t) => {
+                        loaded.insert(name, Arc::new(t));
+                    }
+                    Err(e) => tracing::error!(
+                        tenant = %name,
+                        "not served: its version in the registry cannot be loaded: {e}"
+                    ),
+                }
+            }
+            return Ok(loaded);
         }
-        let this = self.loader();
-        let results = tokio::task::spawn_blocking(move || {
-            let cache = ModuleCache::default();
-            parallel(&items, |(name, stored, version)| {
-                this.load_version(name, &stored.spec, version, Carried::default(), &cache)
-            })
-        })
-        .await?;
         let what = format!(
             "deployed tenant(s) failed to load from {}",
             self.loader.store.root().display()
         );
-        collect(results, &what)
+        collect(results.into_iter().map(|(_, r)| r).collect(), &what)
+    }
+
+    /// Loads stored versions (`(tenant, spec, version)`) in parallel off the reactor, with the
+    /// counters of the tenants serving in `carry_from`. With a shared registry, what they need
+    /// is fetched first, and artifacts compiled here are published after.
+    async fn load_stored(
+        &self,
+        items: Vec<(String, TenantSpec, Version)>,
+        carry_from: Option<Arc<Live>>,
+    ) -> Vec<(String, Result<Tenant, ChangeError>)> {
+        for (name, ..) in &items {
+            self.loader.metrics.tenant_label(name);
+        }
+        let fetched = match &self.fleet {
+            Some(f) => {
+                let versions: Vec<Version> = items.iter().map(|(.., v)| v.clone()).collect();
+                let engine = self.loader.runtime().engine.clone();
+                Some(
+                    f.fetch(&self.loader.store, &engine, &versions, &self.loader.metrics)
+                        .await,
+                )
+            }
+            None => None,
+        };
+        let failed: BTreeMap<String, String> = fetched
+            .iter()
+            .flat_map(|f| f.failed.iter())
+            .map(|(id, e)| (id.clone(), e.to_string()))
+            .collect();
+        let this = self.loader();
+        let results = tokio::task::spawn_blocking(move || {
+            let cache = ModuleCache::default();
+            let results = parallel(&items, |(name, spec, version)| {
+                if let Some(e) = failed.get(&version.id) {
+                    return Err(ChangeError::Unavailable(format!(
+                        "version {} of tenant {name:?}: {e}",
+                        version.id
+                    )));
+                }
+                let carried = carry_from
+                    .as_ref()
+                    .map(|l| l.carried(name))
+                    .unwrap_or_default();
+                this.load_version(name, spec, version, carried, &cache)
+            });
+            items
+                .into_iter()
+                .map(|(n, ..)| n)
+                .zip(results)
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        if let (Some(f), Some(fetched)) = (&self.fleet, fetched) {
+            let engine = self.loader.runtime().engine.clone();
+            for module in fetched.compile_here {
+                if let Err(e) = f
+                    .publish(&self.loader.store, &engine, &module, &self.loader.metrics)
+                    .await
+                {
+                    tracing::warn!(module = %module, "cannot publish a compiled artifact: {e}");
+                }
+            }
+        }
+        results
     }
 
     /// What blocking loads need, for `spawn_blocking`.
@@ -431,10 +633,11 @@ impl Registry {
     /// `400` for invalid values, `404` for a `PATCH` of no tenant, `409` for a route clash, a
     /// config-owned tenant or a `PUT` that leaves out a field the tenant has set.
     pub async fn put_spec(&self, name: &str, change: SpecChange) -> Result<bool, ChangeError> {
-        let mut state = self.state.lock().await;
+        let mut state = self.lock().await?;
         Self::check_api_owned(&state, name)?;
         // Under the lock: two changes at once each apply to the other's result.
-        let current = state.manifest.tenants.get(name).map(|t| &t.spec);
+        let base = state.truth().tenants.get(name).cloned();
+        let current = base.as_ref().map(|t| &t.spec);
         let spec = change.apply(name, current)?;
         let as_config = spec.to_config(name, "(admin API)");
         let rt = self.loader.runtime();
@@ -446,28 +649,29 @@ impl Registry {
                     .into(),
             ));
         }
-        let created = !state.manifest.tenants.contains_key(name);
+        let created = base.is_none();
         let live = self.live.load_full();
         // A tenant that serves is rebuilt with the new spec around the module it runs.
         let respecced = match live.tenants.get(name) {
             Some(old) => Some(self.loader.respec(&rt, old, &old.compiled, &as_config)?),
             None => None,
         };
-        check_routes(&live, &state.manifest, name, &spec)?;
-        let mut manifest = state.manifest.clone();
-        let entry = manifest
-            .tenants
-            .entry(name.to_string())
-            .or_insert_with(|| StoredTenant {
-                spec: spec.clone(),
-                current: None,
-                previous: None,
-                created_at: store::now(),
-            });
+        check_routes(&live, state.truth(), name, &spec)?;
+        let mut entry = base.clone().unwrap_or_else(|| StoredTenant {
+            spec: spec.clone(),
+            current: None,
+            previous: None,
+            created_at: store::now(),
+        });
         entry.spec = spec;
-        // A tenant with no module yet is not routed: only the manifest changes.
-        let table = respecced.map(|t| live.with(name, Some(t))).transpose()?;
-        self.commit(&mut state, manifest, table).await?;
+        let change = Change {
+            name: name.to_string(),
+            base,
+            entry: Some(entry),
+            // A tenant with no module yet is not routed: only the manifest changes.
+            serve: respecced.map(|t| Some(Arc::new(t))),
+        };
+        self.commit(&mut state, change).await?;
         tracing::info!(tenant = name, created, "tenant spec saved");
         Ok(created)
     }
@@ -479,14 +683,23 @@ impl Registry {
     /// `422` if it is not a tar archive of plain files and directories.
     pub async fn put_assets(&self, archive: Bytes) -> Result<(String, Arc<Assets>), ChangeError> {
         let (store, max) = (self.loader.store.clone(), self.loader.max_upload);
-        tokio::task::spawn_blocking(move || {
-            let assets = Assets::from_tar(&archive, max)
+        let bytes = archive.clone();
+        let (hash, assets) = tokio::task::spawn_blocking(move || {
+            let assets = Assets::from_tar(&bytes, max)
                 .map_err(|e| ChangeError::Unprocessable(e.to_string()))?;
-            let hash = store.put_blob(&archive).map_err(internal)?;
-            Ok((hash, Arc::new(assets)))
+            let hash = store.put_blob(&bytes).map_err(internal)?;
+            Ok::<_, ChangeError>((hash, Arc::new(assets)))
         })
         .await
-        .map_err(internal)?
+        .map_err(internal)??;
+        // With a shared registry, a deploy on any replica can name it.
+        if let Some(f) = &self.fleet {
+            f.remote
+                .put_blob(archive)
+                .await
+                .map_err(|e| shared::unavailable(f, &e))?;
+        }
+        Ok((hash, assets))
     }
 
     /// Deploys a module (with optionally a stored assets archive) as the tenant's new version
@@ -518,6 +731,15 @@ impl Registry {
         kind: Option<crate::config::GuestKind>,
     ) -> Result<Deployed, ChangeError> {
         check_wasm_header(&wasm)?;
+        if let (Some(a), Some(f)) = (&assets, &self.fleet)
+            && store::is_hash(a)
+        {
+            // Uploaded on another replica: in the registry.
+            match f.fetch_blob(&self.loader.store, a).await {
+                Ok(()) | Err(objects::RemoteError::NotFound(_)) => {}
+                Err(e) => return Err(shared::unavailable(f, &e)),
+            }
+        }
         if let Some(a) = &assets
             && !self.loader.store.has_blob(a)
         {
@@ -526,9 +748,9 @@ impl Registry {
             )));
         }
         let spec = {
-            let state = self.state.lock().await;
+            let state = self.lock().await?;
             Self::check_api_owned(&state, name)?;
-            state.manifest.tenants.get(name).map(|t| t.spec.clone())
+            state.truth().tenants.get(name).map(|t| t.spec.clone())
         }
         .ok_or_else(|| {
             ChangeError::NotFound(format!(
@@ -590,14 +812,34 @@ impl Registry {
         .await
         .map_err(internal)?;
 
-        let mut state = self.state.lock().await;
-        let committed = match prepared {
-            Ok((tenant, held)) => {
+        // With a shared registry, the module and its artifact are there before the manifest
+        // that names them.
+        let prepared = match (prepared, &self.fleet) {
+            (Ok(p), Some(f)) => {
+                let engine = p.0.compiled.engine().clone();
+                f.publish(
+                    &self.loader.store,
+                    &engine,
+                    &module_hash,
+                    &self.loader.metrics,
+                )
+                .await
+                .map(|()| p)
+                .map_err(|e| shared::unavailable(f, &e))
+            }
+            (p, _) => p,
+        };
+        let locked = match prepared {
+            Ok(p) => self.lock().await.map(|s| (s, p)),
+            Err(e) => Err(e),
+        };
+        let (state, committed) = match locked {
+            Ok((mut state, (tenant, held))) => {
                 let result = self.commit_deploy(&mut state, name, &spec, tenant).await;
                 drop(held);
-                result
+                (state, result)
             }
-            Err(e) => Err(e),
+            Err(e) => (self.state.lock().await, Err(e)),
         };
         if committed.is_err() {
             // Nothing refused is kept: the upload and an artifact compiled for it.
@@ -614,7 +856,7 @@ impl Registry {
         spec: &TenantSpec,
         tenant: Tenant,
     ) -> Result<Deployed, ChangeError> {
-        let Some(stored) = state.manifest.tenants.get(name) else {
+        let Some(stored) = state.truth().tenants.get(name).cloned() else {
             return Err(ChangeError::NotFound(format!(
                 "tenant {name:?} was deleted during the deploy"
             )));
@@ -646,10 +888,7 @@ impl Registry {
         };
         let warnings: Vec<String> = tenant.warning.iter().cloned().collect();
         let kind = tenant.kind();
-        let live = self.live.load().with(name, Some(tenant))?;
-
-        let mut manifest = state.manifest.clone();
-        let entry = manifest.tenants.get_mut(name).expect("checked above");
+        let mut entry = stored.clone();
         // Deploying the version that serves again keeps the one before it for rollback.
         match entry.current.take() {
             Some(replaced) if replaced.id == version.id => {}
@@ -657,7 +896,13 @@ impl Registry {
         }
         entry.current = Some(version.clone());
         let previous = entry.previous.clone();
-        self.commit(state, manifest, Some(live)).await?;
+        let change = Change {
+            name: name.to_string(),
+            base: Some(stored),
+            entry: Some(entry),
+            serve: Some(Some(Arc::new(tenant))),
+        };
+        self.commit(state, change).await?;
         tracing::info!(
             tenant = name,
             version = %version.id,
@@ -679,10 +924,10 @@ impl Registry {
     /// # Errors
     /// `404` unknown tenant, `409` nothing to roll back to or config-owned.
     pub async fn rollback(&self, name: &str) -> Result<Deployed, ChangeError> {
-        let mut state = self.state.lock().await;
+        let mut state = self.lock().await?;
         Self::check_api_owned(&state, name)?;
         let stored = state
-            .manifest
+            .truth()
             .tenants
             .get(name)
             .ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?
@@ -692,22 +937,24 @@ impl Registry {
                 "tenant {name:?} has no previous version to roll back to"
             )));
         };
-        let this = self.loader();
-        let live = self.live.load_full();
-        let (n, spec, t2) = (name.to_string(), stored.spec.clone(), target.clone());
-        let tenant = tokio::task::spawn_blocking(move || {
-            let carried = live.carried(&n);
-            this.load_version(&n, &spec, &t2, carried, &ModuleCache::default())
-        })
-        .await
-        .map_err(internal)??;
+        let item = (name.to_string(), stored.spec.clone(), target.clone());
+        let loaded = self
+            .load_stored(vec![item], Some(self.live.load_full()))
+            .await
+            .pop()
+            .map_or_else(|| Err(internal("the version was not loaded")), |(_, r)| r);
+        let tenant = loaded?;
         let kind = tenant.kind();
-        let live = self.live.load().with(name, Some(tenant))?;
-        let mut manifest = state.manifest.clone();
-        let entry = manifest.tenants.get_mut(name).expect("checked above");
+        let mut entry = stored.clone();
         entry.previous = entry.current.take();
         entry.current = Some(target.clone());
-        self.commit(&mut state, manifest, Some(live)).await?;
+        let change = Change {
+            name: name.to_string(),
+            base: Some(stored.clone()),
+            entry: Some(entry),
+            serve: Some(Some(Arc::new(tenant))),
+        };
+        self.commit(&mut state, change).await?;
         tracing::info!(tenant = name, version = %target.id, "rolled back");
         Ok(Deployed {
             version: target,
@@ -722,15 +969,18 @@ impl Registry {
     /// # Errors
     /// `404` unknown tenant, `409` config-owned.
     pub async fn delete(&self, name: &str) -> Result<(), ChangeError> {
-        let mut state = self.state.lock().await;
+        let mut state = self.lock().await?;
         Self::check_api_owned(&state, name)?;
-        if !state.manifest.tenants.contains_key(name) {
+        let Some(base) = state.truth().tenants.get(name).cloned() else {
             return Err(ChangeError::NotFound(format!("no tenant {name:?}")));
-        }
-        let mut manifest = state.manifest.clone();
-        manifest.tenants.remove(name);
-        let table = self.live.load().with(name, None)?;
-        self.commit(&mut state, manifest, Some(table)).await?;
+        };
+        let change = Change {
+            name: name.to_string(),
+            base: Some(base),
+            entry: None,
+            serve: Some(None),
+        };
+        self.commit(&mut state, change).await?;
         tracing::info!(tenant = name, "deleted");
         Ok(())
     }

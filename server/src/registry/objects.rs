@@ -41,7 +41,18 @@ pub fn open_with(
         .map_err(|e| format!("{url}: not a valid object prefix: {e}"))?;
     let store: Arc<dyn ObjectStore> = match parsed.scheme() {
         "s3" | "s3a" => {
-            let mut builder = object_store::aws::AmazonS3Builder::from_env().with_url(url);
+            // A store that cannot be reached is reported in seconds (a deploy answers 503, a
+            // replica keeps serving what it has), not after minutes of retries.
+            let retry = object_store::RetryConfig {
+                max_retries: 2,
+                retry_timeout: std::time::Duration::from_secs(5),
+                ..object_store::RetryConfig::default()
+            };
+            let connect = object_store::ClientConfigKey::ConnectTimeout;
+            let mut builder = object_store::aws::AmazonS3Builder::from_env()
+                .with_url(url)
+                .with_retry(retry)
+                .with_config(object_store::aws::AmazonS3ConfigKey::Client(connect), "2s");
             for (key, value) in options {
                 let key = key.parse().map_err(|e| format!("{key}: {e}"))?;
                 builder = builder.with_config(key, *value);
@@ -252,8 +263,10 @@ pub enum RemoteError {
 /// The registry's objects in a store, under a prefix:
 ///
 /// ```text
-/// <prefix>/blobs/<sha256>      modules and asset archives, written once, named by their digest
 /// <prefix>/manifest.json       the tenants and their versions, replaced only by compare-and-swap
+/// <prefix>/blobs/<sha256>      modules and asset archives, written once, named by their digest
+/// <prefix>/artifacts/<sha256>-<engine>.cwasm   compiled modules, written once, signed
+/// <prefix>/replicas/<name>.json                what each replica serves
 /// ```
 #[derive(Debug, Clone)]
 pub struct Remote {
@@ -295,6 +308,92 @@ impl Remote {
             Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(hash),
             Err(e) => Err(RemoteError::Unreachable(e.to_string())),
         }
+    }
+
+    /// Writes `bytes` as `name` under the prefix (`artifacts/...`, `replicas/...`); with
+    /// `once`, only if there is no such object yet (one that exists is left as it is).
+    ///
+    /// # Errors
+    /// [`RemoteError::Unreachable`].
+    pub async fn put_object(
+        &self,
+        name: &str,
+        bytes: bytes::Bytes,
+        once: bool,
+    ) -> Result<(), RemoteError> {
+        let opts = PutOptions {
+            mode: if once {
+                PutMode::Create
+            } else {
+                PutMode::Overwrite
+            },
+            ..PutOptions::default()
+        };
+        match self
+            .store
+            .put_opts(&self.object(name), bytes.into(), opts)
+            .await
+        {
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Err(e) => Err(RemoteError::Unreachable(e.to_string())),
+        }
+    }
+
+    /// Reads the object `name` under the prefix (`None`: there is none).
+    ///
+    /// # Errors
+    /// [`RemoteError::Unreachable`].
+    pub async fn get_object(&self, name: &str) -> Result<Option<bytes::Bytes>, RemoteError> {
+        let got = match self.store.get(&self.object(name)).await {
+            Ok(r) => r.bytes().await,
+            Err(e) => Err(e),
+        };
+        match got {
+            Ok(b) => Ok(Some(b)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(RemoteError::Unreachable(e.to_string())),
+        }
+    }
+
+    /// Deletes the object `name` under the prefix (one that is not there is no error).
+    ///
+    /// # Errors
+    /// [`RemoteError::Unreachable`].
+    pub async fn delete_object(&self, name: &str) -> Result<(), RemoteError> {
+        match self.store.delete(&self.object(name)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(RemoteError::Unreachable(e.to_string())),
+        }
+    }
+
+    /// The objects under `dir` (`replicas`), by name relative to the prefix.
+    ///
+    /// # Errors
+    /// [`RemoteError::Unreachable`].
+    pub async fn list(&self, dir: &str) -> Result<Vec<String>, RemoteError> {
+        let base = self.prefix.clone();
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&self.object(dir)))
+            .await
+            .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
+        Ok(listed
+            .objects
+            .into_iter()
+            .filter_map(|m| {
+                m.location.prefix_match(&base).map(|parts| {
+                    parts
+                        .map(|p| p.as_ref().to_string())
+                        .collect::<Vec<_>>()
+                        .join("/")
+                })
+            })
+            .collect())
+    }
+
+    fn object(&self, name: &str) -> Path {
+        name.split('/')
+            .fold(self.prefix.clone(), |p, part| p.join(part))
     }
 
     /// Reads the blob `hash` and checks its digest.

@@ -19,27 +19,49 @@ const SECRET_KEY: &str = "tern-test-secret";
 pub struct S3 {
     child: Child,
     root: tempfile::TempDir,
+    port: u16,
     /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
 }
 
 impl S3 {
     pub fn start() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        // A top-level directory is a bucket.
+        std::fs::create_dir(root.path().join("fleet")).unwrap();
+        let port = crate::support::free_port();
+        let child = Self::spawn(root.path(), port);
+        Self {
+            child,
+            root,
+            port,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    /// Stops the server (its objects stay on disk).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same port over the same objects.
+    pub fn restart(&mut self) {
+        self.child = Self::spawn(self.root.path(), self.port);
+    }
+
+    fn spawn(root: &Path, port: u16) -> Child {
         let bin = tools_dir().join(VERSITYGW).join("versitygw");
         assert!(
             bin.is_file(),
             "versitygw is not installed at {} (bash scripts/test installs it)",
             bin.display()
         );
-        let root = tempfile::tempdir().unwrap();
-        // A top-level directory is a bucket.
-        std::fs::create_dir(root.path().join("fleet")).unwrap();
-        let port = crate::support::free_port();
         let child = Command::new(bin)
             .args(["--port", &format!("127.0.0.1:{port}")])
             .args(["--access", ACCESS_KEY, "--secret", SECRET_KEY, "--quiet"])
             .arg("posix")
-            .arg(root.path())
+            .arg(root)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -52,11 +74,7 @@ impl S3 {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Self {
-            child,
-            root,
-            endpoint: format!("http://127.0.0.1:{port}"),
-        }
+        child
     }
 
     /// The settings a client of this server needs, as object_store's keys.
@@ -228,4 +246,467 @@ async fn registry_objects_on_a_real_s3_server_are_digest_checked_and_the_manifes
     drop(s3);
     let e = remote.manifest().await.unwrap_err();
     assert!(matches!(e, RemoteError::Unreachable(_)), "{e}");
+}
+
+/// The admin token the replicas of a test fleet share.
+const FLEET_TOKEN: &str = "fleet-test-token";
+
+/// The registry the test fleets share.
+const REGISTRY: &str = "s3://fleet/registry";
+
+/// A `tern serve` replica of the fleet on `s3`, named `name`, keeping its data in `dir`
+/// (checking the registry every 100 ms).
+fn replica(s3: &S3, name: &str, dir: &Path) -> crate::support::TernProcess {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = dir.join("tern.toml");
+    std::fs::write(
+        &config,
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n[registry]\npoll_interval_ms = 100\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    crate::support::TernProcess::serve_with(
+        &["--config", &config, "--registry", REGISTRY],
+        dir,
+        |cmd| {
+            s3.env(cmd);
+            cmd.env("TERN_ADMIN_TOKEN", FLEET_TOKEN)
+                .env("TERN_REPLICA", name);
+        },
+    )
+}
+
+fn addr(a: &str) -> std::net::SocketAddr {
+    a.parse().expect("an address")
+}
+
+async fn admin(
+    r: &crate::support::TernProcess,
+    method: http::Method,
+    path: &str,
+    body: impl Into<bytes::Bytes>,
+) -> (http::StatusCode, serde_json::Value) {
+    let auth = format!("Bearer {FLEET_TOKEN}");
+    let reply = crate::support::send(
+        addr(&r.admin),
+        method,
+        path,
+        None,
+        &[("authorization", &auth)],
+        body.into(),
+    )
+    .await;
+    let json = serde_json::from_slice(&reply.body).unwrap_or(serde_json::Value::Null);
+    (reply.status, json)
+}
+
+async fn get(r: &crate::support::TernProcess, path: &str) -> crate::support::Reply {
+    crate::support::send(
+        addr(&r.addr),
+        http::Method::GET,
+        path,
+        None,
+        &[],
+        bytes::Bytes::new(),
+    )
+    .await
+}
+
+/// Waits until `r` answers `path` with a 200 whose body contains `needle`; how long it took.
+async fn serves(r: &crate::support::TernProcess, path: &str, needle: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        let reply = get(r, path).await;
+        if reply.status == http::StatusCode::OK && reply.text().contains(needle) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{path} on {} still answers {} {:?}, not {needle:?}",
+            r.addr,
+            reply.status,
+            reply.text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn create(r: &crate::support::TernProcess, name: &str, path: &str) {
+    let spec = serde_json::json!({ "paths": [path] }).to_string();
+    let (status, v) = admin(
+        r,
+        http::Method::PUT,
+        &format!("/admin/v1/tenants/{name}"),
+        spec,
+    )
+    .await;
+    assert!(status.is_success(), "create {name}: {status} {v}");
+}
+
+async fn deploy(
+    r: &crate::support::TernProcess,
+    name: &str,
+    wasm: &[u8],
+) -> (http::StatusCode, serde_json::Value) {
+    admin(
+        r,
+        http::Method::PUT,
+        &format!("/admin/v1/tenants/{name}/module"),
+        wasm.to_vec(),
+    )
+    .await
+}
+
+async fn metrics(r: &crate::support::TernProcess) -> String {
+    crate::support::send(
+        addr(&r.admin),
+        http::Method::GET,
+        "/metrics",
+        None,
+        &[],
+        bytes::Bytes::new(),
+    )
+    .await
+    .text()
+}
+
+fn demo(name: &str) -> &'static [u8] {
+    tern::demo::module(name).expect("a demo guest")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_on_any_replica_is_served_by_all_and_a_later_replica_joins_without_compiling() {
+    let s3 = S3::start();
+    let dirs = tempfile::tempdir().unwrap();
+    let a = replica(&s3, "a", &dirs.path().join("a"));
+    let b = replica(&s3, "b", &dirs.path().join("b"));
+
+    // Created and deployed on a: served by b within the poll interval.
+    create(&a, "site", "/site").await;
+    let (status, v) = deploy(&a, "site", demo("hello")).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    let v1 = v["version"].as_str().unwrap().to_string();
+    serves(&a, "/site", "Hello").await;
+    serves(&b, "/site", "Hello").await;
+
+    // Deployed on b: served by a; rolled back on a: served by b again.
+    let (status, v) = deploy(&b, "site", demo("echo")).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    assert_eq!(v["previous"], v1.as_str(), "{v}");
+    serves(&a, "/site", "GET /site").await;
+    let (status, v) = admin(
+        &a,
+        http::Method::POST,
+        "/admin/v1/tenants/site/rollback",
+        "",
+    )
+    .await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    assert_eq!(v["version"], v1.as_str());
+    serves(&b, "/site", "Hello").await;
+
+    // Changes to different tenants on both replicas at once: none is lost (a change that
+    // lost the race to the registry is made again on top of the winner's).
+    let mut jobs = Vec::new();
+    for (r, side) in [(&a, "a"), (&b, "b")] {
+        for i in 0..4 {
+            let name = format!("t-{side}-{i}");
+            jobs.push(async move {
+                create(r, &name, &format!("/{name}")).await;
+                deploy(r, &name, demo("hello")).await
+            });
+        }
+    }
+    for (status, v) in futures_join_all(jobs).await {
+        assert_eq!(status, http::StatusCode::OK, "{v}");
+    }
+    for side in ["a", "b"] {
+        for i in 0..4 {
+            serves(&a, &format!("/t-{side}-{i}"), "Hello").await;
+            serves(&b, &format!("/t-{side}-{i}"), "Hello").await;
+        }
+    }
+
+    // The same tenant deployed on both at once: each deploy succeeds in turn or is told it
+    // lost (409); nothing else, and both replicas end up serving the same version.
+    let (ra, rb) = tokio::join!(
+        deploy(&a, "site", demo("json")),
+        deploy(&b, "site", demo("counter"))
+    );
+    for (status, v) in [&ra, &rb] {
+        assert!(
+            *status == http::StatusCode::OK || *status == http::StatusCode::CONFLICT,
+            "{status} {v}"
+        );
+    }
+    assert!(ra.0 == http::StatusCode::OK || rb.0 == http::StatusCode::OK);
+    if ra.0 == http::StatusCode::CONFLICT {
+        assert!(
+            ra.1["error"].as_str().unwrap().contains("another replica"),
+            "{}",
+            ra.1
+        );
+    }
+
+    // The fleet view: both replicas report, every tenant converged.
+    let started = Instant::now();
+    let view = loop {
+        let (status, view) = admin(&b, http::Method::GET, "/admin/v1/fleet", "").await;
+        assert_eq!(status, http::StatusCode::OK, "{view}");
+        let tenants = view["tenants"].as_object().unwrap();
+        if view["replicas"].as_array().unwrap().len() == 2
+            && tenants.len() == 9
+            && tenants.values().all(|t| t["converged"] == true)
+        {
+            break view;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{view}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(view["registry"], REGISTRY);
+    assert_eq!(view["tenants"]["site"]["serving"], 2, "{view}");
+    let site = view["tenants"]["site"]["version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // `tern tenants` shows it too.
+    let out = crate::support::ran(
+        crate::support::tern_bin()
+            .args(["tenants", "--server", &format!("http://{}", b.admin)])
+            .env("TERN_ADMIN_TOKEN", FLEET_TOKEN),
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = table.lines().find(|l| l.starts_with("site ")).unwrap();
+    assert!(
+        row.contains(&site[..8]) && row.contains("(2/2 replicas)"),
+        "{table}"
+    );
+
+    // A replica started later serves everything at once, from artifacts the others compiled.
+    let c = replica(&s3, "c", &dirs.path().join("c"));
+    let reply = get(&c, "/t-b-3").await;
+    assert_eq!(reply.status, http::StatusCode::OK);
+    let m = metrics(&c).await;
+    assert_eq!(
+        crate::support::metric_value(&m, "tern_module_compile_duration_seconds_count"),
+        0.0,
+        "the later replica compiled"
+    );
+    assert!(
+        crate::support::metric_value(&m, "tern_registry_artifacts_total{outcome=\"downloaded\"}")
+            >= 2.0,
+        "{m}"
+    );
+    let (_, v) = admin(&c, http::Method::GET, "/admin/v1/tenants/site", "").await;
+    assert_eq!(v["current"]["id"], site.as_str(), "{v}");
+    let (_, view) = admin(&a, http::Method::GET, "/admin/v1/fleet", "").await;
+    assert_eq!(view["replicas"].as_array().unwrap().len(), 3, "{view}");
+
+    // A replica that stops (SIGTERM) leaves the fleet view.
+    let mut c = c;
+    crate::support::ran(Command::new("kill").args(["-TERM", &c.child.id().to_string()]));
+    assert!(c.child.wait().unwrap().success());
+    let (_, view) = admin(&a, http::Method::GET, "/admin/v1/fleet", "").await;
+    let names: Vec<&str> = view["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["replica"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b"], "{view}");
+}
+
+/// Runs `futures` concurrently on this task and returns their outputs in order.
+async fn futures_join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut results: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in pinned.iter_mut().enumerate() {
+            if results[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => results[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    results
+        .into_iter()
+        .map(|r| r.expect("every future finished"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_registry_down_replicas_keep_serving_deploys_are_503_and_a_restart_serves_the_snapshot()
+ {
+    let mut s3 = S3::start();
+    let dirs = tempfile::tempdir().unwrap();
+    let a = replica(&s3, "a", &dirs.path().join("a"));
+    let b = replica(&s3, "b", &dirs.path().join("b"));
+    create(&a, "site", "/site").await;
+    let (status, v) = deploy(&a, "site", demo("hello")).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    serves(&b, "/site", "Hello").await;
+
+    s3.stop();
+    // Both keep serving; a deploy or a new tenant is refused with 503 and says why.
+    serves(&a, "/site", "Hello").await;
+    serves(&b, "/site", "Hello").await;
+    let (status, v) = deploy(&b, "site", demo("echo")).await;
+    assert_eq!(status, http::StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    let error = v["error"].as_str().unwrap();
+    assert!(
+        error.contains("cannot be reached") && error.contains(REGISTRY),
+        "{error}"
+    );
+    let spec = serde_json::json!({ "paths": ["/other"] }).to_string();
+    let (status, _) = admin(&a, http::Method::PUT, "/admin/v1/tenants/other", spec).await;
+    assert_eq!(status, http::StatusCode::SERVICE_UNAVAILABLE);
+    serves(&b, "/site", "Hello").await;
+    let ready = get_admin(&b, "/readyz").await;
+    assert_eq!(ready.status, http::StatusCode::OK, "{}", ready.text());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m = metrics(&b).await;
+    assert!(
+        crate::support::metric_value(&m, "tern_registry_syncs_total{outcome=\"unreachable\"}")
+            >= 1.0,
+        "{m}"
+    );
+
+    // b restarted while the registry is down serves its snapshot of it.
+    drop(b);
+    let b = replica(&s3, "b", &dirs.path().join("b"));
+    serves(&b, "/site", "Hello").await;
+    assert_eq!(get_admin(&b, "/readyz").await.status, http::StatusCode::OK);
+    // A replica with nothing to serve is not ready until it has read the registry.
+    let d = replica(&s3, "d", &dirs.path().join("d"));
+    let not_ready = get_admin(&d, "/readyz").await;
+    assert_eq!(not_ready.status, http::StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        not_ready.text().contains("registry"),
+        "{}",
+        not_ready.text()
+    );
+
+    // The registry back: d reads it and serves, a deploy on b reaches a.
+    s3.restart();
+    serves(&d, "/site", "Hello").await;
+    assert_eq!(get_admin(&d, "/readyz").await.status, http::StatusCode::OK);
+    let (status, v) = deploy(&b, "site", demo("echo")).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    serves(&a, "/site", "GET /site").await;
+    serves(&d, "/site", "GET /site").await;
+}
+
+async fn get_admin(r: &crate::support::TernProcess, path: &str) -> crate::support::Reply {
+    crate::support::send(
+        addr(&r.admin),
+        http::Method::GET,
+        path,
+        None,
+        &[],
+        bytes::Bytes::new(),
+    )
+    .await
+}
+
+/// A module unlike any other (its data differs by `n`), of about `kib` KiB.
+fn module(n: usize, kib: usize) -> Vec<u8> {
+    let filler = "x".repeat(kib * 1024);
+    let data = format!("version {n} {filler}");
+    let wat = crate::support::guest_wat(
+        "(drop (call $status (i32.const 200))) (drop (call $write (i32.const 16) (i32.const 10)))",
+        &data,
+    );
+    wat::parse_str(wat).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_deploy_leaves_the_registry_consistent_and_tampered_artifacts_are_not_run()
+ {
+    use tern::registry::objects::{Remote, open_with};
+    let s3 = S3::start();
+    let dirs = tempfile::tempdir().unwrap();
+    let mut a = replica(&s3, "a", &dirs.path().join("a"));
+    create(&a, "site", "/site").await;
+    let (status, v) = deploy(&a, "site", &module(0, 1)).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+
+    // kill -9 at a different moment of each deploy (upload, compile, publish, swap).
+    for i in 1..=6 {
+        let wasm = module(i, 40);
+        let (admin_at, auth) = (addr(&a.admin), format!("Bearer {FLEET_TOKEN}"));
+        let request = tokio::spawn(async move {
+            let mut conn = tokio::net::TcpStream::connect(admin_at).await.unwrap();
+            let head = format!(
+                "PUT /admin/v1/tenants/site/module HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\n\
+                 content-length: {}\r\n\r\n",
+                wasm.len()
+            );
+            use tokio::io::AsyncWriteExt;
+            let _ = conn.write_all(head.as_bytes()).await;
+            let _ = conn.write_all(&wasm).await;
+            let mut answer = Vec::new();
+            let _ = tokio::io::AsyncReadExt::read_to_end(&mut conn, &mut answer).await;
+        });
+        tokio::time::sleep(Duration::from_millis(15 * i as u64 * i as u64)).await;
+        crate::support::ran(Command::new("kill").args(["-KILL", &a.child.id().to_string()]));
+        let _ = a.child.wait();
+        let _ = request.await;
+        a = replica(&s3, "a", &dirs.path().join("a"));
+        let r = get(&a, "/site").await;
+        assert_eq!(r.status, http::StatusCode::OK, "{}", r.text());
+    }
+
+    // The registry names only objects that are there and whole.
+    let options = s3.options();
+    let options: Vec<(&str, &str)> = options.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (store, prefix) = open_with(REGISTRY, &options).unwrap();
+    let remote = Remote::new(store, prefix);
+    let (manifest, _) = remote.manifest().await.unwrap().expect("a manifest");
+    let site = &manifest.tenants["site"];
+    for v in site.current.iter().chain(&site.previous) {
+        remote.get_blob(&v.module).await.expect("a whole module");
+    }
+    // A new replica serves the same version.
+    let b = replica(&s3, "b", &dirs.path().join("b"));
+    let want = site.current.as_ref().unwrap().id.clone();
+    let (_, v) = admin(&b, http::Method::GET, "/admin/v1/tenants/site", "").await;
+    assert_eq!(v["current"]["id"], want.as_str(), "{v}");
+    assert_eq!(get(&b, "/site").await.status, http::StatusCode::OK);
+
+    // Every compiled artifact in the registry changed on the S3 server's disk (as by someone
+    // with write access to the bucket but not the fleet's token): a new replica refuses them,
+    // compiles the module itself, and serves it.
+    let artifacts = s3.root.path().join("fleet/registry/artifacts");
+    let mut changed = 0;
+    for e in std::fs::read_dir(&artifacts).unwrap().flatten() {
+        let mut bytes = std::fs::read(e.path()).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(e.path(), bytes).unwrap();
+        changed += 1;
+    }
+    assert!(changed >= 1);
+    let c = replica(&s3, "c", &dirs.path().join("c"));
+    let reply = get(&c, "/site").await;
+    assert_eq!(reply.status, http::StatusCode::OK);
+    assert!(reply.text().starts_with("version "), "{}", reply.text());
+    let m = metrics(&c).await;
+    assert_eq!(
+        crate::support::metric_value(&m, "tern_registry_artifacts_total{outcome=\"refused\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        crate::support::metric_value(&m, "tern_module_compile_duration_seconds_count"),
+        1.0
+    );
 }

@@ -434,18 +434,27 @@ pub struct TernProcess {
 impl TernProcess {
     /// Starts `tern serve` with `args` (plus ephemeral ports) and waits until it listens.
     pub fn serve(args: &[&str], cache: &Path) -> Self {
+        Self::serve_with(args, cache, |_| {})
+    }
+
+    /// [`Self::serve`] with more settings of the command (`env`: a shared registry's).
+    pub fn serve_with(
+        args: &[&str],
+        cache: &Path,
+        env: impl FnOnce(&mut std::process::Command),
+    ) -> Self {
         use std::io::BufRead;
-        let mut child = tern_bin()
-            .arg("serve")
+        let mut cmd = tern_bin();
+        cmd.arg("serve")
             .args(args)
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .env("TERN_CACHE_DIR", cache)
             .env("TERN_DATA_DIR", cache.join("data"))
             .env_remove("TERN_ADMIN_TOKEN")
             .env("TERN_LOG", "info")
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("start tern");
+            .stderr(std::process::Stdio::piped());
+        env(&mut cmd);
+        let mut child = cmd.spawn().expect("start tern");
         let stderr = child.stderr.take().expect("piped stderr");
         let (tx, log) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
