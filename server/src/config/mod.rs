@@ -1345,6 +1345,31 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_registry_is_an_s3_url_polled_at_a_positive_interval() {
+        let ok = Config::parse(
+            "[registry]\nurl = \"s3://bucket/prefix\"\npoll_interval_ms = 250\n",
+            "t.toml",
+            PathBuf::new(),
+        )
+        .unwrap();
+        assert_eq!(ok.registry.shared_url(), Some("s3://bucket/prefix"));
+        assert_eq!(ok.registry.poll_interval_ms, 250);
+        assert_eq!(Config::demo().registry.shared_url(), None);
+        assert!(err("[registry]\nurl = \"ftp://x/y\"\n").contains("not an s3://bucket/prefix URL"));
+        assert!(err("[registry]\npoll_interval_ms = 0\n").contains("must be > 0"));
+        assert!(err("[registry]\nurls = \"s3://b\"\n").contains("unknown field"));
+        let mut c = Config::demo();
+        assert!(
+            c.set_registry("http://x".into())
+                .unwrap_err()
+                .to_string()
+                .starts_with("--registry:")
+        );
+        c.set_registry("s3://b/p".into()).unwrap();
+        assert_eq!(c.registry.shared_url(), Some("s3://b/p"));
+    }
+
+    #[test]
     fn demo_config_is_valid_and_routes_the_demo_tenants() {
         let c = Config::demo();
         let names: Vec<&str> = c
