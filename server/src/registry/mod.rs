@@ -333,10 +333,15 @@ impl Registry {
             entry,
             serve,
         } = change;
-        let mut table = serve
-            .clone()
-            .map(|t| self.live.load().with(&name, t))
-            .transpose()?;
+        // The table to swap in, from the one serving now (rebuilt after another replica's
+        // change was applied).
+        let table_now = || {
+            serve
+                .clone()
+                .map(|t| self.live.load().with(&name, t))
+                .transpose()
+        };
+        let mut table = table_now()?;
         if let Some(fleet) = self.fleet.clone() {
             let mut attempts = 0;
             loop {
@@ -369,10 +374,7 @@ impl Registry {
                         if let Some(e) = &entry {
                             check_routes(&self.live.load(), state.truth(), &name, &e.spec)?;
                         }
-                        table = serve
-                            .clone()
-                            .map(|t| self.live.load().with(&name, t))
-                            .transpose()?;
+                        table = table_now()?;
                     }
                     Err(objects::RemoteError::Conflict(_)) => {
                         return Err(ChangeError::Conflict(
@@ -407,7 +409,7 @@ impl Registry {
             self.live.store(Arc::new(live));
         }
         self.forget(state, dropped).await;
-        self.changed(state);
+        self.changed();
         Ok(())
     }
 

@@ -243,6 +243,19 @@ where
     set.join_all().await
 }
 
+/// The registry name of the blob `hash`.
+fn blob_name(hash: &str) -> String {
+    format!("blobs/{hash}")
+}
+
+/// The SHA-256 of `bytes` (modules and archives of up to `max_upload_bytes`), off the reactor.
+async fn digest(bytes: bytes::Bytes) -> Result<String, RemoteError> {
+    use sha2::Digest;
+    tokio::task::spawn_blocking(move || crate::artifact::hex(&sha2::Sha256::digest(&bytes)))
+        .await
+        .map_err(|e| RemoteError::Unreachable(e.to_string()))
+}
+
 /// Why a registry object could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
@@ -280,10 +293,6 @@ impl Remote {
         Self { store, prefix }
     }
 
-    fn blob(&self, hash: &str) -> Path {
-        self.prefix.clone().join("blobs").join(hash)
-    }
-
     fn manifest_path(&self) -> Path {
         self.prefix.clone().join("manifest.json")
     }
@@ -294,20 +303,9 @@ impl Remote {
     /// # Errors
     /// [`RemoteError::Unreachable`].
     pub async fn put_blob(&self, bytes: bytes::Bytes) -> Result<String, RemoteError> {
-        use sha2::Digest;
-        let hash = crate::artifact::hex(&sha2::Sha256::digest(&bytes));
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..PutOptions::default()
-        };
-        match self
-            .store
-            .put_opts(&self.blob(&hash), bytes.into(), opts)
-            .await
-        {
-            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(hash),
-            Err(e) => Err(RemoteError::Unreachable(e.to_string())),
-        }
+        let hash = digest(bytes.clone()).await?;
+        self.put_object(&blob_name(&hash), bytes, true).await?;
+        Ok(hash)
     }
 
     /// Writes `bytes` as `name` under the prefix (`artifacts/...`, `replicas/...`); with
@@ -402,27 +400,22 @@ impl Remote {
     /// [`RemoteError::NotFound`], [`RemoteError::Damaged`] (never returned as good bytes), or
     /// [`RemoteError::Unreachable`].
     pub async fn get_blob(&self, hash: &str) -> Result<bytes::Bytes, RemoteError> {
-        use sha2::Digest;
         if !crate::store::is_hash(hash) {
             return Err(RemoteError::NotFound(format!(
                 "{hash:?} is not a blob name"
             )));
         }
-        let path = self.blob(hash);
-        let bytes = match self.store.get(&path).await {
-            Ok(r) => r.bytes().await,
-            Err(e) => Err(e),
-        }
-        .map_err(|e| match e {
-            object_store::Error::NotFound { .. } => {
-                RemoteError::NotFound(format!("no blob {hash} in the registry"))
-            }
-            e => RemoteError::Unreachable(e.to_string()),
-        })?;
-        if crate::artifact::hex(&sha2::Sha256::digest(&bytes)) != hash {
+        let name = blob_name(hash);
+        let Some(bytes) = self.get_object(&name).await? else {
+            return Err(RemoteError::NotFound(format!(
+                "no blob {hash} in the registry"
+            )));
+        };
+        if digest(bytes.clone()).await? != hash {
             return Err(RemoteError::Damaged(format!(
-                "registry object {path}: its contents do not match their digest (damaged or \
-                 tampered with); not used"
+                "registry object {}: its contents do not match their digest (damaged or \
+                 tampered with); not used",
+                self.object(&name)
             )));
         }
         Ok(bytes)
@@ -466,7 +459,14 @@ impl Remote {
             .bytes()
             .await
             .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
-        let manifest: crate::store::Manifest = serde_json::from_slice(&bytes).map_err(|e| {
+        // A fleet's manifest grows with its tenants (about 1 MB for 1,000): parsed off the
+        // reactor.
+        let parsed = tokio::task::spawn_blocking(move || {
+            serde_json::from_slice::<crate::store::Manifest>(&bytes)
+        })
+        .await
+        .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
+        let manifest = parsed.map_err(|e| {
             RemoteError::Damaged(format!(
                 "registry object {}: not a manifest: {e}",
                 self.manifest_path()
@@ -486,8 +486,14 @@ impl Remote {
         manifest: &crate::store::Manifest,
         expected: Option<&UpdateVersion>,
     ) -> Result<UpdateVersion, RemoteError> {
-        let mut text = serde_json::to_vec_pretty(manifest).expect("a manifest serialises");
-        text.push(b'\n');
+        let copy = manifest.clone();
+        let text = tokio::task::spawn_blocking(move || {
+            let mut text = serde_json::to_vec_pretty(&copy).expect("a manifest serialises");
+            text.push(b'\n');
+            text
+        })
+        .await
+        .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
         let opts = PutOptions {
             mode: expected.map_or(PutMode::Create, |v| PutMode::Update(v.clone())),
             ..PutOptions::default()
@@ -536,7 +542,10 @@ mod tests {
         assert_eq!(&r.get_blob(&hash).await.unwrap()[..], b"module");
         // Tampered with in the store: refused.
         r.store
-            .put(&r.blob(&hash), PutPayload::from_static(b"other"))
+            .put(
+                &r.object(&blob_name(&hash)),
+                PutPayload::from_static(b"other"),
+            )
             .await
             .unwrap();
         assert!(matches!(

@@ -302,7 +302,7 @@ impl Registry {
         state.manifest = next;
         self.live.store(Arc::new(table));
         self.forget(state, dropped).await;
-        self.changed(state);
+        self.changed();
         if changed {
             tracing::info!(
                 revision = target.revision,
@@ -351,11 +351,11 @@ impl Registry {
             tracing::error!("cannot save the registry's snapshot in the data directory: {e}");
         }
         state.manifest = served;
-        self.changed(state);
+        self.changed();
     }
 
     /// Marks this replica's report as due (what it serves changed).
-    pub(super) fn changed(&self, _state: &State) {
+    pub(super) fn changed(&self) {
         self.report_due.store(true, Ordering::Relaxed);
     }
 

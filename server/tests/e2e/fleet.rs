@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{tern_bin, tools_dir};
+use crate::support::{demo, tern_bin, tools_dir};
 
 /// The versitygw release the suite runs (installed by scripts/test under [`tools_dir`]).
 const VERSITYGW: &str = "versitygw-1.8.0";
@@ -286,30 +286,15 @@ async fn admin(
     path: &str,
     body: impl Into<bytes::Bytes>,
 ) -> (http::StatusCode, serde_json::Value) {
-    let auth = format!("Bearer {FLEET_TOKEN}");
-    let reply = crate::support::send(
-        addr(&r.admin),
-        method,
-        path,
-        None,
-        &[("authorization", &auth)],
-        body.into(),
-    )
-    .await;
-    let json = serde_json::from_slice(&reply.body).unwrap_or(serde_json::Value::Null);
-    (reply.status, json)
+    crate::support::admin_request(addr(&r.admin), FLEET_TOKEN, method, path, body.into()).await
 }
 
 async fn get(r: &crate::support::TernProcess, path: &str) -> crate::support::Reply {
-    crate::support::send(
-        addr(&r.addr),
-        http::Method::GET,
-        path,
-        None,
-        &[],
-        bytes::Bytes::new(),
-    )
-    .await
+    crate::support::get_at(addr(&r.addr), path).await
+}
+
+async fn get_admin(r: &crate::support::TernProcess, path: &str) -> crate::support::Reply {
+    crate::support::get_at(addr(&r.admin), path).await
 }
 
 /// Waits until `r` answers `path` with a 200 whose body contains `needle`; how long it took.
@@ -331,47 +316,38 @@ async fn serves(r: &crate::support::TernProcess, path: &str, needle: &str) -> Du
     }
 }
 
-async fn create(r: &crate::support::TernProcess, name: &str, path: &str) {
+/// Creates tenant `name` on `path` through the admin listener at `at`.
+async fn create(at: std::net::SocketAddr, name: &str, path: &str) {
     let spec = serde_json::json!({ "paths": [path] }).to_string();
-    let (status, v) = admin(
-        r,
+    let (status, v) = crate::support::admin_request(
+        at,
+        FLEET_TOKEN,
         http::Method::PUT,
         &format!("/admin/v1/tenants/{name}"),
-        spec,
+        spec.into(),
     )
     .await;
     assert!(status.is_success(), "create {name}: {status} {v}");
 }
 
+/// Deploys `wasm` to tenant `name` through the admin listener at `at`.
 async fn deploy(
-    r: &crate::support::TernProcess,
+    at: std::net::SocketAddr,
     name: &str,
     wasm: &[u8],
 ) -> (http::StatusCode, serde_json::Value) {
-    admin(
-        r,
+    crate::support::admin_request(
+        at,
+        FLEET_TOKEN,
         http::Method::PUT,
         &format!("/admin/v1/tenants/{name}/module"),
-        wasm.to_vec(),
+        bytes::Bytes::copy_from_slice(wasm),
     )
     .await
 }
 
 async fn metrics(r: &crate::support::TernProcess) -> String {
-    crate::support::send(
-        addr(&r.admin),
-        http::Method::GET,
-        "/metrics",
-        None,
-        &[],
-        bytes::Bytes::new(),
-    )
-    .await
-    .text()
-}
-
-fn demo(name: &str) -> &'static [u8] {
-    tern::demo::module(name).expect("a demo guest")
+    get_admin(r, "/metrics").await.text()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -382,15 +358,15 @@ async fn a_deploy_on_any_replica_is_served_by_all_and_a_later_replica_joins_with
     let b = replica(&s3, "b", &dirs.path().join("b"));
 
     // Created and deployed on a: served by b within the poll interval.
-    create(&a, "site", "/site").await;
-    let (status, v) = deploy(&a, "site", demo("hello")).await;
+    create(addr(&a.admin), "site", "/site").await;
+    let (status, v) = deploy(addr(&a.admin), "site", demo("hello")).await;
     assert_eq!(status, http::StatusCode::OK, "{v}");
     let v1 = v["version"].as_str().unwrap().to_string();
     serves(&a, "/site", "Hello").await;
     serves(&b, "/site", "Hello").await;
 
     // Deployed on b: served by a; rolled back on a: served by b again.
-    let (status, v) = deploy(&b, "site", demo("echo")).await;
+    let (status, v) = deploy(addr(&b.admin), "site", demo("echo")).await;
     assert_eq!(status, http::StatusCode::OK, "{v}");
     assert_eq!(v["previous"], v1.as_str(), "{v}");
     serves(&a, "/site", "GET /site").await;
@@ -407,17 +383,18 @@ async fn a_deploy_on_any_replica_is_served_by_all_and_a_later_replica_joins_with
 
     // Changes to different tenants on both replicas at once: none is lost (a change that
     // lost the race to the registry is made again on top of the winner's).
-    let mut jobs = Vec::new();
+    let mut jobs = tokio::task::JoinSet::new();
     for (r, side) in [(&a, "a"), (&b, "b")] {
+        let at = addr(&r.admin);
         for i in 0..4 {
             let name = format!("t-{side}-{i}");
-            jobs.push(async move {
-                create(r, &name, &format!("/{name}")).await;
-                deploy(r, &name, demo("hello")).await
+            jobs.spawn(async move {
+                create(at, &name, &format!("/{name}")).await;
+                deploy(at, &name, demo("hello")).await
             });
         }
     }
-    for (status, v) in futures_join_all(jobs).await {
+    for (status, v) in jobs.join_all().await {
         assert_eq!(status, http::StatusCode::OK, "{v}");
     }
     for side in ["a", "b"] {
@@ -430,8 +407,8 @@ async fn a_deploy_on_any_replica_is_served_by_all_and_a_later_replica_joins_with
     // The same tenant deployed on both at once: each deploy succeeds in turn or is told it
     // lost (409); nothing else, and both replicas end up serving the same version.
     let (ra, rb) = tokio::join!(
-        deploy(&a, "site", demo("json")),
-        deploy(&b, "site", demo("counter"))
+        deploy(addr(&a.admin), "site", demo("json")),
+        deploy(addr(&b.admin), "site", demo("counter"))
     );
     for (status, v) in [&ra, &rb] {
         assert!(
@@ -516,33 +493,6 @@ async fn a_deploy_on_any_replica_is_served_by_all_and_a_later_replica_joins_with
     assert_eq!(names, ["a", "b"], "{view}");
 }
 
-/// Runs `futures` concurrently on this task and returns their outputs in order.
-async fn futures_join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut results: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in pinned.iter_mut().enumerate() {
-            if results[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => results[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    results
-        .into_iter()
-        .map(|r| r.expect("every future finished"))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_registry_down_replicas_keep_serving_deploys_are_503_and_a_restart_serves_the_snapshot()
  {
@@ -550,8 +500,8 @@ async fn with_the_registry_down_replicas_keep_serving_deploys_are_503_and_a_rest
     let dirs = tempfile::tempdir().unwrap();
     let a = replica(&s3, "a", &dirs.path().join("a"));
     let b = replica(&s3, "b", &dirs.path().join("b"));
-    create(&a, "site", "/site").await;
-    let (status, v) = deploy(&a, "site", demo("hello")).await;
+    create(addr(&a.admin), "site", "/site").await;
+    let (status, v) = deploy(addr(&a.admin), "site", demo("hello")).await;
     assert_eq!(status, http::StatusCode::OK, "{v}");
     serves(&b, "/site", "Hello").await;
 
@@ -559,7 +509,7 @@ async fn with_the_registry_down_replicas_keep_serving_deploys_are_503_and_a_rest
     // Both keep serving; a deploy or a new tenant is refused with 503 and says why.
     serves(&a, "/site", "Hello").await;
     serves(&b, "/site", "Hello").await;
-    let (status, v) = deploy(&b, "site", demo("echo")).await;
+    let (status, v) = deploy(addr(&b.admin), "site", demo("echo")).await;
     assert_eq!(status, http::StatusCode::SERVICE_UNAVAILABLE, "{v}");
     let error = v["error"].as_str().unwrap();
     assert!(
@@ -599,22 +549,10 @@ async fn with_the_registry_down_replicas_keep_serving_deploys_are_503_and_a_rest
     s3.restart();
     serves(&d, "/site", "Hello").await;
     assert_eq!(get_admin(&d, "/readyz").await.status, http::StatusCode::OK);
-    let (status, v) = deploy(&b, "site", demo("echo")).await;
+    let (status, v) = deploy(addr(&b.admin), "site", demo("echo")).await;
     assert_eq!(status, http::StatusCode::OK, "{v}");
     serves(&a, "/site", "GET /site").await;
     serves(&d, "/site", "GET /site").await;
-}
-
-async fn get_admin(r: &crate::support::TernProcess, path: &str) -> crate::support::Reply {
-    crate::support::send(
-        addr(&r.admin),
-        http::Method::GET,
-        path,
-        None,
-        &[],
-        bytes::Bytes::new(),
-    )
-    .await
 }
 
 /// A module unlike any other (its data differs by `n`), of about `kib` KiB.
@@ -635,8 +573,8 @@ async fn a_replica_killed_mid_deploy_leaves_the_registry_consistent_and_tampered
     let s3 = S3::start();
     let dirs = tempfile::tempdir().unwrap();
     let mut a = replica(&s3, "a", &dirs.path().join("a"));
-    create(&a, "site", "/site").await;
-    let (status, v) = deploy(&a, "site", &module(0, 1)).await;
+    create(addr(&a.admin), "site", "/site").await;
+    let (status, v) = deploy(addr(&a.admin), "site", &module(0, 1)).await;
     assert_eq!(status, http::StatusCode::OK, "{v}");
 
     // kill -9 at a different moment of each deploy (upload, compile, publish, swap).

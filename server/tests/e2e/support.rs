@@ -69,18 +69,7 @@ impl TestServer {
         path: &str,
         body: impl Into<Bytes>,
     ) -> (StatusCode, serde_json::Value) {
-        let auth = format!("Bearer {ADMIN_TOKEN}");
-        let r = send(
-            self.admin(),
-            method,
-            path,
-            None,
-            &[("authorization", &auth)],
-            body.into(),
-        )
-        .await;
-        let json = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
-        (r.status, json)
+        admin_request(self.admin(), ADMIN_TOKEN, method, path, body.into()).await
     }
 
     /// The status of a bodiless admin API call.
@@ -148,22 +137,39 @@ impl TestServer {
     }
 
     pub async fn get(&self, path: &str) -> Reply {
-        send(self.addr(), Method::GET, path, None, &[], Bytes::new()).await
+        get_at(self.addr(), path).await
     }
 
     pub async fn metrics(&self) -> String {
-        let r = send(
-            self.admin(),
-            Method::GET,
-            "/metrics",
-            None,
-            &[],
-            Bytes::new(),
-        )
-        .await;
+        let r = get_at(self.admin(), "/metrics").await;
         assert_eq!(r.status, StatusCode::OK);
         r.text()
     }
+}
+
+/// An admin API request to the admin listener at `admin` with the bearer `token`; the
+/// answer's status and JSON (or `null`).
+pub async fn admin_request(
+    admin: SocketAddr,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: Bytes,
+) -> (StatusCode, serde_json::Value) {
+    let auth = format!("Bearer {token}");
+    let r = send(admin, method, path, None, &[("authorization", &auth)], body).await;
+    let json = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
+    (r.status, json)
+}
+
+/// A GET of `path` at `addr`, on a fresh connection.
+pub async fn get_at(addr: SocketAddr, path: &str) -> Reply {
+    send(addr, Method::GET, path, None, &[], Bytes::new()).await
+}
+
+/// A built-in demo guest's module (`hello`, `echo`, `json`, `counter`).
+pub fn demo(name: &str) -> &'static [u8] {
+    tern::demo::module(name).expect("demo guest")
 }
 
 /// A response, fully read.

@@ -388,16 +388,7 @@ async fn scattered_dirty_pages_are_reset_and_stay_resident() {
         );
     }
     let admin: SocketAddr = tern.admin.parse().unwrap();
-    let m = crate::support::send(
-        admin,
-        http::Method::GET,
-        "/metrics",
-        None,
-        &[],
-        bytes::Bytes::new(),
-    )
-    .await
-    .text();
+    let m = crate::support::get_at(admin, "/metrics").await.text();
     let resident = metric_value(&m, r#"tern_pool_resident_bytes{kind="memories"}"#);
     // 128 dirtied pages of 4 KiB, kept for the next request (wasmtime alone keeps 32).
     assert!(

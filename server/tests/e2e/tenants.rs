@@ -8,11 +8,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::json;
 
-use crate::support::{self, ADMIN_TOKEN, Conn, TestServer, send};
-
-fn demo(name: &str) -> &'static [u8] {
-    tern::demo::module(name).expect("demo guest")
-}
+use crate::support::{self, ADMIN_TOKEN, Conn, TestServer, demo, send};
 
 const HELLO: &str = "Hello from Tern!\n";
 
