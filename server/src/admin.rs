@@ -289,10 +289,13 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
             .await
             .map(|n| (StatusCode::OK, json!({ "config_tenants": n }))),
         (&Method::GET, ["fleet"]) => registry.fleet_view().await.map(|v| (StatusCode::OK, v)),
+        (&Method::POST, ["fleet", "sync"]) => registry
+            .nudged()
+            .map(|()| (StatusCode::ACCEPTED, json!({ "sync": "started" }))),
         (_, ["tenants"] | ["tenants", _] | ["tenants", _, "module" | "rollback"])
-        | (_, ["assets"] | ["reload"] | ["fleet"]) => Err(ChangeError::MethodNotAllowed(format!(
-            "{method} is not allowed on {path}"
-        ))),
+        | (_, ["assets"] | ["reload"] | ["fleet"] | ["fleet", "sync"]) => Err(
+            ChangeError::MethodNotAllowed(format!("{method} is not allowed on {path}")),
+        ),
         _ => Err(ChangeError::NotFound(format!(
             "no admin endpoint {path}; see GET /admin/v1/tenants"
         ))),
@@ -324,6 +327,7 @@ async fn certificates(
         Refused::Conflict(m) => ChangeError::Conflict(m),
         Refused::NotFound(m) => ChangeError::NotFound(m),
         Refused::Internal(m) => ChangeError::Internal(m),
+        Refused::Unavailable(m) => ChangeError::Unavailable(m),
     };
     match (method, parts) {
         (&Method::GET, ["certificates"]) => certificates

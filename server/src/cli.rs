@@ -484,8 +484,8 @@ pub async fn reload(target: &Target) -> anyhow::Result<()> {
 /// # Errors
 /// If the store cannot be reached, or a check fails.
 pub async fn registry_probe(url: &str) -> anyhow::Result<()> {
-    let (store, prefix) = crate::registry::objects::open(url).map_err(anyhow::Error::msg)?;
-    let checks = crate::registry::objects::probe(&store, &prefix)
+    let (store, prefix) = crate::fleet::objects::open(url).map_err(anyhow::Error::msg)?;
+    let checks = crate::fleet::objects::probe(&store, &prefix)
         .await
         .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
     for c in &checks {

@@ -6,7 +6,8 @@
 //! - [`listener`]: accept loop, hyper (HTTP/1.1 + h2c; over TLS, h2 or HTTP/1.1 by ALPN),
 //!   graceful drain; what it knows of a connection (peer, TLS facts) goes to every request as a
 //!   [`context::Connection`]. [`tls`]: TLS termination: the certificates by host name (SNI),
-//!   swapped whole; the handshake under a deadline and a cap, failures counted by reason.
+//!   swapped whole; the handshake under a deadline and a cap, failures counted by reason;
+//!   uploaded and ACME certificates kept in the data directory or a fleet's registry.
 //! - [`context`]: the request's context, computed once (connection, id, route prefix, HTTP
 //!   version) and the values every guest kind renders from it (scheme, host, URL, server name
 //!   and port).
@@ -41,6 +42,9 @@
 //!   an upload's first bytes), `reset` (every tenant moved to a swap-safe engine when swap
 //!   is switched on).
 //! - [`store`]: the data directory: content-addressed modules and assets, the manifest.
+//! - [`fleet`]: a fleet's shared registry on object storage ([`fleet::objects`]: the S3 client,
+//!   compare-and-swap writes, the store probe), signed artifacts and sealed secrets, nudges to
+//!   the other replicas; used by [`registry`] for tenants and [`tls`] for certificates.
 //! - [`assets`]: per-tenant read-only files held in memory (the guest's `/assets`).
 //! - [`artifact`]: ahead-of-time compilation, sealed artifacts, the artifact cache (`unsafe`:
 //!   loading compiled code).
@@ -70,6 +74,7 @@ pub mod demo;
 pub mod dev;
 pub mod engine;
 pub mod execute;
+pub mod fleet;
 pub mod guest;
 pub mod http;
 pub mod listener;

@@ -223,6 +223,10 @@ pub struct Metrics {
     pub registry_revision: IntGauge,
     /// Compiled artifacts a replica took from the shared registry or published to it.
     pub registry_artifacts: IntCounterVec,
+    /// Nudges sent to the other replicas after a change, by outcome.
+    pub registry_nudges: IntCounterVec,
+    /// The other replicas this one nudges after a change.
+    pub registry_peers: IntGauge,
 }
 
 impl Metrics {
@@ -346,6 +350,18 @@ impl Metrics {
              instead).",
             &["outcome"],
         );
+        let registry_nudges = r.counters(
+            "tern_registry_nudges_total",
+            "Replicas told to read the shared registry at once after a change made here, by \
+             outcome: sent (it answered), failed (unreachable or refused within 1 s; it reads \
+             the change at its next poll), received (another replica told this one).",
+            &["outcome"],
+        );
+        let registry_peers = r.gauge(
+            "tern_registry_peers",
+            "The other replicas this one tells of a change it makes (those whose reports in the \
+             registry are fresh and name an admin URL; [registry] advertise).",
+        );
         let memory_peak = r.histogram(
             "tern_guest_memory_peak_bytes",
             "Largest linear memory each guest reached during its request.",
@@ -433,6 +449,8 @@ impl Metrics {
             registry_syncs,
             registry_revision,
             registry_artifacts,
+            registry_nudges,
+            registry_peers,
             memory_peak,
             compile,
             log_dropped,

@@ -146,13 +146,9 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                 );
             }
             let poll = Duration::from_millis(config.registry.poll_interval_ms);
-            let fleet = crate::registry::fleet::Fleet::open(
-                url,
-                config.registry.replica_name(),
-                poll,
-                &token.token,
-            )
-            .map_err(|e| anyhow::anyhow!("[registry] url: {e}"))?;
+            let fleet =
+                crate::fleet::Fleet::open(url, config.registry.replica_name(), poll, &token.token)
+                    .map_err(|e| anyhow::anyhow!("[registry] url: {e}"))?;
             tracing::info!(registry = url, replica = %fleet.replica, "serving from a shared registry");
             Some(Arc::new(fleet))
         }
@@ -163,7 +159,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         store,
         engine,
         metrics.clone(),
-        fleet,
+        fleet.clone(),
     )
     .await?;
 
@@ -191,14 +187,28 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         .with_context(|| format!("cannot listen on {} (admin)", config.server.admin_listen))?;
     let addr = public.as_ref().map(TcpListener::local_addr).transpose()?;
     let admin_addr = admin_l.local_addr()?;
+    if let Some(fleet) = &fleet
+        && let Some(url) = config.registry.advertise_url(admin_addr)
+    {
+        let _ = fleet.advertise.set(url);
+    }
     // The TLS listener: its certificates are read and checked before anything serves.
     let mut acme_manager = None;
     let tls = match config.server.tls_listen {
         None => None,
         Some(at) => {
             let table = crate::tls::Table::load(&config.certificates, &config.base_dir)?;
-            let store = crate::tls::stored::CertStore::open(&data_dir)?;
-            let stored = store.table(&store.read()?);
+            let mut store = crate::tls::stored::CertStore::open(&data_dir)?;
+            if let Some(fleet) = &fleet {
+                // The fleet's certificates (uploaded or obtained by ACME on any replica).
+                store = store.with_registry(fleet.clone());
+            }
+            let reading = store.clone();
+            let stored = tokio::task::spawn_blocking(move || {
+                let index = reading.read()?;
+                Ok::<_, crate::store::StoreError>(reading.table(&index))
+            })
+            .await??;
             let nothing = table.is_empty() && stored.is_empty() && config.tls.acme.is_none();
             let certificates = crate::tls::Certificates::new(table, store, &app.metrics);
             certificates.replace_stored(stored);
@@ -268,14 +278,26 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
             async move { a.registry.watch_shared(s).await },
         ));
     }
+    let acme = acme_manager.is_some();
     if let Some(manager) = acme_manager {
         tasks.push(manager.spawn(shutdown.clone()));
-    } else if let Some(certificates) = app.registry.certificates() {
-        // Certificates another process sharing the data directory uploads serve here too.
-        tasks.push(certificates.clone().watch_stored(
-            Duration::from_secs(STORED_CERTIFICATES_CHECK_SECONDS),
-            shutdown.clone(),
-        ));
+    }
+    if let Some(certificates) = app.registry.certificates() {
+        // Certificates another replica (or another process sharing the data directory)
+        // stores serve here too, and the answers to ACME challenges another replica ordered.
+        // Without a fleet, the ACME manager's rounds do it.
+        match &fleet {
+            Some(fleet) => tasks.push(
+                certificates
+                    .clone()
+                    .watch_stored(fleet.poll, shutdown.clone()),
+            ),
+            None if !acme => tasks.push(certificates.clone().watch_stored(
+                Duration::from_secs(STORED_CERTIFICATES_CHECK_SECONDS),
+                shutdown.clone(),
+            )),
+            None => {}
+        }
     }
     if per_core {
         // Worker 0 takes the listener bound above (which fixed the port); the others bind the

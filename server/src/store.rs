@@ -35,6 +35,9 @@ pub enum StoreError {
     /// A file could not be written.
     #[error(transparent)]
     Write(#[from] ArtifactError),
+    /// A fleet's registry could not be reached (the change was not made).
+    #[error("{0}")]
+    Unavailable(String),
     /// `manifest.json` (or another JSON file of the store) is not one this server understands.
     #[error("{path}: not a valid Tern store file: {reason}")]
     Manifest {

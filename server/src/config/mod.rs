@@ -196,6 +196,11 @@ pub struct RegistryConfig {
     /// This replica's name in the registry's fleet view; empty: `TERN_REPLICA`, else the host
     /// name (a Kubernetes pod's name).
     pub replica: String,
+    /// The URL of this replica's admin listener as the other replicas reach it
+    /// (`http://10.0.0.5:9090`): a replica that writes a change tells the others at once, so
+    /// they read it before their next poll. Empty: `TERN_ADVERTISE_URL`, else the admin address
+    /// if it is not a wildcard (0.0.0.0), else the others notice at their next poll.
+    pub advertise: String,
 }
 
 impl Default for RegistryConfig {
@@ -204,6 +209,7 @@ impl Default for RegistryConfig {
             url: String::new(),
             poll_interval_ms: 1000,
             replica: String::new(),
+            advertise: String::new(),
         }
     }
 }
@@ -212,6 +218,20 @@ impl RegistryConfig {
     /// The shared registry's URL, if there is one.
     pub fn shared_url(&self) -> Option<&str> {
         (!self.url.is_empty()).then_some(self.url.as_str())
+    }
+
+    /// The admin URL the other replicas reach this one at, if it has one (`admin`: where the
+    /// admin listener is bound).
+    pub fn advertise_url(&self, admin: std::net::SocketAddr) -> Option<String> {
+        [
+            Some(self.advertise.clone()),
+            std::env::var("TERN_ADVERTISE_URL").ok(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|u| u.trim().trim_end_matches('/').to_string())
+        .find(|u| !u.is_empty())
+        .or_else(|| (!admin.ip().is_unspecified()).then(|| format!("http://{admin}")))
     }
 
     /// This replica's name.
@@ -988,6 +1008,12 @@ impl Config {
         if r.poll_interval_ms == 0 {
             return bad("registry.poll_interval_ms must be > 0".into());
         }
+        if !(r.advertise.is_empty() || r.advertise.starts_with("http://")) {
+            return bad(format!(
+                "registry.advertise: {:?} is not an http:// URL of this replica's admin listener",
+                r.advertise
+            ));
+        }
         if !(r.url.is_empty() || r.url.starts_with("s3://")) {
             return bad(format!(
                 "registry.url: {:?} is not an s3://bucket/prefix URL (leave it empty for the \
@@ -1358,6 +1384,22 @@ mod tests {
         assert!(err("[registry]\nurl = \"ftp://x/y\"\n").contains("not an s3://bucket/prefix URL"));
         assert!(err("[registry]\npoll_interval_ms = 0\n").contains("must be > 0"));
         assert!(err("[registry]\nurls = \"s3://b\"\n").contains("unknown field"));
+        assert!(err("[registry]\nadvertise = \"10.0.0.5:9090\"\n").contains("not an http:// URL"));
+        let wildcard: std::net::SocketAddr = "0.0.0.0:9090".parse().unwrap();
+        let bound: std::net::SocketAddr = "10.0.0.5:9090".parse().unwrap();
+        if std::env::var_os("TERN_ADVERTISE_URL").is_none() {
+            assert_eq!(ok.registry.advertise_url(wildcard), None);
+            assert_eq!(
+                ok.registry.advertise_url(bound).as_deref(),
+                Some("http://10.0.0.5:9090")
+            );
+        }
+        let mut set = ok.registry.clone();
+        set.advertise = "http://tern-0.tern:9090/".into();
+        assert_eq!(
+            set.advertise_url(wildcard).as_deref(),
+            Some("http://tern-0.tern:9090")
+        );
         let mut c = Config::demo();
         assert!(
             c.set_registry("http://x".into())
@@ -1367,6 +1409,42 @@ mod tests {
         );
         c.set_registry("s3://b/p".into()).unwrap();
         assert_eq!(c.registry.shared_url(), Some("s3://b/p"));
+    }
+
+    /// The `tern.toml` of a Kubernetes manifest's ConfigMap: the block under `tern.toml: |`.
+    fn configmap_toml(manifest: &str) -> String {
+        let mut lines = manifest
+            .lines()
+            .skip_while(|l| l.trim() != "tern.toml: |")
+            .skip(1);
+        let first = lines.next().expect("a tern.toml block");
+        let indent = first.len() - first.trim_start().len();
+        std::iter::once(first)
+            .chain(lines.take_while(|l| l.trim().is_empty() || l.starts_with(&" ".repeat(indent))))
+            .map(|l| l.get(indent..).unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn the_kubernetes_manifests_carry_a_valid_config() {
+        let single = configmap_toml(include_str!("../../../deploy/kubernetes/tern.yaml"));
+        let c = Config::parse(&single, "tern.yaml", PathBuf::new()).unwrap();
+        assert_eq!(c.registry.shared_url(), None);
+        assert_eq!(c.tenants.len(), 1);
+        let fleet = configmap_toml(include_str!(
+            "../../../deploy/kubernetes/fleet/tern-fleet.yaml"
+        ));
+        let c = Config::parse(&fleet, "tern-fleet.yaml", PathBuf::new()).unwrap();
+        assert_eq!(
+            c.registry.shared_url(),
+            Some("s3://tern-registry/production")
+        );
+        assert!(
+            c.tenants.is_empty(),
+            "a fleet's tenants live in the registry"
+        );
+        assert_eq!(c.server.admin_listen, "0.0.0.0:9090".parse().unwrap());
     }
 
     #[test]

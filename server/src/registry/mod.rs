@@ -23,6 +23,8 @@ use crate::artifact;
 use crate::assets::Assets;
 use crate::config::{self, Config};
 use crate::engine::EpochTicker;
+use crate::fleet::Fleet;
+use crate::fleet::objects::RemoteError;
 use crate::metrics::Metrics;
 use crate::router::{Clash, Route, Router};
 use crate::store::{self, DataDir, Manifest, StoredTenant, TenantSpec, Version};
@@ -30,9 +32,7 @@ use crate::tenant::{self, Carried, Origin, Tenant, TenantError, TenantRef};
 
 mod describe;
 mod error;
-pub mod fleet;
 mod loader;
-pub mod objects;
 mod reset;
 mod shared;
 mod spec;
@@ -152,7 +152,7 @@ pub struct Registry {
     /// The TLS listener's certificates, which a config reload replaces with the tenants.
     certificates: std::sync::OnceLock<Arc<crate::tls::Certificates>>,
     /// The fleet's shared registry, if there is one.
-    fleet: Option<Arc<fleet::Fleet>>,
+    fleet: Option<Arc<Fleet>>,
     /// Whether there is something consistent to serve: always on a single server; with a
     /// shared registry, once it was read or a snapshot of it was loaded.
     ready: std::sync::atomic::AtomicBool,
@@ -235,7 +235,7 @@ impl Registry {
         store: DataDir,
         engine: Engine,
         metrics: Metrics,
-        fleet: Option<Arc<fleet::Fleet>>,
+        fleet: Option<Arc<Fleet>>,
     ) -> anyhow::Result<Self> {
         let runtime = Runtime::new(engine.clone(), config.pool.clone())?;
         let snapshot = store.load_manifest()?;
@@ -361,14 +361,16 @@ impl Registry {
                             manifest: next,
                             version: Some(version),
                         });
+                        fleet.nudge_peers(&self.loader.metrics);
                         break;
                     }
-                    Err(objects::RemoteError::Conflict(_)) if attempts < 5 => {
+                    Err(RemoteError::Conflict(_)) if attempts < 5 => {
                         attempts += 1;
                         self.sync(state).await?;
                         if state.truth().tenants.get(&name) != base.as_ref() {
                             return Err(ChangeError::Conflict(format!(
-                                "tenant {name:?} was changed on another replica at the same                                  time; nothing was written: read it again and retry"
+                                "tenant {name:?} was changed on another replica at the same \
+                                 time; nothing was written: read it again and retry"
                             )));
                         }
                         if let Some(e) = &entry {
@@ -376,9 +378,10 @@ impl Registry {
                         }
                         table = table_now()?;
                     }
-                    Err(objects::RemoteError::Conflict(_)) => {
+                    Err(RemoteError::Conflict(_)) => {
                         return Err(ChangeError::Conflict(
-                            "the shared registry kept changing during this change; nothing was                              written: retry"
+                            "the shared registry kept changing during this change; nothing was \
+                             written: retry"
                                 .into(),
                         ));
                     }
@@ -738,7 +741,7 @@ impl Registry {
         {
             // Uploaded on another replica: in the registry.
             match f.fetch_blob(&self.loader.store, a).await {
-                Ok(()) | Err(objects::RemoteError::NotFound(_)) => {}
+                Ok(()) | Err(RemoteError::NotFound(_)) => {}
                 Err(e) => return Err(shared::unavailable(f, &e)),
             }
         }

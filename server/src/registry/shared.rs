@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use object_store::UpdateVersion;
 use serde_json::{Value, json};
 
-use super::fleet::Fleet;
-use super::objects::RemoteError;
 use super::{ChangeError, Live, Registry, State};
 use crate::config::Config;
+use crate::fleet::Fleet;
+use crate::fleet::objects::RemoteError;
 use crate::metrics::Metrics;
 use crate::shutdown::Shutdown;
 use crate::store::{Manifest, TenantSpec, Version};
@@ -389,15 +389,34 @@ impl Registry {
             if reachable && due {
                 self.report_due.store(false, Ordering::Relaxed);
                 match self.report(&fleet).await {
-                    Ok(()) => reported_at = Some(Instant::now()),
+                    Ok(()) => {
+                        let first = reported_at.is_none();
+                        reported_at = Some(Instant::now());
+                        // Who to nudge after a change made here.
+                        if let Ok(reports) = live_reports(&fleet).await {
+                            fleet.set_peers(
+                                reports
+                                    .iter()
+                                    .filter_map(|r| r["admin"].as_str().map(String::from))
+                                    .collect(),
+                                &self.loader.metrics,
+                            );
+                        }
+                        if first {
+                            // The others learn of this replica (and nudge it too) now rather
+                            // than at their next report.
+                            fleet.nudge_peers(&self.loader.metrics);
+                        }
+                    }
                     Err(e) => {
                         self.report_due.store(true, Ordering::Relaxed);
                         tracing::debug!("cannot write this replica's report: {e}");
                     }
                 }
             }
-            if !shutdown.sleep(fleet.poll).await {
-                break;
+            tokio::select! {
+                more = shutdown.sleep(fleet.poll) => if !more { break },
+                () = fleet.wake.notified() => {}
             }
         }
         // A replica that stops leaves the fleet view.
@@ -405,6 +424,29 @@ impl Registry {
             .remote
             .delete_object(&report_object(&fleet.replica))
             .await;
+    }
+
+    /// A nudge from another replica: read the registry now.
+    ///
+    /// # Errors
+    /// `404` if this server is not part of a fleet.
+    pub fn nudged(&self) -> Result<(), ChangeError> {
+        let Some(fleet) = &self.fleet else {
+            return Err(ChangeError::NotFound(
+                "this server has no shared registry ([registry] url): it is not part of a fleet"
+                    .into(),
+            ));
+        };
+        self.loader
+            .metrics
+            .registry_nudges
+            .with_label_values(&["received"])
+            .inc();
+        // A change, or a replica that joined: read the registry, and report (which reads
+        // who to nudge) now.
+        self.report_due.store(true, Ordering::Relaxed);
+        fleet.wake.notify_one();
+        Ok(())
     }
 
     /// Writes what this replica serves to `replicas/<name>.json`.
@@ -427,6 +469,7 @@ impl Registry {
                 .collect();
             json!({
                 "replica": fleet.replica,
+                "admin": fleet.advertise.get(),
                 "revision": state.manifest.revision,
                 "updated_at": crate::store::now(),
                 "tenants": serving,
@@ -452,24 +495,7 @@ impl Registry {
             ));
         };
         let truth = self.lock().await?.truth().clone();
-        let names = fleet
-            .remote
-            .list("replicas")
-            .await
-            .map_err(|e| unavailable(&fleet, &e))?;
-        let mut replicas = Vec::new();
-        let now = crate::store::now();
-        for name in names {
-            let Ok(Some(bytes)) = fleet.remote.get_object(&name).await else {
-                continue;
-            };
-            let Ok(mut report) = serde_json::from_slice::<Value>(&bytes) else {
-                continue;
-            };
-            let updated = report["updated_at"].as_u64().unwrap_or(0);
-            report["stale"] = json!(now.saturating_sub(updated) > STALE_AFTER.as_secs());
-            replicas.push(report);
-        }
+        let replicas = reports(&fleet).await.map_err(|e| unavailable(&fleet, &e))?;
         let live: Vec<&Value> = replicas
             .iter()
             .filter(|r| r["stale"] == json!(false))
@@ -502,4 +528,30 @@ impl Registry {
 
 fn report_object(replica: &str) -> String {
     format!("replicas/{replica}.json")
+}
+
+/// Every replica's report, each with `stale` (not rewritten for [`STALE_AFTER`]).
+async fn reports(fleet: &Fleet) -> Result<Vec<Value>, RemoteError> {
+    let names = fleet.remote.list("replicas").await?;
+    let mut replicas = Vec::new();
+    let now = crate::store::now();
+    for name in names {
+        let Ok(Some(bytes)) = fleet.remote.get_object(&name).await else {
+            continue;
+        };
+        let Ok(mut report) = serde_json::from_slice::<Value>(&bytes) else {
+            continue;
+        };
+        let updated = report["updated_at"].as_u64().unwrap_or(0);
+        report["stale"] = json!(now.saturating_sub(updated) > STALE_AFTER.as_secs());
+        replicas.push(report);
+    }
+    Ok(replicas)
+}
+
+/// The reports of the replicas that are not stale.
+async fn live_reports(fleet: &Fleet) -> Result<Vec<Value>, RemoteError> {
+    let mut all = reports(fleet).await?;
+    all.retain(|r| r["stale"] == json!(false));
+    Ok(all)
 }

@@ -24,7 +24,7 @@ use rustls::pki_types::PrivateKeyDer;
 use rustls::sign::CertifiedKey;
 use sha2::{Digest, Sha256};
 
-use super::stored::{Index, Record, Source};
+use super::stored::{Challenge, Index, Record, Source};
 use super::{Certificates, Loaded};
 use crate::config::{AcmeChallenge, AcmeConfig};
 use crate::shutdown::Shutdown;
@@ -68,7 +68,7 @@ impl std::fmt::Debug for Manager {
 }
 
 /// Why an order did not produce a certificate.
-enum Failed {
+pub(super) enum Failed {
     /// Another process holds the name's lease.
     Busy,
     /// The CA refused, could not be reached, or gave something unusable.
@@ -389,14 +389,34 @@ impl Manager {
         let record = ordered.as_ref().ok().cloned();
         tokio::task::spawn_blocking(move || {
             store.change(|i| {
-                if let Some(r) = record {
-                    i.certificates.insert(h.clone(), r);
+                if let Some(r) = &record {
+                    i.certificates.insert(h.clone(), r.clone());
                 }
+                i.challenges.remove(&h);
                 i.release_lease(&h, &holder);
             })
         })
         .await??;
         ordered
+    }
+
+    /// In a fleet, puts the answer to `host`'s challenge in the registry's index, and waits
+    /// until every replica has read it: the CA's validation may reach any of them. (It leaves
+    /// the index with the order's lease.) Nothing to do for one data directory.
+    async fn publish_challenge(&self, host: &str, challenge: Challenge) -> Result<(), Failed> {
+        let store = self.certificates.store.clone();
+        let Some(wait) = store.propagation() else {
+            return Ok(());
+        };
+        let h = host.to_string();
+        tokio::task::spawn_blocking(move || {
+            store.change(|i| {
+                i.challenges.insert(h.clone(), challenge.clone());
+            })
+        })
+        .await??;
+        tokio::time::sleep(wait).await;
+        Ok(())
     }
 
     /// One order: answer the challenge, finalize, fetch and check the certificate, store it.
@@ -444,19 +464,29 @@ impl Manager {
                 )));
             };
             let key_authorization = challenge.key_authorization();
-            match self.config.challenge {
+            let shared = match self.config.challenge {
                 AcmeChallenge::TlsAlpn01 => {
-                    let cert = alpn_certificate(host, key_authorization.digest().as_ref())?;
+                    let digest = key_authorization.digest();
+                    let cert = alpn_certificate(host, digest.as_ref())?;
                     self.certificates.set_alpn_challenge(host, Some(cert));
                     answers.alpn.push(host.to_string());
+                    Challenge::TlsAlpn01 {
+                        digest: crate::artifact::hex(digest.as_ref()),
+                    }
                 }
                 AcmeChallenge::Http01 => {
                     let token = challenge.token.clone();
+                    let answer = key_authorization.as_str().to_string();
                     self.certificates
-                        .set_http_challenge(&token, Some(key_authorization.as_str().to_string()));
-                    answers.http.push(token);
+                        .set_http_challenge(&token, Some(answer.clone()));
+                    answers.http.push(token.clone());
+                    Challenge::Http01 {
+                        token,
+                        key_authorization: answer,
+                    }
                 }
-            }
+            };
+            self.publish_challenge(host, shared).await?;
             challenge.set_ready().await?;
         }
         let retries = RetryPolicy::new()
@@ -516,7 +546,7 @@ impl Drop for Answers<'_> {
 
 /// The TLS-ALPN-01 answer for `name`: a self-signed certificate for it carrying the SHA-256 of
 /// the key authorization in the `acmeIdentifier` extension (RFC 8737 §3).
-fn alpn_certificate(name: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>, Failed> {
+pub(super) fn alpn_certificate(name: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>, Failed> {
     let key = rcgen::KeyPair::generate()?;
     let mut params = rcgen::CertificateParams::new(vec![name.to_string()])?;
     params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(digest)];

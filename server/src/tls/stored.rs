@@ -12,6 +12,20 @@
 //! written atomically. A bundle whose bytes no longer match its name is refused, never served.
 //! Processes sharing the directory change the index one at a time (an exclusive `flock`), so a
 //! change never loses another's.
+//!
+//! In a fleet ([`CertStore::with_registry`]) the registry holds the truth and the directory is
+//! this replica's copy of it, served while the registry cannot be read:
+//!
+//! ```text
+//! <prefix>/certificates/index.json         the same index, changed only by compare-and-swap
+//! <prefix>/certificates/<sha256>.sealed    a bundle, encrypted under a key derived from the
+//!                                          fleet's admin token (the bucket alone reveals no key)
+//! ```
+//!
+//! A change reads the registry's index, applies itself and writes it back if nobody wrote in
+//! between (else it is made again on the newer index); every read first brings a changed index
+//! and the bundles it names here. ACME leases and challenge answers travel in the index too, so
+//! one replica orders a name and every replica answers the CA's validation.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,11 +33,21 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use object_store::UpdateVersion;
 
 use super::{Loaded, Table};
 use crate::artifact::{self, io_err};
+use crate::fleet::Fleet;
+use crate::fleet::objects::RemoteError;
 use crate::store::{StoreError, is_hash, now, read_versioned};
+
+/// The index's object in a fleet's registry.
+const INDEX_OBJECT: &str = "certificates/index.json";
+
+/// How many times a change is made again on a newer index before it gives up.
+const CHANGE_ATTEMPTS: usize = 10;
 
 /// Format version of `index.json`.
 pub const FORMAT: u32 = 1;
@@ -64,6 +88,25 @@ pub struct Lease {
     pub until: u64,
 }
 
+/// The answer to an ACME challenge in progress, for every process sharing the index to give.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Challenge {
+    /// HTTP-01: `GET /.well-known/acme-challenge/<token>` answers the key authorization.
+    Http01 {
+        /// The CA's token.
+        token: String,
+        /// The body to answer with.
+        key_authorization: String,
+    },
+    /// TLS-ALPN-01: a handshake offering `acme-tls/1` gets a certificate carrying this SHA-256
+    /// of the key authorization (hex); each process makes its own such certificate.
+    TlsAlpn01 {
+        /// The digest.
+        digest: String,
+    },
+}
+
 /// `index.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,6 +118,9 @@ pub struct Index {
     /// ACME order leases by host name.
     #[serde(default)]
     pub leases: BTreeMap<String, Lease>,
+    /// ACME challenges being validated, by host name (only in a fleet's registry).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub challenges: BTreeMap<String, Challenge>,
 }
 
 impl Default for Index {
@@ -83,6 +129,7 @@ impl Default for Index {
             format: FORMAT,
             certificates: BTreeMap::new(),
             leases: BTreeMap::new(),
+            challenges: BTreeMap::new(),
         }
     }
 }
@@ -116,10 +163,72 @@ impl Index {
     }
 }
 
-/// The certificates directory of a data directory.
+/// The certificates directory of a data directory, and in a fleet the registry it copies.
 #[derive(Debug, Clone)]
 pub struct CertStore {
     dir: PathBuf,
+    shared: Option<Arc<Shared>>,
+}
+
+/// A fleet's registry, as the certificates use it.
+#[derive(Debug)]
+struct Shared {
+    fleet: Arc<Fleet>,
+    /// The runtime the store's requests run on (the store's methods run on blocking threads).
+    runtime: tokio::runtime::Handle,
+    /// The version of the registry's index copied here last.
+    seen: Mutex<Option<UpdateVersion>>,
+    /// Whether the last read of the registry failed (logged once until it works again).
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    fn run<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        self.runtime.block_on(f)
+    }
+
+    fn unavailable(&self, e: &RemoteError) -> StoreError {
+        StoreError::Unavailable(format!(
+            "the registry {} cannot be reached, nothing changed: {e}",
+            self.fleet.url
+        ))
+    }
+
+    /// The registry's index and its version (`None`: there is none yet).
+    fn index(&self) -> Result<(Index, Option<UpdateVersion>), StoreError> {
+        let got = self
+            .run(self.fleet.remote.get_if_changed(INDEX_OBJECT, None))
+            .map_err(|e| self.unavailable(&e))?;
+        match got {
+            None => Ok((Index::default(), None)),
+            Some((bytes, version)) => Ok((self.parse(&bytes)?, Some(version))),
+        }
+    }
+
+    fn parse(&self, bytes: &[u8]) -> Result<Index, StoreError> {
+        let bad = |reason: String| StoreError::Manifest {
+            path: format!("{}/{INDEX_OBJECT}", self.fleet.url),
+            reason,
+        };
+        let index: Index = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
+        if index.format != FORMAT {
+            return Err(bad(format!(
+                "format {} (this server reads format {FORMAT})",
+                index.format
+            )));
+        }
+        Ok(index)
+    }
+}
+
+fn bundle_object(hash: &str) -> String {
+    format!("certificates/{hash}.sealed")
+}
+
+fn serialise(index: &Index) -> Vec<u8> {
+    let mut text = serde_json::to_vec_pretty(index).expect("an index serialises");
+    text.push(b'\n');
+    text
 }
 
 impl CertStore {
@@ -135,7 +244,28 @@ impl CertStore {
             .mode(0o700)
             .create(&dir)
             .map_err(io_err(&dir))?;
-        Ok(Self { dir })
+        Ok(Self { dir, shared: None })
+    }
+
+    /// This store as a copy of the certificates in `fleet`'s registry. Call it on the runtime
+    /// the store's requests are to run on; use the store itself only off the reactor
+    /// (`spawn_blocking`), as every disk operation.
+    #[must_use]
+    pub fn with_registry(mut self, fleet: Arc<Fleet>) -> Self {
+        self.shared = Some(Arc::new(Shared {
+            fleet,
+            runtime: tokio::runtime::Handle::current(),
+            seen: Mutex::new(None),
+            failing: std::sync::atomic::AtomicBool::new(false),
+        }));
+        self
+    }
+
+    /// How long a change to the index takes to reach every process that serves it: in a fleet
+    /// two of its polls (an ACME challenge is answered everywhere before the CA is asked to
+    /// validate it); `None` for one data directory.
+    pub fn propagation(&self) -> Option<std::time::Duration> {
+        self.shared.as_ref().map(|s| s.fleet.poll * 2)
     }
 
     fn index_path(&self) -> PathBuf {
@@ -146,23 +276,122 @@ impl CertStore {
         self.dir.join(format!("{hash}.pem"))
     }
 
-    /// Reads the index (empty if there is none yet).
+    /// Reads the index (empty if there is none yet). In a fleet it first copies a changed
+    /// index of the registry here, with the bundles it names; if the registry cannot be read,
+    /// the copy here is the index (logged).
     ///
     /// # Errors
     /// If it cannot be read or is not an index of this format.
     pub fn read(&self) -> Result<Index, StoreError> {
+        if let Some(shared) = &self.shared {
+            use std::sync::atomic::Ordering;
+            match self.pull(shared) {
+                Ok(()) => {
+                    if shared.failing.swap(false, Ordering::Relaxed) {
+                        tracing::info!(registry = %shared.fleet.url, "certificates: the registry is read again");
+                    }
+                }
+                Err(e) => {
+                    if !shared.failing.swap(true, Ordering::Relaxed) {
+                        tracing::warn!("certificates: serving this replica's copy: {e}");
+                    }
+                }
+            }
+        }
+        self.read_local()
+    }
+
+    fn read_local(&self) -> Result<Index, StoreError> {
         let index = read_versioned(&self.index_path(), |i: &Index| i.format, FORMAT)?;
         Ok(index.unwrap_or_default())
     }
 
-    /// Reads the index, applies `change` and writes the result (when it changed), holding the
-    /// directory's lock throughout so a change by another process sharing it is never lost.
-    /// Bundles the new index no longer names are removed.
-    ///
-    /// # Errors
-    /// If the lock cannot be taken or the index cannot be read or written; the index on disk
-    /// is then the old one.
-    pub fn change<R>(&self, change: impl FnOnce(&mut Index) -> R) -> Result<R, StoreError> {
+    /// Copies the registry's index here if it changed since the last copy, with the bundles
+    /// it names. A bundle that cannot be brought (missing, not sealed under this fleet's
+    /// token, damaged) is logged, and its certificate not served; the copy is tried again at
+    /// the next read.
+    fn pull(&self, shared: &Shared) -> Result<(), StoreError> {
+        let seen = shared
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let got = shared
+            .run(
+                shared
+                    .fleet
+                    .remote
+                    .get_if_changed(INDEX_OBJECT, seen.as_ref()),
+            )
+            .map_err(|e| shared.unavailable(&e))?;
+        let Some((bytes, version)) = got else {
+            return Ok(());
+        };
+        let index = shared.parse(&bytes)?;
+        self.mirror(shared, &index, version)
+    }
+
+    /// Makes the copy here `index`, the registry's at `version`, with the bundles it names.
+    fn mirror(
+        &self,
+        shared: &Shared,
+        index: &Index,
+        version: UpdateVersion,
+    ) -> Result<(), StoreError> {
+        let mut complete = true;
+        for (name, record) in &index.certificates {
+            if let Err(e) = self.bring(shared, record) {
+                tracing::error!(certificate = %name, "certificate from the registry not served: {e}");
+                complete = false;
+            }
+        }
+        self.write_local(index)?;
+        if complete {
+            *shared.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
+        }
+        Ok(())
+    }
+
+    /// Brings the bundle of `record` from the registry unless it is here already.
+    fn bring(&self, shared: &Shared, record: &Record) -> Result<(), String> {
+        let path = self.bundle_path(&record.bundle);
+        if !is_hash(&record.bundle) {
+            return Err(format!("{:?} is not a bundle name", record.bundle));
+        }
+        if std::fs::read(&path).is_ok_and(|b| artifact::hex(&Sha256::digest(&b)) == record.bundle) {
+            return Ok(());
+        }
+        let object = bundle_object(&record.bundle);
+        let sealed = shared
+            .run(shared.fleet.remote.get_object(&object))
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("registry object {object} is missing"))?;
+        let bundle = shared
+            .fleet
+            .open_secret(&object, &sealed)
+            .filter(|b| artifact::hex(&Sha256::digest(b)) == record.bundle)
+            .ok_or_else(|| {
+                format!(
+                    "registry object {object}: not sealed under this fleet's admin token, or \
+                     damaged; not served"
+                )
+            })?;
+        artifact::write_atomic_mode(&path, &bundle, 0o600).map_err(|e| e.to_string())
+    }
+
+    /// Writes `index` here, holding the directory's lock, and removes the bundles it no longer
+    /// names.
+    fn write_local(&self, index: &Index) -> Result<(), StoreError> {
+        self.locked(|| {
+            artifact::write_atomic(&self.index_path(), &serialise(index))?;
+            self.remove_unnamed(index);
+            Ok(())
+        })
+    }
+
+    /// Runs `f` holding the directory's lock (an exclusive `flock`, released when the file
+    /// closes at the end of this call).
+    fn locked<R>(&self, f: impl FnOnce() -> Result<R, StoreError>) -> Result<R, StoreError> {
         let lock_path = self.dir.join(".lock");
         let lock = std::fs::OpenOptions::new()
             .create(true)
@@ -170,21 +399,64 @@ impl CertStore {
             .write(true)
             .open(&lock_path)
             .map_err(io_err(&lock_path))?;
-        // An exclusive flock, released when `lock` is closed at the end of this call.
         lock.lock().map_err(io_err(&lock_path))?;
-        let old = self.read()?;
-        let mut index = old.clone();
-        let result = change(&mut index);
-        if index != old {
-            let mut text = serde_json::to_vec_pretty(&index).expect("an index serialises");
-            text.push(b'\n');
-            artifact::write_atomic(&self.index_path(), &text)?;
-            self.remove_unnamed(&index);
-        }
-        Ok(result)
+        f()
     }
 
-    /// Stores a certificate chain and its key (PEM) as one bundle; returns its hash.
+    /// Reads the index, applies `change` and writes the result (when it changed) so that a
+    /// change by another process is never lost: in one data directory under its lock; in a
+    /// fleet by compare-and-swap on the registry's index, `change` made again on a newer
+    /// index when another replica wrote first. Bundles the new index no longer names are
+    /// removed here.
+    ///
+    /// # Errors
+    /// If the lock cannot be taken or the index cannot be read or written
+    /// ([`StoreError::Unavailable`]: the registry cannot be reached); the index is then the
+    /// old one.
+    pub fn change<R>(&self, mut change: impl FnMut(&mut Index) -> R) -> Result<R, StoreError> {
+        let Some(shared) = &self.shared else {
+            return self.locked(|| {
+                let old = self.read_local()?;
+                let mut index = old.clone();
+                let result = change(&mut index);
+                if index != old {
+                    artifact::write_atomic(&self.index_path(), &serialise(&index))?;
+                    self.remove_unnamed(&index);
+                }
+                Ok(result)
+            });
+        };
+        for _ in 0..CHANGE_ATTEMPTS {
+            let (old, version) = shared.index()?;
+            let mut index = old.clone();
+            let result = change(&mut index);
+            if index == old {
+                return Ok(result);
+            }
+            let text = bytes::Bytes::from(serialise(&index));
+            match shared.run(
+                shared
+                    .fleet
+                    .remote
+                    .put_if(INDEX_OBJECT, text, version.as_ref()),
+            ) {
+                Ok(written) => {
+                    self.mirror(shared, &index, written)?;
+                    return Ok(result);
+                }
+                Err(RemoteError::Conflict(_)) => {}
+                Err(e) => return Err(shared.unavailable(&e)),
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "the certificates of the registry {} changed {CHANGE_ATTEMPTS} times during this \
+             change; nothing changed, try again",
+            shared.fleet.url
+        )))
+    }
+
+    /// Stores a certificate chain and its key (PEM) as one bundle; returns its hash. In a
+    /// fleet the bundle goes to the registry too (sealed), before any index names it.
     ///
     /// # Errors
     /// If it cannot be written.
@@ -198,6 +470,13 @@ impl CertStore {
         let path = self.bundle_path(&hash);
         if !path.is_file() {
             artifact::write_atomic_mode(&path, &bundle, 0o600)?;
+        }
+        if let Some(shared) = &self.shared {
+            let object = bundle_object(&hash);
+            let sealed = shared.fleet.seal_secret(&object, &bundle);
+            shared
+                .run(shared.fleet.remote.put_object(&object, sealed, true))
+                .map_err(|e| shared.unavailable(&e))?;
         }
         Ok(hash)
     }
@@ -237,7 +516,11 @@ impl CertStore {
         Table::of(loaded)
     }
 
+    /// Removes the bundles `index` does not name, but not one written in the last minutes: a
+    /// bundle is written before the change of the index that names it, which another process
+    /// (or a copy from the registry) may be writing an older index over at that moment.
     fn remove_unnamed(&self, index: &Index) {
+        const YOUNG: std::time::Duration = std::time::Duration::from_secs(600);
         let named: std::collections::HashSet<&str> = index
             .certificates
             .values()
@@ -251,6 +534,10 @@ impl CertStore {
             if let Some(hash) = name.strip_suffix(".pem")
                 && is_hash(hash)
                 && !named.contains(hash)
+                && entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > YOUNG))
             {
                 let _ = std::fs::remove_file(entry.path());
             }
@@ -268,17 +555,33 @@ impl super::Certificates {
             let index = store.read()?;
             // Leases come and go with every ACME order; the certificates are reloaded only
             // when they changed.
-            let changed = unchanged.is_none_or(|u| u.certificates != index.certificates);
+            let changed = unchanged
+                .as_ref()
+                .is_none_or(|u| u.certificates != index.certificates);
             let table = changed.then(|| store.table(&index));
-            Ok::<_, crate::store::StoreError>((index, table))
+            let before = unchanged.map(|u| u.challenges).unwrap_or_default();
+            let answers = challenge_answers(&before, &index.challenges);
+            Ok::<_, crate::store::StoreError>((index, table, answers))
         })
         .await;
         match read {
-            Ok(Ok((index, table))) => {
+            Ok(Ok((index, table, answers))) => {
+                let mut remembered = index.clone();
                 if let Some(table) = table {
+                    if table.certificates.len() < index.certificates.len() {
+                        // Some could not be loaded (a bundle not brought from the registry
+                        // yet): loaded again at the next sync.
+                        remembered.certificates.clear();
+                    }
                     self.replace_stored(table);
                 }
-                *seen = Some(index.clone());
+                for (host, answer) in answers {
+                    match answer {
+                        Answer::Http(token, body) => self.set_http_challenge(&token, body),
+                        Answer::Alpn(cert) => self.set_alpn_challenge(&host, cert),
+                    }
+                }
+                *seen = Some(remembered);
                 Some(index)
             }
             Ok(Err(e)) => {
@@ -306,6 +609,68 @@ impl super::Certificates {
             }
         })
     }
+}
+
+/// A change to the challenge answers this process gives, by host.
+enum Answer {
+    /// HTTP-01: the token and its answer (`None`: stop answering).
+    Http(String, Option<String>),
+    /// TLS-ALPN-01: the certificate to answer with (`None`: stop).
+    Alpn(Option<Arc<rustls::sign::CertifiedKey>>),
+}
+
+/// What changes in the answers when the index's challenges go from `before` to `now`.
+fn challenge_answers(
+    before: &BTreeMap<String, Challenge>,
+    now: &BTreeMap<String, Challenge>,
+) -> Vec<(String, Answer)> {
+    let mut out = Vec::new();
+    for (host, old) in before {
+        if now.get(host) != Some(old) {
+            out.push((host.clone(), withdraw(old)));
+        }
+    }
+    for (host, new) in now {
+        if before.get(host) == Some(new) {
+            continue;
+        }
+        match new {
+            Challenge::Http01 {
+                token,
+                key_authorization,
+            } => out.push((
+                host.clone(),
+                Answer::Http(token.clone(), Some(key_authorization.clone())),
+            )),
+            Challenge::TlsAlpn01 { digest } => {
+                match unhex(digest).map(|d| super::acme::alpn_certificate(host, &d)) {
+                    Some(Ok(cert)) => out.push((host.clone(), Answer::Alpn(Some(cert)))),
+                    _ => {
+                        tracing::error!(host = %host, "ACME: cannot answer the TLS-ALPN-01 challenge of the index")
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn withdraw(challenge: &Challenge) -> Answer {
+    match challenge {
+        Challenge::Http01 { token, .. } => Answer::Http(token.clone(), None),
+        Challenge::TlsAlpn01 { .. } => Answer::Alpn(None),
+    }
+}
+
+/// The bytes of lowercase or uppercase hex `text`.
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 #[cfg(test)]
@@ -347,5 +712,59 @@ mod tests {
         std::fs::write(store.bundle_path(&hash), b"other").unwrap();
         let e = store.load(&record).unwrap_err();
         assert!(e.contains("do not match their hash"), "{e}");
+    }
+
+    #[test]
+    fn challenges_of_the_index_become_answers_and_are_withdrawn_with_it() {
+        let http = |t: &str| Challenge::Http01 {
+            token: t.into(),
+            key_authorization: format!("{t}.key"),
+        };
+        let alpn = Challenge::TlsAlpn01 {
+            digest: "ab".repeat(32),
+        };
+        let none = BTreeMap::new();
+        let one: BTreeMap<String, Challenge> = [
+            ("a.test".to_string(), http("t1")),
+            ("b.test".to_string(), alpn.clone()),
+        ]
+        .into();
+        let answers = challenge_answers(&none, &one);
+        assert_eq!(answers.len(), 2);
+        assert!(answers.iter().any(|(h, a)| h == "a.test"
+            && matches!(a, Answer::Http(t, Some(k)) if t == "t1" && k == "t1.key")));
+        assert!(
+            answers
+                .iter()
+                .any(|(h, a)| h == "b.test" && matches!(a, Answer::Alpn(Some(_))))
+        );
+        assert!(challenge_answers(&one, &one).is_empty(), "unchanged");
+        // a.test's order made a new challenge; b.test's ended.
+        let two: BTreeMap<String, Challenge> = [("a.test".to_string(), http("t2"))].into();
+        let answers = challenge_answers(&one, &two);
+        let kinds: Vec<String> = answers
+            .iter()
+            .map(|(h, a)| match a {
+                Answer::Http(t, k) => format!("{h} {t} {}", k.is_some()),
+                Answer::Alpn(c) => format!("{h} alpn {}", c.is_some()),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            ["a.test t1 false", "b.test alpn false", "a.test t2 true"]
+        );
+        let bad: BTreeMap<String, Challenge> = [(
+            "c.test".to_string(),
+            Challenge::TlsAlpn01 {
+                digest: "zz".into(),
+            },
+        )]
+        .into();
+        assert!(
+            challenge_answers(&none, &bad).is_empty(),
+            "not hex: no answer"
+        );
+        assert_eq!(unhex("0aFf"), Some(vec![0x0a, 0xff]));
+        assert_eq!(unhex("abc"), None);
     }
 }

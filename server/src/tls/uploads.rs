@@ -29,6 +29,9 @@ pub enum Refused {
     /// The data directory could not be read or written (`500`).
     #[error("{0}")]
     Internal(String),
+    /// A fleet's registry could not be reached; nothing changed (`503`).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// An upload: the certificate's host names (none: the default certificate) and PEM texts.
@@ -46,6 +49,13 @@ pub struct Upload {
 
 fn internal(e: impl std::fmt::Display) -> Refused {
     Refused::Internal(e.to_string())
+}
+
+fn stored(e: crate::store::StoreError) -> Refused {
+    match e {
+        crate::store::StoreError::Unavailable(m) => Refused::Unavailable(m),
+        e => internal(e),
+    }
 }
 
 impl Certificates {
@@ -104,7 +114,7 @@ impl Certificates {
             .map_err(|e| Refused::Unusable(e.to_string()))?;
             let bundle = store
                 .put_bundle(upload.cert.as_bytes(), upload.key.as_bytes())
-                .map_err(internal)?;
+                .map_err(stored)?;
             let record = Record {
                 hosts: hosts.clone(),
                 bundle,
@@ -131,10 +141,13 @@ impl Certificates {
                             )));
                         }
                     }
-                    Ok(index.certificates.insert(name, record).is_none())
+                    Ok(index
+                        .certificates
+                        .insert(name.clone(), record.clone())
+                        .is_none())
                 })
-                .map_err(internal)?;
-            let table = store.table(&store.read().map_err(internal)?);
+                .map_err(stored)?;
+            let table = store.table(&store.read().map_err(stored)?);
             Ok::<_, Refused>((changed?, table))
         })
         .await
@@ -154,14 +167,14 @@ impl Certificates {
         let table = tokio::task::spawn_blocking(move || {
             let found = store
                 .change(|index| index.certificates.remove(&name).is_some())
-                .map_err(internal)?;
+                .map_err(stored)?;
             if !found {
                 return Err(Refused::NotFound(format!(
                     "no stored certificate {name:?} (config-file certificates are changed in \
                      the file)"
                 )));
             }
-            Ok(store.table(&store.read().map_err(internal)?))
+            Ok(store.table(&store.read().map_err(stored)?))
         })
         .await
         .map_err(internal)??;
@@ -178,7 +191,7 @@ impl Certificates {
         let index = tokio::task::spawn_blocking(move || store.read())
             .await
             .map_err(internal)?
-            .map_err(internal)?;
+            .map_err(stored)?;
         let (file, _) = self.tables();
         let mut list: Vec<Value> = file
             .certificates

@@ -23,19 +23,19 @@ use crate::support::{TestServer, free_port, metric_value, ran, restart_dir, tool
 const PEBBLE: &str = "pebble-2.10.1";
 
 /// Pebble and its DNS server, stopped when dropped.
-struct Pebble {
+pub struct Pebble {
     pebble: Option<Child>,
     dns: Child,
     dir: tempfile::TempDir,
     /// The ACME directory URL.
-    directory: String,
+    pub directory: String,
     management: SocketAddr,
 }
 
 impl Pebble {
     /// Starts Pebble issuing certificates valid `validity` seconds, validating HTTP-01 on
     /// 127.0.0.1:`http_port` and TLS-ALPN-01 on 127.0.0.1:`tls_port`.
-    fn start(http_port: u16, tls_port: u16, validity: u64) -> Self {
+    pub fn start(http_port: u16, tls_port: u16, validity: u64) -> Self {
         let bin = tools_dir().join(PEBBLE);
         assert!(
             bin.join("pebble").is_file(),
@@ -124,7 +124,7 @@ impl Pebble {
     }
 
     /// The root CA Pebble issues under (made when it started).
-    fn root(&self) -> CertificateDer<'static> {
+    pub fn root(&self) -> CertificateDer<'static> {
         let out = ran(Command::new("curl")
             .args(["-sSf", "--cacert"])
             .arg(self.dir.path().join("api-ca.pem"))
@@ -133,7 +133,7 @@ impl Pebble {
     }
 
     /// The CA file Tern trusts for Pebble's API.
-    fn api_ca(&self) -> PathBuf {
+    pub fn api_ca(&self) -> PathBuf {
         self.dir.path().join("api-ca.pem")
     }
 
@@ -203,7 +203,7 @@ impl ServerCertVerifier for Anything {
 }
 
 /// The leaf certificate the TLS listener at `addr` presents for `sni` (`None`: no handshake).
-async fn presented(addr: SocketAddr, sni: &str) -> Option<CertificateDer<'static>> {
+pub async fn presented(addr: SocketAddr, sni: &str) -> Option<CertificateDer<'static>> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let config = rustls::ClientConfig::builder()
         .dangerous()
@@ -221,17 +221,32 @@ async fn presented(addr: SocketAddr, sni: &str) -> Option<CertificateDer<'static
         .map(|c| c[0].clone().into_owned())
 }
 
-/// `GET /` over HTTPS to `addr` for `host`, trusting only `root`: the status line and body.
-async fn get_verified(addr: SocketAddr, host: &str, root: &CertificateDer<'static>) -> String {
+/// A TLS handshake with `addr` for `host` by a client trusting only `root`.
+async fn connect_trusting(
+    addr: SocketAddr,
+    host: &str,
+    root: &CertificateDer<'static>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(root.clone()).unwrap();
     let config = rustls::ClientConfig::builder()
         .with_root_certificates(roots)
         .with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let mut tls = connector
+    let tcp = TcpStream::connect(addr).await?;
+    connector
         .connect(ServerName::try_from(host.to_string()).unwrap(), tcp)
+        .await
+}
+
+/// Whether a handshake with `addr` for `host` succeeds for a client trusting only `root`.
+pub async fn trusted(addr: SocketAddr, host: &str, root: &CertificateDer<'static>) -> bool {
+    connect_trusting(addr, host, root).await.is_ok()
+}
+
+/// `GET /` over HTTPS to `addr` for `host`, trusting only `root`: the status line and body.
+pub async fn get_verified(addr: SocketAddr, host: &str, root: &CertificateDer<'static>) -> String {
+    let mut tls = connect_trusting(addr, host, root)
         .await
         .unwrap_or_else(|e| panic!("a client trusting Pebble's root refuses {host}: {e}"));
     let req = format!("GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");

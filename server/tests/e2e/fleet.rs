@@ -179,7 +179,7 @@ fn walk(dir: &Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registry_objects_on_a_real_s3_server_are_digest_checked_and_the_manifest_swapped_by_one_writer()
  {
-    use tern::registry::objects::{Remote, RemoteError, open_with};
+    use tern::fleet::objects::{Remote, RemoteError, open_with};
     let s3 = S3::start();
     let options = s3.options();
     let options: Vec<(&str, &str)> = options.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -257,13 +257,24 @@ const REGISTRY: &str = "s3://fleet/registry";
 /// A `tern serve` replica of the fleet on `s3`, named `name`, keeping its data in `dir`
 /// (checking the registry every 100 ms).
 fn replica(s3: &S3, name: &str, dir: &Path) -> crate::support::TernProcess {
+    replica_with(s3, name, dir, "", 100)
+}
+
+/// [`replica`] with more of its config file (`[server]` and `[tls.*]` settings), checking the
+/// registry every `poll_ms`.
+fn replica_with(
+    s3: &S3,
+    name: &str,
+    dir: &Path,
+    config: &str,
+    poll_ms: u64,
+) -> crate::support::TernProcess {
     std::fs::create_dir_all(dir).unwrap();
+    let text = format!(
+        "{config}\n[pool]\ninstances = 16\nmax_memory_mib = 64\n[registry]\npoll_interval_ms = {poll_ms}\n"
+    );
     let config = dir.join("tern.toml");
-    std::fs::write(
-        &config,
-        "[pool]\ninstances = 16\nmax_memory_mib = 64\n[registry]\npoll_interval_ms = 100\n",
-    )
-    .unwrap();
+    std::fs::write(&config, text).unwrap();
     let config = config.display().to_string();
     crate::support::TernProcess::serve_with(
         &["--config", &config, "--registry", REGISTRY],
@@ -417,12 +428,15 @@ async fn a_deploy_on_any_replica_is_served_by_all_and_a_later_replica_joins_with
         );
     }
     assert!(ra.0 == http::StatusCode::OK || rb.0 == http::StatusCode::OK);
-    if ra.0 == http::StatusCode::CONFLICT {
-        assert!(
-            ra.1["error"].as_str().unwrap().contains("another replica"),
-            "{}",
-            ra.1
-        );
+    for (status, v) in [&ra, &rb] {
+        if *status == http::StatusCode::CONFLICT {
+            let e = v["error"].as_str().unwrap();
+            assert!(
+                e.contains("another replica at the same time; nothing was written")
+                    || e.contains("kept changing during this change; nothing was written"),
+                "{v}"
+            );
+        }
     }
 
     // The fleet view: both replicas report, every tenant converged.
@@ -569,7 +583,7 @@ fn module(n: usize, kib: usize) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_deploy_leaves_the_registry_consistent_and_tampered_artifacts_are_not_run()
  {
-    use tern::registry::objects::{Remote, open_with};
+    use tern::fleet::objects::{Remote, open_with};
     let s3 = S3::start();
     let dirs = tempfile::tempdir().unwrap();
     let mut a = replica(&s3, "a", &dirs.path().join("a"));
@@ -647,4 +661,192 @@ async fn a_replica_killed_mid_deploy_leaves_the_registry_consistent_and_tampered
         crate::support::metric_value(&m, "tern_module_compile_duration_seconds_count"),
         1.0
     );
+}
+
+/// A self-signed certificate for `host` and its key (PEM).
+fn self_signed(host: &str) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec![host.to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// Waits until the TLS listener at `tls` presents, for `sni`, a certificate `check` accepts
+/// (`None`: no handshake); panics after 20 s.
+async fn presents(
+    tls: &str,
+    sni: &str,
+    check: impl Fn(Option<&rustls::pki_types::CertificateDer<'static>>) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = crate::acme::presented(addr(tls), sni).await;
+        if check(got.as_ref()) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{tls} did not present the expected certificate for {sni} within 20 s (got {})",
+            if got.is_some() {
+                "another"
+            } else {
+                "no handshake"
+            }
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_uploaded_or_obtained_by_acme_on_one_replica_are_served_by_every_replica() {
+    let mut s3 = S3::start();
+    let (a_tls, b_tls) = (crate::support::free_port(), crate::support::free_port());
+    // Pebble validates TLS-ALPN-01 on b's port; only a orders (b has no [tls.acme]), so b can
+    // answer only from what a put in the registry.
+    let pebble = crate::acme::Pebble::start(crate::support::free_port(), b_tls, 3600);
+    let root = tempfile::tempdir().unwrap();
+    let acme = format!(
+        "[tls.acme]\ndirectory = \"{}\"\nca_root = {:?}\nhosts = [\"a.test\"]\n\
+         contact = [\"mailto:ops@a.test\"]\ncheck_interval_seconds = 1\nretry_seconds = 1\n",
+        pebble.directory,
+        pebble.api_ca().display().to_string()
+    );
+    let a = replica_with(
+        &s3,
+        "a",
+        &root.path().join("a"),
+        &format!("[server]\ntls_listen = \"127.0.0.1:{a_tls}\"\n{acme}"),
+        100,
+    );
+    let b = replica_with(
+        &s3,
+        "b",
+        &root.path().join("b"),
+        &format!("[server]\ntls_listen = \"127.0.0.1:{b_tls}\"\n"),
+        100,
+    );
+    let (a_tls, b_tls) = (format!("127.0.0.1:{a_tls}"), format!("127.0.0.1:{b_tls}"));
+
+    // Uploaded on a, served by b; its key is in the bucket only encrypted.
+    let (cert, key) = self_signed("up.test");
+    let body = serde_json::json!({"hosts": ["up.test"], "cert": cert, "key": key}).to_string();
+    let (status, reply) = admin(
+        &a,
+        http::Method::PUT,
+        "/admin/v1/certificates/up",
+        body.clone(),
+    )
+    .await;
+    assert_eq!(status, 201, "{reply}");
+    let leaf = {
+        use rustls::pki_types::pem::PemObject;
+        rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()
+    };
+    presents(&b_tls, "up.test", |c| c == Some(&leaf)).await;
+    let objects = walk(s3.root.path());
+    let sealed: Vec<&String> = objects.iter().filter(|o| o.ends_with(".sealed")).collect();
+    assert!(!sealed.is_empty(), "no sealed bundle in {objects:?}");
+    for o in &sealed {
+        let bytes = std::fs::read(o).unwrap();
+        assert!(
+            !bytes.windows(11).any(|w| w == b"PRIVATE KEY")
+                && !bytes.windows(5).any(|w| w == b"BEGIN"),
+            "{o} holds readable PEM"
+        );
+    }
+    assert!(
+        objects
+            .iter()
+            .any(|o| o.ends_with("registry/certificates/index.json")),
+        "{objects:?}"
+    );
+
+    // Obtained by a, validated through b, served by both to a client trusting only Pebble.
+    let pebble_root = pebble.root();
+    for tls in [&a_tls, &b_tls] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !crate::acme::trusted(addr(tls), "a.test", &pebble_root).await {
+            assert!(
+                Instant::now() < deadline,
+                "{tls} serves no certificate from Pebble for a.test within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let reply = crate::acme::get_verified(addr(&b_tls), "a.test", &pebble_root).await;
+    assert!(reply.starts_with("HTTP/1.1 "), "{reply}");
+    let (_, listed) = admin(&b, http::Method::GET, "/admin/v1/certificates", "").await;
+    let names: Vec<&str> = listed["certificates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"up") && names.contains(&"a.test"),
+        "{listed}"
+    );
+
+    // Deleted on b: a stops serving it.
+    let (status, reply) = admin(&b, http::Method::DELETE, "/admin/v1/certificates/up", "").await;
+    assert_eq!(status, 200, "{reply}");
+    presents(&a_tls, "up.test", |c| c != Some(&leaf)).await;
+
+    // The registry down: a change is 503 naming it, and nothing changes; the replicas keep
+    // serving what they have.
+    s3.stop();
+    let (status, reply) = admin(&a, http::Method::PUT, "/admin/v1/certificates/up", body).await;
+    assert_eq!(status, 503, "{reply}");
+    assert!(reply.to_string().contains(REGISTRY), "{reply}");
+    assert!(crate::acme::trusted(addr(&b_tls), "a.test", &pebble_root).await);
+    presents(&a_tls, "up.test", |c| c != Some(&leaf)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_nudges_the_other_replicas_so_they_need_not_wait_for_their_poll() {
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    // A minute between polls: b can serve a's deploy within the test's 20 s only if a tells it.
+    let a = replica_with(&s3, "a", &root.path().join("a"), "", 60_000);
+    let b = replica_with(&s3, "b", &root.path().join("b"), "", 60_000);
+    // b's first report nudged a, which then read who to nudge.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while crate::support::metric_value(&metrics(&a).await, "tern_registry_peers") < 1.0 {
+        assert!(Instant::now() < deadline, "a never learnt of b");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        crate::support::metric_value(
+            &metrics(&a).await,
+            "tern_registry_nudges_total{outcome=\"received\"}"
+        ) >= 1.0
+    );
+    create(addr(&a.admin), "nudged", "/nudged").await;
+    deploy(addr(&a.admin), "nudged", demo("hello")).await;
+    serves(&b, "/nudged", "Hello").await;
+    let sent = metrics(&a).await;
+    assert!(
+        crate::support::metric_value(&sent, "tern_registry_nudges_total{outcome=\"sent\"}") >= 2.0,
+        "{sent}"
+    );
+    assert!(
+        crate::support::metric_value(
+            &metrics(&b).await,
+            "tern_registry_nudges_total{outcome=\"received\"}"
+        ) >= 2.0
+    );
+    // A nudge needs the fleet's token, and a server outside a fleet has nothing to sync.
+    let (status, _) = crate::support::admin_request(
+        addr(&b.admin),
+        "wrong-token",
+        http::Method::POST,
+        "/admin/v1/fleet/sync",
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(status, http::StatusCode::UNAUTHORIZED);
+    let (status, reply) = admin(&b, http::Method::GET, "/admin/v1/fleet/sync", "").await;
+    assert_eq!(status, http::StatusCode::METHOD_NOT_ALLOWED, "{reply}");
 }

@@ -1,5 +1,5 @@
 //! A fleet's shared registry: the objects every replica reads and writes (see
-//! [`super::objects::Remote`]), and how a replica brings what a version needs onto its own disk.
+//! [`objects::Remote`]), and how a replica brings what a version needs onto its own disk.
 //!
 //! A replica serves from its data directory exactly as a single server does; the shared
 //! registry is the source of truth it is kept in step with. Before a version is loaded, its
@@ -21,10 +21,12 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 
-use super::objects::{Remote, RemoteError};
+pub mod objects;
+
 use crate::artifact;
 use crate::metrics::Metrics;
 use crate::store::{DataDir, Version};
+use objects::{Remote, RemoteError};
 
 /// How many objects a replica downloads at once.
 const PARALLEL_FETCHES: usize = 32;
@@ -32,6 +34,42 @@ const PARALLEL_FETCHES: usize = 32;
 /// Marks a signed artifact in the registry (format 1): this, the 32-byte tag, the sealed
 /// artifact.
 const SIGNED_MAGIC: &[u8; 8] = b"TERNSIG1";
+
+/// How long a nudge to another replica may take.
+const NUDGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `POST <peer>/admin/v1/fleet/sync` with the fleet's token.
+async fn nudge(peer: &str, token: &str) -> Result<(), String> {
+    use http_body_util::Empty;
+    let uri: hyper::Uri = format!("{peer}/admin/v1/fleet/sync")
+        .parse()
+        .map_err(|e| format!("{peer:?} is not a URL: {e}"))?;
+    let host = uri.host().ok_or("no host")?.to_string();
+    let port = uri.port_u16().unwrap_or(80);
+    let stream = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = hyper::Request::post("/admin/v1/fleet/sync")
+        .header(hyper::header::HOST, format!("{host}:{port}"))
+        .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    if resp.status().is_success() {
+        Ok(())
+    } else {
+        Err(format!("answered {}", resp.status()))
+    }
+}
+
+/// Marks a secret sealed for the registry (format 1): this, the 12-byte nonce, the ciphertext
+/// and its 16-byte tag.
+const SECRET_MAGIC: &[u8; 8] = b"TERNENC1";
 
 /// The shared registry of a fleet, as one replica uses it.
 pub struct Fleet {
@@ -45,6 +83,17 @@ pub struct Fleet {
     pub poll: std::time::Duration,
     /// The key artifacts are signed with.
     key: [u8; 32],
+    /// The key secrets kept in the registry (certificates' private keys) are encrypted with.
+    secret_key: [u8; 32],
+    /// The admin token the replicas share (a nudge carries it).
+    token: String,
+    /// This replica's admin URL as the others reach it, if it has one (set once its admin
+    /// listener is bound).
+    pub advertise: std::sync::OnceLock<String>,
+    /// The other replicas' admin URLs, from their reports.
+    peers: std::sync::Mutex<Vec<String>>,
+    /// Woken by a nudge: read the registry now.
+    pub wake: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -78,7 +127,7 @@ impl Fleet {
         poll: std::time::Duration,
         admin_token: &str,
     ) -> Result<Self, String> {
-        let (store, prefix) = super::objects::open(url)?;
+        let (store, prefix) = objects::open(url)?;
         Ok(Self::new(
             Remote::new(store, prefix),
             url,
@@ -96,16 +145,20 @@ impl Fleet {
         poll: std::time::Duration,
         admin_token: &str,
     ) -> Self {
-        let mut key = [0u8; 32];
-        key.copy_from_slice(&Sha256::digest(
-            [b"tern registry artifact key\0", admin_token.as_bytes()].concat(),
-        ));
+        let derive = |purpose: &[u8]| -> [u8; 32] {
+            Sha256::digest([purpose, admin_token.as_bytes()].concat()).into()
+        };
         Self {
             remote,
             url: url.to_string(),
             replica,
             poll,
-            key,
+            key: derive(b"tern registry artifact key\0"),
+            secret_key: derive(b"tern registry secret key\0"),
+            token: admin_token.to_string(),
+            advertise: std::sync::OnceLock::new(),
+            peers: std::sync::Mutex::default(),
+            wake: tokio::sync::Notify::new(),
         }
     }
 
@@ -145,6 +198,85 @@ impl Fleet {
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0;
         same.then_some(sealed)
+    }
+
+    /// Remembers the other replicas' admin URLs (from their reports), for nudges.
+    pub fn set_peers(&self, mut peers: Vec<String>, metrics: &Metrics) {
+        let own = self.advertise.get();
+        peers.retain(|p| Some(p) != own);
+        peers.sort();
+        peers.dedup();
+        metrics
+            .registry_peers
+            .set(i64::try_from(peers.len()).unwrap_or(i64::MAX));
+        *self.peers.lock().unwrap_or_else(|e| e.into_inner()) = peers;
+    }
+
+    /// Tells every other replica to read the registry now (a change was written here), so
+    /// they need not wait for their next poll; in the background, each within 1 s. One that
+    /// cannot be told reads the change at its next poll.
+    pub fn nudge_peers(&self, metrics: &Metrics) {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for peer in peers {
+            let (token, counter) = (self.token.clone(), metrics.registry_nudges.clone());
+            tokio::spawn(async move {
+                let sent = tokio::time::timeout(NUDGE_TIMEOUT, nudge(&peer, &token)).await;
+                match sent {
+                    Ok(Ok(())) => counter.with_label_values(&["sent"]).inc(),
+                    Ok(Err(e)) => {
+                        counter.with_label_values(&["failed"]).inc();
+                        tracing::debug!(peer = %peer, "cannot nudge a replica: {e}");
+                    }
+                    Err(_) => {
+                        counter.with_label_values(&["failed"]).inc();
+                        tracing::debug!(peer = %peer, "cannot nudge a replica: no answer within 1 s");
+                    }
+                }
+            });
+        }
+    }
+
+    /// `plain` encrypted for the registry object `object` (AES-256-GCM under a key derived
+    /// from the admin token, the object's name authenticated with it): what a reader of the
+    /// bucket without the token learns is its length.
+    pub fn seal_secret(&self, object: &str, plain: &[u8]) -> Bytes {
+        use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+        let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &self.secret_key).expect("a key"));
+        let mut nonce = [0u8; NONCE_LEN];
+        aws_lc_rs::rand::fill(&mut nonce).expect("the system's random source");
+        let mut body = plain.to_vec();
+        key.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(object.as_bytes()),
+            &mut body,
+        )
+        .expect("sealing cannot fail for this size");
+        let mut out = Vec::with_capacity(SECRET_MAGIC.len() + NONCE_LEN + body.len());
+        out.extend_from_slice(SECRET_MAGIC);
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&body);
+        out.into()
+    }
+
+    /// The plain bytes of a registry object [`Fleet::seal_secret`] wrote as `object`; `None`
+    /// if it was not sealed under this fleet's token for that name, or was changed since.
+    pub fn open_secret(&self, object: &str, sealed: &[u8]) -> Option<Vec<u8>> {
+        use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+        let rest = sealed.strip_prefix(SECRET_MAGIC.as_slice())?;
+        if rest.len() < NONCE_LEN {
+            return None;
+        }
+        let (nonce, body) = rest.split_at(NONCE_LEN);
+        let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &self.secret_key).ok()?);
+        let mut body = body.to_vec();
+        let plain = key
+            .open_in_place(
+                Nonce::try_assume_unique_for_key(nonce).ok()?,
+                Aad::from(object.as_bytes()),
+                &mut body,
+            )
+            .ok()?;
+        Some(plain.to_vec())
     }
 
     /// Brings what `versions` need onto this replica's disk: the compiled artifact for
@@ -324,11 +456,7 @@ mod tests {
 
     #[test]
     fn artifacts_verify_only_under_their_name_and_key() {
-        let store: Arc<dyn object_store::ObjectStore> =
-            Arc::new(object_store::memory::InMemory::new());
-        let remote = Remote::new(store, object_store::path::Path::from("f"));
-        let second = remote.clone();
-        let a = Fleet::new(remote, "memory://", "a".into(), Default::default(), "token");
+        let a = fleet("token");
         let signed = a.sign("artifacts/x", b"code");
         assert_eq!(a.verify("artifacts/x", &signed), Some(&b"code"[..]));
         assert_eq!(
@@ -339,12 +467,56 @@ mod tests {
         let mut flipped = signed.to_vec();
         *flipped.last_mut().unwrap() ^= 1;
         assert_eq!(a.verify("artifacts/x", &flipped), None, "changed");
-        let other = Fleet::new(second, "memory://", "b".into(), Default::default(), "other");
         assert_eq!(
-            other.verify("artifacts/x", &signed),
+            fleet("other").verify("artifacts/x", &signed),
             None,
             "another fleet's key"
         );
         assert_eq!(a.verify("artifacts/x", b"TERNSIG1short"), None);
+    }
+
+    /// A fleet over an in-memory store, its replicas sharing `token`.
+    fn fleet(token: &str) -> Fleet {
+        let store: Arc<dyn object_store::ObjectStore> =
+            Arc::new(object_store::memory::InMemory::new());
+        let remote = Remote::new(store, object_store::path::Path::from("f"));
+        Fleet::new(remote, "memory://", "r".into(), Default::default(), token)
+    }
+
+    #[test]
+    fn secrets_open_only_under_their_name_and_token() {
+        let a = fleet("token");
+        let sealed = a.seal_secret("certificates/x.sealed", b"-----BEGIN PRIVATE KEY-----");
+        assert!(
+            !sealed.windows(7).any(|w| w == b"PRIVATE"),
+            "the key is not readable in the bucket"
+        );
+        assert_ne!(
+            sealed,
+            a.seal_secret("certificates/x.sealed", b"-----BEGIN PRIVATE KEY-----"),
+            "a fresh nonce each time"
+        );
+        assert_eq!(
+            a.open_secret("certificates/x.sealed", &sealed).as_deref(),
+            Some(&b"-----BEGIN PRIVATE KEY-----"[..])
+        );
+        assert_eq!(
+            a.open_secret("certificates/y.sealed", &sealed),
+            None,
+            "moved"
+        );
+        let mut flipped = sealed.to_vec();
+        flipped[20] ^= 1;
+        assert_eq!(
+            a.open_secret("certificates/x.sealed", &flipped),
+            None,
+            "changed"
+        );
+        assert_eq!(
+            fleet("other").open_secret("certificates/x.sealed", &sealed),
+            None,
+            "another token"
+        );
+        assert_eq!(a.open_secret("certificates/x.sealed", b"TERNENC1"), None);
     }
 }

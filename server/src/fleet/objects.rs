@@ -280,6 +280,9 @@ pub enum RemoteError {
 /// <prefix>/blobs/<sha256>      modules and asset archives, written once, named by their digest
 /// <prefix>/artifacts/<sha256>-<engine>.cwasm   compiled modules, written once, signed
 /// <prefix>/replicas/<name>.json                what each replica serves
+/// <prefix>/certificates/index.json           uploaded and ACME certificates, ACME leases and
+///                                              challenges (compare-and-swap), see crate::tls::stored
+/// <prefix>/certificates/<sha256>.sealed        a certificate and its key, the key encrypted
 /// ```
 #[derive(Debug, Clone)]
 pub struct Remote {
@@ -440,25 +443,9 @@ impl Remote {
         &self,
         seen: Option<&UpdateVersion>,
     ) -> Result<Option<(crate::store::Manifest, UpdateVersion)>, RemoteError> {
-        let opts = GetOptions {
-            if_none_match: seen.and_then(|v| v.e_tag.clone()),
-            ..GetOptions::default()
+        let Some((bytes, version)) = self.get_if_changed("manifest.json", seen).await? else {
+            return Ok(None);
         };
-        let got = match self.store.get_opts(&self.manifest_path(), opts).await {
-            Ok(r) => r,
-            Err(object_store::Error::NotFound { .. } | object_store::Error::NotModified { .. }) => {
-                return Ok(None);
-            }
-            Err(e) => return Err(RemoteError::Unreachable(e.to_string())),
-        };
-        let version = UpdateVersion {
-            e_tag: got.meta.e_tag.clone(),
-            version: got.meta.version.clone(),
-        };
-        let bytes = got
-            .bytes()
-            .await
-            .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
         // A fleet's manifest grows with its tenants (about 1 MB for 1,000): parsed off the
         // reactor.
         let parsed = tokio::task::spawn_blocking(move || {
@@ -494,13 +481,60 @@ impl Remote {
         })
         .await
         .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
+        self.put_if("manifest.json", text.into(), expected).await
+    }
+
+    /// The object `name` under the prefix and its version, if it is no longer `seen` (`None`:
+    /// unchanged, or there is none). With `seen`, a conditional read (`If-None-Match`).
+    ///
+    /// # Errors
+    /// [`RemoteError::Unreachable`].
+    pub async fn get_if_changed(
+        &self,
+        name: &str,
+        seen: Option<&UpdateVersion>,
+    ) -> Result<Option<(bytes::Bytes, UpdateVersion)>, RemoteError> {
+        let opts = GetOptions {
+            if_none_match: seen.and_then(|v| v.e_tag.clone()),
+            ..GetOptions::default()
+        };
+        let got = match self.store.get_opts(&self.object(name), opts).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. } | object_store::Error::NotModified { .. }) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(RemoteError::Unreachable(e.to_string())),
+        };
+        let version = UpdateVersion {
+            e_tag: got.meta.e_tag.clone(),
+            version: got.meta.version.clone(),
+        };
+        let bytes = got
+            .bytes()
+            .await
+            .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
+        Ok(Some((bytes, version)))
+    }
+
+    /// Writes `bytes` as `name` if the stored object is still `expected` (`None`: if there is
+    /// none): a compare-and-swap (`If-Match`, `If-None-Match: *`). Returns the new version.
+    ///
+    /// # Errors
+    /// [`RemoteError::Conflict`] if another writer changed it first (nothing was written), or
+    /// [`RemoteError::Unreachable`].
+    pub async fn put_if(
+        &self,
+        name: &str,
+        bytes: bytes::Bytes,
+        expected: Option<&UpdateVersion>,
+    ) -> Result<UpdateVersion, RemoteError> {
         let opts = PutOptions {
             mode: expected.map_or(PutMode::Create, |v| PutMode::Update(v.clone())),
             ..PutOptions::default()
         };
         match self
             .store
-            .put_opts(&self.manifest_path(), text.into(), opts)
+            .put_opts(&self.object(name), bytes.into(), opts)
             .await
         {
             Ok(r) => Ok(r.into()),
