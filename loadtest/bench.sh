@@ -820,6 +820,12 @@ fleet() {
         echo "poll interval; the poll (one conditional GET every \`poll_interval_ms\`) is the fallback"
         echo "for a replica that cannot be told. All times include the \`curl\` that checks. Before"
         echo "nudges (commit c37c113, same script and machine) it was p50 793 ms, max 1,096 ms."
+        echo
+        echo "The registry keeps one record per tenant (\`tenants/<sha256>.json\`, written once) and an"
+        echo "index naming them (about 75 bytes a tenant): a change writes one record and the index, and"
+        echo "a replica reads the index and the records it has not seen. A joining replica reads all"
+        echo "$n records (32 at a time); with the whole manifest in one object (about 1 MB here) it"
+        echo "joined in 702 ms and each change made every replica read that megabyte again."
     } | tee "$RESULTS/fleet.md"
 }
 

@@ -8,6 +8,7 @@
 //! S3-compatible servers ignore the headers) would let two admins deploying at once lose one of
 //! the deploys without an error; [`probe`] finds that out and says so.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use object_store::path::Path;
@@ -276,7 +277,10 @@ pub enum RemoteError {
 /// The registry's objects in a store, under a prefix:
 ///
 /// ```text
-/// <prefix>/manifest.json       the tenants and their versions, replaced only by compare-and-swap
+/// <prefix>/index.json          each tenant's record by name, and the revision: the one object
+///                              every replica watches, replaced only by compare-and-swap
+/// <prefix>/tenants/<sha256>.json   a tenant's record (spec, current and previous version),
+///                              written once, named by its digest
 /// <prefix>/blobs/<sha256>      modules and asset archives, written once, named by their digest
 /// <prefix>/artifacts/<sha256>-<engine>.cwasm   compiled modules, written once, signed
 /// <prefix>/replicas/<name>.json                what each replica serves
@@ -284,20 +288,58 @@ pub enum RemoteError {
 ///                                              challenges (compare-and-swap), see crate::tls::stored
 /// <prefix>/certificates/<sha256>.sealed        a certificate and its key, the key encrypted
 /// ```
+///
+/// A change writes the records it made (a few hundred bytes each) and the index (about 75
+/// bytes a tenant); a replica reading a changed index fetches only the records it has not seen.
 #[derive(Debug, Clone)]
 pub struct Remote {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
+    /// Tenant records read or written, by digest (those the last index named).
+    records: Arc<std::sync::Mutex<HashMap<String, crate::store::StoredTenant>>>,
+}
+
+/// `index.json`: the registry's tenants, each by the digest of its record.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Index {
+    /// [`INDEX_FORMAT`].
+    format: u32,
+    /// Counts the changes written (each write adds one).
+    revision: u64,
+    /// Record digests by tenant name.
+    tenants: BTreeMap<String, String>,
+}
+
+/// Format version of `index.json`.
+const INDEX_FORMAT: u32 = 1;
+
+/// How many records a replica reads or writes at once.
+const PARALLEL_RECORDS: usize = 32;
+
+fn record_name(hash: &str) -> String {
+    format!("tenants/{hash}.json")
+}
+
+/// A tenant's record as stored (compact JSON) and its digest.
+fn record_hash(tenant: &crate::store::StoredTenant) -> (String, Vec<u8>) {
+    let bytes = serde_json::to_vec(tenant).expect("a tenant serialises");
+    let hash = crate::artifact::hex(&<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+    (hash, bytes)
 }
 
 impl Remote {
     /// The registry under `prefix` of `store`.
     pub fn new(store: Arc<dyn ObjectStore>, prefix: Path) -> Self {
-        Self { store, prefix }
+        Self {
+            store,
+            prefix,
+            records: Arc::default(),
+        }
     }
 
-    fn manifest_path(&self) -> Path {
-        self.prefix.clone().join("manifest.json")
+    fn cached(&self) -> std::sync::MutexGuard<'_, HashMap<String, crate::store::StoredTenant>> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Stores `bytes` under their SHA-256, once (a name that exists already holds the same
@@ -427,15 +469,18 @@ impl Remote {
     /// The manifest and its version, if there is one yet.
     ///
     /// # Errors
-    /// [`RemoteError::Unreachable`], or [`RemoteError::Damaged`] if it is not a manifest.
+    /// [`RemoteError::Unreachable`], or [`RemoteError::Damaged`] if the index or a record is
+    /// not one (or a record does not match its digest), [`RemoteError::NotFound`] if a record
+    /// the index names is missing.
     pub async fn manifest(
         &self,
     ) -> Result<Option<(crate::store::Manifest, UpdateVersion)>, RemoteError> {
         self.manifest_if_changed(None).await
     }
 
-    /// The manifest if its version is no longer `seen` (a conditional read: an unchanged one
-    /// costs one small request and no body).
+    /// The manifest if the index's version is no longer `seen` (a conditional read: an
+    /// unchanged one costs one small request and no body). Only the records not read before
+    /// are fetched.
     ///
     /// # Errors
     /// See [`Remote::manifest`].
@@ -443,45 +488,152 @@ impl Remote {
         &self,
         seen: Option<&UpdateVersion>,
     ) -> Result<Option<(crate::store::Manifest, UpdateVersion)>, RemoteError> {
-        let Some((bytes, version)) = self.get_if_changed("manifest.json", seen).await? else {
+        let Some((bytes, version)) = self.get_if_changed("index.json", seen).await? else {
             return Ok(None);
         };
-        // A fleet's manifest grows with its tenants (about 1 MB for 1,000): parsed off the
-        // reactor.
-        let parsed = tokio::task::spawn_blocking(move || {
-            serde_json::from_slice::<crate::store::Manifest>(&bytes)
-        })
-        .await
-        .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
-        let manifest = parsed.map_err(|e| {
-            RemoteError::Damaged(format!(
-                "registry object {}: not a manifest: {e}",
-                self.manifest_path()
-            ))
-        })?;
+        // About 75 KB for 1,000 tenants: parsed off the reactor.
+        let parsed = tokio::task::spawn_blocking(move || serde_json::from_slice::<Index>(&bytes))
+            .await
+            .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
+        let index = parsed
+            .ok()
+            .filter(|i| i.format == INDEX_FORMAT)
+            .ok_or_else(|| {
+                RemoteError::Damaged(format!(
+                    "registry object {}: not an index of format {INDEX_FORMAT}",
+                    self.object("index.json")
+                ))
+            })?;
+        let missing: Vec<String> = {
+            let cached = self.cached();
+            index
+                .tenants
+                .values()
+                .filter(|h| !cached.contains_key(*h))
+                .cloned()
+                .collect()
+        };
+        let mut jobs = tokio::task::JoinSet::new();
+        let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RECORDS));
+        for hash in missing {
+            let (this, limit) = (self.clone(), limit.clone());
+            jobs.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                this.read_record(&hash).await.map(|r| (hash, r))
+            });
+        }
+        while let Some(done) = jobs.join_next().await {
+            let (hash, record) = done.map_err(|e| RemoteError::Unreachable(e.to_string()))??;
+            self.cached().insert(hash, record);
+        }
+        let mut cached = self.cached();
+        let tenants = index
+            .tenants
+            .iter()
+            .map(|(name, hash)| (name.clone(), cached[hash].clone()))
+            .collect();
+        let named: std::collections::HashSet<&String> = index.tenants.values().collect();
+        cached.retain(|h, _| named.contains(h));
+        let manifest = crate::store::Manifest {
+            format: crate::store::MANIFEST_FORMAT,
+            revision: index.revision,
+            tenants,
+        };
         Ok(Some((manifest, version)))
     }
 
+    /// Takes the records of `manifest` (a snapshot of this registry kept elsewhere) as read,
+    /// so reading an index that names them fetches none of them.
+    pub async fn remember(&self, manifest: &crate::store::Manifest) {
+        let tenants = manifest.tenants.clone();
+        let hashed = tokio::task::spawn_blocking(move || {
+            tenants
+                .into_values()
+                .map(|t| (record_hash(&t).0, t))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        self.cached().extend(hashed);
+    }
+
+    /// Reads the tenant record `hash` and checks its digest.
+    async fn read_record(&self, hash: &str) -> Result<crate::store::StoredTenant, RemoteError> {
+        let name = record_name(hash);
+        if !crate::store::is_hash(hash) {
+            return Err(RemoteError::Damaged(format!(
+                "registry object {}: {hash:?} is not a record name",
+                self.object("index.json")
+            )));
+        }
+        let Some(bytes) = self.get_object(&name).await? else {
+            return Err(RemoteError::NotFound(format!(
+                "registry object {} is missing",
+                self.object(&name)
+            )));
+        };
+        let damaged = |why: &str| {
+            RemoteError::Damaged(format!(
+                "registry object {}: {why} (damaged or tampered with); not used",
+                self.object(&name)
+            ))
+        };
+        if digest(bytes.clone()).await? != hash {
+            return Err(damaged("its contents do not match their digest"));
+        }
+        serde_json::from_slice(&bytes).map_err(|_| damaged("not a tenant record"))
+    }
+
     /// Writes `manifest` if the stored one is still `expected` (`None`: if there is none), and
-    /// returns the new version.
+    /// returns the new version: the records it names that are not in the registry yet, then
+    /// the index by compare-and-swap.
     ///
     /// # Errors
-    /// [`RemoteError::Conflict`] if another writer changed it first (nothing was written), or
-    /// [`RemoteError::Unreachable`].
+    /// [`RemoteError::Conflict`] if another writer changed it first (nothing the index names
+    /// was changed), or [`RemoteError::Unreachable`].
     pub async fn put_manifest(
         &self,
         manifest: &crate::store::Manifest,
         expected: Option<&UpdateVersion>,
     ) -> Result<UpdateVersion, RemoteError> {
         let copy = manifest.clone();
-        let text = tokio::task::spawn_blocking(move || {
-            let mut text = serde_json::to_vec_pretty(&copy).expect("a manifest serialises");
-            text.push(b'\n');
-            text
+        let known: std::collections::HashSet<String> = self.cached().keys().cloned().collect();
+        // Serialising and hashing every record (a few hundred bytes each) stays off the reactor.
+        let (index, new) = tokio::task::spawn_blocking(move || {
+            let mut index = Index {
+                format: INDEX_FORMAT,
+                revision: copy.revision,
+                tenants: BTreeMap::new(),
+            };
+            let mut new = Vec::new();
+            for (name, tenant) in copy.tenants {
+                let (hash, bytes) = record_hash(&tenant);
+                if !known.contains(&hash) {
+                    new.push((hash.clone(), bytes, tenant));
+                }
+                index.tenants.insert(name, hash);
+            }
+            let text = serde_json::to_vec(&index).expect("an index serialises");
+            (text, new)
         })
         .await
         .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
-        self.put_if("manifest.json", text.into(), expected).await
+        let mut jobs = tokio::task::JoinSet::new();
+        let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RECORDS));
+        for (hash, bytes, tenant) in new {
+            let (this, limit) = (self.clone(), limit.clone());
+            jobs.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                this.put_object(&record_name(&hash), bytes.into(), true)
+                    .await
+                    .map(|()| (hash, tenant))
+            });
+        }
+        while let Some(done) = jobs.join_next().await {
+            let (hash, tenant) = done.map_err(|e| RemoteError::Unreachable(e.to_string()))??;
+            self.cached().insert(hash, tenant);
+        }
+        self.put_if("index.json", index.into(), expected).await
     }
 
     /// The object `name` under the prefix and its version, if it is no longer `seen` (`None`:
@@ -618,5 +770,82 @@ mod tests {
         );
         let (_, now) = r.manifest().await.unwrap().unwrap();
         assert_eq!(now.e_tag, v2.e_tag);
+    }
+
+    #[tokio::test]
+    async fn a_change_writes_and_a_reader_fetches_only_the_records_it_changed() {
+        use crate::store::{Manifest, StoredTenant, TenantSpec};
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let writer = Remote::new(store.clone(), Path::from("fleet"));
+        let reader = Remote::new(store.clone(), Path::from("fleet"));
+        let tenant = |created_at| StoredTenant {
+            spec: TenantSpec::default(),
+            current: None,
+            previous: None,
+            created_at,
+        };
+        let mut m = Manifest::default();
+        for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+            m.set(name, Some(tenant(i as u64)));
+        }
+        let v1 = writer.put_manifest(&m, None).await.unwrap();
+        assert_eq!(writer.list("tenants").await.unwrap().len(), 3);
+        let (read, seen) = reader.manifest().await.unwrap().unwrap();
+        assert_eq!(read.tenants, m.tenants);
+
+        // One tenant changes: one new record; the reader fetches it alone (the others it has).
+        m.set("b", Some(tenant(7)));
+        m.revision = 1;
+        let v2 = writer.put_manifest(&m, Some(&v1)).await.unwrap();
+        let records = writer.list("tenants").await.unwrap();
+        assert_eq!(records.len(), 4, "records are written once: {records:?}");
+        let old_a = record_name(&record_hash(&tenant(0)).0);
+        store
+            .delete(&Path::from(format!("fleet/{old_a}")))
+            .await
+            .unwrap();
+        let (read, _) = reader
+            .manifest_if_changed(Some(&seen))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            read.tenants, m.tenants,
+            "a's record came from the reader's cache"
+        );
+        assert_eq!(read.revision, 1);
+        let e = Remote::new(store.clone(), Path::from("fleet"))
+            .manifest()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, RemoteError::NotFound(_)),
+            "a fresh reader needs it: {e}"
+        );
+        let restarted = Remote::new(store.clone(), Path::from("fleet"));
+        restarted.remember(&read).await;
+        assert_eq!(
+            restarted.manifest().await.unwrap().unwrap().0.tenants,
+            m.tenants,
+            "a reader that remembers its snapshot needs none"
+        );
+
+        // A record whose bytes do not match its name is refused.
+        m.set("d", Some(tenant(9)));
+        m.revision = 2;
+        writer.put_manifest(&m, Some(&v2)).await.unwrap();
+        let d = record_name(&record_hash(&tenant(9)).0);
+        store
+            .put(
+                &Path::from(format!("fleet/{d}")),
+                PutPayload::from_static(b"{}"),
+            )
+            .await
+            .unwrap();
+        let e = reader.manifest().await.unwrap_err();
+        assert!(
+            matches!(&e, RemoteError::Damaged(m) if m.contains("do not match their digest")),
+            "{e}"
+        );
     }
 }

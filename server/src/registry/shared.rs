@@ -67,6 +67,8 @@ pub(super) async fn first_read(
     config: &Config,
     metrics: &Metrics,
 ) -> (Manifest, Option<Read>) {
+    // The records of the snapshot this replica served before a restart need not be fetched.
+    fleet.remote.remember(&snapshot).await;
     let (mut serve, read) = match fleet.remote.manifest().await {
         Ok(Some((manifest, version))) => (
             manifest.clone(),
