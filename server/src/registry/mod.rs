@@ -241,7 +241,7 @@ impl Registry {
         let snapshot = store.load_manifest()?;
         let (manifest, shared) = match &fleet {
             None => {
-                one_owner(&config, &snapshot).map_err(|e| anyhow::anyhow!("{e}"))?;
+                one_owner(&config, &snapshot, None).map_err(|e| anyhow::anyhow!("{e}"))?;
                 (snapshot, None)
             }
             Some(f) => shared::first_read(f, snapshot, &config, &metrics).await,
@@ -1027,7 +1027,7 @@ impl Registry {
         })
         .await
         .map_err(internal)??;
-        one_owner(&config, &state.manifest)?;
+        one_owner(&config, &state.manifest, self.shared_url())?;
         let mut tenants = self.load_config_tenants(&config).await.map_err(|e| {
             // One line for the JSON error: "2 tenant(s) failed to load: a: ...; b: ...".
             let text = format!("{e:#}").replacen(":\n  ", ": ", 1);
@@ -1056,17 +1056,25 @@ impl Registry {
     }
 }
 
-/// Refuses a tenant declared in the config file that was also deployed through the API: each
-/// tenant has one owner.
-fn one_owner(config: &Config, manifest: &Manifest) -> Result<(), ChangeError> {
+/// Refuses a tenant declared in the config file that was also deployed through the API (on
+/// this server, or in the fleet's registry at `registry`): each tenant has one owner.
+fn one_owner(
+    config: &Config,
+    manifest: &Manifest,
+    registry: Option<&str>,
+) -> Result<(), ChangeError> {
+    let through = registry.map_or_else(
+        || "the admin API".to_string(),
+        |url| format!("the admin API to the fleet's registry {url}"),
+    );
     match config
         .tenants
         .iter()
         .find(|t| manifest.tenants.contains_key(t.name.get_ref()))
     {
         Some(t) => Err(ChangeError::Conflict(format!(
-            "tenant {:?} is declared in the config file and was also deployed through the admin \
-             API; delete it through the API or rename it in the file",
+            "tenant {:?} is declared in the config file and was also deployed through \
+             {through}; delete it through the API or rename it in the file",
             t.name.get_ref()
         ))),
         None => Ok(()),

@@ -850,3 +850,29 @@ async fn a_change_nudges_the_other_replicas_so_they_need_not_wait_for_their_poll
     let (status, reply) = admin(&b, http::Method::GET, "/admin/v1/fleet/sync", "").await;
     assert_eq!(status, http::StatusCode::METHOD_NOT_ALLOWED, "{reply}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_reload_that_would_shadow_a_registry_tenant_is_refused_naming_the_registry() {
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let a = replica(&s3, "a", &root.path().join("a"));
+    let b = replica(&s3, "b", &root.path().join("b"));
+    create(addr(&a.admin), "site", "/site").await;
+    let (status, v) = deploy(addr(&a.admin), "site", demo("hello")).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    serves(&b, "/site", "Hello").await;
+    // b's file now declares a tenant of the same name: two owners; the reload changes nothing.
+    let config = root.path().join("b/tern.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("[[tenant]]\nname = \"site\"\nmodule = \"builtin:echo\"\npaths = [\"/site\"]\n");
+    std::fs::write(&config, text).unwrap();
+    let (status, reply) = admin(&b, http::Method::POST, "/admin/v1/reload", "").await;
+    assert_eq!(status, http::StatusCode::CONFLICT, "{reply}");
+    let e = reply["error"].as_str().unwrap();
+    assert!(
+        e.contains("\"site\" is declared in the config file")
+            && e.contains(&format!("the fleet's registry {REGISTRY}")),
+        "{e}"
+    );
+    serves(&b, "/site", "Hello").await;
+}
