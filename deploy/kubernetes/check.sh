@@ -115,4 +115,5 @@ hpa=$(kubectl get hpa tern-fleet -o jsonpath='{.spec.scaleTargetRef.name} {.spec
 kubectl get hpa tern >/dev/null || fail "HPA tern missing"
 ok "HPAs tern and tern-fleet target their Deployments (tern-fleet: 3-20 replicas at 70% CPU)"
 
-echo "all checks passed (kube-apiserver, controller-manager, scheduler v1.37.2 built by control-plane.sh; kwok v0.8.0)"
+server=$(kubectl get --raw /version | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p')
+echo "all checks passed on kube-apiserver $server (built by control-plane.sh) with kwok v0.8.0"

@@ -49,7 +49,11 @@ build() {
         for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
             [ -x "$BIN/$cmd" ] && continue
             log "building $cmd"
-            go build -mod=mod -o "$BIN/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
+            # The version the binaries report (Kubernetes' own build sets it the same way).
+            go build -mod=mod -ldflags "-X k8s.io/component-base/version.gitVersion=$K8S \
+                -X k8s.io/component-base/version.gitMajor=1 \
+                -X k8s.io/component-base/version.gitMinor=$(cut -d. -f2 <<<"$K8S")" \
+                -o "$BIN/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
             mv "$BIN/$cmd.tmp" "$BIN/$cmd"
         done
     )
