@@ -290,7 +290,11 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
             .map(|n| (StatusCode::OK, json!({ "config_tenants": n }))),
         (&Method::GET, ["fleet"]) => registry.fleet_view().await.map(|v| (StatusCode::OK, v)),
         (&Method::POST, ["fleet", "sync"]) => registry
-            .nudged()
+            .nudged(
+                req.headers()
+                    .get(crate::fleet::NUDGE_FROM)
+                    .and_then(|v| v.to_str().ok()),
+            )
             .map(|()| (StatusCode::ACCEPTED, json!({ "sync": "started" }))),
         (_, ["tenants"] | ["tenants", _] | ["tenants", _, "module" | "rollback"])
         | (_, ["assets"] | ["reload"] | ["fleet"] | ["fleet", "sync"]) => Err(

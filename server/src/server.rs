@@ -278,26 +278,20 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
             async move { a.registry.watch_shared(s).await },
         ));
     }
-    let acme = acme_manager.is_some();
+    // Certificates another replica (or another process sharing the data directory) stores
+    // serve here too, and the answers to ACME challenges another replica ordered: checked at
+    // the fleet's poll, else every few seconds (without a fleet the ACME manager's rounds do it).
+    let stored_every = match &fleet {
+        Some(fleet) => Some(fleet.poll),
+        None => acme_manager
+            .is_none()
+            .then(|| Duration::from_secs(STORED_CERTIFICATES_CHECK_SECONDS)),
+    };
     if let Some(manager) = acme_manager {
         tasks.push(manager.spawn(shutdown.clone()));
     }
-    if let Some(certificates) = app.registry.certificates() {
-        // Certificates another replica (or another process sharing the data directory)
-        // stores serve here too, and the answers to ACME challenges another replica ordered.
-        // Without a fleet, the ACME manager's rounds do it.
-        match &fleet {
-            Some(fleet) => tasks.push(
-                certificates
-                    .clone()
-                    .watch_stored(fleet.poll, shutdown.clone()),
-            ),
-            None if !acme => tasks.push(certificates.clone().watch_stored(
-                Duration::from_secs(STORED_CERTIFICATES_CHECK_SECONDS),
-                shutdown.clone(),
-            )),
-            None => {}
-        }
+    if let (Some(certificates), Some(every)) = (app.registry.certificates(), stored_every) {
+        tasks.push(certificates.clone().watch_stored(every, shutdown.clone()));
     }
     if per_core {
         // Worker 0 takes the listener bound above (which fixed the port); the others bind the

@@ -324,18 +324,31 @@ pub fn read_versioned<T: serde::de::DeserializeOwned>(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_err(path)(e).into()),
     };
+    parse_versioned(&text, &path.display().to_string(), format_of, format).map(Some)
+}
+
+/// `text` (the JSON file or object `name`) parsed, if its format is `format`.
+///
+/// # Errors
+/// [`StoreError::Manifest`] if it is not JSON of `T` or has another format.
+pub fn parse_versioned<T: serde::de::DeserializeOwned>(
+    text: &[u8],
+    name: &str,
+    format_of: impl Fn(&T) -> u32,
+    format: u32,
+) -> Result<T, StoreError> {
     let bad = |reason: String| StoreError::Manifest {
-        path: path.display().to_string(),
+        path: name.to_string(),
         reason,
     };
-    let value: T = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+    let value: T = serde_json::from_slice(text).map_err(|e| bad(e.to_string()))?;
     let found = format_of(&value);
     if found != format {
         return Err(bad(format!(
             "format {found} (this server reads format {format})"
         )));
     }
-    Ok(Some(value))
+    Ok(value)
 }
 
 /// Whether `s` is a lowercase hex SHA-256 (so it is safe as a file name).

@@ -38,8 +38,12 @@ const SIGNED_MAGIC: &[u8; 8] = b"TERNSIG1";
 /// How long a nudge to another replica may take.
 const NUDGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// `POST <peer>/admin/v1/fleet/sync` with the fleet's token.
-async fn nudge(peer: &str, token: &str) -> Result<(), String> {
+/// The header a nudge names its sender's admin URL in, so a replica learns of one that joined
+/// without reading the registry's reports.
+pub const NUDGE_FROM: &str = "tern-replica-url";
+
+/// `POST <peer>/admin/v1/fleet/sync` with the fleet's token, from the replica at `from`.
+async fn nudge(peer: &str, token: &str, from: Option<&str>) -> Result<(), String> {
     use http_body_util::Empty;
     let uri: hyper::Uri = format!("{peer}/admin/v1/fleet/sync")
         .parse()
@@ -56,9 +60,13 @@ async fn nudge(peer: &str, token: &str) -> Result<(), String> {
     tokio::spawn(conn);
     let req = hyper::Request::post("/admin/v1/fleet/sync")
         .header(hyper::header::HOST, format!("{host}:{port}"))
-        .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| e.to_string())?;
+        .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+    let req = match from {
+        Some(url) => req.header(NUDGE_FROM, url),
+        None => req,
+    }
+    .body(Empty::<Bytes>::new())
+    .map_err(|e| e.to_string())?;
     let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
     if resp.status().is_success() {
         Ok(())
@@ -201,15 +209,25 @@ impl Fleet {
     }
 
     /// Remembers the other replicas' admin URLs (from their reports), for nudges.
-    pub fn set_peers(&self, mut peers: Vec<String>, metrics: &Metrics) {
+    pub fn set_peers(&self, peers: Vec<String>, metrics: &Metrics) {
+        self.change_peers(metrics, |p| *p = peers);
+    }
+
+    /// Adds the replica at `url` to those nudged (one that nudged this one).
+    pub fn add_peer(&self, url: &str, metrics: &Metrics) {
+        self.change_peers(metrics, |p| p.push(url.trim_end_matches('/').to_string()));
+    }
+
+    fn change_peers(&self, metrics: &Metrics, change: impl FnOnce(&mut Vec<String>)) {
         let own = self.advertise.get();
-        peers.retain(|p| Some(p) != own);
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        change(&mut peers);
+        peers.retain(|p| Some(p) != own && p.starts_with("http://"));
         peers.sort();
         peers.dedup();
         metrics
             .registry_peers
             .set(i64::try_from(peers.len()).unwrap_or(i64::MAX));
-        *self.peers.lock().unwrap_or_else(|e| e.into_inner()) = peers;
     }
 
     /// Tells every other replica to read the registry now (a change was written here), so
@@ -219,8 +237,11 @@ impl Fleet {
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for peer in peers {
             let (token, counter) = (self.token.clone(), metrics.registry_nudges.clone());
+            let from = self.advertise.get().cloned();
             tokio::spawn(async move {
-                let sent = tokio::time::timeout(NUDGE_TIMEOUT, nudge(&peer, &token)).await;
+                let sent =
+                    tokio::time::timeout(NUDGE_TIMEOUT, nudge(&peer, &token, from.as_deref()))
+                        .await;
                 match sent {
                     Ok(Ok(())) => counter.with_label_values(&["sent"]).inc(),
                     Ok(Err(e)) => {

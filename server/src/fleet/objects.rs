@@ -504,19 +504,23 @@ impl Remote {
                     self.object("index.json")
                 ))
             })?;
-        let missing: Vec<String> = {
+        // The records this replica has, then those it has not read yet. (Collected here, not
+        // looked up in the cache afterwards: a concurrent read may prune it meanwhile.)
+        let mut records: HashMap<String, crate::store::StoredTenant> = {
             let cached = self.cached();
             index
                 .tenants
                 .values()
-                .filter(|h| !cached.contains_key(*h))
-                .cloned()
+                .filter_map(|h| cached.get(h).map(|r| (h.clone(), r.clone())))
                 .collect()
         };
         let mut jobs = tokio::task::JoinSet::new();
         let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RECORDS));
-        for hash in missing {
-            let (this, limit) = (self.clone(), limit.clone());
+        for hash in index.tenants.values() {
+            if records.contains_key(hash) {
+                continue;
+            }
+            let (this, limit, hash) = (self.clone(), limit.clone(), hash.clone());
             jobs.spawn(async move {
                 let _permit = limit.acquire_owned().await;
                 this.read_record(&hash).await.map(|r| (hash, r))
@@ -524,16 +528,18 @@ impl Remote {
         }
         while let Some(done) = jobs.join_next().await {
             let (hash, record) = done.map_err(|e| RemoteError::Unreachable(e.to_string()))??;
-            self.cached().insert(hash, record);
+            records.insert(hash, record);
         }
-        let mut cached = self.cached();
         let tenants = index
             .tenants
             .iter()
-            .map(|(name, hash)| (name.clone(), cached[hash].clone()))
+            .map(|(name, hash)| (name.clone(), records[hash].clone()))
             .collect();
-        let named: std::collections::HashSet<&String> = index.tenants.values().collect();
-        cached.retain(|h, _| named.contains(h));
+        {
+            let mut cached = self.cached();
+            cached.retain(|h, _| records.contains_key(h));
+            cached.extend(records);
+        }
         let manifest = crate::store::Manifest {
             format: crate::store::MANIFEST_FORMAT,
             revision: index.revision,

@@ -370,6 +370,7 @@ impl Registry {
         };
         let mut reachable = true;
         let mut reported_at: Option<Instant> = None;
+        let mut peers_read: Option<Instant> = None;
         loop {
             let result = {
                 let mut state = self.state.lock().await;
@@ -394,8 +395,12 @@ impl Registry {
                     Ok(()) => {
                         let first = reported_at.is_none();
                         reported_at = Some(Instant::now());
-                        // Who to nudge after a change made here.
-                        if let Ok(reports) = live_reports(&fleet).await {
+                        // Who to nudge after a change made here: read from the reports every
+                        // REPORT_EVERY (stale ones leave), learnt at once from a joining
+                        // replica's nudge.
+                        let read_due = peers_read.is_none_or(|at| at.elapsed() >= REPORT_EVERY);
+                        if read_due && let Ok(reports) = live_reports(&fleet).await {
+                            peers_read = Some(Instant::now());
                             fleet.set_peers(
                                 reports
                                     .iter()
@@ -428,11 +433,12 @@ impl Registry {
             .await;
     }
 
-    /// A nudge from another replica: read the registry now.
+    /// A nudge from another replica (`from`: its admin URL): read the registry now, and nudge
+    /// that replica too from now on.
     ///
     /// # Errors
     /// `404` if this server is not part of a fleet.
-    pub fn nudged(&self) -> Result<(), ChangeError> {
+    pub fn nudged(&self, from: Option<&str>) -> Result<(), ChangeError> {
         let Some(fleet) = &self.fleet else {
             return Err(ChangeError::NotFound(
                 "this server has no shared registry ([registry] url): it is not part of a fleet"
@@ -444,9 +450,9 @@ impl Registry {
             .registry_nudges
             .with_label_values(&["received"])
             .inc();
-        // A change, or a replica that joined: read the registry, and report (which reads
-        // who to nudge) now.
-        self.report_due.store(true, Ordering::Relaxed);
+        if let Some(url) = from {
+            fleet.add_peer(url, &self.loader.metrics);
+        }
         fleet.wake.notify_one();
         Ok(())
     }

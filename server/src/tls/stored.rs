@@ -41,7 +41,7 @@ use super::{Loaded, Table};
 use crate::artifact::{self, io_err};
 use crate::fleet::Fleet;
 use crate::fleet::objects::RemoteError;
-use crate::store::{StoreError, is_hash, now, read_versioned};
+use crate::store::{StoreError, is_hash, now, parse_versioned, read_versioned};
 
 /// The index's object in a fleet's registry.
 const INDEX_OBJECT: &str = "certificates/index.json";
@@ -206,18 +206,8 @@ impl Shared {
     }
 
     fn parse(&self, bytes: &[u8]) -> Result<Index, StoreError> {
-        let bad = |reason: String| StoreError::Manifest {
-            path: format!("{}/{INDEX_OBJECT}", self.fleet.url),
-            reason,
-        };
-        let index: Index = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
-        if index.format != FORMAT {
-            return Err(bad(format!(
-                "format {} (this server reads format {FORMAT})",
-                index.format
-            )));
-        }
-        Ok(index)
+        let name = format!("{}/{INDEX_OBJECT}", self.fleet.url);
+        parse_versioned(bytes, &name, |i: &Index| i.format, FORMAT)
     }
 }
 

@@ -357,6 +357,26 @@ async fn deploy(
     .await
 }
 
+/// Replicas `a` and `b` of the fleet on `s3` (data under `dir`), with tenant `site` on `/site`
+/// created and deployed (`hello`) through a and served by both; the version deployed.
+async fn site_on_two_replicas(
+    s3: &S3,
+    dir: &Path,
+) -> (
+    crate::support::TernProcess,
+    crate::support::TernProcess,
+    String,
+) {
+    let a = replica(s3, "a", &dir.join("a"));
+    let b = replica(s3, "b", &dir.join("b"));
+    create(addr(&a.admin), "site", "/site").await;
+    let (status, v) = deploy(addr(&a.admin), "site", demo("hello")).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    serves(&a, "/site", "Hello").await;
+    serves(&b, "/site", "Hello").await;
+    (a, b, v["version"].as_str().unwrap().to_string())
+}
+
 async fn metrics(r: &crate::support::TernProcess) -> String {
     get_admin(r, "/metrics").await.text()
 }
@@ -365,16 +385,8 @@ async fn metrics(r: &crate::support::TernProcess) -> String {
 async fn a_deploy_on_any_replica_is_served_by_all_and_a_later_replica_joins_without_compiling() {
     let s3 = S3::start();
     let dirs = tempfile::tempdir().unwrap();
-    let a = replica(&s3, "a", &dirs.path().join("a"));
-    let b = replica(&s3, "b", &dirs.path().join("b"));
-
-    // Created and deployed on a: served by b within the poll interval.
-    create(addr(&a.admin), "site", "/site").await;
-    let (status, v) = deploy(addr(&a.admin), "site", demo("hello")).await;
-    assert_eq!(status, http::StatusCode::OK, "{v}");
-    let v1 = v["version"].as_str().unwrap().to_string();
-    serves(&a, "/site", "Hello").await;
-    serves(&b, "/site", "Hello").await;
+    // Created and deployed on a: served by b.
+    let (a, b, v1) = site_on_two_replicas(&s3, dirs.path()).await;
 
     // Deployed on b: served by a; rolled back on a: served by b again.
     let (status, v) = deploy(addr(&b.admin), "site", demo("echo")).await;
@@ -512,12 +524,7 @@ async fn with_the_registry_down_replicas_keep_serving_deploys_are_503_and_a_rest
  {
     let mut s3 = S3::start();
     let dirs = tempfile::tempdir().unwrap();
-    let a = replica(&s3, "a", &dirs.path().join("a"));
-    let b = replica(&s3, "b", &dirs.path().join("b"));
-    create(addr(&a.admin), "site", "/site").await;
-    let (status, v) = deploy(addr(&a.admin), "site", demo("hello")).await;
-    assert_eq!(status, http::StatusCode::OK, "{v}");
-    serves(&b, "/site", "Hello").await;
+    let (a, b, _) = site_on_two_replicas(&s3, dirs.path()).await;
 
     s3.stop();
     // Both keep serving; a deploy or a new tenant is refused with 503 and says why.
@@ -824,7 +831,8 @@ async fn a_change_nudges_the_other_replicas_so_they_need_not_wait_for_their_poll
         ) >= 1.0
     );
     create(addr(&a.admin), "nudged", "/nudged").await;
-    deploy(addr(&a.admin), "nudged", demo("hello")).await;
+    let (status, v) = deploy(addr(&a.admin), "nudged", demo("hello")).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
     serves(&b, "/nudged", "Hello").await;
     let sent = metrics(&a).await;
     assert!(
@@ -855,12 +863,7 @@ async fn a_change_nudges_the_other_replicas_so_they_need_not_wait_for_their_poll
 async fn a_config_reload_that_would_shadow_a_registry_tenant_is_refused_naming_the_registry() {
     let s3 = S3::start();
     let root = tempfile::tempdir().unwrap();
-    let a = replica(&s3, "a", &root.path().join("a"));
-    let b = replica(&s3, "b", &root.path().join("b"));
-    create(addr(&a.admin), "site", "/site").await;
-    let (status, v) = deploy(addr(&a.admin), "site", demo("hello")).await;
-    assert_eq!(status, http::StatusCode::OK, "{v}");
-    serves(&b, "/site", "Hello").await;
+    let (_a, b, _) = site_on_two_replicas(&s3, root.path()).await;
     // b's file now declares a tenant of the same name: two owners; the reload changes nothing.
     let config = root.path().join("b/tern.toml");
     let mut text = std::fs::read_to_string(&config).unwrap();
