@@ -105,9 +105,19 @@ h2() { # url
 }
 
 best() { sort -k1,1nr | head -1; }
+
+# h1, plus process $2's CPU (user + system) per request over the run, in µs, as a sixth field.
+h1_cpu() { # url pid
+    local before after out
+    before=$(awk '{ print $14 + $15 }' "/proc/$2/stat")
+    out=$(h1 "$1")
+    after=$(awk '{ print $14 + $15 }' "/proc/$2/stat")
+    echo "$out" | awk -v b="$before" -v a="$after" -v hz="$(getconf CLK_TCK)" -v secs="$SECS" '
+        { printf "%s %.1f\n", $0, ($1 > 0 ? (a - b) / hz * 1e6 / ($1 * secs) : 0) }'
+}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
 row() { # label "rps p50 p99 p999 errors" -> markdown row
-    read -r rps p50 p99 p999 err <<<"$2"
+    read -r rps p50 p99 p999 err _ <<<"$2"
     echo "| $1 | $rps | $p50 µs | $p99 µs | $p999 µs | $err |"
 }
 
@@ -665,15 +675,16 @@ backend out
     server native 127.0.0.1:$NATIVE_PORT
 CFG
     haproxy -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 &
-    PIDS+=("$!")
+    local haproxy_pid=$!
+    PIDS+=("$haproxy_pid")
     wait_http "http://127.0.0.1:$HAPROXY_PORT/"
     local -A r=()
     local n
     for n in $(seq 1 "$ROUNDS"); do
         r[native]+="$(h1 http://127.0.0.1:$NATIVE_PORT/)"$'\n'
-        r[haproxy]+="$(h1 http://127.0.0.1:$HAPROXY_PORT/)"$'\n'
+        r[haproxy]+="$(h1_cpu http://127.0.0.1:$HAPROXY_PORT/ "$haproxy_pid")"$'\n'
         start_tern "$config" TERN_LOG=info,tern::access=off
-        r[tern]+="$(h1 http://127.0.0.1:$TERN_PORT/)"$'\n'
+        r[tern]+="$(h1_cpu http://127.0.0.1:$TERN_PORT/ "$TERN_PID")"$'\n'
         stop "$TERN_PID"
     done
     local k
@@ -696,6 +707,7 @@ CFG
         row "client → Tern \`proxy\` guest → native hello" "${r[tern]}"
         echo
         echo "- Tern proxy / HAProxy, requests/s: **$(ratio "${r[tern]%% *}" "${r[haproxy]%% *}")**; Tern proxy / backend alone: $(ratio "${r[tern]%% *}" "${r[native]%% *}")"
+        echo "- CPU per proxied request, the proxy process alone (\`/proc/PID/stat\` over the run ÷ requests): Tern **$(echo "${r[tern]}" | cut -d' ' -f6) µs**, HAProxy **$(echo "${r[haproxy]}" | cut -d' ' -f6) µs**"
         echo "- p50 added to the backend's: Tern $(added "${r[tern]}") µs, HAProxy $(added "${r[haproxy]}") µs (at $CONNS connections, so this includes queueing)"
         echo "- \`wrk -t$WRK_THREADS -c$CONNS -d${SECS}s\`, best of $ROUNDS alternating rounds; latencies in µs"
     } | tee "$RESULTS/proxy.md"

@@ -270,10 +270,12 @@ impl Outbound {
         let started = Instant::now();
         let deadline = started + target.timeouts.total;
         let total = target.timeouts.total;
-        let task =
-            tokio::spawn(
-                async move { Ok(calls.exchange(&target, req, first_byte, &passing).await?) },
-            );
+        // This runs on the guest's fiber stack: boxed, the exchange's (large) future and the
+        // task cell around it are built on the heap. Built on the stack they took ~3 pages
+        // beyond the part kept resident, faulted in and decommitted again on every request.
+        let task = tokio::spawn(Box::pin(async move {
+            Ok(calls.exchange(&target, req, first_byte, &passing).await?)
+        }));
         let pending = Pending {
             task,
             label,
