@@ -356,6 +356,7 @@ density() {
     need wrk wrk
     build
     local rows="" n
+    local -A rss_of=()
     for n in ${DENSITY:-1 100 10000}; do
         local dir=$WORK/density-$n
         target/release/startup write-store "$dir/data" "$n" >/dev/null
@@ -376,6 +377,7 @@ EOF
         warm=$(h1 http://127.0.0.1:$TERN_PORT/ "$CONNS" "$dir/spread.lua")
         local rss
         rss=$(awk '/VmRSS/ { printf "%.0f", $2 / 1024 }' /proc/$TERN_PID/status)
+        rss_of[$n]=$(awk '/VmRSS/ { print $2 }' /proc/$TERN_PID/status)
         stop "$TERN_PID"
         read -r crps _ cp99 _ cerr <<<"$cold"
         read -r wrps _ wp99 _ werr <<<"$warm"
@@ -391,6 +393,15 @@ EOF
         echo "| tenants | cold req/s | cold p99 | warm req/s | warm p99 | errors | RSS after |"
         echo "|---:|---:|---:|---:|---:|---:|---:|"
         printf '%s' "$rows"
+        local ns first last
+        ns=$(printf '%s\n' "${!rss_of[@]}" | sort -n)
+        first=$(echo "$ns" | head -1)
+        last=$(echo "$ns" | tail -1)
+        if [ "$first" != "$last" ]; then
+            echo
+            echo "- RSS per tenant after serving them (RSS at $last tenants − RSS at $first, ÷ the tenants added): **$(( (rss_of[$last] - rss_of[$first]) / (last - first) )) KiB**"
+            echo "- warm requests/s at $last tenants / at $first: **$(ratio "$(echo "$rows" | awk -F'|' -v n="$last" '$2+0 == n { print $5+0 }')" "$(echo "$rows" | awk -F'|' -v n="$first" '$2+0 == n { print $5+0 }')")** (goal ≥ 0.7)"
+        fi
     } | tee "$RESULTS/density.md"
 }
 
