@@ -106,12 +106,16 @@ h2() { # url
 
 best() { sort -k1,1nr | head -1; }
 
-# h1, plus process $2's CPU (user + system) per request over the run, in µs, as a sixth field.
+# CPU ticks (user + system) process $1 (all its threads) has used so far.
+process_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# h1, plus process $2's CPU per request over the run (its ticks ÷ rps × SECS), in µs, as a
+# sixth field.
 h1_cpu() { # url pid
     local before after out
-    before=$(awk '{ print $14 + $15 }' "/proc/$2/stat")
+    before=$(process_ticks "$2")
     out=$(h1 "$1")
-    after=$(awk '{ print $14 + $15 }' "/proc/$2/stat")
+    after=$(process_ticks "$2")
     echo "$out" | awk -v b="$before" -v a="$after" -v hz="$(getconf CLK_TCK)" -v secs="$SECS" '
         { printf "%s %.1f\n", $0, ($1 > 0 ? (a - b) / hz * 1e6 / ($1 * secs) : 0) }'
 }
@@ -356,7 +360,7 @@ density() {
     need wrk wrk
     build
     local rows="" n
-    local -A rss_of=()
+    local -A rss_of=() warm_of=()
     for n in ${DENSITY:-1 100 10000}; do
         local dir=$WORK/density-$n
         target/release/startup write-store "$dir/data" "$n" >/dev/null
@@ -375,13 +379,12 @@ EOF
         wait_http "http://127.0.0.1:$ADMIN_PORT/readyz"
         cold=$(h1 http://127.0.0.1:$TERN_PORT/ "$CONNS" "$dir/spread.lua")
         warm=$(h1 http://127.0.0.1:$TERN_PORT/ "$CONNS" "$dir/spread.lua")
-        local rss
-        rss=$(awk '/VmRSS/ { printf "%.0f", $2 / 1024 }' /proc/$TERN_PID/status)
         rss_of[$n]=$(awk '/VmRSS/ { print $2 }' /proc/$TERN_PID/status)
         stop "$TERN_PID"
         read -r crps _ cp99 _ cerr <<<"$cold"
         read -r wrps _ wp99 _ werr <<<"$warm"
-        rows+="| $n | $crps | $cp99 µs | $wrps | $wp99 µs | $((cerr + werr)) | $rss MiB |"$'\n'
+        warm_of[$n]=$wrps
+        rows+="| $n | $crps | $cp99 µs | $wrps | $wp99 µs | $((cerr + werr)) | $(( (rss_of[$n] + 512) / 1024 )) MiB |"$'\n'
     done
     {
         header "Tenant density: requests spread over many tenants" "bash loadtest/bench.sh density"
@@ -400,13 +403,11 @@ EOF
         if [ "$first" != "$last" ]; then
             echo
             echo "- RSS per tenant after serving them (RSS at $last tenants − RSS at $first, ÷ the tenants added): **$(( (rss_of[$last] - rss_of[$first]) / (last - first) )) KiB**"
-            echo "- warm requests/s at $last tenants / at $first: **$(ratio "$(echo "$rows" | awk -F'|' -v n="$last" '$2+0 == n { print $5+0 }')" "$(echo "$rows" | awk -F'|' -v n="$first" '$2+0 == n { print $5+0 }')")** (goal ≥ 0.7)"
+            echo "- warm requests/s at $last tenants / at $first: **$(ratio "${warm_of[$last]}" "${warm_of[$first]}")** (goal ≥ 0.7)"
         fi
     } | tee "$RESULTS/density.md"
 }
 
-# CPU ticks (user + system) of every thread of process $1.
-process_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
 # wrk pinned to core 1, one thread -> "rps p50 p99 p999 errors requests cpu_us_per_request" where
 # the CPU is process $2's over the run.
@@ -498,23 +499,19 @@ peer_component() {
 }
 
 # The JavaScript and Python `wasi:http` handlers of server/guests (the ones the e2e tests serve),
-# built with the toolchains and versions scripts/test pins (installed under the tools cache when
-# missing): componentize-js 0.23.0 and componentize-py 0.25.1. Prints "JS.wasm PY.wasm".
+# built with the toolchains scripts/toolchains.sh pins (installed there when missing).
+# Prints "JS.wasm PY.wasm".
 heavy_components() {
-    local cjs=$TOOLS/componentize-js-0.23.0 cpy=$TOOLS/componentize-py-0.25.1
     need node nodejs
-    if [ ! -x "$cjs/node_modules/.bin/componentize-js" ]; then
-        mkdir -p "$cjs"
-        (cd "$cjs" && npm install --no-audit --no-fund --silent @bytecodealliance/componentize-js@0.23.0) >&2
-    fi
-    if [ ! -x "$cpy/bin/componentize-py" ]; then
-        python3 -m pip install --quiet --target "$cpy" componentize-py==0.25.1 >&2
-    fi
+    # shellcheck source=scripts/toolchains.sh
+    source scripts/toolchains.sh
+    install_componentize_js >&2
+    install_componentize_py >&2
     # The WASI 0.2 WIT that componentize-js's jco ships, written as version $2, plus world $3.
     wasi_wit() { # dir version world
         local pkg
         mkdir -p "$1/deps"
-        for pkg in "$cjs"/node_modules/@bytecodealliance/jco/lib/wit/builtin/0.2.12/*; do
+        for pkg in "$CJS"/node_modules/@bytecodealliance/jco/lib/wit/builtin/0.2.12/*; do
             mkdir -p "$1/deps/${pkg##*/}"
             for f in "$pkg"/*; do sed "s/@0\.2\.12/$2/g" "$f" >"$1/deps/${pkg##*/}/${f##*/}"; done
         done
@@ -522,10 +519,10 @@ heavy_components() {
     }
     # componentize-js 0.23's engine exports incoming-handler 0.2.10 and needs that WIT version.
     wasi_wit "$WORK/wit-js" @0.2.10 'world handler {\n  export wasi:http/incoming-handler@0.2.10;\n}'
-    "$cjs/node_modules/.bin/componentize-js" server/guests/js/handler.js --wit "$WORK/wit-js" \
+    "$CJS/node_modules/.bin/componentize-js" server/guests/js/handler.js --wit "$WORK/wit-js" \
         --world-name handler -o "$WORK/js.wasm" >&2
     wasi_wit "$WORK/wit-py" @0.2.12 'world handler {\n  include wasi:http/proxy@0.2.12;\n}'
-    PYTHONPATH=$cpy python3 "$cpy/bin/componentize-py" -d "$WORK/wit-py" -w handler componentize \
+    PYTHONPATH=$CPY python3 "$CPY/bin/componentize-py" -d "$WORK/wit-py" -w handler componentize \
         -p server/guests/python app -o "$WORK/py.wasm" >&2
     echo "$WORK/js.wasm $WORK/py.wasm"
 }
@@ -724,9 +721,6 @@ CFG
     } | tee "$RESULTS/proxy.md"
 }
 
-# Ticks (user + system) a process has used so far.
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-
 # TLS: full and resumed handshakes per core-second (ECDSA P-256, TLS 1.3), and keep-alive
 # requests over TLS against cleartext; Tern and nginx, each with one worker pinned to core 0 and
 # the clients pinned to core 1.
@@ -745,9 +739,9 @@ tls() {
     # measure PID PORT MODE -> "handshakes/s cpu-seconds handshakes-per-core-second resumed"
     measure() {
         local before after out
-        before=$(ticks "$1")
+        before=$(process_ticks "$1")
         out=$(taskset -c 1 "$handshakes" "127.0.0.1:$2" "$name" "$dir/cert.pem" "$3" "$SECS" "$CONNS")
-        after=$(ticks "$1")
+        after=$(process_ticks "$1")
         read -r rate n resumed <<<"$out"
         awk -v r="$rate" -v n="$n" -v t=$((after - before)) -v hz="$hz" -v res="$resumed" \
             'BEGIN { cpu = t / hz; printf "%s %.2f %.0f %s/%s\n", r, cpu, (cpu > 0 ? n / cpu : 0), res, n }'
@@ -755,10 +749,10 @@ tls() {
     # keepalive URL PID -> "rps cpu-µs-per-request"
     keepalive() {
         local before after rps
-        before=$(ticks "$2")
+        before=$(process_ticks "$2")
         rps=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" -s loadtest/latency.lua "$1" | awk '/^RESULT/ {
             for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] } print v["rps"] }')
-        after=$(ticks "$2")
+        after=$(process_ticks "$2")
         awk -v rps="$rps" -v t=$((after - before)) -v hz="$hz" -v s="$SECS" \
             'BEGIN { printf "%s %.1f\n", rps, (rps > 0 ? t / hz * 1e6 / (rps * s) : 0) }'
     }

@@ -567,8 +567,8 @@ pub fn tools_dir() -> PathBuf {
     )
 }
 
-/// The componentize-js version the suite builds JavaScript guests with (pinned in
-/// scripts/test, which installs it under [`tools_dir`]).
+/// The componentize-js version the suite builds JavaScript guests with (the one
+/// scripts/toolchains.sh pins; `bash scripts/test` installs it under [`tools_dir`]).
 pub const COMPONENTIZE_JS: &str = "0.23.0";
 
 /// Builds `server/guests/js/handler.js` into a `wasi:http` component with componentize-js
@@ -693,8 +693,8 @@ fn wasi_wit(modules: &Path, version: &str, world: &str) -> tempfile::TempDir {
     wit
 }
 
-/// The componentize-py version the suite builds Python guests with (pinned in scripts/test,
-/// which installs it under [`tools_dir`]).
+/// The componentize-py version the suite builds Python guests with (the one
+/// scripts/toolchains.sh pins; `bash scripts/test` installs it under [`tools_dir`]).
 pub const COMPONENTIZE_PY: &str = "0.25.1";
 
 /// Builds `server/guests/python/app.py` into a `wasi:http` component with componentize-py
