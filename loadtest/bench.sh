@@ -11,7 +11,8 @@
 #   bash loadtest/bench.sh allocator    the same load with mimalloc and with the system allocator
 #   bash loadtest/bench.sh density      requests spread over 1, 100 and 10,000 tenants
 #   bash loadtest/bench.sh proxy        the `proxy` example in front of the native hello, against
-#                                       the native hello alone and HAProxy in front of it
+#                                       the native hello alone, HAProxy and a native hyper
+#                                       proxy (no WebAssembly) in front of it
 #   bash loadtest/bench.sh kinds        the three guest kinds, and the same `wasi:http` hello
 #                                       component in Tern and in `wasmtime serve`: requests/s with
 #                                       shared cores, and CPU per request with the server pinned
@@ -34,6 +35,7 @@ WRK_THREADS=${WRK_THREADS:-2}
 ROUNDS=${ROUNDS:-2}
 RESULTS=$ROOT/loadtest/results
 TERN_PORT=18180 ADMIN_PORT=18190 NATIVE_PORT=18181 PEER_PORT=18182 HAPROXY_PORT=18183
+NATIVE_PROXY_PORT=18184
 mkdir -p "$RESULTS"
 WORK=$(mktemp -d)
 PIDS=()
@@ -686,11 +688,17 @@ CFG
     local haproxy_pid=$!
     PIDS+=("$haproxy_pid")
     wait_http "http://127.0.0.1:$HAPROXY_PORT/"
+    # The same stack as Tern's proxy path without WebAssembly: hyper's server and pooled client.
+    target/release/native-proxy 127.0.0.1:$NATIVE_PROXY_PORT 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+    local native_proxy_pid=$!
+    PIDS+=("$native_proxy_pid")
+    wait_http "http://127.0.0.1:$NATIVE_PROXY_PORT/"
     local -A r=()
     local n
     for n in $(seq 1 "$ROUNDS"); do
         r[native]+="$(h1 http://127.0.0.1:$NATIVE_PORT/)"$'\n'
         r[haproxy]+="$(h1_cpu http://127.0.0.1:$HAPROXY_PORT/ "$haproxy_pid")"$'\n'
+        r[hyper]+="$(h1_cpu http://127.0.0.1:$NATIVE_PROXY_PORT/ "$native_proxy_pid")"$'\n'
         start_tern "$config" TERN_LOG=info,tern::access=off
         r[tern]+="$(h1_cpu http://127.0.0.1:$TERN_PORT/ "$TERN_PID")"$'\n'
         stop "$TERN_PID"
@@ -712,10 +720,12 @@ CFG
         echo "|---|---|---|---|---|---|"
         row "client → native hello" "${r[native]}"
         row "client → HAProxy → native hello" "${r[haproxy]}"
+        row "client → native hyper proxy → native hello" "${r[hyper]}"
         row "client → Tern \`proxy\` guest → native hello" "${r[tern]}"
         echo
         echo "- Tern proxy / HAProxy, requests/s: **$(ratio "${r[tern]%% *}" "${r[haproxy]%% *}")**; Tern proxy / backend alone: $(ratio "${r[tern]%% *}" "${r[native]%% *}")"
-        echo "- CPU per proxied request, the proxy process alone (\`/proc/PID/stat\` over the run ÷ requests): Tern **$(echo "${r[tern]}" | cut -d' ' -f6) µs**, HAProxy **$(echo "${r[haproxy]}" | cut -d' ' -f6) µs**"
+        echo "- Native hyper proxy / HAProxy, requests/s: $(ratio "${r[hyper]%% *}" "${r[haproxy]%% *}") (the ceiling of hyper's server + client stack, which Tern's proxy path is built on)"
+        echo "- CPU per proxied request, the proxy process alone (\`/proc/PID/stat\` over the run ÷ requests): Tern **$(echo "${r[tern]}" | cut -d' ' -f6) µs**, native hyper proxy $(echo "${r[hyper]}" | cut -d' ' -f6) µs, HAProxy **$(echo "${r[haproxy]}" | cut -d' ' -f6) µs**"
         echo "- p50 added to the backend's: Tern $(added "${r[tern]}") µs, HAProxy $(added "${r[haproxy]}") µs (at $CONNS connections, so this includes queueing)"
         echo "- \`wrk -t$WRK_THREADS -c$CONNS -d${SECS}s\`, best of $ROUNDS alternating rounds; latencies in µs"
     } | tee "$RESULTS/proxy.md"
