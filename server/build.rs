@@ -10,11 +10,12 @@ use std::process::Command;
 #[path = "guest_build.rs"]
 mod guest_build;
 
-const GUESTS: [&str; 8] = [
+const GUESTS: [&str; 9] = [
     "hello",
     "echo",
     "json",
     "counter",
+    "visits",
     "static",
     "proxy",
     "aggregate",

@@ -22,6 +22,7 @@
 #define TERN_EUNAVAILABLE (-5)      /* this request has no such value (tern_request_info) */
 #define TERN_EDENIED (-6)           /* outbound request not allowed for this tenant */
 #define TERN_ETIMEOUT (-7)          /* outbound request past a backend timeout */
+#define TERN_ENOT_FOUND (-8)        /* a key-value store has no value for the key */
 
 /* Keys of tern_request_info: the request's context. Every value is text. */
 #define TERN_INFO_CLIENT_IP 0     /* "203.0.113.7" or "2001:db8::1" */
@@ -91,5 +92,36 @@ int32_t tern_outbound_response_body_read(int32_t handle, char *buf, size_t len);
 TERN_IMPORT("outbound_close") int32_t tern_outbound_close(int32_t handle);
 /* Copy the message of the last outbound call that failed; returns the full length. */
 TERN_IMPORT("outbound_last_error") int32_t tern_outbound_last_error(char *buf, size_t len);
+
+/* Key-value stores (see ABI.md): open one the tenant is granted by name; returns a handle. */
+TERN_IMPORT("kv_open") int32_t tern_kv_open(const char *name, size_t name_len);
+/* Copy the key's value; returns its full length, or TERN_ENOT_FOUND. */
+TERN_IMPORT("kv_get")
+int32_t tern_kv_get(int32_t store, const char *key, size_t key_len, char *buf, size_t len);
+/* Set the key's value; returns 0. */
+TERN_IMPORT("kv_set")
+int32_t tern_kv_set(int32_t store, const char *key, size_t key_len, const char *value,
+                    size_t value_len);
+/* Remove the key (a missing key is no error); returns 0. */
+TERN_IMPORT("kv_delete") int32_t tern_kv_delete(int32_t store, const char *key, size_t key_len);
+/* 1 if the key has a value, else 0. */
+TERN_IMPORT("kv_exists") int32_t tern_kv_exists(int32_t store, const char *key, size_t key_len);
+/* Add *delta to the key's integer value (decimal text; missing is 0) and store the new value
+ * in *delta, atomically; returns 0. */
+TERN_IMPORT("kv_increment")
+int32_t tern_kv_increment(int32_t store, const char *key, size_t key_len, int64_t *delta);
+/* Set the key to new if its value is old (flags TERN_KV_CAS_ABSENT: if it has none),
+ * atomically; returns 1 if it did, 0 if not. */
+#define TERN_KV_CAS_ABSENT 1
+TERN_IMPORT("kv_compare_and_swap")
+int32_t tern_kv_compare_and_swap(int32_t store, const char *key, size_t key_len, const char *old,
+                                 size_t old_len, const char *new_value, size_t new_len,
+                                 int32_t flags);
+/* Copy the keys after cursor (all with cursor_len 0), each a 16-bit little-endian length and
+ * its bytes, as many whole keys as fit; returns the bytes written, 0 past the last key. */
+TERN_IMPORT("kv_list")
+int32_t tern_kv_list(int32_t store, const char *cursor, size_t cursor_len, char *buf, size_t len);
+/* Copy the message of the last key-value call that failed; returns the full length. */
+TERN_IMPORT("kv_last_error") int32_t tern_kv_last_error(char *buf, size_t len);
 
 #endif /* TERN_H */

@@ -66,8 +66,33 @@ pub mod func {
     /// returns the full length.
     pub const OUTBOUND_LAST_ERROR: &str = "outbound_last_error";
 
+    /// `(name, name_len) -> handle`: open a key-value store the tenant is granted.
+    pub const KV_OPEN: &str = "kv_open";
+    /// `(store, key, key_len, buf, buf_len) -> i32`: copy the key's value; returns its full
+    /// length, or `NOT_FOUND`.
+    pub const KV_GET: &str = "kv_get";
+    /// `(store, key, key_len, value, value_len) -> i32`: set the key's value.
+    pub const KV_SET: &str = "kv_set";
+    /// `(store, key, key_len) -> i32`: remove the key (a missing key is no error).
+    pub const KV_DELETE: &str = "kv_delete";
+    /// `(store, key, key_len) -> i32`: `1` if the key has a value, else `0`.
+    pub const KV_EXISTS: &str = "kv_exists";
+    /// `(store, key, key_len, delta) -> i32`: add the signed 64-bit little-endian integer at
+    /// `delta` to the key's value (decimal text; missing is 0) and write the new value there.
+    pub const KV_INCREMENT: &str = "kv_increment";
+    /// `(store, key, key_len, old, old_len, new, new_len, flags) -> i32`: set the key to `new`
+    /// if its value is `old` (with [`super::KV_CAS_ABSENT`]: if it has none); `1` if it did.
+    pub const KV_COMPARE_AND_SWAP: &str = "kv_compare_and_swap";
+    /// `(store, cursor, cursor_len, buf, buf_len) -> i32`: copy the keys after `cursor`
+    /// (every key with an empty one), each a 16-bit little-endian length and its bytes, as
+    /// many whole keys as fit; returns the bytes written, `0` past the last key.
+    pub const KV_LIST: &str = "kv_list";
+    /// `(buf, buf_len) -> i32`: copy the message of the last key-value call that failed;
+    /// returns the full length.
+    pub const KV_LAST_ERROR: &str = "kv_last_error";
+
     /// Every host function with its number of `i32` parameters; each returns one `i32`.
-    pub const SIGNATURES: [(&str, usize); 18] = [
+    pub const SIGNATURES: [(&str, usize); 27] = [
         (REQUEST_METHOD, 2),
         (REQUEST_URI, 2),
         (REQUEST_HEADERS, 2),
@@ -86,10 +111,19 @@ pub mod func {
         (OUTBOUND_RESPONSE_BODY_READ, 3),
         (OUTBOUND_CLOSE, 1),
         (OUTBOUND_LAST_ERROR, 2),
+        (KV_OPEN, 2),
+        (KV_GET, 5),
+        (KV_SET, 5),
+        (KV_DELETE, 3),
+        (KV_EXISTS, 3),
+        (KV_INCREMENT, 4),
+        (KV_COMPARE_AND_SWAP, 8),
+        (KV_LIST, 5),
+        (KV_LAST_ERROR, 2),
     ];
 
     /// Every host function name, for checks that list them.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 27] = [
         REQUEST_METHOD,
         REQUEST_URI,
         REQUEST_HEADERS,
@@ -108,6 +142,15 @@ pub mod func {
         OUTBOUND_RESPONSE_BODY_READ,
         OUTBOUND_CLOSE,
         OUTBOUND_LAST_ERROR,
+        KV_OPEN,
+        KV_GET,
+        KV_SET,
+        KV_DELETE,
+        KV_EXISTS,
+        KV_INCREMENT,
+        KV_COMPARE_AND_SWAP,
+        KV_LIST,
+        KV_LAST_ERROR,
     ];
 }
 
@@ -182,9 +225,11 @@ pub mod errno {
     pub const DENIED: i32 = -6;
     /// An outbound request took longer than its backend's timeouts.
     pub const TIMEOUT: i32 = -7;
+    /// A key-value store has no value for the key.
+    pub const NOT_FOUND: i32 = -8;
 
     /// Every error code with its name, for checks that list them.
-    pub const ALL: [(&str, i32); 7] = [
+    pub const ALL: [(&str, i32); 8] = [
         ("INVALID_ARGUMENT", INVALID_ARGUMENT),
         ("HEADERS_SENT", HEADERS_SENT),
         ("LIMIT_EXCEEDED", LIMIT_EXCEEDED),
@@ -192,6 +237,7 @@ pub mod errno {
         ("UNAVAILABLE", UNAVAILABLE),
         ("DENIED", DENIED),
         ("TIMEOUT", TIMEOUT),
+        ("NOT_FOUND", NOT_FOUND),
     ];
 }
 
@@ -199,6 +245,9 @@ pub mod errno {
 /// `outbound_body_write` calls (chunked), ended by `outbound_body_finish`. Without it the body
 /// written before the send goes whole, with a `Content-Length`.
 pub const OUTBOUND_STREAM_BODY: i32 = 1;
+
+/// `kv_compare_and_swap` flag: swap only if the key has no value (`old` is ignored).
+pub const KV_CAS_ABSENT: i32 = 1;
 
 /// Response bodies up to this many bytes are buffered, so the response is sent complete, with a
 /// `Content-Length` and the full `Server-Timing`; past it the head is sent and the body streams.

@@ -39,6 +39,7 @@
 //! the host in chunks, and [`ResponseWriter`] implements [`std::io::Write`].
 
 pub mod abi;
+pub mod kv;
 pub mod outbound;
 
 pub use http;
@@ -88,6 +89,37 @@ mod sys {
         pub fn outbound_response_body_read(handle: i32, buf: *mut u8, len: usize) -> i32;
         pub fn outbound_close(handle: i32) -> i32;
         pub fn outbound_last_error(buf: *mut u8, len: usize) -> i32;
+        pub fn kv_open(name: *const u8, name_len: usize) -> i32;
+        pub fn kv_get(store: i32, key: *const u8, key_len: usize, buf: *mut u8, len: usize) -> i32;
+        pub fn kv_set(
+            store: i32,
+            key: *const u8,
+            key_len: usize,
+            value: *const u8,
+            value_len: usize,
+        ) -> i32;
+        pub fn kv_delete(store: i32, key: *const u8, key_len: usize) -> i32;
+        pub fn kv_exists(store: i32, key: *const u8, key_len: usize) -> i32;
+        pub fn kv_increment(store: i32, key: *const u8, key_len: usize, delta: *mut i64) -> i32;
+        #[allow(clippy::too_many_arguments)]
+        pub fn kv_compare_and_swap(
+            store: i32,
+            key: *const u8,
+            key_len: usize,
+            old: *const u8,
+            old_len: usize,
+            new: *const u8,
+            new_len: usize,
+            flags: i32,
+        ) -> i32;
+        pub fn kv_list(
+            store: i32,
+            cursor: *const u8,
+            cursor_len: usize,
+            buf: *mut u8,
+            len: usize,
+        ) -> i32;
+        pub fn kv_last_error(buf: *mut u8, len: usize) -> i32;
     }
 }
 
@@ -167,6 +199,43 @@ mod sys {
         IO
     }
     pub unsafe extern "C" fn outbound_last_error(_: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn kv_open(_: *const u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn kv_get(_: i32, _: *const u8, _: usize, _: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn kv_set(_: i32, _: *const u8, _: usize, _: *const u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn kv_delete(_: i32, _: *const u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn kv_exists(_: i32, _: *const u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn kv_increment(_: i32, _: *const u8, _: usize, _: *mut i64) -> i32 {
+        IO
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe extern "C" fn kv_compare_and_swap(
+        _: i32,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: i32,
+    ) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn kv_list(_: i32, _: *const u8, _: usize, _: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn kv_last_error(_: *mut u8, _: usize) -> i32 {
         IO
     }
 }

@@ -21,6 +21,8 @@ pub const MAX_RESPONSE_HEADERS: u64 = 10_000;
 pub const MAX_OUTBOUND_REQUESTS: u64 = 1_000;
 /// Ceiling of `outbound.max_concurrent` (per backend, per tenant).
 pub const MAX_OUTBOUND_CONCURRENT: u64 = 10_000;
+/// Ceiling of `limits.max_kv_ops` (per guest run).
+pub const MAX_KV_OPS: u64 = 100_000;
 /// Most custom error pages per tenant.
 pub const MAX_ERROR_PAGES: usize = 64;
 /// Largest custom error page, in bytes.

@@ -4,11 +4,12 @@
 /// Names of the built-in modules (`proxy` and `aggregate` call backends the tenant configures
 /// under `[tenant.outbound.backends]`: `origin`; `users` and `orders`). `cgi` is a plain Rust
 /// program served as CGI, `wasi-http` a `wasi:http` component; the rest use the Tern ABI.
-pub const NAMES: [&str; 9] = [
+pub const NAMES: [&str; 10] = [
     "hello",
     "echo",
     "json",
     "counter",
+    "visits",
     "static",
     "proxy",
     "aggregate",
@@ -23,6 +24,7 @@ pub fn module(name: &str) -> Option<&'static [u8]> {
         "echo" => include_bytes!(env!("TERN_GUEST_ECHO")),
         "json" => include_bytes!(env!("TERN_GUEST_JSON")),
         "counter" => include_bytes!(env!("TERN_GUEST_COUNTER")),
+        "visits" => include_bytes!(env!("TERN_GUEST_VISITS")),
         "static" => include_bytes!(env!("TERN_GUEST_STATIC")),
         "proxy" => include_bytes!(env!("TERN_GUEST_PROXY")),
         "aggregate" => include_bytes!(env!("TERN_GUEST_AGGREGATE")),

@@ -207,6 +207,7 @@ fn record_phases(t: &mut Timings, out: &RunOutput) {
     t.set(Phase::Run, out.run);
     t.set(Phase::Teardown, out.teardown);
     t.set(Phase::Outbound, out.outbound);
+    t.set(Phase::Kv, out.kv);
 }
 
 /// The response of a guest whose body streams: its head, and its body from the channel.

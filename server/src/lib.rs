@@ -32,6 +32,9 @@
 //!   trace, budget, timeouts, metrics), `send` (the body and the wait for the head), `client`
 //!   (the pooled client per worker). `guest::tern::outbound` and `guest::wasi_http` only map
 //!   its errors to their ABI's.
+//! - [`kv`]: guests' key-value stores: named, granted per tenant, each tenant's keys its own;
+//!   [`kv::sqlite`] (embedded, one file per store, worked by a thread of its own behind a
+//!   bounded queue, batches committed together). `guest::tern::kv` maps its errors to the ABI's.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
 //! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
 //!   before each teardown (with [`artifact`], the only modules with `unsafe`).
@@ -77,6 +80,7 @@ pub mod execute;
 pub mod fleet;
 pub mod guest;
 pub mod http;
+pub mod kv;
 pub mod listener;
 pub mod logwriter;
 pub mod metrics;

@@ -28,7 +28,7 @@ enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the tenants of a config file (with none: the built-in demo tenants on
-    /// 127.0.0.1:8080 at /hello, /echo, /json and /counter).
+    /// 127.0.0.1:8080 at /hello, /echo, /json, /counter and /visits).
     Serve {
         /// Configuration file (TOML); see config/tern.toml.
         #[arg(short, long, env = "TERN_CONFIG")]

@@ -32,6 +32,9 @@ pub enum Phase {
     /// Part of `run`: the guest waiting for its outbound requests (connect, send, response
     /// head and body). Recorded only for requests that made outbound requests.
     Outbound = 5,
+    /// Part of `run`: the guest waiting for its key-value stores. Recorded only for requests
+    /// that used one.
+    Kv = 6,
 }
 
 impl Phase {
@@ -44,6 +47,9 @@ impl Phase {
         Phase::Teardown,
     ];
 
+    /// Parts of `run`, recorded only for requests that had them.
+    pub const WITHIN_RUN: [Phase; 2] = [Phase::Outbound, Phase::Kv];
+
     /// The label value / `Server-Timing` name.
     pub fn name(self) -> &'static str {
         [
@@ -53,13 +59,14 @@ impl Phase {
             "run",
             "teardown",
             "outbound",
+            "kv",
         ][self as usize]
     }
 }
 
 /// Durations of each phase of one request (zero for phases it did not reach).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Timings(pub [Duration; 6]);
+pub struct Timings(pub [Duration; 7]);
 
 impl Timings {
     /// Records `d` for `phase`.
@@ -81,9 +88,11 @@ impl Timings {
         for phase in &Phase::ALL[..=reached as usize] {
             dur(phase.name(), self.0[*phase as usize], ", ");
         }
-        let outbound = self.0[Phase::Outbound as usize];
-        if !outbound.is_zero() {
-            dur(Phase::Outbound.name(), outbound, ", ");
+        for phase in Phase::WITHIN_RUN {
+            let d = self.0[phase as usize];
+            if !d.is_zero() {
+                dur(phase.name(), d, ", ");
+            }
         }
         dur("total", total, "");
         s
@@ -177,7 +186,7 @@ pub struct Undelivered {
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
-    phases: [Histogram; 6],
+    phases: [Histogram; 7],
     total: Histogram,
     requests: IntCounterVec,
     outcomes: IntCounterVec,
@@ -423,6 +432,7 @@ impl Metrics {
             Phase::Run,
             Phase::Teardown,
             Phase::Outbound,
+            Phase::Kv,
         ]
         .map(|p| phase_vec.with_label_values(&[p.name()]));
         let unrouted = Self::tenant_counters(&requests, "none");
@@ -513,9 +523,11 @@ impl Metrics {
         for (h, d) in self.phases.iter().zip(&t.0).take(reached as usize + 1) {
             h.observe(d.as_secs_f64());
         }
-        let outbound = t.0[Phase::Outbound as usize];
-        if !outbound.is_zero() {
-            self.phases[Phase::Outbound as usize].observe(outbound.as_secs_f64());
+        for phase in Phase::WITHIN_RUN {
+            let d = t.0[phase as usize];
+            if !d.is_zero() {
+                self.phases[phase as usize].observe(d.as_secs_f64());
+            }
         }
     }
 

@@ -64,6 +64,10 @@ fn files(kind: Kind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'stati
                 "tern-sdk/src/outbound.rs",
                 include_str!("../../guest-sdk/src/outbound.rs"),
             ),
+            (
+                "tern-sdk/src/kv.rs",
+                include_str!("../../guest-sdk/src/kv.rs"),
+            ),
             ("tern-sdk/ABI.md", abi_md),
             (".gitignore", "/target\n"),
         ],

@@ -178,6 +178,8 @@ pub struct Tenant {
     pub sweep: Option<MemorySweep>,
     /// What its guests may call, with the metric handles of those calls.
     pub outbound: Arc<crate::outbound::Calls>,
+    /// The key-value stores its guests may open.
+    pub kv: Arc<crate::kv::Grants>,
     /// Something about the module its author should know (shown by a deploy, logged at load).
     pub warning: Option<String>,
     /// What its clients see when a request fails.
@@ -225,6 +227,8 @@ pub struct Shared<'a> {
     pub pool: &'a PoolConfig,
     /// Where tenants' metric handles come from.
     pub metrics: &'a Metrics,
+    /// The key-value stores tenants may be granted.
+    pub kv: &'a crate::kv::Stores,
 }
 
 /// Loads the module a tenant's config names: `builtin:NAME`, a `.wasm` or a `.cwasm` file.
@@ -401,6 +405,7 @@ pub fn prepare(
         linkers,
         pool,
         metrics,
+        kv,
     } = shared;
     let name = config.name.get_ref().clone();
     let refuse = |reason: String| TenantError::Abi {
@@ -420,6 +425,11 @@ pub fn prepare(
     let limits = Limits::from_config(&config.settings.limits, pool);
     let policy = crate::outbound::Policy::from_config(&config.settings.outbound)
         .map_err(|e| refuse(format!("outbound: {e}")))?;
+    let kv = Arc::new(crate::kv::Grants {
+        tenant: name.as_str().into(),
+        stores: kv.grant(&config.settings.kv).map_err(refuse)?,
+        max_ops: config.settings.limits.max_kv_ops,
+    });
     let log_budget = Arc::new(LogBudget::new(
         config.settings.limits.log_lines_per_sec,
         metrics.log_dropped.clone(),
@@ -464,6 +474,7 @@ pub fn prepare(
         requests: metrics.tenant(&label),
         undelivered: metrics.undelivered(&label),
         outbound,
+        kv,
         warning,
         errors: crate::outcome::ErrorPages::new(
             config.settings.errors,

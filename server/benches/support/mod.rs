@@ -50,6 +50,7 @@ impl Harness {
             linkers: &self.linkers,
             pool: &self.pool,
             metrics: &self.metrics,
+            kv: &tern::kv::Stores::default(),
         };
         Ok(Arc::new(tenant::prepare(
             shared,

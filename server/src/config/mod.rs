@@ -63,6 +63,9 @@ pub struct Config {
     /// a fleet).
     #[serde(default)]
     pub registry: RegistryConfig,
+    /// `[kv.NAME]`: guests' key-value stores (`default` exists without a section).
+    #[serde(default)]
+    pub kv: BTreeMap<String, crate::kv::StoreConfig>,
     /// Directory relative module paths are resolved against (the config file's directory).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -512,6 +515,10 @@ pub struct TenantSettings<R> {
     /// requests are served. Needs `server.tls_listen`.
     #[serde(default)]
     pub https_redirect: bool,
+    /// The key-value stores its guests may open, by name (`[kv.NAME]`; `default` is always
+    /// there). None unless listed.
+    #[serde(default = "Vec::new", skip_serializing_if = "Vec::is_empty")]
+    pub kv: Vec<String>,
 }
 
 impl<R> Default for TenantSettings<R> {
@@ -525,6 +532,7 @@ impl<R> Default for TenantSettings<R> {
             errors: ErrorDetail::default(),
             error_pages: BTreeMap::new(),
             https_redirect: false,
+            kv: Vec::new(),
         }
     }
 }
@@ -541,6 +549,7 @@ impl<R> TenantSettings<R> {
             errors,
             error_pages,
             https_redirect,
+            kv,
         } = self;
         TenantSettings {
             hosts: hosts.iter().map(&f).collect(),
@@ -551,6 +560,7 @@ impl<R> TenantSettings<R> {
             errors: *errors,
             error_pages: error_pages.clone(),
             https_redirect: *https_redirect,
+            kv: kv.clone(),
         }
     }
 }
@@ -560,7 +570,7 @@ const FILE_ONLY: [&str; 4] = ["name", "module", "kind", "assets"];
 
 /// The keys of [`TenantSettings`], as the file and the admin API write them (a unit test holds
 /// this list to the struct).
-pub const SETTINGS_KEYS: [&str; 8] = [
+pub const SETTINGS_KEYS: [&str; 9] = [
     "hosts",
     "paths",
     "env",
@@ -569,6 +579,7 @@ pub const SETTINGS_KEYS: [&str; 8] = [
     "errors",
     "error_pages",
     "https_redirect",
+    "kv",
 ];
 
 /// Every key of a `[[tenant]]` table, for the message about an unknown one: the file's own,
@@ -808,6 +819,18 @@ pub struct LimitsConfig {
     /// Most requests of this tenant running at once; `0` means three quarters of the pool, so
     /// one tenant can never take every slot.
     pub max_concurrency: u32,
+    /// Most key-value operations one request's guest may make.
+    #[serde(skip_serializing_if = "is_default_kv_ops")]
+    pub max_kv_ops: u32,
+}
+
+/// Default of `limits.max_kv_ops`.
+const DEFAULT_KV_OPS: u32 = 1000;
+
+/// Left out of stored settings when it is the default, so replicas of a fleet that predate it
+/// still read them.
+fn is_default_kv_ops(n: &u32) -> bool {
+    *n == DEFAULT_KV_OPS
 }
 
 impl Default for LimitsConfig {
@@ -821,6 +844,7 @@ impl Default for LimitsConfig {
             max_response_headers: 100,
             max_request_bytes: 16 * 1024 * 1024,
             max_concurrency: 0,
+            max_kv_ops: DEFAULT_KV_OPS,
         }
     }
 }
@@ -1241,6 +1265,12 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
             0,
             u64::from(pool.instances),
         ),
+        (
+            "limits.max_kv_ops",
+            u64::from(l.max_kv_ops),
+            0,
+            ceilings::MAX_KV_OPS,
+        ),
     ]) {
         return here(&t.name, format!("tenant {name:?}: {why}"));
     }
@@ -1266,6 +1296,20 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
                 format!(
                     "tenant {name:?}: error_pages.{status} is larger than {MAX_ERROR_PAGE_BYTES} bytes"
                 ),
+            );
+        }
+    }
+    for (i, store) in t.settings.kv.iter().enumerate() {
+        if !crate::kv::valid_name(store) {
+            return here(
+                &t.name,
+                format!("tenant {name:?}: kv: {store:?} is not a store name (a-z, 0-9, '-', '_')"),
+            );
+        }
+        if t.settings.kv[..i].contains(store) {
+            return here(
+                &t.name,
+                format!("tenant {name:?}: kv: {store:?} is listed twice"),
             );
         }
     }
@@ -1457,7 +1501,15 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["hello", "echo", "json", "component", "cgi", "counter"]
+            [
+                "hello",
+                "echo",
+                "json",
+                "component",
+                "cgi",
+                "visits",
+                "counter"
+            ]
         );
         assert_eq!(c.server.listen, Some("127.0.0.1:8080".parse().unwrap()));
     }

@@ -62,6 +62,8 @@ pub struct RunOutput {
     pub teardown: Duration,
     /// Part of `run`: waiting for outbound requests.
     pub outbound: Duration,
+    /// Part of `run`: waiting for key-value stores.
+    pub kv: Duration,
 }
 
 /// Instantiates a fresh guest of `tenant`, runs it on `request`, and tears it down.
@@ -232,6 +234,7 @@ pub(super) struct Ended {
     pub peak_memory: usize,
     pub stdio: Option<Stdio>,
     pub outbound: Duration,
+    pub kv: Duration,
     /// Start, end of instantiation, end of the run.
     pub times: [Instant; 3],
 }
@@ -259,6 +262,7 @@ impl Ended {
             run: ran_until - ran_from,
             teardown,
             outbound: self.outbound,
+            kv: self.kv,
         }
     }
 }

@@ -9,6 +9,7 @@ use super::{BodyEnd, Ended, Run, RunOutput, Stage, classify, new_store, reply, v
 use crate::guest::GuestRequest;
 use crate::guest::cgi::Cgi;
 use crate::guest::module::{CoreGuest, GuestState, Wasi, fs};
+use crate::guest::tern::kv::Kv;
 use crate::guest::tern::outbound::Outbound;
 use crate::outcome::{ExecError, Outcome};
 use crate::teardown;
@@ -37,6 +38,7 @@ pub(super) async fn run(
         limits: super::guest_limits(limits),
         files: fs::Files::new(tenant.assets.clone()),
         outbound: Outbound::new(tenant.outbound.clone()),
+        kv: Kv::new(tenant.kv.clone()),
         cgi: cgi.then(Cgi::default),
         headers_blob: None,
     };
@@ -111,6 +113,7 @@ pub(super) async fn run(
         peak_memory: data.limits.peak_memory,
         stdio: data.wasi.take_stdio(),
         outbound: data.outbound.waited,
+        kv: data.kv.waited,
         // Reading a body whole is the client's time, not instantiation's.
         times: [
             start + body_read,

@@ -49,6 +49,7 @@ pub(super) async fn run(
             run: Duration::ZERO,
             teardown: Duration::ZERO,
             outbound: Duration::ZERO,
+            kv: Duration::ZERO,
         };
     }
     let flags = Arc::new(BodyFlags::default());
@@ -167,6 +168,7 @@ pub(super) async fn run(
         peak_memory: data.limits.peak_memory,
         stdio: data.take_stdio(),
         outbound: data.outbound_waited(),
+        kv: Duration::ZERO,
         times: [start, ran_from, ran_until],
     };
     ended.finish(result, tenant, request_id, || {

@@ -44,11 +44,16 @@ impl Runtime {
     }
 
     /// What every tenant prepared on this runtime shares.
-    pub(super) fn shared<'a>(&'a self, metrics: &'a Metrics) -> tenant::Shared<'a> {
+    pub(super) fn shared<'a>(
+        &'a self,
+        metrics: &'a Metrics,
+        kv: &'a crate::kv::Stores,
+    ) -> tenant::Shared<'a> {
         tenant::Shared {
             linkers: &self.linkers,
             pool: &self.pool,
             metrics,
+            kv,
         }
     }
 }
@@ -63,6 +68,8 @@ pub(super) struct Loader {
     pub(super) runtime: ArcSwap<Runtime>,
     pub(super) metrics: Metrics,
     pub(super) max_upload: u64,
+    /// The key-value stores tenants are granted (opened at start-up).
+    pub(super) kv: crate::kv::Stores,
 }
 
 /// A deploy's hold on a module hash it stored and has not committed yet.
@@ -135,7 +142,7 @@ impl Loader {
         let mut config = config.clone();
         config.kind = Some(old.kind());
         Ok(tenant::prepare(
-            rt.shared(&self.metrics),
+            rt.shared(&self.metrics, &self.kv),
             compiled,
             &config,
             old.origin.clone(),
@@ -174,7 +181,7 @@ impl Loader {
             version: version.clone(),
         };
         Ok(tenant::prepare(
-            rt.shared(&self.metrics),
+            rt.shared(&self.metrics, &self.kv),
             module,
             &config,
             origin,
@@ -243,6 +250,7 @@ mod tests {
             runtime: ArcSwap::from_pointee(Runtime::new(engine, pool).expect("runtime")),
             metrics: Metrics::new(10),
             max_upload: 1 << 20,
+            kv: crate::kv::Stores::default(),
         })
     }
 

@@ -238,6 +238,7 @@ impl Registry {
         fleet: Option<Arc<Fleet>>,
     ) -> anyhow::Result<Self> {
         let runtime = Runtime::new(engine.clone(), config.pool.clone())?;
+        let kv = crate::kv::Stores::open(&config.kv, store.root()).map_err(anyhow::Error::msg)?;
         let snapshot = store.load_manifest()?;
         let (manifest, shared) = match &fleet {
             None => {
@@ -268,6 +269,7 @@ impl Registry {
                 store,
                 runtime: ArcSwap::from_pointee(runtime),
                 metrics,
+                kv,
             }),
         };
         let started = Instant::now();
@@ -469,6 +471,7 @@ impl Registry {
         config: &Config,
     ) -> Result<BTreeMap<String, TenantRef>, anyhow::Error> {
         let (rt, metrics) = (self.loader.runtime(), self.loader.metrics.clone());
+        let kv = self.loader.kv.clone();
         let (tenants, base) = (config.tenants.clone(), config.base_dir.clone());
         // Metric labels go to tenants in the file's order (loading below is parallel).
         for t in &tenants {
@@ -486,7 +489,7 @@ impl Registry {
                 let assets = tenant::load_assets(t, &base, max)?;
                 let carried = live.carried(t.name.get_ref());
                 tenant::prepare(
-                    rt.shared(&metrics),
+                    rt.shared(&metrics, &kv),
                     &loaded.module,
                     t,
                     Origin::Config,
@@ -1047,10 +1050,15 @@ impl Registry {
         state.config.tenants = config.tenants;
         state.config.certificates = config.certificates;
         state.config.base_dir = config.base_dir;
+        if config.kv != state.config.kv {
+            tracing::warn!(
+                "the config's [kv] stores changed: they take effect at the next restart"
+            );
+        }
         tracing::info!(
             config = %path.display(),
             tenants = n,
-            "config reloaded (its tenants and certificates; [server] and [pool] take effect at the next restart)"
+            "config reloaded (its tenants and certificates; [server], [pool] and [kv] take effect at the next restart)"
         );
         Ok(n)
     }

@@ -164,6 +164,23 @@ async fn counter_is_one_on_every_concurrent_request() {
     assert_eq!(n, 1000);
 }
 
+/// `/visits` counts in the `default` key-value store, beside `/counter` which never does:
+/// state lives in the store, not in the guest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn visits_count_up_in_the_default_store() {
+    let s = TestServer::demo().await;
+    for i in 1..=3 {
+        let r = s.get("/visits").await;
+        assert_eq!(
+            (r.status, r.text()),
+            (StatusCode::OK, format!("visit {i}\n"))
+        );
+        assert!(r.header("server-timing").contains("kv;dur="));
+        assert_eq!(s.get("/counter").await.text(), "1\n");
+    }
+    assert!(s.path("data/kv/default.sqlite").exists());
+}
+
 /// `tern dev FILE`: serves the file at `/`, shows a panic's message in the response, and
 /// picks up a new build of the file (keeping the old one when the new one is broken).
 #[test]

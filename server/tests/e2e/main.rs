@@ -15,6 +15,7 @@ mod fleet;
 mod hostile;
 mod isolation;
 mod kinds;
+mod kv;
 mod metrics;
 mod observability;
 mod outbound;

@@ -21,6 +21,7 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 use super::cgi::{self, Cgi};
+use super::tern::kv::Kv;
 use super::tern::outbound::Outbound;
 use super::{GuestLimits, GuestRequest, GuestResponse, Stdio, WasiSpec};
 
@@ -40,6 +41,8 @@ pub struct GuestState {
     pub files: fs::Files,
     /// The guest's outbound requests.
     pub outbound: Outbound,
+    /// The guest's key-value stores.
+    pub kv: Kv,
     /// The CGI output parser, for a guest of the `cgi` kind.
     pub cgi: Option<Cgi>,
     /// The request's headers as `tern::request_headers` gives them, made on its first call.

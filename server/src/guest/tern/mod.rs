@@ -1,11 +1,13 @@
 //! The `tern` guest kind: Tern's own ABI v1, a core module importing from `tern`.
 //!
 //! One file per interface of the ABI (guest-sdk/ABI.md): [`request`] (what the guest reads),
-//! [`response`] (what it writes) and [`outbound`] (the requests it sends). Each maps the shared
+//! [`response`] (what it writes), [`outbound`] (the requests it sends) and [`kv`] (its
+//! key-value stores). Each maps the shared
 //! request, response and outbound errors to the ABI's errnos. The store state, the linker and
 //! the driver are the core modules' ([`crate::guest::module`]); the CGI kind links these
 //! functions too.
 
+pub mod kv;
 pub mod outbound;
 pub mod request;
 pub mod response;
@@ -22,7 +24,8 @@ use super::module::GuestState;
 pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     request::add_to_linker(linker)?;
     response::add_to_linker(linker)?;
-    outbound::add_to_linker(linker)
+    outbound::add_to_linker(linker)?;
+    kv::add_to_linker(linker)
 }
 
 /// Whether `module` imports from the `tern` ABI (a module that does not is a CGI program

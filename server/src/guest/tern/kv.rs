@@ -1,0 +1,342 @@
+//! `tern::kv_*`: a guest reads and writes its tenant's key-value stores ([`crate::kv`]).
+//!
+//! A store is a handle opened by name (only stores the tenant is granted). Every operation is
+//! handed to the store's backend and the guest waits suspended, the wait counted against its
+//! deadline and reported as the request's `kv` phase. Each failing call returns an error code;
+//! `kv_last_error` then explains it in words. A request may make `limits.max_kv_ops`
+//! operations; the rest answer `LIMIT_EXCEEDED`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tern_sdk::abi::{self, errno, func};
+use wasmtime::{Caller, Linker};
+
+use crate::guest::module::{GuestFault, GuestState, copy_to_guest, guest_range, memory};
+use crate::kv::{Answer, Grants, KvError, Op, Store};
+
+/// Keys fetched per `kv_list` call (as many as fit the guest's buffer are given).
+const LIST_BATCH: usize = 256;
+
+/// One request's use of its tenant's stores.
+pub struct Kv {
+    grants: Arc<Grants>,
+    /// Open stores, by handle.
+    open: Vec<Arc<Store>>,
+    ops: u32,
+    /// Time the guest spent waiting for its stores.
+    pub waited: Duration,
+    last_error: String,
+}
+
+impl Kv {
+    /// No store open yet.
+    pub fn new(grants: Arc<Grants>) -> Self {
+        Self {
+            grants,
+            open: Vec::new(),
+            ops: 0,
+            waited: Duration::ZERO,
+            last_error: String::new(),
+        }
+    }
+
+    fn fail(&mut self, code: i32, message: impl Into<String>) -> i32 {
+        self.last_error = message.into();
+        code
+    }
+
+    /// The store behind `handle`, counted as one more operation.
+    fn store(&mut self, handle: i32) -> Result<Arc<Store>, i32> {
+        let Some(store) = usize::try_from(handle)
+            .ok()
+            .and_then(|h| self.open.get(h))
+            .cloned()
+        else {
+            return Err(self.fail(
+                errno::INVALID_ARGUMENT,
+                format!("{handle} is not an open store handle"),
+            ));
+        };
+        if self.ops >= self.grants.max_ops {
+            let max = self.grants.max_ops;
+            return Err(self.fail(
+                errno::LIMIT_EXCEEDED,
+                format!("more than {max} key-value operations in one request (limits.max_kv_ops)"),
+            ));
+        }
+        self.ops += 1;
+        Ok(store)
+    }
+
+    fn error(&mut self, e: &KvError) -> i32 {
+        let code = match e {
+            KvError::Invalid(_) => errno::INVALID_ARGUMENT,
+            KvError::Limit(_) => errno::LIMIT_EXCEEDED,
+            KvError::Unavailable(_) => errno::IO,
+        };
+        self.fail(code, e.to_string())
+    }
+}
+
+/// Copies the guest's bytes at `ptr..ptr+len`, or traps naming `func`.
+fn read_guest(
+    caller: &Caller<'_, GuestState>,
+    ptr: i32,
+    len: i32,
+    func: &'static str,
+) -> wasmtime::Result<Vec<u8>> {
+    let data = memory(caller)?.data(caller);
+    let range = guest_range(ptr, len, data.len()).ok_or(GuestFault::BadPointer(func))?;
+    Ok(data[range].to_vec())
+}
+
+/// Runs `op` on the store behind `handle`, timing the wait: the answer, or the error code to
+/// return (with `kv_last_error` set).
+async fn run(caller: &mut Caller<'_, GuestState>, handle: i32, op: Op) -> Result<Answer, i32> {
+    let kv = &mut caller.data_mut().kv;
+    let store = kv.store(handle)?;
+    let tenant = kv.grants.tenant.clone();
+    let started = Instant::now();
+    let answer = store.run(&tenant, op).await;
+    let kv = &mut caller.data_mut().kv;
+    kv.waited += started.elapsed();
+    answer.map_err(|e| kv.error(&e))
+}
+
+/// An answer of the wrong kind for its operation: a bug in the backend, never the guest's.
+fn unexpected(caller: &mut Caller<'_, GuestState>, answer: &Answer) -> i32 {
+    caller
+        .data_mut()
+        .kv
+        .fail(errno::IO, format!("the store answered {answer:?}"))
+}
+
+#[allow(clippy::too_many_lines)] // one registration per ABI function
+pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+    let m = abi::IMPORT_MODULE;
+    linker.func_wrap(
+        m,
+        func::KV_OPEN,
+        |mut caller: Caller<'_, GuestState>, name: i32, name_len: i32| {
+            let name = read_guest(&caller, name, name_len, func::KV_OPEN)?;
+            let kv = &mut caller.data_mut().kv;
+            let name = String::from_utf8_lossy(&name);
+            let Some(store) = kv.grants.store(&name).cloned() else {
+                let granted: Vec<&str> = kv.grants.stores.iter().map(|s| s.name.as_str()).collect();
+                let message = format!(
+                    "the tenant is not granted a key-value store {name:?} (granted: {}; \
+                     [tenant] kv = [...] in the config)",
+                    if granted.is_empty() {
+                        "none".to_string()
+                    } else {
+                        granted.join(", ")
+                    }
+                );
+                return Ok(kv.fail(errno::DENIED, message));
+            };
+            // Opening the same store twice gives the same handle: handles stay few.
+            if let Some(h) = kv.open.iter().position(|s| Arc::ptr_eq(s, &store)) {
+                return Ok(i32::try_from(h).unwrap_or(errno::LIMIT_EXCEEDED));
+            }
+            kv.open.push(store);
+            Ok(i32::try_from(kv.open.len() - 1).unwrap_or(errno::LIMIT_EXCEEDED))
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::KV_GET,
+        |mut caller: Caller<'_, GuestState>,
+         (store, key, key_len, buf, buf_len): (i32, i32, i32, i32, i32)| {
+            Box::new(async move {
+                let key = read_guest(&caller, key, key_len, func::KV_GET)?;
+                // The buffer is checked before the store is asked: a bad one traps either way.
+                let mem = memory(&caller)?;
+                guest_range(buf, buf_len, mem.data(&caller).len())
+                    .ok_or(GuestFault::BadPointer(func::KV_GET))?;
+                match run(&mut caller, store, Op::Get(key)).await {
+                    Ok(Answer::Value(Some(v))) => {
+                        copy_to_guest(mem.data_mut(&mut caller), buf, buf_len, &v, func::KV_GET)
+                    }
+                    Ok(Answer::Value(None)) => {
+                        Ok(caller.data_mut().kv.fail(errno::NOT_FOUND, "no such key"))
+                    }
+                    Ok(other) => Ok(unexpected(&mut caller, &other)),
+                    Err(code) => Ok(code),
+                }
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::KV_SET,
+        |mut caller: Caller<'_, GuestState>,
+         (store, key, key_len, value, value_len): (i32, i32, i32, i32, i32)| {
+            Box::new(async move {
+                let key = read_guest(&caller, key, key_len, func::KV_SET)?;
+                let value = read_guest(&caller, value, value_len, func::KV_SET)?;
+                Ok(match run(&mut caller, store, Op::Set(key, value)).await {
+                    Ok(_) => 0,
+                    Err(code) => code,
+                })
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::KV_DELETE,
+        |mut caller: Caller<'_, GuestState>, (store, key, key_len): (i32, i32, i32)| {
+            Box::new(async move {
+                let key = read_guest(&caller, key, key_len, func::KV_DELETE)?;
+                Ok(match run(&mut caller, store, Op::Delete(key)).await {
+                    Ok(_) => 0,
+                    Err(code) => code,
+                })
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::KV_EXISTS,
+        |mut caller: Caller<'_, GuestState>, (store, key, key_len): (i32, i32, i32)| {
+            Box::new(async move {
+                let key = read_guest(&caller, key, key_len, func::KV_EXISTS)?;
+                Ok(match run(&mut caller, store, Op::Exists(key)).await {
+                    Ok(Answer::Bool(b)) => i32::from(b),
+                    Ok(other) => unexpected(&mut caller, &other),
+                    Err(code) => code,
+                })
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::KV_INCREMENT,
+        |mut caller: Caller<'_, GuestState>, (store, key, key_len, delta): (i32, i32, i32, i32)| {
+            Box::new(async move {
+                let f = func::KV_INCREMENT;
+                let key = read_guest(&caller, key, key_len, f)?;
+                let bytes = read_guest(&caller, delta, 8, f)?;
+                let by =
+                    i64::from_le_bytes(bytes.try_into().map_err(|_| GuestFault::BadPointer(f))?);
+                Ok(
+                    match run(&mut caller, store, Op::Increment(key, by)).await {
+                        Ok(Answer::Integer(n)) => {
+                            let mem = memory(&caller)?;
+                            copy_to_guest(
+                                mem.data_mut(&mut caller),
+                                delta,
+                                8,
+                                &n.to_le_bytes(),
+                                f,
+                            )?;
+                            0
+                        }
+                        Ok(other) => unexpected(&mut caller, &other),
+                        Err(code) => code,
+                    },
+                )
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::KV_COMPARE_AND_SWAP,
+        |mut caller: Caller<'_, GuestState>,
+         (store, key, key_len, old, old_len, new, new_len, flags): (
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+        )| {
+            Box::new(async move {
+                let f = func::KV_COMPARE_AND_SWAP;
+                let key = read_guest(&caller, key, key_len, f)?;
+                let new = read_guest(&caller, new, new_len, f)?;
+                let expected = if flags & abi::KV_CAS_ABSENT != 0 {
+                    None
+                } else {
+                    Some(read_guest(&caller, old, old_len, f)?)
+                };
+                if flags & !abi::KV_CAS_ABSENT != 0 {
+                    return Ok(caller
+                        .data_mut()
+                        .kv
+                        .fail(errno::INVALID_ARGUMENT, format!("unknown flags {flags:#x}")));
+                }
+                let op = Op::CompareAndSwap { key, expected, new };
+                Ok(match run(&mut caller, store, op).await {
+                    Ok(Answer::Bool(b)) => i32::from(b),
+                    Ok(other) => unexpected(&mut caller, &other),
+                    Err(code) => code,
+                })
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::KV_LIST,
+        |mut caller: Caller<'_, GuestState>,
+         (store, cursor, cursor_len, buf, buf_len): (i32, i32, i32, i32, i32)| {
+            Box::new(async move {
+                let f = func::KV_LIST;
+                let cursor = read_guest(&caller, cursor, cursor_len, f)?;
+                let mem = memory(&caller)?;
+                let room = guest_range(buf, buf_len, mem.data(&caller).len())
+                    .ok_or(GuestFault::BadPointer(f))?;
+                let after = (!cursor.is_empty()).then_some(cursor);
+                let op = Op::List {
+                    after,
+                    limit: LIST_BATCH,
+                };
+                let keys = match run(&mut caller, store, op).await {
+                    Ok(Answer::Keys(keys)) => keys,
+                    Ok(other) => return Ok(unexpected(&mut caller, &other)),
+                    Err(code) => return Ok(code),
+                };
+                let mut out = Vec::with_capacity(room.len().min(64 * 1024));
+                for key in &keys {
+                    if out.len() + 2 + key.len() > room.len() {
+                        break;
+                    }
+                    // Keys are at most `kv::KEY_BYTES_CEILING` (65,535) bytes.
+                    out.extend_from_slice(
+                        &u16::try_from(key.len()).unwrap_or(u16::MAX).to_le_bytes(),
+                    );
+                    out.extend_from_slice(key);
+                }
+                if out.is_empty() && !keys.is_empty() {
+                    let need = keys[0].len() + 2;
+                    return Ok(caller.data_mut().kv.fail(
+                        errno::INVALID_ARGUMENT,
+                        format!(
+                            "the buffer of {} bytes cannot hold the next key ({need} bytes)",
+                            room.len()
+                        ),
+                    ));
+                }
+                mem.data_mut(&mut caller)[room.start..room.start + out.len()].copy_from_slice(&out);
+                Ok(i32::try_from(out.len()).unwrap_or(errno::LIMIT_EXCEEDED))
+            })
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        func::KV_LAST_ERROR,
+        |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
+            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
+            copy_to_guest(
+                data,
+                ptr,
+                len,
+                state.kv.last_error.as_bytes(),
+                func::KV_LAST_ERROR,
+            )
+        },
+    )?;
+    Ok(())
+}

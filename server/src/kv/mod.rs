@@ -1,0 +1,338 @@
+//! Guests' key-value stores: named stores (`[kv.NAME]`, and `default` without configuration),
+//! granted per tenant (`kv = ["default"]`), each tenant's keys apart from every other's.
+//!
+//! A store is a backend behind a bounded queue: [`sqlite`] (embedded, one file per store in the
+//! data directory) runs its operations on a thread of its own, so a guest waiting for one is
+//! suspended like a guest waiting for a backend, and the reactor never waits on a disk. The
+//! guest kinds map [`KvError`] to their own errors (`guest::tern::kv`).
+
+pub mod sqlite;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// The store every tenant may be granted without configuring one.
+pub const DEFAULT_STORE: &str = "default";
+
+/// `[kv.NAME]`: one store.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `sqlite` (the default): a file in the data directory, or at `path`.
+    #[serde(default)]
+    pub backend: Backend,
+    /// The SQLite file (absolute, or relative to the data directory). Default:
+    /// `kv/NAME.sqlite` in the data directory.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Longest key, in bytes.
+    #[serde(default = "default_max_key_bytes")]
+    pub max_key_bytes: usize,
+    /// Largest value, in bytes.
+    #[serde(default = "default_max_value_bytes")]
+    pub max_value_bytes: usize,
+    /// Most keys one tenant may hold in this store.
+    #[serde(default = "default_max_keys")]
+    pub max_keys_per_tenant: u64,
+    /// Most bytes (keys and values) one tenant may hold in this store.
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes_per_tenant: u64,
+}
+
+fn default_max_key_bytes() -> usize {
+    1024
+}
+fn default_max_value_bytes() -> usize {
+    1 << 20
+}
+fn default_max_keys() -> u64 {
+    100_000
+}
+fn default_max_bytes() -> u64 {
+    256 << 20
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            backend: Backend::default(),
+            path: None,
+            max_key_bytes: default_max_key_bytes(),
+            max_value_bytes: default_max_value_bytes(),
+            max_keys_per_tenant: default_max_keys(),
+            max_bytes_per_tenant: default_max_bytes(),
+        }
+    }
+}
+
+/// Where a store keeps its data.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Embedded SQLite (WAL), nothing to set up.
+    #[default]
+    Sqlite,
+}
+
+/// Largest key the ABI lets a store be configured with (a listing buffer of this plus two bytes
+/// always holds one key).
+pub const KEY_BYTES_CEILING: usize = 65_535;
+
+impl StoreConfig {
+    /// What is wrong with this store's settings, if anything.
+    fn check(&self, name: &str) -> Result<(), String> {
+        if !(1..=KEY_BYTES_CEILING).contains(&self.max_key_bytes) {
+            return Err(format!(
+                "kv.{name}.max_key_bytes must be 1-{KEY_BYTES_CEILING}, not {}",
+                self.max_key_bytes
+            ));
+        }
+        if self.max_value_bytes == 0 || self.max_value_bytes > 64 << 20 {
+            return Err(format!(
+                "kv.{name}.max_value_bytes must be 1-{} (64 MiB), not {}",
+                64 << 20,
+                self.max_value_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `name` may name a store: 1-64 of `a-z 0-9 - _`.
+pub fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+/// Why a key-value operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum KvError {
+    /// A key or value the store refuses (empty or too long key, a value that is not an integer
+    /// to an increment).
+    #[error("{0}")]
+    Invalid(String),
+    /// A limit: key or value size, the tenant's keys or bytes in the store.
+    #[error("{0}")]
+    Limit(String),
+    /// The store could not do it (its file, its thread); the guest may try again later.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// An operation on one tenant's keys.
+#[derive(Debug)]
+pub enum Op {
+    /// The key's value, if it has one.
+    Get(Vec<u8>),
+    /// Whether the key has a value.
+    Exists(Vec<u8>),
+    /// Sets the key's value.
+    Set(Vec<u8>, Vec<u8>),
+    /// Removes the key (a missing key is no error).
+    Delete(Vec<u8>),
+    /// Adds to the key's value (decimal text; a missing key counts as 0).
+    Increment(Vec<u8>, i64),
+    /// Sets the key to the new value if its value is `expected` (`None`: if it is absent).
+    CompareAndSwap {
+        /// The key.
+        key: Vec<u8>,
+        /// The value it must have (`None`: it must have none).
+        expected: Option<Vec<u8>>,
+        /// Its value if it had.
+        new: Vec<u8>,
+    },
+    /// Up to `limit` keys after `after` (bytewise order), from the first with `None`.
+    List {
+        /// The last key already seen.
+        after: Option<Vec<u8>>,
+        /// Most keys answered.
+        limit: usize,
+    },
+}
+
+/// What an operation answered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// `Get`: the value, if any.
+    Value(Option<Vec<u8>>),
+    /// `Exists`; `CompareAndSwap`: whether it swapped.
+    Bool(bool),
+    /// `Set`, `Delete`.
+    Done,
+    /// `Increment`: the new value.
+    Integer(i64),
+    /// `List`: the keys, in order.
+    Keys(Vec<Vec<u8>>),
+}
+
+/// One store: its settings and its backend's queue.
+pub struct Store {
+    /// Its name (`[kv.NAME]`).
+    pub name: String,
+    /// Its settings.
+    pub config: StoreConfig,
+    backend: sqlite::Sqlite,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("name", &self.name).finish()
+    }
+}
+
+impl Store {
+    /// Runs `op` on `tenant`'s keys. Sizes are checked here, before the backend sees it.
+    ///
+    /// # Errors
+    /// [`KvError`].
+    pub async fn run(&self, tenant: &Arc<str>, op: Op) -> Result<Answer, KvError> {
+        self.check(&op)?;
+        self.backend.run(tenant.clone(), op).await
+    }
+
+    fn check(&self, op: &Op) -> Result<(), KvError> {
+        let key = match op {
+            Op::Get(k)
+            | Op::Exists(k)
+            | Op::Set(k, _)
+            | Op::Delete(k)
+            | Op::Increment(k, _)
+            | Op::CompareAndSwap { key: k, .. } => k,
+            Op::List { after, .. } => return after.as_deref().map_or(Ok(()), |k| self.key(k)),
+        };
+        self.key(key)?;
+        let value = match op {
+            Op::Set(_, v) | Op::CompareAndSwap { new: v, .. } => v,
+            _ => return Ok(()),
+        };
+        if value.len() > self.config.max_value_bytes {
+            return Err(KvError::Limit(format!(
+                "a value of {} bytes is over store {:?}'s max_value_bytes ({})",
+                value.len(),
+                self.name,
+                self.config.max_value_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    fn key(&self, key: &[u8]) -> Result<(), KvError> {
+        if key.is_empty() {
+            return Err(KvError::Invalid("a key must not be empty".into()));
+        }
+        if key.len() > self.config.max_key_bytes {
+            return Err(KvError::Limit(format!(
+                "a key of {} bytes is over store {:?}'s max_key_bytes ({})",
+                key.len(),
+                self.name,
+                self.config.max_key_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What one tenant's guests may use: its stores, in the order granted, and how many
+/// operations a request may make.
+#[derive(Debug)]
+pub struct Grants {
+    /// Whose keys they are.
+    pub tenant: Arc<str>,
+    /// The stores granted (`[tenant] kv`).
+    pub stores: Vec<Arc<Store>>,
+    /// `limits.max_kv_ops`.
+    pub max_ops: u32,
+}
+
+impl Grants {
+    /// The granted store named `name`.
+    pub fn store(&self, name: &str) -> Option<&Arc<Store>> {
+        self.stores.iter().find(|s| s.name == name)
+    }
+}
+
+/// Every store of this server, by name: opened at start-up.
+#[derive(Clone, Default)]
+pub struct Stores(Arc<BTreeMap<String, Arc<Store>>>);
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
+}
+
+impl Stores {
+    /// Opens the stores of `configs` and `default` (configured or not); SQLite files live
+    /// under `data_dir` unless their config says otherwise. A store's file is opened on its
+    /// first use, so a server whose tenants use no store creates none.
+    ///
+    /// # Errors
+    /// A store name or setting that is not valid.
+    pub fn open(configs: &BTreeMap<String, StoreConfig>, data_dir: &Path) -> Result<Self, String> {
+        let mut stores = BTreeMap::new();
+        let default = (DEFAULT_STORE.to_string(), StoreConfig::default());
+        for (name, config) in configs
+            .iter()
+            .map(|(n, c)| (n.clone(), c.clone()))
+            .chain(std::iter::once(default))
+        {
+            if stores.contains_key(&name) {
+                continue;
+            }
+            if !valid_name(&name) {
+                return Err(format!(
+                    "kv store name {name:?}: use 1-64 of a-z, 0-9, '-' and '_'"
+                ));
+            }
+            config.check(&name)?;
+            let path = match &config.path {
+                Some(p) => data_dir.join(p),
+                None => data_dir.join("kv").join(format!("{name}.sqlite")),
+            };
+            let backend = sqlite::Sqlite::new(&name, path, &config);
+            stores.insert(
+                name.clone(),
+                Arc::new(Store {
+                    name,
+                    config,
+                    backend,
+                }),
+            );
+        }
+        Ok(Self(Arc::new(stores)))
+    }
+
+    /// The store named `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<Store>> {
+        self.0.get(name)
+    }
+
+    /// The names of every store, for error messages.
+    pub fn names(&self) -> Vec<&str> {
+        self.0.keys().map(String::as_str).collect()
+    }
+
+    /// The stores a tenant is granted, by `names`.
+    ///
+    /// # Errors
+    /// A name that is no store of this server.
+    pub fn grant(&self, names: &[String]) -> Result<Vec<Arc<Store>>, String> {
+        names
+            .iter()
+            .map(|n| {
+                self.get(n).cloned().ok_or_else(|| {
+                    format!(
+                        "kv: no store named {n:?} (this server's stores: {}; add [kv.{n}] to \
+                         the config file)",
+                        self.names().join(", ")
+                    )
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,514 @@
+//! The embedded backend: one SQLite file per store (WAL), worked by a thread of its own.
+//!
+//! Guests hand operations to the thread through a bounded queue and wait for the answer
+//! suspended (their worker thread serves other requests meanwhile). The thread takes whatever
+//! has queued up, up to [`BATCH`] operations, and runs them in one transaction: under load many
+//! requests share one commit. An answer is sent only after its transaction committed, so no
+//! guest ever sees a write that is not on disk; a batch whose commit fails is answered with the
+//! error whole. `synchronous = NORMAL`: a committed write survives the process crashing; the
+//! last commits before a power loss may not (SQLite's WAL guarantee).
+//!
+//! Each tenant's keys are its own rows (`tenant`, `key`); what a tenant holds (keys and
+//! bytes) is kept beside them in `usage`, updated in the same transaction as every write, so
+//! the limits are checked without counting.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Answer, KvError, Op, StoreConfig};
+
+/// Operations that may wait for the thread before a guest's call waits to queue.
+const QUEUE: usize = 1024;
+
+/// Most operations run in one transaction.
+const BATCH: usize = 64;
+
+struct Job {
+    tenant: Arc<str>,
+    op: Op,
+    reply: oneshot::Sender<Result<Answer, KvError>>,
+}
+
+/// What the thread needs to know of the store.
+#[derive(Clone)]
+struct Settings {
+    name: String,
+    path: PathBuf,
+    max_keys: u64,
+    max_bytes: u64,
+}
+
+/// A store's SQLite file and the thread that works it (started on first use).
+pub struct Sqlite {
+    settings: Settings,
+    queue: OnceLock<mpsc::Sender<Job>>,
+}
+
+impl Sqlite {
+    /// The store `name` in the file at `path` (created with its directory on first use).
+    pub fn new(name: &str, path: PathBuf, config: &StoreConfig) -> Self {
+        Self {
+            settings: Settings {
+                name: name.to_string(),
+                path,
+                max_keys: config.max_keys_per_tenant,
+                max_bytes: config.max_bytes_per_tenant,
+            },
+            queue: OnceLock::new(),
+        }
+    }
+
+    /// Runs `op` on `tenant`'s keys on the store's thread.
+    ///
+    /// # Errors
+    /// [`KvError`]: a limit, an invalid value, or the file failing.
+    pub async fn run(&self, tenant: Arc<str>, op: Op) -> Result<Answer, KvError> {
+        let queue = self.queue.get_or_init(|| self.start());
+        let (reply, answer) = oneshot::channel();
+        let gone = || {
+            KvError::Unavailable(format!(
+                "key-value store {:?} is not running (see the server log)",
+                self.settings.name
+            ))
+        };
+        queue
+            .send(Job { tenant, op, reply })
+            .await
+            .map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+
+    fn start(&self) -> mpsc::Sender<Job> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let settings = self.settings.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("tern-kv-{}", settings.name))
+            .spawn(move || work(&settings, rx));
+        if let Err(e) = spawned {
+            // The receiver is gone with the closure: every operation answers `Unavailable`.
+            tracing::error!(store = %self.settings.name, "key-value store thread: {e}");
+        }
+        tx
+    }
+}
+
+/// The store's thread: opens the file (again after a failure), runs batches until the server
+/// ends.
+fn work(settings: &Settings, mut rx: mpsc::Receiver<Job>) {
+    let mut conn: Option<Connection> = None;
+    let mut batch = Vec::with_capacity(BATCH);
+    while let Some(first) = rx.blocking_recv() {
+        batch.push(first);
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        if conn.is_none() {
+            match open(settings) {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    let e = format!(
+                        "key-value store {:?} cannot open {}: {e}",
+                        settings.name,
+                        settings.path.display()
+                    );
+                    tracing::error!("{e}");
+                    for job in batch.drain(..) {
+                        let _ = job.reply.send(Err(KvError::Unavailable(e.clone())));
+                    }
+                    continue;
+                }
+            }
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        if let Err(e) = run_batch(c, settings, &mut batch) {
+            let e = format!("key-value store {:?}: {e}", settings.name);
+            tracing::error!("{e}");
+            for job in batch.drain(..) {
+                let _ = job.reply.send(Err(KvError::Unavailable(e.clone())));
+            }
+            // A connection in an unknown state is not reused.
+            conn = None;
+        }
+    }
+}
+
+fn open(settings: &Settings) -> rusqlite::Result<Connection> {
+    if let Some(dir) = settings.path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+    }
+    let conn = Connection::open(&settings.path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS entries (
+             tenant TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL,
+             PRIMARY KEY (tenant, key)) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS usage (
+             tenant TEXT PRIMARY KEY, keys INTEGER NOT NULL, bytes INTEGER NOT NULL)
+             WITHOUT ROWID;",
+    )?;
+    Ok(conn)
+}
+
+/// Runs the batch in one transaction and answers each job once it committed. On an error of
+/// the file the batch is left for the caller to answer.
+fn run_batch(
+    conn: &mut Connection,
+    settings: &Settings,
+    batch: &mut Vec<Job>,
+) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let mut answers = Vec::with_capacity(batch.len());
+    for job in batch.iter() {
+        answers.push(apply(&tx, settings, &job.tenant, &job.op)?);
+    }
+    tx.commit()?;
+    for (job, answer) in batch.drain(..).zip(answers) {
+        let _ = job.reply.send(answer);
+    }
+    Ok(())
+}
+
+/// One operation inside the batch's transaction: `Err` for the file failing, `Ok(Err)` for an
+/// answer the guest gets (a limit, an invalid value) with nothing written.
+fn apply(
+    tx: &rusqlite::Transaction<'_>,
+    settings: &Settings,
+    tenant: &str,
+    op: &Op,
+) -> rusqlite::Result<Result<Answer, KvError>> {
+    Ok(match op {
+        Op::Get(key) => Ok(Answer::Value(get(tx, tenant, key)?)),
+        Op::Exists(key) => Ok(Answer::Bool(
+            tx.prepare_cached("SELECT 1 FROM entries WHERE tenant = ?1 AND key = ?2")?
+                .exists(params![tenant, key])?,
+        )),
+        Op::Set(key, value) => set(tx, settings, tenant, key, value)?.map(|()| Answer::Done),
+        Op::Delete(key) => {
+            if let Some(old) = value_len(tx, tenant, key)? {
+                tx.prepare_cached("DELETE FROM entries WHERE tenant = ?1 AND key = ?2")?
+                    .execute(params![tenant, key])?;
+                add_usage(tx, tenant, -1, -((key.len() + old) as i64))?;
+            }
+            Ok(Answer::Done)
+        }
+        Op::Increment(key, delta) => {
+            let current = match get(tx, tenant, key)? {
+                None => 0,
+                Some(v) => match parse_integer(&v) {
+                    Some(n) => n,
+                    None => {
+                        return Ok(Err(KvError::Invalid(
+                            "increment: the key's value is not a decimal 64-bit integer".into(),
+                        )));
+                    }
+                },
+            };
+            let Some(new) = current.checked_add(*delta) else {
+                return Ok(Err(KvError::Invalid(format!(
+                    "increment: {current} + {delta} overflows a 64-bit integer"
+                ))));
+            };
+            set(tx, settings, tenant, key, new.to_string().as_bytes())?
+                .map(|()| Answer::Integer(new))
+        }
+        Op::CompareAndSwap { key, expected, new } => {
+            if get(tx, tenant, key)? == *expected {
+                set(tx, settings, tenant, key, new)?.map(|()| Answer::Bool(true))
+            } else {
+                Ok(Answer::Bool(false))
+            }
+        }
+        Op::List { after, limit } => {
+            let mut stmt = tx.prepare_cached(
+                "SELECT key FROM entries WHERE tenant = ?1 AND key > ?2 ORDER BY key LIMIT ?3",
+            )?;
+            let after: &[u8] = after.as_deref().unwrap_or(&[]);
+            let keys = stmt
+                .query_map(params![tenant, after, *limit as i64], |r| r.get(0))?
+                .collect::<rusqlite::Result<Vec<Vec<u8>>>>()?;
+            Ok(Answer::Keys(keys))
+        }
+    })
+}
+
+/// A counter's value: decimal text, as `increment` writes it (and Redis's `INCRBY` reads it).
+fn parse_integer(v: &[u8]) -> Option<i64> {
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+fn get(
+    tx: &rusqlite::Transaction<'_>,
+    tenant: &str,
+    key: &[u8],
+) -> rusqlite::Result<Option<Vec<u8>>> {
+    tx.prepare_cached("SELECT value FROM entries WHERE tenant = ?1 AND key = ?2")?
+        .query_row(params![tenant, key], |r| r.get(0))
+        .optional()
+}
+
+fn value_len(
+    tx: &rusqlite::Transaction<'_>,
+    tenant: &str,
+    key: &[u8],
+) -> rusqlite::Result<Option<usize>> {
+    tx.prepare_cached("SELECT length(value) FROM entries WHERE tenant = ?1 AND key = ?2")?
+        .query_row(params![tenant, key], |r| r.get::<_, i64>(0))
+        .optional()
+        .map(|n| n.map(|n| usize::try_from(n).unwrap_or(0)))
+}
+
+/// Writes `key`, within the tenant's limits.
+fn set(
+    tx: &rusqlite::Transaction<'_>,
+    settings: &Settings,
+    tenant: &str,
+    key: &[u8],
+    value: &[u8],
+) -> rusqlite::Result<Result<(), KvError>> {
+    let old = value_len(tx, tenant, key)?;
+    let keys = i64::from(old.is_none());
+    let bytes = (value.len() as i64) - old.map_or(-(key.len() as i64), |o| o as i64);
+    if keys > 0 || bytes > 0 {
+        let (held_keys, held_bytes) = tx
+            .prepare_cached("SELECT keys, bytes FROM usage WHERE tenant = ?1")?
+            .query_row(params![tenant], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+            })
+            .optional()?
+            .unwrap_or((0, 0));
+        if keys > 0 && (held_keys + keys) as u64 > settings.max_keys {
+            return Ok(Err(KvError::Limit(format!(
+                "the tenant holds {held_keys} keys in store {:?}, its max_keys_per_tenant",
+                settings.name
+            ))));
+        }
+        if bytes > 0 && (held_bytes + bytes) as u64 > settings.max_bytes {
+            return Ok(Err(KvError::Limit(format!(
+                "the tenant would hold {} bytes in store {:?}, over its max_bytes_per_tenant ({})",
+                held_bytes + bytes,
+                settings.name,
+                settings.max_bytes
+            ))));
+        }
+    }
+    tx.prepare_cached("INSERT OR REPLACE INTO entries (tenant, key, value) VALUES (?1, ?2, ?3)")?
+        .execute(params![tenant, key, value])?;
+    add_usage(tx, tenant, keys, bytes)?;
+    Ok(Ok(()))
+}
+
+fn add_usage(
+    tx: &rusqlite::Transaction<'_>,
+    tenant: &str,
+    keys: i64,
+    bytes: i64,
+) -> rusqlite::Result<()> {
+    if keys == 0 && bytes == 0 {
+        return Ok(());
+    }
+    tx.prepare_cached(
+        "INSERT INTO usage (tenant, keys, bytes) VALUES (?1, ?2, ?3)
+         ON CONFLICT (tenant) DO UPDATE SET keys = keys + ?2, bytes = bytes + ?3",
+    )?
+    .execute(params![tenant, keys, bytes])?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{StoreConfig, Stores};
+    use std::collections::BTreeMap;
+
+    fn stores(dir: &std::path::Path, config: StoreConfig) -> Stores {
+        let mut configs = BTreeMap::new();
+        configs.insert("s".to_string(), config);
+        Stores::open(&configs, dir).expect("stores")
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn operations_tenants_and_limits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = StoreConfig {
+            max_keys_per_tenant: 2,
+            max_bytes_per_tenant: 20,
+            max_key_bytes: 4,
+            max_value_bytes: 8,
+            ..StoreConfig::default()
+        };
+        let stores = stores(dir.path(), config);
+        let s = stores.get("s").expect("store").clone();
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        rt().block_on(async {
+            let run = |t: &Arc<str>, op| {
+                let (s, t) = (s.clone(), t.clone());
+                async move { s.run(&t, op).await }
+            };
+            assert_eq!(
+                run(&a, Op::Get(b"k".to_vec())).await.unwrap(),
+                Answer::Value(None)
+            );
+            run(&a, Op::Set(b"k".to_vec(), b"v1".to_vec()))
+                .await
+                .unwrap();
+            // Tenant b does not see a's key, even in the same store.
+            assert_eq!(
+                run(&b, Op::Get(b"k".to_vec())).await.unwrap(),
+                Answer::Value(None)
+            );
+            assert_eq!(
+                run(&a, Op::Get(b"k".to_vec())).await.unwrap(),
+                Answer::Value(Some(b"v1".to_vec()))
+            );
+            assert_eq!(
+                run(&a, Op::Increment(b"n".to_vec(), 5)).await.unwrap(),
+                Answer::Integer(5)
+            );
+            assert_eq!(
+                run(&a, Op::Increment(b"n".to_vec(), -7)).await.unwrap(),
+                Answer::Integer(-2)
+            );
+            assert!(matches!(
+                run(&a, Op::Increment(b"k".to_vec(), 1)).await,
+                Err(KvError::Invalid(_))
+            ));
+            // Two keys held: a third is over max_keys_per_tenant, nothing written.
+            assert!(matches!(
+                run(&a, Op::Set(b"x".to_vec(), b"1".to_vec())).await,
+                Err(KvError::Limit(_))
+            ));
+            assert_eq!(
+                run(&a, Op::Exists(b"x".to_vec())).await.unwrap(),
+                Answer::Bool(false)
+            );
+            // Replacing a value within the byte limit works; past it, refused.
+            run(&a, Op::Set(b"k".to_vec(), b"12345678".to_vec()))
+                .await
+                .unwrap();
+            assert!(matches!(
+                run(&a, Op::Set(b"k".to_vec(), b"123456789".to_vec())).await,
+                Err(KvError::Limit(_))
+            ));
+            assert!(matches!(
+                run(&a, Op::Set(b"12345".to_vec(), b"1".to_vec())).await,
+                Err(KvError::Limit(_))
+            ));
+            assert!(matches!(
+                run(&a, Op::Set(Vec::new(), b"1".to_vec())).await,
+                Err(KvError::Invalid(_))
+            ));
+            // Compare-and-swap: expected value, expected absence.
+            let cas = |key: &[u8], expected: Option<&[u8]>, new: &[u8]| Op::CompareAndSwap {
+                key: key.to_vec(),
+                expected: expected.map(<[u8]>::to_vec),
+                new: new.to_vec(),
+            };
+            assert_eq!(
+                run(&a, cas(b"n", Some(b"-1"), b"0")).await.unwrap(),
+                Answer::Bool(false)
+            );
+            assert_eq!(
+                run(&a, cas(b"n", Some(b"-2"), b"0")).await.unwrap(),
+                Answer::Bool(true)
+            );
+            assert_eq!(
+                run(&b, cas(b"n", None, b"b")).await.unwrap(),
+                Answer::Bool(true)
+            );
+            assert_eq!(
+                run(&b, cas(b"n", None, b"c")).await.unwrap(),
+                Answer::Bool(false)
+            );
+            // Deleting frees the key for another.
+            run(&a, Op::Delete(b"k".to_vec())).await.unwrap();
+            run(&a, Op::Set(b"x".to_vec(), b"1".to_vec()))
+                .await
+                .unwrap();
+            assert_eq!(
+                run(
+                    &a,
+                    Op::List {
+                        after: None,
+                        limit: 10
+                    }
+                )
+                .await
+                .unwrap(),
+                Answer::Keys(vec![b"n".to_vec(), b"x".to_vec()])
+            );
+            assert_eq!(
+                run(
+                    &a,
+                    Op::List {
+                        after: Some(b"n".to_vec()),
+                        limit: 10
+                    }
+                )
+                .await
+                .unwrap(),
+                Answer::Keys(vec![b"x".to_vec()])
+            );
+        });
+        // The file keeps it: a new server over the same directory reads it back.
+        drop(s);
+        drop(stores);
+        let again = super::super::Stores::open(
+            &BTreeMap::from([("s".to_string(), StoreConfig::default())]),
+            dir.path(),
+        )
+        .expect("stores");
+        let s = again.get("s").expect("store").clone();
+        let got = rt().block_on(async move { s.run(&a, Op::Get(b"x".to_vec())).await });
+        assert_eq!(got.unwrap(), Answer::Value(Some(b"1".to_vec())));
+    }
+
+    #[test]
+    fn parallel_increments_all_count() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stores = stores(dir.path(), StoreConfig::default());
+        let s = stores.get("s").expect("store").clone();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .expect("runtime");
+        let tenant: Arc<str> = "t".into();
+        let last = rt.block_on(async move {
+            let tasks: Vec<_> = (0..500)
+                .map(|_| {
+                    let (s, t) = (s.clone(), tenant.clone());
+                    tokio::spawn(async move { s.run(&t, Op::Increment(b"c".to_vec(), 1)).await })
+                })
+                .collect();
+            let mut seen = Vec::new();
+            for t in tasks {
+                match t.await.expect("task").expect("increment") {
+                    Answer::Integer(n) => seen.push(n),
+                    other => panic!("{other:?}"),
+                }
+            }
+            seen.sort_unstable();
+            (
+                seen,
+                s.run(&tenant, Op::Get(b"c".to_vec())).await.expect("get"),
+            )
+        });
+        // Every increment saw a different value: 1..=500, and the counter ends at 500.
+        assert_eq!(last.0, (1..=500).collect::<Vec<i64>>());
+        assert_eq!(last.1, Answer::Value(Some(b"500".to_vec())));
+    }
+}
