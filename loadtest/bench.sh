@@ -16,6 +16,8 @@
 #   bash loadtest/bench.sh kinds        the three guest kinds, and the same `wasi:http` hello
 #                                       component in Tern and in `wasmtime serve`: requests/s with
 #                                       shared cores, and CPU per request with the server pinned
+#   bash loadtest/bench.sh kv           key-value stores: CPU a get + set and an increment on the
+#                                       embedded SQLite store add to a request, pinned
 #   bash loadtest/bench.sh tls          TLS: full and resumed handshakes per core, keep-alive
 #                                       requests over TLS against cleartext; Tern and nginx
 #   bash loadtest/bench.sh fleet        a fleet on one S3 registry (versitygw): a replica joining
@@ -940,13 +942,70 @@ fleet() {
     } | tee "$RESULTS/fleet.md"
 }
 
+# Key-value stores: what a store round trip adds to a request. The e2e suite's `kv_probe` guest
+# (server/guests/src/bin/kv_probe.rs) with no operation, with a get and a set, and with an
+# increment, on the `default` store (SQLite in a fresh data directory), beside `hello`; the
+# server pinned to core 0 with one worker, `wrk` on core 1, CPU of the whole process (its
+# store thread included) per request.
+kv() {
+    need wrk wrk
+    need taskset util-linux
+    build
+    cargo build --quiet -p tern-test-guests --bin kv_probe --target wasm32-wasip1 --profile guest
+    local probe=$ROOT/target/wasm32-wasip1/guest/kv_probe.wasm config=$WORK/kv.toml
+    printf '[server]\nworker_threads = 1\n[[tenant]]\nname = "hello"\nmodule = "builtin:hello"\npaths = ["/hello"]\n[[tenant]]\nname = "kv"\nmodule = "%s"\npaths = ["/kv"]\nkv = ["default"]\n' \
+        "$probe" >"$config"
+    local -A r=() url=(
+        [hello]="/hello"
+        [none]="/kv"
+        [getset]="/kv?op=get:c&op=set:c:1"
+        [incr]="/kv?op=incr:c:1"
+    )
+    local n k
+    for n in $(seq 1 "$ROUNDS"); do
+        rm -rf "$WORK/data"
+        PIN=0 start_tern "$config" TERN_LOG=warn
+        for k in hello none getset incr; do
+            r[$k]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT${url[$k]}" "$TERN_PID")"$'\n'
+        done
+        stop "$TERN_PID"
+    done
+    for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | least_cpu); done
+    cpu_of() { echo "${r[$1]}" | cut -d' ' -f7; }
+    added() { awk -v a="$(cpu_of "$1")" -v b="$(cpu_of none)" 'BEGIN { printf "%.1f", a - b }'; }
+    {
+        header "Key-value: what a store round trip adds to a request" "bash loadtest/bench.sh kv"
+        echo "The \`kv_probe\` guest (server/guests/src/bin/kv_probe.rs) on the \`default\` store (SQLite, WAL,"
+        echo "\`synchronous = NORMAL\`, a fresh data directory), one Tern worker pinned to core 0, \`wrk -t1"
+        echo "-c$CONNS\` on core 1; CPU is the whole process's (its store thread included) over the run ÷"
+        echo "requests, the least of $ROUNDS rounds."
+        echo
+        echo "| request | requests/s | p50 | p99 | CPU per request |"
+        echo "|---|---:|---:|---:|---:|"
+        local label
+        for k in hello none getset incr; do
+            case $k in
+                hello) label="\`hello\` (no store)" ;;
+                none) label="\`kv_probe\`, no operation" ;;
+                getset) label="\`kv_probe\`, get + set of one key" ;;
+                incr) label="\`kv_probe\`, one increment" ;;
+            esac
+            read -r rps p50 p99 _ _ _ cpu <<<"${r[$k]}"
+            echo "| $label | $rps | $p50 µs | $p99 µs | $cpu µs |"
+        done
+        echo
+        echo "- Added by the store, CPU per request: get + set **$(added getset) µs**, increment **$(added incr) µs** (against the same guest making no call)"
+        echo "- All $CONNS connections hit one key: every write of a batch goes to the same row"
+    } | tee "$RESULTS/kv.md"
+}
+
 charts() {
     need gnuplot gnuplot-nox
     bash loadtest/charts.sh
 }
 
 case ${1:-} in
-    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | tls | fleet | charts) "$1" ;;
-    all) cpu; throughput; scaling; mixed; allocator; density; proxy; kinds; tls; charts ;;
-    *) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | fleet | charts) "$1" ;;
+    all) cpu; throughput; scaling; mixed; allocator; density; proxy; kinds; kv; tls; charts ;;
+    *) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
