@@ -218,6 +218,8 @@ pub struct Metrics {
     pub outbound_duration: HistogramVec,
     /// Outbound connections opened.
     pub outbound_connections: IntCounter,
+    /// Key-value operations by store and result.
+    pub kv_operations: IntCounterVec,
     /// TLS handshakes completed.
     pub tls_handshakes: IntCounter,
     /// TLS handshakes that failed, by reason.
@@ -393,6 +395,11 @@ impl Metrics {
             "Module deploys (loads of a tenant's module) by tenant and outcome.",
             &["tenant", "outcome"],
         );
+        let kv_operations = r.counters(
+            "tern_kv_operations_total",
+            "Key-value operations of guests by store and result (ok, limit, invalid, unavailable).",
+            &["store", "result"],
+        );
         let outbound_requests = r.counters(
             "tern_outbound_requests_total",
             "Outbound requests of guests by tenant, backend (`url` for requests by URL) and \
@@ -468,6 +475,7 @@ impl Metrics {
             outbound_requests,
             outbound_duration,
             outbound_connections,
+            kv_operations,
         }
     }
 

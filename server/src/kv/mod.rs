@@ -177,6 +177,8 @@ pub struct Store {
     /// Its settings.
     pub config: StoreConfig,
     backend: sqlite::Sqlite,
+    /// `tern_kv_operations_total` by result: ok, limit, invalid, unavailable.
+    counts: [prometheus::IntCounter; 4],
 }
 
 impl std::fmt::Debug for Store {
@@ -191,8 +193,18 @@ impl Store {
     /// # Errors
     /// [`KvError`].
     pub async fn run(&self, tenant: &Arc<str>, op: Op) -> Result<Answer, KvError> {
-        self.check(&op)?;
-        self.backend.run(tenant.clone(), op).await
+        let answer = match self.check(&op) {
+            Ok(()) => self.backend.run(tenant.clone(), op).await,
+            Err(e) => Err(e),
+        };
+        let result = match &answer {
+            Ok(_) => 0,
+            Err(KvError::Limit(_)) => 1,
+            Err(KvError::Invalid(_)) => 2,
+            Err(KvError::Unavailable(_)) => 3,
+        };
+        self.counts[result].inc();
+        answer
     }
 
     fn check(&self, op: &Op) -> Result<(), KvError> {
@@ -273,7 +285,11 @@ impl Stores {
     ///
     /// # Errors
     /// A store name or setting that is not valid.
-    pub fn open(configs: &BTreeMap<String, StoreConfig>, data_dir: &Path) -> Result<Self, String> {
+    pub fn open(
+        configs: &BTreeMap<String, StoreConfig>,
+        data_dir: &Path,
+        operations: &prometheus::IntCounterVec,
+    ) -> Result<Self, String> {
         let mut stores = BTreeMap::new();
         let default = (DEFAULT_STORE.to_string(), StoreConfig::default());
         for (name, config) in configs
@@ -295,12 +311,15 @@ impl Stores {
                 None => data_dir.join("kv").join(format!("{name}.sqlite")),
             };
             let backend = sqlite::Sqlite::new(&name, path, &config);
+            let counts = ["ok", "limit", "invalid", "unavailable"]
+                .map(|result| operations.with_label_values(&[name.as_str(), result]));
             stores.insert(
                 name.clone(),
                 Arc::new(Store {
                     name,
                     config,
                     backend,
+                    counts,
                 }),
             );
         }

@@ -329,7 +329,12 @@ mod tests {
     fn stores(dir: &std::path::Path, config: StoreConfig) -> Stores {
         let mut configs = BTreeMap::new();
         configs.insert("s".to_string(), config);
-        Stores::open(&configs, dir).expect("stores")
+        Stores::open(&configs, dir, &counter()).expect("stores")
+    }
+
+    fn counter() -> prometheus::IntCounterVec {
+        prometheus::IntCounterVec::new(prometheus::Opts::new("ops", "ops"), &["store", "result"])
+            .expect("metric")
     }
 
     fn rt() -> tokio::runtime::Runtime {
@@ -467,6 +472,7 @@ mod tests {
         let again = super::super::Stores::open(
             &BTreeMap::from([("s".to_string(), StoreConfig::default())]),
             dir.path(),
+            &counter(),
         )
         .expect("stores");
         let s = again.get("s").expect("store").clone();

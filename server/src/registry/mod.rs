@@ -238,7 +238,8 @@ impl Registry {
         fleet: Option<Arc<Fleet>>,
     ) -> anyhow::Result<Self> {
         let runtime = Runtime::new(engine.clone(), config.pool.clone())?;
-        let kv = crate::kv::Stores::open(&config.kv, store.root()).map_err(anyhow::Error::msg)?;
+        let kv = crate::kv::Stores::open(&config.kv, store.root(), &metrics.kv_operations)
+            .map_err(anyhow::Error::msg)?;
         let snapshot = store.load_manifest()?;
         let (manifest, shared) = match &fleet {
             None => {

@@ -113,6 +113,18 @@ async fn guests_keep_state_in_their_own_keys_of_granted_stores() {
         ) >= 5.0,
         "{m}"
     );
+    // 25 operations so far (a listing asks once more past its last key), one refused (the
+    // increment of a text value).
+    let kv_ops = |result: &str| {
+        metric_value(
+            &m,
+            &format!("tern_kv_operations_total{{result=\"{result}\",store=\"default\"}}"),
+        )
+    };
+    assert_eq!(
+        (kv_ops("ok"), kv_ops("invalid"), kv_ops("limit")),
+        (24.0, 1.0, 0.0)
+    );
 
     // The data is on disk: a restart over the same data directory still has it.
     let dir = restart_dir(s);
@@ -152,6 +164,15 @@ async fn sizes_quotas_and_operations_per_request_are_limited() {
     assert_eq!(got[1..4], ["ok", "ok", "ok"]);
     limit(&got[4], "max_keys_per_tenant");
     assert_eq!(got[5..], ["ok", "ok", "12345678,y,z"]);
+    let m = s.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "tern_kv_operations_total{result=\"limit\",store=\"small\"}"
+        ),
+        3.0,
+        "key size, value size, keys per tenant"
+    );
     // Another tenant's quota is its own (b is not granted `small`; a's keys count only for a).
 
     // Operations per request: 4 and 5 (the limit) pass, the 6th is refused.
