@@ -239,6 +239,13 @@ pub mod errno {
         ("TIMEOUT", TIMEOUT),
         ("NOT_FOUND", NOT_FOUND),
     ];
+
+    /// The name of error code `code` (`"UNKNOWN"` for one this SDK does not know).
+    pub fn name(code: i32) -> &'static str {
+        ALL.iter()
+            .find(|(_, c)| *c == code)
+            .map_or("UNKNOWN", |(n, _)| n)
+    }
 }
 
 /// `outbound_send` flag: send the head now and stream the body from later

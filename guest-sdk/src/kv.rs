@@ -38,10 +38,7 @@ pub struct KvError {
 
 impl std::fmt::Display for KvError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = errno::ALL
-            .iter()
-            .find(|(_, c)| *c == self.code)
-            .map_or("UNKNOWN", |(n, _)| n);
+        let name = errno::name(self.code);
         write!(f, "key-value call failed ({name}): {}", self.message)
     }
 }

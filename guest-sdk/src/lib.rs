@@ -246,10 +246,7 @@ pub struct Error(pub i32);
 
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = abi::errno::ALL
-            .iter()
-            .find(|(_, code)| *code == self.0)
-            .map_or("UNKNOWN", |(name, _)| name);
+        let name = abi::errno::name(self.0);
         write!(f, "tern host error {} ({name})", self.0)
     }
 }

@@ -40,10 +40,7 @@ pub struct FetchError {
 
 impl std::fmt::Display for FetchError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = errno::ALL
-            .iter()
-            .find(|(_, c)| *c == self.code)
-            .map_or("UNKNOWN", |(n, _)| n);
+        let name = errno::name(self.code);
         write!(f, "outbound request failed ({name}): {}", self.message)
     }
 }

@@ -35,12 +35,12 @@ async fn metrics_show_every_phase_and_the_tenant() {
     );
     assert!(m.contains("process_resident_memory_bytes"));
     // In-flight and queue gauges return to zero; every guest's peak memory is recorded; the
-    // six demo modules were compiled into a fresh cache; warm slots report resident bytes.
+    // seven demo modules were compiled into a fresh cache; warm slots report resident bytes.
     assert!(m.contains("tern_requests_in_flight 0"), "{m}");
     assert!(m.contains("tern_queue_depth 0"), "{m}");
     assert!(m.contains("tern_guest_memory_peak_bytes_count 5"), "{m}");
     assert!(
-        m.contains("tern_module_compile_duration_seconds_count 6"),
+        m.contains("tern_module_compile_duration_seconds_count 7"),
         "{m}"
     );
     assert!(

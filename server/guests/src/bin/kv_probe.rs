@@ -9,10 +9,7 @@
 use tern_sdk::kv::{KvError, Store};
 
 fn error(e: &KvError) -> String {
-    let name = tern_sdk::abi::errno::ALL
-        .iter()
-        .find(|(_, c)| *c == e.code)
-        .map_or("UNKNOWN", |(n, _)| n);
+    let name = tern_sdk::abi::errno::name(e.code);
     format!("error={name} {}", e.message)
 }
 

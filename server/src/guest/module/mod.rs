@@ -263,6 +263,18 @@ pub(in crate::guest) fn memory(caller: &Caller<'_, GuestState>) -> wasmtime::Res
         .ok_or_else(|| wasmtime::Error::new(GuestFault::NoMemory))
 }
 
+/// Copies the guest's bytes at `ptr..ptr+len`, or traps naming `func`.
+pub(in crate::guest) fn read_guest(
+    caller: &Caller<'_, GuestState>,
+    ptr: i32,
+    len: i32,
+    func: &'static str,
+) -> wasmtime::Result<Vec<u8>> {
+    let data = memory(caller)?.data(caller);
+    let range = guest_range(ptr, len, data.len()).ok_or(GuestFault::BadPointer(func))?;
+    Ok(data[range].to_vec())
+}
+
 /// Headers as the ABI's copy-out functions give them: `name NUL value NUL` pairs, in order.
 pub(in crate::guest) fn headers_blob(headers: &http::HeaderMap) -> Vec<u8> {
     let mut blob = Vec::with_capacity(headers.len() * 32);

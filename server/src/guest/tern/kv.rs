@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use tern_sdk::abi::{self, errno, func};
 use wasmtime::{Caller, Linker};
 
-use crate::guest::module::{GuestFault, GuestState, copy_to_guest, guest_range, memory};
+use crate::guest::module::{
+    GuestFault, GuestState, copy_to_guest, guest_range, memory, read_guest,
+};
 use crate::kv::{Answer, Grants, KvError, Op, Store};
 
 /// Keys fetched per `kv_list` call (as many as fit the guest's buffer are given).
@@ -77,18 +79,6 @@ impl Kv {
         };
         self.fail(code, e.to_string())
     }
-}
-
-/// Copies the guest's bytes at `ptr..ptr+len`, or traps naming `func`.
-fn read_guest(
-    caller: &Caller<'_, GuestState>,
-    ptr: i32,
-    len: i32,
-    func: &'static str,
-) -> wasmtime::Result<Vec<u8>> {
-    let data = memory(caller)?.data(caller);
-    let range = guest_range(ptr, len, data.len()).ok_or(GuestFault::BadPointer(func))?;
-    Ok(data[range].to_vec())
 }
 
 /// Runs `op` on the store behind `handle`, timing the wait: the answer, or the error code to

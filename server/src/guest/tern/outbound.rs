@@ -23,7 +23,7 @@ use wasmtime::{Caller, Linker};
 
 use crate::guest::GuestRequest;
 use crate::guest::module::{
-    GuestFault, GuestState, copy_to_guest, guest_range, headers_blob, memory,
+    GuestFault, GuestState, copy_to_guest, guest_range, headers_blob, memory, read_guest,
 };
 use crate::outbound::{Calls, Denied, Failed, OutBody, Passing, Refused, Target};
 
@@ -438,18 +438,6 @@ impl Outbound {
 /// failed nobody reads it, which is fine: the failure is what the guest will see.
 async fn finish(body: &mpsc::Sender<Bytes>) {
     let _ = body.send(Bytes::new()).await;
-}
-
-/// Copies the guest's bytes at `ptr..ptr+len`, or traps naming `func`.
-fn read_guest(
-    caller: &Caller<'_, GuestState>,
-    ptr: i32,
-    len: i32,
-    func: &'static str,
-) -> wasmtime::Result<Vec<u8>> {
-    let data = memory(caller)?.data(caller);
-    let range = guest_range(ptr, len, data.len()).ok_or(GuestFault::BadPointer(func))?;
-    Ok(data[range].to_vec())
 }
 
 pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
