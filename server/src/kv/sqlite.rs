@@ -108,42 +108,37 @@ fn work(settings: &Settings, mut rx: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        if conn.is_none() {
-            match open(settings) {
-                Ok(c) => conn = Some(c),
-                Err(e) => {
-                    let e = format!(
-                        "key-value store {:?} cannot open {}: {e}",
-                        settings.name,
-                        settings.path.display()
-                    );
-                    tracing::error!("{e}");
-                    for job in batch.drain(..) {
-                        let _ = job.reply.send(Err(KvError::Unavailable(e.clone())));
-                    }
-                    continue;
+        let ran = match conn.take().map_or_else(|| open(settings), Ok) {
+            Ok(c) => match run_batch(&c, settings, &mut batch) {
+                Ok(()) => {
+                    conn = Some(c);
+                    Ok(())
                 }
-            }
-        }
-        let Some(c) = conn.as_mut() else { continue };
-        if let Err(e) = run_batch(c, settings, &mut batch) {
+                // A connection in an unknown state is not reused: the next batch reopens.
+                Err(e) => Err(e.to_string()),
+            },
+            Err(e) => Err(format!("cannot open {}: {e}", settings.path.display())),
+        };
+        if let Err(e) = ran {
             let e = format!("key-value store {:?}: {e}", settings.name);
             tracing::error!("{e}");
             for job in batch.drain(..) {
                 let _ = job.reply.send(Err(KvError::Unavailable(e.clone())));
             }
-            // A connection in an unknown state is not reused.
-            conn = None;
         }
     }
 }
 
-fn open(settings: &Settings) -> rusqlite::Result<Connection> {
+/// Opens the store's file, creating its directory and tables if they are not there yet.
+fn open(settings: &Settings) -> Result<Connection, String> {
     if let Some(dir) = settings.path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     }
-    let conn = Connection::open(&settings.path)?;
+    connect(&settings.path).map_err(|e| e.to_string())
+}
+
+fn connect(path: &std::path::Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     // Only this server opens the file: holding its locks for good spares two `fcntl` locks
@@ -478,6 +473,34 @@ mod tests {
         let s = again.get("s").expect("store").clone();
         let got = rt().block_on(async move { s.run(&a, Op::Get(b"x".to_vec())).await });
         assert_eq!(got.unwrap(), Answer::Value(Some(b"1".to_vec())));
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_opened_answers_unavailable_and_is_tried_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A regular file where the store's directory should be.
+        let blocker = dir.path().join("blocked");
+        std::fs::write(&blocker, b"not a directory").expect("write");
+        let config = StoreConfig {
+            path: Some("blocked/s.sqlite".into()),
+            ..StoreConfig::default()
+        };
+        let s = stores(dir.path(), config).get("s").expect("store").clone();
+        let tenant: Arc<str> = "t".into();
+        let rt = rt();
+        let failed = rt.block_on(s.run(&tenant, Op::Set(b"k".to_vec(), b"v".to_vec())));
+        match failed {
+            Err(KvError::Unavailable(m)) => assert!(m.contains("cannot open"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // Once the way is clear, the next operation opens the file.
+        std::fs::remove_file(&blocker).expect("remove");
+        rt.block_on(s.run(&tenant, Op::Set(b"k".to_vec(), b"v".to_vec())))
+            .expect("set after the file could be opened");
+        assert_eq!(
+            rt.block_on(s.run(&tenant, Op::Get(b"k".to_vec()))).unwrap(),
+            Answer::Value(Some(b"v".to_vec()))
+        );
     }
 
     #[test]
