@@ -113,7 +113,7 @@ pub(super) async fn run(
         peak_memory: data.limits.peak_memory,
         stdio: data.wasi.take_stdio(),
         outbound: data.outbound.waited,
-        kv: data.kv.waited,
+        kv: data.kv.session.waited,
         // Reading a body whole is the client's time, not instantiation's.
         times: [
             start + body_read,

@@ -59,6 +59,7 @@ pub(super) async fn run(
         tenant.wasi.clone(),
         super::guest_limits(limits),
         tenant.outbound.clone(),
+        tenant.kv.clone(),
         &request.headers,
         request_id,
     );
@@ -168,7 +169,7 @@ pub(super) async fn run(
         peak_memory: data.limits.peak_memory,
         stdio: data.take_stdio(),
         outbound: data.outbound_waited(),
-        kv: Duration::ZERO,
+        kv: data.kv_waited(),
         times: [start, ran_from, ran_until],
     };
     ended.finish(result, tenant, request_id, || {

@@ -11,6 +11,7 @@ pub mod sqlite;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -265,6 +266,80 @@ impl Grants {
     /// The granted store named `name`.
     pub fn store(&self, name: &str) -> Option<&Arc<Store>> {
         self.stores.iter().find(|s| s.name == name)
+    }
+}
+
+/// One request's use of its tenant's stores, whichever guest kind makes it: the stores it may
+/// open, the operations it made (`limits.max_kv_ops`) and the time it waited for them (the
+/// request's `kv` phase).
+#[derive(Debug)]
+pub struct Session {
+    grants: Arc<Grants>,
+    ops: u32,
+    /// Time the guest spent waiting for its stores.
+    pub waited: Duration,
+}
+
+impl Session {
+    /// No operation made yet.
+    pub fn new(grants: Arc<Grants>) -> Self {
+        Self {
+            grants,
+            ops: 0,
+            waited: Duration::ZERO,
+        }
+    }
+
+    /// What the tenant is granted.
+    pub fn grants(&self) -> &Arc<Grants> {
+        &self.grants
+    }
+
+    /// The granted store named `name`.
+    ///
+    /// # Errors
+    /// Why not, for the guest: the store is not granted to this tenant.
+    pub fn open(&self, name: &str) -> Result<Arc<Store>, String> {
+        if let Some(store) = self.grants.store(name) {
+            return Ok(store.clone());
+        }
+        let granted: Vec<&str> = self.grants.stores.iter().map(|s| s.name.as_str()).collect();
+        Err(format!(
+            "the tenant is not granted a key-value store {name:?} (granted: {}; [tenant] kv = \
+             [...] in the config)",
+            if granted.is_empty() {
+                "none".to_string()
+            } else {
+                granted.join(", ")
+            }
+        ))
+    }
+
+    /// Counts one more operation.
+    ///
+    /// # Errors
+    /// [`KvError::Limit`] past `limits.max_kv_ops`.
+    pub fn count(&mut self) -> Result<(), KvError> {
+        if self.ops >= self.grants.max_ops {
+            return Err(KvError::Limit(format!(
+                "more than {} key-value operations in one request (limits.max_kv_ops)",
+                self.grants.max_ops
+            )));
+        }
+        self.ops += 1;
+        Ok(())
+    }
+
+    /// Runs `op` on `store` (counted, and its wait timed).
+    ///
+    /// # Errors
+    /// [`KvError`].
+    pub async fn run(&mut self, store: &Store, op: Op) -> Result<Answer, KvError> {
+        self.count()?;
+        let started = Instant::now();
+        let answer = store.run(&self.grants.tenant, op).await;
+        self.waited += started.elapsed();
+        answer
     }
 }
 

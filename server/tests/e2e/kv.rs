@@ -1,11 +1,14 @@
 //! Key-value stores: guests keep state across requests in the stores their tenant is granted,
 //! each tenant's keys its own; sizes, quotas and operations per request are limited; the data
-//! survives a restart; concurrent increments all count. Real SQLite files in the data
-//! directory, real HTTP.
+//! survives a restart; concurrent increments all count. Through the `tern` ABI (the `kv_probe`
+//! guest) and through Spin's key-value and `wasi:keyvalue` (a spin-sdk component, unchanged).
+//! Real SQLite files in the data directory, real HTTP.
 
 use http::{Method, StatusCode};
 
-use crate::support::{TestServer, metric_value, restart_dir, test_guest};
+use crate::support::{
+    TestServer, get_at, metric_value, post, restart_dir, spin_module, test_guest,
+};
 
 /// Tenants `a` (stores `default` and `small`), `b` (`default`), `plain` (no store) and `few`
 /// (`default`, 5 operations per request), all running the `kv_probe` guest.
@@ -261,4 +264,208 @@ async fn stores_are_granted_through_the_admin_api_and_checked_in_config() {
             .expect("refused");
         assert!(format!("{e:#}").contains(why), "{kv}: {e:#}");
     }
+}
+
+/// Tenants running the Spin component of `server/guests/spin` (its `/kv/` routes): `s3` and
+/// `s5` (spin-sdk 3.x and 5.x; stores `default` and `small`), `nokv` (none) and `few`
+/// (`default`, 5 operations per request).
+async fn start_spin() -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    spin_module(dir.path(), 3, "spin3");
+    spin_module(dir.path(), 5, "spin5");
+    let config = "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [kv.small]\nmax_key_bytes = 8\n\
+         [[tenant]]\nname = \"s3\"\nmodule = \"spin3.wasm\"\npaths = [\"/s3\"]\n\
+         kv = [\"default\", \"small\"]\n\
+         [[tenant]]\nname = \"s5\"\nmodule = \"spin5.wasm\"\npaths = [\"/s5\"]\n\
+         kv = [\"default\", \"small\"]\n\
+         [[tenant]]\nname = \"nokv\"\nmodule = \"spin5.wasm\"\npaths = [\"/nokv\"]\n\
+         [[tenant]]\nname = \"few\"\nmodule = \"spin5.wasm\"\npaths = [\"/few\"]\n\
+         kv = [\"default\"]\n[tenant.limits]\nmax_kv_ops = 5\n";
+    TestServer::try_start_in(dir, config).await.expect("start")
+}
+
+/// The component's answer to `path` (POSTed with `body` if there is one): status and text.
+async fn spin_kv(s: &TestServer, path: &str, body: Option<&str>) -> (u16, String) {
+    let r = match body {
+        Some(b) => post(s, path, &[], b.as_bytes().to_vec()).await,
+        None => s.get(path).await,
+    };
+    (r.status.as_u16(), r.text())
+}
+
+/// A component built with spin-sdk, using `spin_sdk::key_value::Store` and `wasi:keyvalue` as
+/// Spin's docs show, is served unchanged: both APIs reach the tenant's own keys of the stores
+/// it is granted, with Spin's errors for a store it is not granted and the store's words for
+/// limits. Before, such a component was refused at deploy (an import Tern did not provide).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spin_components_use_key_value_unchanged() {
+    let s = start_spin().await;
+    for t in ["s3", "s5"] {
+        let ok = |text: &str| (200, text.to_string());
+        let at = |p: &str| format!("/{t}/kv/{p}");
+        assert_eq!(
+            spin_kv(&s, &at("spin/default/get/k"), None).await,
+            ok("none")
+        );
+        assert_eq!(
+            spin_kv(&s, &at("spin/default/set/k"), Some("v1")).await,
+            ok("ok")
+        );
+        assert_eq!(spin_kv(&s, &at("spin/default/get/k"), None).await, ok("v1"));
+        // The same keys through wasi:keyvalue.
+        assert_eq!(spin_kv(&s, &at("wasi/default/get/k"), None).await, ok("v1"));
+        assert_eq!(
+            spin_kv(&s, &at("wasi/default/set/k"), Some("v2")).await,
+            ok("ok")
+        );
+        assert_eq!(
+            spin_kv(&s, &at("spin/default/exists/k"), None).await,
+            ok("true")
+        );
+        for n in 1..=3 {
+            let r = spin_kv(&s, &at("spin/default/count/visits"), None).await;
+            assert_eq!(r, ok(&n.to_string()));
+        }
+        assert_eq!(
+            spin_kv(&s, &at("wasi/default/incr/hits"), None).await,
+            ok("1")
+        );
+        assert_eq!(
+            spin_kv(&s, &at("wasi/default/incr/hits"), None).await,
+            ok("2")
+        );
+        assert_eq!(
+            spin_kv(&s, &at("wasi/default/cas/c"), None).await,
+            ok("1 after 1")
+        );
+        assert_eq!(
+            spin_kv(&s, &at("wasi/default/cas/c"), None).await,
+            ok("2 after 1")
+        );
+        assert_eq!(
+            spin_kv(&s, &at("spin/default/keys"), None).await,
+            ok("c,hits,k,visits")
+        );
+        assert_eq!(
+            spin_kv(&s, &at("wasi/default/many/zz"), Some("x=1\ny=2")).await,
+            ok("x=1,y=2,zz=none")
+        );
+        assert_eq!(
+            spin_kv(&s, &at("wasi/default/delete/k"), None).await,
+            ok("ok")
+        );
+        assert_eq!(
+            spin_kv(&s, &at("wasi/default/exists/k"), None).await,
+            ok("false")
+        );
+        assert_eq!(
+            spin_kv(&s, &at("spin/default/get/k"), None).await,
+            ok("none")
+        );
+
+        // A store the tenant is not granted, and one the server does not have: Spin's
+        // access-denied, as Spin answers a label its manifest does not allow.
+        for store in ["nope", "other"] {
+            let (status, text) = spin_kv(&s, &at(&format!("spin/{store}/get/k")), None).await;
+            assert_eq!((status, text.as_str()), (500, "Error::AccessDenied"));
+            let (status, text) = spin_kv(&s, &at(&format!("wasi/{store}/get/k")), None).await;
+            assert_eq!((status, text.as_str()), (500, "Error::AccessDenied"));
+        }
+        // The store's limits in its own words: keys of 8 bytes pass, 9 do not.
+        let r = spin_kv(&s, &at("spin/small/set/12345678"), Some("v")).await;
+        assert_eq!(r, ok("ok"));
+        let (status, text) = spin_kv(&s, &at("spin/small/set/123456789"), Some("v")).await;
+        assert_eq!(status, 500);
+        assert!(
+            text.contains("Other") && text.contains("max_key_bytes (8)"),
+            "{text}"
+        );
+        assert_eq!(
+            spin_kv(&s, &at("spin/default/set/t"), Some("text")).await,
+            ok("ok")
+        );
+        let (status, text) = spin_kv(&s, &at("wasi/default/incr/t"), None).await;
+        assert_eq!(status, 500);
+        assert!(text.contains("not a decimal 64-bit integer"), "{text}");
+    }
+    // Each tenant's keys are its own: s3 and s5 share the store `default`, not its keys.
+    assert_eq!(
+        spin_kv(&s, "/s3/kv/spin/default/get/visits", None).await,
+        (200, "3".to_string())
+    );
+    let (status, text) = spin_kv(&s, "/nokv/kv/spin/default/get/visits", None).await;
+    assert_eq!((status, text.as_str()), (500, "Error::AccessDenied"));
+
+    // The wait is the request's kv phase, for components as for the tern ABI.
+    let r = s.get("/s5/kv/spin/default/get/visits").await;
+    assert!(
+        r.header("server-timing").contains(", kv;dur="),
+        "{}",
+        r.header("server-timing")
+    );
+
+    // Listing a page at a time: 300 more keys make 2 pages of wasi:keyvalue's list-keys, and
+    // Spin's get-keys has them all.
+    let lines: Vec<String> = (0..300).map(|i| format!("k{i:03}=v")).collect();
+    let (status, _) = spin_kv(&s, "/s5/kv/wasi/default/many/k000", Some(&lines.join("\n"))).await;
+    assert_eq!(status, 200);
+    let (status, text) = spin_kv(&s, "/s5/kv/wasi/default/list/", None).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        text,
+        "306 keys in 2 pages, first Some(\"c\"), last Some(\"y\")"
+    );
+    let (status, text) = spin_kv(&s, "/s5/kv/spin/default/keys", None).await;
+    assert_eq!((status, text.split(',').count()), (200, 306));
+
+    // Operations per request count for components too (opening a store is one): 5 pass, the
+    // 6th is refused with the limit's name.
+    let few = |n: usize| {
+        (0..n)
+            .map(|i| format!("f{i}=1"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let (status, text) = spin_kv(&s, "/few/kv/wasi/default/many/f0", Some(&few(1))).await;
+    assert_eq!(
+        (status, text.as_str()),
+        (200, "f0=1,f0=1"),
+        "open, set, get, get"
+    );
+    let (status, text) = spin_kv(&s, "/few/kv/wasi/default/many/f0", Some(&few(2))).await;
+    assert_eq!(
+        status, 500,
+        "open, 2 sets, then a 4th, 5th and 6th get: {text}"
+    );
+    assert!(text.contains("limits.max_kv_ops"), "{text}");
+}
+
+/// Compare-and-swap from many concurrent requests of a component: every increment counts
+/// once, however many retries it took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_compare_and_swap_from_components_all_count() {
+    let s = start_spin().await;
+    let addr = s.addr();
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            tokio::spawn(async move {
+                let r = get_at(addr, "/s5/kv/wasi/default/cas/n").await;
+                assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+                let text = r.text();
+                let n = text.split(' ').next().unwrap_or_default();
+                n.parse::<u64>().expect("a count")
+            })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for t in tasks {
+        seen.push(t.await.unwrap());
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (1..=50).collect::<Vec<_>>());
+    assert_eq!(
+        spin_kv(&s, "/s5/kv/spin/default/get/n", None).await,
+        (200, "50".to_string())
+    );
 }

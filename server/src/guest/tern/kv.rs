@@ -7,7 +7,7 @@
 //! operations; the rest answer `LIMIT_EXCEEDED`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tern_sdk::abi::{self, errno, func};
 use wasmtime::{Caller, Linker};
@@ -15,19 +15,17 @@ use wasmtime::{Caller, Linker};
 use crate::guest::module::{
     GuestFault, GuestState, copy_to_guest, guest_range, memory, read_guest,
 };
-use crate::kv::{Answer, Grants, KvError, Op, Store};
+use crate::kv::{Answer, Grants, KvError, Op, Session, Store};
 
 /// Keys fetched per `kv_list` call (as many as fit the guest's buffer are given).
 const LIST_BATCH: usize = 256;
 
-/// One request's use of its tenant's stores.
+/// One request's use of its tenant's stores through the `tern` ABI.
 pub struct Kv {
-    grants: Arc<Grants>,
+    /// The stores it may open, its operations and waits.
+    pub session: Session,
     /// Open stores, by handle.
     open: Vec<Arc<Store>>,
-    ops: u32,
-    /// Time the guest spent waiting for its stores.
-    pub waited: Duration,
     last_error: String,
 }
 
@@ -35,10 +33,8 @@ impl Kv {
     /// No store open yet.
     pub fn new(grants: Arc<Grants>) -> Self {
         Self {
-            grants,
+            session: Session::new(grants),
             open: Vec::new(),
-            ops: 0,
-            waited: Duration::ZERO,
             last_error: String::new(),
         }
     }
@@ -60,14 +56,7 @@ impl Kv {
                 format!("{handle} is not an open store handle"),
             ));
         };
-        if self.ops >= self.grants.max_ops {
-            let max = self.grants.max_ops;
-            return Err(self.fail(
-                errno::LIMIT_EXCEEDED,
-                format!("more than {max} key-value operations in one request (limits.max_kv_ops)"),
-            ));
-        }
-        self.ops += 1;
+        self.session.count().map_err(|e| self.error(&e))?;
         Ok(store)
     }
 
@@ -86,11 +75,11 @@ impl Kv {
 async fn run(caller: &mut Caller<'_, GuestState>, handle: i32, op: Op) -> Result<Answer, i32> {
     let kv = &mut caller.data_mut().kv;
     let store = kv.store(handle)?;
-    let tenant = kv.grants.tenant.clone();
+    let tenant = kv.session.grants().tenant.clone();
     let started = Instant::now();
     let answer = store.run(&tenant, op).await;
     let kv = &mut caller.data_mut().kv;
-    kv.waited += started.elapsed();
+    kv.session.waited += started.elapsed();
     answer.map_err(|e| kv.error(&e))
 }
 
@@ -112,18 +101,9 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             let name = read_guest(&caller, name, name_len, func::KV_OPEN)?;
             let kv = &mut caller.data_mut().kv;
             let name = String::from_utf8_lossy(&name);
-            let Some(store) = kv.grants.store(&name).cloned() else {
-                let granted: Vec<&str> = kv.grants.stores.iter().map(|s| s.name.as_str()).collect();
-                let message = format!(
-                    "the tenant is not granted a key-value store {name:?} (granted: {}; \
-                     [tenant] kv = [...] in the config)",
-                    if granted.is_empty() {
-                        "none".to_string()
-                    } else {
-                        granted.join(", ")
-                    }
-                );
-                return Ok(kv.fail(errno::DENIED, message));
+            let store = match kv.session.open(&name) {
+                Ok(store) => store,
+                Err(message) => return Ok(kv.fail(errno::DENIED, message)),
             };
             // Opening the same store twice gives the same handle: handles stay few.
             if let Some(h) = kv.open.iter().position(|s| Arc::ptr_eq(s, &store)) {

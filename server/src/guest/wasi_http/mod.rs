@@ -15,6 +15,7 @@
 
 pub mod body;
 pub mod hooks;
+pub mod kv;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,6 +30,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 pub use body::{Answer, BodyFlags, incoming, pump, pump_parts};
 
 use super::{GuestLimits, Stdio, WasiSpec};
+use crate::kv::{Grants, Session};
 use crate::outbound::Calls;
 use hooks::Hooks;
 
@@ -68,6 +70,8 @@ pub struct HttpState {
     stdio: Option<Stdio>,
     http: WasiHttpCtx,
     hooks: Hooks,
+    /// The tenant's key-value stores ([`kv`]).
+    kv: Session,
     /// Memory and table limits, and whether the guest ran into them.
     pub limits: GuestLimits,
 }
@@ -105,11 +109,12 @@ impl HttpState {
     /// The state of one request of a tenant whose guests see `spec` (args, env; stdout and
     /// stderr captured), limited by `limits`, calling out under `calls`; the client's request
     /// `headers` carry the loop and trace headers passed on; `request_id` names the request in
-    /// log lines.
+    /// log lines; `kv` are the key-value stores it is granted.
     pub fn new(
         spec: Arc<WasiSpec>,
         mut limits: GuestLimits,
         calls: Arc<Calls>,
+        kv: Arc<Grants>,
         headers: &HeaderMap,
         request_id: &HeaderValue,
     ) -> Self {
@@ -121,6 +126,7 @@ impl HttpState {
             stdio: None,
             http: WasiHttpCtx::new(),
             hooks: Hooks::new(calls, headers, request_id),
+            kv: Session::new(kv),
             limits,
         }
     }
@@ -139,6 +145,11 @@ impl HttpState {
         }
     }
 
+    /// Time spent waiting for key-value stores.
+    pub fn kv_waited(&self) -> Duration {
+        self.kv.waited
+    }
+
     /// Time spent waiting for outgoing responses' heads.
     pub fn outbound_waited(&self) -> Duration {
         let shared = self.hooks.shared.as_ref();
@@ -147,8 +158,8 @@ impl HttpState {
 }
 
 /// The linker components are pre-linked against: WASI preview2 (no files, sockets or network
-/// names: the context grants none) and `wasi:http`; with `wasi_p3` also their WASI 0.3
-/// versions.
+/// names: the context grants none), `wasi:http` and the key-value interfaces ([`kv`]); with
+/// `wasi_p3` also WASI 0.3 and its `wasi:http`.
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
@@ -156,6 +167,7 @@ pub fn linker(engine: &Engine, wasi_p3: bool) -> wasmtime::Result<Linker<HttpSta
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    kv::add_to_linker(&mut linker)?;
     if wasi_p3 {
         wasmtime_wasi::p3::add_to_linker(&mut linker)?;
         wasmtime_wasi_http::p3::add_to_linker(&mut linker)?;
@@ -245,7 +257,7 @@ fn link_message(e: &wasmtime::Error) -> String {
     } else {
         format!(
             "{text}; Tern provides WASI 0.2 and wasi:http, not the host APIs of other platforms \
-             (e.g. Spin's key-value or variables)"
+             (e.g. Spin's variables, SQLite or Redis)"
         )
     }
 }

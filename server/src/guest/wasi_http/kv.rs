@@ -1,0 +1,457 @@
+//! Key-value stores for components: Spin's `fermyon:spin/key-value` (spin-sdk 3.x and 5.x,
+//! `spin_sdk::key_value::Store`) and `wasi:keyvalue` 0.2.0-draft2 (store, atomics, batch), both
+//! over the tenant's granted stores ([`crate::kv`]), as the `tern` ABI's `kv_*` are.
+//!
+//! A store is opened by its name (Spin's label): one the tenant is not granted answers
+//! `access-denied`. Every operation counts against `limits.max_kv_ops` (opening a store too:
+//! each open is a handle the request holds) and its wait is the request's `kv` phase. Failures
+//! the guest can act on are `other(text)` with the same words the `tern` ABI's `kv_last_error`
+//! gives. Keys are strings here; a key written through the `tern` ABI that is not UTF-8 is
+//! listed with its invalid bytes replaced.
+
+use std::sync::Arc;
+
+use wasmtime::component::{HasSelf, Linker, Resource};
+
+use super::HttpState;
+use crate::kv::{Answer, KvError, Op, Store};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "wit/keyvalue",
+        world: "tern:host/keyvalue",
+        imports: { default: async | trappable },
+        with: {
+            "fermyon:spin/key-value.store": super::Bucket,
+            "wasi:keyvalue/store.bucket": super::Bucket,
+            "wasi:keyvalue/atomics.cas": super::Cas,
+        },
+        require_store_data_send: true,
+    });
+}
+
+use bindings::fermyon::spin::key_value as spin;
+use bindings::wasi::keyvalue::{atomics, batch, store as wasi};
+
+/// Keys answered per `list-keys` page.
+const LIST_PAGE: usize = 256;
+
+/// Keys fetched per backend call while `get-keys` gathers them all.
+const GET_KEYS_BATCH: usize = 1024;
+
+/// An open store.
+pub struct Bucket(Arc<Store>);
+
+/// A key's value as a guest read it, to swap only if it is still that value.
+pub struct Cas {
+    store: Arc<Store>,
+    key: String,
+    current: Option<Vec<u8>>,
+}
+
+/// Adds both interfaces to `linker`.
+///
+/// # Errors
+/// Only if wasmtime rejects a definition (a bug).
+pub fn add_to_linker(linker: &mut Linker<HttpState>) -> wasmtime::Result<()> {
+    bindings::Keyvalue::add_to_linker::<HttpState, HasSelf<HttpState>>(linker, |s| s)
+}
+
+/// A failure in the words both interfaces share: what the guest reads in `other(text)`.
+fn text(e: &KvError) -> String {
+    e.to_string()
+}
+
+impl HttpState {
+    /// Runs `op` on `store` for this request.
+    async fn kv_run(&mut self, store: &Store, op: Op) -> Result<Answer, KvError> {
+        self.kv.run(store, op).await
+    }
+
+    /// Opens the granted store `name` as a new handle (counted as an operation).
+    fn kv_open(&mut self, name: &str) -> wasmtime::Result<Result<Resource<Bucket>, Opened>> {
+        if let Err(e) = self.kv.count() {
+            return Ok(Err(Opened::Failed(text(&e))));
+        }
+        match self.kv.open(name) {
+            Ok(store) => Ok(Ok(self.table.push(Bucket(store))?)),
+            Err(_) => Ok(Err(Opened::Denied)),
+        }
+    }
+
+    fn bucket(&self, b: &Resource<Bucket>) -> wasmtime::Result<Arc<Store>> {
+        Ok(self.table.get(b)?.0.clone())
+    }
+
+    async fn kv_get(&mut self, store: &Store, key: String) -> Result<Option<Vec<u8>>, String> {
+        match self.kv_run(store, Op::Get(key.into_bytes())).await {
+            Ok(Answer::Value(v)) => Ok(v),
+            other => Err(failed(other)),
+        }
+    }
+
+    async fn kv_done(&mut self, store: &Store, op: Op) -> Result<(), String> {
+        match self.kv_run(store, op).await {
+            Ok(Answer::Done) => Ok(()),
+            other => Err(failed(other)),
+        }
+    }
+
+    async fn kv_exists(&mut self, store: &Store, key: String) -> Result<bool, String> {
+        match self.kv_run(store, Op::Exists(key.into_bytes())).await {
+            Ok(Answer::Bool(b)) => Ok(b),
+            other => Err(failed(other)),
+        }
+    }
+
+    /// Up to `limit` keys after `after`.
+    async fn kv_list(
+        &mut self,
+        store: &Store,
+        after: Option<Vec<u8>>,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, String> {
+        match self.kv_run(store, Op::List { after, limit }).await {
+            Ok(Answer::Keys(keys)) => Ok(keys),
+            other => Err(failed(other)),
+        }
+    }
+
+    /// Every key (Spin's `get-keys`), gathered in batches; no more than the guest's memory
+    /// could take.
+    async fn kv_all_keys(&mut self, store: &Store) -> Result<Vec<String>, String> {
+        let mut keys = Vec::new();
+        let mut bytes = 0usize;
+        let mut after = None;
+        loop {
+            let batch = self.kv_list(store, after.take(), GET_KEYS_BATCH).await?;
+            let more = batch.len() == GET_KEYS_BATCH;
+            for key in batch {
+                // A list of strings takes 8 bytes per string beside its bytes.
+                bytes += key.len() + 8;
+                if bytes > self.limits.max_memory {
+                    return Err(format!(
+                        "the store's keys take more than the guest's memory ({} bytes); list \
+                         them a page at a time (wasi:keyvalue list-keys)",
+                        self.limits.max_memory
+                    ));
+                }
+                after = Some(key.clone());
+                keys.push(string(key));
+            }
+            if !more {
+                return Ok(keys);
+            }
+        }
+    }
+}
+
+/// Why a store could not be opened.
+enum Opened {
+    Denied,
+    Failed(String),
+}
+
+/// The words for a failed operation (or, a bug, an answer of the wrong kind).
+fn failed(answer: Result<Answer, KvError>) -> String {
+    match answer {
+        Err(e) => text(&e),
+        Ok(a) => format!("the store answered {a:?}"),
+    }
+}
+
+fn string(key: Vec<u8>) -> String {
+    String::from_utf8(key).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+// Spin's key-value (spin-sdk 3.x and 5.x).
+
+impl spin::Host for HttpState {}
+
+impl spin::HostStore for HttpState {
+    async fn open(
+        &mut self,
+        label: String,
+    ) -> wasmtime::Result<Result<Resource<Bucket>, spin::Error>> {
+        Ok(self.kv_open(&label)?.map_err(|e| match e {
+            Opened::Denied => spin::Error::AccessDenied,
+            Opened::Failed(why) => spin::Error::Other(why),
+        }))
+    }
+
+    async fn get(
+        &mut self,
+        b: Resource<Bucket>,
+        key: String,
+    ) -> wasmtime::Result<Result<Option<Vec<u8>>, spin::Error>> {
+        let store = self.bucket(&b)?;
+        Ok(self.kv_get(&store, key).await.map_err(spin::Error::Other))
+    }
+
+    async fn set(
+        &mut self,
+        b: Resource<Bucket>,
+        key: String,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), spin::Error>> {
+        let store = self.bucket(&b)?;
+        let op = Op::Set(key.into_bytes(), value);
+        Ok(self.kv_done(&store, op).await.map_err(spin::Error::Other))
+    }
+
+    async fn delete(
+        &mut self,
+        b: Resource<Bucket>,
+        key: String,
+    ) -> wasmtime::Result<Result<(), spin::Error>> {
+        let store = self.bucket(&b)?;
+        let op = Op::Delete(key.into_bytes());
+        Ok(self.kv_done(&store, op).await.map_err(spin::Error::Other))
+    }
+
+    async fn exists(
+        &mut self,
+        b: Resource<Bucket>,
+        key: String,
+    ) -> wasmtime::Result<Result<bool, spin::Error>> {
+        let store = self.bucket(&b)?;
+        Ok(self
+            .kv_exists(&store, key)
+            .await
+            .map_err(spin::Error::Other))
+    }
+
+    async fn get_keys(
+        &mut self,
+        b: Resource<Bucket>,
+    ) -> wasmtime::Result<Result<Vec<String>, spin::Error>> {
+        let store = self.bucket(&b)?;
+        Ok(self.kv_all_keys(&store).await.map_err(spin::Error::Other))
+    }
+
+    async fn drop(&mut self, b: Resource<Bucket>) -> wasmtime::Result<()> {
+        self.table.delete(b)?;
+        Ok(())
+    }
+}
+
+// wasi:keyvalue 0.2.0-draft2.
+
+impl wasi::Host for HttpState {
+    async fn open(
+        &mut self,
+        identifier: String,
+    ) -> wasmtime::Result<Result<Resource<Bucket>, wasi::Error>> {
+        Ok(self.kv_open(&identifier)?.map_err(|e| match e {
+            Opened::Denied => wasi::Error::AccessDenied,
+            Opened::Failed(why) => wasi::Error::Other(why),
+        }))
+    }
+}
+
+impl wasi::HostBucket for HttpState {
+    async fn get(
+        &mut self,
+        b: Resource<Bucket>,
+        key: String,
+    ) -> wasmtime::Result<Result<Option<Vec<u8>>, wasi::Error>> {
+        let store = self.bucket(&b)?;
+        Ok(self.kv_get(&store, key).await.map_err(wasi::Error::Other))
+    }
+
+    async fn set(
+        &mut self,
+        b: Resource<Bucket>,
+        key: String,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), wasi::Error>> {
+        let store = self.bucket(&b)?;
+        let op = Op::Set(key.into_bytes(), value);
+        Ok(self.kv_done(&store, op).await.map_err(wasi::Error::Other))
+    }
+
+    async fn delete(
+        &mut self,
+        b: Resource<Bucket>,
+        key: String,
+    ) -> wasmtime::Result<Result<(), wasi::Error>> {
+        let store = self.bucket(&b)?;
+        let op = Op::Delete(key.into_bytes());
+        Ok(self.kv_done(&store, op).await.map_err(wasi::Error::Other))
+    }
+
+    async fn exists(
+        &mut self,
+        b: Resource<Bucket>,
+        key: String,
+    ) -> wasmtime::Result<Result<bool, wasi::Error>> {
+        let store = self.bucket(&b)?;
+        Ok(self
+            .kv_exists(&store, key)
+            .await
+            .map_err(wasi::Error::Other))
+    }
+
+    async fn list_keys(
+        &mut self,
+        b: Resource<Bucket>,
+        cursor: Option<String>,
+    ) -> wasmtime::Result<Result<wasi::KeyResponse, wasi::Error>> {
+        let store = self.bucket(&b)?;
+        let after = cursor.filter(|c| !c.is_empty()).map(String::into_bytes);
+        // One more than a page tells whether there is a next one.
+        let mut keys = match self.kv_list(&store, after, LIST_PAGE + 1).await {
+            Ok(keys) => keys,
+            Err(why) => return Ok(Err(wasi::Error::Other(why))),
+        };
+        let cursor = (keys.len() > LIST_PAGE).then(|| {
+            keys.truncate(LIST_PAGE);
+            string(keys[LIST_PAGE - 1].clone())
+        });
+        Ok(Ok(wasi::KeyResponse {
+            keys: keys.into_iter().map(string).collect(),
+            cursor,
+        }))
+    }
+
+    async fn drop(&mut self, b: Resource<Bucket>) -> wasmtime::Result<()> {
+        self.table.delete(b)?;
+        Ok(())
+    }
+}
+
+impl atomics::Host for HttpState {
+    async fn increment(
+        &mut self,
+        b: Resource<Bucket>,
+        key: String,
+        delta: i64,
+    ) -> wasmtime::Result<Result<i64, wasi::Error>> {
+        let store = self.bucket(&b)?;
+        Ok(
+            match self
+                .kv_run(&store, Op::Increment(key.into_bytes(), delta))
+                .await
+            {
+                Ok(Answer::Integer(n)) => Ok(n),
+                other => Err(wasi::Error::Other(failed(other))),
+            },
+        )
+    }
+
+    async fn swap(
+        &mut self,
+        cas: Resource<Cas>,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), atomics::CasError>> {
+        let Cas {
+            store,
+            key,
+            current,
+        } = self.table.delete(cas)?;
+        let op = Op::CompareAndSwap {
+            key: key.clone().into_bytes(),
+            expected: current,
+            new: value,
+        };
+        match self.kv_run(&store, op).await {
+            Ok(Answer::Bool(true)) => Ok(Ok(())),
+            Ok(Answer::Bool(false)) => {
+                // The value changed since it was read: a fresh read to retry from.
+                let current = match self.kv_get(&store, key.clone()).await {
+                    Ok(v) => v,
+                    Err(why) => return Ok(Err(store_error(why))),
+                };
+                let cas = self.table.push(Cas {
+                    store,
+                    key,
+                    current,
+                })?;
+                Ok(Err(atomics::CasError::CasFailed(cas)))
+            }
+            other => Ok(Err(store_error(failed(other)))),
+        }
+    }
+}
+
+fn store_error(why: String) -> atomics::CasError {
+    atomics::CasError::StoreError(wasi::Error::Other(why))
+}
+
+impl atomics::HostCas for HttpState {
+    async fn new(
+        &mut self,
+        b: Resource<Bucket>,
+        key: String,
+    ) -> wasmtime::Result<Result<Resource<Cas>, wasi::Error>> {
+        let store = self.bucket(&b)?;
+        let current = match self.kv_get(&store, key.clone()).await {
+            Ok(v) => v,
+            Err(why) => return Ok(Err(wasi::Error::Other(why))),
+        };
+        Ok(Ok(self.table.push(Cas {
+            store,
+            key,
+            current,
+        })?))
+    }
+
+    async fn current(
+        &mut self,
+        cas: Resource<Cas>,
+    ) -> wasmtime::Result<Result<Option<Vec<u8>>, wasi::Error>> {
+        Ok(Ok(self.table.get(&cas)?.current.clone()))
+    }
+
+    async fn drop(&mut self, cas: Resource<Cas>) -> wasmtime::Result<()> {
+        self.table.delete(cas)?;
+        Ok(())
+    }
+}
+
+impl batch::Host for HttpState {
+    async fn get_many(
+        &mut self,
+        b: Resource<Bucket>,
+        keys: Vec<String>,
+    ) -> wasmtime::Result<Result<Vec<(String, Option<Vec<u8>>)>, wasi::Error>> {
+        let store = self.bucket(&b)?;
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self.kv_get(&store, key.clone()).await {
+                Ok(v) => out.push((key, v)),
+                Err(why) => return Ok(Err(wasi::Error::Other(why))),
+            }
+        }
+        Ok(Ok(out))
+    }
+
+    async fn set_many(
+        &mut self,
+        b: Resource<Bucket>,
+        key_values: Vec<(String, Vec<u8>)>,
+    ) -> wasmtime::Result<Result<(), wasi::Error>> {
+        let store = self.bucket(&b)?;
+        for (key, value) in key_values {
+            let op = Op::Set(key.into_bytes(), value);
+            if let Err(why) = self.kv_done(&store, op).await {
+                return Ok(Err(wasi::Error::Other(why)));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    async fn delete_many(
+        &mut self,
+        b: Resource<Bucket>,
+        keys: Vec<String>,
+    ) -> wasmtime::Result<Result<(), wasi::Error>> {
+        let store = self.bucket(&b)?;
+        for key in keys {
+            if let Err(why) = self.kv_done(&store, Op::Delete(key.into_bytes())).await {
+                return Ok(Err(wasi::Error::Other(why)));
+            }
+        }
+        Ok(Ok(()))
+    }
+}
