@@ -154,6 +154,10 @@ pub struct Deploy {
     /// A directory or .tar archive served read-only to the guests as /assets.
     #[arg(long)]
     pub assets: Option<PathBuf>,
+    /// A key-value store its guests may open, e.g. `default` (repeatable; replaces its
+    /// stores). The server's stores are `default` and its `[kv.NAME]` sections.
+    #[arg(long = "kv", value_name = "STORE")]
+    pub kv: Vec<String>,
 }
 
 fn parse_backend(s: &str) -> Result<(String, String), String> {
@@ -200,6 +204,9 @@ pub async fn deploy(target: &Target, d: &Deploy) -> anyhow::Result<()> {
     }
     if !d.env.is_empty() {
         spec["env"] = d.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    }
+    if !d.kv.is_empty() {
+        spec["kv"] = json!(d.kv);
     }
     if !d.backends.is_empty() {
         let backends: serde_json::Map<String, serde_json::Value> = d

@@ -732,6 +732,24 @@ fn the_cli_deploys_lists_rolls_back_and_deletes() {
     ]);
     assert!(!ok && out.contains("NAME=URL"), "{out}");
     assert!(get("/other").contains("404"));
+    // A key-value store granted from the command line; one the server does not have is
+    // refused with the names of those it has.
+    let visits = support::demo_file(dir.path(), "visits");
+    let (ok, out) = tern(&["deploy", "v", visits.to_str().unwrap(), "--kv", "default"]);
+    assert!(ok, "{out}");
+    assert!(get("/v").contains("visit 1"), "{}", get("/v"));
+    let (ok, out) = tern(&["deploy", "v", visits.to_str().unwrap(), "--kv", "nope"]);
+    assert!(
+        !ok && out.contains("no store named \"nope\"") && out.contains("default"),
+        "{out}"
+    );
+    assert!(
+        get("/v").contains("visit 2"),
+        "the tenant kept its store: {}",
+        get("/v")
+    );
+    let (ok, out) = tern(&["delete", "v"]);
+    assert!(ok, "{out}");
     let (ok, out) = tern(&["tenants"]);
     assert!(
         ok && out.contains("site") && out.contains("api") && out.contains("/site"),
