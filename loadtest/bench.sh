@@ -17,7 +17,7 @@
 #                                       component in Tern and in `wasmtime serve`: requests/s with
 #                                       shared cores, and CPU per request with the server pinned
 #   bash loadtest/bench.sh kv           key-value stores: CPU a get + set and an increment on the
-#                                       embedded SQLite store add to a request, pinned
+#                                       SQLite and on a Redis store add to a request, pinned
 #   bash loadtest/bench.sh tls          TLS: full and resumed handshakes per core, keep-alive
 #                                       requests over TLS against cleartext; Tern and nginx
 #   bash loadtest/bench.sh fleet        a fleet on one S3 registry (versitygw): a replica joining
@@ -37,7 +37,7 @@ WRK_THREADS=${WRK_THREADS:-2}
 ROUNDS=${ROUNDS:-2}
 RESULTS=$ROOT/loadtest/results
 TERN_PORT=18180 ADMIN_PORT=18190 NATIVE_PORT=18181 PEER_PORT=18182 HAPROXY_PORT=18183
-NATIVE_PROXY_PORT=18184
+NATIVE_PROXY_PORT=18184 REDIS_PORT=18185
 mkdir -p "$RESULTS"
 WORK=$(mktemp -d)
 PIDS=()
@@ -944,31 +944,45 @@ fleet() {
 
 # Key-value stores: what a store round trip adds to a request. The e2e suite's `kv_probe` guest
 # (server/guests/src/bin/kv_probe.rs) with no operation, with a get and a set, and with an
-# increment, on the `default` store (SQLite in a fresh data directory), beside `hello`; the
-# server pinned to core 0 with one worker, `wrk` on core 1, CPU of the whole process (its
-# store thread included) per request.
+# increment, on the `default` store (SQLite in a fresh data directory) and on a Redis store
+# (redis-server on core 1, beside the load generator), beside `hello`; the server pinned to
+# core 0 with one worker, `wrk` on core 1, CPU of the whole process (its store thread
+# included) per request, and Redis's own CPU per request for its rows.
 kv() {
     need wrk wrk
     need taskset util-linux
+    need redis-server redis-server
     build
     cargo build --quiet -p tern-test-guests --bin kv_probe --target wasm32-wasip1 --profile guest
     local probe=$ROOT/target/wasm32-wasip1/guest/kv_probe.wasm config=$WORK/kv.toml
-    printf '[server]\nworker_threads = 1\n[[tenant]]\nname = "hello"\nmodule = "builtin:hello"\npaths = ["/hello"]\n[[tenant]]\nname = "kv"\nmodule = "%s"\npaths = ["/kv"]\nkv = ["default"]\n' \
-        "$probe" >"$config"
+    printf '[server]\nworker_threads = 1\n[kv.r]\nbackend = "redis"\nurl = "redis://127.0.0.1:%s"\n[[tenant]]\nname = "hello"\nmodule = "builtin:hello"\npaths = ["/hello"]\n[[tenant]]\nname = "kv"\nmodule = "%s"\npaths = ["/kv"]\nkv = ["default", "r"]\n' \
+        "$REDIS_PORT" "$probe" >"$config"
     local -A r=() url=(
         [hello]="/hello"
         [none]="/kv"
         [getset]="/kv?op=get:c&op=set:c:1"
         [incr]="/kv?op=incr:c:1"
+        [rgetset]="/kv?store=r&op=get:c&op=set:c:1"
+        [rincr]="/kv?store=r&op=incr:c:1"
     )
-    local n k
+    local n k line before after redis
     for n in $(seq 1 "$ROUNDS"); do
         rm -rf "$WORK/data"
+        taskset -c 1 redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no \
+            --dir "$WORK" >/dev/null &
+        redis=$!
+        PIDS+=("$redis")
         PIN=0 start_tern "$config" TERN_LOG=warn
-        for k in hello none getset incr; do
-            r[$k]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT${url[$k]}" "$TERN_PID")"$'\n'
+        for k in hello none getset incr rgetset rincr; do
+            before=$(process_ticks "$redis")
+            line=$(pinned_h1 "http://127.0.0.1:$TERN_PORT${url[$k]}" "$TERN_PID")
+            after=$(process_ticks "$redis")
+            # Field 8: Redis's CPU per request over the same run.
+            r[$k]+="$(echo "$line" | awk -v b="$before" -v a="$after" -v hz="$(getconf CLK_TCK)" \
+                '{ printf "%s %.2f\n", $0, ($6 > 0 ? (a - b) / hz * 1e6 / $6 : 0) }')"$'\n'
         done
         stop "$TERN_PID"
+        stop "$redis"
     done
     for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | least_cpu); done
     cpu_of() { echo "${r[$1]}" | cut -d' ' -f7; }
@@ -976,26 +990,30 @@ kv() {
     {
         header "Key-value: what a store round trip adds to a request" "bash loadtest/bench.sh kv"
         echo "The \`kv_probe\` guest (server/guests/src/bin/kv_probe.rs) on the \`default\` store (SQLite, WAL,"
-        echo "\`synchronous = NORMAL\`, a fresh data directory), one Tern worker pinned to core 0, \`wrk -t1"
-        echo "-c$CONNS\` on core 1; CPU is the whole process's (its store thread included) over the run ÷"
-        echo "requests, the least of $ROUNDS rounds."
+        echo "\`synchronous = NORMAL\`, a fresh data directory) and on a Redis store (\`redis-server\`, no"
+        echo "persistence, on core 1 beside the load generator), one Tern worker pinned to core 0, \`wrk -t1"
+        echo "-c$CONNS\` on core 1; CPU is the Tern process's (its store thread included) over the run ÷"
+        echo "requests, the least of $ROUNDS rounds; Redis's own CPU per request is beside it."
         echo
-        echo "| request | requests/s | p50 | p99 | CPU per request |"
-        echo "|---|---:|---:|---:|---:|"
-        local label
-        for k in hello none getset incr; do
+        echo "| request | requests/s | p50 | p99 | Tern CPU per request | Redis CPU per request |"
+        echo "|---|---:|---:|---:|---:|---:|"
+        local label redis_cpu
+        for k in hello none getset incr rgetset rincr; do
             case $k in
                 hello) label="\`hello\` (no store)" ;;
                 none) label="\`kv_probe\`, no operation" ;;
-                getset) label="\`kv_probe\`, get + set of one key" ;;
-                incr) label="\`kv_probe\`, one increment" ;;
+                getset) label="\`kv_probe\`, SQLite, get + set of one key" ;;
+                incr) label="\`kv_probe\`, SQLite, one increment" ;;
+                rgetset) label="\`kv_probe\`, Redis, get + set of one key" ;;
+                rincr) label="\`kv_probe\`, Redis, one increment" ;;
             esac
-            read -r rps p50 p99 _ _ _ cpu <<<"${r[$k]}"
-            echo "| $label | $rps | $p50 µs | $p99 µs | $cpu µs |"
+            read -r rps p50 p99 _ _ _ cpu redis_cpu <<<"${r[$k]}"
+            case $k in rgetset | rincr) redis_cpu="$redis_cpu µs" ;; *) redis_cpu="—" ;; esac
+            echo "| $label | $rps | $p50 µs | $p99 µs | $cpu µs | $redis_cpu |"
         done
         echo
-        echo "- Added by the store, CPU per request: get + set **$(added getset) µs**, increment **$(added incr) µs** (against the same guest making no call)"
-        echo "- All $CONNS connections hit one key: every write of a batch goes to the same row"
+        echo "- Added to Tern by the store, CPU per request (against the same guest making no call): SQLite get + set **$(added getset) µs**, increment **$(added incr) µs**; Redis get + set **$(added rgetset) µs**, increment **$(added rincr) µs**"
+        echo "- All $CONNS connections hit one key: every write goes to the same row (SQLite) or hash field (Redis)"
     } | tee "$RESULTS/kv.md"
 }
 

@@ -3,9 +3,14 @@
 //!
 //! A store is a backend behind a bounded queue: [`sqlite`] (embedded, one file per store in the
 //! data directory) runs its operations on a thread of its own, so a guest waiting for one is
-//! suspended like a guest waiting for a backend, and the reactor never waits on a disk. The
-//! guest kinds map [`KvError`] to their own errors (`guest::tern::kv`).
+//! suspended like a guest waiting for a backend, and the reactor never waits on a disk;
+//! [`redis`] (a Redis or Valkey server a fleet shares) sends them on one multiplexed
+//! connection, its writes as Lua scripts that check the quotas where the data is. The guest
+//! kinds map [`KvError`] to their own errors (`guest::tern::kv`, `guest::wasi_http::kv`).
 
+#[cfg(test)]
+mod conformance;
+pub mod redis;
 pub mod sqlite;
 
 use std::collections::BTreeMap;
@@ -26,9 +31,21 @@ pub struct StoreConfig {
     #[serde(default)]
     pub backend: Backend,
     /// The SQLite file (absolute, or relative to the data directory). Default:
-    /// `kv/NAME.sqlite` in the data directory.
+    /// `kv/NAME.sqlite` in the data directory. `sqlite` only.
     #[serde(default)]
     pub path: Option<String>,
+    /// The Redis (or Valkey) server: `redis://[:PASSWORD@]HOST[:PORT][/DB]`. `redis` only,
+    /// and required there.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// What the store's keys start with on the Redis server (several stores, or several
+    /// fleets, may share one server). Default: `tern:NAME:`. `redis` only.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// Longest wait for the Redis server to answer one operation (or to connect), in ms;
+    /// past it the guest gets an error. `redis` only.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
     /// Longest key, in bytes.
     #[serde(default = "default_max_key_bytes")]
     pub max_key_bytes: usize,
@@ -43,6 +60,9 @@ pub struct StoreConfig {
     pub max_bytes_per_tenant: u64,
 }
 
+fn default_timeout_ms() -> u64 {
+    1000
+}
 fn default_max_key_bytes() -> usize {
     1024
 }
@@ -61,6 +81,9 @@ impl Default for StoreConfig {
         Self {
             backend: Backend::default(),
             path: None,
+            url: None,
+            prefix: None,
+            timeout_ms: default_timeout_ms(),
             max_key_bytes: default_max_key_bytes(),
             max_value_bytes: default_max_value_bytes(),
             max_keys_per_tenant: default_max_keys(),
@@ -73,9 +96,11 @@ impl Default for StoreConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
-    /// Embedded SQLite (WAL), nothing to set up.
+    /// Embedded SQLite (WAL), nothing to set up; each server has its own.
     #[default]
     Sqlite,
+    /// A Redis or Valkey server: one store shared by every server pointed at it (a fleet).
+    Redis,
 }
 
 /// Largest key the ABI lets a store be configured with (a listing buffer of this plus two bytes
@@ -90,6 +115,39 @@ impl StoreConfig {
                 "kv.{name}.max_key_bytes must be 1-{KEY_BYTES_CEILING}, not {}",
                 self.max_key_bytes
             ));
+        }
+        match self.backend {
+            Backend::Sqlite => {
+                for (key, set) in [
+                    ("url", self.url.is_some()),
+                    ("prefix", self.prefix.is_some()),
+                ] {
+                    if set {
+                        return Err(format!(
+                            "kv.{name}.{key} is for backend = \"redis\"; this store is SQLite"
+                        ));
+                    }
+                }
+            }
+            Backend::Redis => {
+                if self.path.is_some() {
+                    return Err(format!(
+                        "kv.{name}.path is for backend = \"sqlite\"; a Redis store has a url"
+                    ));
+                }
+                let Some(url) = &self.url else {
+                    return Err(format!(
+                        "kv.{name}: backend = \"redis\" needs url = \"redis://HOST:PORT\""
+                    ));
+                };
+                redis::check_url(url).map_err(|e| format!("kv.{name}.url: {e}"))?;
+                if !(1..=60_000).contains(&self.timeout_ms) {
+                    return Err(format!(
+                        "kv.{name}.timeout_ms must be 1-60000, not {}",
+                        self.timeout_ms
+                    ));
+                }
+            }
         }
         if self.max_value_bytes == 0 || self.max_value_bytes > 64 << 20 {
             return Err(format!(
@@ -177,7 +235,7 @@ pub struct Store {
     pub name: String,
     /// Its settings.
     pub config: StoreConfig,
-    backend: sqlite::Sqlite,
+    backend: Driver,
     /// `tern_kv_operations_total` by result: ok, limit, invalid, unavailable.
     counts: [prometheus::IntCounter; 4],
 }
@@ -195,7 +253,10 @@ impl Store {
     /// [`KvError`].
     pub async fn run(&self, tenant: &Arc<str>, op: Op) -> Result<Answer, KvError> {
         let answer = match self.check(&op) {
-            Ok(()) => self.backend.run(tenant.clone(), op).await,
+            Ok(()) => match &self.backend {
+                Driver::Sqlite(b) => b.run(tenant.clone(), op).await,
+                Driver::Redis(b) => b.run(tenant, op).await,
+            },
             Err(e) => Err(e),
         };
         let result = match &answer {
@@ -248,6 +309,12 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// A store's backend.
+enum Driver {
+    Sqlite(sqlite::Sqlite),
+    Redis(Box<redis::Redis>),
 }
 
 /// What one tenant's guests may use: its stores, in the order granted, and how many
@@ -381,11 +448,16 @@ impl Stores {
                 ));
             }
             config.check(&name)?;
-            let path = match &config.path {
-                Some(p) => data_dir.join(p),
-                None => data_dir.join("kv").join(format!("{name}.sqlite")),
+            let backend = match config.backend {
+                Backend::Sqlite => {
+                    let path = match &config.path {
+                        Some(p) => data_dir.join(p),
+                        None => data_dir.join("kv").join(format!("{name}.sqlite")),
+                    };
+                    Driver::Sqlite(sqlite::Sqlite::new(&name, path, &config))
+                }
+                Backend::Redis => Driver::Redis(Box::new(redis::Redis::new(&name, &config)?)),
             };
-            let backend = sqlite::Sqlite::new(&name, path, &config);
             let counts = ["ok", "limit", "invalid", "unavailable"]
                 .map(|result| operations.with_label_values(&[name.as_str(), result]));
             stores.insert(
@@ -428,5 +500,43 @@ impl Stores {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(toml_text: &str) -> Result<(), String> {
+        let config: StoreConfig = toml::from_str(toml_text).map_err(|e| e.to_string())?;
+        config.check("s")
+    }
+
+    #[test]
+    fn backend_settings_are_checked() {
+        assert_eq!(check(""), Ok(()));
+        assert_eq!(
+            check("backend = \"redis\"\nurl = \"redis://127.0.0.1:6379/2\""),
+            Ok(())
+        );
+        for (text, why) in [
+            ("backend = \"redis\"", "needs url"),
+            ("backend = \"redis\"\nurl = \"http://x\"", "kv.s.url"),
+            ("backend = \"redis\"\nurl = \"rediss://x\"", "TLS to Redis"),
+            (
+                "backend = \"redis\"\nurl = \"redis://x\"\npath = \"a\"",
+                "kv.s.path is for",
+            ),
+            (
+                "backend = \"redis\"\nurl = \"redis://x\"\ntimeout_ms = 0",
+                "timeout_ms",
+            ),
+            ("url = \"redis://x\"", "kv.s.url is for backend = \"redis\""),
+            ("prefix = \"x\"", "kv.s.prefix is for"),
+            ("backend = \"memcached\"", "unknown variant"),
+        ] {
+            let e = check(text).expect_err(text);
+            assert!(e.contains(why), "{text}: {e}");
+        }
     }
 }

@@ -350,117 +350,8 @@ mod tests {
         };
         let stores = stores(dir.path(), config);
         let s = stores.get("s").expect("store").clone();
-        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
-        rt().block_on(async {
-            let run = |t: &Arc<str>, op| {
-                let (s, t) = (s.clone(), t.clone());
-                async move { s.run(&t, op).await }
-            };
-            assert_eq!(
-                run(&a, Op::Get(b"k".to_vec())).await.unwrap(),
-                Answer::Value(None)
-            );
-            run(&a, Op::Set(b"k".to_vec(), b"v1".to_vec()))
-                .await
-                .unwrap();
-            // Tenant b does not see a's key, even in the same store.
-            assert_eq!(
-                run(&b, Op::Get(b"k".to_vec())).await.unwrap(),
-                Answer::Value(None)
-            );
-            assert_eq!(
-                run(&a, Op::Get(b"k".to_vec())).await.unwrap(),
-                Answer::Value(Some(b"v1".to_vec()))
-            );
-            assert_eq!(
-                run(&a, Op::Increment(b"n".to_vec(), 5)).await.unwrap(),
-                Answer::Integer(5)
-            );
-            assert_eq!(
-                run(&a, Op::Increment(b"n".to_vec(), -7)).await.unwrap(),
-                Answer::Integer(-2)
-            );
-            assert!(matches!(
-                run(&a, Op::Increment(b"k".to_vec(), 1)).await,
-                Err(KvError::Invalid(_))
-            ));
-            // Two keys held: a third is over max_keys_per_tenant, nothing written.
-            assert!(matches!(
-                run(&a, Op::Set(b"x".to_vec(), b"1".to_vec())).await,
-                Err(KvError::Limit(_))
-            ));
-            assert_eq!(
-                run(&a, Op::Exists(b"x".to_vec())).await.unwrap(),
-                Answer::Bool(false)
-            );
-            // Replacing a value within the byte limit works; past it, refused.
-            run(&a, Op::Set(b"k".to_vec(), b"12345678".to_vec()))
-                .await
-                .unwrap();
-            assert!(matches!(
-                run(&a, Op::Set(b"k".to_vec(), b"123456789".to_vec())).await,
-                Err(KvError::Limit(_))
-            ));
-            assert!(matches!(
-                run(&a, Op::Set(b"12345".to_vec(), b"1".to_vec())).await,
-                Err(KvError::Limit(_))
-            ));
-            assert!(matches!(
-                run(&a, Op::Set(Vec::new(), b"1".to_vec())).await,
-                Err(KvError::Invalid(_))
-            ));
-            // Compare-and-swap: expected value, expected absence.
-            let cas = |key: &[u8], expected: Option<&[u8]>, new: &[u8]| Op::CompareAndSwap {
-                key: key.to_vec(),
-                expected: expected.map(<[u8]>::to_vec),
-                new: new.to_vec(),
-            };
-            assert_eq!(
-                run(&a, cas(b"n", Some(b"-1"), b"0")).await.unwrap(),
-                Answer::Bool(false)
-            );
-            assert_eq!(
-                run(&a, cas(b"n", Some(b"-2"), b"0")).await.unwrap(),
-                Answer::Bool(true)
-            );
-            assert_eq!(
-                run(&b, cas(b"n", None, b"b")).await.unwrap(),
-                Answer::Bool(true)
-            );
-            assert_eq!(
-                run(&b, cas(b"n", None, b"c")).await.unwrap(),
-                Answer::Bool(false)
-            );
-            // Deleting frees the key for another.
-            run(&a, Op::Delete(b"k".to_vec())).await.unwrap();
-            run(&a, Op::Set(b"x".to_vec(), b"1".to_vec()))
-                .await
-                .unwrap();
-            assert_eq!(
-                run(
-                    &a,
-                    Op::List {
-                        after: None,
-                        limit: 10
-                    }
-                )
-                .await
-                .unwrap(),
-                Answer::Keys(vec![b"n".to_vec(), b"x".to_vec()])
-            );
-            assert_eq!(
-                run(
-                    &a,
-                    Op::List {
-                        after: Some(b"n".to_vec()),
-                        limit: 10
-                    }
-                )
-                .await
-                .unwrap(),
-                Answer::Keys(vec![b"x".to_vec()])
-            );
-        });
+        let a: Arc<str> = "a".into();
+        rt().block_on(crate::kv::conformance::operations(&s));
         // The file keeps it: a new server over the same directory reads it back.
         drop(s);
         drop(stores);
@@ -512,29 +403,6 @@ mod tests {
             .worker_threads(2)
             .build()
             .expect("runtime");
-        let tenant: Arc<str> = "t".into();
-        let last = rt.block_on(async move {
-            let tasks: Vec<_> = (0..500)
-                .map(|_| {
-                    let (s, t) = (s.clone(), tenant.clone());
-                    tokio::spawn(async move { s.run(&t, Op::Increment(b"c".to_vec(), 1)).await })
-                })
-                .collect();
-            let mut seen = Vec::new();
-            for t in tasks {
-                match t.await.expect("task").expect("increment") {
-                    Answer::Integer(n) => seen.push(n),
-                    other => panic!("{other:?}"),
-                }
-            }
-            seen.sort_unstable();
-            (
-                seen,
-                s.run(&tenant, Op::Get(b"c".to_vec())).await.expect("get"),
-            )
-        });
-        // Every increment saw a different value: 1..=500, and the counter ends at 500.
-        assert_eq!(last.0, (1..=500).collect::<Vec<i64>>());
-        assert_eq!(last.1, Answer::Value(Some(b"500".to_vec())));
+        rt.block_on(crate::kv::conformance::parallel_increments(s));
     }
 }

@@ -469,3 +469,141 @@ async fn concurrent_compare_and_swap_from_components_all_count() {
         (200, "50".to_string())
     );
 }
+
+/// A real `redis-server` on 127.0.0.1 (Debian's; `bash scripts/test` installs it), saving
+/// nothing to disk.
+struct Redis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Redis {
+    fn start() -> Self {
+        let port = crate::support::free_port();
+        Self {
+            child: Self::spawn(port),
+            port,
+        }
+    }
+
+    fn spawn(port: u16) -> std::process::Child {
+        let mut child = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server (apt-get install redis-server; bash scripts/test does)");
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return child;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("redis-server did not listen on port {port}");
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Two servers (replicas of a fleet) with one Redis store: guests of both kinds on either see
+/// the same keys, and their increments all count. Redis going away fails the guests' calls
+/// with the reason (the servers serve on); once it is back they work again by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_store_is_shared_by_replicas_and_outlives_redis_going_away() {
+    let mut redis = Redis::start();
+    let config = format!(
+        "[pool]\ninstances = 8\nmax_memory_mib = 64\n\
+         [kv.shared]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout_ms = 500\n\
+         [[tenant]]\nname = \"a\"\nmodule = \"kv_probe.wasm\"\npaths = [\"/a\"]\n\
+         kv = [\"shared\"]\n\
+         [[tenant]]\nname = \"s5\"\nmodule = \"spin5.wasm\"\npaths = [\"/s5\"]\n\
+         kv = [\"shared\"]\n",
+        redis.port
+    );
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let dir = tempfile::tempdir().unwrap();
+        test_guest(dir.path(), "kv_probe");
+        spin_module(dir.path(), 5, "spin5");
+        replicas.push(TestServer::try_start_in(dir, &config).await.expect("start"));
+    }
+    let (one, two) = (&replicas[0], &replicas[1]);
+    assert_eq!(
+        probe(one, "/a?store=shared&op=set:k:hello&op=incr:n:1").await,
+        ["opened", "ok", "1"]
+    );
+    assert_eq!(
+        probe(two, "/a?store=shared&op=get:k&op=incr:n:1&op=list").await,
+        ["opened", "hello", "2", "k,n"]
+    );
+    for (s, n) in [(one, "1"), (two, "2"), (one, "3")] {
+        assert_eq!(
+            spin_kv(s, "/s5/kv/wasi/shared/incr/hits", None).await,
+            (200, n.to_string())
+        );
+    }
+    // Concurrent increments through both replicas: every one counts.
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let addr = replicas[i % 2].addr();
+            tokio::spawn(async move { get_at(addr, "/a?store=shared&op=incr:c:1").await })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap().status, StatusCode::OK);
+    }
+    assert_eq!(
+        probe(one, "/a?store=shared&op=get:c").await,
+        ["opened", "40"]
+    );
+
+    // Redis stops: the guests' calls fail with the reason, the servers answer.
+    redis.stop();
+    let got = probe(one, "/a?store=shared&op=get:k").await;
+    assert!(
+        got[1].starts_with("error=IO ") && got[1].contains("store \"shared\" (Redis)"),
+        "{got:?}"
+    );
+    let (status, text) = spin_kv(two, "/s5/kv/spin/shared/get/k", None).await;
+    assert!(status == 500 && text.contains("(Redis)"), "{status} {text}");
+    assert_eq!(one.get("/a").await.status, StatusCode::OK);
+    let m = one.metrics().await;
+    assert!(
+        metric_value(
+            &m,
+            "tern_kv_operations_total{result=\"unavailable\",store=\"shared\"}"
+        ) >= 1.0,
+        "{m}"
+    );
+
+    // Back (empty: it saved nothing): the next calls reconnect.
+    redis.child = Redis::spawn(redis.port);
+    let mut answer = Vec::new();
+    for _ in 0..50 {
+        answer = probe(two, "/a?store=shared&op=set:k:again&op=get:k").await;
+        if answer[1] == "ok" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(answer, ["opened", "ok", "again"]);
+    assert_eq!(
+        probe(one, "/a?store=shared&op=get:k").await,
+        ["opened", "again"]
+    );
+    assert_eq!(
+        spin_kv(one, "/s5/kv/wasi/shared/incr/hits", None).await,
+        (200, "1".to_string())
+    );
+}
