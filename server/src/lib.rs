@@ -34,7 +34,9 @@
 //!   its errors to their ABI's.
 //! - [`kv`]: guests' key-value stores: named, granted per tenant, each tenant's keys its own;
 //!   [`kv::sqlite`] (embedded, one file per store, worked by a thread of its own behind a
-//!   bounded queue, batches committed together). `guest::tern::kv` maps its errors to the ABI's.
+//!   bounded queue, batches committed together) and [`kv::redis`] (a Redis server a fleet
+//!   shares; writes as Lua scripts that check quotas on the server). `guest::tern::kv` and
+//!   `guest::wasi_http::kv` (Spin's key-value, `wasi:keyvalue`) map its errors to theirs.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
 //! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
 //!   before each teardown (with [`artifact`], the only modules with `unsafe`).
