@@ -10,7 +10,7 @@
 //! (one cluster slot): `PREFIX{TENANT}:v`, a hash of its keys and values; `PREFIX{TENANT}:k`, a
 //! sorted set of its keys (score 0: listed in bytewise order, a page after a key with
 //! `ZRANGEBYLEX`); `PREFIX{TENANT}:b`, the bytes it holds. Reads are single commands; writes
-//! are one Lua script ([`WRITE`]) that checks the tenant's quotas and updates all three
+//! are one Lua script (`WRITE`) that checks the tenant's quotas and updates all three
 //! atomically, so concurrent replicas never overrun a quota or lose an increment. Values that
 //! count are decimal text, as Redis's own `HINCRBY` reads and writes them (exact 64-bit
 //! arithmetic, never Lua's floating point).

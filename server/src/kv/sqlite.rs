@@ -2,7 +2,7 @@
 //!
 //! Guests hand operations to the thread through a bounded queue and wait for the answer
 //! suspended (their worker thread serves other requests meanwhile). The thread takes whatever
-//! has queued up, up to [`BATCH`] operations, and runs them in one transaction: under load many
+//! has queued up, up to `BATCH` (64) operations, and runs them in one transaction: under load many
 //! requests share one commit. An answer is sent only after its transaction committed, so no
 //! guest ever sees a write that is not on disk; a batch whose commit fails is answered with the
 //! error whole. `synchronous = NORMAL`: a committed write survives the process crashing; the
