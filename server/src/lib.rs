@@ -39,7 +39,8 @@
 //!   `guest::wasi_http::kv` (Spin's key-value, `wasi:keyvalue`) map its errors to theirs.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
 //! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
-//!   before each teardown (with [`artifact`], the only modules with `unsafe`).
+//!   before each teardown (with [`artifact`], the only modules with `unsafe`, besides one
+//!   `sched_setscheduler` call in [`kv::sqlite`]).
 //! - [`tenant`]: loaded tenants: the pre-linked guest (its kind), limits, env, metric handles.
 //! - [`registry`]: the live tenant table (swapped atomically) and deploy, rollback, delete,
 //!   reload; beside it `loader` (stored versions into pre-linked tenants), `error` (why a
