@@ -136,12 +136,12 @@ pub struct Redis {
 
 impl Redis {
     /// The store `name` on the server of `config.url` (not connected until first used).
+    /// `Stores::open` has checked `config` first (the URL with [`check_url`]).
     ///
     /// # Errors
     /// A URL that is not a Redis server's.
     pub fn new(name: &str, config: &StoreConfig) -> Result<Self, String> {
         let url = config.url.as_deref().unwrap_or_default();
-        check_url(url).map_err(|e| format!("kv.{name}.url: {e}"))?;
         let client = redis::Client::open(url).map_err(|e| format!("kv.{name}.url: {e}"))?;
         Ok(Self {
             name: name.to_string(),

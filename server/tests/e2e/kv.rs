@@ -304,68 +304,35 @@ async fn spin_components_use_key_value_unchanged() {
     for t in ["s3", "s5"] {
         let ok = |text: &str| (200, text.to_string());
         let at = |p: &str| format!("/{t}/kv/{p}");
-        assert_eq!(
-            spin_kv(&s, &at("spin/default/get/k"), None).await,
-            ok("none")
-        );
-        assert_eq!(
-            spin_kv(&s, &at("spin/default/set/k"), Some("v1")).await,
-            ok("ok")
-        );
-        assert_eq!(spin_kv(&s, &at("spin/default/get/k"), None).await, ok("v1"));
-        // The same keys through wasi:keyvalue.
-        assert_eq!(spin_kv(&s, &at("wasi/default/get/k"), None).await, ok("v1"));
-        assert_eq!(
-            spin_kv(&s, &at("wasi/default/set/k"), Some("v2")).await,
-            ok("ok")
-        );
-        assert_eq!(
-            spin_kv(&s, &at("spin/default/exists/k"), None).await,
-            ok("true")
-        );
-        for n in 1..=3 {
-            let r = spin_kv(&s, &at("spin/default/count/visits"), None).await;
-            assert_eq!(r, ok(&n.to_string()));
+        // Each step: the path after /{t}/kv/, the body to POST, the answer.
+        let steps: &[(&str, Option<&str>, &str)] = &[
+            ("spin/default/get/k", None, "none"),
+            ("spin/default/set/k", Some("v1"), "ok"),
+            ("spin/default/get/k", None, "v1"),
+            // The same keys through wasi:keyvalue.
+            ("wasi/default/get/k", None, "v1"),
+            ("wasi/default/set/k", Some("v2"), "ok"),
+            ("spin/default/exists/k", None, "true"),
+            ("spin/default/count/visits", None, "1"),
+            ("spin/default/count/visits", None, "2"),
+            ("spin/default/count/visits", None, "3"),
+            ("wasi/default/incr/hits", None, "1"),
+            ("wasi/default/incr/hits", None, "2"),
+            ("wasi/default/cas/c", None, "1 after 1"),
+            ("wasi/default/cas/c", None, "2 after 1"),
+            ("spin/default/keys", None, "c,hits,k,visits"),
+            ("wasi/default/many/zz", Some("x=1\ny=2"), "x=1,y=2,zz=none"),
+            ("wasi/default/delete/k", None, "ok"),
+            ("wasi/default/exists/k", None, "false"),
+            ("spin/default/get/k", None, "none"),
+        ];
+        for &(path, body, want) in steps {
+            assert_eq!(spin_kv(&s, &at(path), body).await, ok(want), "{t} {path}");
         }
-        assert_eq!(
-            spin_kv(&s, &at("wasi/default/incr/hits"), None).await,
-            ok("1")
-        );
-        assert_eq!(
-            spin_kv(&s, &at("wasi/default/incr/hits"), None).await,
-            ok("2")
-        );
-        assert_eq!(
-            spin_kv(&s, &at("wasi/default/cas/c"), None).await,
-            ok("1 after 1")
-        );
-        assert_eq!(
-            spin_kv(&s, &at("wasi/default/cas/c"), None).await,
-            ok("2 after 1")
-        );
-        assert_eq!(
-            spin_kv(&s, &at("spin/default/keys"), None).await,
-            ok("c,hits,k,visits")
-        );
-        assert_eq!(
-            spin_kv(&s, &at("wasi/default/many/zz"), Some("x=1\ny=2")).await,
-            ok("x=1,y=2,zz=none")
-        );
-        assert_eq!(
-            spin_kv(&s, &at("wasi/default/delete/k"), None).await,
-            ok("ok")
-        );
-        assert_eq!(
-            spin_kv(&s, &at("wasi/default/exists/k"), None).await,
-            ok("false")
-        );
-        assert_eq!(
-            spin_kv(&s, &at("spin/default/get/k"), None).await,
-            ok("none")
-        );
 
-        // A store the tenant is not granted, and one the server does not have: Spin's
-        // access-denied, as Spin answers a label its manifest does not allow.
+        // Stores the server does not have: Spin's access-denied, as Spin answers a label its
+        // manifest does not allow (a store the server has but the tenant is not granted:
+        // `nokv` below).
         for store in ["nope", "other"] {
             let (status, text) = spin_kv(&s, &at(&format!("spin/{store}/get/k")), None).await;
             assert_eq!((status, text.as_str()), (500, "Error::AccessDenied"));

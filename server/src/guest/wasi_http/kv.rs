@@ -57,21 +57,11 @@ pub fn add_to_linker(linker: &mut Linker<HttpState>) -> wasmtime::Result<()> {
     bindings::Keyvalue::add_to_linker::<HttpState, HasSelf<HttpState>>(linker, |s| s)
 }
 
-/// A failure in the words both interfaces share: what the guest reads in `other(text)`.
-fn text(e: &KvError) -> String {
-    e.to_string()
-}
-
 impl HttpState {
-    /// Runs `op` on `store` for this request.
-    async fn kv_run(&mut self, store: &Store, op: Op) -> Result<Answer, KvError> {
-        self.kv.run(store, op).await
-    }
-
     /// Opens the granted store `name` as a new handle (counted as an operation).
     fn kv_open(&mut self, name: &str) -> wasmtime::Result<Result<Resource<Bucket>, Opened>> {
         if let Err(e) = self.kv.count() {
-            return Ok(Err(Opened::Failed(text(&e))));
+            return Ok(Err(Opened::Failed(e.to_string())));
         }
         match self.kv.open(name) {
             Ok(store) => Ok(Ok(self.table.push(Bucket(store))?)),
@@ -84,21 +74,21 @@ impl HttpState {
     }
 
     async fn kv_get(&mut self, store: &Store, key: String) -> Result<Option<Vec<u8>>, String> {
-        match self.kv_run(store, Op::Get(key.into_bytes())).await {
+        match self.kv.run(store, Op::Get(key.into_bytes())).await {
             Ok(Answer::Value(v)) => Ok(v),
             other => Err(failed(other)),
         }
     }
 
     async fn kv_done(&mut self, store: &Store, op: Op) -> Result<(), String> {
-        match self.kv_run(store, op).await {
+        match self.kv.run(store, op).await {
             Ok(Answer::Done) => Ok(()),
             other => Err(failed(other)),
         }
     }
 
     async fn kv_exists(&mut self, store: &Store, key: String) -> Result<bool, String> {
-        match self.kv_run(store, Op::Exists(key.into_bytes())).await {
+        match self.kv.run(store, Op::Exists(key.into_bytes())).await {
             Ok(Answer::Bool(b)) => Ok(b),
             other => Err(failed(other)),
         }
@@ -111,7 +101,7 @@ impl HttpState {
         after: Option<Vec<u8>>,
         limit: usize,
     ) -> Result<Vec<Vec<u8>>, String> {
-        match self.kv_run(store, Op::List { after, limit }).await {
+        match self.kv.run(store, Op::List { after, limit }).await {
             Ok(Answer::Keys(keys)) => Ok(keys),
             other => Err(failed(other)),
         }
@@ -125,7 +115,9 @@ impl HttpState {
         let mut after = None;
         loop {
             let batch = self.kv_list(store, after.take(), GET_KEYS_BATCH).await?;
-            let more = batch.len() == GET_KEYS_BATCH;
+            if batch.len() == GET_KEYS_BATCH {
+                after = batch.last().cloned();
+            }
             for key in batch {
                 // A list of strings takes 8 bytes per string beside its bytes.
                 bytes += key.len() + 8;
@@ -136,10 +128,9 @@ impl HttpState {
                         self.limits.max_memory
                     ));
                 }
-                after = Some(key.clone());
                 keys.push(string(key));
             }
-            if !more {
+            if after.is_none() {
                 return Ok(keys);
             }
         }
@@ -152,10 +143,11 @@ enum Opened {
     Failed(String),
 }
 
-/// The words for a failed operation (or, a bug, an answer of the wrong kind).
+/// The words for a failed operation, what the guest reads in `other(text)` (or, a bug, an
+/// answer of the wrong kind).
 fn failed(answer: Result<Answer, KvError>) -> String {
     match answer {
-        Err(e) => text(&e),
+        Err(e) => e.to_string(),
         Ok(a) => format!("the store answered {a:?}"),
     }
 }
@@ -330,7 +322,8 @@ impl atomics::Host for HttpState {
         let store = self.bucket(&b)?;
         Ok(
             match self
-                .kv_run(&store, Op::Increment(key.into_bytes(), delta))
+                .kv
+                .run(&store, Op::Increment(key.into_bytes(), delta))
                 .await
             {
                 Ok(Answer::Integer(n)) => Ok(n),
@@ -354,7 +347,7 @@ impl atomics::Host for HttpState {
             expected: current,
             new: value,
         };
-        match self.kv_run(&store, op).await {
+        match self.kv.run(&store, op).await {
             Ok(Answer::Bool(true)) => Ok(Ok(())),
             Ok(Answer::Bool(false)) => {
                 // The value changed since it was read: a fresh read to retry from.
