@@ -37,6 +37,7 @@
 #define TERN_INFO_TLS_PROTOCOL 9  /* e.g. "TLSv1.3"; TERN_EUNAVAILABLE over plain HTTP */
 #define TERN_INFO_TLS_SNI 10      /* the TLS server name; TERN_EUNAVAILABLE over plain HTTP */
 #define TERN_INFO_TENANT 11       /* the tenant's name */
+#define TERN_INFO_TRACEPARENT 12  /* the guest's span, W3C; TERN_EUNAVAILABLE without tracing */
 
 /* Response bodies up to this size are buffered and sent complete; larger ones stream. */
 #define TERN_STREAM_THRESHOLD 65536

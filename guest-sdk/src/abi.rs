@@ -187,9 +187,13 @@ pub mod info {
     pub const TLS_SNI: i32 = 10;
     /// The tenant's name.
     pub const TENANT: i32 = 11;
+    /// The W3C `traceparent` of the guest's own span (`00-<trace id>-<span id>-<flags>`) when
+    /// the server exports traces (the request's `traceparent` header says the same);
+    /// `UNAVAILABLE` when it does not.
+    pub const TRACEPARENT: i32 = 12;
 
     /// Every key with its name, for checks that list them.
-    pub const ALL: [(&str, i32); 12] = [
+    pub const ALL: [(&str, i32); 13] = [
         ("CLIENT_IP", CLIENT_IP),
         ("CLIENT_PORT", CLIENT_PORT),
         ("REQUEST_ID", REQUEST_ID),
@@ -202,6 +206,7 @@ pub mod info {
         ("TLS_PROTOCOL", TLS_PROTOCOL),
         ("TLS_SNI", TLS_SNI),
         ("TENANT", TENANT),
+        ("TRACEPARENT", TRACEPARENT),
     ];
 }
 

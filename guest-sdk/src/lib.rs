@@ -447,6 +447,13 @@ pub mod context {
     pub fn tenant() -> Option<String> {
         text(info::TENANT)
     }
+
+    /// The W3C `traceparent` of this guest's span when the server exports traces (`None`
+    /// when it does not): put it in your own log lines, or send it on, to join them to the
+    /// trace.
+    pub fn traceparent() -> Option<String> {
+        text(info::TRACEPARENT)
+    }
 }
 
 /// The request body, read from the host in chunks as the handler asks for it.

@@ -29,6 +29,7 @@ fn access_line(c: &mut Criterion) {
                         black_box("hello"),
                         black_box(200),
                         black_box(Duration::from_micros(1_234)),
+                        black_box(None),
                     );
                 });
             });

@@ -18,4 +18,6 @@ pub struct App {
     /// Where tenants' `https_redirect` sends clients: the TLS listener's public port (set once
     /// it is bound; unset without one).
     pub https_port: std::sync::OnceLock<u16>,
+    /// Traces (`[tracing]`), when they are on.
+    pub tracer: Option<std::sync::Arc<crate::trace::Tracer>>,
 }

@@ -51,6 +51,8 @@ pub struct RequestContext {
     pub prefix_len: usize,
     /// The HTTP version the request came in.
     pub version: Version,
+    /// Its trace, when tracing is on (`[tracing]`).
+    pub trace: Option<Arc<crate::trace::Active>>,
 }
 
 impl RequestContext {
@@ -129,6 +131,7 @@ mod tests {
             request_id: HeaderValue::from_static("r"),
             prefix_len: 0,
             version: Version::HTTP_11,
+            trace: None,
         }
     }
 

@@ -3,12 +3,13 @@
 //! [`handle`] never fails: every error becomes a short plain-text response with its own status,
 //! an `x-request-id`, and a `Server-Timing` header with the phases the request reached.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use http::header::{CONNECTION, HOST, RETRY_AFTER, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 use tokio::sync::oneshot;
 
@@ -33,10 +34,19 @@ pub async fn handle(
     req: Request<Incoming>,
     conn: Connection,
 ) -> Response<ResponseBody> {
+    let arrived = Instant::now();
+    let trace = app.tracer.as_ref().map(|t| Traced::begin(t, &req, &conn));
+    let request_id = match (client_request_id(req.headers()), &trace) {
+        (Some(id), _) => id,
+        // A traced request's id is its trace id: logs, error pages and traces join on it.
+        (None, Some(t)) => t.active.trace_id_header(),
+        (None, None) => new_request_id(),
+    };
     let mut ex = Exchange {
-        arrived: Instant::now(),
-        request_id: request_id(req.headers()),
+        arrived,
+        request_id,
         timings: Timings::default(),
+        trace,
     };
     let _in_flight = GaugeGuard::new(&app.metrics.in_flight);
 
@@ -93,6 +103,9 @@ pub async fn handle(
         );
         return ex.unrouted(&app, resp);
     };
+    if let Some(t) = &mut ex.trace {
+        t.tenant = Some((tenant.clone(), prefix_len));
+    }
 
     // (A request without a host name has nowhere to be sent: it is served.)
     if tenant.https_redirect
@@ -111,6 +124,9 @@ pub async fn handle(
     }
 
     let queued = Instant::now();
+    if let Some(t) = &mut ex.trace {
+        t.queued = Some(queued);
+    }
     let admitted = match app
         .pool
         .admit(&tenant.slots, tenant.limits.max_concurrency)
@@ -125,14 +141,20 @@ pub async fn handle(
     };
     ex.timings.set(Phase::Queue, queued.elapsed());
 
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     // A `HEAD` response's body is never sent, so it is never counted as undelivered.
     let head_only = parts.method == Method::HEAD;
+    let trace = ex.trace.as_ref().map(|t| t.active.clone());
+    if let Some(t) = &trace {
+        // The guest sees its own span as the parent (its logs and calls join the trace there).
+        t.stamp(&mut parts.headers, t.run_span);
+    }
     let context = RequestContext {
         conn,
         request_id: ex.request_id.clone(),
         prefix_len,
         version: parts.version,
+        trace,
     };
     let request = GuestRequest::new(
         parts.method,
@@ -162,10 +184,18 @@ pub async fn handle(
             // guest run on in its own task, streaming into the body channel.
             let mut after = ex.timings;
             let app2 = app.clone();
+            // Its trace ends with the guest: it is taken out of the exchange.
+            let trace = ex.trace.take();
+            let (status, arrived) = (head.status.as_u16(), ex.arrived);
+            let request_id = ex.request_id.clone();
             tokio::spawn(async move {
                 let out = run.await;
                 record_phases(&mut after, &out);
                 app2.metrics.observe(&after, Phase::Teardown);
+                if let Some(mut t) = trace {
+                    t.ran(&out);
+                    t.end(&app2, arrived, &after, status, &request_id);
+                }
             });
             let resp = streamed(&tenant, head, head_only);
             // Only route and queue are known when the head leaves; the rest reaches /metrics.
@@ -178,6 +208,9 @@ pub async fn handle(
     // written fast). That head is the response; the whole body waits in its channel.
     record_phases(&mut ex.timings, &out);
     app.metrics.observe(&ex.timings, Phase::Teardown);
+    if let Some(t) = &mut ex.trace {
+        t.ran(&out);
+    }
     let resp = match out.result {
         Ok(Reply::Buffered(done)) => {
             let mut resp = Response::new(ResponseBody::full(done.body));
@@ -197,7 +230,7 @@ pub async fn handle(
                 plain(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
             }
         },
-        Err(e) => error_response(&e, &tenant, &ex.request_id),
+        Err(e) => error_response(&e, &tenant, &ex.ids()),
     };
     ex.finish(&app, Some(&tenant), resp, Phase::Teardown)
 }
@@ -219,14 +252,10 @@ fn streamed(tenant: &TenantRef, head: Head, head_only: bool) -> Response<Respons
     resp
 }
 
-/// The response for a failure: its status, the body the tenant's error settings give it, and
-/// the headers its outcome calls for.
-fn error_response(
-    e: &ExecError,
-    tenant: &TenantRef,
-    request_id: &HeaderValue,
-) -> Response<ResponseBody> {
-    let (body, kind) = tenant.errors.body(e, request_id.to_str().unwrap_or("-"));
+/// The response for a failure: its status, the body the tenant's error settings give it (`ids`:
+/// the request id, and the trace id when it differs), and the headers its outcome calls for.
+fn error_response(e: &ExecError, tenant: &TenantRef, ids: &str) -> Response<ResponseBody> {
+    let (body, kind) = tenant.errors.body(e, ids);
     let mut resp = plain(e.outcome.status(), &body);
     if let Some(kind) = kind {
         resp.headers_mut().insert(http::header::CONTENT_TYPE, kind);
@@ -246,16 +275,36 @@ fn error_response(
     resp
 }
 
-/// One request as the front end sees it: when it came, its id, and how long each phase took.
+/// One request as the front end sees it: when it came, its id, how long each phase took, and
+/// its trace when tracing is on.
 struct Exchange {
     arrived: Instant,
     request_id: HeaderValue,
     timings: Timings,
+    trace: Option<Traced>,
 }
 
 impl Exchange {
+    /// The request id as error pages give it: with the trace id when the client chose the
+    /// request id (otherwise a traced request's id is its trace id).
+    fn ids(&self) -> String {
+        let id = self.request_id.to_str().unwrap_or("-");
+        match &self.trace {
+            Some(t) => {
+                let mut buf = [0u8; 32];
+                let trace_id = t.active.trace_id_text(&mut buf);
+                if id == trace_id {
+                    id.to_string()
+                } else {
+                    format!("{id}, trace id {trace_id}")
+                }
+            }
+            None => id.to_string(),
+        }
+    }
+
     /// Answers a request that reached no tenant with `resp`.
-    fn unrouted(&self, app: &App, resp: Response<ResponseBody>) -> Response<ResponseBody> {
+    fn unrouted(self, app: &App, resp: Response<ResponseBody>) -> Response<ResponseBody> {
         app.metrics.observe(&self.timings, Phase::Route);
         self.finish(app, None, resp, Phase::Route)
     }
@@ -263,7 +312,7 @@ impl Exchange {
     /// Refuses a routed request before its guest runs, recording the phases it reached and
     /// counting the outcome.
     fn reject(
-        &self,
+        mut self,
         app: &App,
         tenant: &TenantRef,
         e: &ExecError,
@@ -271,18 +320,17 @@ impl Exchange {
     ) -> Response<ResponseBody> {
         app.metrics.observe(&self.timings, reached);
         tenant.count_outcome(e.outcome);
-        self.finish(
-            app,
-            Some(tenant),
-            error_response(e, tenant, &self.request_id),
-            reached,
-        )
+        if let Some(t) = &mut self.trace {
+            t.failure = Some((e.outcome.name(), e.message.clone()));
+        }
+        let resp = error_response(e, tenant, &self.ids());
+        self.finish(app, Some(tenant), resp, reached)
     }
 
-    /// Adds the request id and `Server-Timing`, counts the response and writes the access log
-    /// line.
+    /// Adds the request id and `Server-Timing`, counts the response, writes the access log
+    /// line and ends the trace.
     fn finish(
-        &self,
+        self,
         app: &App,
         tenant: Option<&TenantRef>,
         mut resp: Response<ResponseBody>,
@@ -298,18 +346,127 @@ impl Exchange {
             }
             None => app.metrics.unrouted().count(status),
         }
+        let mut trace_id = [0u8; 32];
         crate::logwriter::access(
             self.request_id.to_str().unwrap_or("-"),
             tenant.map_or("-", |t| t.name.as_str()),
             status,
             total,
+            self.trace
+                .as_ref()
+                .map(|t| t.active.trace_id_text(&mut trace_id)),
         );
         let headers: &mut HeaderMap = resp.headers_mut();
         headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
         if let Ok(v) = HeaderValue::from_str(&self.timings.server_timing(total, reached)) {
             headers.insert(SERVER_TIMING.clone(), v);
         }
+        if let Some(t) = self.trace {
+            t.end(app, self.arrived, &self.timings, status, &self.request_id);
+        }
         resp
+    }
+}
+
+/// What a traced request's spans say, gathered as it goes (nothing is formatted until the
+/// tracer keeps it).
+struct Traced {
+    active: Arc<crate::trace::Active>,
+    method: Method,
+    uri: Uri,
+    version: http::Version,
+    scheme: &'static str,
+    client: SocketAddr,
+    user_agent: Option<HeaderValue>,
+    /// The tenant it was routed to, and the length of the prefix it matched.
+    tenant: Option<(TenantRef, usize)>,
+    /// When it began waiting for a slot.
+    queued: Option<Instant>,
+    /// When its run began.
+    run_start: Option<Instant>,
+    /// The outcome's name and message, when the request failed.
+    failure: Option<(&'static str, String)>,
+}
+
+impl Traced {
+    fn begin(tracer: &crate::trace::Tracer, req: &Request<Incoming>, conn: &Connection) -> Self {
+        Self {
+            active: tracer.begin(req.headers()),
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            scheme: conn.scheme(),
+            client: conn.peer,
+            user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
+            tenant: None,
+            queued: None,
+            run_start: None,
+            failure: None,
+        }
+    }
+
+    /// The guest's run ended with `out`.
+    fn ran(&mut self, out: &RunOutput) {
+        self.run_start = Some(out.start);
+        if let Err(e) = &out.result {
+            self.failure = Some((e.outcome.name(), e.message.clone()));
+        }
+    }
+
+    /// The request ended with `status`: queued for export if the tracer keeps it.
+    fn end(
+        self,
+        app: &App,
+        arrived: Instant,
+        timings: &Timings,
+        status: u16,
+        request_id: &HeaderValue,
+    ) {
+        let Some(tracer) = &app.tracer else { return };
+        let end = Instant::now();
+        if !tracer.keeps(&self.active, status, self.failure.is_some(), end - arrived) {
+            return;
+        }
+        let took = |p: Phase| timings.0[p as usize];
+        let queue = self.queued.map(|q| (q, q + took(Phase::Queue)));
+        let phases = match self.run_start {
+            Some(s) => {
+                let ran_from = s + took(Phase::Instantiate);
+                let ran_until = ran_from + took(Phase::Run);
+                [
+                    queue,
+                    Some((s, ran_from)),
+                    Some((ran_from, ran_until)),
+                    Some((ran_until, ran_until + took(Phase::Teardown))),
+                ]
+            }
+            None => [queue, None, None, None],
+        };
+        let tenant = self.tenant.map(|(t, prefix_len)| crate::trace::TenantSpan {
+            name: t.name.clone(),
+            route: crate::trace::route_of(self.uri.path(), prefix_len),
+            version: match &t.origin {
+                crate::tenant::Origin::Api { version } => version.id.clone(),
+                crate::tenant::Origin::Config => "config".to_string(),
+            },
+            kind: t.kind().name(),
+        });
+        tracer.submit(Box::new(crate::trace::Record {
+            active: self.active,
+            arrived,
+            end: (end, std::time::SystemTime::now()),
+            method: self.method,
+            uri: self.uri,
+            version: self.version,
+            scheme: self.scheme,
+            client: self.client,
+            user_agent: self.user_agent,
+            status,
+            request_id: request_id.clone(),
+            tenant,
+            phases,
+            failure: self.failure,
+        }));
     }
 }
 
@@ -356,18 +513,19 @@ fn authority(req: &Request<Incoming>) -> Result<Option<&str>, &'static str> {
     }
 }
 
-/// The client's `x-request-id` if it is 1-128 characters of `[A-Za-z0-9._:-]`, else a new one.
-fn request_id(headers: &HeaderMap) -> HeaderValue {
-    if let Some(v) = headers.get(&X_REQUEST_ID) {
-        let b = v.as_bytes();
-        if !b.is_empty()
-            && b.len() <= 128
-            && b.iter()
-                .all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(c))
-        {
-            return v.clone();
-        }
-    }
+/// The client's `x-request-id` if it is 1-128 characters of `[A-Za-z0-9._:-]`.
+fn client_request_id(headers: &HeaderMap) -> Option<HeaderValue> {
+    let v = headers.get(&X_REQUEST_ID)?;
+    let b = v.as_bytes();
+    (!b.is_empty()
+        && b.len() <= 128
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(c)))
+    .then(|| v.clone())
+}
+
+/// A new request id: this process's prefix and a counter.
+fn new_request_id() -> HeaderValue {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     static PREFIX: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     let prefix = *PREFIX.get_or_init(|| {
@@ -413,11 +571,12 @@ mod tests {
     fn request_ids_are_honoured_only_when_sane() {
         let mut h = HeaderMap::new();
         h.insert(&X_REQUEST_ID, HeaderValue::from_static("abc-123.x:y_z"));
-        assert_eq!(request_id(&h), "abc-123.x:y_z");
+        assert_eq!(client_request_id(&h).unwrap(), "abc-123.x:y_z");
         h.insert(&X_REQUEST_ID, HeaderValue::from_static("has space"));
-        assert_ne!(request_id(&h), "has space");
-        let a = request_id(&HeaderMap::new());
-        let b = request_id(&HeaderMap::new());
+        assert_eq!(client_request_id(&h), None);
+        assert_eq!(client_request_id(&HeaderMap::new()), None);
+        let a = new_request_id();
+        let b = new_request_id();
         assert_ne!(a, b);
         assert_eq!(a.len(), 21);
     }

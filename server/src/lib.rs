@@ -100,6 +100,7 @@ pub mod store;
 pub mod teardown;
 pub mod tenant;
 pub mod tls;
+pub mod trace;
 
 /// An error and its causes, `: `-separated (a client's own message alone often says only
 /// "client error (Connect)"); a cause its error already quotes is not repeated.

@@ -168,16 +168,35 @@ impl Drop for FlushGuard {
 pub const ACCESS_TARGET: &str = "tern::access";
 
 /// Writes the access line of one request (target [`ACCESS_TARGET`], level info): the request
-/// id, the tenant (`-` when none was routed), the status and the total time in ms.
-pub fn access(request_id: &str, tenant: &str, status: u16, total: Duration) {
-    tracing::info!(
-        target: "tern::access",
-        request_id,
-        tenant,
-        status,
-        total_ms = total.as_micros() as f64 / 1e3,
-        "request"
-    );
+/// id, the tenant (`-` when none was routed), the status, the total time in ms and, when
+/// tracing is on, the trace id.
+pub fn access(
+    request_id: &str,
+    tenant: &str,
+    status: u16,
+    total: Duration,
+    trace_id: Option<&str>,
+) {
+    let total_ms = total.as_micros() as f64 / 1e3;
+    match trace_id {
+        None => tracing::info!(
+            target: "tern::access",
+            request_id,
+            tenant,
+            status,
+            total_ms,
+            "request"
+        ),
+        Some(trace_id) => tracing::info!(
+            target: "tern::access",
+            request_id,
+            tenant,
+            status,
+            total_ms,
+            trace_id,
+            "request"
+        ),
+    }
 }
 
 /// The process's log subscriber: events passing `filter` (an `EnvFilter` directive string such

@@ -238,6 +238,10 @@ pub struct Metrics {
     pub registry_nudges: IntCounterVec,
     /// The other replicas this one nudges after a change.
     pub registry_peers: IntGauge,
+    /// Spans the trace collector accepted.
+    pub trace_spans_exported: IntCounter,
+    /// Spans dropped, by reason.
+    pub trace_spans_dropped: IntCounterVec,
 }
 
 impl Metrics {
@@ -425,6 +429,21 @@ impl Metrics {
             )
             .expect("valid metric"),
         );
+        let trace_spans_exported = r.register(
+            IntCounter::new(
+                "tern_trace_spans_exported_total",
+                "Spans the trace collector accepted ([tracing]).",
+            )
+            .expect("valid metric"),
+        );
+        let trace_spans_dropped = r.counters(
+            "tern_trace_spans_dropped_total",
+            "Spans of kept requests that were not exported, by reason: queue_full (more \
+             requests waited for export than tracing.max_queue: the collector is slow or \
+             down), export_failed (the collector refused the batch or did not answer within \
+             tracing.timeout_ms).",
+            &["reason"],
+        );
         let Registrar(registry) = r;
         #[cfg(target_os = "linux")]
         registry
@@ -476,6 +495,19 @@ impl Metrics {
             outbound_duration,
             outbound_connections,
             kv_operations,
+            trace_spans_exported,
+            trace_spans_dropped,
+        }
+    }
+
+    /// The handles the tracer's exporter counts with.
+    pub fn trace(&self) -> crate::trace::TraceMetrics {
+        crate::trace::TraceMetrics {
+            exported: self.trace_spans_exported.clone(),
+            dropped_queue: self.trace_spans_dropped.with_label_values(&["queue_full"]),
+            dropped_export: self
+                .trace_spans_dropped
+                .with_label_values(&["export_failed"]),
         }
     }
 

@@ -168,12 +168,26 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         Duration::from_millis(config.pool.queue_timeout_ms),
         metrics.queue_depth.clone(),
     );
+    let shutdown = Shutdown::new();
+    let tracing = config
+        .tracing
+        .resolve(|k| std::env::var(k).ok(), &config.registry.replica_name())
+        .map_err(|e| anyhow::anyhow!("[tracing]: {e}"))?;
+    let mut tasks = Vec::new();
+    let tracer = tracing.map(|settings| {
+        tracing::info!(url = %settings.url, "exporting traces by OTLP/HTTP");
+        let (tracer, task) =
+            crate::trace::Tracer::start(settings, metrics.trace(), shutdown.clone());
+        tasks.push(task);
+        tracer
+    });
     let app = Arc::new(App {
         registry,
         admin_token: token.token,
         pool,
         metrics,
         https_port: std::sync::OnceLock::new(),
+        tracer,
     });
 
     let per_core = config.server.runtime == crate::config::RuntimeMode::PerCore;
@@ -254,7 +268,6 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
             .https_port
             .set(if public == 0 { at.port() } else { public });
     }
-    let shutdown = Shutdown::new();
     if watch_swap {
         tokio::spawn(use_memset_reset_under_swap(app.clone(), shutdown.clone()));
     }
@@ -270,7 +283,6 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     });
     let mut tls_first = tls.map(|(l, _)| l);
 
-    let mut tasks = Vec::new();
     let mut threads = Vec::new();
     if app.registry.shared_url().is_some() {
         let (a, s) = (app.clone(), shutdown.clone());

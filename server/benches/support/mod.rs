@@ -76,6 +76,7 @@ pub async fn request(tenant: &TenantRef) -> RunOutput {
             request_id: HeaderValue::from_static("harness"),
             prefix_len: 0,
             version: http::Version::HTTP_11,
+            trace: None,
         },
     );
     let (commit, _head) = tokio::sync::oneshot::channel();

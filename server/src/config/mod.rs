@@ -66,6 +66,10 @@ pub struct Config {
     /// `[kv.NAME]`: guests' key-value stores (`default` exists without a section).
     #[serde(default)]
     pub kv: BTreeMap<String, crate::kv::StoreConfig>,
+    /// `[tracing]`: every request's phases as OpenTelemetry spans, exported over OTLP/HTTP
+    /// (off unless an endpoint is set here or in the `OTEL_*` environment).
+    #[serde(default)]
+    pub tracing: crate::trace::TracingConfig,
     /// Directory relative module paths are resolved against (the config file's directory).
     #[serde(skip)]
     pub base_dir: PathBuf,

@@ -54,6 +54,8 @@ pub enum Reply {
 pub struct RunOutput {
     /// The reply, or the failure.
     pub result: Result<Reply, ExecError>,
+    /// When the run began (instantiation, then the handler, then teardown follow).
+    pub start: Instant,
     /// `Store::new` + `instantiate_async` (the WASI context is built on first use, in `run`).
     pub instantiate: Duration,
     /// The handler call.
@@ -258,6 +260,7 @@ impl Ended {
         let [start, ran_from, ran_until] = self.times;
         RunOutput {
             result,
+            start,
             instantiate: ran_from - start,
             run: ran_until - ran_from,
             teardown,

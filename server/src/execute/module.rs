@@ -30,6 +30,7 @@ pub(super) async fn run(
 ) -> RunOutput {
     let request_id = &request_id;
     let limits = &tenant.limits;
+    let trace = request.context.trace.clone();
     let state = GuestState {
         wasi: Wasi::new(tenant.wasi.clone()),
         memory: None,
@@ -38,7 +39,7 @@ pub(super) async fn run(
         limits: super::guest_limits(limits),
         files: fs::Files::new(tenant.assets.clone()),
         outbound: Outbound::new(tenant.outbound.clone()),
-        kv: Kv::new(tenant.kv.clone()),
+        kv: Kv::new(tenant.kv.clone(), trace),
         cgi: cgi.then(Cgi::default),
         headers_blob: None,
     };

@@ -45,6 +45,7 @@ pub(super) async fn run(
         let result = reply(Err(e), &mut response, tenant, request_id).await;
         return RunOutput {
             result,
+            start,
             instantiate: Duration::ZERO,
             run: Duration::ZERO,
             teardown: Duration::ZERO,
@@ -61,6 +62,7 @@ pub(super) async fn run(
         tenant.outbound.clone(),
         tenant.kv.clone(),
         &request.headers,
+        request.context.trace.as_ref(),
         request_id,
     );
     let scheme = match request.context.conn.tls {

@@ -565,6 +565,7 @@ mod tests {
             request_id: HeaderValue::from_static("r1"),
             prefix_len,
             version,
+            trace: None,
         };
         let request = super::GuestRequest::new(
             http::Method::GET,

@@ -214,6 +214,21 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// Its name in traces.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Get(_) => "get",
+            Op::Exists(_) => "exists",
+            Op::Set(..) => "set",
+            Op::Delete(_) => "delete",
+            Op::Increment(..) => "increment",
+            Op::CompareAndSwap { .. } => "compare_and_swap",
+            Op::List { .. } => "list",
+        }
+    }
+}
+
 /// What an operation answered.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Answer {
@@ -247,6 +262,14 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
+    /// Its backend's name in traces (`db.system.name`).
+    pub fn system(&self) -> &'static str {
+        match &self.backend {
+            Driver::Sqlite(_) => "sqlite",
+            Driver::Redis(_) => "redis",
+        }
+    }
+
     /// Runs `op` on `tenant`'s keys. Sizes are checked here, before the backend sees it.
     ///
     /// # Errors
@@ -343,16 +366,19 @@ impl Grants {
 pub struct Session {
     grants: Arc<Grants>,
     ops: u32,
+    /// The request's trace, when tracing is on: each operation is a span.
+    trace: Option<Arc<crate::trace::Active>>,
     /// Time the guest spent waiting for its stores.
     pub waited: Duration,
 }
 
 impl Session {
     /// No operation made yet.
-    pub fn new(grants: Arc<Grants>) -> Self {
+    pub fn new(grants: Arc<Grants>, trace: Option<Arc<crate::trace::Active>>) -> Self {
         Self {
             grants,
             ops: 0,
+            trace,
             waited: Duration::ZERO,
         }
     }
@@ -403,10 +429,36 @@ impl Session {
     /// [`KvError`].
     pub async fn run(&mut self, store: &Store, op: Op) -> Result<Answer, KvError> {
         self.count()?;
+        let op_name = op.name();
         let started = Instant::now();
         let answer = store.run(&self.grants.tenant, op).await;
         self.waited += started.elapsed();
+        self.traced(store, op_name, started, answer.as_ref().err());
         answer
+    }
+
+    /// Records operation `op` on `store`, begun at `started` and just ended, as a span of the
+    /// request's trace (when it has one).
+    pub fn traced(
+        &self,
+        store: &Store,
+        op: &'static str,
+        started: Instant,
+        error: Option<&KvError>,
+    ) {
+        if let Some(trace) = &self.trace {
+            trace.record(crate::trace::Call {
+                span_id: crate::trace::span_id(),
+                start: started,
+                end: Instant::now(),
+                what: crate::trace::CallKind::Kv {
+                    store: store.name.clone(),
+                    system: store.system(),
+                    op,
+                    error: error.map(ToString::to_string),
+                },
+            });
+        }
     }
 }
 

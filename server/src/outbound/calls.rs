@@ -15,10 +15,7 @@ use super::{CDN_ID, HeadError, MAX_HOPS, OutBody, Target, client, hops, send};
 
 /// `CDN-Loop` (RFC 8586): where a request has been.
 pub static CDN_LOOP: HeaderName = HeaderName::from_static("cdn-loop");
-/// W3C trace context: the trace a request belongs to.
-pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-/// W3C trace context: vendor trace state.
-pub static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+pub use crate::trace::{TRACEPARENT, TRACESTATE};
 
 /// A tenant's outbound policy with its metric handles, shared by its requests.
 #[derive(Debug)]
@@ -38,17 +35,20 @@ pub struct Calls {
 }
 
 /// What an incoming request hands on to the requests its guest sends: how often it passed
-/// through Tern, the `CDN-Loop` value to send on, and the trace it belongs to.
+/// through Tern, the `CDN-Loop` value to send on, and the trace it belongs to (Tern's own when
+/// tracing is on: each request is a client span; else the caller's, passed on as it came).
 #[derive(Debug, Clone, Default)]
 pub struct Passing {
     hops: usize,
     cdn_loop: Option<HeaderValue>,
     trace: Option<(HeaderValue, Option<HeaderValue>)>,
+    traced: Option<Arc<crate::trace::Active>>,
 }
 
 impl Passing {
-    /// What the incoming request with `headers` hands on.
-    pub fn of(headers: &HeaderMap) -> Self {
+    /// What the incoming request with `headers` (and trace `traced`, when tracing is on)
+    /// hands on.
+    pub fn of(headers: &HeaderMap, traced: Option<&Arc<crate::trace::Active>>) -> Self {
         let mut cdn_loop = String::new();
         for v in headers.get_all(&CDN_LOOP) {
             if let Ok(v) = v.to_str() {
@@ -63,23 +63,32 @@ impl Passing {
             trace: headers
                 .get(&TRACEPARENT)
                 .map(|tp| (tp.clone(), headers.get(&TRACESTATE).cloned())),
+            traced: traced.cloned(),
         }
     }
 
     /// Adds `CDN-Loop` (what the request passed through, and us) and, unless the guest set
-    /// its own, the trace headers.
-    fn stamp(&self, headers: &mut HeaderMap) {
+    /// its own, the trace headers: when tracing is on, a new client span's (its id
+    /// returned); else the caller's.
+    fn stamp(&self, headers: &mut HeaderMap) -> Option<[u8; 8]> {
         if let Some(v) = &self.cdn_loop {
             headers.insert(CDN_LOOP.clone(), v.clone());
         }
-        if let Some((tp, ts)) = &self.trace
-            && !headers.contains_key(&TRACEPARENT)
-        {
+        if headers.contains_key(&TRACEPARENT) {
+            return None;
+        }
+        if let Some(active) = &self.traced {
+            let span = crate::trace::span_id();
+            active.stamp(headers, span);
+            return Some(span);
+        }
+        if let Some((tp, ts)) = &self.trace {
             headers.insert(TRACEPARENT.clone(), tp.clone());
             if let Some(ts) = ts {
                 headers.insert(TRACESTATE.clone(), ts.clone());
             }
         }
+        None
     }
 }
 
@@ -242,8 +251,9 @@ impl Calls {
         let client = client(target, &self.opened).map_err(Failed::NoClient)?;
         let headers = req.headers_mut();
         headers.insert(HOST, target.host.clone());
-        passing.stamp(headers);
+        let span = passing.stamp(headers);
         *req.uri_mut() = target.uri.clone();
+        let method = span.map(|_| req.method().clone());
         let started = Instant::now();
         let total = target.timeouts.total;
         let exchange = async {
@@ -270,6 +280,22 @@ impl Calls {
             .unwrap_or(Err(Failed::Total(total)));
         if result.is_ok() {
             self.duration.observe(started.elapsed().as_secs_f64());
+        }
+        if let (Some(span_id), Some(method), Some(active)) = (span, method, &passing.traced) {
+            active.record(crate::trace::Call {
+                span_id,
+                start: started,
+                end: Instant::now(),
+                what: crate::trace::CallKind::Outbound {
+                    method,
+                    url: target.uri.clone(),
+                    backend: target.label.clone(),
+                    result: match &result {
+                        Ok((resp, _)) => Ok(resp.status().as_u16()),
+                        Err(f) => Err(f.to_string()),
+                    },
+                },
+            });
         }
         result
     }

@@ -27,3 +27,4 @@ mod swap;
 mod tenants;
 mod tls;
 mod toolchains;
+mod traces;

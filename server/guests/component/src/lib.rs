@@ -107,6 +107,11 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
                         .unwrap_or_default()
                 };
                 let (test, info) = (header("x-test"), header("spin-path-info"));
+                // The trace context the server gives its guest, when it traces.
+                let traceparent = match header("traceparent") {
+                    t if t.is_empty() => t,
+                    t => format!(" traceparent={t}"),
+                };
                 let scheme = match request.scheme() {
                     Some(Scheme::Http) => "http",
                     Some(Scheme::Https) => "https",
@@ -116,7 +121,7 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
                 let body = read_all(request);
                 let text = format!(
                     "method={method} path={path} x-test={test} spin-path-info={info} body={} \
-                     scheme={scheme}\n",
+                     scheme={scheme}{traceparent}\n",
                     body.len()
                 );
                 respond(out, 200, &[("content-type", "text/plain")], text.as_bytes());

@@ -31,9 +31,9 @@ pub struct Kv {
 
 impl Kv {
     /// No store open yet.
-    pub fn new(grants: Arc<Grants>) -> Self {
+    pub fn new(grants: Arc<Grants>, trace: Option<Arc<crate::trace::Active>>) -> Self {
         Self {
-            session: Session::new(grants),
+            session: Session::new(grants, trace),
             open: Vec::new(),
             last_error: String::new(),
         }
@@ -76,10 +76,13 @@ async fn run(caller: &mut Caller<'_, GuestState>, handle: i32, op: Op) -> Result
     let kv = &mut caller.data_mut().kv;
     let store = kv.store(handle)?;
     let tenant = kv.session.grants().tenant.clone();
+    let op_name = op.name();
     let started = Instant::now();
     let answer = store.run(&tenant, op).await;
     let kv = &mut caller.data_mut().kv;
     kv.session.waited += started.elapsed();
+    kv.session
+        .traced(&store, op_name, started, answer.as_ref().err());
     answer.map_err(|e| kv.error(&e))
 }
 

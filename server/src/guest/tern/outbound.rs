@@ -162,8 +162,9 @@ impl Outbound {
 
     /// What the client's request (with `incoming` headers) hands on to the guest's requests,
     /// worked out at the guest's first request.
-    fn passing(&mut self, incoming: &HeaderMap) -> &Passing {
-        self.passing.get_or_insert_with(|| Passing::of(incoming))
+    fn passing(&mut self, incoming: &GuestRequest) -> &Passing {
+        self.passing
+            .get_or_insert_with(|| Passing::of(&incoming.headers, incoming.context.trace.as_ref()))
     }
 
     /// Records `f` as the last error (for `outbound_last_error`), counts it and returns its code.
@@ -210,7 +211,7 @@ impl Outbound {
         let calls = self.calls.clone();
         match calls.admit(
             n,
-            self.passing(&request.headers),
+            self.passing(request),
             &label,
             &request.context.request_id,
         ) {
@@ -241,7 +242,7 @@ impl Outbound {
 
     /// Sends the request built in `handle`: its head now; its body whole, or (with `stream`)
     /// from later writes.
-    fn send(&mut self, handle: i32, stream: bool, incoming: &HeaderMap) -> i32 {
+    fn send(&mut self, handle: i32, stream: bool, incoming: &GuestRequest) -> i32 {
         let call = match self.take(handle) {
             Ok(c) => c,
             Err(code) => return code,
@@ -588,7 +589,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             Ok(state.outbound.send(
                 handle,
                 flags & abi::OUTBOUND_STREAM_BODY != 0,
-                &state.request.headers,
+                &state.request,
             ))
         },
     )?;

@@ -68,6 +68,10 @@ fn request_info<'a>(
             None => Err(abi::errno::UNAVAILABLE),
         },
         info::TENANT => Ok(Cow::Owned(tenant.as_bytes().to_vec())),
+        info::TRACEPARENT => match &request.context.trace {
+            Some(t) => Ok(Cow::Owned(t.traceparent(t.run_span).as_bytes().to_vec())),
+            None => Err(abi::errno::UNAVAILABLE),
+        },
         _ => Err(abi::errno::INVALID_ARGUMENT),
     }
 }

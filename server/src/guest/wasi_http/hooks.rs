@@ -28,10 +28,15 @@ pub(super) struct Hooks {
 }
 
 impl Hooks {
-    pub(super) fn new(calls: Arc<Calls>, incoming: &HeaderMap, request_id: &HeaderValue) -> Self {
+    pub(super) fn new(
+        calls: Arc<Calls>,
+        incoming: &HeaderMap,
+        trace: Option<&Arc<crate::trace::Active>>,
+        request_id: &HeaderValue,
+    ) -> Self {
         Self {
             request_id: request_id.clone(),
-            passing: Passing::of(incoming),
+            passing: Passing::of(incoming, trace),
             calls,
             sent: 0,
             shared: None,

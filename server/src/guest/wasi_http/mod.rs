@@ -116,6 +116,7 @@ impl HttpState {
         calls: Arc<Calls>,
         kv: Arc<Grants>,
         headers: &HeaderMap,
+        trace: Option<&Arc<crate::trace::Active>>,
         request_id: &HeaderValue,
     ) -> Self {
         limits.instances = STORE_INSTANCES;
@@ -125,8 +126,8 @@ impl HttpState {
             spec,
             stdio: None,
             http: WasiHttpCtx::new(),
-            hooks: Hooks::new(calls, headers, request_id),
-            kv: Session::new(kv),
+            hooks: Hooks::new(calls, headers, trace, request_id),
+            kv: Session::new(kv, trace.cloned()),
             limits,
         }
     }

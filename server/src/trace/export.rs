@@ -1,0 +1,161 @@
+//! The exporter task: takes kept requests off the queue every `batch_delay` (or when the queue
+//! is half full), encodes them as OTLP protobuf and posts them to the collector. A batch that
+//! cannot be delivered (collector down, slow past `timeout`, an error status) is dropped and its
+//! spans counted; the request path never waits for any of it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Request};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::{Notify, mpsc};
+
+use super::{Record, Settings, TraceMetrics, otlp};
+use crate::shutdown::Shutdown;
+
+type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// How often a failing collector is logged (each failed batch is counted).
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+pub(super) async fn run(
+    settings: Settings,
+    mut queue: mpsc::Receiver<Box<Record>>,
+    wake: Arc<Notify>,
+    metrics: TraceMetrics,
+    stop: Shutdown,
+) {
+    let client = match client(&settings) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("traces cannot be exported (every span is dropped): {e}");
+            return;
+        }
+    };
+    let mut exporter = Exporter {
+        client,
+        settings,
+        metrics,
+        logged: None,
+    };
+    loop {
+        let stopping = tokio::select! {
+            () = tokio::time::sleep(exporter.settings.batch_delay) => false,
+            () = wake.notified() => false,
+            () = stop.wait() => true,
+        };
+        // Everything queued now, in batches of `max_batch`.
+        loop {
+            let mut batch = Vec::new();
+            while batch.len() < exporter.settings.max_batch {
+                match queue.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            if batch.is_empty() {
+                break;
+            }
+            let full = batch.len() == exporter.settings.max_batch;
+            exporter.export(&batch).await;
+            if !full {
+                break;
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+fn client(settings: &Settings) -> Result<Client<Https, Full<Bytes>>, String> {
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?;
+    let tls = if settings.url.scheme_str() == Some("https") {
+        use hyper_rustls::ConfigBuilderExt;
+        tls.with_native_roots()
+            .map_err(|e| format!("the platform's CA certificates could not be loaded: {e}"))?
+            .with_no_client_auth()
+    } else {
+        tls.with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth()
+    };
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector))
+}
+
+struct Exporter {
+    client: Client<Https, Full<Bytes>>,
+    settings: Settings,
+    metrics: TraceMetrics,
+    /// When a failure was last logged.
+    logged: Option<Instant>,
+}
+
+impl Exporter {
+    async fn export(&mut self, batch: &[Box<Record>]) {
+        let (body, spans) = otlp::encode(batch, &self.settings.resource);
+        let mut req = Request::post(self.settings.url.clone())
+            .header(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/x-protobuf"),
+            )
+            .body(Full::new(Bytes::from(body)))
+            .expect("a valid request");
+        for (name, value) in &self.settings.headers {
+            req.headers_mut().insert(name.clone(), value.clone());
+        }
+        let sent = async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| crate::error_chain(&e))?;
+            let status = resp.status();
+            if status.is_success() {
+                return Ok(());
+            }
+            let body = Limited::new(resp.into_body(), 4096)
+                .collect()
+                .await
+                .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+                .unwrap_or_default();
+            Err(format!("the collector answered {status}: {}", body.trim()))
+        };
+        let result = match tokio::time::timeout(self.settings.timeout, sent).await {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "no answer within {} ms",
+                self.settings.timeout.as_millis()
+            )),
+        };
+        match result {
+            Ok(()) => self.metrics.exported.inc_by(spans as u64),
+            Err(why) => {
+                self.metrics.dropped_export.inc_by(spans as u64);
+                if self.logged.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+                    self.logged = Some(Instant::now());
+                    tracing::warn!(
+                        url = %self.settings.url,
+                        "traces: a batch of {spans} spans was dropped (counted in \
+                         tern_trace_spans_dropped_total; logged at most once a minute): {why}"
+                    );
+                }
+            }
+        }
+    }
+}

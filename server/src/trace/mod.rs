@@ -1,0 +1,514 @@
+//! Traces: every request's phases as OpenTelemetry spans, joined with the caller's trace.
+//!
+//! Nothing new is timed during a request: the front end already keeps when each phase began
+//! and ended. A request only gets its ids (the trace's, continued from an incoming W3C
+//! `traceparent` or new, and the ids of its server and `run` spans, which guests and backends
+//! see) and, when its guest calls a backend or a key-value store, one record per call. When the
+//! request ends, the [`Tracer`] decides whether to keep it (head sampling, parent-based with a
+//! ratio, then tail rules: errors and slow requests are kept whatever the head decided); a kept
+//! request becomes one [`Record`] on a bounded queue, and the exporter task turns records into
+//! spans, encodes them as OTLP protobuf and posts them in batches to the collector
+//! (`export`, `otlp`). A full queue drops the record and counts its spans; nothing waits.
+
+mod config;
+mod export;
+mod otlp;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
+use tokio::sync::{Notify, mpsc};
+
+pub use config::{Sampler, Settings, TracingConfig};
+
+/// W3C trace context: the trace a request belongs to and the span that sent it.
+pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+/// W3C trace context: vendors' trace state, passed on unchanged.
+pub static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// Most calls (outbound requests, key-value operations) recorded as spans per request; the
+/// rest are counted on the server span (`tern.spans_dropped`).
+pub const MAX_CALL_SPANS: usize = 128;
+
+/// A caller's span context from a `traceparent` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parent {
+    /// The trace.
+    pub trace_id: [u8; 16],
+    /// The caller's span.
+    pub span_id: [u8; 8],
+    /// The caller sampled it (trace flag `01`).
+    pub sampled: bool,
+}
+
+/// Parses a W3C `traceparent` (`00-<trace id>-<parent id>-<flags>`, lower-case hex; a later
+/// version may append fields after another `-`). `None` for anything malformed, version `ff`,
+/// or all-zero ids: the request then starts a new trace.
+pub fn parse_traceparent(v: &[u8]) -> Option<Parent> {
+    if v.len() < 55 || (v.len() > 55 && (v[55] != b'-' || &v[..2] == b"00")) {
+        return None;
+    }
+    let version = hex_byte(&v[0..2])?;
+    if version == 0xff || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
+        return None;
+    }
+    let mut trace_id = [0u8; 16];
+    for (i, b) in trace_id.iter_mut().enumerate() {
+        *b = hex_byte(&v[3 + 2 * i..5 + 2 * i])?;
+    }
+    let mut span_id = [0u8; 8];
+    for (i, b) in span_id.iter_mut().enumerate() {
+        *b = hex_byte(&v[36 + 2 * i..38 + 2 * i])?;
+    }
+    let flags = hex_byte(&v[53..55])?;
+    if trace_id == [0; 16] || span_id == [0; 8] {
+        return None;
+    }
+    Some(Parent {
+        trace_id,
+        span_id,
+        sampled: flags & 1 == 1,
+    })
+}
+
+/// One byte from two lower-case hex digits.
+fn hex_byte(two: &[u8]) -> Option<u8> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    Some(digit(two[0])? << 4 | digit(two[1])?)
+}
+
+/// Lower-case hex of `bytes` into `out` (twice as long).
+fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in bytes.iter().enumerate() {
+        out[2 * i] = HEX[usize::from(b >> 4)];
+        out[2 * i + 1] = HEX[usize::from(b & 15)];
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut out = vec![0u8; bytes.len() * 2];
+    hex_into(bytes, &mut out);
+    String::from_utf8(out).expect("hex is ASCII")
+}
+
+/// Random ids: a per-thread wyrand generator seeded from the standard library's per-process
+/// random keys (ids need to be unique, not secret).
+pub fn random_u64() -> u64 {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, Hasher};
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new({
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(std::process::id().into());
+            h.finish()
+        });
+    }
+    STATE.with(|s| {
+        let x = s.get().wrapping_add(0xa076_1d64_78bd_642f);
+        s.set(x);
+        let t = u128::from(x) * u128::from(x ^ 0xe703_7ed1_a0b4_28db);
+        ((t >> 64) as u64) ^ (t as u64)
+    })
+}
+
+/// A new span id (never all zeros).
+pub fn span_id() -> [u8; 8] {
+    loop {
+        let id = random_u64();
+        if id != 0 {
+            return id.to_be_bytes();
+        }
+    }
+}
+
+fn trace_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&random_u64().to_be_bytes());
+    id[8..].copy_from_slice(&span_id());
+    id
+}
+
+/// One traced request while it runs: its ids, and the calls its guest made.
+#[derive(Debug)]
+pub struct Active {
+    /// The trace (the caller's, or new).
+    pub trace_id: [u8; 16],
+    /// The caller's span, when the request came with a valid `traceparent`.
+    pub parent: Option<[u8; 8]>,
+    /// The request's server span.
+    pub server_span: [u8; 8],
+    /// The guest's `run` span: the parent guests see, and of the calls they make.
+    pub run_span: [u8; 8],
+    /// The head sampling decision (the flag passed on).
+    pub sampled: bool,
+    /// The caller's `tracestate`, passed on unchanged.
+    pub tracestate: Option<HeaderValue>,
+    calls: Mutex<Calls>,
+}
+
+#[derive(Debug, Default)]
+struct Calls {
+    spans: Vec<Call>,
+    dropped: u32,
+}
+
+/// A call the guest made, recorded as a span under its `run` span.
+#[derive(Debug)]
+pub struct Call {
+    /// The span's id (for an outbound request, the parent the backend saw).
+    pub span_id: [u8; 8],
+    /// When it began and ended.
+    pub start: Instant,
+    /// See `start`.
+    pub end: Instant,
+    /// What it was.
+    pub what: CallKind,
+}
+
+/// The kinds of calls.
+#[derive(Debug)]
+pub enum CallKind {
+    /// An outbound HTTP request (a client span), until its response head.
+    Outbound {
+        /// The request's method.
+        method: Method,
+        /// The URL asked for.
+        url: Uri,
+        /// The backend's name (`url` for URL requests).
+        backend: Arc<str>,
+        /// The response's status, or why there was none.
+        result: Result<u16, String>,
+    },
+    /// A key-value operation.
+    Kv {
+        /// The store's name.
+        store: String,
+        /// Its backend (`sqlite`, `redis`).
+        system: &'static str,
+        /// The operation (`get`, `set`, ...).
+        op: &'static str,
+        /// Why it failed, if it did.
+        error: Option<String>,
+    },
+}
+
+impl Active {
+    /// The `traceparent` of span `span` of this trace, with this request's sampling flag.
+    pub fn traceparent(&self, span: [u8; 8]) -> HeaderValue {
+        let mut v = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        hex_into(&self.trace_id, &mut v[3..35]);
+        hex_into(&span, &mut v[36..52]);
+        if self.sampled {
+            v[54] = b'1';
+        }
+        HeaderValue::from_bytes(&v).expect("hex is a valid header value")
+    }
+
+    /// The trace id as hex, written into `buf`.
+    pub fn trace_id_text<'a>(&self, buf: &'a mut [u8; 32]) -> &'a str {
+        hex_into(&self.trace_id, buf);
+        std::str::from_utf8(buf).expect("hex is ASCII")
+    }
+
+    /// The trace id as a header value (the request id of a request that came without one).
+    pub fn trace_id_header(&self) -> HeaderValue {
+        let mut buf = [0u8; 32];
+        hex_into(&self.trace_id, &mut buf);
+        HeaderValue::from_bytes(&buf).expect("hex is a valid header value")
+    }
+
+    /// Records a call the guest made.
+    pub fn record(&self, call: Call) {
+        let mut calls = self
+            .calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if calls.spans.len() < MAX_CALL_SPANS {
+            calls.spans.push(call);
+        } else {
+            calls.dropped += 1;
+        }
+    }
+
+    /// Sets the trace headers a guest sees or a backend gets: `traceparent` naming `span` as
+    /// the parent, and the caller's `tracestate` (a stale one removed).
+    pub fn stamp(&self, headers: &mut HeaderMap, span: [u8; 8]) {
+        headers.insert(TRACEPARENT.clone(), self.traceparent(span));
+        match &self.tracestate {
+            Some(ts) => {
+                headers.insert(TRACESTATE.clone(), ts.clone());
+            }
+            None => {
+                headers.remove(&TRACESTATE);
+            }
+        }
+    }
+
+    fn take_calls(&self) -> Calls {
+        std::mem::take(
+            &mut *self
+                .calls
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
+/// A finished request the tracer kept, as the exporter turns it into spans.
+#[derive(Debug)]
+pub struct Record {
+    /// Its ids and calls.
+    pub active: Arc<Active>,
+    /// When it arrived.
+    pub arrived: Instant,
+    /// When it ended, by the monotonic clock and by the wall clock (span times are wall-clock
+    /// times: each instant is placed relative to these two).
+    pub end: (Instant, SystemTime),
+    /// The request line.
+    pub method: Method,
+    /// See `method`.
+    pub uri: Uri,
+    /// The HTTP version.
+    pub version: Version,
+    /// `http` or `https`.
+    pub scheme: &'static str,
+    /// The client's address.
+    pub client: SocketAddr,
+    /// Its `User-Agent`.
+    pub user_agent: Option<HeaderValue>,
+    /// The response status.
+    pub status: u16,
+    /// The request id.
+    pub request_id: HeaderValue,
+    /// The tenant it was routed to.
+    pub tenant: Option<TenantSpan>,
+    /// Phases it reached: queue, instantiate, run, teardown (start and end).
+    pub phases: [Option<(Instant, Instant)>; 4],
+    /// How the guest failed: its outcome's name and the message.
+    pub failure: Option<(&'static str, String)>,
+}
+
+/// What the server span says of the tenant.
+#[derive(Debug, Clone)]
+pub struct TenantSpan {
+    /// Its name.
+    pub name: String,
+    /// The route prefix the request matched (`http.route`).
+    pub route: String,
+    /// The version serving (`config` for a tenant of the config file).
+    pub version: String,
+    /// The guest kind.
+    pub kind: &'static str,
+}
+
+/// The names of the phase spans, in `Record::phases` order.
+pub const PHASES: [&str; 4] = ["queue", "instantiate", "run", "teardown"];
+
+/// The request side of tracing: ids and sampling per request, the bounded queue to the
+/// exporter.
+#[derive(Debug)]
+pub struct Tracer {
+    sampler: Sampler,
+    keep_errors: bool,
+    keep_slower_than: Option<Duration>,
+    queue: mpsc::Sender<Box<Record>>,
+    wake: Arc<Notify>,
+    /// The exporter is woken early when the queue's free room falls to this.
+    wake_below: usize,
+    dropped: prometheus::IntCounter,
+}
+
+/// The metric handles of tracing.
+#[derive(Debug, Clone)]
+pub struct TraceMetrics {
+    /// Spans the collector accepted.
+    pub exported: prometheus::IntCounter,
+    /// Spans dropped because the queue was full.
+    pub dropped_queue: prometheus::IntCounter,
+    /// Spans dropped because their batch could not be exported.
+    pub dropped_export: prometheus::IntCounter,
+}
+
+impl Tracer {
+    /// Starts the exporter task (on the current runtime) and returns the tracer of the
+    /// request path, and the exporter's handle (flushes what is queued when `stop` fires).
+    pub fn start(
+        settings: Settings,
+        metrics: TraceMetrics,
+        stop: crate::shutdown::Shutdown,
+    ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(settings.max_queue);
+        let wake = Arc::new(Notify::new());
+        let tracer = Arc::new(Self {
+            sampler: settings.sampler,
+            keep_errors: settings.keep_errors,
+            keep_slower_than: settings.keep_slower_than,
+            queue: tx,
+            wake: wake.clone(),
+            wake_below: (settings.max_queue / 2).max(1),
+            dropped: metrics.dropped_queue.clone(),
+        });
+        let task = tokio::spawn(export::run(settings, rx, wake, metrics, stop));
+        (tracer, task)
+    }
+
+    /// A request with `headers` begins: continue the caller's trace (a valid `traceparent`)
+    /// or start one, and make the head sampling decision.
+    pub fn begin(&self, headers: &HeaderMap) -> Arc<Active> {
+        let parent = headers
+            .get(&TRACEPARENT)
+            .and_then(|v| parse_traceparent(v.as_bytes()));
+        let (trace_id, parent_span, sampled) = match parent {
+            Some(p) => (
+                p.trace_id,
+                Some(p.span_id),
+                self.sampler.decide(&p.trace_id, Some(p.sampled)),
+            ),
+            None => {
+                let id = trace_id();
+                (id, None, self.sampler.decide(&id, None))
+            }
+        };
+        Arc::new(Active {
+            trace_id,
+            parent: parent_span,
+            server_span: span_id(),
+            run_span: span_id(),
+            sampled,
+            tracestate: parent.and_then(|_| headers.get(&TRACESTATE).cloned()),
+            calls: Mutex::new(Calls::default()),
+        })
+    }
+
+    /// Whether a request that ended with `status` after `total` is kept: sampled at its
+    /// head, or an error (a 5xx, or a guest that failed) or slow, when those are kept.
+    pub fn keeps(&self, active: &Active, status: u16, failed: bool, total: Duration) -> bool {
+        active.sampled
+            || (self.keep_errors && (failed || status >= 500))
+            || self.keep_slower_than.is_some_and(|slow| total >= slow)
+    }
+
+    /// Queues a kept request for export; when the queue is full it is dropped and its spans
+    /// counted.
+    pub fn submit(&self, record: Box<Record>) {
+        match self.queue.try_send(record) {
+            Ok(()) => {
+                if self.queue.capacity() <= self.wake_below {
+                    self.wake.notify_one();
+                }
+            }
+            Err(mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r)) => {
+                self.dropped.inc_by(r.span_count() as u64);
+            }
+        }
+    }
+}
+
+impl Record {
+    /// How many spans this record makes (the calls not yet taken are counted too).
+    pub fn span_count(&self) -> usize {
+        let calls = self.active.calls.lock().map_or(0, |c| c.spans.len());
+        1 + self.phases.iter().flatten().count() + calls
+    }
+}
+
+/// The first `n` bytes of `path` (the tenant's route prefix), `/` for none.
+pub fn route_of(path: &str, n: usize) -> String {
+    match path.get(..n) {
+        Some(p) if !p.is_empty() => p.to_string(),
+        _ => "/".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparents_parse_as_w3c_says() {
+        let ok = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let p = parse_traceparent(ok).expect("valid");
+        assert_eq!(hex(&p.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(hex(&p.span_id), "00f067aa0ba902b7");
+        assert!(p.sampled);
+        let unsampled = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        assert!(!parse_traceparent(unsampled).unwrap().sampled);
+        // A later version may carry more fields; version 00 may not.
+        let later = b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra";
+        assert!(parse_traceparent(later).is_some());
+        for bad in [
+            &b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"[..],
+            b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            b"00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            b"00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+            b"",
+        ] {
+            assert_eq!(
+                parse_traceparent(bad),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn a_traceparent_round_trips() {
+        let active = Active {
+            trace_id: trace_id(),
+            parent: None,
+            server_span: span_id(),
+            run_span: span_id(),
+            sampled: true,
+            tracestate: None,
+            calls: Mutex::default(),
+        };
+        let tp = active.traceparent(active.run_span);
+        let p = parse_traceparent(tp.as_bytes()).expect("ours parse");
+        assert_eq!(p.trace_id, active.trace_id);
+        assert_eq!(p.span_id, active.run_span);
+        assert!(p.sampled);
+        assert_ne!(span_id(), span_id());
+    }
+
+    #[test]
+    fn calls_past_the_cap_are_counted_not_kept() {
+        let active = Active {
+            trace_id: trace_id(),
+            parent: None,
+            server_span: span_id(),
+            run_span: span_id(),
+            sampled: true,
+            tracestate: None,
+            calls: Mutex::default(),
+        };
+        let now = Instant::now();
+        for _ in 0..MAX_CALL_SPANS + 3 {
+            active.record(Call {
+                span_id: span_id(),
+                start: now,
+                end: now,
+                what: CallKind::Kv {
+                    store: "default".into(),
+                    system: "sqlite",
+                    op: "get",
+                    error: None,
+                },
+            });
+        }
+        let calls = active.take_calls();
+        assert_eq!((calls.spans.len(), calls.dropped), (MAX_CALL_SPANS, 3));
+    }
+}

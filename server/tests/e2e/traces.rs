@@ -1,0 +1,671 @@
+//! Traces against a real OpenTelemetry Collector (built by `bash scripts/test` from
+//! scripts/otelcol-builder.yaml): Tern exports OTLP/HTTP protobuf to the collector's OTLP
+//! receiver, and the collector's `otlphttp` exporter hands the spans on, as OTLP JSON, to a
+//! small receiver inside the test, which reads them back.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+
+use crate::outbound::Backend;
+use crate::support::{
+    TernProcess, TestServer, free_port, metric_value, send, test_component, test_guest, tools_dir,
+};
+
+/// The collector the suite builds (the builder's version and the components' in the manifest).
+const OTELCOL: &str = "otelcol-0.165.0/otelcol-tern";
+
+/// One span as the collector exported it.
+#[derive(Debug, Clone)]
+struct Span {
+    trace: String,
+    id: String,
+    parent: String,
+    name: String,
+    kind: u64,
+    start: u64,
+    end: u64,
+    attrs: HashMap<String, String>,
+    status: u64,
+    status_message: String,
+    events: Vec<(String, HashMap<String, String>)>,
+    resource: HashMap<String, String>,
+}
+
+impl Span {
+    fn attr(&self, key: &str) -> &str {
+        self.attrs.get(key).map_or("", String::as_str)
+    }
+}
+
+fn attributes(list: &serde_json::Value) -> HashMap<String, String> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .map(|kv| {
+            let v = &kv["value"];
+            let text = v["stringValue"]
+                .as_str()
+                .map(str::to_string)
+                .or_else(|| v["intValue"].as_str().map(str::to_string))
+                .or_else(|| v["intValue"].as_i64().map(|n| n.to_string()))
+                .or_else(|| v["boolValue"].as_bool().map(|b| b.to_string()))
+                .unwrap_or_default();
+            (kv["key"].as_str().unwrap_or_default().to_string(), text)
+        })
+        .collect()
+}
+
+fn number(v: &serde_json::Value) -> u64 {
+    v.as_str()
+        .and_then(|s| s.parse().ok())
+        .or_else(|| v.as_u64())
+        .unwrap_or(0)
+}
+
+/// The spans of an OTLP JSON `ExportTraceServiceRequest`.
+fn spans_of(body: &serde_json::Value) -> Vec<Span> {
+    let mut out = Vec::new();
+    for rs in body["resourceSpans"].as_array().into_iter().flatten() {
+        let resource = attributes(&rs["resource"]["attributes"]);
+        for ss in rs["scopeSpans"].as_array().into_iter().flatten() {
+            for s in ss["spans"].as_array().into_iter().flatten() {
+                out.push(Span {
+                    trace: s["traceId"].as_str().unwrap_or_default().to_string(),
+                    id: s["spanId"].as_str().unwrap_or_default().to_string(),
+                    parent: s["parentSpanId"].as_str().unwrap_or_default().to_string(),
+                    name: s["name"].as_str().unwrap_or_default().to_string(),
+                    kind: s["kind"].as_u64().unwrap_or(0),
+                    start: number(&s["startTimeUnixNano"]),
+                    end: number(&s["endTimeUnixNano"]),
+                    attrs: attributes(&s["attributes"]),
+                    status: s["status"]["code"].as_u64().unwrap_or(0),
+                    status_message: s["status"]["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    events: s["events"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|e| {
+                            (
+                                e["name"].as_str().unwrap_or_default().to_string(),
+                                attributes(&e["attributes"]),
+                            )
+                        })
+                        .collect(),
+                    resource: resource.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// A running collector and the spans it has exported so far.
+struct Collector {
+    child: std::process::Child,
+    /// Its OTLP/HTTP receiver (what `[tracing] endpoint` names).
+    endpoint: String,
+    spans: Arc<Mutex<Vec<Span>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Collector {
+    async fn start() -> Self {
+        let bin = tools_dir().join(OTELCOL);
+        assert!(
+            bin.exists(),
+            "the OpenTelemetry Collector is not built at {} (bash scripts/test builds it)",
+            bin.display()
+        );
+        // The test's receiver of what the collector exports.
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sink = listener.local_addr().unwrap();
+        let got = spans.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let got = got.clone();
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let got = got.clone();
+                        async move {
+                            let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                            if let Ok(body) = body
+                                && let Ok(json) = serde_json::from_slice::<serde_json::Value>(&body)
+                            {
+                                got.lock().unwrap().extend(spans_of(&json));
+                            }
+                            let mut resp = Response::new(Full::new(Bytes::from_static(b"{}")));
+                            resp.headers_mut().insert(
+                                http::header::CONTENT_TYPE,
+                                http::HeaderValue::from_static("application/json"),
+                            );
+                            Ok::<_, Infallible>(resp)
+                        }
+                    });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let config = format!(
+            "receivers:\n  otlp:\n    protocols:\n      http:\n        endpoint: 127.0.0.1:{port}\n\
+             processors:\n  batch:\n    timeout: 50ms\n\
+             exporters:\n  debug:\n    verbosity: basic\n  otlphttp:\n    \
+             traces_endpoint: http://{sink}/v1/traces\n    encoding: json\n    compression: none\n\
+             service:\n  telemetry:\n    metrics:\n      level: none\n    logs:\n      level: warn\n\
+             \x20 pipelines:\n    traces:\n      receivers: [otlp]\n      processors: [batch]\n      \
+             exporters: [otlphttp, debug]\n"
+        );
+        let path = dir.path().join("otelcol.yaml");
+        std::fs::write(&path, config).unwrap();
+        let child = std::process::Command::new(&bin)
+            .arg("--config")
+            .arg(&path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the collector");
+        let c = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            spans,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "the collector never listened");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        c
+    }
+
+    fn spans(&self) -> Vec<Span> {
+        self.spans.lock().unwrap().clone()
+    }
+
+    /// The spans of trace `trace` once there are at least `n` of them (within 20 s).
+    async fn trace(&self, trace: &str, n: usize) -> Vec<Span> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let spans: Vec<Span> = self
+                .spans()
+                .into_iter()
+                .filter(|s| s.trace == trace)
+                .collect();
+            if spans.len() >= n {
+                return spans;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "trace {trace}: {} spans arrived, {n} expected: {spans:#?}",
+                spans.len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The one span named `name`.
+fn named<'a>(spans: &'a [Span], name: &str) -> &'a Span {
+    let found: Vec<&Span> = spans.iter().filter(|s| s.name == name).collect();
+    assert_eq!(found.len(), 1, "one span {name:?} in {spans:#?}");
+    found[0]
+}
+
+/// The span id a `traceparent` names, after checking it belongs to `trace`.
+fn parent_in(traceparent: &str, trace: &str) -> String {
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "{traceparent}");
+    assert_eq!(parts[1], trace, "{traceparent}");
+    parts[2].to_string()
+}
+
+/// The value of line `KEY=value` of the `context` guest's answer.
+fn line<'a>(text: &'a str, key: &str) -> &'a str {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key}= in {text}"))
+}
+
+async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> crate::support::Reply {
+    send(addr, Method::GET, path, None, headers, Bytes::new()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_is_a_server_span_with_its_phases_joined_to_the_callers_trace() {
+    let collector = Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "context");
+    test_component(dir.path(), "component");
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [tracing]\nendpoint = \"{}\"\nbatch_delay_ms = 50\n\
+         [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\npaths = [\"/ctx\"]\n\
+         [[tenant]]\nname = \"comp\"\nmodule = \"component.wasm\"\npaths = [\"/component\"]\n",
+        collector.endpoint
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+
+    // A request without trace context starts a trace; its id is the request id.
+    let r = get(s.addr(), "/ctx/x?y=1", &[("user-agent", "trace-test")]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let trace = r.header("x-request-id").to_string();
+    assert_eq!(trace.len(), 32, "{trace}");
+    let text = r.text();
+    let seen_parent = parent_in(line(&text, "TRACEPARENT"), &trace);
+    assert!(line(&text, "TRACEPARENT").ends_with("-01"), "{text}");
+    let spans = collector.trace(&trace, 5).await;
+    let server = named(&spans, "GET /ctx");
+    assert_eq!(server.kind, 2, "server kind");
+    assert_eq!(server.parent, "", "a new trace's root");
+    for (k, v) in [
+        ("http.request.method", "GET"),
+        ("http.route", "/ctx"),
+        ("http.response.status_code", "200"),
+        ("url.path", "/ctx/x"),
+        ("url.scheme", "http"),
+        ("network.protocol.version", "1.1"),
+        ("client.address", "127.0.0.1"),
+        ("user_agent.original", "trace-test"),
+        ("tern.tenant", "ctx"),
+        ("tern.tenant.version", "config"),
+        ("tern.guest.kind", "tern"),
+        ("tern.request_id", trace.as_str()),
+    ] {
+        assert_eq!(server.attr(k), v, "{k} of {server:#?}");
+    }
+    assert_eq!(
+        server.resource.get("service.name").map(String::as_str),
+        Some("tern")
+    );
+    assert_eq!(server.status, 0, "an answered request is no error");
+    let phases: Vec<&Span> = ["queue", "instantiate", "run", "teardown"]
+        .iter()
+        .map(|p| named(&spans, p))
+        .collect();
+    for p in &phases {
+        assert_eq!(p.parent, server.id, "{} is the server span's child", p.name);
+        assert!(
+            server.start <= p.start && p.end <= server.end + 1_000_000,
+            "{} lies within the request: {server:#?} {p:#?}",
+            p.name
+        );
+    }
+    // In order: instantiate, then run, then teardown.
+    assert!(phases[1].end <= phases[2].start && phases[2].end <= phases[3].start);
+    // The guest saw its run span as its parent.
+    assert_eq!(named(&spans, "run").id, seen_parent);
+
+    // A caller's trace context is continued: same trace, the caller's span the parent, and
+    // the component sees the trace in its `traceparent` header.
+    let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller_span = "00f067aa0ba902b7";
+    let tp = format!("00-{caller_trace}-{caller_span}-01");
+    let r = get(
+        s.addr(),
+        "/component/info",
+        &[("traceparent", &tp), ("tracestate", "vendor=opaque")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header("x-request-id"), caller_trace);
+    let info = r.text();
+    let guest_tp = info
+        .split(" traceparent=")
+        .nth(1)
+        .unwrap_or_else(|| panic!("the component saw no traceparent: {info}"))
+        .trim();
+    let guest_parent = parent_in(guest_tp, caller_trace);
+    let spans = collector.trace(caller_trace, 5).await;
+    let server = named(&spans, "GET /component");
+    assert_eq!(server.parent, caller_span);
+    assert_eq!(server.attr("tern.guest.kind"), "wasi-http");
+    assert_eq!(named(&spans, "run").id, guest_parent);
+
+    // A client's own request id stays the request id; the trace is new and the log and spans
+    // carry both.
+    let r = get(s.addr(), "/ctx/", &[("x-request-id", "client-chosen-1")]).await;
+    assert_eq!(r.header("x-request-id"), "client-chosen-1");
+    let trace = parent_trace(line(&r.text(), "TRACEPARENT"));
+    let spans = collector.trace(&trace, 5).await;
+    assert_eq!(
+        named(&spans, "GET /ctx").attr("tern.request_id"),
+        "client-chosen-1"
+    );
+
+    // Unrouted: a server span alone, no tenant.
+    let r = get(s.addr(), "/nowhere", &[]).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let spans = collector.trace(r.header("x-request-id"), 1).await;
+    let server = named(&spans, "GET");
+    assert_eq!(server.attr("http.response.status_code"), "404");
+    assert_eq!(server.attr("tern.tenant"), "");
+
+    let m = s.metrics().await;
+    assert!(
+        metric_value(&m, "tern_trace_spans_exported_total") >= 16.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(&m, "tern_trace_spans_dropped_total{reason=\"queue_full\"}"),
+        0.0
+    );
+}
+
+/// The trace id of a `traceparent`.
+fn parent_trace(traceparent: &str) -> String {
+    traceparent
+        .split('-')
+        .nth(1)
+        .expect("a trace id")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_see_the_client_span_and_key_value_calls_are_spans() {
+    let collector = Collector::start().await;
+    let backend = Backend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "outbound_probe");
+    test_guest(dir.path(), "kv_probe");
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [tracing]\nendpoint = \"{}\"\nbatch_delay_ms = 50\n\
+         [[tenant]]\nname = \"probe\"\nmodule = \"outbound_probe.wasm\"\npaths = [\"/probe\"]\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://{}\"\n\
+         [tenant.outbound.backends.down]\nurl = \"http://127.0.0.1:{}\"\n\
+         [[tenant]]\nname = \"kv\"\nmodule = \"kv_probe.wasm\"\npaths = [\"/kv\"]\nkv = [\"default\"]\n",
+        collector.endpoint,
+        backend.addr,
+        free_port()
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+
+    let r = get(s.addr(), "/probe?backend=origin&path=/hello&times=2", &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let trace = r.header("x-request-id").to_string();
+    let text = r.text();
+    // What the backend saw, for each of the two requests.
+    let sent: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("traceparent: "))
+        .map(|tp| parent_in(tp, &trace))
+        .collect();
+    assert_eq!(sent.len(), 2, "{text}");
+    assert_ne!(sent[0], sent[1], "each request is its own span");
+    let spans = collector.trace(&trace, 7).await;
+    let run = named(&spans, "run");
+    let clients: Vec<&Span> = spans.iter().filter(|s| s.kind == 3).collect();
+    assert_eq!(clients.len(), 2, "{spans:#?}");
+    for (c, seen) in clients.iter().zip(&sent) {
+        assert_eq!(&c.id, seen, "the backend's parent is the client span");
+        assert_eq!(c.parent, run.id, "calls are the run span's children");
+        assert_eq!(c.name, "GET");
+        assert_eq!(c.attr("tern.backend"), "origin");
+        assert_eq!(c.attr("http.response.status_code"), "200");
+        assert_eq!(c.attr("server.address"), "127.0.0.1");
+        assert!(c.attr("url.full").ends_with("/hello"), "{c:#?}");
+        assert!(run.start <= c.start && c.end <= run.end, "{run:#?} {c:#?}");
+    }
+
+    // A backend that cannot be reached: an error client span saying why.
+    let r = get(s.addr(), "/probe?backend=down&path=/", &[]).await;
+    assert!(r.text().starts_with("error="), "{}", r.text());
+    let spans = collector.trace(r.header("x-request-id"), 6).await;
+    let client = spans.iter().find(|s| s.kind == 3).expect("a client span");
+    assert_eq!(client.status, 2, "{client:#?}");
+    assert!(
+        client
+            .status_message
+            .contains("connecting to the backend failed"),
+        "{client:#?}"
+    );
+
+    // Key-value operations.
+    let r = get(s.addr(), "/kv?op=set:k:v&op=get:k&op=get:k", &[]).await;
+    assert_eq!(r.text(), "ok\nv\nv\n");
+    let spans = collector.trace(r.header("x-request-id"), 8).await;
+    let run = named(&spans, "run");
+    let set = named(&spans, "set default");
+    assert_eq!(set.parent, run.id);
+    assert_eq!(set.kind, 3);
+    assert_eq!(set.attr("db.system.name"), "sqlite");
+    assert_eq!(set.attr("db.namespace"), "default");
+    assert_eq!(set.attr("db.operation.name"), "set");
+    assert_eq!(spans.iter().filter(|s| s.name == "get default").count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_and_slow_requests_are_kept_when_sampling_drops_the_rest() {
+    let collector = Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "context");
+    test_guest(dir.path(), "panic");
+    test_guest(dir.path(), "loop_forever");
+    test_guest(dir.path(), "cpu_burn");
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [tracing]\nendpoint = \"{}\"\nbatch_delay_ms = 50\n\
+         sampler = \"parentbased_traceidratio\"\nsampler_arg = 0.0\nkeep_slower_than_ms = 400\n\
+         [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\npaths = [\"/ctx\"]\n\
+         [[tenant]]\nname = \"trap\"\nmodule = \"panic.wasm\"\npaths = [\"/trap\"]\n\
+         [[tenant]]\nname = \"deadline\"\nmodule = \"loop_forever.wasm\"\npaths = [\"/loop\"]\n\
+         [tenant.limits]\ntimeout_ms = 200\n\
+         [[tenant]]\nname = \"slow\"\nmodule = \"cpu_burn.wasm\"\npaths = [\"/burn\"]\n",
+        collector.endpoint
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+
+    // Not sampled: no trace, but the guest still gets the context (flag 00).
+    let r = get(s.addr(), "/ctx/", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let dropped_trace = r.header("x-request-id").to_string();
+    assert!(
+        line(&r.text(), "TRACEPARENT").ends_with("-00"),
+        "{}",
+        r.text()
+    );
+    // A caller that sampled its trace decides (parent-based); one that did not, too.
+    let kept = "0af7651916cd43dd8448eb211c80319c";
+    let tp = format!("00-{kept}-b7ad6b7169203331-01");
+    let r = get(s.addr(), "/ctx/", &[("traceparent", &tp)]).await;
+    assert!(
+        line(&r.text(), "TRACEPARENT").ends_with("-01"),
+        "{}",
+        r.text()
+    );
+    let not_kept = "1af7651916cd43dd8448eb211c80319c";
+    let tp = format!("00-{not_kept}-b7ad6b7169203331-00");
+    get(s.addr(), "/ctx/", &[("traceparent", &tp)]).await;
+
+    // A trap: kept, an error, the outcome an event; the error page names the trace.
+    let r = get(s.addr(), "/trap", &[]).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let trap_trace = r.header("x-request-id").to_string();
+    assert!(
+        r.text().contains(&format!("request id: {trap_trace}")),
+        "{}",
+        r.text()
+    );
+    let spans = collector.trace(&trap_trace, 5).await;
+    let server = named(&spans, "GET /trap");
+    assert_eq!(server.status, 2, "{server:#?}");
+    assert_eq!(server.attr("tern.outcome"), "trap_unreachable");
+    assert!(
+        server.status_message.contains("guest trapped"),
+        "{server:#?}"
+    );
+    let (event, attrs) = &server.events[0];
+    assert_eq!(event, "trap_unreachable");
+    assert!(attrs["message"].contains("unreachable"), "{attrs:?}");
+    assert_eq!(named(&spans, "run").status, 2);
+
+    // The deadline: kept, 504, outcome timeout.
+    let r = get(s.addr(), "/loop", &[("x-request-id", "deadline-1")]).await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+    // The client chose the request id: the error page gives the trace id beside it.
+    let deadline_trace = r
+        .text()
+        .split("trace id ")
+        .nth(1)
+        .map(|t| t[..32].to_string())
+        .unwrap_or_else(|| panic!("no trace id in {}", r.text()));
+    let spans = collector.trace(&deadline_trace, 5).await;
+    let server = named(&spans, "GET /loop");
+    assert_eq!(server.attr("tern.outcome"), "timeout");
+    assert_eq!(server.attr("http.response.status_code"), "504");
+    assert_eq!(server.attr("tern.request_id"), "deadline-1");
+
+    // Slow but fine: kept.
+    let r = get(s.addr(), "/burn?ms=500", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let spans = collector.trace(r.header("x-request-id"), 5).await;
+    let server = named(&spans, "GET /burn");
+    assert_eq!(server.status, 0);
+    assert!(server.end - server.start >= 400_000_000, "{server:#?}");
+
+    collector.trace(kept, 5).await;
+    // Everything above has arrived (in order): the unsampled requests never will.
+    let traces: Vec<String> = collector.spans().into_iter().map(|s| s.trace).collect();
+    assert!(
+        !traces.contains(&dropped_trace),
+        "an unsampled request was exported"
+    );
+    assert!(
+        !traces.iter().any(|t| t == not_kept),
+        "the caller's 00 was ignored"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_down_or_stuck_costs_requests_nothing_and_drops_are_counted() {
+    // Down: nothing listens.
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "context");
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [tracing]\nendpoint = \"http://127.0.0.1:{}\"\nbatch_delay_ms = 50\n\
+         [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\npaths = [\"/ctx\"]\n",
+        free_port()
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    for _ in 0..20 {
+        assert_eq!(get(s.addr(), "/ctx/", &[]).await.status, StatusCode::OK);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = s.metrics().await;
+        let failed = metric_value(
+            &m,
+            "tern_trace_spans_dropped_total{reason=\"export_failed\"}",
+        );
+        if failed >= 100.0 {
+            // 20 requests of 5 spans each.
+            assert_eq!(failed, 100.0, "{m}");
+            assert_eq!(metric_value(&m, "tern_trace_spans_exported_total"), 0.0);
+            break;
+        }
+        assert!(Instant::now() < deadline, "drops not counted: {m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Stuck: a collector that accepts and never answers. The exporter waits on it (up to its
+    // timeout); meanwhile the queue fills and further requests' spans are dropped, counted.
+    let stuck = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let stuck_addr = stuck.local_addr().unwrap();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let keep = held.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = stuck.accept().await {
+            keep.lock().unwrap().push(conn);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "context");
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [tracing]\nendpoint = \"http://{stuck_addr}\"\nmax_queue = 4\nbatch_delay_ms = 50\n\
+         timeout_ms = 60000\n\
+         [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\npaths = [\"/ctx\"]\n"
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    // The first request's batch goes out and hangs.
+    assert_eq!(get(s.addr(), "/ctx/", &[]).await.status, StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the exporter never connected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    for _ in 0..30 {
+        let r = get(s.addr(), "/ctx/", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    let m = s.metrics().await;
+    // 4 requests wait in the queue; the other 26 were dropped (5 spans each).
+    assert_eq!(
+        metric_value(&m, "tern_trace_spans_dropped_total{reason=\"queue_full\"}"),
+        130.0,
+        "{m}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn tern_serve_exports_to_the_collector_named_by_the_standard_environment() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let collector = rt.block_on(Collector::start());
+    let cache = tempfile::tempdir().unwrap();
+    let endpoint = collector.endpoint.clone();
+    let tern = TernProcess::serve_with(&[], cache.path(), |cmd| {
+        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+            .env("OTEL_SERVICE_NAME", "edge-test")
+            .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+            .env("TERN_LOG", "info,tern::access=info");
+    });
+    let addr: SocketAddr = tern.addr.parse().unwrap();
+    let r = rt.block_on(get(addr, "/hello", &[]));
+    assert_eq!(r.status, StatusCode::OK);
+    let trace = r.header("x-request-id").to_string();
+    // The access line carries the trace id.
+    let access = tern.wait_for("request_id=");
+    assert!(
+        access.contains(&format!("trace_id=\"{trace}\"")),
+        "{access}"
+    );
+    let spans = rt.block_on(collector.trace(&trace, 5));
+    let server = named(&spans, "GET /hello");
+    assert_eq!(
+        server.resource.get("service.name").map(String::as_str),
+        Some("edge-test")
+    );
+    assert_eq!(server.attr("tern.tenant"), "hello");
+}
