@@ -37,7 +37,7 @@ WRK_THREADS=${WRK_THREADS:-2}
 ROUNDS=${ROUNDS:-2}
 RESULTS=$ROOT/loadtest/results
 TERN_PORT=18180 ADMIN_PORT=18190 NATIVE_PORT=18181 PEER_PORT=18182 HAPROXY_PORT=18183
-NATIVE_PROXY_PORT=18184 REDIS_PORT=18185
+NATIVE_PROXY_PORT=18184 REDIS_PORT=18185 OTLP_PORT=18186
 mkdir -p "$RESULTS"
 WORK=$(mktemp -d)
 PIDS=()
@@ -439,8 +439,15 @@ cpu() {
     fi
     build
     cargo build --release --quiet -p tern --example phases
-    local config n
+    local config n traced_off traced_on
     config=$(hello_config "[server]\nworker_threads = 1")
+    # Tracing on, exporting to a sink on the load generator's core that accepts every batch:
+    # no request sampled, then every request exported.
+    local tracing="[tracing]\nendpoint = \"http://127.0.0.1:$OTLP_PORT\""
+    traced_off=$(hello_config "[server]\nworker_threads = 1\n$tracing\nsampler = \"always_off\"")
+    traced_on=$(hello_config "[server]\nworker_threads = 1\n$tracing\nsampler = \"always_on\"")
+    taskset -c 1 python3 loadtest/otlp-sink.py $OTLP_PORT &
+    PIDS+=("$!")
     local -A r=()
     local lifecycle=""
     for n in $(seq 1 "$ROUNDS"); do
@@ -456,6 +463,12 @@ cpu() {
         stop "$TERN_PID"
         PIN=0 start_tern "$config" TERN_LOG=info,tern::access=off
         r[nolog]+="$(pinned_h1 http://127.0.0.1:$TERN_PORT/hello "$TERN_PID")"$'\n'
+        stop "$TERN_PID"
+        PIN=0 start_tern "$traced_off"
+        r[unsampled]+="$(pinned_h1 http://127.0.0.1:$TERN_PORT/hello "$TERN_PID")"$'\n'
+        stop "$TERN_PID"
+        PIN=0 start_tern "$traced_on"
+        r[sampled]+="$(pinned_h1 http://127.0.0.1:$TERN_PORT/hello "$TERN_PID")"$'\n'
         stop "$TERN_PID"
         lifecycle+="$(taskset -c 0 target/release/examples/phases builtin:hello 100000 |
             awk '$1 == "total" { gsub("µs", ""); print $2, $5 }')"$'\n'
@@ -486,10 +499,13 @@ cpu() {
         cpu_row "native hyper hello" "${r[native]}"
         cpu_row "Tern \`hello\` (defaults: access log on)" "${r[tern]}"
         cpu_row "Tern \`hello\`, access log off" "${r[nolog]}"
+        cpu_row "Tern \`hello\`, tracing on, no request sampled" "${r[unsampled]}"
+        cpu_row "Tern \`hello\`, tracing on, every request exported (5 spans)" "${r[sampled]}"
         echo
         echo "- lifecycle p50 of \`hello\` (instantiate + run + teardown): **$life µs** (mean $mean µs: one request in 16 also returns 16 slots' pages to the kernel)"
         echo "- Tern − native: **$(awk -v a="$tcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs** per request (access log off: $(awk -v a="$lcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs); goal ≤ 5 µs and ≤ the lifecycle p50"
         echo "- p99 Tern / native: **$(ratio "$(echo "${r[tern]}" | cut -d' ' -f3)" "$(echo "${r[native]}" | cut -d' ' -f3)")** (access log off: $(ratio "$(echo "${r[nolog]}" | cut -d' ' -f3)" "$(echo "${r[native]}" | cut -d' ' -f3)")); goal ≤ 1.2"
+        echo "- tracing ([tracing], exporting by OTLP/HTTP to loadtest/otlp-sink.py on core 1), over the default row: unsampled **$(awk -v a="$(echo "${r[unsampled]}" | cut -d' ' -f7)" -v b="$tcpu" 'BEGIN { printf "%+.2f", a - b }') µs** per request (goal ≤ 0.2), sampled and exported **$(awk -v a="$(echo "${r[sampled]}" | cut -d' ' -f7)" -v b="$tcpu" 'BEGIN { printf "%+.2f", a - b }') µs** (goal ≤ 1.5; the exporter's encoding and posting included: it runs in the server process, on its core)"
         echo "- access log cost in requests/s: $(awk -v a="$(echo "${r[tern]}" | cut -d' ' -f1)" -v b="$(echo "${r[nolog]}" | cut -d' ' -f1)" 'BEGIN { printf "%.1f %%", (1 - a / b) * 100 }'); in CPU per request: $(awk -v a="$tcpu" -v b="$lcpu" 'BEGIN { printf "%.1f %%", (a / b - 1) * 100 }'); goal ≤ 5 %"
     } | tee "$RESULTS/cpu.md"
 }
