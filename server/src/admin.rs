@@ -45,16 +45,33 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseB
     }
     match req.uri().path() {
         "/metrics" => {
+            // With traces on, a scraper asking for OpenMetrics (Prometheus does) gets it, with
+            // the trace ids of kept requests as exemplars on the latency histograms.
+            let openmetrics = app.tracer.is_some()
+                && req
+                    .headers()
+                    .get(http::header::ACCEPT)
+                    .is_some_and(|a| metrics::Metrics::openmetrics_wanted(a.as_bytes()));
             // Rendering walks every metric; keep it off the reactor's critical path.
             let app2 = app.clone();
-            let body =
-                tokio::task::spawn_blocking(move || app2.metrics.render(&app2.registry.engine()))
-                    .await
-                    .unwrap_or_default();
+            let body = tokio::task::spawn_blocking(move || {
+                let engine = app2.registry.engine();
+                if openmetrics {
+                    app2.metrics.render_openmetrics(&engine)
+                } else {
+                    app2.metrics.render(&engine)
+                }
+            })
+            .await
+            .unwrap_or_default();
             let mut resp = Response::new(ResponseBody::full(body));
             resp.headers_mut().insert(
                 CONTENT_TYPE,
-                HeaderValue::from_static(metrics::CONTENT_TYPE),
+                HeaderValue::from_static(if openmetrics {
+                    metrics::OPENMETRICS_CONTENT_TYPE
+                } else {
+                    metrics::CONTENT_TYPE
+                }),
             );
             resp
         }

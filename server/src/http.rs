@@ -442,6 +442,10 @@ impl Traced {
             }
             None => [queue, None, None, None],
         };
+        let wall = std::time::SystemTime::now();
+        app.metrics
+            .exemplars
+            .record(self.active.trace_id, timings, end - arrived, wall);
         let tenant = self.tenant.map(|(t, prefix_len)| crate::trace::TenantSpan {
             name: t.name.clone(),
             route: crate::trace::route_of(self.uri.path(), prefix_len),
@@ -454,7 +458,7 @@ impl Traced {
         tracer.submit(Box::new(crate::trace::Record {
             active: self.active,
             arrived,
-            end: (end, std::time::SystemTime::now()),
+            end: (end, wall),
             method: self.method,
             uri: self.uri,
             version: self.version,

@@ -3,7 +3,11 @@
 //! Every handle a request touches is resolved when the server starts (or a tenant is added),
 //! so the hot path only does atomic adds: no label lookups, no locks.
 
+mod openmetrics;
+
 use std::time::Duration;
+
+pub use openmetrics::{CONTENT_TYPE as OPENMETRICS_CONTENT_TYPE, Exemplars};
 
 use prometheus::core::Collector;
 use prometheus::{
@@ -242,6 +246,8 @@ pub struct Metrics {
     pub trace_spans_exported: IntCounter,
     /// Spans dropped, by reason.
     pub trace_spans_dropped: IntCounterVec,
+    /// Trace ids of kept requests on the latency histograms' buckets.
+    pub exemplars: std::sync::Arc<Exemplars>,
 }
 
 impl Metrics {
@@ -497,6 +503,7 @@ impl Metrics {
             kv_operations,
             trace_spans_exported,
             trace_spans_dropped,
+            exemplars: Default::default(),
         }
     }
 
@@ -606,6 +613,17 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut out)
             .expect("encode to a Vec");
         out
+    }
+
+    /// [`Self::render`] in the OpenMetrics format, with the latency histograms' exemplars.
+    pub fn render_openmetrics(&self, engine: &Engine) -> Vec<u8> {
+        let text = self.render(engine);
+        openmetrics::convert(&String::from_utf8_lossy(&text), &self.exemplars)
+    }
+
+    /// Whether a scraper's `Accept` asks for OpenMetrics.
+    pub fn openmetrics_wanted(accept: &[u8]) -> bool {
+        openmetrics::wanted(accept)
     }
 }
 
