@@ -446,16 +446,10 @@ impl Traced {
         app.metrics
             .exemplars
             .record(self.active.trace_id, timings, end - arrived, wall);
-        let tenant = self.tenant.map(|(t, prefix_len)| crate::trace::TenantSpan {
-            name: t.name.clone(),
-            route: crate::trace::route_of(self.uri.path(), prefix_len),
-            version: match &t.origin {
-                crate::tenant::Origin::Api { version } => version.id.clone(),
-                crate::tenant::Origin::Config => "config".to_string(),
-            },
-            kind: t.kind().name(),
-        });
-        tracer.submit(Box::new(crate::trace::Record {
+        let tenant = self
+            .tenant
+            .map(|(t, prefix_len)| (t as Arc<dyn crate::trace::SpanTenant>, prefix_len));
+        tracer.submit(crate::trace::Record {
             active: self.active,
             arrived,
             end: (end, wall),
@@ -470,7 +464,7 @@ impl Traced {
             tenant,
             phases,
             failure: self.failure,
-        }));
+        });
     }
 }
 

@@ -176,8 +176,13 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     let mut tasks = Vec::new();
     let tracer = tracing.map(|settings| {
         tracing::info!(url = %settings.url, "exporting traces by OTLP/HTTP");
-        let (tracer, task) =
-            crate::trace::Tracer::start(settings, metrics.trace(), shutdown.clone());
+        let (tracer, task) = crate::trace::Tracer::start(
+            settings,
+            metrics.trace(),
+            shutdown.clone(),
+            metrics.in_flight.clone(),
+            Duration::from_millis(config.server.shutdown_grace_ms),
+        );
         tasks.push(task);
         tracer
     });

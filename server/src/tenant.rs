@@ -188,6 +188,23 @@ pub struct Tenant {
     pub https_redirect: bool,
 }
 
+impl crate::trace::SpanTenant for Tenant {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn version(&self) -> &str {
+        match &self.origin {
+            Origin::Api { version } => &version.id,
+            Origin::Config => "config",
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        Tenant::kind(self).name()
+    }
+}
+
 impl std::fmt::Debug for Tenant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tenant")

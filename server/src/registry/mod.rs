@@ -1056,10 +1056,13 @@ impl Registry {
                 "the config's [kv] stores changed: they take effect at the next restart"
             );
         }
+        if config.tracing != state.config.tracing {
+            tracing::warn!("the config's [tracing] changed: it takes effect at the next restart");
+        }
         tracing::info!(
             config = %path.display(),
             tenants = n,
-            "config reloaded (its tenants and certificates; [server], [pool] and [kv] take effect at the next restart)"
+            "config reloaded (its tenants and certificates; [server], [pool], [kv] and [tracing] take effect at the next restart)"
         );
         Ok(n)
     }

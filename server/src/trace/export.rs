@@ -23,12 +23,20 @@ type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 /// How often a failing collector is logged (each failed batch is counted).
 const LOG_EVERY: Duration = Duration::from_secs(60);
 
+/// How a stopping server's exporter knows its last requests are done: `in_flight` (requests
+/// not yet answered) falls to zero, or `grace` passes.
+pub(super) struct Draining {
+    pub in_flight: prometheus::IntGauge,
+    pub grace: Duration,
+}
+
 pub(super) async fn run(
     settings: Settings,
-    mut queue: mpsc::Receiver<Box<Record>>,
+    mut queue: mpsc::Receiver<Record>,
     wake: Arc<Notify>,
     metrics: TraceMetrics,
     stop: Shutdown,
+    draining: Draining,
 ) {
     let client = match client(&settings) {
         Ok(c) => c,
@@ -49,28 +57,19 @@ pub(super) async fn run(
             () = wake.notified() => false,
             () = stop.wait() => true,
         };
-        // Everything queued now, in batches of `max_batch`.
-        loop {
-            let mut batch = Vec::new();
-            while batch.len() < exporter.settings.max_batch {
-                match queue.try_recv() {
-                    Ok(r) => batch.push(r),
-                    Err(_) => break,
-                }
-            }
-            if batch.is_empty() {
-                break;
-            }
-            let full = batch.len() == exporter.settings.max_batch;
-            exporter.export(&batch).await;
-            if !full {
-                break;
-            }
-        }
+        exporter.drain(&mut queue).await;
         if stopping {
-            return;
+            break;
         }
     }
+    // Stopping: the requests still being answered are exported too, until they are done or
+    // the shutdown grace has passed.
+    let until = Instant::now() + draining.grace;
+    while draining.in_flight.get() > 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        exporter.drain(&mut queue).await;
+    }
+    exporter.drain(&mut queue).await;
 }
 
 fn client(settings: &Settings) -> Result<Client<Https, Full<Bytes>>, String> {
@@ -107,7 +106,28 @@ struct Exporter {
 }
 
 impl Exporter {
-    async fn export(&mut self, batch: &[Box<Record>]) {
+    /// Exports everything queued now, in batches of `max_batch`.
+    async fn drain(&mut self, queue: &mut mpsc::Receiver<Record>) {
+        loop {
+            let mut batch = Vec::new();
+            while batch.len() < self.settings.max_batch {
+                match queue.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            if batch.is_empty() {
+                return;
+            }
+            let full = batch.len() == self.settings.max_batch;
+            self.export(&batch).await;
+            if !full {
+                return;
+            }
+        }
+    }
+
+    async fn export(&mut self, batch: &[Record]) {
         let (body, spans) = otlp::encode(batch, &self.settings.resource);
         let mut req = Request::post(self.settings.url.clone())
             .header(

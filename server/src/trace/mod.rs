@@ -288,25 +288,23 @@ pub struct Record {
     pub status: u16,
     /// The request id.
     pub request_id: HeaderValue,
-    /// The tenant it was routed to.
-    pub tenant: Option<TenantSpan>,
+    /// The tenant it was routed to, and the length of the route prefix it matched.
+    pub tenant: Option<(Arc<dyn SpanTenant>, usize)>,
     /// Phases it reached: queue, instantiate, run, teardown (start and end).
     pub phases: [Option<(Instant, Instant)>; 4],
     /// How the guest failed: its outcome's name and the message.
     pub failure: Option<(&'static str, String)>,
 }
 
-/// What the server span says of the tenant.
-#[derive(Debug, Clone)]
-pub struct TenantSpan {
+/// What the server span says of the tenant a request was routed to (the tenant itself, so a
+/// kept request costs no copies of these).
+pub trait SpanTenant: Send + Sync + std::fmt::Debug {
     /// Its name.
-    pub name: String,
-    /// The route prefix the request matched (`http.route`).
-    pub route: String,
+    fn name(&self) -> &str;
     /// The version serving (`config` for a tenant of the config file).
-    pub version: String,
+    fn version(&self) -> &str;
     /// The guest kind.
-    pub kind: &'static str,
+    fn kind(&self) -> &'static str;
 }
 
 /// The names of the phase spans, in `Record::phases` order.
@@ -319,7 +317,7 @@ pub struct Tracer {
     sampler: Sampler,
     keep_errors: bool,
     keep_slower_than: Option<Duration>,
-    queue: mpsc::Sender<Box<Record>>,
+    queue: mpsc::Sender<Record>,
     wake: Arc<Notify>,
     /// The exporter is woken early when the queue's free room falls to this.
     wake_below: usize,
@@ -339,11 +337,14 @@ pub struct TraceMetrics {
 
 impl Tracer {
     /// Starts the exporter task (on the current runtime) and returns the tracer of the
-    /// request path, and the exporter's handle (flushes what is queued when `stop` fires).
+    /// request path, and the exporter's handle. When `stop` fires the exporter goes on
+    /// exporting until `in_flight` (requests not yet answered) is zero or `grace` has passed.
     pub fn start(
         settings: Settings,
         metrics: TraceMetrics,
         stop: crate::shutdown::Shutdown,
+        in_flight: prometheus::IntGauge,
+        grace: Duration,
     ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(settings.max_queue);
         let wake = Arc::new(Notify::new());
@@ -356,7 +357,8 @@ impl Tracer {
             wake_below: (settings.max_queue / 2).max(1),
             dropped: metrics.dropped_queue.clone(),
         });
-        let task = tokio::spawn(export::run(settings, rx, wake, metrics, stop));
+        let draining = export::Draining { in_flight, grace };
+        let task = tokio::spawn(export::run(settings, rx, wake, metrics, stop, draining));
         (tracer, task)
     }
 
@@ -398,7 +400,7 @@ impl Tracer {
 
     /// Queues a kept request for export; when the queue is full it is dropped and its spans
     /// counted.
-    pub fn submit(&self, record: Box<Record>) {
+    pub fn submit(&self, record: Record) {
         match self.queue.try_send(record) {
             Ok(()) => {
                 if self.queue.capacity() <= self.wake_below {

@@ -263,11 +263,13 @@ async fn a_request_is_a_server_span_with_its_phases_joined_to_the_callers_trace(
     let collector = Collector::start().await;
     let dir = tempfile::tempdir().unwrap();
     test_guest(dir.path(), "context");
+    test_guest(dir.path(), "cgi_probe");
     test_component(dir.path(), "component");
     let config = format!(
         "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
          [tracing]\nendpoint = \"{}\"\nbatch_delay_ms = 50\n\
          [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\npaths = [\"/ctx\"]\n\
+         [[tenant]]\nname = \"cgi\"\nmodule = \"cgi_probe.wasm\"\npaths = [\"/cgi\"]\n\
          [[tenant]]\nname = \"comp\"\nmodule = \"component.wasm\"\npaths = [\"/component\"]\n",
         collector.endpoint
     );
@@ -349,6 +351,15 @@ async fn a_request_is_a_server_span_with_its_phases_joined_to_the_callers_trace(
     assert_eq!(server.attr("tern.guest.kind"), "wasi-http");
     assert_eq!(named(&spans, "run").id, guest_parent);
 
+    // A CGI program has it as HTTP_TRACEPARENT.
+    let r = get(s.addr(), "/cgi/env", &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let trace = r.header("x-request-id").to_string();
+    let cgi_parent = parent_in(line(&r.text(), "HTTP_TRACEPARENT"), &trace);
+    let spans = collector.trace(&trace, 5).await;
+    assert_eq!(named(&spans, "run").id, cgi_parent);
+    assert_eq!(named(&spans, "GET /cgi").attr("tern.guest.kind"), "cgi");
+
     // A client's own request id stays the request id; the trace is new and the log and spans
     // carry both.
     let r = get(s.addr(), "/ctx/", &[("x-request-id", "client-chosen-1")]).await;
@@ -370,7 +381,7 @@ async fn a_request_is_a_server_span_with_its_phases_joined_to_the_callers_trace(
 
     let m = s.metrics().await;
     assert!(
-        metric_value(&m, "tern_trace_spans_exported_total") >= 16.0,
+        metric_value(&m, "tern_trace_spans_exported_total") >= 21.0,
         "{m}"
     );
     assert_eq!(
@@ -839,4 +850,30 @@ async fn prometheus_keeps_the_trace_ids_of_traced_requests_as_exemplars() {
         "{datasources}"
     );
     assert!(datasources.contains("uid: tempo"), "{datasources}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_answered_during_a_graceful_shutdown_are_exported() {
+    let collector = Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "cpu_burn");
+    // Nothing is exported on the schedule in this test: only the exporter's last rounds.
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [tracing]\nendpoint = \"{}\"\nbatch_delay_ms = 600000\n\
+         [[tenant]]\nname = \"slow\"\nmodule = \"cpu_burn.wasm\"\npaths = [\"/burn\"]\n",
+        collector.endpoint
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let addr = s.addr();
+    let slow = tokio::spawn(async move { get(addr, "/burn?ms=700", &[]).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.running.shutdown.trigger();
+    let r = slow.await.unwrap();
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let spans = collector.trace(r.header("x-request-id"), 5).await;
+    assert_eq!(
+        named(&spans, "GET /burn").attr("http.response.status_code"),
+        "200"
+    );
 }
