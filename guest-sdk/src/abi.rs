@@ -188,8 +188,8 @@ pub mod info {
     /// The tenant's name.
     pub const TENANT: i32 = 11;
     /// The W3C `traceparent` of the guest's own span (`00-<trace id>-<span id>-<flags>`) when
-    /// the server exports traces (the request's `traceparent` header says the same);
-    /// `UNAVAILABLE` when it does not.
+    /// the server exports traces; `UNAVAILABLE` when it does not. (The request's headers are
+    /// as the client sent them: its `traceparent`, if any, names the client's span.)
     pub const TRACEPARENT: i32 = 12;
 
     /// Every key with its name, for checks that list them.

@@ -145,8 +145,13 @@ pub async fn handle(
     // A `HEAD` response's body is never sent, so it is never counted as undelivered.
     let head_only = parts.method == Method::HEAD;
     let trace = ex.trace.as_ref().map(|t| t.active.clone());
-    if let Some(t) = &trace {
-        // The guest sees its own span as the parent (its logs and calls join the trace there).
+    if let Some(t) = &trace
+        && tenant.kind() != crate::config::GuestKind::Tern
+    {
+        // Components and CGI programs see their own span as the request's `traceparent` (its
+        // header, `HTTP_TRACEPARENT`), so their logs and calls join the trace there. A `tern`
+        // ABI guest asks `request_info` instead: one more header would cost every guest that
+        // parses its headers (the SDK's `request()` does), traced or not.
         t.stamp(&mut parts.headers, t.run_span);
     }
     let context = RequestContext {
@@ -449,6 +454,10 @@ impl Traced {
         let tenant = self
             .tenant
             .map(|(t, prefix_len)| (t as Arc<dyn crate::trace::SpanTenant>, prefix_len));
+        // A request id other than the trace id (a client's own) goes with the spans.
+        let mut buf = [0u8; 32];
+        let own_id = (request_id.as_bytes() != self.active.trace_id_text(&mut buf).as_bytes())
+            .then(|| request_id.clone());
         tracer.submit(crate::trace::Record {
             active: self.active,
             arrived,
@@ -460,7 +469,7 @@ impl Traced {
             client: self.client,
             user_agent: self.user_agent,
             status,
-            request_id: request_id.clone(),
+            request_id: own_id,
             tenant,
             phases,
             failure: self.failure,

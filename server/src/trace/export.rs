@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::{Queue, Record, Settings, TraceMetrics, otlp};
+use crate::shutdown::Shutdown;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Request};
@@ -13,10 +15,6 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tokio::sync::{Notify, mpsc};
-
-use super::{Record, Settings, TraceMetrics, otlp};
-use crate::shutdown::Shutdown;
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 
@@ -32,8 +30,7 @@ pub(super) struct Draining {
 
 pub(super) async fn run(
     settings: Settings,
-    mut queue: mpsc::Receiver<Record>,
-    wake: Arc<Notify>,
+    queue: Arc<Queue>,
     metrics: TraceMetrics,
     stop: Shutdown,
     draining: Draining,
@@ -50,14 +47,15 @@ pub(super) async fn run(
         settings,
         metrics,
         logged: None,
+        taken: Vec::new(),
     };
     loop {
         let stopping = tokio::select! {
             () = tokio::time::sleep(exporter.settings.batch_delay) => false,
-            () = wake.notified() => false,
+            () = queue.wake.notified() => false,
             () = stop.wait() => true,
         };
-        exporter.drain(&mut queue).await;
+        exporter.drain(&queue).await;
         if stopping {
             break;
         }
@@ -67,9 +65,9 @@ pub(super) async fn run(
     let until = Instant::now() + draining.grace;
     while draining.in_flight.get() > 0 && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        exporter.drain(&mut queue).await;
+        exporter.drain(&queue).await;
     }
-    exporter.drain(&mut queue).await;
+    exporter.drain(&queue).await;
 }
 
 fn client(settings: &Settings) -> Result<Client<Https, Full<Bytes>>, String> {
@@ -103,28 +101,20 @@ struct Exporter {
     metrics: TraceMetrics,
     /// When a failure was last logged.
     logged: Option<Instant>,
+    /// What the last drain took from the queue (kept for its room).
+    taken: Vec<Record>,
 }
 
 impl Exporter {
     /// Exports everything queued now, in batches of `max_batch`.
-    async fn drain(&mut self, queue: &mut mpsc::Receiver<Record>) {
-        loop {
-            let mut batch = Vec::new();
-            while batch.len() < self.settings.max_batch {
-                match queue.try_recv() {
-                    Ok(r) => batch.push(r),
-                    Err(_) => break,
-                }
-            }
-            if batch.is_empty() {
-                return;
-            }
-            let full = batch.len() == self.settings.max_batch;
-            self.export(&batch).await;
-            if !full {
-                return;
-            }
+    async fn drain(&mut self, queue: &Queue) {
+        let mut taken = std::mem::take(&mut self.taken);
+        queue.take(&mut taken);
+        for batch in taken.chunks(self.settings.max_batch) {
+            self.export(batch).await;
         }
+        taken.clear();
+        self.taken = taken;
     }
 
     async fn export(&mut self, batch: &[Record]) {

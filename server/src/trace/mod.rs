@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 
 pub use config::{Sampler, Settings, TracingConfig};
 
@@ -286,8 +286,8 @@ pub struct Record {
     pub user_agent: Option<HeaderValue>,
     /// The response status.
     pub status: u16,
-    /// The request id.
-    pub request_id: HeaderValue,
+    /// The request id, when it is not the trace id (a client's own).
+    pub request_id: Option<HeaderValue>,
     /// The tenant it was routed to, and the length of the route prefix it matched.
     pub tenant: Option<(Arc<dyn SpanTenant>, usize)>,
     /// Phases it reached: queue, instantiate, run, teardown (start and end).
@@ -317,10 +317,7 @@ pub struct Tracer {
     sampler: Sampler,
     keep_errors: bool,
     keep_slower_than: Option<Duration>,
-    queue: mpsc::Sender<Record>,
-    wake: Arc<Notify>,
-    /// The exporter is woken early when the queue's free room falls to this.
-    wake_below: usize,
+    queue: Arc<Queue>,
     dropped: prometheus::IntCounter,
 }
 
@@ -346,19 +343,16 @@ impl Tracer {
         in_flight: prometheus::IntGauge,
         grace: Duration,
     ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
-        let (tx, rx) = mpsc::channel(settings.max_queue);
-        let wake = Arc::new(Notify::new());
+        let queue = Arc::new(Queue::new(settings.max_queue));
         let tracer = Arc::new(Self {
             sampler: settings.sampler,
             keep_errors: settings.keep_errors,
             keep_slower_than: settings.keep_slower_than,
-            queue: tx,
-            wake: wake.clone(),
-            wake_below: (settings.max_queue / 2).max(1),
+            queue: queue.clone(),
             dropped: metrics.dropped_queue.clone(),
         });
         let draining = export::Draining { in_flight, grace };
-        let task = tokio::spawn(export::run(settings, rx, wake, metrics, stop, draining));
+        let task = tokio::spawn(export::run(settings, queue, metrics, stop, draining));
         (tracer, task)
     }
 
@@ -401,16 +395,58 @@ impl Tracer {
     /// Queues a kept request for export; when the queue is full it is dropped and its spans
     /// counted.
     pub fn submit(&self, record: Record) {
-        match self.queue.try_send(record) {
-            Ok(()) => {
-                if self.queue.capacity() <= self.wake_below {
-                    self.wake.notify_one();
-                }
-            }
-            Err(mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r)) => {
-                self.dropped.inc_by(r.span_count() as u64);
-            }
+        if let Err(spans) = self.queue.push(record) {
+            self.dropped.inc_by(spans as u64);
         }
+    }
+}
+
+/// The kept requests waiting for export: a vector with room for `max` records, made once; the
+/// exporter swaps it for an empty one of the same room (so neither side allocates per request)
+/// and is woken early when it is half full.
+#[derive(Debug)]
+pub(crate) struct Queue {
+    records: Mutex<Vec<Record>>,
+    max: usize,
+    wake: Notify,
+}
+
+impl Queue {
+    fn new(max: usize) -> Self {
+        Self {
+            records: Mutex::new(Vec::with_capacity(max.min(1024))),
+            max,
+            wake: Notify::new(),
+        }
+    }
+
+    /// Adds `r`; when the queue is full, drops it and answers how many spans it had.
+    fn push(&self, r: Record) -> Result<(), usize> {
+        let mut records = self
+            .records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if records.len() >= self.max {
+            drop(records);
+            return Err(r.span_count());
+        }
+        records.push(r);
+        let half = records.len() == self.max / 2;
+        drop(records);
+        if half {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Everything queued, leaving `spare` (emptied) in its place.
+    fn take(&self, spare: &mut Vec<Record>) {
+        spare.clear();
+        let mut records = self
+            .records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::mem::swap(&mut *records, spare);
     }
 }
 

@@ -49,15 +49,27 @@ impl Pb {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
 
-    /// A length-delimited sub-message written by `f`.
+    /// A length-delimited sub-message written by `f`. Its length goes before it: one byte is
+    /// kept for it (most sub-messages are shorter than 128 bytes), and only a longer one moves
+    /// its body to make room for the rest of the varint.
     fn message(&mut self, field: u32, f: impl FnOnce(&mut Self)) {
         self.key(field, LEN);
-        let start = self.0.len();
+        let at = self.0.len();
+        self.0.push(0);
         f(self);
-        let len = self.0.len() - start;
-        let mut prefix = Pb::default();
-        prefix.varint(len as u64);
-        self.0.splice(start..start, prefix.0);
+        let mut len = (self.0.len() - at - 1) as u64;
+        let mut prefix = [0u8; 10];
+        let mut n = 0;
+        while len >= 0x80 {
+            prefix[n] = (len as u8) | 0x80;
+            len >>= 7;
+            n += 1;
+        }
+        prefix[n] = len as u8;
+        self.0[at] = prefix[0];
+        if n > 0 {
+            self.0.splice(at + 1..at + 1, prefix[1..=n].iter().copied());
+        }
     }
 
     /// A `KeyValue` (field `field`) with a string value.
@@ -221,11 +233,10 @@ fn request_spans(out: &mut Pb, r: &Record) -> usize {
         if let Some(ua) = r.user_agent.as_ref().and_then(|v| v.to_str().ok()) {
             s.attr(9, "user_agent.original", ua);
         }
-        s.attr(
-            9,
-            "tern.request_id",
-            r.request_id.to_str().unwrap_or_default(),
-        );
+        match &r.request_id {
+            Some(id) => s.attr(9, "tern.request_id", id.to_str().unwrap_or_default()),
+            None => s.attr(9, "tern.request_id", &super::hex(&a.trace_id)),
+        }
         if let (Some((t, _)), Some(route)) = (&r.tenant, &route) {
             s.attr(9, "http.route", route);
             s.attr(9, "tern.tenant", t.name());
@@ -350,5 +361,25 @@ mod tests {
         p.message(1, |m| m.bytes(2, &[7u8; 200]));
         assert_eq!(&p.0[..3], &[0x0a, 0xcb, 0x01]);
         assert_eq!(p.0.len(), 3 + 3 + 200);
+        // A short one, a one-byte length; a long one, three, and its body intact.
+        let mut p = Pb::default();
+        p.message(1, |m| m.bytes(2, &[7u8; 2]));
+        assert_eq!(p.0, [0x0a, 0x04, 0x12, 0x02, 7, 7]);
+        let mut p = Pb::default();
+        p.message(1, |m| m.bytes(2, &[7u8; 20_000]));
+        let (mut len, mut shift, mut i) = (0usize, 0, 1);
+        loop {
+            let b = p.0[i];
+            len |= usize::from(b & 0x7f) << shift;
+            shift += 7;
+            i += 1;
+            if b < 0x80 {
+                break;
+            }
+        }
+        assert_eq!(i, 4, "a three-byte length");
+        assert_eq!(len, p.0.len() - i);
+        assert_eq!(&p.0[i..i + 4], &[0x12, 0xa0, 0x9c, 0x01]);
+        assert!(p.0[i + 4..].iter().all(|&b| b == 7));
     }
 }
