@@ -29,6 +29,12 @@ enum LogFormat {
 enum Command {
     /// Serve the tenants of a config file (with none: the built-in demo tenants on
     /// 127.0.0.1:8080 at /hello, /echo, /json, /counter and /visits).
+    #[command(
+        after_help = "Traces: OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 exports \
+        every request as an OpenTelemetry trace (OTLP/HTTP); OTEL_TRACES_SAMPLER, \
+        OTEL_TRACES_SAMPLER_ARG, OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES are honoured, \
+        or set [tracing] in the config (docs/configuration.md)."
+    )]
     Serve {
         /// Configuration file (TOML); see config/tern.toml.
         #[arg(short, long, env = "TERN_CONFIG")]

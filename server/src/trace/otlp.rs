@@ -104,6 +104,8 @@ const STATUS_ERROR: u64 = 2;
 struct Head<'a> {
     trace_id: &'a [u8; 16],
     span_id: [u8; 8],
+    /// The W3C `tracestate` (the server span's: the caller's, passed on).
+    trace_state: Option<&'a str>,
     parent: Option<[u8; 8]>,
     name: &'a str,
     kind: Kind,
@@ -117,6 +119,9 @@ fn span(out: &mut Pb, head: &Head<'_>, rest: impl FnOnce(&mut Pb)) {
     out.message(2, |s| {
         s.bytes(1, head.trace_id);
         s.bytes(2, &head.span_id);
+        if let Some(ts) = head.trace_state {
+            s.string(3, ts);
+        }
         if let Some(p) = head.parent {
             s.bytes(4, &p);
         }
@@ -212,6 +217,7 @@ fn request_spans(out: &mut Pb, r: &Record) -> usize {
     let server = Head {
         trace_id: &a.trace_id,
         span_id: a.server_span,
+        trace_state: a.tracestate.as_ref().and_then(|t| t.to_str().ok()),
         parent: a.parent,
         name: &name,
         kind: Kind::Server,
@@ -265,6 +271,7 @@ fn request_spans(out: &mut Pb, r: &Record) -> usize {
         let head = Head {
             trace_id: &a.trace_id,
             span_id: if is_run { a.run_span } else { span_id() },
+            trace_state: None,
             parent: Some(a.server_span),
             name: PHASES[i],
             kind: Kind::Internal,
@@ -286,6 +293,7 @@ fn request_spans(out: &mut Pb, r: &Record) -> usize {
         let head = Head {
             trace_id: &a.trace_id,
             span_id: call.span_id,
+            trace_state: None,
             parent: Some(a.run_span),
             name: &name,
             kind,

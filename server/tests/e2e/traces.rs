@@ -28,6 +28,7 @@ struct Span {
     trace: String,
     id: String,
     parent: String,
+    trace_state: String,
     name: String,
     kind: u64,
     start: u64,
@@ -81,6 +82,7 @@ fn spans_of(body: &serde_json::Value) -> Vec<Span> {
                     trace: s["traceId"].as_str().unwrap_or_default().to_string(),
                     id: s["spanId"].as_str().unwrap_or_default().to_string(),
                     parent: s["parentSpanId"].as_str().unwrap_or_default().to_string(),
+                    trace_state: s["traceState"].as_str().unwrap_or_default().to_string(),
                     name: s["name"].as_str().unwrap_or_default().to_string(),
                     kind: s["kind"].as_u64().unwrap_or(0),
                     start: number(&s["startTimeUnixNano"]),
@@ -348,6 +350,7 @@ async fn a_request_is_a_server_span_with_its_phases_joined_to_the_callers_trace(
     let spans = collector.trace(caller_trace, 5).await;
     let server = named(&spans, "GET /component");
     assert_eq!(server.parent, caller_span);
+    assert_eq!(server.trace_state, "vendor=opaque");
     assert_eq!(server.attr("tern.guest.kind"), "wasi-http");
     assert_eq!(named(&spans, "run").id, guest_parent);
 
