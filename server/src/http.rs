@@ -327,6 +327,7 @@ impl Exchange {
         tenant.count_outcome(e.outcome);
         if let Some(t) = &mut self.trace {
             t.failure = Some((e.outcome.name(), e.message.clone()));
+            t.guest_failed = e.outcome.is_guests();
         }
         let resp = error_response(e, tenant, &self.ids());
         self.finish(app, Some(tenant), resp, reached)
@@ -391,6 +392,9 @@ struct Traced {
     run_start: Option<Instant>,
     /// The outcome's name and message, when the request failed.
     failure: Option<(&'static str, String)>,
+    /// The guest failed (a trap, its deadline, a limit): an error kept whatever the sampling
+    /// said, like a 5xx. A client's malformed or oversized body (a 4xx) is not.
+    guest_failed: bool,
 }
 
 impl Traced {
@@ -407,6 +411,7 @@ impl Traced {
             queued: None,
             run_start: None,
             failure: None,
+            guest_failed: false,
         }
     }
 
@@ -415,6 +420,7 @@ impl Traced {
         self.run_start = Some(out.start);
         if let Err(e) = &out.result {
             self.failure = Some((e.outcome.name(), e.message.clone()));
+            self.guest_failed = e.outcome.is_guests();
         }
     }
 
@@ -429,7 +435,7 @@ impl Traced {
     ) {
         let Some(tracer) = &app.tracer else { return };
         let end = Instant::now();
-        if !tracer.keeps(&self.active, status, self.failure.is_some(), end - arrived) {
+        if !tracer.keeps(&self.active, status, self.guest_failed, end - arrived) {
             return;
         }
         let took = |p: Phase| timings.0[p as usize];

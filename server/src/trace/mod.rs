@@ -385,7 +385,8 @@ impl Tracer {
     }
 
     /// Whether a request that ended with `status` after `total` is kept: sampled at its
-    /// head, or an error (a 5xx, or a guest that failed) or slow, when those are kept.
+    /// head, or an error (a 5xx, or a guest that `failed`: trapped, passed its deadline or a
+    /// limit) or slow, when those are kept.
     pub fn keeps(&self, active: &Active, status: u16, failed: bool, total: Duration) -> bool {
         active.sampled
             || (self.keep_errors && (failed || status >= 500))

@@ -489,6 +489,7 @@ async fn failed_and_slow_requests_are_kept_when_sampling_drops_the_rest() {
          [tracing]\nendpoint = \"{}\"\nbatch_delay_ms = 50\n\
          sampler = \"parentbased_traceidratio\"\nsampler_arg = 0.0\nkeep_slower_than_ms = 400\n\
          [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\npaths = [\"/ctx\"]\n\
+         [tenant.limits]\nmax_request_bytes = 10\n\
          [[tenant]]\nname = \"trap\"\nmodule = \"panic.wasm\"\npaths = [\"/trap\"]\n\
          [[tenant]]\nname = \"deadline\"\nmodule = \"loop_forever.wasm\"\npaths = [\"/loop\"]\n\
          [tenant.limits]\ntimeout_ms = 200\n\
@@ -518,6 +519,19 @@ async fn failed_and_slow_requests_are_kept_when_sampling_drops_the_rest() {
     let not_kept = "1af7651916cd43dd8448eb211c80319c";
     let tp = format!("00-{not_kept}-b7ad6b7169203331-00");
     get(s.addr(), "/ctx/", &[("traceparent", &tp)]).await;
+
+    // A client's oversized body is its own error, not the server's: not kept.
+    let r = send(
+        s.addr(),
+        Method::POST,
+        "/ctx/",
+        None,
+        &[],
+        Bytes::from(vec![b'x'; 100]),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let client_error = r.header("x-request-id").to_string();
 
     // A trap: kept, an error, the outcome an event; the error page names the trace.
     let r = get(s.addr(), "/trap", &[]).await;
@@ -575,6 +589,10 @@ async fn failed_and_slow_requests_are_kept_when_sampling_drops_the_rest() {
     assert!(
         !traces.iter().any(|t| t == not_kept),
         "the caller's 00 was ignored"
+    );
+    assert!(
+        !traces.contains(&client_error),
+        "a client's 413 was kept as an error"
     );
 }
 
