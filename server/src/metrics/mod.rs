@@ -51,6 +51,17 @@ impl Phase {
         Phase::Teardown,
     ];
 
+    /// Every phase, in `Timings` order (the request's, then the parts of `run`).
+    pub const EVERY: [Phase; 7] = [
+        Phase::Route,
+        Phase::Queue,
+        Phase::Instantiate,
+        Phase::Run,
+        Phase::Teardown,
+        Phase::Outbound,
+        Phase::Kv,
+    ];
+
     /// Parts of `run`, recorded only for requests that had them.
     pub const WITHIN_RUN: [Phase; 2] = [Phase::Outbound, Phase::Kv];
 
@@ -457,16 +468,7 @@ impl Metrics {
                 prometheus::process_collector::ProcessCollector::for_self(),
             ))
             .expect("process metrics registered once");
-        let phases = [
-            Phase::Route,
-            Phase::Queue,
-            Phase::Instantiate,
-            Phase::Run,
-            Phase::Teardown,
-            Phase::Outbound,
-            Phase::Kv,
-        ]
-        .map(|p| phase_vec.with_label_values(&[p.name()]));
+        let phases = Phase::EVERY.map(|p| phase_vec.with_label_values(&[p.name()]));
         let unrouted = Self::tenant_counters(&requests, "none");
         Self {
             registry,

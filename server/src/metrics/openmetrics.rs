@@ -102,17 +102,7 @@ fn series_of(line: &str) -> Option<usize> {
     }
     if line.starts_with("tern_request_phase_duration_seconds_bucket{") {
         let phase = label(line, "phase")?;
-        return [
-            Phase::Route,
-            Phase::Queue,
-            Phase::Instantiate,
-            Phase::Run,
-            Phase::Teardown,
-            Phase::Outbound,
-            Phase::Kv,
-        ]
-        .iter()
-        .position(|p| p.name() == phase);
+        return Phase::EVERY.iter().position(|p| p.name() == phase);
     }
     None
 }

@@ -503,9 +503,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_traceparent_round_trips() {
-        let active = Active {
+    /// A sampled request of a new trace.
+    fn active() -> Active {
+        Active {
             trace_id: trace_id(),
             parent: None,
             server_span: span_id(),
@@ -513,7 +513,12 @@ mod tests {
             sampled: true,
             tracestate: None,
             calls: Mutex::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_traceparent_round_trips() {
+        let active = active();
         let tp = active.traceparent(active.run_span);
         let p = parse_traceparent(tp.as_bytes()).expect("ours parse");
         assert_eq!(p.trace_id, active.trace_id);
@@ -524,15 +529,7 @@ mod tests {
 
     #[test]
     fn calls_past_the_cap_are_counted_not_kept() {
-        let active = Active {
-            trace_id: trace_id(),
-            parent: None,
-            server_span: span_id(),
-            run_span: span_id(),
-            sampled: true,
-            tracestate: None,
-            calls: Mutex::default(),
-        };
+        let active = active();
         let now = Instant::now();
         for _ in 0..MAX_CALL_SPANS + 3 {
             active.record(Call {
