@@ -44,6 +44,10 @@ use loader::{Loader, ModuleCache, Runtime};
 pub use spec::SpecChange;
 use upload::check_wasm_header;
 
+/// How long a change that keeps losing the race to the shared registry is tried again before
+/// the client is told to retry (`409`).
+const CONFLICT_PATIENCE: Duration = Duration::from_secs(20);
+
 /// What requests read: the routing table and the tenants by name.
 #[derive(Debug, Default)]
 pub struct Live {
@@ -346,7 +350,12 @@ impl Registry {
         };
         let mut table = table_now()?;
         if let Some(fleet) = self.fleet.clone() {
-            let mut attempts = 0;
+            // A replica whose change lost the race to the registry reads the winner's and
+            // tries again after a random pause that grows with each loss: a replica making
+            // many changes in a row (one round trip each) would otherwise win every race
+            // against one that must read before it writes. It gives up after a while.
+            let mut attempts: u32 = 0;
+            let started = Instant::now();
             loop {
                 let read = state.shared.as_ref().ok_or_else(|| {
                     ChangeError::Unavailable("the shared registry has not been read yet".into())
@@ -367,8 +376,11 @@ impl Registry {
                         fleet.nudge_peers(&self.loader.metrics);
                         break;
                     }
-                    Err(RemoteError::Conflict(_)) if attempts < 5 => {
+                    Err(RemoteError::Conflict(_)) if started.elapsed() < CONFLICT_PATIENCE => {
                         attempts += 1;
+                        let ceiling = 10u64 << attempts.min(5);
+                        let pause = crate::trace::random_u64() % (ceiling + 1);
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
                         self.sync(state).await?;
                         if state.truth().tenants.get(&name) != base.as_ref() {
                             return Err(ChangeError::Conflict(format!(
