@@ -199,7 +199,7 @@ pub async fn handle(
                 app2.metrics.observe(&after, Phase::Teardown);
                 if let Some(mut t) = trace {
                     t.ran(&out);
-                    t.end(&app2, arrived, &after, status, &request_id);
+                    t.end(&app2, (arrived, Instant::now()), &after, status, &request_id);
                 }
             });
             let resp = streamed(&tenant, head, head_only);
@@ -342,7 +342,8 @@ impl Exchange {
         mut resp: Response<ResponseBody>,
         reached: Phase,
     ) -> Response<ResponseBody> {
-        let total = self.arrived.elapsed();
+        let ended = Instant::now();
+        let total = ended - self.arrived;
         app.metrics.observe_total(total);
         let status = resp.status().as_u16();
         match tenant {
@@ -368,7 +369,13 @@ impl Exchange {
             headers.insert(SERVER_TIMING.clone(), v);
         }
         if let Some(t) = self.trace {
-            t.end(app, self.arrived, &self.timings, status, &self.request_id);
+            t.end(
+                app,
+                (self.arrived, ended),
+                &self.timings,
+                status,
+                &self.request_id,
+            );
         }
         resp
     }
@@ -424,17 +431,17 @@ impl Traced {
         }
     }
 
-    /// The request ended with `status`: queued for export if the tracer keeps it.
+    /// The request (arrived, ended) ended with `status`: queued for export if the tracer keeps
+    /// it.
     fn end(
         self,
         app: &App,
-        arrived: Instant,
+        (arrived, end): (Instant, Instant),
         timings: &Timings,
         status: u16,
         request_id: &HeaderValue,
     ) {
         let Some(tracer) = &app.tracer else { return };
-        let end = Instant::now();
         if !tracer.keeps(&self.active, status, self.guest_failed, end - arrived) {
             return;
         }
@@ -461,10 +468,9 @@ impl Traced {
             .tenant
             .map(|(t, prefix_len)| (t as Arc<dyn crate::trace::SpanTenant>, prefix_len));
         // A request id other than the trace id (a client's own) goes with the spans.
-        let mut buf = [0u8; 32];
-        let own_id = (request_id.as_bytes() != self.active.trace_id_text(&mut buf).as_bytes())
+        let own_id = (request_id.as_bytes() != self.active.trace_id_hex().as_slice())
             .then(|| request_id.clone());
-        tracer.submit(crate::trace::Record {
+        tracer.submit(&crate::trace::Record {
             active: self.active,
             arrived,
             end: (end, wall),

@@ -284,7 +284,7 @@ impl Visit for Fields<'_, '_> {
             if json {
                 json_str(f.out, value)
             } else {
-                write!(f.out, "{value:?}")
+                debug_str(f.out, value)
             }
         });
     }
@@ -309,6 +309,21 @@ impl Visit for Fields<'_, '_> {
                 write!(f.out, "{value:?}")
             }
         });
+    }
+}
+
+/// Writes `value` as `Debug` does (quoted, escaped); text with nothing to escape (ids, names)
+/// without `Debug`'s walk through every character.
+fn debug_str(out: &mut impl std::fmt::Write, value: &str) -> std::fmt::Result {
+    if value
+        .bytes()
+        .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.write_char('"')?;
+        out.write_str(value)?;
+        out.write_char('"')
+    } else {
+        write!(out, "{value:?}")
     }
 }
 
@@ -532,6 +547,26 @@ mod tests {
         assert_eq!(civil_date(11_016), (2000, 2, 29));
         assert_eq!(civil_date(20_780), (2026, 11, 23));
         assert_eq!(civil_date(2_932_896), (9999, 12, 31));
+    }
+
+    #[test]
+    fn text_values_are_written_as_debug_writes_them() {
+        for v in [
+            "",
+            "4bf92f3577b34da6a3ce929d0e0e4736",
+            "shop-1",
+            "a b~c",
+            "say \"hi\"",
+            "back\\slash",
+            "tab\there",
+            "é",
+            "\u{7f}",
+            "line\n",
+        ] {
+            let mut out = String::new();
+            debug_str(&mut out, v).unwrap();
+            assert_eq!(out, format!("{v:?}"));
+        }
     }
 
     #[test]

@@ -1,12 +1,15 @@
-//! The exporter task: takes kept requests off the queue every `batch_delay` (or when the queue
-//! is half full), encodes them as OTLP protobuf and posts them to the collector. A batch that
+//! The exporter task: takes the batches of encoded spans off the queue every `batch_delay` (or
+//! when a thread's batch has `max_batch` requests or the queue is half full), puts the OTLP
+//! envelope in front of each and posts it to the collector. A batch that
 //! cannot be delivered (collector down, slow past `timeout`, an error status) is dropped and its
 //! spans counted; the request path never waits for any of it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Queue, Record, Settings, TraceMetrics, otlp};
+use super::otlp::Envelope;
+use super::queue::{Batch, Queue, Sending};
+use super::{Settings, TraceMetrics};
 use crate::shutdown::Shutdown;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
@@ -30,6 +33,7 @@ pub(super) struct Draining {
 
 pub(super) async fn run(
     settings: Settings,
+    envelope: Envelope,
     queue: Arc<Queue>,
     metrics: TraceMetrics,
     stop: Shutdown,
@@ -45,6 +49,8 @@ pub(super) async fn run(
     let mut exporter = Exporter {
         client,
         settings,
+        envelope,
+        reserve: queue.reserve(),
         metrics,
         logged: None,
         taken: Vec::new(),
@@ -98,33 +104,43 @@ fn client(settings: &Settings) -> Result<Client<Https, Full<Bytes>>, String> {
 struct Exporter {
     client: Client<Https, Full<Bytes>>,
     settings: Settings,
+    envelope: Envelope,
+    /// The room each batch keeps for the envelope.
+    reserve: usize,
     metrics: TraceMetrics,
     /// When a failure was last logged.
     logged: Option<Instant>,
     /// What the last drain took from the queue (kept for its room).
-    taken: Vec<Record>,
+    taken: Vec<Batch>,
 }
 
 impl Exporter {
-    /// Exports everything queued now, in batches of `max_batch`.
-    async fn drain(&mut self, queue: &Queue) {
+    /// Exports everything queued now, each thread's batch as one request.
+    async fn drain(&mut self, queue: &Arc<Queue>) {
         let mut taken = std::mem::take(&mut self.taken);
         queue.take(&mut taken);
-        for batch in taken.chunks(self.settings.max_batch) {
-            self.export(batch).await;
+        for batch in taken.drain(..) {
+            self.export(batch, queue).await;
         }
-        taken.clear();
         self.taken = taken;
     }
 
-    async fn export(&mut self, batch: &[Record]) {
-        let (body, spans) = otlp::encode(batch, &self.settings.resource);
+    async fn export(&mut self, batch: Batch, queue: &Arc<Queue>) {
+        let Batch {
+            mut bytes, spans, ..
+        } = batch;
+        let at = self.envelope.wrap(&mut bytes, self.reserve);
+        let body = Bytes::from_owner(Sending {
+            bytes,
+            at,
+            queue: queue.clone(),
+        });
         let mut req = Request::post(self.settings.url.clone())
             .header(
                 CONTENT_TYPE,
                 HeaderValue::from_static("application/x-protobuf"),
             )
-            .body(Full::new(Bytes::from(body)))
+            .body(Full::new(body))
             .expect("a valid request");
         for (name, value) in &self.settings.headers {
             req.headers_mut().insert(name.clone(), value.clone());

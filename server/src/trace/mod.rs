@@ -6,22 +6,23 @@
 //! see) and, when its guest calls a backend or a key-value store, one record per call. When the
 //! request ends, the [`Tracer`] decides whether to keep it (head sampling, parent-based with a
 //! ratio, then tail rules: errors and slow requests are kept whatever the head decided); a kept
-//! request becomes one [`Record`] on a bounded queue, and the exporter task turns records into
-//! spans, encodes them as OTLP protobuf and posts them in batches to the collector
-//! (`export`, `otlp`). A full queue drops the record and counts its spans; nothing waits.
+//! request becomes one [`Record`], encoded at once as OTLP protobuf spans into its thread's
+//! buffer (`queue`, `otlp`), and the exporter task posts the buffers in batches to the
+//! collector (`export`). A full queue drops the request's spans and counts them; nothing
+//! waits.
 
 mod config;
 mod export;
 mod otlp;
+mod queue;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
-use tokio::sync::Notify;
-
 pub use config::{Sampler, Settings, TracingConfig};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
+use queue::Queue;
 
 /// W3C trace context: the trace a request belongs to and the span that sent it.
 pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -212,6 +213,13 @@ impl Active {
         HeaderValue::from_bytes(&v).expect("hex is a valid header value")
     }
 
+    /// The trace id as hex.
+    pub fn trace_id_hex(&self) -> [u8; 32] {
+        let mut buf = [0u8; 32];
+        hex_into(&self.trace_id, &mut buf);
+        buf
+    }
+
     /// The trace id as hex, written into `buf`.
     pub fn trace_id_text<'a>(&self, buf: &'a mut [u8; 32]) -> &'a str {
         hex_into(&self.trace_id, buf);
@@ -262,7 +270,7 @@ impl Active {
     }
 }
 
-/// A finished request the tracer kept, as the exporter turns it into spans.
+/// A finished request the tracer kept, as its spans are written from.
 #[derive(Debug)]
 pub struct Record {
     /// Its ids and calls.
@@ -343,7 +351,12 @@ impl Tracer {
         in_flight: prometheus::IntGauge,
         grace: Duration,
     ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
-        let queue = Arc::new(Queue::new(settings.max_queue));
+        let envelope = otlp::Envelope::new(&settings.resource);
+        let queue = Arc::new(Queue::new(
+            settings.max_queue,
+            settings.max_batch,
+            envelope.reserve(),
+        ));
         let tracer = Arc::new(Self {
             sampler: settings.sampler,
             keep_errors: settings.keep_errors,
@@ -352,7 +365,9 @@ impl Tracer {
             dropped: metrics.dropped_queue.clone(),
         });
         let draining = export::Draining { in_flight, grace };
-        let task = tokio::spawn(export::run(settings, queue, metrics, stop, draining));
+        let task = tokio::spawn(export::run(
+            settings, envelope, queue, metrics, stop, draining,
+        ));
         (tracer, task)
     }
 
@@ -393,61 +408,12 @@ impl Tracer {
             || self.keep_slower_than.is_some_and(|slow| total >= slow)
     }
 
-    /// Queues a kept request for export; when the queue is full it is dropped and its spans
+    /// Queues a kept request's spans for export; when the queue is full they are dropped and
     /// counted.
-    pub fn submit(&self, record: Record) {
+    pub fn submit(&self, record: &Record) {
         if let Err(spans) = self.queue.push(record) {
             self.dropped.inc_by(spans as u64);
         }
-    }
-}
-
-/// The kept requests waiting for export: a vector with room for `max` records, made once; the
-/// exporter swaps it for an empty one of the same room (so neither side allocates per request)
-/// and is woken early when it is half full.
-#[derive(Debug)]
-pub(crate) struct Queue {
-    records: Mutex<Vec<Record>>,
-    max: usize,
-    wake: Notify,
-}
-
-impl Queue {
-    fn new(max: usize) -> Self {
-        Self {
-            records: Mutex::new(Vec::with_capacity(max.min(1024))),
-            max,
-            wake: Notify::new(),
-        }
-    }
-
-    /// Adds `r`; when the queue is full, drops it and answers how many spans it had.
-    fn push(&self, r: Record) -> Result<(), usize> {
-        let mut records = self
-            .records
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if records.len() >= self.max {
-            drop(records);
-            return Err(r.span_count());
-        }
-        records.push(r);
-        let half = records.len() == self.max / 2;
-        drop(records);
-        if half {
-            self.wake.notify_one();
-        }
-        Ok(())
-    }
-
-    /// Everything queued, leaving `spare` (emptied) in its place.
-    fn take(&self, spare: &mut Vec<Record>) {
-        spare.clear();
-        let mut records = self
-            .records
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        std::mem::swap(&mut *records, spare);
     }
 }
 
@@ -460,11 +426,8 @@ impl Record {
 }
 
 /// The first `n` bytes of `path` (the tenant's route prefix), `/` for none.
-pub fn route_of(path: &str, n: usize) -> String {
-    match path.get(..n) {
-        Some(p) if !p.is_empty() => p.to_string(),
-        _ => "/".to_string(),
-    }
+pub fn route_of(path: &str, n: usize) -> &str {
+    path.get(..n).filter(|p| !p.is_empty()).unwrap_or("/")
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Kept requests as spans, encoded as an OTLP `ExportTraceServiceRequest` in protobuf
 //! (opentelemetry-proto's `collector/trace/v1` and `trace/v1`): the few messages and fields
-//! Tern sends, written by hand, off the request path.
+//! Tern sends, written by hand. A request's spans are written where it ends (the `spans` of a
+//! `ScopeSpans`, which concatenate); the exporter puts the [`Envelope`] in front of a batch.
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -10,13 +11,14 @@ use super::{CallKind, PHASES, Record, span_id};
 
 /// A protobuf message being written.
 #[derive(Default)]
-struct Pb(Vec<u8>);
+pub(super) struct Pb(pub Vec<u8>);
 
 const VARINT: u8 = 0;
 const FIXED64: u8 = 1;
 const LEN: u8 = 2;
 
 impl Pb {
+    #[inline(always)]
     fn varint(&mut self, mut v: u64) {
         while v >= 0x80 {
             self.0.push((v as u8) | 0x80);
@@ -25,25 +27,40 @@ impl Pb {
         self.0.push(v as u8);
     }
 
+    #[inline(always)]
     fn key(&mut self, field: u32, wire: u8) {
         self.varint(u64::from(field << 3 | u32::from(wire)));
     }
 
+    #[inline(always)]
     fn bytes(&mut self, field: u32, b: &[u8]) {
         self.key(field, LEN);
         self.varint(b.len() as u64);
         self.0.extend_from_slice(b);
     }
 
+    #[inline(always)]
     fn string(&mut self, field: u32, s: &str) {
         self.bytes(field, s.as_bytes());
     }
 
+    /// A string field made of `parts`, written one after another.
+    #[inline(always)]
+    fn string_of(&mut self, field: u32, parts: &[&str]) {
+        self.key(field, LEN);
+        self.varint(parts.iter().map(|p| p.len() as u64).sum());
+        for p in parts {
+            self.0.extend_from_slice(p.as_bytes());
+        }
+    }
+
+    #[inline(always)]
     fn uint(&mut self, field: u32, v: u64) {
         self.key(field, VARINT);
         self.varint(v);
     }
 
+    #[inline(always)]
     fn fixed64(&mut self, field: u32, v: u64) {
         self.key(field, FIXED64);
         self.0.extend_from_slice(&v.to_le_bytes());
@@ -73,19 +90,51 @@ impl Pb {
     }
 
     /// A `KeyValue` (field `field`) with a string value.
+    #[inline(always)]
     fn attr(&mut self, field: u32, key: &str, value: &str) {
-        self.message(field, |kv| {
-            kv.string(1, key);
-            kv.message(2, |v| v.string(1, value));
-        });
+        self.attr_of(field, key, &[value]);
+    }
+
+    /// A `KeyValue` with a string value made of `parts`. Its lengths are known before it is
+    /// written: no room kept and filled in afterwards.
+    #[inline(always)]
+    fn attr_of(&mut self, field: u32, key: &str, parts: &[&str]) {
+        let value: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        // AnyValue { string_value (1) }
+        let any = 1 + varint_len(value) + value;
+        self.key_value(field, key, any);
+        self.string_of(1, parts);
+    }
+
+    /// A `KeyValue` with a string value of ASCII bytes (hex).
+    #[inline(always)]
+    fn attr_ascii(&mut self, field: u32, key: &str, value: &[u8]) {
+        let len = value.len() as u64;
+        self.key_value(field, key, 1 + varint_len(len) + len);
+        self.bytes(1, value);
     }
 
     /// A `KeyValue` with an integer value.
+    #[inline(always)]
     fn attr_int(&mut self, field: u32, key: &str, value: i64) {
-        self.message(field, |kv| {
-            kv.string(1, key);
-            kv.message(2, |v| v.uint(3, value as u64));
-        });
+        // AnyValue { int_value (3) }
+        let any = 1 + varint_len(value as u64);
+        self.key_value(field, key, any);
+        self.uint(3, value as u64);
+    }
+
+    /// The head of a `KeyValue` named `key` up to its value, an `AnyValue` of `any` bytes that
+    /// the caller writes next.
+    #[inline(always)]
+    fn key_value(&mut self, field: u32, key: &str, any: u64) {
+        let key_len = key.len() as u64;
+        let kv = 1 + varint_len(key_len) + key_len + 1 + varint_len(any) + any;
+        self.0.reserve(kv as usize + 5);
+        self.key(field, LEN);
+        self.varint(kv);
+        self.string(1, key);
+        self.key(2, LEN);
+        self.varint(any);
     }
 }
 
@@ -107,7 +156,8 @@ struct Head<'a> {
     /// The W3C `tracestate` (the server span's: the caller's, passed on).
     trace_state: Option<&'a str>,
     parent: Option<[u8; 8]>,
-    name: &'a str,
+    /// The name, in parts (`GET`, ` `, `/shop`).
+    name: &'a [&'a str],
     kind: Kind,
     start: u64,
     end: u64,
@@ -125,7 +175,7 @@ fn span(out: &mut Pb, head: &Head<'_>, rest: impl FnOnce(&mut Pb)) {
         if let Some(p) = head.parent {
             s.bytes(4, &p);
         }
-        s.string(5, head.name);
+        s.string_of(5, head.name);
         s.uint(6, head.kind as u64);
         s.fixed64(7, head.start);
         s.fixed64(8, head.end.max(head.start));
@@ -165,6 +215,40 @@ impl Clock {
     }
 }
 
+/// `ip` as text (an IPv4-mapped IPv6 address as IPv4), written into `buf`; IPv4 addresses
+/// digit by digit (the formatting machinery costs more than the rest of a span).
+fn ip_text(ip: std::net::IpAddr, buf: &mut [u8; 48]) -> &str {
+    use std::io::Write;
+    let n = match ip.to_canonical() {
+        std::net::IpAddr::V4(v4) => {
+            let mut n = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf[n] = b'.';
+                    n += 1;
+                }
+                if octet >= 100 {
+                    buf[n] = b'0' + octet / 100;
+                    n += 1;
+                }
+                if octet >= 10 {
+                    buf[n] = b'0' + octet / 10 % 10;
+                    n += 1;
+                }
+                buf[n] = b'0' + octet % 10;
+                n += 1;
+            }
+            n
+        }
+        v6 => {
+            let mut w = &mut buf[..];
+            let _ = write!(w, "{v6}");
+            48 - w.len()
+        }
+    };
+    std::str::from_utf8(&buf[..n]).unwrap_or_default()
+}
+
 fn protocol(v: Version) -> &'static str {
     match v {
         Version::HTTP_09 => "0.9",
@@ -175,33 +259,67 @@ fn protocol(v: Version) -> &'static str {
     }
 }
 
-/// The `ExportTraceServiceRequest` of `records` with the resource attributes `resource`, and
-/// the number of spans in it.
-pub fn encode(records: &[Record], resource: &[(String, String)]) -> (Vec<u8>, usize) {
-    // About 1 KiB per request of 5 spans: sized once, not grown (and copied) as it fills.
-    let mut out = Pb(Vec::with_capacity(512 + records.len() * 1536));
-    let mut spans = 0;
-    out.message(1, |rs| {
-        rs.message(1, |r| {
+/// What goes in front of a batch of spans to make it an `ExportTraceServiceRequest`: one
+/// `ResourceSpans` (the resource's attributes) holding one `ScopeSpans` (scope `tern`) whose
+/// `spans` are the batch.
+#[derive(Debug)]
+pub(super) struct Envelope {
+    /// `ResourceSpans.resource`, with its key and length.
+    resource: Vec<u8>,
+    /// `ScopeSpans.scope`, with its key and length.
+    scope: Vec<u8>,
+}
+
+impl Envelope {
+    pub(super) fn new(resource: &[(String, String)]) -> Self {
+        let mut r = Pb::default();
+        r.message(1, |r| {
             for (k, v) in resource {
                 r.attr(1, k, v);
             }
         });
-        rs.message(2, |ss| {
-            ss.message(1, |scope| {
-                scope.string(1, "tern");
-                scope.string(2, env!("CARGO_PKG_VERSION"));
-            });
-            for record in records {
-                spans += request_spans(ss, record);
-            }
+        let mut s = Pb::default();
+        s.message(1, |scope| {
+            scope.string(1, "tern");
+            scope.string(2, env!("CARGO_PKG_VERSION"));
         });
-    });
-    (out.0, spans)
+        Self {
+            resource: r.0,
+            scope: s.0,
+        }
+    }
+
+    /// The room a batch keeps in front of its spans for the envelope: its bytes and two keys
+    /// with the longest lengths.
+    pub(super) fn reserve(&self) -> usize {
+        self.resource.len() + self.scope.len() + 2 * (1 + 10)
+    }
+
+    /// Writes the envelope into the room `reserve` kept in front of the spans in `batch`,
+    /// right before them; answers where the request begins.
+    pub(super) fn wrap(&self, batch: &mut [u8], reserve: usize) -> usize {
+        let spans = (batch.len() - reserve) as u64;
+        let scope_spans = self.scope.len() as u64 + spans;
+        let resource_spans = self.resource.len() as u64 + 1 + varint_len(scope_spans) + scope_spans;
+        let mut head = Pb(Vec::with_capacity(reserve));
+        head.key(1, LEN);
+        head.varint(resource_spans);
+        head.0.extend_from_slice(&self.resource);
+        head.key(2, LEN);
+        head.varint(scope_spans);
+        head.0.extend_from_slice(&self.scope);
+        let at = reserve - head.0.len();
+        batch[at..reserve].copy_from_slice(&head.0);
+        at
+    }
 }
 
-/// Writes the spans of one request; returns how many.
-fn request_spans(out: &mut Pb, r: &Record) -> usize {
+fn varint_len(v: u64) -> u64 {
+    u64::from((64 - (v | 1).leading_zeros()).div_ceil(7))
+}
+
+/// Writes the spans of one request (`ScopeSpans.spans` entries); returns how many.
+pub(super) fn request_spans(out: &mut Pb, r: &Record) -> usize {
     let a = &r.active;
     let clock = Clock::new(r.end.0, r.end.1);
     let calls = a.take_calls();
@@ -210,16 +328,20 @@ fn request_spans(out: &mut Pb, r: &Record) -> usize {
         .tenant
         .as_ref()
         .map(|(_, prefix_len)| super::route_of(r.uri.path(), *prefix_len));
-    let name = match &route {
-        Some(route) => format!("{method} {route}"),
-        None => method.to_string(),
+    let with_route;
+    let name: &[&str] = match route {
+        Some(route) => {
+            with_route = [method, " ", route];
+            &with_route
+        }
+        None => std::slice::from_ref(&method),
     };
     let server = Head {
         trace_id: &a.trace_id,
         span_id: a.server_span,
         trace_state: a.tracestate.as_ref().and_then(|t| t.to_str().ok()),
         parent: a.parent,
-        name: &name,
+        name,
         kind: Kind::Server,
         start: clock.nanos(r.arrived),
         end: clock.nanos(r.end.0),
@@ -230,20 +352,17 @@ fn request_spans(out: &mut Pb, r: &Record) -> usize {
         s.attr(9, "url.scheme", r.scheme);
         s.attr_int(9, "http.response.status_code", i64::from(r.status));
         s.attr(9, "network.protocol.version", protocol(r.version));
-        s.attr(
-            9,
-            "client.address",
-            &r.client.ip().to_canonical().to_string(),
-        );
+        let mut ip = [0u8; 48];
+        s.attr(9, "client.address", ip_text(r.client.ip(), &mut ip));
         s.attr_int(9, "client.port", i64::from(r.client.port()));
         if let Some(ua) = r.user_agent.as_ref().and_then(|v| v.to_str().ok()) {
             s.attr(9, "user_agent.original", ua);
         }
         match &r.request_id {
             Some(id) => s.attr(9, "tern.request_id", id.to_str().unwrap_or_default()),
-            None => s.attr(9, "tern.request_id", &super::hex(&a.trace_id)),
+            None => s.attr_ascii(9, "tern.request_id", &a.trace_id_hex()),
         }
-        if let (Some((t, _)), Some(route)) = (&r.tenant, &route) {
+        if let (Some((t, _)), Some(route)) = (&r.tenant, route) {
             s.attr(9, "http.route", route);
             s.attr(9, "tern.tenant", t.name());
             s.attr(9, "tern.tenant.version", t.version());
@@ -273,7 +392,7 @@ fn request_spans(out: &mut Pb, r: &Record) -> usize {
             span_id: if is_run { a.run_span } else { span_id() },
             trace_state: None,
             parent: Some(a.server_span),
-            name: PHASES[i],
+            name: std::slice::from_ref(&PHASES[i]),
             kind: Kind::Internal,
             start: clock.nanos(*start),
             end: clock.nanos(*end),
@@ -286,17 +405,24 @@ fn request_spans(out: &mut Pb, r: &Record) -> usize {
         n += 1;
     }
     for call in &calls.spans {
-        let (name, kind) = match &call.what {
-            CallKind::Outbound { method, .. } => (method.as_str().to_string(), Kind::Client),
-            CallKind::Kv { store, op, .. } => (format!("{op} {store}"), Kind::Client),
+        let (op_name, kv_name);
+        let name: &[&str] = match &call.what {
+            CallKind::Outbound { method, .. } => {
+                op_name = method.as_str();
+                std::slice::from_ref(&op_name)
+            }
+            CallKind::Kv { store, op, .. } => {
+                kv_name = [*op, " ", store.as_str()];
+                &kv_name
+            }
         };
         let head = Head {
             trace_id: &a.trace_id,
             span_id: call.span_id,
             trace_state: None,
             parent: Some(a.run_span),
-            name: &name,
-            kind,
+            name,
+            kind: Kind::Client,
             start: clock.nanos(call.start),
             end: clock.nanos(call.end),
         };
@@ -314,13 +440,13 @@ fn request_spans(out: &mut Pb, r: &Record) -> usize {
                 if let Some(port) = url.port_u16() {
                     s.attr_int(9, "server.port", i64::from(port));
                 }
-                let full = format!(
-                    "{}://{}{}",
+                let full = [
                     url.scheme_str().unwrap_or("http"),
+                    "://",
                     url.authority().map_or("", |a| a.as_str()),
-                    url.path()
-                );
-                s.attr(9, "url.full", &full);
+                    url.path(),
+                ];
+                s.attr_of(9, "url.full", &full);
                 s.attr(9, "tern.backend", backend);
                 match result {
                     Ok(status) => {
@@ -358,6 +484,55 @@ fn request_spans(out: &mut Pb, r: &Record) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attributes_written_with_known_lengths_are_the_nested_messages() {
+        for n in [0, 1, 110, 127, 128, 200, 20_000] {
+            let value = "v".repeat(n);
+            let mut direct = Pb::default();
+            direct.attr(9, "a.key", &value);
+            let mut nested = Pb::default();
+            nested.message(9, |kv| {
+                kv.string(1, "a.key");
+                kv.message(2, |v| v.string(1, &value));
+            });
+            assert_eq!(direct.0, nested.0, "a value of {n} bytes");
+        }
+        for i in [0i64, 1, 127, 128, 300, -1, i64::MAX] {
+            let mut direct = Pb::default();
+            direct.attr_int(9, "n", i);
+            let mut nested = Pb::default();
+            nested.message(9, |kv| {
+                kv.string(1, "n");
+                kv.message(2, |v| v.uint(3, i as u64));
+            });
+            assert_eq!(direct.0, nested.0, "{i}");
+        }
+        for v in [0u64, 1, 127, 128, 16_383, 16_384, u64::MAX] {
+            let mut p = Pb::default();
+            p.varint(v);
+            assert_eq!(p.0.len() as u64, varint_len(v), "{v}");
+        }
+    }
+
+    #[test]
+    fn addresses_read_as_their_display() {
+        for ip in [
+            "0.0.0.0",
+            "10.1.2.3",
+            "127.0.0.1",
+            "192.168.100.255",
+            "9.99.100.199",
+            "::1",
+            "2001:db8::8a2e:370:7334",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            let mut buf = [0u8; 48];
+            assert_eq!(ip_text(ip, &mut buf), ip.to_string());
+        }
+        let mapped: std::net::IpAddr = "::ffff:10.0.0.7".parse().unwrap();
+        assert_eq!(ip_text(mapped, &mut [0u8; 48]), "10.0.0.7");
+    }
 
     #[test]
     fn varints_and_lengths_are_protobufs() {
