@@ -475,6 +475,12 @@ cpu() {
     done
     local k
     for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | least_cpu); done
+    # The worker's own share of the access line and of tracing, without HTTP (criterion, core 0).
+    local line_ns traced_line_ns unsampled_ns kept_ns
+    line_ns=$(criterion_ns logline 'access_line/text$')
+    traced_line_ns=$(criterion_ns logline 'access_line/text_traced')
+    unsampled_ns=$(criterion_ns traces 'trace/unsampled')
+    kept_ns=$(criterion_ns traces 'trace/kept')
     local life mean ncpu tcpu lcpu
     read -r life mean <<<"$(printf '%s' "$lifecycle" | grep . | sort -n | head -1)"
     ncpu=$(echo "${r[native]}" | cut -d' ' -f7)
@@ -506,8 +512,19 @@ cpu() {
         echo "- Tern − native: **$(awk -v a="$tcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs** per request (access log off: $(awk -v a="$lcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs); goal ≤ 5 µs and ≤ the lifecycle p50"
         echo "- p99 Tern / native: **$(ratio "$(echo "${r[tern]}" | cut -d' ' -f3)" "$(echo "${r[native]}" | cut -d' ' -f3)")** (access log off: $(ratio "$(echo "${r[nolog]}" | cut -d' ' -f3)" "$(echo "${r[native]}" | cut -d' ' -f3)")); goal ≤ 1.2"
         echo "- tracing ([tracing], exporting by OTLP/HTTP to loadtest/otlp-sink.py on core 1), over the default row: unsampled **$(awk -v a="$(echo "${r[unsampled]}" | cut -d' ' -f7)" -v b="$tcpu" 'BEGIN { printf "%+.2f", a - b }') µs** per request (goal ≤ 0.2), sampled and exported **$(awk -v a="$(echo "${r[sampled]}" | cut -d' ' -f7)" -v b="$tcpu" 'BEGIN { printf "%+.2f", a - b }') µs** (goal ≤ 1.5; the exporter's encoding and posting included: it runs in the server process, on its core)"
+        echo "- the worker's own share, without HTTP (\`cargo bench -p tern --bench traces --bench logline\`, pinned to core 0): an unsampled request's ids, head decision and request line **$unsampled_ns ns**, plus $(awk -v a="$traced_line_ns" -v b="$line_ns" 'BEGIN { printf "%.0f", a - b }') ns for \`trace_id\` in its access line; a kept request **$kept_ns ns** (the same, and its five spans encoded into the worker's export buffer). The access line alone costs the worker $line_ns ns and the rows above $(awk -v a="$tcpu" -v b="$lcpu" 'BEGIN { printf "%.0f", (a - b) * 1000 }') ns: in this closed loop a slower worker wakes the idle load generator more often, and the server pays for those wake-ups (\`perf\`: \`sock_def_readable\` under \`writev\`), so the rows magnify a worker's own cost about $(awk -v a="$tcpu" -v b="$lcpu" -v n="$line_ns" 'BEGIN { if (n > 0) printf "%.1f", (a - b) * 1000 / n; else print "-" }')×"
         echo "- access log cost in requests/s: $(awk -v a="$(echo "${r[tern]}" | cut -d' ' -f1)" -v b="$(echo "${r[nolog]}" | cut -d' ' -f1)" 'BEGIN { printf "%.1f %%", (1 - a / b) * 100 }'); in CPU per request: $(awk -v a="$tcpu" -v b="$lcpu" 'BEGIN { printf "%.1f %%", (a / b - 1) * 100 }'); goal ≤ 5 %"
     } | tee "$RESULTS/cpu.md"
+}
+
+# The mean time per iteration, in ns, of criterion bench $1's functions matching $2, run pinned
+# to core 0 (short warm-up and measurement: a reference figure, not a study).
+criterion_ns() { # bench filter
+    taskset -c 0 cargo bench --quiet -p tern --bench "$1" -- --warm-up-time 1 --measurement-time 3 "$2" 2>/dev/null |
+        awk '{ for (i = 1; i <= NF; i++) if ($i == "time:") {
+                   v = $(i + 3); u = $(i + 4)
+                   if (u == "µs") v *= 1000; else if (u == "ms") v *= 1e6
+                   printf "%.0f\n", v; exit } }'
 }
 
 # Builds the `wasi:http` hello of loadtest/peers (the component `wasmtime serve` runs) and prints

@@ -14,10 +14,16 @@ use tern::logwriter;
 
 fn access_line(c: &mut Criterion) {
     let mut group = c.benchmark_group("access_line");
-    for (name, filter, json) in [
-        ("text", "info", false),
-        ("json", "info", true),
-        ("off", "info,tern::access=off", false),
+    for (name, filter, json, trace_id) in [
+        ("text", "info", false, None),
+        (
+            "text_traced",
+            "info",
+            false,
+            Some("4bf92f3577b34da6a3ce929d0e0e4736"),
+        ),
+        ("json", "info", true, None),
+        ("off", "info,tern::access=off", false, None),
     ] {
         let (writer, _flush) = logwriter::start(std::io::sink());
         let subscriber = logwriter::subscriber(filter, json, false, writer).expect("filter");
@@ -29,7 +35,7 @@ fn access_line(c: &mut Criterion) {
                         black_box("hello"),
                         black_box(200),
                         black_box(Duration::from_micros(1_234)),
-                        black_box(None),
+                        black_box(trace_id),
                     );
                 });
             });
