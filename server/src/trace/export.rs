@@ -50,7 +50,6 @@ pub(super) async fn run(
         client,
         settings,
         envelope,
-        reserve: queue.reserve(),
         metrics,
         logged: None,
         taken: Vec::new(),
@@ -105,8 +104,6 @@ struct Exporter {
     client: Client<Https, Full<Bytes>>,
     settings: Settings,
     envelope: Envelope,
-    /// The room each batch keeps for the envelope.
-    reserve: usize,
     metrics: TraceMetrics,
     /// When a failure was last logged.
     logged: Option<Instant>,
@@ -129,7 +126,7 @@ impl Exporter {
         let Batch {
             mut bytes, spans, ..
         } = batch;
-        let at = self.envelope.wrap(&mut bytes, self.reserve);
+        let at = self.envelope.wrap(&mut bytes);
         let body = Bytes::from_owner(Sending {
             bytes,
             at,

@@ -228,9 +228,7 @@ impl Active {
 
     /// The trace id as a header value (the request id of a request that came without one).
     pub fn trace_id_header(&self) -> HeaderValue {
-        let mut buf = [0u8; 32];
-        hex_into(&self.trace_id, &mut buf);
-        HeaderValue::from_bytes(&buf).expect("hex is a valid header value")
+        HeaderValue::from_bytes(&self.trace_id_hex()).expect("hex is a valid header value")
     }
 
     /// Records a call the guest made.
@@ -467,7 +465,7 @@ mod tests {
     }
 
     /// A sampled request of a new trace.
-    fn active() -> Active {
+    pub(super) fn active() -> Active {
         Active {
             trace_id: trace_id(),
             parent: None,
@@ -476,6 +474,22 @@ mod tests {
             sampled: true,
             tracestate: None,
             calls: Mutex::default(),
+        }
+    }
+
+    /// A key-value `get` the guest made just now.
+    pub(super) fn kv_get() -> Call {
+        let now = Instant::now();
+        Call {
+            span_id: span_id(),
+            start: now,
+            end: now,
+            what: CallKind::Kv {
+                store: "default".into(),
+                system: "sqlite",
+                op: "get",
+                error: None,
+            },
         }
     }
 
@@ -493,19 +507,8 @@ mod tests {
     #[test]
     fn calls_past_the_cap_are_counted_not_kept() {
         let active = active();
-        let now = Instant::now();
         for _ in 0..MAX_CALL_SPANS + 3 {
-            active.record(Call {
-                span_id: span_id(),
-                start: now,
-                end: now,
-                what: CallKind::Kv {
-                    store: "default".into(),
-                    system: "sqlite",
-                    op: "get",
-                    error: None,
-                },
-            });
+            active.record(kv_get());
         }
         let calls = active.take_calls();
         assert_eq!((calls.spans.len(), calls.dropped), (MAX_CALL_SPANS, 3));

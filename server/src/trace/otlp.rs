@@ -295,9 +295,10 @@ impl Envelope {
         self.resource.len() + self.scope.len() + 2 * (1 + 10)
     }
 
-    /// Writes the envelope into the room `reserve` kept in front of the spans in `batch`,
-    /// right before them; answers where the request begins.
-    pub(super) fn wrap(&self, batch: &mut [u8], reserve: usize) -> usize {
+    /// Writes the envelope into the room [`Self::reserve`] kept in front of the spans in
+    /// `batch`, right before them; answers where the request begins.
+    pub(super) fn wrap(&self, batch: &mut [u8]) -> usize {
+        let reserve = self.reserve();
         let spans = (batch.len() - reserve) as u64;
         let scope_spans = self.scope.len() as u64 + spans;
         let resource_spans = self.resource.len() as u64 + 1 + varint_len(scope_spans) + scope_spans;

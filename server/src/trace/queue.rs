@@ -109,11 +109,6 @@ impl Queue {
         Ok(())
     }
 
-    /// The room every batch keeps in front of its spans for the envelope.
-    pub(super) fn reserve(&self) -> usize {
-        self.reserve
-    }
-
     /// Runs `f` on this thread's shard, made and registered on first use.
     fn with_shard<T>(&self, f: impl FnOnce(&Shard) -> T) -> T {
         MINE.with(|mine| {
@@ -187,33 +182,15 @@ impl Drop for Sending {
 mod tests {
     use std::time::{Instant, SystemTime};
 
-    use super::super::{Active, Call, CallKind, span_id};
+    use super::super::tests::{active, kv_get};
     use super::*;
 
     fn record(calls: usize) -> Record {
-        let active = Arc::new(Active {
-            trace_id: [7; 16],
-            parent: None,
-            server_span: span_id(),
-            run_span: span_id(),
-            sampled: true,
-            tracestate: None,
-            calls: Mutex::default(),
-        });
-        let now = Instant::now();
+        let active = Arc::new(active());
         for _ in 0..calls {
-            active.record(Call {
-                span_id: span_id(),
-                start: now,
-                end: now,
-                what: CallKind::Kv {
-                    store: "default".into(),
-                    system: "sqlite",
-                    op: "get",
-                    error: None,
-                },
-            });
+            active.record(kv_get());
         }
+        let now = Instant::now();
         Record {
             active,
             arrived: now,
@@ -303,7 +280,7 @@ mod tests {
         let mut found: Vec<(usize, usize)> = taken
             .iter_mut()
             .map(|b| {
-                let at = envelope.wrap(&mut b.bytes, envelope.reserve());
+                let at = envelope.wrap(&mut b.bytes);
                 assert_eq!(spans_in(&b.bytes[at..]), b.spans);
                 (b.requests, b.spans)
             })
