@@ -102,6 +102,32 @@ pub mod tenant;
 pub mod tls;
 pub mod trace;
 
+/// A random number: a per-thread wyrand generator seeded from the standard library's
+/// per-process random keys. For ids and jitter, which need to be unique or spread, not secret.
+pub fn random_u64() -> u64 {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, Hasher};
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new({
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(std::process::id().into());
+            h.finish()
+        });
+    }
+    STATE.with(|s| {
+        let x = s.get().wrapping_add(0xa076_1d64_78bd_642f);
+        s.set(x);
+        let t = u128::from(x) * u128::from(x ^ 0xe703_7ed1_a0b4_28db);
+        ((t >> 64) as u64) ^ (t as u64)
+    })
+}
+
+/// A random number in `0..n` (0 when `n` is 0): jitter, so that replicas or retries do not all
+/// act at the same moment.
+pub fn random_below(n: u64) -> u64 {
+    if n == 0 { 0 } else { random_u64() % n }
+}
+
 /// An error and its causes, `: `-separated (a client's own message alone often says only
 /// "client error (Connect)"); a cause its error already quotes is not repeated.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
@@ -116,4 +142,18 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         next = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn random_numbers_fall_below_their_bound_and_spread() {
+        assert_eq!(super::random_below(0), 0);
+        assert_eq!(super::random_below(1), 0);
+        let draws: Vec<u64> = (0..1000).map(|_| super::random_below(10)).collect();
+        assert!(draws.iter().all(|&d| d < 10));
+        for v in 0..10 {
+            assert!(draws.contains(&v), "{v} never drawn in 1000");
+        }
+    }
 }

@@ -379,7 +379,7 @@ impl Registry {
                     Err(RemoteError::Conflict(_)) if started.elapsed() < CONFLICT_PATIENCE => {
                         attempts += 1;
                         let ceiling = 10u64 << attempts.min(5);
-                        let pause = crate::trace::random_u64() % (ceiling + 1);
+                        let pause = crate::random_below(ceiling + 1);
                         tokio::time::sleep(Duration::from_millis(pause)).await;
                         self.sync(state).await?;
                         if state.truth().tenants.get(&name) != base.as_ref() {

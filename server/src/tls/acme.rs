@@ -238,7 +238,7 @@ impl Manager {
         let (at, ask_again) = match self.suggested_window(record).await {
             Ok((start, end, retry_after)) => {
                 let span = end.saturating_sub(start);
-                let at = start + if span == 0 { 0 } else { random_below(span) };
+                let at = start + crate::random_below(span);
                 let again = now + retry_after.clamp(self.config.check_interval_seconds, 86_400);
                 (at, again)
             }
@@ -561,14 +561,4 @@ pub(super) fn alpn_certificate(name: &str, digest: &[u8]) -> Result<Arc<Certifie
         vec![cert.der().clone()],
         signer,
     )))
-}
-
-/// A random number in `0..n` (`n` > 0), so replicas renewing the same kind of certificate do
-/// not all ask the CA at the same second.
-fn random_below(n: u64) -> u64 {
-    let mut b = [0u8; 8];
-    let _ = rustls::crypto::aws_lc_rs::default_provider()
-        .secure_random
-        .fill(&mut b);
-    u64::from_le_bytes(b) % n
 }

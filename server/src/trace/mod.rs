@@ -100,30 +100,10 @@ pub fn hex(bytes: &[u8]) -> String {
     String::from_utf8(out).expect("hex is ASCII")
 }
 
-/// Random ids: a per-thread wyrand generator seeded from the standard library's per-process
-/// random keys (ids need to be unique, not secret).
-pub fn random_u64() -> u64 {
-    use std::cell::Cell;
-    use std::hash::{BuildHasher, Hasher};
-    thread_local! {
-        static STATE: Cell<u64> = Cell::new({
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u64(std::process::id().into());
-            h.finish()
-        });
-    }
-    STATE.with(|s| {
-        let x = s.get().wrapping_add(0xa076_1d64_78bd_642f);
-        s.set(x);
-        let t = u128::from(x) * u128::from(x ^ 0xe703_7ed1_a0b4_28db);
-        ((t >> 64) as u64) ^ (t as u64)
-    })
-}
-
 /// A new span id (never all zeros).
 pub fn span_id() -> [u8; 8] {
     loop {
-        let id = random_u64();
+        let id = crate::random_u64();
         if id != 0 {
             return id.to_be_bytes();
         }
@@ -132,7 +112,7 @@ pub fn span_id() -> [u8; 8] {
 
 fn trace_id() -> [u8; 16] {
     let mut id = [0u8; 16];
-    id[..8].copy_from_slice(&random_u64().to_be_bytes());
+    id[..8].copy_from_slice(&crate::random_u64().to_be_bytes());
     id[8..].copy_from_slice(&span_id());
     id
 }
