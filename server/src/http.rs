@@ -446,9 +446,13 @@ impl Traced {
             return;
         }
         let took = |p: Phase| timings.0[p as usize];
-        let queue = self.queued.map(|q| (q, q + took(Phase::Queue)));
+        let since = |i: Instant| i.saturating_duration_since(arrived);
+        let queue = self
+            .queued
+            .map(|q| (since(q), since(q) + took(Phase::Queue)));
         let phases = match self.run_start {
             Some(s) => {
+                let s = since(s);
                 let ran_from = s + took(Phase::Instantiate);
                 let ran_until = ran_from + took(Phase::Run);
                 [
@@ -473,7 +477,7 @@ impl Traced {
         tracer.submit(&crate::trace::Record {
             active: self.active,
             arrived,
-            end: (end, wall),
+            end: (end - arrived, wall),
             method: self.method,
             uri: self.uri,
             version: self.version,

@@ -5,6 +5,7 @@
 //! fell in them, so a dashboard can go from a latency spike to its trace.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Phase, Timings};
@@ -33,13 +34,28 @@ struct Exemplar {
     at: f64,
 }
 
+/// A bucket's exemplar is replaced at most this often (in nanoseconds): a scraper sees one per
+/// bucket per scrape, and a busy server keeps every request, so the exemplar of a bucket a
+/// request often falls in is at most this old; a rare bucket's (a latency spike's) is its
+/// latest request's.
+const REFRESH_NANOS: u64 = 100_000_000;
+
 /// The latest exemplar per bucket of each latency histogram.
 #[derive(Debug)]
-pub struct Exemplars(Mutex<[[Option<Exemplar>; BOUNDS + 1]; SERIES]>);
+pub struct Exemplars {
+    slots: Mutex<[[Option<Exemplar>; BOUNDS + 1]; SERIES]>,
+    /// When each slot was last written (Unix nanoseconds, at least 1; 0 for never): read
+    /// without the lock, so a kept request whose buckets all have a fresh exemplar takes no
+    /// lock.
+    written: [[AtomicU64; BOUNDS + 1]; SERIES],
+}
 
 impl Default for Exemplars {
     fn default() -> Self {
-        Self(Mutex::new([[None; BOUNDS + 1]; SERIES]))
+        Self {
+            slots: Mutex::new([[None; BOUNDS + 1]; SERIES]),
+            written: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+        }
     }
 }
 
@@ -50,31 +66,53 @@ fn bucket(seconds: f64) -> usize {
         .unwrap_or(BOUNDS)
 }
 
+/// [`bucket`] of a duration, without floating point: the first `i` with
+/// `d <= 1 µs × 2^i`.
+fn bucket_of(d: Duration) -> usize {
+    let nanos =
+        (d.as_secs().saturating_mul(1_000_000_000)).saturating_add(u64::from(d.subsec_nanos()));
+    let micros = nanos.div_ceil(1000);
+    if micros <= 1 {
+        return 0;
+    }
+    let i = (u64::BITS - (micros - 1).leading_zeros()) as usize;
+    i.min(BOUNDS)
+}
+
 impl Exemplars {
     /// Records a kept request of trace `trace_id`: its phases (those it spent time in) and its
     /// total, at wall time `at`.
     pub fn record(&self, trace_id: [u8; 16], timings: &Timings, total: Duration, at: SystemTime) {
-        let at = at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        let mut slots = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut put = |series: usize, d: Duration| {
-            let value = d.as_secs_f64();
-            slots[series][bucket(value)] = Some(Exemplar {
-                trace_id,
-                value,
-                at,
-            });
-        };
-        for (i, d) in timings.0.iter().enumerate() {
-            if !d.is_zero() {
-                put(i, *d);
+        let now = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let nanos = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX);
+        let mut due = [None; SERIES];
+        for (i, d) in timings.0.iter().chain([&total]).enumerate() {
+            if i == TOTAL || !d.is_zero() {
+                let b = bucket_of(*d);
+                let written = self.written[i][b].load(Ordering::Relaxed);
+                if written == 0 || nanos.saturating_sub(written) >= REFRESH_NANOS {
+                    due[i] = Some((b, d.as_secs_f64()));
+                }
             }
         }
-        put(TOTAL, total);
+        if due.iter().all(Option::is_none) {
+            return;
+        }
+        let at = now.as_secs_f64();
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (series, due) in due.into_iter().enumerate() {
+            if let Some((b, value)) = due {
+                slots[series][b] = Some(Exemplar {
+                    trace_id,
+                    value,
+                    at,
+                });
+                self.written[series][b].store(nanos.max(1), Ordering::Relaxed);
+            }
+        }
     }
 
     /// The exemplar of histogram series `series`, bucket `le`.
@@ -84,7 +122,7 @@ impl Exemplars {
         } else {
             bucket(le.parse::<f64>().ok()?)
         };
-        self.0.lock().ok()?[series][i]
+        self.slots.lock().ok()?[series][i]
     }
 }
 
@@ -207,5 +245,44 @@ mod tests {
         assert_eq!(bucket(1e-6), 0);
         assert_eq!(bucket(1.5e-6), 1);
         assert_eq!(bucket(100.0), BOUNDS);
+    }
+
+    #[test]
+    fn durations_fall_in_the_buckets_their_seconds_do() {
+        let mut nanos = vec![0, 1, 999, 1000, 1001, 100_000_000_000];
+        for i in 0..=BOUNDS as u32 + 1 {
+            let bound = 1000u64 << i;
+            nanos.extend([bound - 1, bound, bound + 1]);
+        }
+        for n in nanos {
+            let d = Duration::from_nanos(n);
+            assert_eq!(bucket_of(d), bucket(d.as_secs_f64()), "{n} ns");
+        }
+    }
+
+    #[test]
+    fn a_bucket_exemplar_is_replaced_at_most_every_refresh() {
+        let exemplars = Exemplars::default();
+        let t = Timings::default();
+        let at = |ms| UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + ms);
+        let us = Duration::from_micros;
+        let total = |e: &Exemplars, d: Duration| e.slots.lock().unwrap()[TOTAL][bucket_of(d)];
+        exemplars.record([1; 16], &t, us(100), at(0));
+        // The same bucket soon after: kept as it was; another bucket: written.
+        exemplars.record([2; 16], &t, us(101), at(REFRESH_NANOS / 2_000_000));
+        exemplars.record([3; 16], &t, us(900), at(REFRESH_NANOS / 2_000_000));
+        assert_eq!(total(&exemplars, us(100)).unwrap().trace_id, [1; 16]);
+        assert_eq!(total(&exemplars, us(900)).unwrap().trace_id, [3; 16]);
+        // A refresh later: replaced.
+        exemplars.record([4; 16], &t, us(101), at(REFRESH_NANOS / 1_000_000));
+        let e = total(&exemplars, us(100)).unwrap();
+        assert_eq!((e.trace_id, e.value), ([4; 16], 101e-6));
+        // Phases that took no time have none.
+        assert!(
+            exemplars.slots.lock().unwrap()[..TOTAL]
+                .iter()
+                .flatten()
+                .all(Option::is_none)
+        );
     }
 }

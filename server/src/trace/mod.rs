@@ -255,9 +255,9 @@ pub struct Record {
     pub active: Arc<Active>,
     /// When it arrived.
     pub arrived: Instant,
-    /// When it ended, by the monotonic clock and by the wall clock (span times are wall-clock
-    /// times: each instant is placed relative to these two).
-    pub end: (Instant, SystemTime),
+    /// When it ended: how long after it arrived, and the wall-clock time then (span times are
+    /// wall-clock times, placed back from this one).
+    pub end: (Duration, SystemTime),
     /// The request line.
     pub method: Method,
     /// See `method`.
@@ -276,8 +276,9 @@ pub struct Record {
     pub request_id: Option<HeaderValue>,
     /// The tenant it was routed to, and the length of the route prefix it matched.
     pub tenant: Option<(Arc<dyn SpanTenant>, usize)>,
-    /// Phases it reached: queue, instantiate, run, teardown (start and end).
-    pub phases: [Option<(Instant, Instant)>; 4],
+    /// Phases it reached: queue, instantiate, run, teardown (start and end, after it
+    /// arrived).
+    pub phases: [Option<(Duration, Duration)>; 4],
     /// How the guest failed: its outcome's name and the message.
     pub failure: Option<(&'static str, String)>,
 }

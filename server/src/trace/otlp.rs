@@ -3,7 +3,7 @@
 //! Tern sends, written by hand. A request's spans are written where it ends (the `spans` of a
 //! `ScopeSpans`, which concatenate); the exporter puts the [`Envelope`] in front of a batch.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::Version;
 
@@ -66,27 +66,37 @@ impl Pb {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
 
-    /// A length-delimited sub-message written by `f`. Its length goes before it: one byte is
-    /// kept for it (most sub-messages are shorter than 128 bytes), and only a longer one moves
-    /// its body to make room for the rest of the varint.
+    /// A length-delimited sub-message written by `f`, most likely shorter than 128 bytes.
     fn message(&mut self, field: u32, f: impl FnOnce(&mut Self)) {
+        self.message_in(field, 1, f);
+    }
+
+    /// A length-delimited sub-message written by `f`. Its length goes before it: `room` bytes
+    /// are kept for it (1 for a body shorter than 128 bytes, 2 for one shorter than 16 KiB),
+    /// and only a body whose length needs another count of bytes is moved, once.
+    #[inline(always)]
+    fn message_in(&mut self, field: u32, room: usize, f: impl FnOnce(&mut Self)) {
         self.key(field, LEN);
         let at = self.0.len();
-        self.0.push(0);
+        self.0.resize(at + room, 0);
         f(self);
-        let mut len = (self.0.len() - at - 1) as u64;
-        let mut prefix = [0u8; 10];
-        let mut n = 0;
+        let end = self.0.len();
+        let mut len = (end - at - room) as u64;
+        let need = varint_len(len) as usize;
+        if need > room {
+            self.0.resize(end + need - room, 0);
+            self.0.copy_within(at + room..end, at + need);
+        } else if need < room {
+            self.0.copy_within(at + room..end, at + need);
+            self.0.truncate(end - (room - need));
+        }
+        let mut i = at;
         while len >= 0x80 {
-            prefix[n] = (len as u8) | 0x80;
+            self.0[i] = (len as u8) | 0x80;
             len >>= 7;
-            n += 1;
+            i += 1;
         }
-        prefix[n] = len as u8;
-        self.0[at] = prefix[0];
-        if n > 0 {
-            self.0.splice(at + 1..at + 1, prefix[1..=n].iter().copied());
-        }
+        self.0[i] = len as u8;
     }
 
     /// A `KeyValue` (field `field`) with a string value.
@@ -106,12 +116,15 @@ impl Pb {
         self.string_of(1, parts);
     }
 
-    /// A `KeyValue` with a string value of ASCII bytes (hex).
+    /// A `KeyValue` with a string value: `id` in lower-case hex, written in place.
     #[inline(always)]
-    fn attr_ascii(&mut self, field: u32, key: &str, value: &[u8]) {
-        let len = value.len() as u64;
-        self.key_value(field, key, 1 + varint_len(len) + len);
-        self.bytes(1, value);
+    fn attr_hex(&mut self, field: u32, key: &str, id: &[u8; 16]) {
+        self.key_value(field, key, 2 + 32);
+        self.key(1, LEN);
+        self.varint(32);
+        let at = self.0.len();
+        self.0.resize(at + 32, 0);
+        super::hex_into(id, &mut self.0[at..]);
     }
 
     /// A `KeyValue` with an integer value.
@@ -164,9 +177,9 @@ struct Head<'a> {
 }
 
 /// Writes one span (field 2 of `ScopeSpans`): its head, then what `rest` adds (attributes
-/// field 9, events 11, status 15).
-fn span(out: &mut Pb, head: &Head<'_>, rest: impl FnOnce(&mut Pb)) {
-    out.message(2, |s| {
+/// field 9, events 11, status 15); `room` bytes kept for its length (see [`Pb::message_in`]).
+fn span(out: &mut Pb, head: &Head<'_>, room: usize, rest: impl FnOnce(&mut Pb)) {
+    out.message_in(2, room, |s| {
         s.bytes(1, head.trace_id);
         s.bytes(2, &head.span_id);
         if let Some(ts) = head.trace_state {
@@ -183,6 +196,34 @@ fn span(out: &mut Pb, head: &Head<'_>, rest: impl FnOnce(&mut Pb)) {
     });
 }
 
+/// Writes a span with no trace state, attributes, events or status (a phase's): the same
+/// bytes as [`span`] writes, at fixed places, at once.
+fn plain_span(out: &mut Pb, head: &Head<'_>) {
+    let [name] = head.name else {
+        return span(out, head, 1, |_| {});
+    };
+    let (Some(parent), None, n @ ..64) = (head.parent, head.trace_state, name.len()) else {
+        return span(out, head, 1, |_| {});
+    };
+    let at = out.0.len();
+    out.0.resize(at + 62 + n, 0);
+    let b = &mut out.0[at..];
+    b[..2].copy_from_slice(&[2 << 3 | LEN, 60 + n as u8]);
+    b[2..4].copy_from_slice(&[1 << 3 | LEN, 16]);
+    b[4..20].copy_from_slice(head.trace_id);
+    b[20..22].copy_from_slice(&[2 << 3 | LEN, 8]);
+    b[22..30].copy_from_slice(&head.span_id);
+    b[30..32].copy_from_slice(&[4 << 3 | LEN, 8]);
+    b[32..40].copy_from_slice(&parent);
+    b[40..42].copy_from_slice(&[5 << 3 | LEN, n as u8]);
+    b[42..42 + n].copy_from_slice(name.as_bytes());
+    let b = &mut b[42 + n..];
+    b[..3].copy_from_slice(&[6 << 3 | VARINT, head.kind as u8, 7 << 3 | FIXED64]);
+    b[3..11].copy_from_slice(&head.start.to_le_bytes());
+    b[11] = 8 << 3 | FIXED64;
+    b[12..20].copy_from_slice(&head.end.max(head.start).to_le_bytes());
+}
+
 fn error_status(s: &mut Pb, message: &str) {
     s.message(15, |st| {
         if !message.is_empty() {
@@ -192,26 +233,36 @@ fn error_status(s: &mut Pb, message: &str) {
     });
 }
 
-/// Wall-clock nanoseconds of instants, placed relative to one instant whose wall time is known.
+/// Wall-clock nanoseconds of a request's moments, placed after its arrival (whose wall time is
+/// its end's less how long it took).
 struct Clock {
-    at: Instant,
+    arrived: Instant,
     wall: u64,
 }
 
+fn nanos(d: Duration) -> u64 {
+    d.as_secs()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::from(d.subsec_nanos()))
+}
+
 impl Clock {
-    fn new(at: Instant, wall: SystemTime) -> Self {
-        let wall = wall
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        Self { at, wall }
+    fn new(arrived: Instant, (took, end): (Duration, SystemTime)) -> Self {
+        let end = end.duration_since(UNIX_EPOCH).map_or(0, nanos);
+        Self {
+            arrived,
+            wall: end.saturating_sub(nanos(took)),
+        }
     }
 
-    fn nanos(&self, i: Instant) -> u64 {
-        if i <= self.at {
-            self.wall.saturating_sub((self.at - i).as_nanos() as u64)
-        } else {
-            self.wall + (i - self.at).as_nanos() as u64
-        }
+    /// `d` after arrival.
+    fn after(&self, d: Duration) -> u64 {
+        self.wall.saturating_add(nanos(d))
+    }
+
+    /// At `i` (a call's start or end).
+    fn at(&self, i: Instant) -> u64 {
+        self.after(i.saturating_duration_since(self.arrived))
     }
 }
 
@@ -322,7 +373,7 @@ fn varint_len(v: u64) -> u64 {
 /// Writes the spans of one request (`ScopeSpans.spans` entries); returns how many.
 pub(super) fn request_spans(out: &mut Pb, r: &Record) -> usize {
     let a = &r.active;
-    let clock = Clock::new(r.end.0, r.end.1);
+    let clock = Clock::new(r.arrived, r.end);
     let calls = a.take_calls();
     let method = r.method.as_str();
     let route = r
@@ -344,10 +395,11 @@ pub(super) fn request_spans(out: &mut Pb, r: &Record) -> usize {
         parent: a.parent,
         name,
         kind: Kind::Server,
-        start: clock.nanos(r.arrived),
-        end: clock.nanos(r.end.0),
+        start: clock.after(Duration::ZERO),
+        end: clock.after(r.end.0),
     };
-    span(out, &server, |s| {
+    // The server span is longer than 127 bytes, shorter than 16 KiB: room for a 2-byte length.
+    span(out, &server, 2, |s| {
         s.attr(9, "http.request.method", method);
         s.attr(9, "url.path", r.uri.path());
         s.attr(9, "url.scheme", r.scheme);
@@ -361,7 +413,7 @@ pub(super) fn request_spans(out: &mut Pb, r: &Record) -> usize {
         }
         match &r.request_id {
             Some(id) => s.attr(9, "tern.request_id", id.to_str().unwrap_or_default()),
-            None => s.attr_ascii(9, "tern.request_id", &a.trace_id_hex()),
+            None => s.attr_hex(9, "tern.request_id", &a.trace_id),
         }
         if let (Some((t, _)), Some(route)) = (&r.tenant, route) {
             s.attr(9, "http.route", route);
@@ -395,14 +447,15 @@ pub(super) fn request_spans(out: &mut Pb, r: &Record) -> usize {
             parent: Some(a.server_span),
             name: std::slice::from_ref(&PHASES[i]),
             kind: Kind::Internal,
-            start: clock.nanos(*start),
-            end: clock.nanos(*end),
+            start: clock.after(*start),
+            end: clock.after(*end),
         };
-        span(out, &head, |s| {
-            if is_run && let Some((outcome, message)) = &r.failure {
+        match &r.failure {
+            Some((outcome, message)) if is_run => span(out, &head, 1, |s| {
                 error_status(s, &format!("{outcome}: {message}"));
-            }
-        });
+            }),
+            _ => plain_span(out, &head),
+        }
         n += 1;
     }
     for call in &calls.spans {
@@ -424,10 +477,10 @@ pub(super) fn request_spans(out: &mut Pb, r: &Record) -> usize {
             parent: Some(a.run_span),
             name,
             kind: Kind::Client,
-            start: clock.nanos(call.start),
-            end: clock.nanos(call.end),
+            start: clock.at(call.start),
+            end: clock.at(call.end),
         };
-        span(out, &head, |s| match &call.what {
+        span(out, &head, 1, |s| match &call.what {
             CallKind::Outbound {
                 method,
                 url,
@@ -513,6 +566,53 @@ mod tests {
             let mut p = Pb::default();
             p.varint(v);
             assert_eq!(p.0.len() as u64, varint_len(v), "{v}");
+        }
+    }
+
+    #[test]
+    fn lengths_kept_in_two_bytes_are_moved_only_when_they_must_be() {
+        for n in [0, 1, 125, 126, 127, 128, 16_380, 16_381, 16_382, 20_000] {
+            let mut one = Pb::default();
+            one.message_in(3, 1, |m| m.0.extend(std::iter::repeat_n(7u8, n)));
+            let mut two = Pb(vec![9]);
+            two.message_in(3, 2, |m| m.0.extend(std::iter::repeat_n(7u8, n)));
+            assert_eq!(two.0[0], 9);
+            assert_eq!(one.0, two.0[1..], "a body of {n} bytes");
+            assert_eq!(
+                one.0.len() as u64,
+                1 + varint_len(n as u64) + n as u64,
+                "minimal length of {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn phase_spans_written_at_once_are_the_spans() {
+        let trace_id = [0xabu8; 16];
+        for (i, name) in PHASES
+            .iter()
+            .chain(&[
+                "",
+                "a-name-of-sixty-three-bytes-long-enough-to-test-the-limit-here!",
+            ])
+            .enumerate()
+        {
+            let head = Head {
+                trace_id: &trace_id,
+                span_id: span_id(),
+                trace_state: None,
+                parent: Some(span_id()),
+                name: &[name],
+                kind: Kind::Internal,
+                start: 1_700_000_000_000_000_000 + i as u64,
+                // An end before the start is written as the start, both ways.
+                end: if i == 1 { 5 } else { u64::MAX - i as u64 },
+            };
+            let mut fast = Pb::default();
+            plain_span(&mut fast, &head);
+            let mut slow = Pb::default();
+            span(&mut slow, &head, 1, |_| {});
+            assert_eq!(fast.0, slow.0, "{name}");
         }
     }
 

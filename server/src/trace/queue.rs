@@ -180,10 +180,12 @@ impl Drop for Sending {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Instant, SystemTime};
+    use std::time::{Duration, Instant, SystemTime};
 
     use super::super::tests::{active, kv_get};
     use super::*;
+
+    const ZERO: Duration = Duration::ZERO;
 
     fn record(calls: usize) -> Record {
         let active = Arc::new(active());
@@ -194,7 +196,7 @@ mod tests {
         Record {
             active,
             arrived: now,
-            end: (now, SystemTime::now()),
+            end: (Duration::from_micros(9), SystemTime::now()),
             method: http::Method::GET,
             uri: "/shop/cart?x=1".parse().unwrap(),
             version: http::Version::HTTP_11,
@@ -204,7 +206,7 @@ mod tests {
             status: 200,
             request_id: None,
             tenant: None,
-            phases: [Some((now, now)), Some((now, now)), None, None],
+            phases: [Some((ZERO, ZERO)), Some((ZERO, ZERO)), None, None],
             failure: None,
         }
     }
