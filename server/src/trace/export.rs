@@ -1,8 +1,11 @@
 //! The exporter task: takes the batches of encoded spans off the queue every `batch_delay` (or
 //! when a thread's batch has `max_batch` requests or the queue is half full), puts the OTLP
-//! envelope in front of each and posts it to the collector. A batch that
-//! cannot be delivered (collector down, slow past `timeout`, an error status) is dropped and its
-//! spans counted; the request path never waits for any of it.
+//! envelope in front of each and posts it to the collector. A batch the collector cannot take
+//! for now (no connection, or OTLP/HTTP's retryable answers 429, 502, 503, 504) is sent again
+//! after a pause, up to [`RETRIES`] times; one that cannot be delivered (still failing, no
+//! answer within `timeout`, any other error status) is dropped and its spans counted. The
+//! request path never waits for any of it: while the exporter waits, requests fill the queue
+//! up to its bound, and past it their spans are dropped and counted.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +15,7 @@ use super::queue::{Batch, Queue, Sending};
 use super::{Settings, TraceMetrics};
 use crate::shutdown::Shutdown;
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Request};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
@@ -23,6 +26,20 @@ type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// How often a failing collector is logged (each failed batch is counted).
 const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// How many times a batch is sent again after a retryable failure, the first pause (doubling,
+/// with up to a quarter more at random) and the longest a collector's `Retry-After` is obeyed.
+const RETRIES: u32 = 3;
+const FIRST_PAUSE: Duration = Duration::from_millis(200);
+const MAX_PAUSE: Duration = Duration::from_secs(5);
+
+/// Why a batch was not delivered.
+enum Failed {
+    /// For now: send it again (after the collector's `Retry-After`, when it gave one).
+    Retry(String, Option<Duration>),
+    /// For good.
+    Drop(String),
+}
 
 /// How a stopping server's exporter knows its last requests are done: `in_flight` (requests
 /// not yet answered) falls to zero, or `grace` passes.
@@ -53,6 +70,7 @@ pub(super) async fn run(
         metrics,
         logged: None,
         taken: Vec::new(),
+        stopping: false,
     };
     loop {
         let stopping = tokio::select! {
@@ -60,6 +78,7 @@ pub(super) async fn run(
             () = queue.wake.notified() => false,
             () = stop.wait() => true,
         };
+        exporter.stopping = stopping;
         exporter.drain(&queue).await;
         if stopping {
             break;
@@ -109,6 +128,8 @@ struct Exporter {
     logged: Option<Instant>,
     /// What the last drain took from the queue (kept for its room).
     taken: Vec<Batch>,
+    /// The server is stopping: no batch is sent again (the shutdown grace bounds the rest).
+    stopping: bool,
 }
 
 impl Exporter {
@@ -132,6 +153,47 @@ impl Exporter {
             at,
             queue: queue.clone(),
         });
+        let mut pause = FIRST_PAUSE;
+        let mut retries = 0;
+        let result = loop {
+            match self.send(body.clone()).await {
+                Ok(()) => break Ok(()),
+                Err(Failed::Retry(why, after)) if retries < RETRIES && !self.stopping => {
+                    tracing::debug!(url = %self.settings.url, "traces: a batch is sent again: {why}");
+                    let wait = after.unwrap_or_else(|| {
+                        let quarter = pause.as_millis() as u64 / 4;
+                        pause + Duration::from_millis(crate::random_below(quarter + 1))
+                    });
+                    tokio::time::sleep(wait.min(MAX_PAUSE)).await;
+                    pause *= 2;
+                    retries += 1;
+                }
+                Err(Failed::Retry(why, _) | Failed::Drop(why)) => break Err(why),
+            }
+        };
+        match result {
+            Ok(()) => self.metrics.exported.inc_by(spans as u64),
+            Err(why) => {
+                let why = if retries > 0 {
+                    format!("{why} (sent {} times)", retries + 1)
+                } else {
+                    why
+                };
+                self.metrics.dropped_export.inc_by(spans as u64);
+                if self.logged.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+                    self.logged = Some(Instant::now());
+                    tracing::warn!(
+                        url = %self.settings.url,
+                        "traces: a batch of {spans} spans was dropped (counted in \
+                         tern_trace_spans_dropped_total; logged at most once a minute): {why}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Posts one export request of `body`.
+    async fn send(&self, body: Bytes) -> Result<(), Failed> {
         let mut req = Request::post(self.settings.url.clone())
             .header(
                 CONTENT_TYPE,
@@ -143,42 +205,39 @@ impl Exporter {
             req.headers_mut().insert(name.clone(), value.clone());
         }
         let sent = async {
+            // No connection, or one closed before an answer: the collector may be restarting.
             let resp = self
                 .client
                 .request(req)
                 .await
-                .map_err(|e| crate::error_chain(&e))?;
+                .map_err(|e| Failed::Retry(crate::error_chain(&e), None))?;
             let status = resp.status();
             if status.is_success() {
                 return Ok(());
             }
+            let retry_after = resp
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
             let body = Limited::new(resp.into_body(), 4096)
                 .collect()
                 .await
                 .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
                 .unwrap_or_default();
-            Err(format!("the collector answered {status}: {}", body.trim()))
+            let why = format!("the collector answered {status}: {}", body.trim());
+            Err(match status.as_u16() {
+                429 | 502 | 503 | 504 => Failed::Retry(why, retry_after),
+                _ => Failed::Drop(why),
+            })
         };
-        let result = match tokio::time::timeout(self.settings.timeout, sent).await {
+        match tokio::time::timeout(self.settings.timeout, sent).await {
             Ok(r) => r,
-            Err(_) => Err(format!(
+            // A collector that takes this long is not asked again: the queue behind it fills.
+            Err(_) => Err(Failed::Drop(format!(
                 "no answer within {} ms",
                 self.settings.timeout.as_millis()
-            )),
-        };
-        match result {
-            Ok(()) => self.metrics.exported.inc_by(spans as u64),
-            Err(why) => {
-                self.metrics.dropped_export.inc_by(spans as u64);
-                if self.logged.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
-                    self.logged = Some(Instant::now());
-                    tracing::warn!(
-                        url = %self.settings.url,
-                        "traces: a batch of {spans} spans was dropped (counted in \
-                         tern_trace_spans_dropped_total; logged at most once a minute): {why}"
-                    );
-                }
-            }
+            ))),
         }
     }
 }

@@ -671,6 +671,105 @@ async fn a_collector_down_or_stuck_costs_requests_nothing_and_drops_are_counted(
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
+/// An OTLP endpoint that answers the export requests it gets with `answers` in turn (status,
+/// `Retry-After`), then 200; it keeps the bodies.
+async fn answering(
+    answers: &'static [(u16, Option<&'static str>)],
+) -> (SocketAddr, Arc<Mutex<Vec<Bytes>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let bodies = Arc::new(Mutex::new(Vec::new()));
+    let got = bodies.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let got = got.clone();
+            let service =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let got = got.clone();
+                    async move {
+                        let body = req
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
+                        let n = {
+                            let mut got = got.lock().unwrap();
+                            got.push(body);
+                            got.len() - 1
+                        };
+                        let (status, after) = answers.get(n).copied().unwrap_or((200, None));
+                        let mut resp = Response::new(Full::new(Bytes::from_static(b"")));
+                        *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+                        if let Some(after) = after {
+                            resp.headers_mut()
+                                .insert(http::header::RETRY_AFTER, after.parse().unwrap());
+                        }
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    (addr, bodies)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_collector_gets_the_batch_again_and_a_refusing_one_loses_it() {
+    for (answers, posts, exported, dropped) in [
+        // Busy twice (once saying when to come back): the third time it is taken.
+        (&[(503, None), (429, Some("0"))][..], 3, 5.0, 0.0),
+        // Busy past the retries: dropped after four tries.
+        (
+            &[(503, None), (502, None), (504, None), (503, None)][..],
+            4,
+            0.0,
+            5.0,
+        ),
+        // Refused (a bad request is not sent again).
+        (&[(400, None)][..], 1, 0.0, 5.0),
+    ] {
+        let (addr, bodies) = answering(answers).await;
+        let dir = tempfile::tempdir().unwrap();
+        test_guest(dir.path(), "context");
+        let config = format!(
+            "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+             [tracing]\nendpoint = \"http://{addr}\"\nbatch_delay_ms = 50\n\
+             [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\npaths = [\"/ctx\"]\n"
+        );
+        let s = TestServer::try_start_in(dir, &config).await.expect("start");
+        assert_eq!(get(s.addr(), "/ctx/", &[]).await.status, StatusCode::OK);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let m = s.metrics().await;
+            let sent = metric_value(&m, "tern_trace_spans_exported_total");
+            let failed = metric_value(
+                &m,
+                "tern_trace_spans_dropped_total{reason=\"export_failed\"}",
+            );
+            if sent + failed > 0.0 {
+                assert_eq!((sent, failed), (exported, dropped), "{answers:?}: {m}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{answers:?}: nothing counted: {m}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let bodies = bodies.lock().unwrap().clone();
+        assert_eq!(bodies.len(), posts, "{answers:?}");
+        assert!(!bodies[0].is_empty());
+        assert!(
+            bodies.iter().all(|b| *b == bodies[0]),
+            "the same batch each time"
+        );
+    }
+}
+
 #[test]
 fn tern_serve_exports_to_the_collector_named_by_the_standard_environment() {
     let rt = tokio::runtime::Runtime::new().unwrap();
