@@ -232,33 +232,11 @@ async fn a_real_prometheus_scrapes_tern_and_answers_a_per_phase_p99() {
         repo_file("deploy/prometheus/alerts.yml"),
     )
     .unwrap();
-    let port = crate::support::free_port();
-    let prom = std::process::Command::new("prometheus")
-        .arg(format!(
-            "--config.file={}",
-            dir.path().join("prometheus.yml").display()
-        ))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("prometheus is required (Debian package `prometheus`; scripts/test installs it)");
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _prom = Kill(prom);
+    let prom = crate::support::Prometheus::start(dir.path(), &[]);
 
     let query = "histogram_quantile(0.99, sum by (le, phase) (rate(tern_request_phase_duration_seconds_bucket[1m])))";
     let url = format!("/api/v1/query?query={}", urlencode(query));
-    let prom_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let prom_addr = prom.addr;
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut last = String::new();
     loop {

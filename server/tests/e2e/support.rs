@@ -387,6 +387,48 @@ pub fn ran(command: &mut std::process::Command) -> std::process::Output {
 }
 
 /// A port free now (for a server that must be told its port before it starts).
+/// A real Prometheus running from `prometheus.yml` in `dir` (its data beside it), with `args`
+/// added; killed when dropped.
+pub struct Prometheus {
+    child: std::process::Child,
+    /// Its HTTP API.
+    pub addr: SocketAddr,
+}
+
+impl Prometheus {
+    pub fn start(dir: &Path, args: &[&str]) -> Self {
+        let port = free_port();
+        let child = std::process::Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect(
+                "prometheus is required (Debian package `prometheus`; scripts/test installs it)",
+            );
+        Self {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

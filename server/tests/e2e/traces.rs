@@ -873,31 +873,9 @@ async fn prometheus_keeps_the_trace_ids_of_traced_requests_as_exemplars() {
         s.admin()
     );
     std::fs::write(pdir.path().join("prometheus.yml"), config).unwrap();
-    let port = free_port();
-    let prom = std::process::Command::new("prometheus")
-        .arg(format!(
-            "--config.file={}",
-            pdir.path().join("prometheus.yml").display()
-        ))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            pdir.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .arg("--enable-feature=exemplar-storage")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("prometheus is required (Debian package `prometheus`; scripts/test installs it)");
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _prom = Kill(prom);
-    let prom_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let prom =
+        crate::support::Prometheus::start(pdir.path(), &["--enable-feature=exemplar-storage"]);
+    let prom_addr = prom.addr;
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = String::new();
     let mut sent = std::collections::HashSet::from([first.clone()]);
