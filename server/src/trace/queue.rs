@@ -90,7 +90,7 @@ impl Queue {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(r.span_count());
         }
-        let batch_full = self.with_shard(|shard| {
+        let written = self.with_shard(|shard| {
             let mut b = lock(&shard.batch);
             if b.bytes.is_empty() {
                 let room = shard.last_len.load(Ordering::Relaxed).max(4096);
@@ -103,15 +103,21 @@ impl Queue {
             b.requests += 1;
             b.requests == self.max_batch
         });
+        let Some(batch_full) = written else {
+            // A thread being torn down has no shard any more.
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(r.span_count());
+        };
         if batch_full || waiting + 1 == self.max.div_ceil(2) {
             self.wake.notify_one();
         }
         Ok(())
     }
 
-    /// Runs `f` on this thread's shard, made and registered on first use.
-    fn with_shard<T>(&self, f: impl FnOnce(&Shard) -> T) -> T {
-        MINE.with(|mine| {
+    /// Runs `f` on this thread's shard, made and registered on first use; `None` on a thread
+    /// whose thread-locals are being destroyed.
+    fn with_shard<T>(&self, f: impl FnOnce(&Shard) -> T) -> Option<T> {
+        MINE.try_with(|mine| {
             let mut mine = mine.borrow_mut();
             if let Some((_, shard)) = mine.iter().find(|(id, _)| *id == self.id) {
                 return f(shard);
@@ -123,6 +129,7 @@ impl Queue {
             mine.push((self.id, shard));
             f(&mine.last().expect("just pushed").1)
         })
+        .ok()
     }
 
     /// Moves every non-empty shard's batch into `out`, leaving a spare buffer in its place.
