@@ -210,17 +210,6 @@ pub fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FileError + '_ {
     }
 }
 
-/// Lowercase hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-}
-
 /// A stable fingerprint of everything in `engine` that decides whether an artifact loads.
 pub fn engine_fingerprint(engine: &Engine) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -472,7 +461,11 @@ pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Compiled, ArtifactErro
 /// Where the compiled form of `wasm` lives in `cache_dir`: keyed by the module's hash and the
 /// engine's fingerprint, so another engine never picks up a stale artifact.
 pub fn cache_path(engine: &Engine, cache_dir: &Path, wasm: &[u8]) -> PathBuf {
-    artifact_path(engine, cache_dir, &hex(&Sha256::digest(wasm)))
+    artifact_path(
+        engine,
+        cache_dir,
+        &crate::hex::encode(&Sha256::digest(wasm)),
+    )
 }
 
 /// Where the compiled form of the module with SHA-256 `hash` lives in `dir`.

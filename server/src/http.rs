@@ -296,8 +296,7 @@ impl Exchange {
         let id = self.request_id.to_str().unwrap_or("-");
         match &self.trace {
             Some(t) => {
-                let mut buf = [0u8; 32];
-                let trace_id = t.active.trace_id_text(&mut buf);
+                let trace_id = t.active.trace_id_text();
                 if id == trace_id {
                     id.to_string()
                 } else {
@@ -353,15 +352,12 @@ impl Exchange {
             }
             None => app.metrics.unrouted().count(status),
         }
-        let mut trace_id = [0u8; 32];
         crate::logwriter::access(
             self.request_id.to_str().unwrap_or("-"),
             tenant.map_or("-", |t| t.name.as_str()),
             status,
             total,
-            self.trace
-                .as_ref()
-                .map(|t| t.active.trace_id_text(&mut trace_id)),
+            self.trace.as_ref().map(|t| t.active.trace_id_text()),
         );
         let headers: &mut HeaderMap = resp.headers_mut();
         headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
@@ -472,8 +468,8 @@ impl Traced {
             .tenant
             .map(|(t, prefix_len)| (t as Arc<dyn crate::trace::SpanTenant>, prefix_len));
         // A request id other than the trace id (a client's own) goes with the spans.
-        let own_id = (request_id.as_bytes() != self.active.trace_id_hex().as_slice())
-            .then(|| request_id.clone());
+        let own_id =
+            (request_id.as_bytes() != self.active.trace_id_hex()).then(|| request_id.clone());
         tracer.submit(&crate::trace::Record {
             active: self.active,
             arrived,

@@ -62,6 +62,9 @@
 //!   per-tenant setting and the one check against them (config, admin API, outbound policy).
 //! - [`server`], [`shutdown`]: start-up and signal handling.
 //! - [`logwriter`]: log lines batched to stderr by one thread.
+//! - [`trace`]: every request's phases as OpenTelemetry spans (ids and sampling on the request
+//!   path, spans encoded where a kept request ends, exported by OTLP/HTTP off it).
+//! - [`hex`]: lower-case hex for digests, names and the trace context.
 //! - [`app`]: what the request path and the admin listener share.
 //! - [`body`], [`demo`]: the response body type and short plain responses; the embedded demo
 //!   guests.
@@ -82,6 +85,7 @@ pub mod engine;
 pub mod execute;
 pub mod fleet;
 pub mod guest;
+pub mod hex;
 pub mod http;
 pub mod kv;
 pub mod listener;

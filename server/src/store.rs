@@ -154,7 +154,7 @@ impl Version {
     pub fn id_of(module: &str, assets: Option<&str>) -> String {
         match assets {
             None => module.to_string(),
-            Some(a) => artifact::hex(&Sha256::digest(format!("{module}+{a}"))),
+            Some(a) => crate::hex::encode(&Sha256::digest(format!("{module}+{a}"))),
         }
     }
 }
@@ -230,7 +230,7 @@ impl DataDir {
     /// # Errors
     /// If the blob cannot be written.
     pub fn put_blob(&self, bytes: &[u8]) -> Result<String, ArtifactError> {
-        let hash = artifact::hex(&Sha256::digest(bytes));
+        let hash = crate::hex::encode(&Sha256::digest(bytes));
         let path = self.blob_path(&hash);
         let complete = std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64);
         if !complete {
@@ -246,7 +246,7 @@ impl DataDir {
     pub fn read_blob(&self, hash: &str) -> Result<Vec<u8>, StoreError> {
         let path = self.blob_path(hash);
         let bytes = std::fs::read(&path).map_err(io_err(&path))?;
-        if artifact::hex(&Sha256::digest(&bytes)) != hash {
+        if crate::hex::encode(&Sha256::digest(&bytes)) != hash {
             let damaged = std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 "contents do not match their hash",
@@ -391,7 +391,7 @@ pub fn admin_token(configured: &str, data_dir: &Path) -> Result<AdminToken, Stor
     std::fs::File::open(urandom)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
         .map_err(io_err(urandom))?;
-    let token = artifact::hex(&bytes);
+    let token = crate::hex::encode(&bytes);
     let path = data_dir.join("admin-token");
     artifact::write_atomic_mode(&path, format!("{token}\n").as_bytes(), 0o600)?;
     Ok(AdminToken {

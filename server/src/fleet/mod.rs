@@ -470,7 +470,7 @@ mod tests {
         key[..4].copy_from_slice(b"Jefe");
         let tag = hmac_sha256(&key, &[b"what do ya want ", b"for nothing?"]);
         assert_eq!(
-            artifact::hex(&tag),
+            crate::hex::encode(&tag),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
     }

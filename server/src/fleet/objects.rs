@@ -102,7 +102,7 @@ pub async fn probe(store: &Arc<dyn ObjectStore>, prefix: &Path) -> Result<Vec<Ch
         .fill(&mut id);
     let scratch = prefix
         .clone()
-        .join(format!(".tern-probe-{}", crate::artifact::hex(&id)));
+        .join(format!(".tern-probe-{}", crate::hex::encode(&id)));
     let result = checks(store, &scratch).await;
     // The scratch objects go, whatever happened.
     for name in ["created", "updated", "read", "create-race", "update-race"] {
@@ -252,7 +252,7 @@ fn blob_name(hash: &str) -> String {
 /// The SHA-256 of `bytes` (modules and archives of up to `max_upload_bytes`), off the reactor.
 async fn digest(bytes: bytes::Bytes) -> Result<String, RemoteError> {
     use sha2::Digest;
-    tokio::task::spawn_blocking(move || crate::artifact::hex(&sha2::Sha256::digest(&bytes)))
+    tokio::task::spawn_blocking(move || crate::hex::encode(&sha2::Sha256::digest(&bytes)))
         .await
         .map_err(|e| RemoteError::Unreachable(e.to_string()))
 }
@@ -324,7 +324,7 @@ fn record_name(hash: &str) -> String {
 /// A tenant's record as stored (compact JSON) and its digest.
 fn record_hash(tenant: &crate::store::StoredTenant) -> (String, Vec<u8>) {
     let bytes = serde_json::to_vec(tenant).expect("a tenant serialises");
-    let hash = crate::artifact::hex(&<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+    let hash = crate::hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(&bytes));
     (hash, bytes)
 }
 
@@ -744,7 +744,7 @@ mod tests {
             r.get_blob(&hash).await,
             Err(RemoteError::Damaged(_))
         ));
-        let missing = crate::artifact::hex(&[0u8; 32]);
+        let missing = crate::hex::encode(&[0u8; 32]);
         assert!(matches!(
             r.get_blob(&missing).await,
             Err(RemoteError::NotFound(_))

@@ -189,7 +189,7 @@ pub fn convert(text: &str, exemplars: &Exemplars) -> Vec<u8> {
             let _ = write!(
                 out,
                 " # {{trace_id=\"{}\"}} {} {:.3}",
-                crate::trace::hex(&e.trace_id),
+                crate::hex::encode(&e.trace_id),
                 e.value,
                 e.at
             );

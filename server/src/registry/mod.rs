@@ -786,7 +786,7 @@ impl Registry {
         let (module_hash, prepared) = tokio::task::spawn_blocking(move || {
             let spec = spec2;
             let started = Instant::now();
-            let module_hash = artifact::hex(&Sha256::digest(&wasm));
+            let module_hash = crate::hex::encode(&Sha256::digest(&wasm));
             let rt = this.runtime();
             let prepared = (|| {
                 let limits = tenant::Limits::from_config(&spec.limits, &rt.pool);

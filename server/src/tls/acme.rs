@@ -102,7 +102,7 @@ impl Manager {
             certificates,
             account_dir: data_dir.join("acme"),
             tenant_hosts,
-            holder: format!("{}-{}", std::process::id(), crate::artifact::hex(&id)),
+            holder: format!("{}-{}", std::process::id(), crate::hex::encode(&id)),
             orders: metrics.acme_orders.clone(),
             account: None,
             retry: HashMap::new(),
@@ -294,7 +294,7 @@ impl Manager {
         let directory = self.config.directory.get_ref().clone();
         let file = self.account_dir.join(format!(
             "account-{}.json",
-            &crate::artifact::hex(&Sha256::digest(directory.as_bytes()))[..16]
+            &crate::hex::encode(&Sha256::digest(directory.as_bytes()))[..16]
         ));
         let builder = || match &self.config.ca_root {
             Some(root) => Account::builder_with_root(self.base_dir.join(root.get_ref())),
@@ -471,7 +471,7 @@ impl Manager {
                     self.certificates.set_alpn_challenge(host, Some(cert));
                     answers.alpn.push(host.to_string());
                     Challenge::TlsAlpn01 {
-                        digest: crate::artifact::hex(digest.as_ref()),
+                        digest: crate::hex::encode(digest.as_ref()),
                     }
                 }
                 AcmeChallenge::Http01 => {

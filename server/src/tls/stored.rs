@@ -348,7 +348,9 @@ impl CertStore {
         if !is_hash(&record.bundle) {
             return Err(format!("{:?} is not a bundle name", record.bundle));
         }
-        if std::fs::read(&path).is_ok_and(|b| artifact::hex(&Sha256::digest(&b)) == record.bundle) {
+        if std::fs::read(&path)
+            .is_ok_and(|b| crate::hex::encode(&Sha256::digest(&b)) == record.bundle)
+        {
             return Ok(());
         }
         let object = bundle_object(&record.bundle);
@@ -359,7 +361,7 @@ impl CertStore {
         let bundle = shared
             .fleet
             .open_secret(&object, &sealed)
-            .filter(|b| artifact::hex(&Sha256::digest(b)) == record.bundle)
+            .filter(|b| crate::hex::encode(&Sha256::digest(b)) == record.bundle)
             .ok_or_else(|| {
                 format!(
                     "registry object {object}: not sealed under this fleet's admin token, or \
@@ -456,7 +458,7 @@ impl CertStore {
             bundle.push(b'\n');
         }
         bundle.extend_from_slice(key);
-        let hash = artifact::hex(&Sha256::digest(&bundle));
+        let hash = crate::hex::encode(&Sha256::digest(&bundle));
         let path = self.bundle_path(&hash);
         if !path.is_file() {
             artifact::write_atomic_mode(&path, &bundle, 0o600)?;
@@ -478,7 +480,8 @@ impl CertStore {
     pub fn load(&self, record: &Record) -> Result<Loaded, String> {
         let path = self.bundle_path(&record.bundle);
         let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        if !is_hash(&record.bundle) || artifact::hex(&Sha256::digest(&bytes)) != record.bundle {
+        if !is_hash(&record.bundle) || crate::hex::encode(&Sha256::digest(&bytes)) != record.bundle
+        {
             return Err(format!(
                 "{}: contents do not match their hash (damaged or tampered with); not served",
                 path.display()

@@ -51,19 +51,13 @@ pub fn parse_traceparent(v: &[u8]) -> Option<Parent> {
     if v.len() < 55 || (v.len() > 55 && (v[55] != b'-' || &v[..2] == b"00")) {
         return None;
     }
-    let version = hex_byte(&v[0..2])?;
+    let [version] = crate::hex::decode::<1>(&v[0..2])?;
     if version == 0xff || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
         return None;
     }
-    let mut trace_id = [0u8; 16];
-    for (i, b) in trace_id.iter_mut().enumerate() {
-        *b = hex_byte(&v[3 + 2 * i..5 + 2 * i])?;
-    }
-    let mut span_id = [0u8; 8];
-    for (i, b) in span_id.iter_mut().enumerate() {
-        *b = hex_byte(&v[36 + 2 * i..38 + 2 * i])?;
-    }
-    let flags = hex_byte(&v[53..55])?;
+    let trace_id = crate::hex::decode::<16>(&v[3..35])?;
+    let span_id = crate::hex::decode::<8>(&v[36..52])?;
+    let [flags] = crate::hex::decode::<1>(&v[53..55])?;
     if trace_id == [0; 16] || span_id == [0; 8] {
         return None;
     }
@@ -72,32 +66,6 @@ pub fn parse_traceparent(v: &[u8]) -> Option<Parent> {
         span_id,
         sampled: flags & 1 == 1,
     })
-}
-
-/// One byte from two lower-case hex digits.
-fn hex_byte(two: &[u8]) -> Option<u8> {
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    Some(digit(two[0])? << 4 | digit(two[1])?)
-}
-
-/// Lower-case hex of `bytes` into `out` (twice as long).
-fn hex_into(bytes: &[u8], out: &mut [u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for (i, b) in bytes.iter().enumerate() {
-        out[2 * i] = HEX[usize::from(b >> 4)];
-        out[2 * i + 1] = HEX[usize::from(b & 15)];
-    }
-}
-
-/// Lower-case hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    let mut out = vec![0u8; bytes.len() * 2];
-    hex_into(bytes, &mut out);
-    String::from_utf8(out).expect("hex is ASCII")
 }
 
 /// A new span id (never all zeros).
@@ -122,6 +90,8 @@ fn trace_id() -> [u8; 16] {
 pub struct Active {
     /// The trace (the caller's, or new).
     pub trace_id: [u8; 16],
+    /// `trace_id` in hex, written once: the request id, the access line and the spans use it.
+    trace_hex: [u8; 32],
     /// The caller's span, when the request came with a valid `traceparent`.
     pub parent: Option<[u8; 8]>,
     /// The request's server span.
@@ -182,11 +152,32 @@ pub enum CallKind {
 }
 
 impl Active {
+    /// A request of trace `trace_id` (its caller's span `parent`), head decision `sampled`.
+    fn new(
+        trace_id: [u8; 16],
+        parent: Option<[u8; 8]>,
+        sampled: bool,
+        tracestate: Option<HeaderValue>,
+    ) -> Self {
+        let mut trace_hex = [0u8; 32];
+        crate::hex::encode_into(&trace_id, &mut trace_hex);
+        Self {
+            trace_id,
+            trace_hex,
+            parent,
+            server_span: span_id(),
+            run_span: span_id(),
+            sampled,
+            tracestate,
+            calls: Mutex::new(Calls::default()),
+        }
+    }
+
     /// The `traceparent` of span `span` of this trace, with this request's sampling flag.
     pub fn traceparent(&self, span: [u8; 8]) -> HeaderValue {
         let mut v = *b"00-00000000000000000000000000000000-0000000000000000-00";
-        hex_into(&self.trace_id, &mut v[3..35]);
-        hex_into(&span, &mut v[36..52]);
+        v[3..35].copy_from_slice(&self.trace_hex);
+        crate::hex::encode_into(&span, &mut v[36..52]);
         if self.sampled {
             v[54] = b'1';
         }
@@ -194,21 +185,18 @@ impl Active {
     }
 
     /// The trace id as hex.
-    pub fn trace_id_hex(&self) -> [u8; 32] {
-        let mut buf = [0u8; 32];
-        hex_into(&self.trace_id, &mut buf);
-        buf
+    pub fn trace_id_hex(&self) -> &[u8; 32] {
+        &self.trace_hex
     }
 
-    /// The trace id as hex, written into `buf`.
-    pub fn trace_id_text<'a>(&self, buf: &'a mut [u8; 32]) -> &'a str {
-        hex_into(&self.trace_id, buf);
-        std::str::from_utf8(buf).expect("hex is ASCII")
+    /// The trace id as hex text.
+    pub fn trace_id_text(&self) -> &str {
+        std::str::from_utf8(&self.trace_hex).expect("hex is ASCII")
     }
 
     /// The trace id as a header value (the request id of a request that came without one).
     pub fn trace_id_header(&self) -> HeaderValue {
-        HeaderValue::from_bytes(&self.trace_id_hex()).expect("hex is a valid header value")
+        HeaderValue::from_bytes(&self.trace_hex).expect("hex is a valid header value")
     }
 
     /// Records a call the guest made.
@@ -367,15 +355,12 @@ impl Tracer {
                 (id, None, self.sampler.decide(&id, None))
             }
         };
-        Arc::new(Active {
+        Arc::new(Active::new(
             trace_id,
-            parent: parent_span,
-            server_span: span_id(),
-            run_span: span_id(),
+            parent_span,
             sampled,
-            tracestate: parent.and_then(|_| headers.get(&TRACESTATE).cloned()),
-            calls: Mutex::new(Calls::default()),
-        })
+            parent.and_then(|_| headers.get(&TRACESTATE).cloned()),
+        ))
     }
 
     /// Whether a request that ended with `status` after `total` is kept: sampled at its
@@ -417,8 +402,11 @@ mod tests {
     fn traceparents_parse_as_w3c_says() {
         let ok = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let p = parse_traceparent(ok).expect("valid");
-        assert_eq!(hex(&p.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
-        assert_eq!(hex(&p.span_id), "00f067aa0ba902b7");
+        assert_eq!(
+            crate::hex::encode(&p.trace_id),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(crate::hex::encode(&p.span_id), "00f067aa0ba902b7");
         assert!(p.sampled);
         let unsampled = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
         assert!(!parse_traceparent(unsampled).unwrap().sampled);
@@ -447,15 +435,7 @@ mod tests {
 
     /// A sampled request of a new trace.
     pub(super) fn active() -> Active {
-        Active {
-            trace_id: trace_id(),
-            parent: None,
-            server_span: span_id(),
-            run_span: span_id(),
-            sampled: true,
-            tracestate: None,
-            calls: Mutex::default(),
-        }
+        Active::new(trace_id(), None, true, None)
     }
 
     /// A key-value `get` the guest made just now.

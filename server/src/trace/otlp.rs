@@ -116,17 +116,6 @@ impl Pb {
         self.string_of(1, parts);
     }
 
-    /// A `KeyValue` with a string value: `id` in lower-case hex, written in place.
-    #[inline(always)]
-    fn attr_hex(&mut self, field: u32, key: &str, id: &[u8; 16]) {
-        self.key_value(field, key, 2 + 32);
-        self.key(1, LEN);
-        self.varint(32);
-        let at = self.0.len();
-        self.0.resize(at + 32, 0);
-        super::hex_into(id, &mut self.0[at..]);
-    }
-
     /// A `KeyValue` with an integer value.
     #[inline(always)]
     fn attr_int(&mut self, field: u32, key: &str, value: i64) {
@@ -413,7 +402,7 @@ pub(super) fn request_spans(out: &mut Pb, r: &Record) -> usize {
         }
         match &r.request_id {
             Some(id) => s.attr(9, "tern.request_id", id.to_str().unwrap_or_default()),
-            None => s.attr_hex(9, "tern.request_id", &a.trace_id),
+            None => s.attr(9, "tern.request_id", a.trace_id_text()),
         }
         if let (Some((t, _)), Some(route)) = (&r.tenant, route) {
             s.attr(9, "http.route", route);

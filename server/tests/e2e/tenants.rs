@@ -874,7 +874,7 @@ fn stored_hashes(data: &std::path::Path) -> Vec<String> {
 
 fn sha256(bytes: &[u8]) -> String {
     use sha2::Digest;
-    tern::artifact::hex(&sha2::Sha256::digest(bytes))
+    tern::hex::encode(&sha2::Sha256::digest(bytes))
 }
 
 #[tokio::test]
