@@ -410,7 +410,15 @@ fn serve(
         tern::config::RuntimeMode::PerCore => 1,
         tern::config::RuntimeMode::Shared => config.server.workers(),
     });
-    let rt = rt.enable_all().thread_name("tern-worker").build()?;
+    // Per core, this runtime's thread is not a request worker (those are `tern-worker-N`): its
+    // name says so in `top -H` and in per-thread CPU figures (the trace exporter runs here).
+    let rt = rt
+        .enable_all()
+        .thread_name(match config.server.runtime {
+            tern::config::RuntimeMode::PerCore => "tern-control",
+            tern::config::RuntimeMode::Shared => "tern-worker",
+        })
+        .build()?;
     rt.block_on(async {
         let opts = tern::server::StartOptions {
             config_path,
