@@ -93,6 +93,12 @@ int32_t tern_outbound_response_body_read(int32_t handle, char *buf, size_t len);
 TERN_IMPORT("outbound_close") int32_t tern_outbound_close(int32_t handle);
 /* Copy the message of the last outbound call that failed; returns the full length. */
 TERN_IMPORT("outbound_last_error") int32_t tern_outbound_last_error(char *buf, size_t len);
+/* Give the request (not sent yet) the client's headers (but Host, Content-Length and the
+ * hop-by-hop ones) and, once sent, the client's body, streamed by the server; returns 0. */
+TERN_IMPORT("outbound_forward_request") int32_t tern_outbound_forward_request(int32_t handle);
+/* Make the request's response (its head waited for) this request's answer: status, headers and
+ * a body the server streams to the client after the guest ends; returns 0. */
+TERN_IMPORT("response_forward") int32_t tern_response_forward(int32_t handle);
 
 /* Key-value stores (see ABI.md): open one the tenant is granted by name; returns a handle. */
 TERN_IMPORT("kv_open") int32_t tern_kv_open(const char *name, size_t name_len);

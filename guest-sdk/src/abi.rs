@@ -65,6 +65,13 @@ pub mod func {
     /// `(buf, buf_len) -> i32`: copy the message of the last outbound call that failed;
     /// returns the full length.
     pub const OUTBOUND_LAST_ERROR: &str = "outbound_last_error";
+    /// `(handle) -> i32`: the request (not sent yet) takes the incoming request's headers
+    /// (but `host`, `content-length` and the hop-by-hop ones) and, when sent, its body,
+    /// streamed from the client by the server.
+    pub const OUTBOUND_FORWARD_REQUEST: &str = "outbound_forward_request";
+    /// `(handle) -> i32`: the request's response (its head waited for) becomes the guest's:
+    /// status, headers and a body the server streams to the client after the guest ends.
+    pub const RESPONSE_FORWARD: &str = "response_forward";
 
     /// `(name, name_len) -> handle`: open a key-value store the tenant is granted.
     pub const KV_OPEN: &str = "kv_open";
@@ -92,7 +99,7 @@ pub mod func {
     pub const KV_LAST_ERROR: &str = "kv_last_error";
 
     /// Every host function with its number of `i32` parameters; each returns one `i32`.
-    pub const SIGNATURES: [(&str, usize); 27] = [
+    pub const SIGNATURES: [(&str, usize); 29] = [
         (REQUEST_METHOD, 2),
         (REQUEST_URI, 2),
         (REQUEST_HEADERS, 2),
@@ -111,6 +118,8 @@ pub mod func {
         (OUTBOUND_RESPONSE_BODY_READ, 3),
         (OUTBOUND_CLOSE, 1),
         (OUTBOUND_LAST_ERROR, 2),
+        (OUTBOUND_FORWARD_REQUEST, 1),
+        (RESPONSE_FORWARD, 1),
         (KV_OPEN, 2),
         (KV_GET, 5),
         (KV_SET, 5),
@@ -123,7 +132,7 @@ pub mod func {
     ];
 
     /// Every host function name, for checks that list them.
-    pub const ALL: [&str; 27] = [
+    pub const ALL: [&str; 29] = [
         REQUEST_METHOD,
         REQUEST_URI,
         REQUEST_HEADERS,
@@ -142,6 +151,8 @@ pub mod func {
         OUTBOUND_RESPONSE_BODY_READ,
         OUTBOUND_CLOSE,
         OUTBOUND_LAST_ERROR,
+        OUTBOUND_FORWARD_REQUEST,
+        RESPONSE_FORWARD,
         KV_OPEN,
         KV_GET,
         KV_SET,

@@ -89,6 +89,8 @@ mod sys {
         pub fn outbound_response_body_read(handle: i32, buf: *mut u8, len: usize) -> i32;
         pub fn outbound_close(handle: i32) -> i32;
         pub fn outbound_last_error(buf: *mut u8, len: usize) -> i32;
+        pub fn outbound_forward_request(handle: i32) -> i32;
+        pub fn response_forward(handle: i32) -> i32;
         pub fn kv_open(name: *const u8, name_len: usize) -> i32;
         pub fn kv_get(store: i32, key: *const u8, key_len: usize, buf: *mut u8, len: usize) -> i32;
         pub fn kv_set(
@@ -199,6 +201,12 @@ mod sys {
         IO
     }
     pub unsafe extern "C" fn outbound_last_error(_: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn outbound_forward_request(_: i32) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn response_forward(_: i32) -> i32 {
         IO
     }
     pub unsafe extern "C" fn kv_open(_: *const u8, _: usize) -> i32 {

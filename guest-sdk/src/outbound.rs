@@ -22,6 +22,23 @@
 //! Bodies stream both ways when asked: [`Outgoing::send_streaming`] gives an [`io::Write`]
 //! for the request body, and [`Incoming::body`] is an [`io::Read`] of the response's.
 //! Redirects are not followed.
+//!
+//! **Forwarding.** A proxy need not carry bodies itself: [`Outgoing::forward_request`] gives
+//! the backend request the client's headers and body, and [`Pending::forward_response`] makes
+//! the backend's response the guest's answer. The server then streams both bodies itself; they
+//! never pass through the guest's memory, and the guest's instance is gone while the answer's
+//! body is still flowing:
+//!
+//! ```no_run
+//! use tern_sdk::outbound::Outgoing;
+//! let req = tern_sdk::raw::method()?;
+//! let method = tern_sdk::http::Method::from_bytes(&req).unwrap();
+//! let mut out = Outgoing::to_backend(&method, "origin", "/")?;
+//! out.forward_request()?;
+//! out.header("x-via", b"tern")?;
+//! out.send()?.forward_response()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![allow(unsafe_code)]
 
 use std::io;
@@ -148,6 +165,19 @@ impl Outgoing {
         .map(drop)
     }
 
+    /// Gives this request the client's headers (all but `Host`, `Content-Length` and the
+    /// hop-by-hop ones, after any set already) and, once sent, the client's body, which the
+    /// server streams to the backend as it arrives (with its length when the client gave one)
+    /// without passing it through the guest. Send it with [`Outgoing::send`].
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` if the guest has read from the request body, the body was forwarded
+    /// before, or this request has a body of its own; `LIMIT_EXCEEDED` past 100 headers.
+    pub fn forward_request(&mut self) -> Result<(), FetchError> {
+        // SAFETY: no pointers.
+        check(unsafe { sys::outbound_forward_request(self.0.0) }).map(drop)
+    }
+
     /// Appends to the body, which is sent whole (with a `Content-Length`) by [`Outgoing::send`].
     ///
     /// # Errors
@@ -220,6 +250,51 @@ impl io::Write for StreamingBody {
 pub struct Pending(Handle);
 
 impl Pending {
+    /// Makes the backend's response the guest's answer: its status, its headers (hop-by-hop
+    /// ones removed) added to any the guest set, and its body, which the server streams to the
+    /// client after the guest has ended, within the tenant's `max_response_bytes` and the
+    /// backend's total timeout. Waits for the response head; returns its status. Afterwards
+    /// the guest may still change the status and add headers ([`crate::raw`]), but write no
+    /// body.
+    ///
+    /// # Errors
+    /// As [`Pending::response`]; `INVALID_ARGUMENT` if the guest has written a body, or
+    /// forwarded a response before; `LIMIT_EXCEEDED` if the backend's headers pass the
+    /// tenant's limits.
+    pub fn forward_response(self) -> Result<http::StatusCode, FetchError> {
+        // SAFETY: no pointers.
+        let status = check(unsafe { sys::outbound_response_status(self.0.0) })?;
+        // SAFETY: no pointers.
+        check(unsafe { sys::response_forward(self.0.0) })?;
+        Ok(http::StatusCode::from_u16(status as u16).unwrap_or(http::StatusCode::BAD_GATEWAY))
+    }
+
+    /// The value of the response header `name` (lower case), waiting for the head; `None` if
+    /// the backend sent none. Reads the headers without building a header map, for a guest
+    /// that forwards the response and needs one fact of it first.
+    ///
+    /// # Errors
+    /// As [`Pending::response`].
+    pub fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, FetchError> {
+        let handle = self.0.0;
+        // SAFETY: the host writes at most `len` bytes at `buf`.
+        let blob = crate::copy_out_with(
+            |buf, len| unsafe { sys::outbound_response_headers(handle, buf, len) },
+            1024,
+        )
+        .map_err(|e| FetchError {
+            code: e.0,
+            message: last_error(),
+        })?;
+        let mut fields = blob.split(|b| *b == 0);
+        while let (Some(n), Some(value)) = (fields.next(), fields.next()) {
+            if n == name.as_bytes() {
+                return Ok(Some(value.to_vec()));
+            }
+        }
+        Ok(None)
+    }
+
     /// Waits for the response head.
     ///
     /// # Errors

@@ -1,14 +1,17 @@
-//! The body type of every response Tern sends: complete bytes, or a stream from a guest.
+//! The body type of every response Tern sends: complete bytes, a stream from a guest, or a
+//! backend's body that a guest forwarded.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
-use http_body::{Frame, SizeHint};
-use tokio::sync::mpsc;
+use http_body::{Body, Frame, SizeHint};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
+use std::future::Future;
 
 use crate::metrics::Undelivered;
 
@@ -33,6 +36,18 @@ pub struct BodyAborted;
 /// One chunk of a streaming body, or the reason it stopped.
 pub type StreamItem = Result<Bytes, BodyAborted>;
 
+/// Why a response body ended before its end (the client sees it cut).
+#[derive(Debug, thiserror::Error)]
+pub enum BodyCut {
+    /// Its guest failed.
+    #[error(transparent)]
+    Guest(#[from] BodyAborted),
+    /// The backend's body a guest forwarded failed, ran past the backend's total timeout or
+    /// past the tenant's response limit.
+    #[error("the forwarded response body stopped: {0}")]
+    Backend(String),
+}
+
 /// A response body.
 #[derive(Debug)]
 pub enum ResponseBody {
@@ -40,6 +55,8 @@ pub enum ResponseBody {
     Full(Option<Bytes>),
     /// Chunks from a guest, which may still be running.
     Stream(GuestStream),
+    /// A backend's body, forwarded by a guest that has ended.
+    Forwarded(Box<Forwarded>),
 }
 
 impl ResponseBody {
@@ -77,12 +94,12 @@ impl Drop for GuestStream {
 
 impl http_body::Body for ResponseBody {
     type Data = Bytes;
-    type Error = BodyAborted;
+    type Error = BodyCut;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyAborted>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyCut>>> {
         match self.get_mut() {
             Self::Full(bytes) => Poll::Ready(
                 bytes
@@ -102,13 +119,18 @@ impl http_body::Body for ResponseBody {
                         }
                     }
                 }
-                Poll::Ready(item.map(|r| r.map(Frame::data)))
+                Poll::Ready(item.map(|r| r.map(Frame::data).map_err(BodyCut::from)))
             }
+            Self::Forwarded(f) => f.poll_data(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self, Self::Full(None))
+        match self {
+            Self::Full(b) => b.is_none(),
+            Self::Stream(_) => false,
+            Self::Forwarded(f) => f.body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -116,6 +138,101 @@ impl http_body::Body for ResponseBody {
             Self::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             Self::Full(None) => SizeHint::with_exact(0),
             Self::Stream(_) => SizeHint::default(),
+            Self::Forwarded(f) => f.body.size_hint(),
+        }
+    }
+}
+
+/// A backend's response body that a guest made its own answer's (`response_forward`): the
+/// server streams it to the client after the guest has ended (its instance is gone by then),
+/// within the tenant's response limit and the backend's total timeout, and holds the
+/// backend's concurrency slot until it ends.
+#[derive(Debug)]
+pub struct Forwarded {
+    body: hyper::body::Incoming,
+    /// Bytes sent so far, and the most the tenant may send.
+    sent: u64,
+    max: u64,
+    /// The backend's total timeout, and when it runs out.
+    total: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    _permit: OwnedSemaphorePermit,
+    /// Where a body that does not reach its end is counted; `None` once it has (or for the
+    /// answer to a `HEAD`, whose body is never sent).
+    undelivered: Option<Undelivered>,
+}
+
+impl Forwarded {
+    /// `body`, at most `max` bytes, ending by `deadline` (the backend's total timeout,
+    /// `total`), holding `permit`.
+    pub fn new(
+        body: hyper::body::Incoming,
+        max: u64,
+        (deadline, total): (tokio::time::Instant, Duration),
+        permit: OwnedSemaphorePermit,
+    ) -> Self {
+        Self {
+            body,
+            sent: 0,
+            max,
+            total,
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            _permit: permit,
+            undelivered: None,
+        }
+    }
+
+    /// Counts a body that does not reach its end in `undelivered` (unless it answers a `HEAD`).
+    pub fn count_in(&mut self, undelivered: Undelivered, head: bool) {
+        self.undelivered = (!head).then_some(undelivered);
+    }
+
+    fn cut(&mut self, why: String) -> Poll<Option<Result<Frame<Bytes>, BodyCut>>> {
+        if let Some(u) = self.undelivered.take() {
+            u.backend_failed.inc();
+        }
+        Poll::Ready(Some(Err(BodyCut::Backend(why))))
+    }
+
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyCut>>> {
+        loop {
+            // (Checked before reading too: a body that always has bytes ready is still cut.)
+            if self.deadline.is_elapsed() {
+                let ms = self.total.as_millis();
+                return self.cut(format!("no end within {ms} ms (total_timeout_ms)"));
+            }
+            let frame = match Pin::new(&mut self.body).poll_frame(cx) {
+                Poll::Pending => {
+                    if self.deadline.as_mut().poll(cx).is_ready() {
+                        continue;
+                    }
+                    return Poll::Pending;
+                }
+                Poll::Ready(None) => {
+                    self.undelivered = None;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Err(e))) => return self.cut(e.to_string()),
+                Poll::Ready(Some(Ok(frame))) => frame,
+            };
+            // Trailers are not sent (as for every answer).
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            self.sent += data.len() as u64;
+            if self.sent > self.max {
+                let max = self.max;
+                return self.cut(format!("larger than {max} bytes (max_response_bytes)"));
+            }
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+    }
+}
+
+impl Drop for Forwarded {
+    fn drop(&mut self) {
+        if let Some(u) = self.undelivered.take() {
+            u.client_gone.inc();
         }
     }
 }

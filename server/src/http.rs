@@ -217,8 +217,11 @@ pub async fn handle(
         t.ran(&out);
     }
     let resp = match out.result {
-        Ok(Reply::Buffered(done)) => {
-            let mut resp = Response::new(ResponseBody::full(done.body));
+        Ok(Reply::Buffered(mut done)) => {
+            if let ResponseBody::Forwarded(f) = &mut done.body {
+                f.count_in(tenant.undelivered.clone(), head_only);
+            }
+            let mut resp = Response::new(done.body);
             *resp.status_mut() = done.status;
             *resp.headers_mut() = done.headers;
             resp

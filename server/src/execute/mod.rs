@@ -15,7 +15,6 @@ mod wasi_http;
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::sync::oneshot;
 use wasmtime::{Store, Trap, UpdateDeadline};
@@ -27,15 +26,15 @@ use crate::guest::{Guest, GuestLimits, GuestRequest, GuestResponse, Head, Stdio}
 use crate::outcome::{ExecError, Outcome, body_too_large, response_limit};
 use crate::tenant::{Tenant, TenantRef};
 
-/// A guest's complete, buffered response.
+/// A guest's response, complete when the guest ended.
 #[derive(Debug)]
 pub struct Finished {
     /// Status set by the guest.
     pub status: StatusCode,
     /// Headers set by the guest.
     pub headers: HeaderMap,
-    /// The whole body.
-    pub body: Bytes,
+    /// The whole body, or the backend's body the guest forwarded (which streams from there).
+    pub body: crate::body::ResponseBody,
 }
 
 /// How a guest that ran to its end answered.
@@ -199,7 +198,10 @@ pub(super) async fn reply(
             Ok(Reply::Buffered(Finished {
                 status: response.status,
                 headers: std::mem::take(&mut response.headers),
-                body: response.body.split().freeze(),
+                body: match response.forwarded.take() {
+                    Some(forwarded) => crate::body::ResponseBody::Forwarded(Box::new(forwarded)),
+                    None => crate::body::ResponseBody::full(response.body.split().freeze()),
+                },
             }))
         }
         Err(e) => {

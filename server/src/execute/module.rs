@@ -102,9 +102,10 @@ pub(super) async fn run(
             why.map_or(Ok(()), |why| Err(ExecError::new(Outcome::BadOutput, why)))
         })
     });
+    let (too_large, failed) = state.request.body_end();
     let body = BodyEnd {
-        too_large: state.request.too_large.then_some(state.request.max_bytes),
-        failed: state.request.body_error.clone(),
+        too_large: too_large.then_some(state.request.max_bytes),
+        failed,
     };
     let head_request = state.request.method == http::Method::HEAD;
     let result = verdict(ended, body, &state.response, limits.timeout, head_request);

@@ -370,7 +370,8 @@ async fn stdout(state: &mut GuestState, bytes: &[u8]) -> Result<(), i32> {
         return Ok(());
     }
     state.response.write(body).await.map_err(|e| match e {
-        WriteError::Limit => EFBIG,
+        // (A CGI program has no way to forward a backend's body.)
+        WriteError::Limit | WriteError::Forwarded => EFBIG,
         WriteError::ClientGone => EPIPE,
     })
 }

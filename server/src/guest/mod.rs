@@ -34,7 +34,7 @@ use crate::artifact::Compiled;
 use crate::config::GuestKind;
 
 pub use request::{GuestRequest, RequestBody};
-pub use response::{GuestResponse, Head, HeaderError, WriteError};
+pub use response::{ForwardError, GuestResponse, Head, HeaderError, WriteError};
 
 /// A tenant's guest, pre-linked for its kind (the one place the kinds are listed).
 pub enum Guest {

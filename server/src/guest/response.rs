@@ -20,6 +20,20 @@ pub enum WriteError {
     Limit,
     /// The client is gone.
     ClientGone,
+    /// The body is a backend's, forwarded ([`GuestResponse::forward`]).
+    Forwarded,
+}
+
+/// Why a backend's response cannot become the guest's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardError {
+    /// The guest has written body bytes already, or forwarded a response before.
+    BodyWritten,
+    /// The head has been sent: the body is streaming.
+    HeadersSent,
+    /// The backend's headers go past the tenant's header limit, or declare a body over its
+    /// body limit.
+    Limit,
 }
 
 /// Why a header was refused.
@@ -72,6 +86,8 @@ pub struct GuestResponse {
     /// is sent with it instead of chunked, writes past it fail, and a body that ends short of
     /// it fails the request.
     pub declared: Option<u64>,
+    /// The backend's body the guest made its own, sent once the guest has ended.
+    pub forwarded: Option<crate::body::Forwarded>,
 }
 
 impl GuestResponse {
@@ -88,11 +104,51 @@ impl GuestResponse {
             commit: Some(commit),
             stream: None,
             declared: None,
+            forwarded: None,
         }
+    }
+
+    /// Makes a backend's answer this response: its `status`, its `headers` added to the ones
+    /// the guest set (under the same rules and limits) and its `body`, which the server sends
+    /// after the guest has ended. The guest may still set the status and add headers; it can
+    /// write no body.
+    ///
+    /// # Errors
+    /// [`ForwardError`]; nothing is changed.
+    pub fn forward(
+        &mut self,
+        status: StatusCode,
+        headers: HeaderMap,
+        body: crate::body::Forwarded,
+    ) -> Result<(), ForwardError> {
+        if self.is_streaming() {
+            return Err(ForwardError::HeadersSent);
+        }
+        if self.written > 0 || self.forwarded.is_some() {
+            return Err(ForwardError::BodyWritten);
+        }
+        let kept = (self.headers.clone(), self.declared, self.limit_hit);
+        for (name, value) in &headers {
+            // A `content-length` the guest declared first must agree with the backend's.
+            if let Err(e) = self.append_header(name.clone(), value.clone()) {
+                (self.headers, self.declared, self.limit_hit) = kept;
+                return Err(match e {
+                    HeaderError::HeadersSent => ForwardError::HeadersSent,
+                    HeaderError::Invalid | HeaderError::Limit => ForwardError::Limit,
+                });
+            }
+        }
+        self.status = status;
+        self.forwarded = Some(body);
+        Ok(())
     }
 
     /// Why the body the guest wrote does not match the length it declared, if it does not.
     pub fn length_mismatch(&self) -> Option<String> {
+        // A forwarded body's length is the backend's, held to its header by the HTTP layer.
+        if self.forwarded.is_some() {
+            return None;
+        }
         let declared = self.declared?;
         (declared != self.written).then(|| {
             format!(
@@ -122,6 +178,9 @@ impl GuestResponse {
     /// [`WriteError::Limit`] past the tenant's body limit or the declared length (nothing is
     /// taken), [`WriteError::ClientGone`].
     pub async fn write(&mut self, bytes: &[u8]) -> Result<(), WriteError> {
+        if self.forwarded.is_some() {
+            return Err(WriteError::Forwarded);
+        }
         let n = bytes.len();
         if self.written + n as u64 > self.max_bytes {
             self.limit_hit = true;

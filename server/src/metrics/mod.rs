@@ -193,6 +193,9 @@ impl TenantMetrics {
 pub struct Undelivered {
     /// The guest failed (trap, limit, deadline) after its head was sent: the body was aborted.
     pub guest_failed: IntCounter,
+    /// A backend's body that the guest forwarded (`response_forward`) failed, passed the
+    /// backend's total timeout or the tenant's response limit.
+    pub backend_failed: IntCounter,
     /// The client closed the connection or stream before the body's end.
     pub client_gone: IntCounter,
 }
@@ -299,8 +302,9 @@ impl Metrics {
         let undelivered = r.counters(
             "tern_responses_undelivered_total",
             "Streamed responses whose body did not reach its end, by tenant and reason \
-             (guest_failed: the guest failed after the head was sent; client_gone: the \
-             client left first).",
+             (guest_failed: the guest failed after the head was sent; backend_failed: a \
+             backend's body the guest forwarded failed, timed out or passed the limit; \
+             client_gone: the client left first).",
             &["tenant", "reason"],
         );
         let pool = r.gauges(
@@ -563,6 +567,7 @@ impl Metrics {
         let counter = |reason| self.undelivered.with_label_values(&[label, reason]);
         Undelivered {
             guest_failed: counter("guest_failed"),
+            backend_failed: counter("backend_failed"),
             client_gone: counter("client_gone"),
         }
     }

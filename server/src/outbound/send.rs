@@ -38,6 +38,9 @@ enum OutKind {
         http_body_util::combinators::UnsyncBoxBody<Bytes, BodyAborted>,
         Arc<ComponentCalls>,
     ),
+    /// The client's own request body, forwarded as it streams in (its length, when the client
+    /// declared one, goes with it).
+    Client(crate::guest::request::ClientBody),
 }
 
 impl OutBody {
@@ -57,6 +60,11 @@ impl OutBody {
     /// ends it, a closed channel aborts it.
     pub fn stream(chunks: tokio::sync::mpsc::Receiver<Bytes>) -> Self {
         Self::new(OutKind::Stream(chunks, false))
+    }
+
+    /// The client's request body, streamed on to the backend by the server.
+    pub fn client(body: crate::guest::request::ClientBody) -> Self {
+        Self::new(OutKind::Client(body))
     }
 
     /// A component's outgoing body, aborted at its end if `calls` says the run failed.
@@ -165,6 +173,9 @@ impl http_body::Body for OutBody {
                 Poll::Ready(Some(chunk)) => Poll::Ready(Some(Ok(http_body::Frame::data(chunk)))),
                 Poll::Ready(None) => Poll::Ready(Some(Err(BodyAborted))),
             },
+            // Past the tenant's limit, or failed: the backend sees an aborted request (the
+            // client gets 413 or 400 for it).
+            OutKind::Client(b) => Pin::new(b).poll_frame(cx).map_err(|_| BodyAborted),
             OutKind::Boxed(b, calls) => match Pin::new(b).poll_frame(cx) {
                 Poll::Ready(None) if calls.failed.load(std::sync::atomic::Ordering::Acquire) => {
                     Poll::Ready(Some(Err(BodyAborted)))
@@ -181,6 +192,7 @@ impl http_body::Body for OutBody {
     fn is_end_stream(&self) -> bool {
         let end = match &self.kind {
             OutKind::Boxed(b, _) => b.is_end_stream(),
+            OutKind::Client(b) => b.is_end_stream(),
             kind => matches!(kind, OutKind::Full(None) | OutKind::Stream(_, true)),
         };
         // hyper asks this as it writes the head and after each frame: an ended body is sent.
@@ -196,6 +208,7 @@ impl http_body::Body for OutBody {
             OutKind::Full(None) | OutKind::Stream(_, true) => http_body::SizeHint::with_exact(0),
             OutKind::Stream(..) => http_body::SizeHint::default(),
             OutKind::Boxed(b, _) => b.size_hint(),
+            OutKind::Client(b) => b.size_hint(),
         }
     }
 }

@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tern_sdk::abi::errno;
 
-use crate::support::{TestServer, metric_value, send, test_guest};
+use crate::support::{H2Conn, TestServer, metric_value, post, raw, send, test_guest};
 
 /// A backend for the tests: `/hello` answers `hi` and the request's headers, `/slow` answers
 /// after 3 s, `/late` after 1 s, `/big?n=N` N bytes, `/echo` the request body, `/users` and `/orders` each wait
@@ -468,6 +468,202 @@ async fn the_proxy_example_streams_10_mb_both_ways() {
         r.text().contains("connecting to the backend failed"),
         "{}",
         r.text()
+    );
+}
+
+/// The `proxy` example in front of the test backend at `/shop` (the tenant takes 100 kB in and
+/// out; the backend's bodies end within 1.5 s), with `extra` TOML after `[pool]`.
+async fn forwarding_proxy(backend: &Backend, extra: &str) -> TestServer {
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n{extra}\n\
+         [[tenant]]\nname = \"shop\"\nmodule = \"builtin:proxy\"\npaths = [\"/shop\"]\n\
+         [tenant.limits]\nmax_request_bytes = 100000\nmax_response_bytes = 100000\nmax_concurrency = 1\n\
+         [tenant.outbound]\nmax_request_bytes = 1000000\nmax_response_bytes = 1000000\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://{}\"\ntotal_timeout_ms = 1500\n",
+        backend.addr
+    );
+    let dir = tempfile::tempdir().unwrap();
+    TestServer::try_start_in(dir, &config).await.expect("start")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_passes_headers_and_bodies_of_every_framing() {
+    let backend = Backend::start().await;
+    let s = forwarding_proxy(&backend, "").await;
+
+    // The client's headers go on, but for the hop-by-hop ones and its host.
+    let hop = [
+        ("x-custom", "1"),
+        ("te", "trailers"),
+        ("keep-alive", "5"),
+        ("proxy-connection", "keep-alive"),
+    ];
+    let r = send(
+        s.addr(),
+        Method::GET,
+        "/shop/hello",
+        Some("shop.example"),
+        &hop,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let text = r.text();
+    assert!(text.contains("x-custom: 1\n"), "{text}");
+    assert!(text.contains("x-forwarded-host: shop.example\n"), "{text}");
+    for gone in [
+        "\nte:",
+        "\nkeep-alive:",
+        "\nproxy-connection:",
+        "\nhost: shop.example",
+    ] {
+        assert!(!text.contains(gone), "{gone} forwarded: {text}");
+    }
+    assert_eq!(r.header("cache-control"), "public, max-age=60");
+
+    // HTTP/1.1 chunked, HTTP/2 without a length, a sized empty body, HTTP/1.0.
+    let chunked = raw(
+        s.addr(),
+        "POST /shop/echo HTTP/1.1\r\nhost: localhost\r\ntransfer-encoding: chunked\r\n\
+         connection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(chunked.starts_with("HTTP/1.1 200"), "{chunked}");
+    assert!(chunked.ends_with("\r\n\r\nhello world"), "{chunked}");
+    let chunks: Vec<Bytes> = (0..20).map(|i| Bytes::from(vec![b'a' + i; 1000])).collect();
+    let whole: Vec<u8> = chunks.iter().flat_map(|c| c.to_vec()).collect();
+    let r = H2Conn::post_unsized(s.addr(), "/shop/echo", chunks).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(r.body == whole, "the body came back changed");
+    let r = post(&s, "/shop/echo", &[], Vec::new()).await;
+    assert_eq!((r.status, r.body.len()), (StatusCode::OK, 0));
+    let old = raw(
+        s.addr(),
+        "GET /shop/hello HTTP/1.0\r\nhost: localhost\r\n\r\n",
+    )
+    .await;
+    assert!(
+        old.starts_with("HTTP/1.0 200") && old.contains("\r\n\r\nhi\n"),
+        "{old}"
+    );
+
+    // HEAD: the backend's length, no body.
+    let r = send(
+        s.addr(),
+        Method::HEAD,
+        "/shop/big?n=100",
+        None,
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.header("content-length"), r.body.len()),
+        (StatusCode::OK, "100", 0)
+    );
+
+    // Limits: a client body past the tenant's 100 kB is 413 and the backend sees it aborted;
+    // a backend body declared past it is refused before anything is sent.
+    let before = backend.aborted();
+    let big = raw(
+        s.addr(),
+        format!(
+            "POST /shop/echo HTTP/1.1\r\nhost: localhost\r\ntransfer-encoding: chunked\r\n\
+             connection: close\r\n\r\nea60\r\n{0}\r\nea60\r\n{0}\r\n0\r\n\r\n",
+            "b".repeat(60_000)
+        ),
+    )
+    .await;
+    assert!(
+        big.starts_with("HTTP/1.1 413"),
+        "{}",
+        &big[..big.len().min(300)]
+    );
+    backend.await_abort(before).await;
+    let r = s.get("/shop/big?n=100001").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert!(
+        r.text().contains("past the tenant's limits"),
+        "{}",
+        r.text()
+    );
+    let r = s.get("/shop/big?n=100000").await;
+    assert_eq!((r.status, r.body.len()), (StatusCode::OK, 100_000));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_answer_streams_after_its_guest_is_gone() {
+    let backend = Backend::start().await;
+    // One request at a time for the tenant, and no waiting for a slot: a second request can
+    // only be served while the first one's body still flows if the first instance is gone.
+    let s = forwarding_proxy(&backend, "queue_timeout_ms = 100").await;
+    let stream = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("/shop/stall")
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&first[..], b"partial");
+
+    // The stalled body is still open; the tenant's only slot is free again.
+    let r = s.get("/shop/hello").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+
+    // The backend's total timeout cuts the stalled body: the client sees it incomplete.
+    let rest = tokio::time::timeout(Duration::from_secs(10), body.collect())
+        .await
+        .expect("the body ends by the backend's timeout");
+    assert!(rest.is_err(), "a cut body must not look complete");
+    let m = s.metrics().await;
+    let series = "tern_responses_undelivered_total{reason=\"backend_failed\",tenant=\"shop\"}";
+    assert_eq!(metric_value(&m, series), 1.0, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_refuses_what_would_lose_or_mix_bytes() {
+    let backend = Backend::start().await;
+    let s = probe_server(&backend).await;
+    // A body the guest has started reading cannot be forwarded (its start would be lost).
+    let r = post(
+        &s,
+        "/probe?backend=origin&path=/echo&method=POST&forward=1&read=1",
+        &[],
+        b"abc".to_vec(),
+    )
+    .await;
+    assert!(
+        r.text().starts_with(&format!(
+            "error={} outbound_forward_request: the guest has read from the request body",
+            errno::INVALID_ARGUMENT
+        )),
+        "{}",
+        r.text()
+    );
+    // Forwarded without reading: the backend gets it whole.
+    let r = post(
+        &s,
+        "/probe?backend=origin&path=/echo&method=POST&forward=1",
+        &[],
+        b"abc".to_vec(),
+    )
+    .await;
+    assert_eq!((r.status, r.text().as_str()), (StatusCode::OK, "abc"));
+    // A forwarded answer's body is the backend's: the guest cannot add to it.
+    let r = s
+        .get("/probe?backend=origin&path=/hello&forward=1&bad_write=1")
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(r.text().starts_with("hi\n"), "{}", r.text());
+    assert_eq!(
+        r.header("x-write-after-forward"),
+        errno::INVALID_ARGUMENT.to_string()
     );
 }
 

@@ -5,6 +5,10 @@
 //! query is the URL); `times=N` sends N one after the other; `parallel=N` sends N, then reads
 //! them all; `method=POST&size=N` sends a body of N bytes; `stream=N` streams a body of N
 //! bytes after sending the head (`&trap=1`: then traps instead of finishing it).
+//! `forward=1` forwards instead: the client's headers and body go to the backend and the
+//! backend's answer is the answer (`&read=1`: reads a byte of the client's body first, which
+//! forbids it; `&bad_write=1`: then tries to write a body, and reports the code in the header
+//! `x-write-after-forward`).
 use tern_sdk::http::Method;
 use tern_sdk::outbound::{Outgoing, Pending};
 
@@ -36,6 +40,16 @@ fn main() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     let trap = param(query, "trap").is_some();
+    if param(query, "forward").is_some() {
+        forward(
+            &method,
+            &backend,
+            &path,
+            param(query, "read").is_some(),
+            param(query, "bad_write").is_some(),
+        );
+        return;
+    }
 
     let start = || -> Result<Pending, tern_sdk::FetchError> {
         let mut out = match &url {
@@ -91,4 +105,27 @@ fn main() {
         }
     }
     tern_test_guests::reply(&text);
+}
+
+/// Forwards the client's request to `backend` at `path` and the backend's answer to the
+/// client; on failure answers `error=CODE MESSAGE`.
+fn forward(method: &Method, backend: &str, path: &str, read_first: bool, bad_write: bool) {
+    if read_first {
+        let _ = tern_sdk::raw::body_read(&mut [0u8; 1]);
+    }
+    let forwarded = (|| -> Result<(), tern_sdk::FetchError> {
+        let mut out = Outgoing::to_backend(method, backend, path)?;
+        out.forward_request()?;
+        out.send()?.forward_response()?;
+        Ok(())
+    })();
+    match forwarded {
+        Ok(()) if bad_write => {
+            let code = tern_sdk::raw::body_write(b"more").err().map_or(0, |e| e.0);
+            let _ =
+                tern_sdk::raw::header_append(b"x-write-after-forward", code.to_string().as_bytes());
+        }
+        Ok(()) => {}
+        Err(e) => tern_test_guests::reply(&format!("error={} {}\n", e.code, e.message)),
+    }
 }

@@ -6,7 +6,10 @@
 //! can send two and then read both. While the guest waits (connect, response head, body) its
 //! instance is suspended and holds no thread; the wait counts against its deadline and is
 //! recorded as the request's `outbound` phase. Every task still running when the guest ends is
-//! aborted with it: nothing of a request outlives its instance.
+//! aborted with it: nothing of a request outlives its instance, but for a body the guest
+//! handed to the server: `outbound_forward_request` makes the client's body (and headers) the
+//! request's, `response_forward` makes a response the guest's answer, whose body the server
+//! streams to the client after the instance is gone (`body::Forwarded`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,10 +24,11 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinHandle;
 use wasmtime::{Caller, Linker};
 
-use crate::guest::GuestRequest;
 use crate::guest::module::{
     GuestFault, GuestState, copy_to_guest, guest_range, headers_blob, memory, read_guest,
 };
+use crate::guest::request::ClientBody;
+use crate::guest::{ForwardError, GuestRequest, GuestResponse};
 use crate::outbound::{Calls, Denied, Failed, OutBody, Passing, Refused, Target};
 
 /// Body chunks that may wait for the backend before a streaming guest's writes block.
@@ -106,6 +110,8 @@ struct Draft {
     target: Target,
     headers: HeaderMap,
     body: BytesMut,
+    /// The client's body, to be streamed on as this request's (`outbound_forward_request`).
+    forward: Option<ClientBody>,
 }
 
 /// One handle's state.
@@ -251,17 +257,24 @@ impl Outbound {
             self.put(handle, call);
             return self.misuse("outbound_send: this request was already sent");
         };
+        if stream && draft.forward.is_some() {
+            self.put(handle, Call::Building(draft));
+            return self.misuse("outbound_send: a forwarded body cannot be streamed by the guest");
+        }
         let Draft {
             method,
             target,
             headers,
             body,
+            forward,
         } = *draft;
-        let (out_body, sender) = if stream {
-            let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
-            (OutBody::stream(rx), Some(tx))
-        } else {
-            (OutBody::full(body.freeze()), None)
+        let (out_body, sender) = match forward {
+            Some(client) => (OutBody::client(client), None),
+            None if stream => {
+                let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
+                (OutBody::stream(rx), Some(tx))
+            }
+            None => (OutBody::full(body.freeze()), None),
         };
         let mut req = Request::new(out_body);
         *req.method_mut() = method;
@@ -293,6 +306,95 @@ impl Outbound {
         };
         self.put(handle, call);
         0
+    }
+
+    /// `outbound_forward_request`: the request in `handle`, not sent yet, takes the client's
+    /// headers (not `host`, `content-length` or the hop-by-hop ones; after any the guest set)
+    /// and its body, which is streamed on when the request is sent.
+    fn forward_request(&mut self, handle: i32, incoming: &mut GuestRequest) -> i32 {
+        let passed =
+            |name: &HeaderName| !hop_by_hop(name.as_str()) && *name != http::header::CONTENT_LENGTH;
+        let adding = incoming.headers.iter().filter(|(n, _)| passed(n)).count();
+        let refused = match self.get(handle) {
+            Err(code) => return code,
+            Ok(Call::Building(d)) if !d.body.is_empty() || d.forward.is_some() => {
+                Some("the request already has a body (written or forwarded)".to_string())
+            }
+            Ok(Call::Building(d)) if d.headers.len() + adding > MAX_HEADERS => Some(format!(
+                "more than {MAX_HEADERS} headers with the client's {adding}"
+            )),
+            Ok(Call::Building(_)) => None,
+            Ok(_) => Some("the request was already sent".to_string()),
+        };
+        if let Some(why) = refused {
+            return self.misuse(format!("outbound_forward_request: {why}"));
+        }
+        let client = match incoming.take_body() {
+            Ok(body) => body,
+            Err(why) => return self.misuse(format!("outbound_forward_request: {why}")),
+        };
+        let Ok(Call::Building(draft)) = self.get(handle) else {
+            unreachable!("checked above");
+        };
+        for (name, value) in incoming.headers.iter().filter(|(n, _)| passed(n)) {
+            draft.headers.append(name.clone(), value.clone());
+        }
+        draft.forward = Some(client);
+        0
+    }
+
+    /// `response_forward`: the response of `handle` (its head waited for) becomes the guest's
+    /// answer, its body streamed to the client by the server once the guest has ended, within
+    /// the tenant's response limit and the backend's total timeout.
+    async fn forward_response(&mut self, handle: i32, response: &mut GuestResponse) -> i32 {
+        let waited = Instant::now();
+        if let Err(code) = self.responded(handle).await {
+            return code;
+        }
+        self.waited += waited.elapsed();
+        let Ok(Call::Responded(r)) = self.take(handle) else {
+            unreachable!("responded leaves the handle answered");
+        };
+        if r.received > 0 || !r.leftover.is_empty() {
+            self.put(handle, Call::Responded(r));
+            return self.misuse("response_forward: the guest has read from the response body");
+        }
+        let Responded {
+            status,
+            headers,
+            body,
+            deadline,
+            total,
+            _permit: permit,
+            ..
+        } = *r;
+        let status = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+        let max = response.max_bytes.min(self.calls.policy.max_response_bytes);
+        let body = crate::body::Forwarded::new(body, max, (deadline.into(), total), permit);
+        match response.forward(status, headers, body) {
+            Ok(()) => {
+                self.put(handle, Call::Done(errno::INVALID_ARGUMENT));
+                0
+            }
+            Err(e) => {
+                self.put(handle, Call::Done(errno::INVALID_ARGUMENT));
+                self.last_error = match e {
+                    ForwardError::BodyWritten => {
+                        "response_forward: the guest wrote a body or forwarded a response already"
+                    }
+                    ForwardError::HeadersSent => "response_forward: the response has started",
+                    ForwardError::Limit => {
+                        "response_forward: the backend's headers go past the tenant's limits"
+                    }
+                }
+                .into();
+                match e {
+                    ForwardError::HeadersSent => errno::HEADERS_SENT,
+                    ForwardError::BodyWritten => errno::INVALID_ARGUMENT,
+                    ForwardError::Limit => errno::LIMIT_EXCEEDED,
+                }
+            }
+        }
     }
 
     /// Waits for the head of `handle`'s response (ending a streaming body first).
@@ -490,6 +592,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
                     target,
                     headers: HeaderMap::new(),
                     body: BytesMut::new(),
+                    forward: None,
                 })));
                 Ok(i32::try_from(out.handles.len() - 1).unwrap_or(errno::LIMIT_EXCEEDED))
             })
@@ -548,6 +651,9 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
                 let n = i32::try_from(chunk.len()).unwrap_or(i32::MAX);
                 let sender = match out.get(handle) {
                     Err(code) => return Ok(code),
+                    Ok(Call::Building(draft)) if draft.forward.is_some() => {
+                        return Ok(out.misuse("the request's body is the client's (forwarded)"));
+                    }
                     Ok(Call::Building(draft)) => {
                         if (draft.body.len() + chunk.len()) as u64 > max {
                             return Ok(too_large(out));
@@ -695,6 +801,27 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             }
             out.put(handle, Call::Done(errno::INVALID_ARGUMENT));
             Ok(0)
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        func::OUTBOUND_FORWARD_REQUEST,
+        |mut caller: Caller<'_, GuestState>, handle: i32| {
+            let state = caller.data_mut();
+            Ok(state.outbound.forward_request(handle, &mut state.request))
+        },
+    )?;
+    linker.func_wrap_async(
+        m,
+        func::RESPONSE_FORWARD,
+        |mut caller: Caller<'_, GuestState>, (handle,): (i32,)| {
+            Box::new(async move {
+                let state = caller.data_mut();
+                Ok(state
+                    .outbound
+                    .forward_response(handle, &mut state.response)
+                    .await)
+            })
         },
     )?;
     linker.func_wrap(

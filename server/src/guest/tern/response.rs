@@ -76,6 +76,8 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
                     Ok(()) => n,
                     Err(WriteError::Limit) => errno::LIMIT_EXCEEDED,
                     Err(WriteError::ClientGone) => errno::IO,
+                    // The body is a backend's (`response_forward`).
+                    Err(WriteError::Forwarded) => errno::INVALID_ARGUMENT,
                 })
             })
         },

@@ -16,7 +16,8 @@ use http_body_util::BodyExt;
 use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
-use crate::guest::{GuestRequest, GuestResponse, RequestBody, WriteError};
+use crate::guest::request::{BodyFlags, ClientBody, ClientBodyError};
+use crate::guest::{GuestRequest, GuestResponse, WriteError};
 
 /// Why a component's answer could not be sent.
 #[derive(Debug)]
@@ -117,33 +118,19 @@ where
         };
         match response.write(&data).await {
             Ok(()) => {}
-            Err(WriteError::Limit) => return Err(Answer::Limit),
+            // (A component has no way to forward a backend's body.)
+            Err(WriteError::Limit | WriteError::Forwarded) => return Err(Answer::Limit),
             Err(WriteError::ClientGone) => return Err(Answer::ClientGone),
         }
     }
     Ok(())
 }
 
-/// What the client's body did as the guest read it: the shared lifecycle answers `413` or
-/// `400` for it, whatever the guest made of the error.
-#[derive(Debug, Default)]
-pub struct BodyFlags {
-    /// The body went past the tenant's limit.
-    pub too_large: AtomicBool,
-    /// The body could not be read (bad framing, cut off).
-    pub failed: std::sync::Mutex<Option<String>>,
-}
+/// The client's body as a component reads it (see [`ClientBody`]), with the errors
+/// `wasi:http` knows.
+struct ComponentBody(ClientBody);
 
-/// The client's body as a component reads it: counted against the tenant's limit as it
-/// streams in.
-struct ClientBody {
-    body: RequestBody,
-    seen: u64,
-    max: u64,
-    flags: Arc<BodyFlags>,
-}
-
-impl Body for ClientBody {
+impl Body for ComponentBody {
     type Data = Bytes;
     type Error = wasmtime_wasi_http::Error;
 
@@ -151,39 +138,18 @@ impl Body for ClientBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        let frame = match &mut this.body {
-            RequestBody::Empty => return Poll::Ready(None),
-            RequestBody::Full(b) if b.is_empty() => return Poll::Ready(None),
-            RequestBody::Full(b) => Some(Ok(Frame::data(std::mem::take(b)))),
-            RequestBody::Incoming(i) => std::task::ready!(Pin::new(i).poll_frame(cx)),
-        };
-        Poll::Ready(match frame {
-            None => None,
-            Some(Err(e)) => {
-                *this.flags.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-                Some(Err(wasmtime_wasi_http::Error::Hyper(e)))
-            }
-            Some(Ok(frame)) => {
-                this.seen += frame.data_ref().map_or(0, |d| d.len() as u64);
-                if this.seen > this.max {
-                    this.flags.too_large.store(true, Ordering::Relaxed);
-                    Some(Err(wasmtime_wasi_http::Error::HttpRequestBodySize(Some(
-                        this.seen,
-                    ))))
-                } else {
-                    Some(Ok(frame))
+        Pin::new(&mut self.get_mut().0)
+            .poll_frame(cx)
+            .map_err(|e| match e {
+                ClientBodyError::TooLarge(seen) => {
+                    wasmtime_wasi_http::Error::HttpRequestBodySize(Some(seen))
                 }
-            }
-        })
+                ClientBodyError::Failed(e) => wasmtime_wasi_http::Error::Hyper(e),
+            })
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.body {
-            RequestBody::Empty => true,
-            RequestBody::Full(b) => b.is_empty(),
-            RequestBody::Incoming(i) => i.is_end_stream(),
-        }
+        self.0.is_end_stream()
     }
 }
 
@@ -207,12 +173,7 @@ pub fn incoming(
         headers.insert(HOST, HeaderValue::from_static("localhost"));
     }
     spin_headers(&mut headers, &uri, &context);
-    let mut req = Request::new(ClientBody {
-        body,
-        seen: 0,
-        max: max_bytes,
-        flags,
-    });
+    let mut req = Request::new(ComponentBody(ClientBody::new(body, max_bytes, flags)));
     *req.method_mut() = method;
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;

@@ -27,7 +27,7 @@ use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-pub use body::{Answer, BodyFlags, incoming, pump, pump_parts};
+pub use body::{Answer, incoming, pump, pump_parts};
 
 use super::{GuestLimits, Stdio, WasiSpec};
 use crate::kv::{Grants, Session};
