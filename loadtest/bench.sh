@@ -851,7 +851,7 @@ CFG
         echo "The backend is \`native-hello\` (tokio + hyper 1). Tern runs \`builtin:proxy\` (guest-sdk/examples/proxy.rs:"
         echo "a fresh instance per request that forwards method, path, headers and body to the backend"
         echo "\`origin\` over a pooled keep-alive connection, adds \`x-forwarded-*\` and \`cache-control\`, and"
-        echo "streams the answer back), access log off; HAProxy $(haproxy -v 2>/dev/null | head -1 | awk '{print $3}') is a plain HTTP-mode reverse"
+        echo "forwards the answer; both bodies are streamed by the server, not the guest), access log off; HAProxy $(haproxy -v 2>/dev/null | head -1 | awk '{print $3}') is a plain HTTP-mode reverse"
         echo "proxy with keep-alive on both sides. All share the machine's $(nproc) cores with \`wrk\`."
         echo
         echo "| path | requests/s | p50 | p99 | p99.9 | errors |"
