@@ -6,7 +6,7 @@
 --
 -- Usage: wrk -c64 -s loadtest/paced.lua URL -- DELAY_MS [SAMPLED]
 --   SAMPLED, when given, adds a W3C traceparent whose sampled flag is SAMPLED (00 or 01).
--- Prints the same RESULT line as latency.lua.
+-- Prints latency.lua's RESULT line.
 local delay_ms = 4
 
 function init(args)
@@ -20,11 +20,6 @@ function delay()
   return delay_ms
 end
 
-done = function(summary, latency, requests)
-  local secs = summary.duration / 1e6
-  io.write(string.format("RESULT rps=%.0f p50=%d p99=%d p999=%d errors=%d\n",
-    summary.requests / secs, latency:percentile(50), latency:percentile(99),
-    latency:percentile(99.9),
-    summary.errors.connect + summary.errors.read + summary.errors.write
-      + summary.errors.status + summary.errors.timeout))
-end
+-- The RESULT line of latency.lua, which sits beside this script.
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or ""
+dofile(here .. "latency.lua")

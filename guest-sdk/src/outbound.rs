@@ -269,6 +269,20 @@ impl Pending {
         Ok(http::StatusCode::from_u16(status as u16).unwrap_or(http::StatusCode::BAD_GATEWAY))
     }
 
+    /// The response headers as `name NUL value NUL` pairs, waiting for the head.
+    fn headers_blob(&self) -> Result<Vec<u8>, FetchError> {
+        let handle = self.0.0;
+        // SAFETY: the host writes at most `len` bytes at `buf`.
+        crate::copy_out_with(
+            |buf, len| unsafe { sys::outbound_response_headers(handle, buf, len) },
+            1024,
+        )
+        .map_err(|e| FetchError {
+            code: e.0,
+            message: last_error(),
+        })
+    }
+
     /// The value of the response header `name` (lower case), waiting for the head; `None` if
     /// the backend sent none. Reads the headers without building a header map, for a guest
     /// that forwards the response and needs one fact of it first.
@@ -276,16 +290,7 @@ impl Pending {
     /// # Errors
     /// As [`Pending::response`].
     pub fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, FetchError> {
-        let handle = self.0.0;
-        // SAFETY: the host writes at most `len` bytes at `buf`.
-        let blob = crate::copy_out_with(
-            |buf, len| unsafe { sys::outbound_response_headers(handle, buf, len) },
-            1024,
-        )
-        .map_err(|e| FetchError {
-            code: e.0,
-            message: last_error(),
-        })?;
+        let blob = self.headers_blob()?;
         let mut fields = blob.split(|b| *b == 0);
         while let (Some(n), Some(value)) = (fields.next(), fields.next()) {
             if n == name.as_bytes() {
@@ -303,16 +308,7 @@ impl Pending {
     pub fn response(self) -> Result<Incoming, FetchError> {
         // SAFETY: no pointers.
         let status = check(unsafe { sys::outbound_response_status(self.0.0) })?;
-        let handle = self.0.0;
-        // SAFETY: the host writes at most `len` bytes at `buf`.
-        let blob = crate::copy_out_with(
-            |buf, len| unsafe { sys::outbound_response_headers(handle, buf, len) },
-            1024,
-        )
-        .map_err(|e| FetchError {
-            code: e.0,
-            message: last_error(),
-        })?;
+        let blob = self.headers_blob()?;
         let mut headers = http::HeaderMap::new();
         let mut fields = blob.split(|b| *b == 0);
         while let (Some(name), Some(value)) = (fields.next(), fields.next()) {

@@ -347,11 +347,10 @@ impl Outbound {
     /// answer, its body streamed to the client by the server once the guest has ended, within
     /// the tenant's response limit and the backend's total timeout.
     async fn forward_response(&mut self, handle: i32, response: &mut GuestResponse) -> i32 {
-        let waited = Instant::now();
+        // (The wait for the head counts as the outbound phase there.)
         if let Err(code) = self.responded(handle).await {
             return code;
         }
-        self.waited += waited.elapsed();
         let Ok(Call::Responded(r)) = self.take(handle) else {
             unreachable!("responded leaves the handle answered");
         };
