@@ -1,7 +1,10 @@
-//! The body type of every response Tern sends: complete bytes, a stream from a guest, or a
-//! backend's body that a guest forwarded.
+//! The body types: of every response Tern sends (complete bytes, a stream from a guest, or a
+//! backend's body that a guest forwarded), and of a client's request as a guest or the server
+//! reads it (counted against the tenant's limit as it streams in).
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -252,4 +255,114 @@ pub fn plain(status: StatusCode, text: &str) -> Response<ResponseBody> {
     *resp.status_mut() = status;
     resp.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN.clone());
     resp
+}
+
+/// Where a request's body comes from.
+#[derive(Debug)]
+pub enum RequestBody {
+    /// No body.
+    Empty,
+    /// A body already in memory (benchmarks and tests drive guests without a socket).
+    Full(Bytes),
+    /// A body still streaming in from the client.
+    Incoming(hyper::body::Incoming),
+}
+
+/// What the client's body did while the server streamed it (to a component, or to a backend):
+/// the shared lifecycle answers `413` or `400` for it, whatever the guest made of the error.
+#[derive(Debug, Default)]
+pub struct BodyFlags {
+    /// The body went past the tenant's limit.
+    pub too_large: AtomicBool,
+    /// The body could not be read (bad framing, cut off).
+    pub failed: std::sync::Mutex<Option<String>>,
+}
+
+/// Why the client's body stopped short.
+#[derive(Debug)]
+pub enum ClientBodyError {
+    /// Past the tenant's limit, at this many bytes.
+    TooLarge(u64),
+    /// The client's body failed.
+    Failed(hyper::Error),
+}
+
+/// The client's body streamed by the server, counted against the tenant's limit as it comes
+/// in; what it runs into is recorded in its [`BodyFlags`].
+#[derive(Debug)]
+pub struct ClientBody {
+    body: RequestBody,
+    seen: u64,
+    max: u64,
+    flags: Arc<BodyFlags>,
+}
+
+impl ClientBody {
+    /// `body`, at most `max` bytes, reporting to `flags`.
+    pub fn new(body: RequestBody, max: u64, flags: Arc<BodyFlags>) -> Self {
+        Self {
+            body,
+            seen: 0,
+            max,
+            flags,
+        }
+    }
+
+    /// The body's exact length, when the client declared one (hyper checks it).
+    pub fn exact_len(&self) -> Option<u64> {
+        match &self.body {
+            RequestBody::Empty => Some(0),
+            RequestBody::Full(b) => Some(b.len() as u64),
+            RequestBody::Incoming(i) => i.size_hint().exact(),
+        }
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = ClientBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let frame = match &mut this.body {
+            RequestBody::Empty => return Poll::Ready(None),
+            RequestBody::Full(b) if b.is_empty() => return Poll::Ready(None),
+            RequestBody::Full(b) => Some(Ok(Frame::data(std::mem::take(b)))),
+            RequestBody::Incoming(i) => std::task::ready!(Pin::new(i).poll_frame(cx)),
+        };
+        Poll::Ready(match frame {
+            None => None,
+            Some(Err(e)) => {
+                *this.flags.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                Some(Err(ClientBodyError::Failed(e)))
+            }
+            Some(Ok(frame)) => {
+                this.seen += frame.data_ref().map_or(0, |d| d.len() as u64);
+                if this.seen > this.max {
+                    this.flags.too_large.store(true, Ordering::Relaxed);
+                    Some(Err(ClientBodyError::TooLarge(this.seen)))
+                } else {
+                    Some(Ok(frame))
+                }
+            }
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.body {
+            RequestBody::Empty => true,
+            RequestBody::Full(b) => b.is_empty(),
+            RequestBody::Incoming(i) => i.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self.exact_len() {
+            Some(n) => http_body::SizeHint::with_exact(n),
+            None => http_body::SizeHint::default(),
+        }
+    }
 }

@@ -66,8 +66,8 @@
 //!   path, spans encoded where a kept request ends, exported by OTLP/HTTP off it).
 //! - [`hex`]: lower-case hex for digests, names and the trace context.
 //! - [`app`]: what the request path and the admin listener share.
-//! - [`body`], [`demo`]: the response body type and short plain responses; the embedded demo
-//!   guests.
+//! - [`body`], [`demo`]: the body types (every response's; a client's request body as a guest
+//!   or the server reads it) and short plain responses; the embedded demo guests.
 
 pub mod adapter;
 pub mod admin;

@@ -11,8 +11,8 @@ use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
 use super::{BodyEnd, Ended, Run, RunOutput, Stage, classify, new_store, reply, verdict};
+use crate::body::BodyFlags;
 use crate::guest::GuestRequest;
-use crate::guest::request::BodyFlags;
 use crate::guest::wasi_http::{Answer, Handler, HttpState, incoming, pump, pump_parts};
 use crate::outcome::{ExecError, Outcome, response_limit};
 use crate::teardown;

@@ -40,7 +40,7 @@ enum OutKind {
     ),
     /// The client's own request body, forwarded as it streams in (its length, when the client
     /// declared one, goes with it).
-    Client(crate::guest::request::ClientBody),
+    Client(crate::body::ClientBody),
 }
 
 impl OutBody {
@@ -63,7 +63,7 @@ impl OutBody {
     }
 
     /// The client's request body, streamed on to the backend by the server.
-    pub fn client(body: crate::guest::request::ClientBody) -> Self {
+    pub fn client(body: crate::body::ClientBody) -> Self {
         Self::new(OutKind::Client(body))
     }
 

@@ -24,10 +24,10 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinHandle;
 use wasmtime::{Caller, Linker};
 
+use crate::body::ClientBody;
 use crate::guest::module::{
     GuestFault, GuestState, copy_to_guest, guest_range, headers_blob, memory, read_guest,
 };
-use crate::guest::request::ClientBody;
 use crate::guest::{ForwardError, GuestRequest, GuestResponse};
 use crate::outbound::{Calls, Denied, Failed, OutBody, Passing, Refused, Target};
 

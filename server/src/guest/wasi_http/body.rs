@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
-use crate::guest::request::{BodyFlags, ClientBody, ClientBodyError};
+use crate::body::{BodyFlags, ClientBody, ClientBodyError};
 use crate::guest::{GuestRequest, GuestResponse, WriteError};
 
 /// Why a component's answer could not be sent.
