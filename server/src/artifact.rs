@@ -179,6 +179,15 @@ pub enum ArtifactError {
         /// Which function and how large it is.
         reason: String,
     },
+    /// The host has no room for another loaded module: no file descriptor or memory mapping
+    /// left (see [`crate::host`]).
+    #[error("{path}: cannot load: {}", .limit.advice())]
+    HostLimit {
+        /// The file.
+        path: String,
+        /// Which limit.
+        limit: crate::host::Exhausted,
+    },
     /// A sealed artifact from another wasmtime version or engine configuration.
     #[error(
         "{path}: compiled artifact is incompatible with this server's engine (another Tern \
@@ -190,6 +199,18 @@ pub enum ArtifactError {
         /// wasmtime's message.
         reason: String,
     },
+}
+
+impl ArtifactError {
+    /// The host limit this error ran into, if any: no file descriptor or mapping left.
+    pub fn exhausted(&self) -> Option<crate::host::Exhausted> {
+        match self {
+            Self::HostLimit { limit, .. } => Some(*limit),
+            Self::Io(e) => crate::host::Exhausted::of_os_error(&e.source)
+                .filter(|l| *l == crate::host::Exhausted::OpenFiles),
+            _ => None,
+        }
+    }
 }
 
 /// An operation on a file failed: which file, and the OS error.
@@ -419,8 +440,20 @@ pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Compiled, ArtifactErro
         path: path.display().to_string(),
         reason: reason.to_string(),
     };
+    let host_limit = |limit| ArtifactError::HostLimit {
+        path: path.display().to_string(),
+        limit,
+    };
     // One open file for the check and the mapping: the bytes checked are the bytes mapped.
-    let mut file = File::open(path).map_err(io_err(path))?;
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) => {
+            return Err(match crate::host::Exhausted::of_os_error(&e) {
+                Some(limit) => host_limit(limit),
+                None => io_err(path)(e).into(),
+            });
+        }
+    };
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes).map_err(io_err(path))?;
     if bytes.len() < SEAL_LEN || &bytes[bytes.len() - SEAL_MAGIC.len()..] != SEAL_MAGIC {
@@ -430,9 +463,14 @@ pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Compiled, ArtifactErro
     if Sha256::digest(body)[..] != seal[..32] {
         return Err(tampered("its contents do not match its seal"));
     }
-    let incompatible = |e: wasmtime::Error| ArtifactError::Incompatible {
-        path: path.display().to_string(),
-        reason: format!("{e:#}"),
+    // Mapping the code can fail for want of mappings (or memory): that is not the artifact's
+    // fault.
+    let incompatible = |e: wasmtime::Error| match crate::host::Exhausted::in_chain(e.chain()) {
+        Some(limit) => host_limit(limit),
+        None => ArtifactError::Incompatible {
+            path: path.display().to_string(),
+            reason: format!("{e:#}"),
+        },
     };
     match Engine::detect_precompiled(body) {
         Some(Precompiled::Module) => {}

@@ -38,14 +38,16 @@ pub fn engine_config(pool: &PoolConfig) -> Config {
         .max_core_instances_per_component(k)
         .max_memories_per_component(1)
         .max_tables_per_component(k)
-        .total_memories(n)
+        // More memories than instances: a freed memory slot keeps its module's image, so
+        // slots beyond the running guests keep more tenants' images ready.
+        .total_memories(pool.memory_slots())
         .total_tables(n.saturating_mul(k))
         .total_stacks(n)
         // A freed slot keeps its module's heap image mapped, so the module's next request
         // reuses it without an `mmap`. wasmtime keeps at most 100 such slots by default: with
         // 100 tenants spread over the pool, most requests then remapped an image and
         // throughput fell from 70k to 29k requests/s (`loadtest/bench.sh density`).
-        .max_unused_warm_slots(n)
+        .max_unused_warm_slots(pool.memory_slots())
         // One memory and table per module.
         .max_memories_per_module(1)
         .max_tables_per_module(1)
@@ -96,7 +98,15 @@ pub fn engine_config(pool: &PoolConfig) -> Config {
 /// # Errors
 /// If wasmtime rejects the configuration (e.g. the host cannot reserve the pool).
 pub fn build(pool: &PoolConfig) -> anyhow::Result<Engine> {
-    Engine::new(&engine_config(pool)).map_err(|e| anyhow::anyhow!("cannot create engine: {e:#}"))
+    Engine::new(&engine_config(pool)).map_err(|e| {
+        let slots = pool.memory_slots();
+        anyhow::anyhow!(
+            "cannot create engine: {e:#} (the pool reserves 4 GiB of address space for each of \
+             its {slots} memory slots, {} TiB in all; with 4-level page tables a process has \
+             128 TiB: lower pool.memory_slots or pool.instances)",
+            (u64::from(slots) * 4).div_ceil(1024)
+        )
+    })
 }
 
 /// A thread that advances an engine's epoch every [`EPOCH_TICK`] until it is dropped or the

@@ -39,8 +39,8 @@
 //!   `guest::wasi_http::kv` (Spin's key-value, `wasi:keyvalue`) map its errors to theirs.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
 //! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
-//!   before each teardown (with [`artifact`], the only modules with `unsafe`, besides one
-//!   `sched_setscheduler` call in [`kv::sqlite`]).
+//!   before each teardown (with [`artifact`] and [`host`], the only modules with `unsafe`,
+//!   besides one `sched_setscheduler` call in [`kv::sqlite`]).
 //! - [`tenant`]: loaded tenants: the pre-linked guest (its kind), limits, env, metric handles.
 //! - [`registry`]: the live tenant table (swapped atomically) and deploy, rollback, delete,
 //!   reload; beside it `loader` (stored versions into pre-linked tenants), `error` (why a
@@ -55,6 +55,9 @@
 //! - [`artifact`]: ahead-of-time compilation, sealed artifacts, the artifact cache (`unsafe`:
 //!   loading compiled code).
 //! - [`engine`]: the wasmtime `Config` shared by `tern serve` and `tern compile`, epoch ticker.
+//!   [`host`]: what the host lets the process hold (open files, memory mappings) against
+//!   what modules and pool slots take; the limit named when one is hit (`unsafe`: two
+//!   `rlimit` calls).
 //! - [`metrics`], [`admin`]: Prometheus metrics; the admin listener and API.
 //! - [`cli`]: the admin API's client (`tern deploy`, `tern tenants`, ...); [`dev`]: `tern dev`;
 //!   [`scaffold`]: `tern new`.
@@ -86,6 +89,7 @@ pub mod execute;
 pub mod fleet;
 pub mod guest;
 pub mod hex;
+pub mod host;
 pub mod http;
 pub mod kv;
 pub mod listener;

@@ -105,6 +105,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 /// # Errors
 /// See [`start`].
 pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Result<Running> {
+    // A file per loaded module and a socket per connection: take all the process may have.
+    if let Some((before, after)) = crate::host::raise_open_files() {
+        tracing::info!("limit of open files raised from {before} to {after} (the hard limit)");
+    }
     // Decided once, before the engine and every tenant take it from `config.pool`.
     if config.pool.pagemap_scan {
         if crate::teardown::swap_possible() {
@@ -163,6 +167,11 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     )
     .await?;
 
+    for warning in
+        crate::host::check_headroom(config.pool.memory_slots(), config.server.max_connections)
+    {
+        tracing::warn!("{warning}");
+    }
     let pool = Pool::new(
         config.pool.instances,
         Duration::from_millis(config.pool.queue_timeout_ms),

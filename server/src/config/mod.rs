@@ -396,6 +396,10 @@ impl ServerConfig {
 pub struct PoolConfig {
     /// Instance slots (and memories, tables, fiber stacks): the most guests running at once.
     pub instances: u32,
+    /// Memory slots: at least `instances` (0: as many). A freed memory slot keeps its module's
+    /// heap image, so that module's next guest maps nothing; more slots than running guests
+    /// keep the images of more tenants ready (many-tenant hosts: `docs/configuration.md`).
+    pub memory_slots: u32,
     /// Largest linear memory any guest may have, in MiB (a tenant's limit may be lower).
     pub max_memory_mib: u64,
     /// Largest table any guest may have, in elements.
@@ -438,10 +442,23 @@ pub struct PoolConfig {
     pub wasi_p3: bool,
 }
 
+/// The most memory slots a pool may have. Each reserves 4 GiB of address space (and a guard
+/// region): what a host can reserve decides the real limit (about 20,000 slots in the 128 TiB
+/// of x86-64 with 4-level page tables; engine creation names it when it is exceeded).
+pub const MAX_MEMORY_SLOTS: u32 = 1 << 20;
+
+impl PoolConfig {
+    /// The memory slots the pool has: `memory_slots`, or `instances` when it is 0.
+    pub fn memory_slots(&self) -> u32 {
+        self.memory_slots.max(self.instances)
+    }
+}
+
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
             instances: 256,
+            memory_slots: 0,
             max_memory_mib: 256,
             table_elements: 20_000,
             component_core_instances: 16,
@@ -909,6 +926,15 @@ impl Config {
         };
         if pool.instances == 0 {
             return whole("pool.instances must be at least 1");
+        }
+        if pool.memory_slots != 0
+            && !(pool.instances..=MAX_MEMORY_SLOTS).contains(&pool.memory_slots)
+        {
+            return whole(&format!(
+                "pool.memory_slots must be 0 (as many as pool.instances) or between \
+                 pool.instances ({}) and {MAX_MEMORY_SLOTS}",
+                pool.instances
+            ));
         }
         if pool.max_memory_mib == 0 || pool.max_memory_mib > 4096 {
             return whole("pool.max_memory_mib must be between 1 and 4096");
@@ -1416,6 +1442,31 @@ mod tests {
         Config::parse(text, "t.toml", PathBuf::new())
             .unwrap_err()
             .to_string()
+    }
+
+    #[test]
+    fn memory_slots_are_as_many_as_instances_or_more() {
+        let slots = |text: &str| {
+            Config::parse(text, "t.toml", PathBuf::new())
+                .unwrap()
+                .pool
+                .memory_slots()
+        };
+        assert_eq!(slots(""), 256);
+        assert_eq!(slots("[pool]\ninstances = 8\n"), 8);
+        assert_eq!(slots("[pool]\ninstances = 8\nmemory_slots = 8\n"), 8);
+        assert_eq!(slots("[pool]\ninstances = 8\nmemory_slots = 9\n"), 9);
+        let max = format!("[pool]\nmemory_slots = {MAX_MEMORY_SLOTS}\n");
+        assert_eq!(slots(&max), MAX_MEMORY_SLOTS);
+        for bad in [
+            "[pool]\ninstances = 8\nmemory_slots = 7\n".to_string(),
+            format!("[pool]\nmemory_slots = {}\n", MAX_MEMORY_SLOTS + 1),
+        ] {
+            assert!(
+                err(&bad).contains("pool.memory_slots must be 0 (as many as pool.instances) or"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -353,8 +353,12 @@ pub(super) fn classify(
     } else {
         "guest failed"
     };
-    // Not the guest's doing: the operator needs the cause (the client gets only `what`).
-    tracing::warn!("{what}: {err:#}");
+    // Not the guest's doing: the operator needs the cause (the client gets only `what`), and
+    // when the host ran out of mappings or files, which limit and how to raise it.
+    match crate::host::Exhausted::in_chain(err.chain()) {
+        Some(limit) => tracing::warn!("{what}: {err:#}; {}", limit.advice()),
+        None => tracing::warn!("{what}: {err:#}"),
+    }
     Err(ExecError::new(Outcome::Error, what))
 }
 

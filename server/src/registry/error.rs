@@ -3,6 +3,7 @@
 use http::StatusCode;
 
 use crate::artifact::ArtifactError;
+use crate::host::Exhausted;
 use crate::router::Clash;
 use crate::tenant::TenantError;
 
@@ -32,6 +33,9 @@ pub enum ChangeError {
     /// The fleet's shared registry cannot be reached; nothing changed (`503`).
     #[error("{0}")]
     Unavailable(String),
+    /// The host has no room for another module: open files or memory mappings (`507`).
+    #[error("{0}")]
+    Capacity(String),
     /// The server could not complete it (disk full, ...) (`500`).
     #[error("{0}")]
     Internal(String),
@@ -48,6 +52,7 @@ impl ChangeError {
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Capacity(_) => StatusCode::INSUFFICIENT_STORAGE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -64,11 +69,36 @@ impl From<TenantError> for ChangeError {
                 source: ArtifactError::TooCostly { .. } | ArtifactError::Unsupported { .. },
                 ..
             } => Self::Unprocessable(e.to_string()),
-            TenantError::Artifact { .. } => Self::Internal(e.to_string()),
+            TenantError::Artifact { ref source, .. } => match source.exhausted() {
+                Some(limit) => Self::capacity(&e, limit),
+                None => Self::Internal(e.to_string()),
+            },
             TenantError::Abi { .. }
             | TenantError::Assets { .. }
             | TenantError::DoesNotFit { .. } => Self::Unprocessable(e.to_string()),
             TenantError::UnknownBuiltin { .. } => Self::Invalid(e.to_string()),
+        }
+    }
+}
+
+impl ChangeError {
+    /// `507`: what failed and, unless it already says so, which host limit and how to raise it.
+    fn capacity(e: &dyn std::fmt::Display, limit: Exhausted) -> Self {
+        let (text, advice) = (e.to_string(), limit.advice());
+        Self::Capacity(if text.contains(&advice) {
+            text
+        } else {
+            format!("{text}; {advice}")
+        })
+    }
+}
+
+/// Storing a file failed: `507` if the host ran out of file descriptors, else `500`.
+impl From<ArtifactError> for ChangeError {
+    fn from(e: ArtifactError) -> Self {
+        match e.exhausted() {
+            Some(limit) => Self::capacity(&e, limit),
+            None => Self::Internal(e.to_string()),
         }
     }
 }

@@ -411,7 +411,7 @@ impl Registry {
         }
         if let Err(e) = self.save_manifest(&manifest).await {
             if self.fleet.is_none() {
-                return Err(internal(e));
+                return Err(e);
             }
             // The registry holds the change; only the local snapshot is behind.
             tracing::error!("cannot save the registry's snapshot in the data directory: {e}");
@@ -432,12 +432,13 @@ impl Registry {
     }
 
     /// Writes the data directory's manifest, off the reactor.
-    async fn save_manifest(&self, manifest: &Manifest) -> Result<(), String> {
+    async fn save_manifest(&self, manifest: &Manifest) -> Result<(), ChangeError> {
         let (store, manifest) = (self.loader.store.clone(), manifest.clone());
-        tokio::task::spawn_blocking(move || store.save_manifest(&manifest))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+        Ok(
+            tokio::task::spawn_blocking(move || store.save_manifest(&manifest))
+                .await
+                .map_err(internal)??,
+        )
     }
 
     /// Removes the stored files of `hashes` that no version in the manifest refers to and no
@@ -708,7 +709,7 @@ impl Registry {
         let (hash, assets) = tokio::task::spawn_blocking(move || {
             let assets = Assets::from_tar(&bytes, max)
                 .map_err(|e| ChangeError::Unprocessable(e.to_string()))?;
-            let hash = store.put_blob(&bytes).map_err(internal)?;
+            let hash = store.put_blob(&bytes)?;
             Ok::<_, ChangeError>((hash, Arc::new(assets)))
         })
         .await
@@ -824,7 +825,7 @@ impl Registry {
                 let carried = live.carried(&n);
                 let t = this.prepare_version(&rt, &n, &spec, &version, &loaded.module, carried)?;
                 let held = this.hold(&module_hash);
-                this.store.put_blob(&wasm).map_err(internal)?;
+                this.store.put_blob(&wasm)?;
                 tracing::debug!(tenant = %n, "deploy prepared in {:?}", started.elapsed());
                 Ok::<_, ChangeError>((t, held))
             })();

@@ -12,6 +12,7 @@ mod config;
 mod demo;
 mod errors;
 mod fleet;
+mod host_limits;
 mod hostile;
 mod isolation;
 mod kinds;

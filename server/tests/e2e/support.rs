@@ -477,6 +477,8 @@ pub struct TernProcess {
     pub admin: String,
     /// The HTTPS address it announced, if it serves HTTPS.
     pub tls: Option<String>,
+    /// Every log line read so far (by [`Self::wait_for`]).
+    pub lines: std::cell::RefCell<Vec<String>>,
 }
 
 impl TernProcess {
@@ -491,8 +493,30 @@ impl TernProcess {
         cache: &Path,
         env: impl FnOnce(&mut std::process::Command),
     ) -> Self {
+        Self::launch(tern_bin(), args, cache, env)
+    }
+
+    /// [`Self::serve_with`] in a process that may open at most `limit` files (soft and hard).
+    pub fn serve_with_open_files(
+        limit: usize,
+        args: &[&str],
+        cache: &Path,
+        env: impl FnOnce(&mut std::process::Command),
+    ) -> Self {
+        let mut sh = std::process::Command::new("sh");
+        sh.arg("-c")
+            .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_tern"));
+        Self::launch(sh, args, cache, env)
+    }
+
+    fn launch(
+        mut cmd: std::process::Command,
+        args: &[&str],
+        cache: &Path,
+        env: impl FnOnce(&mut std::process::Command),
+    ) -> Self {
         use std::io::BufRead;
-        let mut cmd = tern_bin();
         cmd.arg("serve")
             .args(args)
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
@@ -519,6 +543,7 @@ impl TernProcess {
             addr: String::new(),
             admin: String::new(),
             tls: None,
+            lines: std::cell::RefCell::default(),
         };
         let line = p.wait_for("serving tenants on http://");
         p.addr = line
@@ -547,11 +572,24 @@ impl TernProcess {
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.log.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
+                Ok(line) => {
+                    self.lines.borrow_mut().push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
                 Err(e) => panic!("no log line with {needle:?}: {e}"),
             }
         }
+    }
+
+    /// A line containing `needle` among those read so far.
+    pub fn logged(&self, needle: &str) -> Option<String> {
+        self.lines
+            .borrow()
+            .iter()
+            .find(|l| l.contains(needle))
+            .cloned()
     }
 }
 
