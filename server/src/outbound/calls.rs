@@ -49,17 +49,24 @@ impl Passing {
     /// What the incoming request with `headers` (and trace `traced`, when tracing is on)
     /// hands on.
     pub fn of(headers: &HeaderMap, traced: Option<&Arc<crate::trace::Active>>) -> Self {
-        let mut cdn_loop = String::new();
-        for v in headers.get_all(&CDN_LOOP) {
-            if let Ok(v) = v.to_str() {
-                cdn_loop.push_str(v);
-                cdn_loop.push_str(", ");
+        // Built for every component request: most came through no CDN, so the value is just
+        // ours, with nothing to allocate.
+        let cdn_loop = if headers.contains_key(&CDN_LOOP) {
+            let mut cdn_loop = String::new();
+            for v in headers.get_all(&CDN_LOOP) {
+                if let Ok(v) = v.to_str() {
+                    cdn_loop.push_str(v);
+                    cdn_loop.push_str(", ");
+                }
             }
-        }
-        cdn_loop.push_str(CDN_ID);
+            cdn_loop.push_str(CDN_ID);
+            HeaderValue::from_str(&cdn_loop).ok()
+        } else {
+            Some(HeaderValue::from_static(CDN_ID))
+        };
         Self {
             hops: hops(headers.get_all(&CDN_LOOP).iter()),
-            cdn_loop: HeaderValue::from_str(&cdn_loop).ok(),
+            cdn_loop,
             trace: headers
                 .get(&TRACEPARENT)
                 .map(|tp| (tp.clone(), headers.get(&TRACESTATE).cloned())),
