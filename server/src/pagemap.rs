@@ -18,7 +18,7 @@
 //!   fits in `memory_keep_resident_kib`, so wasmtime's scan sees few regions and resets them all
 //!   with `memset` instead of decommitting the tail.
 //!
-//! This module and `artifact` are the only ones with `unsafe`.
+//! Besides `artifact` and `host`, this is the only module with `unsafe`.
 #![allow(unsafe_code)]
 
 use std::fs::File;
