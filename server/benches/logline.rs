@@ -3,6 +3,9 @@
 //! filtered out (`TERN_LOG=info,tern::access=off`). The writer thread writes to a sink, so this
 //! is the worker's share; the write to stderr is one call per 20 ms or 64 KiB of lines.
 //!
+//! `server_timing`: the other text every response carries, its `Server-Timing` value (the
+//! phases of a request that ran its guest).
+//!
 //! Run: `cargo bench -p tern --bench logline`. Compare with the CPU per request of
 //! `bash loadtest/bench.sh cpu` to get the access line's share of a request.
 
@@ -44,5 +47,24 @@ fn access_line(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, access_line);
+fn server_timing(c: &mut Criterion) {
+    use tern::metrics::{Phase, Timings};
+    let mut t = Timings::default();
+    for (phase, us) in [
+        (Phase::Route, 1),
+        (Phase::Queue, 0),
+        (Phase::Instantiate, 4),
+        (Phase::Run, 2),
+        (Phase::Teardown, 1),
+    ] {
+        t.set(phase, Duration::from_nanos(us * 1_000 + 317));
+    }
+    c.bench_function("server_timing", |b| {
+        b.iter(|| {
+            black_box(&t).server_timing(black_box(Duration::from_micros(9)), Phase::Teardown)
+        });
+    });
+}
+
+criterion_group!(benches, access_line, server_timing);
 criterion_main!(benches);
