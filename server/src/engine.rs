@@ -99,6 +99,10 @@ pub fn engine_config(pool: &PoolConfig) -> Config {
 /// If wasmtime rejects the configuration (e.g. the host cannot reserve the pool).
 pub fn build(pool: &PoolConfig) -> anyhow::Result<Engine> {
     Engine::new(&engine_config(pool)).map_err(|e| {
+        // The pool's reservation is the mapping that fails for want of address space.
+        if crate::host::Exhausted::in_chain(e.chain()).is_none() {
+            return anyhow::anyhow!("cannot create engine: {e:#}");
+        }
         let slots = pool.memory_slots();
         anyhow::anyhow!(
             "cannot create engine: {e:#} (the pool reserves 4 GiB of address space for each of \

@@ -3,9 +3,9 @@
 //! A loaded module keeps its artifact open (one file descriptor: its heap image is mapped from
 //! that file) and mapped (three memory mappings: header, code, data). A pool memory slot, once
 //! a guest has used it, keeps its module's heap image mapped (up to three mappings more), and
-//! each fiber stack is two from the start (the stack and its guard page). Linux limits both: open files by
-//! `RLIMIT_NOFILE` (`ulimit -n`, systemd's `LimitNOFILE=`; often a soft limit of 1024) and
-//! mappings by `vm.max_map_count` (65530 by default). Past either, loading a module or mapping
+//! each fiber stack is two from the start (the stack and its guard page). Linux limits both:
+//! open files by `RLIMIT_NOFILE` (`ulimit -n`, systemd's `LimitNOFILE=`; often a soft limit of
+//! 1024) and mappings by `vm.max_map_count` (65530 by default). Past either, loading a module or mapping
 //! an image fails with `EMFILE` or `ENOMEM`: this module raises what the process may raise
 //! itself, checks the rest at start-up, and names the limit when one is hit.
 //!
@@ -15,7 +15,7 @@
 use std::io;
 
 /// Mappings a used pool memory slot keeps (zero pages before the image, the image, the rest).
-pub const MAPPINGS_PER_MEMORY_SLOT: u64 = 3;
+const MAPPINGS_PER_MEMORY_SLOT: u64 = 3;
 
 /// The soft and hard limits of open files (`RLIMIT_NOFILE`).
 pub fn open_files_limit() -> Option<(u64, u64)> {
@@ -128,7 +128,8 @@ impl Exhausted {
 
 /// Checks at start-up, with the tenants loaded, that the pool's memory slots and the
 /// connections the server accepts fit what the host allows; each shortfall is a line for the
-/// log (nothing fails yet: a host may serve fewer tenants than it holds slots for).
+/// log (nothing fails yet: a host may serve fewer tenants than it holds slots for). Reads
+/// `/proc` (milliseconds with many tenants): call it off the reactor.
 pub fn check_headroom(memory_slots: u32, max_connections: usize) -> Vec<String> {
     let mut warnings = Vec::new();
     // The stacks are split from their guards when the pool is made: already counted.

@@ -167,9 +167,10 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     )
     .await?;
 
-    for warning in
-        crate::host::check_headroom(config.pool.memory_slots(), config.server.max_connections)
-    {
+    let (slots, connections) = (config.pool.memory_slots(), config.server.max_connections);
+    let headroom =
+        tokio::task::spawn_blocking(move || crate::host::check_headroom(slots, connections));
+    for warning in headroom.await.unwrap_or_default() {
         tracing::warn!("{warning}");
     }
     let pool = Pool::new(

@@ -3,7 +3,6 @@
 use http::StatusCode;
 
 use crate::artifact::ArtifactError;
-use crate::host::Exhausted;
 use crate::router::Clash;
 use crate::tenant::TenantError;
 
@@ -69,10 +68,7 @@ impl From<TenantError> for ChangeError {
                 source: ArtifactError::TooCostly { .. } | ArtifactError::Unsupported { .. },
                 ..
             } => Self::Unprocessable(e.to_string()),
-            TenantError::Artifact { ref source, .. } => match source.exhausted() {
-                Some(limit) => Self::capacity(&e, limit),
-                None => Self::Internal(e.to_string()),
-            },
+            TenantError::Artifact { ref source, .. } => Self::of_artifact(e.to_string(), source),
             TenantError::Abi { .. }
             | TenantError::Assets { .. }
             | TenantError::DoesNotFit { .. } => Self::Unprocessable(e.to_string()),
@@ -82,24 +78,22 @@ impl From<TenantError> for ChangeError {
 }
 
 impl ChangeError {
-    /// `507`: what failed and, unless it already says so, which host limit and how to raise it.
-    fn capacity(e: &dyn std::fmt::Display, limit: Exhausted) -> Self {
-        let (text, advice) = (e.to_string(), limit.advice());
-        Self::Capacity(if text.contains(&advice) {
-            text
-        } else {
-            format!("{text}; {advice}")
-        })
+    /// What the artifact error `source`, told as `text`, means for a change: `507` when the
+    /// host ran out of files or mappings (with the limit and how to raise it, which a
+    /// `HostLimit` tells already), else `500`.
+    fn of_artifact(text: String, source: &ArtifactError) -> Self {
+        match source.exhausted() {
+            None => Self::Internal(text),
+            Some(_) if matches!(source, ArtifactError::HostLimit { .. }) => Self::Capacity(text),
+            Some(limit) => Self::Capacity(format!("{text}; {}", limit.advice())),
+        }
     }
 }
 
 /// Storing a file failed: `507` if the host ran out of file descriptors, else `500`.
 impl From<ArtifactError> for ChangeError {
     fn from(e: ArtifactError) -> Self {
-        match e.exhausted() {
-            Some(limit) => Self::capacity(&e, limit),
-            None => Self::Internal(e.to_string()),
-        }
+        Self::of_artifact(e.to_string(), &e)
     }
 }
 

@@ -370,30 +370,22 @@ impl Outbound {
         let status = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
         let max = response.max_bytes.min(self.calls.policy.max_response_bytes);
         let body = crate::body::Forwarded::new(body, max, (deadline.into(), total), permit);
-        match response.forward(status, headers, body) {
-            Ok(()) => {
-                self.put(handle, Call::Done(errno::INVALID_ARGUMENT));
-                0
-            }
-            Err(e) => {
-                self.put(handle, Call::Done(errno::INVALID_ARGUMENT));
-                self.last_error = match e {
-                    ForwardError::BodyWritten => {
-                        "response_forward: the guest wrote a body or forwarded a response already"
-                    }
-                    ForwardError::HeadersSent => "response_forward: the response has started",
-                    ForwardError::Limit => {
-                        "response_forward: the backend's headers go past the tenant's limits"
-                    }
-                }
-                .into();
-                match e {
-                    ForwardError::HeadersSent => errno::HEADERS_SENT,
-                    ForwardError::BodyWritten => errno::INVALID_ARGUMENT,
-                    ForwardError::Limit => errno::LIMIT_EXCEEDED,
-                }
-            }
-        }
+        let forwarded = response.forward(status, headers, body);
+        self.put(handle, Call::Done(errno::INVALID_ARGUMENT));
+        let (code, why) = match forwarded {
+            Ok(()) => return 0,
+            Err(ForwardError::BodyWritten) => (
+                errno::INVALID_ARGUMENT,
+                "the guest wrote a body or forwarded a response already",
+            ),
+            Err(ForwardError::HeadersSent) => (errno::HEADERS_SENT, "the response has started"),
+            Err(ForwardError::Limit) => (
+                errno::LIMIT_EXCEEDED,
+                "the backend's headers go past the tenant's limits",
+            ),
+        };
+        self.last_error = format!("response_forward: {why}");
+        code
     }
 
     /// Waits for the head of `handle`'s response (ending a streaming body first).
