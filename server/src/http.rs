@@ -557,7 +557,13 @@ fn new_request_id() -> HeaderValue {
         nanos.rotate_left(13) ^ std::process::id()
     });
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    HeaderValue::from_str(&format!("{prefix:08x}-{n:012x}")).expect("hex is a valid header value")
+    // `{prefix:08x}-{n:012x}` (the low 48 bits of the counter), written digit by digit:
+    // `format!` cost three allocations and
+    // the formatting machinery on every request (perf: 0.73 % -> 0.15 % of a `hello` worker).
+    let mut id = [b'-'; 21];
+    crate::hex::encode_into(&prefix.to_be_bytes(), &mut id[..8]);
+    crate::hex::encode_into(&n.to_be_bytes()[2..], &mut id[9..]);
+    HeaderValue::from_bytes(&id).expect("hex is a valid header value")
 }
 
 /// The same URL as `uri` asked of `host`, over HTTPS on `port`.
@@ -601,5 +607,15 @@ mod tests {
         let b = new_request_id();
         assert_ne!(a, b);
         assert_eq!(a.len(), 21);
+        // The prefix, a dash, and the counter in 12 lower-case hex digits.
+        let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+        assert_eq!(a.as_bytes()[8], b'-');
+        assert_eq!(a[..8], b[..8]);
+        let n = |id: &str| u64::from_str_radix(&id[9..], 16).unwrap();
+        assert!(n(b) > n(a));
+        assert!(
+            a.bytes()
+                .all(|c| c == b'-' || (c.is_ascii_hexdigit() && !c.is_ascii_uppercase()))
+        );
     }
 }
