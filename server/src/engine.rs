@@ -4,7 +4,8 @@
 //! here: wasmtime refuses artifacts from another version or compiler configuration.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -113,8 +114,80 @@ pub fn build(pool: &PoolConfig) -> anyhow::Result<Engine> {
     })
 }
 
-/// A thread that advances an engine's epoch every [`EPOCH_TICK`] until it is dropped or the
-/// engine is gone.
+/// Ticks in a row with no guest's store in existence after which an epoch ticker rests: an
+/// idle server then has no thread waking 2,000 times a second (that cost an idle `tern serve`
+/// 3 % of a core, and a pinned `hello` worker ~0.5 µs per request at 26k requests/s).
+const IDLE_TICKS: u32 = 20;
+
+/// Added to [`Activity::stores`] by each store made: its low 32 bits count the stores that
+/// exist, its high bits the stores made (wrapping), so a ticker also sees a guest that came and
+/// went between two of its ticks.
+const MADE_ONE: u64 = (1 << 32) + 1;
+
+/// What the epoch tickers watch: the guests' stores (a guest can run only while its store
+/// exists) and whether any ticker rests.
+struct Activity {
+    stores: AtomicU64,
+    resting: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
+}
+
+static ACTIVITY: Activity = Activity {
+    stores: AtomicU64::new(0),
+    resting: AtomicUsize::new(0),
+    lock: Mutex::new(()),
+    wake: Condvar::new(),
+};
+
+impl Activity {
+    /// Wakes every resting ticker.
+    fn wake_all(&self) {
+        let _held = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        self.wake.notify_all();
+    }
+
+    /// Waits until a store exists or `stop` is set.
+    fn rest(&self, stop: &AtomicBool) {
+        let mut held = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        // Announced before the check, and a new store is counted before its maker looks at
+        // `resting` (both sequentially consistent): either this ticker sees the store or the
+        // maker sees the ticker resting and wakes it (under the lock, so not before the wait).
+        self.resting.fetch_add(1, Ordering::SeqCst);
+        while self.stores.load(Ordering::SeqCst) as u32 == 0 && !stop.load(Ordering::SeqCst) {
+            held = self.wake.wait(held).unwrap_or_else(PoisonError::into_inner);
+        }
+        self.resting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Held by a guest's store for as long as it exists (see `execute::new_store`): while any
+/// does, the epoch tickers tick.
+#[derive(Debug)]
+pub struct LiveStore(());
+
+impl LiveStore {
+    /// Counts a new store, waking the tickers if they rest.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        ACTIVITY.stores.fetch_add(MADE_ONE, Ordering::SeqCst);
+        if ACTIVITY.resting.load(Ordering::SeqCst) != 0 {
+            ACTIVITY.wake_all();
+        }
+        Self(())
+    }
+}
+
+impl Drop for LiveStore {
+    fn drop(&mut self) {
+        ACTIVITY.stores.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A thread that advances an engine's epoch every [`EPOCH_TICK`] while any guest's store
+/// exists, until it is dropped or the engine is gone. After [`IDLE_TICKS`] ticks without one it
+/// rests until the next store is made; that store's guest gets its first tick a full
+/// [`EPOCH_TICK`] after it began, as it would from a ticker that never rested.
 ///
 /// It holds the engine weakly: an engine replaced at run time (see
 /// [`crate::registry::Registry::use_memset_reset`]) is still ticked, so the deadlines of the
@@ -136,11 +209,23 @@ impl EpochTicker {
         let thread = std::thread::Builder::new()
             .name("tern-epoch".into())
             .spawn(move || {
+                let mut seen = ACTIVITY.stores.load(Ordering::Relaxed);
+                let mut idle = 0;
                 while !flag.load(Ordering::Relaxed) {
                     std::thread::sleep(EPOCH_TICK);
                     match engine.upgrade() {
                         Some(engine) => engine.increment_epoch(),
                         None => break,
+                    }
+                    let now = ACTIVITY.stores.load(Ordering::Relaxed);
+                    if now as u32 != 0 || now != seen {
+                        (seen, idle) = (now, 0);
+                        continue;
+                    }
+                    idle += 1;
+                    if idle >= IDLE_TICKS {
+                        ACTIVITY.rest(&flag);
+                        (seen, idle) = (ACTIVITY.stores.load(Ordering::Relaxed), 0);
                     }
                 }
             })
@@ -154,9 +239,65 @@ impl EpochTicker {
 
 impl Drop for EpochTicker {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
+        ACTIVITY.wake_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+    use wasmtime::{Instance, Module, Store, Trap};
+
+    /// `(module (func (export "spin") (loop (br 0))))`.
+    const SPIN: &[u8] = &[
+        0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+        0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // type: () -> ()
+        0x03, 0x02, 0x01, 0x00, // function 0 of type 0
+        0x07, 0x08, 0x01, 0x04, b's', b'p', b'i', b'n', 0x00, 0x00, // export "spin"
+        0x0a, 0x09, 0x01, 0x07, 0x00, 0x03, 0x40, 0x0c, 0x00, 0x0b, 0x0b, // loop { br 0 }
+    ];
+
+    #[test]
+    fn an_idle_ticker_rests_and_a_new_store_wakes_it_in_time_to_interrupt_its_guest() {
+        let engine = Engine::new(Config::new().epoch_interruption(true)).unwrap();
+        let module = Module::new(&engine, SPIN).unwrap();
+        let ticker = EpochTicker::start(&engine);
+        // With no store in existence it rests after IDLE_TICKS ticks.
+        let waited = Instant::now();
+        while ACTIVITY.resting.load(Ordering::SeqCst) == 0 {
+            assert!(
+                waited.elapsed() < Duration::from_secs(10),
+                "the ticker never rested"
+            );
+            std::thread::sleep(EPOCH_TICK);
+        }
+        // A guest that never ends is interrupted at its deadline: the ticker woke for its store.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let live = LiveStore::new();
+            let mut store = Store::new(&engine, ());
+            store.set_epoch_deadline(3);
+            let spin = Instance::new(&mut store, &module, &[])
+                .and_then(|i| i.get_typed_func::<(), ()>(&mut store, "spin"))
+                .unwrap();
+            let trap = spin
+                .call(&mut store, ())
+                .unwrap_err()
+                .downcast::<Trap>()
+                .ok();
+            drop(live);
+            let _ = tx.send(trap);
+        });
+        let trap = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the spinning guest was never interrupted");
+        assert_eq!(trap, Some(Trap::Interrupt));
+        // Dropping the ticker ends its thread, resting or not.
+        drop(ticker);
     }
 }
