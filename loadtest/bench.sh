@@ -489,6 +489,7 @@ cpu() {
     kept_ns=$(criterion_ns traces 'trace/kept')
     local life mean ncpu tcpu lcpu
     read -r life mean <<<"$(printf '%s' "$lifecycle" | grep . | sort -n | head -1)"
+    hello_split "$life" >"$WORK/split.md"
     ncpu=$(echo "${r[native]}" | cut -d' ' -f7)
     tcpu=$(echo "${r[tern]}" | cut -d' ' -f7)
     lcpu=$(echo "${r[nolog]}" | cut -d' ' -f7)
@@ -516,6 +517,8 @@ cpu() {
         echo "- Tern − native: **$(awk -v a="$tcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs** per request (access log off: $(awk -v a="$lcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs); goal ≤ 5 µs and ≤ the lifecycle p50"
         echo "- p99 Tern / native: **$(ratio "$(echo "${r[tern]}" | cut -d' ' -f3)" "$(echo "${r[native]}" | cut -d' ' -f3)")** (access log off: $(ratio "$(echo "${r[nolog]}" | cut -d' ' -f3)" "$(echo "${r[native]}" | cut -d' ' -f3)")); goal ≤ 1.2"
         echo "- access log cost in requests/s: $(awk -v a="$(echo "${r[tern]}" | cut -d' ' -f1)" -v b="$(echo "${r[nolog]}" | cut -d' ' -f1)" 'BEGIN { printf "%.1f %%", (1 - a / b) * 100 }'); in CPU per request: $(awk -v a="$tcpu" -v b="$lcpu" 'BEGIN { printf "%.1f %%", (a / b - 1) * 100 }'); goal ≤ 5 %. The access line alone costs the worker $line_ns ns (criterion) and the rows above $(awk -v a="$tcpu" -v b="$lcpu" 'BEGIN { printf "%.0f", (a - b) * 1000 }') ns: in this closed loop a slower worker wakes the idle load generator more often, and the server pays for those wake-ups (\`perf\`: \`sock_def_readable\` under \`writev\`), so these rows magnify a worker's own cost about $(awk -v a="$tcpu" -v b="$lcpu" -v n="$line_ns" 'BEGIN { if (n > 0) printf "%.1f", (a - b) * 1000 / n; else print "-" }')×"
+        echo
+        cat "$WORK/split.md"
         echo
         cat "$WORK/tracing.md"
         echo
@@ -632,6 +635,68 @@ tracing_cost() {
     echo
     echo "- **What tracing adds, by profile** (\`perf record -F $freq\`, ${prof_secs}-second runs at the same load; the tracing code on the worker is every function of \`tern::trace\`, \`tern::http::Traced\` and the exemplars, the exporter is the \`tern-control\` thread): unsampled **$(awk -v a="$u_worker" -v b="$u_control" 'BEGIN { printf "%.2f", a + b }') µs** per request (goal ≤ 0.2); sampled and exported **$(awk -v a="$s_worker" -v b="$s_control" 'BEGIN { printf "%.2f", a + b }') µs** ($s_worker on the worker, $s_control exporting; goal ≤ 1.5)"
     echo "- End to end, paired: unsampled − off $(printf '%+.2f' "$du") µs per request (middle half of the rounds: $(diff_col 4 1 | quart)); sampled − unsampled $(printf '%+.2f' "$ds") µs ($(diff_col 7 4 | quart)), of which the exporter's thread $(diff_col 8 5 | med | two) µs. Where the bracketed range is wider than the goal, this machine's noise (other tenants of the host) hides the difference, and the profile is the measure"
+}
+
+# Where a `hello` request's CPU goes beyond native hyper's, at one paced rate: native hello, Tern
+# answering a path no tenant is routed for (404: accept, parse, route, metrics, request id,
+# Server-Timing, write; no guest) and Tern `hello`, side by side pinned to core 0 (one worker
+# each, access log off), SPLIT_ROUNDS rounds of PACED_SECS in rotating orders. Prints a
+# markdown section; $1 is the lifecycle p50 of the same run, in µs.
+SPLIT_ROUNDS=${SPLIT_ROUNDS:-6}
+hello_split() { # lifecycle_p50
+    local config tern_pid native_pid
+    config=$(hello_config "[server]\nworker_threads = 1")
+    TOKIO_WORKER_THREADS=1 taskset -c 0 target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+    native_pid=$!
+    PIDS+=("$native_pid")
+    wait_http "http://127.0.0.1:$NATIVE_PORT/"
+    PIN=0 start_tern "$config" TERN_LOG=info,tern::access=off
+    tern_pid=$TERN_PID
+    # one paced run of URL $2 -> CPU µs per request of process $1
+    paced_cpu() { # pid url
+        local t0 t1 n
+        t0=$(process_ticks "$1")
+        n=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${PACED_SECS}s" -s loadtest/paced.lua "$2" -- "$PACED_MS" |
+            awk '/requests in/ { print $1 }')
+        t1=$(process_ticks "$1")
+        awk -v t="$((t1 - t0))" -v n="$n" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.3f\n", t / hz * 1e6 / n }'
+    }
+    local -A url=([n]="http://127.0.0.1:$NATIVE_PORT/" [f]="http://127.0.0.1:$TERN_PORT/no-tenant-here"
+        [h]="http://127.0.0.1:$TERN_PORT/hello")
+    local -A pid=([n]=$native_pid [f]=$tern_pid [h]=$tern_pid)
+    local k i rows="" orders=("n f h" "f h n" "h n f" "n h f" "h f n" "f n h")
+    for k in n f h; do paced_cpu "${pid[$k]}" "${url[$k]}" >/dev/null; done
+    local -A got=()
+    for i in $(seq 0 $((SPLIT_ROUNDS - 1))); do
+        for k in ${orders[$((i % 6))]}; do got[$k]=$(paced_cpu "${pid[$k]}" "${url[$k]}"); done
+        rows+="${got[n]} ${got[f]} ${got[h]}"$'\n'
+    done
+    stop "$tern_pid"
+    stop "$native_pid"
+    printf '%s' "$rows" | grep . >"$WORK/split-rounds"
+    med() { sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+    col() { awk -v c="$1" '{ print $c }' "$WORK/split-rounds"; }
+    diff_col() { awk -v a="$1" -v b="$2" '{ print $a - $b }' "$WORK/split-rounds"; }
+    local front run_cost over
+    front=$(diff_col 2 1 | med)
+    run_cost=$(diff_col 3 2 | med)
+    over=$(diff_col 3 1 | med)
+    echo "### Where the difference goes, at one paced rate"
+    echo
+    echo "Native hello, Tern answering a path no tenant is routed for (\`404\`: accept, parse, route,"
+    echo "metrics, request id, \`Server-Timing\`, write, no guest) and Tern \`hello\`, side by side on"
+    echo "core 0 (one worker each, access log off), each offered the same paced load (\`wrk -t1"
+    echo "-c$CONNS -s loadtest/paced.lua -- $PACED_MS\`); $SPLIT_ROUNDS rounds of ${PACED_SECS}-second runs in rotating"
+    echo "orders, medians of the CPU per request and of the differences within each round."
+    echo
+    echo "| case | CPU per request |"
+    echo "|---|---:|"
+    echo "| native hyper hello | $(col 1 | med | awk '{ printf "%.2f", $1 }') µs |"
+    echo "| Tern, \`404\` (the front end alone) | $(col 2 | med | awk '{ printf "%.2f", $1 }') µs |"
+    echo "| Tern \`hello\` | $(col 3 | med | awk '{ printf "%.2f", $1 }') µs |"
+    echo
+    echo "- front end (404 − native): **$(printf '%.2f' "$front") µs**; the guest's execution (hello − 404): **$(printf '%.2f' "$run_cost") µs**, of which the lifecycle p50 is $1 µs and the rest ($(awk -v a="$run_cost" -v b="$1" 'BEGIN { printf "%.2f", a - b }') µs) is the execution's glue (request and response conversion, the run's future, fiber switches, its timer) and the lifecycle's cost under load over its cost alone"
+    echo "- Tern − native at this rate: **$(printf '%.2f' "$over") µs** = $(awk -v a="$over" -v b="$1" 'BEGIN { printf "%.2f", a / b }') × the lifecycle p50 (goal ≤ 1.2)"
 }
 
 # The mean time per iteration, in ns, of criterion bench $1's functions matching $2, run pinned
