@@ -447,6 +447,12 @@ pinned_h1() { # url pid
 # Lowest CPU per request of a set of pinned_h1 lines (the least disturbed run).
 least_cpu() { sort -k7,7n | head -1; }
 
+# Paired rounds, one line per round: the median of the numbers on stdin (one per line), a
+# column of file $1, and the row-wise difference of two of its columns.
+med() { sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+column_of() { awk -v c="$2" '{ print $c }' "$1"; }
+difference_of() { awk -v a="$2" -v b="$3" '{ print $a - $b }' "$1"; }
+
 cpu() {
     need wrk wrk
     need taskset util-linux
@@ -604,12 +610,11 @@ tracing_cost() {
     stop "$traced_pid"
     # columns: o_cpu o_ctl o_rps u_cpu u_ctl u_rps s_cpu s_ctl s_rps
     printf '%s' "$rows" | grep . >"$WORK/trace-rounds"
-    med() { sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
     quart() { sort -n | awk '{ v[NR] = $1 } END { printf "%+.2f to %+.2f", v[int((NR + 3) / 4)], v[int((3 * NR + 3) / 4)] }'; }
-    col() { awk -v c="$1" '{ print $c }' "$WORK/trace-rounds"; }
+    col() { column_of "$WORK/trace-rounds" "$1"; }
     two() { awk '{ printf "%.2f", $1 }'; }
     int() { awk '{ printf "%.0f", $1 }'; }
-    diff_col() { awk -v a="$1" -v b="$2" '{ print $a - $b }' "$WORK/trace-rounds"; }
+    diff_col() { difference_of "$WORK/trace-rounds" "$1" "$2"; }
     local du ds
     du=$(diff_col 4 1 | med)
     ds=$(diff_col 7 4 | med)
@@ -674,13 +679,10 @@ hello_split() { # lifecycle_p50
     stop "$tern_pid"
     stop "$native_pid"
     printf '%s' "$rows" | grep . >"$WORK/split-rounds"
-    med() { sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-    col() { awk -v c="$1" '{ print $c }' "$WORK/split-rounds"; }
-    diff_col() { awk -v a="$1" -v b="$2" '{ print $a - $b }' "$WORK/split-rounds"; }
-    local front run_cost over
-    front=$(diff_col 2 1 | med)
-    run_cost=$(diff_col 3 2 | med)
-    over=$(diff_col 3 1 | med)
+    local rounds=$WORK/split-rounds front run_cost over
+    front=$(difference_of "$rounds" 2 1 | med)
+    run_cost=$(difference_of "$rounds" 3 2 | med)
+    over=$(difference_of "$rounds" 3 1 | med)
     echo "### Where the difference goes, at one paced rate"
     echo
     echo "Native hello, Tern answering a path no tenant is routed for (\`404\`: accept, parse, route,"
@@ -691,9 +693,11 @@ hello_split() { # lifecycle_p50
     echo
     echo "| case | CPU per request |"
     echo "|---|---:|"
-    echo "| native hyper hello | $(col 1 | med | awk '{ printf "%.2f", $1 }') µs |"
-    echo "| Tern, \`404\` (the front end alone) | $(col 2 | med | awk '{ printf "%.2f", $1 }') µs |"
-    echo "| Tern \`hello\` | $(col 3 | med | awk '{ printf "%.2f", $1 }') µs |"
+    local k=1 label
+    for label in "native hyper hello" "Tern, \`404\` (the front end alone)" "Tern \`hello\`"; do
+        echo "| $label | $(column_of "$rounds" $k | med | awk '{ printf "%.2f", $1 }') µs |"
+        k=$((k + 1))
+    done
     echo
     echo "- front end (404 − native): **$(printf '%.2f' "$front") µs**; the guest's execution (hello − 404): **$(printf '%.2f' "$run_cost") µs**, of which the lifecycle p50 is $1 µs and the rest ($(awk -v a="$run_cost" -v b="$1" 'BEGIN { printf "%.2f", a - b }') µs) is the execution's glue (request and response conversion, the run's future, fiber switches, its timer) and the lifecycle's cost under load over its cost alone"
     echo "- Tern − native at this rate: **$(printf '%.2f' "$over") µs** = $(awk -v a="$over" -v b="$1" 'BEGIN { printf "%.2f", a / b }') × the lifecycle p50 (goal ≤ 1.2)"
