@@ -114,10 +114,17 @@ pub fn build(pool: &PoolConfig) -> anyhow::Result<Engine> {
     })
 }
 
-/// Ticks in a row with no guest's store in existence after which an epoch ticker rests: an
-/// idle server then has no thread waking 2,000 times a second (that cost an idle `tern serve`
-/// 3 % of a core, and a pinned `hello` worker ~0.5 µs per request at 26k requests/s).
-const IDLE_TICKS: u32 = 20;
+/// How long an epoch ticker sleeps when it finds no guest's store in existence: a guest that
+/// starts then gets its first tick up to this late, so its first slice may last this long
+/// instead of one [`EPOCH_TICK`]. Each wake-up of the ticker costs the core it lands on ~8 µs
+/// (a context switch each way): at 15k `hello` requests a second, ticking every 500 µs cost
+/// 0.9-2.8 µs per request, though a store existed at only a few of those ticks.
+pub const QUIET_TICK: Duration = Duration::from_millis(2);
+
+/// Quiet checks in a row with no store made in between after which an epoch ticker rests until
+/// the next store is made: an idle server then has no thread waking at all (ticking every
+/// 500 µs cost an idle `tern serve` 3 % of a core).
+const IDLE_CHECKS: u32 = 10;
 
 /// Added to [`Activity::stores`] by each store made: its low 32 bits count the stores that
 /// exist, its high bits the stores made (wrapping), so a ticker also sees a guest that came and
@@ -185,9 +192,9 @@ impl Drop for LiveStore {
 }
 
 /// A thread that advances an engine's epoch every [`EPOCH_TICK`] while any guest's store
-/// exists, until it is dropped or the engine is gone. After [`IDLE_TICKS`] ticks without one it
-/// rests until the next store is made; that store's guest gets its first tick a full
-/// [`EPOCH_TICK`] after it began, as it would from a ticker that never rested.
+/// exists and every [`QUIET_TICK`] while none does, until it is dropped or the engine is gone.
+/// After [`IDLE_CHECKS`] quiet checks with no store made in between it rests until the next
+/// store is made, whose guest then gets its first tick one [`EPOCH_TICK`] after it began.
 ///
 /// It holds the engine weakly: an engine replaced at run time (see
 /// [`crate::registry::Registry::use_memset_reset`]) is still ticked, so the deadlines of the
@@ -210,22 +217,26 @@ impl EpochTicker {
             .name("tern-epoch".into())
             .spawn(move || {
                 let mut seen = ACTIVITY.stores.load(Ordering::Relaxed);
-                let mut idle = 0;
+                let (mut idle, mut next) = (0, EPOCH_TICK);
                 while !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(EPOCH_TICK);
+                    std::thread::sleep(next);
                     match engine.upgrade() {
                         Some(engine) => engine.increment_epoch(),
                         None => break,
                     }
                     let now = ACTIVITY.stores.load(Ordering::Relaxed);
-                    if now as u32 != 0 || now != seen {
+                    // A store that exists now is ticked every slice while it lasts.
+                    let live = now as u32 != 0;
+                    next = if live { EPOCH_TICK } else { QUIET_TICK };
+                    if live || now != seen {
                         (seen, idle) = (now, 0);
                         continue;
                     }
                     idle += 1;
-                    if idle >= IDLE_TICKS {
+                    if idle >= IDLE_CHECKS {
                         ACTIVITY.rest(&flag);
-                        (seen, idle) = (ACTIVITY.stores.load(Ordering::Relaxed), 0);
+                        (seen, idle, next) =
+                            (ACTIVITY.stores.load(Ordering::Relaxed), 0, EPOCH_TICK);
                     }
                 }
             })
@@ -267,7 +278,7 @@ mod tests {
         let engine = Engine::new(Config::new().epoch_interruption(true)).unwrap();
         let module = Module::new(&engine, SPIN).unwrap();
         let ticker = EpochTicker::start(&engine);
-        // With no store in existence it rests after IDLE_TICKS ticks.
+        // With no store in existence it rests after IDLE_CHECKS quiet checks.
         let waited = Instant::now();
         while ACTIVITY.resting.load(Ordering::SeqCst) == 0 {
             assert!(
