@@ -231,10 +231,17 @@ pub fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FileError + '_ {
     }
 }
 
-/// A stable fingerprint of everything in `engine` that decides whether an artifact loads.
+/// What Tern adds to what it compiles, hashed into the artifacts' fingerprint beside
+/// wasmtime's compatibility: 2 = components carry the memory probe ([`crate::probe`]), which a
+/// server without it cannot link (replicas of two versions sharing a registry keep apart).
+const ARTIFACT_REVISION: u32 = 2;
+
+/// A stable fingerprint of everything in `engine` (and in Tern's compiling) that decides
+/// whether an artifact loads.
 pub fn engine_fingerprint(engine: &Engine) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
+    ARTIFACT_REVISION.hash(&mut h);
     format!("{:016x}", h.finish())
 }
 
@@ -259,7 +266,7 @@ pub fn compile(engine: &Engine, wasm: &[u8], what: &str) -> Result<Vec<u8>, Arti
     })?;
     let _turn = CompileTurn::take();
     let mut out = if is_component(wasm) {
-        engine.precompile_component(wasm).map_err(|e| {
+        precompile_component(engine, wasm).map_err(|e| {
             let text = format!("{e:#}");
             if text.contains("component model async") {
                 ArtifactError::Unsupported {
@@ -284,12 +291,26 @@ pub fn compile(engine: &Engine, wasm: &[u8], what: &str) -> Result<Vec<u8>, Arti
                 what: what.to_string(),
                 reason,
             })?;
-        engine.precompile_component(&component).map_err(invalid)?
+        precompile_component(engine, &component).map_err(invalid)?
     } else {
         engine.precompile_module(wasm).map_err(invalid)?
     };
     seal(&mut out);
     Ok(out)
+}
+
+/// Compiles a component with the memory probe appended ([`crate::probe`]), or as it is when
+/// the probe cannot be added or the component with it does not compile (the error is then the
+/// component's own).
+fn precompile_component(engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Vec<u8>> {
+    match crate::probe::add(wasm) {
+        Ok(probed) => match engine.precompile_component(&probed) {
+            Ok(artifact) => return Ok(artifact),
+            Err(e) => tracing::debug!("component compiled without the memory probe: {e:#}"),
+        },
+        Err(why) => tracing::debug!("component compiled without the memory probe: {why}"),
+    }
+    engine.precompile_component(wasm)
 }
 
 /// Most control blocks (`block`, `loop`, `if`, `try_table`) one function may have. Compiling

@@ -54,7 +54,7 @@ pub fn engine_config(pool: &PoolConfig) -> Config {
         .max_tables_per_module(1)
         .max_memory_size(usize::try_from(pool.max_memory_mib * MIB).unwrap_or(usize::MAX))
         .table_elements(pool.table_elements)
-        .linear_memory_keep_resident(pool.memory_keep_resident_kib * KIB)
+        .linear_memory_keep_resident(keep_resident_kib(pool) * KIB)
         .table_keep_resident(pool.table_keep_resident_kib * KIB)
         // Reset only the pages a guest dirtied (Linux >= 6.7; a no-op elsewhere).
         .pagemap_scan(if pool.pagemap_scan {
@@ -92,6 +92,22 @@ pub fn engine_config(pool: &PoolConfig) -> Config {
         .concurrency_support(pool.wasi_p3)
         .wasm_component_model_async(pool.wasi_p3);
     c
+}
+
+/// Most bytes of a freed memory the `memset` reset (no `PAGEMAP_SCAN`, or swap active) copies
+/// back: it copies them all on every request, whatever the guest dirtied, so a
+/// `memory_keep_resident_kib` sized for the dirty-page reset of heavy guests (8 MiB) would cost
+/// every request of those guests an 8 MiB copy there.
+pub const MEMSET_KEEP_RESIDENT_KIB: usize = 1024;
+
+/// `[pool] memory_keep_resident_kib`, capped at [`MEMSET_KEEP_RESIDENT_KIB`] for the `memset`
+/// reset.
+pub fn keep_resident_kib(pool: &PoolConfig) -> usize {
+    if pool.pagemap_scan {
+        pool.memory_keep_resident_kib
+    } else {
+        pool.memory_keep_resident_kib.min(MEMSET_KEEP_RESIDENT_KIB)
+    }
 }
 
 /// Creates the engine for `pool`.

@@ -99,6 +99,7 @@ pub mod outbound;
 pub mod outcome;
 pub mod pagemap;
 pub mod pool;
+pub mod probe;
 pub mod registry;
 pub mod router;
 pub mod scaffold;

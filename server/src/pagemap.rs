@@ -170,19 +170,22 @@ impl Sweep {
     /// bytes are unchanged, except that discarded pages read as their reset state (the image
     /// or zeros), which is what wasmtime's reset would have made of them.
     pub fn run(&self, memory: &mut [u8], discard_all: bool) -> Swept {
+        self.run_span(memory.as_mut_ptr() as usize, memory.len(), discard_all)
+    }
+
+    /// [`run`](Self::run) for the `len` bytes of linear memory at `start`, as the memory probe
+    /// reports a component's memory ([`crate::probe`]): memory of an instance that is alive
+    /// (its store not dropped) and no longer runs, which nothing else reads or writes meanwhile.
+    pub fn run_span(&self, start: usize, len: usize, discard_all: bool) -> Swept {
         let mut swept = Swept::default();
         let Some(pagemap) = pagemap() else {
             return swept;
         };
         // A Wasm memory is page-aligned; a slice given by a test need not be.
-        let skip = memory.as_ptr().align_offset(self.page).min(memory.len());
-        let memory = &mut memory[skip..];
-        let memory = {
-            let len = memory.len() - memory.len() % self.page;
-            &mut memory[..len]
-        };
-        let base = memory.as_mut_ptr() as u64;
-        let end = base + memory.len() as u64;
+        let skip = (start as *const u8).align_offset(self.page).min(len);
+        let len = (len - skip) - (len - skip) % self.page;
+        let base = (start + skip) as u64;
+        let end = base + len as u64;
         let mut dirty = [(0u64, 0u64); MAX_JOINED];
         let mut n_dirty = 0;
         let mut too_scattered = false;
@@ -197,8 +200,8 @@ impl Sweep {
             for r in &regions[..n] {
                 let swapped = r.categories & PAGE_IS_SWAPPED != 0;
                 if swapped || discard_all {
-                    let (at, len) = ((r.start - base) as usize, (r.end - r.start) as usize);
-                    self.discard(&mut memory[at..at + len], swapped);
+                    let len = (r.end - r.start) as usize;
+                    self.discard(r.start as usize, len, swapped);
                     swept.discarded += len;
                 } else {
                     swept.regions += 1;
@@ -224,15 +227,15 @@ impl Sweep {
     /// Discards `pages` (`MADV_DONTNEED`): they read as the image or zeros again. Should that
     /// fail for swapped-out pages, they are read back in instead, so that wasmtime's reset,
     /// which sees present pages, restores them.
-    fn discard(&self, pages: &mut [u8], swapped: bool) {
-        // SAFETY: `pages` is guest memory we hold exclusively (`&mut`); discarding private
-        // pages of this private mapping changes them to their reset state, as writing those
-        // bytes through `pages` would.
-        let rc =
-            unsafe { libc::madvise(pages.as_mut_ptr().cast(), pages.len(), libc::MADV_DONTNEED) };
+    fn discard(&self, start: usize, len: usize, swapped: bool) {
+        // SAFETY: these pages lie in guest memory that nothing else uses meanwhile (see
+        // `run_span`); discarding private pages of this private mapping changes them to their
+        // reset state, as writing those bytes would.
+        let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) };
         if rc != 0 && swapped {
-            for page in pages.chunks(self.page) {
-                std::hint::black_box(page[0]);
+            for page in (start..start + len).step_by(self.page) {
+                // SAFETY: as above; reading a byte of each page brings it back in.
+                std::hint::black_box(unsafe { std::ptr::read_volatile(page as *const u8) });
             }
         }
     }

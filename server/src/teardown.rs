@@ -80,23 +80,34 @@ impl MemorySweep {
         })
     }
 
-    fn before_drop(&self, memory: &mut [u8]) {
-        if SWAP_ACTIVE.load(Ordering::Relaxed) {
-            self.sweep.run(memory, true);
-            return;
-        }
-        if memory.len() <= 2 * WASMTIME_REGIONS * self.sweep.page() {
-            return;
-        }
-        if self.quiet.load(Ordering::Relaxed) >= QUIET_AFTER
-            && !self
+    /// Whether this request's memory is to be swept: always while swap is active, otherwise
+    /// unless the tenant is quiet (then one request in [`RECHECK_EVERY`]). Counts the skipped.
+    pub fn due(&self) -> bool {
+        SWAP_ACTIVE.load(Ordering::Relaxed)
+            || self.quiet.load(Ordering::Relaxed) < QUIET_AFTER
+            || self
                 .skipped
                 .fetch_add(1, Ordering::Relaxed)
                 .is_multiple_of(RECHECK_EVERY)
-        {
+    }
+
+    fn before_drop(&self, memory: &mut [u8]) {
+        if self.due() {
+            self.sweep_now(memory.as_mut_ptr() as usize, memory.len());
+        }
+    }
+
+    /// Sweeps the `len` bytes of guest memory at `start` (see [`Sweep::run`]), a sweep found
+    /// [`due`](Self::due).
+    fn sweep_now(&self, start: usize, len: usize) {
+        if SWAP_ACTIVE.load(Ordering::Relaxed) {
+            self.sweep.run_span(start, len, true);
             return;
         }
-        let swept = self.sweep.run(memory, false);
+        if len <= 2 * WASMTIME_REGIONS * self.sweep.page() {
+            return;
+        }
+        let swept = self.sweep.run_span(start, len, false);
         if swept.regions > WASMTIME_REGIONS {
             self.quiet.store(0, Ordering::Relaxed);
         } else if self.quiet.load(Ordering::Relaxed) < QUIET_AFTER {
@@ -114,6 +125,23 @@ pub fn teardown<T>(mut store: Store<T>, sweep: Option<(&MemorySweep, Memory)>) -
     }
     drop(store);
     start.elapsed()
+}
+
+/// [`teardown`] for a memory reached through the memory probe ([`crate::probe`]): sweeps the
+/// `memory` (address, length) it reported, if any, drops `store`, and returns how long it took
+/// since `started` (when the probe was called).
+pub fn teardown_span<T>(
+    store: Store<T>,
+    sweep: &MemorySweep,
+    memory: Option<(usize, usize)>,
+    started: Instant,
+) -> Duration {
+    if let Some((start, len)) = memory {
+        // The store still owns the memory, and no guest runs in it.
+        sweep.sweep_now(start, len);
+    }
+    drop(store);
+    started.elapsed()
 }
 
 /// Whether a swap area became active after start-up (every memory must then be swept before

@@ -409,9 +409,13 @@ pub struct PoolConfig {
     /// more). Each slot then reserves this many core instances and tables (address space and
     /// a little bookkeeping; still one memory). A component needing more is refused at deploy.
     pub component_core_instances: u32,
-    /// Bytes of each freed memory slot that are reset by `memset` (and kept resident) instead of
-    /// returned to the kernel; covers what a small guest dirties, so most requests make no
-    /// `madvise` call. Measured: 1 MiB halves a Rust guest's instantiate+run+teardown.
+    /// Bytes of each freed memory slot that are reset in place (and kept resident) instead of
+    /// returned to the kernel: with the dirty-page reset, the pages a guest dirtied up to this
+    /// much (with the gaps the sweep joins between them), so the next request does not fault
+    /// them in again. 8 MiB holds what a Python or JavaScript component dirties (1 MiB left a
+    /// Python request ~30 % slower); a small guest keeps only what it dirtied. The `memset`
+    /// reset copies all of it on every request, so there it is capped at 1 MiB
+    /// (`engine::MEMSET_KEEP_RESIDENT_KIB`).
     pub memory_keep_resident_kib: usize,
     /// Likewise for tables.
     pub table_keep_resident_kib: usize,
@@ -462,7 +466,7 @@ impl Default for PoolConfig {
             max_memory_mib: 256,
             table_elements: 20_000,
             component_core_instances: 16,
-            memory_keep_resident_kib: 1024,
+            memory_keep_resident_kib: 8192,
             table_keep_resident_kib: 16,
             stack_keep_resident_kib: 16,
             zero_stacks: true,

@@ -75,11 +75,12 @@ pub(super) async fn run(
     store.limiter(|s| &mut s.limits);
 
     let mut instantiated = None;
+    let mut instance = None;
     let (tx, rx) = oneshot::channel();
     let returned = AtomicBool::new(false);
     let guest = async {
         let pre = match handler {
-            Handler::P2(pre) => pre,
+            Handler::P2(proxy) => proxy,
             Handler::P3(pre) => {
                 let service = pre
                     .instantiate_async(&mut store)
@@ -112,9 +113,15 @@ pub(super) async fn run(
                     .map_err(Stage::Run)?;
             }
         };
-        let proxy = pre
+        let made = pre
+            .pre
             .instantiate_async(&mut store)
             .await
+            .map_err(Stage::Instantiate)?;
+        instance = Some(made);
+        let proxy = pre
+            .handler
+            .load(&mut store, &made)
             .map_err(Stage::Instantiate)?;
         instantiated = Some(Instant::now());
         let mut http = store.data_mut().http();
@@ -175,9 +182,42 @@ pub(super) async fn run(
         kv: data.kv_waited(),
         times: [start, ran_from, ran_until],
     };
-    ended.finish(result, tenant, request_id, || {
-        teardown::teardown(store, None)
+    // The memory probe runs only when the tenant's sweep is due: most requests of a compact
+    // guest skip both.
+    let probe = match (handler, &tenant.sweep, instance) {
+        (Handler::P2(p), Some(sweep), Some(instance)) if p.probe.is_some() && sweep.due() => {
+            let started = Instant::now();
+            let memory = probe_memory(&mut store, instance, p.probe.as_ref()).await;
+            Some((sweep, memory, started))
+        }
+        _ => None,
+    };
+    ended.finish(result, tenant, request_id, || match probe {
+        Some((sweep, memory, started)) => teardown::teardown_span(store, sweep, memory, started),
+        None => teardown::teardown(store, None),
     })
+}
+
+/// How long the memory probe may take; it runs one call into a few instructions, so only a
+/// component that brought its own export of that name (and spins in it) ever reaches this.
+const PROBE_TIME: Duration = Duration::from_millis(5);
+
+/// The address and length of the component's main memory, from its memory probe
+/// ([`crate::probe`]); `None` if the probe cannot run (say, the guest trapped).
+async fn probe_memory(
+    store: &mut wasmtime::Store<crate::guest::wasi_http::HttpState>,
+    instance: wasmtime::component::Instance,
+    probe: Option<&wasmtime::component::ComponentExportIndex>,
+) -> Option<(usize, usize)> {
+    store.data_mut().memory = None;
+    let run = instance
+        .get_typed_func::<(), ()>(&mut *store, probe?)
+        .ok()?;
+    tokio::time::timeout(PROBE_TIME, run.call_async(&mut *store, ()))
+        .await
+        .ok()?
+        .ok()?;
+    store.data_mut().memory.take()
 }
 
 /// The failure for a component answer that could not be taken.

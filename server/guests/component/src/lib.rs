@@ -177,6 +177,17 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
                 read_all(request);
                 respond(out, 200, &[], &count.to_le_bytes());
             }
+            "/scatter" => {
+                // Dirties one byte in every other page of 1 MiB (128 separate regions), after
+                // counting the secret bytes a previous request may have left there.
+                let fresh = grown_pages(24);
+                let count = fresh.iter().filter(|&&b| b == SECRET).count() as u32;
+                for page in fresh[512 * 1024..1536 * 1024].chunks_mut(8192) {
+                    page[0] = SECRET;
+                }
+                read_all(request);
+                respond(out, 200, &[], &count.to_le_bytes());
+            }
             "/seek" => {
                 let fresh = grown_pages(24);
                 let count = fresh.iter().filter(|&&b| b == SECRET).count() as u32;

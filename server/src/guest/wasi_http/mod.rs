@@ -23,8 +23,12 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
 use wasmtime::Engine;
-use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::StoreContextMut;
+use wasmtime::component::{
+    Component, ComponentExportIndex, InstancePre, Linker, ResourceTable, WasmList,
+};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::p2::bindings::ProxyIndices;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 pub use body::{Answer, incoming, pump, pump_parts};
@@ -33,9 +37,6 @@ use super::{GuestLimits, Stdio, WasiSpec};
 use crate::kv::{Grants, Session};
 use crate::outbound::Calls;
 use hooks::Hooks;
-
-/// The pre-linked form of a `wasi:http/proxy` component (WASI 0.2).
-pub type Pre = wasmtime_wasi_http::p2::bindings::ProxyPre<HttpState>;
 
 /// The pre-linked form of a `wasi:http/service` component (WASI 0.3).
 pub type PreP3 = wasmtime_wasi_http::p3::bindings::ServicePre<HttpState>;
@@ -74,6 +75,9 @@ pub struct HttpState {
     kv: Session,
     /// Memory and table limits, and whether the guest ran into them.
     pub limits: GuestLimits,
+    /// The main memory's address and length, as the memory probe last reported them
+    /// ([`crate::probe`]).
+    pub memory: Option<(usize, usize)>,
 }
 
 impl WasiView for HttpState {
@@ -129,6 +133,7 @@ impl HttpState {
             hooks: Hooks::new(calls, headers, trace, request_id),
             kv: Session::new(kv, trace.cloned()),
             limits,
+            memory: None,
         }
     }
 
@@ -169,6 +174,16 @@ pub fn linker(engine: &Engine, wasi_p3: bool) -> wasmtime::Result<Linker<HttpSta
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     kv::add_to_linker(&mut linker)?;
+    // The memory probe's import: the list is the whole main memory, lifted in place.
+    linker.root().func_wrap(
+        crate::probe::IMPORT,
+        |mut store: StoreContextMut<'_, HttpState>, (memory,): (WasmList<u8>,)| {
+            let bytes = memory.as_le_slice(&store);
+            let span = (bytes.as_ptr() as usize, bytes.len());
+            store.data_mut().memory = Some(span);
+            Ok(())
+        },
+    )?;
     if wasi_p3 {
         wasmtime_wasi::p3::add_to_linker(&mut linker)?;
         wasmtime_wasi_http::p3::add_to_linker(&mut linker)?;
@@ -176,10 +191,20 @@ pub fn linker(engine: &Engine, wasi_p3: bool) -> wasmtime::Result<Linker<HttpSta
     Ok(linker)
 }
 
+/// A `wasi:http/proxy` component (WASI 0.2), pre-linked.
+pub struct Proxy {
+    /// The component, its imports resolved.
+    pub pre: InstancePre<HttpState>,
+    /// Where its `incoming-handler` is.
+    pub handler: ProxyIndices,
+    /// Its memory probe, if it has one ([`crate::probe`]).
+    pub probe: Option<ComponentExportIndex>,
+}
+
 /// A component pre-linked for the `wasi:http` it is served through.
 pub enum Handler {
     /// A `wasi:http/proxy` component (WASI 0.2).
-    P2(Pre),
+    P2(Proxy),
     /// A `wasi:http/service` component (WASI 0.3, component-model async).
     P3(PreP3),
 }
@@ -195,7 +220,13 @@ impl Handler {
             .instantiate_pre(component)
             .map_err(|e| link_message(&e))?;
         match version {
-            Version::P2 => Pre::new(pre).map(Self::P2),
+            Version::P2 => ProxyIndices::new(&pre).map(|handler| {
+                Self::P2(Proxy {
+                    probe: component.get_export_index(None, crate::probe::EXPORT),
+                    pre,
+                    handler,
+                })
+            }),
             Version::P3 => PreP3::new(pre).map(Self::P3),
         }
         .map_err(|e| link_message(&e))
@@ -204,7 +235,7 @@ impl Handler {
     /// The engine it is compiled for.
     pub fn engine(&self) -> &Engine {
         match self {
-            Self::P2(p) => p.instance_pre().component().engine(),
+            Self::P2(p) => p.pre.component().engine(),
             Self::P3(p) => p.instance_pre().component().engine(),
         }
     }
