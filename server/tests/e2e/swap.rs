@@ -358,6 +358,44 @@ fn scatter() -> String {
     )
 }
 
+/// A server process in `dir` with one instance slot and `module` (a file in `dir`) at `path`:
+/// the process, its address and its admin address.
+fn one_slot_process(
+    dir: &std::path::Path,
+    module: &str,
+    path: &str,
+) -> (TernProcess, SocketAddr, SocketAddr) {
+    let config = dir.join("tern.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[pool]\ninstances = 1\nmax_memory_mib = 64\n\
+             [[tenant]]\nname = \"t\"\nmodule = \"{module}\"\npaths = [\"{path}\"]\n"
+        ),
+    )
+    .unwrap();
+    let tern = TernProcess::serve(&["--config", config.to_str().unwrap()], &dir.join("cache"));
+    let (addr, admin) = (tern.addr.parse().unwrap(), tern.admin.parse().unwrap());
+    (tern, addr, admin)
+}
+
+/// Five requests to `path` in a row, none of which may find the bytes the last one left.
+async fn each_starts_clean(conn: &mut Conn, path: &str) {
+    for i in 0..5 {
+        assert_eq!(
+            count(conn, path).await,
+            0,
+            "request {i} to {path} saw the last one's bytes"
+        );
+    }
+}
+
+/// The bytes the pool's freed memory slots keep resident (`/metrics`).
+async fn resident_memory(admin: SocketAddr) -> f64 {
+    let m = crate::support::get_at(admin, "/metrics").await.text();
+    metric_value(&m, r#"tern_pool_resident_bytes{kind="memories"}"#)
+}
+
 /// More than 32 dirty regions: every request starts clean, and the slot keeps the scattered
 /// pages resident (reset by `memset`) instead of decommitting all but 32 regions, after which
 /// every request would fault them in again. Its own process: another test's swap would change
@@ -367,29 +405,10 @@ async fn scattered_dirty_pages_are_reset_and_stay_resident() {
     let _turn = SWAP.lock().await;
     let dir = tempfile::tempdir().unwrap();
     wat_file(dir.path(), "scatter.wasm", &scatter());
-    let config = dir.path().join("tern.toml");
-    std::fs::write(
-        &config,
-        "[pool]\ninstances = 1\nmax_memory_mib = 64\n\
-         [[tenant]]\nname = \"scatter\"\nmodule = \"scatter.wasm\"\npaths = [\"/\"]\n",
-    )
-    .unwrap();
-    let tern = TernProcess::serve(
-        &["--config", config.to_str().unwrap()],
-        &dir.path().join("cache"),
-    );
-    let addr: SocketAddr = tern.addr.parse().unwrap();
+    let (_tern, addr, admin) = one_slot_process(dir.path(), "scatter.wasm", "/");
     let mut conn = Conn::open(addr).await;
-    for i in 0..5 {
-        assert_eq!(
-            count(&mut conn, "/").await,
-            0,
-            "request {i} saw the last one's bytes"
-        );
-    }
-    let admin: SocketAddr = tern.admin.parse().unwrap();
-    let m = crate::support::get_at(admin, "/metrics").await.text();
-    let resident = metric_value(&m, r#"tern_pool_resident_bytes{kind="memories"}"#);
+    each_starts_clean(&mut conn, "/").await;
+    let resident = resident_memory(admin).await;
     // 128 dirtied pages of 4 KiB, kept for the next request (wasmtime alone keeps 32).
     assert!(
         resident >= 128.0 * 4096.0,
@@ -406,35 +425,13 @@ async fn a_components_scattered_dirty_pages_are_reset_and_stay_resident() {
     let _turn = SWAP.lock().await;
     let dir = tempfile::tempdir().unwrap();
     test_component(dir.path(), "component");
-    let config = dir.path().join("tern.toml");
-    std::fs::write(
-        &config,
-        "[pool]\ninstances = 1\nmax_memory_mib = 64\n\
-         [[tenant]]\nname = \"component\"\nmodule = \"component.wasm\"\npaths = [\"/c\"]\n",
-    )
-    .unwrap();
-    let tern = TernProcess::serve(
-        &["--config", config.to_str().unwrap()],
-        &dir.path().join("cache"),
-    );
-    let addr: SocketAddr = tern.addr.parse().unwrap();
-    let admin: SocketAddr = tern.admin.parse().unwrap();
-    let resident = || async {
-        let m = crate::support::get_at(admin, "/metrics").await.text();
-        metric_value(&m, r#"tern_pool_resident_bytes{kind="memories"}"#)
-    };
+    let (_tern, addr, admin) = one_slot_process(dir.path(), "component.wasm", "/c");
     let mut conn = Conn::open(addr).await;
     assert_eq!(conn.get("/c/hello").await.status, StatusCode::OK);
-    let before = resident().await;
-    for i in 0..5 {
-        assert_eq!(
-            count(&mut conn, "/c/scatter").await,
-            0,
-            "request {i} saw the last one's bytes"
-        );
-    }
+    let before = resident_memory(admin).await;
+    each_starts_clean(&mut conn, "/c/scatter").await;
     // 128 dirtied pages of 4 KiB more than the component keeps for its hello.
-    let after = resident().await;
+    let after = resident_memory(admin).await;
     assert!(
         after >= before + 128.0 * 4096.0,
         "only {after} bytes stayed resident (after hello: {before})"
