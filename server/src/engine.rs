@@ -290,6 +290,26 @@ mod tests {
     ];
 
     #[test]
+    fn the_memset_reset_keeps_at_most_one_mib_resident() {
+        let with = |kib, pagemap_scan| {
+            keep_resident_kib(&PoolConfig {
+                memory_keep_resident_kib: kib,
+                pagemap_scan,
+                ..PoolConfig::default()
+            })
+        };
+        let cap = MEMSET_KEEP_RESIDENT_KIB;
+        assert_eq!(with(cap - 4, false), cap - 4);
+        assert_eq!(with(cap, false), cap);
+        assert_eq!(with(cap + 4, false), cap);
+        assert_eq!(
+            with(8192, true),
+            8192,
+            "the dirty-page reset takes what is configured"
+        );
+    }
+
+    #[test]
     fn an_idle_ticker_rests_and_a_new_store_wakes_it_in_time_to_interrupt_its_guest() {
         let engine = Engine::new(Config::new().epoch_interruption(true)).unwrap();
         let module = Module::new(&engine, SPIN).unwrap();

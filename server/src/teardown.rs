@@ -91,12 +91,6 @@ impl MemorySweep {
                 .is_multiple_of(RECHECK_EVERY)
     }
 
-    fn before_drop(&self, memory: &mut [u8]) {
-        if self.due() {
-            self.sweep_now(memory.as_mut_ptr() as usize, memory.len());
-        }
-    }
-
     /// Sweeps the `len` bytes of guest memory at `start` (see [`Sweep::run`]), a sweep found
     /// [`due`](Self::due).
     fn sweep_now(&self, start: usize, len: usize) {
@@ -116,27 +110,27 @@ impl MemorySweep {
     }
 }
 
-/// Sweeps the guest's memory when needed (see the module docs), drops `store` and returns how
-/// long both took.
-pub fn teardown<T>(mut store: Store<T>, sweep: Option<(&MemorySweep, Memory)>) -> Duration {
-    let start = Instant::now();
-    if let Some((sweep, memory)) = sweep {
-        sweep.before_drop(memory.data_mut(&mut store));
-    }
-    drop(store);
-    start.elapsed()
+/// The guest memory (address, length) of a module's `memory` whose sweep is [due](MemorySweep::due):
+/// what [`teardown`] is to sweep.
+pub fn due<'a, T>(
+    sweep: Option<&'a MemorySweep>,
+    memory: Option<Memory>,
+    store: &mut Store<T>,
+) -> Option<(&'a MemorySweep, (usize, usize))> {
+    let memory = memory?.data_mut(store);
+    let span = (memory.as_mut_ptr() as usize, memory.len());
+    sweep.filter(|s| s.due()).map(|s| (s, span))
 }
 
-/// [`teardown`] for a memory reached through the memory probe ([`crate::probe`]): sweeps the
-/// `memory` (address, length) it reported, if any, drops `store`, and returns how long it took
-/// since `started` (when the probe was called).
-pub fn teardown_span<T>(
+/// Sweeps the guest's memory (address, length) if given (see the module docs: a module's from
+/// [`due`], a component's from its memory probe, [`crate::probe`]), drops `store` and returns
+/// the time since `started`.
+pub fn teardown<T>(
     store: Store<T>,
-    sweep: &MemorySweep,
-    memory: Option<(usize, usize)>,
+    sweep: Option<(&MemorySweep, (usize, usize))>,
     started: Instant,
 ) -> Duration {
-    if let Some((start, len)) = memory {
+    if let Some((sweep, (start, len))) = sweep {
         // The store still owns the memory, and no guest runs in it.
         sweep.sweep_now(start, len);
     }

@@ -125,6 +125,8 @@ pub(super) async fn run(
     };
     let memory = data.memory;
     ended.finish(result, tenant, request_id, || {
-        teardown::teardown(store, tenant.sweep.as_ref().zip(memory))
+        let started = Instant::now();
+        let sweep = teardown::due(tenant.sweep.as_ref(), memory, &mut store);
+        teardown::teardown(store, sweep, started)
     })
 }

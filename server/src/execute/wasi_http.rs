@@ -13,7 +13,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use super::{BodyEnd, Ended, Run, RunOutput, Stage, classify, new_store, reply, verdict};
 use crate::body::BodyFlags;
 use crate::guest::GuestRequest;
-use crate::guest::wasi_http::{Answer, Handler, HttpState, incoming, pump, pump_parts};
+use crate::guest::wasi_http::{Answer, Handler, HttpState, Proxy, incoming, pump, pump_parts};
 use crate::outcome::{ExecError, Outcome, response_limit};
 use crate::teardown;
 use crate::tenant::Tenant;
@@ -184,17 +184,21 @@ pub(super) async fn run(
     };
     // The memory probe runs only when the tenant's sweep is due: most requests of a compact
     // guest skip both.
-    let probe = match (handler, &tenant.sweep, instance) {
-        (Handler::P2(p), Some(sweep), Some(instance)) if p.probe.is_some() && sweep.due() => {
-            let started = Instant::now();
-            let memory = probe_memory(&mut store, instance, p.probe.as_ref()).await;
-            Some((sweep, memory, started))
-        }
+    let started = Instant::now();
+    let sweep = match (handler, &tenant.sweep, instance) {
+        (
+            Handler::P2(Proxy {
+                probe: Some(probe), ..
+            }),
+            Some(sweep),
+            Some(instance),
+        ) if sweep.due() => probe_memory(&mut store, instance, probe)
+            .await
+            .map(|m| (sweep, m)),
         _ => None,
     };
-    ended.finish(result, tenant, request_id, || match probe {
-        Some((sweep, memory, started)) => teardown::teardown_span(store, sweep, memory, started),
-        None => teardown::teardown(store, None),
+    ended.finish(result, tenant, request_id, || {
+        teardown::teardown(store, sweep, started)
     })
 }
 
@@ -205,14 +209,13 @@ const PROBE_TIME: Duration = Duration::from_millis(5);
 /// The address and length of the component's main memory, from its memory probe
 /// ([`crate::probe`]); `None` if the probe cannot run (say, the guest trapped).
 async fn probe_memory(
-    store: &mut wasmtime::Store<crate::guest::wasi_http::HttpState>,
+    store: &mut wasmtime::Store<HttpState>,
     instance: wasmtime::component::Instance,
-    probe: Option<&wasmtime::component::ComponentExportIndex>,
+    probe: &wasmtime::component::ComponentExportIndex,
 ) -> Option<(usize, usize)> {
+    // Only this call's report counts (a guest may call the import itself while it runs).
     store.data_mut().memory = None;
-    let run = instance
-        .get_typed_func::<(), ()>(&mut *store, probe?)
-        .ok()?;
+    let run = instance.get_typed_func::<(), ()>(&mut *store, probe).ok()?;
     tokio::time::timeout(PROBE_TIME, run.call_async(&mut *store, ()))
         .await
         .ok()?
