@@ -417,7 +417,10 @@ pub struct PoolConfig {
     /// reset copies all of it on every request, so there it is capped at 1 MiB
     /// (`engine::MEMSET_KEEP_RESIDENT_KIB`).
     pub memory_keep_resident_kib: usize,
-    /// Likewise for tables.
+    /// Likewise for tables: with the dirty-page reset, the table pages a guest dirtied, up to
+    /// this much, are zeroed and kept. 256 KiB holds a whole table of 32,768 entries; 16 KiB
+    /// left a JavaScript component's lazily filled funcref table faulting 3 pages in (6 faults)
+    /// on every request, ~12 % of its CPU.
     pub table_keep_resident_kib: usize,
     /// Bytes at the top of each fiber stack kept resident; the stack is zeroed after every
     /// request, so this part is cleared by `memset` rather than by page faults next time.
@@ -467,7 +470,7 @@ impl Default for PoolConfig {
             table_elements: 20_000,
             component_core_instances: 16,
             memory_keep_resident_kib: 8192,
-            table_keep_resident_kib: 16,
+            table_keep_resident_kib: 256,
             stack_keep_resident_kib: 16,
             zero_stacks: true,
             decommit_batch_size: 16,

@@ -358,6 +358,28 @@ fn scatter() -> String {
     )
 }
 
+/// A guest whose table of 4,096 funcrefs (8 pages) starts empty: each request counts the
+/// entries it finds set at the first slot of every page, then sets them.
+fn table_setter() -> String {
+    r#"(module
+  (import "tern" "response_body_write" (func $write (param i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (table $t 4096 funcref)
+  (func $f)
+  (elem declare func $f)
+  (func (export "_start") (local $i i32) (local $set i32)
+    (block $done (loop $each
+      (br_if $done (i32.ge_u (local.get $i) (i32.const 4096)))
+      (if (i32.eqz (ref.is_null (table.get $t (local.get $i))))
+        (then (local.set $set (i32.add (local.get $set) (i32.const 1)))))
+      (table.set $t (local.get $i) (ref.func $f))
+      (local.set $i (i32.add (local.get $i) (i32.const 512)))
+      (br $each)))
+    (i32.store (i32.const 0) (local.get $set))
+    (drop (call $write (i32.const 0) (i32.const 4)))))"#
+        .to_string()
+}
+
 /// A server process in `dir` with one instance slot and `module` (a file in `dir`) at `path`:
 /// the process, its address and its admin address.
 fn one_slot_process(
@@ -413,6 +435,26 @@ async fn scattered_dirty_pages_are_reset_and_stay_resident() {
     assert!(
         resident >= 128.0 * 4096.0,
         "only {resident} bytes stayed resident"
+    );
+}
+
+/// A guest that dirties 8 pages of its table: every request finds the table as its module
+/// declares it (empty), and the slot keeps the 8 pages resident (zeroed in place) instead of
+/// returning all past the first 4 to the kernel, which the next request would fault in again
+/// (what a JavaScript component's lazily filled funcref table did on every request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tables_dirty_pages_are_reset_and_stay_resident() {
+    let _turn = SWAP.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    wat_file(dir.path(), "tables.wasm", &table_setter());
+    let (_tern, addr, admin) = one_slot_process(dir.path(), "tables.wasm", "/");
+    let mut conn = Conn::open(addr).await;
+    each_starts_clean(&mut conn, "/").await;
+    let m = crate::support::get_at(admin, "/metrics").await.text();
+    let resident = metric_value(&m, r#"tern_pool_resident_bytes{kind="tables"}"#);
+    assert!(
+        resident >= 8.0 * 4096.0,
+        "only {resident} bytes of tables stayed resident"
     );
 }
 
