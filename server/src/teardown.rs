@@ -25,7 +25,8 @@
 //! dirties many scattered pages would fault them in again on every request. A memory larger than
 //! 64 pages (smaller ones cannot hold more than 32 regions) is swept before it is dropped and its
 //! regions joined ([`crate::pagemap::Sweep`]). A tenant whose sweeps keep finding few regions is
-//! swept only on one request in [`RECHECK_EVERY`], so compact guests pay nothing.
+//! swept only on one request in [`RECHECK_EVERY`] (spread over its slots, see [`rechecked`]),
+//! so compact guests pay nothing.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -59,6 +60,18 @@ const QUIET_AFTER: u32 = 16;
 /// A quiet tenant is still swept on one request in this many, in case its guests change.
 pub const RECHECK_EVERY: u32 = 128;
 
+/// Whether the `n`th request of a quiet tenant is swept: one in [`RECHECK_EVERY`], spread so
+/// that no periodic order of slots escapes it. A tenant's requests often take its slots in a
+/// fixed rotation (a closed loop of connections on one worker), and every 128th request of
+/// a rotation of 8 slots is always the same slot: a slot whose guest had come to dirty more
+/// regions was then never swept, and its pages were faulted in again on every request. The
+/// `n`th multiple of the golden ratio (in 32-bit fixed point) falls in the first 128th of
+/// the circle as often in every residue class of `n` as overall.
+fn rechecked(n: u32) -> bool {
+    const GOLDEN: u32 = 0x9E37_79B9;
+    n.wrapping_mul(GOLDEN) < u32::MAX / RECHECK_EVERY + 1
+}
+
 /// The sweep of one tenant's memories before teardown, and how often it is needed.
 #[derive(Debug)]
 pub struct MemorySweep {
@@ -85,10 +98,7 @@ impl MemorySweep {
     pub fn due(&self) -> bool {
         SWAP_ACTIVE.load(Ordering::Relaxed)
             || self.quiet.load(Ordering::Relaxed) < QUIET_AFTER
-            || self
-                .skipped
-                .fetch_add(1, Ordering::Relaxed)
-                .is_multiple_of(RECHECK_EVERY)
+            || rechecked(self.skipped.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Sweeps the `len` bytes of guest memory at `start` (see [`Sweep::run`]), a sweep found
@@ -201,4 +211,34 @@ pub fn watch_swap() {
             tracing::error!("cannot watch for swap areas: {e}");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RECHECK_EVERY, rechecked};
+
+    /// Slots taken in any rotation of up to 64: every slot is rechecked about once in
+    /// `RECHECK_EVERY` of its own requests (a rotation of 8 was never rechecked in 7 of its
+    /// slots with every 128th request).
+    #[test]
+    fn quiet_rechecks_reach_every_slot_of_a_rotation() {
+        let per_slot = 64 * RECHECK_EVERY;
+        for slots in 1..=64u32 {
+            for slot in 0..slots {
+                let hits = (0..per_slot)
+                    .filter(|i| rechecked(slot + i * slots))
+                    .count() as u32;
+                assert!(
+                    (32..=96).contains(&hits),
+                    "slot {slot} of {slots}: {hits} rechecks in {per_slot} requests (64 expected)"
+                );
+            }
+        }
+        let all = (0..1 << 20).filter(|&n| rechecked(n)).count();
+        let expected = (1 << 20) / RECHECK_EVERY as usize;
+        assert!(
+            all.abs_diff(expected) < expected / 100,
+            "{all} rechecks, {expected} expected"
+        );
+    }
 }
