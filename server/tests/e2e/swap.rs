@@ -412,25 +412,30 @@ async fn each_starts_clean(conn: &mut Conn, path: &str) {
     }
 }
 
-/// The bytes the pool's freed memory slots keep resident (`/metrics`).
-async fn resident_memory(admin: SocketAddr) -> f64 {
+/// The bytes the pool's freed slots of `kind` (`memories`, `tables`) keep resident (`/metrics`).
+async fn resident(admin: SocketAddr, kind: &str) -> f64 {
     let m = crate::support::get_at(admin, "/metrics").await.text();
-    metric_value(&m, r#"tern_pool_resident_bytes{kind="memories"}"#)
+    metric_value(&m, &format!(r#"tern_pool_resident_bytes{{kind="{kind}"}}"#))
+}
+
+/// The bytes of `kind` a one-slot process (its own: another test's swap would change how its
+/// slots are reset) keeps resident after five requests to the module `wat`, each of which
+/// started clean.
+async fn kept_after_clean_requests(wat: &str, kind: &str) -> f64 {
+    let _turn = SWAP.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    wat_file(dir.path(), "guest.wasm", wat);
+    let (_tern, addr, admin) = one_slot_process(dir.path(), "guest.wasm", "/");
+    each_starts_clean(&mut Conn::open(addr).await, "/").await;
+    resident(admin, kind).await
 }
 
 /// More than 32 dirty regions: every request starts clean, and the slot keeps the scattered
 /// pages resident (reset by `memset`) instead of decommitting all but 32 regions, after which
-/// every request would fault them in again. Its own process: another test's swap would change
-/// how this one's slots are reset.
+/// every request would fault them in again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scattered_dirty_pages_are_reset_and_stay_resident() {
-    let _turn = SWAP.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    wat_file(dir.path(), "scatter.wasm", &scatter());
-    let (_tern, addr, admin) = one_slot_process(dir.path(), "scatter.wasm", "/");
-    let mut conn = Conn::open(addr).await;
-    each_starts_clean(&mut conn, "/").await;
-    let resident = resident_memory(admin).await;
+    let resident = kept_after_clean_requests(&scatter(), "memories").await;
     // 128 dirtied pages of 4 KiB, kept for the next request (wasmtime alone keeps 32).
     assert!(
         resident >= 128.0 * 4096.0,
@@ -444,14 +449,7 @@ async fn scattered_dirty_pages_are_reset_and_stay_resident() {
 /// (what a JavaScript component's lazily filled funcref table did on every request).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tables_dirty_pages_are_reset_and_stay_resident() {
-    let _turn = SWAP.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    wat_file(dir.path(), "tables.wasm", &table_setter());
-    let (_tern, addr, admin) = one_slot_process(dir.path(), "tables.wasm", "/");
-    let mut conn = Conn::open(addr).await;
-    each_starts_clean(&mut conn, "/").await;
-    let m = crate::support::get_at(admin, "/metrics").await.text();
-    let resident = metric_value(&m, r#"tern_pool_resident_bytes{kind="tables"}"#);
+    let resident = kept_after_clean_requests(&table_setter(), "tables").await;
     assert!(
         resident >= 8.0 * 4096.0,
         "only {resident} bytes of tables stayed resident"
@@ -470,10 +468,10 @@ async fn a_components_scattered_dirty_pages_are_reset_and_stay_resident() {
     let (_tern, addr, admin) = one_slot_process(dir.path(), "component.wasm", "/c");
     let mut conn = Conn::open(addr).await;
     assert_eq!(conn.get("/c/hello").await.status, StatusCode::OK);
-    let before = resident_memory(admin).await;
+    let before = resident(admin, "memories").await;
     each_starts_clean(&mut conn, "/c/scatter").await;
     // 128 dirtied pages of 4 KiB more than the component keeps for its hello.
-    let after = resident_memory(admin).await;
+    let after = resident(admin, "memories").await;
     assert!(
         after >= before + 128.0 * 4096.0,
         "only {after} bytes stayed resident (after hello: {before})"
