@@ -578,7 +578,10 @@ impl TernProcess {
                         return line;
                     }
                 }
-                Err(e) => panic!("no log line with {needle:?}: {e}"),
+                Err(e) => panic!(
+                    "no log line with {needle:?}: {e}; its log so far:\n{}",
+                    self.lines.borrow().join("\n")
+                ),
             }
         }
     }
