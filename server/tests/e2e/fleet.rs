@@ -709,11 +709,21 @@ async fn presents(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_uploaded_or_obtained_by_acme_on_one_replica_are_served_by_every_replica() {
     let mut s3 = S3::start();
-    let (a_tls, b_tls) = (crate::support::free_port(), crate::support::free_port());
-    // Pebble validates TLS-ALPN-01 on b's port; only a orders (b has no [tls.acme]), so b can
-    // answer only from what a put in the registry.
-    let pebble = crate::acme::Pebble::start(crate::support::free_port(), b_tls, 3600);
     let root = tempfile::tempdir().unwrap();
+    // b first, on a port of its own choosing (a port picked free beforehand may be taken by
+    // another test's connection before b binds it). Only a orders (b has no [tls.acme]), and
+    // Pebble validates TLS-ALPN-01 on b's port, so b can answer only from what a put in the
+    // registry.
+    let b = replica_with(
+        &s3,
+        "b",
+        &root.path().join("b"),
+        "[server]\ntls_listen = \"127.0.0.1:0\"\n",
+        100,
+    );
+    let b_tls = b.tls.clone().expect("b serves HTTPS");
+    let b_port = addr(&b_tls).port();
+    let pebble = crate::acme::Pebble::start(crate::support::free_port(), b_port, 3600);
     let acme = format!(
         "[tls.acme]\ndirectory = \"{}\"\nca_root = {:?}\nhosts = [\"a.test\"]\n\
          contact = [\"mailto:ops@a.test\"]\ncheck_interval_seconds = 1\nretry_seconds = 1\n",
@@ -724,17 +734,10 @@ async fn certificates_uploaded_or_obtained_by_acme_on_one_replica_are_served_by_
         &s3,
         "a",
         &root.path().join("a"),
-        &format!("[server]\ntls_listen = \"127.0.0.1:{a_tls}\"\n{acme}"),
+        &format!("[server]\ntls_listen = \"127.0.0.1:0\"\n{acme}"),
         100,
     );
-    let b = replica_with(
-        &s3,
-        "b",
-        &root.path().join("b"),
-        &format!("[server]\ntls_listen = \"127.0.0.1:{b_tls}\"\n"),
-        100,
-    );
-    let (a_tls, b_tls) = (format!("127.0.0.1:{a_tls}"), format!("127.0.0.1:{b_tls}"));
+    let a_tls = a.tls.clone().expect("a serves HTTPS");
 
     // Uploaded on a, served by b; its key is in the bucket only encrypted.
     let (cert, key) = self_signed("up.test");
