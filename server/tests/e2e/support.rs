@@ -429,7 +429,32 @@ impl Drop for Prometheus {
     }
 }
 
+/// A port nothing listens on, for a server that must be told its port before it starts.
+///
+/// It is taken below the kernel's ephemeral range (`ip_local_port_range`), from which both
+/// `bind(0)` and outgoing connections draw their ports, so that no other test's socket can take
+/// it before its server binds it (a port from `bind(0)`, closed again, once went to another
+/// test's connection first); ports are handed out once per test process.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOWEST: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(0);
+    if ephemeral > LOWEST + 1_000 {
+        let span = ephemeral - LOWEST;
+        // Each test process starts elsewhere in the span, in case two run at once.
+        let start = std::process::id().wrapping_mul(7_919) % span;
+        for _ in 0..span {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let port = LOWEST + (start + n) % span;
+            if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+                return port as u16;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
