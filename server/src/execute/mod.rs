@@ -5,10 +5,10 @@
 //! (`instantiate_async` takes a slot from the pool and maps the copy-on-write heap image) and
 //! calls its handler on a pooled fiber stack: `_start` for a core module (`module`: the
 //! `tern` and `cgi` kinds), `handle` for a `wasi:http` component (`wasi_http`). Epoch
-//! interruption makes the guest yield every tick, so a busy guest never holds a worker thread,
-//! and a wall-clock deadline around the whole run cuts it off. The rest is shared, here: what a
-//! failure means for the client (`classify`, `verdict`), the reply, the outcome counts, the
-//! captured output and teardown (`Ended`). The kinds' host sides are [`crate::guest`]'s.
+//! interruption makes the guest yield at every tick after its first slice, so a busy guest
+//! never holds a worker thread, and a wall-clock deadline around the whole run cuts it off.
+//! The rest is shared, here: what a failure means for the client (`classify`, `verdict`), the
+//! reply, the outcome counts, the captured output and teardown (`Ended`). The kinds' host sides are [`crate::guest`]'s.
 
 mod module;
 mod wasi_http;
@@ -20,7 +20,6 @@ use tokio::sync::oneshot;
 use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::I32Exit;
 
-use crate::engine::EPOCH_TICK;
 use crate::guest::module::GuestFault;
 use crate::guest::{Guest, GuestLimits, GuestRequest, GuestResponse, Head, Stdio};
 use crate::outcome::{ExecError, Outcome, body_too_large, response_limit};
@@ -103,26 +102,42 @@ struct Run {
     response: GuestResponse,
 }
 
-/// A fresh store for one request of `tenant`, time-sliced by the epoch from `start`.
-pub(super) fn new_store<T>(engine: &wasmtime::Engine, state: T, start: Instant) -> Store<T> {
+/// Epoch ticks a guest runs through before its first yield: its first slice lasts 1.5-2 ms
+/// (the first tick may land a microsecond after it began), then it yields at every tick.
+const FIRST_SLICE_TICKS: u32 = 3;
+
+/// Whether a guest yields at the `tick`th epoch tick (from 1) it meets in its request.
+fn yields_at(tick: u32) -> bool {
+    tick > FIRST_SLICE_TICKS
+}
+
+/// A fresh store for one request of `tenant`, time-sliced by the epoch.
+pub(super) fn new_store<T>(engine: &wasmtime::Engine, state: T) -> Store<T> {
     let mut store = Store::new(engine, state);
-    // Time slicing, not a limit: a guest yields at an epoch tick once it has run a full slice.
-    // A tick that lands in a short guest's first microseconds must not send it to the back of
-    // the run queue: with a yield at every tick, 2-3 % of `hello` runs under load took 1-8 ms
-    // (they waited behind every other connection's task). The yield is tokio's `yield_now`,
-    // which lets the runtime poll its sockets before the guest resumes. A plain
-    // wake-and-return-pending yield requeues the guest at once, and the runtime checks for I/O
-    // only every 61 task polls: with two busy guests on a worker, other tenants' requests waited
-    // tens of milliseconds (`loadtest/bench.sh mixed`).
+    // Time slicing, not a limit. A guest's first slice is long enough for an ordinary request
+    // of a heavy guest (a Python `hello`: about 1 ms of CPU) to finish in one turn: each yield
+    // sends a guest behind every other connection's task, so with a first slice of 0.5-1 ms
+    // most Python requests yielded once or more and took 2.5x the p50 at p99 (64
+    // connections, one worker). A guest still running after it is CPU-bound and yields at
+    // every tick (turns of at most 0.5 ms), so other tenants' requests wait little behind it
+    // (`loadtest/bench.sh mixed`). A tick that lands in a short guest's first microseconds
+    // does not send it to the back of the run queue either (with a yield at every tick, 2-3 %
+    // of `hello` runs under load took 1-8 ms).
+    // The yield is tokio's `yield_now`, which lets the runtime poll its sockets before the
+    // guest resumes. A plain wake-and-return-pending yield requeues the guest at once, and the
+    // runtime checks for I/O only every 61 task polls: with two busy guests on a worker, other
+    // tenants' requests waited tens of milliseconds (`loadtest/bench.sh mixed`).
     store.set_epoch_deadline(1);
     // The store owns the callback, so the tickers tick while it exists.
     let live = crate::engine::LiveStore::new();
+    let mut ticks = 0u32;
     store.epoch_deadline_callback(move |_| {
         let _ticked_while = &live;
-        Ok(if start.elapsed() < EPOCH_TICK {
-            UpdateDeadline::Continue(1)
-        } else {
+        ticks = ticks.saturating_add(1);
+        Ok(if yields_at(ticks) {
             UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
+        } else {
+            UpdateDeadline::Continue(1)
         })
     });
     store
@@ -388,5 +403,25 @@ fn log_stdio(tenant: &crate::tenant::Tenant, request_id: &str, stdio: &Stdio) {
                 "guest output"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::yields_at;
+
+    #[test]
+    fn a_guest_runs_three_ticks_before_its_first_yield_then_yields_at_every_tick() {
+        let first_yield = (1..=100).find(|&t| yields_at(t));
+        assert_eq!(
+            first_yield,
+            Some(4),
+            "the first slice spans three ticks after the one it began in"
+        );
+        assert!(
+            (4..=10_000).all(yields_at),
+            "a CPU-bound guest yields at every later tick"
+        );
+        assert!(yields_at(u32::MAX), "the count saturates and still yields");
     }
 }

@@ -43,7 +43,7 @@ pub(super) async fn run(
         cgi: cgi.then(Cgi::default),
         headers_blob: None,
     };
-    let mut store = new_store(core.pre.module().engine(), state, start);
+    let mut store = new_store(core.pre.module().engine(), state);
     store.limiter(|s| &mut s.limits);
 
     let mut instantiated = None;

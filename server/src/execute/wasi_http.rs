@@ -71,7 +71,7 @@ pub(super) async fn run(
         None => Scheme::Http,
     };
     let incoming = incoming(request, flags.clone());
-    let mut store = new_store(handler.engine(), state, start);
+    let mut store = new_store(handler.engine(), state);
     store.limiter(|s| &mut s.limits);
 
     let mut instantiated = None;
