@@ -11,6 +11,7 @@
 //! reply, the outcome counts, the captured output and teardown (`Ended`). The kinds' host sides are [`crate::guest`]'s.
 
 mod module;
+mod slice;
 mod wasi_http;
 
 use std::time::{Duration, Instant};
@@ -102,27 +103,12 @@ struct Run {
     response: GuestResponse,
 }
 
-/// Epoch ticks a guest runs through before its first yield: its first slice lasts 1.5-2 ms
-/// (the first tick may land a microsecond after it began), then it yields at every tick.
-const FIRST_SLICE_TICKS: u32 = 3;
-
-/// Whether a guest yields at the `tick`th epoch tick (from 1) it meets in its request.
-fn yields_at(tick: u32) -> bool {
-    tick > FIRST_SLICE_TICKS
-}
-
-/// A fresh store for one request of `tenant`, time-sliced by the epoch.
+/// A fresh store for one request of `tenant`, time-sliced by the epoch ([`slice`]).
 pub(super) fn new_store<T>(engine: &wasmtime::Engine, state: T) -> Store<T> {
     let mut store = Store::new(engine, state);
-    // Time slicing, not a limit. A guest's first slice is long enough for an ordinary request
-    // of a heavy guest (a Python `hello`: about 1 ms of CPU) to finish in one turn: each yield
-    // sends a guest behind every other connection's task, so with a first slice of 0.5-1 ms
-    // most Python requests yielded once or more and took 2.5x the p50 at p99 (64
-    // connections, one worker). A guest still running after it is CPU-bound and yields at
-    // every tick (turns of at most 0.5 ms), so other tenants' requests wait little behind it
-    // (`loadtest/bench.sh mixed`). A tick that lands in a short guest's first microseconds
-    // does not send it to the back of the run queue either (with a yield at every tick, 2-3 %
-    // of `hello` runs under load took 1-8 ms).
+    // Time slicing, not a limit: the guest yields at the ticks `Slicing` says. A tick that
+    // lands in a short guest's first microseconds never sends it to the back of the run queue
+    // (with a yield at every tick, 2-3 % of `hello` runs under load took 1-8 ms).
     // The yield is tokio's `yield_now`, which lets the runtime poll its sockets before the
     // guest resumes. A plain wake-and-return-pending yield requeues the guest at once, and the
     // runtime checks for I/O only every 61 task polls: with two busy guests on a worker, other
@@ -130,15 +116,16 @@ pub(super) fn new_store<T>(engine: &wasmtime::Engine, state: T) -> Store<T> {
     store.set_epoch_deadline(1);
     // The store owns the callback, so the tickers tick while it exists.
     let live = crate::engine::LiveStore::new();
-    let mut ticks = 0u32;
+    let mut slicing = slice::Slicing::default();
     store.epoch_deadline_callback(move |_| {
         let _ticked_while = &live;
-        ticks = ticks.saturating_add(1);
-        Ok(if yields_at(ticks) {
-            UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
-        } else {
-            UpdateDeadline::Continue(1)
-        })
+        Ok(
+            if slicing.yields(std::thread::current().id(), slice::thread_cpu) {
+                UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
+            } else {
+                UpdateDeadline::Continue(1)
+            },
+        )
     });
     store
 }
@@ -403,25 +390,5 @@ fn log_stdio(tenant: &crate::tenant::Tenant, request_id: &str, stdio: &Stdio) {
                 "guest output"
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::yields_at;
-
-    #[test]
-    fn a_guest_runs_three_ticks_before_its_first_yield_then_yields_at_every_tick() {
-        let first_yield = (1..=100).find(|&t| yields_at(t));
-        assert_eq!(
-            first_yield,
-            Some(4),
-            "the first slice spans three ticks after the one it began in"
-        );
-        assert!(
-            (4..=10_000).all(yields_at),
-            "a CPU-bound guest yields at every later tick"
-        );
-        assert!(yields_at(u32::MAX), "the count saturates and still yields");
     }
 }
