@@ -8,7 +8,8 @@
 //! interruption makes the guest yield at every tick after its first slice, so a busy guest
 //! never holds a worker thread, and a wall-clock deadline around the whole run cuts it off.
 //! The rest is shared, here: what a failure means for the client (`classify`, `verdict`), the
-//! reply, the outcome counts, the captured output and teardown (`Ended`). The kinds' host sides are [`crate::guest`]'s.
+//! reply, the outcome counts, the captured output and teardown (`Ended`). The kinds' host
+//! sides are [`crate::guest`]'s.
 
 mod module;
 mod slice;
