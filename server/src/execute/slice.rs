@@ -43,6 +43,11 @@ impl Slicing {
             return true;
         }
         let now = thread_cpu();
+        if now == Duration::MAX {
+            // No clock: no first slice either.
+            self.past_first_slice = true;
+            return true;
+        }
         match self.first_tick {
             Some((on, at)) if on == thread => {
                 self.past_first_slice = now.saturating_sub(at) >= FIRST_SLICE_CPU;
@@ -132,6 +137,17 @@ mod tests {
         );
         assert!(!s.yields(other, || ms(2.0)));
         assert!(s.yields(other, || ms(2.5)));
+    }
+
+    #[test]
+    fn without_a_clock_every_tick_yields() {
+        let me = std::thread::current().id();
+        let mut s = Slicing::default();
+        assert!(
+            s.yields(me, || Duration::MAX),
+            "an unreadable clock ends the first slice"
+        );
+        assert!(s.yields(me, || ms(1.0)));
     }
 
     #[test]
