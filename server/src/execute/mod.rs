@@ -120,13 +120,11 @@ pub(super) fn new_store<T>(engine: &wasmtime::Engine, state: T) -> Store<T> {
     let mut slicing = slice::Slicing::default();
     store.epoch_deadline_callback(move |_| {
         let _ticked_while = &live;
-        Ok(
-            if slicing.yields(std::thread::current().id(), slice::thread_cpu) {
-                UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
-            } else {
-                UpdateDeadline::Continue(1)
-            },
-        )
+        Ok(if slicing.yields(slice::thread_clock) {
+            UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
+        } else {
+            UpdateDeadline::Continue(1)
+        })
     });
     store
 }

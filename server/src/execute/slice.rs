@@ -34,20 +34,19 @@ pub struct Slicing {
 }
 
 impl Slicing {
-    /// Whether the guest yields at this epoch tick. `thread_cpu` tells the CPU time of the
-    /// thread it runs on and is asked only during the first slice. A guest that moved to
-    /// another worker thread while suspended in a host call (the `shared` runtime) starts
-    /// counting again there: two threads' CPU times do not compare.
-    pub fn yields(&mut self, thread: ThreadId, thread_cpu: impl FnOnce() -> Duration) -> bool {
+    /// Whether the guest yields at this epoch tick. `clock` tells the thread the guest runs on
+    /// and that thread's CPU time (`None`: no clock, which ends the first slice at once); it is
+    /// asked only during the first slice. A guest that moved to another worker thread while
+    /// suspended in a host call (the `shared` runtime) starts counting again there: two
+    /// threads' CPU times do not compare.
+    pub fn yields(&mut self, clock: impl FnOnce() -> Option<(ThreadId, Duration)>) -> bool {
         if self.past_first_slice {
             return true;
         }
-        let now = thread_cpu();
-        if now == Duration::MAX {
-            // No clock: no first slice either.
+        let Some((thread, now)) = clock() else {
             self.past_first_slice = true;
             return true;
-        }
+        };
         match self.first_tick {
             Some((on, at)) if on == thread => {
                 self.past_first_slice = now.saturating_sub(at) >= FIRST_SLICE_CPU;
@@ -61,26 +60,27 @@ impl Slicing {
     }
 }
 
-/// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`); `Duration::MAX` if
-/// the clock cannot be read, which ends a first slice at once.
-pub fn thread_cpu() -> Duration {
+/// The calling thread and the CPU time it has used (`CLOCK_THREAD_CPUTIME_ID`), or `None` if
+/// that clock cannot be read.
+pub fn thread_clock() -> Option<(ThreadId, Duration)> {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `clock_gettime` writes the two fields of a struct we own.
     if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut t) } != 0 {
-        return Duration::MAX;
+        return None;
     }
-    Duration::new(
-        u64::try_from(t.tv_sec).unwrap_or(0),
-        u32::try_from(t.tv_nsec).unwrap_or(0),
-    )
+    let cpu = Duration::new(
+        u64::try_from(t.tv_sec).ok()?,
+        u32::try_from(t.tv_nsec).ok()?,
+    );
+    Some((std::thread::current().id(), cpu))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{FIRST_SLICE_CPU, Slicing, thread_cpu};
+    use super::{FIRST_SLICE_CPU, Slicing, thread_clock};
     use std::time::Duration;
 
     fn ms(n: f64) -> Duration {
@@ -92,17 +92,26 @@ mod tests {
         let me = std::thread::current().id();
         let mut s = Slicing::default();
         assert!(
-            !s.yields(me, || ms(10.0)),
+            !s.yields(|| Some((me, ms(10.0)))),
             "the first tick starts the count"
         );
         assert!(
-            !s.yields(me, || ms(10.0) + FIRST_SLICE_CPU - ms(0.001)),
+            !s.yields(|| Some((me, ms(10.0) + FIRST_SLICE_CPU - ms(0.001)))),
             "limit - 1 µs"
         );
-        assert!(s.yields(me, || ms(10.0) + FIRST_SLICE_CPU), "at the limit");
+        assert!(
+            s.yields(|| Some((me, ms(10.0) + FIRST_SLICE_CPU))),
+            "at the limit"
+        );
+        let mut beyond = Slicing::default();
+        beyond.yields(|| Some((me, ms(10.0))));
+        assert!(
+            beyond.yields(|| Some((me, ms(10.0) + FIRST_SLICE_CPU + ms(0.001)))),
+            "limit + 1 µs"
+        );
         for _ in 0..100 {
             assert!(
-                s.yields(me, || panic!("no clock read past the first slice")),
+                s.yields(|| panic!("no clock read past the first slice")),
                 "past the first slice every tick yields"
             );
         }
@@ -114,11 +123,11 @@ mod tests {
         // guest's thread's CPU time ends the first slice.
         let me = std::thread::current().id();
         let mut s = Slicing::default();
-        assert!(!s.yields(me, || ms(5.0)));
+        assert!(!s.yields(|| Some((me, ms(5.0)))));
         for _ in 0..50 {
-            assert!(!s.yields(me, || ms(5.5)), "0.5 ms used of 1.5");
+            assert!(!s.yields(|| Some((me, ms(5.5)))), "0.5 ms used of 1.5");
         }
-        assert!(s.yields(me, || ms(6.5)));
+        assert!(s.yields(|| Some((me, ms(6.5)))));
     }
 
     #[test]
@@ -128,15 +137,15 @@ mod tests {
             .join()
             .unwrap();
         let mut s = Slicing::default();
-        assert!(!s.yields(me, || ms(100.0)));
+        assert!(!s.yields(|| Some((me, ms(100.0)))));
         // The other thread's clock is far behind: neither a negative difference nor the
         // first thread's baseline may keep the guest running forever.
         assert!(
-            !s.yields(other, || ms(1.0)),
+            !s.yields(|| Some((other, ms(1.0)))),
             "a new baseline on the new thread"
         );
-        assert!(!s.yields(other, || ms(2.0)));
-        assert!(s.yields(other, || ms(2.5)));
+        assert!(!s.yields(|| Some((other, ms(2.0)))));
+        assert!(s.yields(|| Some((other, ms(2.5)))));
     }
 
     #[test]
@@ -144,19 +153,25 @@ mod tests {
         let me = std::thread::current().id();
         let mut s = Slicing::default();
         assert!(
-            s.yields(me, || Duration::MAX),
+            s.yields(|| None),
             "an unreadable clock ends the first slice"
         );
-        assert!(s.yields(me, || ms(1.0)));
+        assert!(s.yields(|| Some((me, ms(1.0)))));
     }
 
     #[test]
     fn the_threads_cpu_clock_advances_with_work() {
-        let before = thread_cpu();
+        let cpu = || thread_clock().expect("the thread's CPU clock").1;
+        let before = cpu();
         let mut x = 0u64;
-        while thread_cpu() - before < ms(2.0) {
+        while cpu() - before < ms(2.0) {
             x = x.wrapping_add(std::hint::black_box(1));
         }
-        assert!(x > 0 && thread_cpu() > before && thread_cpu() < Duration::MAX);
+        assert!(x > 0 && cpu() > before);
+        assert_eq!(
+            thread_clock().map(|(on, _)| on),
+            Some(std::thread::current().id()),
+            "the clock names the calling thread"
+        );
     }
 }
