@@ -15,6 +15,8 @@ mod module;
 mod slice;
 mod wasi_http;
 
+pub use slice::{Habit, Slicing};
+
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -104,24 +106,38 @@ struct Run {
     response: GuestResponse,
 }
 
-/// A fresh store for one request of `tenant`, time-sliced by the epoch ([`slice`]).
-pub(super) fn new_store<T>(engine: &wasmtime::Engine, state: T) -> Store<T> {
+/// A store's state that keeps its guest's time slicing ([`slice`]).
+pub(crate) trait Sliced {
+    /// The guest's slicing.
+    fn slicing(&mut self) -> &mut Slicing;
+}
+
+impl Sliced for crate::guest::module::GuestState {
+    fn slicing(&mut self) -> &mut Slicing {
+        &mut self.slicing
+    }
+}
+
+impl Sliced for crate::guest::wasi_http::HttpState {
+    fn slicing(&mut self) -> &mut Slicing {
+        &mut self.slicing
+    }
+}
+
+/// A fresh store for one request, time-sliced by the epoch as its state's [`Slicing`] says.
+pub(super) fn new_store<T: Sliced + 'static>(engine: &wasmtime::Engine, state: T) -> Store<T> {
     let mut store = Store::new(engine, state);
     // Time slicing, not a limit: the guest yields at the ticks `Slicing` says. A tick that
     // lands in a short guest's first microseconds never sends it to the back of the run queue
     // (with a yield at every tick, 2-3 % of `hello` runs under load took 1-8 ms).
-    // The yield is tokio's `yield_now`, which lets the runtime poll its sockets before the
-    // guest resumes. A plain wake-and-return-pending yield requeues the guest at once, and the
-    // runtime checks for I/O only every 61 task polls: with two busy guests on a worker, other
-    // tenants' requests waited tens of milliseconds (`loadtest/bench.sh mixed`).
     store.set_epoch_deadline(1);
     // The store owns the callback, so the tickers tick while it exists.
     let live = crate::engine::LiveStore::new();
-    let mut slicing = slice::Slicing::default();
-    store.epoch_deadline_callback(move |_| {
+    store.epoch_deadline_callback(move |mut ctx| {
         let _ticked_while = &live;
-        Ok(if slicing.yields(slice::thread_clock) {
-            UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
+        let slicing = ctx.data_mut().slicing();
+        Ok(if slicing.tick(slice::thread_clock) {
+            UpdateDeadline::YieldCustom(1, slicing.pause())
         } else {
             UpdateDeadline::Continue(1)
         })

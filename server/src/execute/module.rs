@@ -42,6 +42,7 @@ pub(super) async fn run(
         kv: Kv::new(tenant.kv.clone(), trace),
         cgi: cgi.then(Cgi::default),
         headers_blob: None,
+        slicing: super::Slicing::new(tenant.slice_habit.long_first_slice()),
     };
     let mut store = new_store(core.pre.module().engine(), state);
     store.limiter(|s| &mut s.limits);
@@ -124,6 +125,7 @@ pub(super) async fn run(
         ],
     };
     let memory = data.memory;
+    tenant.slice_habit.record(&data.slicing);
     ended.finish(result, tenant, request_id, || {
         let started = Instant::now();
         let sweep = teardown::due(tenant.sweep.as_ref(), memory, &mut store);

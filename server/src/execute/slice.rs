@@ -1,11 +1,20 @@
 //! Time slicing: when a running guest yields its worker to the other requests.
 //!
 //! The epoch ticker interrupts a running guest every [`crate::engine::EPOCH_TICK`], and the
-//! store's epoch callback asks [`Slicing::yields`] whether it yields there. A guest's first
-//! slice lasts until it has used [`FIRST_SLICE_CPU`] of CPU after the first tick it meets, so
-//! an ordinary request of a heavy guest (a Python `hello`: about 1 ms of CPU) ends in one turn;
-//! past it the guest is CPU-bound and yields at every tick, so other tenants' requests wait at
-//! most a tick behind it.
+//! store's epoch callback asks [`Slicing::tick`] whether it yields there. How long a guest runs
+//! before its first yield depends on its tenant's [`Habit`]:
+//!
+//! - **long first slice**, for a tenant whose requests end within it: the guest runs until it
+//!   has used [`FIRST_SLICE_CPU`] of CPU after the first tick it meets, so an ordinary request
+//!   of a heavy guest (a Python `hello`: about 1 ms of CPU) ends in one turn;
+//! - **short first slice**, for a tenant whose requests keep using the long one up (a guest
+//!   computing for 20 ms gains nothing from 2 ms without a yield, and every other tenant's
+//!   request that arrives then waits for it): the guest yields at the second tick it meets.
+//!
+//! Either way, once a guest has used [`FIRST_SLICE_CPU`] it yields at every tick, so other
+//! requests wait at most a tick behind it. Each request that meets a tick tells its tenant's
+//! habit whether it used the long slice up (it counts its CPU in either mode; in the short one
+//! from each resumption to the next tick); requests that meet no tick (`hello`) touch nothing.
 //!
 //! Why CPU time and not ticks: each yield sends a guest behind every other connection's task.
 //! With a first slice of 0.5-1 ms of wall time most Python requests yielded once or more and
@@ -17,52 +26,181 @@
 //! `unsafe`: one `libc::clock_gettime` call on a local struct.
 #![allow(unsafe_code)]
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::ThreadId;
 use std::time::Duration;
 
-/// CPU time a guest uses after the first epoch tick it meets before its first yield. With the
-/// time before that tick (up to one tick) its first slice is 1.5-2 ms of CPU.
+/// CPU time a guest uses after the first epoch tick it meets before it yields at every tick.
+/// With the time before that tick (up to one tick) a long first slice is 1.5-2 ms of CPU.
 pub const FIRST_SLICE_CPU: Duration = Duration::from_micros(1500);
 
-/// One guest's time slicing.
-#[derive(Debug, Default)]
+/// A thread and its CPU time then.
+type Mark = (ThreadId, Duration);
+
+/// How one guest's run is sliced, and what it used of its first slice.
+#[derive(Debug)]
 pub struct Slicing {
-    /// The thread the first tick found the guest on, and its CPU time then.
-    first_tick: Option<(ThreadId, Duration)>,
-    /// Whether the first slice is used up: the guest yields at every tick.
-    past_first_slice: bool,
+    /// Whether this guest's first slice is long (its tenant's habit when it began).
+    long: bool,
+    /// Whether it met a tick.
+    ticked: bool,
+    /// Where its first slice stands.
+    first: First,
+    /// CPU counted since the first tick it met.
+    used: Duration,
+    /// Where the stretch being counted began (`None` while none is: a yield's future sets
+    /// the next one when the guest resumes).
+    mark: Option<Mark>,
+    /// Where a yield's future leaves the clock when the guest resumes; made at the first
+    /// yield while the first slice is being counted.
+    resumed: Option<Arc<Mutex<Option<Mark>>>>,
+}
+
+impl Default for Slicing {
+    /// A long first slice, as a new tenant's requests get.
+    fn default() -> Self {
+        Self::new(true)
+    }
+}
+
+/// Where a guest's first slice stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum First {
+    /// Being counted.
+    Counting,
+    /// Used up ([`FIRST_SLICE_CPU`]): the guest yields at every tick, no clock is read.
+    Spent,
+    /// The clock could not be read: the guest yields at every tick and tells its tenant
+    /// nothing.
+    Unknown,
 }
 
 impl Slicing {
+    /// A guest's slicing, with a long first slice or a short one.
+    pub fn new(long: bool) -> Self {
+        Self {
+            long,
+            ticked: false,
+            first: First::Counting,
+            used: Duration::ZERO,
+            mark: None,
+            resumed: None,
+        }
+    }
+
     /// Whether the guest yields at this epoch tick. `clock` tells the thread the guest runs on
     /// and that thread's CPU time (`None`: no clock, which ends the first slice at once); it is
-    /// asked only during the first slice. A guest that moved to another worker thread while
-    /// suspended in a host call (the `shared` runtime) starts counting again there: two
-    /// threads' CPU times do not compare.
-    pub fn yields(&mut self, clock: impl FnOnce() -> Option<(ThreadId, Duration)>) -> bool {
-        if self.past_first_slice {
+    /// asked only while the first slice is counted. CPU is counted between two ticks, or
+    /// between a resumption and the next tick, on one thread: a guest that moved to another
+    /// worker thread while suspended (the `shared` runtime) counts on from there, and the time
+    /// the thread spent on others while the guest waited is not the guest's.
+    pub fn tick(&mut self, clock: impl FnOnce() -> Option<Mark>) -> bool {
+        let first_tick = !self.ticked;
+        self.ticked = true;
+        if self.first != First::Counting {
             return true;
+        }
+        if let Some(resumed) = self.resumed.as_ref().and_then(take) {
+            self.mark = Some(resumed);
         }
         let Some((thread, now)) = clock() else {
-            self.past_first_slice = true;
+            self.first = First::Unknown;
             return true;
         };
-        match self.first_tick {
-            Some((on, at)) if on == thread => {
-                self.past_first_slice = now.saturating_sub(at) >= FIRST_SLICE_CPU;
-                self.past_first_slice
-            }
-            _ => {
-                self.first_tick = Some((thread, now));
-                false
-            }
+        if let Some((on, at)) = self.mark
+            && on == thread
+        {
+            self.used += now.saturating_sub(at);
         }
+        if self.used >= FIRST_SLICE_CPU {
+            self.first = First::Spent;
+            return true;
+        }
+        let yields = !self.long && !first_tick;
+        self.mark = (!yields).then_some((thread, now));
+        yields
+    }
+
+    /// What the guest awaits when [`Slicing::tick`] says it yields: tokio's `yield_now`, which
+    /// lets the runtime poll its sockets before the guest resumes (a plain wake-and-pending
+    /// requeues it at once, and the runtime checks for I/O only every 61 task polls). While the
+    /// first slice is counted it also marks the thread's clock when the guest resumes.
+    pub fn pause(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        if self.first != First::Counting {
+            return Box::pin(tokio::task::yield_now());
+        }
+        let slot = Arc::clone(self.resumed.get_or_insert_with(Default::default));
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) = thread_clock();
+        })
+    }
+
+    /// What the run tells its tenant: `Some(true)` if it used its first slice up, `Some(false)`
+    /// if it met a tick and ended within it, `None` if it met no tick or had no clock.
+    pub fn used_up(&self) -> Option<bool> {
+        match self.first {
+            _ if !self.ticked => None,
+            First::Counting => Some(false),
+            First::Spent => Some(true),
+            First::Unknown => None,
+        }
+    }
+}
+
+/// Takes the mark a yield's future left.
+fn take(slot: &Arc<Mutex<Option<Mark>>>) -> Option<Mark> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner).take()
+}
+
+/// A tenant's recent use of the first slice: a score raised by each request that used its
+/// first slice up and lowered by each that met a tick and ended within it. Requests begin
+/// with a long first slice while the score is below [`Habit::SHORT_FROM`]; a new tenant (and
+/// each new version) starts at zero. A relaxed load per request; only requests that met a
+/// tick write.
+#[derive(Debug, Default)]
+pub struct Habit(AtomicU8);
+
+impl Habit {
+    /// The highest score: a tenant that used the slice up this often needs as many requests
+    /// ending within it, net, to get the long slice back.
+    pub const MAX: u8 = 8;
+    /// From this score on, requests begin with a short first slice.
+    pub const SHORT_FROM: u8 = 4;
+
+    /// Whether a request beginning now gets a long first slice.
+    pub fn long_first_slice(&self) -> bool {
+        self.0.load(Ordering::Relaxed) < Self::SHORT_FROM
+    }
+
+    /// Takes in how a run used its first slice.
+    pub fn record(&self, slicing: &Slicing) {
+        let Some(used_up) = slicing.used_up() else {
+            return;
+        };
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |score| {
+                Some(if used_up {
+                    (score + 1).min(Self::MAX)
+                } else {
+                    score.saturating_sub(1)
+                })
+            });
+    }
+
+    /// The current score (tests, diagnostics).
+    pub fn score(&self) -> u8 {
+        self.0.load(Ordering::Relaxed)
     }
 }
 
 /// The calling thread and the CPU time it has used (`CLOCK_THREAD_CPUTIME_ID`), or `None` if
 /// that clock cannot be read.
-pub fn thread_clock() -> Option<(ThreadId, Duration)> {
+pub fn thread_clock() -> Option<Mark> {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -80,38 +218,53 @@ pub fn thread_clock() -> Option<(ThreadId, Duration)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{FIRST_SLICE_CPU, Slicing, thread_clock};
+    use super::{FIRST_SLICE_CPU, Habit, Mark, Slicing, thread_clock};
     use std::time::Duration;
 
     fn ms(n: f64) -> Duration {
         Duration::from_secs_f64(n / 1e3)
     }
 
+    fn me() -> std::thread::ThreadId {
+        std::thread::current().id()
+    }
+
+    /// What a yield's future leaves when the guest resumes.
+    fn resume(s: &mut Slicing, at: Mark) {
+        *s.resumed
+            .get_or_insert_with(Default::default)
+            .lock()
+            .unwrap() = Some(at);
+    }
+
     #[test]
-    fn the_first_slice_ends_after_its_cpu_time_then_every_tick_yields() {
-        let me = std::thread::current().id();
-        let mut s = Slicing::default();
+    fn a_long_first_slice_ends_after_its_cpu_time_then_every_tick_yields() {
+        let me = me();
+        let mut s = Slicing::new(true);
+        assert_eq!(s.used_up(), None, "no tick met yet");
         assert!(
-            !s.yields(|| Some((me, ms(10.0)))),
+            !s.tick(|| Some((me, ms(10.0)))),
             "the first tick starts the count"
         );
         assert!(
-            !s.yields(|| Some((me, ms(10.0) + FIRST_SLICE_CPU - ms(0.001)))),
+            !s.tick(|| Some((me, ms(10.0) + FIRST_SLICE_CPU - ms(0.001)))),
             "limit - 1 µs"
         );
+        assert_eq!(s.used_up(), Some(false), "met a tick, still within");
         assert!(
-            s.yields(|| Some((me, ms(10.0) + FIRST_SLICE_CPU))),
+            s.tick(|| Some((me, ms(10.0) + FIRST_SLICE_CPU))),
             "at the limit"
         );
-        let mut beyond = Slicing::default();
-        beyond.yields(|| Some((me, ms(10.0))));
+        assert_eq!(s.used_up(), Some(true));
+        let mut beyond = Slicing::new(true);
+        beyond.tick(|| Some((me, ms(10.0))));
         assert!(
-            beyond.yields(|| Some((me, ms(10.0) + FIRST_SLICE_CPU + ms(0.001)))),
+            beyond.tick(|| Some((me, ms(10.0) + FIRST_SLICE_CPU + ms(0.001)))),
             "limit + 1 µs"
         );
         for _ in 0..100 {
             assert!(
-                s.yields(|| panic!("no clock read past the first slice")),
+                s.tick(|| panic!("no clock read past the first slice")),
                 "past the first slice every tick yields"
             );
         }
@@ -121,42 +274,149 @@ mod tests {
     fn a_slow_tick_does_not_end_the_first_slice_without_cpu_used() {
         // However many ticks pass while the thread runs others (a preempted worker), only the
         // guest's thread's CPU time ends the first slice.
-        let me = std::thread::current().id();
-        let mut s = Slicing::default();
-        assert!(!s.yields(|| Some((me, ms(5.0)))));
+        let me = me();
+        let mut s = Slicing::new(true);
+        assert!(!s.tick(|| Some((me, ms(5.0)))));
         for _ in 0..50 {
-            assert!(!s.yields(|| Some((me, ms(5.5)))), "0.5 ms used of 1.5");
+            assert!(!s.tick(|| Some((me, ms(5.5)))), "0.5 ms used of 1.5");
         }
-        assert!(s.yields(|| Some((me, ms(6.5)))));
+        assert!(s.tick(|| Some((me, ms(6.5)))));
     }
 
     #[test]
-    fn a_guest_moved_to_another_thread_counts_again_there() {
-        let me = std::thread::current().id();
+    fn a_guest_moved_to_another_thread_counts_on_there() {
+        let me = me();
         let other = std::thread::spawn(|| std::thread::current().id())
             .join()
             .unwrap();
-        let mut s = Slicing::default();
-        assert!(!s.yields(|| Some((me, ms(100.0)))));
+        let mut s = Slicing::new(true);
+        assert!(!s.tick(|| Some((me, ms(100.0)))));
+        assert!(!s.tick(|| Some((me, ms(101.0)))), "1 ms counted");
         // The other thread's clock is far behind: neither a negative difference nor the
-        // first thread's baseline may keep the guest running forever.
+        // first thread's baseline may count; what was counted stays.
         assert!(
-            !s.yields(|| Some((other, ms(1.0)))),
+            !s.tick(|| Some((other, ms(1.0)))),
             "a new baseline on the new thread"
         );
-        assert!(!s.yields(|| Some((other, ms(2.0)))));
-        assert!(s.yields(|| Some((other, ms(2.5)))));
+        assert!(!s.tick(|| Some((other, ms(1.4)))), "1.4 ms counted");
+        assert!(s.tick(|| Some((other, ms(1.5)))), "1.5 ms counted");
     }
 
     #[test]
-    fn without_a_clock_every_tick_yields() {
-        let me = std::thread::current().id();
-        let mut s = Slicing::default();
+    fn a_short_first_slice_yields_at_the_second_tick_and_counts_only_its_turns() {
+        let me = me();
+        let mut s = Slicing::new(false);
         assert!(
-            s.yields(|| None),
-            "an unreadable clock ends the first slice"
+            !s.tick(|| Some((me, ms(10.0)))),
+            "the first tick: a turn's start"
         );
-        assert!(s.yields(|| Some((me, ms(1.0)))));
+        assert!(s.tick(|| Some((me, ms(10.5)))), "the second tick yields");
+        // While the guest waits its thread runs others for 20 ms: not the guest's.
+        resume(&mut s, (me, ms(30.5)));
+        assert!(s.tick(|| Some((me, ms(30.9)))), "0.9 ms counted, yields");
+        assert_eq!(s.used_up(), Some(false));
+        // A turn that resumed on another thread and ticked on this one counts nothing.
+        let other = std::thread::spawn(|| std::thread::current().id())
+            .join()
+            .unwrap();
+        resume(&mut s, (other, ms(3.0)));
+        assert!(s.tick(|| Some((me, ms(50.0)))));
+        assert_eq!(s.used_up(), Some(false), "still 0.9 ms");
+        resume(&mut s, (me, ms(60.0)));
+        assert!(
+            s.tick(|| Some((me, ms(60.0) + FIRST_SLICE_CPU - ms(0.9) - ms(0.001)))),
+            "limit - 1 µs"
+        );
+        assert_eq!(s.used_up(), Some(false));
+        resume(&mut s, (me, ms(70.0)));
+        assert!(s.tick(|| Some((me, ms(70.001)))), "at the limit");
+        assert_eq!(s.used_up(), Some(true));
+        assert!(s.tick(|| panic!("no clock read past the first slice")));
+    }
+
+    #[test]
+    fn a_yield_marks_the_clock_when_the_guest_resumes() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut s = Slicing::new(false);
+        s.tick(thread_clock);
+        assert!(s.tick(thread_clock));
+        assert!(
+            s.mark.is_none(),
+            "no stretch is counted while the guest waits"
+        );
+        let before = thread_clock().unwrap().1;
+        rt.block_on(s.pause());
+        let (on, at) = super::take(s.resumed.as_ref().unwrap()).expect("a mark at resumption");
+        assert_eq!(on, me());
+        assert!(at >= before);
+        // Past the first slice a yield marks nothing.
+        let mut spent = Slicing::new(true);
+        spent.tick(|| None);
+        rt.block_on(spent.pause());
+        assert!(spent.resumed.is_none());
+    }
+
+    #[test]
+    fn without_a_clock_every_tick_yields_and_the_tenant_learns_nothing() {
+        let me = me();
+        let mut s = Slicing::new(true);
+        assert!(s.tick(|| None), "an unreadable clock ends the first slice");
+        assert!(s.tick(|| Some((me, ms(1.0)))));
+        assert_eq!(s.used_up(), None);
+        let habit = Habit::default();
+        habit.record(&s);
+        assert_eq!(habit.score(), 0);
+    }
+
+    #[test]
+    fn a_tenant_whose_requests_use_the_first_slice_up_gets_short_ones_until_they_fit() {
+        let me = me();
+        let spent = {
+            let mut s = Slicing::new(true);
+            s.tick(|| Some((me, ms(0.0))));
+            s.tick(|| Some((me, FIRST_SLICE_CPU)));
+            s
+        };
+        let fits = {
+            let mut s = Slicing::new(true);
+            s.tick(|| Some((me, ms(0.0))));
+            s
+        };
+        let untouched = Slicing::new(true);
+        let habit = Habit::default();
+        assert!(habit.long_first_slice(), "a new tenant starts long");
+        for _ in 0..100 {
+            habit.record(&untouched);
+        }
+        assert_eq!(habit.score(), 0, "requests that met no tick change nothing");
+        for n in 1..Habit::SHORT_FROM {
+            habit.record(&spent);
+            assert!(habit.long_first_slice(), "{n} used up: limit - 1");
+        }
+        habit.record(&spent);
+        assert!(!habit.long_first_slice(), "at the limit");
+        habit.record(&spent);
+        assert!(!habit.long_first_slice(), "limit + 1");
+        for _ in 0..100 {
+            habit.record(&spent);
+        }
+        assert_eq!(habit.score(), Habit::MAX, "the score saturates");
+        for n in 1..=Habit::MAX - Habit::SHORT_FROM {
+            habit.record(&fits);
+            assert!(
+                !habit.long_first_slice(),
+                "{n} fitted of {}",
+                Habit::MAX - Habit::SHORT_FROM + 1
+            );
+        }
+        habit.record(&fits);
+        assert!(habit.long_first_slice(), "back to long");
+        for _ in 0..100 {
+            habit.record(&fits);
+        }
+        assert_eq!(habit.score(), 0);
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub(super) async fn run(
     let flags = Arc::new(BodyFlags::default());
     let head_request = request.method == http::Method::HEAD;
     let max_request = request.max_bytes;
-    let state = HttpState::new(
+    let mut state = HttpState::new(
         tenant.wasi.clone(),
         super::guest_limits(limits),
         tenant.outbound.clone(),
@@ -66,6 +66,7 @@ pub(super) async fn run(
         request.context.trace.as_ref(),
         request_id,
     );
+    state.slicing = super::Slicing::new(tenant.slice_habit.long_first_slice());
     let scheme = match request.context.conn.tls {
         Some(_) => Scheme::Https,
         None => Scheme::Http,
@@ -175,6 +176,7 @@ pub(super) async fn run(
     let result = verdict(ended, body, &response, limits.timeout, head_request);
     let result = reply(result, &mut response, tenant, request_id).await;
     let data = store.data_mut();
+    tenant.slice_habit.record(&data.slicing);
     let ended = Ended {
         peak_memory: data.limits.peak_memory,
         stdio: data.take_stdio(),

@@ -78,6 +78,8 @@ pub struct HttpState {
     /// The main memory's address and length, as the memory probe last reported them
     /// ([`crate::probe`]).
     pub memory: Option<(usize, usize)>,
+    /// When the guest yields its worker (kept by the epoch callback, [`crate::execute`]).
+    pub slicing: crate::execute::Slicing,
 }
 
 impl WasiView for HttpState {
@@ -134,6 +136,7 @@ impl HttpState {
             kv: Session::new(kv, trace.cloned()),
             limits,
             memory: None,
+            slicing: crate::execute::Slicing::default(),
         }
     }
 
