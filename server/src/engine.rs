@@ -13,9 +13,10 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 
 use crate::config::PoolConfig;
 
-/// How often the epoch advances. Past its first slice (`execute::slice`) a running guest yields
-/// to the scheduler at each tick, so this is the time slice of a busy guest: a light tenant's
-/// request waits at most one slice per busy guest ahead of it on its worker.
+/// How often the epoch advances. Past its first slice (`execute::slice`) a running guest of a
+/// CPU-bound tenant yields to the scheduler at each tick, so this is the time slice of a busy
+/// guest: a light tenant's request waits at most one slice per busy guest ahead of it on its
+/// worker (two for a guest of a tenant whose requests mostly end within their first slice).
 /// With 1 ms, `hello`'s p99 next to a CPU-bound tenant was 2.6x its solo value; with 500 µs
 /// 1.7x (`loadtest/bench.sh mixed`), while the yield itself (~1 µs) costs about 0.2 % of a
 /// busy guest's time.

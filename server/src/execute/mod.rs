@@ -5,8 +5,9 @@
 //! (`instantiate_async` takes a slot from the pool and maps the copy-on-write heap image) and
 //! calls its handler on a pooled fiber stack: `_start` for a core module (`module`: the
 //! `tern` and `cgi` kinds), `handle` for a `wasi:http` component (`wasi_http`). Epoch
-//! interruption makes the guest yield at every tick after its first slice, so a busy guest
-//! never holds a worker thread, and a wall-clock deadline around the whole run cuts it off.
+//! interruption makes the guest yield in turns of a tick or two after its first slice, so a
+//! busy guest never holds a worker thread, and a wall-clock deadline around the whole run cuts
+//! it off.
 //! The rest is shared, here: what a failure means for the client (`classify`, `verdict`), the
 //! reply, the outcome counts, the captured output and teardown (`Ended`). The kinds' host
 //! sides are [`crate::guest`]'s.
