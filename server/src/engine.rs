@@ -13,7 +13,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 
 use crate::config::PoolConfig;
 
-/// How often the epoch advances. Past its first slice (`execute::slice`) a running guest of a
+/// How often the epoch advances. Past its first slice (`guest::slice`) a running guest of a
 /// CPU-bound tenant yields to the scheduler at each tick, so this is the time slice of a busy
 /// guest: a light tenant's request waits at most one slice per busy guest ahead of it on its
 /// worker (two for a guest of a tenant whose requests mostly end within their first slice).

@@ -176,8 +176,8 @@ pub struct Tenant {
     pub log_budget: Arc<LogBudget>,
     /// The sweep before teardown, when the dirty-page reset is in use (`crate::teardown`).
     pub sweep: Option<MemorySweep>,
-    /// Whether its requests lately used their first time slice up ([`crate::execute::Habit`]).
-    pub slice_habit: crate::execute::Habit,
+    /// Whether its requests lately used their first time slice up ([`crate::guest::slice::Habit`]).
+    pub slice_habit: crate::guest::slice::Habit,
     /// What its guests may call, with the metric handles of those calls.
     pub outbound: Arc<crate::outbound::Calls>,
     /// The key-value stores its guests may open.
@@ -489,7 +489,7 @@ pub fn prepare(
             .pagemap_scan
             .then(|| MemorySweep::new(pool.memory_keep_resident_kib * 1024))
             .flatten(),
-        slice_habit: crate::execute::Habit::default(),
+        slice_habit: crate::guest::slice::Habit::default(),
         log_budget,
         requests: metrics.tenant(&label),
         undelivered: metrics.undelivered(&label),

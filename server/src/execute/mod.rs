@@ -13,10 +13,7 @@
 //! sides are [`crate::guest`]'s.
 
 mod module;
-mod slice;
 mod wasi_http;
-
-pub use slice::{Habit, Slicing};
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +23,7 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::I32Exit;
 
 use crate::guest::module::GuestFault;
+use crate::guest::slice::Slicing;
 use crate::guest::{Guest, GuestLimits, GuestRequest, GuestResponse, Head, Stdio};
 use crate::outcome::{ExecError, Outcome, body_too_large, response_limit};
 use crate::tenant::{Tenant, TenantRef};
@@ -107,7 +105,7 @@ struct Run {
     response: GuestResponse,
 }
 
-/// A store's state that keeps its guest's time slicing ([`slice`]).
+/// A store's state that keeps its guest's time slicing ([`crate::guest::slice`]).
 pub(crate) trait Sliced {
     /// The guest's slicing.
     fn slicing(&mut self) -> &mut Slicing;
@@ -137,7 +135,7 @@ pub(super) fn new_store<T: Sliced + 'static>(engine: &wasmtime::Engine, state: T
     store.epoch_deadline_callback(move |mut ctx| {
         let _ticked_while = &live;
         let slicing = ctx.data_mut().slicing();
-        Ok(if slicing.tick(slice::thread_clock) {
+        Ok(if slicing.tick(crate::guest::slice::thread_clock) {
             UpdateDeadline::YieldCustom(1, slicing.pause())
         } else {
             UpdateDeadline::Continue(1)

@@ -9,6 +9,7 @@ use super::{BodyEnd, Ended, Run, RunOutput, Stage, classify, new_store, reply, v
 use crate::guest::GuestRequest;
 use crate::guest::cgi::Cgi;
 use crate::guest::module::{CoreGuest, GuestState, Wasi, fs};
+use crate::guest::slice::Slicing;
 use crate::guest::tern::kv::Kv;
 use crate::guest::tern::outbound::Outbound;
 use crate::outcome::{ExecError, Outcome};
@@ -42,7 +43,7 @@ pub(super) async fn run(
         kv: Kv::new(tenant.kv.clone(), trace),
         cgi: cgi.then(Cgi::default),
         headers_blob: None,
-        slicing: super::Slicing::new(tenant.slice_habit.long_first_slice()),
+        slicing: Slicing::new(tenant.slice_habit.long_first_slice()),
     };
     let mut store = new_store(core.pre.module().engine(), state);
     store.limiter(|s| &mut s.limits);

@@ -13,6 +13,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use super::{BodyEnd, Ended, Run, RunOutput, Stage, classify, new_store, reply, verdict};
 use crate::body::BodyFlags;
 use crate::guest::GuestRequest;
+use crate::guest::slice::Slicing;
 use crate::guest::wasi_http::{Answer, Handler, HttpState, Proxy, incoming, pump, pump_parts};
 use crate::outcome::{ExecError, Outcome, response_limit};
 use crate::teardown;
@@ -66,7 +67,7 @@ pub(super) async fn run(
         request.context.trace.as_ref(),
         request_id,
     );
-    state.slicing = super::Slicing::new(tenant.slice_habit.long_first_slice());
+    state.slicing = Slicing::new(tenant.slice_habit.long_first_slice());
     let scheme = match request.context.conn.tls {
         Some(_) => Scheme::Https,
         None => Scheme::Http,

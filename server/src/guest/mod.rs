@@ -24,6 +24,7 @@ pub mod cgi;
 pub mod module;
 pub mod request;
 pub mod response;
+pub mod slice;
 pub mod tern;
 pub mod wasi_http;
 

@@ -48,7 +48,7 @@ pub struct GuestState {
     /// The request's headers as `tern::request_headers` gives them, made on its first call.
     pub headers_blob: Option<Vec<u8>>,
     /// When the guest yields its worker (kept by the epoch callback, [`crate::execute`]).
-    pub slicing: crate::execute::Slicing,
+    pub slicing: crate::guest::slice::Slicing,
 }
 
 impl GuestState {

@@ -79,7 +79,7 @@ pub struct HttpState {
     /// ([`crate::probe`]).
     pub memory: Option<(usize, usize)>,
     /// When the guest yields its worker (kept by the epoch callback, [`crate::execute`]).
-    pub slicing: crate::execute::Slicing,
+    pub slicing: crate::guest::slice::Slicing,
 }
 
 impl WasiView for HttpState {
@@ -136,7 +136,7 @@ impl HttpState {
             kv: Session::new(kv, trace.cloned()),
             limits,
             memory: None,
-            slicing: crate::execute::Slicing::default(),
+            slicing: crate::guest::slice::Slicing::default(),
         }
     }
 
