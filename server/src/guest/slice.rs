@@ -38,8 +38,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::ThreadId;
 use std::time::Duration;
 
-/// CPU time a guest uses after the first epoch tick it meets before it yields at every tick.
-/// With the time before that tick (up to one tick) a long first slice is 1.5-2 ms of CPU.
+/// CPU time a guest uses after the first epoch tick it meets before its first slice is used up
+/// (then it runs in turns). With the time before that tick (up to one tick) a long first slice
+/// is 1.5-2 ms of CPU.
 pub const FIRST_SLICE_CPU: Duration = Duration::from_micros(1500);
 
 /// A thread and its CPU time then.
@@ -182,7 +183,7 @@ fn take(slot: &Arc<Mutex<Option<Mark>>>) -> Option<Mark> {
 /// first slice up and lowered by each that met a tick and ended within it. Requests begin
 /// with a long first slice while the score is below [`Habit::SHORT_FROM`]; a new tenant (and
 /// each new version) starts at zero. A relaxed load per request; only requests that met a
-/// tick write.
+/// tick and change the score write.
 #[derive(Debug, Default)]
 pub struct Habit(AtomicU8);
 
@@ -220,8 +221,9 @@ impl Habit {
             });
     }
 
-    /// The current score (tests, diagnostics).
-    pub fn score(&self) -> u8 {
+    /// The current score.
+    #[cfg(test)]
+    fn score(&self) -> u8 {
         self.0.load(Ordering::Relaxed)
     }
 }
