@@ -683,10 +683,13 @@ hello_split() { # lifecycle_p50
     local k i rows="" orders=("n f h" "f h n" "h n f" "n h f" "h f n" "f n h")
     for k in n f h; do paced_cpu "${pid[$k]}" "${url[$k]}" >/dev/null; done
     local -A got=()
+    local phases_before phases_after
+    phases_before=$(phase_sums)
     for i in $(seq 0 $((SPLIT_ROUNDS - 1))); do
         for k in ${orders[$((i % 6))]}; do got[$k]=$(paced_cpu "${pid[$k]}" "${url[$k]}"); done
         rows+="${got[n]} ${got[f]} ${got[h]}"$'\n'
     done
+    phases_after=$(phase_sums)
     stop "$tern_pid"
     stop "$native_pid"
     printf '%s' "$rows" | grep . >"$WORK/split-rounds"
@@ -712,6 +715,28 @@ hello_split() { # lifecycle_p50
     echo
     echo "- front end (404 − native): **$(printf '%.2f' "$front") µs**; the guest's execution (hello − 404): **$(printf '%.2f' "$run_cost") µs**, of which the lifecycle p50 is $1 µs and the rest ($(awk -v a="$run_cost" -v b="$1" 'BEGIN { printf "%.2f", a - b }') µs) is the execution's glue (request and response conversion, the run's future, fiber switches, its timer) and the lifecycle's cost under load over its cost alone"
     echo "- Tern − native at this rate: **$(printf '%.2f' "$over") µs** = $(awk -v a="$over" -v b="$1" 'BEGIN { printf "%.2f", a / b }') × the lifecycle p50 (goal ≤ 1.2)"
+    # The lifecycle as the server itself times it during these `hello` runs (its phase
+    # histograms' sums over counts; the 404s record no phases): the floor under Tern − native.
+    local inst run tear life_in
+    read -r inst run tear <<<"$(phase_delta "$phases_before" "$phases_after")"
+    life_in=$(awk -v a="$inst" -v b="$run" -v c="$tear" 'BEGIN { printf "%.2f", a + b + c }')
+    echo "- the lifecycle inside the server during the \`hello\` runs (its own phase timers: \`tern_request_phase_duration_seconds\` sums ÷ counts): instantiate $inst + run $run + teardown $tear = **$life_in µs** per request = $(awk -v a="$life_in" -v b="$1" 'BEGIN { printf "%.2f", a / b }') × the lifecycle p50 alone. That is wasmtime's instantiation, the guest and wasmtime's teardown, timed around those calls; with a front end and glue that cost nothing, Tern − native would still be at least this"
+}
+
+# "instantiate run teardown" in µs per request between two phase_sums lines.
+phase_delta() { # before after
+    printf '%s\n%s\n' "$1" "$2" | awk '
+        NR == 1 { split($0, b); next }
+        { n = $4 - b[4]; if (n > 0) printf "%.2f %.2f %.2f\n", ($1 - b[1]) / n * 1e6, ($2 - b[2]) / n * 1e6, ($3 - b[3]) / n * 1e6 }'
+}
+
+# "instantiate_sum run_sum teardown_sum count" (seconds; requests) of the Tern on $ADMIN_PORT.
+phase_sums() {
+    curl -sf "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '
+        /^tern_request_phase_duration_seconds_sum\{phase="(instantiate|run|teardown)"\}/ {
+            split($1, a, "\""); s[a[2]] = $2 }
+        /^tern_request_phase_duration_seconds_count\{phase="teardown"\}/ { n = $2 }
+        END { printf "%s %s %s %s\n", s["instantiate"], s["run"], s["teardown"], n }'
 }
 
 # The mean time per iteration, in ns, of criterion bench $1's functions matching $2, run pinned
@@ -786,7 +811,7 @@ kinds() {
         printf '[[tenant]]\nname = "py"\nmodule = "%s"\npaths = ["/py"]\n' "$py"
     } >"$shared"
     { printf '[server]\nworker_threads = 1\n'; cat "$shared"; } >"$pinned"
-    local -A r=() c=() file=([rust]=$rust [js]=$js [py]=$py) bin=([w48]=$wasmtime [wnew]=$newest)
+    local -A r=() c=() ph=() file=([rust]=$rust [js]=$js [py]=$py) bin=([w48]=$wasmtime [wnew]=$newest)
     local -A url=([hello]=/hello [cgi]=/cgi [rust]=/rust/hello [js]=/js/hello [py]=/py/hello)
     local n path w kind
     # `-S cli`: the Rust, JavaScript and Python standard libraries import `wasi:cli` interfaces
@@ -813,11 +838,22 @@ kinds() {
             r[w48-$kind]+="$(h1 "http://127.0.0.1:$PEER_PORT/hello")"$'\n'
             stop "$PEER_PID"
         done
-        # Server pinned to core 0, load generator to core 1: CPU per request.
+        # Server pinned to core 0, load generator to core 1: CPU per request. First the native
+        # hello (no guest): the floor of what is not the lifecycle.
+        TOKIO_WORKER_THREADS=1 taskset -c 0 target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+        local native=$!
+        PIDS+=("$native")
+        wait_http "http://127.0.0.1:$NATIVE_PORT/"
+        WRK_THREADS=1 warm "http://127.0.0.1:$NATIVE_PORT/" taskset -c 1
+        c[native]+="$(pinned_h1 "http://127.0.0.1:$NATIVE_PORT/" "$native")"$'\n'
+        stop "$native"
         PIN=0 start_tern "$pinned" TERN_LOG=info,tern::access=off
         for path in hello cgi rust js py; do
             WRK_THREADS=1 warm "http://127.0.0.1:$TERN_PORT${url[$path]}" taskset -c 1
+            local phases_before
+            phases_before=$(phase_sums)
             c[$path]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT${url[$path]}" "$TERN_PID")"$'\n'
+            ph[$path]+="$(phase_delta "$phases_before" "$(phase_sums)")"$'\n'
         done
         stop "$TERN_PID"
         for w in w48 wnew; do
@@ -833,6 +869,8 @@ kinds() {
     local k
     for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | best); done
     for k in "${!c[@]}"; do c[$k]=$(printf '%s' "${c[$k]}" | grep . | least_cpu); done
+    # the round with the least lifecycle
+    for k in "${!ph[@]}"; do ph[$k]=$(printf '%s' "${ph[$k]}" | grep . | awk '{ print $1 + $2 + $3, $0 }' | sort -n | head -1 | cut -d' ' -f2-); done
     cpu_of() { echo "${c[$1]:-}" | cut -d' ' -f7; }
     cpu_row() { # label line
         if [ -z "$2" ]; then echo "| $1 | not run | | | | |"; return; fi
@@ -861,6 +899,7 @@ kinds() {
         echo
         echo "| server, guest | CPU per request | requests/s | p50 | p99 | errors |"
         echo "|---|---:|---:|---:|---:|---:|"
+        cpu_row "native hyper hello (no guest)" "${c[native]}"
         cpu_row "Tern, \`tern\` kind (\`hello\`)" "${c[hello]}"
         cpu_row "Tern, \`cgi\` program" "${c[cgi]}"
         for kind in rust js py; do
@@ -875,6 +914,24 @@ kinds() {
         echo "|---|---:|---:|"
         for kind in rust js py; do
             echo "| \`$kind\` | **$(ratio "$(cpu_of "w48-$kind")" "$(cpu_of "$kind")")** | $(ratio "$(cpu_of "wnew-$kind")" "$(cpu_of "$kind")") |"
+        done
+        echo
+        echo "Where Tern's CPU per request goes: the lifecycle as the server times it during the pinned runs"
+        echo "above (\`tern_request_phase_duration_seconds\` sums ÷ counts, the least of $ROUNDS rounds), and the"
+        echo "rest (accept, HTTP, routing, request and response conversion, the kernel's sockets). The"
+        echo "native hello's CPU per request ($(cpu_of native) µs) is the least the rest can cost, so the lifecycle"
+        echo "plus it is the floor under Tern's CPU per request; the last column is the CPU per request"
+        echo "that 3× \`wasmtime serve\` ($v48) would allow:"
+        echo
+        echo "| guest | instantiate | run | teardown | lifecycle | the rest | floor (lifecycle + native) | CPU per request for 3× |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+        for kind in hello cgi rust js py; do
+            [ -n "${ph[$kind]:-}" ] || continue
+            read -r pi pr pt <<<"${ph[$kind]}"
+            local lc budget="–"
+            lc=$(awk -v a="$pi" -v b="$pr" -v c="$pt" 'BEGIN { printf "%.2f", a + b + c }')
+            case $kind in rust | js | py) [ -n "$(cpu_of "w48-$kind")" ] && budget="$(awk -v w="$(cpu_of "w48-$kind")" 'BEGIN { printf "%.2f", w / 3 }') µs" ;; esac
+            echo "| \`$kind\` | $pi µs | $pr µs | $pt µs | **$lc µs** | $(awk -v a="$(cpu_of "$kind")" -v b="$lc" 'BEGIN { printf "%.2f", a - b }') µs | $(awk -v a="$(cpu_of native)" -v b="$lc" 'BEGIN { printf "%.2f", a + b }') µs | $budget |"
         done
         echo
         echo "Requests/s, server and \`wrk -t$WRK_THREADS -c$CONNS\` sharing the $(nproc) cores (best of $ROUNDS alternating rounds):"
@@ -932,17 +989,22 @@ CFG
     PIDS+=("$native_proxy_pid")
     wait_http "http://127.0.0.1:$NATIVE_PROXY_PORT/"
     local -A r=()
-    local n
+    local n lifecycle=""
     for n in $(seq 1 "$ROUNDS"); do
         r[native]+="$(h1 http://127.0.0.1:$NATIVE_PORT/)"$'\n'
         r[haproxy]+="$(h1_cpu http://127.0.0.1:$HAPROXY_PORT/ "$haproxy_pid")"$'\n'
         r[hyper]+="$(h1_cpu http://127.0.0.1:$NATIVE_PROXY_PORT/ "$native_proxy_pid")"$'\n'
         start_tern "$config" TERN_LOG=info,tern::access=off
+        local phases_before
+        phases_before=$(phase_sums)
         r[tern]+="$(h1_cpu http://127.0.0.1:$TERN_PORT/ "$TERN_PID")"$'\n'
+        # instantiate + teardown per request (the run phase also waits for the backend)
+        lifecycle+="$(phase_delta "$phases_before" "$(phase_sums)" | awk '{ printf "%.2f", $1 + $3 }')"$'\n'
         stop "$TERN_PID"
     done
-    local k
+    local k life
     for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | best); done
+    life=$(printf '%s' "$lifecycle" | grep . | sort -n | head -1)
     added() { # "rps p50 ..." of the proxy -> p50 added to native's, in µs
         awk -v a="$(echo "$1" | cut -d' ' -f2)" -v b="$(echo "${r[native]}" | cut -d' ' -f2)" 'BEGIN { printf "%d", a - b }'
     }
@@ -965,6 +1027,10 @@ CFG
         echo "- Native hyper proxy / HAProxy, requests/s: $(ratio "${r[hyper]%% *}" "${r[haproxy]%% *}") (the ceiling of hyper's server + client stack, which Tern's proxy path is built on)"
         echo "- CPU per proxied request, the proxy process alone (\`/proc/PID/stat\` over the run ÷ requests): Tern **$(echo "${r[tern]}" | cut -d' ' -f6) µs**, native hyper proxy $(echo "${r[hyper]}" | cut -d' ' -f6) µs, HAProxy **$(echo "${r[haproxy]}" | cut -d' ' -f6) µs**"
         echo "- p50 added to the backend's: Tern $(added "${r[tern]}") µs, HAProxy $(added "${r[haproxy]}") µs (at $CONNS connections, so this includes queueing)"
+        local hyper_cpu ha_cpu
+        hyper_cpu=$(echo "${r[hyper]}" | cut -d' ' -f6)
+        ha_cpu=$(echo "${r[haproxy]}" | cut -d' ' -f6)
+        echo "- The floor under Tern's CPU per proxied request: the native hyper proxy's $hyper_cpu µs (the same server and client stack, no guest) + the guest's instantiation and teardown as the server times them during its run ($life µs, \`tern_request_phase_duration_seconds\`; the guest's own run is not counted) = **$(awk -v a="$hyper_cpu" -v b="$life" 'BEGIN { printf "%.1f", a + b }') µs**, against the $(awk -v a="$ha_cpu" 'BEGIN { printf "%.1f", a / 0.8 }') µs (HAProxy's ÷ 0.8) that 0.8× HAProxy's requests/s would allow on the same cores"
         echo "- \`wrk -t$WRK_THREADS -c$CONNS -d${SECS}s\`, best of $ROUNDS alternating rounds; latencies in µs"
     } | tee "$RESULTS/proxy.md"
 }
