@@ -87,6 +87,15 @@ start_tern() {
 }
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
+# The native hello with one worker pinned to core 0 (the baseline of the pinned benches); its
+# pid in NATIVE_PID.
+start_pinned_native() {
+    TOKIO_WORKER_THREADS=1 taskset -c 0 target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+    NATIVE_PID=$!
+    PIDS+=("$NATIVE_PID")
+    wait_http "http://127.0.0.1:$NATIVE_PORT/"
+}
+
 # A config with the demo `hello` on /hello plus extra TOML ($1, placed before the tenant).
 hello_config() {
     local f=$WORK/hello-$RANDOM.toml
@@ -480,12 +489,9 @@ cpu() {
     local lifecycle=""
     for n in $(seq 1 "$ROUNDS"); do
         # Alternate everything so drift on a shared machine hits all rows alike.
-        TOKIO_WORKER_THREADS=1 taskset -c 0 target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
-        local native=$!
-        PIDS+=("$native")
-        wait_http "http://127.0.0.1:$NATIVE_PORT/"
-        r[native]+="$(pinned_h1 http://127.0.0.1:$NATIVE_PORT/ "$native")"$'\n'
-        stop "$native"
+        start_pinned_native
+        r[native]+="$(pinned_h1 http://127.0.0.1:$NATIVE_PORT/ "$NATIVE_PID")"$'\n'
+        stop "$NATIVE_PID"
         PIN=0 start_tern "$config"
         r[tern]+="$(pinned_h1 http://127.0.0.1:$TERN_PORT/hello "$TERN_PID")"$'\n'
         stop "$TERN_PID"
@@ -662,10 +668,8 @@ SPLIT_ROUNDS=${SPLIT_ROUNDS:-6}
 hello_split() { # lifecycle_p50
     local config tern_pid native_pid
     config=$(hello_config "[server]\nworker_threads = 1")
-    TOKIO_WORKER_THREADS=1 taskset -c 0 target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
-    native_pid=$!
-    PIDS+=("$native_pid")
-    wait_http "http://127.0.0.1:$NATIVE_PORT/"
+    start_pinned_native
+    native_pid=$NATIVE_PID
     PIN=0 start_tern "$config" TERN_LOG=info,tern::access=off
     tern_pid=$TERN_PID
     # one paced run of URL $2 -> CPU µs per request of process $1
@@ -683,13 +687,13 @@ hello_split() { # lifecycle_p50
     local k i rows="" orders=("n f h" "f h n" "h n f" "n h f" "h f n" "f n h")
     for k in n f h; do paced_cpu "${pid[$k]}" "${url[$k]}" >/dev/null; done
     local -A got=()
-    local phases_before phases_after
+    local phases_before phases
     phases_before=$(phase_sums)
     for i in $(seq 0 $((SPLIT_ROUNDS - 1))); do
         for k in ${orders[$((i % 6))]}; do got[$k]=$(paced_cpu "${pid[$k]}" "${url[$k]}"); done
         rows+="${got[n]} ${got[f]} ${got[h]}"$'\n'
     done
-    phases_after=$(phase_sums)
+    phases=$(phase_since "$phases_before")
     stop "$tern_pid"
     stop "$native_pid"
     printf '%s' "$rows" | grep . >"$WORK/split-rounds"
@@ -718,14 +722,14 @@ hello_split() { # lifecycle_p50
     # The lifecycle as the server itself times it during these `hello` runs (its phase
     # histograms' sums over counts; the 404s record no phases): the floor under Tern − native.
     local inst run tear life_in
-    read -r inst run tear <<<"$(phase_delta "$phases_before" "$phases_after")"
+    read -r inst run tear <<<"$phases"
     life_in=$(awk -v a="$inst" -v b="$run" -v c="$tear" 'BEGIN { printf "%.2f", a + b + c }')
     echo "- the lifecycle inside the server during the \`hello\` runs (its own phase timers: \`tern_request_phase_duration_seconds\` sums ÷ counts): instantiate $inst + run $run + teardown $tear = **$life_in µs** per request = $(awk -v a="$life_in" -v b="$1" 'BEGIN { printf "%.2f", a / b }') × the lifecycle p50 alone. That is wasmtime's instantiation, the guest and wasmtime's teardown, timed around those calls; with a front end and glue that cost nothing, Tern − native would still be at least this"
 }
 
-# "instantiate run teardown" in µs per request between two phase_sums lines.
-phase_delta() { # before after
-    printf '%s\n%s\n' "$1" "$2" | awk '
+# "instantiate run teardown" in µs per request since phase_sums printed $1.
+phase_since() { # before
+    printf '%s\n%s\n' "$1" "$(phase_sums)" | awk '
         NR == 1 { split($0, b); next }
         { n = $4 - b[4]; if (n > 0) printf "%.2f %.2f %.2f\n", ($1 - b[1]) / n * 1e6, ($2 - b[2]) / n * 1e6, ($3 - b[3]) / n * 1e6 }'
 }
@@ -840,20 +844,17 @@ kinds() {
         done
         # Server pinned to core 0, load generator to core 1: CPU per request. First the native
         # hello (no guest): the floor of what is not the lifecycle.
-        TOKIO_WORKER_THREADS=1 taskset -c 0 target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
-        local native=$!
-        PIDS+=("$native")
-        wait_http "http://127.0.0.1:$NATIVE_PORT/"
+        start_pinned_native
         WRK_THREADS=1 warm "http://127.0.0.1:$NATIVE_PORT/" taskset -c 1
-        c[native]+="$(pinned_h1 "http://127.0.0.1:$NATIVE_PORT/" "$native")"$'\n'
-        stop "$native"
+        c[native]+="$(pinned_h1 "http://127.0.0.1:$NATIVE_PORT/" "$NATIVE_PID")"$'\n'
+        stop "$NATIVE_PID"
         PIN=0 start_tern "$pinned" TERN_LOG=info,tern::access=off
         for path in hello cgi rust js py; do
             WRK_THREADS=1 warm "http://127.0.0.1:$TERN_PORT${url[$path]}" taskset -c 1
             local phases_before
             phases_before=$(phase_sums)
             c[$path]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT${url[$path]}" "$TERN_PID")"$'\n'
-            ph[$path]+="$(phase_delta "$phases_before" "$(phase_sums)")"$'\n'
+            ph[$path]+="$(phase_since "$phases_before")"$'\n'
         done
         stop "$TERN_PID"
         for w in w48 wnew; do
@@ -999,7 +1000,7 @@ CFG
         phases_before=$(phase_sums)
         r[tern]+="$(h1_cpu http://127.0.0.1:$TERN_PORT/ "$TERN_PID")"$'\n'
         # instantiate + teardown per request (the run phase also waits for the backend)
-        lifecycle+="$(phase_delta "$phases_before" "$(phase_sums)" | awk '{ printf "%.2f", $1 + $3 }')"$'\n'
+        lifecycle+="$(phase_since "$phases_before" | awk '{ printf "%.2f", $1 + $3 }')"$'\n'
         stop "$TERN_PID"
     done
     local k life
