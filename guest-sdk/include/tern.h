@@ -23,6 +23,7 @@
 #define TERN_EDENIED (-6)           /* outbound request not allowed for this tenant */
 #define TERN_ETIMEOUT (-7)          /* outbound request past a backend timeout */
 #define TERN_ENOT_FOUND (-8)        /* a key-value store has no value for the key */
+#define TERN_EUNKNOWN_OUTCOME (-9)  /* a key-value write sent, never answered: maybe applied */
 
 /* Keys of tern_request_info: the request's context. Every value is text. */
 #define TERN_INFO_CLIENT_IP 0     /* "203.0.113.7" or "2001:db8::1" */

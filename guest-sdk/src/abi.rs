@@ -243,9 +243,13 @@ pub mod errno {
     pub const TIMEOUT: i32 = -7;
     /// A key-value store has no value for the key.
     pub const NOT_FOUND: i32 = -8;
+    /// A key-value write was sent to its store and no answer came (the connection was lost,
+    /// the answer was late): it may have been applied or not. (`IO` means it was refused
+    /// before it was sent: nothing was written.)
+    pub const UNKNOWN_OUTCOME: i32 = -9;
 
     /// Every error code with its name, for checks that list them.
-    pub const ALL: [(&str, i32); 8] = [
+    pub const ALL: [(&str, i32); 9] = [
         ("INVALID_ARGUMENT", INVALID_ARGUMENT),
         ("HEADERS_SENT", HEADERS_SENT),
         ("LIMIT_EXCEEDED", LIMIT_EXCEEDED),
@@ -254,6 +258,7 @@ pub mod errno {
         ("DENIED", DENIED),
         ("TIMEOUT", TIMEOUT),
         ("NOT_FOUND", NOT_FOUND),
+        ("UNKNOWN_OUTCOME", UNKNOWN_OUTCOME),
     ];
 
     /// The name of error code `code` (`"UNKNOWN"` for one this SDK does not know).

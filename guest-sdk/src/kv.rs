@@ -21,6 +21,12 @@
 //! Every call waits for the store (the guest is suspended, the wait counts against its
 //! deadline). A request may make `limits.max_kv_ops` calls (1,000 by default); keys and values
 //! have the sizes the store allows (1 KiB and 1 MiB by default).
+//!
+//! **A failed write may have been applied.** A store on another server (Redis) can apply a
+//! write and lose its answer (the connection drops, the answer is late): such a call fails
+//! with `UNKNOWN_OUTCOME` ([`KvError::may_have_been_applied`]), never with `IO`, which means
+//! nothing was sent. Before retrying a write that is not idempotent (an increment), read the
+//! value back, or make it one with [`Store::compare_and_swap`].
 #![allow(unsafe_code)]
 
 use crate::abi::{self, errno};
@@ -30,10 +36,21 @@ use crate::sys;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvError {
     /// The ABI error code ([`abi::errno`]): `DENIED` (store not granted), `LIMIT_EXCEEDED`,
-    /// `INVALID_ARGUMENT`, `IO` (the store failed; try again later).
+    /// `INVALID_ARGUMENT`, `IO` (the store failed before the call was sent: nothing was
+    /// written; try again later), `UNKNOWN_OUTCOME` (a write was sent and never answered: it
+    /// may have been applied — see [`KvError::may_have_been_applied`]).
     pub code: i32,
     /// The server's explanation.
     pub message: String,
+}
+
+impl KvError {
+    /// Whether the failed call was a write that reached the store without an answer, so that
+    /// it may have been applied: an increment retried after it may count twice, a `set`
+    /// retried is harmless. A call failing with any other code wrote nothing.
+    pub fn may_have_been_applied(&self) -> bool {
+        self.code == errno::UNKNOWN_OUTCOME
+    }
 }
 
 impl std::fmt::Display for KvError {

@@ -30,7 +30,7 @@ use crate::app::App;
 use crate::body::ResponseBody;
 use crate::body::plain;
 use crate::metrics;
-use crate::registry::{ChangeError, SpecChange};
+use crate::registry::{ChangeError, Precondition, SpecChange};
 
 /// Largest JSON body the admin API reads (tenant specs).
 const MAX_JSON_BYTES: u64 = 1024 * 1024;
@@ -208,6 +208,12 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
     };
     let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     let registry = &app.registry;
+    // `If-Match` / `If-None-Match` on a tenant change: refused with 412 unless the tenant is
+    // in the state they name.
+    let pre = match Precondition::from_headers(req.headers()) {
+        Ok(p) => p,
+        Err(e) => return error_response(&e),
+    };
     let result: Result<(StatusCode, Value), ChangeError> = match (&method, parts.as_slice()) {
         (&Method::GET, ["tenants"]) => registry.describe(None).await.map(|v| (StatusCode::OK, v)),
         (&Method::GET, ["tenants", name]) => registry
@@ -229,13 +235,15 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
                     } else {
                         SpecChange::Replace(body)
                     };
-                    match registry.put_spec(&name, change).await {
-                        Ok(created) => registry.describe(Some(&name)).await.map(|v| {
+                    match registry.put_spec(&name, change, &pre).await {
+                        Ok((created, etag)) => registry.describe(Some(&name)).await.map(|mut v| {
                             let status = if created {
                                 StatusCode::CREATED
                             } else {
                                 StatusCode::OK
                             };
+                            // This change's own tag (another may have followed it already).
+                            v["etag"] = json!(etag);
                             (status, v)
                         }),
                         Err(e) => Err(e),
@@ -244,7 +252,7 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
             }
         }
         (&Method::DELETE, ["tenants", name]) => registry
-            .delete(name)
+            .delete(name, &pre)
             .await
             .map(|()| (StatusCode::OK, json!({ "deleted": name }))),
         (&Method::PUT, ["tenants", name, "module"]) => {
@@ -258,37 +266,44 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
                 Err(e) => Err(e),
                 Ok(kind) => match read_body(req, registry.max_upload()).await {
                     Err(e) => Err(e),
-                    Ok(wasm) => registry.deploy(&name, wasm, assets, kind).await.map(|d| {
-                        let v = &d.version;
-                        (
-                            StatusCode::OK,
-                            json!({
-                                "tenant": name,
-                                "version": v.id,
-                                "module": v.module,
-                                "module_bytes": v.module_bytes,
-                                "assets": v.assets,
-                                "compile_ms": v.compile_ms,
-                                "deploy_ms": started.elapsed().as_secs_f64() * 1e3,
-                                "previous": d.previous.map(|p| p.id),
-                                "kind": d.kind.name(),
-                                "warnings": d.warnings,
-                            }),
-                        )
-                    }),
+                    Ok(wasm) => registry
+                        .deploy(&name, wasm, assets, kind, &pre)
+                        .await
+                        .map(|d| {
+                            let v = &d.version;
+                            (
+                                StatusCode::OK,
+                                json!({
+                                    "tenant": name,
+                                    "version": v.id,
+                                    "module": v.module,
+                                    "module_bytes": v.module_bytes,
+                                    "assets": v.assets,
+                                    "compile_ms": v.compile_ms,
+                                    "deploy_ms": started.elapsed().as_secs_f64() * 1e3,
+                                    "previous": d.previous.map(|p| p.id),
+                                    "kind": d.kind.name(),
+                                    "warnings": d.warnings,
+                                    "etag": d.etag,
+                                }),
+                            )
+                        }),
                 },
             }
         }
-        (&Method::POST, ["tenants", name, "rollback"]) => registry.rollback(name).await.map(|d| {
-            (
-                StatusCode::OK,
-                json!({
-                    "tenant": name,
-                    "version": d.version.id,
-                    "previous": d.previous.map(|p| p.id),
-                }),
-            )
-        }),
+        (&Method::POST, ["tenants", name, "rollback"]) => {
+            registry.rollback(name, &pre).await.map(|d| {
+                (
+                    StatusCode::OK,
+                    json!({
+                        "tenant": name,
+                        "version": d.version.id,
+                        "previous": d.previous.map(|p| p.id),
+                        "etag": d.etag,
+                    }),
+                )
+            })
+        }
         (&Method::POST, ["assets"]) => match read_body(req, registry.max_upload()).await {
             Err(e) => Err(e),
             Ok(archive) => registry.put_assets(archive).await.map(|(hash, a)| {
@@ -322,7 +337,17 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
         ))),
     };
     match result {
-        Ok((status, v)) => json_response(status, &v),
+        Ok((status, v)) => {
+            let mut resp = json_response(status, &v);
+            // A tenant's entity tag, for a conditional change later (`If-Match`).
+            if let Some(tag) = v["etag"]
+                .as_str()
+                .and_then(|t| HeaderValue::from_str(t).ok())
+            {
+                resp.headers_mut().insert(http::header::ETAG, tag);
+            }
+            resp
+        }
         Err(e) => error_response(&e),
     }
 }

@@ -59,6 +59,18 @@ impl Target {
         body: Bytes,
         content_type: &str,
     ) -> anyhow::Result<(StatusCode, Value)> {
+        self.call_if(method, path, body, content_type, None).await
+    }
+
+    /// [`call`](Self::call), conditional on the resource's entity tag (`If-Match`) when given.
+    async fn call_if(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &str,
+        if_match: Option<&str>,
+    ) -> anyhow::Result<(StatusCode, Value)> {
         let url: Uri = format!("{}{path}", self.server.trim_end_matches('/'))
             .parse()
             .with_context(|| format!("bad server URL {:?}", self.server))?;
@@ -87,8 +99,12 @@ impl Target {
                 http::header::AUTHORIZATION,
                 format!("Bearer {}", self.token),
             )
-            .header(http::header::CONTENT_TYPE, content_type)
-            .body(Full::new(body))?;
+            .header(http::header::CONTENT_TYPE, content_type);
+        let req = match if_match {
+            Some(tag) => req.header(http::header::IF_MATCH, tag),
+            None => req,
+        }
+        .body(Full::new(body))?;
         let resp = send.send_request(req).await?;
         let status = resp.status();
         let bytes = resp.into_body().collect().await?.to_bytes();
@@ -105,7 +121,21 @@ impl Target {
         body: Bytes,
         content_type: &str,
     ) -> anyhow::Result<Value> {
-        let (status, value) = self.call(method, path, body, content_type).await?;
+        self.ok_if(method, path, body, content_type, None).await
+    }
+
+    /// [`ok`](Self::ok), conditional on the resource's entity tag (`If-Match`) when given.
+    async fn ok_if(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &str,
+        if_match: Option<&str>,
+    ) -> anyhow::Result<Value> {
+        let (status, value) = self
+            .call_if(method, path, body, content_type, if_match)
+            .await?;
         if !status.is_success() {
             let msg = value["error"].as_str().unwrap_or("(no message)");
             let hint = if status == StatusCode::UNAUTHORIZED {
@@ -436,40 +466,96 @@ fn ago(at: u64) -> String {
     }
 }
 
-/// `tern rollback NAME`.
-///
-/// # Errors
-/// If the server refuses (no previous version, unknown tenant, ...).
-pub async fn rollback(target: &Target, name: &str) -> anyhow::Result<()> {
+/// The entity tag a conditional change of tenant `name` names: `given`, else the tenant's as
+/// read now (`None` for a tenant that has none, one of the config file: the server says why
+/// it cannot be changed).
+async fn etag_of(
+    target: &Target,
+    name: &str,
+    given: Option<String>,
+) -> anyhow::Result<Option<String>> {
+    if let Some(tag) = given {
+        // As `tern tenants NAME` prints it, with or without its quotes.
+        let tag = tag.trim().trim_matches('"');
+        return Ok(Some(format!("\"{tag}\"")));
+    }
     let v = target
         .ok(
-            Method::POST,
-            &format!("/admin/v1/tenants/{name}/rollback"),
-            Bytes::new(),
-            "",
-        )
-        .await?;
-    println!(
-        "rolled {name} back to version {} (was {})",
-        short(v["version"].as_str().unwrap_or("?")),
-        short(v["previous"].as_str().unwrap_or("-"))
-    );
-    Ok(())
-}
-
-/// `tern delete NAME`.
-///
-/// # Errors
-/// If the server refuses.
-pub async fn delete(target: &Target, name: &str) -> anyhow::Result<()> {
-    target
-        .ok(
-            Method::DELETE,
+            Method::GET,
             &format!("/admin/v1/tenants/{name}"),
             Bytes::new(),
             "",
         )
         .await?;
+    Ok(v["etag"].as_str().map(String::from))
+}
+
+/// `err` with what to do next when the server could not say whether a conditional change of
+/// tenant `name` (made with `etag`, by `command`) was applied: retrying with the same ETag is
+/// safe.
+fn with_retry_advice(
+    err: anyhow::Error,
+    name: &str,
+    etag: Option<&str>,
+    command: &str,
+) -> anyhow::Error {
+    let text = format!("{err:#}");
+    if let Some(etag) = etag
+        && text.starts_with("503")
+        && text.contains("may have been applied")
+    {
+        return err.context(format!(
+            "the change was made with If-Match {etag}: `tern {command} {name} --if-match {}` \
+             applies it if it was not, and is refused (412) if it was",
+            etag.trim_matches('"')
+        ));
+    }
+    err
+}
+
+/// `tern rollback NAME [--if-match ETAG]`: conditional on the tenant as read just before (or
+/// on `if_match`), so it is never applied twice.
+///
+/// # Errors
+/// If the server refuses (no previous version, unknown tenant, the tenant changed: `412`, ...).
+pub async fn rollback(target: &Target, name: &str, if_match: Option<String>) -> anyhow::Result<()> {
+    let etag = etag_of(target, name, if_match).await?;
+    let v = target
+        .ok_if(
+            Method::POST,
+            &format!("/admin/v1/tenants/{name}/rollback"),
+            Bytes::new(),
+            "",
+            etag.as_deref(),
+        )
+        .await
+        .map_err(|e| with_retry_advice(e, name, etag.as_deref(), "rollback"))?;
+    println!(
+        "rolled {name} back to version {} (was {}; ETag now {})",
+        short(v["version"].as_str().unwrap_or("?")),
+        short(v["previous"].as_str().unwrap_or("-")),
+        v["etag"].as_str().unwrap_or("-")
+    );
+    Ok(())
+}
+
+/// `tern delete NAME [--if-match ETAG]`: conditional on the tenant as read just before (or on
+/// `if_match`), so a tenant changed meanwhile is not deleted.
+///
+/// # Errors
+/// If the server refuses.
+pub async fn delete(target: &Target, name: &str, if_match: Option<String>) -> anyhow::Result<()> {
+    let etag = etag_of(target, name, if_match).await?;
+    target
+        .ok_if(
+            Method::DELETE,
+            &format!("/admin/v1/tenants/{name}"),
+            Bytes::new(),
+            "",
+            etag.as_deref(),
+        )
+        .await
+        .map_err(|e| with_retry_advice(e, name, etag.as_deref(), "delete"))?;
     println!("deleted tenant {name}");
     Ok(())
 }

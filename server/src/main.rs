@@ -117,16 +117,27 @@ enum Command {
         admin: AdminArgs,
     },
     /// Roll a tenant back to its previous version (a second rollback undoes the first).
+    ///
+    /// The rollback is conditional on the tenant as read just before it (If-Match), so it is
+    /// never applied twice: to retry one whose answer was lost, pass the ETag it printed.
     Rollback {
         /// The tenant's name.
         tenant: String,
+        /// Roll back only if the tenant is still at this ETag (as `tern tenants NAME` shows
+        /// it, or as a failed attempt printed it); default: as read just before.
+        #[arg(long, value_name = "ETAG")]
+        if_match: Option<String>,
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// Delete a tenant deployed through the admin API.
+    /// Delete a tenant deployed through the admin API (only as it was just read: a tenant
+    /// changed meanwhile is not deleted).
     Delete {
         /// The tenant's name.
         tenant: String,
+        /// Delete only if the tenant is still at this ETag; default: as read just before.
+        #[arg(long, value_name = "ETAG")]
+        if_match: Option<String>,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -325,12 +336,16 @@ fn main() -> ExitCode {
         Command::Tenants { name, json, admin } => {
             admin.run(|t| async move { tern::cli::tenants(&t, name.as_deref(), json).await })
         }
-        Command::Rollback { tenant, admin } => {
-            admin.run(|t| async move { tern::cli::rollback(&t, &tenant).await })
-        }
-        Command::Delete { tenant, admin } => {
-            admin.run(|t| async move { tern::cli::delete(&t, &tenant).await })
-        }
+        Command::Rollback {
+            tenant,
+            if_match,
+            admin,
+        } => admin.run(|t| async move { tern::cli::rollback(&t, &tenant, if_match).await }),
+        Command::Delete {
+            tenant,
+            if_match,
+            admin,
+        } => admin.run(|t| async move { tern::cli::delete(&t, &tenant, if_match).await }),
         Command::Cert { action } => match action {
             CertAction::Put {
                 name,

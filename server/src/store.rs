@@ -60,6 +60,11 @@ pub struct Manifest {
     pub revision: u64,
     /// By tenant name.
     pub tenants: BTreeMap<String, StoredTenant>,
+    /// With a shared registry: the ids of the last changes written to it, oldest first, so a
+    /// replica whose write's reply was lost recognises its change when it reads the registry
+    /// back (`fleet::objects::record_change`). Empty on a single server.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
 }
 
 impl Manifest {
@@ -90,6 +95,7 @@ impl Default for Manifest {
             format: MANIFEST_FORMAT,
             revision: 0,
             tenants: BTreeMap::new(),
+            changes: Vec::new(),
         }
     }
 }
@@ -107,6 +113,24 @@ pub struct StoredTenant {
     pub previous: Option<Version>,
     /// When the tenant was created (Unix seconds).
     pub created_at: u64,
+}
+
+impl StoredTenant {
+    /// The record as a fleet's registry stores it (compact JSON) and its SHA-256 (hex), which
+    /// names it there.
+    pub fn record(&self) -> (String, Vec<u8>) {
+        let bytes = serde_json::to_vec(self).expect("a tenant serialises");
+        let hash = crate::hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        (hash, bytes)
+    }
+
+    /// The tenant's entity tag in the admin API (`ETag`, `If-Match`): the first 128 bits of
+    /// its record's digest, quoted. Every change to the tenant (spec, version, rollback)
+    /// changes it.
+    pub fn etag(&self) -> String {
+        let (hash, _) = self.record();
+        format!("\"{}\"", &hash[..32])
+    }
 }
 
 /// What the admin API accepts to create or change a tenant (`PUT /admin/v1/tenants/{name}`),

@@ -263,9 +263,15 @@ pub enum RemoteError {
     /// The store could not be reached or refused the request (credentials, network).
     #[error("the registry store is unreachable: {0}")]
     Unreachable(String),
-    /// Another writer changed the object first (a conditional write was refused).
+    /// Another writer changed the object first: the conditional write was refused and can
+    /// no longer be applied (the object moved past the version it was conditional on).
     #[error("{0}")]
     Conflict(String),
+    /// A conditional write was sent and the store's answers never told whether it was
+    /// applied (its reply was lost and the object could not be read back): the change may be
+    /// in the registry or not.
+    #[error("{0}")]
+    Unknown(String),
     /// The object's bytes do not match its name: damaged or tampered with; never used.
     #[error("{0}")]
     Damaged(String),
@@ -309,10 +315,50 @@ struct Index {
     revision: u64,
     /// Record digests by tenant name.
     tenants: BTreeMap<String, String>,
+    /// The ids of the last changes written ([`record_change`]), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    changes: Vec<String>,
 }
 
 /// Format version of `index.json`.
 const INDEX_FORMAT: u32 = 1;
+
+/// How many change ids a compare-and-swap object remembers: far more than the writes that can
+/// land between a replica's write and its reading the object back (seconds).
+pub const CHANGES_KEPT: usize = 64;
+
+/// A new change id (128 random bits, hex): recorded in the object a change writes, so the
+/// writer recognises its change when it reads the object back after a lost reply.
+pub fn change_id() -> String {
+    let mut id = [0u8; 16];
+    let _ = rustls::crypto::aws_lc_rs::default_provider()
+        .secure_random
+        .fill(&mut id);
+    crate::hex::encode(&id)
+}
+
+/// Adds `id` to the change ids `changes` of an object (keeping the last [`CHANGES_KEPT`]).
+pub fn record_change(changes: &mut Vec<String>, id: &str) {
+    changes.retain(|c| c != id);
+    changes.push(id.to_string());
+    let over = changes.len().saturating_sub(CHANGES_KEPT);
+    changes.drain(..over);
+}
+
+/// The change ids an object of the registry records: every compare-and-swap object is a JSON
+/// object with a `changes` list.
+#[derive(serde::Deserialize)]
+struct Recorded {
+    #[serde(default)]
+    changes: Vec<String>,
+}
+
+/// How many times [`Remote::put_if`] reads an object back (and writes it again while it has
+/// not moved) before it calls the write's fate unknown.
+const SETTLE_ROUNDS: u32 = 4;
+
+/// The first pause before an object is read back after a failed write (doubled each round).
+const SETTLE_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// How many records a replica reads or writes at once.
 const PARALLEL_RECORDS: usize = 32;
@@ -323,9 +369,7 @@ fn record_name(hash: &str) -> String {
 
 /// A tenant's record as stored (compact JSON) and its digest.
 fn record_hash(tenant: &crate::store::StoredTenant) -> (String, Vec<u8>) {
-    let bytes = serde_json::to_vec(tenant).expect("a tenant serialises");
-    let hash = crate::hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-    (hash, bytes)
+    tenant.record()
 }
 
 impl Remote {
@@ -544,6 +588,7 @@ impl Remote {
             format: crate::store::MANIFEST_FORMAT,
             revision: index.revision,
             tenants,
+            changes: index.changes,
         };
         Ok(Some((manifest, version)))
     }
@@ -590,18 +635,19 @@ impl Remote {
         serde_json::from_slice(&bytes).map_err(|_| damaged("not a tenant record"))
     }
 
-    /// Writes `manifest` if the stored one is still `expected` (`None`: if there is none), and
-    /// returns the new version: the records it names that are not in the registry yet, then
-    /// the index by compare-and-swap.
+    /// Writes `manifest` if the stored one is still `expected` (`None`: if there is none): the
+    /// records it names that are not in the registry yet, then the index by compare-and-swap
+    /// ([`Remote::put_if`], `change` being the id `manifest.changes` records for this write).
     ///
     /// # Errors
-    /// [`RemoteError::Conflict`] if another writer changed it first (nothing the index names
-    /// was changed), or [`RemoteError::Unreachable`].
+    /// See [`Remote::put_if`]; [`RemoteError::Unreachable`] if a record could not be written
+    /// (the index, and so what the registry serves, is unchanged then).
     pub async fn put_manifest(
         &self,
         manifest: &crate::store::Manifest,
         expected: Option<&UpdateVersion>,
-    ) -> Result<UpdateVersion, RemoteError> {
+        change: &str,
+    ) -> Result<Written, RemoteError> {
         let copy = manifest.clone();
         let known: std::collections::HashSet<String> = self.cached().keys().cloned().collect();
         // Serialising and hashing every record (a few hundred bytes each) stays off the reactor.
@@ -610,6 +656,7 @@ impl Remote {
                 format: INDEX_FORMAT,
                 revision: copy.revision,
                 tenants: BTreeMap::new(),
+                changes: copy.changes,
             };
             let mut new = Vec::new();
             for (name, tenant) in copy.tenants {
@@ -639,7 +686,8 @@ impl Remote {
             let (hash, tenant) = done.map_err(|e| RemoteError::Unreachable(e.to_string()))??;
             self.cached().insert(hash, tenant);
         }
-        self.put_if("index.json", index.into(), expected).await
+        self.put_if("index.json", index.into(), expected, change)
+            .await
     }
 
     /// The object `name` under the prefix and its version, if it is no longer `seen` (`None`:
@@ -675,38 +723,119 @@ impl Remote {
     }
 
     /// Writes `bytes` as `name` if the stored object is still `expected` (`None`: if there is
-    /// none): a compare-and-swap (`If-Match`, `If-None-Match: *`). Returns the new version.
+    /// none): a compare-and-swap (`If-Match`, `If-None-Match: *`). `bytes` is a JSON object
+    /// whose `changes` list records `change` ([`record_change`]).
+    ///
+    /// A write whose answer is not a success may still have been applied: the store applied
+    /// it and its reply was lost, the client sent it again and the store refused the copy
+    /// (`412`, as if another writer had come first), or the answer came too late. So a failed
+    /// write is settled by reading the object back: if it records `change`, the write was
+    /// applied; if the object moved on without it, it never will be (its condition no longer
+    /// holds); if the object is still at `expected`, the same write is sent again (it can only
+    /// be applied once: both copies are conditional on `expected`), for a few rounds.
     ///
     /// # Errors
-    /// [`RemoteError::Conflict`] if another writer changed it first (nothing was written), or
-    /// [`RemoteError::Unreachable`].
+    /// [`RemoteError::Conflict`] if another writer changed the object first (nothing was
+    /// written, nor can be later), [`RemoteError::Unknown`] if the store's answers never
+    /// settled whether it was written.
     pub async fn put_if(
         &self,
         name: &str,
         bytes: bytes::Bytes,
         expected: Option<&UpdateVersion>,
-    ) -> Result<UpdateVersion, RemoteError> {
-        let opts = PutOptions {
-            mode: expected.map_or(PutMode::Create, |v| PutMode::Update(v.clone())),
-            ..PutOptions::default()
-        };
-        match self
-            .store
-            .put_opts(&self.object(name), bytes.into(), opts)
-            .await
-        {
-            Ok(r) => Ok(r.into()),
-            Err(
-                object_store::Error::AlreadyExists { .. }
-                | object_store::Error::Precondition { .. },
-            ) => Err(RemoteError::Conflict(
-                "another change to the registry was made first; nothing was written (read \
-                     it again and retry)"
-                    .into(),
-            )),
-            Err(e) => Err(RemoteError::Unreachable(e.to_string())),
+        change: &str,
+    ) -> Result<Written, RemoteError> {
+        let mode = expected.map_or(PutMode::Create, |v| PutMode::Update(v.clone()));
+        let mut pause = SETTLE_PAUSE;
+        let mut last = String::new();
+        for round in 0..=SETTLE_ROUNDS {
+            if round > 0 {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            let opts = PutOptions {
+                mode: mode.clone(),
+                ..PutOptions::default()
+            };
+            match self
+                .store
+                .put_opts(&self.object(name), bytes.clone().into(), opts)
+                .await
+            {
+                Ok(r) => return Ok(Written::Exactly(r.into())),
+                Err(e) => last = e.to_string(),
+            }
+            // What the store holds now tells what became of the write.
+            match self.get_if_changed(name, None).await {
+                Ok(Some((now, version))) => {
+                    let recorded = serde_json::from_slice::<Recorded>(&now)
+                        .map(|r| r.changes)
+                        .unwrap_or_default();
+                    match recorded.iter().position(|c| c == change) {
+                        // Applied, and nothing since: that version is this write's.
+                        Some(i) if i + 1 == recorded.len() => {
+                            return Ok(Written::Exactly(version));
+                        }
+                        Some(_) => return Ok(Written::Followed),
+                        None if !expected.is_some_and(|e| same_version(e, &version)) => {
+                            return Err(RemoteError::Conflict(
+                                "another change to the registry was made first; nothing was \
+                                 written (read it again and retry)"
+                                    .into(),
+                            ));
+                        }
+                        // Not applied yet and the object has not moved: the write may still
+                        // be on its way; sending it again settles it.
+                        None => {}
+                    }
+                }
+                // No object yet: a create that was not applied (or not yet).
+                Ok(None) if expected.is_none() => {}
+                Ok(None) => {
+                    return Err(RemoteError::Conflict(
+                        "the registry object was removed meanwhile; nothing was written".into(),
+                    ));
+                }
+                Err(e) => last = format!("{last}; reading it back: {e}"),
+            }
+        }
+        Err(RemoteError::Unknown(format!(
+            "the store did not confirm the write of {} ({last}), and reading it back did not \
+             tell whether it was applied",
+            self.object(name)
+        )))
+    }
+}
+
+/// What a successful [`Remote::put_if`] knows of the version it wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// The object's version is the one this write made.
+    Exactly(UpdateVersion),
+    /// The write was applied (recognised when read back after a lost reply) and other writes
+    /// followed it: read the object again for its current version.
+    Followed,
+}
+
+impl Written {
+    /// The version this write made, if the object is still at it.
+    pub fn version(self) -> Option<UpdateVersion> {
+        match self {
+            Self::Exactly(v) => Some(v),
+            Self::Followed => None,
         }
     }
+}
+
+/// Whether two versions of an object are the same: their ETags, as a `PUT` and a `GET` may
+/// quote them differently.
+fn same_version(a: &UpdateVersion, b: &UpdateVersion) -> bool {
+    let tag = |v: &UpdateVersion| {
+        v.e_tag
+            .as_deref()
+            .map(|t| t.trim_start_matches("W/").trim_matches('"').to_string())
+    };
+    tag(a).is_some() && tag(a) == tag(b)
 }
 
 #[cfg(test)]
@@ -716,6 +845,52 @@ mod tests {
     fn remote() -> Remote {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         Remote::new(store, Path::from("fleet"))
+    }
+
+    /// Writes `m` as a change of its own over `expected`; the version it made.
+    async fn put(
+        r: &Remote,
+        m: &crate::store::Manifest,
+        expected: Option<&UpdateVersion>,
+    ) -> Result<UpdateVersion, RemoteError> {
+        let id = change_id();
+        let mut m = m.clone();
+        record_change(&mut m.changes, &id);
+        let written = r.put_manifest(&m, expected, &id).await?;
+        Ok(written.version().expect("nothing wrote in between"))
+    }
+
+    #[test]
+    fn an_object_remembers_its_last_change_ids_and_a_retry_counts_once() {
+        let mut changes = Vec::new();
+        for i in 0..CHANGES_KEPT + 5 {
+            record_change(&mut changes, &format!("c{i}"));
+        }
+        assert_eq!(changes.len(), CHANGES_KEPT);
+        assert_eq!(changes[0], "c5", "the oldest go first");
+        record_change(&mut changes, "c10");
+        assert_eq!(changes.len(), CHANGES_KEPT);
+        assert_eq!(
+            changes.last().unwrap(),
+            "c10",
+            "a retry moves to the end, once"
+        );
+        assert_eq!(changes.iter().filter(|c| *c == "c10").count(), 1);
+        assert_ne!(change_id(), change_id());
+        assert_eq!(change_id().len(), 32);
+        // Versions compare by ETag, however quoted.
+        let v = |tag: &str| UpdateVersion {
+            e_tag: Some(tag.into()),
+            version: None,
+        };
+        assert!(same_version(&v("\"abc\""), &v("abc")));
+        assert!(same_version(&v("W/\"abc\""), &v("\"abc\"")));
+        assert!(!same_version(&v("\"abc\""), &v("\"abd\"")));
+        let none = UpdateVersion {
+            e_tag: None,
+            version: None,
+        };
+        assert!(!same_version(&none, &none), "no tag: never the same");
     }
 
     #[tokio::test]
@@ -756,9 +931,9 @@ mod tests {
         let r = remote();
         assert!(r.manifest().await.unwrap().is_none());
         let mut m = crate::store::Manifest::default();
-        let v1 = r.put_manifest(&m, None).await.unwrap();
+        let v1 = put(&r, &m, None).await.unwrap();
         assert!(matches!(
-            r.put_manifest(&m, None).await,
+            put(&r, &m, None).await,
             Err(RemoteError::Conflict(_))
         ));
         let (_, read) = r.manifest().await.unwrap().unwrap();
@@ -767,8 +942,8 @@ mod tests {
             "unchanged"
         );
         m.format = crate::store::MANIFEST_FORMAT;
-        let v2 = r.put_manifest(&m, Some(&v1)).await.unwrap();
-        let lost = r.put_manifest(&m, Some(&v1)).await;
+        let v2 = put(&r, &m, Some(&v1)).await.unwrap();
+        let lost = put(&r, &m, Some(&v1)).await;
         assert!(matches!(lost, Err(RemoteError::Conflict(_))), "{lost:?}");
         assert!(
             r.manifest_if_changed(Some(&read)).await.unwrap().is_some(),
@@ -794,7 +969,7 @@ mod tests {
         for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
             m.set(name, Some(tenant(i as u64)));
         }
-        let v1 = writer.put_manifest(&m, None).await.unwrap();
+        let v1 = put(&writer, &m, None).await.unwrap();
         assert_eq!(writer.list("tenants").await.unwrap().len(), 3);
         let (read, seen) = reader.manifest().await.unwrap().unwrap();
         assert_eq!(read.tenants, m.tenants);
@@ -802,7 +977,7 @@ mod tests {
         // One tenant changes: one new record; the reader fetches it alone (the others it has).
         m.set("b", Some(tenant(7)));
         m.revision = 1;
-        let v2 = writer.put_manifest(&m, Some(&v1)).await.unwrap();
+        let v2 = put(&writer, &m, Some(&v1)).await.unwrap();
         let records = writer.list("tenants").await.unwrap();
         assert_eq!(records.len(), 4, "records are written once: {records:?}");
         let old_a = record_name(&record_hash(&tenant(0)).0);
@@ -839,7 +1014,7 @@ mod tests {
         // A record whose bytes do not match its name is refused.
         m.set("d", Some(tenant(9)));
         m.revision = 2;
-        writer.put_manifest(&m, Some(&v2)).await.unwrap();
+        put(&writer, &m, Some(&v2)).await.unwrap();
         let d = record_name(&record_hash(&tenant(9)).0);
         store
             .put(

@@ -178,9 +178,14 @@ pub enum KvError {
     /// A limit: key or value size, the tenant's keys or bytes in the store.
     #[error("{0}")]
     Limit(String),
-    /// The store could not do it (its file, its thread); the guest may try again later.
+    /// The store could not do it (its file, its thread, a server refusing the connection):
+    /// nothing was written; the guest may try again later.
     #[error("{0}")]
     Unavailable(String),
+    /// A write was sent to the store and no answer came (the connection dropped, the answer
+    /// was late): it may have been applied or not. Retrying an increment may count it twice.
+    #[error("{0}")]
+    Unknown(String),
 }
 
 /// An operation on one tenant's keys.
@@ -252,7 +257,7 @@ pub struct Store {
     pub config: StoreConfig,
     backend: Driver,
     /// `tern_kv_operations_total` by result: ok, limit, invalid, unavailable.
-    counts: [prometheus::IntCounter; 4],
+    counts: [prometheus::IntCounter; 5],
 }
 
 impl std::fmt::Debug for Store {
@@ -287,6 +292,7 @@ impl Store {
             Err(KvError::Limit(_)) => 1,
             Err(KvError::Invalid(_)) => 2,
             Err(KvError::Unavailable(_)) => 3,
+            Err(KvError::Unknown(_)) => 4,
         };
         self.counts[result].inc();
         answer
@@ -510,7 +516,7 @@ impl Stores {
                 }
                 Backend::Redis => Driver::Redis(Box::new(redis::Redis::new(&name, &config)?)),
             };
-            let counts = ["ok", "limit", "invalid", "unavailable"]
+            let counts = ["ok", "limit", "invalid", "unavailable", "unknown"]
                 .map(|result| operations.with_label_values(&[name.as_str(), result]));
             stores.insert(
                 name.clone(),

@@ -3,8 +3,10 @@
 //!
 //! Operations go out on one multiplexed connection per store (the `redis` crate's connection
 //! manager: connected on first use, reconnected after a failure, its queue bounded), so a guest
-//! waiting for one is suspended and the reactor only moves bytes. A server that does not answer
-//! within `timeout_ms` fails the operation with `Unavailable`; the next one tries again.
+//! waiting for one is suspended and the reactor only moves bytes. A server that cannot be
+//! reached fails the operation with `Unavailable` (nothing written); a write sent and never
+//! answered (the connection lost, no answer within `timeout_ms`) with `Unknown`: it may have
+//! been applied. The next operation tries again.
 //!
 //! Each tenant's keys live in three Redis keys under the store's prefix, hash-tagged by tenant
 //! (one cluster slot): `PREFIX{TENANT}:v`, a hash of its keys and values; `PREFIX{TENANT}:k`, a
@@ -115,6 +117,20 @@ pub fn check_url(url: &str) -> Result<(), String> {
     }
 }
 
+/// Whether a command failed after it may have reached the server: no answer in time, or the
+/// connection lost while waiting for it. (A refused connection, or an error the server
+/// answered, means it was not applied.)
+fn sent_unanswered(e: &redis::RedisError) -> bool {
+    !refused(e) && (e.is_timeout() || e.is_connection_dropped() || e.is_io_error())
+}
+
+/// Whether the connection to the server was refused (nothing was sent). The connection
+/// manager hands on a failed reconnection's error as text (its I/O error cannot be cloned),
+/// which then says so only in words: the OS's "Connection refused".
+fn refused(e: &redis::RedisError) -> bool {
+    e.is_connection_refusal() || e.to_string().contains("Connection refused")
+}
+
 /// What Redis answered: a read's answer, or a write script's reply.
 enum Reply {
     Answer(Answer),
@@ -194,7 +210,7 @@ impl Redis {
         let base = format!("{}{{{tenant}}}:", self.prefix);
         let read = matches!(op, Op::Get(_) | Op::Exists(_) | Op::List { .. });
         let reply = match self.attempt(&mut conn, &base, &op).await {
-            Err(e) if e.is_connection_refusal() || (read && e.is_connection_dropped()) => {
+            Err(e) if refused(&e) || (read && e.is_connection_dropped()) => {
                 self.attempt(&mut conn, &base, &op).await
             }
             reply => reply,
@@ -202,6 +218,18 @@ impl Redis {
         match reply {
             Ok(Reply::Answer(a)) => Ok(a),
             Ok(Reply::Script(reply)) => self.answer(&op, reply),
+            // A write that may have reached the server: it says so, so that a guest can tell
+            // it from one refused before it was sent.
+            Err(e) if !read && sent_unanswered(&e) => Err(KvError::Unknown(format!(
+                "outcome unknown: the write was sent to key-value store {:?} (Redis) and no \
+                 answer came ({}): it may have been applied",
+                self.name,
+                if e.is_timeout() {
+                    format!("none within {} ms (timeout_ms)", self.timeout.as_millis())
+                } else {
+                    e.to_string()
+                }
+            ))),
             Err(e) if e.is_timeout() => Err(self.unavailable(&format_args!(
                 "no answer within {} ms (timeout_ms)",
                 self.timeout.as_millis()
@@ -526,8 +554,10 @@ mod tests {
         });
     }
 
-    /// A server that stops, or stops answering, fails operations with `Unavailable` within the
-    /// timeout (never a hung guest); once it is back the store works again by itself.
+    /// A server that stops answering fails a write with `Unknown` within the timeout (never a
+    /// hung guest): it was sent, and it is applied when the server goes on. A server that is
+    /// gone fails operations with `Unavailable`; once it is back the store works again by
+    /// itself.
     #[test]
     fn a_server_down_or_silent_fails_operations_and_is_used_again_when_back() {
         let mut server = Server::start();
@@ -543,8 +573,13 @@ mod tests {
         server.signal("-STOP");
         let started = std::time::Instant::now();
         match rt.block_on(s.run(&t, set("2"))) {
-            Err(KvError::Unavailable(m)) => {
-                assert!(m.contains("\"s\" (Redis)") && m.contains("300 ms"), "{m}");
+            Err(KvError::Unknown(m)) => {
+                assert!(
+                    m.contains("\"s\" (Redis)")
+                        && m.contains("300 ms")
+                        && m.contains("may have been applied"),
+                    "{m}"
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -554,6 +589,9 @@ mod tests {
             started.elapsed()
         );
         server.signal("-CONT");
+        // The write the guest was told may have been applied was.
+        let got = rt.block_on(s.run(&t, Op::Get(b"k".to_vec()))).expect("get");
+        assert_eq!(got, Answer::Value(Some(b"2".to_vec())));
 
         server.stop();
         match rt.block_on(s.run(&t, Op::Get(b"k".to_vec()))) {

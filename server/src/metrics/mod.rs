@@ -445,7 +445,7 @@ impl Metrics {
         );
         let kv_operations = r.counters(
             "tern_kv_operations_total",
-            "Key-value operations of guests by store and result (ok, limit, invalid, unavailable).",
+            "Key-value operations of guests by store and result (ok, limit, invalid, unavailable: nothing written, unknown: a write sent and never answered).",
             &["store", "result"],
         );
         let outbound_requests = r.counters(

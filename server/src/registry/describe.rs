@@ -26,13 +26,11 @@ impl Registry {
         for (n, stored) in &state.manifest.tenants {
             if name.is_none_or(|x| x == n) {
                 let config = stored.spec.to_config(n, "");
-                out.push(describe_tenant(
-                    n,
-                    live.tenants.get(n),
-                    Some(stored),
-                    pool,
-                    &config,
-                ));
+                let mut t = describe_tenant(n, live.tenants.get(n), Some(stored), pool, &config);
+                // What a conditional change compares against: the entry changes start from
+                // (a fleet's registry), which a replica may serve a moment later.
+                t["etag"] = json!(state.truth().tenants.get(n).map(StoredTenant::etag));
+                out.push(t);
             }
         }
         match name {

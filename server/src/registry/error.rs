@@ -26,10 +26,15 @@ pub enum ChangeError {
     /// (`422`).
     #[error("{0}")]
     Unprocessable(String),
+    /// The tenant is not in the state the request's `If-Match` / `If-None-Match` requires; nothing
+    /// changed (`412`).
+    #[error("{0}")]
+    PreconditionFailed(String),
     /// The endpoint exists but not with this method (`405`).
     #[error("{0}")]
     MethodNotAllowed(String),
-    /// The fleet's shared registry cannot be reached; nothing changed (`503`).
+    /// The fleet's shared registry cannot be reached, or did not confirm the change (the
+    /// message says which: nothing changed, or its fate is unknown) (`503`).
     #[error("{0}")]
     Unavailable(String),
     /// The host has no room for another module: open files or memory mappings (`507`).
@@ -50,6 +55,7 @@ impl ChangeError {
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Capacity(_) => StatusCode::INSUFFICIENT_STORAGE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -33,6 +33,7 @@ use crate::tenant::{self, Carried, Origin, Tenant, TenantError, TenantRef};
 mod describe;
 mod error;
 mod loader;
+mod precondition;
 mod reset;
 mod shared;
 mod spec;
@@ -41,6 +42,7 @@ mod upload;
 pub use error::ChangeError;
 use error::internal;
 use loader::{Loader, ModuleCache, Runtime};
+pub use precondition::Precondition;
 pub use spec::SpecChange;
 use upload::check_wasm_header;
 
@@ -103,6 +105,8 @@ pub struct Deployed {
     pub warnings: Vec<String>,
     /// The guest kind it serves as.
     pub kind: crate::config::GuestKind,
+    /// The tenant's entity tag after the change (`StoredTenant::etag`).
+    pub etag: String,
 }
 
 /// Everything that changes only under the change lock.
@@ -332,7 +336,9 @@ impl Registry {
     /// atomically). With a shared registry it is the registry's, replaced by compare-and-swap:
     /// if another replica changed the registry first, its change is applied here and this one
     /// is made again on top of it, unless it changed this same tenant (then `409`, nothing
-    /// written); an unreachable registry is a `503`.
+    /// written). The write records a change id, so a write whose reply was lost is recognised
+    /// when the registry is read back (`Remote::put_if`); one whose fate the registry's answers
+    /// never settled is a `503` that says so.
     async fn commit(&self, state: &mut State, change: Change) -> Result<(), ChangeError> {
         let Change {
             name,
@@ -356,6 +362,9 @@ impl Registry {
             // against one that must read before it writes. It gives up after a while.
             let mut attempts: u32 = 0;
             let started = Instant::now();
+            // One id for every attempt of this change: whichever attempt the registry applied
+            // is recognised by it.
+            let id = crate::fleet::objects::change_id();
             loop {
                 let read = state.shared.as_ref().ok_or_else(|| {
                     ChangeError::Unavailable("the shared registry has not been read yet".into())
@@ -363,15 +372,21 @@ impl Registry {
                 let mut next = read.manifest.clone();
                 next.set(&name, entry.clone());
                 next.revision = read.manifest.revision + 1;
+                crate::fleet::objects::record_change(&mut next.changes, &id);
                 match fleet
                     .remote
-                    .put_manifest(&next, read.version.as_ref())
+                    .put_manifest(&next, read.version.as_ref(), &id)
                     .await
                 {
-                    Ok(version) => {
+                    Ok(written) => {
+                        let version = written.version();
+                        if version.is_none() {
+                            // Others wrote after it: the next read fetches the whole index.
+                            fleet.wake.notify_one();
+                        }
                         state.shared = Some(shared::Read {
                             manifest: next,
-                            version: Some(version),
+                            version,
                         });
                         fleet.nudge_peers(&self.loader.metrics);
                         break;
@@ -649,16 +664,24 @@ impl Registry {
     }
 
     /// Creates a tenant or changes its routes, env and limits (`PUT` or `PATCH
-    /// /admin/v1/tenants/{name}`: [`SpecChange`]). Returns whether it was created.
+    /// /admin/v1/tenants/{name}`: [`SpecChange`]).
     ///
     /// # Errors
     /// `400` for invalid values, `404` for a `PATCH` of no tenant, `409` for a route clash, a
-    /// config-owned tenant or a `PUT` that leaves out a field the tenant has set.
-    pub async fn put_spec(&self, name: &str, change: SpecChange) -> Result<bool, ChangeError> {
+    /// config-owned tenant or a `PUT` that leaves out a field the tenant has set, `412` if the
+    /// tenant is not in the state `pre` requires. Returns whether it was created, and its
+    /// entity tag.
+    pub async fn put_spec(
+        &self,
+        name: &str,
+        change: SpecChange,
+        pre: &Precondition,
+    ) -> Result<(bool, String), ChangeError> {
         let mut state = self.lock().await?;
         Self::check_api_owned(&state, name)?;
         // Under the lock: two changes at once each apply to the other's result.
         let base = state.truth().tenants.get(name).cloned();
+        pre.check(name, base.as_ref())?;
         let current = base.as_ref().map(|t| &t.spec);
         let spec = change.apply(name, current)?;
         let as_config = spec.to_config(name, "(admin API)");
@@ -686,6 +709,7 @@ impl Registry {
             created_at: store::now(),
         });
         entry.spec = spec;
+        let etag = entry.etag();
         let change = Change {
             name: name.to_string(),
             base,
@@ -695,7 +719,7 @@ impl Registry {
         };
         self.commit(&mut state, change).await?;
         tracing::info!(tenant = name, created, "tenant spec saved");
-        Ok(created)
+        Ok((created, etag))
     }
 
     /// Stores an assets archive after checking it (`POST /admin/v1/assets`); returns its hash
@@ -729,15 +753,18 @@ impl Registry {
     ///
     /// # Errors
     /// `404` unknown tenant or assets, `409` config-owned, `400` not a valid module, `422`
-    /// a module Tern cannot run; the running version keeps serving on any error.
+    /// a module Tern cannot run, `412` if the tenant is not in the state `pre` requires (when
+    /// the deploy starts, and again when it is committed); the running version keeps serving
+    /// on any error.
     pub async fn deploy(
         &self,
         name: &str,
         wasm: Bytes,
         assets: Option<String>,
         kind: Option<crate::config::GuestKind>,
+        pre: &Precondition,
     ) -> Result<Deployed, ChangeError> {
-        let result = self.deploy_inner(name, wasm, assets, kind).await;
+        let result = self.deploy_inner(name, wasm, assets, kind, pre).await;
         self.count_deploy(name, result.is_ok());
         if let Err(e) = &result {
             tracing::warn!(tenant = name, "deploy refused: {e}");
@@ -751,6 +778,7 @@ impl Registry {
         wasm: Bytes,
         assets: Option<String>,
         kind: Option<crate::config::GuestKind>,
+        pre: &Precondition,
     ) -> Result<Deployed, ChangeError> {
         check_wasm_header(&wasm)?;
         if let (Some(a), Some(f)) = (&assets, &self.fleet)
@@ -772,7 +800,9 @@ impl Registry {
         let spec = {
             let state = self.lock().await?;
             Self::check_api_owned(&state, name)?;
-            state.truth().tenants.get(name).map(|t| t.spec.clone())
+            let stored = state.truth().tenants.get(name);
+            pre.check(name, stored)?;
+            stored.map(|t| t.spec.clone())
         }
         .ok_or_else(|| {
             ChangeError::NotFound(format!(
@@ -857,7 +887,9 @@ impl Registry {
         };
         let (state, committed) = match locked {
             Ok((mut state, (tenant, held))) => {
-                let result = self.commit_deploy(&mut state, name, &spec, tenant).await;
+                let result = self
+                    .commit_deploy(&mut state, name, &spec, tenant, pre)
+                    .await;
                 drop(held);
                 (state, result)
             }
@@ -877,12 +909,16 @@ impl Registry {
         name: &str,
         spec: &TenantSpec,
         tenant: Tenant,
+        pre: &Precondition,
     ) -> Result<Deployed, ChangeError> {
         let Some(stored) = state.truth().tenants.get(name).cloned() else {
             return Err(ChangeError::NotFound(format!(
                 "tenant {name:?} was deleted during the deploy"
             )));
         };
+        // Another change while this one compiled: a conditional deploy was computed from the
+        // state it names, and that state is gone.
+        pre.check(name, Some(&stored))?;
         let rt = self.loader.runtime();
         let tenant = if !Engine::same(tenant.compiled.engine(), &rt.engine) {
             // The engine was replaced while this compiled (`use_memset_reset`): the stored
@@ -918,6 +954,7 @@ impl Registry {
         }
         entry.current = Some(version.clone());
         let previous = entry.previous.clone();
+        let etag = entry.etag();
         let change = Change {
             name: name.to_string(),
             base: Some(stored),
@@ -937,6 +974,7 @@ impl Registry {
             previous,
             warnings,
             kind,
+            etag,
         })
     }
 
@@ -944,16 +982,14 @@ impl Registry {
     /// rollback undoes the first).
     ///
     /// # Errors
-    /// `404` unknown tenant, `409` nothing to roll back to or config-owned.
-    pub async fn rollback(&self, name: &str) -> Result<Deployed, ChangeError> {
+    /// `404` unknown tenant, `409` nothing to roll back to or config-owned, `412` if the
+    /// tenant is not in the state `pre` requires.
+    pub async fn rollback(&self, name: &str, pre: &Precondition) -> Result<Deployed, ChangeError> {
         let mut state = self.lock().await?;
         Self::check_api_owned(&state, name)?;
-        let stored = state
-            .truth()
-            .tenants
-            .get(name)
-            .ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?
-            .clone();
+        let stored = state.truth().tenants.get(name).cloned();
+        pre.check(name, stored.as_ref())?;
+        let stored = stored.ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?;
         let Some(target) = stored.previous.clone() else {
             return Err(ChangeError::Conflict(format!(
                 "tenant {name:?} has no previous version to roll back to"
@@ -970,6 +1006,7 @@ impl Registry {
         let mut entry = stored.clone();
         entry.previous = entry.current.take();
         entry.current = Some(target.clone());
+        let etag = entry.etag();
         let change = Change {
             name: name.to_string(),
             base: Some(stored.clone()),
@@ -983,16 +1020,19 @@ impl Registry {
             previous: stored.current,
             warnings: Vec::new(),
             kind,
+            etag,
         })
     }
 
     /// Removes an API tenant: it stops being routed at once; requests running finish.
     ///
     /// # Errors
-    /// `404` unknown tenant, `409` config-owned.
-    pub async fn delete(&self, name: &str) -> Result<(), ChangeError> {
+    /// `404` unknown tenant, `409` config-owned, `412` if the tenant is not in the state `pre`
+    /// requires.
+    pub async fn delete(&self, name: &str, pre: &Precondition) -> Result<(), ChangeError> {
         let mut state = self.lock().await?;
         Self::check_api_owned(&state, name)?;
+        pre.check(name, state.truth().tenants.get(name))?;
         let Some(base) = state.truth().tenants.get(name).cloned() else {
             return Err(ChangeError::NotFound(format!("no tenant {name:?}")));
         };

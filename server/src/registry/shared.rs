@@ -52,6 +52,14 @@ pub(super) fn unavailable(fleet: &Fleet, e: &RemoteError) -> ChangeError {
             fleet.url
         )),
         RemoteError::Conflict(m) => ChangeError::Conflict(m.clone()),
+        RemoteError::Unknown(m) => ChangeError::Unavailable(format!(
+            "the shared registry {} did not confirm this change and cannot be read back: it \
+             may have been applied or not ({m}). Read the tenant again once the registry \
+             answers (GET /admin/v1/tenants/NAME, `tern tenants NAME`); to retry, send the \
+             change with If-Match: the ETag you read before it, which is refused (412) if the \
+             change was applied",
+            fleet.url
+        )),
         RemoteError::Damaged(m) | RemoteError::NotFound(m) => {
             ChangeError::Internal(format!("the shared registry {}: {m}", fleet.url))
         }

@@ -121,6 +121,10 @@ pub struct Index {
     /// ACME challenges being validated, by host name (only in a fleet's registry).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub challenges: BTreeMap<String, Challenge>,
+    /// The ids of the last changes written to a fleet's registry, oldest first
+    /// (`fleet::objects::record_change`; empty in one data directory).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
 }
 
 impl Default for Index {
@@ -130,6 +134,7 @@ impl Default for Index {
             certificates: BTreeMap::new(),
             leases: BTreeMap::new(),
             challenges: BTreeMap::new(),
+            changes: Vec::new(),
         }
     }
 }
@@ -188,10 +193,17 @@ impl Shared {
     }
 
     fn unavailable(&self, e: &RemoteError) -> StoreError {
-        StoreError::Unavailable(format!(
-            "the registry {} cannot be reached, nothing changed: {e}",
-            self.fleet.url
-        ))
+        StoreError::Unavailable(match e {
+            RemoteError::Unknown(m) => format!(
+                "the registry {} did not confirm this change and cannot be read back: it may \
+                 have been applied or not ({m}); list the certificates again once it answers",
+                self.fleet.url
+            ),
+            e => format!(
+                "the registry {} cannot be reached, nothing changed: {e}",
+                self.fleet.url
+            ),
+        })
     }
 
     /// The registry's index and its version (`None`: there is none yet).
@@ -318,15 +330,16 @@ impl CertStore {
             return Ok(());
         };
         let index = shared.parse(&bytes)?;
-        self.mirror(shared, &index, version)
+        self.mirror(shared, &index, Some(version))
     }
 
-    /// Makes the copy here `index`, the registry's at `version`, with the bundles it names.
+    /// Makes the copy here `index`, the registry's at `version` (`None`: the registry has
+    /// moved past it; the next read fetches it whole), with the bundles it names.
     fn mirror(
         &self,
         shared: &Shared,
         index: &Index,
-        version: UpdateVersion,
+        version: Option<UpdateVersion>,
     ) -> Result<(), StoreError> {
         let mut complete = true;
         for (name, record) in &index.certificates {
@@ -336,8 +349,8 @@ impl CertStore {
             }
         }
         self.write_local(index)?;
-        if complete {
-            *shared.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
+        if complete || version.is_none() {
+            *shared.seen.lock().unwrap_or_else(|e| e.into_inner()) = version;
         }
         Ok(())
     }
@@ -418,6 +431,8 @@ impl CertStore {
                 Ok(result)
             });
         };
+        // One id for every attempt: a write whose reply was lost is recognised by it.
+        let id = crate::fleet::objects::change_id();
         for _ in 0..CHANGE_ATTEMPTS {
             let (old, version) = shared.index()?;
             let mut index = old.clone();
@@ -425,15 +440,16 @@ impl CertStore {
             if index == old {
                 return Ok(result);
             }
+            crate::fleet::objects::record_change(&mut index.changes, &id);
             let text = bytes::Bytes::from(serialise(&index));
             match shared.run(
                 shared
                     .fleet
                     .remote
-                    .put_if(INDEX_OBJECT, text, version.as_ref()),
+                    .put_if(INDEX_OBJECT, text, version.as_ref(), &id),
             ) {
                 Ok(written) => {
-                    self.mirror(shared, &index, written)?;
+                    self.mirror(shared, &index, written.version())?;
                     return Ok(result);
                 }
                 Err(RemoteError::Conflict(_)) => {}

@@ -186,3 +186,124 @@ async fn an_oversized_upload_is_413_to_a_client_still_sending() {
         );
     }
 }
+
+/// Conditional changes: each change answers with the tenant's ETag; one naming another
+/// (`If-Match`), or creating one that exists (`If-None-Match: *`), is `412` and changes
+/// nothing; a malformed tag is `400`.
+#[tokio::test]
+async fn changes_conditional_on_a_tenants_etag_are_refused_with_412_when_it_moved() {
+    let s = TestServer::start("").await;
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let call = |method: Method,
+                path: &'static str,
+                body: &'static str,
+                pre: Vec<(&'static str, String)>| {
+        let (admin, auth) = (s.admin(), auth.clone());
+        async move {
+            let mut headers = vec![("authorization", auth.as_str())];
+            headers.extend(pre.iter().map(|(k, v)| (*k, v.as_str())));
+            let r = send(
+                admin,
+                method,
+                path,
+                None,
+                &headers,
+                Bytes::from_static(body.as_bytes()),
+            )
+            .await;
+            let etag = r.header("etag").to_string();
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+            (r.status, etag, v)
+        }
+    };
+    let spec = r#"{"paths": ["/c"]}"#;
+    let (status, created, v) = call(
+        Method::PUT,
+        "/admin/v1/tenants/c",
+        spec,
+        vec![("if-none-match", "*".into())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert!(
+        created.starts_with('"') && created.len() == 34,
+        "{created:?}"
+    );
+    assert_eq!(v["etag"], created.as_str());
+    // Created once: the same create again is refused.
+    let (status, _, v) = call(
+        Method::PUT,
+        "/admin/v1/tenants/c",
+        spec,
+        vec![("if-none-match", "*".into())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::PRECONDITION_FAILED, "{v}");
+    let (status, etag, _) = call(Method::GET, "/admin/v1/tenants/c", "", vec![]).await;
+    assert_eq!((status, etag.as_str()), (StatusCode::OK, created.as_str()));
+
+    // A change from the tag read: applied, and the tag moves; from the old tag: refused.
+    let patch = r#"{"env": {"A": "1"}}"#;
+    let (status, changed, v) = call(
+        Method::PATCH,
+        "/admin/v1/tenants/c",
+        patch,
+        vec![("if-match", created.clone())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_ne!(changed, created);
+    let (status, _, v) = call(
+        Method::PATCH,
+        "/admin/v1/tenants/c",
+        r#"{"env": {"A": "2"}}"#,
+        vec![("if-match", created.clone())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::PRECONDITION_FAILED, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains(&changed),
+        "names the current tag: {v}"
+    );
+    let (_, now, _) = call(Method::GET, "/admin/v1/tenants/c", "", vec![]).await;
+    assert_eq!(now, changed, "nothing changed");
+    // A delete from the old tag: refused; `*` or the current one: applied.
+    let (status, _, _) = call(
+        Method::DELETE,
+        "/admin/v1/tenants/c",
+        "",
+        vec![("if-match", created.clone())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::PRECONDITION_FAILED);
+    for bad in ["abc", "*, \"x\""] {
+        let (status, _, v) = call(
+            Method::DELETE,
+            "/admin/v1/tenants/c",
+            "",
+            vec![("if-match", bad.into())],
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {v}");
+    }
+    let (status, _, v) = call(
+        Method::DELETE,
+        "/admin/v1/tenants/c",
+        "",
+        vec![("if-match", changed.clone())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, _, _) = call(
+        Method::DELETE,
+        "/admin/v1/tenants/c",
+        "",
+        vec![("if-match", "*".into())],
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::PRECONDITION_FAILED,
+        "no tenant to match `*`"
+    );
+}

@@ -570,3 +570,79 @@ async fn a_redis_store_is_shared_by_replicas_and_outlives_redis_going_away() {
         (200, "1".to_string())
     );
 }
+
+/// A write Redis applied whose reply was lost (the connection cut after the write was sent):
+/// the guest is told the outcome is unknown (`UNKNOWN_OUTCOME`, a component's `other` text
+/// saying so), not `IO`, and the write was indeed applied, once. A store that refuses the
+/// connection is `IO`: nothing was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_reply_redis_lost_is_told_apart_from_one_never_sent() {
+    let mut redis = Redis::start();
+    let proxy = crate::faults::RedisProxy::start(redis.port).await;
+    let config = format!(
+        "[pool]\ninstances = 8\nmax_memory_mib = 64\n\
+         [kv.shared]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout_ms = 500\n\
+         [[tenant]]\nname = \"a\"\nmodule = \"kv_probe.wasm\"\npaths = [\"/a\"]\n\
+         kv = [\"shared\"]\n\
+         [[tenant]]\nname = \"s5\"\nmodule = \"spin5.wasm\"\npaths = [\"/s5\"]\n\
+         kv = [\"shared\"]\n",
+        proxy.port
+    );
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "kv_probe");
+    spin_module(dir.path(), 5, "spin5");
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    // A first write loads the write script into Redis.
+    assert_eq!(
+        probe(&s, "/a?store=shared&op=incr:n:1").await,
+        ["opened", "1"]
+    );
+
+    // The reply to the next increment is lost: applied, and the guest knows it may have been.
+    proxy.arm();
+    let got = probe(&s, "/a?store=shared&op=incr:n:1").await;
+    assert_eq!(proxy.applied(), 1, "the reply was lost");
+    assert!(
+        got[1].starts_with("error=UNKNOWN_OUTCOME ")
+            && got[1].contains("may have been applied")
+            && got[1].contains("store \"shared\" (Redis)"),
+        "{got:?}"
+    );
+    assert_eq!(
+        probe(&s, "/a?store=shared&op=get:n").await,
+        ["opened", "2"],
+        "applied once"
+    );
+    // The same for a component's wasi:keyvalue increment.
+    proxy.arm();
+    let (status, text) = spin_kv(&s, "/s5/kv/wasi/shared/incr/hits", None).await;
+    assert_eq!(proxy.applied(), 2);
+    assert!(
+        status == 500 && text.contains("outcome unknown") && text.contains("may have been applied"),
+        "{status} {text}"
+    );
+    assert_eq!(
+        spin_kv(&s, "/s5/kv/wasi/shared/incr/hits", None).await,
+        (200, "2".to_string()),
+        "the lost one counted"
+    );
+    let m = s.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "tern_kv_operations_total{result=\"unknown\",store=\"shared\"}"
+        ),
+        2.0,
+        "{m}"
+    );
+
+    // Redis (and the proxy) gone: once the connection is refused, a write is IO (nothing
+    // was sent).
+    drop(proxy);
+    redis.stop();
+    let mut last = Vec::new();
+    for _ in 0..3 {
+        last = probe(&s, "/a?store=shared&op=incr:n:1").await;
+    }
+    assert!(last[1].starts_with("error=IO "), "{last:?}");
+}

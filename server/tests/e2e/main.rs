@@ -11,6 +11,7 @@ mod clients;
 mod config;
 mod demo;
 mod errors;
+mod faults;
 mod fleet;
 mod host_limits;
 mod hostile;

@@ -755,9 +755,18 @@ fn the_cli_deploys_lists_rolls_back_and_deletes() {
         ok && out.contains("site") && out.contains("api") && out.contains("/site"),
         "{out}"
     );
+    let (_, before) = tern(&["tenants", "site"]);
+    let before: serde_json::Value = serde_json::from_str(&before).expect("JSON");
+    let etag = before["etag"].as_str().expect("an API tenant has an ETag");
     let (ok, out) = tern(&["rollback", "site"]);
     assert!(ok && out.contains("rolled site back"), "{out}");
+    assert!(!out.contains(etag), "a new ETag: {out}");
     assert!(get("/site").contains(HELLO));
+    // The same rollback again, as of the tenant before it (a retry after a lost answer): it
+    // is refused, not applied a second time.
+    let (ok, out) = tern(&["rollback", "site", "--if-match", etag]);
+    assert!(!ok && out.contains("412"), "{out}");
+    assert!(get("/site").contains(HELLO), "still rolled back once");
     let (ok, out) = tern(&["deploy", "site", config_file(dir.path()).to_str().unwrap()]);
     assert!(
         !ok && out.contains("400") && out.contains("not a WebAssembly module"),

@@ -65,6 +65,7 @@ impl Kv {
             KvError::Invalid(_) => errno::INVALID_ARGUMENT,
             KvError::Limit(_) => errno::LIMIT_EXCEEDED,
             KvError::Unavailable(_) => errno::IO,
+            KvError::Unknown(_) => errno::UNKNOWN_OUTCOME,
         };
         self.fail(code, e.to_string())
     }
