@@ -31,7 +31,7 @@ static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 /// Serves one request that came on `conn`. Infallible: failures become responses.
 pub async fn handle(
     app: Arc<App>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     conn: Connection,
 ) -> Response<ResponseBody> {
     let arrived = Instant::now();
@@ -50,6 +50,37 @@ pub async fn handle(
     };
     let _in_flight = GaugeGuard::new(&app.metrics.in_flight);
 
+    // Framing a proxy in front might read differently, a coding Tern cannot undo: refused
+    // before anything reads the body, and the connection closed.
+    if let Err((status, why)) = framing(&req) {
+        ex.timings.set(Phase::Route, ex.arrived.elapsed());
+        let mut resp = plain(status, &format!("{why}\n"));
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        return ex.unrouted(&app, resp);
+    }
+    // `OPTIONS *` asks about the server itself (RFC 9110 §9.3.7), no tenant.
+    if req.uri().path() == "*" {
+        ex.timings.set(Phase::Route, ex.arrived.elapsed());
+        return ex.unrouted(&app, asterisk(req.method()));
+    }
+    // One meaning of the path for routing, the guest and everything keyed on it later.
+    match crate::target::normalize(req.uri().path()) {
+        Ok(std::borrow::Cow::Borrowed(_)) => {}
+        Ok(std::borrow::Cow::Owned(path)) => match with_path(req.uri(), &path) {
+            Some(uri) => *req.uri_mut() = uri,
+            None => {
+                ex.timings.set(Phase::Route, ex.arrived.elapsed());
+                let resp = plain(StatusCode::BAD_REQUEST, "the request target is not a URI\n");
+                return ex.unrouted(&app, resp);
+            }
+        },
+        Err(why) => {
+            ex.timings.set(Phase::Route, ex.arrived.elapsed());
+            let resp = plain(StatusCode::BAD_REQUEST, &format!("{why}\n"));
+            return ex.unrouted(&app, resp);
+        }
+    }
     // h2 carries the host in the URI (`:authority`); HTTP/1.1 in the Host header, or in the URI
     // too for an absolute-form target. Where both are given they must agree.
     let host = match authority(&req) {
@@ -492,9 +523,72 @@ impl Traced {
     }
 }
 
-/// The host a request is for, or why it is ambiguous (RFC 9112 3.2, 6.1; RFC 9113 8.3.1): one
-/// `Host` header at most, the same authority in the target and in `Host` when both are given,
-/// and `chunked` at most once (framing a proxy in front might read differently).
+/// Refuses a request whose body's framing Tern does not read the way every proxy would
+/// (RFC 9112 §6.1): `chunked` more than once (`400`), or a transfer coding other than
+/// `chunked` (`501`: Tern would hand the guest a body still in that coding). hyper itself
+/// drops a `Content-Length` sent with `Transfer-Encoding` and refuses `chunked` that is not
+/// the last coding.
+fn framing(req: &Request<Incoming>) -> Result<(), (StatusCode, &'static str)> {
+    let mut chunked = 0;
+    for coding in req
+        .headers()
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty())
+    {
+        if coding.eq_ignore_ascii_case(b"chunked") {
+            chunked += 1;
+        } else {
+            return Err((
+                StatusCode::NOT_IMPLEMENTED,
+                "a transfer coding other than chunked: Tern reads only chunked request bodies \
+                 (send Content-Encoding for a compressed body)",
+            ));
+        }
+    }
+    if chunked > 1 {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "ambiguous request: the chunked transfer coding applied more than once",
+        ));
+    }
+    Ok(())
+}
+
+/// The answer to a request for the asterisk target `*`: `OPTIONS *` is the server's own
+/// options (each tenant's guest decides which methods its paths take); any other method with
+/// it is malformed.
+fn asterisk(method: &Method) -> Response<ResponseBody> {
+    if method == Method::OPTIONS {
+        let mut resp = plain(StatusCode::OK, "");
+        resp.headers_mut().insert(
+            http::header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+        );
+        resp
+    } else {
+        plain(
+            StatusCode::BAD_REQUEST,
+            &format!("the target `*` is only for OPTIONS, not {method}\n"),
+        )
+    }
+}
+
+/// `uri` with its path replaced by `path` (its query kept).
+fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
+    let mut parts = uri.clone().into_parts();
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    parts.path_and_query = Some(pq.parse().ok()?);
+    Uri::from_parts(parts).ok()
+}
+
+/// The host a request is for, or why it is ambiguous (RFC 9112 3.2; RFC 9113 8.3.1): one
+/// `Host` header at most, the same authority in the target and in `Host` when both are given.
 fn authority(req: &Request<Incoming>) -> Result<Option<&str>, &'static str> {
     let headers = req.headers();
     let mut hosts = headers.get_all(HOST).iter();
@@ -506,16 +600,6 @@ fn authority(req: &Request<Incoming>) -> Result<Option<&str>, &'static str> {
         Some(h) => Some(h.to_str().map_err(|_| "a Host header that is not text")?),
         None => None,
     };
-    // (hyper itself drops a `Content-Length` sent with `Transfer-Encoding`.)
-    let chunked = headers
-        .get_all(TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .filter(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
-        .count();
-    if chunked > 1 {
-        return Err("the chunked transfer coding applied more than once");
-    }
     match (req.uri().authority(), host) {
         (Some(target), Some(host)) => {
             let host: http::uri::Authority = host

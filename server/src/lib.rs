@@ -12,7 +12,9 @@
 //!   version) and the values every guest kind renders from it (scheme, host, URL, server name
 //!   and port).
 //! - [`http`]: request ids, routing, admission, the response and its `Server-Timing`.
-//! - [`router`]: `Host` / path prefix → tenant.
+//! - [`target`]: the normal form of the request's path, which routing, the guests and
+//!   everything keyed on a URL use (dot segments, percent-encodings, ambiguous paths refused).
+//! - [`router`]: `Host` / path prefix → tenant, on the normal path.
 //! - [`pool`]: admission to the preallocated instance pool (the `queue` phase).
 //! - [`execute`]: the drivers of the guest kinds and the lifecycle they share: a fresh `Store`,
 //!   `instantiate_async`, the handler on its own fiber under the deadline, the verdict, the
@@ -106,6 +108,7 @@ pub mod scaffold;
 pub mod server;
 pub mod shutdown;
 pub mod store;
+pub mod target;
 pub mod teardown;
 pub mod tenant;
 pub mod tls;

@@ -230,3 +230,128 @@ async fn guests_read_their_request_context() {
     assert_eq!(c["URL"], format!("=http://{}/api/h2?q", s.addr()));
     assert_eq!(c["REQUEST_ID"], format!("={}", r.header("x-request-id")));
 }
+
+/// The CGI environment lines of `reply` (the demo's `/cgi/env`).
+fn cgi_var<'a>(reply: &'a crate::support::Reply, name: &str) -> Option<&'a str> {
+    let text = std::str::from_utf8(&reply.body).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// One path, one meaning (RFC 3986 §6.2.2, RFC 9110 §4.2.3): a path is routed, and its guest
+/// sees it, in its normal form — percent-encoded unreserved characters decoded, dot and empty
+/// segments removed — as a normalising proxy in front of Tern reads it. What proxies disagree
+/// on is refused with `400` naming why; the query is left as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_are_routed_and_seen_in_their_normal_form() {
+    let s = TestServer::demo().await;
+    for path in [
+        "/h%65llo",
+        "/%68ello",
+        "/./hello",
+        "/x/../hello",
+        "/%2e%2e/hello",
+        "//hello",
+        "/hello/.",
+        "/cgi/../hello",
+    ] {
+        let r = s.get(path).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
+        assert_eq!(r.text(), "Hello from Tern!\n", "{path} reached hello");
+    }
+    // Another tenant's path hidden behind a dot segment reaches that tenant, which sees the
+    // normal path, over HTTP/1.1 and HTTP/2 alike.
+    for r in [
+        s.get("/hello/../cgi/./env?a=%2F&b=../x").await,
+        crate::support::send_h2(s.addr(), "/hello/%2E%2E/cgi//env?a=%2F&b=../x").await,
+    ] {
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(cgi_var(&r, "SCRIPT_NAME"), Some("/cgi"), "{}", r.text());
+        assert_eq!(cgi_var(&r, "PATH_INFO"), Some("/env"));
+        assert_eq!(cgi_var(&r, "REQUEST_URI"), Some("/cgi/env?a=%2F&b=../x"));
+        assert_eq!(cgi_var(&r, "QUERY_STRING"), Some("a=%2F&b=../x"));
+    }
+
+    for (path, why) in [
+        ("/cgi/a%2Fb", "encoded slash"),
+        ("/cgi/a%2fb", "encoded slash"),
+        ("/hello%5c..%5ccgi", "encoded backslash"),
+        ("/cgi/%zz", "two hex digits"),
+        ("/cgi/100%", "two hex digits"),
+    ] {
+        let r = s.get(path).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{path}");
+        assert!(r.text().contains(why), "{path}: {}", r.text());
+    }
+}
+
+/// A transfer coding Tern does not read is `501` and the connection closed (RFC 9112 §6.1),
+/// never a body handed on still encoded; `chunked` twice is `400`.
+#[test]
+fn unknown_transfer_codings_are_501_and_the_connection_closed() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let s = rt.block_on(TestServer::demo());
+    for (coding, status) in [
+        ("gzip, chunked", "501"),
+        ("br, chunked", "501"),
+        ("identity, chunked", "501"),
+        ("chunked, chunked", "400"),
+    ] {
+        let request = format!(
+            "POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: {coding}\r\n\r\n\
+             5\r\nhello\r\n0\r\n\r\nGET /hello HTTP/1.1\r\nhost: x\r\n\r\n"
+        );
+        let reply = crate::support::raw_exchange(
+            s.addr(),
+            request.as_bytes(),
+            std::time::Duration::from_secs(10),
+        );
+        let text = String::from_utf8_lossy(&reply);
+        assert!(
+            text.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{coding}: {text}"
+        );
+        assert!(text.contains("connection: close"), "{coding}: {text}");
+        assert_eq!(text.matches("HTTP/1.1 ").count(), 1, "closed: {text}");
+        assert!(!text.contains("hello"), "no body passed on: {text}");
+    }
+    // Plain chunked is read as ever.
+    let reply = crate::support::raw_exchange(
+        s.addr(),
+        b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        std::time::Duration::from_secs(10),
+    );
+    let text = String::from_utf8_lossy(&reply);
+    assert!(
+        text.starts_with("HTTP/1.1 200 ") && text.contains("hello"),
+        "{text}"
+    );
+}
+
+/// `OPTIONS *` is answered by the server (`200` with `Allow`), not routed to a tenant; any
+/// other method with the target `*` is `400`.
+#[test]
+fn options_asterisk_is_answered_by_the_server() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let s = rt.block_on(TestServer::demo());
+    let exchange = |req: &str| {
+        let reply = crate::support::raw_exchange(
+            s.addr(),
+            req.as_bytes(),
+            std::time::Duration::from_secs(10),
+        );
+        String::from_utf8_lossy(&reply).into_owned()
+    };
+    let text = exchange("OPTIONS * HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    assert!(text.starts_with("HTTP/1.1 200 "), "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("allow: get, head, post, put, patch, delete, options"),
+        "{text}"
+    );
+    let text = exchange("GET * HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    assert!(
+        text.starts_with("HTTP/1.1 400 ") && text.contains("only for OPTIONS"),
+        "{text}"
+    );
+}
