@@ -10,8 +10,9 @@
 //!   `/a`); `..` above the root stays at the root.
 //! - Empty segments are merged (`//a///b` is `/a/b`), as nginx does by default.
 //! - Refused with `400`, because proxies disagree on them: an encoded slash (`%2F`), which
-//!   some decode into a separator and some do not, and an encoded backslash (`%5C`), which
-//!   some servers read as one; a `%` not followed by two hex digits.
+//!   some decode into a separator and some do not, and a backslash, raw (not allowed in a URI
+//!   at all) or encoded (`%5C`), which some servers and browsers read as `/`; a `%` not
+//!   followed by two hex digits.
 //!
 //! The query is left as sent.
 
@@ -29,9 +30,12 @@ pub enum PathError {
          segments; send `/` or encode the segment differently"
     )]
     EncodedSlash,
-    /// `%5C`: some servers read a backslash as a separator.
-    #[error("an encoded backslash (%5C) in the path is ambiguous: some servers read it as `/`")]
-    EncodedBackslash,
+    /// `\` or `%5C`: some servers and browsers read a backslash as a separator.
+    #[error(
+        "a backslash (`\\` or %5C) in the path is ambiguous: some servers and browsers read it \
+         as `/`"
+    )]
+    Backslash,
 }
 
 /// Whether `b` is an unreserved character (RFC 3986 §2.3).
@@ -59,11 +63,10 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     if b.first() != Some(&b'/') {
         return Ok(Cow::Borrowed(path));
     }
-    // Only a `%`, or a `/` followed by `/` or `.`, can make a path not normal.
-    let plain = b
-        .iter()
-        .enumerate()
-        .all(|(i, &c)| c != b'%' && !(c == b'/' && matches!(b.get(i + 1), Some(b'/' | b'.'))));
+    // Only a `%` or `\`, or a `/` followed by `/` or `.`, can make a path not normal.
+    let plain = b.iter().enumerate().all(|(i, &c)| {
+        c != b'%' && c != b'\\' && !(c == b'/' && matches!(b.get(i + 1), Some(b'/' | b'.')))
+    });
     if plain {
         return Ok(Cow::Borrowed(path));
     }
@@ -71,6 +74,9 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     let mut decoded = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
+        if b[i] == b'\\' {
+            return Err(PathError::Backslash);
+        }
         if b[i] != b'%' {
             decoded.push(b[i]);
             i += 1;
@@ -84,7 +90,7 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
         };
         match hi << 4 | lo {
             b'/' => return Err(PathError::EncodedSlash),
-            b'\\' => return Err(PathError::EncodedBackslash),
+            b'\\' => return Err(PathError::Backslash),
             c if unreserved(c) => decoded.push(c),
             _ => {
                 decoded.push(b'%');
@@ -195,7 +201,9 @@ mod tests {
     fn ambiguous_paths_are_refused() {
         assert_eq!(n("/a%2Fb"), Err(PathError::EncodedSlash));
         assert_eq!(n("/a%2fb"), Err(PathError::EncodedSlash));
-        assert_eq!(n("/a%5cb"), Err(PathError::EncodedBackslash));
+        assert_eq!(n("/a%5cb"), Err(PathError::Backslash));
+        assert_eq!(n("/a\\b"), Err(PathError::Backslash));
+        assert_eq!(n("/hello\\..\\cgi"), Err(PathError::Backslash));
         for bad in ["/%", "/%4", "/%zz", "/a%g0", "/%%41"] {
             assert_eq!(n(bad), Err(PathError::MalformedEscape), "{bad}");
         }
