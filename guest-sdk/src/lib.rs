@@ -398,10 +398,13 @@ pub mod context {
         String::from_utf8(super::raw::info(key).ok()?).ok()
     }
 
-    /// The client's address (IP and port).
+    /// The client's address (IP and port; port 0 when a trusted proxy in front forwarded
+    /// only its IP).
     pub fn client_addr() -> Option<std::net::SocketAddr> {
         let ip = text(info::CLIENT_IP)?.parse().ok()?;
-        let port = text(info::CLIENT_PORT)?.parse().ok()?;
+        let port = text(info::CLIENT_PORT)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
         Some(std::net::SocketAddr::new(ip, port))
     }
 

@@ -20,4 +20,8 @@ pub struct App {
     pub https_port: std::sync::OnceLock<u16>,
     /// Traces (`[tracing]`), when they are on.
     pub tracer: Option<std::sync::Arc<crate::trace::Tracer>>,
+    /// Proxies whose connections may name their client (`[server] trusted_proxies`).
+    pub trusted_proxies: crate::context::TrustedProxies,
+    /// Whether access lines show the query string (`[server] access_log_query`).
+    pub access_log_query: bool,
 }

@@ -60,12 +60,51 @@ pub enum ResponseBody {
     Stream(GuestStream),
     /// A backend's body, forwarded by a guest that has ended.
     Forwarded(Box<Forwarded>),
+    /// A body whose request's access line is written when it ends.
+    Logged(Box<Logged>),
+}
+
+/// A response body and its request's access line, written (with the body bytes sent, and
+/// whether the body reached its end) when the server is done with it: sent whole, cut short,
+/// or dropped because the client left.
+pub struct Logged {
+    body: ResponseBody,
+    record: crate::logwriter::AccessRecord,
+    bytes: u64,
+    ended: bool,
+}
+
+impl std::fmt::Debug for Logged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Logged")
+            .field("body", &self.body)
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        self.record
+            .write(self.bytes, self.ended || self.body.is_end_stream());
+    }
 }
 
 impl ResponseBody {
     /// A complete body.
     pub fn full(bytes: impl Into<Bytes>) -> Self {
         Self::Full(Some(bytes.into()))
+    }
+
+    /// This body with `record` written as its request's access line when it ends. `no_body`:
+    /// the response has none to send (a `HEAD`, a `204`, a `304`), so it is complete as it is.
+    pub fn logged(self, record: crate::logwriter::AccessRecord, no_body: bool) -> Self {
+        Self::Logged(Box::new(Logged {
+            body: self,
+            record,
+            bytes: 0,
+            ended: no_body,
+        }))
     }
 
     /// A body streamed from a guest through `rx`. Unless the request was a `HEAD` (whose
@@ -125,6 +164,18 @@ impl http_body::Body for ResponseBody {
                 Poll::Ready(item.map(|r| r.map(Frame::data).map_err(BodyCut::from)))
             }
             Self::Forwarded(f) => f.poll_data(cx),
+            Self::Logged(l) => {
+                let polled = Pin::new(&mut l.body).poll_frame(cx);
+                match &polled {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        l.bytes += frame.data_ref().map_or(0, |d| d.len() as u64);
+                        l.ended |= l.body.is_end_stream();
+                    }
+                    Poll::Ready(None) => l.ended = true,
+                    Poll::Ready(Some(Err(_))) | Poll::Pending => {}
+                }
+                polled
+            }
         }
     }
 
@@ -133,6 +184,7 @@ impl http_body::Body for ResponseBody {
             Self::Full(b) => b.is_none(),
             Self::Stream(_) => false,
             Self::Forwarded(f) => f.body.is_end_stream(),
+            Self::Logged(l) => l.body.is_end_stream(),
         }
     }
 
@@ -142,6 +194,7 @@ impl http_body::Body for ResponseBody {
             Self::Full(None) => SizeHint::with_exact(0),
             Self::Stream(_) => SizeHint::default(),
             Self::Forwarded(f) => f.body.size_hint(),
+            Self::Logged(l) => l.body.size_hint(),
         }
     }
 }

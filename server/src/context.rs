@@ -4,7 +4,7 @@
 //! CGI's meta-variables, Spin's `spin-*` headers, `wasi:http`'s scheme); the values they share
 //! (scheme, host, URL, server name and port) are derived here only.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use http::header::HOST;
@@ -45,6 +45,9 @@ pub struct TlsInfo {
 pub struct RequestContext {
     /// The connection it came on.
     pub conn: Connection,
+    /// The client: the connection's peer, or behind a trusted proxy the address it forwarded
+    /// ([`TrustedProxies::client`]); port `0` when the proxy did not say.
+    pub client: SocketAddr,
     /// The id the server gave the request.
     pub request_id: HeaderValue,
     /// Bytes of the path that matched the tenant's route prefix (0 for a tenant at `/`).
@@ -56,9 +59,9 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
-    /// The client's address.
+    /// The client's address (port `0`: unknown, a proxy forwarded only its IP).
     pub fn client(&self) -> SocketAddr {
-        self.conn.peer
+        self.client
     }
 
     /// `http` or `https`.
@@ -70,6 +73,129 @@ impl RequestContext {
     pub fn default_port(&self) -> u16 {
         if self.conn.tls.is_some() { 443 } else { 80 }
     }
+}
+
+/// The networks of proxies trusted to say who their client is (`[server] trusted_proxies`):
+/// a request whose connection comes from one may name its client in `Forwarded` (RFC 7239)
+/// or, without it, `X-Forwarded-For`. From anyone else those headers are only headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies(Vec<(IpAddr, u8)>);
+
+impl TrustedProxies {
+    /// Parses addresses and networks: `10.0.0.0/8`, `192.0.2.7`, `fd00::/8`, `::1`.
+    ///
+    /// # Errors
+    /// The entry that is not one, and why.
+    pub fn parse(list: &[String]) -> Result<Self, String> {
+        let mut nets = Vec::with_capacity(list.len());
+        for entry in list {
+            let (ip, len) = match entry.split_once('/') {
+                Some((ip, len)) => (ip, Some(len)),
+                None => (entry.as_str(), None),
+            };
+            let ip: IpAddr = ip.trim().parse().map_err(|_| {
+                format!("{entry:?} is not an IP address or network (e.g. 10.0.0.0/8, ::1)")
+            })?;
+            let ip = ip.to_canonical();
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            let len = match len {
+                None => max,
+                Some(l) => match l.trim().parse::<u8>() {
+                    Ok(n) if n <= max => n,
+                    _ => return Err(format!("{entry:?}: the prefix length must be 0-{max}")),
+                },
+            };
+            nets.push((ip, len));
+        }
+        Ok(Self(nets))
+    }
+
+    /// Whether none is trusted (the client is always the connection's peer).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether `ip` is in a trusted network.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.0.iter().any(|&(net, len)| match (net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => prefix_eq(&n.octets(), &a.octets(), len),
+            (IpAddr::V6(n), IpAddr::V6(a)) => prefix_eq(&n.octets(), &a.octets(), len),
+            _ => false,
+        })
+    }
+
+    /// The client of a request whose connection came from `peer`: `peer` unless it is a
+    /// trusted proxy; then, walking the forwarded addresses from the nearest hop back, the
+    /// first that is not a trusted proxy itself (the nearest a malformed or hidden entry
+    /// leaves, if any). `Forwarded: for=` is read when present, else `X-Forwarded-For`.
+    pub fn client(&self, peer: SocketAddr, headers: &HeaderMap) -> SocketAddr {
+        if !self.contains(peer.ip()) {
+            return peer;
+        }
+        let forwarded = headers.get_all(http::header::FORWARDED);
+        let hops: Vec<Option<SocketAddr>> = if forwarded.iter().next().is_some() {
+            forwarded
+                .iter()
+                .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+                .map(forwarded_for)
+                .collect()
+        } else {
+            headers
+                .get_all("x-forwarded-for")
+                .iter()
+                .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+                .map(|h| node(h.trim_ascii()))
+                .collect()
+        };
+        let mut client = peer;
+        for hop in hops.into_iter().rev() {
+            if !self.contains(client.ip()) {
+                break;
+            }
+            match hop {
+                Some(addr) => client = addr,
+                None => break,
+            }
+        }
+        client
+    }
+}
+
+/// Whether the first `len` bits of `a` and `b` agree.
+fn prefix_eq(a: &[u8], b: &[u8], len: u8) -> bool {
+    let (whole, rest) = (usize::from(len / 8), len % 8);
+    a[..whole] == b[..whole] && (rest == 0 || (a[whole] ^ b[whole]) & (0xffu8 << (8 - rest)) == 0)
+}
+
+/// The `for=` node of one `Forwarded` element (`for=192.0.2.60;proto=https`), if it names an
+/// address.
+fn forwarded_for(element: &[u8]) -> Option<SocketAddr> {
+    element.split(|b| *b == b';').find_map(|pair| {
+        let pair = pair.trim_ascii();
+        let (name, value) = pair.split_at(pair.iter().position(|b| *b == b'=')?);
+        name.eq_ignore_ascii_case(b"for")
+            .then(|| node(value[1..].trim_ascii().trim_ascii()))
+            .flatten()
+    })
+}
+
+/// An address as a proxy writes it: `192.0.2.60`, `192.0.2.60:4711`, `2001:db8::1`,
+/// `[2001:db8::1]:4711`, optionally quoted; `unknown` and hidden names are `None`.
+fn node(text: &[u8]) -> Option<SocketAddr> {
+    let text = std::str::from_utf8(text).ok()?;
+    let text = text.strip_prefix('"').unwrap_or(text);
+    let text = text.strip_suffix('"').unwrap_or(text);
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Some(SocketAddr::new(addr.ip().to_canonical(), addr.port()));
+    }
+    let bare = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .unwrap_or(text);
+    bare.parse::<IpAddr>()
+        .ok()
+        .map(|ip| SocketAddr::new(ip.to_canonical(), 0))
 }
 
 /// The host the request names: its target's authority (HTTP/2's `:authority`, an
@@ -128,6 +254,7 @@ mod tests {
                 }),
                 ..Connection::plain(addr)
             },
+            client: addr,
             request_id: HeaderValue::from_static("r"),
             prefix_len: 0,
             version: Version::HTTP_11,
@@ -158,5 +285,89 @@ mod tests {
             server_name_port(&context(false), &uri, &headers),
             ("other.example".into(), 8080)
         );
+    }
+}
+
+#[cfg(test)]
+mod forwarded_tests {
+    use super::*;
+
+    fn trusted(list: &[&str]) -> TrustedProxies {
+        TrustedProxies::parse(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn networks_contain_their_addresses_at_the_edges() {
+        let t = trusted(&["10.0.0.0/8", "192.0.2.7", "fd00::/8", "172.16.0.0/12"]);
+        for (ip, want) in [
+            ("10.0.0.0", true),
+            ("10.255.255.255", true),
+            ("11.0.0.0", false),
+            ("9.255.255.255", false),
+            ("192.0.2.7", true),
+            ("192.0.2.8", false),
+            ("172.31.255.255", true),
+            ("172.32.0.0", false),
+            ("fd12::1", true),
+            ("fe00::1", false),
+            ("::ffff:10.1.2.3", true),
+        ] {
+            assert_eq!(t.contains(ip.parse().unwrap()), want, "{ip}");
+        }
+        for bad in ["10.0.0.0/33", "x", "::/129", "10.0.0.0/-1"] {
+            assert!(TrustedProxies::parse(&[bad.to_string()]).is_err(), "{bad}");
+        }
+        assert!(trusted(&["0.0.0.0/0"]).contains("8.8.8.8".parse().unwrap()));
+    }
+
+    #[test]
+    fn only_a_trusted_peer_may_name_the_client() {
+        let t = trusted(&["10.0.0.0/8"]);
+        let proxy: SocketAddr = "10.0.0.5:40000".parse().unwrap();
+        let stranger: SocketAddr = "203.0.113.9:5555".parse().unwrap();
+        let xff = headers(&[("x-forwarded-for", "198.51.100.1")]);
+        assert_eq!(
+            t.client(stranger, &xff),
+            stranger,
+            "an untrusted peer's header is ignored"
+        );
+        assert_eq!(t.client(proxy, &xff), "198.51.100.1:0".parse().unwrap());
+        assert_eq!(TrustedProxies::default().client(proxy, &xff), proxy);
+        // A spoofed entry before the real client stays unread: the walk stops at the first
+        // address that is not a trusted proxy.
+        let chain = headers(&[
+            ("x-forwarded-for", "6.6.6.6, 198.51.100.1"),
+            ("x-forwarded-for", "10.1.1.1"),
+        ]);
+        assert_eq!(t.client(proxy, &chain), "198.51.100.1:0".parse().unwrap());
+        // Forwarded wins over X-Forwarded-For; ports and IPv6 as proxies write them.
+        let both = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            (
+                "forwarded",
+                "for=192.0.2.60;proto=http, For=\"[2001:db8:cafe::17]:4711\"",
+            ),
+        ]);
+        assert_eq!(
+            t.client(proxy, &both),
+            "[2001:db8:cafe::17]:4711".parse().unwrap()
+        );
+        // `unknown` or garbage ends the walk at the nearest trusted hop.
+        let hidden = headers(&[("forwarded", "for=198.51.100.1, for=unknown")]);
+        assert_eq!(t.client(proxy, &hidden), proxy);
+        let garbage = headers(&[("x-forwarded-for", "198.51.100.1, not-an-ip")]);
+        assert_eq!(t.client(proxy, &garbage), proxy);
+        assert_eq!(t.client(proxy, &HeaderMap::new()), proxy);
     }
 }

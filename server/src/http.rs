@@ -35,18 +35,50 @@ pub async fn handle(
     conn: Connection,
 ) -> Response<ResponseBody> {
     let arrived = Instant::now();
-    let trace = app.tracer.as_ref().map(|t| Traced::begin(t, &req, &conn));
+    // The client: the peer, or whom a trusted proxy in front says it forwards.
+    let client = if app.trusted_proxies.is_empty() {
+        conn.peer
+    } else {
+        app.trusted_proxies.client(conn.peer, req.headers())
+    };
+    let trace = app
+        .tracer
+        .as_ref()
+        .map(|t| Traced::begin(t, &req, &conn, client));
     let request_id = match (client_request_id(req.headers()), &trace) {
         (Some(id), _) => id,
         // A traced request's id is its trace id: logs, error pages and traces join on it.
         (None, Some(t)) => t.active.trace_id_header(),
         (None, None) => new_request_id(),
     };
+    // The access line, gathered as the request came (before its path is normalised), when
+    // access lines are on.
+    let access = crate::logwriter::access_enabled().then(|| crate::logwriter::AccessRecord {
+        request_id: request_id.clone(),
+        tenant: None,
+        method: req.method().clone(),
+        target: req.uri().clone(),
+        with_query: app.access_log_query,
+        version: req.version(),
+        host: match req.uri().authority() {
+            Some(a) => HeaderValue::from_str(a.as_str()).ok(),
+            None => req.headers().get(HOST).cloned(),
+        },
+        remote: conn.peer,
+        client: client.ip().to_canonical(),
+        user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
+        referer: req.headers().get(http::header::REFERER).cloned(),
+        trace_id: trace.as_ref().map(|t| *t.active.trace_id_hex()),
+        arrived,
+        status: 0,
+    });
     let mut ex = Exchange {
         arrived,
         request_id,
+        version: req.version(),
         timings: Timings::default(),
         trace,
+        access,
     };
     let _in_flight = GaugeGuard::new(&app.metrics.in_flight);
 
@@ -187,6 +219,7 @@ pub async fn handle(
     }
     let context = RequestContext {
         conn,
+        client,
         request_id: ex.request_id.clone(),
         prefix_len,
         version: parts.version,
@@ -319,8 +352,12 @@ fn error_response(e: &ExecError, tenant: &TenantRef, ids: &str) -> Response<Resp
 struct Exchange {
     arrived: Instant,
     request_id: HeaderValue,
+    /// The HTTP version it came in (a label of `tern_requests_total`).
+    version: http::Version,
     timings: Timings,
     trace: Option<Traced>,
+    /// Its access line, when access lines are on: written when the response ends.
+    access: Option<crate::logwriter::AccessRecord>,
 }
 
 impl Exchange {
@@ -366,13 +403,13 @@ impl Exchange {
         self.finish(app, Some(tenant), resp, reached)
     }
 
-    /// Adds the request id and `Server-Timing`, counts the response, writes the access log
-    /// line and ends the trace.
+    /// Adds the request id and `Server-Timing`, counts the response, ends the trace, and has
+    /// the access line written when the response's body ends.
     fn finish(
         self,
         app: &App,
         tenant: Option<&TenantRef>,
-        mut resp: Response<ResponseBody>,
+        resp: Response<ResponseBody>,
         reached: Phase,
     ) -> Response<ResponseBody> {
         let ended = Instant::now();
@@ -381,18 +418,22 @@ impl Exchange {
         let status = resp.status().as_u16();
         match tenant {
             Some(t) => {
-                t.requests.count(status);
+                t.requests.count(status, self.version);
                 t.served.count(status);
             }
-            None => app.metrics.unrouted().count(status),
+            None => app.metrics.unrouted().count(status, self.version),
         }
-        crate::logwriter::access(
-            self.request_id.to_str().unwrap_or("-"),
-            tenant.map_or("-", |t| t.name.as_str()),
-            status,
-            total,
-            self.trace.as_ref().map(|t| t.active.trace_id_text()),
-        );
+        let mut resp = match self.access {
+            Some(mut record) => {
+                record.status = status;
+                record.tenant = tenant.map(|t| t.clone() as Arc<dyn crate::logwriter::Named>);
+                let no_body = record.method == Method::HEAD
+                    || matches!(status, 204 | 304)
+                    || (100..200).contains(&status);
+                resp.map(|body| body.logged(record, no_body))
+            }
+            None => resp,
+        };
         let headers: &mut HeaderMap = resp.headers_mut();
         headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
         if let Ok(v) = HeaderValue::from_str(&self.timings.server_timing(total, reached)) {
@@ -435,14 +476,19 @@ struct Traced {
 }
 
 impl Traced {
-    fn begin(tracer: &crate::trace::Tracer, req: &Request<Incoming>, conn: &Connection) -> Self {
+    fn begin(
+        tracer: &crate::trace::Tracer,
+        req: &Request<Incoming>,
+        conn: &Connection,
+        client: SocketAddr,
+    ) -> Self {
         Self {
             active: tracer.begin(req.headers()),
             method: req.method().clone(),
             uri: req.uri().clone(),
             version: req.version(),
             scheme: conn.scheme(),
-            client: conn.peer,
+            client,
             user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
             tenant: None,
             queued: None,

@@ -203,6 +203,9 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         metrics,
         https_port: std::sync::OnceLock::new(),
         tracer,
+        trusted_proxies: crate::context::TrustedProxies::parse(&config.server.trusted_proxies)
+            .map_err(anyhow::Error::msg)?,
+        access_log_query: config.server.access_log_query,
     });
 
     let per_core = config.server.runtime == crate::config::RuntimeMode::PerCore;

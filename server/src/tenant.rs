@@ -190,6 +190,12 @@ pub struct Tenant {
     pub https_redirect: bool,
 }
 
+impl crate::logwriter::Named for Tenant {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
 impl crate::trace::SpanTenant for Tenant {
     fn name(&self) -> &str {
         &self.name

@@ -73,6 +73,7 @@ pub async fn request(tenant: &TenantRef) -> RunOutput {
         u64::MAX,
         RequestContext {
             conn: Connection::plain(([127, 0, 0, 1], 1).into()),
+            client: ([127, 0, 0, 1], 1).into(),
             request_id: HeaderValue::from_static("harness"),
             prefix_len: 0,
             version: http::Version::HTTP_11,

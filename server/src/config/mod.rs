@@ -128,6 +128,13 @@ pub struct ServerConfig {
     /// listener (a load balancer's 443 in front of `tls_listen`'s 8443); `0`: `tls_listen`'s
     /// port (left out of the URL when it is 443).
     pub public_https_port: u16,
+    /// Proxies (addresses and networks, `10.0.0.0/8`) whose connections may name their client
+    /// in `Forwarded` or `X-Forwarded-For`: the client address of the access line, traces and
+    /// what guests see. Empty: the connection's peer is the client, whatever the headers say.
+    pub trusted_proxies: Vec<String>,
+    /// Whether the access line's `path` includes the query string (off: queries often carry
+    /// tokens, and the log is not the place for them).
+    pub access_log_query: bool,
 }
 
 impl Default for ServerConfig {
@@ -150,6 +157,8 @@ impl Default for ServerConfig {
             tls_handshake_timeout_ms: 10_000,
             max_tls_handshakes: 1024,
             public_https_port: 0,
+            trusted_proxies: Vec::new(),
+            access_log_query: false,
         }
     }
 }
@@ -948,6 +957,9 @@ impl Config {
         }
         if self.server.max_header_bytes < 8192 {
             return whole("server.max_header_bytes must be at least 8192");
+        }
+        if let Err(e) = crate::context::TrustedProxies::parse(&self.server.trusted_proxies) {
+            return whole(&format!("server.trusted_proxies: {e}"));
         }
         if self.server.max_connections == 0 || self.server.header_read_timeout_ms == 0 {
             return whole("server.max_connections and server.header_read_timeout_ms must be > 0");

@@ -138,7 +138,10 @@ pub fn env(request: &GuestRequest, spec: &WasiSpec) -> Vec<(String, String)> {
     let client = ctx.client().ip().to_canonical();
     set("REMOTE_ADDR", client.to_string());
     set("REMOTE_HOST", client.to_string());
-    set("REMOTE_PORT", ctx.client().port().to_string());
+    // Unknown behind a proxy that forwarded only the client's IP: left out.
+    if ctx.client().port() != 0 {
+        set("REMOTE_PORT", ctx.client().port().to_string());
+    }
     let host =
         String::from_utf8_lossy(context::host(&request.uri, &request.headers).unwrap_or_default())
             .into_owned();
@@ -563,6 +566,7 @@ mod tests {
         let addr = "127.0.0.1:4000".parse().unwrap();
         let context = RequestContext {
             conn: crate::context::Connection::plain(addr),
+            client: addr,
             request_id: HeaderValue::from_static("r1"),
             prefix_len,
             version,

@@ -195,16 +195,43 @@ impl<G: std::borrow::Borrow<IntGauge>> Drop for GaugeGuard<G> {
     }
 }
 
-/// Request counters of one tenant, by status class, resolved once.
+/// The HTTP versions `tern_requests_total` tells apart, as its `version` label.
+const VERSIONS: [&str; 4] = ["1.0", "1.1", "2", "3"];
+
+/// The index in [`VERSIONS`] of `version` (HTTP/0.9 counts as 1.0).
+fn version_index(version: http::Version) -> usize {
+    match version {
+        http::Version::HTTP_11 => 1,
+        http::Version::HTTP_2 => 2,
+        http::Version::HTTP_3 => 3,
+        _ => 0,
+    }
+}
+
+/// Request counters of one tenant, by HTTP version and status class: each resolved the first
+/// time it counts (a tenant that never sees HTTP/1.0 exports no series for it), then one
+/// atomic load and an increment.
 #[derive(Debug, Clone)]
 pub struct TenantMetrics {
-    by_class: [IntCounter; 5],
+    requests: IntCounterVec,
+    label: std::sync::Arc<str>,
+    by_version_class: std::sync::Arc<[[std::sync::OnceLock<IntCounter>; 5]; 4]>,
 }
 
 impl TenantMetrics {
-    /// Counts one response with `status`.
-    pub fn count(&self, status: u16) {
-        self.by_class[status_class(status)].inc();
+    /// Counts one response with `status` to a request of `version`.
+    pub fn count(&self, status: u16, version: http::Version) {
+        let v = version_index(version);
+        let class = status_class(status);
+        self.by_version_class[v][class]
+            .get_or_init(|| {
+                self.requests.with_label_values(&[
+                    &*self.label,
+                    ["1xx", "2xx", "3xx", "4xx", "5xx"][class],
+                    VERSIONS[v],
+                ])
+            })
+            .inc();
     }
 }
 
@@ -314,8 +341,8 @@ impl Metrics {
         );
         let requests = r.counters(
             "tern_requests_total",
-            "Responses sent, by tenant and status class.",
-            &["tenant", "status"],
+            "Responses sent, by tenant, status class and HTTP version (1.0, 1.1, 2).",
+            &["tenant", "status", "version"],
         );
         let outcomes = r.counters(
             "tern_guest_outcomes_total",
@@ -549,8 +576,9 @@ impl Metrics {
 
     fn tenant_counters(requests: &IntCounterVec, label: &str) -> TenantMetrics {
         TenantMetrics {
-            by_class: ["1xx", "2xx", "3xx", "4xx", "5xx"]
-                .map(|class| requests.with_label_values(&[label, class])),
+            requests: requests.clone(),
+            label: label.into(),
+            by_version_class: std::sync::Arc::default(),
         }
     }
 

@@ -4,6 +4,7 @@
 //! HTTP client.
 
 mod abi;
+mod access;
 mod acme;
 mod admin_input;
 mod artifacts;

@@ -27,7 +27,7 @@ async fn metrics_show_every_phase_and_the_tenant() {
         m.contains(r#"tern_request_phase_duration_seconds_bucket{phase="teardown",le="0.000001"}"#)
     );
     assert!(m.contains("tern_request_duration_seconds_count 5"), "{m}");
-    assert!(m.contains(r#"tern_requests_total{status="2xx",tenant="hello"} 5"#));
+    assert!(m.contains(r#"tern_requests_total{status="2xx",tenant="hello",version="1.1"} 5"#));
     assert!(m.contains(r#"tern_guest_outcomes_total{outcome="ok",tenant="hello"} 5"#));
     assert!(
         m.contains(r#"tern_pool_slots{kind="instances",state="in_use"} 0"#),
@@ -49,6 +49,19 @@ async fn metrics_show_every_phase_and_the_tenant() {
     );
     assert!(
         m.contains(r#"tern_deploys_total{outcome="ok",tenant="hello"} 1"#),
+        "{m}"
+    );
+    // Requests are counted by HTTP version too; a version never seen has no series.
+    assert!(!m.contains(r#"version="2""#), "{m}");
+    let r = crate::support::send_h2(s.addr(), "/hello").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let m = s.metrics().await;
+    assert!(
+        m.contains(r#"tern_requests_total{status="2xx",tenant="hello",version="2"} 1"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"tern_requests_total{status="2xx",tenant="hello",version="1.1"} 5"#),
         "{m}"
     );
 }
@@ -74,11 +87,11 @@ async fn tenants_past_the_label_cap_count_as_other() {
     assert_eq!(s.get("/b").await.status, StatusCode::OK);
     let m = s.metrics().await;
     assert!(
-        m.contains(r#"tern_requests_total{status="2xx",tenant="first"} 1"#),
+        m.contains(r#"tern_requests_total{status="2xx",tenant="first",version="1.1"} 1"#),
         "{m}"
     );
     assert!(
-        m.contains(r#"tern_requests_total{status="2xx",tenant="other"} 1"#),
+        m.contains(r#"tern_requests_total{status="2xx",tenant="other",version="1.1"} 1"#),
         "{m}"
     );
     assert!(!m.contains("tenant=\"second\""), "{m}");

@@ -30,7 +30,11 @@ fn request_info<'a>(
     match key {
         // An IPv4 client of a dual-stack listener arrives as `::ffff:a.b.c.d`.
         info::CLIENT_IP => owned(request.context.client().ip().to_canonical().to_string()),
-        info::CLIENT_PORT => owned(request.context.client().port().to_string()),
+        // Unknown behind a proxy that forwarded only the client's IP.
+        info::CLIENT_PORT => match request.context.client().port() {
+            0 => Err(abi::errno::UNAVAILABLE),
+            port => owned(port.to_string()),
+        },
         info::REQUEST_ID => Ok(Cow::Borrowed(request.context.request_id.as_bytes())),
         info::ROUTE_PREFIX => Ok(Cow::Borrowed(&path.as_bytes()[..split])),
         info::PATH_INFO => Ok(Cow::Borrowed(&path.as_bytes()[split..])),
