@@ -75,6 +75,7 @@ pub async fn handle(
     let mut ex = Exchange {
         arrived,
         request_id,
+        tls: conn.tls.is_some(),
         version: req.version(),
         timings: Timings::default(),
         trace,
@@ -352,6 +353,8 @@ fn error_response(e: &ExecError, tenant: &TenantRef, ids: &str) -> Response<Resp
 struct Exchange {
     arrived: Instant,
     request_id: HeaderValue,
+    /// Whether it came over TLS (a tenant's `hsts` goes on HTTPS responses only).
+    tls: bool,
     /// The HTTP version it came in (a label of `tern_requests_total`).
     version: http::Version,
     timings: Timings,
@@ -436,6 +439,11 @@ impl Exchange {
         };
         let headers: &mut HeaderMap = resp.headers_mut();
         headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
+        if self.tls
+            && let Some(hsts) = tenant.and_then(|t| t.hsts.as_ref())
+        {
+            headers.insert(http::header::STRICT_TRANSPORT_SECURITY, hsts.clone());
+        }
         if let Ok(v) = HeaderValue::from_str(&self.timings.server_timing(total, reached)) {
             headers.insert(SERVER_TIMING.clone(), v);
         }

@@ -188,6 +188,8 @@ pub struct Tenant {
     pub errors: crate::outcome::ErrorPages,
     /// Cleartext requests are redirected to HTTPS.
     pub https_redirect: bool,
+    /// The `Strict-Transport-Security` value its HTTPS responses carry (`hsts`), if any.
+    pub hsts: Option<http::HeaderValue>,
 }
 
 impl crate::logwriter::Named for Tenant {
@@ -507,6 +509,11 @@ pub fn prepare(
             &config.settings.error_pages,
         ),
         https_redirect: config.settings.https_redirect,
+        hsts: config
+            .settings
+            .hsts
+            .as_ref()
+            .and_then(|h| http::HeaderValue::from_str(&h.value()).ok()),
         outcomes,
         label,
         compiled: compiled.clone(),

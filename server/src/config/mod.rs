@@ -556,6 +556,66 @@ pub struct TenantSettings<R> {
     /// there). None unless listed.
     #[serde(default = "Vec::new", skip_serializing_if = "Vec::is_empty")]
     pub kv: Vec<String>,
+    /// `Strict-Transport-Security` on its HTTPS responses (never on cleartext ones): browsers
+    /// then refuse plain HTTP to its hosts for `max_age_seconds`. Unset: none is added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hsts: Option<HstsConfig>,
+}
+
+/// `[tenant.hsts]`: HTTP Strict Transport Security (RFC 6797). Sticky: a browser that saw it
+/// keeps refusing plain HTTP to the host until `max_age_seconds` passes, even if it is removed
+/// here (a `max_age_seconds = 0` sent over HTTPS clears it); `include_subdomains` covers every
+/// name under the host, `preload` asks to be built into browsers (hard to undo).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HstsConfig {
+    /// How long browsers keep it, in seconds (0: forget it; at most two years).
+    pub max_age_seconds: u64,
+    /// Also for every subdomain of the host.
+    #[serde(default)]
+    pub include_subdomains: bool,
+    /// The `preload` token (hstspreload.org requires `include_subdomains` and a max age of at
+    /// least a year).
+    #[serde(default)]
+    pub preload: bool,
+}
+
+/// Ceiling of `hsts.max_age_seconds`: two years, what browsers' preload lists ask for at most.
+pub const MAX_HSTS_SECONDS: u64 = 2 * 365 * 24 * 3600;
+
+impl HstsConfig {
+    /// The header's value.
+    pub fn value(&self) -> String {
+        let mut v = format!("max-age={}", self.max_age_seconds);
+        if self.include_subdomains {
+            v.push_str("; includeSubDomains");
+        }
+        if self.preload {
+            v.push_str("; preload");
+        }
+        v
+    }
+
+    /// Checks it.
+    ///
+    /// # Errors
+    /// A max age over [`MAX_HSTS_SECONDS`], or `preload` without what preloading needs.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_age_seconds > MAX_HSTS_SECONDS {
+            return Err(format!(
+                "hsts.max_age_seconds must be at most {MAX_HSTS_SECONDS} (two years), not {}",
+                self.max_age_seconds
+            ));
+        }
+        if self.preload && (!self.include_subdomains || self.max_age_seconds < 31_536_000) {
+            return Err(
+                "hsts.preload needs include_subdomains = true and max_age_seconds of at least \
+                 31536000 (one year), as browsers' preload lists require"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 impl<R> Default for TenantSettings<R> {
@@ -570,6 +630,7 @@ impl<R> Default for TenantSettings<R> {
             error_pages: BTreeMap::new(),
             https_redirect: false,
             kv: Vec::new(),
+            hsts: None,
         }
     }
 }
@@ -587,6 +648,7 @@ impl<R> TenantSettings<R> {
             error_pages,
             https_redirect,
             kv,
+            hsts,
         } = self;
         TenantSettings {
             hosts: hosts.iter().map(&f).collect(),
@@ -598,6 +660,7 @@ impl<R> TenantSettings<R> {
             error_pages: error_pages.clone(),
             https_redirect: *https_redirect,
             kv: kv.clone(),
+            hsts: hsts.clone(),
         }
     }
 }
@@ -607,7 +670,7 @@ const FILE_ONLY: [&str; 4] = ["name", "module", "kind", "assets"];
 
 /// The keys of [`TenantSettings`], as the file and the admin API write them (a unit test holds
 /// this list to the struct).
-pub const SETTINGS_KEYS: [&str; 9] = [
+pub const SETTINGS_KEYS: [&str; 10] = [
     "hosts",
     "paths",
     "env",
@@ -617,6 +680,7 @@ pub const SETTINGS_KEYS: [&str; 9] = [
     "error_pages",
     "https_redirect",
     "kv",
+    "hsts",
 ];
 
 /// Every key of a `[[tenant]]` table, for the message about an unknown one: the file's own,
@@ -1251,6 +1315,9 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
             return here(p, format!("tenant {name:?}: paths: {m}"));
         }
     }
+    if let Some(Err(m)) = t.settings.hsts.as_ref().map(HstsConfig::check) {
+        return here(&t.name, format!("tenant {name:?}: {m}"));
+    }
     for (i, p) in t.settings.paths.iter().enumerate() {
         let prefix = crate::router::normalise_prefix(p.get_ref());
         if t.settings.paths[..i]
@@ -1438,6 +1505,37 @@ pub fn acme_name(name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hsts_is_checked_and_rendered_as_browsers_read_it() {
+        let h = |max_age_seconds, include_subdomains, preload| HstsConfig {
+            max_age_seconds,
+            include_subdomains,
+            preload,
+        };
+        assert_eq!(h(300, false, false).value(), "max-age=300");
+        assert_eq!(
+            h(31_536_000, true, true).value(),
+            "max-age=31536000; includeSubDomains; preload"
+        );
+        assert!(h(0, false, false).check().is_ok(), "0 clears it");
+        assert!(h(MAX_HSTS_SECONDS, false, false).check().is_ok());
+        assert!(h(MAX_HSTS_SECONDS + 1, false, false).check().is_err());
+        assert!(h(31_536_000, true, true).check().is_ok());
+        assert!(
+            h(31_535_999, true, true).check().is_err(),
+            "a year at least"
+        );
+        assert!(
+            h(31_536_000, false, true).check().is_err(),
+            "subdomains needed"
+        );
+        let e = err(
+            "[[tenant]]\nname = \"t\"\nmodule = \"builtin:hello\"\n[tenant.hsts]\n\
+             max_age_seconds = 10\npreload = true\n",
+        );
+        assert!(e.contains("hsts.preload"), "{e}");
+    }
 
     #[test]
     fn acme_names_are_dns_names_without_wildcards_addresses_or_ports() {

@@ -998,3 +998,133 @@ async fn a_certificate_uploaded_to_one_process_serves_in_another_sharing_its_dat
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The server's order of cipher suites decides, not the client's (what testssl.sh grades as
+/// "server cipher order"): OpenSSL's client listing ChaCha20 first gets AES-GCM, over TLS 1.3
+/// and TLS 1.2 alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_chooses_the_cipher_suite_from_what_the_client_offers() {
+    let pki = Pki::new();
+    let (_s, addr, _) = a_test_server(&pki).await;
+    for (version, option, offer, want) in [
+        (
+            "-tls1_3",
+            "-ciphersuites",
+            "TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256",
+            "TLS_AES_128_GCM_SHA256",
+        ),
+        (
+            "-tls1_2",
+            "-cipher",
+            "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES128-GCM-SHA256",
+            "ECDHE-ECDSA-AES128-GCM-SHA256",
+        ),
+    ] {
+        let args = [
+            "s_client".to_string(),
+            "-connect".into(),
+            addr.to_string(),
+            "-servername".into(),
+            "a.test".into(),
+            version.into(),
+            option.into(),
+            offer.into(),
+        ];
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("openssl")
+                .args(args)
+                .stdin(std::process::Stdio::null())
+                .output()
+        })
+        .await
+        .unwrap()
+        .expect("openssl (Debian's) is installed");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&format!("Cipher is {want}"))
+                || text.contains(&format!("Cipher    : {want}")),
+            "{version} offering {offer}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A tenant's `hsts` setting is sent on its HTTPS responses, never over cleartext; a preload
+/// request without what preloading needs is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hsts_goes_on_https_responses_only() {
+    use crate::support::send;
+    use http::Method;
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    pki.issue(dir.path(), "a", &["a.test", "b.test"]);
+    crate::support::test_guest(dir.path(), "context");
+    let config = "[server]\ntls_listen = \"127.0.0.1:0\"\n\
+         [pool]\ninstances = 8\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"strict\"\nmodule = \"context.wasm\"\nhosts = [\"a.test\"]\n\
+         [tenant.hsts]\nmax_age_seconds = 63072000\ninclude_subdomains = true\npreload = true\n\
+         [[tenant]]\nname = \"plain\"\nmodule = \"context.wasm\"\nhosts = [\"b.test\"]\n\
+         [[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let tls = s.running.tls_addr.unwrap();
+    let over_tls = async |host: &str, path: &str| {
+        let stream = connect(tls, host, &[b"http/1.1"], &pki.ca).await.unwrap();
+        let io = TokioIo::new(stream);
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        let r = sender
+            .send_request(
+                Request::get(path)
+                    .header("host", host)
+                    .body(Empty::<Bytes>::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        (
+            r.status(),
+            r.headers()
+                .get("strict-transport-security")
+                .map(|v| v.to_str().unwrap().to_string()),
+        )
+    };
+    let want = Some("max-age=63072000; includeSubDomains; preload".to_string());
+    assert_eq!(
+        over_tls("a.test", "/").await,
+        (StatusCode::OK, want.clone())
+    );
+    // A request refused before it is routed has no tenant, so no tenant's setting.
+    assert_eq!(
+        over_tls("a.test", "/a%2Fb").await,
+        (StatusCode::BAD_REQUEST, None),
+        "refused before any tenant is routed: no tenant's setting applies"
+    );
+    assert_eq!(over_tls("b.test", "/").await, (StatusCode::OK, None));
+    let r = send(
+        s.addr(),
+        Method::GET,
+        "/",
+        Some("a.test"),
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.header("strict-transport-security"),
+        "",
+        "never over cleartext"
+    );
+
+    // Through the admin API: a preload without what it needs is 400; a valid one applies.
+    let (status, v) = crate::support::admin_request(
+        s.admin(),
+        crate::support::ADMIN_TOKEN,
+        Method::PUT,
+        "/admin/v1/tenants/api",
+        Bytes::from(r#"{"hosts": ["c.test"], "hsts": {"max_age_seconds": 300, "preload": true}}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("preload"), "{v}");
+}
