@@ -157,7 +157,9 @@ where
                 }
             };
             if let Err(e) = ended {
-                tracing::debug!("connection ended with an error: {e}");
+                // A request hyper could not parse was answered by hyper itself (`400`, `431`
+                // or `414`, with no body): the reason is here, at debug level.
+                tracing::debug!(%peer, "connection ended with an error: {}", crate::error_chain(&*e));
             }
         });
     };

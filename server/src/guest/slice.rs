@@ -468,12 +468,20 @@ mod tests {
     #[test]
     fn the_threads_cpu_clock_advances_with_work() {
         let cpu = || thread_clock().expect("the thread's CPU clock").1;
-        let before = cpu();
+        // Busy for 20 ms of wall time (bounded by the wall clock, so a stuck CPU clock fails
+        // the assertion below instead of hanging the test).
+        let (before, started) = (cpu(), std::time::Instant::now());
         let mut x = 0u64;
-        while cpu() - before < ms(2.0) {
+        while started.elapsed() < ms(20.0) {
             x = x.wrapping_add(std::hint::black_box(1));
         }
-        assert!(x > 0 && cpu() > before);
+        let (used, wall) = (cpu() - before, started.elapsed());
+        assert!(x > 0);
+        assert!(used > Duration::ZERO, "the thread's CPU clock did not move");
+        assert!(
+            used <= wall + ms(1.0),
+            "one thread cannot use more CPU than wall time: {used:?} in {wall:?}"
+        );
         assert_eq!(
             thread_clock().map(|(on, _)| on),
             Some(std::thread::current().id()),

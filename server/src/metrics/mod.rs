@@ -415,6 +415,11 @@ impl Metrics {
              sharing the data directory holds the name's lease and orders it).",
             &["outcome"],
         );
+        // Every outcome from the start: a rate over a series that appears only with its first
+        // order is no rate at all.
+        for outcome in ["issued", "failed", "busy"] {
+            acme_orders.with_label_values(&[outcome]);
+        }
         let registry_syncs = r.counters(
             "tern_registry_syncs_total",
             "Reads of the fleet's shared registry ([registry] url), by outcome: unchanged (a \

@@ -564,13 +564,16 @@ async fn with_the_registry_down_replicas_keep_serving_deploys_are_503_and_a_rest
     serves(&b, "/site", "Hello").await;
     let ready = get_admin(&b, "/readyz").await;
     assert_eq!(ready.status, http::StatusCode::OK, "{}", ready.text());
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let m = metrics(&b).await;
-    assert!(
-        crate::support::metric_value(&m, "tern_registry_syncs_total{outcome=\"unreachable\"}")
-            >= 1.0,
-        "{m}"
-    );
+    // b's watch meets the registry down (waited for, not slept on).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while crate::support::metric_value_or_zero(
+        &metrics(&b).await,
+        "tern_registry_syncs_total{outcome=\"unreachable\"}",
+    ) < 1.0
+    {
+        assert!(Instant::now() < deadline, "b never met the registry down");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     // b restarted while the registry is down serves its snapshot of it.
     drop(b);

@@ -18,19 +18,23 @@ fn demo_server_drains_in_flight_requests_on_sigterm() {
         .unwrap();
     conn.write_all(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nhello")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // In flight: the server has it (waited for, not slept on).
+    tern.wait_metric("tern_requests_in_flight", 1.0);
     let status = std::process::Command::new("kill")
         .args(["-TERM", &tern.child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
     tern.wait_for("shutting down");
-    std::thread::sleep(Duration::from_millis(200));
     // New connections are refused once the server stops accepting.
-    assert!(
-        TcpStream::connect(&tern.addr).is_err(),
-        "listener still accepting after SIGTERM"
-    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(&tern.addr).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "listener still accepting 10 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     conn.write_all(b"world").unwrap();
     let mut reply = String::new();
     let _ = conn.read_to_string(&mut reply);
@@ -153,7 +157,8 @@ async fn shutdown_under_load_drops_no_accepted_request() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // All four in flight before the signal.
+    s.wait_metric("tern_requests_in_flight", 4.0).await;
     s.running.shutdown.trigger();
     for t in long {
         let r = t.await.unwrap();
@@ -275,9 +280,14 @@ fn sigterm_under_keep_alive_load_answers_every_request() {
             (served, resets)
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
-    let before = answered.load(Ordering::Relaxed);
-    assert!(before > 0, "no request answered before the signal");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while answered.load(Ordering::Relaxed) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no request answered before the signal"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let status = std::process::Command::new("kill")
         .args(["-TERM", &tern.child.id().to_string()])
         .status()

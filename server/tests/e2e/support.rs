@@ -145,6 +145,23 @@ impl TestServer {
         assert_eq!(r.status, StatusCode::OK);
         r.text()
     }
+
+    /// Waits until the series `series` of its metrics is `at_least` (panics after 20 s): a
+    /// condition to wait for, never a sleep.
+    pub async fn wait_metric(&self, series: &str, at_least: f64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let m = self.metrics().await;
+            if metric_value_or_zero(&m, series) >= at_least {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{series} never reached {at_least}: {m}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// An admin API request to the admin listener at `admin` with the bearer `token`; the
@@ -349,13 +366,56 @@ impl http_body::Body for Unsized {
     }
 }
 
-/// The value of the metric line that starts with `series` (name and labels), or 0 if absent.
-pub fn metric_value(metrics: &str, series: &str) -> f64 {
+/// The value of the series `series` (name and labels, as the text format writes them), if
+/// the metrics have it.
+fn series_value(metrics: &str, series: &str) -> Option<f64> {
     metrics
         .lines()
         .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
+        .map(|l| {
+            l.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{l:?} has no number"))
+        })
+}
+
+/// The name of the metric of `series` (before its labels).
+fn family(series: &str) -> &str {
+    series.split('{').next().unwrap_or(series)
+}
+
+/// The value of the series `series` (name and labels). A series that is not there fails the
+/// test: a renamed metric must not pass as "it did not happen".
+pub fn metric_value(metrics: &str, series: &str) -> f64 {
+    series_value(metrics, series).unwrap_or_else(|| {
+        let same: Vec<&str> = metrics
+            .lines()
+            .filter(|l| l.starts_with(family(series)))
+            .collect();
+        panic!(
+            "no series {series} in the metrics; of {}: {same:#?}",
+            family(series)
+        )
+    })
+}
+
+/// The value of the series `series`, or 0 if it has none yet (a labelled series appears when
+/// first counted) — but only where its metric exists: a metric with no series at all (one
+/// renamed or never registered) fails the test.
+pub fn metric_value_or_zero(metrics: &str, series: &str) -> f64 {
+    let name = family(series);
+    let base = ["_count", "_sum", "_bucket"]
+        .iter()
+        .find_map(|s| name.strip_suffix(s))
+        .unwrap_or(name);
+    let known = metrics.lines().any(|l| {
+        l.strip_prefix("# TYPE ")
+            .and_then(|t| t.split(' ').next())
+            .is_some_and(|n| n == name || n == base)
+    });
+    assert!(known, "no metric {name} at all (renamed?)");
+    series_value(metrics, series).unwrap_or(0.0)
 }
 
 /// Writes a WAT module as a `.wasm` file and returns its path.
@@ -589,6 +649,32 @@ impl TernProcess {
             .expect("admin address in log")
             .to_string();
         p
+    }
+
+    /// Its metrics, as the admin listener serves them (a blocking GET).
+    pub fn metrics(&self) -> String {
+        let reply = raw_exchange(
+            self.admin.parse().expect("the admin address"),
+            b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            std::time::Duration::from_secs(20),
+        );
+        String::from_utf8_lossy(&reply).into_owned()
+    }
+
+    /// Waits until the series `series` of its metrics is `at_least` (panics after 20 s).
+    pub fn wait_metric(&self, series: &str, at_least: f64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let m = self.metrics();
+            if metric_value_or_zero(&m, series) >= at_least {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{series} never reached {at_least}: {m}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     /// The next log line containing `needle` (panics after 20 s, or if the process exits).
@@ -986,9 +1072,11 @@ pub async fn raw(addr: SocketAddr, bytes: impl Into<Vec<u8>>) -> String {
     String::from_utf8_lossy(&reply).into_owned()
 }
 
-/// Sends raw bytes on a new connection and reads until the server closes it or `limit` passes.
+/// Sends raw bytes on a new connection and reads until the server closes it (or resets it).
+/// A server that neither closes nor answers within `limit` fails the test: a hang is never
+/// taken for an empty answer.
 pub fn raw_exchange(addr: SocketAddr, bytes: &[u8], limit: std::time::Duration) -> Vec<u8> {
-    use std::io::{Read, Write};
+    use std::io::{ErrorKind, Read, Write};
     let mut conn = std::net::TcpStream::connect(addr).expect("connect");
     conn.set_read_timeout(Some(limit)).expect("timeout");
     conn.write_all(bytes).expect("send");
@@ -996,8 +1084,14 @@ pub fn raw_exchange(addr: SocketAddr, bytes: &[u8], limit: std::time::Duration) 
     let mut buf = [0u8; 16 * 1024];
     loop {
         match conn.read(&mut buf) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
             Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => panic!(
+                "the server neither answered nor closed the connection within {limit:?}; \
+                 it sent: {:?}",
+                String::from_utf8_lossy(&out)
+            ),
+            Err(_) => break,
         }
     }
     out

@@ -168,11 +168,15 @@ async fn a_test_server(pki: &Pki) -> (TestServer, SocketAddr, CertificateDer<'st
     (s, addr, cert)
 }
 
+/// The value of the series `line_start` names (with its trailing space); the test fails if
+/// there is none.
 fn metric(text: &str, line_start: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(line_start))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
+    crate::support::metric_value(text, line_start.trim_end())
+}
+
+/// The value of `series`, 0 if it has not counted yet (its metric must exist).
+fn metric_or_zero(text: &str, series: &str) -> f64 {
+    crate::support::metric_value_or_zero(text, series)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,11 +318,18 @@ async fn failed_and_stalled_handshakes_are_closed_and_counted_by_reason() {
     // No default certificate: a name nobody serves gets no certificate.
     let (s, addr, _) = a_test_server(&pki).await;
 
-    // A client that connects and says nothing is closed at the handshake deadline (1 s here).
+    // A client that connects and says nothing is closed at the handshake deadline (1 s here,
+    // not the default 10 s): not before it, and well before the default.
     let mut silent = TcpStream::connect(addr).await.unwrap();
     let mut buf = [0u8; 64];
+    let started = std::time::Instant::now();
     let closed = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buf)).await;
+    let took = started.elapsed();
     assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "closed after {took:?}, not at the 1 s deadline"
+    );
 
     // Plain HTTP to the TLS port: not TLS.
     let mut plain = TcpStream::connect(addr).await.unwrap();
@@ -355,9 +366,9 @@ async fn failed_and_stalled_handshakes_are_closed_and_counted_by_reason() {
         let counted = ["timeout", "protocol", "no_certificate", "alert"]
             .iter()
             .all(|r| {
-                metric(
+                metric_or_zero(
                     &m,
-                    &format!("tern_tls_handshake_failures_total{{reason=\"{r}\"}} "),
+                    &format!("tern_tls_handshake_failures_total{{reason=\"{r}\"}}"),
                 ) >= 1.0
             });
         if counted {
@@ -382,19 +393,42 @@ async fn handshakes_past_the_cap_are_closed_at_once_and_counted_busy() {
     .expect("start");
     let addr = s.running.tls_addr.unwrap();
     // A client that says nothing holds the one handshake slot until the deadline (1 s).
+    let silent_since = std::time::Instant::now();
     let _silent = TcpStream::connect(addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    connect(addr, "a.test", &[], &pki.ca)
-        .await
-        .expect_err("no handshake slot");
-    let m = s.metrics().await;
-    assert_eq!(
-        metric(&m, "tern_tls_handshake_failures_total{reason=\"busy\"} "),
-        1.0,
-        "{m}"
-    );
+    // Another client is refused at once (not at the deadline), once the silent one holds the
+    // slot (until then a handshake may still get it: tried again).
+    let busy = |m: &str| metric_or_zero(m, "tern_tls_handshake_failures_total{reason=\"busy\"}");
+    loop {
+        let tried = std::time::Instant::now();
+        match connect(addr, "a.test", &[], &pki.ca).await {
+            Err(_) => {
+                assert!(
+                    tried.elapsed() < Duration::from_millis(500),
+                    "refused only after {:?}",
+                    tried.elapsed()
+                );
+                break;
+            }
+            Ok(_) => assert!(
+                silent_since.elapsed() < Duration::from_millis(800),
+                "a handshake was taken while the silent client held the only slot"
+            ),
+        }
+    }
+    assert_eq!(busy(&s.metrics().await), 1.0);
     // Once the silent one is timed out, handshakes are taken again.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while metric_or_zero(
+        &s.metrics().await,
+        "tern_tls_handshake_failures_total{reason=\"timeout\"}",
+    ) < 1.0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the silent client was never timed out"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let tls = connect(addr, "a.test", &[], &pki.ca)
         .await
         .expect("handshake");

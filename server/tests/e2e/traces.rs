@@ -655,7 +655,6 @@ async fn a_collector_down_or_stuck_costs_requests_nothing_and_drops_are_counted(
         assert!(Instant::now() < deadline, "the exporter never connected");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let started = Instant::now();
     for _ in 0..30 {
         let r = get(s.addr(), "/ctx/", &[]).await;
@@ -965,7 +964,7 @@ async fn requests_answered_during_a_graceful_shutdown_are_exported() {
     let s = TestServer::try_start_in(dir, &config).await.expect("start");
     let addr = s.addr();
     let slow = tokio::spawn(async move { get(addr, "/burn?ms=700", &[]).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.wait_metric("tern_requests_in_flight", 1.0).await;
     s.running.shutdown.trigger();
     let r = slow.await.unwrap();
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
