@@ -10,6 +10,7 @@ mod admin_input;
 mod artifacts;
 mod clients;
 mod config;
+mod conformance;
 mod demo;
 mod errors;
 mod faults;
