@@ -19,6 +19,8 @@ pub struct Target {
     pub token: String,
     /// Where the token came from, for a `401`'s message.
     pub token_source: String,
+    /// The entity tag a change is conditional on (`If-Match`), if any.
+    pub if_match: Option<String>,
 }
 
 impl Target {
@@ -48,7 +50,16 @@ impl Target {
             server,
             token,
             token_source,
+            if_match: None,
         })
+    }
+
+    /// This target, with its requests conditional on the entity tag `tag` (`If-Match`).
+    fn conditional(&self, tag: Option<String>) -> Self {
+        Self {
+            if_match: tag,
+            ..self.clone()
+        }
     }
 
     /// Sends one request and returns the status and the JSON answer.
@@ -58,18 +69,6 @@ impl Target {
         path: &str,
         body: Bytes,
         content_type: &str,
-    ) -> anyhow::Result<(StatusCode, Value)> {
-        self.call_if(method, path, body, content_type, None).await
-    }
-
-    /// [`call`](Self::call), conditional on the resource's entity tag (`If-Match`) when given.
-    async fn call_if(
-        &self,
-        method: Method,
-        path: &str,
-        body: Bytes,
-        content_type: &str,
-        if_match: Option<&str>,
     ) -> anyhow::Result<(StatusCode, Value)> {
         let url: Uri = format!("{}{path}", self.server.trim_end_matches('/'))
             .parse()
@@ -100,7 +99,7 @@ impl Target {
                 format!("Bearer {}", self.token),
             )
             .header(http::header::CONTENT_TYPE, content_type);
-        let req = match if_match {
+        let req = match &self.if_match {
             Some(tag) => req.header(http::header::IF_MATCH, tag),
             None => req,
         }
@@ -121,21 +120,7 @@ impl Target {
         body: Bytes,
         content_type: &str,
     ) -> anyhow::Result<Value> {
-        self.ok_if(method, path, body, content_type, None).await
-    }
-
-    /// [`ok`](Self::ok), conditional on the resource's entity tag (`If-Match`) when given.
-    async fn ok_if(
-        &self,
-        method: Method,
-        path: &str,
-        body: Bytes,
-        content_type: &str,
-        if_match: Option<&str>,
-    ) -> anyhow::Result<Value> {
-        let (status, value) = self
-            .call_if(method, path, body, content_type, if_match)
-            .await?;
+        let (status, value) = self.call(method, path, body, content_type).await?;
         if !status.is_success() {
             let msg = value["error"].as_str().unwrap_or("(no message)");
             let hint = if status == StatusCode::UNAUTHORIZED {
@@ -513,23 +498,31 @@ fn with_retry_advice(
     err
 }
 
+/// `command`'s change of tenant `name` (`method` on `path`), conditional on the tenant as read
+/// just before or on `if_match`; its answer.
+async fn change_tenant(
+    target: &Target,
+    (method, path): (Method, String),
+    name: &str,
+    if_match: Option<String>,
+    command: &str,
+) -> anyhow::Result<Value> {
+    let etag = etag_of(target, name, if_match).await?;
+    target
+        .conditional(etag.clone())
+        .ok(method, &path, Bytes::new(), "")
+        .await
+        .map_err(|e| with_retry_advice(e, name, etag.as_deref(), command))
+}
+
 /// `tern rollback NAME [--if-match ETAG]`: conditional on the tenant as read just before (or
 /// on `if_match`), so it is never applied twice.
 ///
 /// # Errors
 /// If the server refuses (no previous version, unknown tenant, the tenant changed: `412`, ...).
 pub async fn rollback(target: &Target, name: &str, if_match: Option<String>) -> anyhow::Result<()> {
-    let etag = etag_of(target, name, if_match).await?;
-    let v = target
-        .ok_if(
-            Method::POST,
-            &format!("/admin/v1/tenants/{name}/rollback"),
-            Bytes::new(),
-            "",
-            etag.as_deref(),
-        )
-        .await
-        .map_err(|e| with_retry_advice(e, name, etag.as_deref(), "rollback"))?;
+    let path = format!("/admin/v1/tenants/{name}/rollback");
+    let v = change_tenant(target, (Method::POST, path), name, if_match, "rollback").await?;
     println!(
         "rolled {name} back to version {} (was {}; ETag now {})",
         short(v["version"].as_str().unwrap_or("?")),
@@ -545,17 +538,8 @@ pub async fn rollback(target: &Target, name: &str, if_match: Option<String>) -> 
 /// # Errors
 /// If the server refuses.
 pub async fn delete(target: &Target, name: &str, if_match: Option<String>) -> anyhow::Result<()> {
-    let etag = etag_of(target, name, if_match).await?;
-    target
-        .ok_if(
-            Method::DELETE,
-            &format!("/admin/v1/tenants/{name}"),
-            Bytes::new(),
-            "",
-            etag.as_deref(),
-        )
-        .await
-        .map_err(|e| with_retry_advice(e, name, etag.as_deref(), "delete"))?;
+    let path = format!("/admin/v1/tenants/{name}");
+    change_tenant(target, (Method::DELETE, path), name, if_match, "delete").await?;
     println!("deleted tenant {name}");
     Ok(())
 }

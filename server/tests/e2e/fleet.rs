@@ -1038,26 +1038,31 @@ async fn every_change_survives(
     }
 }
 
+/// A replica's `[server]`: a TLS listener too (for certificate uploads).
+const TLS: &str = "[server]\ntls_listen = \"127.0.0.1:0\"\n";
+
+/// Replica `a` (data under `dir/a`) reaching `s3` through a fault-injecting proxy, and the
+/// proxy.
+async fn replica_behind_a_proxy(
+    s3: &S3,
+    dir: &Path,
+) -> (crate::support::TernProcess, crate::faults::S3Proxy) {
+    let proxy = crate::faults::S3Proxy::start(&s3.endpoint).await;
+    let a = replica_via(s3, Some(&proxy.endpoint), "a", &dir.join("a"), TLS, 100);
+    (a, proxy)
+}
+
 /// A replica whose registry write S3 applied but whose answer was lost — the connection
 /// closed instead of the answer, or the answer late past the client's timeout — answers the
 /// change as done (it recognises its change id when it reads the registry back), for every
 /// kind of change; a conditional retry of it is refused with 412 rather than applied twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_whose_answer_the_registry_lost_is_answered_as_done_not_as_a_conflict() {
-    use crate::faults::{Fault, S3Proxy};
+    use crate::faults::Fault;
     let s3 = S3::start();
-    let proxy = S3Proxy::start(&s3.endpoint).await;
     let dirs = tempfile::tempdir().unwrap();
-    let tls = "[server]\ntls_listen = \"127.0.0.1:0\"\n";
-    let a = replica_via(
-        &s3,
-        Some(&proxy.endpoint),
-        "a",
-        &dirs.path().join("a"),
-        tls,
-        100,
-    );
-    let b = replica_with(&s3, "b", &dirs.path().join("b"), tls, 100);
+    let (a, proxy) = replica_behind_a_proxy(&s3, dirs.path()).await;
+    let b = replica_with(&s3, "b", &dirs.path().join("b"), TLS, 100);
     every_change_survives(&a, &b, &proxy, Fault::Drop, 0).await;
     every_change_survives(&a, &b, &proxy, Fault::Delay(Duration::from_secs(3)), 1).await;
     // Every deploy counted as the success it was.
@@ -1079,17 +1084,8 @@ async fn a_change_the_registry_went_away_after_is_answered_as_unknown_and_a_cond
     use crate::faults::{Fault, S3Proxy};
     use http::Method;
     let mut s3 = S3::start();
-    let proxy = S3Proxy::start(&s3.endpoint).await;
     let dirs = tempfile::tempdir().unwrap();
-    let tls = "[server]\ntls_listen = \"127.0.0.1:0\"\n";
-    let a = replica_via(
-        &s3,
-        Some(&proxy.endpoint),
-        "a",
-        &dirs.path().join("a"),
-        tls,
-        100,
-    );
+    let (a, proxy) = replica_behind_a_proxy(&s3, dirs.path()).await;
     create(addr(&a.admin), "site", "/site").await;
     for module in ["hello", "echo"] {
         let (status, v) = deploy(addr(&a.admin), "site", demo(module)).await;

@@ -483,21 +483,26 @@ impl Drop for Redis {
     }
 }
 
+/// A server's config with the store `shared` on the Redis at 127.0.0.1:`port`, granted to
+/// tenant `a` (the `kv_probe` guest, `/a`) and `s5` (a spin-sdk 5 component, `/s5`).
+fn redis_config(port: u16) -> String {
+    format!(
+        "[pool]\ninstances = 8\nmax_memory_mib = 64\n\
+         [kv.shared]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{port}\"\ntimeout_ms = 500\n\
+         [[tenant]]\nname = \"a\"\nmodule = \"kv_probe.wasm\"\npaths = [\"/a\"]\n\
+         kv = [\"shared\"]\n\
+         [[tenant]]\nname = \"s5\"\nmodule = \"spin5.wasm\"\npaths = [\"/s5\"]\n\
+         kv = [\"shared\"]\n"
+    )
+}
+
 /// Two servers (replicas of a fleet) with one Redis store: guests of both kinds on either see
 /// the same keys, and their increments all count. Redis going away fails the guests' calls
 /// with the reason (the servers serve on); once it is back they work again by themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_store_is_shared_by_replicas_and_outlives_redis_going_away() {
     let mut redis = Redis::start();
-    let config = format!(
-        "[pool]\ninstances = 8\nmax_memory_mib = 64\n\
-         [kv.shared]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout_ms = 500\n\
-         [[tenant]]\nname = \"a\"\nmodule = \"kv_probe.wasm\"\npaths = [\"/a\"]\n\
-         kv = [\"shared\"]\n\
-         [[tenant]]\nname = \"s5\"\nmodule = \"spin5.wasm\"\npaths = [\"/s5\"]\n\
-         kv = [\"shared\"]\n",
-        redis.port
-    );
+    let config = redis_config(redis.port);
     let mut replicas = Vec::new();
     for _ in 0..2 {
         let dir = tempfile::tempdir().unwrap();
@@ -579,15 +584,7 @@ async fn a_redis_store_is_shared_by_replicas_and_outlives_redis_going_away() {
 async fn a_write_whose_reply_redis_lost_is_told_apart_from_one_never_sent() {
     let mut redis = Redis::start();
     let proxy = crate::faults::RedisProxy::start(redis.port).await;
-    let config = format!(
-        "[pool]\ninstances = 8\nmax_memory_mib = 64\n\
-         [kv.shared]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout_ms = 500\n\
-         [[tenant]]\nname = \"a\"\nmodule = \"kv_probe.wasm\"\npaths = [\"/a\"]\n\
-         kv = [\"shared\"]\n\
-         [[tenant]]\nname = \"s5\"\nmodule = \"spin5.wasm\"\npaths = [\"/s5\"]\n\
-         kv = [\"shared\"]\n",
-        proxy.port
-    );
+    let config = redis_config(proxy.port);
     let dir = tempfile::tempdir().unwrap();
     test_guest(dir.path(), "kv_probe");
     spin_module(dir.path(), 5, "spin5");
