@@ -20,6 +20,7 @@ mod calls;
 mod client;
 mod policy;
 mod send;
+mod tls;
 
 pub use calls::{CDN_LOOP, Calls, Failed, Passing, Refused, TRACEPARENT, TRACESTATE};
 pub use client::{BoxError, Counted, HttpClient, Resolver, client};

@@ -11,7 +11,7 @@ use http::{HeaderValue, Uri};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
-use super::client::ca_config;
+use super::tls::ca_config;
 use crate::ceilings;
 use crate::router::HostPattern;
 

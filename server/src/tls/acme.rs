@@ -20,11 +20,10 @@ use instant_acme::{
     Account, AccountCredentials, AuthorizationStatus, CertificateIdentifier, ChallengeType,
     Identifier, NewAccount, NewOrder, OrderStatus, RetryPolicy,
 };
-use rustls::pki_types::PrivateKeyDer;
-use rustls::sign::CertifiedKey;
 use sha2::{Digest, Sha256};
 
-use super::stored::{Challenge, Index, Record, Source};
+use super::challenge::{Challenge, alpn_certificate};
+use super::stored::{Index, Record, Source};
 use super::{Certificates, Loaded};
 use crate::config::{AcmeChallenge, AcmeConfig};
 use crate::shutdown::Shutdown;
@@ -542,23 +541,4 @@ impl Drop for Answers<'_> {
             self.certificates.set_http_challenge(token, None);
         }
     }
-}
-
-/// The TLS-ALPN-01 answer for `name`: a self-signed certificate for it carrying the SHA-256 of
-/// the key authorization in the `acmeIdentifier` extension (RFC 8737 §3).
-pub(super) fn alpn_certificate(name: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>, Failed> {
-    let key = rcgen::KeyPair::generate()?;
-    let mut params = rcgen::CertificateParams::new(vec![name.to_string()])?;
-    params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(digest)];
-    let cert = params.self_signed(&key)?;
-    let private = PrivateKeyDer::Pkcs8(key.serialize_der().into());
-    // Not `CertifiedKey::from_der`: its key check parses the certificate with webpki, which
-    // refuses the critical `acmeIdentifier` extension the answer must carry.
-    let signer = rustls::crypto::aws_lc_rs::default_provider()
-        .key_provider
-        .load_private_key(private)?;
-    Ok(Arc::new(CertifiedKey::new(
-        vec![cert.der().clone()],
-        signer,
-    )))
 }

@@ -22,6 +22,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
 pub mod acme;
+mod challenge;
 pub mod stored;
 pub mod uploads;
 
