@@ -19,26 +19,27 @@
 //! - [`execute`]: the drivers of the guest kinds and the lifecycle they share: a fresh `Store`,
 //!   `instantiate_async`, the handler on its own fiber under the deadline, the verdict, the
 //!   reply, the outcome counts, teardown.
-//! - [`guest`]: one room per guest kind with its linker and host side: [`guest::tern`] (Tern's
-//!   ABI v1), [`guest::cgi`] (WASI programs as CGI scripts), [`guest::wasi_http`] (`wasi:http`
-//!   components; [`adapter`] makes core modules exporting the handler into components before
-//!   they are compiled); `tern` and `cgi` share [`guest::module`] (core modules: store state,
-//!   WASI preview1, `/assets`). Beside them what every kind shares: the request a guest reads
-//!   and the response it writes, with typed errors each kind maps to its own, the limits, the
-//!   captured output. A new kind is a room here, a variant of [`guest::Guest`], and its driver
-//!   in `execute`.
+//! - [`guest`]: one module per guest kind with its linker and host side: [`guest::module`]
+//!   (core modules: their store state and linker, composed from WASI preview1, `/assets`,
+//!   the bounds-checked guest memory, and the host side of the `tern` ABI v1
+//!   ([`guest::module::tern`]) and of CGI ([`guest::module::cgi`], WASI programs as CGI
+//!   scripts)), [`guest::wasi_http`] (`wasi:http` components; [`adapter`] makes core modules
+//!   exporting the handler into components before they are compiled). Beside them what every
+//!   kind shares: the request a guest reads and the response it writes, with typed errors each
+//!   kind maps to its own, the limits, the captured output. A new kind is a module here, a
+//!   variant of [`guest::Guest`], and its driver in `execute`.
 //! - [`outcome`]: how a run ended (`Outcome`, `ExecError`) and the status each one gets.
-//! - [`outbound`]: one room for every guest kind's outgoing requests: `policy` (what a
+//! - [`outbound`]: every guest kind's outgoing requests: `policy` (what a
 //!   tenant's guests may call: backends, allowed hosts, SSRF checks, the `[tenant.outbound]`
 //!   schema), `calls` (the one path a request takes: admission, loop check, `CDN-Loop` and
 //!   trace, budget, timeouts, metrics), `send` (the body and the wait for the head), `client`
-//!   (the pooled client per worker). `guest::tern::outbound` and `guest::wasi_http` only map
+//!   (the pooled client per worker). `guest::module::tern::outbound` and `guest::wasi_http` only map
 //!   its errors to their ABI's.
 //! - [`kv`]: guests' key-value stores: named, granted per tenant, each tenant's keys its own;
 //!   [`kv::sqlite`] (embedded, one file per store, worked by a thread of its own behind a
 //!   bounded queue, batches committed together) and [`kv::redis`] (a Redis server a fleet
-//!   shares; writes as Lua scripts that check quotas on the server). `guest::tern::kv` and
-//!   `guest::wasi_http::kv` (Spin's key-value, `wasi:keyvalue`) map its errors to theirs.
+//!   shares; writes as Lua scripts that check quotas on the server). `guest::module::tern::kv`
+//!   and `guest::wasi_http::kv` (Spin's key-value, `wasi:keyvalue`) map its errors to theirs.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
 //! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
 //!   before each teardown (with [`artifact`] and [`host`], the only modules with `unsafe`,

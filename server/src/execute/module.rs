@@ -7,11 +7,10 @@ use wasmtime::Extern;
 
 use super::{BodyEnd, Ended, Run, RunOutput, Stage, classify, new_store, reply, verdict};
 use crate::guest::GuestRequest;
-use crate::guest::cgi::Cgi;
+use crate::guest::module::cgi::Cgi;
+use crate::guest::module::tern::{Kv, Outbound};
 use crate::guest::module::{CoreGuest, GuestState, Wasi, fs};
 use crate::guest::slice::Slicing;
-use crate::guest::tern::kv::Kv;
-use crate::guest::tern::outbound::Outbound;
 use crate::outcome::{ExecError, Outcome};
 use crate::teardown;
 use crate::tenant::Tenant;

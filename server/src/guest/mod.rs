@@ -1,14 +1,15 @@
-//! Guest kinds: one room per kind with its linker and its host side, and what the kinds share.
+//! Guest kinds: one module per kind with its linker and its host side, and what the kinds share.
 //!
 //! A guest kind is how a compiled module or component takes a request and answers it:
 //!
-//! - [`tern`]: Tern's own ABI v1 (`tern::request_*`, `tern::response_*`, `tern::outbound_*`).
-//! - [`cgi`]: WASI programs answering on stdout (RFC 3875), the request in their environment.
+//! - [`tern`](module::tern): Tern's own ABI v1 (`tern::request_*`, `tern::response_*`, `tern::outbound_*`).
+//! - [`cgi`](module::cgi): WASI programs answering on stdout (RFC 3875), the request in their environment.
 //! - [`wasi_http`]: `wasi:http` components (WASI 0.2 `proxy`, WASI 0.3 `service`; core
 //!   modules that export the handler are made components first, by [`crate::adapter`]).
 //!
-//! `tern` and `cgi` guests are core modules and share [`module`]: their store state (WASI
-//! preview1, the in-memory `/assets` directory) and their linker.
+//! `tern` and `cgi` guests are core modules: [`module`] holds their store state (WASI preview1,
+//! the in-memory `/assets` directory, the bounds-checked guest memory) and composes their
+//! linker from its parts, the host side of each of the two kinds among them.
 //!
 //! What the kinds share lives here: the request a guest reads ([`request`]: its body within the
 //! tenant's limit, typed read errors), the response it writes ([`response`]: buffered, then
@@ -17,15 +18,13 @@
 //!
 //! Kinds sit below tenants (a [`crate::tenant::Tenant`] holds its pre-linked [`Guest`]); each
 //! kind's driver sits above them, in [`crate::execute`], beside the lifecycle every kind
-//! shares. A new kind is a room here, a variant of [`Guest`] with its line in [`link`], and a
+//! shares. A new kind is a module here, a variant of [`Guest`] with its line in [`link`], and a
 //! driver in `execute` with its line in `execute::run`.
 
-pub mod cgi;
 pub mod module;
 pub mod request;
 pub mod response;
 pub mod slice;
-pub mod tern;
 pub mod wasi_http;
 
 use wasmtime::{Engine, Linker, ResourceLimiter};
@@ -94,7 +93,7 @@ pub fn link(
         )?)),
         (Compiled::Module(module), _) => Linked {
             guest: Guest::Tern(module::link(linkers.module(assets, false), module)?),
-            warning: tern::kind_warning(module),
+            warning: module::tern::kind_warning(module),
         },
     })
 }
@@ -119,7 +118,7 @@ pub fn kind_of(compiled: &Compiled, asked: Option<GuestKind>) -> Result<GuestKin
                 .into(),
         ),
         (Compiled::Module(_), Some(k)) => Ok(k),
-        (Compiled::Module(m), None) => Ok(if tern::imports_abi(m) {
+        (Compiled::Module(m), None) => Ok(if module::tern::imports_abi(m) {
             GuestKind::Tern
         } else {
             GuestKind::Cgi

@@ -6,7 +6,7 @@
 //! suspended like a guest waiting for a backend, and the reactor never waits on a disk;
 //! [`redis`] (a Redis or Valkey server a fleet shares) sends them on one multiplexed
 //! connection, its writes as Lua scripts that check the quotas where the data is. The guest
-//! kinds map [`KvError`] to their own errors (`guest::tern::kv`, `guest::wasi_http::kv`).
+//! kinds map [`KvError`] to their own errors (`guest::module::tern::kv`, `guest::wasi_http::kv`).
 
 #[cfg(test)]
 mod conformance;

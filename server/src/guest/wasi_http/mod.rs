@@ -1,7 +1,7 @@
 //! The `wasi-http` guest kind: `wasi:http` components, as `wasmtime serve`, Spin and wasmCloud
 //! run them, each request in a fresh pooled instance.
 //!
-//! This room holds what is particular to components: their store state (WASI preview2, a
+//! This module holds what is particular to components: their store state (WASI preview2, a
 //! resource table, the `wasi:http` context) and their linker (here), how a request goes in and
 //! the answer comes out ([`body`]: a `wasi:http` incoming-request whose body streams from the
 //! client within the tenant's limit; the response's head and body fed into the same

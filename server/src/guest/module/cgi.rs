@@ -17,11 +17,11 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use wasmtime::{Caller, Linker};
 use wasmtime_wasi::p2::OutputStream;
 
-use super::module::GuestState;
-use super::module::fs::{self, errno, get_u32, put, scatter, slice};
-use super::request::BodyError;
-use super::{GuestRequest, GuestResponse, HeaderError, WasiSpec, WriteError};
+use super::GuestState;
+use super::fs::{self, errno, get_u32, put, scatter, slice};
 use crate::context::{self, RequestContext};
+use crate::guest::request::BodyError;
+use crate::guest::{GuestRequest, GuestResponse, HeaderError, WasiSpec, WriteError};
 
 const MODULE: &str = "wasi_snapshot_preview1";
 

@@ -5,7 +5,8 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use tern_sdk::abi::{self, errno, func};
 use wasmtime::{Caller, Linker};
 
-use crate::guest::module::{GuestFault, GuestState, guest_range, memory};
+use crate::guest::module::GuestState;
+use crate::guest::module::memory::{GuestFault, guest_range, memory};
 use crate::guest::{HeaderError, WriteError};
 
 /// A refused header as the ABI reports it.

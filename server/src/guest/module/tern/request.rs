@@ -9,9 +9,8 @@ use wasmtime::{Caller, Linker};
 
 use crate::context;
 use crate::guest::GuestRequest;
-use crate::guest::module::{
-    GuestFault, GuestState, copy_to_guest, guest_range, headers_blob, memory,
-};
+use crate::guest::module::GuestState;
+use crate::guest::module::memory::{GuestFault, copy_to_guest, guest_range, headers_blob, memory};
 use crate::guest::request::BodyError;
 
 /// The value of `request_info` key `key` for a guest of tenant `tenant`, or the error code:

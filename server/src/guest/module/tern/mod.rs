@@ -12,10 +12,13 @@ pub mod outbound;
 pub mod request;
 pub mod response;
 
+pub use kv::Kv;
+pub use outbound::Outbound;
+
 use tern_sdk::abi;
 use wasmtime::{Linker, Module};
 
-use super::module::GuestState;
+use super::GuestState;
 
 /// Adds the `tern` ABI v1 functions to a core module linker.
 ///

@@ -12,9 +12,8 @@ use std::time::Instant;
 use tern_sdk::abi::{self, errno, func};
 use wasmtime::{Caller, Linker};
 
-use crate::guest::module::{
-    GuestFault, GuestState, copy_to_guest, guest_range, memory, read_guest,
-};
+use crate::guest::module::GuestState;
+use crate::guest::module::memory::{GuestFault, copy_to_guest, guest_range, memory, read_guest};
 use crate::kv::{Answer, Grants, KvError, Op, Session, Store};
 
 /// Keys fetched per `kv_list` call (as many as fit the guest's buffer are given).

@@ -25,8 +25,9 @@ use tokio::task::JoinHandle;
 use wasmtime::{Caller, Linker};
 
 use crate::body::ClientBody;
-use crate::guest::module::{
-    GuestFault, GuestState, copy_to_guest, guest_range, headers_blob, memory, read_guest,
+use crate::guest::module::GuestState;
+use crate::guest::module::memory::{
+    GuestFault, copy_to_guest, guest_range, headers_blob, memory, read_guest,
 };
 use crate::guest::{ForwardError, GuestRequest, GuestResponse};
 use crate::outbound::{Calls, Denied, Failed, OutBody, Passing, Refused, Target};

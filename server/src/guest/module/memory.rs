@@ -1,0 +1,99 @@
+//! A core module's memory as host calls see it: every pointer and length the guest passes is
+//! checked against its memory; one out of range traps the guest with
+//! [`GuestFault::BadPointer`] and never touches the host.
+
+use std::ops::Range;
+
+use tern_sdk::abi;
+use wasmtime::{Caller, Memory};
+
+use super::GuestState;
+
+/// A guest fault caused by a host call, which traps the guest.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestFault {
+    /// A pointer/length pair outside the guest's memory.
+    #[error("guest passed a pointer/length outside its memory to `{0}`")]
+    BadPointer(&'static str),
+    /// The module has no memory export (refused at load, so only a broken module gets here).
+    #[error("guest has no exported memory")]
+    NoMemory,
+}
+
+/// The range `ptr..ptr+len` of guest memory, if it lies inside `mem_len` bytes.
+///
+/// Wasm passes `i32`s; they are reinterpreted as the unsigned 32-bit values the guest meant.
+pub fn guest_range(ptr: i32, len: i32, mem_len: usize) -> Option<Range<usize>> {
+    let start = ptr as u32 as usize;
+    let end = start.checked_add(len as u32 as usize)?;
+    (end <= mem_len).then_some(start..end)
+}
+
+/// The guest's exported memory (set at instantiation), or a fault.
+///
+/// # Errors
+/// [`GuestFault::NoMemory`] for a module without one (refused at load).
+pub fn memory(caller: &Caller<'_, GuestState>) -> wasmtime::Result<Memory> {
+    caller
+        .data()
+        .memory
+        .ok_or_else(|| wasmtime::Error::new(GuestFault::NoMemory))
+}
+
+/// Copies the guest's bytes at `ptr..ptr+len`, or traps naming `func`.
+pub fn read_guest(
+    caller: &Caller<'_, GuestState>,
+    ptr: i32,
+    len: i32,
+    func: &'static str,
+) -> wasmtime::Result<Vec<u8>> {
+    let data = memory(caller)?.data(caller);
+    let range = guest_range(ptr, len, data.len()).ok_or(GuestFault::BadPointer(func))?;
+    Ok(data[range].to_vec())
+}
+
+/// Headers as the ABI's copy-out functions give them: `name NUL value NUL` pairs, in order.
+pub fn headers_blob(headers: &http::HeaderMap) -> Vec<u8> {
+    let mut blob = Vec::with_capacity(headers.len() * 32);
+    for (name, value) in headers {
+        blob.extend_from_slice(name.as_str().as_bytes());
+        blob.push(0);
+        blob.extend_from_slice(value.as_bytes());
+        blob.push(0);
+    }
+    blob
+}
+
+/// Copies as much of `src` as fits into the guest buffer `ptr..ptr+len` and returns the full
+/// length of `src`, so the guest can retry with a larger buffer.
+pub fn copy_to_guest(
+    data: &mut [u8],
+    ptr: i32,
+    len: i32,
+    src: &[u8],
+    func: &'static str,
+) -> wasmtime::Result<i32> {
+    let range = guest_range(ptr, len, data.len())
+        .ok_or_else(|| wasmtime::Error::new(GuestFault::BadPointer(func)))?;
+    let n = range.len().min(src.len());
+    data[range.start..range.start + n].copy_from_slice(&src[..n]);
+    Ok(i32::try_from(src.len()).unwrap_or(abi::errno::LIMIT_EXCEEDED))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guest_range;
+
+    #[test]
+    fn guest_ranges_are_bounds_checked() {
+        assert_eq!(guest_range(0, 4, 4), Some(0..4));
+        assert_eq!(guest_range(4, 0, 4), Some(4..4));
+        assert_eq!(guest_range(1, 4, 4), None);
+        assert_eq!(guest_range(-1, 1, 1 << 16), None);
+        assert_eq!(guest_range(1, -1, 1 << 16), None);
+        assert_eq!(
+            guest_range(i32::MAX, i32::MAX, usize::MAX),
+            Some(0x7fff_ffff..0xffff_fffe)
+        );
+    }
+}
