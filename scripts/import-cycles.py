@@ -1,9 +1,18 @@
 #!/usr/bin/env python3
-"""Fails if the top-level modules of server/src import each other in a cycle.
+"""Fails if modules of server/src import each other in a circle.
 
-Each module's dependencies are the `crate::NAME` paths in its files (comments skipped; a
-folder module counts as one). Dependencies must point one way: front end -> lifecycle ->
-tenants -> engine/config.
+Two checks, each over the paths written in the code (comments and `#[cfg(test)]` blocks
+skipped):
+
+1. The top-level modules (a folder counts as one): dependencies must point one way, front end ->
+   lifecycle -> tenants -> engine/config.
+2. The files, inside folders too: a path (`crate::a::b::C`, `super::b::C`, `self::b`, or a child
+   module's name) is an edge to the file that declares the longest module prefix of it. A
+   folder's `mod.rs` declares its children and composes them, so its edges to its own direct
+   children do not count; every other edge does, a child's `super::` edges to its parent among
+   them. A circle among files is a circle: one file's change reaches the other both ways.
+
+Every circle found is printed (as its strongly connected files); the exit status is 1 if any.
 
 Usage: python3 scripts/import-cycles.py [server/src]
 """
@@ -12,37 +21,149 @@ import re
 import sys
 
 root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "server/src")
-deps = {}
-for path in root.rglob("*.rs"):
-    rel = path.relative_to(root)
-    module = rel.parts[0].removesuffix(".rs")
-    if module in ("lib", "main"):
+
+# Module path (tuple of names) -> file, for every file under root.
+files = {}
+for path in sorted(root.rglob("*.rs")):
+    parts = path.relative_to(root).with_suffix("").parts
+    if parts in (("lib",), ("main",)):
         continue
-    code = "\n".join(
-        line for line in path.read_text().splitlines() if not line.lstrip().startswith("//")
-    )
-    found = set(re.findall(r"crate::([a-z_][a-z0-9_]*)", code)) - {module}
-    deps.setdefault(module, set()).update(found)
-
-# Depth-first search for a back edge; report the first cycle found.
-state = {}
-stack = []
+    if parts[-1] == "mod":
+        parts = parts[:-1]
+    files[parts] = path
 
 
-def visit(m):
-    state[m] = "open"
-    stack.append(m)
-    for d in sorted(deps.get(m, ())):
-        if state.get(d) == "open":
-            cycle = stack[stack.index(d):] + [d]
-            sys.exit("import cycle: " + " -> ".join(cycle))
-        if d not in state:
-            visit(d)
-    stack.pop()
-    state[m] = "done"
+def code_of(path):
+    """The file's code without comments and without its `#[cfg(test)]` items."""
+    out = []
+    pending = False  # the line after `#[cfg(test)]` starts the item to skip
+    depth = None  # brace depth inside a skipped item
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("//"):
+            continue
+        if depth is not None:
+            depth += line.count("{") - line.count("}")
+            if depth <= 0:
+                depth = None
+            continue
+        if stripped.startswith("#[cfg(test)]"):
+            pending = True
+            continue
+        if pending:
+            if stripped.startswith("#["):
+                continue  # another attribute of the same item
+            pending = False
+            if "{" in line:
+                depth = line.count("{") - line.count("}")
+                if depth <= 0:
+                    depth = None
+            continue  # a one-line item (`mod tests;`, `use ...;`) is skipped whole
+        out.append(line)
+    return "\n".join(out)
 
 
-for m in sorted(deps):
-    if m not in state:
-        visit(m)
-print(f"no import cycles among {len(deps)} modules of {root}")
+PATH = re.compile(r"\b((?:crate|super|self|[a-z_][a-z0-9_]*)(?:::[A-Za-z_][A-Za-z0-9_]*)+)")
+
+
+def resolve(module, path):
+    """The module path a written path starts in, or None if it is not one of ours."""
+    names = path.split("::")
+    if names[0] == "crate":
+        base, rest = (), names[1:]
+    elif names[0] in ("super", "self"):
+        base = module
+        rest = names
+        while rest and rest[0] in ("super", "self"):
+            if rest[0] == "super":
+                base = base[:-1]
+            rest = rest[1:]
+    elif module + (names[0],) in files:
+        base, rest = module, names  # a child module named without `self::`
+    elif (names[0],) in files and len(module) == 0:
+        base, rest = (), names
+    else:
+        return None
+    best = base if base in files else None
+    cur = base
+    for name in rest:
+        cur = cur + (name,)
+        if cur in files:
+            best = cur
+        else:
+            break
+    return best
+
+
+edges = {}
+for module, path in files.items():
+    if module and module[-1] == "tests":
+        continue
+    code = code_of(path)
+    found = set()
+    for written in PATH.findall(code):
+        target = resolve(module, written)
+        if target is None or target == module or (target and target[-1] == "tests"):
+            continue
+        if target[:-1] == module:
+            continue  # a folder's mod.rs and its own direct children
+        if not target:
+            continue
+        found.add(target)
+    edges[module] = found
+
+# Check 1: top-level modules.
+top = {}
+for module, targets in edges.items():
+    top.setdefault(module[0], set()).update(t[0] for t in targets if t[0] != module[0])
+
+
+def circles(graph):
+    """Strongly connected components of more than one node (Tarjan)."""
+    index, low, on, stack, out = {}, {}, set(), [], []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+failed = False
+for comp in circles(top):
+    failed = True
+    print("import circle among top-level modules: " + ", ".join(comp))
+for comp in circles(edges):
+    failed = True
+    print("import circle among files: " + ", ".join(str(files[m].relative_to(root)) for m in comp))
+    for m in comp:
+        inside = sorted(str(files[t].relative_to(root)) for t in edges[m] if t in comp)
+        print(f"  {files[m].relative_to(root)} -> {', '.join(inside)}")
+if failed:
+    sys.exit(1)
+print(f"no import circles among {len(top)} top-level modules and {len(edges)} files of {root}")

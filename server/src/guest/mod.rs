@@ -93,7 +93,7 @@ pub fn link(
         )?)),
         (Compiled::Module(module), _) => Linked {
             guest: Guest::Tern(module::link(linkers.module(assets, false), module)?),
-            warning: module::tern::kind_warning(module),
+            warning: module::tern_kind_warning(module),
         },
     })
 }
@@ -118,7 +118,7 @@ pub fn kind_of(compiled: &Compiled, asked: Option<GuestKind>) -> Result<GuestKin
                 .into(),
         ),
         (Compiled::Module(_), Some(k)) => Ok(k),
-        (Compiled::Module(m), None) => Ok(if module::tern::imports_abi(m) {
+        (Compiled::Module(m), None) => Ok(if module::imports_tern_abi(m) {
             GuestKind::Tern
         } else {
             GuestKind::Cgi

@@ -62,6 +62,26 @@ impl GuestState {
     }
 }
 
+/// Whether `module` imports from the `tern` ABI (a module that does not is a CGI program
+/// unless its deployer says otherwise).
+pub fn imports_tern_abi(module: &Module) -> bool {
+    module.imports().any(|i| i.module() == abi::IMPORT_MODULE)
+}
+
+/// A warning for a module deployed as kind `tern` that imports nothing from `tern`: a plain
+/// WASI program, which can neither read the request nor write a response through the ABI.
+pub fn tern_kind_warning(module: &Module) -> Option<String> {
+    if imports_tern_abi(module) {
+        return None;
+    }
+    Some(
+        "this module imports nothing from `tern` but is deployed as kind `tern`: it cannot \
+         read the request, its stdout goes to the server log, and every client gets an empty \
+         200. Deploy it as kind `cgi` (the default for such modules) to answer on stdout"
+            .into(),
+    )
+}
+
 /// Builds the linker core modules are pre-linked against: WASI preview1 plus the `tern` ABI,
 /// with `assets` the in-memory `/assets` directory in place of WASI's file functions, and with
 /// `cgi` stdin and stdout as a CGI program's request body and response.
