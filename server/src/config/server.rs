@@ -1,0 +1,167 @@
+//! `[server]`: listeners, threads, the data and cache directories.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// `[server]`: process-wide settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Public cleartext (HTTP) listener for tenant traffic; `"off"`: none, the TLS listener
+    /// serves alone (then ACME answers TLS-ALPN-01 only).
+    #[serde(deserialize_with = "listen_or_off")]
+    pub listen: Option<SocketAddr>,
+    /// Admin listener (`/metrics`, `/healthz`, `/readyz`); keep it off the public network.
+    pub admin_listen: SocketAddr,
+    /// Threads serving tenant traffic; `0` means one per CPU core.
+    pub worker_threads: usize,
+    /// `per-core`: each worker thread runs its own single-threaded runtime with its own
+    /// `SO_REUSEPORT` listener, so a request stays on one core from accept to teardown (no
+    /// work stealing, no cross-core wake-ups). `shared`: one multi-threaded runtime.
+    pub runtime: RuntimeMode,
+    /// Where compiled modules are cached; empty means `$TERN_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/tern`, else `~/.cache/tern`.
+    pub cache_dir: String,
+    /// How long in-flight requests may take to finish after SIGTERM/SIGINT.
+    pub shutdown_grace_ms: u64,
+    /// At most this many tenants get their own metrics label; the rest count as `other`,
+    /// which keeps the metrics' cardinality bounded.
+    pub max_tenant_labels: usize,
+    /// Most open client connections; further clients wait in the kernel's accept backlog.
+    pub max_connections: usize,
+    /// A client must send a request's complete headers within this time (slowloris);
+    /// it also closes keep-alive connections that stay idle this long.
+    pub header_read_timeout_ms: u64,
+    /// Largest request head (request line + headers) in bytes; larger gets `431`.
+    pub max_header_bytes: usize,
+    /// Where deployed modules, their compiled artifacts, assets and the tenant manifest are
+    /// kept; empty means `$TERN_DATA_DIR`, else `$XDG_DATA_HOME/tern`, else
+    /// `~/.local/share/tern`. `--data-dir` overrides it.
+    pub data_dir: String,
+    /// Bearer token of the admin API. `TERN_ADMIN_TOKEN` overrides it; with neither, a random
+    /// token is generated at start-up and written to `<data_dir>/admin-token` (mode 0600).
+    pub admin_token: String,
+    /// Largest module or assets archive the admin API accepts, in bytes; larger gets `413`.
+    pub max_upload_bytes: u64,
+    /// TLS listener for tenant traffic (HTTPS; HTTP/2 or HTTP/1.1 as the client's ALPN asks),
+    /// beside `listen`, with the same tenants, limits and connection cap. It serves the
+    /// `[[certificate]]`s, at least one. Unset: no TLS.
+    pub tls_listen: Option<SocketAddr>,
+    /// A client must complete its TLS handshake within this time, or its connection is closed.
+    pub tls_handshake_timeout_ms: u64,
+    /// Most TLS handshakes in progress at once; a connection past it is closed at once, so a
+    /// flood of handshakes (each costs a signature) cannot take every core.
+    pub max_tls_handshakes: usize,
+    /// The port in the `Location` of a tenant's `https_redirect`, where clients reach the TLS
+    /// listener (a load balancer's 443 in front of `tls_listen`'s 8443); `0`: `tls_listen`'s
+    /// port (left out of the URL when it is 443).
+    pub public_https_port: u16,
+    /// Proxies (addresses and networks, `10.0.0.0/8`) whose connections may name their client
+    /// in `Forwarded` or `X-Forwarded-For`: the client address of the access line, traces and
+    /// what guests see. Empty: the connection's peer is the client, whatever the headers say.
+    pub trusted_proxies: Vec<String>,
+    /// Whether the access line's `path` includes the query string (off: queries often carry
+    /// tokens, and the log is not the place for them).
+    pub access_log_query: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            worker_threads: 0,
+            runtime: RuntimeMode::PerCore,
+            cache_dir: String::new(),
+            shutdown_grace_ms: 10_000,
+            max_tenant_labels: 1000,
+            max_connections: 10_000,
+            header_read_timeout_ms: 10_000,
+            max_header_bytes: 64 * 1024,
+            data_dir: String::new(),
+            admin_token: String::new(),
+            max_upload_bytes: 64 * 1024 * 1024,
+            tls_listen: None,
+            tls_handshake_timeout_ms: 10_000,
+            max_tls_handshakes: 1024,
+            public_https_port: 0,
+            trusted_proxies: Vec::new(),
+            access_log_query: false,
+        }
+    }
+}
+
+/// `server.listen`: an address, or `"off"`.
+fn listen_or_off<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    let text = String::deserialize(d)?;
+    if text == "off" {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{text:?} is not an address (\"0.0.0.0:8080\", \"[::]:80\") or \"off\""
+        ))
+    })
+}
+
+/// How worker threads are organised (`server.runtime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeMode {
+    /// One single-threaded runtime and listener per worker thread.
+    PerCore,
+    /// One multi-threaded runtime with work stealing.
+    Shared,
+}
+
+/// `$own` if set, else `$xdg/tern`, else `$HOME/<home_sub>`, else `<temp>/<fallback>`.
+fn user_dir(own: &str, xdg: &str, home_sub: &str, fallback: &str) -> PathBuf {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(dir) = var(own) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = var(xdg) {
+        return PathBuf::from(dir).join("tern");
+    }
+    match var("HOME") {
+        Some(home) => PathBuf::from(home).join(home_sub),
+        None => std::env::temp_dir().join(fallback),
+    }
+}
+
+/// The data directory when neither `--data-dir` nor `server.data_dir` names one:
+/// `$TERN_DATA_DIR`, `$XDG_DATA_HOME/tern`, or `~/.local/share/tern`.
+pub fn default_data_dir() -> PathBuf {
+    user_dir(
+        "TERN_DATA_DIR",
+        "XDG_DATA_HOME",
+        ".local/share/tern",
+        "tern-data",
+    )
+}
+
+impl ServerConfig {
+    /// The directory compiled modules of config tenants are cached in: `cache_dir`, else
+    /// `$TERN_CACHE_DIR`, `$XDG_CACHE_HOME/tern`, or `~/.cache/tern`.
+    pub fn cache_dir(&self) -> PathBuf {
+        if !self.cache_dir.is_empty() {
+            return PathBuf::from(&self.cache_dir);
+        }
+        user_dir(
+            "TERN_CACHE_DIR",
+            "XDG_CACHE_HOME",
+            ".cache/tern",
+            "tern-cache",
+        )
+    }
+
+    /// Worker threads to run: the configured number, or one per core.
+    pub fn workers(&self) -> usize {
+        match self.worker_threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        }
+    }
+}

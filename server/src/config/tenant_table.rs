@@ -1,0 +1,186 @@
+//! How a `[[tenant]]` table is read: its own keys (name, module, kind, assets) and the
+//! shared [`TenantSettings`] at the same level, each value with its place in the file.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::tenant::{GuestKind, TenantConfig, TenantSettings};
+
+/// The keys of a `[[tenant]]` table that are the file's own, not [`TenantSettings`].
+const FILE_ONLY: [&str; 4] = ["name", "module", "kind", "assets"];
+
+/// The keys of [`TenantSettings`], as the file and the admin API write them (a unit test holds
+/// this list to the struct).
+pub const SETTINGS_KEYS: [&str; 10] = [
+    "hosts",
+    "paths",
+    "env",
+    "limits",
+    "outbound",
+    "errors",
+    "error_pages",
+    "https_redirect",
+    "kv",
+    "hsts",
+];
+
+/// Every key of a `[[tenant]]` table, for the message about an unknown one: the file's own,
+/// then the settings'.
+const TENANT_KEYS: [&str; FILE_ONLY.len() + SETTINGS_KEYS.len()] = {
+    let mut keys = [""; FILE_ONLY.len() + SETTINGS_KEYS.len()];
+    let mut i = 0;
+    while i < keys.len() {
+        keys[i] = if i < FILE_ONLY.len() {
+            FILE_ONLY[i]
+        } else {
+            SETTINGS_KEYS[i - FILE_ONLY.len()]
+        };
+        i += 1;
+    }
+    keys
+};
+
+impl<'de> Deserialize<'de> for TenantConfig {
+    /// A `[[tenant]]` table: the file's own keys taken here, every other key handed to
+    /// [`TenantSettings`]' own deserializer as the table's next key. (`serde(flatten)` would
+    /// buffer the table: `deny_unknown_fields` and the spans of `Spanned` values, which name the
+    /// line of a bad value, would be lost.)
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(FileTenant)
+    }
+}
+
+/// Reads a `[[tenant]]` table.
+struct FileTenant;
+
+/// The file's own keys of a `[[tenant]]` table, as they are read.
+#[derive(Default)]
+struct FileOnly {
+    name: Option<Spanned<String>>,
+    module: Option<Spanned<String>>,
+    kind: Option<GuestKind>,
+    assets: Option<Spanned<String>>,
+}
+
+impl<'de> serde::de::Visitor<'de> for FileTenant {
+    type Value = TenantConfig;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a [[tenant]] table")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<TenantConfig, A::Error> {
+        use serde::de::Error;
+        let mut own = FileOnly::default();
+        let settings =
+            TenantSettings::deserialize(serde::de::value::MapAccessDeserializer::new(Settings {
+                map,
+                own: &mut own,
+            }))?;
+        Ok(TenantConfig {
+            name: own.name.ok_or_else(|| A::Error::missing_field("name"))?,
+            module: own
+                .module
+                .ok_or_else(|| A::Error::missing_field("module"))?,
+            kind: own.kind,
+            assets: own.assets,
+            settings,
+        })
+    }
+}
+
+/// A `[[tenant]]` table as [`TenantSettings`] sees it: the file's own keys are taken into `own`
+/// on the way.
+struct Settings<'a, A> {
+    map: A,
+    own: &'a mut FileOnly,
+}
+
+/// A key of a `[[tenant]]` table: the file's own (with the unused seed `K` handed back), or
+/// one for [`TenantSettings`].
+enum Key<K, V> {
+    Own(&'static str, K),
+    Setting(V),
+}
+
+/// Reads a key of a `[[tenant]]` table; a settings key goes to `K`, inside the file's own key
+/// deserializer (so an unknown key's error names its line).
+struct KeySeed<K>(K);
+
+impl<'de, K: serde::de::DeserializeSeed<'de>> serde::de::DeserializeSeed<'de> for KeySeed<K> {
+    type Value = Key<K, K::Value>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de, K: serde::de::DeserializeSeed<'de>> serde::de::Visitor<'de> for KeySeed<K> {
+    type Value = Key<K, K::Value>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Self::Value, E> {
+        use serde::de::IntoDeserializer;
+        match FILE_ONLY.iter().find(|k| **k == key) {
+            Some(own) => Ok(Key::Own(own, self.0)),
+            None if TENANT_KEYS.contains(&key) => self
+                .0
+                .deserialize(key.into_deserializer())
+                .map(Key::Setting),
+            None => Err(E::unknown_field(key, &TENANT_KEYS)),
+        }
+    }
+}
+
+impl<'de, A: serde::de::MapAccess<'de>> serde::de::MapAccess<'de> for Settings<'_, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: serde::de::DeserializeSeed<'de>>(
+        &mut self,
+        mut seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        loop {
+            let own = match self.map.next_key_seed(KeySeed(seed))? {
+                None => return Ok(None),
+                Some(Key::Setting(key)) => return Ok(Some(key)),
+                Some(Key::Own(own, unused)) => {
+                    seed = unused;
+                    own
+                }
+            };
+            match own {
+                "name" => self.own.name = Some(self.map.next_value()?),
+                "module" => self.own.module = Some(self.map.next_value()?),
+                "kind" => self.own.kind = Some(self.map.next_value()?),
+                _ => self.own.assets = Some(self.map.next_value()?),
+            }
+        }
+    }
+
+    fn next_value_seed<V: serde::de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tenant_key_list_is_the_file_keys_and_the_settings_keys() {
+        // serde names a struct's fields when it refuses an unknown one.
+        let e = serde_json::from_str::<TenantSettings<String>>(r#"{"zz": 1}"#)
+            .unwrap_err()
+            .to_string();
+        let listed: Vec<&str> = e.split('`').skip(3).step_by(2).collect();
+        assert_eq!(listed, SETTINGS_KEYS, "{e}");
+        assert_eq!(TENANT_KEYS[..FILE_ONLY.len()], FILE_ONLY);
+        assert_eq!(TENANT_KEYS[FILE_ONLY.len()..], SETTINGS_KEYS);
+    }
+}
