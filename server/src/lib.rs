@@ -45,11 +45,13 @@
 //!   before each teardown (with [`artifact`] and [`host`], the only modules with `unsafe`,
 //!   besides one `sched_setscheduler` call in [`kv::sqlite`]).
 //! - [`tenant`]: loaded tenants: the pre-linked guest (its kind), limits, env, metric handles.
-//! - [`registry`]: the live tenant table (swapped atomically) and deploy, rollback, delete,
-//!   reload; beside it `loader` (stored versions into pre-linked tenants), `error` (why a
-//!   change was refused, its status), `describe` (the admin API's JSON), `upload` (checks on
-//!   an upload's first bytes), `reset` (every tenant moved to a swap-safe engine when swap
-//!   is switched on).
+//! - [`registry`]: the live tenant table (swapped atomically) and the one path every change is
+//!   committed by; beside it `changes` (deploy, rollback, delete, settings, assets), `reload`
+//!   (tenants loaded at start-up and on reload), `loader` (stored versions into pre-linked
+//!   tenants), `shared` (a fleet's registry), `precondition` (If-Match), `error` (why a change
+//!   was refused, its status), `describe` (the admin API's JSON), `upload` (checks on an
+//!   upload's first bytes), `reset` (every tenant moved to a swap-safe engine when swap is
+//!   switched on).
 //! - [`store`]: the data directory: content-addressed modules and assets, the manifest.
 //! - [`fleet`]: a fleet's shared registry on object storage ([`fleet::objects`]: the S3 client,
 //!   compare-and-swap writes, the store probe), signed artifacts and sealed secrets, nudges to

@@ -1,0 +1,409 @@
+//! The admin API's changes: a tenant's settings, assets, a deploy, a rollback, a delete; each
+//! checked, then written and published by `Registry::commit`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use wasmtime::Engine;
+
+use crate::artifact;
+use crate::assets::Assets;
+use crate::config::{self};
+use crate::fleet::objects::RemoteError;
+use crate::store::{self, StoredTenant, TenantSpec, Version};
+use crate::tenant::{self, Carried, Origin, Tenant, TenantError};
+
+use super::error::internal;
+use super::loader::ModuleCache;
+use super::upload::check_wasm_header;
+use super::{
+    Change, ChangeError, Deployed, Precondition, Registry, SpecChange, State, check_routes, shared,
+};
+
+impl Registry {
+    /// Creates a tenant or changes its routes, env and limits (`PUT` or `PATCH
+    /// /admin/v1/tenants/{name}`: [`SpecChange`]).
+    ///
+    /// # Errors
+    /// `400` for invalid values, `404` for a `PATCH` of no tenant, `409` for a route clash, a
+    /// config-owned tenant or a `PUT` that leaves out a field the tenant has set, `412` if the
+    /// tenant is not in the state `pre` requires. Returns whether it was created, and its
+    /// entity tag.
+    pub async fn put_spec(
+        &self,
+        name: &str,
+        change: SpecChange,
+        pre: &Precondition,
+    ) -> Result<(bool, String), ChangeError> {
+        let mut state = self.lock().await?;
+        Self::check_api_owned(&state, name)?;
+        // Under the lock: two changes at once each apply to the other's result.
+        let base = state.truth().tenants.get(name).cloned();
+        pre.check(name, base.as_ref())?;
+        let current = base.as_ref().map(|t| &t.spec);
+        let spec = change.apply(name, current)?;
+        let as_config = spec.to_config(name, "(admin API)");
+        let rt = self.loader.runtime();
+        config::validate_tenant(&as_config, &rt.pool)
+            .map_err(|e| ChangeError::Invalid(e.message))?;
+        if spec.https_redirect && state.config.server.tls_listen.is_none() {
+            return Err(ChangeError::Invalid(
+                "https_redirect needs the TLS listener: this server has no server.tls_listen"
+                    .into(),
+            ));
+        }
+        let created = base.is_none();
+        let live = self.live.load_full();
+        // A tenant that serves is rebuilt with the new spec around the module it runs.
+        let respecced = match live.tenants.get(name) {
+            Some(old) => Some(self.loader.respec(&rt, old, &old.compiled, &as_config)?),
+            None => None,
+        };
+        check_routes(&live, state.truth(), name, &spec)?;
+        let mut entry = base.clone().unwrap_or_else(|| StoredTenant {
+            spec: spec.clone(),
+            current: None,
+            previous: None,
+            created_at: store::now(),
+        });
+        entry.spec = spec;
+        let etag = entry.etag();
+        let change = Change {
+            name: name.to_string(),
+            base,
+            entry: Some(entry),
+            // A tenant with no module yet is not routed: only the manifest changes.
+            serve: respecced.map(|t| Some(Arc::new(t))),
+        };
+        self.commit(&mut state, change).await?;
+        tracing::info!(tenant = name, created, "tenant spec saved");
+        Ok((created, etag))
+    }
+
+    /// Stores an assets archive after checking it (`POST /admin/v1/assets`); returns its hash
+    /// and what it holds.
+    ///
+    /// # Errors
+    /// `422` if it is not a tar archive of plain files and directories.
+    pub async fn put_assets(&self, archive: Bytes) -> Result<(String, Arc<Assets>), ChangeError> {
+        let (store, max) = (self.loader.store.clone(), self.loader.max_upload);
+        let bytes = archive.clone();
+        let (hash, assets) = tokio::task::spawn_blocking(move || {
+            let assets = Assets::from_tar(&bytes, max)
+                .map_err(|e| ChangeError::Unprocessable(e.to_string()))?;
+            let hash = store.put_blob(&bytes)?;
+            Ok::<_, ChangeError>((hash, Arc::new(assets)))
+        })
+        .await
+        .map_err(internal)??;
+        // With a shared registry, a deploy on any replica can name it.
+        if let Some(f) = &self.fleet {
+            f.remote
+                .put_blob(archive)
+                .await
+                .map_err(|e| shared::unavailable(f, &e))?;
+        }
+        Ok((hash, assets))
+    }
+
+    /// Deploys a module (with optionally a stored assets archive) as the tenant's new version
+    /// (`PUT /admin/v1/tenants/{name}/module`).
+    ///
+    /// # Errors
+    /// `404` unknown tenant or assets, `409` config-owned, `400` not a valid module, `422`
+    /// a module Tern cannot run, `412` if the tenant is not in the state `pre` requires (when
+    /// the deploy starts, and again when it is committed); the running version keeps serving
+    /// on any error.
+    pub async fn deploy(
+        &self,
+        name: &str,
+        wasm: Bytes,
+        assets: Option<String>,
+        kind: Option<crate::config::GuestKind>,
+        pre: &Precondition,
+    ) -> Result<Deployed, ChangeError> {
+        let result = self.deploy_inner(name, wasm, assets, kind, pre).await;
+        self.count_deploy(name, result.is_ok());
+        if let Err(e) = &result {
+            tracing::warn!(tenant = name, "deploy refused: {e}");
+        }
+        result
+    }
+
+    pub(super) async fn deploy_inner(
+        &self,
+        name: &str,
+        wasm: Bytes,
+        assets: Option<String>,
+        kind: Option<crate::config::GuestKind>,
+        pre: &Precondition,
+    ) -> Result<Deployed, ChangeError> {
+        check_wasm_header(&wasm)?;
+        if let (Some(a), Some(f)) = (&assets, &self.fleet)
+            && store::is_hash(a)
+        {
+            // Uploaded on another replica: in the registry.
+            match f.fetch_blob(&self.loader.store, a).await {
+                Ok(()) | Err(RemoteError::NotFound(_)) => {}
+                Err(e) => return Err(shared::unavailable(f, &e)),
+            }
+        }
+        if let Some(a) = &assets
+            && !self.loader.store.has_blob(a)
+        {
+            return Err(ChangeError::NotFound(format!(
+                "no assets archive {a:?} is stored; upload it with POST /admin/v1/assets first"
+            )));
+        }
+        let spec = {
+            let state = self.lock().await?;
+            Self::check_api_owned(&state, name)?;
+            let stored = state.truth().tenants.get(name);
+            pre.check(name, stored)?;
+            stored.map(|t| t.spec.clone())
+        }
+        .ok_or_else(|| {
+            ChangeError::NotFound(format!(
+                "no tenant {name:?}; create it first with PUT /admin/v1/tenants/{name}"
+            ))
+        })?;
+
+        // Check, compile and prepare off the reactor, outside the change lock; the upload is
+        // stored only once it is known to load, and held until it is committed or forgotten.
+        let this = self.loader();
+        let (n, live, spec2) = (name.to_string(), self.live.load_full(), spec.clone());
+        let (module_hash, prepared) = tokio::task::spawn_blocking(move || {
+            let spec = spec2;
+            let started = Instant::now();
+            let module_hash = crate::hex::encode(&Sha256::digest(&wasm));
+            let rt = this.runtime();
+            let prepared = (|| {
+                let limits = tenant::Limits::from_config(&spec.limits, &rt.pool);
+                if !artifact::is_component(&wasm) {
+                    tenant::check_fits(&wasm, &limits).map_err(|reason| {
+                        TenantError::DoesNotFit {
+                            tenant: n.clone(),
+                            reason,
+                        }
+                    })?;
+                }
+                let loaded = artifact::load_wasm(
+                    &rt.engine,
+                    &wasm,
+                    "the uploaded module",
+                    &this.store.artifacts(),
+                )
+                .map_err(|source| TenantError::Artifact {
+                    tenant: n.clone(),
+                    source,
+                })?;
+                let compiled = loaded.compiled_in.unwrap_or(Duration::ZERO);
+                if loaded.compiled_in.is_some() {
+                    this.metrics.compile.observe(compiled.as_secs_f64());
+                }
+                let version = Version {
+                    id: Version::id_of(&module_hash, assets.as_deref()),
+                    module: module_hash.clone(),
+                    module_bytes: wasm.len() as u64,
+                    assets: assets.clone(),
+                    deployed_at: store::now(),
+                    compile_ms: compiled.as_secs_f64() * 1e3,
+                    kind,
+                };
+                let carried = live.carried(&n);
+                let t = this.prepare_version(&rt, &n, &spec, &version, &loaded.module, carried)?;
+                let held = this.hold(&module_hash);
+                this.store.put_blob(&wasm)?;
+                tracing::debug!(tenant = %n, "deploy prepared in {:?}", started.elapsed());
+                Ok::<_, ChangeError>((t, held))
+            })();
+            (module_hash, prepared)
+        })
+        .await
+        .map_err(internal)?;
+
+        // With a shared registry, the module and its artifact are there before the manifest
+        // that names them.
+        let prepared = match (prepared, &self.fleet) {
+            (Ok(p), Some(f)) => {
+                let engine = p.0.compiled.engine().clone();
+                f.publish(
+                    &self.loader.store,
+                    &engine,
+                    &module_hash,
+                    &self.loader.metrics,
+                )
+                .await
+                .map(|()| p)
+                .map_err(|e| shared::unavailable(f, &e))
+            }
+            (p, _) => p,
+        };
+        let locked = match prepared {
+            Ok(p) => self.lock().await.map(|s| (s, p)),
+            Err(e) => Err(e),
+        };
+        let (state, committed) = match locked {
+            Ok((mut state, (tenant, held))) => {
+                let result = self
+                    .commit_deploy(&mut state, name, &spec, tenant, pre)
+                    .await;
+                drop(held);
+                (state, result)
+            }
+            Err(e) => (self.state.lock().await, Err(e)),
+        };
+        if committed.is_err() {
+            // Nothing refused is kept: the upload and an artifact compiled for it.
+            self.forget(&state, vec![module_hash]).await;
+        }
+        committed
+    }
+
+    /// Makes a prepared deploy the tenant's current version.
+    pub(super) async fn commit_deploy(
+        &self,
+        state: &mut State,
+        name: &str,
+        spec: &TenantSpec,
+        tenant: Tenant,
+        pre: &Precondition,
+    ) -> Result<Deployed, ChangeError> {
+        let Some(stored) = state.truth().tenants.get(name).cloned() else {
+            return Err(ChangeError::NotFound(format!(
+                "tenant {name:?} was deleted during the deploy"
+            )));
+        };
+        // Another change while this one compiled: a conditional deploy was computed from the
+        // state it names, and that state is gone.
+        pre.check(name, Some(&stored))?;
+        let rt = self.loader.runtime();
+        let tenant = if !Engine::same(tenant.compiled.engine(), &rt.engine) {
+            // The engine was replaced while this compiled (`use_memset_reset`): the stored
+            // version is loaded on the new one, with the latest spec.
+            let (this, n, spec) = (self.loader(), name.to_string(), stored.spec.clone());
+            let Origin::Api { version } = tenant.origin.clone() else {
+                unreachable!("loaded as an API tenant")
+            };
+            let carried = Carried::from(&tenant);
+            tokio::task::spawn_blocking(move || {
+                this.load_version(&n, &spec, &version, carried, &ModuleCache::default())
+            })
+            .await
+            .map_err(internal)??
+        } else if stored.spec != *spec {
+            // The routes changed while this compiled: rebuild around the latest spec.
+            let config = stored.spec.to_config(name, "(admin API)");
+            self.loader
+                .respec(&rt, &tenant, &tenant.compiled, &config)?
+        } else {
+            tenant
+        };
+        let Origin::Api { version } = tenant.origin.clone() else {
+            unreachable!("loaded as an API tenant")
+        };
+        let warnings: Vec<String> = tenant.warning.iter().cloned().collect();
+        let kind = tenant.kind();
+        let mut entry = stored.clone();
+        // Deploying the version that serves again keeps the one before it for rollback.
+        match entry.current.take() {
+            Some(replaced) if replaced.id == version.id => {}
+            replaced => entry.previous = replaced,
+        }
+        entry.current = Some(version.clone());
+        let previous = entry.previous.clone();
+        let etag = entry.etag();
+        let change = Change {
+            name: name.to_string(),
+            base: Some(stored),
+            entry: Some(entry),
+            serve: Some(Some(Arc::new(tenant))),
+        };
+        self.commit(state, change).await?;
+        tracing::info!(
+            tenant = name,
+            version = %version.id,
+            bytes = version.module_bytes,
+            compile_ms = version.compile_ms,
+            "deployed"
+        );
+        Ok(Deployed {
+            version,
+            previous,
+            warnings,
+            kind,
+            etag,
+        })
+    }
+
+    /// Makes the previous version current again (and the current one previous, so a second
+    /// rollback undoes the first).
+    ///
+    /// # Errors
+    /// `404` unknown tenant, `409` nothing to roll back to or config-owned, `412` if the
+    /// tenant is not in the state `pre` requires.
+    pub async fn rollback(&self, name: &str, pre: &Precondition) -> Result<Deployed, ChangeError> {
+        let mut state = self.lock().await?;
+        Self::check_api_owned(&state, name)?;
+        let stored = state.truth().tenants.get(name).cloned();
+        pre.check(name, stored.as_ref())?;
+        let stored = stored.ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?;
+        let Some(target) = stored.previous.clone() else {
+            return Err(ChangeError::Conflict(format!(
+                "tenant {name:?} has no previous version to roll back to"
+            )));
+        };
+        let item = (name.to_string(), stored.spec.clone(), target.clone());
+        let loaded = self
+            .load_stored(vec![item], Some(self.live.load_full()))
+            .await
+            .pop()
+            .map_or_else(|| Err(internal("the version was not loaded")), |(_, r)| r);
+        let tenant = loaded?;
+        let kind = tenant.kind();
+        let mut entry = stored.clone();
+        entry.previous = entry.current.take();
+        entry.current = Some(target.clone());
+        let etag = entry.etag();
+        let change = Change {
+            name: name.to_string(),
+            base: Some(stored.clone()),
+            entry: Some(entry),
+            serve: Some(Some(Arc::new(tenant))),
+        };
+        self.commit(&mut state, change).await?;
+        tracing::info!(tenant = name, version = %target.id, "rolled back");
+        Ok(Deployed {
+            version: target,
+            previous: stored.current,
+            warnings: Vec::new(),
+            kind,
+            etag,
+        })
+    }
+
+    /// Removes an API tenant: it stops being routed at once; requests running finish.
+    ///
+    /// # Errors
+    /// `404` unknown tenant, `409` config-owned, `412` if the tenant is not in the state `pre`
+    /// requires.
+    pub async fn delete(&self, name: &str, pre: &Precondition) -> Result<(), ChangeError> {
+        let mut state = self.lock().await?;
+        Self::check_api_owned(&state, name)?;
+        pre.check(name, state.truth().tenants.get(name))?;
+        let Some(base) = state.truth().tenants.get(name).cloned() else {
+            return Err(ChangeError::NotFound(format!("no tenant {name:?}")));
+        };
+        let change = Change {
+            name: name.to_string(),
+            base: Some(base),
+            entry: None,
+            serve: Some(None),
+        };
+        self.commit(&mut state, change).await?;
+        tracing::info!(tenant = name, "deleted");
+        Ok(())
+    }
+}
