@@ -1,171 +1,11 @@
-//! The log's output: a writer that batches lines to stderr, and the per-request access line
-//! (what it holds, and a fast format for it).
-//!
-//! The writer: a worker appends each formatted line to a shared buffer and returns; one
-//! thread writes the buffer to stderr every [`FLUSH_EVERY`] (sooner once [`WAKE_AT`] bytes are
-//! waiting), so many lines cost one `write` and no worker ever waits on stderr or wakes a thread
-//! per line.
-//!
-//! Why not `tracing_appender::non_blocking`: it sends every line through a channel that wakes
-//! its writer thread, which then writes that line on its own: with one worker pinned to a core,
-//! a wake-up, a context switch and a `write` per request (context switches per request 0.126
-//! before, 0.093 after; see the cost ledger in loadtest/README.md).
+//! The per-request access line: what it holds ([`AccessRecord`]) and its fast format
+//! ([`AccessSink`]), which reads as `tracing_subscriber`'s text or JSON line.
 
 use std::fmt::Write as _;
-use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use tracing::Subscriber;
-
-/// The longest a line waits before it is written.
-pub const FLUSH_EVERY: Duration = Duration::from_millis(20);
-/// Bytes waiting that make the writer start at once.
-pub const WAKE_AT: usize = 64 * 1024;
-/// Most bytes waiting; lines beyond are dropped (and counted) rather than a worker blocked.
-pub const MAX_WAITING: usize = 4 * 1024 * 1024;
-
-struct Shared {
-    state: Mutex<State>,
-    wake: Condvar,
-    dropped: AtomicU64,
-}
-
-#[derive(Default)]
-struct State {
-    waiting: Vec<u8>,
-    closed: bool,
-}
-
-/// Hands lines to the writer thread; `tracing_subscriber`'s `with_writer` takes it.
-#[derive(Clone)]
-pub struct LogWriter {
-    shared: Arc<Shared>,
-}
-
-/// Writes what is waiting and stops the writer thread when dropped (keep it alive in `main`).
-#[must_use = "dropping the guard stops the log writer"]
-pub struct FlushGuard {
-    shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// Starts the writer thread over `out`.
-///
-/// # Panics
-/// If the thread cannot be started.
-pub fn start(out: impl Write + Send + 'static) -> (LogWriter, FlushGuard) {
-    let shared = Arc::new(Shared {
-        state: Mutex::new(State::default()),
-        wake: Condvar::new(),
-        dropped: AtomicU64::new(0),
-    });
-    let thread = std::thread::Builder::new()
-        .name("tern-log".into())
-        .spawn({
-            let shared = shared.clone();
-            move || write_loop(&shared, out)
-        })
-        .expect("start the log writer thread");
-    (
-        LogWriter {
-            shared: shared.clone(),
-        },
-        FlushGuard {
-            shared,
-            thread: Some(thread),
-        },
-    )
-}
-
-fn lock(shared: &Shared) -> MutexGuard<'_, State> {
-    // A panic while holding the lock leaves only bytes behind; keep logging.
-    shared.state.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write_loop(shared: &Shared, mut out: impl Write) {
-    let mut spare = Vec::new();
-    loop {
-        let closed = {
-            let mut state = lock(shared);
-            if !state.closed && state.waiting.len() < WAKE_AT {
-                state = shared
-                    .wake
-                    .wait_timeout(state, FLUSH_EVERY)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
-            std::mem::swap(&mut state.waiting, &mut spare);
-            state.closed
-        };
-        let dropped = shared.dropped.swap(0, Ordering::Relaxed);
-        if dropped > 0 {
-            let _ = writeln!(
-                spare,
-                "tern: {dropped} log lines dropped (more than {MAX_WAITING} bytes were waiting)"
-            );
-        }
-        if !spare.is_empty() {
-            // Nowhere to report a failing stderr; the lines are gone either way.
-            let _ = out.write_all(&spare).and_then(|()| out.flush());
-            spare.clear();
-        }
-        if closed && lock(shared).waiting.is_empty() {
-            return;
-        }
-    }
-}
-
-impl LogWriter {
-    /// Hands one whole line to the writer thread (dropped and counted past [`MAX_WAITING`]).
-    fn append(&self, line: &[u8]) {
-        let mut state = lock(&self.shared);
-        if state.waiting.len() + line.len() > MAX_WAITING {
-            drop(state);
-            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let was = state.waiting.len();
-        state.waiting.extend_from_slice(line);
-        let wake = was < WAKE_AT && state.waiting.len() >= WAKE_AT;
-        drop(state);
-        if wake {
-            self.shared.wake.notify_one();
-        }
-    }
-}
-
-impl Write for LogWriter {
-    /// Takes one whole line (`tracing_subscriber` writes each event with one `write_all`).
-    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
-        self.append(line);
-        Ok(line.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
-    type Writer = LogWriter;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
-impl Drop for FlushGuard {
-    fn drop(&mut self) {
-        lock(&self.shared).closed = true;
-        self.shared.wake.notify_one();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
+use super::LogWriter;
 
 /// The target of the per-request access line.
 pub const ACCESS_TARGET: &str = "tern::access";
@@ -225,7 +65,7 @@ fn header_text(v: Option<&http::HeaderValue>) -> Option<&str> {
 impl AccessRecord {
     /// Writes the line (target [`ACCESS_TARGET`], level info): `bytes` of body sent, and
     /// whether the body reached its end (`incomplete=true` when it did not). Through the
-    /// process's [`AccessSink`] when [`subscriber`] installed one (formatted here, directly),
+    /// process's [`AccessSink`] when [`subscriber`](super::subscriber) installed one (formatted here, directly),
     /// else as an ordinary `tracing` event with the same fields.
     pub fn write(&self, bytes: u64, complete: bool) {
         let total_us = u64::try_from(self.arrived.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -537,29 +377,6 @@ impl AccessSink {
     }
 }
 
-/// The process's log subscriber: events passing `filter` (an `EnvFilter` directive string such
-/// as `info,tern::access=off`) formatted as text (with colours when `ansi`) or JSON, handed to
-/// `writer`. It also makes `writer` the process's [`AccessSink`], in the same format.
-///
-/// # Errors
-/// If `filter` is not a valid directive string.
-pub fn subscriber(
-    filter: &str,
-    json: bool,
-    ansi: bool,
-    writer: LogWriter,
-) -> Result<Box<dyn Subscriber + Send + Sync>, tracing_subscriber::filter::ParseError> {
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(filter)?)
-        .with_writer(writer.clone());
-    ACCESS_SINK.store(Some(Arc::new(AccessSink { writer, json, ansi })));
-    Ok(if json {
-        Box::new(logs.json().finish())
-    } else {
-        Box::new(logs.with_ansi(ansi).finish())
-    })
-}
-
 /// Writes what is written to it as the inside of a JSON string (quotes, backslashes and control
 /// characters escaped).
 struct JsonEscape<'a>(&'a mut String);
@@ -634,96 +451,17 @@ fn civil_date(days: u64) -> (u64, u64, u64) {
     (yoe + era * 400 + u64::from(m <= 2), m, d)
 }
 
-/// A per-second budget of guest log lines, shared by all of a tenant's requests (lock-free; at a
-/// second's boundary a few lines more or less may pass, which is fine for a log).
-#[derive(Debug)]
-pub struct LogBudget {
-    per_sec: u32,
-    second: std::sync::atomic::AtomicU64,
-    used: std::sync::atomic::AtomicU32,
-    dropped: prometheus::IntCounter,
-}
-
-impl LogBudget {
-    /// A budget of `per_sec` lines a second; refused lines are counted in `dropped`.
-    pub fn new(per_sec: u32, dropped: prometheus::IntCounter) -> Self {
-        Self {
-            per_sec,
-            second: Default::default(),
-            used: Default::default(),
-            dropped,
-        }
-    }
-
-    /// Whether one more line may be logged now.
-    pub fn allow(&self) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        let now = EPOCH
-            .get_or_init(std::time::Instant::now)
-            .elapsed()
-            .as_secs();
-        if self.second.swap(now, Relaxed) != now {
-            self.used.store(0, Relaxed);
-        }
-        let ok = self.used.fetch_add(1, Relaxed) < self.per_sec;
-        if !ok {
-            self.dropped.inc();
-        }
-        ok
-    }
+/// Makes `writer` the process's access sink, writing JSON or text (with colours when `ansi`).
+pub(super) fn install(writer: LogWriter, json: bool, ansi: bool) {
+    ACCESS_SINK.store(Some(Arc::new(AccessSink { writer, json, ansi })));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A `Write` whose bytes the test can read, counting the writes.
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<(Vec<u8>, usize)>>);
-
-    impl Write for Sink {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            let mut s = self.0.lock().unwrap();
-            s.0.extend_from_slice(b);
-            s.1 += 1;
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn lines_arrive_whole_in_order_in_few_writes_and_all_by_the_guard() {
-        let sink = Sink::default();
-        let (writer, guard) = start(sink.clone());
-        let threads: Vec<_> = (0..4)
-            .map(|t| {
-                let mut w = writer.clone();
-                std::thread::spawn(move || {
-                    for i in 0..1000 {
-                        w.write_all(format!("t{t} line {i}\n").as_bytes()).unwrap();
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        drop(guard);
-        let (bytes, writes) = sink.0.lock().unwrap().clone();
-        let text = String::from_utf8(bytes).unwrap();
-        for t in 0..4 {
-            let mine: Vec<&str> = text
-                .lines()
-                .filter(|l| l.starts_with(&format!("t{t} ")))
-                .collect();
-            let want: Vec<String> = (0..1000).map(|i| format!("t{t} line {i}")).collect();
-            assert_eq!(mine, want);
-        }
-        assert!(writes < 400, "{writes} writes for 4000 lines");
-    }
+    use crate::logwriter::start;
+    use crate::logwriter::tests::Sink;
+    use tracing::Subscriber;
 
     #[test]
     fn dates_are_the_calendar_dates_of_their_day_counts() {
@@ -858,56 +596,5 @@ mod tests {
         let t = String::from_utf8(out).unwrap();
         assert_eq!(t.len(), "2026-11-23T03:36:42.942409Z".len(), "{t}");
         assert!(t.ends_with('Z') && t.as_bytes()[19] == b'.', "{t}");
-    }
-
-    #[test]
-    fn a_line_waits_at_most_about_one_flush_interval() {
-        let sink = Sink::default();
-        let (mut writer, _guard) = start(sink.clone());
-        writer.write_all(b"soon\n").unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while sink.0.lock().unwrap().0.is_empty() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the line was never written"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(sink.0.lock().unwrap().0, b"soon\n");
-    }
-
-    #[test]
-    fn lines_over_the_limit_are_dropped_and_counted_not_blocked() {
-        /// A stderr that never returns until released: everything else must wait in memory.
-        struct Stuck(Arc<Mutex<()>>, Sink);
-        impl Write for Stuck {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                let _held = self.0.lock().unwrap();
-                self.1.write(b)
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let gate = Arc::new(Mutex::new(()));
-        let sink = Sink::default();
-        let held = gate.lock().unwrap();
-        let (mut writer, guard) = start(Stuck(gate.clone(), sink.clone()));
-        let line = vec![b'x'; 1023];
-        let mut line = line;
-        line.push(b'\n');
-        // Enough to be taken once, then more than the limit while the writer is stuck.
-        for _ in 0..(3 * MAX_WAITING / line.len()) {
-            writer.write_all(&line).unwrap();
-        }
-        drop(held);
-        drop(guard);
-        let text = String::from_utf8(sink.0.lock().unwrap().0.clone()).unwrap();
-        assert!(text.contains("log lines dropped"), "no drop note");
-        assert!(
-            text.len() <= 2 * MAX_WAITING + 200,
-            "{} bytes kept",
-            text.len()
-        );
     }
 }
