@@ -31,9 +31,10 @@ pub const FRAMING_HEADERS: [&str; 7] = [
     "proxy-connection",
 ];
 
-/// A streaming body ended early because its guest failed after the head was sent.
+/// A body a guest was streaming ended early: the guest failed or ended before finishing it (a
+/// response whose head was sent, or an outbound request's body).
 #[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("the guest failed after its response had started; the body is incomplete")]
+#[error("the guest ended before finishing the body; it is incomplete")]
 pub struct BodyAborted;
 
 /// One chunk of a streaming body, or the reason it stopped.

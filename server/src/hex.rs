@@ -24,6 +24,17 @@ pub fn encode_into(bytes: &[u8], out: &mut [u8]) {
     }
 }
 
+/// `N` bytes from the system's secure random source, as hex: ids that must not collide
+/// across processes and machines (a change, a probe's scratch directory, a lease holder).
+///
+/// # Panics
+/// If the system's random source fails (the process cannot do anything safely then).
+pub fn random_id<const N: usize>() -> String {
+    let mut id = [0u8; N];
+    aws_lc_rs::rand::fill(&mut id).expect("the system's random source");
+    encode(&id)
+}
+
 /// `bytes` as hex.
 pub fn encode(bytes: &[u8]) -> String {
     let mut out = vec![0u8; bytes.len() * 2];

@@ -25,4 +25,4 @@ mod tls;
 pub use calls::{CDN_LOOP, Calls, Failed, Passing, Refused, TRACEPARENT, TRACESTATE};
 pub use client::{BoxError, Counted, HttpClient, Resolver, client};
 pub use policy::*;
-pub use send::{BodyAborted, ComponentCalls, HeadError, OutBody, send};
+pub use send::{ComponentCalls, HeadError, OutBody, send};

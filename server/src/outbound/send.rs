@@ -7,6 +7,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+
+use crate::body::BodyAborted;
 use http::{Request, Response};
 
 use super::HttpClient;
@@ -146,11 +148,6 @@ pub struct ComponentCalls {
     /// then fails toward the backend instead of ending cleanly.
     pub failed: std::sync::atomic::AtomicBool,
 }
-
-/// A streamed outbound body whose guest ended before finishing it.
-#[derive(Debug, thiserror::Error)]
-#[error("the guest ended before finishing the request body")]
-pub struct BodyAborted;
 
 impl http_body::Body for OutBody {
     type Data = Bytes;

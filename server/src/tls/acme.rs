@@ -91,17 +91,13 @@ impl Manager {
         tenant_hosts: TenantHosts,
         metrics: &crate::metrics::Metrics,
     ) -> Self {
-        let mut id = [0u8; 8];
-        let _ = rustls::crypto::aws_lc_rs::default_provider()
-            .secure_random
-            .fill(&mut id);
         Self {
             config,
             base_dir: base_dir.to_path_buf(),
             certificates,
             account_dir: data_dir.join("acme"),
             tenant_hosts,
-            holder: format!("{}-{}", std::process::id(), crate::hex::encode(&id)),
+            holder: format!("{}-{}", std::process::id(), crate::hex::random_id::<8>()),
             orders: metrics.acme_orders.clone(),
             account: None,
             retry: HashMap::new(),

@@ -32,13 +32,9 @@ const RACERS: usize = 8;
 /// If the store cannot be reached or refuses ordinary reads and writes (credentials, a missing
 /// bucket): nothing could be checked.
 pub async fn probe(store: &Arc<dyn ObjectStore>, prefix: &Path) -> Result<Vec<Check>, String> {
-    let mut id = [0u8; 8];
-    let _ = rustls::crypto::aws_lc_rs::default_provider()
-        .secure_random
-        .fill(&mut id);
     let scratch = prefix
         .clone()
-        .join(format!(".tern-probe-{}", crate::hex::encode(&id)));
+        .join(format!(".tern-probe-{}", crate::hex::random_id::<8>()));
     let result = checks(store, &scratch).await;
     // The scratch objects go, whatever happened.
     for name in ["created", "updated", "read", "create-race", "update-race"] {

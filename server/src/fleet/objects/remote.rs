@@ -93,11 +93,7 @@ pub const CHANGES_KEPT: usize = 64;
 /// A new change id (128 random bits, hex): recorded in the object a change writes, so the
 /// writer recognises its change when it reads the object back after a lost reply.
 pub fn change_id() -> String {
-    let mut id = [0u8; 16];
-    let _ = rustls::crypto::aws_lc_rs::default_provider()
-        .secure_random
-        .fill(&mut id);
-    crate::hex::encode(&id)
+    crate::hex::random_id::<16>()
 }
 
 /// Adds `id` to the change ids `changes` of an object (keeping the last [`CHANGES_KEPT`]).

@@ -111,7 +111,7 @@ impl WasiHttpHooks for Hooks {
             };
             let (parts, body) = request.into_parts();
             let body = http_body_util::Limited::new(body, calls.policy.max_request_bytes as usize)
-                .map_err(|_| outbound::BodyAborted)
+                .map_err(|_| crate::body::BodyAborted)
                 .boxed_unsync();
             let req = Request::from_parts(parts, OutBody::component(body, shared.clone()));
             let started = Instant::now();
