@@ -79,8 +79,8 @@ enum Command {
         /// The project's name (a-z, 0-9, '-', '_').
         name: String,
         /// Its guest kind.
-        #[arg(long, value_enum, default_value_t = tern::scaffold::Kind::Tern)]
-        kind: tern::scaffold::Kind,
+        #[arg(long, value_enum, default_value_t = tern::config::GuestKind::Tern)]
+        kind: tern::config::GuestKind,
         /// Its language.
         #[arg(long, value_enum, default_value_t = tern::scaffold::Lang::Rust)]
         lang: tern::scaffold::Lang,

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
+use crate::config::GuestKind;
+
 /// The language of a new project.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
@@ -23,24 +25,13 @@ pub enum Lang {
     Zig,
 }
 
-/// The guest kind of a new project (see the README's "Guest kinds").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Kind {
-    /// Tern's ABI: Rust with the SDK, C with `tern.h`, or Zig.
-    Tern,
-    /// A `wasi:http/proxy` component (Rust only), as `wasmtime serve` and Spin run them.
-    WasiHttp,
-    /// A plain WASI program answering as a CGI script (Rust `std` or C).
-    Cgi,
-}
-
 /// The files of a project: relative path and contents with `{{name}}`, `{{crate}}` and
 /// `{{sdk_version}}` still in place.
-fn files(kind: Kind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'static, str>)>> {
+fn files(kind: GuestKind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'static, str>)>> {
     let abi_md = include_str!("../../guest-sdk/ABI.md");
     let rust_config = include_str!("../templates/rust/cargo-config.toml.in");
     let files: Vec<(&str, &str)> = match (kind, lang) {
-        (Kind::Tern, Lang::Rust) => vec![
+        (GuestKind::Tern, Lang::Rust) => vec![
             (
                 "Cargo.toml",
                 include_str!("../templates/rust/Cargo.toml.in"),
@@ -71,7 +62,7 @@ fn files(kind: Kind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'stati
             ("tern-sdk/ABI.md", abi_md),
             (".gitignore", "/target\n"),
         ],
-        (Kind::Tern, Lang::C) => vec![
+        (GuestKind::Tern, Lang::C) => vec![
             ("main.c", include_str!("../templates/c/main.c")),
             ("build.sh", include_str!("../templates/c/build.sh")),
             ("README.md", include_str!("../templates/c/README.md")),
@@ -82,14 +73,14 @@ fn files(kind: Kind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'stati
             ("ABI.md", abi_md),
             (".gitignore", "*.wasm\n"),
         ],
-        (Kind::Tern, Lang::Zig) => vec![
+        (GuestKind::Tern, Lang::Zig) => vec![
             ("main.zig", include_str!("../templates/zig/main.zig")),
             ("build.sh", include_str!("../templates/zig/build.sh")),
             ("README.md", include_str!("../templates/zig/README.md")),
             ("ABI.md", abi_md),
             (".gitignore", "*.wasm\n*.o\n.zig-cache/\n"),
         ],
-        (Kind::WasiHttp, Lang::Rust) => {
+        (GuestKind::WasiHttp, Lang::Rust) => {
             // The example's lock, so the project builds with the versions Tern's tests use.
             let lock = include_str!("../../guest-sdk/examples/wasi-http/Cargo.lock")
                 .replace("\"wasi-http-example\"", "\"{{name}}\"");
@@ -117,7 +108,7 @@ fn files(kind: Kind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'stati
             }
             return Ok(v);
         }
-        (Kind::Cgi, Lang::Rust) => vec![
+        (GuestKind::Cgi, Lang::Rust) => vec![
             ("Cargo.toml", include_str!("../templates/cgi/Cargo.toml.in")),
             (".cargo/config.toml", rust_config),
             (
@@ -127,17 +118,17 @@ fn files(kind: Kind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'stati
             ("README.md", include_str!("../templates/cgi/README-rust.md")),
             (".gitignore", "/target\n"),
         ],
-        (Kind::Cgi, Lang::C) => vec![
+        (GuestKind::Cgi, Lang::C) => vec![
             ("main.c", include_str!("../../guest-sdk/examples/c/cgi.c")),
             ("build.sh", include_str!("../templates/cgi/build.sh")),
             ("README.md", include_str!("../templates/cgi/README-c.md")),
             (".gitignore", "*.wasm\n"),
         ],
-        (Kind::WasiHttp, _) => bail!(
+        (GuestKind::WasiHttp, _) => bail!(
             "a wasi-http project is made in Rust only (--lang rust); components from other \
              languages (jco, componentize-py, TinyGo) deploy the same way once built"
         ),
-        (Kind::Cgi, Lang::Zig) => bail!("a cgi project is made in Rust or C (--lang rust|c)"),
+        (GuestKind::Cgi, Lang::Zig) => bail!("a cgi project is made in Rust or C (--lang rust|c)"),
     };
     Ok(files.into_iter().map(|(p, t)| (p, t.into())).collect())
 }
@@ -148,7 +139,7 @@ fn files(kind: Kind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'stati
 /// # Errors
 /// A name that is not 1-64 of `a-z0-9_-` starting with a letter, a kind not made in `lang`, an
 /// existing directory, or a file that cannot be written.
-pub fn create(parent: &Path, name: &str, kind: Kind, lang: Lang) -> anyhow::Result<PathBuf> {
+pub fn create(parent: &Path, name: &str, kind: GuestKind, lang: Lang) -> anyhow::Result<PathBuf> {
     let valid = name.len() <= 64
         && name.starts_with(|c: char| c.is_ascii_lowercase())
         && name
@@ -183,10 +174,10 @@ pub fn create(parent: &Path, name: &str, kind: Kind, lang: Lang) -> anyhow::Resu
 }
 
 /// The one command that builds a project, and where its module lands.
-pub fn build_hint(kind: Kind, lang: Lang, name: &str) -> (&'static str, String) {
+pub fn build_hint(kind: GuestKind, lang: Lang, name: &str) -> (&'static str, String) {
     match (kind, lang) {
         // A library crate's file name has `_` for `-`.
-        (Kind::WasiHttp, _) => (
+        (GuestKind::WasiHttp, _) => (
             "cargo build --release",
             format!(
                 "target/wasm32-wasip2/release/{}.wasm",
@@ -208,16 +199,16 @@ mod tests {
     #[test]
     fn projects_are_written_once_with_their_name() {
         let dir = tempfile::tempdir().unwrap();
-        let p = create(dir.path(), "my-handler", Kind::Tern, Lang::Rust).unwrap();
+        let p = create(dir.path(), "my-handler", GuestKind::Tern, Lang::Rust).unwrap();
         let cargo = std::fs::read_to_string(p.join("Cargo.toml")).unwrap();
         assert!(cargo.contains("name = \"my-handler\"") && !cargo.contains("{{"));
         assert!(p.join("tern-sdk/src/outbound.rs").exists());
         assert!(
-            create(dir.path(), "my-handler", Kind::Tern, Lang::C).is_err(),
+            create(dir.path(), "my-handler", GuestKind::Tern, Lang::C).is_err(),
             "exists"
         );
-        assert!(create(dir.path(), "Bad Name", Kind::Tern, Lang::C).is_err());
-        let c = create(dir.path(), "c1", Kind::Tern, Lang::C).unwrap();
+        assert!(create(dir.path(), "Bad Name", GuestKind::Tern, Lang::C).is_err());
+        let c = create(dir.path(), "c1", GuestKind::Tern, Lang::C).unwrap();
         assert!(
             std::fs::read_to_string(c.join("build.sh"))
                 .unwrap()
@@ -228,21 +219,21 @@ mod tests {
     #[test]
     fn components_and_cgi_programs_have_their_own_projects() {
         let dir = tempfile::tempdir().unwrap();
-        let p = create(dir.path(), "my-comp", Kind::WasiHttp, Lang::Rust).unwrap();
+        let p = create(dir.path(), "my-comp", GuestKind::WasiHttp, Lang::Rust).unwrap();
         let lock = std::fs::read_to_string(p.join("Cargo.lock")).unwrap();
         assert!(lock.contains("name = \"my-comp\"") && !lock.contains("wasi-http-example"));
         let readme = std::fs::read_to_string(p.join("README.md")).unwrap();
         assert!(readme.contains("release/my_comp.wasm") && !readme.contains("{{"));
         assert_eq!(
-            build_hint(Kind::WasiHttp, Lang::Rust, "my-comp").1,
+            build_hint(GuestKind::WasiHttp, Lang::Rust, "my-comp").1,
             "target/wasm32-wasip2/release/my_comp.wasm"
         );
-        let e = create(dir.path(), "c-comp", Kind::WasiHttp, Lang::C).unwrap_err();
+        let e = create(dir.path(), "c-comp", GuestKind::WasiHttp, Lang::C).unwrap_err();
         assert!(e.to_string().contains("Rust only"), "{e}");
         assert!(!dir.path().join("c-comp").exists(), "nothing written");
-        let e = create(dir.path(), "z", Kind::Cgi, Lang::Zig).unwrap_err();
+        let e = create(dir.path(), "z", GuestKind::Cgi, Lang::Zig).unwrap_err();
         assert!(e.to_string().contains("Rust or C"), "{e}");
-        let p = create(dir.path(), "my-cgi", Kind::Cgi, Lang::C).unwrap();
+        let p = create(dir.path(), "my-cgi", GuestKind::Cgi, Lang::C).unwrap();
         assert!(
             std::fs::read_to_string(p.join("main.c"))
                 .unwrap()

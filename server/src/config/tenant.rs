@@ -184,7 +184,7 @@ impl<R> TenantSettings<R> {
 /// --kind`). Detected from the module when not given: a component exporting
 /// `wasi:http/incoming-handler` is `wasi-http`; a core module importing from `tern` is `tern`;
 /// any other WASI command (`_start`) is `cgi`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum GuestKind {
     /// Tern's own ABI v1 (the guest SDK, `tern.h`): a fresh instance's `_start` per request.
