@@ -10,6 +10,10 @@ use std::process::Command;
 #[path = "guest_build.rs"]
 mod guest_build;
 
+/// The demo guests built from guest-sdk/examples (`cgi` a plain Rust program served as CGI,
+/// the rest on the Tern ABI), in the order `tern serve` lists them; the `wasi-http` component
+/// follows. This is the one list: `src/demo.rs` embeds what `demo_guests.rs` (written here)
+/// names.
 const GUESTS: [&str; 9] = [
     "hello",
     "echo",
@@ -53,24 +57,42 @@ fn main() {
         "building the demo guests failed; is the wasm32-wasip1 target installed? \
          (`rustup target add wasm32-wasip1`)"
     );
+    let mut embedded = Vec::new();
     for name in GUESTS {
         let wasm = target_dir.join(format!("wasm32-wasip1/guest/examples/{name}.wasm"));
         assert!(wasm.exists(), "{} was not built", wasm.display());
-        println!(
-            "cargo:rustc-env=TERN_GUEST_{}={}",
-            name.to_uppercase(),
-            wasm.display()
-        );
+        embedded.push((name, wasm));
     }
     let component = guest_build::component(
         &root.join("guest-sdk/examples/wasi-http"),
         "wasi_http_example",
         &target_dir,
     );
-    println!(
-        "cargo:rustc-env=TERN_GUEST_WASI_HTTP={}",
-        component.display()
+    embedded.push(("wasi-http", component));
+    write_embedded(&out.join("demo_guests.rs"), &embedded);
+}
+
+/// Writes the names of the demo guests and a function giving each one's embedded bytes.
+fn write_embedded(file: &std::path::Path, guests: &[(&str, PathBuf)]) {
+    let names: Vec<String> = guests.iter().map(|(n, _)| format!("{n:?}")).collect();
+    let arms: Vec<String> = guests
+        .iter()
+        .map(|(n, wasm)| {
+            let path = wasm.to_str().expect("the build directory's path is UTF-8");
+            format!("        {n:?} => include_bytes!({path:?}),\n")
+        })
+        .collect();
+    let code = format!(
+        "/// Names of the built-in modules.\n\
+         pub const NAMES: [&str; {}] = [{}];\n\n\
+         /// The `.wasm` bytes of built-in module `name`.\n\
+         pub fn module(name: &str) -> Option<&'static [u8]> {{\n    \
+         Some(match name {{\n{}        _ => return None,\n    }})\n}}\n",
+        guests.len(),
+        names.join(", "),
+        arms.concat()
     );
+    std::fs::write(file, code).expect("write demo_guests.rs");
 }
 
 /// On a fresh machine the wasm32-wasip1 standard library may be missing although
