@@ -359,7 +359,7 @@ async fn certificates(
     parts: &[&str],
     req: Request<Incoming>,
 ) -> Result<(StatusCode, Value), ChangeError> {
-    use crate::tls::uploads::{Refused, Upload};
+    use crate::tls::uploads::Upload;
     let Some(certificates) = app.registry.certificates() else {
         return Err(ChangeError::Conflict(
             "this server has no TLS listener: set server.tls_listen (and restart) to serve \
@@ -367,20 +367,10 @@ async fn certificates(
                 .into(),
         ));
     };
-    let refused = |e: Refused| match e {
-        Refused::Invalid(m) => ChangeError::Invalid(m),
-        Refused::Unusable(m) => ChangeError::Unprocessable(m),
-        Refused::Conflict(m) => ChangeError::Conflict(m),
-        Refused::NotFound(m) => ChangeError::NotFound(m),
-        Refused::Internal(m) => ChangeError::Internal(m),
-        Refused::Unavailable(m) => ChangeError::Unavailable(m),
-    };
     match (method, parts) {
-        (&Method::GET, ["certificates"]) => certificates
-            .describe()
-            .await
-            .map(|v| (StatusCode::OK, v))
-            .map_err(refused),
+        (&Method::GET, ["certificates"]) => {
+            certificates.describe().await.map(|v| (StatusCode::OK, v))
+        }
         (&Method::PUT, ["certificates", name]) => {
             let body = read_body(req, MAX_JSON_BYTES).await?;
             let upload: Upload = serde_json::from_slice(&body).map_err(|e| {
@@ -389,10 +379,7 @@ async fn certificates(
                      PEM}}: {e}"
                 ))
             })?;
-            let created = certificates
-                .put_uploaded(name, upload)
-                .await
-                .map_err(refused)?;
+            let created = certificates.put_uploaded(name, upload).await?;
             let status = if created {
                 StatusCode::CREATED
             } else {
@@ -403,8 +390,7 @@ async fn certificates(
         (&Method::DELETE, ["certificates", name]) => certificates
             .delete_stored(name)
             .await
-            .map(|()| (StatusCode::OK, json!({ "deleted": name })))
-            .map_err(refused),
+            .map(|()| (StatusCode::OK, json!({ "deleted": name }))),
         _ => Err(ChangeError::MethodNotAllowed(format!(
             "{method} is not allowed on /admin/v1/{}",
             parts.join("/")

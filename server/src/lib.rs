@@ -66,6 +66,7 @@
 //! - [`metrics`], [`admin`]: Prometheus metrics; the admin listener and API.
 //! - [`cli`]: the admin API's client (`tern deploy`, `tern tenants`, ...); [`dev`]: `tern dev`;
 //!   [`scaffold`]: `tern new`.
+//! - [`change`]: why an admin change (a tenant, a certificate) was refused, and its status.
 //! - [`config`]: the TOML schema, defaults and validation; [`ceilings`]: the ceiling of every
 //!   per-tenant setting and the one check against them (config, admin API, outbound policy).
 //! - [`server`], [`shutdown`]: start-up and signal handling.
@@ -84,6 +85,7 @@ pub mod artifact;
 pub mod assets;
 pub mod body;
 pub mod ceilings;
+pub mod change;
 pub mod cli;
 pub mod config;
 pub mod context;

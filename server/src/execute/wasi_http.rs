@@ -14,7 +14,7 @@ use super::{BodyEnd, Ended, Run, RunOutput, Stage, classify, new_store, reply, v
 use crate::body::BodyFlags;
 use crate::guest::GuestRequest;
 use crate::guest::slice::Slicing;
-use crate::guest::wasi_http::{Answer, Handler, HttpState, Proxy, incoming, pump, pump_parts};
+use crate::guest::wasi_http::{Handler, HttpState, Proxy, Unanswered, incoming, pump, pump_parts};
 use crate::outcome::{ExecError, Outcome, response_limit};
 use crate::teardown;
 use crate::tenant::Tenant;
@@ -101,7 +101,9 @@ pub(super) async fn run(
                             .await
                             .map_err(Stage::Run)?
                             .map_err(|code| {
-                                Stage::Answer(answer_error(Answer::ErrorP3(format!("{code:?}"))))
+                                Stage::Answer(answer_error(Unanswered::ErrorP3(format!(
+                                    "{code:?}"
+                                ))))
                             })?;
                         let answer = acc
                             .with(|s| answer.into_http(s, async { Ok(()) }))
@@ -227,27 +229,27 @@ async fn probe_memory(
 }
 
 /// The failure for a component answer that could not be taken.
-fn answer_error(a: Answer) -> ExecError {
+fn answer_error(a: Unanswered) -> ExecError {
     match a {
-        Answer::NoResponse => ExecError::new(
+        Unanswered::NoResponse => ExecError::new(
             Outcome::BadOutput,
             "the component returned without setting a response (ResponseOutparam::set)",
         ),
-        Answer::Error(code) => ExecError::new(
+        Unanswered::Error(code) => ExecError::new(
             Outcome::BadOutput,
             format!("the component answered with an error: {code:?}"),
         ),
-        Answer::ErrorP3(code) => ExecError::new(
+        Unanswered::ErrorP3(code) => ExecError::new(
             Outcome::BadOutput,
             format!("the component answered with an error: {code}"),
         ),
-        Answer::Limit => response_limit(),
-        Answer::BodyFailed(why) => ExecError::new(
+        Unanswered::Limit => response_limit(),
+        Unanswered::BodyFailed(why) => ExecError::new(
             Outcome::BadOutput,
             format!("the component's response body failed before its end: {why}"),
         ),
-        Answer::ClientGone => ExecError::new(Outcome::Error, "the client went away"),
-        Answer::Unfinished => ExecError::new(
+        Unanswered::ClientGone => ExecError::new(Outcome::Error, "the client went away"),
+        Unanswered::Unfinished => ExecError::new(
             Outcome::BadOutput,
             "the component returned from its handler without finishing its response body \
              (outgoing-body.finish), so the body is incomplete (componentize-js does this when \

@@ -1,6 +1,6 @@
 //! One guest's outbound requests, whatever its kind: the checks before a request is made, what
 //! it carries from the incoming request, and the exchange (client, budget, send, timeouts,
-//! metrics). Each guest ABI keeps only an adapter that maps [`Refused`] and [`Failed`] to its
+//! metrics). Each guest ABI keeps only an adapter that maps [`Refused`] and [`NoHead`] to its
 //! own errors (`tern`'s errnos, `wasi:http`'s error codes).
 
 use std::sync::Arc;
@@ -115,7 +115,7 @@ pub enum Refused {
 /// Why an exchange got no response head. Its text is what the guest reads (`tern`'s
 /// `outbound_last_error`), so it says which setting bounded it.
 #[derive(Debug, thiserror::Error)]
-pub enum Failed {
+pub enum NoHead {
     /// The client for the target could not be made (its TLS roots).
     #[error("{0}")]
     NoClient(String),
@@ -139,7 +139,7 @@ pub enum Failed {
     Total(Duration),
 }
 
-impl Failed {
+impl NoHead {
     /// Whether a timeout ended it.
     pub fn is_timeout(&self) -> bool {
         matches!(
@@ -229,14 +229,14 @@ impl Calls {
     /// tenant's outbound metrics either way.
     ///
     /// # Errors
-    /// [`Failed`].
+    /// [`NoHead`].
     pub async fn exchange(
         &self,
         target: &Target,
         req: Request<OutBody>,
         first_byte: Duration,
         passing: &Passing,
-    ) -> Result<(Response<Incoming>, OwnedSemaphorePermit), Failed> {
+    ) -> Result<(Response<Incoming>, OwnedSemaphorePermit), NoHead> {
         let result = self.exchange_inner(target, req, first_byte, passing).await;
         match &result {
             Ok((resp, _)) => self.count(&target.label, class(resp.status().as_u16())),
@@ -254,8 +254,8 @@ impl Calls {
         mut req: Request<OutBody>,
         first_byte: Duration,
         passing: &Passing,
-    ) -> Result<(Response<Incoming>, OwnedSemaphorePermit), Failed> {
-        let client = client(target, &self.opened).map_err(Failed::NoClient)?;
+    ) -> Result<(Response<Incoming>, OwnedSemaphorePermit), NoHead> {
+        let client = client(target, &self.opened).map_err(NoHead::NoClient)?;
         let headers = req.headers_mut();
         headers.insert(HOST, target.host.clone());
         let span = passing.stamp(headers);
@@ -269,22 +269,22 @@ impl Calls {
                 .clone()
                 .acquire_owned()
                 .await
-                .map_err(|_| Failed::Request("the backend's budget is closed".into()))?;
+                .map_err(|_| NoHead::Request("the backend's budget is closed".into()))?;
             match send(&client, req, first_byte).await {
                 Ok(resp) => Ok((resp, permit)),
                 Err(HeadError::Failed(e)) if e.is_connect() && timed_out(&e) => {
-                    Err(Failed::ConnectTimeout(target.timeouts.connect))
+                    Err(NoHead::ConnectTimeout(target.timeouts.connect))
                 }
                 Err(HeadError::Failed(e)) if e.is_connect() => {
-                    Err(Failed::Connect(crate::error_chain(&e)))
+                    Err(NoHead::Connect(crate::error_chain(&e)))
                 }
-                Err(HeadError::Failed(e)) => Err(Failed::Request(crate::error_chain(&e))),
-                Err(HeadError::FirstByte) => Err(Failed::FirstByte(first_byte)),
+                Err(HeadError::Failed(e)) => Err(NoHead::Request(crate::error_chain(&e))),
+                Err(HeadError::FirstByte) => Err(NoHead::FirstByte(first_byte)),
             }
         };
         let result = tokio::time::timeout(total, exchange)
             .await
-            .unwrap_or(Err(Failed::Total(total)));
+            .unwrap_or(Err(NoHead::Total(total)));
         if result.is_ok() {
             self.duration.observe(started.elapsed().as_secs_f64());
         }

@@ -22,7 +22,7 @@ mod policy;
 mod send;
 mod tls;
 
-pub use calls::{CDN_LOOP, Calls, Failed, Passing, Refused, TRACEPARENT, TRACESTATE};
+pub use calls::{CDN_LOOP, Calls, NoHead, Passing, Refused, TRACEPARENT, TRACESTATE};
 pub use client::{BoxError, Counted, HttpClient, Resolver, client};
 pub use policy::*;
 pub use send::{ComponentCalls, HeadError, OutBody, send};

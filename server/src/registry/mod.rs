@@ -46,7 +46,7 @@ mod shared;
 mod spec;
 mod upload;
 
-pub use error::ChangeError;
+pub use crate::change::ChangeError;
 use error::internal;
 use loader::{Loader, Runtime};
 pub use precondition::Precondition;

@@ -23,7 +23,7 @@ use instant_acme::{
 use sha2::{Digest, Sha256};
 
 use super::challenge::{Challenge, alpn_certificate};
-use super::stored::{Index, Record, Source};
+use super::stored::{CertificateIndex, Record, Source};
 use super::{Certificates, Loaded};
 use crate::config::{AcmeChallenge, AcmeConfig};
 use crate::shutdown::Shutdown;
@@ -67,14 +67,14 @@ impl std::fmt::Debug for Manager {
 }
 
 /// Why an order did not produce a certificate.
-pub(super) enum Failed {
+pub(super) enum OrderFailed {
     /// Another process holds the name's lease.
     Busy,
     /// The CA refused, could not be reached, or gave something unusable.
     Error(String),
 }
 
-impl<E: std::error::Error> From<E> for Failed {
+impl<E: std::error::Error> From<E> for OrderFailed {
     fn from(e: E) -> Self {
         Self::Error(crate::error_chain(&e))
     }
@@ -120,7 +120,7 @@ impl Manager {
     }
 
     /// Serves what the store holds (if it changed since `seen`), then orders what is due.
-    async fn round(&mut self, seen: &mut Option<Index>) {
+    async fn round(&mut self, seen: &mut Option<CertificateIndex>) {
         let Some(index) = self.sync(seen).await else {
             return;
         };
@@ -152,11 +152,11 @@ impl Manager {
                         if current.is_some() { "renewed" } else { "obtained" }
                     );
                 }
-                Err(Failed::Busy) => {
+                Err(OrderFailed::Busy) => {
                     self.orders.with_label_values(&["busy"]).inc();
                     tracing::debug!(host = %host, "ACME: another process is ordering this name");
                 }
-                Err(Failed::Error(e)) => {
+                Err(OrderFailed::Error(e)) => {
                     self.orders.with_label_values(&["failed"]).inc();
                     let wait = self
                         .config
@@ -177,13 +177,13 @@ impl Manager {
     }
 
     /// Reads the store's index and, if its certificates changed since `seen`, serves them.
-    async fn sync(&self, seen: &mut Option<Index>) -> Option<Index> {
+    async fn sync(&self, seen: &mut Option<CertificateIndex>) -> Option<CertificateIndex> {
         self.certificates.sync_stored(seen).await
     }
 
     /// The names to keep certificates for: the configured ones, else the tenants' exact host
     /// names; less those a config-file or uploaded certificate serves.
-    fn wanted(&self, index: &Index) -> Vec<String> {
+    fn wanted(&self, index: &CertificateIndex) -> Vec<String> {
         let names: Vec<String> = if self.config.hosts.is_empty() {
             (self.tenant_hosts)()
                 .into_iter()
@@ -346,7 +346,11 @@ impl Manager {
     }
 
     /// Orders a certificate for `host` under its lease, stores it and returns its record.
-    async fn obtain(&mut self, host: &str, current: Option<&Record>) -> Result<Record, Failed> {
+    async fn obtain(
+        &mut self,
+        host: &str,
+        current: Option<&Record>,
+    ) -> Result<Record, OrderFailed> {
         let (store, h, holder) = (
             self.certificates.store.clone(),
             host.to_string(),
@@ -368,14 +372,14 @@ impl Manager {
         })
         .await??;
         if !leased {
-            return Err(Failed::Busy);
+            return Err(OrderFailed::Busy);
         }
         let ordered = tokio::time::timeout(
             Duration::from_secs(LEASE_SECONDS - 60),
             self.order(host, current),
         )
         .await
-        .unwrap_or_else(|_| Err(Failed::Error("the order took too long".into())));
+        .unwrap_or_else(|_| Err(OrderFailed::Error("the order took too long".into())));
         let (store, h, holder) = (
             self.certificates.store.clone(),
             host.to_string(),
@@ -398,7 +402,7 @@ impl Manager {
     /// In a fleet, puts the answer to `host`'s challenge in the registry's index, and waits
     /// until every replica has read it: the CA's validation may reach any of them. (It leaves
     /// the index with the order's lease.) Nothing to do for one data directory.
-    async fn publish_challenge(&self, host: &str, challenge: Challenge) -> Result<(), Failed> {
+    async fn publish_challenge(&self, host: &str, challenge: Challenge) -> Result<(), OrderFailed> {
         let store = self.certificates.store.clone();
         let Some(wait) = store.propagation() else {
             return Ok(());
@@ -415,8 +419,8 @@ impl Manager {
     }
 
     /// One order: answer the challenge, finalize, fetch and check the certificate, store it.
-    async fn order(&mut self, host: &str, current: Option<&Record>) -> Result<Record, Failed> {
-        let account = self.account().await.map_err(Failed::Error)?;
+    async fn order(&mut self, host: &str, current: Option<&Record>) -> Result<Record, OrderFailed> {
+        let account = self.account().await.map_err(OrderFailed::Error)?;
         let ids = [Identifier::Dns(host.to_string())];
         // The certificate this one replaces, for CAs with renewal information (RFC 9773).
         let replaces = match current {
@@ -448,13 +452,13 @@ impl Manager {
                 AuthorizationStatus::Valid => continue,
                 AuthorizationStatus::Pending => {}
                 s => {
-                    return Err(Failed::Error(format!(
+                    return Err(OrderFailed::Error(format!(
                         "the authorization for {host} is {s:?}"
                     )));
                 }
             }
             let Some(mut challenge) = a.challenge(kind.clone()) else {
-                return Err(Failed::Error(format!(
+                return Err(OrderFailed::Error(format!(
                     "the CA offers no {kind:?} challenge for {host}"
                 )));
             };
@@ -495,7 +499,7 @@ impl Manager {
                 .error
                 .as_ref()
                 .map_or_else(|| format!("{status:?}"), ToString::to_string);
-            return Err(Failed::Error(format!(
+            return Err(OrderFailed::Error(format!(
                 "the CA did not validate {host}: {why}"
             )));
         }
@@ -506,9 +510,9 @@ impl Manager {
         let (loaded, bundle) = tokio::task::spawn_blocking(move || {
             let names = ("the CA's certificate", "the generated key");
             let loaded = Loaded::from_pem(chain.as_bytes(), key.as_bytes(), &hosts, names)
-                .map_err(|e| Failed::Error(e.to_string()))?;
+                .map_err(|e| OrderFailed::Error(e.to_string()))?;
             let bundle = store.put_bundle(chain.as_bytes(), key.as_bytes())?;
-            Ok::<_, Failed>((loaded, bundle))
+            Ok::<_, OrderFailed>((loaded, bundle))
         })
         .await??;
         Ok(Record {

@@ -59,7 +59,7 @@ pub(super) fn alpn_certificate(
 }
 
 /// A change to the challenge answers this process gives, by host.
-pub(super) enum Answer {
+pub(super) enum AnswerChange {
     /// HTTP-01: the token and its answer (`None`: stop answering).
     Http(String, Option<String>),
     /// TLS-ALPN-01: the certificate to answer with (`None`: stop).
@@ -70,7 +70,7 @@ pub(super) enum Answer {
 pub(super) fn challenge_answers(
     before: &BTreeMap<String, Challenge>,
     now: &BTreeMap<String, Challenge>,
-) -> Vec<(String, Answer)> {
+) -> Vec<(String, AnswerChange)> {
     let mut out = Vec::new();
     for (host, old) in before {
         if now.get(host) != Some(old) {
@@ -87,11 +87,11 @@ pub(super) fn challenge_answers(
                 key_authorization,
             } => out.push((
                 host.clone(),
-                Answer::Http(token.clone(), Some(key_authorization.clone())),
+                AnswerChange::Http(token.clone(), Some(key_authorization.clone())),
             )),
             Challenge::TlsAlpn01 { digest } => {
                 match unhex(digest).map(|d| alpn_certificate(host, &d)) {
-                    Some(Ok(cert)) => out.push((host.clone(), Answer::Alpn(Some(cert)))),
+                    Some(Ok(cert)) => out.push((host.clone(), AnswerChange::Alpn(Some(cert)))),
                     _ => {
                         tracing::error!(host = %host, "ACME: cannot answer the TLS-ALPN-01 challenge of the index")
                     }
@@ -102,10 +102,10 @@ pub(super) fn challenge_answers(
     out
 }
 
-fn withdraw(challenge: &Challenge) -> Answer {
+fn withdraw(challenge: &Challenge) -> AnswerChange {
     match challenge {
-        Challenge::Http01 { token, .. } => Answer::Http(token.clone(), None),
-        Challenge::TlsAlpn01 { .. } => Answer::Alpn(None),
+        Challenge::Http01 { token, .. } => AnswerChange::Http(token.clone(), None),
+        Challenge::TlsAlpn01 { .. } => AnswerChange::Alpn(None),
     }
 }
 
@@ -142,11 +142,11 @@ mod tests {
         let answers = challenge_answers(&none, &one);
         assert_eq!(answers.len(), 2);
         assert!(answers.iter().any(|(h, a)| h == "a.test"
-            && matches!(a, Answer::Http(t, Some(k)) if t == "t1" && k == "t1.key")));
+            && matches!(a, AnswerChange::Http(t, Some(k)) if t == "t1" && k == "t1.key")));
         assert!(
             answers
                 .iter()
-                .any(|(h, a)| h == "b.test" && matches!(a, Answer::Alpn(Some(_))))
+                .any(|(h, a)| h == "b.test" && matches!(a, AnswerChange::Alpn(Some(_))))
         );
         assert!(challenge_answers(&one, &one).is_empty(), "unchanged");
         // a.test's order made a new challenge; b.test's ended.
@@ -155,8 +155,8 @@ mod tests {
         let kinds: Vec<String> = answers
             .iter()
             .map(|(h, a)| match a {
-                Answer::Http(t, k) => format!("{h} {t} {}", k.is_some()),
-                Answer::Alpn(c) => format!("{h} alpn {}", c.is_some()),
+                AnswerChange::Http(t, k) => format!("{h} {t} {}", k.is_some()),
+                AnswerChange::Alpn(c) => format!("{h} alpn {}", c.is_some()),
             })
             .collect();
         assert_eq!(

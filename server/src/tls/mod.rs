@@ -158,7 +158,7 @@ fn wildcard_match(pattern: &str, host: &str) -> bool {
 /// What a handshake looks certificates up in: the config file's, then the data directory's
 /// (uploaded, then obtained by ACME); a name taken by an earlier one is not taken again.
 #[derive(Debug, Default)]
-struct Index {
+struct ByName {
     exact: HashMap<String, Arc<CertifiedKey>>,
     /// By the suffix after `*.`.
     wildcard: HashMap<String, Arc<CertifiedKey>>,
@@ -167,7 +167,7 @@ struct Index {
     expiries: Vec<(String, i64)>,
 }
 
-impl Index {
+impl ByName {
     fn build<'a>(tables: impl IntoIterator<Item = &'a Table>) -> Self {
         let mut index = Self::default();
         for c in tables.into_iter().flat_map(|t| &t.certificates) {
@@ -307,7 +307,7 @@ fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
 /// theirs). Also the answers to ACME TLS-ALPN-01 and HTTP-01 challenges in progress.
 #[derive(Debug)]
 pub struct Certificates {
-    index: ArcSwap<Index>,
+    index: ArcSwap<ByName>,
     /// The config file's table and the data directory's; the lock orders rebuilds.
     tables: std::sync::Mutex<(Arc<Table>, Arc<Table>)>,
     expiry: prometheus::IntGaugeVec,
@@ -324,7 +324,7 @@ impl Certificates {
     /// `metrics`.
     pub fn new(table: Table, store: stored::CertStore, metrics: &Metrics) -> Arc<Self> {
         let this = Arc::new(Self {
-            index: ArcSwap::from_pointee(Index::default()),
+            index: ArcSwap::from_pointee(ByName::default()),
             tables: std::sync::Mutex::new((Arc::new(Table::default()), Arc::default())),
             expiry: metrics.tls_certificate_expiry.clone(),
             alpn_challenges: std::sync::Mutex::default(),
@@ -356,7 +356,7 @@ impl Certificates {
     fn rebuild(&self, change: impl FnOnce(&mut (Arc<Table>, Arc<Table>))) {
         let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
         change(&mut tables);
-        let index = Arc::new(Index::build([&*tables.0, &*tables.1]));
+        let index = Arc::new(ByName::build([&*tables.0, &*tables.1]));
         let old = self.index.swap(index.clone());
         for (name, _) in &old.expiries {
             let _ = self.expiry.remove_label_values(&[name]);

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 
 use object_store::UpdateVersion;
 
-use super::challenge::{Answer, Challenge, challenge_answers};
+use super::challenge::{AnswerChange, Challenge, challenge_answers};
 use super::{Loaded, Table};
 use crate::artifact::{self, io_err};
 use crate::fleet::Fleet;
@@ -92,7 +92,7 @@ pub struct Lease {
 /// `index.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Index {
+pub struct CertificateIndex {
     /// [`FORMAT`].
     pub format: u32,
     /// By name (an uploaded certificate's name; an ACME certificate's host).
@@ -109,7 +109,7 @@ pub struct Index {
     pub changes: Vec<String>,
 }
 
-impl Default for Index {
+impl Default for CertificateIndex {
     fn default() -> Self {
         Self {
             format: FORMAT,
@@ -121,7 +121,7 @@ impl Default for Index {
     }
 }
 
-impl Index {
+impl CertificateIndex {
     /// Takes the lease on `host` for `holder` for `seconds` if nobody else holds it; whether
     /// it did.
     pub fn take_lease(&mut self, host: &str, holder: &str, seconds: u64) -> bool {
@@ -189,19 +189,19 @@ impl Shared {
     }
 
     /// The registry's index and its version (`None`: there is none yet).
-    fn index(&self) -> Result<(Index, Option<UpdateVersion>), StoreError> {
+    fn index(&self) -> Result<(CertificateIndex, Option<UpdateVersion>), StoreError> {
         let got = self
             .run(self.fleet.remote.get_if_changed(INDEX_OBJECT, None))
             .map_err(|e| self.unavailable(&e))?;
         match got {
-            None => Ok((Index::default(), None)),
+            None => Ok((CertificateIndex::default(), None)),
             Some((bytes, version)) => Ok((self.parse(&bytes)?, Some(version))),
         }
     }
 
-    fn parse(&self, bytes: &[u8]) -> Result<Index, StoreError> {
+    fn parse(&self, bytes: &[u8]) -> Result<CertificateIndex, StoreError> {
         let name = format!("{}/{INDEX_OBJECT}", self.fleet.url);
-        parse_versioned(bytes, &name, |i: &Index| i.format, FORMAT)
+        parse_versioned(bytes, &name, |i: &CertificateIndex| i.format, FORMAT)
     }
 }
 
@@ -209,7 +209,7 @@ fn bundle_object(hash: &str) -> String {
     format!("certificates/{hash}.sealed")
 }
 
-fn serialise(index: &Index) -> Vec<u8> {
+fn serialise(index: &CertificateIndex) -> Vec<u8> {
     let mut text = serde_json::to_vec_pretty(index).expect("an index serialises");
     text.push(b'\n');
     text
@@ -266,7 +266,7 @@ impl CertStore {
     ///
     /// # Errors
     /// If it cannot be read or is not an index of this format.
-    pub fn read(&self) -> Result<Index, StoreError> {
+    pub fn read(&self) -> Result<CertificateIndex, StoreError> {
         if let Some(shared) = &self.shared {
             use std::sync::atomic::Ordering;
             match self.pull(shared) {
@@ -285,8 +285,8 @@ impl CertStore {
         self.read_local()
     }
 
-    fn read_local(&self) -> Result<Index, StoreError> {
-        let index = read_versioned(&self.index_path(), |i: &Index| i.format, FORMAT)?;
+    fn read_local(&self) -> Result<CertificateIndex, StoreError> {
+        let index = read_versioned(&self.index_path(), |i: &CertificateIndex| i.format, FORMAT)?;
         Ok(index.unwrap_or_default())
     }
 
@@ -320,7 +320,7 @@ impl CertStore {
     fn mirror(
         &self,
         shared: &Shared,
-        index: &Index,
+        index: &CertificateIndex,
         version: Option<UpdateVersion>,
     ) -> Result<(), StoreError> {
         let mut complete = true;
@@ -368,7 +368,7 @@ impl CertStore {
 
     /// Writes `index` here, holding the directory's lock, and removes the bundles it no longer
     /// names.
-    fn write_local(&self, index: &Index) -> Result<(), StoreError> {
+    fn write_local(&self, index: &CertificateIndex) -> Result<(), StoreError> {
         self.locked(|| {
             artifact::write_atomic(&self.index_path(), &serialise(index))?;
             self.remove_unnamed(index);
@@ -400,7 +400,10 @@ impl CertStore {
     /// If the lock cannot be taken or the index cannot be read or written
     /// ([`StoreError::Unavailable`]: the registry cannot be reached); the index is then the
     /// old one.
-    pub fn change<R>(&self, mut change: impl FnMut(&mut Index) -> R) -> Result<R, StoreError> {
+    pub fn change<R>(
+        &self,
+        mut change: impl FnMut(&mut CertificateIndex) -> R,
+    ) -> Result<R, StoreError> {
         let Some(shared) = &self.shared else {
             return self.locked(|| {
                 let old = self.read_local()?;
@@ -491,7 +494,7 @@ impl CertStore {
 
     /// The certificates `index` names, loaded: uploaded ones first, then ACME's. One that
     /// cannot be loaded is logged and left out.
-    pub fn table(&self, index: &Index) -> Table {
+    pub fn table(&self, index: &CertificateIndex) -> Table {
         let mut records: Vec<(&String, &Record)> = index.certificates.iter().collect();
         records.sort_by_key(|(_, r)| r.source == Source::Acme);
         let loaded = records
@@ -510,7 +513,7 @@ impl CertStore {
     /// Removes the bundles `index` does not name, but not one written in the last minutes: a
     /// bundle is written before the change of the index that names it, which another process
     /// (or a copy from the registry) may be writing an older index over at that moment.
-    fn remove_unnamed(&self, index: &Index) {
+    fn remove_unnamed(&self, index: &CertificateIndex) {
         const YOUNG: std::time::Duration = std::time::Duration::from_secs(600);
         let named: std::collections::HashSet<&str> = index
             .certificates
@@ -539,7 +542,10 @@ impl CertStore {
 impl super::Certificates {
     /// Reads the data directory's index and, if its certificates changed since `seen` (another
     /// process sharing the directory stored or removed one), serves them; the index read.
-    pub async fn sync_stored(&self, seen: &mut Option<Index>) -> Option<Index> {
+    pub async fn sync_stored(
+        &self,
+        seen: &mut Option<CertificateIndex>,
+    ) -> Option<CertificateIndex> {
         let store = self.store.clone();
         let unchanged = seen.clone();
         let read = tokio::task::spawn_blocking(move || {
@@ -568,8 +574,8 @@ impl super::Certificates {
                 }
                 for (host, answer) in answers {
                     match answer {
-                        Answer::Http(token, body) => self.set_http_challenge(&token, body),
-                        Answer::Alpn(cert) => self.set_alpn_challenge(&host, cert),
+                        AnswerChange::Http(token, body) => self.set_http_challenge(&token, body),
+                        AnswerChange::Alpn(cert) => self.set_alpn_challenge(&host, cert),
                     }
                 }
                 *seen = Some(remembered);
@@ -608,7 +614,7 @@ mod tests {
 
     #[test]
     fn a_lease_is_held_until_it_lapses_or_is_given_back() {
-        let mut index = Index::default();
+        let mut index = CertificateIndex::default();
         assert!(index.take_lease("a.test", "p1", 60));
         assert!(!index.take_lease("a.test", "p2", 60), "p1 holds it");
         assert!(index.take_lease("a.test", "p1", 60), "the holder renews it");

@@ -8,31 +8,8 @@ use serde_json::{Value, json};
 
 use super::stored::{Record, Source};
 use super::{Certificates, Loaded};
+use crate::change::ChangeError;
 use crate::store::now;
-
-/// Why a certificate change was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum Refused {
-    /// Malformed input (`400`).
-    #[error("{0}")]
-    Invalid(String),
-    /// Well-formed but unusable: bad PEM, a key of another certificate, a host it does not
-    /// cover (`422`).
-    #[error("{0}")]
-    Unusable(String),
-    /// Clashes with a certificate that serves the name already (`409`).
-    #[error("{0}")]
-    Conflict(String),
-    /// No such certificate (`404`).
-    #[error("{0}")]
-    NotFound(String),
-    /// The data directory could not be read or written (`500`).
-    #[error("{0}")]
-    Internal(String),
-    /// A fleet's registry could not be reached; nothing changed (`503`).
-    #[error("{0}")]
-    Unavailable(String),
-}
 
 /// An upload: the certificate's host names (none: the default certificate) and PEM texts.
 #[derive(Debug, serde::Deserialize)]
@@ -47,13 +24,13 @@ pub struct Upload {
     pub key: String,
 }
 
-fn internal(e: impl std::fmt::Display) -> Refused {
-    Refused::Internal(e.to_string())
+fn internal(e: impl std::fmt::Display) -> ChangeError {
+    ChangeError::Internal(e.to_string())
 }
 
-fn stored(e: crate::store::StoreError) -> Refused {
+fn stored(e: crate::store::StoreError) -> ChangeError {
     match e {
-        crate::store::StoreError::Unavailable(m) => Refused::Unavailable(m),
+        crate::store::StoreError::Unavailable(m) => ChangeError::Unavailable(m),
         e => internal(e),
     }
 }
@@ -63,14 +40,14 @@ impl Certificates {
     /// whether it is new. Served from the next handshake.
     ///
     /// # Errors
-    /// See [`Refused`]; nothing changes then.
+    /// See [`ChangeError`]; nothing changes then.
     pub async fn put_uploaded(
         self: &Arc<Self>,
         name: &str,
         upload: Upload,
-    ) -> Result<bool, Refused> {
+    ) -> Result<bool, ChangeError> {
         if name.is_empty() || name.len() > 253 || name.contains(['/', ' ']) {
-            return Err(Refused::Invalid(format!(
+            return Err(ChangeError::Invalid(format!(
                 "{name:?} is not a certificate name (1-253 characters, no `/` or spaces)"
             )));
         }
@@ -81,22 +58,22 @@ impl Certificates {
             .collect();
         for h in &hosts {
             if h == "*" {
-                return Err(Refused::Invalid(
+                return Err(ChangeError::Invalid(
                     "hosts: \"*\" is not a name; leave `hosts` out for the default certificate"
                         .into(),
                 ));
             }
             crate::router::HostPattern::parse(h)
-                .map_err(|m| Refused::Invalid(format!("hosts: {m}")))?;
+                .map_err(|m| ChangeError::Invalid(format!("hosts: {m}")))?;
         }
         let (file, _) = self.tables();
         if let Some(h) = hosts.iter().find(|h| file.names(h)) {
-            return Err(Refused::Conflict(format!(
+            return Err(ChangeError::Conflict(format!(
                 "host {h:?} is served by a [[certificate]] of the config file; change it there"
             )));
         }
         if hosts.is_empty() && file.has_default() {
-            return Err(Refused::Conflict(
+            return Err(ChangeError::Conflict(
                 "the config file has a default certificate (no `hosts`); give this one `hosts`"
                     .into(),
             ));
@@ -111,7 +88,7 @@ impl Certificates {
                 &hosts,
                 ("cert", "key"),
             )
-            .map_err(|e| Refused::Unusable(e.to_string()))?;
+            .map_err(|e| ChangeError::Unprocessable(e.to_string()))?;
             let bundle = store
                 .put_bundle(upload.cert.as_bytes(), upload.key.as_bytes())
                 .map_err(stored)?;
@@ -130,12 +107,12 @@ impl Certificates {
                         .filter(|(n, r)| **n != name && r.source == Source::Api);
                     for (other, r) in others {
                         if let Some(h) = hosts.iter().find(|h| r.hosts.contains(h)) {
-                            return Err(Refused::Conflict(format!(
+                            return Err(ChangeError::Conflict(format!(
                                 "host {h:?} is served by the uploaded certificate {other:?}"
                             )));
                         }
                         if hosts.is_empty() && r.hosts.is_empty() {
-                            return Err(Refused::Conflict(format!(
+                            return Err(ChangeError::Conflict(format!(
                                 "{other:?} is the default certificate already; give this one \
                                  `hosts`"
                             )));
@@ -148,7 +125,7 @@ impl Certificates {
                 })
                 .map_err(stored)?;
             let table = store.table(&store.read().map_err(stored)?);
-            Ok::<_, Refused>((changed?, table))
+            Ok::<_, ChangeError>((changed?, table))
         })
         .await
         .map_err(internal)??;
@@ -160,8 +137,8 @@ impl Certificates {
     /// again if its name is still wanted).
     ///
     /// # Errors
-    /// [`Refused::NotFound`] if there is none.
-    pub async fn delete_stored(self: &Arc<Self>, name: &str) -> Result<(), Refused> {
+    /// [`ChangeError::NotFound`] if there is none.
+    pub async fn delete_stored(self: &Arc<Self>, name: &str) -> Result<(), ChangeError> {
         let store = self.store.clone();
         let name = name.to_string();
         let table = tokio::task::spawn_blocking(move || {
@@ -169,7 +146,7 @@ impl Certificates {
                 .change(|index| index.certificates.remove(&name).is_some())
                 .map_err(stored)?;
             if !found {
-                return Err(Refused::NotFound(format!(
+                return Err(ChangeError::NotFound(format!(
                     "no stored certificate {name:?} (config-file certificates are changed in \
                      the file)"
                 )));
@@ -186,7 +163,7 @@ impl Certificates {
     ///
     /// # Errors
     /// If the data directory cannot be read.
-    pub async fn describe(&self) -> Result<Value, Refused> {
+    pub async fn describe(&self) -> Result<Value, ChangeError> {
         let store = self.store.clone();
         let index = tokio::task::spawn_blocking(move || store.read())
             .await

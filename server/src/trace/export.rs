@@ -34,7 +34,7 @@ const FIRST_PAUSE: Duration = Duration::from_millis(200);
 const MAX_PAUSE: Duration = Duration::from_secs(5);
 
 /// Why a batch was not delivered.
-enum Failed {
+enum Undelivered {
     /// For now: send it again (after the collector's `Retry-After`, when it gave one).
     Retry(String, Option<Duration>),
     /// For good.
@@ -158,7 +158,7 @@ impl Exporter {
         let result = loop {
             match self.send(body.clone()).await {
                 Ok(()) => break Ok(()),
-                Err(Failed::Retry(why, after)) if retries < RETRIES && !self.stopping => {
+                Err(Undelivered::Retry(why, after)) if retries < RETRIES && !self.stopping => {
                     tracing::debug!(url = %self.settings.url, "traces: a batch is sent again: {why}");
                     let wait = after.unwrap_or_else(|| {
                         let quarter = pause.as_millis() as u64 / 4;
@@ -168,7 +168,7 @@ impl Exporter {
                     pause *= 2;
                     retries += 1;
                 }
-                Err(Failed::Retry(why, _) | Failed::Drop(why)) => break Err(why),
+                Err(Undelivered::Retry(why, _) | Undelivered::Drop(why)) => break Err(why),
             }
         };
         match result {
@@ -193,7 +193,7 @@ impl Exporter {
     }
 
     /// Posts one export request of `body`.
-    async fn send(&self, body: Bytes) -> Result<(), Failed> {
+    async fn send(&self, body: Bytes) -> Result<(), Undelivered> {
         let mut req = Request::post(self.settings.url.clone())
             .header(
                 CONTENT_TYPE,
@@ -210,7 +210,7 @@ impl Exporter {
                 .client
                 .request(req)
                 .await
-                .map_err(|e| Failed::Retry(crate::error_chain(&e), None))?;
+                .map_err(|e| Undelivered::Retry(crate::error_chain(&e), None))?;
             let status = resp.status();
             if status.is_success() {
                 return Ok(());
@@ -227,14 +227,14 @@ impl Exporter {
                 .unwrap_or_default();
             let why = format!("the collector answered {status}: {}", body.trim());
             Err(match status.as_u16() {
-                429 | 502 | 503 | 504 => Failed::Retry(why, retry_after),
-                _ => Failed::Drop(why),
+                429 | 502 | 503 | 504 => Undelivered::Retry(why, retry_after),
+                _ => Undelivered::Drop(why),
             })
         };
         match tokio::time::timeout(self.settings.timeout, sent).await {
             Ok(r) => r,
             // A collector that takes this long is not asked again: the queue behind it fills.
-            Err(_) => Err(Failed::Drop(format!(
+            Err(_) => Err(Undelivered::Drop(format!(
                 "no answer within {} ms",
                 self.settings.timeout.as_millis()
             ))),

@@ -71,7 +71,7 @@ pub struct Remote {
 /// `index.json`: the registry's tenants, each by the digest of its record.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Index {
+struct TenantIndex {
     /// [`INDEX_FORMAT`].
     format: u32,
     /// Counts the changes written (each write adds one).
@@ -295,9 +295,10 @@ impl Remote {
             return Ok(None);
         };
         // About 75 KB for 1,000 tenants: parsed off the reactor.
-        let parsed = tokio::task::spawn_blocking(move || serde_json::from_slice::<Index>(&bytes))
-            .await
-            .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
+        let parsed =
+            tokio::task::spawn_blocking(move || serde_json::from_slice::<TenantIndex>(&bytes))
+                .await
+                .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
         let index = parsed
             .ok()
             .filter(|i| i.format == INDEX_FORMAT)
@@ -411,7 +412,7 @@ impl Remote {
         let known: std::collections::HashSet<String> = self.cached().keys().cloned().collect();
         // Serialising and hashing every record (a few hundred bytes each) stays off the reactor.
         let (index, new) = tokio::task::spawn_blocking(move || {
-            let mut index = Index {
+            let mut index = TenantIndex {
                 format: INDEX_FORMAT,
                 revision: copy.revision,
                 tenants: BTreeMap::new(),

@@ -21,7 +21,7 @@ use crate::guest::{GuestRequest, GuestResponse, WriteError};
 
 /// Why a component's answer could not be sent.
 #[derive(Debug)]
-pub enum Answer {
+pub enum Unanswered {
     /// The handler returned without setting its response-outparam.
     NoResponse,
     /// The guest set its response-outparam to an error.
@@ -60,17 +60,17 @@ async fn from_guest<F: Future>(wait: F, returned: &AtomicBool) -> Option<F::Outp
 /// handler has returned and poll again: what the guest left unsent then ends the answer.
 ///
 /// # Errors
-/// [`Answer`], saying why the answer is not complete.
+/// [`Unanswered`], saying why the answer is not complete.
 pub async fn pump(
     head: tokio::sync::oneshot::Receiver<Result<Response<HyperOutgoingBody>, ErrorCode>>,
     response: &mut GuestResponse,
     returned: &AtomicBool,
-) -> Result<(), Answer> {
+) -> Result<(), Unanswered> {
     let answer = match from_guest(head, returned).await {
         Some(Ok(Ok(r))) => r,
-        Some(Ok(Err(code))) => return Err(Answer::Error(code)),
+        Some(Ok(Err(code))) => return Err(Unanswered::Error(code)),
         // Dropped, or kept by a handler that returned without setting it.
-        Some(Err(_)) | None => return Err(Answer::NoResponse),
+        Some(Err(_)) | None => return Err(Unanswered::NoResponse),
     };
     let (parts, body) = answer.into_parts();
     pump_parts(parts, body, response, returned).await
@@ -80,13 +80,13 @@ pub async fn pump(
 /// the guest writes it; `returned` as for [`pump`].
 ///
 /// # Errors
-/// [`Answer`], saying why the answer is not complete.
+/// [`Unanswered`], saying why the answer is not complete.
 pub async fn pump_parts<B>(
     parts: http::response::Parts,
     mut body: B,
     response: &mut GuestResponse,
     returned: &AtomicBool,
-) -> Result<(), Answer>
+) -> Result<(), Unanswered>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
@@ -102,16 +102,16 @@ where
         // A framing header the server owns is dropped, as for every kind; any other refusal
         // (too many headers, a bad or too large `content-length`) fails the answer.
         if response.append_header(n, value).is_err() {
-            return Err(Answer::Limit);
+            return Err(Unanswered::Limit);
         }
     }
     loop {
         let frame = match from_guest(body.frame(), returned).await {
             Some(Some(frame)) => frame,
             Some(None) => break,
-            None => return Err(Answer::Unfinished),
+            None => return Err(Unanswered::Unfinished),
         };
-        let frame = frame.map_err(|e| Answer::BodyFailed(e.to_string()))?;
+        let frame = frame.map_err(|e| Unanswered::BodyFailed(e.to_string()))?;
         // Trailers are not sent (HTTP/1.1 clients rarely ask for them).
         let Ok(data) = frame.into_data() else {
             continue;
@@ -119,8 +119,8 @@ where
         match response.write(&data).await {
             Ok(()) => {}
             // (A component has no way to forward a backend's body.)
-            Err(WriteError::Limit | WriteError::Forwarded) => return Err(Answer::Limit),
-            Err(WriteError::ClientGone) => return Err(Answer::ClientGone),
+            Err(WriteError::Limit | WriteError::Forwarded) => return Err(Unanswered::Limit),
+            Err(WriteError::ClientGone) => return Err(Unanswered::ClientGone),
         }
     }
     Ok(())

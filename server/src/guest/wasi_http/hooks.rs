@@ -11,7 +11,7 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use wasmtime_wasi_http::{RequestOptions, WasiBody, WasiHttpHooks};
 
-use crate::outbound::{self, Calls, ComponentCalls, Denied, Failed, OutBody, Passing, Refused};
+use crate::outbound::{self, Calls, ComponentCalls, Denied, NoHead, OutBody, Passing, Refused};
 
 /// How a component's outgoing requests are sent: through Tern's outbound client, under the
 /// tenant's policy.
@@ -127,11 +127,11 @@ impl WasiHttpHooks for Hooks {
                 .waited_ns
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let (resp, permit) = sent.map_err(|f| match f {
-                Failed::ConnectTimeout(_) => Error::ConnectionTimeout,
-                Failed::Connect(_) => Error::ConnectionRefused,
-                Failed::FirstByte(_) | Failed::Total(_) => Error::ConnectionReadTimeout,
-                Failed::NoClient(e) => Error::InternalError(Some(e)),
-                Failed::Request(_) => Error::HttpProtocolError,
+                NoHead::ConnectTimeout(_) => Error::ConnectionTimeout,
+                NoHead::Connect(_) => Error::ConnectionRefused,
+                NoHead::FirstByte(_) | NoHead::Total(_) => Error::ConnectionReadTimeout,
+                NoHead::NoClient(e) => Error::InternalError(Some(e)),
+                NoHead::Request(_) => Error::HttpProtocolError,
             })?;
             let max = calls.policy.max_response_bytes;
             let resp = resp.map(move |b| {

@@ -31,7 +31,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::ProxyIndices;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-pub use body::{Answer, incoming, pump, pump_parts};
+pub use body::{Unanswered, incoming, pump, pump_parts};
 
 use super::{GuestLimits, Stdio, WasiSpec};
 use crate::kv::{Grants, Session};

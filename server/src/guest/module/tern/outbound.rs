@@ -30,7 +30,7 @@ use crate::guest::module::memory::{
     GuestFault, copy_to_guest, guest_range, headers_blob, memory, read_guest,
 };
 use crate::guest::{ForwardError, GuestRequest, GuestResponse};
-use crate::outbound::{Calls, Denied, Failed, OutBody, Passing, Refused, Target};
+use crate::outbound::{Calls, Denied, NoHead, OutBody, Passing, Refused, Target};
 
 /// Body chunks that may wait for the backend before a streaming guest's writes block.
 const STREAM_CHUNKS: usize = 4;
@@ -65,8 +65,8 @@ impl Failure {
     }
 }
 
-impl From<Failed> for Failure {
-    fn from(f: Failed) -> Self {
+impl From<NoHead> for Failure {
+    fn from(f: NoHead) -> Self {
         Self {
             code: if f.is_timeout() {
                 errno::TIMEOUT
