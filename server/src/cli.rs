@@ -442,7 +442,7 @@ fn table(rows: &[[String; 7]]) -> String {
 }
 
 fn ago(at: u64) -> String {
-    let s = crate::store::now().saturating_sub(at);
+    let s = crate::datadir::now().saturating_sub(at);
     match s {
         0..60 => format!("{s}s ago"),
         60..3600 => format!("{}m ago", s / 60),

@@ -52,7 +52,7 @@
 //!   was refused, its status), `describe` (the admin API's JSON), `upload` (checks on an
 //!   upload's first bytes), `reset` (every tenant moved to a swap-safe engine when swap is
 //!   switched on).
-//! - [`store`]: the data directory: content-addressed modules and assets, the manifest.
+//! - [`datadir`]: the data directory (`--data-dir`): content-addressed modules and assets, the manifest.
 //! - [`fleet`]: a fleet's shared registry on object storage ([`fleet::objects`]: the S3 client,
 //!   compare-and-swap writes, the store probe), signed artifacts and sealed secrets, nudges to
 //!   the other replicas; used by [`registry`] for tenants and [`tls`] for certificates.
@@ -89,6 +89,7 @@ pub mod change;
 pub mod cli;
 pub mod config;
 pub mod context;
+pub mod datadir;
 pub mod demo;
 pub mod dev;
 pub mod engine;
@@ -112,7 +113,6 @@ pub mod router;
 pub mod scaffold;
 pub mod server;
 pub mod shutdown;
-pub mod store;
 pub mod target;
 pub mod teardown;
 pub mod tenant;

@@ -11,12 +11,12 @@ use tokio::task::JoinHandle;
 
 use crate::app::App;
 use crate::config::Config;
+use crate::datadir::{self, DataDir};
 use crate::engine;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::registry::Registry;
 use crate::shutdown::Shutdown;
-use crate::store::{self, DataDir};
 use crate::{admin, listener};
 
 /// How often a TLS listener without `[tls.acme]` looks for certificates other processes
@@ -135,7 +135,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         .unwrap_or_else(crate::config::default_data_dir);
     let store = DataDir::open(&data_dir)
         .with_context(|| format!("cannot open the data directory {}", data_dir.display()))?;
-    let token = store::admin_token(&config.server.admin_token, &data_dir)?;
+    let token = datadir::admin_token(&config.server.admin_token, &data_dir)?;
     if let Some(file) = &token.file {
         tracing::info!(file = %file.display(), "admin API token generated (read it from this file)");
     }
@@ -238,7 +238,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
             let reading = store.clone();
             let stored = tokio::task::spawn_blocking(move || {
                 let index = reading.read()?;
-                Ok::<_, crate::store::StoreError>(reading.table(&index))
+                Ok::<_, crate::datadir::StoreError>(reading.table(&index))
             })
             .await??;
             let nothing = table.is_empty() && stored.is_empty() && config.tls.acme.is_none();

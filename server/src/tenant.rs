@@ -13,11 +13,11 @@ use wasmtime::Engine;
 use crate::artifact::{self, ArtifactError, Compiled};
 use crate::assets::{Assets, AssetsError};
 use crate::config::{GuestKind, LimitsConfig, PoolConfig, TenantConfig};
+use crate::datadir::Version;
 use crate::guest::{Guest, Linked, Linkers, WasiSpec, link};
 use crate::logwriter::LogBudget;
 use crate::metrics::{Metrics, TenantMetrics, Undelivered};
 use crate::outcome::Outcome;
-use crate::store::Version;
 use crate::teardown::MemorySweep;
 
 /// Why a tenant could not be loaded.

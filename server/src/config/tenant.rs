@@ -31,7 +31,7 @@ pub struct TenantConfig {
 
 /// What a tenant is besides its code, wherever it is declared: in a `[[tenant]]` table of the
 /// config file ([`TenantConfig`]) or through the admin API (`PUT /admin/v1/tenants/{name}`, kept
-/// in the manifest as [`crate::store::TenantSpec`]). A new tenant setting is a field here, and
+/// in the manifest as [`crate::datadir::TenantSpec`]). A new tenant setting is a field here, and
 /// both accept it. `R` is how a route (a host or a path) is held: with its place in the config
 /// file (`Spanned<String>`, so errors name the line) or plain (`String`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

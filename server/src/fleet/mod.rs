@@ -24,8 +24,8 @@ use wasmtime::Engine;
 pub mod objects;
 
 use crate::artifact;
+use crate::datadir::{DataDir, Version};
 use crate::metrics::Metrics;
-use crate::store::{DataDir, Version};
 use objects::{Remote, RemoteError};
 
 /// How many objects a replica downloads at once.

@@ -11,8 +11,8 @@ use wasmtime::Engine;
 use crate::artifact;
 use crate::assets::Assets;
 use crate::config::{self};
+use crate::datadir::{self, StoredTenant, TenantSpec, Version};
 use crate::fleet::objects::RemoteError;
-use crate::store::{self, StoredTenant, TenantSpec, Version};
 use crate::tenant::{self, Carried, Origin, Tenant, TenantError};
 
 use super::error::internal;
@@ -66,7 +66,7 @@ impl Registry {
             spec: spec.clone(),
             current: None,
             previous: None,
-            created_at: store::now(),
+            created_at: datadir::now(),
         });
         entry.spec = spec;
         let etag = entry.etag();
@@ -142,7 +142,7 @@ impl Registry {
     ) -> Result<Deployed, ChangeError> {
         check_wasm_header(&wasm)?;
         if let (Some(a), Some(f)) = (&assets, &self.fleet)
-            && store::is_hash(a)
+            && datadir::is_hash(a)
         {
             // Uploaded on another replica: in the registry.
             match f.fetch_blob(&self.loader.store, a).await {
@@ -208,7 +208,7 @@ impl Registry {
                     module: module_hash.clone(),
                     module_bytes: wasm.len() as u64,
                     assets: assets.clone(),
-                    deployed_at: store::now(),
+                    deployed_at: datadir::now(),
                     compile_ms: compiled.as_secs_f64() * 1e3,
                     kind,
                 };

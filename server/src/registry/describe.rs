@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 
 use super::{ChangeError, Registry};
 use crate::config::{PoolConfig, TenantConfig};
-use crate::store::StoredTenant;
+use crate::datadir::StoredTenant;
 use crate::tenant::{self, TenantRef};
 
 impl Registry {

@@ -11,9 +11,9 @@ use super::{ChangeError, internal};
 use crate::artifact::{self, Compiled};
 use crate::assets::Assets;
 use crate::config::{PoolConfig, TenantConfig};
+use crate::datadir::{DataDir, TenantSpec, Version};
 use crate::guest::Linkers;
 use crate::metrics::Metrics;
-use crate::store::{DataDir, TenantSpec, Version};
 use crate::tenant::{self, Carried, Origin, Tenant, TenantError};
 
 /// Modules already loaded in this batch, by SHA-256, so tenants deploying the same module

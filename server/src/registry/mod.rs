@@ -27,12 +27,12 @@ use arc_swap::ArcSwap;
 use wasmtime::Engine;
 
 use crate::config::{self, Config};
+use crate::datadir::{DataDir, Manifest, StoredTenant, TenantSpec, Version};
 use crate::engine::EpochTicker;
 use crate::fleet::Fleet;
 use crate::fleet::objects::RemoteError;
 use crate::metrics::Metrics;
 use crate::router::{Clash, Route, Router};
-use crate::store::{DataDir, Manifest, StoredTenant, TenantSpec, Version};
 use crate::tenant::{Carried, Tenant, TenantRef};
 
 mod changes;

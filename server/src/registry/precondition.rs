@@ -9,7 +9,7 @@ use http::HeaderMap;
 use http::header::{IF_MATCH, IF_NONE_MATCH};
 
 use super::ChangeError;
-use crate::store::StoredTenant;
+use crate::datadir::StoredTenant;
 
 /// The entity tags one precondition header lists.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::store::{Manifest, TenantSpec, Version};
+use crate::datadir::{Manifest, TenantSpec, Version};
 use crate::tenant::{self, Origin, Tenant, TenantRef};
 
 use super::error::internal;

@@ -18,11 +18,11 @@ use serde_json::{Value, json};
 
 use super::{ChangeError, Live, Registry, State};
 use crate::config::Config;
+use crate::datadir::{Manifest, TenantSpec, Version};
 use crate::fleet::Fleet;
 use crate::fleet::objects::RemoteError;
 use crate::metrics::Metrics;
 use crate::shutdown::Shutdown;
-use crate::store::{Manifest, TenantSpec, Version};
 use crate::tenant::{Origin, TenantRef};
 
 /// The shared registry's manifest as last read.
@@ -487,7 +487,7 @@ impl Registry {
                 "replica": fleet.replica,
                 "admin": fleet.advertise.get(),
                 "revision": state.manifest.revision,
-                "updated_at": crate::store::now(),
+                "updated_at": crate::datadir::now(),
                 "tenants": serving,
             })
         };
@@ -550,7 +550,7 @@ fn report_object(replica: &str) -> String {
 async fn reports(fleet: &Fleet) -> Result<Vec<Value>, RemoteError> {
     let names = fleet.remote.list("replicas").await?;
     let mut replicas = Vec::new();
-    let now = crate::store::now();
+    let now = crate::datadir::now();
     for name in names {
         let Ok(Some(bytes)) = fleet.remote.get_object(&name).await else {
             continue;

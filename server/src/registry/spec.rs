@@ -6,7 +6,7 @@
 use serde_json::{Map, Value};
 
 use super::ChangeError;
-use crate::store::TenantSpec;
+use crate::datadir::TenantSpec;
 
 /// A request to change (or create) a tenant's spec, as its JSON body.
 #[derive(Debug)]

@@ -26,8 +26,8 @@ use super::challenge::{Challenge, alpn_certificate};
 use super::stored::{CertificateIndex, Record, Source};
 use super::{Certificates, Loaded};
 use crate::config::{AcmeChallenge, AcmeConfig};
+use crate::datadir::now;
 use crate::shutdown::Shutdown;
-use crate::store::now;
 
 /// How long an order may hold a name's lease (an order that takes longer has failed).
 const LEASE_SECONDS: u64 = 600;

@@ -273,7 +273,7 @@ fn check_pem(
         }
     }
     let not_after = parsed.validity().not_after.timestamp();
-    if not_after < crate::store::now() as i64 {
+    if not_after < crate::datadir::now() as i64 {
         tracing::warn!(
             certificate = hosts.first().map_or("default", String::as_str),
             "the certificate has expired: clients will refuse it"

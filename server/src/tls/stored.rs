@@ -40,9 +40,9 @@ use object_store::UpdateVersion;
 use super::challenge::{AnswerChange, Challenge, challenge_answers};
 use super::{Loaded, Table};
 use crate::artifact::{self, io_err};
+use crate::datadir::{StoreError, is_hash, now, parse_versioned, read_versioned};
 use crate::fleet::Fleet;
 use crate::fleet::objects::RemoteError;
-use crate::store::{StoreError, is_hash, now, parse_versioned, read_versioned};
 
 /// The index's object in a fleet's registry.
 const INDEX_OBJECT: &str = "certificates/index.json";
@@ -558,7 +558,7 @@ impl super::Certificates {
             let table = changed.then(|| store.table(&index));
             let before = unchanged.map(|u| u.challenges).unwrap_or_default();
             let answers = challenge_answers(&before, &index.challenges);
-            Ok::<_, crate::store::StoreError>((index, table, answers))
+            Ok::<_, crate::datadir::StoreError>((index, table, answers))
         })
         .await;
         match read {

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::stored::{Record, Source};
 use super::{Certificates, Loaded};
 use crate::change::ChangeError;
-use crate::store::now;
+use crate::datadir::now;
 
 /// An upload: the certificate's host names (none: the default certificate) and PEM texts.
 #[derive(Debug, serde::Deserialize)]
@@ -28,9 +28,9 @@ fn internal(e: impl std::fmt::Display) -> ChangeError {
     ChangeError::Internal(e.to_string())
 }
 
-fn stored(e: crate::store::StoreError) -> ChangeError {
+fn stored(e: crate::datadir::StoreError) -> ChangeError {
     match e {
-        crate::store::StoreError::Unavailable(m) => ChangeError::Unavailable(m),
+        crate::datadir::StoreError::Unavailable(m) => ChangeError::Unavailable(m),
         e => internal(e),
     }
 }

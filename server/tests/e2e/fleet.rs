@@ -201,16 +201,16 @@ async fn registry_objects_on_a_real_s3_server_are_digest_checked_and_the_manifes
     // Two writers change the manifest from the same version at once (each adding its own
     // tenant): one wins, one is told and nothing of the winner's is lost.
     // Each change records its own id.
-    let with_tenant = |name: &str, change: &str| -> tern::store::Manifest {
+    let with_tenant = |name: &str, change: &str| -> tern::datadir::Manifest {
         serde_json::from_value(serde_json::json!({
-            "format": tern::store::MANIFEST_FORMAT,
+            "format": tern::datadir::MANIFEST_FORMAT,
             "tenants": { name: { "spec": {}, "current": null, "previous": null, "created_at": 1 } },
             "changes": [change],
         }))
         .unwrap()
     };
     let base = remote
-        .put_manifest(&tern::store::Manifest::default(), None, "first")
+        .put_manifest(&tern::datadir::Manifest::default(), None, "first")
         .await
         .unwrap()
         .version()

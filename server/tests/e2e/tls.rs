@@ -273,7 +273,7 @@ async fn https_serves_each_host_its_certificate_over_h2_and_http1_and_guests_see
         &m,
         "tern_tls_certificate_expiry_timestamp_seconds{certificate=\"a.test\"} ",
     );
-    assert!(expiry > tern::store::now() as f64, "{m}");
+    assert!(expiry > tern::datadir::now() as f64, "{m}");
     assert!(m.contains("tern_tls_certificate_expiry_timestamp_seconds{certificate=\"default\"}"));
 }
 
@@ -958,7 +958,7 @@ async fn expired_and_wrong_host_certificates_are_refused_by_clients_and_counted(
         &m,
         "tern_tls_certificate_expiry_timestamp_seconds{certificate=\"e.test\"} ",
     );
-    assert!(expiry > 0.0 && expiry < tern::store::now() as f64, "{m}");
+    assert!(expiry > 0.0 && expiry < tern::datadir::now() as f64, "{m}");
 
     let e = connect(addr, "e.test", &[], &pki.ca)
         .await

@@ -65,7 +65,7 @@ pub struct Remote {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
     /// Tenant records read or written, by digest (those the last index named).
-    records: Arc<std::sync::Mutex<HashMap<String, crate::store::StoredTenant>>>,
+    records: Arc<std::sync::Mutex<HashMap<String, crate::datadir::StoredTenant>>>,
 }
 
 /// `index.json`: the registry's tenants, each by the digest of its record.
@@ -127,7 +127,7 @@ fn record_name(hash: &str) -> String {
 }
 
 /// A tenant's record as stored (compact JSON) and its digest.
-fn record_hash(tenant: &crate::store::StoredTenant) -> (String, Vec<u8>) {
+fn record_hash(tenant: &crate::datadir::StoredTenant) -> (String, Vec<u8>) {
     tenant.record()
 }
 
@@ -141,7 +141,7 @@ impl Remote {
         }
     }
 
-    fn cached(&self) -> std::sync::MutexGuard<'_, HashMap<String, crate::store::StoredTenant>> {
+    fn cached(&self) -> std::sync::MutexGuard<'_, HashMap<String, crate::datadir::StoredTenant>> {
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -248,7 +248,7 @@ impl Remote {
     /// [`RemoteError::NotFound`], [`RemoteError::Damaged`] (never returned as good bytes), or
     /// [`RemoteError::Unreachable`].
     pub async fn get_blob(&self, hash: &str) -> Result<bytes::Bytes, RemoteError> {
-        if !crate::store::is_hash(hash) {
+        if !crate::datadir::is_hash(hash) {
             return Err(RemoteError::NotFound(format!(
                 "{hash:?} is not a blob name"
             )));
@@ -277,7 +277,7 @@ impl Remote {
     /// the index names is missing.
     pub async fn manifest(
         &self,
-    ) -> Result<Option<(crate::store::Manifest, UpdateVersion)>, RemoteError> {
+    ) -> Result<Option<(crate::datadir::Manifest, UpdateVersion)>, RemoteError> {
         self.manifest_if_changed(None).await
     }
 
@@ -290,7 +290,7 @@ impl Remote {
     pub async fn manifest_if_changed(
         &self,
         seen: Option<&UpdateVersion>,
-    ) -> Result<Option<(crate::store::Manifest, UpdateVersion)>, RemoteError> {
+    ) -> Result<Option<(crate::datadir::Manifest, UpdateVersion)>, RemoteError> {
         let Some((bytes, version)) = self.get_if_changed("index.json", seen).await? else {
             return Ok(None);
         };
@@ -310,7 +310,7 @@ impl Remote {
             })?;
         // The records this replica has, then those it has not read yet. (Collected here, not
         // looked up in the cache afterwards: a concurrent read may prune it meanwhile.)
-        let mut records: HashMap<String, crate::store::StoredTenant> = {
+        let mut records: HashMap<String, crate::datadir::StoredTenant> = {
             let cached = self.cached();
             index
                 .tenants
@@ -344,8 +344,8 @@ impl Remote {
             cached.retain(|h, _| records.contains_key(h));
             cached.extend(records);
         }
-        let manifest = crate::store::Manifest {
-            format: crate::store::MANIFEST_FORMAT,
+        let manifest = crate::datadir::Manifest {
+            format: crate::datadir::MANIFEST_FORMAT,
             revision: index.revision,
             tenants,
             changes: index.changes,
@@ -355,7 +355,7 @@ impl Remote {
 
     /// Takes the records of `manifest` (a snapshot of this registry kept elsewhere) as read,
     /// so reading an index that names them fetches none of them.
-    pub async fn remember(&self, manifest: &crate::store::Manifest) {
+    pub async fn remember(&self, manifest: &crate::datadir::Manifest) {
         let tenants = manifest.tenants.clone();
         let hashed = tokio::task::spawn_blocking(move || {
             tenants
@@ -369,9 +369,9 @@ impl Remote {
     }
 
     /// Reads the tenant record `hash` and checks its digest.
-    async fn read_record(&self, hash: &str) -> Result<crate::store::StoredTenant, RemoteError> {
+    async fn read_record(&self, hash: &str) -> Result<crate::datadir::StoredTenant, RemoteError> {
         let name = record_name(hash);
-        if !crate::store::is_hash(hash) {
+        if !crate::datadir::is_hash(hash) {
             return Err(RemoteError::Damaged(format!(
                 "registry object {}: {hash:?} is not a record name",
                 self.object("index.json")
@@ -404,7 +404,7 @@ impl Remote {
     /// (the index, and so what the registry serves, is unchanged then).
     pub async fn put_manifest(
         &self,
-        manifest: &crate::store::Manifest,
+        manifest: &crate::datadir::Manifest,
         expected: Option<&UpdateVersion>,
         change: &str,
     ) -> Result<Written, RemoteError> {
@@ -611,7 +611,7 @@ mod tests {
     /// Writes `m` as a change of its own over `expected`; the version it made.
     async fn put(
         r: &Remote,
-        m: &crate::store::Manifest,
+        m: &crate::datadir::Manifest,
         expected: Option<&UpdateVersion>,
     ) -> Result<UpdateVersion, RemoteError> {
         let id = change_id();
@@ -691,7 +691,7 @@ mod tests {
     async fn of_two_writers_from_one_manifest_version_one_wins_and_one_is_told() {
         let r = remote();
         assert!(r.manifest().await.unwrap().is_none());
-        let mut m = crate::store::Manifest::default();
+        let mut m = crate::datadir::Manifest::default();
         let v1 = put(&r, &m, None).await.unwrap();
         assert!(matches!(
             put(&r, &m, None).await,
@@ -702,7 +702,7 @@ mod tests {
             r.manifest_if_changed(Some(&read)).await.unwrap().is_none(),
             "unchanged"
         );
-        m.format = crate::store::MANIFEST_FORMAT;
+        m.format = crate::datadir::MANIFEST_FORMAT;
         let v2 = put(&r, &m, Some(&v1)).await.unwrap();
         let lost = put(&r, &m, Some(&v1)).await;
         assert!(matches!(lost, Err(RemoteError::Conflict(_))), "{lost:?}");
@@ -716,7 +716,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_change_writes_and_a_reader_fetches_only_the_records_it_changed() {
-        use crate::store::{Manifest, StoredTenant, TenantSpec};
+        use crate::datadir::{Manifest, StoredTenant, TenantSpec};
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let writer = Remote::new(store.clone(), Path::from("fleet"));
         let reader = Remote::new(store.clone(), Path::from("fleet"));
