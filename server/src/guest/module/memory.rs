@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use tern_sdk::abi;
-use wasmtime::{Caller, Memory};
+use wasmtime::{Caller, Linker, Memory};
 
 use super::GuestState;
 
@@ -79,6 +79,53 @@ pub fn copy_to_guest(
     data[range.start..range.start + n].copy_from_slice(&src[..n]);
     Ok(i32::try_from(src.len()).unwrap_or(abi::errno::LIMIT_EXCEEDED))
 }
+
+/// Defines `name(ptr, len) -> i32` in `module`: copies the text `text` reads from the guest's
+/// state into the guest's buffer, as [`copy_to_guest`] answers (the ABI's `*_last_error`).
+///
+/// # Errors
+/// Only if wasmtime rejects the definition (a bug).
+pub fn add_text_call(
+    linker: &mut Linker<GuestState>,
+    module: &str,
+    name: &'static str,
+    text: fn(&GuestState) -> &str,
+) -> wasmtime::Result<()> {
+    linker.func_wrap(
+        module,
+        name,
+        move |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
+            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
+            copy_to_guest(data, ptr, len, text(state).as_bytes(), name)
+        },
+    )?;
+    Ok(())
+}
+
+/// Defines an async host function of a core module's linker whose arguments are all `i32`
+/// (the ABI's pointers, lengths and handles), named as the closure names them; the body is
+/// the host call's, with `caller` the [`Caller`] of the guest's store:
+///
+/// ```ignore
+/// host_call!(linker, abi::IMPORT_MODULE, func::KV_DELETE, |caller, store, key, key_len| {
+///     let key = read_guest(&caller, key, key_len, func::KV_DELETE)?;
+///     Ok(0)
+/// })?;
+/// ```
+macro_rules! host_call {
+    (@i32 $arg:ident) => { i32 };
+    ($linker:expr, $module:expr, $name:expr, |$caller:ident $(, $arg:ident)* $(,)?| $body:block) => {
+        $linker.func_wrap_async(
+            $module,
+            $name,
+            |#[allow(unused_mut)] mut $caller: wasmtime::Caller<'_, $crate::guest::module::GuestState>,
+             ($($arg,)*): ($($crate::guest::module::memory::host_call!(@i32 $arg),)*)| {
+                Box::new(async move $body)
+            },
+        )
+    };
+}
+pub(crate) use host_call;
 
 #[cfg(test)]
 mod tests {

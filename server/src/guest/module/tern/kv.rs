@@ -13,7 +13,9 @@ use tern_sdk::abi::{self, errno, func};
 use wasmtime::{Caller, Linker};
 
 use crate::guest::module::GuestState;
-use crate::guest::module::memory::{GuestFault, copy_to_guest, guest_range, memory, read_guest};
+use crate::guest::module::memory::{
+    GuestFault, add_text_call, copy_to_guest, guest_range, host_call, memory, read_guest,
+};
 use crate::kv::{Answer, Grants, KvError, Op, Session, Store};
 
 /// Keys fetched per `kv_list` call (as many as fit the guest's buffer are given).
@@ -116,200 +118,148 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             Ok(i32::try_from(kv.open.len() - 1).unwrap_or(errno::LIMIT_EXCEEDED))
         },
     )?;
-    linker.func_wrap_async(
+    host_call!(
+        linker,
         m,
         func::KV_GET,
-        |mut caller: Caller<'_, GuestState>,
-         (store, key, key_len, buf, buf_len): (i32, i32, i32, i32, i32)| {
-            Box::new(async move {
-                let key = read_guest(&caller, key, key_len, func::KV_GET)?;
-                // The buffer is checked before the store is asked: a bad one traps either way.
-                let mem = memory(&caller)?;
-                guest_range(buf, buf_len, mem.data(&caller).len())
-                    .ok_or(GuestFault::BadPointer(func::KV_GET))?;
-                match run(&mut caller, store, Op::Get(key)).await {
-                    Ok(Answer::Value(Some(v))) => {
-                        copy_to_guest(mem.data_mut(&mut caller), buf, buf_len, &v, func::KV_GET)
-                    }
-                    Ok(Answer::Value(None)) => {
-                        Ok(caller.data_mut().kv.fail(errno::NOT_FOUND, "no such key"))
-                    }
-                    Ok(other) => Ok(unexpected(&mut caller, &other)),
-                    Err(code) => Ok(code),
+        |caller, store, key, key_len, buf, buf_len| {
+            let key = read_guest(&caller, key, key_len, func::KV_GET)?;
+            // The buffer is checked before the store is asked: a bad one traps either way.
+            let mem = memory(&caller)?;
+            guest_range(buf, buf_len, mem.data(&caller).len())
+                .ok_or(GuestFault::BadPointer(func::KV_GET))?;
+            match run(&mut caller, store, Op::Get(key)).await {
+                Ok(Answer::Value(Some(v))) => {
+                    copy_to_guest(mem.data_mut(&mut caller), buf, buf_len, &v, func::KV_GET)
                 }
-            })
-        },
+                Ok(Answer::Value(None)) => {
+                    Ok(caller.data_mut().kv.fail(errno::NOT_FOUND, "no such key"))
+                }
+                Ok(other) => Ok(unexpected(&mut caller, &other)),
+                Err(code) => Ok(code),
+            }
+        }
     )?;
-    linker.func_wrap_async(
+    host_call!(
+        linker,
         m,
         func::KV_SET,
-        |mut caller: Caller<'_, GuestState>,
-         (store, key, key_len, value, value_len): (i32, i32, i32, i32, i32)| {
-            Box::new(async move {
-                let key = read_guest(&caller, key, key_len, func::KV_SET)?;
-                let value = read_guest(&caller, value, value_len, func::KV_SET)?;
-                Ok(match run(&mut caller, store, Op::Set(key, value)).await {
-                    Ok(_) => 0,
-                    Err(code) => code,
-                })
+        |caller, store, key, key_len, value, value_len| {
+            let key = read_guest(&caller, key, key_len, func::KV_SET)?;
+            let value = read_guest(&caller, value, value_len, func::KV_SET)?;
+            Ok(match run(&mut caller, store, Op::Set(key, value)).await {
+                Ok(_) => 0,
+                Err(code) => code,
             })
-        },
+        }
     )?;
-    linker.func_wrap_async(
-        m,
-        func::KV_DELETE,
-        |mut caller: Caller<'_, GuestState>, (store, key, key_len): (i32, i32, i32)| {
-            Box::new(async move {
-                let key = read_guest(&caller, key, key_len, func::KV_DELETE)?;
-                Ok(match run(&mut caller, store, Op::Delete(key)).await {
-                    Ok(_) => 0,
-                    Err(code) => code,
-                })
-            })
-        },
-    )?;
-    linker.func_wrap_async(
-        m,
-        func::KV_EXISTS,
-        |mut caller: Caller<'_, GuestState>, (store, key, key_len): (i32, i32, i32)| {
-            Box::new(async move {
-                let key = read_guest(&caller, key, key_len, func::KV_EXISTS)?;
-                Ok(match run(&mut caller, store, Op::Exists(key)).await {
-                    Ok(Answer::Bool(b)) => i32::from(b),
-                    Ok(other) => unexpected(&mut caller, &other),
-                    Err(code) => code,
-                })
-            })
-        },
-    )?;
-    linker.func_wrap_async(
+    host_call!(linker, m, func::KV_DELETE, |caller, store, key, key_len| {
+        let key = read_guest(&caller, key, key_len, func::KV_DELETE)?;
+        Ok(match run(&mut caller, store, Op::Delete(key)).await {
+            Ok(_) => 0,
+            Err(code) => code,
+        })
+    })?;
+    host_call!(linker, m, func::KV_EXISTS, |caller, store, key, key_len| {
+        let key = read_guest(&caller, key, key_len, func::KV_EXISTS)?;
+        Ok(match run(&mut caller, store, Op::Exists(key)).await {
+            Ok(Answer::Bool(b)) => i32::from(b),
+            Ok(other) => unexpected(&mut caller, &other),
+            Err(code) => code,
+        })
+    })?;
+    host_call!(
+        linker,
         m,
         func::KV_INCREMENT,
-        |mut caller: Caller<'_, GuestState>, (store, key, key_len, delta): (i32, i32, i32, i32)| {
-            Box::new(async move {
-                let f = func::KV_INCREMENT;
-                let key = read_guest(&caller, key, key_len, f)?;
-                let bytes = read_guest(&caller, delta, 8, f)?;
-                let by =
-                    i64::from_le_bytes(bytes.try_into().map_err(|_| GuestFault::BadPointer(f))?);
-                Ok(
-                    match run(&mut caller, store, Op::Increment(key, by)).await {
-                        Ok(Answer::Integer(n)) => {
-                            let mem = memory(&caller)?;
-                            copy_to_guest(
-                                mem.data_mut(&mut caller),
-                                delta,
-                                8,
-                                &n.to_le_bytes(),
-                                f,
-                            )?;
-                            0
-                        }
-                        Ok(other) => unexpected(&mut caller, &other),
-                        Err(code) => code,
-                    },
-                )
-            })
-        },
-    )?;
-    linker.func_wrap_async(
-        m,
-        func::KV_COMPARE_AND_SWAP,
-        |mut caller: Caller<'_, GuestState>,
-         (store, key, key_len, old, old_len, new, new_len, flags): (
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-        )| {
-            Box::new(async move {
-                let f = func::KV_COMPARE_AND_SWAP;
-                let key = read_guest(&caller, key, key_len, f)?;
-                let new = read_guest(&caller, new, new_len, f)?;
-                let expected = if flags & abi::KV_CAS_ABSENT != 0 {
-                    None
-                } else {
-                    Some(read_guest(&caller, old, old_len, f)?)
-                };
-                if flags & !abi::KV_CAS_ABSENT != 0 {
-                    return Ok(caller
-                        .data_mut()
-                        .kv
-                        .fail(errno::INVALID_ARGUMENT, format!("unknown flags {flags:#x}")));
-                }
-                let op = Op::CompareAndSwap { key, expected, new };
-                Ok(match run(&mut caller, store, op).await {
-                    Ok(Answer::Bool(b)) => i32::from(b),
+        |caller, store, key, key_len, delta| {
+            let f = func::KV_INCREMENT;
+            let key = read_guest(&caller, key, key_len, f)?;
+            let bytes = read_guest(&caller, delta, 8, f)?;
+            let by = i64::from_le_bytes(bytes.try_into().map_err(|_| GuestFault::BadPointer(f))?);
+            Ok(
+                match run(&mut caller, store, Op::Increment(key, by)).await {
+                    Ok(Answer::Integer(n)) => {
+                        let mem = memory(&caller)?;
+                        copy_to_guest(mem.data_mut(&mut caller), delta, 8, &n.to_le_bytes(), f)?;
+                        0
+                    }
                     Ok(other) => unexpected(&mut caller, &other),
                     Err(code) => code,
-                })
-            })
-        },
+                },
+            )
+        }
     )?;
-    linker.func_wrap_async(
+    host_call!(
+        linker,
+        m,
+        func::KV_COMPARE_AND_SWAP,
+        |caller, store, key, key_len, old, old_len, new, new_len, flags| {
+            let f = func::KV_COMPARE_AND_SWAP;
+            let key = read_guest(&caller, key, key_len, f)?;
+            let new = read_guest(&caller, new, new_len, f)?;
+            let expected = if flags & abi::KV_CAS_ABSENT != 0 {
+                None
+            } else {
+                Some(read_guest(&caller, old, old_len, f)?)
+            };
+            if flags & !abi::KV_CAS_ABSENT != 0 {
+                return Ok(caller
+                    .data_mut()
+                    .kv
+                    .fail(errno::INVALID_ARGUMENT, format!("unknown flags {flags:#x}")));
+            }
+            let op = Op::CompareAndSwap { key, expected, new };
+            Ok(match run(&mut caller, store, op).await {
+                Ok(Answer::Bool(b)) => i32::from(b),
+                Ok(other) => unexpected(&mut caller, &other),
+                Err(code) => code,
+            })
+        }
+    )?;
+    host_call!(
+        linker,
         m,
         func::KV_LIST,
-        |mut caller: Caller<'_, GuestState>,
-         (store, cursor, cursor_len, buf, buf_len): (i32, i32, i32, i32, i32)| {
-            Box::new(async move {
-                let f = func::KV_LIST;
-                let cursor = read_guest(&caller, cursor, cursor_len, f)?;
-                let mem = memory(&caller)?;
-                let room = guest_range(buf, buf_len, mem.data(&caller).len())
-                    .ok_or(GuestFault::BadPointer(f))?;
-                let after = (!cursor.is_empty()).then_some(cursor);
-                let op = Op::List {
-                    after,
-                    limit: LIST_BATCH,
-                };
-                let keys = match run(&mut caller, store, op).await {
-                    Ok(Answer::Keys(keys)) => keys,
-                    Ok(other) => return Ok(unexpected(&mut caller, &other)),
-                    Err(code) => return Ok(code),
-                };
-                let mut out = Vec::with_capacity(room.len().min(64 * 1024));
-                for key in &keys {
-                    if out.len() + 2 + key.len() > room.len() {
-                        break;
-                    }
-                    // Keys are at most `kv::KEY_BYTES_CEILING` (65,535) bytes.
-                    out.extend_from_slice(
-                        &u16::try_from(key.len()).unwrap_or(u16::MAX).to_le_bytes(),
-                    );
-                    out.extend_from_slice(key);
+        |caller, store, cursor, cursor_len, buf, buf_len| {
+            let f = func::KV_LIST;
+            let cursor = read_guest(&caller, cursor, cursor_len, f)?;
+            let mem = memory(&caller)?;
+            let room = guest_range(buf, buf_len, mem.data(&caller).len())
+                .ok_or(GuestFault::BadPointer(f))?;
+            let after = (!cursor.is_empty()).then_some(cursor);
+            let op = Op::List {
+                after,
+                limit: LIST_BATCH,
+            };
+            let keys = match run(&mut caller, store, op).await {
+                Ok(Answer::Keys(keys)) => keys,
+                Ok(other) => return Ok(unexpected(&mut caller, &other)),
+                Err(code) => return Ok(code),
+            };
+            let mut out = Vec::with_capacity(room.len().min(64 * 1024));
+            for key in &keys {
+                if out.len() + 2 + key.len() > room.len() {
+                    break;
                 }
-                if out.is_empty() && !keys.is_empty() {
-                    let need = keys[0].len() + 2;
-                    return Ok(caller.data_mut().kv.fail(
-                        errno::INVALID_ARGUMENT,
-                        format!(
-                            "the buffer of {} bytes cannot hold the next key ({need} bytes)",
-                            room.len()
-                        ),
-                    ));
-                }
-                mem.data_mut(&mut caller)[room.start..room.start + out.len()].copy_from_slice(&out);
-                Ok(i32::try_from(out.len()).unwrap_or(errno::LIMIT_EXCEEDED))
-            })
-        },
+                // Keys are at most `kv::KEY_BYTES_CEILING` (65,535) bytes.
+                out.extend_from_slice(&u16::try_from(key.len()).unwrap_or(u16::MAX).to_le_bytes());
+                out.extend_from_slice(key);
+            }
+            if out.is_empty() && !keys.is_empty() {
+                let need = keys[0].len() + 2;
+                return Ok(caller.data_mut().kv.fail(
+                    errno::INVALID_ARGUMENT,
+                    format!(
+                        "the buffer of {} bytes cannot hold the next key ({need} bytes)",
+                        room.len()
+                    ),
+                ));
+            }
+            mem.data_mut(&mut caller)[room.start..room.start + out.len()].copy_from_slice(&out);
+            Ok(i32::try_from(out.len()).unwrap_or(errno::LIMIT_EXCEEDED))
+        }
     )?;
-    linker.func_wrap(
-        m,
-        func::KV_LAST_ERROR,
-        |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
-            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
-            copy_to_guest(
-                data,
-                ptr,
-                len,
-                state.kv.last_error.as_bytes(),
-                func::KV_LAST_ERROR,
-            )
-        },
-    )?;
+    add_text_call(linker, m, func::KV_LAST_ERROR, |s| &s.kv.last_error)?;
     Ok(())
 }

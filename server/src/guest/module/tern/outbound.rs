@@ -27,7 +27,8 @@ use wasmtime::{Caller, Linker};
 use crate::body::ClientBody;
 use crate::guest::module::GuestState;
 use crate::guest::module::memory::{
-    GuestFault, copy_to_guest, guest_range, headers_blob, memory, read_guest,
+    GuestFault, add_text_call, copy_to_guest, guest_range, headers_blob, host_call, memory,
+    read_guest,
 };
 use crate::guest::{ForwardError, GuestRequest, GuestResponse};
 use crate::outbound::{Calls, Denied, NoHead, OutBody, Passing, Refused, Target};
@@ -537,58 +538,49 @@ async fn finish(body: &mpsc::Sender<Bytes>) {
 
 pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     let m = abi::IMPORT_MODULE;
-    linker.func_wrap_async(
+    host_call!(
+        linker,
         m,
         func::OUTBOUND_REQUEST,
-        |mut caller: Caller<'_, GuestState>,
-         (method, method_len, backend, backend_len, url, url_len): (
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-        )| {
-            Box::new(async move {
-                let f = func::OUTBOUND_REQUEST;
-                let method = read_guest(&caller, method, method_len, f)?;
-                let backend = read_guest(&caller, backend, backend_len, f)?;
-                let url = read_guest(&caller, url, url_len, f)?;
-                let state = caller.data_mut();
-                let out = &mut state.outbound;
-                let (Ok(backend), Ok(url)) = (String::from_utf8(backend), String::from_utf8(url))
-                else {
-                    return Ok(out.misuse("the backend name and URL must be UTF-8"));
-                };
-                if let Err(code) = out.check_new(&state.request, &backend) {
-                    return Ok(code);
-                }
-                let Ok(method) = Method::from_bytes(&method) else {
-                    return Ok(out.misuse("not an HTTP method"));
-                };
-                if backend.is_empty() && url.is_empty() {
-                    return Ok(out.misuse("give a backend name and a path, or a URL"));
-                }
-                let calls = out.calls.clone();
-                let waited = Instant::now();
-                let target = calls.policy.target(&backend, &url).await;
-                let state = caller.data_mut();
-                let out = &mut state.outbound;
-                out.waited += waited.elapsed();
-                let target = match target {
-                    Ok(t) => t,
-                    Err(d) => return Ok(out.denied(&backend, &d, &state.request)),
-                };
-                out.handles.push(Call::Building(Box::new(Draft {
-                    method,
-                    target,
-                    headers: HeaderMap::new(),
-                    body: BytesMut::new(),
-                    forward: None,
-                })));
-                Ok(i32::try_from(out.handles.len() - 1).unwrap_or(errno::LIMIT_EXCEEDED))
-            })
-        },
+        |caller, method, method_len, backend, backend_len, url, url_len| {
+            let f = func::OUTBOUND_REQUEST;
+            let method = read_guest(&caller, method, method_len, f)?;
+            let backend = read_guest(&caller, backend, backend_len, f)?;
+            let url = read_guest(&caller, url, url_len, f)?;
+            let state = caller.data_mut();
+            let out = &mut state.outbound;
+            let (Ok(backend), Ok(url)) = (String::from_utf8(backend), String::from_utf8(url))
+            else {
+                return Ok(out.misuse("the backend name and URL must be UTF-8"));
+            };
+            if let Err(code) = out.check_new(&state.request, &backend) {
+                return Ok(code);
+            }
+            let Ok(method) = Method::from_bytes(&method) else {
+                return Ok(out.misuse("not an HTTP method"));
+            };
+            if backend.is_empty() && url.is_empty() {
+                return Ok(out.misuse("give a backend name and a path, or a URL"));
+            }
+            let calls = out.calls.clone();
+            let waited = Instant::now();
+            let target = calls.policy.target(&backend, &url).await;
+            let state = caller.data_mut();
+            let out = &mut state.outbound;
+            out.waited += waited.elapsed();
+            let target = match target {
+                Ok(t) => t,
+                Err(d) => return Ok(out.denied(&backend, &d, &state.request)),
+            };
+            out.handles.push(Call::Building(Box::new(Draft {
+                method,
+                target,
+                headers: HeaderMap::new(),
+                body: BytesMut::new(),
+                forward: None,
+            })));
+            Ok(i32::try_from(out.handles.len() - 1).unwrap_or(errno::LIMIT_EXCEEDED))
+        }
     )?;
     linker.func_wrap(
         m,
@@ -626,58 +618,57 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             Ok(0)
         },
     )?;
-    linker.func_wrap_async(
+    host_call!(
+        linker,
         m,
         func::OUTBOUND_BODY_WRITE,
-        |mut caller: Caller<'_, GuestState>, (handle, ptr, len): (i32, i32, i32)| {
-            Box::new(async move {
-                let chunk = read_guest(&caller, ptr, len, func::OUTBOUND_BODY_WRITE)?;
-                let out = &mut caller.data_mut().outbound;
-                let max = out.calls.policy.max_request_bytes;
-                let too_large = |out: &mut Outbound| {
-                    out.misuse(format!(
-                        "the request body is larger than {max} bytes (outbound.max_request_bytes)"
-                    ));
-                    errno::LIMIT_EXCEEDED
-                };
-                let n = i32::try_from(chunk.len()).unwrap_or(i32::MAX);
-                let sender = match out.get(handle) {
-                    Err(code) => return Ok(code),
-                    Ok(Call::Building(draft)) if draft.forward.is_some() => {
-                        return Ok(out.misuse("the request's body is the client's (forwarded)"));
-                    }
-                    Ok(Call::Building(draft)) => {
-                        if (draft.body.len() + chunk.len()) as u64 > max {
-                            return Ok(too_large(out));
-                        }
-                        draft.body.extend_from_slice(&chunk);
-                        return Ok(n);
-                    }
-                    Ok(Call::Streaming { body, written, .. }) => {
-                        *written += chunk.len() as u64;
-                        if *written > max {
-                            return Ok(too_large(out));
-                        }
-                        body.clone()
-                    }
-                    Ok(_) => return Ok(out.misuse("the request body is complete")),
-                };
-                if chunk.is_empty() {
-                    return Ok(0);
+        |caller, handle, ptr, len| {
+            let chunk = read_guest(&caller, ptr, len, func::OUTBOUND_BODY_WRITE)?;
+            let out = &mut caller.data_mut().outbound;
+            let max = out.calls.policy.max_request_bytes;
+            let too_large = |out: &mut Outbound| {
+                out.misuse(format!(
+                    "the request body is larger than {max} bytes (outbound.max_request_bytes)"
+                ));
+                errno::LIMIT_EXCEEDED
+            };
+            let n = i32::try_from(chunk.len()).unwrap_or(i32::MAX);
+            let sender = match out.get(handle) {
+                Err(code) => return Ok(code),
+                Ok(Call::Building(draft)) if draft.forward.is_some() => {
+                    return Ok(out.misuse("the request's body is the client's (forwarded)"));
                 }
-                let waited = Instant::now();
-                let sent = sender.send(Bytes::from(chunk)).await;
-                let out = &mut caller.data_mut().outbound;
-                out.waited += waited.elapsed();
-                Ok(match sent {
-                    Ok(()) => n,
-                    Err(_) => {
-                        out.last_error = "the backend stopped reading the request body".into();
-                        errno::IO
+                Ok(Call::Building(draft)) => {
+                    if (draft.body.len() + chunk.len()) as u64 > max {
+                        return Ok(too_large(out));
                     }
-                })
+                    draft.body.extend_from_slice(&chunk);
+                    return Ok(n);
+                }
+                Ok(Call::Streaming { body, written, .. }) => {
+                    *written += chunk.len() as u64;
+                    if *written > max {
+                        return Ok(too_large(out));
+                    }
+                    body.clone()
+                }
+                Ok(_) => return Ok(out.misuse("the request body is complete")),
+            };
+            if chunk.is_empty() {
+                return Ok(0);
+            }
+            let waited = Instant::now();
+            let sent = sender.send(Bytes::from(chunk)).await;
+            let out = &mut caller.data_mut().outbound;
+            out.waited += waited.elapsed();
+            Ok(match sent {
+                Ok(()) => n,
+                Err(_) => {
+                    out.last_error = "the backend stopped reading the request body".into();
+                    errno::IO
+                }
             })
-        },
+        }
     )?;
     linker.func_wrap(
         m,
@@ -691,93 +682,84 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             ))
         },
     )?;
-    linker.func_wrap_async(
-        m,
-        func::OUTBOUND_BODY_FINISH,
-        |mut caller: Caller<'_, GuestState>, (handle,): (i32,)| {
-            Box::new(async move {
-                let out = &mut caller.data_mut().outbound;
-                let call = match out.take(handle) {
-                    Ok(c) => c,
-                    Err(code) => return Ok(code),
-                };
-                Ok(match call {
-                    Call::Streaming { body, pending, .. } => {
-                        let waited = Instant::now();
-                        finish(&body).await;
-                        out.waited += waited.elapsed();
-                        out.put(handle, Call::Sent(pending));
-                        0
-                    }
-                    Call::Building(_) => {
-                        out.put(handle, call);
-                        out.misuse("the request has not been sent (call outbound_send)")
-                    }
-                    other => {
-                        out.put(handle, other);
-                        0
-                    }
-                })
-            })
-        },
-    )?;
-    linker.func_wrap_async(
+    host_call!(linker, m, func::OUTBOUND_BODY_FINISH, |caller, handle| {
+        let out = &mut caller.data_mut().outbound;
+        let call = match out.take(handle) {
+            Ok(c) => c,
+            Err(code) => return Ok(code),
+        };
+        Ok(match call {
+            Call::Streaming { body, pending, .. } => {
+                let waited = Instant::now();
+                finish(&body).await;
+                out.waited += waited.elapsed();
+                out.put(handle, Call::Sent(pending));
+                0
+            }
+            Call::Building(_) => {
+                out.put(handle, call);
+                out.misuse("the request has not been sent (call outbound_send)")
+            }
+            other => {
+                out.put(handle, other);
+                0
+            }
+        })
+    })?;
+    host_call!(
+        linker,
         m,
         func::OUTBOUND_RESPONSE_STATUS,
-        |mut caller: Caller<'_, GuestState>, (handle,): (i32,)| {
-            Box::new(async move {
-                let out = &mut caller.data_mut().outbound;
-                Ok(match out.responded(handle).await {
-                    Ok(r) => i32::from(r.status),
-                    Err(code) => code,
-                })
+        |caller, handle| {
+            let out = &mut caller.data_mut().outbound;
+            Ok(match out.responded(handle).await {
+                Ok(r) => i32::from(r.status),
+                Err(code) => code,
             })
-        },
+        }
     )?;
-    linker.func_wrap_async(
+    host_call!(
+        linker,
         m,
         func::OUTBOUND_RESPONSE_HEADERS,
-        |mut caller: Caller<'_, GuestState>, (handle, ptr, len): (i32, i32, i32)| {
-            Box::new(async move {
-                let f = func::OUTBOUND_RESPONSE_HEADERS;
-                let mem = memory(&caller)?;
-                guest_range(ptr, len, mem.data_size(&caller)).ok_or(GuestFault::BadPointer(f))?;
-                let (data, state) = mem.data_and_store_mut(&mut caller);
-                let r = match state.outbound.responded(handle).await {
-                    Ok(r) => r,
-                    Err(code) => return Ok(code),
-                };
-                let headers = &r.headers;
-                let blob = r.blob.get_or_insert_with(|| headers_blob(headers));
-                copy_to_guest(data, ptr, len, blob, f)
-            })
-        },
+        |caller, handle, ptr, len| {
+            let f = func::OUTBOUND_RESPONSE_HEADERS;
+            let mem = memory(&caller)?;
+            guest_range(ptr, len, mem.data_size(&caller)).ok_or(GuestFault::BadPointer(f))?;
+            let (data, state) = mem.data_and_store_mut(&mut caller);
+            let r = match state.outbound.responded(handle).await {
+                Ok(r) => r,
+                Err(code) => return Ok(code),
+            };
+            let headers = &r.headers;
+            let blob = r.blob.get_or_insert_with(|| headers_blob(headers));
+            copy_to_guest(data, ptr, len, blob, f)
+        }
     )?;
-    linker.func_wrap_async(
+    host_call!(
+        linker,
         m,
         func::OUTBOUND_RESPONSE_BODY_READ,
-        |mut caller: Caller<'_, GuestState>, (handle, ptr, len): (i32, i32, i32)| {
-            Box::new(async move {
-                let f = func::OUTBOUND_RESPONSE_BODY_READ;
-                let mem = memory(&caller)?;
-                let range = guest_range(ptr, len, mem.data_size(&caller))
-                    .ok_or(GuestFault::BadPointer(f))?;
-                if range.is_empty() {
-                    return Ok(0);
-                }
-                let mut chunk = match caller.data_mut().outbound.body_chunk(handle).await {
-                    Ok(c) => c,
-                    Err(code) => return Ok(code),
-                };
-                let n = range.len().min(chunk.len());
-                let (data, state) = mem.data_and_store_mut(&mut caller);
-                data[range.start..range.start + n].copy_from_slice(&chunk[..n]);
-                if let Ok(Call::Responded(r)) = state.outbound.get(handle) {
-                    r.leftover = chunk.split_off(n);
-                }
-                Ok(i32::try_from(n).unwrap_or(i32::MAX))
-            })
-        },
+        |caller, handle, ptr, len| {
+            let f = func::OUTBOUND_RESPONSE_BODY_READ;
+            let mem = memory(&caller)?;
+            let range =
+                guest_range(ptr, len, mem.data_size(&caller)).ok_or(GuestFault::BadPointer(f))?;
+            if range.is_empty() {
+                return Ok(0);
+            }
+            let mut chunk = match caller.data_mut().outbound.body_chunk(handle).await {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            let n = range.len().min(chunk.len());
+            let (data, state) = mem.data_and_store_mut(&mut caller);
+            data[range.start..range.start + n].copy_from_slice(&chunk[..n]);
+            if let Ok(Call::Responded(r)) = state.outbound.get(handle) {
+                r.leftover = chunk.split_off(n);
+            }
+            Ok(i32::try_from(n).unwrap_or(i32::MAX))
+        }
     )?;
     linker.func_wrap(
         m,
@@ -803,32 +785,15 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             Ok(state.outbound.forward_request(handle, &mut state.request))
         },
     )?;
-    linker.func_wrap_async(
-        m,
-        func::RESPONSE_FORWARD,
-        |mut caller: Caller<'_, GuestState>, (handle,): (i32,)| {
-            Box::new(async move {
-                let state = caller.data_mut();
-                Ok(state
-                    .outbound
-                    .forward_response(handle, &mut state.response)
-                    .await)
-            })
-        },
-    )?;
-    linker.func_wrap(
-        m,
-        func::OUTBOUND_LAST_ERROR,
-        |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
-            let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
-            copy_to_guest(
-                data,
-                ptr,
-                len,
-                state.outbound.last_error.as_bytes(),
-                func::OUTBOUND_LAST_ERROR,
-            )
-        },
-    )?;
+    host_call!(linker, m, func::RESPONSE_FORWARD, |caller, handle| {
+        let state = caller.data_mut();
+        Ok(state
+            .outbound
+            .forward_response(handle, &mut state.response)
+            .await)
+    })?;
+    add_text_call(linker, m, func::OUTBOUND_LAST_ERROR, |s| {
+        &s.outbound.last_error
+    })?;
     Ok(())
 }

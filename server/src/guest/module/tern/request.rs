@@ -10,7 +10,9 @@ use wasmtime::{Caller, Linker};
 use crate::context;
 use crate::guest::GuestRequest;
 use crate::guest::module::GuestState;
-use crate::guest::module::memory::{GuestFault, copy_to_guest, guest_range, headers_blob, memory};
+use crate::guest::module::memory::{
+    GuestFault, copy_to_guest, guest_range, headers_blob, host_call, memory,
+};
 use crate::guest::request::BodyError;
 
 /// The value of `request_info` key `key` for a guest of tenant `tenant`, or the error code:
@@ -121,29 +123,23 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             }
         },
     )?;
-    linker.func_wrap_async(
-        m,
-        func::REQUEST_BODY_READ,
-        |mut caller: Caller<'_, GuestState>, (ptr, len): (i32, i32)| {
-            Box::new(async move {
-                let mem = memory(&caller)?;
-                // Check the buffer before waiting for data: a bad pointer traps even at the end.
-                let range = guest_range(ptr, len, mem.data_size(&caller))
-                    .ok_or(GuestFault::BadPointer(func::REQUEST_BODY_READ))?;
-                if range.is_empty() {
-                    return Ok(0);
-                }
-                let chunk = match caller.data_mut().request.read_up_to(range.len()).await {
-                    Ok(chunk) => chunk,
-                    Err(BodyError::TooLarge) => return Ok(errno::LIMIT_EXCEEDED),
-                    Err(BodyError::Failed) => return Ok(errno::IO),
-                };
-                let n = chunk.len();
-                // The memory cannot shrink, so the range checked above is still inside it.
-                mem.data_mut(&mut caller)[range.start..range.start + n].copy_from_slice(&chunk);
-                Ok(i32::try_from(n).unwrap_or(i32::MAX))
-            })
-        },
-    )?;
+    host_call!(linker, m, func::REQUEST_BODY_READ, |caller, ptr, len| {
+        let mem = memory(&caller)?;
+        // Check the buffer before waiting for data: a bad pointer traps even at the end.
+        let range = guest_range(ptr, len, mem.data_size(&caller))
+            .ok_or(GuestFault::BadPointer(func::REQUEST_BODY_READ))?;
+        if range.is_empty() {
+            return Ok(0);
+        }
+        let chunk = match caller.data_mut().request.read_up_to(range.len()).await {
+            Ok(chunk) => chunk,
+            Err(BodyError::TooLarge) => return Ok(errno::LIMIT_EXCEEDED),
+            Err(BodyError::Failed) => return Ok(errno::IO),
+        };
+        let n = chunk.len();
+        // The memory cannot shrink, so the range checked above is still inside it.
+        mem.data_mut(&mut caller)[range.start..range.start + n].copy_from_slice(&chunk);
+        Ok(i32::try_from(n).unwrap_or(i32::MAX))
+    })?;
     Ok(())
 }

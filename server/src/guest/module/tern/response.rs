@@ -6,7 +6,7 @@ use tern_sdk::abi::{self, errno, func};
 use wasmtime::{Caller, Linker};
 
 use crate::guest::module::GuestState;
-use crate::guest::module::memory::{GuestFault, guest_range, memory};
+use crate::guest::module::memory::{GuestFault, guest_range, host_call, memory};
 use crate::guest::{HeaderError, WriteError};
 
 /// A refused header as the ABI reports it.
@@ -63,25 +63,19 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
                 .map_or_else(header_errno, |()| 0))
         },
     )?;
-    linker.func_wrap_async(
-        m,
-        func::RESPONSE_BODY_WRITE,
-        |mut caller: Caller<'_, GuestState>, (ptr, len): (i32, i32)| {
-            Box::new(async move {
-                let mem = memory(&caller)?;
-                let (data, state) = mem.data_and_store_mut(&mut caller);
-                let range = guest_range(ptr, len, data.len())
-                    .ok_or(GuestFault::BadPointer(func::RESPONSE_BODY_WRITE))?;
-                let n = i32::try_from(range.len()).unwrap_or(i32::MAX);
-                Ok(match state.response.write(&data[range]).await {
-                    Ok(()) => n,
-                    Err(WriteError::Limit) => errno::LIMIT_EXCEEDED,
-                    Err(WriteError::ClientGone) => errno::IO,
-                    // The body is a backend's (`response_forward`).
-                    Err(WriteError::Forwarded) => errno::INVALID_ARGUMENT,
-                })
-            })
-        },
-    )?;
+    host_call!(linker, m, func::RESPONSE_BODY_WRITE, |caller, ptr, len| {
+        let mem = memory(&caller)?;
+        let (data, state) = mem.data_and_store_mut(&mut caller);
+        let range = guest_range(ptr, len, data.len())
+            .ok_or(GuestFault::BadPointer(func::RESPONSE_BODY_WRITE))?;
+        let n = i32::try_from(range.len()).unwrap_or(i32::MAX);
+        Ok(match state.response.write(&data[range]).await {
+            Ok(()) => n,
+            Err(WriteError::Limit) => errno::LIMIT_EXCEEDED,
+            Err(WriteError::ClientGone) => errno::IO,
+            // The body is a backend's (`response_forward`).
+            Err(WriteError::Forwarded) => errno::INVALID_ARGUMENT,
+        })
+    })?;
     Ok(())
 }
