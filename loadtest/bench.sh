@@ -616,7 +616,7 @@ tracing_cost() {
         wait "$perf_pid" || true
         perf report -i "$WORK/trace.perf" --no-children --sort comm,sym -g none --stdio -n 2>/dev/null |
             awk -v n="$reqs" -v f=$freq '
-                $3 == "tern-worker-0" && /tern::trace::|tern::http::Traced|Exemplars::record/ { w += $2 }
+                $3 == "tern-worker-0" && /tern::trace::|tern::http::(exchange::)?Traced|Exemplars::record/ { w += $2 }
                 $3 == "tern-control" { c += $2 }
                 END { printf "%.2f %.2f\n", w * 1e6 / f / n, c * 1e6 / f / n }'
     }
@@ -655,7 +655,7 @@ tracing_cost() {
     echo "| tracing on, unsampled | $(col 4 | med | two) µs | $(col 5 | med | two) µs | $(col 6 | med | int) |"
     echo "| tracing on, sampled and exported (5 spans) | $(col 7 | med | two) µs | $(col 8 | med | two) µs | $(col 9 | med | int) |"
     echo
-    echo "- **What tracing adds, by profile** (\`perf record -F $freq\`, ${prof_secs}-second runs at the same load; the tracing code on the worker is every function of \`tern::trace\`, \`tern::http::Traced\` and the exemplars, the exporter is the \`tern-control\` thread): unsampled **$(awk -v a="$u_worker" -v b="$u_control" 'BEGIN { printf "%.2f", a + b }') µs** per request (goal ≤ 0.2); sampled and exported **$(awk -v a="$s_worker" -v b="$s_control" 'BEGIN { printf "%.2f", a + b }') µs** ($s_worker on the worker, $s_control exporting; goal ≤ 1.5)"
+    echo "- **What tracing adds, by profile** (\`perf record -F $freq\`, ${prof_secs}-second runs at the same load; the tracing code on the worker is every function of \`tern::trace\`, \`tern::http::exchange::Traced\` and the exemplars, the exporter is the \`tern-control\` thread): unsampled **$(awk -v a="$u_worker" -v b="$u_control" 'BEGIN { printf "%.2f", a + b }') µs** per request (goal ≤ 0.2); sampled and exported **$(awk -v a="$s_worker" -v b="$s_control" 'BEGIN { printf "%.2f", a + b }') µs** ($s_worker on the worker, $s_control exporting; goal ≤ 1.5)"
     echo "- End to end, paired: unsampled − off $(printf '%+.2f' "$du") µs per request (middle half of the rounds: $(diff_col 4 1 | quart)); sampled − unsampled $(printf '%+.2f' "$ds") µs ($(diff_col 7 4 | quart)), of which the exporter's thread $(diff_col 8 5 | med | two) µs. Where the bracketed range is wider than the goal, this machine's noise (other tenants of the host) hides the difference, and the profile is the measure"
 }
 

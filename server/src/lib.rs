@@ -11,7 +11,10 @@
 //! - [`context`]: the request's context, computed once (connection, id, route prefix, HTTP
 //!   version) and the values every guest kind renders from it (scheme, host, URL, server name
 //!   and port).
-//! - [`http`]: request ids, routing, admission, the response and its `Server-Timing`.
+//! - [`http`]: the front end as named steps over Tern's own request body (route, checks on the
+//!   routed request, admit, run the guest and respond), each able to end the exchange early;
+//!   `http::exchange` (ids, timings, trace and access line; finishing a response with its
+//!   `Server-Timing`), `http::request` (framing, host, request ids, the HTTPS redirect).
 //! - [`target`]: the normal form of the request's path, which routing, the guests and
 //!   everything keyed on a URL use (dot segments, percent-encodings, ambiguous paths refused).
 //! - [`router`]: `Host` / path prefix → tenant, on the normal path.

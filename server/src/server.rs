@@ -10,6 +10,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 
 use crate::app::App;
+use crate::body::RequestBody;
 use crate::config::Config;
 use crate::datadir::{self, DataDir};
 use crate::engine;
@@ -348,8 +349,9 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                         .build()
                         .expect("worker runtime");
                     rt.block_on(async move {
-                        let handler =
-                            move |req, client| crate::http::handle(app.clone(), req, client);
+                        let handler = move |req: http::Request<hyper::body::Incoming>, client| {
+                            crate::http::handle(app.clone(), req.map(RequestBody::Incoming), client)
+                        };
                         let plain = async {
                             if let Some(l) = plain_listener {
                                 let l = TcpListener::from_std(l).expect("listener");
@@ -370,7 +372,9 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         }
     } else {
         let a = app.clone();
-        let handler = move |req, client| crate::http::handle(a.clone(), req, client);
+        let handler = move |req: http::Request<hyper::body::Incoming>, client| {
+            crate::http::handle(a.clone(), req.map(RequestBody::Incoming), client)
+        };
         if let Some(l) = public {
             tasks.push(tokio::spawn(listener::serve(
                 l,

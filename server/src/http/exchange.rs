@@ -1,0 +1,317 @@
+//! What the front end keeps of one request as it goes (its ids, phase timings, trace and access
+//! line) and how it finishes one: the request id and `Server-Timing` on the response, the
+//! counts, the trace's end, the access line when the body ends.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::HOST;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
+
+use super::request::{client_request_id, new_request_id};
+use super::{SERVER_TIMING, X_REQUEST_ID, error_response};
+use crate::app::App;
+use crate::body::ResponseBody;
+use crate::context::Connection;
+use crate::execute::RunOutput;
+use crate::metrics::{Phase, Timings};
+use crate::outcome::ExecError;
+use crate::tenant::TenantRef;
+
+/// How a step of the front end ends an exchange before the guest runs.
+pub(super) enum Early {
+    /// Answered with this response before a tenant was chosen, or by the server for one (a
+    /// redirect to HTTPS).
+    Unrouted(Box<Response<ResponseBody>>),
+    /// Refused for this tenant at this phase: its error page, its outcome counted.
+    Refused(TenantRef, ExecError, Phase),
+}
+
+/// One request as the front end sees it: when it came, its id, how long each phase took, and
+/// its trace when tracing is on.
+pub(super) struct Exchange {
+    pub(super) arrived: Instant,
+    pub(super) request_id: HeaderValue,
+    /// Whether it came over TLS (a tenant's `hsts` goes on HTTPS responses only).
+    tls: bool,
+    /// The HTTP version it came in (a label of `tern_requests_total`).
+    version: http::Version,
+    pub(super) timings: Timings,
+    pub(super) trace: Option<Traced>,
+    /// Its access line, when access lines are on: written when the response ends.
+    access: Option<crate::logwriter::AccessRecord>,
+}
+
+impl Exchange {
+    /// Begins the exchange of `req`, which came on `conn` from `client`: its id (the
+    /// client's, its trace's, or a new one), its trace when tracing is on, and its access
+    /// line, gathered as the request came (before its path is normalised) when access lines
+    /// are on.
+    pub(super) fn begin<B>(
+        app: &App,
+        req: &Request<B>,
+        conn: &Connection,
+        client: SocketAddr,
+    ) -> Self {
+        let arrived = Instant::now();
+        let trace = app
+            .tracer
+            .as_ref()
+            .map(|t| Traced::begin(t, req, conn, client));
+        let request_id = match (client_request_id(req.headers()), &trace) {
+            (Some(id), _) => id,
+            // A traced request's id is its trace id: logs, error pages and traces join on it.
+            (None, Some(t)) => t.active.trace_id_header(),
+            (None, None) => new_request_id(),
+        };
+        let access = crate::logwriter::access_enabled().then(|| crate::logwriter::AccessRecord {
+            request_id: request_id.clone(),
+            tenant: None,
+            method: req.method().clone(),
+            target: req.uri().clone(),
+            with_query: app.access_log_query,
+            version: req.version(),
+            host: match req.uri().authority() {
+                Some(a) => HeaderValue::from_str(a.as_str()).ok(),
+                None => req.headers().get(HOST).cloned(),
+            },
+            remote: conn.peer,
+            client: client.ip().to_canonical(),
+            user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
+            referer: req.headers().get(http::header::REFERER).cloned(),
+            trace_id: trace.as_ref().map(|t| *t.active.trace_id_hex()),
+            arrived,
+            status: 0,
+        });
+        Self {
+            arrived,
+            request_id,
+            tls: conn.tls.is_some(),
+            version: req.version(),
+            timings: Timings::default(),
+            trace,
+            access,
+        }
+    }
+
+    /// Ends the exchange the way a step said: answered unrouted, or refused for a tenant.
+    pub(super) fn early(self, app: &App, early: Early) -> Response<ResponseBody> {
+        match early {
+            Early::Unrouted(resp) => self.unrouted(app, *resp),
+            Early::Refused(tenant, e, reached) => self.reject(app, &tenant, &e, reached),
+        }
+    }
+
+    /// The request id as error pages give it: with the trace id when the client chose the
+    /// request id (otherwise a traced request's id is its trace id).
+    pub(super) fn ids(&self) -> String {
+        let id = self.request_id.to_str().unwrap_or("-");
+        match &self.trace {
+            Some(t) => {
+                let trace_id = t.active.trace_id_text();
+                if id == trace_id {
+                    id.to_string()
+                } else {
+                    format!("{id}, trace id {trace_id}")
+                }
+            }
+            None => id.to_string(),
+        }
+    }
+
+    /// Answers a request that reached no tenant with `resp`.
+    fn unrouted(self, app: &App, resp: Response<ResponseBody>) -> Response<ResponseBody> {
+        app.metrics.observe(&self.timings, Phase::Route);
+        self.finish(app, None, resp, Phase::Route)
+    }
+
+    /// Refuses a routed request before its guest runs, recording the phases it reached and
+    /// counting the outcome.
+    fn reject(
+        mut self,
+        app: &App,
+        tenant: &TenantRef,
+        e: &ExecError,
+        reached: Phase,
+    ) -> Response<ResponseBody> {
+        app.metrics.observe(&self.timings, reached);
+        tenant.count_outcome(e.outcome);
+        if let Some(t) = &mut self.trace {
+            t.failure = Some((e.outcome.name(), e.message.clone()));
+            t.guest_failed = e.outcome.is_guests();
+        }
+        let resp = error_response(e, tenant, &self.ids());
+        self.finish(app, Some(tenant), resp, reached)
+    }
+
+    /// Adds the request id and `Server-Timing`, counts the response, ends the trace, and has
+    /// the access line written when the response's body ends.
+    pub(super) fn finish(
+        self,
+        app: &App,
+        tenant: Option<&TenantRef>,
+        resp: Response<ResponseBody>,
+        reached: Phase,
+    ) -> Response<ResponseBody> {
+        let ended = Instant::now();
+        let total = ended - self.arrived;
+        app.metrics.observe_total(total);
+        let status = resp.status().as_u16();
+        match tenant {
+            Some(t) => {
+                t.requests.count(status, self.version);
+                t.served.count(status);
+            }
+            None => app.metrics.unrouted().count(status, self.version),
+        }
+        let mut resp = match self.access {
+            Some(mut record) => {
+                record.status = status;
+                record.tenant = tenant.map(|t| t.clone() as Arc<dyn crate::logwriter::Named>);
+                let no_body = record.method == Method::HEAD
+                    || matches!(status, 204 | 304)
+                    || (100..200).contains(&status);
+                resp.map(|body| body.logged(record, no_body))
+            }
+            None => resp,
+        };
+        let headers: &mut HeaderMap = resp.headers_mut();
+        headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
+        if self.tls
+            && let Some(hsts) = tenant.and_then(|t| t.hsts.as_ref())
+        {
+            headers.insert(http::header::STRICT_TRANSPORT_SECURITY, hsts.clone());
+        }
+        if let Ok(v) = HeaderValue::from_str(&self.timings.server_timing(total, reached)) {
+            headers.insert(SERVER_TIMING.clone(), v);
+        }
+        if let Some(t) = self.trace {
+            t.end(
+                app,
+                (self.arrived, ended),
+                &self.timings,
+                status,
+                &self.request_id,
+            );
+        }
+        resp
+    }
+}
+
+/// What a traced request's spans say, gathered as it goes (nothing is formatted until the
+/// tracer keeps it).
+pub(super) struct Traced {
+    pub(super) active: Arc<crate::trace::Active>,
+    method: Method,
+    uri: Uri,
+    version: http::Version,
+    scheme: &'static str,
+    client: SocketAddr,
+    user_agent: Option<HeaderValue>,
+    /// The tenant it was routed to, and the length of the prefix it matched.
+    pub(super) tenant: Option<(TenantRef, usize)>,
+    /// When it began waiting for a slot.
+    pub(super) queued: Option<Instant>,
+    /// When its run began.
+    run_start: Option<Instant>,
+    /// The outcome's name and message, when the request failed.
+    failure: Option<(&'static str, String)>,
+    /// The guest failed (a trap, its deadline, a limit): an error kept whatever the sampling
+    /// said, like a 5xx. A client's malformed or oversized body (a 4xx) is not.
+    guest_failed: bool,
+}
+
+impl Traced {
+    fn begin<B>(
+        tracer: &crate::trace::Tracer,
+        req: &Request<B>,
+        conn: &Connection,
+        client: SocketAddr,
+    ) -> Self {
+        Self {
+            active: tracer.begin(req.headers()),
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            scheme: conn.scheme(),
+            client,
+            user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
+            tenant: None,
+            queued: None,
+            run_start: None,
+            failure: None,
+            guest_failed: false,
+        }
+    }
+
+    /// The guest's run ended with `out`.
+    pub(super) fn ran(&mut self, out: &RunOutput) {
+        self.run_start = Some(out.start);
+        if let Err(e) = &out.result {
+            self.failure = Some((e.outcome.name(), e.message.clone()));
+            self.guest_failed = e.outcome.is_guests();
+        }
+    }
+
+    /// The request (arrived, ended) ended with `status`: queued for export if the tracer keeps
+    /// it.
+    pub(super) fn end(
+        self,
+        app: &App,
+        (arrived, end): (Instant, Instant),
+        timings: &Timings,
+        status: u16,
+        request_id: &HeaderValue,
+    ) {
+        let Some(tracer) = &app.tracer else { return };
+        if !tracer.keeps(&self.active, status, self.guest_failed, end - arrived) {
+            return;
+        }
+        let took = |p: Phase| timings.0[p as usize];
+        let since = |i: Instant| i.saturating_duration_since(arrived);
+        let queue = self
+            .queued
+            .map(|q| (since(q), since(q) + took(Phase::Queue)));
+        let phases = match self.run_start {
+            Some(s) => {
+                let s = since(s);
+                let ran_from = s + took(Phase::Instantiate);
+                let ran_until = ran_from + took(Phase::Run);
+                [
+                    queue,
+                    Some((s, ran_from)),
+                    Some((ran_from, ran_until)),
+                    Some((ran_until, ran_until + took(Phase::Teardown))),
+                ]
+            }
+            None => [queue, None, None, None],
+        };
+        let wall = std::time::SystemTime::now();
+        app.metrics
+            .exemplars
+            .record(self.active.trace_id, timings, end - arrived, wall);
+        let tenant = self
+            .tenant
+            .map(|(t, prefix_len)| (t as Arc<dyn crate::trace::SpanTenant>, prefix_len));
+        // A request id other than the trace id (a client's own) goes with the spans.
+        let own_id =
+            (request_id.as_bytes() != self.active.trace_id_hex()).then(|| request_id.clone());
+        tracer.submit(&crate::trace::Record {
+            active: self.active,
+            arrived,
+            end: (end - arrived, wall),
+            method: self.method,
+            uri: self.uri,
+            version: self.version,
+            scheme: self.scheme,
+            client: self.client,
+            user_agent: self.user_agent,
+            status,
+            request_id: own_id,
+            tenant,
+            phases,
+            failure: self.failure,
+        });
+    }
+}

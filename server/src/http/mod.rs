@@ -1,0 +1,378 @@
+//! The request path's front end: request ids, routing, admission, execution, and the response.
+//!
+//! [`handle`] is a short sequence of named steps, each of which may end the exchange early with
+//! a response (`Early`): `route` (framing, the normal path, the host, ACME challenges, the
+//! router), `check_routed` (the tenant's redirect to HTTPS, a declared body over its limit),
+//! `admit` (a pool slot and the tenant's concurrency), `run_guest` (the guest, and the
+//! response it gives: buffered, or streamed while the guest runs on). A new step (a cache in
+//! front of the guests) is one more function called between two of them.
+//!
+//! The request body is Tern's own [`RequestBody`], so any listener (HTTP/1.1 and h2 through
+//! hyper today) hands its requests to the same steps. `exchange` holds what the front end
+//! keeps of a request as it goes (ids, timings, trace, access line) and how it finishes one;
+//! `request` what it reads of a request (framing, host, ids, redirects).
+//!
+//! [`handle`] never fails: every error becomes a short plain-text response with its own status,
+//! an `x-request-id`, and a `Server-Timing` header with the phases the request reached.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::{CONNECTION, RETRY_AFTER};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use tokio::sync::oneshot;
+
+use crate::app::App;
+use crate::body::{ResponseBody, declared_length, plain};
+use crate::context::{Connection, RequestContext};
+use crate::execute::{self, Reply, RunOutput};
+use crate::guest::{GuestRequest, Head, RequestBody};
+use crate::metrics::{GaugeGuard, Phase, Timings};
+use crate::outcome::{self, ExecError, Outcome};
+use crate::pool::Admitted;
+use crate::tenant::TenantRef;
+
+pub mod exchange;
+pub mod request;
+
+use exchange::{Early, Exchange};
+use request::{asterisk, authority, framing, https_location, redirect, with_path};
+
+/// `x-request-id`: honoured when the client sends a sane one, generated otherwise.
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// Where HTTP-01 challenge answers are asked for (RFC 8555 §8.3).
+const ACME_CHALLENGE_PATH: &str = "/.well-known/acme-challenge/";
+static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
+
+/// Serves one request that came on `conn`. Infallible: failures become responses.
+pub async fn handle(
+    app: Arc<App>,
+    mut req: Request<RequestBody>,
+    conn: Connection,
+) -> Response<ResponseBody> {
+    // The client: the peer, or whom a trusted proxy in front says it forwards.
+    let client = if app.trusted_proxies.is_empty() {
+        conn.peer
+    } else {
+        app.trusted_proxies.client(conn.peer, req.headers())
+    };
+    let mut ex = Exchange::begin(&app, &req, &conn, client);
+    let _in_flight = GaugeGuard::new(&app.metrics.in_flight);
+
+    let routed = route(&app, &mut req, &conn).await;
+    ex.timings.set(Phase::Route, ex.arrived.elapsed());
+    let routed = match routed {
+        Ok(routed) => routed,
+        Err(early) => return ex.early(&app, early),
+    };
+    if let Some(t) = &mut ex.trace {
+        t.tenant = Some((routed.tenant.clone(), routed.prefix_len));
+    }
+    if let Err(early) = check_routed(&app, &req, &conn, &routed.tenant) {
+        return ex.early(&app, early);
+    }
+    let admitted = match admit(&app, &mut ex, &routed.tenant).await {
+        Ok(admitted) => admitted,
+        Err(early) => return ex.early(&app, early),
+    };
+    run_guest(&app, ex, req, routed, admitted, conn, client).await
+}
+
+/// The tenant a request is for, and the length of the route prefix it matched.
+struct Routed {
+    tenant: TenantRef,
+    prefix_len: usize,
+}
+
+/// Finds the tenant for `req`, after refusing what a proxy in front might read differently
+/// (framing, an ambiguous path or host) and answering what the server answers itself (`OPTIONS
+/// *`, an ACME HTTP-01 challenge). The path is put in its normal form: routing, the guest and
+/// everything keyed on it see that one.
+async fn route(
+    app: &App,
+    req: &mut Request<RequestBody>,
+    conn: &Connection,
+) -> Result<Routed, Early> {
+    // Framing a proxy in front might read differently, a coding Tern cannot undo: refused
+    // before anything reads the body, and the connection closed.
+    if let Err((status, why)) = framing(req) {
+        let mut resp = plain(status, &format!("{why}\n"));
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        return Err(Early::Unrouted(Box::new(resp)));
+    }
+    // `OPTIONS *` asks about the server itself (RFC 9110 §9.3.7), no tenant.
+    if req.uri().path() == "*" {
+        return Err(Early::Unrouted(Box::new(asterisk(req.method()))));
+    }
+    // One meaning of the path for routing, the guest and everything keyed on it later.
+    match crate::target::normalize(req.uri().path()) {
+        Ok(std::borrow::Cow::Borrowed(_)) => {}
+        Ok(std::borrow::Cow::Owned(path)) => match with_path(req.uri(), &path) {
+            Some(uri) => *req.uri_mut() = uri,
+            None => {
+                let resp = plain(StatusCode::BAD_REQUEST, "the request target is not a URI\n");
+                return Err(Early::Unrouted(Box::new(resp)));
+            }
+        },
+        Err(why) => {
+            return Err(Early::Unrouted(Box::new(plain(
+                StatusCode::BAD_REQUEST,
+                &format!("{why}\n"),
+            ))));
+        }
+    }
+    // h2 carries the host in the URI (`:authority`); HTTP/1.1 in the Host header, or in the URI
+    // too for an absolute-form target. Where both are given they must agree.
+    let host = match authority(req) {
+        Ok(host) => host,
+        Err(why) => {
+            let mut resp = plain(
+                StatusCode::BAD_REQUEST,
+                &format!("ambiguous request: {why}\n"),
+            );
+            resp.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            return Err(Early::Unrouted(Box::new(resp)));
+        }
+    };
+    // An ACME HTTP-01 challenge in progress is answered before any tenant sees the path.
+    if conn.tls.is_none()
+        && let Some(token) = req.uri().path().strip_prefix(ACME_CHALLENGE_PATH)
+        && let Some(answer) = app
+            .registry
+            .certificates()
+            .and_then(|c| c.http_challenge(token))
+    {
+        return Err(Early::Unrouted(Box::new(plain(StatusCode::OK, &answer))));
+    }
+    let find = || {
+        app.registry
+            .live()
+            .router
+            .find(host, req.uri().path())
+            .map(|(tenant, prefix_len)| Routed {
+                tenant: tenant.clone(),
+                prefix_len,
+            })
+    };
+    let mut routed = find();
+    if routed
+        .as_ref()
+        .is_some_and(|r| r.tenant.awaits_memset_reset())
+    {
+        // A swap area was just switched on and the tenants are being moved to the swap-safe
+        // reset (milliseconds): route on the moved table.
+        app.registry
+            .memset_reset_ready(app.pool.queue_timeout())
+            .await;
+        routed = find();
+    }
+    routed.ok_or_else(|| {
+        Early::Unrouted(Box::new(plain(
+            StatusCode::NOT_FOUND,
+            "no tenant is routed for this host and path\n",
+        )))
+    })
+}
+
+/// What is decided for a routed request before it waits for a slot: the tenant's redirect of
+/// cleartext requests to HTTPS, and a declared body over the tenant's limit (refused before
+/// any instance is made).
+fn check_routed(
+    app: &App,
+    req: &Request<RequestBody>,
+    conn: &Connection,
+    tenant: &TenantRef,
+) -> Result<(), Early> {
+    // (A request without a host name has nowhere to be sent: it is served.)
+    if tenant.https_redirect
+        && conn.tls.is_none()
+        && let Some(&port) = app.https_port.get()
+        && let Some(to) = authority(req)
+            .ok()
+            .flatten()
+            .and_then(|h| https_location(h, port, req.uri()))
+    {
+        return Err(Early::Unrouted(Box::new(redirect(&to))));
+    }
+    if declared_length(req.headers()).is_some_and(|n| n > tenant.limits.max_request_bytes) {
+        let e = outcome::body_too_large(tenant.limits.max_request_bytes);
+        return Err(Early::Refused(tenant.clone(), e, Phase::Route));
+    }
+    Ok(())
+}
+
+/// Waits for a pool slot and a place within the tenant's concurrency (the `queue` phase).
+async fn admit(app: &App, ex: &mut Exchange, tenant: &TenantRef) -> Result<Admitted, Early> {
+    let queued = Instant::now();
+    if let Some(t) = &mut ex.trace {
+        t.queued = Some(queued);
+    }
+    let admitted = app
+        .pool
+        .admit(&tenant.slots, tenant.limits.max_concurrency)
+        .await;
+    ex.timings.set(Phase::Queue, queued.elapsed());
+    admitted.map_err(|overloaded| {
+        let e = ExecError::new(Outcome::Overload, overloaded.to_string());
+        Early::Refused(tenant.clone(), e, Phase::Queue)
+    })
+}
+
+/// Runs the request's guest on its slot and answers with what it gives: a buffered response
+/// when the guest has ended, or the head of a streamed one as soon as the guest commits it
+/// (the guest then runs on in a task of its own, its phases recorded when it ends).
+async fn run_guest(
+    app: &Arc<App>,
+    mut ex: Exchange,
+    req: Request<RequestBody>,
+    routed: Routed,
+    admitted: Admitted,
+    conn: Connection,
+    client: SocketAddr,
+) -> Response<ResponseBody> {
+    let Routed { tenant, prefix_len } = routed;
+    let (mut parts, body) = req.into_parts();
+    // A `HEAD` response's body is never sent, so it is never counted as undelivered.
+    let head_only = parts.method == Method::HEAD;
+    let trace = ex.trace.as_ref().map(|t| t.active.clone());
+    if let Some(t) = &trace
+        && tenant.kind() != crate::config::GuestKind::Tern
+    {
+        // Components and CGI programs see their own span as the request's `traceparent` (its
+        // header, `HTTP_TRACEPARENT`), so their logs and calls join the trace there. A `tern`
+        // ABI guest asks `request_info` instead: one more header would cost every guest that
+        // parses its headers (the SDK's `request()` does), traced or not.
+        t.stamp(&mut parts.headers, t.run_span);
+    }
+    let context = RequestContext {
+        conn,
+        client,
+        request_id: ex.request_id.clone(),
+        prefix_len,
+        version: parts.version,
+        trace,
+    };
+    let request = GuestRequest::new(
+        parts.method,
+        parts.uri,
+        parts.headers,
+        body,
+        tenant.limits.max_request_bytes,
+        context,
+    );
+    let (commit, mut committed) = oneshot::channel();
+    let mut run = Box::pin({
+        let tenant = tenant.clone();
+        async move {
+            let out = execute::run(tenant, request, commit).await;
+            drop(admitted); // after teardown: the pool slot is free again
+            out
+        }
+    });
+
+    let out = tokio::select! {
+        // A guest that ended wins: if it failed after committing a head that was never sent,
+        // the client gets a clean error instead of a cut stream.
+        biased;
+        out = &mut run => out,
+        Ok(head) = &mut committed => {
+            // The body outgrew the buffer while the guest runs: send the head now and let the
+            // guest run on in its own task, streaming into the body channel.
+            let mut after = ex.timings;
+            let app2 = Arc::clone(app);
+            // Its trace ends with the guest: it is taken out of the exchange.
+            let trace = ex.trace.take();
+            let (status, arrived) = (head.status.as_u16(), ex.arrived);
+            let request_id = ex.request_id.clone();
+            tokio::spawn(async move {
+                let out = run.await;
+                record_phases(&mut after, &out);
+                app2.metrics.observe(&after, Phase::Teardown);
+                if let Some(mut t) = trace {
+                    t.ran(&out);
+                    t.end(&app2, (arrived, Instant::now()), &after, status, &request_id);
+                }
+            });
+            let resp = streamed(&tenant, head, head_only);
+            // Only route and queue are known when the head leaves; the rest reaches /metrics.
+            return ex.finish(app, Some(&tenant), resp, Phase::Queue);
+        }
+    };
+
+    // The guest has ended. If it streamed, its head is still in `committed`: the guest wrote
+    // past the buffer and finished before this task looked (a body just over the threshold,
+    // written fast). That head is the response; the whole body waits in its channel.
+    record_phases(&mut ex.timings, &out);
+    app.metrics.observe(&ex.timings, Phase::Teardown);
+    if let Some(t) = &mut ex.trace {
+        t.ran(&out);
+    }
+    let resp = match out.result {
+        Ok(Reply::Buffered(mut done)) => {
+            if let ResponseBody::Forwarded(f) = &mut done.body {
+                f.count_in(tenant.undelivered.clone(), head_only);
+            }
+            let mut resp = Response::new(done.body);
+            *resp.status_mut() = done.status;
+            *resp.headers_mut() = done.headers;
+            resp
+        }
+        Ok(Reply::Streamed) => match committed.try_recv() {
+            Ok(head) => streamed(&tenant, head, head_only),
+            // Unreachable: a streamed run sent its head, and only the branch above takes it.
+            Err(_) => {
+                tracing::error!(
+                    tenant = %tenant.name,
+                    request_id = ex.request_id.to_str().unwrap_or("-"),
+                    "a streamed response lost its head"
+                );
+                plain(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
+            }
+        },
+        Err(e) => error_response(&e, &tenant, &ex.ids()),
+    };
+    ex.finish(app, Some(&tenant), resp, Phase::Teardown)
+}
+
+fn record_phases(t: &mut Timings, out: &RunOutput) {
+    t.set(Phase::Instantiate, out.instantiate);
+    t.set(Phase::Run, out.run);
+    t.set(Phase::Teardown, out.teardown);
+    t.set(Phase::Outbound, out.outbound);
+    t.set(Phase::Kv, out.kv);
+}
+
+/// The response of a guest whose body streams: its head, and its body from the channel.
+fn streamed(tenant: &TenantRef, head: Head, head_only: bool) -> Response<ResponseBody> {
+    let body = ResponseBody::stream(head.body, tenant.undelivered.clone(), head_only);
+    let mut resp = Response::new(body);
+    *resp.status_mut() = head.status;
+    *resp.headers_mut() = head.headers;
+    resp
+}
+
+/// The response for a failure: its status, the body the tenant's error settings give it (`ids`:
+/// the request id, and the trace id when it differs), and the headers its outcome calls for.
+fn error_response(e: &ExecError, tenant: &TenantRef, ids: &str) -> Response<ResponseBody> {
+    let (body, kind) = tenant.errors.body(e, ids);
+    let mut resp = plain(e.outcome.status(), &body);
+    if let Some(kind) = kind {
+        resp.headers_mut().insert(http::header::CONTENT_TYPE, kind);
+    }
+    match e.outcome {
+        Outcome::Overload => {
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        // The unread rest of the body would otherwise be drained (or cannot be framed); close.
+        Outcome::BodyTooLarge | Outcome::BadRequest => {
+            resp.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        _ => {}
+    }
+    resp
+}
