@@ -1,15 +1,8 @@
-//! `tern::outbound_*`: a guest sends HTTP requests to its tenant's backends and allowed hosts
-//! and reads the responses, several at once if it likes.
-//!
-//! A request is a handle: made (`outbound_request`, where the policy is checked), given
-//! headers and a body, sent, then read. A request runs in its own task once sent, so a guest
-//! can send two and then read both. While the guest waits (connect, response head, body) its
-//! instance is suspended and holds no thread; the wait counts against its deadline and is
-//! recorded as the request's `outbound` phase. Every task still running when the guest ends is
-//! aborted with it: nothing of a request outlives its instance, but for a body the guest
-//! handed to the server: `outbound_forward_request` makes the client's body (and headers) the
-//! request's, `response_forward` makes a response the guest's answer, whose body the server
-//! streams to the client after the instance is gone (`body::Forwarded`).
+//! A guest's outbound requests as handles, each a small state machine: made (the policy
+//! checked), given headers and a body, sent (its body whole or streamed), answered (its head,
+//! then its body read on demand), closed. Every call answers with a value or an ABI error code,
+//! its reason kept for `outbound_last_error`; the linker ([`super`]) only moves bytes between
+//! the guest's memory and these calls.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,17 +12,12 @@ use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use tern_sdk::abi::{self, errno, func};
+use tern_sdk::abi::errno;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinHandle;
-use wasmtime::{Caller, Linker};
 
 use crate::body::ClientBody;
-use crate::guest::module::GuestState;
-use crate::guest::module::memory::{
-    GuestFault, add_text_call, copy_to_guest, guest_range, headers_blob, host_call, memory,
-    read_guest,
-};
+use crate::guest::module::memory::headers_blob;
 use crate::guest::{ForwardError, GuestRequest, GuestResponse};
 use crate::outbound::{Calls, Denied, NoHead, OutBody, Passing, Refused, Target};
 
@@ -250,7 +238,7 @@ impl Outbound {
 
     /// Sends the request built in `handle`: its head now; its body whole, or (with `stream`)
     /// from later writes.
-    fn send(&mut self, handle: i32, stream: bool, incoming: &GuestRequest) -> i32 {
+    pub(super) fn send(&mut self, handle: i32, stream: bool, incoming: &GuestRequest) -> i32 {
         let call = match self.take(handle) {
             Ok(c) => c,
             Err(code) => return code,
@@ -313,7 +301,7 @@ impl Outbound {
     /// `outbound_forward_request`: the request in `handle`, not sent yet, takes the client's
     /// headers (not `host`, `content-length` or the hop-by-hop ones; after any the guest set)
     /// and its body, which is streamed on when the request is sent.
-    fn forward_request(&mut self, handle: i32, incoming: &mut GuestRequest) -> i32 {
+    pub(super) fn forward_request(&mut self, handle: i32, incoming: &mut GuestRequest) -> i32 {
         let passed =
             |name: &HeaderName| !hop_by_hop(name.as_str()) && *name != http::header::CONTENT_LENGTH;
         let adding = incoming.headers.iter().filter(|(n, _)| passed(n)).count();
@@ -348,7 +336,11 @@ impl Outbound {
     /// `response_forward`: the response of `handle` (its head waited for) becomes the guest's
     /// answer, its body streamed to the client by the server once the guest has ended, within
     /// the tenant's response limit and the backend's total timeout.
-    async fn forward_response(&mut self, handle: i32, response: &mut GuestResponse) -> i32 {
+    pub(super) async fn forward_response(
+        &mut self,
+        handle: i32,
+        response: &mut GuestResponse,
+    ) -> i32 {
         // (The wait for the head counts as the outbound phase there.)
         if let Err(code) = self.responded(handle).await {
             return code;
@@ -536,264 +528,191 @@ async fn finish(body: &mpsc::Sender<Bytes>) {
     let _ = body.send(Bytes::new()).await;
 }
 
-pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
-    let m = abi::IMPORT_MODULE;
-    host_call!(
-        linker,
-        m,
-        func::OUTBOUND_REQUEST,
-        |caller, method, method_len, backend, backend_len, url, url_len| {
-            let f = func::OUTBOUND_REQUEST;
-            let method = read_guest(&caller, method, method_len, f)?;
-            let backend = read_guest(&caller, backend, backend_len, f)?;
-            let url = read_guest(&caller, url, url_len, f)?;
-            let state = caller.data_mut();
-            let out = &mut state.outbound;
-            let (Ok(backend), Ok(url)) = (String::from_utf8(backend), String::from_utf8(url))
-            else {
-                return Ok(out.misuse("the backend name and URL must be UTF-8"));
-            };
-            if let Err(code) = out.check_new(&state.request, &backend) {
-                return Ok(code);
-            }
-            let Ok(method) = Method::from_bytes(&method) else {
-                return Ok(out.misuse("not an HTTP method"));
-            };
-            if backend.is_empty() && url.is_empty() {
-                return Ok(out.misuse("give a backend name and a path, or a URL"));
-            }
-            let calls = out.calls.clone();
-            let waited = Instant::now();
-            let target = calls.policy.target(&backend, &url).await;
-            let state = caller.data_mut();
-            let out = &mut state.outbound;
-            out.waited += waited.elapsed();
-            let target = match target {
-                Ok(t) => t,
-                Err(d) => return Ok(out.denied(&backend, &d, &state.request)),
-            };
-            out.handles.push(Call::Building(Box::new(Draft {
-                method,
-                target,
-                headers: HeaderMap::new(),
-                body: BytesMut::new(),
-                forward: None,
-            })));
-            Ok(i32::try_from(out.handles.len() - 1).unwrap_or(errno::LIMIT_EXCEEDED))
-        }
-    )?;
-    linker.func_wrap(
-        m,
-        func::OUTBOUND_HEADER_APPEND,
-        |mut caller: Caller<'_, GuestState>,
-         handle: i32,
-         name: i32,
-         name_len: i32,
-         value: i32,
-         value_len: i32| {
-            let f = func::OUTBOUND_HEADER_APPEND;
-            let name = read_guest(&caller, name, name_len, f)?;
-            let value = read_guest(&caller, value, value_len, f)?;
-            let out = &mut caller.data_mut().outbound;
-            let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(&name),
-                HeaderValue::from_bytes(&value),
-            ) else {
-                return Ok(out.misuse("not a valid header name or value"));
-            };
-            let call = match out.get(handle) {
-                Ok(c) => c,
-                Err(code) => return Ok(code),
-            };
-            let Call::Building(draft) = call else {
-                return Ok(out.misuse("headers can be added only before outbound_send"));
-            };
-            if hop_by_hop(name.as_str()) || name == http::header::CONTENT_LENGTH {
-                return Ok(0); // Tern frames the request and sets the host itself.
-            }
-            if draft.headers.len() >= MAX_HEADERS {
-                return Ok(errno::LIMIT_EXCEEDED);
-            }
-            draft.headers.append(name, value);
-            Ok(0)
-        },
-    )?;
-    host_call!(
-        linker,
-        m,
-        func::OUTBOUND_BODY_WRITE,
-        |caller, handle, ptr, len| {
-            let chunk = read_guest(&caller, ptr, len, func::OUTBOUND_BODY_WRITE)?;
-            let out = &mut caller.data_mut().outbound;
-            let max = out.calls.policy.max_request_bytes;
-            let too_large = |out: &mut Outbound| {
-                out.misuse(format!(
-                    "the request body is larger than {max} bytes (outbound.max_request_bytes)"
-                ));
-                errno::LIMIT_EXCEEDED
-            };
-            let n = i32::try_from(chunk.len()).unwrap_or(i32::MAX);
-            let sender = match out.get(handle) {
-                Err(code) => return Ok(code),
-                Ok(Call::Building(draft)) if draft.forward.is_some() => {
-                    return Ok(out.misuse("the request's body is the client's (forwarded)"));
-                }
-                Ok(Call::Building(draft)) => {
-                    if (draft.body.len() + chunk.len()) as u64 > max {
-                        return Ok(too_large(out));
-                    }
-                    draft.body.extend_from_slice(&chunk);
-                    return Ok(n);
-                }
-                Ok(Call::Streaming { body, written, .. }) => {
-                    *written += chunk.len() as u64;
-                    if *written > max {
-                        return Ok(too_large(out));
-                    }
-                    body.clone()
-                }
-                Ok(_) => return Ok(out.misuse("the request body is complete")),
-            };
-            if chunk.is_empty() {
-                return Ok(0);
-            }
-            let waited = Instant::now();
-            let sent = sender.send(Bytes::from(chunk)).await;
-            let out = &mut caller.data_mut().outbound;
-            out.waited += waited.elapsed();
-            Ok(match sent {
-                Ok(()) => n,
-                Err(_) => {
-                    out.last_error = "the backend stopped reading the request body".into();
-                    errno::IO
-                }
-            })
-        }
-    )?;
-    linker.func_wrap(
-        m,
-        func::OUTBOUND_SEND,
-        |mut caller: Caller<'_, GuestState>, handle: i32, flags: i32| {
-            let state = caller.data_mut();
-            Ok(state.outbound.send(
-                handle,
-                flags & abi::OUTBOUND_STREAM_BODY != 0,
-                &state.request,
-            ))
-        },
-    )?;
-    host_call!(linker, m, func::OUTBOUND_BODY_FINISH, |caller, handle| {
-        let out = &mut caller.data_mut().outbound;
-        let call = match out.take(handle) {
-            Ok(c) => c,
-            Err(code) => return Ok(code),
+impl Outbound {
+    /// The text `outbound_last_error` gives: why the last call failed.
+    pub(super) fn last_error(&self) -> &str {
+        &self.last_error
+    }
+
+    /// `outbound_request`: makes a request of `method` to `backend` (a configured backend,
+    /// `url` its path) or to `url` (an allowed host), after the admission and policy checks.
+    /// Returns its handle, or an error code with its reason kept for `outbound_last_error`.
+    pub(super) async fn request(
+        &mut self,
+        incoming: &GuestRequest,
+        method: &[u8],
+        backend: Vec<u8>,
+        url: Vec<u8>,
+    ) -> i32 {
+        let (Ok(backend), Ok(url)) = (String::from_utf8(backend), String::from_utf8(url)) else {
+            return self.misuse("the backend name and URL must be UTF-8");
         };
-        Ok(match call {
+        if let Err(code) = self.check_new(incoming, &backend) {
+            return code;
+        }
+        let Ok(method) = Method::from_bytes(method) else {
+            return self.misuse("not an HTTP method");
+        };
+        if backend.is_empty() && url.is_empty() {
+            return self.misuse("give a backend name and a path, or a URL");
+        }
+        let calls = self.calls.clone();
+        let waited = Instant::now();
+        let target = calls.policy.target(&backend, &url).await;
+        self.waited += waited.elapsed();
+        let target = match target {
+            Ok(t) => t,
+            Err(d) => return self.denied(&backend, &d, incoming),
+        };
+        self.handles.push(Call::Building(Box::new(Draft {
+            method,
+            target,
+            headers: HeaderMap::new(),
+            body: BytesMut::new(),
+            forward: None,
+        })));
+        i32::try_from(self.handles.len() - 1).unwrap_or(errno::LIMIT_EXCEEDED)
+    }
+
+    /// `outbound_header_append`: adds a header to the request being built in `handle`. The
+    /// headers Tern sets itself (framing, the host, the loop marker) are dropped silently.
+    pub(super) fn header_append(&mut self, handle: i32, name: &[u8], value: &[u8]) -> i32 {
+        let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+        else {
+            return self.misuse("not a valid header name or value");
+        };
+        let call = match self.get(handle) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        let Call::Building(draft) = call else {
+            return self.misuse("headers can be added only before outbound_send");
+        };
+        if hop_by_hop(name.as_str()) || name == http::header::CONTENT_LENGTH {
+            return 0; // Tern frames the request and sets the host itself.
+        }
+        if draft.headers.len() >= MAX_HEADERS {
+            return errno::LIMIT_EXCEEDED;
+        }
+        draft.headers.append(name, value);
+        0
+    }
+
+    /// `outbound_body_write`: adds `chunk` to the body of the request in `handle`: kept until
+    /// it is sent, or (a streaming request) handed to the backend, waiting while it is slow.
+    /// Returns the bytes taken, or an error code.
+    pub(super) async fn body_write(&mut self, handle: i32, chunk: Vec<u8>) -> i32 {
+        let max = self.calls.policy.max_request_bytes;
+        let too_large = |out: &mut Outbound| {
+            out.misuse(format!(
+                "the request body is larger than {max} bytes (outbound.max_request_bytes)"
+            ));
+            errno::LIMIT_EXCEEDED
+        };
+        let n = i32::try_from(chunk.len()).unwrap_or(i32::MAX);
+        let sender = match self.get(handle) {
+            Err(code) => return code,
+            Ok(Call::Building(draft)) if draft.forward.is_some() => {
+                return self.misuse("the request's body is the client's (forwarded)");
+            }
+            Ok(Call::Building(draft)) => {
+                if (draft.body.len() + chunk.len()) as u64 > max {
+                    return too_large(self);
+                }
+                draft.body.extend_from_slice(&chunk);
+                return n;
+            }
+            Ok(Call::Streaming { body, written, .. }) => {
+                *written += chunk.len() as u64;
+                if *written > max {
+                    return too_large(self);
+                }
+                body.clone()
+            }
+            Ok(_) => return self.misuse("the request body is complete"),
+        };
+        if chunk.is_empty() {
+            return 0;
+        }
+        let waited = Instant::now();
+        let sent = sender.send(Bytes::from(chunk)).await;
+        self.waited += waited.elapsed();
+        match sent {
+            Ok(()) => n,
+            Err(_) => {
+                self.last_error = "the backend stopped reading the request body".into();
+                errno::IO
+            }
+        }
+    }
+
+    /// `outbound_body_finish`: ends a streaming request's body (a request sent whole has
+    /// nothing to finish).
+    pub(super) async fn body_finish(&mut self, handle: i32) -> i32 {
+        let call = match self.take(handle) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        match call {
             Call::Streaming { body, pending, .. } => {
                 let waited = Instant::now();
                 finish(&body).await;
-                out.waited += waited.elapsed();
-                out.put(handle, Call::Sent(pending));
+                self.waited += waited.elapsed();
+                self.put(handle, Call::Sent(pending));
                 0
             }
             Call::Building(_) => {
-                out.put(handle, call);
-                out.misuse("the request has not been sent (call outbound_send)")
+                self.put(handle, call);
+                self.misuse("the request has not been sent (call outbound_send)")
             }
             other => {
-                out.put(handle, other);
+                self.put(handle, other);
                 0
             }
-        })
-    })?;
-    host_call!(
-        linker,
-        m,
-        func::OUTBOUND_RESPONSE_STATUS,
-        |caller, handle| {
-            let out = &mut caller.data_mut().outbound;
-            Ok(match out.responded(handle).await {
-                Ok(r) => i32::from(r.status),
-                Err(code) => code,
-            })
         }
-    )?;
-    host_call!(
-        linker,
-        m,
-        func::OUTBOUND_RESPONSE_HEADERS,
-        |caller, handle, ptr, len| {
-            let f = func::OUTBOUND_RESPONSE_HEADERS;
-            let mem = memory(&caller)?;
-            guest_range(ptr, len, mem.data_size(&caller)).ok_or(GuestFault::BadPointer(f))?;
-            let (data, state) = mem.data_and_store_mut(&mut caller);
-            let r = match state.outbound.responded(handle).await {
-                Ok(r) => r,
-                Err(code) => return Ok(code),
-            };
-            let headers = &r.headers;
-            let blob = r.blob.get_or_insert_with(|| headers_blob(headers));
-            copy_to_guest(data, ptr, len, blob, f)
+    }
+
+    /// The status of the response to `handle`, waiting for its head.
+    pub(super) async fn response_status(&mut self, handle: i32) -> i32 {
+        match self.responded(handle).await {
+            Ok(r) => i32::from(r.status),
+            Err(code) => code,
         }
-    )?;
-    host_call!(
-        linker,
-        m,
-        func::OUTBOUND_RESPONSE_BODY_READ,
-        |caller, handle, ptr, len| {
-            let f = func::OUTBOUND_RESPONSE_BODY_READ;
-            let mem = memory(&caller)?;
-            let range =
-                guest_range(ptr, len, mem.data_size(&caller)).ok_or(GuestFault::BadPointer(f))?;
-            if range.is_empty() {
-                return Ok(0);
-            }
-            let mut chunk = match caller.data_mut().outbound.body_chunk(handle).await {
-                Ok(c) => c,
-                Err(code) => return Ok(code),
-            };
-            let n = range.len().min(chunk.len());
-            let (data, state) = mem.data_and_store_mut(&mut caller);
-            data[range.start..range.start + n].copy_from_slice(&chunk[..n]);
-            if let Ok(Call::Responded(r)) = state.outbound.get(handle) {
-                r.leftover = chunk.split_off(n);
-            }
-            Ok(i32::try_from(n).unwrap_or(i32::MAX))
+    }
+
+    /// The headers of the response to `handle` as `outbound_response_headers` gives them,
+    /// waiting for its head.
+    pub(super) async fn response_headers(&mut self, handle: i32) -> Result<&[u8], i32> {
+        let r = self.responded(handle).await?;
+        let headers = &r.headers;
+        Ok(r.blob.get_or_insert_with(|| headers_blob(headers)))
+    }
+
+    /// The next bytes of the response body of `handle`, at most `max`: what the guest did not
+    /// take of the last chunk, else the next chunk (empty at the end).
+    pub(super) async fn body_read(&mut self, handle: i32, max: usize) -> Result<Bytes, i32> {
+        let mut chunk = self.body_chunk(handle).await?;
+        let n = max.min(chunk.len());
+        if let Ok(Call::Responded(r)) = self.get(handle) {
+            r.leftover = chunk.split_off(n);
         }
-    )?;
-    linker.func_wrap(
-        m,
-        func::OUTBOUND_CLOSE,
-        |mut caller: Caller<'_, GuestState>, handle: i32| {
-            let out = &mut caller.data_mut().outbound;
-            let call = match out.take(handle) {
-                Ok(c) => c,
-                Err(code) => return Ok(code),
-            };
-            if let Call::Streaming { pending, .. } | Call::Sent(pending) = &call {
-                pending.task.abort();
-            }
-            out.put(handle, Call::Done(errno::INVALID_ARGUMENT));
-            Ok(0)
-        },
-    )?;
-    linker.func_wrap(
-        m,
-        func::OUTBOUND_FORWARD_REQUEST,
-        |mut caller: Caller<'_, GuestState>, handle: i32| {
-            let state = caller.data_mut();
-            Ok(state.outbound.forward_request(handle, &mut state.request))
-        },
-    )?;
-    host_call!(linker, m, func::RESPONSE_FORWARD, |caller, handle| {
-        let state = caller.data_mut();
-        Ok(state
-            .outbound
-            .forward_response(handle, &mut state.response)
-            .await)
-    })?;
-    add_text_call(linker, m, func::OUTBOUND_LAST_ERROR, |s| {
-        &s.outbound.last_error
-    })?;
-    Ok(())
+        Ok(chunk)
+    }
+
+    /// `outbound_close`: the request in `handle` is dropped (a running one aborted); the
+    /// handle answers `INVALID_ARGUMENT` from then on.
+    pub(super) fn close(&mut self, handle: i32) -> i32 {
+        let call = match self.take(handle) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
+        if let Call::Streaming { pending, .. } | Call::Sent(pending) = &call {
+            pending.task.abort();
+        }
+        self.put(handle, Call::Done(errno::INVALID_ARGUMENT));
+        0
+    }
 }
+
+#[cfg(test)]
+mod tests;
