@@ -54,6 +54,18 @@ fn counted(metrics: &Metrics, backend: &str, status: &str) -> u64 {
         .get()
 }
 
+/// `code` is `expected`, and the reason kept for `outbound_last_error` says `says`.
+fn assert_refused(out: &Outbound, code: i32, expected: i32, says: &str) {
+    assert_eq!(code, expected, "{}", out.last_error());
+    assert!(out.last_error().contains(says), "{}", out.last_error());
+}
+
+/// A request of `method` to the `origin` backend, made; its handle.
+async fn made(out: &mut Outbound, method: &[u8]) -> i32 {
+    out.request(&incoming(), method, b"origin".to_vec(), b"/".to_vec())
+        .await
+}
+
 /// The headers of the request being built in `handle`.
 fn draft_headers(out: &mut Outbound, handle: i32) -> HeaderMap {
     match out.get(handle) {
@@ -93,12 +105,7 @@ async fn requests_go_to_named_backends_and_others_are_denied_and_counted() {
     let code = out
         .request(&req, b"GET", b"elsewhere".to_vec(), b"/".to_vec())
         .await;
-    assert_eq!(code, errno::DENIED);
-    assert!(
-        out.last_error().contains("elsewhere"),
-        "{}",
-        out.last_error()
-    );
+    assert_refused(&out, code, errno::DENIED, "elsewhere");
     assert_eq!(counted(&metrics, "unknown", "denied"), 1);
     // Nothing was made for the refused request: the next handle is 2.
     assert_eq!(
@@ -150,21 +157,14 @@ async fn more_requests_than_max_requests_are_refused_and_counted() {
     let code = out
         .request(&req, b"GET", b"origin".to_vec(), b"/".to_vec())
         .await;
-    assert_eq!(code, errno::LIMIT_EXCEEDED);
-    assert!(
-        out.last_error().contains("max_requests"),
-        "{}",
-        out.last_error()
-    );
+    assert_refused(&out, code, errno::LIMIT_EXCEEDED, "max_requests");
     assert_eq!(counted(&metrics, "origin", "limit"), 1);
 }
 
 #[tokio::test]
 async fn headers_tern_sets_are_dropped_and_their_number_is_bounded() {
     let (mut out, _) = outbound(ORIGIN);
-    let h = out
-        .request(&incoming(), b"POST", b"origin".to_vec(), b"/".to_vec())
-        .await;
+    let h = made(&mut out, b"POST").await;
     for name in [
         "host",
         "content-length",
@@ -188,9 +188,7 @@ async fn headers_tern_sets_are_dropped_and_their_number_is_bounded() {
 #[tokio::test]
 async fn a_body_is_kept_up_to_max_request_bytes_and_refused_past_it() {
     let (mut out, _) = outbound(&format!("max_request_bytes = 10\n{ORIGIN}"));
-    let h = out
-        .request(&incoming(), b"POST", b"origin".to_vec(), b"/".to_vec())
-        .await;
+    let h = made(&mut out, b"POST").await;
     assert_eq!(out.body_write(h, vec![b'a'; 6]).await, 6);
     assert_eq!(out.body_write(h, vec![b'b'; 4]).await, 4); // exactly the limit
     assert_eq!(
@@ -211,9 +209,7 @@ async fn a_body_is_kept_up_to_max_request_bytes_and_refused_past_it() {
 #[tokio::test]
 async fn a_closed_handle_answers_usage_errors_and_finishing_an_unsent_body_is_one() {
     let (mut out, _) = outbound(ORIGIN);
-    let h = out
-        .request(&incoming(), b"GET", b"origin".to_vec(), b"/".to_vec())
-        .await;
+    let h = made(&mut out, b"GET").await;
     assert_eq!(out.body_finish(h).await, errno::INVALID_ARGUMENT);
     assert_eq!(
         out.last_error(),
