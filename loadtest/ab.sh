@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Two tern binaries side by side: server CPU per `hello` request, pinned, in alternating rounds.
+# For a change that must not cost CPU (a refactor): build the commit before and the one after,
+# then compare them here in one run.
+#
+#   bash loadtest/ab.sh BEFORE_BIN AFTER_BIN
+#
+# Each round starts one binary serving `builtin:hello` with one worker pinned to core 0, warms it
+# for 3 s, then runs `wrk -t1 -c$CONNS -d${SECS}s` pinned to core 1 and reads the server's CPU
+# (utime + stime, /proc/PID/stat) over the run. Rounds alternate BEFORE, AFTER, ... and the order
+# is reversed halfway, so drift favours neither. Prints every round, then each binary's range
+# and median of µs CPU per request.
+#
+# Settings (environment): SECS=8, ROUNDS=6 (per binary), CONNS=64, PORT=18080 (and PORT+1 for
+# the admin listener). Needs wrk and taskset (util-linux) and 2 cores.
+set -euo pipefail
+
+if [ $# -ne 2 ] || [ ! -x "$1" ] || [ ! -x "$2" ]; then
+    echo "usage: bash loadtest/ab.sh BEFORE_BIN AFTER_BIN (two executable tern binaries)" >&2
+    exit 2
+fi
+command -v wrk >/dev/null || { echo "ab.sh needs wrk (apt-get install wrk)" >&2; exit 2; }
+SECS=${SECS:-8} ROUNDS=${ROUNDS:-6} CONNS=${CONNS:-64} PORT=${PORT:-18080}
+ADMIN=$((PORT + 1))
+WORK=$(mktemp -d)
+trap 'kill "${PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+printf '[server]\nworker_threads = 1\n[[tenant]]\nname = "hello"\nmodule = "builtin:hello"\npaths = ["/hello"]\n' \
+    >"$WORK/tern.toml"
+
+round() { # binary label -> "label rps µs/request"
+    env TERN_CACHE_DIR="$WORK/cache-$2" TERN_DATA_DIR="$WORK/data-$2" TERN_LOG=warn \
+        taskset -c 0 "$1" serve --config "$WORK/tern.toml" --listen 127.0.0.1:$PORT \
+        --admin-listen 127.0.0.1:$ADMIN >>"$WORK/$2.log" 2>&1 &
+    PID=$!
+    for _ in $(seq 1 300); do
+        curl -fs -o /dev/null "http://127.0.0.1:$ADMIN/readyz" && break
+        sleep 0.1
+    done
+    taskset -c 1 wrk -t1 -c"$CONNS" -d3s "http://127.0.0.1:$PORT/hello" >/dev/null
+    local t0 t1 out
+    t0=$(awk '{ print $14 + $15 }' "/proc/$PID/stat")
+    out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" "http://127.0.0.1:$PORT/hello")
+    t1=$(awk '{ print $14 + $15 }' "/proc/$PID/stat")
+    kill "$PID"
+    wait "$PID" 2>/dev/null || true
+    PID=
+    echo "$out" | awk -v l="$2" -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '
+        /requests in/ { n = $1 } /Requests\/sec/ { r = $2 }
+        END { if (n > 0) printf "%s %.0f %.2f\n", l, r, t / hz * 1e6 / n }'
+}
+
+results=$WORK/results
+for i in $(seq 1 "$ROUNDS"); do
+    if [ "$i" -le $((ROUNDS / 2)) ]; then order=(before after); else order=(after before); fi
+    for label in "${order[@]}"; do
+        if [ "$label" = before ]; then bin=$1; else bin=$2; fi
+        round "$bin" "$label" | tee -a "$results" | awk '{ printf "%-6s %7s req/s %6s µs CPU/request\n", $1, $2, $3 }'
+    done
+done
+for label in before after; do
+    awk -v l="$label" '$1 == l { print $3 }' "$results" | sort -n | awk -v l="$label" '
+        { v[NR] = $1 } END {
+            m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+            printf "%-6s %.2f-%.2f µs CPU per request, median %.2f (%d rounds)\n", l, v[1], v[NR], m, NR }'
+done
