@@ -133,23 +133,32 @@ impl TrustedProxies {
         if !self.contains(peer.ip()) {
             return peer;
         }
+        // The hops from the nearest back: the last value's last element first.
         let forwarded = headers.get_all(http::header::FORWARDED);
-        let hops: Vec<Option<SocketAddr>> = if forwarded.iter().next().is_some() {
-            forwarded
+        if forwarded.iter().next().is_some() {
+            let hops = forwarded
                 .iter()
-                .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-                .map(forwarded_for)
-                .collect()
+                .rev()
+                .flat_map(|v| v.as_bytes().rsplit(|b| *b == b','))
+                .map(forwarded_for);
+            self.walk(peer, hops)
         } else {
-            headers
-                .get_all("x-forwarded-for")
+            let hops = headers
+                .get_all(&X_FORWARDED_FOR)
                 .iter()
-                .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-                .map(|h| node(h.trim_ascii()))
-                .collect()
-        };
+                .rev()
+                .flat_map(|v| v.as_bytes().rsplit(|b| *b == b','))
+                .map(|h| node(h.trim_ascii()));
+            self.walk(peer, hops)
+        }
+    }
+
+    /// From `peer`, a trusted proxy, back along `hops` (nearest first) while the address
+    /// reached is a trusted proxy: the first that is not, or the last trusted one when a hop
+    /// is malformed, hidden or missing.
+    fn walk(&self, peer: SocketAddr, hops: impl Iterator<Item = Option<SocketAddr>>) -> SocketAddr {
         let mut client = peer;
-        for hop in hops.into_iter().rev() {
+        for hop in hops {
             if !self.contains(client.ip()) {
                 break;
             }
@@ -161,6 +170,9 @@ impl TrustedProxies {
         client
     }
 }
+
+/// `X-Forwarded-For`: the addresses a request passed through, its client first.
+static X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
 
 /// Whether the first `len` bits of `a` and `b` agree.
 fn prefix_eq(a: &[u8], b: &[u8], len: u8) -> bool {
@@ -175,7 +187,7 @@ fn forwarded_for(element: &[u8]) -> Option<SocketAddr> {
         let pair = pair.trim_ascii();
         let (name, value) = pair.split_at(pair.iter().position(|b| *b == b'=')?);
         name.eq_ignore_ascii_case(b"for")
-            .then(|| node(value[1..].trim_ascii().trim_ascii()))
+            .then(|| node(value[1..].trim_ascii()))
             .flatten()
     })
 }

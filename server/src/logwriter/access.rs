@@ -65,8 +65,8 @@ fn header_text(v: Option<&http::HeaderValue>) -> Option<&str> {
 impl AccessRecord {
     /// Writes the line (target [`ACCESS_TARGET`], level info): `bytes` of body sent, and
     /// whether the body reached its end (`incomplete=true` when it did not). Through the
-    /// process's [`AccessSink`] when [`subscriber`](super::subscriber) installed one (formatted here, directly),
-    /// else as an ordinary `tracing` event with the same fields.
+    /// process's [`AccessSink`] when [`subscriber`](super::subscriber) installed one
+    /// (formatted here, directly), else as an ordinary `tracing` event with the same fields.
     pub fn write(&self, bytes: u64, complete: bool) {
         let total_us = u64::try_from(self.arrived.elapsed().as_micros()).unwrap_or(u64::MAX);
         if let Some(sink) = &*ACCESS_SINK.load() {
@@ -84,7 +84,7 @@ impl AccessRecord {
     /// The line as an ordinary `tracing` event, for a process without an [`AccessSink`].
     fn event(&self, bytes: u64, complete: bool, total_us: u64) {
         tracing::info!(
-            target: "tern::access",
+            target: ACCESS_TARGET,
             request_id = self.request_id.to_str().unwrap_or("-"),
             tenant = self.tenant.as_ref().map_or("-", |t| t.name()),
             method = self.method.as_str(),

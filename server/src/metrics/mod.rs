@@ -341,7 +341,7 @@ impl Metrics {
         );
         let requests = r.counters(
             "tern_requests_total",
-            "Responses sent, by tenant, status class and HTTP version (1.0, 1.1, 2).",
+            "Responses sent, by tenant, status class and HTTP version (1.0, 1.1, 2, 3).",
             &["tenant", "status", "version"],
         );
         let outcomes = r.counters(

@@ -132,7 +132,7 @@ impl Registry {
         result
     }
 
-    pub(super) async fn deploy_inner(
+    async fn deploy_inner(
         &self,
         name: &str,
         wasm: Bytes,
@@ -263,7 +263,7 @@ impl Registry {
     }
 
     /// Makes a prepared deploy the tenant's current version.
-    pub(super) async fn commit_deploy(
+    async fn commit_deploy(
         &self,
         state: &mut State,
         name: &str,

@@ -590,12 +590,14 @@ impl Written {
 /// Whether two versions of an object are the same: their ETags, as a `PUT` and a `GET` may
 /// quote them differently.
 fn same_version(a: &UpdateVersion, b: &UpdateVersion) -> bool {
-    let tag = |v: &UpdateVersion| {
-        v.e_tag
-            .as_deref()
-            .map(|t| t.trim_start_matches("W/").trim_matches('"').to_string())
-    };
-    tag(a).is_some() && tag(a) == tag(b)
+    matches!((etag(a), etag(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// An object version's ETag without the weak prefix and the quotes.
+fn etag(v: &UpdateVersion) -> Option<&str> {
+    v.e_tag
+        .as_deref()
+        .map(|t| t.trim_start_matches("W/").trim_matches('"'))
 }
 
 #[cfg(test)]
