@@ -292,6 +292,8 @@ pub struct Metrics {
     pub tls_handshakes: IntCounter,
     /// TLS handshakes that failed, by reason.
     pub tls_handshake_failures: IntCounterVec,
+    /// TLS handshakes in progress (holding one of `server.max_tls_handshakes`).
+    pub tls_handshakes_in_progress: IntGauge,
     /// When each served certificate expires (Unix seconds), by its name.
     pub tls_certificate_expiry: IntGaugeVec,
     /// ACME orders, by outcome.
@@ -400,6 +402,11 @@ impl Metrics {
              TLS, or TLS this server does not speak), alert (the client refused, e.g. an \
              untrusted certificate), io (the connection closed or failed).",
             &["reason"],
+        );
+        let tls_handshakes_in_progress = r.gauge(
+            "tern_tls_handshakes_in_progress",
+            "TLS handshakes in progress on the TLS listener (at most server.max_tls_handshakes; \
+             a connection past it is closed and counted busy).",
         );
         let tls_certificate_expiry = r.gauges(
             "tern_tls_certificate_expiry_timestamp_seconds",
@@ -547,6 +554,7 @@ impl Metrics {
             connections_open,
             tls_handshakes,
             tls_handshake_failures,
+            tls_handshakes_in_progress,
             tls_certificate_expiry,
             acme_orders,
             registry_syncs,

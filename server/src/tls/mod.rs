@@ -434,6 +434,8 @@ pub struct Acceptor {
     timeout: Duration,
     done: prometheus::IntCounter,
     failures: prometheus::IntCounterVec,
+    /// Handshakes holding a permit, for operators watching the cap.
+    in_progress: prometheus::IntGauge,
     /// The certificates served.
     pub certificates: Arc<Certificates>,
 }
@@ -479,6 +481,7 @@ impl Acceptor {
             timeout,
             done: metrics.tls_handshakes.clone(),
             failures: metrics.tls_handshake_failures.clone(),
+            in_progress: metrics.tls_handshakes_in_progress.clone(),
             certificates,
         })
     }
@@ -493,6 +496,7 @@ impl Acceptor {
         let Ok(_permit) = self.handshakes.try_acquire() else {
             return failed("busy");
         };
+        let _counted = crate::metrics::GaugeGuard::new(&self.in_progress);
         let stream = match tokio::time::timeout(self.timeout, self.inner.accept(stream)).await {
             Err(_) => return failed("timeout"),
             Ok(Err(e)) => {

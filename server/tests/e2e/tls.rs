@@ -392,40 +392,42 @@ async fn handshakes_past_the_cap_are_closed_at_once_and_counted_busy() {
     .await
     .expect("start");
     let addr = s.running.tls_addr.unwrap();
-    // A client that says nothing holds the one handshake slot until the deadline (1 s).
-    let silent_since = std::time::Instant::now();
+    // A client that says nothing holds the one handshake slot until the deadline (1 s), once
+    // the server has taken its connection (the gauge says so).
     let _silent = TcpStream::connect(addr).await.unwrap();
-    // Another client is refused at once (not at the deadline), once the silent one holds the
-    // slot (until then a handshake may still get it: tried again).
-    let busy = |m: &str| metric_or_zero(m, "tern_tls_handshake_failures_total{reason=\"busy\"}");
-    loop {
-        let tried = std::time::Instant::now();
-        match connect(addr, "a.test", &[], &pki.ca).await {
-            Err(_) => {
-                assert!(
-                    tried.elapsed() < Duration::from_millis(500),
-                    "refused only after {:?}",
-                    tried.elapsed()
-                );
-                break;
-            }
-            Ok(_) => assert!(
-                silent_since.elapsed() < Duration::from_millis(800),
-                "a handshake was taken while the silent client held the only slot"
-            ),
-        }
+    let in_progress = |m: &str| metric_or_zero(m, "tern_tls_handshakes_in_progress");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while in_progress(&s.metrics().await) < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the silent client's handshake never counted in progress"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Another client is refused at once, not at the deadline.
+    let busy = |m: &str| metric_or_zero(m, "tern_tls_handshake_failures_total{reason=\"busy\"}");
+    let tried = std::time::Instant::now();
+    assert!(
+        connect(addr, "a.test", &[], &pki.ca).await.is_err(),
+        "a handshake was taken while the silent client held the only slot"
+    );
+    assert!(
+        tried.elapsed() < Duration::from_millis(500),
+        "refused only after {:?}",
+        tried.elapsed()
+    );
     assert_eq!(busy(&s.metrics().await), 1.0);
     // Once the silent one is timed out, handshakes are taken again.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while metric_or_zero(
-        &s.metrics().await,
-        "tern_tls_handshake_failures_total{reason=\"timeout\"}",
-    ) < 1.0
-    {
+    loop {
+        let m = s.metrics().await;
+        let timeouts = metric_or_zero(&m, "tern_tls_handshake_failures_total{reason=\"timeout\"}");
+        if timeouts >= 1.0 && in_progress(&m) == 0.0 {
+            break;
+        }
         assert!(
             std::time::Instant::now() < deadline,
-            "the silent client was never timed out"
+            "the silent client was never timed out and its slot given back"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
