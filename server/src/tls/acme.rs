@@ -432,6 +432,17 @@ impl Manager {
                 Err(instant_acme::Error::Unsupported(_)) => {
                     account.new_order(&NewOrder::new(&ids)).await?
                 }
+                // An order already replaced this certificate at the CA (one whose answer was
+                // lost, or finalized by a process that stopped before storing it): the CA
+                // refuses a second replacement, so the renewal is a plain order. Without this,
+                // such a name could never be renewed again.
+                Err(instant_acme::Error::Api(p)) if is_already_replaced(&p) => {
+                    tracing::info!(
+                        host,
+                        "ACME: the CA says this certificate was already replaced; ordering a new one"
+                    );
+                    account.new_order(&NewOrder::new(&ids)).await?
+                }
                 other => other?,
             },
             None => account.new_order(&NewOrder::new(&ids)).await?,
@@ -523,6 +534,12 @@ impl Manager {
             stored_at: now(),
         })
     }
+}
+
+/// The CA refused an order's `replaces` because the certificate already has a replacement
+/// (RFC 9773 section 5).
+fn is_already_replaced(p: &instant_acme::Problem) -> bool {
+    p.r#type.as_deref() == Some("urn:ietf:params:acme:error:alreadyReplaced")
 }
 
 /// The challenge answers of one order, withdrawn when it ends however it ends.

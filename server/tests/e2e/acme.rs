@@ -1,8 +1,9 @@
 //! Automatic certificates against Pebble, Let's Encrypt's ACME test server (with its DNS
 //! companion answering 127.0.0.1 for every name): a certificate obtained by TLS-ALPN-01 and by
 //! HTTP-01, served to a client that trusts only Pebble's root, renewed in the window Pebble
-//! suggests, kept serving while Pebble is down and after a restart; a name another process
-//! holds the lease of is left to it.
+//! suggests, kept serving while Pebble is down and after a restart, renewed by a plain order
+//! when the CA says the certificate was already replaced; a name another process holds the
+//! lease of is left to it.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -532,4 +533,151 @@ async fn http_01_on_the_cleartext_listener_after_another_process_gives_the_lease
             .any(|c| c["name"] == "b.test" && c["source"] == "acme"),
         "{list}"
     );
+}
+
+/// Answers Pebble's HTTP-01 validation of `token` on `port` with `answer` (as a client of the
+/// same account would while Tern is stopped), until the task is aborted.
+async fn answer_http_01(port: u16, token: String, answer: String) -> tokio::task::JoinHandle<()> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("the HTTP-01 port is free while Tern is stopped");
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let (token, answer) = (token.clone(), answer.clone());
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let path = format!("/.well-known/acme-challenge/{token} ");
+                let reply = if String::from_utf8_lossy(&head).contains(&path) {
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                        answer.len()
+                    )
+                } else {
+                    "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        .into()
+                };
+                let _ = tcp.write_all(reply.as_bytes()).await;
+            });
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_already_replaced_at_the_ca_is_renewed_by_a_plain_order() {
+    use instant_acme::{
+        Account, AccountCredentials, ChallengeType, Identifier, NewOrder, OrderStatus, RetryPolicy,
+        RevocationRequest,
+    };
+    let ports = (free_port(), free_port());
+    let pebble = Pebble::start(ports.0, ports.1, 3600);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let http_01 = "challenge = \"http-01\"\nhosts = [\"c.test\"]\n";
+    let s = acme_server(dir, ports, "\"c.test\"", http_01, &pebble).await;
+    wait_metric(
+        &s,
+        "tern_acme_orders_total{outcome=\"issued\"}",
+        1.0,
+        Duration::from_secs(60),
+    )
+    .await;
+    let first = presented(s.running.tls_addr.unwrap(), "c.test")
+        .await
+        .expect("a certificate for c.test");
+    let TestServer { running, dir } = s;
+    running.shutdown.trigger();
+    running.wait().await;
+
+    // While it is stopped, an order of the same account replaces its certificate at the CA (as
+    // a renewal finalized whose answer was lost would), and the certificate is revoked, so the
+    // CA's renewal information says to renew at once.
+    let stored = std::fs::read_dir(data.join("acme"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("account-")
+        })
+        .expect("the stored ACME account");
+    let credentials: AccountCredentials =
+        serde_json::from_slice(&std::fs::read(stored).unwrap()).unwrap();
+    let account = Account::builder_with_root(pebble.api_ca())
+        .unwrap()
+        .from_credentials(credentials)
+        .await
+        .unwrap();
+    let id = instant_acme::CertificateIdentifier::try_from(&first)
+        .unwrap()
+        .into_owned();
+    let ids = [Identifier::Dns("c.test".into())];
+    let mut order = account
+        .new_order(&NewOrder::new(&ids).replaces(id))
+        .await
+        .unwrap();
+    let mut responders = Vec::new();
+    let mut authorizations = order.authorizations();
+    while let Some(a) = authorizations.next().await {
+        let mut a = a.unwrap();
+        let mut challenge = a.challenge(ChallengeType::Http01).expect("HTTP-01");
+        let answer = challenge.key_authorization().as_str().to_string();
+        responders.push(answer_http_01(ports.0, challenge.token.clone(), answer).await);
+        challenge.set_ready().await.unwrap();
+    }
+    let retries = RetryPolicy::new().timeout(Duration::from_secs(60));
+    assert_eq!(
+        order.poll_ready(&retries).await.unwrap(),
+        OrderStatus::Ready
+    );
+    order.finalize().await.unwrap();
+    order.poll_certificate(&retries).await.unwrap();
+    for r in responders {
+        r.abort();
+        let _ = r.await;
+    }
+    account
+        .revoke(&RevocationRequest {
+            certificate: &first,
+            reason: None,
+        })
+        .await
+        .unwrap();
+
+    // Started again: the renewal its `replaces` would make is refused as already replaced,
+    // and the name is renewed by a plain order, not left failing.
+    let s = acme_server(dir, ports, "\"c.test\"", http_01, &pebble).await;
+    let m = wait_metric(
+        &s,
+        "tern_acme_orders_total{outcome=\"issued\"}",
+        1.0,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        metric_value(&m, "tern_acme_orders_total{outcome=\"failed\"}"),
+        0.0,
+        "{m}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while presented(s.running.tls_addr.unwrap(), "c.test")
+        .await
+        .as_ref()
+        == Some(&first)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the renewed certificate is not served"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reply = get_verified(s.running.tls_addr.unwrap(), "c.test", &pebble.root()).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
 }
