@@ -4,7 +4,7 @@
 //! touched) and the pool's reset settings.
 //!
 //! Run: `cargo bench -p tern --bench lifecycle` (add a filter, e.g. `-- heap`, for one group).
-//! Phase figures come from the server's own phase timers (`execute::run`), summed by criterion's
+//! Phase figures come from the server's own phase timers (`execute::answer`), summed by criterion's
 //! `iter_custom`, so each line is the mean time of that phase alone.
 
 use std::time::{Duration, Instant};
@@ -183,16 +183,16 @@ fn lifecycle(c: &mut Criterion) {
     let hello = b.tenant("hello", hello);
     let nop = b.tenant("nop", &wat::parse_str(NOP).unwrap());
     g.bench_function("instantiate_warm/hello", |x| {
-        x.iter_custom(b.phase(&hello, |o, _| o.instantiate))
+        x.iter_custom(b.phase(&hello, |o, _| o.phases.instantiate))
     });
     g.bench_function("call_trivial/nop", |x| {
-        x.iter_custom(b.phase(&nop, |o, _| o.run))
+        x.iter_custom(b.phase(&nop, |o, _| o.phases.run))
     });
     g.bench_function("run/hello", |x| {
-        x.iter_custom(b.phase(&hello, |o, _| o.run))
+        x.iter_custom(b.phase(&hello, |o, _| o.phases.run))
     });
     g.bench_function("teardown/hello", |x| {
-        x.iter_custom(b.phase(&hello, |o, _| o.teardown))
+        x.iter_custom(b.phase(&hello, |o, _| o.phases.teardown))
     });
     g.bench_function("total/hello", |x| {
         x.iter_custom(b.phase(&hello, |_, all| all))
@@ -215,12 +215,12 @@ fn heap_curves(c: &mut Criterion) {
         g.bench_with_input(
             BenchmarkId::new("dense", format!("{kib}KiB")),
             &dense,
-            |x, t| x.iter_custom(b.phase(t, |o, _| o.instantiate)),
+            |x, t| x.iter_custom(b.phase(t, |o, _| o.phases.instantiate)),
         );
         g.bench_with_input(
             BenchmarkId::new("sparse", format!("{kib}KiB")),
             &sparse,
-            |x, t| x.iter_custom(b.phase(t, |o, _| o.instantiate)),
+            |x, t| x.iter_custom(b.phase(t, |o, _| o.phases.instantiate)),
         );
     }
     g.finish();
@@ -235,7 +235,7 @@ fn heap_curves(c: &mut Criterion) {
         g.bench_with_input(
             BenchmarkId::from_parameter(format!("{}KiB", u64::from(touched) * 64)),
             &t,
-            |x, t| x.iter_custom(b.phase(t, |o, _| o.teardown)),
+            |x, t| x.iter_custom(b.phase(t, |o, _| o.phases.teardown)),
         );
     }
     g.finish();

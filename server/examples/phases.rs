@@ -60,11 +60,12 @@ fn main() -> anyhow::Result<()> {
             }
             if i >= requests / 10 {
                 // The first tenth warms the pool and caches.
-                for (s, d) in
-                    samples
-                        .iter_mut()
-                        .zip([out.instantiate, out.run, out.teardown, total])
-                {
+                for (s, d) in samples.iter_mut().zip([
+                    out.phases.instantiate,
+                    out.phases.run,
+                    out.phases.teardown,
+                    total,
+                ]) {
                     s.push(d);
                 }
             }

@@ -63,7 +63,7 @@ impl Harness {
     }
 }
 
-/// One `GET /` with no headers or body through `execute::run`.
+/// One `GET /` with no headers or body through `execute::answer`, driven to its end.
 pub async fn request(tenant: &TenantRef) -> RunOutput {
     let req = GuestRequest::new(
         Method::GET,
@@ -80,6 +80,8 @@ pub async fn request(tenant: &TenantRef) -> RunOutput {
             trace: None,
         },
     );
-    let (commit, _head) = tokio::sync::oneshot::channel();
-    execute::run(tenant.clone(), req, commit).await
+    execute::answer(tenant.clone(), req, ())
+        .await
+        .finish()
+        .await
 }

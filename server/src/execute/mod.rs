@@ -1,16 +1,16 @@
-//! Execute: the drivers of the guest kinds and the lifecycle they share: a fresh guest for one
-//! request, its handler on its own fiber, its verdict, its reply, its teardown.
+//! Execute: one lifecycle for every guest kind: a fresh guest for one request, its handler on
+//! its own fiber, its verdict, its reply, its teardown; the front end awaits one [`Answer`].
 //!
-//! Each request gets a new `Store` (`new_store`); the kind's driver instantiates its guest
+//! Each request gets a new `Store` (`new_store`); the kind's [`Driver`] instantiates its guest
 //! (`instantiate_async` takes a slot from the pool and maps the copy-on-write heap image) and
 //! calls its handler on a pooled fiber stack: `_start` for a core module (`module`: the
 //! `tern` and `cgi` kinds), `handle` for a `wasi:http` component (`wasi_http`). Epoch
 //! interruption makes the guest yield in turns of a tick or two after its first slice, so a
 //! busy guest never holds a worker thread, and a wall-clock deadline around the whole run cuts
 //! it off.
-//! The rest is shared, here: what a failure means for the client (`classify`, `verdict`), the
-//! reply, the outcome counts, the captured output and teardown (`Ended`). The kinds' host
-//! sides are [`crate::guest`]'s.
+//! The rest is shared, here ([`lifecycle`]): what a failure means for the client (`classify`,
+//! `verdict`), the reply, the hand-off of a streamed head ([`answer`]), the outcome counts, the
+//! captured output and teardown (`Ended`). The kinds' host sides are [`crate::guest`]'s.
 
 mod module;
 mod wasi_http;
@@ -26,6 +26,7 @@ use crate::guest::module::GuestFault;
 use crate::guest::slice::Slicing;
 use crate::guest::{Guest, GuestLimits, GuestRequest, GuestResponse, Head, Stdio};
 use crate::outcome::{ExecError, Outcome, body_too_large, response_limit};
+use crate::teardown::{self, MemorySweep};
 use crate::tenant::{Tenant, TenantRef};
 
 /// A guest's response, complete when the guest ended.
@@ -39,22 +40,9 @@ pub struct Finished {
     pub body: crate::body::ResponseBody,
 }
 
-/// How a guest that ran to its end answered.
-#[derive(Debug)]
-pub enum Reply {
-    /// The whole response, buffered.
-    Buffered(Finished),
-    /// The body outgrew the buffer: the head went through `commit` and the body through its
-    /// channel. The front end answers with that head, whether or not it saw it before the
-    /// guest ended.
-    Streamed,
-}
-
-/// What a run produced and how long its phases took.
-#[derive(Debug)]
-pub struct RunOutput {
-    /// The reply, or the failure.
-    pub result: Result<Reply, ExecError>,
+/// How long a run's phases took.
+#[derive(Debug, Clone, Copy)]
+pub struct Phases {
     /// When the run began (instantiation, then the handler, then teardown follow).
     pub start: Instant,
     /// `Store::new` + `instantiate_async` (the WASI context is built on first use, in `run`).
@@ -69,62 +57,280 @@ pub struct RunOutput {
     pub kv: Duration,
 }
 
-/// Instantiates a fresh guest of `tenant`, runs it on `request`, and tears it down.
-///
-/// If the guest's body outgrows the buffer, its head is sent through `commit` and the body
-/// streams from there while this future keeps running; the caller must then keep polling it
-/// (e.g. in a spawned task) until the guest ends.
-pub async fn run(
-    tenant: TenantRef,
-    request: GuestRequest,
-    commit: oneshot::Sender<Head>,
-) -> RunOutput {
-    let run = Run {
-        start: Instant::now(),
-        request_id: request.context.request_id.clone(),
-        response: GuestResponse::new(
-            tenant.limits.max_response_bytes,
-            tenant.limits.max_response_headers,
-            commit,
-        ),
-    };
-    match &tenant.guest {
-        Guest::Tern(core) => module::run(&tenant, core, false, request, run).await,
-        Guest::Cgi(core) => module::run(&tenant, core, true, request, run).await,
-        Guest::WasiHttp(handler) => wasi_http::run(&tenant, handler, request, run).await,
+impl Phases {
+    /// A run refused before it began.
+    fn none(start: Instant) -> Self {
+        Self {
+            start,
+            instantiate: Duration::ZERO,
+            run: Duration::ZERO,
+            teardown: Duration::ZERO,
+            outbound: Duration::ZERO,
+            kv: Duration::ZERO,
+        }
     }
 }
 
-/// What every driver starts from.
+/// How a run ended, and how long its phases took.
+#[derive(Debug)]
+pub struct RunOutput {
+    /// `Ok`, or why the guest failed.
+    pub result: Result<(), ExecError>,
+    /// Its phases.
+    pub phases: Phases,
+}
+
+/// A guest's answer, as the front end takes it: one response, whole or streaming.
+pub enum Answer {
+    /// The guest ended and was torn down: its whole response, or why it failed.
+    Ended {
+        /// The response (the front end makes the error's).
+        response: Result<Finished, ExecError>,
+        /// Its phases.
+        phases: Phases,
+    },
+    /// The guest's body outgrew the buffer: its head, the body streaming through its channel.
+    Streaming {
+        /// The head to send now.
+        head: Head,
+        /// The rest of the run.
+        rest: Rest,
+    },
+}
+
+/// The rest of a run whose answer streams.
+pub enum Rest {
+    /// The guest runs on, writing its body: the caller drives this to its end (say, in a task
+    /// of its own) for the pool slot to be freed.
+    Running(std::pin::Pin<Box<dyn Future<Output = RunOutput> + Send>>),
+    /// The guest had already ended (it wrote its body fast) and was torn down.
+    Ended(RunOutput),
+}
+
+impl Rest {
+    /// Drives the run to its end.
+    pub async fn finish(self) -> RunOutput {
+        match self {
+            Self::Running(run) => run.await,
+            Self::Ended(out) => out,
+        }
+    }
+}
+
+impl Answer {
+    /// Drives the run to its end, dropping a streaming body: how it ended and its phases.
+    pub async fn finish(self) -> RunOutput {
+        match self {
+            Self::Ended { response, phases } => RunOutput {
+                result: response.map(drop),
+                phases,
+            },
+            Self::Streaming { rest, .. } => rest.finish().await,
+        }
+    }
+}
+
+/// Instantiates a fresh guest of `tenant`, runs it on `request`, tears it down, and answers
+/// with its response: when the guest ends, or as soon as its head is ready if its body
+/// outgrows the buffer (the guest then runs on in [`Rest::Running`]). `hold` (say, a pool
+/// permit) is dropped after teardown.
+pub async fn answer(tenant: TenantRef, request: GuestRequest, hold: impl Send + 'static) -> Answer {
+    let (commit, mut committed) = oneshot::channel();
+    let mut run = Box::pin(async move {
+        let ran = run(tenant, request, commit).await;
+        drop(hold);
+        ran
+    });
+    tokio::select! {
+        // A guest that ended wins: if it failed after committing a head that was never sent,
+        // the client gets a clean error instead of a cut stream.
+        biased;
+        (result, phases) = &mut run => match result {
+            Ok(Some(finished)) => Answer::Ended { response: Ok(finished), phases },
+            Err(e) => Answer::Ended { response: Err(e), phases },
+            // It streamed and ended before its head was taken (a body just over the buffer,
+            // written fast): the head waits in the channel, the whole body behind it.
+            Ok(None) => match committed.try_recv() {
+                Ok(head) => Answer::Streaming {
+                    head,
+                    rest: Rest::Ended(RunOutput { result: Ok(()), phases }),
+                },
+                Err(_) => Answer::Ended {
+                    response: Err(ExecError::new(
+                        Outcome::Error,
+                        "a streamed response lost its head",
+                    )),
+                    phases,
+                },
+            },
+        },
+        Ok(head) = &mut committed => Answer::Streaming {
+            head,
+            rest: Rest::Running(Box::pin(async move {
+                let (result, phases) = run.await;
+                RunOutput { result: result.map(drop), phases }
+            })),
+        },
+    }
+}
+
+/// A run's response (`None`: it streamed, its head went through the hand-off) and phases.
+type Ran = (Result<Option<Finished>, ExecError>, Phases);
+
+/// Runs a fresh guest of `tenant` on `request` through its kind's [`Driver`]; a streamed head
+/// goes through `commit`.
+async fn run(tenant: TenantRef, request: GuestRequest, commit: oneshot::Sender<Head>) -> Ran {
+    let start = Instant::now();
+    let request_id = request.context.request_id.clone();
+    let mut response = GuestResponse::new(
+        tenant.limits.max_response_bytes,
+        tenant.limits.max_response_headers,
+        commit,
+    );
+    if tenant.awaits_memset_reset() {
+        // Its memory cannot be swept before teardown (see `teardown`): refuse rather than risk
+        // another guest reading this one's swapped pages. Requests wait for the move to the
+        // `memset` reset before they get here; this one waited in vain.
+        let e = ExecError::new(
+            Outcome::Overload,
+            "a swap area was switched on and the server has not yet moved this tenant to the \
+             swap-safe memory reset; retry shortly",
+        );
+        let result = reply(Err(e), &mut response, &tenant, &request_id).await;
+        return (result, Phases::none(start));
+    }
+    let head_request = request.method == http::Method::HEAD;
+    let run = Run {
+        start,
+        request_id,
+        head_request,
+    };
+    match &tenant.guest {
+        Guest::Tern(core) => {
+            let (driver, state) = module::Module::new(&tenant, core, false, request, response);
+            lifecycle(&tenant, driver, state, run).await
+        }
+        Guest::Cgi(core) => {
+            let (driver, state) = module::Module::new(&tenant, core, true, request, response);
+            lifecycle(&tenant, driver, state, run).await
+        }
+        Guest::WasiHttp(handler) => {
+            let (driver, state) = wasi_http::Component::new(&tenant, handler, request, response);
+            lifecycle(&tenant, driver, state, run).await
+        }
+    }
+}
+
+/// What every run starts from.
 struct Run {
     /// When the run began (its phases are timed from here).
     start: Instant,
     /// The request's id, for log lines.
     request_id: HeaderValue,
-    /// The empty response the guest writes.
-    response: GuestResponse,
+    /// A `HEAD` request (its answer has no body, whatever length it declares).
+    head_request: bool,
 }
 
-/// A store's state that keeps its guest's time slicing ([`crate::guest::slice`]).
-pub(crate) trait Sliced {
-    /// The guest's slicing.
+/// When a run's handler was called.
+#[derive(Default)]
+struct Clock {
+    /// Time spent reading the client's body whole before instantiating (the client's time).
+    body_read: Duration,
+    /// When the handler was called (instantiation done).
+    called: Option<Instant>,
+}
+
+/// What differs between the guest kinds; the rest of a run is [`lifecycle`]'s.
+trait Driver {
+    /// The state of the guest's store.
+    type State: GuestStore;
+    /// The engine the guest was compiled for.
+    fn engine(&self) -> &wasmtime::Engine;
+    /// Instantiates the guest in `store` and calls its handler, noting the times in `clock`.
+    async fn call(
+        &mut self,
+        store: &mut Store<Self::State>,
+        clock: &mut Clock,
+    ) -> Result<(), Stage>;
+    /// What a run that ended with `ended` means for the client: [`classify`]'s reading, and
+    /// the kind's own.
+    fn settle(
+        &mut self,
+        state: &mut Self::State,
+        ended: Result<(), Stage>,
+    ) -> Result<(), ExecError>;
+    /// The response the guest wrote.
+    fn response<'a>(&'a mut self, state: &'a mut Self::State) -> &'a mut GuestResponse;
+    /// How the client's request body ended.
+    fn body_end(&self, state: &Self::State) -> BodyEnd;
+    /// The guest memory to sweep before teardown, when the tenant's sweep is due.
+    async fn sweep<'t>(
+        &mut self,
+        tenant: &'t Tenant,
+        store: &mut Store<Self::State>,
+    ) -> Option<(&'t MemorySweep, (usize, usize))>;
+}
+
+/// The shared life of one guest: a fresh store, its handler on its own fiber within the
+/// tenant's deadline, the verdict and the reply, then teardown, each phase timed.
+async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, run: Run) -> Ran {
+    let Run {
+        start,
+        request_id,
+        head_request,
+    } = run;
+    let limits = &tenant.limits;
+    let mut store = new_store(driver.engine(), state);
+    store.limiter(|s| s.limits());
+    let mut clock = Clock::default();
+    let ended = tokio::time::timeout(limits.timeout, driver.call(&mut store, &mut clock)).await;
+    let ran_until = Instant::now();
+    let ended = ended.map(|r| driver.settle(store.data_mut(), r));
+    let body = driver.body_end(store.data());
+    let result = {
+        let response = driver.response(store.data_mut());
+        let result = verdict(ended, body, response, limits.timeout, head_request);
+        reply(result, response, tenant, &request_id).await
+    };
+    let data = store.data_mut();
+    tenant.slice_habit.record(data.slicing());
+    let (outbound, kv) = data.waited();
+    let ended = Ended {
+        peak_memory: data.limits().peak_memory,
+        stdio: data.take_stdio(),
+        outbound,
+        kv,
+        // Reading a body whole is the client's time, not instantiation's.
+        times: [
+            start + clock.body_read,
+            clock
+                .called
+                .unwrap_or(ran_until)
+                .max(start + clock.body_read),
+            ran_until,
+        ],
+    };
+    let started = Instant::now();
+    let sweep = driver.sweep(tenant, &mut store).await;
+    ended.finish(result, tenant, &request_id, || {
+        teardown::teardown(store, sweep, started)
+    })
+}
+
+/// What the shared lifecycle reads and keeps in every kind's store state.
+pub(crate) trait GuestStore: Send + 'static {
+    /// The guest's time slicing ([`crate::guest::slice`]), kept by the epoch callback.
     fn slicing(&mut self) -> &mut Slicing;
-}
-
-impl Sliced for crate::guest::module::GuestState {
-    fn slicing(&mut self) -> &mut Slicing {
-        &mut self.slicing
-    }
-}
-
-impl Sliced for crate::guest::wasi_http::HttpState {
-    fn slicing(&mut self) -> &mut Slicing {
-        &mut self.slicing
-    }
+    /// Memory and table limits, and whether the guest ran into them.
+    fn limits(&mut self) -> &mut GuestLimits;
+    /// What the guest wrote to stdout and stderr, if it had a WASI context.
+    fn take_stdio(&mut self) -> Option<Stdio>;
+    /// Time spent waiting for outbound requests and for key-value stores.
+    fn waited(&self) -> (Duration, Duration);
 }
 
 /// A fresh store for one request, time-sliced by the epoch as its state's [`Slicing`] says.
-pub(super) fn new_store<T: Sliced + 'static>(engine: &wasmtime::Engine, state: T) -> Store<T> {
+fn new_store<T: GuestStore>(engine: &wasmtime::Engine, state: T) -> Store<T> {
     let mut store = Store::new(engine, state);
     // Time slicing, not a limit: the guest yields at the ticks `Slicing` says. A tick that
     // lands in a short guest's first microseconds never sends it to the back of the run queue
@@ -167,7 +373,7 @@ pub(super) struct BodyEnd {
 /// The verdict of a run that ended (`Ok`) or passed its deadline (`Err`), before its answer
 /// is sent. The server's own limits come first: a body over the limit is `413` and a broken
 /// one `400`, whatever the guest made of the error (unless the answer is already streaming).
-pub(super) fn verdict(
+fn verdict(
     ended: Result<Result<(), ExecError>, tokio::time::error::Elapsed>,
     body: BodyEnd,
     response: &GuestResponse,
@@ -198,23 +404,24 @@ pub(super) fn verdict(
     }
 }
 
-/// The reply a run's `result` makes of `response`; a failure ends a streaming body with an
-/// error (so the client sees it cut, not complete) and is logged.
-pub(super) async fn reply(
+/// The reply a run's `result` makes of `response` (`None`: it streams, its head went through
+/// the hand-off); a failure ends a streaming body with an error (so the client sees it cut,
+/// not complete) and is logged.
+async fn reply(
     result: Result<(), ExecError>,
     response: &mut GuestResponse,
     tenant: &Tenant,
     request_id: &HeaderValue,
-) -> Result<Reply, ExecError> {
+) -> Result<Option<Finished>, ExecError> {
     let result = match result {
-        Ok(()) if response.is_streaming() => Ok(Reply::Streamed),
+        Ok(()) if response.is_streaming() => Ok(None),
         Ok(()) => {
             if let Some(n) = response.declared {
                 response
                     .headers
                     .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
             }
-            Ok(Reply::Buffered(Finished {
+            Ok(Some(Finished {
                 status: response.status,
                 headers: std::mem::take(&mut response.headers),
                 body: match response.forwarded.take() {
@@ -239,7 +446,7 @@ pub(super) async fn reply(
 }
 
 /// In `tern dev`, a failure's message gets the guest's stderr (a panic's message).
-fn add_stderr(tenant: &Tenant, result: &mut Result<Reply, ExecError>, stdio: Option<&Stdio>) {
+fn add_stderr<T>(tenant: &Tenant, result: &mut Result<T, ExecError>, stdio: Option<&Stdio>) {
     if tenant.errors.dev
         && let (Err(e), Some(stdio)) = (result, stdio)
     {
@@ -253,7 +460,7 @@ fn add_stderr(tenant: &Tenant, result: &mut Result<Reply, ExecError>, stdio: Opt
 }
 
 /// What every run hands to [`Ended::finish`].
-pub(super) struct Ended {
+struct Ended {
     pub peak_memory: usize,
     pub stdio: Option<Stdio>,
     pub outbound: Duration,
@@ -265,13 +472,13 @@ pub(super) struct Ended {
 impl Ended {
     /// The end every run shares: the peak memory recorded, the guest's output added (in `tern
     /// dev`) and logged, the store torn down by `teardown`, the phases timed.
-    pub(super) fn finish(
+    fn finish(
         self,
-        mut result: Result<Reply, ExecError>,
+        mut result: Result<Option<Finished>, ExecError>,
         tenant: &Tenant,
         request_id: &HeaderValue,
         teardown: impl FnOnce() -> Duration,
-    ) -> RunOutput {
+    ) -> Ran {
         tenant.memory_peak.observe(self.peak_memory as f64);
         add_stderr(tenant, &mut result, self.stdio.as_ref());
         let teardown = teardown();
@@ -279,15 +486,15 @@ impl Ended {
             log_stdio(tenant, request_id.to_str().unwrap_or("-"), stdio);
         }
         let [start, ran_from, ran_until] = self.times;
-        RunOutput {
-            result,
+        let phases = Phases {
             start,
             instantiate: ran_from - start,
             run: ran_until - ran_from,
             teardown,
             outbound: self.outbound,
             kv: self.kv,
-        }
+        };
+        (result, phases)
     }
 }
 
@@ -299,34 +506,28 @@ pub(super) enum Stage {
     Answer(ExecError),
 }
 
-/// What a failed run means for the client, from the error and what the guest ran into:
-/// `cgi_headers_done` is, for a CGI program, whether its header block was complete.
-pub(super) fn classify(
-    stage: Stage,
-    limits: &GuestLimits,
-    response: &GuestResponse,
-    cgi_headers_done: Option<bool>,
-) -> Result<(), ExecError> {
+impl Stage {
+    /// The status the guest exited with (`proc_exit`), if that is how it ended.
+    fn exit_status(&self) -> Option<i32> {
+        match self {
+            Self::Instantiate(e) | Self::Run(e) => e.downcast_ref::<I32Exit>().map(|e| e.0),
+            Self::Answer(_) => None,
+        }
+    }
+}
+
+/// What a failed run means for the client, from the error and what the guest ran into.
+fn classify(stage: Stage, limits: &GuestLimits, response: &GuestResponse) -> Result<(), ExecError> {
     let (err, instantiating) = match stage {
         Stage::Instantiate(e) => (e, true),
         Stage::Run(e) => (e, false),
         Stage::Answer(e) => return Err(e),
     };
     if let Some(exit) = err.downcast_ref::<I32Exit>() {
-        return match (exit.0, cgi_headers_done) {
-            (0, _) => Ok(()),
-            (_, _) if response.limit_hit => Err(response_limit()),
-            // A CGI program's exit status does not change an answer it has given (as with
-            // classic CGI servers); the log has it.
-            (n, Some(true)) => {
-                tracing::debug!("CGI program exited with status {n} after its headers");
-                Ok(())
-            }
-            (n, Some(false)) => Err(ExecError::new(
-                Outcome::BadOutput,
-                format!("the CGI program exited with status {n} before its header block ended"),
-            )),
-            (n, None) => Err(ExecError::new(
+        return match exit.0 {
+            0 => Ok(()),
+            _ if response.limit_hit => Err(response_limit()),
+            n => Err(ExecError::new(
                 Outcome::Exit,
                 format!("guest exited with status {n}"),
             )),

@@ -10,88 +10,95 @@ use tokio::sync::oneshot;
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
-use super::{BodyEnd, Ended, Run, RunOutput, Stage, classify, new_store, reply, verdict};
+use wasmtime::Store;
+
+use super::{BodyEnd, Clock, Driver, GuestStore, Stage, classify};
 use crate::body::BodyFlags;
-use crate::guest::GuestRequest;
 use crate::guest::slice::Slicing;
 use crate::guest::wasi_http::{Handler, HttpState, Proxy, Unanswered, incoming, pump, pump_parts};
+use crate::guest::{GuestLimits, GuestRequest, GuestResponse, Stdio};
 use crate::outcome::{ExecError, Outcome, response_limit};
-use crate::teardown;
+use crate::teardown::MemorySweep;
 use crate::tenant::Tenant;
 
 /// A `wasi:http` component's run: `incoming-handler.handle` (WASI 0.2) or `handler.handle`
 /// (WASI 0.3, run in the store's concurrent event loop, which keeps running the guest's tasks
 /// while its body streams) with the request, its answer moved into a [`GuestResponse`] as the
 /// guest writes it.
-pub(super) async fn run(
-    tenant: &Tenant,
-    handler: &Handler,
-    request: GuestRequest,
-    Run {
-        start,
-        request_id,
-        mut response,
-    }: Run,
-) -> RunOutput {
-    let request_id = &request_id;
-    let limits = &tenant.limits;
-    if tenant.awaits_memset_reset() {
-        // Its memory cannot be swept before teardown (see `teardown`): refuse rather than risk
-        // another guest reading this one's swapped pages. Requests wait for the move to the
-        // `memset` reset before they get here; this one waited in vain.
-        let e = ExecError::new(
-            Outcome::Overload,
-            "a swap area was switched on and the server has not yet moved this tenant to the \
-             swap-safe memory reset; retry shortly",
-        );
-        let result = reply(Err(e), &mut response, tenant, request_id).await;
-        return RunOutput {
-            result,
-            start,
-            instantiate: Duration::ZERO,
-            run: Duration::ZERO,
-            teardown: Duration::ZERO,
-            outbound: Duration::ZERO,
-            kv: Duration::ZERO,
-        };
-    }
-    let flags = Arc::new(BodyFlags::default());
-    let head_request = request.method == http::Method::HEAD;
-    let max_request = request.max_bytes;
-    let mut state = HttpState::new(
-        tenant.wasi.clone(),
-        super::guest_limits(limits),
-        tenant.outbound.clone(),
-        tenant.kv.clone(),
-        &request.headers,
-        request.context.trace.as_ref(),
-        request_id,
-    );
-    state.slicing = Slicing::new(tenant.slice_habit.long_first_slice());
-    let scheme = match request.context.conn.tls {
-        Some(_) => Scheme::Https,
-        None => Scheme::Http,
-    };
-    let incoming = incoming(request, flags.clone());
-    let mut store = new_store(handler.engine(), state);
-    store.limiter(|s| &mut s.limits);
+pub(super) struct Component<'a> {
+    handler: &'a Handler,
+    /// The request, until the guest is given it.
+    request: Option<GuestRequest>,
+    /// How its body ended (set as the guest reads it).
+    flags: Arc<BodyFlags>,
+    max_request: u64,
+    scheme: Scheme,
+    /// The response the guest writes (outside the store: the answer is pumped into it).
+    response: GuestResponse,
+    /// The instance (WASI 0.2), for the memory probe.
+    instance: Option<wasmtime::component::Instance>,
+}
 
-    let mut instantiated = None;
-    let mut instance = None;
-    let (tx, rx) = oneshot::channel();
-    let returned = AtomicBool::new(false);
-    let guest = async {
-        let pre = match handler {
+impl<'a> Component<'a> {
+    /// The driver and the store's state of one run of `handler`, a guest of `tenant`.
+    pub(super) fn new(
+        tenant: &Tenant,
+        handler: &'a Handler,
+        request: GuestRequest,
+        response: GuestResponse,
+    ) -> (Self, HttpState) {
+        let mut state = HttpState::new(
+            tenant.wasi.clone(),
+            super::guest_limits(&tenant.limits),
+            tenant.outbound.clone(),
+            tenant.kv.clone(),
+            &request.headers,
+            request.context.trace.as_ref(),
+            &request.context.request_id,
+        );
+        state.slicing = Slicing::new(tenant.slice_habit.long_first_slice());
+        let scheme = match request.context.conn.tls {
+            Some(_) => Scheme::Https,
+            None => Scheme::Http,
+        };
+        let driver = Self {
+            handler,
+            max_request: request.max_bytes,
+            request: Some(request),
+            flags: Arc::new(BodyFlags::default()),
+            scheme,
+            response,
+            instance: None,
+        };
+        (driver, state)
+    }
+}
+
+impl Driver for Component<'_> {
+    type State = HttpState;
+
+    fn engine(&self) -> &wasmtime::Engine {
+        self.handler.engine()
+    }
+
+    async fn call(&mut self, store: &mut Store<HttpState>, clock: &mut Clock) -> Result<(), Stage> {
+        let Some(request) = self.request.take() else {
+            return Ok(());
+        };
+        let incoming = incoming(request, self.flags.clone());
+        let (tx, rx) = oneshot::channel();
+        let returned = AtomicBool::new(false);
+        let pre = match self.handler {
             Handler::P2(proxy) => proxy,
             Handler::P3(pre) => {
                 let service = pre
-                    .instantiate_async(&mut store)
+                    .instantiate_async(&mut *store)
                     .await
                     .map_err(Stage::Instantiate)?;
-                instantiated = Some(Instant::now());
+                clock.called = Some(Instant::now());
                 let hooks = store.data_mut().http().hooks;
                 let (req, _sent) = wasmtime_wasi_http::p3::Request::from_http(hooks, incoming);
-                let (response, never) = (&mut response, &returned);
+                let (response, never) = (&mut self.response, &returned);
                 // A WASI 0.3 guest may go on writing its body after `handle` returns: the answer
                 // is pumped inside the event loop that runs its tasks.
                 return store
@@ -119,26 +126,26 @@ pub(super) async fn run(
         };
         let made = pre
             .pre
-            .instantiate_async(&mut store)
+            .instantiate_async(&mut *store)
             .await
             .map_err(Stage::Instantiate)?;
-        instance = Some(made);
+        self.instance = Some(made);
         let proxy = pre
             .handler
-            .load(&mut store, &made)
+            .load(&mut *store, &made)
             .map_err(Stage::Instantiate)?;
-        instantiated = Some(Instant::now());
+        clock.called = Some(Instant::now());
         let mut http = store.data_mut().http();
         let req = http
-            .new_incoming_request(scheme, incoming)
+            .new_incoming_request(self.scheme.clone(), incoming)
             .map_err(Stage::Instantiate)?;
         let out = http.new_response_outparam(tx).map_err(Stage::Instantiate)?;
-        let mut call = std::pin::pin!(
-            proxy
-                .wasi_http_incoming_handler()
-                .call_handle(&mut store, req, out)
-        );
-        let mut pump = std::pin::pin!(pump(rx, &mut response, &returned));
+        let mut call = std::pin::pin!(proxy.wasi_http_incoming_handler().call_handle(
+            &mut *store,
+            req,
+            out
+        ));
+        let mut pump = std::pin::pin!(pump(rx, &mut self.response, &returned));
         // The answer is taken as the guest writes it. A guest that fails ends the run at once
         // (its body may never end otherwise). Once it returns it can write nothing more: what
         // it wrote is sent, and a body it did not finish ends the answer as failed (rather
@@ -155,56 +162,74 @@ pub(super) async fn run(
                 call.await.map_err(Stage::Run)
             }
         }
-    };
-    let ended = tokio::time::timeout(limits.timeout, guest).await;
-    let ran_until = Instant::now();
-    let ran_from = instantiated.unwrap_or(ran_until);
-
-    let ended =
-        ended.map(|r| r.or_else(|stage| classify(stage, &store.data().limits, &response, None)));
-    if !matches!(ended, Ok(Ok(()))) {
-        store.data().guest_failed();
     }
-    let body = BodyEnd {
-        too_large: flags
-            .too_large
-            .load(Ordering::Relaxed)
-            .then_some(max_request),
-        failed: flags
-            .failed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take(),
-    };
-    let result = verdict(ended, body, &response, limits.timeout, head_request);
-    let result = reply(result, &mut response, tenant, request_id).await;
-    let data = store.data_mut();
-    tenant.slice_habit.record(&data.slicing);
-    let ended = Ended {
-        peak_memory: data.limits.peak_memory,
-        stdio: data.take_stdio(),
-        outbound: data.outbound_waited(),
-        kv: data.kv_waited(),
-        times: [start, ran_from, ran_until],
-    };
-    // The memory probe runs only when the tenant's sweep is due: most requests of a compact
-    // guest skip both.
-    let started = Instant::now();
-    let sweep = match (handler, &tenant.sweep, instance) {
-        (
-            Handler::P2(Proxy {
-                probe: Some(probe), ..
-            }),
-            Some(sweep),
-            Some(instance),
-        ) if sweep.due() => probe_memory(&mut store, instance, probe)
-            .await
-            .map(|m| (sweep, m)),
-        _ => None,
-    };
-    ended.finish(result, tenant, request_id, || {
-        teardown::teardown(store, sweep, started)
-    })
+
+    fn settle(&mut self, state: &mut HttpState, ended: Result<(), Stage>) -> Result<(), ExecError> {
+        let settled = ended.or_else(|stage| classify(stage, &state.limits, &self.response));
+        if settled.is_err() {
+            state.guest_failed();
+        }
+        settled
+    }
+
+    fn response<'s>(&'s mut self, _: &'s mut HttpState) -> &'s mut GuestResponse {
+        &mut self.response
+    }
+
+    fn body_end(&self, _: &HttpState) -> BodyEnd {
+        BodyEnd {
+            too_large: self
+                .flags
+                .too_large
+                .load(Ordering::Relaxed)
+                .then_some(self.max_request),
+            failed: self
+                .flags
+                .failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        }
+    }
+
+    /// The memory probe runs only when the tenant's sweep is due: most requests of a compact
+    /// guest skip both.
+    async fn sweep<'t>(
+        &mut self,
+        tenant: &'t Tenant,
+        store: &mut Store<HttpState>,
+    ) -> Option<(&'t MemorySweep, (usize, usize))> {
+        match (self.handler, &tenant.sweep, self.instance) {
+            (
+                Handler::P2(Proxy {
+                    probe: Some(probe), ..
+                }),
+                Some(sweep),
+                Some(instance),
+            ) if sweep.due() => probe_memory(store, instance, probe)
+                .await
+                .map(|m| (sweep, m)),
+            _ => None,
+        }
+    }
+}
+
+impl GuestStore for HttpState {
+    fn slicing(&mut self) -> &mut Slicing {
+        &mut self.slicing
+    }
+
+    fn limits(&mut self) -> &mut GuestLimits {
+        &mut self.limits
+    }
+
+    fn take_stdio(&mut self) -> Option<Stdio> {
+        HttpState::take_stdio(self)
+    }
+
+    fn waited(&self) -> (Duration, Duration) {
+        (self.outbound_waited(), self.kv_waited())
+    }
 }
 
 /// How long the memory probe may take; it runs one call into a few instructions, so only a

@@ -19,7 +19,7 @@
 //! Kinds sit below tenants (a [`crate::tenant::Tenant`] holds its pre-linked [`Guest`]); each
 //! kind's driver sits above them, in [`crate::execute`], beside the lifecycle every kind
 //! shares. A new kind is a module here, a variant of [`Guest`] with its line in [`link`], and a
-//! driver in `execute` with its line in `execute::run`.
+//! [`crate::execute`] driver (its `Driver` impl) with its line in `execute::run`.
 
 pub mod module;
 pub mod request;

@@ -14,7 +14,6 @@ use super::{SERVER_TIMING, X_REQUEST_ID, error_response};
 use crate::app::App;
 use crate::body::ResponseBody;
 use crate::context::Connection;
-use crate::execute::RunOutput;
 use crate::metrics::{Phase, Timings};
 use crate::outcome::ExecError;
 use crate::tenant::TenantRef;
@@ -245,10 +244,10 @@ impl Traced {
         }
     }
 
-    /// The guest's run ended with `out`.
-    pub(super) fn ran(&mut self, out: &RunOutput) {
-        self.run_start = Some(out.start);
-        if let Err(e) = &out.result {
+    /// The guest's run, begun at `start`, ended with `result`.
+    pub(super) fn ran<T>(&mut self, start: Instant, result: &Result<T, ExecError>) {
+        self.run_start = Some(start);
+        if let Err(e) = result {
             self.failure = Some((e.outcome.name(), e.message.clone()));
             self.guest_failed = e.outcome.is_guests();
         }

@@ -21,12 +21,11 @@ use std::time::Instant;
 
 use http::header::{CONNECTION, RETRY_AFTER};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use tokio::sync::oneshot;
 
 use crate::app::App;
 use crate::body::{ResponseBody, declared_length, plain};
 use crate::context::{Connection, RequestContext};
-use crate::execute::{self, Reply, RunOutput};
+use crate::execute::{self, Answer, Phases, Rest};
 use crate::guest::{GuestRequest, Head, RequestBody};
 use crate::metrics::{GaugeGuard, Phase, Timings};
 use crate::outcome::{self, ExecError, Outcome};
@@ -263,24 +262,43 @@ async fn run_guest(
         tenant.limits.max_request_bytes,
         context,
     );
-    let (commit, mut committed) = oneshot::channel();
-    let mut run = Box::pin({
-        let tenant = tenant.clone();
-        async move {
-            let out = execute::run(tenant, request, commit).await;
-            drop(admitted); // after teardown: the pool slot is free again
-            out
+    let (resp, phase) = match execute::answer(tenant.clone(), request, admitted).await {
+        Answer::Ended { response, phases } => {
+            record_phases(&mut ex.timings, &phases);
+            app.metrics.observe(&ex.timings, Phase::Teardown);
+            if let Some(t) = &mut ex.trace {
+                t.ran(phases.start, &response);
+            }
+            let resp = match response {
+                Ok(mut done) => {
+                    if let ResponseBody::Forwarded(f) = &mut done.body {
+                        f.count_in(tenant.undelivered.clone(), head_only);
+                    }
+                    let mut resp = Response::new(done.body);
+                    *resp.status_mut() = done.status;
+                    *resp.headers_mut() = done.headers;
+                    resp
+                }
+                Err(e) => error_response(&e, &tenant, &ex.ids()),
+            };
+            (resp, Phase::Teardown)
         }
-    });
-
-    let out = tokio::select! {
-        // A guest that ended wins: if it failed after committing a head that was never sent,
-        // the client gets a clean error instead of a cut stream.
-        biased;
-        out = &mut run => out,
-        Ok(head) = &mut committed => {
-            // The body outgrew the buffer while the guest runs: send the head now and let the
-            // guest run on in its own task, streaming into the body channel.
+        // It wrote past the buffer and finished before the head was taken: every phase is
+        // known when the head leaves.
+        Answer::Streaming {
+            head,
+            rest: Rest::Ended(out),
+        } => {
+            record_phases(&mut ex.timings, &out.phases);
+            app.metrics.observe(&ex.timings, Phase::Teardown);
+            if let Some(t) = &mut ex.trace {
+                t.ran(out.phases.start, &out.result);
+            }
+            (streamed(&tenant, head, head_only), Phase::Teardown)
+        }
+        // The body outgrew the buffer while the guest runs: the head leaves now and the guest
+        // runs on in its own task, streaming into the body channel.
+        Answer::Streaming { head, rest } => {
             let mut after = ex.timings;
             let app2 = Arc::clone(app);
             // Its trace ends with the guest: it is taken out of the exchange.
@@ -288,56 +306,28 @@ async fn run_guest(
             let (status, arrived) = (head.status.as_u16(), ex.arrived);
             let request_id = ex.request_id.clone();
             tokio::spawn(async move {
-                let out = run.await;
-                record_phases(&mut after, &out);
+                let out = rest.finish().await;
+                record_phases(&mut after, &out.phases);
                 app2.metrics.observe(&after, Phase::Teardown);
                 if let Some(mut t) = trace {
-                    t.ran(&out);
-                    t.end(&app2, (arrived, Instant::now()), &after, status, &request_id);
+                    t.ran(out.phases.start, &out.result);
+                    t.end(
+                        &app2,
+                        (arrived, Instant::now()),
+                        &after,
+                        status,
+                        &request_id,
+                    );
                 }
             });
-            let resp = streamed(&tenant, head, head_only);
             // Only route and queue are known when the head leaves; the rest reaches /metrics.
-            return ex.finish(app, Some(&tenant), resp, Phase::Queue);
+            (streamed(&tenant, head, head_only), Phase::Queue)
         }
     };
-
-    // The guest has ended. If it streamed, its head is still in `committed`: the guest wrote
-    // past the buffer and finished before this task looked (a body just over the threshold,
-    // written fast). That head is the response; the whole body waits in its channel.
-    record_phases(&mut ex.timings, &out);
-    app.metrics.observe(&ex.timings, Phase::Teardown);
-    if let Some(t) = &mut ex.trace {
-        t.ran(&out);
-    }
-    let resp = match out.result {
-        Ok(Reply::Buffered(mut done)) => {
-            if let ResponseBody::Forwarded(f) = &mut done.body {
-                f.count_in(tenant.undelivered.clone(), head_only);
-            }
-            let mut resp = Response::new(done.body);
-            *resp.status_mut() = done.status;
-            *resp.headers_mut() = done.headers;
-            resp
-        }
-        Ok(Reply::Streamed) => match committed.try_recv() {
-            Ok(head) => streamed(&tenant, head, head_only),
-            // Unreachable: a streamed run sent its head, and only the branch above takes it.
-            Err(_) => {
-                tracing::error!(
-                    tenant = %tenant.name,
-                    request_id = ex.request_id.to_str().unwrap_or("-"),
-                    "a streamed response lost its head"
-                );
-                plain(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
-            }
-        },
-        Err(e) => error_response(&e, &tenant, &ex.ids()),
-    };
-    ex.finish(app, Some(&tenant), resp, Phase::Teardown)
+    ex.finish(app, Some(&tenant), resp, phase)
 }
 
-fn record_phases(t: &mut Timings, out: &RunOutput) {
+fn record_phases(t: &mut Timings, out: &Phases) {
     t.set(Phase::Instantiate, out.instantiate);
     t.set(Phase::Run, out.run);
     t.set(Phase::Teardown, out.teardown);
