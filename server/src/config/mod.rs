@@ -36,7 +36,7 @@ pub use tenant::{
     ErrorDetail, GuestKind, HstsConfig, LimitsConfig, MAX_HSTS_SECONDS, TenantConfig,
     TenantSettings, validate_tenant,
 };
-pub use tenant_table::SETTINGS_KEYS;
+pub use tenant_table::settings_keys;
 pub use tls::{AcmeChallenge, AcmeConfig, CertificateConfig, TlsConfig, acme_name};
 
 /// A configuration that cannot be used, with where in which file the problem is.

@@ -9,36 +9,59 @@ use super::tenant::{GuestKind, TenantConfig, TenantSettings};
 /// The keys of a `[[tenant]]` table that are the file's own, not [`TenantSettings`].
 const FILE_ONLY: [&str; 4] = ["name", "module", "kind", "assets"];
 
-/// The keys of [`TenantSettings`], as the file and the admin API write them (a unit test holds
-/// this list to the struct).
-pub const SETTINGS_KEYS: [&str; 10] = [
-    "hosts",
-    "paths",
-    "env",
-    "limits",
-    "outbound",
-    "errors",
-    "error_pages",
-    "https_redirect",
-    "kv",
-    "hsts",
-];
+/// The keys of [`TenantSettings`], as the file and the admin API write them: its fields, as
+/// serde names them (a new setting is a field there and nothing here).
+pub fn settings_keys() -> &'static [&'static str] {
+    static KEYS: std::sync::LazyLock<&'static [&'static str]> =
+        std::sync::LazyLock::new(struct_fields::<TenantSettings<String>>);
+    &KEYS
+}
 
 /// Every key of a `[[tenant]]` table, for the message about an unknown one: the file's own,
 /// then the settings'.
-const TENANT_KEYS: [&str; FILE_ONLY.len() + SETTINGS_KEYS.len()] = {
-    let mut keys = [""; FILE_ONLY.len() + SETTINGS_KEYS.len()];
-    let mut i = 0;
-    while i < keys.len() {
-        keys[i] = if i < FILE_ONLY.len() {
-            FILE_ONLY[i]
-        } else {
-            SETTINGS_KEYS[i - FILE_ONLY.len()]
-        };
-        i += 1;
+fn tenant_keys() -> &'static [&'static str] {
+    static KEYS: std::sync::LazyLock<&'static [&'static str]> = std::sync::LazyLock::new(|| {
+        let keys: Vec<&'static str> = FILE_ONLY.iter().chain(settings_keys()).copied().collect();
+        Vec::leak(keys)
+    });
+    &KEYS
+}
+
+/// The fields of struct `T` as its derived `Deserialize` names them (it hands them to
+/// `deserialize_struct`, asked here and then refused).
+fn struct_fields<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{Error as _, Visitor, value::Error};
+
+    struct Ask<'f>(&'f mut &'static [&'static str]);
+
+    impl<'de> serde::Deserializer<'de> for Ask<'_> {
+        type Error = Error;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Error> {
+            Err(Error::custom("not a struct"))
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Error> {
+            *self.0 = fields;
+            Err(Error::custom("asked for its fields only"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
+        }
     }
-    keys
-};
+
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Ask(&mut fields));
+    fields
+}
 
 impl<'de> Deserialize<'de> for TenantConfig {
     /// A `[[tenant]]` table: the file's own keys taken here, every other key handed to
@@ -126,11 +149,11 @@ impl<'de, K: serde::de::DeserializeSeed<'de>> serde::de::Visitor<'de> for KeySee
         use serde::de::IntoDeserializer;
         match FILE_ONLY.iter().find(|k| **k == key) {
             Some(own) => Ok(Key::Own(own, self.0)),
-            None if TENANT_KEYS.contains(&key) => self
+            None if settings_keys().contains(&key) => self
                 .0
                 .deserialize(key.into_deserializer())
                 .map(Key::Setting),
-            None => Err(E::unknown_field(key, &TENANT_KEYS)),
+            None => Err(E::unknown_field(key, tenant_keys())),
         }
     }
 }
@@ -173,14 +196,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_tenant_key_list_is_the_file_keys_and_the_settings_keys() {
+    fn the_tenant_keys_are_the_file_keys_and_the_settings_fields() {
         // serde names a struct's fields when it refuses an unknown one.
         let e = serde_json::from_str::<TenantSettings<String>>(r#"{"zz": 1}"#)
             .unwrap_err()
             .to_string();
         let listed: Vec<&str> = e.split('`').skip(3).step_by(2).collect();
-        assert_eq!(listed, SETTINGS_KEYS, "{e}");
-        assert_eq!(TENANT_KEYS[..FILE_ONLY.len()], FILE_ONLY);
-        assert_eq!(TENANT_KEYS[FILE_ONLY.len()..], SETTINGS_KEYS);
+        assert_eq!(listed, settings_keys(), "{e}");
+        assert!(settings_keys().contains(&"hsts"));
+        assert_eq!(tenant_keys()[..FILE_ONLY.len()], FILE_ONLY);
+        assert_eq!(tenant_keys()[FILE_ONLY.len()..], *settings_keys());
     }
 }

@@ -93,8 +93,9 @@ fn parse(v: Value) -> Result<TenantSpec, ChangeError> {
 /// The top-level fields of `spec` that differ from their defaults.
 fn set_fields(spec: &TenantSpec) -> Vec<&'static str> {
     let (now, default) = (to_value(spec), to_value(&TenantSpec::default()));
-    crate::config::SETTINGS_KEYS
-        .into_iter()
+    crate::config::settings_keys()
+        .iter()
+        .copied()
         .filter(|f| now.get(f) != default.get(f))
         .collect()
 }
