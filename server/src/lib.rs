@@ -19,9 +19,12 @@
 //!   everything keyed on a URL use (dot segments, percent-encodings, ambiguous paths refused).
 //! - [`router`]: `Host` / path prefix → tenant, on the normal path.
 //! - [`pool`]: admission to the preallocated instance pool (the `queue` phase).
-//! - [`execute`]: the drivers of the guest kinds and the lifecycle they share: a fresh `Store`,
-//!   `instantiate_async`, the handler on its own fiber under the deadline, the verdict, the
-//!   reply, the outcome counts, teardown.
+//! - [`execute`]: one lifecycle for every guest kind (a fresh `Store`, `instantiate_async`, the
+//!   handler on its own fiber under the deadline, the verdict, the reply, the outcome counts,
+//!   teardown) with a small driver per kind for what differs; the front end awaits one answer
+//!   from it (whole, or a head whose body streams while the guest runs on).
+//! - [`capabilities`]: the host capabilities of one request (outbound, key-value), prepared
+//!   once whatever the guest's kind and reached by each kind's host calls through one view.
 //! - [`guest`]: one module per guest kind with its linker and host side: [`guest::module`]
 //!   (core modules: their store state and linker, composed from WASI preview1, `/assets`,
 //!   the bounds-checked guest memory, and the host side of the `tern` ABI v1
@@ -87,6 +90,7 @@ pub mod app;
 pub mod artifact;
 pub mod assets;
 pub mod body;
+pub mod capabilities;
 pub mod ceilings;
 pub mod change;
 pub mod cli;

@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::I32Exit;
 
+use crate::capabilities::{Capabilities, HostView};
 use crate::guest::module::GuestFault;
 use crate::guest::slice::Slicing;
 use crate::guest::{Guest, GuestLimits, GuestRequest, GuestResponse, Head, Stdio};
@@ -200,6 +201,13 @@ async fn run(tenant: TenantRef, request: GuestRequest, commit: oneshot::Sender<H
         return (result, Phases::none(start));
     }
     let head_request = request.method == http::Method::HEAD;
+    // Every kind's host capabilities, prepared once.
+    let host = Capabilities::new(
+        tenant.outbound.clone(),
+        tenant.kv.clone(),
+        request.context.request_id.clone(),
+        request.context.trace.clone(),
+    );
     let run = Run {
         start,
         request_id,
@@ -207,15 +215,17 @@ async fn run(tenant: TenantRef, request: GuestRequest, commit: oneshot::Sender<H
     };
     match &tenant.guest {
         Guest::Tern(core) => {
-            let (driver, state) = module::Module::new(&tenant, core, false, request, response);
+            let (driver, state) =
+                module::Module::new(&tenant, core, false, request, response, host);
             lifecycle(&tenant, driver, state, run).await
         }
         Guest::Cgi(core) => {
-            let (driver, state) = module::Module::new(&tenant, core, true, request, response);
+            let (driver, state) = module::Module::new(&tenant, core, true, request, response, host);
             lifecycle(&tenant, driver, state, run).await
         }
         Guest::WasiHttp(handler) => {
-            let (driver, state) = wasi_http::Component::new(&tenant, handler, request, response);
+            let (driver, state) =
+                wasi_http::Component::new(&tenant, handler, request, response, host);
             lifecycle(&tenant, driver, state, run).await
         }
     }
@@ -294,7 +304,7 @@ async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, r
     };
     let data = store.data_mut();
     tenant.slice_habit.record(data.slicing());
-    let (outbound, kv) = data.waited();
+    let (outbound, kv) = data.host().waited();
     let ended = Ended {
         peak_memory: data.limits().peak_memory,
         stdio: data.take_stdio(),
@@ -318,15 +328,13 @@ async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, r
 }
 
 /// What the shared lifecycle reads and keeps in every kind's store state.
-pub(crate) trait GuestStore: Send + 'static {
+pub(crate) trait GuestStore: HostView + Send + 'static {
     /// The guest's time slicing ([`crate::guest::slice`]), kept by the epoch callback.
     fn slicing(&mut self) -> &mut Slicing;
     /// Memory and table limits, and whether the guest ran into them.
     fn limits(&mut self) -> &mut GuestLimits;
     /// What the guest wrote to stdout and stderr, if it had a WASI context.
     fn take_stdio(&mut self) -> Option<Stdio>;
-    /// Time spent waiting for outbound requests and for key-value stores.
-    fn waited(&self) -> (Duration, Duration);
 }
 
 /// A fresh store for one request, time-sliced by the epoch as its state's [`Slicing`] says.

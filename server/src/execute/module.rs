@@ -1,11 +1,12 @@
 //! The driver of a core module (the `tern` and `cgi` kinds): a fresh instance, then `_start`
 //! on its own fiber; a CGI program whose body has no declared length gets it whole first.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use wasmtime::{Extern, Store};
 
 use super::{BodyEnd, Clock, Driver, GuestStore, Stage, classify};
+use crate::capabilities::Capabilities;
 use crate::guest::module::cgi::Cgi;
 use crate::guest::module::tern::{Kv, Outbound};
 use crate::guest::module::{CoreGuest, GuestState, Wasi, fs};
@@ -30,8 +31,8 @@ impl<'a> Module<'a> {
         cgi: bool,
         request: GuestRequest,
         response: GuestResponse,
+        host: Capabilities,
     ) -> (Self, GuestState) {
-        let trace = request.context.trace.clone();
         let state = GuestState {
             wasi: Wasi::new(tenant.wasi.clone()),
             memory: None,
@@ -39,8 +40,9 @@ impl<'a> Module<'a> {
             response,
             limits: super::guest_limits(&tenant.limits),
             files: fs::Files::new(tenant.assets.clone()),
-            outbound: Outbound::new(tenant.outbound.clone()),
-            kv: Kv::new(tenant.kv.clone(), trace),
+            host,
+            outbound: Outbound::default(),
+            kv: Kv::default(),
             cgi: cgi.then(Cgi::default),
             headers_blob: None,
             slicing: Slicing::new(tenant.slice_habit.long_first_slice()),
@@ -165,9 +167,5 @@ impl GuestStore for GuestState {
 
     fn take_stdio(&mut self) -> Option<Stdio> {
         self.wasi.take_stdio()
-    }
-
-    fn waited(&self) -> (Duration, Duration) {
-        (self.outbound.waited, self.kv.session.waited)
     }
 }

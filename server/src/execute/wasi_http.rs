@@ -14,6 +14,7 @@ use wasmtime::Store;
 
 use super::{BodyEnd, Clock, Driver, GuestStore, Stage, classify};
 use crate::body::BodyFlags;
+use crate::capabilities::Capabilities;
 use crate::guest::slice::Slicing;
 use crate::guest::wasi_http::{Handler, HttpState, Proxy, Unanswered, incoming, pump, pump_parts};
 use crate::guest::{GuestLimits, GuestRequest, GuestResponse, Stdio};
@@ -46,16 +47,14 @@ impl<'a> Component<'a> {
         handler: &'a Handler,
         request: GuestRequest,
         response: GuestResponse,
+        mut host: Capabilities,
     ) -> (Self, HttpState) {
-        let mut state = HttpState::new(
-            tenant.wasi.clone(),
-            super::guest_limits(&tenant.limits),
-            tenant.outbound.clone(),
-            tenant.kv.clone(),
-            &request.headers,
-            request.context.trace.as_ref(),
-            &request.context.request_id,
-        );
+        // What the request hands on to the guest's requests, worked out now: its headers go
+        // to the guest.
+        host.outbound
+            .passing(&request.headers, request.context.trace.as_ref());
+        let limits = super::guest_limits(&tenant.limits);
+        let mut state = HttpState::new(tenant.wasi.clone(), limits, host);
         state.slicing = Slicing::new(tenant.slice_habit.long_first_slice());
         let scheme = match request.context.conn.tls {
             Some(_) => Scheme::Https,
@@ -225,10 +224,6 @@ impl GuestStore for HttpState {
 
     fn take_stdio(&mut self) -> Option<Stdio> {
         HttpState::take_stdio(self)
-    }
-
-    fn waited(&self) -> (Duration, Duration) {
-        (self.outbound_waited(), self.kv_waited())
     }
 }
 

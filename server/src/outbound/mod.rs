@@ -20,9 +20,11 @@ mod calls;
 mod client;
 mod policy;
 mod send;
+mod session;
 mod tls;
 
 pub use calls::{CDN_LOOP, Calls, NoHead, Passing, Refused, TRACEPARENT, TRACESTATE};
 pub use client::{BoxError, Counted, HttpClient, Resolver, client};
 pub use policy::*;
 pub use send::{ComponentCalls, HeadError, OutBody, send};
+pub use session::Session;

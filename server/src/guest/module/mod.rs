@@ -40,9 +40,11 @@ pub struct GuestState {
     pub limits: GuestLimits,
     /// The tenant's `/assets` and the files this request opened (tenants with assets only).
     pub files: fs::Files,
-    /// The guest's outbound requests.
+    /// The request's host capabilities (outbound, key-value), every kind's.
+    pub host: crate::capabilities::Capabilities,
+    /// The `tern` ABI's outbound request handles.
     pub outbound: Outbound,
-    /// The guest's key-value stores.
+    /// The `tern` ABI's open key-value stores.
     pub kv: Kv,
     /// The CGI output parser, for a guest of the `cgi` kind.
     pub cgi: Option<Cgi>,
@@ -50,6 +52,12 @@ pub struct GuestState {
     pub headers_blob: Option<Vec<u8>>,
     /// When the guest yields its worker (kept by the epoch callback, [`crate::execute`]).
     pub slicing: crate::guest::slice::Slicing,
+}
+
+impl crate::capabilities::HostView for GuestState {
+    fn host(&mut self) -> &mut crate::capabilities::Capabilities {
+        &mut self.host
+    }
 }
 
 impl GuestState {

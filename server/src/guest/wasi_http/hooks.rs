@@ -7,42 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{HeaderMap, Request, Response};
 use http_body_util::BodyExt;
 use wasmtime_wasi_http::{RequestOptions, WasiBody, WasiHttpHooks};
 
-use crate::outbound::{self, Calls, ComponentCalls, Denied, NoHead, OutBody, Passing, Refused};
-
-/// How a component's outgoing requests are sent: through Tern's outbound client, under the
-/// tenant's policy.
-pub(super) struct Hooks {
-    calls: Arc<Calls>,
-    /// Requests made so far by this guest.
-    sent: usize,
-    /// What the client's request hands on to the guest's requests.
-    passing: Passing,
-    /// Time waited and the run's failure, shared with the requests sent (made by the first).
-    pub(super) shared: Option<Arc<ComponentCalls>>,
-    /// The client's request, in log lines.
-    request_id: HeaderValue,
-}
-
-impl Hooks {
-    pub(super) fn new(
-        calls: Arc<Calls>,
-        incoming: &HeaderMap,
-        trace: Option<&Arc<crate::trace::Active>>,
-        request_id: &HeaderValue,
-    ) -> Self {
-        Self {
-            request_id: request_id.clone(),
-            passing: Passing::of(incoming, trace),
-            calls,
-            sent: 0,
-            shared: None,
-        }
-    }
-}
+use crate::outbound::{self, Denied, NoHead, OutBody, Refused, Session};
 
 /// The future `send_request` returns.
 type Sent = Box<
@@ -54,7 +23,9 @@ type Sent = Box<
         > + Send,
 >;
 
-impl WasiHttpHooks for Hooks {
+/// A component's outgoing requests go through its request's outbound session, under the
+/// tenant's policy.
+impl WasiHttpHooks for Session {
     fn send_request(
         &mut self,
         request: Request<WasiBody>,
@@ -71,13 +42,14 @@ impl WasiHttpHooks for Hooks {
             Some(_) if uri.port().is_none() => host.to_string(),
             _ => String::new(),
         };
+        // Worked out when the run was prepared (the request's headers went to the guest).
+        let passing = self.passing(&HeaderMap::new(), None).clone();
         let admitted = calls.admit(
             self.sent,
-            &self.passing,
+            &passing,
             &calls.label(&backend),
             &self.request_id,
         );
-        let passing = self.passing.clone();
         let shared = self.shared.get_or_insert_with(Arc::default).clone();
         let request_id = self.request_id.clone();
         Box::new(async move {

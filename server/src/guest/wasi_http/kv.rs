@@ -60,10 +60,10 @@ pub fn add_to_linker(linker: &mut Linker<HttpState>) -> wasmtime::Result<()> {
 impl HttpState {
     /// Opens the granted store `name` as a new handle (counted as an operation).
     fn kv_open(&mut self, name: &str) -> wasmtime::Result<Result<Resource<Bucket>, Opened>> {
-        if let Err(e) = self.kv.count() {
+        if let Err(e) = self.host.kv.count() {
             return Ok(Err(Opened::Failed(e.to_string())));
         }
-        match self.kv.open(name) {
+        match self.host.kv.open(name) {
             Ok(store) => Ok(Ok(self.table.push(Bucket(store))?)),
             Err(_) => Ok(Err(Opened::Denied)),
         }
@@ -74,21 +74,21 @@ impl HttpState {
     }
 
     async fn kv_get(&mut self, store: &Store, key: String) -> Result<Option<Vec<u8>>, String> {
-        match self.kv.run(store, Op::Get(key.into_bytes())).await {
+        match self.host.kv.run(store, Op::Get(key.into_bytes())).await {
             Ok(Answer::Value(v)) => Ok(v),
             other => Err(failed(other)),
         }
     }
 
     async fn kv_done(&mut self, store: &Store, op: Op) -> Result<(), String> {
-        match self.kv.run(store, op).await {
+        match self.host.kv.run(store, op).await {
             Ok(Answer::Done) => Ok(()),
             other => Err(failed(other)),
         }
     }
 
     async fn kv_exists(&mut self, store: &Store, key: String) -> Result<bool, String> {
-        match self.kv.run(store, Op::Exists(key.into_bytes())).await {
+        match self.host.kv.run(store, Op::Exists(key.into_bytes())).await {
             Ok(Answer::Bool(b)) => Ok(b),
             other => Err(failed(other)),
         }
@@ -101,7 +101,7 @@ impl HttpState {
         after: Option<Vec<u8>>,
         limit: usize,
     ) -> Result<Vec<Vec<u8>>, String> {
-        match self.kv.run(store, Op::List { after, limit }).await {
+        match self.host.kv.run(store, Op::List { after, limit }).await {
             Ok(Answer::Keys(keys)) => Ok(keys),
             other => Err(failed(other)),
         }
@@ -322,6 +322,7 @@ impl atomics::Host for HttpState {
         let store = self.bucket(&b)?;
         Ok(
             match self
+                .host
                 .kv
                 .run(&store, Op::Increment(key.into_bytes(), delta))
                 .await
@@ -347,7 +348,7 @@ impl atomics::Host for HttpState {
             expected: current,
             new: value,
         };
-        match self.kv.run(&store, op).await {
+        match self.host.kv.run(&store, op).await {
             Ok(Answer::Bool(true)) => Ok(Ok(())),
             Ok(Answer::Bool(false)) => {
                 // The value changed since it was read: a fresh read to retry from.

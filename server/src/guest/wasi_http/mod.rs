@@ -18,10 +18,7 @@ pub mod hooks;
 pub mod kv;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue};
 use wasmtime::Engine;
 use wasmtime::StoreContextMut;
 use wasmtime::component::{
@@ -34,9 +31,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 pub use body::{Unanswered, incoming, pump, pump_parts};
 
 use super::{GuestLimits, Stdio, WasiSpec};
-use crate::kv::{Grants, Session};
-use crate::outbound::Calls;
-use hooks::Hooks;
+use crate::capabilities::Capabilities;
 
 /// The pre-linked form of a `wasi:http/service` component (WASI 0.3).
 pub type PreP3 = wasmtime_wasi_http::p3::bindings::ServicePre<HttpState>;
@@ -70,9 +65,9 @@ pub struct HttpState {
     /// What the guest wrote to stdout and stderr, once it has a context.
     stdio: Option<Stdio>,
     http: WasiHttpCtx,
-    hooks: Hooks,
-    /// The tenant's key-value stores ([`kv`]).
-    kv: Session,
+    /// The request's host capabilities: outbound requests go through its session ([`hooks`]),
+    /// key-value operations through its stores ([`kv`]).
+    host: Capabilities,
     /// Memory and table limits, and whether the guest ran into them.
     pub limits: GuestLimits,
     /// The main memory's address and length, as the memory probe last reported them
@@ -106,25 +101,21 @@ impl WasiHttpView for HttpState {
         WasiHttpCtxView {
             ctx: &mut self.http,
             table: &mut self.table,
-            hooks: &mut self.hooks,
+            hooks: &mut self.host.outbound,
         }
+    }
+}
+
+impl crate::capabilities::HostView for HttpState {
+    fn host(&mut self) -> &mut Capabilities {
+        &mut self.host
     }
 }
 
 impl HttpState {
     /// The state of one request of a tenant whose guests see `spec` (args, env; stdout and
-    /// stderr captured), limited by `limits`, calling out under `calls`; the client's request
-    /// `headers` carry the loop and trace headers passed on; `request_id` names the request in
-    /// log lines; `kv` are the key-value stores it is granted.
-    pub fn new(
-        spec: Arc<WasiSpec>,
-        mut limits: GuestLimits,
-        calls: Arc<Calls>,
-        kv: Arc<Grants>,
-        headers: &HeaderMap,
-        trace: Option<&Arc<crate::trace::Active>>,
-        request_id: &HeaderValue,
-    ) -> Self {
+    /// stderr captured), limited by `limits`, with the request's `host` capabilities.
+    pub fn new(spec: Arc<WasiSpec>, mut limits: GuestLimits, host: Capabilities) -> Self {
         limits.instances = STORE_INSTANCES;
         Self {
             table: ResourceTable::new(),
@@ -132,8 +123,7 @@ impl HttpState {
             spec,
             stdio: None,
             http: WasiHttpCtx::new(),
-            hooks: Hooks::new(calls, headers, trace, request_id),
-            kv: Session::new(kv, trace.cloned()),
+            host,
             limits,
             memory: None,
             slicing: crate::guest::slice::Slicing::default(),
@@ -149,20 +139,7 @@ impl HttpState {
     /// streaming fail toward their backends when the store is dropped, rather than ending as
     /// if complete. Call before dropping the store.
     pub fn guest_failed(&self) {
-        if let Some(shared) = &self.hooks.shared {
-            shared.failed.store(true, Ordering::Release);
-        }
-    }
-
-    /// Time spent waiting for key-value stores.
-    pub fn kv_waited(&self) -> Duration {
-        self.kv.waited
-    }
-
-    /// Time spent waiting for outgoing responses' heads.
-    pub fn outbound_waited(&self) -> Duration {
-        let shared = self.hooks.shared.as_ref();
-        Duration::from_nanos(shared.map_or(0, |s| s.waited_ns.load(Ordering::Relaxed)))
+        self.host.outbound.run_failed();
     }
 }
 

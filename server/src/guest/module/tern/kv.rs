@@ -16,37 +16,28 @@ use crate::guest::module::GuestState;
 use crate::guest::module::memory::{
     GuestFault, add_text_call, copy_to_guest, guest_range, host_call, memory, read_guest,
 };
-use crate::kv::{Answer, Grants, KvError, Op, Session, Store};
+use crate::kv::{Answer, KvError, Op, Session, Store};
 
 /// Keys fetched per `kv_list` call (as many as fit the guest's buffer are given).
 const LIST_BATCH: usize = 256;
 
-/// One request's use of its tenant's stores through the `tern` ABI.
+/// The stores a request opened through the `tern` ABI, by handle (what it may open, its
+/// operations and waits are its [`Session`], in its capabilities).
+#[derive(Default)]
 pub struct Kv {
-    /// The stores it may open, its operations and waits.
-    pub session: Session,
     /// Open stores, by handle.
     open: Vec<Arc<Store>>,
     last_error: String,
 }
 
 impl Kv {
-    /// No store open yet.
-    pub fn new(grants: Arc<Grants>, trace: Option<Arc<crate::trace::Active>>) -> Self {
-        Self {
-            session: Session::new(grants, trace),
-            open: Vec::new(),
-            last_error: String::new(),
-        }
-    }
-
     fn fail(&mut self, code: i32, message: impl Into<String>) -> i32 {
         self.last_error = message.into();
         code
     }
 
-    /// The store behind `handle`, counted as one more operation.
-    fn store(&mut self, handle: i32) -> Result<Arc<Store>, i32> {
+    /// The store behind `handle`, counted as one more operation of `session`.
+    fn store(&mut self, session: &mut Session, handle: i32) -> Result<Arc<Store>, i32> {
         let Some(store) = usize::try_from(handle)
             .ok()
             .and_then(|h| self.open.get(h))
@@ -57,7 +48,7 @@ impl Kv {
                 format!("{handle} is not an open store handle"),
             ));
         };
-        self.session.count().map_err(|e| self.error(&e))?;
+        session.count().map_err(|e| self.error(&e))?;
         Ok(store)
     }
 
@@ -75,17 +66,18 @@ impl Kv {
 /// Runs `op` on the store behind `handle`, timing the wait: the answer, or the error code to
 /// return (with `kv_last_error` set).
 async fn run(caller: &mut Caller<'_, GuestState>, handle: i32, op: Op) -> Result<Answer, i32> {
-    let kv = &mut caller.data_mut().kv;
-    let store = kv.store(handle)?;
-    let tenant = kv.session.grants().tenant.clone();
+    let state = caller.data_mut();
+    let session = &mut state.host.kv;
+    let store = state.kv.store(session, handle)?;
+    let tenant = session.grants().tenant.clone();
     let op_name = op.name();
     let started = Instant::now();
     let answer = store.run(&tenant, op).await;
-    let kv = &mut caller.data_mut().kv;
-    kv.session.waited += started.elapsed();
-    kv.session
-        .traced(&store, op_name, started, answer.as_ref().err());
-    answer.map_err(|e| kv.error(&e))
+    let state = caller.data_mut();
+    let session = &mut state.host.kv;
+    session.waited += started.elapsed();
+    session.traced(&store, op_name, started, answer.as_ref().err());
+    answer.map_err(|e| state.kv.error(&e))
 }
 
 /// An answer of the wrong kind for its operation: a bug in the backend, never the guest's.
@@ -104,9 +96,10 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
         func::KV_OPEN,
         |mut caller: Caller<'_, GuestState>, name: i32, name_len: i32| {
             let name = read_guest(&caller, name, name_len, func::KV_OPEN)?;
-            let kv = &mut caller.data_mut().kv;
+            let state = caller.data_mut();
+            let kv = &mut state.kv;
             let name = String::from_utf8_lossy(&name);
-            let store = match kv.session.open(&name) {
+            let store = match state.host.kv.open(&name) {
                 Ok(store) => store,
                 Err(message) => return Ok(kv.fail(errno::DENIED, message)),
             };

@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use crate::body::ClientBody;
 use crate::guest::module::memory::headers_blob;
 use crate::guest::{ForwardError, GuestRequest, GuestResponse};
-use crate::outbound::{Calls, Denied, NoHead, OutBody, Passing, Refused, Target};
+use crate::outbound::{Denied, NoHead, OutBody, Refused, Session, Target};
 
 /// Body chunks that may wait for the backend before a streaming guest's writes block.
 const STREAM_CHUNKS: usize = 4;
@@ -122,15 +122,34 @@ enum Call {
     Done(i32),
 }
 
-/// A guest's outbound requests: its handles, how many it sent, how long it waited.
+/// A request's outbound handles through the `tern` ABI (what it may call, what it hands on
+/// and how long it waited are its [`Session`], in its capabilities). Dropped with the store:
+/// requests still in flight are aborted.
+#[derive(Default)]
 pub struct Outbound {
-    calls: Arc<Calls>,
     handles: Vec<Call>,
-    /// Time the guest spent waiting in outbound calls.
-    pub waited: Duration,
     last_error: String,
-    /// What the client's request hands on (see [`Outbound::passing`]).
-    passing: Option<Passing>,
+}
+
+/// The handles at work with their request's session: what every ABI call goes through.
+pub struct OutboundCalls<'a> {
+    session: &'a mut Session,
+    table: &'a mut Outbound,
+}
+
+impl Outbound {
+    /// The handles with their request's `session`.
+    pub fn with<'a>(&'a mut self, session: &'a mut Session) -> OutboundCalls<'a> {
+        OutboundCalls {
+            session,
+            table: self,
+        }
+    }
+
+    /// The reason the last failing call failed (`outbound_last_error`).
+    pub(super) fn last_error(&self) -> &str {
+        &self.last_error
+    }
 }
 
 impl Drop for Outbound {
@@ -144,43 +163,25 @@ impl Drop for Outbound {
     }
 }
 
-impl Outbound {
-    /// No requests yet, under the tenant's `calls`.
-    pub fn new(calls: Arc<Calls>) -> Self {
-        Self {
-            calls,
-            handles: Vec::new(),
-            waited: Duration::ZERO,
-            last_error: String::new(),
-            passing: None,
-        }
-    }
-
-    /// What the client's request (with `incoming` headers) hands on to the guest's requests,
-    /// worked out at the guest's first request.
-    fn passing(&mut self, incoming: &GuestRequest) -> &Passing {
-        self.passing
-            .get_or_insert_with(|| Passing::of(&incoming.headers, incoming.context.trace.as_ref()))
-    }
-
+impl OutboundCalls<'_> {
     /// Records `f` as the last error (for `outbound_last_error`), counts it and returns its code.
     fn fail(&mut self, label: &str, f: Failure) -> i32 {
         if let Some(status) = f.status {
-            self.calls.count(label, status);
+            self.session.calls.count(label, status);
         }
-        self.last_error = f.message;
+        self.table.last_error = f.message;
         f.code
     }
 
     /// A usage error: the guest called in the wrong order or with a bad argument.
     fn misuse(&mut self, message: impl Into<String>) -> i32 {
-        self.last_error = message.into();
+        self.table.last_error = message.into();
         errno::INVALID_ARGUMENT
     }
 
     fn get(&mut self, handle: i32) -> Result<&mut Call, i32> {
         match usize::try_from(handle) {
-            Ok(i) if i < self.handles.len() => Ok(&mut self.handles[i]),
+            Ok(i) if i < self.table.handles.len() => Ok(&mut self.table.handles[i]),
             _ => Err(self.misuse(format!("{handle} is not an outbound request handle"))),
         }
     }
@@ -194,7 +195,7 @@ impl Outbound {
     fn put(&mut self, handle: i32, call: Call) {
         if let Some(slot) = usize::try_from(handle)
             .ok()
-            .and_then(|i| self.handles.get_mut(i))
+            .and_then(|i| self.table.handles.get_mut(i))
         {
             *slot = call;
         }
@@ -202,18 +203,19 @@ impl Outbound {
 
     /// Whether one more request may be made (to `backend`, empty for a URL).
     fn check_new(&mut self, request: &GuestRequest, backend: &str) -> Result<(), i32> {
-        let label = self.calls.label(backend);
-        let n = self.handles.len() + 1;
-        let calls = self.calls.clone();
+        let label = self.session.calls.label(backend);
+        let n = self.table.handles.len() + 1;
+        let calls = self.session.calls.clone();
         match calls.admit(
             n,
-            self.passing(request),
+            self.session
+                .passing(&request.headers, request.context.trace.as_ref()),
             &label,
             &request.context.request_id,
         ) {
             Ok(()) => Ok(()),
             Err(refused) => {
-                self.last_error = refused.to_string();
+                self.table.last_error = refused.to_string();
                 Err(match refused {
                     Refused::TooMany(_) => errno::LIMIT_EXCEEDED,
                     Refused::Loop(_) => errno::DENIED,
@@ -225,9 +227,11 @@ impl Outbound {
     /// A request refused by the policy: counted, logged, and its reason kept for
     /// `outbound_last_error`.
     fn denied(&mut self, backend: &str, d: &Denied, request: &GuestRequest) -> i32 {
-        let label = self.calls.label(backend);
+        let label = self.session.calls.label(backend);
         let why = d.to_string();
-        self.calls.log_denied(&request.context.request_id, &why);
+        self.session
+            .calls
+            .log_denied(&request.context.request_id, &why);
         let code = match d {
             Denied::BadTarget(_) => errno::INVALID_ARGUMENT,
             Denied::Unresolved { .. } => errno::IO,
@@ -269,7 +273,12 @@ impl Outbound {
         let mut req = Request::new(out_body);
         *req.method_mut() = method;
         *req.headers_mut() = headers;
-        let (calls, passing) = (self.calls.clone(), self.passing(incoming).clone());
+        let (calls, passing) = (
+            self.session.calls.clone(),
+            self.session
+                .passing(&incoming.headers, incoming.context.trace.as_ref())
+                .clone(),
+        );
         let (first_byte, label) = (target.timeouts.first_byte, target.label.clone());
         let started = Instant::now();
         let deadline = started + target.timeouts.total;
@@ -362,7 +371,9 @@ impl Outbound {
             ..
         } = *r;
         let status = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-        let max = response.max_bytes.min(self.calls.policy.max_response_bytes);
+        let max = response
+            .max_bytes
+            .min(self.session.calls.policy.max_response_bytes);
         let body = crate::body::Forwarded::new(body, max, (deadline.into(), total), permit);
         let forwarded = response.forward(status, headers, body);
         self.put(handle, Call::Done(errno::INVALID_ARGUMENT));
@@ -378,7 +389,7 @@ impl Outbound {
                 "the backend's headers go past the tenant's limits",
             ),
         };
-        self.last_error = format!("response_forward: {why}");
+        self.table.last_error = format!("response_forward: {why}");
         code
     }
 
@@ -410,7 +421,7 @@ impl Outbound {
         };
         // The exchange ends by the backend's total timeout.
         let result = pending.task.await;
-        self.waited += waited.elapsed();
+        self.session.waited += waited.elapsed();
         let label = pending.label.clone();
         let outcome = match result {
             Ok(r) => r,
@@ -459,7 +470,7 @@ impl Outbound {
 
     /// The next bytes of `handle`'s response body (empty at its end).
     async fn body_chunk(&mut self, handle: i32) -> Result<Bytes, i32> {
-        let max = self.calls.policy.max_response_bytes;
+        let max = self.session.calls.policy.max_response_bytes;
         let r = self.responded(handle).await?;
         // (The wait for the head is counted by `responded`.)
         let waited = Instant::now();
@@ -513,7 +524,7 @@ impl Outbound {
             }
         };
         let label = r.label.clone();
-        self.waited += waited.elapsed();
+        self.session.waited += waited.elapsed();
         result.map_err(|f| {
             let code = self.fail(&label, f);
             self.put(handle, Call::Done(code));
@@ -528,12 +539,7 @@ async fn finish(body: &mpsc::Sender<Bytes>) {
     let _ = body.send(Bytes::new()).await;
 }
 
-impl Outbound {
-    /// The text `outbound_last_error` gives: why the last call failed.
-    pub(super) fn last_error(&self) -> &str {
-        &self.last_error
-    }
-
+impl OutboundCalls<'_> {
     /// `outbound_request`: makes a request of `method` to `backend` (a configured backend,
     /// `url` its path) or to `url` (an allowed host), after the admission and policy checks.
     /// Returns its handle, or an error code with its reason kept for `outbound_last_error`.
@@ -556,22 +562,22 @@ impl Outbound {
         if backend.is_empty() && url.is_empty() {
             return self.misuse("give a backend name and a path, or a URL");
         }
-        let calls = self.calls.clone();
+        let calls = self.session.calls.clone();
         let waited = Instant::now();
         let target = calls.policy.target(&backend, &url).await;
-        self.waited += waited.elapsed();
+        self.session.waited += waited.elapsed();
         let target = match target {
             Ok(t) => t,
             Err(d) => return self.denied(&backend, &d, incoming),
         };
-        self.handles.push(Call::Building(Box::new(Draft {
+        self.table.handles.push(Call::Building(Box::new(Draft {
             method,
             target,
             headers: HeaderMap::new(),
             body: BytesMut::new(),
             forward: None,
         })));
-        i32::try_from(self.handles.len() - 1).unwrap_or(errno::LIMIT_EXCEEDED)
+        i32::try_from(self.table.handles.len() - 1).unwrap_or(errno::LIMIT_EXCEEDED)
     }
 
     /// `outbound_header_append`: adds a header to the request being built in `handle`. The
@@ -602,8 +608,8 @@ impl Outbound {
     /// it is sent, or (a streaming request) handed to the backend, waiting while it is slow.
     /// Returns the bytes taken, or an error code.
     pub(super) async fn body_write(&mut self, handle: i32, chunk: Vec<u8>) -> i32 {
-        let max = self.calls.policy.max_request_bytes;
-        let too_large = |out: &mut Outbound| {
+        let max = self.session.calls.policy.max_request_bytes;
+        let too_large = |out: &mut OutboundCalls<'_>| {
             out.misuse(format!(
                 "the request body is larger than {max} bytes (outbound.max_request_bytes)"
             ));
@@ -636,11 +642,11 @@ impl Outbound {
         }
         let waited = Instant::now();
         let sent = sender.send(Bytes::from(chunk)).await;
-        self.waited += waited.elapsed();
+        self.session.waited += waited.elapsed();
         match sent {
             Ok(()) => n,
             Err(_) => {
-                self.last_error = "the backend stopped reading the request body".into();
+                self.table.last_error = "the backend stopped reading the request body".into();
                 errno::IO
             }
         }
@@ -657,7 +663,7 @@ impl Outbound {
             Call::Streaming { body, pending, .. } => {
                 let waited = Instant::now();
                 finish(&body).await;
-                self.waited += waited.elapsed();
+                self.session.waited += waited.elapsed();
                 self.put(handle, Call::Sent(pending));
                 0
             }

@@ -17,7 +17,7 @@
 
 mod handles;
 
-pub use handles::Outbound;
+pub use handles::{Outbound, OutboundCalls};
 
 use tern_sdk::abi::{self, func};
 use wasmtime::{Caller, Linker};
@@ -41,6 +41,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             let state = caller.data_mut();
             Ok(state
                 .outbound
+                .with(&mut state.host.outbound)
                 .request(&state.request, &method, backend, url)
                 .await)
         }
@@ -57,9 +58,10 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             let f = func::OUTBOUND_HEADER_APPEND;
             let name = read_guest(&caller, name, name_len, f)?;
             let value = read_guest(&caller, value, value_len, f)?;
-            Ok(caller
-                .data_mut()
+            let state = caller.data_mut();
+            Ok(state
                 .outbound
+                .with(&mut state.host.outbound)
                 .header_append(handle, &name, &value))
         },
     )?;
@@ -69,7 +71,9 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
         func::OUTBOUND_BODY_WRITE,
         |caller, handle, ptr, len| {
             let chunk = read_guest(&caller, ptr, len, func::OUTBOUND_BODY_WRITE)?;
-            Ok(caller.data_mut().outbound.body_write(handle, chunk).await)
+            let state = caller.data_mut();
+            let mut calls = state.outbound.with(&mut state.host.outbound);
+            Ok(calls.body_write(handle, chunk).await)
         }
     )?;
     linker.func_wrap(
@@ -77,7 +81,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
         func::OUTBOUND_SEND,
         |mut caller: Caller<'_, GuestState>, handle: i32, flags: i32| {
             let state = caller.data_mut();
-            Ok(state.outbound.send(
+            Ok(state.outbound.with(&mut state.host.outbound).send(
                 handle,
                 flags & abi::OUTBOUND_STREAM_BODY != 0,
                 &state.request,
@@ -85,13 +89,19 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
         },
     )?;
     host_call!(linker, m, func::OUTBOUND_BODY_FINISH, |caller, handle| {
-        Ok(caller.data_mut().outbound.body_finish(handle).await)
+        let state = caller.data_mut();
+        let mut calls = state.outbound.with(&mut state.host.outbound);
+        Ok(calls.body_finish(handle).await)
     })?;
     host_call!(
         linker,
         m,
         func::OUTBOUND_RESPONSE_STATUS,
-        |caller, handle| { Ok(caller.data_mut().outbound.response_status(handle).await) }
+        |caller, handle| {
+            let state = caller.data_mut();
+            let mut calls = state.outbound.with(&mut state.host.outbound);
+            Ok(calls.response_status(handle).await)
+        }
     )?;
     host_call!(
         linker,
@@ -102,7 +112,8 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             let mem = memory(&caller)?;
             guest_range(ptr, len, mem.data_size(&caller)).ok_or(GuestFault::BadPointer(f))?;
             let (data, state) = mem.data_and_store_mut(&mut caller);
-            match state.outbound.response_headers(handle).await {
+            let mut calls = state.outbound.with(&mut state.host.outbound);
+            match calls.response_headers(handle).await {
                 Ok(blob) => copy_to_guest(data, ptr, len, blob, f),
                 Err(code) => Ok(code),
             }
@@ -120,12 +131,9 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
             if range.is_empty() {
                 return Ok(0);
             }
-            let chunk = match caller
-                .data_mut()
-                .outbound
-                .body_read(handle, range.len())
-                .await
-            {
+            let state = caller.data_mut();
+            let mut calls = state.outbound.with(&mut state.host.outbound);
+            let chunk = match calls.body_read(handle, range.len()).await {
                 Ok(c) => c,
                 Err(code) => return Ok(code),
             };
@@ -138,7 +146,8 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
         m,
         func::OUTBOUND_CLOSE,
         |mut caller: Caller<'_, GuestState>, handle: i32| {
-            Ok(caller.data_mut().outbound.close(handle))
+            let state = caller.data_mut();
+            Ok(state.outbound.with(&mut state.host.outbound).close(handle))
         },
     )?;
     linker.func_wrap(
@@ -146,15 +155,16 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
         func::OUTBOUND_FORWARD_REQUEST,
         |mut caller: Caller<'_, GuestState>, handle: i32| {
             let state = caller.data_mut();
-            Ok(state.outbound.forward_request(handle, &mut state.request))
+            Ok(state
+                .outbound
+                .with(&mut state.host.outbound)
+                .forward_request(handle, &mut state.request))
         },
     )?;
     host_call!(linker, m, func::RESPONSE_FORWARD, |caller, handle| {
         let state = caller.data_mut();
-        Ok(state
-            .outbound
-            .forward_response(handle, &mut state.response)
-            .await)
+        let mut calls = state.outbound.with(&mut state.host.outbound);
+        Ok(calls.forward_response(handle, &mut state.response).await)
     })?;
     add_text_call(linker, m, func::OUTBOUND_LAST_ERROR, |s| {
         s.outbound.last_error()
