@@ -316,7 +316,7 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
         (_, ["certificates"] | ["certificates", _]) => {
             certificates(&app, &method, &parts, req).await
         }
-        (&Method::POST, ["reload"]) => registry
+        (&Method::POST, ["reload"]) => app
             .reload()
             .await
             .map(|n| (StatusCode::OK, json!({ "config_tenants": n }))),
@@ -360,7 +360,7 @@ async fn certificates(
     req: Request<Incoming>,
 ) -> Result<(StatusCode, Value), ChangeError> {
     use crate::tls::uploads::Upload;
-    let Some(certificates) = app.registry.certificates() else {
+    let Some(certificates) = app.certificates() else {
         return Err(ChangeError::Conflict(
             "this server has no TLS listener: set server.tls_listen (and restart) to serve \
              certificates"

@@ -1,4 +1,5 @@
-//! What the request path and the admin listener share: the tenants, the pool, the metrics.
+//! What the request path and the admin listener share: the tenants, the certificates, the
+//! pool, the metrics.
 
 use crate::metrics::Metrics;
 use crate::pool::Pool;
@@ -9,6 +10,8 @@ use crate::registry::Registry;
 pub struct App {
     /// The live tenants and routing table, and the way to change them.
     pub registry: Registry,
+    /// The TLS listener's certificates (set once it is made; unset without one).
+    pub certificates: std::sync::OnceLock<std::sync::Arc<crate::tls::Certificates>>,
     /// Bearer token of the admin API.
     pub admin_token: String,
     /// Admission to the instance pool.
@@ -24,4 +27,22 @@ pub struct App {
     pub trusted_proxies: crate::context::TrustedProxies,
     /// Whether access lines show the query string (`[server] access_log_query`).
     pub access_log_query: bool,
+}
+
+impl App {
+    /// The TLS listener's certificates, if there is one.
+    pub fn certificates(&self) -> Option<&std::sync::Arc<crate::tls::Certificates>> {
+        self.certificates.get()
+    }
+
+    /// Re-reads the config file: its tenants and certificates (see
+    /// [`Registry::reload`](crate::registry::Registry::reload)).
+    ///
+    /// # Errors
+    /// Why the reload was refused; what runs keeps serving.
+    pub async fn reload(&self) -> Result<usize, crate::change::ChangeError> {
+        self.registry
+            .reload(self.certificates().map(|c| &**c))
+            .await
+    }
 }

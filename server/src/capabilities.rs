@@ -2,16 +2,69 @@
 //! tenant is granted (outbound calls, key-value stores), bound to this request (its id, its
 //! trace, what it hands on, the operations it made, the time it waited).
 //!
-//! Every kind's store state holds one [`Capabilities`] and gives it out through [`HostView`];
-//! each host API reaches its part there, and only its handles (the `tern` ABI's) or bindings
-//! (the components') are the kind's own. A new host API is a part here, a module of its own
-//! with its link functions, and one line in each kind's linker (`guest::module::linker`,
-//! `guest::wasi_http::linker`).
+//! A tenant's [`Grants`] are prepared when it is loaded, from its settings; each request's
+//! [`Capabilities`] are made from them once, whatever its guest's kind. Every kind's store
+//! state holds them and gives them out through [`HostView`]; each host API reaches its part
+//! there, and only its handles (the `tern` ABI's) or bindings (the components') are the
+//! kind's own. A new host API is a part of both here (its grant from the tenant's settings,
+//! its per-request state), a module of its own with its link functions, and one line in each
+//! kind's linker (`guest::module::linker`, `guest::wasi_http::linker`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderValue;
+
+/// What a tenant's guests are granted, prepared when it is loaded.
+#[derive(Clone)]
+pub struct Grants {
+    /// What its guests may call, with the metric handles of those calls.
+    pub outbound: Arc<crate::outbound::Calls>,
+    /// The key-value stores its guests may open.
+    pub kv: Arc<crate::kv::Grants>,
+}
+
+/// What [`Grants::prepare`] needs of the tenant and of the server.
+pub struct Granting<'a> {
+    /// The tenant's name.
+    pub tenant: &'a str,
+    /// Its metrics label.
+    pub label: &'a str,
+    /// Its settings.
+    pub settings: &'a crate::config::TenantSettings<toml::Spanned<String>>,
+    /// Its budget of guest log lines (denied calls are logged within it).
+    pub log_budget: &'a Arc<crate::logwriter::LogBudget>,
+    /// Where its metric handles come from.
+    pub metrics: &'a crate::metrics::Metrics,
+    /// The key-value stores the server has.
+    pub stores: &'a crate::kv::Stores,
+}
+
+impl Grants {
+    /// A tenant's grants, from its settings.
+    ///
+    /// # Errors
+    /// Why a setting cannot be granted (a bad outbound policy, an unknown store), in words
+    /// for the operator.
+    pub fn prepare(g: &Granting<'_>) -> Result<Self, String> {
+        let policy = crate::outbound::Policy::from_config(&g.settings.outbound)
+            .map_err(|e| format!("outbound: {e}"))?;
+        let outbound = Arc::new(crate::outbound::Calls {
+            policy,
+            log_budget: g.log_budget.clone(),
+            label: g.label.to_string(),
+            requests: g.metrics.outbound_requests.clone(),
+            duration: g.metrics.outbound_duration.with_label_values(&[g.label]),
+            opened: g.metrics.outbound_connections.clone(),
+        });
+        let kv = Arc::new(crate::kv::Grants {
+            tenant: g.tenant.into(),
+            stores: g.stores.grant(&g.settings.kv)?,
+            max_ops: g.settings.limits.max_kv_ops,
+        });
+        Ok(Self { outbound, kv })
+    }
+}
 
 /// One request's host capabilities (see the module docs).
 pub struct Capabilities {
@@ -22,17 +75,16 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
-    /// Nothing used yet: the tenant's outbound `calls` and key-value `grants`, for the request
-    /// `request_id` (with its `trace`, when tracing is on).
+    /// Nothing used yet: what the tenant is `granted`, for the request `request_id` (with its
+    /// `trace`, when tracing is on).
     pub fn new(
-        calls: Arc<crate::outbound::Calls>,
-        grants: Arc<crate::kv::Grants>,
+        granted: &Grants,
         request_id: HeaderValue,
         trace: Option<Arc<crate::trace::Active>>,
     ) -> Self {
         Self {
-            outbound: crate::outbound::Session::new(calls, request_id),
-            kv: crate::kv::Session::new(grants, trace),
+            outbound: crate::outbound::Session::new(granted.outbound.clone(), request_id),
+            kv: crate::kv::Session::new(granted.kv.clone(), trace),
         }
     }
 

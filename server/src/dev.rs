@@ -86,7 +86,7 @@ pub async fn run(module: &Path, listen: SocketAddr, timeout_ms: u64) -> anyhow::
             }
             seen = now;
             let started = std::time::Instant::now();
-            match app.registry.reload().await {
+            match app.reload().await {
                 Ok(_) => eprintln!(
                     "tern dev: reloaded {} in {:.0} ms",
                     module.display(),

@@ -54,7 +54,7 @@ impl Running {
         let app = self.app.clone();
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
-                match app.registry.reload().await {
+                match app.reload().await {
                     Ok(n) => tracing::info!(tenants = n, "SIGHUP: config reloaded"),
                     Err(e) => tracing::error!(
                         "SIGHUP: config reload refused, the running tenants keep serving: {e}"
@@ -199,6 +199,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     });
     let app = Arc::new(App {
         registry,
+        certificates: std::sync::OnceLock::new(),
         admin_token: token.token,
         pool,
         metrics,
@@ -251,7 +252,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                      uploaded (tern cert put) or configured ([[certificate]], [tls.acme])"
                 );
             }
-            app.registry.reload_certificates(certificates.clone());
+            let _ = app.certificates.set(certificates.clone());
             if let Some(acme) = &config.tls.acme {
                 let a = app.clone();
                 let tenant_hosts: crate::tls::acme::TenantHosts = Box::new(move || {
@@ -321,7 +322,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     if let Some(manager) = acme_manager {
         tasks.push(manager.spawn(shutdown.clone()));
     }
-    if let (Some(certificates), Some(every)) = (app.registry.certificates(), stored_every) {
+    if let (Some(certificates), Some(every)) = (app.certificates.get(), stored_every) {
         tasks.push(certificates.clone().watch_stored(every, shutdown.clone()));
     }
     if per_core {

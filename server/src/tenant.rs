@@ -178,10 +178,8 @@ pub struct Tenant {
     pub sweep: Option<MemorySweep>,
     /// Whether its requests lately used their first time slice up ([`crate::guest::slice::Habit`]).
     pub slice_habit: crate::guest::slice::Habit,
-    /// What its guests may call, with the metric handles of those calls.
-    pub outbound: Arc<crate::outbound::Calls>,
-    /// The key-value stores its guests may open.
-    pub kv: Arc<crate::kv::Grants>,
+    /// What its guests are granted (outbound calls, key-value stores).
+    pub grants: crate::capabilities::Grants,
     /// Something about the module its author should know (shown by a deploy, logged at load).
     pub warning: Option<String>,
     /// What its clients see when a request fails.
@@ -450,27 +448,19 @@ pub fn prepare(
         .map(|o| metrics.outcome(&label, o.name()))
         .collect();
     let limits = Limits::from_config(&config.settings.limits, pool);
-    let policy = crate::outbound::Policy::from_config(&config.settings.outbound)
-        .map_err(|e| refuse(format!("outbound: {e}")))?;
-    let kv = Arc::new(crate::kv::Grants {
-        tenant: name.as_str().into(),
-        stores: kv.grant(&config.settings.kv).map_err(refuse)?,
-        max_ops: config.settings.limits.max_kv_ops,
-    });
     let log_budget = Arc::new(LogBudget::new(
         config.settings.limits.log_lines_per_sec,
         metrics.log_dropped.clone(),
     ));
-    let outbound = Arc::new(crate::outbound::Calls {
-        policy,
-        log_budget: log_budget.clone(),
-        label: label.clone(),
-        requests: metrics.outbound_requests.clone(),
-        duration: metrics
-            .outbound_duration
-            .with_label_values(&[label.as_str()]),
-        opened: metrics.outbound_connections.clone(),
-    });
+    let grants = crate::capabilities::Grants::prepare(&crate::capabilities::Granting {
+        tenant: &name,
+        label: &label,
+        settings: &config.settings,
+        log_budget: &log_budget,
+        metrics,
+        stores: kv,
+    })
+    .map_err(refuse)?;
     let slots = match carried.slots {
         Some((n, slots)) if n == limits.max_concurrency => slots,
         _ => Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),
@@ -501,8 +491,7 @@ pub fn prepare(
         log_budget,
         requests: metrics.tenant(&label),
         undelivered: metrics.undelivered(&label),
-        outbound,
-        kv,
+        grants,
         warning,
         errors: crate::outcome::ErrorPages::new(
             config.settings.errors,

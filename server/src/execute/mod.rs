@@ -203,8 +203,7 @@ async fn run(tenant: TenantRef, request: GuestRequest, commit: oneshot::Sender<H
     let head_request = request.method == http::Method::HEAD;
     // Every kind's host capabilities, prepared once.
     let host = Capabilities::new(
-        tenant.outbound.clone(),
-        tenant.kv.clone(),
+        &tenant.grants,
         request.context.request_id.clone(),
         request.context.trace.clone(),
     );

@@ -139,10 +139,7 @@ async fn route(
     // An ACME HTTP-01 challenge in progress is answered before any tenant sees the path.
     if conn.tls.is_none()
         && let Some(token) = req.uri().path().strip_prefix(ACME_CHALLENGE_PATH)
-        && let Some(answer) = app
-            .registry
-            .certificates()
-            .and_then(|c| c.http_challenge(token))
+        && let Some(answer) = app.certificates().and_then(|c| c.http_challenge(token))
     {
         return Err(Early::Unrouted(Box::new(plain(StatusCode::OK, &answer))));
     }

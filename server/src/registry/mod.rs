@@ -163,8 +163,6 @@ pub struct Registry {
     /// Whether every tenant is linked on an engine with the `memset` reset (sent once the
     /// switch of [`Registry::use_memset_reset`] is published).
     memset: tokio::sync::watch::Sender<bool>,
-    /// The TLS listener's certificates, which a config reload replaces with the tenants.
-    certificates: std::sync::OnceLock<Arc<crate::tls::Certificates>>,
     /// The fleet's shared registry, if there is one.
     fleet: Option<Arc<Fleet>>,
     /// Whether there is something consistent to serve: always on a single server; with a
@@ -269,7 +267,6 @@ impl Registry {
             report_due: std::sync::atomic::AtomicBool::new(true),
             tickers: Mutex::new(vec![EpochTicker::start(&engine)]),
             memset: tokio::sync::watch::Sender::new(!config.pool.pagemap_scan),
-            certificates: std::sync::OnceLock::new(),
             live: ArcSwap::from_pointee(Live::default()),
             state: tokio::sync::Mutex::new(State {
                 config: config.clone(),
@@ -309,16 +306,6 @@ impl Registry {
             started.elapsed().as_secs_f64() * 1e3
         );
         Ok(registry)
-    }
-
-    /// Makes config reloads replace `certificates` (the TLS listener's) too.
-    pub fn reload_certificates(&self, certificates: Arc<crate::tls::Certificates>) {
-        let _ = self.certificates.set(certificates);
-    }
-
-    /// The TLS listener's certificates, if there is one.
-    pub fn certificates(&self) -> Option<&Arc<crate::tls::Certificates>> {
-        self.certificates.get()
     }
 
     /// The current table (one atomic load).

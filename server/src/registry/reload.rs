@@ -151,14 +151,17 @@ impl Registry {
         results
     }
 
-    /// Re-reads the config file and swaps in its tenants (routes, limits, env, modules) and the
-    /// TLS listener's certificates (the next handshake sees them; open connections keep
-    /// theirs). Returns how many config tenants now serve.
+    /// Re-reads the config file and swaps in its tenants (routes, limits, env, modules) and, if
+    /// the server has a TLS listener, its `certificates` (the next handshake sees them; open
+    /// connections keep theirs). Returns how many config tenants now serve.
     ///
     /// # Errors
     /// If the file is invalid, a tenant or certificate fails to load, or a name or route
     /// clashes with an API tenant; the running tenants and certificates then keep serving.
-    pub async fn reload(&self) -> Result<usize, ChangeError> {
+    pub async fn reload(
+        &self,
+        certificates: Option<&crate::tls::Certificates>,
+    ) -> Result<usize, ChangeError> {
         let mut state = self.state.lock().await;
         let Some(path) = state.config_path.clone() else {
             return Err(ChangeError::Conflict(
@@ -173,7 +176,7 @@ impl Registry {
             .filter(|c| c.from_command_line)
             .cloned()
             .collect();
-        let (serves_tls, file) = (self.certificates.get().is_some(), path.clone());
+        let (serves_tls, file) = (certificates.is_some(), path.clone());
         // The file and the certificates (read, parsed, keys checked) are read off the reactor.
         let (config, table) = tokio::task::spawn_blocking(move || {
             let mut config =
@@ -202,7 +205,7 @@ impl Registry {
         }
         self.live
             .store(Arc::new(Live::build(tenants.into_values())?));
-        if let (Some(served), Some(table)) = (self.certificates.get(), table) {
+        if let (Some(served), Some(table)) = (certificates, table) {
             served.replace(table);
         }
         state.config.tenants = config.tenants;
