@@ -1,0 +1,43 @@
+# `bash loadtest/bench.sh mixed`: `hello` p99 alone and next to a CPU-bound tenant.
+# Sourced by loadtest/bench.sh after loadtest/lib.sh.
+
+mixed() {
+    need wrk wrk
+    build
+    cargo build --quiet -p tern-test-guests --bin cpu_burn --target wasm32-wasip1 --profile guest
+    local burn=$ROOT/target/wasm32-wasip1/guest/cpu_burn.wasm config solo mixed burnres
+    config=$(hello_config)
+    printf '\n[[tenant]]\nname = "burn"\nmodule = "%s"\npaths = ["/burn"]\n' "$burn" >>"$config"
+    local -a solos=() mixes=()
+    local n
+    for n in $(seq 1 "$ROUNDS"); do
+        start_tern "$config"
+        solos+=("$(h1 http://127.0.0.1:$TERN_PORT/hello)")
+        # 4 clients keep the CPU-bound tenant busy (each request computes for 20 ms) while the
+        # same hello load runs.
+        wrk -t1 -c4 -d"$((SECS + 2))s" -s loadtest/latency.lua "http://127.0.0.1:$TERN_PORT/burn?ms=20" >"$WORK/burn.out" &
+        local bw=$!
+        sleep 1
+        mixes+=("$(h1 http://127.0.0.1:$TERN_PORT/hello)")
+        wait "$bw" || true
+        burnres=$(awk '/^RESULT/ { print $2, $4 }' "$WORK/burn.out")
+        stop "$TERN_PID"
+    done
+    solo=$(printf '%s\n' "${solos[@]}" | best)
+    mixed=$(printf '%s\n' "${mixes[@]}" | best)
+    {
+        header "Mixed load: \`hello\` next to a CPU-bound tenant" "bash loadtest/bench.sh mixed"
+        echo "The CPU-bound tenant (\`server/guests/src/bin/cpu_burn.rs\`, 20 ms of computation per"
+        echo "request, 4 clients) yields at every epoch tick (500 µs) after its first slice, which is short"
+        echo "(0.5-1 ms) once its requests have kept using up the long one (1.5-2 ms of CPU), so"
+        echo "\`hello\` requests are not stuck behind it. Target: \`hello\`'s p99 within 2x of its solo value."
+        echo
+        echo "| run | hello req/s | p50 | p99 | p99.9 | errors |"
+        echo "|---|---:|---:|---:|---:|---:|"
+        row "hello alone" "$solo"
+        row "hello + CPU-bound tenant" "$mixed"
+        echo
+        echo "- hello p99 mixed / solo: **$(ratio "$(echo "$mixed" | cut -d' ' -f3)" "$(echo "$solo" | cut -d' ' -f3)")**"
+        echo "- the CPU-bound tenant during the last run: ${burnres:-?} (requests/s, p99 µs)"
+    } | tee "$RESULTS/mixed.md"
+}
