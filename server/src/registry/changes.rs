@@ -124,142 +124,136 @@ impl Registry {
         kind: Option<crate::config::GuestKind>,
         pre: &Precondition,
     ) -> Result<Deployed, ChangeError> {
-        let result = self.deploy_inner(name, wasm, assets, kind, pre).await;
+        // Counted and logged however it ends.
+        let result = async {
+            check_wasm_header(&wasm)?;
+            if let (Some(a), Some(f)) = (&assets, &self.fleet)
+                && datadir::is_hash(a)
+            {
+                // Uploaded on another replica: in the registry.
+                match f.fetch_blob(&self.loader.store, a).await {
+                    Ok(()) | Err(RemoteError::NotFound(_)) => {}
+                    Err(e) => return Err(shared::unavailable(f, &e)),
+                }
+            }
+            if let Some(a) = &assets
+                && !self.loader.store.has_blob(a)
+            {
+                return Err(ChangeError::NotFound(format!(
+                    "no assets archive {a:?} is stored; upload it with POST /admin/v1/assets first"
+                )));
+            }
+            let spec = {
+                let state = self.lock().await?;
+                Self::check_api_owned(&state, name)?;
+                let stored = state.truth().tenants.get(name);
+                pre.check(name, stored)?;
+                stored.map(|t| t.spec.clone())
+            }
+            .ok_or_else(|| {
+                ChangeError::NotFound(format!(
+                    "no tenant {name:?}; create it first with PUT /admin/v1/tenants/{name}"
+                ))
+            })?;
+
+            // Check, compile and prepare off the reactor, outside the change lock; the upload is
+            // stored only once it is known to load, and held until it is committed or forgotten.
+            let this = self.loader();
+            let (n, live, spec2) = (name.to_string(), self.live.load_full(), spec.clone());
+            let (module_hash, prepared) = tokio::task::spawn_blocking(move || {
+                let spec = spec2;
+                let started = Instant::now();
+                let module_hash = crate::hex::encode(&Sha256::digest(&wasm));
+                let rt = this.runtime();
+                let prepared = (|| {
+                    let limits = tenant::Limits::from_config(&spec.limits, &rt.pool);
+                    if !artifact::is_component(&wasm) {
+                        tenant::check_fits(&wasm, &limits).map_err(|reason| {
+                            TenantError::DoesNotFit {
+                                tenant: n.clone(),
+                                reason,
+                            }
+                        })?;
+                    }
+                    let loaded = artifact::load_wasm(
+                        &rt.engine,
+                        &wasm,
+                        "the uploaded module",
+                        &this.store.artifacts(),
+                    )
+                    .map_err(|source| TenantError::Artifact {
+                        tenant: n.clone(),
+                        source,
+                    })?;
+                    let compiled = loaded.compiled_in.unwrap_or(Duration::ZERO);
+                    if loaded.compiled_in.is_some() {
+                        this.metrics.compile.observe(compiled.as_secs_f64());
+                    }
+                    let version = Version {
+                        id: Version::id_of(&module_hash, assets.as_deref()),
+                        module: module_hash.clone(),
+                        module_bytes: wasm.len() as u64,
+                        assets: assets.clone(),
+                        deployed_at: datadir::now(),
+                        compile_ms: compiled.as_secs_f64() * 1e3,
+                        kind,
+                    };
+                    let carried = live.carried(&n);
+                    let t =
+                        this.prepare_version(&rt, &n, &spec, &version, &loaded.module, carried)?;
+                    let held = this.hold(&module_hash);
+                    this.store.put_blob(&wasm)?;
+                    tracing::debug!(tenant = %n, "deploy prepared in {:?}", started.elapsed());
+                    Ok::<_, ChangeError>((t, held))
+                })();
+                (module_hash, prepared)
+            })
+            .await
+            .map_err(internal)?;
+
+            // With a shared registry, the module and its artifact are there before the manifest
+            // that names them.
+            let prepared = match (prepared, &self.fleet) {
+                (Ok(p), Some(f)) => {
+                    let engine = p.0.compiled.engine().clone();
+                    f.publish(
+                        &self.loader.store,
+                        &engine,
+                        &module_hash,
+                        &self.loader.metrics,
+                    )
+                    .await
+                    .map(|()| p)
+                    .map_err(|e| shared::unavailable(f, &e))
+                }
+                (p, _) => p,
+            };
+            let locked = match prepared {
+                Ok(p) => self.lock().await.map(|s| (s, p)),
+                Err(e) => Err(e),
+            };
+            let (state, committed) = match locked {
+                Ok((mut state, (tenant, held))) => {
+                    let result = self
+                        .commit_deploy(&mut state, name, &spec, tenant, pre)
+                        .await;
+                    drop(held);
+                    (state, result)
+                }
+                Err(e) => (self.state.lock().await, Err(e)),
+            };
+            if committed.is_err() {
+                // Nothing refused is kept: the upload and an artifact compiled for it.
+                self.forget(&state, vec![module_hash]).await;
+            }
+            committed
+        }
+        .await;
         self.count_deploy(name, result.is_ok());
         if let Err(e) = &result {
             tracing::warn!(tenant = name, "deploy refused: {e}");
         }
         result
-    }
-
-    async fn deploy_inner(
-        &self,
-        name: &str,
-        wasm: Bytes,
-        assets: Option<String>,
-        kind: Option<crate::config::GuestKind>,
-        pre: &Precondition,
-    ) -> Result<Deployed, ChangeError> {
-        check_wasm_header(&wasm)?;
-        if let (Some(a), Some(f)) = (&assets, &self.fleet)
-            && datadir::is_hash(a)
-        {
-            // Uploaded on another replica: in the registry.
-            match f.fetch_blob(&self.loader.store, a).await {
-                Ok(()) | Err(RemoteError::NotFound(_)) => {}
-                Err(e) => return Err(shared::unavailable(f, &e)),
-            }
-        }
-        if let Some(a) = &assets
-            && !self.loader.store.has_blob(a)
-        {
-            return Err(ChangeError::NotFound(format!(
-                "no assets archive {a:?} is stored; upload it with POST /admin/v1/assets first"
-            )));
-        }
-        let spec = {
-            let state = self.lock().await?;
-            Self::check_api_owned(&state, name)?;
-            let stored = state.truth().tenants.get(name);
-            pre.check(name, stored)?;
-            stored.map(|t| t.spec.clone())
-        }
-        .ok_or_else(|| {
-            ChangeError::NotFound(format!(
-                "no tenant {name:?}; create it first with PUT /admin/v1/tenants/{name}"
-            ))
-        })?;
-
-        // Check, compile and prepare off the reactor, outside the change lock; the upload is
-        // stored only once it is known to load, and held until it is committed or forgotten.
-        let this = self.loader();
-        let (n, live, spec2) = (name.to_string(), self.live.load_full(), spec.clone());
-        let (module_hash, prepared) = tokio::task::spawn_blocking(move || {
-            let spec = spec2;
-            let started = Instant::now();
-            let module_hash = crate::hex::encode(&Sha256::digest(&wasm));
-            let rt = this.runtime();
-            let prepared = (|| {
-                let limits = tenant::Limits::from_config(&spec.limits, &rt.pool);
-                if !artifact::is_component(&wasm) {
-                    tenant::check_fits(&wasm, &limits).map_err(|reason| {
-                        TenantError::DoesNotFit {
-                            tenant: n.clone(),
-                            reason,
-                        }
-                    })?;
-                }
-                let loaded = artifact::load_wasm(
-                    &rt.engine,
-                    &wasm,
-                    "the uploaded module",
-                    &this.store.artifacts(),
-                )
-                .map_err(|source| TenantError::Artifact {
-                    tenant: n.clone(),
-                    source,
-                })?;
-                let compiled = loaded.compiled_in.unwrap_or(Duration::ZERO);
-                if loaded.compiled_in.is_some() {
-                    this.metrics.compile.observe(compiled.as_secs_f64());
-                }
-                let version = Version {
-                    id: Version::id_of(&module_hash, assets.as_deref()),
-                    module: module_hash.clone(),
-                    module_bytes: wasm.len() as u64,
-                    assets: assets.clone(),
-                    deployed_at: datadir::now(),
-                    compile_ms: compiled.as_secs_f64() * 1e3,
-                    kind,
-                };
-                let carried = live.carried(&n);
-                let t = this.prepare_version(&rt, &n, &spec, &version, &loaded.module, carried)?;
-                let held = this.hold(&module_hash);
-                this.store.put_blob(&wasm)?;
-                tracing::debug!(tenant = %n, "deploy prepared in {:?}", started.elapsed());
-                Ok::<_, ChangeError>((t, held))
-            })();
-            (module_hash, prepared)
-        })
-        .await
-        .map_err(internal)?;
-
-        // With a shared registry, the module and its artifact are there before the manifest
-        // that names them.
-        let prepared = match (prepared, &self.fleet) {
-            (Ok(p), Some(f)) => {
-                let engine = p.0.compiled.engine().clone();
-                f.publish(
-                    &self.loader.store,
-                    &engine,
-                    &module_hash,
-                    &self.loader.metrics,
-                )
-                .await
-                .map(|()| p)
-                .map_err(|e| shared::unavailable(f, &e))
-            }
-            (p, _) => p,
-        };
-        let locked = match prepared {
-            Ok(p) => self.lock().await.map(|s| (s, p)),
-            Err(e) => Err(e),
-        };
-        let (state, committed) = match locked {
-            Ok((mut state, (tenant, held))) => {
-                let result = self
-                    .commit_deploy(&mut state, name, &spec, tenant, pre)
-                    .await;
-                drop(held);
-                (state, result)
-            }
-            Err(e) => (self.state.lock().await, Err(e)),
-        };
-        if committed.is_err() {
-            // Nothing refused is kept: the upload and an artifact compiled for it.
-            self.forget(&state, vec![module_hash]).await;
-        }
-        committed
     }
 
     /// Makes a prepared deploy the tenant's current version.
