@@ -7,8 +7,8 @@
 //! state holds them and gives them out through [`HostView`]; each host API reaches its part
 //! there, and only its handles (the `tern` ABI's) or bindings (the components') are the
 //! kind's own. A new host API is a part of both here (its grant from the tenant's settings,
-//! its per-request state), a module of its own with its link functions, and one line in each
-//! kind's linker (`guest::module::linker`, `guest::wasi_http::linker`).
+//! its per-request state), a module of its own with its link functions, and one line for each
+//! kind in the linkers' composition root ([`crate::guest::link`]).
 
 use std::sync::Arc;
 use std::time::Duration;

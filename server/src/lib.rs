@@ -32,7 +32,8 @@
 //!   scripts)), [`guest::wasi_http`] (`wasi:http` components; [`adapter`] makes core modules
 //!   exporting the handler into components before they are compiled). Beside them what every
 //!   kind shares: the request a guest reads and the response it writes, with typed errors each
-//!   kind maps to its own, the limits, the captured output. A new kind is a module here, a
+//!   kind maps to its own, the limits, the captured output; [`guest::link`] composes the
+//!   kinds' linkers with the host APIs of the capabilities. A new kind is a module here, a
 //!   variant of [`guest::Guest`], and its driver in `execute`.
 //! - [`outcome`]: how a run ended (`Outcome`, `ExecError`) and the status each one gets.
 //! - [`outbound`]: every guest kind's outgoing requests: `policy` (what a

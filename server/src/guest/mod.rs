@@ -21,13 +21,16 @@
 //! shares. A new kind is a module here, a variant of [`Guest`] with its line in [`link`], and a
 //! [`crate::execute`] driver (its `Driver` impl) with its line in `execute::run`.
 
+pub mod link;
 pub mod module;
 pub mod request;
 pub mod response;
 pub mod slice;
 pub mod wasi_http;
 
-use wasmtime::{Engine, Linker, ResourceLimiter};
+pub use link::Linkers;
+
+use wasmtime::ResourceLimiter;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 use crate::artifact::Compiled;
@@ -123,40 +126,6 @@ pub fn kind_of(compiled: &Compiled, asked: Option<GuestKind>) -> Result<GuestKin
         } else {
             GuestKind::Cgi
         }),
-    }
-}
-
-/// The linkers every tenant is pre-linked against, by guest kind and whether it has assets.
-#[derive(Clone)]
-pub struct Linkers {
-    /// Core modules: WASI preview1 (no files at all) and the `tern` ABI; the same with the
-    /// read-only in-memory `/assets`; and both with stdin and stdout as CGI's request body and
-    /// response. Indexed by [`Self::module`].
-    modules: [Linker<module::GuestState>; 4],
-    /// WASI preview2 and `wasi:http` for components (and WASI 0.3 where the engine has it).
-    pub http: wasmtime::component::Linker<wasi_http::HttpState>,
-}
-
-impl Linkers {
-    /// Builds them all; `wasi_p3` if the engine serves WASI 0.3 components (`pool.wasi_p3`).
-    ///
-    /// # Errors
-    /// Only if wasmtime rejects a definition (a bug).
-    pub fn new(engine: &Engine, wasi_p3: bool) -> wasmtime::Result<Self> {
-        Ok(Self {
-            modules: [
-                module::linker(engine, false, false)?,
-                module::linker(engine, true, false)?,
-                module::linker(engine, false, true)?,
-                module::linker(engine, true, true)?,
-            ],
-            http: wasi_http::linker(engine, wasi_p3)?,
-        })
-    }
-
-    /// The linker for a core module of a tenant with or without assets, CGI or not.
-    pub fn module(&self, assets: bool, cgi: bool) -> &Linker<module::GuestState> {
-        &self.modules[usize::from(assets) + 2 * usize::from(cgi)]
     }
 }
 

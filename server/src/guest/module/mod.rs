@@ -90,8 +90,8 @@ pub fn tern_kind_warning(module: &Module) -> Option<String> {
     )
 }
 
-/// Builds the linker core modules are pre-linked against: WASI preview1 plus the `tern` ABI,
-/// with `assets` the in-memory `/assets` directory in place of WASI's file functions, and with
+/// Builds the linker core modules are pre-linked against: WASI preview1 plus the `tern` ABI's
+/// request and response (its capabilities are linked by [`crate::guest::link`]), with `assets` the in-memory `/assets` directory in place of WASI's file functions, and with
 /// `cgi` stdin and stdout as a CGI program's request body and response.
 ///
 /// # Errors

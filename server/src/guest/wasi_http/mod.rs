@@ -144,8 +144,9 @@ impl HttpState {
 }
 
 /// The linker components are pre-linked against: WASI preview2 (no files, sockets or network
-/// names: the context grants none), `wasi:http` and the key-value interfaces ([`kv`]); with
-/// `wasi_p3` also WASI 0.3 and its `wasi:http`.
+/// names: the context grants none) and `wasi:http`; with `wasi_p3` also WASI 0.3 and its
+/// `wasi:http`. The key-value interfaces ([`kv`]) are linked by [`crate::guest::link`], with
+/// the other capabilities.
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
@@ -153,7 +154,6 @@ pub fn linker(engine: &Engine, wasi_p3: bool) -> wasmtime::Result<Linker<HttpSta
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
-    kv::add_to_linker(&mut linker)?;
     // The memory probe's import: the list is the whole main memory, lifted in place.
     linker.root().func_wrap(
         crate::probe::IMPORT,

@@ -89,7 +89,11 @@ fn unexpected(caller: &mut Caller<'_, GuestState>, answer: &Answer) -> i32 {
 }
 
 #[allow(clippy::too_many_lines)] // one registration per ABI function
-pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+/// Links these functions (the composition root, [`crate::guest::link`], calls it).
+///
+/// # Errors
+/// Only if wasmtime rejects a definition (a bug).
+pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     let m = abi::IMPORT_MODULE;
     linker.func_wrap(
         m,

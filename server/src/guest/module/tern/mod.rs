@@ -19,13 +19,13 @@ use wasmtime::Linker;
 
 use super::GuestState;
 
-/// Adds the `tern` ABI v1 functions to a core module linker.
+/// Adds the `tern` ABI v1 functions of the request and the response to a core module linker
+/// (those of the capabilities, [`outbound`] and [`kv`], are linked by
+/// [`crate::guest::link`]).
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
 pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     request::add_to_linker(linker)?;
-    response::add_to_linker(linker)?;
-    outbound::add_to_linker(linker)?;
-    kv::add_to_linker(linker)
+    response::add_to_linker(linker)
 }

@@ -27,7 +27,11 @@ use crate::guest::module::memory::{
     GuestFault, add_text_call, copy_to_guest, guest_range, host_call, memory, read_guest,
 };
 
-pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+/// Links these functions (the composition root, [`crate::guest::link`], calls it).
+///
+/// # Errors
+/// Only if wasmtime rejects a definition (a bug).
+pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     let m = abi::IMPORT_MODULE;
     host_call!(
         linker,
