@@ -20,7 +20,10 @@ fn abi_doc_and_c_header_match_the_definition_and_the_linker() {
         ..Default::default()
     })
     .unwrap();
-    let linker = tern::guest::module::linker(&engine, false, false).unwrap();
+    // The linkers the server pre-links tenants against (the kinds' own functions and the
+    // capabilities' host APIs, composed in `guest::link`).
+    let linkers = tern::guest::Linkers::new(&engine, false).unwrap();
+    let linker = linkers.module(false, false);
     let mut imports = String::new();
     for name in abi::func::ALL {
         // The doc states each signature.
