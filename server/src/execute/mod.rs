@@ -10,7 +10,7 @@
 //! it off.
 //! The rest is shared, here ([`lifecycle`]): what a failure means for the client (`classify`,
 //! `verdict`), the reply, the hand-off of a streamed head ([`answer`]), the outcome counts, the
-//! captured output and teardown (`Ended`). The kinds' host sides are [`crate::guest`]'s.
+//! captured output and teardown. The kinds' host sides are [`crate::guest`]'s.
 
 mod module;
 mod wasi_http;
@@ -281,7 +281,8 @@ trait Driver {
 }
 
 /// The shared life of one guest: a fresh store, its handler on its own fiber within the
-/// tenant's deadline, the verdict and the reply, then teardown, each phase timed.
+/// tenant's deadline, the verdict and the reply, the peak memory and the guest's output
+/// recorded, then teardown, each phase timed.
 async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, run: Run) -> Ran {
     let Run {
         start,
@@ -296,34 +297,35 @@ async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, r
     let ran_until = Instant::now();
     let ended = ended.map(|r| driver.settle(store.data_mut(), r));
     let body = driver.body_end(store.data());
-    let result = {
+    let mut result = {
         let response = driver.response(store.data_mut());
         let result = verdict(ended, body, response, limits.timeout, head_request);
         reply(result, response, tenant, &request_id).await
     };
     let data = store.data_mut();
     tenant.slice_habit.record(data.slicing());
+    tenant.memory_peak.observe(data.limits().peak_memory as f64);
     let (outbound, kv) = data.host().waited();
-    let ended = Ended {
-        peak_memory: data.limits().peak_memory,
-        stdio: data.take_stdio(),
-        outbound,
-        kv,
-        // Reading a body whole is the client's time, not instantiation's.
-        times: [
-            start + clock.body_read,
-            clock
-                .called
-                .unwrap_or(ran_until)
-                .max(start + clock.body_read),
-            ran_until,
-        ],
-    };
+    let stdio = data.take_stdio();
+    add_stderr(tenant, &mut result, stdio.as_ref());
     let started = Instant::now();
     let sweep = driver.sweep(tenant, &mut store).await;
-    ended.finish(result, tenant, &request_id, || {
-        teardown::teardown(store, sweep, started)
-    })
+    let teardown = teardown::teardown(store, sweep, started);
+    if let Some(stdio) = &stdio {
+        log_stdio(tenant, request_id.to_str().unwrap_or("-"), stdio);
+    }
+    // Reading a body whole is the client's time, not instantiation's.
+    let start = start + clock.body_read;
+    let ran_from = clock.called.unwrap_or(ran_until).max(start);
+    let phases = Phases {
+        start,
+        instantiate: ran_from - start,
+        run: ran_until - ran_from,
+        teardown,
+        outbound,
+        kv,
+    };
+    (result, phases)
 }
 
 /// What the shared lifecycle reads and keeps in every kind's store state.
@@ -463,45 +465,6 @@ fn add_stderr<T>(tenant: &Tenant, result: &mut Result<T, ExecError>, stdio: Opti
             e.message
                 .push_str(String::from_utf8_lossy(&stderr).trim_end());
         }
-    }
-}
-
-/// What every run hands to [`Ended::finish`].
-struct Ended {
-    pub peak_memory: usize,
-    pub stdio: Option<Stdio>,
-    pub outbound: Duration,
-    pub kv: Duration,
-    /// Start, end of instantiation, end of the run.
-    pub times: [Instant; 3],
-}
-
-impl Ended {
-    /// The end every run shares: the peak memory recorded, the guest's output added (in `tern
-    /// dev`) and logged, the store torn down by `teardown`, the phases timed.
-    fn finish(
-        self,
-        mut result: Result<Option<Finished>, ExecError>,
-        tenant: &Tenant,
-        request_id: &HeaderValue,
-        teardown: impl FnOnce() -> Duration,
-    ) -> Ran {
-        tenant.memory_peak.observe(self.peak_memory as f64);
-        add_stderr(tenant, &mut result, self.stdio.as_ref());
-        let teardown = teardown();
-        if let Some(stdio) = &self.stdio {
-            log_stdio(tenant, request_id.to_str().unwrap_or("-"), stdio);
-        }
-        let [start, ran_from, ran_until] = self.times;
-        let phases = Phases {
-            start,
-            instantiate: ran_from - start,
-            run: ran_until - ran_from,
-            teardown,
-            outbound: self.outbound,
-            kv: self.kv,
-        };
-        (result, phases)
     }
 }
 
