@@ -261,11 +261,7 @@ async fn run_guest(
     );
     let (resp, phase) = match execute::answer(tenant.clone(), request, admitted).await {
         Answer::Ended { response, phases } => {
-            record_phases(&mut ex.timings, &phases);
-            app.metrics.observe(&ex.timings, Phase::Teardown);
-            if let Some(t) = &mut ex.trace {
-                t.ran(phases.start, &response);
-            }
+            record_run(app, &mut ex.timings, ex.trace.as_mut(), &phases, &response);
             let resp = match response {
                 Ok(mut done) => {
                     if let ResponseBody::Forwarded(f) = &mut done.body {
@@ -286,11 +282,13 @@ async fn run_guest(
             head,
             rest: Rest::Ended(out),
         } => {
-            record_phases(&mut ex.timings, &out.phases);
-            app.metrics.observe(&ex.timings, Phase::Teardown);
-            if let Some(t) = &mut ex.trace {
-                t.ran(out.phases.start, &out.result);
-            }
+            record_run(
+                app,
+                &mut ex.timings,
+                ex.trace.as_mut(),
+                &out.phases,
+                &out.result,
+            );
             (streamed(&tenant, head, head_only), Phase::Teardown)
         }
         // The body outgrew the buffer while the guest runs: the head leaves now and the guest
@@ -299,15 +297,13 @@ async fn run_guest(
             let mut after = ex.timings;
             let app2 = Arc::clone(app);
             // Its trace ends with the guest: it is taken out of the exchange.
-            let trace = ex.trace.take();
+            let mut trace = ex.trace.take();
             let (status, arrived) = (head.status.as_u16(), ex.arrived);
             let request_id = ex.request_id.clone();
             tokio::spawn(async move {
                 let out = rest.finish().await;
-                record_phases(&mut after, &out.phases);
-                app2.metrics.observe(&after, Phase::Teardown);
-                if let Some(mut t) = trace {
-                    t.ran(out.phases.start, &out.result);
+                record_run(&app2, &mut after, trace.as_mut(), &out.phases, &out.result);
+                if let Some(t) = trace {
                     t.end(
                         &app2,
                         (arrived, Instant::now()),
@@ -322,6 +318,22 @@ async fn run_guest(
         }
     };
     ex.finish(app, Some(&tenant), resp, phase)
+}
+
+/// A run that ended: its phases into `timings` and `/metrics`, its end into the request's
+/// `trace`.
+fn record_run<T>(
+    app: &App,
+    timings: &mut Timings,
+    trace: Option<&mut exchange::Traced>,
+    phases: &Phases,
+    result: &Result<T, crate::outcome::ExecError>,
+) {
+    record_phases(timings, phases);
+    app.metrics.observe(timings, Phase::Teardown);
+    if let Some(t) = trace {
+        t.ran(phases.start, result);
+    }
 }
 
 fn record_phases(t: &mut Timings, out: &Phases) {
