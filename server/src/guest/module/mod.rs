@@ -61,6 +61,11 @@ impl crate::capabilities::HostView for GuestState {
 }
 
 impl GuestState {
+    /// The `tern` ABI's outbound handles at work with the request's outbound session.
+    pub(in crate::guest) fn outbound_calls(&mut self) -> tern::OutboundCalls<'_> {
+        self.outbound.with(&mut self.host.outbound)
+    }
+
     /// The WASI context, built on first use: a CGI program's environment also holds the
     /// request's meta-variables.
     pub(in crate::guest) fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {

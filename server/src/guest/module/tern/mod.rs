@@ -13,7 +13,7 @@ pub mod request;
 pub mod response;
 
 pub use kv::Kv;
-pub use outbound::Outbound;
+pub use outbound::{Outbound, OutboundCalls};
 
 use wasmtime::Linker;
 

@@ -62,10 +62,9 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let f = func::OUTBOUND_HEADER_APPEND;
             let name = read_guest(&caller, name, name_len, f)?;
             let value = read_guest(&caller, value, value_len, f)?;
-            let state = caller.data_mut();
-            Ok(state
-                .outbound
-                .with(&mut state.host.outbound)
+            Ok(caller
+                .data_mut()
+                .outbound_calls()
                 .header_append(handle, &name, &value))
         },
     )?;
@@ -75,9 +74,11 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
         func::OUTBOUND_BODY_WRITE,
         |caller, handle, ptr, len| {
             let chunk = read_guest(&caller, ptr, len, func::OUTBOUND_BODY_WRITE)?;
-            let state = caller.data_mut();
-            let mut calls = state.outbound.with(&mut state.host.outbound);
-            Ok(calls.body_write(handle, chunk).await)
+            Ok(caller
+                .data_mut()
+                .outbound_calls()
+                .body_write(handle, chunk)
+                .await)
         }
     )?;
     linker.func_wrap(
@@ -93,18 +94,18 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
         },
     )?;
     host_call!(linker, m, func::OUTBOUND_BODY_FINISH, |caller, handle| {
-        let state = caller.data_mut();
-        let mut calls = state.outbound.with(&mut state.host.outbound);
-        Ok(calls.body_finish(handle).await)
+        Ok(caller.data_mut().outbound_calls().body_finish(handle).await)
     })?;
     host_call!(
         linker,
         m,
         func::OUTBOUND_RESPONSE_STATUS,
         |caller, handle| {
-            let state = caller.data_mut();
-            let mut calls = state.outbound.with(&mut state.host.outbound);
-            Ok(calls.response_status(handle).await)
+            Ok(caller
+                .data_mut()
+                .outbound_calls()
+                .response_status(handle)
+                .await)
         }
     )?;
     host_call!(
@@ -116,7 +117,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let mem = memory(&caller)?;
             guest_range(ptr, len, mem.data_size(&caller)).ok_or(GuestFault::BadPointer(f))?;
             let (data, state) = mem.data_and_store_mut(&mut caller);
-            let mut calls = state.outbound.with(&mut state.host.outbound);
+            let mut calls = state.outbound_calls();
             match calls.response_headers(handle).await {
                 Ok(blob) => copy_to_guest(data, ptr, len, blob, f),
                 Err(code) => Ok(code),
@@ -135,8 +136,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             if range.is_empty() {
                 return Ok(0);
             }
-            let state = caller.data_mut();
-            let mut calls = state.outbound.with(&mut state.host.outbound);
+            let mut calls = caller.data_mut().outbound_calls();
             let chunk = match calls.body_read(handle, range.len()).await {
                 Ok(c) => c,
                 Err(code) => return Ok(code),
@@ -150,8 +150,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
         m,
         func::OUTBOUND_CLOSE,
         |mut caller: Caller<'_, GuestState>, handle: i32| {
-            let state = caller.data_mut();
-            Ok(state.outbound.with(&mut state.host.outbound).close(handle))
+            Ok(caller.data_mut().outbound_calls().close(handle))
         },
     )?;
     linker.func_wrap(
