@@ -277,6 +277,17 @@ async fn wait_metric(s: &TestServer, series: &str, at_least: f64, within: Durati
     }
 }
 
+/// Waits (up to 60 s) until `s` has had `at_least` certificates issued; its metrics then.
+async fn issued(s: &TestServer, at_least: f64) -> String {
+    wait_metric(
+        s,
+        "tern_acme_orders_total{outcome=\"issued\"}",
+        at_least,
+        Duration::from_secs(60),
+    )
+    .await
+}
+
 /// A server in `dir` (data in `dir/data`) listening on the given ports, routing `hosts` to the
 /// `context` guest, with `[tls.acme]` settings `acme` pointed at `pebble`.
 async fn acme_server(
@@ -333,13 +344,7 @@ async fn tls_alpn_01_obtains_renews_and_keeps_serving_when_the_ca_is_down() {
     let tls = s.running.tls_addr.unwrap();
 
     // Obtained, then served to a client that trusts only Pebble's root.
-    let m = wait_metric(
-        &s,
-        "tern_acme_orders_total{outcome=\"issued\"}",
-        1.0,
-        Duration::from_secs(60),
-    )
-    .await;
+    let m = issued(&s, 1.0).await;
     assert!(
         metric_value(
             &m,
@@ -366,13 +371,7 @@ async fn tls_alpn_01_obtains_renews_and_keeps_serving_when_the_ca_is_down() {
     assert!(stored["certificates"].get("*.w.test").is_none(), "{stored}");
 
     // Renewed inside Pebble's suggested window: a new certificate serves.
-    wait_metric(
-        &s,
-        "tern_acme_orders_total{outcome=\"issued\"}",
-        2.0,
-        Duration::from_secs(60),
-    )
-    .await;
+    issued(&s, 2.0).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let renewed = loop {
         let now = presented(tls, "a.test").await.expect("a certificate");
@@ -501,13 +500,7 @@ async fn http_01_on_the_cleartext_listener_after_another_process_gives_the_lease
     let mut freed = leased;
     freed["leases"] = serde_json::json!({});
     std::fs::write(data.join("certificates/index.json"), freed.to_string()).unwrap();
-    wait_metric(
-        &s,
-        "tern_acme_orders_total{outcome=\"issued\"}",
-        1.0,
-        Duration::from_secs(60),
-    )
-    .await;
+    issued(&s, 1.0).await;
     let reply = get_verified(tls, "b.test", &pebble.root()).await;
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     // The order gave its lease back (an hour-long certificate: no renewal is under way).
@@ -581,13 +574,7 @@ async fn a_certificate_already_replaced_at_the_ca_is_renewed_by_a_plain_order() 
     let data = dir.path().join("data");
     let http_01 = "challenge = \"http-01\"\nhosts = [\"c.test\"]\n";
     let s = acme_server(dir, ports, "\"c.test\"", http_01, &pebble).await;
-    wait_metric(
-        &s,
-        "tern_acme_orders_total{outcome=\"issued\"}",
-        1.0,
-        Duration::from_secs(60),
-    )
-    .await;
+    issued(&s, 1.0).await;
     let first = presented(s.running.tls_addr.unwrap(), "c.test")
         .await
         .expect("a certificate for c.test");
@@ -654,13 +641,7 @@ async fn a_certificate_already_replaced_at_the_ca_is_renewed_by_a_plain_order() 
     // Started again: the renewal its `replaces` would make is refused as already replaced,
     // and the name is renewed by a plain order, not left failing.
     let s = acme_server(dir, ports, "\"c.test\"", http_01, &pebble).await;
-    let m = wait_metric(
-        &s,
-        "tern_acme_orders_total{outcome=\"issued\"}",
-        1.0,
-        Duration::from_secs(60),
-    )
-    .await;
+    let m = issued(&s, 1.0).await;
     assert_eq!(
         metric_value(&m, "tern_acme_orders_total{outcome=\"failed\"}"),
         0.0,
