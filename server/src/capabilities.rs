@@ -24,29 +24,13 @@ pub struct Grants {
     pub kv: Arc<crate::kv::Grants>,
 }
 
-/// What [`Grants::prepare`] needs of the tenant and of the server.
-pub struct Granting<'a> {
-    /// The tenant's name.
-    pub tenant: &'a str,
-    /// Its metrics label.
-    pub label: &'a str,
-    /// Its settings.
-    pub settings: &'a crate::config::TenantSettings<toml::Spanned<String>>,
-    /// Its budget of guest log lines (denied calls are logged within it).
-    pub log_budget: &'a Arc<crate::logwriter::LogBudget>,
-    /// Where its metric handles come from.
-    pub metrics: &'a crate::metrics::Metrics,
-    /// The key-value stores the server has.
-    pub stores: &'a crate::kv::Stores,
-}
-
 impl Grants {
     /// A tenant's grants, from its settings.
     ///
     /// # Errors
     /// Why a setting cannot be granted (a bad outbound policy, an unknown store), in words
     /// for the operator.
-    pub fn prepare(g: &Granting<'_>) -> Result<Self, String> {
+    pub fn prepare(g: &crate::tenant::Preparing<'_>) -> Result<Self, String> {
         let policy = crate::outbound::Policy::from_config(&g.settings.outbound)
             .map_err(|e| format!("outbound: {e}"))?;
         let outbound = Arc::new(crate::outbound::Calls {

@@ -14,7 +14,9 @@
 //! - [`http`]: the front end as named steps over Tern's own request body (route, checks on the
 //!   routed request, admit, run the guest and respond), each able to end the exchange early;
 //!   `http::exchange` (ids, timings, trace and access line; finishing a response with its
-//!   `Server-Timing`), `http::request` (framing, host, request ids, the HTTPS redirect).
+//!   `Server-Timing`), `http::request` (framing, host, request ids, the HTTPS redirect),
+//!   `http::front` (what the front end does per tenant, prepared when it loads: redirect,
+//!   HSTS, error pages).
 //! - [`target`]: the normal form of the request's path, which routing, the guests and
 //!   everything keyed on a URL use (dot segments, percent-encodings, ambiguous paths refused).
 //! - [`router`]: `Host` / path prefix → tenant, on the normal path.

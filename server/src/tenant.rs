@@ -180,14 +180,10 @@ pub struct Tenant {
     pub slice_habit: crate::guest::slice::Habit,
     /// What its guests are granted (outbound calls, key-value stores).
     pub grants: crate::capabilities::Grants,
+    /// What the front end does for it around its guests (redirect, HSTS, error pages).
+    pub front: crate::http::front::Front,
     /// Something about the module its author should know (shown by a deploy, logged at load).
     pub warning: Option<String>,
-    /// What its clients see when a request fails.
-    pub errors: crate::outcome::ErrorPages,
-    /// Cleartext requests are redirected to HTTPS.
-    pub https_redirect: bool,
-    /// The `Strict-Transport-Security` value its HTTPS responses carry (`hsts`), if any.
-    pub hsts: Option<http::HeaderValue>,
 }
 
 impl crate::logwriter::Named for Tenant {
@@ -254,6 +250,23 @@ pub struct Shared<'a> {
     pub metrics: &'a Metrics,
     /// The key-value stores tenants may be granted.
     pub kv: &'a crate::kv::Stores,
+}
+
+/// What a tenant's per-tenant parts (its guests' [`Grants`](crate::capabilities::Grants), its
+/// [`Front`](crate::http::front::Front)) are prepared from when it is loaded.
+pub struct Preparing<'a> {
+    /// The tenant's name.
+    pub tenant: &'a str,
+    /// Its metrics label.
+    pub label: &'a str,
+    /// Its settings.
+    pub settings: &'a crate::config::TenantSettings<toml::Spanned<String>>,
+    /// Its budget of guest log lines (denied calls are logged within it).
+    pub log_budget: &'a Arc<LogBudget>,
+    /// Where its metric handles come from.
+    pub metrics: &'a Metrics,
+    /// The key-value stores the server has.
+    pub stores: &'a crate::kv::Stores,
 }
 
 /// Loads the module a tenant's config names: `builtin:NAME`, a `.wasm` or a `.cwasm` file.
@@ -452,15 +465,16 @@ pub fn prepare(
         config.settings.limits.log_lines_per_sec,
         metrics.log_dropped.clone(),
     ));
-    let grants = crate::capabilities::Grants::prepare(&crate::capabilities::Granting {
+    let preparing = Preparing {
         tenant: &name,
         label: &label,
         settings: &config.settings,
         log_budget: &log_budget,
         metrics,
         stores: kv,
-    })
-    .map_err(refuse)?;
+    };
+    let grants = crate::capabilities::Grants::prepare(&preparing).map_err(refuse)?;
+    let front = crate::http::front::Front::prepare(&preparing);
     let slots = match carried.slots {
         Some((n, slots)) if n == limits.max_concurrency => slots,
         _ => Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),
@@ -492,17 +506,8 @@ pub fn prepare(
         requests: metrics.tenant(&label),
         undelivered: metrics.undelivered(&label),
         grants,
+        front,
         warning,
-        errors: crate::outcome::ErrorPages::new(
-            config.settings.errors,
-            &config.settings.error_pages,
-        ),
-        https_redirect: config.settings.https_redirect,
-        hsts: config
-            .settings
-            .hsts
-            .as_ref()
-            .and_then(|h| http::HeaderValue::from_str(&h.value()).ok()),
         outcomes,
         label,
         compiled: compiled.clone(),

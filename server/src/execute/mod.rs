@@ -456,7 +456,7 @@ async fn reply(
 
 /// In `tern dev`, a failure's message gets the guest's stderr (a panic's message).
 fn add_stderr<T>(tenant: &Tenant, result: &mut Result<T, ExecError>, stdio: Option<&Stdio>) {
-    if tenant.errors.dev
+    if tenant.front.errors.dev
         && let (Err(e), Some(stdio)) = (result, stdio)
     {
         let stderr = stdio.stderr.contents();

@@ -178,7 +178,7 @@ impl Exchange {
         let headers: &mut HeaderMap = resp.headers_mut();
         headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
         if self.tls
-            && let Some(hsts) = tenant.and_then(|t| t.hsts.as_ref())
+            && let Some(hsts) = tenant.and_then(|t| t.front.hsts.as_ref())
         {
             headers.insert(http::header::STRICT_TRANSPORT_SECURITY, hsts.clone());
         }

@@ -5,7 +5,8 @@
 //! router), `check_routed` (the tenant's redirect to HTTPS, a declared body over its limit),
 //! `admit` (a pool slot and the tenant's concurrency), `run_guest` (the guest, and the
 //! response it gives: buffered, or streamed while the guest runs on). A new step (a cache in
-//! front of the guests) is one more function called between two of them.
+//! front of the guests) is one more function called between two of them, with what it needs
+//! per tenant prepared in [`front::Front`] when the tenant loads.
 //!
 //! The request body is Tern's own [`RequestBody`], so any listener (HTTP/1.1 and h2 through
 //! hyper today) hands its requests to the same steps. `exchange` holds what the front end
@@ -33,6 +34,7 @@ use crate::pool::Admitted;
 use crate::tenant::TenantRef;
 
 pub mod exchange;
+pub mod front;
 pub mod request;
 
 use exchange::{Early, Exchange};
@@ -183,7 +185,7 @@ fn check_routed(
     tenant: &TenantRef,
 ) -> Result<(), Early> {
     // (A request without a host name has nowhere to be sent: it is served.)
-    if tenant.https_redirect
+    if tenant.front.https_redirect
         && conn.tls.is_none()
         && let Some(&port) = app.https_port.get()
         && let Some(to) = authority(req)
@@ -356,7 +358,7 @@ fn streamed(tenant: &TenantRef, head: Head, head_only: bool) -> Response<Respons
 /// The response for a failure: its status, the body the tenant's error settings give it (`ids`:
 /// the request id, and the trace id when it differs), and the headers its outcome calls for.
 fn error_response(e: &ExecError, tenant: &TenantRef, ids: &str) -> Response<ResponseBody> {
-    let (body, kind) = tenant.errors.body(e, ids);
+    let (body, kind) = tenant.front.errors.body(e, ids);
     let mut resp = plain(e.outcome.status(), &body);
     if let Some(kind) = kind {
         resp.headers_mut().insert(http::header::CONTENT_TYPE, kind);

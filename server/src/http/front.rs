@@ -1,0 +1,40 @@
+//! What the front end does for one tenant around its guests, prepared once when the tenant is
+//! loaded: whether its cleartext requests are redirected to HTTPS, the
+//! `Strict-Transport-Security` its HTTPS responses carry, and what its clients see when a
+//! request fails.
+//!
+//! A tenant's [`Front`] is made from its settings beside its guests' grants
+//! ([`crate::capabilities::Grants`]), from the same [`Preparing`]. A new front-end feature (a
+//! cache in front of the guests, compression) is a field here prepared from its setting, a
+//! module of its own, and its step in the front end's sequence ([`super::handle`]).
+
+use http::HeaderValue;
+
+use crate::outcome::ErrorPages;
+use crate::tenant::Preparing;
+
+/// A tenant's front-end features.
+#[derive(Debug, Default)]
+pub struct Front {
+    /// Cleartext requests are redirected to HTTPS (`https_redirect`).
+    pub https_redirect: bool,
+    /// The `Strict-Transport-Security` value its HTTPS responses carry (`hsts`), if any.
+    pub hsts: Option<HeaderValue>,
+    /// What its clients see when a request fails (`errors`, `error_pages`).
+    pub errors: ErrorPages,
+}
+
+impl Front {
+    /// A tenant's front-end features, from its settings (already checked when they were read).
+    pub fn prepare(p: &Preparing<'_>) -> Self {
+        let s = p.settings;
+        Self {
+            https_redirect: s.https_redirect,
+            hsts: s
+                .hsts
+                .as_ref()
+                .and_then(|h| HeaderValue::from_str(&h.value()).ok()),
+            errors: ErrorPages::new(s.errors, &s.error_pages),
+        }
+    }
+}
