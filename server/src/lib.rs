@@ -17,6 +17,8 @@
 //!   `Server-Timing`), `http::request` (framing, host, request ids, the HTTPS redirect),
 //!   `http::front` (what the front end does per tenant, prepared when it loads: redirect,
 //!   HSTS, error pages).
+//! - [`cache`]: a tenant's cache in front of its guests (`[tenant.cache]`): lookup before
+//!   admission, what may be stored (RFC 9111), variants, validators, `Cache-Status`.
 //! - [`target`]: the normal form of the request's path, which routing, the guests and
 //!   everything keyed on a URL use (dot segments, percent-encodings, ambiguous paths refused).
 //! - [`router`]: `Host` / path prefix → tenant, on the normal path.
@@ -93,6 +95,7 @@ pub mod app;
 pub mod artifact;
 pub mod assets;
 pub mod body;
+pub mod cache;
 pub mod capabilities;
 pub mod ceilings;
 pub mod change;

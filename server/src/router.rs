@@ -316,7 +316,8 @@ fn first_segment(path: &str) -> &str {
     rest.split('/').next().unwrap_or("")
 }
 
-fn strip_port(host: &str) -> &str {
+/// `host` without its port (`[::1]:8080` → `[::1]`, `a.test:80` → `a.test`).
+pub fn strip_port(host: &str) -> &str {
     if host.starts_with('[') {
         // IPv6 literal: `[::1]:8080`.
         return host.find(']').map_or(host, |i| &host[..=i]);

@@ -75,6 +75,10 @@ pub struct TenantSettings<R> {
     /// then refuse plain HTTP to its hosts for `max_age_seconds`. Unset: none is added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hsts: Option<HstsConfig>,
+    /// `[tenant.cache]`: its answers cached in front of its guests by their HTTP caching
+    /// headers (off unless `enabled`).
+    #[serde(default, skip_serializing_if = "crate::cache::CacheConfig::is_default")]
+    pub cache: crate::cache::CacheConfig,
 }
 
 /// `[tenant.hsts]`: HTTP Strict Transport Security (RFC 6797). Sticky: a browser that saw it
@@ -146,6 +150,7 @@ impl<R> Default for TenantSettings<R> {
             https_redirect: false,
             kv: Vec::new(),
             hsts: None,
+            cache: crate::cache::CacheConfig::default(),
         }
     }
 }
@@ -164,6 +169,7 @@ impl<R> TenantSettings<R> {
             https_redirect,
             kv,
             hsts,
+            cache,
         } = self;
         TenantSettings {
             hosts: hosts.iter().map(&f).collect(),
@@ -176,6 +182,7 @@ impl<R> TenantSettings<R> {
             https_redirect: *https_redirect,
             kv: kv.clone(),
             hsts: hsts.clone(),
+            cache: cache.clone(),
         }
     }
 }
@@ -339,6 +346,9 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
         }
     }
     if let Some(Err(m)) = t.settings.hsts.as_ref().map(HstsConfig::check) {
+        return here(&t.name, format!("tenant {name:?}: {m}"));
+    }
+    if let Err(m) = t.settings.cache.check() {
         return here(&t.name, format!("tenant {name:?}: {m}"));
     }
     for (i, p) in t.settings.paths.iter().enumerate() {

@@ -125,6 +125,17 @@ impl Exchange {
         self.finish(app, None, resp, Phase::Route)
     }
 
+    /// Answers a routed request from its tenant's cache (no guest ran).
+    pub(super) fn cached(
+        self,
+        app: &App,
+        tenant: &TenantRef,
+        resp: Response<ResponseBody>,
+    ) -> Response<ResponseBody> {
+        app.metrics.observe(&self.timings, Phase::Route);
+        self.finish(app, Some(tenant), resp, Phase::Route)
+    }
+
     /// Refuses a routed request before its guest runs, recording the phases it reached and
     /// counting the outcome.
     fn reject(

@@ -1,14 +1,18 @@
 //! What the front end does for one tenant around its guests, prepared once when the tenant is
 //! loaded: whether its cleartext requests are redirected to HTTPS, the
-//! `Strict-Transport-Security` its HTTPS responses carry, and what its clients see when a
-//! request fails.
+//! `Strict-Transport-Security` its HTTPS responses carry, what its clients see when a request
+//! fails, and its cache in front of its guests.
 //!
 //! A tenant's [`Front`] is made from its settings beside its guests' grants
 //! ([`crate::capabilities::Grants`]), from the same [`Preparing`]. A new front-end feature (a
 //! cache in front of the guests, compression) is a field here prepared from its setting, a
 //! module of its own, and its step in the front end's sequence ([`super::handle`]).
 
+use std::sync::Arc;
+
 use http::HeaderValue;
+
+use crate::cache::Cache;
 
 use crate::outcome::ErrorPages;
 use crate::tenant::Preparing;
@@ -22,6 +26,8 @@ pub struct Front {
     pub hsts: Option<HeaderValue>,
     /// What its clients see when a request fails (`errors`, `error_pages`).
     pub errors: ErrorPages,
+    /// Its cache in front of its guests (`cache`), when it has one.
+    pub cache: Option<Arc<Cache>>,
 }
 
 impl Front {
@@ -35,6 +41,10 @@ impl Front {
                 .as_ref()
                 .and_then(|h| HeaderValue::from_str(&h.value()).ok()),
             errors: ErrorPages::new(s.errors, &s.error_pages),
+            cache: s
+                .cache
+                .enabled
+                .then(|| Arc::new(Cache::new(&s.cache, p.metrics, p.label))),
         }
     }
 }

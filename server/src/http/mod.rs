@@ -73,11 +73,50 @@ pub async fn handle(
     if let Err(early) = check_routed(&app, &req, &conn, &routed.tenant) {
         return ex.early(&app, early);
     }
+    let fill = match look_up(&mut ex, &mut req, &conn, &routed.tenant) {
+        Ok(fill) => fill,
+        Err(hit) => return ex.cached(&app, &routed.tenant, *hit),
+    };
     let admitted = match admit(&app, &mut ex, &routed.tenant).await {
         Ok(admitted) => admitted,
         Err(early) => return ex.early(&app, early),
     };
-    run_guest(&app, ex, req, routed, admitted, conn, client).await
+    let tenant = routed.tenant.clone();
+    let (resp, reached) = run_guest(&app, &mut ex, req, routed, admitted, conn, client).await;
+    let resp = match fill {
+        Some(fill) => fill.answered(resp),
+        None => resp,
+    };
+    ex.finish(&app, Some(&tenant), resp, reached)
+}
+
+/// The tenant's cache, when it has one (the `cache` phase): a fresh stored answer ends the
+/// exchange here (`Err`); otherwise what the cache does with the guest's answer.
+fn look_up(
+    ex: &mut Exchange,
+    req: &mut Request<RequestBody>,
+    conn: &Connection,
+    tenant: &TenantRef,
+) -> Result<Option<crate::cache::Fill>, Box<Response<ResponseBody>>> {
+    let Some(cache) = &tenant.front.cache else {
+        return Ok(None);
+    };
+    let started = Instant::now();
+    // The host as routing reads it: without its port, whichever way the protocol sent it.
+    let host = authority(req)
+        .ok()
+        .flatten()
+        .map_or("", crate::router::strip_port);
+    let looked = cache.lookup(req, conn.tls.is_some(), host);
+    let looked = match looked {
+        crate::cache::Lookup::Hit(resp) => Err(Box::new(resp)),
+        crate::cache::Lookup::Miss(mut fill) => {
+            fill.take_validators(req);
+            Ok(Some(fill))
+        }
+    };
+    ex.timings.set(Phase::Cache, started.elapsed());
+    looked
 }
 
 /// The tenant a request is for, and the length of the route prefix it matched.
@@ -224,13 +263,13 @@ async fn admit(app: &App, ex: &mut Exchange, tenant: &TenantRef) -> Result<Admit
 /// (the guest then runs on in a task of its own, its phases recorded when it ends).
 async fn run_guest(
     app: &Arc<App>,
-    mut ex: Exchange,
+    ex: &mut Exchange,
     req: Request<RequestBody>,
     routed: Routed,
     admitted: Admitted,
     conn: Connection,
     client: SocketAddr,
-) -> Response<ResponseBody> {
+) -> (Response<ResponseBody>, Phase) {
     let Routed { tenant, prefix_len } = routed;
     let (mut parts, body) = req.into_parts();
     // A `HEAD` response's body is never sent, so it is never counted as undelivered.
@@ -319,7 +358,7 @@ async fn run_guest(
             (streamed(&tenant, head, head_only), Phase::Queue)
         }
     };
-    ex.finish(app, Some(&tenant), resp, phase)
+    (resp, phase)
 }
 
 /// A run that ended: its phases into `timings` and `/metrics`, its end into the request's

@@ -39,7 +39,13 @@ pub enum Phase {
     /// Part of `run`: the guest waiting for its key-value stores. Recorded only for requests
     /// that used one.
     Kv = 6,
+    /// Looking the request up in its tenant's cache (`[tenant.cache]`), and for a hit making
+    /// the answer. Recorded only for tenants with a cache.
+    Cache = 7,
 }
+
+/// How many phases there are.
+pub const PHASES: usize = 8;
 
 impl Phase {
     /// All phases in request order.
@@ -52,7 +58,7 @@ impl Phase {
     ];
 
     /// Every phase, in `Timings` order (the request's, then the parts of `run`).
-    pub const EVERY: [Phase; 7] = [
+    pub const EVERY: [Phase; PHASES] = [
         Phase::Route,
         Phase::Queue,
         Phase::Instantiate,
@@ -60,10 +66,12 @@ impl Phase {
         Phase::Teardown,
         Phase::Outbound,
         Phase::Kv,
+        Phase::Cache,
     ];
 
-    /// Parts of `run`, recorded only for requests that had them.
-    pub const WITHIN_RUN: [Phase; 2] = [Phase::Outbound, Phase::Kv];
+    /// Phases recorded only for requests that had them: the cache lookup, and the parts of
+    /// `run`.
+    pub const WHEN_USED: [Phase; 3] = [Phase::Cache, Phase::Outbound, Phase::Kv];
 
     /// The label value / `Server-Timing` name.
     pub fn name(self) -> &'static str {
@@ -75,13 +83,14 @@ impl Phase {
             "teardown",
             "outbound",
             "kv",
+            "cache",
         ][self as usize]
     }
 }
 
 /// Durations of each phase of one request (zero for phases it did not reach).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Timings(pub [Duration; 7]);
+pub struct Timings(pub [Duration; PHASES]);
 
 impl Timings {
     /// Records `d` for `phase`.
@@ -111,7 +120,7 @@ impl Timings {
         for phase in &Phase::ALL[..=reached as usize] {
             dur(phase.name(), self.0[*phase as usize], ", ");
         }
-        for phase in Phase::WITHIN_RUN {
+        for phase in Phase::WHEN_USED {
             let d = self.0[phase as usize];
             if !d.is_zero() {
                 dur(phase.name(), d, ", ");
@@ -254,7 +263,7 @@ pub struct Undelivered {
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
-    phases: [Histogram; 7],
+    phases: [Histogram; PHASES],
     total: Histogram,
     requests: IntCounterVec,
     outcomes: IntCounterVec,
@@ -314,6 +323,12 @@ pub struct Metrics {
     pub trace_spans_dropped: IntCounterVec,
     /// Trace ids of kept requests on the latency histograms' buckets.
     pub exemplars: std::sync::Arc<Exemplars>,
+    /// Requests of tenants with a cache, by tenant and result.
+    pub cache_requests: IntCounterVec,
+    /// Bytes a tenant's cache holds.
+    pub cache_stored_bytes: IntGaugeVec,
+    /// Entries a tenant's cache dropped to stay within its size.
+    pub cache_evictions: IntCounterVec,
 }
 
 impl Metrics {
@@ -527,6 +542,24 @@ impl Metrics {
              tracing.timeout_ms).",
             &["reason"],
         );
+        let cache_requests = r.counters(
+            "tern_cache_requests_total",
+            "Requests of tenants with a cache ([tenant.cache]), by result: hit (answered from \
+             the cache, no guest ran), miss (the guest ran; its answer may have been stored), \
+             bypass (a method or request the cache does not answer).",
+            &["tenant", "result"],
+        );
+        let cache_stored_bytes = r.gauges(
+            "tern_cache_stored_bytes",
+            "Bytes held by a tenant's cache (bodies, headers and keys; at most its \
+             cache.max_mib).",
+            &["tenant"],
+        );
+        let cache_evictions = r.counters(
+            "tern_cache_evictions_total",
+            "Entries a tenant's cache dropped to stay within its cache.max_mib.",
+            &["tenant"],
+        );
         let Registrar(registry) = r;
         #[cfg(target_os = "linux")]
         registry
@@ -573,6 +606,9 @@ impl Metrics {
             trace_spans_exported,
             trace_spans_dropped,
             exemplars: Default::default(),
+            cache_requests,
+            cache_stored_bytes,
+            cache_evictions,
         }
     }
 
@@ -641,7 +677,7 @@ impl Metrics {
         for (h, d) in self.phases.iter().zip(&t.0).take(reached as usize + 1) {
             h.observe(d.as_secs_f64());
         }
-        for phase in Phase::WITHIN_RUN {
+        for phase in Phase::WHEN_USED {
             let d = t.0[phase as usize];
             if !d.is_zero() {
                 self.phases[phase as usize].observe(d.as_secs_f64());

@@ -15,9 +15,9 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// Bucket bounds of the latency histograms: 1 µs doubling, 25 of them, then `+Inf`.
 const BOUNDS: usize = 25;
-/// The histograms with exemplars: the 7 phases, then the total.
-const SERIES: usize = 8;
-const TOTAL: usize = 7;
+/// The histograms with exemplars: the phases, then the total.
+const SERIES: usize = crate::metrics::PHASES + 1;
+const TOTAL: usize = crate::metrics::PHASES;
 
 /// Whether an `Accept` header asks for OpenMetrics.
 pub fn wanted(accept: &[u8]) -> bool {

@@ -8,6 +8,7 @@ mod access;
 mod acme;
 mod admin_input;
 mod artifacts;
+mod cache;
 mod clients;
 mod config;
 mod conformance;

@@ -1,0 +1,72 @@
+//! Answers with the response headers its query names, for the cache's tests: each
+//! `h=NAME:VALUE` (percent-encoded) is appended, `status=N` sets the status (default `200`),
+//! `n=BYTES` pads the body to that many bytes. The body starts with `run NANOS` (the wall
+//! clock when this instance ran), so two runs never give the same body, then the method and
+//! the request's `If-None-Match`, `If-Modified-Since` and `Authorization` as the guest saw
+//! them.
+fn main() {
+    tern_sdk::serve(|req| {
+        let query = req.uri().query().unwrap_or("").to_string();
+        let mut resp = tern_sdk::http::Response::builder().header("content-type", "text/plain");
+        let mut status = 200;
+        let mut size = 0usize;
+        for pair in query.split('&') {
+            if let Some(h) = pair.strip_prefix("h=") {
+                let h = decode(h);
+                if let Some((name, value)) = h.split_once(':') {
+                    resp = resp.header(name.trim(), value.trim());
+                }
+            } else if let Some(s) = pair.strip_prefix("status=") {
+                status = s.parse().unwrap_or(200);
+            } else if let Some(n) = pair.strip_prefix("n=") {
+                size = n.parse().unwrap_or(0);
+            }
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let seen = |name: &str| {
+            req.headers().get(name).map_or("-".to_string(), |v| {
+                String::from_utf8_lossy(v.as_bytes()).into_owned()
+            })
+        };
+        let mut body = format!(
+            "run {nanos}\nmethod {}\nif-none-match {}\nif-modified-since {}\nauthorization {}\n",
+            req.method(),
+            seen("if-none-match"),
+            seen("if-modified-since"),
+            seen("authorization"),
+        )
+        .into_bytes();
+        if body.len() < size {
+            body.resize(size, b'.');
+        }
+        resp.status(status).body(body).expect("valid answer")
+    });
+}
+
+/// `%XX` escapes decoded (and `+` as a space).
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

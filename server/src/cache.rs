@@ -1,0 +1,761 @@
+//! The cache in front of a tenant's guests (`[tenant.cache]`): a request that matches a fresh
+//! stored answer is answered from memory before admission, with no slot, instance or guest.
+//!
+//! What may be stored and for how long is RFC 9111's shared-cache rules as
+//! `http-cache-semantics` reads them (`no-store`, `private`, `Authorization`, `s-maxage`,
+//! `max-age`, `Expires`), with `CDN-Cache-Control` (RFC 9213) in place of `Cache-Control` and
+//! `Expires` when the guest sends it. Only explicit freshness is used: an answer without it
+//! (heuristics, error statuses by default) is not stored. Nor is an answer with `Set-Cookie`
+//! (unless `store_set_cookie`), `Vary: *`, a body over `max_object_kib`, or one that streamed
+//! past the buffer, nor the answer to a request with a body or to `HEAD`.
+//!
+//! The key is the scheme, host and normal path with its query (the tenant's cache is its own);
+//! `Vary` makes variants of one key, matched on the request header values they were stored
+//! with. A stored `GET` answers `HEAD` too. A conditional request (`If-None-Match`,
+//! `If-Modified-Since`) is answered `304` from the stored answer; on a miss the guest gets the
+//! request without them, so its full answer can be stored, and the client still gets its `304`.
+//! A non-error answer to an unsafe method (`POST`, `PUT`, `PATCH`, `DELETE`) invalidates its
+//! key (RFC 9111 §4.4). Every answer says what the cache did in `Cache-Status` (RFC 9211).
+//!
+//! The store is `moka`'s (bounded by bytes, TinyLFU admission, so one-off scans do not flush
+//! what is asked often); an entry leaves when its freshest variant goes stale. A tenant's cache
+//! is made with it, so a deploy, a rollback or a change of its settings starts it empty.
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_cache_semantics::{BeforeRequest, CacheOptions, CachePolicy, RequestLike, ResponseLike};
+use prometheus::{IntCounter, IntGauge};
+use serde::{Deserialize, Serialize};
+
+use crate::body::ResponseBody;
+
+/// Ceiling of `cache.max_mib`.
+pub const MAX_CACHE_MIB: u64 = 64 * 1024;
+/// Most variants (`Vary`) kept of one key; a new one replaces the oldest.
+const MAX_VARIANTS: usize = 8;
+/// `Cache-Status` (RFC 9211).
+pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+static CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-control");
+
+/// `[tenant.cache]`: the tenant's cache in front of its guests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Whether its answers are cached (off by default).
+    pub enabled: bool,
+    /// The memory its cache may hold, in MiB (bodies, headers and keys).
+    pub max_mib: u64,
+    /// The largest body stored, in KiB; larger answers are served and not stored.
+    pub max_object_kib: u64,
+    /// Store answers that set cookies (off: a `Set-Cookie` is usually meant for one client).
+    pub store_set_cookie: bool,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_mib: 64,
+            max_object_kib: 1024,
+            store_set_cookie: false,
+        }
+    }
+}
+
+impl CacheConfig {
+    /// Whether it is the default (left out when a tenant's settings are written).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Checks the sizes.
+    ///
+    /// # Errors
+    /// Which size is out of bounds.
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=MAX_CACHE_MIB).contains(&self.max_mib) {
+            return Err(format!(
+                "cache.max_mib must be between 1 and {MAX_CACHE_MIB}, not {}",
+                self.max_mib
+            ));
+        }
+        if self.max_object_kib == 0 || self.max_object_kib > self.max_mib * 1024 {
+            return Err(format!(
+                "cache.max_object_kib must be between 1 and cache.max_mib × 1024 ({}), not {}",
+                self.max_mib * 1024,
+                self.max_object_kib
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The counters of one tenant's cache.
+struct Counts {
+    hit: IntCounter,
+    miss: IntCounter,
+    bypass: IntCounter,
+    stored_bytes: IntGauge,
+}
+
+/// One tenant's cache.
+pub struct Cache {
+    entries: moka::sync::Cache<u64, Arc<Entry>>,
+    /// Keys are hashed with a per-cache random key: a client cannot aim at one slot.
+    hasher: std::hash::RandomState,
+    max_object: usize,
+    store_set_cookie: bool,
+    counts: Counts,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("entries", &self.entries.entry_count())
+            .field("bytes", &self.entries.weighted_size())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The stored answers of one key (scheme, host, path and query).
+struct Entry {
+    https: bool,
+    host: Box<str>,
+    target: Box<str>,
+    variants: Vec<Arc<Variant>>,
+}
+
+/// One stored answer.
+struct Variant {
+    status: StatusCode,
+    /// Its headers as the client gets them (without framing).
+    headers: HeaderMap,
+    body: Bytes,
+    /// The request's values of the fields its `Vary` names.
+    vary: Vec<(HeaderName, Option<HeaderValue>)>,
+    /// When it was stored, and its age then (`Age`, `Date`).
+    stored: Instant,
+    age_at_store: Duration,
+    /// How long it was fresh for when stored.
+    fresh_for: Duration,
+    /// For requests with their own `Cache-Control` (`no-cache`, `max-age`, `min-fresh`,
+    /// `max-stale`): RFC 9111's answer, from the policy it was stored with.
+    policy: CachePolicy,
+}
+
+impl Variant {
+    fn age(&self, now: Instant) -> Duration {
+        self.age_at_store + now.saturating_duration_since(self.stored)
+    }
+
+    fn fresh_at(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.stored) < self.fresh_for
+    }
+
+    fn vary_matches(&self, headers: &HeaderMap) -> bool {
+        self.vary
+            .iter()
+            .all(|(name, value)| headers.get(name) == value.as_ref())
+    }
+}
+
+/// What the cache did with a request.
+pub enum Lookup {
+    /// Answered from the cache.
+    Hit(Response<ResponseBody>),
+    /// The guest answers; [`Fill::answered`] then stores what may be stored.
+    Miss(Fill),
+}
+
+/// A request the guest answers, and what the cache does with the answer.
+pub struct Fill {
+    cache: Arc<Cache>,
+    /// `Cache-Status`'s forward reason.
+    fwd: &'static str,
+    then: Then,
+}
+
+enum Then {
+    /// Nothing is stored.
+    Pass,
+    /// A non-error answer invalidates the key.
+    Invalidate(u64),
+    /// A storable answer is stored under the key.
+    Store(Box<Storing>),
+}
+
+struct Storing {
+    hash: u64,
+    https: bool,
+    host: Box<str>,
+    target: Box<str>,
+    /// The request as the policy reads it.
+    uri: Uri,
+    headers: HeaderMap,
+    /// The client's own validators, taken off the guest's request.
+    if_none_match: Option<HeaderValue>,
+    if_modified_since: Option<HeaderValue>,
+}
+
+/// The request as `http-cache-semantics` reads it.
+struct Asked<'a> {
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+}
+
+impl RequestLike for Asked<'_> {
+    fn uri(&self) -> Uri {
+        self.uri.clone()
+    }
+    fn is_same_uri(&self, other: &Uri) -> bool {
+        self.uri == other
+    }
+    fn method(&self) -> &Method {
+        self.method
+    }
+    fn headers(&self) -> &HeaderMap {
+        self.headers
+    }
+}
+
+/// The answer as the policy reads it: `CDN-Cache-Control` standing for `Cache-Control` (and
+/// `Expires`) when the guest sends it.
+struct Answered<'a> {
+    status: StatusCode,
+    headers: std::borrow::Cow<'a, HeaderMap>,
+}
+
+impl ResponseLike for Answered<'_> {
+    fn status(&self) -> StatusCode {
+        self.status
+    }
+    fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+}
+
+/// What the policy is asked with: only explicit freshness, a shared cache's rules.
+fn options() -> CacheOptions {
+    CacheOptions {
+        shared: true,
+        cache_heuristic: 0.0,
+        immutable_min_time_to_live: Duration::ZERO,
+        ignore_cargo_cult: false,
+    }
+}
+
+impl Cache {
+    /// A tenant's empty cache, counted under its metrics `label`.
+    pub fn new(config: &CacheConfig, metrics: &crate::metrics::Metrics, label: &str) -> Self {
+        let evictions = metrics.cache_evictions.with_label_values(&[label]);
+        let stored_bytes = metrics.cache_stored_bytes.with_label_values(&[label]);
+        // Every entry that leaves (replaced, stale, evicted, purged) gives its bytes back.
+        let held = stored_bytes.clone();
+        let entries = moka::sync::Cache::builder()
+            .max_capacity(config.max_mib * 1024 * 1024)
+            .weigher(|_, entry: &Arc<Entry>| entry.weight())
+            .expire_after(Expire)
+            .eviction_listener(move |_, entry: Arc<Entry>, cause| {
+                held.sub(i64::from(entry.weight()));
+                if cause == moka::notification::RemovalCause::Size {
+                    evictions.inc();
+                }
+            })
+            .build();
+        let result = |r| metrics.cache_requests.with_label_values(&[label, r]);
+        Self {
+            entries,
+            hasher: std::hash::RandomState::new(),
+            max_object: usize::try_from(config.max_object_kib * 1024).unwrap_or(usize::MAX),
+            store_set_cookie: config.store_set_cookie,
+            counts: Counts {
+                hit: result("hit"),
+                miss: result("miss"),
+                bypass: result("bypass"),
+                stored_bytes,
+            },
+        }
+    }
+
+    fn hash(&self, https: bool, host: &str, target: &str) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write_u8(u8::from(https));
+        for b in host.bytes() {
+            h.write_u8(b.to_ascii_lowercase());
+        }
+        h.write_u8(0xff);
+        h.write(target.as_bytes());
+        h.finish()
+    }
+
+    /// Looks `req` up: a fresh stored answer, or what to do with the guest's. `host` is the
+    /// host it is for (as routed), `https` whether it came over TLS.
+    pub fn lookup<B>(self: &Arc<Self>, req: &Request<B>, https: bool, host: &str) -> Lookup {
+        let method = req.method();
+        let (get, head) = (method == Method::GET, method == Method::HEAD);
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        let hash = self.hash(https, host, target);
+        if !get && !head {
+            self.counts.bypass.inc();
+            let then = if method == Method::POST
+                || method == Method::PUT
+                || method == Method::PATCH
+                || method == Method::DELETE
+            {
+                Then::Invalidate(hash)
+            } else {
+                Then::Pass
+            };
+            return Lookup::Miss(Fill {
+                cache: self.clone(),
+                fwd: "method",
+                then,
+            });
+        }
+        let mut fwd = "uri-miss";
+        if let Some(entry) = self.entries.get(&hash)
+            && entry.https == https
+            && entry.host.eq_ignore_ascii_case(host)
+            && &*entry.target == target
+        {
+            fwd = "vary-miss";
+            let now = Instant::now();
+            // The request's own directives are RFC 9111's to weigh; without them a variant is
+            // fresh for what it was stored with.
+            let directives = req.headers().contains_key(header::CACHE_CONTROL)
+                || req.headers().contains_key(header::PRAGMA);
+            for v in &entry.variants {
+                if !v.vary_matches(req.headers()) {
+                    continue;
+                }
+                let fresh = if directives {
+                    let asked = Asked {
+                        method: &Method::GET,
+                        uri: req.uri(),
+                        headers: req.headers(),
+                    };
+                    matches!(
+                        v.policy.before_request(&asked, SystemTime::now()),
+                        BeforeRequest::Fresh(_)
+                    )
+                } else {
+                    v.fresh_at(now)
+                };
+                if fresh {
+                    self.counts.hit.inc();
+                    return Lookup::Hit(hit(v, req.headers(), now));
+                }
+                fwd = if directives { "request" } else { "stale" };
+                break;
+            }
+        }
+        self.counts.miss.inc();
+        // Only a bodiless GET's answer is stored: a body the key does not hold must not
+        // choose what others are answered.
+        let has_body = crate::body::declared_length(req.headers()).is_some_and(|n| n > 0)
+            || req.headers().contains_key(header::TRANSFER_ENCODING);
+        if head || has_body {
+            return Lookup::Miss(Fill {
+                cache: self.clone(),
+                fwd,
+                then: Then::Pass,
+            });
+        }
+        Lookup::Miss(Fill {
+            cache: self.clone(),
+            fwd,
+            then: Then::Store(Box::new(Storing {
+                hash,
+                https,
+                host: host.into(),
+                target: target.into(),
+                uri: req.uri().clone(),
+                headers: req.headers().clone(),
+                if_none_match: None,
+                if_modified_since: None,
+            })),
+        })
+    }
+
+    /// Drops every stored answer.
+    pub fn purge_all(&self) {
+        self.entries.invalidate_all();
+    }
+}
+
+/// Entries leave when their freshest variant goes stale.
+struct Expire;
+
+impl moka::Expiry<u64, Arc<Entry>> for Expire {
+    fn expire_after_create(&self, _: &u64, entry: &Arc<Entry>, now: Instant) -> Option<Duration> {
+        entry
+            .variants
+            .iter()
+            .map(|v| {
+                v.fresh_for
+                    .saturating_sub(now.saturating_duration_since(v.stored))
+            })
+            .max()
+    }
+
+    fn expire_after_update(
+        &self,
+        key: &u64,
+        entry: &Arc<Entry>,
+        now: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        self.expire_after_create(key, entry, now)
+    }
+}
+
+impl Entry {
+    /// Bytes it holds, roughly: what the cache's size counts.
+    fn weight(&self) -> u32 {
+        let key = self.host.len() + self.target.len() + 64;
+        let bytes = self.variants.iter().fold(key, |n, v| {
+            let headers: usize = v
+                .headers
+                .iter()
+                .map(|(k, v)| k.as_str().len() + v.len() + 32)
+                .sum();
+            n + v.body.len() + headers + 256
+        });
+        u32::try_from(bytes).unwrap_or(u32::MAX)
+    }
+}
+
+/// The answer of a fresh variant `v` to a request with `headers`: `304` when its validators
+/// say the client has it, else the stored answer; with its `Age` and `Cache-Status`.
+fn hit(v: &Variant, headers: &HeaderMap, now: Instant) -> Response<ResponseBody> {
+    let validated = not_modified(
+        &v.headers,
+        headers.get(header::IF_NONE_MATCH),
+        headers.get(header::IF_MODIFIED_SINCE),
+    );
+    let mut resp = respond(v, validated, now);
+    let ttl = v
+        .fresh_for
+        .saturating_sub(now.saturating_duration_since(v.stored))
+        .as_secs();
+    if let Ok(value) = HeaderValue::from_str(&format!("tern; hit; ttl={ttl}")) {
+        resp.headers_mut().insert(CACHE_STATUS.clone(), value);
+    }
+    resp
+}
+
+/// Headers a `304` repeats from the answer it stands for (RFC 9110 §15.4.5).
+const NOT_MODIFIED_KEEPS: [HeaderName; 6] = [
+    header::CACHE_CONTROL,
+    header::CONTENT_LOCATION,
+    header::DATE,
+    header::ETAG,
+    header::EXPIRES,
+    header::VARY,
+];
+
+/// The stored answer `v` at `now` with its `Age`: whole, or as a `304` when the client's
+/// validators matched it (`validated`).
+fn respond(v: &Variant, validated: bool, now: Instant) -> Response<ResponseBody> {
+    let mut resp = if validated {
+        let mut resp = Response::new(ResponseBody::Full(None));
+        *resp.status_mut() = StatusCode::NOT_MODIFIED;
+        let out = resp.headers_mut();
+        for name in NOT_MODIFIED_KEEPS {
+            for value in v.headers.get_all(&name) {
+                out.append(name.clone(), value.clone());
+            }
+        }
+        resp
+    } else {
+        let mut resp = Response::new(ResponseBody::Full(Some(v.body.clone())));
+        *resp.status_mut() = v.status;
+        *resp.headers_mut() = v.headers.clone();
+        resp
+    };
+    resp.headers_mut()
+        .insert(header::AGE, HeaderValue::from(v.age(now).as_secs()));
+    resp
+}
+
+/// Whether a stored answer with `stored` headers satisfies the client's validators: its
+/// `If-None-Match` (weak comparison, RFC 9110 §13.1.2), or without one its
+/// `If-Modified-Since` against `Last-Modified`.
+fn not_modified(
+    stored: &HeaderMap,
+    if_none_match: Option<&HeaderValue>,
+    if_modified_since: Option<&HeaderValue>,
+) -> bool {
+    if let Some(inm) = if_none_match {
+        let Some(etag) = stored.get(header::ETAG).and_then(|e| e.to_str().ok()) else {
+            return false;
+        };
+        let weak = |t: &str| t.trim().trim_start_matches("W/").to_string();
+        let etag = weak(etag);
+        return inm
+            .to_str()
+            .is_ok_and(|list| list.split(',').any(|t| t.trim() == "*" || weak(t) == etag));
+    }
+    let (Some(since), Some(modified)) = (if_modified_since, stored.get(header::LAST_MODIFIED))
+    else {
+        return false;
+    };
+    let date = |v: &HeaderValue| {
+        v.to_str()
+            .ok()
+            .and_then(|s| httpdate::parse_http_date(s).ok())
+    };
+    matches!((date(since), date(modified)), (Some(s), Some(m)) if m <= s)
+}
+
+impl Fill {
+    /// Takes the client's validators (`If-None-Match`, `If-Modified-Since`) off `req` when its
+    /// answer may be stored: the guest answers in full, and [`Fill::answered`] answers them.
+    pub fn take_validators<B>(&mut self, req: &mut Request<B>) {
+        if let Then::Store(s) = &mut self.then {
+            let headers = req.headers_mut();
+            s.if_none_match = headers.remove(header::IF_NONE_MATCH);
+            s.if_modified_since = headers.remove(header::IF_MODIFIED_SINCE);
+            s.headers.remove(header::IF_NONE_MATCH);
+            s.headers.remove(header::IF_MODIFIED_SINCE);
+        }
+    }
+
+    /// The guest's answer `resp`, as the client gets it: stored when it may be (then a `304`
+    /// if the client's validators match it), its key invalidated after an unsafe method, and
+    /// `Cache-Status` saying which.
+    pub fn answered(self, mut resp: Response<ResponseBody>) -> Response<ResponseBody> {
+        let Self { cache, fwd, then } = self;
+        let mut stored = false;
+        match then {
+            Then::Pass => {}
+            Then::Invalidate(hash) => {
+                if resp.status().is_success() || resp.status().is_redirection() {
+                    cache.entries.invalidate(&hash);
+                }
+            }
+            Then::Store(storing) => {
+                if let ResponseBody::Full(Some(body)) = resp.body()
+                    && let Some(variant) = cache.storable(&storing, &resp, body)
+                {
+                    let variant = Arc::new(variant);
+                    cache.insert(&storing, variant.clone());
+                    stored = true;
+                    if not_modified(
+                        &variant.headers,
+                        storing.if_none_match.as_ref(),
+                        storing.if_modified_since.as_ref(),
+                    ) {
+                        resp = respond(&variant, true, variant.stored);
+                    }
+                }
+            }
+        }
+        let status = if stored {
+            format!("tern; fwd={fwd}; stored")
+        } else {
+            format!("tern; fwd={fwd}")
+        };
+        if let Ok(value) = HeaderValue::from_str(&status) {
+            resp.headers_mut().insert(CACHE_STATUS.clone(), value);
+        }
+        resp
+    }
+}
+
+impl Cache {
+    /// The variant `resp` (whose whole body is `body`) makes for the request `s`, when it may
+    /// be stored.
+    fn storable(
+        &self,
+        s: &Storing,
+        resp: &Response<ResponseBody>,
+        body: &Bytes,
+    ) -> Option<Variant> {
+        if body.len() > self.max_object {
+            return None;
+        }
+        let headers = resp.headers();
+        if !self.store_set_cookie && headers.contains_key(header::SET_COOKIE) {
+            return None;
+        }
+        // The fields the answer varies on, and always `Authorization`: an answer to one
+        // client's credentials (stored only when it says it may be) is served to the same
+        // credentials only, and an anonymous one never to a request that has them.
+        // `Vary: *` (no request matches it) and names that are not header names: not stored.
+        let mut vary_names = vec![header::AUTHORIZATION];
+        for name in headers
+            .get_all(header::VARY)
+            .iter()
+            .map(|v| v.to_str().ok())
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+        {
+            if name == "*" {
+                return None;
+            }
+            let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
+            if !vary_names.contains(&name) {
+                vary_names.push(name);
+            }
+        }
+        let answered = Answered {
+            status: resp.status(),
+            headers: match headers.get(&CDN_CACHE_CONTROL) {
+                Some(cdn) => {
+                    let mut h = headers.clone();
+                    h.insert(header::CACHE_CONTROL, cdn.clone());
+                    h.remove(header::EXPIRES);
+                    std::borrow::Cow::Owned(h)
+                }
+                None => std::borrow::Cow::Borrowed(headers),
+            },
+        };
+        let asked = Asked {
+            method: &Method::GET,
+            uri: &s.uri,
+            headers: &s.headers,
+        };
+        let now = SystemTime::now();
+        let policy = CachePolicy::new_options(&asked, &answered, now, options());
+        let fresh_for = policy.time_to_live(now);
+        if !policy.is_storable() || fresh_for.is_zero() {
+            return None;
+        }
+        let mut stored_headers = headers.clone();
+        stored_headers.remove(header::CONTENT_LENGTH);
+        stored_headers.remove(CACHE_STATUS.clone());
+        Some(Variant {
+            status: resp.status(),
+            headers: stored_headers,
+            body: body.clone(),
+            vary: vary_names
+                .into_iter()
+                .map(|n| {
+                    let value = s.headers.get(&n).cloned();
+                    (n, value)
+                })
+                .collect(),
+            stored: Instant::now(),
+            age_at_store: policy.age(now),
+            fresh_for,
+            policy,
+        })
+    }
+
+    /// Stores `variant` under `s`'s key, beside the key's other variants.
+    fn insert(&self, s: &Storing, variant: Arc<Variant>) {
+        let mut variants: Vec<Arc<Variant>> = match self.entries.get(&s.hash) {
+            Some(e) if e.https == s.https && e.host == s.host && e.target == s.target => e
+                .variants
+                .iter()
+                .filter(|v| v.vary != variant.vary)
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        };
+        if variants.len() >= MAX_VARIANTS {
+            variants.remove(0);
+        }
+        variants.push(variant);
+        let entry = Arc::new(Entry {
+            https: s.https,
+            host: s.host.clone(),
+            target: s.target.clone(),
+            variants,
+        });
+        self.counts.stored_bytes.add(i64::from(entry.weight()));
+        self.entries.insert(s.hash, entry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
+            .collect()
+    }
+
+    #[test]
+    fn validators_follow_rfc_9110() {
+        let stored = headers(&[
+            ("etag", "\"v1\""),
+            ("last-modified", "Wed, 21 Oct 2015 07:28:00 GMT"),
+        ]);
+        let v = |s: &'static str| HeaderValue::from_static(s);
+        assert!(not_modified(&stored, Some(&v("\"v1\"")), None));
+        assert!(not_modified(&stored, Some(&v("W/\"v1\"")), None));
+        assert!(not_modified(&stored, Some(&v("\"x\", \"v1\"")), None));
+        assert!(not_modified(&stored, Some(&v("*")), None));
+        assert!(!not_modified(&stored, Some(&v("\"v2\"")), None));
+        // If-None-Match decides alone when it is there.
+        assert!(!not_modified(
+            &stored,
+            Some(&v("\"v2\"")),
+            Some(&v("Wed, 21 Oct 2015 07:28:00 GMT"))
+        ));
+        assert!(not_modified(
+            &stored,
+            None,
+            Some(&v("Wed, 21 Oct 2015 07:28:00 GMT"))
+        ));
+        assert!(!not_modified(
+            &stored,
+            None,
+            Some(&v("Tue, 20 Oct 2015 07:28:00 GMT"))
+        ));
+        assert!(!not_modified(&stored, None, Some(&v("not a date"))));
+        assert!(!not_modified(&HeaderMap::new(), Some(&v("\"v1\"")), None));
+    }
+
+    #[test]
+    fn sizes_are_checked() {
+        assert!(CacheConfig::default().check().is_ok());
+        for bad in [
+            CacheConfig {
+                max_mib: 0,
+                ..CacheConfig::default()
+            },
+            CacheConfig {
+                max_mib: MAX_CACHE_MIB + 1,
+                ..CacheConfig::default()
+            },
+            CacheConfig {
+                max_mib: 1,
+                max_object_kib: 1025,
+                ..CacheConfig::default()
+            },
+            CacheConfig {
+                max_object_kib: 0,
+                ..CacheConfig::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+        assert!(
+            CacheConfig {
+                max_mib: 1,
+                max_object_kib: 1024,
+                ..CacheConfig::default()
+            }
+            .check()
+            .is_ok()
+        );
+    }
+}

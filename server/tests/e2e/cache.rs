@@ -1,0 +1,371 @@
+//! The cache in front of guests (`[tenant.cache]`): what is stored and served without a guest,
+//! what never is, variants, validators, invalidation, isolation between tenants and hosts.
+//!
+//! The guest (`cache_headers`) answers with the headers its query names and a body starting
+//! with the instant it ran, so an answer from the cache is the first run's body, byte for byte,
+//! and a guest that ran again gives another.
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+
+use crate::support::{
+    H2Conn, Reply, TestServer, metric_value, metric_value_or_zero, send, test_guest,
+};
+
+/// A server with `cache_headers` cached at `/c` (any host) and uncached at `/u`, and a second
+/// cached tenant on the host `other.test`.
+async fn server() -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "cache_headers");
+    let config = "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"c\"\nmodule = \"cache_headers.wasm\"\npaths = [\"/c\"]\n\
+         [tenant.cache]\nenabled = true\n\
+         [[tenant]]\nname = \"u\"\nmodule = \"cache_headers.wasm\"\npaths = [\"/u\"]\n\
+         [[tenant]]\nname = \"o\"\nmodule = \"cache_headers.wasm\"\nhosts = [\"other.test\"]\n\
+         paths = [\"/c\"]\n[tenant.cache]\nenabled = true\n";
+    TestServer::try_start_in(dir, config).await.expect("start")
+}
+
+async fn ask(s: &TestServer, path: &str, headers: &[(&str, &str)]) -> Reply {
+    send(s.addr(), Method::GET, path, None, headers, Bytes::new()).await
+}
+
+async fn ask_host(s: &TestServer, host: &str, path: &str) -> Reply {
+    send(s.addr(), Method::GET, path, Some(host), &[], Bytes::new()).await
+}
+
+/// The instant the guest ran, from its body.
+fn run_of(r: &Reply) -> String {
+    let text = r.text();
+    assert!(text.starts_with("run "), "not the guest's body: {text}");
+    text.lines().next().unwrap_or_default().to_string()
+}
+
+async fn guest_runs(s: &TestServer, tenant: &str) -> f64 {
+    let m = s.metrics().await;
+    metric_value_or_zero(
+        &m,
+        &format!("tern_guest_outcomes_total{{outcome=\"ok\",tenant=\"{tenant}\"}}"),
+    )
+}
+
+const FRESH: &str = "/c/page?h=cache-control:max-age%3D60";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_answers_are_served_from_memory_without_a_guest() {
+    let s = server().await;
+    let first = ask(&s, FRESH, &[]).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+    assert_eq!(first.header("cache-status"), "tern; fwd=uri-miss; stored");
+    assert_eq!(guest_runs(&s, "c").await, 1.0);
+
+    // HTTP/1.1, HTTP/2 and HEAD are answered from the stored GET; no guest runs.
+    let second = ask(&s, FRESH, &[]).await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert_eq!(second.body, first.body, "the stored body, byte for byte");
+    assert!(
+        second.header("cache-status").starts_with("tern; hit; ttl="),
+        "{:?}",
+        second.headers
+    );
+    assert!(second.header("age").parse::<u64>().is_ok_and(|a| a <= 1));
+    assert_eq!(second.header("content-type"), "text/plain");
+    assert!(!second.header("x-request-id").is_empty());
+    assert!(
+        second.header("server-timing").contains("cache;dur="),
+        "{}",
+        second.header("server-timing")
+    );
+    // HTTP/2 carries the host in `:authority`: the same host over HTTP/1.1 is the same key.
+    let by_addr = ask_host(&s, &s.addr().to_string(), FRESH).await;
+    assert_ne!(run_of(&by_addr), run_of(&first), "another host");
+    let h2 = H2Conn::open(s.addr()).await.get(FRESH).await;
+    assert_eq!(h2.body, by_addr.body);
+    assert!(h2.header("cache-status").starts_with("tern; hit"));
+    let head = send(s.addr(), Method::HEAD, FRESH, None, &[], Bytes::new()).await;
+    assert_eq!(head.status, StatusCode::OK);
+    assert!(head.body.is_empty());
+    assert_eq!(head.header("content-length"), first.body.len().to_string());
+    assert!(head.header("cache-status").starts_with("tern; hit"));
+    assert_eq!(guest_runs(&s, "c").await, 2.0, "no guest ran for a hit");
+
+    // The same resource by another spelling of its path is the same key (the normal path).
+    let spelled = ask(&s, "/c/./x/../p%61ge?h=cache-control:max-age%3D60", &[]).await;
+    assert_eq!(spelled.body, first.body);
+
+    let m = s.metrics().await;
+    assert_eq!(
+        metric_value(&m, "tern_cache_requests_total{result=\"hit\",tenant=\"c\"}"),
+        4.0
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "tern_cache_requests_total{result=\"miss\",tenant=\"c\"}"
+        ),
+        2.0
+    );
+    assert!(metric_value(&m, "tern_cache_stored_bytes{tenant=\"c\"}") > 0.0);
+
+    // A tenant without a cache runs its guest every time and says nothing of a cache.
+    let a = ask(&s, "/u/page?h=cache-control:max-age%3D60", &[]).await;
+    let b = ask(&s, "/u/page?h=cache-control:max-age%3D60", &[]).await;
+    assert_ne!(run_of(&a), run_of(&b));
+    assert_eq!(b.header("cache-status"), "");
+}
+
+/// Each of these answers is served and never stored: the guest runs for every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_a_shared_cache_must_not_keep_are_not_stored() {
+    let s = server().await;
+    for (what, path) in [
+        ("no freshness", "/c/a?h=x-y:z"),
+        ("no-store", "/c/b?h=cache-control:max-age%3D60,%20no-store"),
+        ("private", "/c/c?h=cache-control:private,%20max-age%3D60"),
+        ("max-age=0", "/c/d?h=cache-control:max-age%3D0"),
+        (
+            "set-cookie",
+            "/c/e?h=cache-control:max-age%3D60&h=set-cookie:id%3D1",
+        ),
+        ("vary *", "/c/f?h=cache-control:max-age%3D60&h=vary:*"),
+        ("a 500", "/c/g?h=cache-control:max-age%3D60&status=500"),
+        ("a 404 without freshness", "/c/h?status=404"),
+        ("too large", "/c/i?h=cache-control:max-age%3D60&n=1048577"),
+        (
+            "CDN-Cache-Control no-store over Cache-Control",
+            "/c/j?h=cache-control:max-age%3D60&h=cdn-cache-control:no-store",
+        ),
+    ] {
+        let a = ask(&s, path, &[]).await;
+        let b = ask(&s, path, &[]).await;
+        assert_ne!(run_of(&a), run_of(&b), "{what}: the guest ran once");
+        assert!(
+            b.header("cache-status").starts_with("tern; fwd=")
+                && !b.header("cache-status").contains("stored"),
+            "{what}: {}",
+            b.header("cache-status")
+        );
+    }
+    // The request's own no-store, and a GET with a body (which the key does not hold).
+    let path = "/c/k?h=cache-control:max-age%3D60";
+    ask(&s, path, &[("cache-control", "no-store")]).await;
+    let b = ask(&s, path, &[]).await;
+    assert_eq!(b.header("cache-status"), "tern; fwd=uri-miss; stored");
+    let path = "/c/l?h=cache-control:max-age%3D60";
+    let fat = send(
+        s.addr(),
+        Method::GET,
+        path,
+        None,
+        &[],
+        Bytes::from_static(b"a body"),
+    )
+    .await;
+    assert!(!fat.header("cache-status").contains("stored"));
+    let b = ask(&s, path, &[]).await;
+    assert_eq!(b.header("cache-status"), "tern; fwd=uri-miss; stored");
+    // A fresh stored answer is also not given to a request that asks for a new one.
+    let c = ask(&s, path, &[("cache-control", "no-cache")]).await;
+    assert_ne!(run_of(&c), run_of(&b));
+    assert_eq!(c.header("cache-status"), "tern; fwd=request; stored");
+}
+
+/// `CDN-Cache-Control` (RFC 9213) decides for the edge over `Cache-Control`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cdn_cache_control_decides_for_the_edge() {
+    let s = server().await;
+    let path = "/c/cdn?h=cache-control:no-store&h=cdn-cache-control:max-age%3D60";
+    let a = ask(&s, path, &[]).await;
+    let b = ask(&s, path, &[]).await;
+    assert_eq!(run_of(&a), run_of(&b));
+    assert_eq!(
+        b.header("cache-control"),
+        "no-store",
+        "sent on as the guest set it"
+    );
+}
+
+/// An answer for one tenant, host or set of credentials is never another's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_kept_apart_by_tenant_host_and_credentials() {
+    let s = server().await;
+    let path = "/c/shared?h=cache-control:public,%20max-age%3D60";
+    let a = ask_host(&s, "a.test", path).await;
+    let o = ask_host(&s, "other.test", path).await;
+    let b = ask_host(&s, "b.test", path).await;
+    assert_ne!(run_of(&a), run_of(&o), "another tenant");
+    assert_ne!(run_of(&a), run_of(&b), "another host");
+    assert_eq!(run_of(&ask_host(&s, "A.TEST", path).await), run_of(&a));
+    assert_eq!(run_of(&ask_host(&s, "other.test", path).await), run_of(&o));
+
+    // Credentials: an answer to them (stored only because it says `public`) goes to the same
+    // credentials only; the anonymous answer never to a request that has some.
+    let alice = [("authorization", "Bearer alice")];
+    let bob = [("authorization", "Bearer bob")];
+    let with_alice = ask(&s, path, &alice).await;
+    assert!(with_alice.text().contains("authorization Bearer alice"));
+    let anonymous = ask(&s, path, &[]).await;
+    assert_ne!(run_of(&anonymous), run_of(&with_alice));
+    assert!(anonymous.text().contains("authorization -"));
+    let with_bob = ask(&s, path, &bob).await;
+    assert!(with_bob.text().contains("authorization Bearer bob"));
+    assert_eq!(run_of(&ask(&s, path, &alice).await), run_of(&with_alice));
+    assert_eq!(run_of(&ask(&s, path, &[]).await), run_of(&anonymous));
+    // Without `public` (or `s-maxage`, `must-revalidate`) an answer to credentials is not kept.
+    let private = "/c/mine?h=cache-control:max-age%3D60";
+    let first = ask(&s, private, &alice).await;
+    assert_ne!(run_of(&ask(&s, private, &alice).await), run_of(&first));
+}
+
+/// `Vary` keeps one answer per value of the fields it names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vary_keeps_a_variant_per_value() {
+    let s = server().await;
+    let path = "/c/v?h=cache-control:max-age%3D60&h=vary:accept-language";
+    let en = ask(&s, path, &[("accept-language", "en")]).await;
+    let fr = ask(&s, path, &[("accept-language", "fr")]).await;
+    assert_ne!(run_of(&en), run_of(&fr));
+    assert_eq!(fr.header("cache-status"), "tern; fwd=vary-miss; stored");
+    let none = ask(&s, path, &[]).await;
+    assert_ne!(run_of(&none), run_of(&en));
+    for _ in 0..2 {
+        assert_eq!(
+            run_of(&ask(&s, path, &[("accept-language", "en")]).await),
+            run_of(&en)
+        );
+        assert_eq!(
+            run_of(&ask(&s, path, &[("accept-language", "fr")]).await),
+            run_of(&fr)
+        );
+        assert_eq!(run_of(&ask(&s, path, &[]).await), run_of(&none));
+    }
+}
+
+/// Conditional requests are answered `304` from the cache, and on a miss the guest answers in
+/// full (so the answer can be stored) while the client still gets its `304`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validators_are_answered_from_the_cache() {
+    let s = server().await;
+    let path = "/c/e?h=cache-control:max-age%3D60&h=etag:%22v1%22\
+                &h=last-modified:Wed,%2021%20Oct%202015%2007:28:00%20GMT";
+    let first = ask(&s, path, &[("if-none-match", "\"v1\"")]).await;
+    assert_eq!(first.status, StatusCode::NOT_MODIFIED);
+    assert!(first.body.is_empty());
+    assert_eq!(first.header("etag"), "\"v1\"");
+    assert_eq!(first.header("cache-status"), "tern; fwd=uri-miss; stored");
+    // The guest got no validator: its full answer is what was stored.
+    let full = ask(&s, path, &[]).await;
+    assert_eq!(full.status, StatusCode::OK);
+    assert!(full.text().contains("if-none-match -"), "{}", full.text());
+    assert!(full.header("cache-status").starts_with("tern; hit"));
+    for (name, value, status) in [
+        ("if-none-match", "\"v1\"", StatusCode::NOT_MODIFIED),
+        ("if-none-match", "W/\"v1\"", StatusCode::NOT_MODIFIED),
+        ("if-none-match", "\"v0\", \"v1\"", StatusCode::NOT_MODIFIED),
+        ("if-none-match", "\"v2\"", StatusCode::OK),
+        (
+            "if-modified-since",
+            "Wed, 21 Oct 2015 07:28:00 GMT",
+            StatusCode::NOT_MODIFIED,
+        ),
+        (
+            "if-modified-since",
+            "Tue, 20 Oct 2015 07:28:00 GMT",
+            StatusCode::OK,
+        ),
+    ] {
+        let r = ask(&s, path, &[(name, value)]).await;
+        assert_eq!(r.status, status, "{name}: {value}");
+        assert!(r.header("cache-status").starts_with("tern; hit"));
+        if status == StatusCode::OK {
+            assert_eq!(r.body, full.body);
+        } else {
+            assert!(r.body.is_empty());
+        }
+    }
+}
+
+/// A stored answer leaves when it goes stale; a non-error answer to an unsafe method
+/// invalidates its URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_and_invalidated_answers_are_asked_again() {
+    let s = server().await;
+    let path = "/c/short?h=cache-control:max-age%3D1";
+    let a = ask(&s, path, &[]).await;
+    assert_eq!(run_of(&ask(&s, path, &[]).await), run_of(&a));
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let b = ask(&s, path, &[]).await;
+    assert_ne!(run_of(&b), run_of(&a), "stale after its max-age");
+
+    let path = "/c/doc?h=cache-control:max-age%3D60";
+    let a = ask(&s, path, &[]).await;
+    assert_eq!(run_of(&ask(&s, path, &[]).await), run_of(&a));
+    // A failed unsafe request leaves it; a successful one invalidates it.
+    let failed = send(
+        s.addr(),
+        Method::DELETE,
+        &format!("{path}&status=500"),
+        None,
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(failed.header("cache-status"), "tern; fwd=method");
+    assert_eq!(run_of(&ask(&s, path, &[]).await), run_of(&a));
+    // (Its own query is another URL: the unsafe request must name the stored one.)
+    let posted = send(s.addr(), Method::POST, path, None, &[], Bytes::from("x")).await;
+    assert_eq!(posted.status, StatusCode::OK);
+    assert_ne!(run_of(&ask(&s, path, &[]).await), run_of(&a));
+    let m = s.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "tern_cache_requests_total{result=\"bypass\",tenant=\"c\"}"
+        ),
+        2.0
+    );
+}
+
+/// Bad cache settings are refused with the setting named, in the file and through the API;
+/// good ones are kept in the tenant's spec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_settings_are_checked_and_kept() {
+    let err = TestServer::try_start(
+        "[[tenant]]\nname = \"t\"\nmodule = \"builtin:hello\"\n[tenant.cache]\nenabled = true\nmax_mib = 0\n",
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(format!("{err:#}").contains("cache.max_mib"), "{err:#}");
+    let err = TestServer::try_start(
+        "[[tenant]]\nname = \"t\"\nmodule = \"builtin:hello\"\n[tenant.cache]\nenabled = true\nmax_bytes = 1\n",
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(format!("{err:#}").contains("max_bytes"), "{err:#}");
+
+    let s = TestServer::start("").await;
+    s.deploy("h", "/h", crate::support::demo("hello")).await;
+    let (status, body) = s
+        .admin_call(
+            Method::PATCH,
+            "/admin/v1/tenants/h",
+            serde_json::json!({"cache": {"enabled": true, "max_mib": 0}}).to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.to_string().contains("cache.max_mib"), "{body}");
+    let (status, body) = s
+        .admin_call(
+            Method::PATCH,
+            "/admin/v1/tenants/h",
+            serde_json::json!({"cache": {"enabled": true, "max_mib": 8}}).to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, tenant) = s.admin_call(Method::GET, "/admin/v1/tenants/h", "").await;
+    assert_eq!(tenant["spec"]["cache"]["max_mib"], 8, "{tenant}");
+    assert_eq!(tenant["spec"]["cache"]["enabled"], true, "{tenant}");
+}
