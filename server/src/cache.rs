@@ -38,6 +38,12 @@ use crate::body::ResponseBody;
 pub const MAX_CACHE_MIB: u64 = 64 * 1024;
 /// Most variants (`Vary`) kept of one key; a new one replaces the oldest.
 const MAX_VARIANTS: usize = 8;
+/// How long a key whose fill was not storable is not collapsed (its misses run side by side).
+const PASS_FOR: Duration = Duration::from_secs(10);
+/// Most keys remembered as not storable.
+const PASSES: u64 = 100_000;
+/// The longest a miss waits for another request filling its key (then its guest runs).
+pub const COLLAPSE_WAIT: Duration = Duration::from_secs(30);
 /// `Cache-Status` (RFC 9211).
 pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 static CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-control");
@@ -98,6 +104,7 @@ impl CacheConfig {
 /// The counters of one tenant's cache.
 struct Counts {
     hit: IntCounter,
+    collapsed: IntCounter,
     miss: IntCounter,
     bypass: IntCounter,
     stored_bytes: IntGauge,
@@ -106,6 +113,11 @@ struct Counts {
 /// One tenant's cache.
 pub struct Cache {
     entries: moka::sync::Cache<u64, Arc<Entry>>,
+    /// Keys a guest is filling now: later misses of the key wait for its answer.
+    filling: std::sync::Mutex<std::collections::HashMap<u64, tokio::sync::watch::Sender<()>>>,
+    /// Keys whose last fill proved not storable: their misses run at once, side by side
+    /// (hit-for-pass), for [`PASS_FOR`].
+    passes: moka::sync::Cache<u64, ()>,
     /// Keys are hashed with a per-cache random key: a client cannot aim at one slot.
     hasher: std::hash::RandomState,
     max_object: usize,
@@ -178,6 +190,26 @@ pub struct Fill {
     /// `Cache-Status`'s forward reason.
     fwd: &'static str,
     then: Then,
+    /// Other misses of the key wait for this one (it holds the key's place in `filling`).
+    leads: bool,
+    /// It waited for another request's fill first.
+    collapsed: bool,
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        if self.leads
+            && let Then::Store(s) = &self.then
+        {
+            // Ends the wait of the misses behind it, answered or not (a failure, a client
+            // that left): they look up again.
+            self.cache
+                .filling
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&s.hash);
+        }
+    }
 }
 
 enum Then {
@@ -271,11 +303,17 @@ impl Cache {
         let result = |r| metrics.cache_requests.with_label_values(&[label, r]);
         Self {
             entries,
+            filling: std::sync::Mutex::default(),
+            passes: moka::sync::Cache::builder()
+                .max_capacity(PASSES)
+                .time_to_live(PASS_FOR)
+                .build(),
             hasher: std::hash::RandomState::new(),
             max_object: usize::try_from(config.max_object_kib * 1024).unwrap_or(usize::MAX),
             store_set_cookie: config.store_set_cookie,
             counts: Counts {
                 hit: result("hit"),
+                collapsed: result("collapsed"),
                 miss: result("miss"),
                 bypass: result("bypass"),
                 stored_bytes,
@@ -295,8 +333,58 @@ impl Cache {
     }
 
     /// Looks `req` up: a fresh stored answer, or what to do with the guest's. `host` is the
-    /// host it is for (as routed), `https` whether it came over TLS.
-    pub fn lookup<B>(self: &Arc<Self>, req: &Request<B>, https: bool, host: &str) -> Lookup {
+    /// host it is for (as routed), `https` whether it came over TLS. A storable miss of a key
+    /// another request is filling waits for that answer (at most [`COLLAPSE_WAIT`]) and is
+    /// answered with it when it was stored.
+    pub async fn lookup<B>(self: &Arc<Self>, req: &Request<B>, https: bool, host: &str) -> Lookup {
+        let mut looked = self.look(req, https, host, false);
+        let mut waited = false;
+        if let Lookup::Miss(fill) = &mut looked
+            && let Then::Store(s) = &fill.then
+            && !self.passes.contains_key(&s.hash)
+        {
+            let hash = s.hash;
+            let follow = {
+                let mut filling = self
+                    .filling
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match filling.entry(hash) {
+                    std::collections::hash_map::Entry::Occupied(f) => Some(f.get().subscribe()),
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        v.insert(tokio::sync::watch::channel(()).0);
+                        None
+                    }
+                }
+            };
+            match follow {
+                // This one fills the key; the misses behind it wait until its fill ends.
+                None => fill.leads = true,
+                Some(mut filled) => {
+                    // The one filling drops its sender when it ends: `changed` returns.
+                    let _ = tokio::time::timeout(COLLAPSE_WAIT, filled.changed()).await;
+                    waited = true;
+                    looked = self.look(req, https, host, true);
+                }
+            }
+        }
+        match &looked {
+            Lookup::Hit(_) if waited => self.counts.collapsed.inc(),
+            Lookup::Hit(_) => self.counts.hit.inc(),
+            Lookup::Miss(f) if f.fwd == "method" => self.counts.bypass.inc(),
+            Lookup::Miss(_) => self.counts.miss.inc(),
+        }
+        looked
+    }
+
+    /// One look at the store for `req` (`waited`: after waiting for another request's fill).
+    fn look<B>(
+        self: &Arc<Self>,
+        req: &Request<B>,
+        https: bool,
+        host: &str,
+        waited: bool,
+    ) -> Lookup {
         let method = req.method();
         let (get, head) = (method == Method::GET, method == Method::HEAD);
         let target = req
@@ -304,22 +392,26 @@ impl Cache {
             .path_and_query()
             .map_or("/", http::uri::PathAndQuery::as_str);
         let hash = self.hash(https, host, target);
+        let miss = |fwd, then| {
+            Lookup::Miss(Fill {
+                cache: self.clone(),
+                fwd,
+                then,
+                leads: false,
+                collapsed: waited,
+            })
+        };
         if !get && !head {
-            self.counts.bypass.inc();
-            let then = if method == Method::POST
+            let unsafe_method = method == Method::POST
                 || method == Method::PUT
                 || method == Method::PATCH
-                || method == Method::DELETE
-            {
+                || method == Method::DELETE;
+            let then = if unsafe_method {
                 Then::Invalidate(hash)
             } else {
                 Then::Pass
             };
-            return Lookup::Miss(Fill {
-                cache: self.clone(),
-                fwd: "method",
-                then,
-            });
+            return miss("method", then);
         }
         let mut fwd = "uri-miss";
         if let Some(entry) = self.entries.get(&hash)
@@ -351,29 +443,26 @@ impl Cache {
                     v.fresh_at(now)
                 };
                 if fresh {
-                    self.counts.hit.inc();
-                    return Lookup::Hit(hit(v, req.headers(), now));
+                    let mut resp = hit(v, req.headers(), now);
+                    if waited {
+                        append_param(&mut resp, "collapsed");
+                    }
+                    return Lookup::Hit(resp);
                 }
                 fwd = if directives { "request" } else { "stale" };
                 break;
             }
         }
-        self.counts.miss.inc();
         // Only a bodiless GET's answer is stored: a body the key does not hold must not
         // choose what others are answered.
         let has_body = crate::body::declared_length(req.headers()).is_some_and(|n| n > 0)
             || req.headers().contains_key(header::TRANSFER_ENCODING);
         if head || has_body {
-            return Lookup::Miss(Fill {
-                cache: self.clone(),
-                fwd,
-                then: Then::Pass,
-            });
+            return miss(fwd, Then::Pass);
         }
-        Lookup::Miss(Fill {
-            cache: self.clone(),
+        miss(
             fwd,
-            then: Then::Store(Box::new(Storing {
+            Then::Store(Box::new(Storing {
                 hash,
                 https,
                 host: host.into(),
@@ -383,7 +472,7 @@ impl Cache {
                 if_none_match: None,
                 if_modified_since: None,
             })),
-        })
+        )
     }
 
     /// Drops every stored answer.
@@ -451,6 +540,20 @@ fn hit(v: &Variant, headers: &HeaderMap, now: Instant) -> Response<ResponseBody>
         resp.headers_mut().insert(CACHE_STATUS.clone(), value);
     }
     resp
+}
+
+/// `; param` appended to an answer's `Cache-Status`.
+fn append_param(resp: &mut Response<ResponseBody>, param: &str) {
+    let Some(value) = resp
+        .headers()
+        .get(&CACHE_STATUS)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return;
+    };
+    if let Ok(value) = HeaderValue::from_str(&format!("{value}; {param}")) {
+        resp.headers_mut().insert(CACHE_STATUS.clone(), value);
+    }
 }
 
 /// Headers a `304` repeats from the answer it stands for (RFC 9110 §15.4.5).
@@ -534,21 +637,21 @@ impl Fill {
     /// if the client's validators match it), its key invalidated after an unsafe method, and
     /// `Cache-Status` saying which.
     pub fn answered(self, mut resp: Response<ResponseBody>) -> Response<ResponseBody> {
-        let Self { cache, fwd, then } = self;
+        let cache = &self.cache;
         let mut stored = false;
-        match then {
+        match &self.then {
             Then::Pass => {}
             Then::Invalidate(hash) => {
                 if resp.status().is_success() || resp.status().is_redirection() {
-                    cache.entries.invalidate(&hash);
+                    cache.entries.invalidate(hash);
                 }
             }
             Then::Store(storing) => {
                 if let ResponseBody::Full(Some(body)) = resp.body()
-                    && let Some(variant) = cache.storable(&storing, &resp, body)
+                    && let Some(variant) = cache.storable(storing, &resp, body)
                 {
                     let variant = Arc::new(variant);
-                    cache.insert(&storing, variant.clone());
+                    cache.insert(storing, variant.clone());
                     stored = true;
                     if not_modified(
                         &variant.headers,
@@ -558,13 +661,20 @@ impl Fill {
                         resp = respond(&variant, true, variant.stored);
                     }
                 }
+                // A fill that proved not storable by its headers (not a failure of the
+                // moment): its key's misses stop waiting in line for a while.
+                if !stored && !resp.status().is_server_error() {
+                    cache.passes.insert(storing.hash, ());
+                }
             }
         }
-        let status = if stored {
-            format!("tern; fwd={fwd}; stored")
-        } else {
-            format!("tern; fwd={fwd}")
-        };
+        let mut status = format!("tern; fwd={}", self.fwd);
+        if self.collapsed {
+            status.push_str("; collapsed");
+        }
+        if stored {
+            status.push_str("; stored");
+        }
         if let Ok(value) = HeaderValue::from_str(&status) {
             resp.headers_mut().insert(CACHE_STATUS.clone(), value);
         }

@@ -30,7 +30,7 @@ impl Grants {
     /// # Errors
     /// Why a setting cannot be granted (a bad outbound policy, an unknown store), in words
     /// for the operator.
-    pub fn prepare(g: &crate::tenant::Preparing<'_>) -> Result<Self, String> {
+    pub fn prepare(g: &crate::prepare::Preparing<'_>) -> Result<Self, String> {
         let policy = crate::outbound::Policy::from_config(&g.settings.outbound)
             .map_err(|e| format!("outbound: {e}"))?;
         let outbound = Arc::new(crate::outbound::Calls {

@@ -14,9 +14,9 @@
 //! - [`http`]: the front end as named steps over Tern's own request body (route, checks on the
 //!   routed request, admit, run the guest and respond), each able to end the exchange early;
 //!   `http::exchange` (ids, timings, trace and access line; finishing a response with its
-//!   `Server-Timing`), `http::request` (framing, host, request ids, the HTTPS redirect),
-//!   `http::front` (what the front end does per tenant, prepared when it loads: redirect,
-//!   HSTS, error pages).
+//!   `Server-Timing`), `http::request` (framing, host, request ids, the HTTPS redirect).
+//! - [`front`]: what the front end does for each tenant, prepared when it loads (redirect,
+//!   HSTS, error pages, its cache), from a [`prepare::Preparing`] like its guests' grants.
 //! - [`cache`]: a tenant's cache in front of its guests (`[tenant.cache]`): lookup before
 //!   admission, what may be stored (RFC 9111), variants, validators, `Cache-Status`.
 //! - [`target`]: the normal form of the request's path, which routing, the guests and
@@ -108,6 +108,7 @@ pub mod dev;
 pub mod engine;
 pub mod execute;
 pub mod fleet;
+pub mod front;
 pub mod guest;
 pub mod hex;
 pub mod host;
@@ -120,6 +121,7 @@ pub mod outbound;
 pub mod outcome;
 pub mod pagemap;
 pub mod pool;
+pub mod prepare;
 pub mod probe;
 pub mod registry;
 pub mod router;

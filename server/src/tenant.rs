@@ -181,7 +181,7 @@ pub struct Tenant {
     /// What its guests are granted (outbound calls, key-value stores).
     pub grants: crate::capabilities::Grants,
     /// What the front end does for it around its guests (redirect, HSTS, error pages).
-    pub front: crate::http::front::Front,
+    pub front: crate::front::Front,
     /// Something about the module its author should know (shown by a deploy, logged at load).
     pub warning: Option<String>,
 }
@@ -250,23 +250,6 @@ pub struct Shared<'a> {
     pub metrics: &'a Metrics,
     /// The key-value stores tenants may be granted.
     pub kv: &'a crate::kv::Stores,
-}
-
-/// What a tenant's per-tenant parts (its guests' [`Grants`](crate::capabilities::Grants), its
-/// [`Front`](crate::http::front::Front)) are prepared from when it is loaded.
-pub struct Preparing<'a> {
-    /// The tenant's name.
-    pub tenant: &'a str,
-    /// Its metrics label.
-    pub label: &'a str,
-    /// Its settings.
-    pub settings: &'a crate::config::TenantSettings<toml::Spanned<String>>,
-    /// Its budget of guest log lines (denied calls are logged within it).
-    pub log_budget: &'a Arc<LogBudget>,
-    /// Where its metric handles come from.
-    pub metrics: &'a Metrics,
-    /// The key-value stores the server has.
-    pub stores: &'a crate::kv::Stores,
 }
 
 /// Loads the module a tenant's config names: `builtin:NAME`, a `.wasm` or a `.cwasm` file.
@@ -465,7 +448,7 @@ pub fn prepare(
         config.settings.limits.log_lines_per_sec,
         metrics.log_dropped.clone(),
     ));
-    let preparing = Preparing {
+    let preparing = crate::prepare::Preparing {
         tenant: &name,
         label: &label,
         settings: &config.settings,
@@ -474,7 +457,7 @@ pub fn prepare(
         stores: kv,
     };
     let grants = crate::capabilities::Grants::prepare(&preparing).map_err(refuse)?;
-    let front = crate::http::front::Front::prepare(&preparing);
+    let front = crate::front::Front::prepare(&preparing);
     let slots = match carried.slots {
         Some((n, slots)) if n == limits.max_concurrency => slots,
         _ => Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),

@@ -6,7 +6,7 @@
 //! `admit` (a pool slot and the tenant's concurrency), `run_guest` (the guest, and the
 //! response it gives: buffered, or streamed while the guest runs on). A new step (a cache in
 //! front of the guests) is one more function called between two of them, with what it needs
-//! per tenant prepared in [`front::Front`] when the tenant loads.
+//! per tenant prepared in [`crate::front::Front`] when the tenant loads.
 //!
 //! The request body is Tern's own [`RequestBody`], so any listener (HTTP/1.1 and h2 through
 //! hyper today) hands its requests to the same steps. `exchange` holds what the front end
@@ -34,7 +34,6 @@ use crate::pool::Admitted;
 use crate::tenant::TenantRef;
 
 pub mod exchange;
-pub mod front;
 pub mod request;
 
 use exchange::{Early, Exchange};
@@ -73,7 +72,7 @@ pub async fn handle(
     if let Err(early) = check_routed(&app, &req, &conn, &routed.tenant) {
         return ex.early(&app, early);
     }
-    let fill = match look_up(&mut ex, &mut req, &conn, &routed.tenant) {
+    let fill = match look_up(&mut ex, &mut req, &conn, &routed.tenant).await {
         Ok(fill) => fill,
         Err(hit) => return ex.cached(&app, &routed.tenant, *hit),
     };
@@ -90,9 +89,10 @@ pub async fn handle(
     ex.finish(&app, Some(&tenant), resp, reached)
 }
 
-/// The tenant's cache, when it has one (the `cache` phase): a fresh stored answer ends the
-/// exchange here (`Err`); otherwise what the cache does with the guest's answer.
-fn look_up(
+/// The tenant's cache, when it has one (the `cache` phase, which includes waiting for another
+/// request filling the same key): a fresh stored answer ends the exchange here (`Err`);
+/// otherwise what the cache does with the guest's answer.
+async fn look_up(
     ex: &mut Exchange,
     req: &mut Request<RequestBody>,
     conn: &Connection,
@@ -107,7 +107,7 @@ fn look_up(
         .ok()
         .flatten()
         .map_or("", crate::router::strip_port);
-    let looked = cache.lookup(req, conn.tls.is_some(), host);
+    let looked = cache.lookup(req, conn.tls.is_some(), host).await;
     let looked = match looked {
         crate::cache::Lookup::Hit(resp) => Err(Box::new(resp)),
         crate::cache::Lookup::Miss(mut fill) => {

@@ -545,8 +545,9 @@ impl Metrics {
         let cache_requests = r.counters(
             "tern_cache_requests_total",
             "Requests of tenants with a cache ([tenant.cache]), by result: hit (answered from \
-             the cache, no guest ran), miss (the guest ran; its answer may have been stored), \
-             bypass (a method or request the cache does not answer).",
+             the cache, no guest ran), collapsed (waited for another request filling the same \
+             key, then answered with its stored answer), miss (the guest ran; its answer may \
+             have been stored), bypass (a method the cache does not answer).",
             &["tenant", "result"],
         );
         let cache_stored_bytes = r.gauges(

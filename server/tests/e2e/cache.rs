@@ -369,3 +369,70 @@ async fn cache_settings_are_checked_and_kept() {
     assert_eq!(tenant["spec"]["cache"]["max_mib"], 8, "{tenant}");
     assert_eq!(tenant["spec"]["cache"]["enabled"], true, "{tenant}");
 }
+
+/// Concurrent misses of one key run one guest and get its answer; when that answer proves not
+/// storable they run their own, side by side, and later misses of the key no longer wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_of_a_key_run_one_guest() {
+    let s = server().await;
+    let path = "/c/slow?h=cache-control:max-age%3D60&wait_ms=400";
+    let addr = s.addr();
+    let get = move |path: &'static str| {
+        tokio::spawn(async move { send(addr, Method::GET, path, None, &[], Bytes::new()).await })
+    };
+    let first = get(path);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let followers: Vec<_> = (0..10).map(|_| get(path)).collect();
+    let first = first.await.unwrap();
+    assert_eq!(first.header("cache-status"), "tern; fwd=uri-miss; stored");
+    for f in followers {
+        let r = f.await.unwrap();
+        assert_eq!(r.body, first.body, "the first request's answer");
+        assert!(
+            r.header("cache-status").starts_with("tern; hit;")
+                && r.header("cache-status").ends_with("; collapsed"),
+            "{}",
+            r.header("cache-status")
+        );
+    }
+    assert_eq!(
+        guest_runs(&s, "c").await,
+        1.0,
+        "one guest ran for 11 requests"
+    );
+    let m = s.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "tern_cache_requests_total{result=\"collapsed\",tenant=\"c\"}"
+        ),
+        10.0
+    );
+
+    // Not storable: the waiting misses run their own guests once the first answer is in, and
+    // the key's next misses run at once.
+    let path = "/c/uncached?h=cache-control:no-store&wait_ms=300";
+    let first = get(path);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let followers: Vec<_> = (0..4).map(|_| get(path)).collect();
+    let first = first.await.unwrap();
+    let mut runs = vec![run_of(&first)];
+    for f in followers {
+        let r = f.await.unwrap();
+        assert_eq!(r.header("cache-status"), "tern; fwd=uri-miss; collapsed");
+        runs.push(run_of(&r));
+    }
+    let later: Vec<_> = (0..4).map(|_| get(path)).collect();
+    for l in later {
+        let r = l.await.unwrap();
+        assert_eq!(
+            r.header("cache-status"),
+            "tern; fwd=uri-miss",
+            "no waiting in line"
+        );
+        runs.push(run_of(&r));
+    }
+    runs.sort();
+    runs.dedup();
+    assert_eq!(runs.len(), 9, "every request ran its own guest");
+}

@@ -1,6 +1,6 @@
 //! Answers with the response headers its query names, for the cache's tests: each
 //! `h=NAME:VALUE` (percent-encoded) is appended, `status=N` sets the status (default `200`),
-//! `n=BYTES` pads the body to that many bytes. The body starts with `run NANOS` (the wall
+//! `n=BYTES` pads the body to that many bytes, `wait_ms=N` computes for N ms first. The body starts with `run NANOS` (the wall
 //! clock when this instance ran), so two runs never give the same body, then the method and
 //! the request's `If-None-Match`, `If-Modified-Since` and `Authorization` as the guest saw
 //! them.
@@ -20,6 +20,13 @@ fn main() {
                 status = s.parse().unwrap_or(200);
             } else if let Some(n) = pair.strip_prefix("n=") {
                 size = n.parse().unwrap_or(0);
+            } else if let Some(ms) = pair.strip_prefix("wait_ms=") {
+                // Computes for that long first (a slow origin).
+                let start = std::time::Instant::now();
+                let mut x: u64 = 1;
+                while start.elapsed().as_millis() < ms.parse().unwrap_or(0) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
             }
         }
         let nanos = std::time::SystemTime::now()

@@ -6,7 +6,7 @@
 //! A tenant's [`Front`] is made from its settings beside its guests' grants
 //! ([`crate::capabilities::Grants`]), from the same [`Preparing`]. A new front-end feature (a
 //! cache in front of the guests, compression) is a field here prepared from its setting, a
-//! module of its own, and its step in the front end's sequence ([`super::handle`]).
+//! module of its own, and its step in the front end's sequence ([`crate::http::handle`]).
 
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use http::HeaderValue;
 use crate::cache::Cache;
 
 use crate::outcome::ErrorPages;
-use crate::tenant::Preparing;
+use crate::prepare::Preparing;
 
 /// A tenant's front-end features.
 #[derive(Debug, Default)]
