@@ -10,6 +10,7 @@
 //! | `PUT /admin/v1/tenants/{name}/module[?assets=HASH][&kind=KIND]` | deploy a `.wasm` (the body): a module or component; `kind` = `tern`, `wasi-http` or `cgi` (else detected) |
 //! | `POST /admin/v1/tenants/{name}/rollback` | back to the previous version |
 //! | `DELETE /admin/v1/tenants/{name}` | remove a tenant |
+//! | `POST /admin/v1/tenants/{name}/cache/purge` | drop stored answers from its cache on this server: JSON `{"all": true}`, `{"prefixes": [...]}` or `{"tags": [...]}` |
 //! | `POST /admin/v1/assets` | store a tar archive of assets; returns its hash |
 //! | `POST /admin/v1/reload` | re-read the config file (as `SIGHUP` does) |
 //! | `GET /admin/v1/certificates` | every certificate the TLS listener serves: config file, uploaded, ACME |
@@ -304,6 +305,9 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
                 )
             })
         }
+        (&Method::POST, ["tenants", name, "cache", "purge"]) => {
+            purge(&app, name, read_body(req, MAX_JSON_BYTES).await)
+        }
         (&Method::POST, ["assets"]) => match read_body(req, registry.max_upload()).await {
             Err(e) => Err(e),
             Ok(archive) => registry.put_assets(archive).await.map(|(hash, a)| {
@@ -328,7 +332,13 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
                     .and_then(|v| v.to_str().ok()),
             )
             .map(|()| (StatusCode::ACCEPTED, json!({ "sync": "started" }))),
-        (_, ["tenants"] | ["tenants", _] | ["tenants", _, "module" | "rollback"])
+        (
+            _,
+            ["tenants"]
+            | ["tenants", _]
+            | ["tenants", _, "module" | "rollback"]
+            | ["tenants", _, "cache", "purge"],
+        )
         | (_, ["assets"] | ["reload"] | ["fleet"] | ["fleet", "sync"]) => Err(
             ChangeError::MethodNotAllowed(format!("{method} is not allowed on {path}")),
         ),
@@ -350,6 +360,37 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
         }
         Err(e) => error_response(&e),
     }
+}
+
+/// `POST /admin/v1/tenants/{name}/cache/purge`: drops the stored answers the JSON `body` names
+/// from the tenant's cache on this server.
+fn purge(
+    app: &App,
+    name: &str,
+    body: Result<bytes::Bytes, ChangeError>,
+) -> Result<(StatusCode, Value), ChangeError> {
+    let purge: crate::cache::Purge = serde_json::from_slice(&body?)
+        .map_err(|e| ChangeError::Invalid(format!("the purge is not valid: {e}")))?;
+    let live = app.registry.live();
+    let tenant = live
+        .tenants
+        .get(name)
+        .ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?;
+    let cache = tenant.front.cache.as_ref().ok_or_else(|| {
+        ChangeError::Invalid(format!(
+            "tenant {name:?} has no cache (cache.enabled is false)"
+        ))
+    })?;
+    let purged = cache.purge(&purge).map_err(ChangeError::Invalid)?;
+    Ok((
+        StatusCode::OK,
+        json!({
+            "tenant": name,
+            "purged": purged,
+            // A fleet's other replicas keep theirs until they expire: say so.
+            "replicas": "this one",
+        }),
+    ))
 }
 
 /// `/admin/v1/certificates[/{name}]`.

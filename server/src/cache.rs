@@ -47,6 +47,12 @@ pub const COLLAPSE_WAIT: Duration = Duration::from_secs(30);
 /// `Cache-Status` (RFC 9211).
 pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 static CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-control");
+/// Tags of an answer, for purges: space-separated (Fastly's) and comma-separated
+/// (Cloudflare's). Taken off every answer before the client sees it.
+static SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
+static CACHE_TAG: HeaderName = HeaderName::from_static("cache-tag");
+/// Most tags kept of one answer.
+const MAX_TAGS: usize = 64;
 
 /// `[tenant.cache]`: the tenant's cache in front of its guests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -158,6 +164,8 @@ struct Variant {
     /// For requests with their own `Cache-Control` (`no-cache`, `max-age`, `min-fresh`,
     /// `max-stale`): RFC 9111's answer, from the policy it was stored with.
     policy: CachePolicy,
+    /// The tags it was stored with (`Surrogate-Key`, `Cache-Tag`), for purges by tag.
+    tags: Vec<Box<str>>,
 }
 
 impl Variant {
@@ -475,9 +483,54 @@ impl Cache {
         )
     }
 
-    /// Drops every stored answer.
-    pub fn purge_all(&self) {
-        self.entries.invalidate_all();
+    /// Drops the stored answers `purge` names; how many keys it named (every key for
+    /// `all`, else those whose path starts with a prefix or whose answers carry a tag).
+    ///
+    /// # Errors
+    /// A purge naming nothing, or more than one way, in words for the API.
+    pub fn purge(&self, purge: &Purge) -> Result<u64, String> {
+        let ways = usize::from(purge.all)
+            + usize::from(!purge.prefixes.is_empty())
+            + usize::from(!purge.tags.is_empty());
+        if ways != 1 {
+            return Err(
+                "a purge names one of: {\"all\": true}, {\"prefixes\": [\"/path\", ...]}, \
+                 {\"tags\": [\"tag\", ...]}"
+                    .into(),
+            );
+        }
+        if let Some(p) = purge.prefixes.iter().find(|p| !p.starts_with('/')) {
+            return Err(format!(
+                "a purge prefix is a path starting with '/', not {p:?}"
+            ));
+        }
+        if purge.all {
+            let count = self.entries.iter().count() as u64;
+            self.entries.invalidate_all();
+            return Ok(count);
+        }
+        // Prefixes in the normal form the keys are in (`/caf%c3%a9` is `/caf%C3%A9`).
+        let prefixes = purge
+            .prefixes
+            .iter()
+            .map(|p| crate::target::normalize(p).map(std::borrow::Cow::into_owned))
+            .collect::<Result<Vec<String>, _>>()
+            .map_err(|why| format!("a purge prefix: {why}"))?;
+        let mut purged = 0;
+        for (hash, entry) in &self.entries {
+            let named = prefixes
+                .iter()
+                .any(|p| entry.target.starts_with(p.as_str()))
+                || entry
+                    .variants
+                    .iter()
+                    .any(|v| v.tags.iter().any(|t| purge.tags.iter().any(|n| **t == **n)));
+            if named {
+                self.entries.invalidate(&*hash);
+                purged += 1;
+            }
+        }
+        Ok(purged)
     }
 }
 
@@ -540,6 +593,41 @@ fn hit(v: &Variant, headers: &HeaderMap, now: Instant) -> Response<ResponseBody>
         resp.headers_mut().insert(CACHE_STATUS.clone(), value);
     }
     resp
+}
+
+/// A purge of a tenant's cache (`POST /admin/v1/tenants/{name}/cache/purge`): one of every
+/// stored answer, those under path prefixes, or those tagged.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Purge {
+    /// Every stored answer.
+    #[serde(default)]
+    pub all: bool,
+    /// Answers whose path (normal form, query included) starts with one of these.
+    #[serde(default)]
+    pub prefixes: Vec<String>,
+    /// Answers stored with one of these tags (`Surrogate-Key`, `Cache-Tag`).
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+/// Takes the tags off `headers`: `Surrogate-Key` (space-separated) and `Cache-Tag`
+/// (comma-separated), at most [`MAX_TAGS`].
+fn take_tags(headers: &mut HeaderMap) -> Vec<Box<str>> {
+    let mut tags: Vec<Box<str>> = Vec::new();
+    for (name, split) in [(&SURROGATE_KEY, ' '), (&CACHE_TAG, ',')] {
+        if let http::header::Entry::Occupied(e) = headers.entry(name) {
+            for value in e.remove_entry_mult().1 {
+                let Ok(text) = value.to_str() else { continue };
+                for tag in text.split(split).map(str::trim).filter(|t| !t.is_empty()) {
+                    if tags.len() < MAX_TAGS && !tags.iter().any(|t| **t == *tag) {
+                        tags.push(tag.into());
+                    }
+                }
+            }
+        }
+    }
+    tags
 }
 
 /// `; param` appended to an answer's `Cache-Status`.
@@ -668,6 +756,9 @@ impl Fill {
                 }
             }
         }
+        // Tags are for the edge's purges, not the client (stored ones were taken off already).
+        resp.headers_mut().remove(&SURROGATE_KEY);
+        resp.headers_mut().remove(&CACHE_TAG);
         let mut status = format!("tern; fwd={}", self.fwd);
         if self.collapsed {
             status.push_str("; collapsed");
@@ -747,6 +838,7 @@ impl Cache {
         let mut stored_headers = headers.clone();
         stored_headers.remove(header::CONTENT_LENGTH);
         stored_headers.remove(CACHE_STATUS.clone());
+        let tags = take_tags(&mut stored_headers);
         Some(Variant {
             status: resp.status(),
             headers: stored_headers,
@@ -762,6 +854,7 @@ impl Cache {
             age_at_store: policy.age(now),
             fresh_for,
             policy,
+            tags,
         })
     }
 

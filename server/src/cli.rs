@@ -544,6 +544,37 @@ pub async fn delete(target: &Target, name: &str, if_match: Option<String>) -> an
     Ok(())
 }
 
+/// `tern cache purge NAME --all | --prefix PATH... | --tag TAG...`.
+///
+/// # Errors
+/// If the server refuses (no such tenant, no cache, a purge naming nothing).
+pub async fn cache_purge(
+    target: &Target,
+    name: &str,
+    all: bool,
+    prefixes: &[String],
+    tags: &[String],
+) -> anyhow::Result<()> {
+    if !all && prefixes.is_empty() && tags.is_empty() {
+        anyhow::bail!("name what to purge: --all, --prefix PATH or --tag TAG");
+    }
+    let body = serde_json::json!({ "all": all, "prefixes": prefixes, "tags": tags });
+    let v = target
+        .ok(
+            Method::POST,
+            &format!("/admin/v1/tenants/{name}/cache/purge"),
+            Bytes::from(body.to_string()),
+            "application/json",
+        )
+        .await?;
+    println!(
+        "purged {} stored URL(s) of {name} on this server (other replicas keep theirs until they \
+         go stale)",
+        v["purged"]
+    );
+    Ok(())
+}
+
 /// `tern reload`: the config file is re-read, as on `SIGHUP`.
 ///
 /// # Errors

@@ -141,6 +141,11 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// A tenant's cache on a running server (`[tenant.cache]`).
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
+    },
     /// Manage the certificates a running server's TLS listener serves, kept in its data
     /// directory beside the tenants (config-file certificates are changed in the file).
     Cert {
@@ -189,6 +194,28 @@ enum RegistryAction {
     Probe {
         /// The store: `s3://bucket[/prefix]`.
         url: String,
+    },
+}
+
+/// `tern cache ...`.
+#[derive(Debug, clap::Subcommand)]
+enum CacheAction {
+    /// Drop stored answers from a tenant's cache on this server (one of --all, --prefix,
+    /// --tag); the next requests for them run its guest.
+    Purge {
+        /// The tenant's name.
+        tenant: String,
+        /// Every stored answer.
+        #[arg(long, conflicts_with_all = ["prefixes", "tags"])]
+        all: bool,
+        /// Answers whose path starts with this (repeat for more), e.g. `/blog/`.
+        #[arg(long = "prefix", value_name = "PATH", conflicts_with = "tags")]
+        prefixes: Vec<String>,
+        /// Answers stored with this tag (`Surrogate-Key` or `Cache-Tag`; repeat for more).
+        #[arg(long = "tag", value_name = "TAG")]
+        tags: Vec<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
     },
 }
 
@@ -346,6 +373,18 @@ fn main() -> ExitCode {
             if_match,
             admin,
         } => admin.run(|t| async move { tern::cli::delete(&t, &tenant, if_match).await }),
+        Command::Cache {
+            action:
+                CacheAction::Purge {
+                    tenant,
+                    all,
+                    prefixes,
+                    tags,
+                    admin,
+                },
+        } => admin.run(|t| async move {
+            tern::cli::cache_purge(&t, &tenant, all, &prefixes, &tags).await
+        }),
         Command::Cert { action } => match action {
             CertAction::Put {
                 name,

@@ -436,3 +436,110 @@ async fn concurrent_misses_of_a_key_run_one_guest() {
     runs.dedup();
     assert_eq!(runs.len(), 9, "every request ran its own guest");
 }
+
+/// Purges drop what they name (every answer, a path prefix, a tag), through the API and
+/// `tern cache purge`; tags never reach the client; bad purges are refused with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purges_drop_what_they_name() {
+    let s = server().await;
+    let tagged = |path: &str, tags: &str| {
+        format!("{path}?h=cache-control:max-age%3D60&h=surrogate-key:{tags}&h=cache-tag:shared")
+    };
+    let a = tagged("/c/blog/a", "post%20blog");
+    let b = tagged("/c/blog/b", "blog");
+    let n = tagged("/c/news/n", "news");
+    for p in [&a, &b, &n] {
+        let r = ask(&s, p, &[]).await;
+        assert_eq!(r.header("cache-status"), "tern; fwd=uri-miss; stored");
+        assert_eq!(r.header("surrogate-key"), "", "tags are the edge's");
+    }
+    let ra = ask(&s, &a, &[]).await;
+    assert!(ra.header("cache-status").starts_with("tern; hit"));
+    assert_eq!(ra.header("surrogate-key"), "", "tags are the edge's");
+    assert_eq!(ra.header("cache-tag"), "");
+    let (rb, rn) = (ask(&s, &b, &[]).await, ask(&s, &n, &[]).await);
+
+    let purge = |body: serde_json::Value| {
+        let s = &s;
+        async move {
+            s.admin_call(
+                Method::POST,
+                "/admin/v1/tenants/c/cache/purge",
+                body.to_string(),
+            )
+            .await
+        }
+    };
+    // By tag: only `post` is `a`'s.
+    let (status, v) = purge(serde_json::json!({"tags": ["post"]})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["purged"], 1, "{v}");
+    assert_eq!(v["replicas"], "this one");
+    assert_ne!(run_of(&ask(&s, &a, &[]).await), run_of(&ra));
+    assert_eq!(run_of(&ask(&s, &b, &[]).await), run_of(&rb));
+    // By prefix (in its normal form): the blog, not the news.
+    let (status, v) = purge(serde_json::json!({"prefixes": ["/c/./blog/"]})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["purged"], 2, "{v}");
+    assert_ne!(run_of(&ask(&s, &b, &[]).await), run_of(&rb));
+    assert_eq!(run_of(&ask(&s, &n, &[]).await), run_of(&rn));
+    // Everything, with the command line.
+    let out = crate::support::tern_bin()
+        .args(["cache", "purge", "c", "--all"])
+        .args(["--server", &format!("http://{}", s.admin())])
+        .args(["--token", crate::support::ADMIN_TOKEN])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("purged 2 stored URL(s) of c"), "{text}");
+    assert_ne!(run_of(&ask(&s, &n, &[]).await), run_of(&rn));
+
+    for (body, status, says) in [
+        (
+            serde_json::json!({}),
+            StatusCode::BAD_REQUEST,
+            "a purge names one of",
+        ),
+        (
+            serde_json::json!({"all": true, "tags": ["x"]}),
+            StatusCode::BAD_REQUEST,
+            "a purge names one of",
+        ),
+        (
+            serde_json::json!({"prefixes": ["blog"]}),
+            StatusCode::BAD_REQUEST,
+            "starting with '/'",
+        ),
+        (
+            serde_json::json!({"all": true, "soft": true}),
+            StatusCode::BAD_REQUEST,
+            "unknown field `soft`",
+        ),
+    ] {
+        let (got, v) = purge(body.clone()).await;
+        assert_eq!(got, status, "{body}: {v}");
+        assert!(v.to_string().contains(says), "{body}: {v}");
+    }
+    let (got, v) = s
+        .admin_call(
+            Method::POST,
+            "/admin/v1/tenants/u/cache/purge",
+            r#"{"all": true}"#,
+        )
+        .await;
+    assert_eq!(got, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v.to_string().contains("has no cache"), "{v}");
+    let (got, _) = s
+        .admin_call(
+            Method::POST,
+            "/admin/v1/tenants/nope/cache/purge",
+            r#"{"all": true}"#,
+        )
+        .await;
+    assert_eq!(got, StatusCode::NOT_FOUND);
+}
