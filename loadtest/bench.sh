@@ -22,6 +22,8 @@
 #                                       SQLite and on a Redis store add to a request, pinned
 #   bash loadtest/bench.sh tls          TLS: full and resumed handshakes per core, keep-alive
 #                                       requests over TLS against cleartext; Tern and nginx
+#   bash loadtest/bench.sh cache        CPU per cache hit, pinned: Tern's cache, nginx proxy_cache
+#                                       and Varnish in front of the same origin, the native hello
 #   bash loadtest/bench.sh fleet        a fleet on one S3 registry (versitygw): a replica joining
 #                                       1,000 tenants, and deploy-to-every-replica convergence
 #   bash loadtest/bench.sh charts       PNG charts from the results (gnuplot)
@@ -40,8 +42,8 @@ for bench in "$ROOT"/loadtest/bench/*.sh; do
 done
 
 case ${1:-} in
-    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | fleet | charts) "$1" ;;
+    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | cache | fleet | charts) "$1" ;;
     tracing) need wrk wrk; need perf linux-perf; build; tracing_cost ;;
     all) cpu; throughput; scaling; mixed; allocator; density; proxy; kinds; kv; tls; charts ;;
-    *) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
