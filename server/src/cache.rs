@@ -53,6 +53,21 @@ static SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
 static CACHE_TAG: HeaderName = HeaderName::from_static("cache-tag");
 /// Most tags kept of one answer.
 const MAX_TAGS: usize = 64;
+/// Request headers that proxies and web frameworks read as the request's host, scheme, URL or
+/// method, which the key does not hold. The answer to a request carrying one from a peer that
+/// is not a trusted proxy (`server.trusted_proxies`) is served and not stored: a guest that
+/// reflects one (a link to `X-Forwarded-Host`, say) would otherwise give every client the
+/// answer one client shaped.
+const UNKEYED: [&str; 8] = [
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-scheme",
+    "x-forwarded-port",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-http-method-override",
+    "forwarded",
+];
 
 /// `[tenant.cache]`: the tenant's cache in front of its guests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -202,6 +217,8 @@ pub struct Fill {
     leads: bool,
     /// It waited for another request's fill first.
     collapsed: bool,
+    /// Why it is not stored, when the request decided it (`Cache-Status`'s `detail`).
+    detail: Option<&'static str>,
 }
 
 impl Drop for Fill {
@@ -240,6 +257,17 @@ struct Storing {
     /// The client's own validators, taken off the guest's request.
     if_none_match: Option<HeaderValue>,
     if_modified_since: Option<HeaderValue>,
+}
+
+/// Where a request came from, as the cache keys and trusts it.
+#[derive(Debug, Clone, Copy)]
+pub struct Asking<'a> {
+    /// It came over TLS.
+    pub https: bool,
+    /// The host it is for, as routed (without its port).
+    pub host: &'a str,
+    /// Its peer is a trusted proxy, whose forwarding headers stand.
+    pub trusted: bool,
 }
 
 /// The request as `http-cache-semantics` reads it.
@@ -340,12 +368,24 @@ impl Cache {
         h.finish()
     }
 
-    /// Looks `req` up: a fresh stored answer, or what to do with the guest's. `host` is the
-    /// host it is for (as routed), `https` whether it came over TLS. A storable miss of a key
+    /// Looks `req` up: a fresh stored answer, or what to do with the guest's. A storable miss of a key
     /// another request is filling waits for that answer (at most [`COLLAPSE_WAIT`]) and is
     /// answered with it when it was stored.
-    pub async fn lookup<B>(self: &Arc<Self>, req: &Request<B>, https: bool, host: &str) -> Lookup {
+    pub async fn lookup<B>(self: &Arc<Self>, req: &Request<B>, asked: Asking<'_>) -> Lookup {
+        let Asking {
+            https,
+            host,
+            trusted,
+        } = asked;
         let mut looked = self.look(req, https, host, false);
+        if let Lookup::Miss(fill) = &mut looked
+            && !trusted
+            && matches!(fill.then, Then::Store(_))
+            && UNKEYED.iter().any(|h| req.headers().contains_key(*h))
+        {
+            fill.then = Then::Pass;
+            fill.detail = Some("unkeyed-header");
+        }
         let mut waited = false;
         if let Lookup::Miss(fill) = &mut looked
             && let Then::Store(s) = &fill.then
@@ -407,6 +447,7 @@ impl Cache {
                 then,
                 leads: false,
                 collapsed: waited,
+                detail: None,
             })
         };
         if !get && !head {
@@ -762,6 +803,10 @@ impl Fill {
         let mut status = format!("tern; fwd={}", self.fwd);
         if self.collapsed {
             status.push_str("; collapsed");
+        }
+        if let Some(detail) = self.detail {
+            status.push_str("; detail=");
+            status.push_str(detail);
         }
         if stored {
             status.push_str("; stored");

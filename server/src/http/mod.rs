@@ -72,7 +72,7 @@ pub async fn handle(
     if let Err(early) = check_routed(&app, &req, &conn, &routed.tenant) {
         return ex.early(&app, early);
     }
-    let fill = match look_up(&mut ex, &mut req, &conn, &routed.tenant).await {
+    let fill = match look_up(&app, &mut ex, &mut req, &conn, &routed.tenant).await {
         Ok(fill) => fill,
         Err(hit) => return ex.cached(&app, &routed.tenant, *hit),
     };
@@ -93,6 +93,7 @@ pub async fn handle(
 /// request filling the same key): a fresh stored answer ends the exchange here (`Err`);
 /// otherwise what the cache does with the guest's answer.
 async fn look_up(
+    app: &App,
     ex: &mut Exchange,
     req: &mut Request<RequestBody>,
     conn: &Connection,
@@ -107,7 +108,12 @@ async fn look_up(
         .ok()
         .flatten()
         .map_or("", crate::router::strip_port);
-    let looked = cache.lookup(req, conn.tls.is_some(), host).await;
+    let asking = crate::cache::Asking {
+        https: conn.tls.is_some(),
+        host,
+        trusted: app.trusted_proxies.contains(conn.peer.ip()),
+    };
+    let looked = cache.lookup(req, asking).await;
     let looked = match looked {
         crate::cache::Lookup::Hit(resp) => Err(Box::new(resp)),
         crate::cache::Lookup::Miss(mut fill) => {

@@ -543,3 +543,45 @@ async fn purges_drop_what_they_name() {
         .await;
     assert_eq!(got, StatusCode::NOT_FOUND);
 }
+
+/// A request carrying a header that proxies read as its host, scheme, URL or method (which the
+/// key does not hold) cannot shape what others get: its answer is served and not stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unkeyed_headers_cannot_poison_the_cache() {
+    let s = server().await;
+    let path = "/c/poison?h=cache-control:max-age%3D60";
+    for header in [
+        "x-forwarded-host",
+        "x-forwarded-proto",
+        "x-original-url",
+        "x-http-method-override",
+        "forwarded",
+    ] {
+        let shaped = ask(&s, path, &[(header, "evil.example")]).await;
+        assert_eq!(shaped.status, StatusCode::OK);
+        assert_eq!(
+            shaped.header("cache-status"),
+            "tern; fwd=uri-miss; detail=unkeyed-header",
+            "{header}"
+        );
+    }
+    let clean = ask(&s, path, &[]).await;
+    assert_eq!(clean.header("cache-status"), "tern; fwd=uri-miss; stored");
+    // Once stored, the same request with such a header gets the stored answer.
+    let again = ask(&s, path, &[("x-forwarded-host", "evil.example")]).await;
+    assert_eq!(run_of(&again), run_of(&clean));
+    // A second Host header, or a target whose authority differs from Host: refused before
+    // the cache.
+    let r = crate::support::raw(
+        s.addr(),
+        format!("GET {path} HTTP/1.1\r\nhost: a.test\r\nhost: b.test\r\n\r\n"),
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    let r = crate::support::raw(
+        s.addr(),
+        format!("GET http://b.test{path} HTTP/1.1\r\nhost: a.test\r\n\r\n"),
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+}
