@@ -58,6 +58,22 @@ start_tern() {
 }
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
+# The start of an nginx config for one worker on core 0, in the foreground, its pid and error
+# log in directory $1, access log off; the caller writes the rest of the `http` block and its
+# closing brace.
+nginx_preamble() { # dir
+    cat <<NGINX
+worker_processes 1;
+worker_cpu_affinity 1;
+daemon off;
+pid $1/nginx.pid;
+error_log $1/nginx-error.log;
+events { worker_connections 4096; }
+http {
+    access_log off;
+NGINX
+}
+
 # The native hello with one worker pinned to core 0 (the baseline of the pinned benches); its
 # pid in NATIVE_PID.
 start_pinned_native() {

@@ -30,17 +30,11 @@ cache() {
     local config=$WORK/cached.toml
     printf '[server]\nworker_threads = 1\n[[tenant]]\nname = "obj"\nmodule = "%s"\n[tenant.cache]\nenabled = true\n[[tenant]]\nname = "miss"\nmodule = "%s"\npaths = ["/miss"]\n' \
         "$WORK/cache_headers.wasm" "$WORK/cache_headers.wasm" >"$config"
-    # (Its worker writes the cache under the work directory, which only root may enter.)
-    cat >"$WORK/nginx.conf" <<NGINX
-user root;
-worker_processes 1;
-worker_cpu_affinity 1;
-daemon off;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx-error.log;
-events { worker_connections 4096; }
-http {
-    access_log off;
+    {
+        # (Its worker writes the cache under the work directory, which only root may enter.)
+        echo "user root;"
+        nginx_preamble "$WORK"
+        cat <<NGINX
     proxy_cache_path $WORK/nginx-cache levels=1:2 keys_zone=edge:10m max_size=100m inactive=60m use_temp_path=off;
     upstream origin { server 127.0.0.1:$origin_port; keepalive 16; }
     server {
@@ -54,6 +48,7 @@ http {
     }
 }
 NGINX
+    } >"$WORK/nginx.conf"
     printf 'vcl 4.1;\nbackend default { .host = "127.0.0.1"; .port = "%s"; }\n' "$origin_port" >"$WORK/default.vcl"
     local -A r=()
     local n

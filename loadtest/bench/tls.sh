@@ -46,15 +46,9 @@ tls() {
     r[tern_tls]=$(keepalive "https://127.0.0.1:18443/hello" "$tern")
     r[tern_plain]=$(keepalive "http://127.0.0.1:$TERN_PORT/hello" "$tern")
     stop "$tern"
-    cat >"$dir/nginx.conf" <<NGINX
-worker_processes 1;
-worker_cpu_affinity 1;
-daemon off;
-pid $dir/nginx.pid;
-error_log $dir/nginx-error.log;
-events { worker_connections 4096; }
-http {
-    access_log off;
+    {
+        nginx_preamble "$dir"
+        cat <<NGINX
     server {
         listen 127.0.0.1:18444 ssl;
         listen 127.0.0.1:18445;
@@ -67,6 +61,7 @@ http {
     }
 }
 NGINX
+    } >"$dir/nginx.conf"
     taskset -c 0 nginx -c "$dir/nginx.conf" -e "$dir/nginx-error.log" &
     local master=$!
     PIDS+=("$master")
