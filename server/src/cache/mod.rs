@@ -30,12 +30,15 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_cache_semantics::{BeforeRequest, CacheOptions, CachePolicy, RequestLike, ResponseLike};
 use prometheus::{IntCounter, IntGauge};
-use serde::{Deserialize, Serialize};
 
 use crate::body::ResponseBody;
 
-/// Ceiling of `cache.max_mib`.
-pub const MAX_CACHE_MIB: u64 = 64 * 1024;
+mod answer;
+mod config;
+
+use answer::{CACHE_TAG, SURROGATE_KEY, append_param, hit, not_modified, respond, take_tags};
+pub use config::{CacheConfig, MAX_CACHE_MIB, Purge};
+
 /// Most variants (`Vary`) kept of one key; a new one replaces the oldest.
 const MAX_VARIANTS: usize = 8;
 /// How long a key whose fill was not storable is not collapsed (its misses run side by side).
@@ -47,12 +50,6 @@ pub const COLLAPSE_WAIT: Duration = Duration::from_secs(30);
 /// `Cache-Status` (RFC 9211).
 pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 static CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-control");
-/// Tags of an answer, for purges: space-separated (Fastly's) and comma-separated
-/// (Cloudflare's). Taken off every answer before the client sees it.
-static SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
-static CACHE_TAG: HeaderName = HeaderName::from_static("cache-tag");
-/// Most tags kept of one answer.
-const MAX_TAGS: usize = 64;
 /// Request headers that proxies and web frameworks read as the request's host, scheme, URL or
 /// method, which the key does not hold. The answer to a request carrying one from a peer that
 /// is not a trusted proxy (`server.trusted_proxies`) is served and not stored: a guest that
@@ -68,59 +65,6 @@ const UNKEYED: [&str; 8] = [
     "x-http-method-override",
     "forwarded",
 ];
-
-/// `[tenant.cache]`: the tenant's cache in front of its guests.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CacheConfig {
-    /// Whether its answers are cached (off by default).
-    pub enabled: bool,
-    /// The memory its cache may hold, in MiB (bodies, headers and keys).
-    pub max_mib: u64,
-    /// The largest body stored, in KiB; larger answers are served and not stored.
-    pub max_object_kib: u64,
-    /// Store answers that set cookies (off: a `Set-Cookie` is usually meant for one client).
-    pub store_set_cookie: bool,
-}
-
-impl Default for CacheConfig {
-    fn default() -> Self {
-        Self {
-            enabled: false,
-            max_mib: 64,
-            max_object_kib: 1024,
-            store_set_cookie: false,
-        }
-    }
-}
-
-impl CacheConfig {
-    /// Whether it is the default (left out when a tenant's settings are written).
-    pub fn is_default(&self) -> bool {
-        *self == Self::default()
-    }
-
-    /// Checks the sizes.
-    ///
-    /// # Errors
-    /// Which size is out of bounds.
-    pub fn check(&self) -> Result<(), String> {
-        if !(1..=MAX_CACHE_MIB).contains(&self.max_mib) {
-            return Err(format!(
-                "cache.max_mib must be between 1 and {MAX_CACHE_MIB}, not {}",
-                self.max_mib
-            ));
-        }
-        if self.max_object_kib == 0 || self.max_object_kib > self.max_mib * 1024 {
-            return Err(format!(
-                "cache.max_object_kib must be between 1 and cache.max_mib × 1024 ({}), not {}",
-                self.max_mib * 1024,
-                self.max_object_kib
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// The counters of one tenant's cache.
 struct Counts {
@@ -617,138 +561,6 @@ impl Entry {
     }
 }
 
-/// The answer of a fresh variant `v` to a request with `headers`: `304` when its validators
-/// say the client has it, else the stored answer; with its `Age` and `Cache-Status`.
-fn hit(v: &Variant, headers: &HeaderMap, now: Instant) -> Response<ResponseBody> {
-    let validated = not_modified(
-        &v.headers,
-        headers.get(header::IF_NONE_MATCH),
-        headers.get(header::IF_MODIFIED_SINCE),
-    );
-    let mut resp = respond(v, validated, now);
-    let ttl = v
-        .fresh_for
-        .saturating_sub(now.saturating_duration_since(v.stored))
-        .as_secs();
-    if let Ok(value) = HeaderValue::from_str(&format!("tern; hit; ttl={ttl}")) {
-        resp.headers_mut().insert(CACHE_STATUS.clone(), value);
-    }
-    resp
-}
-
-/// A purge of a tenant's cache (`POST /admin/v1/tenants/{name}/cache/purge`): one of every
-/// stored answer, those under path prefixes, or those tagged.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Purge {
-    /// Every stored answer.
-    #[serde(default)]
-    pub all: bool,
-    /// Answers whose path (normal form, query included) starts with one of these.
-    #[serde(default)]
-    pub prefixes: Vec<String>,
-    /// Answers stored with one of these tags (`Surrogate-Key`, `Cache-Tag`).
-    #[serde(default)]
-    pub tags: Vec<String>,
-}
-
-/// Takes the tags off `headers`: `Surrogate-Key` (space-separated) and `Cache-Tag`
-/// (comma-separated), at most [`MAX_TAGS`].
-fn take_tags(headers: &mut HeaderMap) -> Vec<Box<str>> {
-    let mut tags: Vec<Box<str>> = Vec::new();
-    for (name, split) in [(&SURROGATE_KEY, ' '), (&CACHE_TAG, ',')] {
-        if let http::header::Entry::Occupied(e) = headers.entry(name) {
-            for value in e.remove_entry_mult().1 {
-                let Ok(text) = value.to_str() else { continue };
-                for tag in text.split(split).map(str::trim).filter(|t| !t.is_empty()) {
-                    if tags.len() < MAX_TAGS && !tags.iter().any(|t| **t == *tag) {
-                        tags.push(tag.into());
-                    }
-                }
-            }
-        }
-    }
-    tags
-}
-
-/// `; param` appended to an answer's `Cache-Status`.
-fn append_param(resp: &mut Response<ResponseBody>, param: &str) {
-    let Some(value) = resp
-        .headers()
-        .get(&CACHE_STATUS)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return;
-    };
-    if let Ok(value) = HeaderValue::from_str(&format!("{value}; {param}")) {
-        resp.headers_mut().insert(CACHE_STATUS.clone(), value);
-    }
-}
-
-/// Headers a `304` repeats from the answer it stands for (RFC 9110 §15.4.5).
-const NOT_MODIFIED_KEEPS: [HeaderName; 6] = [
-    header::CACHE_CONTROL,
-    header::CONTENT_LOCATION,
-    header::DATE,
-    header::ETAG,
-    header::EXPIRES,
-    header::VARY,
-];
-
-/// The stored answer `v` at `now` with its `Age`: whole, or as a `304` when the client's
-/// validators matched it (`validated`).
-fn respond(v: &Variant, validated: bool, now: Instant) -> Response<ResponseBody> {
-    let mut resp = if validated {
-        let mut resp = Response::new(ResponseBody::Full(None));
-        *resp.status_mut() = StatusCode::NOT_MODIFIED;
-        let out = resp.headers_mut();
-        for name in NOT_MODIFIED_KEEPS {
-            for value in v.headers.get_all(&name) {
-                out.append(name.clone(), value.clone());
-            }
-        }
-        resp
-    } else {
-        let mut resp = Response::new(ResponseBody::Full(Some(v.body.clone())));
-        *resp.status_mut() = v.status;
-        *resp.headers_mut() = v.headers.clone();
-        resp
-    };
-    resp.headers_mut()
-        .insert(header::AGE, HeaderValue::from(v.age(now).as_secs()));
-    resp
-}
-
-/// Whether a stored answer with `stored` headers satisfies the client's validators: its
-/// `If-None-Match` (weak comparison, RFC 9110 §13.1.2), or without one its
-/// `If-Modified-Since` against `Last-Modified`.
-fn not_modified(
-    stored: &HeaderMap,
-    if_none_match: Option<&HeaderValue>,
-    if_modified_since: Option<&HeaderValue>,
-) -> bool {
-    if let Some(inm) = if_none_match {
-        let Some(etag) = stored.get(header::ETAG).and_then(|e| e.to_str().ok()) else {
-            return false;
-        };
-        let weak = |t: &str| t.trim().trim_start_matches("W/").to_string();
-        let etag = weak(etag);
-        return inm
-            .to_str()
-            .is_ok_and(|list| list.split(',').any(|t| t.trim() == "*" || weak(t) == etag));
-    }
-    let (Some(since), Some(modified)) = (if_modified_since, stored.get(header::LAST_MODIFIED))
-    else {
-        return false;
-    };
-    let date = |v: &HeaderValue| {
-        v.to_str()
-            .ok()
-            .and_then(|s| httpdate::parse_http_date(s).ok())
-    };
-    matches!((date(since), date(modified)), (Some(s), Some(m)) if m <= s)
-}
-
 impl Fill {
     /// Takes the client's validators (`If-None-Match`, `If-Modified-Since`) off `req` when its
     /// answer may be stored: the guest answers in full, and [`Fill::answered`] answers them.
@@ -926,84 +738,5 @@ impl Cache {
         });
         self.counts.stored_bytes.add(i64::from(entry.weight()));
         self.entries.insert(s.hash, entry);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
-            .collect()
-    }
-
-    #[test]
-    fn validators_follow_rfc_9110() {
-        let stored = headers(&[
-            ("etag", "\"v1\""),
-            ("last-modified", "Wed, 21 Oct 2015 07:28:00 GMT"),
-        ]);
-        let v = |s: &'static str| HeaderValue::from_static(s);
-        assert!(not_modified(&stored, Some(&v("\"v1\"")), None));
-        assert!(not_modified(&stored, Some(&v("W/\"v1\"")), None));
-        assert!(not_modified(&stored, Some(&v("\"x\", \"v1\"")), None));
-        assert!(not_modified(&stored, Some(&v("*")), None));
-        assert!(!not_modified(&stored, Some(&v("\"v2\"")), None));
-        // If-None-Match decides alone when it is there.
-        assert!(!not_modified(
-            &stored,
-            Some(&v("\"v2\"")),
-            Some(&v("Wed, 21 Oct 2015 07:28:00 GMT"))
-        ));
-        assert!(not_modified(
-            &stored,
-            None,
-            Some(&v("Wed, 21 Oct 2015 07:28:00 GMT"))
-        ));
-        assert!(!not_modified(
-            &stored,
-            None,
-            Some(&v("Tue, 20 Oct 2015 07:28:00 GMT"))
-        ));
-        assert!(!not_modified(&stored, None, Some(&v("not a date"))));
-        assert!(!not_modified(&HeaderMap::new(), Some(&v("\"v1\"")), None));
-    }
-
-    #[test]
-    fn sizes_are_checked() {
-        assert!(CacheConfig::default().check().is_ok());
-        for bad in [
-            CacheConfig {
-                max_mib: 0,
-                ..CacheConfig::default()
-            },
-            CacheConfig {
-                max_mib: MAX_CACHE_MIB + 1,
-                ..CacheConfig::default()
-            },
-            CacheConfig {
-                max_mib: 1,
-                max_object_kib: 1025,
-                ..CacheConfig::default()
-            },
-            CacheConfig {
-                max_object_kib: 0,
-                ..CacheConfig::default()
-            },
-        ] {
-            assert!(bad.check().is_err(), "{bad:?}");
-        }
-        assert!(
-            CacheConfig {
-                max_mib: 1,
-                max_object_kib: 1024,
-                ..CacheConfig::default()
-            }
-            .check()
-            .is_ok()
-        );
     }
 }

@@ -1,0 +1,115 @@
+//! `[tenant.cache]` and the admin API's purge: what operators write.
+
+use serde::{Deserialize, Serialize};
+
+/// Ceiling of `cache.max_mib`.
+pub const MAX_CACHE_MIB: u64 = 64 * 1024;
+
+/// `[tenant.cache]`: the tenant's cache in front of its guests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Whether its answers are cached (off by default).
+    pub enabled: bool,
+    /// The memory its cache may hold, in MiB (bodies, headers and keys).
+    pub max_mib: u64,
+    /// The largest body stored, in KiB; larger answers are served and not stored.
+    pub max_object_kib: u64,
+    /// Store answers that set cookies (off: a `Set-Cookie` is usually meant for one client).
+    pub store_set_cookie: bool,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_mib: 64,
+            max_object_kib: 1024,
+            store_set_cookie: false,
+        }
+    }
+}
+
+impl CacheConfig {
+    /// Whether it is the default (left out when a tenant's settings are written).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Checks the sizes.
+    ///
+    /// # Errors
+    /// Which size is out of bounds.
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=MAX_CACHE_MIB).contains(&self.max_mib) {
+            return Err(format!(
+                "cache.max_mib must be between 1 and {MAX_CACHE_MIB}, not {}",
+                self.max_mib
+            ));
+        }
+        if self.max_object_kib == 0 || self.max_object_kib > self.max_mib * 1024 {
+            return Err(format!(
+                "cache.max_object_kib must be between 1 and cache.max_mib × 1024 ({}), not {}",
+                self.max_mib * 1024,
+                self.max_object_kib
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A purge of a tenant's cache (`POST /admin/v1/tenants/{name}/cache/purge`): one of every
+/// stored answer, those under path prefixes, or those tagged.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Purge {
+    /// Every stored answer.
+    #[serde(default)]
+    pub all: bool,
+    /// Answers whose path (normal form, query included) starts with one of these.
+    #[serde(default)]
+    pub prefixes: Vec<String>,
+    /// Answers stored with one of these tags (`Surrogate-Key`, `Cache-Tag`).
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_checked() {
+        assert!(CacheConfig::default().check().is_ok());
+        for bad in [
+            CacheConfig {
+                max_mib: 0,
+                ..CacheConfig::default()
+            },
+            CacheConfig {
+                max_mib: MAX_CACHE_MIB + 1,
+                ..CacheConfig::default()
+            },
+            CacheConfig {
+                max_mib: 1,
+                max_object_kib: 1025,
+                ..CacheConfig::default()
+            },
+            CacheConfig {
+                max_object_kib: 0,
+                ..CacheConfig::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+        assert!(
+            CacheConfig {
+                max_mib: 1,
+                max_object_kib: 1024,
+                ..CacheConfig::default()
+            }
+            .check()
+            .is_ok()
+        );
+    }
+}
