@@ -585,3 +585,25 @@ async fn unkeyed_headers_cannot_poison_the_cache() {
     .await;
     assert!(r.starts_with("HTTP/1.1 400"), "{r}");
 }
+
+/// Behind a trusted proxy (`[server] trusted_proxies`), the headers it adds do not keep its
+/// requests' answers out of the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_proxys_forwarding_headers_do_not_stop_storing() {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "cache_headers");
+    let config = "[server]\ntrusted_proxies = [\"127.0.0.1\"]\n\
+         [pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"c\"\nmodule = \"cache_headers.wasm\"\npaths = [\"/c\"]\n\
+         [tenant.cache]\nenabled = true\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let path = "/c/behind?h=cache-control:max-age%3D60";
+    let proxied = [
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-for", "192.0.2.7"),
+    ];
+    let first = ask(&s, path, &proxied).await;
+    assert_eq!(first.header("cache-status"), "tern; fwd=uri-miss; stored");
+    let second = ask(&s, path, &proxied).await;
+    assert_eq!(run_of(&second), run_of(&first));
+}
