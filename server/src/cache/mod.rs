@@ -408,9 +408,7 @@ impl Cache {
         }
         let mut fwd = "uri-miss";
         if let Some(entry) = self.entries.get(&hash)
-            && entry.https == https
-            && entry.host.eq_ignore_ascii_case(host)
-            && &*entry.target == target
+            && entry.is_for(https, host, target)
         {
             fwd = "vary-miss";
             let now = Instant::now();
@@ -546,6 +544,11 @@ impl moka::Expiry<u64, Arc<Entry>> for Expire {
 }
 
 impl Entry {
+    /// Whether it holds the key `https`, `host`, `target` (its hash may be another key's).
+    fn is_for(&self, https: bool, host: &str, target: &str) -> bool {
+        self.https == https && self.host.eq_ignore_ascii_case(host) && &*self.target == target
+    }
+
     /// Bytes it holds, roughly: what the cache's size counts.
     fn weight(&self) -> u32 {
         let key = self.host.len() + self.target.len() + 64;
@@ -718,7 +721,7 @@ impl Cache {
     /// Stores `variant` under `s`'s key, beside the key's other variants.
     fn insert(&self, s: &Storing, variant: Arc<Variant>) {
         let mut variants: Vec<Arc<Variant>> = match self.entries.get(&s.hash) {
-            Some(e) if e.https == s.https && e.host == s.host && e.target == s.target => e
+            Some(e) if e.is_for(s.https, &s.host, &s.target) => e
                 .variants
                 .iter()
                 .filter(|v| v.vary != variant.vary)

@@ -80,13 +80,12 @@ pub async fn handle(
         Ok(admitted) => admitted,
         Err(early) => return ex.early(&app, early),
     };
-    let tenant = routed.tenant.clone();
-    let (resp, reached) = run_guest(&app, &mut ex, req, routed, admitted, conn, client).await;
+    let (resp, reached) = run_guest(&app, &mut ex, req, &routed, admitted, conn, client).await;
     let resp = match fill {
         Some(fill) => fill.answered(resp),
         None => resp,
     };
-    ex.finish(&app, Some(&tenant), resp, reached)
+    ex.finish(&app, Some(&routed.tenant), resp, reached)
 }
 
 /// The tenant's cache, when it has one (the `cache` phase, which includes waiting for another
@@ -271,12 +270,13 @@ async fn run_guest(
     app: &Arc<App>,
     ex: &mut Exchange,
     req: Request<RequestBody>,
-    routed: Routed,
+    routed: &Routed,
     admitted: Admitted,
     conn: Connection,
     client: SocketAddr,
 ) -> (Response<ResponseBody>, Phase) {
     let Routed { tenant, prefix_len } = routed;
+    let prefix_len = *prefix_len;
     let (mut parts, body) = req.into_parts();
     // A `HEAD` response's body is never sent, so it is never counted as undelivered.
     let head_only = parts.method == Method::HEAD;
@@ -319,7 +319,7 @@ async fn run_guest(
                     *resp.headers_mut() = done.headers;
                     resp
                 }
-                Err(e) => error_response(&e, &tenant, &ex.ids()),
+                Err(e) => error_response(&e, tenant, &ex.ids()),
             };
             (resp, Phase::Teardown)
         }
@@ -336,7 +336,7 @@ async fn run_guest(
                 &out.phases,
                 &out.result,
             );
-            (streamed(&tenant, head, head_only), Phase::Teardown)
+            (streamed(tenant, head, head_only), Phase::Teardown)
         }
         // The body outgrew the buffer while the guest runs: the head leaves now and the guest
         // runs on in its own task, streaming into the body channel.
@@ -361,7 +361,7 @@ async fn run_guest(
                 }
             });
             // Only route and queue are known when the head leaves; the rest reaches /metrics.
-            (streamed(&tenant, head, head_only), Phase::Queue)
+            (streamed(tenant, head, head_only), Phase::Queue)
         }
     };
     (resp, phase)
