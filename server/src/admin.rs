@@ -306,7 +306,7 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
             })
         }
         (&Method::POST, ["tenants", name, "cache", "purge"]) => {
-            purge(&app, name, read_body(req, MAX_JSON_BYTES).await)
+            purge(&app, name, read_body(req, MAX_JSON_BYTES).await).await
         }
         (&Method::POST, ["assets"]) => match read_body(req, registry.max_upload()).await {
             Err(e) => Err(e),
@@ -362,35 +362,20 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
     }
 }
 
-/// `POST /admin/v1/tenants/{name}/cache/purge`: drops the stored answers the JSON `body` names
-/// from the tenant's cache on this server.
-fn purge(
+/// `POST /admin/v1/tenants/{name}/cache/purge`: drops (or with `soft` makes stale) the stored
+/// answers the JSON `body` names from the tenant's cache, here and on every replica of a fleet.
+async fn purge(
     app: &App,
     name: &str,
     body: Result<bytes::Bytes, ChangeError>,
 ) -> Result<(StatusCode, Value), ChangeError> {
     let purge: crate::cache::Purge = serde_json::from_slice(&body?)
         .map_err(|e| ChangeError::Invalid(format!("the purge is not valid: {e}")))?;
-    let live = app.registry.live();
-    let tenant = live
-        .tenants
-        .get(name)
-        .ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?;
-    let cache = tenant.front.cache.as_ref().ok_or_else(|| {
-        ChangeError::Invalid(format!(
-            "tenant {name:?} has no cache (cache.enabled is false)"
-        ))
-    })?;
-    let purged = cache.purge(&purge).map_err(ChangeError::Invalid)?;
-    Ok((
-        StatusCode::OK,
-        json!({
-            "tenant": name,
-            "purged": purged,
-            // A fleet's other replicas keep theirs until they expire: say so.
-            "replicas": "this one",
-        }),
-    ))
+    purge.check().map_err(ChangeError::Invalid)?;
+    app.registry
+        .purge(name, &purge)
+        .await
+        .map(|v| (StatusCode::OK, v))
 }
 
 /// `/admin/v1/certificates[/{name}]`.

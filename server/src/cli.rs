@@ -544,34 +544,34 @@ pub async fn delete(target: &Target, name: &str, if_match: Option<String>) -> an
     Ok(())
 }
 
-/// `tern cache purge NAME --all | --prefix PATH... | --tag TAG...`.
+/// `tern cache purge NAME --all | --prefix PATH... | --tag TAG... [--soft]`.
 ///
 /// # Errors
-/// If the server refuses (no such tenant, no cache, a purge naming nothing).
+/// If the server refuses (no such tenant, no cache, a purge naming nothing, the fleet's
+/// registry cannot be written).
 pub async fn cache_purge(
     target: &Target,
     name: &str,
-    all: bool,
-    prefixes: &[String],
-    tags: &[String],
+    purge: &crate::cache::Purge,
 ) -> anyhow::Result<()> {
-    if !all && prefixes.is_empty() && tags.is_empty() {
-        anyhow::bail!("name what to purge: --all, --prefix PATH or --tag TAG");
+    if let Err(why) = purge.check() {
+        anyhow::bail!("name what to purge (--all, --prefix PATH or --tag TAG): {why}");
     }
-    let body = serde_json::json!({ "all": all, "prefixes": prefixes, "tags": tags });
+    let body = serde_json::to_vec(purge)?;
     let v = target
         .ok(
             Method::POST,
             &format!("/admin/v1/tenants/{name}/cache/purge"),
-            Bytes::from(body.to_string()),
+            Bytes::from(body),
             "application/json",
         )
         .await?;
-    println!(
-        "purged {} stored URL(s) of {name} on this server (other replicas keep theirs until they \
-         go stale)",
-        v["purged"]
-    );
+    let what = if purge.soft { "marked stale" } else { "purged" };
+    let whom = match v["replicas"].as_str() {
+        Some("this one") => "on this server",
+        _ => "on this replica, and sent to every replica of the fleet",
+    };
+    println!("{what} {} stored URL(s) of {name} {whom}", v["purged"]);
     Ok(())
 }
 

@@ -200,8 +200,8 @@ enum RegistryAction {
 /// `tern cache ...`.
 #[derive(Debug, clap::Subcommand)]
 enum CacheAction {
-    /// Drop stored answers from a tenant's cache on this server (one of --all, --prefix,
-    /// --tag); the next requests for them run its guest.
+    /// Drop stored answers from a tenant's cache (one of --all, --prefix, --tag), on every
+    /// replica of a fleet; the next requests for them run its guest.
     Purge {
         /// The tenant's name.
         tenant: String,
@@ -214,6 +214,10 @@ enum CacheAction {
         /// Answers stored with this tag (`Surrogate-Key` or `Cache-Tag`; repeat for more).
         #[arg(long = "tag", value_name = "TAG")]
         tags: Vec<String>,
+        /// Mark them stale instead of dropping them: the next request asks the guest with
+        /// their validators, and a `304` keeps the stored body.
+        #[arg(long)]
+        soft: bool,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -380,10 +384,17 @@ fn main() -> ExitCode {
                     all,
                     prefixes,
                     tags,
+                    soft,
                     admin,
                 },
         } => admin.run(|t| async move {
-            tern::cli::cache_purge(&t, &tenant, all, &prefixes, &tags).await
+            let purge = tern::cache::Purge {
+                all,
+                prefixes,
+                tags,
+                soft,
+            };
+            tern::cli::cache_purge(&t, &tenant, &purge).await
         }),
         Command::Cert { action } => match action {
             CertAction::Put {

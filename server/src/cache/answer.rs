@@ -15,7 +15,8 @@ pub(super) static SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate
 pub(super) static CACHE_TAG: HeaderName = HeaderName::from_static("cache-tag");
 /// Most tags kept of one answer.
 const MAX_TAGS: usize = 64;
-/// The answer of a fresh variant `v` to a request with `headers`: `304` when its validators
+/// The answer of a variant `v` (fresh, or stale within its `stale-while-revalidate`) to a
+/// request with `headers`: `304` when its validators
 /// say the client has it, else the stored answer; with its `Age` and `Cache-Status`.
 pub(super) fn hit(v: &Variant, headers: &HeaderMap, now: Instant) -> Response<ResponseBody> {
     let validated = not_modified(
@@ -24,10 +25,21 @@ pub(super) fn hit(v: &Variant, headers: &HeaderMap, now: Instant) -> Response<Re
         headers.get(header::IF_MODIFIED_SINCE),
     );
     let mut resp = respond(v, validated, now);
-    let ttl = v
-        .fresh_for
-        .saturating_sub(now.saturating_duration_since(v.stored))
-        .as_secs();
+    if !validated {
+        resp = ranged(
+            resp,
+            v,
+            headers.get(header::RANGE),
+            headers.get(header::IF_RANGE),
+        );
+    }
+    // Negative once stale (RFC 9211 §2.5), served so by `stale-while-revalidate`.
+    let ttl = if v.fresh_at(now) {
+        let left = v.fresh_for - now.saturating_duration_since(v.stored);
+        i128::from(left.as_secs())
+    } else {
+        -i128::from(v.stale_for(now).as_secs().max(1))
+    };
     if let Ok(value) = HeaderValue::from_str(&format!("tern; hit; ttl={ttl}")) {
         resp.headers_mut().insert(CACHE_STATUS.clone(), value);
     }
@@ -66,6 +78,115 @@ pub(super) fn respond(v: &Variant, validated: bool, now: Instant) -> Response<Re
     resp.headers_mut()
         .insert(header::AGE, HeaderValue::from(v.age(now).as_secs()));
     resp
+}
+
+/// The client's `range` (RFC 9110 §14) and `if_range` on the stored `200` `v` served whole as
+/// `resp`: one byte range is answered `206` with `Content-Range`, a range starting past the
+/// end `416`; several ranges, a unit or syntax this does not read, or an `If-Range` that does
+/// not match the stored answer get the whole answer (a server may ignore `Range`).
+pub(super) fn ranged(
+    resp: Response<ResponseBody>,
+    v: &Variant,
+    range: Option<&HeaderValue>,
+    if_range: Option<&HeaderValue>,
+) -> Response<ResponseBody> {
+    if resp.status() != StatusCode::OK {
+        return resp;
+    }
+    let Some(spec) = range.and_then(|r| r.to_str().ok()) else {
+        return resp;
+    };
+    if let Some(condition) = if_range
+        && !if_range_holds(&v.headers, condition)
+    {
+        return resp;
+    }
+    let len = v.body.len() as u64;
+    let Some(range) = byte_range(spec, len) else {
+        return resp;
+    };
+    let (parts, _) = resp.into_parts();
+    let mut out = Response::from_parts(parts, ResponseBody::Full(None));
+    match range {
+        Some((first, last)) => {
+            *out.status_mut() = StatusCode::PARTIAL_CONTENT;
+            let slice = v.body.slice(
+                usize::try_from(first).unwrap_or(usize::MAX)
+                    ..=usize::try_from(last).unwrap_or(usize::MAX),
+            );
+            *out.body_mut() = ResponseBody::Full(Some(slice));
+            if let Ok(value) = HeaderValue::from_str(&format!("bytes {first}-{last}/{len}")) {
+                out.headers_mut().insert(header::CONTENT_RANGE, value);
+            }
+        }
+        None => {
+            *out.status_mut() = StatusCode::RANGE_NOT_SATISFIABLE;
+            out.headers_mut().remove(header::CONTENT_TYPE);
+            if let Ok(value) = HeaderValue::from_str(&format!("bytes */{len}")) {
+                out.headers_mut().insert(header::CONTENT_RANGE, value);
+            }
+        }
+    }
+    out
+}
+
+/// The one byte range `spec` asks of a body of `len` bytes: `Some(Some((first, last)))`,
+/// `Some(None)` when it cannot be satisfied, `None` when it is not one byte range this reads.
+fn byte_range(spec: &str, len: u64) -> Option<Option<(u64, u64)>> {
+    let (unit, set) = spec.trim().split_once('=')?;
+    if !unit.trim().eq_ignore_ascii_case("bytes") || set.contains(',') {
+        return None;
+    }
+    let (first, last) = set.trim().split_once('-')?;
+    let number = |s: &str| {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse::<u64>().ok())
+            .flatten()
+    };
+    match (first.trim(), last.trim()) {
+        ("", suffix) => {
+            let n = number(suffix)?;
+            if n == 0 || len == 0 {
+                return Some(None);
+            }
+            Some(Some((len.saturating_sub(n), len - 1)))
+        }
+        (first, last) => {
+            let first = number(first)?;
+            let last = if last.is_empty() {
+                u64::MAX
+            } else {
+                number(last)?
+            };
+            if last < first {
+                return None;
+            }
+            if first >= len {
+                return Some(None);
+            }
+            Some(Some((first, last.min(len - 1))))
+        }
+    }
+}
+
+/// Whether `If-Range` holds for a stored answer with `stored` headers: an entity tag must
+/// match its `ETag` strongly, a date must be its `Last-Modified` exactly (RFC 9110 §13.1.5).
+fn if_range_holds(stored: &HeaderMap, condition: &HeaderValue) -> bool {
+    let Ok(condition) = condition.to_str() else {
+        return false;
+    };
+    let condition = condition.trim();
+    if condition.starts_with('"') || condition.starts_with("W/") {
+        return !condition.starts_with("W/")
+            && stored
+                .get(header::ETAG)
+                .and_then(|e| e.to_str().ok())
+                .is_some_and(|etag| etag.trim() == condition);
+    }
+    stored
+        .get(header::LAST_MODIFIED)
+        .and_then(|m| m.to_str().ok())
+        .is_some_and(|modified| modified.trim() == condition)
 }
 
 /// Whether a stored answer with `stored` headers satisfies the client's validators: its
@@ -140,6 +261,49 @@ mod tests {
             .iter()
             .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
             .collect()
+    }
+
+    #[test]
+    fn byte_ranges_follow_rfc_9110() {
+        assert_eq!(byte_range("bytes=0-99", 1000), Some(Some((0, 99))));
+        assert_eq!(byte_range("bytes=990-", 1000), Some(Some((990, 999))));
+        assert_eq!(byte_range("bytes=900-2000", 1000), Some(Some((900, 999))));
+        assert_eq!(byte_range("bytes=-10", 1000), Some(Some((990, 999))));
+        assert_eq!(byte_range("bytes=-2000", 1000), Some(Some((0, 999))));
+        assert_eq!(byte_range("BYTES = 5-5", 10), Some(Some((5, 5))));
+        // Past the end, or nothing asked: not satisfiable.
+        assert_eq!(byte_range("bytes=1000-", 1000), Some(None));
+        assert_eq!(byte_range("bytes=-0", 1000), Some(None));
+        assert_eq!(byte_range("bytes=0-0", 0), Some(None));
+        // Not one byte range: the whole answer.
+        for ignored in [
+            "bytes=0-1,5-6",
+            "items=0-1",
+            "bytes=5-1",
+            "bytes=a-b",
+            "bytes=-",
+            "bytes=+1-2",
+            "bytes",
+        ] {
+            assert_eq!(byte_range(ignored, 1000), None, "{ignored}");
+        }
+    }
+
+    #[test]
+    fn if_range_matches_strongly_or_by_exact_date() {
+        let stored = headers(&[
+            ("etag", "\"v1\""),
+            ("last-modified", "Wed, 21 Oct 2015 07:28:00 GMT"),
+        ]);
+        let v = |s: &'static str| HeaderValue::from_static(s);
+        assert!(if_range_holds(&stored, &v("\"v1\"")));
+        assert!(!if_range_holds(&stored, &v("W/\"v1\"")), "weak never");
+        assert!(!if_range_holds(&stored, &v("\"v2\"")));
+        assert!(if_range_holds(&stored, &v("Wed, 21 Oct 2015 07:28:00 GMT")));
+        assert!(!if_range_holds(
+            &stored,
+            &v("Thu, 22 Oct 2015 07:28:00 GMT")
+        ));
     }
 
     #[test]

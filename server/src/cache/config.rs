@@ -59,19 +59,64 @@ impl CacheConfig {
 }
 
 /// A purge of a tenant's cache (`POST /admin/v1/tenants/{name}/cache/purge`): one of every
-/// stored answer, those under path prefixes, or those tagged.
-#[derive(Debug, Default, Deserialize)]
+/// stored answer, those under path prefixes, or those tagged; dropped, or with `soft` only
+/// made stale (the next request revalidates them with the guest).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Purge {
     /// Every stored answer.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub all: bool,
     /// Answers whose path (normal form, query included) starts with one of these.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prefixes: Vec<String>,
     /// Answers stored with one of these tags (`Surrogate-Key`, `Cache-Tag`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// Mark them stale instead of dropping them: the next request asks the guest with the
+    /// stored validators, and a `304` keeps the stored body.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub soft: bool,
+}
+
+impl Purge {
+    /// Every stored answer of the cache, dropped.
+    pub fn everything() -> Self {
+        Self {
+            all: true,
+            ..Self::default()
+        }
+    }
+
+    /// Checks that it names one way, and prefixes that are paths.
+    ///
+    /// # Errors
+    /// What is wrong, in words for the API.
+    pub fn check(&self) -> Result<(), String> {
+        let ways = usize::from(self.all)
+            + usize::from(!self.prefixes.is_empty())
+            + usize::from(!self.tags.is_empty());
+        if ways != 1 {
+            return Err(
+                "a purge names one of: {\"all\": true}, {\"prefixes\": [\"/path\", ...]}, \
+                 {\"tags\": [\"tag\", ...]} (and \"soft\": true to mark them stale instead)"
+                    .into(),
+            );
+        }
+        if let Some(p) = self.prefixes.iter().find(|p| !p.starts_with('/')) {
+            return Err(format!(
+                "a purge prefix is a path starting with '/', not {p:?}"
+            ));
+        }
+        if let Some(p) = self
+            .prefixes
+            .iter()
+            .find(|p| crate::target::normalize(p).is_err())
+        {
+            return Err(format!("a purge prefix is not a usable path: {p:?}"));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -25,19 +25,21 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
-use http_cache_semantics::{BeforeRequest, CacheOptions, CachePolicy, RequestLike, ResponseLike};
+use http_cache_semantics::{BeforeRequest, CacheOptions, RequestLike, ResponseLike};
 use prometheus::{IntCounter, IntGauge};
 
 use crate::body::ResponseBody;
 
 mod answer;
 mod config;
+mod fill;
+mod variant;
 
-use answer::{CACHE_TAG, SURROGATE_KEY, append_param, hit, not_modified, respond, take_tags};
+use answer::{append_param, hit};
 pub use config::{CacheConfig, MAX_CACHE_MIB, Purge};
+use variant::{Expire, Variant, Windows};
 
 /// Most variants (`Vary`) kept of one key; a new one replaces the oldest.
 const MAX_VARIANTS: usize = 8;
@@ -70,9 +72,25 @@ const UNKEYED: [&str; 8] = [
 struct Counts {
     hit: IntCounter,
     collapsed: IntCounter,
+    stale: IntCounter,
+    revalidated: IntCounter,
     miss: IntCounter,
     bypass: IntCounter,
     stored_bytes: IntGauge,
+}
+
+/// What a request that went to the guest is counted as, once its answer is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counted {
+    Miss,
+    Bypass,
+    /// The guest answered `304` to the stored validators: the stored body served again.
+    Revalidated,
+    /// The guest failed and the stored answer was served (`stale-if-error`).
+    Stale,
+    /// Counted otherwise: a background refresh (the request it serves was counted as
+    /// `stale`), or a miss that waited and looked again.
+    Uncounted,
 }
 
 /// One tenant's cache.
@@ -88,6 +106,18 @@ pub struct Cache {
     max_object: usize,
     store_set_cookie: bool,
     counts: Counts,
+    /// Bytes its entries hold now, given back to `tern_cache_stored_bytes` when a deploy or
+    /// a change of settings drops the cache.
+    held: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        let held = self
+            .held
+            .swap(i64::MIN / 2, std::sync::atomic::Ordering::Relaxed);
+        self.counts.stored_bytes.sub(held.max(0));
+    }
 }
 
 impl std::fmt::Debug for Cache {
@@ -107,46 +137,13 @@ struct Entry {
     variants: Vec<Arc<Variant>>,
 }
 
-/// One stored answer.
-struct Variant {
-    status: StatusCode,
-    /// Its headers as the client gets them (without framing).
-    headers: HeaderMap,
-    body: Bytes,
-    /// The request's values of the fields its `Vary` names.
-    vary: Vec<(HeaderName, Option<HeaderValue>)>,
-    /// When it was stored, and its age then (`Age`, `Date`).
-    stored: Instant,
-    age_at_store: Duration,
-    /// How long it was fresh for when stored.
-    fresh_for: Duration,
-    /// For requests with their own `Cache-Control` (`no-cache`, `max-age`, `min-fresh`,
-    /// `max-stale`): RFC 9111's answer, from the policy it was stored with.
-    policy: CachePolicy,
-    /// The tags it was stored with (`Surrogate-Key`, `Cache-Tag`), for purges by tag.
-    tags: Vec<Box<str>>,
-}
-
-impl Variant {
-    fn age(&self, now: Instant) -> Duration {
-        self.age_at_store + now.saturating_duration_since(self.stored)
-    }
-
-    fn fresh_at(&self, now: Instant) -> bool {
-        now.saturating_duration_since(self.stored) < self.fresh_for
-    }
-
-    fn vary_matches(&self, headers: &HeaderMap) -> bool {
-        self.vary
-            .iter()
-            .all(|(name, value)| headers.get(name) == value.as_ref())
-    }
-}
-
 /// What the cache did with a request.
 pub enum Lookup {
     /// Answered from the cache.
     Hit(Response<ResponseBody>),
+    /// Answered with a stale stored answer (`stale-while-revalidate`); the guest is asked
+    /// for a new one in the background, with [`Fill`] storing it (see [`Fill::refresh`]).
+    Refresh(Response<ResponseBody>, Fill),
     /// The guest answers; [`Fill::answered`] then stores what may be stored.
     Miss(Fill),
 }
@@ -163,10 +160,20 @@ pub struct Fill {
     collapsed: bool,
     /// Why it is not stored, when the request decided it (`Cache-Status`'s `detail`).
     detail: Option<&'static str>,
+    /// What it is counted as (when it is dropped).
+    counted: Counted,
 }
 
 impl Drop for Fill {
     fn drop(&mut self) {
+        let counts = &self.cache.counts;
+        match self.counted {
+            Counted::Miss => counts.miss.inc(),
+            Counted::Bypass => counts.bypass.inc(),
+            Counted::Revalidated => counts.revalidated.inc(),
+            Counted::Stale => counts.stale.inc(),
+            Counted::Uncounted => {}
+        }
         if self.leads
             && let Then::Store(s) = &self.then
         {
@@ -201,6 +208,13 @@ struct Storing {
     /// The client's own validators, taken off the guest's request.
     if_none_match: Option<HeaderValue>,
     if_modified_since: Option<HeaderValue>,
+    /// The client's `Range` and `If-Range`, taken off too: the guest answers whole, and the
+    /// range is cut from the stored answer.
+    range: Option<HeaderValue>,
+    if_range: Option<HeaderValue>,
+    /// The stale answer this request revalidates (its validators go to the guest; a `304`
+    /// keeps its body) and serves if the guest fails within its `stale-if-error`.
+    stale: Option<Arc<Variant>>,
 }
 
 /// Where a request came from, as the cache keys and trusts it.
@@ -268,13 +282,18 @@ impl Cache {
         let evictions = metrics.cache_evictions.with_label_values(&[label]);
         let stored_bytes = metrics.cache_stored_bytes.with_label_values(&[label]);
         // Every entry that leaves (replaced, stale, evicted, purged) gives its bytes back.
-        let held = stored_bytes.clone();
+        let held = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let (gauge, left) = (stored_bytes.clone(), held.clone());
         let entries = moka::sync::Cache::builder()
             .max_capacity(config.max_mib * 1024 * 1024)
             .weigher(|_, entry: &Arc<Entry>| entry.weight())
             .expire_after(Expire)
             .eviction_listener(move |_, entry: Arc<Entry>, cause| {
-                held.sub(i64::from(entry.weight()));
+                let weight = i64::from(entry.weight());
+                // (Negative once the cache was dropped and gave back what it held.)
+                if left.fetch_sub(weight, std::sync::atomic::Ordering::Relaxed) >= 0 {
+                    gauge.sub(weight);
+                }
                 if cause == moka::notification::RemovalCause::Size {
                     evictions.inc();
                 }
@@ -294,10 +313,13 @@ impl Cache {
             counts: Counts {
                 hit: result("hit"),
                 collapsed: result("collapsed"),
+                stale: result("stale"),
+                revalidated: result("revalidated"),
                 miss: result("miss"),
                 bypass: result("bypass"),
                 stored_bytes,
             },
+            held,
         }
     }
 
@@ -312,69 +334,60 @@ impl Cache {
         h.finish()
     }
 
-    /// Looks `req` up: a fresh stored answer, or what to do with the guest's. A storable miss of a key
-    /// another request is filling waits for that answer (at most [`COLLAPSE_WAIT`]) and is
-    /// answered with it when it was stored.
+    /// Looks `req` up: a fresh stored answer, or what to do with the guest's. A storable miss
+    /// of a key another request is filling waits for that answer (at most [`COLLAPSE_WAIT`])
+    /// and is answered with it when it was stored.
     pub async fn lookup<B>(self: &Arc<Self>, req: &Request<B>, asked: Asking<'_>) -> Lookup {
         let Asking {
             https,
             host,
             trusted,
         } = asked;
-        let mut looked = self.look(req, https, host, false);
-        if let Lookup::Miss(fill) = &mut looked
-            && !trusted
-            && matches!(fill.then, Then::Store(_))
-            && UNKEYED.iter().any(|h| req.headers().contains_key(*h))
-        {
-            fill.then = Then::Pass;
-            fill.detail = Some("unkeyed-header");
-        }
-        let mut waited = false;
+        let unkeyed = !trusted && UNKEYED.iter().any(|h| req.headers().contains_key(*h));
+        let mut looked = self.look(req, https, host, unkeyed, false);
         if let Lookup::Miss(fill) = &mut looked
             && let Then::Store(s) = &fill.then
             && !self.passes.contains_key(&s.hash)
         {
-            let hash = s.hash;
-            let follow = {
-                let mut filling = self
-                    .filling
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                match filling.entry(hash) {
-                    std::collections::hash_map::Entry::Occupied(f) => Some(f.get().subscribe()),
-                    std::collections::hash_map::Entry::Vacant(v) => {
-                        v.insert(tokio::sync::watch::channel(()).0);
-                        None
-                    }
-                }
-            };
-            match follow {
+            match self.lead(s.hash) {
                 // This one fills the key; the misses behind it wait until its fill ends.
                 None => fill.leads = true,
                 Some(mut filled) => {
                     // The one filling drops its sender when it ends: `changed` returns.
                     let _ = tokio::time::timeout(COLLAPSE_WAIT, filled.changed()).await;
-                    waited = true;
-                    looked = self.look(req, https, host, true);
+                    // Counted by what the second look finds.
+                    fill.counted = Counted::Uncounted;
+                    looked = self.look(req, https, host, unkeyed, true);
                 }
             }
-        }
-        match &looked {
-            Lookup::Hit(_) if waited => self.counts.collapsed.inc(),
-            Lookup::Hit(_) => self.counts.hit.inc(),
-            Lookup::Miss(f) if f.fwd == "method" => self.counts.bypass.inc(),
-            Lookup::Miss(_) => self.counts.miss.inc(),
         }
         looked
     }
 
-    /// One look at the store for `req` (`waited`: after waiting for another request's fill).
+    /// Takes the place of the request filling key `hash`, if no other request holds it (then
+    /// `None`); else a receiver that changes when that fill ends.
+    fn lead(&self, hash: u64) -> Option<tokio::sync::watch::Receiver<()>> {
+        let mut filling = self
+            .filling
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match filling.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(f) => Some(f.get().subscribe()),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(tokio::sync::watch::channel(()).0);
+                None
+            }
+        }
+    }
+
+    /// One look at the store for `req` (`unkeyed`: it carries a header that could shape an
+    /// answer the key does not hold; `waited`: after waiting for another request's fill).
     fn look<B>(
         self: &Arc<Self>,
         req: &Request<B>,
         https: bool,
         host: &str,
+        unkeyed: bool,
         waited: bool,
     ) -> Lookup {
         let method = req.method();
@@ -384,15 +397,14 @@ impl Cache {
             .path_and_query()
             .map_or("/", http::uri::PathAndQuery::as_str);
         let hash = self.hash(https, host, target);
-        let miss = |fwd, then| {
-            Lookup::Miss(Fill {
-                cache: self.clone(),
-                fwd,
-                then,
-                leads: false,
-                collapsed: waited,
-                detail: None,
-            })
+        let fill = |fwd, then, counted| Fill {
+            cache: self.clone(),
+            fwd,
+            then,
+            leads: false,
+            collapsed: waited,
+            detail: None,
+            counted,
         };
         if !get && !head {
             let unsafe_method = method == Method::POST
@@ -404,55 +416,13 @@ impl Cache {
             } else {
                 Then::Pass
             };
-            return miss("method", then);
-        }
-        let mut fwd = "uri-miss";
-        if let Some(entry) = self.entries.get(&hash)
-            && entry.is_for(https, host, target)
-        {
-            fwd = "vary-miss";
-            let now = Instant::now();
-            // The request's own directives are RFC 9111's to weigh; without them a variant is
-            // fresh for what it was stored with.
-            let directives = req.headers().contains_key(header::CACHE_CONTROL)
-                || req.headers().contains_key(header::PRAGMA);
-            for v in &entry.variants {
-                if !v.vary_matches(req.headers()) {
-                    continue;
-                }
-                let fresh = if directives {
-                    let asked = Asked {
-                        method: &Method::GET,
-                        uri: req.uri(),
-                        headers: req.headers(),
-                    };
-                    matches!(
-                        v.policy.before_request(&asked, SystemTime::now()),
-                        BeforeRequest::Fresh(_)
-                    )
-                } else {
-                    v.fresh_at(now)
-                };
-                if fresh {
-                    let mut resp = hit(v, req.headers(), now);
-                    if waited {
-                        append_param(&mut resp, "collapsed");
-                    }
-                    return Lookup::Hit(resp);
-                }
-                fwd = if directives { "request" } else { "stale" };
-                break;
-            }
+            return Lookup::Miss(fill("method", then, Counted::Bypass));
         }
         // Only a bodiless GET's answer is stored: a body the key does not hold must not
         // choose what others are answered.
         let has_body = crate::body::declared_length(req.headers()).is_some_and(|n| n > 0)
             || req.headers().contains_key(header::TRANSFER_ENCODING);
-        if head || has_body {
-            return miss(fwd, Then::Pass);
-        }
-        miss(
-            fwd,
+        let storing = |stale: Option<Arc<Variant>>| {
             Then::Store(Box::new(Storing {
                 hash,
                 https,
@@ -462,34 +432,93 @@ impl Cache {
                 headers: req.headers().clone(),
                 if_none_match: None,
                 if_modified_since: None,
-            })),
-        )
+                range: None,
+                if_range: None,
+                stale,
+            }))
+        };
+        let mut fwd = "uri-miss";
+        let mut stale = None;
+        if let Some(entry) = self.entries.get(&hash)
+            && entry.is_for(https, host, target)
+        {
+            fwd = "vary-miss";
+            let now = Instant::now();
+            // The request's own directives are RFC 9111's to weigh; without them a variant is
+            // fresh for what it was stored with.
+            let directives = req.headers().contains_key(header::CACHE_CONTROL)
+                || req.headers().contains_key(header::PRAGMA);
+            if let Some(v) = entry
+                .variants
+                .iter()
+                .find(|v| v.vary_matches(req.headers()))
+            {
+                let fresh = if directives {
+                    let asked = Asked {
+                        method: &Method::GET,
+                        uri: req.uri(),
+                        headers: req.headers(),
+                    };
+                    !v.purged
+                        && matches!(
+                            v.policy.before_request(&asked, SystemTime::now()),
+                            BeforeRequest::Fresh(_)
+                        )
+                } else {
+                    v.fresh_at(now)
+                };
+                if fresh {
+                    let mut resp = hit(v, req.headers(), now);
+                    if waited {
+                        append_param(&mut resp, "collapsed");
+                        self.counts.collapsed.inc();
+                    } else {
+                        self.counts.hit.inc();
+                    }
+                    return Lookup::Hit(resp);
+                }
+                if !directives && v.serves_while_revalidating(now) {
+                    // Served stale at once; one request at a time refreshes it in the
+                    // background (none for a request whose headers could shape the answer).
+                    let mut resp = hit(v, req.headers(), now);
+                    append_param(&mut resp, "detail=stale-while-revalidate");
+                    self.counts.stale.inc();
+                    if get && !has_body && !unkeyed && self.lead(hash).is_none() {
+                        let mut refresh =
+                            fill("stale", storing(Some(v.clone())), Counted::Uncounted);
+                        refresh.leads = true;
+                        return Lookup::Refresh(resp, refresh);
+                    }
+                    return Lookup::Hit(resp);
+                }
+                fwd = if directives { "request" } else { "stale" };
+                stale = Some(v.clone());
+            }
+        }
+        if head || has_body {
+            return Lookup::Miss(fill(fwd, Then::Pass, Counted::Miss));
+        }
+        let mut miss = fill(fwd, storing(stale), Counted::Miss);
+        if unkeyed {
+            miss.then = Then::Pass;
+            miss.detail = Some("unkeyed-header");
+        }
+        Lookup::Miss(miss)
     }
 
-    /// Drops the stored answers `purge` names; how many keys it named (every key for
-    /// `all`, else those whose path starts with a prefix or whose answers carry a tag).
+    /// Drops the stored answers `purge` names, or with `soft` makes them stale; how many
+    /// keys it named (every key for `all`, else those whose path starts with a prefix or
+    /// whose answers carry a tag).
     ///
     /// # Errors
-    /// A purge naming nothing, or more than one way, in words for the API.
+    /// A purge naming nothing, or more than one way ([`Purge::check`]).
     pub fn purge(&self, purge: &Purge) -> Result<u64, String> {
-        let ways = usize::from(purge.all)
-            + usize::from(!purge.prefixes.is_empty())
-            + usize::from(!purge.tags.is_empty());
-        if ways != 1 {
-            return Err(
-                "a purge names one of: {\"all\": true}, {\"prefixes\": [\"/path\", ...]}, \
-                 {\"tags\": [\"tag\", ...]}"
-                    .into(),
-            );
-        }
-        if let Some(p) = purge.prefixes.iter().find(|p| !p.starts_with('/')) {
-            return Err(format!(
-                "a purge prefix is a path starting with '/', not {p:?}"
-            ));
-        }
-        if purge.all {
+        purge.check()?;
+        if purge.all && !purge.soft {
             let count = self.entries.iter().count() as u64;
             self.entries.invalidate_all();
+            // Their bytes are given back now, not at the store's next upkeep.
+            self.entries.run_pending_tasks();
             return Ok(count);
         }
         // Prefixes in the normal form the keys are in (`/caf%c3%a9` is `/caf%C3%A9`).
@@ -499,47 +528,51 @@ impl Cache {
             .map(|p| crate::target::normalize(p).map(std::borrow::Cow::into_owned))
             .collect::<Result<Vec<String>, _>>()
             .map_err(|why| format!("a purge prefix: {why}"))?;
+        let now = Instant::now();
         let mut purged = 0;
         for (hash, entry) in &self.entries {
-            let named = prefixes
-                .iter()
-                .any(|p| entry.target.starts_with(p.as_str()))
+            let named = purge.all
+                || prefixes
+                    .iter()
+                    .any(|p| entry.target.starts_with(p.as_str()))
                 || entry
                     .variants
                     .iter()
                     .any(|v| v.tags.iter().any(|t| purge.tags.iter().any(|n| **t == **n)));
-            if named {
+            if !named {
+                continue;
+            }
+            purged += 1;
+            if purge.soft {
+                self.put(
+                    *hash,
+                    Entry {
+                        https: entry.https,
+                        host: entry.host.clone(),
+                        target: entry.target.clone(),
+                        variants: entry
+                            .variants
+                            .iter()
+                            .map(|v| Arc::new(v.made_stale(now)))
+                            .collect(),
+                    },
+                );
+            } else {
                 self.entries.invalidate(&*hash);
-                purged += 1;
             }
         }
+        self.entries.run_pending_tasks();
         Ok(purged)
     }
-}
 
-/// Entries leave when their freshest variant goes stale.
-struct Expire;
-
-impl moka::Expiry<u64, Arc<Entry>> for Expire {
-    fn expire_after_create(&self, _: &u64, entry: &Arc<Entry>, now: Instant) -> Option<Duration> {
-        entry
-            .variants
-            .iter()
-            .map(|v| {
-                v.fresh_for
-                    .saturating_sub(now.saturating_duration_since(v.stored))
-            })
-            .max()
-    }
-
-    fn expire_after_update(
-        &self,
-        key: &u64,
-        entry: &Arc<Entry>,
-        now: Instant,
-        _: Option<Duration>,
-    ) -> Option<Duration> {
-        self.expire_after_create(key, entry, now)
+    /// Stores `entry` under `hash`, counting its bytes (the one it replaces gives its own
+    /// back when it leaves).
+    fn put(&self, hash: u64, entry: Entry) {
+        let weight = i64::from(entry.weight());
+        self.held
+            .fetch_add(weight, std::sync::atomic::Ordering::Relaxed);
+        self.counts.stored_bytes.add(weight);
+        self.entries.insert(hash, Arc::new(entry));
     }
 }
 
@@ -561,185 +594,5 @@ impl Entry {
             n + v.body.len() + headers + 256
         });
         u32::try_from(bytes).unwrap_or(u32::MAX)
-    }
-}
-
-impl Fill {
-    /// Takes the client's validators (`If-None-Match`, `If-Modified-Since`) off `req` when its
-    /// answer may be stored: the guest answers in full, and [`Fill::answered`] answers them.
-    pub fn take_validators<B>(&mut self, req: &mut Request<B>) {
-        if let Then::Store(s) = &mut self.then {
-            let headers = req.headers_mut();
-            s.if_none_match = headers.remove(header::IF_NONE_MATCH);
-            s.if_modified_since = headers.remove(header::IF_MODIFIED_SINCE);
-            s.headers.remove(header::IF_NONE_MATCH);
-            s.headers.remove(header::IF_MODIFIED_SINCE);
-        }
-    }
-
-    /// The guest's answer `resp`, as the client gets it: stored when it may be (then a `304`
-    /// if the client's validators match it), its key invalidated after an unsafe method, and
-    /// `Cache-Status` saying which.
-    pub fn answered(self, mut resp: Response<ResponseBody>) -> Response<ResponseBody> {
-        let cache = &self.cache;
-        let mut stored = false;
-        match &self.then {
-            Then::Pass => {}
-            Then::Invalidate(hash) => {
-                if resp.status().is_success() || resp.status().is_redirection() {
-                    cache.entries.invalidate(hash);
-                }
-            }
-            Then::Store(storing) => {
-                if let ResponseBody::Full(Some(body)) = resp.body()
-                    && let Some(variant) = cache.storable(storing, &resp, body)
-                {
-                    let variant = Arc::new(variant);
-                    cache.insert(storing, variant.clone());
-                    stored = true;
-                    if not_modified(
-                        &variant.headers,
-                        storing.if_none_match.as_ref(),
-                        storing.if_modified_since.as_ref(),
-                    ) {
-                        resp = respond(&variant, true, variant.stored);
-                    }
-                }
-                // A fill that proved not storable by its headers (not a failure of the
-                // moment): its key's misses stop waiting in line for a while.
-                if !stored && !resp.status().is_server_error() {
-                    cache.passes.insert(storing.hash, ());
-                }
-            }
-        }
-        // Tags are for the edge's purges, not the client (stored ones were taken off already).
-        resp.headers_mut().remove(&SURROGATE_KEY);
-        resp.headers_mut().remove(&CACHE_TAG);
-        let mut status = format!("tern; fwd={}", self.fwd);
-        if self.collapsed {
-            status.push_str("; collapsed");
-        }
-        if let Some(detail) = self.detail {
-            status.push_str("; detail=");
-            status.push_str(detail);
-        }
-        if stored {
-            status.push_str("; stored");
-        }
-        if let Ok(value) = HeaderValue::from_str(&status) {
-            resp.headers_mut().insert(CACHE_STATUS.clone(), value);
-        }
-        resp
-    }
-}
-
-impl Cache {
-    /// The variant `resp` (whose whole body is `body`) makes for the request `s`, when it may
-    /// be stored.
-    fn storable(
-        &self,
-        s: &Storing,
-        resp: &Response<ResponseBody>,
-        body: &Bytes,
-    ) -> Option<Variant> {
-        if body.len() > self.max_object {
-            return None;
-        }
-        let headers = resp.headers();
-        if !self.store_set_cookie && headers.contains_key(header::SET_COOKIE) {
-            return None;
-        }
-        // The fields the answer varies on, and always `Authorization`: an answer to one
-        // client's credentials (stored only when it says it may be) is served to the same
-        // credentials only, and an anonymous one never to a request that has them.
-        // `Vary: *` (no request matches it) and names that are not header names: not stored.
-        let mut vary_names = vec![header::AUTHORIZATION];
-        for name in headers
-            .get_all(header::VARY)
-            .iter()
-            .map(|v| v.to_str().ok())
-            .collect::<Option<Vec<_>>>()?
-            .into_iter()
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-        {
-            if name == "*" {
-                return None;
-            }
-            let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
-            if !vary_names.contains(&name) {
-                vary_names.push(name);
-            }
-        }
-        let answered = Answered {
-            status: resp.status(),
-            headers: match headers.get(&CDN_CACHE_CONTROL) {
-                Some(cdn) => {
-                    let mut h = headers.clone();
-                    h.insert(header::CACHE_CONTROL, cdn.clone());
-                    h.remove(header::EXPIRES);
-                    std::borrow::Cow::Owned(h)
-                }
-                None => std::borrow::Cow::Borrowed(headers),
-            },
-        };
-        let asked = Asked {
-            method: &Method::GET,
-            uri: &s.uri,
-            headers: &s.headers,
-        };
-        let now = SystemTime::now();
-        let policy = CachePolicy::new_options(&asked, &answered, now, options());
-        let fresh_for = policy.time_to_live(now);
-        if !policy.is_storable() || fresh_for.is_zero() {
-            return None;
-        }
-        let mut stored_headers = headers.clone();
-        stored_headers.remove(header::CONTENT_LENGTH);
-        stored_headers.remove(CACHE_STATUS.clone());
-        let tags = take_tags(&mut stored_headers);
-        Some(Variant {
-            status: resp.status(),
-            headers: stored_headers,
-            body: body.clone(),
-            vary: vary_names
-                .into_iter()
-                .map(|n| {
-                    let value = s.headers.get(&n).cloned();
-                    (n, value)
-                })
-                .collect(),
-            stored: Instant::now(),
-            age_at_store: policy.age(now),
-            fresh_for,
-            policy,
-            tags,
-        })
-    }
-
-    /// Stores `variant` under `s`'s key, beside the key's other variants.
-    fn insert(&self, s: &Storing, variant: Arc<Variant>) {
-        let mut variants: Vec<Arc<Variant>> = match self.entries.get(&s.hash) {
-            Some(e) if e.is_for(s.https, &s.host, &s.target) => e
-                .variants
-                .iter()
-                .filter(|v| v.vary != variant.vary)
-                .cloned()
-                .collect(),
-            _ => Vec::new(),
-        };
-        if variants.len() >= MAX_VARIANTS {
-            variants.remove(0);
-        }
-        variants.push(variant);
-        let entry = Arc::new(Entry {
-            https: s.https,
-            host: s.host.clone(),
-            target: s.target.clone(),
-            variants,
-        });
-        self.counts.stored_bytes.add(i64::from(entry.weight()));
-        self.entries.insert(s.hash, entry);
     }
 }

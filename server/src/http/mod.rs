@@ -73,12 +73,32 @@ pub async fn handle(
         return ex.early(&app, early);
     }
     let fill = match look_up(&app, &mut ex, &mut req, &conn, &routed.tenant).await {
-        Ok(fill) => fill,
-        Err(hit) => return ex.cached(&app, &routed.tenant, *hit),
+        Looked::Guest(fill) => fill,
+        Looked::Cached(hit) => return ex.cached(&app, &routed.tenant, *hit),
+        Looked::Stale(stale, mut fill) => {
+            // Served stale now; the guest is asked for a new answer in the background.
+            let refresh = fill.refresh(&req);
+            tokio::spawn(refresh_stale(
+                app.clone(),
+                refresh,
+                *fill,
+                routed.clone(),
+                conn,
+                client,
+            ));
+            return ex.cached(&app, &routed.tenant, *stale);
+        }
     };
     let admitted = match admit(&app, &mut ex, &routed.tenant).await {
         Ok(admitted) => admitted,
-        Err(early) => return ex.early(&app, early),
+        Err(early) => {
+            // A stale answer the guest was to revalidate stands in for an overload, within
+            // its `stale-if-error`.
+            if let Some(stale) = fill.and_then(crate::cache::Fill::stale_instead) {
+                return ex.cached(&app, &routed.tenant, stale);
+            }
+            return ex.early(&app, early);
+        }
     };
     let (resp, reached) = run_guest(&app, &mut ex, req, &routed, admitted, conn, client).await;
     let resp = match fill {
@@ -88,18 +108,28 @@ pub async fn handle(
     ex.finish(&app, Some(&routed.tenant), resp, reached)
 }
 
+/// What the cache step decided.
+enum Looked {
+    /// The guest answers (and the cache, if the tenant has one, does what it may with it).
+    Guest(Option<crate::cache::Fill>),
+    /// Answered from the cache.
+    Cached(Box<Response<ResponseBody>>),
+    /// Answered with a stale stored answer, refreshed in the background by this fill.
+    Stale(Box<Response<ResponseBody>>, Box<crate::cache::Fill>),
+}
+
 /// The tenant's cache, when it has one (the `cache` phase, which includes waiting for another
-/// request filling the same key): a fresh stored answer ends the exchange here (`Err`);
-/// otherwise what the cache does with the guest's answer.
+/// request filling the same key): a stored answer ends the exchange here; otherwise what the
+/// cache does with the guest's answer.
 async fn look_up(
     app: &App,
     ex: &mut Exchange,
     req: &mut Request<RequestBody>,
     conn: &Connection,
     tenant: &TenantRef,
-) -> Result<Option<crate::cache::Fill>, Box<Response<ResponseBody>>> {
+) -> Looked {
     let Some(cache) = &tenant.front.cache else {
-        return Ok(None);
+        return Looked::Guest(None);
     };
     let started = Instant::now();
     // The host as routing reads it: without its port, whichever way the protocol sent it.
@@ -114,17 +144,44 @@ async fn look_up(
     };
     let looked = cache.lookup(req, asking).await;
     let looked = match looked {
-        crate::cache::Lookup::Hit(resp) => Err(Box::new(resp)),
+        crate::cache::Lookup::Hit(resp) => Looked::Cached(Box::new(resp)),
+        crate::cache::Lookup::Refresh(resp, fill) => Looked::Stale(Box::new(resp), Box::new(fill)),
         crate::cache::Lookup::Miss(mut fill) => {
             fill.take_validators(req);
-            Ok(Some(fill))
+            Looked::Guest(Some(fill))
         }
     };
     ex.timings.set(Phase::Cache, started.elapsed());
     looked
 }
 
+/// Asks the guest for a new answer to a stale one served (`stale-while-revalidate`): a
+/// request of its own through admission and the guest, its answer given to the cache (and
+/// counted as a request of the tenant) and to nobody else.
+async fn refresh_stale(
+    app: Arc<App>,
+    req: Request<()>,
+    fill: crate::cache::Fill,
+    routed: Routed,
+    conn: Connection,
+    client: SocketAddr,
+) {
+    let req = req.map(|()| RequestBody::Empty);
+    let mut ex = Exchange::begin(&app, &req, &conn, client);
+    let admitted = match admit(&app, &mut ex, &routed.tenant).await {
+        Ok(admitted) => admitted,
+        Err(early) => {
+            drop(ex.early(&app, early));
+            return;
+        }
+    };
+    let (resp, reached) = run_guest(&app, &mut ex, req, &routed, admitted, conn, client).await;
+    let resp = fill.answered(resp);
+    drop(ex.finish(&app, Some(&routed.tenant), resp, reached));
+}
+
 /// The tenant a request is for, and the length of the route prefix it matched.
+#[derive(Clone)]
 struct Routed {
     tenant: TenantRef,
     prefix_len: usize,

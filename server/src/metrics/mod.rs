@@ -329,6 +329,8 @@ pub struct Metrics {
     pub cache_stored_bytes: IntGaugeVec,
     /// Entries a tenant's cache dropped to stay within its size.
     pub cache_evictions: IntCounterVec,
+    /// `tern_cache_purges_total{from}`.
+    pub cache_purges: IntCounterVec,
 }
 
 impl Metrics {
@@ -561,6 +563,14 @@ impl Metrics {
             "Entries a tenant's cache dropped to stay within its cache.max_mib.",
             &["tenant"],
         );
+        let cache_purges = r.counters(
+            "tern_cache_purges_total",
+            "Purges applied to tenants' caches, by where they came from: api (asked of this \
+             server), fleet (asked of another replica, read from the shared registry), missed \
+             (this replica fell behind the registry's purge log and dropped every stored \
+             answer instead).",
+            &["from"],
+        );
         let Registrar(registry) = r;
         #[cfg(target_os = "linux")]
         registry
@@ -610,6 +620,7 @@ impl Metrics {
             cache_requests,
             cache_stored_bytes,
             cache_evictions,
+            cache_purges,
         }
     }
 

@@ -40,6 +40,7 @@ mod describe;
 mod error;
 mod loader;
 mod precondition;
+mod purges;
 mod reload;
 mod reset;
 mod shared;
@@ -170,6 +171,10 @@ pub struct Registry {
     ready: std::sync::atomic::AtomicBool,
     /// Whether this replica's report in the shared registry is behind what it serves.
     report_due: std::sync::atomic::AtomicBool,
+    /// How far this replica applied the shared registry's purge log.
+    purges: tokio::sync::Mutex<purges::Applied>,
+    /// When it started (Unix seconds): purges logged before then concern none of its answers.
+    started_at: u64,
 }
 
 impl std::fmt::Debug for Registry {
@@ -265,6 +270,8 @@ impl Registry {
             fleet,
             ready: std::sync::atomic::AtomicBool::new(ready),
             report_due: std::sync::atomic::AtomicBool::new(true),
+            purges: tokio::sync::Mutex::default(),
+            started_at: crate::datadir::now(),
             tickers: Mutex::new(vec![EpochTicker::start(&engine)]),
             memset: tokio::sync::watch::Sender::new(!config.pool.pagemap_scan),
             live: ArcSwap::from_pointee(Live::default()),

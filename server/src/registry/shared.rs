@@ -384,6 +384,9 @@ impl Registry {
                 let mut state = self.state.lock().await;
                 self.sync(&mut state).await
             };
+            if result.is_ok() {
+                self.apply_purges(&fleet, self.started_at).await;
+            }
             match result {
                 Ok(()) if !reachable => {
                     reachable = true;

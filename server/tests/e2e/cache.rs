@@ -516,9 +516,9 @@ async fn purges_drop_what_they_name() {
             "starting with '/'",
         ),
         (
-            serde_json::json!({"all": true, "soft": true}),
+            serde_json::json!({"all": true, "hard": true}),
             StatusCode::BAD_REQUEST,
-            "unknown field `soft`",
+            "unknown field `hard`",
         ),
     ] {
         let (got, v) = purge(body.clone()).await;
@@ -606,4 +606,320 @@ async fn a_trusted_proxys_forwarding_headers_do_not_stop_storing() {
     assert_eq!(first.header("cache-status"), "tern; fwd=uri-miss; stored");
     let second = ask(&s, path, &proxied).await;
     assert_eq!(run_of(&second), run_of(&first));
+}
+
+async fn metric(s: &TestServer, result: &str) -> f64 {
+    metric_value_or_zero(
+        &s.metrics().await,
+        &format!("tern_cache_requests_total{{result=\"{result}\",tenant=\"c\"}}"),
+    )
+}
+
+/// Waits until the tenant `c`'s guest has run `runs` times.
+async fn until_runs(s: &TestServer, runs: f64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while guest_runs(s, "c").await < runs {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the guest never ran {runs} times"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// RFC 5861's `stale-while-revalidate`: once stale, the stored answer is served at once to
+/// every request while exactly one refresh runs the guest in the background; then the new
+/// answer is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_answers_are_served_at_once_while_one_refresh_runs() {
+    let s = server().await;
+    // The guest computes 300 ms: the refresh is still running while the stale ones are served.
+    let path = "/c/swr?h=cache-control:max-age%3D1,%20stale-while-revalidate%3D30&wait_ms=300";
+    let first = ask(&s, path, &[]).await;
+    assert_eq!(first.header("cache-status"), "tern; fwd=uri-miss; stored");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let addr = s.addr();
+    let asks: Vec<_> = (0..10)
+        .map(|_| {
+            tokio::spawn(
+                async move { send(addr, Method::GET, path, None, &[], Bytes::new()).await },
+            )
+        })
+        .collect();
+    let mut stale = Vec::new();
+    for a in asks {
+        stale.push(a.await.unwrap());
+    }
+    for r in &stale {
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(run_of(r), run_of(&first), "the stored answer, at once");
+        let status = r.header("cache-status");
+        assert!(
+            status.starts_with("tern; hit; ttl=-")
+                && status.ends_with("; detail=stale-while-revalidate"),
+            "{status}"
+        );
+    }
+    until_runs(&s, 2.0).await;
+    // The refresh stored its answer: served fresh, by no further guest run.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let fresh = loop {
+        let r = ask(&s, path, &[]).await;
+        if run_of(&r) != run_of(&first) {
+            break r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the refresh was never stored"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(fresh.header("cache-status").starts_with("tern; hit; ttl="));
+    assert!(!fresh.header("cache-status").contains("ttl=-"));
+    assert_eq!(guest_runs(&s, "c").await, 2.0, "exactly one refresh");
+    assert!(metric(&s, "stale").await >= 10.0);
+    // A request whose headers could shape the answer is served stale but starts no refresh.
+    let path = "/c/swr2?h=cache-control:max-age%3D1,%20stale-while-revalidate%3D30";
+    let first = ask(&s, path, &[]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let r = ask(&s, path, &[("x-forwarded-host", "evil.test")]).await;
+    assert_eq!(run_of(&r), run_of(&first));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(guest_runs(&s, "c").await, 3.0, "no refresh from it");
+    // `must-revalidate` forbids serving stale: the guest answers.
+    let path =
+        "/c/swr3?h=cache-control:max-age%3D1,%20stale-while-revalidate%3D30,%20must-revalidate";
+    let first = ask(&s, path, &[]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let r = ask(&s, path, &[]).await;
+    assert_ne!(run_of(&r), run_of(&first));
+    // (Nothing could use it once stale: it left the store then.)
+    assert_eq!(r.header("cache-status"), "tern; fwd=uri-miss; stored");
+}
+
+/// A soft purge makes answers stale instead of dropping them: the next request sends the guest
+/// the stored validators, and its `304` keeps the stored body (the client gets it whole, or a
+/// `304` for its own validators).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soft_purge_revalidates_and_a_304_keeps_the_stored_body() {
+    let s = server().await;
+    let path = "/c/soft?h=cache-control:max-age%3D60&h=etag:%22v1%22";
+    let first = ask(&s, path, &[]).await;
+    assert_eq!(first.header("cache-status"), "tern; fwd=uri-miss; stored");
+    let (status, v) = s
+        .admin_call(
+            Method::POST,
+            "/admin/v1/tenants/c/cache/purge",
+            serde_json::json!({"prefixes": ["/c/soft"], "soft": true}).to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["purged"].as_u64(), v["soft"].as_bool()),
+        (Some(1), Some(true))
+    );
+    // The guest saw the stored ETag and answered 304: the stored body, refreshed.
+    let again = ask(&s, path, &[]).await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.body, first.body, "the stored body, byte for byte");
+    assert_eq!(
+        again.header("cache-status"),
+        "tern; fwd=stale; fwd-status=304; stored"
+    );
+    assert_eq!(guest_runs(&s, "c").await, 2.0);
+    assert_eq!(metric(&s, "revalidated").await, 1.0);
+    // Fresh again: a hit, no guest.
+    let hit = ask(&s, path, &[]).await;
+    assert!(hit.header("cache-status").starts_with("tern; hit; ttl="));
+    assert_eq!(hit.body, first.body);
+    assert_eq!(guest_runs(&s, "c").await, 2.0);
+    // A client with its own validator gets its 304 from a revalidation too.
+    let (status, _) = s
+        .admin_call(
+            Method::POST,
+            "/admin/v1/tenants/c/cache/purge",
+            serde_json::json!({"all": true, "soft": true}).to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let conditional = ask(&s, path, &[("if-none-match", "\"v1\"")]).await;
+    assert_eq!(conditional.status, StatusCode::NOT_MODIFIED);
+    assert!(conditional.body.is_empty());
+    // An answer that changed is stored whole.
+    let changed = "/c/soft2?h=cache-control:max-age%3D60&h=last-modified:Wed,%2021%20Oct%202015%2007:28:00%20GMT";
+    let a = ask(&s, changed, &[]).await;
+    let out = crate::support::ran(
+        crate::support::tern_bin()
+            .args(["cache", "purge", "c", "--prefix", "/c/soft2", "--soft"])
+            .args(["--server", &format!("http://{}", s.admin())])
+            .args(["--token", crate::support::ADMIN_TOKEN]),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("marked stale 1 stored URL(s) of c on this server"),
+        "{text}"
+    );
+    // No ETag: the guest saw If-Modified-Since, and (not answering 304) gave a new body.
+    let b = ask(&s, changed, &[]).await;
+    assert!(
+        b.text()
+            .contains("if-modified-since Wed, 21 Oct 2015 07:28:00 GMT"),
+        "{}",
+        b.text()
+    );
+    assert_ne!(run_of(&b), run_of(&a));
+    assert_eq!(b.header("cache-status"), "tern; fwd=stale; stored");
+}
+
+/// RFC 5861's `stale-if-error`: a guest that traps or fails while its answer is stale is
+/// answered for by the stored answer within the window; without the window the client gets
+/// the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_guest_is_answered_for_by_its_stale_answer_within_stale_if_error() {
+    let s = server().await;
+    let path = "/c/sie?h=cache-control:max-age%3D1,%20stale-if-error%3D60";
+    let first = ask(&s, path, &[]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    for fail in ["trap", "503", "500"] {
+        let r = ask(&s, path, &[("x-test-fail", fail)]).await;
+        assert_eq!(r.status, StatusCode::OK, "{fail}: {}", r.text());
+        assert_eq!(run_of(&r), run_of(&first), "{fail}");
+        let status = r.header("cache-status");
+        assert!(
+            status.starts_with("tern; fwd=stale; fwd-status=5")
+                && status.ends_with("; detail=stale-if-error"),
+            "{fail}: {status}"
+        );
+    }
+    assert_eq!(metric(&s, "stale").await, 3.0);
+    // A 4xx is not a failure of the origin: it is the answer.
+    let r = ask(&s, path, &[("x-test-fail", "404")]).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    // The guest recovered: its new answer is stored.
+    let r = ask(&s, path, &[]).await;
+    assert_ne!(run_of(&r), run_of(&first));
+    assert_eq!(r.header("cache-status"), "tern; fwd=stale; stored");
+
+    // Without stale-if-error the failure reaches the client.
+    let path = "/c/nosie?h=cache-control:max-age%3D1";
+    ask(&s, path, &[]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let r = ask(&s, path, &[("x-test-fail", "trap")]).await;
+    assert!(r.status.is_server_error(), "{}", r.status);
+}
+
+/// A deploy or a settings change starts the tenant's cache empty, and gives its bytes back
+/// in `tern_cache_stored_bytes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_version_starts_with_an_empty_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "cache_headers");
+    let wasm = std::fs::read(dir.path().join("cache_headers.wasm")).unwrap();
+    let s = TestServer::try_start_in(dir, "[pool]\ninstances = 8\nmax_memory_mib = 64\n")
+        .await
+        .expect("start");
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/api",
+            serde_json::json!({"paths": ["/api"], "cache": {"enabled": true}}).to_string(),
+        )
+        .await;
+    assert!(status.is_success(), "{v}");
+    let deploy = || s.admin_call(Method::PUT, "/admin/v1/tenants/api/module", wasm.clone());
+    let (status, v) = deploy().await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let path = "/api/x?h=cache-control:max-age%3D60";
+    let a = ask(&s, path, &[]).await;
+    assert_eq!(run_of(&ask(&s, path, &[]).await), run_of(&a));
+    let bytes = |m: &str| metric_value_or_zero(m, "tern_cache_stored_bytes{tenant=\"api\"}");
+    assert!(bytes(&s.metrics().await) > 0.0);
+    let (status, v) = deploy().await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let b = ask(&s, path, &[]).await;
+    assert_ne!(run_of(&b), run_of(&a), "the new version's cache was empty");
+    assert_eq!(b.header("cache-status"), "tern; fwd=uri-miss; stored");
+    // Only the one entry the new version stored is counted.
+    let m = s.metrics().await;
+    let one = bytes(&m);
+    let (status, _) = s
+        .admin_call(
+            Method::POST,
+            "/admin/v1/tenants/api/cache/purge",
+            serde_json::json!({"all": true}).to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while bytes(&s.metrics().await) != 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "was {one}: {}",
+            s.metrics().await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// `Range` on a stored answer: one byte range answered `206` from memory (also on the miss that
+/// stores it: the guest answers whole), past the end `416`, several ranges or an `If-Range`
+/// that does not match the whole answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_are_cut_from_the_stored_answer() {
+    let s = server().await;
+    let path = "/c/big?h=cache-control:max-age%3D60&h=etag:%22r1%22&n=1000";
+    // The miss: stored whole, the client gets its range.
+    let first = ask(&s, path, &[("range", "bytes=0-9")]).await;
+    assert_eq!(
+        first.status,
+        StatusCode::PARTIAL_CONTENT,
+        "{:?}",
+        first.headers
+    );
+    assert_eq!(first.header("content-range"), "bytes 0-9/1000");
+    assert_eq!(first.body.len(), 10);
+    assert_eq!(first.header("cache-status"), "tern; fwd=uri-miss; stored");
+    let whole = ask(&s, path, &[]).await;
+    assert_eq!(whole.body.len(), 1000);
+    assert_eq!(&whole.body[..10], &first.body[..]);
+    for (range, from, to) in [
+        ("bytes=990-", 990, 1000),
+        ("bytes=-5", 995, 1000),
+        ("bytes=100-199", 100, 200),
+    ] {
+        let r = ask(&s, path, &[("range", range)]).await;
+        assert_eq!(r.status, StatusCode::PARTIAL_CONTENT, "{range}");
+        assert_eq!(
+            r.header("content-range"),
+            format!("bytes {from}-{}/1000", to - 1)
+        );
+        assert_eq!(&r.body[..], &whole.body[from..to], "{range}");
+        assert!(r.header("cache-status").starts_with("tern; hit"));
+    }
+    let past = ask(&s, path, &[("range", "bytes=1000-")]).await;
+    assert_eq!(past.status, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(past.header("content-range"), "bytes */1000");
+    assert!(past.body.is_empty());
+    for (name, value) in [("range", "bytes=0-1,5-6"), ("range", "lines=1-2")] {
+        let r = ask(&s, path, &[(name, value)]).await;
+        assert_eq!(r.status, StatusCode::OK, "{value}");
+        assert_eq!(r.body, whole.body);
+    }
+    let r = ask(&s, path, &[("range", "bytes=0-9"), ("if-range", "\"r1\"")]).await;
+    assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+    let r = ask(&s, path, &[("range", "bytes=0-9"), ("if-range", "\"old\"")]).await;
+    assert_eq!(r.status, StatusCode::OK, "a changed answer is sent whole");
+    assert_eq!(r.body, whole.body);
+    assert_eq!(guest_runs(&s, "c").await, 1.0);
+    // Over HTTP/2 too (its `:authority` is another host: a miss, then a hit).
+    let mut h2 = H2Conn::open(s.addr()).await;
+    let miss = h2.get_with(path, &[("range", "bytes=10-19")]).await;
+    let hit = h2.get_with(path, &[("range", "bytes=10-19")]).await;
+    for r in [&miss, &hit] {
+        assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+        assert_eq!(r.header("content-range"), "bytes 10-19/1000");
+    }
+    assert_eq!(miss.body, hit.body);
+    assert!(hit.header("cache-status").starts_with("tern; hit"));
+    assert_eq!(guest_runs(&s, "c").await, 2.0);
 }

@@ -1235,3 +1235,163 @@ async fn a_change_the_registry_went_away_after_is_answered_as_unknown_and_a_cond
     assert_eq!(status, 412, "{v}");
     assert_eq!(proxy.applied(), 5);
 }
+
+/// Waits until replica `r` knows `n` other replicas to nudge.
+async fn knows_peers(r: &crate::support::TernProcess, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while crate::support::metric_value(&metrics(r).await, "tern_registry_peers") < n {
+        assert!(
+            Instant::now() < deadline,
+            "{} never learnt of {n} peer(s)",
+            r.admin
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `r` no longer answers `path` from its cache; how long that took.
+async fn no_longer_cached(r: &crate::support::TernProcess, path: &str, since: Instant) -> Duration {
+    loop {
+        let reply = get(r, path).await;
+        if !reply.header("cache-status").starts_with("tern; hit") {
+            return since.elapsed();
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(15),
+            "{path} is still served from {}'s cache",
+            r.addr
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A purge asked of any replica reaches every replica: at once through the nudge (polls here
+/// are a minute apart), and at the next poll for a replica the nudge cannot reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_on_any_replica_reaches_every_replica() {
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let wasm = std::fs::read(crate::support::test_guest(root.path(), "cache_headers")).unwrap();
+    let a = replica_with(&s3, "a", &root.path().join("a"), "", 60_000);
+    let b = replica_with(&s3, "b", &root.path().join("b"), "", 60_000);
+    knows_peers(&a, 1.0).await;
+    knows_peers(&b, 1.0).await;
+    let spec = serde_json::json!({"paths": ["/site"], "cache": {"enabled": true}}).to_string();
+    let (status, v) = admin(&a, http::Method::PUT, "/admin/v1/tenants/site", spec).await;
+    assert!(status.is_success(), "{v}");
+    let (status, v) = deploy(addr(&a.admin), "site", &wasm).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    serves(&b, "/site/x", "run ").await;
+
+    let mut took = Vec::new();
+    for i in 0..20 {
+        let path = format!("/site/p{i}?h=cache-control:max-age%3D600&h=cache-tag:p{i}");
+        get(&b, &path).await;
+        let hit = get(&b, &path).await;
+        assert!(
+            hit.header("cache-status").starts_with("tern; hit"),
+            "{:?}",
+            hit.headers
+        );
+        let started = Instant::now();
+        let body = if i % 2 == 0 {
+            serde_json::json!({"prefixes": [format!("/site/p{i}")]})
+        } else {
+            serde_json::json!({"tags": [format!("p{i}")]})
+        };
+        let (status, v) = admin(
+            &a,
+            http::Method::POST,
+            "/admin/v1/tenants/site/cache/purge",
+            body.to_string(),
+        )
+        .await;
+        assert_eq!(status, http::StatusCode::OK, "{v}");
+        assert_eq!(
+            v["replicas"], "every replica (through the shared registry)",
+            "{v}"
+        );
+        took.push(no_longer_cached(&b, &path, started).await);
+    }
+    took.sort();
+    eprintln!(
+        "a purge on replica a, until replica b no longer serves the entry, over {} purges: p50 \
+         {:?}, max {:?}",
+        took.len(),
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+    let applied = crate::support::metric_value(
+        &metrics(&b).await,
+        "tern_cache_purges_total{from=\"fleet\"}",
+    );
+    assert!(applied >= 20.0, "{applied}");
+
+    // A replica the nudges cannot reach (its advertised URL is dead) applies purges at its
+    // next poll; a purge asked of it reaches the others.
+    let c = crate::support::TernProcess::serve_with(
+        &[
+            "--config",
+            &{
+                let dir = root.path().join("c");
+                std::fs::create_dir_all(&dir).unwrap();
+                let config = dir.join("tern.toml");
+                std::fs::write(
+                    &config,
+                    "[pool]\ninstances = 16\nmax_memory_mib = 64\n[registry]\npoll_interval_ms = 300\n",
+                )
+                .unwrap();
+                config.display().to_string()
+            },
+            "--registry",
+            REGISTRY,
+        ],
+        &root.path().join("c"),
+        |cmd| {
+            s3.env(cmd);
+            cmd.env("TERN_ADMIN_TOKEN", FLEET_TOKEN)
+                .env("TERN_REPLICA", "c")
+                .env("TERN_ADVERTISE_URL", "http://127.0.0.1:9");
+        },
+    );
+    serves(&c, "/site/x", "run ").await;
+    let path = "/site/late?h=cache-control:max-age%3D600";
+    get(&c, path).await;
+    assert!(
+        get(&c, path)
+            .await
+            .header("cache-status")
+            .starts_with("tern; hit")
+    );
+    let started = Instant::now();
+    let (status, v) = admin(
+        &b,
+        http::Method::POST,
+        "/admin/v1/tenants/site/cache/purge",
+        r#"{"prefixes": ["/site/late"]}"#,
+    )
+    .await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    let polled = no_longer_cached(&c, path, started).await;
+    eprintln!(
+        "a purge reached the replica that missed its nudge in {polled:?} (polls every 300 ms)"
+    );
+    // Asked of c, a purge reaches a and b.
+    get(&a, path).await;
+    assert!(
+        get(&a, path)
+            .await
+            .header("cache-status")
+            .starts_with("tern; hit")
+    );
+    let started = Instant::now();
+    let (status, v) = admin(
+        &c,
+        http::Method::POST,
+        "/admin/v1/tenants/site/cache/purge",
+        r#"{"all": true}"#,
+    )
+    .await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    no_longer_cached(&a, path, started).await;
+}

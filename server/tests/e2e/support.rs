@@ -324,10 +324,16 @@ impl H2Conn {
     }
 
     pub async fn get(&mut self, path: &str) -> Reply {
-        let req = Request::builder()
-            .uri(format!("http://{}{path}", self.addr))
-            .body(Full::new(Bytes::new()))
-            .expect("valid request");
+        self.get_with(path, &[]).await
+    }
+
+    /// A GET of `path` with `headers`.
+    pub async fn get_with(&mut self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut req = Request::builder().uri(format!("http://{}{path}", self.addr));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req.body(Full::new(Bytes::new())).expect("valid request");
         self.sender.ready().await.expect("h2 connection ready");
         read(self.sender.send_request(req).await.expect("h2 response")).await
     }

@@ -4,6 +4,11 @@
 //! clock when this instance ran), so two runs never give the same body, then the method and
 //! the request's `If-None-Match`, `If-Modified-Since` and `Authorization` as the guest saw
 //! them.
+//!
+//! Like an origin that keeps validators, it answers `304` (with the same headers, no body)
+//! when the request's `If-None-Match` is the `ETag` its query sets. The request header
+//! `x-test-fail` makes it fail as a guest can without changing the URL: `trap` traps, a
+//! status (`500`) answers with it.
 fn main() {
     tern_sdk::serve(|req| {
         let query = req.uri().query().unwrap_or("").to_string();
@@ -37,6 +42,26 @@ fn main() {
                 String::from_utf8_lossy(v.as_bytes()).into_owned()
             })
         };
+        match req.headers().get("x-test-fail").map(|v| v.as_bytes()) {
+            Some(b"trap") => panic!("asked to trap"),
+            Some(code) => {
+                let code = std::str::from_utf8(code).ok().and_then(|c| c.parse().ok());
+                return tern_sdk::http::Response::builder()
+                    .status(code.unwrap_or(500))
+                    .body(b"failed as asked\n".to_vec())
+                    .expect("valid answer");
+            }
+            None => {}
+        }
+        let etag = resp
+            .headers_ref()
+            .and_then(|h| h.get("etag"))
+            .map(|v| v.as_bytes().to_vec());
+        if etag.is_some()
+            && etag.as_deref() == req.headers().get("if-none-match").map(|v| v.as_bytes())
+        {
+            return resp.status(304).body(Vec::new()).expect("valid answer");
+        }
         let mut body = format!(
             "run {nanos}\nmethod {}\nif-none-match {}\nif-modified-since {}\nauthorization {}\n",
             req.method(),

@@ -1,0 +1,359 @@
+//! What the cache does with the guest's answer to a request it did not answer: stores it when
+//! it may, refreshes a stale answer the guest confirmed (`304`), serves a stale answer instead
+//! of a failure (`stale-if-error`), invalidates a key after an unsafe method, and says which
+//! in `Cache-Status`.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_cache_semantics::CachePolicy;
+
+use super::answer::{CACHE_TAG, SURROGATE_KEY, not_modified, ranged, respond, take_tags};
+use super::{
+    Answered, Asked, CACHE_STATUS, CDN_CACHE_CONTROL, Cache, Counted, Entry, Fill, MAX_VARIANTS,
+    Storing, Then, Variant, Windows, options,
+};
+use crate::body::ResponseBody;
+
+/// Fields of a `304` that do not update the stored answer it confirms: its framing and
+/// coding describe the `304` itself, and what the cache writes is its own.
+const NOT_UPDATED_BY_304: [HeaderName; 5] = [
+    header::CONTENT_LENGTH,
+    header::CONTENT_ENCODING,
+    header::TRANSFER_ENCODING,
+    header::CONTENT_RANGE,
+    header::CONTENT_TYPE,
+];
+
+impl Fill {
+    /// Takes the client's validators (`If-None-Match`, `If-Modified-Since`) and range (`Range`,
+    /// `If-Range`) off `req` when its answer may be stored: the guest answers in full, and
+    /// [`Fill::answered`] answers them from what is stored.
+    /// When a stale stored answer is being revalidated, its own validators go instead, so the
+    /// guest can answer `304`.
+    pub fn take_validators<B>(&mut self, req: &mut Request<B>) {
+        if let Then::Store(s) = &mut self.then {
+            let headers = req.headers_mut();
+            s.if_none_match = headers.remove(header::IF_NONE_MATCH);
+            s.if_modified_since = headers.remove(header::IF_MODIFIED_SINCE);
+            s.headers.remove(header::IF_NONE_MATCH);
+            s.headers.remove(header::IF_MODIFIED_SINCE);
+            s.range = headers.remove(header::RANGE);
+            s.if_range = headers.remove(header::IF_RANGE);
+            s.headers.remove(header::RANGE);
+            s.headers.remove(header::IF_RANGE);
+            if let Some(stale) = &s.stale {
+                if let Some(etag) = stale.headers.get(header::ETAG) {
+                    headers.insert(header::IF_NONE_MATCH, etag.clone());
+                }
+                if let Some(modified) = stale.headers.get(header::LAST_MODIFIED) {
+                    headers.insert(header::IF_MODIFIED_SINCE, modified.clone());
+                }
+            }
+        }
+    }
+
+    /// The request a background refresh sends the guest (`GET`, the stale answer's validators
+    /// in place of the client's), from the request `req` that was served stale.
+    pub fn refresh<B>(&mut self, req: &Request<B>) -> Request<()> {
+        let mut refresh = Request::new(());
+        *refresh.method_mut() = Method::GET;
+        *refresh.uri_mut() = req.uri().clone();
+        *refresh.version_mut() = req.version();
+        *refresh.headers_mut() = req.headers().clone();
+        self.take_validators(&mut refresh);
+        refresh
+    }
+
+    /// When the guest could not be asked at all (the tenant is overloaded): the stale answer
+    /// being revalidated, if its `stale-if-error` still allows it.
+    pub fn stale_instead(mut self) -> Option<Response<ResponseBody>> {
+        let Then::Store(s) = &self.then else {
+            return None;
+        };
+        let stale = s.stale.as_ref()?;
+        let now = Instant::now();
+        if !stale.serves_if_error(now) {
+            return None;
+        }
+        let validated = not_modified(
+            &stale.headers,
+            s.if_none_match.as_ref(),
+            s.if_modified_since.as_ref(),
+        );
+        let mut resp = s.cut(respond(stale, validated, now), stale);
+        self.counted = Counted::Stale;
+        self.status(&mut resp, "; fwd-status=503; detail=stale-if-error");
+        Some(resp)
+    }
+
+    /// The guest's answer `resp`, as the client gets it: stored when it may be (then a `304`
+    /// if the client's validators match it), a stale answer refreshed by a `304` or served
+    /// instead of a failure, its key invalidated after an unsafe method, and `Cache-Status`
+    /// saying which.
+    pub fn answered(mut self, mut resp: Response<ResponseBody>) -> Response<ResponseBody> {
+        let cache = self.cache.clone();
+        let mut status = String::new();
+        match &self.then {
+            Then::Pass => {}
+            Then::Invalidate(hash) => {
+                if resp.status().is_success() || resp.status().is_redirection() {
+                    cache.entries.invalidate(hash);
+                }
+            }
+            Then::Store(storing) => {
+                let now = Instant::now();
+                let guest = resp.status();
+                let stored = match &storing.stale {
+                    // The guest confirmed the stale answer: its body, with the `304`'s fields.
+                    Some(stale) if guest == StatusCode::NOT_MODIFIED => {
+                        let variant = cache.revalidated(storing, stale, resp.headers());
+                        status.push_str("; fwd-status=304");
+                        if self.counted == Counted::Miss {
+                            self.counted = Counted::Revalidated;
+                        }
+                        let variant = variant.map(Arc::new);
+                        let served = variant.as_ref().unwrap_or(stale);
+                        let validated = not_modified(
+                            &served.headers,
+                            storing.if_none_match.as_ref(),
+                            storing.if_modified_since.as_ref(),
+                        );
+                        resp = storing.cut(respond(served, validated, now), served);
+                        variant
+                    }
+                    // The guest failed: the stale answer, within its `stale-if-error`.
+                    Some(stale) if guest.is_server_error() && stale.serves_if_error(now) => {
+                        status.push_str(&format!(
+                            "; fwd-status={}; detail=stale-if-error",
+                            guest.as_u16()
+                        ));
+                        if self.counted == Counted::Miss {
+                            self.counted = Counted::Stale;
+                        }
+                        let validated = not_modified(
+                            &stale.headers,
+                            storing.if_none_match.as_ref(),
+                            storing.if_modified_since.as_ref(),
+                        );
+                        resp = storing.cut(respond(stale, validated, now), stale);
+                        None
+                    }
+                    _ => match resp.body() {
+                        ResponseBody::Full(Some(body)) => cache
+                            .storable(storing, guest, resp.headers(), body)
+                            .map(Arc::new),
+                        _ => None,
+                    },
+                };
+                match stored {
+                    Some(variant) => {
+                        cache.insert(storing, variant.clone());
+                        status.push_str("; stored");
+                        if guest != StatusCode::NOT_MODIFIED
+                            && not_modified(
+                                &variant.headers,
+                                storing.if_none_match.as_ref(),
+                                storing.if_modified_since.as_ref(),
+                            )
+                        {
+                            resp = respond(&variant, true, variant.stored);
+                        } else if guest != StatusCode::NOT_MODIFIED && storing.range.is_some() {
+                            resp = storing.cut(respond(&variant, false, variant.stored), &variant);
+                        }
+                    }
+                    // A fill that proved not storable by its headers (not a failure of the
+                    // moment): its key's misses stop waiting in line for a while.
+                    None if !guest.is_server_error() && guest != StatusCode::NOT_MODIFIED => {
+                        cache.passes.insert(storing.hash, ());
+                    }
+                    None => {}
+                }
+            }
+        }
+        // Tags are for the edge's purges, not the client (stored ones were taken off already).
+        resp.headers_mut().remove(&SURROGATE_KEY);
+        resp.headers_mut().remove(&CACHE_TAG);
+        self.status(&mut resp, &status);
+        resp
+    }
+
+    /// Puts `Cache-Status` on `resp`: the forward reason, then `more`.
+    fn status(&self, resp: &mut Response<ResponseBody>, more: &str) {
+        let mut status = format!("tern; fwd={}", self.fwd);
+        if self.collapsed {
+            status.push_str("; collapsed");
+        }
+        if let Some(detail) = self.detail {
+            status.push_str("; detail=");
+            status.push_str(detail);
+        }
+        status.push_str(more);
+        if let Ok(value) = HeaderValue::from_str(&status) {
+            resp.headers_mut().insert(CACHE_STATUS.clone(), value);
+        }
+    }
+}
+
+impl Storing {
+    /// `resp`, served from the stored `v`, cut to the client's range.
+    fn cut(&self, resp: Response<ResponseBody>, v: &Variant) -> Response<ResponseBody> {
+        ranged(resp, v, self.range.as_ref(), self.if_range.as_ref())
+    }
+}
+
+impl Cache {
+    /// The stale answer `stale`, confirmed by a `304` with `headers` to the request `s`: its
+    /// body with the `304`'s fields (RFC 9111 §4.3.4), if the `304` is for it (a strong
+    /// validator that differs is not) and the result may be stored.
+    fn revalidated(
+        &self,
+        s: &Storing,
+        stale: &Variant,
+        headers: &http::HeaderMap,
+    ) -> Option<Variant> {
+        let strong = |h: &http::HeaderMap| {
+            h.get(header::ETAG)
+                .and_then(|e| e.to_str().ok())
+                .map(|e| e.trim().trim_start_matches("W/").to_string())
+        };
+        if let (Some(new), Some(old)) = (strong(headers), strong(&stale.headers))
+            && new != old
+        {
+            return None;
+        }
+        let mut merged = stale.headers.clone();
+        for name in headers.keys() {
+            if NOT_UPDATED_BY_304.contains(name) || *name == CACHE_STATUS {
+                continue;
+            }
+            merged.remove(name);
+            for value in headers.get_all(name) {
+                merged.append(name.clone(), value.clone());
+            }
+        }
+        let mut variant = self.storable(s, stale.status, &merged, &stale.body)?;
+        if variant.tags.is_empty() {
+            variant.tags.clone_from(&stale.tags);
+        }
+        Some(variant)
+    }
+
+    /// The variant an answer with `status`, `headers` and whole body `body` makes for the
+    /// request `s`, when it may be stored.
+    pub(super) fn storable(
+        &self,
+        s: &Storing,
+        status: StatusCode,
+        headers: &http::HeaderMap,
+        body: &Bytes,
+    ) -> Option<Variant> {
+        if body.len() > self.max_object {
+            return None;
+        }
+        if !self.store_set_cookie && headers.contains_key(header::SET_COOKIE) {
+            return None;
+        }
+        // The fields the answer varies on, and always `Authorization`: an answer to one
+        // client's credentials (stored only when it says it may be) is served to the same
+        // credentials only, and an anonymous one never to a request that has them.
+        // `Vary: *` (no request matches it) and names that are not header names: not stored.
+        let mut vary_names = vec![header::AUTHORIZATION];
+        for name in headers
+            .get_all(header::VARY)
+            .iter()
+            .map(|v| v.to_str().ok())
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+        {
+            if name == "*" {
+                return None;
+            }
+            let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
+            if !vary_names.contains(&name) {
+                vary_names.push(name);
+            }
+        }
+        // `CDN-Cache-Control` stands for `Cache-Control` and `Expires` when it is there.
+        let cdn = headers.get(&CDN_CACHE_CONTROL);
+        let answered = Answered {
+            status,
+            headers: match cdn {
+                Some(cdn) => {
+                    let mut h = headers.clone();
+                    h.insert(header::CACHE_CONTROL, cdn.clone());
+                    h.remove(header::EXPIRES);
+                    std::borrow::Cow::Owned(h)
+                }
+                None => std::borrow::Cow::Borrowed(headers),
+            },
+        };
+        let asked = Asked {
+            method: &Method::GET,
+            uri: &s.uri,
+            headers: &s.headers,
+        };
+        let now = SystemTime::now();
+        let policy = CachePolicy::new_options(&asked, &answered, now, options());
+        let fresh_for = policy.time_to_live(now);
+        if !policy.is_storable() || fresh_for.is_zero() {
+            return None;
+        }
+        let windows = Windows::of(cdn.or_else(|| headers.get(header::CACHE_CONTROL)));
+        let mut stored_headers = headers.clone();
+        stored_headers.remove(header::CONTENT_LENGTH);
+        stored_headers.remove(CACHE_STATUS.clone());
+        let tags = take_tags(&mut stored_headers);
+        Some(Variant {
+            status,
+            headers: stored_headers,
+            body: body.clone(),
+            vary: vary_names
+                .into_iter()
+                .map(|n| {
+                    let value = s.headers.get(&n).cloned();
+                    (n, value)
+                })
+                .collect(),
+            stored: Instant::now(),
+            age_at_store: policy.age(now),
+            fresh_for,
+            windows,
+            purged: false,
+            policy,
+            tags,
+        })
+    }
+
+    /// Stores `variant` under `s`'s key, beside the key's other variants.
+    fn insert(&self, s: &Storing, variant: Arc<Variant>) {
+        let mut variants: Vec<Arc<Variant>> = match self.entries.get(&s.hash) {
+            Some(e) if e.is_for(s.https, &s.host, &s.target) => e
+                .variants
+                .iter()
+                .filter(|v| v.vary != variant.vary)
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        };
+        if variants.len() >= MAX_VARIANTS {
+            variants.remove(0);
+        }
+        variants.push(variant);
+        self.put(
+            s.hash,
+            Entry {
+                https: s.https,
+                host: s.host.clone(),
+                target: s.target.clone(),
+                variants,
+            },
+        );
+    }
+}

@@ -1,0 +1,212 @@
+//! One stored answer and its time: fresh, stale but still usable (`stale-while-revalidate`,
+//! `stale-if-error`, RFC 5861), kept stale to be revalidated, gone; and the expiry that drops
+//! an entry when none of its variants can be used any more.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::StatusCode;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http_cache_semantics::CachePolicy;
+
+use super::Entry;
+
+/// How long a stale answer with a validator (`ETag`, `Last-Modified`) is kept so the next
+/// request can revalidate it (the guest answers `304` and the stored body is served again),
+/// beyond its `stale-while-revalidate` and `stale-if-error` windows.
+pub(super) const KEEP_TO_REVALIDATE: Duration = Duration::from_secs(60);
+
+/// The longest `stale-while-revalidate` or `stale-if-error` window honoured (a day).
+const MAX_STALE_WINDOW: Duration = Duration::from_secs(86_400);
+
+/// One stored answer.
+#[derive(Clone)]
+pub(super) struct Variant {
+    pub(super) status: StatusCode,
+    /// Its headers as the client gets them (without framing).
+    pub(super) headers: HeaderMap,
+    pub(super) body: Bytes,
+    /// The request's values of the fields its `Vary` names.
+    pub(super) vary: Vec<(HeaderName, Option<HeaderValue>)>,
+    /// When it was stored, and its age then (`Age`, `Date`).
+    pub(super) stored: Instant,
+    pub(super) age_at_store: Duration,
+    /// How long it was fresh for when stored (cut short by a soft purge).
+    pub(super) fresh_for: Duration,
+    /// Past its freshness: how long it may be served while one request refreshes it
+    /// (`stale-while-revalidate`), and served instead of a guest's failure
+    /// (`stale-if-error`).
+    pub(super) windows: Windows,
+    /// A soft purge made it stale: a request's own directives cannot make it fresh again.
+    pub(super) purged: bool,
+    /// For requests with their own `Cache-Control` (`no-cache`, `max-age`, `min-fresh`,
+    /// `max-stale`): RFC 9111's answer, from the policy it was stored with.
+    pub(super) policy: CachePolicy,
+    /// The tags it was stored with (`Surrogate-Key`, `Cache-Tag`), for purges by tag.
+    pub(super) tags: Vec<Box<str>>,
+}
+
+/// The stale windows of an answer (RFC 5861), from the directives that decided its
+/// freshness (`CDN-Cache-Control`, else `Cache-Control`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Windows {
+    pub(super) while_revalidate: Duration,
+    pub(super) if_error: Duration,
+}
+
+impl Windows {
+    /// The windows `cache_control` gives. `must-revalidate` and `proxy-revalidate` forbid
+    /// serving it stale (RFC 9111 §5.2.2.2): none.
+    pub(super) fn of(cache_control: Option<&HeaderValue>) -> Self {
+        let Some(text) = cache_control.and_then(|v| v.to_str().ok()) else {
+            return Self::default();
+        };
+        let mut out = Self::default();
+        for directive in text.split(',') {
+            let (name, value) = match directive.split_once('=') {
+                Some((n, v)) => (n.trim(), Some(v.trim().trim_matches('"'))),
+                None => (directive.trim(), None),
+            };
+            let secs = || {
+                value
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .map_or(Duration::ZERO, |s| {
+                        Duration::from_secs(s).min(MAX_STALE_WINDOW)
+                    })
+            };
+            if name.eq_ignore_ascii_case("must-revalidate")
+                || name.eq_ignore_ascii_case("proxy-revalidate")
+            {
+                return Self::default();
+            } else if name.eq_ignore_ascii_case("stale-while-revalidate") {
+                out.while_revalidate = secs();
+            } else if name.eq_ignore_ascii_case("stale-if-error") {
+                out.if_error = secs();
+            }
+        }
+        out
+    }
+}
+
+impl Variant {
+    pub(super) fn age(&self, now: Instant) -> Duration {
+        self.age_at_store + now.saturating_duration_since(self.stored)
+    }
+
+    pub(super) fn fresh_at(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.stored) < self.fresh_for
+    }
+
+    /// How long it has been stale at `now` (zero while fresh).
+    pub(super) fn stale_for(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.stored)
+            .saturating_sub(self.fresh_for)
+    }
+
+    /// Whether it may be served at `now` while one request refreshes it.
+    pub(super) fn serves_while_revalidating(&self, now: Instant) -> bool {
+        !self.fresh_at(now) && self.stale_for(now) < self.windows.while_revalidate
+    }
+
+    /// Whether it may be served at `now` instead of a guest's failure.
+    pub(super) fn serves_if_error(&self, now: Instant) -> bool {
+        self.stale_for(now) < self.windows.if_error
+    }
+
+    /// Whether it has a validator a guest can answer `304` to.
+    pub(super) fn has_validator(&self) -> bool {
+        self.headers.contains_key(header::ETAG) || self.headers.contains_key(header::LAST_MODIFIED)
+    }
+
+    /// How long it is kept past its freshness.
+    fn kept_stale(&self) -> Duration {
+        let revalidate = if self.has_validator() {
+            KEEP_TO_REVALIDATE
+        } else {
+            Duration::ZERO
+        };
+        revalidate
+            .max(self.windows.while_revalidate)
+            .max(self.windows.if_error)
+    }
+
+    /// How long from `now` it can still be used, fresh or stale.
+    fn usable_for(&self, now: Instant) -> Duration {
+        (self.fresh_for + self.kept_stale())
+            .saturating_sub(now.saturating_duration_since(self.stored))
+    }
+
+    /// This answer made stale at `now` (a soft purge).
+    pub(super) fn made_stale(&self, now: Instant) -> Self {
+        Self {
+            fresh_for: self
+                .fresh_for
+                .min(now.saturating_duration_since(self.stored)),
+            purged: true,
+            ..self.clone()
+        }
+    }
+
+    pub(super) fn vary_matches(&self, headers: &HeaderMap) -> bool {
+        self.vary
+            .iter()
+            .all(|(name, value)| headers.get(name) == value.as_ref())
+    }
+}
+
+/// Entries leave when none of their variants can be used any more, fresh or stale.
+pub(super) struct Expire;
+
+impl moka::Expiry<u64, Arc<Entry>> for Expire {
+    fn expire_after_create(&self, _: &u64, entry: &Arc<Entry>, now: Instant) -> Option<Duration> {
+        entry.variants.iter().map(|v| v.usable_for(now)).max()
+    }
+
+    fn expire_after_update(
+        &self,
+        key: &u64,
+        entry: &Arc<Entry>,
+        now: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        self.expire_after_create(key, entry, now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_windows_follow_rfc_5861() {
+        let w = |s: &'static str| Windows::of(Some(&HeaderValue::from_static(s)));
+        assert_eq!(
+            w("max-age=60, stale-while-revalidate=30, stale-if-error=600"),
+            Windows {
+                while_revalidate: Duration::from_secs(30),
+                if_error: Duration::from_secs(600)
+            }
+        );
+        assert_eq!(
+            w("s-maxage=1, Stale-While-Revalidate=\"5\"").while_revalidate,
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            w("max-age=60, stale-while-revalidate=30, must-revalidate"),
+            Windows::default(),
+            "must-revalidate forbids serving stale"
+        );
+        assert_eq!(
+            w("max-age=60, proxy-revalidate, stale-if-error=9"),
+            Windows::default()
+        );
+        assert_eq!(w("stale-while-revalidate=x"), Windows::default());
+        assert_eq!(
+            w("stale-if-error=99999999999").if_error,
+            MAX_STALE_WINDOW,
+            "capped"
+        );
+        assert_eq!(Windows::of(None), Windows::default());
+    }
+}
