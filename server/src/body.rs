@@ -63,6 +63,44 @@ pub enum ResponseBody {
     Forwarded(Box<Forwarded>),
     /// A body whose request's access line is written when it ends.
     Logged(Box<Logged>),
+    /// A body kept as it streams to the client, and handed on when it ends whole (the cache
+    /// stores a guest's streamed answer so).
+    Kept(Box<Kept>),
+}
+
+/// What is done with a [`Kept`] body that reached its end whole.
+pub type KeptBody = Box<dyn FnOnce(Bytes) + Send>;
+
+/// A body whose bytes are kept (at most `max`) as they are sent, and handed to `then` when it
+/// reaches its end. A body that fails, outgrows `max` or is dropped before its end (the
+/// client left) is not handed on.
+pub struct Kept {
+    body: ResponseBody,
+    kept: Vec<Bytes>,
+    len: usize,
+    max: usize,
+    then: Option<KeptBody>,
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept")
+            .field("body", &self.body)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Kept {
+    fn ended(&mut self) {
+        if let Some(then) = self.then.take() {
+            let mut whole = bytes::BytesMut::with_capacity(self.len);
+            for chunk in self.kept.drain(..) {
+                whole.extend_from_slice(&chunk);
+            }
+            then(whole.freeze());
+        }
+    }
 }
 
 /// A response body and its request's access line, written (with the body bytes sent, and
@@ -105,6 +143,17 @@ impl ResponseBody {
             record,
             bytes: 0,
             ended: no_body,
+        }))
+    }
+
+    /// This body, with its bytes (at most `max`) handed to `then` if it reaches its end whole.
+    pub fn kept(self, max: usize, then: KeptBody) -> Self {
+        Self::Kept(Box::new(Kept {
+            body: self,
+            kept: Vec::new(),
+            len: 0,
+            max,
+            then: Some(then),
         }))
     }
 
@@ -177,6 +226,34 @@ impl http_body::Body for ResponseBody {
                 }
                 polled
             }
+            Self::Kept(k) => {
+                let polled = Pin::new(&mut k.body).poll_frame(cx);
+                match &polled {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Some(data) = frame.data_ref()
+                            && k.then.is_some()
+                        {
+                            k.len += data.len();
+                            if k.len > k.max {
+                                k.then = None;
+                                k.kept = Vec::new();
+                            } else {
+                                k.kept.push(data.clone());
+                            }
+                        }
+                        if k.body.is_end_stream() {
+                            k.ended();
+                        }
+                    }
+                    Poll::Ready(None) => k.ended(),
+                    Poll::Ready(Some(Err(_))) => {
+                        k.then = None;
+                        k.kept = Vec::new();
+                    }
+                    Poll::Pending => {}
+                }
+                polled
+            }
         }
     }
 
@@ -186,6 +263,7 @@ impl http_body::Body for ResponseBody {
             Self::Stream(_) => false,
             Self::Forwarded(f) => f.body.is_end_stream(),
             Self::Logged(l) => l.body.is_end_stream(),
+            Self::Kept(k) => k.body.is_end_stream(),
         }
     }
 
@@ -196,6 +274,7 @@ impl http_body::Body for ResponseBody {
             Self::Stream(_) => SizeHint::default(),
             Self::Forwarded(f) => f.body.size_hint(),
             Self::Logged(l) => l.body.size_hint(),
+            Self::Kept(k) => k.body.size_hint(),
         }
     }
 }

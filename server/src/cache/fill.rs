@@ -97,6 +97,7 @@ impl Fill {
     pub fn answered(mut self, mut resp: Response<ResponseBody>) -> Response<ResponseBody> {
         let cache = self.cache.clone();
         let mut status = String::new();
+        let mut streamed = false;
         match &self.then {
             Then::Pass => {}
             Then::Invalidate(hash) => {
@@ -146,7 +147,28 @@ impl Fill {
                         ResponseBody::Full(Some(body)) => cache
                             .storable(storing, guest, resp.headers(), body)
                             .map(Arc::new),
-                        _ => None,
+                        ResponseBody::Full(None) => None,
+                        // Streamed (past the guest's buffer, or a backend's body): stored
+                        // when it has reached the client whole.
+                        _ => {
+                            if let Some(variant) =
+                                cache.storable(storing, guest, resp.headers(), &Bytes::new())
+                            {
+                                let (cache, storing) = (cache.clone(), storing.clone());
+                                resp = resp.map(|body| {
+                                    body.kept(
+                                        cache.max_object,
+                                        Box::new(move |body| {
+                                            let variant = Variant { body, ..variant };
+                                            cache.insert(&storing, Arc::new(variant));
+                                        }),
+                                    )
+                                });
+                                streamed = true;
+                                status.push_str("; detail=store-at-end");
+                            }
+                            None
+                        }
                     },
                 };
                 match stored {
@@ -167,7 +189,10 @@ impl Fill {
                     }
                     // A fill that proved not storable by its headers (not a failure of the
                     // moment): its key's misses stop waiting in line for a while.
-                    None if !guest.is_server_error() && guest != StatusCode::NOT_MODIFIED => {
+                    None if !streamed
+                        && !guest.is_server_error()
+                        && guest != StatusCode::NOT_MODIFIED =>
+                    {
                         cache.passes.insert(storing.hash, ());
                     }
                     None => {}

@@ -6,8 +6,9 @@
 //! `max-age`, `Expires`), with `CDN-Cache-Control` (RFC 9213) in place of `Cache-Control` and
 //! `Expires` when the guest sends it. Only explicit freshness is used: an answer without it
 //! (heuristics, error statuses by default) is not stored. Nor is an answer with `Set-Cookie`
-//! (unless `store_set_cookie`), `Vary: *`, a body over `max_object_kib`, or one that streamed
-//! past the buffer, nor the answer to a request with a body or to `HEAD`.
+//! (unless `store_set_cookie`), `Vary: *`, a body over `max_object_kib` or cut mid-stream, nor
+//! the answer to a request with a body or to `HEAD`. A streamed body is stored once it has
+//! reached the client whole.
 //!
 //! The key is the scheme, host and normal path with its query (the tenant's cache is its own);
 //! `Vary` makes variants of one key, matched on the request header values they were stored
@@ -16,9 +17,12 @@
 //! request without them, so its full answer can be stored, and the client still gets its `304`.
 //! A non-error answer to an unsafe method (`POST`, `PUT`, `PATCH`, `DELETE`) invalidates its
 //! key (RFC 9111 §4.4). Every answer says what the cache did in `Cache-Status` (RFC 9211).
+//! Stale answers are served within their `stale-while-revalidate` (one background refresh at
+//! a time) and `stale-if-error`, and revalidated with their validators (`fill`, `variant`).
 //!
 //! The store is `moka`'s (bounded by bytes, TinyLFU admission, so one-off scans do not flush
-//! what is asked often); an entry leaves when its freshest variant goes stale. A tenant's cache
+//! what is asked often); an entry leaves when none of its variants can be used, fresh or
+//! stale. A tenant's cache
 //! is made with it, so a deploy, a rollback or a change of its settings starts it empty.
 
 use std::hash::{BuildHasher, Hasher};
@@ -197,6 +201,7 @@ enum Then {
     Store(Box<Storing>),
 }
 
+#[derive(Clone)]
 struct Storing {
     hash: u64,
     https: bool,

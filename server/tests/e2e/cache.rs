@@ -923,3 +923,72 @@ async fn ranges_are_cut_from_the_stored_answer() {
     assert!(hit.header("cache-status").starts_with("tern; hit"));
     assert_eq!(guest_runs(&s, "c").await, 2.0);
 }
+
+/// The raw HTTP/1.1 answer to `GET path` (read until the server closes), for answers whose body
+/// may be cut.
+async fn raw_get(s: &TestServer, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tcp.read_to_end(&mut out),
+    )
+    .await
+    .expect("the server closes");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Answers streamed past the guest's buffer are stored once they have reached the client whole
+/// (the client is not held back for it); one cut mid-body (the guest traps) or larger than
+/// `max_object_kib` is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_answers_are_stored_once_they_end_whole() {
+    let s = server().await;
+    let path = "/c/large?h=cache-control:max-age%3D60&n=200000";
+    let first = ask(&s, path, &[]).await;
+    assert_eq!(first.body.len(), 200_000);
+    assert_eq!(
+        first.header("cache-status"),
+        "tern; fwd=uri-miss; detail=store-at-end"
+    );
+    let hit = ask(&s, path, &[]).await;
+    assert!(
+        hit.header("cache-status").starts_with("tern; hit"),
+        "{:?}",
+        hit.headers
+    );
+    assert_eq!(hit.body, first.body, "byte for byte");
+    assert_eq!(hit.header("content-length"), "200000");
+    let part = ask(&s, path, &[("range", "bytes=150000-150009")]).await;
+    assert_eq!(part.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(&part.body[..], &first.body[150_000..150_010]);
+    assert_eq!(guest_runs(&s, "c").await, 1.0);
+
+    // Over max_object_kib (1 MiB): served, not stored.
+    let huge = "/c/huge?h=cache-control:max-age%3D60&n=1100000";
+    for _ in 0..2 {
+        let r = ask(&s, huge, &[]).await;
+        assert_eq!(r.body.len(), 1_100_000);
+        assert!(r.header("cache-status").starts_with("tern; fwd=uri-miss"));
+    }
+
+    // Cut mid-body by a trap: the client sees it cut, and nothing is stored.
+    let cut = "/c/cut?h=cache-control:max-age%3D60&trap_after=100000";
+    for _ in 0..2 {
+        let text = raw_get(&s, cut).await;
+        assert!(
+            text.starts_with("HTTP/1.1 200"),
+            "{}",
+            &text[..text.len().min(300)]
+        );
+        assert!(
+            text.contains("cache-status: tern; fwd=uri-miss; detail=store-at-end"),
+            "not a hit: {}",
+            &text[..text.len().min(500)]
+        );
+        assert!(!text.ends_with("0\r\n\r\n"), "the body was cut, not ended");
+    }
+}

@@ -8,13 +8,15 @@
 //! Like an origin that keeps validators, it answers `304` (with the same headers, no body)
 //! when the request's `If-None-Match` is the `ETag` its query sets. The request header
 //! `x-test-fail` makes it fail as a guest can without changing the URL: `trap` traps, a
-//! status (`500`) answers with it.
+//! status (`500`) answers with it. `trap_after=BYTES` streams that many bytes of body with its
+//! head, then traps (a body cut mid-stream).
 fn main() {
     tern_sdk::serve(|req| {
         let query = req.uri().query().unwrap_or("").to_string();
         let mut resp = tern_sdk::http::Response::builder().header("content-type", "text/plain");
         let mut status = 200;
         let mut size = 0usize;
+        let mut trap_after = None;
         for pair in query.split('&') {
             if let Some(h) = pair.strip_prefix("h=") {
                 let h = decode(h);
@@ -23,6 +25,8 @@ fn main() {
                 }
             } else if let Some(s) = pair.strip_prefix("status=") {
                 status = s.parse().unwrap_or(200);
+            } else if let Some(n) = pair.strip_prefix("trap_after=") {
+                trap_after = n.parse::<usize>().ok();
             } else if let Some(n) = pair.strip_prefix("n=") {
                 size = n.parse().unwrap_or(0);
             } else if let Some(ms) = pair.strip_prefix("wait_ms=") {
@@ -52,6 +56,21 @@ fn main() {
                     .expect("valid answer");
             }
             None => {}
+        }
+        if let Some(n) = trap_after {
+            use std::io::Write;
+            let head = resp.body(()).expect("valid head").into_parts().0;
+            let mut out = tern_sdk::ResponseWriter::start(&head).expect("head");
+            // In pieces, computing 2 ms before each, so the head leaves while it runs.
+            for piece in vec![b'x'; n].chunks(8192) {
+                let start = std::time::Instant::now();
+                let mut x: u64 = 1;
+                while start.elapsed().as_micros() < 2_000 {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+                out.write_all(piece).expect("body");
+            }
+            panic!("trapped after {n} bytes of body");
         }
         let etag = resp
             .headers_ref()
