@@ -147,6 +147,7 @@ fn request(c: &mut Criterion) {
                 Some((t(7), t(8))),
             ],
             failure: None,
+            cache_status: None,
         });
     };
     group.bench_function("kept", |b| {

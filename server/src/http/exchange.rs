@@ -201,7 +201,7 @@ impl Exchange {
                 app,
                 (self.arrived, ended),
                 &self.timings,
-                status,
+                (status, resp.headers().get(&crate::cache::CACHE_STATUS)),
                 &self.request_id,
             );
         }
@@ -271,7 +271,7 @@ impl Traced {
         app: &App,
         (arrived, end): (Instant, Instant),
         timings: &Timings,
-        status: u16,
+        (status, cache_status): (u16, Option<&HeaderValue>),
         request_id: &HeaderValue,
     ) {
         let Some(tracer) = &app.tracer else { return };
@@ -322,6 +322,7 @@ impl Traced {
             tenant,
             phases,
             failure: self.failure,
+            cache_status: cache_status.cloned(),
         });
     }
 }

@@ -412,7 +412,7 @@ async fn run_guest(
                         &app2,
                         (arrived, Instant::now()),
                         &after,
-                        status,
+                        (status, None),
                         &request_id,
                     );
                 }

@@ -269,6 +269,8 @@ pub struct Record {
     pub phases: [Option<(Duration, Duration)>; 4],
     /// How the guest failed: its outcome's name and the message.
     pub failure: Option<(&'static str, String)>,
+    /// What the tenant's cache did (its `Cache-Status`), when it has one.
+    pub cache_status: Option<HeaderValue>,
 }
 
 /// What the server span says of the tenant a request was routed to (the tenant itself, so a

@@ -410,6 +410,9 @@ pub(super) fn request_spans(out: &mut Pb, r: &Record) -> usize {
             s.attr(9, "tern.tenant.version", t.version());
             s.attr(9, "tern.guest.kind", t.kind());
         }
+        if let Some(cache) = r.cache_status.as_ref().and_then(|v| v.to_str().ok()) {
+            s.attr(9, "tern.cache_status", cache);
+        }
         if calls.dropped > 0 {
             s.attr_int(9, "tern.spans_dropped", i64::from(calls.dropped));
         }

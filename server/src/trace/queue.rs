@@ -215,6 +215,7 @@ mod tests {
             tenant: None,
             phases: [Some((ZERO, ZERO)), Some((ZERO, ZERO)), None, None],
             failure: None,
+            cache_status: None,
         }
     }
 

@@ -171,10 +171,22 @@ async fn live_metrics() -> String {
     let tls = TestServer::try_start_in(
         dir,
         "[server]\ntls_listen = \"127.0.0.1:0\"\n[pool]\ninstances = 4\nmax_memory_mib = 64\n\
-         [[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n",
+         [[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n\
+         [[tenant]]\nname = \"cached\"\nmodule = \"builtin:hello\"\npaths = [\"/cached\"]\n\
+         [tenant.cache]\nenabled = true\n",
     )
     .await
     .unwrap();
+    // A cached tenant's metrics appear once it served a request and was purged.
+    assert_eq!(tls.get("/cached").await.status, StatusCode::OK);
+    let (status, v) = tls
+        .admin_call(
+            http::Method::POST,
+            "/admin/v1/tenants/cached/cache/purge",
+            r#"{"all": true}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
     s.metrics().await + &tls.metrics().await
 }
 

@@ -272,7 +272,9 @@ async fn a_request_is_a_server_span_with_its_phases_joined_to_the_callers_trace(
          [tracing]\nendpoint = \"{}\"\nbatch_delay_ms = 50\n\
          [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\npaths = [\"/ctx\"]\n\
          [[tenant]]\nname = \"cgi\"\nmodule = \"cgi_probe.wasm\"\npaths = [\"/cgi\"]\n\
-         [[tenant]]\nname = \"comp\"\nmodule = \"component.wasm\"\npaths = [\"/component\"]\n",
+         [[tenant]]\nname = \"comp\"\nmodule = \"component.wasm\"\npaths = [\"/component\"]\n\
+         [[tenant]]\nname = \"cached\"\nmodule = \"context.wasm\"\npaths = [\"/cached\"]\n\
+         [tenant.cache]\nenabled = true\n",
         collector.endpoint
     );
     let s = TestServer::try_start_in(dir, &config).await.expect("start");
@@ -305,6 +307,19 @@ async fn a_request_is_a_server_span_with_its_phases_joined_to_the_callers_trace(
     ] {
         assert_eq!(server.attr(k), v, "{k} of {server:#?}");
     }
+    assert_eq!(
+        server.attr("tern.cache_status"),
+        "",
+        "no cache, no attribute"
+    );
+    // A cached tenant's span says what its cache did.
+    let r = get(s.addr(), "/cached/x", &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let cached = collector.trace(r.header("x-request-id"), 5).await;
+    assert_eq!(
+        named(&cached, "GET /cached").attr("tern.cache_status"),
+        "tern; fwd=uri-miss"
+    );
     assert_eq!(
         server.resource.get("service.name").map(String::as_str),
         Some("tern")
