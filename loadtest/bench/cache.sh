@@ -17,7 +17,13 @@ cache() {
     cargo build --quiet -p tern-test-guests --bins --target wasm32-wasip1 --profile guest \
         --target-dir "$guests"
     cp "$guests/wasm32-wasip1/guest/cache_headers.wasm" "$WORK/"
-    local object="/obj?n=1000&h=cache-control:max-age%3D3600"
+    # A 1 KB and a 100 KB object (the latter streams past the guest's 64 KiB buffer).
+    local small="/obj?n=1000&h=cache-control:max-age%3D3600"
+    local large="/obj?n=100000&h=cache-control:max-age%3D3600"
+    local object=$small
+    # What the cache adds to a miss: the same guest and answer behind the cache but never
+    # stored (`no-store`), against the tenant without a cache.
+    local pass="/obj?n=1000&h=cache-control:no-store"
     local origin_port=18187 nginx_port=18188 varnish_port=18189
     # The origin: Tern, its tenant not cached, on its own port (idle once the caches are warm).
     printf '[server]\nlisten = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:18197"\n[[tenant]]\nname = "origin"\nmodule = "%s"\n' \
@@ -57,26 +63,38 @@ NGINX
         r[native]+="$(pinned_h1 "http://127.0.0.1:$NATIVE_PORT/" "$NATIVE_PID")"$'\n'
         stop "$NATIVE_PID"
         PIN=0 start_tern "$config" TERN_LOG=warn
-        curl -fs -o /dev/null "http://127.0.0.1:$TERN_PORT$object"
-        r[tern_hit]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT$object" "$TERN_PID")"$'\n'
-        r[tern_miss]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT/miss$object" "$TERN_PID")"$'\n'
-        curl -fsI "http://127.0.0.1:$TERN_PORT$object" | grep -i '^cache-status' >"$WORK/tern-status"
+        curl -fs -o /dev/null "http://127.0.0.1:$TERN_PORT$small"
+        curl -fs -o /dev/null "http://127.0.0.1:$TERN_PORT$large"
+        r[tern_hit]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT$small" "$TERN_PID")"$'\n'
+        r[tern_hit_large]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT$large" "$TERN_PID")"$'\n'
+        r[tern_miss]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT/miss$pass" "$TERN_PID")"$'\n'
+        r[tern_pass]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT$pass" "$TERN_PID")"$'\n'
+        curl -fsI "http://127.0.0.1:$TERN_PORT$small" | grep -i '^cache-status' >"$WORK/tern-status"
+        curl -fsI "http://127.0.0.1:$TERN_PORT$large" | grep -i '^cache-status' >"$WORK/tern-status-large"
         stop "$TERN_PID"
         taskset -c 0 nginx -c "$WORK/nginx.conf" -e "$WORK/nginx-error.log" &
         local master=$!
         PIDS+=("$master")
         wait_http "http://127.0.0.1:$nginx_port$object" || { cat "$WORK/nginx-error.log" >&2; exit 1; }
-        curl -fs -o /dev/null "http://127.0.0.1:$nginx_port$object"
-        r[nginx]+="$(pinned_h1 "http://127.0.0.1:$nginx_port$object" "$(pgrep -P "$master" | head -1)")"$'\n'
+        curl -fs -o /dev/null "http://127.0.0.1:$nginx_port$small"
+        curl -fs -o /dev/null "http://127.0.0.1:$nginx_port$large"
+        local worker
+        worker=$(pgrep -P "$master" | head -1)
+        r[nginx]+="$(pinned_h1 "http://127.0.0.1:$nginx_port$small" "$worker")"$'\n'
+        r[nginx_large]+="$(pinned_h1 "http://127.0.0.1:$nginx_port$large" "$worker")"$'\n'
         stop "$master"
         taskset -c 0 varnishd -F -j none -n "$WORK/varnish" -a "127.0.0.1:$varnish_port" \
             -f "$WORK/default.vcl" -s malloc,64m -p thread_pools=1 >>"$WORK/varnish.log" 2>&1 &
         local varnish=$!
         PIDS+=("$varnish")
         wait_http "http://127.0.0.1:$varnish_port$object"
-        curl -fs -o /dev/null "http://127.0.0.1:$varnish_port$object"
+        curl -fs -o /dev/null "http://127.0.0.1:$varnish_port$small"
+        curl -fs -o /dev/null "http://127.0.0.1:$varnish_port$large"
         # The child process serves; the manager only watches it.
-        r[varnish]+="$(pinned_h1 "http://127.0.0.1:$varnish_port$object" "$(pgrep -P "$varnish" | head -1)")"$'\n'
+        local child
+        child=$(pgrep -P "$varnish" | head -1)
+        r[varnish]+="$(pinned_h1 "http://127.0.0.1:$varnish_port$small" "$child")"$'\n'
+        r[varnish_large]+="$(pinned_h1 "http://127.0.0.1:$varnish_port$large" "$child")"$'\n'
         stop "$varnish"
     done
     local k
@@ -87,21 +105,28 @@ NGINX
     }
     {
         header "The edge cache: CPU per hit, Tern against nginx proxy_cache and Varnish" "bash loadtest/bench.sh cache"
-        echo "A 1 KB answer (\`Cache-Control: max-age=3600\`) from the \`cache_headers\` test guest on an"
-        echo "origin Tern (not cached, idle once the caches hold the object), asked again and again."
+        echo "A 1 KB and a 100 KB answer (\`Cache-Control: max-age=3600\`) from the \`cache_headers\` test"
+        echo "guest on an origin Tern (not cached, idle once the caches hold the objects), asked again and"
+        echo "again. The miss rows run the guest for every request: behind the cache with \`no-store\`"
+        echo "(looked up, not stored) and on a tenant without a cache; their difference is what the cache"
+        echo "adds to a miss."
         echo "Each server runs pinned to core 0 (Tern \`[server] worker_threads = 1\`, nginx"
         echo "\`worker_processes 1\`, Varnish \`thread_pools=1\`, the native hello one worker);"
         echo "\`wrk -t1 -c$CONNS\` pinned to core 1. CPU: the serving process's user + system time"
         echo "(\`/proc/PID/stat\`; nginx's worker, Varnish's child) over the run per request; the least"
         echo "disturbed of $ROUNDS alternating rounds. nginx $(nginx -v 2>&1 | awk -F/ '{print $2}'), $(varnishd -V 2>&1 | head -1 | awk '{print $1, $2}' | tr -d '(')."
-        echo "Tern's hits said: \`$(tr -d '\r' <"$WORK/tern-status")\`."
+        echo "Tern's hits said: \`$(tr -d '\r' <"$WORK/tern-status")\` and \`$(tr -d '\r' <"$WORK/tern-status-large")\`."
         echo
         echo "| server | CPU per request | req/s | p50 | p99 | errors |"
         echo "|---|---:|---:|---:|---:|---:|"
-        row "Tern, cache hit" "${r[tern_hit]}"
-        row "nginx proxy_cache, hit" "${r[nginx]}"
-        row "Varnish, hit" "${r[varnish]}"
+        row "Tern, cache hit, 1 KB" "${r[tern_hit]}"
+        row "nginx proxy_cache, hit, 1 KB" "${r[nginx]}"
+        row "Varnish, hit, 1 KB" "${r[varnish]}"
+        row "Tern, cache hit, 100 KB" "${r[tern_hit_large]}"
+        row "nginx proxy_cache, hit, 100 KB" "${r[nginx_large]}"
+        row "Varnish, hit, 100 KB" "${r[varnish_large]}"
         row "native hyper hello (no cache, no guest)" "${r[native]}"
-        row "Tern, the same guest uncached (a guest per request)" "${r[tern_miss]}"
+        row "Tern, miss behind the cache (no-store, a guest per request)" "${r[tern_pass]}"
+        row "Tern, the same guest on a tenant without a cache" "${r[tern_miss]}"
     } | tee "$RESULTS/cache.md"
 }

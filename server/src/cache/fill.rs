@@ -190,6 +190,7 @@ impl Fill {
                     // A fill that proved not storable by its headers (not a failure of the
                     // moment): its key's misses stop waiting in line for a while.
                     None if !streamed
+                        && !storing.passing
                         && !guest.is_server_error()
                         && guest != StatusCode::NOT_MODIFIED =>
                     {
@@ -221,6 +222,29 @@ impl Fill {
             resp.headers_mut().insert(CACHE_STATUS.clone(), value);
         }
     }
+}
+
+/// Whether an answer with `headers` (and `cdn`, its `CDN-Cache-Control`) can be stored at all,
+/// read cheaply before the policy is built: not with `no-store`, and only with explicit
+/// freshness (`max-age`, `s-maxage`, or `Expires` without `CDN-Cache-Control`), as heuristics
+/// are off. Most answers a cache does not keep are told apart here.
+fn may_be_fresh(cdn: Option<&HeaderValue>, headers: &http::HeaderMap) -> bool {
+    let mut directives = match cdn {
+        Some(cdn) => vec![cdn],
+        None => headers.get_all(header::CACHE_CONTROL).iter().collect(),
+    }
+    .into_iter()
+    .filter_map(|v| v.to_str().ok())
+    .flat_map(|v| v.split(','))
+    .map(|d| d.split('=').next().unwrap_or("").trim());
+    let mut fresh = cdn.is_none() && headers.contains_key(header::EXPIRES);
+    for name in directives.by_ref() {
+        if name.eq_ignore_ascii_case("no-store") {
+            return false;
+        }
+        fresh |= name.eq_ignore_ascii_case("max-age") || name.eq_ignore_ascii_case("s-maxage");
+    }
+    fresh
 }
 
 impl Storing {
@@ -307,6 +331,9 @@ impl Cache {
         }
         // `CDN-Cache-Control` stands for `Cache-Control` and `Expires` when it is there.
         let cdn = headers.get(&CDN_CACHE_CONTROL);
+        if !may_be_fresh(cdn, headers) {
+            return None;
+        }
         let answered = Answered {
             status,
             headers: match cdn {

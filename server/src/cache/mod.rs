@@ -61,15 +61,15 @@ static CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-contro
 /// is not a trusted proxy (`server.trusted_proxies`) is served and not stored: a guest that
 /// reflects one (a link to `X-Forwarded-Host`, say) would otherwise give every client the
 /// answer one client shaped.
-const UNKEYED: [&str; 8] = [
-    "x-forwarded-host",
-    "x-forwarded-proto",
-    "x-forwarded-scheme",
-    "x-forwarded-port",
-    "x-original-url",
-    "x-rewrite-url",
-    "x-http-method-override",
-    "forwarded",
+static UNKEYED: [HeaderName; 8] = [
+    HeaderName::from_static("x-forwarded-host"),
+    HeaderName::from_static("x-forwarded-proto"),
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+    HeaderName::from_static("x-http-method-override"),
+    header::FORWARDED,
 ];
 
 /// The counters of one tenant's cache.
@@ -217,6 +217,8 @@ struct Storing {
     /// range is cut from the stored answer.
     range: Option<HeaderValue>,
     if_range: Option<HeaderValue>,
+    /// Its key's last fill proved not storable (hit-for-pass): it ran without waiting.
+    passing: bool,
     /// The stale answer this request revalidates (its validators go to the guest; a `304`
     /// keeps its body) and serves if the guest fails within its `stale-if-error`.
     stale: Option<Arc<Variant>>,
@@ -348,23 +350,35 @@ impl Cache {
             host,
             trusted,
         } = asked;
-        let unkeyed = !trusted && UNKEYED.iter().any(|h| req.headers().contains_key(*h));
+        let unkeyed = !trusted && UNKEYED.iter().any(|h| req.headers().contains_key(h));
         let mut looked = self.look(req, https, host, unkeyed, false);
-        if let Lookup::Miss(fill) = &mut looked
-            && let Then::Store(s) = &fill.then
-            && !self.passes.contains_key(&s.hash)
+        // A miss waits while another request fills its key. If that fill failed (a trap, a
+        // deadline, a 5xx: nothing stored, and no pass), one of those waiting fills it next
+        // and the rest wait on, so a failing guest is not run by every waiting request at
+        // once; all within COLLAPSE_WAIT, after which a request runs the guest itself.
+        let patience = Instant::now() + COLLAPSE_WAIT;
+        while let Lookup::Miss(fill) = &mut looked
+            && let Then::Store(s) = &mut fill.then
         {
-            match self.lead(s.hash) {
-                // This one fills the key; the misses behind it wait until its fill ends.
-                None => fill.leads = true,
-                Some(mut filled) => {
-                    // The one filling drops its sender when it ends: `changed` returns.
-                    let _ = tokio::time::timeout(COLLAPSE_WAIT, filled.changed()).await;
-                    // Counted by what the second look finds.
-                    fill.counted = Counted::Uncounted;
-                    looked = self.look(req, https, host, unkeyed, true);
-                }
+            if self.passes.contains_key(&s.hash) {
+                // Not storable lately: runs at once (and does not renew the pass).
+                s.passing = true;
+                break;
             }
+            let Some(mut filled) = self.lead(s.hash) else {
+                // This one fills the key; the misses behind it wait until its fill ends.
+                fill.leads = true;
+                break;
+            };
+            let left = patience.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            // The one filling drops its sender when it ends: `changed` returns.
+            let _ = tokio::time::timeout(left, filled.changed()).await;
+            // Counted by what the next look finds.
+            fill.counted = Counted::Uncounted;
+            looked = self.look(req, https, host, unkeyed, true);
         }
         looked
     }
@@ -439,6 +453,7 @@ impl Cache {
                 if_modified_since: None,
                 range: None,
                 if_range: None,
+                passing: false,
                 stale,
             }))
         };

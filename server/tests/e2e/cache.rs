@@ -992,3 +992,80 @@ async fn streamed_answers_are_stored_once_they_end_whole() {
         assert!(!text.ends_with("0\r\n\r\n"), "the body was cut, not ended");
     }
 }
+
+/// A thousand concurrent cold requests for one URL run its guest once; the others wait for its
+/// answer and get it, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_cold_requests_run_one_guest() {
+    let s = server().await;
+    // The guest computes 800 ms (within the tenant's 1 s timeout) while the others arrive.
+    let path = "/c/cold?h=cache-control:max-age%3D60&wait_ms=800";
+    let addr = s.addr();
+    let asks: Vec<_> = (0..1000)
+        .map(|_| {
+            tokio::spawn(
+                async move { send(addr, Method::GET, path, None, &[], Bytes::new()).await },
+            )
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for a in asks {
+        replies.push(a.await.unwrap());
+    }
+    let first = &replies[0];
+    let mut collapsed = 0;
+    for r in &replies {
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(r.body, first.body, "one guest's answer");
+        collapsed += usize::from(r.header("cache-status").ends_with("; collapsed"));
+    }
+    assert_eq!(
+        guest_runs(&s, "c").await,
+        1.0,
+        "one guest run for 1,000 requests"
+    );
+    // Those that came while it ran waited for it; any that came after it was stored hit.
+    eprintln!("{collapsed} of 1,000 cold requests waited for the one guest run");
+    assert!(collapsed >= 1, "none waited");
+    assert_eq!(metric(&s, "collapsed").await as usize, collapsed);
+    assert_eq!(metric(&s, "hit").await as usize, 999 - collapsed);
+
+    // The one filling fails (a 500 after 400 ms): one of those waiting fills it next, the rest
+    // wait on and get its answer; the guest runs twice, not once per request.
+    let path = "/c/retry?h=cache-control:max-age%3D60&wait_ms=400";
+    let failing = tokio::spawn(async move {
+        send(
+            addr,
+            Method::GET,
+            path,
+            None,
+            &[("x-test-fail", "500")],
+            Bytes::new(),
+        )
+        .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let asks: Vec<_> = (0..50)
+        .map(|_| {
+            tokio::spawn(
+                async move { send(addr, Method::GET, path, None, &[], Bytes::new()).await },
+            )
+        })
+        .collect();
+    assert_eq!(
+        failing.await.unwrap().status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    let mut bodies = std::collections::HashSet::new();
+    for a in asks {
+        let r = a.await.unwrap();
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        bodies.insert(r.body);
+    }
+    assert_eq!(bodies.len(), 1, "one answer for all who waited");
+    assert_eq!(
+        guest_runs(&s, "c").await,
+        3.0,
+        "the failed fill and one more"
+    );
+}
