@@ -79,12 +79,7 @@ impl Fill {
         if !stale.serves_if_error(now) {
             return None;
         }
-        let validated = not_modified(
-            &stale.headers,
-            s.if_none_match.as_ref(),
-            s.if_modified_since.as_ref(),
-        );
-        let mut resp = s.cut(respond(stale, validated, now), stale);
+        let mut resp = s.serve(stale, now);
         self.counted = Counted::Stale;
         self.status(&mut resp, "; fwd-status=503; detail=stale-if-error");
         Some(resp)
@@ -117,13 +112,7 @@ impl Fill {
                             self.counted = Counted::Revalidated;
                         }
                         let variant = variant.map(Arc::new);
-                        let served = variant.as_ref().unwrap_or(stale);
-                        let validated = not_modified(
-                            &served.headers,
-                            storing.if_none_match.as_ref(),
-                            storing.if_modified_since.as_ref(),
-                        );
-                        resp = storing.cut(respond(served, validated, now), served);
+                        resp = storing.serve(variant.as_ref().unwrap_or(stale), now);
                         variant
                     }
                     // The guest failed: the stale answer, within its `stale-if-error`.
@@ -135,12 +124,7 @@ impl Fill {
                         if self.counted == Counted::Miss {
                             self.counted = Counted::Stale;
                         }
-                        let validated = not_modified(
-                            &stale.headers,
-                            storing.if_none_match.as_ref(),
-                            storing.if_modified_since.as_ref(),
-                        );
-                        resp = storing.cut(respond(stale, validated, now), stale);
+                        resp = storing.serve(stale, now);
                         None
                     }
                     _ => match resp.body() {
@@ -248,6 +232,17 @@ fn may_be_fresh(cdn: Option<&HeaderValue>, headers: &http::HeaderMap) -> bool {
 }
 
 impl Storing {
+    /// The stored `v` as this request gets it at `now`: a `304` for its validators, else whole
+    /// or cut to its range.
+    fn serve(&self, v: &Variant, now: Instant) -> Response<ResponseBody> {
+        let validated = not_modified(
+            &v.headers,
+            self.if_none_match.as_ref(),
+            self.if_modified_since.as_ref(),
+        );
+        self.cut(respond(v, validated, now), v)
+    }
+
     /// `resp`, served from the stored `v`, cut to the client's range.
     fn cut(&self, resp: Response<ResponseBody>, v: &Variant) -> Response<ResponseBody> {
         ranged(resp, v, self.range.as_ref(), self.if_range.as_ref())
