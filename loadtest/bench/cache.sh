@@ -57,16 +57,21 @@ NGINX
     } >"$WORK/nginx.conf"
     printf 'vcl 4.1;\nbackend default { .host = "127.0.0.1"; .port = "%s"; }\n' "$origin_port" >"$WORK/default.vcl"
     local -A r=()
+    # Both objects stored at the server on `port`, then each asked again and again, the CPU
+    # counted of `pid` (the process that serves); the rows are `key` and `key_large`.
+    hits() { # key port pid
+        curl -fs -o /dev/null "http://127.0.0.1:$2$small"
+        curl -fs -o /dev/null "http://127.0.0.1:$2$large"
+        r[$1]+="$(pinned_h1 "http://127.0.0.1:$2$small" "$3")"$'\n'
+        r[$1_large]+="$(pinned_h1 "http://127.0.0.1:$2$large" "$3")"$'\n'
+    }
     local n
     for n in $(seq 1 "$ROUNDS"); do
         start_pinned_native
         r[native]+="$(pinned_h1 "http://127.0.0.1:$NATIVE_PORT/" "$NATIVE_PID")"$'\n'
         stop "$NATIVE_PID"
         PIN=0 start_tern "$config" TERN_LOG=warn
-        curl -fs -o /dev/null "http://127.0.0.1:$TERN_PORT$small"
-        curl -fs -o /dev/null "http://127.0.0.1:$TERN_PORT$large"
-        r[tern_hit]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT$small" "$TERN_PID")"$'\n'
-        r[tern_hit_large]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT$large" "$TERN_PID")"$'\n'
+        hits tern_hit "$TERN_PORT" "$TERN_PID"
         r[tern_miss]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT/miss$pass" "$TERN_PID")"$'\n'
         r[tern_pass]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT$pass" "$TERN_PID")"$'\n'
         curl -fsI "http://127.0.0.1:$TERN_PORT$small" | grep -i '^cache-status' >"$WORK/tern-status"
@@ -76,25 +81,15 @@ NGINX
         local master=$!
         PIDS+=("$master")
         wait_http "http://127.0.0.1:$nginx_port$object" || { cat "$WORK/nginx-error.log" >&2; exit 1; }
-        curl -fs -o /dev/null "http://127.0.0.1:$nginx_port$small"
-        curl -fs -o /dev/null "http://127.0.0.1:$nginx_port$large"
-        local worker
-        worker=$(pgrep -P "$master" | head -1)
-        r[nginx]+="$(pinned_h1 "http://127.0.0.1:$nginx_port$small" "$worker")"$'\n'
-        r[nginx_large]+="$(pinned_h1 "http://127.0.0.1:$nginx_port$large" "$worker")"$'\n'
+        hits nginx "$nginx_port" "$(pgrep -P "$master" | head -1)"
         stop "$master"
         taskset -c 0 varnishd -F -j none -n "$WORK/varnish" -a "127.0.0.1:$varnish_port" \
             -f "$WORK/default.vcl" -s malloc,64m -p thread_pools=1 >>"$WORK/varnish.log" 2>&1 &
         local varnish=$!
         PIDS+=("$varnish")
         wait_http "http://127.0.0.1:$varnish_port$object"
-        curl -fs -o /dev/null "http://127.0.0.1:$varnish_port$small"
-        curl -fs -o /dev/null "http://127.0.0.1:$varnish_port$large"
         # The child process serves; the manager only watches it.
-        local child
-        child=$(pgrep -P "$varnish" | head -1)
-        r[varnish]+="$(pinned_h1 "http://127.0.0.1:$varnish_port$small" "$child")"$'\n'
-        r[varnish_large]+="$(pinned_h1 "http://127.0.0.1:$varnish_port$large" "$child")"$'\n'
+        hits varnish "$varnish_port" "$(pgrep -P "$varnish" | head -1)"
         stop "$varnish"
     done
     local k

@@ -22,8 +22,8 @@
 //!
 //! The store is `moka`'s (bounded by bytes, TinyLFU admission, so one-off scans do not flush
 //! what is asked often); an entry leaves when none of its variants can be used, fresh or
-//! stale. A tenant's cache
-//! is made with it, so a deploy, a rollback or a change of its settings starts it empty.
+//! stale. A tenant's cache is made with it, so a deploy, a rollback or a change of its
+//! settings starts it empty.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;

@@ -15,7 +15,7 @@ use super::Entry;
 /// How long a stale answer with a validator (`ETag`, `Last-Modified`) is kept so the next
 /// request can revalidate it (the guest answers `304` and the stored body is served again),
 /// beyond its `stale-while-revalidate` and `stale-if-error` windows.
-pub(super) const KEEP_TO_REVALIDATE: Duration = Duration::from_secs(60);
+const KEEP_TO_REVALIDATE: Duration = Duration::from_secs(60);
 
 /// The longest `stale-while-revalidate` or `stale-if-error` window honoured (a day).
 const MAX_STALE_WINDOW: Duration = Duration::from_secs(86_400);
@@ -115,7 +115,7 @@ impl Variant {
     }
 
     /// Whether it has a validator a guest can answer `304` to.
-    pub(super) fn has_validator(&self) -> bool {
+    fn has_validator(&self) -> bool {
         self.headers.contains_key(header::ETAG) || self.headers.contains_key(header::LAST_MODIFIED)
     }
 

@@ -155,8 +155,8 @@ impl Registry {
     }
 
     /// Applies the registry's purges this replica has not applied yet (one conditional read
-    /// when the log did not change). `started`: when this replica started (Unix seconds).
-    pub(super) async fn apply_purges(&self, fleet: &Fleet, started: u64) {
+    /// when the log did not change).
+    pub(super) async fn apply_purges(&self, fleet: &Fleet) {
         let mut applied = self.purges.lock().await;
         let read = match fleet
             .remote
@@ -183,7 +183,7 @@ impl Registry {
             // The first read: purges asked since this replica started.
             None => {
                 for p in &log.purges {
-                    if p.at + CLOCK_SLACK >= started {
+                    if p.at + CLOCK_SLACK >= self.started_at {
                         self.apply_one(p);
                     }
                 }

@@ -385,7 +385,7 @@ impl Registry {
                 self.sync(&mut state).await
             };
             if result.is_ok() {
-                self.apply_purges(&fleet, self.started_at).await;
+                self.apply_purges(&fleet).await;
             }
             match result {
                 Ok(()) if !reachable => {
