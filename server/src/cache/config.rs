@@ -17,6 +17,19 @@ pub struct CacheConfig {
     pub max_object_kib: u64,
     /// Store answers that set cookies (off: a `Set-Cookie` is usually meant for one client).
     pub store_set_cookie: bool,
+    /// Query parameters left out of the key (`utm_source`; `utm_*` for every name starting
+    /// so; `*` for the whole query): requests that differ only in them share one answer.
+    /// The guest still gets the query as it was sent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ignore_query: Vec<String>,
+    /// The query's parameters are sorted by name in the key, so `?a=1&b=2` and `?b=2&a=1`
+    /// share one answer.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub sort_query: bool,
+    /// Request headers whose values are part of the key (lower case; at most 8): requests
+    /// that differ in them get answers of their own even when the guest sends no `Vary`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub key_headers: Vec<String>,
 }
 
 impl Default for CacheConfig {
@@ -26,6 +39,9 @@ impl Default for CacheConfig {
             max_mib: 64,
             max_object_kib: 1024,
             store_set_cookie: false,
+            ignore_query: Vec::new(),
+            sort_query: false,
+            key_headers: Vec::new(),
         }
     }
 }
@@ -54,7 +70,7 @@ impl CacheConfig {
                 self.max_object_kib
             ));
         }
-        Ok(())
+        super::key::check(self)
     }
 }
 

@@ -10,7 +10,9 @@
 //! the answer to a request with a body or to `HEAD`. A streamed body is stored once it has
 //! reached the client whole.
 //!
-//! The key is the scheme, host and normal path with its query (the tenant's cache is its own);
+//! The key is the scheme, host and normal path with its query, the query's parameters left
+//! out or sorted and request headers added as the tenant asks (`key`; the tenant's cache is
+//! its own);
 //! `Vary` makes variants of one key, matched on the request header values they were stored
 //! with. A stored `GET` answers `HEAD` too. A conditional request (`If-None-Match`,
 //! `If-Modified-Since`) is answered `304` from the stored answer; on a miss the guest gets the
@@ -39,6 +41,7 @@ use crate::body::ResponseBody;
 mod answer;
 mod config;
 mod fill;
+mod key;
 mod variant;
 
 use answer::{append_param, hit};
@@ -107,6 +110,8 @@ pub struct Cache {
     passes: moka::sync::Cache<u64, ()>,
     /// Keys are hashed with a per-cache random key: a client cannot aim at one slot.
     hasher: std::hash::RandomState,
+    /// How requests are keyed (`ignore_query`, `sort_query`, `key_headers`).
+    keying: key::Keying,
     max_object: usize,
     store_set_cookie: bool,
     counts: Counts,
@@ -315,6 +320,7 @@ impl Cache {
                 .time_to_live(PASS_FOR)
                 .build(),
             hasher: std::hash::RandomState::new(),
+            keying: key::Keying::new(config),
             max_object: usize::try_from(config.max_object_kib * 1024).unwrap_or(usize::MAX),
             store_set_cookie: config.store_set_cookie,
             counts: Counts {
@@ -415,6 +421,8 @@ impl Cache {
             .uri()
             .path_and_query()
             .map_or("/", http::uri::PathAndQuery::as_str);
+        let key = self.keying.key(target, req.headers());
+        let target = &*key;
         let hash = self.hash(https, host, target);
         let fill = |fwd, then, counted| Fill {
             cache: self.clone(),

@@ -221,6 +221,23 @@ impl Config {
                 });
             }
         }
+        // The tenants' cache shares fit in the server's cache budget.
+        let mut reserved = 0;
+        for t in &self.tenants {
+            reserved += ServerConfig::cache_shares([&t.settings]);
+            if reserved > self.server.cache_max_mib {
+                return Err(Invalid {
+                    span: Some(t.name.span()),
+                    message: format!(
+                        "tenant {:?}: the tenants' caches reserve {reserved} MiB up to it \
+                         (cache.max_mib), over the server's cache budget of {} MiB: raise \
+                         server.cache_max_mib or lower a tenant's cache.max_mib",
+                        t.name.get_ref(),
+                        self.server.cache_max_mib
+                    ),
+                });
+            }
+        }
         // Every (host, prefix) pair must belong to one tenant: the router's rule.
         let routes = self.tenants.iter().map(|t| {
             crate::router::Route::new(

@@ -65,6 +65,10 @@ pub struct ServerConfig {
     /// Whether the access line's `path` includes the query string (off: queries often carry
     /// tokens, and the log is not the place for them).
     pub access_log_query: bool,
+    /// The memory every tenant's cache in front of its guests may hold together, in MiB.
+    /// Each tenant with a cache reserves its `cache.max_mib` from it, so one tenant's traffic
+    /// never evicts another's answers; a tenant whose share does not fit is refused.
+    pub cache_max_mib: u64,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +93,7 @@ impl Default for ServerConfig {
             public_https_port: 0,
             trusted_proxies: Vec::new(),
             access_log_query: false,
+            cache_max_mib: 1024,
         }
     }
 }
@@ -155,6 +160,17 @@ impl ServerConfig {
             ".cache/tern",
             "tern-cache",
         )
+    }
+
+    /// The MiB of cache shares `tenants` reserve (those with a cache enabled).
+    pub fn cache_shares<'a, R: 'a>(
+        tenants: impl IntoIterator<Item = &'a super::TenantSettings<R>>,
+    ) -> u64 {
+        tenants
+            .into_iter()
+            .filter(|t| t.cache.enabled)
+            .map(|t| t.cache.max_mib)
+            .sum()
     }
 
     /// Worker threads to run: the configured number, or one per core.

@@ -19,7 +19,8 @@ use super::error::internal;
 use super::loader::ModuleCache;
 use super::upload::check_wasm_header;
 use super::{
-    Change, ChangeError, Deployed, Precondition, Registry, SpecChange, State, check_routes, shared,
+    Change, ChangeError, Deployed, Precondition, Registry, SpecChange, State, check_cache_budget,
+    check_routes, shared,
 };
 
 impl Registry {
@@ -62,6 +63,7 @@ impl Registry {
             None => None,
         };
         check_routes(&live, state.truth(), name, &spec)?;
+        check_cache_budget(&state, name, &spec)?;
         let mut entry = base.clone().unwrap_or_else(|| StoredTenant {
             spec: spec.clone(),
             current: None,

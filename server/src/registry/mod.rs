@@ -303,6 +303,20 @@ impl Registry {
             registry.served_after_start(&mut state, &api).await;
             state.manifest.clone()
         };
+        let reserved =
+            crate::config::ServerConfig::cache_shares(config.tenants.iter().map(|t| &t.settings))
+                + crate::config::ServerConfig::cache_shares(
+                    manifest.tenants.values().map(|t| &t.spec),
+                );
+        if reserved > config.server.cache_max_mib {
+            // Lowered since the API's tenants reserved their shares: they keep them (nothing
+            // deployed is dropped), and no tenant can reserve more until it fits again.
+            tracing::warn!(
+                "the tenants' caches reserve {reserved} MiB, over server.cache_max_mib = {} MiB; \
+                 raise it or lower a tenant's cache.max_mib",
+                config.server.cache_max_mib
+            );
+        }
         let removed = registry.loader.store.collect_garbage(&manifest);
         tracing::info!(
             config_tenants = n_config,
@@ -549,6 +563,35 @@ fn one_owner(
         ))),
         None => Ok(()),
     }
+}
+
+/// Checks that the cache share `name` asks for with `spec` fits in the server's cache budget
+/// beside the others' (the config file's tenants and the API's). In a fleet it is checked by
+/// the replica that takes the change, against its own budget.
+fn check_cache_budget(state: &State, name: &str, spec: &TenantSpec) -> Result<(), ChangeError> {
+    use crate::config::ServerConfig;
+    let budget = state.config.server.cache_max_mib;
+    let others = ServerConfig::cache_shares(state.config.tenants.iter().map(|t| &t.settings))
+        + ServerConfig::cache_shares(
+            state
+                .truth()
+                .tenants
+                .iter()
+                .filter(|(n, _)| *n != name)
+                .map(|(_, t)| &t.spec),
+        );
+    let asked = ServerConfig::cache_shares([spec]);
+    let held = ServerConfig::cache_shares(state.truth().tenants.get(name).map(|t| &t.spec));
+    // A change that does not grow the share is never refused (the budget may have been
+    // lowered since it was reserved).
+    if asked > held && others + asked > budget {
+        return Err(ChangeError::Conflict(format!(
+            "cache.max_mib = {asked} does not fit in this server's cache budget: other tenants \
+             reserve {others} of its {budget} MiB (server.cache_max_mib); ask for at most {}",
+            budget.saturating_sub(others)
+        )));
+    }
+    Ok(())
 }
 
 /// Checks that `name` with `spec` claims no route another tenant has: a serving one, or one

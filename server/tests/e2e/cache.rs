@@ -1069,3 +1069,297 @@ async fn a_thousand_concurrent_cold_requests_run_one_guest() {
         "the failed fill and one more"
     );
 }
+
+/// `ignore_query`, `sort_query` and `key_headers`: requests differing only in ignored or
+/// reordered parameters share one answer; requests differing in a keyed header do not; the
+/// guest gets the query as it was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_options_share_and_split_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "cache_headers");
+    let config = "[pool]\ninstances = 8\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"k\"\nmodule = \"cache_headers.wasm\"\npaths = [\"/k\"]\n\
+         [tenant.cache]\nenabled = true\nignore_query = [\"utm_*\", \"fbclid\"]\n\
+         sort_query = true\nkey_headers = [\"x-tier\"]\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let h = "h=cache-control:max-age%3D60";
+    let first = ask(&s, &format!("/k/p?a=1&{h}&utm_source=mail"), &[]).await;
+    assert_eq!(first.header("cache-status"), "tern; fwd=uri-miss; stored");
+    for same in [
+        format!("/k/p?a=1&{h}"),
+        format!("/k/p?utm_medium=x&a=1&{h}&fbclid=42"),
+        format!("/k/p?{h}&a=1"),
+    ] {
+        let r = ask(&s, &same, &[]).await;
+        assert_eq!(run_of(&r), run_of(&first), "{same}: {:?}", r.headers);
+    }
+    // A parameter that only starts like an ignored one, or another value, is another key.
+    for other in [format!("/k/p?a=1&{h}&fbclidx=1"), format!("/k/p?a=2&{h}")] {
+        let r = ask(&s, &other, &[]).await;
+        assert_ne!(run_of(&r), run_of(&first), "{other}");
+    }
+    // A keyed header splits the answers without a `Vary` from the guest.
+    let path = format!("/k/t?{h}");
+    let gold = ask(&s, &path, &[("x-tier", "gold")]).await;
+    let free = ask(&s, &path, &[("x-tier", "free")]).await;
+    let none = ask(&s, &path, &[]).await;
+    assert_ne!(run_of(&gold), run_of(&free));
+    assert_ne!(run_of(&none), run_of(&gold));
+    assert_eq!(
+        run_of(&ask(&s, &path, &[("x-tier", "gold")]).await),
+        run_of(&gold)
+    );
+    assert_eq!(run_of(&ask(&s, &path, &[]).await), run_of(&none));
+    // A prefix purge names keys by their path, whatever the key holds after it.
+    let (status, v) = s
+        .admin_call(
+            Method::POST,
+            "/admin/v1/tenants/k/cache/purge",
+            serde_json::json!({"prefixes": ["/k/t"]}).to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["purged"], 3, "{v}");
+    assert_ne!(
+        run_of(&ask(&s, &path, &[("x-tier", "gold")]).await),
+        run_of(&gold)
+    );
+
+    // The options are checked, in the file and the API.
+    let err = TestServer::try_start(
+        "[[tenant]]\nname = \"t\"\nmodule = \"builtin:hello\"\n[tenant.cache]\nenabled = true\n\
+         key_headers = [\"Cookie\"]\n",
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(format!("{err:#}").contains("cache.key_headers"), "{err:#}");
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/bad",
+            serde_json::json!({"paths": ["/bad"], "cache": {"enabled": true, "ignore_query": ["a=b"]}})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v.to_string().contains("cache.ignore_query"), "{v}");
+}
+
+/// The server's cache budget (`server.cache_max_mib`): each tenant's `cache.max_mib` is reserved
+/// from it; a share that does not fit is refused at start and by the API, and a change that
+/// does not grow a share is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_shares_are_reserved_from_the_servers_budget() {
+    let tenant = |name: &str, mib: u32| {
+        format!(
+            "[[tenant]]\nname = \"{name}\"\nmodule = \"builtin:hello\"\npaths = [\"/{name}\"]\n\
+             [tenant.cache]\nenabled = true\nmax_mib = {mib}\n"
+        )
+    };
+    let over = format!(
+        "[server]\ncache_max_mib = 100\n{}{}",
+        tenant("a", 60),
+        tenant("b", 41)
+    );
+    let err = TestServer::try_start(&over).await.err().expect("refused");
+    let err = format!("{err:#}");
+    assert!(
+        err.contains("tenant \"b\"") && err.contains("101 MiB") && err.contains("cache_max_mib"),
+        "{err}"
+    );
+    let fits = format!(
+        "[server]\ncache_max_mib = 100\n{}{}",
+        tenant("a", 60),
+        tenant("b", 40)
+    );
+    TestServer::try_start(&fits)
+        .await
+        .expect("100 of 100 MiB fits");
+
+    let s = TestServer::try_start(&format!(
+        "[server]\ncache_max_mib = 100\n{}",
+        tenant("a", 60)
+    ))
+    .await
+    .expect("start");
+    let s = &s;
+    let put = |name: &'static str, mib: u64| async move {
+        let spec = serde_json::json!({
+            "paths": [format!("/{name}")],
+            "cache": {"enabled": true, "max_mib": mib}
+        });
+        s.admin_call(
+            Method::PUT,
+            &format!("/admin/v1/tenants/{name}"),
+            spec.to_string(),
+        )
+        .await
+    };
+    let (status, v) = put("x", 41).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert!(
+        v.to_string().contains("at most 40") && v.to_string().contains("cache_max_mib"),
+        "{v}"
+    );
+    let (status, v) = put("x", 30).await;
+    assert!(status.is_success(), "{v}");
+    let (status, v) = put("y", 11).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert!(v.to_string().contains("at most 10"), "{v}");
+    // Growing x past what is left is refused; changing it otherwise, or shrinking it, is not.
+    let (status, v) = put("x", 41).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    let (status, v) = put("x", 40).await;
+    assert!(status.is_success(), "{v}");
+    let (status, v) = s
+        .admin_call(
+            Method::PATCH,
+            "/admin/v1/tenants/x",
+            serde_json::json!({"cache": {"enabled": false}}).to_string(),
+        )
+        .await;
+    assert!(status.is_success(), "{v}");
+    let (status, v) = put("y", 40).await;
+    assert!(
+        status.is_success(),
+        "a disabled cache reserves nothing: {v}"
+    );
+}
+
+/// A flood of unique URLs holds the tenant's cache within its share, and a URL asked often
+/// through it is still answered from memory (TinyLFU admission resists the scan; `moka`
+/// counts frequencies once the store is half full).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unique_keys_stays_within_the_share_and_keeps_what_is_asked_often() {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "cache_headers");
+    let config = "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"f\"\nmodule = \"cache_headers.wasm\"\npaths = [\"/f\"]\n\
+         [tenant.cache]\nenabled = true\nmax_mib = 1\n\
+         [[tenant]]\nname = \"o\"\nmodule = \"cache_headers.wasm\"\npaths = [\"/o\"]\n\
+         [tenant.cache]\nenabled = true\nmax_mib = 1\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let hot = "/f/hot?h=cache-control:max-age%3D600&n=8000";
+    let other = "/o/kept?h=cache-control:max-age%3D600&n=8000";
+    let hot_run = run_of(&ask(&s, hot, &[]).await);
+    let other_run = run_of(&ask(&s, other, &[]).await);
+    for _ in 0..30 {
+        assert_eq!(run_of(&ask(&s, hot, &[]).await), hot_run);
+    }
+    // 1,000 unique 8 KB answers: 8 MB through a 1 MiB share.
+    let addr = s.addr();
+    for batch in 0..50 {
+        let asks: Vec<_> = (0..20)
+            .map(|i| {
+                let path = format!("/f/scan{batch}-{i}?h=cache-control:max-age%3D600&n=8000");
+                tokio::spawn(async move {
+                    send(addr, Method::GET, &path, None, &[], Bytes::new()).await
+                })
+            })
+            .collect();
+        for a in asks {
+            assert_eq!(a.await.unwrap().status, StatusCode::OK);
+        }
+        // The popular URL is asked on through the scan, as it would be.
+        for _ in 0..3 {
+            assert_eq!(
+                run_of(&ask(&s, hot, &[]).await),
+                hot_run,
+                "the hot URL was evicted by batch {batch}"
+            );
+        }
+    }
+    assert_eq!(
+        run_of(&ask(&s, hot, &[]).await),
+        hot_run,
+        "the hot URL stayed"
+    );
+    assert_eq!(
+        run_of(&ask(&s, other, &[]).await),
+        other_run,
+        "another tenant's answers are not touched"
+    );
+    let gauge = |m: &str, t: &str| {
+        metric_value_or_zero(m, &format!("tern_cache_stored_bytes{{tenant=\"{t}\"}}"))
+    };
+    // The store settles its accounts as it is used: a few reads let it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let m = s.metrics().await;
+        let held = gauge(&m, "f");
+        if held <= 1024.0 * 1024.0 {
+            assert!(held > 0.0, "{m}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{held} bytes held past the 1 MiB share"
+        );
+        ask(&s, hot, &[]).await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let m = s.metrics().await;
+    assert!(
+        metric_value_or_zero(&m, "tern_cache_evictions_total{tenant=\"f\"}") > 0.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_value_or_zero(&m, "tern_cache_evictions_total{tenant=\"o\"}"),
+        0.0
+    );
+}
+
+/// Every guest kind's answers are cached by their headers: a `wasi:http` component and a CGI
+/// program beside the Tern ABI guest of the other tests (stored, hit, a client's `304`, a
+/// soft purge by tag revalidated with the guest's own `304`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn components_and_cgi_programs_are_cached_by_their_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::support::test_component(dir.path(), "component");
+    test_guest(dir.path(), "cgi_probe");
+    let config = "[pool]\ninstances = 8\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"comp\"\nmodule = \"component.wasm\"\npaths = [\"/comp\"]\n\
+         [tenant.cache]\nenabled = true\n\
+         [[tenant]]\nname = \"cgi\"\nmodule = \"cgi_probe.wasm\"\npaths = [\"/cgi\"]\n\
+         [tenant.cache]\nenabled = true\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    for (tenant, path, etag, tag) in [
+        ("comp", "/comp/cached", "\"w1\"", "component"),
+        ("cgi", "/cgi/cached", "\"c1\"", "cgi"),
+    ] {
+        let first = ask(&s, path, &[]).await;
+        assert_eq!(first.status, StatusCode::OK, "{tenant}: {}", first.text());
+        assert_eq!(first.header("cache-status"), "tern; fwd=uri-miss; stored");
+        assert_eq!(first.header("surrogate-key"), "", "tags are not sent on");
+        let hit = ask(&s, path, &[]).await;
+        assert!(
+            hit.header("cache-status").starts_with("tern; hit"),
+            "{tenant}"
+        );
+        assert_eq!(hit.body, first.body);
+        let not_modified = ask(&s, path, &[("if-none-match", etag)]).await;
+        assert_eq!(not_modified.status, StatusCode::NOT_MODIFIED, "{tenant}");
+        assert!(not_modified.body.is_empty());
+        assert_eq!(guest_runs(&s, tenant).await, 1.0, "{tenant}");
+
+        let (status, v) = s
+            .admin_call(
+                Method::POST,
+                &format!("/admin/v1/tenants/{tenant}/cache/purge"),
+                serde_json::json!({"tags": [tag], "soft": true}).to_string(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["purged"], 1, "{v}");
+        let again = ask(&s, path, &[]).await;
+        assert_eq!(again.status, StatusCode::OK);
+        assert_eq!(
+            again.header("cache-status"),
+            "tern; fwd=stale; fwd-status=304; stored",
+            "{tenant}"
+        );
+        assert_eq!(again.body, first.body, "{tenant}: the stored body, kept");
+        assert_eq!(guest_runs(&s, tenant).await, 2.0, "{tenant}");
+    }
+}

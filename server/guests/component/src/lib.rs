@@ -22,6 +22,8 @@
 //!   with the count (4 bytes, little endian): a client that holds the body back holds the
 //!   secret in a live guest.
 //! - `/seek`: grows its memory by 24 pages and answers how many bytes 0xA5 they hold.
+//! - `/cached`: `cache-control: max-age=60`, `etag: "w1"`, `surrogate-key: component` and a
+//!   body naming the instant it ran; `304` when `if-none-match` is `"w1"`.
 //! - `/upload?url=U&n=N[&trap=1]`: sends `POST U` and streams N bytes of body after the
 //!   request is on its way, then finishes the body and answers with the backend's status and
 //!   body length; with `trap=1` it panics after writing the bytes, before finishing the body.
@@ -125,6 +127,26 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
                     body.len()
                 );
                 respond(out, 200, &[("content-type", "text/plain")], text.as_bytes());
+            }
+            "/cached" => {
+                let headers = [
+                    ("cache-control", "max-age=60"),
+                    ("etag", "\"w1\""),
+                    ("surrogate-key", "component"),
+                ];
+                let matched = request
+                    .headers()
+                    .get(&"if-none-match".to_string())
+                    .first()
+                    .is_some_and(|v| v.as_slice() == b"\"w1\"");
+                if matched {
+                    respond(out, 304, &headers, b"");
+                } else {
+                    let nanos = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos());
+                    respond(out, 200, &headers, format!("run {nanos}\n").as_bytes());
+                }
             }
             "/big" => {
                 let n: usize = query(&path, "n").and_then(|n| n.parse().ok()).unwrap_or(0);

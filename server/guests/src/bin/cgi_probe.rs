@@ -13,6 +13,8 @@
 //! - `/read`: reads stdin to its end and reports how many bytes it got (or the error).
 //! - `/args`: its arguments, one per line.
 //! - `/env`: its environment (the request's meta-variables), one `NAME=value` per line.
+//! - `/cached`: `Cache-Control: max-age=60`, `ETag: "c1"`, `Surrogate-Key: cgi` and a body
+//!   naming the instant it ran; `Status: 304` when `If-None-Match` is `"c1"`.
 
 use std::io::{Read, Write};
 
@@ -69,6 +71,17 @@ fn main() {
             let _ = write!(out, "Content-Type: text/plain\n\n");
             for a in std::env::args() {
                 let _ = writeln!(out, "{a}");
+            }
+        }
+        "/cached" => {
+            let head = "Cache-Control: max-age=60\nETag: \"c1\"\nSurrogate-Key: cgi\n";
+            if std::env::var("HTTP_IF_NONE_MATCH").as_deref() == Ok("\"c1\"") {
+                let _ = write!(out, "Status: 304 Not Modified\n{head}\n");
+            } else {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos());
+                let _ = write!(out, "Content-Type: text/plain\n{head}\nrun {nanos}\n");
             }
         }
         "/env" => {
