@@ -11,6 +11,10 @@
 //! | `POST /admin/v1/tenants/{name}/rollback` | back to the previous version |
 //! | `DELETE /admin/v1/tenants/{name}` | remove a tenant |
 //! | `POST /admin/v1/tenants/{name}/cache/purge` | drop stored answers from its cache on this server: JSON `{"all": true}`, `{"prefixes": [...]}` or `{"tags": [...]}` |
+//! | `GET /admin/v1/tenants/{name}/variables` | its variables: plain ones with their values, secrets with a digest only |
+//! | `PUT /admin/v1/tenants/{name}/variables/{var}` | set a variable: JSON `{"value": "...", "secret": true}` (`secret` false or left out: plain); the next request reads it |
+//! | `DELETE /admin/v1/tenants/{name}/variables/{var}` | delete a variable |
+//! | `POST /admin/v1/secrets/reseal` | seal every secret again under the current secrets key (after a rotation) |
 //! | `POST /admin/v1/assets` | store a tar archive of assets; returns its hash |
 //! | `POST /admin/v1/reload` | re-read the config file (as `SIGHUP` does) |
 //! | `GET /admin/v1/certificates` | every certificate the TLS listener serves: config file, uploaded, ACME |
@@ -308,6 +312,23 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
         (&Method::POST, ["tenants", name, "cache", "purge"]) => {
             purge(&app, name, read_body(req, MAX_JSON_BYTES).await).await
         }
+        (&Method::GET, ["tenants", name, "variables"]) => registry
+            .variables(name)
+            .await
+            .map(|vars| (StatusCode::OK, json!({ "tenant": name, "variables": vars }))),
+        (&Method::PUT, ["tenants", name, "variables", var]) => {
+            set_variable(&app, name, var, read_body(req, MAX_JSON_BYTES).await).await
+        }
+        (&Method::DELETE, ["tenants", name, "variables", var]) => registry
+            .delete_variable(name, var)
+            .await
+            .map(|()| (StatusCode::OK, json!({ "tenant": name, "deleted": var }))),
+        (&Method::POST, ["secrets", "reseal"]) => registry.reseal().await.map(|n| {
+            (
+                StatusCode::OK,
+                json!({ "resealed": n, "key": registry.secrets_key_id() }),
+            )
+        }),
         (&Method::POST, ["assets"]) => match read_body(req, registry.max_upload()).await {
             Err(e) => Err(e),
             Ok(archive) => registry.put_assets(archive).await.map(|(hash, a)| {
@@ -337,11 +358,15 @@ async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
             ["tenants"]
             | ["tenants", _]
             | ["tenants", _, "module" | "rollback"]
-            | ["tenants", _, "cache", "purge"],
+            | ["tenants", _, "cache", "purge"]
+            | ["tenants", _, "variables"]
+            | ["tenants", _, "variables", _],
         )
-        | (_, ["assets"] | ["reload"] | ["fleet"] | ["fleet", "sync"]) => Err(
-            ChangeError::MethodNotAllowed(format!("{method} is not allowed on {path}")),
-        ),
+        | (_, ["assets"] | ["reload"] | ["fleet"] | ["fleet", "sync"] | ["secrets", "reseal"]) => {
+            Err(ChangeError::MethodNotAllowed(format!(
+                "{method} is not allowed on {path}"
+            )))
+        }
         _ => Err(ChangeError::NotFound(format!(
             "no admin endpoint {path}; see GET /admin/v1/tenants"
         ))),
@@ -375,6 +400,42 @@ async fn purge(
         .purge(name, &purge)
         .await
         .map(|v| (StatusCode::OK, v))
+}
+
+/// What `PUT /admin/v1/tenants/{name}/variables/{var}` reads.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetVariable {
+    value: String,
+    #[serde(default)]
+    secret: bool,
+}
+
+/// `PUT /admin/v1/tenants/{name}/variables/{var}`: sets a variable from the JSON `body`. A
+/// malformed body is described by where it is wrong, never by what it holds (it may be a
+/// secret).
+async fn set_variable(
+    app: &App,
+    name: &str,
+    var: &str,
+    body: Result<bytes::Bytes, ChangeError>,
+) -> Result<(StatusCode, Value), ChangeError> {
+    let set: SetVariable = serde_json::from_slice(&body?).map_err(|e| {
+        ChangeError::Invalid(format!(
+            "a variable is JSON {{\"value\": \"...\", \"secret\": true|false}} (this body is \
+             not, at line {} column {})",
+            e.line(),
+            e.column()
+        ))
+    })?;
+    let listed = app
+        .registry
+        .set_variable(name, var, &set.value, set.secret)
+        .await?;
+    Ok((
+        StatusCode::OK,
+        json!({ "tenant": name, "variable": listed }),
+    ))
 }
 
 /// `/admin/v1/certificates[/{name}]`.

@@ -22,6 +22,8 @@ pub struct Grants {
     pub outbound: Arc<crate::outbound::Calls>,
     /// The key-value stores its guests may open.
     pub kv: Arc<crate::kv::Grants>,
+    /// Its variables.
+    pub variables: Arc<crate::variables::Granted>,
 }
 
 impl Grants {
@@ -46,7 +48,15 @@ impl Grants {
             stores: g.stores.grant(&g.settings.kv)?,
             max_ops: g.settings.limits.max_kv_ops,
         });
-        Ok(Self { outbound, kv })
+        let variables = Arc::new(crate::variables::Granted::new(
+            g.tenant,
+            g.variables.clone(),
+        ));
+        Ok(Self {
+            outbound,
+            kv,
+            variables,
+        })
     }
 }
 
@@ -56,6 +66,8 @@ pub struct Capabilities {
     pub outbound: crate::outbound::Session,
     /// The tenant's key-value stores.
     pub kv: crate::kv::Session,
+    /// The tenant's variables.
+    pub variables: Arc<crate::variables::Granted>,
 }
 
 impl Capabilities {
@@ -69,6 +81,7 @@ impl Capabilities {
         Self {
             outbound: crate::outbound::Session::new(granted.outbound.clone(), request_id),
             kv: crate::kv::Session::new(granted.kv.clone(), trace),
+            variables: granted.variables.clone(),
         }
     }
 

@@ -113,6 +113,10 @@ pub struct StoredTenant {
     pub previous: Option<Version>,
     /// When the tenant was created (Unix seconds).
     pub created_at: u64,
+    /// Its variables (`tern var`, `tern secret`): plain values and sealed secrets, changed
+    /// without a new version.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub variables: BTreeMap<String, crate::variables::Stored>,
 }
 
 impl StoredTenant {
@@ -147,6 +151,7 @@ impl TenantSpec {
             module: spanned(&module.to_string()),
             kind: None,
             assets: None,
+            variables: BTreeMap::new(),
             settings: self.map_routes(spanned),
         }
     }
@@ -452,6 +457,7 @@ mod tests {
                 current: None,
                 previous: None,
                 created_at: 1,
+                variables: BTreeMap::new(),
             },
         );
         store.save_manifest(&m).unwrap();

@@ -51,6 +51,10 @@
 //!   bounded queue, batches committed together) and [`kv::redis`] (a Redis server a fleet
 //!   shares; writes as Lua scripts that check quotas on the server). `guest::module::tern::kv`
 //!   and `guest::wasi_http::kv` (Spin's key-value, `wasi:keyvalue`) map its errors to theirs.
+//! - [`variables`]: tenants' variables and secrets (plain, or sealed at rest under the
+//!   secrets key, [`variables::seal`]), the table guests read them from, following the
+//!   registry; `guest::wasi_http::variables` (Spin's variables, `wasi:config/store`) and CGI's
+//!   environment give them to guests.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
 //! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
 //!   before each teardown (with [`artifact`] and [`host`], the only modules with `unsafe`,
@@ -133,6 +137,7 @@ pub mod teardown;
 pub mod tenant;
 pub mod tls;
 pub mod trace;
+pub mod variables;
 
 /// A random number: a per-thread wyrand generator seeded from the standard library's
 /// per-process random keys. For ids and jitter, which need to be unique or spread, not secret.

@@ -146,6 +146,18 @@ enum Command {
         #[command(subcommand)]
         action: CacheAction,
     },
+    /// A tenant's plain variables on a running server (its guests read them through Spin's
+    /// variables, wasi:config or a CGI program's environment; the next request sees a change).
+    Var {
+        #[command(subcommand)]
+        action: VarAction,
+    },
+    /// A tenant's secret variables on a running server: sealed at rest, never shown again
+    /// (listed with a digest), read by its guests as variables are.
+    Secret {
+        #[command(subcommand)]
+        action: SecretAction,
+    },
     /// Manage the certificates a running server's TLS listener serves, kept in its data
     /// directory beside the tenants (config-file certificates are changed in the file).
     Cert {
@@ -218,6 +230,80 @@ enum CacheAction {
         /// their validators, and a `304` keeps the stored body.
         #[arg(long)]
         soft: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+/// `tern var ...`.
+#[derive(Debug, clap::Subcommand)]
+enum VarAction {
+    /// Set a plain variable (shown by `tern var list`; for a value to keep hidden use
+    /// `tern secret set`).
+    Set {
+        /// The tenant's name.
+        tenant: String,
+        /// The variable's name: lower-case letters, digits and `_`, starting with a letter.
+        name: String,
+        /// Its value.
+        value: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// List a tenant's variables: plain ones with their values, secrets with a digest.
+    List {
+        /// The tenant's name.
+        tenant: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Delete a variable (plain or secret).
+    Delete {
+        /// The tenant's name.
+        tenant: String,
+        /// The variable's name.
+        name: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+/// `tern secret ...`.
+#[derive(Debug, clap::Subcommand)]
+enum SecretAction {
+    /// Set a secret, its value read from standard input (one final newline dropped) or a
+    /// file; never from the command line, where other users and shell history see it.
+    Set {
+        /// The tenant's name.
+        tenant: String,
+        /// The secret's name: lower-case letters, digits and `_`, starting with a letter.
+        name: String,
+        /// Read the value from this file instead of standard input.
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// List a tenant's secrets: names, digests and when they were set, never values.
+    List {
+        /// The tenant's name.
+        tenant: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Delete a secret.
+    Delete {
+        /// The tenant's name.
+        tenant: String,
+        /// The secret's name.
+        name: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Seal every secret again under the server's current secrets key: the step of a key
+    /// rotation after every replica runs with the new key and the old one as
+    /// TERN_SECRETS_KEY_PREVIOUS.
+    Reseal {
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -396,6 +482,45 @@ fn main() -> ExitCode {
             };
             tern::cli::cache_purge(&t, &tenant, &purge).await
         }),
+        Command::Var { action } => match action {
+            VarAction::Set {
+                tenant,
+                name,
+                value,
+                admin,
+            } => admin.run(|t| async move {
+                tern::cli::set_variable(&t, &tenant, &name, &value, false).await
+            }),
+            VarAction::List { tenant, admin } => {
+                admin.run(|t| async move { tern::cli::list_variables(&t, &tenant, None).await })
+            }
+            VarAction::Delete {
+                tenant,
+                name,
+                admin,
+            } => admin.run(|t| async move { tern::cli::delete_variable(&t, &tenant, &name).await }),
+        },
+        Command::Secret { action } => match action {
+            SecretAction::Set {
+                tenant,
+                name,
+                file,
+                admin,
+            } => admin.run(|t| async move {
+                let value = tern::cli::read_secret(file.as_deref())?;
+                tern::cli::set_variable(&t, &tenant, &name, &value, true).await
+            }),
+            SecretAction::List { tenant, admin } => admin
+                .run(|t| async move { tern::cli::list_variables(&t, &tenant, Some(true)).await }),
+            SecretAction::Delete {
+                tenant,
+                name,
+                admin,
+            } => admin.run(|t| async move { tern::cli::delete_variable(&t, &tenant, &name).await }),
+            SecretAction::Reseal { admin } => {
+                admin.run(|t| async move { tern::cli::reseal(&t).await })
+            }
+        },
         Command::Cert { action } => match action {
             CertAction::Put {
                 name,

@@ -18,4 +18,6 @@ pub struct Preparing<'a> {
     pub metrics: &'a crate::metrics::Metrics,
     /// The key-value stores the server has.
     pub stores: &'a crate::kv::Stores,
+    /// Every tenant's variables.
+    pub variables: &'a std::sync::Arc<crate::variables::Table>,
 }

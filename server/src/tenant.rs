@@ -250,6 +250,8 @@ pub struct Shared<'a> {
     pub metrics: &'a Metrics,
     /// The key-value stores tenants may be granted.
     pub kv: &'a crate::kv::Stores,
+    /// Every tenant's variables (its guests read theirs).
+    pub variables: &'a Arc<crate::variables::Table>,
 }
 
 /// Loads the module a tenant's config names: `builtin:NAME`, a `.wasm` or a `.cwasm` file.
@@ -427,6 +429,7 @@ pub fn prepare(
         pool,
         metrics,
         kv,
+        variables,
     } = shared;
     let name = config.name.get_ref().clone();
     let refuse = |reason: String| TenantError::Abi {
@@ -455,6 +458,7 @@ pub fn prepare(
         log_budget: &log_budget,
         metrics,
         stores: kv,
+        variables,
     };
     let grants = crate::capabilities::Grants::prepare(&preparing).map_err(refuse)?;
     let front = crate::front::Front::prepare(&preparing);

@@ -51,6 +51,7 @@ impl Harness {
             pool: &self.pool,
             metrics: &self.metrics,
             kv: &tern::kv::Stores::default(),
+            variables: &std::sync::Arc::default(),
         };
         Ok(Arc::new(tenant::prepare(
             shared,

@@ -7,6 +7,10 @@
 //! read, add one, write); incr, cas (add one by compare-and-swap, retrying), list (every key,
 //! page by page), many (set-many of the body's `key=value` lines, then get-many) for wasi.
 //! A failure answers 500 with the error as the guest sees it.
+//!
+//! `/var/NAME` reads a variable as Spin's docs show (`spin_sdk::variables::get`), and
+//! `/config/NAME` through `wasi:config/store` (`/config/` alone: every name, with get-all):
+//! the value, or `404` with Spin's `undefined` / wasi:config's `none`, or `500` with the error.
 
 use spin_sdk::http::{IntoResponse, Request, Response};
 use spin_sdk::http_component;
@@ -15,6 +19,33 @@ use spin_sdk::wit::wasi::keyvalue::{atomics, batch, store as wasi};
 
 #[http_component]
 fn handle(req: Request) -> anyhow::Result<impl IntoResponse> {
+    if let Some((_, name)) = req.path().split_once("/var/") {
+        let (status, text) = match spin_sdk::variables::get(name) {
+            Ok(value) => (200, value),
+            Err(spin_sdk::variables::Error::Undefined(why)) => (404, format!("undefined: {why}")),
+            Err(e) => (500, format!("{e:?}")),
+        };
+        return Ok(Response::new(status, text));
+    }
+    if let Some((_, name)) = req.path().split_once("/config/") {
+        use spin_sdk::wit::wasi::config::store;
+        let (status, text) = if name.is_empty() {
+            match store::get_all() {
+                Ok(all) => {
+                    let names: Vec<String> = all.into_iter().map(|(k, _)| k).collect();
+                    (200, names.join(","))
+                }
+                Err(e) => (500, format!("{e:?}")),
+            }
+        } else {
+            match store::get(name) {
+                Ok(Some(value)) => (200, value),
+                Ok(None) => (404, "none".to_string()),
+                Err(e) => (500, format!("{e:?}")),
+            }
+        };
+        return Ok(Response::new(status, text));
+    }
     if let Some((_, rest)) = req.path().split_once("/kv/") {
         let (status, text) = match kv(rest, req.body()) {
             Ok(text) => (200, text),

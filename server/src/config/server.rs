@@ -69,6 +69,13 @@ pub struct ServerConfig {
     /// Each tenant with a cache reserves its `cache.max_mib` from it, so one tenant's traffic
     /// never evicts another's answers; a tenant whose share does not fit is refused.
     pub cache_max_mib: u64,
+    /// A file holding the secrets key (64 hex digits) that seals tenants' secret variables
+    /// at rest; `TERN_SECRETS_KEY` overrides it. With neither, a single server makes one in
+    /// its data directory (`secrets-key`, mode 0600); a fleet needs one.
+    pub secrets_key_file: String,
+    /// During a rotation of the secrets key, a file holding the previous key (what it sealed
+    /// still opens until `tern secret reseal`); `TERN_SECRETS_KEY_PREVIOUS` overrides it.
+    pub secrets_previous_key_file: String,
 }
 
 impl Default for ServerConfig {
@@ -94,6 +101,8 @@ impl Default for ServerConfig {
             trusted_proxies: Vec::new(),
             access_log_query: false,
             cache_max_mib: 1024,
+            secrets_key_file: String::new(),
+            secrets_previous_key_file: String::new(),
         }
     }
 }

@@ -25,6 +25,9 @@ pub struct TenantConfig {
     /// A directory (relative to the config file) loaded into memory at start-up and shown to
     /// the tenant's guests, read-only, as the preopened WASI directory `/assets`.
     pub assets: Option<Spanned<String>>,
+    /// `[tenant.variables]`: what its guests read as variables (Spin's, `wasi:config`, a CGI
+    /// program's environment), plain or secrets from the server's environment or files.
+    pub variables: std::collections::BTreeMap<String, crate::variables::Declared>,
     /// Routes, environment, limits, outbound policy, error responses.
     pub settings: TenantSettings<Spanned<String>>,
 }
@@ -322,6 +325,9 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
             &t.name,
             format!("tenant.name {name:?} must be 1-64 letters, digits, '-' or '_'"),
         );
+    }
+    if let Err(m) = crate::variables::check_declared(&t.variables) {
+        return here(&t.name, format!("tenant {name:?}: [tenant.variables]: {m}"));
     }
     if name == "other" || name == "none" {
         return here(

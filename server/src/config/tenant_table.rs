@@ -1,4 +1,4 @@
-//! How a `[[tenant]]` table is read: its own keys (name, module, kind, assets) and the
+//! How a `[[tenant]]` table is read: its own keys (name, module, kind, assets, variables) and the
 //! shared [`TenantSettings`] at the same level, each value with its place in the file.
 
 use serde::Deserialize;
@@ -7,7 +7,7 @@ use toml::Spanned;
 use super::tenant::{GuestKind, TenantConfig, TenantSettings};
 
 /// The keys of a `[[tenant]]` table that are the file's own, not [`TenantSettings`].
-const FILE_ONLY: [&str; 4] = ["name", "module", "kind", "assets"];
+const FILE_ONLY: [&str; 5] = ["name", "module", "kind", "assets", "variables"];
 
 /// The keys of [`TenantSettings`], as the file and the admin API write them: its fields, as
 /// serde names them (a new setting is a field there and nothing here).
@@ -83,6 +83,7 @@ struct FileOnly {
     module: Option<Spanned<String>>,
     kind: Option<GuestKind>,
     assets: Option<Spanned<String>>,
+    variables: Option<std::collections::BTreeMap<String, crate::variables::Declared>>,
 }
 
 impl<'de> serde::de::Visitor<'de> for FileTenant {
@@ -107,6 +108,7 @@ impl<'de> serde::de::Visitor<'de> for FileTenant {
                 .ok_or_else(|| A::Error::missing_field("module"))?,
             kind: own.kind,
             assets: own.assets,
+            variables: own.variables.unwrap_or_default(),
             settings,
         })
     }
@@ -178,6 +180,7 @@ impl<'de, A: serde::de::MapAccess<'de>> serde::de::MapAccess<'de> for Settings<'
                 "name" => self.own.name = Some(self.map.next_value()?),
                 "module" => self.own.module = Some(self.map.next_value()?),
                 "kind" => self.own.kind = Some(self.map.next_value()?),
+                "variables" => self.own.variables = Some(self.map.next_value()?),
                 _ => self.own.assets = Some(self.map.next_value()?),
             }
         }

@@ -19,7 +19,8 @@ fn core_capabilities(linker: &mut Linker<module::GuestState>) -> wasmtime::Resul
 fn component_capabilities(
     linker: &mut wasmtime::component::Linker<wasi_http::HttpState>,
 ) -> wasmtime::Result<()> {
-    wasi_http::kv::add_to_linker(linker)
+    wasi_http::kv::add_to_linker(linker)?;
+    wasi_http::variables::add_to_linker(linker)
 }
 
 /// The linkers every tenant is pre-linked against, by guest kind and whether it has assets.

@@ -69,6 +69,7 @@ impl Registry {
             current: None,
             previous: None,
             created_at: datadir::now(),
+            variables: std::collections::BTreeMap::new(),
         });
         entry.spec = spec;
         let etag = entry.etag();

@@ -48,12 +48,14 @@ impl Runtime {
         &'a self,
         metrics: &'a Metrics,
         kv: &'a crate::kv::Stores,
+        variables: &'a Arc<crate::variables::Table>,
     ) -> tenant::Shared<'a> {
         tenant::Shared {
             linkers: &self.linkers,
             pool: &self.pool,
             metrics,
             kv,
+            variables,
         }
     }
 }
@@ -70,6 +72,8 @@ pub(super) struct Loader {
     pub(super) max_upload: u64,
     /// The key-value stores tenants are granted (opened at start-up).
     pub(super) kv: crate::kv::Stores,
+    /// Every tenant's variables, which its guests read (following the registry).
+    pub(super) variables: Arc<crate::variables::Table>,
 }
 
 /// A deploy's hold on a module hash it stored and has not committed yet.
@@ -142,7 +146,7 @@ impl Loader {
         let mut config = config.clone();
         config.kind = Some(old.kind());
         Ok(tenant::prepare(
-            rt.shared(&self.metrics, &self.kv),
+            rt.shared(&self.metrics, &self.kv, &self.variables),
             compiled,
             &config,
             old.origin.clone(),
@@ -181,7 +185,7 @@ impl Loader {
             version: version.clone(),
         };
         Ok(tenant::prepare(
-            rt.shared(&self.metrics, &self.kv),
+            rt.shared(&self.metrics, &self.kv, &self.variables),
             module,
             &config,
             origin,
@@ -251,6 +255,7 @@ mod tests {
             metrics: Metrics::new(10),
             max_upload: 1 << 20,
             kv: crate::kv::Stores::default(),
+            variables: Arc::default(),
         })
     }
 

@@ -46,6 +46,9 @@ mod reset;
 mod shared;
 mod spec;
 mod upload;
+mod variables;
+
+pub use variables::Listed;
 
 pub use crate::change::ChangeError;
 use error::internal;
@@ -175,6 +178,8 @@ pub struct Registry {
     purges: tokio::sync::Mutex<purges::Applied>,
     /// When it started (Unix seconds): purges logged before then concern none of its answers.
     started_at: u64,
+    /// What seals and opens tenants' secret variables.
+    secrets: Arc<crate::variables::SecretsKey>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -257,6 +262,12 @@ impl Registry {
         let runtime = Runtime::new(engine.clone(), config.pool.clone())?;
         let kv = crate::kv::Stores::open(&config.kv, store.root(), &metrics.kv_operations)
             .map_err(anyhow::Error::msg)?;
+        let secrets = Arc::new(crate::variables::SecretsKey::load(
+            &config.server.secrets_key_file,
+            &config.server.secrets_previous_key_file,
+            store.root(),
+            fleet.is_some(),
+        )?);
         let snapshot = store.load_manifest()?;
         let (manifest, shared) = match &fleet {
             None => {
@@ -289,9 +300,15 @@ impl Registry {
                 runtime: ArcSwap::from_pointee(runtime),
                 metrics,
                 kv,
+                variables: Arc::default(),
             }),
+            secrets,
         };
         let started = Instant::now();
+        {
+            let state = registry.state.lock().await;
+            registry.follow_variables(&state, true);
+        }
         let mut tenants = registry.load_config_tenants(&config).await?;
         let api = registry.load_api_tenants(&manifest).await?;
         let (n_config, n_api) = (tenants.len(), api.len());
@@ -452,12 +469,41 @@ impl Registry {
             .cloned()
             .collect();
         state.manifest = manifest;
+        self.follow_variables(state, false);
         if let Some(live) = table {
             self.live.store(Arc::new(live));
         }
         self.forget(state, dropped).await;
         self.changed();
         Ok(())
+    }
+
+    /// Makes the variables guests read follow the config file's tenants and the manifest's
+    /// (`reread_file`: the config file's secrets are read again from the environment and
+    /// files). A tenant whose secrets cannot be opened here is logged, without its values.
+    fn follow_variables(&self, state: &State, reread_file: bool) {
+        let sources = crate::variables::Sources {
+            file: state
+                .config
+                .tenants
+                .iter()
+                .map(|t| (t.name.get_ref().as_str(), &t.variables))
+                .collect(),
+            base_dir: &state.config.base_dir,
+            api: state
+                .manifest
+                .tenants
+                .iter()
+                .map(|(n, t)| (n.as_str(), &t.variables))
+                .collect(),
+            reread_file,
+        };
+        for (tenant, why) in self.loader.variables.follow(&sources, &self.secrets) {
+            tracing::error!(
+                tenant,
+                "its guests cannot read their variables on this server: {why}"
+            );
+        }
     }
 
     /// Writes the data directory's manifest, off the reactor.

@@ -134,6 +134,7 @@ mod tests {
             current: None,
             previous: None,
             created_at,
+            variables: std::collections::BTreeMap::new(),
         }
     }
 

@@ -19,6 +19,7 @@ impl Registry {
     ) -> Result<BTreeMap<String, TenantRef>, anyhow::Error> {
         let (rt, metrics) = (self.loader.runtime(), self.loader.metrics.clone());
         let kv = self.loader.kv.clone();
+        let variables = self.loader.variables.clone();
         let (tenants, base) = (config.tenants.clone(), config.base_dir.clone());
         // Metric labels go to tenants in the file's order (loading below is parallel).
         for t in &tenants {
@@ -36,7 +37,7 @@ impl Registry {
                 let assets = tenant::load_assets(t, &base, max)?;
                 let carried = live.carried(t.name.get_ref());
                 tenant::prepare(
-                    rt.shared(&metrics, &kv),
+                    rt.shared(&metrics, &kv, &variables),
                     &loaded.module,
                     t,
                     Origin::Config,
@@ -211,6 +212,7 @@ impl Registry {
         state.config.tenants = config.tenants;
         state.config.certificates = config.certificates;
         state.config.base_dir = config.base_dir;
+        self.follow_variables(&state, true);
         if config.kv != state.config.kv {
             tracing::warn!(
                 "the config's [kv] stores changed: they take effect at the next restart"

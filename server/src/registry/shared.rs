@@ -246,6 +246,13 @@ impl Registry {
                     tenants.remove(name);
                     next.set(name, Some(t.clone()));
                 }
+                (Some(v), Some(_))
+                    if running_version == Some(v)
+                        && served.tenants.get(name).is_some_and(|s| s.spec == t.spec) =>
+                {
+                    // Only its variables changed: they follow the record, nothing is loaded.
+                    next.set(name, Some(t.clone()));
+                }
                 (Some(v), Some(r)) if running_version == Some(v) => {
                     // Only the spec changed: the running module with the new spec.
                     let config = t.spec.to_config(name, "(admin API)");
@@ -310,6 +317,7 @@ impl Registry {
                 .iter()
                 .any(|(n, t)| served.tenants.get(n) != Some(t));
         state.manifest = next;
+        self.follow_variables(state, false);
         self.live.store(Arc::new(table));
         self.forget(state, dropped).await;
         self.changed();
@@ -361,6 +369,7 @@ impl Registry {
             tracing::error!("cannot save the registry's snapshot in the data directory: {e}");
         }
         state.manifest = served;
+        self.follow_variables(state, false);
         self.changed();
     }
 

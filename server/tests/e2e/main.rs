@@ -33,3 +33,4 @@ mod tenants;
 mod tls;
 mod toolchains;
 mod traces;
+mod variables;

@@ -727,6 +727,7 @@ mod tests {
             current: None,
             previous: None,
             created_at,
+            variables: std::collections::BTreeMap::new(),
         };
         let mut m = Manifest::default();
         for (i, name) in ["a", "b", "c"].into_iter().enumerate() {

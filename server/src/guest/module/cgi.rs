@@ -91,8 +91,13 @@ pub fn args(request: &GuestRequest) -> Vec<String> {
 }
 
 /// The RFC 3875 meta-variables of a request (and WAGI's `X_*` additions), followed by the
-/// tenant's own environment (which cannot override them).
-pub fn env(request: &GuestRequest, spec: &WasiSpec) -> Vec<(String, String)> {
+/// tenant's variables (`api_key` as `API_KEY`: a CGI program's environment is how it is
+/// configured) and its own environment, neither of which can override what comes before.
+pub fn env(
+    request: &GuestRequest,
+    spec: &WasiSpec,
+    variables: &[(String, String)],
+) -> Vec<(String, String)> {
     let ctx: &RequestContext = &request.context;
     let path = request.uri.path();
     // SCRIPT_NAME is the route prefix without a trailing `/`, and PATH_INFO the rest, which
@@ -203,6 +208,12 @@ pub fn env(request: &GuestRequest, spec: &WasiSpec) -> Vec<(String, String)> {
             name.as_str().to_ascii_uppercase().replace('-', "_")
         );
         set(&key, value);
+    }
+    for (k, v) in variables {
+        let k = k.to_ascii_uppercase();
+        if !vars.iter().any(|(known, _)| *known == k) {
+            vars.push((k, v.clone()));
+        }
     }
     for (k, v) in &spec.env {
         if !vars.iter().any(|(known, _)| known == k) {
@@ -585,7 +596,11 @@ mod tests {
             env: vec![],
             stdio_bytes: 100,
         };
-        env(&request, &spec)
+        env(
+            &request,
+            &spec,
+            &[("request_method".into(), "not this".into())],
+        )
     }
 
     fn var<'a>(vars: &'a [(String, String)], key: &str) -> Option<&'a str> {

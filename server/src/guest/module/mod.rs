@@ -70,8 +70,14 @@ impl GuestState {
     /// request's meta-variables.
     pub(in crate::guest) fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {
         let (request, cgi) = (&self.request, self.cgi.is_some());
-        self.wasi
-            .ctx(|spec| cgi.then(|| (cgi::args(request), cgi::env(request, spec))))
+        let variables = &self.host.variables;
+        self.wasi.ctx(|spec| {
+            cgi.then(|| {
+                // A tenant whose secrets cannot be opened here gives its program none of them.
+                let values = variables.values().all().unwrap_or_default();
+                (cgi::args(request), cgi::env(request, spec, &values))
+            })
+        })
     }
 }
 

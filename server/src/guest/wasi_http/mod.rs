@@ -16,6 +16,7 @@
 pub mod body;
 pub mod hooks;
 pub mod kv;
+pub mod variables;
 
 use std::sync::Arc;
 
@@ -268,8 +269,9 @@ fn link_message(e: &wasmtime::Error) -> String {
         )
     } else {
         format!(
-            "{text}; Tern provides WASI 0.2 and wasi:http, not the host APIs of other platforms \
-             (e.g. Spin's variables, SQLite or Redis)"
+            "{text}; Tern provides WASI 0.2, wasi:http, Spin's key-value and variables, \
+             wasi:keyvalue and wasi:config, not other platforms' host APIs (e.g. Spin's SQLite \
+             or Redis)"
         )
     }
 }

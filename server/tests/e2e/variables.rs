@@ -1,0 +1,313 @@
+//! Tenants' variables and secrets: set through the admin API (and the config file), read by
+//! guests through the APIs they already use (a Spin component built with spin-sdk reads them
+//! with `spin_sdk::variables` and `wasi:config/store`; a CGI program in its environment),
+//! a secret never shown by the API nor written in clear text, another key opening nothing,
+//! and a rotation of the key keeping every secret.
+
+use http::{Method, StatusCode};
+
+use crate::support::{TestServer, restart_dir, spin_module, test_guest};
+
+const SECRET: &str = "sk-live-TESTSECRET-4242";
+
+/// A server (its secrets key in the file `key` holding `key`) with a spin-sdk 5 component at
+/// `/spin` and a CGI program at `/cgi`, both API tenants.
+async fn server_in(dir: tempfile::TempDir, key: &str, previous: Option<&str>) -> TestServer {
+    std::fs::write(dir.path().join("key"), format!("{key}\n")).unwrap();
+    let mut server = format!(
+        "[server]\nsecrets_key_file = \"{}\"\n",
+        dir.path().join("key").display()
+    );
+    if let Some(p) = previous {
+        std::fs::write(dir.path().join("previous"), p).unwrap();
+        server.push_str(&format!(
+            "secrets_previous_key_file = \"{}\"\n",
+            dir.path().join("previous").display()
+        ));
+    }
+    TestServer::try_start_in(
+        dir,
+        &format!("{server}[pool]\ninstances = 8\nmax_memory_mib = 64\n"),
+    )
+    .await
+    .expect("start")
+}
+
+async fn deploy_guests(s: &TestServer) {
+    let spin = std::fs::read(spin_module(s.dir.path(), 5, "spin5")).unwrap();
+    s.deploy("spin", "/spin", &spin).await;
+    test_guest(s.dir.path(), "cgi_probe");
+    let cgi = std::fs::read(s.dir.path().join("cgi_probe.wasm")).unwrap();
+    s.deploy_as("cgi", "/cgi", &cgi, "cgi").await;
+}
+
+async fn set(
+    s: &TestServer,
+    tenant: &str,
+    name: &str,
+    value: &str,
+    secret: bool,
+) -> serde_json::Value {
+    let (status, v) = s
+        .admin_call(
+            Method::PUT,
+            &format!("/admin/v1/tenants/{tenant}/variables/{name}"),
+            serde_json::json!({ "value": value, "secret": secret }).to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v
+}
+
+/// Every file under `dir` that holds `needle`.
+fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if std::fs::read(&path)
+                .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle))
+            {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+const KEY1: &str = "1111111111111111111111111111111111111111111111111111111111111111";
+const KEY2: &str = "2222222222222222222222222222222222222222222222222222222222222222";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guests_read_variables_and_secrets_that_the_api_never_shows() {
+    let s = server_in(tempfile::tempdir().unwrap(), KEY1, None).await;
+    deploy_guests(&s).await;
+    // Undefined is Spin's `undefined` and wasi:config's `none`, not a trap.
+    let r = s.get("/spin/var/region").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text());
+    assert!(r.text().starts_with("undefined"), "{}", r.text());
+    assert_eq!(
+        s.get("/spin/config/region").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    set(&s, "spin", "region", "eu-west", false).await;
+    let v = set(&s, "spin", "api_key", SECRET, true).await;
+    assert!(!v.to_string().contains(SECRET), "{v}");
+    assert_eq!(v["variable"]["secret"], true);
+    assert_eq!(v["variable"]["digest"].as_str().unwrap().len(), 16);
+    set(&s, "cgi", "api_key", SECRET, true).await;
+    set(&s, "cgi", "region", "eu-west", false).await;
+
+    // The next request reads them, with no new version.
+    for (path, want) in [
+        ("/spin/var/region", "eu-west"),
+        ("/spin/var/api_key", SECRET),
+        ("/spin/config/api_key", SECRET),
+        ("/spin/config/region", "eu-west"),
+        ("/spin/config/", "api_key,region"),
+    ] {
+        let r = s.get(path).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
+        assert_eq!(r.text(), want, "{path}");
+    }
+    let env = s.get("/cgi/env").await.text();
+    assert!(env.contains(&format!("API_KEY={SECRET}\n")), "{env}");
+    assert!(env.contains("REGION=eu-west\n"), "{env}");
+    // A variable cannot override a CGI meta-variable.
+    set(&s, "cgi", "request_method", "POST", false).await;
+    assert!(
+        s.get("/cgi/env")
+            .await
+            .text()
+            .contains("REQUEST_METHOD=GET\n")
+    );
+
+    // The API lists a secret's name and digest, never its value, wherever a tenant is shown.
+    let (status, listed) = s
+        .admin_call(Method::GET, "/admin/v1/tenants/spin/variables", "")
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let vars = listed["variables"].as_array().unwrap();
+    assert_eq!(vars.len(), 2, "{listed}");
+    assert_eq!(vars[0]["name"], "api_key");
+    assert!(vars[0].get("value").is_none(), "{listed}");
+    assert_eq!(vars[1]["value"], "eu-west");
+    for path in [
+        "/admin/v1/tenants/spin/variables",
+        "/admin/v1/tenants/spin",
+        "/admin/v1/tenants",
+    ] {
+        let (_, v) = s.admin_call(Method::GET, path, "").await;
+        assert!(!v.to_string().contains(SECRET), "{path}: {v}");
+    }
+    // Setting the same value again gives the same digest; another value another one.
+    let again = set(&s, "spin", "api_key", SECRET, true).await;
+    assert_eq!(again["variable"]["digest"], v["variable"]["digest"]);
+    let other = set(&s, "cgi", "other", "x", true).await;
+    assert_ne!(other["variable"]["digest"], v["variable"]["digest"]);
+
+    // Bad input: a clear error, and never the value back.
+    for (body, status) in [
+        (
+            serde_json::json!({"value": SECRET, "secret": true, "extra": 1}).to_string(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (format!("{{\"value\": {SECRET}}}"), StatusCode::BAD_REQUEST),
+        (
+            serde_json::json!({"value": "x".repeat(32 * 1024 + 1), "secret": true}).to_string(),
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let (got, v) = s
+            .admin_call(Method::PUT, "/admin/v1/tenants/spin/variables/bad", body)
+            .await;
+        assert_eq!(got, status, "{v}");
+        assert!(
+            !v.to_string().contains(SECRET) && !v.to_string().contains("xxxx"),
+            "{v}"
+        );
+    }
+    let limit = "x".repeat(32 * 1024);
+    set(&s, "spin", "big", &limit, true).await;
+    assert_eq!(s.get("/spin/var/big").await.text(), limit);
+    let (got, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/spin/variables/Bad-Name",
+            serde_json::json!({"value": "x"}).to_string(),
+        )
+        .await;
+    assert_eq!(got, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v.to_string().contains("not a variable name"), "{v}");
+    let (got, _) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/nobody/variables/a",
+            serde_json::json!({"value": "x"}).to_string(),
+        )
+        .await;
+    assert_eq!(got, StatusCode::NOT_FOUND);
+
+    // Deleted: undefined again at once.
+    let (got, _) = s
+        .admin_call(
+            Method::DELETE,
+            "/admin/v1/tenants/spin/variables/region",
+            "",
+        )
+        .await;
+    assert_eq!(got, StatusCode::OK);
+    assert_eq!(
+        s.get("/spin/var/region").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let (got, _) = s
+        .admin_call(
+            Method::DELETE,
+            "/admin/v1/tenants/spin/variables/region",
+            "",
+        )
+        .await;
+    assert_eq!(got, StatusCode::NOT_FOUND);
+
+    // Nothing on disk holds the secret in clear text (the manifest holds it sealed).
+    let found = files_holding(s.dir.path(), SECRET.as_bytes());
+    assert!(found.is_empty(), "clear text in {found:?}");
+    let manifest = std::fs::read_to_string(s.dir.path().join("data/manifest.json")).unwrap();
+    assert!(manifest.contains("\"sealed\""), "{manifest}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_key_opens_no_secret_and_a_rotation_keeps_every_one() {
+    let s = server_in(tempfile::tempdir().unwrap(), KEY1, None).await;
+    deploy_guests(&s).await;
+    set(&s, "spin", "api_key", SECRET, true).await;
+    set(&s, "spin", "region", "eu-west", false).await;
+    assert_eq!(s.get("/spin/var/api_key").await.text(), SECRET);
+
+    // Restarted with another key: the tenant serves, its reads fail and say why.
+    let s = server_in(restart_dir(s), KEY2, None).await;
+    let r = s.get("/spin/var/api_key").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
+    assert!(
+        r.text().contains("Provider") && r.text().contains("TERN_SECRETS_KEY"),
+        "{}",
+        r.text()
+    );
+    assert!(!r.text().contains(SECRET));
+    assert_eq!(
+        s.get("/spin/config/region").await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    assert_eq!(
+        s.get("/spin/hello").await.status,
+        StatusCode::OK,
+        "the tenant still serves"
+    );
+
+    // A rotation: the new key with the old as the previous one opens them; a reseal moves
+    // them to the new key; then the old key is no longer needed.
+    let s = server_in(restart_dir(s), KEY2, Some(KEY1)).await;
+    assert_eq!(s.get("/spin/var/api_key").await.text(), SECRET);
+    let (status, v) = s
+        .admin_call(Method::POST, "/admin/v1/secrets/reseal", "")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["resealed"], 1, "{v}");
+    let (_, v) = s
+        .admin_call(Method::POST, "/admin/v1/secrets/reseal", "")
+        .await;
+    assert_eq!(v["resealed"], 0, "{v}");
+    let s = server_in(restart_dir(s), KEY2, None).await;
+    assert_eq!(s.get("/spin/var/api_key").await.text(), SECRET);
+    assert_eq!(s.get("/spin/var/region").await.text(), "eu-west");
+}
+
+/// A config-file tenant's variables: plain ones in the file, secrets from a file or the
+/// server's environment (never a literal in the file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_file_variables_and_secrets_from_files_and_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    spin_module(dir.path(), 5, "spin5");
+    std::fs::write(dir.path().join("api-key"), format!("{SECRET}\n")).unwrap();
+    let config = "[pool]\ninstances = 8\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"spin\"\nmodule = \"spin5.wasm\"\npaths = [\"/spin\"]\n\
+         [tenant.variables]\nregion = \"eu-west\"\napi_key = { secret_file = \"api-key\" }\n\
+         home = { secret_env = \"HOME\" }\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    assert_eq!(s.get("/spin/var/region").await.text(), "eu-west");
+    assert_eq!(s.get("/spin/var/api_key").await.text(), SECRET);
+    assert_eq!(
+        s.get("/spin/var/home").await.text(),
+        std::env::var("HOME").unwrap_or_default()
+    );
+    // The file's tenants are changed in the file.
+    let (status, _) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/spin/variables/region",
+            serde_json::json!({"value": "x"}).to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+
+    for (vars, want) in [
+        ("Region = \"x\"", "not a variable name"),
+        (
+            "a = { secret_env = \"A\", secret_file = \"b\" }",
+            "one of secret_env or secret_file",
+        ),
+    ] {
+        let err = TestServer::try_start(&format!(
+            "[[tenant]]\nname = \"t\"\nmodule = \"builtin:hello\"\n[tenant.variables]\n{vars}\n"
+        ))
+        .await
+        .err()
+        .expect("refused");
+        assert!(format!("{err:#}").contains(want), "{err:#}");
+    }
+}
