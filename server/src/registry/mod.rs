@@ -178,8 +178,9 @@ pub struct Registry {
     purges: tokio::sync::Mutex<purges::Applied>,
     /// When it started (Unix seconds): purges logged before then concern none of its answers.
     started_at: u64,
-    /// What seals and opens tenants' secret variables.
-    secrets: Arc<crate::variables::SecretsKey>,
+    /// What seals and opens tenants' secret variables (none: a fleet's replica not given
+    /// the fleet's key, which neither sets nor reads secrets).
+    secrets: Option<Arc<crate::variables::SecretsKey>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -262,12 +263,17 @@ impl Registry {
         let runtime = Runtime::new(engine.clone(), config.pool.clone())?;
         let kv = crate::kv::Stores::open(&config.kv, store.root(), &metrics.kv_operations)
             .map_err(anyhow::Error::msg)?;
-        let secrets = Arc::new(crate::variables::SecretsKey::load(
+        let secrets = crate::variables::SecretsKey::load(
             &config.server.secrets_key_file,
             &config.server.secrets_previous_key_file,
             store.root(),
             fleet.is_some(),
-        )?);
+        )?
+        .map(Arc::new);
+        match &secrets {
+            Some(key) => tracing::info!(key = key.id(), from = %key.source, "secrets key"),
+            None => tracing::warn!("{}", crate::variables::seal::NO_KEY),
+        }
         let snapshot = store.load_manifest()?;
         let (manifest, shared) = match &fleet {
             None => {
@@ -498,7 +504,11 @@ impl Registry {
                 .collect(),
             reread_file,
         };
-        for (tenant, why) in self.loader.variables.follow(&sources, &self.secrets) {
+        for (tenant, why) in self
+            .loader
+            .variables
+            .follow(&sources, self.secrets.as_deref())
+        {
             tracing::error!(
                 tenant,
                 "its guests cannot read their variables on this server: {why}"

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::{Change, ChangeError, Registry};
 use crate::datadir::{self, StoredTenant};
-use crate::variables::{MAX_VARIABLES, Stored, check_name, check_value};
+use crate::variables::{MAX_VARIABLES, SecretsKey, Stored, check_name, check_value};
 
 /// A variable as the admin API lists it: a secret's value is never in it.
 #[derive(Debug, Serialize)]
@@ -54,8 +54,15 @@ impl Listed {
 
 impl Registry {
     /// The id of the secrets key sealing new secrets (not secret: derived one-way).
-    pub fn secrets_key_id(&self) -> &str {
-        self.secrets.id()
+    pub fn secrets_key_id(&self) -> Option<&str> {
+        self.secrets.as_deref().map(SecretsKey::id)
+    }
+
+    /// The secrets key, or why there is none here (`409`).
+    fn key(&self) -> Result<std::sync::Arc<SecretsKey>, ChangeError> {
+        self.secrets
+            .clone()
+            .ok_or_else(|| ChangeError::Conflict(crate::variables::seal::NO_KEY.into()))
     }
 
     /// The variables of API tenant `name` (a config-file tenant's are in the file).
@@ -94,9 +101,10 @@ impl Registry {
         check_value(var, value).map_err(ChangeError::Invalid)?;
         let updated_at = datadir::now();
         let stored = if secret {
+            let key = self.key()?;
             Stored::Secret {
-                sealed: self.secrets.seal(name, var, value),
-                digest: self.secrets.digest(name, var, value),
+                sealed: key.seal(name, var, value),
+                digest: key.digest(name, var, value),
                 updated_at,
             }
         } else {
@@ -144,13 +152,14 @@ impl Registry {
     /// A secret neither key opens (`409`, naming it; nothing after it is changed), or a
     /// registry that cannot be written.
     pub async fn reseal(&self) -> Result<usize, ChangeError> {
+        let key = self.key()?;
         let names: Vec<String> = {
             let state = self.state.lock().await;
             state.truth().tenants.keys().cloned().collect()
         };
         let mut count = 0;
         for name in names {
-            let key = self.secrets.clone();
+            let key = key.clone();
             let mut resealed = 0;
             let outcome = self
                 .change_variables(&name, |vars| {
@@ -187,11 +196,7 @@ impl Registry {
                 Err(e) => return Err(e),
             }
         }
-        tracing::info!(
-            secrets = count,
-            key = self.secrets.id(),
-            "secrets sealed again"
-        );
+        tracing::info!(secrets = count, key = key.id(), "secrets sealed again");
         Ok(count)
     }
 

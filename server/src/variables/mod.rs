@@ -277,8 +277,12 @@ fn resolve_declared(declared: &BTreeMap<String, Declared>, base_dir: &std::path:
     }
 }
 
-/// An API tenant's stored variables opened with `key`.
-fn open_stored(tenant: &str, stored: &BTreeMap<String, Stored>, key: &SecretsKey) -> Values {
+/// An API tenant's stored variables opened with `key` (none: secrets cannot be opened).
+fn open_stored(
+    tenant: &str,
+    stored: &BTreeMap<String, Stored>,
+    key: Option<&SecretsKey>,
+) -> Values {
     let mut values = BTreeMap::new();
     let mut unreadable = None;
     for (name, s) in stored {
@@ -286,7 +290,10 @@ fn open_stored(tenant: &str, stored: &BTreeMap<String, Stored>, key: &SecretsKey
             Stored::Plain { value, .. } => {
                 values.insert(name.clone(), Value::Plain(value.as_str().into()));
             }
-            Stored::Secret { sealed, .. } => match key.open(tenant, name, sealed) {
+            Stored::Secret { sealed, .. } => match key
+                .ok_or_else(|| seal::NO_KEY.to_string())
+                .and_then(|k| k.open(tenant, name, sealed))
+            {
                 Ok(secret) => {
                     values.insert(name.clone(), Value::Secret(secret));
                 }
@@ -344,7 +351,7 @@ impl Table {
     /// Makes the table follow `sources`: tenants whose variables changed get new values,
     /// tenants no longer there are dropped. Returns the tenants whose secrets cannot be
     /// opened here, with why.
-    pub fn follow(&self, sources: &Sources<'_>, key: &SecretsKey) -> Vec<(String, String)> {
+    pub fn follow(&self, sources: &Sources<'_>, key: Option<&SecretsKey>) -> Vec<(String, String)> {
         let mut known = self
             .sources
             .lock()
@@ -482,7 +489,7 @@ mod tests {
         };
         assert!(
             table
-                .follow(&sources(vec![("t", &stored)]), &key)
+                .follow(&sources(vec![("t", &stored)]), Some(&key))
                 .is_empty()
         );
         let values = granted.values();
@@ -490,19 +497,23 @@ mod tests {
         assert_eq!(values.get("s"), Found::Value("hush"));
         assert_eq!(values.get("b"), Found::Undefined);
         // Unchanged sources keep their values (nothing is opened again).
-        table.follow(&sources(vec![("t", &stored)]), &key);
+        table.follow(&sources(vec![("t", &stored)]), Some(&key));
         assert!(Arc::ptr_eq(&values, &granted.values()));
         // Another key opens nothing and says so.
         let other = SecretsKey::new(&[8; 32], None, "test".into());
         let fresh = Table::default();
-        let why = fresh.follow(&sources(vec![("t", &stored)]), &other);
+        let why = fresh.follow(&sources(vec![("t", &stored)]), Some(&other));
         assert_eq!(why.len(), 1);
         assert!(matches!(
             fresh.of("t").unwrap().get("a"),
             Found::Unavailable(_)
         ));
         // A tenant gone is dropped.
-        table.follow(&sources(vec![]), &key);
+        table.follow(&sources(vec![]), Some(&key));
+        // Without a key (a fleet's replica not given one) secrets say why they cannot be read.
+        let keyless = Table::default();
+        let why = keyless.follow(&sources(vec![("t", &stored)]), None);
+        assert!(why[0].1.contains("TERN_SECRETS_KEY"), "{why:?}");
         assert_eq!(granted.values().get("a"), Found::Undefined);
     }
 

@@ -4,8 +4,9 @@
 //!
 //! The key is the operator's: `TERN_SECRETS_KEY` (64 hex digits), else the file
 //! `server.secrets_key_file` names; with neither, a single server makes one in its data
-//! directory (`secrets-key`, mode 0600) and keeps it, and a fleet refuses to start (every
-//! replica must open what any replica sealed). It is not the admin token, which can rotate
+//! directory (`secrets-key`, mode 0600) and keeps it; a fleet's replica has none (every
+//! replica must open what any replica sealed, so a key of its own would not do): it serves,
+//! and refuses to set or read secrets until it is given the fleet's key. It is not the admin token, which can rotate
 //! without touching a secret. To rotate the key itself, the old one is given as the previous
 //! key (`TERN_SECRETS_KEY_PREVIOUS`, `server.secrets_previous_key_file`): what it sealed is
 //! opened with it until `tern secret reseal` seals everything again under the new one.
@@ -16,6 +17,11 @@ use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKe
 use aws_lc_rs::hmac;
 
 use super::Secret;
+
+/// Why a fleet's replica without the fleet's secrets key neither sets nor reads secrets.
+pub const NO_KEY: &str = "this replica has no secrets key: the replicas of a fleet share one, \
+     given to each as TERN_SECRETS_KEY (64 hex digits, e.g. from `openssl rand -hex 32`) or \
+     server.secrets_key_file; plain variables need none";
 
 /// The start of every sealed value, before the sealing key's id.
 const FORMAT: &str = "v1";
@@ -78,30 +84,28 @@ impl SecretsKey {
     }
 
     /// The key the server is configured with (see the module docs); `fleet`: the server
-    /// shares a registry, where a key of its own would open nothing the others sealed.
+    /// shares a registry, where a key of its own would open nothing the others sealed (then
+    /// `None` without a configured key).
     ///
     /// # Errors
-    /// A key that is not 64 hex digits, a file that cannot be read, a fleet without a key,
-    /// or a key that cannot be made.
+    /// A key that is not 64 hex digits, a file that cannot be read, or a key that cannot be
+    /// made.
     pub fn load(
         key_file: &str,
         previous_file: &str,
         data_dir: &Path,
         fleet: bool,
-    ) -> anyhow::Result<Self> {
+    ) -> anyhow::Result<Option<Self>> {
         let (current, source) = match configured("TERN_SECRETS_KEY", key_file)? {
             Some(found) => found,
-            None if fleet => anyhow::bail!(
-                "a fleet needs a secrets key shared by every replica: set TERN_SECRETS_KEY (64 \
-                 hex digits, e.g. from `openssl rand -hex 32`) or server.secrets_key_file"
-            ),
+            None if fleet => return Ok(None),
             None => (
                 own_key(data_dir)?,
                 "the data directory's secrets-key".into(),
             ),
         };
         let previous = configured("TERN_SECRETS_KEY_PREVIOUS", previous_file)?.map(|(k, _)| k);
-        Ok(Self::new(&current, previous.as_ref(), source))
+        Ok(Some(Self::new(&current, previous.as_ref(), source)))
     }
 
     /// The current key's id.

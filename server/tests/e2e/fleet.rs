@@ -1395,3 +1395,84 @@ async fn a_purge_on_any_replica_reaches_every_replica() {
     assert_eq!(status, http::StatusCode::OK, "{v}");
     no_longer_cached(&a, path, started).await;
 }
+
+/// Every line `r` logged so far (those a test already read and those still queued).
+fn all_logged(r: &crate::support::TernProcess) -> String {
+    let mut lines = r.lines.borrow().clone();
+    lines.extend(r.log.try_iter());
+    lines.join("\n")
+}
+
+/// Variables set on one replica are read by the guests of every replica without a deploy; a
+/// secret is sealed in the bucket and the data directories (a grep of versitygw's root finds
+/// no clear text), in no replica's log; a replica without the fleet's secrets key serves,
+/// sets no secret and reads none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn variables_set_on_one_replica_reach_every_replica_and_no_secret_is_in_clear_text() {
+    const SECRET: &str = "sk-live-FLEETSECRET-777";
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let key = root.path().join("secrets-key");
+    std::fs::write(&key, "ab".repeat(32)).unwrap();
+    let keyed = format!("[server]\nsecrets_key_file = \"{}\"\n", key.display());
+    let a = replica_with(&s3, "a", &root.path().join("a"), &keyed, 100);
+    let b = replica_with(&s3, "b", &root.path().join("b"), &keyed, 100);
+    let c = replica(&s3, "c", &root.path().join("c"));
+    let wasm = std::fs::read(crate::support::spin_module(root.path(), 5, "spin5")).unwrap();
+    create(addr(&a.admin), "spin", "/spin").await;
+    let (status, v) = deploy(addr(&a.admin), "spin", &wasm).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    serves(&b, "/spin/hello", "hello from").await;
+    serves(&c, "/spin/hello", "hello from").await;
+
+    let set = |r: &crate::support::TernProcess, name: &str, value: &str, secret: bool| {
+        let body = serde_json::json!({"value": value, "secret": secret}).to_string();
+        let path = format!("/admin/v1/tenants/spin/variables/{name}");
+        let at = addr(&r.admin);
+        async move {
+            crate::support::admin_request(at, FLEET_TOKEN, http::Method::PUT, &path, body.into())
+                .await
+        }
+    };
+    let (status, v) = set(&a, "api_key", SECRET, true).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    let (status, v) = set(&a, "region", "eu-west", false).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    let took = serves(&b, "/spin/var/api_key", SECRET).await;
+    eprintln!("a secret set on replica a was read on replica b after {took:?}");
+    serves(&b, "/spin/config/region", "eu-west").await;
+    // Changed on b: a reads the new value.
+    let (status, v) = set(&b, "region", "us-east", false).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    serves(&a, "/spin/var/region", "us-east").await;
+
+    // The replica without the key serves, and says why it neither sets nor reads secrets.
+    let (status, v) = set(&c, "other", "x", true).await;
+    assert_eq!(status, http::StatusCode::CONFLICT, "{v}");
+    assert!(v.to_string().contains("TERN_SECRETS_KEY"), "{v}");
+    let r = get(&c, "/spin/var/api_key").await;
+    assert_eq!(
+        r.status,
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains("no secrets key"), "{}", r.text());
+
+    // No clear text in the bucket, the data directories or the logs.
+    let holding: Vec<String> = walk(s3.root.path())
+        .into_iter()
+        .chain(walk(root.path()))
+        .filter(|f| {
+            std::fs::read(f).is_ok_and(|b| b.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()))
+        })
+        .collect();
+    assert!(holding.is_empty(), "clear text in {holding:?}");
+    let records = walk(s3.root.path());
+    assert!(!records.is_empty());
+    for r in [&a, &b, &c] {
+        let log = all_logged(r);
+        assert!(!log.contains(SECRET), "{log}");
+        assert!(!log.is_empty());
+    }
+}

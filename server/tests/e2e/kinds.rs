@@ -575,7 +575,7 @@ async fn kinds_are_detected_or_chosen_and_mismatches_refused() {
     // Another platform's host API is named, with what Tern provides instead.
     let spin = wat::parse_str(
         r#"(component
-            (import "fermyon:spin/key-value@2.0.0" (instance (export "get" (func))))
+            (import "fermyon:spin/sqlite@2.0.0" (instance (export "open" (func))))
             (instance $handler)
             (export "wasi:http/incoming-handler@0.2.0" (instance $handler)))"#,
     )
@@ -584,7 +584,7 @@ async fn kinds_are_detected_or_chosen_and_mismatches_refused() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
     let e = v["error"].as_str().unwrap();
     assert!(
-        e.contains("fermyon:spin/key-value") && e.contains("not the host APIs of other platforms"),
+        e.contains("fermyon:spin/sqlite") && e.contains("not other platforms' host APIs"),
         "{e}"
     );
     // Every refusal left the serving version alone.

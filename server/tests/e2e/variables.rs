@@ -311,3 +311,72 @@ async fn config_file_variables_and_secrets_from_files_and_the_environment() {
         assert!(format!("{err:#}").contains(want), "{err:#}");
     }
 }
+
+/// `tern var` and `tern secret` as an operator uses them: a secret read from standard input
+/// (never an argument), listed with its digest, never its value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_sets_lists_and_deletes_variables_and_secrets() {
+    let s = server_in(tempfile::tempdir().unwrap(), KEY1, None).await;
+    deploy_guests(&s).await;
+    let tern = |args: &[&str], stdin: Option<&str>| {
+        let mut cmd = crate::support::tern_bin();
+        cmd.args(args)
+            .args(["--server", &format!("http://{}", s.admin())])
+            .args(["--token", crate::support::ADMIN_TOKEN])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let input = stdin.unwrap_or_default().to_string();
+        let mut pipe = child.stdin.take().unwrap();
+        std::io::Write::write_all(&mut pipe, input.as_bytes()).unwrap();
+        drop(pipe);
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, text) = tern(
+        &["secret", "set", "spin", "api_key"],
+        Some(&format!("{SECRET}\n")),
+    );
+    assert!(
+        ok && text.contains("secret api_key of spin set (digest "),
+        "{text}"
+    );
+    assert!(!text.contains(SECRET), "{text}");
+    let (ok, text) = tern(&["var", "set", "spin", "region", "eu-west"], None);
+    assert!(ok, "{text}");
+    assert_eq!(
+        s.get("/spin/var/api_key").await.text(),
+        SECRET,
+        "the final newline dropped"
+    );
+    assert_eq!(s.get("/spin/var/region").await.text(), "eu-west");
+    let (ok, text) = tern(&["secret", "list", "spin"], None);
+    assert!(
+        ok && text.contains("api_key") && text.contains("digest "),
+        "{text}"
+    );
+    assert!(!text.contains("region") && !text.contains(SECRET), "{text}");
+    let (ok, text) = tern(&["var", "list", "spin"], None);
+    assert!(
+        ok && text.contains("eu-west") && !text.contains(SECRET),
+        "{text}"
+    );
+    let (ok, text) = tern(&["secret", "delete", "spin", "api_key"], None);
+    assert!(ok, "{text}");
+    assert_eq!(
+        s.get("/spin/var/api_key").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let (ok, text) = tern(&["var", "set", "spin", "Bad", "x"], None);
+    assert!(!ok && text.contains("not a variable name"), "{text}");
+    let (ok, text) = tern(&["secret", "reseal"], None);
+    assert!(ok && text.contains("0 secret(s) sealed again"), "{text}");
+}
