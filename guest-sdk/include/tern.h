@@ -132,4 +132,10 @@ int32_t tern_kv_list(int32_t store, const char *cursor, size_t cursor_len, char 
 /* Copy the message of the last key-value call that failed; returns the full length. */
 TERN_IMPORT("kv_last_error") int32_t tern_kv_last_error(char *buf, size_t len);
 
+/* The tenant's variables and secrets (see ABI.md): copy the value of the variable name; returns
+ * its full length, TERN_ENOT_FOUND if it has none, TERN_EUNAVAILABLE if this server cannot
+ * open the tenant's secrets. */
+TERN_IMPORT("config_get")
+int32_t tern_config_get(const char *name, size_t name_len, char *buf, size_t len);
+
 #endif /* TERN_H */

@@ -98,8 +98,12 @@ pub mod func {
     /// returns the full length.
     pub const KV_LAST_ERROR: &str = "kv_last_error";
 
+    /// `(name, name_len, buf, buf_len) -> i32`: copy the value of the tenant's variable
+    /// `name`; returns its full length, or `NOT_FOUND`.
+    pub const CONFIG_GET: &str = "config_get";
+
     /// Every host function with its number of `i32` parameters; each returns one `i32`.
-    pub const SIGNATURES: [(&str, usize); 29] = [
+    pub const SIGNATURES: [(&str, usize); 30] = [
         (REQUEST_METHOD, 2),
         (REQUEST_URI, 2),
         (REQUEST_HEADERS, 2),
@@ -129,10 +133,11 @@ pub mod func {
         (KV_COMPARE_AND_SWAP, 8),
         (KV_LIST, 5),
         (KV_LAST_ERROR, 2),
+        (CONFIG_GET, 4),
     ];
 
     /// Every host function name, for checks that list them.
-    pub const ALL: [&str; 29] = [
+    pub const ALL: [&str; 30] = [
         REQUEST_METHOD,
         REQUEST_URI,
         REQUEST_HEADERS,
@@ -162,6 +167,7 @@ pub mod func {
         KV_COMPARE_AND_SWAP,
         KV_LIST,
         KV_LAST_ERROR,
+        CONFIG_GET,
     ];
 }
 

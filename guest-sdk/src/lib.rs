@@ -39,6 +39,7 @@
 //! the host in chunks, and [`ResponseWriter`] implements [`std::io::Write`].
 
 pub mod abi;
+pub mod config;
 pub mod kv;
 pub mod outbound;
 
@@ -122,6 +123,7 @@ mod sys {
             len: usize,
         ) -> i32;
         pub fn kv_last_error(buf: *mut u8, len: usize) -> i32;
+        pub fn config_get(name: *const u8, name_len: usize, buf: *mut u8, len: usize) -> i32;
     }
 }
 
@@ -244,6 +246,9 @@ mod sys {
         IO
     }
     pub unsafe extern "C" fn kv_last_error(_: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn config_get(_: *const u8, _: usize, _: *mut u8, _: usize) -> i32 {
         IO
     }
 }

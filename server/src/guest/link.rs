@@ -11,7 +11,8 @@ use super::{module, wasi_http};
 /// them too).
 fn core_capabilities(linker: &mut Linker<module::GuestState>) -> wasmtime::Result<()> {
     module::tern::outbound::add_to_linker(linker)?;
-    module::tern::kv::add_to_linker(linker)
+    module::tern::kv::add_to_linker(linker)?;
+    module::tern::config::add_to_linker(linker)
 }
 
 /// The host APIs of the capabilities, for components (their outgoing requests are

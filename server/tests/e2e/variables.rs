@@ -34,6 +34,9 @@ async fn server_in(dir: tempfile::TempDir, key: &str, previous: Option<&str>) ->
 }
 
 async fn deploy_guests(s: &TestServer) {
+    test_guest(s.dir.path(), "config_probe");
+    let abi = std::fs::read(s.dir.path().join("config_probe.wasm")).unwrap();
+    s.deploy("abi", "/abi", &abi).await;
     let spin = std::fs::read(spin_module(s.dir.path(), 5, "spin5")).unwrap();
     s.deploy("spin", "/spin", &spin).await;
     test_guest(s.dir.path(), "cgi_probe");
@@ -101,6 +104,7 @@ async fn guests_read_variables_and_secrets_that_the_api_never_shows() {
     assert_eq!(v["variable"]["digest"].as_str().unwrap().len(), 16);
     set(&s, "cgi", "api_key", SECRET, true).await;
     set(&s, "cgi", "region", "eu-west", false).await;
+    set(&s, "abi", "api_key", SECRET, true).await;
 
     // The next request reads them, with no new version.
     for (path, want) in [
@@ -114,6 +118,23 @@ async fn guests_read_variables_and_secrets_that_the_api_never_shows() {
         assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
         assert_eq!(r.text(), want, "{path}");
     }
+    // The Tern ABI's `config_get` (tern_sdk::config::get).
+    let r = s.get("/abi?name=api_key").await;
+    assert_eq!((r.status, r.text()), (StatusCode::OK, SECRET.to_string()));
+    assert_eq!(
+        s.get("/abi?name=region").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let r = s.get("/abi?name=Bad").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(r.text().contains("not a variable name"), "{}", r.text());
+    let long = "y".repeat(10_000);
+    set(&s, "abi", "long", &long, false).await;
+    assert_eq!(
+        s.get("/abi?name=long").await.text(),
+        long,
+        "a value past the first buffer"
+    );
     let env = s.get("/cgi/env").await.text();
     assert!(env.contains(&format!("API_KEY={SECRET}\n")), "{env}");
     assert!(env.contains("REGION=eu-west\n"), "{env}");
@@ -226,11 +247,19 @@ async fn another_key_opens_no_secret_and_a_rotation_keeps_every_one() {
     let s = server_in(tempfile::tempdir().unwrap(), KEY1, None).await;
     deploy_guests(&s).await;
     set(&s, "spin", "api_key", SECRET, true).await;
+    set(&s, "abi", "api_key", SECRET, true).await;
     set(&s, "spin", "region", "eu-west", false).await;
     assert_eq!(s.get("/spin/var/api_key").await.text(), SECRET);
 
     // Restarted with another key: the tenant serves, its reads fail and say why.
     let s = server_in(restart_dir(s), KEY2, None).await;
+    let r = s.get("/abi?name=api_key").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
+    assert!(
+        r.text().contains("cannot open the tenant's secrets"),
+        "{}",
+        r.text()
+    );
     let r = s.get("/spin/var/api_key").await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
     assert!(
@@ -257,7 +286,7 @@ async fn another_key_opens_no_secret_and_a_rotation_keeps_every_one() {
         .admin_call(Method::POST, "/admin/v1/secrets/reseal", "")
         .await;
     assert_eq!(status, StatusCode::OK, "{v}");
-    assert_eq!(v["resealed"], 1, "{v}");
+    assert_eq!(v["resealed"], 2, "{v}");
     let (_, v) = s
         .admin_call(Method::POST, "/admin/v1/secrets/reseal", "")
         .await;

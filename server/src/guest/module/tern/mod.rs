@@ -7,6 +7,7 @@
 //! the driver are the core modules' ([`crate::guest::module`]); the CGI kind links these
 //! functions too.
 
+pub mod config;
 pub mod kv;
 pub mod outbound;
 pub mod request;
