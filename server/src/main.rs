@@ -235,37 +235,41 @@ enum CacheAction {
     },
 }
 
+/// A tenant, on a running server.
+#[derive(Debug, clap::Args)]
+struct OfTenant {
+    /// The tenant's name.
+    tenant: String,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+/// One of a tenant's variables, on a running server.
+#[derive(Debug, clap::Args)]
+struct TenantVariable {
+    /// The tenant's name.
+    tenant: String,
+    /// The variable's name: lower-case letters, digits and `_`, starting with a letter.
+    name: String,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
 /// `tern var ...`.
 #[derive(Debug, clap::Subcommand)]
 enum VarAction {
     /// Set a plain variable (shown by `tern var list`; for a value to keep hidden use
     /// `tern secret set`).
     Set {
-        /// The tenant's name.
-        tenant: String,
-        /// The variable's name: lower-case letters, digits and `_`, starting with a letter.
-        name: String,
+        #[command(flatten)]
+        var: TenantVariable,
         /// Its value.
         value: String,
-        #[command(flatten)]
-        admin: AdminArgs,
     },
     /// List a tenant's variables: plain ones with their values, secrets with a digest.
-    List {
-        /// The tenant's name.
-        tenant: String,
-        #[command(flatten)]
-        admin: AdminArgs,
-    },
+    List(OfTenant),
     /// Delete a variable (plain or secret).
-    Delete {
-        /// The tenant's name.
-        tenant: String,
-        /// The variable's name.
-        name: String,
-        #[command(flatten)]
-        admin: AdminArgs,
-    },
+    Delete(TenantVariable),
 }
 
 /// `tern secret ...`.
@@ -274,32 +278,16 @@ enum SecretAction {
     /// Set a secret, its value read from standard input (one final newline dropped) or a
     /// file; never from the command line, where other users and shell history see it.
     Set {
-        /// The tenant's name.
-        tenant: String,
-        /// The secret's name: lower-case letters, digits and `_`, starting with a letter.
-        name: String,
+        #[command(flatten)]
+        var: TenantVariable,
         /// Read the value from this file instead of standard input.
         #[arg(long, value_name = "FILE")]
         file: Option<PathBuf>,
-        #[command(flatten)]
-        admin: AdminArgs,
     },
     /// List a tenant's secrets: names, digests and when they were set, never values.
-    List {
-        /// The tenant's name.
-        tenant: String,
-        #[command(flatten)]
-        admin: AdminArgs,
-    },
+    List(OfTenant),
     /// Delete a secret.
-    Delete {
-        /// The tenant's name.
-        tenant: String,
-        /// The secret's name.
-        name: String,
-        #[command(flatten)]
-        admin: AdminArgs,
-    },
+    Delete(TenantVariable),
     /// Seal every secret again under the server's current secrets key: the step of a key
     /// rotation after every replica runs with the new key and the old one as
     /// TERN_SECRETS_KEY_PREVIOUS.
@@ -484,39 +472,37 @@ fn main() -> ExitCode {
         }),
         Command::Var { action } => match action {
             VarAction::Set {
-                tenant,
-                name,
+                var:
+                    TenantVariable {
+                        tenant,
+                        name,
+                        admin,
+                    },
                 value,
-                admin,
             } => admin.run(|t| async move {
                 tern::cli::set_variable(&t, &tenant, &name, &value, false).await
             }),
-            VarAction::List { tenant, admin } => {
+            VarAction::List(OfTenant { tenant, admin }) => {
                 admin.run(|t| async move { tern::cli::list_variables(&t, &tenant, None).await })
             }
-            VarAction::Delete {
-                tenant,
-                name,
-                admin,
-            } => admin.run(|t| async move { tern::cli::delete_variable(&t, &tenant, &name).await }),
+            VarAction::Delete(var) => delete_variable(var),
         },
         Command::Secret { action } => match action {
             SecretAction::Set {
-                tenant,
-                name,
+                var:
+                    TenantVariable {
+                        tenant,
+                        name,
+                        admin,
+                    },
                 file,
-                admin,
             } => admin.run(|t| async move {
                 let value = tern::cli::read_secret(file.as_deref())?;
                 tern::cli::set_variable(&t, &tenant, &name, &value, true).await
             }),
-            SecretAction::List { tenant, admin } => admin
+            SecretAction::List(OfTenant { tenant, admin }) => admin
                 .run(|t| async move { tern::cli::list_variables(&t, &tenant, Some(true)).await }),
-            SecretAction::Delete {
-                tenant,
-                name,
-                admin,
-            } => admin.run(|t| async move { tern::cli::delete_variable(&t, &tenant, &name).await }),
+            SecretAction::Delete(var) => delete_variable(var),
             SecretAction::Reseal { admin } => {
                 admin.run(|t| async move { tern::cli::reseal(&t).await })
             }
@@ -561,6 +547,16 @@ struct Places {
     admin_listen: Option<SocketAddr>,
     data_dir: Option<PathBuf>,
     registry: Option<String>,
+}
+
+/// `tern var delete` / `tern secret delete`.
+fn delete_variable(var: TenantVariable) -> anyhow::Result<()> {
+    let TenantVariable {
+        tenant,
+        name,
+        admin,
+    } = var;
+    admin.run(|t| async move { tern::cli::delete_variable(&t, &tenant, &name).await })
 }
 
 fn serve(

@@ -44,6 +44,22 @@ async fn deploy_guests(s: &TestServer) {
     s.deploy_as("cgi", "/cgi", &cgi, "cgi").await;
 }
 
+/// `PUT /admin/v1/tenants/{tenant}/variables/{name}` with `body`: its status and answer.
+async fn put(
+    s: &TestServer,
+    tenant: &str,
+    name: &str,
+    body: impl Into<bytes::Bytes>,
+) -> (StatusCode, serde_json::Value) {
+    s.admin_call(
+        Method::PUT,
+        &format!("/admin/v1/tenants/{tenant}/variables/{name}"),
+        body,
+    )
+    .await
+}
+
+/// Sets a variable; its answer.
 async fn set(
     s: &TestServer,
     tenant: &str,
@@ -51,13 +67,8 @@ async fn set(
     value: &str,
     secret: bool,
 ) -> serde_json::Value {
-    let (status, v) = s
-        .admin_call(
-            Method::PUT,
-            &format!("/admin/v1/tenants/{tenant}/variables/{name}"),
-            serde_json::json!({ "value": value, "secret": secret }).to_string(),
-        )
-        .await;
+    let body = serde_json::json!({ "value": value, "secret": secret }).to_string();
+    let (status, v) = put(s, tenant, name, body).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     v
 }
@@ -183,9 +194,7 @@ async fn guests_read_variables_and_secrets_that_the_api_never_shows() {
             StatusCode::BAD_REQUEST,
         ),
     ] {
-        let (got, v) = s
-            .admin_call(Method::PUT, "/admin/v1/tenants/spin/variables/bad", body)
-            .await;
+        let (got, v) = put(&s, "spin", "bad", body).await;
         assert_eq!(got, status, "{v}");
         assert!(
             !v.to_string().contains(SECRET) && !v.to_string().contains("xxxx"),
@@ -195,22 +204,22 @@ async fn guests_read_variables_and_secrets_that_the_api_never_shows() {
     let limit = "x".repeat(32 * 1024);
     set(&s, "spin", "big", &limit, true).await;
     assert_eq!(s.get("/spin/var/big").await.text(), limit);
-    let (got, v) = s
-        .admin_call(
-            Method::PUT,
-            "/admin/v1/tenants/spin/variables/Bad-Name",
-            serde_json::json!({"value": "x"}).to_string(),
-        )
-        .await;
+    let (got, v) = put(
+        &s,
+        "spin",
+        "Bad-Name",
+        serde_json::json!({"value": "x"}).to_string(),
+    )
+    .await;
     assert_eq!(got, StatusCode::BAD_REQUEST, "{v}");
     assert!(v.to_string().contains("not a variable name"), "{v}");
-    let (got, _) = s
-        .admin_call(
-            Method::PUT,
-            "/admin/v1/tenants/nobody/variables/a",
-            serde_json::json!({"value": "x"}).to_string(),
-        )
-        .await;
+    let (got, _) = put(
+        &s,
+        "nobody",
+        "a",
+        serde_json::json!({"value": "x"}).to_string(),
+    )
+    .await;
     assert_eq!(got, StatusCode::NOT_FOUND);
 
     // Deleted: undefined again at once.
@@ -315,13 +324,13 @@ async fn config_file_variables_and_secrets_from_files_and_the_environment() {
         std::env::var("HOME").unwrap_or_default()
     );
     // The file's tenants are changed in the file.
-    let (status, _) = s
-        .admin_call(
-            Method::PUT,
-            "/admin/v1/tenants/spin/variables/region",
-            serde_json::json!({"value": "x"}).to_string(),
-        )
-        .await;
+    let (status, _) = put(
+        &s,
+        "spin",
+        "region",
+        serde_json::json!({"value": "x"}).to_string(),
+    )
+    .await;
     assert_eq!(status, StatusCode::CONFLICT);
 
     for (vars, want) in [
