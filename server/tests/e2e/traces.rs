@@ -22,6 +22,9 @@ use crate::support::{
 /// The collector the suite builds (the builder's version and the components' in the manifest).
 const OTELCOL: &str = "otelcol-0.165.0/otelcol-tern";
 
+/// A tenant's secret, which no span may hold.
+const SECRET: &str = "sk-live-TRACESECRET-99";
+
 /// One span as the collector exported it.
 #[derive(Debug, Clone)]
 struct Span {
@@ -272,11 +275,13 @@ async fn a_request_is_a_server_span_with_its_phases_joined_to_the_callers_trace(
          [tracing]\nendpoint = \"{}\"\nbatch_delay_ms = 50\n\
          [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\npaths = [\"/ctx\"]\n\
          [[tenant]]\nname = \"cgi\"\nmodule = \"cgi_probe.wasm\"\npaths = [\"/cgi\"]\n\
+         [tenant.variables]\napi_key = {{ secret_file = \"api-key\" }}\n\
          [[tenant]]\nname = \"comp\"\nmodule = \"component.wasm\"\npaths = [\"/component\"]\n\
          [[tenant]]\nname = \"cached\"\nmodule = \"context.wasm\"\npaths = [\"/cached\"]\n\
          [tenant.cache]\nenabled = true\n",
         collector.endpoint
     );
+    std::fs::write(dir.path().join("api-key"), SECRET).unwrap();
     let s = TestServer::try_start_in(dir, &config).await.expect("start");
 
     // A request without trace context starts a trace; its id is the request id.
@@ -377,6 +382,14 @@ async fn a_request_is_a_server_span_with_its_phases_joined_to_the_callers_trace(
     let spans = collector.trace(&trace, 5).await;
     assert_eq!(named(&spans, "run").id, cgi_parent);
     assert_eq!(named(&spans, "GET /cgi").attr("tern.guest.kind"), "cgi");
+    // Its secret is in its environment, and in no span.
+    assert!(
+        r.text().contains(&format!("API_KEY={SECRET}\n")),
+        "{}",
+        r.text()
+    );
+    let exported = format!("{spans:?}");
+    assert!(!exported.contains(SECRET), "{exported}");
 
     // A client's own request id stays the request id; the trace is new and the log and spans
     // carry both.
