@@ -59,6 +59,10 @@ fn files(kind: GuestKind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'
                 "tern-sdk/src/kv.rs",
                 include_str!("../../guest-sdk/src/kv.rs"),
             ),
+            (
+                "tern-sdk/src/config.rs",
+                include_str!("../../guest-sdk/src/config.rs"),
+            ),
             ("tern-sdk/ABI.md", abi_md),
             (".gitignore", "/target\n"),
         ],
@@ -214,6 +218,24 @@ mod tests {
                 .unwrap()
                 .contains("c1.wasm")
         );
+    }
+
+    #[test]
+    fn a_rust_project_carries_every_file_of_the_sdk() {
+        let written: Vec<&str> = files(GuestKind::Tern, Lang::Rust)
+            .unwrap()
+            .into_iter()
+            .map(|(path, _)| path)
+            .collect();
+        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk/src");
+        for entry in std::fs::read_dir(sdk).unwrap() {
+            let name = entry.unwrap().file_name();
+            let path = format!("tern-sdk/src/{}", name.to_string_lossy());
+            assert!(
+                written.contains(&path.as_str()),
+                "tern new leaves out {path}"
+            );
+        }
     }
 
     #[test]
