@@ -311,6 +311,42 @@ enum Source {
     Api(BTreeMap<String, Stored>),
 }
 
+/// A tenant's variables as the registry holds them now, compared with what the table last
+/// read before anything is copied.
+enum Borrowed<'a> {
+    File(&'a BTreeMap<String, Declared>),
+    Api(&'a BTreeMap<String, Stored>),
+}
+
+impl Borrowed<'_> {
+    fn is_empty(&self) -> bool {
+        match self {
+            Self::File(d) => d.is_empty(),
+            Self::Api(s) => s.is_empty(),
+        }
+    }
+
+    fn is_file(&self) -> bool {
+        matches!(self, Self::File(_))
+    }
+
+    /// Whether the table last read exactly this.
+    fn is(&self, known: &Source) -> bool {
+        match (self, known) {
+            (Self::File(d), Source::File(k)) => *d == k,
+            (Self::Api(s), Source::Api(k)) => *s == k,
+            _ => false,
+        }
+    }
+
+    fn owned(&self) -> Source {
+        match self {
+            Self::File(d) => Source::File((*d).clone()),
+            Self::Api(s) => Source::Api((*s).clone()),
+        }
+    }
+}
+
 /// Every tenant's variables, as their guests read them; replaced as a whole when one
 /// changes (a change is rare, a read is one atomic load and one lookup).
 #[derive(Default)]
@@ -361,24 +397,19 @@ impl Table {
         let mut next_sources = HashMap::new();
         let mut unreadable = Vec::new();
         let mut changed = false;
-        let file = sources
-            .file
-            .iter()
-            .map(|(n, d)| (*n, Source::File((*d).clone())));
-        let api = sources
-            .api
-            .iter()
-            .map(|(n, s)| (*n, Source::Api((*s).clone())));
-        for (name, source) in file.chain(api) {
-            let empty = match &source {
-                Source::File(d) => d.is_empty(),
-                Source::Api(s) => s.is_empty(),
-            };
-            if empty {
+        // Borrowed until a tenant's variables prove changed: an unchanged tenant's are not
+        // copied at each change of the registry.
+        let file = sources.file.iter().map(|(n, d)| (*n, Borrowed::File(d)));
+        let api = sources.api.iter().map(|(n, s)| (*n, Borrowed::Api(s)));
+        for (name, borrowed) in file.chain(api) {
+            if borrowed.is_empty() {
                 continue;
             }
-            let same = known.get(name) == Some(&source)
-                && !(sources.reread_file && matches!(source, Source::File(_)));
+            let kept = known
+                .remove(name)
+                .filter(|k| borrowed.is(k) && !(sources.reread_file && borrowed.is_file()));
+            let same = kept.is_some();
+            let source = kept.unwrap_or_else(|| borrowed.owned());
             let values = match (same, old.get(name)) {
                 (true, Some(v)) => v.clone(),
                 _ => {
@@ -421,7 +452,9 @@ impl Granted {
 
     /// The tenant's variables now (empty when it has none).
     pub fn values(&self) -> Arc<Values> {
-        self.table.of(&self.tenant).unwrap_or_default()
+        static NONE: std::sync::LazyLock<Arc<Values>> = std::sync::LazyLock::new(Arc::default);
+        // A tenant without variables (most) costs no allocation per request.
+        self.table.of(&self.tenant).unwrap_or_else(|| NONE.clone())
     }
 }
 
