@@ -19,9 +19,10 @@ fn core_capabilities(linker: &mut Linker<module::GuestState>) -> wasmtime::Resul
 /// `wasi:http`'s own, through the outbound session: see `wasi_http::hooks`).
 fn component_capabilities(
     linker: &mut wasmtime::component::Linker<wasi_http::HttpState>,
+    wasi_p3: bool,
 ) -> wasmtime::Result<()> {
     wasi_http::kv::add_to_linker(linker)?;
-    wasi_http::variables::add_to_linker(linker)
+    wasi_http::variables::add_to_linker(linker, wasi_p3)
 }
 
 /// The linkers every tenant is pre-linked against, by guest kind and whether it has assets.
@@ -47,7 +48,7 @@ impl Linkers {
             Ok::<_, wasmtime::Error>(linker)
         };
         let mut http = wasi_http::linker(engine, wasi_p3)?;
-        component_capabilities(&mut http)?;
+        component_capabilities(&mut http, wasi_p3)?;
         Ok(Self {
             modules: [
                 core(false, false)?,

@@ -1,12 +1,13 @@
 //! Variables for components: Spin's `fermyon:spin/variables` (`spin_sdk::variables::get`,
-//! spin-sdk 3.x and 5.x) and `wasi:config/store` (Spin's 2024-09-27 draft and the draft
+//! spin-sdk 3.x and 5.x), `spin:variables@3.0.0` (spin-sdk 7's WASI 0.3 components, where the
+//! engine serves WASI 0.3) and `wasi:config/store` (Spin's 2024-09-27 draft and the draft
 //! wasmtime's wasi-config binds), both over the tenant's variables ([`crate::variables`]).
 //!
 //! A name with no variable is Spin's `undefined` and `wasi:config`'s `none`, never a trap; a
 //! tenant whose secrets this server cannot open answers Spin's `provider` and
 //! `wasi:config`'s `upstream` error with why (and no value).
 
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::{Accessor, HasSelf, Linker};
 
 use super::HttpState;
 use crate::variables::{Found, check_name};
@@ -19,28 +20,73 @@ mod bindings {
     });
 }
 
+mod bindings_p3 {
+    wasmtime::component::bindgen!({
+        path: "wit/variables",
+        world: "tern:host/variables-p3",
+        require_store_data_send: true,
+    });
+}
+
 use bindings::fermyon::spin::variables as spin;
 use bindings::wasi::config0_2_0_draft::store as config_draft;
 use bindings::wasi::config0_2_0_draft_2024_09_27::store as config_spin;
+use bindings_p3::spin::variables::variables as spin3;
 
-/// Adds the interfaces to `linker`.
+/// Adds the interfaces to `linker`; with `wasi_p3` (the engine serves WASI 0.3) also
+/// `spin:variables@3.0.0`.
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn add_to_linker(linker: &mut Linker<HttpState>) -> wasmtime::Result<()> {
-    bindings::Variables::add_to_linker::<HttpState, HasSelf<HttpState>>(linker, |s| s)
+pub fn add_to_linker(linker: &mut Linker<HttpState>, wasi_p3: bool) -> wasmtime::Result<()> {
+    bindings::Variables::add_to_linker::<HttpState, HasSelf<HttpState>>(linker, |s| s)?;
+    if wasi_p3 {
+        bindings_p3::VariablesP3::add_to_linker::<HttpState, HasSelf<HttpState>>(linker, |s| s)?;
+    }
+    Ok(())
+}
+
+/// Why Spin's `get` has no value, in the terms both versions of the interface share.
+enum Missing {
+    InvalidName(String),
+    Undefined(String),
+    Provider(String),
+}
+
+/// Spin's `get` (either version): the value, or which of its errors.
+fn spin_get(state: &HttpState, name: &str) -> Result<String, Missing> {
+    check_name(name).map_err(Missing::InvalidName)?;
+    match state.host.variables.values().get(name) {
+        Found::Value(v) => Ok(v.to_string()),
+        Found::Undefined => Err(Missing::Undefined(format!(
+            "no variable {name:?} (tern var set / tern secret set)"
+        ))),
+        Found::Unavailable(why) => Err(Missing::Provider(why.to_string())),
+    }
 }
 
 impl spin::Host for HttpState {
     fn get(&mut self, name: String) -> Result<String, spin::Error> {
-        check_name(&name).map_err(spin::Error::InvalidName)?;
-        match self.host.variables.values().get(&name) {
-            Found::Value(v) => Ok(v.to_string()),
-            Found::Undefined => Err(spin::Error::Undefined(format!(
-                "no variable {name:?} (tern var set / tern secret set)"
-            ))),
-            Found::Unavailable(why) => Err(spin::Error::Provider(why.to_string())),
-        }
+        spin_get(self, &name).map_err(|m| match m {
+            Missing::InvalidName(s) => spin::Error::InvalidName(s),
+            Missing::Undefined(s) => spin::Error::Undefined(s),
+            Missing::Provider(s) => spin::Error::Provider(s),
+        })
+    }
+}
+
+impl spin3::Host for HttpState {}
+
+/// WASI 0.3's `get` is an async function; the value is at hand, so it answers at once.
+impl<U> spin3::HostWithStore<U> for HasSelf<HttpState> {
+    async fn get(accessor: &Accessor<U, Self>, name: String) -> Result<String, spin3::Error> {
+        accessor.with(|mut view| {
+            spin_get(view.get(), &name).map_err(|m| match m {
+                Missing::InvalidName(s) => spin3::Error::InvalidName(s),
+                Missing::Undefined(s) => spin3::Error::Undefined(s),
+                Missing::Provider(s) => spin3::Error::Provider(s),
+            })
+        })
     }
 }
 

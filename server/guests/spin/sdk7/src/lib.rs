@@ -7,6 +7,8 @@
 //! - `/big?n=N`: N bytes of `x`.
 //! - `/fetch?url=U`: `spin_sdk::http::send` to U; the backend's status and body, or 502.
 //! - `/panic`: panics. `/loop`: never ends.
+//! - `/var/NAME`: the variable NAME as Spin's docs read one (`spin_sdk::variables::get`,
+//!   `spin:variables@3.0.0`): `200` and the value, `404` "undefined: ...", or `500`.
 
 use spin_sdk::http::body::IncomingBodyExt;
 use spin_sdk::http::{IntoResponse, Request};
@@ -22,6 +24,15 @@ fn query(req: &Request, key: &str) -> Option<String> {
 #[http_service]
 async fn handle(req: Request) -> anyhow::Result<impl IntoResponse> {
     let path = req.uri().path().to_string();
+    if let Some((_, name)) = path.split_once("/var/") {
+        return Ok(match spin_sdk::variables::get(name).await {
+            Ok(value) => (http::StatusCode::OK, value),
+            Err(spin_sdk::variables::Error::Undefined(why)) => {
+                (http::StatusCode::NOT_FOUND, format!("undefined: {why}"))
+            }
+            Err(e) => (http::StatusCode::INTERNAL_SERVER_ERROR, format!("{e:?}")),
+        });
+    }
     let last = path.rsplit('/').next().unwrap_or_default().to_string();
     Ok(match last.as_str() {
         "echo" => {
