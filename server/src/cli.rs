@@ -159,9 +159,15 @@ pub struct Deploy {
     /// Path prefix routed to the tenant (repeatable; replaces its paths).
     #[arg(long = "path")]
     pub paths: Vec<String>,
-    /// Environment variable for its guests, KEY=VALUE (repeatable; replaces its env).
+    /// Environment variable for its guests, KEY=VALUE (repeatable; with --env-from, replaces
+    /// its env). The API shows the value: put secrets in a variable and use --env-from.
     #[arg(long = "env", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
+    /// Environment variable for its guests taken from one of its variables, KEY=VARIABLE
+    /// (e.g. API_KEY=api_key after `tern secret set TENANT api_key`; repeatable; with --env,
+    /// replaces its env). Read when each guest starts; left out while the variable is unset.
+    #[arg(long = "env-from", value_parser = parse_env, value_name = "KEY=VARIABLE")]
+    pub env_from: Vec<(String, String)>,
     /// A backend its guests may call, NAME=URL (repeatable; adds or replaces that backend,
     /// keeps the others): a guest calls it by NAME and a path.
     #[arg(long = "backend", value_parser = parse_backend)]
@@ -217,8 +223,10 @@ pub async fn deploy(target: &Target, d: &Deploy) -> anyhow::Result<()> {
         };
         spec["paths"] = json!(paths);
     }
-    if !d.env.is_empty() {
-        spec["env"] = d.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    if !d.env.is_empty() || !d.env_from.is_empty() {
+        let text = d.env.iter().map(|(k, v)| (k.clone(), json!(v)));
+        let from = (d.env_from.iter()).map(|(k, v)| (k.clone(), json!({ "variable": v })));
+        spec["env"] = text.chain(from).collect();
     }
     if !d.kv.is_empty() {
         spec["kv"] = json!(d.kv);
@@ -647,7 +655,7 @@ pub async fn list_variables(
         let secret = x["secret"].as_bool() == Some(true);
         let when = x["updated_at"]
             .as_u64()
-            .map_or_else(|| "?".into(), |t| format!("{t}"));
+            .map_or_else(|| "?".into(), crate::logwriter::utc_seconds);
         let shown = if secret {
             format!("digest {}", x["digest"].as_str().unwrap_or("?"))
         } else {

@@ -14,9 +14,24 @@ use crate::config::Config;
 /// How often the module file is looked at.
 const POLL: Duration = Duration::from_millis(250);
 
+/// The variables `tern dev` gives its guest (`--var`, `--secret`).
+#[derive(Debug, Default, Clone)]
+pub struct DevVariables {
+    /// Plain: (name, value).
+    pub plain: Vec<(String, String)>,
+    /// Secrets: (name, the environment variable of `tern dev` holding the value). Only the
+    /// environment variable's name is written in the generated config.
+    pub secrets: Vec<(String, String)>,
+}
+
 /// The config `tern dev` serves `module` with (written as a file: a reload reads it again).
 /// Built as TOML values, so any path is quoted as TOML quotes it.
-fn config_text(module: &Path, listen: SocketAddr, timeout_ms: u64) -> String {
+fn config_text(
+    module: &Path,
+    listen: SocketAddr,
+    timeout_ms: u64,
+    variables: &DevVariables,
+) -> String {
     let timeout_ms = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
     let config = toml::toml! {
         [server]
@@ -32,6 +47,22 @@ fn config_text(module: &Path, listen: SocketAddr, timeout_ms: u64) -> String {
         timeout_ms = (timeout_ms)
         log_lines_per_sec = 1000
     };
+    let mut config = config;
+    let mut declared = toml::Table::new();
+    for (name, value) in &variables.plain {
+        declared.insert(name.clone(), toml::Value::String(value.clone()));
+    }
+    for (name, var) in &variables.secrets {
+        let mut from = toml::Table::new();
+        from.insert("secret_env".into(), toml::Value::String(var.clone()));
+        declared.insert(name.clone(), toml::Value::Table(from));
+    }
+    if !declared.is_empty()
+        && let Some(toml::Value::Array(tenants)) = config.get_mut("tenant")
+        && let Some(toml::Value::Table(tenant)) = tenants.first_mut()
+    {
+        tenant.insert("variables".into(), toml::Value::Table(declared));
+    }
     toml::to_string(&config).expect("a TOML table serializes")
 }
 
@@ -45,7 +76,12 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
 ///
 /// # Errors
 /// If the module cannot be read or loaded at start, or the server cannot start.
-pub async fn run(module: &Path, listen: SocketAddr, timeout_ms: u64) -> anyhow::Result<()> {
+pub async fn run(
+    module: &Path,
+    listen: SocketAddr,
+    timeout_ms: u64,
+    variables: &DevVariables,
+) -> anyhow::Result<()> {
     let module: PathBuf = module
         .canonicalize()
         .with_context(|| format!("cannot read {}", module.display()))?;
@@ -55,7 +91,7 @@ pub async fn run(module: &Path, listen: SocketAddr, timeout_ms: u64) -> anyhow::
     let mut seen = stamp(&module);
     let dir = tempfile_dir()?;
     let path = dir.join("tern-dev.toml");
-    std::fs::write(&path, config_text(&module, listen, timeout_ms))?;
+    std::fs::write(&path, config_text(&module, listen, timeout_ms, variables))?;
     let config = Config::load(&path)?;
     let opts = crate::server::StartOptions {
         config_path: Some(path),
@@ -122,11 +158,23 @@ mod tests {
     #[test]
     fn the_config_holds_any_path() {
         let module = Path::new("/tmp/a \"b\"\\c\u{1b}\u{e9}.wasm");
-        let text = config_text(module, "127.0.0.1:0".parse().unwrap(), 1234);
+        let variables = DevVariables {
+            plain: vec![("region".into(), "eu \"west\"".into())],
+            secrets: vec![("api_key".into(), "API_KEY".into())],
+        };
+        let text = config_text(module, "127.0.0.1:0".parse().unwrap(), 1234, &variables);
         let config = Config::parse(&text, "tern-dev.toml", PathBuf::from("/")).expect(&text);
         let t = &config.tenants[0];
         assert_eq!(t.module.get_ref(), &module.display().to_string());
         assert_eq!(t.settings.limits.timeout_ms, 1234);
         assert_eq!(config.server.admin_listen.port(), 0);
+        assert_eq!(
+            t.variables["region"],
+            crate::variables::Declared::Plain("eu \"west\"".into())
+        );
+        assert!(matches!(
+            &t.variables["api_key"],
+            crate::variables::Declared::Secret(from) if from.secret_env.as_deref() == Some("API_KEY")
+        ));
     }
 }

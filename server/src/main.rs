@@ -97,6 +97,15 @@ enum Command {
         /// The guest's time limit per request, in ms.
         #[arg(long, default_value_t = 10_000)]
         timeout_ms: u64,
+        /// A variable its guest reads (Spin's variables, wasi:config, `tern_sdk::config`, a
+        /// CGI program's environment), NAME=VALUE (repeatable).
+        #[arg(long = "var", value_name = "NAME=VALUE", value_parser = name_value)]
+        vars: Vec<(String, String)>,
+        /// A secret variable, NAME=ENV: its value is this process's environment variable ENV
+        /// (so it is in no command line, file or output), e.g. `--secret api_key=API_KEY`
+        /// (repeatable).
+        #[arg(long = "secret", value_name = "NAME=ENV", value_parser = name_value)]
+        secrets: Vec<(String, String)>,
     },
     /// Deploy a module to a tenant on a running server (creating the tenant, routed at
     /// /<tenant>, if it does not exist).
@@ -430,11 +439,19 @@ fn main() -> ExitCode {
             module,
             listen,
             timeout_ms,
-        } => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(tern::dev::run(&module, listen, timeout_ms))),
+            vars,
+            secrets,
+        } => {
+            let variables = tern::dev::DevVariables {
+                plain: vars,
+                secrets,
+            };
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(tern::dev::run(&module, listen, timeout_ms, &variables)))
+        }
         Command::Deploy { deploy, admin } => {
             admin.run(|t| async move { tern::cli::deploy(&t, &deploy).await })
         }
@@ -631,4 +648,12 @@ fn compile(input: &std::path::Path, output: &std::path::Path, wasi_p3: bool) -> 
         done.took.as_secs_f64() * 1e3
     );
     Ok(())
+}
+
+/// `NAME=VALUE` of `tern dev --var` / `--secret`.
+fn name_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))
 }

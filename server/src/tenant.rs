@@ -501,12 +501,7 @@ pub fn prepare(
         guest,
         wasi: Arc::new(WasiSpec {
             name: name.clone(),
-            env: config
-                .settings
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            env: crate::variables::Env::new(&config.settings.env),
             stdio_bytes: limits.stdio_bytes,
         }),
         limits,

@@ -47,9 +47,11 @@ pub struct TenantSettings<R> {
     /// Path prefixes routed here (`/api` matches `/api` and `/api/...`). Empty means `/`.
     #[serde(default = "Vec::new")]
     pub paths: Vec<R>,
-    /// Environment variables the tenant's guests see (and no others).
+    /// Environment variables the tenant's guests see (and no others): plain text, or `{
+    /// variable = "name" }` for the value of one of its variables (a secret stays out of the
+    /// spec).
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, crate::variables::EnvValue>,
     /// Per-request limits (any field left out keeps its default).
     #[serde(default)]
     pub limits: LimitsConfig,
@@ -482,19 +484,8 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
             ),
         );
     }
-    for (k, v) in &t.settings.env {
-        if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return here(
-                &t.name,
-                format!("tenant {name:?}: env name {k:?} is invalid"),
-            );
-        }
-        if v.contains('\0') {
-            return here(
-                &t.name,
-                format!("tenant {name:?}: env {k:?}: a value may not contain NUL"),
-            );
-        }
+    if let Err(e) = crate::variables::env::check_env(&t.settings.env) {
+        return here(&t.name, format!("tenant {name:?}: {e}"));
     }
     Ok(())
 }

@@ -237,7 +237,7 @@ fn a_tenant_table_reads_its_own_keys_and_the_shared_settings_with_their_lines() 
         (Some(GuestKind::Cgi), Some("www"))
     );
     assert_eq!(t.settings.hosts[0].get_ref(), "a.example");
-    assert_eq!(t.settings.env["K"], "v");
+    assert_eq!(t.settings.env["K"], "v".into());
     assert_eq!(t.settings.limits.timeout_ms, 7);
     // Spans reach through to the shared settings: a route names its line.
     assert_eq!(

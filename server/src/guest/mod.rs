@@ -134,8 +134,8 @@ pub fn kind_of(compiled: &Compiled, asked: Option<GuestKind>) -> Result<GuestKin
 pub struct WasiSpec {
     /// The guest's only argument: the tenant's name.
     pub name: String,
-    /// Environment variables its guests see.
-    pub env: Vec<(String, String)>,
+    /// Environment variables its guests see (some read from its variables at each start).
+    pub env: crate::variables::Env,
     /// Bytes of stdout and of stderr captured per request.
     pub stdio_bytes: usize,
 }

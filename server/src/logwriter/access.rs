@@ -416,15 +416,7 @@ fn timestamp(out: &mut Vec<u8>) {
         if *cached != secs {
             *cached = secs;
             text.clear();
-            let (y, m, d) = civil_date(secs / 86_400);
-            let t = secs % 86_400;
-            let _ = write!(
-                text,
-                "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
-                t / 3600,
-                t / 60 % 60,
-                t % 60
-            );
+            write_utc(text, secs);
         }
         out.extend_from_slice(text.as_bytes());
         out.push(b'.');
@@ -435,6 +427,27 @@ fn timestamp(out: &mut Vec<u8>) {
         out.extend_from_slice(digits);
         out.push(b'Z');
     });
+}
+
+/// `secs` since 1970 as a UTC date and time to the second, `2026-11-27T08:55:01`.
+fn write_utc(text: &mut String, secs: u64) {
+    let (y, m, d) = civil_date(secs / 86_400);
+    let t = secs % 86_400;
+    let _ = write!(
+        text,
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
+        t / 3600,
+        t / 60 % 60,
+        t % 60
+    );
+}
+
+/// `secs` since 1970 as RFC 3339 UTC to the second, `2026-11-27T08:55:01Z` (for people).
+pub fn utc_seconds(secs: u64) -> String {
+    let mut text = String::with_capacity(20);
+    write_utc(&mut text, secs);
+    text.push('Z');
+    text
 }
 
 /// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's
@@ -470,6 +483,7 @@ mod tests {
         assert_eq!(civil_date(11_016), (2000, 2, 29));
         assert_eq!(civil_date(20_780), (2026, 11, 23));
         assert_eq!(civil_date(2_932_896), (9999, 12, 31));
+        assert_eq!(utc_seconds(1_795_769_701), "2026-11-27T08:55:01Z");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use tracing::Subscriber;
 
 pub mod access;
 
-pub use access::{ACCESS_TARGET, AccessRecord, AccessSink, Named, access_enabled};
+pub use access::{ACCESS_TARGET, AccessRecord, AccessSink, Named, access_enabled, utc_seconds};
 
 /// The longest a line waits before it is written.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(20);

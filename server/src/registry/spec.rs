@@ -141,7 +141,7 @@ mod tests {
         let patch = json!({ "outbound": { "backends": { "new": { "url": "http://10.0.0.2" } } } });
         let s = SpecChange::Merge(patch).apply("t", Some(&current)).unwrap();
         assert_eq!(s.paths, vec!["/api"]);
-        assert_eq!(s.env.get("A").map(String::as_str), Some("1"));
+        assert_eq!(s.env.get("A"), Some(&"1".into()));
         assert_eq!(s.limits.timeout_ms, 500);
         assert!(s.outbound.backends.contains_key("old"));
         assert!(s.outbound.backends.contains_key("new"));

@@ -19,8 +19,10 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
+pub mod env;
 pub mod seal;
 
+pub use env::{Env, EnvValue};
 pub use seal::SecretsKey;
 
 /// Most variables (plain and secret) of one tenant.

@@ -956,11 +956,18 @@ pub struct TernDev {
 impl TernDev {
     /// Starts `tern dev module` on an ephemeral port and waits until it serves.
     pub fn start(module: &Path, cache: &Path) -> Self {
+        Self::start_with(module, cache, &[], &[])
+    }
+
+    /// [`Self::start`] with more arguments and environment variables.
+    pub fn start_with(module: &Path, cache: &Path, args: &[&str], envs: &[(&str, &str)]) -> Self {
         use std::io::BufRead;
         let mut child = tern_bin()
             .args(["dev", module.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+            .args(args)
             .env("TERN_CACHE_DIR", cache)
             .env("TERN_LOG", "info")
+            .envs(envs.iter().copied())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("start tern dev");
@@ -1018,6 +1025,21 @@ impl TernDev {
             std::time::Duration::from_secs(20),
         );
         String::from_utf8_lossy(&reply).into_owned()
+    }
+}
+
+impl TernDev {
+    /// Stops it as Ctrl-C does (SIGTERM: its log is flushed); every output line not read yet.
+    pub fn stop(mut self) -> Vec<String> {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let mut lines = Vec::new();
+        while let Ok(line) = self.log.recv_timeout(std::time::Duration::from_secs(5)) {
+            lines.push(line);
+        }
+        lines
     }
 }
 

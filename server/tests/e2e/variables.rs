@@ -6,7 +6,9 @@
 
 use http::{Method, StatusCode};
 
-use crate::support::{TestServer, restart_dir, spin_module, test_guest};
+use crate::support::{
+    TestServer, restart_dir, spin_module, spin_p3_component, test_component, test_guest,
+};
 
 const SECRET: &str = "sk-live-TESTSECRET-4242";
 
@@ -305,6 +307,148 @@ async fn another_key_opens_no_secret_and_a_rotation_keeps_every_one() {
     assert_eq!(s.get("/spin/var/region").await.text(), "eu-west");
 }
 
+/// A WASI 0.3 component (spin-sdk 7, `spin:variables@3.0.0`, an async function) and a
+/// component built against `wasi:config/store@0.2.0-draft` read the same variables; the next
+/// request sees a change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasi_p3_components_and_the_wasi_config_draft_read_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("key"), format!("{KEY1}\n")).unwrap();
+    let config = format!(
+        "[server]\nsecrets_key_file = \"{}\"\n\
+         [pool]\ninstances = 4\nmax_memory_mib = 64\nwasi_p3 = true\n",
+        dir.path().join("key").display()
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let p3 = std::fs::read(spin_p3_component(s.dir.path(), "p3")).unwrap();
+    s.deploy("p3", "/p3", &p3).await;
+    let c = std::fs::read(test_component(s.dir.path(), "component")).unwrap();
+    s.deploy("c", "/c", &c).await;
+
+    let r = s.get("/p3/var/region").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text());
+    assert!(r.text().starts_with("undefined"), "{}", r.text());
+    let r = s.get("/c/config?name=region").await;
+    assert_eq!((r.status, r.text()), (StatusCode::NOT_FOUND, "none".into()));
+
+    for tenant in ["p3", "c"] {
+        set(&s, tenant, "region", "eu-west", false).await;
+        set(&s, tenant, "api_key", SECRET, true).await;
+    }
+    for (path, want) in [
+        ("/p3/var/region", "eu-west"),
+        ("/p3/var/api_key", SECRET),
+        ("/c/config?name=region", "eu-west"),
+        ("/c/config?name=api_key", SECRET),
+        ("/c/config", "api_key,region"),
+    ] {
+        let r = s.get(path).await;
+        assert_eq!(
+            (r.status, r.text()),
+            (StatusCode::OK, want.into()),
+            "{path}"
+        );
+    }
+    let r = s.get("/p3/var/Region").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(r.text().contains("InvalidName"), "{}", r.text());
+    set(&s, "p3", "region", "us-east", false).await;
+    assert_eq!(s.get("/p3/var/region").await.text(), "us-east");
+    // One tenant's variables are not another's.
+    set(&s, "c", "only_c", "x", false).await;
+    assert_eq!(s.get("/p3/var/only_c").await.status, StatusCode::NOT_FOUND);
+}
+
+/// An `env` entry taken from a variable (`{"variable": "api_key"}`): a guest reading its
+/// environment gets the secret, the tenant's spec holds only the variable's name, and the next
+/// guest sees a change; an entry whose variable is undefined is left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_env_entry_taken_from_a_secret_reaches_guests_and_stays_out_of_the_spec() {
+    let s = server_in(tempfile::tempdir().unwrap(), KEY1, None).await;
+    test_guest(s.dir.path(), "env_dump");
+    let abi = std::fs::read(s.dir.path().join("env_dump.wasm")).unwrap();
+    let component = std::fs::read(test_component(s.dir.path(), "component")).unwrap();
+    let env = serde_json::json!({
+        "PLAIN": "x",
+        "API_KEY": { "variable": "api_key" },
+        "MISSING": { "variable": "nope" },
+    });
+    for (tenant, path, wasm) in [("abi", "/abi", &abi), ("c", "/c", &component)] {
+        s.deploy(tenant, path, wasm).await;
+        let spec = serde_json::json!({ "env": env }).to_string();
+        let (status, v) = s
+            .admin_call(Method::PATCH, &format!("/admin/v1/tenants/{tenant}"), spec)
+            .await;
+        assert!(status.is_success(), "{v}");
+        set(&s, tenant, "api_key", SECRET, true).await;
+    }
+    for path in ["/abi", "/c/env"] {
+        let text = s.get(path).await.text();
+        assert!(
+            text.contains(&format!("API_KEY={SECRET}\n")),
+            "{path}: {text}"
+        );
+        assert!(text.contains("PLAIN=x\n"), "{path}: {text}");
+        assert!(!text.contains("MISSING"), "{path}: {text}");
+    }
+    let (_, v) = s.admin_call(Method::GET, "/admin/v1/tenants/c", "").await;
+    assert_eq!(v["spec"]["env"]["API_KEY"]["variable"], "api_key", "{v}");
+    assert!(!v.to_string().contains(SECRET), "{v}");
+    assert!(
+        files_holding(s.dir.path(), SECRET.as_bytes()).is_empty(),
+        "a file holds the secret"
+    );
+    set(&s, "c", "api_key", "rotated", true).await;
+    assert!(s.get("/c/env").await.text().contains("API_KEY=rotated\n"));
+    // A reference to a name no variable may have is refused with why.
+    let spec = serde_json::json!({ "env": { "K": { "variable": "Bad" } } }).to_string();
+    let (status, v) = s
+        .admin_call(Method::PATCH, "/admin/v1/tenants/c", spec)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v.to_string().contains("not a variable name"), "{v}");
+    let spec = serde_json::json!({ "env": { "K": { "value": "x" } } }).to_string();
+    let (status, v) = s
+        .admin_call(Method::PATCH, "/admin/v1/tenants/c", spec)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v.to_string().contains("variable = "), "{v}");
+}
+
+/// `tern dev --var` and `--secret` (a secret from its environment): the guest reads both, and
+/// nothing `tern dev` prints holds the secret.
+#[test]
+fn tern_dev_gives_its_guest_variables_and_prints_no_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = spin_module(dir.path(), 5, "spin5");
+    let dev = crate::support::TernDev::start_with(
+        &module,
+        &dir.path().join("cache"),
+        &[
+            "--var",
+            "region=eu-west",
+            "--secret",
+            "api_key=TERN_DEV_TEST_KEY",
+        ],
+        &[("TERN_DEV_TEST_KEY", SECRET), ("TERN_LOG", "debug")],
+    );
+    let r = dev.get("/var/api_key");
+    assert!(r.starts_with("HTTP/1.1 200") && r.ends_with(SECRET), "{r}");
+    assert!(dev.get("/var/region").ends_with("eu-west"));
+    assert!(dev.get("/var/nope").starts_with("HTTP/1.1 404"));
+    let r = dev.get("/config/");
+    assert!(r.ends_with("api_key,region"), "{r}");
+    let output = dev.stop();
+    assert!(
+        output.iter().any(|l| l.contains("/var/api_key")),
+        "the requests are in the output: {output:?}"
+    );
+    assert!(
+        !output.iter().any(|l| l.contains(SECRET)),
+        "the secret is in the output: {output:?}"
+    );
+}
+
 /// A config-file tenant's variables: plain ones in the file, secrets from a file or the
 /// server's environment (never a literal in the file).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -405,6 +549,45 @@ async fn the_command_line_sets_lists_and_deletes_variables_and_secrets() {
     let (ok, text) = tern(&["var", "list", "spin"], None);
     assert!(
         ok && text.contains("eu-west") && !text.contains(SECRET),
+        "{text}"
+    );
+    let year = text
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().nth(2));
+    assert!(
+        year.is_some_and(|t| t.len() == 20 && t.starts_with("20") && t.ends_with('Z')),
+        "a readable UTC time: {text}"
+    );
+    // `tern deploy --env-from` gives a guest's environment a secret by its variable's name.
+    let cgi = s.dir.path().join("cgi_probe.wasm");
+    let (ok, text) = tern(
+        &[
+            "deploy",
+            "cgi",
+            cgi.to_str().unwrap(),
+            "--kind",
+            "cgi",
+            "--path",
+            "/cgi",
+            "--env",
+            "MODE=test",
+            "--env-from",
+            "TOKEN=api_key",
+        ],
+        None,
+    );
+    assert!(ok, "{text}");
+    let (ok, text) = tern(&["secret", "set", "cgi", "api_key"], Some(SECRET));
+    assert!(ok, "{text}");
+    let env = s.get("/cgi/env").await.text();
+    assert!(
+        env.contains(&format!("TOKEN={SECRET}\n")) && env.contains("MODE=test\n"),
+        "{env}"
+    );
+    let (ok, text) = tern(&["tenants", "cgi"], None);
+    assert!(
+        ok && text.contains("api_key") && !text.contains(SECRET),
         "{text}"
     );
     let (ok, text) = tern(&["secret", "delete", "spin", "api_key"], None);

@@ -27,6 +27,9 @@
 //! - `/upload?url=U&n=N[&trap=1]`: sends `POST U` and streams N bytes of body after the
 //!   request is on its way, then finishes the body and answers with the backend's status and
 //!   body length; with `trap=1` it panics after writing the bytes, before finishing the body.
+//! - `/env`: its environment, one `NAME=value` per line.
+//! - `/config?name=N`: the value of N read through `wasi:config/store@0.2.0-draft`: `200` and
+//!   the value, `404` "none", or `500` and the error; `/config` alone: every name (`get-all`).
 
 use wasip2::http::outgoing_handler;
 use wasip2::http::types::{
@@ -34,6 +37,15 @@ use wasip2::http::types::{
     Scheme,
 };
 use wasip2::io::streams::{OutputStream, StreamError};
+
+mod config {
+    wit_bindgen::generate!({
+        inline: "package tern:test-component;
+                 world config { import wasi:config/store@0.2.0-draft; }",
+        path: "../../wit/variables/deps/config-draft",
+        generate_all,
+    });
+}
 
 struct Component;
 
@@ -230,6 +242,28 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
                 }
             }
             "/none" => drop(out),
+            "/env" => {
+                let text: String = std::env::vars().map(|(k, v)| format!("{k}={v}\n")).collect();
+                respond(out, 200, &[], text.as_bytes());
+            }
+            "/config" => {
+                use config::wasi::config::store;
+                let (status, text) = match query(&path, "name") {
+                    None => match store::get_all() {
+                        Ok(all) => {
+                            let names: Vec<String> = all.into_iter().map(|(k, _)| k).collect();
+                            (200, names.join(","))
+                        }
+                        Err(e) => (500, format!("{e:?}")),
+                    },
+                    Some(name) => match store::get(&name) {
+                        Ok(Some(value)) => (200, value),
+                        Ok(None) => (404, "none".to_string()),
+                        Err(e) => (500, format!("{e:?}")),
+                    },
+                };
+                respond(out, status, &[], text.as_bytes());
+            }
             "/status" => {
                 let code = query(&path, "code")
                     .and_then(|c| c.parse().ok())

@@ -21,7 +21,7 @@ use super::GuestState;
 use super::fs::{self, errno, get_u32, put, scatter, slice};
 use crate::context::{self, RequestContext};
 use crate::guest::request::BodyError;
-use crate::guest::{GuestRequest, GuestResponse, HeaderError, WasiSpec, WriteError};
+use crate::guest::{GuestRequest, GuestResponse, HeaderError, WriteError};
 
 const MODULE: &str = "wasi_snapshot_preview1";
 
@@ -92,11 +92,12 @@ pub fn args(request: &GuestRequest) -> Vec<String> {
 
 /// The RFC 3875 meta-variables of a request (and WAGI's `X_*` additions), followed by the
 /// tenant's variables (`api_key` as `API_KEY`: a CGI program's environment is how it is
-/// configured) and its own environment, neither of which can override what comes before.
+/// configured) and its own environment (`own`, with the entries taken from variables), neither
+/// of which can override what comes before.
 pub fn env(
     request: &GuestRequest,
-    spec: &WasiSpec,
     variables: &[(String, String)],
+    own: &[(String, String)],
 ) -> Vec<(String, String)> {
     let ctx: &RequestContext = &request.context;
     let path = request.uri.path();
@@ -215,7 +216,7 @@ pub fn env(
             vars.push((k, v.clone()));
         }
     }
-    for (k, v) in &spec.env {
+    for (k, v) in own {
         if !vars.iter().any(|(known, _)| known == k) {
             vars.push((k.clone(), v.clone()));
         }
@@ -591,15 +592,10 @@ mod tests {
             1000,
             context,
         );
-        let spec = WasiSpec {
-            name: "t".into(),
-            env: vec![],
-            stdio_bytes: 100,
-        };
         env(
             &request,
-            &spec,
             &[("request_method".into(), "not this".into())],
+            &[],
         )
     }
 

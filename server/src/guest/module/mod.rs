@@ -71,11 +71,13 @@ impl GuestState {
     pub(in crate::guest) fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {
         let (request, cgi) = (&self.request, self.cgi.is_some());
         let variables = &self.host.variables;
-        self.wasi.ctx(|spec| {
+        self.wasi.ctx(variables, |spec| {
             cgi.then(|| {
                 // A tenant whose secrets cannot be opened here gives its program none of them.
-                let values = variables.values().all().unwrap_or_default();
-                (cgi::args(request), cgi::env(request, spec, &values))
+                let values = variables.values();
+                let env = spec.env.with(&values);
+                let values = values.all().unwrap_or_default();
+                (cgi::args(request), cgi::env(request, &values, &env))
             })
         })
     }

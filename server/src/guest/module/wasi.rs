@@ -7,6 +7,7 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 use crate::guest::{Stdio, WasiSpec};
+use crate::variables::Granted;
 
 /// A guest's WASI preview1 context, built on its first WASI call.
 ///
@@ -30,10 +31,11 @@ impl Wasi {
     }
 
     /// The context, built now if this is the guest's first WASI call: args are the tenant
-    /// name and the environment its configured variables, unless `program` gives both (a CGI
-    /// program's); stdout and stderr captured.
+    /// name and the environment its configured one (entries from `variables` read now),
+    /// unless `program` gives both (a CGI program's); stdout and stderr captured.
     pub fn ctx(
         &mut self,
+        variables: &Granted,
         program: impl FnOnce(&WasiSpec) -> Option<(Vec<String>, Vec<(String, String)>)>,
     ) -> &mut WasiP1Ctx {
         self.ctx.get_or_insert_with(|| {
@@ -43,7 +45,7 @@ impl Wasi {
             b.stdout(stdio.stdout.clone()).stderr(stdio.stderr.clone());
             match program(t) {
                 Some((args, vars)) => b.args(&args).envs(&vars),
-                None => b.args(&[&t.name]).envs(&t.env),
+                None => b.args(&[&t.name]).envs(&t.env.resolve(variables)),
             };
             b.build_p1()
         })

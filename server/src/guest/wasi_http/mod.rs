@@ -80,12 +80,12 @@ pub struct HttpState {
 
 impl WasiView for HttpState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        let (spec, stdio) = (&self.spec, &mut self.stdio);
+        let (spec, stdio, variables) = (&self.spec, &mut self.stdio, &self.host.variables);
         let ctx = self.wasi.get_or_insert_with(|| {
             let stdio = stdio.get_or_insert_with(|| Stdio::new(spec.stdio_bytes));
             WasiCtxBuilder::new()
                 .args(&[&spec.name])
-                .envs(&spec.env)
+                .envs(&spec.env.resolve(variables))
                 .stdout(stdio.stdout.clone())
                 .stderr(stdio.stderr.clone())
                 .build()
