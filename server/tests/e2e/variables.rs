@@ -438,7 +438,15 @@ fn tern_dev_gives_its_guest_variables_and_prints_no_secret() {
     assert!(dev.get("/var/nope").starts_with("HTTP/1.1 404"));
     let r = dev.get("/config/");
     assert!(r.ends_with("api_key,region"), "{r}");
+    let pid = dev.pid();
     let output = dev.stop();
+    // Its generated config and data directory are gone with it.
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| (e.file_name().to_string_lossy()).starts_with(&format!("tern-dev-{pid}-")))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
     assert!(
         output.iter().any(|l| l.contains("/var/api_key")),
         "the requests are in the output: {output:?}"
