@@ -1,6 +1,7 @@
 //! The admin API's client: what `tern deploy`, `tern tenants`, `tern rollback`, `tern delete`
-//! and `tern reload` do. Plain HTTP/1.1 to the admin listener, readable output, and an error
-//! (non-zero exit) for every refusal, with the server's message.
+//! and `tern reload` do, with `tern var` / `tern secret` in [`variables`] and `tern cert` in
+//! [`certs`]. Plain HTTP/1.1 to the admin listener, readable output, and an error (non-zero
+//! exit) for every refusal, with the server's message.
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +10,12 @@ use bytes::Bytes;
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
+
+mod certs;
+mod variables;
+
+pub use certs::{cert_delete, cert_list, cert_put};
+pub use variables::{delete_variable, list_variables, read_secret, reseal, set_variable};
 
 /// Where the admin API is and how to authenticate.
 #[derive(Debug, Clone)]
@@ -583,155 +590,6 @@ pub async fn cache_purge(
     Ok(())
 }
 
-/// `tern var set` / `tern secret set`: sets a tenant's variable (`secret`: sealed, never
-/// shown again).
-///
-/// # Errors
-/// If the server refuses it (the message says why, never with the value).
-pub async fn set_variable(
-    target: &Target,
-    tenant: &str,
-    name: &str,
-    value: &str,
-    secret: bool,
-) -> anyhow::Result<()> {
-    let body = serde_json::to_vec(&serde_json::json!({ "value": value, "secret": secret }))?;
-    let v = target
-        .ok(
-            Method::PUT,
-            &format!("/admin/v1/tenants/{tenant}/variables/{name}"),
-            Bytes::from(body),
-            "application/json",
-        )
-        .await?;
-    let var = &v["variable"];
-    if secret {
-        println!(
-            "secret {name} of {tenant} set (digest {}); its guests read it from the next request",
-            var["digest"].as_str().unwrap_or("?")
-        );
-    } else {
-        println!("variable {name} of {tenant} set; its guests read it from the next request");
-    }
-    Ok(())
-}
-
-/// `tern var list` (every variable) / `tern secret list` (`secrets`: only secrets).
-///
-/// # Errors
-/// If the server refuses (an unknown tenant, a config-file tenant).
-pub async fn list_variables(
-    target: &Target,
-    tenant: &str,
-    secrets: Option<bool>,
-) -> anyhow::Result<()> {
-    let v = target
-        .ok(
-            Method::GET,
-            &format!("/admin/v1/tenants/{tenant}/variables"),
-            Bytes::new(),
-            "",
-        )
-        .await?;
-    let empty = Vec::new();
-    let vars = v["variables"].as_array().unwrap_or(&empty);
-    let shown: Vec<_> = vars
-        .iter()
-        .filter(|x| secrets.is_none_or(|s| x["secret"].as_bool() == Some(s)))
-        .collect();
-    if shown.is_empty() {
-        println!(
-            "{tenant} has no {}",
-            if secrets.is_some() {
-                "secrets"
-            } else {
-                "variables"
-            }
-        );
-        return Ok(());
-    }
-    println!("{:<32} {:<8} {:<20} VALUE / DIGEST", "NAME", "KIND", "SET");
-    for x in shown {
-        let secret = x["secret"].as_bool() == Some(true);
-        let when = x["updated_at"]
-            .as_u64()
-            .map_or_else(|| "?".into(), crate::logwriter::utc_seconds);
-        let shown = if secret {
-            format!("digest {}", x["digest"].as_str().unwrap_or("?"))
-        } else {
-            x["value"].as_str().unwrap_or_default().to_string()
-        };
-        println!(
-            "{:<32} {:<8} {:<20} {shown}",
-            x["name"].as_str().unwrap_or_default(),
-            if secret { "secret" } else { "plain" },
-            when
-        );
-    }
-    Ok(())
-}
-
-/// `tern var delete` / `tern secret delete`.
-///
-/// # Errors
-/// If the server refuses (no such tenant or variable).
-pub async fn delete_variable(target: &Target, tenant: &str, name: &str) -> anyhow::Result<()> {
-    target
-        .ok(
-            Method::DELETE,
-            &format!("/admin/v1/tenants/{tenant}/variables/{name}"),
-            Bytes::new(),
-            "",
-        )
-        .await?;
-    println!("{name} of {tenant} deleted");
-    Ok(())
-}
-
-/// `tern secret reseal`: every secret sealed again under the server's current key.
-///
-/// # Errors
-/// If a secret opens with neither key, or the registry cannot be written.
-pub async fn reseal(target: &Target) -> anyhow::Result<()> {
-    let v = target
-        .ok(Method::POST, "/admin/v1/secrets/reseal", Bytes::new(), "")
-        .await?;
-    println!(
-        "{} secret(s) sealed again under the secrets key {}",
-        v["resealed"],
-        v["key"].as_str().unwrap_or("?")
-    );
-    Ok(())
-}
-
-/// A secret's value from `file`, else from standard input; one final newline is dropped
-/// (what `echo` and editors add).
-///
-/// # Errors
-/// If it cannot be read, or is not UTF-8.
-pub fn read_secret(file: Option<&std::path::Path>) -> anyhow::Result<String> {
-    let mut value = match file {
-        Some(f) => std::fs::read_to_string(f)
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?,
-        None => {
-            if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
-                eprintln!("the secret's value (then Enter and Ctrl-D):");
-            }
-            let mut s = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
-                .map_err(|e| anyhow::anyhow!("cannot read the value from standard input: {e}"))?;
-            s
-        }
-    };
-    if value.ends_with('\n') {
-        value.pop();
-        if value.ends_with('\r') {
-            value.pop();
-        }
-    }
-    Ok(value)
-}
-
 /// `tern reload`: the config file is re-read, as on `SIGHUP`.
 ///
 /// # Errors
@@ -774,102 +632,6 @@ pub async fn registry_probe(url: &str) -> anyhow::Result<()> {
         );
     }
     println!("{url}: every check passed; this store can hold a shared registry");
-    Ok(())
-}
-
-/// `tern cert put NAME --cert F --key F [--host H]...`.
-///
-/// # Errors
-/// If a file cannot be read or the server refuses the certificate.
-pub async fn cert_put(
-    target: &Target,
-    name: &str,
-    cert: &Path,
-    key: &Path,
-    hosts: &[String],
-) -> anyhow::Result<()> {
-    let read = |p: &Path| {
-        std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
-    };
-    let body = json!({ "hosts": hosts, "cert": read(cert)?, "key": read(key)? });
-    let v = target
-        .ok(
-            Method::PUT,
-            &format!("/admin/v1/certificates/{name}"),
-            Bytes::from(serde_json::to_vec(&body)?),
-            "application/json",
-        )
-        .await?;
-    let what = if hosts.is_empty() {
-        "as the default certificate".to_string()
-    } else {
-        format!("for {}", hosts.join(", "))
-    };
-    let verb = if v["created"] == true {
-        "stored"
-    } else {
-        "replaced"
-    };
-    println!("{verb} certificate {name} {what}; served from the next handshake");
-    Ok(())
-}
-
-/// `tern cert list [--json]`.
-///
-/// # Errors
-/// If the server cannot be reached or has no TLS listener.
-pub async fn cert_list(target: &Target, as_json: bool) -> anyhow::Result<()> {
-    let v = target
-        .ok(Method::GET, "/admin/v1/certificates", Bytes::new(), "")
-        .await?;
-    if as_json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    let now = v["now"].as_i64().unwrap_or(0);
-    println!("{:<24} {:<8} {:<12} HOSTS", "NAME", "SOURCE", "EXPIRES IN");
-    for c in v["certificates"].as_array().into_iter().flatten() {
-        let left = c["not_after"].as_i64().unwrap_or(0) - now;
-        let expires = if left < 0 {
-            "EXPIRED".to_string()
-        } else {
-            format!("{}d {}h", left / 86400, left % 86400 / 3600)
-        };
-        let hosts: Vec<&str> = c["hosts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
-        println!(
-            "{:<24} {:<8} {:<12} {}",
-            c["name"].as_str().unwrap_or("?"),
-            c["source"].as_str().unwrap_or("?"),
-            expires,
-            if hosts.is_empty() {
-                "(default)".to_string()
-            } else {
-                hosts.join(", ")
-            }
-        );
-    }
-    Ok(())
-}
-
-/// `tern cert delete NAME`.
-///
-/// # Errors
-/// If the server refuses (no such stored certificate).
-pub async fn cert_delete(target: &Target, name: &str) -> anyhow::Result<()> {
-    target
-        .ok(
-            Method::DELETE,
-            &format!("/admin/v1/certificates/{name}"),
-            Bytes::new(),
-            "",
-        )
-        .await?;
-    println!("deleted certificate {name}");
     Ok(())
 }
 

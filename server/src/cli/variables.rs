@@ -1,0 +1,156 @@
+//! `tern var` and `tern secret`: a tenant's variables through the admin API. A secret's value
+//! is read from standard input or a file (never an argument) and never printed.
+
+use bytes::Bytes;
+use http::Method;
+
+use super::Target;
+
+/// `tern var set` / `tern secret set`: sets a tenant's variable (`secret`: sealed, never
+/// shown again).
+///
+/// # Errors
+/// If the server refuses it (the message says why, never with the value).
+pub async fn set_variable(
+    target: &Target,
+    tenant: &str,
+    name: &str,
+    value: &str,
+    secret: bool,
+) -> anyhow::Result<()> {
+    let body = serde_json::to_vec(&serde_json::json!({ "value": value, "secret": secret }))?;
+    let v = target
+        .ok(
+            Method::PUT,
+            &format!("/admin/v1/tenants/{tenant}/variables/{name}"),
+            Bytes::from(body),
+            "application/json",
+        )
+        .await?;
+    let var = &v["variable"];
+    if secret {
+        println!(
+            "secret {name} of {tenant} set (digest {}); its guests read it from the next request",
+            var["digest"].as_str().unwrap_or("?")
+        );
+    } else {
+        println!("variable {name} of {tenant} set; its guests read it from the next request");
+    }
+    Ok(())
+}
+
+/// `tern var list` (every variable) / `tern secret list` (`secrets`: only secrets).
+///
+/// # Errors
+/// If the server refuses (an unknown tenant, a config-file tenant).
+pub async fn list_variables(
+    target: &Target,
+    tenant: &str,
+    secrets: Option<bool>,
+) -> anyhow::Result<()> {
+    let v = target
+        .ok(
+            Method::GET,
+            &format!("/admin/v1/tenants/{tenant}/variables"),
+            Bytes::new(),
+            "",
+        )
+        .await?;
+    let empty = Vec::new();
+    let vars = v["variables"].as_array().unwrap_or(&empty);
+    let shown: Vec<_> = vars
+        .iter()
+        .filter(|x| secrets.is_none_or(|s| x["secret"].as_bool() == Some(s)))
+        .collect();
+    if shown.is_empty() {
+        println!(
+            "{tenant} has no {}",
+            if secrets.is_some() {
+                "secrets"
+            } else {
+                "variables"
+            }
+        );
+        return Ok(());
+    }
+    println!("{:<32} {:<8} {:<20} VALUE / DIGEST", "NAME", "KIND", "SET");
+    for x in shown {
+        let secret = x["secret"].as_bool() == Some(true);
+        let when = x["updated_at"]
+            .as_u64()
+            .map_or_else(|| "?".into(), crate::logwriter::utc_seconds);
+        let shown = if secret {
+            format!("digest {}", x["digest"].as_str().unwrap_or("?"))
+        } else {
+            x["value"].as_str().unwrap_or_default().to_string()
+        };
+        println!(
+            "{:<32} {:<8} {:<20} {shown}",
+            x["name"].as_str().unwrap_or_default(),
+            if secret { "secret" } else { "plain" },
+            when
+        );
+    }
+    Ok(())
+}
+
+/// `tern var delete` / `tern secret delete`.
+///
+/// # Errors
+/// If the server refuses (no such tenant or variable).
+pub async fn delete_variable(target: &Target, tenant: &str, name: &str) -> anyhow::Result<()> {
+    target
+        .ok(
+            Method::DELETE,
+            &format!("/admin/v1/tenants/{tenant}/variables/{name}"),
+            Bytes::new(),
+            "",
+        )
+        .await?;
+    println!("{name} of {tenant} deleted");
+    Ok(())
+}
+
+/// `tern secret reseal`: every secret sealed again under the server's current key.
+///
+/// # Errors
+/// If a secret opens with neither key, or the registry cannot be written.
+pub async fn reseal(target: &Target) -> anyhow::Result<()> {
+    let v = target
+        .ok(Method::POST, "/admin/v1/secrets/reseal", Bytes::new(), "")
+        .await?;
+    println!(
+        "{} secret(s) sealed again under the secrets key {}",
+        v["resealed"],
+        v["key"].as_str().unwrap_or("?")
+    );
+    Ok(())
+}
+
+/// A secret's value from `file`, else from standard input; one final newline is dropped
+/// (what `echo` and editors add).
+///
+/// # Errors
+/// If it cannot be read, or is not UTF-8.
+pub fn read_secret(file: Option<&std::path::Path>) -> anyhow::Result<String> {
+    let mut value = match file {
+        Some(f) => std::fs::read_to_string(f)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?,
+        None => {
+            if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+                eprintln!("the secret's value (then Enter and Ctrl-D):");
+            }
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                .map_err(|e| anyhow::anyhow!("cannot read the value from standard input: {e}"))?;
+            s
+        }
+    };
+    if value.ends_with('\n') {
+        value.pop();
+        if value.ends_with('\r') {
+            value.pop();
+        }
+    }
+    Ok(value)
+}
