@@ -37,9 +37,10 @@ header() { # title command
     echo
 }
 
-wait_http() { # url
-    for _ in $(seq 1 300); do curl -fs -o /dev/null "$1" && return 0; sleep 0.1; done
-    echo "no answer from $1" >&2
+wait_http() { # url [seconds, default 30]
+    local deadline=$((SECONDS + ${2:-30}))
+    while [ "$SECONDS" -lt "$deadline" ]; do curl -fs -o /dev/null "$1" && return 0; sleep 0.1; done
+    echo "no answer from $1 within ${2:-30} s" >&2
     return 1
 }
 
@@ -54,7 +55,8 @@ start_tern() {
         --admin-listen 127.0.0.1:$ADMIN_PORT >>"$WORK/tern.log" 2>&1 &
     TERN_PID=$!
     PIDS+=("$TERN_PID")
-    wait_http "http://127.0.0.1:$ADMIN_PORT/readyz"
+    # Ready once every tenant is compiled: minutes for several Python components on 2 cores.
+    wait_http "http://127.0.0.1:$ADMIN_PORT/readyz" 600
 }
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 

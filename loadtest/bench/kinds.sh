@@ -86,7 +86,7 @@ kinds() {
         "$@" "$w" serve -S cli --addr 127.0.0.1:$PEER_PORT "$f" >"$WORK/peer.log" 2>&1 &
         PEER_PID=$!
         PIDS+=("$PEER_PID")
-        wait_http "http://127.0.0.1:$PEER_PORT/hello"
+        wait_http "http://127.0.0.1:$PEER_PORT/hello" 300
     }
     for n in $(seq 1 "$ROUNDS"); do
         # Shared cores, as a user would run both: requests/s (Tern and wasmtime 48).
