@@ -33,7 +33,7 @@ fn config_text(
     variables: &DevVariables,
 ) -> String {
     let timeout_ms = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
-    let config = toml::toml! {
+    let mut config = toml::toml! {
         [server]
         listen = (listen.to_string())
         admin_listen = "127.0.0.1:0"
@@ -47,7 +47,6 @@ fn config_text(
         timeout_ms = (timeout_ms)
         log_lines_per_sec = 1000
     };
-    let mut config = config;
     let mut declared = toml::Table::new();
     for (name, value) in &variables.plain {
         declared.insert(name.clone(), toml::Value::String(value.clone()));

@@ -101,19 +101,23 @@ impl Env {
         if self.from_variables.is_empty() {
             return Cow::Borrowed(&self.text);
         }
-        Cow::Owned(self.with(&variables.values()))
+        Cow::Owned(self.with(&variables.values()).into_owned())
     }
 
     /// The environment with `values` as the tenant's variables: an entry whose variable is
     /// undefined (or a secret this server cannot open) is left out, never empty or wrong.
-    pub fn with(&self, values: &Values) -> Vec<(String, String)> {
+    /// Borrowed (no copy) when no entry comes from a variable.
+    pub fn with(&self, values: &Values) -> Cow<'_, [(String, String)]> {
+        if self.from_variables.is_empty() {
+            return Cow::Borrowed(&self.text);
+        }
         let mut env = self.text.clone();
         for (k, variable) in &self.from_variables {
             if let Found::Value(v) = values.get(variable) {
                 env.push((k.clone(), v.to_string()));
             }
         }
-        env
+        Cow::Owned(env)
     }
 }
 
@@ -169,8 +173,8 @@ mod tests {
             unreadable: None,
         };
         assert_eq!(
-            env.with(&values),
-            vec![
+            *env.with(&values),
+            [
                 ("A".to_string(), "1".to_string()),
                 ("KEY".to_string(), "s3cret".to_string())
             ]
@@ -179,6 +183,6 @@ mod tests {
             values: BTreeMap::new(),
             unreadable: Some("another key".into()),
         };
-        assert_eq!(env.with(&unreadable), vec![("A".into(), "1".into())]);
+        assert_eq!(*env.with(&unreadable), [("A".into(), "1".into())]);
     }
 }
