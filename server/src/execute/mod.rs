@@ -6,12 +6,13 @@
 //! calls its handler on a pooled fiber stack: `_start` for a core module (`module`: the
 //! `tern` and `cgi` kinds), `handle` for a `wasi:http` component (`wasi_http`). Epoch
 //! interruption makes the guest yield in turns of a tick or two after its first slice, so a
-//! busy guest never holds a worker thread, and a wall-clock deadline around the whole run cuts
-//! it off.
+//! busy guest never holds a worker thread, and a deadline in the guest's own time (`deadline`:
+//! the time it waited for a busy worker is the server's) cuts it off.
 //! The rest is shared, here ([`lifecycle`]): what a failure means for the client (`classify`,
 //! `verdict`), the reply, the hand-off of a streamed head ([`answer`]), the outcome counts, the
 //! captured output and teardown. The kinds' host sides are [`crate::guest`]'s.
 
+mod deadline;
 mod module;
 mod wasi_http;
 
@@ -56,6 +57,9 @@ pub struct Phases {
     pub outbound: Duration,
     /// Part of `run`: waiting for key-value stores.
     pub kv: Duration,
+    /// Part of `instantiate` + `run`: ready to run, waiting for a worker thread busy with
+    /// other requests (not counted against the guest's time limit; see `deadline`).
+    pub ready: Duration,
 }
 
 impl Phases {
@@ -68,6 +72,7 @@ impl Phases {
             teardown: Duration::ZERO,
             outbound: Duration::ZERO,
             kv: Duration::ZERO,
+            ready: Duration::ZERO,
         }
     }
 }
@@ -293,9 +298,9 @@ async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, r
     let mut store = new_store(driver.engine(), state);
     store.limiter(|s| s.limits());
     let mut clock = Clock::default();
-    let ended = tokio::time::timeout(limits.timeout, driver.call(&mut store, &mut clock)).await;
+    let timed = deadline::within(limits.timeout, driver.call(&mut store, &mut clock)).await;
     let ran_until = Instant::now();
-    let ended = ended.map(|r| driver.settle(store.data_mut(), r));
+    let ended = timed.ended.map(|r| driver.settle(store.data_mut(), r));
     let body = driver.body_end(store.data());
     let mut result = {
         let response = driver.response(store.data_mut());
@@ -324,6 +329,7 @@ async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, r
         teardown,
         outbound,
         kv,
+        ready: timed.ready,
     };
     (result, phases)
 }
@@ -379,11 +385,10 @@ pub(super) struct BodyEnd {
     pub failed: Option<String>,
 }
 
-/// The verdict of a run that ended (`Ok`) or passed its deadline (`Err`), before its answer
-/// is sent. The server's own limits come first: a body over the limit is `413` and a broken
+/// The verdict of a run that ended (`Ok`) or was cut off (`Err`), before its answer is sent. The server's own limits come first: a body over the limit is `413` and a broken
 /// one `400`, whatever the guest made of the error (unless the answer is already streaming).
 fn verdict(
-    ended: Result<Result<(), ExecError>, tokio::time::error::Elapsed>,
+    ended: Result<Result<(), ExecError>, deadline::Expired>,
     body: BodyEnd,
     response: &GuestResponse,
     timeout: Duration,
@@ -400,9 +405,18 @@ fn verdict(
         ));
     }
     match ended {
-        Err(_elapsed) => Err(ExecError::new(
+        Err(deadline::Expired::Guest) => Err(ExecError::new(
             Outcome::Timeout,
             format!("guest exceeded its time limit ({} ms)", timeout.as_millis()),
+        )),
+        Err(deadline::Expired::Server) => Err(ExecError::new(
+            Outcome::Overload,
+            format!(
+                "the server was too busy to finish this request within {} ms (the guest was \
+                 within its own time limit of {} ms); try again shortly",
+                (timeout * deadline::WALL_FACTOR).as_millis(),
+                timeout.as_millis()
+            ),
         )),
         // A body that does not match its declared length fails (a `HEAD` answer has none).
         Ok(Ok(())) => match response.length_mismatch() {

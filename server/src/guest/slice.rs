@@ -31,6 +31,7 @@
 //! `unsafe`: one `libc::clock_gettime` call on a local struct.
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -153,11 +154,11 @@ impl Slicing {
     /// first slice is counted it also marks the thread's clock when the guest resumes.
     pub fn pause(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         if self.first != First::Counting {
-            return Box::pin(tokio::task::yield_now());
+            return Box::pin(yield_slice());
         }
         let slot = Arc::clone(self.resumed.get_or_insert_with(Default::default));
         Box::pin(async move {
-            tokio::task::yield_now().await;
+            yield_slice().await;
             *slot.lock().unwrap_or_else(PoisonError::into_inner) = thread_clock();
         })
     }
@@ -172,6 +173,25 @@ impl Slicing {
             First::Unknown => None,
         }
     }
+}
+
+thread_local! {
+    /// Set when a guest polled on this thread yields its slice.
+    static YIELDED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether a guest polled on this thread yielded its slice since the last call (clearing it):
+/// from then on the guest is ready to run and waits for its worker. tokio wakes a yielded task
+/// only when the worker next checks its sockets, after the tasks queued before it, so the
+/// wake does not tell when the wait began.
+pub fn take_yield() -> bool {
+    YIELDED.replace(false)
+}
+
+/// tokio's `yield_now`, noted for [`take_yield`].
+async fn yield_slice() {
+    YIELDED.set(true);
+    tokio::task::yield_now().await;
 }
 
 /// Takes the mark a yield's future left.

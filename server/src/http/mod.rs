@@ -446,6 +446,7 @@ fn record_phases(t: &mut Timings, out: &Phases) {
     t.set(Phase::Teardown, out.teardown);
     t.set(Phase::Outbound, out.outbound);
     t.set(Phase::Kv, out.kv);
+    t.set(Phase::Ready, out.ready);
 }
 
 /// The response of a guest whose body streams: its head, and its body from the channel.

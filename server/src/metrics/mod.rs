@@ -42,10 +42,14 @@ pub enum Phase {
     /// Looking the request up in its tenant's cache (`[tenant.cache]`), and for a hit making
     /// the answer. Recorded only for tenants with a cache.
     Cache = 7,
+    /// Part of `instantiate` + `run`: the guest ready to run but waiting for its worker thread,
+    /// busy with other requests (time the guest's limit does not count). Recorded only for
+    /// requests that waited.
+    Ready = 8,
 }
 
 /// How many phases there are.
-pub const PHASES: usize = 8;
+pub const PHASES: usize = 9;
 
 impl Phase {
     /// All phases in request order.
@@ -67,11 +71,12 @@ impl Phase {
         Phase::Outbound,
         Phase::Kv,
         Phase::Cache,
+        Phase::Ready,
     ];
 
     /// Phases recorded only for requests that had them: the cache lookup, and the parts of
-    /// `run`.
-    pub const WHEN_USED: [Phase; 3] = [Phase::Cache, Phase::Outbound, Phase::Kv];
+    /// `instantiate` + `run`.
+    pub const WHEN_USED: [Phase; 4] = [Phase::Cache, Phase::Ready, Phase::Outbound, Phase::Kv];
 
     /// The label value / `Server-Timing` name.
     pub fn name(self) -> &'static str {
@@ -84,6 +89,7 @@ impl Phase {
             "outbound",
             "kv",
             "cache",
+            "ready",
         ][self as usize]
     }
 }

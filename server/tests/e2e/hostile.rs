@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
-use crate::support::{Conn, TestServer, metric_value, raw, send, test_guest};
+use crate::support::{Conn, TestServer, metric_value, metric_value_or_zero, raw, send, test_guest};
 
 const GUESTS: [&str; 13] = [
     "loop_forever",
@@ -390,6 +390,88 @@ async fn pool_exhaustion_and_tenant_caps_answer_503_with_retry_after() {
         m.contains(r#"tern_guest_outcomes_total{outcome="overload",tenant="hello"} 1"#),
         "{m}"
     );
+}
+
+/// Guests interleaved on one busy worker wait for it between their time slices; that wait is
+/// the server's, not the guest's, so a guest within its own time limit is not cut off (counted
+/// in wall time, such guests got `504`), and `Server-Timing` shows the wait as `ready`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_spent_waiting_for_a_busy_worker_is_not_counted_against_a_guests_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "cpu_burn");
+    let config = "[server]\nworker_threads = 1\n[pool]\ninstances = 40\n\
+        [[tenant]]\nname = \"burn\"\nmodule = \"cpu_burn.wasm\"\npaths = [\"/burn\"]\n\
+        [tenant.limits]\ntimeout_ms = 500\nmax_concurrency = 40\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    // A fixed amount of work that takes one guest alone 40-200 ms (the least of three runs).
+    let mut work = 100u64;
+    let alone_ms = loop {
+        let mut least = f64::MAX;
+        for _ in 0..3 {
+            let r = s.get(&format!("/burn?work={work}")).await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+            least = least.min(phase_ms(r.header("server-timing"), "run"));
+        }
+        if least >= 40.0 {
+            break least;
+        }
+        work = (work as f64 * 60.0 / least.max(0.5)).ceil() as u64;
+    };
+    assert!(alone_ms < 200.0, "one guest alone takes {alone_ms} ms");
+    // Enough of them at once for ~900 ms of work on the one worker: the last ones end well
+    // past the 500 ms limit in wall time, and before the 2 s bound (4 x the limit).
+    let n = ((900.0 / alone_ms).ceil() as usize).clamp(6, 40);
+    let path: &'static str = Box::leak(format!("/burn?work={work}").into_boxed_str());
+    let addr = s.addr();
+    let runs: Vec<_> = (0..n)
+        .map(|_| {
+            tokio::spawn(async move {
+                let sent = std::time::Instant::now();
+                let r = send(addr, Method::GET, path, None, &[], Bytes::new()).await;
+                (r, sent.elapsed())
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    let mut waited = 0;
+    for run in runs {
+        let (r, took) = run.await.unwrap();
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "{} guests of {alone_ms} ms: {}",
+            n,
+            r.text()
+        );
+        slowest = slowest.max(took);
+        if r.header("server-timing").contains(", ready;dur=") {
+            waited += 1;
+        }
+    }
+    assert!(
+        slowest > Duration::from_millis(500),
+        "{n} guests of {alone_ms} ms all ended within the limit ({slowest:?}): nothing tested"
+    );
+    assert!(waited > 0, "no answer showed a `ready` phase");
+    let m = s.metrics().await;
+    assert!(
+        metric_value(
+            &m,
+            r#"tern_request_phase_duration_seconds_count{phase="ready"}"#
+        ) > 0.0,
+        "{m}"
+    );
+    let timeouts = r#"tern_guest_outcomes_total{outcome="timeout",tenant="burn"}"#;
+    assert_eq!(metric_value_or_zero(&m, timeouts), 0.0, "{m}");
+}
+
+/// The duration of `phase` in a `Server-Timing` value, in milliseconds.
+fn phase_ms(timing: &str, phase: &str) -> f64 {
+    timing
+        .split(", ")
+        .find_map(|p| p.strip_prefix(&format!("{phase};dur=")))
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("no {phase} in {timing:?}"))
 }
 
 /// Waits until `n` instance slots are in use (bounded at 10 s, to catch hangs).
