@@ -50,6 +50,9 @@ pub enum BodyCut {
     /// past the tenant's response limit.
     #[error("the forwarded response body stopped: {0}")]
     Backend(String),
+    /// Compressing it failed.
+    #[error("compressing the response body failed: {0}")]
+    Compress(String),
 }
 
 /// A response body.
@@ -66,6 +69,24 @@ pub enum ResponseBody {
     /// A body kept as it streams to the client, and handed on when it ends whole (the cache
     /// stores a guest's streamed answer so).
     Kept(Box<Kept>),
+    /// A body a front-end step made of another as it streams (compression).
+    Transformed(Transformed),
+}
+
+/// A body a front-end step made of another (say, compressed) as it streams.
+pub struct Transformed(Pin<Box<dyn Body<Data = Bytes, Error = BodyCut> + Send>>);
+
+impl Transformed {
+    /// Wraps `body`.
+    pub fn new(body: impl Body<Data = Bytes, Error = BodyCut> + Send + 'static) -> Self {
+        Self(Box::pin(body))
+    }
+}
+
+impl std::fmt::Debug for Transformed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Transformed").finish_non_exhaustive()
+    }
 }
 
 /// What is done with a [`Kept`] body that reached its end whole.
@@ -254,6 +275,7 @@ impl http_body::Body for ResponseBody {
                 }
                 polled
             }
+            Self::Transformed(t) => t.0.as_mut().poll_frame(cx),
         }
     }
 
@@ -264,6 +286,7 @@ impl http_body::Body for ResponseBody {
             Self::Forwarded(f) => f.body.is_end_stream(),
             Self::Logged(l) => l.body.is_end_stream(),
             Self::Kept(k) => k.body.is_end_stream(),
+            Self::Transformed(t) => t.0.is_end_stream(),
         }
     }
 
@@ -275,6 +298,7 @@ impl http_body::Body for ResponseBody {
             Self::Forwarded(f) => f.body.size_hint(),
             Self::Logged(l) => l.body.size_hint(),
             Self::Kept(k) => k.body.size_hint(),
+            Self::Transformed(t) => t.0.size_hint(),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! What the front end does for one tenant around its guests, prepared once when the tenant is
 //! loaded: whether its cleartext requests are redirected to HTTPS, the
 //! `Strict-Transport-Security` its HTTPS responses carry, what its clients see when a request
-//! fails, and its cache in front of its guests.
+//! fails, its cache in front of its guests, and its answers' compression.
 //!
 //! A tenant's [`Front`] is made from its settings beside its guests' grants
 //! ([`crate::capabilities::Grants`]), from the same [`Preparing`]. A new front-end feature (a
@@ -13,6 +13,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use crate::cache::Cache;
+use crate::compress::Compression;
 
 use crate::outcome::ErrorPages;
 use crate::prepare::Preparing;
@@ -28,6 +29,8 @@ pub struct Front {
     pub errors: ErrorPages,
     /// Its cache in front of its guests (`cache`), when it has one.
     pub cache: Option<Arc<Cache>>,
+    /// Its answers' compression (`compression`), unless it is off.
+    pub compression: Option<Compression>,
 }
 
 impl Front {
@@ -45,6 +48,7 @@ impl Front {
                 .cache
                 .enabled
                 .then(|| Arc::new(Cache::new(&s.cache, p.metrics, p.label))),
+            compression: Compression::prepare(&s.compression),
         }
     }
 }

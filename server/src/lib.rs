@@ -16,9 +16,11 @@
 //!   `http::exchange` (ids, timings, trace and access line; finishing a response with its
 //!   `Server-Timing`), `http::request` (framing, host, request ids, the HTTPS redirect).
 //! - [`front`]: what the front end does for each tenant, prepared when it loads (redirect,
-//!   HSTS, error pages, its cache), from a [`prepare::Preparing`] like its guests' grants.
+//!   HSTS, error pages, its cache, compression), from a [`prepare::Preparing`] like its guests' grants.
 //! - [`cache`]: a tenant's cache in front of its guests (`[tenant.cache]`): lookup before
 //!   admission, what may be stored (RFC 9111), variants, validators, `Cache-Status`.
+//! - [`compress`]: a tenant's answers compressed (zstd, Brotli, gzip) for clients that accept
+//!   it (`[tenant.compression]`), as they stream.
 //! - [`target`]: the normal form of the request's path, which routing, the guests and
 //!   everything keyed on a URL use (dot segments, percent-encodings, ambiguous paths refused).
 //! - [`router`]: `Host` / path prefix → tenant, on the normal path.
@@ -104,6 +106,7 @@ pub mod capabilities;
 pub mod ceilings;
 pub mod change;
 pub mod cli;
+pub mod compress;
 pub mod config;
 pub mod context;
 pub mod datadir;

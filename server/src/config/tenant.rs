@@ -84,6 +84,13 @@ pub struct TenantSettings<R> {
     /// headers (off unless `enabled`).
     #[serde(default, skip_serializing_if = "crate::cache::CacheConfig::is_default")]
     pub cache: crate::cache::CacheConfig,
+    /// `[tenant.compression]`: its answers compressed for clients that accept it (on by
+    /// default for text types).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::compress::CompressionConfig::is_default"
+    )]
+    pub compression: crate::compress::CompressionConfig,
 }
 
 /// `[tenant.hsts]`: HTTP Strict Transport Security (RFC 6797). Sticky: a browser that saw it
@@ -156,6 +163,7 @@ impl<R> Default for TenantSettings<R> {
             kv: Vec::new(),
             hsts: None,
             cache: crate::cache::CacheConfig::default(),
+            compression: crate::compress::CompressionConfig::default(),
         }
     }
 }
@@ -175,6 +183,7 @@ impl<R> TenantSettings<R> {
             kv,
             hsts,
             cache,
+            compression,
         } = self;
         TenantSettings {
             hosts: hosts.iter().map(&f).collect(),
@@ -188,6 +197,7 @@ impl<R> TenantSettings<R> {
             kv: kv.clone(),
             hsts: hsts.clone(),
             cache: cache.clone(),
+            compression: compression.clone(),
         }
     }
 }
@@ -357,6 +367,9 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
         return here(&t.name, format!("tenant {name:?}: {m}"));
     }
     if let Err(m) = t.settings.cache.check() {
+        return here(&t.name, format!("tenant {name:?}: {m}"));
+    }
+    if let Err(m) = t.settings.compression.check() {
         return here(&t.name, format!("tenant {name:?}: {m}"));
     }
     for (i, p) in t.settings.paths.iter().enumerate() {

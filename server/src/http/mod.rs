@@ -4,7 +4,8 @@
 //! a response (`Early`): `route` (framing, the normal path, the host, ACME challenges, the
 //! router), `check_routed` (the tenant's redirect to HTTPS, a declared body over its limit),
 //! `admit` (a pool slot and the tenant's concurrency), `run_guest` (the guest, and the
-//! response it gives: buffered, or streamed while the guest runs on). A new step (a cache in
+//! response it gives: buffered, or streamed while the guest runs on), then the answer's
+//! compression (`crate::compress`), whether it came from the guest or the cache. A new step (a cache in
 //! front of the guests) is one more function called between two of them, with what it needs
 //! per tenant prepared in [`crate::front::Front`] when the tenant loads.
 //!
@@ -72,9 +73,15 @@ pub async fn handle(
     if let Err(early) = check_routed(&app, &req, &conn, &routed.tenant) {
         return ex.early(&app, early);
     }
+    let compression = routed.tenant.front.compression.as_ref();
+    let asked = compression.map(|c| c.ask(&req));
+    let compress = |resp| match (compression, asked) {
+        (Some(c), Some(asked)) => c.apply(asked, resp),
+        _ => resp,
+    };
     let fill = match look_up(&app, &mut ex, &mut req, &conn, &routed.tenant).await {
         Looked::Guest(fill) => fill,
-        Looked::Cached(hit) => return ex.cached(&app, &routed.tenant, *hit),
+        Looked::Cached(hit) => return ex.cached(&app, &routed.tenant, compress(*hit)),
         Looked::Stale(stale, mut fill) => {
             // Served stale now; the guest is asked for a new answer in the background.
             let refresh = fill.refresh(&req);
@@ -86,7 +93,7 @@ pub async fn handle(
                 conn,
                 client,
             ));
-            return ex.cached(&app, &routed.tenant, *stale);
+            return ex.cached(&app, &routed.tenant, compress(*stale));
         }
     };
     let admitted = match admit(&app, &mut ex, &routed.tenant).await {
@@ -95,17 +102,18 @@ pub async fn handle(
             // A stale answer the guest was to revalidate stands in for an overload, within
             // its `stale-if-error`.
             if let Some(stale) = fill.and_then(crate::cache::Fill::stale_instead) {
-                return ex.cached(&app, &routed.tenant, stale);
+                return ex.cached(&app, &routed.tenant, compress(stale));
             }
             return ex.early(&app, early);
         }
     };
     let (resp, reached) = run_guest(&app, &mut ex, req, &routed, admitted, conn, client).await;
+    // The cache keeps the plain answer; the client gets it compressed.
     let resp = match fill {
         Some(fill) => fill.answered(resp),
         None => resp,
     };
-    ex.finish(&app, Some(&routed.tenant), resp, reached)
+    ex.finish(&app, Some(&routed.tenant), compress(resp), reached)
 }
 
 /// What the cache step decided.

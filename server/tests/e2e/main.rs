@@ -10,6 +10,7 @@ mod admin_input;
 mod artifacts;
 mod cache;
 mod clients;
+mod compression;
 mod config;
 mod conformance;
 mod demo;

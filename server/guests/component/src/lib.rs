@@ -162,7 +162,11 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
             }
             "/big" => {
                 let n: usize = query(&path, "n").and_then(|n| n.parse().ok()).unwrap_or(0);
-                respond(out, 200, &[], &vec![b'x'; n]);
+                let body = vec![b'x'; n];
+                match query(&path, "type") {
+                    Some(kind) => respond(out, 200, &[("content-type", kind.as_str())], &body),
+                    None => respond(out, 200, &[], &body),
+                }
             }
             "/echo" => {
                 let response = OutgoingResponse::new(Fields::new());

@@ -2,7 +2,8 @@
 //! `?chunk=BYTES` (default: all at once) and answers `200` with exactly that body. `?slow=1`
 //! computes for about 2 ms before each write, so the head leaves while the guest still runs;
 //! without it the guest usually finishes before the server looks at its head. `?declare=N`
-//! first sets `content-length: N` (the server holds the body to it).
+//! first sets `content-length: N` (the server holds the body to it); `?type=T` sets
+//! `content-type: T`.
 fn main() {
     let n: usize = tern_test_guests::query_number("n", 65_537);
     if let Some(declared) = tern_test_guests::target()
@@ -10,6 +11,14 @@ fn main() {
         .nth(1)
         .and_then(|v| v.split('&').next())
         && tern_sdk::raw::header_append(b"content-length", declared.as_bytes()).is_err()
+    {
+        std::process::exit(2);
+    }
+    if let Some(kind) = tern_test_guests::target()
+        .split("type=")
+        .nth(1)
+        .and_then(|v| v.split('&').next())
+        && tern_sdk::raw::header_append(b"content-type", kind.as_bytes()).is_err()
     {
         std::process::exit(2);
     }

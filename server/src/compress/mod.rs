@@ -1,0 +1,338 @@
+//! Compression at the edge: a tenant's answers compressed with the best encoding the client
+//! accepts (zstd, Brotli, gzip), as they stream, so that guests written in any language send
+//! plain bytes and the edge compresses them once, outside the guest's CPU budget.
+//!
+//! The front end asks [`Compression::choose`] what the client accepts when the request comes
+//! (`Accept-Encoding`, RFC 9110 §12.5.3: q-values, `*`, `identity;q=0`), and hands the answer
+//! to [`Compression::apply`]. An answer is compressed when its type is one of the tenant's
+//! `types`, it has no `Content-Encoding`, no `Content-Range` (a `206` is about the plain
+//! bytes), no `Cache-Control: no-transform`, a status with a body, and a body not declared
+//! shorter than `min_bytes` or longer than `max_bytes`. Such an answer gets `Vary:
+//! Accept-Encoding` whether or not this client takes it compressed (a cache downstream must
+//! not give one client's encoding to another). A compressed answer gets `Content-Encoding`,
+//! loses `Content-Length` (a body known whole and small gets its compressed length instead)
+//! and `Accept-Ranges`, and a strong `ETag` becomes weak (the bytes differ from the plain
+//! answer's).
+//!
+//! The codecs are `compression-codecs` (async-compression's), driven by [`body::Encoded`]:
+//! input is compressed as it arrives, at most [`body::PIECE`] per poll, and what was
+//! compressed is flushed to the client whenever the guest has nothing more for now, so a slow
+//! or endless stream (server-sent events) reaches the client as it is written.
+
+pub mod body;
+pub mod config;
+
+use http::header::{
+    ACCEPT_ENCODING, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE,
+    CONTENT_TYPE, ETAG, VARY,
+};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+
+use crate::body::ResponseBody;
+pub use config::CompressionConfig;
+
+/// A content coding Tern compresses with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// Zstandard (RFC 8878).
+    Zstd,
+    /// Brotli (RFC 7932).
+    Br,
+    /// gzip (RFC 1952).
+    Gzip,
+}
+
+impl Encoding {
+    /// The coding named by `token` (as `Accept-Encoding` and the config write it).
+    pub fn from_token(token: &str) -> Option<Self> {
+        let t = token.trim();
+        if t.eq_ignore_ascii_case("zstd") {
+            Some(Self::Zstd)
+        } else if t.eq_ignore_ascii_case("br") {
+            Some(Self::Br)
+        } else if t.eq_ignore_ascii_case("gzip") || t.eq_ignore_ascii_case("x-gzip") {
+            Some(Self::Gzip)
+        } else {
+            None
+        }
+    }
+
+    /// Its `Content-Encoding` token.
+    pub fn token(self) -> &'static str {
+        match self {
+            Self::Zstd => "zstd",
+            Self::Br => "br",
+            Self::Gzip => "gzip",
+        }
+    }
+}
+
+/// One entry of `types`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TypeRule {
+    /// `text/html`.
+    Exact(String),
+    /// `text/*`: the type, any subtype.
+    Type(String),
+    /// `application/*+json`: the type, a subtype with this suffix (`+json`).
+    Suffix(String, String),
+}
+
+impl TypeRule {
+    /// Reads a rule (lower-cased).
+    fn parse(rule: &str) -> Option<Self> {
+        let rule = rule.trim().to_ascii_lowercase();
+        let (ty, sub) = rule.split_once('/')?;
+        let token = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
+        };
+        if !token(ty) {
+            return None;
+        }
+        if sub == "*" {
+            return Some(Self::Type(ty.to_owned()));
+        }
+        if let Some(suffix) = sub.strip_prefix("*+") {
+            return token(suffix).then(|| Self::Suffix(ty.to_owned(), format!("+{suffix}")));
+        }
+        token(sub).then(|| Self::Exact(rule.clone()))
+    }
+
+    /// Whether the media type `ty`/`sub` (lower case) matches.
+    fn matches(&self, ty: &str, sub: &str) -> bool {
+        match self {
+            Self::Exact(full) => {
+                full.len() == ty.len() + 1 + sub.len()
+                    && full.starts_with(ty)
+                    && full.ends_with(sub)
+                    && full.as_bytes()[ty.len()] == b'/'
+            }
+            Self::Type(t) => t == ty,
+            Self::Suffix(t, suffix) => t == ty && sub.ends_with(suffix.as_str()),
+        }
+    }
+}
+
+/// What a client accepts, as [`Compression::choose`] read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    /// This encoding.
+    Encode(Encoding),
+    /// None of the tenant's encodings (or no `Accept-Encoding`): the plain answer.
+    Plain,
+}
+
+/// What a request asked of its answer's compression: the encoding its client takes best.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked(Choice);
+
+/// A tenant's compression, prepared from its `[tenant.compression]`.
+#[derive(Debug)]
+pub struct Compression {
+    /// The encodings offered, the tenant's preference first.
+    encodings: Vec<Encoding>,
+    types: Vec<TypeRule>,
+    min_bytes: u64,
+    max_bytes: u64,
+    /// Levels: gzip, Brotli, zstd.
+    levels: body::Levels,
+}
+
+impl Compression {
+    /// The tenant's compression, or `None` when it is off (settings already checked).
+    pub fn prepare(c: &CompressionConfig) -> Option<Self> {
+        if !c.enabled {
+            return None;
+        }
+        Some(Self {
+            encodings: c
+                .encodings
+                .iter()
+                .filter_map(|e| Encoding::from_token(e))
+                .collect(),
+            types: c.types.iter().filter_map(|t| TypeRule::parse(t)).collect(),
+            min_bytes: c.min_bytes,
+            max_bytes: c.max_bytes,
+            levels: body::Levels {
+                gzip: c.gzip_level,
+                brotli: c.brotli_level,
+                zstd: c.zstd_level,
+            },
+        })
+    }
+
+    /// The encoding for a request with `headers`: of the tenant's encodings, the one the
+    /// client gives the highest q-value (`*` stands for those it does not name), the tenant's
+    /// preference among equals; `Plain` when it accepts none, or sends no `Accept-Encoding`.
+    pub fn choose(&self, headers: &HeaderMap) -> Choice {
+        let mut best: Option<(Encoding, u16)> = None;
+        for &encoding in &self.encodings {
+            let q = accepted(headers, encoding);
+            if q > 0 && best.is_none_or(|(_, b)| q > b) {
+                best = Some((encoding, q));
+            }
+        }
+        best.map_or(Choice::Plain, |(e, _)| Choice::Encode(e))
+    }
+
+    /// What the answer to `req` may be compressed with.
+    pub fn ask<B>(&self, req: &http::Request<B>) -> Asked {
+        Asked(self.choose(req.headers()))
+    }
+
+    /// `resp` as the client gets it: compressed as `asked` when it qualifies (see the
+    /// module's documentation), with `Vary: Accept-Encoding` when it could have been. The
+    /// answer to a `HEAD` is made as a `GET`'s (its length too), and its body not sent.
+    pub fn apply(&self, asked: Asked, mut resp: Response<ResponseBody>) -> Response<ResponseBody> {
+        let Asked(choice) = asked;
+        let known = match resp.body() {
+            ResponseBody::Full(Some(b)) => Some(b.len() as u64),
+            _ => None,
+        };
+        if !self.qualifies(resp.status(), resp.headers(), known) {
+            return resp;
+        }
+        add_vary(resp.headers_mut());
+        let Choice::Encode(encoding) = choice else {
+            return resp;
+        };
+        let (mut parts, plain) = resp.into_parts();
+        let body = match body::encode(plain, encoding, self.levels) {
+            Ok(encoded) => encoded,
+            // The codec failed on a body known whole: sent plain.
+            Err(plain) => return Response::from_parts(parts, plain),
+        };
+        let headers = &mut parts.headers;
+        headers.insert(CONTENT_ENCODING, HeaderValue::from_static(encoding.token()));
+        headers.remove(ACCEPT_RANGES);
+        weaken_etag(headers);
+        match &body {
+            ResponseBody::Full(Some(b)) => {
+                headers.insert(CONTENT_LENGTH, HeaderValue::from(b.len()));
+            }
+            _ => {
+                headers.remove(CONTENT_LENGTH);
+            }
+        }
+        Response::from_parts(parts, body)
+    }
+
+    /// Whether an answer with `status` and `headers` (its body `known` long, if known whole)
+    /// is one to compress.
+    fn qualifies(&self, status: StatusCode, headers: &HeaderMap, known: Option<u64>) -> bool {
+        if status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+            || status == StatusCode::PARTIAL_CONTENT
+            || headers.contains_key(CONTENT_ENCODING)
+            || headers.contains_key(CONTENT_RANGE)
+        {
+            return false;
+        }
+        let length = known.or_else(|| {
+            headers
+                .get(CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+        });
+        if length.is_some_and(|n| n < self.min_bytes || n > self.max_bytes) {
+            return false;
+        }
+        if headers
+            .get_all(CACHE_CONTROL)
+            .iter()
+            .any(|v| list_has(v, "no-transform"))
+        {
+            return false;
+        }
+        let Some(kind) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        let media = kind.split(';').next().unwrap_or("").trim();
+        let Some((ty, sub)) = media.split_once('/') else {
+            return false;
+        };
+        let (ty, sub) = (ty.to_ascii_lowercase(), sub.to_ascii_lowercase());
+        self.types.iter().any(|r| r.matches(&ty, &sub))
+    }
+}
+
+/// The q-value (thousandths) the client's `Accept-Encoding` gives `encoding`: its own entry,
+/// else `*`'s, else 0 (no header: 0, the plain answer).
+fn accepted(headers: &HeaderMap, encoding: Encoding) -> u16 {
+    let mut star = None;
+    for value in headers.get_all(ACCEPT_ENCODING) {
+        let Ok(value) = value.to_str() else { continue };
+        for entry in value.split(',') {
+            let mut parts = entry.split(';');
+            let coding = parts.next().unwrap_or("").trim();
+            let q = parts
+                .find_map(|p| {
+                    let (k, v) = p.split_once('=')?;
+                    k.trim().eq_ignore_ascii_case("q").then(|| qvalue(v.trim()))
+                })
+                .unwrap_or(Some(1000));
+            let Some(q) = q else { continue };
+            if coding == "*" {
+                star = Some(q);
+            } else if Encoding::from_token(coding) == Some(encoding) {
+                return q;
+            }
+        }
+    }
+    star.unwrap_or(0)
+}
+
+/// A q-value (`0`, `0.5`, `1.000`) in thousandths; `None` if malformed.
+fn qvalue(v: &str) -> Option<u16> {
+    let (whole, frac) = v.split_once('.').unwrap_or((v, ""));
+    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut thousandths = 0u16;
+    for (i, b) in frac.bytes().enumerate() {
+        thousandths += u16::from(b - b'0') * [100, 10, 1][i];
+    }
+    match whole {
+        "0" => Some(thousandths),
+        "1" if thousandths == 0 => Some(1000),
+        _ => None,
+    }
+}
+
+/// Whether the comma-separated header value `v` lists `token` (case-insensitive).
+fn list_has(v: &HeaderValue, token: &str) -> bool {
+    v.to_str().is_ok_and(|s| {
+        s.split(',')
+            .filter_map(|t| t.split('=').next())
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    })
+}
+
+/// Adds `Accept-Encoding` to the answer's `Vary`, unless it is there or `Vary: *`.
+fn add_vary(headers: &mut HeaderMap) {
+    let listed = headers
+        .get_all(VARY)
+        .iter()
+        .any(|v| list_has(v, "accept-encoding") || list_has(v, "*"));
+    if !listed {
+        headers.append(VARY, HeaderValue::from_static("accept-encoding"));
+    }
+}
+
+/// Makes a strong `ETag` weak (`"x"` → `W/"x"`).
+fn weaken_etag(headers: &mut HeaderMap) {
+    if let Some(tag) = headers.get(ETAG)
+        && tag.as_bytes().first() == Some(&b'"')
+    {
+        let mut weak = b"W/".to_vec();
+        weak.extend_from_slice(tag.as_bytes());
+        if let Ok(v) = HeaderValue::from_bytes(&weak) {
+            headers.insert(ETAG, v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,315 @@
+use super::*;
+use bytes::Bytes;
+use http::Request;
+use http_body_util::BodyExt;
+
+fn tenant() -> Compression {
+    Compression::prepare(&CompressionConfig::default()).unwrap()
+}
+
+fn choose(accept: &str) -> Choice {
+    let req = Request::get("/")
+        .header(ACCEPT_ENCODING, accept)
+        .body(())
+        .unwrap();
+    tenant().ask(&req).0
+}
+
+#[test]
+fn the_best_accepted_encoding_wins_the_tenants_order_among_equals() {
+    use Choice::{Encode, Plain};
+    use Encoding::{Br, Gzip, Zstd};
+    assert_eq!(choose("gzip, deflate, br, zstd"), Encode(Zstd));
+    assert_eq!(choose("gzip, deflate, br"), Encode(Br));
+    assert_eq!(choose("gzip"), Encode(Gzip));
+    assert_eq!(choose("x-gzip"), Encode(Gzip));
+    assert_eq!(choose("GZIP;Q=0.5"), Encode(Gzip));
+    assert_eq!(choose("br;q=0.5, gzip;q=0.8"), Encode(Gzip));
+    assert_eq!(choose("zstd;q=0, br;q=0.001"), Encode(Br));
+    assert_eq!(choose("*"), Encode(Zstd));
+    assert_eq!(choose("*;q=0.5, zstd;q=0, br;q=0"), Encode(Gzip));
+    assert_eq!(choose("identity"), Plain);
+    assert_eq!(choose("identity;q=0"), Plain);
+    assert_eq!(choose("deflate"), Plain);
+    assert_eq!(choose(""), Plain);
+    assert_eq!(choose("gzip;q=0"), Plain);
+    // A malformed q-value does not make an encoding acceptable.
+    assert_eq!(choose("gzip;q=2, br;q=abc"), Plain);
+    let req = Request::get("/").body(()).unwrap();
+    assert_eq!(tenant().ask(&req).0, Plain, "no Accept-Encoding");
+}
+
+#[test]
+fn qvalues_are_read_as_rfc_9110_writes_them() {
+    assert_eq!(qvalue("1"), Some(1000));
+    assert_eq!(qvalue("1.000"), Some(1000));
+    assert_eq!(qvalue("0"), Some(0));
+    assert_eq!(qvalue("0.5"), Some(500));
+    assert_eq!(qvalue("0.123"), Some(123));
+    assert_eq!(qvalue("0.1234"), None);
+    assert_eq!(qvalue("1.5"), None);
+    assert_eq!(qvalue("-1"), None);
+}
+
+#[test]
+fn type_rules_match_types_subtypes_and_suffixes() {
+    let rule = |r: &str| TypeRule::parse(r).unwrap();
+    assert!(rule("text/*").matches("text", "html"));
+    assert!(!rule("text/*").matches("image", "png"));
+    assert!(rule("application/*+json").matches("application", "ld+json"));
+    assert!(!rule("application/*+json").matches("application", "json"));
+    assert!(rule("Application/JSON").matches("application", "json"));
+    assert!(!rule("application/json").matches("application", "jsonx"));
+    assert!(!rule("application/json").matches("applicatio", "njson"));
+    for bad in [
+        "text",
+        "/html",
+        "text/",
+        "te xt/html",
+        "*/*+",
+        "text/html;q=1",
+    ] {
+        assert!(TypeRule::parse(bad).is_none(), "{bad}");
+    }
+}
+
+#[test]
+fn settings_are_checked_naming_the_key() {
+    let check = |f: fn(&mut CompressionConfig)| {
+        let mut c = CompressionConfig::default();
+        f(&mut c);
+        c.check()
+    };
+    assert!(check(|_| {}).is_ok());
+    assert!(
+        check(|c| c.encodings = vec!["deflate".into()])
+            .unwrap_err()
+            .contains("deflate")
+    );
+    assert!(
+        check(|c| c.encodings = vec!["br".into(), "br".into()])
+            .unwrap_err()
+            .contains("twice")
+    );
+    assert!(
+        check(|c| c.encodings.clear())
+            .unwrap_err()
+            .contains("enabled = false")
+    );
+    assert!(
+        check(|c| {
+            c.encodings.clear();
+            c.enabled = false;
+        })
+        .is_ok()
+    );
+    assert!(
+        check(|c| c.types = vec!["html".into()])
+            .unwrap_err()
+            .contains("compression.types")
+    );
+    assert!(
+        check(|c| c.gzip_level = 10)
+            .unwrap_err()
+            .contains("gzip_level")
+    );
+    assert!(
+        check(|c| c.brotli_level = 12)
+            .unwrap_err()
+            .contains("brotli_level")
+    );
+    assert!(
+        check(|c| c.zstd_level = 0)
+            .unwrap_err()
+            .contains("zstd_level")
+    );
+    assert!(
+        check(|c| c.max_bytes = 10)
+            .unwrap_err()
+            .contains("max_bytes")
+    );
+}
+
+fn answer(kind: &str, body: &[u8], extra: &[(&str, &str)]) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::Full(Some(Bytes::copy_from_slice(body))));
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_str(kind).unwrap());
+    resp.headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    for (k, v) in extra {
+        resp.headers_mut().append(
+            http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            HeaderValue::from_str(v).unwrap(),
+        );
+    }
+    resp
+}
+
+fn asked(accept: &str, method: http::Method) -> Asked {
+    let req = Request::builder()
+        .method(method)
+        .header(ACCEPT_ENCODING, accept)
+        .body(())
+        .unwrap();
+    tenant().ask(&req)
+}
+
+async fn collect(resp: Response<ResponseBody>) -> Bytes {
+    resp.into_body().collect().await.unwrap().to_bytes()
+}
+
+/// Decodes `data` compressed with `encoding`.
+fn decode(encoding: &str, data: &[u8]) -> Vec<u8> {
+    use compression_codecs::core::util::PartialBuffer;
+    use compression_codecs::{BrotliDecoder, Decode, GzipDecoder, ZstdDecoder};
+    fn run(mut d: impl Decode, data: &[u8]) -> Vec<u8> {
+        let mut input = PartialBuffer::new(data);
+        let mut out = vec![0u8; 64 << 20];
+        let mut output = PartialBuffer::new(&mut out[..]);
+        assert!(d.decode(&mut input, &mut output).unwrap(), "stream ended");
+        let n = output.written_len();
+        out.truncate(n);
+        out
+    }
+    match encoding {
+        "gzip" => run(GzipDecoder::new(), data),
+        "br" => run(BrotliDecoder::new(), data),
+        "zstd" => run(ZstdDecoder::new(), data),
+        other => panic!("{other}"),
+    }
+}
+
+fn page(len: usize) -> Vec<u8> {
+    let line = b"<li class=\"item\">An item of the list, number ";
+    let mut body = Vec::with_capacity(len);
+    let mut i = 0u32;
+    while body.len() < len {
+        body.extend_from_slice(line);
+        body.extend_from_slice(i.to_string().as_bytes());
+        body.extend_from_slice(b"</li>\n");
+        i += 1;
+    }
+    body.truncate(len);
+    body
+}
+
+#[tokio::test]
+async fn a_text_answer_is_compressed_with_its_headers_made_right() {
+    let body = page(20_000);
+    for encoding in ["zstd", "br", "gzip"] {
+        let resp = tenant().apply(
+            asked(encoding, http::Method::GET),
+            answer(
+                "text/html; charset=utf-8",
+                &body,
+                &[
+                    ("etag", "\"v1\""),
+                    ("accept-ranges", "bytes"),
+                    ("vary", "cookie"),
+                ],
+            ),
+        );
+        let h = resp.headers().clone();
+        assert_eq!(h[CONTENT_ENCODING], encoding);
+        assert_eq!(h[ETAG], "W/\"v1\"");
+        assert!(!h.contains_key(ACCEPT_RANGES));
+        let vary: Vec<_> = h.get_all(VARY).iter().collect();
+        assert_eq!(vary, ["cookie", "accept-encoding"]);
+        let sent = collect(resp).await;
+        assert_eq!(h[CONTENT_LENGTH], sent.len().to_string().as_str());
+        assert!(sent.len() < body.len() / 4, "{encoding}: {}", sent.len());
+        assert_eq!(decode(encoding, &sent), body, "{encoding}");
+    }
+}
+
+#[tokio::test]
+async fn what_must_not_be_compressed_is_sent_as_it_is() {
+    let body = page(4000);
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], StatusCode);
+    let cases: [Case<'_>; 6] = [
+        ("image/png", &[], StatusCode::OK),
+        ("text/html", &[("content-encoding", "gzip")], StatusCode::OK),
+        (
+            "text/html",
+            &[("cache-control", "public, No-Transform")],
+            StatusCode::OK,
+        ),
+        (
+            "text/html",
+            &[("content-range", "bytes 0-3999/8000")],
+            StatusCode::OK,
+        ),
+        ("text/html", &[], StatusCode::PARTIAL_CONTENT),
+        ("text/html", &[], StatusCode::NOT_MODIFIED),
+    ];
+    for (kind, extra, status) in cases {
+        let mut a = answer(kind, &body, extra);
+        *a.status_mut() = status;
+        let resp = tenant().apply(asked("gzip", http::Method::GET), a);
+        assert!(
+            resp.headers()
+                .get(CONTENT_ENCODING)
+                .is_none_or(|v| v == "gzip")
+                && !resp.headers().contains_key(VARY),
+            "{kind} {extra:?} {status}"
+        );
+        assert_eq!(collect(resp).await, body, "{kind} {extra:?} {status}");
+    }
+    // Too short, and no type at all.
+    let resp = tenant().apply(
+        asked("gzip", http::Method::GET),
+        answer("text/plain", b"hi", &[]),
+    );
+    assert!(!resp.headers().contains_key(CONTENT_ENCODING));
+    let mut untyped = answer("text/plain", &body, &[]);
+    untyped.headers_mut().remove(CONTENT_TYPE);
+    let resp = tenant().apply(asked("gzip", http::Method::GET), untyped);
+    assert!(!resp.headers().contains_key(CONTENT_ENCODING));
+}
+
+#[tokio::test]
+async fn a_client_taking_no_encoding_gets_the_plain_answer_with_vary() {
+    let body = page(4000);
+    let resp = tenant().apply(
+        asked("identity", http::Method::GET),
+        answer("text/css", &body, &[]),
+    );
+    assert!(!resp.headers().contains_key(CONTENT_ENCODING));
+    assert_eq!(resp.headers()[VARY], "accept-encoding");
+    assert_eq!(resp.headers()[CONTENT_LENGTH], "4000");
+    assert_eq!(collect(resp).await, body);
+}
+
+#[tokio::test]
+async fn a_head_answer_has_the_get_answers_headers() {
+    let get = tenant().apply(
+        asked("br", http::Method::GET),
+        answer("application/json", &page(4000), &[]),
+    );
+    let head = tenant().apply(
+        asked("br", http::Method::HEAD),
+        answer("application/json", &page(4000), &[]),
+    );
+    assert_eq!(head.headers()[CONTENT_ENCODING], "br");
+    assert_eq!(head.headers(), get.headers());
+    // Too short to compress for a GET: so for a HEAD too.
+    let head = tenant().apply(
+        asked("br", http::Method::HEAD),
+        answer("text/plain", b"hi", &[]),
+    );
+    assert!(!head.headers().contains_key(CONTENT_ENCODING));
+}
+
+#[tokio::test]
+async fn a_large_body_streams_in_pieces_and_decodes_whole() {
+    let body = page(1_000_000);
+    for encoding in ["zstd", "br", "gzip"] {
+        let resp = tenant().apply(
+            asked(encoding, http::Method::GET),
+            answer("text/plain", &body, &[]),
+        );
+        assert!(!resp.headers().contains_key(CONTENT_LENGTH), "{encoding}");
+        let sent = collect(resp).await;
+        assert_eq!(decode(encoding, &sent), body, "{encoding}");
+    }
+}
