@@ -24,6 +24,8 @@
 #                                       requests over TLS against cleartext; Tern and nginx
 #   bash loadtest/bench.sh cache        CPU per cache hit, pinned: Tern's cache, nginx proxy_cache
 #                                       and Varnish in front of the same origin, the native hello
+#   bash loadtest/bench.sh compression  CPU per compressed response and bytes saved, pinned: a
+#                                       20 KB JSON and a 200 KB HTML; Tern, Caddy encode, nginx gzip
 #   bash loadtest/bench.sh fleet        a fleet on one S3 registry (versitygw): a replica joining
 #                                       1,000 tenants, and deploy-to-every-replica convergence
 #   bash loadtest/bench.sh charts       PNG charts from the results (gnuplot)
@@ -42,7 +44,7 @@ for bench in "$ROOT"/loadtest/bench/*.sh; do
 done
 
 case ${1:-} in
-    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | cache | fleet | charts) "$1" ;;
+    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | cache | compression | fleet | charts) "$1" ;;
     tracing) need wrk wrk; need perf linux-perf; build; tracing_cost ;;
     all) cpu; throughput; scaling; mixed; allocator; density; proxy; kinds; kv; tls; charts ;;
     *) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;

@@ -16,11 +16,16 @@ pub fn target() -> String {
     String::from_utf8_lossy(&tern_sdk::raw::uri().unwrap_or_default()).into_owned()
 }
 
+/// The text after `name=` in the request target, up to the next `&`.
+pub fn query_text(name: &str) -> Option<String> {
+    let target = target();
+    let value = target.split(&format!("{name}=")).nth(1)?;
+    Some(value.split('&').next().unwrap_or("").to_string())
+}
+
 /// The number after `name=` in the request target, or `default`.
 pub fn query_number<T: std::str::FromStr>(name: &str, default: T) -> T {
-    target()
-        .split(&format!("{name}="))
-        .nth(1)
-        .and_then(|v| v.split('&').next()?.parse().ok())
+    query_text(name)
+        .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }

@@ -372,6 +372,7 @@ impl Cache {
             purged: false,
             policy,
             tags,
+            copies: Arc::default(),
         })
     }
 

@@ -238,6 +238,9 @@ pub struct Asking<'a> {
     pub host: &'a str,
     /// Its peer is a trusted proxy, whose forwarding headers stand.
     pub trusted: bool,
+    /// The tenant's compression, and what this request asked of it: a hit is served as the
+    /// stored answer's copy in the client's encoding.
+    pub compress: Option<(&'a crate::compress::Compression, crate::compress::Asked)>,
 }
 
 /// The request as `http-cache-semantics` reads it.
@@ -355,9 +358,10 @@ impl Cache {
             https,
             host,
             trusted,
+            compress,
         } = asked;
         let unkeyed = !trusted && UNKEYED.iter().any(|h| req.headers().contains_key(h));
-        let mut looked = self.look(req, https, host, unkeyed, false);
+        let mut looked = self.look(req, (https, host), unkeyed, false, compress);
         // A miss waits while another request fills its key. If that fill failed (a trap, a
         // deadline, a 5xx: nothing stored, and no pass), one of those waiting fills it next
         // and the rest wait on, so a failing guest is not run by every waiting request at
@@ -384,7 +388,7 @@ impl Cache {
             let _ = tokio::time::timeout(left, filled.changed()).await;
             // Counted by what the next look finds.
             fill.counted = Counted::Uncounted;
-            looked = self.look(req, https, host, unkeyed, true);
+            looked = self.look(req, (https, host), unkeyed, true, compress);
         }
         looked
     }
@@ -406,14 +410,15 @@ impl Cache {
     }
 
     /// One look at the store for `req` (`unkeyed`: it carries a header that could shape an
-    /// answer the key does not hold; `waited`: after waiting for another request's fill).
+    /// answer the key does not hold; `waited`: after waiting for another request's fill;
+    /// `compress`: how a hit is compressed for its client).
     fn look<B>(
         self: &Arc<Self>,
         req: &Request<B>,
-        https: bool,
-        host: &str,
+        (https, host): (bool, &str),
         unkeyed: bool,
         waited: bool,
+        compress: Option<(&crate::compress::Compression, crate::compress::Asked)>,
     ) -> Lookup {
         let method = req.method();
         let (get, head) = (method == Method::GET, method == Method::HEAD);
@@ -496,7 +501,7 @@ impl Cache {
                     v.fresh_at(now)
                 };
                 if fresh {
-                    let mut resp = hit(v, req.headers(), now);
+                    let mut resp = self.compressed(hash, v, hit(v, req.headers(), now), compress);
                     if waited {
                         append_param(&mut resp, "collapsed");
                         self.counts.collapsed.inc();
@@ -508,7 +513,7 @@ impl Cache {
                 if !directives && v.serves_while_revalidating(now) {
                     // Served stale at once; one request at a time refreshes it in the
                     // background (none for a request whose headers could shape the answer).
-                    let mut resp = hit(v, req.headers(), now);
+                    let mut resp = self.compressed(hash, v, hit(v, req.headers(), now), compress);
                     append_param(&mut resp, "detail=stale-while-revalidate");
                     self.counts.stale.inc();
                     if get && !has_body && !unkeyed && self.lead(hash).is_none() {
@@ -596,11 +601,53 @@ impl Cache {
     /// Stores `entry` under `hash`, counting its bytes (the one it replaces gives its own
     /// back when it leaves).
     fn put(&self, hash: u64, entry: Entry) {
+        self.put_arc(hash, Arc::new(entry));
+    }
+
+    fn put_arc(&self, hash: u64, entry: Arc<Entry>) {
         let weight = i64::from(entry.weight());
         self.held
             .fetch_add(weight, std::sync::atomic::Ordering::Relaxed);
         self.counts.stored_bytes.add(weight);
-        self.entries.insert(hash, Arc::new(entry));
+        self.entries.insert(hash, entry);
+    }
+
+    /// The hit `resp` from the stored `v` (under `hash`) as its client takes it: in the
+    /// client's encoding, from `v`'s copy in it, made now by the first client to take it and
+    /// then counted in the cache's bytes.
+    fn compressed(
+        &self,
+        hash: u64,
+        v: &Arc<Variant>,
+        resp: Response<ResponseBody>,
+        compress: Option<(&crate::compress::Compression, crate::compress::Asked)>,
+    ) -> Response<ResponseBody> {
+        let Some((compression, asked)) = compress else {
+            return resp;
+        };
+        let (resp, made) = compression.apply_stored(asked, resp, &v.copies);
+        if let Some(bytes) = made {
+            self.grew(hash, v, bytes);
+        }
+        resp
+    }
+
+    /// Counts a copy of `bytes` made for the stored `v` under `hash`, if `v` is still stored
+    /// there (a new answer may have replaced it; its copies then leave with it, uncounted):
+    /// the entry is stored again so the store weighs it anew, and the bytes are added
+    /// first because the entry it replaces (itself) gives back its weight with the copy in.
+    fn grew(&self, hash: u64, v: &Arc<Variant>, bytes: usize) {
+        let Some(entry) = self.entries.get(&hash) else {
+            return;
+        };
+        if !entry.variants.iter().any(|w| Arc::ptr_eq(w, v)) {
+            return;
+        }
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.held
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        self.counts.stored_bytes.add(bytes);
+        self.put_arc(hash, entry);
     }
 }
 
@@ -619,7 +666,7 @@ impl Entry {
                 .iter()
                 .map(|(k, v)| k.as_str().len() + v.len() + 32)
                 .sum();
-            n + v.body.len() + headers + 256
+            n + v.body.len() + v.copies.bytes() + headers + 256
         });
         u32::try_from(bytes).unwrap_or(u32::MAX)
     }

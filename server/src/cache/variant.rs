@@ -45,6 +45,8 @@ pub(super) struct Variant {
     pub(super) policy: CachePolicy,
     /// The tags it was stored with (`Surrogate-Key`, `Cache-Tag`), for purges by tag.
     pub(super) tags: Vec<Box<str>>,
+    /// Its body compressed, per encoding, as clients have taken it (`[tenant.compression]`).
+    pub(super) copies: Arc<crate::compress::Copies>,
 }
 
 /// The stale windows of an answer (RFC 5861), from the directives that decided its

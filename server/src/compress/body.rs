@@ -99,6 +99,18 @@ fn pump(codec: &mut dyn Codec, input: &[u8], out: &mut BytesMut, step: Step) -> 
     }
 }
 
+/// `plain` compressed with `encoding` at `levels`, at once.
+///
+/// # Errors
+/// The codec's.
+pub fn whole(plain: &[u8], encoding: Encoding, levels: Levels) -> io::Result<Bytes> {
+    let mut codec = encoder(encoding, levels, Some(plain.len()));
+    let mut out = BytesMut::with_capacity(plain.len() / 2 + 64);
+    pump(&mut *codec, plain, &mut out, Step::Encode)?;
+    pump(&mut *codec, &[], &mut out, Step::Finish)?;
+    Ok(out.freeze())
+}
+
 /// `plain` compressed with `encoding`: a body known whole and at most [`PIECE`] long at once
 /// (`Full`, its length known), any other as it streams ([`Encoded`]). `Err` gives `plain`
 /// back if the codec failed.
@@ -109,12 +121,8 @@ pub fn encode(
 ) -> Result<ResponseBody, ResponseBody> {
     match plain {
         ResponseBody::Full(Some(bytes)) if bytes.len() <= PIECE => {
-            let mut codec = encoder(encoding, levels, Some(bytes.len()));
-            let mut out = BytesMut::with_capacity(bytes.len() / 2 + 64);
-            match pump(&mut *codec, &bytes, &mut out, Step::Encode)
-                .and_then(|()| pump(&mut *codec, &[], &mut out, Step::Finish))
-            {
-                Ok(()) => Ok(ResponseBody::Full(Some(out.freeze()))),
+            match whole(&bytes, encoding, levels) {
+                Ok(out) => Ok(ResponseBody::Full(Some(out))),
                 Err(_) => Err(ResponseBody::Full(Some(bytes))),
             }
         }

@@ -14,6 +14,9 @@
 //! and `Accept-Ranges`, and a strong `ETag` becomes weak (the bytes differ from the plain
 //! answer's).
 //!
+//! With the edge cache, a stored answer keeps a compressed copy per encoding ([`Copies`]),
+//! made by the first hit that takes it, counted in the cache's bytes and purged with it.
+//!
 //! The codecs are `compression-codecs` (async-compression's), driven by [`body::Encoded`]:
 //! input is compressed as it arrives, at most [`body::PIECE`] per poll, and what was
 //! compressed is flushed to the client whenever the guest has nothing more for now, so a slow
@@ -35,11 +38,11 @@ pub use config::CompressionConfig;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {
     /// Zstandard (RFC 8878).
-    Zstd,
+    Zstd = 0,
     /// Brotli (RFC 7932).
-    Br,
+    Br = 1,
     /// gzip (RFC 1952).
-    Gzip,
+    Gzip = 2,
 }
 
 impl Encoding {
@@ -70,8 +73,8 @@ impl Encoding {
 /// One entry of `types`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum TypeRule {
-    /// `text/html`.
-    Exact(String),
+    /// `text/html`: the type and the subtype.
+    Exact(String, String),
     /// `text/*`: the type, any subtype.
     Type(String),
     /// `application/*+json`: the type, a subtype with this suffix (`+json`).
@@ -97,20 +100,20 @@ impl TypeRule {
         if let Some(suffix) = sub.strip_prefix("*+") {
             return token(suffix).then(|| Self::Suffix(ty.to_owned(), format!("+{suffix}")));
         }
-        token(sub).then(|| Self::Exact(rule.clone()))
+        token(sub).then(|| Self::Exact(ty.to_owned(), sub.to_owned()))
     }
 
-    /// Whether the media type `ty`/`sub` (lower case) matches.
+    /// Whether the media type `ty`/`sub` matches (in any case).
     fn matches(&self, ty: &str, sub: &str) -> bool {
         match self {
-            Self::Exact(full) => {
-                full.len() == ty.len() + 1 + sub.len()
-                    && full.starts_with(ty)
-                    && full.ends_with(sub)
-                    && full.as_bytes()[ty.len()] == b'/'
+            Self::Exact(t, s) => t.eq_ignore_ascii_case(ty) && s.eq_ignore_ascii_case(sub),
+            Self::Type(t) => t.eq_ignore_ascii_case(ty),
+            Self::Suffix(t, suffix) => {
+                t.eq_ignore_ascii_case(ty)
+                    && sub.len() >= suffix.len()
+                    && sub.as_bytes()[sub.len() - suffix.len()..]
+                        .eq_ignore_ascii_case(suffix.as_bytes())
             }
-            Self::Type(t) => t == ty,
-            Self::Suffix(t, suffix) => t == ty && sub.ends_with(suffix.as_str()),
         }
     }
 }
@@ -122,6 +125,23 @@ pub enum Choice {
     Encode(Encoding),
     /// None of the tenant's encodings (or no `Accept-Encoding`): the plain answer.
     Plain,
+}
+
+/// The compressed copies of one answer the edge cache stored, one per encoding, each made by
+/// the first client that takes it and served as it is to the next (a purge drops them with
+/// the answer).
+#[derive(Debug, Default)]
+pub struct Copies([std::sync::OnceLock<bytes::Bytes>; 3]);
+
+impl Copies {
+    /// The bytes its copies hold.
+    pub fn bytes(&self) -> usize {
+        self.0
+            .iter()
+            .filter_map(|c| c.get())
+            .map(bytes::Bytes::len)
+            .sum()
+    }
 }
 
 /// What a request asked of its answer's compression: the encoding its client takes best.
@@ -185,24 +205,68 @@ impl Compression {
     /// `resp` as the client gets it: compressed as `asked` when it qualifies (see the
     /// module's documentation), with `Vary: Accept-Encoding` when it could have been. The
     /// answer to a `HEAD` is made as a `GET`'s (its length too), and its body not sent.
-    pub fn apply(&self, asked: Asked, mut resp: Response<ResponseBody>) -> Response<ResponseBody> {
+    pub fn apply(&self, asked: Asked, resp: Response<ResponseBody>) -> Response<ResponseBody> {
+        self.apply_with(asked, resp, None).0
+    }
+
+    /// [`Compression::apply`] to an answer the edge cache stored, whose compressed `copies`
+    /// are kept with it: the copy in the client's encoding is served, made (whole, at once)
+    /// by the first client that takes it. Also says how many bytes a copy made now holds.
+    pub fn apply_stored(
+        &self,
+        asked: Asked,
+        resp: Response<ResponseBody>,
+        copies: &Copies,
+    ) -> (Response<ResponseBody>, Option<usize>) {
+        self.apply_with(asked, resp, Some(copies))
+    }
+
+    fn apply_with(
+        &self,
+        asked: Asked,
+        mut resp: Response<ResponseBody>,
+        copies: Option<&Copies>,
+    ) -> (Response<ResponseBody>, Option<usize>) {
         let Asked(choice) = asked;
         let known = match resp.body() {
             ResponseBody::Full(Some(b)) => Some(b.len() as u64),
             _ => None,
         };
         if !self.qualifies(resp.status(), resp.headers(), known) {
-            return resp;
+            return (resp, None);
         }
         add_vary(resp.headers_mut());
         let Choice::Encode(encoding) = choice else {
-            return resp;
+            return (resp, None);
         };
         let (mut parts, plain) = resp.into_parts();
-        let body = match body::encode(plain, encoding, self.levels) {
-            Ok(encoded) => encoded,
-            // The codec failed on a body known whole: sent plain.
-            Err(plain) => return Response::from_parts(parts, plain),
+        let mut made = None;
+        let body = match (copies, plain) {
+            (Some(copies), ResponseBody::Full(Some(plain))) => {
+                let slot = &copies.0[encoding as usize];
+                match slot.get() {
+                    Some(copy) => ResponseBody::Full(Some(copy.clone())),
+                    None => match body::whole(&plain, encoding, self.levels) {
+                        Ok(copy) => {
+                            if slot.set(copy.clone()).is_ok() {
+                                made = Some(copy.len());
+                            }
+                            ResponseBody::Full(Some(copy))
+                        }
+                        Err(_) => {
+                            return (
+                                Response::from_parts(parts, ResponseBody::Full(Some(plain))),
+                                None,
+                            );
+                        }
+                    },
+                }
+            }
+            (_, plain) => match body::encode(plain, encoding, self.levels) {
+                Ok(encoded) => encoded,
+                // The codec failed on a body known whole: sent plain.
+                Err(plain) => return (Response::from_parts(parts, plain), None),
+            },
         };
         let headers = &mut parts.headers;
         headers.insert(CONTENT_ENCODING, HeaderValue::from_static(encoding.token()));
@@ -216,7 +280,7 @@ impl Compression {
                 headers.remove(CONTENT_LENGTH);
             }
         }
-        Response::from_parts(parts, body)
+        (Response::from_parts(parts, body), made)
     }
 
     /// Whether an answer with `status` and `headers` (its body `known` long, if known whole)
@@ -253,8 +317,7 @@ impl Compression {
         let Some((ty, sub)) = media.split_once('/') else {
             return false;
         };
-        let (ty, sub) = (ty.to_ascii_lowercase(), sub.to_ascii_lowercase());
-        self.types.iter().any(|r| r.matches(&ty, &sub))
+        self.types.iter().any(|r| r.matches(ty.trim(), sub.trim()))
     }
 }
 

@@ -59,6 +59,8 @@ fn type_rules_match_types_subtypes_and_suffixes() {
     assert!(rule("application/*+json").matches("application", "ld+json"));
     assert!(!rule("application/*+json").matches("application", "json"));
     assert!(rule("Application/JSON").matches("application", "json"));
+    assert!(rule("application/json").matches("Application", "JSON"));
+    assert!(rule("application/*+json").matches("application", "LD+JSON"));
     assert!(!rule("application/json").matches("application", "jsonx"));
     assert!(!rule("application/json").matches("applicatio", "njson"));
     for bad in [

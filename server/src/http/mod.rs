@@ -79,9 +79,10 @@ pub async fn handle(
         (Some(c), Some(asked)) => c.apply(asked, resp),
         _ => resp,
     };
-    let fill = match look_up(&app, &mut ex, &mut req, &conn, &routed.tenant).await {
+    let fill = match look_up(&app, &mut ex, &mut req, &conn, &routed.tenant, asked).await {
         Looked::Guest(fill) => fill,
-        Looked::Cached(hit) => return ex.cached(&app, &routed.tenant, compress(*hit)),
+        // A hit comes compressed from the stored answer's copy (`Cache::lookup`).
+        Looked::Cached(hit) => return ex.cached(&app, &routed.tenant, *hit),
         Looked::Stale(stale, mut fill) => {
             // Served stale now; the guest is asked for a new answer in the background.
             let refresh = fill.refresh(&req);
@@ -93,7 +94,7 @@ pub async fn handle(
                 conn,
                 client,
             ));
-            return ex.cached(&app, &routed.tenant, compress(*stale));
+            return ex.cached(&app, &routed.tenant, *stale);
         }
     };
     let admitted = match admit(&app, &mut ex, &routed.tenant).await {
@@ -135,6 +136,7 @@ async fn look_up(
     req: &mut Request<RequestBody>,
     conn: &Connection,
     tenant: &TenantRef,
+    asked: Option<crate::compress::Asked>,
 ) -> Looked {
     let Some(cache) = &tenant.front.cache else {
         return Looked::Guest(None);
@@ -149,6 +151,7 @@ async fn look_up(
         https: conn.tls.is_some(),
         host,
         trusted: app.trusted_proxies.contains(conn.peer.ip()),
+        compress: tenant.front.compression.as_ref().zip(asked),
     };
     let looked = cache.lookup(req, asking).await;
     let looked = match looked {

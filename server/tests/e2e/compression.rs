@@ -9,7 +9,7 @@ use std::path::Path;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
-use crate::support::{TestServer, send, test_component, test_guest};
+use crate::support::{TestServer, metric_value, send, test_component, test_guest};
 
 /// Runs curl with `args` against `url`: the response head's lines (the last response's, after
 /// any `100 Continue`) and the body as curl wrote it (decoded with `--compressed`).
@@ -246,7 +246,7 @@ async fn what_the_guest_marks_or_encodes_itself_and_small_answers_are_untouched(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cache_keeps_the_plain_answer_and_serves_each_client_its_encoding() {
+async fn the_cache_keeps_one_compressed_copy_per_encoding_counted_and_purged_with_the_answer() {
     let dir = tempfile::tempdir().unwrap();
     test_guest(dir.path(), "cache_headers");
     let config = "[pool]\ninstances = 8\nmax_memory_mib = 64\n\
@@ -266,8 +266,15 @@ async fn the_cache_keeps_the_plain_answer_and_serves_each_client_its_encoding() 
         )
         .await
     };
+    let stored = || async {
+        let m = s.metrics().await;
+        metric_value(&m, r#"tern_cache_stored_bytes{tenant="h"}"#)
+    };
+    // The guest's answer: stored plain, sent compressed.
     let first = get("gzip").await;
     assert_eq!(first.header("content-encoding"), "gzip");
+    let plain_stored = stored().await;
+    assert!(plain_stored > 8000.0, "{plain_stored}");
     let plain = get("identity").await;
     assert!(
         plain.header("cache-status").contains("hit"),
@@ -276,6 +283,9 @@ async fn the_cache_keeps_the_plain_answer_and_serves_each_client_its_encoding() 
     );
     assert_eq!(plain.header("content-encoding"), "");
     assert_eq!(plain.body.len(), 8000);
+    assert_eq!(stored().await, plain_stored, "a plain hit stores nothing");
+    // The first Brotli hit makes the copy, which the cache's bytes now count; the next one is
+    // served from it (the same bytes, their length declared).
     let br = get("br").await;
     assert!(
         br.header("cache-status").contains("hit"),
@@ -283,7 +293,34 @@ async fn the_cache_keeps_the_plain_answer_and_serves_each_client_its_encoding() 
         br.headers
     );
     assert_eq!(br.header("content-encoding"), "br");
+    assert_eq!(br.header("vary"), "accept-encoding");
     assert!(br.body.len() < 8000);
+    let with_copy = stored().await;
+    assert_eq!(with_copy, plain_stored + br.body.len() as f64);
+    let again = get("br").await;
+    assert_eq!(again.body, br.body);
+    assert_eq!(again.header("content-length"), br.body.len().to_string());
+    assert_eq!(stored().await, with_copy, "the copy is made once");
+    let zstd = get("zstd").await;
+    assert_eq!(zstd.header("content-encoding"), "zstd");
+    assert_eq!(stored().await, with_copy + zstd.body.len() as f64);
+    // A purge drops the answer with its copies.
+    let (status, v) = s
+        .admin_call(
+            Method::POST,
+            "/admin/v1/tenants/h/cache/purge",
+            r#"{"all": true}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(stored().await, 0.0);
+    let after = get("br").await;
+    assert!(
+        !after.header("cache-status").contains("hit"),
+        "{:?}",
+        after.headers
+    );
+    assert_eq!(after.header("content-encoding"), "br");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -324,5 +361,67 @@ async fn a_tenant_can_switch_compression_off_and_bad_settings_are_refused() {
             .err()
             .expect(setting);
         assert!(format!("{e:#}").contains(names), "{setting}: {e:#}");
+    }
+}
+
+/// Chromium (headless), which sends `Accept-Encoding: gzip, deflate, br, zstd`, decodes what
+/// the edge sends it in each encoding: the CGI program's page lists the request's headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_reads_each_encoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = "[pool]\ninstances = 8\nmax_memory_mib = 64\n\
+        [[tenant]]\nname = \"z\"\nmodule = \"builtin:cgi\"\npaths = [\"/z\"]\n\
+        [[tenant]]\nname = \"b\"\nmodule = \"builtin:cgi\"\npaths = [\"/b\"]\n\
+        [tenant.compression]\nencodings = [\"br\"]\n\
+        [[tenant]]\nname = \"g\"\nmodule = \"builtin:cgi\"\npaths = [\"/g\"]\n\
+        [tenant.compression]\nencodings = [\"gzip\"]\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let base = format!("http://127.0.0.1:{}", s.addr().port());
+    for (path, encoding) in [("/z/env", "zstd"), ("/b/env", "br"), ("/g/env", "gzip")] {
+        let url = format!("{base}{path}");
+        let profile = s.path(&format!("chromium-{encoding}"));
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("chromium")
+                .args([
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--no-first-run",
+                ])
+                .arg(format!("--user-data-dir={}", profile.display()))
+                .args(["--dump-dom", &url])
+                .output()
+        })
+        .await
+        .unwrap()
+        .expect("chromium (Debian's chromium) is installed: scripts/test installs it");
+        let dom = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            dom.contains("HTTP_ACCEPT_ENCODING=gzip, deflate, br, zstd")
+                && dom.contains("REQUEST_METHOD=GET"),
+            "{path}: {dom}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The same request as Chromium sent it is answered in that encoding.
+        let r = send(
+            s.addr(),
+            Method::GET,
+            path,
+            None,
+            &[
+                ("accept-encoding", "gzip, deflate, br, zstd"),
+                (
+                    "user-agent",
+                    "Mozilla/5.0 (X11; Linux x86_64) HeadlessChrome/156.0.0.0",
+                ),
+                (
+                    "accept",
+                    "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+                ),
+            ],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(r.header("content-encoding"), encoding, "{path}");
     }
 }

@@ -6,21 +6,12 @@
 //! `content-type: T`.
 fn main() {
     let n: usize = tern_test_guests::query_number("n", 65_537);
-    if let Some(declared) = tern_test_guests::target()
-        .split("declare=")
-        .nth(1)
-        .and_then(|v| v.split('&').next())
-        && tern_sdk::raw::header_append(b"content-length", declared.as_bytes()).is_err()
-    {
-        std::process::exit(2);
-    }
-    if let Some(kind) = tern_test_guests::target()
-        .split("type=")
-        .nth(1)
-        .and_then(|v| v.split('&').next())
-        && tern_sdk::raw::header_append(b"content-type", kind.as_bytes()).is_err()
-    {
-        std::process::exit(2);
+    for (name, header) in [("declare", "content-length"), ("type", "content-type")] {
+        if let Some(value) = tern_test_guests::query_text(name)
+            && tern_sdk::raw::header_append(header.as_bytes(), value.as_bytes()).is_err()
+        {
+            std::process::exit(2);
+        }
     }
     let chunk: usize = tern_test_guests::query_number("chunk", n).max(1);
     let slow = tern_test_guests::query_number("slow", 0u8) == 1;
