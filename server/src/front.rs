@@ -48,7 +48,7 @@ impl Front {
                 .cache
                 .enabled
                 .then(|| Arc::new(Cache::new(&s.cache, p.metrics, p.label))),
-            compression: Compression::prepare(&s.compression),
+            compression: Compression::prepare(&s.compression, p.metrics, p.label),
         }
     }
 }

@@ -58,6 +58,15 @@ fn encoder(encoding: Encoding, levels: Levels, size: Option<usize>) -> Box<dyn C
     }
 }
 
+/// `tern_compression_bytes_total` of one tenant.
+#[derive(Debug, Clone)]
+pub struct Counted {
+    /// Bytes before compression.
+    pub plain: prometheus::IntCounter,
+    /// Bytes after.
+    pub sent: prometheus::IntCounter,
+}
+
 /// A codec that may move between threads.
 trait Codec: EncodeV2 + Send {}
 impl<T: EncodeV2 + Send> Codec for T {}
@@ -111,13 +120,15 @@ pub fn whole(plain: &[u8], encoding: Encoding, levels: Levels) -> io::Result<Byt
     Ok(out.freeze())
 }
 
-/// `plain` compressed with `encoding`: a body known whole and at most [`PIECE`] long at once
+/// `plain` compressed with `encoding` (a streamed body's bytes counted in `counted` as they
+/// go; a whole one's are the caller's to count): a body known whole and at most [`PIECE`] long at once
 /// (`Full`, its length known), any other as it streams ([`Encoded`]). `Err` gives `plain`
 /// back if the codec failed.
 pub fn encode(
     plain: ResponseBody,
     encoding: Encoding,
     levels: Levels,
+    counted: &Counted,
 ) -> Result<ResponseBody, ResponseBody> {
     match plain {
         ResponseBody::Full(Some(bytes)) if bytes.len() <= PIECE => {
@@ -138,6 +149,7 @@ pub fn encode(
                 unflushed: false,
                 trailers: None,
                 state: State::Open,
+                counted: counted.clone(),
             })))
         }
     }
@@ -154,6 +166,7 @@ pub struct Encoded {
     /// The plain body's trailers, sent after the compressed stream's end.
     trailers: Option<HeaderMap>,
     state: State,
+    counted: Counted,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,6 +231,7 @@ impl Encoded {
             }
             if !self.input.is_empty() {
                 let piece = self.input.split_to(self.input.len().min(PIECE));
+                self.counted.plain.inc_by(piece.len() as u64);
                 self.unflushed = true;
                 match self.run(&piece, Step::Encode) {
                     Some(done) => return Poll::Ready(Some(done)),
@@ -255,7 +269,10 @@ impl Encoded {
     fn run(&mut self, input: &[u8], step: Step) -> Option<Result<Frame<Bytes>, BodyCut>> {
         let mut out = BytesMut::new();
         match pump(&mut *self.codec, input, &mut out, step) {
-            Ok(()) => (!out.is_empty()).then(|| Ok(Frame::data(out.freeze()))),
+            Ok(()) => (!out.is_empty()).then(|| {
+                self.counted.sent.inc_by(out.len() as u64);
+                Ok(Frame::data(out.freeze()))
+            }),
             Err(e) => {
                 self.state = State::Done;
                 Some(Err(BodyCut::Compress(e.to_string())))

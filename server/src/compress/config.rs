@@ -32,7 +32,8 @@ pub struct CompressionConfig {
     /// Whether answers are compressed (on by default).
     pub enabled: bool,
     /// The encodings offered, the tenant's preference first where the client accepts several
-    /// equally (`zstd`, `br`, `gzip`).
+    /// equally (`zstd`, `gzip`, `br`: measured, zstd 3 and gzip 3 compress these bodies as well
+    /// as Brotli 4 or better, with less CPU; `cargo bench -p tern --bench compress`).
     pub encodings: Vec<String>,
     /// The media types compressed: `text/html`, `text/*` (a whole type), `application/*+json`
     /// (a structured suffix). Replaces the default list.
@@ -55,11 +56,11 @@ impl Default for CompressionConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            encodings: ["zstd", "br", "gzip"].map(String::from).to_vec(),
+            encodings: ["zstd", "gzip", "br"].map(String::from).to_vec(),
             types: DEFAULT_TYPES.map(String::from).to_vec(),
             min_bytes: 512,
             max_bytes: 16 * 1024 * 1024,
-            gzip_level: 5,
+            gzip_level: 3,
             brotli_level: 4,
             zstd_level: 3,
         }

@@ -158,15 +158,31 @@ pub struct Compression {
     max_bytes: u64,
     /// Levels: gzip, Brotli, zstd.
     levels: body::Levels,
+    /// `tern_compressed_responses_total`, by encoding (in [`Encoding`]'s order).
+    answers: [prometheus::IntCounter; 3],
+    /// `tern_compression_bytes_total`: plain and sent.
+    bytes: body::Counted,
 }
 
 impl Compression {
-    /// The tenant's compression, or `None` when it is off (settings already checked).
-    pub fn prepare(c: &CompressionConfig) -> Option<Self> {
+    /// The tenant's compression, or `None` when it is off (settings already checked); counted
+    /// in `metrics` under its metrics `label`.
+    pub fn prepare(
+        c: &CompressionConfig,
+        metrics: &crate::metrics::Metrics,
+        label: &str,
+    ) -> Option<Self> {
         if !c.enabled {
             return None;
         }
+        let bytes = |b| metrics.compression_bytes.with_label_values(&[label, b]);
         Some(Self {
+            answers: [Encoding::Zstd, Encoding::Br, Encoding::Gzip]
+                .map(|e| metrics.compressed.with_label_values(&[label, e.token()])),
+            bytes: body::Counted {
+                plain: bytes("plain"),
+                sent: bytes("sent"),
+            },
             encodings: c
                 .encodings
                 .iter()
@@ -241,6 +257,10 @@ impl Compression {
         };
         let (mut parts, plain) = resp.into_parts();
         let mut made = None;
+        self.answers[encoding as usize].inc();
+        if let ResponseBody::Full(Some(b)) = &plain {
+            self.bytes.plain.inc_by(b.len() as u64);
+        }
         let body = match (copies, plain) {
             (Some(copies), ResponseBody::Full(Some(plain))) => {
                 let slot = &copies.0[encoding as usize];
@@ -262,7 +282,7 @@ impl Compression {
                     },
                 }
             }
-            (_, plain) => match body::encode(plain, encoding, self.levels) {
+            (_, plain) => match body::encode(plain, encoding, self.levels, &self.bytes) {
                 Ok(encoded) => encoded,
                 // The codec failed on a body known whole: sent plain.
                 Err(plain) => return (Response::from_parts(parts, plain), None),
@@ -274,6 +294,7 @@ impl Compression {
         weaken_etag(headers);
         match &body {
             ResponseBody::Full(Some(b)) => {
+                self.bytes.sent.inc_by(b.len() as u64);
                 headers.insert(CONTENT_LENGTH, HeaderValue::from(b.len()));
             }
             _ => {

@@ -337,6 +337,10 @@ pub struct Metrics {
     pub cache_evictions: IntCounterVec,
     /// `tern_cache_purges_total{from}`.
     pub cache_purges: IntCounterVec,
+    /// Answers sent compressed, by tenant and encoding.
+    pub compressed: IntCounterVec,
+    /// Bytes of compressed answers, by tenant, before and after compression.
+    pub compression_bytes: IntCounterVec,
 }
 
 impl Metrics {
@@ -577,6 +581,18 @@ impl Metrics {
              answer instead).",
             &["from"],
         );
+        let compressed = r.counters(
+            "tern_compressed_responses_total",
+            "Answers sent compressed ([tenant.compression]), by tenant and encoding (zstd, br, \
+             gzip).",
+            &["tenant", "encoding"],
+        );
+        let compression_bytes = r.counters(
+            "tern_compression_bytes_total",
+            "Body bytes of the answers sent compressed, by tenant: plain (before compression) \
+             and sent (after); their ratio is what compression saves.",
+            &["tenant", "body"],
+        );
         let Registrar(registry) = r;
         #[cfg(target_os = "linux")]
         registry
@@ -627,6 +643,8 @@ impl Metrics {
             cache_stored_bytes,
             cache_evictions,
             cache_purges,
+            compressed,
+            compression_bytes,
         }
     }
 

@@ -143,6 +143,32 @@ async fn every_guest_kind_is_compressed_in_the_encoding_curl_asks_for() {
         "{head}"
     );
     assert!(body.len() < 2000, "{} bytes for 20,000", body.len());
+    // Counted per tenant and encoding, with the bytes before and after.
+    let m = s.metrics().await;
+    for (tenant, encoding, n) in [
+        ("abi", "zstd", 3.0),
+        ("abi", "br", 1.0),
+        ("abi", "gzip", 3.0),
+        ("comp", "gzip", 2.0),
+    ] {
+        let series = format!(
+            r#"tern_compressed_responses_total{{encoding="{encoding}",tenant="{tenant}"}}"#
+        );
+        assert_eq!(metric_value(&m, &series), n, "{series}");
+    }
+    let plain = metric_value(
+        &m,
+        r#"tern_compression_bytes_total{body="plain",tenant="abi"}"#,
+    );
+    let sent = metric_value(
+        &m,
+        r#"tern_compression_bytes_total{body="sent",tenant="abi"}"#,
+    );
+    assert_eq!(
+        plain, 620_000.0,
+        "six answers of 100,000 bytes and one of 20,000"
+    );
+    assert!(sent > 0.0 && sent < plain / 2.0, "{sent} of {plain}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
