@@ -120,8 +120,8 @@ pub fn whole(plain: &[u8], encoding: Encoding, levels: Levels) -> io::Result<Byt
     Ok(out.freeze())
 }
 
-/// `plain` compressed with `encoding` (a streamed body's bytes counted in `counted` as they
-/// go; a whole one's are the caller's to count): a body known whole and at most [`PIECE`] long at once
+/// `plain` compressed with `encoding`, its bytes counted in `counted` (a streamed body's as
+/// they go): a body known whole and at most [`PIECE`] long at once
 /// (`Full`, its length known), any other as it streams ([`Encoded`]). `Err` gives `plain`
 /// back if the codec failed.
 pub fn encode(
@@ -133,7 +133,11 @@ pub fn encode(
     match plain {
         ResponseBody::Full(Some(bytes)) if bytes.len() <= PIECE => {
             match whole(&bytes, encoding, levels) {
-                Ok(out) => Ok(ResponseBody::Full(Some(out))),
+                Ok(out) => {
+                    counted.plain.inc_by(bytes.len() as u64);
+                    counted.sent.inc_by(out.len() as u64);
+                    Ok(ResponseBody::Full(Some(out)))
+                }
                 Err(_) => Err(ResponseBody::Full(Some(bytes))),
             }
         }

@@ -203,9 +203,10 @@ impl Compression {
     /// client gives the highest q-value (`*` stands for those it does not name), the tenant's
     /// preference among equals; `Plain` when it accepts none, or sends no `Accept-Encoding`.
     pub fn choose(&self, headers: &HeaderMap) -> Choice {
+        let q = accepted(headers);
         let mut best: Option<(Encoding, u16)> = None;
         for &encoding in &self.encodings {
-            let q = accepted(headers, encoding);
+            let q = q[encoding as usize];
             if q > 0 && best.is_none_or(|(_, b)| q > b) {
                 best = Some((encoding, q));
             }
@@ -256,45 +257,39 @@ impl Compression {
             return (resp, None);
         };
         let (mut parts, plain) = resp.into_parts();
-        let mut made = None;
-        self.answers[encoding as usize].inc();
-        if let ResponseBody::Full(Some(b)) = &plain {
-            self.bytes.plain.inc_by(b.len() as u64);
-        }
-        let body = match (copies, plain) {
+        let (body, made) = match (copies, plain) {
             (Some(copies), ResponseBody::Full(Some(plain))) => {
                 let slot = &copies.0[encoding as usize];
-                match slot.get() {
-                    Some(copy) => ResponseBody::Full(Some(copy.clone())),
+                let (copy, made) = match slot.get() {
+                    Some(copy) => (copy.clone(), None),
                     None => match body::whole(&plain, encoding, self.levels) {
                         Ok(copy) => {
-                            if slot.set(copy.clone()).is_ok() {
-                                made = Some(copy.len());
-                            }
-                            ResponseBody::Full(Some(copy))
+                            let made = slot.set(copy.clone()).is_ok().then_some(copy.len());
+                            (copy, made)
                         }
                         Err(_) => {
-                            return (
-                                Response::from_parts(parts, ResponseBody::Full(Some(plain))),
-                                None,
-                            );
+                            let plain = ResponseBody::Full(Some(plain));
+                            return (Response::from_parts(parts, plain), None);
                         }
                     },
-                }
+                };
+                self.bytes.plain.inc_by(plain.len() as u64);
+                self.bytes.sent.inc_by(copy.len() as u64);
+                (ResponseBody::Full(Some(copy)), made)
             }
             (_, plain) => match body::encode(plain, encoding, self.levels, &self.bytes) {
-                Ok(encoded) => encoded,
+                Ok(encoded) => (encoded, None),
                 // The codec failed on a body known whole: sent plain.
                 Err(plain) => return (Response::from_parts(parts, plain), None),
             },
         };
+        self.answers[encoding as usize].inc();
         let headers = &mut parts.headers;
         headers.insert(CONTENT_ENCODING, HeaderValue::from_static(encoding.token()));
         headers.remove(ACCEPT_RANGES);
         weaken_etag(headers);
         match &body {
             ResponseBody::Full(Some(b)) => {
-                self.bytes.sent.inc_by(b.len() as u64);
                 headers.insert(CONTENT_LENGTH, HeaderValue::from(b.len()));
             }
             _ => {
@@ -342,9 +337,11 @@ impl Compression {
     }
 }
 
-/// The q-value (thousandths) the client's `Accept-Encoding` gives `encoding`: its own entry,
-/// else `*`'s, else 0 (no header: 0, the plain answer).
-fn accepted(headers: &HeaderMap, encoding: Encoding) -> u16 {
+/// The q-values (thousandths, in [`Encoding`]'s order) the client's `Accept-Encoding` gives
+/// each encoding, read in one pass: its own entry, else `*`'s, else 0 (no header: all 0, the
+/// plain answer).
+fn accepted(headers: &HeaderMap) -> [u16; 3] {
+    let mut named = [None; 3];
     let mut star = None;
     for value in headers.get_all(ACCEPT_ENCODING) {
         let Ok(value) = value.to_str() else { continue };
@@ -360,12 +357,13 @@ fn accepted(headers: &HeaderMap, encoding: Encoding) -> u16 {
             let Some(q) = q else { continue };
             if coding == "*" {
                 star = Some(q);
-            } else if Encoding::from_token(coding) == Some(encoding) {
-                return q;
+            } else if let Some(e) = Encoding::from_token(coding) {
+                // The first entry naming a coding is the one read.
+                named[e as usize].get_or_insert(q);
             }
         }
     }
-    star.unwrap_or(0)
+    named.map(|q| q.or(star).unwrap_or(0))
 }
 
 /// A q-value (`0`, `0.5`, `1.000`) in thousandths; `None` if malformed.

@@ -318,3 +318,40 @@ async fn a_large_body_streams_in_pieces_and_decodes_whole() {
         assert_eq!(decode(encoding, &sent), body, "{encoding}");
     }
 }
+
+#[tokio::test]
+async fn each_body_is_counted_once_whole_streamed_or_from_a_copy() {
+    let metrics = crate::metrics::Metrics::new(10);
+    let c = Compression::prepare(&CompressionConfig::default(), &metrics, "m").unwrap();
+    let counted = |body: &str| {
+        metrics
+            .compression_bytes
+            .with_label_values(&["m", body])
+            .get()
+    };
+    // Known whole and small (at once), known whole and large (in pieces), and a cache copy
+    // made, then served.
+    let small = page(20_000);
+    let large = page(300_000);
+    let mut sent = 0;
+    for body in [&small, &large] {
+        let resp = c.apply(
+            asked("gzip", http::Method::GET),
+            answer("text/html", body, &[]),
+        );
+        sent += collect(resp).await.len() as u64;
+    }
+    let copies = Copies::default();
+    for _ in 0..2 {
+        let (resp, _) = c.apply_stored(
+            asked("gzip", http::Method::GET),
+            answer("text/html", &small, &[]),
+            &copies,
+        );
+        sent += collect(resp).await.len() as u64;
+    }
+    assert_eq!(counted("plain"), 3 * 20_000 + 300_000);
+    assert_eq!(counted("sent"), sent);
+    let answers = metrics.compressed.with_label_values(&["m", "gzip"]).get();
+    assert_eq!(answers, 4);
+}

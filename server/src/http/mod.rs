@@ -5,9 +5,9 @@
 //! router), `check_routed` (the tenant's redirect to HTTPS, a declared body over its limit),
 //! `admit` (a pool slot and the tenant's concurrency), `run_guest` (the guest, and the
 //! response it gives: buffered, or streamed while the guest runs on), then the answer's
-//! compression (`crate::compress`), whether it came from the guest or the cache. A new step (a cache in
-//! front of the guests) is one more function called between two of them, with what it needs
-//! per tenant prepared in [`crate::front::Front`] when the tenant loads.
+//! compression (`crate::compress`), whether it came from the guest or the cache. A new step
+//! (a cache in front of the guests) is one more function called between two of them, with
+//! what it needs per tenant prepared in [`crate::front::Front`] when the tenant loads.
 //!
 //! The request body is Tern's own [`RequestBody`], so any listener (HTTP/1.1 and h2 through
 //! hyper today) hands its requests to the same steps. `exchange` holds what the front end
@@ -73,11 +73,11 @@ pub async fn handle(
     if let Err(early) = check_routed(&app, &req, &conn, &routed.tenant) {
         return ex.early(&app, early);
     }
-    let compression = routed.tenant.front.compression.as_ref();
-    let asked = compression.map(|c| c.ask(&req));
-    let compress = |resp| match (compression, asked) {
-        (Some(c), Some(asked)) => c.apply(asked, resp),
-        _ => resp,
+    // What the client takes, read before the request goes to the guest.
+    let asked = (routed.tenant.front.compression.as_ref()).map(|c| (c, c.ask(&req)));
+    let compress = |resp| match asked {
+        Some((c, asked)) => c.apply(asked, resp),
+        None => resp,
     };
     let fill = match look_up(&app, &mut ex, &mut req, &conn, &routed.tenant, asked).await {
         Looked::Guest(fill) => fill,
@@ -136,7 +136,7 @@ async fn look_up(
     req: &mut Request<RequestBody>,
     conn: &Connection,
     tenant: &TenantRef,
-    asked: Option<crate::compress::Asked>,
+    compress: Option<(&crate::compress::Compression, crate::compress::Asked)>,
 ) -> Looked {
     let Some(cache) = &tenant.front.cache else {
         return Looked::Guest(None);
@@ -151,7 +151,7 @@ async fn look_up(
         https: conn.tls.is_some(),
         host,
         trusted: app.trusted_proxies.contains(conn.peer.ip()),
-        compress: tenant.front.compression.as_ref().zip(asked),
+        compress,
     };
     let looked = cache.lookup(req, asking).await;
     let looked = match looked {
