@@ -18,6 +18,9 @@ use std::future::Future;
 
 use crate::metrics::Undelivered;
 
+/// What `Body::poll_frame` answers: the next frame, an error `E`, or the end.
+pub type Framed<E> = Poll<Option<Result<Frame<Bytes>, E>>>;
+
 /// Headers that frame a message and manage its connection (hop-by-hop): the server's to set on
 /// every message it sends, never a guest's. (`content-length` is not among them: a guest may
 /// declare its body's length.)
@@ -103,14 +106,7 @@ pub struct Kept {
     then: Option<KeptBody>,
 }
 
-impl std::fmt::Debug for Kept {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kept")
-            .field("body", &self.body)
-            .field("len", &self.len)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Kept: body, len);
 
 impl Kept {
     fn ended(&mut self) {
@@ -134,14 +130,7 @@ pub struct Logged {
     ended: bool,
 }
 
-impl std::fmt::Debug for Logged {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Logged")
-            .field("body", &self.body)
-            .field("bytes", &self.bytes)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Logged: body, bytes);
 
 impl Drop for Logged {
     fn drop(&mut self) {
@@ -209,10 +198,7 @@ impl http_body::Body for ResponseBody {
     type Data = Bytes;
     type Error = BodyCut;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyCut>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Framed<BodyCut> {
         match self.get_mut() {
             Self::Full(bytes) => Poll::Ready(
                 bytes
@@ -479,10 +465,7 @@ impl Body for ClientBody {
     type Data = Bytes;
     type Error = ClientBodyError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Framed<Self::Error> {
         let this = self.get_mut();
         let frame = match &mut this.body {
             RequestBody::Empty => return Poll::Ready(None),

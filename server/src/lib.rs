@@ -95,6 +95,20 @@
 //! - [`body`], [`demo`]: the body types (every response's; a client's request body as a guest
 //!   or the server reads it) and short plain responses; the embedded demo guests.
 
+/// `Debug` for a type whose other fields cannot or should not be printed (callbacks, handles,
+/// large buffers): its name and the fields named, marked as not all of them.
+macro_rules! debug_fields {
+    ($ty:ident: $($field:ident),+) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    $(.field(stringify!($field), &self.$field))+
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+
 pub mod adapter;
 pub mod admin;
 pub mod app;

@@ -209,14 +209,7 @@ impl crate::trace::SpanTenant for Tenant {
     }
 }
 
-impl std::fmt::Debug for Tenant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tenant")
-            .field("name", &self.name)
-            .field("limits", &self.limits)
-            .finish()
-    }
-}
+debug_fields!(Tenant: name, limits);
 
 impl Tenant {
     /// How its guests take a request and answer it.

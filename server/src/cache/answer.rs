@@ -263,6 +263,18 @@ mod tests {
             .collect()
     }
 
+    /// A stored answer with a strong validator and a date.
+    fn stored_v1() -> HeaderMap {
+        headers(&[
+            ("etag", "\"v1\""),
+            ("last-modified", "Wed, 21 Oct 2015 07:28:00 GMT"),
+        ])
+    }
+
+    fn v(s: &'static str) -> HeaderValue {
+        HeaderValue::from_static(s)
+    }
+
     #[test]
     fn byte_ranges_follow_rfc_9110() {
         assert_eq!(byte_range("bytes=0-99", 1000), Some(Some((0, 99))));
@@ -291,11 +303,7 @@ mod tests {
 
     #[test]
     fn if_range_matches_strongly_or_by_exact_date() {
-        let stored = headers(&[
-            ("etag", "\"v1\""),
-            ("last-modified", "Wed, 21 Oct 2015 07:28:00 GMT"),
-        ]);
-        let v = |s: &'static str| HeaderValue::from_static(s);
+        let stored = stored_v1();
         assert!(if_range_holds(&stored, &v("\"v1\"")));
         assert!(!if_range_holds(&stored, &v("W/\"v1\"")), "weak never");
         assert!(!if_range_holds(&stored, &v("\"v2\"")));
@@ -308,11 +316,7 @@ mod tests {
 
     #[test]
     fn validators_follow_rfc_9110() {
-        let stored = headers(&[
-            ("etag", "\"v1\""),
-            ("last-modified", "Wed, 21 Oct 2015 07:28:00 GMT"),
-        ]);
-        let v = |s: &'static str| HeaderValue::from_static(s);
+        let stored = stored_v1();
         assert!(not_modified(&stored, Some(&v("\"v1\"")), None));
         assert!(not_modified(&stored, Some(&v("W/\"v1\"")), None));
         assert!(not_modified(&stored, Some(&v("\"x\", \"v1\"")), None));

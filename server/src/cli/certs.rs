@@ -3,7 +3,6 @@
 use std::path::Path;
 
 use anyhow::Context;
-use bytes::Bytes;
 use http::Method;
 use serde_json::{Value, json};
 
@@ -24,14 +23,8 @@ pub async fn cert_put(
         std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
     };
     let body = json!({ "hosts": hosts, "cert": read(cert)?, "key": read(key)? });
-    let v = target
-        .ok(
-            Method::PUT,
-            &format!("/admin/v1/certificates/{name}"),
-            Bytes::from(serde_json::to_vec(&body)?),
-            "application/json",
-        )
-        .await?;
+    let path = format!("/admin/v1/certificates/{name}");
+    let v = target.send_json(Method::PUT, &path, &body).await?;
     let what = if hosts.is_empty() {
         "as the default certificate".to_string()
     } else {
@@ -51,9 +44,7 @@ pub async fn cert_put(
 /// # Errors
 /// If the server cannot be reached or has no TLS listener.
 pub async fn cert_list(target: &Target, as_json: bool) -> anyhow::Result<()> {
-    let v = target
-        .ok(Method::GET, "/admin/v1/certificates", Bytes::new(), "")
-        .await?;
+    let v = target.send(Method::GET, "/admin/v1/certificates").await?;
     if as_json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -94,12 +85,7 @@ pub async fn cert_list(target: &Target, as_json: bool) -> anyhow::Result<()> {
 /// If the server refuses (no such stored certificate).
 pub async fn cert_delete(target: &Target, name: &str) -> anyhow::Result<()> {
     target
-        .ok(
-            Method::DELETE,
-            &format!("/admin/v1/certificates/{name}"),
-            Bytes::new(),
-            "",
-        )
+        .send(Method::DELETE, &format!("/admin/v1/certificates/{name}"))
         .await?;
     println!("deleted certificate {name}");
     Ok(())

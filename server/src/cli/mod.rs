@@ -119,6 +119,22 @@ impl Target {
         Ok((status, value))
     }
 
+    /// A call without a body; its answer if it succeeded (see [`Target::ok`]).
+    async fn send(&self, method: Method, path: &str) -> anyhow::Result<Value> {
+        self.ok(method, path, Bytes::new(), "").await
+    }
+
+    /// A call with `body` as JSON; its answer if it succeeded (see [`Target::ok`]).
+    async fn send_json(
+        &self,
+        method: Method,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> anyhow::Result<Value> {
+        let body = Bytes::from(serde_json::to_vec(body)?);
+        self.ok(method, path, body, "application/json").await
+    }
+
     /// [`call`](Self::call), with any non-2xx answer turned into an error with its message.
     async fn ok(
         &self,
@@ -247,9 +263,8 @@ pub async fn deploy(target: &Target, d: &Deploy) -> anyhow::Result<()> {
         spec["outbound"] = json!({ "backends": backends });
     }
     if spec.as_object().is_some_and(|o| !o.is_empty()) {
-        let body = Bytes::from(serde_json::to_vec(&spec)?);
         let method = if exists { Method::PATCH } else { Method::PUT };
-        target.ok(method, &path, body, "application/json").await?;
+        target.send_json(method, &path, &spec).await?;
         if !exists {
             println!("created tenant {} (routes: {})", d.tenant, routes(&spec));
         }
@@ -257,7 +272,7 @@ pub async fn deploy(target: &Target, d: &Deploy) -> anyhow::Result<()> {
     let uploaded = upload(target, d, &path, wasm).await;
     if uploaded.is_err() && !exists {
         // A first deploy that failed leaves nothing behind: no tenant holding its routes.
-        match target.ok(Method::DELETE, &path, Bytes::new(), "").await {
+        match target.send(Method::DELETE, &path).await {
             Ok(_) => eprintln!("removed the new tenant {} again", d.tenant),
             Err(e) => eprintln!("could not remove the new tenant {}: {e:#}", d.tenant),
         }
@@ -378,16 +393,13 @@ pub async fn tenants(target: &Target, name: Option<&str>, as_json: bool) -> anyh
         Some(n) => format!("/admin/v1/tenants/{n}"),
         None => "/admin/v1/tenants".into(),
     };
-    let v = target.ok(Method::GET, &path, Bytes::new(), "").await?;
+    let v = target.send(Method::GET, &path).await?;
     if as_json || name.is_some() {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     // A replica of a fleet also says how many replicas serve each tenant's version.
-    let fleet = target
-        .ok(Method::GET, "/admin/v1/fleet", Bytes::new(), "")
-        .await
-        .ok();
+    let fleet = target.send(Method::GET, "/admin/v1/fleet").await.ok();
     let mut rows = vec![[
         "NAME".to_string(),
         "SOURCE".into(),
@@ -480,12 +492,7 @@ async fn etag_of(
         return Ok(Some(format!("\"{tag}\"")));
     }
     let v = target
-        .ok(
-            Method::GET,
-            &format!("/admin/v1/tenants/{name}"),
-            Bytes::new(),
-            "",
-        )
+        .send(Method::GET, &format!("/admin/v1/tenants/{name}"))
         .await?;
     Ok(v["etag"].as_str().map(String::from))
 }
@@ -525,7 +532,7 @@ async fn change_tenant(
     let etag = etag_of(target, name, if_match).await?;
     target
         .conditional(etag.clone())
-        .ok(method, &path, Bytes::new(), "")
+        .send(method, &path)
         .await
         .map_err(|e| with_retry_advice(e, name, etag.as_deref(), command))
 }
@@ -572,15 +579,8 @@ pub async fn cache_purge(
     if let Err(why) = purge.check() {
         anyhow::bail!("name what to purge (--all, --prefix PATH or --tag TAG): {why}");
     }
-    let body = serde_json::to_vec(purge)?;
-    let v = target
-        .ok(
-            Method::POST,
-            &format!("/admin/v1/tenants/{name}/cache/purge"),
-            Bytes::from(body),
-            "application/json",
-        )
-        .await?;
+    let path = format!("/admin/v1/tenants/{name}/cache/purge");
+    let v = target.send_json(Method::POST, &path, purge).await?;
     let what = if purge.soft { "marked stale" } else { "purged" };
     let whom = match v["replicas"].as_str() {
         Some("this one") => "on this server",
@@ -595,9 +595,7 @@ pub async fn cache_purge(
 /// # Errors
 /// If the server refuses the new config (the old one keeps serving).
 pub async fn reload(target: &Target) -> anyhow::Result<()> {
-    let v = target
-        .ok(Method::POST, "/admin/v1/reload", Bytes::new(), "")
-        .await?;
+    let v = target.send(Method::POST, "/admin/v1/reload").await?;
     println!("config reloaded: {} config tenants", v["config_tenants"]);
     Ok(())
 }

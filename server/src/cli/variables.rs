@@ -1,7 +1,6 @@
 //! `tern var` and `tern secret`: a tenant's variables through the admin API. A secret's value
 //! is read from standard input or a file (never an argument) and never printed.
 
-use bytes::Bytes;
 use http::Method;
 
 use super::Target;
@@ -18,15 +17,9 @@ pub async fn set_variable(
     value: &str,
     secret: bool,
 ) -> anyhow::Result<()> {
-    let body = serde_json::to_vec(&serde_json::json!({ "value": value, "secret": secret }))?;
-    let v = target
-        .ok(
-            Method::PUT,
-            &format!("/admin/v1/tenants/{tenant}/variables/{name}"),
-            Bytes::from(body),
-            "application/json",
-        )
-        .await?;
+    let path = format!("/admin/v1/tenants/{tenant}/variables/{name}");
+    let body = serde_json::json!({ "value": value, "secret": secret });
+    let v = target.send_json(Method::PUT, &path, &body).await?;
     let var = &v["variable"];
     if secret {
         println!(
@@ -49,11 +42,9 @@ pub async fn list_variables(
     secrets: Option<bool>,
 ) -> anyhow::Result<()> {
     let v = target
-        .ok(
+        .send(
             Method::GET,
             &format!("/admin/v1/tenants/{tenant}/variables"),
-            Bytes::new(),
-            "",
         )
         .await?;
     let empty = Vec::new();
@@ -100,11 +91,9 @@ pub async fn list_variables(
 /// If the server refuses (no such tenant or variable).
 pub async fn delete_variable(target: &Target, tenant: &str, name: &str) -> anyhow::Result<()> {
     target
-        .ok(
+        .send(
             Method::DELETE,
             &format!("/admin/v1/tenants/{tenant}/variables/{name}"),
-            Bytes::new(),
-            "",
         )
         .await?;
     println!("{name} of {tenant} deleted");
@@ -117,7 +106,7 @@ pub async fn delete_variable(target: &Target, tenant: &str, name: &str) -> anyho
 /// If a secret opens with neither key, or the registry cannot be written.
 pub async fn reseal(target: &Target) -> anyhow::Result<()> {
     let v = target
-        .ok(Method::POST, "/admin/v1/secrets/reseal", Bytes::new(), "")
+        .send(Method::POST, "/admin/v1/secrets/reseal")
         .await?;
     println!(
         "{} secret(s) sealed again under the secrets key {}",

@@ -1,6 +1,5 @@
 //! The compressed body: the codecs of `compression-codecs` over a [`ResponseBody`].
 
-use std::fmt;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -185,23 +184,13 @@ enum State {
     Done,
 }
 
-impl fmt::Debug for Encoded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Encoded")
-            .field("plain", &self.plain)
-            .field("state", &self.state)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Encoded: plain, state);
 
 impl Body for Encoded {
     type Data = Bytes;
     type Error = BodyCut;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyCut>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> crate::body::Framed<BodyCut> {
         self.get_mut().next(cx)
     }
 

@@ -87,52 +87,27 @@ fn settings_are_checked_naming_the_key() {
     };
     assert!(check(|_| {}).is_ok());
     assert!(
-        check(|c| c.encodings = vec!["deflate".into()])
-            .unwrap_err()
-            .contains("deflate")
-    );
-    assert!(
-        check(|c| c.encodings = vec!["br".into(), "br".into()])
-            .unwrap_err()
-            .contains("twice")
-    );
-    assert!(
-        check(|c| c.encodings.clear())
-            .unwrap_err()
-            .contains("enabled = false")
-    );
-    assert!(
         check(|c| {
             c.encodings.clear();
             c.enabled = false;
         })
         .is_ok()
     );
-    assert!(
-        check(|c| c.types = vec!["html".into()])
-            .unwrap_err()
-            .contains("compression.types")
-    );
-    assert!(
-        check(|c| c.gzip_level = 10)
-            .unwrap_err()
-            .contains("gzip_level")
-    );
-    assert!(
-        check(|c| c.brotli_level = 12)
-            .unwrap_err()
-            .contains("brotli_level")
-    );
-    assert!(
-        check(|c| c.zstd_level = 0)
-            .unwrap_err()
-            .contains("zstd_level")
-    );
-    assert!(
-        check(|c| c.max_bytes = 10)
-            .unwrap_err()
-            .contains("max_bytes")
-    );
+    type Change = fn(&mut CompressionConfig);
+    let refused: [(Change, &str); 8] = [
+        (|c| c.encodings = vec!["deflate".into()], "deflate"),
+        (|c| c.encodings = vec!["br".into(), "br".into()], "twice"),
+        (|c| c.encodings.clear(), "enabled = false"),
+        (|c| c.types = vec!["html".into()], "compression.types"),
+        (|c| c.gzip_level = 10, "gzip_level"),
+        (|c| c.brotli_level = 12, "brotli_level"),
+        (|c| c.zstd_level = 0, "zstd_level"),
+        (|c| c.max_bytes = 10, "max_bytes"),
+    ];
+    for (change, named) in refused {
+        let why = check(change).unwrap_err();
+        assert!(why.contains(named), "{why:?} should name {named}");
+    }
 }
 
 fn answer(kind: &str, body: &[u8], extra: &[(&str, &str)]) -> Response<ResponseBody> {

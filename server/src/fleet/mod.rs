@@ -104,14 +104,7 @@ pub struct Fleet {
     pub wake: tokio::sync::Notify,
 }
 
-impl std::fmt::Debug for Fleet {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fleet")
-            .field("url", &self.url)
-            .field("replica", &self.replica)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Fleet: url, replica);
 
 /// What [`Fleet::fetch`] found for the versions it was given.
 #[derive(Debug, Default)]

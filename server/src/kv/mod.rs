@@ -260,11 +260,7 @@ pub struct Store {
     counts: [prometheus::IntCounter; 5],
 }
 
-impl std::fmt::Debug for Store {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("name", &self.name).finish()
-    }
-}
+debug_fields!(Store: name);
 
 impl Store {
     /// Its backend's name in traces (`db.system.name`).

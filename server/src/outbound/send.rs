@@ -153,10 +153,7 @@ impl http_body::Body for OutBody {
     type Data = Bytes;
     type Error = BodyAborted;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> crate::body::Framed<Self::Error> {
         let this = self.get_mut();
         let frame = match &mut this.kind {
             OutKind::Full(b) => Poll::Ready(b.take().map(|b| Ok(http_body::Frame::data(b)))),

@@ -440,13 +440,7 @@ pub struct Acceptor {
     pub certificates: Arc<Certificates>,
 }
 
-impl std::fmt::Debug for Acceptor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Acceptor")
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Acceptor: timeout);
 
 impl Acceptor {
     /// An acceptor serving `certificates` over TLS 1.2 and 1.3, offering HTTP/2 and HTTP/1.1

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::header::HOST;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
-use http_body::{Body, Frame};
+use http_body::Body;
 use http_body_util::BodyExt;
 use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
@@ -134,10 +134,7 @@ impl Body for ComponentBody {
     type Data = Bytes;
     type Error = wasmtime_wasi_http::Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> crate::body::Framed<Self::Error> {
         Pin::new(&mut self.get_mut().0)
             .poll_frame(cx)
             .map_err(|e| match e {

@@ -156,6 +156,59 @@ fn string(key: Vec<u8>) -> String {
     String::from_utf8(key).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
+/// The operations (and the drop) Spin's store and `wasi:keyvalue`'s bucket share, word for word but for
+/// their error type: written once, expanded into both.
+macro_rules! bucket_operations {
+    ($api:ident) => {
+        async fn get(
+            &mut self,
+            b: Resource<Bucket>,
+            key: String,
+        ) -> wasmtime::Result<Result<Option<Vec<u8>>, $api::Error>> {
+            let store = self.bucket(&b)?;
+            Ok(self.kv_get(&store, key).await.map_err($api::Error::Other))
+        }
+
+        async fn set(
+            &mut self,
+            b: Resource<Bucket>,
+            key: String,
+            value: Vec<u8>,
+        ) -> wasmtime::Result<Result<(), $api::Error>> {
+            let store = self.bucket(&b)?;
+            let op = Op::Set(key.into_bytes(), value);
+            Ok(self.kv_done(&store, op).await.map_err($api::Error::Other))
+        }
+
+        async fn delete(
+            &mut self,
+            b: Resource<Bucket>,
+            key: String,
+        ) -> wasmtime::Result<Result<(), $api::Error>> {
+            let store = self.bucket(&b)?;
+            let op = Op::Delete(key.into_bytes());
+            Ok(self.kv_done(&store, op).await.map_err($api::Error::Other))
+        }
+
+        async fn exists(
+            &mut self,
+            b: Resource<Bucket>,
+            key: String,
+        ) -> wasmtime::Result<Result<bool, $api::Error>> {
+            let store = self.bucket(&b)?;
+            Ok(self
+                .kv_exists(&store, key)
+                .await
+                .map_err($api::Error::Other))
+        }
+
+        async fn drop(&mut self, b: Resource<Bucket>) -> wasmtime::Result<()> {
+            self.table.delete(b)?;
+            Ok(())
+        }
+    };
+}
+
 // Spin's key-value (spin-sdk 3.x and 5.x).
 
 impl spin::Host for HttpState {}
@@ -171,47 +224,7 @@ impl spin::HostStore for HttpState {
         }))
     }
 
-    async fn get(
-        &mut self,
-        b: Resource<Bucket>,
-        key: String,
-    ) -> wasmtime::Result<Result<Option<Vec<u8>>, spin::Error>> {
-        let store = self.bucket(&b)?;
-        Ok(self.kv_get(&store, key).await.map_err(spin::Error::Other))
-    }
-
-    async fn set(
-        &mut self,
-        b: Resource<Bucket>,
-        key: String,
-        value: Vec<u8>,
-    ) -> wasmtime::Result<Result<(), spin::Error>> {
-        let store = self.bucket(&b)?;
-        let op = Op::Set(key.into_bytes(), value);
-        Ok(self.kv_done(&store, op).await.map_err(spin::Error::Other))
-    }
-
-    async fn delete(
-        &mut self,
-        b: Resource<Bucket>,
-        key: String,
-    ) -> wasmtime::Result<Result<(), spin::Error>> {
-        let store = self.bucket(&b)?;
-        let op = Op::Delete(key.into_bytes());
-        Ok(self.kv_done(&store, op).await.map_err(spin::Error::Other))
-    }
-
-    async fn exists(
-        &mut self,
-        b: Resource<Bucket>,
-        key: String,
-    ) -> wasmtime::Result<Result<bool, spin::Error>> {
-        let store = self.bucket(&b)?;
-        Ok(self
-            .kv_exists(&store, key)
-            .await
-            .map_err(spin::Error::Other))
-    }
+    bucket_operations!(spin);
 
     async fn get_keys(
         &mut self,
@@ -219,11 +232,6 @@ impl spin::HostStore for HttpState {
     ) -> wasmtime::Result<Result<Vec<String>, spin::Error>> {
         let store = self.bucket(&b)?;
         Ok(self.kv_all_keys(&store).await.map_err(spin::Error::Other))
-    }
-
-    async fn drop(&mut self, b: Resource<Bucket>) -> wasmtime::Result<()> {
-        self.table.delete(b)?;
-        Ok(())
     }
 }
 
@@ -242,47 +250,7 @@ impl wasi::Host for HttpState {
 }
 
 impl wasi::HostBucket for HttpState {
-    async fn get(
-        &mut self,
-        b: Resource<Bucket>,
-        key: String,
-    ) -> wasmtime::Result<Result<Option<Vec<u8>>, wasi::Error>> {
-        let store = self.bucket(&b)?;
-        Ok(self.kv_get(&store, key).await.map_err(wasi::Error::Other))
-    }
-
-    async fn set(
-        &mut self,
-        b: Resource<Bucket>,
-        key: String,
-        value: Vec<u8>,
-    ) -> wasmtime::Result<Result<(), wasi::Error>> {
-        let store = self.bucket(&b)?;
-        let op = Op::Set(key.into_bytes(), value);
-        Ok(self.kv_done(&store, op).await.map_err(wasi::Error::Other))
-    }
-
-    async fn delete(
-        &mut self,
-        b: Resource<Bucket>,
-        key: String,
-    ) -> wasmtime::Result<Result<(), wasi::Error>> {
-        let store = self.bucket(&b)?;
-        let op = Op::Delete(key.into_bytes());
-        Ok(self.kv_done(&store, op).await.map_err(wasi::Error::Other))
-    }
-
-    async fn exists(
-        &mut self,
-        b: Resource<Bucket>,
-        key: String,
-    ) -> wasmtime::Result<Result<bool, wasi::Error>> {
-        let store = self.bucket(&b)?;
-        Ok(self
-            .kv_exists(&store, key)
-            .await
-            .map_err(wasi::Error::Other))
-    }
+    bucket_operations!(wasi);
 
     async fn list_keys(
         &mut self,
@@ -304,11 +272,6 @@ impl wasi::HostBucket for HttpState {
             keys: keys.into_iter().map(string).collect(),
             cursor,
         }))
-    }
-
-    async fn drop(&mut self, b: Resource<Bucket>) -> wasmtime::Result<()> {
-        self.table.delete(b)?;
-        Ok(())
     }
 }
 

@@ -99,30 +99,22 @@ fn config_get(state: &HttpState, key: &str) -> Result<Option<String>, String> {
     }
 }
 
-impl config_draft::Host for HttpState {
-    fn get(&mut self, key: String) -> Result<Option<String>, config_draft::Error> {
-        config_get(self, &key).map_err(config_draft::Error::Upstream)
-    }
+/// The config interface as both packages spell it (the same functions, each with its own
+/// error type).
+macro_rules! config_host {
+    ($api:ident) => {
+        impl $api::Host for HttpState {
+            fn get(&mut self, key: String) -> Result<Option<String>, $api::Error> {
+                config_get(self, &key).map_err($api::Error::Upstream)
+            }
 
-    fn get_all(&mut self) -> Result<Vec<(String, String)>, config_draft::Error> {
-        self.host
-            .variables
-            .values()
-            .all()
-            .map_err(config_draft::Error::Upstream)
-    }
+            fn get_all(&mut self) -> Result<Vec<(String, String)>, $api::Error> {
+                let values = self.host.variables.values();
+                values.all().map_err($api::Error::Upstream)
+            }
+        }
+    };
 }
 
-impl config_spin::Host for HttpState {
-    fn get(&mut self, key: String) -> Result<Option<String>, config_spin::Error> {
-        config_get(self, &key).map_err(config_spin::Error::Upstream)
-    }
-
-    fn get_all(&mut self) -> Result<Vec<(String, String)>, config_spin::Error> {
-        self.host
-            .variables
-            .values()
-            .all()
-            .map_err(config_spin::Error::Upstream)
-    }
-}
+config_host!(config_draft);
+config_host!(config_spin);
