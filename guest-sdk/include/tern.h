@@ -65,6 +65,14 @@ TERN_IMPORT("response_body_write") int32_t tern_response_body_write(const char *
  * TERN_EUNAVAILABLE, or TERN_EINVALID_ARGUMENT for a key this server does not know. */
 TERN_IMPORT("request_info") int32_t tern_request_info(int32_t key, char *buf, size_t len);
 
+/* For a backend with `cache = true`: what the tenant's cache does with this request, as an
+ * outgoing header the server takes off before the backend sees it: "pass" (neither looked up
+ * nor stored), "ttl=SECONDS" (stored that long whatever the answer says), "tag=NAME" (a tag
+ * to purge it by), comma-separated. A value the server cannot read fails the request with
+ * TERN_EINVALID_ARGUMENT, from the first call that waits for its response (nothing is sent;
+ * tern_outbound_last_error says why). */
+#define TERN_CACHE_HEADER "tern-cache"
+
 /* Outbound requests (see ABI.md): to a named backend (url = path and query) or, with
  * backend_len 0, to an absolute http:// or https:// URL; returns a handle. */
 TERN_IMPORT("outbound_request")

@@ -106,6 +106,11 @@ impl Drop for Handle {
 #[derive(Debug)]
 pub struct Outgoing(Handle);
 
+/// The request header a guest tells the tenant's cache what to do with a request to a
+/// backend with `cache = true` (`pass`, `ttl=SECONDS`, `tag=NAME`, comma-separated); the
+/// server takes it off before the backend sees it, and drops it from clients' requests.
+pub const CACHE_HEADER: &str = "tern-cache";
+
 impl Outgoing {
     fn new(method: &http::Method, backend: &str, url: &str) -> Result<Self, FetchError> {
         let m = method.as_str();
@@ -163,6 +168,38 @@ impl Outgoing {
             )
         })
         .map(drop)
+    }
+
+    /// For a backend with `cache = true`: neither look this request up in the tenant's cache
+    /// nor store its answer (the backend is always asked). Sent as `Tern-Cache: pass`, which
+    /// the server takes off before the backend sees it.
+    ///
+    /// # Errors
+    /// `LIMIT_EXCEEDED` past 100 headers.
+    pub fn cache_pass(&mut self) -> Result<(), FetchError> {
+        self.header(CACHE_HEADER, b"pass")
+    }
+
+    /// For a backend with `cache = true`: keep the answer for `seconds` (1 to a year)
+    /// whatever its own `Cache-Control` and `Expires` say (not one that sets a cookie or
+    /// varies on `*`). `Tern-Cache: ttl=N`; the server refuses the request with
+    /// `INVALID_ARGUMENT` when `seconds` is out of range.
+    ///
+    /// # Errors
+    /// `LIMIT_EXCEEDED` past 100 headers.
+    pub fn cache_ttl(&mut self, seconds: u32) -> Result<(), FetchError> {
+        self.header(CACHE_HEADER, format!("ttl={seconds}").as_bytes())
+    }
+
+    /// For a backend with `cache = true`: tag the stored answer with `tag` (besides its own
+    /// `Surrogate-Key` and `Cache-Tag`), to purge it by (`tern cache purge --tag`). At most 16
+    /// per request, each 1-128 visible ASCII characters without commas or quotes.
+    /// `Tern-Cache: tag=NAME`.
+    ///
+    /// # Errors
+    /// `LIMIT_EXCEEDED` past 100 headers.
+    pub fn cache_tag(&mut self, tag: &str) -> Result<(), FetchError> {
+        self.header(CACHE_HEADER, format!("tag={tag}").as_bytes())
     }
 
     /// Gives this request the client's headers (all but `Host`, `Content-Length` and the

@@ -1,6 +1,7 @@
 //! The body types: of every response Tern sends (complete bytes, a stream from a guest, or a
 //! backend's body that a guest forwarded), and of a client's request as a guest or the server
-//! reads it (counted against the tenant's limit as it streams in).
+//! reads it (counted against the tenant's limit as it streams in); and a backend's answer as a
+//! guest reads it, live or from the tenant's cache ([`Fetched`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
 
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
@@ -295,14 +296,14 @@ impl http_body::Body for ResponseBody {
 /// backend's concurrency slot until it ends.
 #[derive(Debug)]
 pub struct Forwarded {
-    body: hyper::body::Incoming,
+    /// (It holds the backend's concurrency slot.)
+    body: Fetched,
     /// Bytes sent so far, and the most the tenant may send.
     sent: u64,
     max: u64,
     /// The backend's total timeout, and when it runs out.
     total: Duration,
     deadline: Pin<Box<tokio::time::Sleep>>,
-    _permit: OwnedSemaphorePermit,
     /// Where a body that does not reach its end is counted; `None` once it has (or for the
     /// answer to a `HEAD`, whose body is never sent).
     undelivered: Option<Undelivered>,
@@ -310,12 +311,11 @@ pub struct Forwarded {
 
 impl Forwarded {
     /// `body`, at most `max` bytes, ending by `deadline` (the backend's total timeout,
-    /// `total`), holding `permit`.
+    /// `total`).
     pub fn new(
-        body: hyper::body::Incoming,
+        body: Fetched,
         max: u64,
         (deadline, total): (tokio::time::Instant, Duration),
-        permit: OwnedSemaphorePermit,
     ) -> Self {
         Self {
             body,
@@ -323,7 +323,6 @@ impl Forwarded {
             max,
             total,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
-            _permit: permit,
             undelivered: None,
         }
     }
@@ -503,6 +502,102 @@ impl Body for ClientBody {
         match self.exact_len() {
             Some(n) => http_body::SizeHint::with_exact(n),
             None => http_body::SizeHint::default(),
+        }
+    }
+}
+
+/// A backend's answer body as the guest (or the client, when the guest forwards it) reads
+/// it: live from the backend, or from the tenant's cache (a stored answer, or a live one kept
+/// as it is read, to be stored when it ends). It holds the backend's in-flight slot until it
+/// is dropped.
+pub struct Fetched {
+    body: FetchedBody,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+enum FetchedBody {
+    Live(hyper::body::Incoming),
+    /// Polled only through `&mut`: wrapped, it is `Sync` like a live body, so a response body
+    /// holding it stays `Sync`; whether it has ended and what is left, as of its last poll.
+    Cache {
+        body: sync_wrapper::SyncWrapper<ResponseBody>,
+        end: bool,
+        hint: http_body::SizeHint,
+    },
+}
+
+impl std::fmt::Debug for Fetched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.body {
+            FetchedBody::Live(_) => "Fetched::Live",
+            FetchedBody::Cache { .. } => "Fetched::Cache",
+        })
+    }
+}
+
+impl Fetched {
+    /// The backend's body as it comes, holding its slot `permit`.
+    pub fn live(body: hyper::body::Incoming, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+        Self {
+            body: FetchedBody::Live(body),
+            _permit: Some(permit),
+        }
+    }
+
+    /// A body from the cache (holding `permit` while it still reads from the backend).
+    pub fn cache(body: ResponseBody, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
+        Self {
+            body: FetchedBody::Cache {
+                end: http_body::Body::is_end_stream(&body),
+                hint: http_body::Body::size_hint(&body),
+                body: sync_wrapper::SyncWrapper::new(body),
+            },
+            _permit: permit,
+        }
+    }
+
+    /// The live body as a response body the cache can keep, and the slot it holds; a body
+    /// from the cache as it is.
+    pub fn into_response_body(self) -> (ResponseBody, Option<tokio::sync::OwnedSemaphorePermit>) {
+        use http_body_util::BodyExt;
+        let body = match self.body {
+            FetchedBody::Live(live) => ResponseBody::Transformed(Transformed::new(
+                live.map_err(|e| BodyCut::Backend(e.to_string())),
+            )),
+            FetchedBody::Cache { body, .. } => body.into_inner(),
+        };
+        (body, self._permit)
+    }
+}
+
+impl http_body::Body for Fetched {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Framed<Self::Error> {
+        match &mut self.get_mut().body {
+            FetchedBody::Live(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            FetchedBody::Cache { body, end, hint } => {
+                let body = body.get_mut();
+                let polled = Pin::new(&mut *body).poll_frame(cx).map_err(Into::into);
+                *end = body.is_end_stream();
+                *hint = body.size_hint();
+                polled
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.body {
+            FetchedBody::Live(b) => b.is_end_stream(),
+            FetchedBody::Cache { end, .. } => *end,
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match &self.body {
+            FetchedBody::Live(b) => b.size_hint(),
+            FetchedBody::Cache { hint, .. } => *hint,
         }
     }
 }

@@ -35,7 +35,11 @@ impl Grants {
     pub fn prepare(g: &crate::prepare::Preparing<'_>) -> Result<Self, String> {
         let policy = crate::outbound::Policy::from_config(&g.settings.outbound)
             .map_err(|e| format!("outbound: {e}"))?;
+        let readthrough = g.cache.clone().and_then(|cache| {
+            crate::outbound::Readthrough::new(cache, policy.cached_backends(), g.metrics, g.label)
+        });
         let outbound = Arc::new(crate::outbound::Calls {
+            readthrough,
             policy,
             log_budget: g.log_budget.clone(),
             label: g.label.to_string(),

@@ -27,13 +27,20 @@ pub struct Front {
     pub hsts: Option<HeaderValue>,
     /// What its clients see when a request fails (`errors`, `error_pages`).
     pub errors: ErrorPages,
-    /// Its cache in front of its guests (`cache`), when it has one.
+    /// Its cache (`cache`), when it has one: what purges reach.
     pub cache: Option<Arc<Cache>>,
+    /// Whether the cache answers requests in front of its guests (`cache.front`).
+    cache_in_front: bool,
     /// Its answers' compression (`compression`), unless it is off.
     pub compression: Option<Compression>,
 }
 
 impl Front {
+    /// Its cache, when it answers requests in front of its guests.
+    pub fn cache_in_front(&self) -> Option<&Arc<Cache>> {
+        self.cache.as_ref().filter(|_| self.cache_in_front)
+    }
+
     /// A tenant's front-end features, from its settings (already checked when they were read).
     pub fn prepare(p: &Preparing<'_>) -> Self {
         let s = p.settings;
@@ -44,10 +51,8 @@ impl Front {
                 .as_ref()
                 .and_then(|h| HeaderValue::from_str(&h.value()).ok()),
             errors: ErrorPages::new(s.errors, &s.error_pages),
-            cache: s
-                .cache
-                .enabled
-                .then(|| Arc::new(Cache::new(&s.cache, p.metrics, p.label))),
+            cache: p.cache.clone(),
+            cache_in_front: s.cache.front,
             compression: Compression::prepare(&s.compression, p.metrics, p.label),
         }
     }

@@ -20,4 +20,6 @@ pub struct Preparing<'a> {
     pub stores: &'a crate::kv::Stores,
     /// Every tenant's variables.
     pub variables: &'a std::sync::Arc<crate::variables::Table>,
+    /// Its cache (`[tenant.cache]`), when it has one: shared by its front and its backends.
+    pub cache: Option<std::sync::Arc<crate::cache::Cache>>,
 }

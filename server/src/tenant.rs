@@ -452,6 +452,13 @@ pub fn prepare(
         metrics,
         stores: kv,
         variables,
+        cache: config.settings.cache.enabled.then(|| {
+            Arc::new(crate::cache::Cache::new(
+                &config.settings.cache,
+                metrics,
+                &label,
+            ))
+        }),
     };
     let grants = crate::capabilities::Grants::prepare(&preparing).map_err(refuse)?;
     let front = crate::front::Front::prepare(&preparing);

@@ -9,8 +9,11 @@ pub const MAX_CACHE_MIB: u64 = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheConfig {
-    /// Whether its answers are cached (off by default).
+    /// Whether it has a cache (off by default).
     pub enabled: bool,
+    /// Whether the cache answers requests in front of its guests (on by default); off, it
+    /// holds only its backends' answers (`outbound.backends.NAME.cache`).
+    pub front: bool,
     /// The memory its cache may hold, in MiB (bodies, headers and keys).
     pub max_mib: u64,
     /// The largest body stored, in KiB; larger answers are served and not stored.
@@ -36,6 +39,7 @@ impl Default for CacheConfig {
     fn default() -> Self {
         Self {
             enabled: false,
+            front: true,
             max_mib: 64,
             max_object_kib: 1024,
             store_set_cookie: false,

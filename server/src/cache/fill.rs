@@ -14,7 +14,7 @@ use http_cache_semantics::CachePolicy;
 use super::answer::{CACHE_TAG, SURROGATE_KEY, not_modified, ranged, respond, take_tags};
 use super::{
     Answered, Asked, CACHE_STATUS, CDN_CACHE_CONTROL, Cache, Counted, Entry, Fill, MAX_VARIANTS,
-    Storing, Then, Variant, Windows, options,
+    Space, Storing, Then, Variant, Windows, options,
 };
 use crate::body::ResponseBody;
 
@@ -53,6 +53,16 @@ impl Fill {
                     headers.insert(header::IF_MODIFIED_SINCE, modified.clone());
                 }
             }
+        }
+    }
+
+    /// Stores the answer for `ttl` seconds whatever its own `Cache-Control` and `Expires` say
+    /// (not one that sets a cookie or varies on `*`), and with `tags` besides its own: what
+    /// a guest asks of a backend's answer (`Tern-Cache`).
+    pub fn overridden(&mut self, ttl: Option<u32>, tags: &[String]) {
+        if let Then::Store(s) = &mut self.then {
+            s.ttl = ttl.and_then(|t| HeaderValue::from_str(&format!("max-age={t}")).ok());
+            s.tags = tags.iter().map(|t| t.as_str().into()).collect();
         }
     }
 
@@ -139,12 +149,22 @@ impl Fill {
                                 cache.storable(storing, guest, resp.headers(), &Bytes::new())
                             {
                                 let (cache, storing) = (cache.clone(), storing.clone());
+                                // A backend's answer is read by a guest, soon: the misses
+                                // behind it wait until its body is stored (or proves too
+                                // large, or is cut), then find it. (A client may read a
+                                // guest's answer slowly: those behind it go to the guest.)
+                                let lead = if storing.space == Space::Front.tag() {
+                                    None
+                                } else {
+                                    self.lead.take()
+                                };
                                 resp = resp.map(|body| {
                                     body.kept(
                                         cache.max_object,
                                         Box::new(move |body| {
                                             let variant = Variant { body, ..variant };
                                             cache.insert(&storing, Arc::new(variant));
+                                            drop(lead);
                                         }),
                                     )
                                 });
@@ -321,8 +341,9 @@ impl Cache {
                 vary_names.push(name);
             }
         }
-        // `CDN-Cache-Control` stands for `Cache-Control` and `Expires` when it is there.
-        let cdn = headers.get(&CDN_CACHE_CONTROL);
+        // `CDN-Cache-Control` stands for `Cache-Control` and `Expires` when it is there, and
+        // the requester's own freshness for both.
+        let cdn = s.ttl.as_ref().or_else(|| headers.get(&CDN_CACHE_CONTROL));
         if !may_be_fresh(cdn, headers) {
             return None;
         }
@@ -353,7 +374,12 @@ impl Cache {
         let mut stored_headers = headers.clone();
         stored_headers.remove(header::CONTENT_LENGTH);
         stored_headers.remove(CACHE_STATUS.clone());
-        let tags = take_tags(&mut stored_headers);
+        let mut tags = take_tags(&mut stored_headers);
+        for tag in &s.tags {
+            if !tags.contains(tag) {
+                tags.push(tag.clone());
+            }
+        }
         Some(Variant {
             status,
             headers: stored_headers,
@@ -379,7 +405,7 @@ impl Cache {
     /// Stores `variant` under `s`'s key, beside the key's other variants.
     fn insert(&self, s: &Storing, variant: Arc<Variant>) {
         let mut variants: Vec<Arc<Variant>> = match self.entries.get(&s.hash) {
-            Some(e) if e.is_for(s.https, &s.host, &s.target) => e
+            Some(e) if e.is_for(s.space, s.https, &s.host, &s.target) => e
                 .variants
                 .iter()
                 .filter(|v| v.vary != variant.vary)
@@ -394,6 +420,7 @@ impl Cache {
         self.put(
             s.hash,
             Entry {
+                space: s.space,
                 https: s.https,
                 host: s.host.clone(),
                 target: s.target.clone(),

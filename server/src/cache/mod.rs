@@ -75,15 +75,57 @@ static UNKEYED: [HeaderName; 8] = [
     header::FORWARDED,
 ];
 
-/// The counters of one tenant's cache.
-struct Counts {
+/// How the requests of one space of a tenant's cache ended: its front's
+/// (`tern_cache_requests_total`) or one backend's (`tern_outbound_cache_requests_total`).
+#[derive(Debug)]
+pub struct Counts {
     hit: IntCounter,
     collapsed: IntCounter,
     stale: IntCounter,
     revalidated: IntCounter,
     miss: IntCounter,
     bypass: IntCounter,
-    stored_bytes: IntGauge,
+}
+
+impl Counts {
+    /// Counts a request that did not use the cache.
+    pub fn bypassed(&self) {
+        self.bypass.inc();
+    }
+
+    /// The counters of each result, from `result(name)`.
+    pub fn new(result: impl Fn(&str) -> IntCounter) -> Self {
+        Self {
+            hit: result("hit"),
+            collapsed: result("collapsed"),
+            stale: result("stale"),
+            revalidated: result("revalidated"),
+            miss: result("miss"),
+            bypass: result("bypass"),
+        }
+    }
+}
+
+/// Whose answers a key holds. One tenant's cache keeps them apart: the answers of its guests
+/// to clients (its front) and those of each of its backends that has `cache = true`
+/// (readthrough), each counted in its own metric, all within the one budget and purged alike.
+#[derive(Debug, Clone)]
+pub enum Space {
+    /// Requests to the tenant's guests, keyed by scheme, host and target (as `[tenant.cache]`
+    /// keys them).
+    Front,
+    /// A backend's answers to the tenant's guests' requests, keyed by the backend's name
+    /// and the target sent to it.
+    Backend(Arc<Counts>),
+}
+
+impl Space {
+    fn tag(&self) -> u8 {
+        match self {
+            Self::Front => 0,
+            Self::Backend(_) => 1,
+        }
+    }
 }
 
 /// What a request that went to the guest is counted as, once its answer is known.
@@ -114,7 +156,9 @@ pub struct Cache {
     keying: key::Keying,
     max_object: usize,
     store_set_cookie: bool,
-    counts: Counts,
+    /// Its front's counts (its backends' are their own).
+    counts: Arc<Counts>,
+    stored_bytes: IntGauge,
     /// Bytes its entries hold now, given back to `tern_cache_stored_bytes` when a deploy or
     /// a change of settings drops the cache.
     held: Arc<std::sync::atomic::AtomicI64>,
@@ -125,7 +169,7 @@ impl Drop for Cache {
         let held = self
             .held
             .swap(i64::MIN / 2, std::sync::atomic::Ordering::Relaxed);
-        self.counts.stored_bytes.sub(held.max(0));
+        self.stored_bytes.sub(held.max(0));
     }
 }
 
@@ -138,8 +182,9 @@ impl std::fmt::Debug for Cache {
     }
 }
 
-/// The stored answers of one key (scheme, host, path and query).
+/// The stored answers of one key (space, scheme, host, path and query).
 struct Entry {
+    space: u8,
     https: bool,
     host: Box<str>,
     target: Box<str>,
@@ -160,11 +205,14 @@ pub enum Lookup {
 /// A request the guest answers, and what the cache does with the answer.
 pub struct Fill {
     cache: Arc<Cache>,
+    /// Where it is counted.
+    counts: Arc<Counts>,
     /// `Cache-Status`'s forward reason.
     fwd: &'static str,
     then: Then,
-    /// Other misses of the key wait for this one (it holds the key's place in `filling`).
-    leads: bool,
+    /// Other misses of the key wait for this one while it holds the key's place in `filling`
+    /// (until the answer is stored, or proves not to be).
+    lead: Option<Lead>,
     /// It waited for another request's fill first.
     collapsed: bool,
     /// Why it is not stored, when the request decided it (`Cache-Status`'s `detail`).
@@ -175,7 +223,7 @@ pub struct Fill {
 
 impl Drop for Fill {
     fn drop(&mut self) {
-        let counts = &self.cache.counts;
+        let counts = &self.counts;
         match self.counted {
             Counted::Miss => counts.miss.inc(),
             Counted::Bypass => counts.bypass.inc(),
@@ -183,17 +231,24 @@ impl Drop for Fill {
             Counted::Stale => counts.stale.inc(),
             Counted::Uncounted => {}
         }
-        if self.leads
-            && let Then::Store(s) = &self.then
-        {
-            // Ends the wait of the misses behind it, answered or not (a failure, a client
-            // that left): they look up again.
-            self.cache
-                .filling
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(&s.hash);
-        }
+    }
+}
+
+/// The place of the request filling a key: the misses of the key wait until it is dropped.
+struct Lead {
+    cache: Arc<Cache>,
+    hash: u64,
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        // Ends the wait of the misses behind it, answered or not (a failure, a client that
+        // left): they look up again.
+        self.cache
+            .filling
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.hash);
     }
 }
 
@@ -209,6 +264,7 @@ enum Then {
 #[derive(Clone)]
 struct Storing {
     hash: u64,
+    space: u8,
     https: bool,
     host: Box<str>,
     target: Box<str>,
@@ -227,17 +283,25 @@ struct Storing {
     /// The stale answer this request revalidates (its validators go to the guest; a `304`
     /// keeps its body) and serves if the guest fails within its `stale-if-error`.
     stale: Option<Arc<Variant>>,
+    /// The freshness the requester set (`max-age=N`), standing for the answer's own
+    /// `Cache-Control` and `Expires` as a `CDN-Cache-Control` would.
+    ttl: Option<HeaderValue>,
+    /// Tags the requester added to the answer's own.
+    tags: Vec<Box<str>>,
 }
 
 /// Where a request came from, as the cache keys and trusts it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Asking<'a> {
     /// It came over TLS.
     pub https: bool,
     /// The host it is for, as routed (without its port).
     pub host: &'a str,
-    /// Its peer is a trusted proxy, whose forwarding headers stand.
+    /// Its peer is a trusted proxy, whose forwarding headers stand (a guest's request to a
+    /// backend is trusted: the guest chose what it sent).
     pub trusted: bool,
+    /// Whose answers it looks for.
+    pub space: Space,
     /// The tenant's compression, and what this request asked of it: a hit is served as the
     /// stored answer's copy in the client's encoding.
     pub compress: Option<(&'a crate::compress::Compression, crate::compress::Asked)>,
@@ -314,7 +378,7 @@ impl Cache {
                 }
             })
             .build();
-        let result = |r| metrics.cache_requests.with_label_values(&[label, r]);
+        let result = |r: &str| metrics.cache_requests.with_label_values(&[label, r]);
         Self {
             entries,
             filling: std::sync::Mutex::default(),
@@ -326,21 +390,15 @@ impl Cache {
             keying: key::Keying::new(config),
             max_object: usize::try_from(config.max_object_kib * 1024).unwrap_or(usize::MAX),
             store_set_cookie: config.store_set_cookie,
-            counts: Counts {
-                hit: result("hit"),
-                collapsed: result("collapsed"),
-                stale: result("stale"),
-                revalidated: result("revalidated"),
-                miss: result("miss"),
-                bypass: result("bypass"),
-                stored_bytes,
-            },
+            counts: Arc::new(Counts::new(result)),
+            stored_bytes,
             held,
         }
     }
 
-    fn hash(&self, https: bool, host: &str, target: &str) -> u64 {
+    fn hash(&self, space: u8, https: bool, host: &str, target: &str) -> u64 {
         let mut h = self.hasher.build_hasher();
+        h.write_u8(space);
         h.write_u8(u8::from(https));
         for b in host.bytes() {
             h.write_u8(b.to_ascii_lowercase());
@@ -354,14 +412,8 @@ impl Cache {
     /// of a key another request is filling waits for that answer (at most [`COLLAPSE_WAIT`])
     /// and is answered with it when it was stored.
     pub async fn lookup<B>(self: &Arc<Self>, req: &Request<B>, asked: Asking<'_>) -> Lookup {
-        let Asking {
-            https,
-            host,
-            trusted,
-            compress,
-        } = asked;
-        let unkeyed = !trusted && UNKEYED.iter().any(|h| req.headers().contains_key(h));
-        let mut looked = self.look(req, (https, host), unkeyed, false, compress);
+        let unkeyed = !asked.trusted && UNKEYED.iter().any(|h| req.headers().contains_key(h));
+        let mut looked = self.look(req, &asked, unkeyed, false);
         // A miss waits while another request fills its key. If that fill failed (a trap, a
         // deadline, a 5xx: nothing stored, and no pass), one of those waiting fills it next
         // and the rest wait on, so a failing guest is not run by every waiting request at
@@ -377,7 +429,10 @@ impl Cache {
             }
             let Some(mut filled) = self.lead(s.hash) else {
                 // This one fills the key; the misses behind it wait until its fill ends.
-                fill.leads = true;
+                fill.lead = Some(Lead {
+                    cache: self.clone(),
+                    hash: s.hash,
+                });
                 break;
             };
             let left = patience.saturating_duration_since(Instant::now());
@@ -388,7 +443,7 @@ impl Cache {
             let _ = tokio::time::timeout(left, filled.changed()).await;
             // Counted by what the next look finds.
             fill.counted = Counted::Uncounted;
-            looked = self.look(req, (https, host), unkeyed, true, compress);
+            looked = self.look(req, &asked, unkeyed, true);
         }
         looked
     }
@@ -410,30 +465,40 @@ impl Cache {
     }
 
     /// One look at the store for `req` (`unkeyed`: it carries a header that could shape an
-    /// answer the key does not hold; `waited`: after waiting for another request's fill;
-    /// `compress`: how a hit is compressed for its client).
+    /// answer the key does not hold; `waited`: after waiting for another request's fill).
     fn look<B>(
         self: &Arc<Self>,
         req: &Request<B>,
-        (https, host): (bool, &str),
+        asked: &Asking<'_>,
         unkeyed: bool,
         waited: bool,
-        compress: Option<(&crate::compress::Compression, crate::compress::Asked)>,
     ) -> Lookup {
+        let (https, host, compress) = (asked.https, asked.host, asked.compress);
+        let space = asked.space.tag();
+        let counts = match &asked.space {
+            Space::Front => &self.counts,
+            Space::Backend(counts) => counts,
+        };
         let method = req.method();
         let (get, head) = (method == Method::GET, method == Method::HEAD);
         let target = req
             .uri()
             .path_and_query()
             .map_or("/", http::uri::PathAndQuery::as_str);
-        let key = self.keying.key(target, req.headers());
+        // A backend's answers are keyed by what was sent to it; the tenant's keying settings
+        // are for its clients' requests.
+        let key = match asked.space {
+            Space::Front => self.keying.key(target, req.headers()),
+            Space::Backend(_) => std::borrow::Cow::Borrowed(target),
+        };
         let target = &*key;
-        let hash = self.hash(https, host, target);
+        let hash = self.hash(space, https, host, target);
         let fill = |fwd, then, counted| Fill {
             cache: self.clone(),
+            counts: counts.clone(),
             fwd,
             then,
-            leads: false,
+            lead: None,
             collapsed: waited,
             detail: None,
             counted,
@@ -457,6 +522,7 @@ impl Cache {
         let storing = |stale: Option<Arc<Variant>>| {
             Then::Store(Box::new(Storing {
                 hash,
+                space,
                 https,
                 host: host.into(),
                 target: target.into(),
@@ -468,12 +534,14 @@ impl Cache {
                 if_range: None,
                 passing: false,
                 stale,
+                ttl: None,
+                tags: Vec::new(),
             }))
         };
         let mut fwd = "uri-miss";
         let mut stale = None;
         if let Some(entry) = self.entries.get(&hash)
-            && entry.is_for(https, host, target)
+            && entry.is_for(space, https, host, target)
         {
             fwd = "vary-miss";
             let now = Instant::now();
@@ -504,9 +572,9 @@ impl Cache {
                     let mut resp = self.compressed(hash, v, hit(v, req.headers(), now), compress);
                     if waited {
                         append_param(&mut resp, "collapsed");
-                        self.counts.collapsed.inc();
+                        counts.collapsed.inc();
                     } else {
-                        self.counts.hit.inc();
+                        counts.hit.inc();
                     }
                     return Lookup::Hit(resp);
                 }
@@ -515,11 +583,14 @@ impl Cache {
                     // background (none for a request whose headers could shape the answer).
                     let mut resp = self.compressed(hash, v, hit(v, req.headers(), now), compress);
                     append_param(&mut resp, "detail=stale-while-revalidate");
-                    self.counts.stale.inc();
+                    counts.stale.inc();
                     if get && !has_body && !unkeyed && self.lead(hash).is_none() {
                         let mut refresh =
                             fill("stale", storing(Some(v.clone())), Counted::Uncounted);
-                        refresh.leads = true;
+                        refresh.lead = Some(Lead {
+                            cache: self.clone(),
+                            hash,
+                        });
                         return Lookup::Refresh(resp, refresh);
                     }
                     return Lookup::Hit(resp);
@@ -580,6 +651,7 @@ impl Cache {
                 self.put(
                     *hash,
                     Entry {
+                        space: entry.space,
                         https: entry.https,
                         host: entry.host.clone(),
                         target: entry.target.clone(),
@@ -608,7 +680,7 @@ impl Cache {
         let weight = i64::from(entry.weight());
         self.held
             .fetch_add(weight, std::sync::atomic::Ordering::Relaxed);
-        self.counts.stored_bytes.add(weight);
+        self.stored_bytes.add(weight);
         self.entries.insert(hash, entry);
     }
 
@@ -646,15 +718,19 @@ impl Cache {
         let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
         self.held
             .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
-        self.counts.stored_bytes.add(bytes);
+        self.stored_bytes.add(bytes);
         self.put_arc(hash, entry);
     }
 }
 
 impl Entry {
-    /// Whether it holds the key `https`, `host`, `target` (its hash may be another key's).
-    fn is_for(&self, https: bool, host: &str, target: &str) -> bool {
-        self.https == https && self.host.eq_ignore_ascii_case(host) && &*self.target == target
+    /// Whether it holds the key `space`, `https`, `host`, `target` (its hash may be another
+    /// key's).
+    fn is_for(&self, space: u8, https: bool, host: &str, target: &str) -> bool {
+        self.space == space
+            && self.https == https
+            && self.host.eq_ignore_ascii_case(host)
+            && &*self.target == target
     }
 
     /// Bytes it holds, roughly: what the cache's size counts.

@@ -369,6 +369,19 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
     if let Err(m) = t.settings.cache.check() {
         return here(&t.name, format!("tenant {name:?}: {m}"));
     }
+    if !t.settings.cache.enabled
+        && let Some(backend) = t.settings.outbound.backends.iter().find(|(_, b)| b.cache)
+    {
+        return here(
+            &t.name,
+            format!(
+                "tenant {name:?}: outbound.backends.{}.cache = true needs the tenant's cache \
+                 ([tenant.cache] enabled = true): the backend's answers are kept there, within \
+                 its max_mib",
+                backend.0
+            ),
+        );
+    }
     if let Err(m) = t.settings.compression.check() {
         return here(&t.name, format!("tenant {name:?}: {m}"));
     }

@@ -60,6 +60,9 @@ pub async fn handle(
     };
     let mut ex = Exchange::begin(&app, &req, &conn, client);
     let _in_flight = GaugeGuard::new(&app.metrics.in_flight);
+    // What a tenant's cache does with its backends' answers is for its guests to say: a
+    // client's own `Tern-Cache` would pass on with headers a guest forwards.
+    req.headers_mut().remove(&crate::outbound::CACHE_OVERRIDE);
 
     let routed = route(&app, &mut req, &conn).await;
     ex.timings.set(Phase::Route, ex.arrived.elapsed());
@@ -138,7 +141,7 @@ async fn look_up(
     tenant: &TenantRef,
     compress: Option<(&crate::compress::Compression, crate::compress::Asked)>,
 ) -> Looked {
-    let Some(cache) = &tenant.front.cache else {
+    let Some(cache) = tenant.front.cache_in_front() else {
         return Looked::Guest(None);
     };
     let started = Instant::now();
@@ -151,6 +154,7 @@ async fn look_up(
         https: conn.tls.is_some(),
         host,
         trusted: app.trusted_proxies.contains(conn.peer.ip()),
+        space: crate::cache::Space::Front,
         compress,
     };
     let looked = cache.lookup(req, asking).await;

@@ -331,6 +331,8 @@ pub struct Metrics {
     pub exemplars: std::sync::Arc<Exemplars>,
     /// Requests of tenants with a cache, by tenant and result.
     pub cache_requests: IntCounterVec,
+    /// Requests of guests to backends with `cache = true`, by tenant, backend and result.
+    pub outbound_cache_requests: IntCounterVec,
     /// Bytes a tenant's cache holds.
     pub cache_stored_bytes: IntGaugeVec,
     /// Entries a tenant's cache dropped to stay within its size.
@@ -562,6 +564,15 @@ impl Metrics {
              have been stored), bypass (a method the cache does not answer).",
             &["tenant", "result"],
         );
+        let outbound_cache_requests = r.counters(
+            "tern_outbound_cache_requests_total",
+            "Guests' requests to backends whose answers are cached (outbound.backends.NAME.cache), \
+             by tenant, backend and result: hit (answered from the tenant's cache, the backend \
+             not asked), collapsed (waited for another request asking the same, then answered \
+             with its stored answer), stale, revalidated, miss (the backend was asked), bypass \
+             (not a GET or HEAD, or Tern-Cache: pass).",
+            &["tenant", "backend", "result"],
+        );
         let cache_stored_bytes = r.gauges(
             "tern_cache_stored_bytes",
             "Bytes held by a tenant's cache (bodies, headers and keys; at most its \
@@ -640,6 +651,7 @@ impl Metrics {
             trace_spans_dropped,
             exemplars: Default::default(),
             cache_requests,
+            outbound_cache_requests,
             cache_stored_bytes,
             cache_evictions,
             cache_purges,

@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::{CDN_ID, HeadError, MAX_HOPS, OutBody, Target, client, hops, send};
+use crate::body::Fetched;
 
 /// `CDN-Loop` (RFC 8586): where a request has been.
 pub static CDN_LOOP: HeaderName = HeaderName::from_static("cdn-loop");
@@ -32,6 +33,8 @@ pub struct Calls {
     pub opened: prometheus::IntCounter,
     /// The tenant's budget of guest log lines (denials are logged within it).
     pub log_budget: Arc<crate::logwriter::LogBudget>,
+    /// The tenant's cache, for its backends with `cache = true`.
+    pub readthrough: Option<super::Readthrough>,
 }
 
 /// What an incoming request hands on to the requests its guest sends: how often it passed
@@ -137,6 +140,9 @@ pub enum NoHead {
     /// The whole exchange took longer than the backend's total timeout.
     #[error("no response within {} ms (total_timeout_ms)", .0.as_millis())]
     Total(Duration),
+    /// The request's `Tern-Cache` header is not one Tern reads; nothing was sent.
+    #[error("Tern-Cache: {0}")]
+    BadOverride(String),
 }
 
 impl NoHead {
@@ -223,20 +229,20 @@ impl Calls {
     }
 
     /// Sends `req` to `target` and waits for the response head: `Host`, `CDN-Loop` and the
-    /// trace are set, a slot of the target's budget is taken (held until the response body is
-    /// dropped: it comes back with the head), the head must come within `first_byte` of the
-    /// request being sent and within the target's total timeout. Counted and timed in the
-    /// tenant's outbound metrics either way.
+    /// trace are set, a slot of the target's budget is taken (held by the response body until
+    /// it is dropped), the head must come within `first_byte` of the request being sent and
+    /// within the target's total timeout. Counted and timed in the tenant's outbound metrics
+    /// either way. (Readthrough, [`Calls::exchange`], comes before it.)
     ///
     /// # Errors
     /// [`NoHead`].
-    pub async fn exchange(
+    pub(super) async fn fetch(
         &self,
         target: &Target,
         req: Request<OutBody>,
         first_byte: Duration,
         passing: &Passing,
-    ) -> Result<(Response<Incoming>, OwnedSemaphorePermit), NoHead> {
+    ) -> Result<Response<Fetched>, NoHead> {
         let result = self.exchange_inner(target, req, first_byte, passing).await;
         match &result {
             Ok((resp, _)) => self.count(&target.label, class(resp.status().as_u16())),
@@ -245,7 +251,8 @@ impl Calls {
                 if f.is_timeout() { "timeout" } else { "error" },
             ),
         }
-        result
+        let (resp, permit) = result?;
+        Ok(resp.map(|body| Fetched::live(body, permit)))
     }
 
     async fn exchange_inner(

@@ -15,10 +15,14 @@
 //! **Connections** are pooled per worker thread and reused (HTTP/1.1 keep-alive, HTTP/2 when
 //! a TLS backend offers it). TLS is rustls, verifying against the platform's roots or a
 //! backend's `ca_file`. Redirects are never followed: the guest sees the `3xx`.
+//!
+//! **Readthrough.** A backend with `cache = true` has its answers kept in the tenant's cache
+//! by their own headers ([`readthrough`]); a guest's request may say otherwise (`Tern-Cache`).
 
 mod calls;
 mod client;
 mod policy;
+mod readthrough;
 mod send;
 mod session;
 mod tls;
@@ -26,5 +30,6 @@ mod tls;
 pub use calls::{CDN_LOOP, Calls, NoHead, Passing, Refused, TRACEPARENT, TRACESTATE};
 pub use client::{BoxError, Counted, HttpClient, Resolver, client};
 pub use policy::*;
+pub use readthrough::{CACHE_OVERRIDE, CacheOverride, Readthrough};
 pub use send::{ComponentCalls, HeadError, OutBody, send};
 pub use session::Session;

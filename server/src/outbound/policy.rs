@@ -94,6 +94,11 @@ pub struct BackendConfig {
     /// certificate must chain to, instead of the platform's roots.
     #[serde(default)]
     pub ca_file: Option<String>,
+    /// Its answers to `GET` and `HEAD` are kept in the tenant's cache (`[tenant.cache]`, which
+    /// must be enabled) by their own headers, as the cache in front of the guests keeps the
+    /// guests' answers: readthrough. A guest's request may change that with `Tern-Cache`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cache: bool,
 }
 
 /// The three timeouts of one outbound request.
@@ -122,6 +127,8 @@ pub struct Backend {
     tls: Tls,
     /// This tenant's requests in flight to it.
     budget: Arc<Semaphore>,
+    /// Its answers are kept in the tenant's cache (`cache`).
+    cached: bool,
 }
 
 /// Which certificates an `https` target must chain to.
@@ -149,7 +156,7 @@ pub struct Policy {
 }
 
 /// Where one outbound request goes, resolved and permitted.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Target {
     /// The URI to send.
     pub uri: Uri,
@@ -165,6 +172,8 @@ pub struct Target {
     pub tls: Tls,
     /// Whether every address the host resolves to must be public (URL requests).
     pub public_only: bool,
+    /// Its answers are kept in the tenant's cache (a backend with `cache = true`).
+    pub cached: bool,
 }
 
 /// Why an outbound request may not go out. Its text is what the guest reads from
@@ -279,6 +288,11 @@ impl Policy {
         self.backends.get(name).map(|b| b.name.clone())
     }
 
+    /// The names of the backends whose answers are cached (`cache = true`).
+    pub fn cached_backends(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.backends.values().filter(|b| b.cached).map(|b| &b.name)
+    }
+
     /// Whether the tenant may call anything at all.
     pub fn denies_all(&self) -> bool {
         self.backends.is_empty() && self.allowed.is_empty()
@@ -318,6 +332,7 @@ impl Policy {
             label: b.name.clone(),
             tls: b.tls.clone(),
             public_only: false,
+            cached: b.cached,
         })
     }
 
@@ -363,6 +378,7 @@ impl Policy {
             label: Arc::from(URL_LABEL),
             tls: Tls::Platform,
             public_only: true,
+            cached: false,
         })
     }
 }
@@ -436,6 +452,7 @@ impl Backend {
             },
             tls,
             budget: Arc::new(Semaphore::new(concurrent as usize)),
+            cached: c.cache,
         })
     }
 }
@@ -585,6 +602,7 @@ mod tests {
                 first_byte_timeout_ms: None,
                 total_timeout_ms: None,
                 ca_file: None,
+                cache: false,
             },
         );
         assert!(check_config(&c).is_ok());

@@ -25,6 +25,7 @@ mod kv;
 mod metrics;
 mod observability;
 mod outbound;
+mod readthrough;
 mod routing;
 mod shutdown;
 mod streaming;

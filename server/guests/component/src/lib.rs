@@ -16,7 +16,8 @@
 //! - `/forgotten`: returns without setting or dropping its response-outparam.
 //! - `/status?code=N`: an empty response with status N.
 //! - `/fetch?url=U`: sends `GET U` with `wasi:http/outgoing-handler` and answers with its
-//!   status and body, or `502` with the error code if the request fails.
+//!   status, `Cache-Status` and body, or `502` with the error code if the request fails
+//!   (`/fetch?cache=V&url=U`: with the header `Tern-Cache: V`).
 //! - `/keep`: grows its memory by 24 pages (1.5 MiB), counts the bytes 0xA5 in them, fills
 //!   the middle 512 KiB of them with 0xA5 and reads the whole request body before it answers
 //!   with the count (4 bytes, little endian): a client that holds the body back holds the
@@ -276,10 +277,18 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
             }
             "/fetch" => {
                 let url = query(&path, "url").unwrap_or_default();
-                match fetch(&url) {
-                    Ok((status, body)) => {
-                        let text =
-                            format!("backend said {status}: {}", String::from_utf8_lossy(&body));
+                let cache = query(&path, "cache");
+                match fetch(&url, cache.as_deref()) {
+                    Ok((status, cache_status, body)) => {
+                        let shown = if cache_status.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({cache_status})")
+                        };
+                        let text = format!(
+                            "backend said {status}{shown}: {}",
+                            String::from_utf8_lossy(&body)
+                        );
                         respond(out, 200, &[], text.as_bytes());
                     }
                     Err(e) => respond(out, 502, &[], format!("fetch failed: {e}\n").as_bytes()),
@@ -315,12 +324,17 @@ fn grown_pages(n: usize) -> &'static mut [u8] {
 
 /// A request to `url` (`http://host[:port]/path`).
 fn request_to(url: &str) -> Result<OutgoingRequest, String> {
+    request_with(url, Fields::new())
+}
+
+/// A request to `url` with `headers`.
+fn request_with(url: &str, headers: Fields) -> Result<OutgoingRequest, String> {
     let rest = url.strip_prefix("http://").ok_or("only http:// URLs")?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let req = OutgoingRequest::new(Fields::new());
+    let req = OutgoingRequest::new(headers);
     req.set_scheme(Some(&Scheme::Http)).map_err(|()| "scheme")?;
     req.set_authority(Some(authority))
         .map_err(|()| "authority")?;
@@ -328,11 +342,23 @@ fn request_to(url: &str) -> Result<OutgoingRequest, String> {
     Ok(req)
 }
 
-/// `GET url`, its status and body.
-fn fetch(url: &str) -> Result<(u16, Vec<u8>), String> {
-    let req = request_to(url)?;
+/// `GET url` (with `Tern-Cache: cache`), its status, `Cache-Status` and body.
+fn fetch(url: &str, cache: Option<&str>) -> Result<(u16, String, Vec<u8>), String> {
+    let headers = Fields::new();
+    if let Some(cache) = cache {
+        headers
+            .append(&"tern-cache".to_string(), &cache.as_bytes().to_vec())
+            .map_err(|e| format!("{e:?}"))?;
+    }
+    let req = request_with(url, headers)?;
     let future = outgoing_handler::handle(req, None).map_err(|e| format!("{e:?}"))?;
-    response_of(future)
+    let (status, headers, body) = response_with_headers(future)?;
+    let cache_status = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("cache-status"))
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default();
+    Ok((status, cache_status, body))
 }
 
 /// `POST url` with `n` bytes streamed after the request is sent; with `trap`, a panic before
@@ -361,6 +387,14 @@ fn upload(url: &str, n: usize, trap: bool) -> Result<(u16, Vec<u8>), String> {
 fn response_of(
     future: wasip2::http::types::FutureIncomingResponse,
 ) -> Result<(u16, Vec<u8>), String> {
+    response_with_headers(future).map(|(status, _, body)| (status, body))
+}
+
+/// The response's status, headers and whole body.
+#[allow(clippy::type_complexity)]
+fn response_with_headers(
+    future: wasip2::http::types::FutureIncomingResponse,
+) -> Result<(u16, Vec<(String, Vec<u8>)>, Vec<u8>), String> {
     future.subscribe().block();
     let resp = future
         .get()
@@ -368,6 +402,7 @@ fn response_of(
         .map_err(|()| "taken twice")?
         .map_err(|e| format!("{e:?}"))?;
     let status = resp.status();
+    let headers = resp.headers().entries();
     let body = resp.consume().map_err(|()| "body")?;
     let input = body.stream().map_err(|()| "stream")?;
     let mut all = Vec::new();
@@ -378,5 +413,5 @@ fn response_of(
             Err(StreamError::LastOperationFailed(e)) => return Err(e.to_debug_string()),
         }
     }
-    Ok((status, all))
+    Ok((status, headers, all))
 }

@@ -8,7 +8,8 @@
 //! `forward=1` forwards instead: the client's headers and body go to the backend and the
 //! backend's answer is the answer (`&read=1`: reads a byte of the client's body first, which
 //! forbids it; `&bad_write=1`: then tries to write a body, and reports the code in the header
-//! `x-write-after-forward`).
+//! `x-write-after-forward`). `cache=VALUE` sends `Tern-Cache: VALUE` (`cache=pass`,
+//! `cache=ttl=60,tag=t`).
 use tern_sdk::http::Method;
 use tern_sdk::outbound::{Outgoing, Pending};
 
@@ -40,6 +41,7 @@ fn main() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     let trap = param(query, "trap").is_some();
+    let cache = param(query, "cache");
     if param(query, "forward").is_some() {
         forward(
             &method,
@@ -56,6 +58,9 @@ fn main() {
             Some(u) => Outgoing::to_url(&method, u)?,
             None => Outgoing::to_backend(&method, &backend, &path)?,
         };
+        if let Some(cache) = cache {
+            out.header(tern_sdk::outbound::CACHE_HEADER, cache.as_bytes())?;
+        }
         if size > 0 {
             out.write_body(&vec![b'b'; size])?;
         }

@@ -98,24 +98,24 @@ impl WasiHttpHooks for Session {
             shared
                 .waited_ns
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            let (resp, permit) = sent.map_err(|f| match f {
+            let resp = sent.map_err(|f| match f {
                 NoHead::ConnectTimeout(_) => Error::ConnectionTimeout,
                 NoHead::Connect(_) => Error::ConnectionRefused,
                 NoHead::FirstByte(_) | NoHead::Total(_) => Error::ConnectionReadTimeout,
                 NoHead::NoClient(e) => Error::InternalError(Some(e)),
                 NoHead::Request(_) => Error::HttpProtocolError,
+                NoHead::BadOverride(_) => Error::InternalError(Some(f.to_string())),
             })?;
             let max = calls.policy.max_response_bytes;
             let resp = resp.map(move |b| {
+                // (The body holds the backend's in-flight slot until it is dropped.)
                 http_body_util::Limited::new(b, max as usize)
-                    .map_err(move |e| match e.downcast::<hyper::Error>() {
+                    .map_err(|e| match e.downcast::<hyper::Error>() {
                         Ok(e) => Error::Hyper(*e),
-                        Err(_) => Error::HttpResponseBodySize(None),
-                    })
-                    // The backend's in-flight slot is held until the body is dropped.
-                    .map_frame(move |f| {
-                        let _ = &permit;
-                        f
+                        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                            Error::HttpResponseBodySize(None)
+                        }
+                        Err(e) => Error::InternalError(Some(e.to_string())),
                     })
                     .boxed_unsync()
             });

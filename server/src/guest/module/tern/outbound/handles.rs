@@ -11,12 +11,12 @@ use bytes::{Bytes, BytesMut};
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tern_sdk::abi::errno;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::body::ClientBody;
+use crate::body::Fetched;
 use crate::guest::module::memory::headers_blob;
 use crate::guest::{ForwardError, GuestRequest, GuestResponse};
 use crate::outbound::{Denied, NoHead, OutBody, Refused, Session, Target};
@@ -59,6 +59,8 @@ impl From<NoHead> for Failure {
         Self {
             code: if f.is_timeout() {
                 errno::TIMEOUT
+            } else if matches!(f, NoHead::BadOverride(_)) {
+                errno::INVALID_ARGUMENT
             } else {
                 errno::IO
             },
@@ -68,7 +70,7 @@ impl From<NoHead> for Failure {
     }
 }
 
-type Exchange = Result<(Response<Incoming>, OwnedSemaphorePermit), Failure>;
+type Exchange = Result<Response<Fetched>, Failure>;
 
 /// A request sent and not yet answered.
 struct Pending {
@@ -83,15 +85,14 @@ struct Responded {
     status: u16,
     headers: HeaderMap,
     blob: Option<Vec<u8>>,
-    body: Incoming,
+    /// (It holds the backend's concurrency slot until the response is read or closed.)
+    body: Fetched,
     leftover: Bytes,
     received: u64,
     done: bool,
     deadline: Instant,
     total: Duration,
     label: Arc<str>,
-    /// The backend's concurrency slot, held until the response is read or closed.
-    _permit: OwnedSemaphorePermit,
 }
 
 /// A request made and not sent yet.
@@ -367,14 +368,13 @@ impl OutboundCalls<'_> {
             body,
             deadline,
             total,
-            _permit: permit,
             ..
         } = *r;
         let status = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
         let max = response
             .max_bytes
             .min(self.session.calls.policy.max_response_bytes);
-        let body = crate::body::Forwarded::new(body, max, (deadline.into(), total), permit);
+        let body = crate::body::Forwarded::new(body, max, (deadline.into(), total));
         let forwarded = response.forward(status, headers, body);
         self.put(handle, Call::Done(errno::INVALID_ARGUMENT));
         let (code, why) = match forwarded {
@@ -432,7 +432,7 @@ impl OutboundCalls<'_> {
             )),
         };
         match outcome {
-            Ok((resp, permit)) => {
+            Ok(resp) => {
                 let status = resp.status().as_u16();
                 let (parts, body) = resp.into_parts();
                 let mut headers = parts.headers;
@@ -452,7 +452,6 @@ impl OutboundCalls<'_> {
                         deadline: pending.deadline,
                         total: pending.total,
                         label,
-                        _permit: permit,
                     })),
                 );
                 match self.get(handle)? {

@@ -35,6 +35,7 @@ fn outbound(toml: &str) -> (Guest, Metrics) {
         duration: metrics.outbound_duration.with_label_values(&["t"]),
         opened: metrics.outbound_connections.clone(),
         log_budget: Arc::new(LogBudget::new(10, metrics.log_dropped.clone())),
+        readthrough: None,
     };
     let session = Session::new(Arc::new(calls), HeaderValue::from_static("r1"));
     let table = Outbound::default();
