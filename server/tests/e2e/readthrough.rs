@@ -23,7 +23,8 @@ use crate::support::{TestServer, metric_value, send, test_component, test_guest}
 /// - `/fresh`: `max-age=60`, the request's number in the body, after 300 ms;
 /// - `/plain`: no `Cache-Control`, the request's number;
 /// - `/private`: `private, max-age=60`;
-/// - `/headers`: `max-age=60`, the `Tern-Cache` header it got (or `none`).
+/// - `/headers`: `max-age=60`, the `Tern-Cache` header it got (or `none`);
+/// - `/sized?n=N`: `max-age=60`, N bytes.
 struct CountingBackend {
     addr: SocketAddr,
     asked: Arc<Mutex<HashMap<String, usize>>>,
@@ -93,6 +94,15 @@ async fn answer(
                     .map_or("none", |v| v.to_str().unwrap_or("?"))
             ),
         ),
+        "/sized" => {
+            let n = req
+                .uri()
+                .query()
+                .and_then(|q| q.strip_prefix("n="))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            (Some("max-age=60"), 0, "s".repeat(n))
+        }
         _ => (None, 0, "no such path".into()),
     };
     tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -355,4 +365,60 @@ async fn a_cached_backend_without_a_tenant_cache_is_refused() {
         text.contains("outbound.backends.users.cache = true needs the tenant's cache"),
         "{text}"
     );
+}
+
+/// A backend's answers count against the tenant's cache like its guests' do: one over
+/// `max_object_kib` reaches the guest whole and is not stored; past `max_mib` older answers
+/// are evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_answers_live_within_the_tenants_cache_budget() {
+    let backend = CountingBackend::start().await;
+    let b = backend.addr;
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "outbound_probe");
+    let config = format!(
+        "[[tenant]]\nname = \"probe\"\nmodule = \"outbound_probe.wasm\"\npaths = [\"/probe\"]\n\
+         [tenant.cache]\nenabled = true\nfront = false\nmax_mib = 1\nmax_object_kib = 64\n\
+         [tenant.outbound]\nmax_response_bytes = 1000000\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://{b}\"\ncache = true\n"
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    // 64 KiB - 1, 64 KiB and 64 KiB + 1: the last is too large to keep.
+    for (n, asked) in [(65_535, 1), (65_536, 1), (65_537, 2)] {
+        let r = s
+            .get(&format!("/probe?backend=origin&path=/sized?n={n}&times=2"))
+            .await;
+        assert_eq!(
+            r.text().matches(&format!("status=200 bytes={n} ")).count(),
+            2,
+            "{}",
+            r.text()
+        );
+        assert_eq!(backend.asked(&format!("/sized?n={n}")), asked, "n = {n}");
+    }
+    // 40 answers of 60 KB (2.4 MB) in a 1 MiB cache: the store keeps within it.
+    for i in 0..40 {
+        let r = s
+            .get(&format!(
+                "/probe?backend=origin&path=/sized?n={}",
+                60_000 + i
+            ))
+            .await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    let mut evicted = 0.0;
+    for _ in 0..50 {
+        let m = metrics_of(&s).await;
+        evicted = metric_value(&m, "tern_cache_evictions_total{tenant=\"probe\"}");
+        let stored = metric_value(&m, "tern_cache_stored_bytes{tenant=\"probe\"}");
+        if evicted > 0.0 && stored <= 1024.0 * 1024.0 {
+            break;
+        }
+        // (A full store evicts as it is written to; a request gives it the chance.)
+        s.get("/probe?backend=origin&path=/plain").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(evicted > 0.0, "answers past max_mib were evicted");
+    let m = metrics_of(&s).await;
+    assert!(metric_value(&m, "tern_cache_stored_bytes{tenant=\"probe\"}") <= 1024.0 * 1024.0);
 }
