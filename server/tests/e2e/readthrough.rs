@@ -24,7 +24,10 @@ use crate::support::{TestServer, metric_value, send, test_component, test_guest}
 /// - `/plain`: no `Cache-Control`, the request's number;
 /// - `/private`: `private, max-age=60`;
 /// - `/headers`: `max-age=60`, the `Tern-Cache` header it got (or `none`);
-/// - `/sized?n=N`: `max-age=60`, N bytes.
+/// - `/sized?n=N`: `max-age=60`, N bytes;
+/// - `/swr`: `max-age=3, stale-while-revalidate=30`, the request's number;
+/// - `/etag`: `max-age=3` and `ETag: "v1"`, `304` to `If-None-Match: "v1"`;
+/// - `/sie`: the first time `max-age=3, stale-if-error=30`, then `500`.
 struct CountingBackend {
     addr: SocketAddr,
     asked: Arc<Mutex<HashMap<String, usize>>>,
@@ -103,6 +106,38 @@ async fn answer(
                 .unwrap_or(0);
             (Some("max-age=60"), 0, "s".repeat(n))
         }
+        "/swr" => (
+            Some("max-age=3, stale-while-revalidate=30"),
+            0,
+            format!("answer {n}"),
+        ),
+        "/etag" => {
+            let mut resp = if req
+                .headers()
+                .get("if-none-match")
+                .is_some_and(|v| v == "\"v1\"")
+            {
+                let mut r = Response::new(Full::new(Bytes::new()));
+                *r.status_mut() = StatusCode::NOT_MODIFIED;
+                r
+            } else {
+                Response::new(Full::new(Bytes::from(format!("answer {n}"))))
+            };
+            resp.headers_mut().insert("etag", "\"v1\"".parse().unwrap());
+            resp.headers_mut()
+                .insert("cache-control", "max-age=3".parse().unwrap());
+            return resp;
+        }
+        "/sie" if n > 1 => {
+            let mut r = Response::new(Full::new(Bytes::from("down")));
+            *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            return r;
+        }
+        "/sie" => (
+            Some("max-age=3, stale-if-error=30"),
+            0,
+            format!("answer {n}"),
+        ),
         _ => (None, 0, "no such path".into()),
     };
     tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -421,4 +456,66 @@ async fn backend_answers_live_within_the_tenants_cache_budget() {
     assert!(evicted > 0.0, "answers past max_mib were evicted");
     let m = metrics_of(&s).await;
     assert!(metric_value(&m, "tern_cache_stored_bytes{tenant=\"probe\"}") <= 1024.0 * 1024.0);
+}
+
+/// Stale answers of a backend as the front cache treats stale guests' answers: served within
+/// `stale-while-revalidate` while the backend is asked again in the background, revalidated
+/// with its `ETag` (a `304` keeps the stored body), served within `stale-if-error` when the
+/// backend fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_backend_answers_are_refreshed_revalidated_or_served_on_error() {
+    let backend = CountingBackend::start().await;
+    let b = backend.addr;
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "outbound_probe");
+    let config = format!(
+        "[[tenant]]\nname = \"probe\"\nmodule = \"outbound_probe.wasm\"\npaths = [\"/probe\"]\n\
+         [tenant.cache]\nenabled = true\nfront = false\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://{b}\"\ncache = true\n"
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let body = |text: String| {
+        text.split("body=")
+            .nth(1)
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    for path in ["/swr", "/etag", "/sie"] {
+        let r = s.get(&format!("/probe?backend=origin&path={path}")).await;
+        assert_eq!(body(r.text()), "answer 1", "{path}");
+    }
+    // (Fresh for 3 s less their age when stored, under a second: stale after 3.2 s.)
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    // Stale within its window: the stored answer at once, a new one asked for behind it.
+    let r = s.get("/probe?backend=origin&path=/swr").await;
+    assert_eq!(body(r.text()), "answer 1");
+    let mut refreshed = String::new();
+    for _ in 0..50 {
+        refreshed = body(s.get("/probe?backend=origin&path=/swr").await.text());
+        if refreshed == "answer 2" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(refreshed, "answer 2", "refreshed in the background");
+    assert_eq!(backend.asked("/swr"), 2);
+    // Revalidated: the backend says `304`, the stored body is served again and fresh.
+    let r = s.get("/probe?backend=origin&path=/etag&times=2").await;
+    assert_eq!(r.text().matches("body=answer 1").count(), 2, "{}", r.text());
+    assert_eq!(
+        backend.asked("/etag"),
+        2,
+        "one request to revalidate, then fresh"
+    );
+    // The backend fails: the stale answer instead of its `500`.
+    let r = s.get("/probe?backend=origin&path=/sie").await;
+    assert_eq!(r.text(), "status=200 bytes=8 body=answer 1\n");
+    assert_eq!(backend.asked("/sie"), 2);
+    let m = metrics_of(&s).await;
+    assert!(metric_value(&m, &cache_series("probe", "origin", "stale")) >= 2.0);
+    assert_eq!(
+        metric_value(&m, &cache_series("probe", "origin", "revalidated")),
+        1.0
+    );
 }
