@@ -173,10 +173,16 @@ async fn live_metrics() -> String {
         "[server]\ntls_listen = \"127.0.0.1:0\"\n[pool]\ninstances = 4\nmax_memory_mib = 64\n\
          [[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n\
          [[tenant]]\nname = \"cached\"\nmodule = \"builtin:hello\"\npaths = [\"/cached\"]\n\
-         [tenant.cache]\nenabled = true\n",
+         [tenant.cache]\nenabled = true\n\
+         [[tenant]]\nname = \"calls\"\nmodule = \"builtin:proxy\"\npaths = [\"/calls\"]\n\
+         [tenant.cache]\nenabled = true\nmax_mib = 1\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://127.0.0.1:9\"\ncache = true\n",
     )
     .await
     .unwrap();
+    // Outbound metrics appear once a guest called a backend (a cached one: its cache's as it
+    // loads); nothing listens on port 9.
+    assert_eq!(tls.get("/calls/x").await.status, StatusCode::BAD_GATEWAY);
     // A cached tenant's metrics appear once it served a request and was purged.
     assert_eq!(tls.get("/cached").await.status, StatusCode::OK);
     let (status, v) = tls
