@@ -181,9 +181,9 @@ impl Outgoing {
     }
 
     /// For a backend with `cache = true`: keep the answer for `seconds` (1 to a year)
-    /// whatever its own `Cache-Control` and `Expires` say (not one that sets a cookie or
-    /// varies on `*`). `Tern-Cache: ttl=N`; the server refuses the request with
-    /// `INVALID_ARGUMENT` when `seconds` is out of range.
+    /// whatever its own `Cache-Control` and `Expires` say (not one marked `private` or
+    /// `no-store`, or one that sets a cookie or varies on `*`). `Tern-Cache: ttl=N`; the
+    /// server refuses the request with `INVALID_ARGUMENT` when `seconds` is out of range.
     ///
     /// # Errors
     /// `LIMIT_EXCEEDED` past 100 headers.

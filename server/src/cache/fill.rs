@@ -57,7 +57,7 @@ impl Fill {
     }
 
     /// Stores the answer for `ttl` seconds whatever its own `Cache-Control` and `Expires` say
-    /// (not one that sets a cookie or varies on `*`), and with `tags` besides its own: what
+    /// (not one marked `private` or `no-store`, or one that sets a cookie or varies on `*`), and with `tags` besides its own: what
     /// a guest asks of a backend's answer (`Tern-Cache`).
     pub fn overridden(&mut self, ttl: Option<u32>, tags: &[String]) {
         if let Then::Store(s) = &mut self.then {
@@ -248,6 +248,17 @@ fn may_be_fresh(cdn: Option<&HeaderValue>, headers: &http::HeaderMap) -> bool {
     fresh
 }
 
+/// Whether `headers` (`Cache-Control` or `CDN-Cache-Control`) say `private` or `no-store`.
+fn says_private(headers: &http::HeaderMap) -> bool {
+    [header::CACHE_CONTROL, CDN_CACHE_CONTROL.clone()]
+        .iter()
+        .flat_map(|name| headers.get_all(name))
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|d| d.split('=').next().unwrap_or("").trim())
+        .any(|d| d.eq_ignore_ascii_case("private") || d.eq_ignore_ascii_case("no-store"))
+}
+
 impl Storing {
     /// The stored `v` as this request gets it at `now`: a `304` for its validators, else whole
     /// or cut to its range.
@@ -340,6 +351,11 @@ impl Cache {
             if !vary_names.contains(&name) {
                 vary_names.push(name);
             }
+        }
+        // The requester's own freshness sets how long, never whether: an answer its source
+        // marked `private` or `no-store` is one user's, whatever the requester asked.
+        if s.ttl.is_some() && says_private(headers) {
+            return None;
         }
         // `CDN-Cache-Control` stands for `Cache-Control` and `Expires` when it is there, and
         // the requester's own freshness for both.

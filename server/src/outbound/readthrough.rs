@@ -7,7 +7,7 @@
 //! A guest's request may say what the cache does with it in `Tern-Cache` (taken off before the
 //! backend sees it; ignored for a backend without `cache = true`): `pass` (neither looked up
 //! nor stored), `ttl=SECONDS` (stored for that long whatever the answer's own `Cache-Control`
-//! and `Expires` say), `tag=NAME` (a tag to purge it by, besides the answer's own
+//! and `Expires` say, though never one marked `private` or `no-store`), `tag=NAME` (a tag to purge it by, besides the answer's own
 //! `Surrogate-Key` and `Cache-Tag`), several comma-separated.
 
 use std::collections::HashMap;

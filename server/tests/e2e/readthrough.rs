@@ -292,6 +292,11 @@ async fn guests_say_what_the_cache_does_with_tern_cache() {
         .get("/probe?backend=origin&path=/plain?t=1&times=3&cache=ttl=60")
         .await;
     assert_eq!(r.text().matches("body=answer 1").count(), 3, "{}", r.text());
+    // ... but never one the backend says is one user's.
+    let r = s
+        .get("/probe?backend=origin&path=/private?t=1&times=2&cache=ttl=60")
+        .await;
+    assert!(r.text().ends_with("body=answer 2\n"), "{}", r.text());
     // `pass`: asked every time, stored answer or not.
     let before = backend.asked("/fresh");
     let r = s
