@@ -153,6 +153,20 @@ async fn metrics_of(s: &TestServer) -> String {
     s.metrics().await
 }
 
+/// The outbound probe at `/probe` with the backend `origin` (`cache = true`) on `backend`, its
+/// cache's settings `cache` and more TOML `extra` for the tenant.
+async fn probe(backend: &CountingBackend, cache: &str, extra: &str) -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "outbound_probe");
+    let config = format!(
+        "[[tenant]]\nname = \"probe\"\nmodule = \"outbound_probe.wasm\"\npaths = [\"/probe\"]\n\
+         [tenant.cache]\nenabled = true\n{cache}\n{extra}\n\
+         [tenant.outbound.backends.origin]\nurl = \"http://{}\"\ncache = true\n",
+        backend.addr
+    );
+    TestServer::try_start_in(dir, &config).await.expect("start")
+}
+
 fn cache_series(tenant: &str, backend: &str, result: &str) -> String {
     format!(
         "tern_outbound_cache_requests_total{{backend=\"{backend}\",result=\"{result}\",tenant=\"{tenant}\"}}"
@@ -257,17 +271,12 @@ async fn a_hundred_concurrent_misses_send_the_backend_one_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guests_say_what_the_cache_does_with_tern_cache() {
     let backend = CountingBackend::start().await;
-    let b = backend.addr;
-    let dir = tempfile::tempdir().unwrap();
-    test_guest(dir.path(), "outbound_probe");
-    let config = format!(
-        "[[tenant]]\nname = \"probe\"\nmodule = \"outbound_probe.wasm\"\npaths = [\"/probe\"]\n\
-         [tenant.cache]\nenabled = true\n\
-         [tenant.outbound]\nmax_requests = 5\n\
-         [tenant.outbound.backends.origin]\nurl = \"http://{b}\"\ncache = true\n\
-         [tenant.outbound.backends.direct]\nurl = \"http://{b}\"\n"
+    let direct = format!(
+        "[tenant.outbound]\nmax_requests = 5\n\
+         [tenant.outbound.backends.direct]\nurl = \"http://{}\"",
+        backend.addr
     );
-    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let s = probe(&backend, "", &direct).await;
     let lines = |text: String| text.lines().map(str::to_string).collect::<Vec<_>>();
 
     // By the answer's headers: stored with `max-age`, not without it, not when `private`.
@@ -372,21 +381,17 @@ async fn components_read_through_the_cache_and_see_cache_status() {
          [tenant.outbound.backends.origin]\nurl = \"http://{b}\"\ncache = true\n"
     );
     let s = TestServer::try_start_in(dir, &config).await.expect("start");
-    let r = s.get("/fetch?url=http://origin/fresh").await;
+    // What the component answers: the backend's status, `Cache-Status` and body.
+    let said = |text: String, cache_status: &str, body: &str| {
+        let expected = format!("backend said 200 ({cache_status}");
+        assert!(text.starts_with(&expected), "{text}");
+        assert!(text.ends_with(&format!(": {body}")), "{text}");
+    };
     // (Stored as its body ends, after the head the guest reads this in.)
-    assert!(
-        r.text().starts_with("backend said 200 (tern; fwd=uri-miss"),
-        "{}",
-        r.text()
-    );
-    assert!(r.text().ends_with(": answer 1"), "{}", r.text());
     let r = s.get("/fetch?url=http://origin/fresh").await;
-    assert!(
-        r.text().starts_with("backend said 200 (tern; hit"),
-        "{}",
-        r.text()
-    );
-    assert!(r.text().ends_with(": answer 1"), "{}", r.text());
+    said(r.text(), "tern; fwd=uri-miss", "answer 1");
+    let r = s.get("/fetch?url=http://origin/fresh").await;
+    said(r.text(), "tern; hit", "answer 1");
     let r = s.get("/fetch?cache=pass&url=http://origin/fresh").await;
     assert!(r.text().ends_with(": answer 2"), "{}", r.text());
     let r = s.get("/fetch?cache=ttl=0&url=http://origin/fresh").await;
@@ -413,16 +418,12 @@ async fn a_cached_backend_without_a_tenant_cache_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_answers_live_within_the_tenants_cache_budget() {
     let backend = CountingBackend::start().await;
-    let b = backend.addr;
-    let dir = tempfile::tempdir().unwrap();
-    test_guest(dir.path(), "outbound_probe");
-    let config = format!(
-        "[[tenant]]\nname = \"probe\"\nmodule = \"outbound_probe.wasm\"\npaths = [\"/probe\"]\n\
-         [tenant.cache]\nenabled = true\nfront = false\nmax_mib = 1\nmax_object_kib = 64\n\
-         [tenant.outbound]\nmax_response_bytes = 1000000\n\
-         [tenant.outbound.backends.origin]\nurl = \"http://{b}\"\ncache = true\n"
-    );
-    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let s = probe(
+        &backend,
+        "front = false\nmax_mib = 1\nmax_object_kib = 64",
+        "[tenant.outbound]\nmax_response_bytes = 1000000",
+    )
+    .await;
     // 64 KiB - 1, 64 KiB and 64 KiB + 1: the last is too large to keep.
     for (n, asked) in [(65_535, 1), (65_536, 1), (65_537, 2)] {
         let r = s
@@ -470,15 +471,7 @@ async fn backend_answers_live_within_the_tenants_cache_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_backend_answers_are_refreshed_revalidated_or_served_on_error() {
     let backend = CountingBackend::start().await;
-    let b = backend.addr;
-    let dir = tempfile::tempdir().unwrap();
-    test_guest(dir.path(), "outbound_probe");
-    let config = format!(
-        "[[tenant]]\nname = \"probe\"\nmodule = \"outbound_probe.wasm\"\npaths = [\"/probe\"]\n\
-         [tenant.cache]\nenabled = true\nfront = false\n\
-         [tenant.outbound.backends.origin]\nurl = \"http://{b}\"\ncache = true\n"
-    );
-    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let s = probe(&backend, "front = false", "").await;
     let body = |text: String| {
         text.split("body=")
             .nth(1)
