@@ -108,7 +108,8 @@ pub struct Outgoing(Handle);
 
 /// The request header a guest tells the tenant's cache what to do with a request to a
 /// backend with `cache = true` (`pass`, `ttl=SECONDS`, `tag=NAME`, comma-separated); the
-/// server takes it off before the backend sees it, and drops it from clients' requests.
+/// server takes it off before the backend sees it, and drops a client's own before the guest
+/// sees it (for tenants with a cached backend).
 pub const CACHE_HEADER: &str = "tern-cache";
 
 impl Outgoing {

@@ -57,8 +57,9 @@ impl Fill {
     }
 
     /// Stores the answer for `ttl` seconds whatever its own `Cache-Control` and `Expires` say
-    /// (not one marked `private` or `no-store`, or one that sets a cookie or varies on `*`), and with `tags` besides its own: what
-    /// a guest asks of a backend's answer (`Tern-Cache`).
+    /// (not one marked `private` or `no-store`, or one that sets a cookie or varies on `*`),
+    /// and with `tags` besides its own: what a guest asks of a backend's answer
+    /// (`Tern-Cache`).
     pub fn overridden(&mut self, ttl: Option<u32>, tags: &[String]) {
         if let Then::Store(s) = &mut self.then {
             s.ttl = ttl.and_then(|t| HeaderValue::from_str(&format!("max-age={t}")).ok());
@@ -153,10 +154,9 @@ impl Fill {
                                 // behind it wait until its body is stored (or proves too
                                 // large, or is cut), then find it. (A client may read a
                                 // guest's answer slowly: those behind it go to the guest.)
-                                let lead = if storing.space == Space::Front.tag() {
-                                    None
-                                } else {
-                                    self.lead.take()
+                                let lead = match self.space {
+                                    Space::Front => None,
+                                    Space::Backend(_) => self.lead.take(),
                                 };
                                 resp = resp.map(|body| {
                                     body.kept(
@@ -231,13 +231,9 @@ impl Fill {
 /// are off. Most answers a cache does not keep are told apart here.
 fn may_be_fresh(cdn: Option<&HeaderValue>, headers: &http::HeaderMap) -> bool {
     let mut directives = match cdn {
-        Some(cdn) => vec![cdn],
-        None => headers.get_all(header::CACHE_CONTROL).iter().collect(),
-    }
-    .into_iter()
-    .filter_map(|v| v.to_str().ok())
-    .flat_map(|v| v.split(','))
-    .map(|d| d.split('=').next().unwrap_or("").trim());
+        Some(cdn) => directive_names(vec![cdn]),
+        None => directive_names(headers.get_all(header::CACHE_CONTROL).iter().collect()),
+    };
     let mut fresh = cdn.is_none() && headers.contains_key(header::EXPIRES);
     for name in directives.by_ref() {
         if name.eq_ignore_ascii_case("no-store") {
@@ -250,13 +246,22 @@ fn may_be_fresh(cdn: Option<&HeaderValue>, headers: &http::HeaderMap) -> bool {
 
 /// Whether `headers` (`Cache-Control` or `CDN-Cache-Control`) say `private` or `no-store`.
 fn says_private(headers: &http::HeaderMap) -> bool {
-    [header::CACHE_CONTROL, CDN_CACHE_CONTROL.clone()]
-        .iter()
+    let values = [&header::CACHE_CONTROL, &CDN_CACHE_CONTROL]
+        .into_iter()
         .flat_map(|name| headers.get_all(name))
+        .collect();
+    directive_names(values)
+        .any(|d| d.eq_ignore_ascii_case("private") || d.eq_ignore_ascii_case("no-store"))
+}
+
+/// The names of the directives in cache-control `values` (`max-age=60, public`: `max-age`,
+/// `public`).
+fn directive_names(values: Vec<&HeaderValue>) -> impl Iterator<Item = &str> {
+    values
+        .into_iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(|d| d.split('=').next().unwrap_or("").trim())
-        .any(|d| d.eq_ignore_ascii_case("private") || d.eq_ignore_ascii_case("no-store"))
 }
 
 impl Storing {

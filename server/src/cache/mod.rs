@@ -157,7 +157,7 @@ pub struct Cache {
     max_object: usize,
     store_set_cookie: bool,
     /// Its front's counts (its backends' are their own).
-    counts: Arc<Counts>,
+    counts: Counts,
     stored_bytes: IntGauge,
     /// Bytes its entries hold now, given back to `tern_cache_stored_bytes` when a deploy or
     /// a change of settings drops the cache.
@@ -205,8 +205,8 @@ pub enum Lookup {
 /// A request the guest answers, and what the cache does with the answer.
 pub struct Fill {
     cache: Arc<Cache>,
-    /// Where it is counted.
-    counts: Arc<Counts>,
+    /// Whose answer it fills (where it is counted).
+    space: Space,
     /// `Cache-Status`'s forward reason.
     fwd: &'static str,
     then: Then,
@@ -223,7 +223,10 @@ pub struct Fill {
 
 impl Drop for Fill {
     fn drop(&mut self) {
-        let counts = &self.counts;
+        let counts = match &self.space {
+            Space::Front => &self.cache.counts,
+            Space::Backend(counts) => counts,
+        };
         match self.counted {
             Counted::Miss => counts.miss.inc(),
             Counted::Bypass => counts.bypass.inc(),
@@ -390,7 +393,7 @@ impl Cache {
             keying: key::Keying::new(config),
             max_object: usize::try_from(config.max_object_kib * 1024).unwrap_or(usize::MAX),
             store_set_cookie: config.store_set_cookie,
-            counts: Arc::new(Counts::new(result)),
+            counts: Counts::new(result),
             stored_bytes,
             held,
         }
@@ -495,7 +498,7 @@ impl Cache {
         let hash = self.hash(space, https, host, target);
         let fill = |fwd, then, counted| Fill {
             cache: self.clone(),
-            counts: counts.clone(),
+            space: asked.space.clone(),
             fwd,
             then,
             lead: None,

@@ -60,9 +60,6 @@ pub async fn handle(
     };
     let mut ex = Exchange::begin(&app, &req, &conn, client);
     let _in_flight = GaugeGuard::new(&app.metrics.in_flight);
-    // What a tenant's cache does with its backends' answers is for its guests to say: a
-    // client's own `Tern-Cache` would pass on with headers a guest forwards.
-    req.headers_mut().remove(&crate::outbound::CACHE_OVERRIDE);
 
     let routed = route(&app, &mut req, &conn).await;
     ex.timings.set(Phase::Route, ex.arrived.elapsed());
@@ -75,6 +72,11 @@ pub async fn handle(
     }
     if let Err(early) = check_routed(&app, &req, &conn, &routed.tenant) {
         return ex.early(&app, early);
+    }
+    // What a tenant's cache does with its backends' answers is for its guests to say: a
+    // client's own `Tern-Cache` would pass on with headers a guest forwards.
+    if routed.tenant.grants.outbound.readthrough.is_some() {
+        req.headers_mut().remove(&crate::outbound::CACHE_OVERRIDE);
     }
     // What the client takes, read before the request goes to the guest.
     let asked = (routed.tenant.front.compression.as_ref()).map(|c| (c, c.ask(&req)));

@@ -7,8 +7,9 @@
 //! A guest's request may say what the cache does with it in `Tern-Cache` (taken off before the
 //! backend sees it; ignored for a backend without `cache = true`): `pass` (neither looked up
 //! nor stored), `ttl=SECONDS` (stored for that long whatever the answer's own `Cache-Control`
-//! and `Expires` say, though never one marked `private` or `no-store`), `tag=NAME` (a tag to purge it by, besides the answer's own
-//! `Surrogate-Key` and `Cache-Tag`), several comma-separated.
+//! and `Expires` say, though never one marked `private` or `no-store`), `tag=NAME` (a tag to
+//! purge it by, besides the answer's own `Surrogate-Key` and `Cache-Tag`), several
+//! comma-separated.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -169,19 +170,21 @@ impl Calls {
         first_byte: Duration,
         passing: &Passing,
     ) -> Result<Response<Fetched>, NoHead> {
+        let cached = match &self.readthrough {
+            Some(r) if target.cached => r.counts.get(&target.label).map(|c| (&r.cache, c)),
+            _ => None,
+        };
+        let Some((cache, counts)) = cached else {
+            // Taken off and not read: it is for a backend's cache.
+            req.headers_mut().remove(&CACHE_OVERRIDE);
+            return self.fetch(target, req, first_byte, passing).await;
+        };
         let asked = match CacheOverride::take(req.headers_mut()) {
             Ok(asked) => asked,
             Err(why) => {
                 self.count(&target.label, "denied");
                 return Err(NoHead::BadOverride(why));
             }
-        };
-        let cached = match &self.readthrough {
-            Some(r) if target.cached => r.counts.get(&target.label).map(|c| (&r.cache, c)),
-            _ => None,
-        };
-        let Some((cache, counts)) = cached else {
-            return self.fetch(target, req, first_byte, passing).await;
         };
         if asked.pass {
             counts.bypassed();

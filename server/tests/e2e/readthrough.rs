@@ -340,6 +340,11 @@ async fn guests_say_what_the_cache_does_with_tern_cache() {
     );
     assert!(text.contains("keep-forever"), "{text}");
     assert_eq!(backend.asked("/plain"), before);
+    // To a backend without `cache = true` it is taken off and not read.
+    let r = s
+        .get("/probe?backend=direct&path=/headers&cache=keep-forever")
+        .await;
+    assert!(r.text().contains("body=tern-cache: none"), "{}", r.text());
 
     // Tags: a purge by the guest's tag drops what it tagged, and only that.
     let tagged = "/probe?backend=origin&path=/plain?t=2&cache=ttl=60,tag=mine";
