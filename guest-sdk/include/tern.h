@@ -146,4 +146,38 @@ TERN_IMPORT("kv_last_error") int32_t tern_kv_last_error(char *buf, size_t len);
 TERN_IMPORT("config_get")
 int32_t tern_config_get(const char *name, size_t name_len, char *buf, size_t len);
 
+/* The guest's own entries in its tenant's cache (see ABI.md): look up the entry key for the
+ * request headers headers (name NUL value NUL pairs: those its variants are told apart by);
+ * returns a handle whatever was found. Flags TERN_CACHE_TRANSACTION: a miss waits for another
+ * request inserting it, or makes this request the one to insert it. */
+#define TERN_CACHE_TRANSACTION 1
+TERN_IMPORT("cache_lookup")
+int32_t tern_cache_lookup(const char *key, size_t key_len, const char *headers,
+                          size_t headers_len, int32_t flags);
+/* What the entry is: TERN_CACHE_FOUND, TERN_CACHE_STALE, TERN_CACHE_MUST_INSERT (or'ed). */
+#define TERN_CACHE_FOUND 1
+#define TERN_CACHE_STALE 2
+#define TERN_CACHE_MUST_INSERT 4
+TERN_IMPORT("cache_state") int32_t tern_cache_state(int32_t handle);
+/* Copy the entry's bytes; returns their full length, or TERN_ENOT_FOUND. */
+TERN_IMPORT("cache_body") int32_t tern_cache_body(int32_t handle, char *buf, size_t len);
+/* Seconds since the entry was inserted, or TERN_ENOT_FOUND. */
+TERN_IMPORT("cache_age") int32_t tern_cache_age(int32_t handle);
+/* Keep body under the entry's key for max_age seconds (then stale_while_revalidate more,
+ * found stale), with tags and the request headers it varies on (each list comma- or
+ * space-separated); returns 0. */
+TERN_IMPORT("cache_insert")
+int32_t tern_cache_insert(int32_t handle, const char *body, size_t body_len, int32_t max_age,
+                          int32_t stale_while_revalidate, const char *tags, size_t tags_len,
+                          const char *vary, size_t vary_len);
+/* Free the handle (a turn to insert not used is given up); returns 0. */
+TERN_IMPORT("cache_close") int32_t tern_cache_close(int32_t handle);
+/* Drop (flags TERN_CACHE_PURGE_SOFT: make stale) what the tenant's cache holds with the tag on
+ * this server; returns how many keys it named. */
+#define TERN_CACHE_PURGE_SOFT 1
+TERN_IMPORT("cache_purge_tag")
+int32_t tern_cache_purge_tag(const char *tag, size_t tag_len, int32_t flags);
+/* Copy the message of the last cache call that failed; returns the full length. */
+TERN_IMPORT("cache_last_error") int32_t tern_cache_last_error(char *buf, size_t len);
+
 #endif /* TERN_H */

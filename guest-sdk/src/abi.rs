@@ -102,8 +102,34 @@ pub mod func {
     /// `name`; returns its full length, or `NOT_FOUND`.
     pub const CONFIG_GET: &str = "config_get";
 
+    /// `(key, key_len, headers, headers_len, flags) -> handle`: look up the entry `key` for
+    /// the request headers `headers` (`name NUL value NUL` pairs); with
+    /// [`super::CACHE_TRANSACTION`], a miss waits for another request inserting it, or makes
+    /// this request the one to insert it.
+    pub const CACHE_LOOKUP: &str = "cache_lookup";
+    /// `(handle) -> flags`: what the entry is ([`super::CACHE_FOUND`], [`super::CACHE_STALE`],
+    /// [`super::CACHE_MUST_INSERT`]).
+    pub const CACHE_STATE: &str = "cache_state";
+    /// `(handle, buf, buf_len) -> i32`: copy the entry's bytes; returns their full length, or
+    /// `NOT_FOUND`.
+    pub const CACHE_BODY: &str = "cache_body";
+    /// `(handle) -> i32`: seconds since the entry was inserted, or `NOT_FOUND`.
+    pub const CACHE_AGE: &str = "cache_age";
+    /// `(handle, body, body_len, max_age, stale_while_revalidate, tags, tags_len, vary,
+    /// vary_len) -> i32`: keep `body` under the entry's key for `max_age` seconds, with its
+    /// tags and the request headers it varies on (each list comma- or space-separated).
+    pub const CACHE_INSERT: &str = "cache_insert";
+    /// `(handle) -> i32`: free the handle (a turn to insert that was not used is given up).
+    pub const CACHE_CLOSE: &str = "cache_close";
+    /// `(tag, tag_len, flags) -> i32`: drop (with [`super::CACHE_PURGE_SOFT`]: make stale) what
+    /// the tenant's cache holds with the tag; returns how many keys it named.
+    pub const CACHE_PURGE_TAG: &str = "cache_purge_tag";
+    /// `(buf, buf_len) -> i32`: copy the message of the last cache call that failed; returns
+    /// the full length.
+    pub const CACHE_LAST_ERROR: &str = "cache_last_error";
+
     /// Every host function with its number of `i32` parameters; each returns one `i32`.
-    pub const SIGNATURES: [(&str, usize); 30] = [
+    pub const SIGNATURES: [(&str, usize); 38] = [
         (REQUEST_METHOD, 2),
         (REQUEST_URI, 2),
         (REQUEST_HEADERS, 2),
@@ -134,10 +160,18 @@ pub mod func {
         (KV_LIST, 5),
         (KV_LAST_ERROR, 2),
         (CONFIG_GET, 4),
+        (CACHE_LOOKUP, 5),
+        (CACHE_STATE, 1),
+        (CACHE_BODY, 3),
+        (CACHE_AGE, 1),
+        (CACHE_INSERT, 9),
+        (CACHE_CLOSE, 1),
+        (CACHE_PURGE_TAG, 3),
+        (CACHE_LAST_ERROR, 2),
     ];
 
     /// Every host function name, for checks that list them.
-    pub const ALL: [&str; 30] = [
+    pub const ALL: [&str; 38] = [
         REQUEST_METHOD,
         REQUEST_URI,
         REQUEST_HEADERS,
@@ -168,6 +202,14 @@ pub mod func {
         KV_LIST,
         KV_LAST_ERROR,
         CONFIG_GET,
+        CACHE_LOOKUP,
+        CACHE_STATE,
+        CACHE_BODY,
+        CACHE_AGE,
+        CACHE_INSERT,
+        CACHE_CLOSE,
+        CACHE_PURGE_TAG,
+        CACHE_LAST_ERROR,
     ];
 }
 
@@ -282,6 +324,20 @@ pub const OUTBOUND_STREAM_BODY: i32 = 1;
 
 /// `kv_compare_and_swap` flag: swap only if the key has no value (`old` is ignored).
 pub const KV_CAS_ABSENT: i32 = 1;
+
+/// `cache_lookup` flag: a transactional lookup. A miss waits while another request inserts
+/// the entry, then finds it, or becomes the request that inserts it ([`CACHE_MUST_INSERT`]).
+pub const CACHE_TRANSACTION: i32 = 1;
+/// `cache_state` flag: the entry was found (fresh, or stale within its
+/// `stale-while-revalidate`).
+pub const CACHE_FOUND: i32 = 1;
+/// `cache_state` flag: the entry found is stale.
+pub const CACHE_STALE: i32 = 2;
+/// `cache_state` flag: this request is to insert the entry (`cache_insert`) or give it up
+/// (`cache_close`); the same transactional lookups of other requests wait for it.
+pub const CACHE_MUST_INSERT: i32 = 4;
+/// `cache_purge_tag` flag: make the tagged entries stale instead of dropping them.
+pub const CACHE_PURGE_SOFT: i32 = 1;
 
 /// Response bodies up to this many bytes are buffered, so the response is sent complete, with a
 /// `Content-Length` and the full `Server-Timing`; past it the head is sent and the body streams.

@@ -39,6 +39,7 @@
 //! the host in chunks, and [`ResponseWriter`] implements [`std::io::Write`].
 
 pub mod abi;
+pub mod cache;
 pub mod config;
 pub mod kv;
 pub mod outbound;
@@ -124,6 +125,31 @@ mod sys {
         ) -> i32;
         pub fn kv_last_error(buf: *mut u8, len: usize) -> i32;
         pub fn config_get(name: *const u8, name_len: usize, buf: *mut u8, len: usize) -> i32;
+        pub fn cache_lookup(
+            key: *const u8,
+            key_len: usize,
+            headers: *const u8,
+            headers_len: usize,
+            flags: i32,
+        ) -> i32;
+        pub fn cache_state(handle: i32) -> i32;
+        pub fn cache_body(handle: i32, buf: *mut u8, len: usize) -> i32;
+        pub fn cache_age(handle: i32) -> i32;
+        #[allow(clippy::too_many_arguments)]
+        pub fn cache_insert(
+            handle: i32,
+            body: *const u8,
+            body_len: usize,
+            max_age: i32,
+            stale_while_revalidate: i32,
+            tags: *const u8,
+            tags_len: usize,
+            vary: *const u8,
+            vary_len: usize,
+        ) -> i32;
+        pub fn cache_close(handle: i32) -> i32;
+        pub fn cache_purge_tag(tag: *const u8, tag_len: usize, flags: i32) -> i32;
+        pub fn cache_last_error(buf: *mut u8, len: usize) -> i32;
     }
 }
 
@@ -249,6 +275,47 @@ mod sys {
         IO
     }
     pub unsafe extern "C" fn config_get(_: *const u8, _: usize, _: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn cache_lookup(
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: i32,
+    ) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn cache_state(_: i32) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn cache_body(_: i32, _: *mut u8, _: usize) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn cache_age(_: i32) -> i32 {
+        IO
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe extern "C" fn cache_insert(
+        _: i32,
+        _: *const u8,
+        _: usize,
+        _: i32,
+        _: i32,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+    ) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn cache_close(_: i32) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn cache_purge_tag(_: *const u8, _: usize, _: i32) -> i32 {
+        IO
+    }
+    pub unsafe extern "C" fn cache_last_error(_: *mut u8, _: usize) -> i32 {
         IO
     }
 }

@@ -1,5 +1,5 @@
 //! The host capabilities of one request, prepared once whatever its guest's kind: what its
-//! tenant is granted (outbound calls, key-value stores), bound to this request (its id, its
+//! tenant is granted (outbound calls, key-value stores, variables, its cache), bound to this request (its id, its
 //! trace, what it hands on, the operations it made, the time it waited).
 //!
 //! A tenant's [`Grants`] are prepared when it is loaded, from its settings; each request's
@@ -24,6 +24,8 @@ pub struct Grants {
     pub kv: Arc<crate::kv::Grants>,
     /// Its variables.
     pub variables: Arc<crate::variables::Granted>,
+    /// Its cache, for its guests' own entries (when it has one).
+    pub cache: Option<Arc<crate::cache::guest::GuestCache>>,
 }
 
 impl Grants {
@@ -56,10 +58,16 @@ impl Grants {
             g.tenant,
             g.variables.clone(),
         ));
+        let cache = g.cache.clone().map(|cache| {
+            Arc::new(crate::cache::guest::GuestCache::new(
+                cache, g.metrics, g.label,
+            ))
+        });
         Ok(Self {
             outbound,
             kv,
             variables,
+            cache,
         })
     }
 }
@@ -72,6 +80,8 @@ pub struct Capabilities {
     pub kv: crate::kv::Session,
     /// The tenant's variables.
     pub variables: Arc<crate::variables::Granted>,
+    /// The tenant's cache, for the guest's own entries.
+    pub cache: crate::cache::guest::CacheSession,
 }
 
 impl Capabilities {
@@ -86,6 +96,7 @@ impl Capabilities {
             outbound: crate::outbound::Session::new(granted.outbound.clone(), request_id),
             kv: crate::kv::Session::new(granted.kv.clone(), trace),
             variables: granted.variables.clone(),
+            cache: crate::cache::guest::CacheSession::new(granted.cache.clone()),
         }
     }
 

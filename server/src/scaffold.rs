@@ -25,6 +25,17 @@ pub enum Lang {
     Zig,
 }
 
+/// A file of the Rust SDK (`guest-sdk/src/NAME`) as a project carries it: its path there and
+/// its text.
+macro_rules! sdk_file {
+    ($name:literal) => {
+        (
+            concat!("tern-sdk/src/", $name),
+            include_str!(concat!("../../guest-sdk/src/", $name)),
+        )
+    };
+}
+
 /// The files of a project: relative path and contents with `{{name}}`, `{{crate}}` and
 /// `{{sdk_version}}` still in place.
 fn files(kind: GuestKind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'static, str>)>> {
@@ -43,26 +54,12 @@ fn files(kind: GuestKind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'
                 "tern-sdk/Cargo.toml",
                 include_str!("../templates/rust/sdk-Cargo.toml.in"),
             ),
-            (
-                "tern-sdk/src/lib.rs",
-                include_str!("../../guest-sdk/src/lib.rs"),
-            ),
-            (
-                "tern-sdk/src/abi.rs",
-                include_str!("../../guest-sdk/src/abi.rs"),
-            ),
-            (
-                "tern-sdk/src/outbound.rs",
-                include_str!("../../guest-sdk/src/outbound.rs"),
-            ),
-            (
-                "tern-sdk/src/kv.rs",
-                include_str!("../../guest-sdk/src/kv.rs"),
-            ),
-            (
-                "tern-sdk/src/config.rs",
-                include_str!("../../guest-sdk/src/config.rs"),
-            ),
+            sdk_file!("lib.rs"),
+            sdk_file!("abi.rs"),
+            sdk_file!("outbound.rs"),
+            sdk_file!("kv.rs"),
+            sdk_file!("config.rs"),
+            sdk_file!("cache.rs"),
             ("tern-sdk/ABI.md", abi_md),
             (".gitignore", "/target\n"),
         ],

@@ -156,7 +156,7 @@ impl Fill {
                                 // guest's answer slowly: those behind it go to the guest.)
                                 let lead = match self.space {
                                     Space::Front => None,
-                                    Space::Backend(_) => self.lead.take(),
+                                    Space::Backend(_) | Space::Guest(_) => self.lead.take(),
                                 };
                                 resp = resp.map(|body| {
                                     body.kept(
@@ -424,7 +424,7 @@ impl Cache {
     }
 
     /// Stores `variant` under `s`'s key, beside the key's other variants.
-    fn insert(&self, s: &Storing, variant: Arc<Variant>) {
+    pub(super) fn insert(&self, s: &Storing, variant: Arc<Variant>) {
         let mut variants: Vec<Arc<Variant>> = match self.entries.get(&s.hash) {
             Some(e) if e.is_for(s.space, s.https, &s.host, &s.target) => e
                 .variants

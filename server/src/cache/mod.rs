@@ -41,6 +41,7 @@ use crate::body::ResponseBody;
 mod answer;
 mod config;
 mod fill;
+pub mod guest;
 mod key;
 mod variant;
 
@@ -76,7 +77,8 @@ static UNKEYED: [HeaderName; 8] = [
 ];
 
 /// How the requests of one space of a tenant's cache ended: its front's
-/// (`tern_cache_requests_total`) or one backend's (`tern_outbound_cache_requests_total`).
+/// (`tern_cache_requests_total`), one backend's (`tern_outbound_cache_requests_total`) or its
+/// guests' own entries' (`tern_guest_cache_requests_total`).
 #[derive(Debug)]
 pub struct Counts {
     hit: IntCounter,
@@ -107,8 +109,9 @@ impl Counts {
 }
 
 /// Whose answers a key holds. One tenant's cache keeps them apart: the answers of its guests
-/// to clients (its front) and those of each of its backends that has `cache = true`
-/// (readthrough), each counted in its own metric, all within the one budget and purged alike.
+/// to clients (its front), those of each of its backends that has `cache = true`
+/// (readthrough) and the entries its guests store themselves (the cache API), each counted
+/// in its own metric, all within the one budget and purged alike.
 #[derive(Debug, Clone)]
 pub enum Space {
     /// Requests to the tenant's guests, keyed by scheme, host and target (as `[tenant.cache]`
@@ -117,13 +120,27 @@ pub enum Space {
     /// A backend's answers to the tenant's guests' requests, keyed by the backend's name
     /// and the target sent to it.
     Backend(Arc<Counts>),
+    /// What the tenant's guests store under keys of their own ([`GuestCache`]).
+    Guest(Arc<Counts>),
 }
 
 impl Space {
+    /// The guests' own entries: not paths, so no purge by prefix names them.
+    const GUEST: u8 = 2;
+
     fn tag(&self) -> u8 {
         match self {
             Self::Front => 0,
             Self::Backend(_) => 1,
+            Self::Guest(_) => Self::GUEST,
+        }
+    }
+
+    /// Where its requests are counted (`front`: the cache's own counts).
+    fn counts<'a>(&'a self, front: &'a Counts) -> &'a Counts {
+        match self {
+            Self::Front => front,
+            Self::Backend(counts) | Self::Guest(counts) => counts,
         }
     }
 }
@@ -223,10 +240,7 @@ pub struct Fill {
 
 impl Drop for Fill {
     fn drop(&mut self) {
-        let counts = match &self.space {
-            Space::Front => &self.cache.counts,
-            Space::Backend(counts) => counts,
-        };
+        let counts = self.space.counts(&self.cache.counts);
         match self.counted {
             Counted::Miss => counts.miss.inc(),
             Counted::Bypass => counts.bypass.inc(),
@@ -291,6 +305,31 @@ struct Storing {
     ttl: Option<HeaderValue>,
     /// Tags the requester added to the answer's own.
     tags: Vec<Box<str>>,
+}
+
+impl Storing {
+    /// What storing the answer to `req` under key `hash` (of `space` and `key`: scheme, host
+    /// and target) needs, before the request's validators and the requester's overrides.
+    fn new<B>(hash: u64, space: u8, key: (bool, &str, &str), req: &Request<B>) -> Self {
+        let (https, host, target) = key;
+        Self {
+            hash,
+            space,
+            https,
+            host: host.into(),
+            target: target.into(),
+            uri: req.uri().clone(),
+            headers: req.headers().clone(),
+            if_none_match: None,
+            if_modified_since: None,
+            range: None,
+            if_range: None,
+            passing: false,
+            stale: None,
+            ttl: None,
+            tags: Vec::new(),
+        }
+    }
 }
 
 /// Where a request came from, as the cache keys and trusts it.
@@ -478,21 +517,18 @@ impl Cache {
     ) -> Lookup {
         let (https, host, compress) = (asked.https, asked.host, asked.compress);
         let space = asked.space.tag();
-        let counts = match &asked.space {
-            Space::Front => &self.counts,
-            Space::Backend(counts) => counts,
-        };
+        let counts = asked.space.counts(&self.counts);
         let method = req.method();
         let (get, head) = (method == Method::GET, method == Method::HEAD);
         let target = req
             .uri()
             .path_and_query()
             .map_or("/", http::uri::PathAndQuery::as_str);
-        // A backend's answers are keyed by what was sent to it; the tenant's keying settings
-        // are for its clients' requests.
+        // A backend's answers are keyed by what was sent to it, a guest's entries by the key
+        // it gave; the tenant's keying settings are for its clients' requests.
         let key = match asked.space {
             Space::Front => self.keying.key(target, req.headers()),
-            Space::Backend(_) => std::borrow::Cow::Borrowed(target),
+            Space::Backend(_) | Space::Guest(_) => std::borrow::Cow::Borrowed(target),
         };
         let target = &*key;
         let hash = self.hash(space, https, host, target);
@@ -523,23 +559,9 @@ impl Cache {
         let has_body = crate::body::declared_length(req.headers()).is_some_and(|n| n > 0)
             || req.headers().contains_key(header::TRANSFER_ENCODING);
         let storing = |stale: Option<Arc<Variant>>| {
-            Then::Store(Box::new(Storing {
-                hash,
-                space,
-                https,
-                host: host.into(),
-                target: target.into(),
-                uri: req.uri().clone(),
-                headers: req.headers().clone(),
-                if_none_match: None,
-                if_modified_since: None,
-                range: None,
-                if_range: None,
-                passing: false,
-                stale,
-                ttl: None,
-                tags: Vec::new(),
-            }))
+            let mut s = Storing::new(hash, space, (https, host, target), req);
+            s.stale = stale;
+            Then::Store(Box::new(s))
         };
         let mut fwd = "uri-miss";
         let mut stale = None;
@@ -639,9 +661,10 @@ impl Cache {
         let mut purged = 0;
         for (hash, entry) in &self.entries {
             let named = purge.all
-                || prefixes
-                    .iter()
-                    .any(|p| entry.target.starts_with(p.as_str()))
+                || (entry.space != Space::GUEST
+                    && prefixes
+                        .iter()
+                        .any(|p| entry.target.starts_with(p.as_str())))
                 || entry
                     .variants
                     .iter()

@@ -43,6 +43,7 @@ impl<'a> Module<'a> {
             host,
             outbound: Outbound::default(),
             kv: Kv::default(),
+            cache: crate::guest::module::tern::CacheEntries::default(),
             cgi: cgi.then(Cgi::default),
             headers_blob: None,
             slicing: Slicing::new(tenant.slice_habit.long_first_slice()),

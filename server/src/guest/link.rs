@@ -12,7 +12,8 @@ use super::{module, wasi_http};
 fn core_capabilities(linker: &mut Linker<module::GuestState>) -> wasmtime::Result<()> {
     module::tern::outbound::add_to_linker(linker)?;
     module::tern::kv::add_to_linker(linker)?;
-    module::tern::config::add_to_linker(linker)
+    module::tern::config::add_to_linker(linker)?;
+    module::tern::cache::add_to_linker(linker)
 }
 
 /// The host APIs of the capabilities, for components (their outgoing requests are
@@ -22,7 +23,8 @@ fn component_capabilities(
     wasi_p3: bool,
 ) -> wasmtime::Result<()> {
     wasi_http::kv::add_to_linker(linker)?;
-    wasi_http::variables::add_to_linker(linker, wasi_p3)
+    wasi_http::variables::add_to_linker(linker, wasi_p3)?;
+    wasi_http::cache::add_to_linker(linker)
 }
 
 /// The linkers every tenant is pre-linked against, by guest kind and whether it has assets.

@@ -333,6 +333,8 @@ pub struct Metrics {
     pub cache_requests: IntCounterVec,
     /// Requests of guests to backends with `cache = true`, by tenant, backend and result.
     pub outbound_cache_requests: IntCounterVec,
+    /// Guests' lookups of their own cache entries, by tenant and result.
+    pub guest_cache_requests: IntCounterVec,
     /// Bytes a tenant's cache holds.
     pub cache_stored_bytes: IntGaugeVec,
     /// Entries a tenant's cache dropped to stay within its size.
@@ -573,6 +575,14 @@ impl Metrics {
              (not a GET or HEAD, or Tern-Cache: pass).",
             &["tenant", "backend", "result"],
         );
+        let guest_cache_requests = r.counters(
+            "tern_guest_cache_requests_total",
+            "Guests' lookups of their own entries in their tenant's cache (the cache API), by \
+             tenant and result: hit (found fresh), collapsed (waited for another request \
+             inserting it, then found it), stale (found within its stale-while-revalidate), \
+             miss (not found).",
+            &["tenant", "result"],
+        );
         let cache_stored_bytes = r.gauges(
             "tern_cache_stored_bytes",
             "Bytes held by a tenant's cache (bodies, headers and keys; at most its \
@@ -589,7 +599,7 @@ impl Metrics {
             "Purges applied to tenants' caches, by where they came from: api (asked of this \
              server), fleet (asked of another replica, read from the shared registry), missed \
              (this replica fell behind the registry's purge log and dropped every stored \
-             answer instead).",
+             answer instead), guest (a guest purged a tag of its tenant's cache here).",
             &["from"],
         );
         let compressed = r.counters(
@@ -652,6 +662,7 @@ impl Metrics {
             exemplars: Default::default(),
             cache_requests,
             outbound_cache_requests,
+            guest_cache_requests,
             cache_stored_bytes,
             cache_evictions,
             cache_purges,

@@ -22,17 +22,11 @@ use http_body_util::BodyExt;
 
 use super::{Calls, NoHead, OutBody, Passing, Target};
 use crate::body::Fetched;
+use crate::cache::guest::{MAX_TAGS, MAX_TTL, check_tag};
 use crate::cache::{Asking, Cache, Counts, Fill, Lookup, Space};
 
 /// `Tern-Cache`: what a guest asks of the cache for one request to a backend.
 pub static CACHE_OVERRIDE: HeaderName = HeaderName::from_static("tern-cache");
-
-/// The longest `ttl` a request may set: a year.
-const MAX_TTL: u32 = 365 * 86_400;
-/// Most tags one request may add.
-const MAX_TAGS: usize = 16;
-/// The longest tag.
-const MAX_TAG_LEN: usize = 128;
 
 /// A tenant's cache as its backends use it.
 #[derive(Debug)]
@@ -123,15 +117,7 @@ impl CacheOverride {
                 }
                 ("tag", Some(v)) => {
                     let v = v.trim_matches('"');
-                    if v.is_empty()
-                        || v.len() > MAX_TAG_LEN
-                        || !v.bytes().all(|b| b.is_ascii_graphic() && b != b'"')
-                    {
-                        return Err(format!(
-                            "a tag is 1-{MAX_TAG_LEN} visible ASCII characters without \
-                             commas or quotes, not {v:?}"
-                        ));
-                    }
+                    check_tag(v)?;
                     if out.tags.len() == MAX_TAGS {
                         return Err(format!("at most {MAX_TAGS} tags"));
                     }

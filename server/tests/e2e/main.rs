@@ -17,6 +17,7 @@ mod demo;
 mod errors;
 mod faults;
 mod fleet;
+mod guest_cache;
 mod host_limits;
 mod hostile;
 mod isolation;

@@ -28,6 +28,11 @@
 //! - `/upload?url=U&n=N[&trap=1]`: sends `POST U` and streams N bytes of body after the
 //!   request is on its way, then finishes the body and answers with the backend's status and
 //!   body length; with `trap=1` it panics after writing the bytes, before finishing the body.
+//! - `/cache?key=K[&value=V][&tag=T][&trap=1]`: a `tern:cache` transactional lookup of K with
+//!   the request's headers; on its turn to insert it inserts V (else `made by component`) for
+//!   60 s, tagged T, varying on `accept-language` (with `trap=1` it panics instead), and
+//!   answers `found=0|1 must=0|1 body=B` as it found the entry; `/cache?purge=T` purges the
+//!   tag T and answers `purged=N`.
 //! - `/env`: its environment, one `NAME=value` per line.
 //! - `/config?name=N`: the value of N read through `wasi:config/store@0.2.0-draft`: `200` and
 //!   the value, `404` "none", or `500` and the error; `/config` alone: every name (`get-all`).
@@ -44,6 +49,14 @@ mod config {
         inline: "package tern:test-component;
                  world config { import wasi:config/store@0.2.0-draft; }",
         path: "../../wit/variables/deps/config-draft",
+        generate_all,
+    });
+}
+
+mod cache {
+    wit_bindgen::generate!({
+        path: "../../wit/cache",
+        world: "tern:cache/host",
         generate_all,
     });
 }
@@ -269,6 +282,13 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
                 };
                 respond(out, status, &[], text.as_bytes());
             }
+            "/cache" => {
+                let text = match use_cache(&request, &path) {
+                    Ok(text) => text,
+                    Err(e) => format!("error: {e:?}"),
+                };
+                respond(out, 200, &[], text.as_bytes());
+            }
             "/status" => {
                 let code = query(&path, "code")
                     .and_then(|c| c.parse().ok())
@@ -414,4 +434,40 @@ fn response_with_headers(
         }
     }
     Ok((status, headers, all))
+}
+
+/// `/cache`: see the module docs.
+fn use_cache(
+    request: &IncomingRequest,
+    path: &str,
+) -> Result<String, cache::tern::cache::cache::Error> {
+    use cache::tern::cache::cache::{self as api, Entry, LookupOptions, LookupState, WriteOptions};
+    if let Some(tag) = query(path, "purge") {
+        return Ok(format!("purged={}", api::purge_surrogate_key(&tag, false)?));
+    }
+    let key = query(path, "key").unwrap_or_default();
+    let options = LookupOptions {
+        request_headers: request.headers().entries(),
+    };
+    let entry = Entry::transaction_lookup(key.as_bytes(), &options)?;
+    let state = entry.get_state();
+    let must = state.contains(LookupState::MUST_INSERT_OR_UPDATE);
+    if must {
+        assert!(query(path, "trap").is_none(), "trapped with the turn to insert");
+        let value = query(path, "value").unwrap_or_else(|| "made by component".into());
+        let write = WriteOptions {
+            max_age_seconds: 60,
+            stale_while_revalidate_seconds: 0,
+            surrogate_keys: query(path, "tag").into_iter().collect(),
+            vary_rule: vec!["accept-language".into()],
+        };
+        entry.transaction_insert(value.as_bytes(), &write)?;
+    }
+    let body = entry.get_body().unwrap_or_default();
+    Ok(format!(
+        "found={} must={} body={}",
+        u8::from(state.contains(LookupState::FOUND)),
+        u8::from(must),
+        String::from_utf8_lossy(&body)
+    ))
 }

@@ -21,7 +21,7 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 
 use cgi::Cgi;
 pub use memory::GuestFault;
-use tern::{Kv, Outbound};
+use tern::{CacheEntries, Kv, Outbound};
 pub use wasi::Wasi;
 
 use super::{GuestLimits, GuestRequest, GuestResponse};
@@ -46,6 +46,8 @@ pub struct GuestState {
     pub outbound: Outbound,
     /// The `tern` ABI's open key-value stores.
     pub kv: Kv,
+    /// The `tern` ABI's cache entries looked up.
+    pub cache: CacheEntries,
     /// The CGI output parser, for a guest of the `cgi` kind.
     pub cgi: Option<Cgi>,
     /// The request's headers as `tern::request_headers` gives them, made on its first call.

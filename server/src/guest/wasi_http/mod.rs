@@ -14,6 +14,7 @@
 //! ([`crate::execute`]).
 
 pub mod body;
+pub mod cache;
 pub mod hooks;
 pub mod kv;
 pub mod variables;

@@ -1,18 +1,21 @@
 //! The `tern` guest kind: Tern's own ABI v1, a core module importing from `tern`.
 //!
 //! One file per interface of the ABI (guest-sdk/ABI.md): [`request`] (what the guest reads),
-//! [`response`] (what it writes), [`outbound`] (the requests it sends) and [`kv`] (its
-//! key-value stores). Each maps the shared
-//! request, response and outbound errors to the ABI's errnos. The store state, the linker and
+//! [`response`] (what it writes), [`outbound`] (the requests it sends), [`kv`] (its
+//! key-value stores), [`config`] (its tenant's variables) and [`cache`] (its own entries in
+//! its tenant's cache). Each maps the shared request, response and outbound errors to the
+//! ABI's errnos. The store state, the linker and
 //! the driver are the core modules' ([`crate::guest::module`]); the CGI kind links these
 //! functions too.
 
+pub mod cache;
 pub mod config;
 pub mod kv;
 pub mod outbound;
 pub mod request;
 pub mod response;
 
+pub use cache::CacheEntries;
 pub use kv::Kv;
 pub use outbound::{Outbound, OutboundCalls};
 
