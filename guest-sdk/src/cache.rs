@@ -37,51 +37,18 @@
 
 use std::time::Duration;
 
-use crate::abi::{self, errno};
+use crate::abi;
 use crate::sys;
 
-/// Why a cache call failed: the host's error code and its message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CacheError {
-    /// The ABI error code ([`abi::errno`]): `INVALID_ARGUMENT` (a bad key, header, option or
-    /// tag), `LIMIT_EXCEEDED` (an entry over the tenant's `max_object_kib`, too many lookups
-    /// in one request), `UNAVAILABLE` (the tenant has no cache).
-    pub code: i32,
-    /// The server's explanation.
-    pub message: String,
-}
-
-impl std::fmt::Display for CacheError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = errno::name(self.code);
-        write!(f, "cache call failed ({name}): {}", self.message)
-    }
-}
-
-impl std::error::Error for CacheError {}
-
-impl From<CacheError> for std::io::Error {
-    fn from(e: CacheError) -> Self {
-        std::io::Error::other(e)
-    }
-}
-
-/// `ret` as a count, or the failure with the host's message.
-fn check(ret: i32) -> Result<usize, CacheError> {
-    usize::try_from(ret).map_err(|_| CacheError {
-        code: ret,
-        message: last_error(),
-    })
-}
-
-fn last_error() -> String {
-    // SAFETY: the host writes at most `len` bytes at `buf`.
-    let bytes = crate::copy_out_with(|buf, len| unsafe { sys::cache_last_error(buf, len) }, 256);
-    bytes.map_or_else(
-        |_| String::new(),
-        |b| String::from_utf8_lossy(&b).into_owned(),
-    )
-}
+interface_error!(
+    /// Why a cache call failed: the host's error code and its message.
+    CacheError,
+    "cache call",
+    cache_last_error,
+    "The ABI error code ([`abi::errno`]): `INVALID_ARGUMENT` (a bad key, header, option or \
+     tag), `LIMIT_EXCEEDED` (an entry over the tenant's `max_object_kib`, too many lookups in \
+     one request), `UNAVAILABLE` (the tenant has no cache)."
+);
 
 /// How an entry is kept ([`Entry::insert`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -197,21 +164,12 @@ impl Entry {
     /// # Errors
     /// [`CacheError`].
     pub fn body(&self) -> Result<Option<Vec<u8>>, CacheError> {
-        let mut buf = Vec::with_capacity(1024);
-        loop {
-            // SAFETY: the host writes at most `capacity` bytes into `buf`.
-            let ret = unsafe { sys::cache_body(self.0, buf.as_mut_ptr(), buf.capacity()) };
-            if ret == errno::NOT_FOUND {
-                return Ok(None);
-            }
-            let full = check(ret)?;
-            if full <= buf.capacity() {
-                // SAFETY: the host initialised the first `full` bytes.
-                unsafe { buf.set_len(full) };
-                return Ok(Some(buf));
-            }
-            buf.reserve_exact(full);
-        }
+        crate::copy_out_found(
+            // SAFETY: the host writes at most `len` bytes at `buf`.
+            |buf, len| unsafe { sys::cache_body(self.0, buf, len) },
+            1024,
+        )
+        .map_err(failure)
     }
 
     /// How long ago it was inserted, `None` when it was not found.

@@ -43,18 +43,11 @@ impl std::error::Error for ConfigError {}
 /// # Errors
 /// A name that cannot be a variable's, or secrets this server cannot open.
 pub fn get(name: &str) -> Result<Option<String>, ConfigError> {
-    let mut buf = vec![0u8; 256];
-    loop {
-        // SAFETY: `name` and `buf` are valid for their lengths for the whole call.
-        let n = unsafe { sys::config_get(name.as_ptr(), name.len(), buf.as_mut_ptr(), buf.len()) };
-        if n == errno::NOT_FOUND {
-            return Ok(None);
-        }
-        let len = usize::try_from(n).map_err(|_| ConfigError { code: n })?;
-        if len <= buf.len() {
-            buf.truncate(len);
-            return Ok(Some(String::from_utf8_lossy(&buf).into_owned()));
-        }
-        buf.resize(len, 0);
-    }
+    let value = crate::copy_out_found(
+        // SAFETY: the host reads `name` and writes at most `len` bytes at `buf`.
+        |buf, len| unsafe { sys::config_get(name.as_ptr(), name.len(), buf, len) },
+        256,
+    )
+    .map_err(|code| ConfigError { code })?;
+    Ok(value.map(|v| String::from_utf8_lossy(&v).into_owned()))
 }

@@ -32,17 +32,16 @@
 use crate::abi::{self, errno};
 use crate::sys;
 
-/// Why a key-value call failed: the host's error code and its message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KvError {
-    /// The ABI error code ([`abi::errno`]): `DENIED` (store not granted), `LIMIT_EXCEEDED`,
-    /// `INVALID_ARGUMENT`, `IO` (the store failed before the call was sent: nothing was
-    /// written; try again later), `UNKNOWN_OUTCOME` (a write was sent and never answered: it
-    /// may have been applied — see [`KvError::may_have_been_applied`]).
-    pub code: i32,
-    /// The server's explanation.
-    pub message: String,
-}
+interface_error!(
+    /// Why a key-value call failed: the host's error code and its message.
+    KvError,
+    "key-value call",
+    kv_last_error,
+    "The ABI error code ([`abi::errno`]): `DENIED` (store not granted), `LIMIT_EXCEEDED`, \
+     `INVALID_ARGUMENT`, `IO` (the store failed before the call was sent: nothing was \
+     written; try again later), `UNKNOWN_OUTCOME` (a write was sent and never answered: it \
+     may have been applied — see [`KvError::may_have_been_applied`])."
+);
 
 impl KvError {
     /// Whether the failed call was a write that reached the store without an answer, so that
@@ -51,39 +50,6 @@ impl KvError {
     pub fn may_have_been_applied(&self) -> bool {
         self.code == errno::UNKNOWN_OUTCOME
     }
-}
-
-impl std::fmt::Display for KvError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = errno::name(self.code);
-        write!(f, "key-value call failed ({name}): {}", self.message)
-    }
-}
-
-impl std::error::Error for KvError {}
-
-impl From<KvError> for std::io::Error {
-    fn from(e: KvError) -> Self {
-        std::io::Error::other(e)
-    }
-}
-
-/// `ret` as a count, or the failure with the host's message.
-fn check(ret: i32) -> Result<usize, KvError> {
-    usize::try_from(ret).map_err(|_| KvError {
-        code: ret,
-        message: last_error(),
-    })
-}
-
-/// The message of the last key-value call that failed.
-fn last_error() -> String {
-    // SAFETY: the host writes at most `len` bytes at `buf`.
-    let bytes = crate::copy_out_with(|buf, len| unsafe { sys::kv_last_error(buf, len) }, 256);
-    bytes.map_or_else(
-        |_| String::new(),
-        |b| String::from_utf8_lossy(&b).into_owned(),
-    )
 }
 
 /// An open store of the tenant.
@@ -107,30 +73,12 @@ impl Store {
     /// [`KvError`].
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, KvError> {
         let key = key.as_ref();
-        let mut buf = Vec::with_capacity(1024);
-        loop {
-            // SAFETY: the host reads the key and writes at most `capacity` bytes into `buf`.
-            let ret = unsafe {
-                sys::kv_get(
-                    self.0,
-                    key.as_ptr(),
-                    key.len(),
-                    buf.as_mut_ptr(),
-                    buf.capacity(),
-                )
-            };
-            if ret == errno::NOT_FOUND {
-                return Ok(None);
-            }
-            let full = check(ret)?;
-            if full <= buf.capacity() {
-                // SAFETY: the host initialised the first `full` bytes.
-                unsafe { buf.set_len(full) };
-                return Ok(Some(buf));
-            }
-            // Larger than the buffer: read again with room for all of it.
-            buf.reserve_exact(full);
-        }
+        crate::copy_out_found(
+            // SAFETY: the host reads the key and writes at most `len` bytes at `buf`.
+            |buf, len| unsafe { sys::kv_get(self.0, key.as_ptr(), key.len(), buf, len) },
+            1024,
+        )
+        .map_err(failure)
     }
 
     /// Sets the value of `key`.

@@ -38,6 +38,61 @@
 //! Large bodies stream: [`Body`] implements [`std::io::Read`] and pulls the request body from
 //! the host in chunks, and [`ResponseWriter`] implements [`std::io::Write`].
 
+/// Defines the error of one interface of the ABI (its host's error code and the message its
+/// `*_last_error` call gives, shown as "WHAT failed (CODE): message"), with the module's
+/// `check` (a return value as a count, or that error) and `last_error`.
+macro_rules! interface_error {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $last_error:ident, $codes:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct $name {
+            #[doc = $codes]
+            pub code: i32,
+            /// The server's explanation.
+            pub message: String,
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let name = $crate::abi::errno::name(self.code);
+                write!(f, concat!($what, " failed ({}): {}"), name, self.message)
+            }
+        }
+
+        impl std::error::Error for $name {}
+
+        impl From<$name> for std::io::Error {
+            fn from(e: $name) -> Self {
+                std::io::Error::other(e)
+            }
+        }
+
+        /// `ret` as a count, or the failure with the host's message.
+        fn check(ret: i32) -> Result<usize, $name> {
+            usize::try_from(ret).map_err(|_| failure(ret))
+        }
+
+        /// The failure of a call that returned `code`, with the host's message.
+        fn failure(code: i32) -> $name {
+            $name {
+                code,
+                message: last_error(),
+            }
+        }
+
+        /// The message of the last call of this interface that failed.
+        fn last_error() -> String {
+            // SAFETY: the host writes at most `len` bytes at `buf`.
+            let bytes =
+                $crate::copy_out_with(|buf, len| unsafe { $crate::sys::$last_error(buf, len) }, 256);
+            bytes.map_or_else(
+                |_| String::new(),
+                |b| String::from_utf8_lossy(&b).into_owned(),
+            )
+        }
+    };
+}
+
 pub mod abi;
 pub mod cache;
 pub mod config;
@@ -49,275 +104,120 @@ pub use outbound::{FetchError, fetch, fetch_backend};
 
 use std::io;
 
-/// The raw host functions of ABI v1 (see `ABI.md`).
-#[cfg(target_arch = "wasm32")]
-#[allow(unsafe_code)]
-mod sys {
-    #[link(wasm_import_module = "tern")]
-    unsafe extern "C" {
-        pub fn request_method(buf: *mut u8, len: usize) -> i32;
-        pub fn request_uri(buf: *mut u8, len: usize) -> i32;
-        pub fn request_headers(buf: *mut u8, len: usize) -> i32;
-        pub fn request_body_read(buf: *mut u8, len: usize) -> i32;
-        pub fn response_set_status(status: i32) -> i32;
-        pub fn response_header_append(
-            name: *const u8,
-            name_len: usize,
-            value: *const u8,
-            value_len: usize,
-        ) -> i32;
-        pub fn response_body_write(buf: *const u8, len: usize) -> i32;
-        pub fn request_info(key: i32, buf: *mut u8, len: usize) -> i32;
-        pub fn outbound_request(
-            method: *const u8,
-            method_len: usize,
-            backend: *const u8,
-            backend_len: usize,
-            url: *const u8,
-            url_len: usize,
-        ) -> i32;
-        pub fn outbound_header_append(
-            handle: i32,
-            name: *const u8,
-            name_len: usize,
-            value: *const u8,
-            value_len: usize,
-        ) -> i32;
-        pub fn outbound_body_write(handle: i32, buf: *const u8, len: usize) -> i32;
-        pub fn outbound_send(handle: i32, flags: i32) -> i32;
-        pub fn outbound_body_finish(handle: i32) -> i32;
-        pub fn outbound_response_status(handle: i32) -> i32;
-        pub fn outbound_response_headers(handle: i32, buf: *mut u8, len: usize) -> i32;
-        pub fn outbound_response_body_read(handle: i32, buf: *mut u8, len: usize) -> i32;
-        pub fn outbound_close(handle: i32) -> i32;
-        pub fn outbound_last_error(buf: *mut u8, len: usize) -> i32;
-        pub fn outbound_forward_request(handle: i32) -> i32;
-        pub fn response_forward(handle: i32) -> i32;
-        pub fn kv_open(name: *const u8, name_len: usize) -> i32;
-        pub fn kv_get(store: i32, key: *const u8, key_len: usize, buf: *mut u8, len: usize) -> i32;
-        pub fn kv_set(
-            store: i32,
-            key: *const u8,
-            key_len: usize,
-            value: *const u8,
-            value_len: usize,
-        ) -> i32;
-        pub fn kv_delete(store: i32, key: *const u8, key_len: usize) -> i32;
-        pub fn kv_exists(store: i32, key: *const u8, key_len: usize) -> i32;
-        pub fn kv_increment(store: i32, key: *const u8, key_len: usize, delta: *mut i64) -> i32;
-        #[allow(clippy::too_many_arguments)]
-        pub fn kv_compare_and_swap(
-            store: i32,
-            key: *const u8,
-            key_len: usize,
-            old: *const u8,
-            old_len: usize,
-            new: *const u8,
-            new_len: usize,
-            flags: i32,
-        ) -> i32;
-        pub fn kv_list(
-            store: i32,
-            cursor: *const u8,
-            cursor_len: usize,
-            buf: *mut u8,
-            len: usize,
-        ) -> i32;
-        pub fn kv_last_error(buf: *mut u8, len: usize) -> i32;
-        pub fn config_get(name: *const u8, name_len: usize, buf: *mut u8, len: usize) -> i32;
-        pub fn cache_lookup(
-            key: *const u8,
-            key_len: usize,
-            headers: *const u8,
-            headers_len: usize,
-            flags: i32,
-        ) -> i32;
-        pub fn cache_state(handle: i32) -> i32;
-        pub fn cache_body(handle: i32, buf: *mut u8, len: usize) -> i32;
-        pub fn cache_age(handle: i32) -> i32;
-        #[allow(clippy::too_many_arguments)]
-        pub fn cache_insert(
-            handle: i32,
-            body: *const u8,
-            body_len: usize,
-            max_age: i32,
-            stale_while_revalidate: i32,
-            tags: *const u8,
-            tags_len: usize,
-            vary: *const u8,
-            vary_len: usize,
-        ) -> i32;
-        pub fn cache_close(handle: i32) -> i32;
-        pub fn cache_purge_tag(tag: *const u8, tag_len: usize, flags: i32) -> i32;
-        pub fn cache_last_error(buf: *mut u8, len: usize) -> i32;
-    }
+/// The raw host functions of ABI v1 (see `ABI.md`), declared once: imported from the host in
+/// Wasm; outside it (where there is no Tern host) stand-ins that fail with `IO`, so the crate
+/// and its examples build and their tests run anywhere.
+macro_rules! host_functions {
+    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> i32;)*) => {
+        #[cfg(target_arch = "wasm32")]
+        #[allow(unsafe_code, clippy::too_many_arguments)]
+        mod sys {
+            #[link(wasm_import_module = "tern")]
+            unsafe extern "C" {
+                $(pub fn $name($($arg: $ty),*) -> i32;)*
+            }
+        }
+
+        #[cfg(not(target_arch = "wasm32"))]
+        #[allow(unsafe_code, clippy::too_many_arguments, clippy::missing_safety_doc)]
+        mod sys {
+            $(
+                pub unsafe extern "C" fn $name($(_: $ty),*) -> i32 {
+                    super::abi::errno::IO
+                }
+            )*
+        }
+    };
 }
 
-/// Outside Wasm there is no Tern host: these stand-ins let the crate and its examples
-/// type-check on the host, and fail with `IO` if ever called.
-#[cfg(not(target_arch = "wasm32"))]
-#[allow(unsafe_code, clippy::missing_safety_doc)]
-mod sys {
-    use super::abi::errno::IO;
-    pub unsafe extern "C" fn request_method(_: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn request_uri(_: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn request_headers(_: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn request_body_read(_: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn response_set_status(_: i32) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn response_header_append(
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-    ) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn response_body_write(_: *const u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn request_info(_: i32, _: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn outbound_request(
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-    ) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn outbound_header_append(
-        _: i32,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-    ) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn outbound_body_write(_: i32, _: *const u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn outbound_send(_: i32, _: i32) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn outbound_body_finish(_: i32) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn outbound_response_status(_: i32) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn outbound_response_headers(_: i32, _: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn outbound_response_body_read(_: i32, _: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn outbound_close(_: i32) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn outbound_last_error(_: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn outbound_forward_request(_: i32) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn response_forward(_: i32) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn kv_open(_: *const u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn kv_get(_: i32, _: *const u8, _: usize, _: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn kv_set(_: i32, _: *const u8, _: usize, _: *const u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn kv_delete(_: i32, _: *const u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn kv_exists(_: i32, _: *const u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn kv_increment(_: i32, _: *const u8, _: usize, _: *mut i64) -> i32 {
-        IO
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe extern "C" fn kv_compare_and_swap(
-        _: i32,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: i32,
-    ) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn kv_list(_: i32, _: *const u8, _: usize, _: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn kv_last_error(_: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn config_get(_: *const u8, _: usize, _: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn cache_lookup(
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: i32,
-    ) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn cache_state(_: i32) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn cache_body(_: i32, _: *mut u8, _: usize) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn cache_age(_: i32) -> i32 {
-        IO
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe extern "C" fn cache_insert(
-        _: i32,
-        _: *const u8,
-        _: usize,
-        _: i32,
-        _: i32,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-    ) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn cache_close(_: i32) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn cache_purge_tag(_: *const u8, _: usize, _: i32) -> i32 {
-        IO
-    }
-    pub unsafe extern "C" fn cache_last_error(_: *mut u8, _: usize) -> i32 {
-        IO
-    }
+host_functions! {
+    fn request_method(buf: *mut u8, len: usize) -> i32;
+    fn request_uri(buf: *mut u8, len: usize) -> i32;
+    fn request_headers(buf: *mut u8, len: usize) -> i32;
+    fn request_body_read(buf: *mut u8, len: usize) -> i32;
+    fn response_set_status(status: i32) -> i32;
+    fn response_header_append(
+        name: *const u8,
+        name_len: usize,
+        value: *const u8,
+        value_len: usize,
+    ) -> i32;
+    fn response_body_write(buf: *const u8, len: usize) -> i32;
+    fn request_info(key: i32, buf: *mut u8, len: usize) -> i32;
+    fn outbound_request(
+        method: *const u8,
+        method_len: usize,
+        backend: *const u8,
+        backend_len: usize,
+        url: *const u8,
+        url_len: usize,
+    ) -> i32;
+    fn outbound_header_append(
+        handle: i32,
+        name: *const u8,
+        name_len: usize,
+        value: *const u8,
+        value_len: usize,
+    ) -> i32;
+    fn outbound_body_write(handle: i32, buf: *const u8, len: usize) -> i32;
+    fn outbound_send(handle: i32, flags: i32) -> i32;
+    fn outbound_body_finish(handle: i32) -> i32;
+    fn outbound_response_status(handle: i32) -> i32;
+    fn outbound_response_headers(handle: i32, buf: *mut u8, len: usize) -> i32;
+    fn outbound_response_body_read(handle: i32, buf: *mut u8, len: usize) -> i32;
+    fn outbound_close(handle: i32) -> i32;
+    fn outbound_last_error(buf: *mut u8, len: usize) -> i32;
+    fn outbound_forward_request(handle: i32) -> i32;
+    fn response_forward(handle: i32) -> i32;
+    fn kv_open(name: *const u8, name_len: usize) -> i32;
+    fn kv_get(store: i32, key: *const u8, key_len: usize, buf: *mut u8, len: usize) -> i32;
+    fn kv_set(
+        store: i32,
+        key: *const u8,
+        key_len: usize,
+        value: *const u8,
+        value_len: usize,
+    ) -> i32;
+    fn kv_delete(store: i32, key: *const u8, key_len: usize) -> i32;
+    fn kv_exists(store: i32, key: *const u8, key_len: usize) -> i32;
+    fn kv_increment(store: i32, key: *const u8, key_len: usize, delta: *mut i64) -> i32;
+    fn kv_compare_and_swap(
+        store: i32,
+        key: *const u8,
+        key_len: usize,
+        old: *const u8,
+        old_len: usize,
+        new: *const u8,
+        new_len: usize,
+        flags: i32,
+    ) -> i32;
+    fn kv_list(store: i32, cursor: *const u8, cursor_len: usize, buf: *mut u8, len: usize) -> i32;
+    fn kv_last_error(buf: *mut u8, len: usize) -> i32;
+    fn config_get(name: *const u8, name_len: usize, buf: *mut u8, len: usize) -> i32;
+    fn cache_lookup(
+        key: *const u8,
+        key_len: usize,
+        headers: *const u8,
+        headers_len: usize,
+        flags: i32,
+    ) -> i32;
+    fn cache_state(handle: i32) -> i32;
+    fn cache_body(handle: i32, buf: *mut u8, len: usize) -> i32;
+    fn cache_age(handle: i32) -> i32;
+    fn cache_insert(
+        handle: i32,
+        body: *const u8,
+        body_len: usize,
+        max_age: i32,
+        stale_while_revalidate: i32,
+        tags: *const u8,
+        tags_len: usize,
+        vary: *const u8,
+        vary_len: usize,
+    ) -> i32;
+    fn cache_close(handle: i32) -> i32;
+    fn cache_purge_tag(tag: *const u8, tag_len: usize, flags: i32) -> i32;
+    fn cache_last_error(buf: *mut u8, len: usize) -> i32;
 }
 
 /// An error code returned by a host function (see [`abi::errno`]).
@@ -370,6 +270,19 @@ fn copy_out_with(
             return Ok(buf);
         }
         buf.reserve_exact(full);
+    }
+}
+
+/// A copy-out call's value (see [`copy_out_with`]), `None` when it answers `NOT_FOUND`; any
+/// other error code as `Err`.
+fn copy_out_found(
+    f: impl FnMut(*mut u8, usize) -> i32,
+    first_guess: usize,
+) -> Result<Option<Vec<u8>>, i32> {
+    match copy_out_with(f, first_guess) {
+        Ok(value) => Ok(Some(value)),
+        Err(Error(abi::errno::NOT_FOUND)) => Ok(None),
+        Err(Error(code)) => Err(code),
     }
 }
 

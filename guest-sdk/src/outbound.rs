@@ -43,53 +43,16 @@
 
 use std::io;
 
-use crate::abi::{self, errno};
+use crate::abi;
 use crate::sys;
 
-/// Why an outbound request failed: the host's error code and its message (what to change).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FetchError {
-    /// The ABI error code ([`abi::errno`]): `DENIED`, `TIMEOUT`, `IO`, `LIMIT_EXCEEDED`, ...
-    pub code: i32,
-    /// The server's explanation.
-    pub message: String,
-}
-
-impl std::fmt::Display for FetchError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = errno::name(self.code);
-        write!(f, "outbound request failed ({name}): {}", self.message)
-    }
-}
-
-impl std::error::Error for FetchError {}
-
-impl From<FetchError> for io::Error {
-    fn from(e: FetchError) -> Self {
-        io::Error::other(e)
-    }
-}
-
-/// `ret` as a count, or the failure with the host's message.
-fn check(ret: i32) -> Result<usize, FetchError> {
-    usize::try_from(ret).map_err(|_| FetchError {
-        code: ret,
-        message: last_error(),
-    })
-}
-
-/// The message of the last outbound call that failed.
-fn last_error() -> String {
-    // SAFETY: the host writes at most `len` bytes at `buf`.
-    let bytes = crate::copy_out_with(
-        |buf, len| unsafe { sys::outbound_last_error(buf, len) },
-        256,
-    );
-    bytes.map_or_else(
-        |_| String::new(),
-        |b| String::from_utf8_lossy(&b).into_owned(),
-    )
-}
+interface_error!(
+    /// Why an outbound request failed: the host's error code and its message (what to change).
+    FetchError,
+    "outbound request",
+    outbound_last_error,
+    "The ABI error code ([`abi::errno`]): `DENIED`, `TIMEOUT`, `IO`, `LIMIT_EXCEEDED`, ..."
+);
 
 /// An outbound request handle, closed when dropped.
 #[derive(Debug)]

@@ -488,35 +488,16 @@ fn main() -> ExitCode {
             tern::cli::cache_purge(&t, &tenant, &purge).await
         }),
         Command::Var { action } => match action {
-            VarAction::Set {
-                var:
-                    TenantVariable {
-                        tenant,
-                        name,
-                        admin,
-                    },
-                value,
-            } => admin.run(|t| async move {
-                tern::cli::set_variable(&t, &tenant, &name, &value, false).await
-            }),
+            VarAction::Set { var, value } => set_variable(var, false, || Ok(value)),
             VarAction::List(OfTenant { tenant, admin }) => {
                 admin.run(|t| async move { tern::cli::list_variables(&t, &tenant, None).await })
             }
             VarAction::Delete(var) => delete_variable(var),
         },
         Command::Secret { action } => match action {
-            SecretAction::Set {
-                var:
-                    TenantVariable {
-                        tenant,
-                        name,
-                        admin,
-                    },
-                file,
-            } => admin.run(|t| async move {
-                let value = tern::cli::read_secret(file.as_deref())?;
-                tern::cli::set_variable(&t, &tenant, &name, &value, true).await
-            }),
+            SecretAction::Set { var, file } => {
+                set_variable(var, true, || tern::cli::read_secret(file.as_deref()))
+            }
             SecretAction::List(OfTenant { tenant, admin }) => admin
                 .run(|t| async move { tern::cli::list_variables(&t, &tenant, Some(true)).await }),
             SecretAction::Delete(var) => delete_variable(var),
@@ -567,6 +548,23 @@ struct Places {
 }
 
 /// `tern var delete` / `tern secret delete`.
+/// Sets a tenant's variable (`secret`: a secret) to what `value` gives.
+fn set_variable(
+    var: TenantVariable,
+    secret: bool,
+    value: impl FnOnce() -> anyhow::Result<String>,
+) -> anyhow::Result<()> {
+    let TenantVariable {
+        tenant,
+        name,
+        admin,
+    } = var;
+    admin.run(|t| async move {
+        let value = value()?;
+        tern::cli::set_variable(&t, &tenant, &name, &value, secret).await
+    })
+}
+
 fn delete_variable(var: TenantVariable) -> anyhow::Result<()> {
     let TenantVariable {
         tenant,

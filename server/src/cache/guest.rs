@@ -449,64 +449,23 @@ mod tests {
         );
         let vary: Vec<_> = headers.get_all(header::VARY).iter().collect();
         assert_eq!(vary, ["accept-language", "x-tier"]);
-        for (bad, named) in [
+        type Spoil = fn(&mut Write);
+        let spoilt: [(Spoil, &str); 8] = [
+            (|w| w.max_age = 0, "max-age"),
+            (|w| w.max_age = MAX_TTL + 1, "max-age"),
             (
-                Write {
-                    max_age: 0,
-                    ..write.clone()
-                },
-                "max-age",
-            ),
-            (
-                Write {
-                    max_age: MAX_TTL + 1,
-                    ..write.clone()
-                },
-                "max-age",
-            ),
-            (
-                Write {
-                    stale_while_revalidate: MAX_STALE + 1,
-                    ..write.clone()
-                },
+                |w| w.stale_while_revalidate = MAX_STALE + 1,
                 "stale-while-revalidate",
             ),
-            (
-                Write {
-                    tags: vec!["a,b".into()],
-                    ..write.clone()
-                },
-                "a tag",
-            ),
-            (
-                Write {
-                    tags: vec!["t".into(); MAX_TAGS + 1],
-                    ..write.clone()
-                },
-                "tags",
-            ),
-            (
-                Write {
-                    vary: vec!["a b".into()],
-                    ..write.clone()
-                },
-                "header name",
-            ),
-            (
-                Write {
-                    vary: vec!["pragma".into()],
-                    ..write.clone()
-                },
-                "steers",
-            ),
-            (
-                Write {
-                    vary: vec!["v".into(); MAX_VARY + 1],
-                    ..write.clone()
-                },
-                "vary",
-            ),
-        ] {
+            (|w| w.tags = vec!["a,b".into()], "a tag"),
+            (|w| w.tags = vec!["t".into(); MAX_TAGS + 1], "tags"),
+            (|w| w.vary = vec!["a b".into()], "header name"),
+            (|w| w.vary = vec!["pragma".into()], "steers"),
+            (|w| w.vary = vec!["v".into(); MAX_VARY + 1], "vary"),
+        ];
+        for (spoil, named) in spoilt {
+            let mut bad = write.clone();
+            spoil(&mut bad);
             let Err(CacheError::Invalid(why)) = bad.check() else {
                 panic!("{bad:?} was taken");
             };

@@ -21,6 +21,9 @@ mod bindings {
 
 use bindings::tern::cache::cache::{self as api, LookupOptions, LookupState, WriteOptions};
 
+/// What a lookup gives a guest: an entry of its table, or why not.
+type Looked = wasmtime::Result<Result<Resource<Entry>, api::Error>>;
+
 /// Adds `tern:cache` to `linker`.
 ///
 /// # Errors
@@ -66,6 +69,19 @@ impl HttpState {
         Ok(self.host.cache.lookup(key, headers, transaction).await?)
     }
 
+    /// [`Self::cache_lookup`], its entry pushed to the table.
+    async fn cache_entry(
+        &mut self,
+        key: &[u8],
+        options: &LookupOptions,
+        transaction: bool,
+    ) -> Looked {
+        match self.cache_lookup(key, options, transaction).await {
+            Ok(entry) => Ok(Ok(self.table.push(entry)?)),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
     fn entry(&mut self, entry: &Resource<Entry>) -> wasmtime::Result<&mut Entry> {
         Ok(self.table.get_mut(entry)?)
     }
@@ -97,26 +113,12 @@ impl api::Host for HttpState {
 }
 
 impl api::HostEntry for HttpState {
-    async fn lookup(
-        &mut self,
-        key: Vec<u8>,
-        options: LookupOptions,
-    ) -> wasmtime::Result<Result<Resource<Entry>, api::Error>> {
-        match self.cache_lookup(&key, &options, false).await {
-            Ok(entry) => Ok(Ok(self.table.push(entry)?)),
-            Err(e) => Ok(Err(e)),
-        }
+    async fn lookup(&mut self, key: Vec<u8>, options: LookupOptions) -> Looked {
+        self.cache_entry(&key, &options, false).await
     }
 
-    async fn transaction_lookup(
-        &mut self,
-        key: Vec<u8>,
-        options: LookupOptions,
-    ) -> wasmtime::Result<Result<Resource<Entry>, api::Error>> {
-        match self.cache_lookup(&key, &options, true).await {
-            Ok(entry) => Ok(Ok(self.table.push(entry)?)),
-            Err(e) => Ok(Err(e)),
-        }
+    async fn transaction_lookup(&mut self, key: Vec<u8>, options: LookupOptions) -> Looked {
+        self.cache_entry(&key, &options, true).await
     }
 
     async fn get_state(&mut self, entry: Resource<Entry>) -> wasmtime::Result<LookupState> {

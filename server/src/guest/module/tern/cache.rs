@@ -11,25 +11,17 @@ use bytes::Bytes;
 use tern_sdk::abi::{self, errno, func};
 use wasmtime::{Caller, Linker};
 
+use super::handles::Handles;
 use crate::cache::guest::{CacheError, Entry, Write, request_headers};
 use crate::guest::module::GuestState;
 use crate::guest::module::memory::{
     GuestFault, add_text_call, copy_to_guest, guest_range, host_call, memory, read_guest,
 };
 
-/// The entries a request looked up through the `tern` ABI, by handle (`None`: closed).
-#[derive(Default)]
-pub struct CacheEntries {
-    open: Vec<Option<Entry>>,
-    last_error: String,
-}
+/// The entries a request looked up through the `tern` ABI, by handle.
+pub type CacheEntries = Handles<Entry>;
 
 impl CacheEntries {
-    fn fail(&mut self, code: i32, message: impl Into<String>) -> i32 {
-        self.last_error = message.into();
-        code
-    }
-
     fn error(&mut self, e: &CacheError) -> i32 {
         let code = match e {
             CacheError::Invalid(_) => errno::INVALID_ARGUMENT,
@@ -37,23 +29,6 @@ impl CacheEntries {
             CacheError::Unavailable(_) => errno::UNAVAILABLE,
         };
         self.fail(code, e.to_string())
-    }
-
-    /// The open entry behind `handle`, or the error code to return.
-    fn get(&mut self, handle: i32) -> Result<&mut Entry, i32> {
-        let open = usize::try_from(handle)
-            .ok()
-            .and_then(|h| self.open.get(h))
-            .is_some_and(Option::is_some);
-        if !open {
-            return Err(self.fail(
-                errno::INVALID_ARGUMENT,
-                format!("{handle} is not an open cache handle"),
-            ));
-        }
-        Ok(self.open[usize::try_from(handle).unwrap_or_default()]
-            .as_mut()
-            .expect("checked"))
     }
 
     /// The entry found behind `handle` and what `then` makes of it, or `NOT_FOUND`.
@@ -128,10 +103,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let looked = state.host.cache.lookup(&key, headers, transaction).await;
             let entries = &mut caller.data_mut().cache;
             Ok(match looked {
-                Ok(entry) => {
-                    entries.open.push(Some(entry));
-                    i32::try_from(entries.open.len() - 1).unwrap_or(errno::LIMIT_EXCEEDED)
-                }
+                Ok(entry) => entries.push(entry),
                 Err(e) => entries.error(&e),
             })
         }
@@ -225,13 +197,9 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
         m,
         func::CACHE_CLOSE,
         |mut caller: Caller<'_, GuestState>, handle: i32| {
-            let entries = &mut caller.data_mut().cache;
-            Ok(match entries.get(handle) {
-                Ok(_) => {
-                    // Dropped: a turn to insert it is given up.
-                    entries.open[usize::try_from(handle).unwrap_or_default()] = None;
-                    0
-                }
+            // Dropped: a turn to insert it is given up.
+            Ok(match caller.data_mut().cache.close(handle) {
+                Ok(()) => 0,
                 Err(code) => code,
             })
         },

@@ -12,6 +12,7 @@ use std::time::Instant;
 use tern_sdk::abi::{self, errno, func};
 use wasmtime::{Caller, Linker};
 
+use super::handles::Handles;
 use crate::guest::module::GuestState;
 use crate::guest::module::memory::{
     GuestFault, add_text_call, copy_to_guest, guest_range, host_call, memory, read_guest,
@@ -23,31 +24,12 @@ const LIST_BATCH: usize = 256;
 
 /// The stores a request opened through the `tern` ABI, by handle (what it may open, its
 /// operations and waits are its [`Session`], in its capabilities).
-#[derive(Default)]
-pub struct Kv {
-    /// Open stores, by handle.
-    open: Vec<Arc<Store>>,
-    last_error: String,
-}
+pub type Kv = Handles<Arc<Store>>;
 
 impl Kv {
-    fn fail(&mut self, code: i32, message: impl Into<String>) -> i32 {
-        self.last_error = message.into();
-        code
-    }
-
     /// The store behind `handle`, counted as one more operation of `session`.
     fn store(&mut self, session: &mut Session, handle: i32) -> Result<Arc<Store>, i32> {
-        let Some(store) = usize::try_from(handle)
-            .ok()
-            .and_then(|h| self.open.get(h))
-            .cloned()
-        else {
-            return Err(self.fail(
-                errno::INVALID_ARGUMENT,
-                format!("{handle} is not an open store handle"),
-            ));
-        };
+        let store = self.get(handle)?.clone();
         session.count().map_err(|e| self.error(&e))?;
         Ok(store)
     }
@@ -108,11 +90,9 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
                 Err(message) => return Ok(kv.fail(errno::DENIED, message)),
             };
             // Opening the same store twice gives the same handle: handles stay few.
-            if let Some(h) = kv.open.iter().position(|s| Arc::ptr_eq(s, &store)) {
-                return Ok(i32::try_from(h).unwrap_or(errno::LIMIT_EXCEEDED));
-            }
-            kv.open.push(store);
-            Ok(i32::try_from(kv.open.len() - 1).unwrap_or(errno::LIMIT_EXCEEDED))
+            Ok(kv
+                .find(|s| Arc::ptr_eq(s, &store))
+                .unwrap_or_else(|| kv.push(store)))
         },
     )?;
     host_call!(

@@ -10,6 +10,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod handles;
 pub mod kv;
 pub mod outbound;
 pub mod request;
