@@ -18,7 +18,9 @@
 //! - [`front`]: what the front end does for each tenant, prepared when it loads (redirect,
 //!   HSTS, error pages, its cache, compression), from a [`prepare::Preparing`] like its guests' grants.
 //! - [`cache`]: a tenant's cache in front of its guests (`[tenant.cache]`): lookup before
-//!   admission, what may be stored (RFC 9111), variants, validators, `Cache-Status`.
+//!   admission, what may be stored (RFC 9111), variants, validators, `Cache-Status`; the same
+//!   cache keeps its backends' answers (readthrough) and its guests' own entries
+//!   ([`cache::guest`]), each a space of its own.
 //! - [`compress`]: a tenant's answers compressed (zstd, Brotli, gzip) for clients that accept
 //!   it (`[tenant.compression]`), as they stream.
 //! - [`target`]: the normal form of the request's path, which routing, the guests and
@@ -29,8 +31,9 @@
 //!   handler on its own fiber under the deadline, the verdict, the reply, the outcome counts,
 //!   teardown) with a small driver per kind for what differs; the front end awaits one answer
 //!   from it (whole, or a head whose body streams while the guest runs on).
-//! - [`capabilities`]: the host capabilities of one request (outbound, key-value), prepared
-//!   once whatever the guest's kind and reached by each kind's host calls through one view.
+//! - [`capabilities`]: the host capabilities of one request (outbound, key-value, variables,
+//!   the guest's cache entries), prepared once whatever the guest's kind and reached by each
+//!   kind's host calls through one view.
 //! - [`guest`]: one module per guest kind with its linker and host side: [`guest::module`]
 //!   (core modules: their store state and linker, composed from WASI preview1, `/assets`,
 //!   the bounds-checked guest memory, and the host side of the `tern` ABI v1

@@ -120,7 +120,7 @@ pub enum Space {
     /// A backend's answers to the tenant's guests' requests, keyed by the backend's name
     /// and the target sent to it.
     Backend(Arc<Counts>),
-    /// What the tenant's guests store under keys of their own ([`GuestCache`]).
+    /// What the tenant's guests store under keys of their own ([`guest::GuestCache`]).
     Guest(Arc<Counts>),
 }
 

@@ -8,7 +8,7 @@ use wasmtime::{Extern, Store};
 use super::{BodyEnd, Clock, Driver, GuestStore, Stage, classify};
 use crate::capabilities::Capabilities;
 use crate::guest::module::cgi::Cgi;
-use crate::guest::module::tern::{Kv, Outbound};
+use crate::guest::module::tern::Outbound;
 use crate::guest::module::{CoreGuest, GuestState, Wasi, fs};
 use crate::guest::slice::Slicing;
 use crate::guest::{GuestLimits, GuestRequest, GuestResponse, Stdio};
@@ -42,8 +42,7 @@ impl<'a> Module<'a> {
             files: fs::Files::new(tenant.assets.clone()),
             host,
             outbound: Outbound::default(),
-            kv: Kv::default(),
-            cache: crate::guest::module::tern::CacheEntries::default(),
+            tables: Default::default(),
             cgi: cgi.then(Cgi::default),
             headers_blob: None,
             slicing: Slicing::new(tenant.slice_habit.long_first_slice()),

@@ -21,7 +21,7 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 
 use cgi::Cgi;
 pub use memory::GuestFault;
-use tern::{CacheEntries, Kv, Outbound};
+use tern::Outbound;
 pub use wasi::Wasi;
 
 use super::{GuestLimits, GuestRequest, GuestResponse};
@@ -44,10 +44,9 @@ pub struct GuestState {
     pub host: crate::capabilities::Capabilities,
     /// The `tern` ABI's outbound request handles.
     pub outbound: Outbound,
-    /// The `tern` ABI's open key-value stores.
-    pub kv: Kv,
-    /// The `tern` ABI's cache entries looked up.
-    pub cache: CacheEntries,
+    /// The handles the request holds through the `tern` ABI (open key-value stores, cache
+    /// entries).
+    pub tables: tern::Tables,
     /// The CGI output parser, for a guest of the `cgi` kind.
     pub cgi: Option<Cgi>,
     /// The request's headers as `tern::request_headers` gives them, made on its first call.

@@ -92,16 +92,17 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let state = caller.data_mut();
             if flags & !abi::CACHE_TRANSACTION != 0 {
                 return Ok(state
+                    .tables
                     .cache
                     .fail(errno::INVALID_ARGUMENT, format!("unknown flags {flags:#x}")));
             }
             let headers = match pairs(&blob).and_then(request_headers) {
                 Ok(headers) => headers,
-                Err(e) => return Ok(state.cache.error(&e)),
+                Err(e) => return Ok(state.tables.cache.error(&e)),
             };
             let transaction = flags & abi::CACHE_TRANSACTION != 0;
             let looked = state.host.cache.lookup(&key, headers, transaction).await;
-            let entries = &mut caller.data_mut().cache;
+            let entries = &mut caller.data_mut().tables.cache;
             Ok(match looked {
                 Ok(entry) => entries.push(entry),
                 Err(e) => entries.error(&e),
@@ -112,7 +113,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
         m,
         func::CACHE_STATE,
         |mut caller: Caller<'_, GuestState>, handle: i32| {
-            Ok(match caller.data_mut().cache.get(handle) {
+            Ok(match caller.data_mut().tables.cache.get(handle) {
                 Ok(entry) => {
                     let s = entry.state();
                     let flag = |on: bool, flag: i32| if on { flag } else { 0 };
@@ -133,7 +134,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             guest_range(buf, buf_len, mem.data(&caller).len()).ok_or(GuestFault::BadPointer(f))?;
             let (data, state) = mem.data_and_store_mut(&mut caller);
             let mut fault = None;
-            let ret = state.cache.found(handle, |entry| {
+            let ret = state.tables.cache.found(handle, |entry| {
                 let body = entry.body().map_or(&[][..], |b| &b[..]);
                 copy_to_guest(data, buf, buf_len, body, f).unwrap_or_else(|e| {
                     fault = Some(e);
@@ -150,7 +151,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
         m,
         func::CACHE_AGE,
         |mut caller: Caller<'_, GuestState>, handle: i32| {
-            Ok(caller.data_mut().cache.found(handle, |entry| {
+            Ok(caller.data_mut().tables.cache.found(handle, |entry| {
                 let secs = entry.age().unwrap_or_default().as_secs();
                 i32::try_from(secs).unwrap_or(i32::MAX)
             }))
@@ -173,7 +174,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let body = Bytes::from(read_guest(&caller, body, body_len, f)?);
             let tags = read_guest(&caller, tags, tags_len, f)?;
             let vary = read_guest(&caller, vary, vary_len, f)?;
-            let entries = &mut caller.data_mut().cache;
+            let entries = &mut caller.data_mut().tables.cache;
             let write = list(&tags).and_then(|tags| {
                 Ok(Write {
                     max_age: u32::try_from(max_age).unwrap_or(0),
@@ -198,7 +199,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
         func::CACHE_CLOSE,
         |mut caller: Caller<'_, GuestState>, handle: i32| {
             // Dropped: a turn to insert it is given up.
-            Ok(match caller.data_mut().cache.close(handle) {
+            Ok(match caller.data_mut().tables.cache.close(handle) {
                 Ok(()) => 0,
                 Err(code) => code,
             })
@@ -212,6 +213,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let state = caller.data_mut();
             if flags & !abi::CACHE_PURGE_SOFT != 0 {
                 return Ok(state
+                    .tables
                     .cache
                     .fail(errno::INVALID_ARGUMENT, format!("unknown flags {flags:#x}")));
             }
@@ -219,11 +221,13 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let soft = flags & abi::CACHE_PURGE_SOFT != 0;
             Ok(match state.host.cache.purge_tag(&tag, soft) {
                 Ok(n) => i32::try_from(n).unwrap_or(i32::MAX),
-                Err(e) => state.cache.error(&e),
+                Err(e) => state.tables.cache.error(&e),
             })
         },
     )?;
-    add_text_call(linker, m, func::CACHE_LAST_ERROR, |s| &s.cache.last_error)?;
+    add_text_call(linker, m, func::CACHE_LAST_ERROR, |s| {
+        &s.tables.cache.last_error
+    })?;
     Ok(())
 }
 

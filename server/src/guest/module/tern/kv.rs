@@ -50,7 +50,7 @@ impl Kv {
 async fn run(caller: &mut Caller<'_, GuestState>, handle: i32, op: Op) -> Result<Answer, i32> {
     let state = caller.data_mut();
     let session = &mut state.host.kv;
-    let store = state.kv.store(session, handle)?;
+    let store = state.tables.kv.store(session, handle)?;
     let tenant = session.grants().tenant.clone();
     let op_name = op.name();
     let started = Instant::now();
@@ -59,13 +59,14 @@ async fn run(caller: &mut Caller<'_, GuestState>, handle: i32, op: Op) -> Result
     let session = &mut state.host.kv;
     session.waited += started.elapsed();
     session.traced(&store, op_name, started, answer.as_ref().err());
-    answer.map_err(|e| state.kv.error(&e))
+    answer.map_err(|e| state.tables.kv.error(&e))
 }
 
 /// An answer of the wrong kind for its operation: a bug in the backend, never the guest's.
 fn unexpected(caller: &mut Caller<'_, GuestState>, answer: &Answer) -> i32 {
     caller
         .data_mut()
+        .tables
         .kv
         .fail(errno::IO, format!("the store answered {answer:?}"))
 }
@@ -83,7 +84,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
         |mut caller: Caller<'_, GuestState>, name: i32, name_len: i32| {
             let name = read_guest(&caller, name, name_len, func::KV_OPEN)?;
             let state = caller.data_mut();
-            let kv = &mut state.kv;
+            let kv = &mut state.tables.kv;
             let name = String::from_utf8_lossy(&name);
             let store = match state.host.kv.open(&name) {
                 Ok(store) => store,
@@ -109,9 +110,11 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
                 Ok(Answer::Value(Some(v))) => {
                     copy_to_guest(mem.data_mut(&mut caller), buf, buf_len, &v, func::KV_GET)
                 }
-                Ok(Answer::Value(None)) => {
-                    Ok(caller.data_mut().kv.fail(errno::NOT_FOUND, "no such key"))
-                }
+                Ok(Answer::Value(None)) => Ok(caller
+                    .data_mut()
+                    .tables
+                    .kv
+                    .fail(errno::NOT_FOUND, "no such key")),
                 Ok(other) => Ok(unexpected(&mut caller, &other)),
                 Err(code) => Ok(code),
             }
@@ -183,6 +186,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             if flags & !abi::KV_CAS_ABSENT != 0 {
                 return Ok(caller
                     .data_mut()
+                    .tables
                     .kv
                     .fail(errno::INVALID_ARGUMENT, format!("unknown flags {flags:#x}")));
             }
@@ -225,7 +229,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             }
             if out.is_empty() && !keys.is_empty() {
                 let need = keys[0].len() + 2;
-                return Ok(caller.data_mut().kv.fail(
+                return Ok(caller.data_mut().tables.kv.fail(
                     errno::INVALID_ARGUMENT,
                     format!(
                         "the buffer of {} bytes cannot hold the next key ({need} bytes)",
@@ -237,6 +241,6 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             Ok(i32::try_from(out.len()).unwrap_or(errno::LIMIT_EXCEEDED))
         }
     )?;
-    add_text_call(linker, m, func::KV_LAST_ERROR, |s| &s.kv.last_error)?;
+    add_text_call(linker, m, func::KV_LAST_ERROR, |s| &s.tables.kv.last_error)?;
     Ok(())
 }

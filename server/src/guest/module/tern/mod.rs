@@ -20,6 +20,16 @@ pub use cache::CacheEntries;
 pub use kv::Kv;
 pub use outbound::{Outbound, OutboundCalls};
 
+/// The handles a request holds through the `tern` ABI's interfaces, a table each (a new
+/// interface with handles adds its own here).
+#[derive(Default)]
+pub struct Tables {
+    /// Open key-value stores.
+    pub kv: Kv,
+    /// Cache entries looked up.
+    pub cache: CacheEntries,
+}
+
 use wasmtime::Linker;
 
 use super::GuestState;
