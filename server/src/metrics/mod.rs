@@ -164,6 +164,10 @@ impl Registrar {
         metric
     }
 
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.register(IntCounter::new(name, help).expect("valid metric"))
+    }
+
     fn gauge(&self, name: &str, help: &str) -> IntGauge {
         self.register(IntGauge::new(name, help).expect("valid metric"))
     }
@@ -265,86 +269,280 @@ pub struct Undelivered {
     pub client_gone: IntCounter,
 }
 
+/// Declares the metrics registered by name alone, each once: a field of [`Named`] (its doc
+/// is the metric's help), and what [`Registrar`] registers for it (the kind, then the name,
+/// help and labels or buckets). A new metric is one entry here.
+macro_rules! named_metrics {
+    ($($vis:vis $field:ident: $kind:ident($name:literal, $help:literal $(, $more:expr)* $(,)?);)*) => {
+        /// The metrics registered by name alone ([`Metrics`] derefs to them).
+        #[derive(Debug, Clone)]
+        pub struct Named {
+            $(
+                #[doc = $help]
+                $vis $field: named_metrics!(@type $kind),
+            )*
+        }
+
+        impl Named {
+            fn register(r: &Registrar) -> Self {
+                Self {
+                    $($field: r.$kind($name, $help $(, $more)*),)*
+                }
+            }
+        }
+    };
+    (@type gauge) => { IntGauge };
+    (@type gauges) => { IntGaugeVec };
+    (@type counter) => { IntCounter };
+    (@type counters) => { IntCounterVec };
+    (@type histogram) => { Histogram };
+}
+
+named_metrics! {
+    total: histogram(
+        "tern_request_duration_seconds",
+        "Time from a request's arrival until its response head is ready.",
+        buckets(),
+    );
+    requests: counters(
+        "tern_requests_total",
+        "Responses sent, by tenant, status class and HTTP version (1.0, 1.1, 2, 3).",
+        &["tenant", "status", "version"],
+    );
+    outcomes: counters(
+        "tern_guest_outcomes_total",
+        "Guest runs by tenant and outcome (ok, trap kinds, timeout, exit, overload, ...).",
+        &["tenant", "outcome"],
+    );
+    undelivered: counters(
+        "tern_responses_undelivered_total",
+        "Streamed responses whose body did not reach its end, by tenant and reason \
+         (guest_failed: the guest failed after the head was sent; backend_failed: a \
+         backend's body the guest forwarded failed, timed out or passed the limit; \
+         client_gone: the client left first).",
+        &["tenant", "reason"],
+    );
+    pool: gauges(
+        "tern_pool_slots",
+        "Pooling allocator slots by kind (instances, memories, tables, stacks) and \
+         state (in_use, warm: unused but still mapped).",
+        &["kind", "state"],
+    );
+    labelled_tenants: gauge(
+        "tern_tenant_labels",
+        "Tenants with their own metrics label (the rest count as `other`).",
+    );
+    resident: gauges(
+        "tern_pool_resident_bytes",
+        "Bytes kept resident by unused (warm) pool slots, by kind.",
+        &["kind"],
+    );
+    pub in_flight: gauge(
+        "tern_requests_in_flight",
+        "Requests received and not yet answered (up to their response head).",
+    );
+    pub queue_depth: gauge(
+        "tern_queue_depth",
+        "Requests waiting for a free pool slot or a tenant concurrency permit.",
+    );
+    pub connections_open: gauge(
+        "tern_connections_open",
+        "Open client connections on the public listener, all workers (at most \
+         server.max_connections).",
+    );
+    pub tls_handshakes: counter(
+        "tern_tls_handshakes_total",
+        "TLS handshakes completed on the TLS listener.",
+    );
+    pub tls_handshake_failures: counters(
+        "tern_tls_handshake_failures_total",
+        "TLS handshakes that failed, by reason: timeout (not done within \
+         server.tls_handshake_timeout_ms), busy (server.max_tls_handshakes in flight), \
+         no_certificate (no certificate for the name asked and no default), protocol (not \
+         TLS, or TLS this server does not speak), alert (the client refused, e.g. an \
+         untrusted certificate), io (the connection closed or failed).",
+        &["reason"],
+    );
+    pub tls_handshakes_in_progress: gauge(
+        "tern_tls_handshakes_in_progress",
+        "TLS handshakes in progress on the TLS listener (at most server.max_tls_handshakes; \
+         a connection past it is closed and counted busy).",
+    );
+    pub tls_certificate_expiry: gauges(
+        "tern_tls_certificate_expiry_timestamp_seconds",
+        "When each certificate the TLS listener serves expires (Unix seconds), by its first \
+         host name (`default` for the default certificate).",
+        &["certificate"],
+    );
+    pub acme_orders: counters(
+        "tern_acme_orders_total",
+        "Certificate orders placed with the ACME CA ([tls.acme]), by outcome: issued (a \
+         certificate obtained and served), failed (the CA refused or could not be reached; \
+         retried with backoff, the old certificate keeps serving), busy (another process \
+         sharing the data directory holds the name's lease and orders it).",
+        &["outcome"],
+    );
+    pub registry_syncs: counters(
+        "tern_registry_syncs_total",
+        "Reads of the fleet's shared registry (`[registry] url`), by outcome: unchanged (a \
+         conditional read answered not modified), changed (a new revision was read and \
+         applied), unreachable (the store could not be reached; what was served keeps \
+         serving), failed (a tenant of the new revision could not be loaded, e.g. an object \
+         refused by its digest; its running version keeps serving).",
+        &["outcome"],
+    );
+    pub registry_revision: gauge(
+        "tern_registry_revision",
+        "The revision of the fleet's shared registry this replica last applied (0: none yet).",
+    );
+    pub registry_artifacts: counters(
+        "tern_registry_artifacts_total",
+        "Compiled artifacts and the shared registry: downloaded (taken from the registry, \
+         verified, not compiled here), published (compiled here and stored for the other \
+         replicas), refused (an artifact in the registry failed verification; compiled here \
+         instead).",
+        &["outcome"],
+    );
+    pub registry_nudges: counters(
+        "tern_registry_nudges_total",
+        "Replicas told to read the shared registry at once after a change made here, by \
+         outcome: sent (it answered), failed (unreachable or refused within 1 s; it reads \
+         the change at its next poll), received (another replica told this one).",
+        &["outcome"],
+    );
+    pub registry_peers: gauge(
+        "tern_registry_peers",
+        "The other replicas this one tells of a change it makes (those whose reports in the \
+         registry are fresh and name an admin URL; `[registry] advertise`).",
+    );
+    pub memory_peak: histogram(
+        "tern_guest_memory_peak_bytes",
+        "Largest linear memory each guest reached during its request.",
+        prometheus::exponential_buckets(65536.0, 2.0, 17).expect("static buckets"),
+    );
+    pub compile: histogram(
+        "tern_module_compile_duration_seconds",
+        "Time to compile a module ahead of time (artifact cache misses only).",
+        prometheus::exponential_buckets(0.001, 2.0, 17).expect("static buckets"),
+    );
+    pub log_dropped: counter(
+        "tern_guest_log_lines_dropped_total",
+        "Guest stdout/stderr log lines dropped because a tenant exceeded its log budget.",
+    );
+    pub deploys: counters(
+        "tern_deploys_total",
+        "Module deploys (loads of a tenant's module) by tenant and outcome.",
+        &["tenant", "outcome"],
+    );
+    pub kv_operations: counters(
+        "tern_kv_operations_total",
+        "Key-value operations of guests by store and result (ok, limit, invalid, unavailable: nothing written, unknown: a write sent and never answered).",
+        &["store", "result"],
+    );
+    pub outbound_requests: counters(
+        "tern_outbound_requests_total",
+        "Outbound requests of guests by tenant, backend (`url` for requests by URL) and \
+         status (status class, or denied, timeout, error, limit).",
+        &["tenant", "backend", "status"],
+    );
+    pub outbound_connections: counter(
+        "tern_outbound_connections_total",
+        "Connections opened for outbound requests; the rest of the requests reused \
+         a pooled one.",
+    );
+    pub trace_spans_exported: counter(
+        "tern_trace_spans_exported_total",
+        "Spans the trace collector accepted ([tracing]).",
+    );
+    pub trace_spans_dropped: counters(
+        "tern_trace_spans_dropped_total",
+        "Spans of kept requests that were not exported, by reason: queue_full (more \
+         requests waited for export than tracing.max_queue: the collector is slow or \
+         down), export_failed (the collector refused the batch or did not answer within \
+         tracing.timeout_ms).",
+        &["reason"],
+    );
+    pub cache_requests: counters(
+        "tern_cache_requests_total",
+        "Requests of tenants with a cache ([tenant.cache]), by result: hit (answered from \
+         the cache, no guest ran), collapsed (waited for another request filling the same \
+         key, then answered with its stored answer), miss (the guest ran; its answer may \
+         have been stored), bypass (a method the cache does not answer).",
+        &["tenant", "result"],
+    );
+    pub outbound_cache_requests: counters(
+        "tern_outbound_cache_requests_total",
+        "Guests' requests to backends whose answers are cached (outbound.backends.NAME.cache), \
+         by tenant, backend and result: hit (answered from the tenant's cache, the backend \
+         not asked), collapsed (waited for another request asking the same, then answered \
+         with its stored answer), stale, revalidated, miss (the backend was asked), bypass \
+         (not a GET or HEAD, or Tern-Cache: pass).",
+        &["tenant", "backend", "result"],
+    );
+    pub guest_cache_requests: counters(
+        "tern_guest_cache_requests_total",
+        "Guests' lookups of their own entries in their tenant's cache (the cache API), by \
+         tenant and result: hit (found fresh), collapsed (waited for another request \
+         inserting it, then found it), stale (found within its stale-while-revalidate), \
+         miss (not found).",
+        &["tenant", "result"],
+    );
+    pub cache_stored_bytes: gauges(
+        "tern_cache_stored_bytes",
+        "Bytes held by a tenant's cache (bodies, headers and keys; at most its \
+         cache.max_mib).",
+        &["tenant"],
+    );
+    pub cache_evictions: counters(
+        "tern_cache_evictions_total",
+        "Entries a tenant's cache dropped to stay within its cache.max_mib.",
+        &["tenant"],
+    );
+    pub cache_purges: counters(
+        "tern_cache_purges_total",
+        "Purges applied to tenants' caches, by where they came from: api (asked of this \
+         server), fleet (asked of another replica, read from the shared registry), missed \
+         (this replica fell behind the registry's purge log and dropped every stored \
+         answer instead), guest (a guest purged a tag of its tenant's cache here).",
+        &["from"],
+    );
+    pub compressed: counters(
+        "tern_compressed_responses_total",
+        "Answers sent compressed ([tenant.compression]), by tenant and encoding (zstd, br, \
+         gzip).",
+        &["tenant", "encoding"],
+    );
+    pub compression_bytes: counters(
+        "tern_compression_bytes_total",
+        "Body bytes of the answers sent compressed, by tenant: plain (before compression) \
+         and sent (after); their ratio is what compression saves.",
+        &["tenant", "body"],
+    );
+}
+
 /// All of Tern's metrics and the registry that exposes them.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
+    /// The metrics registered by name alone.
+    named: Named,
     phases: [Histogram; PHASES],
-    total: Histogram,
-    requests: IntCounterVec,
-    outcomes: IntCounterVec,
-    undelivered: IntCounterVec,
-    pool: IntGaugeVec,
-    labelled_tenants: IntGauge,
     /// Tenant names that have their own label (taken at load time, never per request).
     labelled: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     max_tenant_labels: usize,
     unrouted: TenantMetrics,
-    resident: IntGaugeVec,
-    /// Requests received and not yet answered (up to their response head).
-    pub in_flight: IntGauge,
-    /// Requests waiting for a pool slot or a tenant permit.
-    pub queue_depth: IntGauge,
-    /// Open client connections of the public listener (all workers).
-    pub connections_open: IntGauge,
-    /// Largest linear memory each guest reached.
-    pub memory_peak: Histogram,
-    /// Time to compile a module (cache misses only).
-    pub compile: Histogram,
-    /// Guest output lines dropped by tenants' log budgets.
-    pub log_dropped: IntCounter,
-    /// Module deploys by tenant and outcome (`ok`, `error`).
-    pub deploys: IntCounterVec,
-    /// Outbound requests by tenant, backend and status.
-    pub outbound_requests: IntCounterVec,
     /// Outbound time to response head, by tenant.
     pub outbound_duration: HistogramVec,
-    /// Outbound connections opened.
-    pub outbound_connections: IntCounter,
-    /// Key-value operations by store and result.
-    pub kv_operations: IntCounterVec,
-    /// TLS handshakes completed.
-    pub tls_handshakes: IntCounter,
-    /// TLS handshakes that failed, by reason.
-    pub tls_handshake_failures: IntCounterVec,
-    /// TLS handshakes in progress (holding one of `server.max_tls_handshakes`).
-    pub tls_handshakes_in_progress: IntGauge,
-    /// When each served certificate expires (Unix seconds), by its name.
-    pub tls_certificate_expiry: IntGaugeVec,
-    /// ACME orders, by outcome.
-    pub acme_orders: IntCounterVec,
-    /// Reads of a fleet's shared registry, by outcome.
-    pub registry_syncs: IntCounterVec,
-    /// The revision of the shared registry this replica serves.
-    pub registry_revision: IntGauge,
-    /// Compiled artifacts a replica took from the shared registry or published to it.
-    pub registry_artifacts: IntCounterVec,
-    /// Nudges sent to the other replicas after a change, by outcome.
-    pub registry_nudges: IntCounterVec,
-    /// The other replicas this one nudges after a change.
-    pub registry_peers: IntGauge,
-    /// Spans the trace collector accepted.
-    pub trace_spans_exported: IntCounter,
-    /// Spans dropped, by reason.
-    pub trace_spans_dropped: IntCounterVec,
     /// Trace ids of kept requests on the latency histograms' buckets.
     pub exemplars: std::sync::Arc<Exemplars>,
-    /// Requests of tenants with a cache, by tenant and result.
-    pub cache_requests: IntCounterVec,
-    /// Requests of guests to backends with `cache = true`, by tenant, backend and result.
-    pub outbound_cache_requests: IntCounterVec,
-    /// Guests' lookups of their own cache entries, by tenant and result.
-    pub guest_cache_requests: IntCounterVec,
-    /// Bytes a tenant's cache holds.
-    pub cache_stored_bytes: IntGaugeVec,
-    /// Entries a tenant's cache dropped to stay within its size.
-    pub cache_evictions: IntCounterVec,
-    /// `tern_cache_purges_total{from}`.
-    pub cache_purges: IntCounterVec,
-    /// Answers sent compressed, by tenant and encoding.
-    pub compressed: IntCounterVec,
-    /// Bytes of compressed answers, by tenant, before and after compression.
-    pub compression_bytes: IntCounterVec,
+}
+
+impl std::ops::Deref for Metrics {
+    type Target = Named;
+
+    fn deref(&self) -> &Named {
+        &self.named
+    }
 }
 
 impl Metrics {
@@ -354,6 +552,7 @@ impl Metrics {
     /// Never in practice: metric definitions are static and registered once.
     pub fn new(max_tenant_labels: usize) -> Self {
         let r = Registrar(Registry::new());
+        let named = Named::register(&r);
         let phase_vec = r.register(
             HistogramVec::new(
                 HistogramOpts::new(
@@ -367,163 +566,11 @@ impl Metrics {
             )
             .expect("valid metric"),
         );
-        let total = r.histogram(
-            "tern_request_duration_seconds",
-            "Time from a request's arrival until its response head is ready.",
-            buckets(),
-        );
-        let requests = r.counters(
-            "tern_requests_total",
-            "Responses sent, by tenant, status class and HTTP version (1.0, 1.1, 2, 3).",
-            &["tenant", "status", "version"],
-        );
-        let outcomes = r.counters(
-            "tern_guest_outcomes_total",
-            "Guest runs by tenant and outcome (ok, trap kinds, timeout, exit, overload, ...).",
-            &["tenant", "outcome"],
-        );
-        let undelivered = r.counters(
-            "tern_responses_undelivered_total",
-            "Streamed responses whose body did not reach its end, by tenant and reason \
-             (guest_failed: the guest failed after the head was sent; backend_failed: a \
-             backend's body the guest forwarded failed, timed out or passed the limit; \
-             client_gone: the client left first).",
-            &["tenant", "reason"],
-        );
-        let pool = r.gauges(
-            "tern_pool_slots",
-            "Pooling allocator slots by kind (instances, memories, tables, stacks) and \
-             state (in_use, warm: unused but still mapped).",
-            &["kind", "state"],
-        );
-        let labelled_tenants = r.gauge(
-            "tern_tenant_labels",
-            "Tenants with their own metrics label (the rest count as `other`).",
-        );
-        let resident = r.gauges(
-            "tern_pool_resident_bytes",
-            "Bytes kept resident by unused (warm) pool slots, by kind.",
-            &["kind"],
-        );
-        let in_flight = r.gauge(
-            "tern_requests_in_flight",
-            "Requests received and not yet answered (up to their response head).",
-        );
-        let queue_depth = r.gauge(
-            "tern_queue_depth",
-            "Requests waiting for a free pool slot or a tenant concurrency permit.",
-        );
-        let connections_open = r.gauge(
-            "tern_connections_open",
-            "Open client connections on the public listener, all workers (at most \
-             server.max_connections).",
-        );
-        let tls_handshakes = r.register(
-            IntCounter::new(
-                "tern_tls_handshakes_total",
-                "TLS handshakes completed on the TLS listener.",
-            )
-            .expect("valid metric"),
-        );
-        let tls_handshake_failures = r.counters(
-            "tern_tls_handshake_failures_total",
-            "TLS handshakes that failed, by reason: timeout (not done within \
-             server.tls_handshake_timeout_ms), busy (server.max_tls_handshakes in flight), \
-             no_certificate (no certificate for the name asked and no default), protocol (not \
-             TLS, or TLS this server does not speak), alert (the client refused, e.g. an \
-             untrusted certificate), io (the connection closed or failed).",
-            &["reason"],
-        );
-        let tls_handshakes_in_progress = r.gauge(
-            "tern_tls_handshakes_in_progress",
-            "TLS handshakes in progress on the TLS listener (at most server.max_tls_handshakes; \
-             a connection past it is closed and counted busy).",
-        );
-        let tls_certificate_expiry = r.gauges(
-            "tern_tls_certificate_expiry_timestamp_seconds",
-            "When each certificate the TLS listener serves expires (Unix seconds), by its first \
-             host name (`default` for the default certificate).",
-            &["certificate"],
-        );
-        let acme_orders = r.counters(
-            "tern_acme_orders_total",
-            "Certificate orders placed with the ACME CA ([tls.acme]), by outcome: issued (a \
-             certificate obtained and served), failed (the CA refused or could not be reached; \
-             retried with backoff, the old certificate keeps serving), busy (another process \
-             sharing the data directory holds the name's lease and orders it).",
-            &["outcome"],
-        );
         // Every outcome from the start: a rate over a series that appears only with its first
         // order is no rate at all.
         for outcome in ["issued", "failed", "busy"] {
-            acme_orders.with_label_values(&[outcome]);
+            named.acme_orders.with_label_values(&[outcome]);
         }
-        let registry_syncs = r.counters(
-            "tern_registry_syncs_total",
-            "Reads of the fleet's shared registry ([registry] url), by outcome: unchanged (a \
-             conditional read answered not modified), changed (a new revision was read and \
-             applied), unreachable (the store could not be reached; what was served keeps \
-             serving), failed (a tenant of the new revision could not be loaded, e.g. an object \
-             refused by its digest; its running version keeps serving).",
-            &["outcome"],
-        );
-        let registry_revision = r.gauge(
-            "tern_registry_revision",
-            "The revision of the fleet's shared registry this replica last applied (0: none yet).",
-        );
-        let registry_artifacts = r.counters(
-            "tern_registry_artifacts_total",
-            "Compiled artifacts and the shared registry: downloaded (taken from the registry, \
-             verified, not compiled here), published (compiled here and stored for the other \
-             replicas), refused (an artifact in the registry failed verification; compiled here \
-             instead).",
-            &["outcome"],
-        );
-        let registry_nudges = r.counters(
-            "tern_registry_nudges_total",
-            "Replicas told to read the shared registry at once after a change made here, by \
-             outcome: sent (it answered), failed (unreachable or refused within 1 s; it reads \
-             the change at its next poll), received (another replica told this one).",
-            &["outcome"],
-        );
-        let registry_peers = r.gauge(
-            "tern_registry_peers",
-            "The other replicas this one tells of a change it makes (those whose reports in the \
-             registry are fresh and name an admin URL; [registry] advertise).",
-        );
-        let memory_peak = r.histogram(
-            "tern_guest_memory_peak_bytes",
-            "Largest linear memory each guest reached during its request.",
-            prometheus::exponential_buckets(65536.0, 2.0, 17).expect("static buckets"),
-        );
-        let compile = r.histogram(
-            "tern_module_compile_duration_seconds",
-            "Time to compile a module ahead of time (artifact cache misses only).",
-            prometheus::exponential_buckets(0.001, 2.0, 17).expect("static buckets"),
-        );
-        let log_dropped = r.register(
-            IntCounter::new(
-                "tern_guest_log_lines_dropped_total",
-                "Guest stdout/stderr log lines dropped because a tenant exceeded its log budget.",
-            )
-            .expect("valid metric"),
-        );
-        let deploys = r.counters(
-            "tern_deploys_total",
-            "Module deploys (loads of a tenant's module) by tenant and outcome.",
-            &["tenant", "outcome"],
-        );
-        let kv_operations = r.counters(
-            "tern_kv_operations_total",
-            "Key-value operations of guests by store and result (ok, limit, invalid, unavailable: nothing written, unknown: a write sent and never answered).",
-            &["store", "result"],
-        );
-        let outbound_requests = r.counters(
-            "tern_outbound_requests_total",
-            "Outbound requests of guests by tenant, backend (`url` for requests by URL) and \
-             status (status class, or denied, timeout, error, limit).",
-            &["tenant", "backend", "status"],
-        );
         let outbound_duration = r.register(
             HistogramVec::new(
                 HistogramOpts::new(
@@ -535,85 +582,6 @@ impl Metrics {
             )
             .expect("valid metric"),
         );
-        let outbound_connections = r.register(
-            IntCounter::new(
-                "tern_outbound_connections_total",
-                "Connections opened for outbound requests; the rest of the requests reused \
-                 a pooled one.",
-            )
-            .expect("valid metric"),
-        );
-        let trace_spans_exported = r.register(
-            IntCounter::new(
-                "tern_trace_spans_exported_total",
-                "Spans the trace collector accepted ([tracing]).",
-            )
-            .expect("valid metric"),
-        );
-        let trace_spans_dropped = r.counters(
-            "tern_trace_spans_dropped_total",
-            "Spans of kept requests that were not exported, by reason: queue_full (more \
-             requests waited for export than tracing.max_queue: the collector is slow or \
-             down), export_failed (the collector refused the batch or did not answer within \
-             tracing.timeout_ms).",
-            &["reason"],
-        );
-        let cache_requests = r.counters(
-            "tern_cache_requests_total",
-            "Requests of tenants with a cache ([tenant.cache]), by result: hit (answered from \
-             the cache, no guest ran), collapsed (waited for another request filling the same \
-             key, then answered with its stored answer), miss (the guest ran; its answer may \
-             have been stored), bypass (a method the cache does not answer).",
-            &["tenant", "result"],
-        );
-        let outbound_cache_requests = r.counters(
-            "tern_outbound_cache_requests_total",
-            "Guests' requests to backends whose answers are cached (outbound.backends.NAME.cache), \
-             by tenant, backend and result: hit (answered from the tenant's cache, the backend \
-             not asked), collapsed (waited for another request asking the same, then answered \
-             with its stored answer), stale, revalidated, miss (the backend was asked), bypass \
-             (not a GET or HEAD, or Tern-Cache: pass).",
-            &["tenant", "backend", "result"],
-        );
-        let guest_cache_requests = r.counters(
-            "tern_guest_cache_requests_total",
-            "Guests' lookups of their own entries in their tenant's cache (the cache API), by \
-             tenant and result: hit (found fresh), collapsed (waited for another request \
-             inserting it, then found it), stale (found within its stale-while-revalidate), \
-             miss (not found).",
-            &["tenant", "result"],
-        );
-        let cache_stored_bytes = r.gauges(
-            "tern_cache_stored_bytes",
-            "Bytes held by a tenant's cache (bodies, headers and keys; at most its \
-             cache.max_mib).",
-            &["tenant"],
-        );
-        let cache_evictions = r.counters(
-            "tern_cache_evictions_total",
-            "Entries a tenant's cache dropped to stay within its cache.max_mib.",
-            &["tenant"],
-        );
-        let cache_purges = r.counters(
-            "tern_cache_purges_total",
-            "Purges applied to tenants' caches, by where they came from: api (asked of this \
-             server), fleet (asked of another replica, read from the shared registry), missed \
-             (this replica fell behind the registry's purge log and dropped every stored \
-             answer instead), guest (a guest purged a tag of its tenant's cache here).",
-            &["from"],
-        );
-        let compressed = r.counters(
-            "tern_compressed_responses_total",
-            "Answers sent compressed ([tenant.compression]), by tenant and encoding (zstd, br, \
-             gzip).",
-            &["tenant", "encoding"],
-        );
-        let compression_bytes = r.counters(
-            "tern_compression_bytes_total",
-            "Body bytes of the answers sent compressed, by tenant: plain (before compression) \
-             and sent (after); their ratio is what compression saves.",
-            &["tenant", "body"],
-        );
         let Registrar(registry) = r;
         #[cfg(target_os = "linux")]
         registry
@@ -622,52 +590,16 @@ impl Metrics {
             ))
             .expect("process metrics registered once");
         let phases = Phase::EVERY.map(|p| phase_vec.with_label_values(&[p.name()]));
-        let unrouted = Self::tenant_counters(&requests, "none");
+        let unrouted = Self::tenant_counters(&named.requests, "none");
         Self {
             registry,
+            named,
             phases,
-            total,
-            requests,
-            outcomes,
-            undelivered,
-            pool,
-            labelled_tenants,
             labelled: Default::default(),
             max_tenant_labels,
             unrouted,
-            resident,
-            in_flight,
-            queue_depth,
-            connections_open,
-            tls_handshakes,
-            tls_handshake_failures,
-            tls_handshakes_in_progress,
-            tls_certificate_expiry,
-            acme_orders,
-            registry_syncs,
-            registry_revision,
-            registry_artifacts,
-            registry_nudges,
-            registry_peers,
-            memory_peak,
-            compile,
-            log_dropped,
-            deploys,
-            outbound_requests,
             outbound_duration,
-            outbound_connections,
-            kv_operations,
-            trace_spans_exported,
-            trace_spans_dropped,
             exemplars: Default::default(),
-            cache_requests,
-            outbound_cache_requests,
-            guest_cache_requests,
-            cache_stored_bytes,
-            cache_evictions,
-            cache_purges,
-            compressed,
-            compression_bytes,
         }
     }
 
