@@ -4,13 +4,15 @@
 //! one request insert while the others wait, and a guest that traps with its turn releases
 //! them.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use crate::support::{
-    TestServer, c_program, metric_value, metric_value_or_zero, send, test_component, test_guest,
+    Reply, TestServer, c_program, metric_value, metric_value_or_zero, send, test_component,
+    test_guest,
 };
 
 /// The cache probe at `/` for tenant `app` (and the same guest for `neighbour` at `/neighbour`), with
@@ -33,6 +35,12 @@ async fn ask(s: &TestServer, path: &str, headers: &[(&str, &str)]) -> String {
     let r = send(s.addr(), Method::GET, path, None, headers, Bytes::new()).await;
     assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
     r.text()
+}
+
+/// `GET path` on a new connection, in a task of its own.
+fn spawn_get(addr: SocketAddr, path: &str) -> tokio::task::JoinHandle<Reply> {
+    let path = path.to_string();
+    tokio::spawn(async move { send(addr, Method::GET, &path, None, &[], Bytes::new()).await })
 }
 
 fn series(tenant: &str, result: &str) -> String {
@@ -154,72 +162,50 @@ async fn entries_are_kept_varied_and_purged_and_stay_the_tenants() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_with_the_reason() {
     let s = probe("", "").await;
-    let fails = |path: &str, code: &'static str, words: &'static str| {
-        let (s, path) = (&s, path.to_string());
-        async move {
-            let r = send(s.addr(), Method::GET, &path, None, &[], Bytes::new()).await;
-            assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{path}");
-            let text = r.text();
-            assert!(
-                text.contains(code) && text.contains(words),
-                "{path}: {text}"
-            );
-        }
-    };
-    // Keys: 4,096 bytes at most, and not empty.
-    assert!(
-        ask(&s, "/?op=set&size=4096&value=big-key", &[])
-            .await
-            .ends_with("body=big-key")
-    );
-    fails(
-        "/?op=lookup&size=4097",
-        "INVALID_ARGUMENT",
-        "1 to 4096 bytes",
-    )
-    .await;
-    fails("/?op=lookup&key=", "INVALID_ARGUMENT", "not 0").await;
-    // Freshness: 1 s to a year; stale: up to a day.
-    fails("/?op=set&key=t&ttl=0", "INVALID_ARGUMENT", "max-age").await;
-    assert!(
-        ask(&s, "/?op=set&key=t&ttl=31536000", &[])
-            .await
-            .starts_with("found=1")
-    );
-    fails("/?op=set&key=t&ttl=31536001", "INVALID_ARGUMENT", "max-age").await;
-    assert!(
-        ask(&s, "/?op=set&key=t&swr=86400", &[])
-            .await
-            .starts_with("found=1")
-    );
-    fails(
-        "/?op=set&key=t&swr=86401",
-        "INVALID_ARGUMENT",
-        "stale-while-revalidate",
-    )
-    .await;
     let tag = "t".repeat(128);
-    let r = ask(&s, &format!("/?op=set&key=t&tags={tag}"), &[]).await;
-    assert!(r.starts_with("found=1"), "{r}");
-    fails(
-        &format!("/?op=set&key=t&tags={tag}t"),
-        "INVALID_ARGUMENT",
-        "a tag is",
-    )
-    .await;
-    fails(
-        "/?op=set&key=t&vary=bad%20name:",
-        "INVALID_ARGUMENT",
-        "not a header name",
-    )
-    .await;
-    fails(
-        "/?op=set&key=t&vary=range",
-        "INVALID_ARGUMENT",
-        "steers caches",
-    )
-    .await;
-    fails("/?op=purge&tag=", "INVALID_ARGUMENT", "a tag is").await;
+    // Each limit at, and one past: what the answer starts with, or the reason it is refused.
+    let cases: [(String, Result<&str, &str>); 14] = [
+        ("/?op=set&size=4096&value=k".into(), Ok("found=1")),
+        ("/?op=lookup&size=4097".into(), Err("1 to 4096 bytes")),
+        ("/?op=lookup&key=".into(), Err("not 0")),
+        ("/?op=set&key=t&ttl=31536000".into(), Ok("found=1")),
+        ("/?op=set&key=t&ttl=31536001".into(), Err("max-age")),
+        ("/?op=set&key=t&ttl=0".into(), Err("max-age")),
+        ("/?op=set&key=t&swr=86400".into(), Ok("found=1")),
+        (
+            "/?op=set&key=t&swr=86401".into(),
+            Err("stale-while-revalidate"),
+        ),
+        (format!("/?op=set&key=t&tags={tag}"), Ok("found=1")),
+        (format!("/?op=set&key=t&tags={tag}t"), Err("a tag is")),
+        (
+            "/?op=set&key=t&vary=bad%20name:".into(),
+            Err("not a header name"),
+        ),
+        ("/?op=set&key=t&vary=range".into(), Err("steers caches")),
+        ("/?op=purge&tag=".into(), Err("a tag is")),
+        (
+            "/?op=lookup&size=4096".into(),
+            Ok("found=1 stale=0 must=0 age=0 body=k"),
+        ),
+    ];
+    for (path, expected) in cases {
+        let r = send(s.addr(), Method::GET, &path, None, &[], Bytes::new()).await;
+        let text = r.text();
+        match expected {
+            Ok(start) => {
+                assert_eq!(r.status, StatusCode::OK, "{path}: {text}");
+                assert!(text.starts_with(start), "{path}: {text}");
+            }
+            Err(words) => {
+                assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{path}");
+                assert!(
+                    text.contains("INVALID_ARGUMENT") && text.contains(words),
+                    "{path}: {text}"
+                );
+            }
+        }
+    }
 
     // Without a cache: UNAVAILABLE, saying why.
     let dir = tempfile::tempdir().unwrap();
@@ -240,19 +226,7 @@ async fn one_request_inserts_while_the_others_wait_and_a_trap_releases_them() {
     let s = probe("", "").await;
     let addr = s.addr();
     let asks: Vec<_> = (0..20)
-        .map(|_| {
-            tokio::spawn(async move {
-                send(
-                    addr,
-                    Method::GET,
-                    "/?key=x&spin=300",
-                    None,
-                    &[],
-                    Bytes::new(),
-                )
-                .await
-            })
-        })
+        .map(|_| spawn_get(addr, "/?key=x&spin=300"))
         .collect();
     let mut bodies = Vec::new();
     for ask in asks {
@@ -276,19 +250,11 @@ async fn one_request_inserts_while_the_others_wait_and_a_trap_releases_them() {
     // The first request traps with its turn; those waiting go on well before the 30 s a
     // waiter gives up after, and one of them inserts.
     for (key, how) in [("y", "trap=1"), ("z", "close=1")] {
-        let first = tokio::spawn(async move {
-            let path = format!("/?key={key}&spin=500&{how}");
-            send(addr, Method::GET, &path, None, &[], Bytes::new()).await
-        });
+        let first = spawn_get(addr, &format!("/?key={key}&spin=500&{how}"));
         tokio::time::sleep(Duration::from_millis(150)).await;
         let started = Instant::now();
         let waiters: Vec<_> = (0..5)
-            .map(|_| {
-                tokio::spawn(async move {
-                    let path = format!("/?key={key}");
-                    send(addr, Method::GET, &path, None, &[], Bytes::new()).await
-                })
-            })
+            .map(|_| spawn_get(addr, &format!("/?key={key}")))
             .collect();
         let first = first.await.unwrap();
         match how {
