@@ -94,7 +94,13 @@ pub struct GuestCache {
 impl GuestCache {
     /// The tenant's `cache` for its guests, counted under `label`.
     pub fn new(cache: Arc<Cache>, metrics: &crate::metrics::Metrics, label: &str) -> Self {
-        let result = |r: &str| metrics.guest_cache_requests.with_label_values(&[label, r]);
+        let result = |r: &str| match r {
+            // A guest's lookup is never a bypass nor a revalidation: no series for them.
+            "bypass" | "revalidated" => {
+                IntCounter::new("tern_guest_cache_unexported", "-").expect("valid metric")
+            }
+            _ => metrics.guest_cache_requests.with_label_values(&[label, r]),
+        };
         Self {
             cache,
             counts: Arc::new(Counts::new(result)),

@@ -155,6 +155,10 @@ async fn entries_are_kept_varied_and_purged_and_stay_the_tenants() {
         metric_value(&m, "tern_cache_purges_total{from=\"guest\"}"),
         1.0
     );
+    // Only the results a guest's lookup can have.
+    for never in ["bypass", "revalidated"] {
+        assert!(!m.contains(&series("app", never)), "{never}");
+    }
 }
 
 /// Keys, options and tags outside their limits are refused with the reason; a tenant without
