@@ -146,8 +146,8 @@ pub struct Write {
 /// An entry as a lookup found it, and what the request may do with it.
 pub struct Entry {
     cache: Arc<Cache>,
-    /// The lookup, for inserting under its key and request headers.
-    storing: Storing,
+    /// The lookup's request (its key as the target, its headers), to insert under.
+    req: Request<()>,
     found: Option<Found>,
     /// This request fills the key: others wait until it inserts or drops it.
     fill: Option<Fill>,
@@ -202,8 +202,7 @@ impl CacheSession {
         self.lookups += 1;
         let target = format!("/{}", crate::hex::encode(key));
         let mut req = Request::new(());
-        *req.uri_mut() = target
-            .parse()
+        *req.uri_mut() = http::Uri::try_from(target)
             .map_err(|_| CacheError::Invalid("the key cannot be stored".into()))?;
         *req.headers_mut() = headers;
         let cache = &granted.cache;
@@ -219,8 +218,6 @@ impl CacheSession {
         } else {
             cache.look(&req, &asking, false, false)
         };
-        let hash = cache.hash(Space::GUEST, false, "", &target);
-        let storing = Storing::new(hash, Space::GUEST, (false, "", &target), &req);
         let (found, fill) = match looked {
             Lookup::Hit(resp) => (Some(Found::from(resp)), None),
             Lookup::Refresh(resp, fill) => (Some(Found::from(resp)), Some(fill)),
@@ -231,7 +228,7 @@ impl CacheSession {
         let fill = fill.filter(|f| transaction && f.lead.is_some());
         Ok(Entry {
             cache: cache.clone(),
-            storing,
+            req,
             found,
             fill,
         })
@@ -320,12 +317,15 @@ impl Entry {
                 max / 1024
             )));
         }
-        self.storing.tags = write.tags.iter().map(|t| t.as_str().into()).collect();
+        let target = self.req.uri().path();
+        let hash = self.cache.hash(Space::GUEST, false, "", target);
+        let mut storing = Storing::new(hash, Space::GUEST, (false, "", target), &self.req);
+        storing.tags = write.tags.iter().map(|t| t.as_str().into()).collect();
         let variant = self
             .cache
-            .storable(&self.storing, StatusCode::OK, &headers, &body)
+            .storable(&storing, StatusCode::OK, &headers, &body)
             .ok_or_else(|| CacheError::Invalid("the entry cannot be stored".into()))?;
-        self.cache.insert(&self.storing, Arc::new(variant));
+        self.cache.insert(&storing, Arc::new(variant));
         self.found = Some(Found {
             body,
             age: Duration::ZERO,

@@ -31,13 +31,12 @@ impl CacheEntries {
         self.fail(code, e.to_string())
     }
 
-    /// The entry found behind `handle` and what `then` makes of it, or `NOT_FOUND`.
-    fn found(&mut self, handle: i32, then: impl FnOnce(&Entry) -> i32) -> i32 {
-        match self.get(handle) {
-            Ok(entry) if entry.state().found => then(entry),
-            Ok(_) => self.fail(errno::NOT_FOUND, "the entry was not found"),
-            Err(code) => code,
+    /// The entry behind `handle` when it was found, or the code to return (`NOT_FOUND`).
+    fn found(&mut self, handle: i32) -> Result<&Entry, i32> {
+        if !self.get(handle)?.state().found {
+            return Err(self.fail(errno::NOT_FOUND, "the entry was not found"));
         }
+        Ok(self.get(handle)?)
     }
 }
 
@@ -90,15 +89,14 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let key = read_guest(&caller, key, key_len, f)?;
             let blob = read_guest(&caller, headers, headers_len, f)?;
             let state = caller.data_mut();
-            if flags & !abi::CACHE_TRANSACTION != 0 {
-                return Ok(state
-                    .tables
-                    .cache
-                    .fail(errno::INVALID_ARGUMENT, format!("unknown flags {flags:#x}")));
-            }
+            let entries = &mut state.tables.cache;
+            let flags = match entries.known_flags(flags, abi::CACHE_TRANSACTION) {
+                Ok(flags) => flags,
+                Err(code) => return Ok(code),
+            };
             let headers = match pairs(&blob).and_then(request_headers) {
                 Ok(headers) => headers,
-                Err(e) => return Ok(state.tables.cache.error(&e)),
+                Err(e) => return Ok(entries.error(&e)),
             };
             let transaction = flags & abi::CACHE_TRANSACTION != 0;
             let looked = state.host.cache.lookup(&key, headers, transaction).await;
@@ -133,17 +131,12 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let mem = memory(&caller)?;
             guest_range(buf, buf_len, mem.data(&caller).len()).ok_or(GuestFault::BadPointer(f))?;
             let (data, state) = mem.data_and_store_mut(&mut caller);
-            let mut fault = None;
-            let ret = state.tables.cache.found(handle, |entry| {
-                let body = entry.body().map_or(&[][..], |b| &b[..]);
-                copy_to_guest(data, buf, buf_len, body, f).unwrap_or_else(|e| {
-                    fault = Some(e);
-                    0
-                })
-            });
-            match fault {
-                Some(e) => Err(e),
-                None => Ok(ret),
+            match state.tables.cache.found(handle) {
+                Ok(entry) => {
+                    let body = entry.body().map_or(&[][..], |b| &b[..]);
+                    copy_to_guest(data, buf, buf_len, body, f)
+                }
+                Err(code) => Ok(code),
             }
         },
     )?;
@@ -151,10 +144,13 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
         m,
         func::CACHE_AGE,
         |mut caller: Caller<'_, GuestState>, handle: i32| {
-            Ok(caller.data_mut().tables.cache.found(handle, |entry| {
-                let secs = entry.age().unwrap_or_default().as_secs();
-                i32::try_from(secs).unwrap_or(i32::MAX)
-            }))
+            Ok(match caller.data_mut().tables.cache.found(handle) {
+                Ok(entry) => {
+                    let secs = entry.age().unwrap_or_default().as_secs();
+                    i32::try_from(secs).unwrap_or(i32::MAX)
+                }
+                Err(code) => code,
+            })
         },
     )?;
     linker.func_wrap(
@@ -211,12 +207,10 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
         |mut caller: Caller<'_, GuestState>, tag: i32, tag_len: i32, flags: i32| {
             let tag = read_guest(&caller, tag, tag_len, func::CACHE_PURGE_TAG)?;
             let state = caller.data_mut();
-            if flags & !abi::CACHE_PURGE_SOFT != 0 {
-                return Ok(state
-                    .tables
-                    .cache
-                    .fail(errno::INVALID_ARGUMENT, format!("unknown flags {flags:#x}")));
-            }
+            let flags = match state.tables.cache.known_flags(flags, abi::CACHE_PURGE_SOFT) {
+                Ok(flags) => flags,
+                Err(code) => return Ok(code),
+            };
             let tag = String::from_utf8_lossy(&tag);
             let soft = flags & abi::CACHE_PURGE_SOFT != 0;
             Ok(match state.host.cache.purge_tag(&tag, soft) {

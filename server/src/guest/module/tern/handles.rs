@@ -28,6 +28,15 @@ impl<T> Handles<T> {
         code
     }
 
+    /// `flags` when they are all among `known`, else `INVALID_ARGUMENT` (with the reason kept).
+    pub fn known_flags(&mut self, flags: i32, known: i32) -> Result<i32, i32> {
+        if flags & !known == 0 {
+            Ok(flags)
+        } else {
+            Err(self.fail(errno::INVALID_ARGUMENT, format!("unknown flags {flags:#x}")))
+        }
+    }
+
     /// Holds `object`; its handle.
     pub fn push(&mut self, object: T) -> i32 {
         self.open.push(Some(object));
@@ -80,5 +89,8 @@ mod tests {
         }
         assert_eq!(h.close(0), Err(errno::INVALID_ARGUMENT));
         assert_eq!(h.push("c"), 2, "a closed handle is not given again");
+        assert_eq!(h.known_flags(3, 3), Ok(3));
+        assert_eq!(h.known_flags(4, 3), Err(errno::INVALID_ARGUMENT));
+        assert!(h.last_error.contains("0x4"));
     }
 }

@@ -183,12 +183,9 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             } else {
                 Some(read_guest(&caller, old, old_len, f)?)
             };
-            if flags & !abi::KV_CAS_ABSENT != 0 {
-                return Ok(caller
-                    .data_mut()
-                    .tables
-                    .kv
-                    .fail(errno::INVALID_ARGUMENT, format!("unknown flags {flags:#x}")));
+            let kv = &mut caller.data_mut().tables.kv;
+            if let Err(code) = kv.known_flags(flags, abi::KV_CAS_ABSENT) {
+                return Ok(code);
             }
             let op = Op::CompareAndSwap { key, expected, new };
             Ok(match run(&mut caller, store, op).await {
