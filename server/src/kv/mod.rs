@@ -309,27 +309,23 @@ impl Store {
             Op::Set(_, v) | Op::CompareAndSwap { new: v, .. } => v,
             _ => return Ok(()),
         };
-        if value.len() > self.config.max_value_bytes {
-            return Err(KvError::Limit(format!(
-                "a value of {} bytes is over store {:?}'s max_value_bytes ({})",
-                value.len(),
-                self.name,
-                self.config.max_value_bytes
-            )));
-        }
-        Ok(())
+        self.within("value", value, self.config.max_value_bytes)
     }
 
     fn key(&self, key: &[u8]) -> Result<(), KvError> {
         if key.is_empty() {
             return Err(KvError::Invalid("a key must not be empty".into()));
         }
-        if key.len() > self.config.max_key_bytes {
+        self.within("key", key, self.config.max_key_bytes)
+    }
+
+    /// A key or value (`what`) of at most `max` bytes (the store's `max_{what}_bytes`).
+    fn within(&self, what: &str, bytes: &[u8], max: usize) -> Result<(), KvError> {
+        if bytes.len() > max {
             return Err(KvError::Limit(format!(
-                "a key of {} bytes is over store {:?}'s max_key_bytes ({})",
-                key.len(),
+                "a {what} of {} bytes is over store {:?}'s max_{what}_bytes ({max})",
+                bytes.len(),
                 self.name,
-                self.config.max_key_bytes
             )));
         }
         Ok(())

@@ -257,21 +257,19 @@ impl Redis {
                 .arg(self.max_bytes);
             call
         };
+        // A read of one key's field in the values hash.
+        let field = |command: &str, key: &[u8]| {
+            let mut call = redis::cmd(command);
+            call.arg(&values).arg(key);
+            call
+        };
         Ok(match op {
-            Op::Get(key) => Reply::Answer(Answer::Value(
-                redis::cmd("HGET")
-                    .arg(&values)
-                    .arg(key)
-                    .query_async(conn)
-                    .await?,
-            )),
-            Op::Exists(key) => Reply::Answer(Answer::Bool(
-                redis::cmd("HEXISTS")
-                    .arg(&values)
-                    .arg(key)
-                    .query_async(conn)
-                    .await?,
-            )),
+            Op::Get(key) => {
+                Reply::Answer(Answer::Value(field("HGET", key).query_async(conn).await?))
+            }
+            Op::Exists(key) => {
+                Reply::Answer(Answer::Bool(field("HEXISTS", key).query_async(conn).await?))
+            }
             Op::List { after, limit } => {
                 let from = match after {
                     Some(k) => [b"(".as_slice(), k].concat(),
