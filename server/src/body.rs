@@ -400,14 +400,183 @@ pub fn plain(status: StatusCode, text: &str) -> Response<ResponseBody> {
 }
 
 /// Where a request's body comes from.
-#[derive(Debug)]
 pub enum RequestBody {
     /// No body.
     Empty,
     /// A body already in memory (benchmarks and tests drive guests without a socket).
     Full(Bytes),
-    /// A body still streaming in from the client.
+    /// A body still streaming in from the client over HTTP/1 or HTTP/2.
     Incoming(hyper::body::Incoming),
+    /// A body still streaming in from the client over HTTP/3: its stream's receiving side.
+    H3(Box<H3Body>),
+}
+
+impl std::fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Empty => f.write_str("Empty"),
+            Self::Full(b) => write!(f, "Full({} bytes)", b.len()),
+            Self::Incoming(i) => i.fmt(f),
+            Self::H3(_) => f.write_str("H3"),
+        }
+    }
+}
+
+/// Why a client's body could not be read (bad framing, cut off, reset).
+#[derive(Debug, thiserror::Error)]
+pub enum BodyFailure {
+    /// Over HTTP/1 or HTTP/2.
+    #[error(transparent)]
+    Hyper(hyper::Error),
+    /// Over HTTP/3: the stream's error, or a body longer or shorter than its
+    /// `Content-Length`.
+    #[error("{0}")]
+    H3(String),
+}
+
+/// Every kind of request body read one way: by frames, data only (trailers are read by no
+/// guest kind and are skipped).
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BodyFailure;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Framed<Self::Error> {
+        match self.get_mut() {
+            Self::Empty => Poll::Ready(None),
+            Self::Full(b) if b.is_empty() => Poll::Ready(None),
+            Self::Full(b) => Poll::Ready(Some(Ok(Frame::data(std::mem::take(b))))),
+            Self::Incoming(i) => Pin::new(i).poll_frame(cx).map_err(BodyFailure::Hyper),
+            Self::H3(s) => s.poll_data(cx).map_err(BodyFailure::H3),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Empty => true,
+            Self::Full(b) => b.is_empty(),
+            Self::Incoming(i) => i.is_end_stream(),
+            Self::H3(s) => s.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Empty => SizeHint::with_exact(0),
+            Self::Full(b) => SizeHint::with_exact(b.len() as u64),
+            Self::Incoming(i) => i.size_hint(),
+            Self::H3(s) => s.size_hint(),
+        }
+    }
+}
+
+/// A request's body streaming in over HTTP/3: its stream's receiving side, held to its
+/// `Content-Length` when it declares one (a body longer or shorter fails, as hyper's do).
+///
+/// Dropped before its end (a guest that did not read it all), it hands its stream back to the
+/// request's task, which asks the client to stop sending once the answer is complete — with
+/// `H3_NO_ERROR`, as RFC 9114 §4.1.2 says, and never before the answer (a client may not
+/// have finished sending its request when its answer is ready).
+pub struct H3Body {
+    receive: Option<H3Receive>,
+    /// Bytes still due under the declared length.
+    remaining: Option<u64>,
+    ended: bool,
+    back: Option<
+        tokio::sync::oneshot::Sender<h3::server::RequestStream<h3_quinn::RecvStream, Bytes>>,
+    >,
+}
+
+impl Drop for H3Body {
+    fn drop(&mut self) {
+        let (Some(receive), Some(back)) = (self.receive.take(), self.back.take()) else {
+            return;
+        };
+        if self.ended {
+            return;
+        }
+        // The request's task is gone (the answer was written already): stop it here.
+        if let Err(mut receive) = back.send(receive) {
+            receive.stop_sending(h3::error::Code::H3_NO_ERROR);
+        }
+    }
+}
+
+/// The receiving side of an HTTP/3 request stream.
+type H3Receive = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
+
+impl H3Body {
+    /// The body of a request stream's receiving side, held to `declared` bytes if given;
+    /// and where the stream comes back if the body is dropped before its end.
+    pub fn new(
+        receive: H3Receive,
+        declared: Option<u64>,
+    ) -> (Self, tokio::sync::oneshot::Receiver<H3Receive>) {
+        let (back, returned) = tokio::sync::oneshot::channel();
+        let body = Self {
+            receive: Some(receive),
+            remaining: declared,
+            ended: declared == Some(0),
+            back: Some(back),
+        };
+        (body, returned)
+    }
+
+    /// The next DATA frame, as `Body::poll_frame`.
+    pub(crate) fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, String>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let Some(receive) = self.receive.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = std::task::ready!(receive.poll_recv_data(cx));
+        Poll::Ready(match polled {
+            Err(e) => {
+                self.ended = true;
+                Some(Err(e.to_string()))
+            }
+            Ok(None) => {
+                self.ended = true;
+                match self.remaining {
+                    Some(n) if n > 0 => Some(Err(format!(
+                        "the body ended {n} bytes short of its Content-Length"
+                    ))),
+                    _ => None,
+                }
+            }
+            Ok(Some(mut data)) => {
+                let len = bytes::Buf::remaining(&data);
+                let data = bytes::Buf::copy_to_bytes(&mut data, len);
+                match &mut self.remaining {
+                    Some(n) if data.len() as u64 > *n => {
+                        self.ended = true;
+                        Some(Err("the body is longer than its Content-Length".into()))
+                    }
+                    Some(n) => {
+                        *n -= data.len() as u64;
+                        Some(Ok(Frame::data(data)))
+                    }
+                    None => Some(Ok(Frame::data(data))),
+                }
+            }
+        })
+    }
+
+    /// Whether the body has ended.
+    pub(crate) fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+
+    /// The declared length, while none of it is read.
+    pub(crate) fn size_hint(&self) -> SizeHint {
+        match self.remaining {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
 }
 
 /// What the client's body did while the server streamed it (to a component, or to a backend):
@@ -426,7 +595,7 @@ pub enum ClientBodyError {
     /// Past the tenant's limit, at this many bytes.
     TooLarge(u64),
     /// The client's body failed.
-    Failed(hyper::Error),
+    Failed(BodyFailure),
 }
 
 /// The client's body streamed by the server, counted against the tenant's limit as it comes
@@ -452,11 +621,7 @@ impl ClientBody {
 
     /// The body's exact length, when the client declared one (hyper checks it).
     pub fn exact_len(&self) -> Option<u64> {
-        match &self.body {
-            RequestBody::Empty => Some(0),
-            RequestBody::Full(b) => Some(b.len() as u64),
-            RequestBody::Incoming(i) => i.size_hint().exact(),
-        }
+        self.body.size_hint().exact()
     }
 }
 
@@ -466,12 +631,7 @@ impl Body for ClientBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Framed<Self::Error> {
         let this = self.get_mut();
-        let frame = match &mut this.body {
-            RequestBody::Empty => return Poll::Ready(None),
-            RequestBody::Full(b) if b.is_empty() => return Poll::Ready(None),
-            RequestBody::Full(b) => Some(Ok(Frame::data(std::mem::take(b)))),
-            RequestBody::Incoming(i) => std::task::ready!(Pin::new(i).poll_frame(cx)),
-        };
+        let frame = std::task::ready!(Pin::new(&mut this.body).poll_frame(cx));
         Poll::Ready(match frame {
             None => None,
             Some(Err(e)) => {
@@ -491,11 +651,7 @@ impl Body for ClientBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.body {
-            RequestBody::Empty => true,
-            RequestBody::Full(b) => b.is_empty(),
-            RequestBody::Incoming(i) => i.is_end_stream(),
-        }
+        self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {

@@ -23,6 +23,12 @@ pub const MAX_OUTBOUND_REQUESTS: u64 = 1_000;
 pub const MAX_OUTBOUND_CONCURRENT: u64 = 10_000;
 /// Ceiling of `limits.max_kv_ops` (per guest run).
 pub const MAX_KV_OPS: u64 = 100_000;
+/// Ceiling of `server.http3_max_streams` (request streams per HTTP/3 connection).
+pub const MAX_HTTP3_STREAMS: u64 = 10_000;
+/// Ceiling of `server.http3_socket_buffer_kib`: 1 GiB.
+pub const MAX_SOCKET_BUFFER_KIB: u64 = 1 << 20;
+/// Ceiling of `server.http3_alt_svc_max_age_secs`: a year.
+pub const MAX_ALT_SVC_MAX_AGE_SECS: u64 = 365 * 24 * 3600;
 /// Most custom error pages per tenant.
 pub const MAX_ERROR_PAGES: usize = 64;
 /// Largest custom error page, in bytes.

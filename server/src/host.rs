@@ -9,7 +9,8 @@
 //! an image fails with `EMFILE` or `ENOMEM`: this module raises what the process may raise
 //! itself, checks the rest at start-up, and names the limit when one is hit.
 //!
-//! `unsafe`: two `libc` calls (`getrlimit`, `setrlimit`) on a local struct.
+//! `unsafe`: `libc` calls on a local struct (`getrlimit`, `setrlimit`) and on a socket's
+//! options (`setsockopt`, `getsockopt`).
 #![allow(unsafe_code)]
 
 use std::io;
@@ -160,6 +161,39 @@ pub fn check_headroom(memory_slots: u32, max_connections: usize) -> Vec<String> 
         }
     }
     warnings
+}
+
+/// Asks for `bytes` of receive and send buffer on `socket`; returns the sizes granted.
+pub fn raise_socket_buffers(socket: &std::net::UdpSocket, bytes: usize) -> (usize, usize) {
+    use std::os::fd::AsRawFd;
+    let fd = socket.as_raw_fd();
+    let want = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    let size = |option: libc::c_int| {
+        let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `fd` is an open socket; the option's value is one c_int, passed by pointer
+        // with its size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                option,
+                std::ptr::from_ref(&want).cast(),
+                len,
+            );
+            let mut got: libc::c_int = 0;
+            let mut got_len = len;
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                option,
+                std::ptr::from_mut(&mut got).cast(),
+                &raw mut got_len,
+            );
+            // Linux reports twice what it grants (half is its bookkeeping).
+            usize::try_from(got).unwrap_or(0) / 2
+        }
+    };
+    (size(libc::SO_RCVBUF), size(libc::SO_SNDBUF))
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! The modules follow a request from the socket to teardown:
 //!
 //! - [`listener`]: accept loop, hyper (HTTP/1.1 + h2c; over TLS, h2 or HTTP/1.1 by ALPN),
-//!   graceful drain; what it knows of a connection (peer, TLS facts) goes to every request as a
+//!   graceful drain; `listener::quic` HTTP/3 on the TLS listener's address over UDP (quinn and
+//!   h3, the same certificates, limits and front end; advertised with `Alt-Svc`); what it knows of a connection (peer, TLS facts) goes to every request as a
 //!   [`context::Connection`]. [`tls`]: TLS termination: the certificates by host name (SNI),
 //!   swapped whole; the handshake under a deadline and a cap, failures counted by reason;
 //!   uploaded and ACME certificates kept in the data directory or a fleet's registry.

@@ -71,6 +71,10 @@ enum Command {
         /// PEM file: the private key of --tls-cert.
         #[arg(long, requires = "tls_listen")]
         tls_key: Option<PathBuf>,
+        /// Also serve HTTP/3 (QUIC over UDP) on the TLS listener's address, advertised with
+        /// `Alt-Svc` (`server.http3`; off by default).
+        #[arg(long)]
+        http3: bool,
     },
     /// Create a handler project in ./NAME that builds with one command: for Tern's ABI, Rust
     /// with a copy of the SDK, C with tern.h, or Zig; a wasi:http component in Rust; a CGI
@@ -411,6 +415,7 @@ fn main() -> ExitCode {
             tls_listen,
             tls_cert,
             tls_key,
+            http3,
         } => {
             let tls = tls_listen.zip(tls_cert.zip(tls_key));
             let places = Places {
@@ -418,6 +423,7 @@ fn main() -> ExitCode {
                 admin_listen,
                 data_dir,
                 registry,
+                http3,
             };
             serve(config, places, no_demo, tls)
         }
@@ -545,6 +551,8 @@ struct Places {
     admin_listen: Option<SocketAddr>,
     data_dir: Option<PathBuf>,
     registry: Option<String>,
+    /// `--http3`.
+    http3: bool,
 }
 
 /// `tern var delete` / `tern secret delete`.
@@ -585,6 +593,7 @@ fn serve(
         admin_listen,
         data_dir,
         registry,
+        http3,
     } = places;
     let mut config = match &config_path {
         Some(path) => Config::load(path)?,
@@ -604,6 +613,14 @@ fn serve(
     }
     if let Some((at, (cert, key))) = tls {
         config.serve_tls_from_command_line(at, &cert, &key)?;
+    }
+    if http3 {
+        anyhow::ensure!(
+            config.server.tls_listen.is_some(),
+            "--http3 serves QUIC on the TLS listener's address: give --tls-listen (or set \
+             server.tls_listen)"
+        );
+        config.server.http3 = true;
     }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     // With per-core workers this runtime only runs the admin listener and signal handling.

@@ -295,12 +295,39 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     // own, so `/metrics` and the admin API answer while the public one is full.
     let mut opts = listener::ListenOptions::from_config(&config.server);
     opts.open = Some(app.metrics.connections_open.clone());
+    // HTTP/3 on the TLS listener's address over UDP, advertised on its answers.
+    let quic = match (&tls, tls_addr) {
+        (Some((_, acceptor)), Some(at)) if config.server.http3 => {
+            let endpoint = listener::quic::bind(at, acceptor, &config.server)?;
+            let port = app.https_port.get().copied().unwrap_or(at.port());
+            let alt_svc = Arc::new(listener::quic::AltSvc::new(
+                port,
+                config.server.http3_alt_svc_max_age_secs,
+            ));
+            Some((endpoint, alt_svc))
+        }
+        _ => None,
+    };
     // The TLS listener shares the public one's connection cap.
     let tls_opts = tls.as_ref().map(|(_, acceptor)| {
         let mut o = opts.clone();
         o.tls = Some(acceptor.clone());
+        o.alt_svc = quic.as_ref().map(|(_, alt_svc)| alt_svc.clone());
         o
     });
+    if let (Some((endpoint, alt_svc)), Some(o)) = (quic, tls_opts.clone()) {
+        let a = app.clone();
+        let handler = move |req: http::Request<RequestBody>, client| {
+            crate::http::handle(a.clone(), req, client)
+        };
+        tasks.push(tokio::spawn(listener::quic::serve(
+            endpoint,
+            handler,
+            shutdown.clone(),
+            o,
+            Some(alt_svc),
+        )));
+    }
     let mut tls_first = tls.map(|(l, _)| l);
 
     let mut threads = Vec::new();
@@ -403,6 +430,9 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     let serving: Vec<String> = [
         addr.map(|a| format!("http://{a}")),
         tls_addr.map(|a| format!("https://{a}")),
+        tls_addr
+            .filter(|_| config.server.http3)
+            .map(|a| format!("HTTP/3 on udp {a}")),
     ]
     .into_iter()
     .flatten()

@@ -54,9 +54,24 @@ pub struct ServerConfig {
     /// Most TLS handshakes in progress at once; a connection past it is closed at once, so a
     /// flood of handshakes (each costs a signature) cannot take every core.
     pub max_tls_handshakes: usize,
+    /// HTTP/3: a QUIC listener on `tls_listen`'s address over UDP, with the same certificates,
+    /// tenants, limits and connection cap, advertised on the TLS listener's answers with
+    /// `Alt-Svc`. Off by default: the HTTP/3 library Tern uses (`h3`) calls itself
+    /// experimental, and UDP on the port must be let through the firewall first.
+    pub http3: bool,
+    /// How long clients may remember the `Alt-Svc` advertisement of HTTP/3 (its `ma`), in
+    /// seconds; `0` sends `Alt-Svc: clear`, which tells clients to forget an earlier one (how
+    /// HTTP/3 is withdrawn: set `0`, wait out the old value, then turn `http3` off).
+    pub http3_alt_svc_max_age_secs: u64,
+    /// Most request streams open at once on one HTTP/3 connection (HTTP/2's default is the
+    /// same 200); the client is told, and waits for a stream to end before opening another.
+    pub http3_max_streams: u64,
+    /// The UDP socket's receive and send buffers the QUIC listener asks the kernel for, in KiB
+    /// (the kernel caps them at `net.core.rmem_max` / `wmem_max`; the size granted is logged).
+    pub http3_socket_buffer_kib: usize,
     /// The port in the `Location` of a tenant's `https_redirect`, where clients reach the TLS
-    /// listener (a load balancer's 443 in front of `tls_listen`'s 8443); `0`: `tls_listen`'s
-    /// port (left out of the URL when it is 443).
+    /// listener (a load balancer's 443 in front of `tls_listen`'s 8443), and in HTTP/3's
+    /// `Alt-Svc`; `0`: `tls_listen`'s port (left out of the URL when it is 443).
     pub public_https_port: u16,
     /// Proxies (addresses and networks, `10.0.0.0/8`) whose connections may name their client
     /// in `Forwarded` or `X-Forwarded-For`: the client address of the access line, traces and
@@ -97,6 +112,10 @@ impl Default for ServerConfig {
             tls_listen: None,
             tls_handshake_timeout_ms: 10_000,
             max_tls_handshakes: 1024,
+            http3: false,
+            http3_alt_svc_max_age_secs: 86_400,
+            http3_max_streams: 200,
+            http3_socket_buffer_kib: 8 * 1024,
             public_https_port: 0,
             trusted_proxies: Vec::new(),
             access_log_query: false,

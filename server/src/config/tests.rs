@@ -268,3 +268,55 @@ fn tenant_memory_limit_must_fit_the_pool() {
     );
     assert!(e.contains("max_memory_mib"), "{e}");
 }
+
+#[test]
+fn http3_needs_the_tls_listener_and_its_settings_in_range() {
+    let tls = "[server]\ntls_listen = \"127.0.0.1:0\"\nhttp3 = true\n";
+    let ok = |extra: &str| Config::parse(&format!("{tls}{extra}"), "t.toml", PathBuf::new());
+    let config = ok("").unwrap();
+    assert_eq!(
+        (
+            config.server.http3_max_streams,
+            config.server.http3_alt_svc_max_age_secs
+        ),
+        (200, 86_400)
+    );
+    assert!(
+        !Config::parse("", "t.toml", PathBuf::new())
+            .unwrap()
+            .server
+            .http3
+    );
+    assert!(
+        err("[server]\nhttp3 = true\n").contains("server.http3 serves QUIC on the TLS listener"),
+        "{}",
+        err("[server]\nhttp3 = true\n")
+    );
+    for (setting, at_edges, past) in [
+        ("http3_max_streams", ["1", "10000"], ["0", "10001"]),
+        (
+            "http3_socket_buffer_kib",
+            ["64", "1048576"],
+            ["63", "1048577"],
+        ),
+        (
+            "http3_alt_svc_max_age_secs",
+            ["0", "31536000"],
+            ["31536001", "31536001"],
+        ),
+    ] {
+        for value in at_edges {
+            assert!(
+                ok(&format!("{setting} = {value}\n")).is_ok(),
+                "{setting} = {value}"
+            );
+        }
+        for value in past {
+            let message = err(&format!("{tls}{setting} = {value}\n"));
+            assert!(
+                message.contains(&format!("server.{setting} must be between")),
+                "{setting} = {value}: {message}"
+            );
+        }
+    }
+}

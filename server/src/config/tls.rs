@@ -184,6 +184,36 @@ impl Config {
                 }
             }
         }
+        if server.http3 && server.tls_listen.is_none() {
+            return at(
+                None,
+                "server.http3 serves QUIC on the TLS listener's port: set server.tls_listen \
+                 (e.g. \"0.0.0.0:443\")"
+                    .into(),
+            );
+        }
+        if let Err(message) = crate::ceilings::check(&[
+            (
+                "server.http3_max_streams",
+                server.http3_max_streams,
+                1,
+                crate::ceilings::MAX_HTTP3_STREAMS,
+            ),
+            (
+                "server.http3_socket_buffer_kib",
+                server.http3_socket_buffer_kib as u64,
+                64,
+                crate::ceilings::MAX_SOCKET_BUFFER_KIB,
+            ),
+            (
+                "server.http3_alt_svc_max_age_secs",
+                server.http3_alt_svc_max_age_secs,
+                0,
+                crate::ceilings::MAX_ALT_SVC_MAX_AGE_SECS,
+            ),
+        ]) {
+            return at(None, message);
+        }
         if server.tls_handshake_timeout_ms == 0 || server.max_tls_handshakes == 0 {
             return at(
                 None,

@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Uri};
-use http_body_util::BodyExt;
 
 pub use crate::body::RequestBody;
 use crate::body::{BodyFlags, ClientBody};
@@ -146,11 +145,7 @@ impl GuestRequest {
     /// or HTTP/2 without `content-length`).
     pub fn length_unknown(&self) -> bool {
         crate::body::declared_length(&self.headers).is_none()
-            && match &self.body {
-                RequestBody::Incoming(i) => !http_body::Body::is_end_stream(i),
-                RequestBody::Full(b) => !b.is_empty(),
-                RequestBody::Empty => false,
-            }
+            && !http_body::Body::is_end_stream(&self.body)
     }
 
     /// Reads the whole body into memory, within the tenant's limit, and presents it with its
@@ -187,24 +182,21 @@ impl GuestRequest {
         Ok(chunk)
     }
 
-    async fn next_frame(&mut self) -> Result<Bytes, hyper::Error> {
-        match &mut self.body {
-            RequestBody::Empty => Ok(Bytes::new()),
-            RequestBody::Full(b) => Ok(std::mem::take(b)),
-            RequestBody::Incoming(incoming) => loop {
-                match incoming.frame().await {
-                    None => return Ok(Bytes::new()),
-                    Some(Err(e)) => return Err(e),
-                    Some(Ok(frame)) => {
-                        // Trailers are not read by any kind; skip them and empty frames.
-                        if let Ok(data) = frame.into_data()
-                            && !data.is_empty()
-                        {
-                            return Ok(data);
-                        }
+    async fn next_frame(&mut self) -> Result<Bytes, crate::body::BodyFailure> {
+        use http_body_util::BodyExt;
+        loop {
+            match self.body.frame().await {
+                None => return Ok(Bytes::new()),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(frame)) => {
+                    // Trailers are not read by any kind; skip them and empty frames.
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        return Ok(data);
                     }
                 }
-            },
+            }
         }
     }
 }

@@ -431,6 +431,8 @@ pub struct Acceptor {
     inner: tokio_rustls::TlsAcceptor,
     /// Handshakes in flight.
     handshakes: Arc<tokio::sync::Semaphore>,
+    /// The size of `handshakes`.
+    max_handshakes: usize,
     timeout: Duration,
     done: prometheus::IntCounter,
     failures: prometheus::IntCounterVec,
@@ -455,23 +457,16 @@ impl Acceptor {
         timeout: Duration,
         metrics: &Metrics,
     ) -> Result<Self, rustls::Error> {
-        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::aws_lc_rs::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_cert_resolver(certificates.clone());
-        // The server's order of cipher suites, not the client's (every suite offered is
-        // strong; a client listing a weaker one first does not get it): what testssl.sh and
-        // other graders check for.
-        config.ignore_client_order = true;
-        // `acme-tls/1` last: only a CA validating a TLS-ALPN-01 challenge offers it.
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()];
-        config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
-        config.session_storage = rustls::server::ServerSessionMemoryCache::new(16 * 1024);
+        let config = server_config(
+            &certificates,
+            rustls::DEFAULT_VERSIONS,
+            // `acme-tls/1` last: only a CA validating a TLS-ALPN-01 challenge offers it.
+            vec![b"h2".to_vec(), b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()],
+        )?;
         Ok(Self {
             inner: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             handshakes: Arc::new(tokio::sync::Semaphore::new(max_handshakes)),
+            max_handshakes,
             timeout,
             done: metrics.tls_handshakes.clone(),
             failures: metrics.tls_handshake_failures.clone(),
@@ -480,17 +475,62 @@ impl Acceptor {
         })
     }
 
+    /// The rustls configuration of the QUIC listener: the same certificates, provider, cipher
+    /// order and session tickets as TCP, TLS 1.3 only (QUIC has no other), ALPN `h3`, and no
+    /// early data (0-RTT off: a replayed request could not be told apart).
+    ///
+    /// # Errors
+    /// If the crypto provider cannot make a ticket key.
+    pub fn quic_config(&self) -> Result<rustls::ServerConfig, rustls::Error> {
+        server_config(
+            &self.certificates,
+            &[&rustls::version::TLS13],
+            vec![b"h3".to_vec()],
+        )
+    }
+
+    /// The time a handshake may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A place among the handshakes in flight (shared by TCP and QUIC), counted in the
+    /// in-progress gauge while held; `None`, counted as a `busy` failure, at the cap.
+    pub fn handshake(&self) -> Option<Handshake<'_>> {
+        let Ok(permit) = self.handshakes.try_acquire() else {
+            self.failed("busy");
+            return None;
+        };
+        Some(Handshake {
+            _permit: permit,
+            _counted: crate::metrics::GaugeGuard::new(&self.in_progress),
+        })
+    }
+
+    /// Whether more than half the handshake cap is in flight (a QUIC client is then asked to
+    /// prove its address first).
+    pub fn busy(&self) -> bool {
+        self.handshakes.available_permits() < self.max_handshakes / 2
+    }
+
+    /// Counts a completed handshake.
+    pub fn completed(&self) {
+        self.done.inc();
+    }
+
+    /// Counts a failed handshake by `reason`.
+    pub fn failed(&self, reason: &str) {
+        self.failures.with_label_values(&[reason]).inc();
+    }
+
     /// Takes the handshake of `stream`; `None` (counted by reason) if it fails, takes too long,
     /// or too many are in flight.
     pub async fn accept(&self, stream: TcpStream) -> Option<Accepted> {
         let failed = |reason: &str| {
-            self.failures.with_label_values(&[reason]).inc();
+            self.failed(reason);
             None
         };
-        let Ok(_permit) = self.handshakes.try_acquire() else {
-            return failed("busy");
-        };
-        let _counted = crate::metrics::GaugeGuard::new(&self.in_progress);
+        let _handshake = self.handshake()?;
         let stream = match tokio::time::timeout(self.timeout, self.inner.accept(stream)).await {
             Err(_) => return failed("timeout"),
             Ok(Err(e)) => {
@@ -499,7 +539,7 @@ impl Acceptor {
             }
             Ok(Ok(stream)) => stream,
         };
-        self.done.inc();
+        self.completed();
         let (_, conn) = stream.get_ref();
         if conn.alpn_protocol() == Some(ACME_TLS_ALPN) {
             // The CA has seen the challenge certificate; the connection carries nothing else.
@@ -520,6 +560,34 @@ impl Acceptor {
             h2,
         })
     }
+}
+
+/// A handshake's place among those in flight ([`Acceptor::handshake`]).
+pub struct Handshake<'a> {
+    _permit: tokio::sync::SemaphorePermit<'a>,
+    _counted: crate::metrics::GaugeGuard<&'a prometheus::IntGauge>,
+}
+
+/// A rustls server configuration serving `certificates` over `versions`, offering `alpn`.
+fn server_config(
+    certificates: &Arc<Certificates>,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    alpn: Vec<Vec<u8>>,
+) -> Result<rustls::ServerConfig, rustls::Error> {
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_protocol_versions(versions)?
+    .with_no_client_auth()
+    .with_cert_resolver(certificates.clone());
+    // The server's order of cipher suites, not the client's (every suite offered is
+    // strong; a client listing a weaker one first does not get it): what testssl.sh and
+    // other graders check for.
+    config.ignore_client_order = true;
+    config.alpn_protocols = alpn;
+    config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
+    config.session_storage = rustls::server::ServerSessionMemoryCache::new(16 * 1024);
+    Ok(config)
 }
 
 /// The reason a handshake failed, for the failure counter.

@@ -20,6 +20,7 @@ mod fleet;
 mod guest_cache;
 mod host_limits;
 mod hostile;
+mod http3;
 mod isolation;
 mod kinds;
 mod kv;

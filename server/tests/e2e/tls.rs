@@ -21,14 +21,14 @@ use tokio_rustls::client::TlsStream;
 use crate::support::TestServer;
 
 /// A CA made for the test.
-struct Pki {
-    ca: CertificateDer<'static>,
-    ca_pem: String,
+pub(crate) struct Pki {
+    pub(crate) ca: CertificateDer<'static>,
+    pub(crate) ca_pem: String,
     issuer: Issuer<'static, KeyPair>,
 }
 
 impl Pki {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -46,7 +46,7 @@ impl Pki {
     }
 
     /// A certificate for `names`, written to `dir/FILE.crt` and `dir/FILE.key`.
-    fn issue(&self, dir: &Path, file: &str, names: &[&str]) -> CertificateDer<'static> {
+    pub(crate) fn issue(&self, dir: &Path, file: &str, names: &[&str]) -> CertificateDer<'static> {
         let key = KeyPair::generate().unwrap();
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(names.clone()).unwrap();

@@ -1,6 +1,8 @@
 //! The accept loop: TCP connections served by hyper (HTTP/1.1 with keep-alive, and HTTP/2 with
 //! prior knowledge; over TLS, HTTP/2 or HTTP/1.1 as the client's ALPN chose), drained gracefully
-//! on shutdown.
+//! on shutdown. HTTP/3 over QUIC is [`quic`]'s.
+
+pub mod quic;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -46,6 +48,8 @@ pub struct ListenOptions {
     pub grace: Duration,
     /// TLS termination, for a TLS listener.
     pub tls: Option<Arc<crate::tls::Acceptor>>,
+    /// The `Alt-Svc` of a TLS listener whose port also serves HTTP/3.
+    pub alt_svc: Option<Arc<quic::AltSvc>>,
 }
 
 impl ListenOptions {
@@ -59,6 +63,7 @@ impl ListenOptions {
             max_header_bytes: c.max_header_bytes,
             grace: Duration::from_millis(c.shutdown_grace_ms),
             tls: None,
+            alt_svc: None,
         }
     }
 }
@@ -101,12 +106,14 @@ where
         let _ = stream.set_nodelay(true);
         let (handler, shutdown) = (handler.clone(), shutdown.clone());
         let (builders, watcher, tls) = (builders.clone(), graceful.watcher(), opts.tls.clone());
+        let alt_svc = opts.alt_svc.clone();
         let first_bytes_timeout = opts.header_read_timeout;
         let open = opts.open.clone().map(GaugeGuard::new);
         tokio::spawn(async move {
             let _open = open;
             let _permit = permit;
             let service = move |conn: Connection| {
+                let alt_svc = alt_svc.clone();
                 service_fn(move |req: Request<Incoming>| {
                     // Once shutdown has begun, every HTTP/1 request is answered with
                     // `Connection: close`: it is served, and its keep-alive connection ends
@@ -115,8 +122,12 @@ where
                     // usual; the connection's next one gets the close.)
                     let close = req.version() < hyper::Version::HTTP_2 && shutdown.is_triggered();
                     let fut = handler(req, conn.clone());
+                    let alt_svc = alt_svc.clone();
                     async move {
                         let mut resp = fut.await;
+                        if let Some(alt_svc) = alt_svc {
+                            alt_svc.advertise(resp.headers_mut());
+                        }
                         if close {
                             resp.headers_mut()
                                 .insert(CONNECTION, HeaderValue::from_static("close"));

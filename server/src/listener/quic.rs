@@ -1,0 +1,417 @@
+//! HTTP/3: QUIC (quinn) on the TLS listener's address over UDP, the HTTP/3 framing and QPACK of
+//! `h3`. Each request goes to the same front end as TCP's (`http::handle`), its body as a
+//! [`RequestBody::H3`] ([`H3Body`]); the answer's [`ResponseBody`] is written as DATA frames.
+//!
+//! The limits are the TCP listeners': the connection cap (shared), handshakes in flight and
+//! their timeout (shared with TLS over TCP), the request head's size, the idle limit
+//! (`header_read_timeout_ms`, as HTTP/1's keep-alive and HTTP/2's ping), and request streams
+//! per connection (`http3_max_streams`, as HTTP/2's concurrent streams). 0-RTT is off. Past
+//! half the handshake cap, a client whose address is not yet validated is sent a Retry first,
+//! so a flood from spoofed addresses costs a packet each, not a handshake. On shutdown every
+//! connection is sent GOAWAY, its requests finish, and then it closes.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{ALT_SVC, CONTENT_LENGTH, DATE};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+
+use super::ListenOptions;
+use crate::body::{FRAMING_HEADERS, H3Body, RequestBody, ResponseBody};
+use crate::context::{Connection, TlsInfo};
+use crate::metrics::GaugeGuard;
+use crate::shutdown::Shutdown;
+
+/// The HTTP/3 error code of a stream or connection that ends without error (RFC 9114 §8.1).
+const H3_NO_ERROR: u32 = 0x100;
+
+/// Unidirectional streams a client may open: HTTP/3 needs three (control, QPACK encoder and
+/// decoder); a few more for reserved (GREASE) stream types some clients send.
+const UNI_STREAMS: u32 = 16;
+
+/// The `Alt-Svc` header of a TLS listener whose port serves HTTP/3 too: sent only while the
+/// QUIC listener is up (`clear` always, when the advertisement is withdrawn).
+#[derive(Debug)]
+pub struct AltSvc {
+    value: HeaderValue,
+    /// Whether the QUIC listener serves (a `clear` is sent either way).
+    up: AtomicBool,
+    clear: bool,
+}
+
+impl AltSvc {
+    /// `h3=":PORT"; ma=MAX_AGE`, or `clear` for a `max_age` of 0.
+    pub fn new(port: u16, max_age: u64) -> Self {
+        let text = if max_age == 0 {
+            "clear".to_string()
+        } else {
+            format!("h3=\":{port}\"; ma={max_age}")
+        };
+        Self {
+            value: HeaderValue::from_str(&text).expect("ASCII"),
+            up: AtomicBool::new(false),
+            clear: max_age == 0,
+        }
+    }
+
+    /// Adds the advertisement to an answer's `headers`, unless the guest set its own.
+    pub fn advertise(&self, headers: &mut HeaderMap) {
+        if (self.clear || self.up.load(Ordering::Relaxed)) && !headers.contains_key(ALT_SVC) {
+            headers.insert(ALT_SVC, self.value.clone());
+        }
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Relaxed);
+    }
+}
+
+/// The QUIC endpoint on `addr`: `acceptor`'s certificates and handshake cap, the limits of
+/// `[server]`, socket buffers raised to `http3_socket_buffer_kib` (the size the kernel grants
+/// is logged).
+///
+/// # Errors
+/// If the UDP address cannot be bound, or the TLS configuration not made.
+pub fn bind(
+    addr: SocketAddr,
+    acceptor: &crate::tls::Acceptor,
+    c: &crate::config::ServerConfig,
+) -> anyhow::Result<quinn::Endpoint> {
+    use anyhow::Context as _;
+    let socket = std::net::UdpSocket::bind(addr)
+        .with_context(|| format!("cannot listen on {addr} (UDP, HTTP/3)"))?;
+    let (receive, send) =
+        crate::host::raise_socket_buffers(&socket, c.http3_socket_buffer_kib * 1024);
+    tracing::info!(
+        "HTTP/3 on udp {}: socket buffers {} KiB receive, {} KiB send (asked {} KiB; the \
+         kernel caps them at net.core.rmem_max / wmem_max)",
+        socket.local_addr()?,
+        receive / 1024,
+        send / 1024,
+        c.http3_socket_buffer_kib
+    );
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(acceptor.quic_config()?)
+        .context("the TLS provider has no TLS 1.3 suite QUIC can start with")?;
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .max_concurrent_bidi_streams(quinn::VarInt::from_u64(c.http3_max_streams)?)
+        .max_concurrent_uni_streams(UNI_STREAMS.into())
+        .max_idle_timeout(Some(
+            Duration::from_millis(c.header_read_timeout_ms).try_into()?,
+        ));
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    server.transport_config(Arc::new(transport));
+    // Handshakes not yet accepted by the loop: a flood beyond them is dropped by quinn.
+    server.max_incoming(c.max_tls_handshakes.max(64));
+    quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(server),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+    .with_context(|| format!("cannot serve QUIC on {addr}"))
+}
+
+/// Serves HTTP/3 on `endpoint` with `handler` until `shutdown` fires; then refuses new
+/// connections, sends every open one GOAWAY, and waits up to the grace period for their
+/// requests to finish. `alt_svc` advertises the listener while it serves.
+pub async fn serve<H, F>(
+    endpoint: quinn::Endpoint,
+    handler: H,
+    shutdown: Shutdown,
+    opts: ListenOptions,
+    alt_svc: Option<Arc<AltSvc>>,
+) where
+    H: Fn(Request<RequestBody>, Connection) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    let tls = opts.tls.clone().expect("a QUIC listener terminates TLS");
+    let opts = Arc::new(opts);
+    let addr = endpoint
+        .local_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let connections = tokio_util::task::TaskTracker::new();
+    if let Some(a) = &alt_svc {
+        a.set_up(true);
+    }
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => match incoming {
+                Some(incoming) => incoming,
+                None => break,
+            },
+            () = shutdown.wait() => break,
+        };
+        // The connection cap is the TCP listeners' too: past it, a client is refused at once
+        // (it falls back to TCP, where it waits in the backlog).
+        let Ok(permit) = opts.connections.clone().try_acquire_owned() else {
+            incoming.refuse();
+            continue;
+        };
+        // Under a flood, prove the address first: a Retry costs the server one packet.
+        let incoming = if !incoming.remote_address_validated() && tls.busy() {
+            match incoming.retry() {
+                Ok(()) => continue,
+                Err(e) => e.into_incoming(),
+            }
+        } else {
+            incoming
+        };
+        let (handler, shutdown, opts) = (handler.clone(), shutdown.clone(), opts.clone());
+        connections.spawn(async move {
+            let _permit = permit;
+            connection(incoming, handler, shutdown, opts).await;
+        });
+    }
+    if let Some(a) = &alt_svc {
+        a.set_up(false);
+    }
+    // New connections are refused from here; open ones drain (each sends GOAWAY).
+    endpoint.set_server_config(None);
+    connections.close();
+    tokio::select! {
+        () = connections.wait() => tracing::debug!("udp {addr}: all HTTP/3 connections drained"),
+        () = tokio::time::sleep(opts.grace) => tracing::warn!("udp {addr}: grace period over, closing open HTTP/3 connections"),
+    }
+    endpoint.close(H3_NO_ERROR.into(), b"shutting down");
+    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+}
+
+/// One QUIC connection: its handshake (within the TLS listener's timeout and cap), then its
+/// requests, each in a task of its own, until the client ends it, it idles out, or shutdown
+/// drains it.
+async fn connection<H, F>(
+    incoming: quinn::Incoming,
+    handler: H,
+    shutdown: Shutdown,
+    opts: Arc<ListenOptions>,
+) where
+    H: Fn(Request<RequestBody>, Connection) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    let tls = opts.tls.as_ref().expect("a QUIC listener terminates TLS");
+    let _open = opts.open.clone().map(GaugeGuard::new);
+    let peer = incoming.remote_address();
+    let quic = {
+        let Some(_handshake) = tls.handshake() else {
+            incoming.refuse();
+            return;
+        };
+        let connecting = match incoming.accept() {
+            Ok(connecting) => connecting,
+            Err(e) => {
+                tracing::debug!(%peer, "QUIC handshake failed: {e}");
+                tls.failed("protocol");
+                return;
+            }
+        };
+        match tokio::time::timeout(tls.timeout(), connecting).await {
+            Err(_) => {
+                tls.failed("timeout");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, "QUIC handshake failed: {e}");
+                tls.failed(match e {
+                    quinn::ConnectionError::TransportError(_) => "protocol",
+                    quinn::ConnectionError::TimedOut => "timeout",
+                    _ => "io",
+                });
+                return;
+            }
+            Ok(Ok(quic)) => quic,
+        }
+    };
+    tls.completed();
+    let sni = quic
+        .handshake_data()
+        .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|d| d.server_name);
+    let conn = Connection {
+        peer,
+        tls: Some(Arc::new(TlsInfo {
+            protocol: "TLSv1.3",
+            sni,
+        })),
+    };
+    let built = h3::server::builder()
+        .max_field_section_size(opts.max_header_bytes as u64)
+        .build::<_, Bytes>(h3_quinn::Connection::new(quic.clone()))
+        .await;
+    let mut h3 = match built {
+        Ok(h3) => h3,
+        Err(e) => {
+            tracing::debug!(%peer, "HTTP/3 connection failed to start: {e}");
+            return;
+        }
+    };
+    // The connection's requests, each in a task of its own.
+    let requests = tokio_util::task::TaskTracker::new();
+    let mut draining = false;
+    loop {
+        let resolver = tokio::select! {
+            accepted = h3.accept() => match accepted {
+                Ok(Some(resolver)) => resolver,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(%peer, "HTTP/3 connection ended: {e}");
+                    break;
+                }
+            },
+            // GOAWAY: the requests the client sent so far are served, later ones refused.
+            () = shutdown.wait(), if !draining => {
+                draining = true;
+                requests.close();
+                let _ = h3.shutdown(1).await;
+                continue;
+            }
+            () = requests.wait(), if draining => break,
+        };
+        // The client's address as of this request: a client may migrate (a phone moving
+        // from Wi-Fi to mobile) and keep its connection.
+        let mut conn = conn.clone();
+        conn.peer = quic.remote_address();
+        requests.spawn(request(
+            resolver,
+            handler.clone(),
+            conn,
+            opts.header_read_timeout,
+        ));
+    }
+    // Whatever ended the loop, the requests still running finish before the close.
+    requests.close();
+    let _ = tokio::time::timeout(opts.grace, requests.wait()).await;
+    // An answer written whole may still be on its way (a stream's end is not its delivery),
+    // and closing drops what the client has not acknowledged: the client, told to go away,
+    // closes when it has all; else the connection closes after a moment.
+    let _ = tokio::time::timeout(super::LINGER.min(opts.grace), quic.closed()).await;
+    quic.close(H3_NO_ERROR.into(), b"");
+}
+
+/// One request: its head (within `header_timeout`), the front end's answer, written back.
+async fn request<H, F>(
+    resolver: h3::server::RequestResolver<h3_quinn::Connection, Bytes>,
+    handler: H,
+    conn: Connection,
+    header_timeout: Duration,
+) where
+    H: Fn(Request<RequestBody>, Connection) -> F,
+    F: Future<Output = Response<ResponseBody>>,
+{
+    let peer = conn.peer;
+    let (req, stream) = match tokio::time::timeout(header_timeout, resolver.resolve_request()).await
+    {
+        Err(_) => {
+            tracing::debug!(%peer, "HTTP/3 request head not sent in time");
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, "HTTP/3 request refused: {e}");
+            return;
+        }
+        Ok(Ok(resolved)) => resolved,
+    };
+    let (mut send, receive) = stream.split();
+    let head_only = req.method() == Method::HEAD;
+    let declared = crate::body::declared_length(req.headers());
+    let (body, returned) = H3Body::new(receive, declared);
+    let resp = handler(req.map(|()| RequestBody::H3(Box::new(body))), conn).await;
+    if let Err(e) = respond(&mut send, resp, head_only).await {
+        tracing::debug!(%peer, "HTTP/3 answer not delivered: {e}");
+    }
+    // The answer is complete: a request body not read to its end is no longer wanted.
+    if let Ok(mut receive) = returned.await {
+        receive.stop_sending(h3::error::Code::H3_NO_ERROR);
+    }
+}
+
+/// Writes `resp` on the stream: its head (without HTTP/1's connection headers, with a `Date`
+/// and, when the body's length is known, a `Content-Length`), then its body as DATA frames
+/// and any trailers.
+async fn respond(
+    send: &mut h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>,
+    resp: Response<ResponseBody>,
+    head_only: bool,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let (mut parts, mut body) = resp.into_parts();
+    for name in FRAMING_HEADERS {
+        parts.headers.remove(name);
+    }
+    let status = parts.status;
+    let bodiless = head_only
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    if !parts.headers.contains_key(CONTENT_LENGTH)
+        && status != StatusCode::NO_CONTENT
+        && !status.is_informational()
+        && let Some(n) = http_body::Body::size_hint(&body).exact()
+        && !(head_only && n == 0)
+    {
+        parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+    }
+    if !parts.headers.contains_key(DATE) {
+        let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+        parts
+            .headers
+            .insert(DATE, HeaderValue::from_str(&now).expect("ASCII"));
+    }
+    send.send_response(Response::from_parts(parts, ())).await?;
+    if !bodiless {
+        while let Some(frame) = body.frame().await {
+            let frame = match frame {
+                Ok(frame) => frame,
+                Err(e) => {
+                    // The guest's body was cut: the client must not take it for whole.
+                    send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+                    return Err(e.into());
+                }
+            };
+            match frame.into_data() {
+                Ok(data) if data.is_empty() => {}
+                Ok(data) => send.send_data(data).await?,
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        send.send_trailers(trailers).await?;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+    send.finish().await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AltSvc;
+
+    #[test]
+    fn alt_svc_is_sent_while_up_never_over_a_guests_own_and_clear_always() {
+        let alt = AltSvc::new(443, 86_400);
+        let mut headers = http::HeaderMap::new();
+        alt.advertise(&mut headers);
+        assert!(headers.is_empty(), "advertised before the listener is up");
+        alt.set_up(true);
+        alt.advertise(&mut headers);
+        assert_eq!(headers["alt-svc"], "h3=\":443\"; ma=86400");
+        let mut own = http::HeaderMap::new();
+        own.insert("alt-svc", "h2=\"alt.example:443\"".parse().unwrap());
+        alt.advertise(&mut own);
+        assert_eq!(own["alt-svc"], "h2=\"alt.example:443\"");
+        alt.set_up(false);
+        let mut headers = http::HeaderMap::new();
+        alt.advertise(&mut headers);
+        assert!(headers.is_empty(), "advertised after the listener stopped");
+        let clear = AltSvc::new(443, 0);
+        let mut headers = http::HeaderMap::new();
+        clear.advertise(&mut headers);
+        assert_eq!(headers["alt-svc"], "clear");
+    }
+}

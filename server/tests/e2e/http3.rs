@@ -1,0 +1,548 @@
+//! HTTP/3 (`server.http3`: QUIC on the TLS listener's port), with clients nobody here wrote:
+//! Python's aioquic (PyPI, `h3client.py`) and the `h3` crate's own client over quinn. Every demo
+//! tenant and guest kind, bodies both ways from 1 B to 10 MB, many streams on one connection,
+//! the advertisement (`Alt-Svc`), hostile clients (garbage datagrams, heads never finished,
+//! oversized heads, a handshake flood), a client that changes address, and a drain on shutdown.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use http::{Request, StatusCode};
+use rustls::pki_types::CertificateDer;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::support::{TestServer, metric_value_or_zero, test_guest, tools_dir};
+use crate::tls::Pki;
+
+/// A server with HTTP/3 on: the demo tenants, the `context` guest at `/ctx`, the CGI probe at
+/// `/probe`, `write_sized` at `/sized`, the test component at `/comp`, the echo demo with a 1 KiB body limit at `/small`; one
+/// certificate for `a.test`.
+struct H3Server {
+    s: TestServer,
+    /// The TLS listener's address: TCP, and UDP for HTTP/3.
+    addr: SocketAddr,
+    pki: Pki,
+    ca_file: PathBuf,
+}
+
+async fn h3_server(server: &str) -> H3Server {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    pki.issue(dir.path(), "a", &["a.test"]);
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &pki.ca_pem).unwrap();
+    test_guest(dir.path(), "context");
+    test_guest(dir.path(), "cgi_probe");
+    test_guest(dir.path(), "write_sized");
+    crate::support::test_component(dir.path(), "component");
+    let demo = tern::config::DEMO_CONFIG;
+    let demo_tenants = &demo[demo.find("[[tenant]]").unwrap()..];
+    let config = format!(
+        "[server]\ntls_listen = \"127.0.0.1:0\"\nhttp3 = true\n{server}\n\
+         [pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n\
+         [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\npaths = [\"/ctx\"]\n\
+         [[tenant]]\nname = \"probe\"\nmodule = \"cgi_probe.wasm\"\npaths = [\"/probe\"]\n\
+         [[tenant]]\nname = \"sized\"\nmodule = \"write_sized.wasm\"\npaths = [\"/sized\"]\n\
+         [[tenant]]\nname = \"comp\"\nmodule = \"component.wasm\"\npaths = [\"/comp\"]\n\
+         [[tenant]]\nname = \"small\"\nmodule = \"builtin:echo\"\npaths = [\"/small\"]\n\
+         [tenant.limits]\nmax_request_bytes = 1024\n\
+         {demo_tenants}"
+    );
+    let s = TestServer::try_start_in(dir, &config)
+        .await
+        .unwrap_or_else(|e| panic!("server failed to start: {e:#}"));
+    let addr = s.running.tls_addr.expect("a TLS listener");
+    H3Server {
+        s,
+        addr,
+        pki,
+        ca_file,
+    }
+}
+
+impl H3Server {
+    /// Runs aioquic's client with `args` (one connection): one JSON answer per request.
+    async fn aioquic(&self, args: &[&str]) -> Vec<Value> {
+        let (ok, lines) = aioquic_at(self.addr, &self.ca_file, args).await;
+        assert!(ok, "aioquic failed: {lines:?}");
+        lines
+    }
+
+    /// A connection of the `h3` crate's client.
+    async fn h3(&self) -> H3Client {
+        H3Client::connect(self.addr, &self.pki.ca)
+            .await
+            .expect("connect")
+    }
+}
+
+/// aioquic's client against `addr`: whether it connected, and its answers.
+async fn aioquic_at(addr: SocketAddr, ca: &std::path::Path, args: &[&str]) -> (bool, Vec<Value>) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/h3client.py");
+    let mut command = std::process::Command::new("python3");
+    command
+        .arg(script)
+        .env("PYTHONPATH", tools_dir().join("aioquic-1.7.2"))
+        .args(["--connect", &addr.to_string(), "--authority", "a.test"])
+        .arg("--cafile")
+        .arg(ca)
+        .args(args);
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    if !out.status.success() {
+        eprintln!("aioquic: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    (out.status.success(), lines)
+}
+
+fn status(answer: &Value) -> u64 {
+    answer["status"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no status: {answer}"))
+}
+
+fn text(answer: &Value) -> &str {
+    answer["body"].as_str().unwrap_or_default()
+}
+
+/// The value the `context` guest printed for `key`.
+fn field<'a>(body: &'a str, key: &str) -> &'a str {
+    body.lines()
+        .find_map(|l| l.strip_prefix(key).filter(|v| v.starts_with(['=', '!'])))
+        .unwrap_or_else(|| panic!("{key} missing from {body}"))
+}
+
+/// The SHA-256 of `n` bytes `i % 251`, in hex (`write_sized`'s body, `h3client.py`'s upload).
+fn pattern_sha(n: usize) -> String {
+    let body: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+    Sha256::digest(&body)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A client connection of the `h3` crate over quinn, trusting the test CA.
+struct H3Client {
+    endpoint: quinn::Endpoint,
+    quic: quinn::Connection,
+    send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+}
+
+/// An answer: status and body.
+struct Answer {
+    status: StatusCode,
+    body: Bytes,
+}
+
+impl H3Client {
+    async fn connect(addr: SocketAddr, ca: &CertificateDer<'static>) -> anyhow::Result<Self> {
+        let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.clone())?;
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        tls.alpn_protocols = vec![b"h3".to_vec()];
+        let config = quinn::ClientConfig::new(Arc::new(
+            quinn::crypto::rustls::QuicClientConfig::try_from(tls)?,
+        ));
+        let quic = endpoint.connect_with(config, addr, "a.test")?.await?;
+        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(quic.clone())).await?;
+        tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
+        Ok(Self {
+            endpoint,
+            quic,
+            send,
+        })
+    }
+
+    /// Sends `method path` with `body` and reads the whole answer.
+    async fn request(&mut self, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Answer> {
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("https://a.test{path}"))
+            .body(())?;
+        let mut stream = self.send.send_request(req).await?;
+        if !body.is_empty() {
+            stream.send_data(Bytes::copy_from_slice(body)).await?;
+        }
+        stream.finish().await?;
+        let head = stream.recv_response().await?;
+        let mut got = Vec::new();
+        while let Some(mut chunk) = stream.recv_data().await? {
+            got.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+        }
+        Ok(Answer {
+            status: head.status(),
+            body: got.into(),
+        })
+    }
+
+    async fn get(&mut self, path: &str) -> anyhow::Result<Answer> {
+        self.request("GET", path, b"").await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_is_served_every_demo_tenant_and_guest_kind_over_http3() {
+    let h = h3_server("").await;
+    // Each demo tenant answers over HTTP/3 as it does over HTTP/1.1.
+    for (method, path) in [
+        ("GET", "/hello"),
+        ("POST", "/echo/x?y=1"),
+        ("GET", "/json"),
+        ("GET", "/component"),
+        ("GET", "/cgi"),
+        ("GET", "/counter"),
+        ("GET", "/visits"),
+    ] {
+        let answer = &h.aioquic(&["--method", method, "--path", path]).await[0];
+        let plain = crate::support::send(
+            h.s.addr(),
+            method.parse().unwrap(),
+            path,
+            None,
+            &[],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(
+            status(answer),
+            u64::from(plain.status.as_u16()),
+            "{path}: {answer}"
+        );
+        assert_eq!(
+            answer["headers"]["content-type"].as_str(),
+            Some(plain.header("content-type")),
+            "{path}"
+        );
+        if path == "/hello" {
+            assert_eq!(text(answer), "Hello from Tern!\n");
+            assert_eq!(answer["headers"]["content-length"], "17");
+            assert!(answer["headers"]["server-timing"].is_string(), "{answer}");
+            assert!(answer["headers"]["date"].is_string(), "{answer}");
+        }
+        if path.starts_with("/echo") {
+            assert!(text(answer).starts_with("POST /echo/x?y=1\n"), "{answer}");
+        }
+    }
+    // What a guest learns of the request: HTTP/3, over TLS 1.3, the name the client asked for.
+    let answer = &h.aioquic(&["--path", "/ctx/a?b=c"]).await[0];
+    let body = text(answer);
+    assert_eq!(field(body, "HTTP_VERSION"), "=HTTP/3", "{body}");
+    assert_eq!(field(body, "SCHEME"), "=https", "{body}");
+    assert_eq!(field(body, "TLS_PROTOCOL"), "=TLSv1.3", "{body}");
+    assert_eq!(field(body, "TLS_SNI"), "=a.test", "{body}");
+    assert_eq!(field(body, "URL"), "=https://a.test/ctx/a?b=c", "{body}");
+    // A CGI program: `HTTP/3.0`, as RFC 3875's `HTTP/major.minor` (HTTP/2 is `HTTP/2.0`).
+    let answer = &h.aioquic(&["--path", "/probe/env"]).await[0];
+    let env = text(answer);
+    for want in [
+        "SERVER_PROTOCOL=HTTP/3.0",
+        "HTTPS=on",
+        "REQUEST_SCHEME=https",
+    ] {
+        assert!(env.lines().any(|l| l == want), "{want} missing from {env}");
+    }
+    // A wasi:http component sees https.
+    let answer = &h.aioquic(&["--path", "/comp/info"]).await[0];
+    assert!(text(answer).ends_with("scheme=https\n"), "{answer}");
+    // Counted and logged as HTTP/3.
+    let m = h.s.metrics().await;
+    assert!(
+        metric_value_or_zero(
+            &m,
+            r#"tern_requests_total{status="2xx",tenant="hello",version="3"}"#
+        ) >= 1.0,
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_is_advertised_on_the_tls_listener_only() {
+    let h = h3_server("").await;
+    let port = h.addr.port();
+    // HTTP/2 and HTTP/1.1 over TLS carry the advertisement (curl, a client of its own).
+    for version in ["--http2", "--http1.1"] {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "-o", "/dev/null", "-D", "-", version, "--cacert"])
+            .arg(&h.ca_file)
+            .args([
+                "--resolve",
+                &format!("a.test:{port}:127.0.0.1"),
+                &format!("https://a.test:{port}/hello"),
+            ])
+            .output()
+            .unwrap();
+        let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+        assert!(
+            head.contains(&format!("alt-svc: h3=\":{port}\"; ma=86400")),
+            "{version}: {head}"
+        );
+    }
+    // Not the cleartext listener: HTTP/3 is for https origins.
+    let r = h.s.get("/hello").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("alt-svc"), "");
+
+    // Withdrawn: `clear`, for clients that remember the old one.
+    let h = h3_server("http3_alt_svc_max_age_secs = 0\n").await;
+    let tls = h.addr;
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "-o", "/dev/null", "-D", "-", "--cacert"])
+        .arg(&h.ca_file)
+        .args([
+            "--resolve",
+            &format!("a.test:{}:127.0.0.1", tls.port()),
+            &format!("https://a.test:{}/hello", tls.port()),
+        ])
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(head.contains("alt-svc: clear"), "{head}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_stream_both_ways_over_http3_from_1_byte_to_10_mb() {
+    let h = h3_server("").await;
+    for n in [1usize, 65_536, 10_000_000] {
+        // Up: the echo demo streams the body back after its own lines.
+        let n_text = n.to_string();
+        let answer = &h
+            .aioquic(&[
+                "--method",
+                "POST",
+                "--path",
+                "/echo",
+                "--body-bytes",
+                &n_text,
+            ])
+            .await[0];
+        assert_eq!(status(answer), 200, "{n}: {answer}");
+        assert_eq!(answer["tail_sha256"], answer["sent_sha256"], "{n} up");
+        // Down: `write_sized` in 64 KiB writes.
+        let path = format!("/sized?n={n}&chunk=65536");
+        let answer = &h.aioquic(&["--path", &path]).await[0];
+        assert_eq!(status(answer), 200, "{n}: {answer}");
+        assert_eq!(answer["body_bytes"].as_u64(), Some(n as u64), "{n} down");
+        assert_eq!(answer["body_sha256"].as_str().unwrap(), pattern_sha(n));
+    }
+    // A component streams the body back too.
+    let answer = &h
+        .aioquic(&[
+            "--method",
+            "POST",
+            "--path",
+            "/component/echo",
+            "--body-bytes",
+            "1000000",
+        ])
+        .await[0];
+    assert_eq!(status(answer), 200, "{answer}");
+    assert_eq!(answer["body_sha256"], answer["sent_sha256"]);
+    // The tenant's body limit, at it and one past it.
+    let answer = &h
+        .aioquic(&[
+            "--method",
+            "POST",
+            "--path",
+            "/small",
+            "--body-bytes",
+            "1024",
+        ])
+        .await[0];
+    assert_eq!(status(answer), 200, "{answer}");
+    let answer = &h
+        .aioquic(&[
+            "--method",
+            "POST",
+            "--path",
+            "/small",
+            "--body-bytes",
+            "1025",
+        ])
+        .await[0];
+    assert_eq!(status(answer), 413, "{answer}");
+    // A body that does not match its Content-Length is refused, not taken as whole.
+    let answer = &h
+        .aioquic(&[
+            "--method",
+            "POST",
+            "--path",
+            "/echo",
+            "--body-bytes",
+            "10",
+            "--header",
+            "content-length:20",
+        ])
+        .await[0];
+    assert_eq!(status(answer), 400, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_streams_share_one_http3_connection_within_its_stream_cap() {
+    let h = h3_server("http3_max_streams = 8\n").await;
+    let answers = h.aioquic(&["--path", "/hello", "--count", "200"]).await;
+    assert_eq!(answers.len(), 200);
+    for answer in &answers {
+        assert_eq!(status(answer), 200, "{answer}");
+        assert_eq!(text(answer), "Hello from Tern!\n");
+    }
+    // The h3 crate's client on one connection, one request after another.
+    let mut c = h.h3().await;
+    for _ in 0..20 {
+        let a = c.get("/hello").await.unwrap();
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(&a.body[..], b"Hello from Tern!\n");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_http3_clients_do_not_disturb_the_others() {
+    let h = h3_server("header_read_timeout_ms = 1000\nmax_header_bytes = 8192\n").await;
+    // Garbage datagrams of every size.
+    let junk = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for i in 0..2000usize {
+        let len = 1 + (i * 37) % 1400;
+        let bytes: Vec<u8> = (0..len).map(|j| ((i * 31 + j * 17) % 256) as u8).collect();
+        let _ = junk.send_to(&bytes, h.addr);
+    }
+    // Request streams whose head never ends: each is dropped after the header timeout.
+    let mut c = h.h3().await;
+    // (Their sending sides stay open: a stream that ends inside a frame is a connection
+    // error, RFC 9114 §7.1, and the server closes the connection for it.)
+    let (mut stalled, mut open) = (Vec::new(), Vec::new());
+    for _ in 0..20 {
+        let (mut send, mut recv) = c.quic.open_bi().await.unwrap();
+        // A HEADERS frame's type and a length longer than what follows.
+        send.write_all(&[0x01, 0x40, 0x80, 0x00]).await.unwrap();
+        open.push(send);
+        stalled.push(tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            recv.read(&mut buf).await
+        }));
+    }
+    // Meanwhile the same connection serves others.
+    let a = c.get("/hello").await.unwrap();
+    assert_eq!(a.status, StatusCode::OK);
+    for s in stalled {
+        let read = tokio::time::timeout(Duration::from_secs(10), s)
+            .await
+            .expect("a stalled stream is ended by the server")
+            .unwrap();
+        assert!(
+            !matches!(read, Ok(Some(n)) if n > 0),
+            "a stalled head got an answer: {read:?}"
+        );
+    }
+    drop(open);
+    // A head over max_header_bytes is refused; the next client is served.
+    let big = format!("x-big:{}", "a".repeat(9000));
+    let (_, answers) =
+        aioquic_at(h.addr, &h.ca_file, &["--path", "/hello", "--header", &big]).await;
+    assert!(
+        answers.iter().all(|a| a["status"].as_u64() != Some(200)),
+        "an oversized head was served: {answers:?}"
+    );
+    let answer = &h.aioquic(&["--path", "/hello"]).await[0];
+    assert_eq!(status(answer), 200);
+    // (`c` has idled past the 1 s limit meanwhile, and is closed: a new connection.)
+    let a = h.h3().await.get("/hello").await.unwrap();
+    assert_eq!(a.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_changes_address_keeps_its_http3_connection() {
+    let h = h3_server("").await;
+    let mut c = h.h3().await;
+    let before = c.get("/ctx").await.unwrap();
+    let port_before = field(std::str::from_utf8(&before.body).unwrap(), "CLIENT_PORT").to_string();
+    assert_eq!(
+        port_before,
+        format!("={}", c.endpoint.local_addr().unwrap().port())
+    );
+    // The client's socket changes (a phone moving between networks): same connection.
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let new_port = socket.local_addr().unwrap().port();
+    c.endpoint.rebind(socket).unwrap();
+    let after = c.get("/ctx").await.unwrap();
+    assert_eq!(after.status, StatusCode::OK);
+    let body = std::str::from_utf8(&after.body).unwrap();
+    // The guest sees where the client is now.
+    assert_eq!(field(body, "CLIENT_PORT"), format!("={new_port}"), "{body}");
+    assert!(c.quic.close_reason().is_none(), "the connection ended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_flood_is_capped_and_the_listener_keeps_serving() {
+    let h = h3_server("max_tls_handshakes = 4\n").await;
+    let mut flood = Vec::new();
+    for _ in 0..60 {
+        let (addr, ca) = (h.addr, h.pki.ca.clone());
+        flood.push(tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_secs(15), H3Client::connect(addr, &ca)).await
+        }));
+    }
+    let mut connected = 0;
+    for f in flood {
+        match f.await.unwrap() {
+            Ok(Ok(_client)) => connected += 1,
+            Ok(Err(_refused)) => {}
+            Err(_) => panic!("a handshake hung past 15 s"),
+        }
+    }
+    assert!(connected > 0, "no handshake of the flood completed");
+    let m = h.s.metrics().await;
+    assert_eq!(
+        metric_value_or_zero(&m, "tern_tls_handshakes_in_progress"),
+        0.0,
+        "{m}"
+    );
+    // Served afterwards.
+    let mut c = h.h3().await;
+    assert_eq!(c.get("/hello").await.unwrap().status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_http3_requests_in_flight() {
+    let h = h3_server("").await;
+    let mut c = h.h3().await;
+    assert_eq!(c.get("/hello").await.unwrap().status, StatusCode::OK);
+    // A request whose guest writes in 50 pieces, computing before each: its head has come
+    // (so the server has it) when shutdown begins.
+    let mut slow = h.h3().await;
+    let req = Request::get("https://a.test/sized?n=200000&chunk=4000&slow=1")
+        .body(())
+        .unwrap();
+    let mut stream = slow.send.send_request(req).await.unwrap();
+    stream.finish().await.unwrap();
+    let head = stream.recv_response().await.unwrap();
+    assert_eq!(head.status(), StatusCode::OK);
+    h.s.running.shutdown.trigger();
+    let mut len = 0;
+    while let Some(chunk) = stream.recv_data().await.expect("answered in full") {
+        len += chunk.remaining();
+    }
+    assert_eq!(len, 200_000);
+    // The idle connection was told to go away: a new request on it is not served.
+    let after = tokio::time::timeout(Duration::from_secs(10), c.get("/hello")).await;
+    assert!(
+        !matches!(after, Ok(Ok(ref a)) if a.status == StatusCode::OK),
+        "served after shutdown"
+    );
+}
