@@ -298,13 +298,13 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     // HTTP/3 on the TLS listener's address over UDP, advertised on its answers.
     let quic = match (&tls, tls_addr) {
         (Some((_, acceptor)), Some(at)) if config.server.http3 => {
-            let endpoint = listener::quic::bind(at, acceptor, &config.server)?;
+            let bound = listener::quic::bind(at, acceptor, &config.server)?;
             let port = app.https_port.get().copied().unwrap_or(at.port());
             let alt_svc = Arc::new(listener::quic::AltSvc::new(
                 port,
                 config.server.http3_alt_svc_max_age_secs,
             ));
-            Some((endpoint, alt_svc))
+            Some((bound, alt_svc))
         }
         _ => None,
     };
@@ -315,19 +315,8 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         o.alt_svc = quic.as_ref().map(|(_, alt_svc)| alt_svc.clone());
         o
     });
-    if let (Some((endpoint, alt_svc)), Some(o)) = (quic, tls_opts.clone()) {
-        let a = app.clone();
-        let handler = move |req: http::Request<RequestBody>, client| {
-            crate::http::handle(a.clone(), req, client)
-        };
-        tasks.push(tokio::spawn(listener::quic::serve(
-            endpoint,
-            handler,
-            shutdown.clone(),
-            o,
-            Some(alt_svc),
-        )));
-    }
+    // HTTP/3 runs on the first worker's runtime (per-core) or the shared one.
+    let mut quic = quic.zip(tls_opts.clone());
     let mut tls_first = tls.map(|(l, _)| l);
 
     let mut threads = Vec::new();
@@ -368,6 +357,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                 (None, None) => None,
             };
             let tls_opts = tls_opts.clone();
+            let quic = quic.take();
             let (app, shutdown, opts) = (app.clone(), shutdown.clone(), opts.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("tern-worker-{i}"))
@@ -377,6 +367,10 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                         .build()
                         .expect("worker runtime");
                     rt.block_on(async move {
+                        let a = app.clone();
+                        let h3_handler = move |req: http::Request<RequestBody>, client| {
+                            crate::http::handle(a.clone(), req, client)
+                        };
                         let handler = move |req: http::Request<hyper::body::Incoming>, client| {
                             crate::http::handle(app.clone(), req.map(RequestBody::Incoming), client)
                         };
@@ -393,7 +387,13 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                                 listener::serve(l, handler.clone(), shutdown.clone(), o).await;
                             }
                         };
-                        tokio::join!(plain, tls);
+                        let h3 = async {
+                            if let Some(((bound, alt_svc), o)) = quic {
+                                let s = shutdown.clone();
+                                listener::quic::serve(bound, h3_handler, s, o, Some(alt_svc)).await;
+                            }
+                        };
+                        tokio::join!(plain, tls, h3);
                     });
                 })?;
             threads.push(thread);
@@ -417,6 +417,19 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                 handler,
                 shutdown.clone(),
                 o,
+            )));
+        }
+        if let Some(((bound, alt_svc), o)) = quic.take() {
+            let a = app.clone();
+            let handler = move |req: http::Request<RequestBody>, client| {
+                crate::http::handle(a.clone(), req, client)
+            };
+            tasks.push(tokio::spawn(listener::quic::serve(
+                bound,
+                handler,
+                shutdown.clone(),
+                o,
+                Some(alt_svc),
             )));
         }
     }

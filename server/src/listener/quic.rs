@@ -71,9 +71,18 @@ impl AltSvc {
     }
 }
 
-/// The QUIC endpoint on `addr`: `acceptor`'s certificates and handshake cap, the limits of
-/// `[server]`, socket buffers raised to `http3_socket_buffer_kib` (the size the kernel grants
-/// is logged).
+/// A UDP socket bound for HTTP/3 and its QUIC configuration, made at start (where a bad
+/// address or configuration is an error to report) and served by the runtime that runs
+/// [`serve`] (with per-core workers, the first worker's: quinn drives an endpoint on the
+/// runtime it is made in).
+pub struct Bound {
+    socket: std::net::UdpSocket,
+    config: quinn::ServerConfig,
+}
+
+/// Binds HTTP/3's UDP socket on `addr`: `acceptor`'s certificates and handshake cap, the
+/// limits of `[server]`, socket buffers raised to `http3_socket_buffer_kib` (the size the
+/// kernel grants is logged).
 ///
 /// # Errors
 /// If the UDP address cannot be bound, or the TLS configuration not made.
@@ -81,7 +90,7 @@ pub fn bind(
     addr: SocketAddr,
     acceptor: &crate::tls::Acceptor,
     c: &crate::config::ServerConfig,
-) -> anyhow::Result<quinn::Endpoint> {
+) -> anyhow::Result<Bound> {
     use anyhow::Context as _;
     let socket = std::net::UdpSocket::bind(addr)
         .with_context(|| format!("cannot listen on {addr} (UDP, HTTP/3)"))?;
@@ -104,24 +113,18 @@ pub fn bind(
         .max_idle_timeout(Some(
             Duration::from_millis(c.header_read_timeout_ms).try_into()?,
         ));
-    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    server.transport_config(Arc::new(transport));
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    config.transport_config(Arc::new(transport));
     // Handshakes not yet accepted by the loop: a flood beyond them is dropped by quinn.
-    server.max_incoming(c.max_tls_handshakes.max(64));
-    quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
-        Some(server),
-        socket,
-        Arc::new(quinn::TokioRuntime),
-    )
-    .with_context(|| format!("cannot serve QUIC on {addr}"))
+    config.max_incoming(c.max_tls_handshakes.max(64));
+    Ok(Bound { socket, config })
 }
 
-/// Serves HTTP/3 on `endpoint` with `handler` until `shutdown` fires; then refuses new
+/// Serves HTTP/3 on `bound` with `handler` until `shutdown` fires; then refuses new
 /// connections, sends every open one GOAWAY, and waits up to the grace period for their
 /// requests to finish. `alt_svc` advertises the listener while it serves.
 pub async fn serve<H, F>(
-    endpoint: quinn::Endpoint,
+    bound: Bound,
     handler: H,
     shutdown: Shutdown,
     opts: ListenOptions,
@@ -130,6 +133,18 @@ pub async fn serve<H, F>(
     H: Fn(Request<RequestBody>, Connection) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
+    let endpoint = match quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(bound.config),
+        bound.socket,
+        Arc::new(quinn::TokioRuntime),
+    ) {
+        Ok(endpoint) => endpoint,
+        Err(e) => {
+            tracing::error!("HTTP/3 cannot serve: {e}");
+            return;
+        }
+    };
     let tls = opts.tls.clone().expect("a QUIC listener terminates TLS");
     let opts = Arc::new(opts);
     let addr = endpoint
