@@ -2,7 +2,8 @@
 //! Python's aioquic (PyPI, `h3client.py`) and the `h3` crate's own client over quinn. Every demo
 //! tenant and guest kind, bodies both ways from 1 B to 10 MB, many streams on one connection,
 //! the advertisement (`Alt-Svc`), hostile clients (garbage datagrams, heads never finished,
-//! oversized heads, a handshake flood), a client that changes address, and a drain on shutdown.
+//! oversized heads, a handshake flood), a client that changes address, a drain on shutdown,
+//! and SIGTERM to `tern serve --http3` under load.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -507,4 +508,92 @@ async fn shutdown_drains_http3_requests_in_flight() {
         !matches!(after, Ok(Ok(ref a)) if a.status == StatusCode::OK),
         "served after shutdown"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_http3_load_answers_every_request_it_took_in_full() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    pki.issue(dir.path(), "a", &["a.test"]);
+    let (cert, key) = (dir.path().join("a.crt"), dir.path().join("a.key"));
+    // The demo tenants, as `tern serve --tls-listen ... --http3` runs them.
+    let tern = crate::support::TernProcess::serve(
+        &[
+            "--tls-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--http3",
+        ],
+        &dir.path().join("cache"),
+    );
+    let addr: SocketAddr = tern
+        .tls
+        .as_deref()
+        .expect("an HTTPS address")
+        .parse()
+        .unwrap();
+    let answered = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let mut c = H3Client::connect(addr, &pki.ca).await.expect("connect");
+        let answered = answered.clone();
+        clients.push(tokio::spawn(async move {
+            // Requests until the server refuses one (GOAWAY, then the close): an answer
+            // whose head came is read to its end, whole.
+            let mut whole = 0;
+            loop {
+                let req = Request::post("https://a.test/echo/x").body(()).unwrap();
+                let Ok(mut stream) = c.send.send_request(req).await else {
+                    return whole;
+                };
+                // 256 KiB echoed back: an answer of many packets, which a close too early
+                // would cut.
+                if stream
+                    .send_data(Bytes::from(vec![b'x'; 256 * 1024]))
+                    .await
+                    .is_err()
+                {
+                    return whole;
+                }
+                let _ = stream.finish().await;
+                let Ok(Ok(head)) =
+                    tokio::time::timeout(Duration::from_secs(10), stream.recv_response()).await
+                else {
+                    return whole;
+                };
+                assert_eq!(head.status(), StatusCode::OK);
+                let mut body = Vec::new();
+                while let Some(mut chunk) = stream.recv_data().await.expect("an answer cut") {
+                    body.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+                }
+                assert!(body.starts_with(b"POST /echo/x\n"), "{:?}", &body[..40]);
+                assert!(body.ends_with(&[b'x'; 256 * 1024]), "{} bytes", body.len());
+                whole += 1;
+                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }));
+    }
+    // Under load, then SIGTERM.
+    while answered.load(std::sync::atomic::Ordering::Relaxed) < 40 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &tern.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut total = 0;
+    for c in clients {
+        total += c.await.expect("every answer whole");
+    }
+    assert!(total >= 40, "{total}");
+    let mut tern = tern;
+    let exit = tokio::task::spawn_blocking(move || tern.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "tern exited with {exit}");
 }
