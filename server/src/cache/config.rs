@@ -20,6 +20,12 @@ pub struct CacheConfig {
     pub max_object_kib: u64,
     /// Store answers that set cookies (off: a `Set-Cookie` is usually meant for one client).
     pub store_set_cookie: bool,
+    /// Store the answer to a request with a `Cookie` whatever it says of sharing. Off (the
+    /// default), such an answer is stored only when it says it may be shared — `public`,
+    /// `s-maxage` or `must-revalidate`, RFC 9111's rule for `Authorization` — or varies on
+    /// `Cookie`: an answer marked only `max-age` may be one signed-in user's page.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub store_cookie_requests: bool,
     /// Query parameters left out of the key (`utm_source`; `utm_*` for every name starting
     /// so; `*` for the whole query): requests that differ only in them share one answer.
     /// The guest still gets the query as it was sent.
@@ -43,6 +49,7 @@ impl Default for CacheConfig {
             max_mib: 64,
             max_object_kib: 1024,
             store_set_cookie: false,
+            store_cookie_requests: false,
             ignore_query: Vec::new(),
             sort_query: false,
             key_headers: Vec::new(),

@@ -163,7 +163,7 @@ impl Fill {
                                         cache.max_object,
                                         Box::new(move |body| {
                                             let variant = Variant { body, ..variant };
-                                            cache.insert(&storing, Arc::new(variant));
+                                            let _ = cache.insert(&storing, Arc::new(variant));
                                             drop(lead);
                                         }),
                                     )
@@ -177,8 +177,12 @@ impl Fill {
                 };
                 match stored {
                     Some(variant) => {
-                        cache.insert(storing, variant.clone());
-                        status.push_str("; stored");
+                        if cache.insert(storing, variant.clone()) {
+                            status.push_str("; stored");
+                        } else {
+                            // A purge naming it came while it was being made.
+                            status.push_str("; detail=purged-during-fill");
+                        }
                         // The client's own validators and range, answered from what was
                         // stored (a revalidation was served so already).
                         let asks = storing.if_none_match.is_some()
@@ -252,6 +256,21 @@ fn says_private(headers: &http::HeaderMap) -> bool {
         .collect();
     directive_names(values)
         .any(|d| d.eq_ignore_ascii_case("private") || d.eq_ignore_ascii_case("no-store"))
+}
+
+/// Whether an answer says it may be shared though its request carried credentials:
+/// `public`, `s-maxage` or `must-revalidate` in `cdn` (its `CDN-Cache-Control`, or the
+/// requester's freshness) when given, else in `Cache-Control`.
+fn says_shared(cdn: Option<&HeaderValue>, headers: &http::HeaderMap) -> bool {
+    let values = match cdn {
+        Some(cdn) => vec![cdn],
+        None => headers.get_all(header::CACHE_CONTROL).iter().collect(),
+    };
+    directive_names(values).any(|d| {
+        ["public", "s-maxage", "must-revalidate"]
+            .iter()
+            .any(|n| d.eq_ignore_ascii_case(n))
+    })
 }
 
 /// The names of the directives in cache-control `values` (`max-age=60, public`: `max-age`,
@@ -368,6 +387,15 @@ impl Cache {
         if !may_be_fresh(cdn, headers) {
             return None;
         }
+        // A request with a cookie may be a signed-in user's: its answer is shared only when it
+        // says so (as RFC 9111 §3.5 has it for `Authorization`), or kept per cookie (`Vary`).
+        if !self.store_cookie_requests
+            && s.headers.contains_key(header::COOKIE)
+            && !vary_names.contains(&header::COOKIE)
+            && !says_shared(cdn, headers)
+        {
+            return None;
+        }
         let answered = Answered {
             status,
             headers: match cdn {
@@ -408,8 +436,8 @@ impl Cache {
             vary: vary_names
                 .into_iter()
                 .map(|n| {
-                    let value = s.headers.get(&n).cloned();
-                    (n, value)
+                    let lines = s.headers.get_all(&n).iter().cloned().collect();
+                    (n, lines)
                 })
                 .collect(),
             stored: Instant::now(),
@@ -423,8 +451,19 @@ impl Cache {
         })
     }
 
+    /// Stores `variant` under `s`'s key, beside the key's other variants, unless a purge
+    /// since `s` was looked up names it; whether it was stored.
+    pub(super) fn insert(&self, s: &Storing, variant: Arc<Variant>) -> bool {
+        let tags = || variant.tags.iter().map(|t| &**t);
+        self.purges.store(
+            s.generation,
+            |named| named.names(s.space, &s.target, tags()),
+            || self.put_variant(s, variant.clone()),
+        )
+    }
+
     /// Stores `variant` under `s`'s key, beside the key's other variants.
-    pub(super) fn insert(&self, s: &Storing, variant: Arc<Variant>) {
+    fn put_variant(&self, s: &Storing, variant: Arc<Variant>) {
         let mut variants: Vec<Arc<Variant>> = match self.entries.get(&s.hash) {
             Some(e) if e.is_for(s.space, s.https, &s.host, &s.target) => e
                 .variants

@@ -151,6 +151,8 @@ pub struct Entry {
     found: Option<Found>,
     /// This request fills the key: others wait until it inserts or drops it.
     fill: Option<Fill>,
+    /// The cache's purge generation at the lookup.
+    generation: u64,
 }
 
 struct Found {
@@ -206,12 +208,16 @@ impl CacheSession {
             .map_err(|_| CacheError::Invalid("the key cannot be stored".into()))?;
         *req.headers_mut() = headers;
         let cache = &granted.cache;
+        // A purge from here on that names what this request inserts keeps it out: the
+        // guest may have made it from what the purge meant to drop.
+        let generation = cache.purges.generation();
         let asking = Asking {
             https: false,
             host: "",
             trusted: true,
             space: Space::Guest(granted.counts.clone()),
             compress: None,
+            body: false,
         };
         let looked = if transaction {
             cache.lookup(&req, asking).await
@@ -231,6 +237,7 @@ impl CacheSession {
             req,
             found,
             fill,
+            generation,
         })
     }
 
@@ -319,13 +326,21 @@ impl Entry {
         }
         let target = self.req.uri().path();
         let hash = self.cache.hash(Space::GUEST, false, "", target);
-        let mut storing = Storing::new(hash, Space::GUEST, (false, "", target), &self.req);
+        let mut storing = Storing::new(
+            hash,
+            Space::GUEST,
+            (false, "", target),
+            &self.req,
+            self.generation,
+        );
         storing.tags = write.tags.iter().map(|t| t.as_str().into()).collect();
         let variant = self
             .cache
             .storable(&storing, StatusCode::OK, &headers, &body)
             .ok_or_else(|| CacheError::Invalid("the entry cannot be stored".into()))?;
-        self.cache.insert(&storing, Arc::new(variant));
+        // Not stored if a purge naming it came since the lookup: as if it had been stored
+        // first and purged then.
+        let _ = self.cache.insert(&storing, Arc::new(variant));
         self.found = Some(Found {
             body,
             age: Duration::ZERO,

@@ -72,7 +72,8 @@ impl Keying {
             }
         }
         // Header lines after a newline, which no target holds; bytes that are not visible
-        // ASCII are escaped, so no value can forge a line.
+        // ASCII are escaped, so no value can forge a line, and so is `,`, which joins a
+        // header's lines: one line `a,b` is not keyed as the two lines `a` and `b`.
         for name in &self.headers {
             key.push('\n');
             key.push_str(name.as_str());
@@ -82,7 +83,7 @@ impl Keying {
                     key.push(',');
                 }
                 for &b in value.as_bytes() {
-                    if b.is_ascii_graphic() && b != b'%' || b == b' ' {
+                    if b.is_ascii_graphic() && b != b'%' && b != b',' || b == b' ' {
                         key.push(char::from(b));
                     } else {
                         key.push_str(&format!("%{b:02X}"));
@@ -202,6 +203,14 @@ mod tests {
         let mut other = HeaderMap::new();
         other.insert("accept-language", "en".parse().unwrap());
         assert_ne!(k.key("/a", &h), k.key("/a", &other));
+        // Two lines are not the one line their values joined with a comma make.
+        let mut one = HeaderMap::new();
+        one.insert("accept-language", "fr,en".parse().unwrap());
+        let mut two = HeaderMap::new();
+        two.append("accept-language", "fr".parse().unwrap());
+        two.append("accept-language", "en".parse().unwrap());
+        assert_eq!(k.key("/a", &one), "/a\naccept-language:fr%2Cen\nx-tier:");
+        assert_eq!(k.key("/a", &two), "/a\naccept-language:fr,en\nx-tier:");
     }
 
     #[test]

@@ -43,6 +43,7 @@ mod config;
 mod fill;
 pub mod guest;
 mod key;
+mod purged;
 mod variant;
 
 use answer::{append_param, hit};
@@ -65,14 +66,20 @@ static CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-contro
 /// is not a trusted proxy (`server.trusted_proxies`) is served and not stored: a guest that
 /// reflects one (a link to `X-Forwarded-Host`, say) would otherwise give every client the
 /// answer one client shaped.
-static UNKEYED: [HeaderName; 8] = [
+static UNKEYED: [HeaderName; 14] = [
     HeaderName::from_static("x-forwarded-host"),
     HeaderName::from_static("x-forwarded-proto"),
     HeaderName::from_static("x-forwarded-scheme"),
     HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-forwarded-server"),
+    HeaderName::from_static("x-host"),
     HeaderName::from_static("x-original-url"),
     HeaderName::from_static("x-rewrite-url"),
     HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
     header::FORWARDED,
 ];
 
@@ -173,8 +180,11 @@ pub struct Cache {
     keying: key::Keying,
     max_object: usize,
     store_set_cookie: bool,
+    store_cookie_requests: bool,
     /// Its front's counts (its backends' are their own).
     counts: Counts,
+    /// Purges, against the fills in flight that they name.
+    purges: purged::Purges,
     stored_bytes: IntGauge,
     /// Bytes its entries hold now, given back to `tern_cache_stored_bytes` when a deploy or
     /// a change of settings drops the cache.
@@ -297,6 +307,9 @@ struct Storing {
     if_range: Option<HeaderValue>,
     /// Its key's last fill proved not storable (hit-for-pass): it ran without waiting.
     passing: bool,
+    /// The cache's purge generation when the request was looked up: a purge since then that
+    /// names the answer keeps it from being stored.
+    generation: u64,
     /// The stale answer this request revalidates (its validators go to the guest; a `304`
     /// keeps its body) and serves if the guest fails within its `stale-if-error`.
     stale: Option<Arc<Variant>>,
@@ -310,7 +323,13 @@ struct Storing {
 impl Storing {
     /// What storing the answer to `req` under key `hash` (of `space` and `key`: scheme, host
     /// and target) needs, before the request's validators and the requester's overrides.
-    fn new<B>(hash: u64, space: u8, key: (bool, &str, &str), req: &Request<B>) -> Self {
+    fn new<B>(
+        hash: u64,
+        space: u8,
+        key: (bool, &str, &str),
+        req: &Request<B>,
+        generation: u64,
+    ) -> Self {
         let (https, host, target) = key;
         Self {
             hash,
@@ -325,6 +344,7 @@ impl Storing {
             range: None,
             if_range: None,
             passing: false,
+            generation,
             stale: None,
             ttl: None,
             tags: Vec::new(),
@@ -337,7 +357,8 @@ impl Storing {
 pub struct Asking<'a> {
     /// It came over TLS.
     pub https: bool,
-    /// The host it is for, as routed (without its port).
+    /// The authority it is for, as its guest sees it (a port included when the client sent
+    /// one); compared without regard to case.
     pub host: &'a str,
     /// Its peer is a trusted proxy, whose forwarding headers stand (a guest's request to a
     /// backend is trusted: the guest chose what it sent).
@@ -347,6 +368,10 @@ pub struct Asking<'a> {
     /// The tenant's compression, and what this request asked of it: a hit is served as the
     /// stored answer's copy in the client's encoding.
     pub compress: Option<(&'a crate::compress::Compression, crate::compress::Asked)>,
+    /// The request may carry a body: its stream had not ended with its head (HTTP/2 and
+    /// HTTP/3 send a body with no `Content-Length` after a head without END_STREAM / FIN).
+    /// Its answer is not stored, since the key does not hold the body.
+    pub body: bool,
 }
 
 /// The request as `http-cache-semantics` reads it.
@@ -432,7 +457,9 @@ impl Cache {
             keying: key::Keying::new(config),
             max_object: usize::try_from(config.max_object_kib * 1024).unwrap_or(usize::MAX),
             store_set_cookie: config.store_set_cookie,
+            store_cookie_requests: config.store_cookie_requests,
             counts: Counts::new(result),
+            purges: purged::Purges::default(),
             stored_bytes,
             held,
         }
@@ -556,10 +583,12 @@ impl Cache {
         }
         // Only a bodiless GET's answer is stored: a body the key does not hold must not
         // choose what others are answered.
-        let has_body = crate::body::declared_length(req.headers()).is_some_and(|n| n > 0)
+        let has_body = asked.body
+            || crate::body::declared_length(req.headers()).is_some_and(|n| n > 0)
             || req.headers().contains_key(header::TRANSFER_ENCODING);
         let storing = |stale: Option<Arc<Variant>>| {
-            let mut s = Storing::new(hash, space, (https, host, target), req);
+            let generation = self.purges.generation();
+            let mut s = Storing::new(hash, space, (https, host, target), req, generation);
             s.stale = stale;
             Then::Store(Box::new(s))
         };
@@ -643,13 +672,6 @@ impl Cache {
     /// A purge naming nothing, or more than one way ([`Purge::check`]).
     pub fn purge(&self, purge: &Purge) -> Result<u64, String> {
         purge.check()?;
-        if purge.all && !purge.soft {
-            let count = self.entries.iter().count() as u64;
-            self.entries.invalidate_all();
-            // Their bytes are given back now, not at the store's next upkeep.
-            self.entries.run_pending_tasks();
-            return Ok(count);
-        }
         // Prefixes in the normal form the keys are in (`/caf%c3%a9` is `/caf%C3%A9`).
         let prefixes = purge
             .prefixes
@@ -657,23 +679,37 @@ impl Cache {
             .map(|p| crate::target::normalize(p).map(std::borrow::Cow::into_owned))
             .collect::<Result<Vec<String>, _>>()
             .map_err(|why| format!("a purge prefix: {why}"))?;
+        let named = purged::Named {
+            all: purge.all,
+            prefixes,
+            tags: purge.tags.clone(),
+        };
+        Ok(self
+            .purges
+            .purge(named, |named| self.drop_named(named, purge.soft)))
+    }
+
+    /// Drops the entries `named` names, or with `soft` makes them stale; how many.
+    fn drop_named(&self, named: &purged::Named, soft: bool) -> u64 {
+        if named.all && !soft {
+            let count = self.entries.iter().count() as u64;
+            self.entries.invalidate_all();
+            // Their bytes are given back now, not at the store's next upkeep.
+            self.entries.run_pending_tasks();
+            return count;
+        }
         let now = Instant::now();
         let mut purged = 0;
         for (hash, entry) in &self.entries {
-            let named = purge.all
-                || (entry.space != Space::GUEST
-                    && prefixes
-                        .iter()
-                        .any(|p| entry.target.starts_with(p.as_str())))
-                || entry
-                    .variants
-                    .iter()
-                    .any(|v| v.tags.iter().any(|t| purge.tags.iter().any(|n| **t == **n)));
-            if !named {
+            let tags = entry
+                .variants
+                .iter()
+                .flat_map(|v| v.tags.iter().map(|t| &**t));
+            if !named.names(entry.space, &entry.target, tags) {
                 continue;
             }
             purged += 1;
-            if purge.soft {
+            if soft {
                 self.put(
                     *hash,
                     Entry {
@@ -693,7 +729,7 @@ impl Cache {
             }
         }
         self.entries.run_pending_tasks();
-        Ok(purged)
+        purged
     }
 
     /// Stores `entry` under `hash`, counting its bytes (the one it replaces gives its own
@@ -735,6 +771,7 @@ impl Cache {
     /// the entry is stored again so the store weighs it anew, and the bytes are added
     /// first because the entry it replaces (itself) gives back its weight with the copy in.
     fn grew(&self, hash: u64, v: &Arc<Variant>, bytes: usize) {
+        let since = self.purges.generation();
         let Some(entry) = self.entries.get(&hash) else {
             return;
         };
@@ -745,7 +782,21 @@ impl Cache {
         self.held
             .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
         self.stored_bytes.add(bytes);
-        self.put_arc(hash, entry);
+        self.put_arc(hash, entry.clone());
+        // A purge that went through the entries between the look and the put missed what
+        // was put again: dropped here instead.
+        let tags = || {
+            entry
+                .variants
+                .iter()
+                .flat_map(|v| v.tags.iter().map(|t| &**t))
+        };
+        if self
+            .purges
+            .named_since(since, |n| n.names(entry.space, &entry.target, tags()))
+        {
+            self.entries.invalidate(&hash);
+        }
     }
 }
 

@@ -27,8 +27,9 @@ pub(super) struct Variant {
     /// Its headers as the client gets them (without framing).
     pub(super) headers: HeaderMap,
     pub(super) body: Bytes,
-    /// The request's values of the fields its `Vary` names.
-    pub(super) vary: Vec<(HeaderName, Option<HeaderValue>)>,
+    /// The request's field lines of the fields its `Vary` names, each field's lines in the
+    /// order they came (none: the request did not have it).
+    pub(super) vary: Vec<(HeaderName, Box<[HeaderValue]>)>,
     /// When it was stored, and its age then (`Age`, `Date`).
     pub(super) stored: Instant,
     pub(super) age_at_store: Duration,
@@ -150,10 +151,15 @@ impl Variant {
         }
     }
 
+    /// Whether a request with `headers` has the field lines this answer was stored with, for
+    /// every field its `Vary` names: all of a field's lines, in their order (RFC 9111 §4.1
+    /// matches fields combined from every line). HTTP/2 and HTTP/3 clients send each cookie
+    /// as a line of its own (RFC 9113 §8.2.3), so a first line alone (`theme=dark`) would
+    /// give one user's answer to another whose first cookie is the same.
     pub(super) fn vary_matches(&self, headers: &HeaderMap) -> bool {
         self.vary
             .iter()
-            .all(|(name, value)| headers.get(name) == value.as_ref())
+            .all(|(name, lines)| headers.get_all(name).iter().eq(lines.iter()))
     }
 }
 

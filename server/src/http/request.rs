@@ -75,7 +75,9 @@ pub(super) fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
 }
 
 /// The host a request is for, or why it is ambiguous (RFC 9112 3.2; RFC 9113 8.3.1): one
-/// `Host` header at most, the same authority in the target and in `Host` when both are given.
+/// `Host` header at most, the same authority in the target and in `Host` when both are given,
+/// and no userinfo in either (`http://user@host/`: RFC 9110 §4.2.4 forbids it in a request,
+/// and the guest would see it in the URL).
 pub(super) fn authority<B>(req: &Request<B>) -> Result<Option<&str>, &'static str> {
     let headers = req.headers();
     let mut hosts = headers.get_all(HOST).iter();
@@ -87,6 +89,14 @@ pub(super) fn authority<B>(req: &Request<B>) -> Result<Option<&str>, &'static st
         Some(h) => Some(h.to_str().map_err(|_| "a Host header that is not text")?),
         None => None,
     };
+    if req
+        .uri()
+        .authority()
+        .is_some_and(|a| a.as_str().contains('@'))
+        || host.is_some_and(|h| h.contains('@'))
+    {
+        return Err("userinfo (`user@`) in the request's authority");
+    }
     match (req.uri().authority(), host) {
         (Some(target), Some(host)) => {
             let host: http::uri::Authority = host

@@ -187,6 +187,7 @@ impl Calls {
             trusted: true,
             space: Space::Backend(counts.clone()),
             compress: None,
+            body: body.may_have_bytes(),
         };
         let stored =
             |resp: Response<crate::body::ResponseBody>| resp.map(|body| Fetched::cache(body, None));

@@ -53,6 +53,17 @@ impl OutBody {
         }
     }
 
+    /// Whether it may still carry bytes (read without marking it sent): a backend's answer
+    /// to a request with a body is not stored, since the key does not hold the body.
+    pub fn may_have_bytes(&self) -> bool {
+        match &self.kind {
+            OutKind::Full(bytes) => bytes.is_some(),
+            OutKind::Stream(_, ended) => !ended,
+            OutKind::Boxed(b, _) => !http_body::Body::is_end_stream(b),
+            OutKind::Client(b) => !http_body::Body::is_end_stream(b),
+        }
+    }
+
     /// A body written whole before the request is sent.
     pub fn full(bytes: Bytes) -> Self {
         Self::new(OutKind::Full((!bytes.is_empty()).then_some(bytes)))
