@@ -170,9 +170,17 @@ impl ResponseBody {
 
     /// A body streamed from a guest through `rx`. Unless the request was a `HEAD` (whose
     /// body is never sent), a stream that does not reach its end is counted in `undelivered`.
-    pub fn stream(rx: mpsc::Receiver<StreamItem>, undelivered: Undelivered, head: bool) -> Self {
+    /// A guest's streamed body: its chunks through `rx`; `aborted` says whether the channel's
+    /// close is the guest's failure rather than the body's end.
+    pub fn stream(
+        rx: mpsc::Receiver<StreamItem>,
+        aborted: Arc<std::sync::atomic::AtomicBool>,
+        undelivered: Undelivered,
+        head: bool,
+    ) -> Self {
         Self::Stream(GuestStream {
             rx,
+            aborted,
             undelivered: (!head).then_some(undelivered),
         })
     }
@@ -183,6 +191,8 @@ impl ResponseBody {
 #[derive(Debug)]
 pub struct GuestStream {
     rx: mpsc::Receiver<StreamItem>,
+    /// Set by a guest that failed before the body's end (read at the channel's close).
+    aborted: Arc<std::sync::atomic::AtomicBool>,
     /// Where a cut body is counted; `None` once the body has ended (or for a `HEAD`).
     undelivered: Option<Undelivered>,
 }
@@ -208,7 +218,10 @@ impl http_body::Body for ResponseBody {
                     .map(|b| Ok(Frame::data(b))),
             ),
             Self::Stream(s) => {
-                let item = std::task::ready!(s.rx.poll_recv(cx));
+                let mut item = std::task::ready!(s.rx.poll_recv(cx));
+                if item.is_none() && s.aborted.load(std::sync::atomic::Ordering::Acquire) {
+                    item = Some(Err(BodyAborted));
+                }
                 match &item {
                     Some(Ok(_)) => {}
                     // The end: delivered as far as the server can tell.
@@ -481,9 +494,9 @@ pub struct H3Body {
     /// Bytes still due under the declared length.
     remaining: Option<u64>,
     ended: bool,
-    back: Option<
-        tokio::sync::oneshot::Sender<h3::server::RequestStream<h3_quinn::RecvStream, Bytes>>,
-    >,
+    /// What [`Self::look_ahead`] read, given to the first poll.
+    ahead: Option<Result<Frame<Bytes>, String>>,
+    back: Option<tokio::sync::oneshot::Sender<H3Receive>>,
 }
 
 impl Drop for H3Body {
@@ -501,8 +514,9 @@ impl Drop for H3Body {
     }
 }
 
-/// The receiving side of an HTTP/3 request stream.
-type H3Receive = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
+/// The receiving side of an HTTP/3 request stream (its frames bounded, and stopping it
+/// safe while a read waits: [`crate::h3_streams`]).
+pub type H3Receive = h3::server::RequestStream<crate::h3_streams::Framed, Bytes>;
 
 impl H3Body {
     /// The body of a request stream's receiving side, held to `declared` bytes if given;
@@ -516,9 +530,20 @@ impl H3Body {
             receive: Some(receive),
             remaining: declared,
             ended: declared == Some(0),
+            ahead: None,
             back: Some(back),
         };
         (body, returned)
+    }
+
+    /// Reads what the stream already holds past the head, without waiting: a request whose
+    /// stream ended with its head (FIN in the same frame, as clients send a `GET`) is known
+    /// to have no body ([`Self::is_end_stream`]), so its answer may be stored.
+    pub fn look_ahead(&mut self) {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        if let Poll::Ready(Some(item)) = self.poll_data(&mut cx) {
+            self.ahead = Some(item);
+        }
     }
 
     /// The next DATA frame, as `Body::poll_frame`.
@@ -526,6 +551,9 @@ impl H3Body {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, String>>> {
+        if let Some(item) = self.ahead.take() {
+            return Poll::Ready(Some(item));
+        }
         if self.ended {
             return Poll::Ready(None);
         }
@@ -567,13 +595,18 @@ impl H3Body {
 
     /// Whether the body has ended.
     pub(crate) fn is_end_stream(&self) -> bool {
-        self.ended
+        self.ended && self.ahead.is_none()
     }
 
     /// The declared length, while none of it is read.
     pub(crate) fn size_hint(&self) -> SizeHint {
+        let ahead = match &self.ahead {
+            Some(Ok(frame)) => frame.data_ref().map_or(0, |d| d.len() as u64),
+            _ => 0,
+        };
         match self.remaining {
-            Some(n) => SizeHint::with_exact(n),
+            Some(n) => SizeHint::with_exact(n + ahead),
+            None if self.is_end_stream() => SizeHint::with_exact(0),
             None => SizeHint::default(),
         }
     }

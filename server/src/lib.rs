@@ -5,7 +5,9 @@
 //!
 //! - [`listener`]: accept loop, hyper (HTTP/1.1 + h2c; over TLS, h2 or HTTP/1.1 by ALPN),
 //!   graceful drain; `listener::quic` HTTP/3 on the TLS listener's address over UDP (quinn and
-//!   h3, the same certificates, limits and front end; advertised with `Alt-Svc`); what it knows of a connection (peer, TLS facts) goes to every request as a
+//!   h3, the same certificates, limits and front end; advertised with `Alt-Svc`), its streams
+//!   as [`h3_streams`] bounds them for `h3` (frames it would buffer whole held to the head
+//!   limit, unknown ones skipped as they come); what it knows of a connection (peer, TLS facts) goes to every request as a
 //!   [`context::Connection`]. [`tls`]: TLS termination: the certificates by host name (SNI),
 //!   swapped whole; the handshake under a deadline and a cap, failures counted by reason;
 //!   uploaded and ACME certificates kept in the data directory or a fleet's registry.
@@ -135,6 +137,7 @@ pub mod execute;
 pub mod fleet;
 pub mod front;
 pub mod guest;
+pub mod h3_streams;
 pub mod hex;
 pub mod host;
 pub mod http;

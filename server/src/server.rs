@@ -295,6 +295,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     // own, so `/metrics` and the admin API answer while the public one is full.
     let mut opts = listener::ListenOptions::from_config(&config.server);
     opts.open = Some(app.metrics.connections_open.clone());
+    opts.panics = Some(app.metrics.task_panics.clone());
     // HTTP/3 on the TLS listener's address over UDP, advertised on its answers.
     let quic = match (&tls, tls_addr) {
         (Some((_, acceptor)), Some(at)) if config.server.http3 => {

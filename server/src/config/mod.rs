@@ -187,6 +187,14 @@ impl Config {
         if self.server.max_connections == 0 || self.server.header_read_timeout_ms == 0 {
             return whole("server.max_connections and server.header_read_timeout_ms must be > 0");
         }
+        if let Err(e) = crate::ceilings::check(&[(
+            "server.send_timeout_ms",
+            self.server.send_timeout_ms,
+            100,
+            crate::ceilings::MAX_TIMEOUT_MS,
+        )]) {
+            return whole(&e);
+        }
         if pool.component_core_instances == 0 || pool.component_core_instances > 1000 {
             return whole("pool.component_core_instances must be between 1 and 1000");
         }

@@ -36,6 +36,11 @@ pub struct ServerConfig {
     pub header_read_timeout_ms: u64,
     /// Largest request head (request line + headers) in bytes; larger gets `431`.
     pub max_header_bytes: usize,
+    /// A client that takes none of its answer's bytes for this long is cut off: its
+    /// connection closed (HTTP/1.1, HTTP/2) or its stream reset (HTTP/3), as nginx's
+    /// `send_timeout`. The guest's slot is never held for it: a guest that cannot write
+    /// ends at its own time limit.
+    pub send_timeout_ms: u64,
     /// Where deployed modules, their compiled artifacts, assets and the tenant manifest are
     /// kept; empty means `$TERN_DATA_DIR`, else `$XDG_DATA_HOME/tern`, else
     /// `~/.local/share/tern`. `--data-dir` overrides it.
@@ -106,6 +111,7 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             header_read_timeout_ms: 10_000,
             max_header_bytes: 64 * 1024,
+            send_timeout_ms: 60_000,
             data_dir: String::new(),
             admin_token: String::new(),
             max_upload_bytes: 64 * 1024 * 1024,

@@ -202,7 +202,7 @@ async fn run(tenant: TenantRef, request: GuestRequest, commit: oneshot::Sender<H
             "a swap area was switched on and the server has not yet moved this tenant to the \
              swap-safe memory reset; retry shortly",
         );
-        let result = reply(Err(e), &mut response, &tenant, &request_id).await;
+        let result = reply(Err(e), &mut response, &tenant, &request_id);
         return (result, Phases::none(start));
     }
     let head_request = request.method == http::Method::HEAD;
@@ -305,7 +305,7 @@ async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, r
     let mut result = {
         let response = driver.response(store.data_mut());
         let result = verdict(ended, body, response, limits.timeout, head_request);
-        reply(result, response, tenant, &request_id).await
+        reply(result, response, tenant, &request_id)
     };
     let data = store.data_mut();
     tenant.slice_habit.record(data.slicing());
@@ -430,7 +430,7 @@ fn verdict(
 /// The reply a run's `result` makes of `response` (`None`: it streams, its head went through
 /// the hand-off); a failure ends a streaming body with an error (so the client sees it cut,
 /// not complete) and is logged.
-async fn reply(
+fn reply(
     result: Result<(), ExecError>,
     response: &mut GuestResponse,
     tenant: &Tenant,
@@ -454,7 +454,7 @@ async fn reply(
             }))
         }
         Err(e) => {
-            response.abort_stream().await;
+            response.abort_stream();
             tracing::warn!(
                 tenant = %tenant.name,
                 request_id = request_id.to_str().unwrap_or("-"),

@@ -6,12 +6,15 @@
 //! through a bounded channel, so a guest can send more than it could hold and waits (yields)
 //! while the client is slow to read.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tern_sdk::abi;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::body::{BodyAborted, FRAMING_HEADERS, StreamItem};
+use crate::body::{FRAMING_HEADERS, StreamItem};
 
 /// Why a body write was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +62,9 @@ pub struct Head {
     pub headers: HeaderMap,
     /// The body, chunk by chunk; an `Err` aborts the response.
     pub body: mpsc::Receiver<StreamItem>,
+    /// Set when the guest failed before the body's end: the channel's close is then an
+    /// abort, not the end (the chunks before it are still sent).
+    pub aborted: Arc<AtomicBool>,
 }
 
 /// The response as the guest builds it.
@@ -80,8 +86,8 @@ pub struct GuestResponse {
     pub limit_hit: bool,
     /// Where the head goes when the body starts streaming; `None` once it has.
     commit: Option<oneshot::Sender<Head>>,
-    /// The streaming body, once the head has committed.
-    pub stream: Option<mpsc::Sender<StreamItem>>,
+    /// The streaming body, once the head has committed, and its abort mark.
+    pub stream: Option<(mpsc::Sender<StreamItem>, Arc<AtomicBool>)>,
     /// The body length the guest declared with a `content-length` header: a streamed response
     /// is sent with it instead of chunked, writes past it fail, and a body that ends short of
     /// it fails the request.
@@ -164,10 +170,14 @@ impl GuestResponse {
     }
 
     /// Ends a streaming body with an error, so the client sees an aborted response rather
-    /// than a complete-looking truncated one.
-    pub async fn abort_stream(&mut self) {
-        if let Some(tx) = self.stream.take() {
-            let _ = tx.send(Err(BodyAborted)).await;
+    /// than a complete-looking truncated one. It never waits: a client that stopped reading
+    /// leaves the channel full, and waiting for room would hold the guest's slot for as long
+    /// as the client likes. The mark is read at the channel's close, after the chunks
+    /// waiting in it.
+    pub fn abort_stream(&mut self) {
+        if let Some((tx, aborted)) = self.stream.take() {
+            aborted.store(true, Ordering::Release);
+            drop(tx);
         }
     }
 
@@ -253,7 +263,7 @@ impl GuestResponse {
 
     /// Sends one chunk of a streaming body.
     async fn send(&self, chunk: Bytes) -> Result<(), WriteError> {
-        let tx = self.stream.as_ref().ok_or(WriteError::ClientGone)?;
+        let (tx, _) = self.stream.as_ref().ok_or(WriteError::ClientGone)?;
         tx.send(Ok(chunk)).await.map_err(|_| WriteError::ClientGone)
     }
 
@@ -267,15 +277,17 @@ impl GuestResponse {
         if let Some(n) = self.declared {
             headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
         }
+        let aborted = Arc::new(AtomicBool::new(false));
         let head = Head {
             status: self.status,
             headers,
             body: rx,
+            aborted: aborted.clone(),
         };
         if commit.send(head).is_err() {
             return false;
         }
-        self.stream = Some(tx);
+        self.stream = Some((tx, aborted));
         true
     }
 }

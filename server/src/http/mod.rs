@@ -147,17 +147,19 @@ async fn look_up(
         return Looked::Guest(None);
     };
     let started = Instant::now();
-    // The host as routing reads it: without its port, whichever way the protocol sent it.
-    let host = authority(req)
-        .ok()
-        .flatten()
-        .map_or("", crate::router::strip_port);
+    // The authority as the guest sees it (its `Host`, `HTTP_HOST`, `SERVER_PORT`, the URL it
+    // builds links from), port included: an answer made for `host:1337` is not served to
+    // `host`. (Userinfo never gets here: `route` refuses it.)
+    let host = crate::context::host(req.uri(), req.headers())
+        .and_then(|h| std::str::from_utf8(h).ok())
+        .unwrap_or("");
     let asking = crate::cache::Asking {
         https: conn.tls.is_some(),
         host,
         trusted: app.trusted_proxies.contains(conn.peer.ip()),
         space: crate::cache::Space::Front,
         compress,
+        body: !http_body::Body::is_end_stream(req.body()),
     };
     let looked = cache.lookup(req, asking).await;
     let looked = match looked {
@@ -468,7 +470,12 @@ fn record_phases(t: &mut Timings, out: &Phases) {
 
 /// The response of a guest whose body streams: its head, and its body from the channel.
 fn streamed(tenant: &TenantRef, head: Head, head_only: bool) -> Response<ResponseBody> {
-    let body = ResponseBody::stream(head.body, tenant.undelivered.clone(), head_only);
+    let body = ResponseBody::stream(
+        head.body,
+        head.aborted,
+        tenant.undelivered.clone(),
+        head_only,
+    );
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
     *resp.headers_mut() = head.headers;

@@ -40,8 +40,12 @@ pub struct ListenOptions {
     max_connections: usize,
     /// Counts the open connections, if set.
     pub open: Option<prometheus::IntGauge>,
+    /// Counts request tasks that panicked, if set ([`caught`]).
+    pub panics: Option<prometheus::IntCounter>,
     /// Time allowed to send a request head; also the keep-alive idle limit.
     pub header_read_timeout: Duration,
+    /// Longest a connection (HTTP/3: a stream) may take none of its answer's bytes.
+    pub send_timeout: Duration,
     /// Largest request head; larger gets `431`.
     pub max_header_bytes: usize,
     /// How long open connections may take to finish after shutdown.
@@ -59,7 +63,9 @@ impl ListenOptions {
             connections: Arc::new(tokio::sync::Semaphore::new(c.max_connections)),
             max_connections: c.max_connections,
             open: None,
+            panics: None,
             header_read_timeout: Duration::from_millis(c.header_read_timeout_ms),
+            send_timeout: Duration::from_millis(c.send_timeout_ms),
             max_header_bytes: c.max_header_bytes,
             grace: Duration::from_millis(c.shutdown_grace_ms),
             tls: None,
@@ -108,6 +114,7 @@ where
         let (builders, watcher, tls) = (builders.clone(), graceful.watcher(), opts.tls.clone());
         let alt_svc = opts.alt_svc.clone();
         let first_bytes_timeout = opts.header_read_timeout;
+        let send_timeout = opts.send_timeout;
         let open = opts.open.clone().map(GaugeGuard::new);
         tokio::spawn(async move {
             let _open = open;
@@ -141,7 +148,8 @@ where
             // nothing must not hold a slot.
             let ended = match tls {
                 None => {
-                    let Some(stream) = first_bytes(stream, first_bytes_timeout).await else {
+                    let Some(stream) = first_bytes(stream, first_bytes_timeout, send_timeout).await
+                    else {
                         return;
                     };
                     let conn = builders[0]
@@ -153,7 +161,8 @@ where
                     let Some(accepted) = tls.accept(stream).await else {
                         return;
                     };
-                    let Some(stream) = first_bytes(accepted.stream, first_bytes_timeout).await
+                    let Some(stream) =
+                        first_bytes(accepted.stream, first_bytes_timeout, send_timeout).await
                     else {
                         return;
                     };
@@ -224,6 +233,32 @@ where
     }
 }
 
+/// Runs a request's task `task`, catching a panic in it: counted in `panics` and logged, and
+/// the task ends as if its stream had been reset (what it owns is dropped) instead of
+/// unwinding into the runtime, which would only print it.
+pub async fn caught(task: impl Future<Output = ()>, panics: Option<prometheus::IntCounter>) {
+    let mut task = std::pin::pin!(task);
+    let ended = std::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(())) => Poll::Ready(Ok(())),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    })
+    .await;
+    if let Err(panic) = ended {
+        let why = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        tracing::error!("a request's task panicked (a bug; the server serves on): {why}");
+        if let Some(panics) = panics {
+            panics.inc();
+        }
+    }
+}
+
 /// How long idle keep-alive connections may still bring a request once shutdown has begun.
 const LINGER: Duration = Duration::from_secs(1);
 
@@ -234,13 +269,18 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FIRST_READ: usize = 2048;
 
 /// Reads until the client has sent enough to tell HTTP/1 from HTTP/2, for at most `limit`.
-/// Returns the connection with those bytes to be read again, or `None` if the client sent
-/// nothing useful in time or closed the connection.
+/// Returns the connection with those bytes to be read again (and its writes held to
+/// `send_timeout`), or `None` if the client sent nothing useful in time or closed the
+/// connection.
 ///
 /// The bytes are consumed, not peeked: with a partial HTTP/2 preface in the socket buffer the
 /// socket stays readable, and waiting on it again would spin (3,000 stalled prefaces kept two
 /// cores busy). A read waits for new bytes.
-async fn first_bytes<S: AsyncRead + Unpin>(mut stream: S, limit: Duration) -> Option<Prefixed<S>> {
+async fn first_bytes<S: AsyncRead + Unpin>(
+    mut stream: S,
+    limit: Duration,
+    send_timeout: Duration,
+) -> Option<Prefixed<S>> {
     use tokio::io::AsyncReadExt;
     let mut prefix = Vec::with_capacity(FIRST_READ);
     let wait = async {
@@ -262,16 +302,57 @@ async fn first_bytes<S: AsyncRead + Unpin>(mut stream: S, limit: Duration) -> Op
         prefix,
         read: 0,
         stream,
+        send_timeout,
+        stalled: None,
     })
 }
 
-/// A connection whose first bytes were read by `first_bytes`: they are read again first.
+/// A connection whose first bytes were read by `first_bytes`: they are read again first. Its
+/// writes fail with `TimedOut` once the client has taken nothing for `send_timeout` (hyper
+/// then closes the connection): a client that stops reading its answer holds no connection
+/// without end.
 #[derive(Debug)]
 pub struct Prefixed<S> {
     prefix: Vec<u8>,
     /// How much of `prefix` has been read again.
     read: usize,
     stream: S,
+    send_timeout: Duration,
+    /// While writes wait for the client: when they give up (made at the first wait, then
+    /// reset, so a connection that never waits allocates nothing).
+    stalled: Option<(bool, Pin<Box<tokio::time::Sleep>>)>,
+}
+
+impl<S> Prefixed<S> {
+    /// What a write that returned `polled` means: `Pending` arms the stall timer (and fails
+    /// once it rings), anything else disarms it.
+    fn stall<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        if polled.is_ready() {
+            if let Some((armed, _)) = &mut self.stalled {
+                *armed = false;
+            }
+            return polled;
+        }
+        let deadline = tokio::time::Instant::now() + self.send_timeout;
+        let (armed, sleep) = self
+            .stalled
+            .get_or_insert_with(|| (false, Box::pin(tokio::time::sleep_until(deadline))));
+        if !*armed {
+            *armed = true;
+            sleep.as_mut().reset(deadline);
+        }
+        if sleep.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client took none of its answer within server.send_timeout_ms",
+            )));
+        }
+        Poll::Pending
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
@@ -301,7 +382,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, data)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write(cx, data);
+        this.stall(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -309,7 +392,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.stall(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -317,7 +402,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_flush(cx);
+        this.stall(cx, polled)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

@@ -24,6 +24,7 @@ use http_body_util::BodyExt;
 use super::ListenOptions;
 use crate::body::{FRAMING_HEADERS, H3Body, RequestBody, ResponseBody};
 use crate::context::{Connection, TlsInfo};
+use crate::h3_streams::Guarded;
 use crate::metrics::GaugeGuard;
 use crate::shutdown::Shutdown;
 
@@ -33,6 +34,12 @@ const H3_NO_ERROR: u32 = 0x100;
 /// Unidirectional streams a client may open: HTTP/3 needs three (control, QPACK encoder and
 /// decoder); a few more for reserved (GREASE) stream types some clients send.
 const UNI_STREAMS: u32 = 16;
+
+/// The most a client may have sent on one connection that the server has not read yet, over
+/// all its streams (quinn's default is unbounded: 200 streams, each with its own 1.25 MB
+/// window, could hold 250 MB). With the frames `h3` buffers held to `max_header_bytes`
+/// ([`crate::h3_streams`]), this bounds what one connection holds in memory.
+const CONNECTION_RECEIVE_WINDOW: u32 = 16 << 20;
 
 /// The `Alt-Svc` header of a TLS listener whose port serves HTTP/3 too: sent only while the
 /// QUIC listener is up (`clear` always, when the advertisement is withdrawn).
@@ -110,6 +117,7 @@ pub fn bind(
     transport
         .max_concurrent_bidi_streams(quinn::VarInt::from_u64(c.http3_max_streams)?)
         .max_concurrent_uni_streams(UNI_STREAMS.into())
+        .receive_window(CONNECTION_RECEIVE_WINDOW.into())
         .max_idle_timeout(Some(
             Duration::from_millis(c.header_read_timeout_ms).try_into()?,
         ));
@@ -256,7 +264,7 @@ async fn connection<H, F>(
     };
     let built = h3::server::builder()
         .max_field_section_size(opts.max_header_bytes as u64)
-        .build::<_, Bytes>(h3_quinn::Connection::new(quic.clone()))
+        .build::<_, Bytes>(Guarded::new(quic.clone(), opts.max_header_bytes as u64))
         .await;
     let mut h3 = match built {
         Ok(h3) => h3,
@@ -291,12 +299,9 @@ async fn connection<H, F>(
         // from Wi-Fi to mobile) and keep its connection.
         let mut conn = conn.clone();
         conn.peer = quic.remote_address();
-        requests.spawn(request(
-            resolver,
-            handler.clone(),
-            conn,
-            opts.header_read_timeout,
-        ));
+        let timeouts = (opts.header_read_timeout, opts.send_timeout);
+        let task = request(resolver, handler.clone(), conn, timeouts);
+        requests.spawn(super::caught(task, opts.panics.clone()));
     }
     // Whatever ended the loop, the requests still running finish before the close.
     requests.close();
@@ -308,17 +313,19 @@ async fn connection<H, F>(
     quic.close(H3_NO_ERROR.into(), b"");
 }
 
-/// One request: its head (within `header_timeout`), the front end's answer, written back.
+/// One request: its head (within the first of `timeouts`), the front end's answer, written
+/// back (the client taking some of it within the second, else its stream is reset).
 async fn request<H, F>(
-    resolver: h3::server::RequestResolver<h3_quinn::Connection, Bytes>,
+    resolver: h3::server::RequestResolver<Guarded, Bytes>,
     handler: H,
     conn: Connection,
-    header_timeout: Duration,
+    timeouts: (Duration, Duration),
 ) where
     H: Fn(Request<RequestBody>, Connection) -> F,
     F: Future<Output = Response<ResponseBody>>,
 {
     let peer = conn.peer;
+    let (header_timeout, send_timeout) = timeouts;
     let (req, stream) = match tokio::time::timeout(header_timeout, resolver.resolve_request()).await
     {
         Err(_) => {
@@ -334,9 +341,10 @@ async fn request<H, F>(
     let (mut send, receive) = stream.split();
     let head_only = req.method() == Method::HEAD;
     let declared = crate::body::declared_length(req.headers());
-    let (body, returned) = H3Body::new(receive, declared);
+    let (mut body, returned) = H3Body::new(receive, declared);
+    body.look_ahead();
     let resp = handler(req.map(|()| RequestBody::H3(Box::new(body))), conn).await;
-    if let Err(e) = respond(&mut send, resp, head_only).await {
+    if let Err(e) = respond(&mut send, resp, head_only, send_timeout).await {
         tracing::debug!(%peer, "HTTP/3 answer not delivered: {e}");
     }
     // The answer is complete: a request body not read to its end is no longer wanted.
@@ -347,11 +355,49 @@ async fn request<H, F>(
 
 /// Writes `resp` on the stream: its head (without HTTP/1's connection headers, with a `Date`
 /// and, when the body's length is known, a `Content-Length`), then its body as DATA frames
-/// and any trailers.
+/// and any trailers. A write the client's flow control holds for `send_timeout` resets the
+/// stream (`H3_REQUEST_CANCELLED`): a client that grants no credit holds no answer without
+/// end.
 async fn respond(
     send: &mut h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>,
     resp: Response<ResponseBody>,
     head_only: bool,
+    send_timeout: Duration,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let written = write_answer(send, resp, head_only, send_timeout).await;
+    if let Err(e) = &written
+        && e.is::<Stalled>()
+    {
+        send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+    }
+    written
+}
+
+/// A client took none of its answer within `server.send_timeout_ms`.
+#[derive(Debug, thiserror::Error)]
+#[error("the client took none of its answer within server.send_timeout_ms")]
+struct Stalled;
+
+/// `write`, unless the client's flow control holds it for `limit`.
+async fn within<T, E>(
+    limit: Duration,
+    write: impl Future<Output = Result<T, E>>,
+) -> Result<T, Box<dyn std::error::Error + Send + Sync>>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    match tokio::time::timeout(limit, write).await {
+        Ok(written) => Ok(written?),
+        Err(_) => Err(Box::new(Stalled)),
+    }
+}
+
+/// [`respond`]'s writes, each within `send_timeout`.
+async fn write_answer(
+    send: &mut h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>,
+    resp: Response<ResponseBody>,
+    head_only: bool,
+    send_timeout: Duration,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let (mut parts, mut body) = resp.into_parts();
     for name in FRAMING_HEADERS {
@@ -376,7 +422,11 @@ async fn respond(
             .headers
             .insert(DATE, HeaderValue::from_str(&now).expect("ASCII"));
     }
-    send.send_response(Response::from_parts(parts, ())).await?;
+    within(
+        send_timeout,
+        send.send_response(Response::from_parts(parts, ())),
+    )
+    .await?;
     if !bodiless {
         while let Some(frame) = body.frame().await {
             let frame = match frame {
@@ -389,17 +439,17 @@ async fn respond(
             };
             match frame.into_data() {
                 Ok(data) if data.is_empty() => {}
-                Ok(data) => send.send_data(data).await?,
+                Ok(data) => within(send_timeout, send.send_data(data)).await?,
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
-                        send.send_trailers(trailers).await?;
+                        within(send_timeout, send.send_trailers(trailers)).await?;
                         return Ok(());
                     }
                 }
             }
         }
     }
-    send.finish().await?;
+    within(send_timeout, send.finish()).await?;
     Ok(())
 }
 

@@ -345,6 +345,11 @@ named_metrics! {
         "tern_queue_depth",
         "Requests waiting for a free pool slot or a tenant concurrency permit.",
     );
+    pub task_panics: counter(
+        "tern_task_panics_total",
+        "Request tasks that panicked, caught and counted (the request's stream is reset, the \
+         server serves on); a bug to report if it is ever above 0.",
+    );
     pub connections_open: gauge(
         "tern_connections_open",
         "Open client connections on the public listener, all workers (at most \

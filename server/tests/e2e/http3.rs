@@ -91,7 +91,11 @@ impl H3Server {
 }
 
 /// aioquic's client against `addr`: whether it connected, and its answers.
-async fn aioquic_at(addr: SocketAddr, ca: &std::path::Path, args: &[&str]) -> (bool, Vec<Value>) {
+pub(crate) async fn aioquic_at(
+    addr: SocketAddr,
+    ca: &std::path::Path,
+    args: &[&str],
+) -> (bool, Vec<Value>) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/h3client.py");
     let mut command = std::process::Command::new("python3");
     command
@@ -142,11 +146,43 @@ fn pattern_sha(n: usize) -> String {
         .collect()
 }
 
+/// A QUIC connection to `addr` for HTTP/3 (ALPN `h3`, trusting `ca`), with no HTTP/3 on it
+/// yet; `window`: at most that many bytes per stream until read (and 16 times that on the
+/// connection, so one stalled stream does not hold back the heads of the others).
+async fn quic_connect(
+    addr: SocketAddr,
+    ca: &CertificateDer<'static>,
+    window: Option<u32>,
+) -> anyhow::Result<(quinn::Endpoint, quinn::Connection)> {
+    let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone())?;
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let mut config = quinn::ClientConfig::new(Arc::new(
+        quinn::crypto::rustls::QuicClientConfig::try_from(tls)?,
+    ));
+    if let Some(window) = window {
+        let mut transport = quinn::TransportConfig::default();
+        transport
+            .stream_receive_window(window.into())
+            .receive_window((16 * window).into());
+        config.transport_config(Arc::new(transport));
+    }
+    let quic = endpoint.connect_with(config, addr, "a.test")?.await?;
+    Ok((endpoint, quic))
+}
+
 /// A client connection of the `h3` crate over quinn, trusting the test CA.
-struct H3Client {
+pub(crate) struct H3Client {
     endpoint: quinn::Endpoint,
     quic: quinn::Connection,
-    send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+    pub(crate) send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
 }
 
 /// An answer: status and body.
@@ -157,20 +193,17 @@ struct Answer {
 
 impl H3Client {
     async fn connect(addr: SocketAddr, ca: &CertificateDer<'static>) -> anyhow::Result<Self> {
-        let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(ca.clone())?;
-        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::aws_lc_rs::default_provider(),
-        ))
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        tls.alpn_protocols = vec![b"h3".to_vec()];
-        let config = quinn::ClientConfig::new(Arc::new(
-            quinn::crypto::rustls::QuicClientConfig::try_from(tls)?,
-        ));
-        let quic = endpoint.connect_with(config, addr, "a.test")?.await?;
+        Self::connect_with(addr, ca, None).await
+    }
+
+    /// A connection that grants the server at most `window` bytes per stream until the client
+    /// reads: `Some(small)` is a client slow to read.
+    pub(crate) async fn connect_with(
+        addr: SocketAddr,
+        ca: &CertificateDer<'static>,
+        window: Option<u32>,
+    ) -> anyhow::Result<Self> {
+        let (endpoint, quic) = quic_connect(addr, ca, window).await?;
         let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(quic.clone())).await?;
         tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
         Ok(Self {
@@ -179,7 +212,6 @@ impl H3Client {
             send,
         })
     }
-
     /// Sends `method path` with `body` and reads the whole answer.
     async fn request(&mut self, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Answer> {
         let req = Request::builder()
@@ -596,4 +628,104 @@ async fn sigterm_under_http3_load_answers_every_request_it_took_in_full() {
         .unwrap()
         .unwrap();
     assert!(exit.success(), "tern exited with {exit}");
+}
+
+/// Resident memory of process `pid`, in bytes.
+fn resident(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// A QUIC variable-length integer of 8 bytes (RFC 9000 §16).
+fn varint8(n: u64) -> [u8; 8] {
+    (n | (0b11 << 62)).to_be_bytes()
+}
+
+/// Sends `total` zero bytes on `stream` in 1 MiB writes; the error that stopped it, if any.
+async fn stream_zeros(stream: &mut quinn::SendStream, total: usize) -> Option<quinn::WriteError> {
+    let chunk = Bytes::from(vec![0u8; 1 << 20]);
+    for _ in 0..total >> 20 {
+        if let Err(e) = stream.write_all(&chunk).await {
+            return Some(e);
+        }
+    }
+    None
+}
+
+/// Frames `h3` would buffer whole, in a `tern serve --http3` process: a reserved frame type
+/// on the control stream declaring 1 GiB with 256 MiB of it sent is skipped as it comes, and
+/// a HEADERS frame declaring 1 GiB is refused at its header (`H3_EXCESSIVE_LOAD`): resident
+/// memory stays within 64 MiB of where it was, and the server serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_declaring_a_gibibyte_are_skipped_or_refused_as_they_come() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    pki.issue(dir.path(), "a", &["a.test"]);
+    let (cert, key) = (dir.path().join("a.crt"), dir.path().join("a.key"));
+    let tern = crate::support::TernProcess::serve(
+        &[
+            "--tls-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--http3",
+        ],
+        &dir.path().join("cache"),
+    );
+    let addr: SocketAddr = tern.tls.as_deref().expect("HTTPS").parse().unwrap();
+    let pid = tern.child.id();
+    let mut client = H3Client::connect(addr, &pki.ca).await.expect("connect");
+    assert_eq!(client.get("/hello").await.unwrap().status, StatusCode::OK);
+    let before = resident(pid);
+    const GIB: u64 = 1 << 30;
+
+    // The control stream: its type, an empty SETTINGS, then a reserved frame (0x21).
+    let (_endpoint, quic) = quic_connect(addr, &pki.ca, None).await.expect("connect");
+    let mut control = quic.open_uni().await.unwrap();
+    control.write_all(&[0x00, 0x04, 0x00, 0x21]).await.unwrap();
+    control.write_all(&varint8(GIB)).await.unwrap();
+    let stopped = tokio::time::timeout(
+        Duration::from_secs(120),
+        stream_zeros(&mut control, 256 << 20),
+    )
+    .await
+    .expect("the server stopped reading an unknown frame");
+    assert!(
+        stopped.is_none(),
+        "the control stream was refused: {stopped:?}"
+    );
+    let after_unknown = resident(pid);
+    assert!(
+        after_unknown < before + (64 << 20),
+        "an unknown frame of 256 MiB grew the server from {before} to {after_unknown} bytes"
+    );
+
+    // A request stream whose HEADERS frame declares 1 GiB.
+    let (mut send, _recv) = quic.open_bi().await.unwrap();
+    send.write_all(&[0x01]).await.unwrap();
+    send.write_all(&varint8(GIB)).await.unwrap();
+    let stopped = tokio::time::timeout(Duration::from_secs(60), stream_zeros(&mut send, 64 << 20))
+        .await
+        .expect("the server neither read nor refused the head");
+    assert!(
+        matches!(stopped, Some(quinn::WriteError::Stopped(code)) if code.into_inner() == 0x107),
+        "a HEADERS frame of 1 GiB was taken: {stopped:?}"
+    );
+    let after_head = resident(pid);
+    assert!(
+        after_head < before + (64 << 20),
+        "the server grew from {before} to {after_head} bytes"
+    );
+    // The server serves on, the connection that had been served before and a new one.
+    assert_eq!(client.get("/hello").await.unwrap().status, StatusCode::OK);
+    let mut fresh = H3Client::connect(addr, &pki.ca).await.expect("connect");
+    assert_eq!(fresh.get("/hello").await.unwrap().status, StatusCode::OK);
+    drop(control);
 }

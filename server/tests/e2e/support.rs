@@ -327,9 +327,19 @@ impl H2Conn {
         self.get_with(path, &[]).await
     }
 
-    /// A GET of `path` with `headers`.
+    /// A GET of `path` with `headers` (each pair a field line of its own).
     pub async fn get_with(&mut self, path: &str, headers: &[(&str, &str)]) -> Reply {
-        let mut req = Request::builder().uri(format!("http://{}{path}", self.addr));
+        let uri = format!("http://{}{path}", self.addr);
+        self.get_uri_with(&uri, headers).await
+    }
+
+    /// A GET of the absolute `uri` (its authority is the request's `:authority`).
+    pub async fn get_uri(&mut self, uri: &str) -> Reply {
+        self.get_uri_with(uri, &[]).await
+    }
+
+    async fn get_uri_with(&mut self, uri: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut req = Request::builder().uri(uri);
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
@@ -341,6 +351,17 @@ impl H2Conn {
     /// A POST of `chunks` on a new connection, as DATA frames of a body whose length is not
     /// declared (no `content-length`: its size is not known up front).
     pub async fn post_unsized(addr: SocketAddr, path: &str, chunks: Vec<Bytes>) -> Reply {
+        Self::send_unsized(addr, Method::POST, path, chunks).await
+    }
+
+    /// `method path` with `chunks` on a new connection, as DATA frames of a body whose length
+    /// is not declared.
+    pub async fn send_unsized(
+        addr: SocketAddr,
+        method: Method,
+        path: &str,
+        chunks: Vec<Bytes>,
+    ) -> Reply {
         let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let (mut sender, conn) =
             hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
@@ -348,7 +369,7 @@ impl H2Conn {
                 .expect("h2 handshake");
         tokio::spawn(conn);
         let req = Request::builder()
-            .method(Method::POST)
+            .method(method)
             .uri(format!("http://{addr}{path}"))
             .body(Unsized(chunks.into()))
             .expect("valid request");
