@@ -29,9 +29,10 @@ const DATA: u64 = 0x0;
 /// A WebTransport stream's first frame (no length follows): not served.
 const WEBTRANSPORT_STREAM: u64 = 0x41;
 
-/// An `h3-quinn` connection whose received streams are [`Framed`].
-pub struct Guarded {
-    inner: h3_quinn::Connection,
+/// An `h3-quinn` connection (`C`: the connection, or the opener of its streams) whose
+/// received streams are [`Framed`].
+pub struct Guarded<C = h3_quinn::Connection> {
+    inner: C,
     /// The largest frame `h3` may buffer (`server.max_header_bytes`).
     limit: u64,
 }
@@ -44,12 +45,6 @@ impl Guarded {
             limit,
         }
     }
-}
-
-/// Opens streams (the server's control and QPACK streams) as `h3-quinn` does.
-pub struct Opener {
-    inner: h3_quinn::OpenStreams,
-    limit: u64,
 }
 
 /// A request stream: `h3-quinn`'s sending side, and its receiving side [`Framed`].
@@ -68,7 +63,7 @@ fn bidi<B: Buf>(stream: h3_quinn::BidiStream<B>, limit: u64) -> Bidi<B> {
 
 impl<B: Buf> quic::Connection<B> for Guarded {
     type RecvStream = Framed;
-    type OpenStreams = Opener;
+    type OpenStreams = Guarded<h3_quinn::OpenStreams>;
 
     fn poll_accept_recv(
         &mut self,
@@ -88,15 +83,24 @@ impl<B: Buf> quic::Connection<B> for Guarded {
         polled.map_ok(|stream| bidi(stream, self.limit))
     }
 
-    fn opener(&self) -> Opener {
-        Opener {
+    fn opener(&self) -> Guarded<h3_quinn::OpenStreams> {
+        Guarded {
             inner: <h3_quinn::Connection as quic::Connection<B>>::opener(&self.inner),
             limit: self.limit,
         }
     }
 }
 
-impl<B: Buf> quic::OpenStreams<B> for Guarded {
+/// Streams the server opens (its control and QPACK streams) as `h3-quinn` opens them.
+impl<B, C> quic::OpenStreams<B> for Guarded<C>
+where
+    B: Buf,
+    C: quic::OpenStreams<
+            B,
+            BidiStream = h3_quinn::BidiStream<B>,
+            SendStream = h3_quinn::SendStream<B>,
+        >,
+{
     type BidiStream = Bidi<B>;
     type SendStream = h3_quinn::SendStream<B>;
 
@@ -104,45 +108,20 @@ impl<B: Buf> quic::OpenStreams<B> for Guarded {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Bidi<B>, StreamErrorIncoming>> {
-        let polled =
-            <h3_quinn::Connection as quic::OpenStreams<B>>::poll_open_bidi(&mut self.inner, cx);
-        polled.map_ok(|stream| bidi(stream, self.limit))
+        let limit = self.limit;
+        <C as quic::OpenStreams<B>>::poll_open_bidi(&mut self.inner, cx)
+            .map_ok(|stream| bidi(stream, limit))
     }
 
     fn poll_open_send(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<h3_quinn::SendStream<B>, StreamErrorIncoming>> {
-        <h3_quinn::Connection as quic::OpenStreams<B>>::poll_open_send(&mut self.inner, cx)
+        <C as quic::OpenStreams<B>>::poll_open_send(&mut self.inner, cx)
     }
 
     fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
-        <h3_quinn::Connection as quic::OpenStreams<B>>::close(&mut self.inner, code, reason);
-    }
-}
-
-impl<B: Buf> quic::OpenStreams<B> for Opener {
-    type BidiStream = Bidi<B>;
-    type SendStream = h3_quinn::SendStream<B>;
-
-    fn poll_open_bidi(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Bidi<B>, StreamErrorIncoming>> {
-        let polled =
-            <h3_quinn::OpenStreams as quic::OpenStreams<B>>::poll_open_bidi(&mut self.inner, cx);
-        polled.map_ok(|stream| bidi(stream, self.limit))
-    }
-
-    fn poll_open_send(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<h3_quinn::SendStream<B>, StreamErrorIncoming>> {
-        <h3_quinn::OpenStreams as quic::OpenStreams<B>>::poll_open_send(&mut self.inner, cx)
-    }
-
-    fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
-        <h3_quinn::OpenStreams as quic::OpenStreams<B>>::close(&mut self.inner, code, reason);
+        <C as quic::OpenStreams<B>>::close(&mut self.inner, code, reason);
     }
 }
 

@@ -544,29 +544,7 @@ async fn shutdown_drains_http3_requests_in_flight() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_http3_load_answers_every_request_it_took_in_full() {
-    let pki = Pki::new();
-    let dir = tempfile::tempdir().unwrap();
-    pki.issue(dir.path(), "a", &["a.test"]);
-    let (cert, key) = (dir.path().join("a.crt"), dir.path().join("a.key"));
-    // The demo tenants, as `tern serve --tls-listen ... --http3` runs them.
-    let tern = crate::support::TernProcess::serve(
-        &[
-            "--tls-listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-            "--http3",
-        ],
-        &dir.path().join("cache"),
-    );
-    let addr: SocketAddr = tern
-        .tls
-        .as_deref()
-        .expect("an HTTPS address")
-        .parse()
-        .unwrap();
+    let (tern, addr, pki, _dir) = tern_serve_http3();
     let answered = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut clients = Vec::new();
     for _ in 0..4 {
@@ -630,6 +608,39 @@ async fn sigterm_under_http3_load_answers_every_request_it_took_in_full() {
     assert!(exit.success(), "tern exited with {exit}");
 }
 
+/// `tern serve --tls-listen ... --http3` with the demo tenants (a certificate for `a.test`),
+/// as a process of its own; its HTTPS (and HTTP/3) address, the PKI, and its directory.
+fn tern_serve_http3() -> (
+    crate::support::TernProcess,
+    SocketAddr,
+    Pki,
+    tempfile::TempDir,
+) {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    pki.issue(dir.path(), "a", &["a.test"]);
+    let (cert, key) = (dir.path().join("a.crt"), dir.path().join("a.key"));
+    let tern = crate::support::TernProcess::serve(
+        &[
+            "--tls-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--http3",
+        ],
+        &dir.path().join("cache"),
+    );
+    let addr = tern
+        .tls
+        .as_deref()
+        .expect("an HTTPS address")
+        .parse()
+        .unwrap();
+    (tern, addr, pki, dir)
+}
+
 /// Resident memory of process `pid`, in bytes.
 fn resident(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -663,23 +674,7 @@ async fn stream_zeros(stream: &mut quinn::SendStream, total: usize) -> Option<qu
 /// memory stays within 64 MiB of where it was, and the server serves on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_declaring_a_gibibyte_are_skipped_or_refused_as_they_come() {
-    let pki = Pki::new();
-    let dir = tempfile::tempdir().unwrap();
-    pki.issue(dir.path(), "a", &["a.test"]);
-    let (cert, key) = (dir.path().join("a.crt"), dir.path().join("a.key"));
-    let tern = crate::support::TernProcess::serve(
-        &[
-            "--tls-listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-            "--http3",
-        ],
-        &dir.path().join("cache"),
-    );
-    let addr: SocketAddr = tern.tls.as_deref().expect("HTTPS").parse().unwrap();
+    let (tern, addr, pki, _dir) = tern_serve_http3();
     let pid = tern.child.id();
     let mut client = H3Client::connect(addr, &pki.ca).await.expect("connect");
     assert_eq!(client.get("/hello").await.unwrap().status, StatusCode::OK);
