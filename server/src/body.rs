@@ -41,9 +41,6 @@ pub const FRAMING_HEADERS: [&str; 7] = [
 #[error("the guest ended before finishing the body; it is incomplete")]
 pub struct BodyAborted;
 
-/// One chunk of a streaming body, or the reason it stopped.
-pub type StreamItem = Result<Bytes, BodyAborted>;
-
 /// Why a response body ended before its end (the client sees it cut).
 #[derive(Debug, thiserror::Error)]
 pub enum BodyCut {
@@ -168,12 +165,12 @@ impl ResponseBody {
         }))
     }
 
-    /// A body streamed from a guest through `rx`. Unless the request was a `HEAD` (whose
-    /// body is never sent), a stream that does not reach its end is counted in `undelivered`.
-    /// A guest's streamed body: its chunks through `rx`; `aborted` says whether the channel's
-    /// close is the guest's failure rather than the body's end.
+    /// A body streamed from a guest through `rx`; `aborted`, once set, makes the channel's
+    /// close the guest's failure rather than the body's end. Unless the request was a `HEAD`
+    /// (whose body is never sent), a stream that does not reach its end is counted in
+    /// `undelivered`.
     pub fn stream(
-        rx: mpsc::Receiver<StreamItem>,
+        rx: mpsc::Receiver<Bytes>,
         aborted: Arc<std::sync::atomic::AtomicBool>,
         undelivered: Undelivered,
         head: bool,
@@ -190,7 +187,7 @@ impl ResponseBody {
 /// dropped (the client left) before its end.
 #[derive(Debug)]
 pub struct GuestStream {
-    rx: mpsc::Receiver<StreamItem>,
+    rx: mpsc::Receiver<Bytes>,
     /// Set by a guest that failed before the body's end (read at the channel's close).
     aborted: Arc<std::sync::atomic::AtomicBool>,
     /// Where a cut body is counted; `None` once the body has ended (or for a `HEAD`).
@@ -218,21 +215,20 @@ impl http_body::Body for ResponseBody {
                     .map(|b| Ok(Frame::data(b))),
             ),
             Self::Stream(s) => {
-                let mut item = std::task::ready!(s.rx.poll_recv(cx));
-                if item.is_none() && s.aborted.load(std::sync::atomic::Ordering::Acquire) {
-                    item = Some(Err(BodyAborted));
-                }
-                match &item {
-                    Some(Ok(_)) => {}
-                    // The end: delivered as far as the server can tell.
-                    None => s.undelivered = None,
-                    Some(Err(BodyAborted)) => {
+                Poll::Ready(match std::task::ready!(s.rx.poll_recv(cx)) {
+                    Some(chunk) => Some(Ok(Frame::data(chunk))),
+                    None if s.aborted.load(std::sync::atomic::Ordering::Acquire) => {
                         if let Some(u) = s.undelivered.take() {
                             u.guest_failed.inc();
                         }
+                        Some(Err(BodyCut::Guest(BodyAborted)))
                     }
-                }
-                Poll::Ready(item.map(|r| r.map(Frame::data).map_err(BodyCut::from)))
+                    // The end: delivered as far as the server can tell.
+                    None => {
+                        s.undelivered = None;
+                        None
+                    }
+                })
             }
             Self::Forwarded(f) => f.poll_data(cx),
             Self::Logged(l) => {

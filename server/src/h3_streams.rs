@@ -364,20 +364,17 @@ impl Framed {
     /// a frame header) is and all of it is there; then the item, taken out. `None`: `rest` is
     /// used up first.
     fn gather(&mut self, size: impl Fn(&[u8]) -> Option<usize>) -> Option<Bytes> {
-        while !self.rest.is_empty() {
+        loop {
             if let Some(n) = size(&self.head[..self.head_len]) {
                 let whole = Bytes::copy_from_slice(&self.head[..n]);
                 self.head_len = 0;
                 return Some(whole);
             }
-            self.head[self.head_len] = self.rest[0];
+            let (&next, _) = self.rest.split_first()?;
+            self.head[self.head_len] = next;
             self.head_len += 1;
             self.rest.advance(1);
         }
-        let n = size(&self.head[..self.head_len])?;
-        let whole = Bytes::copy_from_slice(&self.head[..n]);
-        self.head_len = 0;
-        Some(whole)
     }
 }
 

@@ -254,8 +254,7 @@ fn says_private(headers: &http::HeaderMap) -> bool {
         .into_iter()
         .flat_map(|name| headers.get_all(name))
         .collect();
-    directive_names(values)
-        .any(|d| d.eq_ignore_ascii_case("private") || d.eq_ignore_ascii_case("no-store"))
+    says_any(values, &["private", "no-store"])
 }
 
 /// Whether an answer says it may be shared though its request carried credentials:
@@ -266,11 +265,12 @@ fn says_shared(cdn: Option<&HeaderValue>, headers: &http::HeaderMap) -> bool {
         Some(cdn) => vec![cdn],
         None => headers.get_all(header::CACHE_CONTROL).iter().collect(),
     };
-    directive_names(values).any(|d| {
-        ["public", "s-maxage", "must-revalidate"]
-            .iter()
-            .any(|n| d.eq_ignore_ascii_case(n))
-    })
+    says_any(values, &["public", "s-maxage", "must-revalidate"])
+}
+
+/// Whether cache-control `values` hold one of the directives `names`.
+fn says_any(values: Vec<&HeaderValue>, names: &[&str]) -> bool {
+    directive_names(values).any(|d| names.iter().any(|n| d.eq_ignore_ascii_case(n)))
 }
 
 /// The names of the directives in cache-control `values` (`max-age=60, public`: `max-age`,

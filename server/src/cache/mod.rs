@@ -701,11 +701,7 @@ impl Cache {
         let now = Instant::now();
         let mut purged = 0;
         for (hash, entry) in &self.entries {
-            let tags = entry
-                .variants
-                .iter()
-                .flat_map(|v| v.tags.iter().map(|t| &**t));
-            if !named.names(entry.space, &entry.target, tags) {
+            if !named.names(entry.space, &entry.target, entry.tags()) {
                 continue;
             }
             purged += 1;
@@ -785,15 +781,9 @@ impl Cache {
         self.put_arc(hash, entry.clone());
         // A purge that went through the entries between the look and the put missed what
         // was put again: dropped here instead.
-        let tags = || {
-            entry
-                .variants
-                .iter()
-                .flat_map(|v| v.tags.iter().map(|t| &**t))
-        };
         if self
             .purges
-            .named_since(since, |n| n.names(entry.space, &entry.target, tags()))
+            .named_since(since, |n| n.names(entry.space, &entry.target, entry.tags()))
         {
             self.entries.invalidate(&hash);
         }
@@ -808,6 +798,13 @@ impl Entry {
             && self.https == https
             && self.host.eq_ignore_ascii_case(host)
             && &*self.target == target
+    }
+
+    /// The tags its answers were stored with.
+    fn tags(&self) -> impl Iterator<Item = &str> {
+        self.variants
+            .iter()
+            .flat_map(|v| v.tags.iter().map(|t| &**t))
     }
 
     /// Bytes it holds, roughly: what the cache's size counts.

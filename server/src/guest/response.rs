@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tern_sdk::abi;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::body::{FRAMING_HEADERS, StreamItem};
+use crate::body::FRAMING_HEADERS;
 
 /// Why a body write was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,8 +60,8 @@ pub struct Head {
     pub status: StatusCode,
     /// Headers set by the guest.
     pub headers: HeaderMap,
-    /// The body, chunk by chunk; an `Err` aborts the response.
-    pub body: mpsc::Receiver<StreamItem>,
+    /// The body, chunk by chunk.
+    pub body: mpsc::Receiver<Bytes>,
     /// Set when the guest failed before the body's end: the channel's close is then an
     /// abort, not the end (the chunks before it are still sent).
     pub aborted: Arc<AtomicBool>,
@@ -87,7 +87,7 @@ pub struct GuestResponse {
     /// Where the head goes when the body starts streaming; `None` once it has.
     commit: Option<oneshot::Sender<Head>>,
     /// The streaming body, once the head has committed, and its abort mark.
-    pub stream: Option<(mpsc::Sender<StreamItem>, Arc<AtomicBool>)>,
+    pub stream: Option<(mpsc::Sender<Bytes>, Arc<AtomicBool>)>,
     /// The body length the guest declared with a `content-length` header: a streamed response
     /// is sent with it instead of chunked, writes past it fail, and a body that ends short of
     /// it fails the request.
@@ -264,7 +264,7 @@ impl GuestResponse {
     /// Sends one chunk of a streaming body.
     async fn send(&self, chunk: Bytes) -> Result<(), WriteError> {
         let (tx, _) = self.stream.as_ref().ok_or(WriteError::ClientGone)?;
-        tx.send(Ok(chunk)).await.map_err(|_| WriteError::ClientGone)
+        tx.send(chunk).await.map_err(|_| WriteError::ClientGone)
     }
 
     /// Sends the head and switches to streaming. Returns `false` if the client is gone.

@@ -337,13 +337,13 @@ impl<S> Prefixed<S> {
             }
             return polled;
         }
-        let deadline = tokio::time::Instant::now() + self.send_timeout;
+        let timeout = self.send_timeout;
         let (armed, sleep) = self
             .stalled
-            .get_or_insert_with(|| (false, Box::pin(tokio::time::sleep_until(deadline))));
+            .get_or_insert_with(|| (false, Box::pin(tokio::time::sleep(timeout))));
         if !*armed {
             *armed = true;
-            sleep.as_mut().reset(deadline);
+            sleep.as_mut().reset(tokio::time::Instant::now() + timeout);
         }
         if sleep.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Err(std::io::Error::new(

@@ -14,6 +14,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -378,7 +379,8 @@ async fn respond(
 #[error("the client took none of its answer within server.send_timeout_ms")]
 struct Stalled;
 
-/// `write`, unless the client's flow control holds it for `limit`.
+/// `write`, unless the client's flow control holds it for `limit`. The timer (a clock read,
+/// a timer entry) is made only for a write that waits, not for the many that do not.
 async fn within<T, E>(
     limit: Duration,
     write: impl Future<Output = Result<T, E>>,
@@ -386,6 +388,12 @@ async fn within<T, E>(
 where
     E: std::error::Error + Send + Sync + 'static,
 {
+    let mut write = std::pin::pin!(write);
+    if let Poll::Ready(written) =
+        std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await
+    {
+        return Ok(written?);
+    }
     match tokio::time::timeout(limit, write).await {
         Ok(written) => Ok(written?),
         Err(_) => Err(Box::new(Stalled)),
