@@ -14,13 +14,14 @@ pub enum Outcome {
     Timeout,
     /// Wasm stack overflow.
     TrapStackOverflow,
-    /// Out-of-bounds memory or table access.
+    /// Out-of-bounds (or misaligned atomic) memory access.
     TrapOutOfBounds,
     /// `unreachable` (also Rust panics with `panic = "abort"`).
     TrapUnreachable,
     /// Integer division by zero or overflow, or a bad float conversion.
     TrapArithmetic,
-    /// `call_indirect` to a null or mistyped entry.
+    /// A call through a function pointer naming no function: a null or mistyped table entry,
+    /// or an index past the table (any table access past it: wasmtime does not tell them apart).
     TrapBadIndirectCall,
     /// Any other trap.
     TrapOther,

@@ -36,17 +36,17 @@ use crate::body::ResponseBody;
 /// The longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 4096;
 /// Most request headers one lookup gives.
-const MAX_HEADERS: usize = 64;
+pub const MAX_HEADERS: usize = 64;
 /// Most headers an entry varies on.
-const MAX_VARY: usize = 16;
+pub const MAX_VARY: usize = 16;
 /// Most tags of one entry.
 pub const MAX_TAGS: usize = 16;
 /// The longest tag.
-const MAX_TAG_LEN: usize = 128;
+pub const MAX_TAG_LEN: usize = 128;
 /// The longest freshness an entry is given: a year.
 pub const MAX_TTL: u32 = 365 * 86_400;
 /// The longest `stale-while-revalidate`: a day (the cache's longest stale window).
-const MAX_STALE: u32 = 86_400;
+pub const MAX_STALE: u32 = 86_400;
 /// Most lookups one request makes (each entry it holds is host memory).
 const MAX_LOOKUPS: u32 = 1000;
 

@@ -538,14 +538,17 @@ fn classify(stage: Stage, limits: &GuestLimits, response: &GuestResponse) -> Res
     if let Some(trap) = err.downcast_ref::<Trap>() {
         let outcome = match trap {
             Trap::StackOverflow => Outcome::TrapStackOverflow,
-            Trap::MemoryOutOfBounds | Trap::TableOutOfBounds | Trap::HeapMisaligned => {
-                Outcome::TrapOutOfBounds
-            }
+            Trap::MemoryOutOfBounds | Trap::HeapMisaligned => Outcome::TrapOutOfBounds,
             Trap::UnreachableCodeReached => Outcome::TrapUnreachable,
             Trap::IntegerDivisionByZero | Trap::IntegerOverflow | Trap::BadConversionToInteger => {
                 Outcome::TrapArithmetic
             }
-            Trap::IndirectCallToNull | Trap::BadSignature => Outcome::TrapBadIndirectCall,
+            // A function pointer naming no function: a null entry, one of another signature,
+            // or an index past the table (which wasmtime reports as `table.get` past it is
+            // reported; in code compiled from C, Rust or Go only function pointers use tables).
+            Trap::IndirectCallToNull | Trap::BadSignature | Trap::TableOutOfBounds => {
+                Outcome::TrapBadIndirectCall
+            }
             _ => Outcome::TrapOther,
         };
         let text = trap.to_string();

@@ -180,7 +180,10 @@ pub async fn serve<H, F>(
         // Under a flood, prove the address first: a Retry costs the server one packet.
         let incoming = if !incoming.remote_address_validated() && tls.busy() {
             match incoming.retry() {
-                Ok(()) => continue,
+                Ok(()) => {
+                    tls.retried();
+                    continue;
+                }
                 Err(e) => e.into_incoming(),
             }
         } else {

@@ -368,6 +368,12 @@ named_metrics! {
          untrusted certificate), io (the connection closed or failed).",
         &["reason"],
     );
+    pub quic_retries: counter(
+        "tern_quic_retries_total",
+        "HTTP/3 clients sent a QUIC Retry to prove their address before their handshake \
+         (done past half of server.max_tls_handshakes in flight): what a handshake flood cost \
+         one packet each.",
+    );
     pub tls_handshakes_in_progress: gauge(
         "tern_tls_handshakes_in_progress",
         "TLS handshakes in progress on the TLS listener (at most server.max_tls_handshakes; \

@@ -438,6 +438,7 @@ pub struct Acceptor {
     failures: prometheus::IntCounterVec,
     /// Handshakes holding a permit, for operators watching the cap.
     in_progress: prometheus::IntGauge,
+    retries: prometheus::IntCounter,
     /// The certificates served.
     pub certificates: Arc<Certificates>,
 }
@@ -463,6 +464,18 @@ impl Acceptor {
             // `acme-tls/1` last: only a CA validating a TLS-ALPN-01 challenge offers it.
             vec![b"h2".to_vec(), b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()],
         )?;
+        // Every reason from the start: a rate over a series that appears only with its first
+        // failure is no rate at all.
+        for reason in [
+            "timeout",
+            "busy",
+            "no_certificate",
+            "protocol",
+            "alert",
+            "io",
+        ] {
+            metrics.tls_handshake_failures.with_label_values(&[reason]);
+        }
         Ok(Self {
             inner: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             handshakes: Arc::new(tokio::sync::Semaphore::new(max_handshakes)),
@@ -471,6 +484,7 @@ impl Acceptor {
             done: metrics.tls_handshakes.clone(),
             failures: metrics.tls_handshake_failures.clone(),
             in_progress: metrics.tls_handshakes_in_progress.clone(),
+            retries: metrics.quic_retries.clone(),
             certificates,
         })
     }
@@ -511,6 +525,11 @@ impl Acceptor {
     /// prove its address first).
     pub fn busy(&self) -> bool {
         self.handshakes.available_permits() < self.max_handshakes / 2
+    }
+
+    /// Counts a QUIC Retry sent (a client asked to prove its address, see [`Self::busy`]).
+    pub fn retried(&self) {
+        self.retries.inc();
     }
 
     /// Counts a completed handshake.
