@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use crate::support::{
-    H2Conn, Reply, TestServer, metric_value, metric_value_or_zero, send, test_guest,
+    H2Conn, Reply, TestServer, metric_is, metric_value, metric_value_or_zero, send, test_guest,
 };
 
 /// A server with `cache_headers` cached at `/c` (any host) and uncached at `/u`, and a second
@@ -47,6 +47,30 @@ async fn guest_runs(s: &TestServer, tenant: &str) -> f64 {
         &m,
         &format!("tern_guest_outcomes_total{{outcome=\"ok\",tenant=\"{tenant}\"}}"),
     )
+}
+
+/// Waits until a guest holds a slot: the first request of a key has passed the cache and is
+/// filling it (those sent from now on find it filling). Never a sleep that guesses.
+async fn leader_running(s: &TestServer) {
+    s.wait_metric(r#"tern_pool_slots{kind="instances",state="in_use"}"#, 1.0)
+        .await;
+}
+
+/// Waits until no guest holds a slot (the last one's teardown is over), so that
+/// [`leader_running`] sees the next one.
+async fn no_guest_running(s: &TestServer) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !metric_is(
+        &s.metrics().await,
+        r#"tern_pool_slots{kind="instances",state="in_use"}"#,
+        0.0,
+    ) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a guest kept its slot"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
 
 const FRESH: &str = "/c/page?h=cache-control:max-age%3D60";
@@ -380,8 +404,9 @@ async fn concurrent_misses_of_a_key_run_one_guest() {
     let get = move |path: &'static str| {
         tokio::spawn(async move { send(addr, Method::GET, path, None, &[], Bytes::new()).await })
     };
+    no_guest_running(&s).await;
     let first = get(path);
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    leader_running(&s).await;
     let followers: Vec<_> = (0..10).map(|_| get(path)).collect();
     let first = first.await.unwrap();
     assert_eq!(first.header("cache-status"), "tern; fwd=uri-miss; stored");
@@ -412,8 +437,9 @@ async fn concurrent_misses_of_a_key_run_one_guest() {
     // Not storable: the waiting misses run their own guests once the first answer is in, and
     // the key's next misses run at once.
     let path = "/c/uncached?h=cache-control:no-store&wait_ms=300";
+    no_guest_running(&s).await;
     let first = get(path);
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    leader_running(&s).await;
     let followers: Vec<_> = (0..4).map(|_| get(path)).collect();
     let first = first.await.unwrap();
     let mut runs = vec![run_of(&first)];
@@ -998,16 +1024,16 @@ async fn streamed_answers_are_stored_once_they_end_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_concurrent_cold_requests_run_one_guest() {
     let s = server().await;
-    // The guest computes 800 ms (within the tenant's 1 s timeout) while the others arrive.
-    let path = "/c/cold?h=cache-control:max-age%3D60&wait_ms=800";
+    // The first request's guest computes 400 ms (well within the tenant's 1 s timeout) while
+    // the others arrive.
+    let path = "/c/cold?h=cache-control:max-age%3D60&wait_ms=400";
     let addr = s.addr();
-    let asks: Vec<_> = (0..1000)
-        .map(|_| {
-            tokio::spawn(
-                async move { send(addr, Method::GET, path, None, &[], Bytes::new()).await },
-            )
-        })
-        .collect();
+    let get = move || {
+        tokio::spawn(async move { send(addr, Method::GET, path, None, &[], Bytes::new()).await })
+    };
+    let mut asks = vec![get()];
+    leader_running(&s).await;
+    asks.extend((1..1000).map(|_| get()));
     let mut replies = Vec::new();
     for a in asks {
         replies.push(a.await.unwrap());
@@ -1033,6 +1059,7 @@ async fn a_thousand_concurrent_cold_requests_run_one_guest() {
     // The one filling fails (a 500 after 400 ms): one of those waiting fills it next, the rest
     // wait on and get its answer; the guest runs twice, not once per request.
     let path = "/c/retry?h=cache-control:max-age%3D60&wait_ms=400";
+    no_guest_running(&s).await;
     let failing = tokio::spawn(async move {
         send(
             addr,
@@ -1044,7 +1071,7 @@ async fn a_thousand_concurrent_cold_requests_run_one_guest() {
         )
         .await
     });
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    leader_running(&s).await;
     let asks: Vec<_> = (0..50)
         .map(|_| {
             tokio::spawn(

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
-use crate::support::{TestServer, raw, send};
+use crate::support::{TestServer, metric_is, raw, send};
 
 const LIMITS: &str = "[server]\nheader_read_timeout_ms = 500\nmax_connections = 40\n\
     [[tenant]]\nname = \"echo\"\nmodule = \"builtin:echo\"\npaths = [\"/echo\"]\n\
@@ -92,7 +92,11 @@ async fn oversized_bodies_get_413_declared_or_streamed() {
     assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
     let m = s.metrics().await;
     assert!(
-        m.contains(r#"tern_guest_outcomes_total{outcome="body_too_large",tenant="echo"} 2"#),
+        metric_is(
+            &m,
+            r#"tern_guest_outcomes_total{outcome="body_too_large",tenant="echo"}"#,
+            2.0
+        ),
         "{m}"
     );
 }

@@ -3,7 +3,7 @@
 
 use http::StatusCode;
 
-use crate::support::{TestServer, guest_wat, wat_file};
+use crate::support::{TestServer, guest_wat, metric_is, wat_file};
 
 /// Starts a server with a `bad` tenant at /bad running `body`, and the demo hello at /hello.
 async fn with_guest(body: &str, limits: &str) -> TestServer {
@@ -42,7 +42,11 @@ async fn unreachable_trap_is_500_naming_the_trap() {
     .await;
     let m = s.metrics().await;
     assert!(
-        m.contains(r#"tern_guest_outcomes_total{outcome="trap_unreachable",tenant="bad"} 3"#),
+        metric_is(
+            &m,
+            r#"tern_guest_outcomes_total{outcome="trap_unreachable",tenant="bad"}"#,
+            3.0
+        ),
         "{m}"
     );
 }

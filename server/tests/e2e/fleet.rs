@@ -614,6 +614,7 @@ fn module(n: usize, kib: usize) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_deploy_leaves_the_registry_consistent_and_tampered_artifacts_are_not_run()
  {
+    use sha2::Digest as _;
     use tern::fleet::objects::{Remote, open_with};
     let s3 = S3::start();
     let dirs = tempfile::tempdir().unwrap();
@@ -622,37 +623,86 @@ async fn a_replica_killed_mid_deploy_leaves_the_registry_consistent_and_tampered
     let (status, v) = deploy(addr(&a.admin), "site", &module(0, 1)).await;
     assert_eq!(status, http::StatusCode::OK, "{v}");
 
-    // kill -9 at a different moment of each deploy (upload, compile, publish, swap).
-    for i in 1..=6 {
-        let wasm = module(i, 40);
-        let (admin_at, auth) = (addr(&a.admin), format!("Bearer {FLEET_TOKEN}"));
-        let request = tokio::spawn(async move {
-            let mut conn = tokio::net::TcpStream::connect(admin_at).await.unwrap();
-            let head = format!(
-                "PUT /admin/v1/tenants/site/module HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\n\
-                 content-length: {}\r\n\r\n",
-                wasm.len()
-            );
-            use tokio::io::AsyncWriteExt;
-            let _ = conn.write_all(head.as_bytes()).await;
-            let _ = conn.write_all(&wasm).await;
-            let mut answer = Vec::new();
-            let _ = tokio::io::AsyncReadExt::read_to_end(&mut conn, &mut answer).await;
-        });
-        tokio::time::sleep(Duration::from_millis(15 * i as u64 * i as u64)).await;
-        crate::support::ran(Command::new("kill").args(["-KILL", &a.child.id().to_string()]));
-        let _ = a.child.wait();
-        let _ = request.await;
-        a = replica(&s3, "a", &dirs.path().join("a"));
-        let r = get(&a, "/site").await;
-        assert_eq!(r.status, http::StatusCode::OK, "{}", r.text());
-    }
-
-    // The registry names only objects that are there and whole.
+    // kill -9 at each moment of a deploy, each seen to have come (never guessed with a
+    // sleep): half the upload sent, all of it sent, the module stored in the registry, the
+    // manifest naming it. A restart then serves what the registry names.
     let options = s3.options();
     let options: Vec<(&str, &str)> = options.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let (store, prefix) = open_with(REGISTRY, &options).unwrap();
     let remote = Remote::new(store, prefix);
+    async fn current(remote: &Remote) -> tern::datadir::Version {
+        let (manifest, _) = remote.manifest().await.unwrap().expect("a manifest");
+        manifest.tenants["site"]
+            .current
+            .clone()
+            .expect("a current version")
+    }
+    let mut served = 0;
+    for (i, moment) in [
+        "half the upload sent",
+        "the upload sent",
+        "the module stored",
+        "the manifest names it",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let i = i + 1;
+        let wasm = module(i, 40);
+        let hash = format!("{:x}", sha2::Sha256::digest(&wasm));
+        let mut conn = tokio::net::TcpStream::connect(addr(&a.admin))
+            .await
+            .unwrap();
+        let head = format!(
+            "PUT /admin/v1/tenants/site/module HTTP/1.1\r\nhost: x\r\n\
+             authorization: Bearer {FLEET_TOKEN}\r\ncontent-length: {}\r\n\r\n",
+            wasm.len()
+        );
+        use tokio::io::AsyncWriteExt;
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let half = wasm.len() / 2;
+        conn.write_all(&wasm[..half]).await.unwrap();
+        if i > 1 {
+            conn.write_all(&wasm[half..]).await.unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let came = match i {
+                3 => remote.get_blob(&hash).await.is_ok(),
+                4 => current(&remote).await.module == hash,
+                _ => true,
+            };
+            if came {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{moment}: never came");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        crate::support::ran(Command::new("kill").args(["-KILL", &a.child.id().to_string()]));
+        let _ = a.child.wait();
+        drop(conn);
+        a = replica(&s3, "a", &dirs.path().join("a"));
+        // The new version is current only once its manifest is written; whichever it is, the
+        // restarted replica serves it.
+        let now = current(&remote).await;
+        match i {
+            1 => assert_ne!(now.module, hash, "{moment}: a half upload was deployed"),
+            4 => assert_eq!(now.module, hash, "{moment}: the deploy was lost"),
+            _ => {}
+        }
+        if now.module == hash {
+            served = i;
+        }
+        let r = get(&a, "/site").await;
+        assert_eq!(r.status, http::StatusCode::OK, "{moment}: {}", r.text());
+        assert_eq!(
+            r.text(),
+            format!("version {served} "),
+            "{moment}: not what the registry names"
+        );
+    }
+
+    // The registry names only objects that are there and whole.
     let (manifest, _) = remote.manifest().await.unwrap().expect("a manifest");
     let site = &manifest.tenants["site"];
     for v in site.current.iter().chain(&site.previous) {

@@ -166,30 +166,75 @@ async fn entries_are_kept_varied_and_purged_and_stay_the_tenants() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_with_the_reason() {
     let s = probe("", "").await;
-    let tag = "t".repeat(128);
-    // Each limit at, and one past: what the answer starts with, or the reason it is refused.
-    let cases: [(String, Result<&str, &str>); 14] = [
-        ("/?op=set&size=4096&value=k".into(), Ok("found=1")),
-        ("/?op=lookup&size=4097".into(), Err("1 to 4096 bytes")),
-        ("/?op=lookup&key=".into(), Err("not 0")),
-        ("/?op=set&key=t&ttl=31536000".into(), Ok("found=1")),
-        ("/?op=set&key=t&ttl=31536001".into(), Err("max-age")),
-        ("/?op=set&key=t&ttl=0".into(), Err("max-age")),
-        ("/?op=set&key=t&swr=86400".into(), Ok("found=1")),
+    use tern::cache::guest::{MAX_KEY_BYTES, MAX_STALE, MAX_TAG_LEN, MAX_TAGS, MAX_TTL, MAX_VARY};
+    let tag = "t".repeat(MAX_TAG_LEN);
+    let tags = |n: usize| {
+        (0..n)
+            .map(|i| format!("t{i}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let vary = |n: usize| {
+        (0..n)
+            .map(|i| format!("x-v{i}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    // Each limit (the implementation's own constant) at, and one past: what the answer starts
+    // with, or the reason it is refused.
+    let cases: [(String, Result<&str, String>); 18] = [
         (
-            "/?op=set&key=t&swr=86401".into(),
-            Err("stale-while-revalidate"),
+            format!("/?op=set&size={MAX_KEY_BYTES}&value=k"),
+            Ok("found=1"),
+        ),
+        (
+            format!("/?op=lookup&size={}", MAX_KEY_BYTES + 1),
+            Err(format!("1 to {MAX_KEY_BYTES} bytes")),
+        ),
+        ("/?op=lookup&key=".into(), Err("not 0".into())),
+        (format!("/?op=set&key=t&ttl={MAX_TTL}"), Ok("found=1")),
+        (
+            format!("/?op=set&key=t&ttl={}", MAX_TTL + 1),
+            Err("max-age".into()),
+        ),
+        ("/?op=set&key=t&ttl=0".into(), Err("max-age".into())),
+        (format!("/?op=set&key=t&swr={MAX_STALE}"), Ok("found=1")),
+        (
+            format!("/?op=set&key=t&swr={}", MAX_STALE + 1),
+            Err("stale-while-revalidate".into()),
         ),
         (format!("/?op=set&key=t&tags={tag}"), Ok("found=1")),
-        (format!("/?op=set&key=t&tags={tag}t"), Err("a tag is")),
+        (
+            format!("/?op=set&key=t&tags={tag}t"),
+            Err("a tag is".into()),
+        ),
+        (
+            format!("/?op=set&key=t&tags={}", tags(MAX_TAGS)),
+            Ok("found=1"),
+        ),
+        (
+            format!("/?op=set&key=t&tags={}", tags(MAX_TAGS + 1)),
+            Err(format!("at most {MAX_TAGS} tags")),
+        ),
+        (
+            format!("/?op=set&key=t&vary={}", vary(MAX_VARY)),
+            Ok("found=1"),
+        ),
+        (
+            format!("/?op=set&key=t&vary={}", vary(MAX_VARY + 1)),
+            Err(format!("at most {MAX_VARY} vary headers")),
+        ),
         (
             "/?op=set&key=t&vary=bad%20name:".into(),
-            Err("not a header name"),
+            Err("not a header name".into()),
         ),
-        ("/?op=set&key=t&vary=range".into(), Err("steers caches")),
-        ("/?op=purge&tag=".into(), Err("a tag is")),
         (
-            "/?op=lookup&size=4096".into(),
+            "/?op=set&key=t&vary=range".into(),
+            Err("steers caches".into()),
+        ),
+        ("/?op=purge&tag=".into(), Err("a tag is".into())),
+        (
+            format!("/?op=lookup&size={MAX_KEY_BYTES}"),
             Ok("found=1 stale=0 must=0 age=0 body=k"),
         ),
     ];
@@ -204,7 +249,7 @@ async fn bad_input_is_refused_with_the_reason() {
             Err(words) => {
                 assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{path}");
                 assert!(
-                    text.contains("INVALID_ARGUMENT") && text.contains(words),
+                    text.contains("INVALID_ARGUMENT") && text.contains(words.as_str()),
                     "{path}: {text}"
                 );
             }
@@ -254,8 +299,10 @@ async fn one_request_inserts_while_the_others_wait_and_a_trap_releases_them() {
     // The first request traps with its turn; those waiting go on well before the 30 s a
     // waiter gives up after, and one of them inserts.
     for (key, how) in [("y", "trap=1"), ("z", "close=1")] {
+        // The first request has its turn (its lookup counted a miss) before the others ask.
+        let misses = metric_value_or_zero(&s.metrics().await, &series("app", "miss"));
         let first = spawn_get(addr, &format!("/?key={key}&spin=500&{how}"));
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        s.wait_metric(&series("app", "miss"), misses + 1.0).await;
         let started = Instant::now();
         let waiters: Vec<_> = (0..5)
             .map(|_| spawn_get(addr, &format!("/?key={key}")))
@@ -287,7 +334,9 @@ async fn one_request_inserts_while_the_others_wait_and_a_trap_releases_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_go_stale_then_are_renewed_or_gone() {
     let s = probe("", "").await;
+    let before_set = Instant::now();
     ask(&s, "/?op=set&key=s&value=old&ttl=1&swr=2", &[]).await;
+    let after_set = Instant::now();
     ask(&s, "/?op=set&key=g&value=brief&ttl=1", &[]).await;
     assert!(
         ask(&s, "/?op=lookup&key=s", &[])
@@ -300,11 +349,24 @@ async fn entries_go_stale_then_are_renewed_or_gone() {
             .await
             .starts_with("found=0 ")
     );
+    let before_lookup = Instant::now();
     let stale = ask(&s, "/?op=lookup&key=s", &[]).await;
-    assert!(
-        stale.starts_with("found=1 stale=1 must=0 age=1 body=old"),
-        "{stale}"
+    // Its age in whole seconds, as measured from here: between the shortest and the longest
+    // time that can have passed between the insert and the lookup.
+    let (least, most) = (
+        before_lookup.duration_since(after_set).as_secs(),
+        Instant::now().duration_since(before_set).as_secs(),
     );
+    let age: u64 = stale
+        .strip_prefix("found=1 stale=1 must=0 age=")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("not found stale: {stale}"));
+    assert!(
+        (least..=most).contains(&age),
+        "age {age}, not {least}-{most}: {stale}"
+    );
+    assert!(stale.ends_with(" body=old"), "{stale}");
     // A transactional lookup gets the turn to insert it anew, then it is fresh.
     let renewed = ask(&s, "/?key=s&value=new&ttl=60", &[]).await;
     assert_eq!(renewed, "found=1 stale=0 must=0 age=0 body=new");

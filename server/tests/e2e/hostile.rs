@@ -7,7 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
-use crate::support::{Conn, TestServer, metric_value, metric_value_or_zero, raw, send, test_guest};
+use crate::support::{
+    Conn, TestServer, metric_is, metric_value, metric_value_or_zero, raw, send, test_guest,
+};
 
 const GUESTS: [&str; 13] = [
     "loop_forever",
@@ -188,6 +190,7 @@ async fn each_hostile_guest_gets_its_status_and_the_neighbour_never_notices() {
         ("stack_overflow", "trap_stack_overflow", 3.0),
         ("panic", "trap_unreachable", 3.0),
         ("out_of_bounds", "trap_out_of_bounds", 3.0),
+        ("bad_indirect_call", "trap_bad_indirect_call", 3.0),
         ("bad_pointers", "bad_pointer", 18.0),
         ("output_flood", "response_limit", 3.0),
         ("exit_code", "exit", 3.0),
@@ -268,11 +271,11 @@ async fn cpu_bound_guests_on_every_worker_leave_the_reactor_and_neighbours_respo
         .collect();
     // Wait (bounded, to catch hangs) until all four burners hold a slot.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !s
-        .metrics()
-        .await
-        .contains(r#"tern_pool_slots{kind="instances",state="in_use"} 4"#)
-    {
+    while !metric_is(
+        &s.metrics().await,
+        r#"tern_pool_slots{kind="instances",state="in_use"}"#,
+        4.0,
+    ) {
         assert!(
             std::time::Instant::now() < deadline,
             "burners never all started"
@@ -296,7 +299,11 @@ async fn cpu_bound_guests_on_every_worker_leave_the_reactor_and_neighbours_respo
     }
     let m = s.metrics().await;
     assert!(
-        m.contains(r#"tern_pool_slots{kind="instances",state="in_use"} 4"#),
+        metric_is(
+            &m,
+            r#"tern_pool_slots{kind="instances",state="in_use"}"#,
+            4.0
+        ),
         "burners finished before 10 light requests did ({:?}): {}",
         started.elapsed(),
         m.lines()
@@ -387,7 +394,11 @@ async fn pool_exhaustion_and_tenant_caps_answer_503_with_retry_after() {
     );
     let m = s.metrics().await;
     assert!(
-        m.contains(r#"tern_guest_outcomes_total{outcome="overload",tenant="hello"} 1"#),
+        metric_is(
+            &m,
+            r#"tern_guest_outcomes_total{outcome="overload",tenant="hello"}"#,
+            1.0
+        ),
         "{m}"
     );
 }

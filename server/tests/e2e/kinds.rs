@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use crate::support::{
-    TestServer, c_program, metric_value, post, raw, send, test_component, test_guest,
+    TestServer, c_program, metric_is, metric_value, post, raw, send, test_component, test_guest,
 };
 
 /// A config serving all three kinds: `tern` (the SDK's hello), a component, C and Rust CGI.
@@ -113,7 +113,11 @@ async fn three_kinds_serve_side_by_side() {
         assert!(ok >= 12.0, "{tenant}: {ok}");
     }
     assert!(
-        m.contains(r#"tern_pool_slots{kind="instances",state="in_use"} 0"#),
+        metric_is(
+            &m,
+            r#"tern_pool_slots{kind="instances",state="in_use"}"#,
+            0.0
+        ),
         "{m}"
     );
 }
@@ -412,7 +416,11 @@ async fn hostile_components_get_defined_statuses_and_the_pool_survives() {
         assert!(n >= 1.0, "{outcome}: {n}");
     }
     assert!(
-        m.contains(r#"tern_pool_slots{kind="instances",state="in_use"} 0"#),
+        metric_is(
+            &m,
+            r#"tern_pool_slots{kind="instances",state="in_use"}"#,
+            0.0
+        ),
         "{m}"
     );
 }

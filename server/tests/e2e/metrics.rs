@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
-use crate::support::{TestServer, send};
+use crate::support::{TestServer, metric_is, send};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_show_every_phase_and_the_tenant() {
@@ -26,21 +26,39 @@ async fn metrics_show_every_phase_and_the_tenant() {
     assert!(
         m.contains(r#"tern_request_phase_duration_seconds_bucket{phase="teardown",le="0.000001"}"#)
     );
-    assert!(m.contains("tern_request_duration_seconds_count 5"), "{m}");
-    assert!(m.contains(r#"tern_requests_total{status="2xx",tenant="hello",version="1.1"} 5"#));
-    assert!(m.contains(r#"tern_guest_outcomes_total{outcome="ok",tenant="hello"} 5"#));
     assert!(
-        m.contains(r#"tern_pool_slots{kind="instances",state="in_use"} 0"#),
+        metric_is(&m, "tern_request_duration_seconds_count", 5.0),
+        "{m}"
+    );
+    assert!(metric_is(
+        &m,
+        r#"tern_requests_total{status="2xx",tenant="hello",version="1.1"}"#,
+        5.0
+    ));
+    assert!(metric_is(
+        &m,
+        r#"tern_guest_outcomes_total{outcome="ok",tenant="hello"}"#,
+        5.0
+    ));
+    assert!(
+        metric_is(
+            &m,
+            r#"tern_pool_slots{kind="instances",state="in_use"}"#,
+            0.0
+        ),
         "{m}"
     );
     assert!(m.contains("process_resident_memory_bytes"));
     // In-flight and queue gauges return to zero; every guest's peak memory is recorded; the
     // seven demo modules were compiled into a fresh cache; warm slots report resident bytes.
-    assert!(m.contains("tern_requests_in_flight 0"), "{m}");
-    assert!(m.contains("tern_queue_depth 0"), "{m}");
-    assert!(m.contains("tern_guest_memory_peak_bytes_count 5"), "{m}");
+    assert!(metric_is(&m, "tern_requests_in_flight", 0.0), "{m}");
+    assert!(metric_is(&m, "tern_queue_depth", 0.0), "{m}");
     assert!(
-        m.contains("tern_module_compile_duration_seconds_count 7"),
+        metric_is(&m, "tern_guest_memory_peak_bytes_count", 5.0),
+        "{m}"
+    );
+    assert!(
+        metric_is(&m, "tern_module_compile_duration_seconds_count", 7.0),
         "{m}"
     );
     assert!(
@@ -48,7 +66,11 @@ async fn metrics_show_every_phase_and_the_tenant() {
         "{m}"
     );
     assert!(
-        m.contains(r#"tern_deploys_total{outcome="ok",tenant="hello"} 1"#),
+        metric_is(
+            &m,
+            r#"tern_deploys_total{outcome="ok",tenant="hello"}"#,
+            1.0
+        ),
         "{m}"
     );
     // Requests are counted by HTTP version too; a version never seen has no series.
@@ -84,11 +106,19 @@ async fn tenants_past_the_label_cap_count_as_other() {
     assert_eq!(s.get("/b").await.status, StatusCode::OK);
     let m = s.metrics().await;
     assert!(
-        m.contains(r#"tern_requests_total{status="2xx",tenant="first",version="1.1"} 1"#),
+        metric_is(
+            &m,
+            r#"tern_requests_total{status="2xx",tenant="first",version="1.1"}"#,
+            1.0
+        ),
         "{m}"
     );
     assert!(
-        m.contains(r#"tern_requests_total{status="2xx",tenant="other",version="1.1"} 1"#),
+        metric_is(
+            &m,
+            r#"tern_requests_total{status="2xx",tenant="other",version="1.1"}"#,
+            1.0
+        ),
         "{m}"
     );
     assert!(!m.contains("tenant=\"second\""), "{m}");

@@ -1168,3 +1168,9 @@ pub fn replace_file(path: &Path, bytes: &[u8]) {
     std::fs::write(&tmp, bytes).unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
+
+/// Whether the series `series` is in `metrics` with exactly `value` (a check by substring would
+/// take `... 5` for `... 50`).
+pub fn metric_is(metrics: &str, series: &str, value: f64) -> bool {
+    series_value(metrics, series) == Some(value)
+}

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::json;
 
-use crate::support::{self, ADMIN_TOKEN, Conn, TestServer, demo, send};
+use crate::support::{self, ADMIN_TOKEN, Conn, TestServer, demo, metric_is, send};
 
 const HELLO: &str = "Hello from Tern!\n";
 
@@ -291,7 +291,11 @@ async fn bad_uploads_are_refused_and_the_running_version_keeps_serving() {
     }
     let metrics = s.metrics().await;
     assert!(
-        metrics.contains(r#"tern_deploys_total{outcome="error",tenant="app"} 7"#),
+        metric_is(
+            &metrics,
+            r#"tern_deploys_total{outcome="error",tenant="app"}"#,
+            7.0
+        ),
         "{metrics}"
     );
     // Unknown tenants and bad specs.
@@ -455,7 +459,7 @@ async fn restart_brings_every_tenant_back_without_recompiling() {
     assert!(r.text().contains("\"array\""), "{}", r.text());
     let metrics = second.metrics().await;
     assert!(
-        metrics.contains("tern_module_compile_duration_seconds_count 0"),
+        metric_is(&metrics, "tern_module_compile_duration_seconds_count", 0.0),
         "the restart recompiled: {}",
         metrics
             .lines()

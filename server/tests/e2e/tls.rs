@@ -338,8 +338,13 @@ async fn failed_and_stalled_handshakes_are_closed_and_counted_by_reason() {
         .await
         .unwrap();
     let mut rest = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut rest)).await;
-    assert!(!String::from_utf8_lossy(&rest).contains("200"), "{rest:?}");
+    let read = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut rest))
+        .await
+        .expect("plain HTTP to the TLS port is closed, not left waiting");
+    assert!(
+        !String::from_utf8_lossy(&rest).contains("200"),
+        "{read:?}: {rest:?}"
+    );
 
     // A name no certificate serves, and no default.
     let e = connect(addr, "nobody.test", &[], &pki.ca)
@@ -1095,13 +1100,38 @@ async fn hsts_goes_on_https_responses_only() {
     let dir = tempfile::tempdir().unwrap();
     pki.issue(dir.path(), "a", &["a.test", "b.test"]);
     crate::support::test_guest(dir.path(), "context");
-    let config = "[server]\ntls_listen = \"127.0.0.1:0\"\n\
-         [pool]\ninstances = 8\nmax_memory_mib = 64\n\
-         [[tenant]]\nname = \"strict\"\nmodule = \"context.wasm\"\nhosts = [\"a.test\"]\n\
-         [tenant.hsts]\nmax_age_seconds = 63072000\ninclude_subdomains = true\npreload = true\n\
-         [[tenant]]\nname = \"plain\"\nmodule = \"context.wasm\"\nhosts = [\"b.test\"]\n\
-         [[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n";
-    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    // The longest max age the server takes (two years, as documented); one second more is
+    // refused at start.
+    let max = tern::config::MAX_HSTS_SECONDS;
+    assert_eq!(
+        max,
+        2 * 365 * 86_400,
+        "docs/configuration.md says two years"
+    );
+    let config = |max_age: u64| {
+        format!(
+            "[server]\ntls_listen = \"127.0.0.1:0\"\n\
+             [pool]\ninstances = 8\nmax_memory_mib = 64\n\
+             [[tenant]]\nname = \"strict\"\nmodule = \"context.wasm\"\nhosts = [\"a.test\"]\n\
+             [tenant.hsts]\nmax_age_seconds = {max_age}\ninclude_subdomains = true\npreload = true\n\
+             [[tenant]]\nname = \"plain\"\nmodule = \"context.wasm\"\nhosts = [\"b.test\"]\n\
+             [[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n"
+        )
+    };
+    let over = tempfile::tempdir().unwrap();
+    pki.issue(over.path(), "a", &["a.test", "b.test"]);
+    crate::support::test_guest(over.path(), "context");
+    let e = TestServer::try_start_in(over, &config(max + 1))
+        .await
+        .err()
+        .expect("a max age over two years is refused");
+    assert!(
+        format!("{e:#}").contains("hsts.max_age_seconds must be at most"),
+        "{e:#}"
+    );
+    let s = TestServer::try_start_in(dir, &config(max))
+        .await
+        .expect("start");
     let tls = s.running.tls_addr.unwrap();
     let over_tls = async |host: &str, path: &str| {
         let stream = connect(tls, host, &[b"http/1.1"], &pki.ca).await.unwrap();
@@ -1124,7 +1154,7 @@ async fn hsts_goes_on_https_responses_only() {
                 .map(|v| v.to_str().unwrap().to_string()),
         )
     };
-    let want = Some("max-age=63072000; includeSubDomains; preload".to_string());
+    let want = Some(format!("max-age={max}; includeSubDomains; preload"));
     assert_eq!(
         over_tls("a.test", "/").await,
         (StatusCode::OK, want.clone())
