@@ -1,6 +1,6 @@
 # Other people's guest toolchains, pinned, installed once under the tools cache ($TOOLS,
 # default ~/.cache/tern-tools) so a fresh clone reuses them. Sourced by scripts/test (the e2e
-# suite builds guests with them: server/tests/e2e/support.rs) and loadtest/bench.sh (the
+# suite builds guests with them: server/tests/e2e/support/guests.rs) and loadtest/bench.sh (the
 # JavaScript and Python components of `bench.sh kinds`). Needs node/npm and python3.
 
 TOOLS="${TERN_TOOLS:-$HOME/.cache/tern-tools}"

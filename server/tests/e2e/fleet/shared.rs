@@ -1,0 +1,316 @@
+//! What a fleet shares besides modules: certificates (uploaded or from ACME), cache purges and variables.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_uploaded_or_obtained_by_acme_on_one_replica_are_served_by_every_replica() {
+    let mut s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    // b first, on a port of its own choosing (a port picked free beforehand may be taken by
+    // another test's connection before b binds it). Only a orders (b has no [tls.acme]), and
+    // Pebble validates TLS-ALPN-01 on b's port, so b can answer only from what a put in the
+    // registry.
+    let b = replica_with(
+        &s3,
+        "b",
+        &root.path().join("b"),
+        "[server]\ntls_listen = \"127.0.0.1:0\"\n",
+        100,
+    );
+    let b_tls = b.tls.clone().expect("b serves HTTPS");
+    let b_port = addr(&b_tls).port();
+    let pebble = crate::acme::Pebble::start(crate::support::free_port(), b_port, 3600);
+    let acme = format!(
+        "[tls.acme]\ndirectory = \"{}\"\nca_root = {:?}\nhosts = [\"a.test\"]\n\
+         contact = [\"mailto:ops@a.test\"]\ncheck_interval_seconds = 1\nretry_seconds = 1\n",
+        pebble.directory,
+        pebble.api_ca().display().to_string()
+    );
+    let a = replica_with(
+        &s3,
+        "a",
+        &root.path().join("a"),
+        &format!("[server]\ntls_listen = \"127.0.0.1:0\"\n{acme}"),
+        100,
+    );
+    let a_tls = a.tls.clone().expect("a serves HTTPS");
+
+    // Uploaded on a, served by b; its key is in the bucket only encrypted.
+    let (cert, key) = self_signed("up.test");
+    let body = serde_json::json!({"hosts": ["up.test"], "cert": cert, "key": key}).to_string();
+    let (status, reply) = admin(
+        &a,
+        http::Method::PUT,
+        "/admin/v1/certificates/up",
+        body.clone(),
+    )
+    .await;
+    assert_eq!(status, 201, "{reply}");
+    let leaf = {
+        use rustls::pki_types::pem::PemObject;
+        rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()
+    };
+    presents(&b_tls, "up.test", |c| c == Some(&leaf)).await;
+    let objects = walk(s3.root.path());
+    let sealed: Vec<&String> = objects.iter().filter(|o| o.ends_with(".sealed")).collect();
+    assert!(!sealed.is_empty(), "no sealed bundle in {objects:?}");
+    for o in &sealed {
+        let bytes = std::fs::read(o).unwrap();
+        assert!(
+            !bytes.windows(11).any(|w| w == b"PRIVATE KEY")
+                && !bytes.windows(5).any(|w| w == b"BEGIN"),
+            "{o} holds readable PEM"
+        );
+    }
+    assert!(
+        objects
+            .iter()
+            .any(|o| o.ends_with("registry/certificates/index.json")),
+        "{objects:?}"
+    );
+
+    // Obtained by a, validated through b, served by both to a client trusting only Pebble.
+    let pebble_root = pebble.root();
+    for tls in [&a_tls, &b_tls] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !crate::acme::trusted(addr(tls), "a.test", &pebble_root).await {
+            assert!(
+                Instant::now() < deadline,
+                "{tls} serves no certificate from Pebble for a.test within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let reply = crate::acme::get_verified(addr(&b_tls), "a.test", &pebble_root).await;
+    assert!(reply.starts_with("HTTP/1.1 "), "{reply}");
+    let (_, listed) = admin(&b, http::Method::GET, "/admin/v1/certificates", "").await;
+    let names: Vec<&str> = listed["certificates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"up") && names.contains(&"a.test"),
+        "{listed}"
+    );
+
+    // Deleted on b: a stops serving it.
+    let (status, reply) = admin(&b, http::Method::DELETE, "/admin/v1/certificates/up", "").await;
+    assert_eq!(status, 200, "{reply}");
+    presents(&a_tls, "up.test", |c| c != Some(&leaf)).await;
+
+    // The registry down: a change is 503 naming it, and nothing changes; the replicas keep
+    // serving what they have.
+    s3.stop();
+    let (status, reply) = admin(&a, http::Method::PUT, "/admin/v1/certificates/up", body).await;
+    assert_eq!(status, 503, "{reply}");
+    assert!(reply.to_string().contains(REGISTRY), "{reply}");
+    assert!(crate::acme::trusted(addr(&b_tls), "a.test", &pebble_root).await);
+    presents(&a_tls, "up.test", |c| c != Some(&leaf)).await;
+}
+
+/// A purge asked of any replica reaches every replica: at once through the nudge (polls here
+/// are a minute apart), and at the next poll for a replica the nudge cannot reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_on_any_replica_reaches_every_replica() {
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let wasm = std::fs::read(crate::support::test_guest(root.path(), "cache_headers")).unwrap();
+    let a = replica_with(&s3, "a", &root.path().join("a"), "", 60_000);
+    let b = replica_with(&s3, "b", &root.path().join("b"), "", 60_000);
+    knows_peers(&a, 1.0).await;
+    knows_peers(&b, 1.0).await;
+    let spec = serde_json::json!({"paths": ["/site"], "cache": {"enabled": true}}).to_string();
+    let (status, v) = admin(&a, http::Method::PUT, "/admin/v1/tenants/site", spec).await;
+    assert!(status.is_success(), "{v}");
+    let (status, v) = deploy(addr(&a.admin), "site", &wasm).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    serves(&b, "/site/x", "run ").await;
+
+    let mut took = Vec::new();
+    for i in 0..20 {
+        let path = format!("/site/p{i}?h=cache-control:max-age%3D600&h=cache-tag:p{i}");
+        get(&b, &path).await;
+        let hit = get(&b, &path).await;
+        assert!(
+            hit.header("cache-status").starts_with("tern; hit"),
+            "{:?}",
+            hit.headers
+        );
+        let started = Instant::now();
+        let body = if i % 2 == 0 {
+            serde_json::json!({"prefixes": [format!("/site/p{i}")]})
+        } else {
+            serde_json::json!({"tags": [format!("p{i}")]})
+        };
+        let (status, v) = admin(
+            &a,
+            http::Method::POST,
+            "/admin/v1/tenants/site/cache/purge",
+            body.to_string(),
+        )
+        .await;
+        assert_eq!(status, http::StatusCode::OK, "{v}");
+        assert_eq!(
+            v["replicas"], "every replica (through the shared registry)",
+            "{v}"
+        );
+        took.push(no_longer_cached(&b, &path, started).await);
+    }
+    took.sort();
+    eprintln!(
+        "a purge on replica a, until replica b no longer serves the entry, over {} purges: p50 \
+         {:?}, max {:?}",
+        took.len(),
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+    let applied = crate::support::metric_value(
+        &metrics(&b).await,
+        "tern_cache_purges_total{from=\"fleet\"}",
+    );
+    assert!(applied >= 20.0, "{applied}");
+
+    // A replica the nudges cannot reach (its advertised URL is dead) applies purges at its
+    // next poll; a purge asked of it reaches the others.
+    let c = crate::support::TernProcess::serve_with(
+        &[
+            "--config",
+            &{
+                let dir = root.path().join("c");
+                std::fs::create_dir_all(&dir).unwrap();
+                let config = dir.join("tern.toml");
+                std::fs::write(
+                    &config,
+                    "[pool]\ninstances = 16\nmax_memory_mib = 64\n[registry]\npoll_interval_ms = 300\n",
+                )
+                .unwrap();
+                config.display().to_string()
+            },
+            "--registry",
+            REGISTRY,
+        ],
+        &root.path().join("c"),
+        |cmd| {
+            s3.env(cmd);
+            cmd.env("TERN_ADMIN_TOKEN", FLEET_TOKEN)
+                .env("TERN_REPLICA", "c")
+                .env("TERN_ADVERTISE_URL", "http://127.0.0.1:9");
+        },
+    );
+    serves(&c, "/site/x", "run ").await;
+    let path = "/site/late?h=cache-control:max-age%3D600";
+    get(&c, path).await;
+    assert!(
+        get(&c, path)
+            .await
+            .header("cache-status")
+            .starts_with("tern; hit")
+    );
+    let started = Instant::now();
+    let (status, v) = admin(
+        &b,
+        http::Method::POST,
+        "/admin/v1/tenants/site/cache/purge",
+        r#"{"prefixes": ["/site/late"]}"#,
+    )
+    .await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    let polled = no_longer_cached(&c, path, started).await;
+    eprintln!(
+        "a purge reached the replica that missed its nudge in {polled:?} (polls every 300 ms)"
+    );
+    // Asked of c, a purge reaches a and b.
+    get(&a, path).await;
+    assert!(
+        get(&a, path)
+            .await
+            .header("cache-status")
+            .starts_with("tern; hit")
+    );
+    let started = Instant::now();
+    let (status, v) = admin(
+        &c,
+        http::Method::POST,
+        "/admin/v1/tenants/site/cache/purge",
+        r#"{"all": true}"#,
+    )
+    .await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    no_longer_cached(&a, path, started).await;
+}
+
+/// Variables set on one replica are read by the guests of every replica without a deploy; a
+/// secret is sealed in the bucket and the data directories (a grep of versitygw's root finds
+/// no clear text), in no replica's log; a replica without the fleet's secrets key serves,
+/// sets no secret and reads none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn variables_set_on_one_replica_reach_every_replica_and_no_secret_is_in_clear_text() {
+    const SECRET: &str = "sk-live-FLEETSECRET-777";
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let key = root.path().join("secrets-key");
+    std::fs::write(&key, "ab".repeat(32)).unwrap();
+    let keyed = format!("[server]\nsecrets_key_file = \"{}\"\n", key.display());
+    let a = replica_with(&s3, "a", &root.path().join("a"), &keyed, 100);
+    let b = replica_with(&s3, "b", &root.path().join("b"), &keyed, 100);
+    let c = replica(&s3, "c", &root.path().join("c"));
+    let wasm = std::fs::read(crate::support::spin_module(root.path(), 5, "spin5")).unwrap();
+    create(addr(&a.admin), "spin", "/spin").await;
+    let (status, v) = deploy(addr(&a.admin), "spin", &wasm).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    serves(&b, "/spin/hello", "hello from").await;
+    serves(&c, "/spin/hello", "hello from").await;
+
+    let set = |r: &crate::support::TernProcess, name: &str, value: &str, secret: bool| {
+        let body = serde_json::json!({"value": value, "secret": secret}).to_string();
+        let path = format!("/admin/v1/tenants/spin/variables/{name}");
+        let at = addr(&r.admin);
+        async move {
+            crate::support::admin_request(at, FLEET_TOKEN, http::Method::PUT, &path, body.into())
+                .await
+        }
+    };
+    let (status, v) = set(&a, "api_key", SECRET, true).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    let (status, v) = set(&a, "region", "eu-west", false).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    let took = serves(&b, "/spin/var/api_key", SECRET).await;
+    eprintln!("a secret set on replica a was read on replica b after {took:?}");
+    serves(&b, "/spin/config/region", "eu-west").await;
+    // Changed on b: a reads the new value.
+    let (status, v) = set(&b, "region", "us-east", false).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    serves(&a, "/spin/var/region", "us-east").await;
+
+    // The replica without the key serves, and says why it neither sets nor reads secrets.
+    let (status, v) = set(&c, "other", "x", true).await;
+    assert_eq!(status, http::StatusCode::CONFLICT, "{v}");
+    assert!(v.to_string().contains("TERN_SECRETS_KEY"), "{v}");
+    let r = get(&c, "/spin/var/api_key").await;
+    assert_eq!(
+        r.status,
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains("no secrets key"), "{}", r.text());
+
+    // No clear text in the bucket, the data directories or the logs.
+    let holding: Vec<String> = walk(s3.root.path())
+        .into_iter()
+        .chain(walk(root.path()))
+        .filter(|f| {
+            std::fs::read(f).is_ok_and(|b| b.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()))
+        })
+        .collect();
+    assert!(holding.is_empty(), "clear text in {holding:?}");
+    let records = walk(s3.root.path());
+    assert!(!records.is_empty());
+    for r in [&a, &b, &c] {
+        let log = all_logged(r);
+        assert!(!log.contains(SECRET), "{log}");
+        assert!(!log.is_empty());
+    }
+}
