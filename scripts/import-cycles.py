@@ -7,12 +7,15 @@ skipped):
 1. The top-level modules (a folder counts as one): dependencies must point one way, front end ->
    lifecycle -> tenants -> engine/config.
 2. The files, inside folders too: a path (`crate::a::b::C`, `super::b::C`, `self::b`, or a child
-   module's name) is an edge to the file that declares the longest module prefix of it. A
-   folder's `mod.rs` declares its children and composes them, so its edges to its own direct
-   children do not count; every other edge does, a child's `super::` edges to its parent among
-   them. A circle among files is a circle: one file's change reaches the other both ways.
+   module's name) is an edge to the file that defines what it names: the file that declares
+   the longest module prefix of it, or, for a name a `mod.rs` re-exports from a child
+   (`pub use child::C`), that child. A folder's `mod.rs` declares its children, and that is an
+   edge to each of them: so a child that imports anything its parent `mod.rs` defines closes
+   a circle (move the shared thing down into a child of its own). A circle among files is a
+   circle: one file's change reaches the other both ways.
 
-Every circle found is printed (as its strongly connected files); the exit status is 1 if any.
+Every circle found is printed (as its strongly connected files); the exit status is 1 if any
+but those of the folders still listed in `KNOWN` (to be untangled, then taken off).
 
 Usage: python3 scripts/import-cycles.py [server/src]
 """
@@ -63,7 +66,45 @@ def code_of(path):
     return "\n".join(out)
 
 
+GROUP = re.compile(r"((?:crate|super|self|[a-z_][a-z0-9_]*)(?:::[A-Za-z_][A-Za-z0-9_]*)*)::\{([^{}]*)\}")
+
+
+def expand_groups(code):
+    """`a::{b, c::{d, e}}` written out as `a::b, a::c::d, a::c::e`, so each name is an edge."""
+    while True:
+        expanded = GROUP.sub(
+            lambda m: ", ".join(
+                m.group(1) if n.strip() == "self" else f"{m.group(1)}::{n.strip()}"
+                for n in m.group(2).split(",")
+                if n.strip()
+            ),
+            code,
+        )
+        if expanded == code:
+            return code
+        code = expanded
+
+
 PATH = re.compile(r"\b((?:crate|super|self|[a-z_][a-z0-9_]*)(?:::[A-Za-z_][A-Za-z0-9_]*)+)")
+
+
+REEXPORT = re.compile(r"\bpub(?:\([a-z]+\))?\s+use\s+(?:self::)?([a-z_][a-z0-9_]*)::(\{[^}]*\}|[A-Za-z_][A-Za-z0-9_]*)\s*;", re.S)
+
+
+def reexports(module):
+    """Names a folder's `mod.rs` re-exports from its own children: name -> child module."""
+    out = {}
+    path = files.get(module)
+    if path is None or path.name != "mod.rs":
+        return out
+    for child, names in REEXPORT.findall(code_of(path)):  # (braces kept: one level)
+        if module + (child,) not in files:
+            continue
+        for name in names.strip("{}").split(","):
+            name = name.strip().split(" as ")[-1].strip()
+            if name and name != "self":
+                out[name] = module + (child,)
+    return out
 
 
 def resolve(module, path):
@@ -87,6 +128,8 @@ def resolve(module, path):
     best = base if base in files else None
     cur = base
     for name in rest:
+        if cur in files and name in reexports_of(cur):
+            return reexports_of(cur)[name]
         cur = cur + (name,)
         if cur in files:
             best = cur
@@ -95,22 +138,33 @@ def resolve(module, path):
     return best
 
 
+_reexports = {}
+
+
+def reexports_of(module):
+    if module not in _reexports:
+        _reexports[module] = reexports(module)
+    return _reexports[module]
+
+
 edges = {}
 for module, path in files.items():
     if module and module[-1] == "tests":
         continue
-    code = code_of(path)
+    code = expand_groups(code_of(path))
     found = set()
     for written in PATH.findall(code):
         target = resolve(module, written)
         if target is None or target == module or (target and target[-1] == "tests"):
             continue
-        if target[:-1] == module:
-            continue  # a folder's mod.rs and its own direct children
         if not target:
             continue
         found.add(target)
-    edges[module] = found
+    # A folder's mod.rs declares (and composes) its children.
+    if path.name == "mod.rs":
+        found.update(m for m in files if len(m) == len(module) + 1 and m[:-1] == module)
+    found.discard(module)
+    edges[module] = {t for t in found if t[-1] != "tests"}
 
 # Check 1: top-level modules.
 top = {}
@@ -154,16 +208,43 @@ def circles(graph):
     return out
 
 
+# Folders whose files still import their own `mod.rs` (a circle since the check counts it),
+# each to be untangled and then taken off this list; a circle anywhere else fails, and so does
+# a folder listed here that has none left.
+KNOWN = {
+    "cache",
+    "config",
+    "execute",
+    "guest",
+    "kv",
+    "outbound",
+    "registry",
+    "tls",
+    "trace",
+    "variables",
+}
+
 failed = False
 for comp in circles(top):
     failed = True
     print("import circle among top-level modules: " + ", ".join(comp))
+known_left = set()
 for comp in circles(edges):
+    folder = comp[0][0]
+    if all(m[0] == folder for m in comp) and folder in KNOWN:
+        known_left.add(folder)
+        continue
     failed = True
     print("import circle among files: " + ", ".join(str(files[m].relative_to(root)) for m in comp))
     for m in comp:
         inside = sorted(str(files[t].relative_to(root)) for t in edges[m] if t in comp)
         print(f"  {files[m].relative_to(root)} -> {', '.join(inside)}")
+for folder in sorted(KNOWN - known_left):
+    failed = True
+    print(f"no circle left in {folder}/: take it off KNOWN in {sys.argv[0]}")
 if failed:
     sys.exit(1)
-print(f"no import circles among {len(top)} top-level modules and {len(edges)} files of {root}")
+print(
+    f"no import circles among {len(top)} top-level modules and {len(edges)} files of {root} "
+    f"(but in the folders still to untangle: {', '.join(sorted(known_left))})"
+)

@@ -364,7 +364,7 @@ struct AdminArgs {
 
 impl AdminArgs {
     /// Resolves the server and token, then runs a client command on a small runtime.
-    fn run<F>(self, command: impl FnOnce(tern::cli::Target) -> F) -> anyhow::Result<()>
+    fn run<F>(self, command: impl FnOnce(tern::cli::AdminClient) -> F) -> anyhow::Result<()>
     where
         F: std::future::Future<Output = anyhow::Result<()>>,
     {
@@ -375,9 +375,9 @@ impl AdminArgs {
             .block_on(command(target))
     }
 
-    fn target(self) -> anyhow::Result<tern::cli::Target> {
+    fn target(self) -> anyhow::Result<tern::cli::AdminClient> {
         let dir = self.data_dir.unwrap_or_else(tern::config::default_data_dir);
-        tern::cli::Target::resolve(self.server, self.token, &dir)
+        tern::cli::AdminClient::resolve(self.server, self.token, &dir)
     }
 }
 

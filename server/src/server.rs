@@ -301,7 +301,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         (Some((_, acceptor)), Some(at)) if config.server.http3 => {
             let bound = listener::quic::bind(at, acceptor, &config.server)?;
             let port = app.https_port.get().copied().unwrap_or(at.port());
-            let alt_svc = Arc::new(listener::quic::AltSvc::new(
+            let alt_svc = Arc::new(listener::AltSvc::new(
                 port,
                 config.server.http3_alt_svc_max_age_secs,
             ));

@@ -6,14 +6,14 @@ use anyhow::Context;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::Target;
+use super::admin_client::AdminClient;
 
 /// `tern cert put NAME --cert F --key F [--host H]...`.
 ///
 /// # Errors
 /// If a file cannot be read or the server refuses the certificate.
 pub async fn cert_put(
-    target: &Target,
+    target: &AdminClient,
     name: &str,
     cert: &Path,
     key: &Path,
@@ -43,7 +43,7 @@ pub async fn cert_put(
 ///
 /// # Errors
 /// If the server cannot be reached or has no TLS listener.
-pub async fn cert_list(target: &Target, as_json: bool) -> anyhow::Result<()> {
+pub async fn cert_list(target: &AdminClient, as_json: bool) -> anyhow::Result<()> {
     let v = target.send(Method::GET, "/admin/v1/certificates").await?;
     if as_json {
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -83,7 +83,7 @@ pub async fn cert_list(target: &Target, as_json: bool) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// If the server refuses (no such stored certificate).
-pub async fn cert_delete(target: &Target, name: &str) -> anyhow::Result<()> {
+pub async fn cert_delete(target: &AdminClient, name: &str) -> anyhow::Result<()> {
     target
         .send(Method::DELETE, &format!("/admin/v1/certificates/{name}"))
         .await?;

@@ -7,163 +7,16 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use http::{Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
+use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
+mod admin_client;
 mod certs;
 mod variables;
 
+pub use admin_client::AdminClient;
 pub use certs::{cert_delete, cert_list, cert_put};
 pub use variables::{delete_variable, list_variables, read_secret, reseal, set_variable};
-
-/// Where the admin API is and how to authenticate.
-#[derive(Debug, Clone)]
-pub struct Target {
-    /// Base URL of the admin listener, e.g. `http://127.0.0.1:9090`.
-    pub server: String,
-    /// The bearer token.
-    pub token: String,
-    /// Where the token came from, for a `401`'s message.
-    pub token_source: String,
-    /// The entity tag a change is conditional on (`If-Match`), if any.
-    pub if_match: Option<String>,
-}
-
-impl Target {
-    /// The server from `--server` (default `http://127.0.0.1:9090`), the token from `--token`,
-    /// else the token file in `data_dir` that `tern serve` wrote.
-    ///
-    /// # Errors
-    /// If no token is given and the token file cannot be read.
-    pub fn resolve(server: String, token: Option<String>, data_dir: &Path) -> anyhow::Result<Self> {
-        let (token, token_source) = match token.filter(|t| !t.is_empty()) {
-            Some(t) => (t, "--token or TERN_ADMIN_TOKEN".to_string()),
-            None => {
-                let file = data_dir.join("admin-token");
-                let token = std::fs::read_to_string(&file)
-                    .map(|t| t.trim().to_string())
-                    .with_context(|| {
-                        format!(
-                            "no admin token: pass --token or set TERN_ADMIN_TOKEN, or run where \
-                             `tern serve` wrote {}",
-                            file.display()
-                        )
-                    })?;
-                (token, format!("the token file {}", file.display()))
-            }
-        };
-        Ok(Self {
-            server,
-            token,
-            token_source,
-            if_match: None,
-        })
-    }
-
-    /// This target, with its requests conditional on the entity tag `tag` (`If-Match`).
-    fn conditional(&self, tag: Option<String>) -> Self {
-        Self {
-            if_match: tag,
-            ..self.clone()
-        }
-    }
-
-    /// Sends one request and returns the status and the JSON answer.
-    async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        body: Bytes,
-        content_type: &str,
-    ) -> anyhow::Result<(StatusCode, Value)> {
-        let url: Uri = format!("{}{path}", self.server.trim_end_matches('/'))
-            .parse()
-            .with_context(|| format!("bad server URL {:?}", self.server))?;
-        if url.scheme_str() != Some("http") {
-            bail!(
-                "the server URL must start with http:// (got {:?})",
-                self.server
-            );
-        }
-        let host = url
-            .host()
-            .context("the server URL has no host")?
-            .to_string();
-        let port = url.port_u16().unwrap_or(80);
-        let stream = tokio::net::TcpStream::connect((host.as_str(), port))
-            .await
-            .with_context(|| format!("cannot reach the admin API at {}", self.server))?;
-        let (mut send, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-        tokio::spawn(conn);
-        let req = Request::builder()
-            .method(method)
-            .uri(url.path_and_query().map_or("/", |p| p.as_str()))
-            .header(http::header::HOST, format!("{host}:{port}"))
-            .header(
-                http::header::AUTHORIZATION,
-                format!("Bearer {}", self.token),
-            )
-            .header(http::header::CONTENT_TYPE, content_type);
-        let req = match &self.if_match {
-            Some(tag) => req.header(http::header::IF_MATCH, tag),
-            None => req,
-        }
-        .body(Full::new(body))?;
-        let resp = send.send_request(req).await?;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        let value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| json!({ "error": String::from_utf8_lossy(&bytes).trim() }));
-        Ok((status, value))
-    }
-
-    /// A call without a body; its answer if it succeeded (see [`Target::ok`]).
-    async fn send(&self, method: Method, path: &str) -> anyhow::Result<Value> {
-        self.ok(method, path, Bytes::new(), "").await
-    }
-
-    /// A call with `body` as JSON; its answer if it succeeded (see [`Target::ok`]).
-    async fn send_json(
-        &self,
-        method: Method,
-        path: &str,
-        body: &impl serde::Serialize,
-    ) -> anyhow::Result<Value> {
-        let body = Bytes::from(serde_json::to_vec(body)?);
-        self.ok(method, path, body, "application/json").await
-    }
-
-    /// [`call`](Self::call), with any non-2xx answer turned into an error with its message.
-    async fn ok(
-        &self,
-        method: Method,
-        path: &str,
-        body: Bytes,
-        content_type: &str,
-    ) -> anyhow::Result<Value> {
-        let (status, value) = self.call(method, path, body, content_type).await?;
-        if !status.is_success() {
-            let msg = value["error"].as_str().unwrap_or("(no message)");
-            let hint = if status == StatusCode::UNAUTHORIZED {
-                format!(
-                    " (the token came from {}; the server's is its admin_token setting, \
-                     TERN_ADMIN_TOKEN, or the admin-token file in its data directory)",
-                    self.token_source
-                )
-            } else {
-                String::new()
-            };
-            bail!(
-                "{} {}: {msg}{hint}",
-                status.as_u16(),
-                status.canonical_reason().unwrap_or("")
-            );
-        }
-        Ok(value)
-    }
-}
 
 /// What `tern deploy` is asked to do (its command-line arguments).
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -223,7 +76,7 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 ///
 /// # Errors
 /// If a file cannot be read or the server refuses a step (its message is in the error).
-pub async fn deploy(target: &Target, d: &Deploy) -> anyhow::Result<()> {
+pub async fn deploy(target: &AdminClient, d: &Deploy) -> anyhow::Result<()> {
     let wasm =
         std::fs::read(&d.module).with_context(|| format!("cannot read {}", d.module.display()))?;
     let path = format!("/admin/v1/tenants/{}", d.tenant);
@@ -281,7 +134,7 @@ pub async fn deploy(target: &Target, d: &Deploy) -> anyhow::Result<()> {
 }
 
 /// Uploads `d`'s assets (if any) and module to tenant `path`.
-async fn upload(target: &Target, d: &Deploy, path: &str, wasm: Vec<u8>) -> anyhow::Result<()> {
+async fn upload(target: &AdminClient, d: &Deploy, path: &str, wasm: Vec<u8>) -> anyhow::Result<()> {
     let mut query = String::new();
     if let Some(assets) = &d.assets {
         let archive = tokio::task::spawn_blocking({
@@ -388,7 +241,11 @@ fn routes(spec: &Value) -> String {
 ///
 /// # Errors
 /// If the server cannot be reached or refuses.
-pub async fn tenants(target: &Target, name: Option<&str>, as_json: bool) -> anyhow::Result<()> {
+pub async fn tenants(
+    target: &AdminClient,
+    name: Option<&str>,
+    as_json: bool,
+) -> anyhow::Result<()> {
     let path = match name {
         Some(n) => format!("/admin/v1/tenants/{n}"),
         None => "/admin/v1/tenants".into(),
@@ -482,7 +339,7 @@ fn ago(at: u64) -> String {
 /// read now (`None` for a tenant that has none, one of the config file: the server says why
 /// it cannot be changed).
 async fn etag_of(
-    target: &Target,
+    target: &AdminClient,
     name: &str,
     given: Option<String>,
 ) -> anyhow::Result<Option<String>> {
@@ -523,7 +380,7 @@ fn with_retry_advice(
 /// `command`'s change of tenant `name` (`method` on `path`), conditional on the tenant as read
 /// just before or on `if_match`; its answer.
 async fn change_tenant(
-    target: &Target,
+    target: &AdminClient,
     (method, path): (Method, String),
     name: &str,
     if_match: Option<String>,
@@ -542,7 +399,11 @@ async fn change_tenant(
 ///
 /// # Errors
 /// If the server refuses (no previous version, unknown tenant, the tenant changed: `412`, ...).
-pub async fn rollback(target: &Target, name: &str, if_match: Option<String>) -> anyhow::Result<()> {
+pub async fn rollback(
+    target: &AdminClient,
+    name: &str,
+    if_match: Option<String>,
+) -> anyhow::Result<()> {
     let path = format!("/admin/v1/tenants/{name}/rollback");
     let v = change_tenant(target, (Method::POST, path), name, if_match, "rollback").await?;
     println!(
@@ -559,7 +420,11 @@ pub async fn rollback(target: &Target, name: &str, if_match: Option<String>) -> 
 ///
 /// # Errors
 /// If the server refuses.
-pub async fn delete(target: &Target, name: &str, if_match: Option<String>) -> anyhow::Result<()> {
+pub async fn delete(
+    target: &AdminClient,
+    name: &str,
+    if_match: Option<String>,
+) -> anyhow::Result<()> {
     let path = format!("/admin/v1/tenants/{name}");
     change_tenant(target, (Method::DELETE, path), name, if_match, "delete").await?;
     println!("deleted tenant {name}");
@@ -572,7 +437,7 @@ pub async fn delete(target: &Target, name: &str, if_match: Option<String>) -> an
 /// If the server refuses (no such tenant, no cache, a purge naming nothing, the fleet's
 /// registry cannot be written).
 pub async fn cache_purge(
-    target: &Target,
+    target: &AdminClient,
     name: &str,
     purge: &crate::cache::Purge,
 ) -> anyhow::Result<()> {
@@ -594,7 +459,7 @@ pub async fn cache_purge(
 ///
 /// # Errors
 /// If the server refuses the new config (the old one keeps serving).
-pub async fn reload(target: &Target) -> anyhow::Result<()> {
+pub async fn reload(target: &AdminClient) -> anyhow::Result<()> {
     let v = target.send(Method::POST, "/admin/v1/reload").await?;
     println!("config reloaded: {} config tenants", v["config_tenants"]);
     Ok(())

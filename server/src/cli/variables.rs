@@ -3,7 +3,7 @@
 
 use http::Method;
 
-use super::Target;
+use super::admin_client::AdminClient;
 
 /// `tern var set` / `tern secret set`: sets a tenant's variable (`secret`: sealed, never
 /// shown again).
@@ -11,7 +11,7 @@ use super::Target;
 /// # Errors
 /// If the server refuses it (the message says why, never with the value).
 pub async fn set_variable(
-    target: &Target,
+    target: &AdminClient,
     tenant: &str,
     name: &str,
     value: &str,
@@ -37,7 +37,7 @@ pub async fn set_variable(
 /// # Errors
 /// If the server refuses (an unknown tenant, a config-file tenant).
 pub async fn list_variables(
-    target: &Target,
+    target: &AdminClient,
     tenant: &str,
     secrets: Option<bool>,
 ) -> anyhow::Result<()> {
@@ -89,7 +89,7 @@ pub async fn list_variables(
 ///
 /// # Errors
 /// If the server refuses (no such tenant or variable).
-pub async fn delete_variable(target: &Target, tenant: &str, name: &str) -> anyhow::Result<()> {
+pub async fn delete_variable(target: &AdminClient, tenant: &str, name: &str) -> anyhow::Result<()> {
     target
         .send(
             Method::DELETE,
@@ -104,7 +104,7 @@ pub async fn delete_variable(target: &Target, tenant: &str, name: &str) -> anyho
 ///
 /// # Errors
 /// If a secret opens with neither key, or the registry cannot be written.
-pub async fn reseal(target: &Target) -> anyhow::Result<()> {
+pub async fn reseal(target: &AdminClient) -> anyhow::Result<()> {
     let v = target
         .send(Method::POST, "/admin/v1/secrets/reseal")
         .await?;

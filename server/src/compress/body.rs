@@ -12,7 +12,7 @@ use compression_codecs::{BrotliEncoder, EncodeV2, GzipEncoder, ZstdEncoder};
 use http::HeaderMap;
 use http_body::{Body, Frame};
 
-use super::Encoding;
+use super::encoding::Encoding;
 use crate::body::{BodyCut, ResponseBody, Transformed};
 
 /// The most input compressed in one poll (a large body is compressed in pieces, so the worker

@@ -85,7 +85,7 @@ impl CompressionConfig {
             );
         }
         for (i, e) in self.encodings.iter().enumerate() {
-            if super::Encoding::from_token(e).is_none() {
+            if super::encoding::Encoding::from_token(e).is_none() {
                 return Err(format!(
                     "compression.encodings: unknown encoding {e:?} (known: zstd, br, gzip)"
                 ));
@@ -95,7 +95,7 @@ impl CompressionConfig {
             }
         }
         for t in &self.types {
-            if super::TypeRule::parse(t).is_none() {
+            if TypeRule::parse(t).is_none() {
                 return Err(format!(
                     "compression.types: {t:?} is not a media type (`text/html`), a whole type \
                      (`text/*`) or a structured suffix (`application/*+json`)"
@@ -123,5 +123,53 @@ impl CompressionConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// One entry of `types`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum TypeRule {
+    /// `text/html`: the type and the subtype.
+    Exact(String, String),
+    /// `text/*`: the type, any subtype.
+    Type(String),
+    /// `application/*+json`: the type, a subtype with this suffix (`+json`).
+    Suffix(String, String),
+}
+
+impl TypeRule {
+    /// Reads a rule (lower-cased).
+    pub(super) fn parse(rule: &str) -> Option<Self> {
+        let rule = rule.trim().to_ascii_lowercase();
+        let (ty, sub) = rule.split_once('/')?;
+        let token = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
+        };
+        if !token(ty) {
+            return None;
+        }
+        if sub == "*" {
+            return Some(Self::Type(ty.to_owned()));
+        }
+        if let Some(suffix) = sub.strip_prefix("*+") {
+            return token(suffix).then(|| Self::Suffix(ty.to_owned(), format!("+{suffix}")));
+        }
+        token(sub).then(|| Self::Exact(ty.to_owned(), sub.to_owned()))
+    }
+
+    /// Whether the media type `ty`/`sub` matches (in any case).
+    pub(super) fn matches(&self, ty: &str, sub: &str) -> bool {
+        match self {
+            Self::Exact(t, s) => t.eq_ignore_ascii_case(ty) && s.eq_ignore_ascii_case(sub),
+            Self::Type(t) => t.eq_ignore_ascii_case(ty),
+            Self::Suffix(t, suffix) => {
+                t.eq_ignore_ascii_case(ty)
+                    && sub.len() >= suffix.len()
+                    && sub.as_bytes()[sub.len() - suffix.len()..]
+                        .eq_ignore_ascii_case(suffix.as_bytes())
+            }
+        }
     }
 }

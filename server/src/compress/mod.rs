@@ -24,6 +24,7 @@
 
 pub mod body;
 pub mod config;
+mod encoding;
 
 use http::header::{
     ACCEPT_ENCODING, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE,
@@ -33,90 +34,8 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::body::ResponseBody;
 pub use config::CompressionConfig;
-
-/// A content coding Tern compresses with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Encoding {
-    /// Zstandard (RFC 8878).
-    Zstd = 0,
-    /// Brotli (RFC 7932).
-    Br = 1,
-    /// gzip (RFC 1952).
-    Gzip = 2,
-}
-
-impl Encoding {
-    /// The coding named by `token` (as `Accept-Encoding` and the config write it).
-    pub fn from_token(token: &str) -> Option<Self> {
-        let t = token.trim();
-        if t.eq_ignore_ascii_case("zstd") {
-            Some(Self::Zstd)
-        } else if t.eq_ignore_ascii_case("br") {
-            Some(Self::Br)
-        } else if t.eq_ignore_ascii_case("gzip") || t.eq_ignore_ascii_case("x-gzip") {
-            Some(Self::Gzip)
-        } else {
-            None
-        }
-    }
-
-    /// Its `Content-Encoding` token.
-    pub fn token(self) -> &'static str {
-        match self {
-            Self::Zstd => "zstd",
-            Self::Br => "br",
-            Self::Gzip => "gzip",
-        }
-    }
-}
-
-/// One entry of `types`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum TypeRule {
-    /// `text/html`: the type and the subtype.
-    Exact(String, String),
-    /// `text/*`: the type, any subtype.
-    Type(String),
-    /// `application/*+json`: the type, a subtype with this suffix (`+json`).
-    Suffix(String, String),
-}
-
-impl TypeRule {
-    /// Reads a rule (lower-cased).
-    fn parse(rule: &str) -> Option<Self> {
-        let rule = rule.trim().to_ascii_lowercase();
-        let (ty, sub) = rule.split_once('/')?;
-        let token = |s: &str| {
-            !s.is_empty()
-                && s.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
-        };
-        if !token(ty) {
-            return None;
-        }
-        if sub == "*" {
-            return Some(Self::Type(ty.to_owned()));
-        }
-        if let Some(suffix) = sub.strip_prefix("*+") {
-            return token(suffix).then(|| Self::Suffix(ty.to_owned(), format!("+{suffix}")));
-        }
-        token(sub).then(|| Self::Exact(ty.to_owned(), sub.to_owned()))
-    }
-
-    /// Whether the media type `ty`/`sub` matches (in any case).
-    fn matches(&self, ty: &str, sub: &str) -> bool {
-        match self {
-            Self::Exact(t, s) => t.eq_ignore_ascii_case(ty) && s.eq_ignore_ascii_case(sub),
-            Self::Type(t) => t.eq_ignore_ascii_case(ty),
-            Self::Suffix(t, suffix) => {
-                t.eq_ignore_ascii_case(ty)
-                    && sub.len() >= suffix.len()
-                    && sub.as_bytes()[sub.len() - suffix.len()..]
-                        .eq_ignore_ascii_case(suffix.as_bytes())
-            }
-        }
-    }
-}
+use config::TypeRule;
+pub use encoding::Encoding;
 
 /// What a client accepts, as [`Compression::choose`] read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

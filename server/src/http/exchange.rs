@@ -6,17 +6,19 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::HOST;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
+use http::header::{CONNECTION, HOST, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
 
-use super::request::{client_request_id, new_request_id};
-use super::{SERVER_TIMING, X_REQUEST_ID, error_response};
+use super::request::{X_REQUEST_ID, client_request_id, new_request_id};
 use crate::app::App;
-use crate::body::ResponseBody;
+use crate::body::{ResponseBody, plain};
 use crate::context::Connection;
 use crate::metrics::{Phase, Timings};
-use crate::outcome::ExecError;
+use crate::outcome::{ExecError, Outcome};
 use crate::tenant::TenantRef;
+
+/// `Server-Timing`: each phase the request reached, and the total.
+static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
 /// How a step of the front end ends an exchange before the guest runs.
 pub(super) enum Early {
@@ -325,4 +327,31 @@ impl Traced {
             cache_status: cache_status.cloned(),
         });
     }
+}
+
+/// The response for a failure: its status, the body the tenant's error settings give it (`ids`:
+/// the request id, and the trace id when it differs), and the headers its outcome calls for.
+pub(super) fn error_response(
+    e: &ExecError,
+    tenant: &TenantRef,
+    ids: &str,
+) -> Response<ResponseBody> {
+    let (body, kind) = tenant.front.errors.body(e, ids);
+    let mut resp = plain(e.outcome.status(), &body);
+    if let Some(kind) = kind {
+        resp.headers_mut().insert(http::header::CONTENT_TYPE, kind);
+    }
+    match e.outcome {
+        Outcome::Overload => {
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        // The unread rest of the body would otherwise be drained (or cannot be framed); close.
+        Outcome::BodyTooLarge | Outcome::BadRequest => {
+            resp.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        _ => {}
+    }
+    resp
 }

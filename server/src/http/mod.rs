@@ -21,8 +21,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::{CONNECTION, RETRY_AFTER};
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::header::CONNECTION;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
 
 use crate::app::App;
 use crate::body::{ResponseBody, declared_length, plain};
@@ -37,14 +37,12 @@ use crate::tenant::TenantRef;
 pub mod exchange;
 pub mod request;
 
-use exchange::{Early, Exchange};
+use exchange::{Early, Exchange, error_response};
+pub use request::X_REQUEST_ID;
 use request::{asterisk, authority, framing, https_location, redirect, with_path};
 
-/// `x-request-id`: honoured when the client sends a sane one, generated otherwise.
-pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Where HTTP-01 challenge answers are asked for (RFC 8555 §8.3).
 const ACME_CHALLENGE_PATH: &str = "/.well-known/acme-challenge/";
-static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
 /// Serves one request that came on `conn`. Infallible: failures become responses.
 pub async fn handle(
@@ -479,28 +477,5 @@ fn streamed(tenant: &TenantRef, head: Head, head_only: bool) -> Response<Respons
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
     *resp.headers_mut() = head.headers;
-    resp
-}
-
-/// The response for a failure: its status, the body the tenant's error settings give it (`ids`:
-/// the request id, and the trace id when it differs), and the headers its outcome calls for.
-fn error_response(e: &ExecError, tenant: &TenantRef, ids: &str) -> Response<ResponseBody> {
-    let (body, kind) = tenant.front.errors.body(e, ids);
-    let mut resp = plain(e.outcome.status(), &body);
-    if let Some(kind) = kind {
-        resp.headers_mut().insert(http::header::CONTENT_TYPE, kind);
-    }
-    match e.outcome {
-        Outcome::Overload => {
-            resp.headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        // The unread rest of the body would otherwise be drained (or cannot be framed); close.
-        Outcome::BodyTooLarge | Outcome::BadRequest => {
-            resp.headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
-        }
-        _ => {}
-    }
     resp
 }

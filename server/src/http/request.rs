@@ -5,10 +5,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::header::{HOST, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 
-use super::X_REQUEST_ID;
 use crate::body::{ResponseBody, plain};
+
+/// `x-request-id`: honoured when the client sends a sane one, generated otherwise.
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Refuses a request whose body's framing Tern does not read the way every proxy would
 /// (RFC 9112 §6.1): `chunked` more than once (`400`), or a transfer coding other than

@@ -13,16 +13,16 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{ALT_SVC, CONTENT_LENGTH, DATE};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http::header::{CONTENT_LENGTH, DATE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 
-use super::ListenOptions;
+use super::alt_svc::AltSvc;
+use super::options::{LINGER, ListenOptions, caught};
 use crate::body::{FRAMING_HEADERS, H3Body, RequestBody, ResponseBody};
 use crate::context::{Connection, TlsInfo};
 use crate::h3_streams::Guarded;
@@ -41,43 +41,6 @@ const UNI_STREAMS: u32 = 16;
 /// window, could hold 250 MB). With the frames `h3` buffers held to `max_header_bytes`
 /// ([`crate::h3_streams`]), this bounds what one connection holds in memory.
 const CONNECTION_RECEIVE_WINDOW: u32 = 16 << 20;
-
-/// The `Alt-Svc` header of a TLS listener whose port serves HTTP/3 too: sent only while the
-/// QUIC listener is up (`clear` always, when the advertisement is withdrawn).
-#[derive(Debug)]
-pub struct AltSvc {
-    value: HeaderValue,
-    /// Whether the QUIC listener serves (a `clear` is sent either way).
-    up: AtomicBool,
-    clear: bool,
-}
-
-impl AltSvc {
-    /// `h3=":PORT"; ma=MAX_AGE`, or `clear` for a `max_age` of 0.
-    pub fn new(port: u16, max_age: u64) -> Self {
-        let text = if max_age == 0 {
-            "clear".to_string()
-        } else {
-            format!("h3=\":{port}\"; ma={max_age}")
-        };
-        Self {
-            value: HeaderValue::from_str(&text).expect("ASCII"),
-            up: AtomicBool::new(false),
-            clear: max_age == 0,
-        }
-    }
-
-    /// Adds the advertisement to an answer's `headers`, unless the guest set its own.
-    pub fn advertise(&self, headers: &mut HeaderMap) {
-        if (self.clear || self.up.load(Ordering::Relaxed)) && !headers.contains_key(ALT_SVC) {
-            headers.insert(ALT_SVC, self.value.clone());
-        }
-    }
-
-    fn set_up(&self, up: bool) {
-        self.up.store(up, Ordering::Relaxed);
-    }
-}
 
 /// A UDP socket bound for HTTP/3 and its QUIC configuration, made at start (where a bad
 /// address or configuration is an error to report) and served by the runtime that runs
@@ -305,7 +268,7 @@ async fn connection<H, F>(
         conn.peer = quic.remote_address();
         let timeouts = (opts.header_read_timeout, opts.send_timeout);
         let task = request(resolver, handler.clone(), conn, timeouts);
-        requests.spawn(super::caught(task, opts.panics.clone()));
+        requests.spawn(caught(task, opts.panics.clone()));
     }
     // Whatever ended the loop, the requests still running finish before the close.
     requests.close();
@@ -313,7 +276,7 @@ async fn connection<H, F>(
     // An answer written whole may still be on its way (a stream's end is not its delivery),
     // and closing drops what the client has not acknowledged: the client, told to go away,
     // closes when it has all; else the connection closes after a moment.
-    let _ = tokio::time::timeout(super::LINGER.min(opts.grace), quic.closed()).await;
+    let _ = tokio::time::timeout(LINGER.min(opts.grace), quic.closed()).await;
     quic.close(H3_NO_ERROR.into(), b"");
 }
 
@@ -462,32 +425,4 @@ async fn write_answer(
     }
     within(send_timeout, send.finish()).await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::AltSvc;
-
-    #[test]
-    fn alt_svc_is_sent_while_up_never_over_a_guests_own_and_clear_always() {
-        let alt = AltSvc::new(443, 86_400);
-        let mut headers = http::HeaderMap::new();
-        alt.advertise(&mut headers);
-        assert!(headers.is_empty(), "advertised before the listener is up");
-        alt.set_up(true);
-        alt.advertise(&mut headers);
-        assert_eq!(headers["alt-svc"], "h3=\":443\"; ma=86400");
-        let mut own = http::HeaderMap::new();
-        own.insert("alt-svc", "h2=\"alt.example:443\"".parse().unwrap());
-        alt.advertise(&mut own);
-        assert_eq!(own["alt-svc"], "h2=\"alt.example:443\"");
-        alt.set_up(false);
-        let mut headers = http::HeaderMap::new();
-        alt.advertise(&mut headers);
-        assert!(headers.is_empty(), "advertised after the listener stopped");
-        let clear = AltSvc::new(443, 0);
-        let mut headers = http::HeaderMap::new();
-        clear.advertise(&mut headers);
-        assert_eq!(headers["alt-svc"], "clear");
-    }
 }

@@ -1,0 +1,83 @@
+//! What every listener shares: its options (limits, timeouts, TLS, the connection cap) and how
+//! it runs a request's task.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use super::alt_svc::AltSvc;
+
+/// Client-facing limits of a listener. Clones share one connection cap: every worker of the
+/// public listener counts against the same `max_connections`.
+#[derive(Debug, Clone)]
+pub struct ListenOptions {
+    /// One permit per open connection, shared by the clones of these options: at the limit,
+    /// accepting pauses and clients queue in the kernel's backlog instead of growing memory.
+    pub(super) connections: Arc<tokio::sync::Semaphore>,
+    /// The size of `connections`.
+    pub(super) max_connections: usize,
+    /// Counts the open connections, if set.
+    pub open: Option<prometheus::IntGauge>,
+    /// Counts request tasks that panicked, if set ([`caught`]).
+    pub panics: Option<prometheus::IntCounter>,
+    /// Time allowed to send a request head; also the keep-alive idle limit.
+    pub header_read_timeout: Duration,
+    /// Longest a connection (HTTP/3: a stream) may take none of its answer's bytes.
+    pub send_timeout: Duration,
+    /// Largest request head; larger gets `431`.
+    pub max_header_bytes: usize,
+    /// How long open connections may take to finish after shutdown.
+    pub grace: Duration,
+    /// TLS termination, for a TLS listener.
+    pub tls: Option<Arc<crate::tls::Acceptor>>,
+    /// The `Alt-Svc` of a TLS listener whose port also serves HTTP/3.
+    pub alt_svc: Option<Arc<AltSvc>>,
+}
+
+impl ListenOptions {
+    /// The options of `[server]`, with a connection cap of their own.
+    pub fn from_config(c: &crate::config::ServerConfig) -> Self {
+        Self {
+            connections: Arc::new(tokio::sync::Semaphore::new(c.max_connections)),
+            max_connections: c.max_connections,
+            open: None,
+            panics: None,
+            header_read_timeout: Duration::from_millis(c.header_read_timeout_ms),
+            send_timeout: Duration::from_millis(c.send_timeout_ms),
+            max_header_bytes: c.max_header_bytes,
+            grace: Duration::from_millis(c.shutdown_grace_ms),
+            tls: None,
+            alt_svc: None,
+        }
+    }
+}
+
+/// How long idle keep-alive connections may still bring a request once shutdown has begun.
+pub(super) const LINGER: Duration = Duration::from_secs(1);
+
+/// Runs a request's task `task`, catching a panic in it: counted in `panics` and logged, and
+/// the task ends as if its stream had been reset (what it owns is dropped) instead of
+/// unwinding into the runtime, which would only print it.
+pub async fn caught(task: impl Future<Output = ()>, panics: Option<prometheus::IntCounter>) {
+    let mut task = std::pin::pin!(task);
+    let ended = std::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(())) => Poll::Ready(Ok(())),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    })
+    .await;
+    if let Err(panic) = ended {
+        let why = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        tracing::error!("a request's task panicked (a bug; the server serves on): {why}");
+        if let Some(panics) = panics {
+            panics.inc();
+        }
+    }
+}
