@@ -1,6 +1,9 @@
-//! What the front end keeps of one request as it goes (its ids, phase timings, trace and access
-//! line) and how it finishes one: the request id and `Server-Timing` on the response, the
-//! counts, the trace's end, the access line when the body ends.
+//! One request as the front end carries it through its steps ([`Exchange`]: the connection,
+//! the client, the tenant it was routed to, its ids, phase timings, trace and access line),
+//! and the last two steps every answer takes, whatever made it: `respond` (the tenant's
+//! policy on the answer: compression, HSTS) and `finish` (records only: the request id and
+//! `Server-Timing` on the response, the counts, the trace's end, the access line when the body
+//! ends).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,20 +25,34 @@ static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
 /// How a step of the front end ends an exchange before the guest runs.
 pub(super) enum Early {
-    /// Answered with this response before a tenant was chosen, or by the server for one (a
-    /// redirect to HTTPS).
+    /// Answered with this response by the server itself: before a tenant was chosen, or for
+    /// one (a redirect to HTTPS); counted as no tenant's.
     Unrouted(Box<Response<ResponseBody>>),
-    /// Refused for this tenant at this phase: its error page, its outcome counted.
-    Refused(TenantRef, ExecError, Phase),
+    /// Refused for the routed tenant at this phase: its error page, its outcome counted.
+    Refused(ExecError, Phase),
 }
 
-/// One request as the front end sees it: when it came, its id, how long each phase took, and
-/// its trace when tracing is on.
+/// The tenant a request is for, and the length of the route prefix it matched.
+#[derive(Clone)]
+pub(super) struct Routed {
+    pub(super) tenant: TenantRef,
+    pub(super) prefix_len: usize,
+}
+
+/// One request as the front end carries it: the connection it came on and the client, the
+/// tenant once routed, when it came, its id, how long each phase took, and its trace when
+/// tracing is on.
 pub(super) struct Exchange {
+    /// The connection it came on.
+    pub(super) conn: Connection,
+    /// The client: the peer, or whom a trusted proxy in front says it forwards.
+    pub(super) client: SocketAddr,
+    /// The tenant it is for, once routed.
+    pub(super) routed: Option<Routed>,
+    /// What the client takes, read before the request goes on (`[tenant.compression]`).
+    pub(super) asked: Option<crate::compress::Asked>,
     pub(super) arrived: Instant,
     pub(super) request_id: HeaderValue,
-    /// Whether it came over TLS (a tenant's `hsts` goes on HTTPS responses only).
-    tls: bool,
     /// The HTTP version it came in (a label of `tern_requests_total`).
     version: http::Version,
     pub(super) timings: Timings,
@@ -52,14 +69,14 @@ impl Exchange {
     pub(super) fn begin<B>(
         app: &App,
         req: &Request<B>,
-        conn: &Connection,
+        conn: Connection,
         client: SocketAddr,
     ) -> Self {
         let arrived = Instant::now();
         let trace = app
             .tracer
             .as_ref()
-            .map(|t| Traced::begin(t, req, conn, client));
+            .map(|t| Traced::begin(t, req, &conn, client));
         let request_id = match (client_request_id(req.headers()), &trace) {
             (Some(id), _) => id,
             // A traced request's id is its trace id: logs, error pages and traces join on it.
@@ -86,9 +103,12 @@ impl Exchange {
             status: 0,
         });
         Self {
+            conn,
+            client,
+            routed: None,
+            asked: None,
             arrived,
             request_id,
-            tls: conn.tls.is_some(),
             version: req.version(),
             timings: Timings::default(),
             trace,
@@ -96,11 +116,32 @@ impl Exchange {
         }
     }
 
-    /// Ends the exchange the way a step said: answered unrouted, or refused for a tenant.
-    pub(super) fn early(self, app: &App, early: Early) -> Response<ResponseBody> {
+    /// The request is for `routed` (and so is its trace).
+    pub(super) fn route_to(&mut self, routed: Routed) {
+        if let Some(t) = &mut self.trace {
+            t.tenant = Some((routed.tenant.clone(), routed.prefix_len));
+        }
+        self.routed = Some(routed);
+    }
+
+    /// The routed tenant.
+    ///
+    /// # Panics
+    /// Before [`Self::route_to`]: the steps after `route` only run for a routed request.
+    pub(super) fn tenant(&self) -> &TenantRef {
+        &self.routed.as_ref().expect("a routed request").tenant
+    }
+
+    /// Ends the exchange the way a step said: answered by the server, or refused for the
+    /// routed tenant.
+    pub(super) fn early(mut self, app: &App, early: Early) -> Response<ResponseBody> {
         match early {
-            Early::Unrouted(resp) => self.unrouted(app, *resp),
-            Early::Refused(tenant, e, reached) => self.reject(app, &tenant, &e, reached),
+            Early::Unrouted(resp) => {
+                app.metrics.observe(&self.timings, Phase::Route);
+                self.routed = None;
+                self.finish(app, *resp, Phase::Route)
+            }
+            Early::Refused(e, reached) => self.reject(app, &e, reached),
         }
     }
 
@@ -121,51 +162,77 @@ impl Exchange {
         }
     }
 
-    /// Answers a request that reached no tenant with `resp`.
-    fn unrouted(self, app: &App, resp: Response<ResponseBody>) -> Response<ResponseBody> {
-        app.metrics.observe(&self.timings, Phase::Route);
-        self.finish(app, None, resp, Phase::Route)
-    }
-
-    /// Answers a routed request from its tenant's cache (no guest ran).
+    /// Answers a routed request from its tenant's cache (no guest ran): `plain`, a stored
+    /// answer given as it was stored (standing in for a guest that could not run), is
+    /// compressed for the client; a hit comes compressed from the cache's own copies.
     pub(super) fn cached(
         self,
         app: &App,
-        tenant: &TenantRef,
         resp: Response<ResponseBody>,
+        plain: bool,
     ) -> Response<ResponseBody> {
         app.metrics.observe(&self.timings, Phase::Route);
-        self.finish(app, Some(tenant), resp, Phase::Route)
+        let resp = self.respond(resp, plain);
+        self.finish(app, resp, Phase::Route)
+    }
+
+    /// Answers with what the guest made (its phases recorded up to `reached`).
+    pub(super) fn answered(
+        self,
+        app: &App,
+        resp: Response<ResponseBody>,
+        reached: Phase,
+    ) -> Response<ResponseBody> {
+        let resp = self.respond(resp, true);
+        self.finish(app, resp, reached)
     }
 
     /// Refuses a routed request before its guest runs, recording the phases it reached and
     /// counting the outcome.
-    fn reject(
-        mut self,
-        app: &App,
-        tenant: &TenantRef,
-        e: &ExecError,
-        reached: Phase,
-    ) -> Response<ResponseBody> {
+    fn reject(mut self, app: &App, e: &ExecError, reached: Phase) -> Response<ResponseBody> {
         app.metrics.observe(&self.timings, reached);
+        let tenant = self.tenant().clone();
         tenant.count_outcome(e.outcome);
         if let Some(t) = &mut self.trace {
             t.failure = Some((e.outcome.name(), e.message.clone()));
             t.guest_failed = e.outcome.is_guests();
         }
-        let resp = error_response(e, tenant, &self.ids());
-        self.finish(app, Some(tenant), resp, reached)
+        let resp = error_response(e, &tenant, &self.ids());
+        let resp = self.respond(resp, false);
+        self.finish(app, resp, reached)
     }
 
-    /// Adds the request id and `Server-Timing`, counts the response, ends the trace, and has
-    /// the access line written when the response's body ends.
-    pub(super) fn finish(
+    /// The `respond` step: what the routed tenant's front end does to every answer it gives,
+    /// the guest's, the cache's or a refusal: compression (of a `plain` answer: the guest's,
+    /// or a stored one given as stored) and HSTS over TLS. A new policy on answers is one more
+    /// line here.
+    fn respond(&self, mut resp: Response<ResponseBody>, plain: bool) -> Response<ResponseBody> {
+        let Some(Routed { tenant, .. }) = &self.routed else {
+            return resp;
+        };
+        let front = &tenant.front;
+        if plain && let (Some(compression), Some(asked)) = (&front.compression, self.asked) {
+            resp = compression.apply(asked, resp);
+        }
+        if self.conn.tls.is_some()
+            && let Some(hsts) = &front.hsts
+        {
+            resp.headers_mut()
+                .insert(http::header::STRICT_TRANSPORT_SECURITY, hsts.clone());
+        }
+        resp
+    }
+
+    /// The `finish` step, which only records: adds the request id and `Server-Timing`, counts
+    /// the response (as the routed tenant's, or no tenant's), ends the trace, and has the
+    /// access line written when the response's body ends.
+    fn finish(
         self,
         app: &App,
-        tenant: Option<&TenantRef>,
         resp: Response<ResponseBody>,
         reached: Phase,
     ) -> Response<ResponseBody> {
+        let tenant = self.routed.as_ref().map(|r| &r.tenant);
         let ended = Instant::now();
         let total = ended - self.arrived;
         app.metrics.observe_total(total);
@@ -190,11 +257,6 @@ impl Exchange {
         };
         let headers: &mut HeaderMap = resp.headers_mut();
         headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
-        if self.tls
-            && let Some(hsts) = tenant.and_then(|t| t.front.hsts.as_ref())
-        {
-            headers.insert(http::header::STRICT_TRANSPORT_SECURITY, hsts.clone());
-        }
         if let Ok(v) = HeaderValue::from_str(&self.timings.server_timing(total, reached)) {
             headers.insert(SERVER_TIMING.clone(), v);
         }

@@ -17,7 +17,6 @@
 //! [`handle`] never fails: every error becomes a short plain-text response with its own status,
 //! an `x-request-id`, and a `Server-Timing` header with the phases the request reached.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,7 +36,7 @@ use crate::tenant::TenantRef;
 pub mod exchange;
 pub mod request;
 
-use exchange::{Early, Exchange, error_response};
+use exchange::{Early, Exchange, Routed, error_response};
 pub use request::X_REQUEST_ID;
 use request::{asterisk, authority, framing, https_location, redirect, with_path};
 
@@ -45,6 +44,11 @@ use request::{asterisk, authority, framing, https_location, redirect, with_path}
 const ACME_CHALLENGE_PATH: &str = "/.well-known/acme-challenge/";
 
 /// Serves one request that came on `conn`. Infallible: failures become responses.
+///
+/// The steps, in order: `route` (the tenant), `check` (what is decided before the cache and a
+/// slot), `look_up` (the tenant's cache), then `run` (`admit`, the guest, and the answer to the
+/// cache's `store`); every answer then goes through `respond` and `finish` ([`Exchange`]).
+/// Each step may end the exchange early with an answer of its own.
 pub async fn handle(
     app: Arc<App>,
     mut req: Request<RequestBody>,
@@ -56,68 +60,36 @@ pub async fn handle(
     } else {
         app.trusted_proxies.client(conn.peer, req.headers())
     };
-    let mut ex = Exchange::begin(&app, &req, &conn, client);
+    let mut ex = Exchange::begin(&app, &req, conn, client);
     let _in_flight = GaugeGuard::new(&app.metrics.in_flight);
 
-    let routed = route(&app, &mut req, &conn).await;
+    let routed = route(&app, &mut req, &ex.conn).await;
     ex.timings.set(Phase::Route, ex.arrived.elapsed());
-    let routed = match routed {
-        Ok(routed) => routed,
+    match routed {
+        Ok(routed) => ex.route_to(routed),
         Err(early) => return ex.early(&app, early),
-    };
-    if let Some(t) = &mut ex.trace {
-        t.tenant = Some((routed.tenant.clone(), routed.prefix_len));
     }
-    if let Err(early) = check_routed(&app, &req, &conn, &routed.tenant) {
+    if let Err(early) = check(&app, &mut req, &mut ex) {
         return ex.early(&app, early);
     }
-    // What a tenant's cache does with its backends' answers is for its guests to say: a
-    // client's own `Tern-Cache` would pass on with headers a guest forwards.
-    if routed.tenant.grants.outbound.readthrough.is_some() {
-        req.headers_mut().remove(&crate::outbound::CACHE_OVERRIDE);
-    }
-    // What the client takes, read before the request goes to the guest.
-    let asked = (routed.tenant.front.compression.as_ref()).map(|c| (c, c.ask(&req)));
-    let compress = |resp| match asked {
-        Some((c, asked)) => c.apply(asked, resp),
-        None => resp,
-    };
-    let fill = match look_up(&app, &mut ex, &mut req, &conn, &routed.tenant, asked).await {
+    let fill = match look_up(&app, &mut ex, &mut req).await {
         Looked::Guest(fill) => fill,
         // A hit comes compressed from the stored answer's copy (`Cache::lookup`).
-        Looked::Cached(hit) => return ex.cached(&app, &routed.tenant, *hit),
+        Looked::Cached(hit) => return ex.cached(&app, *hit, false),
         Looked::Stale(stale, mut fill) => {
             // Served stale now; the guest is asked for a new answer in the background.
             let refresh = fill.refresh(&req);
-            tokio::spawn(refresh_stale(
-                app.clone(),
-                refresh,
-                *fill,
-                routed.clone(),
-                conn,
-                client,
-            ));
-            return ex.cached(&app, &routed.tenant, *stale);
+            tokio::spawn(refresh_stale(app.clone(), refresh, *fill, &ex));
+            return ex.cached(&app, *stale, false);
         }
     };
-    let admitted = match admit(&app, &mut ex, &routed.tenant).await {
-        Ok(admitted) => admitted,
-        Err(early) => {
-            // A stale answer the guest was to revalidate stands in for an overload, within
-            // its `stale-if-error`.
-            if let Some(stale) = fill.and_then(crate::cache::Fill::stale_instead) {
-                return ex.cached(&app, &routed.tenant, compress(stale));
-            }
-            return ex.early(&app, early);
-        }
-    };
-    let (resp, reached) = run_guest(&app, &mut ex, req, &routed, admitted, conn, client).await;
-    // The cache keeps the plain answer; the client gets it compressed.
-    let resp = match fill {
-        Some(fill) => fill.answered(resp),
-        None => resp,
-    };
-    ex.finish(&app, Some(&routed.tenant), compress(resp), reached)
+    match run(&app, &mut ex, req, fill).await {
+        Ok((resp, reached)) => ex.answered(&app, resp, reached),
+        // A stale answer the guest was to revalidate stands in for an overload, within its
+        // `stale-if-error`.
+        Err((_, Some(stale))) => ex.cached(&app, stale, true),
+        Err((early, None)) => ex.early(&app, early),
+    }
 }
 
 /// What the cache step decided.
@@ -133,14 +105,8 @@ enum Looked {
 /// The tenant's cache, when it has one (the `cache` phase, which includes waiting for another
 /// request filling the same key): a stored answer ends the exchange here; otherwise what the
 /// cache does with the guest's answer.
-async fn look_up(
-    app: &App,
-    ex: &mut Exchange,
-    req: &mut Request<RequestBody>,
-    conn: &Connection,
-    tenant: &TenantRef,
-    compress: Option<(&crate::compress::Compression, crate::compress::Asked)>,
-) -> Looked {
+async fn look_up(app: &App, ex: &mut Exchange, req: &mut Request<RequestBody>) -> Looked {
+    let tenant = ex.tenant();
     let Some(cache) = tenant.front.cache_in_front() else {
         return Looked::Guest(None);
     };
@@ -152,11 +118,11 @@ async fn look_up(
         .and_then(|h| std::str::from_utf8(h).ok())
         .unwrap_or("");
     let asking = crate::cache::Asking {
-        https: conn.tls.is_some(),
+        https: ex.conn.tls.is_some(),
         host,
-        trusted: app.trusted_proxies.contains(conn.peer.ip()),
+        trusted: app.trusted_proxies.contains(ex.conn.peer.ip()),
         space: crate::cache::Space::Front,
-        compress,
+        compress: tenant.front.compression.as_ref().zip(ex.asked),
         body: !http_body::Body::is_end_stream(req.body()),
     };
     let looked = cache.lookup(req, asking).await;
@@ -172,36 +138,50 @@ async fn look_up(
     looked
 }
 
+/// The steps from a slot to the answer, shared by a client's request and a stale answer's
+/// refresh: `admit` (a slot), the guest's run, and `store` (the answer to the cache's `fill`,
+/// which keeps it as the cache allows and hands it on). Refused: why, and the stale answer
+/// that may stand in (a `fill` that was to revalidate one, within its `stale-if-error`).
+async fn run(
+    app: &Arc<App>,
+    ex: &mut Exchange,
+    req: Request<RequestBody>,
+    fill: Option<crate::cache::Fill>,
+) -> Result<(Response<ResponseBody>, Phase), (Early, Option<Response<ResponseBody>>)> {
+    let admitted = match admit(app, ex).await {
+        Ok(admitted) => admitted,
+        Err(early) => return Err((early, fill.and_then(crate::cache::Fill::stale_instead))),
+    };
+    let (resp, reached) = run_guest(app, ex, req, admitted).await;
+    // The cache keeps the plain answer; the client gets it compressed (`respond`).
+    let resp = match fill {
+        Some(fill) => fill.answered(resp),
+        None => resp,
+    };
+    Ok((resp, reached))
+}
+
 /// Asks the guest for a new answer to a stale one served (`stale-while-revalidate`): a
-/// request of its own through admission and the guest, its answer given to the cache (and
-/// counted as a request of the tenant) and to nobody else.
-async fn refresh_stale(
+/// request of its own (`from`'s connection, client and tenant) through [`run`], its answer
+/// given to the cache (and counted as a request of the tenant) and to nobody else.
+fn refresh_stale(
     app: Arc<App>,
     req: Request<()>,
     fill: crate::cache::Fill,
-    routed: Routed,
-    conn: Connection,
-    client: SocketAddr,
-) {
+    from: &Exchange,
+) -> impl std::future::Future<Output = ()> + use<> {
     let req = req.map(|()| RequestBody::Empty);
-    let mut ex = Exchange::begin(&app, &req, &conn, client);
-    let admitted = match admit(&app, &mut ex, &routed.tenant).await {
-        Ok(admitted) => admitted,
-        Err(early) => {
-            drop(ex.early(&app, early));
-            return;
-        }
-    };
-    let (resp, reached) = run_guest(&app, &mut ex, req, &routed, admitted, conn, client).await;
-    let resp = fill.answered(resp);
-    drop(ex.finish(&app, Some(&routed.tenant), resp, reached));
-}
-
-/// The tenant a request is for, and the length of the route prefix it matched.
-#[derive(Clone)]
-struct Routed {
-    tenant: TenantRef,
-    prefix_len: usize,
+    let mut ex = Exchange::begin(&app, &req, from.conn.clone(), from.client);
+    if let Some(routed) = &from.routed {
+        ex.route_to(routed.clone());
+    }
+    async move {
+        let resp = match run(&app, &mut ex, req, Some(fill)).await {
+            Ok((resp, reached)) => ex.answered(&app, resp, reached),
+            Err((early, _)) => ex.early(&app, early),
+        };
+        drop(resp);
+    }
 }
 
 /// Finds the tenant for `req`, after refusing what a proxy in front might read differently
@@ -293,18 +273,15 @@ async fn route(
     })
 }
 
-/// What is decided for a routed request before it waits for a slot: the tenant's redirect of
-/// cleartext requests to HTTPS, and a declared body over the tenant's limit (refused before
-/// any instance is made).
-fn check_routed(
-    app: &App,
-    req: &Request<RequestBody>,
-    conn: &Connection,
-    tenant: &TenantRef,
-) -> Result<(), Early> {
+/// The `check` step: what is decided for a routed request before the cache and a slot: the
+/// tenant's redirect of cleartext requests to HTTPS, a declared body over the tenant's limit
+/// (refused before any instance is made), what the client takes in compression, and a
+/// client's own `Tern-Cache` taken off.
+fn check(app: &App, req: &mut Request<RequestBody>, ex: &mut Exchange) -> Result<(), Early> {
+    let tenant = ex.tenant();
     // (A request without a host name has nowhere to be sent: it is served.)
     if tenant.front.https_redirect
-        && conn.tls.is_none()
+        && ex.conn.tls.is_none()
         && let Some(&port) = app.https_port.get()
         && let Some(to) = authority(req)
             .ok()
@@ -315,13 +292,23 @@ fn check_routed(
     }
     if declared_length(req.headers()).is_some_and(|n| n > tenant.limits.max_request_bytes) {
         let e = outcome::body_too_large(tenant.limits.max_request_bytes);
-        return Err(Early::Refused(tenant.clone(), e, Phase::Route));
+        return Err(Early::Refused(e, Phase::Route));
+    }
+    // What a tenant's cache does with its backends' answers is for its guests to say: a
+    // client's own `Tern-Cache` would pass on with headers a guest forwards.
+    let readthrough = tenant.grants.outbound.readthrough.is_some();
+    // What the client takes, read before the request goes to the guest.
+    let asked = tenant.front.compression.as_ref().map(|c| c.ask(req));
+    ex.asked = asked;
+    if readthrough {
+        req.headers_mut().remove(&crate::outbound::CACHE_OVERRIDE);
     }
     Ok(())
 }
 
 /// Waits for a pool slot and a place within the tenant's concurrency (the `queue` phase).
-async fn admit(app: &App, ex: &mut Exchange, tenant: &TenantRef) -> Result<Admitted, Early> {
+async fn admit(app: &App, ex: &mut Exchange) -> Result<Admitted, Early> {
+    let tenant = ex.tenant().clone();
     let queued = Instant::now();
     if let Some(t) = &mut ex.trace {
         t.queued = Some(queued);
@@ -333,7 +320,7 @@ async fn admit(app: &App, ex: &mut Exchange, tenant: &TenantRef) -> Result<Admit
     ex.timings.set(Phase::Queue, queued.elapsed());
     admitted.map_err(|overloaded| {
         let e = ExecError::new(Outcome::Overload, overloaded.to_string());
-        Early::Refused(tenant.clone(), e, Phase::Queue)
+        Early::Refused(e, Phase::Queue)
     })
 }
 
@@ -344,13 +331,10 @@ async fn run_guest(
     app: &Arc<App>,
     ex: &mut Exchange,
     req: Request<RequestBody>,
-    routed: &Routed,
     admitted: Admitted,
-    conn: Connection,
-    client: SocketAddr,
 ) -> (Response<ResponseBody>, Phase) {
-    let Routed { tenant, prefix_len } = routed;
-    let prefix_len = *prefix_len;
+    let Routed { tenant, prefix_len } = ex.routed.clone().expect("a routed request");
+    let tenant = &tenant;
     let (mut parts, body) = req.into_parts();
     // A `HEAD` response's body is never sent, so it is never counted as undelivered.
     let head_only = parts.method == Method::HEAD;
@@ -365,8 +349,8 @@ async fn run_guest(
         t.stamp(&mut parts.headers, t.run_span);
     }
     let context = RequestContext {
-        conn,
-        client,
+        conn: ex.conn.clone(),
+        client: ex.client,
         request_id: ex.request_id.clone(),
         prefix_len,
         version: parts.version,
