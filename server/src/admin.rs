@@ -27,13 +27,12 @@ use std::time::Instant;
 use http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::app::App;
-use crate::body::ResponseBody;
 use crate::body::plain;
+use crate::body::{RequestBody, ResponseBody};
 use crate::metrics;
 use crate::registry::{ChangeError, Precondition, SpecChange};
 
@@ -41,7 +40,7 @@ use crate::registry::{ChangeError, Precondition, SpecChange};
 const MAX_JSON_BYTES: u64 = 1024 * 1024;
 
 /// Serves one admin-listener request.
-pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
+pub async fn handle(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody> {
     if req.uri().path().starts_with("/admin/") {
         return api(app, req).await;
     }
@@ -141,15 +140,16 @@ const DISCARD_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 /// A larger body is refused with `413`, but only after the rest of it has been read and
 /// discarded (up to twice the limit, for at most [`DISCARD_FOR`]): a client still sending when
 /// the connection closed would get a reset instead of the answer.
-async fn read_body(req: Request<Incoming>, limit: u64) -> Result<bytes::Bytes, ChangeError> {
+async fn read_body(req: Request<RequestBody>, limit: u64) -> Result<bytes::Bytes, ChangeError> {
     let too_large = || {
         ChangeError::TooLarge(format!(
             "the upload is larger than this server accepts ({limit} bytes; \
              server.max_upload_bytes)"
         ))
     };
-    let unreadable =
-        |e: hyper::Error| ChangeError::Invalid(format!("could not read the request body: {e}"));
+    let unreadable = |e: crate::body::BodyFailure| {
+        ChangeError::Invalid(format!("could not read the request body: {e}"))
+    };
     let declared = crate::body::declared_length(req.headers());
     let mut body = req.into_body();
     let mut seen = 0u64;
@@ -190,7 +190,7 @@ fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-async fn api(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
+async fn api(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody> {
     if !authorised(&app.admin_token, req.headers()) {
         let mut resp = json_response(
             StatusCode::UNAUTHORIZED,
@@ -443,7 +443,7 @@ async fn certificates(
     app: &App,
     method: &Method,
     parts: &[&str],
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
 ) -> Result<(StatusCode, Value), ChangeError> {
     use crate::tls::uploads::Upload;
     let Some(certificates) = app.certificates() else {

@@ -3,21 +3,25 @@
 //! # Layout
 //! The modules follow a request from the socket to teardown:
 //!
-//! - [`listener`]: accept loop, hyper (HTTP/1.1 + h2c; over TLS, h2 or HTTP/1.1 by ALPN),
-//!   graceful drain; `listener::quic` HTTP/3 on the TLS listener's address over UDP (quinn and
-//!   h3, the same certificates, limits and front end; advertised with `Alt-Svc`), its streams
-//!   as [`h3_streams`] bounds them for `h3` (frames it would buffer whole held to the head
-//!   limit, unknown ones skipped as they come); what it knows of a connection (peer, TLS facts) goes to every request as a
+//! - [`listener`]: every transport hands the front end one request shape,
+//!   `Request<RequestBody>`: `listener::tcp` (hyper: HTTP/1.1 + h2c; over TLS, h2 or HTTP/1.1
+//!   by ALPN; graceful drain), `listener::quic` (HTTP/3 on the TLS listener's address over UDP:
+//!   quinn and h3, the same certificates, limits and front end; advertised with `Alt-Svc`), its
+//!   streams as [`h3_streams`] bounds them for `h3` (frames it would buffer whole held to the
+//!   head limit, unknown ones skipped as they come), and what they share
+//!   (`listener::options`); what a listener knows of a connection (peer, TLS facts) goes to
+//!   every request as a
 //!   [`context::Connection`]. [`tls`]: TLS termination: the certificates by host name (SNI),
 //!   swapped whole; the handshake under a deadline and a cap, failures counted by reason;
 //!   uploaded and ACME certificates kept in the data directory or a fleet's registry.
 //! - [`context`]: the request's context, computed once (connection, id, route prefix, HTTP
 //!   version) and the values every guest kind renders from it (scheme, host, URL, server name
 //!   and port).
-//! - [`http`]: the front end as named steps over Tern's own request body (route, checks on the
-//!   routed request, admit, run the guest and respond), each able to end the exchange early;
-//!   `http::exchange` (ids, timings, trace and access line; finishing a response with its
-//!   `Server-Timing`), `http::request` (framing, host, request ids, the HTTPS redirect).
+//! - [`http`]: the front end as named steps over one request context (`http::exchange`:
+//!   connection, client, routed tenant, ids, timings, trace, access line): route, check,
+//!   the cache's look-up, run (admit, the guest, store), then for every answer respond
+//!   (compression, HSTS) and finish (records only); `http::request` (framing, host, request
+//!   ids, the HTTPS redirect).
 //! - [`front`]: what the front end does for each tenant, prepared when it loads (redirect,
 //!   HSTS, error pages, its cache, compression), from a [`prepare::Preparing`] like its guests' grants.
 //! - [`cache`]: a tenant's cache in front of its guests (`[tenant.cache]`): lookup before

@@ -368,12 +368,8 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                         .build()
                         .expect("worker runtime");
                     rt.block_on(async move {
-                        let a = app.clone();
-                        let h3_handler = move |req: http::Request<RequestBody>, client| {
-                            crate::http::handle(a.clone(), req, client)
-                        };
-                        let handler = move |req: http::Request<hyper::body::Incoming>, client| {
-                            crate::http::handle(app.clone(), req.map(RequestBody::Incoming), client)
+                        let handler = move |req: http::Request<RequestBody>, conn| {
+                            crate::http::handle(app.clone(), req, conn)
                         };
                         let plain = async {
                             if let Some(l) = plain_listener {
@@ -391,7 +387,8 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
                         let h3 = async {
                             if let Some(((bound, alt_svc), o)) = quic {
                                 let s = shutdown.clone();
-                                listener::quic::serve(bound, h3_handler, s, o, Some(alt_svc)).await;
+                                let h = handler.clone();
+                                listener::quic::serve(bound, h, s, o, Some(alt_svc)).await;
                             }
                         };
                         tokio::join!(plain, tls, h3);
@@ -401,9 +398,8 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         }
     } else {
         let a = app.clone();
-        let handler = move |req: http::Request<hyper::body::Incoming>, client| {
-            crate::http::handle(a.clone(), req.map(RequestBody::Incoming), client)
-        };
+        let handler =
+            move |req: http::Request<RequestBody>, conn| crate::http::handle(a.clone(), req, conn);
         if let Some(l) = public {
             tasks.push(tokio::spawn(listener::serve(
                 l,
@@ -415,16 +411,12 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         if let (Some(l), Some(o)) = (tls_first.take(), tls_opts) {
             tasks.push(tokio::spawn(listener::serve(
                 l,
-                handler,
+                handler.clone(),
                 shutdown.clone(),
                 o,
             )));
         }
         if let Some(((bound, alt_svc), o)) = quic.take() {
-            let a = app.clone();
-            let handler = move |req: http::Request<RequestBody>, client| {
-                crate::http::handle(a.clone(), req, client)
-            };
             tasks.push(tokio::spawn(listener::quic::serve(
                 bound,
                 handler,

@@ -1,18 +1,20 @@
-//! The request path's front end: request ids, routing, admission, execution, and the response.
+//! The request path's front end, as named steps ([`handle`]): `route` (framing, the normal
+//! path, the host, ACME challenges, the router), `check` (the tenant's redirect to HTTPS, a
+//! declared body over its limit, what the client takes in compression), `look_up` (the
+//! tenant's cache: a stored answer ends the exchange here), `run` (`admit`: a pool slot and
+//! the tenant's concurrency; the guest; `store`: its answer to the cache's fill), then for
+//! every answer, whoever made it, `respond` (the tenant's policy on answers: compression,
+//! HSTS) and `finish` (records only: request id, `Server-Timing`, counts, trace, access line).
+//! Each step may end the exchange early with an answer of its own ([`exchange::Early`]). A
+//! new step (a rate limit) is one more function between two of them; a policy on answers is
+//! one more line in `respond`; what a step needs per tenant is prepared in
+//! [`crate::front::Front`] when the tenant loads.
 //!
-//! [`handle`] is a short sequence of named steps, each of which may end the exchange early with
-//! a response (`Early`): `route` (framing, the normal path, the host, ACME challenges, the
-//! router), `check_routed` (the tenant's redirect to HTTPS, a declared body over its limit),
-//! `admit` (a pool slot and the tenant's concurrency), `run_guest` (the guest, and the
-//! response it gives: buffered, or streamed while the guest runs on), then the answer's
-//! compression (`crate::compress`), whether it came from the guest or the cache. A new step
-//! (a cache in front of the guests) is one more function called between two of them, with
-//! what it needs per tenant prepared in [`crate::front::Front`] when the tenant loads.
-//!
-//! The request body is Tern's own [`RequestBody`], so any listener (HTTP/1.1 and h2 through
-//! hyper today) hands its requests to the same steps. `exchange` holds what the front end
-//! keeps of a request as it goes (ids, timings, trace, access line) and how it finishes one;
-//! `request` what it reads of a request (framing, host, ids, redirects).
+//! One request context goes through the steps: [`exchange::Exchange`] (the connection, the
+//! client, the routed tenant, ids, timings, trace, access line). The request body is Tern's
+//! own [`RequestBody`], which every listener (TCP through hyper, QUIC through h3) hands the
+//! same steps; `request` holds what the front end reads of a request (framing, host, ids,
+//! redirects).
 //!
 //! [`handle`] never fails: every error becomes a short plain-text response with its own status,
 //! an `x-request-id`, and a `Server-Timing` header with the phases the request reached.

@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::body::ResponseBody;
+use crate::body::{RequestBody, ResponseBody};
 use crate::context::Connection;
 use crate::metrics::GaugeGuard;
 use crate::shutdown::Shutdown;
@@ -33,7 +33,7 @@ use super::options::{LINGER, ListenOptions};
 /// fires; then stops accepting and waits up to the grace period for open connections to finish.
 pub async fn serve<H, F>(listener: TcpListener, handler: H, shutdown: Shutdown, opts: ListenOptions)
 where
-    H: Fn(Request<Incoming>, Connection) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<RequestBody>, Connection) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -83,7 +83,7 @@ where
                     // way. (A request already running when shutdown begins is answered as
                     // usual; the connection's next one gets the close.)
                     let close = req.version() < hyper::Version::HTTP_2 && shutdown.is_triggered();
-                    let fut = handler(req, conn.clone());
+                    let fut = handler(req.map(RequestBody::Incoming), conn.clone());
                     let alt_svc = alt_svc.clone();
                     async move {
                         let mut resp = fut.await;
