@@ -270,18 +270,12 @@ async fn cpu_bound_guests_on_every_worker_leave_the_reactor_and_neighbours_respo
         })
         .collect();
     // Wait (bounded, to catch hangs) until all four burners hold a slot.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !metric_is(
-        &s.metrics().await,
+    s.wait_metric_is(
         r#"tern_pool_slots{kind="instances",state="in_use"}"#,
         4.0,
-    ) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "burners never all started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        "burners never all started",
+    )
+    .await;
     // Admin endpoints and a light tenant answer while the burners run (bounds only catch hangs).
     let started = std::time::Instant::now();
     for _ in 0..10 {

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use crate::support::{
-    H2Conn, Reply, TestServer, metric_is, metric_value, metric_value_or_zero, send, test_guest,
+    H2Conn, Reply, TestServer, metric_value, metric_value_or_zero, send, test_guest,
 };
 
 mod collapsing;
@@ -64,18 +64,12 @@ async fn leader_running(s: &TestServer) {
 /// Waits until no guest holds a slot (the last one's teardown is over), so that
 /// [`leader_running`] sees the next one.
 async fn no_guest_running(s: &TestServer) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !metric_is(
-        &s.metrics().await,
+    s.wait_metric_is(
         r#"tern_pool_slots{kind="instances",state="in_use"}"#,
         0.0,
-    ) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a guest kept its slot"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+        "a guest kept its slot",
+    )
+    .await;
 }
 
 const FRESH: &str = "/c/page?h=cache-control:max-age%3D60";

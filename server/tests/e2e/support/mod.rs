@@ -149,6 +149,20 @@ impl TestServer {
         r.text()
     }
 
+    /// Waits until the series `series` of its metrics is exactly `value` (panics after 20 s,
+    /// saying `what`).
+    pub async fn wait_metric_is(&self, series: &str, value: f64, what: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let m = self.metrics().await;
+            if metric_is(&m, series, value) {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "{what}: {m}");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// Waits until the series `series` of its metrics is `at_least` (panics after 20 s): a
     /// condition to wait for, never a sleep.
     pub async fn wait_metric(&self, series: &str, at_least: f64) {
