@@ -220,7 +220,6 @@ KNOWN = {
     "outbound",
     "registry",
     "tls",
-    "trace",
     "variables",
 }
 

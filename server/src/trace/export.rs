@@ -10,9 +10,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::config::Settings;
 use super::otlp::Envelope;
 use super::queue::{Batch, Queue, Sending};
-use super::{Settings, TraceMetrics};
 use crate::shutdown::Shutdown;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
@@ -21,6 +21,17 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+
+/// The metric handles of tracing.
+#[derive(Debug, Clone)]
+pub struct TraceMetrics {
+    /// Spans the collector accepted.
+    pub exported: prometheus::IntCounter,
+    /// Spans dropped because the queue was full.
+    pub dropped_queue: prometheus::IntCounter,
+    /// Spans dropped because their batch could not be exported.
+    pub dropped_export: prometheus::IntCounter,
+}
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::Version;
 
-use super::{CallKind, PHASES, Record, span_id};
+use super::record::{PHASES, Record, route_of};
+use super::span::{CallKind, span_id};
 
 /// A protobuf message being written.
 #[derive(Default)]
@@ -368,7 +369,7 @@ pub(super) fn request_spans(out: &mut Pb, r: &Record) -> usize {
     let route = r
         .tenant
         .as_ref()
-        .map(|(_, prefix_len)| super::route_of(r.uri.path(), *prefix_len));
+        .map(|(_, prefix_len)| route_of(r.uri.path(), *prefix_len));
     let with_route;
     let name: &[&str] = match route {
         Some(route) => {

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
 
-use super::Record;
 use super::otlp::{self, Pb};
+use super::record::Record;
 
 /// One thread's encoded requests since the exporter last took them.
 #[derive(Debug, Default)]
