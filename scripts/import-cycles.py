@@ -97,7 +97,7 @@ def reexports(module):
     path = files.get(module)
     if path is None or path.name != "mod.rs":
         return out
-    for child, names in REEXPORT.findall(code_of(path)):  # (braces kept: one level)
+    for child, names in REEXPORT.findall(code_of(path)):  # `pub use child::{A, B}`: one level
         if module + (child,) not in files:
             continue
         for name in names.strip("{}").split(","):

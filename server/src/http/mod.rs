@@ -280,7 +280,8 @@ async fn route(
 /// (refused before any instance is made), what the client takes in compression, and a
 /// client's own `Tern-Cache` taken off.
 fn check(app: &App, req: &mut Request<RequestBody>, ex: &mut Exchange) -> Result<(), Early> {
-    let tenant = ex.tenant();
+    // (The tenant borrowed from its own field: `ex.asked` is set below.)
+    let tenant = &ex.routed.as_ref().expect("a routed request").tenant;
     // (A request without a host name has nowhere to be sent: it is served.)
     if tenant.front.https_redirect
         && ex.conn.tls.is_none()
@@ -298,19 +299,17 @@ fn check(app: &App, req: &mut Request<RequestBody>, ex: &mut Exchange) -> Result
     }
     // What a tenant's cache does with its backends' answers is for its guests to say: a
     // client's own `Tern-Cache` would pass on with headers a guest forwards.
-    let readthrough = tenant.grants.outbound.readthrough.is_some();
-    // What the client takes, read before the request goes to the guest.
-    let asked = tenant.front.compression.as_ref().map(|c| c.ask(req));
-    ex.asked = asked;
-    if readthrough {
+    if tenant.grants.outbound.readthrough.is_some() {
         req.headers_mut().remove(&crate::outbound::CACHE_OVERRIDE);
     }
+    // What the client takes, read before the request goes to the guest.
+    ex.asked = tenant.front.compression.as_ref().map(|c| c.ask(req));
     Ok(())
 }
 
 /// Waits for a pool slot and a place within the tenant's concurrency (the `queue` phase).
 async fn admit(app: &App, ex: &mut Exchange) -> Result<Admitted, Early> {
-    let tenant = ex.tenant().clone();
+    let tenant = &ex.routed.as_ref().expect("a routed request").tenant;
     let queued = Instant::now();
     if let Some(t) = &mut ex.trace {
         t.queued = Some(queued);
@@ -335,8 +334,8 @@ async fn run_guest(
     req: Request<RequestBody>,
     admitted: Admitted,
 ) -> (Response<ResponseBody>, Phase) {
-    let Routed { tenant, prefix_len } = ex.routed.clone().expect("a routed request");
-    let tenant = &tenant;
+    let Routed { tenant, prefix_len } = ex.routed.as_ref().expect("a routed request");
+    let prefix_len = *prefix_len;
     let (mut parts, body) = req.into_parts();
     // A `HEAD` response's body is never sent, so it is never counted as undelivered.
     let head_only = parts.method == Method::HEAD;

@@ -152,31 +152,27 @@ impl TestServer {
     /// Waits until the series `series` of its metrics is exactly `value` (panics after 20 s,
     /// saying `what`).
     pub async fn wait_metric_is(&self, series: &str, value: f64, what: &str) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        loop {
-            let m = self.metrics().await;
-            if metric_is(&m, series, value) {
-                return;
-            }
-            assert!(std::time::Instant::now() < deadline, "{what}: {m}");
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        self.wait_for(what, |m| metric_is(m, series, value)).await;
     }
 
     /// Waits until the series `series` of its metrics is `at_least` (panics after 20 s): a
     /// condition to wait for, never a sleep.
     pub async fn wait_metric(&self, series: &str, at_least: f64) {
+        let what = format!("{series} never reached {at_least}");
+        self.wait_for(&what, |m| metric_value_or_zero(m, series) >= at_least)
+            .await;
+    }
+
+    /// Reads its metrics until `ready` says yes of them (panics after 20 s, saying `what`).
+    async fn wait_for(&self, what: &str, ready: impl Fn(&str) -> bool) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         loop {
             let m = self.metrics().await;
-            if metric_value_or_zero(&m, series) >= at_least {
+            if ready(&m) {
                 return;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{series} never reached {at_least}: {m}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            assert!(std::time::Instant::now() < deadline, "{what}: {m}");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
 }
