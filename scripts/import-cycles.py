@@ -9,13 +9,14 @@ skipped):
 2. The files, inside folders too: a path (`crate::a::b::C`, `super::b::C`, `self::b`, or a child
    module's name) is an edge to the file that defines what it names: the file that declares
    the longest module prefix of it, or, for a name a `mod.rs` re-exports from a child
-   (`pub use child::C`), that child. A folder's `mod.rs` declares its children, and that is an
+   (`pub use child::C`, or `pub use child::*` for what the child defines), that child.
+   (`pub(in path)` names where an item is seen, not what it uses: no edge.) A folder's `mod.rs` declares its children, and that is an
    edge to each of them: so a child that imports anything its parent `mod.rs` defines closes
    a circle (move the shared thing down into a child of its own). A circle among files is a
    circle: one file's change reaches the other both ways.
 
-Every circle found is printed (as its strongly connected files); the exit status is 1 if any
-but those of the folders still listed in `KNOWN` (to be untangled, then taken off).
+Every circle found is printed (as its strongly connected files); the exit status is 1 if
+there is any.
 
 Usage: python3 scripts/import-cycles.py [server/src]
 """
@@ -63,7 +64,8 @@ def code_of(path):
                     depth = None
             continue  # a one-line item (`mod tests;`, `use ...;`) is skipped whole
         out.append(line)
-    return "\n".join(out)
+    # `pub(in crate::x)` names where an item is visible, not something it uses.
+    return re.sub(r"pub\(in [^)]*\)", "pub", "\n".join(out))
 
 
 GROUP = re.compile(r"((?:crate|super|self|[a-z_][a-z0-9_]*)(?:::[A-Za-z_][A-Za-z0-9_]*)*)::\{([^{}]*)\}")
@@ -88,7 +90,8 @@ def expand_groups(code):
 PATH = re.compile(r"\b((?:crate|super|self|[a-z_][a-z0-9_]*)(?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 
 
-REEXPORT = re.compile(r"\bpub(?:\([a-z]+\))?\s+use\s+(?:self::)?([a-z_][a-z0-9_]*)::(\{[^}]*\}|[A-Za-z_][A-Za-z0-9_]*)\s*;", re.S)
+REEXPORT = re.compile(r"\bpub(?:\([a-z]+\))?\s+use\s+(?:self::)?([a-z_][a-z0-9_]*)::(\{[^}]*\}|[A-Za-z_][A-Za-z0-9_]*|\*)\s*;", re.S)
+DEFINED = re.compile(r"^pub(?:\([^)]*\))?\s+(?:async\s+)?(?:fn|struct|enum|trait|const|static|type|mod)\s+([A-Za-z_][A-Za-z0-9_]*)", re.M)
 
 
 def reexports(module):
@@ -100,6 +103,8 @@ def reexports(module):
     for child, names in REEXPORT.findall(code_of(path)):  # `pub use child::{A, B}`: one level
         if module + (child,) not in files:
             continue
+        if names == "*":  # `pub use child::*`: every public item the child defines
+            names = ",".join(DEFINED.findall(code_of(files[module + (child,)])))
         for name in names.strip("{}").split(","):
             name = name.strip().split(" as ")[-1].strip()
             if name and name != "self":
@@ -208,42 +213,18 @@ def circles(graph):
     return out
 
 
-# Folders whose files still import their own `mod.rs` (a circle since the check counts it),
-# each to be untangled and then taken off this list; a circle anywhere else fails, and so does
-# a folder listed here that has none left.
-KNOWN = {
-    "cache",
-    "config",
-    "execute",
-    "guest",
-    "kv",
-    "outbound",
-    "registry",
-    "tls",
-    "variables",
-}
-
 failed = False
 for comp in circles(top):
     failed = True
     print("import circle among top-level modules: " + ", ".join(comp))
-known_left = set()
 for comp in circles(edges):
-    folder = comp[0][0]
-    if all(m[0] == folder for m in comp) and folder in KNOWN:
-        known_left.add(folder)
-        continue
     failed = True
     print("import circle among files: " + ", ".join(str(files[m].relative_to(root)) for m in comp))
     for m in comp:
         inside = sorted(str(files[t].relative_to(root)) for t in edges[m] if t in comp)
         print(f"  {files[m].relative_to(root)} -> {', '.join(inside)}")
-for folder in sorted(KNOWN - known_left):
-    failed = True
-    print(f"no circle left in {folder}/: take it off KNOWN in {sys.argv[0]}")
 if failed:
     sys.exit(1)
 print(
-    f"no import circles among {len(top)} top-level modules and {len(edges)} files of {root} "
-    f"(but in the folders still to untangle: {', '.join(sorted(known_left))})"
+    f"no import circles among {len(top)} top-level modules and {len(edges)} files of {root}"
 )

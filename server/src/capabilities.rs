@@ -1,73 +1,89 @@
 //! The host capabilities of one request, prepared once whatever its guest's kind: what its
-//! tenant is granted (outbound calls, key-value stores, variables, its cache), bound to this request (its id, its
-//! trace, what it hands on, the operations it made, the time it waited).
+//! tenant is granted (outbound calls, key-value stores, variables, its cache), bound to this
+//! request (its id, its trace, what it hands on, the operations it made, the time it waited).
 //!
-//! A tenant's [`Grants`] are prepared when it is loaded, from its settings; each request's
-//! [`Capabilities`] are made from them once, whatever its guest's kind. Every kind's store
-//! state holds them and gives them out through [`HostView`]; each host API reaches its part
-//! there, and only its handles (the `tern` ABI's) or bindings (the components') are the
-//! kind's own. A new host API is a part of both here (its grant from the tenant's settings,
-//! its per-request state), a module of its own with its link functions, and one line for each
-//! kind in the linkers' composition root ([`crate::guest::link`]).
+//! Every capability has one shape, in its own module: a `Grant`, prepared when its tenant is
+//! loaded (`Grant::prepare`, from the tenant's [`Preparing`], its own section of the tenant's
+//! settings and the server resource it needs, held in [`Resources`]), and a `Session` per request (`Session::new`, from the grant and the
+//! request's [`RequestContext`]). [`Grants`] and [`Capabilities`] compose them, a line each.
+//! Every kind's store state holds a request's capabilities and gives them out through
+//! [`HostView`]; each host API reaches its part there, and only its handles (the `tern` ABI's)
+//! or bindings (the components') are the kind's own. A new host API is its module (grant,
+//! session, link functions), a line in each of [`Resources`] (when it needs a server
+//! resource), [`Grants`] and [`Capabilities`], and a line per kind in the linkers' composition
+//! root ([`crate::guest::link`]).
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderValue;
+use crate::context::RequestContext;
+use crate::prepare::Preparing;
+
+/// What the server holds for every tenant's capabilities, built once at start-up: the
+/// key-value stores (opened from `[kv]`) and every tenant's variables (which follow the
+/// registry). A capability with a server-wide resource adds it here.
+pub struct Resources {
+    /// The key-value stores tenants may be granted.
+    pub stores: crate::kv::Stores,
+    /// Every tenant's variables.
+    pub variables: Arc<crate::variables::Table>,
+}
+
+impl Resources {
+    /// Opens the stores of `config` (file stores under `root`); no variables yet.
+    ///
+    /// # Errors
+    /// A store that cannot be opened, in words for the operator.
+    pub fn open(
+        config: &crate::config::Config,
+        root: &Path,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<Self, String> {
+        Ok(Self {
+            stores: crate::kv::Stores::open(&config.kv, root, &metrics.kv_operations)?,
+            variables: Arc::default(),
+        })
+    }
+}
 
 /// What a tenant's guests are granted, prepared when it is loaded.
 #[derive(Clone)]
 pub struct Grants {
     /// What its guests may call, with the metric handles of those calls.
-    pub outbound: Arc<crate::outbound::Calls>,
+    pub outbound: Arc<crate::outbound::Grant>,
     /// The key-value stores its guests may open.
-    pub kv: Arc<crate::kv::Grants>,
+    pub kv: Arc<crate::kv::Grant>,
     /// Its variables.
-    pub variables: Arc<crate::variables::Granted>,
+    pub variables: Arc<crate::variables::Grant>,
     /// Its cache, for its guests' own entries (when it has one).
-    pub cache: Option<Arc<crate::cache::guest::GuestCache>>,
+    pub cache: Option<Arc<crate::cache::guest::Grant>>,
 }
 
 impl Grants {
-    /// A tenant's grants, from its settings.
+    /// A tenant's grants, from its `settings`, the server's `resources`, and its `cache`
+    /// (when it has one; shared with its front end).
     ///
     /// # Errors
     /// Why a setting cannot be granted (a bad outbound policy, an unknown store), in words
     /// for the operator.
-    pub fn prepare(g: &crate::prepare::Preparing<'_>) -> Result<Self, String> {
-        let policy = crate::outbound::Policy::from_config(&g.settings.outbound)
-            .map_err(|e| format!("outbound: {e}"))?;
-        let readthrough = g.cache.clone().and_then(|cache| {
-            crate::outbound::Readthrough::new(cache, policy.cached_backends(), g.metrics, g.label)
-        });
-        let outbound = Arc::new(crate::outbound::Calls {
-            readthrough,
-            policy,
-            log_budget: g.log_budget.clone(),
-            label: g.label.to_string(),
-            requests: g.metrics.outbound_requests.clone(),
-            duration: g.metrics.outbound_duration.with_label_values(&[g.label]),
-            opened: g.metrics.outbound_connections.clone(),
-        });
-        let kv = Arc::new(crate::kv::Grants {
-            tenant: g.tenant.into(),
-            stores: g.stores.grant(&g.settings.kv)?,
-            max_ops: g.settings.limits.max_kv_ops,
-        });
-        let variables = Arc::new(crate::variables::Granted::new(
-            g.tenant,
-            g.variables.clone(),
-        ));
-        let cache = g.cache.clone().map(|cache| {
-            Arc::new(crate::cache::guest::GuestCache::new(
-                cache, g.metrics, g.label,
-            ))
-        });
+    pub fn prepare(
+        p: &Preparing<'_>,
+        settings: &crate::config::TenantSettings<toml::Spanned<String>>,
+        resources: &Resources,
+        cache: Option<&Arc<crate::cache::Cache>>,
+    ) -> Result<Self, String> {
+        let s = settings;
         Ok(Self {
-            outbound,
-            kv,
-            variables,
-            cache,
+            outbound: Arc::new(crate::outbound::Grant::prepare(p, &s.outbound, cache)?),
+            kv: Arc::new(crate::kv::Grant::prepare(
+                p,
+                &s.kv,
+                s.limits.max_kv_ops,
+                &resources.stores,
+            )?),
+            variables: Arc::new(crate::variables::Grant::prepare(p, &resources.variables)),
+            cache: crate::cache::guest::Grant::prepare(p, cache).map(Arc::new),
         })
     }
 }
@@ -78,25 +94,20 @@ pub struct Capabilities {
     pub outbound: crate::outbound::Session,
     /// The tenant's key-value stores.
     pub kv: crate::kv::Session,
-    /// The tenant's variables.
-    pub variables: Arc<crate::variables::Granted>,
+    /// The tenant's variables (read as they are now; nothing of them is per request).
+    pub variables: Arc<crate::variables::Grant>,
     /// The tenant's cache, for the guest's own entries.
-    pub cache: crate::cache::guest::CacheSession,
+    pub cache: crate::cache::guest::Session,
 }
 
 impl Capabilities {
-    /// Nothing used yet: what the tenant is `granted`, for the request `request_id` (with its
-    /// `trace`, when tracing is on).
-    pub fn new(
-        granted: &Grants,
-        request_id: HeaderValue,
-        trace: Option<Arc<crate::trace::Active>>,
-    ) -> Self {
+    /// Nothing used yet: what the tenant is `granted`, for the request of `context`.
+    pub fn new(granted: &Grants, context: &RequestContext) -> Self {
         Self {
-            outbound: crate::outbound::Session::new(granted.outbound.clone(), request_id),
-            kv: crate::kv::Session::new(granted.kv.clone(), trace),
+            outbound: crate::outbound::Session::new(granted.outbound.clone(), context),
+            kv: crate::kv::Session::new(granted.kv.clone(), context),
             variables: granted.variables.clone(),
-            cache: crate::cache::guest::CacheSession::new(granted.cache.clone()),
+            cache: crate::cache::guest::Session::new(granted.cache.clone(), context),
         }
     }
 

@@ -41,9 +41,14 @@ impl Front {
         self.cache.as_ref().filter(|_| self.cache_in_front)
     }
 
-    /// A tenant's front-end features, from its settings (already checked when they were read).
-    pub fn prepare(p: &Preparing<'_>) -> Self {
-        let s = p.settings;
+    /// A tenant's front-end features, from its `settings` (already checked when they were
+    /// read) and its `cache` (when it has one; shared with its guests' grants).
+    pub fn prepare(
+        p: &Preparing<'_>,
+        settings: &crate::config::TenantSettings<toml::Spanned<String>>,
+        cache: Option<&Arc<Cache>>,
+    ) -> Self {
+        let s = settings;
         Self {
             https_redirect: s.https_redirect,
             hsts: s
@@ -51,7 +56,7 @@ impl Front {
                 .as_ref()
                 .and_then(|h| HeaderValue::from_str(&h.value()).ok()),
             errors: ErrorPages::new(s.errors, &s.error_pages),
-            cache: p.cache.clone(),
+            cache: cache.cloned(),
             cache_in_front: s.cache.front,
             compression: Compression::prepare(&s.compression, p.metrics, p.label),
         }

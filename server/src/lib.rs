@@ -39,8 +39,11 @@
 //!   teardown) with a small driver per kind for what differs; the front end awaits one answer
 //!   from it (whole, or a head whose body streams while the guest runs on).
 //! - [`capabilities`]: the host capabilities of one request (outbound, key-value, variables,
-//!   the guest's cache entries), prepared once whatever the guest's kind and reached by each
-//!   kind's host calls through one view.
+//!   the guest's cache entries), one shape each in its own module (a `Grant` prepared with the
+//!   tenant from [`prepare::Preparing`] and the server's [`capabilities::Resources`], a
+//!   `Session` per request), prepared once whatever the guest's kind. Host functions see a
+//!   view of the store (each interface's view trait, `tern::kv::KvView`, or `HasData` struct,
+//!   `wasi_http::kv::KvHost`), never the whole state.
 //! - [`guest`]: one module per guest kind with its linker and host side: [`guest::module`]
 //!   (core modules: their store state and linker, composed from WASI preview1, `/assets`,
 //!   the bounds-checked guest memory, and the host side of the `tern` ABI v1

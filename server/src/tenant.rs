@@ -241,10 +241,8 @@ pub struct Shared<'a> {
     pub pool: &'a PoolConfig,
     /// Where tenants' metric handles come from.
     pub metrics: &'a Metrics,
-    /// The key-value stores tenants may be granted.
-    pub kv: &'a crate::kv::Stores,
-    /// Every tenant's variables (its guests read theirs).
-    pub variables: &'a Arc<crate::variables::Table>,
+    /// What the server holds for every tenant's capabilities (stores, variables).
+    pub resources: &'a crate::capabilities::Resources,
 }
 
 /// Loads the module a tenant's config names: `builtin:NAME`, a `.wasm` or a `.cwasm` file.
@@ -421,8 +419,7 @@ pub fn prepare(
         linkers,
         pool,
         metrics,
-        kv,
-        variables,
+        resources,
     } = shared;
     let name = config.name.get_ref().clone();
     let refuse = |reason: String| TenantError::Abi {
@@ -447,21 +444,25 @@ pub fn prepare(
     let preparing = crate::prepare::Preparing {
         tenant: &name,
         label: &label,
-        settings: &config.settings,
         log_budget: &log_budget,
         metrics,
-        stores: kv,
-        variables,
-        cache: config.settings.cache.enabled.then(|| {
-            Arc::new(crate::cache::Cache::new(
-                &config.settings.cache,
-                metrics,
-                &label,
-            ))
-        }),
     };
-    let grants = crate::capabilities::Grants::prepare(&preparing).map_err(refuse)?;
-    let front = crate::front::Front::prepare(&preparing);
+    // Its cache (`[tenant.cache]`), when it has one: shared by its front and its backends.
+    let cache = config.settings.cache.enabled.then(|| {
+        Arc::new(crate::cache::Cache::new(
+            &config.settings.cache,
+            metrics,
+            &label,
+        ))
+    });
+    let grants = crate::capabilities::Grants::prepare(
+        &preparing,
+        &config.settings,
+        resources,
+        cache.as_ref(),
+    )
+    .map_err(refuse)?;
+    let front = crate::front::Front::prepare(&preparing, &config.settings, cache.as_ref());
     let slots = match carried.slots {
         Some((n, slots)) if n == limits.max_concurrency => slots,
         _ => Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),

@@ -50,8 +50,10 @@ impl Harness {
             linkers: &self.linkers,
             pool: &self.pool,
             metrics: &self.metrics,
-            kv: &tern::kv::Stores::default(),
-            variables: &std::sync::Arc::default(),
+            resources: &tern::capabilities::Resources {
+                stores: tern::kv::Stores::default(),
+                variables: std::sync::Arc::default(),
+            },
         };
         Ok(Arc::new(tenant::prepare(
             shared,

@@ -6,7 +6,7 @@ use std::time::Instant;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 
-use super::{CACHE_STATUS, Variant};
+use super::variant::Variant;
 use crate::body::ResponseBody;
 
 /// Tags of an answer, for purges: space-separated (Fastly's) and comma-separated
@@ -251,6 +251,9 @@ pub(super) fn append_param(resp: &mut Response<ResponseBody>, param: &str) {
         resp.headers_mut().insert(CACHE_STATUS.clone(), value);
     }
 }
+
+/// `Cache-Status` (RFC 9211).
+pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
 #[cfg(test)]
 mod tests {

@@ -81,7 +81,7 @@ impl CacheConfig {
                 self.max_object_kib
             ));
         }
-        super::key::check(self)
+        super::key::check(&self.ignore_query, &self.key_headers)
     }
 }
 

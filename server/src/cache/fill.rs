@@ -11,11 +11,13 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_cache_semantics::CachePolicy;
 
+use super::answer::CACHE_STATUS;
 use super::answer::{CACHE_TAG, SURROGATE_KEY, not_modified, ranged, respond, take_tags};
-use super::{
-    Answered, Asked, CACHE_STATUS, CDN_CACHE_CONTROL, Cache, Counted, Entry, Fill, MAX_VARIANTS,
-    Space, Storing, Then, Variant, Windows, options,
+use super::space::{Counted, Space};
+use super::store::{
+    Answered, Asked, CDN_CACHE_CONTROL, Cache, Entry, Fill, MAX_VARIANTS, Storing, Then, options,
 };
+use super::variant::{Variant, Windows};
 use crate::body::ResponseBody;
 
 /// Fields of a `304` that do not update the stored answer it confirms: its framing and

@@ -30,7 +30,10 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use prometheus::IntCounter;
 
-use super::{Asking, CACHE_STATUS, Cache, Counts, Fill, Lookup, Purge, Space, Storing};
+use super::answer::CACHE_STATUS;
+use super::config::Purge;
+use super::space::{Counts, Space};
+use super::store::{Asking, Cache, Fill, Lookup, Storing};
 use crate::body::ResponseBody;
 
 /// The longest key, in bytes.
@@ -85,13 +88,19 @@ impl std::fmt::Display for CacheError {
 
 /// A tenant's cache as its guests use it, prepared when it is loaded.
 #[derive(Debug)]
-pub struct GuestCache {
+pub struct Grant {
     cache: Arc<Cache>,
     counts: Arc<Counts>,
     purges: IntCounter,
 }
 
-impl GuestCache {
+impl Grant {
+    /// `p`'s tenant's `cache` for its guests, counted under its label (none: the tenant has
+    /// no cache).
+    pub fn prepare(p: &crate::prepare::Preparing<'_>, cache: Option<&Arc<Cache>>) -> Option<Self> {
+        cache.map(|cache| Self::new(cache.clone(), p.metrics, p.label))
+    }
+
     /// The tenant's `cache` for its guests, counted under `label`.
     pub fn new(cache: Arc<Cache>, metrics: &crate::metrics::Metrics, label: &str) -> Self {
         let result = |r: &str| match r {
@@ -111,8 +120,8 @@ impl GuestCache {
 
 /// One request's use of its tenant's cache.
 #[derive(Debug)]
-pub struct CacheSession {
-    granted: Option<Arc<GuestCache>>,
+pub struct Session {
+    granted: Option<Arc<Grant>>,
     lookups: u32,
 }
 
@@ -161,16 +170,17 @@ struct Found {
     stale: bool,
 }
 
-impl CacheSession {
-    /// Nothing looked up yet, with the tenant's cache if it has one.
-    pub fn new(granted: Option<Arc<GuestCache>>) -> Self {
+impl Session {
+    /// Nothing looked up yet, with the tenant's cache if it has one (`granted`), for the
+    /// request of `_context`.
+    pub fn new(granted: Option<Arc<Grant>>, _context: &crate::context::RequestContext) -> Self {
         Self {
             granted,
             lookups: 0,
         }
     }
 
-    fn granted(&self) -> Result<&Arc<GuestCache>, CacheError> {
+    fn granted(&self) -> Result<&Arc<Grant>, CacheError> {
         self.granted.as_ref().ok_or_else(|| {
             CacheError::Unavailable(
                 "the tenant has no cache (its [tenant.cache] enabled is false)".into(),

@@ -8,8 +8,6 @@ use std::borrow::Cow;
 use http::HeaderMap;
 use http::header::HeaderName;
 
-use super::CacheConfig;
-
 /// How a tenant's cache keys its requests, prepared once from its settings.
 #[derive(Debug, Default)]
 pub struct Keying {
@@ -22,19 +20,18 @@ pub struct Keying {
 }
 
 impl Keying {
-    /// The keying of `config` (already checked).
-    pub fn new(config: &CacheConfig) -> Self {
+    /// The keying `[tenant.cache]` sets (`ignore_query`, `sort_query`, `key_headers`, already
+    /// checked by [`check`]).
+    pub fn new(ignore_query: &[String], sort_query: bool, key_headers: &[String]) -> Self {
         Self {
-            ignore: config
-                .ignore_query
+            ignore: ignore_query
                 .iter()
                 .filter(|n| *n != "*")
                 .map(|n| n.as_str().into())
                 .collect(),
-            no_query: config.ignore_query.iter().any(|n| n == "*"),
-            sort: config.sort_query,
-            headers: config
-                .key_headers
+            no_query: ignore_query.iter().any(|n| n == "*"),
+            sort: sort_query,
+            headers: key_headers
                 .iter()
                 .filter_map(|h| HeaderName::try_from(h.as_str()).ok())
                 .collect(),
@@ -111,8 +108,8 @@ fn name(param: &str) -> &str {
 ///
 /// # Errors
 /// The first name that cannot be one, in words for the operator.
-pub fn check(config: &CacheConfig) -> Result<(), String> {
-    if let Some(n) = config.ignore_query.iter().find(|n| {
+pub fn check(ignore_query: &[String], key_headers: &[String]) -> Result<(), String> {
+    if let Some(n) = ignore_query.iter().find(|n| {
         n.is_empty()
             || n.bytes()
                 .any(|b| matches!(b, b'&' | b'=' | b'?' | b'#') || !b.is_ascii_graphic())
@@ -123,13 +120,13 @@ pub fn check(config: &CacheConfig) -> Result<(), String> {
              in '*', or \"*\" for the whole query)"
         ));
     }
-    if config.key_headers.len() > MAX_KEY_HEADERS {
+    if key_headers.len() > MAX_KEY_HEADERS {
         return Err(format!(
             "cache.key_headers names at most {MAX_KEY_HEADERS} headers, not {}",
-            config.key_headers.len()
+            key_headers.len()
         ));
     }
-    for h in &config.key_headers {
+    for h in key_headers {
         let Ok(name) = HeaderName::try_from(h.as_str()) else {
             return Err(format!("cache.key_headers: {h:?} is not a header name"));
         };
@@ -156,13 +153,12 @@ pub const MAX_KEY_HEADERS: usize = 8;
 mod tests {
     use super::*;
 
+    fn strings(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| (*s).to_string()).collect()
+    }
+
     fn keying(ignore: &[&str], sort: bool, headers: &[&str]) -> Keying {
-        Keying::new(&CacheConfig {
-            ignore_query: ignore.iter().map(|s| (*s).to_string()).collect(),
-            sort_query: sort,
-            key_headers: headers.iter().map(|s| (*s).to_string()).collect(),
-            ..CacheConfig::default()
-        })
+        Keying::new(&strings(ignore), sort, &strings(headers))
     }
 
     #[test]
@@ -215,13 +211,7 @@ mod tests {
 
     #[test]
     fn names_are_checked() {
-        let ok = |ignore: &[&str], headers: &[&str]| {
-            check(&CacheConfig {
-                ignore_query: ignore.iter().map(|s| (*s).to_string()).collect(),
-                key_headers: headers.iter().map(|s| (*s).to_string()).collect(),
-                ..CacheConfig::default()
-            })
-        };
+        let ok = |ignore: &[&str], headers: &[&str]| check(&strings(ignore), &strings(headers));
         assert!(ok(&["utm_*", "*", "a.b"], &["accept-language"]).is_ok());
         for bad in ["", "a=b", "a&b", "*a", "a b"] {
             assert!(ok(&[bad], &[]).is_err(), "{bad:?}");

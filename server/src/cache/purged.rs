@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::Space;
+use super::space::Space;
 
 /// Purges remembered for the fills in flight; a fill older than all of them is not stored.
 const KEPT: usize = 64;

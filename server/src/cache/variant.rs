@@ -10,8 +10,6 @@ use http::StatusCode;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http_cache_semantics::CachePolicy;
 
-use super::Entry;
-
 /// How long a stale answer with a validator (`ETag`, `Last-Modified`) is kept so the next
 /// request can revalidate it (the guest answers `304` and the stored body is served again),
 /// beyond its `stale-while-revalidate` and `stale-if-error` windows.
@@ -135,7 +133,7 @@ impl Variant {
     }
 
     /// How long from `now` it can still be used, fresh or stale.
-    fn usable_for(&self, now: Instant) -> Duration {
+    pub(super) fn usable_for(&self, now: Instant) -> Duration {
         (self.fresh_for + self.kept_stale())
             .saturating_sub(now.saturating_duration_since(self.stored))
     }
@@ -160,25 +158,6 @@ impl Variant {
         self.vary
             .iter()
             .all(|(name, lines)| headers.get_all(name).iter().eq(lines.iter()))
-    }
-}
-
-/// Entries leave when none of their variants can be used any more, fresh or stale.
-pub(super) struct Expire;
-
-impl moka::Expiry<u64, Arc<Entry>> for Expire {
-    fn expire_after_create(&self, _: &u64, entry: &Arc<Entry>, now: Instant) -> Option<Duration> {
-        entry.variants.iter().map(|v| v.usable_for(now)).max()
-    }
-
-    fn expire_after_update(
-        &self,
-        key: &u64,
-        entry: &Arc<Entry>,
-        now: Instant,
-        _: Option<Duration>,
-    ) -> Option<Duration> {
-        self.expire_after_create(key, entry, now)
     }
 }
 

@@ -10,6 +10,7 @@
 //! file's schema, its loading and the checks that span sections (route clashes).
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -21,6 +22,7 @@ pub const DEMO_CONFIG: &str = include_str!("../../../config/tern.toml");
 /// Name shown in errors for [`DEMO_CONFIG`].
 pub const DEMO_CONFIG_NAME: &str = "<built-in config/tern.toml>";
 
+mod invalid;
 mod pool;
 mod registry;
 mod server;
@@ -29,6 +31,7 @@ mod tenant_table;
 mod tls;
 
 pub use crate::outbound::{BackendConfig, OutboundConfig};
+pub use invalid::Invalid;
 pub use pool::{MAX_MEMORY_SLOTS, PoolConfig};
 pub use registry::RegistryConfig;
 pub use server::{RuntimeMode, ServerConfig, default_data_dir};
@@ -99,17 +102,47 @@ pub struct Config {
     pub base_dir: PathBuf,
 }
 
-/// A value validation refused: what is wrong, and where in the config file (when it came from
-/// one) so the message can name the line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Invalid {
-    /// Byte range of the offending value in the file, if known.
-    pub span: Option<std::ops::Range<usize>>,
-    /// What is wrong.
-    pub message: String,
-}
-
 impl Config {
+    /// Uses the shared registry at `url` (`tern serve --registry`).
+    ///
+    /// # Errors
+    /// If it is not a registry URL.
+    pub fn set_registry(&mut self, url: String) -> anyhow::Result<()> {
+        self.registry.url = url;
+        self.registry
+            .validate()
+            .map_err(|e| anyhow::anyhow!("--registry: {}", e.message))
+    }
+
+    /// `tern serve --tls-listen --tls-cert --tls-key`: a TLS listener on `at` whose default
+    /// certificate is `cert` and `key` (paths as given, from the working directory).
+    ///
+    /// # Errors
+    /// If the config has a default certificate already, or the paths are not UTF-8.
+    pub fn serve_tls_from_command_line(
+        &mut self,
+        at: SocketAddr,
+        cert: &Path,
+        key: &Path,
+    ) -> anyhow::Result<()> {
+        let absolute = |p: &Path| -> anyhow::Result<Spanned<String>> {
+            let p = std::path::absolute(p)?;
+            let text = p
+                .to_str()
+                .ok_or_else(|| anyhow::anyhow!("{}: not a UTF-8 path", p.display()))?;
+            Ok(Spanned::new(0..0, text.to_string()))
+        };
+        self.server.tls_listen = Some(at);
+        self.certificates.push(CertificateConfig {
+            hosts: Vec::new(),
+            cert: absolute(cert)?,
+            key: absolute(key)?,
+            from_command_line: true,
+        });
+        tls::validate(&self.server, &self.certificates, &self.tls)
+            .map_err(|e| anyhow::anyhow!("--tls-cert: {}", e.message))
+    }
+
     /// Reads and validates a configuration file.
     ///
     /// # Errors
@@ -207,8 +240,8 @@ impl Config {
                  (host calls run on the rest of the fiber stack)",
             );
         }
-        self.validate_tls()?;
-        self.validate_registry()?;
+        tls::validate(&self.server, &self.certificates, &self.tls)?;
+        self.registry.validate()?;
         let mut names = std::collections::HashSet::new();
         for t in &self.tenants {
             let name = t.name.get_ref();

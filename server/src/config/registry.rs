@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-use super::{Config, Invalid};
+use super::invalid::Invalid;
 
 /// `[registry]`: where the tenants deployed through the admin API are kept. Without `url`, in
 /// the data directory (one server). With `url`, in an object store every replica of a fleet
@@ -84,19 +84,13 @@ impl RegistryConfig {
     }
 }
 
-impl Config {
-    /// Uses the shared registry at `url` (`tern serve --registry`).
+impl RegistryConfig {
+    /// Checks the settings.
     ///
     /// # Errors
-    /// If it is not a registry URL.
-    pub fn set_registry(&mut self, url: String) -> anyhow::Result<()> {
-        self.registry.url = url;
-        self.validate_registry()
-            .map_err(|e| anyhow::anyhow!("--registry: {}", e.message))
-    }
-
-    pub(super) fn validate_registry(&self) -> Result<(), Invalid> {
-        let r = &self.registry;
+    /// What is wrong.
+    pub(super) fn validate(&self) -> Result<(), Invalid> {
+        let r = self;
         let bad = |message: String| {
             Err(Invalid {
                 span: None,

@@ -198,7 +198,7 @@ impl ServerConfig {
 
     /// The MiB of cache shares `tenants` reserve (those with a cache enabled).
     pub fn cache_shares<'a, R: 'a>(
-        tenants: impl IntoIterator<Item = &'a super::TenantSettings<R>>,
+        tenants: impl IntoIterator<Item = &'a super::tenant::TenantSettings<R>>,
     ) -> u64 {
         tenants
             .into_iter()

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-use super::Invalid;
+use super::invalid::Invalid;
 use super::pool::PoolConfig;
 use crate::outbound::OutboundConfig;
 

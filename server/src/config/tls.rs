@@ -1,12 +1,10 @@
 //! `[[certificate]]` and `[tls]`: the TLS listener's certificates, from files or ACME.
 
-use std::net::SocketAddr;
-use std::path::Path;
-
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{Config, Invalid};
+use super::invalid::Invalid;
+use super::server::ServerConfig;
 
 /// `[[certificate]]`: a certificate chain and its private key, PEM files (relative to the
 /// config file), served by the TLS listener to clients that ask for one of its `hosts`.
@@ -91,175 +89,146 @@ pub enum AcmeChallenge {
     Http01,
 }
 
-impl Config {
-    /// `tern serve --tls-listen --tls-cert --tls-key`: a TLS listener on `at` whose default
-    /// certificate is `cert` and `key` (paths as given, from the working directory).
-    ///
-    /// # Errors
-    /// If the config has a default certificate already, or the paths are not UTF-8.
-    pub fn serve_tls_from_command_line(
-        &mut self,
-        at: SocketAddr,
-        cert: &Path,
-        key: &Path,
-    ) -> anyhow::Result<()> {
-        let absolute = |p: &Path| -> anyhow::Result<Spanned<String>> {
-            let p = std::path::absolute(p)?;
-            let text = p
-                .to_str()
-                .ok_or_else(|| anyhow::anyhow!("{}: not a UTF-8 path", p.display()))?;
-            Ok(Spanned::new(0..0, text.to_string()))
-        };
-        self.server.tls_listen = Some(at);
-        self.certificates.push(CertificateConfig {
-            hosts: Vec::new(),
-            cert: absolute(cert)?,
-            key: absolute(key)?,
-            from_command_line: true,
-        });
-        self.validate_tls()
-            .map_err(|e| anyhow::anyhow!("--tls-cert: {}", e.message))
+/// The TLS listener has certificates and they have it; a host is served by one certificate;
+/// at most one default. (The files are read when the listener starts: [`crate::tls`].)
+pub(super) fn validate(
+    server: &ServerConfig,
+    certificates: &[CertificateConfig],
+    tls: &TlsConfig,
+) -> Result<(), Invalid> {
+    let at = |span: Option<std::ops::Range<usize>>, message: String| Err(Invalid { span, message });
+    // A TLS listener without [[certificate]]s serves the data directory's (uploaded with
+    // `tern cert put`, or obtained by [tls.acme]).
+    if server.tls_listen.is_none()
+        && let Some(c) = certificates.first()
+    {
+        return at(
+            Some(c.cert.span()),
+            "[[certificate]] is served by the TLS listener: set server.tls_listen \
+             (e.g. \"0.0.0.0:8443\")"
+                .into(),
+        );
     }
-
-    /// The TLS listener has certificates and they have it; a host is served by one certificate;
-    /// at most one default. (The files are read when the listener starts: [`crate::tls`].)
-    pub(super) fn validate_tls(&self) -> Result<(), Invalid> {
-        let at =
-            |span: Option<std::ops::Range<usize>>, message: String| Err(Invalid { span, message });
-        let server = &self.server;
-        // A TLS listener without [[certificate]]s serves the data directory's (uploaded with
-        // `tern cert put`, or obtained by [tls.acme]).
-        if server.tls_listen.is_none()
-            && let Some(c) = self.certificates.first()
+    let acme = tls.acme.as_ref();
+    if server.listen.is_none() && server.tls_listen.is_none() {
+        return at(
+            None,
+            "server.listen is \"off\" and there is no server.tls_listen: nothing would \
+             serve the tenants"
+                .into(),
+        );
+    }
+    if let Some(acme) = acme {
+        if server.tls_listen.is_none() {
+            return at(
+                Some(acme.directory.span()),
+                "[tls.acme] certificates are served by the TLS listener: set \
+                 server.tls_listen (e.g. \"0.0.0.0:443\")"
+                    .into(),
+            );
+        }
+        let url = acme.directory.get_ref();
+        if !(url.starts_with("https://") || url.starts_with("http://")) {
+            return at(
+                Some(acme.directory.span()),
+                format!("tls.acme.directory: {url:?} is not an http(s) URL"),
+            );
+        }
+        if acme.challenge == AcmeChallenge::Http01 && server.listen.is_none() {
+            return at(
+                Some(acme.directory.span()),
+                "tls.acme.challenge = \"http-01\" is answered on the cleartext listener, \
+                 and server.listen is \"off\": use \"tls-alpn-01\""
+                    .into(),
+            );
+        }
+        if acme.check_interval_seconds == 0 || acme.retry_seconds == 0 {
+            return at(
+                Some(acme.directory.span()),
+                "tls.acme.check_interval_seconds and tls.acme.retry_seconds must be > 0".into(),
+            );
+        }
+        for h in &acme.hosts {
+            if let Err(m) = acme_name(h.get_ref()) {
+                return at(Some(h.span()), format!("tls.acme.hosts: {m}"));
+            }
+        }
+    }
+    if server.http3 && server.tls_listen.is_none() {
+        return at(
+            None,
+            "server.http3 serves QUIC on the TLS listener's port: set server.tls_listen \
+             (e.g. \"0.0.0.0:443\")"
+                .into(),
+        );
+    }
+    if let Err(message) = crate::ceilings::check(&[
+        (
+            "server.http3_max_streams",
+            server.http3_max_streams,
+            1,
+            crate::ceilings::MAX_HTTP3_STREAMS,
+        ),
+        (
+            "server.http3_socket_buffer_kib",
+            server.http3_socket_buffer_kib as u64,
+            64,
+            crate::ceilings::MAX_SOCKET_BUFFER_KIB,
+        ),
+        (
+            "server.http3_alt_svc_max_age_secs",
+            server.http3_alt_svc_max_age_secs,
+            0,
+            crate::ceilings::MAX_ALT_SVC_MAX_AGE_SECS,
+        ),
+    ]) {
+        return at(None, message);
+    }
+    if server.tls_handshake_timeout_ms == 0 || server.max_tls_handshakes == 0 {
+        return at(
+            None,
+            "server.tls_handshake_timeout_ms and server.max_tls_handshakes must be > 0".into(),
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut default = None;
+    for c in certificates {
+        if c.hosts.is_empty()
+            && let Some(first) = default.replace(&c.cert)
         {
             return at(
                 Some(c.cert.span()),
-                "[[certificate]] is served by the TLS listener: set server.tls_listen \
-                 (e.g. \"0.0.0.0:8443\")"
-                    .into(),
+                format!(
+                    "a second default certificate (no `hosts`): {:?} is the default \
+                         already; give this one `hosts`",
+                    first.get_ref()
+                ),
             );
         }
-        let acme = self.tls.acme.as_ref();
-        if server.listen.is_none() && server.tls_listen.is_none() {
-            return at(
-                None,
-                "server.listen is \"off\" and there is no server.tls_listen: nothing would \
-                 serve the tenants"
-                    .into(),
-            );
-        }
-        if let Some(acme) = acme {
-            if server.tls_listen.is_none() {
+        for h in &c.hosts {
+            if h.get_ref() == "*" {
                 return at(
-                    Some(acme.directory.span()),
-                    "[tls.acme] certificates are served by the TLS listener: set \
-                     server.tls_listen (e.g. \"0.0.0.0:443\")"
+                    Some(h.span()),
+                    "certificate hosts: \"*\" is not a name; leave `hosts` out for the \
+                     default certificate"
                         .into(),
                 );
             }
-            let url = acme.directory.get_ref();
-            if !(url.starts_with("https://") || url.starts_with("http://")) {
-                return at(
-                    Some(acme.directory.span()),
-                    format!("tls.acme.directory: {url:?} is not an http(s) URL"),
-                );
+            if let Err(m) = crate::router::HostPattern::parse(h.get_ref()) {
+                return at(Some(h.span()), format!("certificate hosts: {m}"));
             }
-            if acme.challenge == AcmeChallenge::Http01 && server.listen.is_none() {
+            if !seen.insert(h.get_ref().to_ascii_lowercase()) {
                 return at(
-                    Some(acme.directory.span()),
-                    "tls.acme.challenge = \"http-01\" is answered on the cleartext listener, \
-                     and server.listen is \"off\": use \"tls-alpn-01\""
-                        .into(),
-                );
-            }
-            if acme.check_interval_seconds == 0 || acme.retry_seconds == 0 {
-                return at(
-                    Some(acme.directory.span()),
-                    "tls.acme.check_interval_seconds and tls.acme.retry_seconds must be > 0".into(),
-                );
-            }
-            for h in &acme.hosts {
-                if let Err(m) = acme_name(h.get_ref()) {
-                    return at(Some(h.span()), format!("tls.acme.hosts: {m}"));
-                }
-            }
-        }
-        if server.http3 && server.tls_listen.is_none() {
-            return at(
-                None,
-                "server.http3 serves QUIC on the TLS listener's port: set server.tls_listen \
-                 (e.g. \"0.0.0.0:443\")"
-                    .into(),
-            );
-        }
-        if let Err(message) = crate::ceilings::check(&[
-            (
-                "server.http3_max_streams",
-                server.http3_max_streams,
-                1,
-                crate::ceilings::MAX_HTTP3_STREAMS,
-            ),
-            (
-                "server.http3_socket_buffer_kib",
-                server.http3_socket_buffer_kib as u64,
-                64,
-                crate::ceilings::MAX_SOCKET_BUFFER_KIB,
-            ),
-            (
-                "server.http3_alt_svc_max_age_secs",
-                server.http3_alt_svc_max_age_secs,
-                0,
-                crate::ceilings::MAX_ALT_SVC_MAX_AGE_SECS,
-            ),
-        ]) {
-            return at(None, message);
-        }
-        if server.tls_handshake_timeout_ms == 0 || server.max_tls_handshakes == 0 {
-            return at(
-                None,
-                "server.tls_handshake_timeout_ms and server.max_tls_handshakes must be > 0".into(),
-            );
-        }
-        let mut seen = std::collections::HashSet::new();
-        let mut default = None;
-        for c in &self.certificates {
-            if c.hosts.is_empty()
-                && let Some(first) = default.replace(&c.cert)
-            {
-                return at(
-                    Some(c.cert.span()),
+                    Some(h.span()),
                     format!(
-                        "a second default certificate (no `hosts`): {:?} is the default \
-                             already; give this one `hosts`",
-                        first.get_ref()
+                        "certificate hosts: {:?} is served by two certificates",
+                        h.get_ref()
                     ),
                 );
             }
-            for h in &c.hosts {
-                if h.get_ref() == "*" {
-                    return at(
-                        Some(h.span()),
-                        "certificate hosts: \"*\" is not a name; leave `hosts` out for the \
-                         default certificate"
-                            .into(),
-                    );
-                }
-                if let Err(m) = crate::router::HostPattern::parse(h.get_ref()) {
-                    return at(Some(h.span()), format!("certificate hosts: {m}"));
-                }
-                if !seen.insert(h.get_ref().to_ascii_lowercase()) {
-                    return at(
-                        Some(h.span()),
-                        format!(
-                            "certificate hosts: {:?} is served by two certificates",
-                            h.get_ref()
-                        ),
-                    );
-                }
-            }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 /// Whether `name` is a host name a CA can issue a certificate for by HTTP-01 or TLS-ALPN-01:

@@ -13,6 +13,7 @@
 //! captured output and teardown. The kinds' host sides are [`crate::guest`]'s.
 
 mod deadline;
+mod driver;
 mod module;
 mod wasi_http;
 
@@ -20,16 +21,14 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::sync::oneshot;
-use wasmtime::{Store, Trap, UpdateDeadline};
-use wasmtime_wasi::I32Exit;
+use wasmtime::{Store, UpdateDeadline};
 
 use crate::capabilities::{Capabilities, HostView};
-use crate::guest::module::GuestFault;
-use crate::guest::slice::Slicing;
-use crate::guest::{Guest, GuestLimits, GuestRequest, GuestResponse, Head, Stdio};
-use crate::outcome::{ExecError, Outcome, body_too_large, response_limit};
-use crate::teardown::{self, MemorySweep};
+use crate::guest::{Guest, GuestRequest, GuestResponse, Head, Stdio};
+use crate::outcome::{ExecError, Outcome, body_too_large};
+use crate::teardown;
 use crate::tenant::{Tenant, TenantRef};
+use driver::{BodyEnd, Clock, Driver, GuestStore};
 
 /// A guest's response, complete when the guest ended.
 #[derive(Debug)]
@@ -207,11 +206,7 @@ async fn run(tenant: TenantRef, request: GuestRequest, commit: oneshot::Sender<H
     }
     let head_request = request.method == http::Method::HEAD;
     // Every kind's host capabilities, prepared once.
-    let host = Capabilities::new(
-        &tenant.grants,
-        request.context.request_id.clone(),
-        request.context.trace.clone(),
-    );
+    let host = Capabilities::new(&tenant.grants, &request.context);
     let run = Run {
         start,
         request_id,
@@ -243,46 +238,6 @@ struct Run {
     request_id: HeaderValue,
     /// A `HEAD` request (its answer has no body, whatever length it declares).
     head_request: bool,
-}
-
-/// When a run's handler was called.
-#[derive(Default)]
-struct Clock {
-    /// Time spent reading the client's body whole before instantiating (the client's time).
-    body_read: Duration,
-    /// When the handler was called (instantiation done).
-    called: Option<Instant>,
-}
-
-/// What differs between the guest kinds; the rest of a run is [`lifecycle`]'s.
-trait Driver {
-    /// The state of the guest's store.
-    type State: GuestStore;
-    /// The engine the guest was compiled for.
-    fn engine(&self) -> &wasmtime::Engine;
-    /// Instantiates the guest in `store` and calls its handler, noting the times in `clock`.
-    async fn call(
-        &mut self,
-        store: &mut Store<Self::State>,
-        clock: &mut Clock,
-    ) -> Result<(), Stage>;
-    /// What a run that ended with `ended` means for the client: [`classify`]'s reading, and
-    /// the kind's own.
-    fn settle(
-        &mut self,
-        state: &mut Self::State,
-        ended: Result<(), Stage>,
-    ) -> Result<(), ExecError>;
-    /// The response the guest wrote.
-    fn response<'a>(&'a mut self, state: &'a mut Self::State) -> &'a mut GuestResponse;
-    /// How the client's request body ended.
-    fn body_end(&self, state: &Self::State) -> BodyEnd;
-    /// The guest memory to sweep before teardown, when the tenant's sweep is due.
-    async fn sweep<'t>(
-        &mut self,
-        tenant: &'t Tenant,
-        store: &mut Store<Self::State>,
-    ) -> Option<(&'t MemorySweep, (usize, usize))>;
 }
 
 /// The shared life of one guest: a fresh store, its handler on its own fiber within the
@@ -334,16 +289,6 @@ async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, r
     (result, phases)
 }
 
-/// What the shared lifecycle reads and keeps in every kind's store state.
-pub(crate) trait GuestStore: HostView + Send + 'static {
-    /// The guest's time slicing ([`crate::guest::slice`]), kept by the epoch callback.
-    fn slicing(&mut self) -> &mut Slicing;
-    /// Memory and table limits, and whether the guest ran into them.
-    fn limits(&mut self) -> &mut GuestLimits;
-    /// What the guest wrote to stdout and stderr, if it had a WASI context.
-    fn take_stdio(&mut self) -> Option<Stdio>;
-}
-
 /// A fresh store for one request, time-sliced by the epoch as its state's [`Slicing`] says.
 fn new_store<T: GuestStore>(engine: &wasmtime::Engine, state: T) -> Store<T> {
     let mut store = Store::new(engine, state);
@@ -363,26 +308,6 @@ fn new_store<T: GuestStore>(engine: &wasmtime::Engine, state: T) -> Store<T> {
         })
     });
     store
-}
-
-/// The limits of one guest of a tenant with `limits` (one core instance; a component's state
-/// raises it).
-fn guest_limits(limits: &crate::tenant::Limits) -> GuestLimits {
-    GuestLimits {
-        max_memory: limits.max_memory,
-        max_table_elements: limits.max_table_elements,
-        memory_limit_hit: false,
-        peak_memory: 0,
-        instances: 1,
-    }
-}
-
-/// How the client's request body ended, as far as the server's own limits go.
-pub(super) struct BodyEnd {
-    /// The body went past the tenant's limit of this many bytes.
-    pub too_large: Option<u64>,
-    /// The body could not be read.
-    pub failed: Option<String>,
 }
 
 /// The verdict of a run that ended (`Ok`) or was cut off (`Err`), before its answer is sent. The server's own limits come first: a body over the limit is `413` and a broken
@@ -480,93 +405,6 @@ fn add_stderr<T>(tenant: &Tenant, result: &mut Result<T, ExecError>, stdio: Opti
                 .push_str(String::from_utf8_lossy(&stderr).trim_end());
         }
     }
-}
-
-/// Where a guest error came from.
-pub(super) enum Stage {
-    Instantiate(wasmtime::Error),
-    Run(wasmtime::Error),
-    /// The guest's answer could not be taken (the kind's driver says why).
-    Answer(ExecError),
-}
-
-impl Stage {
-    /// The status the guest exited with (`proc_exit`), if that is how it ended.
-    fn exit_status(&self) -> Option<i32> {
-        match self {
-            Self::Instantiate(e) | Self::Run(e) => e.downcast_ref::<I32Exit>().map(|e| e.0),
-            Self::Answer(_) => None,
-        }
-    }
-}
-
-/// What a failed run means for the client, from the error and what the guest ran into.
-fn classify(stage: Stage, limits: &GuestLimits, response: &GuestResponse) -> Result<(), ExecError> {
-    let (err, instantiating) = match stage {
-        Stage::Instantiate(e) => (e, true),
-        Stage::Run(e) => (e, false),
-        Stage::Answer(e) => return Err(e),
-    };
-    if let Some(exit) = err.downcast_ref::<I32Exit>() {
-        return match exit.0 {
-            0 => Ok(()),
-            _ if response.limit_hit => Err(response_limit()),
-            n => Err(ExecError::new(
-                Outcome::Exit,
-                format!("guest exited with status {n}"),
-            )),
-        };
-    }
-    if limits.memory_limit_hit {
-        return Err(ExecError::new(
-            Outcome::MemoryLimit,
-            format!(
-                "guest exceeded its memory limit ({} MiB)",
-                limits.max_memory / (1024 * 1024)
-            ),
-        ));
-    }
-    if response.limit_hit {
-        return Err(response_limit());
-    }
-    if let Some(fault) = err.downcast_ref::<GuestFault>() {
-        return Err(ExecError::new(
-            Outcome::BadPointer,
-            format!("guest fault: {fault}"),
-        ));
-    }
-    if let Some(trap) = err.downcast_ref::<Trap>() {
-        let outcome = match trap {
-            Trap::StackOverflow => Outcome::TrapStackOverflow,
-            Trap::MemoryOutOfBounds | Trap::HeapMisaligned => Outcome::TrapOutOfBounds,
-            Trap::UnreachableCodeReached => Outcome::TrapUnreachable,
-            Trap::IntegerDivisionByZero | Trap::IntegerOverflow | Trap::BadConversionToInteger => {
-                Outcome::TrapArithmetic
-            }
-            // A function pointer naming no function: a null entry, one of another signature,
-            // or an index past the table (which wasmtime reports as `table.get` past it is
-            // reported; in code compiled from C, Rust or Go only function pointers use tables).
-            Trap::IndirectCallToNull | Trap::BadSignature | Trap::TableOutOfBounds => {
-                Outcome::TrapBadIndirectCall
-            }
-            _ => Outcome::TrapOther,
-        };
-        let text = trap.to_string();
-        let text = text.strip_prefix("wasm trap: ").unwrap_or(&text);
-        return Err(ExecError::new(outcome, format!("guest trapped: {text}")));
-    }
-    let what = if instantiating {
-        "could not instantiate guest"
-    } else {
-        "guest failed"
-    };
-    // Not the guest's doing: the operator needs the cause (the client gets only `what`), and
-    // when the host ran out of mappings or files, which limit and how to raise it.
-    match crate::host::Exhausted::in_chain(err.chain()) {
-        Some(limit) => tracing::warn!("{what}: {err:#}; {}", limit.advice()),
-        None => tracing::warn!("{what}: {err:#}"),
-    }
-    Err(ExecError::new(Outcome::Error, what))
 }
 
 /// Logs what a guest wrote to stdout and stderr (each capped at the tenant's `stdio_bytes`):

@@ -5,10 +5,9 @@ use std::time::Instant;
 
 use wasmtime::{Extern, Store};
 
-use super::{BodyEnd, Clock, Driver, GuestStore, Stage, classify};
+use super::driver::{BodyEnd, Clock, Driver, GuestStore, Stage, classify, guest_limits};
 use crate::capabilities::Capabilities;
 use crate::guest::module::cgi::Cgi;
-use crate::guest::module::tern::Outbound;
 use crate::guest::module::{CoreGuest, GuestState, Wasi, fs};
 use crate::guest::slice::Slicing;
 use crate::guest::{GuestLimits, GuestRequest, GuestResponse, Stdio};
@@ -38,10 +37,9 @@ impl<'a> Module<'a> {
             memory: None,
             request,
             response,
-            limits: super::guest_limits(&tenant.limits),
+            limits: guest_limits(&tenant.limits),
             files: fs::Files::new(tenant.assets.clone()),
             host,
-            outbound: Outbound::default(),
             tables: Default::default(),
             cgi: cgi.then(Cgi::default),
             headers_blob: None,

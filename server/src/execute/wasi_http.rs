@@ -12,7 +12,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
 use wasmtime::Store;
 
-use super::{BodyEnd, Clock, Driver, GuestStore, Stage, classify};
+use super::driver::{BodyEnd, Clock, Driver, GuestStore, Stage, classify, guest_limits};
 use crate::body::BodyFlags;
 use crate::capabilities::Capabilities;
 use crate::guest::slice::Slicing;
@@ -53,7 +53,7 @@ impl<'a> Component<'a> {
         // to the guest.
         host.outbound
             .passing(&request.headers, request.context.trace.as_ref());
-        let limits = super::guest_limits(&tenant.limits);
+        let limits = guest_limits(&tenant.limits);
         let mut state = HttpState::new(tenant.wasi.clone(), limits, host);
         state.slicing = Slicing::new(tenant.slice_habit.long_first_slice());
         let scheme = match request.context.conn.tls {

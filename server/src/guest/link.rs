@@ -22,9 +22,9 @@ fn component_capabilities(
     linker: &mut wasmtime::component::Linker<wasi_http::HttpState>,
     wasi_p3: bool,
 ) -> wasmtime::Result<()> {
-    wasi_http::kv::add_to_linker(linker)?;
-    wasi_http::variables::add_to_linker(linker, wasi_p3)?;
-    wasi_http::cache::add_to_linker(linker)
+    wasi_http::kv::add_to_linker(linker, wasi_http::HttpState::kv)?;
+    wasi_http::variables::add_to_linker(linker, wasi_p3, wasi_http::HttpState::variables)?;
+    wasi_http::cache::add_to_linker(linker, wasi_http::HttpState::cache)
 }
 
 /// The linkers every tenant is pre-linked against, by guest kind and whether it has assets.

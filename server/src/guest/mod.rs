@@ -21,17 +21,18 @@
 //! shares. A new kind is a module here, a variant of [`Guest`] with its line in [`link`], and a
 //! [`crate::execute`] driver (its `Driver` impl) with its line in `execute::run`.
 
+pub mod limits;
 pub mod link;
 pub mod module;
 pub mod request;
 pub mod response;
 pub mod slice;
+pub mod stdio;
 pub mod wasi_http;
 
+pub use limits::GuestLimits;
 pub use link::Linkers;
-
-use wasmtime::ResourceLimiter;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+pub use stdio::{Stdio, WasiSpec};
 
 use crate::artifact::Compiled;
 use crate::config::GuestKind;
@@ -126,92 +127,5 @@ pub fn kind_of(compiled: &Compiled, asked: Option<GuestKind>) -> Result<GuestKin
         } else {
             GuestKind::Cgi
         }),
-    }
-}
-
-/// What a tenant's guests see through WASI, owned by the tenant and shared by its requests.
-#[derive(Debug)]
-pub struct WasiSpec {
-    /// The guest's only argument: the tenant's name.
-    pub name: String,
-    /// Environment variables its guests see (some read from its variables at each start).
-    pub env: crate::variables::Env,
-    /// Bytes of stdout and of stderr captured per request.
-    pub stdio_bytes: usize,
-}
-
-/// What a guest wrote to stdout and stderr, each capped at its tenant's `stdio_bytes`.
-pub struct Stdio {
-    /// Captured stdout.
-    pub stdout: MemoryOutputPipe,
-    /// Captured stderr.
-    pub stderr: MemoryOutputPipe,
-}
-
-impl Stdio {
-    /// Two empty pipes of `capacity` bytes each.
-    pub fn new(capacity: usize) -> Self {
-        Self {
-            stdout: MemoryOutputPipe::new(capacity),
-            stderr: MemoryOutputPipe::new(capacity),
-        }
-    }
-}
-
-/// Limits memory and table growth per request; remembers the peak and whether a limit was hit.
-#[derive(Debug, Clone)]
-pub struct GuestLimits {
-    /// Largest linear memory, in bytes.
-    pub max_memory: usize,
-    /// Largest table, in elements.
-    pub max_table_elements: usize,
-    /// Set when a growth request was refused: a later trap is then reported as the limit.
-    pub memory_limit_hit: bool,
-    /// Largest memory size the guest reached, in bytes.
-    pub peak_memory: usize,
-    /// Core instances (and tables) one guest may create: 1 for a module; for a component,
-    /// `pool.component_core_instances`.
-    pub instances: usize,
-}
-
-impl GuestLimits {
-    /// Whether growing to `desired` stays within `max`; a refusal is recorded.
-    fn allow(&mut self, desired: usize, max: usize) -> bool {
-        self.memory_limit_hit |= desired > max;
-        desired <= max
-    }
-}
-
-impl ResourceLimiter for GuestLimits {
-    fn memory_growing(
-        &mut self,
-        _: usize,
-        desired: usize,
-        _: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        let ok = self.allow(desired, self.max_memory);
-        if ok {
-            self.peak_memory = self.peak_memory.max(desired);
-        }
-        Ok(ok)
-    }
-
-    fn table_growing(
-        &mut self,
-        _: usize,
-        desired: usize,
-        _: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(self.allow(desired, self.max_table_elements))
-    }
-
-    fn instances(&self) -> usize {
-        self.instances
-    }
-    fn memories(&self) -> usize {
-        1
-    }
-    fn tables(&self) -> usize {
-        self.instances
     }
 }

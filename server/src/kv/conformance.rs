@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use super::{Answer, KvError, Op, Store};
+use super::op::{Answer, KvError, Op};
+use super::store::Store;
 
 /// Operations of tenants `a` and `b` on `s`, a store configured with `max_keys_per_tenant = 2`,
 /// `max_bytes_per_tenant = 20`, `max_key_bytes = 4`, `max_value_bytes = 8`, holding nothing of

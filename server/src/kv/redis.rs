@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::{Answer, KvError, Op, StoreConfig};
+use super::config::StoreConfig;
+use super::op::{Answer, KvError, Op};
 
 /// Operations that may queue for the connection before a guest's call waits to queue (the
 /// SQLite store's queue is as long).

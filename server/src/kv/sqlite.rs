@@ -19,7 +19,8 @@ use std::sync::{Arc, OnceLock};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Answer, KvError, Op, StoreConfig};
+use super::config::StoreConfig;
+use super::op::{Answer, KvError, Op};
 
 /// Operations that may wait for the thread before a guest's call waits to queue.
 const QUEUE: usize = 1024;

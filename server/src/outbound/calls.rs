@@ -20,7 +20,7 @@ pub use crate::trace::{TRACEPARENT, TRACESTATE};
 
 /// A tenant's outbound policy with its metric handles, shared by its requests.
 #[derive(Debug)]
-pub struct Calls {
+pub struct Grant {
     /// What its guests may call.
     pub policy: super::Policy,
     /// The tenant's metrics label.
@@ -34,7 +34,7 @@ pub struct Calls {
     /// The tenant's budget of guest log lines (denials are logged within it).
     pub log_budget: Arc<crate::logwriter::LogBudget>,
     /// The tenant's cache, for its backends with `cache = true`.
-    pub readthrough: Option<super::Readthrough>,
+    pub readthrough: Option<super::cached::Readthrough>,
 }
 
 /// What an incoming request hands on to the requests its guest sends: how often it passed
@@ -166,7 +166,37 @@ fn class(status: u16) -> &'static str {
     }
 }
 
-impl Calls {
+impl Grant {
+    /// What `p`'s tenant's guests may call (its `[tenant.outbound]`, `config`), with `cache`
+    /// (the tenant's, when it has one) in front of its backends with `cache = true`.
+    ///
+    /// # Errors
+    /// A policy that cannot be granted, in words for the operator.
+    pub fn prepare(
+        p: &crate::prepare::Preparing<'_>,
+        config: &super::OutboundConfig,
+        cache: Option<&Arc<crate::cache::Cache>>,
+    ) -> Result<Self, String> {
+        let policy = super::Policy::from_config(config).map_err(|e| format!("outbound: {e}"))?;
+        let readthrough = cache.and_then(|cache| {
+            super::cached::Readthrough::new(
+                cache.clone(),
+                policy.cached_backends(),
+                p.metrics,
+                p.label,
+            )
+        });
+        Ok(Self {
+            readthrough,
+            policy,
+            log_budget: p.log_budget.clone(),
+            label: p.label.to_string(),
+            requests: p.metrics.outbound_requests.clone(),
+            duration: p.metrics.outbound_duration.with_label_values(&[p.label]),
+            opened: p.metrics.outbound_connections.clone(),
+        })
+    }
+
     /// Logs that the guest's outbound request was refused and why (what
     /// `outbound_last_error` says), within the tenant's log budget: a denial shows only as
     /// an error value inside the guest (JavaScript's `fetch` throws a bare `NetworkError`),
@@ -232,7 +262,7 @@ impl Calls {
     /// trace are set, a slot of the target's budget is taken (held by the response body until
     /// it is dropped), the head must come within `first_byte` of the request being sent and
     /// within the target's total timeout. Counted and timed in the tenant's outbound metrics
-    /// either way. (Readthrough, [`Calls::exchange`], comes before it.)
+    /// either way. (Readthrough, [`Grant::exchange`], comes before it.)
     ///
     /// # Errors
     /// [`NoHead`].

@@ -17,8 +17,9 @@ use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
+use super::body::OutBody;
+use super::policy::Target;
 use super::policy::not_public;
-use super::{OutBody, Target};
 
 /// Name resolution for outbound connections; for URL requests every address must be public
 /// (checked at connect time too, so a DNS answer that changes after the policy check cannot

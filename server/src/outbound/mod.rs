@@ -19,6 +19,8 @@
 //! **Readthrough.** A backend with `cache = true` has its answers kept in the tenant's cache
 //! by their own headers ([`readthrough`]); a guest's request may say otherwise (`Tern-Cache`).
 
+mod body;
+mod cached;
 mod calls;
 mod client;
 mod policy;
@@ -27,9 +29,11 @@ mod send;
 mod session;
 mod tls;
 
-pub use calls::{CDN_LOOP, Calls, NoHead, Passing, Refused, TRACEPARENT, TRACESTATE};
+pub use body::{ComponentCalls, OutBody};
+pub use cached::{CACHE_OVERRIDE, CacheOverride, Readthrough};
+pub use calls::{CDN_LOOP, Grant, NoHead, Passing, Refused, TRACEPARENT, TRACESTATE};
 pub use client::{BoxError, Counted, HttpClient, Resolver, client};
 pub use policy::*;
-pub use readthrough::{CACHE_OVERRIDE, CacheOverride, Readthrough};
-pub use send::{ComponentCalls, HeadError, OutBody, send};
+pub use send::{HeadError, send};
 pub use session::Session;
+pub use tls::Tls;

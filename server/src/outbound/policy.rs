@@ -11,7 +11,7 @@ use http::{HeaderValue, Uri};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
-use super::tls::ca_config;
+use super::tls::{Tls, ca_config};
 use crate::ceilings;
 use crate::router::HostPattern;
 
@@ -129,15 +129,6 @@ pub struct Backend {
     budget: Arc<Semaphore>,
     /// Its answers are kept in the tenant's cache (`cache`).
     cached: bool,
-}
-
-/// Which certificates an `https` target must chain to.
-#[derive(Debug, Clone)]
-pub enum Tls {
-    /// The platform's roots (loaded once, on first use).
-    Platform,
-    /// A backend's own CA file.
-    Custom(Arc<rustls::ClientConfig>),
 }
 
 /// What a tenant's guests may call, and the limits on those calls.

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
 
-use super::{Calls, ComponentCalls, Passing};
+use super::body::ComponentCalls;
+use super::calls::{Grant, Passing};
 
 /// One request's outbound calls (see the module docs).
 pub struct Session {
     /// What the tenant's guests may call, with the metric handles of those calls.
-    pub calls: Arc<Calls>,
+    pub grant: Arc<Grant>,
     /// What the client's request hands on, worked out at the first request (see
     /// [`Session::passing`]).
     passing: Option<Passing>,
@@ -28,15 +29,15 @@ pub struct Session {
 }
 
 impl Session {
-    /// No request made yet, under the tenant's `calls`, for the client's request `request_id`.
-    pub fn new(calls: Arc<Calls>, request_id: HeaderValue) -> Self {
+    /// No request made yet, under the tenant's `grant`, for the request of `context`.
+    pub fn new(grant: Arc<Grant>, context: &crate::context::RequestContext) -> Self {
         Self {
-            calls,
+            grant,
             passing: None,
             sent: 0,
             waited: Duration::ZERO,
             shared: None,
-            request_id,
+            request_id: context.request_id.clone(),
         }
     }
 

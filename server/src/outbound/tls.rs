@@ -3,7 +3,14 @@
 
 use std::sync::Arc;
 
-use super::Tls;
+/// Which certificates an `https` target must chain to.
+#[derive(Debug, Clone)]
+pub enum Tls {
+    /// The platform's roots (loaded once, on first use).
+    Platform,
+    /// A backend's own CA file.
+    Custom(Arc<rustls::ClientConfig>),
+}
 
 /// rustls with the aws-lc-rs provider (the TLS listener's too) and safe protocol versions.
 fn tls_builder() -> rustls::ConfigBuilder<rustls::ClientConfig, rustls::WantsVerifier> {

@@ -17,11 +17,12 @@ use crate::tenant::{self, Carried, Origin, Tenant, TenantError};
 
 use super::error::internal;
 use super::loader::ModuleCache;
+use super::precondition::Precondition;
+use super::shared;
+use super::spec::SpecChange;
+use super::state::{Change, Deployed, Registry, State, check_cache_budget, check_routes};
 use super::upload::check_wasm_header;
-use super::{
-    Change, ChangeError, Deployed, Precondition, Registry, SpecChange, State, check_cache_budget,
-    check_routes, shared,
-};
+use crate::change::ChangeError;
 
 impl Registry {
     /// Creates a tenant or changes its routes, env and limits (`PUT` or `PATCH

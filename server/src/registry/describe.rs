@@ -2,7 +2,8 @@
 
 use serde_json::{Value, json};
 
-use super::{ChangeError, Registry};
+use super::state::Registry;
+use crate::change::ChangeError;
 use crate::config::{PoolConfig, TenantConfig};
 use crate::datadir::StoredTenant;
 use crate::tenant::{self, TenantRef};

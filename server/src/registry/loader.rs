@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use wasmtime::Engine;
 
-use super::{ChangeError, internal};
+use super::error::internal;
 use crate::artifact::{self, Compiled};
 use crate::assets::Assets;
+use crate::change::ChangeError;
 use crate::config::{PoolConfig, TenantConfig};
 use crate::datadir::{DataDir, TenantSpec, Version};
 use crate::guest::Linkers;
@@ -47,15 +48,13 @@ impl Runtime {
     pub(super) fn shared<'a>(
         &'a self,
         metrics: &'a Metrics,
-        kv: &'a crate::kv::Stores,
-        variables: &'a Arc<crate::variables::Table>,
+        resources: &'a crate::capabilities::Resources,
     ) -> tenant::Shared<'a> {
         tenant::Shared {
             linkers: &self.linkers,
             pool: &self.pool,
             metrics,
-            kv,
-            variables,
+            resources,
         }
     }
 }
@@ -70,10 +69,9 @@ pub(super) struct Loader {
     pub(super) runtime: ArcSwap<Runtime>,
     pub(super) metrics: Metrics,
     pub(super) max_upload: u64,
-    /// The key-value stores tenants are granted (opened at start-up).
-    pub(super) kv: crate::kv::Stores,
-    /// Every tenant's variables, which its guests read (following the registry).
-    pub(super) variables: Arc<crate::variables::Table>,
+    /// What the server holds for tenants' capabilities: the key-value stores (opened at
+    /// start-up) and every tenant's variables (following the registry).
+    pub(super) resources: Arc<crate::capabilities::Resources>,
 }
 
 /// A deploy's hold on a module hash it stored and has not committed yet.
@@ -146,7 +144,7 @@ impl Loader {
         let mut config = config.clone();
         config.kind = Some(old.kind());
         Ok(tenant::prepare(
-            rt.shared(&self.metrics, &self.kv, &self.variables),
+            rt.shared(&self.metrics, &self.resources),
             compiled,
             &config,
             old.origin.clone(),
@@ -185,7 +183,7 @@ impl Loader {
             version: version.clone(),
         };
         Ok(tenant::prepare(
-            rt.shared(&self.metrics, &self.kv, &self.variables),
+            rt.shared(&self.metrics, &self.resources),
             module,
             &config,
             origin,
@@ -254,8 +252,10 @@ mod tests {
             runtime: ArcSwap::from_pointee(Runtime::new(engine, pool).expect("runtime")),
             metrics: Metrics::new(10),
             max_upload: 1 << 20,
-            kv: crate::kv::Stores::default(),
-            variables: Arc::default(),
+            resources: Arc::new(crate::capabilities::Resources {
+                stores: crate::kv::Stores::default(),
+                variables: Arc::default(),
+            }),
         })
     }
 

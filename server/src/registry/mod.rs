@@ -18,7 +18,6 @@
 //! (why a change was refused, its status), `describe` (the admin API's JSON), `upload` (an
 //! upload's first bytes), `reset` (every tenant moved to a swap-safe engine).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,13 +26,11 @@ use arc_swap::ArcSwap;
 use wasmtime::Engine;
 
 use crate::config::{self, Config};
-use crate::datadir::{DataDir, Manifest, StoredTenant, TenantSpec, Version};
+use crate::datadir::{DataDir, Manifest};
 use crate::engine::EpochTicker;
 use crate::fleet::Fleet;
 use crate::fleet::objects::RemoteError;
 use crate::metrics::Metrics;
-use crate::router::{Clash, Route, Router};
-use crate::tenant::{Carried, Tenant, TenantRef};
 
 mod changes;
 mod describe;
@@ -45,6 +42,7 @@ mod reload;
 mod reset;
 mod shared;
 mod spec;
+mod state;
 mod upload;
 mod variables;
 
@@ -55,193 +53,12 @@ use error::internal;
 use loader::{Loader, Runtime};
 pub use precondition::Precondition;
 pub use spec::SpecChange;
+use state::{Change, State, check_routes, one_owner};
+pub use state::{Deployed, Live, Registry};
 
 /// How long a change that keeps losing the race to the shared registry is tried again before
 /// the client is told to retry (`409`).
 const CONFLICT_PATIENCE: Duration = Duration::from_secs(20);
-
-/// What requests read: the routing table and the tenants by name.
-#[derive(Debug, Default)]
-pub struct Live {
-    /// Host/path → tenant.
-    pub router: Router<TenantRef>,
-    /// Every routed tenant.
-    pub tenants: BTreeMap<String, TenantRef>,
-}
-
-impl Live {
-    /// The table serving `tenants`, with their routes (refused if two routes clash).
-    fn build(tenants: impl IntoIterator<Item = TenantRef>) -> Result<Live, Clash> {
-        let tenants: BTreeMap<String, TenantRef> =
-            tenants.into_iter().map(|t| (t.name.clone(), t)).collect();
-        let router = Router::build(tenants.values().map(|t| {
-            Route::new(
-                &t.name,
-                t.hosts.iter().map(String::as_str),
-                t.paths.iter().map(String::as_str),
-                t.clone(),
-            )
-        }))?;
-        Ok(Live { router, tenants })
-    }
-
-    /// This table with tenant `name` served by `tenant`, or not served at all (`None`).
-    fn with(&self, name: &str, tenant: Option<TenantRef>) -> Result<Live, Clash> {
-        let mut tenants = self.tenants.clone();
-        match tenant {
-            Some(t) => tenants.insert(name.to_string(), t),
-            None => tenants.remove(name),
-        };
-        Self::build(tenants.into_values())
-    }
-
-    /// What a new version of tenant `name` carries over from the one serving (its counters).
-    fn carried(&self, name: &str) -> Carried {
-        self.tenants
-            .get(name)
-            .map(|t| Carried::from(t))
-            .unwrap_or_default()
-    }
-}
-
-/// What a deploy did.
-#[derive(Debug, Clone)]
-pub struct Deployed {
-    /// The version now serving.
-    pub version: Version,
-    /// The version it replaced.
-    pub previous: Option<Version>,
-    /// What the module's author should know (e.g. a module that cannot answer requests).
-    pub warnings: Vec<String>,
-    /// The guest kind it serves as.
-    pub kind: crate::config::GuestKind,
-    /// The tenant's entity tag after the change (`StoredTenant::etag`).
-    pub etag: String,
-}
-
-/// Everything that changes only under the change lock.
-struct State {
-    /// The config in effect (its tenants are the config-owned ones).
-    config: Config,
-    /// The file it came from (`None`: the built-in demo config).
-    config_path: Option<PathBuf>,
-    /// The API tenants this process serves, as saved in the data directory (with a shared
-    /// registry: the snapshot a restart serves from while the registry cannot be reached).
-    manifest: Manifest,
-    /// With a shared registry: its manifest as last read, and its version; `None` until it
-    /// has been read.
-    shared: Option<shared::Read>,
-    /// With a shared registry: when tenants that failed to load from it are tried again.
-    retry_at: Option<Instant>,
-}
-
-impl State {
-    /// The manifest changes start from: the shared registry's, else the data directory's.
-    fn truth(&self) -> &Manifest {
-        self.shared.as_ref().map_or(&self.manifest, |r| &r.manifest)
-    }
-}
-
-/// One change to one API tenant, as the change functions hand it to [`Registry::commit`].
-struct Change {
-    /// The tenant.
-    name: String,
-    /// Its entry the change was computed from (`None`: there was none).
-    base: Option<StoredTenant>,
-    /// Its entry after the change (`None`: deleted).
-    entry: Option<StoredTenant>,
-    /// What serves it after the change: `None` leaves the table as it is, `Some(None)` stops
-    /// routing it.
-    serve: Option<Option<TenantRef>>,
-}
-
-/// The live tenants and the way to change them.
-pub struct Registry {
-    live: ArcSwap<Live>,
-    state: tokio::sync::Mutex<State>,
-    /// The engine, linkers, store and limits every load uses (shared with blocking threads).
-    loader: Arc<Loader>,
-    /// The epoch tickers of the engines in use: the current one's, and any replaced one's
-    /// until its last guest is gone.
-    tickers: Mutex<Vec<EpochTicker>>,
-    /// Whether every tenant is linked on an engine with the `memset` reset (sent once the
-    /// switch of [`Registry::use_memset_reset`] is published).
-    memset: tokio::sync::watch::Sender<bool>,
-    /// The fleet's shared registry, if there is one.
-    fleet: Option<Arc<Fleet>>,
-    /// Whether there is something consistent to serve: always on a single server; with a
-    /// shared registry, once it was read or a snapshot of it was loaded.
-    ready: std::sync::atomic::AtomicBool,
-    /// Whether this replica's report in the shared registry is behind what it serves.
-    report_due: std::sync::atomic::AtomicBool,
-    /// How far this replica applied the shared registry's purge log.
-    purges: tokio::sync::Mutex<purges::Applied>,
-    /// When it started (Unix seconds): purges logged before then concern none of its answers.
-    started_at: u64,
-    /// What seals and opens tenants' secret variables (none: a fleet's replica not given
-    /// the fleet's key, which neither sets nor reads secrets).
-    secrets: Option<Arc<crate::variables::SecretsKey>>,
-}
-
-impl std::fmt::Debug for Registry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registry")
-            .field("tenants", &self.live.load().tenants.len())
-            .field("store", &self.loader.store.root())
-            .finish()
-    }
-}
-
-/// Runs `f` over `items` on one thread per core (module loading is CPU- and mmap-bound).
-fn parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let workers = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(items.len())
-        .max(1);
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(item) = items.get(i) else { break };
-                    let r = f(item);
-                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-                }
-            });
-        }
-    });
-    results
-        .into_iter()
-        .map(|m| {
-            m.into_inner()
-                .unwrap_or_else(|e| e.into_inner())
-                .expect("every item was processed")
-        })
-        .collect()
-}
-
-/// The loaded tenants by name, or one error naming every tenant that failed.
-fn collect<E: std::fmt::Display>(
-    results: Vec<Result<Tenant, E>>,
-    what: &str,
-) -> anyhow::Result<BTreeMap<String, TenantRef>> {
-    let mut out = BTreeMap::new();
-    let mut errors = Vec::new();
-    for r in results {
-        match r {
-            Ok(t) => {
-                out.insert(t.name.clone(), Arc::new(t));
-            }
-            Err(e) => errors.push(e.to_string()),
-        }
-    }
-    if !errors.is_empty() {
-        anyhow::bail!("{} {what}:\n  {}", errors.len(), errors.join("\n  "));
-    }
-    Ok(out)
-}
 
 impl Registry {
     /// Loads the config's tenants and the store's, checks that their names and routes do not
@@ -261,7 +78,7 @@ impl Registry {
         fleet: Option<Arc<Fleet>>,
     ) -> anyhow::Result<Self> {
         let runtime = Runtime::new(engine.clone(), config.pool.clone())?;
-        let kv = crate::kv::Stores::open(&config.kv, store.root(), &metrics.kv_operations)
+        let resources = crate::capabilities::Resources::open(&config, store.root(), &metrics)
             .map_err(anyhow::Error::msg)?;
         let secrets = crate::variables::SecretsKey::load(
             &config.server.secrets_key_file,
@@ -305,8 +122,7 @@ impl Registry {
                 store,
                 runtime: ArcSwap::from_pointee(runtime),
                 metrics,
-                kv,
-                variables: Arc::default(),
+                resources: Arc::new(resources),
             }),
             secrets,
         };
@@ -421,7 +237,7 @@ impl Registry {
                             // Others wrote after it: the next read fetches the whole index.
                             fleet.wake.notify_one();
                         }
-                        state.shared = Some(shared::Read {
+                        state.shared = Some(state::Read {
                             manifest: next,
                             version,
                         });
@@ -506,6 +322,7 @@ impl Registry {
         };
         for (tenant, why) in self
             .loader
+            .resources
             .variables
             .follow(&sources, self.secrets.as_deref())
         {
@@ -594,89 +411,4 @@ impl Registry {
         }
         Ok(())
     }
-}
-
-/// Refuses a tenant declared in the config file that was also deployed through the API (on
-/// this server, or in the fleet's registry at `registry`): each tenant has one owner.
-fn one_owner(
-    config: &Config,
-    manifest: &Manifest,
-    registry: Option<&str>,
-) -> Result<(), ChangeError> {
-    let through = registry.map_or_else(
-        || "the admin API".to_string(),
-        |url| format!("the admin API to the fleet's registry {url}"),
-    );
-    match config
-        .tenants
-        .iter()
-        .find(|t| manifest.tenants.contains_key(t.name.get_ref()))
-    {
-        Some(t) => Err(ChangeError::Conflict(format!(
-            "tenant {:?} is declared in the config file and was also deployed through \
-             {through}; delete it through the API or rename it in the file",
-            t.name.get_ref()
-        ))),
-        None => Ok(()),
-    }
-}
-
-/// Checks that the cache share `name` asks for with `spec` fits in the server's cache budget
-/// beside the others' (the config file's tenants and the API's). In a fleet it is checked by
-/// the replica that takes the change, against its own budget.
-fn check_cache_budget(state: &State, name: &str, spec: &TenantSpec) -> Result<(), ChangeError> {
-    use crate::config::ServerConfig;
-    let budget = state.config.server.cache_max_mib;
-    let others = ServerConfig::cache_shares(state.config.tenants.iter().map(|t| &t.settings))
-        + ServerConfig::cache_shares(
-            state
-                .truth()
-                .tenants
-                .iter()
-                .filter(|(n, _)| *n != name)
-                .map(|(_, t)| &t.spec),
-        );
-    let asked = ServerConfig::cache_shares([spec]);
-    let held = ServerConfig::cache_shares(state.truth().tenants.get(name).map(|t| &t.spec));
-    // A change that does not grow the share is never refused (the budget may have been
-    // lowered since it was reserved).
-    if asked > held && others + asked > budget {
-        return Err(ChangeError::Conflict(format!(
-            "cache.max_mib = {asked} does not fit in this server's cache budget: other tenants \
-             reserve {others} of its {budget} MiB (server.cache_max_mib); ask for at most {}",
-            budget.saturating_sub(others)
-        )));
-    }
-    Ok(())
-}
-
-/// Checks that `name` with `spec` claims no route another tenant has: a serving one, or one
-/// created through the API that has no module yet (its routes are reserved too).
-fn check_routes(
-    live: &Live,
-    manifest: &Manifest,
-    name: &str,
-    spec: &TenantSpec,
-) -> Result<(), ChangeError> {
-    fn route<'a>(name: &'a str, hosts: &'a [String], paths: &'a [String]) -> Route<'a, ()> {
-        Route::new(
-            name,
-            hosts.iter().map(String::as_str),
-            paths.iter().map(String::as_str),
-            (),
-        )
-    }
-    let serving = live
-        .tenants
-        .values()
-        .filter(|t| t.name != name)
-        .map(|t| route(&t.name, &t.hosts, &t.paths));
-    let pending = manifest
-        .tenants
-        .iter()
-        .filter(|(n, t)| *n != name && t.current.is_none())
-        .map(|(n, t)| route(n, &t.spec.hosts, &t.spec.paths));
-    let this = std::iter::once(route(name, &spec.hosts, &spec.paths));
-    Router::build(serving.chain(pending).chain(this))?;
-    Ok(())
 }

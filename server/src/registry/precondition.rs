@@ -8,7 +8,7 @@
 use http::HeaderMap;
 use http::header::{IF_MATCH, IF_NONE_MATCH};
 
-use super::ChangeError;
+use crate::change::ChangeError;
 use crate::datadir::StoredTenant;
 
 /// The entity tags one precondition header lists.

@@ -9,12 +9,12 @@
 //! behind that purges it never applied left the log drops every stored answer instead; so does
 //! one that finds the log restarted.
 
-use object_store::UpdateVersion;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{ChangeError, Registry};
+use super::state::Registry;
 use crate::cache::Purge;
+use crate::change::ChangeError;
 use crate::fleet::Fleet;
 use crate::fleet::objects::{RemoteError, change_id, record_change};
 
@@ -52,15 +52,6 @@ struct Logged {
     /// When it was asked (Unix seconds).
     at: u64,
     purge: Purge,
-}
-
-/// How far this replica has applied the log.
-#[derive(Debug, Default)]
-pub(super) struct Applied {
-    /// The log's version as last read.
-    version: Option<UpdateVersion>,
-    /// The number of the last purge applied (`None`: the log was not read yet).
-    through: Option<u64>,
 }
 
 impl Registry {

@@ -10,7 +10,8 @@ use crate::tenant::{self, Origin, Tenant, TenantRef};
 
 use super::error::internal;
 use super::loader::ModuleCache;
-use super::{ChangeError, Live, Registry, collect, one_owner, parallel};
+use super::state::{Live, Registry, collect, one_owner, parallel};
+use crate::change::ChangeError;
 
 impl Registry {
     pub(super) async fn load_config_tenants(
@@ -18,8 +19,7 @@ impl Registry {
         config: &Config,
     ) -> Result<BTreeMap<String, TenantRef>, anyhow::Error> {
         let (rt, metrics) = (self.loader.runtime(), self.loader.metrics.clone());
-        let kv = self.loader.kv.clone();
-        let variables = self.loader.variables.clone();
+        let resources = self.loader.resources.clone();
         let (tenants, base) = (config.tenants.clone(), config.base_dir.clone());
         // Metric labels go to tenants in the file's order (loading below is parallel).
         for t in &tenants {
@@ -37,7 +37,7 @@ impl Registry {
                 let assets = tenant::load_assets(t, &base, max)?;
                 let carried = live.carried(t.name.get_ref());
                 tenant::prepare(
-                    rt.shared(&metrics, &kv, &variables),
+                    rt.shared(&metrics, &resources),
                     &loaded.module,
                     t,
                     Origin::Config,

@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::loader::Runtime;
-use super::{ChangeError, Live, Registry, State, collect, parallel};
+use super::state::{Live, Registry, State, collect, parallel};
 use crate::artifact::Compiled;
+use crate::change::ChangeError;
 use crate::config::TenantConfig;
 use crate::engine::EpochTicker;
 use crate::tenant::{Origin, TenantRef};

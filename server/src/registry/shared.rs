@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use object_store::UpdateVersion;
 use serde_json::{Value, json};
 
-use super::{ChangeError, Live, Registry, State};
+use super::state::{Live, Read, Registry, State};
+use crate::change::ChangeError;
 use crate::config::Config;
 use crate::datadir::{Manifest, TenantSpec, Version};
 use crate::fleet::Fleet;
@@ -24,14 +24,6 @@ use crate::fleet::objects::RemoteError;
 use crate::metrics::Metrics;
 use crate::shutdown::Shutdown;
 use crate::tenant::{Origin, TenantRef};
-
-/// The shared registry's manifest as last read.
-#[derive(Debug, Clone)]
-pub(super) struct Read {
-    pub(super) manifest: Manifest,
-    /// Its version (`None`: the registry has no manifest yet).
-    pub(super) version: Option<UpdateVersion>,
-}
 
 /// How soon tenants that failed to load from the registry are tried again.
 const RETRY_FAILED: Duration = Duration::from_secs(30);

@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use super::ChangeError;
+use crate::change::ChangeError;
 use crate::datadir::TenantSpec;
 
 /// A request to change (or create) a tenant's spec, as its JSON body.

@@ -1,7 +1,7 @@
 //! Checks on an uploaded module's first bytes, before anything is stored or compiled.
 
-use super::ChangeError;
 use crate::artifact::wasm_header_problem;
+use crate::change::ChangeError;
 
 /// A `.wasm` upload's first bytes: a core module or a component, not an artifact or text.
 pub(super) fn check_wasm_header(wasm: &[u8]) -> Result<(), ChangeError> {

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{Change, ChangeError, Registry};
+use super::state::{Change, Registry};
+use crate::change::ChangeError;
 use crate::datadir::{self, StoredTenant};
 use crate::variables::{MAX_VARIABLES, SecretsKey, Stored, check_name, check_value};
 

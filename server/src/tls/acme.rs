@@ -22,9 +22,10 @@ use instant_acme::{
 };
 use sha2::{Digest, Sha256};
 
+use super::certificates::Certificates;
 use super::challenge::{Challenge, alpn_certificate};
 use super::stored::{CertificateIndex, Record, Source};
-use super::{Certificates, Loaded};
+use super::table::{Loaded, wildcard_match};
 use crate::config::{AcmeChallenge, AcmeConfig};
 use crate::datadir::now;
 use crate::shutdown::Shutdown;
@@ -207,11 +208,9 @@ impl Manager {
             .into_iter()
             .filter(|h| {
                 !file.serves(h)
-                    && !uploaded.iter().any(|r| {
-                        r.hosts
-                            .iter()
-                            .any(|p| p == h || super::wildcard_match(p, h))
-                    })
+                    && !uploaded
+                        .iter()
+                        .any(|r| r.hosts.iter().any(|p| p == h || wildcard_match(p, h)))
             })
             .collect();
         names.sort();

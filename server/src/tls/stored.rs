@@ -37,8 +37,8 @@ use std::sync::{Arc, Mutex};
 
 use object_store::UpdateVersion;
 
-use super::challenge::{AnswerChange, Challenge, challenge_answers};
-use super::{Loaded, Table};
+use super::challenge::Challenge;
+use super::table::{Loaded, Table};
 use crate::artifact::{self, io_err};
 use crate::datadir::{StoreError, is_hash, now, parse_versioned, read_versioned};
 use crate::fleet::Fleet;
@@ -536,75 +536,6 @@ impl CertStore {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-    }
-}
-
-impl super::Certificates {
-    /// Reads the data directory's index and, if its certificates changed since `seen` (another
-    /// process sharing the directory stored or removed one), serves them; the index read.
-    pub async fn sync_stored(
-        &self,
-        seen: &mut Option<CertificateIndex>,
-    ) -> Option<CertificateIndex> {
-        let store = self.store.clone();
-        let unchanged = seen.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let index = store.read()?;
-            // Leases come and go with every ACME order; the certificates are reloaded only
-            // when they changed.
-            let changed = unchanged
-                .as_ref()
-                .is_none_or(|u| u.certificates != index.certificates);
-            let table = changed.then(|| store.table(&index));
-            let before = unchanged.map(|u| u.challenges).unwrap_or_default();
-            let answers = challenge_answers(&before, &index.challenges);
-            Ok::<_, crate::datadir::StoreError>((index, table, answers))
-        })
-        .await;
-        match read {
-            Ok(Ok((index, table, answers))) => {
-                let mut remembered = index.clone();
-                if let Some(table) = table {
-                    if table.certificates.len() < index.certificates.len() {
-                        // Some could not be loaded (a bundle not brought from the registry
-                        // yet): loaded again at the next sync.
-                        remembered.certificates.clear();
-                    }
-                    self.replace_stored(table);
-                }
-                for (host, answer) in answers {
-                    match answer {
-                        AnswerChange::Http(token, body) => self.set_http_challenge(&token, body),
-                        AnswerChange::Alpn(cert) => self.set_alpn_challenge(&host, cert),
-                    }
-                }
-                *seen = Some(remembered);
-                Some(index)
-            }
-            Ok(Err(e)) => {
-                tracing::error!("cannot read the stored certificates: {e}");
-                None
-            }
-            Err(_) => None,
-        }
-    }
-
-    /// Serves what other processes sharing the data directory store, checking every `every`
-    /// until `shutdown` (without `[tls.acme]`, whose rounds do it).
-    pub fn watch_stored(
-        self: Arc<Self>,
-        every: std::time::Duration,
-        shutdown: crate::shutdown::Shutdown,
-    ) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move {
-            let mut seen = None;
-            loop {
-                self.sync_stored(&mut seen).await;
-                if !shutdown.sleep(every).await {
-                    return;
-                }
-            }
-        })
     }
 }
 

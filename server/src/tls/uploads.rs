@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::certificates::Certificates;
 use super::stored::{Record, Source};
-use super::{Certificates, Loaded};
+use super::table::Loaded;
 use crate::change::ChangeError;
 use crate::datadir::now;
 

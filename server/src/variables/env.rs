@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Found, Granted, Values, check_name};
+use super::table::Grant;
+use super::value::{Found, Values, check_name};
 
 /// One `env` entry as the config file and the admin API write it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,7 +98,7 @@ impl Env {
 
     /// The environment now, reading `variables` only if an entry comes from one (most tenants
     /// pay nothing for this).
-    pub fn resolve(&self, variables: &Granted) -> Cow<'_, [(String, String)]> {
+    pub fn resolve(&self, variables: &Grant) -> Cow<'_, [(String, String)]> {
         if self.from_variables.is_empty() {
             return Cow::Borrowed(&self.text);
         }

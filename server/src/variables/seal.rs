@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use aws_lc_rs::hmac;
 
-use super::Secret;
+use super::value::Secret;
 
 /// Why a fleet's replica without the fleet's secrets key neither sets nor reads secrets.
 pub const NO_KEY: &str = "this replica has no secrets key: the replicas of a fleet share one, \

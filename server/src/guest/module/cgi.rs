@@ -16,9 +16,9 @@ use bytes::BytesMut;
 use http::{HeaderName, HeaderValue, StatusCode};
 use wasmtime::{Caller, Linker};
 use wasmtime_wasi::p2::OutputStream;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
-use super::GuestState;
-use super::fs::{self, errno, get_u32, put, scatter, slice};
+use super::fs::{self, FilesView, errno, get_u32, put, scatter, slice};
 use crate::context::{self, RequestContext};
 use crate::guest::request::BodyError;
 use crate::guest::{GuestRequest, GuestResponse, HeaderError, WriteError};
@@ -342,10 +342,21 @@ fn apply_headers(head: &[u8], response: &mut GuestResponse) -> Result<(), String
     Ok(())
 }
 
+/// What these functions reach of a request's store, beside its files.
+pub trait CgiView: FilesView {
+    /// The CGI output parser (none: the guest is not a CGI program) and the response it
+    /// writes.
+    fn cgi(&mut self) -> (Option<&mut Cgi>, &mut GuestResponse);
+    /// The request whose body is the program's stdin.
+    fn stdin(&mut self) -> &mut GuestRequest;
+    /// Where the program's stderr is captured.
+    fn stderr(&mut self) -> &MemoryOutputPipe;
+}
+
 /// Takes `bytes` the program wrote to stdout: header bytes until the blank line, then body.
 /// Returns the WASI errno of the write, or `Ok` when all was taken.
-async fn stdout(state: &mut GuestState, bytes: &[u8]) -> Result<(), i32> {
-    let Some(cgi) = state.cgi.as_mut() else {
+async fn stdout(state: &mut impl CgiView, bytes: &[u8]) -> Result<(), i32> {
+    let (Some(cgi), response) = state.cgi() else {
         return Err(errno::BADF);
     };
     let body = if cgi.in_body {
@@ -366,7 +377,7 @@ async fn stdout(state: &mut GuestState, bytes: &[u8]) -> Result<(), i32> {
             }
             // A first line that cannot be a header fails now, not at the end of the output.
             if let Some(nl) = cgi.head.iter().position(|&c| c == b'\n')
-                && let Err(why) = apply_headers(&cgi.head[..nl], &mut dry_run(&state.response))
+                && let Err(why) = apply_headers(&cgi.head[..nl], &mut dry_run(response))
             {
                 cgi.malformed = Some(why);
                 return Err(EIO);
@@ -375,7 +386,7 @@ async fn stdout(state: &mut GuestState, bytes: &[u8]) -> Result<(), i32> {
         };
         let head = cgi.head.split().freeze();
         cgi.in_body = true;
-        if let Err(why) = apply_headers(&head[..end], &mut state.response) {
+        if let Err(why) = apply_headers(&head[..end], response) {
             cgi.malformed = Some(why);
             return Err(EIO);
         }
@@ -384,7 +395,7 @@ async fn stdout(state: &mut GuestState, bytes: &[u8]) -> Result<(), i32> {
     if body.is_empty() {
         return Ok(());
     }
-    state.response.write(body).await.map_err(|e| match e {
+    response.write(body).await.map_err(|e| match e {
         // (A CGI program has no way to forward a backend's body.)
         WriteError::Limit | WriteError::Forwarded => EFBIG,
         WriteError::ClientGone => EPIPE,
@@ -414,15 +425,14 @@ fn gather(data: &mut [u8], iovs: i32, iovs_len: i32) -> Result<Vec<u8>, i32> {
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn add_to_linker(linker: &mut Linker<GuestState>, assets: bool) -> wasmtime::Result<()> {
+pub fn add_to_linker<T: CgiView>(linker: &mut Linker<T>, assets: bool) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
     linker.func_wrap_async(
         MODULE,
         "fd_write",
-        |mut caller: Caller<'_, GuestState>,
-         (fd, iovs, iovs_len, nwritten): (i32, i32, i32, i32)| {
+        |mut caller: Caller<'_, T>, (fd, iovs, iovs_len, nwritten): (i32, i32, i32, i32)| {
             Box::new(async move {
-                let Some(memory) = caller.data().memory else {
+                let Some(memory) = caller.data().memory() else {
                     return Ok(errno::FAULT);
                 };
                 let (data, state) = memory.data_and_store_mut(&mut caller);
@@ -435,7 +445,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>, assets: bool) -> wasmtime:
                     2 => {
                         // Captured up to the tenant's `stdio_bytes`; the rest is dropped (the
                         // log line says it was truncated), never an error for the program.
-                        let mut pipe = state.wasi.stderr().clone();
+                        let mut pipe = state.stderr().clone();
                         let _ = pipe.write(bytes::Bytes::copy_from_slice(&bytes));
                         Ok(())
                     }
@@ -457,16 +467,15 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>, assets: bool) -> wasmtime:
     linker.func_wrap_async(
         MODULE,
         "fd_read",
-        move |mut caller: Caller<'_, GuestState>,
-              (fd, iovs, iovs_len, nread): (i32, i32, i32, i32)| {
+        move |mut caller: Caller<'_, T>, (fd, iovs, iovs_len, nread): (i32, i32, i32, i32)| {
             Box::new(async move {
-                let Some(memory) = caller.data().memory else {
+                let Some(memory) = caller.data().memory() else {
                     return Ok(errno::FAULT);
                 };
                 if fd != 0 {
                     let (data, state) = memory.data_and_store_mut(&mut caller);
                     return Ok(if assets {
-                        match fs::read(data, &mut state.files, fd, iovs, iovs_len, nread) {
+                        match fs::read(data, state.files(), fd, iovs, iovs_len, nread) {
                             Ok(()) => errno::SUCCESS,
                             Err(e) => e,
                         }
@@ -492,7 +501,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>, assets: bool) -> wasmtime:
                 let chunk = if room == 0 {
                     bytes::Bytes::new()
                 } else {
-                    match caller.data_mut().request.read_up_to(room).await {
+                    match caller.data_mut().stdin().read_up_to(room).await {
                         Ok(c) => c,
                         // Past the body limit (the client gets 413) or a broken body (400).
                         Err(BodyError::TooLarge | BodyError::Failed) => return Ok(EIO),

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use wasmtime::{Caller, Linker};
 
-use super::GuestState;
+use super::memory::GuestMemory;
 use crate::assets::{Assets, GUEST_DIR, Lookup, NodeKind};
 
 const MODULE: &str = "wasi_snapshot_preview1";
@@ -149,6 +149,13 @@ impl Files {
     }
 }
 
+/// What these functions reach of a request's store: the tenant's `/assets` and the files the
+/// request opened.
+pub trait FilesView: GuestMemory {
+    /// The request's files.
+    fn files(&mut self) -> &mut Files;
+}
+
 /// The contents of file `node` (`EISDIR` for a directory). Takes the tree rather than `Files`
 /// so the caller can still update its open file.
 fn file_bytes(assets: Option<&Assets>, node: usize) -> Result<&[u8], i32> {
@@ -159,15 +166,15 @@ fn file_bytes(assets: Option<&Assets>, node: usize) -> Result<&[u8], i32> {
 }
 
 /// Runs `f` with the guest's memory and the request's files; its `Err` is the errno returned.
-fn call(
-    caller: &mut Caller<'_, GuestState>,
+fn call<T: FilesView>(
+    caller: &mut Caller<'_, T>,
     f: impl FnOnce(&mut [u8], &mut Files) -> Result<(), i32>,
 ) -> i32 {
-    let Some(memory) = caller.data().memory else {
+    let Some(memory) = caller.data().memory() else {
         return errno::FAULT;
     };
     let (data, state) = memory.data_and_store_mut(caller);
-    match f(data, &mut state.files) {
+    match f(data, state.files()) {
         Ok(()) => errno::SUCCESS,
         Err(e) => e,
     }
@@ -266,7 +273,7 @@ pub(in crate::guest) fn scatter(
 /// `hostcall!(linker, "name", |data, files, arg: i32, ...| -> Result<(), errno>)`.
 macro_rules! hostcall {
     ($linker:ident, $name:expr, |$data:tt, $files:tt $(, $arg:tt : $ty:ty)* $(,)?| $body:expr) => {
-        $linker.func_wrap(MODULE, $name, |mut c: Caller<'_, GuestState>, $($arg: $ty),*| {
+        $linker.func_wrap(MODULE, $name, |mut c: Caller<'_, T>, $($arg: $ty),*| {
             call(&mut c, |$data, $files| $body)
         })?
     };
@@ -276,7 +283,7 @@ macro_rules! hostcall {
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+pub fn add_to_linker<T: FilesView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
     hostcall!(
         linker,

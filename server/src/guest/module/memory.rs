@@ -1,13 +1,21 @@
 //! A core module's memory as host calls see it: every pointer and length the guest passes is
 //! checked against its memory; one out of range traps the guest with
 //! [`GuestFault::BadPointer`] and never touches the host.
+//!
+//! Host functions are linked over any store state that gives out the guest's memory
+//! ([`GuestMemory`]) and the parts their interface needs (each interface's view trait, e.g.
+//! `tern::kv::KvView`), never over the whole state: the state implements them all.
 
 use std::ops::Range;
 
 use tern_sdk::abi;
 use wasmtime::{Caller, Linker, Memory};
 
-use super::GuestState;
+/// A store state that knows its guest's exported memory (set at instantiation).
+pub trait GuestMemory: Send + 'static {
+    /// The guest's memory, once instantiated.
+    fn memory(&self) -> Option<Memory>;
+}
 
 /// A guest fault caused by a host call, which traps the guest.
 #[derive(Debug, thiserror::Error)]
@@ -33,16 +41,16 @@ pub fn guest_range(ptr: i32, len: i32, mem_len: usize) -> Option<Range<usize>> {
 ///
 /// # Errors
 /// [`GuestFault::NoMemory`] for a module without one (refused at load).
-pub fn memory(caller: &Caller<'_, GuestState>) -> wasmtime::Result<Memory> {
+pub fn memory<T: GuestMemory>(caller: &Caller<'_, T>) -> wasmtime::Result<Memory> {
     caller
         .data()
-        .memory
+        .memory()
         .ok_or_else(|| wasmtime::Error::new(GuestFault::NoMemory))
 }
 
 /// Copies the guest's bytes at `ptr..ptr+len`, or traps naming `func`.
-pub fn read_guest(
-    caller: &Caller<'_, GuestState>,
+pub fn read_guest<T: GuestMemory>(
+    caller: &Caller<'_, T>,
     ptr: i32,
     len: i32,
     func: &'static str,
@@ -85,16 +93,16 @@ pub fn copy_to_guest(
 ///
 /// # Errors
 /// Only if wasmtime rejects the definition (a bug).
-pub fn add_text_call(
-    linker: &mut Linker<GuestState>,
+pub fn add_text_call<T: GuestMemory>(
+    linker: &mut Linker<T>,
     module: &str,
     name: &'static str,
-    text: fn(&GuestState) -> &str,
+    text: fn(&T) -> &str,
 ) -> wasmtime::Result<()> {
     linker.func_wrap(
         module,
         name,
-        move |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
+        move |mut caller: Caller<'_, T>, ptr: i32, len: i32| {
             let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
             copy_to_guest(data, ptr, len, text(state).as_bytes(), name)
         },
@@ -104,7 +112,7 @@ pub fn add_text_call(
 
 /// Defines an async host function of a core module's linker whose arguments are all `i32`
 /// (the ABI's pointers, lengths and handles), named as the closure names them; the body is
-/// the host call's, with `caller` the [`Caller`] of the guest's store:
+/// the host call's, with `caller` the [`Caller`] of the guest's store (its state the linker's):
 ///
 /// ```ignore
 /// host_call!(linker, abi::IMPORT_MODULE, func::KV_DELETE, |caller, store, key, key_len| {
@@ -118,7 +126,7 @@ macro_rules! host_call {
         $linker.func_wrap_async(
             $module,
             $name,
-            |#[allow(unused_mut)] mut $caller: wasmtime::Caller<'_, $crate::guest::module::GuestState>,
+            |#[allow(unused_mut)] mut $caller: wasmtime::Caller<'_, _>,
              ($($arg,)*): ($($crate::guest::module::memory::host_call!(@i32 $arg),)*)| {
                 Box::new(async move $body)
             },

@@ -20,8 +20,7 @@ use wasmtime::{Engine, ExternType, InstancePre, Linker, Memory, Module, ModuleEx
 use wasmtime_wasi::p1::WasiP1Ctx;
 
 use cgi::Cgi;
-pub use memory::GuestFault;
-use tern::Outbound;
+pub use memory::{GuestFault, GuestMemory};
 pub use wasi::Wasi;
 
 use super::{GuestLimits, GuestRequest, GuestResponse};
@@ -42,10 +41,8 @@ pub struct GuestState {
     pub files: fs::Files,
     /// The request's host capabilities (outbound, key-value), every kind's.
     pub host: crate::capabilities::Capabilities,
-    /// The `tern` ABI's outbound request handles.
-    pub outbound: Outbound,
-    /// The handles the request holds through the `tern` ABI (open key-value stores, cache
-    /// entries).
+    /// The handles the request holds through the `tern` ABI (outbound requests, open
+    /// key-value stores, cache entries).
     pub tables: tern::Tables,
     /// The CGI output parser, for a guest of the `cgi` kind.
     pub cgi: Option<Cgi>,
@@ -61,15 +58,101 @@ impl crate::capabilities::HostView for GuestState {
     }
 }
 
-impl GuestState {
-    /// The `tern` ABI's outbound handles at work with the request's outbound session.
-    pub(in crate::guest) fn outbound_calls(&mut self) -> tern::OutboundCalls<'_> {
-        self.outbound.with(&mut self.host.outbound)
+// The views the host functions have of the state (each interface's, in its own file).
+
+impl GuestMemory for GuestState {
+    fn memory(&self) -> Option<Memory> {
+        self.memory
+    }
+}
+
+impl tern::RequestView for GuestState {
+    fn request(&mut self) -> &mut GuestRequest {
+        &mut self.request
     }
 
+    fn request_headers(&mut self) -> (&GuestRequest, &mut Option<Vec<u8>>) {
+        (&self.request, &mut self.headers_blob)
+    }
+
+    fn request_info(&self) -> (&GuestRequest, &str) {
+        (&self.request, self.wasi.tenant())
+    }
+}
+
+impl tern::ResponseView for GuestState {
+    fn response(&mut self) -> &mut GuestResponse {
+        &mut self.response
+    }
+}
+
+impl tern::OutboundView for GuestState {
+    fn outbound(
+        &mut self,
+    ) -> (
+        tern::OutboundCalls<'_>,
+        &mut GuestRequest,
+        &mut GuestResponse,
+    ) {
+        let calls = self.tables.outbound.with(&mut self.host.outbound);
+        (calls, &mut self.request, &mut self.response)
+    }
+
+    fn outbound_handles(&self) -> &tern::Outbound {
+        &self.tables.outbound
+    }
+}
+
+impl tern::KvView for GuestState {
+    fn kv(&mut self) -> (&mut tern::Kv, &mut crate::kv::Session) {
+        (&mut self.tables.kv, &mut self.host.kv)
+    }
+
+    fn kv_handles(&self) -> &tern::Kv {
+        &self.tables.kv
+    }
+}
+
+impl tern::CacheView for GuestState {
+    fn cache(&mut self) -> (&mut tern::CacheEntries, &mut crate::cache::guest::Session) {
+        (&mut self.tables.cache, &mut self.host.cache)
+    }
+
+    fn cache_entries(&self) -> &tern::CacheEntries {
+        &self.tables.cache
+    }
+}
+
+impl tern::ConfigView for GuestState {
+    fn variables(&self) -> &crate::variables::Grant {
+        &self.host.variables
+    }
+}
+
+impl fs::FilesView for GuestState {
+    fn files(&mut self) -> &mut fs::Files {
+        &mut self.files
+    }
+}
+
+impl cgi::CgiView for GuestState {
+    fn cgi(&mut self) -> (Option<&mut Cgi>, &mut GuestResponse) {
+        (self.cgi.as_mut(), &mut self.response)
+    }
+
+    fn stdin(&mut self) -> &mut GuestRequest {
+        &mut self.request
+    }
+
+    fn stderr(&mut self) -> &wasmtime_wasi::p2::pipe::MemoryOutputPipe {
+        self.wasi.stderr()
+    }
+}
+
+impl GuestState {
     /// The WASI context, built on first use: a CGI program's environment also holds the
     /// request's meta-variables.
-    pub(in crate::guest) fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {
+    fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {
         let (request, cgi) = (&self.request, self.cgi.is_some());
         let variables = &self.host.variables;
         self.wasi.ctx(variables, |spec| {

@@ -7,7 +7,7 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 use crate::guest::{Stdio, WasiSpec};
-use crate::variables::Granted;
+use crate::variables::Grant;
 
 /// A guest's WASI preview1 context, built on its first WASI call.
 ///
@@ -35,7 +35,7 @@ impl Wasi {
     /// unless `program` gives both (a CGI program's); stdout and stderr captured.
     pub fn ctx(
         &mut self,
-        variables: &Granted,
+        variables: &Grant,
         program: impl FnOnce(&WasiSpec) -> Option<(Vec<String>, Vec<(String, String)>)>,
     ) -> &mut WasiP1Ctx {
         self.ctx.get_or_insert_with(|| {

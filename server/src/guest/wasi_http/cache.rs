@@ -2,9 +2,8 @@
 //! ([`crate::cache::guest`]), as the `tern` ABI's `cache_*` calls keep them. An entry is a
 //! resource of the request's table; dropping it (or the instance) gives up a turn to insert.
 
-use wasmtime::component::{HasSelf, Linker, Resource};
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
-use super::HttpState;
 use crate::cache::guest::{CacheError, Entry, Write, request_headers};
 
 mod bindings {
@@ -28,8 +27,27 @@ type Looked = wasmtime::Result<Result<Resource<Entry>, api::Error>>;
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn add_to_linker(linker: &mut Linker<HttpState>) -> wasmtime::Result<()> {
-    bindings::Host_::add_to_linker::<HttpState, HasSelf<HttpState>>(linker, |s| s)
+pub fn add_to_linker<T: Send + 'static>(
+    linker: &mut Linker<T>,
+    view: fn(&mut T) -> CacheHost<'_>,
+) -> wasmtime::Result<()> {
+    bindings::Host_::add_to_linker::<T, HasCache>(linker, view)
+}
+
+/// What this interface reaches of a request's store: its cache session and the resource
+/// table its entries live in.
+pub struct CacheHost<'a> {
+    /// The request's cache session ([`crate::capabilities::Capabilities::cache`]).
+    pub session: &'a mut crate::cache::guest::Session,
+    /// The store's resource table.
+    pub table: &'a mut ResourceTable,
+}
+
+/// The [`HasData`] of [`CacheHost`].
+struct HasCache;
+
+impl HasData for HasCache {
+    type Data<'a> = CacheHost<'a>;
 }
 
 impl From<CacheError> for api::Error {
@@ -53,7 +71,7 @@ impl From<WriteOptions> for Write {
     }
 }
 
-impl HttpState {
+impl CacheHost<'_> {
     /// Looks `key` up for `options`' headers, as a new entry of the table.
     async fn cache_lookup(
         &mut self,
@@ -66,7 +84,7 @@ impl HttpState {
             .iter()
             .map(|(n, v)| (n.as_bytes(), v.as_slice()));
         let headers = request_headers(pairs)?;
-        Ok(self.host.cache.lookup(key, headers, transaction).await?)
+        Ok(self.session.lookup(key, headers, transaction).await?)
     }
 
     /// [`Self::cache_lookup`], its entry pushed to the table.
@@ -87,7 +105,7 @@ impl HttpState {
     }
 }
 
-impl api::Host for HttpState {
+impl api::Host for CacheHost<'_> {
     async fn insert(
         &mut self,
         key: Vec<u8>,
@@ -108,11 +126,11 @@ impl api::Host for HttpState {
         key: String,
         soft: bool,
     ) -> wasmtime::Result<Result<u64, api::Error>> {
-        Ok(self.host.cache.purge_tag(&key, soft).map_err(Into::into))
+        Ok(self.session.purge_tag(&key, soft).map_err(Into::into))
     }
 }
 
-impl api::HostEntry for HttpState {
+impl api::HostEntry for CacheHost<'_> {
     async fn lookup(&mut self, key: Vec<u8>, options: LookupOptions) -> Looked {
         self.cache_entry(&key, &options, false).await
     }

@@ -33,7 +33,7 @@ impl WasiHttpHooks for Session {
         _fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
     ) -> Sent {
         self.sent += 1;
-        let calls = self.calls.clone();
+        let calls = self.grant.clone();
         // `http://NAME/path` calls the tenant's backend NAME; any other URL must be an
         // allowed public host.
         let uri = request.uri().clone();

@@ -11,9 +11,8 @@
 
 use std::sync::Arc;
 
-use wasmtime::component::{HasSelf, Linker, Resource};
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
-use super::HttpState;
 use crate::kv::{Answer, KvError, Op, Store};
 
 mod bindings {
@@ -22,9 +21,9 @@ mod bindings {
         world: "tern:host/keyvalue",
         imports: { default: async | trappable },
         with: {
-            "fermyon:spin/key-value.store": super::Bucket,
-            "wasi:keyvalue/store.bucket": super::Bucket,
-            "wasi:keyvalue/atomics.cas": super::Cas,
+            "fermyon:spin/key-value.store": crate::guest::wasi_http::kv::Bucket,
+            "wasi:keyvalue/store.bucket": crate::guest::wasi_http::kv::Bucket,
+            "wasi:keyvalue/atomics.cas": crate::guest::wasi_http::kv::Cas,
         },
         require_store_data_send: true,
     });
@@ -49,21 +48,42 @@ pub struct Cas {
     current: Option<Vec<u8>>,
 }
 
-/// Adds both interfaces to `linker`.
+/// What these interfaces reach of a request's store: its key-value session, the resource
+/// table its open stores live in, and the guest's memory limit.
+pub struct KvHost<'a> {
+    /// The request's key-value session ([`crate::capabilities::Capabilities::kv`]).
+    pub session: &'a mut crate::kv::Session,
+    /// The store's resource table.
+    pub table: &'a mut ResourceTable,
+    /// The guest's memory limit, in bytes (a key list must fit it).
+    pub max_memory: usize,
+}
+
+/// The [`HasData`] of [`KvHost`].
+struct HasKv;
+
+impl HasData for HasKv {
+    type Data<'a> = KvHost<'a>;
+}
+
+/// Adds both interfaces to `linker`, reaching each request's store through `view`.
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn add_to_linker(linker: &mut Linker<HttpState>) -> wasmtime::Result<()> {
-    bindings::Keyvalue::add_to_linker::<HttpState, HasSelf<HttpState>>(linker, |s| s)
+pub fn add_to_linker<T: Send + 'static>(
+    linker: &mut Linker<T>,
+    view: fn(&mut T) -> KvHost<'_>,
+) -> wasmtime::Result<()> {
+    bindings::Keyvalue::add_to_linker::<T, HasKv>(linker, view)
 }
 
-impl HttpState {
+impl KvHost<'_> {
     /// Opens the granted store `name` as a new handle (counted as an operation).
     fn kv_open(&mut self, name: &str) -> wasmtime::Result<Result<Resource<Bucket>, Opened>> {
-        if let Err(e) = self.host.kv.count() {
+        if let Err(e) = self.session.count() {
             return Ok(Err(Opened::Failed(e.to_string())));
         }
-        match self.host.kv.open(name) {
+        match self.session.open(name) {
             Ok(store) => Ok(Ok(self.table.push(Bucket(store))?)),
             Err(_) => Ok(Err(Opened::Denied)),
         }
@@ -74,21 +94,21 @@ impl HttpState {
     }
 
     async fn kv_get(&mut self, store: &Store, key: String) -> Result<Option<Vec<u8>>, String> {
-        match self.host.kv.run(store, Op::Get(key.into_bytes())).await {
+        match self.session.run(store, Op::Get(key.into_bytes())).await {
             Ok(Answer::Value(v)) => Ok(v),
             other => Err(failed(other)),
         }
     }
 
     async fn kv_done(&mut self, store: &Store, op: Op) -> Result<(), String> {
-        match self.host.kv.run(store, op).await {
+        match self.session.run(store, op).await {
             Ok(Answer::Done) => Ok(()),
             other => Err(failed(other)),
         }
     }
 
     async fn kv_exists(&mut self, store: &Store, key: String) -> Result<bool, String> {
-        match self.host.kv.run(store, Op::Exists(key.into_bytes())).await {
+        match self.session.run(store, Op::Exists(key.into_bytes())).await {
             Ok(Answer::Bool(b)) => Ok(b),
             other => Err(failed(other)),
         }
@@ -101,7 +121,7 @@ impl HttpState {
         after: Option<Vec<u8>>,
         limit: usize,
     ) -> Result<Vec<Vec<u8>>, String> {
-        match self.host.kv.run(store, Op::List { after, limit }).await {
+        match self.session.run(store, Op::List { after, limit }).await {
             Ok(Answer::Keys(keys)) => Ok(keys),
             other => Err(failed(other)),
         }
@@ -121,11 +141,11 @@ impl HttpState {
             for key in batch {
                 // A list of strings takes 8 bytes per string beside its bytes.
                 bytes += key.len() + 8;
-                if bytes > self.limits.max_memory {
+                if bytes > self.max_memory {
                     return Err(format!(
                         "the store's keys take more than the guest's memory ({} bytes); list \
                          them a page at a time (wasi:keyvalue list-keys)",
-                        self.limits.max_memory
+                        self.max_memory
                     ));
                 }
                 keys.push(string(key));
@@ -211,9 +231,9 @@ macro_rules! bucket_operations {
 
 // Spin's key-value (spin-sdk 3.x and 5.x).
 
-impl spin::Host for HttpState {}
+impl spin::Host for KvHost<'_> {}
 
-impl spin::HostStore for HttpState {
+impl spin::HostStore for KvHost<'_> {
     async fn open(
         &mut self,
         label: String,
@@ -237,7 +257,7 @@ impl spin::HostStore for HttpState {
 
 // wasi:keyvalue 0.2.0-draft2.
 
-impl wasi::Host for HttpState {
+impl wasi::Host for KvHost<'_> {
     async fn open(
         &mut self,
         identifier: String,
@@ -249,7 +269,7 @@ impl wasi::Host for HttpState {
     }
 }
 
-impl wasi::HostBucket for HttpState {
+impl wasi::HostBucket for KvHost<'_> {
     bucket_operations!(wasi);
 
     async fn list_keys(
@@ -275,7 +295,7 @@ impl wasi::HostBucket for HttpState {
     }
 }
 
-impl atomics::Host for HttpState {
+impl atomics::Host for KvHost<'_> {
     async fn increment(
         &mut self,
         b: Resource<Bucket>,
@@ -285,8 +305,7 @@ impl atomics::Host for HttpState {
         let store = self.bucket(&b)?;
         Ok(
             match self
-                .host
-                .kv
+                .session
                 .run(&store, Op::Increment(key.into_bytes(), delta))
                 .await
             {
@@ -311,7 +330,7 @@ impl atomics::Host for HttpState {
             expected: current,
             new: value,
         };
-        match self.host.kv.run(&store, op).await {
+        match self.session.run(&store, op).await {
             Ok(Answer::Bool(true)) => Ok(Ok(())),
             Ok(Answer::Bool(false)) => {
                 // The value changed since it was read: a fresh read to retry from.
@@ -335,7 +354,7 @@ fn store_error(why: String) -> atomics::CasError {
     atomics::CasError::StoreError(wasi::Error::Other(why))
 }
 
-impl atomics::HostCas for HttpState {
+impl atomics::HostCas for KvHost<'_> {
     async fn new(
         &mut self,
         b: Resource<Bucket>,
@@ -366,7 +385,7 @@ impl atomics::HostCas for HttpState {
     }
 }
 
-impl batch::Host for HttpState {
+impl batch::Host for KvHost<'_> {
     async fn get_many(
         &mut self,
         b: Resource<Bucket>,

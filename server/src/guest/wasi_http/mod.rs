@@ -108,6 +108,34 @@ impl WasiHttpView for HttpState {
     }
 }
 
+/// The views the capabilities' host APIs have of a request's store (linked in
+/// [`crate::guest::link`]).
+impl HttpState {
+    /// Key-value stores ([`kv`]).
+    pub fn kv(&mut self) -> kv::KvHost<'_> {
+        kv::KvHost {
+            session: &mut self.host.kv,
+            table: &mut self.table,
+            max_memory: self.limits.max_memory,
+        }
+    }
+
+    /// The guest's own cache entries ([`cache`]).
+    pub fn cache(&mut self) -> cache::CacheHost<'_> {
+        cache::CacheHost {
+            session: &mut self.host.cache,
+            table: &mut self.table,
+        }
+    }
+
+    /// The tenant's variables ([`variables`]).
+    pub fn variables(&mut self) -> variables::VariablesHost<'_> {
+        variables::VariablesHost {
+            variables: &self.host.variables,
+        }
+    }
+}
+
 impl crate::capabilities::HostView for HttpState {
     fn host(&mut self) -> &mut Capabilities {
         &mut self.host

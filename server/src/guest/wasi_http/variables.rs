@@ -7,9 +7,8 @@
 //! tenant whose secrets this server cannot open answers Spin's `provider` and
 //! `wasi:config`'s `upstream` error with why (and no value).
 
-use wasmtime::component::{Accessor, HasSelf, Linker};
+use wasmtime::component::{Accessor, HasData, Linker};
 
-use super::HttpState;
 use crate::variables::{Found, check_name};
 
 mod bindings {
@@ -38,12 +37,29 @@ use bindings_p3::spin::variables::variables as spin3;
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn add_to_linker(linker: &mut Linker<HttpState>, wasi_p3: bool) -> wasmtime::Result<()> {
-    bindings::Variables::add_to_linker::<HttpState, HasSelf<HttpState>>(linker, |s| s)?;
+pub fn add_to_linker<T: Send + 'static>(
+    linker: &mut Linker<T>,
+    wasi_p3: bool,
+    view: fn(&mut T) -> VariablesHost<'_>,
+) -> wasmtime::Result<()> {
+    bindings::Variables::add_to_linker::<T, HasVariables>(linker, view)?;
     if wasi_p3 {
-        bindings_p3::VariablesP3::add_to_linker::<HttpState, HasSelf<HttpState>>(linker, |s| s)?;
+        bindings_p3::VariablesP3::add_to_linker::<T, HasVariables>(linker, view)?;
     }
     Ok(())
+}
+
+/// What these interfaces reach of a request's store: its tenant's variables.
+pub struct VariablesHost<'a> {
+    /// The tenant's variables ([`crate::capabilities::Capabilities::variables`]).
+    pub variables: &'a crate::variables::Grant,
+}
+
+/// The [`HasData`] of [`VariablesHost`].
+struct HasVariables;
+
+impl HasData for HasVariables {
+    type Data<'a> = VariablesHost<'a>;
 }
 
 /// Why Spin's `get` has no value, in the terms both versions of the interface share.
@@ -54,9 +70,9 @@ enum Missing {
 }
 
 /// Spin's `get` (either version): the value, or which of its errors.
-fn spin_get(state: &HttpState, name: &str) -> Result<String, Missing> {
+fn spin_get(state: &VariablesHost<'_>, name: &str) -> Result<String, Missing> {
     check_name(name).map_err(Missing::InvalidName)?;
-    match state.host.variables.values().get(name) {
+    match state.variables.values().get(name) {
         Found::Value(v) => Ok(v.to_string()),
         Found::Undefined => Err(Missing::Undefined(format!(
             "no variable {name:?} (tern var set / tern secret set)"
@@ -65,7 +81,7 @@ fn spin_get(state: &HttpState, name: &str) -> Result<String, Missing> {
     }
 }
 
-impl spin::Host for HttpState {
+impl spin::Host for VariablesHost<'_> {
     fn get(&mut self, name: String) -> Result<String, spin::Error> {
         spin_get(self, &name).map_err(|m| match m {
             Missing::InvalidName(s) => spin::Error::InvalidName(s),
@@ -75,13 +91,13 @@ impl spin::Host for HttpState {
     }
 }
 
-impl spin3::Host for HttpState {}
+impl spin3::Host for VariablesHost<'_> {}
 
 /// WASI 0.3's `get` is an async function; the value is at hand, so it answers at once.
-impl<U> spin3::HostWithStore<U> for HasSelf<HttpState> {
+impl<U> spin3::HostWithStore<U> for HasVariables {
     async fn get(accessor: &Accessor<U, Self>, name: String) -> Result<String, spin3::Error> {
         accessor.with(|mut view| {
-            spin_get(view.get(), &name).map_err(|m| match m {
+            spin_get(&view.get(), &name).map_err(|m| match m {
                 Missing::InvalidName(s) => spin3::Error::InvalidName(s),
                 Missing::Undefined(s) => spin3::Error::Undefined(s),
                 Missing::Provider(s) => spin3::Error::Provider(s),
@@ -91,8 +107,8 @@ impl<U> spin3::HostWithStore<U> for HasSelf<HttpState> {
 }
 
 /// `wasi:config/store`'s `get`, whichever version: the value, `None`, or why it is unavailable.
-fn config_get(state: &HttpState, key: &str) -> Result<Option<String>, String> {
-    match state.host.variables.values().get(key) {
+fn config_get(state: &VariablesHost<'_>, key: &str) -> Result<Option<String>, String> {
+    match state.variables.values().get(key) {
         Found::Value(v) => Ok(Some(v.to_string())),
         Found::Undefined => Ok(None),
         Found::Unavailable(why) => Err(why.to_string()),
@@ -103,13 +119,13 @@ fn config_get(state: &HttpState, key: &str) -> Result<Option<String>, String> {
 /// error type).
 macro_rules! config_host {
     ($api:ident) => {
-        impl $api::Host for HttpState {
+        impl $api::Host for VariablesHost<'_> {
             fn get(&mut self, key: String) -> Result<Option<String>, $api::Error> {
                 config_get(self, &key).map_err($api::Error::Upstream)
             }
 
             fn get_all(&mut self) -> Result<Vec<(String, String)>, $api::Error> {
-                let values = self.host.variables.values();
+                let values = self.variables.values();
                 values.all().map_err($api::Error::Upstream)
             }
         }

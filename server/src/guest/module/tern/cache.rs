@@ -12,10 +12,10 @@ use tern_sdk::abi::{self, errno, func};
 use wasmtime::{Caller, Linker};
 
 use super::handles::Handles;
-use crate::cache::guest::{CacheError, Entry, Write, request_headers};
-use crate::guest::module::GuestState;
+use crate::cache::guest::{CacheError, Entry, Session, Write, request_headers};
 use crate::guest::module::memory::{
-    GuestFault, add_text_call, copy_to_guest, guest_range, host_call, memory, read_guest,
+    GuestFault, GuestMemory, add_text_call, copy_to_guest, guest_range, host_call, memory,
+    read_guest,
 };
 
 /// The entries a request looked up through the `tern` ABI, by handle.
@@ -38,6 +38,15 @@ impl CacheEntries {
         }
         Ok(self.get(handle)?)
     }
+}
+
+/// What these functions reach of a request's store.
+pub trait CacheView: GuestMemory {
+    /// The entries the request looked up, and its cache session
+    /// ([`crate::capabilities::Capabilities::cache`]).
+    fn cache(&mut self) -> (&mut CacheEntries, &mut Session);
+    /// The entries the request looked up (their last error).
+    fn cache_entries(&self) -> &CacheEntries;
 }
 
 /// A header's name and value, as bytes.
@@ -78,7 +87,7 @@ fn list(text: &[u8]) -> Result<Vec<String>, CacheError> {
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+pub fn add_to_linker<T: CacheView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     let m = abi::IMPORT_MODULE;
     host_call!(
         linker,
@@ -88,8 +97,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let f = func::CACHE_LOOKUP;
             let key = read_guest(&caller, key, key_len, f)?;
             let blob = read_guest(&caller, headers, headers_len, f)?;
-            let state = caller.data_mut();
-            let entries = &mut state.tables.cache;
+            let (entries, session) = caller.data_mut().cache();
             let flags = match entries.known_flags(flags, abi::CACHE_TRANSACTION) {
                 Ok(flags) => flags,
                 Err(code) => return Ok(code),
@@ -99,8 +107,8 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
                 Err(e) => return Ok(entries.error(&e)),
             };
             let transaction = flags & abi::CACHE_TRANSACTION != 0;
-            let looked = state.host.cache.lookup(&key, headers, transaction).await;
-            let entries = &mut caller.data_mut().tables.cache;
+            let looked = session.lookup(&key, headers, transaction).await;
+            let (entries, _) = caller.data_mut().cache();
             Ok(match looked {
                 Ok(entry) => entries.push(entry),
                 Err(e) => entries.error(&e),
@@ -110,8 +118,8 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     linker.func_wrap(
         m,
         func::CACHE_STATE,
-        |mut caller: Caller<'_, GuestState>, handle: i32| {
-            Ok(match caller.data_mut().tables.cache.get(handle) {
+        |mut caller: Caller<'_, T>, handle: i32| {
+            Ok(match caller.data_mut().cache().0.get(handle) {
                 Ok(entry) => {
                     let s = entry.state();
                     let flag = |on: bool, flag: i32| if on { flag } else { 0 };
@@ -126,12 +134,12 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     linker.func_wrap(
         m,
         func::CACHE_BODY,
-        |mut caller: Caller<'_, GuestState>, handle: i32, buf: i32, buf_len: i32| {
+        |mut caller: Caller<'_, T>, handle: i32, buf: i32, buf_len: i32| {
             let f = func::CACHE_BODY;
             let mem = memory(&caller)?;
             guest_range(buf, buf_len, mem.data(&caller).len()).ok_or(GuestFault::BadPointer(f))?;
             let (data, state) = mem.data_and_store_mut(&mut caller);
-            match state.tables.cache.found(handle) {
+            match state.cache().0.found(handle) {
                 Ok(entry) => {
                     let body = entry.body().map_or(&[][..], |b| &b[..]);
                     copy_to_guest(data, buf, buf_len, body, f)
@@ -143,8 +151,8 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     linker.func_wrap(
         m,
         func::CACHE_AGE,
-        |mut caller: Caller<'_, GuestState>, handle: i32| {
-            Ok(match caller.data_mut().tables.cache.found(handle) {
+        |mut caller: Caller<'_, T>, handle: i32| {
+            Ok(match caller.data_mut().cache().0.found(handle) {
                 Ok(entry) => {
                     let secs = entry.age().unwrap_or_default().as_secs();
                     i32::try_from(secs).unwrap_or(i32::MAX)
@@ -156,7 +164,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     linker.func_wrap(
         m,
         func::CACHE_INSERT,
-        |mut caller: Caller<'_, GuestState>,
+        |mut caller: Caller<'_, T>,
          handle: i32,
          body: i32,
          body_len: i32,
@@ -170,7 +178,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let body = Bytes::from(read_guest(&caller, body, body_len, f)?);
             let tags = read_guest(&caller, tags, tags_len, f)?;
             let vary = read_guest(&caller, vary, vary_len, f)?;
-            let entries = &mut caller.data_mut().tables.cache;
+            let (entries, _) = caller.data_mut().cache();
             let write = list(&tags).and_then(|tags| {
                 Ok(Write {
                     max_age: u32::try_from(max_age).unwrap_or(0),
@@ -193,9 +201,9 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     linker.func_wrap(
         m,
         func::CACHE_CLOSE,
-        |mut caller: Caller<'_, GuestState>, handle: i32| {
+        |mut caller: Caller<'_, T>, handle: i32| {
             // Dropped: a turn to insert it is given up.
-            Ok(match caller.data_mut().tables.cache.close(handle) {
+            Ok(match caller.data_mut().cache().0.close(handle) {
                 Ok(()) => 0,
                 Err(code) => code,
             })
@@ -204,23 +212,23 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     linker.func_wrap(
         m,
         func::CACHE_PURGE_TAG,
-        |mut caller: Caller<'_, GuestState>, tag: i32, tag_len: i32, flags: i32| {
+        |mut caller: Caller<'_, T>, tag: i32, tag_len: i32, flags: i32| {
             let tag = read_guest(&caller, tag, tag_len, func::CACHE_PURGE_TAG)?;
-            let state = caller.data_mut();
-            let flags = match state.tables.cache.known_flags(flags, abi::CACHE_PURGE_SOFT) {
+            let (entries, session) = caller.data_mut().cache();
+            let flags = match entries.known_flags(flags, abi::CACHE_PURGE_SOFT) {
                 Ok(flags) => flags,
                 Err(code) => return Ok(code),
             };
             let tag = String::from_utf8_lossy(&tag);
             let soft = flags & abi::CACHE_PURGE_SOFT != 0;
-            Ok(match state.host.cache.purge_tag(&tag, soft) {
+            Ok(match session.purge_tag(&tag, soft) {
                 Ok(n) => i32::try_from(n).unwrap_or(i32::MAX),
-                Err(e) => state.tables.cache.error(&e),
+                Err(e) => entries.error(&e),
             })
         },
     )?;
     add_text_call(linker, m, func::CACHE_LAST_ERROR, |s| {
-        &s.tables.cache.last_error
+        &s.cache_entries().last_error
     })?;
     Ok(())
 }

@@ -13,9 +13,9 @@ use tern_sdk::abi::{self, errno, func};
 use wasmtime::{Caller, Linker};
 
 use super::handles::Handles;
-use crate::guest::module::GuestState;
 use crate::guest::module::memory::{
-    GuestFault, add_text_call, copy_to_guest, guest_range, host_call, memory, read_guest,
+    GuestFault, GuestMemory, add_text_call, copy_to_guest, guest_range, host_call, memory,
+    read_guest,
 };
 use crate::kv::{Answer, KvError, Op, Session, Store};
 
@@ -45,29 +45,36 @@ impl Kv {
     }
 }
 
+/// What these functions reach of a request's store.
+pub trait KvView: GuestMemory {
+    /// The stores the request opened, and its key-value session
+    /// ([`crate::capabilities::Capabilities::kv`]).
+    fn kv(&mut self) -> (&mut Kv, &mut Session);
+    /// The stores the request opened (their last error).
+    fn kv_handles(&self) -> &Kv;
+}
+
 /// Runs `op` on the store behind `handle`, timing the wait: the answer, or the error code to
 /// return (with `kv_last_error` set).
-async fn run(caller: &mut Caller<'_, GuestState>, handle: i32, op: Op) -> Result<Answer, i32> {
-    let state = caller.data_mut();
-    let session = &mut state.host.kv;
-    let store = state.tables.kv.store(session, handle)?;
-    let tenant = session.grants().tenant.clone();
+async fn run<T: KvView>(caller: &mut Caller<'_, T>, handle: i32, op: Op) -> Result<Answer, i32> {
+    let (kv, session) = caller.data_mut().kv();
+    let store = kv.store(session, handle)?;
+    let tenant = session.grant().tenant.clone();
     let op_name = op.name();
     let started = Instant::now();
     let answer = store.run(&tenant, op).await;
-    let state = caller.data_mut();
-    let session = &mut state.host.kv;
+    let (kv, session) = caller.data_mut().kv();
     session.waited += started.elapsed();
     session.traced(&store, op_name, started, answer.as_ref().err());
-    answer.map_err(|e| state.tables.kv.error(&e))
+    answer.map_err(|e| kv.error(&e))
 }
 
 /// An answer of the wrong kind for its operation: a bug in the backend, never the guest's.
-fn unexpected(caller: &mut Caller<'_, GuestState>, answer: &Answer) -> i32 {
+fn unexpected<T: KvView>(caller: &mut Caller<'_, T>, answer: &Answer) -> i32 {
     caller
         .data_mut()
-        .tables
-        .kv
+        .kv()
+        .0
         .fail(errno::IO, format!("the store answered {answer:?}"))
 }
 
@@ -76,17 +83,16 @@ fn unexpected(caller: &mut Caller<'_, GuestState>, answer: &Answer) -> i32 {
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+pub fn add_to_linker<T: KvView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     let m = abi::IMPORT_MODULE;
     linker.func_wrap(
         m,
         func::KV_OPEN,
-        |mut caller: Caller<'_, GuestState>, name: i32, name_len: i32| {
+        |mut caller: Caller<'_, T>, name: i32, name_len: i32| {
             let name = read_guest(&caller, name, name_len, func::KV_OPEN)?;
-            let state = caller.data_mut();
-            let kv = &mut state.tables.kv;
+            let (kv, session) = caller.data_mut().kv();
             let name = String::from_utf8_lossy(&name);
-            let store = match state.host.kv.open(&name) {
+            let store = match session.open(&name) {
                 Ok(store) => store,
                 Err(message) => return Ok(kv.fail(errno::DENIED, message)),
             };
@@ -112,8 +118,8 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
                 }
                 Ok(Answer::Value(None)) => Ok(caller
                     .data_mut()
-                    .tables
-                    .kv
+                    .kv()
+                    .0
                     .fail(errno::NOT_FOUND, "no such key")),
                 Ok(other) => Ok(unexpected(&mut caller, &other)),
                 Err(code) => Ok(code),
@@ -183,7 +189,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             } else {
                 Some(read_guest(&caller, old, old_len, f)?)
             };
-            let kv = &mut caller.data_mut().tables.kv;
+            let (kv, _) = caller.data_mut().kv();
             if let Err(code) = kv.known_flags(flags, abi::KV_CAS_ABSENT) {
                 return Ok(code);
             }
@@ -226,7 +232,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             }
             if out.is_empty() && !keys.is_empty() {
                 let need = keys[0].len() + 2;
-                return Ok(caller.data_mut().tables.kv.fail(
+                return Ok(caller.data_mut().kv().0.fail(
                     errno::INVALID_ARGUMENT,
                     format!(
                         "the buffer of {} bytes cannot hold the next key ({need} bytes)",
@@ -238,6 +244,8 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             Ok(i32::try_from(out.len()).unwrap_or(errno::LIMIT_EXCEEDED))
         }
     )?;
-    add_text_call(linker, m, func::KV_LAST_ERROR, |s| &s.tables.kv.last_error)?;
+    add_text_call(linker, m, func::KV_LAST_ERROR, |s| {
+        &s.kv_handles().last_error
+    })?;
     Ok(())
 }

@@ -16,14 +16,19 @@ pub mod outbound;
 pub mod request;
 pub mod response;
 
-pub use cache::CacheEntries;
-pub use kv::Kv;
-pub use outbound::{Outbound, OutboundCalls};
+pub use cache::{CacheEntries, CacheView};
+pub use config::ConfigView;
+pub use kv::{Kv, KvView};
+pub use outbound::{Outbound, OutboundCalls, OutboundView};
+pub use request::RequestView;
+pub use response::ResponseView;
 
 /// The handles a request holds through the `tern` ABI's interfaces, a table each (a new
 /// interface with handles adds its own here).
 #[derive(Default)]
 pub struct Tables {
+    /// Outbound requests.
+    pub outbound: Outbound,
     /// Open key-value stores.
     pub kv: Kv,
     /// Cache entries looked up.
@@ -32,15 +37,15 @@ pub struct Tables {
 
 use wasmtime::Linker;
 
-use super::GuestState;
-
 /// Adds the `tern` ABI v1 functions of the request and the response to a core module linker
 /// (those of the capabilities, [`outbound`] and [`kv`], are linked by
 /// [`crate::guest::link`]).
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+pub fn add_to_linker<T: RequestView + ResponseView>(
+    linker: &mut Linker<T>,
+) -> wasmtime::Result<()> {
     request::add_to_linker(linker)?;
     response::add_to_linker(linker)
 }

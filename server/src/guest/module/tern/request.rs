@@ -9,11 +9,20 @@ use wasmtime::{Caller, Linker};
 
 use crate::context;
 use crate::guest::GuestRequest;
-use crate::guest::module::GuestState;
 use crate::guest::module::memory::{
-    GuestFault, copy_to_guest, guest_range, headers_blob, host_call, memory,
+    GuestFault, GuestMemory, copy_to_guest, guest_range, headers_blob, host_call, memory,
 };
 use crate::guest::request::BodyError;
+
+/// What these functions reach of a request's store.
+pub trait RequestView: GuestMemory {
+    /// The request the guest reads.
+    fn request(&mut self) -> &mut GuestRequest;
+    /// The request, and its headers as `request_headers` gives them (made on its first call).
+    fn request_headers(&mut self) -> (&GuestRequest, &mut Option<Vec<u8>>);
+    /// The request and the guest's tenant, for `request_info`.
+    fn request_info(&self) -> (&GuestRequest, &str);
+}
 
 /// The value of `request_info` key `key` for a guest of tenant `tenant`, or the error code:
 /// `INVALID_ARGUMENT` for a key this server does not know, `UNAVAILABLE` for a value this
@@ -82,15 +91,15 @@ fn request_info<'a>(
 }
 
 /// Links `name` as a copy-out function (see ABI.md) of the request value `value` returns.
-fn copy_out(
-    linker: &mut Linker<GuestState>,
+fn copy_out<T: RequestView>(
+    linker: &mut Linker<T>,
     name: &'static str,
-    value: fn(&mut GuestState) -> &[u8],
+    value: fn(&mut T) -> &[u8],
 ) -> wasmtime::Result<()> {
     linker.func_wrap(
         abi::IMPORT_MODULE,
         name,
-        move |mut caller: Caller<'_, GuestState>, ptr: i32, len: i32| {
+        move |mut caller: Caller<'_, T>, ptr: i32, len: i32| {
             let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
             copy_to_guest(data, ptr, len, value(state), name)
         },
@@ -98,26 +107,27 @@ fn copy_out(
     Ok(())
 }
 
-pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+pub(super) fn add_to_linker<T: RequestView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     let m = abi::IMPORT_MODULE;
     copy_out(linker, func::REQUEST_METHOD, |s| {
-        s.request.method.as_str().as_bytes()
+        s.request().method.as_str().as_bytes()
     })?;
     copy_out(linker, func::REQUEST_URI, |s| {
-        context::path_and_query(&s.request.uri).as_bytes()
+        context::path_and_query(&s.request().uri).as_bytes()
     })?;
     copy_out(linker, func::REQUEST_HEADERS, |s| {
-        let headers = &s.request.headers;
-        s.headers_blob.get_or_insert_with(|| headers_blob(headers))
+        let (request, blob) = s.request_headers();
+        blob.get_or_insert_with(|| headers_blob(&request.headers))
     })?;
     linker.func_wrap(
         m,
         func::REQUEST_INFO,
-        |mut caller: Caller<'_, GuestState>, key: i32, ptr: i32, len: i32| {
+        |mut caller: Caller<'_, T>, key: i32, ptr: i32, len: i32| {
             let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
             // A bad buffer traps whatever the key, as in every copy-out function.
             guest_range(ptr, len, data.len()).ok_or(GuestFault::BadPointer(func::REQUEST_INFO))?;
-            match request_info(&state.request, key, state.wasi.tenant()) {
+            let (request, tenant) = state.request_info();
+            match request_info(request, key, tenant) {
                 Ok(value) => copy_to_guest(data, ptr, len, &value, func::REQUEST_INFO),
                 Err(code) => Ok(code),
             }
@@ -131,7 +141,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
         if range.is_empty() {
             return Ok(0);
         }
-        let chunk = match caller.data_mut().request.read_up_to(range.len()).await {
+        let chunk = match caller.data_mut().request().read_up_to(range.len()).await {
             Ok(chunk) => chunk,
             Err(BodyError::TooLarge) => return Ok(errno::LIMIT_EXCEEDED),
             Err(BodyError::Failed) => return Ok(errno::IO),

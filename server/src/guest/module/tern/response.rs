@@ -5,9 +5,14 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use tern_sdk::abi::{self, errno, func};
 use wasmtime::{Caller, Linker};
 
-use crate::guest::module::GuestState;
-use crate::guest::module::memory::{GuestFault, guest_range, host_call, memory};
-use crate::guest::{HeaderError, WriteError};
+use crate::guest::module::memory::{GuestFault, GuestMemory, guest_range, host_call, memory};
+use crate::guest::{GuestResponse, HeaderError, WriteError};
+
+/// What these functions reach of a request's store: the response the guest writes.
+pub trait ResponseView: GuestMemory {
+    /// The response.
+    fn response(&mut self) -> &mut GuestResponse;
+}
 
 /// A refused header as the ABI reports it.
 fn header_errno(e: HeaderError) -> i32 {
@@ -18,13 +23,13 @@ fn header_errno(e: HeaderError) -> i32 {
     }
 }
 
-pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+pub(super) fn add_to_linker<T: ResponseView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     let m = abi::IMPORT_MODULE;
     linker.func_wrap(
         m,
         func::RESPONSE_SET_STATUS,
-        |mut caller: Caller<'_, GuestState>, status: i32| {
-            let resp = &mut caller.data_mut().response;
+        |mut caller: Caller<'_, T>, status: i32| {
+            let resp = &mut caller.data_mut().response();
             if resp.is_streaming() {
                 return errno::HEADERS_SENT;
             }
@@ -43,12 +48,12 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
     linker.func_wrap(
         m,
         func::RESPONSE_HEADER_APPEND,
-        |mut caller: Caller<'_, GuestState>, np: i32, nl: i32, vp: i32, vl: i32| {
+        |mut caller: Caller<'_, T>, np: i32, nl: i32, vp: i32, vl: i32| {
             let (data, state) = memory(&caller)?.data_and_store_mut(&mut caller);
             let bad = || GuestFault::BadPointer(func::RESPONSE_HEADER_APPEND);
             let name = guest_range(np, nl, data.len()).ok_or_else(bad)?;
             let value = guest_range(vp, vl, data.len()).ok_or_else(bad)?;
-            let resp = &mut state.response;
+            let resp = state.response();
             if resp.is_streaming() {
                 return Ok(errno::HEADERS_SENT);
             }
@@ -69,7 +74,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
         let range = guest_range(ptr, len, data.len())
             .ok_or(GuestFault::BadPointer(func::RESPONSE_BODY_WRITE))?;
         let n = i32::try_from(range.len()).unwrap_or(i32::MAX);
-        Ok(match state.response.write(&data[range]).await {
+        Ok(match state.response().write(&data[range]).await {
             Ok(()) => n,
             Err(WriteError::Limit) => errno::LIMIT_EXCEEDED,
             Err(WriteError::ClientGone) => errno::IO,

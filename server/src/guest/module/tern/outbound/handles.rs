@@ -168,7 +168,7 @@ impl OutboundCalls<'_> {
     /// Records `f` as the last error (for `outbound_last_error`), counts it and returns its code.
     fn fail(&mut self, label: &str, f: Failure) -> i32 {
         if let Some(status) = f.status {
-            self.session.calls.count(label, status);
+            self.session.grant.count(label, status);
         }
         self.table.last_error = f.message;
         f.code
@@ -204,9 +204,9 @@ impl OutboundCalls<'_> {
 
     /// Whether one more request may be made (to `backend`, empty for a URL).
     fn check_new(&mut self, request: &GuestRequest, backend: &str) -> Result<(), i32> {
-        let label = self.session.calls.label(backend);
+        let label = self.session.grant.label(backend);
         let n = self.table.handles.len() + 1;
-        let calls = self.session.calls.clone();
+        let calls = self.session.grant.clone();
         match calls.admit(
             n,
             self.session
@@ -228,10 +228,10 @@ impl OutboundCalls<'_> {
     /// A request refused by the policy: counted, logged, and its reason kept for
     /// `outbound_last_error`.
     fn denied(&mut self, backend: &str, d: &Denied, request: &GuestRequest) -> i32 {
-        let label = self.session.calls.label(backend);
+        let label = self.session.grant.label(backend);
         let why = d.to_string();
         self.session
-            .calls
+            .grant
             .log_denied(&request.context.request_id, &why);
         let code = match d {
             Denied::BadTarget(_) => errno::INVALID_ARGUMENT,
@@ -275,7 +275,7 @@ impl OutboundCalls<'_> {
         *req.method_mut() = method;
         *req.headers_mut() = headers;
         let (calls, passing) = (
-            self.session.calls.clone(),
+            self.session.grant.clone(),
             self.session
                 .passing(&incoming.headers, incoming.context.trace.as_ref())
                 .clone(),
@@ -373,7 +373,7 @@ impl OutboundCalls<'_> {
         let status = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
         let max = response
             .max_bytes
-            .min(self.session.calls.policy.max_response_bytes);
+            .min(self.session.grant.policy.max_response_bytes);
         let body = crate::body::Forwarded::new(body, max, (deadline.into(), total));
         let forwarded = response.forward(status, headers, body);
         self.put(handle, Call::Done(errno::INVALID_ARGUMENT));
@@ -469,7 +469,7 @@ impl OutboundCalls<'_> {
 
     /// The next bytes of `handle`'s response body (empty at its end).
     async fn body_chunk(&mut self, handle: i32) -> Result<Bytes, i32> {
-        let max = self.session.calls.policy.max_response_bytes;
+        let max = self.session.grant.policy.max_response_bytes;
         let r = self.responded(handle).await?;
         // (The wait for the head is counted by `responded`.)
         let waited = Instant::now();
@@ -561,7 +561,7 @@ impl OutboundCalls<'_> {
         if backend.is_empty() && url.is_empty() {
             return self.misuse("give a backend name and a path, or a URL");
         }
-        let calls = self.session.calls.clone();
+        let calls = self.session.grant.clone();
         let waited = Instant::now();
         let target = calls.policy.target(&backend, &url).await;
         self.session.waited += waited.elapsed();
@@ -607,7 +607,7 @@ impl OutboundCalls<'_> {
     /// it is sent, or (a streaming request) handed to the backend, waiting while it is slow.
     /// Returns the bytes taken, or an error code.
     pub(super) async fn body_write(&mut self, handle: i32, chunk: Vec<u8>) -> i32 {
-        let max = self.session.calls.policy.max_request_bytes;
+        let max = self.session.grant.policy.max_request_bytes;
         let too_large = |out: &mut OutboundCalls<'_>| {
             out.misuse(format!(
                 "the request body is larger than {max} bytes (outbound.max_request_bytes)"

@@ -19,19 +19,30 @@ mod handles;
 
 pub use handles::{Outbound, OutboundCalls};
 
+use crate::guest::{GuestRequest, GuestResponse};
 use tern_sdk::abi::{self, func};
 use wasmtime::{Caller, Linker};
 
-use crate::guest::module::GuestState;
 use crate::guest::module::memory::{
-    GuestFault, add_text_call, copy_to_guest, guest_range, host_call, memory, read_guest,
+    GuestFault, GuestMemory, add_text_call, copy_to_guest, guest_range, host_call, memory,
+    read_guest,
 };
+
+/// What these functions reach of a request's store.
+pub trait OutboundView: GuestMemory {
+    /// The requests the guest made, at work with its outbound session
+    /// ([`crate::capabilities::Capabilities::outbound`]), and the client's request and the
+    /// guest's response (which a backend's may stand in for, `response_forward`).
+    fn outbound(&mut self) -> (OutboundCalls<'_>, &mut GuestRequest, &mut GuestResponse);
+    /// The requests the guest made (their last error).
+    fn outbound_handles(&self) -> &Outbound;
+}
 
 /// Links these functions (the composition root, [`crate::guest::link`], calls it).
 ///
 /// # Errors
 /// Only if wasmtime rejects a definition (a bug).
-pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+pub fn add_to_linker<T: OutboundView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     let m = abi::IMPORT_MODULE;
     host_call!(
         linker,
@@ -42,18 +53,14 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let method = read_guest(&caller, method, method_len, f)?;
             let backend = read_guest(&caller, backend, backend_len, f)?;
             let url = read_guest(&caller, url, url_len, f)?;
-            let state = caller.data_mut();
-            Ok(state
-                .outbound
-                .with(&mut state.host.outbound)
-                .request(&state.request, &method, backend, url)
-                .await)
+            let (mut calls, request, _) = caller.data_mut().outbound();
+            Ok(calls.request(request, &method, backend, url).await)
         }
     )?;
     linker.func_wrap(
         m,
         func::OUTBOUND_HEADER_APPEND,
-        |mut caller: Caller<'_, GuestState>,
+        |mut caller: Caller<'_, T>,
          handle: i32,
          name: i32,
          name_len: i32,
@@ -64,7 +71,8 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let value = read_guest(&caller, value, value_len, f)?;
             Ok(caller
                 .data_mut()
-                .outbound_calls()
+                .outbound()
+                .0
                 .header_append(handle, &name, &value))
         },
     )?;
@@ -76,7 +84,8 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let chunk = read_guest(&caller, ptr, len, func::OUTBOUND_BODY_WRITE)?;
             Ok(caller
                 .data_mut()
-                .outbound_calls()
+                .outbound()
+                .0
                 .body_write(handle, chunk)
                 .await)
         }
@@ -84,29 +93,19 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     linker.func_wrap(
         m,
         func::OUTBOUND_SEND,
-        |mut caller: Caller<'_, GuestState>, handle: i32, flags: i32| {
-            let state = caller.data_mut();
-            Ok(state.outbound.with(&mut state.host.outbound).send(
-                handle,
-                flags & abi::OUTBOUND_STREAM_BODY != 0,
-                &state.request,
-            ))
+        |mut caller: Caller<'_, T>, handle: i32, flags: i32| {
+            let (mut calls, request, _) = caller.data_mut().outbound();
+            Ok(calls.send(handle, flags & abi::OUTBOUND_STREAM_BODY != 0, request))
         },
     )?;
     host_call!(linker, m, func::OUTBOUND_BODY_FINISH, |caller, handle| {
-        Ok(caller.data_mut().outbound_calls().body_finish(handle).await)
+        Ok(caller.data_mut().outbound().0.body_finish(handle).await)
     })?;
     host_call!(
         linker,
         m,
         func::OUTBOUND_RESPONSE_STATUS,
-        |caller, handle| {
-            Ok(caller
-                .data_mut()
-                .outbound_calls()
-                .response_status(handle)
-                .await)
-        }
+        |caller, handle| { Ok(caller.data_mut().outbound().0.response_status(handle).await) }
     )?;
     host_call!(
         linker,
@@ -117,7 +116,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             let mem = memory(&caller)?;
             guest_range(ptr, len, mem.data_size(&caller)).ok_or(GuestFault::BadPointer(f))?;
             let (data, state) = mem.data_and_store_mut(&mut caller);
-            let mut calls = state.outbound_calls();
+            let mut calls = state.outbound().0;
             match calls.response_headers(handle).await {
                 Ok(blob) => copy_to_guest(data, ptr, len, blob, f),
                 Err(code) => Ok(code),
@@ -136,7 +135,7 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             if range.is_empty() {
                 return Ok(0);
             }
-            let mut calls = caller.data_mut().outbound_calls();
+            let mut calls = caller.data_mut().outbound().0;
             let chunk = match calls.body_read(handle, range.len()).await {
                 Ok(c) => c,
                 Err(code) => return Ok(code),
@@ -149,28 +148,22 @@ pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     linker.func_wrap(
         m,
         func::OUTBOUND_CLOSE,
-        |mut caller: Caller<'_, GuestState>, handle: i32| {
-            Ok(caller.data_mut().outbound_calls().close(handle))
-        },
+        |mut caller: Caller<'_, T>, handle: i32| Ok(caller.data_mut().outbound().0.close(handle)),
     )?;
     linker.func_wrap(
         m,
         func::OUTBOUND_FORWARD_REQUEST,
-        |mut caller: Caller<'_, GuestState>, handle: i32| {
-            let state = caller.data_mut();
-            Ok(state
-                .outbound
-                .with(&mut state.host.outbound)
-                .forward_request(handle, &mut state.request))
+        |mut caller: Caller<'_, T>, handle: i32| {
+            let (mut calls, request, _) = caller.data_mut().outbound();
+            Ok(calls.forward_request(handle, request))
         },
     )?;
     host_call!(linker, m, func::RESPONSE_FORWARD, |caller, handle| {
-        let state = caller.data_mut();
-        let mut calls = state.outbound.with(&mut state.host.outbound);
-        Ok(calls.forward_response(handle, &mut state.response).await)
+        let (mut calls, _, response) = caller.data_mut().outbound();
+        Ok(calls.forward_response(handle, response).await)
     })?;
     add_text_call(linker, m, func::OUTBOUND_LAST_ERROR, |s| {
-        s.outbound.last_error()
+        s.outbound_handles().last_error()
     })?;
     Ok(())
 }

@@ -6,7 +6,7 @@ use crate::body::RequestBody;
 use crate::context::{Connection, RequestContext};
 use crate::logwriter::LogBudget;
 use crate::metrics::Metrics;
-use crate::outbound::{Calls, OutboundConfig, Policy};
+use crate::outbound::{Grant, OutboundConfig, Policy};
 
 /// A guest's outbound handles and its request's session.
 struct Guest {
@@ -28,7 +28,7 @@ impl Guest {
 fn outbound(toml: &str) -> (Guest, Metrics) {
     let config: OutboundConfig = toml::from_str(toml).unwrap();
     let metrics = Metrics::new(10);
-    let calls = Calls {
+    let calls = Grant {
         policy: Policy::from_config(&config).unwrap(),
         label: "t".into(),
         requests: metrics.outbound_requests.clone(),
@@ -37,22 +37,27 @@ fn outbound(toml: &str) -> (Guest, Metrics) {
         log_budget: Arc::new(LogBudget::new(10, metrics.log_dropped.clone())),
         readthrough: None,
     };
-    let session = Session::new(Arc::new(calls), HeaderValue::from_static("r1"));
+    let session = Session::new(Arc::new(calls), &context());
     let table = Outbound::default();
     (Guest { session, table }, metrics)
 }
 
-/// The client's request the guest is answering.
-fn incoming() -> GuestRequest {
+/// What the server knows of the client's request.
+fn context() -> RequestContext {
     let peer = "127.0.0.1:40000".parse().unwrap();
-    let context = RequestContext {
+    RequestContext {
         conn: Connection::plain(peer),
         client: peer,
         request_id: HeaderValue::from_static("r1"),
         prefix_len: 0,
         version: http::Version::HTTP_11,
         trace: None,
-    };
+    }
+}
+
+/// The client's request the guest is answering.
+fn incoming() -> GuestRequest {
+    let context = context();
     let (method, uri) = (Method::GET, "/".parse().unwrap());
     GuestRequest::new(
         method,

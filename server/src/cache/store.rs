@@ -1,0 +1,727 @@
+//! The cache itself: its entries (one per key, with up to [`MAX_VARIANTS`] variants), the fills
+//! in flight (one per key; the others wait for it), and the lookups and stores that every space
+//! shares. Filling and revalidating are `fill.rs`'s, a guest's own entries `guest.rs`'s.
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_cache_semantics::{BeforeRequest, CacheOptions, RequestLike, ResponseLike};
+use prometheus::IntGauge;
+
+use crate::body::ResponseBody;
+
+use super::answer::{append_param, hit};
+use super::config::{CacheConfig, Purge};
+use super::space::{Counted, Counts, Space};
+use super::variant::Variant;
+use super::{key, purged};
+
+/// Most variants (`Vary`) kept of one key; a new one replaces the oldest.
+pub(super) const MAX_VARIANTS: usize = 8;
+/// How long a key whose fill was not storable is not collapsed (its misses run side by side).
+pub(super) const PASS_FOR: Duration = Duration::from_secs(10);
+/// Most keys remembered as not storable.
+pub(super) const PASSES: u64 = 100_000;
+/// The longest a miss waits for another request filling its key (then its guest runs).
+pub const COLLAPSE_WAIT: Duration = Duration::from_secs(30);
+pub(super) static CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-control");
+/// Request headers that proxies and web frameworks read as the request's host, scheme, URL or
+/// method, which the key does not hold. The answer to a request carrying one from a peer that
+/// is not a trusted proxy (`server.trusted_proxies`) is served and not stored: a guest that
+/// reflects one (a link to `X-Forwarded-Host`, say) would otherwise give every client the
+/// answer one client shaped.
+pub(super) static UNKEYED: [HeaderName; 14] = [
+    HeaderName::from_static("x-forwarded-host"),
+    HeaderName::from_static("x-forwarded-proto"),
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-forwarded-server"),
+    HeaderName::from_static("x-host"),
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+    header::FORWARDED,
+];
+
+/// One tenant's cache.
+pub struct Cache {
+    pub(super) entries: moka::sync::Cache<u64, Arc<Entry>>,
+    /// Keys a guest is filling now: later misses of the key wait for its answer.
+    pub(super) filling:
+        std::sync::Mutex<std::collections::HashMap<u64, tokio::sync::watch::Sender<()>>>,
+    /// Keys whose last fill proved not storable: their misses run at once, side by side
+    /// (hit-for-pass), for [`PASS_FOR`].
+    pub(super) passes: moka::sync::Cache<u64, ()>,
+    /// Keys are hashed with a per-cache random key: a client cannot aim at one slot.
+    pub(super) hasher: std::hash::RandomState,
+    /// How requests are keyed (`ignore_query`, `sort_query`, `key_headers`).
+    pub(super) keying: key::Keying,
+    pub(super) max_object: usize,
+    pub(super) store_set_cookie: bool,
+    pub(super) store_cookie_requests: bool,
+    /// Its front's counts (its backends' are their own).
+    pub(super) counts: Counts,
+    /// Purges, against the fills in flight that they name.
+    pub(super) purges: purged::Purges,
+    pub(super) stored_bytes: IntGauge,
+    /// Bytes its entries hold now, given back to `tern_cache_stored_bytes` when a deploy or
+    /// a change of settings drops the cache.
+    pub(super) held: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        let held = self
+            .held
+            .swap(i64::MIN / 2, std::sync::atomic::Ordering::Relaxed);
+        self.stored_bytes.sub(held.max(0));
+    }
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("entries", &self.entries.entry_count())
+            .field("bytes", &self.entries.weighted_size())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The stored answers of one key (space, scheme, host, path and query).
+pub(super) struct Entry {
+    pub(super) space: u8,
+    pub(super) https: bool,
+    pub(super) host: Box<str>,
+    pub(super) target: Box<str>,
+    pub(super) variants: Vec<Arc<Variant>>,
+}
+
+/// What the cache did with a request.
+pub enum Lookup {
+    /// Answered from the cache.
+    Hit(Response<ResponseBody>),
+    /// Answered with a stale stored answer (`stale-while-revalidate`); the guest is asked
+    /// for a new one in the background, with [`Fill`] storing it (see [`Fill::refresh`]).
+    Refresh(Response<ResponseBody>, Fill),
+    /// The guest answers; [`Fill::answered`] then stores what may be stored.
+    Miss(Fill),
+}
+
+/// A request the guest answers, and what the cache does with the answer.
+pub struct Fill {
+    pub(super) cache: Arc<Cache>,
+    /// Whose answer it fills (where it is counted).
+    pub(super) space: Space,
+    /// `Cache-Status`'s forward reason.
+    pub(super) fwd: &'static str,
+    pub(super) then: Then,
+    /// Other misses of the key wait for this one while it holds the key's place in `filling`
+    /// (until the answer is stored, or proves not to be).
+    pub(super) lead: Option<Lead>,
+    /// It waited for another request's fill first.
+    pub(super) collapsed: bool,
+    /// Why it is not stored, when the request decided it (`Cache-Status`'s `detail`).
+    pub(super) detail: Option<&'static str>,
+    /// What it is counted as (when it is dropped).
+    pub(super) counted: Counted,
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        let counts = self.space.counts(&self.cache.counts);
+        match self.counted {
+            Counted::Miss => counts.miss.inc(),
+            Counted::Bypass => counts.bypass.inc(),
+            Counted::Revalidated => counts.revalidated.inc(),
+            Counted::Stale => counts.stale.inc(),
+            Counted::Uncounted => {}
+        }
+    }
+}
+
+/// The place of the request filling a key: the misses of the key wait until it is dropped.
+pub(super) struct Lead {
+    pub(super) cache: Arc<Cache>,
+    pub(super) hash: u64,
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        // Ends the wait of the misses behind it, answered or not (a failure, a client that
+        // left): they look up again.
+        self.cache
+            .filling
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.hash);
+    }
+}
+
+pub(super) enum Then {
+    /// Nothing is stored.
+    Pass,
+    /// A non-error answer invalidates the key.
+    Invalidate(u64),
+    /// A storable answer is stored under the key.
+    Store(Box<Storing>),
+}
+
+#[derive(Clone)]
+pub(super) struct Storing {
+    pub(super) hash: u64,
+    pub(super) space: u8,
+    pub(super) https: bool,
+    pub(super) host: Box<str>,
+    pub(super) target: Box<str>,
+    /// The request as the policy reads it.
+    pub(super) uri: Uri,
+    pub(super) headers: HeaderMap,
+    /// The client's own validators, taken off the guest's request.
+    pub(super) if_none_match: Option<HeaderValue>,
+    pub(super) if_modified_since: Option<HeaderValue>,
+    /// The client's `Range` and `If-Range`, taken off too: the guest answers whole, and the
+    /// range is cut from the stored answer.
+    pub(super) range: Option<HeaderValue>,
+    pub(super) if_range: Option<HeaderValue>,
+    /// Its key's last fill proved not storable (hit-for-pass): it ran without waiting.
+    pub(super) passing: bool,
+    /// The cache's purge generation when the request was looked up: a purge since then that
+    /// names the answer keeps it from being stored.
+    pub(super) generation: u64,
+    /// The stale answer this request revalidates (its validators go to the guest; a `304`
+    /// keeps its body) and serves if the guest fails within its `stale-if-error`.
+    pub(super) stale: Option<Arc<Variant>>,
+    /// The freshness the requester set (`max-age=N`), standing for the answer's own
+    /// `Cache-Control` and `Expires` as a `CDN-Cache-Control` would.
+    pub(super) ttl: Option<HeaderValue>,
+    /// Tags the requester added to the answer's own.
+    pub(super) tags: Vec<Box<str>>,
+}
+
+impl Storing {
+    /// What storing the answer to `req` under key `hash` (of `space` and `key`: scheme, host
+    /// and target) needs, before the request's validators and the requester's overrides.
+    pub(super) fn new<B>(
+        hash: u64,
+        space: u8,
+        key: (bool, &str, &str),
+        req: &Request<B>,
+        generation: u64,
+    ) -> Self {
+        let (https, host, target) = key;
+        Self {
+            hash,
+            space,
+            https,
+            host: host.into(),
+            target: target.into(),
+            uri: req.uri().clone(),
+            headers: req.headers().clone(),
+            if_none_match: None,
+            if_modified_since: None,
+            range: None,
+            if_range: None,
+            passing: false,
+            generation,
+            stale: None,
+            ttl: None,
+            tags: Vec::new(),
+        }
+    }
+}
+
+/// Where a request came from, as the cache keys and trusts it.
+#[derive(Debug, Clone)]
+pub struct Asking<'a> {
+    /// It came over TLS.
+    pub https: bool,
+    /// The authority it is for, as its guest sees it (a port included when the client sent
+    /// one); compared without regard to case.
+    pub host: &'a str,
+    /// Its peer is a trusted proxy, whose forwarding headers stand (a guest's request to a
+    /// backend is trusted: the guest chose what it sent).
+    pub trusted: bool,
+    /// Whose answers it looks for.
+    pub space: Space,
+    /// The tenant's compression, and what this request asked of it: a hit is served as the
+    /// stored answer's copy in the client's encoding.
+    pub compress: Option<(&'a crate::compress::Compression, crate::compress::Asked)>,
+    /// The request may carry a body: its stream had not ended with its head (HTTP/2 and
+    /// HTTP/3 send a body with no `Content-Length` after a head without END_STREAM / FIN).
+    /// Its answer is not stored, since the key does not hold the body.
+    pub body: bool,
+}
+
+/// The request as `http-cache-semantics` reads it.
+pub(super) struct Asked<'a> {
+    pub(super) method: &'a Method,
+    pub(super) uri: &'a Uri,
+    pub(super) headers: &'a HeaderMap,
+}
+
+impl RequestLike for Asked<'_> {
+    fn uri(&self) -> Uri {
+        self.uri.clone()
+    }
+    fn is_same_uri(&self, other: &Uri) -> bool {
+        self.uri == other
+    }
+    fn method(&self) -> &Method {
+        self.method
+    }
+    fn headers(&self) -> &HeaderMap {
+        self.headers
+    }
+}
+
+/// The answer as the policy reads it: `CDN-Cache-Control` standing for `Cache-Control` (and
+/// `Expires`) when the guest sends it.
+pub(super) struct Answered<'a> {
+    pub(super) status: StatusCode,
+    pub(super) headers: std::borrow::Cow<'a, HeaderMap>,
+}
+
+impl ResponseLike for Answered<'_> {
+    fn status(&self) -> StatusCode {
+        self.status
+    }
+    fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+}
+
+/// What the policy is asked with: only explicit freshness, a shared cache's rules.
+pub(super) fn options() -> CacheOptions {
+    CacheOptions {
+        shared: true,
+        cache_heuristic: 0.0,
+        immutable_min_time_to_live: Duration::ZERO,
+        ignore_cargo_cult: false,
+    }
+}
+
+impl Cache {
+    /// A tenant's empty cache, counted under its metrics `label`.
+    pub fn new(config: &CacheConfig, metrics: &crate::metrics::Metrics, label: &str) -> Self {
+        let evictions = metrics.cache_evictions.with_label_values(&[label]);
+        let stored_bytes = metrics.cache_stored_bytes.with_label_values(&[label]);
+        // Every entry that leaves (replaced, stale, evicted, purged) gives its bytes back.
+        let held = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let (gauge, left) = (stored_bytes.clone(), held.clone());
+        let entries = moka::sync::Cache::builder()
+            .max_capacity(config.max_mib * 1024 * 1024)
+            .weigher(|_, entry: &Arc<Entry>| entry.weight())
+            .expire_after(Expire)
+            .eviction_listener(move |_, entry: Arc<Entry>, cause| {
+                let weight = i64::from(entry.weight());
+                // (Negative once the cache was dropped and gave back what it held.)
+                if left.fetch_sub(weight, std::sync::atomic::Ordering::Relaxed) >= 0 {
+                    gauge.sub(weight);
+                }
+                if cause == moka::notification::RemovalCause::Size {
+                    evictions.inc();
+                }
+            })
+            .build();
+        let result = |r: &str| metrics.cache_requests.with_label_values(&[label, r]);
+        Self {
+            entries,
+            filling: std::sync::Mutex::default(),
+            passes: moka::sync::Cache::builder()
+                .max_capacity(PASSES)
+                .time_to_live(PASS_FOR)
+                .build(),
+            hasher: std::hash::RandomState::new(),
+            keying: key::Keying::new(&config.ignore_query, config.sort_query, &config.key_headers),
+            max_object: usize::try_from(config.max_object_kib * 1024).unwrap_or(usize::MAX),
+            store_set_cookie: config.store_set_cookie,
+            store_cookie_requests: config.store_cookie_requests,
+            counts: Counts::new(result),
+            purges: purged::Purges::default(),
+            stored_bytes,
+            held,
+        }
+    }
+
+    pub(super) fn hash(&self, space: u8, https: bool, host: &str, target: &str) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write_u8(space);
+        h.write_u8(u8::from(https));
+        for b in host.bytes() {
+            h.write_u8(b.to_ascii_lowercase());
+        }
+        h.write_u8(0xff);
+        h.write(target.as_bytes());
+        h.finish()
+    }
+
+    /// Looks `req` up: a fresh stored answer, or what to do with the guest's. A storable miss
+    /// of a key another request is filling waits for that answer (at most [`COLLAPSE_WAIT`])
+    /// and is answered with it when it was stored.
+    pub async fn lookup<B>(self: &Arc<Self>, req: &Request<B>, asked: Asking<'_>) -> Lookup {
+        let unkeyed = !asked.trusted && UNKEYED.iter().any(|h| req.headers().contains_key(h));
+        let mut looked = self.look(req, &asked, unkeyed, false);
+        // A miss waits while another request fills its key. If that fill failed (a trap, a
+        // deadline, a 5xx: nothing stored, and no pass), one of those waiting fills it next
+        // and the rest wait on, so a failing guest is not run by every waiting request at
+        // once; all within COLLAPSE_WAIT, after which a request runs the guest itself.
+        let patience = Instant::now() + COLLAPSE_WAIT;
+        while let Lookup::Miss(fill) = &mut looked
+            && let Then::Store(s) = &mut fill.then
+        {
+            if self.passes.contains_key(&s.hash) {
+                // Not storable lately: runs at once (and does not renew the pass).
+                s.passing = true;
+                break;
+            }
+            let Some(mut filled) = self.lead(s.hash) else {
+                // This one fills the key; the misses behind it wait until its fill ends.
+                fill.lead = Some(Lead {
+                    cache: self.clone(),
+                    hash: s.hash,
+                });
+                break;
+            };
+            let left = patience.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            // The one filling drops its sender when it ends: `changed` returns.
+            let _ = tokio::time::timeout(left, filled.changed()).await;
+            // Counted by what the next look finds.
+            fill.counted = Counted::Uncounted;
+            looked = self.look(req, &asked, unkeyed, true);
+        }
+        looked
+    }
+
+    /// Takes the place of the request filling key `hash`, if no other request holds it (then
+    /// `None`); else a receiver that changes when that fill ends.
+    pub(super) fn lead(&self, hash: u64) -> Option<tokio::sync::watch::Receiver<()>> {
+        let mut filling = self
+            .filling
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match filling.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(f) => Some(f.get().subscribe()),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(tokio::sync::watch::channel(()).0);
+                None
+            }
+        }
+    }
+
+    /// One look at the store for `req` (`unkeyed`: it carries a header that could shape an
+    /// answer the key does not hold; `waited`: after waiting for another request's fill).
+    pub(super) fn look<B>(
+        self: &Arc<Self>,
+        req: &Request<B>,
+        asked: &Asking<'_>,
+        unkeyed: bool,
+        waited: bool,
+    ) -> Lookup {
+        let (https, host, compress) = (asked.https, asked.host, asked.compress);
+        let space = asked.space.tag();
+        let counts = asked.space.counts(&self.counts);
+        let method = req.method();
+        let (get, head) = (method == Method::GET, method == Method::HEAD);
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        // A backend's answers are keyed by what was sent to it, a guest's entries by the key
+        // it gave; the tenant's keying settings are for its clients' requests.
+        let key = match asked.space {
+            Space::Front => self.keying.key(target, req.headers()),
+            Space::Backend(_) | Space::Guest(_) => std::borrow::Cow::Borrowed(target),
+        };
+        let target = &*key;
+        let hash = self.hash(space, https, host, target);
+        let fill = |fwd, then, counted| Fill {
+            cache: self.clone(),
+            space: asked.space.clone(),
+            fwd,
+            then,
+            lead: None,
+            collapsed: waited,
+            detail: None,
+            counted,
+        };
+        if !get && !head {
+            let unsafe_method = method == Method::POST
+                || method == Method::PUT
+                || method == Method::PATCH
+                || method == Method::DELETE;
+            let then = if unsafe_method {
+                Then::Invalidate(hash)
+            } else {
+                Then::Pass
+            };
+            return Lookup::Miss(fill("method", then, Counted::Bypass));
+        }
+        // Only a bodiless GET's answer is stored: a body the key does not hold must not
+        // choose what others are answered.
+        let has_body = asked.body
+            || crate::body::declared_length(req.headers()).is_some_and(|n| n > 0)
+            || req.headers().contains_key(header::TRANSFER_ENCODING);
+        let storing = |stale: Option<Arc<Variant>>| {
+            let generation = self.purges.generation();
+            let mut s = Storing::new(hash, space, (https, host, target), req, generation);
+            s.stale = stale;
+            Then::Store(Box::new(s))
+        };
+        let mut fwd = "uri-miss";
+        let mut stale = None;
+        if let Some(entry) = self.entries.get(&hash)
+            && entry.is_for(space, https, host, target)
+        {
+            fwd = "vary-miss";
+            let now = Instant::now();
+            // The request's own directives are RFC 9111's to weigh; without them a variant is
+            // fresh for what it was stored with.
+            let directives = req.headers().contains_key(header::CACHE_CONTROL)
+                || req.headers().contains_key(header::PRAGMA);
+            if let Some(v) = entry
+                .variants
+                .iter()
+                .find(|v| v.vary_matches(req.headers()))
+            {
+                let fresh = if directives {
+                    let asked = Asked {
+                        method: &Method::GET,
+                        uri: req.uri(),
+                        headers: req.headers(),
+                    };
+                    !v.purged
+                        && matches!(
+                            v.policy.before_request(&asked, SystemTime::now()),
+                            BeforeRequest::Fresh(_)
+                        )
+                } else {
+                    v.fresh_at(now)
+                };
+                if fresh {
+                    let mut resp = self.compressed(hash, v, hit(v, req.headers(), now), compress);
+                    if waited {
+                        append_param(&mut resp, "collapsed");
+                        counts.collapsed.inc();
+                    } else {
+                        counts.hit.inc();
+                    }
+                    return Lookup::Hit(resp);
+                }
+                if !directives && v.serves_while_revalidating(now) {
+                    // Served stale at once; one request at a time refreshes it in the
+                    // background (none for a request whose headers could shape the answer).
+                    let mut resp = self.compressed(hash, v, hit(v, req.headers(), now), compress);
+                    append_param(&mut resp, "detail=stale-while-revalidate");
+                    counts.stale.inc();
+                    if get && !has_body && !unkeyed && self.lead(hash).is_none() {
+                        let mut refresh =
+                            fill("stale", storing(Some(v.clone())), Counted::Uncounted);
+                        refresh.lead = Some(Lead {
+                            cache: self.clone(),
+                            hash,
+                        });
+                        return Lookup::Refresh(resp, refresh);
+                    }
+                    return Lookup::Hit(resp);
+                }
+                fwd = if directives { "request" } else { "stale" };
+                stale = Some(v.clone());
+            }
+        }
+        if head || has_body {
+            return Lookup::Miss(fill(fwd, Then::Pass, Counted::Miss));
+        }
+        let mut miss = fill(fwd, storing(stale), Counted::Miss);
+        if unkeyed {
+            miss.then = Then::Pass;
+            miss.detail = Some("unkeyed-header");
+        }
+        Lookup::Miss(miss)
+    }
+
+    /// Drops the stored answers `purge` names, or with `soft` makes them stale; how many
+    /// keys it named (every key for `all`, else those whose path starts with a prefix or
+    /// whose answers carry a tag).
+    ///
+    /// # Errors
+    /// A purge naming nothing, or more than one way ([`Purge::check`]).
+    pub fn purge(&self, purge: &Purge) -> Result<u64, String> {
+        purge.check()?;
+        // Prefixes in the normal form the keys are in (`/caf%c3%a9` is `/caf%C3%A9`).
+        let prefixes = purge
+            .prefixes
+            .iter()
+            .map(|p| crate::target::normalize(p).map(std::borrow::Cow::into_owned))
+            .collect::<Result<Vec<String>, _>>()
+            .map_err(|why| format!("a purge prefix: {why}"))?;
+        let named = purged::Named {
+            all: purge.all,
+            prefixes,
+            tags: purge.tags.clone(),
+        };
+        Ok(self
+            .purges
+            .purge(named, |named| self.drop_named(named, purge.soft)))
+    }
+
+    /// Drops the entries `named` names, or with `soft` makes them stale; how many.
+    pub(super) fn drop_named(&self, named: &purged::Named, soft: bool) -> u64 {
+        if named.all && !soft {
+            let count = self.entries.iter().count() as u64;
+            self.entries.invalidate_all();
+            // Their bytes are given back now, not at the store's next upkeep.
+            self.entries.run_pending_tasks();
+            return count;
+        }
+        let now = Instant::now();
+        let mut purged = 0;
+        for (hash, entry) in &self.entries {
+            if !named.names(entry.space, &entry.target, entry.tags()) {
+                continue;
+            }
+            purged += 1;
+            if soft {
+                self.put(
+                    *hash,
+                    Entry {
+                        space: entry.space,
+                        https: entry.https,
+                        host: entry.host.clone(),
+                        target: entry.target.clone(),
+                        variants: entry
+                            .variants
+                            .iter()
+                            .map(|v| Arc::new(v.made_stale(now)))
+                            .collect(),
+                    },
+                );
+            } else {
+                self.entries.invalidate(&*hash);
+            }
+        }
+        self.entries.run_pending_tasks();
+        purged
+    }
+
+    /// Stores `entry` under `hash`, counting its bytes (the one it replaces gives its own
+    /// back when it leaves).
+    pub(super) fn put(&self, hash: u64, entry: Entry) {
+        self.put_arc(hash, Arc::new(entry));
+    }
+
+    pub(super) fn put_arc(&self, hash: u64, entry: Arc<Entry>) {
+        let weight = i64::from(entry.weight());
+        self.held
+            .fetch_add(weight, std::sync::atomic::Ordering::Relaxed);
+        self.stored_bytes.add(weight);
+        self.entries.insert(hash, entry);
+    }
+
+    /// The hit `resp` from the stored `v` (under `hash`) as its client takes it: in the
+    /// client's encoding, from `v`'s copy in it, made now by the first client to take it and
+    /// then counted in the cache's bytes.
+    pub(super) fn compressed(
+        &self,
+        hash: u64,
+        v: &Arc<Variant>,
+        resp: Response<ResponseBody>,
+        compress: Option<(&crate::compress::Compression, crate::compress::Asked)>,
+    ) -> Response<ResponseBody> {
+        let Some((compression, asked)) = compress else {
+            return resp;
+        };
+        let (resp, made) = compression.apply_stored(asked, resp, &v.copies);
+        if let Some(bytes) = made {
+            self.grew(hash, v, bytes);
+        }
+        resp
+    }
+
+    /// Counts a copy of `bytes` made for the stored `v` under `hash`, if `v` is still stored
+    /// there (a new answer may have replaced it; its copies then leave with it, uncounted):
+    /// the entry is stored again so the store weighs it anew, and the bytes are added
+    /// first because the entry it replaces (itself) gives back its weight with the copy in.
+    pub(super) fn grew(&self, hash: u64, v: &Arc<Variant>, bytes: usize) {
+        let since = self.purges.generation();
+        let Some(entry) = self.entries.get(&hash) else {
+            return;
+        };
+        if !entry.variants.iter().any(|w| Arc::ptr_eq(w, v)) {
+            return;
+        }
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.held
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        self.stored_bytes.add(bytes);
+        self.put_arc(hash, entry.clone());
+        // A purge that went through the entries between the look and the put missed what
+        // was put again: dropped here instead.
+        if self
+            .purges
+            .named_since(since, |n| n.names(entry.space, &entry.target, entry.tags()))
+        {
+            self.entries.invalidate(&hash);
+        }
+    }
+}
+
+impl Entry {
+    /// Whether it holds the key `space`, `https`, `host`, `target` (its hash may be another
+    /// key's).
+    pub(super) fn is_for(&self, space: u8, https: bool, host: &str, target: &str) -> bool {
+        self.space == space
+            && self.https == https
+            && self.host.eq_ignore_ascii_case(host)
+            && &*self.target == target
+    }
+
+    /// The tags its answers were stored with.
+    pub(super) fn tags(&self) -> impl Iterator<Item = &str> {
+        self.variants
+            .iter()
+            .flat_map(|v| v.tags.iter().map(|t| &**t))
+    }
+
+    /// Bytes it holds, roughly: what the cache's size counts.
+    pub(super) fn weight(&self) -> u32 {
+        let key = self.host.len() + self.target.len() + 64;
+        let bytes = self.variants.iter().fold(key, |n, v| {
+            let headers: usize = v
+                .headers
+                .iter()
+                .map(|(k, v)| k.as_str().len() + v.len() + 32)
+                .sum();
+            n + v.body.len() + v.copies.bytes() + headers + 256
+        });
+        u32::try_from(bytes).unwrap_or(u32::MAX)
+    }
+}
+
+/// Entries leave when none of their variants can be used any more, fresh or stale.
+pub(super) struct Expire;
+
+impl moka::Expiry<u64, Arc<Entry>> for Expire {
+    fn expire_after_create(&self, _: &u64, entry: &Arc<Entry>, now: Instant) -> Option<Duration> {
+        entry.variants.iter().map(|v| v.usable_for(now)).max()
+    }
+
+    fn expire_after_update(
+        &self,
+        key: &u64,
+        entry: &Arc<Entry>,
+        now: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        self.expire_after_create(key, entry, now)
+    }
+}

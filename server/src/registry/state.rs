@@ -1,0 +1,313 @@
+//! The registry's state: what is served ([`Live`]), what was last read or written
+//! ([`State`]), and the [`Registry`] holding them, with the checks a change passes first. Its
+//! operations are the sibling files' `impl Registry` blocks, one subject each.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+
+use super::loader::Loader;
+use crate::change::ChangeError;
+use crate::config::Config;
+use crate::datadir::{Manifest, StoredTenant, TenantSpec, Version};
+use crate::engine::EpochTicker;
+use crate::fleet::Fleet;
+use crate::router::{Clash, Route, Router};
+use crate::tenant::{Carried, Tenant, TenantRef};
+use object_store::UpdateVersion;
+
+/// What requests read: the routing table and the tenants by name.
+#[derive(Debug, Default)]
+pub struct Live {
+    /// Host/path → tenant.
+    pub router: Router<TenantRef>,
+    /// Every routed tenant.
+    pub tenants: BTreeMap<String, TenantRef>,
+}
+
+impl Live {
+    /// The table serving `tenants`, with their routes (refused if two routes clash).
+    pub(super) fn build(tenants: impl IntoIterator<Item = TenantRef>) -> Result<Live, Clash> {
+        let tenants: BTreeMap<String, TenantRef> =
+            tenants.into_iter().map(|t| (t.name.clone(), t)).collect();
+        let router = Router::build(tenants.values().map(|t| {
+            Route::new(
+                &t.name,
+                t.hosts.iter().map(String::as_str),
+                t.paths.iter().map(String::as_str),
+                t.clone(),
+            )
+        }))?;
+        Ok(Live { router, tenants })
+    }
+
+    /// This table with tenant `name` served by `tenant`, or not served at all (`None`).
+    pub(super) fn with(&self, name: &str, tenant: Option<TenantRef>) -> Result<Live, Clash> {
+        let mut tenants = self.tenants.clone();
+        match tenant {
+            Some(t) => tenants.insert(name.to_string(), t),
+            None => tenants.remove(name),
+        };
+        Self::build(tenants.into_values())
+    }
+
+    /// What a new version of tenant `name` carries over from the one serving (its counters).
+    pub(super) fn carried(&self, name: &str) -> Carried {
+        self.tenants
+            .get(name)
+            .map(|t| Carried::from(t))
+            .unwrap_or_default()
+    }
+}
+
+/// What a deploy did.
+#[derive(Debug, Clone)]
+pub struct Deployed {
+    /// The version now serving.
+    pub version: Version,
+    /// The version it replaced.
+    pub previous: Option<Version>,
+    /// What the module's author should know (e.g. a module that cannot answer requests).
+    pub warnings: Vec<String>,
+    /// The guest kind it serves as.
+    pub kind: crate::config::GuestKind,
+    /// The tenant's entity tag after the change (`StoredTenant::etag`).
+    pub etag: String,
+}
+
+/// Everything that changes only under the change lock.
+pub(super) struct State {
+    /// The config in effect (its tenants are the config-owned ones).
+    pub(super) config: Config,
+    /// The file it came from (`None`: the built-in demo config).
+    pub(super) config_path: Option<PathBuf>,
+    /// The API tenants this process serves, as saved in the data directory (with a shared
+    /// registry: the snapshot a restart serves from while the registry cannot be reached).
+    pub(super) manifest: Manifest,
+    /// With a shared registry: its manifest as last read, and its version; `None` until it
+    /// has been read.
+    pub(super) shared: Option<Read>,
+    /// With a shared registry: when tenants that failed to load from it are tried again.
+    pub(super) retry_at: Option<Instant>,
+}
+
+impl State {
+    /// The manifest changes start from: the shared registry's, else the data directory's.
+    pub(super) fn truth(&self) -> &Manifest {
+        self.shared.as_ref().map_or(&self.manifest, |r| &r.manifest)
+    }
+}
+
+/// One change to one API tenant, as the change functions hand it to [`Registry::commit`].
+pub(super) struct Change {
+    /// The tenant.
+    pub(super) name: String,
+    /// Its entry the change was computed from (`None`: there was none).
+    pub(super) base: Option<StoredTenant>,
+    /// Its entry after the change (`None`: deleted).
+    pub(super) entry: Option<StoredTenant>,
+    /// What serves it after the change: `None` leaves the table as it is, `Some(None)` stops
+    /// routing it.
+    pub(super) serve: Option<Option<TenantRef>>,
+}
+
+/// The live tenants and the way to change them.
+pub struct Registry {
+    pub(super) live: ArcSwap<Live>,
+    pub(super) state: tokio::sync::Mutex<State>,
+    /// The engine, linkers, store and limits every load uses (shared with blocking threads).
+    pub(super) loader: Arc<Loader>,
+    /// The epoch tickers of the engines in use: the current one's, and any replaced one's
+    /// until its last guest is gone.
+    pub(super) tickers: Mutex<Vec<EpochTicker>>,
+    /// Whether every tenant is linked on an engine with the `memset` reset (sent once the
+    /// switch of [`Registry::use_memset_reset`] is published).
+    pub(super) memset: tokio::sync::watch::Sender<bool>,
+    /// The fleet's shared registry, if there is one.
+    pub(super) fleet: Option<Arc<Fleet>>,
+    /// Whether there is something consistent to serve: always on a single server; with a
+    /// shared registry, once it was read or a snapshot of it was loaded.
+    pub(super) ready: std::sync::atomic::AtomicBool,
+    /// Whether this replica's report in the shared registry is behind what it serves.
+    pub(super) report_due: std::sync::atomic::AtomicBool,
+    /// How far this replica applied the shared registry's purge log.
+    pub(super) purges: tokio::sync::Mutex<Applied>,
+    /// When it started (Unix seconds): purges logged before then concern none of its answers.
+    pub(super) started_at: u64,
+    /// What seals and opens tenants' secret variables (none: a fleet's replica not given
+    /// the fleet's key, which neither sets nor reads secrets).
+    pub(super) secrets: Option<Arc<crate::variables::SecretsKey>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("tenants", &self.live.load().tenants.len())
+            .field("store", &self.loader.store.root())
+            .finish()
+    }
+}
+
+/// Runs `f` over `items` on one thread per core (module loading is CPU- and mmap-bound).
+pub(super) fn parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(items.len())
+        .max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    let r = f(item);
+                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every item was processed")
+        })
+        .collect()
+}
+
+/// The loaded tenants by name, or one error naming every tenant that failed.
+pub(super) fn collect<E: std::fmt::Display>(
+    results: Vec<Result<Tenant, E>>,
+    what: &str,
+) -> anyhow::Result<BTreeMap<String, TenantRef>> {
+    let mut out = BTreeMap::new();
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(t) => {
+                out.insert(t.name.clone(), Arc::new(t));
+            }
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    if !errors.is_empty() {
+        anyhow::bail!("{} {what}:\n  {}", errors.len(), errors.join("\n  "));
+    }
+    Ok(out)
+}
+
+/// Refuses a tenant declared in the config file that was also deployed through the API (on
+/// this server, or in the fleet's registry at `registry`): each tenant has one owner.
+pub(super) fn one_owner(
+    config: &Config,
+    manifest: &Manifest,
+    registry: Option<&str>,
+) -> Result<(), ChangeError> {
+    let through = registry.map_or_else(
+        || "the admin API".to_string(),
+        |url| format!("the admin API to the fleet's registry {url}"),
+    );
+    match config
+        .tenants
+        .iter()
+        .find(|t| manifest.tenants.contains_key(t.name.get_ref()))
+    {
+        Some(t) => Err(ChangeError::Conflict(format!(
+            "tenant {:?} is declared in the config file and was also deployed through \
+             {through}; delete it through the API or rename it in the file",
+            t.name.get_ref()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Checks that the cache share `name` asks for with `spec` fits in the server's cache budget
+/// beside the others' (the config file's tenants and the API's). In a fleet it is checked by
+/// the replica that takes the change, against its own budget.
+pub(super) fn check_cache_budget(
+    state: &State,
+    name: &str,
+    spec: &TenantSpec,
+) -> Result<(), ChangeError> {
+    use crate::config::ServerConfig;
+    let budget = state.config.server.cache_max_mib;
+    let others = ServerConfig::cache_shares(state.config.tenants.iter().map(|t| &t.settings))
+        + ServerConfig::cache_shares(
+            state
+                .truth()
+                .tenants
+                .iter()
+                .filter(|(n, _)| *n != name)
+                .map(|(_, t)| &t.spec),
+        );
+    let asked = ServerConfig::cache_shares([spec]);
+    let held = ServerConfig::cache_shares(state.truth().tenants.get(name).map(|t| &t.spec));
+    // A change that does not grow the share is never refused (the budget may have been
+    // lowered since it was reserved).
+    if asked > held && others + asked > budget {
+        return Err(ChangeError::Conflict(format!(
+            "cache.max_mib = {asked} does not fit in this server's cache budget: other tenants \
+             reserve {others} of its {budget} MiB (server.cache_max_mib); ask for at most {}",
+            budget.saturating_sub(others)
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that `name` with `spec` claims no route another tenant has: a serving one, or one
+/// created through the API that has no module yet (its routes are reserved too).
+pub(super) fn check_routes(
+    live: &Live,
+    manifest: &Manifest,
+    name: &str,
+    spec: &TenantSpec,
+) -> Result<(), ChangeError> {
+    pub(super) fn route<'a>(
+        name: &'a str,
+        hosts: &'a [String],
+        paths: &'a [String],
+    ) -> Route<'a, ()> {
+        Route::new(
+            name,
+            hosts.iter().map(String::as_str),
+            paths.iter().map(String::as_str),
+            (),
+        )
+    }
+    let serving = live
+        .tenants
+        .values()
+        .filter(|t| t.name != name)
+        .map(|t| route(&t.name, &t.hosts, &t.paths));
+    let pending = manifest
+        .tenants
+        .iter()
+        .filter(|(n, t)| *n != name && t.current.is_none())
+        .map(|(n, t)| route(n, &t.spec.hosts, &t.spec.paths));
+    let this = std::iter::once(route(name, &spec.hosts, &spec.paths));
+    Router::build(serving.chain(pending).chain(this))?;
+    Ok(())
+}
+
+/// The shared registry's manifest as last read.
+#[derive(Debug, Clone)]
+pub(super) struct Read {
+    pub(super) manifest: Manifest,
+    /// Its version (`None`: the registry has no manifest yet).
+    pub(super) version: Option<UpdateVersion>,
+}
+
+/// How far this replica has applied the log.
+#[derive(Debug, Default)]
+pub(super) struct Applied {
+    /// The log's version as last read.
+    pub(super) version: Option<UpdateVersion>,
+    /// The number of the last purge applied (`None`: the log was not read yet).
+    pub(super) through: Option<u64>,
+}
