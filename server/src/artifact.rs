@@ -186,7 +186,7 @@ pub enum ArtifactError {
         /// The file.
         path: String,
         /// Which limit.
-        limit: crate::host::Exhausted,
+        limit: crate::os::Exhausted,
     },
     /// A sealed artifact from another wasmtime version or engine configuration.
     #[error(
@@ -203,11 +203,11 @@ pub enum ArtifactError {
 
 impl ArtifactError {
     /// The host limit this error ran into, if any: no file descriptor or mapping left.
-    pub fn exhausted(&self) -> Option<crate::host::Exhausted> {
+    pub fn exhausted(&self) -> Option<crate::os::Exhausted> {
         match self {
             Self::HostLimit { limit, .. } => Some(*limit),
-            Self::Io(e) => crate::host::Exhausted::of_os_error(&e.source)
-                .filter(|l| *l == crate::host::Exhausted::OpenFiles),
+            Self::Io(e) => crate::os::Exhausted::of_os_error(&e.source)
+                .filter(|l| *l == crate::os::Exhausted::OpenFiles),
             _ => None,
         }
     }
@@ -469,7 +469,7 @@ pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Compiled, ArtifactErro
     let mut file = match File::open(path) {
         Ok(file) => file,
         Err(e) => {
-            return Err(match crate::host::Exhausted::of_os_error(&e) {
+            return Err(match crate::os::Exhausted::of_os_error(&e) {
                 Some(limit) => host_limit(limit),
                 None => io_err(path)(e).into(),
             });
@@ -486,7 +486,7 @@ pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Compiled, ArtifactErro
     }
     // Mapping the code can fail for want of mappings (or memory): that is not the artifact's
     // fault.
-    let incompatible = |e: wasmtime::Error| match crate::host::Exhausted::in_chain(e.chain()) {
+    let incompatible = |e: wasmtime::Error| match crate::os::Exhausted::in_chain(e.chain()) {
         Some(limit) => host_limit(limit),
         None => ArtifactError::Incompatible {
             path: path.display().to_string(),

@@ -7,7 +7,7 @@
 //! settings and the server resource it needs, held in [`Resources`]), and a `Session` per request (`Session::new`, from the grant and the
 //! request's [`RequestContext`]). [`Grants`] and [`Capabilities`] compose them, a line each.
 //! Every kind's store state holds a request's capabilities and gives them out through
-//! [`HostView`]; each host API reaches its part there, and only its handles (the `tern` ABI's)
+//! [`CapabilitiesView`]; each host API reaches its part there, and only its handles (the `tern` ABI's)
 //! or bindings (the components') are the kind's own. A new host API is its module (grant,
 //! session, link functions), a line in each of [`Resources`] (when it needs a server
 //! resource), [`Grants`] and [`Capabilities`], and a line per kind in the linkers' composition
@@ -118,7 +118,7 @@ impl Capabilities {
 }
 
 /// A store state that holds its request's [`Capabilities`].
-pub trait HostView {
+pub trait CapabilitiesView {
     /// The request's capabilities.
-    fn host(&mut self) -> &mut Capabilities;
+    fn capabilities(&mut self) -> &mut Capabilities;
 }

@@ -119,7 +119,7 @@ pub fn keep_resident_kib(pool: &PoolConfig) -> usize {
 pub fn build(pool: &PoolConfig) -> anyhow::Result<Engine> {
     Engine::new(&engine_config(pool)).map_err(|e| {
         // The pool's reservation is the mapping that fails for want of address space.
-        if crate::host::Exhausted::in_chain(e.chain()).is_none() {
+        if crate::os::Exhausted::in_chain(e.chain()).is_none() {
             return anyhow::anyhow!("cannot create engine: {e:#}");
         }
         let slots = pool.memory_slots();

@@ -72,7 +72,7 @@
 //!   environment give them to guests.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
 //! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
-//!   before each teardown (with [`artifact`] and [`host`], the only modules with `unsafe`,
+//!   before each teardown (with [`artifact`] and [`os`], the only modules with `unsafe`,
 //!   besides one `sched_setscheduler` call in [`kv::sqlite`]).
 //! - [`tenant`]: loaded tenants: the pre-linked guest (its kind), limits, env, metric handles.
 //! - [`registry`]: the live tenant table (swapped atomically) and the one path every change is
@@ -90,7 +90,7 @@
 //! - [`artifact`]: ahead-of-time compilation, sealed artifacts, the artifact cache (`unsafe`:
 //!   loading compiled code).
 //! - [`engine`]: the wasmtime `Config` shared by `tern serve` and `tern compile`, epoch ticker.
-//!   [`host`]: what the host lets the process hold (open files, memory mappings) against
+//!   [`os`]: what the host lets the process hold (open files, memory mappings) against
 //!   what modules and pool slots take; the limit named when one is hit (`unsafe`: two
 //!   `rlimit` calls).
 //! - [`metrics`], [`admin`]: Prometheus metrics; the admin listener and API.
@@ -146,12 +146,12 @@ pub mod front;
 pub mod guest;
 pub mod h3_streams;
 pub mod hex;
-pub mod host;
 pub mod http;
 pub mod kv;
 pub mod listener;
 pub mod logwriter;
 pub mod metrics;
+pub mod os;
 pub mod outbound;
 pub mod outcome;
 pub mod pagemap;

@@ -107,7 +107,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 /// See [`start`].
 pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Result<Running> {
     // A file per loaded module and a socket per connection: take all the process may have.
-    if let Some((before, after)) = crate::host::raise_open_files() {
+    if let Some((before, after)) = crate::os::raise_open_files() {
         tracing::info!("limit of open files raised from {before} to {after} (the hard limit)");
     }
     // Decided once, before the engine and every tenant take it from `config.pool`.
@@ -170,7 +170,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
 
     let (slots, connections) = (config.pool.memory_slots(), config.server.max_connections);
     let headroom =
-        tokio::task::spawn_blocking(move || crate::host::check_headroom(slots, connections));
+        tokio::task::spawn_blocking(move || crate::os::check_headroom(slots, connections));
     for warning in headroom.await.unwrap_or_default() {
         tracing::warn!("{warning}");
     }

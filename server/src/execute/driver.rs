@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use wasmtime::{Store, Trap};
 use wasmtime_wasi::I32Exit;
 
-use crate::capabilities::HostView;
+use crate::capabilities::CapabilitiesView;
 use crate::guest::module::GuestFault;
 use crate::guest::slice::Slicing;
 use crate::guest::{GuestLimits, GuestResponse, Stdio};
@@ -55,7 +55,7 @@ pub(super) trait Driver {
 }
 
 /// What the shared lifecycle reads and keeps in every kind's store state.
-pub(crate) trait GuestStore: HostView + Send + 'static {
+pub(crate) trait GuestStore: CapabilitiesView + Send + 'static {
     /// The guest's time slicing ([`crate::guest::slice`]), kept by the epoch callback.
     fn slicing(&mut self) -> &mut Slicing;
     /// Memory and table limits, and whether the guest ran into them.
@@ -168,7 +168,7 @@ pub(super) fn classify(
     };
     // Not the guest's doing: the operator needs the cause (the client gets only `what`), and
     // when the host ran out of mappings or files, which limit and how to raise it.
-    match crate::host::Exhausted::in_chain(err.chain()) {
+    match crate::os::Exhausted::in_chain(err.chain()) {
         Some(limit) => tracing::warn!("{what}: {err:#}; {}", limit.advice()),
         None => tracing::warn!("{what}: {err:#}"),
     }

@@ -23,7 +23,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::sync::oneshot;
 use wasmtime::{Store, UpdateDeadline};
 
-use crate::capabilities::{Capabilities, HostView};
+use crate::capabilities::{Capabilities, CapabilitiesView};
 use crate::guest::{Guest, GuestRequest, GuestResponse, Head, Stdio};
 use crate::outcome::{ExecError, Outcome, body_too_large};
 use crate::teardown;
@@ -206,7 +206,7 @@ async fn run(tenant: TenantRef, request: GuestRequest, commit: oneshot::Sender<H
     }
     let head_request = request.method == http::Method::HEAD;
     // Every kind's host capabilities, prepared once.
-    let host = Capabilities::new(&tenant.grants, &request.context);
+    let capabilities = Capabilities::new(&tenant.grants, &request.context);
     let run = Run {
         start,
         request_id,
@@ -215,16 +215,17 @@ async fn run(tenant: TenantRef, request: GuestRequest, commit: oneshot::Sender<H
     match &tenant.guest {
         Guest::Tern(core) => {
             let (driver, state) =
-                module::Module::new(&tenant, core, false, request, response, host);
+                module::Module::new(&tenant, core, false, request, response, capabilities);
             lifecycle(&tenant, driver, state, run).await
         }
         Guest::Cgi(core) => {
-            let (driver, state) = module::Module::new(&tenant, core, true, request, response, host);
+            let (driver, state) =
+                module::Module::new(&tenant, core, true, request, response, capabilities);
             lifecycle(&tenant, driver, state, run).await
         }
         Guest::WasiHttp(handler) => {
             let (driver, state) =
-                wasi_http::Component::new(&tenant, handler, request, response, host);
+                wasi_http::Component::new(&tenant, handler, request, response, capabilities);
             lifecycle(&tenant, driver, state, run).await
         }
     }
@@ -265,7 +266,7 @@ async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, r
     let data = store.data_mut();
     tenant.slice_habit.record(data.slicing());
     tenant.memory_peak.observe(data.limits().peak_memory as f64);
-    let (outbound, kv) = data.host().waited();
+    let (outbound, kv) = data.capabilities().waited();
     let stdio = data.take_stdio();
     add_stderr(tenant, &mut result, stdio.as_ref());
     let started = Instant::now();

@@ -30,7 +30,7 @@ impl<'a> Module<'a> {
         cgi: bool,
         request: GuestRequest,
         response: GuestResponse,
-        host: Capabilities,
+        capabilities: Capabilities,
     ) -> (Self, GuestState) {
         let state = GuestState {
             wasi: Wasi::new(tenant.wasi.clone()),
@@ -39,7 +39,7 @@ impl<'a> Module<'a> {
             response,
             limits: guest_limits(&tenant.limits),
             files: fs::Files::new(tenant.assets.clone()),
-            host,
+            capabilities,
             tables: Default::default(),
             cgi: cgi.then(Cgi::default),
             headers_blob: None,

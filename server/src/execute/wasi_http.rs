@@ -47,14 +47,15 @@ impl<'a> Component<'a> {
         handler: &'a Handler,
         request: GuestRequest,
         response: GuestResponse,
-        mut host: Capabilities,
+        mut capabilities: Capabilities,
     ) -> (Self, HttpState) {
         // What the request hands on to the guest's requests, worked out now: its headers go
         // to the guest.
-        host.outbound
+        capabilities
+            .outbound
             .passing(&request.headers, request.context.trace.as_ref());
         let limits = guest_limits(&tenant.limits);
-        let mut state = HttpState::new(tenant.wasi.clone(), limits, host);
+        let mut state = HttpState::new(tenant.wasi.clone(), limits, capabilities);
         state.slicing = Slicing::new(tenant.slice_habit.long_first_slice());
         let scheme = match request.context.conn.tls {
             Some(_) => Scheme::Https,

@@ -66,7 +66,7 @@ pub fn bind(
     let socket = std::net::UdpSocket::bind(addr)
         .with_context(|| format!("cannot listen on {addr} (UDP, HTTP/3)"))?;
     let (receive, send) =
-        crate::host::raise_socket_buffers(&socket, c.http3_socket_buffer_kib * 1024);
+        crate::os::raise_socket_buffers(&socket, c.http3_socket_buffer_kib * 1024);
     tracing::info!(
         "HTTP/3 on udp {}: socket buffers {} KiB receive, {} KiB send (asked {} KiB; the \
          kernel caps them at net.core.rmem_max / wmem_max)",

@@ -40,7 +40,7 @@ pub struct GuestState {
     /// The tenant's `/assets` and the files this request opened (tenants with assets only).
     pub files: fs::Files,
     /// The request's host capabilities (outbound, key-value), every kind's.
-    pub host: crate::capabilities::Capabilities,
+    pub capabilities: crate::capabilities::Capabilities,
     /// The handles the request holds through the `tern` ABI (outbound requests, open
     /// key-value stores, cache entries).
     pub tables: tern::Tables,
@@ -52,9 +52,9 @@ pub struct GuestState {
     pub slicing: crate::guest::slice::Slicing,
 }
 
-impl crate::capabilities::HostView for GuestState {
-    fn host(&mut self) -> &mut crate::capabilities::Capabilities {
-        &mut self.host
+impl crate::capabilities::CapabilitiesView for GuestState {
+    fn capabilities(&mut self) -> &mut crate::capabilities::Capabilities {
+        &mut self.capabilities
     }
 }
 
@@ -94,7 +94,7 @@ impl tern::OutboundView for GuestState {
         &mut GuestRequest,
         &mut GuestResponse,
     ) {
-        let calls = self.tables.outbound.with(&mut self.host.outbound);
+        let calls = self.tables.outbound.with(&mut self.capabilities.outbound);
         (calls, &mut self.request, &mut self.response)
     }
 
@@ -105,7 +105,7 @@ impl tern::OutboundView for GuestState {
 
 impl tern::KvView for GuestState {
     fn kv(&mut self) -> (&mut tern::Kv, &mut crate::kv::Session) {
-        (&mut self.tables.kv, &mut self.host.kv)
+        (&mut self.tables.kv, &mut self.capabilities.kv)
     }
 
     fn kv_handles(&self) -> &tern::Kv {
@@ -115,7 +115,7 @@ impl tern::KvView for GuestState {
 
 impl tern::CacheView for GuestState {
     fn cache(&mut self) -> (&mut tern::CacheEntries, &mut crate::cache::guest::Session) {
-        (&mut self.tables.cache, &mut self.host.cache)
+        (&mut self.tables.cache, &mut self.capabilities.cache)
     }
 
     fn cache_entries(&self) -> &tern::CacheEntries {
@@ -125,7 +125,7 @@ impl tern::CacheView for GuestState {
 
 impl tern::ConfigView for GuestState {
     fn variables(&self) -> &crate::variables::Grant {
-        &self.host.variables
+        &self.capabilities.variables
     }
 }
 
@@ -154,7 +154,7 @@ impl GuestState {
     /// request's meta-variables.
     fn wasi_ctx(&mut self) -> &mut WasiP1Ctx {
         let (request, cgi) = (&self.request, self.cgi.is_some());
-        let variables = &self.host.variables;
+        let variables = &self.capabilities.variables;
         self.wasi.ctx(variables, |spec| {
             cgi.then(|| {
                 // A tenant whose secrets cannot be opened here gives its program none of them.

@@ -69,7 +69,7 @@ pub struct HttpState {
     http: WasiHttpCtx,
     /// The request's host capabilities: outbound requests go through its session ([`hooks`]),
     /// key-value operations through its stores ([`kv`]).
-    host: Capabilities,
+    capabilities: Capabilities,
     /// Memory and table limits, and whether the guest ran into them.
     pub limits: GuestLimits,
     /// The main memory's address and length, as the memory probe last reported them
@@ -81,7 +81,7 @@ pub struct HttpState {
 
 impl WasiView for HttpState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        let (spec, stdio, variables) = (&self.spec, &mut self.stdio, &self.host.variables);
+        let (spec, stdio, variables) = (&self.spec, &mut self.stdio, &self.capabilities.variables);
         let ctx = self.wasi.get_or_insert_with(|| {
             let stdio = stdio.get_or_insert_with(|| Stdio::new(spec.stdio_bytes));
             WasiCtxBuilder::new()
@@ -103,7 +103,7 @@ impl WasiHttpView for HttpState {
         WasiHttpCtxView {
             ctx: &mut self.http,
             table: &mut self.table,
-            hooks: &mut self.host.outbound,
+            hooks: &mut self.capabilities.outbound,
         }
     }
 }
@@ -114,7 +114,7 @@ impl HttpState {
     /// Key-value stores ([`kv`]).
     pub fn kv(&mut self) -> kv::KvHost<'_> {
         kv::KvHost {
-            session: &mut self.host.kv,
+            session: &mut self.capabilities.kv,
             table: &mut self.table,
             max_memory: self.limits.max_memory,
         }
@@ -123,7 +123,7 @@ impl HttpState {
     /// The guest's own cache entries ([`cache`]).
     pub fn cache(&mut self) -> cache::CacheHost<'_> {
         cache::CacheHost {
-            session: &mut self.host.cache,
+            session: &mut self.capabilities.cache,
             table: &mut self.table,
         }
     }
@@ -131,21 +131,21 @@ impl HttpState {
     /// The tenant's variables ([`variables`]).
     pub fn variables(&mut self) -> variables::VariablesHost<'_> {
         variables::VariablesHost {
-            variables: &self.host.variables,
+            variables: &self.capabilities.variables,
         }
     }
 }
 
-impl crate::capabilities::HostView for HttpState {
-    fn host(&mut self) -> &mut Capabilities {
-        &mut self.host
+impl crate::capabilities::CapabilitiesView for HttpState {
+    fn capabilities(&mut self) -> &mut Capabilities {
+        &mut self.capabilities
     }
 }
 
 impl HttpState {
     /// The state of one request of a tenant whose guests see `spec` (args, env; stdout and
-    /// stderr captured), limited by `limits`, with the request's `host` capabilities.
-    pub fn new(spec: Arc<WasiSpec>, mut limits: GuestLimits, host: Capabilities) -> Self {
+    /// stderr captured), limited by `limits`, with the request's `capabilities`.
+    pub fn new(spec: Arc<WasiSpec>, mut limits: GuestLimits, capabilities: Capabilities) -> Self {
         limits.instances = STORE_INSTANCES;
         Self {
             table: ResourceTable::new(),
@@ -153,7 +153,7 @@ impl HttpState {
             spec,
             stdio: None,
             http: WasiHttpCtx::new(),
-            host,
+            capabilities,
             limits,
             memory: None,
             slicing: crate::guest::slice::Slicing::default(),
@@ -169,7 +169,7 @@ impl HttpState {
     /// streaming fail toward their backends when the store is dropped, rather than ending as
     /// if complete. Call before dropping the store.
     pub fn guest_failed(&self) {
-        self.host.outbound.run_failed();
+        self.capabilities.outbound.run_failed();
     }
 }
 
