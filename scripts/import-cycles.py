@@ -100,11 +100,18 @@ def reexports(module):
     path = files.get(module)
     if path is None or path.name != "mod.rs":
         return out
-    for child, names in REEXPORT.findall(code_of(path)):  # `pub use child::{A, B}`: one level
-        if module + (child,) not in files:
+    code = code_of(path)
+    found = [(c, n) for c, n in REEXPORT.findall(code) if module + (c,) in files]
+    # As Rust resolves: a name the `mod.rs` defines or re-exports by name beats a glob's.
+    own = set(DEFINED.findall(code))
+    for child, names in found:  # `pub use child::*`: every public item the child defines
+        if names == "*":
+            for name in DEFINED.findall(code_of(files[module + (child,)])):
+                if name not in own:
+                    out[name] = module + (child,)
+    for child, names in found:  # `pub use child::{A, B}`: one level
+        if names == "*":
             continue
-        if names == "*":  # `pub use child::*`: every public item the child defines
-            names = ",".join(DEFINED.findall(code_of(files[module + (child,)])))
         for name in names.strip("{}").split(","):
             name = name.strip().split(" as ")[-1].strip()
             if name and name != "self":
