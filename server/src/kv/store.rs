@@ -17,7 +17,7 @@ pub struct Store {
     pub name: String,
     /// Its settings.
     pub config: StoreConfig,
-    backend: Driver,
+    backend: Opened,
     /// `tern_kv_operations_total` by result: ok, limit, invalid, unavailable.
     counts: [prometheus::IntCounter; 5],
 }
@@ -26,8 +26,8 @@ impl Store {
     /// Its backend's name in traces (`db.system.name`).
     pub fn system(&self) -> &'static str {
         match &self.backend {
-            Driver::Sqlite(_) => "sqlite",
-            Driver::Redis(_) => "redis",
+            Opened::Sqlite(_) => "sqlite",
+            Opened::Redis(_) => "redis",
         }
     }
 
@@ -38,8 +38,8 @@ impl Store {
     pub async fn run(&self, tenant: &Arc<str>, op: Op) -> Result<Answer, KvError> {
         let answer = match self.check(&op) {
             Ok(()) => match &self.backend {
-                Driver::Sqlite(b) => b.run(tenant.clone(), op).await,
-                Driver::Redis(b) => b.run(tenant, op).await,
+                Opened::Sqlite(b) => b.run(tenant.clone(), op).await,
+                Opened::Redis(b) => b.run(tenant, op).await,
             },
             Err(e) => Err(e),
         };
@@ -93,7 +93,7 @@ impl Store {
 }
 
 /// A store's backend.
-enum Driver {
+enum Opened {
     Sqlite(sqlite::Sqlite),
     Redis(Box<redis::Redis>),
 }
@@ -142,9 +142,9 @@ impl Stores {
                         Some(p) => data_dir.join(p),
                         None => data_dir.join("kv").join(format!("{name}.sqlite")),
                     };
-                    Driver::Sqlite(sqlite::Sqlite::new(&name, path, &config))
+                    Opened::Sqlite(sqlite::Sqlite::new(&name, path, &config))
                 }
-                Backend::Redis => Driver::Redis(Box::new(redis::Redis::new(&name, &config)?)),
+                Backend::Redis => Opened::Redis(Box::new(redis::Redis::new(&name, &config)?)),
             };
             let counts = ["ok", "limit", "invalid", "unavailable", "unknown"]
                 .map(|result| operations.with_label_values(&[name.as_str(), result]));
