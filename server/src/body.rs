@@ -414,10 +414,24 @@ pub enum RequestBody {
     Empty,
     /// A body already in memory (benchmarks and tests drive guests without a socket).
     Full(Bytes),
-    /// A body still streaming in from the client over HTTP/1 or HTTP/2.
-    Incoming(hyper::body::Incoming),
-    /// A body still streaming in from the client over HTTP/3: its stream's receiving side.
-    H3(Box<H3Body>),
+    /// A body still streaming in from the client, as its listener reads it (each transport's
+    /// body type lives with its listener: hyper's for HTTP/1 and HTTP/2, `listener::quic`'s
+    /// for HTTP/3).
+    Streaming(Pin<Box<dyn Body<Data = Bytes, Error = BodyFailure> + Send + Sync>>),
+}
+
+impl RequestBody {
+    /// A listener's body: [`Self::Empty`] if it has already ended (a `GET` costs no
+    /// allocation), else boxed as it is.
+    pub fn streaming(
+        body: impl Body<Data = Bytes, Error = BodyFailure> + Send + Sync + 'static,
+    ) -> Self {
+        if body.is_end_stream() {
+            Self::Empty
+        } else {
+            Self::Streaming(Box::pin(body))
+        }
+    }
 }
 
 impl std::fmt::Debug for RequestBody {
@@ -425,22 +439,22 @@ impl std::fmt::Debug for RequestBody {
         match self {
             Self::Empty => f.write_str("Empty"),
             Self::Full(b) => write!(f, "Full({} bytes)", b.len()),
-            Self::Incoming(i) => i.fmt(f),
-            Self::H3(_) => f.write_str("H3"),
+            Self::Streaming(_) => f.write_str("Streaming"),
         }
     }
 }
 
-/// Why a client's body could not be read (bad framing, cut off, reset).
+/// Why a client's body could not be read (bad framing, cut off, reset, longer or shorter than
+/// its `Content-Length`), whatever its transport: its listener's error, as its text.
 #[derive(Debug, thiserror::Error)]
-pub enum BodyFailure {
-    /// Over HTTP/1 or HTTP/2.
-    #[error(transparent)]
-    Hyper(hyper::Error),
-    /// Over HTTP/3: the stream's error, or a body longer or shorter than its
-    /// `Content-Length`.
-    #[error("{0}")]
-    H3(String),
+#[error(transparent)]
+pub struct BodyFailure(Box<dyn std::error::Error + Send + Sync>);
+
+impl BodyFailure {
+    /// A listener's error reading a body.
+    pub fn new(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self(e.into())
+    }
 }
 
 /// Every kind of request body read one way: by frames, data only (trailers are read by no
@@ -454,8 +468,7 @@ impl Body for RequestBody {
             Self::Empty => Poll::Ready(None),
             Self::Full(b) if b.is_empty() => Poll::Ready(None),
             Self::Full(b) => Poll::Ready(Some(Ok(Frame::data(std::mem::take(b))))),
-            Self::Incoming(i) => Pin::new(i).poll_frame(cx).map_err(BodyFailure::Hyper),
-            Self::H3(s) => s.poll_data(cx).map_err(BodyFailure::H3),
+            Self::Streaming(s) => s.as_mut().poll_frame(cx),
         }
     }
 
@@ -463,8 +476,7 @@ impl Body for RequestBody {
         match self {
             Self::Empty => true,
             Self::Full(b) => b.is_empty(),
-            Self::Incoming(i) => i.is_end_stream(),
-            Self::H3(s) => s.is_end_stream(),
+            Self::Streaming(s) => s.is_end_stream(),
         }
     }
 
@@ -472,138 +484,7 @@ impl Body for RequestBody {
         match self {
             Self::Empty => SizeHint::with_exact(0),
             Self::Full(b) => SizeHint::with_exact(b.len() as u64),
-            Self::Incoming(i) => i.size_hint(),
-            Self::H3(s) => s.size_hint(),
-        }
-    }
-}
-
-/// A request's body streaming in over HTTP/3: its stream's receiving side, held to its
-/// `Content-Length` when it declares one (a body longer or shorter fails, as hyper's do).
-///
-/// Dropped before its end (a guest that did not read it all), it hands its stream back to the
-/// request's task, which asks the client to stop sending once the answer is complete — with
-/// `H3_NO_ERROR`, as RFC 9114 §4.1.2 says, and never before the answer (a client may not
-/// have finished sending its request when its answer is ready).
-pub struct H3Body {
-    receive: Option<H3Receive>,
-    /// Bytes still due under the declared length.
-    remaining: Option<u64>,
-    ended: bool,
-    /// What [`Self::look_ahead`] read, given to the first poll.
-    ahead: Option<Result<Frame<Bytes>, String>>,
-    back: Option<tokio::sync::oneshot::Sender<H3Receive>>,
-}
-
-impl Drop for H3Body {
-    fn drop(&mut self) {
-        let (Some(receive), Some(back)) = (self.receive.take(), self.back.take()) else {
-            return;
-        };
-        if self.ended {
-            return;
-        }
-        // The request's task is gone (the answer was written already): stop it here.
-        if let Err(mut receive) = back.send(receive) {
-            receive.stop_sending(h3::error::Code::H3_NO_ERROR);
-        }
-    }
-}
-
-/// The receiving side of an HTTP/3 request stream (its frames bounded, and stopping it
-/// safe while a read waits: [`crate::h3_streams`]).
-pub type H3Receive = h3::server::RequestStream<crate::h3_streams::Framed, Bytes>;
-
-impl H3Body {
-    /// The body of a request stream's receiving side, held to `declared` bytes if given;
-    /// and where the stream comes back if the body is dropped before its end.
-    pub fn new(
-        receive: H3Receive,
-        declared: Option<u64>,
-    ) -> (Self, tokio::sync::oneshot::Receiver<H3Receive>) {
-        let (back, returned) = tokio::sync::oneshot::channel();
-        let body = Self {
-            receive: Some(receive),
-            remaining: declared,
-            ended: declared == Some(0),
-            ahead: None,
-            back: Some(back),
-        };
-        (body, returned)
-    }
-
-    /// Reads what the stream already holds past the head, without waiting: a request whose
-    /// stream ended with its head (FIN in the same frame, as clients send a `GET`) is known
-    /// to have no body ([`Self::is_end_stream`]), so its answer may be stored.
-    pub fn look_ahead(&mut self) {
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        if let Poll::Ready(Some(item)) = self.poll_data(&mut cx) {
-            self.ahead = Some(item);
-        }
-    }
-
-    /// The next DATA frame, as `Body::poll_frame`.
-    pub(crate) fn poll_data(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, String>>> {
-        if let Some(item) = self.ahead.take() {
-            return Poll::Ready(Some(item));
-        }
-        if self.ended {
-            return Poll::Ready(None);
-        }
-        let Some(receive) = self.receive.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let polled = std::task::ready!(receive.poll_recv_data(cx));
-        Poll::Ready(match polled {
-            Err(e) => {
-                self.ended = true;
-                Some(Err(e.to_string()))
-            }
-            Ok(None) => {
-                self.ended = true;
-                match self.remaining {
-                    Some(n) if n > 0 => Some(Err(format!(
-                        "the body ended {n} bytes short of its Content-Length"
-                    ))),
-                    _ => None,
-                }
-            }
-            Ok(Some(mut data)) => {
-                let len = bytes::Buf::remaining(&data);
-                let data = bytes::Buf::copy_to_bytes(&mut data, len);
-                match &mut self.remaining {
-                    Some(n) if data.len() as u64 > *n => {
-                        self.ended = true;
-                        Some(Err("the body is longer than its Content-Length".into()))
-                    }
-                    Some(n) => {
-                        *n -= data.len() as u64;
-                        Some(Ok(Frame::data(data)))
-                    }
-                    None => Some(Ok(Frame::data(data))),
-                }
-            }
-        })
-    }
-
-    /// Whether the body has ended.
-    pub(crate) fn is_end_stream(&self) -> bool {
-        self.ended && self.ahead.is_none()
-    }
-
-    /// The declared length, while none of it is read.
-    pub(crate) fn size_hint(&self) -> SizeHint {
-        let ahead = match &self.ahead {
-            Some(Ok(frame)) => frame.data_ref().map_or(0, |d| d.len() as u64),
-            _ => 0,
-        };
-        match self.remaining {
-            Some(n) => SizeHint::with_exact(n + ahead),
-            None if self.is_end_stream() => SizeHint::with_exact(0),
-            None => SizeHint::default(),
+            Self::Streaming(s) => s.size_hint(),
         }
     }
 }

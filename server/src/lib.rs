@@ -7,7 +7,7 @@
 //!   `Request<RequestBody>`: `listener::tcp` (hyper: HTTP/1.1 + h2c; over TLS, h2 or HTTP/1.1
 //!   by ALPN; graceful drain), `listener::quic` (HTTP/3 on the TLS listener's address over UDP:
 //!   quinn and h3, the same certificates, limits and front end; advertised with `Alt-Svc`), its
-//!   streams as [`h3_streams`] bounds them for `h3` (frames it would buffer whole held to the
+//!   streams as `listener::quic::streams` bounds them for `h3` (frames it would buffer whole held to the
 //!   head limit, unknown ones skipped as they come), and what they share
 //!   (`listener::options`); what a listener knows of a connection (peer, TLS facts) goes to
 //!   every request as a
@@ -144,7 +144,6 @@ pub mod execute;
 pub mod fleet;
 pub mod front;
 pub mod guest;
-pub mod h3_streams;
 pub mod hex;
 pub mod http;
 pub mod kv;

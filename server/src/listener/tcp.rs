@@ -22,12 +22,18 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::{BodyFailure, RequestBody, ResponseBody};
 use crate::context::Connection;
 use crate::metrics::GaugeGuard;
 use crate::shutdown::Shutdown;
 
 use super::options::{LINGER, ListenOptions};
+
+/// A request body as hyper reads it (HTTP/1 and HTTP/2), as every listener hands one.
+fn hyper_body(body: Incoming) -> RequestBody {
+    use http_body_util::BodyExt;
+    RequestBody::streaming(body.map_err(BodyFailure::new))
+}
 
 /// Accepts connections on `listener` and serves each request with `handler` until `shutdown`
 /// fires; then stops accepting and waits up to the grace period for open connections to finish.
@@ -83,7 +89,7 @@ where
                     // way. (A request already running when shutdown begins is answered as
                     // usual; the connection's next one gets the close.)
                     let close = req.version() < hyper::Version::HTTP_2 && shutdown.is_triggered();
-                    let fut = handler(req.map(RequestBody::Incoming), conn.clone());
+                    let fut = handler(req.map(hyper_body), conn.clone());
                     let alt_svc = alt_svc.clone();
                     async move {
                         let mut resp = fut.await;

@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
-use crate::body::{BodyFailure, BodyFlags, ClientBody, ClientBodyError};
+use crate::body::{BodyFlags, ClientBody, ClientBodyError};
 use crate::guest::{GuestRequest, GuestResponse, WriteError};
 
 /// Why a component's answer could not be sent.
@@ -141,12 +141,8 @@ impl Body for ComponentBody {
                 ClientBodyError::TooLarge(seen) => {
                     wasmtime_wasi_http::Error::HttpRequestBodySize(Some(seen))
                 }
-                ClientBodyError::Failed(BodyFailure::Hyper(e)) => {
-                    wasmtime_wasi_http::Error::Hyper(e)
-                }
-                ClientBodyError::Failed(BodyFailure::H3(_)) => {
-                    wasmtime_wasi_http::Error::HttpProtocolError
-                }
+                // (What `wasi:http` makes of a transport's error, hyper's included.)
+                ClientBodyError::Failed(_) => wasmtime_wasi_http::Error::HttpProtocolError,
             })
     }
 

@@ -1,6 +1,7 @@
 //! HTTP/3: QUIC (quinn) on the TLS listener's address over UDP, the HTTP/3 framing and QPACK of
-//! `h3`. Each request goes to the same front end as TCP's (`http::handle`), its body as a
-//! [`RequestBody::H3`] ([`H3Body`]); the answer's [`ResponseBody`] is written as DATA frames.
+//! `h3`. Each request goes to the same front end as TCP's (`http::handle`), its body an
+//! [`H3Body`] ([`body`]) as a [`RequestBody`]; the answer's [`ResponseBody`] is written as DATA
+//! frames. `h3` reads its streams through [`streams`], which bounds them.
 //!
 //! The limits are the TCP listeners': the connection cap (shared), handshakes in flight and
 //! their timeout (shared with TLS over TCP), the request head's size, the idle limit
@@ -21,11 +22,15 @@ use http::header::{CONTENT_LENGTH, DATE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 
+mod body;
+mod streams;
+
+use self::body::H3Body;
+use self::streams::Guarded;
 use super::alt_svc::AltSvc;
 use super::options::{LINGER, ListenOptions, caught};
-use crate::body::{FRAMING_HEADERS, H3Body, RequestBody, ResponseBody};
+use crate::body::{FRAMING_HEADERS, RequestBody, ResponseBody};
 use crate::context::{Connection, TlsInfo};
-use crate::h3_streams::Guarded;
 use crate::metrics::GaugeGuard;
 use crate::shutdown::Shutdown;
 
@@ -39,7 +44,7 @@ const UNI_STREAMS: u32 = 16;
 /// The most a client may have sent on one connection that the server has not read yet, over
 /// all its streams (quinn's default is unbounded: 200 streams, each with its own 1.25 MB
 /// window, could hold 250 MB). With the frames `h3` buffers held to `max_header_bytes`
-/// ([`crate::h3_streams`]), this bounds what one connection holds in memory.
+/// ([`streams`]), this bounds what one connection holds in memory.
 const CONNECTION_RECEIVE_WINDOW: u32 = 16 << 20;
 
 /// A UDP socket bound for HTTP/3 and its QUIC configuration, made at start (where a bad
@@ -310,7 +315,7 @@ async fn request<H, F>(
     let declared = crate::body::declared_length(req.headers());
     let (mut body, returned) = H3Body::new(receive, declared);
     body.look_ahead();
-    let resp = handler(req.map(|()| RequestBody::H3(Box::new(body))), conn).await;
+    let resp = handler(req.map(|()| RequestBody::streaming(body)), conn).await;
     if let Err(e) = respond(&mut send, resp, head_only, send_timeout).await {
         tracing::debug!(%peer, "HTTP/3 answer not delivered: {e}");
     }
