@@ -106,333 +106,45 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 /// # Errors
 /// See [`start`].
 pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Result<Running> {
-    // A file per loaded module and a socket per connection: take all the process may have.
-    if let Some((before, after)) = crate::os::raise_open_files() {
-        tracing::info!("limit of open files raised from {before} to {after} (the hard limit)");
-    }
-    // Decided once, before the engine and every tenant take it from `config.pool`.
-    if config.pool.pagemap_scan {
-        if crate::teardown::swap_possible() {
-            tracing::warn!(
-                "a swap area is active: freed guest memory is reset with memset instead of the \
-                 dirty-page scan, which misses swapped pages (docs/limits.md, \"Zero state\"); \
-                 give Tern no swap (cgroup memory.swap.max = 0) for the faster reset"
-            );
-            config.pool.pagemap_scan = false;
-        } else {
-            crate::teardown::watch_swap();
-        }
-    }
-    let watch_swap = config.pool.pagemap_scan;
-    let engine = engine::build(&config.pool)?;
-    let metrics = Metrics::new(config.server.max_tenant_labels);
-    let data_dir = opts
-        .data_dir
-        .clone()
-        .or_else(|| {
-            (!config.server.data_dir.is_empty())
-                .then(|| config.base_dir.join(&config.server.data_dir))
-        })
-        .unwrap_or_else(crate::config::default_data_dir);
-    let store = DataDir::open(&data_dir)
-        .with_context(|| format!("cannot open the data directory {}", data_dir.display()))?;
-    let token = datadir::admin_token(&config.server.admin_token, &data_dir)?;
-    if let Some(file) = &token.file {
-        tracing::info!(file = %file.display(), "admin API token generated (read it from this file)");
-    }
-    let fleet = match config.registry.shared_url() {
-        None => None,
-        Some(url) => {
-            if token.file.is_some() {
-                anyhow::bail!(
-                    "[registry] url is set: the replicas of a fleet share one admin token (it \
-                     also signs the compiled artifacts they share); set TERN_ADMIN_TOKEN or \
-                     server.admin_token"
-                );
-            }
-            let poll = Duration::from_millis(config.registry.poll_interval_ms);
-            let fleet =
-                crate::fleet::Fleet::open(url, config.registry.replica_name(), poll, &token.token)
-                    .map_err(|e| anyhow::anyhow!("[registry] url: {e}"))?;
-            tracing::info!(registry = url, replica = %fleet.replica, "serving from a shared registry");
-            Some(Arc::new(fleet))
-        }
-    };
-    let registry = Registry::start(
-        config.clone(),
-        opts.config_path.clone(),
-        store,
-        engine,
-        metrics.clone(),
-        fleet.clone(),
-    )
-    .await?;
-
-    let (slots, connections) = (config.pool.memory_slots(), config.server.max_connections);
-    let headroom =
-        tokio::task::spawn_blocking(move || crate::os::check_headroom(slots, connections));
-    for warning in headroom.await.unwrap_or_default() {
-        tracing::warn!("{warning}");
-    }
-    let pool = Pool::new(
-        config.pool.instances,
-        Duration::from_millis(config.pool.queue_timeout_ms),
-        metrics.queue_depth.clone(),
-    );
-    let shutdown = Shutdown::new();
-    let tracing = config
-        .tracing
-        .resolve(|k| std::env::var(k).ok(), &config.registry.replica_name())
-        .map_err(|e| anyhow::anyhow!("[tracing]: {e}"))?;
-    let mut tasks = Vec::new();
-    let tracer = tracing.map(|settings| {
-        tracing::info!(url = %settings.url, "exporting traces by OTLP/HTTP");
-        let (tracer, task) = crate::trace::Tracer::start(
-            settings,
-            metrics.trace(),
-            shutdown.clone(),
-            metrics.in_flight.clone(),
-            Duration::from_millis(config.server.shutdown_grace_ms),
-        );
-        tasks.push(task);
-        tracer
-    });
-    let app = Arc::new(App {
+    let watch_swap = process_limits(&mut config);
+    let Opened {
+        data_dir,
+        token,
+        fleet,
         registry,
-        certificates: std::sync::OnceLock::new(),
-        admin_token: token.token,
-        pool,
         metrics,
-        https_port: std::sync::OnceLock::new(),
-        tracer,
-        trusted_proxies: crate::context::TrustedProxies::parse(&config.server.trusted_proxies)
-            .map_err(anyhow::Error::msg)?,
-        access_log_query: config.server.access_log_query,
-    });
-
-    let per_core = config.server.runtime == crate::config::RuntimeMode::PerCore;
-    let public = config
-        .server
-        .listen
-        .map(|at| bind(at, per_core).with_context(|| format!("cannot listen on {at}")))
-        .transpose()?;
-    let admin_l = TcpListener::bind(config.server.admin_listen)
+    } = Opened::open(&config, &opts).await?;
+    warn_headroom(&config).await;
+    let shutdown = Shutdown::new();
+    let mut tasks = Vec::new();
+    let app = new_app(&config, (registry, metrics, token), &shutdown, &mut tasks)?;
+    let public = Public::bind(&config, &app, &data_dir, fleet.as_ref()).await?;
+    let admin = TcpListener::bind(config.server.admin_listen)
         .await
         .with_context(|| format!("cannot listen on {} (admin)", config.server.admin_listen))?;
-    let addr = public.as_ref().map(TcpListener::local_addr).transpose()?;
-    let admin_addr = admin_l.local_addr()?;
+    let admin_addr = admin.local_addr()?;
     if let Some(fleet) = &fleet
         && let Some(url) = config.registry.advertise_url(admin_addr)
     {
         let _ = fleet.advertise.set(url);
     }
-    // The TLS listener: its certificates are read and checked before anything serves.
-    let mut acme_manager = None;
-    let tls = match config.server.tls_listen {
-        None => None,
-        Some(at) => {
-            let table = crate::tls::Table::load(&config.certificates, &config.base_dir)?;
-            let mut store = crate::tls::stored::CertStore::open(&data_dir)?;
-            if let Some(fleet) = &fleet {
-                // The fleet's certificates (uploaded or obtained by ACME on any replica).
-                store = store.with_registry(fleet.clone());
-            }
-            let reading = store.clone();
-            let stored = tokio::task::spawn_blocking(move || {
-                let index = reading.read()?;
-                Ok::<_, crate::datadir::StoreError>(reading.table(&index))
-            })
-            .await??;
-            let nothing = table.is_empty() && stored.is_empty() && config.tls.acme.is_none();
-            let certificates = crate::tls::Certificates::new(table, store, &app.metrics);
-            certificates.replace_stored(stored);
-            if nothing {
-                tracing::warn!(
-                    "the TLS listener has no certificate yet: handshakes fail until one is \
-                     uploaded (tern cert put) or configured ([[certificate]], [tls.acme])"
-                );
-            }
-            let _ = app.certificates.set(certificates.clone());
-            if let Some(acme) = &config.tls.acme {
-                let a = app.clone();
-                let tenant_hosts: crate::tls::acme::TenantHosts = Box::new(move || {
-                    let live = a.registry.live();
-                    live.tenants
-                        .values()
-                        .flat_map(|t| t.hosts.iter().cloned())
-                        .collect()
-                });
-                acme_manager = Some(crate::tls::acme::Manager::new(
-                    acme.clone(),
-                    &config.base_dir,
-                    &data_dir,
-                    certificates.clone(),
-                    tenant_hosts,
-                    &app.metrics,
-                ));
-            }
-            let acceptor = crate::tls::Acceptor::new(
-                certificates,
-                config.server.max_tls_handshakes,
-                Duration::from_millis(config.server.tls_handshake_timeout_ms),
-                &app.metrics,
-            )?;
-            let l = bind(at, per_core).with_context(|| format!("cannot listen on {at} (TLS)"))?;
-            Some((l, Arc::new(acceptor)))
-        }
-    };
-    let tls_addr = tls.as_ref().map(|(l, _)| l.local_addr()).transpose()?;
-    if let Some(at) = tls_addr {
-        let public = config.server.public_https_port;
-        let _ = app
-            .https_port
-            .set(if public == 0 { at.port() } else { public });
-    }
-    if watch_swap {
-        tokio::spawn(use_memset_reset_under_swap(app.clone(), shutdown.clone()));
-    }
-    // One connection cap for every worker of the public listener; the admin listener has its
-    // own, so `/metrics` and the admin API answer while the public one is full.
-    let mut opts = listener::ListenOptions::from_config(&config.server);
-    opts.open = Some(app.metrics.connections_open.clone());
-    opts.panics = Some(app.metrics.task_panics.clone());
-    // HTTP/3 on the TLS listener's address over UDP, advertised on its answers.
-    let quic = match (&tls, tls_addr) {
-        (Some((_, acceptor)), Some(at)) if config.server.http3 => {
-            let bound = listener::quic::bind(at, acceptor, &config.server)?;
-            let port = app.https_port.get().copied().unwrap_or(at.port());
-            let alt_svc = Arc::new(listener::AltSvc::new(
-                port,
-                config.server.http3_alt_svc_max_age_secs,
-            ));
-            Some((bound, alt_svc))
-        }
-        _ => None,
-    };
-    // The TLS listener shares the public one's connection cap.
-    let tls_opts = tls.as_ref().map(|(_, acceptor)| {
-        let mut o = opts.clone();
-        o.tls = Some(acceptor.clone());
-        o.alt_svc = quic.as_ref().map(|(_, alt_svc)| alt_svc.clone());
-        o
-    });
-    // HTTP/3 runs on the first worker's runtime (per-core) or the shared one.
-    let mut quic = quic.zip(tls_opts.clone());
-    let mut tls_first = tls.map(|(l, _)| l);
-
-    let mut threads = Vec::new();
-    if app.registry.shared_url().is_some() {
-        let (a, s) = (app.clone(), shutdown.clone());
-        tasks.push(tokio::spawn(
-            async move { a.registry.watch_shared(s).await },
-        ));
-    }
-    // Certificates another replica (or another process sharing the data directory) stores
-    // serve here too, and the answers to ACME challenges another replica ordered: checked at
-    // the fleet's poll, else every few seconds (without a fleet the ACME manager's rounds do it).
-    let stored_every = match &fleet {
-        Some(fleet) => Some(fleet.poll),
-        None => acme_manager
-            .is_none()
-            .then(|| Duration::from_secs(STORED_CERTIFICATES_CHECK_SECONDS)),
-    };
-    if let Some(manager) = acme_manager {
-        tasks.push(manager.spawn(shutdown.clone()));
-    }
-    if let (Some(certificates), Some(every)) = (app.certificates.get(), stored_every) {
-        tasks.push(certificates.clone().watch_stored(every, shutdown.clone()));
-    }
-    if per_core {
-        // Worker 0 takes the listener bound above (which fixed the port); the others bind the
-        // same address with SO_REUSEPORT, and the kernel spreads connections across them.
-        let mut first = public;
-        for i in 0..config.server.workers() {
-            let plain_listener = match (first.take(), addr) {
-                (Some(l), _) => Some(l.into_std()?),
-                (None, Some(at)) => Some(bind(at, true)?.into_std()?),
-                (None, None) => None,
-            };
-            let tls_listener = match (tls_first.take(), tls_addr) {
-                (Some(l), _) => Some(l.into_std()?),
-                (None, Some(at)) => Some(bind(at, true)?.into_std()?),
-                (None, None) => None,
-            };
-            let tls_opts = tls_opts.clone();
-            let quic = quic.take();
-            let (app, shutdown, opts) = (app.clone(), shutdown.clone(), opts.clone());
-            let thread = std::thread::Builder::new()
-                .name(format!("tern-worker-{i}"))
-                .spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .expect("worker runtime");
-                    rt.block_on(async move {
-                        let handler = move |req: http::Request<RequestBody>, conn| {
-                            crate::http::handle(app.clone(), req, conn)
-                        };
-                        let plain = async {
-                            if let Some(l) = plain_listener {
-                                let l = TcpListener::from_std(l).expect("listener");
-                                let (h, s) = (handler.clone(), shutdown.clone());
-                                listener::serve(l, h, s, opts).await;
-                            }
-                        };
-                        let tls = async {
-                            if let (Some(l), Some(o)) = (tls_listener, tls_opts) {
-                                let l = TcpListener::from_std(l).expect("listener");
-                                listener::serve(l, handler.clone(), shutdown.clone(), o).await;
-                            }
-                        };
-                        let h3 = async {
-                            if let Some(((bound, alt_svc), o)) = quic {
-                                let s = shutdown.clone();
-                                let h = handler.clone();
-                                listener::quic::serve(bound, h, s, o, Some(alt_svc)).await;
-                            }
-                        };
-                        tokio::join!(plain, tls, h3);
-                    });
-                })?;
-            threads.push(thread);
-        }
-    } else {
-        let a = app.clone();
-        let handler =
-            move |req: http::Request<RequestBody>, conn| crate::http::handle(a.clone(), req, conn);
-        if let Some(l) = public {
-            tasks.push(tokio::spawn(listener::serve(
-                l,
-                handler.clone(),
-                shutdown.clone(),
-                opts.clone(),
-            )));
-        }
-        if let (Some(l), Some(o)) = (tls_first.take(), tls_opts) {
-            tasks.push(tokio::spawn(listener::serve(
-                l,
-                handler.clone(),
-                shutdown.clone(),
-                o,
-            )));
-        }
-        if let Some(((bound, alt_svc), o)) = quic.take() {
-            tasks.push(tokio::spawn(listener::quic::serve(
-                bound,
-                handler,
-                shutdown.clone(),
-                o,
-                Some(alt_svc),
-            )));
-        }
-    }
+    let (addr, tls_addr) = (public.addr, public.tls_addr);
+    background(
+        &app,
+        fleet.as_ref(),
+        public.acme,
+        watch_swap,
+        &shutdown,
+        &mut tasks,
+    );
+    let threads = public.workers.serve(&config, &app, &shutdown, &mut tasks)?;
     let a = app.clone();
-    let admin_task = tokio::spawn(listener::serve(
-        admin_l,
+    tasks.push(tokio::spawn(listener::serve(
+        admin,
         move |req, _client| admin::handle(a.clone(), req),
         shutdown.clone(),
         listener::ListenOptions::from_config(&config.server),
-    ));
+    )));
     let serving: Vec<String> = [
         addr.map(|a| format!("http://{a}")),
         tls_addr.map(|a| format!("https://{a}")),
@@ -453,12 +165,473 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
         tls_addr,
         shutdown,
         app,
-        tasks: {
-            tasks.push(admin_task);
-            tasks
-        },
+        tasks,
         threads,
     })
+}
+
+/// The process's limits: open files raised to the hard limit (a file per loaded module, a
+/// socket per connection), and how freed guest memory is reset, decided once before the
+/// engine and every tenant take it from `config.pool`. Whether to watch for a swap area.
+fn process_limits(config: &mut Config) -> bool {
+    if let Some((before, after)) = crate::os::raise_open_files() {
+        tracing::info!("limit of open files raised from {before} to {after} (the hard limit)");
+    }
+    if config.pool.pagemap_scan {
+        if crate::teardown::swap_possible() {
+            tracing::warn!(
+                "a swap area is active: freed guest memory is reset with memset instead of the \
+                 dirty-page scan, which misses swapped pages (docs/limits.md, \"Zero state\"); \
+                 give Tern no swap (cgroup memory.swap.max = 0) for the faster reset"
+            );
+            config.pool.pagemap_scan = false;
+        } else {
+            crate::teardown::watch_swap();
+        }
+    }
+    config.pool.pagemap_scan
+}
+
+/// The server's state, opened before anything serves.
+struct Opened {
+    data_dir: PathBuf,
+    /// The admin API's token.
+    token: String,
+    /// The fleet's shared registry, when `[registry] url` is set.
+    fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// The tenants, every one loaded (the engine built).
+    registry: Registry,
+    metrics: Metrics,
+}
+
+impl Opened {
+    /// Opens the data directory, reads (or makes) the admin token, joins the fleet, builds the
+    /// engine and loads every tenant.
+    async fn open(config: &Config, opts: &StartOptions) -> anyhow::Result<Self> {
+        let engine = engine::build(&config.pool)?;
+        let metrics = Metrics::new(config.server.max_tenant_labels);
+        let data_dir = opts
+            .data_dir
+            .clone()
+            .or_else(|| {
+                (!config.server.data_dir.is_empty())
+                    .then(|| config.base_dir.join(&config.server.data_dir))
+            })
+            .unwrap_or_else(crate::config::default_data_dir);
+        let store = DataDir::open(&data_dir)
+            .with_context(|| format!("cannot open the data directory {}", data_dir.display()))?;
+        let token = datadir::admin_token(&config.server.admin_token, &data_dir)?;
+        if let Some(file) = &token.file {
+            tracing::info!(file = %file.display(), "admin API token generated (read it from this file)");
+        }
+        let fleet = match config.registry.shared_url() {
+            None => None,
+            Some(url) => {
+                if token.file.is_some() {
+                    anyhow::bail!(
+                        "[registry] url is set: the replicas of a fleet share one admin token (it \
+                     also signs the compiled artifacts they share); set TERN_ADMIN_TOKEN or \
+                     server.admin_token"
+                    );
+                }
+                let poll = Duration::from_millis(config.registry.poll_interval_ms);
+                let fleet = crate::fleet::Fleet::open(
+                    url,
+                    config.registry.replica_name(),
+                    poll,
+                    &token.token,
+                )
+                .map_err(|e| anyhow::anyhow!("[registry] url: {e}"))?;
+                tracing::info!(registry = url, replica = %fleet.replica, "serving from a shared registry");
+                Some(Arc::new(fleet))
+            }
+        };
+        let registry = Registry::start(
+            config.clone(),
+            opts.config_path.clone(),
+            store,
+            engine,
+            metrics.clone(),
+            fleet.clone(),
+        )
+        .await?;
+        Ok(Self {
+            data_dir,
+            token: token.token,
+            fleet,
+            registry,
+            metrics,
+        })
+    }
+}
+
+/// Warns when the process's limits leave too little room for the pool's memory slots and
+/// `max_connections` (read off the reactor: it reads `/proc`).
+async fn warn_headroom(config: &Config) {
+    let (slots, connections) = (config.pool.memory_slots(), config.server.max_connections);
+    let headroom =
+        tokio::task::spawn_blocking(move || crate::os::check_headroom(slots, connections));
+    for warning in headroom.await.unwrap_or_default() {
+        tracing::warn!("{warning}");
+    }
+}
+
+/// The request path's shared state: the instance pool, the trace exporter (its task in
+/// `tasks`), the trusted proxies.
+fn new_app(
+    config: &Config,
+    (registry, metrics, admin_token): (Registry, Metrics, String),
+    shutdown: &Shutdown,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> anyhow::Result<Arc<App>> {
+    let pool = Pool::new(
+        config.pool.instances,
+        Duration::from_millis(config.pool.queue_timeout_ms),
+        metrics.queue_depth.clone(),
+    );
+    let tracing = config
+        .tracing
+        .resolve(|k| std::env::var(k).ok(), &config.registry.replica_name())
+        .map_err(|e| anyhow::anyhow!("[tracing]: {e}"))?;
+    let tracer = tracing.map(|settings| {
+        tracing::info!(url = %settings.url, "exporting traces by OTLP/HTTP");
+        let (tracer, task) = crate::trace::Tracer::start(
+            settings,
+            metrics.trace(),
+            shutdown.clone(),
+            metrics.in_flight.clone(),
+            Duration::from_millis(config.server.shutdown_grace_ms),
+        );
+        tasks.push(task);
+        tracer
+    });
+    Ok(Arc::new(App {
+        registry,
+        certificates: std::sync::OnceLock::new(),
+        admin_token,
+        pool,
+        metrics,
+        https_port: std::sync::OnceLock::new(),
+        tracer,
+        trusted_proxies: crate::context::TrustedProxies::parse(&config.server.trusted_proxies)
+            .map_err(anyhow::Error::msg)?,
+        access_log_query: config.server.access_log_query,
+    }))
+}
+
+/// The public listeners, bound before anything serves (a bad address or certificate is an
+/// error at start), and the workers that serve them.
+struct Public {
+    /// The cleartext listener's address; `None` with `listen = "off"`.
+    addr: Option<SocketAddr>,
+    /// The TLS listener's address, if there is one.
+    tls_addr: Option<SocketAddr>,
+    /// The ACME manager, with `[tls.acme]`.
+    acme: Option<crate::tls::acme::Manager>,
+    workers: Workers,
+}
+
+impl Public {
+    async fn bind(
+        config: &Config,
+        app: &Arc<App>,
+        data_dir: &std::path::Path,
+        fleet: Option<&Arc<crate::fleet::Fleet>>,
+    ) -> anyhow::Result<Self> {
+        let per_core = config.server.runtime == crate::config::RuntimeMode::PerCore;
+        let plain = config
+            .server
+            .listen
+            .map(|at| bind(at, per_core).with_context(|| format!("cannot listen on {at}")))
+            .transpose()?;
+        let addr = plain.as_ref().map(TcpListener::local_addr).transpose()?;
+        let (tls, acme) = match config.server.tls_listen {
+            None => (None, None),
+            Some(at) => {
+                let (l, acceptor, acme) =
+                    tls_listener(config, app, data_dir, fleet, at, per_core).await?;
+                (Some((l, acceptor)), acme)
+            }
+        };
+        let tls_addr = tls.as_ref().map(|(l, _)| l.local_addr()).transpose()?;
+        if let Some(at) = tls_addr {
+            let public = config.server.public_https_port;
+            let _ = app
+                .https_port
+                .set(if public == 0 { at.port() } else { public });
+        }
+        // One connection cap for every worker of the public listeners (TLS and HTTP/3
+        // included); the admin listener has its own, so `/metrics` and the admin API answer
+        // while the public one is full.
+        let mut opts = listener::ListenOptions::from_config(&config.server);
+        opts.open = Some(app.metrics.connections_open.clone());
+        opts.panics = Some(app.metrics.task_panics.clone());
+        // HTTP/3 on the TLS listener's address over UDP, advertised on its answers.
+        let quic = match (&tls, tls_addr) {
+            (Some((_, acceptor)), Some(at)) if config.server.http3 => {
+                let bound = listener::quic::bind(at, acceptor, &config.server)?;
+                let port = app.https_port.get().copied().unwrap_or(at.port());
+                let alt_svc = Arc::new(listener::AltSvc::new(
+                    port,
+                    config.server.http3_alt_svc_max_age_secs,
+                ));
+                Some((bound, alt_svc))
+            }
+            _ => None,
+        };
+        // The TLS listener's options (TLS termination, HTTP/3 advertised) serve HTTP/3 too.
+        let tls = tls.map(|(l, acceptor)| {
+            let mut o = opts.clone();
+            o.tls = Some(acceptor);
+            o.alt_svc = quic.as_ref().map(|(_, alt_svc)| alt_svc.clone());
+            (l, o)
+        });
+        let quic = quic.zip(tls.as_ref().map(|(_, o)| o.clone()));
+        let workers = Workers {
+            per_core,
+            first: Worker {
+                plain: plain.map(TcpListener::into_std).transpose()?,
+                tls: match tls {
+                    Some((l, o)) => Some((l.into_std()?, o)),
+                    None => None,
+                },
+                quic,
+                opts,
+            },
+            addr,
+            tls_addr,
+        };
+        Ok(Self {
+            addr,
+            tls_addr,
+            acme,
+            workers,
+        })
+    }
+}
+
+/// The TLS listener bound on `at`: its certificates (configured, uploaded, the fleet's) read and
+/// checked before anything serves, its handshake acceptor, and the ACME manager with
+/// `[tls.acme]`.
+async fn tls_listener(
+    config: &Config,
+    app: &Arc<App>,
+    data_dir: &std::path::Path,
+    fleet: Option<&Arc<crate::fleet::Fleet>>,
+    at: SocketAddr,
+    per_core: bool,
+) -> anyhow::Result<(
+    TcpListener,
+    Arc<crate::tls::Acceptor>,
+    Option<crate::tls::acme::Manager>,
+)> {
+    let table = crate::tls::Table::load(&config.certificates, &config.base_dir)?;
+    let mut store = crate::tls::stored::CertStore::open(data_dir)?;
+    if let Some(fleet) = fleet {
+        // The fleet's certificates (uploaded or obtained by ACME on any replica).
+        store = store.with_registry(fleet.clone());
+    }
+    let reading = store.clone();
+    let stored = tokio::task::spawn_blocking(move || {
+        let index = reading.read()?;
+        Ok::<_, crate::datadir::StoreError>(reading.table(&index))
+    })
+    .await??;
+    let nothing = table.is_empty() && stored.is_empty() && config.tls.acme.is_none();
+    let certificates = crate::tls::Certificates::new(table, store, &app.metrics);
+    certificates.replace_stored(stored);
+    if nothing {
+        tracing::warn!(
+            "the TLS listener has no certificate yet: handshakes fail until one is \
+             uploaded (tern cert put) or configured ([[certificate]], [tls.acme])"
+        );
+    }
+    let _ = app.certificates.set(certificates.clone());
+    let acme = config.tls.acme.as_ref().map(|acme| {
+        let a = app.clone();
+        let tenant_hosts: crate::tls::acme::TenantHosts = Box::new(move || {
+            let live = a.registry.live();
+            live.tenants
+                .values()
+                .flat_map(|t| t.hosts.iter().cloned())
+                .collect()
+        });
+        crate::tls::acme::Manager::new(
+            acme.clone(),
+            &config.base_dir,
+            data_dir,
+            certificates.clone(),
+            tenant_hosts,
+            &app.metrics,
+        )
+    });
+    let acceptor = crate::tls::Acceptor::new(
+        certificates,
+        config.server.max_tls_handshakes,
+        Duration::from_millis(config.server.tls_handshake_timeout_ms),
+        &app.metrics,
+    )?;
+    let l = bind(at, per_core).with_context(|| format!("cannot listen on {at} (TLS)"))?;
+    Ok((l, Arc::new(acceptor), acme))
+}
+
+/// The tasks beside the listeners: the fleet's registry watched, ACME's rounds, certificates
+/// other replicas or processes store, the swap watch.
+fn background(
+    app: &Arc<App>,
+    fleet: Option<&Arc<crate::fleet::Fleet>>,
+    acme: Option<crate::tls::acme::Manager>,
+    watch_swap: bool,
+    shutdown: &Shutdown,
+    tasks: &mut Vec<JoinHandle<()>>,
+) {
+    if app.registry.shared_url().is_some() {
+        let (a, s) = (app.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(
+            async move { a.registry.watch_shared(s).await },
+        ));
+    }
+    // Certificates another replica (or another process sharing the data directory) stores
+    // serve here too, and the answers to ACME challenges another replica ordered: checked at
+    // the fleet's poll, else every few seconds (without a fleet the ACME manager's rounds do it).
+    let stored_every = match fleet {
+        Some(fleet) => Some(fleet.poll),
+        None => acme
+            .is_none()
+            .then(|| Duration::from_secs(STORED_CERTIFICATES_CHECK_SECONDS)),
+    };
+    if let Some(manager) = acme {
+        tasks.push(manager.spawn(shutdown.clone()));
+    }
+    if let (Some(certificates), Some(every)) = (app.certificates.get(), stored_every) {
+        tasks.push(certificates.clone().watch_stored(every, shutdown.clone()));
+    }
+    if watch_swap {
+        tasks.push(tokio::spawn(use_memset_reset_under_swap(
+            app.clone(),
+            shutdown.clone(),
+        )));
+    }
+}
+
+/// Who serves the public listeners: per-core, one thread with its own runtime per worker (the
+/// first takes the sockets bound at start, which fixed the ports; the others bind the same
+/// addresses with `SO_REUSEPORT`, and the kernel spreads connections across them); else one
+/// task on the shared runtime.
+struct Workers {
+    per_core: bool,
+    first: Worker,
+    addr: Option<SocketAddr>,
+    tls_addr: Option<SocketAddr>,
+}
+
+impl Workers {
+    /// Starts the workers: their threads (per-core), else a task in `tasks`.
+    fn serve(
+        self,
+        config: &Config,
+        app: &Arc<App>,
+        shutdown: &Shutdown,
+        tasks: &mut Vec<JoinHandle<()>>,
+    ) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
+        if !self.per_core {
+            tasks.push(tokio::spawn(
+                self.first.serve(app.clone(), shutdown.clone()),
+            ));
+            return Ok(Vec::new());
+        }
+        let mut workers = Vec::with_capacity(config.server.workers());
+        for _ in 1..config.server.workers() {
+            workers.push(self.first.again(self.addr, self.tls_addr)?);
+        }
+        workers.insert(0, self.first);
+        let mut threads = Vec::new();
+        for (i, worker) in workers.into_iter().enumerate() {
+            let (app, shutdown) = (app.clone(), shutdown.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("tern-worker-{i}"))
+                .spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("worker runtime");
+                    rt.block_on(worker.serve(app, shutdown));
+                })?;
+            threads.push(thread);
+        }
+        Ok(threads)
+    }
+}
+/// What one worker serves: each public listener it has a socket for, with the options shared
+/// by every worker (one connection cap). A new kind of listener is a field here and a line in
+/// [`Worker::serve`].
+struct Worker {
+    plain: Option<std::net::TcpListener>,
+    tls: Option<(std::net::TcpListener, listener::ListenOptions)>,
+    /// HTTP/3: the first worker's only (quinn drives an endpoint on the runtime it is made in).
+    quic: Option<(
+        (listener::quic::Bound, Arc<listener::AltSvc>),
+        listener::ListenOptions,
+    )>,
+    opts: listener::ListenOptions,
+}
+
+impl Worker {
+    /// Another worker beside this one: its own sockets on the same addresses
+    /// (`SO_REUSEPORT`), the same options.
+    fn again(
+        &self,
+        addr: Option<SocketAddr>,
+        tls_addr: Option<SocketAddr>,
+    ) -> std::io::Result<Self> {
+        let plain = match addr {
+            Some(at) => Some(bind(at, true)?.into_std()?),
+            None => None,
+        };
+        let tls = match (&self.tls, tls_addr) {
+            (Some((_, o)), Some(at)) => Some((bind(at, true)?.into_std()?, o.clone())),
+            _ => None,
+        };
+        Ok(Self {
+            plain,
+            tls,
+            quic: None,
+            opts: self.opts.clone(),
+        })
+    }
+
+    /// Serves every listener of this worker with the front end until shutdown (and the
+    /// drain after it).
+    async fn serve(self, app: Arc<App>, shutdown: Shutdown) {
+        let Self {
+            plain,
+            tls,
+            quic,
+            opts,
+        } = self;
+        let handler = move |req: http::Request<RequestBody>, conn| {
+            crate::http::handle(app.clone(), req, conn)
+        };
+        let tokio_listener = |l| TcpListener::from_std(l).expect("a listener bound at start");
+        let plain = async {
+            if let Some(l) = plain {
+                let o = opts.clone();
+                listener::serve(tokio_listener(l), handler.clone(), shutdown.clone(), o).await;
+            }
+        };
+        let tls = async {
+            if let Some((l, o)) = tls {
+                listener::serve(tokio_listener(l), handler.clone(), shutdown.clone(), o).await;
+            }
+        };
+        let h3 = async {
+            if let Some(((bound, alt_svc), o)) = quic {
+                let (h, s) = (handler.clone(), shutdown.clone());
+                listener::quic::serve(bound, h, s, o, Some(alt_svc)).await;
+            }
+        };
+        tokio::join!(plain, tls, h3);
+    }
 }
 
 /// Once a swap area is switched on (see [`crate::teardown`]), moves every tenant to an engine
