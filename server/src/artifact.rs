@@ -232,7 +232,7 @@ pub fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FileError + '_ {
 }
 
 /// What Tern adds to what it compiles, hashed into the artifacts' fingerprint beside
-/// wasmtime's compatibility: 2 = components carry the memory probe ([`crate::probe`]), which a
+/// wasmtime's compatibility: 2 = components carry the memory probe ([`crate::teardown::probe`]), which a
 /// server without it cannot link (replicas of two versions sharing a registry keep apart).
 const ARTIFACT_REVISION: u32 = 2;
 
@@ -299,11 +299,11 @@ pub fn compile(engine: &Engine, wasm: &[u8], what: &str) -> Result<Vec<u8>, Arti
     Ok(out)
 }
 
-/// Compiles a component with the memory probe appended ([`crate::probe`]), or as it is when
+/// Compiles a component with the memory probe appended ([`crate::teardown::probe`]), or as it is when
 /// the probe cannot be added or the component with it does not compile (the error is then the
 /// component's own).
 fn precompile_component(engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Vec<u8>> {
-    match crate::probe::add(wasm) {
+    match crate::teardown::probe::add(wasm) {
         Ok(probed) => match engine.precompile_component(&probed) {
             Ok(artifact) => return Ok(artifact),
             Err(e) => tracing::debug!("component compiled without the memory probe: {e:#}"),

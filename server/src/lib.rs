@@ -22,8 +22,9 @@
 //!   the cache's look-up, run (admit, the guest, store), then for every answer respond
 //!   (compression, HSTS) and finish (records only); `http::request` (framing, host, request
 //!   ids, the HTTPS redirect).
-//! - [`front`]: what the front end does for each tenant, prepared when it loads (redirect,
-//!   HSTS, error pages, its cache, compression), from a [`prepare::Preparing`] like its guests' grants.
+//! - [`tenant::front`]: what the front end does for each tenant, prepared when it loads
+//!   (redirect, HSTS, error pages, its cache, compression), from a [`prepare::Preparing`] like
+//!   its guests' grants.
 //! - [`cache`]: a tenant's cache in front of its guests (`[tenant.cache]`): lookup before
 //!   admission, what may be stored (RFC 9111), variants, validators, `Cache-Status`; the same
 //!   cache keeps its backends' answers (readthrough) and its guests' own entries
@@ -70,10 +71,11 @@
 //!   secrets key, [`variables::seal`]), the table guests read them from, following the
 //!   registry; `guest::wasi_http::variables` (Spin's variables, `wasi:config/store`) and CGI's
 //!   environment give them to guests.
-//! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap.
-//! - [`pagemap`]: what wasmtime's dirty-page reset misses (swapped and scattered pages), mended
-//!   before each teardown (with [`artifact`] and [`os`], the only modules with `unsafe`,
-//!   besides one `sched_setscheduler` call in [`kv::sqlite`]).
+//! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap;
+//!   `teardown::pagemap`: what wasmtime's dirty-page reset misses (swapped and scattered
+//!   pages), mended before each teardown (with [`artifact`] and [`os`], the only modules with
+//!   `unsafe`, besides one `sched_setscheduler` call in [`kv::sqlite`]); [`teardown::probe`]: a
+//!   component's main memory made reachable for that sweep.
 //! - [`tenant`]: loaded tenants: the pre-linked guest (its kind), limits, env, metric handles.
 //! - [`registry`]: the live tenant table (swapped atomically) and the one path every change is
 //!   committed by; beside it `changes` (deploy, rollback, delete, settings, assets), `reload`
@@ -142,7 +144,6 @@ pub mod dev;
 pub mod engine;
 pub mod execute;
 pub mod fleet;
-pub mod front;
 pub mod guest;
 pub mod hex;
 pub mod http;
@@ -153,10 +154,8 @@ pub mod metrics;
 pub mod os;
 pub mod outbound;
 pub mod outcome;
-pub mod pagemap;
 pub mod pool;
 pub mod prepare;
-pub mod probe;
 pub mod registry;
 pub mod router;
 pub mod scaffold;

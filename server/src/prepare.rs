@@ -1,7 +1,7 @@
 //! Who a tenant's parts are prepared for when it is loaded: its name, label, log budget and
 //! metrics. Each capability's grant (`outbound::Grant`, `kv::Grant`, `variables::Grant`,
 //! `cache::guest::Grant`, composed in [`crate::capabilities::Grants`]) and its front-end
-//! features ([`crate::front::Front`]) are made from one [`Preparing`], with their own section
+//! features ([`crate::tenant::front::Front`]) are made from one [`Preparing`], with their own section
 //! of its settings and the server resource each needs beside it
 //! ([`crate::capabilities::Resources`]). A request's sessions are then made from the grants
 //! and its [`crate::context::RequestContext`].

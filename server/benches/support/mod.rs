@@ -46,7 +46,7 @@ impl Harness {
             "harness.toml",
             Path::new(".").to_path_buf(),
         )?;
-        let shared = tenant::Shared {
+        let server = tenant::ServerParts {
             linkers: &self.linkers,
             pool: &self.pool,
             metrics: &self.metrics,
@@ -56,7 +56,7 @@ impl Harness {
             },
         };
         Ok(Arc::new(tenant::prepare(
-            shared,
+            server,
             &module,
             &config.tenants[0],
             tenant::Origin::Config,

@@ -15,7 +15,7 @@ use super::answer::CACHE_STATUS;
 use super::answer::{CACHE_TAG, SURROGATE_KEY, not_modified, ranged, respond, take_tags};
 use super::space::{Counted, Space};
 use super::store::{
-    Answered, Asked, CDN_CACHE_CONTROL, Cache, Entry, Fill, MAX_VARIANTS, Storing, Then, options,
+    Answered, Asked, CDN_CACHE_CONTROL, Cache, Fill, Keyed, MAX_VARIANTS, Storing, Then, options,
 };
 use super::variant::{Variant, Windows};
 use crate::body::ResponseBody;
@@ -481,7 +481,7 @@ impl Cache {
         variants.push(variant);
         self.put(
             s.hash,
-            Entry {
+            Keyed {
                 space: s.space,
                 https: s.https,
                 host: s.host.clone(),

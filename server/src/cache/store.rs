@@ -52,7 +52,7 @@ pub(super) static UNKEYED: [HeaderName; 14] = [
 
 /// One tenant's cache.
 pub struct Cache {
-    pub(super) entries: moka::sync::Cache<u64, Arc<Entry>>,
+    pub(super) entries: moka::sync::Cache<u64, Arc<Keyed>>,
     /// Keys a guest is filling now: later misses of the key wait for its answer.
     pub(super) filling:
         std::sync::Mutex<std::collections::HashMap<u64, tokio::sync::watch::Sender<()>>>,
@@ -95,7 +95,7 @@ impl std::fmt::Debug for Cache {
 }
 
 /// The stored answers of one key (space, scheme, host, path and query).
-pub(super) struct Entry {
+pub(super) struct Keyed {
     pub(super) space: u8,
     pub(super) https: bool,
     pub(super) host: Box<str>,
@@ -317,9 +317,9 @@ impl Cache {
         let (gauge, left) = (stored_bytes.clone(), held.clone());
         let entries = moka::sync::Cache::builder()
             .max_capacity(config.max_mib * 1024 * 1024)
-            .weigher(|_, entry: &Arc<Entry>| entry.weight())
+            .weigher(|_, entry: &Arc<Keyed>| entry.weight())
             .expire_after(Expire)
-            .eviction_listener(move |_, entry: Arc<Entry>, cause| {
+            .eviction_listener(move |_, entry: Arc<Keyed>, cause| {
                 let weight = i64::from(entry.weight());
                 // (Negative once the cache was dropped and gave back what it held.)
                 if left.fetch_sub(weight, std::sync::atomic::Ordering::Relaxed) >= 0 {
@@ -593,7 +593,7 @@ impl Cache {
             if soft {
                 self.put(
                     *hash,
-                    Entry {
+                    Keyed {
                         space: entry.space,
                         https: entry.https,
                         host: entry.host.clone(),
@@ -615,11 +615,11 @@ impl Cache {
 
     /// Stores `entry` under `hash`, counting its bytes (the one it replaces gives its own
     /// back when it leaves).
-    pub(super) fn put(&self, hash: u64, entry: Entry) {
+    pub(super) fn put(&self, hash: u64, entry: Keyed) {
         self.put_arc(hash, Arc::new(entry));
     }
 
-    pub(super) fn put_arc(&self, hash: u64, entry: Arc<Entry>) {
+    pub(super) fn put_arc(&self, hash: u64, entry: Arc<Keyed>) {
         let weight = i64::from(entry.weight());
         self.held
             .fetch_add(weight, std::sync::atomic::Ordering::Relaxed);
@@ -675,7 +675,7 @@ impl Cache {
     }
 }
 
-impl Entry {
+impl Keyed {
     /// Whether it holds the key `space`, `https`, `host`, `target` (its hash may be another
     /// key's).
     pub(super) fn is_for(&self, space: u8, https: bool, host: &str, target: &str) -> bool {
@@ -710,15 +710,15 @@ impl Entry {
 /// Entries leave when none of their variants can be used any more, fresh or stale.
 pub(super) struct Expire;
 
-impl moka::Expiry<u64, Arc<Entry>> for Expire {
-    fn expire_after_create(&self, _: &u64, entry: &Arc<Entry>, now: Instant) -> Option<Duration> {
+impl moka::Expiry<u64, Arc<Keyed>> for Expire {
+    fn expire_after_create(&self, _: &u64, entry: &Arc<Keyed>, now: Instant) -> Option<Duration> {
         entry.variants.iter().map(|v| v.usable_for(now)).max()
     }
 
     fn expire_after_update(
         &self,
         key: &u64,
-        entry: &Arc<Entry>,
+        entry: &Arc<Keyed>,
         now: Instant,
         _: Option<Duration>,
     ) -> Option<Duration> {

@@ -233,7 +233,7 @@ impl GuestStore for HttpState {
 const PROBE_TIME: Duration = Duration::from_millis(5);
 
 /// The address and length of the component's main memory, from its memory probe
-/// ([`crate::probe`]); `None` if the probe cannot run (say, the guest trapped).
+/// ([`crate::teardown::probe`]); `None` if the probe cannot run (say, the guest trapped).
 async fn probe_memory(
     store: &mut wasmtime::Store<HttpState>,
     instance: wasmtime::component::Instance,

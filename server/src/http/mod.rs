@@ -8,7 +8,7 @@
 //! Each step may end the exchange early with an answer of its own ([`exchange::Early`]). A
 //! new step (a rate limit) is one more function between two of them; a policy on answers is
 //! one more line in `respond`; what a step needs per tenant is prepared in
-//! [`crate::front::Front`] when the tenant loads.
+//! [`crate::tenant::front::Front`] when the tenant loads.
 //!
 //! One request context goes through the steps: [`exchange::Exchange`] (the connection, the
 //! client, the routed tenant, ids, timings, trace, access line). The request body is Tern's

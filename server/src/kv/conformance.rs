@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::op::{Answer, KvError, Op};
+use super::op::{KvError, Op, Reply};
 use super::store::Store;
 
 /// Operations of tenants `a` and `b` on `s`, a store configured with `max_keys_per_tenant = 2`,
@@ -17,7 +17,7 @@ pub async fn operations(s: &Arc<Store>) {
     };
     assert_eq!(
         run(&a, Op::Get(b"k".to_vec())).await.unwrap(),
-        Answer::Value(None)
+        Reply::Value(None)
     );
     run(&a, Op::Set(b"k".to_vec(), b"v1".to_vec()))
         .await
@@ -25,19 +25,19 @@ pub async fn operations(s: &Arc<Store>) {
     // Tenant b does not see a's key, even in the same store.
     assert_eq!(
         run(&b, Op::Get(b"k".to_vec())).await.unwrap(),
-        Answer::Value(None)
+        Reply::Value(None)
     );
     assert_eq!(
         run(&a, Op::Get(b"k".to_vec())).await.unwrap(),
-        Answer::Value(Some(b"v1".to_vec()))
+        Reply::Value(Some(b"v1".to_vec()))
     );
     assert_eq!(
         run(&a, Op::Increment(b"n".to_vec(), 5)).await.unwrap(),
-        Answer::Integer(5)
+        Reply::Integer(5)
     );
     assert_eq!(
         run(&a, Op::Increment(b"n".to_vec(), -7)).await.unwrap(),
-        Answer::Integer(-2)
+        Reply::Integer(-2)
     );
     assert!(matches!(
         run(&a, Op::Increment(b"k".to_vec(), 1)).await,
@@ -50,7 +50,7 @@ pub async fn operations(s: &Arc<Store>) {
     ));
     assert_eq!(
         run(&a, Op::Exists(b"x".to_vec())).await.unwrap(),
-        Answer::Bool(false)
+        Reply::Bool(false)
     );
     // Replacing a value within the byte limit works; past it, refused.
     run(&a, Op::Set(b"k".to_vec(), b"12345678".to_vec()))
@@ -76,19 +76,19 @@ pub async fn operations(s: &Arc<Store>) {
     };
     assert_eq!(
         run(&a, cas(b"n", Some(b"-1"), b"0")).await.unwrap(),
-        Answer::Bool(false)
+        Reply::Bool(false)
     );
     assert_eq!(
         run(&a, cas(b"n", Some(b"-2"), b"0")).await.unwrap(),
-        Answer::Bool(true)
+        Reply::Bool(true)
     );
     assert_eq!(
         run(&b, cas(b"n", None, b"b")).await.unwrap(),
-        Answer::Bool(true)
+        Reply::Bool(true)
     );
     assert_eq!(
         run(&b, cas(b"n", None, b"c")).await.unwrap(),
-        Answer::Bool(false)
+        Reply::Bool(false)
     );
     // Deleting frees the key for another.
     run(&a, Op::Delete(b"k".to_vec())).await.unwrap();
@@ -105,7 +105,7 @@ pub async fn operations(s: &Arc<Store>) {
         )
         .await
         .unwrap(),
-        Answer::Keys(vec![b"n".to_vec(), b"x".to_vec()])
+        Reply::Keys(vec![b"n".to_vec(), b"x".to_vec()])
     );
     assert_eq!(
         run(
@@ -117,7 +117,7 @@ pub async fn operations(s: &Arc<Store>) {
         )
         .await
         .unwrap(),
-        Answer::Keys(vec![b"x".to_vec()])
+        Reply::Keys(vec![b"x".to_vec()])
     );
 }
 
@@ -133,7 +133,7 @@ pub async fn parallel_increments(s: Arc<Store>) {
     let mut seen = Vec::new();
     for t in tasks {
         match t.await.expect("task").expect("increment") {
-            Answer::Integer(n) => seen.push(n),
+            Reply::Integer(n) => seen.push(n),
             other => panic!("{other:?}"),
         }
     }
@@ -141,6 +141,6 @@ pub async fn parallel_increments(s: Arc<Store>) {
     assert_eq!(seen, (1..=500).collect::<Vec<i64>>());
     assert_eq!(
         s.run(&tenant, Op::Get(b"c".to_vec())).await.expect("get"),
-        Answer::Value(Some(b"500".to_vec()))
+        Reply::Value(Some(b"500".to_vec()))
     );
 }

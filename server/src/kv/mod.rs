@@ -17,7 +17,7 @@ pub mod sqlite;
 mod store;
 
 pub use config::{Backend, DEFAULT_STORE, KEY_BYTES_CEILING, StoreConfig, valid_name};
-pub use op::{Answer, KvError, Op};
+pub use op::{KvError, Op, Reply};
 pub use store::{Store, Stores};
 
 use std::sync::Arc;
@@ -128,7 +128,7 @@ impl Session {
     ///
     /// # Errors
     /// [`KvError`].
-    pub async fn run(&mut self, store: &Store, op: Op) -> Result<Answer, KvError> {
+    pub async fn run(&mut self, store: &Store, op: Op) -> Result<Reply, KvError> {
         self.count()?;
         let op_name = op.name();
         let started = Instant::now();

@@ -1,4 +1,4 @@
-//! What a guest asks of a store ([`Op`]), what it answers ([`Answer`]), and why it fails
+//! What a guest asks of a store ([`Op`]), what it answers ([`Reply`]), and why it fails
 //! ([`KvError`]): the same for every backend and every guest kind.
 
 /// Why a key-value operation failed.
@@ -69,7 +69,7 @@ impl Op {
 
 /// What an operation answered.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Answer {
+pub enum Reply {
     /// `Get`: the value, if any.
     Value(Option<Vec<u8>>),
     /// `Exists`; `CompareAndSwap`: whether it swapped.

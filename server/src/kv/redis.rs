@@ -23,7 +23,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::config::StoreConfig;
-use super::op::{Answer, KvError, Op};
+use super::op::{KvError, Op, Reply};
 
 /// Operations that may queue for the connection before a guest's call waits to queue (the
 /// SQLite store's queue is as long).
@@ -132,9 +132,9 @@ fn refused(e: &redis::RedisError) -> bool {
     e.is_connection_refusal() || e.to_string().contains("Connection refused")
 }
 
-/// What Redis answered: a read's answer, or a write script's reply.
-enum Reply {
-    Answer(Answer),
+/// What Redis answered: a read's reply, or a write script's raw reply.
+enum Raw {
+    Done(Reply),
     Script(Vec<Vec<u8>>),
 }
 
@@ -206,7 +206,7 @@ impl Redis {
     ///
     /// # Errors
     /// [`KvError`]: a limit, an invalid value, or the server failing or not answering.
-    pub async fn run(&self, tenant: &Arc<str>, op: Op) -> Result<Answer, KvError> {
+    pub async fn run(&self, tenant: &Arc<str>, op: Op) -> Result<Reply, KvError> {
         let mut conn = self.connection()?;
         let base = format!("{}{{{tenant}}}:", self.prefix);
         let read = matches!(op, Op::Get(_) | Op::Exists(_) | Op::List { .. });
@@ -217,8 +217,8 @@ impl Redis {
             reply => reply,
         };
         match reply {
-            Ok(Reply::Answer(a)) => Ok(a),
-            Ok(Reply::Script(reply)) => self.answer(&op, reply),
+            Ok(Raw::Done(a)) => Ok(a),
+            Ok(Raw::Script(reply)) => self.answer(&op, reply),
             // A write that may have reached the server: it says so, so that a guest can tell
             // it from one refused before it was sent.
             Err(e) if !read && sent_unanswered(&e) => Err(KvError::Unknown(format!(
@@ -245,7 +245,7 @@ impl Redis {
         conn: &mut ConnectionManager,
         base: &str,
         op: &Op,
-    ) -> redis::RedisResult<Reply> {
+    ) -> redis::RedisResult<Raw> {
         let values = format!("{base}v");
         let write = |op: &str, key: &[u8]| {
             let mut call = self.script.prepare_invoke();
@@ -265,18 +265,16 @@ impl Redis {
             call
         };
         Ok(match op {
-            Op::Get(key) => {
-                Reply::Answer(Answer::Value(field("HGET", key).query_async(conn).await?))
-            }
+            Op::Get(key) => Raw::Done(Reply::Value(field("HGET", key).query_async(conn).await?)),
             Op::Exists(key) => {
-                Reply::Answer(Answer::Bool(field("HEXISTS", key).query_async(conn).await?))
+                Raw::Done(Reply::Bool(field("HEXISTS", key).query_async(conn).await?))
             }
             Op::List { after, limit } => {
                 let from = match after {
                     Some(k) => [b"(".as_slice(), k].concat(),
                     None => b"-".to_vec(),
                 };
-                Reply::Answer(Answer::Keys(
+                Raw::Done(Reply::Keys(
                     redis::cmd("ZRANGEBYLEX")
                         .arg(format!("{base}k"))
                         .arg(from)
@@ -289,11 +287,11 @@ impl Redis {
                 ))
             }
             Op::Set(key, value) => {
-                Reply::Script(write("set", key).arg(value).invoke_async(conn).await?)
+                Raw::Script(write("set", key).arg(value).invoke_async(conn).await?)
             }
-            Op::Delete(key) => Reply::Script(write("delete", key).invoke_async(conn).await?),
+            Op::Delete(key) => Raw::Script(write("delete", key).invoke_async(conn).await?),
             Op::Increment(key, delta) => {
-                Reply::Script(write("incr", key).arg(*delta).invoke_async(conn).await?)
+                Raw::Script(write("incr", key).arg(*delta).invoke_async(conn).await?)
             }
             Op::CompareAndSwap { key, expected, new } => {
                 let mut call = write("cas", key);
@@ -301,26 +299,26 @@ impl Redis {
                     None => call.arg("absent").arg(""),
                     Some(v) => call.arg("value").arg(v),
                 };
-                Reply::Script(call.arg(new).invoke_async(conn).await?)
+                Raw::Script(call.arg(new).invoke_async(conn).await?)
             }
         })
     }
 
     /// The script's reply to `op` as an answer.
-    fn answer(&self, op: &Op, reply: Vec<Vec<u8>>) -> Result<Answer, KvError> {
+    fn answer(&self, op: &Op, reply: Vec<Vec<u8>>) -> Result<Reply, KvError> {
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         match reply.first().map(Vec::as_slice) {
             Some(b"ok") => Ok(match op {
                 Op::Increment(..) => {
                     let n = reply.get(1).and_then(|v| std::str::from_utf8(v).ok());
-                    Answer::Integer(n.and_then(|n| n.parse().ok()).ok_or_else(|| {
+                    Reply::Integer(n.and_then(|n| n.parse().ok()).ok_or_else(|| {
                         self.unavailable(&format_args!("the increment answered {reply:?}"))
                     })?)
                 }
-                Op::CompareAndSwap { .. } => Answer::Bool(true),
-                _ => Answer::Done,
+                Op::CompareAndSwap { .. } => Reply::Bool(true),
+                _ => Reply::Done,
             }),
-            Some(b"no") => Ok(Answer::Bool(false)),
+            Some(b"no") => Ok(Reply::Bool(false)),
             Some(b"keys") => Err(KvError::Limit(format!(
                 "the tenant holds {} keys in store {:?}, its max_keys_per_tenant",
                 reply.get(1).map(|v| text(v)).unwrap_or_default(),
@@ -490,9 +488,9 @@ mod tests {
             let set = Op::Set(b"n".to_vec(), (big - 1).to_string().into_bytes());
             one.run(&t, set).await.expect("set");
             let got = one.run(&t, Op::Increment(b"n".to_vec(), 1)).await;
-            assert_eq!(got.expect("increment"), Answer::Integer(big));
+            assert_eq!(got.expect("increment"), Reply::Integer(big));
             let got = two.run(&t, Op::Increment(b"n".to_vec(), 1)).await;
-            assert_eq!(got.expect("increment"), Answer::Integer(i64::MAX));
+            assert_eq!(got.expect("increment"), Reply::Integer(i64::MAX));
             match one.run(&t, Op::Increment(b"n".to_vec(), 1)).await {
                 Err(KvError::Invalid(m)) => {
                     assert!(m.contains("9223372036854775807 + 1 overflows"), "{m}");
@@ -500,7 +498,7 @@ mod tests {
                 other => panic!("{other:?}"),
             }
             let got = one.run(&t, Op::Get(b"n".to_vec())).await.expect("get");
-            assert_eq!(got, Answer::Value(Some(i64::MAX.to_string().into_bytes())));
+            assert_eq!(got, Reply::Value(Some(i64::MAX.to_string().into_bytes())));
 
             let odd: &[&[u8]] = &[b"a\xff", b"a\x00b", b"a"];
             for k in odd {
@@ -508,7 +506,7 @@ mod tests {
                 one.run(&t, op).await.expect("set");
             }
             let got = two.run(&t, Op::Get(b"a\x00b".to_vec())).await.expect("get");
-            assert_eq!(got, Answer::Value(Some(b"a\x00b\x00\xfe".to_vec())));
+            assert_eq!(got, Reply::Value(Some(b"a\x00b\x00\xfe".to_vec())));
             let list = |after: Option<&[u8]>| Op::List {
                 after: after.map(<[u8]>::to_vec),
                 limit: 10,
@@ -521,10 +519,10 @@ mod tests {
             ];
             assert_eq!(
                 two.run(&t, list(None)).await.expect("list"),
-                Answer::Keys(want.clone())
+                Reply::Keys(want.clone())
             );
             let got = two.run(&t, list(Some(b"a\x00b"))).await.expect("list");
-            assert_eq!(got, Answer::Keys(want[2..].to_vec()));
+            assert_eq!(got, Reply::Keys(want[2..].to_vec()));
 
             // Five keys per tenant, counted across both replicas.
             two.run(&t, Op::Set(b"e".to_vec(), b"1".to_vec()))
@@ -543,7 +541,7 @@ mod tests {
                 .run(&t, Op::Exists(b"g".to_vec()))
                 .await
                 .expect("exists");
-            assert_eq!(got, Answer::Bool(false));
+            assert_eq!(got, Reply::Bool(false));
             one.run(&t, Op::Delete(b"e".to_vec()))
                 .await
                 .expect("delete");
@@ -590,7 +588,7 @@ mod tests {
         server.signal("-CONT");
         // The write the guest was told may have been applied was.
         let got = rt.block_on(s.run(&t, Op::Get(b"k".to_vec()))).expect("get");
-        assert_eq!(got, Answer::Value(Some(b"2".to_vec())));
+        assert_eq!(got, Reply::Value(Some(b"2".to_vec())));
 
         server.stop();
         match rt.block_on(s.run(&t, Op::Get(b"k".to_vec()))) {
@@ -599,8 +597,8 @@ mod tests {
         }
         // Back (empty: it saved nothing): the first operation reconnects and succeeds.
         server.restart();
-        assert_eq!(rt.block_on(s.run(&t, set("3"))).expect("set"), Answer::Done);
+        assert_eq!(rt.block_on(s.run(&t, set("3"))).expect("set"), Reply::Done);
         let got = rt.block_on(s.run(&t, Op::Get(b"k".to_vec()))).expect("get");
-        assert_eq!(got, Answer::Value(Some(b"3".to_vec())));
+        assert_eq!(got, Reply::Value(Some(b"3".to_vec())));
     }
 }

@@ -20,7 +20,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::config::StoreConfig;
-use super::op::{Answer, KvError, Op};
+use super::op::{KvError, Op, Reply};
 
 /// Operations that may wait for the thread before a guest's call waits to queue.
 const QUEUE: usize = 1024;
@@ -31,7 +31,7 @@ const BATCH: usize = 64;
 struct Job {
     tenant: Arc<str>,
     op: Op,
-    reply: oneshot::Sender<Result<Answer, KvError>>,
+    reply: oneshot::Sender<Result<Reply, KvError>>,
 }
 
 /// What the thread needs to know of the store.
@@ -67,7 +67,7 @@ impl Sqlite {
     ///
     /// # Errors
     /// [`KvError`]: a limit, an invalid value, or the file failing.
-    pub async fn run(&self, tenant: Arc<str>, op: Op) -> Result<Answer, KvError> {
+    pub async fn run(&self, tenant: Arc<str>, op: Op) -> Result<Reply, KvError> {
         let queue = self.queue.get_or_init(|| self.start());
         let (reply, answer) = oneshot::channel();
         let gone = || {
@@ -210,21 +210,21 @@ fn apply(
     settings: &Settings,
     tenant: &str,
     op: &Op,
-) -> rusqlite::Result<Result<Answer, KvError>> {
+) -> rusqlite::Result<Result<Reply, KvError>> {
     Ok(match op {
-        Op::Get(key) => Ok(Answer::Value(get(db, tenant, key)?)),
-        Op::Exists(key) => Ok(Answer::Bool(
+        Op::Get(key) => Ok(Reply::Value(get(db, tenant, key)?)),
+        Op::Exists(key) => Ok(Reply::Bool(
             db.prepare_cached("SELECT 1 FROM entries WHERE tenant = ?1 AND key = ?2")?
                 .exists(params![tenant, key])?,
         )),
-        Op::Set(key, value) => set(db, settings, tenant, key, value)?.map(|()| Answer::Done),
+        Op::Set(key, value) => set(db, settings, tenant, key, value)?.map(|()| Reply::Done),
         Op::Delete(key) => {
             if let Some(old) = value_len(db, tenant, key)? {
                 db.prepare_cached("DELETE FROM entries WHERE tenant = ?1 AND key = ?2")?
                     .execute(params![tenant, key])?;
                 add_usage(db, tenant, -1, -((key.len() + old) as i64))?;
             }
-            Ok(Answer::Done)
+            Ok(Reply::Done)
         }
         Op::Increment(key, delta) => {
             let current = match get(db, tenant, key)? {
@@ -244,13 +244,13 @@ fn apply(
                 ))));
             };
             set(db, settings, tenant, key, new.to_string().as_bytes())?
-                .map(|()| Answer::Integer(new))
+                .map(|()| Reply::Integer(new))
         }
         Op::CompareAndSwap { key, expected, new } => {
             if get(db, tenant, key)? == *expected {
-                set(db, settings, tenant, key, new)?.map(|()| Answer::Bool(true))
+                set(db, settings, tenant, key, new)?.map(|()| Reply::Bool(true))
             } else {
-                Ok(Answer::Bool(false))
+                Ok(Reply::Bool(false))
             }
         }
         Op::List { after, limit } => {
@@ -261,7 +261,7 @@ fn apply(
             let keys = stmt
                 .query_map(params![tenant, after, *limit as i64], |r| r.get(0))?
                 .collect::<rusqlite::Result<Vec<Vec<u8>>>>()?;
-            Ok(Answer::Keys(keys))
+            Ok(Reply::Keys(keys))
         }
     })
 }
@@ -384,7 +384,7 @@ mod tests {
         .expect("stores");
         let s = again.get("s").expect("store").clone();
         let got = rt().block_on(async move { s.run(&a, Op::Get(b"x".to_vec())).await });
-        assert_eq!(got.unwrap(), Answer::Value(Some(b"1".to_vec())));
+        assert_eq!(got.unwrap(), Reply::Value(Some(b"1".to_vec())));
     }
 
     #[test]
@@ -411,7 +411,7 @@ mod tests {
             .expect("set after the file could be opened");
         assert_eq!(
             rt.block_on(s.run(&tenant, Op::Get(b"k".to_vec()))).unwrap(),
-            Answer::Value(Some(b"v".to_vec()))
+            Reply::Value(Some(b"v".to_vec()))
         );
     }
 

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::config::{Backend, DEFAULT_STORE, KEY_BYTES_CEILING, StoreConfig, valid_name};
-use super::op::{Answer, KvError, Op};
+use super::op::{KvError, Op, Reply};
 use super::{redis, sqlite};
 
 debug_fields!(Store: name);
@@ -35,7 +35,7 @@ impl Store {
     ///
     /// # Errors
     /// [`KvError`].
-    pub async fn run(&self, tenant: &Arc<str>, op: Op) -> Result<Answer, KvError> {
+    pub async fn run(&self, tenant: &Arc<str>, op: Op) -> Result<Reply, KvError> {
         let answer = match self.check(&op) {
             Ok(()) => match &self.backend {
                 Opened::Sqlite(b) => b.run(tenant.clone(), op).await,

@@ -11,7 +11,7 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::{CDN_ID, HeadError, MAX_HOPS, OutBody, Target, client, hops, send};
+use super::{CDN_ID, Destination, HeadError, MAX_HOPS, OutBody, client, hops, send};
 use crate::body::Fetched;
 
 /// `CDN-Loop` (RFC 8586): where a request has been.
@@ -268,7 +268,7 @@ impl Grant {
     /// [`NoHead`].
     pub(super) async fn fetch(
         &self,
-        target: &Target,
+        target: &Destination,
         req: Request<OutBody>,
         first_byte: Duration,
         passing: &Passing,
@@ -287,7 +287,7 @@ impl Grant {
 
     async fn exchange_inner(
         &self,
-        target: &Target,
+        target: &Destination,
         mut req: Request<OutBody>,
         first_byte: Duration,
         passing: &Passing,

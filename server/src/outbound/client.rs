@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
 use super::body::OutBody;
-use super::policy::Target;
+use super::policy::Destination;
 use super::policy::not_public;
 
 /// Name resolution for outbound connections; for URL requests every address must be public
@@ -104,7 +104,7 @@ thread_local! {
 ///
 /// # Errors
 /// If the TLS roots `target` needs cannot be loaded.
-pub fn client(target: &Target, opened: &prometheus::IntCounter) -> Result<HttpClient, String> {
+pub fn client(target: &Destination, opened: &prometheus::IntCounter) -> Result<HttpClient, String> {
     let tls = target.tls.config()?;
     let key = (
         target.timeouts.connect,

@@ -1,5 +1,5 @@
 //! The policy: which backends and hosts a tenant's guests may call, checked and resolved
-//! into a [`Target`]; the `[tenant.outbound]` schema it is built from.
+//! into a [`Destination`]; the `[tenant.outbound]` schema it is built from.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -148,7 +148,7 @@ pub struct Policy {
 
 /// Where one outbound request goes, resolved and permitted.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub struct Destination {
     /// The URI to send.
     pub uri: Uri,
     /// The `Host` header to send.
@@ -294,9 +294,9 @@ impl Policy {
     ///
     /// # Errors
     /// [`Denied`], saying why.
-    pub async fn target(&self, backend: &str, path: &str) -> Result<Target, Denied> {
+    pub async fn destination(&self, backend: &str, path: &str) -> Result<Destination, Denied> {
         if backend.is_empty() {
-            return self.url_target(path).await;
+            return self.url_destination(path).await;
         }
         let b = self
             .backends
@@ -315,7 +315,7 @@ impl Policy {
             .path_and_query(pq)
             .build()
             .map_err(|e| Denied::BadTarget(e.to_string()))?;
-        Ok(Target {
+        Ok(Destination {
             uri,
             host: b.host.clone(),
             timeouts: b.timeouts,
@@ -327,7 +327,7 @@ impl Policy {
         })
     }
 
-    async fn url_target(&self, url: &str) -> Result<Target, Denied> {
+    async fn url_destination(&self, url: &str) -> Result<Destination, Denied> {
         let uri: Uri = url
             .parse()
             .map_err(|e| Denied::BadTarget(format!("{url:?} is not a URL: {e}")))?;
@@ -361,7 +361,7 @@ impl Policy {
         check_public(&host, port).await?;
         let host = HeaderValue::from_str(authority.as_str())
             .map_err(|e| Denied::BadTarget(e.to_string()))?;
-        Ok(Target {
+        Ok(Destination {
             uri,
             host,
             timeouts: self.url_timeouts,

@@ -21,7 +21,7 @@ use http_body_util::BodyExt;
 use super::body::OutBody;
 use super::cached::{CACHE_OVERRIDE, CacheOverride};
 use super::calls::{Grant, NoHead, Passing};
-use super::policy::Target;
+use super::policy::Destination;
 use crate::body::Fetched;
 use crate::cache::{Asking, Fill, Lookup, Space};
 
@@ -37,7 +37,7 @@ impl Grant {
     /// [`NoHead`]; a bad `Tern-Cache` is refused before anything is sent.
     pub async fn exchange(
         self: &Arc<Self>,
-        target: &Target,
+        target: &Destination,
         mut req: Request<OutBody>,
         first_byte: Duration,
         passing: &Passing,
@@ -108,7 +108,7 @@ impl Grant {
     async fn refresh(
         &self,
         fill: Fill,
-        target: &Target,
+        target: &Destination,
         req: Request<OutBody>,
         first_byte: Duration,
         passing: &Passing,

@@ -44,13 +44,13 @@ impl Runtime {
         })
     }
 
-    /// What every tenant prepared on this runtime shares.
-    pub(super) fn shared<'a>(
+    /// The server's parts every tenant prepared on this runtime is prepared with.
+    pub(super) fn server_parts<'a>(
         &'a self,
         metrics: &'a Metrics,
         resources: &'a crate::capabilities::Resources,
-    ) -> tenant::Shared<'a> {
-        tenant::Shared {
+    ) -> tenant::ServerParts<'a> {
+        tenant::ServerParts {
             linkers: &self.linkers,
             pool: &self.pool,
             metrics,
@@ -144,7 +144,7 @@ impl Loader {
         let mut config = config.clone();
         config.kind = Some(old.kind());
         Ok(tenant::prepare(
-            rt.shared(&self.metrics, &self.resources),
+            rt.server_parts(&self.metrics, &self.resources),
             compiled,
             &config,
             old.origin.clone(),
@@ -183,7 +183,7 @@ impl Loader {
             version: version.clone(),
         };
         Ok(tenant::prepare(
-            rt.shared(&self.metrics, &self.resources),
+            rt.server_parts(&self.metrics, &self.resources),
             module,
             &config,
             origin,

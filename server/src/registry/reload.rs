@@ -37,7 +37,7 @@ impl Registry {
                 let assets = tenant::load_assets(t, &base, max)?;
                 let carried = live.carried(t.name.get_ref());
                 tenant::prepare(
-                    rt.shared(&metrics, &resources),
+                    rt.server_parts(&metrics, &resources),
                     &loaded.module,
                     t,
                     Origin::Config,

@@ -88,7 +88,7 @@ struct Open {
 }
 
 /// What an fd refers to.
-enum Target {
+enum FdTarget {
     Stdio(u32),
     /// A node of the tree (the preopen is the root) and, for opened files, their slot.
     Node(usize, Option<usize>),
@@ -103,15 +103,15 @@ impl Files {
         }
     }
 
-    fn target(&self, fd: i32) -> Result<Target, i32> {
+    fn target(&self, fd: i32) -> Result<FdTarget, i32> {
         let fd = fd as u32;
         match fd {
-            0..=2 => Ok(Target::Stdio(fd)),
-            PREOPEN if self.assets.is_some() => Ok(Target::Node(0, None)),
+            0..=2 => Ok(FdTarget::Stdio(fd)),
+            PREOPEN if self.assets.is_some() => Ok(FdTarget::Node(0, None)),
             _ => {
                 let slot = fd.checked_sub(FIRST_FD).ok_or(errno::BADF)? as usize;
                 match self.open.get(slot) {
-                    Some(Some(o)) => Ok(Target::Node(o.node, Some(slot))),
+                    Some(Some(o)) => Ok(FdTarget::Node(o.node, Some(slot))),
                     _ => Err(errno::BADF),
                 }
             }
@@ -125,9 +125,11 @@ impl Files {
     /// The directory node an `*at` call starts from.
     fn dir(&self, fd: i32) -> Result<usize, i32> {
         match self.target(fd)? {
-            Target::Node(n, _) if matches!(self.assets()?.node(n).kind, NodeKind::Dir(_)) => Ok(n),
-            Target::Node(..) => Err(errno::NOTDIR),
-            Target::Stdio(_) => Err(errno::NOTDIR),
+            FdTarget::Node(n, _) if matches!(self.assets()?.node(n).kind, NodeKind::Dir(_)) => {
+                Ok(n)
+            }
+            FdTarget::Node(..) => Err(errno::NOTDIR),
+            FdTarget::Stdio(_) => Err(errno::NOTDIR),
         }
     }
 
@@ -233,9 +235,9 @@ pub(in crate::guest) fn read(
     nread: i32,
 ) -> Result<(), i32> {
     let n = match files.target(fd)? {
-        Target::Stdio(0) => 0, // stdin is empty
-        Target::Stdio(_) => return Err(errno::BADF),
-        Target::Node(node, slot) => {
+        FdTarget::Stdio(0) => 0, // stdin is empty
+        FdTarget::Stdio(_) => return Err(errno::BADF),
+        FdTarget::Node(node, slot) => {
             let slot = slot.ok_or(errno::ISDIR)?;
             let bytes = file_bytes(files.assets.as_deref(), node)?;
             let open = files.open[slot].as_mut().ok_or(errno::BADF)?;
@@ -371,7 +373,7 @@ pub fn add_to_linker<T: FilesView>(linker: &mut Linker<T>) -> wasmtime::Result<(
         linker,
         "fd_pread",
         |data, files, fd: i32, iovs: i32, iovs_len: i32, at: i64, nread: i32| {
-            let Target::Node(node, Some(_)) = files.target(fd)? else {
+            let FdTarget::Node(node, Some(_)) = files.target(fd)? else {
                 return Err(errno::SPIPE);
             };
             let bytes = file_bytes(files.assets.as_deref(), node)?;
@@ -384,7 +386,7 @@ pub fn add_to_linker<T: FilesView>(linker: &mut Linker<T>) -> wasmtime::Result<(
         linker,
         "fd_seek",
         |data, files, fd: i32, offset: i64, whence: i32, out: i32| {
-            let Target::Node(node, Some(slot)) = files.target(fd)? else {
+            let FdTarget::Node(node, Some(slot)) = files.target(fd)? else {
                 return Err(errno::SPIPE);
             };
             let bytes = file_bytes(files.assets.as_deref(), node)?;
@@ -402,7 +404,7 @@ pub fn add_to_linker<T: FilesView>(linker: &mut Linker<T>) -> wasmtime::Result<(
         }
     );
     hostcall!(linker, "fd_tell", |data, files, fd: i32, out: i32| {
-        let Target::Node(_, Some(slot)) = files.target(fd)? else {
+        let FdTarget::Node(_, Some(slot)) = files.target(fd)? else {
             return Err(errno::SPIPE);
         };
         let pos = files.open[slot].map_or(0, |o| o.pos);
@@ -412,7 +414,7 @@ pub fn add_to_linker<T: FilesView>(linker: &mut Linker<T>) -> wasmtime::Result<(
         linker,
         "fd_close",
         |_, files, fd: i32| match files.target(fd)? {
-            Target::Node(_, Some(slot)) => {
+            FdTarget::Node(_, Some(slot)) => {
                 files.open[slot] = None;
                 Ok(())
             }
@@ -425,17 +427,17 @@ pub fn add_to_linker<T: FilesView>(linker: &mut Linker<T>) -> wasmtime::Result<(
         "fd_filestat_get",
         |data, files, fd: i32, buf: i32| {
             let stat = match files.target(fd)? {
-                Target::Stdio(_) => filestat(filetype::UNKNOWN, 0, 0),
-                Target::Node(n, _) => node_stat(files.assets()?, n),
+                FdTarget::Stdio(_) => filestat(filetype::UNKNOWN, 0, 0),
+                FdTarget::Node(n, _) => node_stat(files.assets()?, n),
             };
             put(data, buf, &stat)
         }
     );
     hostcall!(linker, "fd_fdstat_get", |data, files, fd: i32, buf: i32| {
         let (ft, base, inheriting) = match files.target(fd)? {
-            Target::Stdio(0) => (filetype::UNKNOWN, rights::FD_READ, 0),
-            Target::Stdio(_) => (filetype::UNKNOWN, rights::FD_WRITE, 0),
-            Target::Node(n, _) => match files.assets()?.node(n).kind {
+            FdTarget::Stdio(0) => (filetype::UNKNOWN, rights::FD_READ, 0),
+            FdTarget::Stdio(_) => (filetype::UNKNOWN, rights::FD_WRITE, 0),
+            FdTarget::Node(n, _) => match files.assets()?.node(n).kind {
                 NodeKind::Dir(_) => (filetype::DIRECTORY, rights::DIR, rights::DIR | rights::FILE),
                 NodeKind::File(_) => (filetype::REGULAR_FILE, rights::FILE, 0),
             },
@@ -450,8 +452,8 @@ pub fn add_to_linker<T: FilesView>(linker: &mut Linker<T>) -> wasmtime::Result<(
         linker,
         "fd_advise",
         |_, files, fd: i32, _off: i64, _len: i64, _advice: i32| match files.target(fd)? {
-            Target::Node(..) => Ok(()),
-            Target::Stdio(_) => Err(errno::SPIPE),
+            FdTarget::Node(..) => Ok(()),
+            FdTarget::Stdio(_) => Err(errno::SPIPE),
         }
     );
     hostcall!(

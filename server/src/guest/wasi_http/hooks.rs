@@ -61,9 +61,9 @@ impl WasiHttpHooks for Session {
             }
             let pq = uri.path_and_query().map_or("/", |p| p.as_str());
             let target = if backend.is_empty() {
-                calls.policy.target("", &uri.to_string()).await
+                calls.policy.destination("", &uri.to_string()).await
             } else {
-                calls.policy.target(&backend, pq).await
+                calls.policy.destination(&backend, pq).await
             };
             let target = match target {
                 Ok(t) => t,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
-use crate::kv::{Answer, KvError, Op, Store};
+use crate::kv::{KvError, Op, Reply, Store};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -95,21 +95,21 @@ impl KvHost<'_> {
 
     async fn kv_get(&mut self, store: &Store, key: String) -> Result<Option<Vec<u8>>, String> {
         match self.session.run(store, Op::Get(key.into_bytes())).await {
-            Ok(Answer::Value(v)) => Ok(v),
+            Ok(Reply::Value(v)) => Ok(v),
             other => Err(failed(other)),
         }
     }
 
     async fn kv_done(&mut self, store: &Store, op: Op) -> Result<(), String> {
         match self.session.run(store, op).await {
-            Ok(Answer::Done) => Ok(()),
+            Ok(Reply::Done) => Ok(()),
             other => Err(failed(other)),
         }
     }
 
     async fn kv_exists(&mut self, store: &Store, key: String) -> Result<bool, String> {
         match self.session.run(store, Op::Exists(key.into_bytes())).await {
-            Ok(Answer::Bool(b)) => Ok(b),
+            Ok(Reply::Bool(b)) => Ok(b),
             other => Err(failed(other)),
         }
     }
@@ -122,7 +122,7 @@ impl KvHost<'_> {
         limit: usize,
     ) -> Result<Vec<Vec<u8>>, String> {
         match self.session.run(store, Op::List { after, limit }).await {
-            Ok(Answer::Keys(keys)) => Ok(keys),
+            Ok(Reply::Keys(keys)) => Ok(keys),
             other => Err(failed(other)),
         }
     }
@@ -165,7 +165,7 @@ enum Opened {
 
 /// The words for a failed operation, what the guest reads in `other(text)` (or, a bug, an
 /// answer of the wrong kind).
-fn failed(answer: Result<Answer, KvError>) -> String {
+fn failed(answer: Result<Reply, KvError>) -> String {
     match answer {
         Err(e) => e.to_string(),
         Ok(a) => format!("the store answered {a:?}"),
@@ -309,7 +309,7 @@ impl atomics::Host for KvHost<'_> {
                 .run(&store, Op::Increment(key.into_bytes(), delta))
                 .await
             {
-                Ok(Answer::Integer(n)) => Ok(n),
+                Ok(Reply::Integer(n)) => Ok(n),
                 other => Err(wasi::Error::Other(failed(other))),
             },
         )
@@ -331,8 +331,8 @@ impl atomics::Host for KvHost<'_> {
             new: value,
         };
         match self.session.run(&store, op).await {
-            Ok(Answer::Bool(true)) => Ok(Ok(())),
-            Ok(Answer::Bool(false)) => {
+            Ok(Reply::Bool(true)) => Ok(Ok(())),
+            Ok(Reply::Bool(false)) => {
                 // The value changed since it was read: a fresh read to retry from.
                 let current = match self.kv_get(&store, key.clone()).await {
                     Ok(v) => v,

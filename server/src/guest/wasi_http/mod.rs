@@ -73,7 +73,7 @@ pub struct HttpState {
     /// Memory and table limits, and whether the guest ran into them.
     pub limits: GuestLimits,
     /// The main memory's address and length, as the memory probe last reported them
-    /// ([`crate::probe`]).
+    /// ([`crate::teardown::probe`]).
     pub memory: Option<(usize, usize)>,
     /// When the guest yields its worker (kept by the epoch callback, [`crate::execute`]).
     pub slicing: crate::guest::slice::Slicing,
@@ -186,7 +186,7 @@ pub fn linker(engine: &Engine, wasi_p3: bool) -> wasmtime::Result<Linker<HttpSta
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     // The memory probe's import: the list is the whole main memory, lifted in place.
     linker.root().func_wrap(
-        crate::probe::IMPORT,
+        crate::teardown::probe::IMPORT,
         |mut store: StoreContextMut<'_, HttpState>, (memory,): (WasmList<u8>,)| {
             let bytes = memory.as_le_slice(&store);
             let span = (bytes.as_ptr() as usize, bytes.len());
@@ -207,7 +207,7 @@ pub struct Proxy {
     pub pre: InstancePre<HttpState>,
     /// Where its `incoming-handler` is.
     pub handler: ProxyIndices,
-    /// Its memory probe, if it has one ([`crate::probe`]).
+    /// Its memory probe, if it has one ([`crate::teardown::probe`]).
     pub probe: Option<ComponentExportIndex>,
 }
 
@@ -232,7 +232,7 @@ impl Handler {
         match version {
             Version::P2 => ProxyIndices::new(&pre).map(|handler| {
                 Self::P2(Proxy {
-                    probe: component.get_export_index(None, crate::probe::EXPORT),
+                    probe: component.get_export_index(None, crate::teardown::probe::EXPORT),
                     pre,
                     handler,
                 })

@@ -17,7 +17,7 @@ use crate::guest::module::memory::{
     GuestFault, GuestMemory, add_text_call, copy_to_guest, guest_range, host_call, memory,
     read_guest,
 };
-use crate::kv::{Answer, KvError, Op, Session, Store};
+use crate::kv::{KvError, Op, Reply, Session, Store};
 
 /// Keys fetched per `kv_list` call (as many as fit the guest's buffer are given).
 const LIST_BATCH: usize = 256;
@@ -56,7 +56,7 @@ pub trait KvView: GuestMemory {
 
 /// Runs `op` on the store behind `handle`, timing the wait: the answer, or the error code to
 /// return (with `kv_last_error` set).
-async fn run<T: KvView>(caller: &mut Caller<'_, T>, handle: i32, op: Op) -> Result<Answer, i32> {
+async fn run<T: KvView>(caller: &mut Caller<'_, T>, handle: i32, op: Op) -> Result<Reply, i32> {
     let (kv, session) = caller.data_mut().kv();
     let store = kv.store(session, handle)?;
     let tenant = session.grant().tenant.clone();
@@ -70,7 +70,7 @@ async fn run<T: KvView>(caller: &mut Caller<'_, T>, handle: i32, op: Op) -> Resu
 }
 
 /// An answer of the wrong kind for its operation: a bug in the backend, never the guest's.
-fn unexpected<T: KvView>(caller: &mut Caller<'_, T>, answer: &Answer) -> i32 {
+fn unexpected<T: KvView>(caller: &mut Caller<'_, T>, answer: &Reply) -> i32 {
     caller
         .data_mut()
         .kv()
@@ -113,10 +113,10 @@ pub fn add_to_linker<T: KvView>(linker: &mut Linker<T>) -> wasmtime::Result<()> 
             guest_range(buf, buf_len, mem.data(&caller).len())
                 .ok_or(GuestFault::BadPointer(func::KV_GET))?;
             match run(&mut caller, store, Op::Get(key)).await {
-                Ok(Answer::Value(Some(v))) => {
+                Ok(Reply::Value(Some(v))) => {
                     copy_to_guest(mem.data_mut(&mut caller), buf, buf_len, &v, func::KV_GET)
                 }
-                Ok(Answer::Value(None)) => Ok(caller
+                Ok(Reply::Value(None)) => Ok(caller
                     .data_mut()
                     .kv()
                     .0
@@ -149,7 +149,7 @@ pub fn add_to_linker<T: KvView>(linker: &mut Linker<T>) -> wasmtime::Result<()> 
     host_call!(linker, m, func::KV_EXISTS, |caller, store, key, key_len| {
         let key = read_guest(&caller, key, key_len, func::KV_EXISTS)?;
         Ok(match run(&mut caller, store, Op::Exists(key)).await {
-            Ok(Answer::Bool(b)) => i32::from(b),
+            Ok(Reply::Bool(b)) => i32::from(b),
             Ok(other) => unexpected(&mut caller, &other),
             Err(code) => code,
         })
@@ -165,7 +165,7 @@ pub fn add_to_linker<T: KvView>(linker: &mut Linker<T>) -> wasmtime::Result<()> 
             let by = i64::from_le_bytes(bytes.try_into().map_err(|_| GuestFault::BadPointer(f))?);
             Ok(
                 match run(&mut caller, store, Op::Increment(key, by)).await {
-                    Ok(Answer::Integer(n)) => {
+                    Ok(Reply::Integer(n)) => {
                         let mem = memory(&caller)?;
                         copy_to_guest(mem.data_mut(&mut caller), delta, 8, &n.to_le_bytes(), f)?;
                         0
@@ -195,7 +195,7 @@ pub fn add_to_linker<T: KvView>(linker: &mut Linker<T>) -> wasmtime::Result<()> 
             }
             let op = Op::CompareAndSwap { key, expected, new };
             Ok(match run(&mut caller, store, op).await {
-                Ok(Answer::Bool(b)) => i32::from(b),
+                Ok(Reply::Bool(b)) => i32::from(b),
                 Ok(other) => unexpected(&mut caller, &other),
                 Err(code) => code,
             })
@@ -217,7 +217,7 @@ pub fn add_to_linker<T: KvView>(linker: &mut Linker<T>) -> wasmtime::Result<()> 
                 limit: LIST_BATCH,
             };
             let keys = match run(&mut caller, store, op).await {
-                Ok(Answer::Keys(keys)) => keys,
+                Ok(Reply::Keys(keys)) => keys,
                 Ok(other) => return Ok(unexpected(&mut caller, &other)),
                 Err(code) => return Ok(code),
             };

@@ -19,7 +19,7 @@ use crate::body::ClientBody;
 use crate::body::Fetched;
 use crate::guest::module::memory::headers_blob;
 use crate::guest::{ForwardError, GuestRequest, GuestResponse};
-use crate::outbound::{Denied, NoHead, OutBody, Refused, Session, Target};
+use crate::outbound::{Denied, Destination, NoHead, OutBody, Refused, Session};
 
 /// Body chunks that may wait for the backend before a streaming guest's writes block.
 const STREAM_CHUNKS: usize = 4;
@@ -98,7 +98,7 @@ struct Responded {
 /// A request made and not sent yet.
 struct Draft {
     method: Method,
-    target: Target,
+    target: Destination,
     headers: HeaderMap,
     body: BytesMut,
     /// The client's body, to be streamed on as this request's (`outbound_forward_request`).
@@ -563,7 +563,7 @@ impl OutboundCalls<'_> {
         }
         let calls = self.session.grant.clone();
         let waited = Instant::now();
-        let target = calls.policy.target(&backend, &url).await;
+        let target = calls.policy.destination(&backend, &url).await;
         self.session.waited += waited.elapsed();
         let target = match target {
             Ok(t) => t,

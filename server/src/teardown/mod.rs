@@ -7,7 +7,7 @@
 //!
 //! # Zero state and swap
 //! wasmtime 48's dirty-page reset (`[pool] pagemap_scan`) misses pages the kernel swapped out
-//! while the guest ran, so they would reach the next guest of that slot (see [`crate::pagemap`]).
+//! while the guest ran, so they would reach the next guest of that slot (see [`crate::teardown::pagemap`]).
 //! Tern therefore:
 //! - uses that reset only when no swap area is active at start-up, or the process's cgroup
 //!   allows it no swap ([`swap_possible`]); otherwise every freed memory is reset with `memset`
@@ -24,15 +24,18 @@
 //! The same reset takes at most 32 dirty regions and decommits the rest, so a guest that
 //! dirties many scattered pages would fault them in again on every request. A memory larger than
 //! 64 pages (smaller ones cannot hold more than 32 regions) is swept before it is dropped and its
-//! regions joined ([`crate::pagemap::Sweep`]). A tenant whose sweeps keep finding few regions is
+//! regions joined ([`crate::teardown::pagemap::Sweep`]). A tenant whose sweeps keep finding few regions is
 //! swept only on one request in [`RECHECK_EVERY`] (spread over its slots, see [`rechecked`]),
 //! so compact guests pay nothing.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::pagemap::{self, WASMTIME_REGIONS};
-pub use crate::pagemap::{Sweep, Swept};
+mod pagemap;
+pub mod probe;
+
+use self::pagemap::WASMTIME_REGIONS;
+pub use self::pagemap::{Sweep, Swept};
 use wasmtime::{Memory, Store};
 
 /// Whether a swap area became active after start-up (kept current by [`watch_swap`]).
@@ -133,7 +136,7 @@ pub fn due<'a, T>(
 }
 
 /// Sweeps the guest's memory (address, length) if given (see the module docs: a module's from
-/// [`due`], a component's from its memory probe, [`crate::probe`]), drops `store` and returns
+/// [`due`], a component's from its memory probe, [`crate::teardown::probe`]), drops `store` and returns
 /// the time since `started`.
 pub fn teardown<T>(
     store: Store<T>,

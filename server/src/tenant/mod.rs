@@ -20,6 +20,8 @@ use crate::metrics::{Metrics, TenantMetrics, Undelivered};
 use crate::outcome::Outcome;
 use crate::teardown::MemorySweep;
 
+pub mod front;
+
 /// Why a tenant could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum TenantError {
@@ -181,7 +183,7 @@ pub struct Tenant {
     /// What its guests are granted (outbound calls, key-value stores).
     pub grants: crate::capabilities::Grants,
     /// What the front end does for it around its guests (redirect, HSTS, error pages).
-    pub front: crate::front::Front,
+    pub front: crate::tenant::front::Front,
     /// Something about the module its author should know (shown by a deploy, logged at load).
     pub warning: Option<String>,
 }
@@ -232,9 +234,9 @@ impl Tenant {
     }
 }
 
-/// What every tenant is prepared with, whoever loads it.
+/// The server's parts every tenant is prepared with, whoever loads it.
 #[derive(Clone, Copy)]
-pub struct Shared<'a> {
+pub struct ServerParts<'a> {
     /// The linkers tenants are pre-linked against.
     pub linkers: &'a Linkers,
     /// The pool, whose settings fill in default limits.
@@ -408,19 +410,19 @@ impl Carried {
 /// [`TenantError::Abi`] saying what the module or component lacks or imports wrongly, or why
 /// it is not of the kind asked for.
 pub fn prepare(
-    shared: Shared<'_>,
+    server: ServerParts<'_>,
     compiled: &Compiled,
     config: &TenantConfig,
     origin: Origin,
     assets: Option<Arc<Assets>>,
     carried: Carried,
 ) -> Result<Tenant, TenantError> {
-    let Shared {
+    let ServerParts {
         linkers,
         pool,
         metrics,
         resources,
-    } = shared;
+    } = server;
     let name = config.name.get_ref().clone();
     let refuse = |reason: String| TenantError::Abi {
         tenant: name.clone(),
@@ -462,7 +464,7 @@ pub fn prepare(
         cache.as_ref(),
     )
     .map_err(refuse)?;
-    let front = crate::front::Front::prepare(&preparing, &config.settings, cache.as_ref());
+    let front = crate::tenant::front::Front::prepare(&preparing, &config.settings, cache.as_ref());
     let slots = match carried.slots {
         Some((n, slots)) if n == limits.max_concurrency => slots,
         _ => Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),

@@ -174,7 +174,7 @@ impl Sweep {
     }
 
     /// [`run`](Self::run) for the `len` bytes of linear memory at `start`, as the memory probe
-    /// reports a component's memory ([`crate::probe`]): memory of an instance that is alive
+    /// reports a component's memory ([`crate::teardown::probe`]): memory of an instance that is alive
     /// (its store not dropped) and no longer runs, which nothing else reads or writes meanwhile.
     pub fn run_span(&self, start: usize, len: usize, discard_all: bool) -> Swept {
         let mut swept = Swept::default();
