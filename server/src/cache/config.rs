@@ -153,6 +153,13 @@ mod tests {
     #[test]
     fn sizes_are_checked() {
         assert!(CacheConfig::default().check().is_ok());
+        for max_mib in [1, MAX_CACHE_MIB - 1, MAX_CACHE_MIB] {
+            let at = CacheConfig {
+                max_mib,
+                ..CacheConfig::default()
+            };
+            assert!(at.check().is_ok(), "{at:?}");
+        }
         for bad in [
             CacheConfig {
                 max_mib: 0,

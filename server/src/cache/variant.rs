@@ -194,6 +194,18 @@ mod tests {
             MAX_STALE_WINDOW,
             "capped"
         );
+        let max = MAX_STALE_WINDOW.as_secs();
+        for (secs, window) in [(max - 1, max - 1), (max, max), (max + 1, max)] {
+            let directives =
+                format!("max-age=1, stale-if-error={secs}, stale-while-revalidate={secs}");
+            let windows = Windows::of(Some(&HeaderValue::from_str(&directives).unwrap()));
+            assert_eq!(windows.if_error, Duration::from_secs(window), "{secs}");
+            assert_eq!(
+                windows.while_revalidate,
+                Duration::from_secs(window),
+                "{secs}"
+            );
+        }
         assert_eq!(Windows::of(None), Windows::default());
     }
 }

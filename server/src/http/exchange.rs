@@ -37,6 +37,8 @@ pub(super) enum Early {
 pub(super) struct Routed {
     pub(super) tenant: TenantRef,
     pub(super) prefix_len: usize,
+    /// Where the request's host is (checked once, in `route`).
+    pub(super) host: super::request::HostFrom,
 }
 
 /// One request as the front end carries it: the connection it came on and the client, the

@@ -226,8 +226,8 @@ async fn route(
     }
     // h2 carries the host in the URI (`:authority`); HTTP/1.1 in the Host header, or in the URI
     // too for an absolute-form target. Where both are given they must agree.
-    let host = match authority(req) {
-        Ok(host) => host,
+    let host_from = match authority(req) {
+        Ok(from) => from,
         Err(why) => {
             let mut resp = plain(
                 StatusCode::BAD_REQUEST,
@@ -245,6 +245,7 @@ async fn route(
     {
         return Err(Early::Unrouted(Box::new(plain(StatusCode::OK, &answer))));
     }
+    let host = host_from.host(req);
     let find = || {
         app.registry
             .live()
@@ -253,6 +254,7 @@ async fn route(
             .map(|(tenant, prefix_len)| Routed {
                 tenant: tenant.clone(),
                 prefix_len,
+                host: host_from,
             })
     };
     let mut routed = find();
@@ -281,14 +283,13 @@ async fn route(
 /// client's own `Tern-Cache` taken off.
 fn check(app: &App, req: &mut Request<RequestBody>, ex: &mut Exchange) -> Result<(), Early> {
     // (The tenant borrowed from its own field: `ex.asked` is set below.)
-    let tenant = &ex.routed.as_ref().expect("a routed request").tenant;
+    let Routed { tenant, host, .. } = ex.routed.as_ref().expect("a routed request");
     // (A request without a host name has nowhere to be sent: it is served.)
     if tenant.front.https_redirect
         && ex.conn.tls.is_none()
         && let Some(&port) = app.https_port.get()
-        && let Some(to) = authority(req)
-            .ok()
-            .flatten()
+        && let Some(to) = host
+            .host(req)
             .and_then(|h| https_location(h, port, req.uri()))
     {
         return Err(Early::Unrouted(Box::new(redirect(&to))));
@@ -334,7 +335,9 @@ async fn run_guest(
     req: Request<RequestBody>,
     admitted: Admitted,
 ) -> (Response<ResponseBody>, Phase) {
-    let Routed { tenant, prefix_len } = ex.routed.as_ref().expect("a routed request");
+    let Routed {
+        tenant, prefix_len, ..
+    } = ex.routed.as_ref().expect("a routed request");
     let prefix_len = *prefix_len;
     let (mut parts, body) = req.into_parts();
     // A `HEAD` response's body is never sent, so it is never counted as undelivered.

@@ -80,7 +80,7 @@ pub(super) fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
 /// `Host` header at most, the same authority in the target and in `Host` when both are given,
 /// and no userinfo in either (`http://user@host/`: RFC 9110 §4.2.4 forbids it in a request,
 /// and the guest would see it in the URL).
-pub(super) fn authority<B>(req: &Request<B>) -> Result<Option<&str>, &'static str> {
+pub(super) fn authority<B>(req: &Request<B>) -> Result<HostFrom, &'static str> {
     let headers = req.headers();
     let mut hosts = headers.get_all(HOST).iter();
     let host = hosts.next();
@@ -111,10 +111,34 @@ pub(super) fn authority<B>(req: &Request<B>) -> Result<Option<&str>, &'static st
             if !same_port || !target.host().eq_ignore_ascii_case(host.host()) {
                 return Err("the request target's authority and the Host header differ");
             }
-            Ok(Some(target.host()))
+            Ok(HostFrom::Target)
         }
-        (Some(target), None) => Ok(Some(target.host())),
-        (None, host) => Ok(host),
+        (Some(_), None) => Ok(HostFrom::Target),
+        (None, Some(_)) => Ok(HostFrom::Header),
+        (None, None) => Ok(HostFrom::Absent),
+    }
+}
+
+/// Where a request's host is, once [`authority`] has checked it (kept with the routed
+/// request: its later steps read the host without checking it again).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum HostFrom {
+    /// The request target's authority (HTTP/2's `:authority`, HTTP/1's absolute form).
+    Target,
+    /// The `Host` header.
+    Header,
+    /// Neither: the request names no host.
+    Absent,
+}
+
+impl HostFrom {
+    /// The host (with its port, as sent, when it comes from `Host`).
+    pub(super) fn host<B>(self, req: &Request<B>) -> Option<&str> {
+        match self {
+            Self::Target => req.uri().authority().map(http::uri::Authority::host),
+            Self::Header => req.headers().get(HOST).and_then(|h| h.to_str().ok()),
+            Self::Absent => None,
+        }
     }
 }
 

@@ -19,6 +19,10 @@ use crate::router::HostPattern;
 /// outbound requests are refused as a loop.
 pub const MAX_HOPS: usize = 8;
 
+/// Most headers a guest may set on one outbound request (the `tern` ABI's `outbound_header`
+/// answers `LIMIT_EXCEEDED` past it; a forwarded request counts the client's headers too).
+pub const MAX_HEADERS: usize = 100;
+
 /// Our entry in `CDN-Loop`.
 pub const CDN_ID: &str = "tern";
 

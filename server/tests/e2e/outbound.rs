@@ -131,7 +131,9 @@ where
         let (both, aborted) = (both.clone(), aborted.clone());
         async move { Ok::<_, Infallible>(handle(req, both, aborted).await) }
     });
+    // Room for a guest's `MAX_HEADERS` and those Tern adds (hyper's default is 100 in all).
     let _ = hyper::server::conn::http1::Builder::new()
+        .max_headers(2 * tern::outbound::MAX_HEADERS)
         .serve_connection(TokioIo::new(stream), service)
         .await;
 }
@@ -384,6 +386,46 @@ async fn guests_call_their_backends_and_nothing_else() {
     ] {
         assert!(metric_value(&m, series) >= at_least, "{series} in\n{m}");
     }
+}
+
+/// A guest's outbound request carries the headers it set up to the limit (`MAX_HEADERS`):
+/// one under and at the limit every one reaches the backend; one more is refused with
+/// `LIMIT_EXCEEDED` and nothing is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbound_request_carries_headers_up_to_the_limit() {
+    let backend = Backend::start().await;
+    let s = probe_server(&backend).await;
+    let max = tern::outbound::MAX_HEADERS;
+    let received = |text: &str| {
+        text.lines()
+            .filter(|l| {
+                l.strip_prefix('h')
+                    .and_then(|l| l.strip_suffix(": v"))
+                    .is_some_and(|n| n.parse::<usize>().is_ok())
+            })
+            .count()
+    };
+    for n in [max - 1, max] {
+        let r = s
+            .get(&format!("/probe?backend=origin&path=/hello&headers={n}"))
+            .await;
+        let text = r.text();
+        assert!(text.starts_with("status=200 "), "{n} headers: {text}");
+        assert_eq!(received(&text), n, "{n} headers reach the backend: {text}");
+    }
+    let r = s
+        .get(&format!(
+            "/probe?backend=origin&path=/hello&headers={}",
+            max + 1
+        ))
+        .await;
+    assert!(
+        r.text()
+            .starts_with(&format!("error={} ", errno::LIMIT_EXCEEDED)),
+        "{} headers: {}",
+        max + 1,
+        r.text()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@
 //! backend's answer is the answer (`&read=1`: reads a byte of the client's body first, which
 //! forbids it; `&bad_write=1`: then tries to write a body, and reports the code in the header
 //! `x-write-after-forward`). `cache=VALUE` sends `Tern-Cache: VALUE` (`cache=pass`,
-//! `cache=ttl=60,tag=t`).
+//! `cache=ttl=60,tag=t`). `headers=N` adds N headers `hI: v` (I from 0).
 use tern_sdk::http::Method;
 use tern_sdk::outbound::{Outgoing, Pending};
 
@@ -42,6 +42,9 @@ fn main() {
         .unwrap_or(0);
     let trap = param(query, "trap").is_some();
     let cache = param(query, "cache");
+    let headers: usize = param(query, "headers")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
     if param(query, "forward").is_some() {
         forward(
             &method,
@@ -58,6 +61,9 @@ fn main() {
             Some(u) => Outgoing::to_url(&method, u)?,
             None => Outgoing::to_backend(&method, &backend, &path)?,
         };
+        for i in 0..headers {
+            out.header(&format!("h{i}"), b"v")?;
+        }
         if let Some(cache) = cache {
             out.header(tern_sdk::outbound::CACHE_HEADER, cache.as_bytes())?;
         }

@@ -19,13 +19,10 @@ use crate::body::ClientBody;
 use crate::body::Fetched;
 use crate::guest::module::memory::headers_blob;
 use crate::guest::{ForwardError, GuestRequest, GuestResponse};
-use crate::outbound::{Denied, Destination, NoHead, OutBody, Refused, Session};
+use crate::outbound::{Denied, Destination, MAX_HEADERS, NoHead, OutBody, Refused, Session};
 
 /// Body chunks that may wait for the backend before a streaming guest's writes block.
 const STREAM_CHUNKS: usize = 4;
-
-/// Most headers a guest may set on one outbound request.
-const MAX_HEADERS: usize = 100;
 
 /// Whether Tern sets or strips header `name` on outbound requests and responses: framing and
 /// connection management (hop-by-hop), the host (from the target) and the loop marker.
