@@ -271,7 +271,7 @@ async fn cpu_bound_guests_on_every_worker_leave_the_reactor_and_neighbours_respo
         .collect();
     // Wait (bounded, to catch hangs) until all four burners hold a slot.
     s.wait_metric_is(
-        r#"tern_pool_slots{kind="instances",state="in_use"}"#,
+        crate::support::SLOTS_IN_USE,
         4.0,
         "burners never all started",
     )
@@ -293,11 +293,7 @@ async fn cpu_bound_guests_on_every_worker_leave_the_reactor_and_neighbours_respo
     }
     let m = s.metrics().await;
     assert!(
-        metric_is(
-            &m,
-            r#"tern_pool_slots{kind="instances",state="in_use"}"#,
-            4.0
-        ),
+        metric_is(&m, crate::support::SLOTS_IN_USE, 4.0),
         "burners finished before 10 light requests did ({:?}): {}",
         started.elapsed(),
         m.lines()

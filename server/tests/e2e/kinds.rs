@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use crate::support::{
-    TestServer, c_program, metric_is, metric_value, post, raw, send, test_component, test_guest,
+    TestServer, c_program, metric_value, post, raw, send, test_component, test_guest,
 };
 
 /// A config serving all three kinds: `tern` (the SDK's hello), a component, C and Rust CGI.
@@ -112,14 +112,7 @@ async fn three_kinds_serve_side_by_side() {
         );
         assert!(ok >= 12.0, "{tenant}: {ok}");
     }
-    assert!(
-        metric_is(
-            &m,
-            r#"tern_pool_slots{kind="instances",state="in_use"}"#,
-            0.0
-        ),
-        "{m}"
-    );
+    crate::support::assert_slots_free(&m);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -415,14 +408,7 @@ async fn hostile_components_get_defined_statuses_and_the_pool_survives() {
         );
         assert!(n >= 1.0, "{outcome}: {n}");
     }
-    assert!(
-        metric_is(
-            &m,
-            r#"tern_pool_slots{kind="instances",state="in_use"}"#,
-            0.0
-        ),
-        "{m}"
-    );
+    crate::support::assert_slots_free(&m);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -40,14 +40,7 @@ async fn metrics_show_every_phase_and_the_tenant() {
         r#"tern_guest_outcomes_total{outcome="ok",tenant="hello"}"#,
         5.0
     ));
-    assert!(
-        metric_is(
-            &m,
-            r#"tern_pool_slots{kind="instances",state="in_use"}"#,
-            0.0
-        ),
-        "{m}"
-    );
+    crate::support::assert_slots_free(&m);
     assert!(m.contains("process_resident_memory_bytes"));
     // In-flight and queue gauges return to zero; every guest's peak memory is recorded; the
     // seven demo modules were compiled into a fresh cache; warm slots report resident bytes.

@@ -176,6 +176,16 @@ impl Backend {
     }
 }
 
+/// Asserts the probe's answer is the error `code` (`error=CODE MESSAGE`) whose message says
+/// `says`.
+#[track_caller]
+fn assert_failed(text: &str, code: i32, says: &str) {
+    assert!(
+        text.starts_with(&format!("error={code} ")) && text.contains(says),
+        "expected error {code} saying {says:?}: {text}"
+    );
+}
+
 async fn probe_server(backend: &Backend) -> TestServer {
     let dir = tempfile::tempdir().unwrap();
     test_guest(dir.path(), "outbound_probe");
@@ -237,12 +247,7 @@ async fn guests_call_their_backends_and_nothing_else() {
     assert!(r.text().contains("path: /v1/hello\n"), "{}", r.text());
     assert!(r.text().contains("host: origin.internal\n"), "{}", r.text());
     let r = s.get("/probe?backend=base&path=hello").await;
-    assert!(
-        r.text()
-            .starts_with(&format!("error={} ", errno::INVALID_ARGUMENT)),
-        "a path must start with '/': {}",
-        r.text()
-    );
+    assert_failed(&r.text(), errno::INVALID_ARGUMENT, "must start with '/'");
 
     // Everything else is denied, each with a message that says why.
     let denied = format!("error={} ", errno::DENIED);
@@ -286,13 +291,7 @@ async fn guests_call_their_backends_and_nothing_else() {
         r.text()
     );
     let r = s.get("/probe?backend=origin&path=/big?n=100001").await;
-    assert!(
-        r.text()
-            .starts_with(&format!("error={} ", errno::LIMIT_EXCEEDED)),
-        "{}",
-        r.text()
-    );
-    assert!(r.text().contains("max_response_bytes"), "{}", r.text());
+    assert_failed(&r.text(), errno::LIMIT_EXCEEDED, "max_response_bytes");
     let r = s.get("/probe?backend=origin&path=/big?n=100000").await;
     assert!(
         r.text().starts_with("status=200 bytes=100000 "),
@@ -302,12 +301,7 @@ async fn guests_call_their_backends_and_nothing_else() {
     let r = s
         .get("/probe?backend=origin&path=/echo&method=POST&size=1001")
         .await;
-    assert!(
-        r.text()
-            .starts_with(&format!("error={} ", errno::LIMIT_EXCEEDED)),
-        "{}",
-        r.text()
-    );
+    assert_failed(&r.text(), errno::LIMIT_EXCEEDED, "");
     let r = s
         .get("/probe?backend=origin&path=/echo&method=POST&size=1000")
         .await;
@@ -320,22 +314,13 @@ async fn guests_call_their_backends_and_nothing_else() {
     // Timeouts and a backend that is down: errors for the guest, not for the client.
     let r = s.get("/probe?backend=slow&path=/slow").await;
     assert_eq!(r.status, StatusCode::OK);
-    assert!(
-        r.text().starts_with(&format!("error={} ", errno::TIMEOUT)),
-        "{}",
-        r.text()
-    );
-    assert!(r.text().contains("first_byte_timeout_ms"), "{}", r.text());
+    assert_failed(&r.text(), errno::TIMEOUT, "first_byte_timeout_ms");
     // The head wait is first_byte_timeout_ms (200) from the request's sending, not that plus
     // the connect timeout (2 s): a head 1 s late is too late, on a pooled connection as on a
     // new one.
     for _ in 0..2 {
         let r = s.get("/probe?backend=slow&path=/late").await;
-        assert!(
-            r.text().starts_with(&format!("error={} ", errno::TIMEOUT)),
-            "{}",
-            r.text()
-        );
+        assert_failed(&r.text(), errno::TIMEOUT, "");
         let r = s.get("/probe?backend=slow&path=/hello").await;
         assert!(r.text().starts_with("status=200 "), "{}", r.text());
     }
@@ -419,13 +404,7 @@ async fn an_outbound_request_carries_headers_up_to_the_limit() {
             max + 1
         ))
         .await;
-    assert!(
-        r.text()
-            .starts_with(&format!("error={} ", errno::LIMIT_EXCEEDED)),
-        "{} headers: {}",
-        max + 1,
-        r.text()
-    );
+    assert_failed(&r.text(), errno::LIMIT_EXCEEDED, "");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -783,12 +762,7 @@ async fn a_streamed_request_body_arrives_whole_or_visibly_aborted() {
     let r = s
         .get("/probe?backend=origin&path=/echo&method=POST&stream=2000")
         .await;
-    assert!(
-        r.text()
-            .starts_with(&format!("error={} ", errno::LIMIT_EXCEEDED)),
-        "{}",
-        r.text()
-    );
+    assert_failed(&r.text(), errno::LIMIT_EXCEEDED, "");
     assert_eq!(backend.aborted(), 0);
     // A guest that traps mid-body: the backend sees the request fail, not a short body. (It
     // writes more than the body channel holds, so the request is surely on its way.)
@@ -897,12 +871,7 @@ async fn https_backends_are_verified_against_their_ca() {
     // Signed by another CA, or checked against the platform's roots: refused.
     for backend in ["wrongca", "platform"] {
         let r = s.get(&format!("/?backend={backend}&path=/hello")).await;
-        assert!(
-            r.text().starts_with(&format!("error={} ", errno::IO)),
-            "{backend}: {}",
-            r.text()
-        );
-        assert!(r.text().contains("certificate"), "{backend}: {}", r.text());
+        assert_failed(&r.text(), errno::IO, "certificate");
     }
     // A CA file that is missing or holds no certificate is a configuration error.
     let bad = "[[tenant]]\nname = \"t\"\nmodule = \"builtin:hello\"\n\
@@ -946,20 +915,10 @@ async fn connect_and_total_timeouts_and_many_guests_at_once() {
     let s = TestServer::try_start_in(dir, &config).await.expect("start");
 
     let r = s.get("/?backend=hole&path=/").await;
-    assert!(
-        r.text().starts_with(&format!("error={} ", errno::TIMEOUT)),
-        "{}",
-        r.text()
-    );
-    assert!(r.text().contains("connect_timeout_ms"), "{}", r.text());
+    assert_failed(&r.text(), errno::TIMEOUT, "connect_timeout_ms");
 
     let r = s.get("/?backend=stall&path=/stall").await;
-    assert!(
-        r.text().starts_with(&format!("error={} ", errno::TIMEOUT)),
-        "{}",
-        r.text()
-    );
-    assert!(r.text().contains("total_timeout_ms"), "{}", r.text());
+    assert_failed(&r.text(), errno::TIMEOUT, "total_timeout_ms");
 
     // Many guests calling out at once, each answered.
     let addr = s.addr();

@@ -78,7 +78,7 @@ impl Slow {
     async fn slots_freed_after_the_deadline(&self, n: usize, over: &str, since: Instant) {
         let timeouts = r#"tern_guest_outcomes_total{outcome="timeout",tenant="sized"}"#;
         self.s.wait_metric(timeouts, n as f64).await;
-        let in_use = r#"tern_pool_slots{kind="instances",state="in_use"}"#;
+        let in_use = crate::support::SLOTS_IN_USE;
         let mut left = f64::NAN;
         for _ in 0..100 {
             left = metric_value(&self.s.metrics().await, in_use);

@@ -450,7 +450,7 @@ async fn a_tables_dirty_pages_are_reset_and_stay_resident() {
 }
 
 /// The same for a component, whose memory Tern reaches through the probe it appends before
-/// compiling (`server/src/probe.rs`): every request starts clean, and the slot keeps the
+/// compiling (`server/src/teardown/probe.rs`): every request starts clean, and the slot keeps the
 /// scattered pages resident. Without the probe the component's memory is not swept, and
 /// wasmtime keeps 32 of its 128 regions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

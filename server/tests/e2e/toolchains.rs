@@ -6,8 +6,8 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use crate::support::{
-    H2Conn, TernDev, TestServer, go_program, js_component, metric_value, python_component, raw,
-    spin_module, spin_p3_component,
+    H2Conn, TernDev, TestServer, go_program, js_component, python_component, raw, spin_module,
+    spin_p3_component,
 };
 
 /// A POST of `n` bytes to `path`, sent chunked (no length declared) or with its length.
@@ -23,11 +23,7 @@ async fn post(s: &TestServer, path: &str, n: usize, chunked: bool) -> crate::sup
 /// Checks that no pool slot is in use (every request's instance was torn down).
 async fn assert_no_slot_held(s: &TestServer) {
     let m = s.metrics().await;
-    assert_eq!(
-        metric_value(&m, r#"tern_pool_slots{kind="instances",state="in_use"}"#),
-        0.0,
-        "{m}"
-    );
+    crate::support::assert_slots_free(&m);
 }
 
 /// Creates tenant `name` at `/name` and deploys `wasm`, which must be refused with `422`; the

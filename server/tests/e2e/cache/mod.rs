@@ -57,19 +57,14 @@ async fn guest_runs(s: &TestServer, tenant: &str) -> f64 {
 /// Waits until a guest holds a slot: the first request of a key has passed the cache and is
 /// filling it (those sent from now on find it filling). Never a sleep that guesses.
 async fn leader_running(s: &TestServer) {
-    s.wait_metric(r#"tern_pool_slots{kind="instances",state="in_use"}"#, 1.0)
-        .await;
+    s.wait_metric(crate::support::SLOTS_IN_USE, 1.0).await;
 }
 
 /// Waits until no guest holds a slot (the last one's teardown is over), so that
 /// [`leader_running`] sees the next one.
 async fn no_guest_running(s: &TestServer) {
-    s.wait_metric_is(
-        r#"tern_pool_slots{kind="instances",state="in_use"}"#,
-        0.0,
-        "a guest kept its slot",
-    )
-    .await;
+    s.wait_metric_is(crate::support::SLOTS_IN_USE, 0.0, "a guest kept its slot")
+        .await;
 }
 
 const FRESH: &str = "/c/page?h=cache-control:max-age%3D60";

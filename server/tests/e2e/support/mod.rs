@@ -632,6 +632,18 @@ pub fn replace_file(path: &Path, bytes: &[u8]) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
+/// The series of instance slots taken (by a running guest or one tearing down).
+pub const SLOTS_IN_USE: &str = r#"tern_pool_slots{kind="instances",state="in_use"}"#;
+
+/// Asserts `metrics` show every instance slot free.
+#[track_caller]
+pub fn assert_slots_free(metrics: &str) {
+    assert!(
+        metric_is(metrics, SLOTS_IN_USE, 0.0),
+        "a slot is still in use: {metrics}"
+    );
+}
+
 /// Whether the series `series` is in `metrics` with exactly `value` (a check by substring would
 /// take `... 5` for `... 50`).
 pub fn metric_is(metrics: &str, series: &str, value: f64) -> bool {

@@ -12,14 +12,7 @@ fn sighup_reloads_a_good_config_and_refuses_a_bad_one() {
         &["--config", config.to_str().unwrap()],
         &dir.path().join("cache"),
     );
-    let get = |path: &str| {
-        let reply = support::raw_exchange(
-            p.addr.parse().unwrap(),
-            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
-            std::time::Duration::from_secs(20),
-        );
-        String::from_utf8_lossy(&reply).into_owned()
-    };
+    let get = |path: &str| get_closing(&p.addr, path);
     assert!(get("/b").starts_with("HTTP/1.1 404"));
     let hup = || {
         let status = std::process::Command::new("kill")
@@ -94,14 +87,7 @@ fn the_cli_deploys_lists_rolls_back_and_deletes() {
         );
         (out.status.success(), text)
     };
-    let get = |path: &str| {
-        let reply = support::raw_exchange(
-            p.addr.parse().unwrap(),
-            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
-            std::time::Duration::from_secs(20),
-        );
-        String::from_utf8_lossy(&reply).into_owned()
-    };
+    let get = |path: &str| get_closing(&p.addr, path);
     let (ok, out) = tern(&["deploy", "site", hello.to_str().unwrap()]);
     assert!(
         ok && out.contains("created tenant site") && out.contains("deployed site version"),
@@ -218,14 +204,7 @@ fn no_demo_serves_only_deployed_tenants() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let p = support::TernProcess::serve(&["--no-demo"], &cache);
-    let get = |path: &str| {
-        let reply = support::raw_exchange(
-            p.addr.parse().unwrap(),
-            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
-            std::time::Duration::from_secs(20),
-        );
-        String::from_utf8_lossy(&reply).into_owned()
-    };
+    let get = |path: &str| get_closing(&p.addr, path);
     assert!(get("/hello").starts_with("HTTP/1.1 404"));
     let hello = support::demo_file(dir.path(), "hello");
     let out = support::tern_bin()
@@ -252,4 +231,14 @@ fn no_demo_serves_only_deployed_tenants() {
         .output()
         .unwrap();
     assert!(!refused.status.success());
+}
+
+/// The raw answer to `GET path` on a connection that closes after it.
+fn get_closing(addr: &str, path: &str) -> String {
+    let reply = support::raw_exchange(
+        addr.parse().unwrap(),
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        std::time::Duration::from_secs(20),
+    );
+    String::from_utf8_lossy(&reply).into_owned()
 }
