@@ -12,7 +12,8 @@
 # and median of µs CPU per request.
 #
 # Settings (environment): SECS=8, ROUNDS=6 (per binary), CONNS=64, PORT=18080 (and PORT+1 for
-# the admin listener). Needs wrk and taskset (util-linux) and 2 cores.
+# the admin listener), BODY=0 (N > 0: each request is a `POST` with an N-byte body, which the
+# listeners hand on as a streaming request body). Needs wrk and taskset (util-linux) and 2 cores.
 set -euo pipefail
 
 if [ $# -ne 2 ] || [ ! -x "$1" ] || [ ! -x "$2" ]; then
@@ -20,12 +21,17 @@ if [ $# -ne 2 ] || [ ! -x "$1" ] || [ ! -x "$2" ]; then
     exit 2
 fi
 command -v wrk >/dev/null || { echo "ab.sh needs wrk (apt-get install wrk)" >&2; exit 2; }
-SECS=${SECS:-8} ROUNDS=${ROUNDS:-6} CONNS=${CONNS:-64} PORT=${PORT:-18080}
+SECS=${SECS:-8} ROUNDS=${ROUNDS:-6} CONNS=${CONNS:-64} PORT=${PORT:-18080} BODY=${BODY:-0}
 ADMIN=$((PORT + 1))
 WORK=$(mktemp -d)
 trap 'kill "${PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 printf '[server]\nworker_threads = 1\n[[tenant]]\nname = "hello"\nmodule = "builtin:hello"\npaths = ["/hello"]\n' \
     >"$WORK/tern.toml"
+WRK_ARGS=()
+if [ "$BODY" -gt 0 ]; then
+    printf 'wrk.method = "POST"\nwrk.body = string.rep("x", %d)\n' "$BODY" >"$WORK/post.lua"
+    WRK_ARGS=(-s "$WORK/post.lua")
+fi
 
 round() { # binary label -> "label rps µs/request"
     env TERN_CACHE_DIR="$WORK/cache-$2" TERN_DATA_DIR="$WORK/data-$2" TERN_LOG=warn \
@@ -36,10 +42,10 @@ round() { # binary label -> "label rps µs/request"
         curl -fs -o /dev/null "http://127.0.0.1:$ADMIN/readyz" && break
         sleep 0.1
     done
-    taskset -c 1 wrk -t1 -c"$CONNS" -d3s "http://127.0.0.1:$PORT/hello" >/dev/null
+    taskset -c 1 wrk "${WRK_ARGS[@]}" -t1 -c"$CONNS" -d3s "http://127.0.0.1:$PORT/hello" >/dev/null
     local t0 t1 out
     t0=$(awk '{ print $14 + $15 }' "/proc/$PID/stat")
-    out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" "http://127.0.0.1:$PORT/hello")
+    out=$(taskset -c 1 wrk "${WRK_ARGS[@]}" -t1 -c"$CONNS" -d"${SECS}s" "http://127.0.0.1:$PORT/hello")
     t1=$(awk '{ print $14 + $15 }' "/proc/$PID/stat")
     kill "$PID"
     wait "$PID" 2>/dev/null || true
