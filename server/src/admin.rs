@@ -20,6 +20,12 @@
 //! | `GET /admin/v1/certificates` | every certificate the TLS listener serves: config file, uploaded, ACME |
 //! | `PUT /admin/v1/certificates/{name}` | upload a certificate (JSON `hosts`, `cert`, `key` PEM); served from the next handshake |
 //! | `DELETE /admin/v1/certificates/{name}` | remove an uploaded or ACME certificate |
+//! | `POST /admin/v1/tokens` | make a scoped token (JSON `name`, `tenants`, `scopes`, `expires`); the token is in the answer, once |
+//! | `GET /admin/v1/tokens` | the scoped tokens (never a secret) |
+//! | `DELETE /admin/v1/tokens/{id}` | revoke a scoped token |
+//!
+//! Who may call each is decided in one place ([`action`] and [`crate::access::decide`]): the
+//! operator's token everything, a scoped token its tenants with its scopes.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,11 +36,12 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::access::{self, Action, Principal, Refusal, Scope};
 use crate::app::App;
 use crate::body::plain;
 use crate::body::{RequestBody, ResponseBody};
 use crate::metrics;
-use crate::registry::{ChangeError, Precondition, SpecChange};
+use crate::registry::{ChangeError, NewToken, Precondition, SpecChange, TokenRefused};
 
 /// Largest JSON body the admin API reads (tenant specs).
 const MAX_JSON_BYTES: u64 = 1024 * 1024;
@@ -97,6 +104,83 @@ pub async fn handle(app: Arc<App>, req: Request<RequestBody>) -> Response<Respon
             StatusCode::NOT_FOUND,
             "admin endpoints: /metrics /healthz /readyz /admin/v1/tenants\n",
         ),
+    }
+}
+
+/// Who an admin request comes from: the operator, or a scoped token ([`access`]).
+enum Who {
+    Operator,
+    Token(String, access::StoredToken),
+}
+
+impl Who {
+    fn principal(&self) -> Principal<'_> {
+        match self {
+            Self::Operator => Principal::Operator,
+            Self::Token(id, t) => Principal::Token(id, t),
+        }
+    }
+
+    /// A tenant listing with only the tenants this caller reaches.
+    fn only_reached(&self, mut listing: Value) -> Value {
+        if let (Self::Token(_, t), Some(tenants)) = (self, listing["tenants"].as_array_mut()) {
+            tenants.retain(|tenant| tenant["name"].as_str().is_some_and(|n| t.reaches(n)));
+        }
+        listing
+    }
+}
+
+/// Who the bearer token in `headers` is, or why it is refused (`401`).
+fn who(app: &App, headers: &HeaderMap) -> Result<Who, &'static str> {
+    const MISSING: &str = "missing or wrong admin token (Authorization: Bearer <token>)";
+    if authorised(&app.admin_token, headers) {
+        return Ok(Who::Operator);
+    }
+    let bearer = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or(MISSING)?;
+    match app.registry.scoped_token(bearer) {
+        Ok((id, token)) => Ok(Who::Token(id, token)),
+        Err(TokenRefused::Expired) => Err("this admin token has expired"),
+        Err(TokenRefused::Unknown) => Err(MISSING),
+    }
+}
+
+/// What an endpoint does, as far as who may do it goes: the scope it needs on which tenant.
+/// Setting and deleting a variable need `variables` or `secrets` by the variable, decided
+/// once it is known; an unknown endpoint is left to answer `404` to any valid token.
+fn action<'a>(method: &Method, parts: &[&'a str]) -> Action<'a> {
+    match (method, parts) {
+        (&Method::GET, ["tenants"]) => Action::Any(Scope::Read),
+        (&Method::GET, ["tenants", name]) => Action::Tenant(name, Scope::Read),
+        (_, ["tenants", name] | ["tenants", name, "module" | "rollback"]) => {
+            Action::Tenant(name, Scope::Deploy)
+        }
+        (_, ["tenants", name, "cache", "purge"]) => Action::Tenant(name, Scope::Purge),
+        (&Method::GET, ["tenants", name, "variables"]) => Action::Tenant(name, Scope::Variables),
+        (_, ["tenants", name, ..]) => Action::Tenant(name, Scope::Read),
+        (_, ["assets"]) => Action::Any(Scope::Deploy),
+        (
+            _,
+            ["secrets", ..] | ["reload"] | ["fleet", ..] | ["certificates", ..] | ["tokens", ..],
+        ) => Action::Operator,
+        _ => Action::Any(Scope::Read),
+    }
+}
+
+/// The answer to a refused request.
+fn refusal(r: Refusal) -> ChangeError {
+    match r {
+        Refusal::NoTenant(words) => ChangeError::NotFound(words),
+        Refusal::Scope(scope) => ChangeError::Forbidden(format!(
+            "this token lacks the scope {:?} for this tenant",
+            scope.name()
+        )),
+        Refusal::OperatorOnly => {
+            ChangeError::Forbidden("only the operator's token may do this".into())
+        }
     }
 }
 
@@ -191,17 +275,17 @@ fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
 }
 
 async fn api(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody> {
-    if !authorised(&app.admin_token, req.headers()) {
-        let mut resp = json_response(
-            StatusCode::UNAUTHORIZED,
-            &json!({ "error": "missing or wrong admin token (Authorization: Bearer <token>)" }),
-        );
-        resp.headers_mut().insert(
-            WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"tern-admin\""),
-        );
-        return resp;
-    }
+    let who = match who(&app, req.headers()) {
+        Ok(who) => who,
+        Err(why) => {
+            let mut resp = json_response(StatusCode::UNAUTHORIZED, &json!({ "error": why }));
+            resp.headers_mut().insert(
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"tern-admin\""),
+            );
+            return resp;
+        }
+    };
     let started = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -212,6 +296,9 @@ async fn api(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody>
         ));
     };
     let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    if let Err(refused) = access::decide(who.principal(), action(&method, &parts)) {
+        return error_response(&refusal(refused));
+    }
     let registry = &app.registry;
     // `If-Match` / `If-None-Match` on a tenant change: refused with 412 unless the tenant is
     // in the state they name.
@@ -220,7 +307,10 @@ async fn api(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody>
         Err(e) => return error_response(&e),
     };
     let result: Result<(StatusCode, Value), ChangeError> = match (&method, parts.as_slice()) {
-        (&Method::GET, ["tenants"]) => registry.describe(None).await.map(|v| (StatusCode::OK, v)),
+        (&Method::GET, ["tenants"]) => registry
+            .describe(None)
+            .await
+            .map(|v| (StatusCode::OK, who.only_reached(v))),
         (&Method::GET, ["tenants", name]) => registry
             .describe(Some(name))
             .await
@@ -317,12 +407,21 @@ async fn api(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody>
             .await
             .map(|vars| (StatusCode::OK, json!({ "tenant": name, "variables": vars }))),
         (&Method::PUT, ["tenants", name, "variables", var]) => {
-            set_variable(&app, name, var, read_body(req, MAX_JSON_BYTES).await).await
+            set_variable(&app, &who, name, var, read_body(req, MAX_JSON_BYTES).await).await
         }
-        (&Method::DELETE, ["tenants", name, "variables", var]) => registry
-            .delete_variable(name, var)
+        (&Method::DELETE, ["tenants", name, "variables", var]) => {
+            delete_variable(&app, &who, name, var).await
+        }
+        (&Method::POST, ["tokens"]) => {
+            create_token(&app, read_body(req, MAX_JSON_BYTES).await).await
+        }
+        (&Method::GET, ["tokens"]) => {
+            Ok((StatusCode::OK, json!({ "tokens": registry.list_tokens() })))
+        }
+        (&Method::DELETE, ["tokens", id]) => registry
+            .revoke_token(id)
             .await
-            .map(|()| (StatusCode::OK, json!({ "tenant": name, "deleted": var }))),
+            .map(|()| (StatusCode::OK, json!({ "revoked": id }))),
         (&Method::POST, ["secrets", "reseal"]) => registry.reseal().await.map(|n| {
             (
                 StatusCode::OK,
@@ -362,11 +461,18 @@ async fn api(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody>
             | ["tenants", _, "variables"]
             | ["tenants", _, "variables", _],
         )
-        | (_, ["assets"] | ["reload"] | ["fleet"] | ["fleet", "sync"] | ["secrets", "reseal"]) => {
-            Err(ChangeError::MethodNotAllowed(format!(
-                "{method} is not allowed on {path}"
-            )))
-        }
+        | (
+            _,
+            ["assets"]
+            | ["reload"]
+            | ["fleet"]
+            | ["fleet", "sync"]
+            | ["secrets", "reseal"]
+            | ["tokens"]
+            | ["tokens", _],
+        ) => Err(ChangeError::MethodNotAllowed(format!(
+            "{method} is not allowed on {path}"
+        ))),
         _ => Err(ChangeError::NotFound(format!(
             "no admin endpoint {path}; see GET /admin/v1/tenants"
         ))),
@@ -416,6 +522,7 @@ struct SetVariable {
 /// secret).
 async fn set_variable(
     app: &App,
+    who: &Who,
     name: &str,
     var: &str,
     body: Result<bytes::Bytes, ChangeError>,
@@ -428,6 +535,12 @@ async fn set_variable(
             e.column()
         ))
     })?;
+    let scope = if set.secret {
+        Scope::Secrets
+    } else {
+        Scope::Variables
+    };
+    access::decide(who.principal(), Action::Tenant(name, scope)).map_err(refusal)?;
     let listed = app
         .registry
         .set_variable(name, var, &set.value, set.secret)
@@ -436,6 +549,52 @@ async fn set_variable(
         StatusCode::OK,
         json!({ "tenant": name, "variable": listed }),
     ))
+}
+
+/// `DELETE /admin/v1/tenants/{name}/variables/{var}`: a secret needs the `secrets` scope, a
+/// plain variable `variables`.
+async fn delete_variable(
+    app: &App,
+    who: &Who,
+    name: &str,
+    var: &str,
+) -> Result<(StatusCode, Value), ChangeError> {
+    if let Principal::Token(..) = who.principal() {
+        let secret = app
+            .registry
+            .variables(name)
+            .await?
+            .iter()
+            .any(|v| v.name == var && v.secret);
+        let scope = if secret {
+            Scope::Secrets
+        } else {
+            Scope::Variables
+        };
+        access::decide(who.principal(), Action::Tenant(name, scope)).map_err(refusal)?;
+    }
+    app.registry
+        .delete_variable(name, var)
+        .await
+        .map(|()| (StatusCode::OK, json!({ "tenant": name, "deleted": var })))
+}
+
+/// `POST /admin/v1/tokens`: makes a scoped token from the JSON `body`; the answer holds the
+/// token, shown this once.
+async fn create_token(
+    app: &App,
+    body: Result<bytes::Bytes, ChangeError>,
+) -> Result<(StatusCode, Value), ChangeError> {
+    let new: NewToken = serde_json::from_slice(&body?).map_err(|e| {
+        ChangeError::Invalid(format!(
+            "a token is JSON {{\"name\": \"...\", \"tenants\": [...], \"scopes\": [...], \
+             \"expires\": \"30d\"}}: {e}"
+        ))
+    })?;
+    let (token, listed) = app.registry.create_token(&new).await?;
+    let mut v = json!(listed);
+    v["token"] = json!(token);
+    Ok((StatusCode::CREATED, v))
 }
 
 /// `/admin/v1/certificates[/{name}]`.

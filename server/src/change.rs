@@ -41,6 +41,9 @@ pub enum ChangeError {
     /// The server could not complete it (disk full, ...) (`500`).
     #[error("{0}")]
     Internal(String),
+    /// The caller may not do this (`403`): a scoped admin token without the scope.
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 impl ChangeError {
@@ -57,6 +60,7 @@ impl ChangeError {
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Capacity(_) => StatusCode::INSUFFICIENT_STORAGE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
         }
     }
 }

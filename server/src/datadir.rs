@@ -65,6 +65,9 @@ pub struct Manifest {
     /// back (`fleet::objects::record_change`). Empty on a single server.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub changes: Vec<String>,
+    /// The scoped admin tokens, by id: digests, never a token ([`crate::access`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tokens: crate::access::Tokens,
 }
 
 impl Manifest {
@@ -96,6 +99,7 @@ impl Default for Manifest {
             revision: 0,
             tenants: BTreeMap::new(),
             changes: Vec::new(),
+            tokens: BTreeMap::new(),
         }
     }
 }

@@ -124,6 +124,7 @@ macro_rules! debug_fields {
     };
 }
 
+pub mod access;
 pub mod adapter;
 pub mod admin;
 pub mod app;

@@ -171,6 +171,14 @@ enum Command {
         #[command(subcommand)]
         action: SecretAction,
     },
+    /// Scoped admin tokens on a running server: each reaches some tenants (names or patterns
+    /// `team-a-*`) with some scopes (read, deploy, variables, secrets, purge, logs); made,
+    /// listed and revoked with the operator's token. A token is shown once and kept only as a
+    /// digest.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+    },
     /// Manage the certificates a running server's TLS listener serves, kept in its data
     /// directory beside the tenants (config-file certificates are changed in the file).
     Cert {
@@ -203,6 +211,48 @@ enum Command {
         /// there, nor the other way).
         #[arg(long)]
         wasi_p3: bool,
+    },
+}
+
+/// `tern token ...`.
+#[derive(Debug, clap::Subcommand)]
+enum TokenAction {
+    /// Make a token; it is printed once, alone on the last line (or in the JSON with --json).
+    Create {
+        /// A tenant it reaches, or a pattern `team-a-*` (repeatable; it may create tenants
+        /// only inside its patterns).
+        #[arg(long = "tenant", required = true)]
+        tenants: Vec<String>,
+        /// Its scopes, comma-separated: read, deploy, variables, secrets, purge, logs (every
+        /// scope includes read).
+        #[arg(long, value_delimiter = ',', required = true)]
+        scope: Vec<String>,
+        /// Its lifetime: 90s, 30m, 12h, 30d (default: until revoked).
+        #[arg(long)]
+        expires: Option<String>,
+        /// A name for people, e.g. ci-deploy.
+        #[arg(long, default_value = "token")]
+        name: String,
+        /// Print the server's JSON answer (with "token").
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// List the tokens: id, name, tenants, scopes, expiry (never a secret).
+    List {
+        /// Print the server's JSON answer.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Revoke a token by its id: refused from the next request.
+    Revoke {
+        /// Its id (`tern token list`).
+        id: String,
+        #[command(flatten)]
+        admin: AdminArgs,
     },
 }
 
@@ -509,6 +559,31 @@ fn main() -> ExitCode {
             SecretAction::Delete(var) => delete_variable(var),
             SecretAction::Reseal { admin } => {
                 admin.run(|t| async move { tern::cli::reseal(&t).await })
+            }
+        },
+        Command::Token { action } => match action {
+            TokenAction::Create {
+                tenants,
+                scope,
+                expires,
+                name,
+                json,
+                admin,
+            } => admin.run(|t| async move {
+                let create = tern::cli::TokenCreate {
+                    name,
+                    tenants,
+                    scopes: scope,
+                    expires,
+                    json,
+                };
+                tern::cli::create_token(&t, &create).await
+            }),
+            TokenAction::List { json, admin } => {
+                admin.run(|t| async move { tern::cli::list_tokens(&t, json).await })
+            }
+            TokenAction::Revoke { id, admin } => {
+                admin.run(|t| async move { tern::cli::revoke_token(&t, &id).await })
             }
         },
         Command::Cert { action } => match action {

@@ -43,9 +43,11 @@ mod reset;
 mod shared;
 mod spec;
 mod state;
+mod tokens;
 mod upload;
 mod variables;
 
+pub use tokens::{NewToken, TokenRefused};
 pub use variables::Listed;
 
 pub use crate::change::ChangeError;
@@ -106,6 +108,7 @@ impl Registry {
             report_due: std::sync::atomic::AtomicBool::new(true),
             purges: tokio::sync::Mutex::default(),
             started_at: crate::datadir::now(),
+            tokens: ArcSwap::from_pointee(crate::access::Tokens::new()),
             tickers: Mutex::new(vec![EpochTicker::start(&engine)]),
             memset: tokio::sync::watch::Sender::new(!config.pool.pagemap_scan),
             live: ArcSwap::from_pointee(Live::default()),
@@ -142,6 +145,7 @@ impl Registry {
             registry.served_after_start(&mut state, &api).await;
             state.manifest.clone()
         };
+        registry.tokens.store(Arc::new(manifest.tokens.clone()));
         let reserved =
             crate::config::ServerConfig::cache_shares(config.tenants.iter().map(|t| &t.settings))
                 + crate::config::ServerConfig::cache_shares(

@@ -140,6 +140,9 @@ pub struct Registry {
     /// What seals and opens tenants' secret variables (none: a fleet's replica not given
     /// the fleet's key, which neither sets nor reads secrets).
     pub(super) secrets: Option<Arc<crate::variables::SecretsKey>>,
+    /// The scoped admin tokens (as the manifest holds them), read by every admin request
+    /// without the state's lock; replaced whole by each change of them.
+    pub(super) tokens: ArcSwap<crate::access::Tokens>,
 }
 
 impl std::fmt::Debug for Registry {

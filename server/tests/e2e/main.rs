@@ -37,6 +37,7 @@ mod support;
 mod swap;
 mod tenants;
 mod tls;
+mod tokens;
 mod toolchains;
 mod traces;
 mod variables;

@@ -349,6 +349,8 @@ impl Remote {
             revision: index.revision,
             tenants,
             changes: index.changes,
+            // (Scoped tokens are not shared through a registry yet: `Registry::change_tokens`.)
+            tokens: crate::access::Tokens::new(),
         };
         Ok(Some((manifest, version)))
     }

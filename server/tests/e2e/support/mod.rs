@@ -131,6 +131,11 @@ impl TestServer {
         self.running.addr.expect("a cleartext listener")
     }
 
+    /// The server's data directory.
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
     pub fn admin(&self) -> SocketAddr {
         self.running.admin_addr
     }

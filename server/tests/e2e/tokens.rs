@@ -1,0 +1,435 @@
+//! Scoped admin tokens: a token reaches its own tenants with its own scopes, every other tenant
+//! reads as one that does not exist and stays unchanged; revoked and expired tokens are
+//! refused; the token is kept only as a digest; bad input gets clear errors; the CLI.
+
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::support::{self, ADMIN_TOKEN, TestServer, admin_request, demo};
+
+/// Makes a token with the operator's; returns its id and the whole token.
+async fn make(s: &TestServer, body: Value) -> (String, String) {
+    let (status, v) = s
+        .admin_call(Method::POST, "/admin/v1/tokens", body.to_string())
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let token = v["token"]
+        .as_str()
+        .expect("the token, shown once")
+        .to_string();
+    (v["id"].as_str().unwrap().to_string(), token)
+}
+
+/// A call with the scoped `token`.
+async fn as_token(
+    s: &TestServer,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: &str,
+) -> (StatusCode, Value) {
+    admin_request(s.admin(), token, method, path, body.to_string().into()).await
+}
+
+/// What the operator sees of tenant `name`: its spec and version, and its variables.
+async fn state_of(s: &TestServer, name: &str) -> (Value, Value) {
+    let (_, t) = s
+        .admin_call(Method::GET, &format!("/admin/v1/tenants/{name}"), "")
+        .await;
+    let (_, vars) = s
+        .admin_call(
+            Method::GET,
+            &format!("/admin/v1/tenants/{name}/variables"),
+            "",
+        )
+        .await;
+    (
+        json!([t["current"], t["paths"], t["hosts"], t["etag"]]),
+        vars["variables"].clone(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_reaches_its_own_tenants_and_no_other() {
+    let s = TestServer::start("").await;
+    s.deploy("a", "/a", demo("hello")).await;
+    s.deploy("b", "/b", demo("echo")).await;
+    let cache = json!({ "cache": { "enabled": true } }).to_string();
+    let (status, v) = s
+        .admin_call(Method::PATCH, "/admin/v1/tenants/a", cache)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let var = json!({ "value": "kept", "secret": false }).to_string();
+    let (status, _) = s
+        .admin_call(Method::PUT, "/admin/v1/tenants/b/variables/greeting", var)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let b_before = state_of(&s, "b").await;
+
+    let (id, token) = make(
+        &s,
+        json!({ "name": "ci", "tenants": ["a", "team-*"], "scopes": ["deploy", "variables", "purge"] }),
+    )
+    .await;
+    assert!(token.starts_with("tern_") && token.contains(&id), "{token}");
+
+    // Its own tenant: read, deploy, variables, purge.
+    let (status, list) = as_token(&s, &token, Method::GET, "/admin/v1/tenants", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<&str> = list["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["a"], "listing shows its tenants only: {list}");
+    assert_eq!(
+        as_token(&s, &token, Method::GET, "/admin/v1/tenants/a", "")
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let r = admin_request(
+        s.admin(),
+        &token,
+        Method::PUT,
+        "/admin/v1/tenants/a/module",
+        demo("counter").to_vec().into(),
+    )
+    .await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    let plain = json!({ "value": "v" }).to_string();
+    let path = "/admin/v1/tenants/a/variables/x";
+    assert_eq!(
+        as_token(&s, &token, Method::PUT, path, &plain).await.0,
+        StatusCode::OK
+    );
+    let purge = json!({ "all": true }).to_string();
+    let (status, v) = as_token(
+        &s,
+        &token,
+        Method::POST,
+        "/admin/v1/tenants/a/cache/purge",
+        &purge,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    // A scope it lacks: 403 naming it.
+    let secret = json!({ "value": "s", "secret": true }).to_string();
+    let (status, v) = as_token(
+        &s,
+        &token,
+        Method::PUT,
+        "/admin/v1/tenants/a/variables/k",
+        &secret,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("\"secrets\""), "{v}");
+
+    // Another tenant reads as one that does not exist: the same answer for `b` (which
+    // exists) and `ghost` (which does not), on every endpoint.
+    for (method, path, body) in [
+        (Method::GET, "/admin/v1/tenants/{}", ""),
+        (Method::PUT, "/admin/v1/tenants/{}", r#"{"paths": ["/x"]}"#),
+        (
+            Method::PATCH,
+            "/admin/v1/tenants/{}",
+            r#"{"paths": ["/x"]}"#,
+        ),
+        (Method::DELETE, "/admin/v1/tenants/{}", ""),
+        (Method::PUT, "/admin/v1/tenants/{}/module", "\0asm"),
+        (Method::POST, "/admin/v1/tenants/{}/rollback", ""),
+        (
+            Method::POST,
+            "/admin/v1/tenants/{}/cache/purge",
+            r#"{"all": true}"#,
+        ),
+        (Method::GET, "/admin/v1/tenants/{}/variables", ""),
+        (
+            Method::PUT,
+            "/admin/v1/tenants/{}/variables/greeting",
+            r#"{"value": "x"}"#,
+        ),
+        (
+            Method::DELETE,
+            "/admin/v1/tenants/{}/variables/greeting",
+            "",
+        ),
+    ] {
+        let mut answers = Vec::new();
+        for name in ["b", "ghost"] {
+            let (status, v) =
+                as_token(&s, &token, method.clone(), &path.replace("{}", name), body).await;
+            answers.push((status, v.to_string().replace(name, "NAME")));
+        }
+        let (b, ghost) = (answers[0].clone(), answers[1].clone());
+        assert_eq!(b.0, StatusCode::NOT_FOUND, "{method} {path}: {}", b.1);
+        assert_eq!(b, ghost, "{method} {path}");
+    }
+    assert_eq!(state_of(&s, "b").await, b_before, "b is unchanged");
+    assert_eq!(s.get("/b").await.status, StatusCode::OK, "b still serves");
+
+    // It creates tenants inside its pattern only.
+    let spec = json!({ "paths": ["/tn"] }).to_string();
+    let (status, v) = as_token(&s, &token, Method::PUT, "/admin/v1/tenants/team-new", &spec).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let (status, _) = as_token(
+        &s,
+        &token,
+        Method::PUT,
+        "/admin/v1/tenants/other-new",
+        &spec,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        s.admin_status(Method::GET, "/admin/v1/tenants/other-new")
+            .await,
+        StatusCode::NOT_FOUND,
+        "nothing was created"
+    );
+
+    // The operator's endpoints.
+    for (method, path) in [
+        (Method::GET, "/admin/v1/tokens"),
+        (Method::POST, "/admin/v1/tokens"),
+        (Method::POST, "/admin/v1/reload"),
+        (Method::GET, "/admin/v1/certificates"),
+        (Method::GET, "/admin/v1/fleet"),
+        (Method::POST, "/admin/v1/secrets/reseal"),
+    ] {
+        let (status, v) = as_token(&s, &token, method.clone(), path, "{}").await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: {v}");
+    }
+
+    // Listed for the operator without a secret or a digest; kept only as a digest.
+    let (_, listed) = s.admin_call(Method::GET, "/admin/v1/tokens", "").await;
+    let t = &listed["tokens"][0];
+    assert_eq!(t["id"], json!(id), "{listed}");
+    assert_eq!(
+        t["scopes"],
+        json!(["deploy", "variables", "purge"]),
+        "{listed}"
+    );
+    assert!(
+        t.get("digest").is_none() && t.get("token").is_none(),
+        "{listed}"
+    );
+    let secret_part = token.rsplit('_').next().unwrap();
+    let mut files = 0;
+    for entry in walk(&s.data_dir()) {
+        let bytes = std::fs::read(&entry).unwrap();
+        files += 1;
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(secret_part),
+            "the token is in {}",
+            entry.display()
+        );
+    }
+    assert!(files > 0);
+    let manifest = std::fs::read_to_string(s.data_dir().join("manifest.json")).unwrap();
+    assert!(manifest.contains(&id), "the token's record is stored");
+
+    // Revoked: refused from the next request.
+    let (status, _) = s
+        .admin_call(Method::DELETE, &format!("/admin/v1/tokens/{id}"), "")
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, v) = as_token(&s, &token, Method::GET, "/admin/v1/tenants/a", "").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+    let (status, _) = s
+        .admin_call(Method::DELETE, &format!("/admin/v1/tokens/{id}"), "")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "revoked once");
+}
+
+/// Every file below `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_tokens_are_refused_and_bad_input_is_explained() {
+    let s = TestServer::start("").await;
+    s.deploy("a", "/a", demo("hello")).await;
+    let (_, token) = make(
+        &s,
+        json!({ "name": "short", "tenants": ["a"], "scopes": ["read"], "expires": "2s" }),
+    )
+    .await;
+    let read = || {
+        admin_request(
+            s.admin(),
+            &token,
+            Method::GET,
+            "/admin/v1/tenants/a",
+            "".into(),
+        )
+    };
+    assert_eq!(read().await.0, StatusCode::OK);
+    tokio::time::sleep(std::time::Duration::from_millis(3100)).await;
+    let (status, v) = read().await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("expired"), "{v}");
+    // A scoped token's shape with a wrong secret is a wrong token.
+    let mut wrong = token.clone();
+    wrong.replace_range(wrong.len() - 4.., "0000");
+    let (status, _) = admin_request(
+        s.admin(),
+        &wrong,
+        Method::GET,
+        "/admin/v1/tenants",
+        "".into(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    for (body, says) in [
+        (
+            json!({ "name": "x", "tenants": ["a"], "scopes": ["admin"] }),
+            "unknown scope \"admin\"",
+        ),
+        (
+            json!({ "name": "x", "tenants": [], "scopes": ["read"] }),
+            "at least one tenant",
+        ),
+        (
+            json!({ "name": "x", "tenants": ["*"], "scopes": ["read"] }),
+            "only the operator",
+        ),
+        (
+            json!({ "name": "x", "tenants": ["a"], "scopes": [] }),
+            "at least one scope",
+        ),
+        (
+            json!({ "name": "x", "tenants": ["a"], "scopes": ["read"], "expires": "0d" }),
+            "expiry",
+        ),
+        (
+            json!({ "name": "x", "tenants": ["a"], "scopes": ["read"], "expires": "-1d" }),
+            "expiry",
+        ),
+        (
+            json!({ "name": "", "tenants": ["a"], "scopes": ["read"] }),
+            "token name",
+        ),
+        (
+            json!({ "name": "x", "tenants": ["a"], "scopes": ["read"], "admin": true }),
+            "unknown field",
+        ),
+    ] {
+        let (status, v) = s
+            .admin_call(Method::POST, "/admin/v1/tokens", body.to_string())
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(says), "{body}: {v}");
+    }
+    let (_, listed) = s.admin_call(Method::GET, "/admin/v1/tokens", "").await;
+    assert_eq!(listed["tokens"].as_array().unwrap().len(), 1, "{listed}");
+
+    // At most MAX_TOKENS: one under and at the limit are made, one more is refused.
+    let max = tern::access::MAX_TOKENS;
+    for i in 1..max {
+        let body = json!({ "name": format!("t{i}"), "tenants": ["a"], "scopes": ["read"] });
+        let (status, v) = s
+            .admin_call(Method::POST, "/admin/v1/tokens", body.to_string())
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "token {i}: {v}");
+    }
+    let body = json!({ "name": "over", "tenants": ["a"], "scopes": ["read"] });
+    let (status, v) = s
+        .admin_call(Method::POST, "/admin/v1/tokens", body.to_string())
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("revoke"), "{v}");
+    // The operator is never locked out.
+    assert_eq!(
+        admin_request(
+            s.admin(),
+            ADMIN_TOKEN,
+            Method::GET,
+            "/admin/v1/tenants",
+            "".into()
+        )
+        .await
+        .0,
+        StatusCode::OK
+    );
+}
+
+#[test]
+fn the_cli_makes_lists_and_revokes_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let p = support::TernProcess::serve(&[], &cache);
+    let tern = |args: &[&str], token: Option<&str>| {
+        let mut cmd = support::tern_bin();
+        cmd.args(args)
+            .args(["--server", &format!("http://{}", p.admin)])
+            .env("TERN_DATA_DIR", cache.join("data"))
+            .env_remove("TERN_ADMIN_TOKEN");
+        if let Some(t) = token {
+            cmd.env("TERN_ADMIN_TOKEN", t);
+        }
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (ok, out) = tern(
+        &[
+            "token",
+            "create",
+            "--tenant",
+            "hello",
+            "--scope",
+            "read,purge",
+            "--name",
+            "ci",
+        ],
+        None,
+    );
+    assert!(ok, "{out}");
+    let token = out.lines().last().unwrap().trim().to_string();
+    assert!(
+        token.starts_with("tern_"),
+        "the token alone on the last line: {out}"
+    );
+    let (ok, out) = tern(&["token", "list"], None);
+    assert!(
+        ok && out.contains("ci") && out.contains("read,purge"),
+        "{out}"
+    );
+    assert!(!out.contains(&token), "{out}");
+    let id = token.split('_').nth(1).unwrap().to_string();
+    // The scoped token lists its tenant only, and may not make tokens.
+    let (ok, out) = tern(&["tenants"], Some(&token));
+    assert!(
+        ok && out.contains("hello") && !out.contains("echo"),
+        "{out}"
+    );
+    let (ok, out) = tern(&["token", "list"], Some(&token));
+    assert!(!ok && out.contains("403"), "{out}");
+    let (ok, out) = tern(&["token", "revoke", &id], None);
+    assert!(ok && out.contains("revoked"), "{out}");
+    let (ok, out) = tern(&["tenants"], Some(&token));
+    assert!(!ok && out.contains("401"), "{out}");
+    let (ok, out) = tern(
+        &["token", "create", "--tenant", "hello", "--scope", "root"],
+        None,
+    );
+    assert!(!ok && out.contains("unknown scope"), "{out}");
+}
