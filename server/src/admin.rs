@@ -47,9 +47,13 @@ use crate::registry::{ChangeError, NewToken, Precondition, SpecChange, TokenRefu
 const MAX_JSON_BYTES: u64 = 1024 * 1024;
 
 /// Serves one admin-listener request.
-pub async fn handle(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody> {
+pub async fn handle(
+    app: Arc<App>,
+    req: Request<RequestBody>,
+    client: std::net::SocketAddr,
+) -> Response<ResponseBody> {
     if req.uri().path().starts_with("/admin/") {
-        return api(app, req).await;
+        return api(app, req, client.ip()).await;
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "this endpoint takes GET\n");
@@ -107,6 +111,66 @@ pub async fn handle(app: Arc<App>, req: Request<RequestBody>) -> Response<Respon
     }
 }
 
+/// What the audit log is told of one admin request ([`crate::audit`]).
+struct Audited<'a> {
+    app: &'a App,
+    client: std::net::IpAddr,
+    method: &'a str,
+    path: &'a str,
+    tenant: Option<&'a str>,
+    /// Refused by the one decision (a tenant a token does not reach reads as `404`).
+    refused: bool,
+}
+
+impl Audited<'_> {
+    /// Writes its line: who (`None`: a refused bearer, `named` the token id it names), how it
+    /// ended, the version it made current and the spec fields it named.
+    fn write(
+        &self,
+        who: Option<&Who>,
+        named: Option<&str>,
+        status: StatusCode,
+        version: Option<&str>,
+        fields: &[String],
+    ) {
+        let (kind, token, token_name) = match who {
+            None => ("unknown", named, None),
+            Some(Who::Operator) => ("operator", None, None),
+            Some(Who::Token(id, t)) => ("token", Some(id.as_str()), Some(t.name.as_str())),
+        };
+        let outcome = if status.is_success() {
+            "done"
+        } else if self.refused || matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+        {
+            "refused"
+        } else {
+            "failed"
+        };
+        self.app.audit.record(&crate::audit::Record {
+            time: crate::datadir::now(),
+            who: kind,
+            token,
+            token_name,
+            client: self.client,
+            method: self.method,
+            path: self.path,
+            tenant: self.tenant,
+            status: status.as_u16(),
+            outcome,
+            version,
+            fields,
+        });
+    }
+}
+
+/// The bearer token `headers` carry, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+}
+
 /// Who an admin request comes from: the operator, or a scoped token ([`access`]).
 enum Who {
     Operator,
@@ -136,11 +200,7 @@ fn who(app: &App, headers: &HeaderMap) -> Result<Who, &'static str> {
     if authorised(&app.admin_token, headers) {
         return Ok(Who::Operator);
     }
-    let bearer = headers
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or(MISSING)?;
+    let bearer = bearer(headers).ok_or(MISSING)?;
     match app.registry.scoped_token(bearer) {
         Ok((id, token)) => Ok(Who::Token(id, token)),
         Err(TokenRefused::Expired) => Err("this admin token has expired"),
@@ -274,10 +334,26 @@ fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-async fn api(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody> {
+async fn api(
+    app: Arc<App>,
+    req: Request<RequestBody>,
+    client: std::net::IpAddr,
+) -> Response<ResponseBody> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let mut audited = Audited {
+        app: &app,
+        client,
+        method: method.as_str(),
+        path: &path,
+        tenant: None,
+        refused: false,
+    };
     let who = match who(&app, req.headers()) {
         Ok(who) => who,
         Err(why) => {
+            let named = bearer(req.headers()).and_then(access::id_of);
+            audited.write(None, named, StatusCode::UNAUTHORIZED, None, &[]);
             let mut resp = json_response(StatusCode::UNAUTHORIZED, &json!({ "error": why }));
             resp.headers_mut().insert(
                 WWW_AUTHENTICATE,
@@ -287,8 +363,6 @@ async fn api(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody>
         }
     };
     let started = Instant::now();
-    let method = req.method().clone();
-    let path = req.uri().path().to_string();
     let query = req.uri().query().map(str::to_string);
     let Some(rest) = path.strip_prefix("/admin/v1/") else {
         return error_response(&ChangeError::NotFound(
@@ -296,9 +370,17 @@ async fn api(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody>
         ));
     };
     let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
-    if let Err(refused) = access::decide(who.principal(), action(&method, &parts)) {
-        return error_response(&refusal(refused));
+    if let ["tenants", name, ..] = parts.as_slice() {
+        audited.tenant = Some(name);
     }
+    if let Err(refused) = access::decide(who.principal(), action(&method, &parts)) {
+        let e = refusal(refused);
+        audited.refused = true;
+        audited.write(Some(&who), None, e.status(), None, &[]);
+        return error_response(&e);
+    }
+    // The spec fields a change of a tenant names (for the audit log: names only).
+    let mut fields: Vec<String> = Vec::new();
     let registry = &app.registry;
     // `If-Match` / `If-None-Match` on a tenant change: refused with 412 unless the tenant is
     // in the state they name.
@@ -325,6 +407,10 @@ async fn api(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody>
             }) {
                 Err(e) => Err(e),
                 Ok(body) => {
+                    fields = body
+                        .as_object()
+                        .map(|o| o.keys().cloned().collect())
+                        .unwrap_or_default();
                     let change = if merge {
                         SpecChange::Merge(body)
                     } else {
@@ -477,6 +563,17 @@ async fn api(app: Arc<App>, req: Request<RequestBody>) -> Response<ResponseBody>
             "no admin endpoint {path}; see GET /admin/v1/tenants"
         ))),
     };
+    let (status, version) = match &result {
+        Ok((status, v)) => (*status, v["version"].as_str()),
+        Err(e) => (e.status(), None),
+    };
+    // Every change (a nudge between replicas is none), and every refusal.
+    let nudge = parts.as_slice() == ["fleet", "sync"];
+    if (method != Method::GET && method != Method::HEAD && !nudge)
+        || status == StatusCode::FORBIDDEN
+    {
+        audited.write(Some(&who), None, status, version, &fields);
+    }
     match result {
         Ok((status, v)) => {
             let mut resp = json_response(status, &v);

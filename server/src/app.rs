@@ -14,6 +14,8 @@ pub struct App {
     pub certificates: std::sync::OnceLock<std::sync::Arc<crate::tls::Certificates>>,
     /// Bearer token of the admin API.
     pub admin_token: String,
+    /// Where admin changes and refused attempts are recorded.
+    pub audit: crate::audit::AuditLog,
     /// Admission to the instance pool.
     pub pool: Pool,
     /// Metric handles.

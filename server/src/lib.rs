@@ -130,6 +130,7 @@ pub mod admin;
 pub mod app;
 pub mod artifact;
 pub mod assets;
+pub mod audit;
 pub mod body;
 pub mod cache;
 pub mod capabilities;

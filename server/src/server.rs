@@ -117,7 +117,13 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     warn_headroom(&config).await;
     let shutdown = Shutdown::new();
     let mut tasks = Vec::new();
-    let app = new_app(&config, (registry, metrics, token), &shutdown, &mut tasks)?;
+    let app = new_app(
+        &config,
+        (registry, metrics, token),
+        &data_dir,
+        &shutdown,
+        &mut tasks,
+    )?;
     let public = Public::bind(&config, &app, &data_dir, fleet.as_ref()).await?;
     let admin = TcpListener::bind(config.server.admin_listen)
         .await
@@ -141,7 +147,7 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     let a = app.clone();
     tasks.push(tokio::spawn(listener::serve(
         admin,
-        move |req, _client| admin::handle(a.clone(), req),
+        move |req, conn: crate::context::Connection| admin::handle(a.clone(), req, conn.peer),
         shutdown.clone(),
         listener::ListenOptions::from_config(&config.server),
     )));
@@ -277,10 +283,11 @@ async fn warn_headroom(config: &Config) {
 }
 
 /// The request path's shared state: the instance pool, the trace exporter (its task in
-/// `tasks`), the trusted proxies.
+/// `tasks`), the trusted proxies, the audit log (in `data_dir`).
 fn new_app(
     config: &Config,
     (registry, metrics, admin_token): (Registry, Metrics, String),
+    data_dir: &std::path::Path,
     shutdown: &Shutdown,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> anyhow::Result<Arc<App>> {
@@ -305,10 +312,13 @@ fn new_app(
         tasks.push(task);
         tracer
     });
+    let audit = crate::audit::AuditLog::open(data_dir, metrics.audit_dropped.clone())
+        .with_context(|| format!("cannot open {}", data_dir.join("audit.log").display()))?;
     Ok(Arc::new(App {
         registry,
         certificates: std::sync::OnceLock::new(),
         admin_token,
+        audit,
         pool,
         metrics,
         https_port: std::sync::OnceLock::new(),

@@ -216,6 +216,11 @@ named_metrics! {
         "tern_queue_depth",
         "Requests waiting for a free pool slot or a tenant concurrency permit.",
     );
+    pub audit_dropped: counter(
+        "tern_audit_dropped_total",
+        "Audit log lines dropped because the writer fell behind (a stuck disk): the admin API \
+         never waits for it.",
+    );
     pub task_panics: counter(
         "tern_task_panics_total",
         "Request tasks that panicked, caught and counted (the request's stream is reset, the \

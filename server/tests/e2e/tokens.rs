@@ -242,6 +242,73 @@ async fn a_token_reaches_its_own_tenants_and_no_other() {
         .admin_call(Method::DELETE, &format!("/admin/v1/tokens/{id}"), "")
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "revoked once");
+
+    // The audit log: a line per change and per refusal, who and from where, never a value
+    // or a token.
+    let log = s.data_dir().join("audit.log");
+    let mut lines: Vec<Value> = Vec::new();
+    for _ in 0..100 {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        lines = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+            .collect();
+        if lines.iter().any(|l| l["who"] == "unknown") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let find = |what: &dyn Fn(&Value) -> bool| lines.iter().find(|l| what(l)).cloned();
+    let deploy = find(&|l| l["path"] == "/admin/v1/tenants/a/module" && l["who"] == "token")
+        .expect("the token's deploy is logged");
+    assert_eq!(
+        (
+            &deploy["token"],
+            &deploy["token_name"],
+            &deploy["tenant"],
+            &deploy["outcome"]
+        ),
+        (&json!(id), &json!("ci"), &json!("a"), &json!("done")),
+        "{deploy}"
+    );
+    assert!(
+        deploy["version"].as_str().is_some_and(|v| v.len() == 64),
+        "{deploy}"
+    );
+    assert_eq!(deploy["client"], "127.0.0.1", "{deploy}");
+    let patch = find(&|l| l["method"] == "PATCH" && l["who"] == "operator").unwrap();
+    assert_eq!(patch["fields"], json!(["cache"]), "{patch}");
+    let other = find(&|l| l["tenant"] == "b" && l["who"] == "token" && l["method"] == "DELETE")
+        .expect("a refused attempt on another tenant is logged");
+    assert_eq!(
+        (&other["status"], &other["outcome"]),
+        (&json!(404), &json!("refused"))
+    );
+    let scope = find(&|l| l["path"] == "/admin/v1/tenants/a/variables/k").unwrap();
+    assert_eq!(
+        (&scope["status"], &scope["outcome"]),
+        (&json!(403), &json!("refused"))
+    );
+    let revoked = find(&|l| l["who"] == "unknown").unwrap();
+    assert_eq!(
+        (&revoked["token"], &revoked["status"]),
+        (&json!(id), &json!(401)),
+        "{revoked}"
+    );
+    assert!(
+        find(&|l| l["method"] == "GET" && l["status"] == 200).is_none(),
+        "reads are not changes"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains("kept") && !text.contains(secret_part),
+        "no value, no token"
+    );
+    let mode = std::fs::metadata(&log).unwrap().permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
+    );
 }
 
 /// Every file below `dir`.
