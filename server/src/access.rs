@@ -12,7 +12,8 @@
 //! scope it lacks is `403` naming the scope; an endpoint with no scope (certificates, reload,
 //! the fleet, reseal, tokens) is the operator's alone.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -23,6 +24,14 @@ pub const MAX_TOKENS: usize = 1000;
 
 /// Most tenants or patterns one token names.
 pub const MAX_TOKEN_TENANTS: usize = 100;
+
+/// Failed admin attempts (a wrong, expired or revoked token) answered per client address per
+/// second; past it, that address's failing requests are answered `429` until the next second.
+/// A valid token is always answered: the operator is never locked out.
+pub const FAILURES_PER_SECOND: u32 = 10;
+
+/// Client addresses whose failures are tracked at most (the table never grows past it).
+const TRACKED: usize = 4096;
 
 /// The prefix of every scoped token.
 const PREFIX: &str = "tern_";
@@ -233,6 +242,33 @@ pub fn decide(who: Principal<'_>, action: Action<'_>) -> Result<(), Refusal> {
     }
 }
 
+/// Failed attempts by client address, this second.
+#[derive(Debug, Default)]
+pub struct Failures {
+    by_client: std::sync::Mutex<HashMap<IpAddr, (u64, u32)>>,
+}
+
+impl Failures {
+    /// Counts a failed attempt from `client` at second `now`: whether the address is past
+    /// [`FAILURES_PER_SECOND`] (answer `429`). With the table full of this second's addresses,
+    /// a new address is past it too.
+    pub fn over(&self, client: IpAddr, now: u64) -> bool {
+        let mut by_client = self.by_client.lock().unwrap_or_else(|p| p.into_inner());
+        if by_client.len() >= TRACKED && !by_client.contains_key(&client) {
+            by_client.retain(|_, (second, _)| *second == now);
+            if by_client.len() >= TRACKED {
+                return true;
+            }
+        }
+        let seen = by_client.entry(client).or_insert((now, 0));
+        if seen.0 != now {
+            *seen = (now, 0);
+        }
+        seen.1 += 1;
+        seen.1 > FAILURES_PER_SECOND
+    }
+}
+
 /// A new token: `(id, the whole token, its digest)`, from the kernel's random bytes (8 for
 /// the id, 32 for the secret).
 ///
@@ -382,6 +418,26 @@ mod tests {
         );
         assert!(check_name("ci-deploy").is_ok());
         assert!(check_name("").is_err() && check_name(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn failures_are_counted_per_address_and_second() {
+        let f = Failures::default();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        for _ in 0..FAILURES_PER_SECOND {
+            assert!(!f.over(a, 100));
+        }
+        assert!(f.over(a, 100), "limit + 1");
+        assert!(!f.over(b, 100), "another address");
+        assert!(!f.over(a, 101), "the next second");
+        for i in 0..TRACKED as u32 {
+            f.over(IpAddr::from(i.to_be_bytes()), 200);
+        }
+        assert!(f.over("10.9.9.9".parse().unwrap(), 200), "a full table");
+        assert!(
+            !f.over("10.9.9.9".parse().unwrap(), 201),
+            "emptied of past seconds"
+        );
     }
 
     #[test]

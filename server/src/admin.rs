@@ -352,6 +352,16 @@ async fn api(
     let who = match who(&app, req.headers()) {
         Ok(who) => who,
         Err(why) => {
+            if app.failures.over(client, crate::datadir::now()) {
+                app.metrics.admin_throttled.inc();
+                let mut resp = json_response(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &json!({ "error": "too many failed admin attempts from this address: retry in a second" }),
+                );
+                resp.headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return resp;
+            }
             let named = bearer(req.headers()).and_then(access::id_of);
             audited.write(None, named, StatusCode::UNAUTHORIZED, None, &[]);
             let mut resp = json_response(StatusCode::UNAUTHORIZED, &json!({ "error": why }));

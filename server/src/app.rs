@@ -16,6 +16,8 @@ pub struct App {
     pub admin_token: String,
     /// Where admin changes and refused attempts are recorded.
     pub audit: crate::audit::AuditLog,
+    /// Failed admin attempts by client address (answered `429` past a rate).
+    pub failures: crate::access::Failures,
     /// Admission to the instance pool.
     pub pool: Pool,
     /// Metric handles.

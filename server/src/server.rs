@@ -319,6 +319,7 @@ fn new_app(
         certificates: std::sync::OnceLock::new(),
         admin_token,
         audit,
+        failures: crate::access::Failures::default(),
         pool,
         metrics,
         https_port: std::sync::OnceLock::new(),

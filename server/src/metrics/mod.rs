@@ -216,6 +216,11 @@ named_metrics! {
         "tern_queue_depth",
         "Requests waiting for a free pool slot or a tenant concurrency permit.",
     );
+    pub admin_throttled: counter(
+        "tern_admin_throttled_total",
+        "Admin requests with a wrong, expired or revoked token answered 429: past \
+         10 failures per second from one client address.",
+    );
     pub audit_dropped: counter(
         "tern_audit_dropped_total",
         "Audit log lines dropped because the writer fell behind (a stuck disk): the admin API \

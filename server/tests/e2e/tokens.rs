@@ -500,3 +500,73 @@ fn the_cli_makes_lists_and_revokes_tokens() {
     );
     assert!(!ok && out.contains("unknown scope"), "{out}");
 }
+
+/// The status of `GET path` on the admin listener with bearer `token`, sent from the local
+/// address `from` (any of 127.0.0.0/8 reaches a listener on 127.0.0.1).
+async fn status_from(from: &str, admin: std::net::SocketAddr, token: &str, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut stream = socket.connect(admin).await.unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\nconnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// A thousand wrong tokens from one address: past `FAILURES_PER_SECOND` a second they are
+/// answered `429`; the operator's token is answered from that address and from another, during
+/// the flood and after it; another address's wrong token is still a `401`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tokens_from_one_address_are_slowed_and_lock_no_one_out() {
+    let s = TestServer::start("").await;
+    let admin = s.admin();
+    let started = std::time::Instant::now();
+    let flood = tokio::spawn(async move {
+        let mut counts = std::collections::BTreeMap::<u16, u64>::new();
+        for i in 0..1000 {
+            let status = status_from(
+                "127.0.0.1",
+                admin,
+                &format!("wrong-{i}"),
+                "/admin/v1/tenants",
+            )
+            .await;
+            *counts.entry(status).or_default() += 1;
+        }
+        counts
+    });
+    let mut operator = 0;
+    while !flood.is_finished() {
+        for from in ["127.0.0.1", "127.0.0.2"] {
+            let status = status_from(from, admin, ADMIN_TOKEN, "/admin/v1/tenants").await;
+            assert_eq!(status, 200, "the operator's token from {from}");
+            operator += 1;
+        }
+    }
+    let counts = flood.await.unwrap();
+    let seconds = started.elapsed().as_secs() + 2;
+    let limit = u64::from(tern::access::FAILURES_PER_SECOND);
+    assert_eq!(counts.values().sum::<u64>(), 1000, "{counts:?}");
+    assert!(
+        counts.get(&401).copied().unwrap_or(0) <= limit * seconds,
+        "at most {limit} answered per second over {seconds} s: {counts:?}"
+    );
+    let throttled = counts.get(&429).copied().unwrap_or(0);
+    assert!(throttled > 0 && counts.len() == 2, "{counts:?}");
+    assert!(operator > 0);
+    assert_eq!(
+        status_from("127.0.0.2", admin, "wrong", "/admin/v1/tenants").await,
+        401
+    );
+    let m = s.metrics().await;
+    assert_eq!(
+        support::metric_value(&m, "tern_admin_throttled_total"),
+        throttled as f64,
+        "{m}"
+    );
+}
