@@ -298,13 +298,18 @@ pub fn id_of(token: &str) -> Option<&str> {
 
 /// Whether `token` is the one `stored` was made for (constant time over the digests).
 pub fn matches(token: &str, stored: &StoredToken) -> bool {
-    let given = digest(token);
-    given.len() == stored.digest.len()
-        && given
-            .bytes()
-            .zip(stored.digest.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    same_bytes(digest(token).as_bytes(), stored.digest.as_bytes())
+}
+
+/// Whether `given` is the operator's token `operator`, exactly as issued (no whitespace
+/// around it forgiven), compared in constant time over their digests.
+pub fn is_operator(operator: &str, given: &str) -> bool {
+    same_bytes(&Sha256::digest(given), &Sha256::digest(operator))
+}
+
+/// Whether `a` and `b` are equal, in time that depends only on their lengths.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A lifetime as written (`90s`, `30m`, `12h`, `30d`), in seconds.

@@ -34,7 +34,6 @@ use http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use crate::access::{self, Action, Principal, Refusal, Scope};
 use crate::app::App;
@@ -197,10 +196,10 @@ impl Who {
 /// Who the bearer token in `headers` is, or why it is refused (`401`).
 fn who(app: &App, headers: &HeaderMap) -> Result<Who, &'static str> {
     const MISSING: &str = "missing or wrong admin token (Authorization: Bearer <token>)";
-    if authorised(&app.admin_token, headers) {
+    let bearer = bearer(headers).ok_or(MISSING)?;
+    if access::is_operator(&app.admin_token, bearer) {
         return Ok(Who::Operator);
     }
-    let bearer = bearer(headers).ok_or(MISSING)?;
     match app.registry.scoped_token(bearer) {
         Ok((id, token)) => Ok(Who::Token(id, token)),
         Err(TokenRefused::Expired) => Err("this admin token has expired"),
@@ -246,22 +245,6 @@ fn refusal(r: Refusal) -> ChangeError {
 
 /// Whether the request carries the admin token. Both sides are hashed first, so the
 /// comparison takes the same time whatever the token's length or where it differs.
-fn authorised(token: &str, headers: &HeaderMap) -> bool {
-    let Some(given) = headers
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
-    };
-    // The token exactly as issued: no whitespace around it is forgiven.
-    let (a, b) = (Sha256::digest(given), Sha256::digest(token));
-    a.iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
-}
-
 fn json_response(status: StatusCode, value: &Value) -> Response<ResponseBody> {
     let mut text = serde_json::to_vec_pretty(value).unwrap_or_default();
     text.push(b'\n');
@@ -753,6 +736,11 @@ async fn certificates(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether `headers` carry the operator's `token`, as `who` reads them.
+    fn authorised(token: &str, headers: &HeaderMap) -> bool {
+        bearer(headers).is_some_and(|given| access::is_operator(token, given))
+    }
 
     #[test]
     fn tokens_are_compared_whole() {

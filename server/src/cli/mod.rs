@@ -328,12 +328,16 @@ fn table(rows: &[[String; 7]]) -> String {
 }
 
 fn ago(at: u64) -> String {
-    let s = crate::datadir::now().saturating_sub(at);
+    format!("{} ago", span(crate::datadir::now().saturating_sub(at)))
+}
+
+/// `s` seconds in the largest unit that fits: `45s`, `12m`, `3h`, `30d`.
+fn span(s: u64) -> String {
     match s {
-        0..60 => format!("{s}s ago"),
-        60..3600 => format!("{}m ago", s / 60),
-        3600..86400 => format!("{}h ago", s / 3600),
-        _ => format!("{}d ago", s / 86400),
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
     }
 }
 

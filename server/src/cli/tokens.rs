@@ -115,16 +115,7 @@ fn expiry(t: &Value) -> String {
         (Some(_), Some(true)) => "expired".into(),
         (Some(at), _) => {
             let left = at.saturating_sub(crate::datadir::now());
-            format!("expires in {}", span(left))
+            format!("expires in {}", super::span(left))
         }
-    }
-}
-
-fn span(s: u64) -> String {
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m", s / 60),
-        3600..86400 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86400),
     }
 }
