@@ -328,17 +328,10 @@ fn table(rows: &[[String; 7]]) -> String {
 }
 
 fn ago(at: u64) -> String {
-    format!("{} ago", span(crate::datadir::now().saturating_sub(at)))
-}
-
-/// `s` seconds in the largest unit that fits: `45s`, `12m`, `3h`, `30d`.
-fn span(s: u64) -> String {
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m", s / 60),
-        3600..86400 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86400),
-    }
+    format!(
+        "{} ago",
+        tokens::span(crate::datadir::now().saturating_sub(at))
+    )
 }
 
 /// The entity tag a conditional change of tenant `name` names: `given`, else the tenant's as

@@ -115,7 +115,17 @@ fn expiry(t: &Value) -> String {
         (Some(_), Some(true)) => "expired".into(),
         (Some(at), _) => {
             let left = at.saturating_sub(crate::datadir::now());
-            format!("expires in {}", super::span(left))
+            format!("expires in {}", span(left))
         }
+    }
+}
+
+/// `s` seconds in the largest unit that fits: `45s`, `12m`, `3h`, `30d`.
+pub(super) fn span(s: u64) -> String {
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
     }
 }
