@@ -190,6 +190,20 @@ impl StoredToken {
 /// The scoped tokens, by id.
 pub type Tokens = BTreeMap<String, StoredToken>;
 
+/// Whether one more token fits beside `tokens`.
+///
+/// # Errors
+/// `409` past [`MAX_TOKENS`].
+pub fn check_room(tokens: &Tokens) -> Result<(), crate::change::ChangeError> {
+    if tokens.len() >= MAX_TOKENS {
+        return Err(crate::change::ChangeError::Conflict(format!(
+            "{MAX_TOKENS} tokens already: revoke some first (tern token list, tern token revoke \
+             ID)"
+        )));
+    }
+    Ok(())
+}
+
 /// Who asks.
 #[derive(Debug, Clone, Copy)]
 pub enum Principal<'a> {
@@ -270,15 +284,15 @@ impl Failures {
 }
 
 /// A new token: `(id, the whole token, its digest)`, from the kernel's random bytes (8 for
-/// the id, 32 for the secret).
+/// the id unless it keeps `id`, as a rotated token does; 32 for the secret).
 ///
 /// # Errors
 /// If `/dev/urandom` cannot be read.
-pub fn mint() -> std::io::Result<(String, String, String)> {
+pub fn mint(id: Option<&str>) -> std::io::Result<(String, String, String)> {
     let mut bytes = [0u8; 40];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))?;
-    let id = crate::hex::encode(&bytes[..8]);
+    let id = id.map_or_else(|| crate::hex::encode(&bytes[..8]), str::to_string);
     let token = format!("{PREFIX}{id}_{}", crate::hex::encode(&bytes[8..]));
     let digest = digest(&token);
     Ok((id, token, digest))
@@ -447,7 +461,7 @@ mod tests {
 
     #[test]
     fn tokens_are_checked_by_digest() {
-        let (id, whole, digest) = mint().unwrap();
+        let (id, whole, digest) = mint(None).unwrap();
         assert_eq!(id_of(&whole), Some(id.as_str()));
         let mut t = token(&["a"], &[]);
         t.digest = digest;
@@ -458,5 +472,14 @@ mod tests {
         assert!(!matches(&other, &t));
         assert_eq!(id_of("tern_short_x"), None);
         assert!(!whole.contains(&t.digest), "the digest is not the token");
+        // Rotated: the same id, a new secret; the old token no longer matches.
+        let (same, rotated, new_digest) = mint(Some(&id)).unwrap();
+        assert_eq!(
+            (same.as_str(), id_of(&rotated)),
+            (id.as_str(), Some(id.as_str()))
+        );
+        assert_ne!(rotated, whole);
+        t.digest = new_digest;
+        assert!(matches(&rotated, &t) && !matches(&whole, &t));
     }
 }

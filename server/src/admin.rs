@@ -23,6 +23,8 @@
 //! | `POST /admin/v1/tokens` | make a scoped token (JSON `name`, `tenants`, `scopes`, `expires`); the token is in the answer, once |
 //! | `GET /admin/v1/tokens` | the scoped tokens (never a secret) |
 //! | `DELETE /admin/v1/tokens/{id}` | revoke a scoped token |
+//! | `GET /admin/v1/audit?since=UNIX&tenant=NAME&limit=N` | the audit log's records, oldest first (in a fleet, every replica's) |
+//! | `POST /admin/v1/tokens/{id}/rotate` | a new secret for a scoped token (JSON `expires`, optional); the old one is refused |
 //!
 //! Who may call each is decided in one place ([`action`] and [`crate::access::decide`]): the
 //! operator's token everything, a scoped token its tenants with its scopes.
@@ -119,6 +121,8 @@ struct Audited<'a> {
     tenant: Option<&'a str>,
     /// Refused by the one decision (a tenant a token does not reach reads as `404`).
     refused: bool,
+    /// The request's id (`x-request-id`).
+    request_id: &'a str,
 }
 
 impl Audited<'_> {
@@ -130,6 +134,7 @@ impl Audited<'_> {
         named: Option<&str>,
         status: StatusCode,
         version: Option<&str>,
+        token_made: Option<&str>,
         fields: &[String],
     ) {
         let (kind, token, token_name) = match who {
@@ -145,8 +150,12 @@ impl Audited<'_> {
         } else {
             "failed"
         };
-        self.app.audit.record(&crate::audit::Record {
-            time: crate::datadir::now(),
+        let time_ms = crate::audit::now_ms();
+        self.app.audit.record(crate::audit::Record {
+            time: time_ms / 1000,
+            time_ms,
+            replica: None,
+            request_id: self.request_id,
             who: kind,
             token,
             token_name,
@@ -157,6 +166,7 @@ impl Audited<'_> {
             status: status.as_u16(),
             outcome,
             version,
+            token_made,
             fields,
         });
     }
@@ -223,7 +233,12 @@ fn action<'a>(method: &Method, parts: &[&'a str]) -> Action<'a> {
         (_, ["assets"]) => Action::Any(Scope::Deploy),
         (
             _,
-            ["secrets", ..] | ["reload"] | ["fleet", ..] | ["certificates", ..] | ["tokens", ..],
+            ["secrets", ..]
+            | ["reload"]
+            | ["fleet", ..]
+            | ["certificates", ..]
+            | ["tokens", ..]
+            | ["audit"],
         ) => Action::Operator,
         _ => Action::Any(Scope::Read),
     }
@@ -317,10 +332,26 @@ fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
+/// An admin API request, answered with its `x-request-id` (the client's, else a new one),
+/// which its audit line carries too.
 async fn api(
     app: Arc<App>,
     req: Request<RequestBody>,
     client: std::net::IpAddr,
+) -> Response<ResponseBody> {
+    let id =
+        crate::http::client_request_id(req.headers()).unwrap_or_else(crate::http::new_request_id);
+    let mut resp = answer(app, req, client, id.to_str().unwrap_or("-")).await;
+    resp.headers_mut()
+        .insert(crate::http::X_REQUEST_ID.clone(), id);
+    resp
+}
+
+async fn answer(
+    app: Arc<App>,
+    req: Request<RequestBody>,
+    client: std::net::IpAddr,
+    request_id: &str,
 ) -> Response<ResponseBody> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -331,6 +362,7 @@ async fn api(
         path: &path,
         tenant: None,
         refused: false,
+        request_id,
     };
     let who = match who(&app, req.headers()) {
         Ok(who) => who,
@@ -346,7 +378,7 @@ async fn api(
                 return resp;
             }
             let named = bearer(req.headers()).and_then(access::id_of);
-            audited.write(None, named, StatusCode::UNAUTHORIZED, None, &[]);
+            audited.write(None, named, StatusCode::UNAUTHORIZED, None, None, &[]);
             let mut resp = json_response(StatusCode::UNAUTHORIZED, &json!({ "error": why }));
             resp.headers_mut().insert(
                 WWW_AUTHENTICATE,
@@ -369,7 +401,7 @@ async fn api(
     if let Err(refused) = access::decide(who.principal(), action(&method, &parts)) {
         let e = refusal(refused);
         audited.refused = true;
-        audited.write(Some(&who), None, e.status(), None, &[]);
+        audited.write(Some(&who), None, e.status(), None, None, &[]);
         return error_response(&e);
     }
     // The spec fields a change of a tenant names (for the audit log: names only).
@@ -494,8 +526,12 @@ async fn api(
         (&Method::POST, ["tokens"]) => {
             create_token(&app, read_body(req, MAX_JSON_BYTES).await).await
         }
-        (&Method::GET, ["tokens"]) => {
-            Ok((StatusCode::OK, json!({ "tokens": registry.list_tokens() })))
+        (&Method::GET, ["tokens"]) => Ok((
+            StatusCode::OK,
+            json!({ "tokens": registry.list_tokens().await }),
+        )),
+        (&Method::POST, ["tokens", id, "rotate"]) => {
+            rotate_token(&app, id, read_body(req, MAX_JSON_BYTES).await).await
         }
         (&Method::DELETE, ["tokens", id]) => registry
             .revoke_token(id)
@@ -523,6 +559,7 @@ async fn api(
             .reload()
             .await
             .map(|n| (StatusCode::OK, json!({ "config_tenants": n }))),
+        (&Method::GET, ["audit"]) => audit(&app, query.as_deref()).await,
         (&Method::GET, ["fleet"]) => registry.fleet_view().await.map(|v| (StatusCode::OK, v)),
         (&Method::POST, ["fleet", "sync"]) => registry
             .nudged(
@@ -548,7 +585,9 @@ async fn api(
             | ["fleet", "sync"]
             | ["secrets", "reseal"]
             | ["tokens"]
-            | ["tokens", _],
+            | ["tokens", _]
+            | ["tokens", _, "rotate"]
+            | ["audit"],
         ) => Err(ChangeError::MethodNotAllowed(format!(
             "{method} is not allowed on {path}"
         ))),
@@ -556,16 +595,22 @@ async fn api(
             "no admin endpoint {path}; see GET /admin/v1/tenants"
         ))),
     };
-    let (status, version) = match &result {
-        Ok((status, v)) => (*status, v["version"].as_str()),
-        Err(e) => (e.status(), None),
+    let (status, version, made) = match &result {
+        Ok((status, v)) => (
+            *status,
+            v["version"].as_str(),
+            (parts.as_slice() == ["tokens"])
+                .then(|| v["id"].as_str())
+                .flatten(),
+        ),
+        Err(e) => (e.status(), None, None),
     };
     // Every change (a nudge between replicas is none), and every refusal.
     let nudge = parts.as_slice() == ["fleet", "sync"];
     if (method != Method::GET && method != Method::HEAD && !nudge)
         || status == StatusCode::FORBIDDEN
     {
-        audited.write(Some(&who), None, status, version, &fields);
+        audited.write(Some(&who), None, status, version, made, &fields);
     }
     match result {
         Ok((status, v)) => {
@@ -685,6 +730,67 @@ async fn create_token(
     let mut v = json!(listed);
     v["token"] = json!(token);
     Ok((StatusCode::CREATED, v))
+}
+
+/// `GET /admin/v1/audit?since=UNIX&tenant=NAME&limit=N`: the audit's records, oldest first
+/// (in a fleet, every replica's).
+async fn audit(app: &App, query: Option<&str>) -> Result<(StatusCode, Value), ChangeError> {
+    let number = |key: &str| -> Result<Option<u64>, ChangeError> {
+        query_param(query, key)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| ChangeError::Invalid(format!("{key}={v:?} is not a whole number")))
+            })
+            .transpose()
+    };
+    let q = crate::audit::Query {
+        since: number("since")?,
+        tenant: query_param(query, "tenant").map(str::to_string),
+        limit: number("limit")?.map_or(1000, |n| n as usize),
+    };
+    if q.limit == 0 || q.limit > crate::audit::MAX_READ {
+        return Err(ChangeError::Invalid(format!(
+            "limit is 1 to {}, not {}",
+            crate::audit::MAX_READ,
+            q.limit
+        )));
+    }
+    let remote = app.registry.fleet().map(|f| &f.remote);
+    let found = app.audit.read(remote, &q).await.map_err(|e| {
+        ChangeError::Unavailable(format!("the shared registry cannot be read: {e}"))
+    })?;
+    Ok((StatusCode::OK, json!(found)))
+}
+
+/// `POST /admin/v1/tokens/{id}/rotate`: a new secret for token `id`, in the answer once; the
+/// body is empty or JSON `{"expires": "30d"}`.
+async fn rotate_token(
+    app: &App,
+    id: &str,
+    body: Result<bytes::Bytes, ChangeError>,
+) -> Result<(StatusCode, Value), ChangeError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Rotate {
+        expires: Option<String>,
+    }
+    let body = body?;
+    let rotate: Rotate = if body.iter().all(u8::is_ascii_whitespace) {
+        Rotate { expires: None }
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ChangeError::Invalid(format!(
+                "a rotation is empty or JSON {{\"expires\": \"30d\"}}: {e}"
+            ))
+        })?
+    };
+    let (token, listed) = app
+        .registry
+        .rotate_token(id, rotate.expires.as_deref())
+        .await?;
+    let mut v = json!(listed);
+    v["token"] = json!(token);
+    Ok((StatusCode::OK, v))
 }
 
 /// `/admin/v1/certificates[/{name}]`.

@@ -10,12 +10,24 @@
 //!
 //! The API hands each line to a thread of its own through a bounded queue and never waits: a
 //! full queue (a stuck disk) drops the line and counts it (`tern_audit_dropped_total`).
+//!
+//! In a fleet each line also names its replica and goes to the shared registry: a replica
+//! keeps the lines it has not shipped yet (at most [`PENDING_MAX_BYTES`]) and writes them every
+//! [`SHIP_EVERY`] as one object `audit/<unix-ms>-<replica>.ndjson`, named so that the store
+//! lists them in time order; each replica removes its own objects older than
+//! [`KEPT_FOR`]. [`AuditLog::read`] (`GET /admin/v1/audit`, `tern audit`) merges every
+//! replica's lines in time order; on a single server it reads the data directory's log.
 
+use std::collections::VecDeque;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{Mutex, mpsc};
+use std::time::Duration;
 
 use serde::Serialize;
+use serde_json::Value;
+
+use crate::fleet::objects::{Remote, RemoteError};
 
 /// Size past which the log is rotated.
 pub const ROTATE_AT: u64 = 16 << 20;
@@ -23,11 +35,34 @@ pub const ROTATE_AT: u64 = 16 << 20;
 /// Lines waiting for the writer at most.
 const QUEUE: usize = 4096;
 
+/// How often a replica writes its new lines to the shared registry.
+pub const SHIP_EVERY: Duration = Duration::from_secs(1);
+
+/// Lines a replica keeps for the registry at most (while it cannot be reached); past it the
+/// oldest are dropped (and counted). They are in the data directory's log all the same.
+pub const PENDING_MAX_BYTES: usize = 4 << 20;
+
+/// How long the registry keeps the audit's objects (each replica removes its own).
+pub const KEPT_FOR: Duration = Duration::from_secs(90 * 86_400);
+
+/// How often a replica looks for its objects past [`KEPT_FOR`].
+const EXPIRE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Most records one read answers.
+pub const MAX_READ: usize = 10_000;
+
 /// One audited request.
 #[derive(Debug, Serialize)]
 pub struct Record<'a> {
     /// Unix seconds.
     pub time: u64,
+    /// Unix milliseconds (the order of records across replicas, as far as their clocks agree).
+    pub time_ms: u64,
+    /// The replica that took it (in a fleet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica: Option<&'a str>,
+    /// The request's id (`x-request-id`: the client's, else one made for it).
+    pub request_id: &'a str,
     /// `operator`, `token`, or `unknown` (a refused bearer).
     pub who: &'static str,
     /// A scoped token's id (also of a refused one that names an id).
@@ -53,6 +88,9 @@ pub struct Record<'a> {
     /// The version a deploy or rollback made current.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<&'a str>,
+    /// The id of the token a `POST /admin/v1/tokens` made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_made: Option<&'a str>,
     /// The spec fields a `PUT`/`PATCH` of a tenant named (names only).
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     pub fields: &'a [String],
@@ -63,31 +101,310 @@ pub struct Record<'a> {
 pub struct AuditLog {
     lines: mpsc::SyncSender<Vec<u8>>,
     dropped: prometheus::IntCounter,
+    path: PathBuf,
+    /// In a fleet: this replica's name, and the lines not in the registry yet.
+    shipping: Option<Shipping>,
+}
+
+#[derive(Debug)]
+struct Shipping {
+    replica: String,
+    pending: Mutex<Pending>,
+}
+
+/// Lines not in the registry yet, oldest first.
+#[derive(Debug, Default)]
+struct Pending {
+    lines: VecDeque<Vec<u8>>,
+    bytes: usize,
+}
+
+/// What [`AuditLog::read`] reads.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    /// Only records of this time or later (Unix seconds).
+    pub since: Option<u64>,
+    /// Only records concerning this tenant.
+    pub tenant: Option<String>,
+    /// The last this many (at most [`MAX_READ`]).
+    pub limit: usize,
+}
+
+impl Query {
+    fn wants(&self, record: &Value) -> bool {
+        self.since
+            .is_none_or(|s| record["time"].as_u64().is_some_and(|t| t >= s))
+            && self
+                .tenant
+                .as_deref()
+                .is_none_or(|t| record["tenant"].as_str() == Some(t))
+    }
+}
+
+/// What [`AuditLog::read`] found.
+#[derive(Debug, Serialize)]
+pub struct Found {
+    /// The records, oldest first.
+    pub records: Vec<Value>,
+    /// Whether older records matched too (past the limit).
+    pub truncated: bool,
+    /// `registry` (every replica's) or `data-dir` (this server's).
+    pub source: &'static str,
 }
 
 impl AuditLog {
-    /// Starts the writer of `<data_dir>/audit.log`.
+    /// Starts the writer of `<data_dir>/audit.log`; `replica` names this server in a fleet
+    /// (its lines then go to the registry too, [`AuditLog::ship`]).
     ///
     /// # Errors
     /// If the file cannot be opened for appending.
-    pub fn open(data_dir: &Path, dropped: prometheus::IntCounter) -> std::io::Result<Self> {
+    pub fn open(
+        data_dir: &Path,
+        dropped: prometheus::IntCounter,
+        replica: Option<String>,
+    ) -> std::io::Result<Self> {
         let path = data_dir.join("audit.log");
         let file = append(&path)?;
         let (lines, queue) = mpsc::sync_channel::<Vec<u8>>(QUEUE);
+        let writing = path.clone();
         std::thread::Builder::new()
             .name("tern-audit".into())
-            .spawn(move || write_lines(&path, file, &queue))?;
-        Ok(Self { lines, dropped })
+            .spawn(move || write_lines(&writing, file, &queue))?;
+        Ok(Self {
+            lines,
+            dropped,
+            path,
+            shipping: replica.map(|replica| Shipping {
+                replica,
+                pending: Mutex::default(),
+            }),
+        })
     }
 
     /// Appends `record` (never waits).
-    pub fn record(&self, record: &Record<'_>) {
-        let mut line = serde_json::to_vec(record).unwrap_or_default();
+    pub fn record<'a>(&'a self, mut record: Record<'a>) {
+        if let Some(s) = &self.shipping {
+            record.replica = Some(&s.replica);
+        }
+        let mut line = serde_json::to_vec(&record).unwrap_or_default();
         line.push(b'\n');
+        if let Some(s) = &self.shipping {
+            let mut pending = s.pending.lock().unwrap_or_else(|e| e.into_inner());
+            pending.bytes += line.len();
+            pending.lines.push_back(line.clone());
+            while pending.bytes > PENDING_MAX_BYTES {
+                let Some(old) = pending.lines.pop_front() else {
+                    break;
+                };
+                pending.bytes -= old.len();
+                self.dropped.inc();
+            }
+        }
         if self.lines.try_send(line).is_err() {
             self.dropped.inc();
         }
     }
+
+    /// Writes the lines not in the registry yet as one object; they are forgotten once it is
+    /// written (kept for the next round if it is not).
+    ///
+    /// # Errors
+    /// [`RemoteError::Unreachable`].
+    pub async fn ship(&self, remote: &Remote) -> Result<(), RemoteError> {
+        let Some(s) = &self.shipping else {
+            return Ok(());
+        };
+        let (n, batch) = {
+            let pending = s.pending.lock().unwrap_or_else(|e| e.into_inner());
+            (
+                pending.lines.len(),
+                pending.lines.iter().flatten().copied().collect::<Vec<u8>>(),
+            )
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let name = object_name(now_ms(), &s.replica);
+        remote.put_object(&name, batch.into(), true).await?;
+        let mut pending = s.pending.lock().unwrap_or_else(|e| e.into_inner());
+        // Only the lines written: others may have been added (or the oldest dropped) meanwhile.
+        let shipped = n.min(pending.lines.len());
+        let pending = &mut *pending;
+        for line in pending.lines.drain(..shipped) {
+            pending.bytes -= line.len();
+        }
+        Ok(())
+    }
+
+    /// Ships this replica's lines every [`SHIP_EVERY`] (and once more at the end), and
+    /// removes its objects past [`KEPT_FOR`] every hour, until `shutdown`.
+    pub async fn ship_until(&self, remote: &Remote, shutdown: &crate::shutdown::Shutdown) {
+        let Some(s) = &self.shipping else {
+            return;
+        };
+        let mut expired_at: Option<std::time::Instant> = None;
+        let mut failing = false;
+        loop {
+            let more = shutdown.sleep(SHIP_EVERY).await;
+            match self.ship(remote).await {
+                Ok(()) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(
+                        "cannot write the audit's lines to the shared registry (kept, tried again): {e}"
+                    );
+                }
+                Err(_) => {}
+            }
+            if !more {
+                break;
+            }
+            if expired_at.is_none_or(|at| at.elapsed() >= EXPIRE_EVERY) {
+                expired_at = Some(std::time::Instant::now());
+                let cutoff = now_ms().saturating_sub(KEPT_FOR.as_millis() as u64);
+                if let Err(e) = expire(remote, &s.replica, cutoff).await {
+                    tracing::debug!("cannot remove old audit objects: {e}");
+                }
+            }
+        }
+    }
+
+    /// The records `q` asks for: every replica's from the registry (and this one's not yet
+    /// shipped) given one, else this server's log.
+    ///
+    /// # Errors
+    /// [`RemoteError::Unreachable`] if the registry cannot be read.
+    pub async fn read(&self, remote: Option<&Remote>, q: &Query) -> Result<Found, RemoteError> {
+        let limit = q.limit.clamp(1, MAX_READ);
+        let (mut records, source, mut truncated) = match (remote, &self.shipping) {
+            (Some(remote), Some(s)) => {
+                let (records, truncated) = read_registry(remote, q, limit).await?;
+                let mut records = records;
+                let pending = s.pending.lock().unwrap_or_else(|e| e.into_inner());
+                records.extend(
+                    pending
+                        .lines
+                        .iter()
+                        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+                        .filter(|r| q.wants(r)),
+                );
+                (records, "registry", truncated)
+            }
+            _ => {
+                let (path, q) = (self.path.clone(), q.clone());
+                let records = tokio::task::spawn_blocking(move || read_files(&path, &q))
+                    .await
+                    .unwrap_or_default();
+                (records, "data-dir", false)
+            }
+        };
+        // By time; lines of one millisecond keep the order they were read in (a replica's own).
+        records.sort_by_key(|r| {
+            r["time_ms"]
+                .as_u64()
+                .unwrap_or_else(|| r["time"].as_u64().unwrap_or(0).saturating_mul(1000))
+        });
+        if records.len() > limit {
+            truncated = true;
+            records.drain(..records.len() - limit);
+        }
+        Ok(Found {
+            records,
+            truncated,
+            source,
+        })
+    }
+}
+
+/// Now, in Unix milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `audit/<unix-ms, 13 digits>-<replica>.ndjson`: names sort by time.
+fn object_name(ms: u64, replica: &str) -> String {
+    format!("audit/{ms:013}-{replica}.ndjson")
+}
+
+/// The time in an object's name (Unix ms).
+fn object_time(name: &str) -> Option<u64> {
+    name.strip_prefix("audit/")?.get(..13)?.parse().ok()
+}
+
+/// The registry's records `q` asks for: the objects from just before `q.since` on, read from
+/// the newest back while an older one can still hold one of the last `limit` records (a line
+/// is never younger than the object it was shipped in); whether older ones were left unread.
+async fn read_registry(
+    remote: &Remote,
+    q: &Query,
+    limit: usize,
+) -> Result<(Vec<Value>, bool), RemoteError> {
+    // A batch is named by when it was written, up to SHIP_EVERY (and retries) after its
+    // lines: start a minute early, and filter the lines.
+    let from = q.since.map_or(0, |s| s.saturating_sub(60) * 1000);
+    let names = remote.list_after("audit", &object_name(from, "")).await?;
+    let mut records: Vec<Value> = Vec::new();
+    // Of the records read, the times (ms), newest first once `limit` are in.
+    let mut times: Vec<u64> = Vec::new();
+    let mut truncated = false;
+    for name in names.iter().rev() {
+        if times.len() >= limit {
+            times.sort_unstable_by(|a, b| b.cmp(a));
+            let cut = times[limit - 1];
+            if object_time(name).is_some_and(|t| t < cut) {
+                truncated = true;
+                break;
+            }
+        }
+        let Some(bytes) = remote.get_object(name).await? else {
+            // Expired meanwhile.
+            continue;
+        };
+        for r in bytes
+            .split(|b| *b == b'\n')
+            .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+            .filter(|r| q.wants(r))
+        {
+            times.push(r["time_ms"].as_u64().unwrap_or(0));
+            records.push(r);
+        }
+    }
+    Ok((records, truncated))
+}
+
+/// This server's records `q` asks for, from `audit.log.1` and `audit.log`.
+fn read_files(path: &Path, q: &Query) -> Vec<Value> {
+    let mut out = Vec::new();
+    for file in [path.with_extension("log.1"), path.to_path_buf()] {
+        let Ok(text) = std::fs::read(&file) else {
+            continue;
+        };
+        out.extend(
+            text.split(|b| *b == b'\n')
+                .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+                .filter(|r| q.wants(r)),
+        );
+    }
+    out
+}
+
+/// Removes `replica`'s audit objects written before `cutoff` (Unix ms).
+async fn expire(remote: &Remote, replica: &str, cutoff: u64) -> Result<(), RemoteError> {
+    let suffix = format!("-{replica}.ndjson");
+    for name in remote.list_after("audit", &object_name(0, "")).await? {
+        match object_time(&name) {
+            Some(t) if t < cutoff => {
+                if name.ends_with(&suffix) {
+                    remote.delete_object(&name).await?;
+                }
+            }
+            // Sorted by time: the rest are younger.
+            _ => break,
+        }
+    }
+    Ok(())
 }
 
 fn append(path: &Path) -> std::io::Result<std::fs::File> {
@@ -118,5 +435,144 @@ fn write_lines(path: &PathBuf, mut file: std::fs::File, queue: &mpsc::Receiver<V
             Ok(()) => size += line.len() as u64,
             Err(e) => tracing::error!("cannot write {}: {e}", path.display()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn record(log: &AuditLog, tenant: &str, time_ms: u64) {
+        log.record(Record {
+            time: time_ms / 1000,
+            time_ms,
+            replica: None,
+            request_id: "r",
+            who: "operator",
+            token: None,
+            token_name: None,
+            client: std::net::Ipv4Addr::LOCALHOST.into(),
+            method: "POST",
+            path: "/admin/v1/tenants/x/module",
+            tenant: Some(tenant),
+            status: 200,
+            outcome: "done",
+            version: None,
+            token_made: None,
+            fields: &[],
+        });
+    }
+
+    #[test]
+    fn objects_are_named_to_sort_by_time() {
+        let early = object_name(999, "b");
+        let late = object_name(1_795_923_197_000, "a");
+        assert!(early < late, "{early} {late}");
+        assert_eq!(object_time(&late), Some(1_795_923_197_000));
+        assert_eq!(object_time("audit/x"), None);
+        assert!(object_name(0, "") < early, "the offset that lists them all");
+    }
+
+    #[tokio::test]
+    async fn replicas_ship_their_lines_and_a_read_merges_them_in_time_order() {
+        let store: Arc<dyn object_store::ObjectStore> =
+            Arc::new(object_store::memory::InMemory::new());
+        let remote = Remote::new(store, object_store::path::Path::from("fleet"));
+        let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+        let counter = || prometheus::IntCounter::new("d", "d").unwrap();
+        let a = AuditLog::open(dirs[0].path(), counter(), Some("a".into())).unwrap();
+        let b = AuditLog::open(dirs[1].path(), counter(), Some("b".into())).unwrap();
+        record(&a, "t1", 1_000);
+        record(&b, "t2", 2_000);
+        record(&a, "t1", 3_000);
+        a.ship(&remote).await.unwrap();
+        assert!(
+            a.shipping
+                .as_ref()
+                .unwrap()
+                .pending
+                .lock()
+                .unwrap()
+                .lines
+                .is_empty()
+        );
+        // b's line is not shipped yet: b's read has it, a's does not.
+        let all = Query {
+            limit: 100,
+            ..Query::default()
+        };
+        let seen = |f: &Found| -> Vec<(String, u64)> {
+            f.records
+                .iter()
+                .map(|r| {
+                    (
+                        r["replica"].as_str().unwrap().to_string(),
+                        r["time_ms"].as_u64().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        let from_b = b.read(Some(&remote), &all).await.unwrap();
+        assert_eq!(
+            seen(&from_b),
+            [
+                ("a".into(), 1_000),
+                ("b".into(), 2_000),
+                ("a".into(), 3_000)
+            ]
+        );
+        assert_eq!(a.read(Some(&remote), &all).await.unwrap().records.len(), 2);
+        b.ship(&remote).await.unwrap();
+        let from_a = a.read(Some(&remote), &all).await.unwrap();
+        assert_eq!(seen(&from_a), seen(&from_b));
+        // Filters: a tenant, a time, a limit (the last ones).
+        let t1 = Query {
+            tenant: Some("t1".into()),
+            ..all.clone()
+        };
+        assert_eq!(a.read(Some(&remote), &t1).await.unwrap().records.len(), 2);
+        let since = Query {
+            since: Some(2),
+            ..all.clone()
+        };
+        assert_eq!(
+            seen(&a.read(Some(&remote), &since).await.unwrap()),
+            [("b".into(), 2_000), ("a".into(), 3_000)]
+        );
+        let last = a
+            .read(
+                Some(&remote),
+                &Query {
+                    limit: 1,
+                    ..all.clone()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(seen(&last), [("a".into(), 3_000)]);
+        assert!(last.truncated);
+        // Objects past the time kept are removed, each replica its own.
+        expire(&remote, "a", u64::MAX).await.unwrap();
+        let left = b.read(Some(&remote), &all).await.unwrap();
+        assert_eq!(seen(&left), [("b".into(), 2_000)]);
+    }
+
+    #[test]
+    fn pending_lines_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let dropped = prometheus::IntCounter::new("d", "d").unwrap();
+        let log = AuditLog::open(dir.path(), dropped.clone(), Some("a".into())).unwrap();
+        let n = PENDING_MAX_BYTES / 200 + 100;
+        for i in 0..n {
+            record(&log, "t", i as u64);
+        }
+        let pending = log.shipping.as_ref().unwrap().pending.lock().unwrap();
+        assert!(pending.bytes <= PENDING_MAX_BYTES);
+        assert_eq!(
+            pending.bytes,
+            pending.lines.iter().map(Vec::len).sum::<usize>()
+        );
+        assert!(dropped.get() > 0, "the oldest dropped and counted");
     }
 }

@@ -190,6 +190,25 @@ enum Command {
         #[command(subcommand)]
         action: RegistryAction,
     },
+    /// The admin API's audit log, oldest first: who changed what, from where, when, and how
+    /// it ended (refused attempts too; never a token or a variable's value). In a fleet,
+    /// every replica's records in time order. Operator's token only.
+    Audit {
+        /// Only this tenant's records.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only the records of the last span: 90s, 30m, 12h, 7d (default: all kept).
+        #[arg(long)]
+        since: Option<String>,
+        /// The last this many records (1 to 10000).
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// Print the server's JSON answer.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Make a running server re-read its config file (as SIGHUP does).
     Reload {
         #[command(flatten)]
@@ -239,9 +258,24 @@ enum TokenAction {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// List the tokens: id, name, tenants, scopes, expiry (never a secret).
+    /// List the tokens: id, name, tenants, scopes, created, last used, expiry (never a
+    /// secret).
     List {
         /// Print the server's JSON answer.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Give a token a new secret (same id, name, tenants and scopes); the old secret is
+    /// refused from the next request. The new one is printed once, alone on the last line.
+    Rotate {
+        /// Its id (`tern token list`).
+        id: String,
+        /// A new lifetime from now: 90s, 30m, 12h, 30d (default: its expiry stays).
+        #[arg(long)]
+        expires: Option<String>,
+        /// Print the server's JSON answer (with "token").
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -582,6 +616,14 @@ fn main() -> ExitCode {
             TokenAction::List { json, admin } => {
                 admin.run(|t| async move { tern::cli::list_tokens(&t, json).await })
             }
+            TokenAction::Rotate {
+                id,
+                expires,
+                json,
+                admin,
+            } => admin.run(|t| async move {
+                tern::cli::rotate_token(&t, &id, expires.as_deref(), json).await
+            }),
             TokenAction::Revoke { id, admin } => {
                 admin.run(|t| async move { tern::cli::revoke_token(&t, &id).await })
             }
@@ -609,6 +651,21 @@ fn main() -> ExitCode {
             .build()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(tern::cli::registry_probe(&url))),
+        Command::Audit {
+            tenant,
+            since,
+            limit,
+            json,
+            admin,
+        } => admin.run(|t| async move {
+            let q = tern::cli::AuditQuery {
+                tenant,
+                since,
+                limit,
+                json,
+            };
+            tern::cli::audit(&t, &q).await
+        }),
         Command::Reload { admin } => admin.run(|t| async move { tern::cli::reload(&t).await }),
     };
     match result {

@@ -312,7 +312,11 @@ fn new_app(
         tasks.push(task);
         tracer
     });
-    let audit = crate::audit::AuditLog::open(data_dir, metrics.audit_dropped.clone())
+    let replica = registry
+        .shared_url()
+        .is_some()
+        .then(|| config.registry.replica_name());
+    let audit = crate::audit::AuditLog::open(data_dir, metrics.audit_dropped.clone(), replica)
         .with_context(|| format!("cannot open {}", data_dir.join("audit.log").display()))?;
     Ok(Arc::new(App {
         registry,
@@ -488,6 +492,9 @@ async fn tls_listener(
 
 /// The tasks beside the listeners: the fleet's registry watched, ACME's rounds, certificates
 /// other replicas or processes store, the swap watch.
+/// How often when each scoped token was last used is saved in the data directory.
+const TOKEN_USE_SAVED_EVERY: Duration = Duration::from_secs(10);
+
 fn background(
     app: &Arc<App>,
     fleet: Option<&Arc<crate::fleet::Fleet>>,
@@ -496,11 +503,15 @@ fn background(
     shutdown: &Shutdown,
     tasks: &mut Vec<JoinHandle<()>>,
 ) {
-    if app.registry.shared_url().is_some() {
+    if let Some(fleet) = fleet {
         let (a, s) = (app.clone(), shutdown.clone());
         tasks.push(tokio::spawn(
             async move { a.registry.watch_shared(s).await },
         ));
+        let (a, f, s) = (app.clone(), fleet.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(async move {
+            a.audit.ship_until(&f.remote, &s).await;
+        }));
     }
     // Certificates another replica (or another process sharing the data directory) stores
     // serve here too, and the answers to ACME challenges another replica ordered: checked at
@@ -517,6 +528,14 @@ fn background(
     if let (Some(certificates), Some(every)) = (app.certificates.get(), stored_every) {
         tasks.push(certificates.clone().watch_stored(every, shutdown.clone()));
     }
+    // When each scoped token was last used, saved now and then (and once more at the end).
+    let (a, s) = (app.clone(), shutdown.clone());
+    tasks.push(tokio::spawn(async move {
+        while s.sleep(TOKEN_USE_SAVED_EVERY).await {
+            a.registry.save_token_use().await;
+        }
+        a.registry.save_token_use().await;
+    }));
     if watch_swap {
         tasks.push(tokio::spawn(use_memset_reset_under_swap(
             app.clone(),

@@ -1,5 +1,5 @@
-//! `tern token`: scoped admin tokens through the admin API (the operator's token makes, lists
-//! and revokes them). A new token is printed once, alone on the last line (or in the JSON with
+//! `tern token`: scoped admin tokens through the admin API (the operator's token makes, lists,
+//! rotates and revokes them). A new token is printed once, alone on the last line (or in the JSON with
 //! `--json`); it is never shown again.
 
 use http::Method;
@@ -70,19 +70,55 @@ pub async fn list_tokens(target: &AdminClient, as_json: bool) -> anyhow::Result<
         return Ok(());
     }
     println!(
-        "{:<16}  {:<20}  {:<24}  {:<28}  expires",
-        "ID", "NAME", "TENANTS", "SCOPES"
+        "{:<16}  {:<20}  {:<24}  {:<28}  {:<12}  {:<16}  EXPIRES",
+        "ID", "NAME", "TENANTS", "SCOPES", "CREATED", "LAST USED"
     );
+    let now = crate::datadir::now();
+    let ago = |at: u64| format!("{} ago", span(now.saturating_sub(at)));
     for t in tokens {
         println!(
-            "{:<16}  {:<20}  {:<24}  {:<28}  {}",
+            "{:<16}  {:<20}  {:<24}  {:<28}  {:<12}  {:<16}  {}",
             t["id"].as_str().unwrap_or("?"),
             t["name"].as_str().unwrap_or("?"),
             joined(&t["tenants"]),
             joined(&t["scopes"]),
+            t["created"].as_u64().map_or_else(|| "?".into(), ago),
+            t["last_used"].as_u64().map_or_else(|| "never".into(), ago),
             expiry(t),
         );
     }
+    Ok(())
+}
+
+/// `tern token rotate`: a new secret for token `id` (printed once, alone on the last line);
+/// `expires` gives it a new lifetime.
+///
+/// # Errors
+/// If there is no such token, or the server refuses.
+pub async fn rotate_token(
+    target: &AdminClient,
+    id: &str,
+    expires: Option<&str>,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let v = target
+        .send_json(
+            Method::POST,
+            &format!("/admin/v1/tokens/{id}/rotate"),
+            &json!({ "expires": expires }),
+        )
+        .await?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "token {id} ({}) rotated: the old secret is refused from the next request; {}",
+        v["name"].as_str().unwrap_or("?"),
+        expiry(&v),
+    );
+    println!("the new one is shown this once:");
+    println!("{}", v["token"].as_str().unwrap_or(""));
     Ok(())
 }
 

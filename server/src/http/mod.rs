@@ -39,7 +39,7 @@ pub mod exchange;
 pub mod request;
 
 use exchange::{Early, Exchange, Routed, error_response};
-pub use request::X_REQUEST_ID;
+pub use request::{X_REQUEST_ID, client_request_id, new_request_id};
 use request::{asterisk, authority, framing, https_location, redirect, with_path};
 
 /// Where HTTP-01 challenge answers are asked for (RFC 8555 §8.3).

@@ -143,7 +143,7 @@ impl HostFrom {
 }
 
 /// The client's `x-request-id` if it is 1-128 characters of `[A-Za-z0-9._:-]`.
-pub(super) fn client_request_id(headers: &HeaderMap) -> Option<HeaderValue> {
+pub fn client_request_id(headers: &HeaderMap) -> Option<HeaderValue> {
     let v = headers.get(&X_REQUEST_ID)?;
     let b = v.as_bytes();
     (!b.is_empty()
@@ -154,7 +154,7 @@ pub(super) fn client_request_id(headers: &HeaderMap) -> Option<HeaderValue> {
 }
 
 /// A new request id: this process's prefix and a counter.
-pub(super) fn new_request_id() -> HeaderValue {
+pub fn new_request_id() -> HeaderValue {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     static PREFIX: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     let prefix = *PREFIX.get_or_init(|| {

@@ -74,7 +74,7 @@ impl Registry {
         });
         entry.spec = spec;
         let etag = entry.etag();
-        let change = Change {
+        let change = Change::Tenant {
             name: name.to_string(),
             base,
             entry: Some(entry),
@@ -313,7 +313,7 @@ impl Registry {
         entry.current = Some(version.clone());
         let previous = entry.previous.clone();
         let etag = entry.etag();
-        let change = Change {
+        let change = Change::Tenant {
             name: name.to_string(),
             base: Some(stored),
             entry: Some(entry),
@@ -365,7 +365,7 @@ impl Registry {
         entry.previous = entry.current.take();
         entry.current = Some(target.clone());
         let etag = entry.etag();
-        let change = Change {
+        let change = Change::Tenant {
             name: name.to_string(),
             base: Some(stored.clone()),
             entry: Some(entry),
@@ -394,7 +394,7 @@ impl Registry {
         let Some(base) = state.truth().tenants.get(name).cloned() else {
             return Err(ChangeError::NotFound(format!("no tenant {name:?}")));
         };
-        let change = Change {
+        let change = Change::Tenant {
             name: name.to_string(),
             base: Some(base),
             entry: None,

@@ -109,6 +109,8 @@ impl Registry {
             purges: tokio::sync::Mutex::default(),
             started_at: crate::datadir::now(),
             tokens: ArcSwap::from_pointee(crate::access::Tokens::new()),
+            used: Mutex::new(tokens::load_use(store.root())),
+            used_dirty: std::sync::atomic::AtomicBool::new(false),
             tickers: Mutex::new(vec![EpochTicker::start(&engine)]),
             memset: tokio::sync::watch::Sender::new(!config.pool.pagemap_scan),
             live: ArcSwap::from_pointee(Live::default()),
@@ -197,19 +199,15 @@ impl Registry {
     /// when the registry is read back (`Remote::put_if`); one whose fate the registry's answers
     /// never settled is a `503` that says so.
     async fn commit(&self, state: &mut State, change: Change) -> Result<(), ChangeError> {
-        let Change {
-            name,
-            base,
-            entry,
-            serve,
-        } = change;
         // The table to swap in, from the one serving now (rebuilt after another replica's
-        // change was applied).
-        let table_now = || {
-            serve
-                .clone()
-                .map(|t| self.live.load().with(&name, t))
-                .transpose()
+        // change was applied); none for a change that routes nothing differently.
+        let table_now = || match &change {
+            Change::Tenant {
+                name,
+                serve: Some(serve),
+                ..
+            } => self.live.load().with(name, serve.clone()).map(Some),
+            _ => Ok(None),
         };
         let mut table = table_now()?;
         if let Some(fleet) = self.fleet.clone() {
@@ -227,7 +225,7 @@ impl Registry {
                     ChangeError::Unavailable("the shared registry has not been read yet".into())
                 })?;
                 let mut next = read.manifest.clone();
-                next.set(&name, entry.clone());
+                change.apply_to(&mut next);
                 next.revision = read.manifest.revision + 1;
                 crate::fleet::objects::record_change(&mut next.changes, &id);
                 match fleet
@@ -254,14 +252,14 @@ impl Registry {
                         let pause = crate::random_below(ceiling + 1);
                         tokio::time::sleep(Duration::from_millis(pause)).await;
                         self.sync(state).await?;
-                        if state.truth().tenants.get(&name) != base.as_ref() {
-                            return Err(ChangeError::Conflict(format!(
-                                "tenant {name:?} was changed on another replica at the same \
-                                 time; nothing was written: read it again and retry"
-                            )));
-                        }
-                        if let Some(e) = &entry {
-                            check_routes(&self.live.load(), state.truth(), &name, &e.spec)?;
+                        change.still_applies(state.truth())?;
+                        if let Change::Tenant {
+                            name,
+                            entry: Some(e),
+                            ..
+                        } = &change
+                        {
+                            check_routes(&self.live.load(), state.truth(), name, &e.spec)?;
                         }
                         table = table_now()?;
                     }
@@ -277,9 +275,12 @@ impl Registry {
             }
         }
         let mut manifest = state.manifest.clone();
-        manifest.set(&name, entry);
+        change.apply_to(&mut manifest);
         if let Some(read) = &state.shared {
             manifest.revision = read.manifest.revision;
+            // Tokens serve as the registry holds them (this change, and any other replica's
+            // read on the way).
+            manifest.tokens = read.manifest.tokens.clone();
         }
         if let Err(e) = self.save_manifest(&manifest).await {
             if self.fleet.is_none() {
@@ -295,12 +296,17 @@ impl Registry {
             .cloned()
             .collect();
         state.manifest = manifest;
-        self.follow_variables(state, false);
-        if let Some(live) = table {
-            self.live.store(Arc::new(live));
+        match change {
+            Change::Tenant { .. } => {
+                self.follow_variables(state, false);
+                if let Some(live) = table {
+                    self.live.store(Arc::new(live));
+                }
+                self.forget(state, dropped).await;
+                self.changed();
+            }
+            Change::Token { .. } => self.tokens.store(Arc::new(state.manifest.tokens.clone())),
         }
-        self.forget(state, dropped).await;
-        self.changed();
         Ok(())
     }
 

@@ -139,6 +139,11 @@ impl Registry {
         self.ready.load(Ordering::Relaxed)
     }
 
+    /// The fleet's shared registry, if this server is a replica of one.
+    pub fn fleet(&self) -> Option<&Arc<Fleet>> {
+        self.fleet.as_ref()
+    }
+
     /// The shared registry's URL, if this server is a replica of a fleet.
     pub fn shared_url(&self) -> Option<&str> {
         self.fleet.as_ref().map(|f| f.url.as_str())
@@ -209,6 +214,11 @@ impl Registry {
             .collect();
         let mut next = served.clone();
         next.revision = target.revision;
+        // Tokens are used as the registry holds them, whatever else fails to apply.
+        if next.tokens != target.tokens {
+            next.tokens = target.tokens.clone();
+            self.tokens.store(Arc::new(target.tokens.clone()));
+        }
         next.tenants.retain(|n, _| target.tenants.contains_key(n));
         let mut tenants: BTreeMap<String, TenantRef> = live
             .tenants
@@ -493,6 +503,7 @@ impl Registry {
                 "revision": state.manifest.revision,
                 "updated_at": crate::datadir::now(),
                 "tenants": serving,
+                "tokens_used": self.token_used(),
             })
         };
         let text = serde_json::to_vec_pretty(&report).unwrap_or_default();
@@ -551,7 +562,7 @@ fn report_object(replica: &str) -> String {
 }
 
 /// Every replica's report, each with `stale` (not rewritten for [`STALE_AFTER`]).
-async fn reports(fleet: &Fleet) -> Result<Vec<Value>, RemoteError> {
+pub(super) async fn reports(fleet: &Fleet) -> Result<Vec<Value>, RemoteError> {
     let names = fleet.remote.list("replicas").await?;
     let mut replicas = Vec::new();
     let now = crate::datadir::now();

@@ -10,6 +10,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 
 use super::loader::Loader;
+use crate::access::StoredToken;
 use crate::change::ChangeError;
 use crate::config::Config;
 use crate::datadir::{Manifest, StoredTenant, TenantSpec, Version};
@@ -101,17 +102,72 @@ impl State {
     }
 }
 
-/// One change to one API tenant, as the change functions hand it to [`Registry::commit`].
-pub(super) struct Change {
-    /// The tenant.
-    pub(super) name: String,
-    /// Its entry the change was computed from (`None`: there was none).
-    pub(super) base: Option<StoredTenant>,
-    /// Its entry after the change (`None`: deleted).
-    pub(super) entry: Option<StoredTenant>,
-    /// What serves it after the change: `None` leaves the table as it is, `Some(None)` stops
-    /// routing it.
-    pub(super) serve: Option<Option<TenantRef>>,
+/// One change to the manifest, as the change functions hand it to [`Registry::commit`]: to one
+/// API tenant, or to one scoped token. Each names the entry it was computed from (`base`), so a
+/// change that lost the race to a fleet's registry is made again on top of the winner's only if
+/// the winner left that entry as it was.
+#[allow(clippy::large_enum_variant)] // one per admin change, moved once: its size costs nothing
+pub(super) enum Change {
+    /// One API tenant's record.
+    Tenant {
+        /// The tenant.
+        name: String,
+        /// Its entry the change was computed from (`None`: there was none).
+        base: Option<StoredTenant>,
+        /// Its entry after the change (`None`: deleted).
+        entry: Option<StoredTenant>,
+        /// What serves it after the change: `None` leaves the table as it is, `Some(None)`
+        /// stops routing it.
+        serve: Option<Option<TenantRef>>,
+    },
+    /// One scoped token: made, rotated or revoked.
+    Token {
+        /// Its id.
+        id: String,
+        /// Its record the change was computed from (`None`: a new token).
+        base: Option<StoredToken>,
+        /// Its record after the change (`None`: revoked).
+        entry: Option<StoredToken>,
+    },
+}
+
+impl Change {
+    /// Makes this change in `manifest`.
+    pub(super) fn apply_to(&self, manifest: &mut Manifest) {
+        match self {
+            Self::Tenant { name, entry, .. } => manifest.set(name, entry.clone()),
+            Self::Token { id, entry, .. } => {
+                match entry {
+                    Some(t) => manifest.tokens.insert(id.clone(), t.clone()),
+                    None => manifest.tokens.remove(id),
+                };
+            }
+        }
+    }
+
+    /// Whether `manifest` (another replica's newer one) still holds the entry this change was
+    /// computed from.
+    ///
+    /// # Errors
+    /// `409` it does not; `409` past [`crate::access::MAX_TOKENS`] for a new token.
+    pub(super) fn still_applies(&self, manifest: &Manifest) -> Result<(), ChangeError> {
+        match self {
+            Self::Tenant { name, base, .. } if manifest.tenants.get(name) != base.as_ref() => {
+                Err(ChangeError::Conflict(format!(
+                    "tenant {name:?} was changed on another replica at the same time; nothing \
+                     was written: read it again and retry"
+                )))
+            }
+            Self::Token { id, base, .. } if manifest.tokens.get(id) != base.as_ref() => {
+                Err(ChangeError::Conflict(format!(
+                    "token {id} was changed on another replica at the same time; nothing was \
+                     written: list the tokens again and retry"
+                )))
+            }
+            Self::Token { base: None, .. } => crate::access::check_room(&manifest.tokens),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The live tenants and the way to change them.
@@ -143,6 +199,10 @@ pub struct Registry {
     /// The scoped admin tokens (as the manifest holds them), read by every admin request
     /// without the state's lock; replaced whole by each change of them.
     pub(super) tokens: ArcSwap<crate::access::Tokens>,
+    /// When each scoped token was last used here (Unix seconds), by id.
+    pub(super) used: Mutex<std::collections::HashMap<String, u64>>,
+    /// Whether `used` changed since it was last saved.
+    pub(super) used_dirty: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Registry {

@@ -217,7 +217,7 @@ impl Registry {
             .ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?;
         let mut entry = base.clone();
         change(&mut entry.variables)?;
-        let commit = Change {
+        let commit = Change::Tenant {
             name: name.to_string(),
             base: Some(base),
             entry: Some(entry),

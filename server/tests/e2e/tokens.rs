@@ -276,6 +276,10 @@ async fn a_token_reaches_its_own_tenants_and_no_other() {
         "{deploy}"
     );
     assert_eq!(deploy["client"], "127.0.0.1", "{deploy}");
+    assert!(
+        deploy["request_id"].as_str().is_some_and(|r| r.len() > 8),
+        "{deploy}"
+    );
     let patch = find(&|l| l["method"] == "PATCH" && l["who"] == "operator").unwrap();
     assert_eq!(patch["fields"], json!(["cache"]), "{patch}");
     let other = find(&|l| l["tenant"] == "b" && l["who"] == "token" && l["method"] == "DELETE")
@@ -435,7 +439,7 @@ async fn expired_tokens_are_refused_and_bad_input_is_explained() {
 }
 
 #[test]
-fn the_cli_makes_lists_and_revokes_tokens() {
+fn the_cli_makes_lists_rotates_and_revokes_tokens_and_shows_the_audit() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let p = support::TernProcess::serve(&[], &cache);
@@ -490,10 +494,90 @@ fn the_cli_makes_lists_and_revokes_tokens() {
     );
     let (ok, out) = tern(&["token", "list"], Some(&token));
     assert!(!ok && out.contains("403"), "{out}");
+    // Its use shows in the listing.
+    let (ok, out) = tern(&["token", "list"], None);
+    let row = out.lines().find(|l| l.starts_with(&id)).unwrap_or("");
+    assert!(
+        ok && row.matches(" ago").count() == 2,
+        "created and last used: {out}"
+    );
+    assert!(
+        out.lines().next().is_some_and(|h| h.contains("LAST USED")),
+        "{out}"
+    );
+
+    // Rotated: a new secret, alone on the last line; the old one is refused at once.
+    let (ok, out) = tern(&["token", "rotate", &id, "--expires", "7d"], None);
+    // (7d less the time since the rotation: 6d, or 7d within its second.)
+    assert!(
+        ok && out.contains("rotated")
+            && (out.contains("expires in 6d") || out.contains("expires in 7d")),
+        "{out}"
+    );
+    let rotated = out.lines().last().unwrap().trim().to_string();
+    assert!(
+        rotated.starts_with(&format!("tern_{id}_")) && rotated != token,
+        "{out}"
+    );
+    let (ok, out) = tern(&["tenants"], Some(&token));
+    assert!(!ok && out.contains("401"), "the old secret: {out}");
+    let (ok, out) = tern(&["tenants"], Some(&rotated));
+    assert!(ok && out.contains("hello"), "{out}");
+    let (ok, out) = tern(&["token", "rotate", &id, "--expires", "0s"], None);
+    assert!(
+        !ok && out.contains("400") && out.contains("expiry"),
+        "{out}"
+    );
+    let (ok, out) = tern(&["token", "rotate", "0123456789abcdef"], None);
+    assert!(!ok && out.contains("404"), "{out}");
+
     let (ok, out) = tern(&["token", "revoke", &id], None);
     assert!(ok && out.contains("revoked"), "{out}");
-    let (ok, out) = tern(&["tenants"], Some(&token));
+    let (ok, out) = tern(&["tenants"], Some(&rotated));
     assert!(!ok && out.contains("401"), "{out}");
+
+    // The audit: the changes in order, who made them and the refusals; operator's only.
+    let (ok, out) = tern(&["audit", "--since", "1h"], None);
+    assert!(ok, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    let at = |needle: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in {out}"))
+    };
+    let (made, rotate, revoke) = (
+        at("POST /admin/v1/tokens  201 done"),
+        at(&format!("POST /admin/v1/tokens/{id}/rotate  200 done")),
+        at(&format!("DELETE /admin/v1/tokens/{id}  200 done")),
+    );
+    assert!(made < rotate && rotate < revoke, "{out}");
+    assert!(
+        out.contains(&format!("unknown token {id}")) && out.contains("401 refused"),
+        "{out}"
+    );
+    assert!(out.contains(&format!("token ci ({id})")), "{out}");
+    assert!(!out.contains(&token) && !out.contains(&rotated), "{out}");
+    let (ok, out) = tern(&["audit", "--json", "--limit", "1"], None);
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(ok && v["records"].as_array().unwrap().len() == 1, "{out}");
+    assert_eq!(
+        (&v["truncated"], &v["source"]),
+        (&json!(true), &json!("data-dir"))
+    );
+    let (ok, out) = tern(&["audit", "--tenant", "echo"], None);
+    assert!(ok && out.contains("no audit records match"), "{out}");
+    let (ok, out) = tern(&["audit", "--since", "yesterday"], None);
+    assert!(!ok && out.contains("--since"), "{out}");
+    let (ok, out) = tern(&["audit", "--limit", "0"], None);
+    assert!(!ok && out.contains("400"), "{out}");
+    let (_, out) = tern(
+        &["token", "create", "--tenant", "hello", "--scope", "read"],
+        None,
+    );
+    let reader = out.lines().last().unwrap().trim().to_string();
+    let (ok, out) = tern(&["audit"], Some(&reader));
+    assert!(!ok && out.contains("403"), "{out}");
     let (ok, out) = tern(
         &["token", "create", "--tenant", "hello", "--scope", "root"],
         None,

@@ -52,6 +52,8 @@ pub enum RemoteError {
 ///                              written once, named by its digest
 /// <prefix>/blobs/<sha256>      modules and asset archives, written once, named by their digest
 /// <prefix>/artifacts/<sha256>-<engine>.cwasm   compiled modules, written once, signed
+/// <prefix>/tokens/<sha256>.json   the scoped admin tokens (digests, never a token), written
+///                              once, named by their digest: the index names the current one
 /// <prefix>/replicas/<name>.json                what each replica serves
 /// <prefix>/certificates/index.json           uploaded and ACME certificates, ACME leases and
 ///                                              challenges (compare-and-swap), see crate::tls::stored
@@ -66,6 +68,8 @@ pub struct Remote {
     prefix: Path,
     /// Tenant records read or written, by digest (those the last index named).
     records: Arc<std::sync::Mutex<HashMap<String, crate::datadir::StoredTenant>>>,
+    /// The tokens record last read or written, and its digest.
+    tokens: Arc<std::sync::Mutex<Option<(String, crate::access::Tokens)>>>,
 }
 
 /// `index.json`: the registry's tenants, each by the digest of its record.
@@ -81,6 +85,9 @@ struct TenantIndex {
     /// The ids of the last changes written ([`record_change`]), oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     changes: Vec<String>,
+    /// The digest of the tokens record (`tokens/<sha256>.json`), if there are tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tokens: Option<String>,
 }
 
 /// Format version of `index.json`.
@@ -126,6 +133,17 @@ fn record_name(hash: &str) -> String {
     format!("tenants/{hash}.json")
 }
 
+fn tokens_name(hash: &str) -> String {
+    format!("tokens/{hash}.json")
+}
+
+/// The tokens record as stored (compact JSON) and its digest.
+fn tokens_hash(tokens: &crate::access::Tokens) -> (String, Vec<u8>) {
+    let bytes = serde_json::to_vec(tokens).expect("tokens serialise");
+    let hash = crate::hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+    (hash, bytes)
+}
+
 /// A tenant's record as stored (compact JSON) and its digest.
 fn record_hash(tenant: &crate::datadir::StoredTenant) -> (String, Vec<u8>) {
     tenant.record()
@@ -138,6 +156,7 @@ impl Remote {
             store,
             prefix,
             records: Arc::default(),
+            tokens: Arc::default(),
         }
     }
 
@@ -235,6 +254,35 @@ impl Remote {
                 })
             })
             .collect())
+    }
+
+    /// The objects under `dir` whose names sort after `after` (a name under `dir`), by name
+    /// relative to the prefix, in the order the store lists them (by name).
+    ///
+    /// # Errors
+    /// [`RemoteError::Unreachable`].
+    pub async fn list_after(&self, dir: &str, after: &str) -> Result<Vec<String>, RemoteError> {
+        use futures_util::TryStreamExt;
+        let base = self.prefix.clone();
+        let listed: Vec<object_store::ObjectMeta> = self
+            .store
+            .list_with_offset(Some(&self.object(dir)), &self.object(after))
+            .try_collect()
+            .await
+            .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
+        let mut names: Vec<String> = listed
+            .into_iter()
+            .filter_map(|m| {
+                m.location.prefix_match(&base).map(|parts| {
+                    parts
+                        .map(|p| p.as_ref().to_string())
+                        .collect::<Vec<_>>()
+                        .join("/")
+                })
+            })
+            .collect();
+        names.sort_unstable();
+        Ok(names)
     }
 
     fn object(&self, name: &str) -> Path {
@@ -339,6 +387,10 @@ impl Remote {
             .iter()
             .map(|(name, hash)| (name.clone(), records[hash].clone()))
             .collect();
+        let tokens = match &index.tokens {
+            None => crate::access::Tokens::new(),
+            Some(hash) => self.read_tokens(hash).await?,
+        };
         {
             let mut cached = self.cached();
             cached.retain(|h, _| records.contains_key(h));
@@ -349,8 +401,7 @@ impl Remote {
             revision: index.revision,
             tenants,
             changes: index.changes,
-            // (Scoped tokens are not shared through a registry yet: `Registry::change_tokens`.)
-            tokens: crate::access::Tokens::new(),
+            tokens,
         };
         Ok(Some((manifest, version)))
     }
@@ -368,6 +419,40 @@ impl Remote {
         .await
         .unwrap_or_default();
         self.cached().extend(hashed);
+    }
+
+    /// The tokens record `hash` (the one read last, or read now and checked against its
+    /// digest).
+    async fn read_tokens(&self, hash: &str) -> Result<crate::access::Tokens, RemoteError> {
+        if let Some((seen, tokens)) = &*self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+            && seen == hash
+        {
+            return Ok(tokens.clone());
+        }
+        let name = tokens_name(hash);
+        let damaged = |why: &str| {
+            RemoteError::Damaged(format!(
+                "registry object {}: {why} (damaged or tampered with); not used",
+                self.object(&name)
+            ))
+        };
+        if !crate::datadir::is_hash(hash) {
+            return Err(damaged("the index names no record"));
+        }
+        let Some(bytes) = self.get_object(&name).await? else {
+            return Err(RemoteError::NotFound(format!(
+                "registry object {} is missing",
+                self.object(&name)
+            )));
+        };
+        if digest(bytes.clone()).await? != hash {
+            return Err(damaged("its contents do not match their digest"));
+        }
+        let tokens: crate::access::Tokens =
+            serde_json::from_slice(&bytes).map_err(|_| damaged("not a tokens record"))?;
+        *self.tokens.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((hash.to_string(), tokens.clone()));
+        Ok(tokens)
     }
 
     /// Reads the tenant record `hash` and checks its digest.
@@ -413,12 +498,14 @@ impl Remote {
         let copy = manifest.clone();
         let known: std::collections::HashSet<String> = self.cached().keys().cloned().collect();
         // Serialising and hashing every record (a few hundred bytes each) stays off the reactor.
-        let (index, new) = tokio::task::spawn_blocking(move || {
+        let (index, new, tokens) = tokio::task::spawn_blocking(move || {
+            let tokens = (!copy.tokens.is_empty()).then(|| tokens_hash(&copy.tokens));
             let mut index = TenantIndex {
                 format: INDEX_FORMAT,
                 revision: copy.revision,
                 tenants: BTreeMap::new(),
                 changes: copy.changes,
+                tokens: tokens.as_ref().map(|(hash, _)| hash.clone()),
             };
             let mut new = Vec::new();
             for (name, tenant) in copy.tenants {
@@ -429,7 +516,7 @@ impl Remote {
                 index.tenants.insert(name, hash);
             }
             let text = serde_json::to_vec(&index).expect("an index serialises");
-            (text, new)
+            (text, new, tokens)
         })
         .await
         .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
@@ -447,6 +534,20 @@ impl Remote {
         while let Some(done) = jobs.join_next().await {
             let (hash, tenant) = done.map_err(|e| RemoteError::Unreachable(e.to_string()))??;
             self.cached().insert(hash, tenant);
+        }
+        if let Some((hash, bytes)) = tokens {
+            let seen = self
+                .tokens
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|(h, _)| *h == hash);
+            if !seen {
+                self.put_object(&tokens_name(&hash), bytes.into(), true)
+                    .await?;
+                *self.tokens.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((hash, manifest.tokens.clone()));
+            }
         }
         self.put_if("index.json", index.into(), expected, change)
             .await
@@ -716,6 +817,72 @@ mod tests {
         );
         let (_, now) = r.manifest().await.unwrap().unwrap();
         assert_eq!(now.e_tag, v2.e_tag);
+    }
+
+    #[tokio::test]
+    async fn tokens_travel_as_one_record_read_only_when_it_changed_and_checked() {
+        use crate::access::{Scope, StoredToken, TenantPattern};
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let writer = Remote::new(store.clone(), Path::from("fleet"));
+        let reader = Remote::new(store.clone(), Path::from("fleet"));
+        let mut m = crate::datadir::Manifest::default();
+        let v1 = put(&writer, &m, None).await.unwrap();
+        assert!(
+            writer.list("tokens").await.unwrap().is_empty(),
+            "none: no record"
+        );
+        let token = StoredToken {
+            name: "ci".into(),
+            digest: "d".repeat(64),
+            tenants: vec![TenantPattern::parse("team-a-*").unwrap()],
+            scopes: vec![Scope::Deploy],
+            created: 1,
+            expires: None,
+        };
+        m.tokens.insert("0123456789abcdef".into(), token);
+        m.revision = 1;
+        let v2 = put(&writer, &m, Some(&v1)).await.unwrap();
+        let (read, _) = reader.manifest().await.unwrap().unwrap();
+        assert_eq!(read.tokens, m.tokens);
+        // A change of a tenant only: the same tokens record, not written again.
+        m.revision = 2;
+        let v3 = put(&writer, &m, Some(&v2)).await.unwrap();
+        assert_eq!(writer.list("tokens").await.unwrap().len(), 1);
+        // Revoked: the index names no record, the reader has none.
+        m.tokens.clear();
+        m.revision = 3;
+        put(&writer, &m, Some(&v3)).await.unwrap();
+        assert!(
+            reader
+                .manifest()
+                .await
+                .unwrap()
+                .unwrap()
+                .0
+                .tokens
+                .is_empty()
+        );
+        // A record whose bytes do not match its name is refused.
+        m.tokens = read.tokens.clone();
+        m.revision = 4;
+        let (_, now) = writer.manifest().await.unwrap().unwrap();
+        put(&writer, &m, Some(&now)).await.unwrap();
+        let name = tokens_name(&tokens_hash(&m.tokens).0);
+        store
+            .put(
+                &Path::from(format!("fleet/{name}")),
+                PutPayload::from_static(b"{}"),
+            )
+            .await
+            .unwrap();
+        let e = Remote::new(store.clone(), Path::from("fleet"))
+            .manifest()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, RemoteError::Damaged(m) if m.contains("do not match their digest")),
+            "{e}"
+        );
     }
 
     #[tokio::test]

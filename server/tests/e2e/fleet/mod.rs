@@ -12,6 +12,7 @@ mod deploys;
 mod lost_answers;
 mod registry;
 mod shared;
+mod tokens;
 
 /// The versitygw release the suite runs (installed by scripts/test under [`tools_dir`]).
 const VERSITYGW: &str = "versitygw-1.8.0";
