@@ -158,6 +158,7 @@ pub mod outbound;
 pub mod outcome;
 pub mod pool;
 pub mod prepare;
+pub mod ratelimit;
 pub mod registry;
 pub mod router;
 pub mod scaffold;

@@ -40,6 +40,8 @@ pub enum Outcome {
     BadRequest,
     /// No pool slot came free in time.
     Overload,
+    /// Over one of the tenant's rate limits: refused before any guest ran.
+    RateLimited,
     /// Instantiation failed for another reason.
     Error,
     /// The guest's answer was not a valid response: a CGI program's malformed header block,
@@ -49,7 +51,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 17] = [
+    pub const ALL: [Outcome; 18] = [
         Outcome::Ok,
         Outcome::Timeout,
         Outcome::TrapStackOverflow,
@@ -65,6 +67,7 @@ impl Outcome {
         Outcome::BodyTooLarge,
         Outcome::BadRequest,
         Outcome::Overload,
+        Outcome::RateLimited,
         Outcome::Error,
         Outcome::BadOutput,
     ];
@@ -87,6 +90,7 @@ impl Outcome {
             Outcome::BodyTooLarge => "body_too_large",
             Outcome::BadRequest => "bad_request",
             Outcome::Overload => "overload",
+            Outcome::RateLimited => "rate_limited",
             Outcome::Error => "error",
             Outcome::BadOutput => "bad_output",
         }
@@ -99,6 +103,7 @@ impl Outcome {
             self,
             Outcome::Ok
                 | Outcome::Overload
+                | Outcome::RateLimited
                 | Outcome::BodyTooLarge
                 | Outcome::BadRequest
                 | Outcome::Error
@@ -111,6 +116,7 @@ impl Outcome {
             Outcome::Ok => StatusCode::OK,
             Outcome::Timeout => StatusCode::GATEWAY_TIMEOUT,
             Outcome::Overload => StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Outcome::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Outcome::BadRequest => StatusCode::BAD_REQUEST,
             Outcome::BadOutput => StatusCode::BAD_GATEWAY,
@@ -127,6 +133,8 @@ pub struct ExecError {
     pub outcome: Outcome,
     /// A short message for the client; details go to the log.
     pub message: String,
+    /// Headers the answer carries (a rate limit's `Retry-After` and `RateLimit` fields).
+    pub headers: Option<Box<http::HeaderMap>>,
 }
 
 impl ExecError {
@@ -135,6 +143,7 @@ impl ExecError {
         Self {
             outcome,
             message: message.into(),
+            headers: None,
         }
     }
 }

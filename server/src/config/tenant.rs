@@ -91,6 +91,10 @@ pub struct TenantSettings<R> {
         skip_serializing_if = "crate::compress::CompressionConfig::is_default"
     )]
     pub compression: crate::compress::CompressionConfig,
+    /// `[[tenant.rate_limit]]`: requests counted per client (or header, query parameter,
+    /// tenant) and refused past a rate, before the cache and any guest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rate_limit: Vec<crate::ratelimit::LimitConfig>,
 }
 
 /// `[tenant.hsts]`: HTTP Strict Transport Security (RFC 6797). Sticky: a browser that saw it
@@ -164,6 +168,7 @@ impl<R> Default for TenantSettings<R> {
             hsts: None,
             cache: crate::cache::CacheConfig::default(),
             compression: crate::compress::CompressionConfig::default(),
+            rate_limit: Vec::new(),
         }
     }
 }
@@ -184,6 +189,7 @@ impl<R> TenantSettings<R> {
             hsts,
             cache,
             compression,
+            rate_limit,
         } = self;
         TenantSettings {
             hosts: hosts.iter().map(&f).collect(),
@@ -198,6 +204,7 @@ impl<R> TenantSettings<R> {
             hsts: hsts.clone(),
             cache: cache.clone(),
             compression: compression.clone(),
+            rate_limit: rate_limit.clone(),
         }
     }
 }
@@ -383,6 +390,9 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
         );
     }
     if let Err(m) = t.settings.compression.check() {
+        return here(&t.name, format!("tenant {name:?}: {m}"));
+    }
+    if let Err(m) = crate::ratelimit::config::check_all(&t.settings.rate_limit) {
         return here(&t.name, format!("tenant {name:?}: {m}"));
     }
     for (i, p) in t.settings.paths.iter().enumerate() {

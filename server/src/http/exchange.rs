@@ -405,6 +405,9 @@ pub(super) fn error_response(
     if let Some(kind) = kind {
         resp.headers_mut().insert(http::header::CONTENT_TYPE, kind);
     }
+    if let Some(headers) = &e.headers {
+        resp.headers_mut().extend(headers.as_ref().clone());
+    }
     match e.outcome {
         Outcome::Overload => {
             resp.headers_mut()

@@ -48,7 +48,7 @@ const ACME_CHALLENGE_PATH: &str = "/.well-known/acme-challenge/";
 /// Serves one request that came on `conn`. Infallible: failures become responses.
 ///
 /// The steps, in order: `route` (the tenant), `check` (what is decided before the cache and a
-/// slot), `look_up` (the tenant's cache), then `run` (`admit`, the guest, and the answer to the
+/// slot), `limit` (the tenant's rate limits), `look_up` (the tenant's cache), then `run` (`admit`, the guest, and the answer to the
 /// cache's `store`); every answer then goes through `respond` and `finish` ([`Exchange`]).
 /// Each step may end the exchange early with an answer of its own.
 pub async fn handle(
@@ -73,6 +73,11 @@ pub async fn handle(
     }
     if let Err(early) = check(&app, &mut req, &mut ex) {
         return ex.early(&app, early);
+    }
+    match limit(&req, &ex) {
+        Ok(wait) if wait.is_zero() => {}
+        Ok(wait) => tokio::time::sleep(wait).await,
+        Err(early) => return ex.early(&app, early),
     }
     let fill = match look_up(&app, &mut ex, &mut req).await {
         Looked::Guest(fill) => fill,
@@ -306,6 +311,41 @@ fn check(app: &App, req: &mut Request<RequestBody>, ex: &mut Exchange) -> Result
     // What the client takes, read before the request goes to the guest.
     ex.asked = tenant.front.compression.as_ref().map(|c| c.ask(req));
     Ok(())
+}
+
+/// The `limit` step: the tenant's rate limits ([`crate::ratelimit`]), before its cache and a
+/// slot. Refused (`429`, no guest), or how long the request waits first (within a burst, past
+/// a limit's `delay`).
+fn limit(req: &Request<RequestBody>, ex: &Exchange) -> Result<std::time::Duration, Early> {
+    let tenant = &ex.routed.as_ref().expect("a routed request").tenant;
+    let Some(limits) = &tenant.front.rate_limits else {
+        return Ok(std::time::Duration::ZERO);
+    };
+    let asked = crate::ratelimit::Asked {
+        method: req.method(),
+        path: req.uri().path(),
+        query: req.uri().query(),
+        headers: req.headers(),
+        client: ex.client.ip(),
+        at: ex.arrived,
+    };
+    limits.check(&asked).map_err(|refused| {
+        let retry = refused
+            .headers
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("1")
+            .to_string();
+        let mut e = ExecError::new(
+            Outcome::RateLimited,
+            format!(
+                "too many requests (rate limit {:?}): retry in {retry} s",
+                refused.limit
+            ),
+        );
+        e.headers = Some(Box::new(refused.headers));
+        Early::Refused(e, Phase::Route)
+    })
 }
 
 /// Waits for a pool slot and a place within the tenant's concurrency (the `queue` phase).

@@ -398,6 +398,22 @@ named_metrics! {
          answer instead), guest (a guest purged a tag of its tenant's cache here).",
         &["from"],
     );
+    pub rate_limited: counters(
+        "tern_rate_limited_total",
+        "Requests over a tenant's rate limit ([[tenant.rate_limit]]), by tenant, limit and \
+         mode: enforce (refused with 429, no guest ran), dry_run (counted, served).",
+        &["tenant", "limit", "mode"],
+    );
+    pub rate_limit_delayed: counters(
+        "tern_rate_limit_delayed_total",
+        "Requests a tenant's rate limit made wait (within its burst, past its delay).",
+        &["tenant", "limit"],
+    );
+    pub rate_limit_keys: gauges(
+        "tern_rate_limit_keys",
+        "Keys (clients, header values...) a tenant's rate limit tracks, at most its max_keys.",
+        &["tenant", "limit"],
+    );
     pub compressed: counters(
         "tern_compressed_responses_total",
         "Answers sent compressed ([tenant.compression]), by tenant and encoding (zstd, br, \

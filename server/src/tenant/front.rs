@@ -1,7 +1,7 @@
 //! What the front end does for one tenant around its guests, prepared once when the tenant is
 //! loaded: whether its cleartext requests are redirected to HTTPS, the
 //! `Strict-Transport-Security` its HTTPS responses carry, what its clients see when a request
-//! fails, its cache in front of its guests, and its answers' compression.
+//! fails, its rate limits, its cache in front of its guests, and its answers' compression.
 //!
 //! A tenant's [`Front`] is made from its settings beside its guests' grants
 //! ([`crate::capabilities::Grants`]), from the same [`Preparing`]. A new front-end feature (a
@@ -33,6 +33,8 @@ pub struct Front {
     cache_in_front: bool,
     /// Its answers' compression (`compression`), unless it is off.
     pub compression: Option<Compression>,
+    /// Its rate limits (`rate_limit`), if it has any.
+    pub rate_limits: Option<crate::ratelimit::RateLimits>,
 }
 
 impl Front {
@@ -42,11 +44,13 @@ impl Front {
     }
 
     /// A tenant's front-end features, from its `settings` (already checked when they were
-    /// read) and its `cache` (when it has one; shared with its guests' grants).
+    /// read), its `cache` (when it has one; shared with its guests' grants) and the rate
+    /// limits of the version it replaces (`carried`: the same limits keep their counts).
     pub fn prepare(
         p: &Preparing<'_>,
         settings: &crate::config::TenantSettings<toml::Spanned<String>>,
         cache: Option<&Arc<Cache>>,
+        carried: Option<&crate::ratelimit::RateLimits>,
     ) -> Self {
         let s = settings;
         Self {
@@ -59,6 +63,12 @@ impl Front {
             cache: cache.cloned(),
             cache_in_front: s.cache.front,
             compression: Compression::prepare(&s.compression, p.metrics, p.label),
+            rate_limits: crate::ratelimit::RateLimits::prepare(
+                &s.rate_limit,
+                carried,
+                p.metrics,
+                p.label,
+            ),
         }
     }
 }

@@ -390,6 +390,8 @@ pub struct Carried {
     pub slots: Option<(usize, Arc<tokio::sync::Semaphore>)>,
     /// Its response counts.
     pub served: Option<Arc<Served>>,
+    /// Its rate limits' counts (each kept by a limit with the same settings).
+    pub rate_limits: Option<crate::ratelimit::RateLimits>,
 }
 
 impl Carried {
@@ -398,6 +400,7 @@ impl Carried {
         Self {
             slots: Some((tenant.limits.max_concurrency, tenant.slots.clone())),
             served: Some(tenant.served.clone()),
+            rate_limits: tenant.front.rate_limits.clone(),
         }
     }
 }
@@ -464,7 +467,12 @@ pub fn prepare(
         cache.as_ref(),
     )
     .map_err(refuse)?;
-    let front = crate::tenant::front::Front::prepare(&preparing, &config.settings, cache.as_ref());
+    let front = crate::tenant::front::Front::prepare(
+        &preparing,
+        &config.settings,
+        cache.as_ref(),
+        carried.rate_limits.as_ref(),
+    );
     let slots = match carried.slots {
         Some((n, slots)) if n == limits.max_concurrency => slots,
         _ => Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),

@@ -28,6 +28,7 @@ mod metrics;
 mod observability;
 mod outbound;
 mod poisoning;
+mod ratelimit;
 mod readthrough;
 mod routing;
 mod shutdown;

@@ -1,0 +1,272 @@
+//! Rate limits at the edge (`[[tenant.rate_limit]]`): checked for a routed request before the
+//! tenant's cache and before a slot is taken, so a refused request costs no guest.
+//!
+//! Each limit counts requests by a key (the client's address through `trusted_proxies`, a
+//! header, a query parameter, the tenant, or a list of these) with nginx's `limit_req`
+//! algorithm ([`table`]): a rate, a `burst` taken over it, and of the burst a `delay` answered at
+//! once (the rest wait until the rate lets them through); past the burst, `429` with
+//! `Retry-After` and the `RateLimit-Policy` / `RateLimit` fields
+//! (draft-ietf-httpapi-ratelimit-headers). A `dry_run` limit counts what it would refuse and
+//! refuses nothing. Counts live in this process (each replica of a fleet counts its own).
+//!
+//! A limit's counts survive a redeploy of its tenant that leaves the limit as it was.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, HeaderValue, Method};
+
+pub mod config;
+pub mod table;
+
+pub use config::{KeyConfig, LimitConfig, Mode};
+use config::{KeyPart, Rate};
+use table::{Table, Verdict};
+
+/// One limit, ready to count.
+#[derive(Debug)]
+pub struct Limit {
+    /// As written (a redeploy with the same settings keeps the counts).
+    pub config: LimitConfig,
+    key: Vec<KeyPart>,
+    hasher: std::hash::RandomState,
+    table: Table,
+    /// When its table started (its clock's zero).
+    epoch: Instant,
+    /// `RateLimit-Policy`'s value.
+    policy: HeaderValue,
+    refused: prometheus::IntCounter,
+    delayed: prometheus::IntCounter,
+}
+
+/// Why a request was refused.
+#[derive(Debug)]
+pub struct Refused {
+    /// The limit's name.
+    pub limit: String,
+    /// The answer's `Retry-After`, `RateLimit-Policy` and `RateLimit`.
+    pub headers: HeaderMap,
+}
+
+/// The request a limit looks at.
+pub struct Asked<'a> {
+    /// Its method.
+    pub method: &'a Method,
+    /// Its path.
+    pub path: &'a str,
+    /// Its query, if any.
+    pub query: Option<&'a str>,
+    /// Its headers.
+    pub headers: &'a HeaderMap,
+    /// The client (through `trusted_proxies`).
+    pub client: IpAddr,
+    /// When it came.
+    pub at: Instant,
+}
+
+impl Limit {
+    /// A limit from its (checked) settings, counted for tenant `label` in `metrics`.
+    ///
+    /// # Panics
+    /// If the settings were not checked ([`LimitConfig::check`]).
+    pub fn new(config: &LimitConfig, metrics: &crate::metrics::Metrics, label: &str) -> Self {
+        let rate = Rate::parse(&config.rate).expect("a checked rate");
+        let key = config
+            .key
+            .parts()
+            .iter()
+            .map(|p| KeyPart::parse(p).expect("a checked key"))
+            .collect();
+        let policy = HeaderValue::from_str(&format!(
+            "\"{}\";q={};w={}",
+            config.name,
+            rate.count + u64::from(config.burst),
+            rate.window
+        ))
+        .expect("a name of token characters");
+        let labels = [label, config.name.as_str(), config.mode.name()];
+        Self {
+            key,
+            hasher: std::hash::RandomState::new(),
+            table: Table::new(
+                rate.milli_per_sec,
+                config.burst,
+                config.delay.unwrap_or(config.burst),
+                config.max_keys,
+                metrics
+                    .rate_limit_keys
+                    .with_label_values(&[label, config.name.as_str()]),
+            ),
+            epoch: Instant::now(),
+            policy,
+            refused: metrics.rate_limited.with_label_values(&labels),
+            delayed: metrics
+                .rate_limit_delayed
+                .with_label_values(&[label, config.name.as_str()]),
+            config: config.clone(),
+        }
+    }
+
+    /// Whether it looks at `r` (its paths and methods).
+    fn covers(&self, r: &Asked<'_>) -> bool {
+        (self.config.methods.is_empty()
+            || self.config.methods.iter().any(|m| m == r.method.as_str()))
+            && (self.config.paths.is_empty()
+                || self
+                    .config
+                    .paths
+                    .iter()
+                    .any(|p| r.path.starts_with(p.as_str())))
+    }
+
+    /// The key of `r` (`None`: every part of it is absent, as nginx's empty key: not counted).
+    fn key_of(&self, r: &Asked<'_>) -> Option<u64> {
+        let mut h = self.hasher.build_hasher();
+        let mut any = false;
+        for part in &self.key {
+            // Each part is framed (a tag and a length), so parts cannot run into each other.
+            match part {
+                KeyPart::ClientIp => {
+                    any = true;
+                    0u8.hash(&mut h);
+                    r.client.hash(&mut h);
+                }
+                KeyPart::Tenant => {
+                    any = true;
+                    1u8.hash(&mut h);
+                }
+                KeyPart::Header(name) => {
+                    2u8.hash(&mut h);
+                    match r.headers.get(name) {
+                        Some(v) if !v.is_empty() => {
+                            any = true;
+                            v.as_bytes().hash(&mut h);
+                        }
+                        _ => 0usize.hash(&mut h),
+                    }
+                }
+                KeyPart::Query(name) => {
+                    3u8.hash(&mut h);
+                    match query_value(r.query, name) {
+                        Some(v) if !v.is_empty() => {
+                            any = true;
+                            v.as_bytes().hash(&mut h);
+                        }
+                        _ => 0usize.hash(&mut h),
+                    }
+                }
+            }
+        }
+        any.then(|| h.finish())
+    }
+
+    /// Accounts `r`.
+    fn account(&self, r: &Asked<'_>) -> Option<Verdict> {
+        if !self.covers(r) {
+            return None;
+        }
+        let key = self.key_of(r)?;
+        let now = r.at.saturating_duration_since(self.epoch).as_millis() as u64;
+        Some(self.table.account(key, now))
+    }
+
+    /// How many keys it tracks.
+    pub fn tracked(&self) -> usize {
+        self.table.keys()
+    }
+}
+
+/// The raw value of query parameter `name` in `query`.
+fn query_value<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
+    query?.split('&').find_map(|kv| match kv.split_once('=') {
+        Some((k, v)) if k == name => Some(v),
+        None if kv == name => Some(""),
+        _ => None,
+    })
+}
+
+/// A tenant's limits.
+#[derive(Debug, Default, Clone)]
+pub struct RateLimits {
+    limits: Vec<Arc<Limit>>,
+}
+
+impl RateLimits {
+    /// A tenant's limits from its (checked) settings; a limit `carried` from the version it
+    /// replaces with the same settings keeps its counts.
+    pub fn prepare(
+        configs: &[LimitConfig],
+        carried: Option<&RateLimits>,
+        metrics: &crate::metrics::Metrics,
+        label: &str,
+    ) -> Option<Self> {
+        if configs.is_empty() {
+            return None;
+        }
+        let limits = configs
+            .iter()
+            .map(|c| {
+                carried
+                    .and_then(|old| old.limits.iter().find(|l| l.config == *c))
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(Limit::new(c, metrics, label)))
+            })
+            .collect();
+        Some(Self { limits })
+    }
+
+    /// Its limits.
+    pub fn limits(&self) -> &[Arc<Limit>] {
+        &self.limits
+    }
+
+    /// Checks `r` against every limit: refused by the first enforced limit it is over, else
+    /// how long the most demanding one makes it wait (zero: none).
+    ///
+    /// # Errors
+    /// [`Refused`].
+    pub fn check(&self, r: &Asked<'_>) -> Result<Duration, Refused> {
+        let mut wait = Duration::ZERO;
+        for limit in &self.limits {
+            let dry = limit.config.mode == Mode::DryRun;
+            match limit.account(r) {
+                None | Some(Verdict::Pass) => {}
+                Some(Verdict::Wait(d)) => {
+                    if !dry {
+                        limit.delayed.inc();
+                        wait = wait.max(d);
+                    }
+                }
+                Some(Verdict::Over { retry_after }) => {
+                    limit.refused.inc();
+                    if !dry {
+                        return Err(refused(limit, retry_after));
+                    }
+                }
+            }
+        }
+        Ok(wait)
+    }
+}
+
+fn refused(limit: &Limit, retry_after: u64) -> Refused {
+    let mut headers = HeaderMap::with_capacity(3);
+    headers.insert(http::header::RETRY_AFTER, HeaderValue::from(retry_after));
+    headers.insert(RATELIMIT_POLICY.clone(), limit.policy.clone());
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\";r=0;t={retry_after}", limit.config.name))
+    {
+        headers.insert(RATELIMIT.clone(), v);
+    }
+    Refused {
+        limit: limit.config.name.clone(),
+        headers,
+    }
+}
+
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers): a limit's quota and window.
+pub static RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
+
+/// `RateLimit`: what is left of it (`r`) and when it resets (`t`, seconds).
+pub static RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");

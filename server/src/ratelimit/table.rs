@@ -1,0 +1,272 @@
+//! One limit's counts: nginx's leaky bucket per key, in shards of bounded hash tables.
+//!
+//! A key is kept as a 64-bit keyed hash of its parts (SipHash with a random key per limit, so a
+//! client cannot choose keys that collide), with its excess (milli-requests over the rate) and
+//! when it was last accounted (ms): 16 bytes of state and 8 of key, under 64 bytes a key with
+//! the table's slack. A shard past its share of `max_keys` first forgets the keys whose excess
+//! has drained (they count as new ones), then, if that freed too little, the least recently
+//! seen quarter.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Shards of the table (a power of two).
+const SHARDS: usize = 16;
+
+/// Bytes a tracked key costs at most (documented): key, state and the table's slack.
+pub const BYTES_PER_KEY: usize = 64;
+
+/// What accounting one request decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Within the rate (or the burst answered at once).
+    Pass,
+    /// Within the burst, past `delay`: wait this long.
+    Wait(Duration),
+    /// Over the burst: refused; a request is taken again after this many seconds.
+    Over {
+        /// Seconds until one more request fits (at least 1).
+        retry_after: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct State {
+    /// Milli-requests over the rate.
+    excess: u64,
+    /// When it was last accounted (ms since the table's start).
+    last: u64,
+}
+
+/// A hasher for keys that are already keyed hashes.
+#[derive(Default, Clone, Copy)]
+struct Identity(u64);
+
+impl std::hash::Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Map = HashMap<u64, State, std::hash::BuildHasherDefault<Identity>>;
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: Map,
+    /// Reused when the least recent keys are chosen (no allocation once grown).
+    scratch: Vec<u64>,
+}
+
+/// One limit's counts.
+#[derive(Debug)]
+pub struct Table {
+    shards: Box<[Mutex<Shard>]>,
+    per_shard: usize,
+    /// Milli-requests per second.
+    rate: u64,
+    /// `burst` × 1000.
+    burst: u64,
+    /// `delay` × 1000.
+    delay: u64,
+    /// How many keys it tracks.
+    tracked: prometheus::IntGauge,
+}
+
+impl Table {
+    /// A table for `rate` (milli-requests per second), `burst`, `delay` (of the burst, answered
+    /// at once) and at most `max_keys` keys.
+    pub fn new(
+        rate: u64,
+        burst: u32,
+        delay: u32,
+        max_keys: usize,
+        tracked: prometheus::IntGauge,
+    ) -> Self {
+        Self {
+            tracked,
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            per_shard: max_keys.div_ceil(SHARDS).max(1),
+            rate: rate.max(1),
+            burst: u64::from(burst) * 1000,
+            delay: u64::from(delay) * 1000,
+        }
+    }
+
+    /// Accounts one request of `key` at `now` (ms since the table's start), as nginx's
+    /// `limit_req` does: a key's first request is free; then its excess grows by one request
+    /// and drains at the rate; over the burst the request is refused (and not counted).
+    pub fn account(&self, key: u64, now: u64) -> Verdict {
+        let shard = &self.shards[(key >> 60) as usize & (SHARDS - 1)];
+        let mut s = shard.lock().unwrap_or_else(|e| e.into_inner());
+        let excess = match s.map.get(&key) {
+            None => 0,
+            Some(st) => {
+                let drained = self.rate.saturating_mul(now.saturating_sub(st.last)) / 1000;
+                (st.excess + 1000).saturating_sub(drained)
+            }
+        };
+        if excess > self.burst {
+            let wait_ms = (excess - self.burst) * 1000 / self.rate;
+            return Verdict::Over {
+                retry_after: wait_ms.div_ceil(1000).max(1),
+            };
+        }
+        if s.map.insert(key, State { excess, last: now }).is_none() {
+            self.tracked.inc();
+            if s.map.len() > self.per_shard {
+                let before = s.map.len();
+                self.make_room(&mut s, now, key);
+                self.tracked.sub((before - s.map.len()) as i64);
+            }
+        }
+        if excess > self.delay {
+            Verdict::Wait(Duration::from_millis(
+                (excess - self.delay) * 1000 / self.rate,
+            ))
+        } else {
+            Verdict::Pass
+        }
+    }
+
+    /// Frees room in a full shard: the keys whose excess has drained go (a new request of
+    /// theirs counts from zero, as theirs would), then, if fewer than an eighth went, the
+    /// least recently seen quarter. `keep` (the key just counted) stays.
+    fn make_room(&self, s: &mut Shard, now: u64, keep: u64) {
+        let rate = self.rate;
+        s.map.retain(|k, st| {
+            *k == keep || st.excess > rate.saturating_mul(now.saturating_sub(st.last)) / 1000
+        });
+        if s.map.len() < self.per_shard - self.per_shard / 8 {
+            return;
+        }
+        let Shard { map, scratch } = s;
+        scratch.clear();
+        scratch.extend(map.values().map(|st| st.last));
+        let quarter = (scratch.len() / 4).max(1);
+        let (_, cut, _) = scratch.select_nth_unstable(quarter - 1);
+        let cut = *cut;
+        map.retain(|k, st| *k == keep || st.last > cut);
+    }
+
+    /// How many keys it tracks.
+    pub fn keys(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).map.len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(rate_per_sec: u64, burst: u32, delay: u32, max_keys: usize) -> Table {
+        let gauge = prometheus::IntGauge::new("k", "k").unwrap();
+        Table::new(rate_per_sec * 1000, burst, delay, max_keys, gauge)
+    }
+
+    #[test]
+    fn a_burst_then_the_rate_as_nginx_counts_them() {
+        // rate=10r/s burst=5 nodelay: the first request is free, five more fit, the seventh
+        // at the same instant is refused; 100 ms later one more fits.
+        let t = table(10, 5, 5, 100);
+        let verdicts: Vec<Verdict> = (0..7).map(|_| t.account(1, 0)).collect();
+        assert!(
+            verdicts[..6].iter().all(|v| *v == Verdict::Pass),
+            "{verdicts:?}"
+        );
+        assert_eq!(verdicts[6], Verdict::Over { retry_after: 1 });
+        assert_eq!(
+            t.account(1, 99),
+            Verdict::Over { retry_after: 1 },
+            "limit - 1 ms"
+        );
+        assert_eq!(t.account(1, 100), Verdict::Pass, "at the limit");
+        assert!(
+            matches!(t.account(1, 100), Verdict::Over { .. }),
+            "limit + 1 request"
+        );
+        // Another key has its own count.
+        assert_eq!(t.account(2, 100), Verdict::Pass);
+        // Refused requests are not counted: after a second of quiet the whole burst is back.
+        for _ in 0..50 {
+            t.account(1, 150);
+        }
+        let back: Vec<Verdict> = (0..7).map(|_| t.account(1, 1_200)).collect();
+        assert!(back[..6].iter().all(|v| *v == Verdict::Pass), "{back:?}");
+        assert!(matches!(back[6], Verdict::Over { .. }));
+    }
+
+    #[test]
+    fn past_delay_requests_wait_until_the_rate_lets_them_through() {
+        // rate=10r/s burst=5 delay=2 (nginx's delay=2): excess 1 and 2 at once, 3 waits
+        // 100 ms, 4 200 ms, 5 300 ms; the next is refused.
+        let t = table(10, 5, 2, 100);
+        let got: Vec<Verdict> = (0..7).map(|_| t.account(7, 0)).collect();
+        let ms = |n| Verdict::Wait(Duration::from_millis(n));
+        assert_eq!(
+            got,
+            [
+                Verdict::Pass,
+                Verdict::Pass,
+                Verdict::Pass,
+                ms(100),
+                ms(200),
+                ms(300),
+                Verdict::Over { retry_after: 1 }
+            ]
+        );
+        // delay = 0 (nginx without nodelay): every excess request waits.
+        let t = table(10, 5, 0, 100);
+        assert_eq!(t.account(7, 0), Verdict::Pass);
+        assert_eq!(t.account(7, 0), ms(100));
+    }
+
+    #[test]
+    fn retry_after_says_when_one_more_fits() {
+        // 1 r/min, burst 0: the second request within the minute waits about 60 s (62: the
+        // rate in milli-requests per second is truncated to 16, as nginx's is).
+        let gauge = prometheus::IntGauge::new("k", "k").unwrap();
+        let t = Table::new(1000 / 60, 0, 0, 10, gauge);
+        assert_eq!(t.account(1, 0), Verdict::Pass);
+        let Verdict::Over { retry_after } = t.account(1, 1_000) else {
+            panic!("refused")
+        };
+        assert!((58..=63).contains(&retry_after), "{retry_after}");
+    }
+
+    #[test]
+    fn a_million_keys_stay_within_max_keys() {
+        let gauge = prometheus::IntGauge::new("k", "k").unwrap();
+        let max = 10_000;
+        let t = Table::new(10_000, 5, 5, max, gauge.clone());
+        for k in 0..1_000_000u64 {
+            // Spread over the shards as hashes are; each key busy (excess not drained).
+            let key = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            t.account(key, k / 1000);
+            t.account(key, k / 1000);
+        }
+        let n = t.keys();
+        assert!(n <= max + SHARDS, "{n} keys tracked, max {max}");
+        assert!(n >= max / 2, "most of the table is in use: {n}");
+        assert_eq!(gauge.get() as usize, n, "the gauge follows");
+        // The most recent keys are the ones kept.
+        let last = 999_999u64.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        assert!(
+            matches!(t.account(last, 1_000), Verdict::Pass | Verdict::Over { .. })
+                && t.keys() <= max + SHARDS
+        );
+        let shard = &t.shards[(last >> 60) as usize & (SHARDS - 1)];
+        assert!(shard.lock().unwrap().map.contains_key(&last));
+    }
+}

@@ -1,0 +1,402 @@
+//! Rate limits at the edge (`[[tenant.rate_limit]]`): the same traffic gets the same answers
+//! as nginx's `limit_req` (started here), refused requests cost no guest and say when to come
+//! back, a spoofed `X-Forwarded-For` changes nothing unless the peer is a trusted proxy, a dry
+//! run refuses nothing, one flooding client leaves another's rate alone, keys by header and
+//! query, path and method filters, bad settings are explained.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+
+use crate::support::{self, TestServer};
+
+const HELLO: &str =
+    "[[tenant]]\nname = \"hello\"\nmodule = \"builtin:hello\"\npaths = [\"/hello\"]\n";
+
+/// `hello` with one rate limit (the TOML lines of its table).
+fn limited(limit: &str) -> String {
+    format!("{HELLO}[[tenant.rate_limit]]\nname = \"rl\"\n{limit}\n")
+}
+
+/// nginx (Debian's, as the reference) serving a file `/hello` behind `limit_req zone=z <args>`
+/// with `rate`, stopped when dropped.
+struct Nginx {
+    child: Child,
+    _dir: tempfile::TempDir,
+    addr: SocketAddr,
+}
+
+impl Nginx {
+    fn start(rate: &str, args: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = support::free_port();
+        let d = dir.path().display();
+        let conf = format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
+             error_log {d}/error.log warn;\nevents {{ worker_connections 1024; }}\n\
+             http {{\n access_log off;\n client_body_temp_path {d}/body;\n\
+             proxy_temp_path {d}/proxy;\n\
+             limit_req_zone $binary_remote_addr zone=z:1m rate={rate};\n limit_req_status 429;\n\
+             server {{ listen 127.0.0.1:{port}; root {d}/www; \
+             location / {{ limit_req zone=z {args}; }} }}\n}}\n"
+        );
+        std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+        // A file, not `return`: `return` answers before `limit_req`'s phase.
+        std::fs::create_dir(dir.path().join("www")).unwrap();
+        std::fs::write(dir.path().join("www/hello"), "ok\n").unwrap();
+        let child = Command::new(nginx_bin())
+            .args(["-p", &d.to_string(), "-c", "nginx.conf"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nginx (bash scripts/test installs Debian's nginx)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nginx did not start: {}",
+                std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self {
+            child,
+            _dir: dir,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn nginx_bin() -> &'static Path {
+    let p = Path::new("/usr/sbin/nginx");
+    assert!(
+        p.is_file(),
+        "nginx is not installed (bash scripts/test installs it)"
+    );
+    p
+}
+
+/// A GET with `headers` on a fresh connection; its status.
+async fn status(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> StatusCode {
+    support::send(addr, Method::GET, path, None, headers, Bytes::new())
+        .await
+        .status
+}
+
+/// The traffic script run against every server in `addrs` at the same instants: 100
+/// requests at once, then one every 50 ms for 5 s. For each server, the requests accepted
+/// (`200`) by checkpoint: the burst, then each second of the paced part (cumulative), and
+/// the statuses that were neither 200 nor 429.
+async fn script(addrs: &[SocketAddr], path: &'static str) -> Vec<(Vec<usize>, Vec<StatusCode>)> {
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        for (i, &a) in addrs.iter().enumerate() {
+            tasks.push((i, 0usize, tokio::spawn(status(a, path, &[]))));
+        }
+    }
+    let started = Instant::now();
+    for step in 1..=100u32 {
+        let at = started + Duration::from_millis(50) * step;
+        tokio::time::sleep_until(at.into()).await;
+        let checkpoint = (step as usize - 1) / 20 + 1;
+        for (i, &a) in addrs.iter().enumerate() {
+            tasks.push((i, checkpoint, tokio::spawn(status(a, path, &[]))));
+        }
+    }
+    let mut out = vec![(vec![0usize; 6], Vec::new()); addrs.len()];
+    for (i, checkpoint, task) in tasks {
+        let s = task.await.unwrap();
+        if s == StatusCode::OK {
+            for c in checkpoint..6 {
+                out[i].0[c] += 1;
+            }
+        } else if s != StatusCode::TOO_MANY_REQUESTS {
+            out[i].1.push(s);
+        }
+    }
+    out
+}
+
+/// Runs the script against Tern (`limit`) and nginx (`rate`, `args`) side by side.
+async fn same_as_nginx(limit: &str, rate: &str, args: &str) {
+    let s = TestServer::start(&limited(limit)).await;
+    let nginx = Nginx::start(rate, args);
+    let got = script(&[s.addr(), nginx.addr], "/hello").await;
+    let (tern, reference) = (&got[0], &got[1]);
+    eprintln!(
+        "accepted by checkpoint: tern {:?}, nginx {:?}",
+        tern.0, reference.0
+    );
+    assert!(tern.1.is_empty() && reference.1.is_empty(), "{got:?}");
+    for (c, (t, n)) in tern.0.iter().zip(&reference.0).enumerate() {
+        assert!(
+            t.abs_diff(*n) <= 1,
+            "checkpoint {c}: tern accepted {t}, nginx {n} (all: {:?} vs {:?})",
+            tern.0,
+            reference.0
+        );
+    }
+    assert_eq!(tern.0[0], 21, "the burst: the first request and 20 more");
+    let m = s.metrics().await;
+    let refused = support::metric_value(
+        &m,
+        "tern_rate_limited_total{limit=\"rl\",mode=\"enforce\",tenant=\"hello\"}",
+    );
+    assert_eq!(refused as usize, 200 - tern.0[5], "every refusal counted");
+    // No guest ran for a refused request.
+    let served =
+        support::metric_value_or_zero(&m, "tern_requests_total{tenant=\"hello\",status=\"200\"}");
+    assert!(
+        served <= tern.0[5] as f64 + 0.5,
+        "{served} guests for {} accepted",
+        tern.0[5]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_then_a_steady_pace_get_the_same_answers_as_nginx_nodelay() {
+    same_as_nginx("rate = \"10/s\"\nburst = 20", "10r/s", "burst=20 nodelay").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_delay_the_same_answers_as_nginx_delay() {
+    same_as_nginx(
+        "rate = \"10/s\"\nburst = 20\ndelay = 5",
+        "10r/s",
+        "burst=20 delay=5",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_says_when_to_come_back_and_costs_no_guest() {
+    let config = HELLO.to_string()
+        + "error_pages = { \"429\" = \"slow down, {request_id}\" }\n\
+           [[tenant.rate_limit]]\nname = \"rl\"\nrate = \"1/s\"\n";
+    let s = TestServer::start(&config).await;
+    assert_eq!(s.get("/hello").await.status, StatusCode::OK);
+    let r = s.get("/hello").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text());
+    assert_eq!(r.header("retry-after"), "1");
+    assert_eq!(r.header("ratelimit-policy"), "\"rl\";q=1;w=1");
+    assert_eq!(r.header("ratelimit"), "\"rl\";r=0;t=1");
+    assert!(
+        r.text().starts_with("slow down, "),
+        "the tenant's page: {}",
+        r.text()
+    );
+    // After the time it said, one more is taken.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(s.get("/hello").await.status, StatusCode::OK);
+    // HTTP/2 too.
+    let r = support::send_h2(s.addr(), "/hello").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    let m = s.metrics().await;
+    assert!(
+        support::metric_is(
+            &m,
+            "tern_guest_outcomes_total{outcome=\"rate_limited\",tenant=\"hello\"}",
+            2.0
+        ),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_for_counts_only_from_a_trusted_proxy() {
+    let spoof = |i: usize| format!("203.0.113.{i}");
+    // No trusted proxy: every request is 127.0.0.1's, whatever it claims.
+    let s = TestServer::start(&limited("rate = \"1/s\"\nburst = 2")).await;
+    let mut codes = Vec::new();
+    for i in 0..6 {
+        codes.push(status(s.addr(), "/hello", &[("x-forwarded-for", &spoof(i))]).await);
+    }
+    assert_eq!(
+        codes.iter().filter(|c| **c == StatusCode::OK).count(),
+        3,
+        "one client: {codes:?}"
+    );
+    // Behind a trusted proxy: each forwarded client has its own count.
+    let config = format!(
+        "[server]\ntrusted_proxies = [\"127.0.0.1\"]\n{}",
+        limited("rate = \"1/s\"\nburst = 2")
+    );
+    let s = TestServer::start(&config).await;
+    for i in 0..6 {
+        let c = status(s.addr(), "/hello", &[("x-forwarded-for", &spoof(i))]).await;
+        assert_eq!(c, StatusCode::OK, "client {i}");
+    }
+    // The proxy's own requests (no header) are one client.
+    let mut own = Vec::new();
+    for _ in 0..4 {
+        own.push(status(s.addr(), "/hello", &[]).await);
+    }
+    assert_eq!(own.last(), Some(&StatusCode::TOO_MANY_REQUESTS), "{own:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_refuses_nothing_and_counts_everything() {
+    let s = TestServer::start(&limited("rate = \"1/s\"\nmode = \"dry_run\"")).await;
+    for _ in 0..10 {
+        assert_eq!(s.get("/hello").await.status, StatusCode::OK);
+    }
+    let m = s.metrics().await;
+    assert!(
+        support::metric_is(
+            &m,
+            "tern_rate_limited_total{limit=\"rl\",mode=\"dry_run\",tenant=\"hello\"}",
+            9.0
+        ),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_by_header_and_query_and_filters_by_path_and_method() {
+    let limits = "[[tenant]]\nname = \"hello\"\nmodule = \"builtin:hello\"\npaths = [\"/hello\"]\n\
+        [[tenant.rate_limit]]\nname = \"by-key\"\nkey = \"header:x-api-key\"\nrate = \"1/s\"\n\
+        paths = [\"/hello/api\"]\n\
+        [[tenant.rate_limit]]\nname = \"by-user\"\nkey = [\"query:user\", \"tenant\"]\nrate = \"1/s\"\n\
+        paths = [\"/hello/q\"]\nmethods = [\"POST\"]\n";
+    let s = TestServer::start(limits).await;
+    let key = |k: &'static str| [("x-api-key", k)];
+    assert_eq!(
+        status(s.addr(), "/hello/api", &key("a")).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(s.addr(), "/hello/api", &key("a")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(s.addr(), "/hello/api", &key("b")).await,
+        StatusCode::OK,
+        "another key"
+    );
+    // No key at all: not counted (as nginx's empty key).
+    for _ in 0..3 {
+        assert_eq!(status(s.addr(), "/hello/api", &[]).await, StatusCode::OK);
+    }
+    // Outside its paths: not counted.
+    for _ in 0..3 {
+        assert_eq!(
+            status(s.addr(), "/hello/other", &key("a")).await,
+            StatusCode::OK
+        );
+    }
+    // By query parameter, POST only.
+    let post = |q: &'static str| {
+        support::send(
+            s.addr(),
+            Method::POST,
+            q,
+            None,
+            &[],
+            Bytes::from_static(b"x"),
+        )
+    };
+    assert_eq!(post("/hello/q?user=1").await.status, StatusCode::OK);
+    assert_eq!(
+        post("/hello/q?user=1").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(post("/hello/q?x=0&user=2").await.status, StatusCode::OK);
+    for _ in 0..3 {
+        assert_eq!(
+            status(s.addr(), "/hello/q?user=1", &[]).await,
+            StatusCode::OK,
+            "GET"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_flooding_client_leaves_another_its_rate() {
+    let config = format!(
+        "[server]\ntrusted_proxies = [\"127.0.0.1\"]\n{}",
+        limited("rate = \"20/s\"\nburst = 5")
+    );
+    let s = TestServer::start(&config).await;
+    let addr = s.addr();
+    let flood = tokio::spawn(async move {
+        let mut refused = 0;
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            let c = status(addr, "/hello", &[("x-forwarded-for", "198.51.100.1")]).await;
+            refused += usize::from(c == StatusCode::TOO_MANY_REQUESTS);
+        }
+        refused
+    });
+    // The other client, at half its rate: every request answered.
+    for _ in 0..20 {
+        let c = status(addr, "/hello", &[("x-forwarded-for", "198.51.100.2")]).await;
+        assert_eq!(c, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(flood.await.unwrap() > 10, "the flood was refused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_limits_are_refused_at_start_and_by_the_api() {
+    for (limit, says) in [
+        ("rate = \"0/s\"", "at least one request"),
+        ("rate = \"10/s\"\nburst = -1", "expected u32"),
+        ("rate = \"10/s\"\nkey = \"cookie:x\"", "unknown key"),
+        ("rate = \"10/s\"\nburst = 2\ndelay = 3", "more than burst"),
+        (
+            "rate = \"10/s\"\nmode = \"log\"",
+            "expected `enforce` or `dry_run`",
+        ),
+    ] {
+        let e = TestServer::try_start(&limited(limit))
+            .await
+            .err()
+            .expect(limit);
+        let text = format!("{e:#}");
+        assert!(text.contains(says), "{limit}: {text}");
+    }
+    let s = TestServer::start("").await;
+    for (spec, says) in [
+        (
+            serde_json::json!({"paths": ["/a"], "rate_limit": [{"name": "x", "rate": "0/s"}]}),
+            "at least one request",
+        ),
+        (
+            serde_json::json!({"paths": ["/a"], "rate_limit": [{"name": "x", "rate": "1/s", "max_keys": 0}]}),
+            "max_keys",
+        ),
+    ] {
+        let (code, v) = s
+            .admin_call(Method::PUT, "/admin/v1/tenants/a", spec.to_string())
+            .await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
+        assert!(v.to_string().contains(says), "{v}");
+    }
+    // A good one through the API is enforced once deployed.
+    let spec = serde_json::json!({"paths": ["/a"], "rate_limit": [{"name": "x", "rate": "1/s"}]});
+    let (code, v) = s
+        .admin_call(Method::PUT, "/admin/v1/tenants/a", spec.to_string())
+        .await;
+    assert!(code.is_success(), "{v}");
+    let (code, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/a/module",
+            support::demo("hello").to_vec(),
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK, "{v}");
+    assert_eq!(s.get("/a").await.status, StatusCode::OK);
+    assert_eq!(s.get("/a").await.status, StatusCode::TOO_MANY_REQUESTS);
+}
