@@ -134,7 +134,7 @@ pub struct ExecError {
     /// A short message for the client; details go to the log.
     pub message: String,
     /// Headers the answer carries (a rate limit's `Retry-After` and `RateLimit` fields).
-    pub headers: Option<Box<http::HeaderMap>>,
+    pub headers: Option<Box<[(http::HeaderName, http::HeaderValue)]>>,
 }
 
 impl ExecError {

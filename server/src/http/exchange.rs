@@ -405,8 +405,8 @@ pub(super) fn error_response(
     if let Some(kind) = kind {
         resp.headers_mut().insert(http::header::CONTENT_TYPE, kind);
     }
-    if let Some(headers) = &e.headers {
-        resp.headers_mut().extend(headers.as_ref().clone());
+    for (name, value) in e.headers.iter().flat_map(|h| h.iter()) {
+        resp.headers_mut().insert(name.clone(), value.clone());
     }
     match e.outcome {
         Outcome::Overload => {

@@ -330,20 +330,14 @@ fn limit(req: &Request<RequestBody>, ex: &Exchange) -> Result<std::time::Duratio
         at: ex.arrived,
     };
     limits.check(&asked).map_err(|refused| {
-        let retry = refused
-            .headers
-            .get(http::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("1")
-            .to_string();
         let mut e = ExecError::new(
             Outcome::RateLimited,
             format!(
-                "too many requests (rate limit {:?}): retry in {retry} s",
-                refused.limit
+                "too many requests (rate limit {:?}): retry in {} s",
+                refused.limit.config.name, refused.retry_after
             ),
         );
-        e.headers = Some(Box::new(refused.headers));
+        e.headers = Some(refused.headers());
         Early::Refused(e, Phase::Route)
     })
 }

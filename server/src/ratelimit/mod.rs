@@ -37,6 +37,8 @@ pub struct Limit {
     epoch: Instant,
     /// `RateLimit-Policy`'s value.
     policy: HeaderValue,
+    /// `RateLimit`'s value when one more request fits within a second (most refusals).
+    ratelimit_t1: HeaderValue,
     refused: prometheus::IntCounter,
     delayed: prometheus::IntCounter,
 }
@@ -44,10 +46,36 @@ pub struct Limit {
 /// Why a request was refused.
 #[derive(Debug)]
 pub struct Refused {
-    /// The limit's name.
-    pub limit: String,
+    /// The limit that refused it.
+    pub limit: Arc<Limit>,
+    /// Seconds until one more request fits (at least 1).
+    pub retry_after: u64,
+}
+
+impl Refused {
     /// The answer's `Retry-After`, `RateLimit-Policy` and `RateLimit`.
-    pub headers: HeaderMap,
+    pub fn headers(&self) -> Box<[(http::HeaderName, HeaderValue)]> {
+        let (retry, ratelimit) = if self.retry_after == 1 {
+            (
+                HeaderValue::from_static("1"),
+                self.limit.ratelimit_t1.clone(),
+            )
+        } else {
+            (
+                HeaderValue::from(self.retry_after),
+                HeaderValue::from_str(&format!(
+                    "\"{}\";r=0;t={}",
+                    self.limit.config.name, self.retry_after
+                ))
+                .unwrap_or_else(|_| self.limit.ratelimit_t1.clone()),
+            )
+        };
+        Box::new([
+            (http::header::RETRY_AFTER, retry),
+            (RATELIMIT_POLICY.clone(), self.limit.policy.clone()),
+            (RATELIMIT.clone(), ratelimit),
+        ])
+    }
 }
 
 /// The request a limit looks at.
@@ -86,6 +114,8 @@ impl Limit {
             rate.window
         ))
         .expect("a name of token characters");
+        let ratelimit_t1 = HeaderValue::from_str(&format!("\"{}\";r=0;t=1", config.name))
+            .expect("a name of token characters");
         let labels = [label, config.name.as_str(), config.mode.name()];
         Self {
             key,
@@ -101,6 +131,7 @@ impl Limit {
             ),
             epoch: Instant::now(),
             policy,
+            ratelimit_t1,
             refused: metrics.rate_limited.with_label_values(&labels),
             delayed: metrics
                 .rate_limit_delayed
@@ -242,26 +273,15 @@ impl RateLimits {
                 Some(Verdict::Over { retry_after }) => {
                     limit.refused.inc();
                     if !dry {
-                        return Err(refused(limit, retry_after));
+                        return Err(Refused {
+                            limit: limit.clone(),
+                            retry_after,
+                        });
                     }
                 }
             }
         }
         Ok(wait)
-    }
-}
-
-fn refused(limit: &Limit, retry_after: u64) -> Refused {
-    let mut headers = HeaderMap::with_capacity(3);
-    headers.insert(http::header::RETRY_AFTER, HeaderValue::from(retry_after));
-    headers.insert(RATELIMIT_POLICY.clone(), limit.policy.clone());
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\";r=0;t={retry_after}", limit.config.name))
-    {
-        headers.insert(RATELIMIT.clone(), v);
-    }
-    Refused {
-        limit: limit.config.name.clone(),
-        headers,
     }
 }
 

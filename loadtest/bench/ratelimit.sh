@@ -1,0 +1,113 @@
+# `bash loadtest/bench.sh ratelimit`: what a rate limit costs, pinned, side by side in one run:
+# Tern `hello` without a limit, with one that never refuses, and refusing every request (429);
+# nginx serving a small file without `limit_req`, with one that never refuses, and refusing.
+# Sourced by loadtest/bench.sh after loadtest/lib.sh.
+
+ratelimit() {
+    need wrk wrk
+    need taskset util-linux
+    need nginx nginx
+    if [ "$(nproc)" -lt 2 ]; then
+        echo "bench.sh ratelimit needs 2 cores (server on one, load generator on the other)" >&2
+        exit 1
+    fi
+    build
+    local nginx_port=18288
+    # One Tern, three tenants with the same guest: no limit, a limit that never refuses (a
+    # rate far above what one core serves), a limit that refuses all but the first request.
+    local config=$WORK/ratelimit.toml
+    {
+        printf '[server]\nworker_threads = 1\n'
+        printf '[[tenant]]\nname = "plain"\nmodule = "builtin:hello"\npaths = ["/none"]\n'
+        printf '[[tenant]]\nname = "open"\nmodule = "builtin:hello"\npaths = ["/open"]\n'
+        printf '[[tenant.rate_limit]]\nname = "open"\nrate = "1000000/s"\nburst = 1000000\n'
+        printf '[[tenant]]\nname = "shut"\nmodule = "builtin:hello"\npaths = ["/shut"]\n'
+        printf '[[tenant.rate_limit]]\nname = "shut"\nrate = "4/h"\n'
+    } >"$config"
+    mkdir -p "$WORK/www"
+    printf 'Hello, world!\n' >"$WORK/www/hello"
+    {
+        # (Its worker reads the file under the work directory, which only root may enter.)
+        echo "user root;"
+        nginx_preamble "$WORK"
+        cat <<NGINX
+    limit_req_zone \$binary_remote_addr zone=open:1m rate=1000000r/s;
+    limit_req_zone \$binary_remote_addr zone=shut:1m rate=1r/m;
+    limit_req_status 429;
+    server {
+        listen 127.0.0.1:$nginx_port;
+        root $WORK/www;
+        location /none/ { alias $WORK/www/; }
+        location /open/ { alias $WORK/www/; limit_req zone=open burst=1000000 nodelay; }
+        location /shut/ { alias $WORK/www/; limit_req zone=shut; }
+    }
+}
+NGINX
+    } >"$WORK/nginx.conf"
+    local -A r=() d=()
+    local n case
+    for n in $(seq 1 "$ROUNDS"); do
+        PIN=0 start_tern "$config" TERN_LOG=warn
+        local t=() 
+        for case in none open shut; do
+            curl -s -o /dev/null "http://127.0.0.1:$TERN_PORT/$case/hello"
+            local line
+            line=$(pinned_h1 "http://127.0.0.1:$TERN_PORT/$case/hello" "$TERN_PID")
+            r[tern_$case]+="$line"$'\n'
+            t+=("$(echo "$line" | awk '{ print $7 }')")
+        done
+        d[tern]+="$(awk -v a="${t[1]}" -v b="${t[0]}" 'BEGIN { print a - b }')"$'\n'
+        curl -s "http://127.0.0.1:$TERN_PORT/shut/hello" -o /dev/null -w '%{http_code}' >"$WORK/tern-shut"
+        stop "$TERN_PID"
+        taskset -c 0 nginx -c "$WORK/nginx.conf" -e "$WORK/nginx-error.log" &
+        local master=$!
+        PIDS+=("$master")
+        wait_http "http://127.0.0.1:$nginx_port/none/hello" || { cat "$WORK/nginx-error.log" >&2; exit 1; }
+        local worker t2=()
+        worker=$(pgrep -P "$master" | head -1)
+        for case in none open shut; do
+            curl -s -o /dev/null "http://127.0.0.1:$nginx_port/$case/hello"
+            line=$(pinned_h1 "http://127.0.0.1:$nginx_port/$case/hello" "$worker")
+            r[nginx_$case]+="$line"$'\n'
+            t2+=("$(echo "$line" | awk '{ print $7 }')")
+        done
+        d[nginx]+="$(awk -v a="${t2[1]}" -v b="${t2[0]}" 'BEGIN { print a - b }')"$'\n'
+        curl -s "http://127.0.0.1:$nginx_port/shut/hello" -o /dev/null -w '%{http_code}' >"$WORK/nginx-shut"
+        stop "$master"
+    done
+    # Each case over the rounds: CPU per request as min-max (median), and its req/s median.
+    spread() { # lines
+        printf '%s' "$1" | grep . | awk '{ print $7, $1 }' | sort -n | awk '
+            { c[NR] = $1; q[NR] = $2 }
+            END { m = (NR % 2) ? c[(NR + 1) / 2] : (c[NR / 2] + c[NR / 2 + 1]) / 2
+                  printf "%.2f-%.2f µs (median %.2f) | %d", c[1], c[NR], m, q[int((NR + 1) / 2)] }'
+    }
+    paired() { # differences
+        printf '%s' "$1" | grep . | sort -n | awk '
+            { v[NR] = $1 }
+            END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+                  printf "%+.2f µs (rounds: %+.2f to %+.2f)", m, v[1], v[NR] }'
+    }
+    {
+        header "Rate limits: what a limit costs a request, Tern against nginx limit_req" "bash loadtest/bench.sh ratelimit"
+        echo "One server at a time pinned to core 0 (Tern \`[server] worker_threads = 1\` serving the demo"
+        echo "\`hello\` guest on three tenants; nginx $(nginx -v 2>&1 | awk -F/ '{print $2}') \`worker_processes 1\` serving a"
+        echo "14-byte file from three locations): without a limit, with one that never refuses"
+        echo "(1,000,000 requests/s, burst 1,000,000), and with one that refuses every request after the first"
+        echo "(Tern \`4/h\`, nginx \`1r/m\`: answered \`$(cat "$WORK/tern-shut")\` and \`$(cat "$WORK/nginx-shut")\`). \`wrk -t1 -c$CONNS -d${SECS}s\` pinned"
+        echo "to core 1, one client address (every request is one key). CPU: the serving process's user + system"
+        echo "time (\`/proc/PID/stat\`; nginx's worker) per request; $ROUNDS rounds, each running every case"
+        echo "of one server in turn: the range over the rounds and its median."
+        echo
+        echo "| server, case | CPU per request | req/s (median round) |"
+        echo "|---|---:|---:|"
+        echo "| Tern, no limit | $(spread "${r[tern_none]}") |"
+        echo "| Tern, a limit that never refuses | $(spread "${r[tern_open]}") |"
+        echo "| Tern, refused (\`429\`, no guest) | $(spread "${r[tern_shut]}") |"
+        echo "| nginx, no \`limit_req\` | $(spread "${r[nginx_none]}") |"
+        echo "| nginx, \`limit_req\` that never refuses | $(spread "${r[nginx_open]}") |"
+        echo "| nginx, refused (\`429\`) | $(spread "${r[nginx_shut]}") |"
+        echo
+        echo "- What a limit that never refuses adds, paired within each round: Tern $(paired "${d[tern]}"), nginx $(paired "${d[nginx]}")"
+    } | tee "$RESULTS/ratelimit.md"
+}
