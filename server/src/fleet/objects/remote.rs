@@ -236,7 +236,6 @@ impl Remote {
     /// # Errors
     /// [`RemoteError::Unreachable`].
     pub async fn list(&self, dir: &str) -> Result<Vec<String>, RemoteError> {
-        let base = self.prefix.clone();
         let listed = self
             .store
             .list_with_delimiter(Some(&self.object(dir)))
@@ -244,15 +243,8 @@ impl Remote {
             .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
         Ok(listed
             .objects
-            .into_iter()
-            .filter_map(|m| {
-                m.location.prefix_match(&base).map(|parts| {
-                    parts
-                        .map(|p| p.as_ref().to_string())
-                        .collect::<Vec<_>>()
-                        .join("/")
-                })
-            })
+            .iter()
+            .filter_map(|m| self.name_of(&m.location))
             .collect())
     }
 
@@ -263,7 +255,6 @@ impl Remote {
     /// [`RemoteError::Unreachable`].
     pub async fn list_after(&self, dir: &str, after: &str) -> Result<Vec<String>, RemoteError> {
         use futures_util::TryStreamExt;
-        let base = self.prefix.clone();
         let listed: Vec<object_store::ObjectMeta> = self
             .store
             .list_with_offset(Some(&self.object(dir)), &self.object(after))
@@ -271,18 +262,21 @@ impl Remote {
             .await
             .map_err(|e| RemoteError::Unreachable(e.to_string()))?;
         let mut names: Vec<String> = listed
-            .into_iter()
-            .filter_map(|m| {
-                m.location.prefix_match(&base).map(|parts| {
-                    parts
-                        .map(|p| p.as_ref().to_string())
-                        .collect::<Vec<_>>()
-                        .join("/")
-                })
-            })
+            .iter()
+            .filter_map(|m| self.name_of(&m.location))
             .collect();
         names.sort_unstable();
         Ok(names)
+    }
+
+    /// The name under the prefix of the object at `location`.
+    fn name_of(&self, location: &Path) -> Option<String> {
+        location.prefix_match(&self.prefix).map(|parts| {
+            parts
+                .map(|p| p.as_ref().to_string())
+                .collect::<Vec<_>>()
+                .join("/")
+        })
     }
 
     fn object(&self, name: &str) -> Path {
