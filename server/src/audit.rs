@@ -563,7 +563,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let dropped = prometheus::IntCounter::new("d", "d").unwrap();
         let log = AuditLog::open(dir.path(), dropped.clone(), Some("a".into())).unwrap();
-        let n = PENDING_MAX_BYTES / 200 + 100;
+        // Each line is about 190 bytes: twice the bound's worth.
+        let n = 2 * PENDING_MAX_BYTES / 150;
         for i in 0..n {
             record(&log, "t", i as u64);
         }
@@ -573,6 +574,16 @@ mod tests {
             pending.bytes,
             pending.lines.iter().map(Vec::len).sum::<usize>()
         );
+        assert!(
+            pending.bytes > PENDING_MAX_BYTES - 1024,
+            "full to its bound: {}",
+            pending.bytes
+        );
         assert!(dropped.get() > 0, "the oldest dropped and counted");
+        let first: Value = serde_json::from_slice(&pending.lines[0]).unwrap();
+        assert!(
+            first["time_ms"].as_u64().unwrap() > 0,
+            "the oldest went first"
+        );
     }
 }

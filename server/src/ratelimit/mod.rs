@@ -193,14 +193,14 @@ impl Limit {
         any.then(|| h.finish())
     }
 
-    /// Accounts `r`.
-    fn account(&self, r: &Asked<'_>) -> Option<Verdict> {
+    /// Accounts `r` (with `commit` false: only says what accounting would decide).
+    fn account(&self, r: &Asked<'_>, commit: bool) -> Option<Verdict> {
         if !self.covers(r) {
             return None;
         }
         let key = self.key_of(r)?;
         let now = r.at.saturating_duration_since(self.epoch).as_millis() as u64;
-        Some(self.table.account(key, now))
+        Some(self.table.account(key, now, commit))
     }
 
     /// How many keys it tracks.
@@ -259,25 +259,44 @@ impl RateLimits {
     /// # Errors
     /// [`Refused`].
     pub fn check(&self, r: &Asked<'_>) -> Result<Duration, Refused> {
+        // As nginx, a request is charged to its limits only if none refuses it: with several,
+        // each is asked first (every dry run sees it), then each is charged. One limit is
+        // asked and charged at once (a refusal is never charged).
+        let at_once = self.limits.len() == 1;
         let mut wait = Duration::ZERO;
+        let mut refused = None;
         for limit in &self.limits {
             let dry = limit.config.mode == Mode::DryRun;
-            match limit.account(r) {
+            match limit.account(r, at_once) {
                 None | Some(Verdict::Pass) => {}
                 Some(Verdict::Wait(d)) => {
                     if !dry {
-                        limit.delayed.inc();
                         wait = wait.max(d);
+                        if at_once {
+                            limit.delayed.inc();
+                        }
                     }
                 }
                 Some(Verdict::Over { retry_after }) => {
                     limit.refused.inc();
-                    if !dry {
-                        return Err(Refused {
+                    if !dry && refused.is_none() {
+                        refused = Some(Refused {
                             limit: limit.clone(),
                             retry_after,
                         });
                     }
+                }
+            }
+        }
+        if let Some(refused) = refused {
+            return Err(refused);
+        }
+        if !at_once {
+            for limit in &self.limits {
+                if let Some(Verdict::Wait(_)) = limit.account(r, true)
+                    && limit.config.mode == Mode::Enforce
+                {
+                    limit.delayed.inc();
                 }
             }
         }

@@ -103,15 +103,18 @@ impl Table {
 
     /// Accounts one request of `key` at `now` (ms since the table's start), as nginx's
     /// `limit_req` does: a key's first request is free; then its excess grows by one request
-    /// and drains at the rate; over the burst the request is refused (and not counted).
-    pub fn account(&self, key: u64, now: u64) -> Verdict {
-        let shard = &self.shards[(key >> 60) as usize & (SHARDS - 1)];
+    /// and drains at the rate; over the burst the request is refused (and not counted). With
+    /// `commit` false it only says what accounting would decide (nginx checks every limit of a
+    /// request before it charges any).
+    pub fn account(&self, key: u64, now: u64, commit: bool) -> Verdict {
+        let shard = &self.shards[(key >> 32) as usize & (SHARDS - 1)];
         let mut s = shard.lock().unwrap_or_else(|e| e.into_inner());
-        let excess = match s.map.get(&key) {
-            None => 0,
+        let (excess, last) = match s.map.get(&key) {
+            None => (0, now),
             Some(st) => {
+                // Requests accounted out of order (two workers) never move `last` back.
                 let drained = self.rate.saturating_mul(now.saturating_sub(st.last)) / 1000;
-                (st.excess + 1000).saturating_sub(drained)
+                ((st.excess + 1000).saturating_sub(drained), now.max(st.last))
             }
         };
         if excess > self.burst {
@@ -120,7 +123,7 @@ impl Table {
                 retry_after: wait_ms.div_ceil(1000).max(1),
             };
         }
-        if s.map.insert(key, State { excess, last: now }).is_none() {
+        if commit && s.map.insert(key, State { excess, last }).is_none() {
             self.tracked.inc();
             if s.map.len() > self.per_shard {
                 let before = s.map.len();
@@ -137,13 +140,13 @@ impl Table {
         }
     }
 
-    /// Frees room in a full shard: the keys whose excess has drained go (a new request of
-    /// theirs counts from zero, as theirs would), then, if fewer than an eighth went, the
+    /// Frees room in a full shard: the keys that have drained so far that their next request
+    /// would count from zero go (as a new key's does), then, if fewer than an eighth went, the
     /// least recently seen quarter. `keep` (the key just counted) stays.
     fn make_room(&self, s: &mut Shard, now: u64, keep: u64) {
         let rate = self.rate;
         s.map.retain(|k, st| {
-            *k == keep || st.excess > rate.saturating_mul(now.saturating_sub(st.last)) / 1000
+            *k == keep || st.excess + 1000 > rate.saturating_mul(now.saturating_sub(st.last)) / 1000
         });
         if s.map.len() < self.per_shard - self.per_shard / 8 {
             return;
@@ -166,6 +169,13 @@ impl Table {
     }
 }
 
+impl Drop for Table {
+    /// Its keys leave the gauge with it (a limit removed or changed by a redeploy).
+    fn drop(&mut self) {
+        self.tracked.sub(self.keys() as i64);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,29 +190,29 @@ mod tests {
         // rate=10r/s burst=5 nodelay: the first request is free, five more fit, the seventh
         // at the same instant is refused; 100 ms later one more fits.
         let t = table(10, 5, 5, 100);
-        let verdicts: Vec<Verdict> = (0..7).map(|_| t.account(1, 0)).collect();
+        let verdicts: Vec<Verdict> = (0..7).map(|_| t.account(1, 0, true)).collect();
         assert!(
             verdicts[..6].iter().all(|v| *v == Verdict::Pass),
             "{verdicts:?}"
         );
         assert_eq!(verdicts[6], Verdict::Over { retry_after: 1 });
         assert_eq!(
-            t.account(1, 99),
+            t.account(1, 99, true),
             Verdict::Over { retry_after: 1 },
             "limit - 1 ms"
         );
-        assert_eq!(t.account(1, 100), Verdict::Pass, "at the limit");
+        assert_eq!(t.account(1, 100, true), Verdict::Pass, "at the limit");
         assert!(
-            matches!(t.account(1, 100), Verdict::Over { .. }),
+            matches!(t.account(1, 100, true), Verdict::Over { .. }),
             "limit + 1 request"
         );
         // Another key has its own count.
-        assert_eq!(t.account(2, 100), Verdict::Pass);
+        assert_eq!(t.account(2, 100, true), Verdict::Pass);
         // Refused requests are not counted: after a second of quiet the whole burst is back.
         for _ in 0..50 {
-            t.account(1, 150);
+            t.account(1, 150, true);
         }
-        let back: Vec<Verdict> = (0..7).map(|_| t.account(1, 1_200)).collect();
+        let back: Vec<Verdict> = (0..7).map(|_| t.account(1, 1_200, true)).collect();
         assert!(back[..6].iter().all(|v| *v == Verdict::Pass), "{back:?}");
         assert!(matches!(back[6], Verdict::Over { .. }));
     }
@@ -212,7 +222,7 @@ mod tests {
         // rate=10r/s burst=5 delay=2 (nginx's delay=2): excess 1 and 2 at once, 3 waits
         // 100 ms, 4 200 ms, 5 300 ms; the next is refused.
         let t = table(10, 5, 2, 100);
-        let got: Vec<Verdict> = (0..7).map(|_| t.account(7, 0)).collect();
+        let got: Vec<Verdict> = (0..7).map(|_| t.account(7, 0, true)).collect();
         let ms = |n| Verdict::Wait(Duration::from_millis(n));
         assert_eq!(
             got,
@@ -228,8 +238,43 @@ mod tests {
         );
         // delay = 0 (nginx without nodelay): every excess request waits.
         let t = table(10, 5, 0, 100);
-        assert_eq!(t.account(7, 0), Verdict::Pass);
-        assert_eq!(t.account(7, 0), ms(100));
+        assert_eq!(t.account(7, 0, true), Verdict::Pass);
+        assert_eq!(t.account(7, 0, true), ms(100));
+    }
+
+    #[test]
+    fn a_full_table_keeps_the_counts_of_busy_keys_with_no_burst() {
+        // burst = 0: every stored excess is 0; a key seen this instant still counts (its next
+        // request within the rate's interval is refused) when its full shard makes room: the
+        // keys that went are the drained ones.
+        let t = table(1, 0, 0, 160);
+        let in_shard_0 = |k: u64| (k + 1) << 36;
+        for k in 0..9 {
+            t.account(in_shard_0(k), 0, true);
+        }
+        assert_eq!(t.account(42, 5_000, true), Verdict::Pass);
+        for k in 100..103 {
+            t.account(in_shard_0(k), 5_000, true);
+        }
+        assert!(t.keys() <= 10 + 1, "{}", t.keys());
+        assert!(
+            matches!(t.account(42, 5_001, true), Verdict::Over { .. }),
+            "the busy key was forgotten"
+        );
+        // Out of order (another worker's older instant): `last` does not go back.
+        let t = table(10, 0, 0, 16);
+        assert_eq!(t.account(1, 1_000, true), Verdict::Pass);
+        assert!(matches!(t.account(1, 900, true), Verdict::Over { .. }));
+        assert!(matches!(t.account(1, 1_050, true), Verdict::Over { .. }));
+        assert_eq!(t.account(1, 1_100, true), Verdict::Pass);
+        // Not committed: nothing is charged.
+        let t = table(10, 0, 0, 16);
+        assert_eq!(t.account(5, 0, false), Verdict::Pass);
+        assert_eq!(
+            t.account(5, 0, true),
+            Verdict::Pass,
+            "the first request still free"
+        );
     }
 
     #[test]
@@ -238,8 +283,8 @@ mod tests {
         // rate in milli-requests per second is truncated to 16, as nginx's is).
         let gauge = prometheus::IntGauge::new("k", "k").unwrap();
         let t = Table::new(1000 / 60, 0, 0, 10, gauge);
-        assert_eq!(t.account(1, 0), Verdict::Pass);
-        let Verdict::Over { retry_after } = t.account(1, 1_000) else {
+        assert_eq!(t.account(1, 0, true), Verdict::Pass);
+        let Verdict::Over { retry_after } = t.account(1, 1_000, true) else {
             panic!("refused")
         };
         assert!((58..=63).contains(&retry_after), "{retry_after}");
@@ -253,20 +298,22 @@ mod tests {
         for k in 0..1_000_000u64 {
             // Spread over the shards as hashes are; each key busy (excess not drained).
             let key = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            t.account(key, k / 1000);
-            t.account(key, k / 1000);
+            t.account(key, k / 1000, true);
+            t.account(key, k / 1000, true);
         }
         let n = t.keys();
         assert!(n <= max + SHARDS, "{n} keys tracked, max {max}");
         assert!(n >= max / 2, "most of the table is in use: {n}");
         assert_eq!(gauge.get() as usize, n, "the gauge follows");
-        // The most recent keys are the ones kept.
+        // The most recent keys are the ones kept (looked at before it is counted again).
         let last = 999_999u64.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        assert!(
-            matches!(t.account(last, 1_000), Verdict::Pass | Verdict::Over { .. })
-                && t.keys() <= max + SHARDS
-        );
-        let shard = &t.shards[(last >> 60) as usize & (SHARDS - 1)];
+        let first = 0u64;
+        let shard = &t.shards[(last >> 32) as usize & (SHARDS - 1)];
         assert!(shard.lock().unwrap().map.contains_key(&last));
+        let shard = &t.shards[(first >> 32) as usize & (SHARDS - 1)];
+        assert!(
+            !shard.lock().unwrap().map.contains_key(&first),
+            "the oldest went"
+        );
     }
 }

@@ -147,19 +147,26 @@ async fn same_as_nginx(limit: &str, rate: &str, args: &str) {
             reference.0
         );
     }
-    assert_eq!(tern.0[0], 21, "the burst: the first request and 20 more");
+    // (22 if the 100 concurrent requests took over 100 ms to arrive: one more drained.)
+    assert!(
+        (21..=22).contains(&tern.0[0]),
+        "the burst: the first request and 20 more: {}",
+        tern.0[0]
+    );
     let m = s.metrics().await;
     let refused = support::metric_value(
         &m,
         "tern_rate_limited_total{limit=\"rl\",mode=\"enforce\",tenant=\"hello\"}",
     );
     assert_eq!(refused as usize, 200 - tern.0[5], "every refusal counted");
-    // No guest ran for a refused request.
-    let served =
-        support::metric_value_or_zero(&m, "tern_requests_total{tenant=\"hello\",status=\"200\"}");
-    assert!(
-        served <= tern.0[5] as f64 + 0.5,
-        "{served} guests for {} accepted",
+    // A guest ran for each accepted request and for no refused one.
+    let ran = support::metric_value_or_zero(
+        &m,
+        "tern_guest_outcomes_total{outcome=\"ok\",tenant=\"hello\"}",
+    );
+    assert_eq!(
+        ran as usize, tern.0[5],
+        "guests run for {} accepted",
         tern.0[5]
     );
 }
@@ -217,7 +224,8 @@ async fn a_refusal_says_when_to_come_back_and_costs_no_guest() {
 async fn a_forwarded_for_counts_only_from_a_trusted_proxy() {
     let spoof = |i: usize| format!("203.0.113.{i}");
     // No trusted proxy: every request is 127.0.0.1's, whatever it claims.
-    let s = TestServer::start(&limited("rate = \"1/s\"\nburst = 2")).await;
+    // (4/h: nothing drains within the test.)
+    let s = TestServer::start(&limited("rate = \"4/h\"\nburst = 2")).await;
     let mut codes = Vec::new();
     for i in 0..6 {
         codes.push(status(s.addr(), "/hello", &[("x-forwarded-for", &spoof(i))]).await);
@@ -230,7 +238,7 @@ async fn a_forwarded_for_counts_only_from_a_trusted_proxy() {
     // Behind a trusted proxy: each forwarded client has its own count.
     let config = format!(
         "[server]\ntrusted_proxies = [\"127.0.0.1\"]\n{}",
-        limited("rate = \"1/s\"\nburst = 2")
+        limited("rate = \"4/h\"\nburst = 2")
     );
     let s = TestServer::start(&config).await;
     for i in 0..6 {
@@ -247,7 +255,7 @@ async fn a_forwarded_for_counts_only_from_a_trusted_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dry_run_refuses_nothing_and_counts_everything() {
-    let s = TestServer::start(&limited("rate = \"1/s\"\nmode = \"dry_run\"")).await;
+    let s = TestServer::start(&limited("rate = \"4/h\"\nmode = \"dry_run\"")).await;
     for _ in 0..10 {
         assert_eq!(s.get("/hello").await.status, StatusCode::OK);
     }
@@ -325,26 +333,32 @@ async fn keys_by_header_and_query_and_filters_by_path_and_method() {
 async fn one_flooding_client_leaves_another_its_rate() {
     let config = format!(
         "[server]\ntrusted_proxies = [\"127.0.0.1\"]\n{}",
-        limited("rate = \"20/s\"\nburst = 5")
+        limited("rate = \"5/s\"\nburst = 2")
     );
     let s = TestServer::start(&config).await;
     let addr = s.addr();
     let flood = tokio::spawn(async move {
-        let mut refused = 0;
-        let until = Instant::now() + Duration::from_secs(2);
+        let (mut sent, mut refused) = (0, 0);
+        let until = Instant::now() + Duration::from_secs(3);
         while Instant::now() < until {
             let c = status(addr, "/hello", &[("x-forwarded-for", "198.51.100.1")]).await;
+            sent += 1;
             refused += usize::from(c == StatusCode::TOO_MANY_REQUESTS);
         }
-        refused
+        (sent, refused)
     });
-    // The other client, at half its rate: every request answered.
-    for _ in 0..20 {
+    // The other client, at a third of the rate during the flood: every request answered.
+    for _ in 0..10 {
         let c = status(addr, "/hello", &[("x-forwarded-for", "198.51.100.2")]).await;
         assert_eq!(c, StatusCode::OK);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    assert!(flood.await.unwrap() > 10, "the flood was refused");
+    let (sent, refused) = flood.await.unwrap();
+    // The flood got about 5/s and its burst; the rest was refused.
+    assert!(
+        refused > 0 && sent - refused <= 2 + 1 + 5 * 4,
+        "{sent} sent, {refused} refused"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
