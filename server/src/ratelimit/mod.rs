@@ -309,3 +309,85 @@ pub static RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("r
 
 /// `RateLimit`: what is left of it (`r`) and when it resets (`t`, seconds).
 pub static RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(toml_text: &str) -> RateLimits {
+        #[derive(serde::Deserialize)]
+        struct Limits {
+            rate_limit: Vec<LimitConfig>,
+        }
+        let parsed: Limits = toml::from_str(toml_text).unwrap();
+        config::check_all(&parsed.rate_limit).unwrap();
+        let metrics = crate::metrics::Metrics::new(10);
+        RateLimits::prepare(&parsed.rate_limit, None, &metrics, "t").unwrap()
+    }
+
+    fn ask<'a>(headers: &'a HeaderMap, at: Instant, method: &'a Method) -> Asked<'a> {
+        Asked {
+            method,
+            path: "/api/x",
+            query: Some("user=1&x"),
+            headers,
+            client: IpAddr::from([192, 0, 2, 1]),
+            at,
+        }
+    }
+
+    #[test]
+    fn a_request_another_limit_refuses_is_charged_to_none() {
+        // "wide" takes three requests, "narrow" one: the refused second and third requests
+        // are not charged to "wide", whose count still has room for two more clients' worth.
+        let l = limits(
+            "[[rate_limit]]\nname = \"wide\"\nkey = \"tenant\"\nrate = \"4/h\"\nburst = 2\n\
+             [[rate_limit]]\nname = \"narrow\"\nkey = \"query:user\"\nrate = \"4/h\"\n",
+        );
+        let (h, now, get) = (HeaderMap::new(), Instant::now(), Method::GET);
+        assert!(l.check(&ask(&h, now, &get)).is_ok());
+        for _ in 0..5 {
+            let e = l.check(&ask(&h, now, &get)).unwrap_err();
+            assert_eq!(e.limit.config.name, "narrow");
+        }
+        // Another user: "wide" still has its burst (nothing was charged to it meanwhile).
+        let other = |q: &'static str| Asked {
+            query: Some(q),
+            ..ask(&h, now, &get)
+        };
+        assert!(l.check(&other("user=2")).is_ok());
+        assert!(l.check(&other("user=3")).is_ok());
+        let e = l.check(&other("user=4")).unwrap_err();
+        assert_eq!(
+            e.limit.config.name, "wide",
+            "its burst of 2 after the first"
+        );
+    }
+
+    #[test]
+    fn a_redeploy_with_the_same_limit_keeps_its_counts_and_a_changed_one_starts_afresh() {
+        let text = "[[rate_limit]]\nname = \"l\"\nrate = \"4/h\"\n";
+        let first = limits(text);
+        let (h, now, get) = (HeaderMap::new(), Instant::now(), Method::GET);
+        assert!(first.check(&ask(&h, now, &get)).is_ok());
+        let metrics = crate::metrics::Metrics::new(10);
+        let same = RateLimits::prepare(
+            std::slice::from_ref(&first.limits[0].config),
+            Some(&first),
+            &metrics,
+            "t",
+        )
+        .unwrap();
+        assert!(
+            same.check(&ask(&h, now, &get)).is_err(),
+            "the count came along"
+        );
+        let mut changed_config = first.limits[0].config.clone();
+        changed_config.rate = "5/h".into();
+        let changed = RateLimits::prepare(&[changed_config], Some(&first), &metrics, "t").unwrap();
+        assert!(
+            changed.check(&ask(&h, now, &get)).is_ok(),
+            "a new limit, a new count"
+        );
+    }
+}
