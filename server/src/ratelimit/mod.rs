@@ -202,11 +202,6 @@ impl Limit {
         let now = r.at.saturating_duration_since(self.epoch).as_millis() as u64;
         Some(self.table.account(key, now, commit))
     }
-
-    /// How many keys it tracks.
-    pub fn tracked(&self) -> usize {
-        self.table.keys()
-    }
 }
 
 /// The raw value of query parameter `name` in `query`.
@@ -246,11 +241,6 @@ impl RateLimits {
             })
             .collect();
         Some(Self { limits })
-    }
-
-    /// Its limits.
-    pub fn limits(&self) -> &[Arc<Limit>] {
-        &self.limits
     }
 
     /// Checks `r` against every limit: refused by the first enforced limit it is over, else

@@ -423,27 +423,9 @@ impl Remote {
         {
             return Ok(tokens.clone());
         }
-        let name = tokens_name(hash);
-        let damaged = |why: &str| {
-            RemoteError::Damaged(format!(
-                "registry object {}: {why} (damaged or tampered with); not used",
-                self.object(&name)
-            ))
-        };
-        if !crate::datadir::is_hash(hash) {
-            return Err(damaged("the index names no record"));
-        }
-        let Some(bytes) = self.get_object(&name).await? else {
-            return Err(RemoteError::NotFound(format!(
-                "registry object {} is missing",
-                self.object(&name)
-            )));
-        };
-        if digest(bytes.clone()).await? != hash {
-            return Err(damaged("its contents do not match their digest"));
-        }
-        let tokens: crate::access::Tokens =
-            serde_json::from_slice(&bytes).map_err(|_| damaged("not a tokens record"))?;
+        let tokens: crate::access::Tokens = self
+            .read_checked(&tokens_name(hash), hash, "not a tokens record")
+            .await?;
         *self.tokens.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((hash.to_string(), tokens.clone()));
         Ok(tokens)
@@ -451,29 +433,40 @@ impl Remote {
 
     /// Reads the tenant record `hash` and checks its digest.
     async fn read_record(&self, hash: &str) -> Result<crate::datadir::StoredTenant, RemoteError> {
-        let name = record_name(hash);
+        self.read_checked(&record_name(hash), hash, "not a tenant record")
+            .await
+    }
+
+    /// Reads the JSON object `name`, written once under its digest `hash`, and checks it
+    /// (`not_one`: what a body that does not parse is called).
+    async fn read_checked<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &str,
+        hash: &str,
+        not_one: &str,
+    ) -> Result<T, RemoteError> {
         if !crate::datadir::is_hash(hash) {
             return Err(RemoteError::Damaged(format!(
                 "registry object {}: {hash:?} is not a record name",
                 self.object("index.json")
             )));
         }
-        let Some(bytes) = self.get_object(&name).await? else {
+        let Some(bytes) = self.get_object(name).await? else {
             return Err(RemoteError::NotFound(format!(
                 "registry object {} is missing",
-                self.object(&name)
+                self.object(name)
             )));
         };
         let damaged = |why: &str| {
             RemoteError::Damaged(format!(
                 "registry object {}: {why} (damaged or tampered with); not used",
-                self.object(&name)
+                self.object(name)
             ))
         };
         if digest(bytes.clone()).await? != hash {
             return Err(damaged("its contents do not match their digest"));
         }
-        serde_json::from_slice(&bytes).map_err(|_| damaged("not a tenant record"))
+        serde_json::from_slice(&bytes).map_err(|_| damaged(not_one))
     }
 
     /// Writes `manifest` if the stored one is still `expected` (`None`: if there is none): the
