@@ -31,6 +31,8 @@ pub struct App {
     pub trusted_proxies: crate::context::TrustedProxies,
     /// Whether access lines show the query string (`[server] access_log_query`).
     pub access_log_query: bool,
+    /// The limits every tenant's requests count against (`[[server.rate_limit]]`).
+    pub rate_limits: Option<crate::ratelimit::RateLimits>,
 }
 
 impl App {

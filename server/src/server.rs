@@ -318,6 +318,12 @@ fn new_app(
         .then(|| config.registry.replica_name());
     let audit = crate::audit::AuditLog::open(data_dir, metrics.audit_dropped.clone(), replica)
         .with_context(|| format!("cannot open {}", data_dir.join("audit.log").display()))?;
+    let rate_limits = crate::ratelimit::RateLimits::prepare(
+        &config.server.rate_limit,
+        None,
+        &metrics,
+        crate::ratelimit::SERVER_LABEL,
+    );
     Ok(Arc::new(App {
         registry,
         certificates: std::sync::OnceLock::new(),
@@ -331,6 +337,7 @@ fn new_app(
         trusted_proxies: crate::context::TrustedProxies::parse(&config.server.trusted_proxies)
             .map_err(anyhow::Error::msg)?,
         access_log_query: config.server.access_log_query,
+        rate_limits,
     }))
 }
 

@@ -217,6 +217,9 @@ impl Config {
         if let Err(e) = crate::context::TrustedProxies::parse(&self.server.trusted_proxies) {
             return whole(&format!("server.trusted_proxies: {e}"));
         }
+        if let Err(e) = crate::ratelimit::config::check_all(&self.server.rate_limit) {
+            return whole(&format!("server.rate_limit: {e}"));
+        }
         if self.server.max_connections == 0 || self.server.header_read_timeout_ms == 0 {
             return whole("server.max_connections and server.header_read_timeout_ms must be > 0");
         }

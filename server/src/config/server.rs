@@ -96,6 +96,10 @@ pub struct ServerConfig {
     /// During a rotation of the secrets key, a file holding the previous key (what it sealed
     /// still opens until `tern secret reseal`); `TERN_SECRETS_KEY_PREVIOUS` overrides it.
     pub secrets_previous_key_file: String,
+    /// `[[server.rate_limit]]`: limits every tenant's requests count against, checked before
+    /// each tenant's own (`[[tenant.rate_limit]]`'s settings; the key is the client's address
+    /// unless one is named, and `tenant` counts per tenant). Changed at a restart.
+    pub rate_limit: Vec<crate::ratelimit::LimitConfig>,
 }
 
 impl Default for ServerConfig {
@@ -128,6 +132,7 @@ impl Default for ServerConfig {
             cache_max_mib: 1024,
             secrets_key_file: String::new(),
             secrets_previous_key_file: String::new(),
+            rate_limit: Vec::new(),
         }
     }
 }

@@ -74,7 +74,7 @@ pub async fn handle(
     if let Err(early) = check(&app, &mut req, &mut ex) {
         return ex.early(&app, early);
     }
-    match limit(&req, &ex) {
+    match limit(&app, &req, &ex) {
         Ok(wait) if wait.is_zero() => {}
         Ok(wait) => tokio::time::sleep(wait).await,
         Err(early) => return ex.early(&app, early),
@@ -313,15 +313,21 @@ fn check(app: &App, req: &mut Request<RequestBody>, ex: &mut Exchange) -> Result
     Ok(())
 }
 
-/// The `limit` step: the tenant's rate limits ([`crate::ratelimit`]), before its cache and a
-/// slot. Refused (`429`, no guest), or how long the request waits first (within a burst, past
-/// a limit's `delay`).
-fn limit(req: &Request<RequestBody>, ex: &Exchange) -> Result<std::time::Duration, Early> {
+/// The `limit` step: the server's and the tenant's rate limits ([`crate::ratelimit`]), before
+/// its cache and a slot. Refused (`429`, no guest), or how long the request waits first
+/// (within a burst, past a limit's `delay`).
+fn limit(
+    app: &App,
+    req: &Request<RequestBody>,
+    ex: &Exchange,
+) -> Result<std::time::Duration, Early> {
     let tenant = &ex.routed.as_ref().expect("a routed request").tenant;
-    let Some(limits) = &tenant.front.rate_limits else {
+    let tenant_limits = tenant.front.rate_limits.as_ref();
+    if tenant_limits.is_none() && app.rate_limits.is_none() {
         return Ok(std::time::Duration::ZERO);
-    };
+    }
     let asked = crate::ratelimit::Asked {
+        tenant: &tenant.name,
         method: req.method(),
         path: req.uri().path(),
         query: req.uri().query(),
@@ -329,7 +335,7 @@ fn limit(req: &Request<RequestBody>, ex: &Exchange) -> Result<std::time::Duratio
         client: ex.client.ip(),
         at: ex.arrived,
     };
-    limits.check(&asked).map_err(|refused| {
+    crate::ratelimit::check(app.rate_limits.as_ref(), tenant_limits, &asked).map_err(|refused| {
         let mut e = ExecError::new(
             Outcome::RateLimited,
             format!(

@@ -90,6 +90,8 @@ pub struct Asked<'a> {
     pub headers: &'a HeaderMap,
     /// The client (through `trusted_proxies`).
     pub client: IpAddr,
+    /// Its tenant's name (the `tenant` key of a server-wide limit).
+    pub tenant: &'a str,
     /// When it came.
     pub at: Instant,
 }
@@ -167,6 +169,7 @@ impl Limit {
                 KeyPart::Tenant => {
                     any = true;
                     1u8.hash(&mut h);
+                    r.tenant.hash(&mut h);
                 }
                 KeyPart::Header(name) => {
                     2u8.hash(&mut h);
@@ -183,7 +186,12 @@ impl Limit {
                     match query_value(r.query, name) {
                         Some(v) if !v.is_empty() => {
                             any = true;
-                            v.as_bytes().hash(&mut h);
+                            let mut n = 0usize;
+                            for b in decoded(v) {
+                                h.write_u8(b);
+                                n += 1;
+                            }
+                            n.hash(&mut h);
                         }
                         _ => 0usize.hash(&mut h),
                     }
@@ -204,12 +212,34 @@ impl Limit {
     }
 }
 
-/// The raw value of query parameter `name` in `query`.
+/// The value of query parameter `name` in `query`, as written (the name is compared decoded:
+/// `us%65r=1` is `user`'s).
 fn query_value<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
-    query?.split('&').find_map(|kv| match kv.split_once('=') {
-        Some((k, v)) if k == name => Some(v),
-        None if kv == name => Some(""),
-        _ => None,
+    query?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        decoded(k).eq(name.bytes()).then_some(v)
+    })
+}
+
+/// The bytes `text` stands for in a query (`%XX` and `+` decoded), so `user=%31` counts as
+/// `user=1`: a client cannot make itself new keys by spelling its value another way.
+fn decoded(text: &str) -> impl Iterator<Item = u8> + '_ {
+    let b = text.as_bytes();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        let c = *b.get(i)?;
+        let hex = |d: u8| (d as char).to_digit(16);
+        if c == b'%'
+            && let (Some(h), Some(l)) = (
+                b.get(i + 1).and_then(|d| hex(*d)),
+                b.get(i + 2).and_then(|d| hex(*d)),
+            )
+        {
+            i += 3;
+            return Some((h * 16 + l) as u8);
+        }
+        i += 1;
+        Some(if c == b'+' { b' ' } else { c })
     })
 }
 
@@ -243,56 +273,70 @@ impl RateLimits {
         Some(Self { limits })
     }
 
-    /// Checks `r` against every limit: refused by the first enforced limit it is over, else
-    /// how long the most demanding one makes it wait (zero: none).
-    ///
-    /// # Errors
-    /// [`Refused`].
-    pub fn check(&self, r: &Asked<'_>) -> Result<Duration, Refused> {
-        // As nginx, a request is charged to its limits only if none refuses it: with several,
-        // each is asked first (every dry run sees it), then each is charged. One limit is
-        // asked and charged at once (a refusal is never charged).
-        let at_once = self.limits.len() == 1;
-        let mut wait = Duration::ZERO;
-        let mut refused = None;
-        for limit in &self.limits {
-            let dry = limit.config.mode == Mode::DryRun;
-            match limit.account(r, at_once) {
-                None | Some(Verdict::Pass) => {}
-                Some(Verdict::Wait(d)) => {
-                    if !dry {
-                        wait = wait.max(d);
-                        if at_once {
-                            limit.delayed.inc();
-                        }
-                    }
-                }
-                Some(Verdict::Over { retry_after }) => {
-                    limit.refused.inc();
-                    if !dry && refused.is_none() {
-                        refused = Some(Refused {
-                            limit: limit.clone(),
-                            retry_after,
-                        });
-                    }
-                }
-            }
-        }
-        if let Some(refused) = refused {
-            return Err(refused);
-        }
-        if !at_once {
-            for limit in &self.limits {
-                if let Some(Verdict::Wait(_)) = limit.account(r, true)
-                    && limit.config.mode == Mode::Enforce
-                {
-                    limit.delayed.inc();
-                }
-            }
-        }
-        Ok(wait)
+    /// Its limits.
+    fn iter(&self) -> std::slice::Iter<'_, Arc<Limit>> {
+        self.limits.iter()
     }
 }
+
+/// Checks `r` against every limit of the server's (`[[server.rate_limit]]`) and then of its
+/// tenant's: refused by the first enforced limit it is over, else how long the most demanding
+/// one makes it wait (zero: none).
+///
+/// # Errors
+/// [`Refused`].
+pub fn check(
+    server: Option<&RateLimits>,
+    tenant: Option<&RateLimits>,
+    r: &Asked<'_>,
+) -> Result<Duration, Refused> {
+    let all = || server.into_iter().chain(tenant).flat_map(RateLimits::iter);
+    // As nginx, a request is charged to its limits only if none refuses it: with several,
+    // each is asked first (every dry run sees it), then each is charged. One limit is asked
+    // and charged at once (a refusal is never charged).
+    let at_once = server.map_or(0, |l| l.limits.len()) + tenant.map_or(0, |l| l.limits.len()) == 1;
+    let mut wait = Duration::ZERO;
+    let mut refused = None;
+    for limit in all() {
+        let dry = limit.config.mode == Mode::DryRun;
+        match limit.account(r, at_once) {
+            None | Some(Verdict::Pass) => {}
+            Some(Verdict::Wait(d)) => {
+                if !dry {
+                    wait = wait.max(d);
+                    if at_once {
+                        limit.delayed.inc();
+                    }
+                }
+            }
+            Some(Verdict::Over { retry_after }) => {
+                limit.refused.inc();
+                if !dry && refused.is_none() {
+                    refused = Some(Refused {
+                        limit: limit.clone(),
+                        retry_after,
+                    });
+                }
+            }
+        }
+    }
+    if let Some(refused) = refused {
+        return Err(refused);
+    }
+    if !at_once {
+        for limit in all() {
+            if let Some(Verdict::Wait(_)) = limit.account(r, true)
+                && limit.config.mode == Mode::Enforce
+            {
+                limit.delayed.inc();
+            }
+        }
+    }
+    Ok(wait)
+}
+
+/// The `tenant` label of the server's limits' metrics (no tenant's name).
+pub const SERVER_LABEL: &str = "*";
 
 /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers): a limit's quota and window.
 pub static RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
@@ -322,7 +366,31 @@ mod tests {
             query: Some("user=1&x"),
             headers,
             client: IpAddr::from([192, 0, 2, 1]),
+            tenant: "t",
             at,
+        }
+    }
+
+    #[test]
+    fn a_query_value_counts_as_what_it_stands_for() {
+        let l = limits("[[rate_limit]]\nname = \"q\"\nkey = \"query:user\"\nrate = \"4/h\"\n");
+        let (h, now, get) = (HeaderMap::new(), Instant::now(), Method::GET);
+        let q = |q: &'static str| Asked {
+            query: Some(q),
+            ..ask(&h, now, &get)
+        };
+        assert!(check(None, Some(&l), &q("user=a+b1")).is_ok());
+        for same in [
+            "user=a%20b%31",
+            "us%65r=a+b1",
+            "x=1&user=%61 b1",
+            "user=a%20b1&user=2",
+        ] {
+            assert!(check(None, Some(&l), &q(same)).is_err(), "{same}");
+        }
+        for other in ["user=a%2Bb1", "user=a+b1%", "user=ab1", "users=a+b1"] {
+            assert!(check(None, Some(&l), &q(other)).is_ok(), "{other}");
+            let _ = check(None, Some(&l), &q(other));
         }
     }
 
@@ -335,9 +403,9 @@ mod tests {
              [[rate_limit]]\nname = \"narrow\"\nkey = \"query:user\"\nrate = \"4/h\"\n",
         );
         let (h, now, get) = (HeaderMap::new(), Instant::now(), Method::GET);
-        assert!(l.check(&ask(&h, now, &get)).is_ok());
+        assert!(check(None, Some(&l), &ask(&h, now, &get)).is_ok());
         for _ in 0..5 {
-            let e = l.check(&ask(&h, now, &get)).unwrap_err();
+            let e = check(None, Some(&l), &ask(&h, now, &get)).unwrap_err();
             assert_eq!(e.limit.config.name, "narrow");
         }
         // Another user: "wide" still has its burst (nothing was charged to it meanwhile).
@@ -345,9 +413,9 @@ mod tests {
             query: Some(q),
             ..ask(&h, now, &get)
         };
-        assert!(l.check(&other("user=2")).is_ok());
-        assert!(l.check(&other("user=3")).is_ok());
-        let e = l.check(&other("user=4")).unwrap_err();
+        assert!(check(None, Some(&l), &other("user=2")).is_ok());
+        assert!(check(None, Some(&l), &other("user=3")).is_ok());
+        let e = check(None, Some(&l), &other("user=4")).unwrap_err();
         assert_eq!(
             e.limit.config.name, "wide",
             "its burst of 2 after the first"
@@ -359,7 +427,7 @@ mod tests {
         let text = "[[rate_limit]]\nname = \"l\"\nrate = \"4/h\"\n";
         let first = limits(text);
         let (h, now, get) = (HeaderMap::new(), Instant::now(), Method::GET);
-        assert!(first.check(&ask(&h, now, &get)).is_ok());
+        assert!(check(None, Some(&first), &ask(&h, now, &get)).is_ok());
         let metrics = crate::metrics::Metrics::new(10);
         let same = RateLimits::prepare(
             std::slice::from_ref(&first.limits[0].config),
@@ -369,14 +437,14 @@ mod tests {
         )
         .unwrap();
         assert!(
-            same.check(&ask(&h, now, &get)).is_err(),
+            check(None, Some(&same), &ask(&h, now, &get)).is_err(),
             "the count came along"
         );
         let mut changed_config = first.limits[0].config.clone();
         changed_config.rate = "5/h".into();
         let changed = RateLimits::prepare(&[changed_config], Some(&first), &metrics, "t").unwrap();
         assert!(
-            changed.check(&ask(&h, now, &get)).is_ok(),
+            check(None, Some(&changed), &ask(&h, now, &get)).is_ok(),
             "a new limit, a new count"
         );
     }

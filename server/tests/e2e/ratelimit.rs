@@ -414,3 +414,90 @@ async fn bad_limits_are_refused_at_start_and_by_the_api() {
     assert_eq!(s.get("/a").await.status, StatusCode::OK);
     assert_eq!(s.get("/a").await.status, StatusCode::TOO_MANY_REQUESTS);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_wide_limits_count_every_tenants_requests_per_client_or_per_tenant() {
+    let config = "[server]\ntrusted_proxies = [\"127.0.0.1\"]\n\
+        [[server.rate_limit]]\nname = \"per-client\"\nrate = \"4/h\"\nburst = 2\n\
+        [[server.rate_limit]]\nname = \"per-tenant\"\nkey = \"tenant\"\nrate = \"4/h\"\nburst = 4\n\
+        [[tenant]]\nname = \"one\"\nmodule = \"builtin:hello\"\npaths = [\"/one\"]\n\
+        [[tenant]]\nname = \"two\"\nmodule = \"builtin:hello\"\npaths = [\"/two\"]\n";
+    let s = TestServer::start(config).await;
+    let from = |c: &'static str| [("x-forwarded-for", c)];
+    // One client across both tenants: one request and its burst of 2, then refused by the
+    // server's per-client limit (each tenant's count: 2 and 1, within theirs).
+    let mut codes = Vec::new();
+    for path in ["/one", "/two", "/one", "/two"] {
+        let r = support::send(
+            s.addr(),
+            Method::GET,
+            path,
+            None,
+            &from("192.0.2.1"),
+            Bytes::new(),
+        )
+        .await;
+        codes.push(r.status);
+        if r.status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(r.header("ratelimit-policy"), "\"per-client\";q=6;w=3600");
+        }
+    }
+    assert_eq!(
+        codes,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    // Per tenant: "one" has taken 2 of its 5, three more clients get in, the next is refused
+    // by the per-tenant limit; "two" (1 of 5 taken) still takes four more.
+    for c in ["192.0.2.2", "192.0.2.3", "192.0.2.4"] {
+        assert_eq!(
+            status(s.addr(), "/one", &from(c)).await,
+            StatusCode::OK,
+            "{c}"
+        );
+    }
+    let r = support::send(
+        s.addr(),
+        Method::GET,
+        "/one",
+        None,
+        &from("192.0.2.5"),
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("ratelimit-policy"), "\"per-tenant\";q=8;w=3600");
+    for c in ["192.0.2.6", "192.0.2.7", "192.0.2.8", "192.0.2.9"] {
+        assert_eq!(
+            status(s.addr(), "/two", &from(c)).await,
+            StatusCode::OK,
+            "{c}"
+        );
+    }
+    assert_eq!(
+        status(s.addr(), "/two", &from("192.0.2.10")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let m = s.metrics().await;
+    for (limit, n) in [("per-client", 1.0), ("per-tenant", 2.0)] {
+        let series =
+            format!("tern_rate_limited_total{{limit=\"{limit}\",mode=\"enforce\",tenant=\"*\"}}");
+        assert!(support::metric_is(&m, &series, n), "{series}: {m}");
+    }
+    // A bad one stops the start, named as the server's.
+    let e = TestServer::try_start(
+        "[server]\n[[server.rate_limit]]\nname = \"x\"\nrate = \"1/s\"\nkey = \"cookie:a\"\n",
+    )
+    .await
+    .err()
+    .expect("refused");
+    let text = format!("{e:#}");
+    assert!(
+        text.contains("server.rate_limit") && text.contains("unknown key"),
+        "{text}"
+    );
+}
