@@ -180,4 +180,36 @@ int32_t tern_cache_purge_tag(const char *tag, size_t tag_len, int32_t flags);
 /* Copy the message of the last cache call that failed; returns the full length. */
 TERN_IMPORT("cache_last_error") int32_t tern_cache_last_error(char *buf, size_t len);
 
+/* Rate counters and penalty boxes the tenant declares (see ABI.md): 1 (blocked) when entry is
+ * in the penalty box (then not counted), or when delta added to its count in counter makes its
+ * rate over the last window seconds (1-60) more than limit per second: it then goes in the box
+ * for ttl seconds (1-86400); else 0. */
+TERN_IMPORT("rate_check")
+int32_t tern_rate_check(const char *counter, size_t counter_len, const char *entry,
+                        size_t entry_len, int32_t delta, int32_t window, int32_t limit,
+                        const char *penalty_box, size_t penalty_box_len, int32_t ttl);
+/* Add delta to entry's count; returns 0. */
+TERN_IMPORT("rate_increment")
+int32_t tern_rate_increment(const char *counter, size_t counter_len, const char *entry,
+                            size_t entry_len, int32_t delta);
+/* Entry's rate over the last window seconds (1-60), in requests per second. */
+TERN_IMPORT("rate_lookup")
+int32_t tern_rate_lookup(const char *counter, size_t counter_len, const char *entry,
+                         size_t entry_len, int32_t window);
+/* Entry's count over the last duration seconds (1-60). */
+TERN_IMPORT("rate_count")
+int32_t tern_rate_count(const char *counter, size_t counter_len, const char *entry,
+                        size_t entry_len, int32_t duration);
+/* Put entry in the penalty box for ttl seconds (a longer stay it has is kept); returns 0. */
+TERN_IMPORT("penalty_add")
+int32_t tern_penalty_add(const char *penalty_box, size_t penalty_box_len, const char *entry,
+                         size_t entry_len, int32_t ttl);
+/* 1 if entry is in the penalty box, else 0. */
+TERN_IMPORT("penalty_has")
+int32_t tern_penalty_has(const char *penalty_box, size_t penalty_box_len, const char *entry,
+                         size_t entry_len);
+/* Copy the message of the last rate counter or penalty box call that failed; returns the full
+ * length. */
+TERN_IMPORT("rate_last_error") int32_t tern_rate_last_error(char *buf, size_t len);
+
 #endif /* TERN_H */

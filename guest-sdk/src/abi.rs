@@ -128,8 +128,32 @@ pub mod func {
     /// the full length.
     pub const CACHE_LAST_ERROR: &str = "cache_last_error";
 
+    /// `(counter, counter_len, entry, entry_len, delta, window, limit, penalty_box,
+    /// penalty_box_len, ttl) -> i32`: `1` (blocked) when `entry` is in the penalty box, or when
+    /// `delta` added to its count makes its rate over `window` seconds more than `limit` per
+    /// second (it then goes in the box for `ttl` seconds); else `0`.
+    pub const RATE_CHECK: &str = "rate_check";
+    /// `(counter, counter_len, entry, entry_len, delta) -> i32`: add `delta` to `entry`'s
+    /// count; returns `0`.
+    pub const RATE_INCREMENT: &str = "rate_increment";
+    /// `(counter, counter_len, entry, entry_len, window) -> i32`: `entry`'s rate over the last
+    /// `window` seconds, in requests per second.
+    pub const RATE_LOOKUP: &str = "rate_lookup";
+    /// `(counter, counter_len, entry, entry_len, duration) -> i32`: `entry`'s count over the
+    /// last `duration` seconds.
+    pub const RATE_COUNT: &str = "rate_count";
+    /// `(penalty_box, penalty_box_len, entry, entry_len, ttl) -> i32`: put `entry` in the box
+    /// for `ttl` seconds; returns `0`.
+    pub const PENALTY_ADD: &str = "penalty_add";
+    /// `(penalty_box, penalty_box_len, entry, entry_len) -> i32`: `1` if `entry` is in the
+    /// box, else `0`.
+    pub const PENALTY_HAS: &str = "penalty_has";
+    /// `(buf, buf_len) -> i32`: copy the message of the last rate counter or penalty box call
+    /// that failed; returns the full length.
+    pub const RATE_LAST_ERROR: &str = "rate_last_error";
+
     /// Every host function with its number of `i32` parameters; each returns one `i32`.
-    pub const SIGNATURES: [(&str, usize); 38] = [
+    pub const SIGNATURES: [(&str, usize); 45] = [
         (REQUEST_METHOD, 2),
         (REQUEST_URI, 2),
         (REQUEST_HEADERS, 2),
@@ -168,10 +192,17 @@ pub mod func {
         (CACHE_CLOSE, 1),
         (CACHE_PURGE_TAG, 3),
         (CACHE_LAST_ERROR, 2),
+        (RATE_CHECK, 10),
+        (RATE_INCREMENT, 5),
+        (RATE_LOOKUP, 5),
+        (RATE_COUNT, 5),
+        (PENALTY_ADD, 5),
+        (PENALTY_HAS, 4),
+        (RATE_LAST_ERROR, 2),
     ];
 
     /// Every host function name, for checks that list them.
-    pub const ALL: [&str; 38] = [
+    pub const ALL: [&str; 45] = [
         REQUEST_METHOD,
         REQUEST_URI,
         REQUEST_HEADERS,
@@ -210,6 +241,13 @@ pub mod func {
         CACHE_CLOSE,
         CACHE_PURGE_TAG,
         CACHE_LAST_ERROR,
+        RATE_CHECK,
+        RATE_INCREMENT,
+        RATE_LOOKUP,
+        RATE_COUNT,
+        PENALTY_ADD,
+        PENALTY_HAS,
+        RATE_LAST_ERROR,
     ];
 }
 

@@ -98,6 +98,7 @@ pub mod cache;
 pub mod config;
 pub mod kv;
 pub mod outbound;
+pub mod rate_limit;
 
 pub use http;
 pub use outbound::{FetchError, fetch, fetch_backend};
@@ -218,6 +219,53 @@ host_functions! {
     fn cache_close(handle: i32) -> i32;
     fn cache_purge_tag(tag: *const u8, tag_len: usize, flags: i32) -> i32;
     fn cache_last_error(buf: *mut u8, len: usize) -> i32;
+    fn rate_check(
+        counter: *const u8,
+        counter_len: usize,
+        entry: *const u8,
+        entry_len: usize,
+        delta: i32,
+        window: i32,
+        limit: i32,
+        penalty_box: *const u8,
+        penalty_box_len: usize,
+        ttl: i32,
+    ) -> i32;
+    fn rate_increment(
+        counter: *const u8,
+        counter_len: usize,
+        entry: *const u8,
+        entry_len: usize,
+        delta: i32,
+    ) -> i32;
+    fn rate_lookup(
+        counter: *const u8,
+        counter_len: usize,
+        entry: *const u8,
+        entry_len: usize,
+        window: i32,
+    ) -> i32;
+    fn rate_count(
+        counter: *const u8,
+        counter_len: usize,
+        entry: *const u8,
+        entry_len: usize,
+        duration: i32,
+    ) -> i32;
+    fn penalty_add(
+        penalty_box: *const u8,
+        penalty_box_len: usize,
+        entry: *const u8,
+        entry_len: usize,
+        ttl: i32,
+    ) -> i32;
+    fn penalty_has(
+        penalty_box: *const u8,
+        penalty_box_len: usize,
+        entry: *const u8,
+        entry_len: usize,
+    ) -> i32;
+    fn rate_last_error(buf: *mut u8, len: usize) -> i32;
 }
 
 /// An error code returned by a host function (see [`abi::errno`]).

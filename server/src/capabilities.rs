@@ -58,11 +58,14 @@ pub struct Grants {
     pub variables: Arc<crate::variables::Grant>,
     /// Its cache, for its guests' own entries (when it has one).
     pub cache: Option<Arc<crate::cache::guest::Grant>>,
+    /// Its rate counters and penalty boxes.
+    pub counters: Arc<crate::ratelimit::counters::Grant>,
 }
 
 impl Grants {
     /// A tenant's grants, from its `settings`, the server's `resources`, and its `cache`
-    /// (when it has one; shared with its front end).
+    /// (when it has one; shared with its front end); the counters its guests kept in the
+    /// version it replaces are `carried_counters`.
     ///
     /// # Errors
     /// Why a setting cannot be granted (a bad outbound policy, an unknown store), in words
@@ -72,6 +75,7 @@ impl Grants {
         settings: &crate::config::TenantSettings<toml::Spanned<String>>,
         resources: &Resources,
         cache: Option<&Arc<crate::cache::Cache>>,
+        carried_counters: Option<&crate::ratelimit::counters::Grant>,
     ) -> Result<Self, String> {
         let s = settings;
         Ok(Self {
@@ -84,6 +88,13 @@ impl Grants {
             )?),
             variables: Arc::new(crate::variables::Grant::prepare(p, &resources.variables)),
             cache: crate::cache::guest::Grant::prepare(p, cache).map(Arc::new),
+            counters: Arc::new(crate::ratelimit::counters::Grant::prepare(
+                &s.rate_counter,
+                &s.penalty_box,
+                carried_counters,
+                &p.metrics.rate_counter_entries,
+                p.label,
+            )),
         })
     }
 }
@@ -98,6 +109,8 @@ pub struct Capabilities {
     pub variables: Arc<crate::variables::Grant>,
     /// The tenant's cache, for the guest's own entries.
     pub cache: crate::cache::guest::Session,
+    /// The tenant's rate counters and penalty boxes.
+    pub counters: crate::ratelimit::counters::Session,
 }
 
 impl Capabilities {
@@ -108,6 +121,7 @@ impl Capabilities {
             kv: crate::kv::Session::new(granted.kv.clone(), context),
             variables: granted.variables.clone(),
             cache: crate::cache::guest::Session::new(granted.cache.clone(), context),
+            counters: crate::ratelimit::counters::Session::new(granted.counters.clone()),
         }
     }
 

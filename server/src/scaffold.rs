@@ -60,6 +60,7 @@ fn files(kind: GuestKind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'
             sdk_file!("kv.rs"),
             sdk_file!("config.rs"),
             sdk_file!("cache.rs"),
+            sdk_file!("rate_limit.rs"),
             ("tern-sdk/ABI.md", abi_md),
             (".gitignore", "/target\n"),
         ],

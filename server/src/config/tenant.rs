@@ -95,6 +95,13 @@ pub struct TenantSettings<R> {
     /// tenant) and refused past a rate, before the cache and any guest.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rate_limit: Vec<crate::ratelimit::LimitConfig>,
+    /// `[[tenant.rate_counter]]`: counters its guests count clients with (`check_rate`,
+    /// `lookup_rate`, `lookup_count`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rate_counter: Vec<crate::ratelimit::counters::TableConfig>,
+    /// `[[tenant.penalty_box]]`: where its guests keep clients out for a while.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub penalty_box: Vec<crate::ratelimit::counters::TableConfig>,
 }
 
 /// `[tenant.hsts]`: HTTP Strict Transport Security (RFC 6797). Sticky: a browser that saw it
@@ -169,6 +176,8 @@ impl<R> Default for TenantSettings<R> {
             cache: crate::cache::CacheConfig::default(),
             compression: crate::compress::CompressionConfig::default(),
             rate_limit: Vec::new(),
+            rate_counter: Vec::new(),
+            penalty_box: Vec::new(),
         }
     }
 }
@@ -190,6 +199,8 @@ impl<R> TenantSettings<R> {
             cache,
             compression,
             rate_limit,
+            rate_counter,
+            penalty_box,
         } = self;
         TenantSettings {
             hosts: hosts.iter().map(&f).collect(),
@@ -205,6 +216,8 @@ impl<R> TenantSettings<R> {
             cache: cache.clone(),
             compression: compression.clone(),
             rate_limit: rate_limit.clone(),
+            rate_counter: rate_counter.clone(),
+            penalty_box: penalty_box.clone(),
         }
     }
 }
@@ -394,6 +407,14 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
     }
     if let Err(m) = crate::ratelimit::config::check_all(&t.settings.rate_limit) {
         return here(&t.name, format!("tenant {name:?}: {m}"));
+    }
+    for (what, tables) in [
+        ("rate_counter", &t.settings.rate_counter),
+        ("penalty_box", &t.settings.penalty_box),
+    ] {
+        if let Err(m) = crate::ratelimit::counters::check_all(what, tables) {
+            return here(&t.name, format!("tenant {name:?}: {m}"));
+        }
     }
     for (i, p) in t.settings.paths.iter().enumerate() {
         let prefix = crate::router::normalise_prefix(p.get_ref());

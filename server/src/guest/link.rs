@@ -13,7 +13,8 @@ fn core_capabilities(linker: &mut Linker<module::GuestState>) -> wasmtime::Resul
     module::tern::outbound::add_to_linker(linker)?;
     module::tern::kv::add_to_linker(linker)?;
     module::tern::config::add_to_linker(linker)?;
-    module::tern::cache::add_to_linker(linker)
+    module::tern::cache::add_to_linker(linker)?;
+    module::tern::rate::add_to_linker(linker)
 }
 
 /// The host APIs of the capabilities, for components (their outgoing requests are
@@ -24,7 +25,8 @@ fn component_capabilities(
 ) -> wasmtime::Result<()> {
     wasi_http::kv::add_to_linker(linker, wasi_http::HttpState::kv)?;
     wasi_http::variables::add_to_linker(linker, wasi_p3, wasi_http::HttpState::variables)?;
-    wasi_http::cache::add_to_linker(linker, wasi_http::HttpState::cache)
+    wasi_http::cache::add_to_linker(linker, wasi_http::HttpState::cache)?;
+    wasi_http::rate::add_to_linker(linker, wasi_http::HttpState::rate)
 }
 
 /// The linkers every tenant is pre-linked against, by guest kind and whether it has assets.

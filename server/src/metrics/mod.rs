@@ -414,6 +414,12 @@ named_metrics! {
         "Keys (clients, header values...) a tenant's rate limit tracks, at most its max_keys.",
         &["tenant", "limit"],
     );
+    pub rate_counter_entries: gauges(
+        "tern_rate_counter_entries",
+        "Entries a tenant's rate counter or penalty box keeps for its guests \
+         ([[tenant.rate_counter]], [[tenant.penalty_box]]), at most its max_entries.",
+        &["tenant", "kind", "name"],
+    );
     pub compressed: counters(
         "tern_compressed_responses_total",
         "Answers sent compressed ([tenant.compression]), by tenant and encoding (zstd, br, \

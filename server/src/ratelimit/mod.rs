@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use http::{HeaderMap, HeaderValue, Method};
 
 pub mod config;
+pub mod counters;
+pub mod shards;
 pub mod table;
 
 pub use config::{KeyConfig, LimitConfig, Mode};

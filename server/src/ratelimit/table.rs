@@ -7,12 +7,9 @@
 //! has drained (they count as new ones), then, if that freed too little, the least recently
 //! seen quarter.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
-/// Shards of the table (a power of two).
-const SHARDS: usize = 16;
+use super::shards::{Shards, Slot};
 
 /// Bytes a tracked key costs at most (documented): key, state and the table's slack.
 pub const BYTES_PER_KEY: usize = 64;
@@ -39,46 +36,22 @@ struct State {
     last: u64,
 }
 
-/// A hasher for keys that are already keyed hashes.
-#[derive(Default, Clone, Copy)]
-struct Identity(u64);
-
-impl std::hash::Hasher for Identity {
-    fn finish(&self) -> u64 {
-        self.0
+impl Slot for State {
+    fn last_seen(&self) -> u64 {
+        self.last
     }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type Map = HashMap<u64, State, std::hash::BuildHasherDefault<Identity>>;
-
-#[derive(Debug, Default)]
-struct Shard {
-    map: Map,
-    /// Reused when the least recent keys are chosen (no allocation once grown).
-    scratch: Vec<u64>,
 }
 
 /// One limit's counts.
 #[derive(Debug)]
 pub struct Table {
-    shards: Box<[Mutex<Shard>]>,
-    per_shard: usize,
+    keys: Shards<State>,
     /// Milli-requests per second.
     rate: u64,
     /// `burst` × 1000.
     burst: u64,
     /// `delay` × 1000.
     delay: u64,
-    /// How many keys it tracks.
-    tracked: prometheus::IntGauge,
 }
 
 impl Table {
@@ -92,9 +65,7 @@ impl Table {
         tracked: prometheus::IntGauge,
     ) -> Self {
         Self {
-            tracked,
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            per_shard: max_keys.div_ceil(SHARDS).max(1),
+            keys: Shards::new(max_keys, tracked),
             rate: rate.max(1),
             burst: u64::from(burst) * 1000,
             delay: u64::from(delay) * 1000,
@@ -107,29 +78,30 @@ impl Table {
     /// `commit` false it only says what accounting would decide (nginx checks every limit of a
     /// request before it charges any).
     pub fn account(&self, key: u64, now: u64, commit: bool) -> Verdict {
-        let shard = &self.shards[(key >> 32) as usize & (SHARDS - 1)];
-        let mut s = shard.lock().unwrap_or_else(|e| e.into_inner());
-        let (excess, last) = match s.map.get(&key) {
-            None => (0, now),
-            Some(st) => {
-                // Requests accounted out of order (two workers) never move `last` back.
-                let drained = self.rate.saturating_mul(now.saturating_sub(st.last)) / 1000;
-                ((st.excess + 1000).saturating_sub(drained), now.max(st.last))
-            }
-        };
+        let rate = self.rate;
+        let (excess, _) = self.keys.with(
+            key,
+            |st| {
+                let (excess, last) = match st {
+                    None => (0, now),
+                    Some(st) => {
+                        // Requests accounted out of order (two workers) never move `last` back.
+                        let drained = rate.saturating_mul(now.saturating_sub(st.last)) / 1000;
+                        ((st.excess + 1000).saturating_sub(drained), now.max(st.last))
+                    }
+                };
+                let store = (commit && excess <= self.burst).then_some(State { excess, last });
+                ((excess, last), store)
+            },
+            // A full shard forgets the keys that have drained so far that their next request
+            // would count from zero (as a new key's does).
+            |st| st.excess + 1000 <= rate.saturating_mul(now.saturating_sub(st.last)) / 1000,
+        );
         if excess > self.burst {
             let wait_ms = (excess - self.burst) * 1000 / self.rate;
             return Verdict::Over {
                 retry_after: wait_ms.div_ceil(1000).max(1),
             };
-        }
-        if commit && s.map.insert(key, State { excess, last }).is_none() {
-            self.tracked.inc();
-            if s.map.len() > self.per_shard {
-                let before = s.map.len();
-                self.make_room(&mut s, now, key);
-                self.tracked.sub((before - s.map.len()) as i64);
-            }
         }
         if excess > self.delay {
             Verdict::Wait(Duration::from_millis(
@@ -140,45 +112,16 @@ impl Table {
         }
     }
 
-    /// Frees room in a full shard: the keys that have drained so far that their next request
-    /// would count from zero go (as a new key's does), then, if fewer than an eighth went, the
-    /// least recently seen quarter. `keep` (the key just counted) stays.
-    fn make_room(&self, s: &mut Shard, now: u64, keep: u64) {
-        let rate = self.rate;
-        s.map.retain(|k, st| {
-            *k == keep || st.excess + 1000 > rate.saturating_mul(now.saturating_sub(st.last)) / 1000
-        });
-        if s.map.len() < self.per_shard - self.per_shard / 8 {
-            return;
-        }
-        let Shard { map, scratch } = s;
-        scratch.clear();
-        scratch.extend(map.values().map(|st| st.last));
-        let quarter = (scratch.len() / 4).max(1);
-        let (_, cut, _) = scratch.select_nth_unstable(quarter - 1);
-        let cut = *cut;
-        map.retain(|k, st| *k == keep || st.last > cut);
-    }
-
     /// How many keys it tracks.
     pub fn keys(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).map.len())
-            .sum()
-    }
-}
-
-impl Drop for Table {
-    /// Its keys leave the gauge with it (a limit removed or changed by a redeploy).
-    fn drop(&mut self) {
-        self.tracked.sub(self.keys() as i64);
+        self.keys.keys()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ratelimit::shards::SHARDS;
 
     fn table(rate_per_sec: u64, burst: u32, delay: u32, max_keys: usize) -> Table {
         let gauge = prometheus::IntGauge::new("k", "k").unwrap();
@@ -308,12 +251,7 @@ mod tests {
         // The most recent keys are the ones kept (looked at before it is counted again).
         let last = 999_999u64.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let first = 0u64;
-        let shard = &t.shards[(last >> 32) as usize & (SHARDS - 1)];
-        assert!(shard.lock().unwrap().map.contains_key(&last));
-        let shard = &t.shards[(first >> 32) as usize & (SHARDS - 1)];
-        assert!(
-            !shard.lock().unwrap().map.contains_key(&first),
-            "the oldest went"
-        );
+        assert!(t.keys.contains(last));
+        assert!(!t.keys.contains(first), "the oldest went");
     }
 }

@@ -392,6 +392,8 @@ pub struct Carried {
     pub served: Option<Arc<Served>>,
     /// Its rate limits' counts (each kept by a limit with the same settings).
     pub rate_limits: Option<crate::ratelimit::RateLimits>,
+    /// Its guests' rate counters and penalty boxes (each kept by the same declaration).
+    pub counters: Option<Arc<crate::ratelimit::counters::Grant>>,
 }
 
 impl Carried {
@@ -401,6 +403,7 @@ impl Carried {
             slots: Some((tenant.limits.max_concurrency, tenant.slots.clone())),
             served: Some(tenant.served.clone()),
             rate_limits: tenant.front.rate_limits.clone(),
+            counters: Some(tenant.grants.counters.clone()),
         }
     }
 }
@@ -465,6 +468,7 @@ pub fn prepare(
         &config.settings,
         resources,
         cache.as_ref(),
+        carried.counters.as_deref(),
     )
     .map_err(refuse)?;
     let front = crate::tenant::front::Front::prepare(

@@ -18,6 +18,7 @@ mod errors;
 mod faults;
 mod fleet;
 mod guest_cache;
+mod guest_ratelimit;
 mod host_limits;
 mod hostile;
 mod http3;

@@ -33,6 +33,9 @@
 //!   60 s, tagged T, varying on `accept-language` (with `trap=1` it panics instead), and
 //!   answers `found=0|1 must=0|1 body=B` as it found the entry; `/cache?purge=T` purges the
 //!   tag T and answers `purged=N`.
+//! - `/rate?entry=E[&counter=C][&window=W][&limit=L]`: `tern:rate-limit` check-rate of E in C
+//!   (`rc`) by 1 over W s (10) at L per second (1), boxed in `pb` for 60 s; answers
+//!   `blocked=0|1 count=N` (its count over 10 s), or `error: ...`.
 //! - `/env`: its environment, one `NAME=value` per line.
 //! - `/config?name=N`: the value of N read through `wasi:config/store@0.2.0-draft`: `200` and
 //!   the value, `404` "none", or `500` and the error; `/config` alone: every name (`get-all`).
@@ -57,6 +60,14 @@ mod cache {
     wit_bindgen::generate!({
         path: "../../wit/cache",
         world: "tern:cache/host",
+        generate_all,
+    });
+}
+
+mod rate {
+    wit_bindgen::generate!({
+        path: "../../wit/rate-limit",
+        world: "tern:rate-limit/host",
         generate_all,
     });
 }
@@ -285,6 +296,26 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
             "/cache" => {
                 let text = match use_cache(&request, &path) {
                     Ok(text) => text,
+                    Err(e) => format!("error: {e:?}"),
+                };
+                respond(out, 200, &[], text.as_bytes());
+            }
+            "/rate" => {
+                use rate::tern::rate_limit::rate_limit as rl;
+                let entry = query(&path, "entry").unwrap_or_else(|| "e".into());
+                let counter = query(&path, "counter").unwrap_or_else(|| "rc".into());
+                let number = |k: &str, d: u32| query(&path, k).and_then(|v| v.parse().ok()).unwrap_or(d);
+                let blocked = rl::check_rate(
+                    &counter,
+                    &entry,
+                    1,
+                    number("window", 10),
+                    number("limit", 1),
+                    "pb",
+                    60,
+                );
+                let text = match blocked.and_then(|b| Ok((b, rl::lookup_count(&counter, &entry, 10)?))) {
+                    Ok((b, n)) => format!("blocked={} count={n}", u8::from(b)),
                     Err(e) => format!("error: {e:?}"),
                 };
                 respond(out, 200, &[], text.as_bytes());

@@ -123,6 +123,16 @@ impl tern::CacheView for GuestState {
     }
 }
 
+impl tern::RateView for GuestState {
+    fn rate(&mut self) -> (&mut crate::ratelimit::counters::Session, &mut String) {
+        (&mut self.capabilities.counters, &mut self.tables.rate_error)
+    }
+
+    fn rate_last_error(&self) -> &str {
+        &self.tables.rate_error
+    }
+}
+
 impl tern::ConfigView for GuestState {
     fn variables(&self) -> &crate::variables::Grant {
         &self.capabilities.variables

@@ -17,6 +17,7 @@ pub mod body;
 pub mod cache;
 pub mod hooks;
 pub mod kv;
+pub mod rate;
 pub mod variables;
 
 use std::sync::Arc;
@@ -125,6 +126,13 @@ impl HttpState {
         cache::CacheHost {
             session: &mut self.capabilities.cache,
             table: &mut self.table,
+        }
+    }
+
+    /// The tenant's rate counters and penalty boxes ([`rate`]).
+    pub fn rate(&mut self) -> rate::RateHost<'_> {
+        rate::RateHost {
+            session: &mut self.capabilities.counters,
         }
     }
 

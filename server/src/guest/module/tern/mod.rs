@@ -2,8 +2,8 @@
 //!
 //! One file per interface of the ABI (guest-sdk/ABI.md): [`request`] (what the guest reads),
 //! [`response`] (what it writes), [`outbound`] (the requests it sends), [`kv`] (its
-//! key-value stores), [`config`] (its tenant's variables) and [`cache`] (its own entries in
-//! its tenant's cache). Each maps the shared request, response and outbound errors to the
+//! key-value stores), [`config`] (its tenant's variables), [`cache`] (its own entries in
+//! its tenant's cache) and [`rate`] (its tenant's rate counters and penalty boxes). Each maps the shared request, response and outbound errors to the
 //! ABI's errnos. The store state, the linker and
 //! the driver are the core modules' ([`crate::guest::module`]); the CGI kind links these
 //! functions too.
@@ -13,6 +13,7 @@ pub mod config;
 pub mod handles;
 pub mod kv;
 pub mod outbound;
+pub mod rate;
 pub mod request;
 pub mod response;
 
@@ -20,6 +21,7 @@ pub use cache::{CacheEntries, CacheView};
 pub use config::ConfigView;
 pub use kv::{Kv, KvView};
 pub use outbound::{Outbound, OutboundCalls, OutboundView};
+pub use rate::RateView;
 pub use request::RequestView;
 pub use response::ResponseView;
 
@@ -33,6 +35,9 @@ pub struct Tables {
     pub kv: Kv,
     /// Cache entries looked up.
     pub cache: CacheEntries,
+    /// The message of the last rate counter or penalty box call that failed (they have no
+    /// handles).
+    pub rate_error: String,
 }
 
 use wasmtime::Linker;
