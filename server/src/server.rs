@@ -322,8 +322,13 @@ fn new_app(
         &config.server.rate_limit,
         None,
         &metrics,
-        crate::ratelimit::SERVER_LABEL,
-    );
+        (
+            crate::ratelimit::SERVER_LABEL,
+            crate::ratelimit::SERVER_LABEL,
+        ),
+        registry.stores(),
+    )
+    .map_err(|e| anyhow::anyhow!("server.{e}"))?;
     Ok(Arc::new(App {
         registry,
         certificates: std::sync::OnceLock::new(),

@@ -74,7 +74,7 @@ pub async fn handle(
     if let Err(early) = check(&app, &mut req, &mut ex) {
         return ex.early(&app, early);
     }
-    match limit(&app, &req, &ex) {
+    match limit(&app, &req, &ex).await {
         Ok(wait) if wait.is_zero() => {}
         Ok(wait) => tokio::time::sleep(wait).await,
         Err(early) => return ex.early(&app, early),
@@ -316,7 +316,7 @@ fn check(app: &App, req: &mut Request<RequestBody>, ex: &mut Exchange) -> Result
 /// The `limit` step: the server's and the tenant's rate limits ([`crate::ratelimit`]), before
 /// its cache and a slot. Refused (`429`, no guest), or how long the request waits first
 /// (within a burst, past a limit's `delay`).
-fn limit(
+async fn limit(
     app: &App,
     req: &Request<RequestBody>,
     ex: &Exchange,
@@ -335,7 +335,8 @@ fn limit(
         client: ex.client.ip(),
         at: ex.arrived,
     };
-    crate::ratelimit::check(app.rate_limits.as_ref(), tenant_limits, &asked).map_err(|refused| {
+    let checked = crate::ratelimit::check(app.rate_limits.as_ref(), tenant_limits, &asked).await;
+    checked.map_err(|refused| {
         let mut e = ExecError::new(
             Outcome::RateLimited,
             format!(

@@ -138,6 +138,44 @@ enum Raw {
     Script(Vec<Vec<u8>>),
 }
 
+/// One request accounted to a shared rate limit, nginx's `limit_req` arithmetic
+/// ([`crate::ratelimit::table`]) on the Redis server's clock: `KEYS[1]` the key's hash of
+/// excess (`e`, milli-requests) and last time (`l`, ms); `ARGV` the rate (milli-requests a
+/// second), the burst (milli-requests), `1` to charge a request (or `r`: give one back, `n`:
+/// give back the one that made the key) and how long the key lives (ms, until it has
+/// drained). Answers the key's excess with this request (stored if it is within the burst)
+/// and `1` if the key was new; a refund answers `{0, 0}`.
+const LEAKY_BUCKET: &str = r"
+local rate, burst, commit, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+if commit == 'n' then
+  redis.call('DEL', KEYS[1])
+  return {0, 0}
+elseif commit == 'r' then
+  local e = redis.call('HGET', KEYS[1], 'e')
+  if e then
+    e = math.max(tonumber(e) - 1000, 0)
+    redis.call('HSET', KEYS[1], 'e', string.format('%d', e))
+  end
+  return {0, 0}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = redis.call('HMGET', KEYS[1], 'e', 'l')
+local excess, last, new = 0, now, 1
+if v[1] then
+  new = 0
+  local e, l = tonumber(v[1]), tonumber(v[2])
+  local drained = math.floor(rate * math.max(now - l, 0) / 1000)
+  excess = math.max(e + 1000 - drained, 0)
+  last = math.max(now, l)
+end
+if excess <= burst then
+  redis.call('HSET', KEYS[1], 'e', string.format('%d', excess), 'l', string.format('%d', last))
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return {excess, new}
+";
+
 /// A store on a Redis server.
 pub struct Redis {
     name: String,
@@ -147,6 +185,7 @@ pub struct Redis {
     max_keys: u64,
     max_bytes: u64,
     script: redis::Script,
+    leaky_bucket: redis::Script,
     /// Made on first use (it needs the runtime); it connects and reconnects by itself.
     conn: OnceLock<Result<ConnectionManager, String>>,
 }
@@ -171,6 +210,7 @@ impl Redis {
             max_keys: config.max_keys_per_tenant,
             max_bytes: config.max_bytes_per_tenant,
             script: redis::Script::new(WRITE),
+            leaky_bucket: redis::Script::new(LEAKY_BUCKET),
             conn: OnceLock::new(),
         })
     }
@@ -237,6 +277,52 @@ impl Redis {
             ))),
             Err(e) => Err(self.unavailable(&e)),
         }
+    }
+
+    /// Accounts one request of a shared rate limit's key `key` (under the store's prefix):
+    /// its excess with this request, in milli-requests, and whether the key was new (see
+    /// [`LEAKY_BUCKET`]); with `refund` (whether the request made the key), gives one back
+    /// instead.
+    ///
+    /// # Errors
+    /// The server failing or not answering, in words for the log.
+    pub async fn leaky_bucket(
+        &self,
+        key: &str,
+        rate: u64,
+        burst: u64,
+        refund: Option<bool>,
+    ) -> Result<(u64, bool), String> {
+        let mut conn = self.connection().map_err(|e| e.to_string())?;
+        // Until a key has drained all it can hold, a second past it.
+        let ttl_ms = (burst + 1000).saturating_mul(1000) / rate.max(1) + 1000;
+        let mut call = self.leaky_bucket.prepare_invoke();
+        call.key(format!("{}{key}", self.prefix))
+            .arg(rate)
+            .arg(burst)
+            .arg(match refund {
+                None => "1",
+                Some(false) => "r",
+                Some(true) => "n",
+            })
+            .arg(ttl_ms);
+        let answer = match call.invoke_async(&mut conn).await {
+            Err(e) if refused(&e) => call.invoke_async(&mut conn).await,
+            answer => answer,
+        };
+        answer
+            .map(|(excess, new): (u64, u8)| (excess, new == 1))
+            .map_err(|e: redis::RedisError| {
+                if e.is_timeout() {
+                    format!(
+                        "Redis store {:?}: no answer within {} ms (timeout_ms)",
+                        self.name,
+                        self.timeout.as_millis()
+                    )
+                } else {
+                    format!("Redis store {:?}: {e}", self.name)
+                }
+            })
     }
 
     /// Sends `op` for the tenant whose Redis keys start with `base`.

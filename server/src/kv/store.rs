@@ -31,6 +31,14 @@ impl Store {
         }
     }
 
+    /// Its Redis server, when it is on one (what a shared rate limit counts through).
+    pub fn redis(&self) -> Option<&redis::Redis> {
+        match &self.backend {
+            Opened::Sqlite(_) => None,
+            Opened::Redis(r) => Some(r),
+        }
+    }
+
     /// Runs `op` on `tenant`'s keys. Sizes are checked here, before the backend sees it.
     ///
     /// # Errors

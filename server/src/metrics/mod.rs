@@ -409,6 +409,12 @@ named_metrics! {
         "Requests a tenant's rate limit made wait (within its burst, past its delay).",
         &["tenant", "limit"],
     );
+    pub rate_limit_unreachable: counters(
+        "tern_rate_limit_unreachable_total",
+        "Requests a shared rate limit (shared = true) could not count: its Redis store did not \
+         answer; let through or refused as its when_unreachable says.",
+        &["tenant", "limit"],
+    );
     pub rate_limit_keys: gauges(
         "tern_rate_limit_keys",
         "Keys (clients, header values...) a tenant's rate limit tracks, at most its max_keys.",

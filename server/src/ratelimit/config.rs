@@ -50,6 +50,33 @@ pub struct LimitConfig {
     /// Keys it tracks at most; past it the least recently seen are forgotten.
     #[serde(default = "default_max_keys")]
     pub max_keys: usize,
+    /// Counted for the whole fleet in a Redis key-value store (`store`), not by each replica.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
+    /// The `[kv.NAME]` store (a Redis one) a shared limit counts in (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    /// What a shared limit does when its store cannot be reached: `allow` (the request goes
+    /// on, uncounted) or `refuse` (`429`).
+    #[serde(default, skip_serializing_if = "Unreachable::is_allow")]
+    pub when_unreachable: Unreachable,
+}
+
+/// What a shared limit does when its store cannot be reached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unreachable {
+    /// Let the request through, uncounted (fail open).
+    #[default]
+    Allow,
+    /// Refuse it with `429` (fail closed).
+    Refuse,
+}
+
+impl Unreachable {
+    fn is_allow(&self) -> bool {
+        *self == Self::Allow
+    }
 }
 
 fn default_max_keys() -> usize {
@@ -242,6 +269,11 @@ impl LimitConfig {
         if self.max_keys == 0 || self.max_keys > MAX_KEYS {
             return Err(at(format!("max_keys is 1 to {MAX_KEYS}")));
         }
+        if !self.shared && (self.store.is_some() || !self.when_unreachable.is_allow()) {
+            return Err(at(
+                "store and when_unreachable are for a shared limit (shared = true)".into(),
+            ));
+        }
         Ok(())
     }
 }
@@ -281,6 +313,9 @@ mod tests {
             methods: Vec::new(),
             mode: Mode::Enforce,
             max_keys: DEFAULT_MAX_KEYS,
+            shared: false,
+            store: None,
+            when_unreachable: Unreachable::Allow,
         }
     }
 

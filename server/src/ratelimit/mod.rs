@@ -21,6 +21,7 @@ use http::{HeaderMap, HeaderValue, Method};
 pub mod config;
 pub mod counters;
 pub mod shards;
+pub mod shared;
 pub mod table;
 
 pub use config::{KeyConfig, LimitConfig, Mode};
@@ -43,6 +44,8 @@ pub struct Limit {
     ratelimit_t1: HeaderValue,
     refused: prometheus::IntCounter,
     delayed: prometheus::IntCounter,
+    /// Where it counts when it is shared (`shared = true`).
+    shared: Option<shared::Shared>,
 }
 
 /// Why a request was refused.
@@ -99,11 +102,29 @@ pub struct Asked<'a> {
 }
 
 impl Limit {
-    /// A limit from its (checked) settings, counted for tenant `label` in `metrics`.
+    /// A limit from its (checked) settings, counted for tenant `label` in `metrics` (a shared
+    /// one in its store of `stores`, under `tenant`'s name).
+    ///
+    /// # Errors
+    /// A shared limit whose store is missing or not a Redis one.
     ///
     /// # Panics
     /// If the settings were not checked ([`LimitConfig::check`]).
-    pub fn new(config: &LimitConfig, metrics: &crate::metrics::Metrics, label: &str) -> Self {
+    pub fn new(
+        config: &LimitConfig,
+        metrics: &crate::metrics::Metrics,
+        label: &str,
+        tenant: &str,
+        stores: &crate::kv::Stores,
+    ) -> Result<Self, String> {
+        let shared = if config.shared {
+            let failed = metrics
+                .rate_limit_unreachable
+                .with_label_values(&[label, config.name.as_str()]);
+            Some(shared::Shared::new(config, tenant, stores, failed)?)
+        } else {
+            None
+        };
         let rate = Rate::parse(&config.rate).expect("a checked rate");
         let key = config
             .key
@@ -121,7 +142,8 @@ impl Limit {
         let ratelimit_t1 = HeaderValue::from_str(&format!("\"{}\";r=0;t=1", config.name))
             .expect("a name of token characters");
         let labels = [label, config.name.as_str(), config.mode.name()];
-        Self {
+        Ok(Self {
+            shared,
             key,
             hasher: std::hash::RandomState::new(),
             table: Table::new(
@@ -141,7 +163,7 @@ impl Limit {
                 .rate_limit_delayed
                 .with_label_values(&[label, config.name.as_str()]),
             config: config.clone(),
-        }
+        })
     }
 
     /// Whether it looks at `r` (its paths and methods).
@@ -156,9 +178,9 @@ impl Limit {
                     .any(|p| r.path.starts_with(p.as_str())))
     }
 
-    /// The key of `r` (`None`: every part of it is absent, as nginx's empty key: not counted).
-    fn key_of(&self, r: &Asked<'_>) -> Option<u64> {
-        let mut h = self.hasher.build_hasher();
+    /// The key of `r` hashed with `h` (`None`: every part of it is absent, as nginx's empty
+    /// key: not counted).
+    fn key_of(&self, r: &Asked<'_>, mut h: impl Hasher) -> Option<u64> {
         let mut any = false;
         for part in &self.key {
             // Each part is framed (a tag and a length), so parts cannot run into each other.
@@ -203,14 +225,38 @@ impl Limit {
         any.then(|| h.finish())
     }
 
-    /// Accounts `r` (with `commit` false: only says what accounting would decide).
-    fn account(&self, r: &Asked<'_>, commit: bool) -> Option<Verdict> {
+    /// Accounts `r`: what it decided, the key charged and whether that key was new (`None`:
+    /// the limit does not look at `r`, or its key is absent).
+    async fn account(&self, r: &Asked<'_>) -> Option<(Verdict, u64, bool)> {
         if !self.covers(r) {
             return None;
         }
-        let key = self.key_of(r)?;
+        if let Some(shared) = &self.shared {
+            let key = self.key_of(r, shared::Stable::default())?;
+            let (rate, burst) = self.table.rate_and_burst();
+            let (verdict, new) = match shared.excess(key, rate, burst).await {
+                Some((excess, new)) => (self.table.verdict(excess), new),
+                None => match shared.unreachable {
+                    // Nothing was charged: nothing to give back.
+                    config::Unreachable::Allow => return None,
+                    config::Unreachable::Refuse => (Verdict::Over { retry_after: 1 }, false),
+                },
+            };
+            return Some((verdict, key, new));
+        }
+        let key = self.key_of(r, self.hasher.build_hasher())?;
         let now = r.at.saturating_duration_since(self.epoch).as_millis() as u64;
-        Some(self.table.account(key, now, commit))
+        let (verdict, new) = self.table.charge(key, now);
+        Some((verdict, key, new))
+    }
+
+    /// Gives back the request charged to `key` (another limit refused it); `new`: it made
+    /// the key.
+    async fn refund(&self, key: u64, new: bool) {
+        match &self.shared {
+            Some(shared) => shared.refund(key, new).await,
+            None => self.table.refund(key, new),
+        }
     }
 }
 
@@ -252,27 +298,32 @@ pub struct RateLimits {
 }
 
 impl RateLimits {
-    /// A tenant's limits from its (checked) settings; a limit `carried` from the version it
-    /// replaces with the same settings keeps its counts.
+    /// `tenant`'s limits (`*` for the server's) from its (checked) settings, counted under
+    /// `label` in `metrics`, the shared ones in `stores`; a limit `carried` from the version
+    /// it replaces with the same settings keeps its counts.
+    ///
+    /// # Errors
+    /// A shared limit whose store is missing or not a Redis one.
     pub fn prepare(
         configs: &[LimitConfig],
         carried: Option<&RateLimits>,
         metrics: &crate::metrics::Metrics,
-        label: &str,
-    ) -> Option<Self> {
+        (label, tenant): (&str, &str),
+        stores: &crate::kv::Stores,
+    ) -> Result<Option<Self>, String> {
         if configs.is_empty() {
-            return None;
+            return Ok(None);
         }
         let limits = configs
             .iter()
-            .map(|c| {
-                carried
-                    .and_then(|old| old.limits.iter().find(|l| l.config == *c))
-                    .cloned()
-                    .unwrap_or_else(|| Arc::new(Limit::new(c, metrics, label)))
-            })
-            .collect();
-        Some(Self { limits })
+            .map(
+                |c| match carried.and_then(|old| old.limits.iter().find(|l| l.config == *c)) {
+                    Some(kept) => Ok(kept.clone()),
+                    None => Limit::new(c, metrics, label, tenant, stores).map(Arc::new),
+                },
+            )
+            .collect::<Result<_, _>>()?;
+        Ok(Some(Self { limits }))
     }
 
     /// Its limits.
@@ -287,31 +338,39 @@ impl RateLimits {
 ///
 /// # Errors
 /// [`Refused`].
-pub fn check(
+pub async fn check(
     server: Option<&RateLimits>,
     tenant: Option<&RateLimits>,
     r: &Asked<'_>,
 ) -> Result<Duration, Refused> {
     let all = || server.into_iter().chain(tenant).flat_map(RateLimits::iter);
-    // As nginx, a request is charged to its limits only if none refuses it: with several,
-    // each is asked first (every dry run sees it), then each is charged. One limit is asked
-    // and charged at once (a refusal is never charged).
-    let at_once = server.map_or(0, |l| l.limits.len()) + tenant.map_or(0, |l| l.limits.len()) == 1;
+    // Each limit is asked and charged at once (one step under its lock, or one script on the
+    // shared store: concurrent requests never both take the last place). As nginx, a request
+    // is charged to its limits only if none refuses it: when one does, what the others were
+    // charged is given back. Every dry run sees every request.
+    let mut charged = [(0u8, 0u64, false, false); 2 * config::MAX_LIMITS];
+    let mut n = 0;
     let mut wait = Duration::ZERO;
     let mut refused = None;
-    for limit in all() {
+    for (i, limit) in all().enumerate() {
         let dry = limit.config.mode == Mode::DryRun;
-        match limit.account(r, at_once) {
-            None | Some(Verdict::Pass) => {}
-            Some(Verdict::Wait(d)) => {
-                if !dry {
+        let Some((verdict, key, new)) = limit.account(r).await else {
+            continue;
+        };
+        match verdict {
+            Verdict::Pass | Verdict::Wait(_) => {
+                let waits = !dry && verdict != Verdict::Pass;
+                if let Verdict::Wait(d) = verdict
+                    && !dry
+                {
                     wait = wait.max(d);
-                    if at_once {
-                        limit.delayed.inc();
-                    }
+                }
+                if let Some(slot) = charged.get_mut(n) {
+                    *slot = (i as u8, key, waits, new);
+                    n += 1;
                 }
             }
-            Some(Verdict::Over { retry_after }) => {
+            Verdict::Over { retry_after } => {
                 limit.refused.inc();
                 if !dry && refused.is_none() {
                     refused = Some(Refused {
@@ -322,16 +381,18 @@ pub fn check(
             }
         }
     }
+    let charged = &charged[..n];
     if let Some(refused) = refused {
+        for &(i, key, _, new) in charged {
+            if let Some(limit) = all().nth(i as usize) {
+                limit.refund(key, new).await;
+            }
+        }
         return Err(refused);
     }
-    if !at_once {
-        for limit in all() {
-            if let Some(Verdict::Wait(_)) = limit.account(r, true)
-                && limit.config.mode == Mode::Enforce
-            {
-                limit.delayed.inc();
-            }
+    for &(i, _, waits, _) in charged {
+        if waits && let Some(limit) = all().nth(i as usize) {
+            limit.delayed.inc();
         }
     }
     Ok(wait)
@@ -350,6 +411,18 @@ pub static RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimi
 mod tests {
     use super::*;
 
+    /// [`check`], waited for (no limit here waits on anything).
+    fn ck(
+        server: Option<&RateLimits>,
+        tenant: Option<&RateLimits>,
+        r: &Asked<'_>,
+    ) -> Result<Duration, Refused> {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(check(server, tenant, r))
+    }
+
     fn limits(toml_text: &str) -> RateLimits {
         #[derive(serde::Deserialize)]
         struct Limits {
@@ -358,7 +431,15 @@ mod tests {
         let parsed: Limits = toml::from_str(toml_text).unwrap();
         config::check_all(&parsed.rate_limit).unwrap();
         let metrics = crate::metrics::Metrics::new(10);
-        RateLimits::prepare(&parsed.rate_limit, None, &metrics, "t").unwrap()
+        RateLimits::prepare(
+            &parsed.rate_limit,
+            None,
+            &metrics,
+            ("t", "t"),
+            &crate::kv::Stores::default(),
+        )
+        .unwrap()
+        .unwrap()
     }
 
     fn ask<'a>(headers: &'a HeaderMap, at: Instant, method: &'a Method) -> Asked<'a> {
@@ -374,6 +455,29 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_requests_never_both_take_the_last_place() {
+        // Two limits (asked and charged one by one): eight threads at once, one place.
+        let l = limits(
+            "[[rate_limit]]\nname = \"a\"\nrate = \"4/h\"\n\
+             [[rate_limit]]\nname = \"b\"\nkey = \"tenant\"\nrate = \"4/h\"\nburst = 1000\n",
+        );
+        let (h, now, get) = (HeaderMap::new(), Instant::now(), Method::GET);
+        let admitted = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..50 {
+                        if ck(None, Some(&l), &ask(&h, now, &get)).is_ok() {
+                            admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.into_inner(), 1);
+    }
+
+    #[test]
     fn a_query_value_counts_as_what_it_stands_for() {
         let l = limits("[[rate_limit]]\nname = \"q\"\nkey = \"query:user\"\nrate = \"4/h\"\n");
         let (h, now, get) = (HeaderMap::new(), Instant::now(), Method::GET);
@@ -381,18 +485,18 @@ mod tests {
             query: Some(q),
             ..ask(&h, now, &get)
         };
-        assert!(check(None, Some(&l), &q("user=a+b1")).is_ok());
+        assert!(ck(None, Some(&l), &q("user=a+b1")).is_ok());
         for same in [
             "user=a%20b%31",
             "us%65r=a+b1",
             "x=1&user=%61 b1",
             "user=a%20b1&user=2",
         ] {
-            assert!(check(None, Some(&l), &q(same)).is_err(), "{same}");
+            assert!(ck(None, Some(&l), &q(same)).is_err(), "{same}");
         }
         for other in ["user=a%2Bb1", "user=a+b1%", "user=ab1", "users=a+b1"] {
-            assert!(check(None, Some(&l), &q(other)).is_ok(), "{other}");
-            let _ = check(None, Some(&l), &q(other));
+            assert!(ck(None, Some(&l), &q(other)).is_ok(), "{other}");
+            let _ = ck(None, Some(&l), &q(other));
         }
     }
 
@@ -405,9 +509,9 @@ mod tests {
              [[rate_limit]]\nname = \"narrow\"\nkey = \"query:user\"\nrate = \"4/h\"\n",
         );
         let (h, now, get) = (HeaderMap::new(), Instant::now(), Method::GET);
-        assert!(check(None, Some(&l), &ask(&h, now, &get)).is_ok());
+        assert!(ck(None, Some(&l), &ask(&h, now, &get)).is_ok());
         for _ in 0..5 {
-            let e = check(None, Some(&l), &ask(&h, now, &get)).unwrap_err();
+            let e = ck(None, Some(&l), &ask(&h, now, &get)).unwrap_err();
             assert_eq!(e.limit.config.name, "narrow");
         }
         // Another user: "wide" still has its burst (nothing was charged to it meanwhile).
@@ -415,9 +519,9 @@ mod tests {
             query: Some(q),
             ..ask(&h, now, &get)
         };
-        assert!(check(None, Some(&l), &other("user=2")).is_ok());
-        assert!(check(None, Some(&l), &other("user=3")).is_ok());
-        let e = check(None, Some(&l), &other("user=4")).unwrap_err();
+        assert!(ck(None, Some(&l), &other("user=2")).is_ok());
+        assert!(ck(None, Some(&l), &other("user=3")).is_ok());
+        let e = ck(None, Some(&l), &other("user=4")).unwrap_err();
         assert_eq!(
             e.limit.config.name, "wide",
             "its burst of 2 after the first"
@@ -429,24 +533,34 @@ mod tests {
         let text = "[[rate_limit]]\nname = \"l\"\nrate = \"4/h\"\n";
         let first = limits(text);
         let (h, now, get) = (HeaderMap::new(), Instant::now(), Method::GET);
-        assert!(check(None, Some(&first), &ask(&h, now, &get)).is_ok());
+        assert!(ck(None, Some(&first), &ask(&h, now, &get)).is_ok());
         let metrics = crate::metrics::Metrics::new(10);
         let same = RateLimits::prepare(
             std::slice::from_ref(&first.limits[0].config),
             Some(&first),
             &metrics,
-            "t",
+            ("t", "t"),
+            &crate::kv::Stores::default(),
         )
+        .unwrap()
         .unwrap();
         assert!(
-            check(None, Some(&same), &ask(&h, now, &get)).is_err(),
+            ck(None, Some(&same), &ask(&h, now, &get)).is_err(),
             "the count came along"
         );
         let mut changed_config = first.limits[0].config.clone();
         changed_config.rate = "5/h".into();
-        let changed = RateLimits::prepare(&[changed_config], Some(&first), &metrics, "t").unwrap();
+        let changed = RateLimits::prepare(
+            &[changed_config],
+            Some(&first),
+            &metrics,
+            ("t", "t"),
+            &crate::kv::Stores::default(),
+        )
+        .unwrap()
+        .unwrap();
         assert!(
-            check(None, Some(&changed), &ask(&h, now, &get)).is_ok(),
+            ck(None, Some(&changed), &ask(&h, now, &get)).is_ok(),
             "a new limit, a new count"
         );
     }

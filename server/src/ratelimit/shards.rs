@@ -112,6 +112,18 @@ impl<V: Slot> Shards<V> {
         map.retain(|k, v| *k == keep || v.last_seen() > cut);
     }
 
+    /// Changes the value of `key`, if tracked; it is forgotten if `f` says it is not to be kept.
+    pub fn update(&self, key: u64, f: impl FnOnce(&mut V) -> bool) {
+        let shard = &self.shards[(key >> 32) as usize & (SHARDS - 1)];
+        let mut s = shard.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = s.map.get_mut(&key)
+            && !f(v)
+        {
+            s.map.remove(&key);
+            self.tracked.dec();
+        }
+    }
+
     /// Whether it tracks `key`.
     pub fn contains(&self, key: u64) -> bool {
         self.with(key, |v| (v.is_some(), None), |_| false)

@@ -74,14 +74,18 @@ impl Table {
 
     /// Accounts one request of `key` at `now` (ms since the table's start), as nginx's
     /// `limit_req` does: a key's first request is free; then its excess grows by one request
-    /// and drains at the rate; over the burst the request is refused (and not counted). With
-    /// `commit` false it only says what accounting would decide (nginx checks every limit of a
-    /// request before it charges any).
-    pub fn account(&self, key: u64, now: u64, commit: bool) -> Verdict {
+    /// and drains at the rate; over the burst the request is refused (and not counted).
+    pub fn account(&self, key: u64, now: u64) -> Verdict {
+        self.charge(key, now).0
+    }
+
+    /// [`Self::account`], and whether `key` was new (a refund then forgets it again).
+    pub fn charge(&self, key: u64, now: u64) -> (Verdict, bool) {
         let rate = self.rate;
-        let (excess, _) = self.keys.with(
+        let (excess, new) = self.keys.with(
             key,
             |st| {
+                let new = st.is_none();
                 let (excess, last) = match st {
                     None => (0, now),
                     Some(st) => {
@@ -90,13 +94,27 @@ impl Table {
                         ((st.excess + 1000).saturating_sub(drained), now.max(st.last))
                     }
                 };
-                let store = (commit && excess <= self.burst).then_some(State { excess, last });
-                ((excess, last), store)
+                let store = (excess <= self.burst).then_some(State { excess, last });
+                ((excess, new), store)
             },
             // A full shard forgets the keys that have drained so far that their next request
             // would count from zero (as a new key's does).
             |st| st.excess + 1000 <= rate.saturating_mul(now.saturating_sub(st.last)) / 1000,
         );
+        (self.verdict(excess), new)
+    }
+
+    /// Gives back one request charged to `key` (another limit refused it): its excess less
+    /// one request, or a key that request made is forgotten (its next request is free again).
+    pub fn refund(&self, key: u64, new: bool) {
+        self.keys.update(key, |st| {
+            st.excess = st.excess.saturating_sub(1000);
+            !new
+        });
+    }
+
+    /// What a key's excess with one more request (milli-requests) decides.
+    pub fn verdict(&self, excess: u64) -> Verdict {
         if excess > self.burst {
             let wait_ms = (excess - self.burst) * 1000 / self.rate;
             return Verdict::Over {
@@ -110,6 +128,11 @@ impl Table {
         } else {
             Verdict::Pass
         }
+    }
+
+    /// Its rate (milli-requests per second) and burst (milli-requests).
+    pub fn rate_and_burst(&self) -> (u64, u64) {
+        (self.rate, self.burst)
     }
 
     /// How many keys it tracks.
@@ -133,29 +156,29 @@ mod tests {
         // rate=10r/s burst=5 nodelay: the first request is free, five more fit, the seventh
         // at the same instant is refused; 100 ms later one more fits.
         let t = table(10, 5, 5, 100);
-        let verdicts: Vec<Verdict> = (0..7).map(|_| t.account(1, 0, true)).collect();
+        let verdicts: Vec<Verdict> = (0..7).map(|_| t.account(1, 0)).collect();
         assert!(
             verdicts[..6].iter().all(|v| *v == Verdict::Pass),
             "{verdicts:?}"
         );
         assert_eq!(verdicts[6], Verdict::Over { retry_after: 1 });
         assert_eq!(
-            t.account(1, 99, true),
+            t.account(1, 99),
             Verdict::Over { retry_after: 1 },
             "limit - 1 ms"
         );
-        assert_eq!(t.account(1, 100, true), Verdict::Pass, "at the limit");
+        assert_eq!(t.account(1, 100), Verdict::Pass, "at the limit");
         assert!(
-            matches!(t.account(1, 100, true), Verdict::Over { .. }),
+            matches!(t.account(1, 100), Verdict::Over { .. }),
             "limit + 1 request"
         );
         // Another key has its own count.
-        assert_eq!(t.account(2, 100, true), Verdict::Pass);
+        assert_eq!(t.account(2, 100), Verdict::Pass);
         // Refused requests are not counted: after a second of quiet the whole burst is back.
         for _ in 0..50 {
-            t.account(1, 150, true);
+            t.account(1, 150);
         }
-        let back: Vec<Verdict> = (0..7).map(|_| t.account(1, 1_200, true)).collect();
+        let back: Vec<Verdict> = (0..7).map(|_| t.account(1, 1_200)).collect();
         assert!(back[..6].iter().all(|v| *v == Verdict::Pass), "{back:?}");
         assert!(matches!(back[6], Verdict::Over { .. }));
     }
@@ -165,7 +188,7 @@ mod tests {
         // rate=10r/s burst=5 delay=2 (nginx's delay=2): excess 1 and 2 at once, 3 waits
         // 100 ms, 4 200 ms, 5 300 ms; the next is refused.
         let t = table(10, 5, 2, 100);
-        let got: Vec<Verdict> = (0..7).map(|_| t.account(7, 0, true)).collect();
+        let got: Vec<Verdict> = (0..7).map(|_| t.account(7, 0)).collect();
         let ms = |n| Verdict::Wait(Duration::from_millis(n));
         assert_eq!(
             got,
@@ -181,8 +204,8 @@ mod tests {
         );
         // delay = 0 (nginx without nodelay): every excess request waits.
         let t = table(10, 5, 0, 100);
-        assert_eq!(t.account(7, 0, true), Verdict::Pass);
-        assert_eq!(t.account(7, 0, true), ms(100));
+        assert_eq!(t.account(7, 0), Verdict::Pass);
+        assert_eq!(t.account(7, 0), ms(100));
     }
 
     #[test]
@@ -193,31 +216,35 @@ mod tests {
         let t = table(1, 0, 0, 160);
         let in_shard_0 = |k: u64| (k + 1) << 36;
         for k in 0..9 {
-            t.account(in_shard_0(k), 0, true);
+            t.account(in_shard_0(k), 0);
         }
-        assert_eq!(t.account(42, 5_000, true), Verdict::Pass);
+        assert_eq!(t.account(42, 5_000), Verdict::Pass);
         for k in 100..103 {
-            t.account(in_shard_0(k), 5_000, true);
+            t.account(in_shard_0(k), 5_000);
         }
         assert!(t.keys() <= 10 + 1, "{}", t.keys());
         assert!(
-            matches!(t.account(42, 5_001, true), Verdict::Over { .. }),
+            matches!(t.account(42, 5_001), Verdict::Over { .. }),
             "the busy key was forgotten"
         );
         // Out of order (another worker's older instant): `last` does not go back.
         let t = table(10, 0, 0, 16);
-        assert_eq!(t.account(1, 1_000, true), Verdict::Pass);
-        assert!(matches!(t.account(1, 900, true), Verdict::Over { .. }));
-        assert!(matches!(t.account(1, 1_050, true), Verdict::Over { .. }));
-        assert_eq!(t.account(1, 1_100, true), Verdict::Pass);
-        // Not committed: nothing is charged.
-        let t = table(10, 0, 0, 16);
-        assert_eq!(t.account(5, 0, false), Verdict::Pass);
-        assert_eq!(
-            t.account(5, 0, true),
-            Verdict::Pass,
-            "the first request still free"
-        );
+        assert_eq!(t.account(1, 1_000), Verdict::Pass);
+        assert!(matches!(t.account(1, 900), Verdict::Over { .. }));
+        assert!(matches!(t.account(1, 1_050), Verdict::Over { .. }));
+        assert_eq!(t.account(1, 1_100), Verdict::Pass);
+        // A refund gives the place back; a key the refunded request made is forgotten.
+        let t = table(10, 1, 1, 1600);
+        assert_eq!(t.charge(5, 0), (Verdict::Pass, true));
+        assert_eq!(t.charge(5, 0), (Verdict::Pass, false));
+        assert!(matches!(t.account(5, 0), Verdict::Over { .. }));
+        t.refund(5, false);
+        assert_eq!(t.account(5, 0), Verdict::Pass, "its place given back");
+        assert_eq!(t.keys(), 1);
+        let (_, new) = t.charge(6, 0);
+        t.refund(6, new);
+        assert_eq!(t.keys(), 1, "the new key is forgotten");
+        assert_eq!(t.charge(6, 0), (Verdict::Pass, true), "free again");
     }
 
     #[test]
@@ -226,8 +253,8 @@ mod tests {
         // rate in milli-requests per second is truncated to 16, as nginx's is).
         let gauge = prometheus::IntGauge::new("k", "k").unwrap();
         let t = Table::new(1000 / 60, 0, 0, 10, gauge);
-        assert_eq!(t.account(1, 0, true), Verdict::Pass);
-        let Verdict::Over { retry_after } = t.account(1, 1_000, true) else {
+        assert_eq!(t.account(1, 0), Verdict::Pass);
+        let Verdict::Over { retry_after } = t.account(1, 1_000) else {
             panic!("refused")
         };
         assert!((58..=63).contains(&retry_after), "{retry_after}");
@@ -241,8 +268,8 @@ mod tests {
         for k in 0..1_000_000u64 {
             // Spread over the shards as hashes are; each key busy (excess not drained).
             let key = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            t.account(key, k / 1000, true);
-            t.account(key, k / 1000, true);
+            t.account(key, k / 1000);
+            t.account(key, k / 1000);
         }
         let n = t.keys();
         assert!(n <= max + SHARDS, "{n} keys tracked, max {max}");

@@ -63,6 +63,11 @@ pub use state::{Deployed, Live, Registry};
 const CONFLICT_PATIENCE: Duration = Duration::from_secs(20);
 
 impl Registry {
+    /// The server's key-value stores (`[kv]`), which shared rate limits count in too.
+    pub fn stores(&self) -> &crate::kv::Stores {
+        &self.loader.resources.stores
+    }
+
     /// Loads the config's tenants and the store's, checks that their names and routes do not
     /// clash, and publishes them. With a shared registry (`fleet`), the API tenants come from
     /// it, or from the data directory's snapshot of it if it cannot be reached.

@@ -45,15 +45,20 @@ impl Front {
 
     /// A tenant's front-end features, from its `settings` (already checked when they were
     /// read), its `cache` (when it has one; shared with its guests' grants) and the rate
-    /// limits of the version it replaces (`carried`: the same limits keep their counts).
+    /// limits of the version it replaces (`carried`: the same limits keep their counts); shared
+    /// limits count in their store of `stores`.
+    ///
+    /// # Errors
+    /// A shared limit whose store is missing or not a Redis one.
     pub fn prepare(
         p: &Preparing<'_>,
         settings: &crate::config::TenantSettings<toml::Spanned<String>>,
         cache: Option<&Arc<Cache>>,
         carried: Option<&crate::ratelimit::RateLimits>,
-    ) -> Self {
+        stores: &crate::kv::Stores,
+    ) -> Result<Self, String> {
         let s = settings;
-        Self {
+        Ok(Self {
             https_redirect: s.https_redirect,
             hsts: s
                 .hsts
@@ -67,8 +72,9 @@ impl Front {
                 &s.rate_limit,
                 carried,
                 p.metrics,
-                p.label,
-            ),
-        }
+                (p.label, p.tenant),
+                stores,
+            )?,
+        })
     }
 }

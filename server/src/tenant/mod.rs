@@ -476,7 +476,9 @@ pub fn prepare(
         &config.settings,
         cache.as_ref(),
         carried.rate_limits.as_ref(),
-    );
+        &resources.stores,
+    )
+    .map_err(refuse)?;
     let slots = match carried.slots {
         Some((n, slots)) if n == limits.max_concurrency => slots,
         _ => Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),

@@ -439,13 +439,13 @@ async fn concurrent_compare_and_swap_from_components_all_count() {
 
 /// A real `redis-server` on 127.0.0.1 (Debian's; `bash scripts/test` installs it), saving
 /// nothing to disk.
-struct Redis {
+pub struct Redis {
     child: std::process::Child,
-    port: u16,
+    pub port: u16,
 }
 
 impl Redis {
-    fn start() -> Self {
+    pub fn start() -> Self {
         let port = crate::support::free_port();
         Self {
             child: Self::spawn(port),
@@ -471,7 +471,7 @@ impl Redis {
         panic!("redis-server did not listen on port {port}");
     }
 
-    fn stop(&mut self) {
+    pub fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

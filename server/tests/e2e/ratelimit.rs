@@ -501,3 +501,83 @@ async fn server_wide_limits_count_every_tenants_requests_per_client_or_per_tenan
         "{text}"
     );
 }
+
+/// Two replicas with a shared limit count once for the fleet (in their Redis store): a flood
+/// through both gets the configured rate in total (not twice it); with Redis gone, each limit
+/// does what its `when_unreachable` says; a shared limit needs a Redis store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_limit_counts_for_the_fleet_and_follows_its_choice_without_redis() {
+    let mut redis = crate::kv::Redis::start();
+    let config = format!(
+        "[kv.fleet]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout_ms = 300\n{HELLO}\
+         [[tenant.rate_limit]]\nname = \"paced\"\nrate = \"20/s\"\nshared = true\nstore = \"fleet\"\n\
+         paths = [\"/hello/paced\"]\n\
+         [[tenant.rate_limit]]\nname = \"open\"\nrate = \"4/h\"\nburst = 4\nshared = true\n\
+         store = \"fleet\"\npaths = [\"/hello/open\"]\n\
+         [[tenant.rate_limit]]\nname = \"closed\"\nrate = \"4/h\"\nburst = 4\nshared = true\n\
+         store = \"fleet\"\nwhen_unreachable = \"refuse\"\npaths = [\"/hello/closed\"]\n",
+        redis.port
+    );
+    let one = TestServer::start(&config).await;
+    let two = TestServer::start(&config).await;
+    // Exact counts: 1 + burst 4 through either replica, then refused on both.
+    let mut codes = Vec::new();
+    for i in 0..8 {
+        let s = if i % 2 == 0 { &one } else { &two };
+        codes.push(status(s.addr(), "/hello/open", &[]).await);
+    }
+    let taken = codes.iter().filter(|c| **c == StatusCode::OK).count();
+    assert_eq!(taken, 5, "{codes:?}");
+    assert_eq!(codes[7], StatusCode::TOO_MANY_REQUESTS);
+    // A flood through both for 2 s at 20/s (burst 0): about 40 taken in total (±10 %), where
+    // two replicas counting apart would take about 80.
+    let addrs = [one.addr(), two.addr(), one.addr(), two.addr()];
+    let until = Instant::now() + Duration::from_secs(2);
+    let floods: Vec<_> = addrs
+        .into_iter()
+        .map(|a| {
+            tokio::spawn(async move {
+                let mut ok = 0usize;
+                while Instant::now() < until {
+                    ok += usize::from(status(a, "/hello/paced", &[]).await == StatusCode::OK);
+                }
+                ok
+            })
+        })
+        .collect();
+    let mut taken = 0;
+    for f in floods {
+        taken += f.await.unwrap();
+    }
+    eprintln!("shared 20/s over 2 s through two replicas: {taken} taken");
+    assert!((36..=45).contains(&taken), "{taken} taken");
+
+    // Redis gone: "open" lets requests through, "closed" refuses them; both are counted.
+    redis.stop();
+    for _ in 0..3 {
+        assert_eq!(status(one.addr(), "/hello/open", &[]).await, StatusCode::OK);
+        assert_eq!(
+            status(two.addr(), "/hello/closed", &[]).await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    let m = one.metrics().await;
+    let series = "tern_rate_limit_unreachable_total{limit=\"open\",tenant=\"hello\"}";
+    assert!(support::metric_is(&m, series, 3.0), "{m}");
+
+    // A shared limit needs a Redis store.
+    let e = TestServer::try_start(&limited("rate = \"1/s\"\nshared = true"))
+        .await
+        .err()
+        .expect("refused");
+    let text = format!("{e:#}");
+    assert!(
+        text.contains("counts in a Redis store, and [kv.default] is sqlite"),
+        "{text}"
+    );
+    let e = TestServer::try_start(&limited("rate = \"1/s\"\nwhen_unreachable = \"refuse\""))
+        .await
+        .err()
+        .expect("refused");
+    assert!(format!("{e:#}").contains("for a shared limit"), "{e:#}");
+}
