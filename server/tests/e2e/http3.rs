@@ -508,19 +508,27 @@ async fn a_client_that_changes_address_keeps_its_http3_connection() {
 async fn a_handshake_flood_is_capped_and_the_listener_keeps_serving() {
     let h = h3_server("max_tls_handshakes = 4\n").await;
     // The in-progress gauge, sampled all through the flood: never past the cap.
+    // (The flood starts once the sampler has its first sample: a first scrape slower than the
+    // whole flood left it unsampled.)
     let sampling = Arc::new(AtomicBool::new(true));
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
     let sampler = {
         let (addr, sampling) = (h.s.admin(), sampling.clone());
         tokio::spawn(async move {
             let (mut most, mut samples) = (0.0f64, 0u32);
+            let mut first = Some(first_tx);
             while sampling.load(Ordering::Relaxed) {
                 let m = crate::support::get_at(addr, "/metrics").await.text();
                 most = most.max(metric_value_or_zero(&m, "tern_tls_handshakes_in_progress"));
                 samples += 1;
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(());
+                }
             }
             (most, samples)
         })
     };
+    first_rx.await.expect("the sampler's first sample");
     let mut flood = Vec::new();
     for _ in 0..60 {
         let (addr, ca) = (h.addr, h.pki.ca.clone());
