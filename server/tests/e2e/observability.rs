@@ -174,6 +174,7 @@ async fn live_metrics() -> String {
          [[certificate]]\ncert = \"a.crt\"\nkey = \"a.key\"\n\
          [[tenant]]\nname = \"cached\"\nmodule = \"builtin:hello\"\npaths = [\"/cached\"]\n\
          [tenant.cache]\nenabled = true\n\
+         [[tenant.rate_limit]]\nname = \"rl\"\nrate = \"1000/s\"\n\
          [[tenant]]\nname = \"calls\"\nmodule = \"builtin:proxy\"\npaths = [\"/calls\"]\n\
          [tenant.cache]\nenabled = true\nmax_mib = 1\n\
          [tenant.outbound.backends.origin]\nurl = \"http://127.0.0.1:9\"\ncache = true\n",
