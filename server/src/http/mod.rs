@@ -33,6 +33,7 @@ use crate::guest::{GuestRequest, Head, RequestBody};
 use crate::metrics::{GaugeGuard, Phase, Timings};
 use crate::outcome::{self, ExecError, Outcome};
 use crate::pool::Admitted;
+use crate::ratelimit::RateLimits;
 use crate::tenant::TenantRef;
 
 pub mod exchange;
@@ -335,7 +336,18 @@ async fn limit(
         client: ex.client.ip(),
         at: ex.arrived,
     };
-    let checked = crate::ratelimit::check(app.rate_limits.as_ref(), tenant_limits, &asked).await;
+    let server_limits = app.rate_limits.as_ref();
+    let check = crate::ratelimit::check(server_limits, tenant_limits, &asked);
+    let checked = if server_limits.is_some_and(RateLimits::waits)
+        || tenant_limits.is_some_and(RateLimits::waits)
+    {
+        // A shared store's round trip: the check waits, in a box of its own (its state would
+        // otherwise grow every request's future, moved whole).
+        Box::pin(check).await
+    } else {
+        // Counted here in memory: ready at once.
+        futures_util::FutureExt::now_or_never(check).expect("memory limits never wait")
+    };
     checked.map_err(|refused| {
         let mut e = ExecError::new(
             Outcome::RateLimited,

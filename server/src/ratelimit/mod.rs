@@ -295,6 +295,8 @@ fn decoded(text: &str) -> impl Iterator<Item = u8> + '_ {
 #[derive(Debug, Default, Clone)]
 pub struct RateLimits {
     limits: Vec<Arc<Limit>>,
+    /// Whether any counts in a shared store (then [`check`] waits for it).
+    shared: bool,
 }
 
 impl RateLimits {
@@ -314,7 +316,7 @@ impl RateLimits {
         if configs.is_empty() {
             return Ok(None);
         }
-        let limits = configs
+        let limits: Vec<Arc<Limit>> = configs
             .iter()
             .map(
                 |c| match carried.and_then(|old| old.limits.iter().find(|l| l.config == *c)) {
@@ -323,7 +325,14 @@ impl RateLimits {
                 },
             )
             .collect::<Result<_, _>>()?;
-        Ok(Some(Self { limits }))
+        let shared = limits.iter().any(|l| l.shared.is_some());
+        Ok(Some(Self { limits, shared }))
+    }
+
+    /// Whether any of them counts in a shared store: [`check`] then waits for it; otherwise it
+    /// is ready at once.
+    pub fn waits(&self) -> bool {
+        self.shared
     }
 
     /// Its limits.
