@@ -75,6 +75,31 @@ NGINX
         curl -s "http://127.0.0.1:$nginx_port/shut/hello" -o /dev/null -w '%{http_code}' >"$WORK/nginx-shut"
         stop "$master"
     done
+    # Memory: a limit keyed by a header every request gives anew, max_keys 100,000 (the
+    # default): resident memory before and after as many distinct keys as wrk sends in
+    # KEYS_SECS seconds (a million at ~30,000 requests/s), and the keys tracked.
+    local keys_secs=${KEYS_SECS:-40}
+    {
+        printf '[server]\nworker_threads = 1\n'
+        printf '[[tenant]]\nname = "free"\nmodule = "builtin:hello"\npaths = ["/free"]\n'
+        printf '[[tenant]]\nname = "keys"\nmodule = "builtin:hello"\npaths = ["/keys"]\n'
+        printf '[[tenant.rate_limit]]\nname = "keys"\nkey = "header:x-key"\nrate = "1/s"\n'
+    } >"$WORK/keys.toml"
+    PIN=0 start_tern "$WORK/keys.toml" TERN_LOG=warn
+    curl -s -o /dev/null -H 'x-key: warm' "http://127.0.0.1:$TERN_PORT/keys/hello"
+    local rss_start rss_before rss_after sent tracked
+    rss_start=$(awk '/VmRSS/ { print $2 }' "/proc/$TERN_PID/status")
+    # The same load on a tenant without a limit first: what the connections and requests
+    # themselves keep, so the second run's growth is the keys'.
+    taskset -c 1 wrk -t1 -c"$CONNS" -d"${keys_secs}s" -s loadtest/distinct-keys.lua \
+        "http://127.0.0.1:$TERN_PORT/free/hello" >/dev/null
+    rss_before=$(awk '/VmRSS/ { print $2 }' "/proc/$TERN_PID/status")
+    sent=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${keys_secs}s" -s loadtest/distinct-keys.lua \
+        "http://127.0.0.1:$TERN_PORT/keys/hello" | awk '/requests in/ { print $1 }')
+    rss_after=$(awk '/VmRSS/ { print $2 }' "/proc/$TERN_PID/status")
+    tracked=$(curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" |
+        awk '/^tern_rate_limit_keys\{/ { print $2 }')
+    stop "$TERN_PID"
     # Each case over the rounds: CPU per request as min-max (median), and its req/s median.
     spread() { # lines
         printf '%s' "$1" | grep . | awk '{ print $7, $1 }' | sort -n | awk '
@@ -109,5 +134,10 @@ NGINX
         echo "| nginx, refused (\`429\`) | $(spread "${r[nginx_shut]}") |"
         echo
         echo "- What a limit that never refuses adds, paired within each round: Tern $(paired "${d[tern]}"), nginx $(paired "${d[nginx]}")"
+        echo "- Memory of one limit's keys (\`key = \"header:x-key\"\`, \`max_keys\` 100,000: at most 6.4 MB documented):"
+        echo "  $sent distinct keys in ${keys_secs} s; keys tracked after: $tracked; the server's resident memory"
+        awk -v s="$rss_start" -v b="$rss_before" -v a="$rss_after" 'BEGIN {
+            printf "  %.1f MiB at start, %.1f MiB after the same load without a limit,\n", s / 1024, b / 1024
+            printf "  %.1f MiB after the keys (%+.1f MiB for the keys)\n", a / 1024, (a - b) / 1024 }'
     } | tee "$RESULTS/ratelimit.md"
 }
