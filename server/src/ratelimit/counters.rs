@@ -113,7 +113,7 @@ pub enum CounterError {
 
 /// One entry's counts: the last 61 seconds', by second.
 #[derive(Debug, Clone, Copy)]
-struct Counts {
+pub struct Counts {
     /// The second of its newest count (since the counter's start).
     newest: u32,
     /// Counts by second (`second % SECONDS`).
@@ -177,28 +177,47 @@ fn second(ms: u64) -> u32 {
     u32::try_from(ms / 1000).unwrap_or(u32::MAX)
 }
 
-/// A rate counter.
+/// Entries of a counter or a box, and what they are kept with.
 #[derive(Debug)]
-pub struct Counter {
+pub struct Entries<V> {
     /// As declared.
     pub config: TableConfig,
-    entries: Shards<Counts>,
+    entries: Shards<V>,
     hasher: std::hash::RandomState,
+    /// The clock's zero.
     epoch: Instant,
 }
+
+/// A rate counter: entries and their counts by second.
+pub type Counter = Entries<Counts>;
 
 /// A penalty box: entries and when they leave it (ms since its start).
-#[derive(Debug)]
-pub struct PenaltyBox {
-    /// As declared.
-    pub config: TableConfig,
-    entries: Shards<Until>,
-    hasher: std::hash::RandomState,
-    epoch: Instant,
+pub type PenaltyBox = Entries<Until>;
+
+impl<V: Slot> Entries<V> {
+    fn new(config: &TableConfig, tracked: prometheus::IntGauge) -> Self {
+        Self {
+            config: config.clone(),
+            entries: Shards::new(config.max_entries, tracked),
+            hasher: std::hash::RandomState::new(),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// How many entries it keeps (a box's may include some that have left it and are not
+    /// yet forgotten).
+    pub fn entries(&self) -> usize {
+        self.entries.keys()
+    }
 }
 
+/// When an entry leaves a penalty box (ms since the box's start).
 #[derive(Debug, Clone, Copy)]
-struct Until(u64);
+pub struct Until(u64);
 
 impl Slot for Until {
     fn last_seen(&self) -> u64 {
@@ -237,19 +256,6 @@ fn check_ttl(secs: u32) -> Result<(), CounterError> {
 }
 
 impl Counter {
-    fn new(config: &TableConfig, tracked: prometheus::IntGauge) -> Self {
-        Self {
-            config: config.clone(),
-            entries: Shards::new(config.max_entries, tracked),
-            hasher: std::hash::RandomState::new(),
-            epoch: Instant::now(),
-        }
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
     /// Adds `delta` to `entry`'s count now.
     ///
     /// # Errors
@@ -312,27 +318,9 @@ impl Counter {
         let milli = self.count_milli(key, self.now_ms(), duration);
         Ok(u32::try_from(milli.div_ceil(1000)).unwrap_or(u32::MAX))
     }
-
-    /// How many entries it keeps.
-    pub fn entries(&self) -> usize {
-        self.entries.keys()
-    }
 }
 
 impl PenaltyBox {
-    fn new(config: &TableConfig, tracked: prometheus::IntGauge) -> Self {
-        Self {
-            config: config.clone(),
-            entries: Shards::new(config.max_entries, tracked),
-            hasher: std::hash::RandomState::new(),
-            epoch: Instant::now(),
-        }
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
     /// Puts `entry` in the box for `ttl` seconds from now (a longer stay it has is kept).
     ///
     /// # Errors
@@ -365,11 +353,6 @@ impl PenaltyBox {
     fn holds(&self, key: u64, now: u64) -> bool {
         self.entries
             .with(key, |u| (u.is_some_and(|u| u.0 > now), None), |_| false)
-    }
-
-    /// How many entries it keeps (some may have left it and not yet been forgotten).
-    pub fn entries(&self) -> usize {
-        self.entries.keys()
     }
 }
 
