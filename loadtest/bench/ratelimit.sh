@@ -100,6 +100,30 @@ NGINX
     tracked=$(curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" |
         awk '/^tern_rate_limit_keys\{/ { print $2 }')
     stop "$TERN_PID"
+    # Another client's latency while one address floods the same tenant (per-client limit
+    # 100/s, burst 50, through trusted_proxies' X-Forwarded-For): the other client paced at
+    # 80 requests/s (2 connections, 25 ms apart), alone and during a closed-loop flood; both
+    # load generators share core 1.
+    {
+        printf '[server]\nworker_threads = 1\ntrusted_proxies = ["127.0.0.1"]\n'
+        printf '[[tenant]]\nname = "flood"\nmodule = "builtin:hello"\npaths = ["/flood"]\n'
+        printf '[[tenant.rate_limit]]\nname = "per-client"\nrate = "100/s"\nburst = 50\n'
+    } >"$WORK/flood.toml"
+    PIN=0 start_tern "$WORK/flood.toml" TERN_LOG=warn
+    local url="http://127.0.0.1:$TERN_PORT/flood/hello" idle busy flood_out
+    paced_other() {
+        taskset -c 1 wrk -t1 -c2 -d"${SECS}s" -s loadtest/paced.lua \
+            -H 'x-forwarded-for: 198.51.100.2' "$url" -- 25 | grep '^RESULT'
+    }
+    idle=$(paced_other)
+    taskset -c 1 wrk -t1 -c32 -d"$((SECS + 2))s" -H 'x-forwarded-for: 198.51.100.1' "$url" \
+        >"$WORK/flood.out" &
+    local flooder=$!
+    sleep 1
+    busy=$(paced_other)
+    wait "$flooder"
+    flood_out=$(awk '/Requests\/sec/ { print $2 }' "$WORK/flood.out")
+    stop "$TERN_PID"
     # Each case over the rounds: CPU per request as min-max (median), and its req/s median.
     spread() { # lines
         printf '%s' "$1" | grep . | awk '{ print $7, $1 }' | sort -n | awk '
@@ -139,5 +163,8 @@ NGINX
         awk -v s="$rss_start" -v b="$rss_before" -v a="$rss_after" 'BEGIN {
             printf "  %.1f MiB at start, %.1f MiB after the same load without a limit,\n", s / 1024, b / 1024
             printf "  %.1f MiB after the keys (%+.1f MiB for the keys)\n", a / 1024, (a - b) / 1024 }'
+        echo "- Another client during a flood (per-client \`100/s\`, burst 50; it sends 80/s, paced): alone"
+        echo "  $(echo "$idle" | awk '{ print $3, $4, $6 }') (µs); while another address floods at $flood_out requests/s (all but"
+        echo "  its rate refused): $(echo "$busy" | awk '{ print $3, $4, $6 }')"
     } | tee "$RESULTS/ratelimit.md"
 }
