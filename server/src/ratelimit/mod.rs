@@ -465,25 +465,36 @@ mod tests {
 
     #[test]
     fn concurrent_requests_never_both_take_the_last_place() {
-        // Two limits (asked and charged one by one): eight threads at once, one place.
+        // Two limits (each asked and charged in turn); for each of 100 users, eight threads
+        // start at once and one place is free: exactly one request of each user gets in.
         let l = limits(
-            "[[rate_limit]]\nname = \"a\"\nrate = \"4/h\"\n\
-             [[rate_limit]]\nname = \"b\"\nkey = \"tenant\"\nrate = \"4/h\"\nburst = 1000\n",
+            "[[rate_limit]]\nname = \"a\"\nkey = \"query:user\"\nrate = \"4/h\"\n\
+             [[rate_limit]]\nname = \"b\"\nkey = \"tenant\"\nrate = \"4/h\"\nburst = 100000\n",
         );
         let (h, now, get) = (HeaderMap::new(), Instant::now(), Method::GET);
+        let queries: Vec<String> = (0..100).map(|u| format!("user={u}")).collect();
         let admitted = std::sync::atomic::AtomicUsize::new(0);
+        let start = std::sync::Barrier::new(8);
         std::thread::scope(|s| {
             for _ in 0..8 {
                 s.spawn(|| {
-                    for _ in 0..50 {
-                        if ck(None, Some(&l), &ask(&h, now, &get)).is_ok() {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    for q in &queries {
+                        start.wait();
+                        let asked = Asked {
+                            query: Some(q),
+                            ..ask(&h, now, &get)
+                        };
+                        if rt.block_on(check(None, Some(&l), &asked)).is_ok() {
                             admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                     }
                 });
             }
         });
-        assert_eq!(admitted.into_inner(), 1);
+        assert_eq!(admitted.into_inner(), 100);
     }
 
     #[test]
