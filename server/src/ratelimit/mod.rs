@@ -357,11 +357,12 @@ pub async fn check(
     // shared store: concurrent requests never both take the last place). As nginx, a request
     // is charged to its limits only if none refuses it: when one does, what the others were
     // charged is given back. Every dry run sees every request.
-    let mut charged = [(0u8, 0u64, false, false); 2 * config::MAX_LIMITS];
+    let mut charged: [Option<(&Limit, u64, bool, bool)>; 2 * config::MAX_LIMITS] =
+        [None; 2 * config::MAX_LIMITS];
     let mut n = 0;
     let mut wait = Duration::ZERO;
     let mut refused = None;
-    for (i, limit) in all().enumerate() {
+    for limit in all() {
         let dry = limit.config.mode == Mode::DryRun;
         let Some((verdict, key, new)) = limit.account(r).await else {
             continue;
@@ -375,7 +376,7 @@ pub async fn check(
                     wait = wait.max(d);
                 }
                 if let Some(slot) = charged.get_mut(n) {
-                    *slot = (i as u8, key, waits, new);
+                    *slot = Some((&**limit, key, waits, new));
                     n += 1;
                 }
             }
@@ -390,17 +391,15 @@ pub async fn check(
             }
         }
     }
-    let charged = &charged[..n];
+    let charged = charged[..n].iter().flatten();
     if let Some(refused) = refused {
-        for &(i, key, _, new) in charged {
-            if let Some(limit) = all().nth(i as usize) {
-                limit.refund(key, new).await;
-            }
+        for &(limit, key, _, new) in charged {
+            limit.refund(key, new).await;
         }
         return Err(refused);
     }
-    for &(i, _, waits, _) in charged {
-        if waits && let Some(limit) = all().nth(i as usize) {
+    for &(limit, _, waits, _) in charged {
+        if waits {
             limit.delayed.inc();
         }
     }
@@ -419,6 +418,20 @@ pub static RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `configs` prepared as tenant `t`'s, keeping what `carried` has.
+    fn prepare(configs: &[LimitConfig], carried: Option<&RateLimits>) -> RateLimits {
+        let metrics = crate::metrics::Metrics::new(10);
+        RateLimits::prepare(
+            configs,
+            carried,
+            &metrics,
+            ("t", "t"),
+            &crate::kv::Stores::default(),
+        )
+        .unwrap()
+        .unwrap()
+    }
 
     /// [`check`], waited for (no limit here waits on anything).
     fn ck(
@@ -439,16 +452,7 @@ mod tests {
         }
         let parsed: Limits = toml::from_str(toml_text).unwrap();
         config::check_all(&parsed.rate_limit).unwrap();
-        let metrics = crate::metrics::Metrics::new(10);
-        RateLimits::prepare(
-            &parsed.rate_limit,
-            None,
-            &metrics,
-            ("t", "t"),
-            &crate::kv::Stores::default(),
-        )
-        .unwrap()
-        .unwrap()
+        prepare(&parsed.rate_limit, None)
     }
 
     fn ask<'a>(headers: &'a HeaderMap, at: Instant, method: &'a Method) -> Asked<'a> {
@@ -554,31 +558,14 @@ mod tests {
         let first = limits(text);
         let (h, now, get) = (HeaderMap::new(), Instant::now(), Method::GET);
         assert!(ck(None, Some(&first), &ask(&h, now, &get)).is_ok());
-        let metrics = crate::metrics::Metrics::new(10);
-        let same = RateLimits::prepare(
-            std::slice::from_ref(&first.limits[0].config),
-            Some(&first),
-            &metrics,
-            ("t", "t"),
-            &crate::kv::Stores::default(),
-        )
-        .unwrap()
-        .unwrap();
+        let same = prepare(std::slice::from_ref(&first.limits[0].config), Some(&first));
         assert!(
             ck(None, Some(&same), &ask(&h, now, &get)).is_err(),
             "the count came along"
         );
         let mut changed_config = first.limits[0].config.clone();
         changed_config.rate = "5/h".into();
-        let changed = RateLimits::prepare(
-            &[changed_config],
-            Some(&first),
-            &metrics,
-            ("t", "t"),
-            &crate::kv::Stores::default(),
-        )
-        .unwrap()
-        .unwrap();
+        let changed = prepare(&[changed_config], Some(&first));
         assert!(
             ck(None, Some(&changed), &ask(&h, now, &get)).is_ok(),
             "a new limit, a new count"
