@@ -402,7 +402,12 @@ static TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=u
 
 /// A short plain-text response.
 pub fn plain(status: StatusCode, text: &str) -> Response<ResponseBody> {
-    let mut resp = Response::new(ResponseBody::full(text.to_string()));
+    plain_owned(status, text.to_string())
+}
+
+/// [`plain`] of a text already made for it (kept, not copied).
+pub fn plain_owned(status: StatusCode, text: String) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::full(text));
     *resp.status_mut() = status;
     resp.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN.clone());
     resp

@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
 
 use super::request::{X_REQUEST_ID, client_request_id, new_request_id};
 use crate::app::App;
-use crate::body::{ResponseBody, plain};
+use crate::body::{ResponseBody, plain_owned};
 use crate::context::Connection;
 use crate::metrics::{Phase, Timings};
 use crate::outcome::{ExecError, Outcome};
@@ -259,7 +259,9 @@ impl Exchange {
         };
         let headers: &mut HeaderMap = resp.headers_mut();
         headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
-        if let Ok(v) = HeaderValue::from_str(&self.timings.server_timing(total, reached)) {
+        // (Its bytes become the header's as they are: no second copy.)
+        let timing = bytes::Bytes::from(self.timings.server_timing(total, reached));
+        if let Ok(v) = HeaderValue::from_maybe_shared(timing) {
             headers.insert(SERVER_TIMING.clone(), v);
         }
         if let Some(t) = self.trace {
@@ -401,7 +403,7 @@ pub(super) fn error_response(
     ids: &str,
 ) -> Response<ResponseBody> {
     let (body, kind) = tenant.front.errors.body(e, ids);
-    let mut resp = plain(e.outcome.status(), &body);
+    let mut resp = plain_owned(e.outcome.status(), body);
     if let Some(kind) = kind {
         resp.headers_mut().insert(http::header::CONTENT_TYPE, kind);
     }

@@ -26,7 +26,7 @@ use http::header::CONNECTION;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 
 use crate::app::App;
-use crate::body::{ResponseBody, declared_length, plain};
+use crate::body::{ResponseBody, declared_length, plain, plain_owned};
 use crate::context::{Connection, RequestContext};
 use crate::execute::{self, Answer, Phases, Rest};
 use crate::guest::{GuestRequest, Head, RequestBody};
@@ -204,7 +204,7 @@ async fn route(
     // Framing a proxy in front might read differently, a coding Tern cannot undo: refused
     // before anything reads the body, and the connection closed.
     if let Err((status, why)) = framing(req) {
-        let mut resp = plain(status, &format!("{why}\n"));
+        let mut resp = plain_owned(status, format!("{why}\n"));
         resp.headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
         return Err(Early::Unrouted(Box::new(resp)));
@@ -224,9 +224,9 @@ async fn route(
             }
         },
         Err(why) => {
-            return Err(Early::Unrouted(Box::new(plain(
+            return Err(Early::Unrouted(Box::new(plain_owned(
                 StatusCode::BAD_REQUEST,
-                &format!("{why}\n"),
+                format!("{why}\n"),
             ))));
         }
     }
@@ -235,9 +235,9 @@ async fn route(
     let host_from = match authority(req) {
         Ok(from) => from,
         Err(why) => {
-            let mut resp = plain(
+            let mut resp = plain_owned(
                 StatusCode::BAD_REQUEST,
-                &format!("ambiguous request: {why}\n"),
+                format!("ambiguous request: {why}\n"),
             );
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));

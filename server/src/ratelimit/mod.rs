@@ -68,10 +68,10 @@ impl Refused {
         } else {
             (
                 HeaderValue::from(self.retry_after),
-                HeaderValue::from_str(&format!(
+                HeaderValue::from_maybe_shared(bytes::Bytes::from(format!(
                     "\"{}\";r=0;t={}",
                     self.limit.config.name, self.retry_after
-                ))
+                )))
                 .unwrap_or_else(|_| self.limit.ratelimit_t1.clone()),
             )
         };
