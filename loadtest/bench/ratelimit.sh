@@ -101,29 +101,67 @@ NGINX
         awk '/^tern_rate_limit_keys\{/ { print $2 }')
     stop "$TERN_PID"
     # Another client's latency while one address floods the same tenant (per-client limit
-    # 100/s, burst 50, through trusted_proxies' X-Forwarded-For): the other client paced at
-    # 80 requests/s (2 connections, 25 ms apart), alone and during a closed-loop flood; both
-    # load generators share core 1.
+    # 100/s, burst 50, the client through trusted_proxies' X-Forwarded-For), Tern and nginx
+    # (`limit_req` keyed on the real-IP module's address) side by side: the other client paced
+    # at 80 requests/s (2 connections, 25 ms apart) for FLOOD_SECS, alone, during a paced flood
+    # (64 connections, 4 ms apart: ~14,000 requests/s, 140 times the limit, the core not
+    # saturated) and during a closed-loop flood (32 connections as fast as answered: the
+    # server's core saturated). Both load generators share core 1.
+    local flood_secs=${FLOOD_SECS:-10}
     {
         printf '[server]\nworker_threads = 1\ntrusted_proxies = ["127.0.0.1"]\n'
         printf '[[tenant]]\nname = "flood"\nmodule = "builtin:hello"\npaths = ["/flood"]\n'
         printf '[[tenant.rate_limit]]\nname = "per-client"\nrate = "100/s"\nburst = 50\n'
     } >"$WORK/flood.toml"
-    PIN=0 start_tern "$WORK/flood.toml" TERN_LOG=warn
-    local url="http://127.0.0.1:$TERN_PORT/flood/hello" idle busy flood_out
-    paced_other() {
-        taskset -c 1 wrk -t1 -c2 -d"${SECS}s" -s loadtest/paced.lua \
-            -H 'x-forwarded-for: 198.51.100.2' "$url" -- 25 | grep '^RESULT'
+    {
+        echo "user root;"
+        nginx_preamble "$WORK"
+        cat <<NGINX
+    set_real_ip_from 127.0.0.1;
+    real_ip_header X-Forwarded-For;
+    limit_req_zone \$binary_remote_addr zone=perclient:1m rate=100r/s;
+    limit_req_status 429;
+    server {
+        listen 127.0.0.1:$nginx_port;
+        location /flood/ { alias $WORK/www/; limit_req zone=perclient burst=50 nodelay; }
     }
-    idle=$(paced_other)
-    taskset -c 1 wrk -t1 -c32 -d"$((SECS + 2))s" -H 'x-forwarded-for: 198.51.100.1' "$url" \
-        >"$WORK/flood.out" &
-    local flooder=$!
-    sleep 1
-    busy=$(paced_other)
-    wait "$flooder"
-    flood_out=$(awk '/Requests\/sec/ { print $2 }' "$WORK/flood.out")
+}
+NGINX
+    } >"$WORK/nginx-flood.conf"
+    local -A other=()
+    flood_cases() { # server url
+        local url=$2
+        paced_other() {
+            taskset -c 1 wrk -t1 -c2 -d"${flood_secs}s" -s loadtest/paced.lua \
+                -H 'x-forwarded-for: 198.51.100.2' "$url" -- 25 | grep '^RESULT'
+        }
+        other[$1_idle]=$(paced_other)
+        taskset -c 1 wrk -t1 -c64 -d"$((flood_secs + 2))s" -s loadtest/paced.lua \
+            -H 'x-forwarded-for: 198.51.100.1' "$url" -- 4 >"$WORK/flood.out" &
+        local flooder=$!
+        sleep 1
+        other[$1_paced]=$(paced_other)
+        wait "$flooder"
+        other[$1_paced_rate]=$(awk '/Requests\/sec/ { printf "%d", $2 }' "$WORK/flood.out")
+        taskset -c 1 wrk -t1 -c32 -d"$((flood_secs + 2))s" \
+            -H 'x-forwarded-for: 198.51.100.1' "$url" >"$WORK/flood.out" &
+        flooder=$!
+        sleep 1
+        other[$1_closed]=$(paced_other)
+        wait "$flooder"
+        other[$1_closed_rate]=$(awk '/Requests\/sec/ { printf "%d", $2 }' "$WORK/flood.out")
+    }
+    PIN=0 start_tern "$WORK/flood.toml" TERN_LOG=warn
+    flood_cases tern "http://127.0.0.1:$TERN_PORT/flood/hello"
     stop "$TERN_PID"
+    taskset -c 0 nginx -c "$WORK/nginx-flood.conf" -e "$WORK/nginx-error.log" &
+    local master=$!
+    PIDS+=("$master")
+    wait_http "http://127.0.0.1:$nginx_port/flood/hello" || { cat "$WORK/nginx-error.log" >&2; exit 1; }
+    flood_cases nginx "http://127.0.0.1:$nginx_port/flood/hello"
+    stop "$master"
+    # "p50 p99 errors" of a RESULT line, in µs.
+    lat() { echo "$1" | awk '{ sub("p50=", "", $3); sub("p99=", "", $4); sub("errors=", "", $6); printf "%s | %s | %s", $3, $4, $6 }'; }
     # Each case over the rounds: CPU per request as min-max (median), and its req/s median.
     spread() { # lines
         printf '%s' "$1" | grep . | awk '{ print $7, $1 }' | sort -n | awk '
@@ -163,8 +201,17 @@ NGINX
         awk -v s="$rss_start" -v b="$rss_before" -v a="$rss_after" 'BEGIN {
             printf "  %.1f MiB at start, %.1f MiB after the same load without a limit,\n", s / 1024, b / 1024
             printf "  %.1f MiB after the keys (%+.1f MiB for the keys)\n", a / 1024, (a - b) / 1024 }'
-        echo "- Another client during a flood (per-client \`100/s\`, burst 50; it sends 80/s, paced): alone"
-        echo "  $(echo "$idle" | awk '{ print $3, $4, $6 }') (µs); while another address floods at $flood_out requests/s (all but"
-        echo "  its rate refused): $(echo "$busy" | awk '{ print $3, $4, $6 }')"
+        echo
+        echo "Another client of the same tenant while one address floods it (per-client \`100/s\`, burst 50;"
+        echo "the other sends 80/s, paced, for ${flood_secs} s: p50 and p99 of its latency as wrk measures it, µs):"
+        echo
+        echo "| server, flood | flood's requests/s (all but its rate refused) | other client's p50 | p99 | errors |"
+        echo "|---|---:|---:|---:|---:|"
+        local sv
+        for sv in tern nginx; do
+            echo "| $sv, none | - | $(lat "${other[${sv}_idle]}") |"
+            echo "| $sv, paced | ${other[${sv}_paced_rate]} | $(lat "${other[${sv}_paced]}") |"
+            echo "| $sv, closed loop (core saturated) | ${other[${sv}_closed_rate]} | $(lat "${other[${sv}_closed]}") |"
+        done
     } | tee "$RESULTS/ratelimit.md"
 }

@@ -76,6 +76,10 @@ async fn rust_guests_count_block_and_box_their_tenants_entries() {
         ("/?op=has&box=nope", "declares no penalty box \"nope\""),
         ("/?op=has&size=257", "1 to 256 bytes, not 257"),
         ("/?op=has&times=1001", "at most 1000"),
+        // Past i32::MAX the SDK passes -1: the host's check of a negative number.
+        ("/?op=increment&delta=3000000000", "delta -1 is negative"),
+        ("/?op=check&limit=3000000000", "limit -1 is negative"),
+        ("/?op=add&ttl=3000000000", "-1 is negative"),
     ] {
         let (status, text) = ask(&s, path).await;
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{path}: {text}");
