@@ -33,6 +33,8 @@ pub struct App {
     pub access_log_query: bool,
     /// The limits every tenant's requests count against (`[[server.rate_limit]]`).
     pub rate_limits: Option<crate::ratelimit::RateLimits>,
+    /// Open WebSocket connections (`[server] max_websockets`), closed at shutdown.
+    pub sockets: std::sync::Arc<crate::websocket::Sockets>,
 }
 
 impl App {

@@ -35,6 +35,11 @@ pub const FRAMING_HEADERS: [&str; 7] = [
     "proxy-connection",
 ];
 
+/// The header of a guest's answer that hands the client's WebSocket to a backend of its
+/// tenant (its value: the backend's name; `crate::websocket`). The guest's response keeps it
+/// apart: it never reaches a client.
+pub static HANDOFF: http::HeaderName = http::HeaderName::from_static("tern-handoff");
+
 /// A body a guest was streaming ended early: the guest failed or ended before finishing it (a
 /// response whose head was sent, or an outbound request's body).
 #[derive(Debug, Clone, Copy, thiserror::Error)]

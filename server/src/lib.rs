@@ -170,6 +170,7 @@ pub mod tenant;
 pub mod tls;
 pub mod trace;
 pub mod variables;
+pub mod websocket;
 
 /// A random number: a per-thread wyrand generator seeded from the standard library's
 /// per-process random keys. For ids and jitter, which need to be unique or spread, not secret.

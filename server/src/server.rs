@@ -336,13 +336,18 @@ fn new_app(
         audit,
         failures: crate::access::Failures::default(),
         pool,
-        metrics,
+        metrics: metrics.clone(),
         https_port: std::sync::OnceLock::new(),
         tracer,
         trusted_proxies: crate::context::TrustedProxies::parse(&config.server.trusted_proxies)
             .map_err(anyhow::Error::msg)?,
         access_log_query: config.server.access_log_query,
         rate_limits,
+        sockets: crate::websocket::Sockets::new(
+            config.server.max_websockets,
+            shutdown.clone(),
+            metrics.clone(),
+        ),
     }))
 }
 
@@ -651,6 +656,7 @@ impl Worker {
             quic,
             opts,
         } = self;
+        let sockets = app.sockets.clone();
         let handler = move |req: http::Request<RequestBody>, conn| {
             crate::http::handle(app.clone(), req, conn)
         };
@@ -672,7 +678,11 @@ impl Worker {
                 listener::quic::serve(bound, h, s, o, Some(alt_svc)).await;
             }
         };
+        let grace = opts.grace;
         tokio::join!(plain, tls, h3);
+        // The WebSocket relays of this worker run on its runtime: each was sent a `1001`
+        // close when shutdown began; they end within the grace.
+        let _ = tokio::time::timeout(grace, sockets.closed()).await;
     }
 }
 

@@ -220,6 +220,9 @@ impl Config {
         if let Err(e) = crate::ratelimit::config::check_all(&self.server.rate_limit) {
             return whole(&format!("server.rate_limit: {e}"));
         }
+        if self.server.max_websockets == 0 {
+            return whole("server.max_websockets must be > 0");
+        }
         if self.server.max_connections == 0 || self.server.header_read_timeout_ms == 0 {
             return whole("server.max_connections and server.header_read_timeout_ms must be > 0");
         }

@@ -31,6 +31,9 @@ pub struct ServerConfig {
     pub max_tenant_labels: usize,
     /// Most open client connections; further clients wait in the kernel's accept backlog.
     pub max_connections: usize,
+    /// Most WebSocket connections open at once, every tenant's together (each tenant's own
+    /// limit is its `websocket.max_connections`); an upgrade past it is answered `503`.
+    pub max_websockets: u32,
     /// A client must send a request's complete headers within this time (slowloris);
     /// it also closes keep-alive connections that stay idle this long.
     pub header_read_timeout_ms: u64,
@@ -113,6 +116,7 @@ impl Default for ServerConfig {
             shutdown_grace_ms: 10_000,
             max_tenant_labels: 1000,
             max_connections: 10_000,
+            max_websockets: 10_000,
             header_read_timeout_ms: 10_000,
             max_header_bytes: 64 * 1024,
             send_timeout_ms: 60_000,

@@ -102,6 +102,13 @@ pub struct TenantSettings<R> {
     /// `[[tenant.penalty_box]]`: where its guests keep clients out for a while.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub penalty_box: Vec<crate::ratelimit::counters::TableConfig>,
+    /// `[tenant.websocket]`: the limits of its WebSocket connections (handed to a backend by
+    /// its guests).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::websocket::WebsocketConfig::is_default"
+    )]
+    pub websocket: crate::websocket::WebsocketConfig,
 }
 
 /// `[tenant.hsts]`: HTTP Strict Transport Security (RFC 6797). Sticky: a browser that saw it
@@ -178,6 +185,7 @@ impl<R> Default for TenantSettings<R> {
             rate_limit: Vec::new(),
             rate_counter: Vec::new(),
             penalty_box: Vec::new(),
+            websocket: crate::websocket::WebsocketConfig::default(),
         }
     }
 }
@@ -201,6 +209,7 @@ impl<R> TenantSettings<R> {
             rate_limit,
             rate_counter,
             penalty_box,
+            websocket,
         } = self;
         TenantSettings {
             hosts: hosts.iter().map(&f).collect(),
@@ -218,6 +227,7 @@ impl<R> TenantSettings<R> {
             rate_limit: rate_limit.clone(),
             rate_counter: rate_counter.clone(),
             penalty_box: penalty_box.clone(),
+            websocket: websocket.clone(),
         }
     }
 }
@@ -406,6 +416,9 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
         return here(&t.name, format!("tenant {name:?}: {m}"));
     }
     if let Err(m) = crate::ratelimit::config::check_all(&t.settings.rate_limit) {
+        return here(&t.name, format!("tenant {name:?}: {m}"));
+    }
+    if let Err(m) = t.settings.websocket.check() {
         return here(&t.name, format!("tenant {name:?}: {m}"));
     }
     for (what, tables) in [

@@ -39,6 +39,8 @@ pub struct Finished {
     pub headers: HeaderMap,
     /// The whole body, or the backend's body the guest forwarded (which streams from there).
     pub body: crate::body::ResponseBody,
+    /// The backend the guest hands the client's WebSocket to, if it does.
+    pub handoff: Option<HeaderValue>,
 }
 
 /// How long a run's phases took.
@@ -377,6 +379,7 @@ fn reply(
                     Some(forwarded) => crate::body::ResponseBody::Forwarded(Box::new(forwarded)),
                     None => crate::body::ResponseBody::full(response.body.split().freeze()),
                 },
+                handoff: response.handoff.take(),
             }))
         }
         Err(e) => {

@@ -94,6 +94,9 @@ pub struct GuestResponse {
     pub declared: Option<u64>,
     /// The backend's body the guest made its own, sent once the guest has ended.
     pub forwarded: Option<crate::body::Forwarded>,
+    /// The backend the guest hands the client's WebSocket to (its `tern-handoff` header, or
+    /// the Tern ABI's `handoff_websocket`): never a header of the answer.
+    pub handoff: Option<HeaderValue>,
 }
 
 impl GuestResponse {
@@ -111,6 +114,7 @@ impl GuestResponse {
             stream: None,
             declared: None,
             forwarded: None,
+            handoff: None,
         }
     }
 
@@ -233,6 +237,10 @@ impl GuestResponse {
         // Framing and connection management are the server's: a guest's attempt is ignored.
         // (`content-length` is a declaration the server holds the body to: `declared`.)
         if FRAMING_HEADERS.contains(&name.as_str()) {
+            return Ok(());
+        }
+        if name == crate::body::HANDOFF {
+            self.handoff = Some(value);
             return Ok(());
         }
         if name == http::header::CONTENT_LENGTH {

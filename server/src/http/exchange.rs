@@ -231,7 +231,7 @@ impl Exchange {
     fn finish(
         self,
         app: &App,
-        resp: Response<ResponseBody>,
+        mut resp: Response<ResponseBody>,
         reached: Phase,
     ) -> Response<ResponseBody> {
         let tenant = self.routed.as_ref().map(|r| &r.tenant);
@@ -253,7 +253,17 @@ impl Exchange {
                 let no_body = record.method == Method::HEAD
                     || matches!(status, 204 | 304)
                     || (100..200).contains(&status);
-                resp.map(|body| body.logged(record, no_body))
+                match resp
+                    .extensions_mut()
+                    .remove::<crate::websocket::AccessLater>()
+                {
+                    // A relayed WebSocket's line is written when it closes.
+                    Some(later) => {
+                        later.send(record);
+                        resp
+                    }
+                    None => resp.map(|body| body.logged(record, no_body)),
+                }
             }
             None => resp,
         };

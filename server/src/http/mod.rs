@@ -75,10 +75,20 @@ pub async fn handle(
     if let Err(early) = check(&app, &mut req, &mut ex) {
         return ex.early(&app, early);
     }
+    // A WebSocket opening: checked, and its connection taken off the request (every guest
+    // sees one shape of it).
+    let opening = match crate::websocket::opening(&mut req) {
+        None => None,
+        Some(Ok(opening)) => Some(opening),
+        Some(Err(bad)) => return ex.early(&app, bad_opening(&bad)),
+    };
     match limit(&app, &req, &ex).await {
         Ok(wait) if wait.is_zero() => {}
         Ok(wait) => tokio::time::sleep(wait).await,
         Err(early) => return ex.early(&app, early),
+    }
+    if let Some(opening) = opening {
+        return websocket(&app, ex, req, opening).await;
     }
     let fill = match look_up(&app, &mut ex, &mut req).await {
         Looked::Guest(fill) => fill,
@@ -98,6 +108,103 @@ pub async fn handle(
         Err((_, Some(stale))) => ex.cached(&app, stale, true),
         Err((early, None)) => ex.early(&app, early),
     }
+}
+
+/// A WebSocket opening: a place within the connection limits (`503` without one), the
+/// guest's run (never the cache), and the handoff its answer asks for, or its answer as it is
+/// (a `401`, say) when it asks for none.
+async fn websocket(
+    app: &Arc<App>,
+    mut ex: Exchange,
+    req: Request<RequestBody>,
+    opening: crate::websocket::Opening,
+) -> Response<ResponseBody> {
+    let tenant = ex.tenant().clone();
+    let refused = |why| {
+        app.metrics
+            .websocket_refused
+            .with_label_values(&[tenant.label.as_str(), why])
+            .inc();
+    };
+    let place = match app.sockets.take(
+        &tenant.name,
+        &tenant.label,
+        tenant.front.websocket.max_connections,
+    ) {
+        Ok(place) => place,
+        Err(full) => {
+            let (why, message) = match full {
+                crate::websocket::Full::Tenant => (
+                    "tenant",
+                    "this tenant has as many WebSocket connections open as it may \
+                     (websocket.max_connections)",
+                ),
+                crate::websocket::Full::Server => (
+                    "server",
+                    "the server has as many WebSocket connections open as it may \
+                     (max_websockets)",
+                ),
+            };
+            refused(why);
+            let e = ExecError::new(Outcome::Overload, message);
+            return ex.early(app, Early::Refused(e, Phase::Route));
+        }
+    };
+    // What the backend is sent: the request as the guest saw it.
+    let (uri, headers) = (req.uri().clone(), req.headers().clone());
+    let (mut resp, reached) = match run(app, &mut ex, req, None).await {
+        Ok(answered) => answered,
+        Err((early, _)) => return ex.early(app, early),
+    };
+    let Some(to) = crate::websocket::Handoff::asked(&mut resp) else {
+        return ex.answered(app, resp, reached);
+    };
+    let backend = to.backend.clone();
+    let client = crate::websocket::Client {
+        opening,
+        place,
+        uri,
+        headers,
+        address: ex.client.ip(),
+        tls: ex.conn.tls.is_some(),
+    };
+    let of = crate::websocket::Tenant {
+        policy: &tenant.grants.outbound.policy,
+        label: &tenant.label,
+        limits: &tenant.front.websocket,
+    };
+    match crate::websocket::handoff(of, &app.sockets, client, to).await {
+        Ok(resp) => ex.answered(app, resp, reached),
+        Err(failed) => {
+            refused("backend");
+            tracing::warn!(
+                tenant = %tenant.name,
+                request_id = ex.request_id.to_str().unwrap_or("-"),
+                backend,
+                "WebSocket handoff failed: {}",
+                failed.why
+            );
+            let text = format!(
+                "the WebSocket could not be handed on ({})\nrequest id: {}\n",
+                failed.status.canonical_reason().unwrap_or("error"),
+                ex.ids()
+            );
+            ex.answered(app, plain_owned(failed.status, text), reached)
+        }
+    }
+}
+
+/// The answer to an opening refused before any guest runs (`400`, with the version this
+/// server speaks when that was what was wrong).
+fn bad_opening(bad: &crate::websocket::BadOpening) -> Early {
+    let mut e = ExecError::new(Outcome::BadRequest, bad.why);
+    if bad.status == StatusCode::UPGRADE_REQUIRED {
+        e.headers = Some(Box::new([(
+            http::header::SEC_WEBSOCKET_VERSION,
+            HeaderValue::from_static("13"),
+        )]));
+    }
+    Early::Refused(e, Phase::Route)
 }
 
 /// What the cache step decided.
@@ -432,6 +539,10 @@ async fn run_guest(
                     let mut resp = Response::new(done.body);
                     *resp.status_mut() = done.status;
                     *resp.headers_mut() = done.headers;
+                    if let Some(backend) = done.handoff {
+                        resp.extensions_mut()
+                            .insert(crate::websocket::HandoffTo(backend));
+                    }
                     resp
                 }
                 Err(e) => error_response(&e, tenant, &ex.ids()),

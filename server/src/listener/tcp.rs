@@ -55,7 +55,9 @@ where
         .max_header_list_size(u32::try_from(opts.max_header_bytes).unwrap_or(u32::MAX))
         // Idle HTTP/2 connections are pinged and closed if the client stops answering.
         .keep_alive_interval(opts.header_read_timeout)
-        .keep_alive_timeout(opts.header_read_timeout);
+        .keep_alive_timeout(opts.header_read_timeout)
+        // WebSockets over HTTP/2 (RFC 8441: `CONNECT` with `:protocol`).
+        .enable_connect_protocol();
     // Over TLS the client's ALPN has chosen the protocol: no guessing from the first bytes.
     let builders = Arc::new([
         builder.clone(),
@@ -96,7 +98,9 @@ where
                         if let Some(alt_svc) = alt_svc {
                             alt_svc.advertise(resp.headers_mut());
                         }
-                        if close {
+                        // (A `101` switches the connection to a WebSocket, which closes
+                        // with its own frame at shutdown.)
+                        if close && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
                             resp.headers_mut()
                                 .insert(CONNECTION, HeaderValue::from_static("close"));
                         }
@@ -114,7 +118,10 @@ where
                         return;
                     };
                     let conn = builders[0]
-                        .serve_connection(TokioIo::new(stream), service(Connection::plain(peer)))
+                        .serve_connection_with_upgrades(
+                            TokioIo::new(stream),
+                            service(Connection::plain(peer)),
+                        )
                         .into_owned();
                     watcher.watch(conn).await
                 }
@@ -132,7 +139,7 @@ where
                         tls: Some(accepted.info),
                     };
                     let conn = builders[if accepted.h2 { 2 } else { 1 }]
-                        .serve_connection(TokioIo::new(stream), service(conn))
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service(conn))
                         .into_owned();
                     watcher.watch(conn).await
                 }

@@ -426,6 +426,36 @@ named_metrics! {
          ([[tenant.rate_counter]], [[tenant.penalty_box]]), at most its max_entries.",
         &["tenant", "kind", "name"],
     );
+    pub websocket_connections: gauges(
+        "tern_websocket_connections",
+        "WebSocket connections open, by tenant and mode (handoff: relayed to a backend).",
+        &["tenant", "mode"]
+    );
+    pub websocket_messages: counters(
+        "tern_websocket_messages_total",
+        "WebSocket messages relayed, by tenant and direction (in: from clients, out: to \
+         them).",
+        &["tenant", "direction"]
+    );
+    pub websocket_bytes: counters(
+        "tern_websocket_bytes_total",
+        "WebSocket bytes relayed (frames as sent), by tenant and direction (in, out).",
+        &["tenant", "direction"]
+    );
+    pub websocket_closes: counters(
+        "tern_websocket_closes_total",
+        "WebSocket connections closed, by tenant and close code: the first close frame either \
+         side sent or the relay sent (1001 idle, lifetime or shutdown; 1008 frame rate; 1009 \
+         message size; 1002 protocol), 1006 when it ended without one.",
+        &["tenant", "code"]
+    );
+    pub websocket_refused: counters(
+        "tern_websocket_refused_total",
+        "WebSocket openings refused before any guest ran, by tenant and why (tenant: its \
+         websocket.max_connections; server: max_websockets), or after (backend: it could \
+         not be reached or refused the upgrade).",
+        &["tenant", "why"]
+    );
     pub compressed: counters(
         "tern_compressed_responses_total",
         "Answers sent compressed ([tenant.compression]), by tenant and encoding (zstd, br, \

@@ -35,6 +35,8 @@ pub struct Front {
     pub compression: Option<Compression>,
     /// Its rate limits (`rate_limit`), if it has any.
     pub rate_limits: Option<crate::ratelimit::RateLimits>,
+    /// The limits of its WebSocket connections (`websocket`).
+    pub websocket: crate::websocket::WebsocketConfig,
 }
 
 impl Front {
@@ -75,6 +77,7 @@ impl Front {
                 (p.label, p.tenant),
                 stores,
             )?,
+            websocket: s.websocket.clone(),
         })
     }
 }

@@ -43,3 +43,4 @@ mod tokens;
 mod toolchains;
 mod traces;
 mod variables;
+mod websocket;

@@ -1,0 +1,489 @@
+//! Relays one WebSocket connection between a client and a backend: each side's bytes go to
+//! the other as they came, frame heads read on the way ([`super::frame`]); the limits and
+//! shutdown end it with a close frame of the relay's own, put between two frames.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::frame::{Scanner, Violation, close_frame, code};
+
+/// Bytes each way held at once: small, since an idle connection keeps them (a frame larger
+/// than this passes in pieces).
+const BUFFER: usize = 8 * 1024;
+
+/// How long the relay waits for the two sides to close their connections once the close
+/// handshake is done or the relay has sent its own close frames.
+const CLOSING: Duration = Duration::from_secs(2);
+
+/// A connection's limits (`[tenant.websocket]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// No bytes either way for this long ends it (`1001`).
+    pub idle: Duration,
+    /// It ends this long after it opened (`1001`).
+    pub lifetime: Duration,
+    /// Largest message either way (`1009`).
+    pub max_message: u64,
+    /// Frames the client may send in one second (`1008`).
+    pub frames_per_second: u32,
+}
+
+/// What one connection did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    /// The first close code sent, by either side or the relay ([`code::ABNORMAL`] when the
+    /// connection ended with none).
+    pub code: u16,
+    /// Bytes from the client and to it.
+    pub bytes_in: u64,
+    /// Bytes to the client.
+    pub bytes_out: u64,
+}
+
+/// Counters a relay adds to as it goes (the tenant's series).
+pub struct Counts {
+    /// Messages from the client, and to it.
+    pub messages: [prometheus::IntCounter; 2],
+    /// Bytes from the client, and to it.
+    pub bytes: [prometheus::IntCounter; 2],
+}
+
+/// One direction: what is read from one side and written to the other.
+struct Way {
+    buf: Box<[u8]>,
+    /// Bytes of `buf` not yet written: `start..end`, of which the first `ready` may be
+    /// written (read through by the scanner); the rest is a frame head not yet whole.
+    start: usize,
+    end: usize,
+    ready: usize,
+    scanner: Scanner,
+    /// A close frame of the relay's own to write once `ready` is written.
+    inject: Vec<u8>,
+    /// No more frames are forwarded this way (the relay is closing it).
+    stopped: bool,
+    /// The reading side ended (EOF or an error).
+    read_done: bool,
+    /// The writing side was shut down.
+    write_done: bool,
+    /// Bytes written.
+    written: u64,
+}
+
+impl Way {
+    fn new(masked: bool, max_message: u64) -> Self {
+        Self {
+            buf: vec![0; BUFFER].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            ready: 0,
+            scanner: Scanner::new(masked, max_message),
+            inject: Vec::new(),
+            stopped: false,
+            read_done: false,
+            write_done: false,
+            written: 0,
+        }
+    }
+
+    /// Stops forwarding this way: what was read through is still written, then `close` if
+    /// the stream is between two frames there, then the writing side is shut down.
+    fn stop(&mut self, close: Option<Vec<u8>>) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        // What was read but not read through (a head not yet whole, a refused frame) is
+        // dropped.
+        self.end = self.start + self.ready;
+        if self.scanner.at_boundary()
+            && let Some(frame) = close
+        {
+            self.inject = frame;
+        }
+    }
+
+    /// Moves bytes from `from` to `to` until one of them is not ready. Returns what was
+    /// read (for the idle timer, the counts and the limits).
+    fn poll<R, W>(&mut self, cx: &mut Context<'_>, from: &mut R, to: &mut W) -> Poll<Moved>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut moved = Moved::default();
+        loop {
+            while self.ready > 0 && !self.write_done {
+                let chunk = &self.buf[self.start..self.start + self.ready];
+                match Pin::new(&mut *to).poll_write(cx, chunk) {
+                    Poll::Pending => return pending_or(moved),
+                    Poll::Ready(Ok(n)) if n > 0 => {
+                        self.start += n;
+                        self.ready -= n;
+                        self.written += n as u64;
+                    }
+                    // The other side is gone: nothing more goes this way.
+                    Poll::Ready(_) => {
+                        self.write_done = true;
+                        self.stopped = true;
+                    }
+                }
+            }
+            while !self.inject.is_empty() && !self.write_done {
+                match Pin::new(&mut *to).poll_write(cx, &self.inject) {
+                    Poll::Pending => return pending_or(moved),
+                    Poll::Ready(Ok(n)) if n > 0 => {
+                        self.inject.drain(..n);
+                    }
+                    Poll::Ready(_) => self.write_done = true,
+                }
+            }
+            if (self.stopped || self.read_done) && !self.write_done {
+                // (An error shutting down is the other side gone: done all the same.)
+                if Pin::new(&mut *to).poll_shutdown(cx).is_pending() {
+                    return pending_or(moved);
+                }
+                self.write_done = true;
+            }
+            if self.read_done {
+                return pending_or(moved);
+            }
+            if self.start == self.end {
+                self.start = 0;
+                self.end = 0;
+            } else if self.end == self.buf.len() {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            let mut rb = ReadBuf::new(&mut self.buf[self.end..]);
+            match Pin::new(&mut *from).poll_read(cx, &mut rb) {
+                Poll::Pending => return pending_or(moved),
+                Poll::Ready(Ok(())) if !rb.filled().is_empty() => {
+                    let n = rb.filled().len();
+                    moved.read += n as u64;
+                    if self.stopped {
+                        // Closing: what comes now is read and dropped.
+                        continue;
+                    }
+                    let unscanned = self.start + self.ready;
+                    self.end += n;
+                    let s = self.scanner.scan(&self.buf[unscanned..self.end]);
+                    self.ready += s.forward;
+                    moved.frames += s.frames;
+                    moved.messages += s.messages;
+                    if s.violation.is_some() {
+                        moved.violation = s.violation;
+                        return Poll::Ready(moved);
+                    }
+                }
+                Poll::Ready(_) => self.read_done = true,
+            }
+        }
+    }
+}
+
+/// `Ready` with what moved when something did, else `Pending`.
+fn pending_or(moved: Moved) -> Poll<Moved> {
+    if moved == Moved::default() {
+        Poll::Pending
+    } else {
+        Poll::Ready(moved)
+    }
+}
+
+/// What one poll of a way read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Moved {
+    read: u64,
+    frames: u32,
+    messages: u32,
+    violation: Option<Violation>,
+}
+
+/// Relays between `client` and `backend` until both are closed, within `limits`; `shutdown`
+/// closes it (`1001`) when it fires.
+pub async fn relay<C, B>(
+    mut client: C,
+    mut backend: B,
+    limits: Limits,
+    counts: &Counts,
+    shutdown: impl Future<Output = ()>,
+) -> Ended
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    // To the backend: the client's frames (masked); to the client: the backend's.
+    let mut up = Way::new(true, limits.max_message);
+    let mut down = Way::new(false, limits.max_message);
+    let idle = tokio::time::sleep(limits.idle);
+    let lifetime = tokio::time::sleep(limits.lifetime);
+    tokio::pin!(idle, lifetime, shutdown);
+    // Set once the relay is closing: how long the two sides have left to close.
+    let mut closing: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let mut first_close: Option<u16> = None;
+    let mut window = (Instant::now(), 0u32);
+    let mut shut_down = false;
+    std::future::poll_fn(|cx| {
+        loop {
+            // The close the client is sent, and the one the backend is (if not the same).
+            let mut stop: Option<(u16, &'static str)> = None;
+            let mut to_backend: Option<(u16, &'static str)> = None;
+            let mut progressed = false;
+            if let Poll::Ready(m) = up.poll(cx, &mut client, &mut backend) {
+                progressed = true;
+                counts.messages[0].inc_by(m.messages.into());
+                counts.bytes[0].inc_by(m.read);
+                if m.read > 0 {
+                    idle.as_mut()
+                        .reset(tokio::time::Instant::now() + limits.idle);
+                }
+                if m.frames > 0 {
+                    let now = Instant::now();
+                    if now.duration_since(window.0) >= Duration::from_secs(1) {
+                        window = (now, 0);
+                    }
+                    window.1 = window.1.saturating_add(m.frames);
+                    if window.1 > limits.frames_per_second {
+                        stop = Some((code::POLICY, "too many frames a second"));
+                    }
+                }
+                if let Some(v) = m.violation {
+                    stop = Some(v.close());
+                }
+            }
+            if let Poll::Ready(m) = down.poll(cx, &mut backend, &mut client) {
+                progressed = true;
+                counts.messages[1].inc_by(m.messages.into());
+                counts.bytes[1].inc_by(m.read);
+                if m.read > 0 {
+                    idle.as_mut()
+                        .reset(tokio::time::Instant::now() + limits.idle);
+                }
+                if let Some(v) = m.violation {
+                    // The backend's frames the relay does not forward: the client is told
+                    // the server failed, the backend why.
+                    stop = Some((code::INTERNAL, "the backend failed"));
+                    to_backend = Some(v.close());
+                }
+            }
+            if first_close.is_none() {
+                first_close = up.scanner.close_code.or(down.scanner.close_code);
+            }
+            if stop.is_none() && !up.stopped {
+                if idle.as_mut().poll(cx).is_ready() {
+                    stop = Some((code::GOING_AWAY, "idle"));
+                } else if lifetime.as_mut().poll(cx).is_ready() {
+                    stop = Some((code::GOING_AWAY, "connection lifetime over"));
+                } else if !shut_down && shutdown.as_mut().poll(cx).is_ready() {
+                    shut_down = true;
+                    stop = Some((code::GOING_AWAY, "server shutting down"));
+                }
+            }
+            if let Some((code, reason)) = stop {
+                let (backend_code, backend_reason) = to_backend.unwrap_or((code, reason));
+                first_close.get_or_insert(backend_code);
+                up.stop(Some(close_frame(
+                    backend_code,
+                    backend_reason,
+                    Some(mask()),
+                )));
+                down.stop(Some(close_frame(code, reason, None)));
+                progressed = true;
+            }
+            let handshake_done =
+                up.scanner.close_code.is_some() && down.scanner.close_code.is_some();
+            if closing.is_none() && (up.stopped || down.stopped || handshake_done) {
+                closing = Some(Box::pin(tokio::time::sleep(CLOSING)));
+            }
+            let done = up.read_done && up.write_done && down.read_done && down.write_done;
+            if done
+                || closing
+                    .as_mut()
+                    .is_some_and(|c| c.as_mut().poll(cx).is_ready())
+            {
+                return Poll::Ready(());
+            }
+            if !progressed {
+                return Poll::Pending;
+            }
+        }
+    })
+    .await;
+    Ended {
+        code: first_close.unwrap_or(code::ABNORMAL),
+        bytes_in: up.written,
+        bytes_out: down.written,
+    }
+}
+
+/// A mask for a frame of the relay's own to a backend (RFC 6455 §5.3: masked, as a client's).
+fn mask() -> [u8; 4] {
+    (crate::random_u64() as u32).to_ne_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, duplex};
+
+    fn counts() -> Counts {
+        let c = || prometheus::IntCounter::new("c", "c").unwrap();
+        Counts {
+            messages: [c(), c()],
+            bytes: [c(), c()],
+        }
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            idle: Duration::from_secs(30),
+            lifetime: Duration::from_secs(60),
+            max_message: 100,
+            frames_per_second: 1000,
+        }
+    }
+
+    fn masked_text(payload: &[u8]) -> Vec<u8> {
+        let k = [9, 8, 7, 6];
+        let mut f = vec![0x81, 0x80 | payload.len() as u8];
+        f.extend_from_slice(&k);
+        f.extend(payload.iter().enumerate().map(|(i, b)| b ^ k[i % 4]));
+        f
+    }
+
+    /// Reads one frame head and payload (short frames only).
+    async fn read_frame(s: &mut DuplexStream) -> (u8, Vec<u8>) {
+        let mut h = [0u8; 2];
+        s.read_exact(&mut h).await.unwrap();
+        let masked = h[1] & 0x80 != 0;
+        let len = usize::from(h[1] & 0x7F);
+        let mut k = [0u8; 4];
+        if masked {
+            s.read_exact(&mut k).await.unwrap();
+        }
+        let mut p = vec![0u8; len];
+        s.read_exact(&mut p).await.unwrap();
+        if masked {
+            p.iter_mut().enumerate().for_each(|(i, b)| *b ^= k[i % 4]);
+        }
+        (h[0], p)
+    }
+
+    struct Ends {
+        client: DuplexStream,
+        backend: DuplexStream,
+        relay: tokio::task::JoinHandle<Ended>,
+        stop: tokio::sync::oneshot::Sender<()>,
+    }
+
+    fn start(limits: Limits) -> Ends {
+        let (client, client_side) = duplex(64 * 1024);
+        let (backend, backend_side) = duplex(64 * 1024);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let relay = tokio::spawn(async move {
+            let c = counts();
+            relay(client_side, backend_side, limits, &c, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        Ends {
+            client,
+            backend,
+            relay,
+            stop,
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_pass_both_ways_as_they_came_and_a_close_ends_it() {
+        let mut e = start(limits());
+        let f = masked_text(b"hello");
+        e.client.write_all(&f).await.unwrap();
+        let mut got = vec![0u8; f.len()];
+        e.backend.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, f, "the same bytes, mask and all");
+        e.backend.write_all(&[0x81, 2, b'h', b'i']).await.unwrap();
+        assert_eq!(read_frame(&mut e.client).await, (0x81, b"hi".to_vec()));
+        // The client closes; the backend answers and ends the connection.
+        let close = close_frame(1000, "bye", Some([1, 2, 3, 4]));
+        e.client.write_all(&close).await.unwrap();
+        let (op, p) = read_frame(&mut e.backend).await;
+        assert_eq!((op, &p[..2]), (0x88, &1000u16.to_be_bytes()[..]));
+        e.backend
+            .write_all(&close_frame(1000, "", None))
+            .await
+            .unwrap();
+        e.backend.shutdown().await.unwrap();
+        drop(e.backend);
+        assert_eq!(read_frame(&mut e.client).await.0, 0x88);
+        e.client.shutdown().await.unwrap();
+        let ended = e.relay.await.unwrap();
+        assert_eq!(ended.code, 1000);
+        assert_eq!(ended.bytes_in, (f.len() + close.len()) as u64);
+    }
+
+    #[tokio::test]
+    async fn a_message_over_the_limit_closes_both_sides_with_1009_and_is_not_forwarded() {
+        let mut e = start(limits());
+        e.client.write_all(&masked_text(&[1; 100])).await.unwrap();
+        let (op, p) = read_frame(&mut e.backend).await;
+        assert_eq!((op, p.len()), (0x81, 100), "the limit itself passes");
+        e.client.write_all(&masked_text(&[1; 101])).await.unwrap();
+        let (op, p) = read_frame(&mut e.client).await;
+        assert_eq!((op, &p[..2]), (0x88, &1009u16.to_be_bytes()[..]));
+        let (op, p) = read_frame(&mut e.backend).await;
+        assert_eq!((op, &p[..2]), (0x88, &1009u16.to_be_bytes()[..]), "masked");
+        // Nothing of the refused frame reached the backend: its stream ends after the close.
+        let mut rest = Vec::new();
+        e.backend.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "{rest:?}");
+        drop((e.client, e.backend));
+        assert_eq!(e.relay.await.unwrap().code, 1009);
+    }
+
+    #[tokio::test]
+    async fn shutdown_idle_and_frame_rate_close_with_their_codes() {
+        // Shutdown: 1001 to both.
+        let mut e = start(limits());
+        e.stop.send(()).unwrap();
+        let (op, p) = read_frame(&mut e.client).await;
+        assert_eq!((op, &p[2..]), (0x88, &b"server shutting down"[..]));
+        assert_eq!(read_frame(&mut e.backend).await.0, 0x88);
+        drop((e.client, e.backend));
+        assert_eq!(e.relay.await.unwrap().code, 1001);
+
+        // Idle: nothing either way for 50 ms.
+        let mut e = start(Limits {
+            idle: Duration::from_millis(50),
+            ..limits()
+        });
+        let (op, p) = read_frame(&mut e.client).await;
+        assert_eq!((op, &p[2..]), (0x88, &b"idle"[..]));
+        drop((e.client, e.backend, e.stop));
+        assert_eq!(e.relay.await.unwrap().code, 1001);
+
+        // Frames past the rate: limit frames pass, one more closes with 1008.
+        let mut e = start(Limits {
+            frames_per_second: 3,
+            ..limits()
+        });
+        let mut three = Vec::new();
+        for _ in 0..3 {
+            three.extend(masked_text(b"x"));
+        }
+        e.client.write_all(&three).await.unwrap();
+        for _ in 0..3 {
+            assert_eq!(read_frame(&mut e.backend).await.0, 0x81);
+        }
+        e.client.write_all(&masked_text(b"x")).await.unwrap();
+        let (op, p) = read_frame(&mut e.client).await;
+        assert_eq!((op, &p[..2]), (0x88, &1008u16.to_be_bytes()[..]));
+        drop((e.client, e.backend, e.stop));
+        assert_eq!(e.relay.await.unwrap().code, 1008);
+    }
+}

@@ -1,0 +1,249 @@
+//! WebSockets handed to a backend: Python's `websockets` library (client and backend, written
+//! by others) through a guest that checks a token and hands the connection on. Refused
+//! openings never reach the backend; the limits close with their codes; shutdown closes with
+//! `1001`.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{TestServer, metric_value, test_guest, tools_dir};
+
+/// The `websockets` echo server (`wsclient.py echo-server`), killed when dropped.
+struct EchoServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/wsclient.py")
+}
+
+fn echo_server() -> EchoServer {
+    let mut child = std::process::Command::new("python3")
+        .arg(script())
+        .arg("echo-server")
+        .env("PYTHONPATH", tools_dir().join("websockets-15.0.1"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    EchoServer { child, port }
+}
+
+/// `wsclient.py client URL ARGS...`: its one JSON answer.
+async fn client(url: String, args: &[&str]) -> Value {
+    let mut command = std::process::Command::new("python3");
+    command
+        .arg(script())
+        .arg("client")
+        .arg(&url)
+        .args(args)
+        .env("PYTHONPATH", tools_dir().join("websockets-15.0.1"));
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("{e}: {text:?} {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// A server with the `ws_gate` guest at `/` whose backend `echo` is `echo`, and `extra`
+/// settings of the tenant.
+async fn gate(echo: &EchoServer, extra: &str) -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "ws_gate");
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"chat\"\nmodule = \"ws_gate.wasm\"\n{extra}\n\
+         [tenant.outbound.backends.echo]\nurl = \"http://127.0.0.1:{}/rooms\"\n\
+         [tenant.outbound.backends.gone]\nurl = \"http://127.0.0.1:1\"\n",
+        echo.port
+    );
+    TestServer::try_start_in(dir, &config).await.expect("start")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_hands_the_websocket_to_its_backend_and_frames_flow_both_ways() {
+    let echo = echo_server();
+    let s = gate(&echo, "").await;
+    let base = format!("ws://{}", s.addr());
+    // No token: the guest's 401, and the backend never opened (see `before` below). The guest
+    // saw the opening as it is.
+    let refused = client(format!("{base}/lobby"), &[]).await;
+    assert_eq!(refused["status"], 401, "{refused}");
+    assert_eq!(refused["headers"]["x-saw"], "GET websocket 13", "{refused}");
+    assert!(refused["headers"].get("tern-handoff").is_none());
+
+    let big = "70000";
+    let ok = client(
+        format!("{base}/lobby?token=good"),
+        &["--send", "hello", "--send-bytes", big, "--send", "é"],
+    )
+    .await;
+    let hello = &ok["hello"];
+    assert_eq!(
+        hello["before"], 0,
+        "the refused opening reached no backend: {ok}"
+    );
+    assert_eq!(hello["path"], "/rooms/lobby?token=good", "{ok}");
+    assert_eq!(
+        hello["headers"]["x-user"], "alice",
+        "the guest's header: {ok}"
+    );
+    assert_eq!(hello["headers"]["x-forwarded-for"], "127.0.0.1", "{ok}");
+    assert_eq!(hello["headers"]["x-forwarded-proto"], "http", "{ok}");
+    assert_eq!(
+        ok["echoes"],
+        serde_json::json!(["hello", 70000, "é"]),
+        "{ok}"
+    );
+    assert_eq!(ok["close_code"], 1000, "{ok}");
+    // The two ends agreed on compression through the relay.
+    assert!(
+        ok["extensions"]
+            .as_str()
+            .is_some_and(|e| e.contains("permessage-deflate")),
+        "{ok}"
+    );
+
+    // Counted once the relay has ended (the access line too).
+    let mut m = String::new();
+    for _ in 0..50 {
+        m = s.metrics().await;
+        if m.contains("tern_websocket_closes_total{code=\"1000\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        metric_value(
+            &m,
+            "tern_websocket_closes_total{code=\"1000\",tenant=\"chat\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    assert!(
+        metric_value(
+            &m,
+            "tern_websocket_messages_total{direction=\"in\",tenant=\"chat\"}"
+        ) >= 3.0
+    );
+    // (Bytes as sent: the 70,000 compressed.)
+    assert!(
+        metric_value(
+            &m,
+            "tern_websocket_bytes_total{direction=\"out\",tenant=\"chat\"}"
+        ) > 100.0
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "tern_websocket_connections{mode=\"handoff\",tenant=\"chat\"}"
+        ),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_not_the_tenants_or_not_there_is_refused_and_the_client_told() {
+    let echo = echo_server();
+    let s = gate(&echo, "").await;
+    let base = format!("ws://{}", s.addr());
+    let unknown = client(format!("{base}/x?token=good&to=nope"), &[]).await;
+    assert_eq!(unknown["status"], 500, "{unknown}");
+    let down = client(format!("{base}/x?token=good&to=gone"), &[]).await;
+    assert_eq!(down["status"], 502, "{down}");
+    let m = s.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "tern_websocket_refused_total{tenant=\"chat\",why=\"backend\"}"
+        ),
+        2.0
+    );
+    // A request that is no opening, and an opening of another version.
+    let r = crate::support::send(
+        s.addr(),
+        http::Method::GET,
+        "/x",
+        None,
+        &[
+            ("upgrade", "websocket"),
+            ("connection", "upgrade"),
+            ("sec-websocket-version", "8"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ],
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.headers["sec-websocket-version"], "13");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenants_limits_close_with_their_codes() {
+    let echo = echo_server();
+    let s = gate(
+        &echo,
+        "[tenant.websocket]\nmax_message_bytes = 1000\nmax_connections = 1\nidle_timeout_ms = 1000\n",
+    )
+    .await;
+    let base = format!("ws://{}", s.addr());
+    // limit - 1 and the limit pass; limit + 1 closes with 1009, unforwarded. (Sizes as sent:
+    // uncompressed here.)
+    let at = client(
+        format!("{base}/a?token=good"),
+        &[
+            "--no-compression",
+            "--send-bytes",
+            "999",
+            "--send-bytes",
+            "1000",
+            "--send-bytes",
+            "1001",
+        ],
+    )
+    .await;
+    assert_eq!(at["echoes"], serde_json::json!([999, 1000]), "{at}");
+    assert_eq!(at["close_code"], 1009, "{at}");
+    // Idle for a second: 1001. Meanwhile a second opening finds no place: 503.
+    let held = tokio::spawn(client(format!("{base}/b?token=good"), &["--wait-close"]));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let full = client(format!("{base}/c?token=good"), &[]).await;
+    assert_eq!(full["status"], 503, "{full}");
+    let idle = held.await.unwrap();
+    assert_eq!(idle["close_code"], 1001, "{idle}");
+    assert_eq!(idle["close_reason"], "idle", "{idle}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_open_websockets_with_1001() {
+    let echo = echo_server();
+    let s = gate(&echo, "").await;
+    let base = format!("ws://{}", s.addr());
+    let held = tokio::spawn(client(format!("{base}/b?token=good"), &["--wait-close"]));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.running.shutdown.trigger();
+    let closed = held.await.unwrap();
+    assert_eq!(closed["close_code"], 1001, "{closed}");
+    assert_eq!(closed["close_reason"], "server shutting down", "{closed}");
+}

@@ -1,0 +1,101 @@
+"""The e2e tests' WebSocket peers, both from the `websockets` library (not written here).
+
+  wsclient.py echo-server
+      Serves WebSockets on 127.0.0.1 (a free port, printed as the first line). Each connection
+      is first sent one text message, a JSON object of what its opening said (path, the
+      headers a backend would look at, and how many connections came before it), then every
+      message it sends is sent back.
+
+  wsclient.py client URL [--send TEXT | --send-bytes N]... [--wait-close] [--no-compression]
+      Opens URL (offering permessage-deflate unless --no-compression), reads the backend's first message, sends each message in turn and reads its
+      echo; then closes (or with --wait-close waits for the server to close). Prints one JSON
+      object: {"hello": ..., "echoes": [...], "close_code": N, "close_reason": "..."}, or
+      {"status": N, "headers": {...}} when the opening was refused.
+"""
+
+import asyncio
+import json
+import sys
+
+import websockets
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+
+async def echo_server():
+    served = 0
+
+    async def handler(ws):
+        nonlocal served
+        before = served
+        served += 1
+        req = ws.request
+        names = ["x-user", "x-forwarded-for", "x-forwarded-proto", "authorization", "cookie", "host", "sec-websocket-protocol"]
+        await ws.send(json.dumps({
+            "path": req.path,
+            "headers": {n: req.headers.get(n) for n in names},
+            "before": before,
+        }))
+        try:
+            async for message in ws:
+                await ws.send(message)
+        except ConnectionClosed:
+            pass
+
+    async with websockets.serve(handler, "127.0.0.1", 0, max_size=None) as server:
+        port = server.sockets[0].getsockname()[1]
+        print(port, flush=True)
+        await asyncio.Future()
+
+
+async def client(url, sends, wait_close, compression):
+    try:
+        async with websockets.connect(url, max_size=None, open_timeout=10, compression=compression) as ws:
+            hello = json.loads(await ws.recv())
+            echoes = []
+            try:
+                for kind, value in sends:
+                    await ws.send(value)
+                    got = await asyncio.wait_for(ws.recv(), 10)
+                    echoes.append(got if kind == "text" else len(got))
+                if wait_close:
+                    await asyncio.wait_for(ws.wait_closed(), 30)
+            except ConnectionClosed:
+                pass
+            await ws.close()
+            print(json.dumps({
+                "extensions": ws.response.headers.get("sec-websocket-extensions"),
+                "hello": hello,
+                "echoes": echoes,
+                "close_code": ws.close_code,
+                "close_reason": ws.close_reason,
+            }))
+    except InvalidStatus as e:
+        print(json.dumps({
+            "status": e.response.status_code,
+            "headers": dict(e.response.headers.raw_items()),
+            "body": e.response.body.decode("utf-8", "replace") if e.response.body else "",
+        }))
+
+
+def main():
+    if sys.argv[1] == "echo-server":
+        asyncio.run(echo_server())
+        return
+    url, sends, wait_close, compression = sys.argv[2], [], False, "deflate"
+    args = sys.argv[3:]
+    while args:
+        flag = args.pop(0)
+        if flag == "--send":
+            sends.append(("text", args.pop(0)))
+        elif flag == "--send-bytes":
+            sends.append(("bytes", bytes(i % 251 for i in range(int(args.pop(0))))))
+        elif flag == "--wait-close":
+            wait_close = True
+        elif flag == "--no-compression":
+            compression = None
+        else:
+            sys.exit(f"unknown argument {flag}")
+    asyncio.run(client(url, sends, wait_close, compression))
+
+
+main()
