@@ -108,6 +108,11 @@ TERN_IMPORT("outbound_forward_request") int32_t tern_outbound_forward_request(in
 /* Make the request's response (its head waited for) this request's answer: status, headers and
  * a body the server streams to the client after the guest ends; returns 0. */
 TERN_IMPORT("response_forward") int32_t tern_response_forward(int32_t handle);
+/* Hand the client's WebSocket to the tenant's backend `backend` once the guest has answered
+ * (the answer's headers go to the backend with the client's request); returns 0,
+ * TERN_EUNAVAILABLE when the request opens no WebSocket, or TERN_EDENIED. */
+TERN_IMPORT("handoff_websocket")
+int32_t tern_handoff_websocket(const char *backend, size_t backend_len);
 
 /* Key-value stores (see ABI.md): open one the tenant is granted by name; returns a handle. */
 TERN_IMPORT("kv_open") int32_t tern_kv_open(const char *name, size_t name_len);

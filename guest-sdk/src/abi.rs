@@ -102,6 +102,12 @@ pub mod func {
     /// `name`; returns its full length, or `NOT_FOUND`.
     pub const CONFIG_GET: &str = "config_get";
 
+    /// `(backend, backend_len) -> i32`: the guest's answer hands the client's WebSocket to
+    /// `backend`, one of the tenant's backends (the answer's other headers go to it with the
+    /// client's request); `UNAVAILABLE` when the request opens no WebSocket, `DENIED` for a
+    /// backend the tenant does not have (`outbound_last_error` says why).
+    pub const HANDOFF_WEBSOCKET: &str = "handoff_websocket";
+
     /// `(key, key_len, headers, headers_len, flags) -> handle`: look up the entry `key` for
     /// the request headers `headers` (`name NUL value NUL` pairs); with
     /// [`super::CACHE_TRANSACTION`], a miss waits for another request inserting it, or makes
@@ -153,7 +159,7 @@ pub mod func {
     pub const RATE_LAST_ERROR: &str = "rate_last_error";
 
     /// Every host function with its number of `i32` parameters; each returns one `i32`.
-    pub const SIGNATURES: [(&str, usize); 45] = [
+    pub const SIGNATURES: [(&str, usize); 46] = [
         (REQUEST_METHOD, 2),
         (REQUEST_URI, 2),
         (REQUEST_HEADERS, 2),
@@ -199,10 +205,11 @@ pub mod func {
         (PENALTY_ADD, 5),
         (PENALTY_HAS, 4),
         (RATE_LAST_ERROR, 2),
+        (HANDOFF_WEBSOCKET, 2),
     ];
 
     /// Every host function name, for checks that list them.
-    pub const ALL: [&str; 45] = [
+    pub const ALL: [&str; 46] = [
         REQUEST_METHOD,
         REQUEST_URI,
         REQUEST_HEADERS,
@@ -248,6 +255,7 @@ pub mod func {
         PENALTY_ADD,
         PENALTY_HAS,
         RATE_LAST_ERROR,
+        HANDOFF_WEBSOCKET,
     ];
 }
 

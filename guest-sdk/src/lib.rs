@@ -170,6 +170,7 @@ host_functions! {
     fn outbound_last_error(buf: *mut u8, len: usize) -> i32;
     fn outbound_forward_request(handle: i32) -> i32;
     fn response_forward(handle: i32) -> i32;
+    fn handoff_websocket(backend: *const u8, backend_len: usize) -> i32;
     fn kv_open(name: *const u8, name_len: usize) -> i32;
     fn kv_get(store: i32, key: *const u8, key_len: usize, buf: *mut u8, len: usize) -> i32;
     fn kv_set(

@@ -54,6 +54,32 @@ interface_error!(
     "The ABI error code ([`abi::errno`]): `DENIED`, `TIMEOUT`, `IO`, `LIMIT_EXCEEDED`, ..."
 );
 
+/// Hands the client's WebSocket to `backend`, one of the tenant's backends: once the guest
+/// has answered, the server opens the backend's WebSocket with the client's request and the
+/// headers of the guest's answer (an identity it checked, say), and relays the frames both
+/// ways; the guest's instance is gone by then. The answer's status and body are not sent.
+///
+/// ```no_run
+/// use tern_sdk::http::Response;
+/// tern_sdk::serve(|req| {
+///     if req.headers().get("authorization").is_none() {
+///         return Response::builder().status(401).body(Vec::new()).unwrap();
+///     }
+///     match tern_sdk::outbound::handoff_websocket("chat") {
+///         Ok(()) => Response::builder().header("x-user", "alice").body(Vec::new()).unwrap(),
+///         Err(e) => Response::builder().status(502).body(e.to_string().into_bytes()).unwrap(),
+///     }
+/// });
+/// ```
+///
+/// # Errors
+/// `UNAVAILABLE` when the request opens no WebSocket, `DENIED` for a backend the tenant does
+/// not have.
+pub fn handoff_websocket(backend: &str) -> Result<(), FetchError> {
+    // SAFETY: the host reads `backend.len()` bytes at its pointer.
+    check(unsafe { sys::handoff_websocket(backend.as_ptr(), backend.len()) }).map(drop)
+}
+
 /// An outbound request handle, closed when dropped.
 #[derive(Debug)]
 struct Handle(i32);

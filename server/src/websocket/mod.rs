@@ -28,7 +28,7 @@ mod sockets;
 
 pub use config::WebsocketConfig;
 pub use handoff::{AccessLater, Client, Failed, Handoff, Tenant, handoff};
-pub use opening::{BadOpening, HandoffTo, Opening, opening};
+pub use opening::{BadOpening, HandoffTo, Opening, is_opening, opening};
 pub use sockets::{Full, Place, Sockets};
 
 pub use crate::body::HANDOFF;

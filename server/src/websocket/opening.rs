@@ -28,9 +28,15 @@ pub struct BadOpening {
     pub why: &'static str,
 }
 
+/// Whether a request with `headers` opens a WebSocket (as every guest sees an opening: with
+/// `Upgrade: websocket`).
+pub fn is_opening(headers: &http::HeaderMap) -> bool {
+    has_token(headers, &UPGRADE, "websocket")
+}
+
 /// Whether a header's comma-separated values hold `token` (case-insensitive).
-fn has_token(req: &Request<impl Sized>, name: &HeaderName, token: &str) -> bool {
-    req.headers().get_all(name).iter().any(|v| {
+fn has_token(headers: &http::HeaderMap, name: &HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
         v.to_str()
             .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
     })
@@ -48,8 +54,8 @@ pub fn opening<B>(req: &mut Request<B>) -> Option<Result<Opening, BadOpening>> {
             .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"));
     let h1 = req.method() == Method::GET
         && req.version() == Version::HTTP_11
-        && has_token(req, &UPGRADE, "websocket")
-        && has_token(req, &CONNECTION, "upgrade");
+        && has_token(req.headers(), &UPGRADE, "websocket")
+        && has_token(req.headers(), &CONNECTION, "upgrade");
     if !h1 && !h2 {
         return None;
     }

@@ -164,6 +164,36 @@ async fn a_guest_hands_the_websocket_to_its_backend_and_frames_flow_both_ways() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_abi_call_hands_off_and_says_what_is_wrong() {
+    let echo = echo_server();
+    let s = gate(&echo, "").await;
+    let base = format!("ws://{}", s.addr());
+    let ok = client(format!("{base}/abi?token=good&via=abi"), &["--send", "x"]).await;
+    assert_eq!(ok["hello"]["headers"]["x-user"], "alice", "{ok}");
+    assert_eq!(ok["echoes"], serde_json::json!(["x"]), "{ok}");
+    // A backend the tenant does not have: DENIED, with the reason.
+    let unknown = client(format!("{base}/abi?token=good&via=abi&to=nope"), &[]).await;
+    assert_eq!(unknown["status"], 500, "{unknown}");
+    let body = unknown["body"].as_str().unwrap();
+    assert!(
+        body.starts_with("-6 ") && body.contains("no backend named \"nope\""),
+        "{body}"
+    );
+    // A request that opens no WebSocket: UNAVAILABLE.
+    let r = crate::support::send(
+        s.addr(),
+        http::Method::GET,
+        "/abi?token=good&via=abi",
+        None,
+        &[],
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 500);
+    assert!(r.text().starts_with("-5 "), "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_not_the_tenants_or_not_there_is_refused_and_the_client_told() {
     let echo = echo_server();
     let s = gate(&echo, "").await;

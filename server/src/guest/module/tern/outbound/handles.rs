@@ -222,6 +222,33 @@ impl OutboundCalls<'_> {
         }
     }
 
+    /// `handoff_websocket`: the guest's answer hands the client's WebSocket to `backend`
+    /// (one of the tenant's backends), as a `tern-handoff` header of it would.
+    pub fn handoff_websocket(
+        &mut self,
+        request: &GuestRequest,
+        response: &mut GuestResponse,
+        backend: &[u8],
+    ) -> i32 {
+        let Ok(backend) = std::str::from_utf8(backend) else {
+            return self.misuse("a backend name is UTF-8");
+        };
+        if !crate::websocket::is_opening(&request.headers) {
+            self.table.last_error = "the request opens no WebSocket (no Upgrade: websocket)".into();
+            return errno::UNAVAILABLE;
+        }
+        if self.session.grant.policy.backend_label(backend).is_none() {
+            self.table.last_error = Denied::UnknownBackend(backend.to_string()).to_string();
+            return errno::DENIED;
+        }
+        if response.is_streaming() {
+            return errno::HEADERS_SENT;
+        }
+        response.handoff =
+            Some(HeaderValue::from_str(backend).expect("a backend name is a header value"));
+        0
+    }
+
     /// A request refused by the policy: counted, logged, and its reason kept for
     /// `outbound_last_error`.
     fn denied(&mut self, backend: &str, d: &Denied, request: &GuestRequest) -> i32 {

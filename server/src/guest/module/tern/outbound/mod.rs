@@ -162,6 +162,15 @@ pub fn add_to_linker<T: OutboundView>(linker: &mut Linker<T>) -> wasmtime::Resul
         let (mut calls, _, response) = caller.data_mut().outbound();
         Ok(calls.forward_response(handle, response).await)
     })?;
+    linker.func_wrap(
+        m,
+        func::HANDOFF_WEBSOCKET,
+        |mut caller: Caller<'_, T>, backend: i32, backend_len: i32| {
+            let backend = read_guest(&caller, backend, backend_len, func::HANDOFF_WEBSOCKET)?;
+            let (mut calls, request, response) = caller.data_mut().outbound();
+            Ok(calls.handoff_websocket(request, response, &backend))
+        },
+    )?;
     add_text_call(linker, m, func::OUTBOUND_LAST_ERROR, |s| {
         s.outbound_handles().last_error()
     })?;
