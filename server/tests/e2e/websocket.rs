@@ -277,3 +277,68 @@ async fn shutdown_closes_open_websockets_with_1001() {
     assert_eq!(closed["close_code"], 1001, "{closed}");
     assert_eq!(closed["close_reason"], "server shutting down", "{closed}");
 }
+
+/// A WebSocket frame from a client: masked text.
+fn masked_text(text: &str) -> Vec<u8> {
+    let mask = [0x37, 0xfa, 0x21, 0x3d];
+    let mut f = vec![0x81, 0x80 | u8::try_from(text.len()).unwrap()];
+    f.extend_from_slice(&mask);
+    f.extend(text.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    f
+}
+
+/// Reads one unmasked text frame (shorter than 126 bytes) from a server.
+async fn read_text(io: &mut (impl tokio::io::AsyncRead + Unpin)) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut head = [0u8; 2];
+    io.read_exact(&mut head).await.unwrap();
+    assert_eq!(head[0], 0x81, "a whole text frame");
+    let mut len = usize::from(head[1] & 0x7F);
+    if len == 126 {
+        let mut l = [0u8; 2];
+        io.read_exact(&mut l).await.unwrap();
+        len = usize::from(u16::from_be_bytes(l));
+    }
+    let mut payload = vec![0u8; len];
+    io.read_exact(&mut payload).await.unwrap();
+    String::from_utf8(payload).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_opens_with_extended_connect_and_the_guest_sees_the_same_opening() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tokio::io::AsyncWriteExt;
+    let echo = echo_server();
+    let s = gate(&echo, "").await;
+    let tcp = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake::<_, http_body_util::Empty<bytes::Bytes>>(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let open = |path: &str| {
+        let mut req = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri(format!("http://{}{path}", s.addr()))
+            .header("sec-websocket-version", "13")
+            .body(http_body_util::Empty::new())
+            .unwrap();
+        req.extensions_mut()
+            .insert(hyper::ext::Protocol::from_static("websocket"));
+        req
+    };
+    // Refused by the guest: its 401, as over HTTP/1.1 (it saw a GET with Upgrade).
+    let refused = sender.send_request(open("/h2")).await.unwrap();
+    assert_eq!(refused.status(), 401);
+    assert_eq!(refused.headers()["x-saw"], "GET websocket 13");
+    // Handed off: 200, then frames on the stream.
+    let mut resp = sender.send_request(open("/h2?token=good")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("sec-websocket-accept").is_none());
+    let mut ws = TokioIo::new(hyper::upgrade::on(&mut resp).await.unwrap());
+    let hello: Value = serde_json::from_str(&read_text(&mut ws).await).unwrap();
+    assert_eq!(hello["headers"]["x-user"], "alice", "{hello}");
+    assert_eq!(hello["path"], "/rooms/h2?token=good", "{hello}");
+    ws.write_all(&masked_text("over h2")).await.unwrap();
+    assert_eq!(read_text(&mut ws).await, "over h2");
+}
