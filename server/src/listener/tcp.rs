@@ -138,10 +138,23 @@ where
                         peer,
                         tls: Some(accepted.info),
                     };
-                    let conn = builders[if accepted.h2 { 2 } else { 1 }]
-                        .serve_connection_with_upgrades(TokioIo::new(stream), service(conn))
-                        .into_owned();
-                    watcher.watch(conn).await
+                    if accepted.h2 {
+                        // (HTTP/2's extended CONNECT needs no upgradeable connection.)
+                        let conn = builders[2]
+                            .serve_connection(TokioIo::new(stream), service(conn))
+                            .into_owned();
+                        watcher.watch(conn).await
+                    } else if stream.starts_with(H2_PREFACE) {
+                        // The client chose HTTP/1.1 by ALPN (or named none) and speaks
+                        // HTTP/2: the connection that reads the version from the first bytes
+                        // (to switch HTTP/1.1 to WebSockets) must not serve it.
+                        return;
+                    } else {
+                        let conn = builders[1]
+                            .serve_connection_with_upgrades(TokioIo::new(stream), service(conn))
+                            .into_owned();
+                        watcher.watch(conn).await
+                    }
                 }
             };
             if let Err(e) = ended {
@@ -263,6 +276,11 @@ pub struct Prefixed<S> {
 }
 
 impl<S> Prefixed<S> {
+    /// Whether the client's first bytes start with `bytes`.
+    fn starts_with(&self, bytes: &[u8]) -> bool {
+        self.prefix.starts_with(bytes)
+    }
+
     /// What a write that returned `polled` means: `Pending` arms the stall timer (and fails
     /// once it rings), anything else disarms it.
     fn stall<T>(
