@@ -678,11 +678,14 @@ impl Worker {
                 listener::quic::serve(bound, h, s, o, Some(alt_svc)).await;
             }
         };
+        // The WebSocket relays of this worker run on its runtime: each is sent a `1001` close
+        // when shutdown begins, and they end within the grace, counted from then.
         let grace = opts.grace;
-        tokio::join!(plain, tls, h3);
-        // The WebSocket relays of this worker run on its runtime: each was sent a `1001`
-        // close when shutdown began; they end within the grace.
-        let _ = tokio::time::timeout(grace, sockets.closed()).await;
+        let relays = async {
+            shutdown.wait().await;
+            let _ = tokio::time::timeout(grace, sockets.closed()).await;
+        };
+        tokio::join!(plain, tls, h3, relays);
     }
 }
 

@@ -40,6 +40,8 @@ pub enum Violation {
     TooBig,
     /// A frame the protocol forbids (what is wrong).
     Protocol(&'static str),
+    /// A frame past the client's frames in this second.
+    Rate,
 }
 
 impl Violation {
@@ -48,6 +50,7 @@ impl Violation {
         match self {
             Self::TooBig => (code::TOO_BIG, "message too big"),
             Self::Protocol(why) => (code::PROTOCOL_ERROR, why),
+            Self::Rate => (code::POLICY, "too many frames a second"),
         }
     }
 }
@@ -115,11 +118,16 @@ impl Scanner {
     }
 
     /// Reads the frame heads in `buf` (bytes not yet forwarded, from a frame boundary or
-    /// within the current frame's payload).
-    pub fn scan(&mut self, buf: &[u8]) -> Scanned {
+    /// within the current frame's payload); a frame past `frames_left` more is refused at its
+    /// head ([`Violation::Rate`]).
+    pub fn scan(&mut self, buf: &[u8], frames_left: u32) -> Scanned {
         let mut s = Scanned::default();
         let mut pos = 0;
         while pos < buf.len() {
+            if self.payload_left == 0 && s.frames >= frames_left {
+                s.violation = Some(Violation::Rate);
+                break;
+            }
             if self.payload_left > 0 {
                 let take = usize::try_from(self.payload_left)
                     .unwrap_or(usize::MAX)
@@ -361,9 +369,9 @@ mod tests {
         // Every split point: what is forwarded adds up, heads are never cut.
         for split in 0..stream.len().min(400) {
             let mut s = Scanner::new(true, 1 << 20);
-            let a = s.scan(&stream[..split]);
+            let a = s.scan(&stream[..split], u32::MAX);
             let rest = &stream[a.forward..];
-            let b = s.scan(rest);
+            let b = s.scan(rest, u32::MAX);
             assert_eq!(a.forward + b.forward, stream.len(), "split {split}");
             assert_eq!(a.frames + b.frames, 4, "split {split}");
             assert_eq!(a.messages + b.messages, 2, "split {split}");
@@ -377,7 +385,7 @@ mod tests {
         for (len, over) in [(99, false), (100, false), (101, true)] {
             let mut s = Scanner::new(true, 100);
             let f = frame(0x82, &vec![0; len], K);
-            let r = s.scan(&f);
+            let r = s.scan(&f, u32::MAX);
             assert_eq!(r.violation.is_some(), over, "{len}");
             assert_eq!(r.forward, if over { 0 } else { f.len() });
         }
@@ -386,7 +394,7 @@ mod tests {
         let mut f = frame(0x02, &[0; 60], K);
         let first = f.len();
         f.extend(frame(0x80, &[0; 41], K));
-        let r = s.scan(&f);
+        let r = s.scan(&f, u32::MAX);
         assert_eq!(r.violation, Some(Violation::TooBig));
         assert_eq!(r.forward, first);
         assert_eq!(Violation::TooBig.close().0, 1009);
@@ -404,7 +412,7 @@ mod tests {
             (frame(0x80, b"x", K), true),      // continuation of nothing
         ];
         for (i, (f, masked)) in bad.iter().enumerate() {
-            let r = Scanner::new(*masked, 1 << 20).scan(f);
+            let r = Scanner::new(*masked, 1 << 20).scan(f, u32::MAX);
             assert!(
                 matches!(r.violation, Some(Violation::Protocol(_))),
                 "case {i}: {r:?}"
@@ -413,11 +421,11 @@ mod tests {
         }
         // RSV1 (permessage-deflate) passes; a new message inside an open one does not.
         let mut s = Scanner::new(true, 1 << 20);
-        assert_eq!(s.scan(&frame(0xC1, b"x", K)).violation, None);
+        assert_eq!(s.scan(&frame(0xC1, b"x", K), u32::MAX).violation, None);
         let mut f = frame(0x01, b"a", K);
         f.extend(frame(0x81, b"b", K));
         assert!(matches!(
-            Scanner::new(true, 1 << 20).scan(&f).violation,
+            Scanner::new(true, 1 << 20).scan(&f, u32::MAX).violation,
             Some(Violation::Protocol(_))
         ));
     }
@@ -429,12 +437,12 @@ mod tests {
         let f = frame(0x88, &payload, K);
         for split in 0..=f.len() {
             let mut s = Scanner::new(true, 100);
-            let a = s.scan(&f[..split]);
-            s.scan(&f[a.forward..]);
+            let a = s.scan(&f[..split], u32::MAX);
+            s.scan(&f[a.forward..], u32::MAX);
             assert_eq!(s.close_code, Some(1000), "split {split}");
         }
         let mut s = Scanner::new(false, 100);
-        s.scan(&frame(0x88, &[], None));
+        s.scan(&frame(0x88, &[], None), u32::MAX);
         assert_eq!(s.close_code, Some(code::NO_STATUS));
     }
 
@@ -444,7 +452,7 @@ mod tests {
             let f = close_frame(1009, &"é".repeat(100), mask);
             assert!(f.len() <= 2 + 4 + 125);
             let mut s = Scanner::new(mask.is_some(), 100);
-            let r = s.scan(&f);
+            let r = s.scan(&f, u32::MAX);
             assert_eq!((r.forward, r.violation), (f.len(), None));
             assert_eq!(s.close_code, Some(1009));
         }

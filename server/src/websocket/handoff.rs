@@ -216,7 +216,6 @@ pub async fn handoff(
     let Client { opening, place, .. } = client;
     let version = opening.version;
     sockets.tasks.spawn(async move {
-        let _place = place;
         let client = match opening.upgrade.await {
             Ok(c) => c,
             Err(e) => {
@@ -232,6 +231,8 @@ pub async fn handoff(
             async move { shutdown.wait().await },
         )
         .await;
+        // Its place is free before it is counted as closed.
+        drop(place);
         closes
             .with_label_values(&[&label, close_label(ended.code)])
             .inc();

@@ -22,16 +22,21 @@ pub struct Opening {
 /// Why an opening request is refused before any guest runs.
 #[derive(Debug, PartialEq, Eq)]
 pub struct BadOpening {
-    /// Its status: `400`, or `426` for a WebSocket version other than 13.
+    /// Its status: `400`, or `426` for a WebSocket version other than 13 (answered `400` with
+    /// `Sec-WebSocket-Version: 13`, RFC 6455 §4.4).
     pub status: StatusCode,
     /// What is wrong.
     pub why: &'static str,
 }
 
-/// Whether a request with `headers` opens a WebSocket (as every guest sees an opening: with
-/// `Upgrade: websocket`).
-pub fn is_opening(headers: &http::HeaderMap) -> bool {
-    has_token(headers, &UPGRADE, "websocket")
+/// Whether a request opens a WebSocket as every guest sees an opening: a `GET` over HTTP/1.1
+/// or HTTP/2 with `Upgrade: websocket` and `Connection: Upgrade` (what [`opening`] lets
+/// through, and makes of an HTTP/2 opening).
+pub fn is_opening(method: &Method, version: Version, headers: &http::HeaderMap) -> bool {
+    method == Method::GET
+        && matches!(version, Version::HTTP_11 | Version::HTTP_2)
+        && has_token(headers, &UPGRADE, "websocket")
+        && has_token(headers, &CONNECTION, "upgrade")
 }
 
 /// Whether a header's comma-separated values hold `token` (case-insensitive).

@@ -71,11 +71,18 @@ struct Way {
     write_done: bool,
     /// Bytes written.
     written: u64,
+    /// Frames this way may carry in a second (the client's way), this second's start and
+    /// count.
+    rate: Option<(u32, Instant, u32)>,
+    /// The close frame sent on when the reading side ends without one of its own.
+    on_eof: Vec<u8>,
 }
 
 impl Way {
-    fn new(masked: bool, max_message: u64) -> Self {
+    fn new(masked: bool, max_message: u64, rate: Option<u32>, on_eof: Vec<u8>) -> Self {
         Self {
+            rate: rate.map(|max| (max, Instant::now(), 0)),
+            on_eof,
             buf: vec![0; BUFFER].into_boxed_slice(),
             start: 0,
             end: 0,
@@ -125,9 +132,12 @@ impl Way {
                         self.written += n as u64;
                     }
                     // The other side is gone: nothing more goes this way.
+                    // (What is held is dropped, so the buffer has room to read and drop what
+                    // still comes.)
                     Poll::Ready(_) => {
                         self.write_done = true;
                         self.stopped = true;
+                        (self.start, self.end, self.ready) = (0, 0, 0);
                     }
                 }
             }
@@ -170,7 +180,20 @@ impl Way {
                     }
                     let unscanned = self.start + self.ready;
                     self.end += n;
-                    let s = self.scanner.scan(&self.buf[unscanned..self.end]);
+                    let left = match &mut self.rate {
+                        Some((max, since, count)) => {
+                            let now = Instant::now();
+                            if now.duration_since(*since) >= Duration::from_secs(1) {
+                                (*since, *count) = (now, 0);
+                            }
+                            *max - *count
+                        }
+                        None => u32::MAX,
+                    };
+                    let s = self.scanner.scan(&self.buf[unscanned..self.end], left);
+                    if let Some((_, _, count)) = &mut self.rate {
+                        *count += s.frames;
+                    }
                     self.ready += s.forward;
                     moved.frames += s.frames;
                     moved.messages += s.messages;
@@ -179,7 +202,18 @@ impl Way {
                         return Poll::Ready(moved);
                     }
                 }
-                Poll::Ready(_) => self.read_done = true,
+                Poll::Ready(_) => {
+                    self.read_done = true;
+                    // The side went away without a close frame: the other is told so, if
+                    // the stream is between two frames.
+                    if !self.stopped
+                        && self.scanner.close_code.is_none()
+                        && self.scanner.at_boundary()
+                    {
+                        self.end = self.start + self.ready;
+                        self.inject = std::mem::take(&mut self.on_eof);
+                    }
+                }
             }
         }
     }
@@ -217,15 +251,24 @@ where
     B: AsyncRead + AsyncWrite + Unpin,
 {
     // To the backend: the client's frames (masked); to the client: the backend's.
-    let mut up = Way::new(true, limits.max_message);
-    let mut down = Way::new(false, limits.max_message);
+    let mut up = Way::new(
+        true,
+        limits.max_message,
+        Some(limits.frames_per_second),
+        close_frame(code::GOING_AWAY, "the client went away", Some(mask())),
+    );
+    let mut down = Way::new(
+        false,
+        limits.max_message,
+        None,
+        close_frame(code::INTERNAL, "the backend went away", None),
+    );
     let idle = tokio::time::sleep(limits.idle);
     let lifetime = tokio::time::sleep(limits.lifetime);
     tokio::pin!(idle, lifetime, shutdown);
     // Set once the relay is closing: how long the two sides have left to close.
     let mut closing: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut first_close: Option<u16> = None;
-    let mut window = (Instant::now(), 0u32);
     let mut shut_down = false;
     std::future::poll_fn(|cx| {
         loop {
@@ -241,16 +284,6 @@ where
                     idle.as_mut()
                         .reset(tokio::time::Instant::now() + limits.idle);
                 }
-                if m.frames > 0 {
-                    let now = Instant::now();
-                    if now.duration_since(window.0) >= Duration::from_secs(1) {
-                        window = (now, 0);
-                    }
-                    window.1 = window.1.saturating_add(m.frames);
-                    if window.1 > limits.frames_per_second {
-                        stop = Some((code::POLICY, "too many frames a second"));
-                    }
-                }
                 if let Some(v) = m.violation {
                     stop = Some(v.close());
                 }
@@ -263,17 +296,22 @@ where
                     idle.as_mut()
                         .reset(tokio::time::Instant::now() + limits.idle);
                 }
-                if let Some(v) = m.violation {
-                    // The backend's frames the relay does not forward: the client is told
-                    // the server failed, the backend why.
-                    stop = Some((code::INTERNAL, "the backend failed"));
-                    to_backend = Some(v.close());
+                match m.violation {
+                    // A message too big either way: both are told so.
+                    Some(v @ Violation::TooBig) => stop = Some(v.close()),
+                    // A frame the protocol forbids from the backend: the client is told the
+                    // server failed, the backend why.
+                    Some(v) => {
+                        stop = Some((code::INTERNAL, "the backend failed"));
+                        to_backend = Some(v.close());
+                    }
+                    None => {}
                 }
             }
             if first_close.is_none() {
                 first_close = up.scanner.close_code.or(down.scanner.close_code);
             }
-            if stop.is_none() && !up.stopped {
+            if stop.is_none() && !up.stopped && !down.stopped && first_close.is_none() {
                 if idle.as_mut().poll(cx).is_ready() {
                     stop = Some((code::GOING_AWAY, "idle"));
                 } else if lifetime.as_mut().poll(cx).is_ready() {
@@ -285,7 +323,8 @@ where
             }
             if let Some((code, reason)) = stop {
                 let (backend_code, backend_reason) = to_backend.unwrap_or((code, reason));
-                first_close.get_or_insert(backend_code);
+                // (What the client was told is what is counted.)
+                first_close.get_or_insert(code);
                 up.stop(Some(close_frame(
                     backend_code,
                     backend_reason,
@@ -294,9 +333,10 @@ where
                 down.stop(Some(close_frame(code, reason, None)));
                 progressed = true;
             }
-            let handshake_done =
-                up.scanner.close_code.is_some() && down.scanner.close_code.is_some();
-            if closing.is_none() && (up.stopped || down.stopped || handshake_done) {
+            // Once either side has sent its close frame, the other has CLOSING to answer it
+            // and both to end their connections.
+            let close_sent = up.scanner.close_code.is_some() || down.scanner.close_code.is_some();
+            if closing.is_none() && (up.stopped || down.stopped || close_sent) {
                 closing = Some(Box::pin(tokio::time::sleep(CLOSING)));
             }
             let done = up.read_done && up.write_done && down.read_done && down.write_done;
@@ -427,6 +467,66 @@ mod tests {
         assert_eq!(ended.bytes_in, (f.len() + close.len()) as u64);
     }
 
+    /// A masked binary frame of any length.
+    fn masked_binary(len: usize) -> Vec<u8> {
+        let k = [3, 1, 4, 1];
+        let mut f = vec![0x82];
+        match len {
+            n if n < 126 => f.push(0x80 | n as u8),
+            n if n <= 0xFFFF => {
+                f.push(0x80 | 126);
+                f.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                f.push(0x80 | 127);
+                f.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        f.extend_from_slice(&k);
+        f.extend((0..len).map(|i| (i % 251) as u8 ^ k[i % 4]));
+        f
+    }
+
+    #[tokio::test]
+    async fn frames_larger_than_the_buffer_and_heads_cut_anywhere_pass_whole() {
+        use tokio::io::AsyncReadExt;
+        let mut e = start(Limits {
+            max_message: 1 << 20,
+            frames_per_second: 100_000,
+            ..limits()
+        });
+        // A 70,000-byte frame, then 2,000 7-byte frames, sent in odd-sized pieces.
+        let mut stream = masked_binary(70_000);
+        for _ in 0..2_000 {
+            stream.extend(masked_text(b"x"));
+        }
+        let expected = stream.clone();
+        let writer = tokio::spawn(async move {
+            for piece in stream.chunks(1_237) {
+                e.client.write_all(piece).await.unwrap();
+            }
+            e.client
+        });
+        let mut got = vec![0u8; expected.len()];
+        e.backend.read_exact(&mut got).await.unwrap();
+        assert!(got == expected, "the same bytes in the same order");
+        drop(writer.await.unwrap());
+        drop(e.backend);
+        drop(e.stop);
+        assert_eq!(e.relay.await.unwrap().bytes_in, expected.len() as u64);
+    }
+
+    #[tokio::test]
+    async fn a_backend_gone_without_a_close_is_told_to_the_client_with_1011() {
+        let mut e = start(limits());
+        e.backend.shutdown().await.unwrap();
+        drop(e.backend);
+        let (op, p) = read_frame(&mut e.client).await;
+        assert_eq!((op, &p[..2]), (0x88, &1011u16.to_be_bytes()[..]));
+        drop((e.client, e.stop));
+        e.relay.await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_message_over_the_limit_closes_both_sides_with_1009_and_is_not_forwarded() {
         let mut e = start(limits());
@@ -482,6 +582,9 @@ mod tests {
         }
         e.client.write_all(&masked_text(b"x")).await.unwrap();
         let (op, p) = read_frame(&mut e.client).await;
+        assert_eq!((op, &p[..2]), (0x88, &1008u16.to_be_bytes()[..]));
+        // The frame past the limit never reached the backend: its close comes next.
+        let (op, p) = read_frame(&mut e.backend).await;
         assert_eq!((op, &p[..2]), (0x88, &1008u16.to_be_bytes()[..]));
         drop((e.client, e.backend, e.stop));
         assert_eq!(e.relay.await.unwrap().code, 1008);

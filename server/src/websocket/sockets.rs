@@ -66,6 +66,10 @@ impl Sockets {
     /// # Errors
     /// Which limit is reached.
     pub fn take(self: &Arc<Self>, tenant: &str, label: &str, max: u32) -> Result<Place, Full> {
+        // A server shutting down opens no more: each would be closed at once.
+        if self.shutdown.is_triggered() {
+            return Err(Full::Server);
+        }
         if self
             .open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {

@@ -80,6 +80,19 @@ async fn gate(echo: &EchoServer, extra: &str) -> TestServer {
     TestServer::try_start_in(dir, &config).await.expect("start")
 }
 
+/// Waits (up to 20 s) until the tenant `chat` has `n` WebSocket connections open.
+async fn open_connections(s: &TestServer, n: u32) {
+    let series = format!("tern_websocket_connections{{mode=\"handoff\",tenant=\"chat\"}} {n}\n");
+    for _ in 0..200 {
+        let m = s.metrics().await;
+        if m.contains(&series) || (n == 0 && !m.contains("tern_websocket_connections{")) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the tenant never had {n} WebSocket connections open");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_hands_the_websocket_to_its_backend_and_frames_flow_both_ways() {
     let echo = echo_server();
@@ -95,7 +108,19 @@ async fn a_guest_hands_the_websocket_to_its_backend_and_frames_flow_both_ways() 
     let big = "70000";
     let ok = client(
         format!("{base}/lobby?token=good"),
-        &["--send", "hello", "--send-bytes", big, "--send", "é"],
+        &[
+            "--send",
+            "hello",
+            "--send-bytes",
+            big,
+            "--send",
+            "é",
+            // A client cannot pass itself off: the guest's and the server's headers win.
+            "--header",
+            "x-user:mallory",
+            "--header",
+            "x-forwarded-for:203.0.113.9",
+        ],
     )
     .await;
     let hello = &ok["hello"];
@@ -141,19 +166,16 @@ async fn a_guest_hands_the_websocket_to_its_backend_and_frames_flow_both_ways() 
         1.0,
         "{m}"
     );
-    assert!(
-        metric_value(
-            &m,
-            "tern_websocket_messages_total{direction=\"in\",tenant=\"chat\"}"
-        ) >= 3.0
+    let series = |s: &str| metric_value(&m, &format!("tern_websocket_{s},tenant=\"chat\"}}"));
+    assert_eq!(series("messages_total{direction=\"in\""), 3.0);
+    assert_eq!(
+        series("messages_total{direction=\"out\""),
+        4.0,
+        "the hello, three echoes"
     );
     // (Bytes as sent: the 70,000 compressed.)
-    assert!(
-        metric_value(
-            &m,
-            "tern_websocket_bytes_total{direction=\"out\",tenant=\"chat\"}"
-        ) > 100.0
-    );
+    let out = series("bytes_total{direction=\"out\"");
+    assert!(out > 100.0 && out < 70_000.0, "{out}");
     assert_eq!(
         metric_value(
             &m,
@@ -256,10 +278,19 @@ async fn the_tenants_limits_close_with_their_codes() {
     assert_eq!(at["echoes"], serde_json::json!([999, 1000]), "{at}");
     assert_eq!(at["close_code"], 1009, "{at}");
     // Idle for a second: 1001. Meanwhile a second opening finds no place: 503.
+    open_connections(&s, 0).await;
     let held = tokio::spawn(client(format!("{base}/b?token=good"), &["--wait-close"]));
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    open_connections(&s, 1).await;
     let full = client(format!("{base}/c?token=good"), &[]).await;
     assert_eq!(full["status"], 503, "{full}");
+    let m = s.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "tern_websocket_refused_total{tenant=\"chat\",why=\"tenant\"}"
+        ),
+        1.0
+    );
     let idle = held.await.unwrap();
     assert_eq!(idle["close_code"], 1001, "{idle}");
     assert_eq!(idle["close_reason"], "idle", "{idle}");
@@ -271,11 +302,69 @@ async fn shutdown_closes_open_websockets_with_1001() {
     let s = gate(&echo, "").await;
     let base = format!("ws://{}", s.addr());
     let held = tokio::spawn(client(format!("{base}/b?token=good"), &["--wait-close"]));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    open_connections(&s, 1).await;
     s.running.shutdown.trigger();
     let closed = held.await.unwrap();
     assert_eq!(closed["close_code"], 1001, "{closed}");
     assert_eq!(closed["close_reason"], "server shutting down", "{closed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_sends_a_thousand_open_websockets_1001_within_the_grace() {
+    let echo = echo_server();
+    let s = gate(&echo, "").await;
+    let mut holder = std::process::Command::new("python3")
+        .arg(script())
+        .args([
+            "hold",
+            &format!("ws://{}/many?token=good", s.addr()),
+            "1000",
+        ])
+        .env("PYTHONPATH", tools_dir().join("websockets-15.0.1"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        (line, out)
+    });
+    let (opened, mut out) = line.await.unwrap();
+    assert_eq!(
+        opened.trim(),
+        r#"{"opened": 1000}"#,
+        "the tenant's default cap is 1000"
+    );
+    let m = s.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "tern_websocket_connections{mode=\"handoff\",tenant=\"chat\"}"
+        ),
+        1000.0
+    );
+    let started = std::time::Instant::now();
+    s.running.shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(10), s.running.wait())
+        .await
+        .expect("the server stops within the grace (2 s) and the relays' closing");
+    let waited = started.elapsed();
+    let codes = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let _ = holder.wait();
+    assert_eq!(
+        codes.trim(),
+        r#"{"codes": {"1001": 1000}}"#,
+        "after {waited:?}"
+    );
+    // The grace is 2 s (the test servers'): the relays end within it.
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
 }
 
 /// A WebSocket frame from a client: masked text.

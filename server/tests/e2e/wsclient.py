@@ -6,11 +6,16 @@
       headers a backend would look at, and how many connections came before it), then every
       message it sends is sent back.
 
-  wsclient.py client URL [--send TEXT | --send-bytes N]... [--wait-close] [--no-compression]
+  wsclient.py client URL [--send TEXT | --send-bytes N | --header NAME:VALUE]... [--wait-close]
+                        [--no-compression]
       Opens URL (offering permessage-deflate unless --no-compression), reads the backend's first message, sends each message in turn and reads its
       echo; then closes (or with --wait-close waits for the server to close). Prints one JSON
       object: {"hello": ..., "echoes": [...], "close_code": N, "close_reason": "..."}, or
       {"status": N, "headers": {...}} when the opening was refused.
+
+  wsclient.py hold URL N
+      Opens N connections to URL at once, prints {"opened": n} when they are open, then waits
+      (up to 60 s) for the server to close them and prints {"codes": {"CODE": count, ...}}.
 """
 
 import asyncio
@@ -47,9 +52,10 @@ async def echo_server():
         await asyncio.Future()
 
 
-async def client(url, sends, wait_close, compression):
+async def client(url, sends, wait_close, compression, headers):
     try:
-        async with websockets.connect(url, max_size=None, open_timeout=10, compression=compression) as ws:
+        async with websockets.connect(url, max_size=None, open_timeout=10, compression=compression,
+                                      additional_headers=headers) as ws:
             hello = json.loads(await ws.recv())
             echoes = []
             try:
@@ -77,11 +83,37 @@ async def client(url, sends, wait_close, compression):
         }))
 
 
+async def hold(url, n):
+    async def one():
+        ws = await websockets.connect(url, open_timeout=30)
+        await ws.recv()
+        return ws
+
+    sockets = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+    opened = [ws for ws in sockets if not isinstance(ws, Exception)]
+    print(json.dumps({"opened": len(opened)}), flush=True)
+
+    async def closed(ws):
+        try:
+            await asyncio.wait_for(ws.wait_closed(), 60)
+        except asyncio.TimeoutError:
+            return "open"
+        return str(ws.close_code)
+
+    codes = {}
+    for code in await asyncio.gather(*(closed(ws) for ws in opened)):
+        codes[code] = codes.get(code, 0) + 1
+    print(json.dumps({"codes": codes}), flush=True)
+
+
 def main():
     if sys.argv[1] == "echo-server":
         asyncio.run(echo_server())
         return
-    url, sends, wait_close, compression = sys.argv[2], [], False, "deflate"
+    if sys.argv[1] == "hold":
+        asyncio.run(hold(sys.argv[2], int(sys.argv[3])))
+        return
+    url, sends, wait_close, compression, headers = sys.argv[2], [], False, "deflate", []
     args = sys.argv[3:]
     while args:
         flag = args.pop(0)
@@ -93,9 +125,12 @@ def main():
             wait_close = True
         elif flag == "--no-compression":
             compression = None
+        elif flag == "--header":
+            name, value = args.pop(0).split(":", 1)
+            headers.append((name, value))
         else:
             sys.exit(f"unknown argument {flag}")
-    asyncio.run(client(url, sends, wait_close, compression))
+    asyncio.run(client(url, sends, wait_close, compression, headers))
 
 
 main()

@@ -233,7 +233,8 @@ impl OutboundCalls<'_> {
         let Ok(backend) = std::str::from_utf8(backend) else {
             return self.misuse("a backend name is UTF-8");
         };
-        if !crate::websocket::is_opening(&request.headers) {
+        if !crate::websocket::is_opening(&request.method, request.context.version, &request.headers)
+        {
             self.table.last_error = "the request opens no WebSocket (no Upgrade: websocket)".into();
             return errno::UNAVAILABLE;
         }
