@@ -186,6 +186,37 @@ async fn a_guest_hands_the_websocket_to_its_backend_and_frames_flow_both_ways() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cgi_program_hands_off_with_its_header() {
+    let echo = echo_server();
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "cgi_probe");
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"cgi\"\nmodule = \"cgi_probe.wasm\"\npaths = [\"/cgi\"]\n\
+         [tenant.outbound.backends.echo]\nurl = \"http://127.0.0.1:{}\"\n",
+        echo.port
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let ok = client(format!("ws://{}/cgi/handoff", s.addr()), &["--send", "cgi"]).await;
+    assert_eq!(ok["hello"]["headers"]["x-user"], "cgi", "{ok}");
+    assert_eq!(ok["hello"]["path"], "/cgi/handoff", "{ok}");
+    assert_eq!(ok["echoes"], serde_json::json!(["cgi"]), "{ok}");
+    // The same answer to a request that opens nothing: served, the header never sent.
+    let r = crate::support::send(
+        s.addr(),
+        http::Method::GET,
+        "/cgi/handoff",
+        None,
+        &[],
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(r.headers.get("tern-handoff").is_none(), "{:?}", r.headers);
+    assert_eq!(r.headers["x-user"], "cgi");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_abi_call_hands_off_and_says_what_is_wrong() {
     let echo = echo_server();
     let s = gate(&echo, "").await;

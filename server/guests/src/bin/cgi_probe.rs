@@ -13,6 +13,8 @@
 //! - `/read`: reads stdin to its end and reports how many bytes it got (or the error).
 //! - `/args`: its arguments, one per line.
 //! - `/env`: its environment (the request's meta-variables), one `NAME=value` per line.
+//! - `/handoff`: hands the client's WebSocket to the tenant's backend `echo` (`Tern-Handoff:
+//!   echo`) with `X-User: cgi`.
 //! - `/cached`: `Cache-Control: max-age=60`, `ETag: "c1"`, `Surrogate-Key: cgi` and a body
 //!   naming the instant it ran; `Status: 304` when `If-None-Match` is `"c1"`.
 
@@ -27,6 +29,9 @@ fn main() {
             let _ = writeln!(out, "Hello without headers");
         }
         "/nothing" => {}
+        "/handoff" => {
+            let _ = write!(out, "Tern-Handoff: echo\nX-User: cgi\n\n");
+        }
         "/bad-status" => {
             let _ = write!(out, "Status: abc\r\n\r\nbody");
         }
