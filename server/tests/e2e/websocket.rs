@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{TestServer, metric_value, test_guest, tools_dir};
+use crate::support::{TestServer, metric_value, test_component, test_guest, tools_dir};
 
 /// The `websockets` echo server (`wsclient.py echo-server`), killed when dropped.
 struct EchoServer {
@@ -186,17 +186,28 @@ async fn a_guest_hands_the_websocket_to_its_backend_and_frames_flow_both_ways() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cgi_program_hands_off_with_its_header() {
+async fn a_cgi_program_and_a_component_hand_off_with_their_header() {
     let echo = echo_server();
     let dir = tempfile::tempdir().unwrap();
     test_guest(dir.path(), "cgi_probe");
-    let config = format!(
-        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
-         [[tenant]]\nname = \"cgi\"\nmodule = \"cgi_probe.wasm\"\npaths = [\"/cgi\"]\n\
-         [tenant.outbound.backends.echo]\nurl = \"http://127.0.0.1:{}\"\n",
+    test_component(dir.path(), "component");
+    let backend = format!(
+        "[tenant.outbound.backends.echo]\nurl = \"http://127.0.0.1:{}\"\n",
         echo.port
     );
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"cgi\"\nmodule = \"cgi_probe.wasm\"\npaths = [\"/cgi\"]\n{backend}\
+         [[tenant]]\nname = \"comp\"\nmodule = \"component.wasm\"\npaths = [\"/comp\"]\n{backend}"
+    );
     let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let ok = client(
+        format!("ws://{}/comp/handoff", s.addr()),
+        &["--send", "wasi"],
+    )
+    .await;
+    assert_eq!(ok["hello"]["headers"]["x-user"], "component", "{ok}");
+    assert_eq!(ok["echoes"], serde_json::json!(["wasi"]), "{ok}");
     let ok = client(format!("ws://{}/cgi/handoff", s.addr()), &["--send", "cgi"]).await;
     assert_eq!(ok["hello"]["headers"]["x-user"], "cgi", "{ok}");
     assert_eq!(ok["hello"]["path"], "/cgi/handoff", "{ok}");

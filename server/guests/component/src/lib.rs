@@ -1,6 +1,8 @@
 //! A `wasi:http` component with one behaviour per path (its last segment), for the e2e tests:
 //!
 //! - `/hello`: `200` "Hello from a component!" with `x-kind: wasi-http`.
+//! - `/handoff`: hands the client's WebSocket to the tenant's backend `echo` (`tern-handoff:
+//!   echo`) with `x-user: component`.
 //! - `/info`: the method, path and query, the `x-test` and `spin-path-info` headers, the
 //!   body's length and the scheme.
 //! - `/big?n=N`: `200` with a body of N bytes (`x`), written in 4 KiB pieces (streams past 64 KiB).
@@ -320,6 +322,12 @@ impl wasip2::exports::http::incoming_handler::Guest for Component {
                 };
                 respond(out, 200, &[], text.as_bytes());
             }
+            "/handoff" => respond(
+                out,
+                200,
+                &[("tern-handoff", "echo"), ("x-user", "component")],
+                b"",
+            ),
             "/status" => {
                 let code = query(&path, "code")
                     .and_then(|c| c.parse().ok())
