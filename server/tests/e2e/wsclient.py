@@ -14,7 +14,8 @@
       {"status": N, "headers": {...}} when the opening was refused.
 
   wsclient.py hold URL N
-      Opens N connections to URL at once, prints {"opened": n} when they are open, then waits
+      Opens N connections to URL at once, prints {"opened": n, "errors": [...]} when they are
+      open (the kinds of failure, if any), then waits
       (up to 60 s) for the server to close them and prints {"codes": {"CODE": count, ...}}.
 """
 
@@ -46,7 +47,9 @@ async def echo_server():
         except ConnectionClosed:
             pass
 
-    async with websockets.serve(handler, "127.0.0.1", 0, max_size=None) as server:
+    # (A backlog for a thousand openings at once: the default 100 drops SYNs under load, and a
+    # dropped SYN is retried after a second, past the server's connect timeout.)
+    async with websockets.serve(handler, "127.0.0.1", 0, max_size=None, backlog=4096) as server:
         port = server.sockets[0].getsockname()[1]
         print(port, flush=True)
         await asyncio.Future()
@@ -91,7 +94,8 @@ async def hold(url, n):
 
     sockets = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
     opened = [ws for ws in sockets if not isinstance(ws, Exception)]
-    print(json.dumps({"opened": len(opened)}), flush=True)
+    errors = sorted({repr(e) for e in sockets if isinstance(e, Exception)})
+    print(json.dumps({"opened": len(opened), "errors": errors[:5]}), flush=True)
 
     async def closed(ws):
         try:
