@@ -389,16 +389,14 @@ where
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;
     });
-    let resp = tokio::time::timeout(first_byte, sender.send_request(req))
+    let mut resp = tokio::time::timeout(first_byte, sender.send_request(req))
         .await
         .map_err(|_| Failed {
             status: StatusCode::GATEWAY_TIMEOUT,
             why: format!("the WebSocket backend did not answer within {first_byte:?}"),
         })?
         .map_err(|e| fail(format!("the WebSocket backend: {e}")))?;
-    let status = resp.status();
-    let (parts, _) = resp.into_parts();
-    let mut resp = Response::from_parts(parts, ());
     let upgrade = hyper::upgrade::on(&mut resp);
-    Ok((status, resp.headers().clone(), upgrade))
+    let (parts, _) = resp.into_parts();
+    Ok((parts.status, parts.headers, upgrade))
 }

@@ -270,6 +270,9 @@ where
     let mut closing: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut first_close: Option<u16> = None;
     let mut shut_down = false;
+    // When either side last sent a byte: the idle timer is moved on when it fires, not at
+    // every read (a timer reset per read is work on the reactor for every frame).
+    let mut last_read = tokio::time::Instant::now();
     std::future::poll_fn(|cx| {
         loop {
             // The close the client is sent, and the one the backend is (if not the same).
@@ -278,24 +281,14 @@ where
             let mut progressed = false;
             if let Poll::Ready(m) = up.poll(cx, &mut client, &mut backend) {
                 progressed = true;
-                counts.messages[0].inc_by(m.messages.into());
-                counts.bytes[0].inc_by(m.read);
-                if m.read > 0 {
-                    idle.as_mut()
-                        .reset(tokio::time::Instant::now() + limits.idle);
-                }
+                account(counts, 0, &m, &mut last_read);
                 if let Some(v) = m.violation {
                     stop = Some(v.close());
                 }
             }
             if let Poll::Ready(m) = down.poll(cx, &mut backend, &mut client) {
                 progressed = true;
-                counts.messages[1].inc_by(m.messages.into());
-                counts.bytes[1].inc_by(m.read);
-                if m.read > 0 {
-                    idle.as_mut()
-                        .reset(tokio::time::Instant::now() + limits.idle);
-                }
+                account(counts, 1, &m, &mut last_read);
                 match m.violation {
                     // A message too big either way: both are told so.
                     Some(v @ Violation::TooBig) => stop = Some(v.close()),
@@ -312,7 +305,17 @@ where
                 first_close = up.scanner.close_code.or(down.scanner.close_code);
             }
             if stop.is_none() && !up.stopped && !down.stopped && first_close.is_none() {
-                if idle.as_mut().poll(cx).is_ready() {
+                let idle_over = idle.as_mut().poll(cx).is_ready() && {
+                    let due = last_read + limits.idle;
+                    let read_since = due > tokio::time::Instant::now();
+                    if read_since {
+                        idle.as_mut().reset(due);
+                        // (Polled again so that it wakes this task at its new deadline.)
+                        let _ = idle.as_mut().poll(cx);
+                    }
+                    !read_since
+                };
+                if idle_over {
                     stop = Some((code::GOING_AWAY, "idle"));
                 } else if lifetime.as_mut().poll(cx).is_ready() {
                     stop = Some((code::GOING_AWAY, "connection lifetime over"));
@@ -357,6 +360,15 @@ where
         code: first_close.unwrap_or(code::ABNORMAL),
         bytes_in: up.written,
         bytes_out: down.written,
+    }
+}
+
+/// Counts what one way moved (`i`: 0 from the client, 1 to it), and when it last read.
+fn account(counts: &Counts, i: usize, m: &Moved, last_read: &mut tokio::time::Instant) {
+    counts.messages[i].inc_by(m.messages.into());
+    counts.bytes[i].inc_by(m.read);
+    if m.read > 0 {
+        *last_read = tokio::time::Instant::now();
     }
 }
 
@@ -514,6 +526,25 @@ mod tests {
         drop(e.backend);
         drop(e.stop);
         assert_eq!(e.relay.await.unwrap().bytes_in, expected.len() as u64);
+    }
+
+    #[tokio::test]
+    async fn traffic_keeps_a_connection_past_its_idle_time_and_silence_ends_it() {
+        let mut e = start(Limits {
+            idle: Duration::from_millis(300),
+            ..limits()
+        });
+        // Ten frames 40 ms apart: 400 ms, past the idle time, open all along (a close would
+        // come to the backend instead of a frame).
+        for _ in 0..10 {
+            e.client.write_all(&masked_text(b"x")).await.unwrap();
+            assert_eq!(read_frame(&mut e.backend).await.0, 0x81);
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+        let (op, p) = read_frame(&mut e.client).await;
+        assert_eq!((op, &p[2..]), (0x88, &b"idle"[..]));
+        drop((e.client, e.backend, e.stop));
+        assert_eq!(e.relay.await.unwrap().code, 1001);
     }
 
     #[tokio::test]
