@@ -99,6 +99,7 @@ pub mod config;
 pub mod kv;
 pub mod outbound;
 pub mod rate_limit;
+pub mod websocket;
 
 pub use http;
 pub use outbound::{FetchError, fetch, fetch_backend};

@@ -53,17 +53,20 @@ pub enum Scope {
     Purge,
     /// Read its tenants' live logs.
     Logs,
+    /// Publish to its tenants' WebSocket channels.
+    Publish,
 }
 
 impl Scope {
     /// Every scope, in the order `--help` and errors list them.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Read,
         Self::Deploy,
         Self::Variables,
         Self::Secrets,
         Self::Purge,
         Self::Logs,
+        Self::Publish,
     ];
 
     /// Its name, as tokens and the API spell it.
@@ -75,6 +78,7 @@ impl Scope {
             Self::Secrets => "secrets",
             Self::Purge => "purge",
             Self::Logs => "logs",
+            Self::Publish => "publish",
         }
     }
 

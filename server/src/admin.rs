@@ -11,6 +11,7 @@
 //! | `POST /admin/v1/tenants/{name}/rollback` | back to the previous version |
 //! | `DELETE /admin/v1/tenants/{name}` | remove a tenant |
 //! | `POST /admin/v1/tenants/{name}/cache/purge` | drop stored answers from its cache on this server: JSON `{"all": true}`, `{"prefixes": [...]}` or `{"tags": [...]}` |
+//! | `POST /admin/v1/tenants/{name}/publish` | send messages to its events-mode WebSocket connections subscribed to a channel (or to one connection), on every replica: Pushpin's publish JSON `{"items": [{"channel": "room", "formats": {"ws-message": {"content": "hi"}}}]}` |
 //! | `GET /admin/v1/tenants/{name}/variables` | its variables: plain ones with their values, secrets with a digest only |
 //! | `PUT /admin/v1/tenants/{name}/variables/{var}` | set a variable: JSON `{"value": "...", "secret": true}` (`secret` false or left out: plain); the next request reads it |
 //! | `DELETE /admin/v1/tenants/{name}/variables/{var}` | delete a variable |
@@ -228,6 +229,7 @@ fn action<'a>(method: &Method, parts: &[&'a str]) -> Action<'a> {
             Action::Tenant(name, Scope::Deploy)
         }
         (_, ["tenants", name, "cache", "purge"]) => Action::Tenant(name, Scope::Purge),
+        (_, ["tenants", name, "publish"]) => Action::Tenant(name, Scope::Publish),
         (&Method::GET, ["tenants", name, "variables"]) => Action::Tenant(name, Scope::Variables),
         (_, ["tenants", name, ..]) => Action::Tenant(name, Scope::Read),
         (_, ["assets"]) => Action::Any(Scope::Deploy),
@@ -513,6 +515,12 @@ async fn answer(
         (&Method::POST, ["tenants", name, "cache", "purge"]) => {
             purge(&app, name, read_body(req, MAX_JSON_BYTES).await).await
         }
+        (&Method::POST, ["tenants", name, "publish"]) => {
+            publish(&app, name, read_body(req, MAX_JSON_BYTES * 2).await, false)
+        }
+        (&Method::POST, ["fleet", "publish", name]) => {
+            publish(&app, name, read_body(req, MAX_JSON_BYTES * 2).await, true)
+        }
         (&Method::GET, ["tenants", name, "variables"]) => registry
             .variables(name)
             .await
@@ -574,6 +582,7 @@ async fn answer(
             | ["tenants", _]
             | ["tenants", _, "module" | "rollback"]
             | ["tenants", _, "cache", "purge"]
+            | ["tenants", _, "publish"]
             | ["tenants", _, "variables"]
             | ["tenants", _, "variables", _],
         )
@@ -583,6 +592,7 @@ async fn answer(
             | ["reload"]
             | ["fleet"]
             | ["fleet", "sync"]
+            | ["fleet", "publish", _]
             | ["secrets", "reseal"]
             | ["tokens"]
             | ["tokens", _]
@@ -605,8 +615,12 @@ async fn answer(
         ),
         Err(e) => (e.status(), None, None),
     };
-    // Every change (a nudge between replicas is none), and every refusal.
-    let nudge = parts.as_slice() == ["fleet", "sync"];
+    // Every change (a nudge or a publish passed on between replicas is none, nor is a
+    // publish: messages, not changes), and every refusal.
+    let nudge = matches!(
+        parts.as_slice(),
+        ["fleet", "sync" | "publish", ..] | ["tenants", _, "publish"]
+    );
     if (method != Method::GET && method != Method::HEAD && !nudge)
         || status == StatusCode::FORBIDDEN
     {
@@ -641,6 +655,32 @@ async fn purge(
         .purge(name, &purge)
         .await
         .map(|v| (StatusCode::OK, v))
+}
+
+/// `POST /admin/v1/tenants/{name}/publish`: sends the messages of the JSON `body` (Pushpin's
+/// publish format) to the tenant's events-mode WebSocket connections here and, unless it was
+/// `forwarded` by another replica, on every other replica of a fleet.
+fn publish(
+    app: &App,
+    name: &str,
+    body: Result<bytes::Bytes, ChangeError>,
+    forwarded: bool,
+) -> Result<(StatusCode, Value), ChangeError> {
+    let items = crate::websocket::channels::Publish::read(&body?).map_err(ChangeError::Invalid)?;
+    let done = app
+        .publish(name, &items, forwarded)
+        .ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?;
+    let fleet = app.registry.fleet().is_some() && !forwarded;
+    Ok((
+        StatusCode::OK,
+        json!({
+            "tenant": name,
+            "items": items.len(),
+            "delivered": done.delivered,
+            "dropped": done.dropped,
+            "replicas": if fleet { "this one, and sent on to the others" } else { "this one" },
+        }),
+    ))
 }
 
 /// What `PUT /admin/v1/tenants/{name}/variables/{var}` reads.

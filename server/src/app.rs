@@ -35,9 +35,39 @@ pub struct App {
     pub rate_limits: Option<crate::ratelimit::RateLimits>,
     /// Open WebSocket connections (`[server] max_websockets`), closed at shutdown.
     pub sockets: std::sync::Arc<crate::websocket::Sockets>,
+    /// Channels of events-mode WebSocket connections (publishes reach them here).
+    pub hub: std::sync::Arc<crate::websocket::Hub>,
 }
 
 impl App {
+    /// Publishes `items` to tenant `name`'s events-mode WebSocket connections on this server
+    /// and, unless `forwarded` (it came from another replica), on every other replica of a
+    /// fleet. What it did here, or `None` when there is no such tenant.
+    pub fn publish(
+        &self,
+        name: &str,
+        items: &[(crate::websocket::Target, crate::websocket::Push)],
+        forwarded: bool,
+    ) -> Option<crate::websocket::channels::Published> {
+        let label = self.registry.live().tenants.get(name)?.label.clone();
+        let mut done = crate::websocket::channels::Published::default();
+        for (to, push) in items {
+            let p = self.hub.publish(name, to, push);
+            done.delivered += p.delivered;
+            done.dropped += p.dropped;
+        }
+        let m = &self.metrics.websocket_published;
+        m.with_label_values(&[label.as_str(), "delivered"])
+            .inc_by(done.delivered);
+        m.with_label_values(&[label.as_str(), "dropped"])
+            .inc_by(done.dropped);
+        if !forwarded && let Some(fleet) = self.registry.fleet() {
+            let body = crate::websocket::channels::to_json(items).to_string();
+            fleet.publish_to_peers(name, body.into(), &self.metrics);
+        }
+        Some(done)
+    }
+
     /// The TLS listener's certificates, if there is one.
     pub fn certificates(&self) -> Option<&std::sync::Arc<crate::tls::Certificates>> {
         self.certificates.get()

@@ -348,6 +348,7 @@ fn new_app(
             shutdown.clone(),
             metrics.clone(),
         ),
+        hub: crate::websocket::Hub::new(),
     }))
 }
 

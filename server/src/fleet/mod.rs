@@ -44,8 +44,19 @@ pub const NUDGE_FROM: &str = "tern-replica-url";
 
 /// `POST <peer>/admin/v1/fleet/sync` with the fleet's token, from the replica at `from`.
 async fn nudge(peer: &str, token: &str, from: Option<&str>) -> Result<(), String> {
-    use http_body_util::Empty;
-    let uri: hyper::Uri = format!("{peer}/admin/v1/fleet/sync")
+    post(peer, "/admin/v1/fleet/sync", token, from, Bytes::new()).await
+}
+
+/// `POST <peer><path>` of `body` with the fleet's token, from the replica at `from`.
+async fn post(
+    peer: &str,
+    path: &str,
+    token: &str,
+    from: Option<&str>,
+    body: Bytes,
+) -> Result<(), String> {
+    use http_body_util::Full;
+    let uri: hyper::Uri = format!("{peer}{path}")
         .parse()
         .map_err(|e| format!("{peer:?} is not a URL: {e}"))?;
     let host = uri.host().ok_or("no host")?.to_string();
@@ -58,14 +69,14 @@ async fn nudge(peer: &str, token: &str, from: Option<&str>) -> Result<(), String
             .await
             .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let req = hyper::Request::post("/admin/v1/fleet/sync")
+    let req = hyper::Request::post(path)
         .header(hyper::header::HOST, format!("{host}:{port}"))
         .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
     let req = match from {
         Some(url) => req.header(NUDGE_FROM, url),
         None => req,
     }
-    .body(Empty::<Bytes>::new())
+    .body(Full::new(body))
     .map_err(|e| e.to_string())?;
     let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
     if resp.status().is_success() {
@@ -246,6 +257,36 @@ impl Fleet {
                         tracing::debug!(peer = %peer, "cannot nudge a replica: no answer within 1 s");
                     }
                 }
+            });
+        }
+    }
+
+    /// Sends a publish of tenant `tenant`'s WebSocket messages (`body`, Pushpin's format) to
+    /// every other replica (`POST <peer>/admin/v1/fleet/publish/{tenant}`), in the
+    /// background, each within 1 s; each applies it to its own connections only. A replica
+    /// that cannot be reached misses it (messages are not kept: as in Pushpin, a publish
+    /// reaches the connections open when it is made).
+    pub fn publish_to_peers(&self, tenant: &str, body: Bytes, metrics: &Metrics) {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for peer in peers {
+            let (token, counter) = (
+                self.token.clone(),
+                metrics.websocket_fleet_publishes.clone(),
+            );
+            let (path, body) = (format!("/admin/v1/fleet/publish/{tenant}"), body.clone());
+            tokio::spawn(async move {
+                let sent =
+                    tokio::time::timeout(NUDGE_TIMEOUT, post(&peer, &path, &token, None, body))
+                        .await;
+                let outcome = match sent {
+                    Ok(Ok(())) => "sent",
+                    Ok(Err(e)) => {
+                        tracing::debug!(peer = %peer, "cannot send a publish to a replica: {e}");
+                        "failed"
+                    }
+                    Err(_) => "failed",
+                };
+                counter.with_label_values(&[outcome]).inc();
             });
         }
     }

@@ -126,9 +126,11 @@ async fn websocket(
             .with_label_values(&[tenant.label.as_str(), why])
             .inc();
     };
+    let mode = tenant.front.websocket.mode;
     let place = match app.sockets.take(
         &tenant.name,
         &tenant.label,
+        mode,
         tenant.front.websocket.max_connections,
     ) {
         Ok(place) => place,
@@ -150,6 +152,9 @@ async fn websocket(
             return ex.early(app, Early::Refused(e, Phase::Route));
         }
     };
+    if mode == crate::websocket::Mode::Events {
+        return events(app, ex, req, opening, place).await;
+    }
     // What the backend is sent: the request as the guest saw it.
     let (uri, headers) = (req.uri().clone(), req.headers().clone());
     let (mut resp, reached) = match run(app, &mut ex, req, None).await {
@@ -169,6 +174,7 @@ async fn websocket(
         tls: ex.conn.tls.is_some(),
     };
     let of = crate::websocket::Tenant {
+        name: &tenant.name,
         policy: &tenant.grants.outbound.policy,
         label: &tenant.label,
         limits: &tenant.front.websocket,
@@ -191,6 +197,120 @@ async fn websocket(
             );
             ex.answered(app, plain_owned(failed.status, text), reached)
         }
+    }
+}
+
+/// An events-mode opening: the guest is sent the `OPEN` event (a `POST` of the opening's
+/// path, in this exchange), and the connection is accepted when its answer is; each later
+/// batch of the connection's events is a request of its own ([`EventsOrigin`]).
+async fn events(
+    app: &Arc<App>,
+    mut ex: Exchange,
+    req: Request<RequestBody>,
+    opening: crate::websocket::Opening,
+    place: crate::websocket::Place,
+) -> Response<ResponseBody> {
+    let routed = ex.routed.clone().expect("a routed request");
+    let tenant = routed.tenant.clone();
+    let origin = Arc::new(EventsOrigin {
+        app: app.clone(),
+        conn: ex.conn.clone(),
+        client: ex.client,
+        name: tenant.name.clone(),
+        prefix_len: routed.prefix_len,
+        host: routed.host,
+    });
+    let (parts, _) = req.into_parts();
+    let session = crate::websocket::Session::new(origin, parts.uri, parts.headers);
+    // The opening's own exchange runs the guest on the `OPEN` event.
+    let (resp, reached) = match run(app, &mut ex, session.opening_request(), None).await {
+        Ok(answered) => answered,
+        Err((early, _)) => return ex.early(app, early),
+    };
+    match session.accept(resp).await {
+        Ok(accepted) => {
+            let of = crate::websocket::Tenant {
+                name: &tenant.name,
+                policy: &tenant.grants.outbound.policy,
+                label: &tenant.label,
+                limits: &tenant.front.websocket,
+            };
+            let resp = crate::websocket::start_events(
+                accepted,
+                opening,
+                place,
+                &app.sockets,
+                &app.hub,
+                of,
+            );
+            ex.answered(app, resp, reached)
+        }
+        Err(crate::websocket::Refused::Guest(resp)) => {
+            app.metrics
+                .websocket_refused
+                .with_label_values(&[tenant.label.as_str(), "guest"])
+                .inc();
+            ex.answered(app, resp, reached)
+        }
+        Err(crate::websocket::Refused::Bad(why)) => {
+            app.metrics
+                .websocket_refused
+                .with_label_values(&[tenant.label.as_str(), "guest"])
+                .inc();
+            tracing::warn!(
+                tenant = %tenant.name,
+                request_id = ex.request_id.to_str().unwrap_or("-"),
+                "an events WebSocket was not opened: the guest {why}"
+            );
+            let text = format!(
+                "the WebSocket could not be opened (the handler's answer to OPEN is not \
+                 valid: {why})\nrequest id: {}\n",
+                ex.ids()
+            );
+            ex.answered(app, plain_owned(StatusCode::BAD_GATEWAY, text), reached)
+        }
+    }
+}
+
+/// What an events connection's batches run on: its tenant's guest (as it is deployed when
+/// the batch comes), each batch an exchange of its own (counted, traced, in the access log),
+/// with the opening's connection and client.
+struct EventsOrigin {
+    app: Arc<App>,
+    conn: Connection,
+    client: std::net::SocketAddr,
+    name: String,
+    prefix_len: usize,
+    host: request::HostFrom,
+}
+
+impl crate::websocket::Origin for EventsOrigin {
+    fn call(
+        &self,
+        req: Request<RequestBody>,
+    ) -> futures_util::future::BoxFuture<'static, Response<ResponseBody>> {
+        let app = self.app.clone();
+        let mut ex = Exchange::begin(&app, &req, self.conn.clone(), self.client);
+        let tenant = app.registry.live().tenants.get(&self.name).cloned();
+        let (prefix_len, host) = (self.prefix_len, self.host);
+        Box::pin(async move {
+            let Some(tenant) = tenant else {
+                return plain(StatusCode::NOT_FOUND, "the tenant is gone\n");
+            };
+            ex.route_to(Routed {
+                tenant,
+                prefix_len,
+                host,
+            });
+            match run(&app, &mut ex, req, None).await {
+                Ok((resp, reached)) => ex.answered(&app, resp, reached),
+                Err((early, _)) => ex.early(&app, early),
+            }
+        })
+    }
+
+    fn publish(&self, to: crate::websocket::Target, push: crate::websocket::Push) {
+        self.app.publish(&self.name, &[(to, push)], false);
     }
 }
 

@@ -428,7 +428,8 @@ named_metrics! {
     );
     pub websocket_connections: gauges(
         "tern_websocket_connections",
-        "WebSocket connections open, by tenant and mode (handoff: relayed to a backend).",
+        "WebSocket connections open, by tenant and mode (handoff: relayed to a backend; \
+         events: held by Tern, its events sent to the guest).",
         &["tenant", "mode"]
     );
     pub websocket_messages: counters(
@@ -453,8 +454,19 @@ named_metrics! {
         "tern_websocket_refused_total",
         "WebSocket openings refused before any guest ran, by tenant and why (tenant: its \
          websocket.max_connections; server: max_websockets), or after (backend: it could \
-         not be reached or refused the upgrade).",
+         not be reached or refused the upgrade; guest: an events guest did not accept it).",
         &["tenant", "why"]
+    );
+    pub websocket_published: counters(
+        "tern_websocket_published_total",
+        "Published WebSocket messages (events mode), by tenant and outcome per connection \
+         reached on this server (delivered: queued for it; dropped: its queue was full).",
+        &["tenant", "outcome"]
+    );
+    pub websocket_fleet_publishes: counters(
+        "tern_websocket_fleet_publishes_total",
+        "Publishes sent on to the other replicas of a fleet, by outcome (sent, failed).",
+        &["outcome"]
     );
     pub compressed: counters(
         "tern_compressed_responses_total",

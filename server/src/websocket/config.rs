@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WebsocketConfig {
+    /// `handoff` (the default): the guest sees the opening and hands the connection to a
+    /// backend. `events`: Tern holds the connection and sends its events to the guest, a
+    /// batch per request (Pushpin's WebSocket-over-HTTP).
+    pub mode: Mode,
     /// Open connections at once; an upgrade past it is answered `503` before any guest runs.
     pub max_connections: u32,
     /// A connection with no frame either way for this long is closed (`1001`). Clients that
@@ -23,6 +27,27 @@ pub struct WebsocketConfig {
     pub max_frames_per_second: u32,
 }
 
+/// What Tern does with a tenant's WebSocket openings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The guest hands the connection to a backend (`tern-handoff`); Tern relays frames.
+    #[default]
+    Handoff,
+    /// Tern terminates the connection and sends its events to the guest as requests.
+    Events,
+}
+
+impl Mode {
+    /// Its name (a metrics label).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Handoff => "handoff",
+            Self::Events => "events",
+        }
+    }
+}
+
 /// Ceilings of the settings (each a plain mistake past it).
 const MAX_CONNECTIONS: u32 = 1_000_000;
 const MAX_MESSAGE: u64 = 64 << 20;
@@ -31,6 +56,7 @@ const MAX_LIFETIME_MS: u64 = 7 * 24 * 3_600_000;
 impl Default for WebsocketConfig {
     fn default() -> Self {
         Self {
+            mode: Mode::Handoff,
             max_connections: 1_000,
             idle_timeout_ms: 60_000,
             max_lifetime_ms: 24 * 3_600_000,
@@ -118,5 +144,8 @@ mod tests {
         assert_eq!(parsed.idle_timeout_ms, 5000);
         assert_eq!(parsed.max_connections, 1000);
         assert!(toml::from_str::<WebsocketConfig>("idle = 5").is_err());
+        let events: WebsocketConfig = toml::from_str("mode = \"events\"").unwrap();
+        assert_eq!(events.mode, Mode::Events);
+        assert!(toml::from_str::<WebsocketConfig>("mode = \"relay\"").is_err());
     }
 }

@@ -25,6 +25,8 @@ pub mod code {
     pub const NO_STATUS: u16 = 1005;
     /// The connection ended without a close frame (never sent).
     pub const ABNORMAL: u16 = 1006;
+    /// A text message or close reason that is not UTF-8.
+    pub const INVALID_DATA: u16 = 1007;
     /// Against the tenant's policy: frames faster than its limit.
     pub const POLICY: u16 = 1008;
     /// A message larger than the tenant's limit.
@@ -42,6 +44,8 @@ pub enum Violation {
     Protocol(&'static str),
     /// A frame past the client's frames in this second.
     Rate,
+    /// Text that is not UTF-8 (a message Tern reads itself, in events mode).
+    Utf8,
 }
 
 impl Violation {
@@ -51,6 +55,7 @@ impl Violation {
             Self::TooBig => (code::TOO_BIG, "message too big"),
             Self::Protocol(why) => (code::PROTOCOL_ERROR, why),
             Self::Rate => (code::POLICY, "too many frames a second"),
+            Self::Utf8 => (code::INVALID_DATA, "text is not UTF-8"),
         }
     }
 }

@@ -99,6 +99,8 @@ pub struct Failed {
 /// What a tenant gives a handoff: its guests' outbound policy (the backends), its metrics
 /// label and its WebSocket limits.
 pub struct Tenant<'a> {
+    /// Its name.
+    pub name: &'a str,
     /// Its guests' outbound policy.
     pub policy: &'a crate::outbound::Policy,
     /// Its metrics label.
@@ -196,8 +198,7 @@ pub async fn handoff(
         None => *resp.status_mut() = StatusCode::OK,
     }
     let (log_tx, log_rx) = tokio::sync::oneshot::channel();
-    resp.extensions_mut()
-        .insert(AccessLater(Arc::new(std::sync::Mutex::new(Some(log_tx)))));
+    resp.extensions_mut().insert(AccessLater::new(log_tx));
     let label = tenant.label.to_string();
     let m = &sockets.metrics;
     let counts = Counts {
@@ -244,7 +245,7 @@ pub async fn handoff(
 }
 
 /// A close code as a metrics label: the codes RFC 6455 defines, else `other`.
-fn close_label(code: u16) -> &'static str {
+pub(super) fn close_label(code: u16) -> &'static str {
     match code {
         1000 => "1000",
         1001 => "1001",
@@ -267,6 +268,11 @@ fn close_label(code: u16) -> &'static str {
 pub struct AccessLater(Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<AccessRecord>>>>);
 
 impl AccessLater {
+    /// The record is to be sent on `tx`.
+    pub(super) fn new(tx: tokio::sync::oneshot::Sender<AccessRecord>) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(Some(tx))))
+    }
+
     /// Hands `record` to the relay.
     pub fn send(&self, record: AccessRecord) {
         if let Some(tx) = self.0.lock().expect("never poisoned").take() {

@@ -19,16 +19,22 @@
 //!   the limits (message size, a client's frame rate, idle time, lifetime), the counts and the
 //!   close code. Shutdown sends each open connection a `1001` close.
 
+pub mod channels;
 pub mod config;
+mod endpoint;
+mod events;
 mod frame;
 mod handoff;
 mod opening;
 mod relay;
+mod session;
 mod sockets;
 
-pub use config::WebsocketConfig;
+pub use channels::{Hub, Push, Target};
+pub use config::{Mode, WebsocketConfig};
 pub use handoff::{AccessLater, Client, Failed, Handoff, Tenant, handoff};
 pub use opening::{BadOpening, HandoffTo, Opening, is_opening, opening};
+pub use session::{Origin, Refused, Session, start as start_events};
 pub use sockets::{Full, Place, Sockets};
 
 pub use crate::body::HANDOFF;

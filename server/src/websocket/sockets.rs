@@ -60,12 +60,18 @@ impl Sockets {
         })
     }
 
-    /// A place for one more connection of `tenant` (metrics label `label`), within its `max`
-    /// and the server's.
+    /// A place for one more connection of `tenant` (metrics labels `label` and `mode`),
+    /// within its `max` and the server's.
     ///
     /// # Errors
     /// Which limit is reached.
-    pub fn take(self: &Arc<Self>, tenant: &str, label: &str, max: u32) -> Result<Place, Full> {
+    pub fn take(
+        self: &Arc<Self>,
+        tenant: &str,
+        label: &str,
+        mode: super::config::Mode,
+        max: u32,
+    ) -> Result<Place, Full> {
         // A server shutting down opens no more: each would be closed at once.
         if self.shutdown.is_triggered() {
             return Err(Full::Server);
@@ -95,7 +101,7 @@ impl Sockets {
         let gauge = self
             .metrics
             .websocket_connections
-            .with_label_values(&[label, "handoff"]);
+            .with_label_values(&[label, mode.name()]);
         gauge.inc();
         Ok(Place {
             sockets: self.clone(),

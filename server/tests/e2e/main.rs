@@ -44,3 +44,4 @@ mod toolchains;
 mod traces;
 mod variables;
 mod websocket;
+mod websocket_events;

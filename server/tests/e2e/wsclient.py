@@ -13,6 +13,14 @@
       object: {"hello": ..., "echoes": [...], "close_code": N, "close_reason": "..."}, or
       {"status": N, "headers": {...}} when the opening was refused.
 
+  wsclient.py talk URL [--send TEXT | --send-bytes N | --send-raw HEX | --recv N | --abort]...
+      Opens URL (no compression), prints {"opened": true} (or {"status": N, ...} when refused),
+      then does each step in turn: send a text or binary message, send raw bytes (a frame
+      written as it is, masked or not, for what a library refuses to send), receive N
+      messages (10 s each), or drop the connection without a close. At the end (or when the
+      server closes) it closes and prints {"received": [...], "close_code": N,
+      "close_reason": "..."}; a binary message received is {"bytes": LENGTH}.
+
   wsclient.py hold URL N
       Opens N connections to URL at once, prints {"opened": n, "errors": [...]} when they are
       open (the kinds of failure, if any), then waits
@@ -86,6 +94,50 @@ async def client(url, sends, wait_close, compression, headers):
         }))
 
 
+async def talk(url, steps):
+    try:
+        ws = await websockets.connect(url, max_size=None, open_timeout=10, compression=None)
+    except InvalidStatus as e:
+        print(json.dumps({
+            "status": e.response.status_code,
+            "headers": dict(e.response.headers.raw_items()),
+            "body": e.response.body.decode("utf-8", "replace") if e.response.body else "",
+        }), flush=True)
+        return
+    print(json.dumps({"opened": True, "headers": dict(ws.response.headers.raw_items())}), flush=True)
+    received = []
+    try:
+        for kind, value in steps:
+            if kind == "text":
+                await ws.send(value)
+            elif kind == "bytes":
+                await ws.send(value)
+            elif kind == "raw":
+                ws.transport.write(bytes.fromhex(value))
+            elif kind == "recv":
+                for _ in range(value):
+                    got = await asyncio.wait_for(ws.recv(), 10)
+                    received.append(got if isinstance(got, str) else {"bytes": len(got)})
+            elif kind == "abort":
+                ws.transport.abort()
+                print(json.dumps({"received": received, "aborted": True}), flush=True)
+                return
+        await ws.close()
+    except ConnectionClosed:
+        pass
+    except asyncio.TimeoutError:
+        received.append("timeout")
+    try:
+        await asyncio.wait_for(ws.wait_closed(), 10)
+    except asyncio.TimeoutError:
+        pass
+    print(json.dumps({
+        "received": received,
+        "close_code": ws.close_code,
+        "close_reason": ws.close_reason,
+    }), flush=True)
+
+
 async def hold(url, n):
     async def one():
         ws = await websockets.connect(url, open_timeout=30)
@@ -113,6 +165,24 @@ async def hold(url, n):
 def main():
     if sys.argv[1] == "echo-server":
         asyncio.run(echo_server())
+        return
+    if sys.argv[1] == "talk":
+        steps, args = [], sys.argv[3:]
+        while args:
+            flag = args.pop(0)
+            if flag == "--send":
+                steps.append(("text", args.pop(0)))
+            elif flag == "--send-bytes":
+                steps.append(("bytes", bytes(i % 251 for i in range(int(args.pop(0))))))
+            elif flag == "--send-raw":
+                steps.append(("raw", args.pop(0)))
+            elif flag == "--recv":
+                steps.append(("recv", int(args.pop(0))))
+            elif flag == "--abort":
+                steps.append(("abort", None))
+            else:
+                sys.exit(f"unknown argument {flag}")
+        asyncio.run(talk(sys.argv[2], steps))
         return
     if sys.argv[1] == "hold":
         asyncio.run(hold(sys.argv[2], int(sys.argv[3])))

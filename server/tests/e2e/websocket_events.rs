@@ -1,0 +1,394 @@
+//! WebSockets in events mode: Tern holds the connection and the `ws_events` guest sees its
+//! events as requests (Pushpin's WebSocket-over-HTTP). The client is Python's `websockets`
+//! library (written by others); raw frames where it refuses to send bad ones. A chat room:
+//! published messages reach every subscriber and no other tenant; a trapping guest closes its
+//! own connection only; the limits close with their codes; the guest is told when a client
+//! goes.
+
+use std::io::BufRead;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::support::{TestServer, test_guest, tools_dir};
+
+/// A `wsclient.py talk` client running: its first line (opened or refused) is read by
+/// [`talk`], the last by [`Talk::end`].
+struct Talk {
+    child: Child,
+    out: Option<std::io::BufReader<ChildStdout>>,
+    first: Value,
+}
+
+impl Drop for Talk {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Talk {
+    /// Its last line (its steps done and the connection closed).
+    async fn end(mut self) -> Value {
+        let mut out = self.out.take().expect("read once");
+        let line = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            line
+        })
+        .await
+        .unwrap();
+        serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    }
+}
+
+/// Starts `wsclient.py talk URL ARGS...` and reads its first line.
+async fn talk(url: &str, args: &[&str]) -> Talk {
+    let mut child = Command::new("python3")
+        .arg(std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/wsclient.py"))
+        .arg("talk")
+        .arg(url)
+        .args(args)
+        .env("PYTHONPATH", tools_dir().join("websockets-15.0.1"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (out, line) = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        (out, line)
+    })
+    .await
+    .unwrap();
+    let first = serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    Talk {
+        child,
+        out: Some(out),
+        first,
+    }
+}
+
+/// A talk to its end.
+async fn talk_all(url: &str, args: &[&str]) -> Value {
+    let t = talk(url, args).await;
+    assert_eq!(t.first["opened"], true, "{}", t.first);
+    t.end().await
+}
+
+/// A server with tenants `chat` (at `/`) and `rival` (at `/rival`), both the `ws_events`
+/// guest in events mode, and `extra` settings of `chat`'s `[tenant.websocket]`.
+async fn server(extra: &str) -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "ws_events");
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"chat\"\nmodule = \"ws_events.wasm\"\n\
+         [tenant.websocket]\nmode = \"events\"\n{extra}\n\
+         [[tenant]]\nname = \"rival\"\nmodule = \"ws_events.wasm\"\npaths = [\"/rival\"]\n\
+         [tenant.websocket]\nmode = \"events\"\n"
+    );
+    TestServer::try_start_in(dir, &config).await.expect("start")
+}
+
+/// Waits (up to 20 s) until `tenant` has `n` events connections open.
+async fn open_connections(s: &TestServer, tenant: &str, n: u32) {
+    let series = format!("tern_websocket_connections{{mode=\"events\",tenant=\"{tenant}\"}} {n}\n");
+    for _ in 0..200 {
+        let m = s.metrics().await;
+        if m.contains(&series) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{tenant} never had {n} events connections open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_events_guest_accepts_echoes_keeps_metadata_and_closes() {
+    let s = server("").await;
+    let base = format!("ws://{}", s.addr());
+    // The guest's refusal reaches the client as it answered.
+    let refused = talk(&format!("{base}/?token=bad"), &[]).await;
+    assert_eq!(refused.first["status"], 401, "{}", refused.first);
+    assert_eq!(refused.first["body"], "bad token\n", "{}", refused.first);
+
+    let got = talk_all(
+        &format!("{base}/?user=alice"),
+        &[
+            "--recv",
+            "1", // welcome
+            "--send",
+            "hello",
+            "--recv",
+            "1",
+            "--send",
+            "é",
+            "--recv",
+            "1",
+            "--send-bytes",
+            "70000",
+            "--recv",
+            "1",
+            "--send",
+            "whoami",
+            "--recv",
+            "1",
+            "--send",
+            "id",
+            "--recv",
+            "1",
+            "--send",
+            "close",
+            "--recv",
+            "1",
+        ],
+    )
+    .await;
+    let r = got["received"].as_array().unwrap();
+    assert_eq!(r[0], "welcome", "{got}");
+    assert_eq!(r[1], "hello");
+    assert_eq!(r[2], "é");
+    assert_eq!(r[3], json!({"bytes": 70000}));
+    // Set at the opening with `Set-Meta-User`, sent back with every batch.
+    assert_eq!(r[4], "alice");
+    // A connection id: 32 hex digits.
+    let id = r[5].as_str().unwrap();
+    assert!(
+        id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{id}"
+    );
+    // The guest's CLOSE: its code and reason (the last recv gets the close).
+    assert_eq!(got["close_code"], 4000, "{got}");
+    assert_eq!(got["close_reason"], "done", "{got}");
+
+    // The client closes: the guest answers the code it was sent.
+    let got = talk_all(&format!("{base}/"), &["--recv", "1"]).await;
+    assert_eq!(got["close_code"], 1000, "{got}");
+
+    // Without GRIP, messages pass unprefixed.
+    let got = talk_all(
+        &format!("{base}/?grip=no"),
+        &["--recv", "1", "--send", "x", "--recv", "1"],
+    )
+    .await;
+    assert_eq!(got["received"], json!(["welcome", "x"]), "{got}");
+
+    let m = s.metrics().await;
+    assert!(
+        m.contains("tern_websocket_closes_total{code=\"other\",tenant=\"chat\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tern_websocket_refused_total{tenant=\"chat\",why=\"guest\"} 1"),
+        "{m}"
+    );
+    assert!(
+        crate::support::metric_value(
+            &m,
+            "tern_websocket_messages_total{direction=\"in\",tenant=\"chat\"}"
+        ) >= 7.0,
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_message_reaches_every_subscriber_of_the_tenant_and_no_one_else() {
+    let s = server("").await;
+    let base = format!("ws://{}", s.addr());
+    // bob and carol listen in the lobby; dave in another room; eve is another tenant's.
+    let bob = talk(&format!("{base}/?user=bob"), &["--recv", "4"]).await;
+    let carol = talk(&format!("{base}/?user=carol"), &["--recv", "4"]).await;
+    let dave = talk(&format!("{base}/?user=dave&room=cellar"), &["--recv", "2"]).await;
+    let eve = talk(&format!("{base}/rival?user=eve"), &["--recv", "2"]).await;
+    open_connections(&s, "chat", 3).await;
+    open_connections(&s, "rival", 1).await;
+    // alice speaks in the lobby: every subscriber hears it, herself too.
+    let alice = talk_all(
+        &format!("{base}/?user=alice"),
+        &["--recv", "1", "--send", "say hi", "--recv", "1"],
+    )
+    .await;
+    assert_eq!(
+        alice["received"],
+        json!(["welcome", "alice: hi"]),
+        "{alice}"
+    );
+    // The operator publishes to the lobby (Pushpin's publish format), to dave by his
+    // connection id... which he does not know: to his room, then.
+    let publish = |body: Value| {
+        let s = &s;
+        async move {
+            s.admin_call(
+                Method::POST,
+                "/admin/v1/tenants/chat/publish",
+                body.to_string(),
+            )
+            .await
+        }
+    };
+    let (status, v) = publish(json!({"items": [
+        {"channel": "lobby", "formats": {"ws-message": {"content": "from the operator"}}},
+        {"channel": "lobby", "formats": {"ws-message": {"content-bin": "AAEC"}}},
+        {"channel": "cellar", "formats": {"ws-message": {"content": "down here"}}},
+    ]}))
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["delivered"], 5, "{v}");
+    let bob = bob.end().await;
+    assert_eq!(
+        bob["received"],
+        json!(["welcome", "alice: hi", "from the operator", {"bytes": 3}]),
+        "{bob}"
+    );
+    assert_eq!(carol.end().await["received"], bob["received"]);
+    let dave = dave.end().await;
+    assert_eq!(dave["received"], json!(["welcome", "down here"]), "{dave}");
+    // The other tenant's lobby heard nothing: its second recv times out.
+    let eve = eve.end().await;
+    assert_eq!(eve["received"], json!(["welcome", "timeout"]), "{eve}");
+
+    // Mistakes are named; an unknown tenant is 404; the `publish` scope is needed.
+    let (status, v) = publish(json!({"items": [{"channel": "lobby", "formats": {}}]})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v.to_string().contains("ws-message"), "{v}");
+    let (status, _) = s
+        .admin_call(
+            Method::POST,
+            "/admin/v1/tenants/nobody/publish",
+            json!({"items": [{"channel": "c", "formats": {"ws-message": {"content": "x"}}}]})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let m = s.metrics().await;
+    assert!(
+        m.contains("tern_websocket_published_total{outcome=\"delivered\",tenant=\"chat\"}"),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trapping_guest_closes_its_connection_only_and_a_client_gone_is_told() {
+    let s = server("").await;
+    let base = format!("ws://{}", s.addr());
+    // A watcher in the room `gone` hears of each connection that went.
+    let watcher = talk(&format!("{base}/?user=w&room=gone"), &["--recv", "4"]).await;
+    let steady = talk(
+        &format!("{base}/?user=steady"),
+        &[
+            "--recv", "1", "--send", "before", "--recv", "1",
+            // (Held open until the test publishes "go" to the lobby, after the trap.)
+            "--recv", "1", "--send", "after", "--recv", "1",
+        ],
+    )
+    .await;
+    open_connections(&s, "chat", 2).await;
+    let trapped = talk_all(
+        &format!("{base}/?user=t"),
+        &["--recv", "1", "--send", "trap", "--recv", "1"],
+    )
+    .await;
+    assert_eq!(trapped["close_code"], 1011, "{trapped}");
+    assert_eq!(trapped["received"], json!(["welcome"]), "{trapped}");
+    // Gone without a close: the guest gets DISCONNECT (and tells the room).
+    let aborted = talk(&format!("{base}/?user=ab"), &["--recv", "1", "--abort"]).await;
+    assert_eq!(aborted.end().await["aborted"], true);
+    // Closed cleanly: the guest gets CLOSE.
+    talk_all(&format!("{base}/?user=cl"), &["--recv", "1"]).await;
+    let go = json!({"items": [{"channel": "lobby", "formats": {"ws-message": {"content": "go"}}}]});
+    let (status, v) = s
+        .admin_call(
+            Method::POST,
+            "/admin/v1/tenants/chat/publish",
+            go.to_string(),
+        )
+        .await;
+    assert_eq!(
+        (status, &v["delivered"]),
+        (StatusCode::OK, &json!(1)),
+        "{v}"
+    );
+    let steady = steady.end().await;
+    assert_eq!(
+        steady["received"],
+        json!(["welcome", "before", "go", "after"]),
+        "{steady}"
+    );
+    let watcher = watcher.end().await;
+    let heard = watcher["received"].as_array().unwrap();
+    assert_eq!(heard[0], "welcome", "{watcher}");
+    let mut gone: Vec<&str> = heard[1..].iter().map(|v| v.as_str().unwrap()).collect();
+    gone.sort_unstable();
+    // (The trapped connection's guest is not told: it is the one failing.)
+    assert_eq!(gone, ["gone ab", "gone cl", "gone steady"], "{watcher}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_limits_close_with_their_codes() {
+    let s = server("max_message_bytes = 1000\nmax_frames_per_second = 20\n").await;
+    let base = format!("ws://{}", s.addr());
+    // limit: passes; limit + 1: 1009.
+    let got = talk_all(
+        &format!("{base}/"),
+        &[
+            "--recv",
+            "1",
+            "--send-bytes",
+            "1000",
+            "--recv",
+            "1",
+            "--send-bytes",
+            "1001",
+            "--recv",
+            "1",
+        ],
+    )
+    .await;
+    assert_eq!(
+        got["received"],
+        json!(["welcome", {"bytes": 1000}]),
+        "{got}"
+    );
+    assert_eq!(got["close_code"], 1009, "{got}");
+    // Frames past 20 a second: 1008.
+    let mut args = vec!["--recv", "1"];
+    for _ in 0..30 {
+        args.extend(["--send", "x"]);
+    }
+    args.extend(["--recv", "30"]);
+    let got = talk_all(&format!("{base}/"), &args).await;
+    assert_eq!(got["close_code"], 1008, "{got}");
+    // Text that is not UTF-8 (a raw masked frame: the library will not send it): 1007.
+    let got = talk_all(
+        &format!("{base}/"),
+        &["--recv", "1", "--send-raw", "818100000000ff", "--recv", "1"],
+    )
+    .await;
+    assert_eq!(got["close_code"], 1007, "{got}");
+    // A reserved opcode: 1002.
+    let got = talk_all(
+        &format!("{base}/"),
+        &["--recv", "1", "--send-raw", "838100000000ff", "--recv", "1"],
+    )
+    .await;
+    assert_eq!(got["close_code"], 1002, "{got}");
+    // A ping is answered by Tern, the guest never sees it; the echo after it still comes.
+    let got = talk_all(
+        &format!("{base}/"),
+        &[
+            "--recv",
+            "1",
+            "--send-raw",
+            "8982000000006869",
+            "--send",
+            "y",
+            "--recv",
+            "1",
+        ],
+    )
+    .await;
+    assert_eq!(got["received"], json!(["welcome", "y"]), "{got}");
+}
