@@ -411,7 +411,7 @@ async fn shutdown_sends_a_thousand_open_websockets_1001_within_the_grace() {
 }
 
 /// A WebSocket frame from a client: masked text.
-fn masked_text(text: &str) -> Vec<u8> {
+pub fn masked_text(text: &str) -> Vec<u8> {
     let mask = [0x37, 0xfa, 0x21, 0x3d];
     let mut f = vec![0x81, 0x80 | u8::try_from(text.len()).unwrap()];
     f.extend_from_slice(&mask);
@@ -420,7 +420,7 @@ fn masked_text(text: &str) -> Vec<u8> {
 }
 
 /// Reads one unmasked text frame (shorter than 126 bytes) from a server.
-async fn read_text(io: &mut (impl tokio::io::AsyncRead + Unpin)) -> String {
+pub async fn read_text(io: &mut (impl tokio::io::AsyncRead + Unpin)) -> String {
     use tokio::io::AsyncReadExt;
     let mut head = [0u8; 2];
     io.read_exact(&mut head).await.unwrap();

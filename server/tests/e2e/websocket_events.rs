@@ -16,7 +16,7 @@ use crate::support::{TestServer, test_guest, tools_dir};
 
 /// A `wsclient.py talk` client running: its first line (opened or refused) is read by
 /// [`talk`], the last by [`Talk::end`].
-struct Talk {
+pub struct Talk {
     child: Child,
     out: Option<std::io::BufReader<ChildStdout>>,
     first: Value,
@@ -31,7 +31,7 @@ impl Drop for Talk {
 
 impl Talk {
     /// Its last line (its steps done and the connection closed).
-    async fn end(mut self) -> Value {
+    pub async fn end(mut self) -> Value {
         let mut out = self.out.take().expect("read once");
         let line = tokio::task::spawn_blocking(move || {
             let mut line = String::new();
@@ -45,7 +45,7 @@ impl Talk {
 }
 
 /// Starts `wsclient.py talk URL ARGS...` and reads its first line.
-async fn talk(url: &str, args: &[&str]) -> Talk {
+pub async fn talk(url: &str, args: &[&str]) -> Talk {
     let mut child = Command::new("python3")
         .arg(std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/wsclient.py"))
         .arg("talk")
@@ -72,7 +72,7 @@ async fn talk(url: &str, args: &[&str]) -> Talk {
 }
 
 /// A talk to its end.
-async fn talk_all(url: &str, args: &[&str]) -> Value {
+pub async fn talk_all(url: &str, args: &[&str]) -> Value {
     let t = talk(url, args).await;
     assert_eq!(t.first["opened"], true, "{}", t.first);
     t.end().await
@@ -391,4 +391,48 @@ async fn events_limits_close_with_their_codes() {
     )
     .await;
     assert_eq!(got["received"], json!(["welcome", "y"]), "{got}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_talks_to_an_events_guest_over_extended_connect() {
+    use crate::websocket::{masked_text, read_text};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tokio::io::AsyncWriteExt;
+    let s = server("").await;
+    let tcp = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake::<_, http_body_util::Empty<bytes::Bytes>>(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let open = |path: &str| {
+        let mut req = http::Request::builder()
+            .method(Method::CONNECT)
+            .uri(format!("http://{}{path}", s.addr()))
+            .header("sec-websocket-version", "13")
+            .body(http_body_util::Empty::new())
+            .unwrap();
+        req.extensions_mut()
+            .insert(hyper::ext::Protocol::from_static("websocket"));
+        req
+    };
+    let refused = sender.send_request(open("/?token=bad")).await.unwrap();
+    assert_eq!(refused.status(), 401);
+    // Two streams on one connection, each its own WebSocket.
+    let mut one = sender.send_request(open("/?user=one")).await.unwrap();
+    let mut two = sender.send_request(open("/?user=two")).await.unwrap();
+    assert_eq!(
+        (one.status(), two.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    let mut one = TokioIo::new(hyper::upgrade::on(&mut one).await.unwrap());
+    let mut two = TokioIo::new(hyper::upgrade::on(&mut two).await.unwrap());
+    assert_eq!(read_text(&mut one).await, "welcome");
+    assert_eq!(read_text(&mut two).await, "welcome");
+    one.write_all(&masked_text("whoami")).await.unwrap();
+    assert_eq!(read_text(&mut one).await, "one");
+    two.write_all(&masked_text("say over h2")).await.unwrap();
+    // Both in the lobby: two's message reaches both streams.
+    assert_eq!(read_text(&mut two).await, "two: over h2");
+    assert_eq!(read_text(&mut one).await, "two: over h2");
 }

@@ -1,4 +1,5 @@
-//! What a fleet shares besides modules: certificates (uploaded or from ACME), cache purges and variables.
+//! What a fleet shares besides modules: certificates (uploaded or from ACME), cache purges,
+//! variables, and WebSocket publishes.
 
 use super::*;
 
@@ -312,5 +313,110 @@ async fn variables_set_on_one_replica_reach_every_replica_and_no_secret_is_in_cl
         let log = all_logged(r);
         assert!(!log.contains(SECRET), "{log}");
         assert!(!log.is_empty());
+    }
+}
+
+/// A message published on any replica (by a guest, or the admin API) reaches the events-mode
+/// WebSocket connections subscribed to its channel on every replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_publish_on_any_replica_reaches_subscribers_on_every_replica() {
+    use crate::websocket_events::{talk, talk_all};
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let wasm = std::fs::read(crate::support::test_guest(root.path(), "ws_events")).unwrap();
+    let a = replica_with(&s3, "a", &root.path().join("a"), "", 60_000);
+    let b = replica_with(&s3, "b", &root.path().join("b"), "", 60_000);
+    knows_peers(&a, 1.0).await;
+    knows_peers(&b, 1.0).await;
+    let spec = serde_json::json!({"paths": ["/chat"], "websocket": {"mode": "events"}});
+    let (status, v) = admin(
+        &a,
+        http::Method::PUT,
+        "/admin/v1/tenants/chat",
+        spec.to_string(),
+    )
+    .await;
+    assert!(status.is_success(), "{v}");
+    let (status, v) = deploy(addr(&a.admin), "chat", &wasm).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    serves(&b, "/chat", "").await;
+    // bob on b, carol on a, both in the lobby.
+    let bob = talk(&format!("ws://{}/chat?user=bob", b.addr), &["--recv", "3"]).await;
+    let carol = talk(
+        &format!("ws://{}/chat?user=carol", a.addr),
+        &["--recv", "3"],
+    )
+    .await;
+    for r in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while crate::support::metric_value(
+            &metrics(r).await,
+            "tern_websocket_connections{mode=\"events\",tenant=\"chat\"}",
+        ) < 1.0
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{} never had its connection",
+                r.addr
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // alice speaks on a (her guest publishes); the operator publishes on b.
+    let alice = talk_all(
+        &format!("ws://{}/chat?user=alice", a.addr),
+        &["--recv", "1", "--send", "say hi", "--recv", "1"],
+    )
+    .await;
+    assert_eq!(
+        alice["received"],
+        serde_json::json!(["welcome", "alice: hi"]),
+        "{alice}"
+    );
+    let publish = serde_json::json!({"items": [
+        {"channel": "lobby", "formats": {"ws-message": {"content": "from b"}}}
+    ]});
+    let (status, v) = admin(
+        &b,
+        http::Method::POST,
+        "/admin/v1/tenants/chat/publish",
+        publish.to_string(),
+    )
+    .await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    assert_eq!(v["replicas"], "this one, and sent on to the others", "{v}");
+    // (In either order: alice's message reaches b through a's publish to it, which may come
+    // after the operator's on b.)
+    let heard = |v: &serde_json::Value| {
+        let mut got: Vec<String> = v["received"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_str().unwrap_or("?").to_string())
+            .collect();
+        got[1..].sort();
+        got
+    };
+    let bob = bob.end().await;
+    assert_eq!(
+        heard(&bob),
+        ["welcome", "alice: hi", "from b"],
+        "bob on b: {bob}"
+    );
+    let carol = carol.end().await;
+    assert_eq!(
+        heard(&carol),
+        ["welcome", "alice: hi", "from b"],
+        "carol on a: {carol}"
+    );
+    for r in [&a, &b] {
+        let m = metrics(r).await;
+        assert!(
+            crate::support::metric_value(
+                &m,
+                "tern_websocket_fleet_publishes_total{outcome=\"sent\"}"
+            ) >= 1.0,
+            "{m}"
+        );
     }
 }
