@@ -14,7 +14,7 @@ mod guest_build;
 /// the rest on the Tern ABI), in the order `tern serve` lists them; the `wasi-http` component
 /// follows. This is the one list: `src/demo.rs` embeds what `demo_guests.rs` (written here)
 /// names.
-const GUESTS: [&str; 9] = [
+const GUESTS: [&str; 10] = [
     "hello",
     "echo",
     "json",
@@ -23,6 +23,7 @@ const GUESTS: [&str; 9] = [
     "static",
     "proxy",
     "aggregate",
+    "chat",
     "cgi",
 ];
 

@@ -61,6 +61,7 @@ fn files(kind: GuestKind, lang: Lang) -> anyhow::Result<Vec<(&'static str, Cow<'
             sdk_file!("config.rs"),
             sdk_file!("cache.rs"),
             sdk_file!("rate_limit.rs"),
+            sdk_file!("websocket.rs"),
             ("tern-sdk/ABI.md", abi_md),
             (".gitignore", "/target\n"),
         ],

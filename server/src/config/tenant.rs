@@ -102,8 +102,8 @@ pub struct TenantSettings<R> {
     /// `[[tenant.penalty_box]]`: where its guests keep clients out for a while.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub penalty_box: Vec<crate::ratelimit::counters::TableConfig>,
-    /// `[tenant.websocket]`: the limits of its WebSocket connections (handed to a backend by
-    /// its guests).
+    /// `[tenant.websocket]`: its WebSocket connections: handed to a backend by its guests, or
+    /// held by Tern with their events sent to its guests (`mode`), and their limits.
     #[serde(
         default,
         skip_serializing_if = "crate::websocket::WebsocketConfig::is_default"

@@ -1,7 +1,14 @@
-//! WebSockets through a server that makes a fresh instance per request: a guest looks at the
-//! opening request (its path, its headers, who asks) and hands the connection to one of its
-//! tenant's backends; the guest is then done, and Tern holds the two sockets and relays the
-//! frames both ways ([`relay`]) under the tenant's `[tenant.websocket]` limits.
+//! WebSockets through a server that makes a fresh instance per request, two ways (a tenant's
+//! `[tenant.websocket] mode`):
+//!
+//! - **handoff** (the default): a guest looks at the opening request (its path, its headers,
+//!   who asks) and hands the connection to one of its tenant's backends; the guest is then
+//!   done, and Tern holds the two sockets and relays the frames both ways ([`relay`]) under
+//!   the tenant's `[tenant.websocket]` limits.
+//! - **events** ([`session`]): Tern terminates the WebSocket ([`endpoint`] reads and writes
+//!   its frames) and sends each batch of its events to the guest as a request, in Pushpin's
+//!   WebSocket-over-HTTP format ([`events`]); the guest subscribes connections to channels,
+//!   and publishes reach them ([`channels`]).
 //!
 //! - **Opening** ([`opening`]): an HTTP/1.1 `GET` with `Upgrade: websocket` (RFC 6455 §4), or
 //!   an HTTP/2 extended `CONNECT` with `:protocol = websocket` (RFC 8441). Every guest sees

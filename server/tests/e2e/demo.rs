@@ -375,3 +375,55 @@ async fn the_demo_serves_a_component_and_a_cgi_program() {
         r.text()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_chat_room_carries_messages_between_websockets() {
+    use crate::websocket_events::{talk, talk_all};
+    let s = TestServer::demo().await;
+    let base = format!("ws://{}/chat", s.addr());
+    // ann listens: her welcome, her own join, bob's join, his message, his new name, his exit.
+    let ann = talk(&format!("{base}?nick=ann"), &["--recv", "6"]).await;
+    let bob = talk_all(
+        &format!("{base}?nick=bob"),
+        &[
+            "--recv",
+            "2",
+            "--send",
+            "hi ann",
+            "--recv",
+            "1",
+            "--send",
+            "/nick robert",
+            "--recv",
+            "1",
+        ],
+    )
+    .await;
+    assert_eq!(
+        bob["received"],
+        serde_json::json!([
+            "welcome to lobby, bob (/nick NAME to change your name)",
+            "bob joined",
+            "bob: hi ann",
+            "bob is now robert"
+        ]),
+        "{bob}"
+    );
+    let ann = ann.end().await;
+    assert_eq!(
+        ann["received"],
+        serde_json::json!([
+            "welcome to lobby, ann (/nick NAME to change your name)",
+            "ann joined",
+            "bob joined",
+            "bob: hi ann",
+            "bob is now robert",
+            // The name kept as the connection's metadata, for its last batch.
+            "robert left"
+        ]),
+        "{ann}"
+    );
+    // A plain GET is not a WebSocket: the guest says so.
+    let r = s.get("/chat").await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+}
