@@ -180,7 +180,11 @@ fn demo_config_is_valid_and_routes_the_demo_tenants() {
             "counter"
         ]
     );
-    let chat = c.tenants.iter().find(|t| t.name.get_ref() == "chat").unwrap();
+    let chat = c
+        .tenants
+        .iter()
+        .find(|t| t.name.get_ref() == "chat")
+        .unwrap();
     assert_eq!(chat.settings.websocket.mode, crate::websocket::Mode::Events);
     assert_eq!(c.server.listen, Some("127.0.0.1:8080".parse().unwrap()));
 }
