@@ -43,7 +43,7 @@ async fn metrics_show_every_phase_and_the_tenant() {
     crate::support::assert_slots_free(&m);
     assert!(m.contains("process_resident_memory_bytes"));
     // In-flight and queue gauges return to zero; every guest's peak memory is recorded; the
-    // seven demo modules were compiled into a fresh cache; warm slots report resident bytes.
+    // eight demo modules were compiled into a fresh cache; warm slots report resident bytes.
     assert!(metric_is(&m, "tern_requests_in_flight", 0.0), "{m}");
     assert!(metric_is(&m, "tern_queue_depth", 0.0), "{m}");
     assert!(
@@ -51,7 +51,7 @@ async fn metrics_show_every_phase_and_the_tenant() {
         "{m}"
     );
     assert!(
-        metric_is(&m, "tern_module_compile_duration_seconds_count", 7.0),
+        metric_is(&m, "tern_module_compile_duration_seconds_count", 8.0),
         "{m}"
     );
     assert!(
