@@ -178,6 +178,7 @@ async fn websocket(
         policy: &tenant.grants.outbound.policy,
         label: &tenant.label,
         limits: &tenant.front.websocket,
+        max_request_bytes: tenant.limits.max_request_bytes,
     };
     match crate::websocket::handoff(of, &app.sockets, client, to).await {
         Ok(resp) => ex.answered(app, resp, reached),
@@ -234,6 +235,7 @@ async fn events(
                 policy: &tenant.grants.outbound.policy,
                 label: &tenant.label,
                 limits: &tenant.front.websocket,
+                max_request_bytes: tenant.limits.max_request_bytes,
             };
             let resp = crate::websocket::start_events(
                 accepted,

@@ -107,6 +107,8 @@ pub struct Tenant<'a> {
     pub label: &'a str,
     /// `[tenant.websocket]`.
     pub limits: &'a WebsocketConfig,
+    /// Its `max_request_bytes` (an events batch is a request).
+    pub max_request_bytes: u64,
 }
 
 /// Opens the WebSocket of backend `to.backend` for `client` and, once the backend has

@@ -38,8 +38,12 @@ pub static CONNECTION_ID: HeaderName = HeaderName::from_static("connection-id");
 /// Largest answer body a batch reads; past it the connection is closed (`1011`).
 const MAX_ANSWER: usize = 4 << 20;
 
-/// Largest batch body sent to the guest (a batch holds at least one message whatever its size).
+/// Largest batch body sent to the guest (a batch holds at least one message whatever its
+/// size), and at most the tenant's `max_request_bytes`.
 const MAX_BATCH: usize = 1 << 20;
+
+/// The most an event's name, length and CRLFs add to a message.
+const EVENT_HEAD: u64 = 32;
 
 /// Metadata a connection keeps: entries, and bytes of one value.
 const MAX_META: usize = 32;
@@ -280,6 +284,8 @@ pub struct Limits {
     pub lifetime: Duration,
     pub max_message: u64,
     pub frames_per_second: u32,
+    /// Largest batch: [`MAX_BATCH`], or less when the tenant's requests are smaller.
+    pub max_batch: usize,
 }
 
 /// How an events connection ended: its close code and bytes sent to the client.
@@ -342,7 +348,8 @@ impl Accepted {
         let mut pending_bytes = 0usize;
         let mut inflight: Option<tokio::task::JoinHandle<Response<ResponseBody>>> = None;
         let opened = Instant::now();
-        let mut last_read = opened;
+        // The last frame either way (a client that only listens is not idle).
+        let mut last_active = opened;
         let (mut second, mut frames_this_second) = (opened, 0u32);
         // The client has sent its close (its code), and the guest is told.
         let mut client_closed: Option<Option<u16>> = None;
@@ -363,7 +370,7 @@ impl Accepted {
                 break;
             }
             if inflight.is_none() && !pending.is_empty() && !c.detached {
-                let batch = take_batch(&mut pending, &mut pending_bytes);
+                let batch = take_batch(&mut pending, &mut pending_bytes, limits.max_batch);
                 let req = session.request(&batch);
                 let origin = session.origin.clone();
                 inflight = Some(tokio::spawn(origin.call(req)));
@@ -375,6 +382,7 @@ impl Accepted {
                         c.bytes_out += n as u64;
                         c.counts.bytes[1].inc_by(n as u64);
                         c.out.clear();
+                        last_active = Instant::now();
                     }
                     _ => {
                         next = Next::Drop(code::ABNORMAL, true);
@@ -382,21 +390,21 @@ impl Accepted {
                     }
                 }
             }
-            let reading = client_closed.is_none() && pending_bytes < MAX_BATCH;
-            let deadline = (last_read + limits.idle).min(opened + limits.lifetime);
+            let reading = client_closed.is_none() && pending_bytes < limits.max_batch;
+            let deadline = (last_active + limits.idle).min(opened + limits.lifetime);
             tokio::select! {
                 read = rd.read_buf(&mut inbuf), if reading => {
                     match read {
                         Ok(0) | Err(_) => next = Next::Drop(code::ABNORMAL, true),
                         Ok(n) => {
                             counts.bytes[0].inc_by(n as u64);
-                            last_read = Instant::now();
+                            last_active = Instant::now();
                             loop {
                                 match reader.next(&mut inbuf) {
                                     Ok(None) => break,
                                     Ok(Some((m, frames))) => {
-                                        if last_read.duration_since(second) >= Duration::from_secs(1) {
-                                            (second, frames_this_second) = (last_read, 0);
+                                        if last_active.duration_since(second) >= Duration::from_secs(1) {
+                                            (second, frames_this_second) = (last_active, 0);
                                         }
                                         frames_this_second += frames;
                                         if frames_this_second > limits.frames_per_second {
@@ -455,7 +463,7 @@ impl Accepted {
                 }
                 () = tokio::time::sleep_until(deadline.into()) => {
                     let now = Instant::now();
-                    if now >= opened + limits.lifetime || now >= last_read + limits.idle {
+                    if now >= opened + limits.lifetime || now >= last_active + limits.idle {
                         next = Next::Close(Some(code::GOING_AWAY), Bytes::from_static(b"idle or lived its time"), true);
                     }
                 }
@@ -543,14 +551,14 @@ fn guest_failed(why: String) -> Next {
     )
 }
 
-/// Takes the next batch off `pending`: everything up to [`MAX_BATCH`] bytes, at least one.
-fn take_batch(pending: &mut Vec<Event>, pending_bytes: &mut usize) -> Vec<Event> {
+/// Takes the next batch off `pending`: everything up to `max` bytes, at least one.
+fn take_batch(pending: &mut Vec<Event>, pending_bytes: &mut usize, max: usize) -> Vec<Event> {
     let mut size = 0;
     let n = pending
         .iter()
         .position(|e| {
             size += e.encoded_len();
-            size > MAX_BATCH
+            size > max
         })
         .unwrap_or(pending.len())
         .max(1);
@@ -780,11 +788,19 @@ pub fn start(
     };
     let closes = m.websocket_closes.clone();
     let ws = tenant.limits;
+    // A message travels in a request of the tenant's: its size is bounded by both (less the
+    // bytes of its event's head).
+    let max_batch = usize::try_from(tenant.max_request_bytes)
+        .unwrap_or(usize::MAX)
+        .min(MAX_BATCH);
     let limits = Limits {
         idle: Duration::from_millis(ws.idle_timeout_ms),
         lifetime: Duration::from_millis(ws.max_lifetime_ms),
-        max_message: ws.max_message_bytes,
+        max_message: ws
+            .max_message_bytes
+            .min(tenant.max_request_bytes.saturating_sub(EVENT_HEAD)),
         frames_per_second: ws.max_frames_per_second,
+        max_batch,
     };
     let shutdown = sockets.shutdown.clone();
     let hub = hub.clone();
@@ -864,9 +880,9 @@ mod tests {
         let small = Event::with(Kind::Text, Bytes::from_static(b"x"));
         let mut pending = vec![big, small.clone(), small];
         let mut bytes = MAX_BATCH + 2;
-        assert_eq!(take_batch(&mut pending, &mut bytes).len(), 1);
+        assert_eq!(take_batch(&mut pending, &mut bytes, MAX_BATCH).len(), 1);
         assert_eq!(bytes, 2);
-        assert_eq!(take_batch(&mut pending, &mut bytes).len(), 2);
+        assert_eq!(take_batch(&mut pending, &mut bytes, MAX_BATCH).len(), 2);
         assert_eq!(bytes, 0);
     }
 }

@@ -436,3 +436,35 @@ async fn an_http2_client_talks_to_an_events_guest_over_extended_connect() {
     assert_eq!(read_text(&mut two).await, "two: over h2");
     assert_eq!(read_text(&mut one).await, "two: over h2");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_only_listens_is_not_idle_and_a_silent_one_is_closed_1001() {
+    let s = server("idle_timeout_ms = 1000\n").await;
+    let base = format!("ws://{}", s.addr());
+    // The listener hears a publish every 300 ms for 2.4 s, past its idle time twice over.
+    let listener = talk(&format!("{base}/?room=news"), &["--recv", "9"]).await;
+    let silent = talk(&format!("{base}/?room=quiet"), &["--recv", "2"]).await;
+    let news =
+        json!({"items": [{"channel": "news", "formats": {"ws-message": {"content": "tick"}}}]});
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (status, v) = s
+            .admin_call(
+                Method::POST,
+                "/admin/v1/tenants/chat/publish",
+                news.to_string(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+    }
+    let listener = listener.end().await;
+    assert_eq!(
+        listener["received"].as_array().unwrap().len(),
+        9,
+        "{listener}"
+    );
+    assert_eq!(listener["received"][8], "tick", "{listener}");
+    let silent = silent.end().await;
+    assert_eq!(silent["received"], json!(["welcome"]), "{silent}");
+    assert_eq!(silent["close_code"], 1001, "{silent}");
+}
