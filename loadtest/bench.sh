@@ -32,6 +32,10 @@
 #                                       handshakes, pinned; Tern and Caddy
 #   bash loadtest/bench.sh ratelimit    CPU per request with a rate limit that never refuses, without
 #                                       one, and per refused request (429); Tern and nginx limit_req
+#   bash loadtest/bench.sh websocket    WebSockets, pinned: handoff through Tern and nginx proxy_pass
+#                                       to one native echo backend; events through Tern (a guest per
+#                                       batch) and Pushpin 1.36 (a native origin): messages/s, p99,
+#                                       CPU per message
 #   bash loadtest/bench.sh fleet        a fleet on one S3 registry (versitygw): a replica joining
 #                                       1,000 tenants, and deploy-to-every-replica convergence
 #   bash loadtest/bench.sh charts       PNG charts from the results (gnuplot)
@@ -51,8 +55,8 @@ for bench in "$ROOT"/loadtest/bench/*.sh; do
 done
 
 case ${1:-} in
-    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | cache | compression | readthrough | h3 | ratelimit | fleet | charts) "$1" ;;
+    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | cache | compression | readthrough | h3 | ratelimit | websocket | fleet | charts) "$1" ;;
     tracing) need wrk wrk; need perf linux-perf; build; tracing_cost ;;
     all) cpu; throughput; scaling; mixed; allocator; density; proxy; kinds; kv; tls; charts ;;
-    *) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
