@@ -98,7 +98,7 @@ pub fn parse(body: &[u8]) -> Result<Vec<Event>, ParseError> {
                 let len = usize::from_str_radix(hex, 16).map_err(|_| bad("a length"))?;
                 let stop = at
                     .checked_add(len)
-                    .filter(|&s| s + 2 <= body.len())
+                    .filter(|&s| s.saturating_add(2) <= body.len())
                     .ok_or_else(|| bad("content cut short"))?;
                 let content = body[at..stop].to_vec();
                 at = stop + 2;

@@ -39,6 +39,17 @@ pub struct App {
     pub hub: std::sync::Arc<crate::websocket::Hub>,
 }
 
+/// A tenant's key in the channels' hub: its name and its lineage (what its versions carry
+/// from one to the next, new when a tenant of that name is created again), so a tenant made
+/// anew under an old name never reaches the old one's connections.
+pub fn channels_key(tenant: &crate::tenant::Tenant) -> String {
+    format!(
+        "{}#{:x}",
+        tenant.name,
+        std::sync::Arc::as_ptr(&tenant.served) as usize
+    )
+}
+
 impl App {
     /// Publishes `items` to tenant `name`'s events-mode WebSocket connections on this server
     /// and, unless `forwarded` (it came from another replica), on every other replica of a
@@ -49,10 +60,14 @@ impl App {
         items: &[(crate::websocket::Target, crate::websocket::Push)],
         forwarded: bool,
     ) -> Option<crate::websocket::channels::Published> {
-        let label = self.registry.live().tenants.get(name)?.label.clone();
+        let (label, key) = {
+            let live = self.registry.live();
+            let tenant = live.tenants.get(name)?;
+            (tenant.label.clone(), channels_key(tenant))
+        };
         let mut done = crate::websocket::channels::Published::default();
         for (to, push) in items {
-            let p = self.hub.publish(name, to, push);
+            let p = self.hub.publish(&key, to, push);
             done.delivered += p.delivered;
             done.dropped += p.dropped;
         }

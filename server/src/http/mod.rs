@@ -218,9 +218,11 @@ async fn events(
         conn: ex.conn.clone(),
         client: ex.client,
         name: tenant.name.clone(),
+        lineage: tenant.served.clone(),
         prefix_len: routed.prefix_len,
         host: routed.host,
     });
+    let key = crate::app::channels_key(&tenant);
     let (parts, _) = req.into_parts();
     let session = crate::websocket::Session::new(origin, parts.uri, parts.headers);
     // The opening's own exchange runs the guest on the `OPEN` event.
@@ -231,7 +233,7 @@ async fn events(
     match session.accept(resp).await {
         Ok(accepted) => {
             let of = crate::websocket::Tenant {
-                name: &tenant.name,
+                name: &key,
                 policy: &tenant.grants.outbound.policy,
                 label: &tenant.label,
                 limits: &tenant.front.websocket,
@@ -282,8 +284,20 @@ struct EventsOrigin {
     conn: Connection,
     client: std::net::SocketAddr,
     name: String,
+    /// The tenant's lineage when the connection opened: a tenant deleted and made again under
+    /// its name is another tenant, which the connection's batches never reach.
+    lineage: Arc<crate::tenant::Served>,
     prefix_len: usize,
     host: request::HostFrom,
+}
+
+impl EventsOrigin {
+    /// The tenant the connection opened on, as it is deployed now (`None`: gone).
+    fn tenant(&self) -> Option<crate::tenant::TenantRef> {
+        let live = self.app.registry.live();
+        let tenant = live.tenants.get(&self.name)?;
+        Arc::ptr_eq(&tenant.served, &self.lineage).then(|| tenant.clone())
+    }
 }
 
 impl crate::websocket::Origin for EventsOrigin {
@@ -293,7 +307,7 @@ impl crate::websocket::Origin for EventsOrigin {
     ) -> futures_util::future::BoxFuture<'static, Response<ResponseBody>> {
         let app = self.app.clone();
         let mut ex = Exchange::begin(&app, &req, self.conn.clone(), self.client);
-        let tenant = app.registry.live().tenants.get(&self.name).cloned();
+        let tenant = self.tenant();
         let (prefix_len, host) = (self.prefix_len, self.host);
         Box::pin(async move {
             let Some(tenant) = tenant else {
@@ -312,7 +326,9 @@ impl crate::websocket::Origin for EventsOrigin {
     }
 
     fn publish(&self, to: crate::websocket::Target, push: crate::websocket::Push) {
-        self.app.publish(&self.name, &[(to, push)], false);
+        if self.tenant().is_some() {
+            self.app.publish(&self.name, &[(to, push)], false);
+        }
     }
 }
 

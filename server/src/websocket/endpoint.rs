@@ -30,6 +30,8 @@ pub enum Incoming {
 /// Reads a client's frames from the bytes it sent.
 #[derive(Debug)]
 pub struct Reader {
+    /// Frames read (whole), for the frame rate: the reader's user takes them.
+    pub frames: u32,
     max_message: u64,
     /// The message being put together from its fragments: text or not, and its payload.
     message: Option<(bool, BytesMut)>,
@@ -39,27 +41,27 @@ impl Reader {
     /// A reader of messages up to `max_message` bytes.
     pub fn new(max_message: u64) -> Self {
         Self {
+            frames: 0,
             max_message,
             message: None,
         }
     }
 
     /// The next whole message or control frame in `buf` (its bytes taken off), `None` when
-    /// `buf` holds no whole frame yet.
+    /// `buf` holds no whole frame yet. Each frame read is counted in [`Self::frames`].
     ///
     /// # Errors
     /// What the protocol or the tenant's limits forbid (the connection is then closed).
-    pub fn next(&mut self, buf: &mut BytesMut) -> Result<Option<(Incoming, u32)>, Violation> {
-        let mut frames = 0;
+    pub fn next(&mut self, buf: &mut BytesMut) -> Result<Option<Incoming>, Violation> {
         loop {
             let Some((fin, opcode, payload)) = frame(buf, self.max_message, self.so_far())? else {
                 return Ok(None);
             };
-            frames += 1;
+            self.frames += 1;
             match opcode {
-                0x8 => return close(&payload).map(|c| Some((c, frames))),
-                0x9 => return Ok(Some((Incoming::Ping(payload.freeze()), frames))),
-                0xA => return Ok(Some((Incoming::Pong(payload.freeze()), frames))),
+                0x8 => return close(&payload).map(Some),
+                0x9 => return Ok(Some(Incoming::Ping(payload.freeze()))),
+                0xA => return Ok(Some(Incoming::Pong(payload.freeze()))),
                 0x1 | 0x2 if self.message.is_some() => {
                     return Err(Violation::Protocol(
                         "a new message before the last one ended",
@@ -71,14 +73,14 @@ impl Reader {
                     ));
                 }
                 0x1 | 0x2 if fin => {
-                    return message(opcode == 0x1, payload).map(|m| Some((m, frames)));
+                    return message(opcode == 0x1, payload).map(Some);
                 }
                 0x1 | 0x2 => self.message = Some((opcode == 0x1, payload)),
                 _ => {
                     let (text, mut so_far) = self.message.take().expect("checked above");
                     so_far.extend_from_slice(&payload);
                     if fin {
-                        return message(text, so_far).map(|m| Some((m, frames)));
+                        return message(text, so_far).map(Some);
                     }
                     self.message = Some((text, so_far));
                 }
@@ -265,7 +267,7 @@ mod tests {
         // A byte at a time: every split point.
         for &b in stream {
             buf.put_u8(b);
-            while let Some((m, _)) = r.next(&mut buf)? {
+            while let Some(m) = r.next(&mut buf)? {
                 out.push(m);
             }
         }
@@ -338,6 +340,19 @@ mod tests {
             let got = read_all(&frame(0x88, &good.to_be_bytes()), 100).unwrap();
             assert_eq!(got, vec![Incoming::Close(Some(good), Bytes::new())]);
         }
+    }
+
+    #[test]
+    fn every_frame_counts_for_the_rate_even_of_a_message_never_finished() {
+        // Empty continuation frames forever: no message ends, each frame is counted.
+        let mut s = frame(0x01, b"");
+        for _ in 0..99 {
+            s.extend(frame(0x00, b""));
+        }
+        let mut r = Reader::new(100);
+        let mut buf = BytesMut::from(&s[..]);
+        assert_eq!(r.next(&mut buf), Ok(None));
+        assert_eq!(r.frames, 100);
     }
 
     #[test]

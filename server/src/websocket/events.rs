@@ -181,7 +181,7 @@ pub fn decode(body: &Bytes) -> Result<Vec<Event>, String> {
             Some(len) => {
                 let end = at
                     .checked_add(len)
-                    .filter(|&e| e + 2 <= body.len())
+                    .filter(|&e| e.saturating_add(2) <= body.len())
                     .ok_or_else(|| format!("{} event's content is cut short", kind.name()))?;
                 if &body[end..end + 2] != b"\r\n" {
                     return Err(format!(
@@ -240,5 +240,7 @@ mod tests {
         assert!(bad(b"TEXT 5\r\nab\r\n").contains("cut short"));
         assert!(bad(b"TEXT 2\r\nabcd\r\n").contains("not followed by CRLF"));
         assert!(bad(b"TEXT FFFFFFFFFFFFFFFF\r\nab\r\n").contains("cut short"));
+        // A length that overflows with the CRLF after it.
+        assert!(bad(b"TEXT FFFFFFFFFFFFFFE8\r\nab\r\n").contains("cut short"));
     }
 }

@@ -106,6 +106,9 @@ impl Session {
             ACCEPT,
             CONTENT_TYPE,
             CONNECTION_ID.clone(),
+            // (A batch's answer is read by Tern: never compressed.)
+            http::header::ACCEPT_ENCODING,
+            http::header::TE,
         ] {
             headers.remove(name);
         }
@@ -346,7 +349,7 @@ impl Accepted {
         let mut reader = Reader::new(limits.max_message);
         let mut pending: Vec<Event> = Vec::new();
         let mut pending_bytes = 0usize;
-        let mut inflight: Option<tokio::task::JoinHandle<Response<ResponseBody>>> = None;
+        let mut inflight: Option<tokio::task::JoinHandle<Answered>> = None;
         let opened = Instant::now();
         // The last frame either way (a client that only listens is not idle).
         let mut last_active = opened;
@@ -373,7 +376,15 @@ impl Accepted {
                 let batch = take_batch(&mut pending, &mut pending_bytes, limits.max_batch);
                 let req = session.request(&batch);
                 let origin = session.origin.clone();
-                inflight = Some(tokio::spawn(origin.call(req)));
+                // (Its answer's body is read in the batch's task: the connection goes on
+                // meanwhile, pushes, timers and shutdown included.)
+                inflight = Some(tokio::spawn(async move {
+                    let (parts, body) = origin.call(req).await.into_parts();
+                    if !is_events(parts.status, &parts.headers) {
+                        return Err(format!("the guest answered {}", parts.status));
+                    }
+                    Ok((parts.headers, read_body(body).await?))
+                }));
             }
             if !c.out.is_empty() {
                 let n = c.out.len();
@@ -399,30 +410,36 @@ impl Accepted {
                         Ok(n) => {
                             counts.bytes[0].inc_by(n as u64);
                             last_active = Instant::now();
+                            if last_active.duration_since(second) >= Duration::from_secs(1) {
+                                (second, frames_this_second) = (last_active, 0);
+                            }
                             loop {
-                                match reader.next(&mut inbuf) {
+                                let got = reader.next(&mut inbuf);
+                                // Every frame counts, whether it ends a message or not.
+                                frames_this_second += std::mem::take(&mut reader.frames);
+                                if frames_this_second > limits.frames_per_second {
+                                    next = violation(Violation::Rate);
+                                    break;
+                                }
+                                match got {
                                     Ok(None) => break,
-                                    Ok(Some((m, frames))) => {
-                                        if last_active.duration_since(second) >= Duration::from_secs(1) {
-                                            (second, frames_this_second) = (last_active, 0);
-                                        }
-                                        frames_this_second += frames;
-                                        if frames_this_second > limits.frames_per_second {
-                                            next = violation(Violation::Rate);
-                                            break;
-                                        }
+                                    Ok(Some(m)) => {
                                         match m {
                                             Incoming::Ping(p) => write_frame(&mut c.out, opcode::PONG, &p),
                                             Incoming::Pong(_) => {}
                                             Incoming::Text(t) => {
                                                 counts.messages[0].inc();
-                                                pending_bytes += t.len();
-                                                if !c.detached { pending.push(Event::with(Kind::Text, t)); }
+                                                if !c.detached {
+                                                    pending_bytes += t.len();
+                                                    pending.push(Event::with(Kind::Text, t));
+                                                }
                                             }
                                             Incoming::Binary(b) => {
                                                 counts.messages[0].inc();
-                                                pending_bytes += b.len();
-                                                if !c.detached { pending.push(Event::with(Kind::Binary, b)); }
+                                                if !c.detached {
+                                                    pending_bytes += b.len();
+                                                    pending.push(Event::with(Kind::Binary, b));
+                                                }
                                             }
                                             Incoming::Close(code, reason) => {
                                                 client_closed = Some(code);
@@ -449,10 +466,15 @@ impl Accepted {
                 answer = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
                     inflight = None;
                     next = match answer {
-                        Ok(resp) => c.answered(&mut session, resp).await,
+                        Ok(answered) => c.answered(&mut session, answered),
                         Err(_) => guest_failed("the guest's run failed".into()),
                     };
                     if pending.is_empty() {
+                        pending_bytes = 0;
+                    }
+                    if c.detached {
+                        // Nothing more goes to the guest.
+                        pending.clear();
                         pending_bytes = 0;
                     }
                 }
@@ -476,7 +498,7 @@ impl Accepted {
             Next::Go => unreachable!("the loop ends on a close"),
             Next::Drop(code, disconnect) => (code, disconnect),
             Next::Close(code, reason, disconnect) => {
-                c.out.clear();
+                // (What was queued before it goes first: a guest's last messages, a pong.)
                 write_frame(&mut c.out, opcode::CLOSE, &close_payload(code, &reason));
                 let sent = tokio::time::timeout(CLOSING, wr.write_all(&c.out)).await;
                 if matches!(sent, Ok(Ok(()))) {
@@ -488,7 +510,7 @@ impl Accepted {
                         let _ = tokio::time::timeout(CLOSING, async {
                             loop {
                                 match reader.next(&mut inbuf) {
-                                    Ok(Some((Incoming::Close(..), _))) | Err(_) => break,
+                                    Ok(Some(Incoming::Close(..))) | Err(_) => break,
                                     Ok(Some(_)) => continue,
                                     Ok(None) => {}
                                 }
@@ -524,6 +546,9 @@ impl Accepted {
         }
     }
 }
+
+/// A batch's answer: its headers and body of events, or why it is not one.
+type Answered = Result<(HeaderMap, Bytes), String>;
 
 /// The connection's state the answers act on.
 struct Conn<'a> {
@@ -573,16 +598,12 @@ fn take_batch(pending: &mut Vec<Event>, pending_bytes: &mut usize, max: usize) -
 
 impl Conn<'_> {
     /// A batch's answer: its events to the client, its controls done.
-    async fn answered(&mut self, session: &mut Session, resp: Response<ResponseBody>) -> Next {
-        let (parts, body) = resp.into_parts();
-        if !is_events(parts.status, &parts.headers) {
-            return guest_failed(format!("the guest answered {}", parts.status));
-        }
-        let body = match read_body(body).await {
-            Ok(b) => b,
+    fn answered(&mut self, session: &mut Session, answered: Answered) -> Next {
+        let (headers, body) = match answered {
+            Ok(a) => a,
             Err(e) => return guest_failed(e),
         };
-        session.set_meta_from(&parts.headers);
+        session.set_meta_from(&headers);
         match events::decode(&body) {
             Ok(evs) => self.answer_events(session, evs),
             Err(e) => guest_failed(format!("its answer: {e}")),
@@ -610,6 +631,9 @@ impl Conn<'_> {
                         // (As Pushpin does: a message without the prefix is not sent.)
                         Some(_) => continue,
                     };
+                    if text && std::str::from_utf8(&message).is_err() {
+                        return guest_failed("a TEXT event that is not UTF-8".into());
+                    }
                     self.counts.messages[1].inc();
                     let op = if text { opcode::TEXT } else { opcode::BINARY };
                     write_frame(&mut self.out, op, &message);

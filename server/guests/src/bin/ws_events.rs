@@ -4,7 +4,7 @@
 //! - `say X`: publishes `USER: X` to the room (every subscriber, this one too);
 //! - `whoami`: answers the `Meta-User` header it was sent;
 //! - `id`: answers its `Connection-Id`;
-//! - `close`: closes with `4000 done`; `drop`: `DISCONNECT`;
+//! - `close`: answers `bye`, then closes with `4000 done`; `drop`: `DISCONNECT`;
 //! - `trap`: traps (the connection gets `1011`);
 //! - `count`: answers how many events came in this batch;
 //! - anything else: echoed as it came.
@@ -63,7 +63,10 @@ fn main() {
                 Event::Text(t) => match t.as_str() {
                     "whoami" => out.push(say(&user)),
                     "id" => out.push(say(&id)),
-                    "close" => out.push(Event::Close(Some(4000), "done".into())),
+                    "close" => {
+                        out.push(say("bye"));
+                        out.push(Event::Close(Some(4000), "done".into()));
+                    }
                     "drop" => out.push(Event::Disconnect),
                     "trap" => panic!("asked to trap"),
                     "count" => out.push(say(&n.to_string())),
