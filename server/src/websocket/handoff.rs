@@ -203,18 +203,9 @@ pub async fn handoff(
     resp.extensions_mut().insert(AccessLater::new(log_tx));
     let label = tenant.label.to_string();
     let m = &sockets.metrics;
-    let counts = Counts {
-        messages: ["in", "out"].map(|d| m.websocket_messages.with_label_values(&[&label, d])),
-        bytes: ["in", "out"].map(|d| m.websocket_bytes.with_label_values(&[&label, d])),
-    };
+    let counts = Counts::of(m, &label);
     let closes = m.websocket_closes.clone();
-    let ws = tenant.limits;
-    let limits = Limits {
-        idle: std::time::Duration::from_millis(ws.idle_timeout_ms),
-        lifetime: std::time::Duration::from_millis(ws.max_lifetime_ms),
-        max_message: ws.max_message_bytes,
-        frames_per_second: ws.max_frames_per_second,
-    };
+    let limits = Limits::of(tenant.limits);
     let shutdown = sockets.shutdown.clone();
     let Client { opening, place, .. } = client;
     let version = opening.version;

@@ -32,6 +32,18 @@ pub struct Limits {
     pub frames_per_second: u32,
 }
 
+impl Limits {
+    /// The limits of `[tenant.websocket]`.
+    pub fn of(ws: &super::WebsocketConfig) -> Self {
+        Self {
+            idle: Duration::from_millis(ws.idle_timeout_ms),
+            lifetime: Duration::from_millis(ws.max_lifetime_ms),
+            max_message: ws.max_message_bytes,
+            frames_per_second: ws.max_frames_per_second,
+        }
+    }
+}
+
 /// What one connection did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Ended {
@@ -50,6 +62,16 @@ pub struct Counts {
     pub messages: [prometheus::IntCounter; 2],
     /// Bytes from the client, and to it.
     pub bytes: [prometheus::IntCounter; 2],
+}
+
+impl Counts {
+    /// The series of the tenant labelled `label`.
+    pub fn of(m: &crate::metrics::Metrics, label: &str) -> Self {
+        Self {
+            messages: ["in", "out"].map(|d| m.websocket_messages.with_label_values(&[label, d])),
+            bytes: ["in", "out"].map(|d| m.websocket_bytes.with_label_values(&[label, d])),
+        }
+    }
 }
 
 /// One direction: what is read from one side and written to the other.

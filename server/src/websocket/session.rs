@@ -283,10 +283,8 @@ fn new_id() -> String {
 /// An events connection's limits.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    pub idle: Duration,
-    pub lifetime: Duration,
-    pub max_message: u64,
-    pub frames_per_second: u32,
+    /// What every connection is held to (`[tenant.websocket]`).
+    pub base: super::relay::Limits,
     /// Largest batch: [`MAX_BATCH`], or less when the tenant's requests are smaller.
     pub max_batch: usize,
 }
@@ -346,7 +344,7 @@ impl Accepted {
         };
         let (mut rd, mut wr) = tokio::io::split(io);
         let mut inbuf = BytesMut::with_capacity(1024);
-        let mut reader = Reader::new(limits.max_message);
+        let mut reader = Reader::new(limits.base.max_message);
         let mut pending: Vec<Event> = Vec::new();
         let mut pending_bytes = 0usize;
         let mut inflight: Option<tokio::task::JoinHandle<Answered>> = None;
@@ -358,7 +356,7 @@ impl Accepted {
         let mut client_closed: Option<Option<u16>> = None;
         let mut shutdown = std::pin::pin!(shutdown);
         let mut next = c.answer_events(&mut session, first);
-        let write_timeout = limits.idle;
+        let write_timeout = limits.base.idle;
         loop {
             if let Next::Go = next {
                 // The client's close is answered once the guest has seen it.
@@ -402,7 +400,7 @@ impl Accepted {
                 }
             }
             let reading = client_closed.is_none() && pending_bytes < limits.max_batch;
-            let deadline = (last_active + limits.idle).min(opened + limits.lifetime);
+            let deadline = (last_active + limits.base.idle).min(opened + limits.base.lifetime);
             tokio::select! {
                 read = rd.read_buf(&mut inbuf), if reading => {
                     match read {
@@ -417,7 +415,7 @@ impl Accepted {
                                 let got = reader.next(&mut inbuf);
                                 // Every frame counts, whether it ends a message or not.
                                 frames_this_second += std::mem::take(&mut reader.frames);
-                                if frames_this_second > limits.frames_per_second {
+                                if frames_this_second > limits.base.frames_per_second {
                                     next = violation(Violation::Rate);
                                     break;
                                 }
@@ -485,7 +483,7 @@ impl Accepted {
                 }
                 () = tokio::time::sleep_until(deadline.into()) => {
                     let now = Instant::now();
-                    if now >= opened + limits.lifetime || now >= last_active + limits.idle {
+                    if now >= opened + limits.base.lifetime || now >= last_active + limits.base.idle {
                         next = Next::Close(Some(code::GOING_AWAY), Bytes::from_static(b"idle or lived its time"), true);
                     }
                 }
@@ -806,25 +804,19 @@ pub fn start(
     let label = tenant.label.to_string();
     let name = tenant.name.to_string();
     let m = &sockets.metrics;
-    let counts = Counts {
-        messages: ["in", "out"].map(|d| m.websocket_messages.with_label_values(&[&label, d])),
-        bytes: ["in", "out"].map(|d| m.websocket_bytes.with_label_values(&[&label, d])),
-    };
+    let counts = Counts::of(m, &label);
     let closes = m.websocket_closes.clone();
-    let ws = tenant.limits;
     // A message travels in a request of the tenant's: its size is bounded by both (less the
     // bytes of its event's head).
-    let max_batch = usize::try_from(tenant.max_request_bytes)
-        .unwrap_or(usize::MAX)
-        .min(MAX_BATCH);
+    let mut base = super::relay::Limits::of(tenant.limits);
+    base.max_message = base
+        .max_message
+        .min(tenant.max_request_bytes.saturating_sub(EVENT_HEAD));
     let limits = Limits {
-        idle: Duration::from_millis(ws.idle_timeout_ms),
-        lifetime: Duration::from_millis(ws.max_lifetime_ms),
-        max_message: ws
-            .max_message_bytes
-            .min(tenant.max_request_bytes.saturating_sub(EVENT_HEAD)),
-        frames_per_second: ws.max_frames_per_second,
-        max_batch,
+        base,
+        max_batch: usize::try_from(tenant.max_request_bytes)
+            .unwrap_or(usize::MAX)
+            .min(MAX_BATCH),
     };
     let shutdown = sockets.shutdown.clone();
     let hub = hub.clone();

@@ -436,29 +436,44 @@ pub async fn read_text(io: &mut (impl tokio::io::AsyncRead + Unpin)) -> String {
     String::from_utf8(payload).unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_http2_client_opens_with_extended_connect_and_the_guest_sees_the_same_opening() {
+/// An HTTP/2 connection to `addr` (prior knowledge).
+pub async fn h2_connection(
+    addr: std::net::SocketAddr,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>> {
     use hyper_util::rt::{TokioExecutor, TokioIo};
-    use tokio::io::AsyncWriteExt;
-    let echo = echo_server();
-    let s = gate(&echo, "").await;
-    let tcp = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .handshake::<_, http_body_util::Empty<bytes::Bytes>>(TokioIo::new(tcp))
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake(TokioIo::new(tcp))
         .await
         .unwrap();
     tokio::spawn(conn);
-    let open = |path: &str| {
-        let mut req = http::Request::builder()
-            .method(http::Method::CONNECT)
-            .uri(format!("http://{}{path}", s.addr()))
-            .header("sec-websocket-version", "13")
-            .body(http_body_util::Empty::new())
-            .unwrap();
-        req.extensions_mut()
-            .insert(hyper::ext::Protocol::from_static("websocket"));
-        req
-    };
+    sender
+}
+
+/// An extended CONNECT opening a WebSocket at `path` of `addr` (RFC 8441).
+pub fn h2_opening(
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> http::Request<http_body_util::Empty<bytes::Bytes>> {
+    let mut req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(format!("http://{addr}{path}"))
+        .header("sec-websocket-version", "13")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_opens_with_extended_connect_and_the_guest_sees_the_same_opening() {
+    use hyper_util::rt::TokioIo;
+    use tokio::io::AsyncWriteExt;
+    let echo = echo_server();
+    let s = gate(&echo, "").await;
+    let mut sender = h2_connection(s.addr()).await;
+    let open = |path: &str| h2_opening(s.addr(), path);
     // Refused by the guest: its 401, as over HTTP/1.1 (it saw a GET with Upgrade).
     let refused = sender.send_request(open("/h2")).await.unwrap();
     assert_eq!(refused.status(), 401);

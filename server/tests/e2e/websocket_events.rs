@@ -403,26 +403,11 @@ async fn events_limits_close_with_their_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_client_talks_to_an_events_guest_over_extended_connect() {
     use crate::websocket::{masked_text, read_text};
-    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::rt::TokioIo;
     use tokio::io::AsyncWriteExt;
     let s = server("").await;
-    let tcp = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .handshake::<_, http_body_util::Empty<bytes::Bytes>>(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let open = |path: &str| {
-        let mut req = http::Request::builder()
-            .method(Method::CONNECT)
-            .uri(format!("http://{}{path}", s.addr()))
-            .header("sec-websocket-version", "13")
-            .body(http_body_util::Empty::new())
-            .unwrap();
-        req.extensions_mut()
-            .insert(hyper::ext::Protocol::from_static("websocket"));
-        req
-    };
+    let mut sender = crate::websocket::h2_connection(s.addr()).await;
+    let open = |path: &str| crate::websocket::h2_opening(s.addr(), path);
     let refused = sender.send_request(open("/?token=bad")).await.unwrap();
     assert_eq!(refused.status(), 401);
     // Two streams on one connection, each its own WebSocket.
