@@ -266,6 +266,24 @@ async fn a_published_message_reaches_every_subscriber_of_the_tenant_and_no_one_e
         )
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    // A team's token publishes with the `publish` scope only.
+    let one = json!({"items": [{"channel": "lobby", "formats": {"ws-message": {"content": "x"}}}]});
+    for (scope, expected) in [("read", StatusCode::FORBIDDEN), ("publish", StatusCode::OK)] {
+        let ask = json!({"name": format!("team-{scope}"), "tenants": ["chat"], "scopes": [scope]});
+        let (status, made) = s
+            .admin_call(Method::POST, "/admin/v1/tokens", ask.to_string())
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{made}");
+        let (status, v) = crate::support::admin_request(
+            s.admin(),
+            made["token"].as_str().unwrap(),
+            Method::POST,
+            "/admin/v1/tenants/chat/publish",
+            one.to_string().into(),
+        )
+        .await;
+        assert_eq!(status, expected, "scope {scope}: {v}");
+    }
     let m = s.metrics().await;
     assert!(
         crate::support::metric_value(
