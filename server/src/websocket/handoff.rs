@@ -182,13 +182,49 @@ pub async fn handoff(
     let backend = open(&dest, req).await?;
     let (answer, upgraded) = backend;
     // Only what the backend chose of the client's offer goes back.
-    let mut resp = Response::new(ResponseBody::Full(None));
+    let mut headers = HeaderMap::new();
     for name in [SEC_WEBSOCKET_PROTOCOL, SEC_WEBSOCKET_EXTENSIONS] {
         if let Some(v) = answer.get(&name) {
-            resp.headers_mut().insert(name, v.clone());
+            headers.insert(name, v.clone());
         }
     }
-    match &client.opening.key {
+    let counts = Counts::of(&sockets.metrics, tenant.label);
+    let limits = Limits::of(tenant.limits);
+    let Client { opening, place, .. } = client;
+    Ok(switch(
+        sockets,
+        opening,
+        place,
+        tenant.label,
+        headers,
+        move |client, shutdown| async move {
+            let shutdown = async move { shutdown.wait().await };
+            let ended = relay(client, TokioIo::new(upgraded), limits, &counts, shutdown).await;
+            (ended.code, ended.bytes_out)
+        },
+    ))
+}
+
+/// Answers an accepted `opening` with `headers` (`101` with its `Sec-WebSocket-Accept`, or
+/// `200` over HTTP/2, RFC 8441 §5), and once the client's side has switched runs `run` on it
+/// (with the server's shutdown) in a task of `sockets`: when it ends (its close code and bytes
+/// sent to the client), its place is given back, its close counted for the tenant labelled
+/// `label`, and its access line written from the record the answer's [`AccessLater`] is sent.
+pub(super) fn switch<R, F>(
+    sockets: &Arc<Sockets>,
+    opening: Opening,
+    place: Place,
+    label: &str,
+    headers: HeaderMap,
+    run: R,
+) -> Response<ResponseBody>
+where
+    R: FnOnce(TokioIo<Upgraded>, crate::shutdown::Shutdown) -> F + Send + 'static,
+    F: std::future::Future<Output = (u16, u64)> + Send,
+{
+    let mut resp = Response::new(ResponseBody::Full(None));
+    *resp.headers_mut() = headers;
+    match &opening.key {
         Some(client_key) => {
             *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
             let h = resp.headers_mut();
@@ -196,18 +232,12 @@ pub async fn handoff(
             h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
             h.insert(SEC_WEBSOCKET_ACCEPT, accept_for(client_key.as_bytes()));
         }
-        // HTTP/2 (RFC 8441 §5): a 200 opens the stream.
         None => *resp.status_mut() = StatusCode::OK,
     }
     let (log_tx, log_rx) = tokio::sync::oneshot::channel();
     resp.extensions_mut().insert(AccessLater::new(log_tx));
-    let label = tenant.label.to_string();
-    let m = &sockets.metrics;
-    let counts = Counts::of(m, &label);
-    let closes = m.websocket_closes.clone();
-    let limits = Limits::of(tenant.limits);
+    let (closes, label) = (sockets.metrics.websocket_closes.clone(), label.to_string());
     let shutdown = sockets.shutdown.clone();
-    let Client { opening, place, .. } = client;
     let version = opening.version;
     sockets.tasks.spawn(async move {
         let client = match opening.upgrade.await {
@@ -217,24 +247,15 @@ pub async fn handoff(
                 return;
             }
         };
-        let ended = relay(
-            TokioIo::new(client),
-            TokioIo::new(upgraded),
-            limits,
-            &counts,
-            async move { shutdown.wait().await },
-        )
-        .await;
+        let (code, bytes_out) = run(TokioIo::new(client), shutdown).await;
         // Its place is free before it is counted as closed.
         drop(place);
-        closes
-            .with_label_values(&[&label, close_label(ended.code)])
-            .inc();
+        closes.with_label_values(&[&label, close_label(code)]).inc();
         if let Ok(record) = log_rx.await {
-            record.write(ended.bytes_out, ended.code != super::frame::code::ABNORMAL);
+            record.write(bytes_out, code != super::frame::code::ABNORMAL);
         }
     });
-    Ok(resp)
+    resp
 }
 
 /// A close code as a metrics label: the codes RFC 6455 defines, else `other`.

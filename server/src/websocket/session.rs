@@ -771,41 +771,16 @@ fn strip(v: &serde_json::Value, keys: &[&str]) -> serde_json::Value {
 
 /// Answers an accepted opening (`101`, or `200` over HTTP/2) and runs the connection in a
 /// task of `sockets` once the client's side has switched. The access line is written when
-/// the connection closes (from the record sent on the answer's [`super::AccessLater`]).
+/// the connection closes.
 pub fn start(
-    accepted: Accepted,
+    mut accepted: Accepted,
     opening: super::Opening,
     place: super::Place,
     sockets: &Arc<super::Sockets>,
     hub: &Arc<Hub>,
     tenant: super::Tenant<'_>,
 ) -> Response<ResponseBody> {
-    use http::header::SEC_WEBSOCKET_ACCEPT;
-    let mut resp = Response::new(ResponseBody::Full(None));
-    for (n, v) in &accepted.headers {
-        resp.headers_mut().append(n.clone(), v.clone());
-    }
-    match &opening.key {
-        Some(key) => {
-            *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-            let h = resp.headers_mut();
-            h.insert(UPGRADE, HeaderValue::from_static("websocket"));
-            h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
-            h.insert(
-                SEC_WEBSOCKET_ACCEPT,
-                super::opening::accept_for(key.as_bytes()),
-            );
-        }
-        None => *resp.status_mut() = StatusCode::OK,
-    }
-    let (log_tx, log_rx) = tokio::sync::oneshot::channel();
-    resp.extensions_mut()
-        .insert(super::AccessLater::new(log_tx));
-    let label = tenant.label.to_string();
-    let name = tenant.name.to_string();
-    let m = &sockets.metrics;
-    let counts = Counts::of(m, &label);
-    let closes = m.websocket_closes.clone();
+    let counts = Counts::of(&sockets.metrics, tenant.label);
     // A message travels in a request of the tenant's: its size is bounded by both (less the
     // bytes of its event's head).
     let mut base = super::relay::Limits::of(tenant.limits);
@@ -818,36 +793,22 @@ pub fn start(
             .unwrap_or(usize::MAX)
             .min(MAX_BATCH),
     };
-    let shutdown = sockets.shutdown.clone();
-    let hub = hub.clone();
-    let version = opening.version;
-    sockets.tasks.spawn(async move {
-        let client = match opening.upgrade.await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::debug!(?version, "the client's WebSocket did not open: {e}");
-                return;
-            }
-        };
-        let ended = accepted
-            .run(
-                hyper_util::rt::TokioIo::new(client),
-                &hub,
-                &name,
-                limits,
-                &counts,
-                async move { shutdown.wait().await },
-            )
-            .await;
-        drop(place);
-        closes
-            .with_label_values(&[&label, super::handoff::close_label(ended.code)])
-            .inc();
-        if let Ok(record) = log_rx.await {
-            record.write(ended.bytes_out, ended.code != code::ABNORMAL);
-        }
-    });
-    resp
+    let (hub, key) = (hub.clone(), tenant.name.to_string());
+    let headers = std::mem::take(&mut accepted.headers);
+    super::handoff::switch(
+        sockets,
+        opening,
+        place,
+        tenant.label,
+        headers,
+        move |client, shutdown| async move {
+            let shutdown = async move { shutdown.wait().await };
+            let ended = accepted
+                .run(client, &hub, &key, limits, &counts, shutdown)
+                .await;
+            (ended.code, ended.bytes_out)
+        },
+    )
 }
 
 #[cfg(test)]
