@@ -304,8 +304,18 @@ where
             if let Poll::Ready(m) = up.poll(cx, &mut client, &mut backend) {
                 progressed = true;
                 account(counts, 0, &m, &mut last_read);
-                if let Some(v) = m.violation {
-                    stop = Some(v.close());
+                match m.violation {
+                    // A frame the protocol forbids from the client: the backend is told, as
+                    // by a close of the client's own, and nothing more of the client's goes
+                    // to it; what the backend still sends (its answers to what came before,
+                    // its close) goes to the client.
+                    Some(v @ Violation::Protocol(_)) => {
+                        let (code, why) = v.close();
+                        first_close.get_or_insert(code);
+                        up.stop(Some(close_frame(code, why, Some(mask()))));
+                    }
+                    Some(v) => stop = Some(v.close()),
+                    None => {}
                 }
             }
             if let Poll::Ready(m) = down.poll(cx, &mut backend, &mut client) {
@@ -499,6 +509,41 @@ mod tests {
         let ended = e.relay.await.unwrap();
         assert_eq!(ended.code, 1000);
         assert_eq!(ended.bytes_in, (f.len() + close.len()) as u64);
+    }
+
+    /// A frame the protocol forbids from the client: the backend gets a close (`1002`) in its
+    /// place, and what the backend sends after it (its answer to what came before, its close)
+    /// still reaches the client.
+    #[tokio::test]
+    async fn a_clients_protocol_error_goes_to_the_backend_whose_answers_still_reach_the_client() {
+        let mut e = start(limits());
+        let hello = masked_text(b"hello");
+        let mut bad = masked_text(b"x");
+        bad[0] = 0x83; // a reserved opcode
+        e.client
+            .write_all(&[hello.clone(), bad].concat())
+            .await
+            .unwrap();
+        let mut got = vec![0u8; hello.len()];
+        e.backend.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, hello);
+        let (op, p) = read_frame(&mut e.backend).await;
+        assert_eq!((op, &p[..2]), (0x88, &1002u16.to_be_bytes()[..]));
+        e.backend
+            .write_all(&[0x81, 5, b'h', b'e', b'l', b'l', b'o'])
+            .await
+            .unwrap();
+        e.backend
+            .write_all(&close_frame(1002, "", None))
+            .await
+            .unwrap();
+        e.backend.shutdown().await.unwrap();
+        assert_eq!(read_frame(&mut e.client).await, (0x81, b"hello".to_vec()));
+        let (op, p) = read_frame(&mut e.client).await;
+        assert_eq!((op, &p[..2]), (0x88, &1002u16.to_be_bytes()[..]));
+        drop(e.backend);
+        e.client.shutdown().await.unwrap();
+        assert_eq!(e.relay.await.unwrap().code, 1002);
     }
 
     /// A masked binary frame of any length.

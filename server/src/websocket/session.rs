@@ -354,17 +354,23 @@ impl Accepted {
         let (mut second, mut frames_this_second) = (opened, 0u32);
         // The client has sent its close (its code), and the guest is told.
         let mut client_closed: Option<Option<u16>> = None;
+        // The client broke the protocol or a limit: the close it gets once what it sent before
+        // is answered (its messages already read go to the guest; nothing more is read).
+        let mut failing: Option<Next> = None;
         let mut shutdown = std::pin::pin!(shutdown);
         let mut next = c.answer_events(&mut session, first);
         let write_timeout = limits.base.idle;
         loop {
-            if let Next::Go = next {
-                // The client's close is answered once the guest has seen it.
-                if let Some(code) = client_closed
-                    && inflight.is_none()
-                    && (pending.is_empty() || c.detached)
-                {
+            if let Next::Go = next
+                && inflight.is_none()
+                && (pending.is_empty() || c.detached)
+            {
+                // The client's close is answered once the guest has seen it; a failure's close
+                // once the guest has answered what came before it.
+                if let Some(code) = client_closed {
                     next = Next::Close(code, Bytes::new(), false);
+                } else if let Some(failed) = failing.take() {
+                    next = failed;
                 }
             }
             if !matches!(next, Next::Go) {
@@ -399,7 +405,8 @@ impl Accepted {
                     }
                 }
             }
-            let reading = client_closed.is_none() && pending_bytes < limits.max_batch;
+            let reading =
+                client_closed.is_none() && failing.is_none() && pending_bytes < limits.max_batch;
             let deadline = (last_active + limits.base.idle).min(opened + limits.base.lifetime);
             tokio::select! {
                 read = rd.read_buf(&mut inbuf), if reading => {
@@ -416,7 +423,7 @@ impl Accepted {
                                 // Every frame counts, whether it ends a message or not.
                                 frames_this_second += std::mem::take(&mut reader.frames);
                                 if frames_this_second > limits.base.frames_per_second {
-                                    next = violation(Violation::Rate);
+                                    failing = Some(violation(Violation::Rate));
                                     break;
                                 }
                                 match got {
@@ -449,7 +456,7 @@ impl Accepted {
                                         }
                                     }
                                     Err(v) => {
-                                        next = violation(v);
+                                        failing = Some(violation(v));
                                         break;
                                     }
                                 }

@@ -44,4 +44,6 @@ mod toolchains;
 mod traces;
 mod variables;
 mod websocket;
+mod websocket_autobahn;
+mod websocket_browser;
 mod websocket_events;

@@ -12,9 +12,9 @@ use serde_json::Value;
 use crate::support::{TestServer, metric_value, test_component, test_guest, tools_dir};
 
 /// The `websockets` echo server (`wsclient.py echo-server`), killed when dropped.
-struct EchoServer {
+pub(crate) struct EchoServer {
     child: std::process::Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Drop for EchoServer {
@@ -28,7 +28,7 @@ fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/wsclient.py")
 }
 
-fn echo_server() -> EchoServer {
+pub(crate) fn echo_server() -> EchoServer {
     let mut child = std::process::Command::new("python3")
         .arg(script())
         .arg("echo-server")
@@ -67,7 +67,7 @@ async fn client(url: String, args: &[&str]) -> Value {
 
 /// A server with the `ws_gate` guest at `/` whose backend `echo` is `echo`, and `extra`
 /// settings of the tenant.
-async fn gate(echo: &EchoServer, extra: &str) -> TestServer {
+pub(crate) async fn gate(echo: &EchoServer, extra: &str) -> TestServer {
     let dir = tempfile::tempdir().unwrap();
     test_guest(dir.path(), "ws_gate");
     let config = format!(
