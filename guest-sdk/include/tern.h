@@ -217,4 +217,13 @@ int32_t tern_penalty_has(const char *penalty_box, size_t penalty_box_len, const 
  * length. */
 TERN_IMPORT("rate_last_error") int32_t tern_rate_last_error(char *buf, size_t len);
 
+/* WebSocket channels (see ABI.md): publish JSON in Pushpin's format, e.g.
+ * {"items":[{"channel":"room","formats":{"ws-message":{"content":"hi"}}}]}, to the tenant's
+ * events-mode connections on every replica; returns how many on this server it was queued for,
+ * TERN_EINVALID_ARGUMENT, TERN_EUNAVAILABLE (not in events mode) or TERN_ELIMIT_EXCEEDED. */
+TERN_IMPORT("websocket_publish")
+int32_t tern_websocket_publish(const char *publish, size_t publish_len);
+/* Copy the message of the last publish that failed; returns the full length. */
+TERN_IMPORT("websocket_last_error") int32_t tern_websocket_last_error(char *buf, size_t len);
+
 #endif /* TERN_H */

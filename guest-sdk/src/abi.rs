@@ -107,6 +107,19 @@ pub mod func {
     /// client's request); `UNAVAILABLE` when the request opens no WebSocket, `DENIED` for a
     /// backend the tenant does not have (`outbound_last_error` says why).
     pub const HANDOFF_WEBSOCKET: &str = "handoff_websocket";
+    /// `(publish, publish_len) -> i32`: publish to the tenant's events-mode WebSocket
+    /// connections, on this server and every other replica of a fleet: `publish` is JSON in
+    /// Pushpin's publish format, as the admin API's `POST /admin/v1/tenants/{name}/publish`
+    /// takes it (`{"items": [{"channel": "room", "formats": {"ws-message": {"content":
+    /// "hi"}}}]}`; `connection` instead of `channel` for one connection). Returns how many
+    /// connections on this server the messages were queued for; `INVALID_ARGUMENT` for a
+    /// publish that is not valid, `UNAVAILABLE` when the tenant's WebSockets are not in events
+    /// mode, `LIMIT_EXCEEDED` past 100 publishes in one request (`websocket_last_error` says
+    /// why).
+    pub const WEBSOCKET_PUBLISH: &str = "websocket_publish";
+    /// `(buf, buf_len) -> i32`: copy the message of the last `websocket_publish` that failed;
+    /// returns the full length.
+    pub const WEBSOCKET_LAST_ERROR: &str = "websocket_last_error";
 
     /// `(key, key_len, headers, headers_len, flags) -> handle`: look up the entry `key` for
     /// the request headers `headers` (`name NUL value NUL` pairs); with
@@ -159,7 +172,7 @@ pub mod func {
     pub const RATE_LAST_ERROR: &str = "rate_last_error";
 
     /// Every host function with its number of `i32` parameters; each returns one `i32`.
-    pub const SIGNATURES: [(&str, usize); 46] = [
+    pub const SIGNATURES: [(&str, usize); 48] = [
         (REQUEST_METHOD, 2),
         (REQUEST_URI, 2),
         (REQUEST_HEADERS, 2),
@@ -206,10 +219,12 @@ pub mod func {
         (PENALTY_HAS, 4),
         (RATE_LAST_ERROR, 2),
         (HANDOFF_WEBSOCKET, 2),
+        (WEBSOCKET_PUBLISH, 2),
+        (WEBSOCKET_LAST_ERROR, 2),
     ];
 
     /// Every host function name, for checks that list them.
-    pub const ALL: [&str; 46] = [
+    pub const ALL: [&str; 48] = [
         REQUEST_METHOD,
         REQUEST_URI,
         REQUEST_HEADERS,
@@ -256,6 +271,8 @@ pub mod func {
         PENALTY_HAS,
         RATE_LAST_ERROR,
         HANDOFF_WEBSOCKET,
+        WEBSOCKET_PUBLISH,
+        WEBSOCKET_LAST_ERROR,
     ];
 }
 

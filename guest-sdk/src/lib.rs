@@ -268,6 +268,8 @@ host_functions! {
         entry_len: usize,
     ) -> i32;
     fn rate_last_error(buf: *mut u8, len: usize) -> i32;
+    fn websocket_publish(publish: *const u8, publish_len: usize) -> i32;
+    fn websocket_last_error(buf: *mut u8, len: usize) -> i32;
 }
 
 /// An error code returned by a host function (see [`abi::errno`]).

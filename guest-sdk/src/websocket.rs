@@ -37,6 +37,110 @@
 //!     });
 //! }
 //! ```
+//!
+//! From any request (an events batch, or an ordinary one: a webhook, a form), a guest can
+//! also publish at once with [`publish_to_channel`] and [`publish_to_connection`].
+#![allow(unsafe_code)]
+
+use crate::sys;
+
+interface_error!(
+    /// Why a publish failed: the host's error code and its message.
+    PublishError,
+    "publish",
+    websocket_last_error,
+    "The ABI error code ([`crate::abi::errno`]): `INVALID_ARGUMENT` (a channel name that is \
+     empty, over 256 bytes or with control characters; a message over 1 MiB; a close code \
+     nobody may send), `UNAVAILABLE` (the tenant's WebSockets are not in events mode), \
+     `LIMIT_EXCEEDED` (over 100 publishes in one request)."
+);
+
+/// A message to publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Message<'a> {
+    /// A text message.
+    Text(&'a str),
+    /// A binary message.
+    Binary(&'a [u8]),
+    /// Close the connections with this code (1000, or 3000-4999 for an application's own)
+    /// and reason (at most 123 bytes).
+    Close(u16, &'a str),
+}
+
+/// Publishes `message` to every connection of the tenant subscribed to `channel`, on this
+/// server and on every other replica of a fleet. Returns how many connections on this server
+/// it was queued for (a connection whose queue is full misses it).
+///
+/// ```no_run
+/// use tern_sdk::websocket::{self, Message};
+/// tern_sdk::serve(|req| {
+///     // A webhook: tell everyone in the room.
+///     let n = websocket::publish_to_channel("lobby", Message::Text("new order")).unwrap_or(0);
+///     tern_sdk::http::Response::new(format!("told {n}\n").into_bytes())
+/// });
+/// ```
+///
+/// # Errors
+/// [`PublishError`].
+pub fn publish_to_channel(channel: &str, message: Message<'_>) -> Result<usize, PublishError> {
+    publish_json(&item("channel", channel, message))
+}
+
+/// Sends `message` to the connection whose `Connection-Id` is `id`, on whichever replica
+/// holds it. Returns 1 when it is on this server and the message was queued, else 0.
+///
+/// # Errors
+/// [`PublishError`].
+pub fn publish_to_connection(id: &str, message: Message<'_>) -> Result<usize, PublishError> {
+    publish_json(&item("connection", id, message))
+}
+
+/// Publishes a body in Pushpin's publish format, several items at once (`{"items":
+/// [{"channel": "room", "formats": {"ws-message": {"content": "hi"}}}, ...]}`), as the admin
+/// API's `POST /admin/v1/tenants/{name}/publish` takes it.
+///
+/// # Errors
+/// [`PublishError`].
+pub fn publish_json(publish: &str) -> Result<usize, PublishError> {
+    // SAFETY: the host reads `publish.len()` bytes at its pointer.
+    check(unsafe { sys::websocket_publish(publish.as_ptr(), publish.len()) })
+}
+
+/// The publish of one item: `message` to `target` (`channel` or `connection`) `name`.
+fn item(target: &str, name: &str, message: Message<'_>) -> String {
+    let format = match message {
+        Message::Text(t) => format!(r#"{{"content":{}}}"#, json_string(t)),
+        Message::Binary(b) => format!(r#"{{"content-bin":"{}"}}"#, base64(b)),
+        Message::Close(code, reason) => format!(
+            r#"{{"action":"close","code":{code},"reason":{}}}"#,
+            json_string(reason)
+        ),
+    };
+    format!(
+        r#"{{"items":[{{"{target}":{},"formats":{{"ws-message":{format}}}}}]}}"#,
+        json_string(name)
+    )
+}
+
+/// `bytes` in standard base64, padded.
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ABC[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
 
 /// The media type of a body of events.
 pub const MEDIA_TYPE: &str = "application/websocket-events";
@@ -257,5 +361,28 @@ mod tests {
         assert_eq!(v["channel"], "room \"1\"");
         assert_eq!(v["content"], "a\nb");
         assert_eq!(message("x"), Event::Text("m:x".into()));
+    }
+
+    #[test]
+    fn a_publish_item_is_pushpins_json() {
+        let v: serde_json::Value =
+            serde_json::from_str(&item("channel", "a\"b", Message::Text("hi\n"))).unwrap();
+        assert_eq!(v["items"][0]["channel"], "a\"b");
+        assert_eq!(v["items"][0]["formats"]["ws-message"]["content"], "hi\n");
+        let v: serde_json::Value =
+            serde_json::from_str(&item("connection", "c1", Message::Close(4000, "done"))).unwrap();
+        assert_eq!(v["items"][0]["connection"], "c1");
+        assert_eq!(v["items"][0]["formats"]["ws-message"]["action"], "close");
+        assert_eq!(v["items"][0]["formats"]["ws-message"]["code"], 4000);
+        for (bytes, b64) in [
+            (&b""[..], ""),
+            (b"f", "Zg=="),
+            (b"fo", "Zm8="),
+            (b"foo", "Zm9v"),
+            (b"foob", "Zm9vYg=="),
+            (&[0xff, 0xfe, 0x00][..], "//4A"),
+        ] {
+            assert_eq!(base64(bytes), b64, "{bytes:?}");
+        }
     }
 }

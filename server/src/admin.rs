@@ -667,9 +667,7 @@ fn publish(
     forwarded: bool,
 ) -> Result<(StatusCode, Value), ChangeError> {
     let items = crate::websocket::channels::Publish::read(&body?).map_err(ChangeError::Invalid)?;
-    let done = app
-        .publish(name, &items, forwarded)
-        .ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?;
+    let done = app.publish(name, &items, forwarded)?;
     let fleet = app.registry.fleet().is_some() && !forwarded;
     Ok((
         StatusCode::OK,

@@ -35,52 +35,36 @@ pub struct App {
     pub rate_limits: Option<crate::ratelimit::RateLimits>,
     /// Open WebSocket connections (`[server] max_websockets`), closed at shutdown.
     pub sockets: std::sync::Arc<crate::websocket::Sockets>,
-    /// Channels of events-mode WebSocket connections (publishes reach them here).
-    pub hub: std::sync::Arc<crate::websocket::Hub>,
-}
-
-/// A tenant's key in the channels' hub: its name and its lineage (what its versions carry
-/// from one to the next, new when a tenant of that name is created again), so a tenant made
-/// anew under an old name never reaches the old one's connections.
-pub fn channels_key(tenant: &crate::tenant::Tenant) -> String {
-    format!(
-        "{}#{:x}",
-        tenant.name,
-        std::sync::Arc::as_ptr(&tenant.served) as usize
-    )
 }
 
 impl App {
     /// Publishes `items` to tenant `name`'s events-mode WebSocket connections on this server
     /// and, unless `forwarded` (it came from another replica), on every other replica of a
-    /// fleet. What it did here, or `None` when there is no such tenant.
+    /// fleet. What it did here.
+    ///
+    /// # Errors
+    /// No such tenant; its WebSockets are not in events mode (it has no channels).
     pub fn publish(
         &self,
         name: &str,
         items: &[(crate::websocket::Target, crate::websocket::Push)],
         forwarded: bool,
-    ) -> Option<crate::websocket::channels::Published> {
-        let (label, key) = {
-            let live = self.registry.live();
-            let tenant = live.tenants.get(name)?;
-            (tenant.label.clone(), channels_key(tenant))
-        };
-        let mut done = crate::websocket::channels::Published::default();
-        for (to, push) in items {
-            let p = self.hub.publish(&key, to, push);
-            done.delivered += p.delivered;
-            done.dropped += p.dropped;
+    ) -> Result<crate::websocket::channels::Published, crate::change::ChangeError> {
+        use crate::change::ChangeError;
+        let tenant = self
+            .registry
+            .live()
+            .tenants
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?;
+        let channels = &tenant.grants.channels;
+        if !channels.events() {
+            return Err(ChangeError::Conflict(
+                crate::websocket::channels::PublishError::NotEvents.to_string(),
+            ));
         }
-        let m = &self.metrics.websocket_published;
-        m.with_label_values(&[label.as_str(), "delivered"])
-            .inc_by(done.delivered);
-        m.with_label_values(&[label.as_str(), "dropped"])
-            .inc_by(done.dropped);
-        if !forwarded && let Some(fleet) = self.registry.fleet() {
-            let body = crate::websocket::channels::to_json(items).to_string();
-            fleet.publish_to_peers(name, body.into(), &self.metrics);
-        }
-        Some(done)
+        Ok(channels.publish(items, forwarded))
     }
 
     /// The TLS listener's certificates, if there is one.

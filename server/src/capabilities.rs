@@ -28,10 +28,15 @@ pub struct Resources {
     pub stores: crate::kv::Stores,
     /// Every tenant's variables.
     pub variables: Arc<crate::variables::Table>,
+    /// The channels of events-mode WebSocket connections, every tenant's.
+    pub hub: Arc<crate::websocket::Hub>,
+    /// Where publishes go beyond this server (a fleet's other replicas).
+    pub forward: Option<Arc<dyn crate::websocket::channels::Forward>>,
 }
 
 impl Resources {
-    /// Opens the stores of `config` (file stores under `root`); no variables yet.
+    /// Opens the stores of `config` (file stores under `root`); no variables yet, no
+    /// channels; publishes forwarded through `forward`.
     ///
     /// # Errors
     /// A store that cannot be opened, in words for the operator.
@@ -39,10 +44,13 @@ impl Resources {
         config: &crate::config::Config,
         root: &Path,
         metrics: &crate::metrics::Metrics,
+        forward: Option<Arc<dyn crate::websocket::channels::Forward>>,
     ) -> Result<Self, String> {
         Ok(Self {
             stores: crate::kv::Stores::open(&config.kv, root, &metrics.kv_operations)?,
             variables: Arc::default(),
+            hub: crate::websocket::Hub::new(),
+            forward,
         })
     }
 }
@@ -60,12 +68,14 @@ pub struct Grants {
     pub cache: Option<Arc<crate::cache::guest::Grant>>,
     /// Its rate counters and penalty boxes.
     pub counters: Arc<crate::ratelimit::counters::Grant>,
+    /// Its WebSocket channels.
+    pub channels: Arc<crate::websocket::channels::Grant>,
 }
 
 impl Grants {
     /// A tenant's grants, from its `settings`, the server's `resources`, and its `cache`
     /// (when it has one; shared with its front end); the counters its guests kept in the
-    /// version it replaces are `carried_counters`.
+    /// version it replaces are `carried.0`, its channels `carried.1`.
     ///
     /// # Errors
     /// Why a setting cannot be granted (a bad outbound policy, an unknown store), in words
@@ -75,7 +85,10 @@ impl Grants {
         settings: &crate::config::TenantSettings<toml::Spanned<String>>,
         resources: &Resources,
         cache: Option<&Arc<crate::cache::Cache>>,
-        carried_counters: Option<&crate::ratelimit::counters::Grant>,
+        carried: (
+            Option<&crate::ratelimit::counters::Grant>,
+            Option<&crate::websocket::channels::Grant>,
+        ),
     ) -> Result<Self, String> {
         let s = settings;
         Ok(Self {
@@ -91,9 +104,16 @@ impl Grants {
             counters: Arc::new(crate::ratelimit::counters::Grant::prepare(
                 &s.rate_counter,
                 &s.penalty_box,
-                carried_counters,
+                carried.0,
                 &p.metrics.rate_counter_entries,
                 p.label,
+            )),
+            channels: Arc::new(crate::websocket::channels::Grant::prepare(
+                p,
+                s.websocket.mode,
+                &resources.hub,
+                resources.forward.as_ref(),
+                carried.1,
             )),
         })
     }
@@ -111,6 +131,8 @@ pub struct Capabilities {
     pub cache: crate::cache::guest::Session,
     /// The tenant's rate counters and penalty boxes.
     pub counters: crate::ratelimit::counters::Session,
+    /// The tenant's WebSocket channels, to publish to.
+    pub channels: crate::websocket::channels::Session,
 }
 
 impl Capabilities {
@@ -122,6 +144,7 @@ impl Capabilities {
             variables: granted.variables.clone(),
             cache: crate::cache::guest::Session::new(granted.cache.clone(), context),
             counters: crate::ratelimit::counters::Session::new(granted.counters.clone()),
+            channels: crate::websocket::channels::Session::new(granted.channels.clone()),
         }
     }
 

@@ -348,7 +348,6 @@ fn new_app(
             shutdown.clone(),
             metrics.clone(),
         ),
-        hub: crate::websocket::Hub::new(),
     }))
 }
 

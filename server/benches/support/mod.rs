@@ -53,6 +53,8 @@ impl Harness {
             resources: &tern::capabilities::Resources {
                 stores: tern::kv::Stores::default(),
                 variables: std::sync::Arc::default(),
+                hub: tern::websocket::Hub::new(),
+                forward: None,
             },
         };
         Ok(Arc::new(tenant::prepare(

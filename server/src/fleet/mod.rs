@@ -266,13 +266,10 @@ impl Fleet {
     /// background, each within 1 s; each applies it to its own connections only. A replica
     /// that cannot be reached misses it (messages are not kept: as in Pushpin, a publish
     /// reaches the connections open when it is made).
-    pub fn publish_to_peers(&self, tenant: &str, body: Bytes, metrics: &Metrics) {
+    pub fn publish_to_peers(&self, tenant: &str, body: Bytes, sent: &prometheus::IntCounterVec) {
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for peer in peers {
-            let (token, counter) = (
-                self.token.clone(),
-                metrics.websocket_fleet_publishes.clone(),
-            );
+            let (token, counter) = (self.token.clone(), sent.clone());
             let (path, body) = (format!("/admin/v1/fleet/publish/{tenant}"), body.clone());
             tokio::spawn(async move {
                 let sent =
@@ -491,6 +488,21 @@ fn hmac_sha256(key: &[u8; 32], parts: &[&[u8]]) -> [u8; 32] {
     outer.update(pad(0x5c));
     outer.update(inner.finalize());
     outer.finalize().into()
+}
+
+/// Sends a tenant's WebSocket publishes to the fleet's other replicas
+/// ([`Fleet::publish_to_peers`]), counted by outcome in `sent`.
+pub struct Forwarder {
+    /// The fleet.
+    pub fleet: Arc<Fleet>,
+    /// `tern_websocket_fleet_publishes_total`.
+    pub sent: prometheus::IntCounterVec,
+}
+
+impl crate::websocket::channels::Forward for Forwarder {
+    fn forward(&self, name: &str, body: Bytes) {
+        self.fleet.publish_to_peers(name, body, &self.sent);
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,8 @@ fn core_capabilities(linker: &mut Linker<module::GuestState>) -> wasmtime::Resul
     module::tern::kv::add_to_linker(linker)?;
     module::tern::config::add_to_linker(linker)?;
     module::tern::cache::add_to_linker(linker)?;
-    module::tern::rate::add_to_linker(linker)
+    module::tern::rate::add_to_linker(linker)?;
+    module::tern::websocket::add_to_linker(linker)
 }
 
 /// The host APIs of the capabilities, for components (their outgoing requests are

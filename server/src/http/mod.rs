@@ -218,11 +218,10 @@ async fn events(
         conn: ex.conn.clone(),
         client: ex.client,
         name: tenant.name.clone(),
-        lineage: tenant.served.clone(),
+        channels: tenant.grants.channels.clone(),
         prefix_len: routed.prefix_len,
         host: routed.host,
     });
-    let key = crate::app::channels_key(&tenant);
     let (parts, _) = req.into_parts();
     let session = crate::websocket::Session::new(origin, parts.uri, parts.headers);
     // The opening's own exchange runs the guest on the `OPEN` event.
@@ -233,7 +232,7 @@ async fn events(
     match session.accept(resp).await {
         Ok(accepted) => {
             let of = crate::websocket::Tenant {
-                name: &key,
+                name: tenant.grants.channels.key(),
                 policy: &tenant.grants.outbound.policy,
                 label: &tenant.label,
                 limits: &tenant.front.websocket,
@@ -244,7 +243,7 @@ async fn events(
                 opening,
                 place,
                 &app.sockets,
-                &app.hub,
+                tenant.grants.channels.hub(),
                 of,
             );
             ex.answered(app, resp, reached)
@@ -284,9 +283,9 @@ struct EventsOrigin {
     conn: Connection,
     client: std::net::SocketAddr,
     name: String,
-    /// The tenant's lineage when the connection opened: a tenant deleted and made again under
-    /// its name is another tenant, which the connection's batches never reach.
-    lineage: Arc<crate::tenant::Served>,
+    /// The tenant's channels when the connection opened: a tenant deleted and made again
+    /// under its name has others (another key), and the connection's batches never reach it.
+    channels: Arc<crate::websocket::channels::Grant>,
     prefix_len: usize,
     host: request::HostFrom,
 }
@@ -296,7 +295,7 @@ impl EventsOrigin {
     fn tenant(&self) -> Option<crate::tenant::TenantRef> {
         let live = self.app.registry.live();
         let tenant = live.tenants.get(&self.name)?;
-        Arc::ptr_eq(&tenant.served, &self.lineage).then(|| tenant.clone())
+        (tenant.grants.channels.key() == self.channels.key()).then(|| tenant.clone())
     }
 }
 
@@ -326,8 +325,8 @@ impl crate::websocket::Origin for EventsOrigin {
     }
 
     fn publish(&self, to: crate::websocket::Target, push: crate::websocket::Push) {
-        if self.tenant().is_some() {
-            self.app.publish(&self.name, &[(to, push)], false);
+        if let Some(tenant) = self.tenant() {
+            tenant.grants.channels.publish(&[(to, push)], false);
         }
     }
 }

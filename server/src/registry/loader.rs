@@ -255,6 +255,8 @@ mod tests {
             resources: Arc::new(crate::capabilities::Resources {
                 stores: crate::kv::Stores::default(),
                 variables: Arc::default(),
+                hub: crate::websocket::Hub::new(),
+                forward: None,
             }),
         })
     }

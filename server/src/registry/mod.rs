@@ -85,8 +85,15 @@ impl Registry {
         fleet: Option<Arc<Fleet>>,
     ) -> anyhow::Result<Self> {
         let runtime = Runtime::new(engine.clone(), config.pool.clone())?;
-        let resources = crate::capabilities::Resources::open(&config, store.root(), &metrics)
-            .map_err(anyhow::Error::msg)?;
+        let forward = fleet.as_ref().map(|f| {
+            Arc::new(crate::fleet::Forwarder {
+                fleet: f.clone(),
+                sent: metrics.websocket_fleet_publishes.clone(),
+            }) as Arc<dyn crate::websocket::channels::Forward>
+        });
+        let resources =
+            crate::capabilities::Resources::open(&config, store.root(), &metrics, forward)
+                .map_err(anyhow::Error::msg)?;
         let secrets = crate::variables::SecretsKey::load(
             &config.server.secrets_key_file,
             &config.server.secrets_previous_key_file,

@@ -384,7 +384,7 @@ pub fn load_assets(
 }
 
 /// What a tenant keeps from the version it replaces (so a redeploy does not reset them).
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Carried {
     /// Its concurrency permits (kept when the limit is unchanged).
     pub slots: Option<(usize, Arc<tokio::sync::Semaphore>)>,
@@ -394,6 +394,8 @@ pub struct Carried {
     pub rate_limits: Option<crate::ratelimit::RateLimits>,
     /// Its guests' rate counters and penalty boxes (each kept by the same declaration).
     pub counters: Option<Arc<crate::ratelimit::counters::Grant>>,
+    /// Its WebSocket channels (their key: the connections open stay its own).
+    pub channels: Option<Arc<crate::websocket::channels::Grant>>,
 }
 
 impl Carried {
@@ -404,6 +406,7 @@ impl Carried {
             served: Some(tenant.served.clone()),
             rate_limits: tenant.front.rate_limits.clone(),
             counters: Some(tenant.grants.counters.clone()),
+            channels: Some(tenant.grants.channels.clone()),
         }
     }
 }
@@ -468,7 +471,7 @@ pub fn prepare(
         &config.settings,
         resources,
         cache.as_ref(),
-        carried.counters.as_deref(),
+        (carried.counters.as_deref(), carried.channels.as_deref()),
     )
     .map_err(refuse)?;
     let front = crate::tenant::front::Front::prepare(

@@ -50,6 +50,142 @@ pub enum Target {
     Connection(String),
 }
 
+/// Publishes a guest may make in one request (each one item or more; in a fleet each is one
+/// request to every other replica).
+pub const MAX_PUBLISHES: usize = 100;
+
+/// Where a tenant's publishes go beyond this server: the other replicas of a fleet.
+pub trait Forward: Send + Sync {
+    /// Sends tenant `name`'s publish (its JSON, [`to_json`]) to the other replicas, in the
+    /// background.
+    fn forward(&self, name: &str, body: Bytes);
+}
+
+/// A tenant's channels, prepared with each of its versions: its key in the hub (its name and
+/// a lineage carried from one version to the next, new when a tenant of that name is made
+/// again, so a tenant made anew under an old name never reaches the old one's connections)
+/// and where its publishes go.
+pub struct Grant {
+    hub: Arc<Hub>,
+    key: Arc<str>,
+    name: String,
+    /// Whether the tenant's WebSockets are in events mode (only those have channels).
+    events: bool,
+    forward: Option<Arc<dyn Forward>>,
+    delivered: prometheus::IntCounter,
+    dropped: prometheus::IntCounter,
+}
+
+impl Grant {
+    /// Tenant `p.tenant`'s channels in `hub`, under the key of the version it replaces
+    /// (`carried`), else a new one; publishes forwarded through `forward` (a fleet's).
+    pub fn prepare(
+        p: &crate::prepare::Preparing<'_>,
+        mode: super::Mode,
+        hub: &Arc<Hub>,
+        forward: Option<&Arc<dyn Forward>>,
+        carried: Option<&Self>,
+    ) -> Self {
+        let key = match carried {
+            Some(c) if c.name == p.tenant => c.key.clone(),
+            _ => Arc::from(format!(
+                "{}#{}",
+                p.tenant,
+                hub.next.fetch_add(1, Ordering::Relaxed)
+            )),
+        };
+        let m = &p.metrics.websocket_published;
+        Self {
+            hub: hub.clone(),
+            key,
+            name: p.tenant.to_string(),
+            events: mode == super::Mode::Events,
+            forward: forward.cloned(),
+            delivered: m.with_label_values(&[p.label, "delivered"]),
+            dropped: m.with_label_values(&[p.label, "dropped"]),
+        }
+    }
+
+    /// Whether its WebSockets are in events mode (else it has no channels).
+    pub fn events(&self) -> bool {
+        self.events
+    }
+
+    /// Its key in the hub (connections join under it).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The hub its connections join.
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    /// Queues `items` for the tenant's connections on this server and, unless `forwarded`
+    /// (it came from another replica), sends them on to the other replicas.
+    pub fn publish(&self, items: &[(Target, Push)], forwarded: bool) -> Published {
+        let mut done = Published::default();
+        for (to, push) in items {
+            let p = self.hub.publish(&self.key, to, push);
+            done.delivered += p.delivered;
+            done.dropped += p.dropped;
+        }
+        self.delivered.inc_by(done.delivered);
+        self.dropped.inc_by(done.dropped);
+        if !forwarded && let Some(f) = &self.forward {
+            f.forward(&self.name, to_json(items).to_string().into());
+        }
+        done
+    }
+}
+
+/// One request's publishes (the `tern` ABI's `websocket_publish`).
+pub struct Session {
+    grant: Arc<Grant>,
+    made: usize,
+}
+
+impl Session {
+    /// None made yet, under the tenant's `grant`.
+    pub fn new(grant: Arc<Grant>) -> Self {
+        Self { grant, made: 0 }
+    }
+
+    /// Publishes `body` (Pushpin's publish format, as the admin API takes it).
+    ///
+    /// # Errors
+    /// The tenant's WebSockets are not in events mode, the request made [`MAX_PUBLISHES`]
+    /// already, or the body is not a valid publish (what is wrong, naming the item).
+    pub fn publish(&mut self, body: &[u8]) -> Result<Published, PublishError> {
+        if !self.grant.events {
+            return Err(PublishError::NotEvents);
+        }
+        if self.made >= MAX_PUBLISHES {
+            return Err(PublishError::Limit);
+        }
+        let items = Publish::read(body).map_err(PublishError::Invalid)?;
+        self.made += 1;
+        Ok(self.grant.publish(&items, false))
+    }
+}
+
+/// Why a guest's publish was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// Its tenant has no channels.
+    #[error(
+        "the tenant's WebSockets are not in events mode (`[tenant.websocket] mode = \"events\"`): \
+         it has no channels to publish to"
+    )]
+    NotEvents,
+    /// Past [`MAX_PUBLISHES`].
+    #[error("a request may publish {MAX_PUBLISHES} times")]
+    Limit,
+    /// Not a valid publish.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 /// The tenants' channels on this server.
 #[derive(Default)]
 pub struct Hub {
@@ -283,6 +419,10 @@ pub struct WsMessage {
 
 /// Largest message a publish sends.
 pub const MAX_PUBLISHED: usize = 1 << 20;
+
+/// Longest publish a guest may make (a message of [`MAX_PUBLISHED`] bytes in base64, and
+/// room for the rest).
+pub const MAX_PUBLISH_BODY: usize = 2 << 20;
 
 impl Publish {
     /// The body of a publish read: each item's target and message.

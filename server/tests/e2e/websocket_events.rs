@@ -478,3 +478,153 @@ async fn a_client_that_only_listens_is_not_idle_and_a_silent_one_is_closed_1001(
     assert_eq!(silent["received"], json!(["welcome"]), "{silent}");
     assert_eq!(silent["close_code"], 1001, "{silent}");
 }
+
+/// The next message from the server on a raw connection (text, or binary as `bytes:N,N,...`),
+/// or its close as `close CODE`.
+async fn next_message(io: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> String {
+    let (_, opcode, payload) = crate::websocket_autobahn::read_frame(io, buf)
+        .await
+        .unwrap()
+        .expect("a frame");
+    match opcode {
+        1 => String::from_utf8(payload).unwrap(),
+        2 => format!(
+            "bytes:{}",
+            payload
+                .iter()
+                .map(u8::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        8 => format!("close {}", u16::from_be_bytes([payload[0], payload[1]])),
+        other => panic!("an unexpected frame {other:#x}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_publishes_from_an_ordinary_request_with_the_host_call() {
+    use crate::support::post;
+    use crate::websocket::masked_text;
+    use crate::websocket_autobahn::open;
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "ws_events");
+    let config = "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"chat\"\nmodule = \"ws_events.wasm\"\n\
+         [tenant.websocket]\nmode = \"events\"\n\
+         [[tenant]]\nname = \"rival\"\nmodule = \"ws_events.wasm\"\npaths = [\"/rival\"]\n\
+         [tenant.websocket]\nmode = \"events\"\n\
+         [[tenant]]\nname = \"plain\"\nmodule = \"ws_events.wasm\"\npaths = [\"/plain\"]\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    // Two connections in chat's lobby, one in rival's (each read its welcome).
+    let (mut a, mut abuf) = open(s.addr(), "/?user=a").await.unwrap();
+    let (mut b, mut bbuf) = open(s.addr(), "/?user=b").await.unwrap();
+    let (mut r, mut rbuf) = open(s.addr(), "/rival?user=r").await.unwrap();
+    a.write_all(&masked_text("id")).await.unwrap();
+    let id = next_message(&mut a, &mut abuf).await;
+    let notify = |path: &str, body: &[u8]| {
+        let (path, body, s) = (path.to_string(), body.to_vec(), &s);
+        async move { post(s, &path, &[], body).await }
+    };
+    // Text to a channel: its subscribers of this tenant only.
+    let got = notify("/notify?room=lobby", b"hello all").await;
+    assert_eq!(
+        (got.status, got.text()),
+        (StatusCode::OK, "delivered 2\n".into())
+    );
+    assert_eq!(next_message(&mut a, &mut abuf).await, "hello all");
+    assert_eq!(next_message(&mut b, &mut bbuf).await, "hello all");
+    let got = notify("/rival/notify?room=lobby", b"rival news").await;
+    assert_eq!(got.text(), "delivered 1\n");
+    assert_eq!(next_message(&mut r, &mut rbuf).await, "rival news");
+    // Binary, and one connection by its id.
+    let got = notify("/notify?room=lobby&binary=1", &[0, 1, 255]).await;
+    assert_eq!(got.text(), "delivered 2\n");
+    let got = notify(&format!("/notify?to={id}"), b"just you").await;
+    assert_eq!(got.text(), "delivered 1\n");
+    assert_eq!(next_message(&mut a, &mut abuf).await, "bytes:0,1,255");
+    assert_eq!(next_message(&mut a, &mut abuf).await, "just you");
+    assert_eq!(next_message(&mut b, &mut bbuf).await, "bytes:0,1,255");
+    // Pushpin's JSON as it is: two items at once.
+    let json = r#"{"items": [
+        {"channel": "lobby", "formats": {"ws-message": {"content": "one"}}},
+        {"channel": "lobby", "formats": {"ws-message": {"content": "two"}}}]}"#;
+    let got = notify("/notify?json=1", json.as_bytes()).await;
+    assert_eq!(got.text(), "delivered 4\n");
+    for (io, buf) in [(&mut a, &mut abuf), (&mut b, &mut bbuf)] {
+        assert_eq!(next_message(io, buf).await, "one");
+        assert_eq!(next_message(io, buf).await, "two");
+    }
+    // Bad publishes: each a clear error, nothing sent.
+    let got = notify("/notify?room=", b"x").await;
+    assert_eq!(got.status, StatusCode::BAD_REQUEST);
+    assert!(
+        got.text()
+            .starts_with("INVALID_ARGUMENT items[0]: a channel's name is 1 to 256 bytes"),
+        "{}",
+        got.text()
+    );
+    let got = notify("/notify?json=1", b"{\"items\": [").await;
+    assert!(
+        got.text()
+            .starts_with("INVALID_ARGUMENT the publish is not valid"),
+        "{}",
+        got.text()
+    );
+    let got = notify("/notify?room=lobby&close=1005", b"").await;
+    assert!(
+        got.text().contains("close code 1005 may not be sent"),
+        "{}",
+        got.text()
+    );
+    // 100 publishes in a request: the limit; 101: refused past it.
+    let got = notify("/notify?room=nobody&times=100", b"x").await;
+    assert_eq!(got.text(), "delivered 0\n");
+    let got = notify("/notify?room=nobody&times=101", b"x").await;
+    assert_eq!(
+        got.text(),
+        "LIMIT_EXCEEDED a request may publish 100 times\n"
+    );
+    // A tenant whose WebSockets are handed off has no channels.
+    let got = notify("/plain/notify?room=lobby", b"x").await;
+    assert!(
+        got.text()
+            .starts_with("UNAVAILABLE the tenant's WebSockets are not in events mode"),
+        "{}",
+        got.text()
+    );
+    let (status, v) = s
+        .admin_call(
+            Method::POST,
+            "/admin/v1/tenants/plain/publish",
+            json!({"items": [{"channel": "c", "formats": {"ws-message": {"content": "x"}}}]})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert!(v.to_string().contains("not in events mode"), "{v}");
+    // A close for one connection: it closes with that code, the other stays.
+    let got = notify(&format!("/notify?to={id}&close=4001"), b"bye").await;
+    assert_eq!(got.text(), "delivered 1\n");
+    assert_eq!(next_message(&mut a, &mut abuf).await, "close 4001");
+    a.write_all(&crate::websocket_autobahn::frame(
+        0x88,
+        &4001u16.to_be_bytes(),
+    ))
+    .await
+    .unwrap();
+    open_connections(&s, "chat", 1).await;
+    let got = notify("/notify?room=lobby", b"last").await;
+    assert_eq!(got.text(), "delivered 1\n");
+    assert_eq!(next_message(&mut b, &mut bbuf).await, "last");
+    // Counted: 2 + 2 + 1 + 4 + 1 + 1 delivered to chat's connections.
+    let m = s.metrics().await;
+    assert_eq!(
+        crate::support::metric_value(
+            &m,
+            "tern_websocket_published_total{outcome=\"delivered\",tenant=\"chat\"}"
+        ),
+        11.0,
+        "{m}"
+    );
+}

@@ -9,16 +9,67 @@
 //! - `count`: answers how many events came in this batch;
 //! - anything else: echoed as it came.
 //!
-//! Binary messages are echoed. A `CLOSE` is answered with a `CLOSE` of the same code. Every
-//! `DISCONNECT` and `CLOSE` is published to the channel `gone` as `gone USER`, so a test sees
-//! that the guest was told.
+//! Binary messages are echoed. A `CLOSE` is answered with a `CLOSE` of the same code. With
+//! GRIP, every `DISCONNECT` and `CLOSE` is published to the channel `gone` as `gone USER`, so a
+//! test sees that the guest was told.
+//!
+//! A request that is not a batch of events (a webhook) publishes its body with the host call:
+//! to the channel `?room=` (`lobby`), or the connection `?to=`; as binary with `?binary=1`, a
+//! close with `?close=CODE`, the body as it is (Pushpin's JSON) with `?json=1`; `?times=N`
+//! times. It answers `delivered N` (the sum), or `400` with the first error's code and message.
 use std::io::Read;
 
-use tern_sdk::websocket::{self, Event};
-use tern_test_guests::query_text;
+use tern_sdk::websocket::{self, Event, Message};
+use tern_test_guests::{query_number, query_text};
+
+/// Publishes the request's `body` as the query asks (see the module docs).
+fn notify(body: &[u8]) -> tern_sdk::http::Response<Vec<u8>> {
+    let text = String::from_utf8_lossy(body);
+    let message = if query_text("binary").is_some() {
+        Message::Binary(body)
+    } else if let Some(code) = query_text("close") {
+        Message::Close(code.parse().expect("a close code"), &text)
+    } else {
+        Message::Text(&text)
+    };
+    let mut delivered = 0;
+    for _ in 0..query_number("times", 1) {
+        let done = if query_text("json").is_some() {
+            websocket::publish_json(&text)
+        } else if let Some(id) = query_text("to") {
+            websocket::publish_to_connection(&id, message)
+        } else {
+            let room = query_text("room").unwrap_or_else(|| "lobby".into());
+            websocket::publish_to_channel(&room, message)
+        };
+        match done {
+            Ok(n) => delivered += n,
+            Err(e) => {
+                return tern_sdk::http::Response::builder()
+                    .status(400)
+                    .body(
+                        format!("{} {}\n", tern_sdk::abi::errno::name(e.code), e.message)
+                            .into_bytes(),
+                    )
+                    .expect("a valid answer");
+            }
+        }
+    }
+    tern_sdk::http::Response::new(format!("delivered {delivered}\n").into_bytes())
+}
 
 fn main() {
     tern_sdk::serve(|req| {
+        if req
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            != Some(websocket::MEDIA_TYPE)
+        {
+            let mut body = Vec::new();
+            req.into_body().read_to_end(&mut body).expect("the body");
+            return notify(&body);
+        }
         let header = |name: &str| {
             req.headers()
                 .get(name)
@@ -83,13 +134,15 @@ fn main() {
                     Event::Binary(b)
                 }),
                 Event::Close(code, _) => {
-                    out.push(websocket::publish("gone", &format!("gone {user}")));
+                    if grip {
+                        out.push(websocket::publish("gone", &format!("gone {user}")));
+                    }
                     out.push(Event::Close(code, String::new()));
                 }
-                Event::Disconnect => {
+                Event::Disconnect if grip => {
                     out.push(websocket::publish("gone", &format!("gone {user}")));
                 }
-                Event::Ping(_) | Event::Pong(_) => {}
+                Event::Disconnect | Event::Ping(_) | Event::Pong(_) => {}
             }
         }
         let mut resp = websocket::answer(&out, grip);

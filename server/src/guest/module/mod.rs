@@ -133,6 +133,19 @@ impl tern::RateView for GuestState {
     }
 }
 
+impl tern::WebsocketView for GuestState {
+    fn channels(&mut self) -> (&mut crate::websocket::channels::Session, &mut String) {
+        (
+            &mut self.capabilities.channels,
+            &mut self.tables.websocket_error,
+        )
+    }
+
+    fn websocket_last_error(&self) -> &str {
+        &self.tables.websocket_error
+    }
+}
+
 impl tern::ConfigView for GuestState {
     fn variables(&self) -> &crate::variables::Grant {
         &self.capabilities.variables

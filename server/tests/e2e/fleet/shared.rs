@@ -316,8 +316,9 @@ async fn variables_set_on_one_replica_reach_every_replica_and_no_secret_is_in_cl
     }
 }
 
-/// A message published on any replica (by a guest, or the admin API) reaches the events-mode
-/// WebSocket connections subscribed to its channel on every replica.
+/// A message published on any replica (by a guest in an events batch or in an ordinary request,
+/// or by the admin API) reaches the events-mode WebSocket connections subscribed to its
+/// channel on every replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_publish_on_any_replica_reaches_subscribers_on_every_replica() {
     use crate::websocket_events::{talk, talk_all};
@@ -341,10 +342,10 @@ async fn a_websocket_publish_on_any_replica_reaches_subscribers_on_every_replica
     assert_eq!(status, http::StatusCode::OK, "{v}");
     serves(&b, "/chat", "").await;
     // bob on b, carol on a, both in the lobby.
-    let bob = talk(&format!("ws://{}/chat?user=bob", b.addr), &["--recv", "3"]).await;
+    let bob = talk(&format!("ws://{}/chat?user=bob", b.addr), &["--recv", "4"]).await;
     let carol = talk(
         &format!("ws://{}/chat?user=carol", a.addr),
-        &["--recv", "3"],
+        &["--recv", "4"],
     )
     .await;
     for r in [&a, &b] {
@@ -385,6 +386,17 @@ async fn a_websocket_publish_on_any_replica_reaches_subscribers_on_every_replica
     .await;
     assert_eq!(status, http::StatusCode::OK, "{v}");
     assert_eq!(v["replicas"], "this one, and sent on to the others", "{v}");
+    // A webhook on a: its guest publishes with the host call (carol is the one here).
+    let hook = crate::support::send(
+        addr(&a.addr),
+        http::Method::POST,
+        "/chat/notify?room=lobby",
+        None,
+        &[],
+        bytes::Bytes::from_static(b"from a webhook"),
+    )
+    .await;
+    assert_eq!(hook.text(), "delivered 1\n");
     // (In either order: alice's message reaches b through a's publish to it, which may come
     // after the operator's on b.)
     let heard = |v: &serde_json::Value| {
@@ -400,13 +412,13 @@ async fn a_websocket_publish_on_any_replica_reaches_subscribers_on_every_replica
     let bob = bob.end().await;
     assert_eq!(
         heard(&bob),
-        ["welcome", "alice: hi", "from b"],
+        ["welcome", "alice: hi", "from a webhook", "from b"],
         "bob on b: {bob}"
     );
     let carol = carol.end().await;
     assert_eq!(
         heard(&carol),
-        ["welcome", "alice: hi", "from b"],
+        ["welcome", "alice: hi", "from a webhook", "from b"],
         "carol on a: {carol}"
     );
     for r in [&a, &b] {
@@ -419,4 +431,11 @@ async fn a_websocket_publish_on_any_replica_reaches_subscribers_on_every_replica
             "{m}"
         );
     }
+    assert!(
+        crate::support::metric_value(
+            &metrics(&a).await,
+            "tern_websocket_fleet_publishes_total{outcome=\"sent\"}"
+        ) >= 2.0,
+        "a sent alice's message and the webhook's on"
+    );
 }

@@ -3,7 +3,8 @@
 //! One file per interface of the ABI (guest-sdk/ABI.md): [`request`] (what the guest reads),
 //! [`response`] (what it writes), [`outbound`] (the requests it sends), [`kv`] (its
 //! key-value stores), [`config`] (its tenant's variables), [`cache`] (its own entries in
-//! its tenant's cache) and [`rate`] (its tenant's rate counters and penalty boxes). Each maps the shared request, response and outbound errors to the
+//! its tenant's cache), [`rate`] (its tenant's rate counters and penalty boxes) and
+//! [`websocket`] (publishes to its tenant's WebSocket connections). Each maps the shared request, response and outbound errors to the
 //! ABI's errnos. The store state, the linker and
 //! the driver are the core modules' ([`crate::guest::module`]); the CGI kind links these
 //! functions too.
@@ -16,6 +17,7 @@ pub mod outbound;
 pub mod rate;
 pub mod request;
 pub mod response;
+pub mod websocket;
 
 pub use cache::{CacheEntries, CacheView};
 pub use config::ConfigView;
@@ -24,6 +26,7 @@ pub use outbound::{Outbound, OutboundCalls, OutboundView};
 pub use rate::RateView;
 pub use request::RequestView;
 pub use response::ResponseView;
+pub use websocket::WebsocketView;
 
 /// The handles a request holds through the `tern` ABI's interfaces, a table each (a new
 /// interface with handles adds its own here).
@@ -38,6 +41,8 @@ pub struct Tables {
     /// The message of the last rate counter or penalty box call that failed (they have no
     /// handles).
     pub rate_error: String,
+    /// The message of the last publish that failed.
+    pub websocket_error: String,
 }
 
 use wasmtime::Linker;
