@@ -148,6 +148,7 @@ fn request(c: &mut Criterion) {
             ],
             failure: None,
             cache_status: None,
+            websocket: None,
         });
     };
     group.bench_function("kept", |b| {

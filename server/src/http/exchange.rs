@@ -246,6 +246,11 @@ impl Exchange {
             }
             None => app.metrics.unrouted().count(status, self.version),
         }
+        // A WebSocket's access line and span are written when it closes.
+        let later = resp
+            .extensions_mut()
+            .remove::<crate::websocket::WhenClosed>();
+        let mut access_later = None;
         let mut resp = match self.access {
             Some(mut record) => {
                 record.status = status;
@@ -253,16 +258,11 @@ impl Exchange {
                 let no_body = record.method == Method::HEAD
                     || matches!(status, 204 | 304)
                     || (100..200).contains(&status);
-                match resp
-                    .extensions_mut()
-                    .remove::<crate::websocket::AccessLater>()
-                {
-                    // A relayed WebSocket's line is written when it closes.
-                    Some(later) => {
-                        later.send(record);
-                        resp
-                    }
-                    None => resp.map(|body| body.logged(record, no_body)),
+                if later.is_some() {
+                    access_later = Some(record);
+                    resp
+                } else {
+                    resp.map(|body| body.logged(record, no_body))
                 }
             }
             None => resp,
@@ -274,14 +274,23 @@ impl Exchange {
         if let Ok(v) = HeaderValue::from_maybe_shared(timing) {
             headers.insert(SERVER_TIMING.clone(), v);
         }
-        if let Some(t) = self.trace {
-            t.end(
+        let kept = self.trace.and_then(|t| {
+            t.kept(
                 app,
                 (self.arrived, ended),
                 &self.timings,
                 (status, resp.headers().get(&crate::cache::CACHE_STATUS)),
                 &self.request_id,
-            );
+            )
+        });
+        let traced = app.tracer.as_ref().zip(kept);
+        match later {
+            Some(later) => later.send(access_later, traced.map(|(t, r)| (t.clone(), r))),
+            None => {
+                if let Some((tracer, record)) = traced {
+                    tracer.submit(&record);
+                }
+            }
         }
         resp
     }
@@ -347,14 +356,33 @@ impl Traced {
     pub(super) fn end(
         self,
         app: &App,
+        ended: (Instant, Instant),
+        timings: &Timings,
+        status: (u16, Option<&HeaderValue>),
+        request_id: &HeaderValue,
+    ) {
+        if let Some((tracer, record)) = app
+            .tracer
+            .as_ref()
+            .zip(self.kept(app, ended, timings, status, request_id))
+        {
+            tracer.submit(&record);
+        }
+    }
+
+    /// The request (arrived, ended) ended with `status`: its record, if the tracer keeps it
+    /// (submitted by the caller: at once, or when its WebSocket closes).
+    pub(super) fn kept(
+        self,
+        app: &App,
         (arrived, end): (Instant, Instant),
         timings: &Timings,
         (status, cache_status): (u16, Option<&HeaderValue>),
         request_id: &HeaderValue,
-    ) {
-        let Some(tracer) = &app.tracer else { return };
+    ) -> Option<crate::trace::Record> {
+        let tracer = app.tracer.as_ref()?;
         if !tracer.keeps(&self.active, status, self.guest_failed, end - arrived) {
-            return;
+            return None;
         }
         let took = |p: Phase| timings.0[p as usize];
         let since = |i: Instant| i.saturating_duration_since(arrived);
@@ -385,7 +413,7 @@ impl Traced {
         // A request id other than the trace id (a client's own) goes with the spans.
         let own_id =
             (request_id.as_bytes() != self.active.trace_id_hex()).then(|| request_id.clone());
-        tracer.submit(&crate::trace::Record {
+        Some(crate::trace::Record {
             active: self.active,
             arrived,
             end: (end - arrived, wall),
@@ -401,7 +429,8 @@ impl Traced {
             phases,
             failure: self.failure,
             cache_status: cache_status.cloned(),
-        });
+            websocket: None,
+        })
     }
 }
 

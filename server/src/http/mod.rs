@@ -223,7 +223,12 @@ async fn events(
         host: routed.host,
     });
     let (parts, _) = req.into_parts();
-    let session = crate::websocket::Session::new(origin, parts.uri, parts.headers);
+    let mut headers = parts.headers;
+    if let Some(t) = &ex.trace {
+        // The batches' spans are the connection's children.
+        t.active.stamp(&mut headers, t.active.server_span);
+    }
+    let session = crate::websocket::Session::new(origin, parts.uri, headers);
     // The opening's own exchange runs the guest on the `OPEN` event.
     let (resp, reached) = match run(app, &mut ex, session.opening_request(), None).await {
         Ok(answered) => answered,

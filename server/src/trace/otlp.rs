@@ -414,6 +414,14 @@ pub(super) fn request_spans(out: &mut Pb, r: &Record) -> usize {
         if let Some(cache) = r.cache_status.as_ref().and_then(|v| v.to_str().ok()) {
             s.attr(9, "tern.cache_status", cache);
         }
+        if let Some((code, bytes)) = r.websocket {
+            s.attr_int(9, "tern.websocket.close_code", i64::from(code));
+            s.attr_int(
+                9,
+                "tern.websocket.bytes_sent",
+                i64::try_from(bytes).unwrap_or(i64::MAX),
+            );
+        }
         if calls.dropped > 0 {
             s.attr_int(9, "tern.spans_dropped", i64::from(calls.dropped));
         }

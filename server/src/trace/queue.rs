@@ -216,6 +216,7 @@ mod tests {
             phases: [Some((ZERO, ZERO)), Some((ZERO, ZERO)), None, None],
             failure: None,
             cache_status: None,
+            websocket: None,
         }
     }
 

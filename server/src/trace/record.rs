@@ -43,6 +43,9 @@ pub struct Record {
     pub failure: Option<(&'static str, String)>,
     /// What the tenant's cache did (its `Cache-Status`), when it has one.
     pub cache_status: Option<HeaderValue>,
+    /// The request opened a WebSocket: its close code and the bytes sent to the client (the
+    /// span then lasts until the connection closed).
+    pub websocket: Option<(u16, u64)>,
 }
 
 /// What the server span says of the tenant a request was routed to (the tenant itself, so a

@@ -209,6 +209,12 @@ impl Scanner {
         if rsv & 0x30 != 0 {
             return Head::Bad(Violation::Protocol("reserved bits set"));
         }
+        // (Never on a control frame or a message's later fragments: RFC 7692 §6.1.)
+        if rsv != 0 && !matches!(opcode, TEXT | BINARY) {
+            return Head::Bad(Violation::Protocol(
+                "RSV1 set on a control frame or a continuation",
+            ));
+        }
         let message_ended = match opcode {
             CLOSE | PING | PONG => {
                 if !fin || payload > 125 {
@@ -407,7 +413,7 @@ mod tests {
 
     #[test]
     fn what_the_protocol_forbids_is_refused() {
-        let bad: [(Vec<u8>, bool); 7] = [
+        let bad: [(Vec<u8>, bool); 9] = [
             (frame(0x81, b"x", None), true),   // unmasked from a client
             (frame(0x81, b"x", K), false),     // masked from a server
             (frame(0xA1, b"x", K), true),      // RSV2
@@ -415,6 +421,8 @@ mod tests {
             (frame(0x09, b"x", K), true),      // fragmented ping
             (frame(0x89, &[0; 126], K), true), // ping over 125 bytes
             (frame(0x80, b"x", K), true),      // continuation of nothing
+            (frame(0xC9, b"x", K), true),      // RSV1 on a ping
+            (frame(0xC8, &[3, 232], K), true), // RSV1 on a close
         ];
         for (i, (f, masked)) in bad.iter().enumerate() {
             let r = Scanner::new(*masked, 1 << 20).scan(f, u32::MAX);
@@ -427,6 +435,13 @@ mod tests {
         // RSV1 (permessage-deflate) passes; a new message inside an open one does not.
         let mut s = Scanner::new(true, 1 << 20);
         assert_eq!(s.scan(&frame(0xC1, b"x", K), u32::MAX).violation, None);
+        // ... on a message's first frame only.
+        let mut f = frame(0x41, b"a", K);
+        f.extend(frame(0xC0, b"b", K));
+        assert!(matches!(
+            Scanner::new(true, 1 << 20).scan(&f, u32::MAX).violation,
+            Some(Violation::Protocol(_))
+        ));
         let mut f = frame(0x01, b"a", K);
         f.extend(frame(0x81, b"b", K));
         assert!(matches!(

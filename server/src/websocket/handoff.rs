@@ -114,7 +114,7 @@ pub struct Tenant<'a> {
 /// Opens the WebSocket of backend `to.backend` for `client` and, once the backend has
 /// accepted it, answers the client (`101`, or `200` over HTTP/2) and starts the relay in a
 /// task of `sockets`. The access line is written when the connection closes, from the record
-/// sent on the answer's [`AccessLater`].
+/// sent on the answer's [`WhenClosed`] (its span ends then too).
 ///
 /// # Errors
 /// [`Failed`] when the backend is not the tenant's, cannot be reached, or refuses.
@@ -209,7 +209,8 @@ pub async fn handoff(
 /// `200` over HTTP/2, RFC 8441 §5), and once the client's side has switched runs `run` on it
 /// (with the server's shutdown) in a task of `sockets`: when it ends (its close code and bytes
 /// sent to the client), its place is given back, its close counted for the tenant labelled
-/// `label`, and its access line written from the record the answer's [`AccessLater`] is sent.
+/// `label`, its access line written and its span ended (the records the answer's
+/// [`WhenClosed`] is sent).
 pub(super) fn switch<R, F>(
     sockets: &Arc<Sockets>,
     opening: Opening,
@@ -235,7 +236,7 @@ where
         None => *resp.status_mut() = StatusCode::OK,
     }
     let (log_tx, log_rx) = tokio::sync::oneshot::channel();
-    resp.extensions_mut().insert(AccessLater::new(log_tx));
+    resp.extensions_mut().insert(WhenClosed::new(log_tx));
     let (closes, label) = (sockets.metrics.websocket_closes.clone(), label.to_string());
     let shutdown = sockets.shutdown.clone();
     let version = opening.version;
@@ -251,8 +252,16 @@ where
         // Its place is free before it is counted as closed.
         drop(place);
         closes.with_label_values(&[&label, close_label(code)]).inc();
-        if let Ok(record) = log_rx.await {
-            record.write(bytes_out, code != super::frame::code::ABNORMAL);
+        if let Ok(Closed { access, trace }) = log_rx.await {
+            if let Some(record) = access {
+                record.write(bytes_out, code != super::frame::code::ABNORMAL);
+            }
+            // The opening's span lasts until the connection closed.
+            if let Some((tracer, mut record)) = trace {
+                record.end = (record.arrived.elapsed(), std::time::SystemTime::now());
+                record.websocket = Some((code, bytes_out));
+                tracer.submit(&record);
+            }
         }
     });
     resp
@@ -276,21 +285,33 @@ pub(super) fn close_label(code: u16) -> &'static str {
     }
 }
 
-/// A response's access record is to be sent here instead of written when its (empty) body
-/// ends: a relayed WebSocket's line is written when it closes, with its duration and bytes.
+/// A response's access record and trace record are to be sent here instead of written when its
+/// (empty) body ends: a switched WebSocket's access line is written when it closes, with its
+/// duration and bytes, and its span lasts until then.
 #[derive(Clone)]
-pub struct AccessLater(Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<AccessRecord>>>>);
+pub struct WhenClosed(Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Closed>>>>);
 
-impl AccessLater {
-    /// The record is to be sent on `tx`.
-    pub(super) fn new(tx: tokio::sync::oneshot::Sender<AccessRecord>) -> Self {
+/// What is written when a WebSocket closes.
+pub struct Closed {
+    access: Option<AccessRecord>,
+    trace: Option<(Arc<crate::trace::Tracer>, crate::trace::Record)>,
+}
+
+impl WhenClosed {
+    /// The records are to be sent on `tx`.
+    pub(super) fn new(tx: tokio::sync::oneshot::Sender<Closed>) -> Self {
         Self(Arc::new(std::sync::Mutex::new(Some(tx))))
     }
 
-    /// Hands `record` to the relay.
-    pub fn send(&self, record: AccessRecord) {
+    /// Hands the opening's `access` record and kept `trace` record (with its tracer) to the
+    /// connection.
+    pub fn send(
+        &self,
+        access: Option<AccessRecord>,
+        trace: Option<(Arc<crate::trace::Tracer>, crate::trace::Record)>,
+    ) {
         if let Some(tx) = self.0.lock().expect("never poisoned").take() {
-            let _ = tx.send(record);
+            let _ = tx.send(Closed { access, trace });
         }
     }
 }

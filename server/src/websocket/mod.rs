@@ -39,7 +39,7 @@ mod sockets;
 
 pub use channels::{Hub, Push, Target};
 pub use config::{Mode, WebsocketConfig};
-pub use handoff::{AccessLater, Client, Failed, Handoff, Tenant, handoff};
+pub use handoff::{Client, Failed, Handoff, Tenant, WhenClosed, handoff};
 pub use opening::{BadOpening, HandoffTo, Opening, is_opening, opening};
 pub use session::{Origin, Refused, Session, start as start_events};
 pub use sockets::{Full, Place, Sockets};

@@ -910,11 +910,20 @@ pub(crate) async fn read_frame(
 
 /// Opens `path` with an HTTP/1.1 upgrade and reads the greeting every test guest sends.
 pub(crate) async fn open(addr: SocketAddr, path: &str) -> Result<(TcpStream, Vec<u8>), String> {
+    open_with(addr, path, "").await
+}
+
+/// [`open`] with more header lines (each ending `\r\n`).
+pub(crate) async fn open_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &str,
+) -> Result<(TcpStream, Vec<u8>), String> {
     let mut tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     tcp.set_nodelay(true).unwrap();
     let head = format!(
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{headers}\r\n"
     );
     tcp.write_all(head.as_bytes()).await.unwrap();
     let mut buf = Vec::new();

@@ -626,3 +626,90 @@ async fn failed_and_slow_requests_are_kept_when_sampling_drops_the_rest() {
         "a client's 413 was kept as an error"
     );
 }
+
+/// A WebSocket's opening is a server span that lasts until the connection closed, with its
+/// close code and the bytes sent to the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websockets_span_lasts_until_it_closes() {
+    use crate::websocket_autobahn::{frame, open_with, read_frame};
+    use tokio::io::AsyncWriteExt;
+    let collector = Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "ws_events");
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [tracing]\nendpoint = \"{}\"\nbatch_delay_ms = 50\n\
+         [[tenant]]\nname = \"chat\"\nmodule = \"ws_events.wasm\"\npaths = [\"/chat\"]\n\
+         [tenant.websocket]\nmode = \"events\"\n",
+        collector.endpoint
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let (mut ws, mut buf) = open_with(
+        s.addr(),
+        "/chat?grip=no",
+        &format!("traceparent: 00-{trace}-00f067aa0ba902b7-01\r\n"),
+    )
+    .await
+    .unwrap();
+    ws.write_all(&frame(0x81, b"hi")).await.unwrap();
+    let (_, _, echo) = read_frame(&mut ws, &mut buf).await.unwrap().unwrap();
+    assert_eq!(echo, b"hi");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The batch's span is exported once it ran; the connection's not while it is open.
+    let batch = collector.trace(trace, 1).await;
+    assert!(
+        batch
+            .iter()
+            .filter(|s| s.kind == 2)
+            .all(|s| s.name == "POST /chat"),
+        "{batch:#?}"
+    );
+    ws.write_all(&frame(0x88, &4000u16.to_be_bytes()))
+        .await
+        .unwrap();
+    let (_, opcode, _) = read_frame(&mut ws, &mut buf).await.unwrap().unwrap();
+    assert_eq!(opcode, 8);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let spans = loop {
+        let spans = collector.trace(trace, 1).await;
+        if spans.iter().any(|s| s.name == "GET /chat") {
+            break spans;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no span of the opening: {spans:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let server = named(&spans, "GET /chat");
+    assert_eq!(server.parent, "00f067aa0ba902b7", "{server:#?}");
+    assert_eq!(
+        server.attr("http.response.status_code"),
+        "101",
+        "{server:#?}"
+    );
+    assert_eq!(server.attr("tern.tenant"), "chat", "{server:#?}");
+    assert_eq!(
+        server.attr("tern.websocket.close_code"),
+        "4000",
+        "{server:#?}"
+    );
+    // welcome (2 + 7) + hi (2 + 2) + the close (2 + 2), as sent.
+    assert_eq!(
+        server.attr("tern.websocket.bytes_sent"),
+        "17",
+        "{server:#?}"
+    );
+    assert!(
+        server.end - server.start >= 500_000_000,
+        "the span lasts the connection's time: {server:#?}"
+    );
+    // Each batch (the message, the close) is a span of the connection's.
+    let batches: Vec<&Span> = spans.iter().filter(|s| s.name == "POST /chat").collect();
+    assert!(batches.len() >= 2, "{spans:#?}");
+    assert!(
+        batches.iter().all(|b| b.parent == server.id && b.kind == 2),
+        "{spans:#?}"
+    );
+}
