@@ -56,6 +56,12 @@ async fn client(url: String, args: &[&str]) -> Value {
         .arg(&url)
         .args(args)
         .env("PYTHONPATH", tools_dir().join("websockets-15.0.1"));
+    json_of(command).await
+}
+
+/// Runs `command` (a helper that prints one JSON object) to its end, off the runtime: what it
+/// printed.
+pub(crate) async fn json_of(mut command: std::process::Command) -> Value {
     let out = tokio::task::spawn_blocking(move || command.output())
         .await
         .unwrap()

@@ -56,13 +56,7 @@ async fn chromium(page: &str, ws: &str) -> Value {
             "--host-resolver-rules=MAP a.test 127.0.0.1",
         ])
         .env("PYTHONPATH", tools_dir().join("websockets-15.0.1"));
-    let out = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .unwrap()
-        .expect("python3 runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.trim())
-        .unwrap_or_else(|e| panic!("{e}: {text:?} {}", String::from_utf8_lossy(&out.stderr)))
+    crate::websocket::json_of(command).await
 }
 
 /// The value of `series` (0 before it has counted).
