@@ -174,7 +174,6 @@ async fn websocket(
         tls: ex.conn.tls.is_some(),
     };
     let of = crate::websocket::Tenant {
-        name: &tenant.name,
         policy: &tenant.grants.outbound.policy,
         label: &tenant.label,
         limits: &tenant.front.websocket,
@@ -217,7 +216,6 @@ async fn events(
         app: app.clone(),
         conn: ex.conn.clone(),
         client: ex.client,
-        name: tenant.name.clone(),
         channels: tenant.grants.channels.clone(),
         prefix_len: routed.prefix_len,
         host: routed.host,
@@ -237,7 +235,6 @@ async fn events(
     match session.accept(resp).await {
         Ok(accepted) => {
             let of = crate::websocket::Tenant {
-                name: tenant.grants.channels.key(),
                 policy: &tenant.grants.outbound.policy,
                 label: &tenant.label,
                 limits: &tenant.front.websocket,
@@ -248,7 +245,7 @@ async fn events(
                 opening,
                 place,
                 &app.sockets,
-                tenant.grants.channels.hub(),
+                &tenant.grants.channels,
                 of,
             );
             ex.answered(app, resp, reached)
@@ -287,7 +284,6 @@ struct EventsOrigin {
     app: Arc<App>,
     conn: Connection,
     client: std::net::SocketAddr,
-    name: String,
     /// The tenant's channels when the connection opened: a tenant deleted and made again
     /// under its name has others (another key), and the connection's batches never reach it.
     channels: Arc<crate::websocket::channels::Grant>,
@@ -299,7 +295,7 @@ impl EventsOrigin {
     /// The tenant the connection opened on, as it is deployed now (`None`: gone).
     fn tenant(&self) -> Option<crate::tenant::TenantRef> {
         let live = self.app.registry.live();
-        let tenant = live.tenants.get(&self.name)?;
+        let tenant = live.tenants.get(self.channels.name())?;
         (tenant.grants.channels.key() == self.channels.key()).then(|| tenant.clone())
     }
 }

@@ -111,14 +111,19 @@ impl Grant {
         self.events
     }
 
-    /// Its key in the hub (connections join under it).
+    /// Its key in the hub: another for a tenant made anew under the same name.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The hub its connections join.
-    pub fn hub(&self) -> &Arc<Hub> {
-        &self.hub
+    /// The tenant's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Joins the tenant's connection `id` ([`Hub::join`]).
+    pub fn join(&self, id: &str) -> (Member, mpsc::Receiver<Push>) {
+        self.hub.join(&self.key, id)
     }
 
     /// Queues `items` for the tenant's connections on this server and, unless `forwarded`

@@ -99,8 +99,6 @@ pub struct Failed {
 /// What a tenant gives a handoff: its guests' outbound policy (the backends), its metrics
 /// label and its WebSocket limits.
 pub struct Tenant<'a> {
-    /// Its key in the channels' hub (events mode: its name and lineage).
-    pub name: &'a str,
     /// Its guests' outbound policy.
     pub policy: &'a crate::outbound::Policy,
     /// Its metrics label.

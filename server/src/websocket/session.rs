@@ -25,7 +25,7 @@ use http::header::{
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::channels::{Hub, Member, Push, Target};
+use super::channels::{Grant, Member, Push, Target};
 use super::endpoint::{Incoming, Reader, close_payload, opcode, write_frame};
 use super::events::{self, Event, Kind, MEDIA_TYPE};
 use super::frame::{Violation, code};
@@ -318,8 +318,7 @@ impl Accepted {
     pub async fn run<S>(
         self,
         io: S,
-        hub: &Arc<Hub>,
-        tenant: &str,
+        channels: &Grant,
         limits: Limits,
         counts: &Counts,
         shutdown: impl std::future::Future<Output = ()>,
@@ -333,7 +332,7 @@ impl Accepted {
             events: first,
             ..
         } = self;
-        let (member, mut pushed) = hub.join(tenant, session.id());
+        let (member, mut pushed) = channels.join(session.id());
         let mut c = Conn {
             member,
             grip,
@@ -784,7 +783,7 @@ pub fn start(
     opening: super::Opening,
     place: super::Place,
     sockets: &Arc<super::Sockets>,
-    hub: &Arc<Hub>,
+    channels: &Arc<Grant>,
     tenant: super::Tenant<'_>,
 ) -> Response<ResponseBody> {
     let counts = Counts::of(&sockets.metrics, tenant.label);
@@ -800,7 +799,7 @@ pub fn start(
             .unwrap_or(usize::MAX)
             .min(MAX_BATCH),
     };
-    let (hub, key) = (hub.clone(), tenant.name.to_string());
+    let channels = channels.clone();
     let headers = std::mem::take(&mut accepted.headers);
     super::handoff::switch(
         sockets,
@@ -811,7 +810,7 @@ pub fn start(
         move |client, shutdown| async move {
             let shutdown = async move { shutdown.wait().await };
             let ended = accepted
-                .run(client, &hub, &key, limits, &counts, shutdown)
+                .run(client, &channels, limits, &counts, shutdown)
                 .await;
             (ended.code, ended.bytes_out)
         },
