@@ -12,6 +12,7 @@
 //! | `DELETE /admin/v1/tenants/{name}` | remove a tenant |
 //! | `POST /admin/v1/tenants/{name}/cache/purge` | drop stored answers from its cache on this server: JSON `{"all": true}`, `{"prefixes": [...]}` or `{"tags": [...]}` |
 //! | `POST /admin/v1/tenants/{name}/publish` | send messages to its events-mode WebSocket connections subscribed to a channel (or to one connection), on every replica: Pushpin's publish JSON `{"items": [{"channel": "room", "formats": {"ws-message": {"content": "hi"}}}]}` |
+//! | `GET /admin/v1/tenants/{name}/logs?follow=1&status=5xx&...` | its requests as live log records, one JSON object a line (NDJSON; server-sent events with `Accept: text/event-stream` or `format=sse`): those kept (`since`), then as they come (`follow`); filters `status`, `outcome`, `method`, `path`, `search`, `version`, `sample`; in a fleet, every replica's merged (`local=1`: this one's) |
 //! | `GET /admin/v1/tenants/{name}/variables` | its variables: plain ones with their values, secrets with a digest only |
 //! | `PUT /admin/v1/tenants/{name}/variables/{var}` | set a variable: JSON `{"value": "...", "secret": true}` (`secret` false or left out: plain); the next request reads it |
 //! | `DELETE /admin/v1/tenants/{name}/variables/{var}` | delete a variable |
@@ -230,6 +231,7 @@ fn action<'a>(method: &Method, parts: &[&'a str]) -> Action<'a> {
         }
         (_, ["tenants", name, "cache", "purge"]) => Action::Tenant(name, Scope::Purge),
         (_, ["tenants", name, "publish"]) => Action::Tenant(name, Scope::Publish),
+        (_, ["tenants", name, "logs"]) => Action::Tenant(name, Scope::Logs),
         (&Method::GET, ["tenants", name, "variables"]) => Action::Tenant(name, Scope::Variables),
         (_, ["tenants", name, ..]) => Action::Tenant(name, Scope::Read),
         (_, ["assets"]) => Action::Any(Scope::Deploy),
@@ -405,6 +407,10 @@ async fn answer(
         audited.refused = true;
         audited.write(Some(&who), None, e.status(), None, None, &[]);
         return error_response(&e);
+    }
+    // A live log streams: answered here, not as one JSON value.
+    if let (&Method::GET, ["tenants", name, "logs"]) = (&method, parts.as_slice()) {
+        return logs(&app, name, query.as_deref(), req.headers());
     }
     // The spec fields a change of a tenant names (for the audit log: names only).
     let mut fields: Vec<String> = Vec::new();
@@ -583,6 +589,7 @@ async fn answer(
             | ["tenants", _, "module" | "rollback"]
             | ["tenants", _, "cache", "purge"]
             | ["tenants", _, "publish"]
+            | ["tenants", _, "logs"]
             | ["tenants", _, "variables"]
             | ["tenants", _, "variables", _],
         )
@@ -640,6 +647,70 @@ async fn answer(
         }
         Err(e) => error_response(&e),
     }
+}
+
+/// `GET /admin/v1/tenants/{name}/logs`: the tenant's live log as a stream (NDJSON, or
+/// server-sent events), on this replica or, in a fleet, every replica's merged. `429` past
+/// the tenant's tailers; `409` when live logs are off.
+fn logs(app: &App, name: &str, query: Option<&str>, headers: &HeaderMap) -> Response<ResponseBody> {
+    use crate::livelog::{filter::Asked, stream};
+    let sse = headers
+        .get(http::header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("text/event-stream"));
+    let asked = match Asked::parse(query, sse, crate::livelog::now_ms()) {
+        Ok(asked) => asked,
+        Err(why) => return error_response(&ChangeError::Invalid(why)),
+    };
+    let live = app.registry.live();
+    let Some(tenant) = live.tenants.get(name) else {
+        return error_response(&ChangeError::NotFound(format!("no tenant named {name:?}")));
+    };
+    if !tenant.logs.is_on() {
+        return error_response(&ChangeError::Conflict(
+            "live logs are off on this server (server.live_logs.history = 0)".into(),
+        ));
+    }
+    let Some(attached) = tenant.logs.attach() else {
+        let mut resp = json_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            &json!({ "error": format!(
+                "tenant {name:?} has as many live log readers as it may on this server \
+                 (server.live_logs.max_tailers); close one and retry"
+            ) }),
+        );
+        resp.headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from_static("5"));
+        return resp;
+    };
+    let readers = &app.live_logs;
+    let writer = stream::Writer {
+        replica: readers.replica.clone(),
+        tenant: name.into(),
+        with_query: app.access_log_query,
+        sse: asked.sse,
+    };
+    let (local, sse) = (asked.local, asked.sse);
+    let reader = stream::Reader::new(attached, asked, readers.shutdown.clone());
+    let body = match app.registry.fleet() {
+        Some(fleet) if !local => crate::livelog::fleet::merged(fleet, name, reader, writer, query),
+        _ => stream::body(reader, writer),
+    };
+    let mut resp = Response::new(body);
+    let kind = if sse {
+        "text/event-stream"
+    } else {
+        "application/x-ndjson"
+    };
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    h.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    );
+    // A proxy in front must pass each record on as it comes.
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
 }
 
 /// `POST /admin/v1/tenants/{name}/cache/purge`: drops (or with `soft` makes stale) the stored

@@ -35,6 +35,8 @@ pub struct App {
     pub rate_limits: Option<crate::ratelimit::RateLimits>,
     /// Open WebSocket connections (`[server] max_websockets`), closed at shutdown.
     pub sockets: std::sync::Arc<crate::websocket::Sockets>,
+    /// What live log streams share (`tern logs`).
+    pub live_logs: crate::livelog::Readers,
 }
 
 impl App {

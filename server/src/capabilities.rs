@@ -32,6 +32,8 @@ pub struct Resources {
     pub hub: Arc<crate::websocket::Hub>,
     /// Where publishes go beyond this server (a fleet's other replicas).
     pub forward: Option<Arc<dyn crate::websocket::channels::Forward>>,
+    /// How every tenant's live log keeps its records (`[server.live_logs]`).
+    pub live_logs: crate::config::LiveLogsConfig,
 }
 
 impl Resources {
@@ -51,6 +53,7 @@ impl Resources {
             variables: Arc::default(),
             hub: crate::websocket::Hub::new(),
             forward,
+            live_logs: config.server.live_logs.clone(),
         })
     }
 }

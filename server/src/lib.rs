@@ -103,6 +103,9 @@
 //!   per-tenant setting and the one check against them (config, admin API, outbound policy).
 //! - [`server`], [`shutdown`]: start-up and signal handling.
 //! - [`logwriter`]: log lines batched to stderr by one thread.
+//! - [`livelog`]: each tenant's requests as live log records (`tern logs`): a bounded ring
+//!   per tenant written by the request path's `finish`, read and followed by the admin API's
+//!   `.../logs` stream, merged across a fleet's replicas.
 //! - [`trace`]: every request's phases as OpenTelemetry spans (ids and sampling on the request
 //!   path, spans encoded where a kept request ends, exported by OTLP/HTTP off it).
 //! - [`hex`]: lower-case hex for digests, names and the trace context.
@@ -151,6 +154,7 @@ pub mod hex;
 pub mod http;
 pub mod kv;
 pub mod listener;
+pub mod livelog;
 pub mod logwriter;
 pub mod metrics;
 pub mod os;

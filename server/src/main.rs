@@ -119,6 +119,17 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Watch a tenant's requests: the ones the server kept, then (-f) each as it ends, on
+    /// every replica of a fleet: time, replica, version, method, path, status, outcome,
+    /// duration, client, request id, what the guest wrote to stdout and stderr, a trap's
+    /// message and backtrace. Filters run on the server. Needs the operator's token or a
+    /// token with the `logs` scope for the tenant.
+    Logs {
+        #[command(flatten)]
+        logs: tern::cli::Logs,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// List the tenants of a running server (or show one as JSON).
     Tenants {
         /// Show only this tenant, in full.
@@ -667,6 +678,9 @@ fn main() -> ExitCode {
             tern::cli::audit(&t, &q).await
         }),
         Command::Reload { admin } => admin.run(|t| async move { tern::cli::reload(&t).await }),
+        Command::Logs { logs, admin } => {
+            admin.run(|t| async move { tern::cli::logs(&t, &logs).await })
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

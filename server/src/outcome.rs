@@ -135,6 +135,9 @@ pub struct ExecError {
     pub message: String,
     /// Headers the answer carries (a rate limit's `Retry-After` and `RateLimit` fields).
     pub headers: Option<Box<[(http::HeaderName, http::HeaderValue)]>>,
+    /// A trap's Wasm backtrace, one frame a line (innermost first), for the tenant's live
+    /// logs; never sent to the client.
+    pub backtrace: Option<Box<str>>,
 }
 
 impl ExecError {
@@ -144,6 +147,7 @@ impl ExecError {
             outcome,
             message: message.into(),
             headers: None,
+            backtrace: None,
         }
     }
 }

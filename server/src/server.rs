@@ -348,6 +348,10 @@ fn new_app(
             shutdown.clone(),
             metrics.clone(),
         ),
+        live_logs: crate::livelog::Readers {
+            replica: config.registry.replica_name().into(),
+            shutdown: shutdown.clone(),
+        },
     }))
 }
 

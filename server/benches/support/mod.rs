@@ -55,6 +55,7 @@ impl Harness {
                 variables: std::sync::Arc::default(),
                 hub: tern::websocket::Hub::new(),
                 forward: None,
+                live_logs: tern::config::LiveLogsConfig::default(),
             },
         };
         Ok(Arc::new(tenant::prepare(

@@ -59,6 +59,14 @@ impl AdminClient {
         }
     }
 
+    /// `GET path`: the answer's head, its body to be read as it comes (a stream).
+    pub(super) async fn open(
+        &self,
+        path: &str,
+    ) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
+        self.request(Method::GET, path, Bytes::new(), "").await
+    }
+
     /// Sends one request and returns the status and the JSON answer.
     pub(super) async fn call(
         &self,
@@ -67,6 +75,22 @@ impl AdminClient {
         body: Bytes,
         content_type: &str,
     ) -> anyhow::Result<(StatusCode, Value)> {
+        let resp = self.request(method, path, body, content_type).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| json!({ "error": String::from_utf8_lossy(&bytes).trim() }));
+        Ok((status, value))
+    }
+
+    /// Sends one request: the answer's head, its body unread.
+    async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &str,
+    ) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
         let url: Uri = format!("{}{path}", self.server.trim_end_matches('/'))
             .parse()
             .with_context(|| format!("bad server URL {:?}", self.server))?;
@@ -101,12 +125,7 @@ impl AdminClient {
             None => req,
         }
         .body(Full::new(body))?;
-        let resp = send.send_request(req).await?;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        let value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| json!({ "error": String::from_utf8_lossy(&bytes).trim() }));
-        Ok((status, value))
+        Ok(send.send_request(req).await?)
     }
 
     /// A call without a body; its answer if it succeeded (see [`AdminClient::ok`]).

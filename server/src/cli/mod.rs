@@ -1,6 +1,6 @@
 //! The admin API's client: what `tern deploy`, `tern tenants`, `tern rollback`, `tern delete`
 //! and `tern reload` do, with `tern var` / `tern secret` in [`variables`], `tern cert` in
-//! [`certs`], `tern token` in [`tokens`] and `tern audit` in [`audit`]. Plain HTTP/1.1 to the admin listener, readable output, and an error (non-zero
+//! [`certs`], `tern logs` in [`logs`], `tern token` in [`tokens`] and `tern audit` in [`audit`]. Plain HTTP/1.1 to the admin listener, readable output, and an error (non-zero
 //! exit) for every refusal, with the server's message.
 
 use std::path::{Path, PathBuf};
@@ -13,12 +13,14 @@ use serde_json::{Value, json};
 mod admin_client;
 mod audit;
 mod certs;
+mod logs;
 mod tokens;
 mod variables;
 
 pub use admin_client::AdminClient;
 pub use audit::{AuditQuery, audit};
 pub use certs::{cert_delete, cert_list, cert_put};
+pub use logs::{Logs, logs};
 pub use tokens::{Create as TokenCreate, create_token, list_tokens, revoke_token, rotate_token};
 pub use variables::{delete_variable, list_variables, read_secret, reseal, set_variable};
 

@@ -34,7 +34,7 @@ pub use crate::outbound::{BackendConfig, OutboundConfig};
 pub use invalid::Invalid;
 pub use pool::{MAX_MEMORY_SLOTS, PoolConfig};
 pub use registry::RegistryConfig;
-pub use server::{RuntimeMode, ServerConfig, default_data_dir};
+pub use server::{LiveLogsConfig, RuntimeMode, ServerConfig, default_data_dir};
 pub use tenant::{
     ErrorDetail, GuestKind, HstsConfig, LimitsConfig, MAX_HSTS_SECONDS, TenantConfig,
     TenantSettings, validate_tenant,
@@ -226,12 +226,39 @@ impl Config {
         if self.server.max_connections == 0 || self.server.header_read_timeout_ms == 0 {
             return whole("server.max_connections and server.header_read_timeout_ms must be > 0");
         }
-        if let Err(e) = crate::ceilings::check(&[(
-            "server.send_timeout_ms",
-            self.server.send_timeout_ms,
-            100,
-            crate::ceilings::MAX_TIMEOUT_MS,
-        )]) {
+        let logs = &self.server.live_logs;
+        if let Err(e) = crate::ceilings::check(&[
+            (
+                "server.send_timeout_ms",
+                self.server.send_timeout_ms,
+                100,
+                crate::ceilings::MAX_TIMEOUT_MS,
+            ),
+            (
+                "server.live_logs.history",
+                logs.history as u64,
+                0,
+                1_000_000,
+            ),
+            (
+                "server.live_logs.history_kib",
+                logs.history_kib as u64,
+                0,
+                1 << 20,
+            ),
+            (
+                "server.live_logs.max_tailers",
+                logs.max_tailers as u64,
+                1,
+                1000,
+            ),
+            (
+                "server.live_logs.records_per_second",
+                u64::from(logs.records_per_second),
+                0,
+                1_000_000,
+            ),
+        ]) {
             return whole(&e);
         }
         if pool.component_core_instances == 0 || pool.component_core_instances > 1000 {

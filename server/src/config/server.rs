@@ -103,6 +103,39 @@ pub struct ServerConfig {
     /// each tenant's own (`[[tenant.rate_limit]]`'s settings; the key is the client's address
     /// unless one is named, and `tenant` counts per tenant). Changed at a restart.
     pub rate_limit: Vec<crate::ratelimit::LimitConfig>,
+    /// `[server.live_logs]`: what `tern logs` reads (each tenant's recent requests).
+    pub live_logs: LiveLogsConfig,
+}
+
+/// `[server.live_logs]`: each tenant's recent requests, kept for `tern logs`
+/// (`GET /admin/v1/tenants/{name}/logs`). Changed at a restart.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LiveLogsConfig {
+    /// Records kept per tenant on this server: what `tern logs --since` shows and how far a
+    /// tailer may fall behind before it loses records. `0`: live logs are off.
+    pub history: usize,
+    /// KiB of guest output (stdout and stderr) those records keep per tenant; the oldest
+    /// records go first past it.
+    pub history_kib: usize,
+    /// Tailers a tenant may have attached at once on this server (`429` past it). A fleet's
+    /// merged stream counts once on every replica.
+    pub max_tailers: usize,
+    /// Records per second a tenant keeps before its requests are sampled (each record then
+    /// says its `sample` rate); answers of 5xx and guest failures are always kept. `0`:
+    /// never sampled.
+    pub records_per_second: u32,
+}
+
+impl Default for LiveLogsConfig {
+    fn default() -> Self {
+        Self {
+            history: 1000,
+            history_kib: 1024,
+            max_tailers: 10,
+            records_per_second: 1000,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -137,6 +170,7 @@ impl Default for ServerConfig {
             secrets_key_file: String::new(),
             secrets_previous_key_file: String::new(),
             rate_limit: Vec::new(),
+            live_logs: LiveLogsConfig::default(),
         }
     }
 }

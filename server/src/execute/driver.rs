@@ -159,7 +159,11 @@ pub(super) fn classify(
         };
         let text = trap.to_string();
         let text = text.strip_prefix("wasm trap: ").unwrap_or(&text);
-        return Err(ExecError::new(outcome, format!("guest trapped: {text}")));
+        let mut e = ExecError::new(outcome, format!("guest trapped: {text}"));
+        e.backtrace = err
+            .downcast_ref::<wasmtime::WasmBacktrace>()
+            .map(backtrace_text);
+        return Err(e);
     }
     let what = if instantiating {
         "could not instantiate guest"
@@ -173,4 +177,17 @@ pub(super) fn classify(
         None => tracing::warn!("{what}: {err:#}"),
     }
     Err(ExecError::new(Outcome::Error, what))
+}
+
+/// A Wasm backtrace as wasmtime writes it (names demangled), one frame a line: without its
+/// heading and the hint about `WASMTIME_BACKTRACE_DETAILS` that may follow the frames.
+fn backtrace_text(trace: &wasmtime::WasmBacktrace) -> Box<str> {
+    let text = trace.to_string();
+    let frames: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty() && !l.starts_with("note:"))
+        .map(str::trim)
+        .collect();
+    frames.join("\n").into_boxed_str()
 }

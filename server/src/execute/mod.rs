@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 use wasmtime::{Store, UpdateDeadline};
 
 use crate::capabilities::{Capabilities, CapabilitiesView};
-use crate::guest::{Guest, GuestRequest, GuestResponse, Head, Stdio};
+use crate::guest::{Guest, GuestRequest, GuestResponse, Head, Output, Stdio};
 use crate::outcome::{ExecError, Outcome, body_too_large};
 use crate::teardown;
 use crate::tenant::{Tenant, TenantRef};
@@ -85,9 +85,12 @@ pub struct RunOutput {
     pub result: Result<(), ExecError>,
     /// Its phases.
     pub phases: Phases,
+    /// What it wrote to stdout and stderr, if it had a WASI context.
+    pub output: Option<Output>,
 }
 
 /// A guest's answer, as the front end takes it: one response, whole or streaming.
+#[allow(clippy::large_enum_variant)] // moved once per request, never kept: a box would cost an allocation each
 pub enum Answer {
     /// The guest ended and was torn down: its whole response, or why it failed.
     Ended {
@@ -95,6 +98,8 @@ pub enum Answer {
         response: Result<Finished, ExecError>,
         /// Its phases.
         phases: Phases,
+        /// What it wrote to stdout and stderr, if it had a WASI context.
+        output: Option<Output>,
     },
     /// The guest's body outgrew the buffer: its head, the body streaming through its channel.
     Streaming {
@@ -111,7 +116,7 @@ pub enum Rest {
     /// of its own) for the pool slot to be freed.
     Running(std::pin::Pin<Box<dyn Future<Output = RunOutput> + Send>>),
     /// The guest had already ended (it wrote its body fast) and was torn down.
-    Ended(RunOutput),
+    Ended(Box<RunOutput>),
 }
 
 impl Rest {
@@ -119,7 +124,7 @@ impl Rest {
     pub async fn finish(self) -> RunOutput {
         match self {
             Self::Running(run) => run.await,
-            Self::Ended(out) => out,
+            Self::Ended(out) => *out,
         }
     }
 }
@@ -128,9 +133,14 @@ impl Answer {
     /// Drives the run to its end, dropping a streaming body: how it ended and its phases.
     pub async fn finish(self) -> RunOutput {
         match self {
-            Self::Ended { response, phases } => RunOutput {
+            Self::Ended {
+                response,
+                phases,
+                output,
+            } => RunOutput {
                 result: response.map(drop),
                 phases,
+                output,
             },
             Self::Streaming { rest, .. } => rest.finish().await,
         }
@@ -152,15 +162,15 @@ pub async fn answer(tenant: TenantRef, request: GuestRequest, hold: impl Send + 
         // A guest that ended wins: if it failed after committing a head that was never sent,
         // the client gets a clean error instead of a cut stream.
         biased;
-        (result, phases) = &mut run => match result {
-            Ok(Some(finished)) => Answer::Ended { response: Ok(finished), phases },
-            Err(e) => Answer::Ended { response: Err(e), phases },
+        (result, phases, output) = &mut run => match result {
+            Ok(Some(finished)) => Answer::Ended { response: Ok(finished), phases, output },
+            Err(e) => Answer::Ended { response: Err(e), phases, output },
             // It streamed and ended before its head was taken (a body just over the buffer,
             // written fast): the head waits in the channel, the whole body behind it.
             Ok(None) => match committed.try_recv() {
                 Ok(head) => Answer::Streaming {
                     head,
-                    rest: Rest::Ended(RunOutput { result: Ok(()), phases }),
+                    rest: Rest::Ended(Box::new(RunOutput { result: Ok(()), phases, output })),
                 },
                 Err(_) => Answer::Ended {
                     response: Err(ExecError::new(
@@ -168,21 +178,23 @@ pub async fn answer(tenant: TenantRef, request: GuestRequest, hold: impl Send + 
                         "a streamed response lost its head",
                     )),
                     phases,
+                    output,
                 },
             },
         },
         Ok(head) = &mut committed => Answer::Streaming {
             head,
             rest: Rest::Running(Box::pin(async move {
-                let (result, phases) = run.await;
-                RunOutput { result: result.map(drop), phases }
+                let (result, phases, output) = run.await;
+                RunOutput { result: result.map(drop), phases, output }
             })),
         },
     }
 }
 
-/// A run's response (`None`: it streamed, its head went through the hand-off) and phases.
-type Ran = (Result<Option<Finished>, ExecError>, Phases);
+/// A run's response (`None`: it streamed, its head went through the hand-off), phases and
+/// output.
+type Ran = (Result<Option<Finished>, ExecError>, Phases, Option<Output>);
 
 /// Runs a fresh guest of `tenant` on `request` through its kind's [`Driver`]; a streamed head
 /// goes through `commit`.
@@ -204,7 +216,7 @@ async fn run(tenant: TenantRef, request: GuestRequest, commit: oneshot::Sender<H
              swap-safe memory reset; retry shortly",
         );
         let result = reply(Err(e), &mut response, &tenant, &request_id);
-        return (result, Phases::none(start));
+        return (result, Phases::none(start), None);
     }
     let head_request = request.method == http::Method::HEAD;
     // Every kind's host capabilities, prepared once.
@@ -274,8 +286,9 @@ async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, r
     let started = Instant::now();
     let sweep = driver.sweep(tenant, &mut store).await;
     let teardown = teardown::teardown(store, sweep, started);
-    if let Some(stdio) = &stdio {
-        log_stdio(tenant, request_id.to_str().unwrap_or("-"), stdio);
+    let output = stdio.map(|stdio| stdio.output(tenant.limits.stdio_bytes));
+    if let Some(output) = &output {
+        log_stdio(tenant, request_id.to_str().unwrap_or("-"), output);
     }
     // Reading a body whole is the client's time, not instantiation's.
     let start = start + clock.body_read;
@@ -289,7 +302,7 @@ async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, r
         kv,
         ready: timed.ready,
     };
-    (result, phases)
+    (result, phases, output)
 }
 
 /// A fresh store for one request, time-sliced by the epoch as its state's [`Slicing`] says.
@@ -414,13 +427,14 @@ fn add_stderr<T>(tenant: &Tenant, result: &mut Result<T, ExecError>, stdio: Opti
 /// Logs what a guest wrote to stdout and stderr (each capped at the tenant's `stdio_bytes`):
 /// one line per stream with the output escaped (a newline stays `\n`), so a guest cannot forge
 /// log lines.
-fn log_stdio(tenant: &crate::tenant::Tenant, request_id: &str, stdio: &Stdio) {
-    let (limit, name) = (tenant.limits.stdio_bytes, tenant.name.as_str());
-    for (stream, pipe) in [("stdout", &stdio.stdout), ("stderr", &stdio.stderr)] {
-        let bytes = pipe.contents();
+fn log_stdio(tenant: &crate::tenant::Tenant, request_id: &str, written: &Output) {
+    let name = tenant.name.as_str();
+    for (stream, bytes, truncated) in [
+        ("stdout", &written.stdout, written.stdout_truncated),
+        ("stderr", &written.stderr, written.stderr_truncated),
+    ] {
         if !bytes.is_empty() && tenant.log_budget.allow() {
-            let output = String::from_utf8_lossy(&bytes);
-            let truncated = bytes.len() >= limit;
+            let output = String::from_utf8_lossy(bytes);
             // A Rust guest's panic message, tagged so it can be found (and alerted on).
             let panic = stream == "stderr" && output.contains("panicked at");
             tracing::info!(

@@ -212,6 +212,45 @@ impl Fleet {
         same.then_some(sealed)
     }
 
+    /// The other replicas' admin URLs (from their reports and nudges).
+    pub fn peers(&self) -> Vec<String> {
+        self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// `GET <peer><path>` with the fleet's token: the answer's head, its body to be read as
+    /// it comes.
+    ///
+    /// # Errors
+    /// The peer cannot be reached or answered no head, in words.
+    pub async fn get(
+        &self,
+        peer: &str,
+        path: &str,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+        let uri: hyper::Uri = format!("{peer}{path}")
+            .parse()
+            .map_err(|e| format!("{peer:?} is not a URL: {e}"))?;
+        let host = uri.host().ok_or("no host")?.to_string();
+        let port = uri.port_u16().unwrap_or(80);
+        let stream = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let req = hyper::Request::get(path)
+            .header(hyper::header::HOST, format!("{host}:{port}"))
+            .header(
+                hyper::header::AUTHORIZATION,
+                format!("Bearer {}", self.token),
+            )
+            .body(http_body_util::Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        send.send_request(req).await.map_err(|e| e.to_string())
+    }
+
     /// Remembers the other replicas' admin URLs (from their reports), for nudges.
     pub fn set_peers(&self, peers: Vec<String>, metrics: &Metrics) {
         self.change_peers(metrics, |p| *p = peers);

@@ -32,7 +32,7 @@ pub mod wasi_http;
 
 pub use limits::GuestLimits;
 pub use link::Linkers;
-pub use stdio::{Stdio, WasiSpec};
+pub use stdio::{Output, Stdio, WasiSpec};
 
 use crate::artifact::Compiled;
 use crate::config::GuestKind;

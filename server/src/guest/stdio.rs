@@ -31,3 +31,30 @@ impl Stdio {
         }
     }
 }
+
+/// What a guest wrote, taken from its pipes once its store is gone: each stream's bytes and
+/// whether it reached the cap (the guest wrote more than was kept, or exactly the cap).
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    /// Its stdout.
+    pub stdout: bytes::Bytes,
+    /// Its stderr.
+    pub stderr: bytes::Bytes,
+    /// stdout reached `stdio_bytes`.
+    pub stdout_truncated: bool,
+    /// stderr reached `stdio_bytes`.
+    pub stderr_truncated: bool,
+}
+
+impl Stdio {
+    /// The bytes written, capped at `limit` each.
+    pub fn output(&self, limit: usize) -> Output {
+        let (stdout, stderr) = (self.stdout.contents(), self.stderr.contents());
+        Output {
+            stdout_truncated: stdout.len() >= limit && limit > 0,
+            stderr_truncated: stderr.len() >= limit && limit > 0,
+            stdout,
+            stderr,
+        }
+    }
+}

@@ -61,6 +61,9 @@ pub(super) struct Exchange {
     pub(super) trace: Option<Traced>,
     /// Its access line, when access lines are on: written when the response ends.
     access: Option<crate::logwriter::AccessRecord>,
+    /// Its live log record, once routed to a tenant whose live log is on: kept when the
+    /// answer's head is made (or, for a streamed answer, when its guest ends).
+    pub(super) live: Option<crate::livelog::Pending>,
 }
 
 impl Exchange {
@@ -115,14 +118,17 @@ impl Exchange {
             timings: Timings::default(),
             trace,
             access,
+            live: None,
         }
     }
 
-    /// The request is for `routed` (and so is its trace).
-    pub(super) fn route_to(&mut self, routed: Routed) {
+    /// The request `req` is for `routed` (and so are its trace and its live log record).
+    pub(super) fn route_to<B>(&mut self, routed: Routed, req: &Request<B>) {
         if let Some(t) = &mut self.trace {
             t.tenant = Some((routed.tenant.clone(), routed.prefix_len));
         }
+        let tenant = (&routed.tenant.logs, &routed.tenant.version_label);
+        self.live = crate::livelog::Pending::begin(tenant, req, self.client.ip());
         self.routed = Some(routed);
     }
 
@@ -141,6 +147,7 @@ impl Exchange {
             Early::Unrouted(resp) => {
                 app.metrics.observe(&self.timings, Phase::Route);
                 self.routed = None;
+                self.live = None;
                 self.finish(app, *resp, Phase::Route)
             }
             Early::Refused(e, reached) => self.reject(app, &e, reached),
@@ -166,14 +173,19 @@ impl Exchange {
 
     /// Answers a routed request from its tenant's cache (no guest ran): `plain`, a stored
     /// answer given as it was stored (standing in for a guest that could not run), is
-    /// compressed for the client; a hit comes compressed from the cache's own copies.
+    /// compressed for the client; a hit comes compressed from the cache's own copies. `stale`:
+    /// a stale answer (refreshed in the background, or standing in for an error).
     pub(super) fn cached(
-        self,
+        mut self,
         app: &App,
         resp: Response<ResponseBody>,
         plain: bool,
+        stale: bool,
     ) -> Response<ResponseBody> {
         app.metrics.observe(&self.timings, Phase::Route);
+        if let Some(live) = &mut self.live {
+            live.cached(stale);
+        }
         let resp = self.respond(resp, plain);
         self.finish(app, resp, Phase::Route)
     }
@@ -195,6 +207,9 @@ impl Exchange {
         app.metrics.observe(&self.timings, reached);
         let tenant = self.tenant().clone();
         tenant.count_outcome(e.outcome);
+        if let Some(live) = &mut self.live {
+            live.refused(e);
+        }
         if let Some(t) = &mut self.trace {
             t.failure = Some((e.outcome.name(), e.message.clone()));
             t.guest_failed = e.outcome.is_guests();
@@ -273,6 +288,16 @@ impl Exchange {
         let timing = bytes::Bytes::from(self.timings.server_timing(total, reached));
         if let Ok(v) = HeaderValue::from_maybe_shared(timing) {
             headers.insert(SERVER_TIMING.clone(), v);
+        }
+        if let Some(live) = self.live {
+            live.finish(crate::livelog::Answered {
+                request_id: &self.request_id,
+                status,
+                cache: resp.headers().get(&crate::cache::CACHE_STATUS),
+                timings: &self.timings,
+                reached,
+                total,
+            });
         }
         let kept = self.trace.and_then(|t| {
             t.kept(

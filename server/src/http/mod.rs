@@ -69,7 +69,7 @@ pub async fn handle(
     let routed = route(&app, &mut req, &ex.conn).await;
     ex.timings.set(Phase::Route, ex.arrived.elapsed());
     match routed {
-        Ok(routed) => ex.route_to(routed),
+        Ok(routed) => ex.route_to(routed, &req),
         Err(early) => return ex.early(&app, early),
     }
     if let Err(early) = check(&app, &mut req, &mut ex) {
@@ -93,19 +93,19 @@ pub async fn handle(
     let fill = match look_up(&app, &mut ex, &mut req).await {
         Looked::Guest(fill) => fill,
         // A hit comes compressed from the stored answer's copy (`Cache::lookup`).
-        Looked::Cached(hit) => return ex.cached(&app, *hit, false),
+        Looked::Cached(hit) => return ex.cached(&app, *hit, false, false),
         Looked::Stale(stale, mut fill) => {
             // Served stale now; the guest is asked for a new answer in the background.
             let refresh = fill.refresh(&req);
             tokio::spawn(refresh_stale(app.clone(), refresh, *fill, &ex));
-            return ex.cached(&app, *stale, false);
+            return ex.cached(&app, *stale, false, true);
         }
     };
     match run(&app, &mut ex, req, fill).await {
         Ok((resp, reached)) => ex.answered(&app, resp, reached),
         // A stale answer the guest was to revalidate stands in for an overload, within its
         // `stale-if-error`.
-        Err((_, Some(stale))) => ex.cached(&app, stale, true),
+        Err((_, Some(stale))) => ex.cached(&app, stale, true, true),
         Err((early, None)) => ex.early(&app, early),
     }
 }
@@ -313,11 +313,14 @@ impl crate::websocket::Origin for EventsOrigin {
             let Some(tenant) = tenant else {
                 return plain(StatusCode::NOT_FOUND, "the tenant is gone\n");
             };
-            ex.route_to(Routed {
-                tenant,
-                prefix_len,
-                host,
-            });
+            ex.route_to(
+                Routed {
+                    tenant,
+                    prefix_len,
+                    host,
+                },
+                &req,
+            );
             match run(&app, &mut ex, req, None).await {
                 Ok((resp, reached)) => ex.answered(&app, resp, reached),
                 Err((early, _)) => ex.early(&app, early),
@@ -426,7 +429,7 @@ fn refresh_stale(
     let req = req.map(|()| RequestBody::Empty);
     let mut ex = Exchange::begin(&app, &req, from.conn.clone(), from.client);
     if let Some(routed) = &from.routed {
-        ex.route_to(routed.clone());
+        ex.route_to(routed.clone(), &req);
     }
     async move {
         let resp = match run(&app, &mut ex, req, Some(fill)).await {
@@ -667,8 +670,13 @@ async fn run_guest(
         context,
     );
     let (resp, phase) = match execute::answer(tenant.clone(), request, admitted).await {
-        Answer::Ended { response, phases } => {
-            record_run(app, &mut ex.timings, ex.trace.as_mut(), &phases, &response);
+        Answer::Ended {
+            response,
+            phases,
+            output,
+        } => {
+            let records = (&mut ex.timings, ex.trace.as_mut(), ex.live.as_mut());
+            record_run(app, records, &phases, &response, output);
             let resp = match response {
                 Ok(mut done) => {
                     if let ResponseBody::Forwarded(f) = &mut done.body {
@@ -693,13 +701,8 @@ async fn run_guest(
             head,
             rest: Rest::Ended(out),
         } => {
-            record_run(
-                app,
-                &mut ex.timings,
-                ex.trace.as_mut(),
-                &out.phases,
-                &out.result,
-            );
+            let records = (&mut ex.timings, ex.trace.as_mut(), ex.live.as_mut());
+            record_run(app, records, &out.phases, &out.result, out.output);
             (streamed(tenant, head, head_only), Phase::Teardown)
         }
         // The body outgrew the buffer while the guest runs: the head leaves now and the guest
@@ -707,13 +710,25 @@ async fn run_guest(
         Answer::Streaming { head, rest } => {
             let mut after = ex.timings;
             let app2 = Arc::clone(app);
-            // Its trace ends with the guest: it is taken out of the exchange.
+            // Its trace and its live log record end with the guest: taken out of the exchange.
             let mut trace = ex.trace.take();
+            let mut live = ex.live.take();
             let (status, arrived) = (head.status.as_u16(), ex.arrived);
             let request_id = ex.request_id.clone();
             tokio::spawn(async move {
                 let out = rest.finish().await;
-                record_run(&app2, &mut after, trace.as_mut(), &out.phases, &out.result);
+                let records = (&mut after, trace.as_mut(), live.as_mut());
+                record_run(&app2, records, &out.phases, &out.result, out.output);
+                if let Some(live) = live {
+                    live.finish(crate::livelog::Answered {
+                        request_id: &request_id,
+                        status,
+                        cache: None,
+                        timings: &after,
+                        reached: Phase::Teardown,
+                        total: arrived.elapsed(),
+                    });
+                }
                 if let Some(t) = trace {
                     t.end(
                         &app2,
@@ -731,21 +746,31 @@ async fn run_guest(
     (resp, phase)
 }
 
-/// A run that ended: its phases into `timings` and `/metrics`, its end into the request's
-/// `trace`.
+/// A run that ended: its phases into the exchange's timings and `/metrics`, its end into the
+/// request's trace and live log record.
 fn record_run<T>(
     app: &App,
-    timings: &mut Timings,
-    trace: Option<&mut exchange::Traced>,
+    (timings, trace, live): RunRecords<'_>,
     phases: &Phases,
     result: &Result<T, crate::outcome::ExecError>,
+    output: Option<crate::guest::Output>,
 ) {
     record_phases(timings, phases);
     app.metrics.observe(timings, Phase::Teardown);
     if let Some(t) = trace {
         t.ran(phases.start, result);
     }
+    if let Some(live) = live {
+        live.ran(result, output);
+    }
 }
+
+/// Where a run's end is recorded: the exchange's timings, its trace, its live log record.
+type RunRecords<'a> = (
+    &'a mut Timings,
+    Option<&'a mut exchange::Traced>,
+    Option<&'a mut crate::livelog::Pending>,
+);
 
 fn record_phases(t: &mut Timings, out: &Phases) {
     t.set(Phase::Instantiate, out.instantiate);

@@ -321,6 +321,22 @@ named_metrics! {
         "tern_guest_log_lines_dropped_total",
         "Guest stdout/stderr log lines dropped because a tenant exceeded its log budget.",
     );
+    pub live_log_records: counters(
+        "tern_live_log_records_total",
+        "Requests as live log records (tern logs): kept in their tenant's ring, or left out by \
+         its sampling past server.live_logs.records_per_second.",
+        &["kept"],
+    );
+    pub live_log_tailers: gauge(
+        "tern_live_log_tailers",
+        "Live log streams open (tern logs -f), every tenant's; a fleet's merged stream counts on \
+         each replica it reads.",
+    );
+    pub live_log_dropped: counter(
+        "tern_live_log_dropped_total",
+        "Live log records tailers missed because they read slower than their tenant's requests \
+         came (each stream is told how many).",
+    );
     pub deploys: counters(
         "tern_deploys_total",
         "Module deploys (loads of a tenant's module) by tenant and outcome.",

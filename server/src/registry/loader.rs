@@ -257,6 +257,7 @@ mod tests {
                 variables: Arc::default(),
                 hub: crate::websocket::Hub::new(),
                 forward: None,
+                live_logs: crate::config::LiveLogsConfig::default(),
             }),
         })
     }

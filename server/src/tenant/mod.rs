@@ -186,6 +186,10 @@ pub struct Tenant {
     pub front: crate::tenant::front::Front,
     /// Something about the module its author should know (shown by a deploy, logged at load).
     pub warning: Option<String>,
+    /// Its live log: its last requests, and the tailers following them (kept across versions).
+    pub logs: Arc<crate::livelog::Tail>,
+    /// The version serving, as its live log's records name it.
+    pub version_label: Arc<str>,
 }
 
 impl crate::logwriter::Named for Tenant {
@@ -396,6 +400,8 @@ pub struct Carried {
     pub counters: Option<Arc<crate::ratelimit::counters::Grant>>,
     /// Its WebSocket channels (their key: the connections open stay its own).
     pub channels: Option<Arc<crate::websocket::channels::Grant>>,
+    /// Its live log (the records and the tailers following them).
+    pub logs: Option<Arc<crate::livelog::Tail>>,
 }
 
 impl Carried {
@@ -407,6 +413,7 @@ impl Carried {
             rate_limits: tenant.front.rate_limits.clone(),
             counters: Some(tenant.grants.counters.clone()),
             channels: Some(tenant.grants.channels.clone()),
+            logs: Some(tenant.logs.clone()),
         }
     }
 }
@@ -486,7 +493,19 @@ pub fn prepare(
         Some((n, slots)) if n == limits.max_concurrency => slots,
         _ => Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),
     };
+    let version_label: Arc<str> = match &origin {
+        Origin::Api { version } => version.id.as_str().into(),
+        Origin::Config => "config".into(),
+    };
+    let logs = carried.logs.unwrap_or_else(|| {
+        Arc::new(crate::livelog::Tail::new(
+            crate::livelog::Settings::from_config(&resources.live_logs),
+            crate::livelog::Counts::new(metrics),
+        ))
+    });
     Ok(Tenant {
+        logs,
+        version_label,
         origin,
         hosts: config
             .settings

@@ -25,6 +25,7 @@ mod http3;
 mod isolation;
 mod kinds;
 mod kv;
+mod logs;
 mod metrics;
 mod observability;
 mod outbound;
