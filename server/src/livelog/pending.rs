@@ -92,6 +92,7 @@ impl Pending {
             output: self.output,
             error: self.error,
             sample: 1,
+            json: std::sync::OnceLock::new(),
         };
         self.tail.push(record);
     }

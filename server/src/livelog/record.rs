@@ -77,6 +77,9 @@ pub struct Record {
     pub error: Option<Box<(String, Option<Box<str>>)>>,
     /// One in this many records was kept when it was (1: every one).
     pub(super) sample: u32,
+    /// Its JSON, made by the first reader for every other (the readers of a ring all write
+    /// it alike: one replica, one tenant, one setting of `access_log_query`).
+    pub(super) json: std::sync::OnceLock<Box<[u8]>>,
 }
 
 impl Record {
@@ -111,6 +114,15 @@ impl Record {
             return Vec::new();
         };
         lines(if stdout { &o.stdout } else { &o.stderr })
+    }
+
+    /// Its JSON, as `replica` gives it for `tenant` (made once, by its first reader).
+    pub fn json(&self, replica: &str, tenant: &str, with_query: bool) -> &[u8] {
+        self.json.get_or_init(|| {
+            let mut out = Vec::with_capacity(512);
+            self.write_json(replica, tenant, with_query, &mut out);
+            out.into_boxed_slice()
+        })
     }
 
     /// The record as a JSON object, as `replica` gives it for `tenant` (fields in the order

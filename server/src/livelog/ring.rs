@@ -66,8 +66,6 @@ pub struct Tail {
     ring: Mutex<Ring>,
     /// Tailers attached now.
     tailers: AtomicUsize,
-    /// Woken when a record comes, for the tailers waiting for one.
-    pub(super) arrived: tokio::sync::Notify,
     /// The sampling window: its second (high 32 bits) and the records counted in it.
     window: AtomicU64,
     /// One record kept in this many (from the last window's rate; 1: every one).
@@ -90,7 +88,6 @@ impl Tail {
             settings,
             ring: Mutex::new(Ring::default()),
             tailers: AtomicUsize::new(0),
-            arrived: tokio::sync::Notify::new(),
             window: AtomicU64::new(0),
             step: AtomicU64::new(1),
             counts,
@@ -142,8 +139,9 @@ impl Tail {
         }
     }
 
-    /// Keeps `record` (unless sampled out), dropping the oldest past the ring's bounds, and
-    /// wakes the tailers.
+    /// Keeps `record` (unless sampled out), dropping the oldest past the ring's bounds. (No
+    /// tailer is woken: each reads the ring every [`super::stream::FOLLOW_EVERY`], so a record
+    /// costs a request no wake-up, and a tailer one write per interval, not one per record.)
     pub fn push(&self, mut record: Record) {
         let failed = record.status >= 500 || record.outcome.is_failure();
         let Some(rate) = self.sample(record.ended_ms / 1000, failed) else {
@@ -173,9 +171,6 @@ impl Tail {
         };
         // (Freed outside the lock.)
         drop(evicted);
-        if self.tailers.load(Ordering::Relaxed) > 0 {
-            self.arrived.notify_waiters();
-        }
     }
 
     /// A place for one more tailer, unless it has as many as it may.

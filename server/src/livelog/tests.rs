@@ -53,6 +53,7 @@ fn record(path: &str, status: u16, ended_ms: u64, stdout: &[u8]) -> Record {
         }),
         error: None,
         sample: 1,
+        json: std::sync::OnceLock::new(),
     }
 }
 

@@ -439,3 +439,111 @@ async fn a_websocket_publish_on_any_replica_reaches_subscribers_on_every_replica
         "a sent alice's message and the webhook's on"
     );
 }
+
+/// `tern logs -f` pointed at one replica follows the requests of every replica, merged in
+/// time order; without `-f` it reads what every replica kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tern_logs_follows_the_requests_of_every_replica() {
+    use std::io::BufRead;
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let replicas = [
+        replica(&s3, "a", &root.path().join("a")),
+        replica(&s3, "b", &root.path().join("b")),
+        replica(&s3, "c", &root.path().join("c")),
+    ];
+    let a = &replicas[0];
+    knows_peers(a, 2.0).await;
+    create(addr(&a.admin), "site", "/site").await;
+    let (status, v) = deploy(addr(&a.admin), "site", demo("hello")).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    for r in &replicas {
+        serves(r, "/site", "Hello").await;
+    }
+    let logs = |follow: bool| {
+        let mut cmd = crate::support::tern_bin();
+        cmd.args(["logs", "site", "--json", "--token", FLEET_TOKEN])
+            .args(["--server", &format!("http://{}", a.admin)]);
+        if follow {
+            cmd.arg("-f");
+        }
+        cmd
+    };
+    let mut tailer = logs(true)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run tern logs");
+    let stdout = tailer.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // Attached on a, and through a on b and c.
+    for r in &replicas {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while crate::support::metric_value(&metrics(r).await, "tern_live_log_tailers") < 1.0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} never had the tailer",
+                r.admin
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let mut sent = std::collections::BTreeSet::new();
+    for i in 0..3 {
+        for (r, name) in replicas.iter().zip(["a", "b", "c"]) {
+            let reply = get(r, &format!("/site/{name}{i}")).await;
+            assert_eq!(reply.status, http::StatusCode::OK);
+            sent.insert((name.to_string(), reply.header("x-request-id").to_string()));
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut times = Vec::new();
+    while seen.len() < sent.len() {
+        let line = lines
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("only {seen:?} of {sent:?}"));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let Some(id) = v["request_id"].as_str() else {
+            panic!("a notice in the stream: {line}");
+        };
+        let replica = v["replica"].as_str().unwrap();
+        assert_eq!(v["path"].as_str().unwrap()[6..7], *replica, "{line}");
+        seen.insert((replica.to_string(), id.to_string()));
+        times.push(v["time"].as_str().unwrap().to_string());
+    }
+    assert_eq!(seen, sent);
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "in time order: {times:?}"
+    );
+    let _ = tailer.kill();
+    let _ = tailer.wait();
+    // Without -f: what each replica kept (the checks of `serves` too), merged.
+    let out = crate::support::ran(&mut logs(false));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let kept: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (replica, id) in &sent {
+        assert!(
+            kept.iter()
+                .any(|v| v["request_id"] == id.as_str() && v["replica"] == replica.as_str()),
+            "{replica} {id} not in {text}"
+        );
+    }
+    let times: Vec<&str> = kept.iter().map(|v| v["time"].as_str().unwrap()).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "in time order: {times:?}"
+    );
+}
