@@ -141,7 +141,7 @@ logs() {
         echo "What the tailer that read nothing was told once it read again. wrk counts the answers it read"
         echo "within its run; the server also answered the requests in flight when wrk stopped (at most one"
         echo "per connection, $CONNS), so records + dropped exceed wrk's count by that many at most (the"
-        echo "exact equality is checked by the e2e test \\`logs::a_reader_that_stops_reading...\\`):"
+        echo 'exact equality is checked by the e2e test `logs::a_reader_that_stops_reading...`):'
         echo
         printf '%s' "${lat[count]}" | grep . | sed 's/^/- /'
     } | tee "$RESULTS/logs.md"

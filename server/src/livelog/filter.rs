@@ -202,7 +202,7 @@ impl Filter {
             && self
                 .path
                 .as_deref()
-                .is_none_or(|p| r.target.path().starts_with(p))
+                .is_none_or(|p| r.path(false).starts_with(p))
             && self.version.as_deref().is_none_or(|v| *r.version == *v)
             && self.search.as_deref().is_none_or(|t| r.mentions(t))
             && self.sample.is_none_or(|share| chosen(r, share))

@@ -70,31 +70,42 @@ impl Pending {
         self.ended = Some(Ended::Cached { stale });
     }
 
-    /// Its answer's head is made: the record kept in its tenant's ring.
+    /// Its answer's head is made: the record kept in its tenant's ring, unless sampled out
+    /// (then nothing of it is copied).
     pub fn finish(self, answered: Answered<'_>) {
+        let outcome = self
+            .ended
+            .unwrap_or(Ended::Guest(crate::outcome::Outcome::Ok));
+        let ended_ms = now_ms();
+        let failed = answered.status >= 500 || outcome.is_failure();
+        let Some(sample) = self.tail.sample(ended_ms / 1000, failed) else {
+            return;
+        };
+        let target = self
+            .target
+            .path_and_query()
+            .map_or_else(|| self.target.path(), |pq| pq.as_str());
         let record = Record {
             seq: 0,
-            ended_ms: now_ms(),
+            ended_ms,
             total: answered.total,
             timings: *answered.timings,
             reached: answered.reached,
-            request_id: answered.request_id.clone(),
+            request_id: answered.request_id.to_str().unwrap_or("-").into(),
             version: self.version,
             client: self.client,
             method: self.method,
-            target: self.target,
+            target: target.into(),
             http: self.http,
             status: answered.status,
-            outcome: self
-                .ended
-                .unwrap_or(Ended::Guest(crate::outcome::Outcome::Ok)),
+            outcome,
             cache: answered.cache.cloned(),
             output: self.output,
             error: self.error,
-            sample: 1,
+            sample,
             json: std::sync::OnceLock::new(),
         };
-        self.tail.push(record);
+        self.tail.keep(record);
     }
 }
 

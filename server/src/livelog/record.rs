@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderValue, Method, Uri};
+use http::{HeaderValue, Method};
 
 use crate::guest::Output;
 use crate::metrics::{Phase, Timings};
@@ -54,15 +54,17 @@ pub struct Record {
     /// The last phase it reached.
     pub reached: Phase,
     /// Its id (`x-request-id`, the access line's, the trace's).
-    pub request_id: HeaderValue,
+    pub request_id: Box<str>,
     /// The tenant's version that served it.
     pub version: Arc<str>,
     /// The client (through trusted proxies).
     pub client: IpAddr,
     /// Its method.
     pub method: Method,
-    /// Its target (normal path; the query shown only with `access_log_query`).
-    pub target: Uri,
+    /// Its target: the normal path and the query (shown only with `access_log_query`). (A
+    /// copy: the request's own would hold the connection's read buffer as long as the ring
+    /// holds the record.)
+    pub target: Box<str>,
     /// The HTTP version it came in.
     pub http: http::Version,
     /// The status answered.
@@ -102,9 +104,9 @@ impl Record {
 
     /// Its path, with the query when `with_query`.
     pub fn path(&self, with_query: bool) -> &str {
-        match (with_query, self.target.path_and_query()) {
-            (true, Some(pq)) => pq.as_str(),
-            _ => self.target.path(),
+        match self.target.split_once('?') {
+            Some((path, _)) if !with_query => path,
+            _ => &self.target,
         }
     }
 
@@ -142,7 +144,7 @@ impl Record {
         let output = self.output.as_ref();
         let line = Line {
             time: utc_millis(self.arrived_ms()),
-            request_id: self.request_id.to_str().unwrap_or("-"),
+            request_id: &self.request_id,
             replica,
             tenant,
             version: &self.version,
@@ -181,7 +183,7 @@ impl Record {
     /// Whether `text` is in its path, output or error (ASCII letters in any case).
     pub fn mentions(&self, text: &str) -> bool {
         let has = |hay: &[u8]| contains_ignore_case(hay, text.as_bytes());
-        has(self.target.path().as_bytes())
+        has(self.path(false).as_bytes())
             || self
                 .output
                 .as_ref()

@@ -101,7 +101,7 @@ impl Tail {
 
     /// Whether a record of a request that ended in second `second` is kept, and at what rate
     /// (one in the returned number); `failed` ones always are.
-    fn sample(&self, second: u64, failed: bool) -> Option<u32> {
+    pub(super) fn sample(&self, second: u64, failed: bool) -> Option<u32> {
         let per = u64::from(self.settings.per_second);
         if per == 0 {
             return Some(1);
@@ -148,6 +148,11 @@ impl Tail {
             return;
         };
         record.sample = rate;
+        self.keep(record);
+    }
+
+    /// Keeps `record` (sampled in already), dropping the oldest past the ring's bounds.
+    pub(super) fn keep(&self, record: Record) {
         let weight = record.weight();
         let record = Arc::new(record);
         let evicted = {
