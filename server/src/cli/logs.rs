@@ -44,7 +44,8 @@ pub struct Logs {
     /// Show this share of the records (0.1: one in ten, the same ones on every replica).
     #[arg(long, value_name = "SHARE")]
     pub sample: Option<f64>,
-    /// Only requests served by this version of the tenant.
+    /// Only requests served by this version of the tenant (its id as `tern deploy` prints it,
+    /// or `config` for a config file's tenant).
     #[arg(long)]
     pub version: Option<String>,
     /// Print the server's records as they come, one JSON object a line (NDJSON).
@@ -146,6 +147,9 @@ pub async fn logs(target: &AdminClient, l: &Logs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Frames of a trap's backtrace shown in readable lines (the innermost).
+const SHOWN_FRAMES: usize = 6;
+
 /// One record (or a notice in the stream) for people: a line of what happened, then what the
 /// guest wrote and why it failed, indented.
 pub fn readable(v: &Value) -> String {
@@ -159,12 +163,18 @@ pub fn readable(v: &Value) -> String {
         return format!("-- {}\n", escaped(e));
     }
     let s = |k: &str| v[k].as_str().unwrap_or("-");
+    // A deployed version's id as `tern deploy` and `tern tenants` show it (12 digits).
+    let version = s("version");
+    let version = match version.get(..12) {
+        Some(short) if version.len() == 64 => short,
+        _ => version,
+    };
     let total = v["ms"]["total"].as_f64().unwrap_or(0.0);
     let mut text = format!(
         "{}  {}  {}  {} {}  {} {}  {total:.1} ms  {}",
         s("time"),
         s("replica"),
-        s("version"),
+        version,
         s("method"),
         escaped(s("path")),
         v["status"].as_u64().unwrap_or(0),
@@ -194,8 +204,15 @@ pub fn readable(v: &Value) -> String {
     if let Some(e) = v["error"].as_str() {
         text.push_str(&format!("  error: {}\n", escaped(e)));
     }
-    for frame in v["backtrace"].as_array().into_iter().flatten() {
+    let frames = v["backtrace"].as_array().map_or(&[][..], Vec::as_slice);
+    for frame in frames.iter().take(SHOWN_FRAMES) {
         text.push_str(&format!("    {}\n", escaped(frame.as_str().unwrap_or(""))));
+    }
+    if frames.len() > SHOWN_FRAMES {
+        text.push_str(&format!(
+            "    ({} more frames: --json has them all)\n",
+            frames.len() - SHOWN_FRAMES
+        ));
     }
     text
 }

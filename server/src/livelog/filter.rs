@@ -18,7 +18,7 @@ pub struct Filter {
     path: Option<String>,
     /// Text in the path, the guest's output or the error (ASCII letters in any case).
     search: Option<String>,
-    /// The tenant's version that served it.
+    /// The tenant's version that served it (its id, or the first 8 or more of its digits).
     version: Option<String>,
     /// The share of records sent, 0 to 1 (each chosen by its request id, so every replica
     /// and every reader picks the same ones).
@@ -203,7 +203,10 @@ impl Filter {
                 .path
                 .as_deref()
                 .is_none_or(|p| r.path(false).starts_with(p))
-            && self.version.as_deref().is_none_or(|v| *r.version == *v)
+            && self
+                .version
+                .as_deref()
+                .is_none_or(|v| *r.version == *v || (v.len() >= 8 && r.version.starts_with(v)))
             && self.search.as_deref().is_none_or(|t| r.mentions(t))
             && self.sample.is_none_or(|share| chosen(r, share))
     }

@@ -215,6 +215,11 @@ fn the_query_is_checked_and_filters_select_what_they_name() {
     assert_eq!(pick("method=get"), ["/api/a", "/api/b", "/c"]);
     assert_eq!(pick("method=POST"), Vec::<&str>::new());
     assert_eq!(pick("version=v2"), Vec::<&str>::new());
+    assert_eq!(
+        pick("version=v"),
+        Vec::<&str>::new(),
+        "a prefix needs 8 digits"
+    );
     assert_eq!(pick("version=v1&status=2xx"), ["/api/a"]);
     // A sample is chosen by request id: the same records each time.
     let many: Vec<Record> = (0..1000)
