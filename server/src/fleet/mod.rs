@@ -47,6 +47,31 @@ async fn nudge(peer: &str, token: &str, from: Option<&str>) -> Result<(), String
     post(peer, "/admin/v1/fleet/sync", token, from, Bytes::new()).await
 }
 
+/// An HTTP/1.1 connection to replica `peer` (its admin URL): the sender, and the `Host` its
+/// requests name.
+async fn connect<B>(
+    peer: &str,
+) -> Result<(hyper::client::conn::http1::SendRequest<B>, String), String>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let uri: hyper::Uri = peer
+        .parse()
+        .map_err(|e| format!("{peer:?} is not a URL: {e}"))?;
+    let host = uri.host().ok_or("no host")?.to_string();
+    let port = uri.port_u16().unwrap_or(80);
+    let stream = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    Ok((send, format!("{host}:{port}")))
+}
+
 /// `POST <peer><path>` of `body` with the fleet's token, from the replica at `from`.
 async fn post(
     peer: &str,
@@ -56,21 +81,9 @@ async fn post(
     body: Bytes,
 ) -> Result<(), String> {
     use http_body_util::Full;
-    let uri: hyper::Uri = format!("{peer}{path}")
-        .parse()
-        .map_err(|e| format!("{peer:?} is not a URL: {e}"))?;
-    let host = uri.host().ok_or("no host")?.to_string();
-    let port = uri.port_u16().unwrap_or(80);
-    let stream = tokio::net::TcpStream::connect((host.as_str(), port))
-        .await
-        .map_err(|e| e.to_string())?;
-    let (mut send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
+    let (mut send, host) = connect(peer).await?;
     let req = hyper::Request::post(path)
-        .header(hyper::header::HOST, format!("{host}:{port}"))
+        .header(hyper::header::HOST, host)
         .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
     let req = match from {
         Some(url) => req.header(NUDGE_FROM, url),
@@ -227,21 +240,9 @@ impl Fleet {
         peer: &str,
         path: &str,
     ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
-        let uri: hyper::Uri = format!("{peer}{path}")
-            .parse()
-            .map_err(|e| format!("{peer:?} is not a URL: {e}"))?;
-        let host = uri.host().ok_or("no host")?.to_string();
-        let port = uri.port_u16().unwrap_or(80);
-        let stream = tokio::net::TcpStream::connect((host.as_str(), port))
-            .await
-            .map_err(|e| e.to_string())?;
-        let (mut send, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| e.to_string())?;
-        tokio::spawn(conn);
+        let (mut send, host) = connect(peer).await?;
         let req = hyper::Request::get(path)
-            .header(hyper::header::HOST, format!("{host}:{port}"))
+            .header(hyper::header::HOST, host)
             .header(
                 hyper::header::AUTHORIZATION,
                 format!("Bearer {}", self.token),

@@ -447,32 +447,28 @@ async fn a_tenant_takes_at_most_its_tailers_and_only_tokens_with_its_logs_scope(
         tokens.push(v["token"].as_str().unwrap().to_string());
     }
     let (logs, read) = (tokens[0].clone(), tokens[1].clone());
-    let get = |tenant: &'static str, token: String| {
-        let admin = s.admin();
-        async move {
-            let auth = format!("Bearer {token}");
-            let path = format!("/admin/v1/tenants/{tenant}/logs");
-            send(
-                admin,
-                Method::GET,
-                &path,
-                None,
-                &[("authorization", &auth)],
-                Bytes::new(),
-            )
-            .await
-            .status
-        }
-    };
-    assert_eq!(get("h", logs.clone()).await, StatusCode::OK);
-    assert_eq!(get("o", logs).await, StatusCode::NOT_FOUND);
-    assert_eq!(get("h", read).await, StatusCode::FORBIDDEN);
-    assert_eq!(get("h", "wrong".into()).await, StatusCode::UNAUTHORIZED);
+    for (tenant, token, status) in [
+        ("h", logs.as_str(), StatusCode::OK),
+        ("o", &logs, StatusCode::NOT_FOUND),
+        ("h", &read, StatusCode::FORBIDDEN),
+        ("h", "wrong", StatusCode::UNAUTHORIZED),
+    ] {
+        assert_eq!(
+            log_as(&s, token, tenant, "").await.status,
+            status,
+            "{tenant}"
+        );
+    }
 }
 
 /// Reads `tenant`'s live log on `s` (not following): its NDJSON body.
 async fn log_of(s: &TestServer, tenant: &str, query: &str) -> Reply {
-    let auth = format!("Bearer {ADMIN_TOKEN}");
+    log_as(s, ADMIN_TOKEN, tenant, query).await
+}
+
+/// [`log_of`] with the bearer `token`.
+async fn log_as(s: &TestServer, token: &str, tenant: &str, query: &str) -> Reply {
+    let auth = format!("Bearer {token}");
     let path = format!("/admin/v1/tenants/{tenant}/logs?{query}");
     send(
         s.admin(),
