@@ -332,6 +332,25 @@ async fn aioquic_is_served_every_demo_tenant_and_guest_kind_over_http3() {
     );
 }
 
+/// A request over HTTP/3 is in its tenant's live log as one (`tern logs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_requests_are_in_the_live_log_as_http3() {
+    let h = h3_server("").await;
+    let mut client = h.h3().await;
+    let answer = client.get("/hello").await.expect("an answer");
+    assert_eq!(answer.status, StatusCode::OK);
+    let log = crate::logs::log_of(&h.s, "hello", "").await;
+    let records: Vec<Value> = log
+        .text()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 1, "{}", log.text());
+    assert_eq!(records[0]["http"], "3");
+    assert_eq!(records[0]["status"], 200);
+    assert_eq!(records[0]["path"], "/hello");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http3_is_advertised_on_the_tls_listener_only() {
     let h = h3_server("").await;

@@ -462,7 +462,7 @@ async fn a_tenant_takes_at_most_its_tailers_and_only_tokens_with_its_logs_scope(
 }
 
 /// Reads `tenant`'s live log on `s` (not following): its NDJSON body.
-async fn log_of(s: &TestServer, tenant: &str, query: &str) -> Reply {
+pub(crate) async fn log_of(s: &TestServer, tenant: &str, query: &str) -> Reply {
     log_as(s, ADMIN_TOKEN, tenant, query).await
 }
 
