@@ -26,7 +26,7 @@ pub struct Filter {
 }
 
 /// The outcomes a reader may name besides [`Outcome`]'s.
-const OTHER_OUTCOMES: [&str; 5] = ["trap", "cache_hit", "cache_stale", "cached", "streaming"];
+const OTHER_OUTCOMES: [&str; 4] = ["trap", "cache_hit", "cache_stale", "cached"];
 
 /// What a reader asked for.
 #[derive(Debug, Clone, Default)]

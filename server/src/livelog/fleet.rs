@@ -50,11 +50,7 @@ pub fn merged(
     );
     let peers = fleet.peers();
     let (tx, rx) = mpsc::channel(1024);
-    let lines = Writer {
-        sse: false,
-        ..writer.clone()
-    };
-    tokio::spawn(local(reader, lines, tx.clone()));
+    tokio::spawn(local(reader, writer.clone(), tx.clone()));
     for peer in &peers {
         tokio::spawn(remote(
             fleet.clone(),
@@ -86,8 +82,8 @@ pub fn merged(
     ))
 }
 
-/// This replica's ring as a source.
-async fn local(mut reader: Reader, lines: Writer, tx: mpsc::Sender<Item>) {
+/// This replica's ring as a source (its records' JSON as `writer` names them).
+async fn local(mut reader: Reader, writer: Writer, tx: mpsc::Sender<Item>) {
     loop {
         let batch = tokio::select! {
             batch = reader.next() => batch,
@@ -101,11 +97,10 @@ async fn local(mut reader: Reader, lines: Writer, tx: mpsc::Sender<Item>) {
             return;
         }
         for r in records {
-            let mut line = Vec::new();
-            lines.record(&r, &mut line);
-            line.pop();
+            let line =
+                Bytes::copy_from_slice(r.json(&writer.replica, &writer.tenant, writer.with_query));
             let key = super::record::utc_millis(r.arrived_ms());
-            if tx.send(Item::Line(key, Bytes::from(line))).await.is_err() {
+            if tx.send(Item::Line(key, line)).await.is_err() {
                 return;
             }
         }
@@ -230,14 +225,7 @@ impl Merge {
                 let Some(Reverse((_, _, line))) = self.held.pop() else {
                     break;
                 };
-                if self.writer.sse {
-                    out.extend_from_slice(b"data: ");
-                    out.extend_from_slice(&line);
-                    out.extend_from_slice(b"\n\n");
-                } else {
-                    out.extend_from_slice(&line);
-                    out.push(b'\n');
-                }
+                self.writer.line(&line, &mut out);
             }
             if !out.is_empty() {
                 return Some(Bytes::from(out));

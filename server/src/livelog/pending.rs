@@ -77,8 +77,8 @@ impl Pending {
             .ended
             .unwrap_or(Ended::Guest(crate::outcome::Outcome::Ok));
         let ended_ms = now_ms();
-        let failed = answered.status >= 500 || outcome.is_failure();
-        let Some(sample) = self.tail.sample(ended_ms / 1000, failed) else {
+        let always = outcome.always_kept(answered.status);
+        let Some(sample) = self.tail.sample(ended_ms / 1000, always) else {
             return;
         };
         let target = self

@@ -19,8 +19,6 @@ pub enum Ended {
         /// A stale answer (revalidated in the background, or standing in for an error).
         stale: bool,
     },
-    /// Its guest's answer streams: the guest had not ended when the record was made.
-    Streaming,
 }
 
 impl Ended {
@@ -30,13 +28,13 @@ impl Ended {
             Self::Guest(o) => o.name(),
             Self::Cached { stale: false } => "cache_hit",
             Self::Cached { stale: true } => "cache_stale",
-            Self::Streaming => "streaming",
         }
     }
 
-    /// A failure of the guest or the server (always kept by the sampling).
-    pub(super) fn is_failure(self) -> bool {
-        matches!(self, Self::Guest(o) if o != crate::outcome::Outcome::Ok)
+    /// Whether a request that ended so and answered `status` is kept whatever the sampling:
+    /// a failure of the guest or the server, or a 5xx.
+    pub(super) fn always_kept(self, status: u16) -> bool {
+        status >= 500 || matches!(self, Self::Guest(o) if o != crate::outcome::Outcome::Ok)
     }
 }
 

@@ -142,9 +142,10 @@ impl Tail {
     /// Keeps `record` (unless sampled out), dropping the oldest past the ring's bounds. (No
     /// tailer is woken: each reads the ring every [`super::stream::FOLLOW_EVERY`], so a record
     /// costs a request no wake-up, and a tailer one write per interval, not one per record.)
+    #[cfg(test)]
     pub fn push(&self, mut record: Record) {
-        let failed = record.status >= 500 || record.outcome.is_failure();
-        let Some(rate) = self.sample(record.ended_ms / 1000, failed) else {
+        let always = record.outcome.always_kept(record.status);
+        let Some(rate) = self.sample(record.ended_ms / 1000, always) else {
             return;
         };
         record.sample = rate;

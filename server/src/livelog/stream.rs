@@ -160,10 +160,18 @@ pub struct Writer {
 impl Writer {
     /// `record` as one line of the stream (its JSON, framed).
     pub fn record(&self, record: &Record, out: &mut Vec<u8>) {
+        self.line(
+            record.json(&self.replica, &self.tenant, self.with_query),
+            out,
+        );
+    }
+
+    /// A JSON object's text framed for the stream: a line of NDJSON, or an SSE `data` event.
+    pub fn line(&self, json: &[u8], out: &mut Vec<u8>) {
         if self.sse {
             out.extend_from_slice(b"data: ");
         }
-        out.extend_from_slice(record.json(&self.replica, &self.tenant, self.with_query));
+        out.extend_from_slice(json);
         out.extend_from_slice(if self.sse { b"\n\n" } else { b"\n" });
     }
 
