@@ -198,8 +198,8 @@ phase_since() { # before
 # "instantiate_sum run_sum teardown_sum count" (seconds; requests) of the Tern on $ADMIN_PORT.
 phase_sums() {
     curl -sf "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '
-        /^tern_request_phase_duration_seconds_sum\{phase="(instantiate|run|teardown)"\}/ {
-            split($1, a, "\""); s[a[2]] = $2 }
-        /^tern_request_phase_duration_seconds_count\{phase="teardown"\}/ { n = $2 }
+        /^tern_request_phase_duration_seconds_sum\{deployment="[a-z]+",phase="(instantiate|run|teardown)"\}/ {
+            split($1, a, "\""); s[a[4]] += $2 }
+        /^tern_request_phase_duration_seconds_count\{deployment="[a-z]+",phase="teardown"\}/ { n += $2 }
         END { printf "%s %s %s %s\n", s["instantiate"], s["run"], s["teardown"], n }'
 }

@@ -110,7 +110,7 @@ fn server_timing(c: &mut Criterion) {
     }
     c.bench_function("server_timing", |b| {
         b.iter(|| {
-            black_box(&t).server_timing(black_box(Duration::from_micros(9)), Phase::Teardown)
+            black_box(&t).server_timing(black_box(Duration::from_micros(9)), Phase::Teardown, None)
         });
     });
 }

@@ -8,7 +8,10 @@
 //! | `PUT /admin/v1/tenants/{name}` | create a tenant, or replace its spec (JSON; every field the tenant has set must be named) |
 //! | `PATCH /admin/v1/tenants/{name}` | change only the named fields of its spec (JSON merge patch, RFC 7396: `null` resets a field) |
 //! | `PUT /admin/v1/tenants/{name}/module[?assets=HASH][&kind=KIND]` | deploy a `.wasm` (the body): a module or component; `kind` = `tern`, `wasi-http` or `cgi` (else detected) |
-//! | `POST /admin/v1/tenants/{name}/rollback` | back to the previous version |
+//! | `PUT /admin/v1/tenants/{name}/module?percent=10[&stages=...][&key=...][&abort=5][&abort_min_requests=100][&override_from=NETS]` | deploy the `.wasm` as the tenant's candidate: it serves `percent` of the clients (split by `key`: `client`, `header:NAME`, `cookie:NAME`) beside the current version; `stages` (`5%:5m,25%:10m,100%`) move the share by time; `abort` (percentage points) aborts it when its 5xx rate is that much above the current version's over `abort_min_requests` |
+//! | `POST /admin/v1/tenants/{name}/rollout` | give the candidate another share: JSON `{"percent": 50}` (its stages end; an aborted candidate serves again) |
+//! | `POST /admin/v1/tenants/{name}/promote` | make the candidate the current version |
+//! | `POST /admin/v1/tenants/{name}/rollback` | drop the candidate, if there is one; else back to the previous version |
 //! | `DELETE /admin/v1/tenants/{name}` | remove a tenant |
 //! | `POST /admin/v1/tenants/{name}/cache/purge` | drop stored answers from its cache on this server: JSON `{"all": true}`, `{"prefixes": [...]}` or `{"tags": [...]}` |
 //! | `POST /admin/v1/tenants/{name}/publish` | send messages to its events-mode WebSocket connections subscribed to a channel (or to one connection), on every replica: Pushpin's publish JSON `{"items": [{"channel": "room", "formats": {"ws-message": {"content": "hi"}}}]}` |
@@ -226,9 +229,15 @@ fn action<'a>(method: &Method, parts: &[&'a str]) -> Action<'a> {
     match (method, parts) {
         (&Method::GET, ["tenants"]) => Action::Any(Scope::Read),
         (&Method::GET, ["tenants", name]) => Action::Tenant(name, Scope::Read),
-        (_, ["tenants", name] | ["tenants", name, "module" | "rollback"]) => {
-            Action::Tenant(name, Scope::Deploy)
-        }
+        (
+            _,
+            ["tenants", name]
+            | [
+                "tenants",
+                name,
+                "module" | "rollback" | "rollout" | "promote",
+            ],
+        ) => Action::Tenant(name, Scope::Deploy),
         (_, ["tenants", name, "cache", "purge"]) => Action::Tenant(name, Scope::Purge),
         (_, ["tenants", name, "publish"]) => Action::Tenant(name, Scope::Publish),
         (_, ["tenants", name, "logs"]) => Action::Tenant(name, Scope::Logs),
@@ -326,6 +335,101 @@ async fn read_body(req: Request<RequestBody>, limit: u64) -> Result<bytes::Bytes
     };
     let _ = tokio::time::timeout(DISCARD_FOR, discard).await;
     Err(too_large())
+}
+
+/// The rollout a deploy's query asks for (`percent`, `stages`, `key`, `abort`,
+/// `abort_min_requests`, `override_from`, percent-encoded), `None` for a deploy of a new
+/// current version.
+///
+/// # Errors
+/// `400`: a value that does not read, or rollout settings without a share or stages.
+fn rollout_of(query: Option<&str>) -> Result<Option<crate::rollout::Plan>, ChangeError> {
+    use crate::rollout::{Abort, Key, Plan, now_ms, parse_percent, parse_stages};
+    let params: Vec<(String, String)> = url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let named = ["key", "abort", "abort_min_requests", "override_from"];
+    let (percent, stages) = (get("percent"), get("stages"));
+    if percent.is_none() && stages.is_none() {
+        return match named.iter().find(|k| get(k).is_some()) {
+            Some(k) => Err(ChangeError::Invalid(format!(
+                "{k} is a rollout's: deploy as a candidate with percent or stages"
+            ))),
+            None => Ok(None),
+        };
+    }
+    let share = percent
+        .map(parse_percent)
+        .transpose()
+        .map_err(ChangeError::Invalid)?;
+    let stages = stages
+        .map(parse_stages)
+        .transpose()
+        .map_err(ChangeError::Invalid)?;
+    let mut plan =
+        Plan::new(share, stages.unwrap_or_default(), now_ms()).map_err(ChangeError::Invalid)?;
+    if let Some(key) = get("key") {
+        plan.key = Key::parse(key).map_err(ChangeError::Invalid)?;
+    }
+    let number = |k: &str| {
+        get(k)
+            .map(|v| {
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|n| n.is_finite() && *n >= 0.0)
+                    .ok_or_else(|| {
+                        ChangeError::Invalid(format!("{k}={v:?}: a number of 0 or more"))
+                    })
+            })
+            .transpose()
+    };
+    let margin = number("abort")?;
+    let min = number("abort_min_requests")?;
+    if margin.is_some() || min.is_some() {
+        plan.abort = Some(Abort {
+            margin: margin.unwrap_or(Abort::MARGIN),
+            min_requests: min.map_or(Abort::MIN_REQUESTS, |n| n as u64),
+        });
+    }
+    if let Some(nets) = get("override_from") {
+        plan.override_from = nets
+            .split(',')
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        crate::context::TrustedProxies::parse(&plan.override_from)
+            .map_err(|e| ChangeError::Invalid(format!("override_from: {e}")))?;
+    }
+    Ok(Some(plan))
+}
+
+/// The share a `POST .../rollout` asks for: JSON `{"percent": 50}` (a number or a string).
+fn share_of(body: &bytes::Bytes) -> Result<u16, ChangeError> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| ChangeError::Invalid(format!("not JSON: {e}")))?;
+    let text = match &v["percent"] {
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        _ => {
+            return Err(ChangeError::Invalid(
+                "JSON {\"percent\": N}: the candidate's share, 0-100".into(),
+            ));
+        }
+    };
+    crate::rollout::parse_percent(&text).map_err(ChangeError::Invalid)
+}
+
+/// The answer to a change of a rollout: the tenant as it is now.
+async fn rollout_answer(
+    app: &App,
+    name: &str,
+    changed: &crate::registry::RolloutChanged,
+) -> Result<(StatusCode, Value), ChangeError> {
+    let mut v = app.registry.describe(Some(name)).await?;
+    v["etag"] = json!(changed.etag);
+    v["version"] = json!(changed.entry.current.as_ref().map(|c| &c.id));
+    Ok((StatusCode::OK, v))
 }
 
 fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
@@ -476,12 +580,12 @@ async fn answer(
                 .map(str::parse::<crate::config::GuestKind>)
                 .transpose()
                 .map_err(ChangeError::Invalid);
-            match kind {
+            match kind.and_then(|k| Ok((k, rollout_of(query.as_deref())?))) {
                 Err(e) => Err(e),
-                Ok(kind) => match read_body(req, registry.max_upload()).await {
+                Ok((kind, rollout)) => match read_body(req, registry.max_upload()).await {
                     Err(e) => Err(e),
                     Ok(wasm) => registry
-                        .deploy(&name, wasm, assets, kind, &pre)
+                        .deploy(&name, wasm, (assets, kind), rollout, &pre)
                         .await
                         .map(|d| {
                             let v = &d.version;
@@ -499,6 +603,10 @@ async fn answer(
                                     "kind": d.kind.name(),
                                     "warnings": d.warnings,
                                     "etag": d.etag,
+                                    "candidate": d.rollout.as_ref().map(|p| json!({
+                                        "percent": p.percent(),
+                                        "plan": p,
+                                    })),
                                 }),
                             )
                         }),
@@ -513,11 +621,28 @@ async fn answer(
                         "tenant": name,
                         "version": d.version.id,
                         "previous": d.previous.map(|p| p.id),
+                        "dropped_candidate": d.dropped.map(|c| c.id),
                         "etag": d.etag,
                     }),
                 )
             })
         }
+        (&Method::POST, ["tenants", name, "rollout"]) => {
+            let share = read_body(req, MAX_JSON_BYTES)
+                .await
+                .and_then(|body| share_of(&body));
+            match share {
+                Err(e) => Err(e),
+                Ok(share) => match registry.set_share(name, share, &pre).await {
+                    Err(e) => Err(e),
+                    Ok(changed) => rollout_answer(&app, name, &changed).await,
+                },
+            }
+        }
+        (&Method::POST, ["tenants", name, "promote"]) => match registry.promote(name, &pre).await {
+            Err(e) => Err(e),
+            Ok(changed) => rollout_answer(&app, name, &changed).await,
+        },
         (&Method::POST, ["tenants", name, "cache", "purge"]) => {
             purge(&app, name, read_body(req, MAX_JSON_BYTES).await).await
         }
@@ -586,7 +711,7 @@ async fn answer(
             _,
             ["tenants"]
             | ["tenants", _]
-            | ["tenants", _, "module" | "rollback"]
+            | ["tenants", _, "module" | "rollback" | "rollout" | "promote"]
             | ["tenants", _, "cache", "purge"]
             | ["tenants", _, "publish"]
             | ["tenants", _, "logs"]

@@ -83,7 +83,8 @@ impl Manifest {
     pub fn referenced(&self) -> std::collections::HashSet<String> {
         let mut hashes = std::collections::HashSet::new();
         for t in self.tenants.values() {
-            for v in t.current.iter().chain(&t.previous) {
+            let candidate = t.candidate.as_ref().map(|c| &c.version);
+            for v in t.current.iter().chain(&t.previous).chain(candidate) {
                 hashes.insert(v.module.clone());
                 hashes.extend(v.assets.clone());
             }
@@ -115,6 +116,10 @@ pub struct StoredTenant {
     pub current: Option<Version>,
     /// The version before it, which `rollback` returns to.
     pub previous: Option<Version>,
+    /// A new version serving a share of the traffic beside `current` until it is promoted
+    /// (`tern promote`) or dropped (`tern rollback`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<Candidate>,
     /// When the tenant was created (Unix seconds).
     pub created_at: u64,
     /// Its variables (`tern var`, `tern secret`): plain values and sealed secrets, changed
@@ -139,6 +144,16 @@ impl StoredTenant {
         let (hash, _) = self.record();
         format!("\"{}\"", &hash[..32])
     }
+}
+
+/// A tenant's candidate: its version and its rollout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Candidate {
+    /// The version in rollout.
+    pub version: Version,
+    /// Its share, stages, split key and abort rule.
+    pub plan: crate::rollout::Plan,
 }
 
 /// What the admin API accepts to create or change a tenant (`PUT /admin/v1/tenants/{name}`),
@@ -460,6 +475,7 @@ mod tests {
                 spec: TenantSpec::default(),
                 current: None,
                 previous: None,
+                candidate: None,
                 created_at: 1,
                 variables: BTreeMap::new(),
             },

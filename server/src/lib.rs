@@ -84,6 +84,9 @@
 //!   was refused, its status), `describe` (the admin API's JSON), `upload` (checks on an
 //!   upload's first bytes), `reset` (every tenant moved to a swap-safe engine when swap is
 //!   switched on).
+//! - [`rollout`]: gradual deployments: a tenant's candidate version beside its current one,
+//!   the split of its clients (sticky buckets, the `Tern-Version` override), stages and the
+//!   abort rule; the registry keeps the candidate, the front end picks the version per request.
 //! - [`datadir`]: the data directory (`--data-dir`): content-addressed modules and assets, the manifest.
 //! - [`fleet`]: a fleet's shared registry on object storage ([`fleet::objects`]: the S3 client,
 //!   compare-and-swap writes, the store probe), signed artifacts and sealed secrets, nudges to
@@ -164,6 +167,7 @@ pub mod pool;
 pub mod prepare;
 pub mod ratelimit;
 pub mod registry;
+pub mod rollout;
 pub mod router;
 pub mod scaffold;
 pub mod server;

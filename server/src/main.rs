@@ -140,7 +140,20 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// Roll a tenant back to its previous version (a second rollback undoes the first).
+    /// Make a tenant's candidate (deployed with --percent or --stages) its current version,
+    /// serving every client.
+    Promote {
+        /// The tenant's name.
+        tenant: String,
+        /// Promote only if the tenant is still at this ETag; default: as read just before.
+        #[arg(long, value_name = "ETAG")]
+        if_match: Option<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Roll a tenant back: drop its candidate if it has one (its current version then serves
+    /// every client), else return to its previous version (a second rollback undoes the
+    /// first).
     ///
     /// The rollback is conditional on the tenant as read just before it (If-Match), so it is
     /// never applied twice: to retry one whose answer was lost, pass the ETag it printed.
@@ -564,6 +577,11 @@ fn main() -> ExitCode {
             if_match,
             admin,
         } => admin.run(|t| async move { tern::cli::rollback(&t, &tenant, if_match).await }),
+        Command::Promote {
+            tenant,
+            if_match,
+            admin,
+        } => admin.run(|t| async move { tern::cli::promote(&t, &tenant, if_match).await }),
         Command::Delete {
             tenant,
             if_match,

@@ -511,11 +511,15 @@ async fn tls_listener(
     Ok((l, Arc::new(acceptor), acme))
 }
 
-/// The tasks beside the listeners: the fleet's registry watched, ACME's rounds, certificates
-/// other replicas or processes store, the swap watch.
+/// How often candidates' rollouts are looked at (abort rule, stages): the time an abort
+/// takes at most after its rule is met, besides the change itself.
+const ROLLOUTS_TENDED_EVERY: Duration = Duration::from_secs(1);
+
 /// How often when each scoped token was last used is saved in the data directory.
 const TOKEN_USE_SAVED_EVERY: Duration = Duration::from_secs(10);
 
+/// The tasks beside the listeners: the fleet's registry watched, ACME's rounds, certificates
+/// other replicas or processes store, candidates' rollouts tended, the swap watch.
 fn background(
     app: &Arc<App>,
     fleet: Option<&Arc<crate::fleet::Fleet>>,
@@ -549,6 +553,13 @@ fn background(
     if let (Some(certificates), Some(every)) = (app.certificates.get(), stored_every) {
         tasks.push(certificates.clone().watch_stored(every, shutdown.clone()));
     }
+    // Gradual deployments: each candidate's abort rule and stages, every second.
+    let (a, s) = (app.clone(), shutdown.clone());
+    tasks.push(tokio::spawn(async move {
+        while s.sleep(ROLLOUTS_TENDED_EVERY).await {
+            a.registry.tend_rollouts().await;
+        }
+    }));
     // When each scoped token was last used, saved now and then (and once more at the end).
     let (a, s) = (app.clone(), shutdown.clone());
     tasks.push(tokio::spawn(async move {

@@ -108,9 +108,11 @@ impl Fill {
         let mut streamed = false;
         match &self.then {
             Then::Pass => {}
-            Then::Invalidate(hash) => {
+            Then::Invalidate(hashes) => {
                 if resp.status().is_success() || resp.status().is_redirection() {
-                    cache.entries.invalidate(hash);
+                    for hash in hashes {
+                        cache.entries.invalidate(hash);
+                    }
                 }
             }
             Then::Store(storing) => {
@@ -157,7 +159,7 @@ impl Fill {
                                 // large, or is cut), then find it. (A client may read a
                                 // guest's answer slowly: those behind it go to the guest.)
                                 let lead = match self.space {
-                                    Space::Front => None,
+                                    Space::Front(_) => None,
                                     Space::Backend(_) | Space::Guest(_) => self.lead.take(),
                                 };
                                 resp = resp.map(|body| {
@@ -467,7 +469,7 @@ impl Cache {
     /// Stores `variant` under `s`'s key, beside the key's other variants.
     fn put_variant(&self, s: &Storing, variant: Arc<Variant>) {
         let mut variants: Vec<Arc<Variant>> = match self.entries.get(&s.hash) {
-            Some(e) if e.is_for(s.space, s.https, &s.host, &s.target) => e
+            Some(e) if e.is_for((s.space, s.version), s.https, &s.host, &s.target) => e
                 .variants
                 .iter()
                 .filter(|v| v.vary != variant.vary)
@@ -483,6 +485,7 @@ impl Cache {
             s.hash,
             Keyed {
                 space: s.space,
+                version: s.version,
                 https: s.https,
                 host: s.host.clone(),
                 target: s.target.clone(),

@@ -335,10 +335,10 @@ impl Entry {
             )));
         }
         let target = self.req.uri().path();
-        let hash = self.cache.hash(Space::GUEST, false, "", target);
+        let hash = self.cache.hash((Space::GUEST, 0), false, "", target);
         let mut storing = Storing::new(
             hash,
-            Space::GUEST,
+            (Space::GUEST, 0),
             (false, "", target),
             &self.req,
             self.generation,

@@ -44,8 +44,9 @@ impl Counts {
 #[derive(Debug, Clone)]
 pub enum Space {
     /// Requests to the tenant's guests, keyed by scheme, host and target (as `[tenant.cache]`
-    /// keys them).
-    Front,
+    /// keys them) and by the version answering (`Tenant::cache_version`: a candidate shares
+    /// its current version's cache, and neither is given the other's answers).
+    Front(u64),
     /// A backend's answers to the tenant's guests' requests, keyed by the backend's name
     /// and the target sent to it.
     Backend(Arc<Counts>),
@@ -59,16 +60,25 @@ impl Space {
 
     pub(super) fn tag(&self) -> u8 {
         match self {
-            Self::Front => 0,
+            Self::Front(_) => 0,
             Self::Backend(_) => 1,
             Self::Guest(_) => Self::GUEST,
+        }
+    }
+
+    /// The version its keys are for: the front's version; 0 for what the versions share
+    /// (their backends' answers, their guests' own entries).
+    pub(super) fn version(&self) -> u64 {
+        match self {
+            Self::Front(v) => *v,
+            Self::Backend(_) | Self::Guest(_) => 0,
         }
     }
 
     /// Where its requests are counted (`front`: the cache's own counts).
     pub(super) fn counts<'a>(&'a self, front: &'a Counts) -> &'a Counts {
         match self {
-            Self::Front => front,
+            Self::Front(_) => front,
             Self::Backend(counts) | Self::Guest(counts) => counts,
         }
     }

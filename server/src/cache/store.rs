@@ -74,7 +74,14 @@ pub struct Cache {
     /// Bytes its entries hold now, given back to `tern_cache_stored_bytes` when a deploy or
     /// a change of settings drops the cache.
     pub(super) held: Arc<std::sync::atomic::AtomicI64>,
+    /// The versions whose answers its front keeps ([`Space::Front`]): a tenant's current one
+    /// and its candidate's, which share it (the last few, for a write's invalidation).
+    pub(super) versions: std::sync::Mutex<Vec<u64>>,
 }
+
+/// How many versions' front keys a write invalidates: the current, the candidate, and the
+/// ones just replaced (whose entries age out).
+const VERSIONS_KEPT: usize = 4;
 
 impl Drop for Cache {
     fn drop(&mut self) {
@@ -97,6 +104,8 @@ impl std::fmt::Debug for Cache {
 /// The stored answers of one key (space, scheme, host, path and query).
 pub(super) struct Keyed {
     pub(super) space: u8,
+    /// The version whose answers it holds ([`Space::version`]).
+    pub(super) version: u64,
     pub(super) https: bool,
     pub(super) host: Box<str>,
     pub(super) target: Box<str>,
@@ -167,8 +176,9 @@ impl Drop for Lead {
 pub(super) enum Then {
     /// Nothing is stored.
     Pass,
-    /// A non-error answer invalidates the key.
-    Invalidate(u64),
+    /// A non-error answer invalidates the key, for every version that answers in front of
+    /// the cache (a write through one version makes the other's stored answer stale too).
+    Invalidate(Box<[u64]>),
     /// A storable answer is stored under the key.
     Store(Box<Storing>),
 }
@@ -177,6 +187,8 @@ pub(super) enum Then {
 pub(super) struct Storing {
     pub(super) hash: u64,
     pub(super) space: u8,
+    /// [`Space::version`].
+    pub(super) version: u64,
     pub(super) https: bool,
     pub(super) host: Box<str>,
     pub(super) target: Box<str>,
@@ -210,7 +222,7 @@ impl Storing {
     /// and target) needs, before the request's validators and the requester's overrides.
     pub(super) fn new<B>(
         hash: u64,
-        space: u8,
+        (space, version): (u8, u64),
         key: (bool, &str, &str),
         req: &Request<B>,
         generation: u64,
@@ -219,6 +231,7 @@ impl Storing {
         Self {
             hash,
             space,
+            version,
             https,
             host: host.into(),
             target: target.into(),
@@ -345,14 +358,32 @@ impl Cache {
             store_cookie_requests: config.store_cookie_requests,
             counts: Counts::new(result),
             purges: purged::Purges::default(),
+            versions: std::sync::Mutex::default(),
             stored_bytes,
             held,
         }
     }
 
-    pub(super) fn hash(&self, space: u8, https: bool, host: &str, target: &str) -> u64 {
+    /// Its front now answers for `version` too (a tenant's version using it: [`Space::Front`]).
+    pub fn serves_version(&self, version: u64) {
+        let mut versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        versions.retain(|v| *v != version);
+        versions.push(version);
+        if versions.len() > VERSIONS_KEPT {
+            versions.remove(0);
+        }
+    }
+
+    pub(super) fn hash(
+        &self,
+        (space, version): (u8, u64),
+        https: bool,
+        host: &str,
+        target: &str,
+    ) -> u64 {
         let mut h = self.hasher.build_hasher();
         h.write_u8(space);
+        h.write_u64(version);
         h.write_u8(u8::from(https));
         for b in host.bytes() {
             h.write_u8(b.to_ascii_lowercase());
@@ -428,7 +459,7 @@ impl Cache {
         waited: bool,
     ) -> Lookup {
         let (https, host, compress) = (asked.https, asked.host, asked.compress);
-        let space = asked.space.tag();
+        let space = (asked.space.tag(), asked.space.version());
         let counts = asked.space.counts(&self.counts);
         let method = req.method();
         let (get, head) = (method == Method::GET, method == Method::HEAD);
@@ -439,7 +470,7 @@ impl Cache {
         // A backend's answers are keyed by what was sent to it, a guest's entries by the key
         // it gave; the tenant's keying settings are for its clients' requests.
         let key = match asked.space {
-            Space::Front => self.keying.key(target, req.headers()),
+            Space::Front(_) => self.keying.key(target, req.headers()),
             Space::Backend(_) | Space::Guest(_) => std::borrow::Cow::Borrowed(target),
         };
         let target = &*key;
@@ -460,7 +491,16 @@ impl Cache {
                 || method == Method::PATCH
                 || method == Method::DELETE;
             let then = if unsafe_method {
-                Then::Invalidate(hash)
+                let mut hashes = vec![hash];
+                if let Space::Front(own) = asked.space {
+                    let versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+                    hashes.extend(
+                        (versions.iter())
+                            .filter(|v| **v != own)
+                            .map(|v| self.hash((space.0, *v), https, host, target)),
+                    );
+                }
+                Then::Invalidate(hashes.into())
             } else {
                 Then::Pass
             };
@@ -595,6 +635,7 @@ impl Cache {
                     *hash,
                     Keyed {
                         space: entry.space,
+                        version: entry.version,
                         https: entry.https,
                         host: entry.host.clone(),
                         target: entry.target.clone(),
@@ -678,8 +719,15 @@ impl Cache {
 impl Keyed {
     /// Whether it holds the key `space`, `https`, `host`, `target` (its hash may be another
     /// key's).
-    pub(super) fn is_for(&self, space: u8, https: bool, host: &str, target: &str) -> bool {
+    pub(super) fn is_for(
+        &self,
+        (space, version): (u8, u64),
+        https: bool,
+        host: &str,
+        target: &str,
+    ) -> bool {
         self.space == space
+            && self.version == version
             && self.https == https
             && self.host.eq_ignore_ascii_case(host)
             && &*self.target == target

@@ -30,8 +30,36 @@ pub struct Deploy {
     /// The tenant's name.
     pub tenant: String,
     /// The .wasm file: a Tern module (wasm32-wasip1, the guest SDK), a wasi:http component
-    /// (wasm32-wasip2) or a WASI program to run as CGI.
-    pub module: PathBuf,
+    /// (wasm32-wasip2) or a WASI program to run as CGI. Left out with --percent: the
+    /// candidate in rollout gets that share.
+    pub module: Option<PathBuf>,
+    /// Deploy it as the tenant's candidate, serving this share of its clients (0-100, e.g.
+    /// 10 or 0.5) beside the current version until `tern promote` or `tern rollback`;
+    /// without a module: give the candidate this share now (its stages end).
+    #[arg(long)]
+    pub percent: Option<String>,
+    /// Deploy it as the candidate with shares that follow each other by time: `5%:5m,25%:10m,
+    /// 100%` (s, m, h, d); only the last may have no time (held until promoted; with a time,
+    /// promoted when it ends).
+    #[arg(long)]
+    pub stages: Option<String>,
+    /// What splits the clients between the versions: `client` (their address, the default),
+    /// `header:NAME` or `cookie:NAME` (the address when the request has none). One key gets
+    /// one version on every replica, and a larger share moves no key back.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Abort the rollout (the candidate gets no more clients) when its rate of 5xx answers
+    /// (traps and timeouts are 5xx) is this many percentage points above the current
+    /// version's (default 5 when --abort-min-requests is given).
+    #[arg(long, value_name = "POINTS")]
+    pub abort: Option<f64>,
+    /// The candidate's requests before the abort rule judges it (default 100).
+    #[arg(long, value_name = "N")]
+    pub abort_min_requests: Option<u64>,
+    /// Client networks that may ask for a version with `Tern-Version` without a token
+    /// (repeatable; e.g. 10.0.0.0/8). Others need `Tern-Version-Token` with a deploy token.
+    #[arg(long, value_name = "NET")]
+    pub override_from: Vec<String>,
     /// Guest kind: tern, wasi-http or cgi (default: detected from the module).
     #[arg(long)]
     pub kind: Option<crate::config::GuestKind>,
@@ -83,8 +111,11 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 /// # Errors
 /// If a file cannot be read or the server refuses a step (its message is in the error).
 pub async fn deploy(target: &AdminClient, d: &Deploy) -> anyhow::Result<()> {
+    let Some(module) = &d.module else {
+        return share(target, d).await;
+    };
     let wasm =
-        std::fs::read(&d.module).with_context(|| format!("cannot read {}", d.module.display()))?;
+        std::fs::read(module).with_context(|| format!("cannot read {}", module.display()))?;
     let path = format!("/admin/v1/tenants/{}", d.tenant);
     let (status, existing) = target.call(Method::GET, &path, Bytes::new(), "").await?;
     let exists = status.is_success();
@@ -165,10 +196,30 @@ async fn upload(target: &AdminClient, d: &Deploy, path: &str, wasm: Vec<u8>) -> 
         );
         query = format!("?assets={hash}");
     }
+    let mut params: Vec<(&str, String)> = Vec::new();
     if let Some(kind) = d.kind {
+        params.push(("kind", kind.name().to_string()));
+    }
+    let rollout = [
+        ("percent", d.percent.clone()),
+        ("stages", d.stages.clone()),
+        ("key", d.key.clone()),
+        ("abort", d.abort.map(|a| a.to_string())),
+        (
+            "abort_min_requests",
+            d.abort_min_requests.map(|n| n.to_string()),
+        ),
+        (
+            "override_from",
+            (!d.override_from.is_empty()).then(|| d.override_from.join(",")),
+        ),
+    ];
+    params.extend(rollout.into_iter().filter_map(|(k, v)| Some((k, v?))));
+    for (k, v) in params {
         query.push(if query.is_empty() { '?' } else { '&' });
-        query.push_str("kind=");
-        query.push_str(kind.name());
+        query.push_str(k);
+        query.push('=');
+        query.extend(url::form_urlencoded::byte_serialize(v.as_bytes()));
     }
     let v = target
         .ok(
@@ -178,6 +229,29 @@ async fn upload(target: &AdminClient, d: &Deploy, path: &str, wasm: Vec<u8>) -> 
             "application/wasm",
         )
         .await?;
+    if v["candidate"].is_object() {
+        let c = &v["candidate"];
+        println!(
+            "deployed {} version {} as its candidate ({}, {} bytes, compiled in {:.0} ms): {} \
+             of its clients{}, beside version {}",
+            d.tenant,
+            short(v["version"].as_str().unwrap_or("?")),
+            v["kind"].as_str().unwrap_or("?"),
+            v["module_bytes"],
+            v["compile_ms"].as_f64().unwrap_or(0.0),
+            c["percent"].as_str().unwrap_or("?"),
+            stages_text(&c["plan"]),
+            short(v["previous"].as_str().unwrap_or("?")),
+        );
+        println!(
+            "  promote: tern promote {0}    roll back: tern rollback {0}    watch: tern tenants {0}",
+            d.tenant
+        );
+        for w in v["warnings"].as_array().into_iter().flatten() {
+            eprintln!("warning: {}", w.as_str().unwrap_or_default());
+        }
+        return Ok(());
+    }
     println!(
         "deployed {} version {} ({}, {} bytes, compiled in {:.0} ms, serving {:.0} ms after upload){}",
         d.tenant,
@@ -194,6 +268,71 @@ async fn upload(target: &AdminClient, d: &Deploy, path: &str, wasm: Vec<u8>) -> 
     for w in v["warnings"].as_array().into_iter().flatten() {
         eprintln!("warning: {}", w.as_str().unwrap_or_default());
     }
+    Ok(())
+}
+
+/// `tern deploy NAME --percent N` without a module: the candidate's share moved.
+async fn share(target: &AdminClient, d: &Deploy) -> anyhow::Result<()> {
+    let Some(percent) = &d.percent else {
+        bail!(
+            "name the .wasm to deploy, or give the candidate in rollout a share with --percent N"
+        );
+    };
+    if d.stages.is_some() || d.key.is_some() || d.abort.is_some() || !d.override_from.is_empty() {
+        bail!(
+            "--stages, --key, --abort and --override-from come with a module: deploy it as a new candidate"
+        );
+    }
+    let path = format!("/admin/v1/tenants/{}/rollout", d.tenant);
+    let v = target
+        .send_json(Method::POST, &path, &json!({ "percent": percent }))
+        .await?;
+    println!(
+        "{}: candidate {} now serves {} of its clients (current version {})",
+        d.tenant,
+        short(v["candidate"]["version"]["id"].as_str().unwrap_or("?")),
+        v["candidate"]["percent"].as_str().unwrap_or("?"),
+        short(v["current"]["id"].as_str().unwrap_or("?")),
+    );
+    Ok(())
+}
+
+/// A plan's stages as written (`, then 25% at +10m, 100%`), or nothing.
+fn stages_text(plan: &Value) -> String {
+    let stages = plan["stages"].as_array().into_iter().flatten();
+    let text: Vec<String> = stages
+        .map(|s| {
+            let share = crate::rollout::percent_text(s["share"].as_u64().unwrap_or(0) as u16);
+            match s["secs"].as_u64() {
+                Some(secs) => format!("{share} for {}", tokens::span(secs)),
+                None => format!("{share} until promoted"),
+            }
+        })
+        .collect();
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!(" (stages: {})", text.join(", "))
+    }
+}
+
+/// `tern promote NAME [--if-match ETAG]`: the candidate becomes the current version.
+///
+/// # Errors
+/// If the server refuses (no candidate, the tenant changed: `412`, ...).
+pub async fn promote(
+    target: &AdminClient,
+    name: &str,
+    if_match: Option<String>,
+) -> anyhow::Result<()> {
+    let path = format!("/admin/v1/tenants/{name}/promote");
+    let v = change_tenant(target, (Method::POST, path), name, if_match, "promote").await?;
+    println!(
+        "promoted {name}'s candidate: version {} serves every client (previous {}; ETag now {})",
+        short(v["current"]["id"].as_str().unwrap_or("?")),
+        short(v["previous"]["id"].as_str().unwrap_or("-")),
+        v["etag"].as_str().unwrap_or("-")
+    );
     Ok(())
 }
 
@@ -277,6 +416,18 @@ pub async fn tenants(
             Some(id) => short(id).to_string(),
             None => t["module"].as_str().unwrap_or("-").to_string(),
         };
+        let c = &t["candidate"];
+        if let Some(id) = c["version"]["id"].as_str() {
+            let state = match c["state"].as_str() {
+                Some("aborted") => " ABORTED",
+                _ => "",
+            };
+            version = format!(
+                "{version} + {} at {}{state}",
+                short(id),
+                c["percent"].as_str().unwrap_or("?")
+            );
+        }
         if let Some(f) = fleet
             .as_ref()
             .map(|f| &f["tenants"][t["name"].as_str().unwrap_or("")])
@@ -409,6 +560,15 @@ pub async fn rollback(
 ) -> anyhow::Result<()> {
     let path = format!("/admin/v1/tenants/{name}/rollback");
     let v = change_tenant(target, (Method::POST, path), name, if_match, "rollback").await?;
+    if let Some(dropped) = v["dropped_candidate"].as_str() {
+        println!(
+            "rolled {name}'s candidate {} back: version {} serves every client (ETag now {})",
+            short(dropped),
+            short(v["version"].as_str().unwrap_or("?")),
+            v["etag"].as_str().unwrap_or("-")
+        );
+        return Ok(());
+    }
     println!(
         "rolled {name} back to version {} (was {}; ETag now {})",
         short(v["version"].as_str().unwrap_or("?")),

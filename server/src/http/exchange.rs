@@ -32,13 +32,28 @@ pub(super) enum Early {
     Refused(ExecError, Phase),
 }
 
-/// The tenant a request is for, and the length of the route prefix it matched.
+/// The tenant a request is for (the version of it that serves the request), and the length
+/// of the route prefix it matched.
 #[derive(Clone)]
 pub(super) struct Routed {
     pub(super) tenant: TenantRef,
     pub(super) prefix_len: usize,
     /// Where the request's host is (checked once, in `route`).
     pub(super) host: super::request::HostFrom,
+    /// Which of the tenant's versions `tenant` is.
+    pub(super) role: crate::rollout::Role,
+    /// The tenant's candidate, while it has one: its judge counts this request's answer
+    /// unless the request asked for its version (`Tern-Version`).
+    pub(super) rollout: Option<Arc<crate::registry::Candidate>>,
+    /// It asked for its version (`Tern-Version`): not one of the split's, not judged.
+    pub(super) chosen: bool,
+}
+
+impl Routed {
+    /// The deployment `routed` serves (current for an unrouted request).
+    pub(super) fn role_of(routed: Option<&Self>) -> crate::rollout::Role {
+        routed.map_or(crate::rollout::Role::Current, |r| r.role)
+    }
 }
 
 /// One request as the front end carries it: the connection it came on and the client, the
@@ -145,7 +160,8 @@ impl Exchange {
     pub(super) fn early(mut self, app: &App, early: Early) -> Response<ResponseBody> {
         match early {
             Early::Unrouted(resp) => {
-                app.metrics.observe(&self.timings, Phase::Route);
+                let role = Routed::role_of(self.routed.as_ref());
+                app.metrics.observe(&self.timings, Phase::Route, role);
                 self.routed = None;
                 self.live = None;
                 self.finish(app, *resp, Phase::Route)
@@ -182,7 +198,8 @@ impl Exchange {
         plain: bool,
         stale: bool,
     ) -> Response<ResponseBody> {
-        app.metrics.observe(&self.timings, Phase::Route);
+        let role = Routed::role_of(self.routed.as_ref());
+        app.metrics.observe(&self.timings, Phase::Route, role);
         if let Some(live) = &mut self.live {
             live.cached(stale);
         }
@@ -204,7 +221,8 @@ impl Exchange {
     /// Refuses a routed request before its guest runs, recording the phases it reached and
     /// counting the outcome.
     fn reject(mut self, app: &App, e: &ExecError, reached: Phase) -> Response<ResponseBody> {
-        app.metrics.observe(&self.timings, reached);
+        let role = Routed::role_of(self.routed.as_ref());
+        app.metrics.observe(&self.timings, reached, role);
         let tenant = self.tenant().clone();
         tenant.count_outcome(e.outcome);
         if let Some(live) = &mut self.live {
@@ -254,12 +272,18 @@ impl Exchange {
         let total = ended - self.arrived;
         app.metrics.observe_total(total);
         let status = resp.status().as_u16();
-        match tenant {
-            Some(t) => {
-                t.requests.count(status, self.version);
-                t.served.count(status);
+        match &self.routed {
+            Some(r) => {
+                r.tenant.requests.count(status, self.version, r.role);
+                r.tenant.served.count(status);
+                if let Some(rollout) = r.rollout.as_ref().filter(|_| !r.chosen) {
+                    rollout.judge.count(r.role, status);
+                }
             }
-            None => app.metrics.unrouted().count(status, self.version),
+            None => {
+                let role = crate::rollout::Role::Current;
+                app.metrics.unrouted().count(status, self.version, role);
+            }
         }
         // A WebSocket's access line and span are written when it closes.
         let later = resp
@@ -285,7 +309,8 @@ impl Exchange {
         let headers: &mut HeaderMap = resp.headers_mut();
         headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
         // (Its bytes become the header's as they are: no second copy.)
-        let timing = bytes::Bytes::from(self.timings.server_timing(total, reached));
+        let version = tenant.and_then(|t| t.short_version());
+        let timing = bytes::Bytes::from(self.timings.server_timing(total, reached, version));
         if let Ok(v) = HeaderValue::from_maybe_shared(timing) {
             headers.insert(SERVER_TIMING.clone(), v);
         }

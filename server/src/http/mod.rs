@@ -34,6 +34,7 @@ use crate::metrics::{GaugeGuard, Phase, Timings};
 use crate::outcome::{self, ExecError, Outcome};
 use crate::pool::Admitted;
 use crate::ratelimit::RateLimits;
+use crate::rollout;
 use crate::tenant::TenantRef;
 
 pub mod exchange;
@@ -66,7 +67,7 @@ pub async fn handle(
     let mut ex = Exchange::begin(&app, &req, conn, client);
     let _in_flight = GaugeGuard::new(&app.metrics.in_flight);
 
-    let routed = route(&app, &mut req, &ex.conn).await;
+    let routed = route(&app, &mut req, &ex.conn, client.ip()).await;
     ex.timings.set(Phase::Route, ex.arrived.elapsed());
     match routed {
         Ok(routed) => ex.route_to(routed, &req),
@@ -217,6 +218,7 @@ async fn events(
         conn: ex.conn.clone(),
         client: ex.client,
         channels: tenant.grants.channels.clone(),
+        version: tenant.version_label.clone(),
         prefix_len: routed.prefix_len,
         host: routed.host,
     });
@@ -287,16 +289,37 @@ struct EventsOrigin {
     /// The tenant's channels when the connection opened: a tenant deleted and made again
     /// under its name has others (another key), and the connection's batches never reach it.
     channels: Arc<crate::websocket::channels::Grant>,
+    /// The version it opened on: its batches go to it while it serves the tenant.
+    version: Arc<str>,
     prefix_len: usize,
     host: request::HostFrom,
 }
 
 impl EventsOrigin {
-    /// The tenant the connection opened on, as it is deployed now (`None`: gone).
-    fn tenant(&self) -> Option<crate::tenant::TenantRef> {
+    /// The tenant the connection opened on, as it is deployed now (`None`: gone): the version
+    /// it opened on while that is the tenant's candidate, else its current version.
+    fn tenant(&self) -> Option<Picked> {
         let live = self.app.registry.live();
-        let tenant = live.tenants.get(self.channels.name())?;
-        (tenant.grants.channels.key() == self.channels.key()).then(|| tenant.clone())
+        let name = self.channels.name();
+        let current = live.tenants.get(name)?;
+        if current.grants.channels.key() != self.channels.key() {
+            return None;
+        }
+        let candidate = live.candidates.get(name);
+        Some(match candidate {
+            Some(c) if c.tenant.version_label == self.version => (
+                c.tenant.clone(),
+                rollout::Role::Candidate,
+                Some(c.clone()),
+                true,
+            ),
+            _ => (
+                current.clone(),
+                rollout::Role::Current,
+                candidate.cloned(),
+                true,
+            ),
+        })
     }
 }
 
@@ -310,7 +333,7 @@ impl crate::websocket::Origin for EventsOrigin {
         let tenant = self.tenant();
         let (prefix_len, host) = (self.prefix_len, self.host);
         Box::pin(async move {
-            let Some(tenant) = tenant else {
+            let Some((tenant, role, rollout, chosen)) = tenant else {
                 return plain(StatusCode::NOT_FOUND, "the tenant is gone\n");
             };
             ex.route_to(
@@ -318,6 +341,9 @@ impl crate::websocket::Origin for EventsOrigin {
                     tenant,
                     prefix_len,
                     host,
+                    role,
+                    rollout,
+                    chosen,
                 },
                 &req,
             );
@@ -329,7 +355,7 @@ impl crate::websocket::Origin for EventsOrigin {
     }
 
     fn publish(&self, to: crate::websocket::Target, push: crate::websocket::Push) {
-        if let Some(tenant) = self.tenant() {
+        if let Some((tenant, ..)) = self.tenant() {
             tenant.grants.channels.publish(&[(to, push)], false);
         }
     }
@@ -377,7 +403,7 @@ async fn look_up(app: &App, ex: &mut Exchange, req: &mut Request<RequestBody>) -
         https: ex.conn.tls.is_some(),
         host,
         trusted: app.trusted_proxies.contains(ex.conn.peer.ip()),
-        space: crate::cache::Space::Front,
+        space: crate::cache::Space::Front(tenant.cache_version),
         compress: tenant.front.compression.as_ref().zip(ex.asked),
         body: !http_body::Body::is_end_stream(req.body()),
     };
@@ -448,6 +474,7 @@ async fn route(
     app: &App,
     req: &mut Request<RequestBody>,
     conn: &Connection,
+    client: std::net::IpAddr,
 ) -> Result<Routed, Early> {
     // Framing a proxy in front might read differently, a coding Tern cannot undo: refused
     // before anything reads the body, and the connection closed.
@@ -501,20 +528,22 @@ async fn route(
     }
     let host = host_from.host(req);
     let find = || {
-        app.registry
-            .live()
-            .router
-            .find(host, req.uri().path())
-            .map(|(tenant, prefix_len)| Routed {
-                tenant: tenant.clone(),
+        let live = app.registry.live();
+        let (serving, prefix_len) = live.router.find(host, req.uri().path())?;
+        Some(
+            pick(app, serving, req, client).map(|(tenant, role, rollout, chosen)| Routed {
+                tenant,
                 prefix_len,
                 host: host_from,
-            })
+                role,
+                rollout,
+                chosen,
+            }),
+        )
     };
     let mut routed = find();
-    if routed
-        .as_ref()
-        .is_some_and(|r| r.tenant.awaits_memset_reset())
+    if let Some(Ok(r)) = &routed
+        && r.tenant.awaits_memset_reset()
     {
         // A swap area was just switched on and the tenants are being moved to the swap-safe
         // reset (milliseconds): route on the moved table.
@@ -523,11 +552,103 @@ async fn route(
             .await;
         routed = find();
     }
-    routed.ok_or_else(|| {
-        Early::Unrouted(Box::new(plain(
+    // A token for `Tern-Version` is the server's to read, never a guest's.
+    let headers = req.headers_mut();
+    if headers.remove(&rollout::TERN_VERSION_TOKEN).is_some()
+        | routed
+            .as_ref()
+            .is_some_and(|r| r.as_ref().is_ok_and(|r| r.rollout.is_some()))
+    {
+        headers.remove(&rollout::TERN_VERSION);
+    }
+    routed.unwrap_or_else(|| {
+        Err(Early::Unrouted(Box::new(plain(
             StatusCode::NOT_FOUND,
             "no tenant is routed for this host and path\n",
-        )))
+        ))))
+    })
+}
+
+/// The version of `serving`'s tenant that serves `req` from `client`: its current one, or
+/// while it has a candidate the one its split gives the client, or the one `Tern-Version`
+/// asks for (from the rollout's `override_from` networks, or with a token that may deploy the
+/// tenant in `Tern-Version-Token`: checked before the version is looked at, so the versions'
+/// ids are told only to those). Whether the request chose its version.
+fn pick(
+    app: &App,
+    serving: &crate::registry::Serving,
+    req: &Request<RequestBody>,
+    client: std::net::IpAddr,
+) -> Result<Picked, Early> {
+    let Some(candidate) = &serving.candidate else {
+        return Ok((serving.current.clone(), rollout::Role::Current, None, false));
+    };
+    let refuse = |status, text: String| Err(Early::Unrouted(Box::new(plain_owned(status, text))));
+    let Some(asked) = req.headers().get(&rollout::TERN_VERSION) else {
+        let (tenant, role) = serving.pick(req.headers(), client);
+        return Ok((tenant.clone(), role, Some(candidate.clone()), false));
+    };
+    if !candidate.split.may_override(client) {
+        let token = req.headers().get(&rollout::TERN_VERSION_TOKEN);
+        let token = token.and_then(|t| t.to_str().ok()).unwrap_or_default();
+        if !may_deploy(app, &serving.current.name, token) {
+            let now = crate::datadir::now();
+            if !token.is_empty() && app.failures.over(client, now) {
+                return refuse(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too many refused Tern-Version tokens: retry in a second\n".into(),
+                );
+            }
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "Tern-Version needs Tern-Version-Token: the operator's token or a token with \
+                 the deploy scope for this tenant (or a client in the rollout's override_from \
+                 networks)\n"
+                    .into(),
+            );
+        }
+    }
+    let asked = asked.to_str().unwrap_or_default().trim();
+    let Some((tenant, role)) = serving.named(asked) else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            format!(
+                "Tern-Version: {asked:?} names no version of tenant {:?}: `current`, \
+                 `candidate`, or 8 or more leading digits of {} or {}\n",
+                serving.current.name,
+                serving.current.short_version().unwrap_or("-"),
+                candidate.tenant.short_version().unwrap_or("-"),
+            ),
+        );
+    };
+    Ok((tenant.clone(), role, Some(candidate.clone()), true))
+}
+
+/// A version of a tenant, which of its versions it is, its candidate, and whether the
+/// request chose it.
+type Picked = (
+    TenantRef,
+    rollout::Role,
+    Option<Arc<crate::registry::Candidate>>,
+    bool,
+);
+
+/// Whether `token` may deploy tenant `name`: the operator's, or a scoped token with the
+/// `deploy` scope for it.
+fn may_deploy(app: &App, name: &str, token: &str) -> bool {
+    use crate::access::{Action, Principal, Scope};
+    if token.is_empty() {
+        return false;
+    }
+    if crate::access::is_operator(&app.admin_token, token) {
+        return true;
+    }
+    app.registry.scoped_token(token).is_ok_and(|(id, t)| {
+        crate::access::decide(
+            Principal::Token(&id, &t),
+            Action::Tenant(name, Scope::Deploy),
+        )
+        .is_ok()
     })
 }
 
@@ -637,9 +758,12 @@ async fn run_guest(
     admitted: Admitted,
 ) -> (Response<ResponseBody>, Phase) {
     let Routed {
-        tenant, prefix_len, ..
+        tenant,
+        prefix_len,
+        role,
+        ..
     } = ex.routed.as_ref().expect("a routed request");
-    let prefix_len = *prefix_len;
+    let (prefix_len, role) = (*prefix_len, *role);
     let (mut parts, body) = req.into_parts();
     // A `HEAD` response's body is never sent, so it is never counted as undelivered.
     let head_only = parts.method == Method::HEAD;
@@ -676,7 +800,7 @@ async fn run_guest(
             output,
         } => {
             let records = (&mut ex.timings, ex.trace.as_mut(), ex.live.as_mut());
-            record_run(app, records, &phases, &response, output);
+            record_run((app, role), records, &phases, &response, output);
             let resp = match response {
                 Ok(mut done) => {
                     if let ResponseBody::Forwarded(f) = &mut done.body {
@@ -702,7 +826,7 @@ async fn run_guest(
             rest: Rest::Ended(out),
         } => {
             let records = (&mut ex.timings, ex.trace.as_mut(), ex.live.as_mut());
-            record_run(app, records, &out.phases, &out.result, out.output);
+            record_run((app, role), records, &out.phases, &out.result, out.output);
             (streamed(tenant, head, head_only), Phase::Teardown)
         }
         // The body outgrew the buffer while the guest runs: the head leaves now and the guest
@@ -718,7 +842,7 @@ async fn run_guest(
             tokio::spawn(async move {
                 let out = rest.finish().await;
                 let records = (&mut after, trace.as_mut(), live.as_mut());
-                record_run(&app2, records, &out.phases, &out.result, out.output);
+                record_run((&app2, role), records, &out.phases, &out.result, out.output);
                 if let Some(live) = live {
                     live.finish(crate::livelog::Answered {
                         request_id: &request_id,
@@ -749,14 +873,14 @@ async fn run_guest(
 /// A run that ended: its phases into the exchange's timings and `/metrics`, its end into the
 /// request's trace and live log record.
 fn record_run<T>(
-    app: &App,
+    (app, role): (&App, rollout::Role),
     (timings, trace, live): RunRecords<'_>,
     phases: &Phases,
     result: &Result<T, crate::outcome::ExecError>,
     output: Option<crate::guest::Output>,
 ) {
     record_phases(timings, phases);
-    app.metrics.observe(timings, Phase::Teardown);
+    app.metrics.observe(timings, Phase::Teardown, role);
     if let Some(t) = trace {
         t.ran(phases.start, result);
     }

@@ -14,6 +14,11 @@ pub const ACCESS_TARGET: &str = "tern::access";
 pub trait Named: Send + Sync {
     /// The tenant's name.
     fn name(&self) -> &str;
+
+    /// The version that answered (12 digits), if the tenant has versions.
+    fn version(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// One request's access line: gathered as the request goes (only when access lines are on:
@@ -87,6 +92,7 @@ impl AccessRecord {
             target: ACCESS_TARGET,
             request_id = self.request_id.to_str().unwrap_or("-"),
             tenant = self.tenant.as_ref().map_or("-", |t| t.name()),
+            tenant_version = self.tenant.as_ref().and_then(|t| t.version()),
             method = self.method.as_str(),
             path = self.path(),
             version = self.version_text(),
@@ -312,6 +318,9 @@ impl AccessSink {
         l.str("request_id", r.request_id.as_bytes());
         let tenant = r.tenant.as_ref().map_or("-", |t| t.name());
         l.str("tenant", tenant.as_bytes());
+        if let Some(v) = r.tenant.as_ref().and_then(|t| t.version()) {
+            l.str("tenant_version", v.as_bytes());
+        }
         l.str("method", r.method.as_str().as_bytes());
         l.str("path", r.path().as_bytes());
         l.str("version", r.version_text().as_bytes());

@@ -98,27 +98,28 @@ fn version_index(version: http::Version) -> usize {
     }
 }
 
-/// Request counters of one tenant, by HTTP version and status class: each resolved the first
-/// time it counts (a tenant that never sees HTTP/1.0 exports no series for it), then one
-/// atomic load and an increment.
+/// Request counters of one tenant, by deployment (its current version or its candidate),
+/// HTTP version and status class: each resolved the first time it counts (a tenant that
+/// never sees HTTP/1.0 exports no series for it), then one atomic load and an increment.
 #[derive(Debug, Clone)]
 pub struct TenantMetrics {
     requests: IntCounterVec,
     label: std::sync::Arc<str>,
-    by_version_class: std::sync::Arc<[[std::sync::OnceLock<IntCounter>; 5]; 4]>,
+    by_version_class: std::sync::Arc<[[[std::sync::OnceLock<IntCounter>; 5]; 4]; 2]>,
 }
 
 impl TenantMetrics {
-    /// Counts one response with `status` to a request of `version`.
-    pub fn count(&self, status: u16, version: http::Version) {
+    /// Counts one response with `status` to a request of `version`, served by `role`.
+    pub fn count(&self, status: u16, version: http::Version, role: crate::rollout::Role) {
         let v = version_index(version);
         let class = status_class(status);
-        self.by_version_class[v][class]
+        self.by_version_class[role as usize][v][class]
             .get_or_init(|| {
                 self.requests.with_label_values(&[
                     &*self.label,
                     ["1xx", "2xx", "3xx", "4xx", "5xx"][class],
                     VERSIONS[v],
+                    role.name(),
                 ])
             })
             .inc();
@@ -177,8 +178,10 @@ named_metrics! {
     );
     requests: counters(
         "tern_requests_total",
-        "Responses sent, by tenant, status class and HTTP version (1.0, 1.1, 2, 3).",
-        &["tenant", "status", "version"],
+        "Responses sent, by tenant, status class, HTTP version (1.0, 1.1, 2, 3) and \
+         deployment (current: the tenant's version; candidate: its new version in a gradual \
+         deployment).",
+        &["tenant", "status", "version", "deployment"],
     );
     outcomes: counters(
         "tern_guest_outcomes_total",
@@ -331,6 +334,13 @@ named_metrics! {
         "tern_live_log_tailers",
         "Live log streams open (tern logs -f), every tenant's; a fleet's merged stream counts on \
          each replica it reads.",
+    );
+    pub rollout_steps: counters(
+        "tern_rollout_steps_total",
+        "Steps gradual deployments took by themselves, by tenant and step (advance: the next \
+         stage; promote: after the last timed stage; abort: the abort rule), counted by the \
+         replica that made the change (once for a fleet).",
+        &["tenant", "step"],
     );
     pub live_log_dropped: counter(
         "tern_live_log_dropped_total",
@@ -504,7 +514,8 @@ pub struct Metrics {
     registry: Registry,
     /// The metrics registered by name alone.
     named: Named,
-    phases: [Histogram; PHASES],
+    /// By deployment ([`crate::rollout::Role`]), then phase.
+    phases: [[Histogram; PHASES]; 2],
     /// Tenant names that have their own label (taken at load time, never per request).
     labelled: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     max_tenant_labels: usize,
@@ -537,10 +548,11 @@ impl Metrics {
                     "tern_request_phase_duration_seconds",
                     "Time spent in each phase of a request: route, queue, instantiate, run, \
                      teardown; outbound (part of run: waiting for outbound requests) for \
-                     requests that made any.",
+                     requests that made any; by deployment (current, or a gradual \
+                     deployment's candidate).",
                 )
                 .buckets(buckets()),
-                &["phase"],
+                &["phase", "deployment"],
             )
             .expect("valid metric"),
         );
@@ -567,7 +579,11 @@ impl Metrics {
                 prometheus::process_collector::ProcessCollector::for_self(),
             ))
             .expect("process metrics registered once");
-        let phases = Phase::EVERY.map(|p| phase_vec.with_label_values(&[p.name()]));
+        let phases = [
+            crate::rollout::Role::Current,
+            crate::rollout::Role::Candidate,
+        ]
+        .map(|role| Phase::EVERY.map(|p| phase_vec.with_label_values(&[p.name(), role.name()])));
         let unrouted = Self::tenant_counters(&named.requests, "none");
         Self {
             registry,
@@ -641,15 +657,17 @@ impl Metrics {
         }
     }
 
-    /// Records a request's phase timings up to the last phase it `reached`.
-    pub fn observe(&self, t: &Timings, reached: Phase) {
-        for (h, d) in self.phases.iter().zip(&t.0).take(reached as usize + 1) {
+    /// Records a request's phase timings up to the last phase it `reached`, as served by
+    /// `role`.
+    pub fn observe(&self, t: &Timings, reached: Phase, role: crate::rollout::Role) {
+        let phases = &self.phases[role as usize];
+        for (h, d) in phases.iter().zip(&t.0).take(reached as usize + 1) {
             h.observe(d.as_secs_f64());
         }
         for phase in Phase::WHEN_USED {
             let d = t.0[phase as usize];
             if !d.is_zero() {
-                self.phases[phase as usize].observe(d.as_secs_f64());
+                phases[phase as usize].observe(d.as_secs_f64());
             }
         }
     }
@@ -714,12 +732,13 @@ mod tests {
         t.set(Phase::Queue, Duration::from_micros(12_345));
         t.set(Phase::Instantiate, Duration::from_micros(7));
         assert_eq!(
-            t.server_timing(Duration::from_micros(2_000_001), Phase::Queue),
+            t.server_timing(Duration::from_micros(2_000_001), Phase::Queue, None),
             "route;dur=0.001, queue;dur=12.345, total;dur=2000.001"
         );
         assert_eq!(
-            t.server_timing(Duration::ZERO, Phase::Instantiate),
-            "route;dur=0.001, queue;dur=12.345, instantiate;dur=0.007, total;dur=0.000"
+            t.server_timing(Duration::ZERO, Phase::Instantiate, Some("0123456789ab")),
+            "route;dur=0.001, queue;dur=12.345, instantiate;dur=0.007, total;dur=0.000, \
+             version;desc=0123456789ab"
         );
         for n in [0, 7, 10, 999, 1_000, 123_456_789, u64::MAX] {
             let mut s = String::new();
@@ -729,7 +748,7 @@ mod tests {
         // Past u64 microseconds (584,000 years) the figure saturates rather than wraps.
         t.set(Phase::Route, Duration::MAX);
         assert!(
-            t.server_timing(Duration::from_micros(1_010), Phase::Route)
+            t.server_timing(Duration::from_micros(1_010), Phase::Route, None)
                 .starts_with(&format!(
                     "route;dur={}.{}, ",
                     u64::MAX / 1000,

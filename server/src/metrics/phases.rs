@@ -89,8 +89,9 @@ impl Timings {
     }
 
     /// The `Server-Timing` header value: each phase up to `reached` and the total, in
-    /// milliseconds.
-    pub fn server_timing(&self, total: Duration, reached: Phase) -> String {
+    /// milliseconds, then the tenant's `version` that answered (`version;desc=<12 digits>`)
+    /// when it has one.
+    pub fn server_timing(&self, total: Duration, reached: Phase, version: Option<&str>) -> String {
         let mut s = String::with_capacity(128);
         // Milliseconds with three decimals from whole microseconds, digits written directly:
         // float formatting, then `write!` of a u128 showed in profiles of the request path
@@ -117,6 +118,10 @@ impl Timings {
             }
         }
         dur("total", total, "");
+        if let Some(v) = version {
+            s.push_str(", version;desc=");
+            s.push_str(v);
+        }
         s
     }
 }

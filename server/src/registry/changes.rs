@@ -60,8 +60,29 @@ impl Registry {
         let live = self.live.load_full();
         // A tenant that serves is rebuilt with the new spec around the module it runs.
         let respecced = match live.tenants.get(name) {
-            Some(old) => Some(self.loader.respec(&rt, old, &old.compiled, &as_config)?),
+            Some(old) => Some(Arc::new(self.loader.respec(
+                &rt,
+                old,
+                &old.compiled,
+                &as_config,
+            )?)),
             None => None,
+        };
+        // So is its candidate, sharing what it shares with the new current one.
+        let stored_candidate = base.as_ref().and_then(|b| b.candidate.as_ref());
+        let candidate = match (&respecced, live.candidates.get(name), stored_candidate) {
+            (Some(current), Some(c), Some(stored)) => {
+                let carried = Carried::for_candidate(current);
+                let t = (self.loader).respec_carrying(
+                    &rt,
+                    &c.tenant,
+                    &c.tenant.compiled,
+                    &as_config,
+                    carried,
+                )?;
+                Some(super::rollout::serve(Arc::new(t), stored, c.judge.clone())?)
+            }
+            _ => None,
         };
         check_routes(&live, state.truth(), name, &spec)?;
         check_cache_budget(&state, name, &spec)?;
@@ -69,6 +90,7 @@ impl Registry {
             spec: spec.clone(),
             current: None,
             previous: None,
+            candidate: None,
             created_at: datadir::now(),
             variables: std::collections::BTreeMap::new(),
         });
@@ -79,7 +101,7 @@ impl Registry {
             base,
             entry: Some(entry),
             // A tenant with no module yet is not routed: only the manifest changes.
-            serve: respecced.map(|t| Some(Arc::new(t))),
+            serve: respecced.map(|t| Some((t, candidate))),
         };
         self.commit(&mut state, change).await?;
         tracing::info!(tenant = name, created, "tenant spec saved");
@@ -113,19 +135,21 @@ impl Registry {
     }
 
     /// Deploys a module (with optionally a stored assets archive) as the tenant's new version
-    /// (`PUT /admin/v1/tenants/{name}/module`).
+    /// (`PUT /admin/v1/tenants/{name}/module`), or with `rollout` as its candidate, serving
+    /// the rollout's share beside the current version.
     ///
     /// # Errors
-    /// `404` unknown tenant or assets, `409` config-owned, `400` not a valid module, `422`
-    /// a module Tern cannot run, `412` if the tenant is not in the state `pre` requires (when
-    /// the deploy starts, and again when it is committed); the running version keeps serving
-    /// on any error.
+    /// `404` unknown tenant or assets, `409` config-owned, a candidate without a current
+    /// version or a new current version while a candidate is in rollout, `400` not a valid
+    /// module, `422` a module Tern cannot run, `412` if the tenant is not in the state `pre`
+    /// requires (when the deploy starts, and again when it is committed); the running version
+    /// keeps serving on any error.
     pub async fn deploy(
         &self,
         name: &str,
         wasm: Bytes,
-        assets: Option<String>,
-        kind: Option<crate::config::GuestKind>,
+        (assets, kind): (Option<String>, Option<crate::config::GuestKind>),
+        rollout: Option<crate::rollout::Plan>,
         pre: &Precondition,
     ) -> Result<Deployed, ChangeError> {
         // Counted and logged however it ends.
@@ -152,6 +176,9 @@ impl Registry {
                 Self::check_api_owned(&state, name)?;
                 let stored = state.truth().tenants.get(name);
                 pre.check(name, stored)?;
+                if let Some(t) = stored {
+                    check_rollout(name, t, rollout.is_some())?;
+                }
                 stored.map(|t| t.spec.clone())
             }
             .ok_or_else(|| {
@@ -164,6 +191,7 @@ impl Registry {
             // stored only once it is known to load, and held until it is committed or forgotten.
             let this = self.loader();
             let (n, live, spec2) = (name.to_string(), self.live.load_full(), spec.clone());
+            let as_candidate = rollout.is_some();
             let (module_hash, prepared) = tokio::task::spawn_blocking(move || {
                 let spec = spec2;
                 let started = Instant::now();
@@ -202,7 +230,12 @@ impl Registry {
                         compile_ms: compiled.as_secs_f64() * 1e3,
                         kind,
                     };
-                    let carried = live.carried(&n);
+                    // A candidate shares its current version's cache (and what every new
+                    // version keeps).
+                    let carried = match live.tenants.get(&n) {
+                        Some(current) if as_candidate => Carried::for_candidate(current),
+                        _ => live.carried(&n),
+                    };
                     let t =
                         this.prepare_version(&rt, &n, &spec, &version, &loaded.module, carried)?;
                     let held = this.hold(&module_hash);
@@ -239,7 +272,7 @@ impl Registry {
             let (state, committed) = match locked {
                 Ok((mut state, (tenant, held))) => {
                     let result = self
-                        .commit_deploy(&mut state, name, &spec, tenant, pre)
+                        .commit_deploy(&mut state, name, (&spec, tenant), rollout, pre)
                         .await;
                     drop(held);
                     (state, result)
@@ -260,13 +293,13 @@ impl Registry {
         result
     }
 
-    /// Makes a prepared deploy the tenant's current version.
+    /// Makes a prepared deploy the tenant's current version, or its candidate under `rollout`.
     async fn commit_deploy(
         &self,
         state: &mut State,
         name: &str,
-        spec: &TenantSpec,
-        tenant: Tenant,
+        (spec, tenant): (&TenantSpec, Tenant),
+        rollout: Option<crate::rollout::Plan>,
         pre: &Precondition,
     ) -> Result<Deployed, ChangeError> {
         let Some(stored) = state.truth().tenants.get(name).cloned() else {
@@ -277,7 +310,19 @@ impl Registry {
         // Another change while this one compiled: a conditional deploy was computed from the
         // state it names, and that state is gone.
         pre.check(name, Some(&stored))?;
+        check_rollout(name, &stored, rollout.is_some())?;
+        // Its first stage (and its judge) count from now, when it begins to serve.
+        let rollout = rollout.map(|mut plan| {
+            plan.starts(crate::rollout::now_ms());
+            plan
+        });
         let rt = self.loader.runtime();
+        let current_now = self.live.load().tenants.get(name).cloned();
+        // What it is prepared again with: a candidate shares with its current version.
+        let carried_again = |t: &Tenant| match (&rollout, &current_now) {
+            (Some(_), Some(current)) => Carried::for_candidate(current),
+            _ => Carried::from(t),
+        };
         let tenant = if !Engine::same(tenant.compiled.engine(), &rt.engine) {
             // The engine was replaced while this compiled (`use_memset_reset`): the stored
             // version is loaded on the new one, with the latest spec.
@@ -285,7 +330,7 @@ impl Registry {
             let Origin::Api { version } = tenant.origin.clone() else {
                 unreachable!("loaded as an API tenant")
             };
-            let carried = Carried::from(&tenant);
+            let carried = carried_again(&tenant);
             tokio::task::spawn_blocking(move || {
                 this.load_version(&n, &spec, &version, carried, &ModuleCache::default())
             })
@@ -294,8 +339,9 @@ impl Registry {
         } else if stored.spec != *spec {
             // The routes changed while this compiled: rebuild around the latest spec.
             let config = stored.spec.to_config(name, "(admin API)");
+            let carried = carried_again(&tenant);
             self.loader
-                .respec(&rt, &tenant, &tenant.compiled, &config)?
+                .respec_carrying(&rt, &tenant, &tenant.compiled, &config, carried)?
         } else {
             tenant
         };
@@ -305,19 +351,43 @@ impl Registry {
         let warnings: Vec<String> = tenant.warning.iter().cloned().collect();
         let kind = tenant.kind();
         let mut entry = stored.clone();
-        // Deploying the version that serves again keeps the one before it for rollback.
-        match entry.current.take() {
-            Some(replaced) if replaced.id == version.id => {}
-            replaced => entry.previous = replaced,
-        }
-        entry.current = Some(version.clone());
-        let previous = entry.previous.clone();
+        let (serve, previous) = match rollout.clone() {
+            Some(plan) => {
+                let (Some(current), Some(at)) = (current_now, &entry.current) else {
+                    return Err(no_current(name));
+                };
+                if at.id == version.id {
+                    return Err(ChangeError::Conflict(format!(
+                        "version {} already serves tenant {name:?}: a candidate is another \
+                         version",
+                        &version.id[..12]
+                    )));
+                }
+                let stored_candidate = datadir::Candidate {
+                    version: version.clone(),
+                    plan,
+                };
+                let candidate =
+                    super::rollout::serve(Arc::new(tenant), &stored_candidate, Arc::default())?;
+                entry.candidate = Some(stored_candidate);
+                ((current, Some(candidate)), entry.current.clone())
+            }
+            None => {
+                // Deploying the version that serves again keeps the one before it for rollback.
+                match entry.current.take() {
+                    Some(replaced) if replaced.id == version.id => {}
+                    replaced => entry.previous = replaced,
+                }
+                entry.current = Some(version.clone());
+                ((Arc::new(tenant), None), entry.previous.clone())
+            }
+        };
         let etag = entry.etag();
         let change = Change::Tenant {
             name: name.to_string(),
             base: Some(stored),
             entry: Some(entry),
-            serve: Some(Some(Arc::new(tenant))),
+            serve: Some(Some(serve)),
         };
         self.commit(state, change).await?;
         tracing::info!(
@@ -325,6 +395,7 @@ impl Registry {
             version = %version.id,
             bytes = version.module_bytes,
             compile_ms = version.compile_ms,
+            candidate = rollout.as_ref().map(|p| p.percent()),
             "deployed"
         );
         Ok(Deployed {
@@ -333,6 +404,8 @@ impl Registry {
             warnings,
             kind,
             etag,
+            rollout,
+            dropped: None,
         })
     }
 
@@ -348,14 +421,36 @@ impl Registry {
         let stored = state.truth().tenants.get(name).cloned();
         pre.check(name, stored.as_ref())?;
         let stored = stored.ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?;
+        if stored.candidate.is_some() {
+            // A rollout is rolled back first: its candidate goes, the current version stays.
+            let current = stored.current.clone().ok_or_else(|| no_current(name))?;
+            let kind = self.live.load().tenants.get(name).map(|t| t.kind());
+            let dropped = stored.candidate.as_ref().map(|c| c.version.clone());
+            let changed = self.drop_candidate(&mut state, name, stored).await?;
+            return Ok(Deployed {
+                previous: changed.entry.previous.clone(),
+                version: current,
+                warnings: Vec::new(),
+                kind: kind.unwrap_or(crate::config::GuestKind::Tern),
+                etag: changed.etag,
+                rollout: None,
+                dropped,
+            });
+        }
         let Some(target) = stored.previous.clone() else {
             return Err(ChangeError::Conflict(format!(
                 "tenant {name:?} has no previous version to roll back to"
             )));
         };
-        let item = (name.to_string(), stored.spec.clone(), target.clone());
+        let carried = self.live.load().carried(name);
+        let item = (
+            name.to_string(),
+            stored.spec.clone(),
+            target.clone(),
+            carried,
+        );
         let loaded = self
-            .load_stored(vec![item], Some(self.live.load_full()))
+            .load_stored(vec![item])
             .await
             .pop()
             .map_or_else(|| Err(internal("the version was not loaded")), |(_, r)| r);
@@ -369,7 +464,7 @@ impl Registry {
             name: name.to_string(),
             base: Some(stored.clone()),
             entry: Some(entry),
-            serve: Some(Some(Arc::new(tenant))),
+            serve: Some(Some((Arc::new(tenant), None))),
         };
         self.commit(&mut state, change).await?;
         tracing::info!(tenant = name, version = %target.id, "rolled back");
@@ -379,6 +474,8 @@ impl Registry {
             warnings: Vec::new(),
             kind,
             etag,
+            rollout: None,
+            dropped: None,
         })
     }
 
@@ -404,4 +501,29 @@ impl Registry {
         tracing::info!(tenant = name, "deleted");
         Ok(())
     }
+}
+
+/// Whether tenant `name` (as `stored`) may take a deploy, as a candidate or not: a candidate
+/// needs a current version to serve beside; a new current version waits for the candidate in
+/// rollout to be promoted or rolled back (or is deployed as the new candidate).
+fn check_rollout(name: &str, stored: &StoredTenant, as_candidate: bool) -> Result<(), ChangeError> {
+    match (&stored.candidate, as_candidate) {
+        (_, true) if stored.current.is_none() => Err(no_current(name)),
+        (Some(c), false) => Err(ChangeError::Conflict(format!(
+            "tenant {name:?} has a candidate in rollout ({} at {}): promote it (tern promote \
+             {name}), roll it back (tern rollback {name}), or deploy this version as the new \
+             candidate (--percent)",
+            &c.version.id[..12.min(c.version.id.len())],
+            c.plan.percent()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The refusal of a candidate for a tenant with no version serving.
+fn no_current(name: &str) -> ChangeError {
+    ChangeError::Conflict(format!(
+        "tenant {name:?} has no version serving for a candidate to share its traffic with: \
+         deploy without --percent first"
+    ))
 }

@@ -28,6 +28,7 @@ impl Registry {
             if name.is_none_or(|x| x == n) {
                 let config = stored.spec.to_config(n, "");
                 let mut t = describe_tenant(n, live.tenants.get(n), Some(stored), pool, &config);
+                t["candidate"] = describe_candidate(stored, live.candidates.get(n));
                 // What a conditional change compares against: the entry changes start from
                 // (a fleet's registry), which a replica may serve a moment later.
                 t["etag"] = json!(state.truth().tenants.get(n).map(StoredTenant::etag));
@@ -41,6 +42,38 @@ impl Registry {
                 .ok_or_else(|| ChangeError::NotFound(format!("no tenant {n:?}"))),
         }
     }
+}
+
+/// A tenant's candidate: its version, its rollout as stored, the share in effect here, and
+/// what each version answered since it began serving here.
+fn describe_candidate(
+    stored: &StoredTenant,
+    live: Option<&std::sync::Arc<crate::registry::Candidate>>,
+) -> Value {
+    use crate::rollout::Role;
+    let Some(c) = &stored.candidate else {
+        return Value::Null;
+    };
+    let plan = &c.plan;
+    let next_stage_at = plan
+        .stages
+        .get(plan.stage)
+        .and_then(|s| s.secs)
+        .filter(|_| plan.aborted.is_none())
+        .map(|secs| plan.since_ms + secs * 1000);
+    json!({
+        "version": c.version,
+        "percent": if plan.aborted.is_some() { "0%".to_string() } else { plan.percent() },
+        "state": if plan.aborted.is_some() { "aborted" } else { "serving" },
+        "plan": plan,
+        "next_stage_at_ms": next_stage_at,
+        // Only on the replica answering: each judges its own requests.
+        "serving_here": live.is_some_and(|l| *l.tenant.version_label == *c.version.id),
+        "answered_here": live.map(|l| json!({
+            "current": l.judge.counts(Role::Current),
+            "candidate": l.judge.counts(Role::Candidate),
+        })),
+    })
 }
 
 fn describe_tenant(

@@ -140,6 +140,19 @@ impl Loader {
         compiled: &Compiled,
         config: &TenantConfig,
     ) -> Result<Tenant, ChangeError> {
+        self.respec_carrying(rt, old, compiled, config, Carried::from(old))
+    }
+
+    /// [`Self::respec`], carrying over `carried` (a candidate: what it shares with its current
+    /// version).
+    pub(super) fn respec_carrying(
+        &self,
+        rt: &Runtime,
+        old: &Tenant,
+        compiled: &Compiled,
+        config: &TenantConfig,
+        carried: Carried,
+    ) -> Result<Tenant, ChangeError> {
         // The module is the same, so is its kind.
         let mut config = config.clone();
         config.kind = Some(old.kind());
@@ -149,7 +162,7 @@ impl Loader {
             &config,
             old.origin.clone(),
             old.assets.clone(),
-            Carried::from(old),
+            carried,
         )?)
     }
 

@@ -40,6 +40,8 @@ mod precondition;
 mod purges;
 mod reload;
 mod reset;
+mod rollout;
+mod serving;
 mod shared;
 mod spec;
 mod state;
@@ -54,6 +56,8 @@ pub use crate::change::ChangeError;
 use error::internal;
 use loader::{Loader, Runtime};
 pub use precondition::Precondition;
+pub use rollout::RolloutChanged;
+pub use serving::{Candidate, Serving};
 pub use spec::SpecChange;
 use state::{Change, State, check_routes, one_owner};
 pub use state::{Deployed, Live, Registry};
@@ -152,7 +156,9 @@ impl Registry {
         let api = registry.load_api_tenants(&manifest).await?;
         let (n_config, n_api) = (tenants.len(), api.len());
         tenants.extend(api.iter().map(|(n, t)| (n.clone(), t.clone())));
-        let live = Live::build(tenants.into_values())?;
+        let wanted = Self::wanted(&manifest, &api);
+        let candidates = registry.load_candidates(wanted, &Live::default()).await;
+        let live = Live::build(tenants.into_values(), candidates)?;
         registry.live.store(Arc::new(live));
         let manifest = {
             let mut state = registry.state.lock().await;

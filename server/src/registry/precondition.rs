@@ -133,6 +133,7 @@ mod tests {
             spec: Default::default(),
             current: None,
             previous: None,
+            candidate: None,
             created_at,
             variables: std::collections::BTreeMap::new(),
         }

@@ -6,7 +6,11 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::datadir::{Manifest, TenantSpec, Version};
-use crate::tenant::{self, Origin, Tenant, TenantRef};
+use crate::tenant::{self, Carried, Origin, Tenant, TenantRef};
+
+/// A stored version to load: its tenant, the tenant's spec, the version, and what it carries
+/// over from the version serving.
+pub(super) type Stored = (String, TenantSpec, Version, Carried);
 
 use super::error::internal;
 use super::loader::ModuleCache;
@@ -59,12 +63,19 @@ impl Registry {
         &self,
         manifest: &Manifest,
     ) -> Result<BTreeMap<String, TenantRef>, anyhow::Error> {
-        let items: Vec<(String, TenantSpec, Version)> = manifest
+        let items: Vec<Stored> = manifest
             .tenants
             .iter()
-            .filter_map(|(n, t)| Some((n.clone(), t.spec.clone(), t.current.clone()?)))
+            .filter_map(|(n, t)| {
+                Some((
+                    n.clone(),
+                    t.spec.clone(),
+                    t.current.clone()?,
+                    Carried::default(),
+                ))
+            })
             .collect();
-        let results = self.load_stored(items, None).await;
+        let results = self.load_stored(items).await;
         if self.fleet.is_some() {
             let mut loaded = BTreeMap::new();
             for (name, r) in results {
@@ -87,20 +98,19 @@ impl Registry {
         collect(results.into_iter().map(|(_, r)| r).collect(), &what)
     }
 
-    /// Loads stored versions (`(tenant, spec, version)`) in parallel off the reactor, with the
-    /// counters of the tenants serving in `carry_from`. With a shared registry, what they need
-    /// is fetched first, and artifacts compiled here are published after.
+    /// Loads stored versions (`(tenant, spec, version, what it carries over)`) in parallel off
+    /// the reactor. With a shared registry, what they need is fetched first, and artifacts
+    /// compiled here are published after.
     pub(super) async fn load_stored(
         &self,
-        items: Vec<(String, TenantSpec, Version)>,
-        carry_from: Option<Arc<Live>>,
+        items: Vec<Stored>,
     ) -> Vec<(String, Result<Tenant, ChangeError>)> {
         for (name, ..) in &items {
             self.loader.metrics.tenant_label(name);
         }
         let fetched = match &self.fleet {
             Some(f) => {
-                let versions: Vec<Version> = items.iter().map(|(.., v)| v.clone()).collect();
+                let versions: Vec<Version> = items.iter().map(|(_, _, v, _)| v.clone()).collect();
                 let engine = self.loader.runtime().engine.clone();
                 Some(
                     f.fetch(&self.loader.store, &engine, &versions, &self.loader.metrics)
@@ -117,18 +127,14 @@ impl Registry {
         let this = self.loader();
         let results = tokio::task::spawn_blocking(move || {
             let cache = ModuleCache::default();
-            let results = parallel(&items, |(name, spec, version)| {
+            let results = parallel(&items, |(name, spec, version, carried)| {
                 if let Some(e) = failed.get(&version.id) {
                     return Err(ChangeError::Unavailable(format!(
                         "version {} of tenant {name:?}: {e}",
                         version.id
                     )));
                 }
-                let carried = carry_from
-                    .as_ref()
-                    .map(|l| l.carried(name))
-                    .unwrap_or_default();
-                this.load_version(name, spec, version, carried, &cache)
+                this.load_version(name, spec, version, carried.clone(), &cache)
             });
             items
                 .into_iter()
@@ -204,8 +210,9 @@ impl Registry {
                 tenants.insert(name.clone(), t.clone());
             }
         }
+        let candidates = self.live.load().candidates.clone();
         self.live
-            .store(Arc::new(Live::build(tenants.into_values())?));
+            .store(Arc::new(Live::build(tenants.into_values(), candidates)?));
         if let (Some(served), Some(table)) = (certificates, table) {
             served.replace(table);
         }

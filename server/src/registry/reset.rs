@@ -71,12 +71,15 @@ impl Registry {
         .await??;
         let tenants = collect(results, "tenant(s) could not be linked on the new engine")?;
         let moved = tenants.len();
-        let table = Live::build(tenants.into_values())?;
         self.tickers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(EpochTicker::start(&rt.engine));
         self.loader.runtime.store(Arc::new(rt));
+        // The candidates follow, loaded on the new engine beside their moved current versions.
+        let wanted = Self::wanted(&state.manifest, &tenants);
+        let candidates = self.load_candidates(wanted, &live).await;
+        let table = Live::build(tenants.into_values(), candidates)?;
         self.live.store(Arc::new(table));
         self.memset.send_replace(true);
         drop(state);

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use super::state::{Live, Read, Registry, State};
 use crate::change::ChangeError;
 use crate::config::Config;
-use crate::datadir::{Manifest, TenantSpec, Version};
+use crate::datadir::Manifest;
 use crate::fleet::Fleet;
 use crate::fleet::objects::RemoteError;
 use crate::metrics::Metrics;
@@ -228,7 +228,7 @@ impl Registry {
             })
             .map(|(n, t)| (n.clone(), t.clone()))
             .collect();
-        let mut to_load: Vec<(String, TenantSpec, Version)> = Vec::new();
+        let mut to_load: Vec<super::reload::Stored> = Vec::new();
         let rt = self.loader.runtime();
         for (name, t) in &target.tenants {
             if owned_by_file.contains(name.as_str()) || served.tenants.get(name) == Some(t) {
@@ -266,11 +266,25 @@ impl Registry {
                         Err(e) => self.failed_to_apply(name, &e.to_string()),
                     }
                 }
-                (Some(v), _) => to_load.push((name.clone(), t.spec.clone(), v.clone())),
+                (Some(v), _)
+                    if live
+                        .candidates
+                        .get(name)
+                        .is_some_and(|c| *c.tenant.version_label == *v.id)
+                        && served.tenants.get(name).is_some_and(|s| s.spec == t.spec) =>
+                {
+                    // Its candidate was promoted: it serves as it is, its cache and all.
+                    tenants.insert(name.clone(), live.candidates[name].tenant.clone());
+                    next.set(name, Some(t.clone()));
+                }
+                (Some(v), _) => {
+                    let carried = live.carried(name);
+                    to_load.push((name.clone(), t.spec.clone(), v.clone(), carried));
+                }
             }
         }
         let mut failed = false;
-        for (name, loaded) in self.load_stored(to_load, Some(live.clone())).await {
+        for (name, loaded) in self.load_stored(to_load).await {
             match loaded {
                 Ok(t) => {
                     tenants.insert(name.clone(), Arc::new(t));
@@ -282,10 +296,14 @@ impl Registry {
                 }
             }
         }
+        // Candidates beside the versions that now serve.
+        let candidates = self
+            .load_candidates(Self::wanted(&next, &tenants), &live)
+            .await;
         // Routes another replica's config file does not have can clash with this one's: the
         // registry's tenant is left out here.
         let table = loop {
-            match Live::build(tenants.values().cloned()) {
+            match Live::build(tenants.values().cloned(), candidates.clone()) {
                 Ok(table) => break table,
                 Err(clash) => {
                     let api = [&clash.other, &clash.existing].into_iter().find(|n| {

@@ -10,6 +10,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 
 use super::loader::Loader;
+use super::serving::{Candidate, Serving};
 use crate::access::StoredToken;
 use crate::change::ChangeError;
 use crate::config::Config;
@@ -20,39 +21,64 @@ use crate::router::{Clash, Route, Router};
 use crate::tenant::{Carried, Tenant, TenantRef};
 use object_store::UpdateVersion;
 
-/// What requests read: the routing table and the tenants by name.
+/// What requests read: the routing table, the tenants by name and their candidates.
 #[derive(Debug, Default)]
 pub struct Live {
-    /// Host/path → tenant.
-    pub router: Router<TenantRef>,
-    /// Every routed tenant.
+    /// Host/path → the tenant's versions.
+    pub router: Router<Arc<Serving>>,
+    /// Every routed tenant (the version serving what a candidate does not).
     pub tenants: BTreeMap<String, TenantRef>,
+    /// The tenants' candidates in rollout, by tenant.
+    pub candidates: BTreeMap<String, Arc<Candidate>>,
 }
 
+/// What one tenant serves: its current version and its candidate, if any.
+pub(super) type Served = (TenantRef, Option<Arc<Candidate>>);
+
 impl Live {
-    /// The table serving `tenants`, with their routes (refused if two routes clash).
-    pub(super) fn build(tenants: impl IntoIterator<Item = TenantRef>) -> Result<Live, Clash> {
+    /// The table serving `tenants` and the `candidates` of those tenants, with their routes
+    /// (refused if two routes clash).
+    pub(super) fn build(
+        tenants: impl IntoIterator<Item = TenantRef>,
+        mut candidates: BTreeMap<String, Arc<Candidate>>,
+    ) -> Result<Live, Clash> {
         let tenants: BTreeMap<String, TenantRef> =
             tenants.into_iter().map(|t| (t.name.clone(), t)).collect();
+        candidates.retain(|n, _| tenants.contains_key(n));
         let router = Router::build(tenants.values().map(|t| {
             Route::new(
                 &t.name,
                 t.hosts.iter().map(String::as_str),
                 t.paths.iter().map(String::as_str),
-                t.clone(),
+                Arc::new(Serving {
+                    current: t.clone(),
+                    candidate: candidates.get(&t.name).cloned(),
+                }),
             )
         }))?;
-        Ok(Live { router, tenants })
+        Ok(Live {
+            router,
+            tenants,
+            candidates,
+        })
     }
 
-    /// This table with tenant `name` served by `tenant`, or not served at all (`None`).
-    pub(super) fn with(&self, name: &str, tenant: Option<TenantRef>) -> Result<Live, Clash> {
-        let mut tenants = self.tenants.clone();
-        match tenant {
-            Some(t) => tenants.insert(name.to_string(), t),
-            None => tenants.remove(name),
-        };
-        Self::build(tenants.into_values())
+    /// This table with tenant `name` served by `served`, or not served at all (`None`).
+    pub(super) fn with(&self, name: &str, served: Option<Served>) -> Result<Live, Clash> {
+        let (mut tenants, mut candidates) = (self.tenants.clone(), self.candidates.clone());
+        candidates.remove(name);
+        match served {
+            Some((t, c)) => {
+                tenants.insert(name.to_string(), t);
+                if let Some(c) = c {
+                    candidates.insert(name.to_string(), c);
+                }
+            }
+            None => {
+                tenants.remove(name);
+            }
+        }
+        Self::build(tenants.into_values(), candidates)
     }
 
     /// What a new version of tenant `name` carries over from the one serving (its counters).
@@ -77,6 +103,11 @@ pub struct Deployed {
     pub kind: crate::config::GuestKind,
     /// The tenant's entity tag after the change (`StoredTenant::etag`).
     pub etag: String,
+    /// The rollout it was deployed under, as a candidate (`previous` is then the current
+    /// version it serves beside).
+    pub rollout: Option<crate::rollout::Plan>,
+    /// The candidate a rollback dropped (the current version then stays).
+    pub dropped: Option<Version>,
 }
 
 /// Everything that changes only under the change lock.
@@ -118,7 +149,7 @@ pub(super) enum Change {
         entry: Option<StoredTenant>,
         /// What serves it after the change: `None` leaves the table as it is, `Some(None)`
         /// stops routing it.
-        serve: Option<Option<TenantRef>>,
+        serve: Option<Option<Served>>,
     },
     /// One scoped token: made, rotated or revoked.
     Token {

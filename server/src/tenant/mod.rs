@@ -190,11 +190,18 @@ pub struct Tenant {
     pub logs: Arc<crate::livelog::Tail>,
     /// The version serving, as its live log's records name it.
     pub version_label: Arc<str>,
+    /// What keys its answers in its cache apart from another version's (a candidate shares
+    /// the current version's cache): from its version id; 0 for a tenant of the config file.
+    pub cache_version: u64,
 }
 
 impl crate::logwriter::Named for Tenant {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn version(&self) -> Option<&str> {
+        self.short_version()
     }
 }
 
@@ -221,6 +228,15 @@ impl Tenant {
     /// How its guests take a request and answer it.
     pub fn kind(&self) -> GuestKind {
         self.guest.kind()
+    }
+
+    /// Its version as `tern deploy` shows it (12 digits), `None` for a tenant of the config
+    /// file: in `Server-Timing` and the access line.
+    pub fn short_version(&self) -> Option<&str> {
+        match self.origin {
+            Origin::Api { .. } => self.version_label.get(..12).or(Some(&self.version_label)),
+            Origin::Config => None,
+        }
     }
 
     /// Counts one guest outcome.
@@ -402,6 +418,9 @@ pub struct Carried {
     pub channels: Option<Arc<crate::websocket::channels::Grant>>,
     /// Its live log (the records and the tailers following them).
     pub logs: Option<Arc<crate::livelog::Tail>>,
+    /// Its cache: only a candidate shares the current version's (its own answers to clients
+    /// keyed apart by version: [`Tenant::cache_version`]); a new current version starts empty.
+    pub cache: Option<Arc<crate::cache::Cache>>,
 }
 
 impl Carried {
@@ -414,6 +433,16 @@ impl Carried {
             counters: Some(tenant.grants.counters.clone()),
             channels: Some(tenant.grants.channels.clone()),
             logs: Some(tenant.logs.clone()),
+            cache: None,
+        }
+    }
+
+    /// What a candidate beside `current` shares with it: everything a successor keeps, and
+    /// its cache.
+    pub fn for_candidate(current: &Tenant) -> Self {
+        Self {
+            cache: current.front.cache.clone(),
+            ..Self::from(current)
         }
     }
 }
@@ -467,11 +496,13 @@ pub fn prepare(
     };
     // Its cache (`[tenant.cache]`), when it has one: shared by its front and its backends.
     let cache = config.settings.cache.enabled.then(|| {
-        Arc::new(crate::cache::Cache::new(
-            &config.settings.cache,
-            metrics,
-            &label,
-        ))
+        carried.cache.clone().unwrap_or_else(|| {
+            Arc::new(crate::cache::Cache::new(
+                &config.settings.cache,
+                metrics,
+                &label,
+            ))
+        })
     });
     let grants = crate::capabilities::Grants::prepare(
         &preparing,
@@ -503,8 +534,18 @@ pub fn prepare(
             crate::livelog::Counts::new(metrics),
         ))
     });
+    let cache_version = match &origin {
+        Origin::Api { version } => {
+            crate::hex::decode::<8>(version.id.as_bytes()).map_or(1, u64::from_be_bytes)
+        }
+        Origin::Config => 0,
+    };
+    if let Some(cache) = &front.cache {
+        cache.serves_version(cache_version);
+    }
     Ok(Tenant {
         logs,
+        cache_version,
         version_label,
         origin,
         hosts: config

@@ -465,7 +465,7 @@ async fn time_spent_waiting_for_a_busy_worker_is_not_counted_against_a_guests_li
     assert!(
         metric_value(
             &m,
-            r#"tern_request_phase_duration_seconds_count{phase="ready"}"#
+            r#"tern_request_phase_duration_seconds_count{deployment="current",phase="ready"}"#
         ) > 0.0,
         "{m}"
     );

@@ -112,7 +112,7 @@ async fn guests_keep_state_in_their_own_keys_of_granted_stores() {
     assert!(
         metric_value(
             &m,
-            "tern_request_phase_duration_seconds_count{phase=\"kv\"}"
+            "tern_request_phase_duration_seconds_count{deployment=\"current\",phase=\"kv\"}"
         ) >= 5.0,
         "{m}"
     );

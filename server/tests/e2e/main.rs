@@ -32,6 +32,7 @@ mod outbound;
 mod poisoning;
 mod ratelimit;
 mod readthrough;
+mod rollout;
 mod routing;
 mod shutdown;
 mod slow_clients;

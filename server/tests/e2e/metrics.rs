@@ -19,12 +19,14 @@ async fn metrics_show_every_phase_and_the_tenant() {
     );
     let m = r.text();
     for phase in ["route", "queue", "instantiate", "run", "teardown"] {
-        let line = format!("tern_request_phase_duration_seconds_count{{phase=\"{phase}\"}} 5");
+        let line = format!(
+            "tern_request_phase_duration_seconds_count{{deployment=\"current\",phase=\"{phase}\"}} 5"
+        );
         assert!(m.contains(&line), "missing {line}");
     }
     // Buckets start in the microseconds.
     assert!(
-        m.contains(r#"tern_request_phase_duration_seconds_bucket{phase="teardown",le="0.000001"}"#)
+        m.contains(r#"tern_request_phase_duration_seconds_bucket{deployment="current",phase="teardown",le="0.000001"}"#)
     );
     assert!(
         metric_is(&m, "tern_request_duration_seconds_count", 5.0),
@@ -32,7 +34,7 @@ async fn metrics_show_every_phase_and_the_tenant() {
     );
     assert!(metric_is(
         &m,
-        r#"tern_requests_total{status="2xx",tenant="hello",version="1.1"}"#,
+        r#"tern_requests_total{deployment="current",status="2xx",tenant="hello",version="1.1"}"#,
         5.0
     ));
     assert!(metric_is(
@@ -72,8 +74,9 @@ async fn metrics_show_every_phase_and_the_tenant() {
     assert_eq!(r.status, StatusCode::OK);
     let m = s.metrics().await;
     for (version, n) in [("2", 1.0), ("1.1", 5.0)] {
-        let series =
-            format!(r#"tern_requests_total{{status="2xx",tenant="hello",version="{version}"}}"#);
+        let series = format!(
+            r#"tern_requests_total{{deployment="current",status="2xx",tenant="hello",version="{version}"}}"#
+        );
         assert_eq!(crate::support::metric_value(&m, &series), n, "{m}");
     }
 }
@@ -101,7 +104,7 @@ async fn tenants_past_the_label_cap_count_as_other() {
     assert!(
         metric_is(
             &m,
-            r#"tern_requests_total{status="2xx",tenant="first",version="1.1"}"#,
+            r#"tern_requests_total{deployment="current",status="2xx",tenant="first",version="1.1"}"#,
             1.0
         ),
         "{m}"
@@ -109,7 +112,7 @@ async fn tenants_past_the_label_cap_count_as_other() {
     assert!(
         metric_is(
             &m,
-            r#"tern_requests_total{status="2xx",tenant="other",version="1.1"}"#,
+            r#"tern_requests_total{deployment="current",status="2xx",tenant="other",version="1.1"}"#,
             1.0
         ),
         "{m}"

@@ -365,7 +365,7 @@ async fn guests_call_their_backends_and_nothing_else() {
         ),
         ("tern_outbound_connections_total", 1.0),
         (
-            "tern_request_phase_duration_seconds_count{phase=\"outbound\"}",
+            "tern_request_phase_duration_seconds_count{deployment=\"current\",phase=\"outbound\"}",
             1.0,
         ),
     ] {

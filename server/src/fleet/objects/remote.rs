@@ -882,6 +882,7 @@ mod tests {
             spec: TenantSpec::default(),
             current: None,
             previous: None,
+            candidate: None,
             created_at,
             variables: std::collections::BTreeMap::new(),
         };

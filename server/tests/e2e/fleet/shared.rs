@@ -547,3 +547,135 @@ async fn one_tern_logs_follows_the_requests_of_every_replica() {
         "in time order: {times:?}"
     );
 }
+
+/// A candidate deployed on one replica serves on both with the same split (500 keys, one
+/// version each whichever replica answers); a stage is taken once for the fleet (one
+/// replica's step, both serve it); failures seen on both replicas abort the rollout once
+/// (one replica's step, the same abort on both), after which neither gives the candidate a
+/// request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_splits_alike_on_every_replica_steps_once_and_aborts_everywhere() {
+    use crate::rollout::{share, user_keys, variant, version_of, versions};
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let (a, b, current) = site_on_two_replicas(&s3, root.path()).await;
+    let current = current[..12].to_string();
+    let deploy_candidate = async |wasm: Vec<u8>, query: &str| {
+        let path = format!("/admin/v1/tenants/site/module?{query}");
+        let (status, v) = admin(&a, http::Method::PUT, &path, wasm).await;
+        assert_eq!(status, http::StatusCode::OK, "{v}");
+        v["version"].as_str().unwrap()[..12].to_string()
+    };
+    let on = async |r: &crate::support::TernProcess,
+                    what: &str,
+                    done: &dyn Fn(&serde_json::Value) -> bool| {
+        let started = Instant::now();
+        loop {
+            let (_, t) = admin(r, http::Method::GET, "/admin/v1/tenants/site", "").await;
+            if done(&t) {
+                return t;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "{what} on {}: {t}",
+                r.addr
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    // The same split on both.
+    let cand = deploy_candidate(
+        variant(demo("hello"), "2"),
+        "percent=30&key=header%3Ax-user",
+    )
+    .await;
+    let serving = |c: &str| {
+        let c = c.to_string();
+        move |t: &serde_json::Value| {
+            t["candidate"]["serving_here"] == true
+                && t["candidate"]["version"]["id"]
+                    .as_str()
+                    .is_some_and(|id| id.starts_with(&c))
+        }
+    };
+    on(&b, "the candidate", &serving(&cand)).await;
+    let keys = user_keys(500);
+    let (on_a, on_b) = (
+        versions(addr(&a.addr), "/site/k", &keys).await,
+        versions(addr(&b.addr), "/site/k", &keys).await,
+    );
+    assert_eq!(on_a, on_b, "one key, one version, on every replica");
+    let n = share(&on_a, &cand);
+    assert!((100..=200).contains(&n), "{n} of 500 at 30 %");
+
+    // A new candidate in stages, with an abort rule: its next stage is taken by one replica.
+    let probe = std::fs::read(crate::support::test_guest(root.path(), "log_probe")).unwrap();
+    let query = "stages=30%25%3A2s%2C60%25&key=header%3Ax-user&abort=5&abort_min_requests=30";
+    let cand = deploy_candidate(probe, query).await;
+    for r in [&a, &b] {
+        on(r, "stage 2", &|t| t["candidate"]["plan"]["stage"] == 1).await;
+    }
+    let after = versions(addr(&b.addr), "/site/k", &keys).await;
+    assert!((250..=350).contains(&share(&after, &cand)), "60 %");
+    let steps = async |step: &str| {
+        let series = format!(r#"tern_rollout_steps_total{{step="{step}",tenant="site"}}"#);
+        // (A replica that took no step has no series of it.)
+        let count = async |r: &crate::support::TernProcess| {
+            let m = metrics(r).await;
+            let line = m.lines().find(|l| l.starts_with(&series));
+            line.map_or(0.0, |l| l[series.len()..].trim().parse::<f64>().unwrap())
+        };
+        (count(&a).await, count(&b).await)
+    };
+    let (sa, sb) = steps("advance").await;
+    assert_eq!(
+        sa + sb,
+        1.0,
+        "the stage was taken once for the fleet ({sa} + {sb})"
+    );
+    // Failures on both replicas: one abort, the same on both.
+    let mut conns = [
+        crate::support::Conn::open(addr(&a.addr)).await,
+        crate::support::Conn::open(addr(&b.addr)).await,
+    ];
+    for (i, key) in keys.iter().cycle().take(600).enumerate() {
+        let r = conns[i % 2]
+            .send(crate::support::request(
+                http::Method::GET,
+                "/site/k?trap=1",
+                None,
+                &[("x-user", key)],
+                bytes::Bytes::new(),
+            ))
+            .await;
+        if version_of(&r) == current {
+            assert_eq!(r.status, http::StatusCode::OK);
+        }
+    }
+    let aborted = |t: &serde_json::Value| t["candidate"]["state"] == "aborted";
+    let (ta, tb) = (
+        on(&a, "the abort", &aborted).await,
+        on(&b, "the abort", &aborted).await,
+    );
+    let reason = &ta["candidate"]["plan"]["aborted"];
+    assert!(
+        reason["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("percentage points worse")),
+        "{ta}"
+    );
+    assert_eq!(
+        *reason, tb["candidate"]["plan"]["aborted"],
+        "one abort for the fleet"
+    );
+    let (sa, sb) = steps("abort").await;
+    assert_eq!(sa + sb, 1.0, "aborted once for the fleet ({sa} + {sb})");
+    for r in [&a, &b] {
+        let now = versions(addr(&r.addr), "/site/k", &keys).await;
+        assert!(
+            now.iter().all(|v| *v == current),
+            "after the abort on {}",
+            r.addr
+        );
+    }
+}

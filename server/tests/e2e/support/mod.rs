@@ -227,7 +227,7 @@ impl Reply {
     }
 }
 
-fn request(
+pub fn request(
     method: Method,
     path: &str,
     host: Option<&str>,

@@ -59,7 +59,9 @@ async fn prometheus_keeps_the_trace_ids_of_traced_requests_as_exemplars() {
         "{body}"
     );
     assert!(
-        with_exemplar("tern_request_phase_duration_seconds_bucket{phase=\"run\""),
+        with_exemplar(
+            "tern_request_phase_duration_seconds_bucket{deployment=\"current\",phase=\"run\""
+        ),
         "{body}"
     );
     let (_, kind, text) = fetch(s.admin(), "/metrics", "text/plain").await.unwrap();
