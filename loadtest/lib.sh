@@ -134,6 +134,31 @@ h1_cpu() { # url pid
     echo "$out" | awk -v b="$before" -v a="$after" -v hz="$(getconf CLK_TCK)" -v secs="$SECS" '
         { printf "%s %.1f\n", $0, ($1 > 0 ? (a - b) / hz * 1e6 / ($1 * secs) : 0) }'
 }
+# One paced run against URL (loadtest/paced.lua: each connection pauses MS ms after an answer;
+# more of its arguments after MS), on core 1, for SECS s: the CPU server PID spent per request
+# (/proc/PID/stat) and the rate -> "cpu_us_per_request requests/s".
+paced_cpu_of() { # pid url secs ms [paced.lua args...]
+    local pid=$1 url=$2 secs=$3 ms=$4 t0 t1 n
+    shift 4
+    t0=$(process_ticks "$pid")
+    n=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${secs}s" -s loadtest/paced.lua "$url" -- "$ms" "$@" |
+        awk '/requests in/ { print $1 }')
+    t1=$(process_ticks "$pid")
+    awk -v t="$((t1 - t0))" -v n="$n" -v s="$secs" -v hz="$(getconf CLK_TCK)" \
+        'BEGIN { printf "%.3f %d\n", t / hz * 1e6 / n, n / s }'
+}
+
+# "cpu rps" lines (rounds of paced_cpu_of) -> "MIN-MAX µs (median M) | the median round's req/s".
+cpu_spread() {
+    printf '%s' "$1" | grep . | sort -n | awk '
+        { c[NR] = $1; q[NR] = $2 }
+        END { m = (NR % 2) ? c[(NR + 1) / 2] : (c[NR / 2] + c[NR / 2 + 1]) / 2
+              printf "%.2f-%.2f µs (median %.2f) | %d", c[1], c[NR], m, q[int((NR + 1) / 2)] }'
+}
+
+# The median CPU per request of "cpu rps" lines.
+cpu_median() { printf '%s' "$1" | grep . | awk '{ print $1 }' | med; }
+
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
 row() { # label "rps p50 p99 p999 errors" -> markdown row
     read -r rps p50 p99 p999 err _ <<<"$2"

@@ -52,13 +52,7 @@ logs() {
     untail() { local p; for p in "${TAILERS[@]}"; do stop "$p"; done; TAILERS=(); }
     # One paced run against server $1 -> "cpu_us_per_request requests/s"
     paced_cpu() { # server
-        local t0 t1 n
-        t0=$(process_ticks "${pid[$1]}")
-        n=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${paced_secs}s" -s loadtest/paced.lua \
-            "http://127.0.0.1:${port[$1]}/hello" -- "$paced_ms" | awk '/requests in/ { print $1 }')
-        t1=$(process_ticks "${pid[$1]}")
-        awk -v t="$((t1 - t0))" -v n="$n" -v s="$paced_secs" -v hz="$(getconf CLK_TCK)" \
-            'BEGIN { printf "%.3f %d\n", t / hz * 1e6 / n, n / s }'
+        paced_cpu_of "${pid[$1]}" "http://127.0.0.1:${port[$1]}/hello" "$paced_secs" "$paced_ms"
     }
     local cases=(off on/0 on/1 on/10 every/0 every/1 every/10) c server n round
     for k in off on every; do paced_cpu "$k" >/dev/null; done
@@ -94,14 +88,6 @@ logs() {
         lat[count]+="$sent requests answered while it read nothing: it then got $got_records records and was told $dropped dropped ($((got_records + dropped)))"$'\n'
     done
     for k in off on every; do stop "${pid[$k]}"; done
-    # CPU per request over the rounds: min-max (median); and the median rate.
-    spread() { # "cpu rps" lines
-        printf '%s' "$1" | grep . | sort -n | awk '
-            { c[NR] = $1; q[NR] = $2 }
-            END { m = (NR % 2) ? c[(NR + 1) / 2] : (c[NR / 2] + c[NR / 2 + 1]) / 2
-                  printf "%.2f-%.2f µs (median %.2f) | %d", c[1], c[NR], m, q[int((NR + 1) / 2)] }'
-    }
-    median() { printf '%s' "$1" | grep . | awk '{ print $1 }' | med; }
     # p50 and p99 over the rounds (µs, min-max).
     latency() { # pinned_h1 lines
         printf '%s' "$1" | grep . | awk '
@@ -110,7 +96,7 @@ logs() {
             END { printf "%d-%d µs | %d-%d µs", a, b, c, d }'
     }
     local base
-    base=$(median "${got[off]}")
+    base=$(cpu_median "${got[off]}")
     {
         header "Live logs: what a record and its tailers cost a request" "bash loadtest/bench.sh logs"
         echo "Three Tern servers (\`[server] worker_threads = 1\`) pinned to core 0, each serving the demo"
@@ -123,11 +109,11 @@ logs() {
         echo
         echo "| live logs | tailers | CPU per request | req/s (median round) | median vs off |"
         echo "|---|---:|---:|---:|---:|"
-        echo "| off (\`history = 0\`) | - | $(spread "${got[off]}") | 1.00 |"
+        echo "| off (\`history = 0\`) | - | $(cpu_spread "${got[off]}") | 1.00 |"
         for c in on/0 on/1 on/10 every/0 every/1 every/10; do
             local what="on, sampled past 1,000 records/s (default)"
             [ "${c%%/*}" = every ] && what="on, every record (\`records_per_second = 0\`)"
-            echo "| $what | ${c#*/} | $(spread "${got[$c]}") | $(ratio "$(median "${got[$c]}")" "$base") |"
+            echo "| $what | ${c#*/} | $(cpu_spread "${got[$c]}") | $(ratio "$(cpu_median "${got[$c]}")" "$base") |"
         done
         echo
         echo "A tailer that reads nothing (a 4 KiB receive buffer) while \`wrk -t1 -c$CONNS -d${SECS}s\` (closed loop,"

@@ -53,13 +53,7 @@ PY
     done
     # One paced run against server $1 -> "cpu_us_per_request requests/s"
     paced_cpu() { # server
-        local t0 t1 n
-        t0=$(process_ticks "${pid[$1]}")
-        n=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${paced_secs}s" -s loadtest/paced.lua \
-            "http://127.0.0.1:${port[$1]}/hello" -- "$paced_ms" - keyed | awk '/requests in/ { print $1 }')
-        t1=$(process_ticks "${pid[$1]}")
-        awk -v t="$((t1 - t0))" -v n="$n" -v s="$paced_secs" -v hz="$(getconf CLK_TCK)" \
-            'BEGIN { printf "%.3f %d\n", t / hz * 1e6 / n, n / s }'
+        paced_cpu_of "${pid[$1]}" "http://127.0.0.1:${port[$1]}/hello" "$paced_secs" "$paced_ms" - keyed
     }
     for k in one candidate full; do paced_cpu "$k" >/dev/null; done
     local -A got=()
@@ -79,13 +73,6 @@ PY
     cur=$(echo "$m" | awk '/^tern_requests_total\{deployment="current",status="2xx",tenant="hello"/ { s += $2 } END { print s + 0 }')
     cand=$(echo "$m" | awk '/^tern_requests_total\{deployment="candidate",status="2xx",tenant="hello"/ { s += $2 } END { print s + 0 }')
     for k in one candidate full; do stop "${pid[$k]}"; done
-    spread() { # "cpu rps" lines
-        printf '%s' "$1" | grep . | sort -n | awk '
-            { c[NR] = $1; q[NR] = $2 }
-            END { m = (NR % 2) ? c[(NR + 1) / 2] : (c[NR / 2] + c[NR / 2 + 1]) / 2
-                  printf "%.2f-%.2f µs (median %.2f) | %d", c[1], c[NR], m, q[int((NR + 1) / 2)] }'
-    }
-    median() { printf '%s' "$1" | grep . | awk '{ print $1 }' | med; }
     # Per round: candidate - one (the rounds alternate which ran first).
     deltas() { # server -> its CPU per request minus one version's, round by round
         paste <(printf '%s' "${got[one]}" | grep . | awk '{ print $1 }') \
@@ -103,12 +90,12 @@ PY
         echo
         echo "| tenant | CPU per request | req/s (median round) |"
         echo "|---|---:|---:|"
-        echo "| one version | $(spread "${got[one]}") |"
-        echo "| a candidate at 50 % | $(spread "${got[candidate]}") |"
-        echo "| a candidate at 100 % (one module serving) | $(spread "${got[full]}") |"
+        echo "| one version | $(cpu_spread "${got[one]}") |"
+        echo "| a candidate at 50 % | $(cpu_spread "${got[candidate]}") |"
+        echo "| a candidate at 100 % (one module serving) | $(cpu_spread "${got[full]}") |"
         echo
         for k in candidate full; do
-            echo "- ${share[$k]} % − one version, round by round (µs): $(deltas "$k"); medians: $(awk -v a="$(median "${got[$k]}")" -v b="$(median "${got[one]}")" 'BEGIN { printf "%+.2f", a - b }') µs."
+            echo "- ${share[$k]} % − one version, round by round (µs): $(deltas "$k"); medians: $(awk -v a="$(cpu_median "${got[$k]}")" -v b="$(cpu_median "${got[one]}")" 'BEGIN { printf "%+.2f", a - b }') µs."
         done
         echo
         echo "The split the candidate server made over the whole run (\`tern_requests_total{deployment}\`):"

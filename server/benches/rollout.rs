@@ -17,12 +17,21 @@ fn headers() -> HeaderMap {
     let mut h = HeaderMap::new();
     for (k, v) in [
         ("host", "shop.example.com"),
-        ("user-agent", "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"),
-        ("accept", "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"),
+        (
+            "user-agent",
+            "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0",
+        ),
+        (
+            "accept",
+            "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+        ),
         ("accept-language", "en-GB,en;q=0.5"),
         ("accept-encoding", "gzip, deflate, br, zstd"),
         ("x-user", "3f2a9c1be07d4411"),
-        ("cookie", "theme=dark; session=8d6f0c2a91e34b7f9a0c1d2e3f4a5b6c; consent=1"),
+        (
+            "cookie",
+            "theme=dark; session=8d6f0c2a91e34b7f9a0c1d2e3f4a5b6c; consent=1",
+        ),
     ] {
         h.insert(k, HeaderValue::from_static(v));
     }
@@ -32,8 +41,12 @@ fn headers() -> HeaderMap {
 fn split(key: &str) -> Split {
     let mut plan = Plan::new(Some(5000), Vec::new(), 0).expect("a plan");
     plan.key = Key::parse(key).expect("a key");
-    Split::new("shop", "2a67179b0dce0d100568a24b0862b401f47429bac0fb0ac590ab5eceeed51297", &plan)
-        .expect("a split")
+    Split::new(
+        "shop",
+        "2a67179b0dce0d100568a24b0862b401f47429bac0fb0ac590ab5eceeed51297",
+        &plan,
+    )
+    .expect("a split")
 }
 
 fn rollout(c: &mut Criterion) {
