@@ -874,3 +874,54 @@ fn the_cli_deploys_a_candidate_moves_its_share_and_promotes_it() {
         "{out}"
     );
 }
+
+/// Every guest kind serves as a candidate beside another kind: a `tern` ABI guest's tenant
+/// with a `wasi:http` component as its candidate, then a CGI program; each key's answers come
+/// from its own version's guest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_guest_kind_serves_as_a_candidate() {
+    let s = TestServer::start("").await;
+    let dir = tempfile::tempdir().unwrap();
+    let component = std::fs::read(test_component(dir.path(), "component")).unwrap();
+    let cgi = std::fs::read(test_guest(dir.path(), "cgi_probe")).unwrap();
+    let current = tenant(&s, "site", json!({}), demo("echo")).await;
+    let keys = user_keys(200);
+    for (wasm, kind, path, says) in [
+        (
+            component,
+            "wasi-http",
+            "/site/hello",
+            "Hello from a component!",
+        ),
+        (cgi, "cgi", "/site/env", "SERVER_PROTOCOL="),
+    ] {
+        let query = format!("percent=50&key=header%3Ax-user&kind={kind}");
+        let (status, v) = candidate(&s, "site", &wasm, &query).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["kind"], kind, "{v}");
+        let cand = v["version"].as_str().unwrap()[..12].to_string();
+        let mut conn = Conn::open(s.addr()).await;
+        let mut of_each = (0, 0);
+        for key in &keys {
+            let r = conn
+                .send(request(
+                    Method::GET,
+                    path,
+                    None,
+                    &[("x-user", key)],
+                    Bytes::new(),
+                ))
+                .await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+            if version_of(&r) == cand {
+                assert!(r.text().contains(says), "{kind}: {}", r.text());
+                of_each.0 += 1;
+            } else {
+                assert_eq!(version_of(&r), current);
+                assert!(r.text().starts_with(&format!("GET {path}")), "{}", r.text());
+                of_each.1 += 1;
+            }
+        }
+        assert!(of_each.0 > 50 && of_each.1 > 50, "{kind}: {of_each:?}");
+    }
+}
