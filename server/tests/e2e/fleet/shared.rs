@@ -678,4 +678,16 @@ async fn a_rollout_splits_alike_on_every_replica_steps_once_and_aborts_everywher
             r.addr
         );
     }
+    // Promoted on a: b serves it to every key, as its current version.
+    let (status, v) = admin(&a, http::Method::POST, "/admin/v1/tenants/site/promote", "").await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    on(&b, "the promotion", &|t| {
+        t["candidate"].is_null()
+            && t["current"]["id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with(&cand))
+    })
+    .await;
+    let now = versions(addr(&b.addr), "/site/k", &keys).await;
+    assert!(now.iter().all(|v| *v == cand), "after the promotion on b");
 }
