@@ -75,6 +75,13 @@ async fn candidate(s: &TestServer, name: &str, wasm: &[u8], query: &str) -> (Sta
     s.admin_call(Method::PUT, &path, wasm.to_vec()).await
 }
 
+/// [`candidate`], which must succeed: the candidate's version (12 digits).
+async fn deployed_candidate(s: &TestServer, name: &str, wasm: &[u8], query: &str) -> String {
+    let (status, v) = candidate(s, name, wasm, query).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v["version"].as_str().unwrap()[..12].to_string()
+}
+
 async fn set_share(s: &TestServer, name: &str, percent: &str) -> (StatusCode, Value) {
     let path = format!("/admin/v1/tenants/{name}/rollout");
     let body = json!({ "percent": percent }).to_string();
@@ -224,9 +231,7 @@ async fn the_override_reaches_a_candidate_at_zero_only_with_a_deploy_token() {
     let echo = demo("echo");
     let current = tenant(&s, "site", json!({}), echo).await;
     tenant(&s, "neighbour", json!({}), &variant(echo, "n")).await;
-    let (status, v) = candidate(&s, "site", &variant(echo, "2"), "percent=0").await;
-    assert_eq!(status, StatusCode::OK, "{v}");
-    let cand = v["version"].as_str().unwrap()[..12].to_string();
+    let cand = deployed_candidate(&s, "site", &variant(echo, "2"), "percent=0").await;
     let srv = &s;
     let token = |body: Value| async move {
         let (status, v) = srv
@@ -330,15 +335,13 @@ async fn the_override_reaches_a_candidate_at_zero_only_with_a_deploy_token() {
     assert!(!r.text().contains(&current) && !r.text().contains(&cand));
 
     // From the rollout's override_from networks, no token is needed.
-    let (status, v) = candidate(
+    let third = deployed_candidate(
         &s,
         "site",
         &variant(echo, "3"),
         "percent=0&override_from=127.0.0.1%2F32",
     )
     .await;
-    assert_eq!(status, StatusCode::OK, "{v}");
-    let third = v["version"].as_str().unwrap()[..12].to_string();
     let r = ask(&[("tern-version", "candidate")]).await;
     assert_eq!((r.status, version_of(&r)), (StatusCode::OK, third));
 }
@@ -509,15 +512,13 @@ async fn the_cache_never_gives_one_versions_answer_to_the_others_clients() {
     let dir = tempfile::tempdir().unwrap();
     let guest = std::fs::read(test_guest(dir.path(), "cache_headers")).unwrap();
     let current = tenant(&s, "site", json!({ "cache": { "enabled": true } }), &guest).await;
-    let (status, v) = candidate(
+    let cand = deployed_candidate(
         &s,
         "site",
         &variant(&guest, "2"),
         "percent=50&key=header%3Ax-user",
     )
     .await;
-    assert_eq!(status, StatusCode::OK, "{v}");
-    let cand = v["version"].as_str().unwrap()[..12].to_string();
     // A key of each version.
     let keys = user_keys(64);
     let of = versions(s.addr(), "/site/probe", &keys).await;
@@ -622,15 +623,13 @@ async fn stages_move_the_share_by_time_and_promote_at_the_end() {
     let echo = demo("echo");
     let current = tenant(&s, "site", json!({}), echo).await;
     let started = Instant::now();
-    let (status, v) = candidate(
+    let cand = deployed_candidate(
         &s,
         "site",
         &variant(echo, "2"),
         "stages=50%25%3A5s%2C100%25%3A3s&key=header%3Ax-user",
     )
     .await;
-    assert_eq!(status, StatusCode::OK, "{v}");
-    let cand = v["version"].as_str().unwrap()[..12].to_string();
     let keys = user_keys(400);
     let at_50 = versions(s.addr(), "/site/", &keys).await;
     let n = share(&at_50, &cand);
