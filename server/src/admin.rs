@@ -173,6 +173,7 @@ impl Audited<'_> {
             version,
             token_made,
             fields,
+            step: None,
         });
     }
 }

@@ -3,6 +3,9 @@
 //! `<data-dir>/audit.log` (mode 0600; past [`ROTATE_AT`] bytes it becomes `audit.log.1`, the
 //! one before that is dropped).
 //!
+//! The steps gradual deployments take by themselves (a stage, a promotion, an abort) are
+//! recorded too, by the replica that took them (`"who": "rollout"`, `step`).
+//!
 //! A line says who (the operator, or a scoped token's id and name), from where (the client's
 //! address), when, what (method, path, tenant, the names of the spec fields a change named, the
 //! new version), and how it ended (status, outcome). Never a token, and never a value: a
@@ -94,6 +97,10 @@ pub struct Record<'a> {
     /// The spec fields a `PUT`/`PATCH` of a tenant named (names only).
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     pub fields: &'a [String],
+    /// A step a gradual deployment took by itself (`advance`, `promote`, `abort`; `who` is
+    /// then `rollout`, and `version` the candidate's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<&'a str>,
 }
 
 /// Where audited requests go.
@@ -461,6 +468,7 @@ mod tests {
             version: None,
             token_made: None,
             fields: &[],
+            step: None,
         });
     }
 

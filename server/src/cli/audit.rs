@@ -88,6 +88,9 @@ fn line(r: &Value, fleet: bool) -> String {
         let names: Vec<&str> = fields.iter().filter_map(Value::as_str).collect();
         text.push_str(&format!("  fields {}", names.join(",")));
     }
+    if let Some(step) = r["step"].as_str() {
+        text.push_str(&format!("  step {step}"));
+    }
     text.push_str(&format!("  [{}]", s("request_id")));
     text
 }

@@ -56,7 +56,7 @@ pub use crate::change::ChangeError;
 use error::internal;
 use loader::{Loader, Runtime};
 pub use precondition::Precondition;
-pub use rollout::RolloutChanged;
+pub use rollout::{RolloutChanged, Taken};
 pub use serving::{Candidate, Serving};
 pub use spec::SpecChange;
 use state::{Change, State, check_routes, one_owner};

@@ -294,8 +294,10 @@ impl Registry {
 
     /// One round of every serving candidate's rollout: aborted if its abort rule says so,
     /// else moved to its next stage (or promoted after its last timed one) when that is due.
-    /// A step another replica took first is refused here (`409`) and left alone.
-    pub async fn tend_rollouts(&self) {
+    /// A step another replica took first is refused here (`409`) and left alone. The steps
+    /// this replica took, for the audit log.
+    pub async fn tend_rollouts(&self) -> Vec<Taken> {
+        let mut taken_here = Vec::new();
         let live = self.live.load_full();
         for (name, c) in &live.candidates {
             let verdict = match (&c.plan.aborted, &c.plan.abort) {
@@ -317,6 +319,11 @@ impl Registry {
                     (self.loader.metrics.rollout_steps)
                         .with_label_values(&[&c.tenant.label, taken])
                         .inc();
+                    taken_here.push(Taken {
+                        tenant: name.clone(),
+                        step: taken,
+                        version: c.tenant.version_label.to_string(),
+                    });
                 }
                 Ok(false) => {}
                 Err(ChangeError::Conflict(why) | ChangeError::PreconditionFailed(why)) => {
@@ -325,6 +332,7 @@ impl Registry {
                 Err(e) => tracing::warn!(tenant = %name, "rollout step failed (tried again): {e}"),
             }
         }
+        taken_here
     }
 
     /// Takes `step` of the rollout of `name` if its stored candidate is still the version and
@@ -384,6 +392,17 @@ impl Registry {
         tracing::warn!(tenant = name, version = %version, "{done}");
         Ok(true)
     }
+}
+
+/// A step a rollout took by itself on this replica.
+#[derive(Debug, Clone)]
+pub struct Taken {
+    /// The tenant.
+    pub tenant: String,
+    /// `advance`, `promote` or `abort`.
+    pub step: &'static str,
+    /// The candidate's version.
+    pub version: String,
 }
 
 /// An automatic step of a rollout.

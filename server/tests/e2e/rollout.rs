@@ -683,6 +683,19 @@ async fn stages_move_the_share_by_time_and_promote_at_the_end() {
         let series = format!(r#"tern_rollout_steps_total{{step="{step}",tenant="site"}}"#);
         assert_eq!(metric_value(&m, &series), 1.0, "{series}");
     }
+    // The audit log has both steps, by the rollout, with the candidate's version.
+    let (status, audit) = s
+        .admin_call(Method::GET, "/admin/v1/audit?tenant=site", "")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{audit}");
+    let steps: Vec<&str> = (audit["records"].as_array().unwrap().iter())
+        .filter(|r| r["who"] == "rollout")
+        .map(|r| {
+            assert!(r["version"].as_str().unwrap().starts_with(&cand), "{r}");
+            r["step"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(steps, ["advance", "promote"], "{audit}");
     let (_, t) = s
         .admin_call(Method::GET, "/admin/v1/tenants/site", "")
         .await;
