@@ -106,15 +106,7 @@ pub async fn versions(addr: std::net::SocketAddr, path: &str, keys: &[String]) -
             let mut conn = Conn::open(addr).await;
             let mut out = Vec::new();
             for (i, key) in chunk {
-                let r = conn
-                    .send(request(
-                        Method::GET,
-                        &path,
-                        None,
-                        &[("x-user", &key)],
-                        Bytes::new(),
-                    ))
-                    .await;
+                let r = as_user(&mut conn, &path, &key).await;
                 assert_eq!(r.status, StatusCode::OK, "{}", r.text());
                 out.push((i, version_of(&r)));
             }
@@ -131,6 +123,18 @@ pub async fn versions(addr: std::net::SocketAddr, path: &str, keys: &[String]) -
 }
 
 /// `n` keys as an application names its users (fixed: the shares they give are the same on
+/// A GET of `path` on `conn` as user `key` (its `x-user` header, the split key of most tests).
+async fn as_user(conn: &mut Conn, path: &str, key: &str) -> Reply {
+    conn.send(request(
+        Method::GET,
+        path,
+        None,
+        &[("x-user", key)],
+        Bytes::new(),
+    ))
+    .await
+}
+
 /// every run of a build).
 pub fn user_keys(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("user-{i:05}")).collect()
@@ -380,15 +384,7 @@ async fn a_failing_candidate_is_aborted_and_gets_no_request_after() {
             "/site/x"
         };
         let key = format!("user-{i}");
-        let r = conn
-            .send(request(
-                Method::GET,
-                path,
-                None,
-                &[("x-user", &key)],
-                Bytes::new(),
-            ))
-            .await;
+        let r = as_user(&mut conn, path, &key).await;
         if version_of(&r) == cand {
             to_candidate += 1;
         } else if r.status != StatusCode::OK {
@@ -437,15 +433,7 @@ async fn a_failing_candidate_is_aborted_and_gets_no_request_after() {
         } else {
             "/site/x"
         };
-        let r = conn
-            .send(request(
-                Method::GET,
-                path,
-                None,
-                &[("x-user", &key)],
-                Bytes::new(),
-            ))
-            .await;
+        let r = as_user(&mut conn, path, &key).await;
         assert_eq!(
             (r.status, version_of(&r)),
             (StatusCode::OK, current.clone()),
@@ -471,15 +459,7 @@ async fn a_failing_candidate_is_aborted_and_gets_no_request_after() {
     let mut again = 0;
     for j in 0..400 {
         let key = format!("again-{j}");
-        let r = conn
-            .send(request(
-                Method::GET,
-                "/site/x",
-                None,
-                &[("x-user", &key)],
-                Bytes::new(),
-            ))
-            .await;
+        let r = as_user(&mut conn, "/site/x", &key).await;
         assert_eq!(r.status, StatusCode::OK);
         again += usize::from(version_of(&r) == cand);
     }
@@ -915,15 +895,7 @@ async fn every_guest_kind_serves_as_a_candidate() {
         let mut conn = Conn::open(s.addr()).await;
         let mut of_each = (0, 0);
         for key in &keys {
-            let r = conn
-                .send(request(
-                    Method::GET,
-                    path,
-                    None,
-                    &[("x-user", key)],
-                    Bytes::new(),
-                ))
-                .await;
+            let r = as_user(&mut conn, path, key).await;
             assert_eq!(r.status, StatusCode::OK, "{}", r.text());
             if version_of(&r) == cand {
                 assert!(r.text().contains(says), "{kind}: {}", r.text());
