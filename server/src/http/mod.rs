@@ -825,6 +825,9 @@ async fn run_guest(
             head,
             rest: Rest::Ended(out),
         } => {
+            if out.result.is_err() {
+                judged_failure(ex.routed.as_ref());
+            }
             let records = (&mut ex.timings, ex.trace.as_mut(), ex.live.as_mut());
             record_run((app, role), records, &out.phases, &out.result, out.output);
             (streamed(tenant, head, head_only), Phase::Teardown)
@@ -839,8 +842,12 @@ async fn run_guest(
             let mut live = ex.live.take();
             let (status, arrived) = (head.status.as_u16(), ex.arrived);
             let request_id = ex.request_id.clone();
+            let routed = ex.routed.clone();
             tokio::spawn(async move {
                 let out = rest.finish().await;
+                if out.result.is_err() {
+                    judged_failure(routed.as_ref());
+                }
                 let records = (&mut after, trace.as_mut(), live.as_mut());
                 record_run((&app2, role), records, &out.phases, &out.result, out.output);
                 if let Some(live) = live {
@@ -868,6 +875,16 @@ async fn run_guest(
         }
     };
     (resp, phase)
+}
+
+/// A streamed answer whose guest failed after its head: a failure of its version for its
+/// candidate's abort rule (the head's status, counted in `finish`, said nothing of it).
+fn judged_failure(routed: Option<&Routed>) {
+    if let Some(r) = routed.filter(|r| !r.chosen)
+        && let Some(rollout) = &r.rollout
+    {
+        rollout.judge.failed_after_head(r.role);
+    }
 }
 
 /// A run that ended: its phases into the exchange's timings and `/metrics`, its end into the

@@ -43,6 +43,12 @@ impl Judge {
         }
     }
 
+    /// One more failure of `role`, for an answer counted by its head's status that failed
+    /// after it (a streamed body cut by a trap, a deadline, a limit).
+    pub fn failed_after_head(&self, role: Role) {
+        self.counts[role as usize][1].fetch_add(1, Relaxed);
+    }
+
     /// What `role` was counted.
     pub fn counts(&self, role: Role) -> Counts {
         let c = &self.counts[role as usize];

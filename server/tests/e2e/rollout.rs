@@ -909,3 +909,48 @@ async fn every_guest_kind_serves_as_a_candidate() {
         assert!(of_each.0 > 50 && of_each.1 > 50, "{kind}: {of_each:?}");
     }
 }
+
+/// A candidate whose streamed answers are cut by a trap after their head (a `200` head, a cut
+/// body) fails by the abort rule as a 5xx would: aborted, with every failure counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_failing_after_its_head_is_aborted_too() {
+    let s = TestServer::start("").await;
+    let dir = tempfile::tempdir().unwrap();
+    let guest = std::fs::read(test_guest(dir.path(), "cache_headers")).unwrap();
+    tenant(&s, "site", json!({}), demo("echo")).await;
+    let query = "percent=50&key=header%3Ax-user&abort=5&abort_min_requests=20";
+    let cand = deployed_candidate(&s, "site", &guest, query).await;
+    // Raw requests: a client library would fail on the candidate's cut bodies.
+    let mut to_candidate = 0;
+    for i in 0..400 {
+        let req = format!(
+            "GET /site/x?trap_after=200000 HTTP/1.1\r\nhost: x\r\nx-user: u-{i}\r\n\
+             connection: close\r\n\r\n"
+        );
+        let reply = raw(s.addr(), req).await;
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        to_candidate += usize::from(reply.contains(&format!("version;desc={cand}")));
+        if to_candidate == 20 {
+            break;
+        }
+    }
+    assert_eq!(to_candidate, 20, "the candidate's share of 400 requests");
+    let started = Instant::now();
+    let t = loop {
+        let (_, t) = s
+            .admin_call(Method::GET, "/admin/v1/tenants/site", "")
+            .await;
+        if t["candidate"]["state"] == "aborted" {
+            break t;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not aborted: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let reason = t["candidate"]["plan"]["aborted"]["reason"]
+        .as_str()
+        .unwrap();
+    assert!(reason.contains("failed 20 of 20 requests"), "{reason}");
+}
