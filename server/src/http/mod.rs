@@ -825,8 +825,8 @@ async fn run_guest(
             head,
             rest: Rest::Ended(out),
         } => {
-            if out.result.is_err() {
-                judged_failure(ex.routed.as_ref());
+            if let (Err(_), Some((rollout, role))) = (&out.result, judged(ex.routed.as_ref())) {
+                rollout.judge.failed_after_head(role);
             }
             let records = (&mut ex.timings, ex.trace.as_mut(), ex.live.as_mut());
             record_run((app, role), records, &out.phases, &out.result, out.output);
@@ -842,11 +842,12 @@ async fn run_guest(
             let mut live = ex.live.take();
             let (status, arrived) = (head.status.as_u16(), ex.arrived);
             let request_id = ex.request_id.clone();
-            let routed = ex.routed.clone();
+            // Only a candidate's judge needs the run's end (no clone for other tenants).
+            let judged = judged(ex.routed.as_ref());
             tokio::spawn(async move {
                 let out = rest.finish().await;
-                if out.result.is_err() {
-                    judged_failure(routed.as_ref());
+                if let (Err(_), Some((rollout, role))) = (&out.result, judged) {
+                    rollout.judge.failed_after_head(role);
                 }
                 let records = (&mut after, trace.as_mut(), live.as_mut());
                 record_run((&app2, role), records, &out.phases, &out.result, out.output);
@@ -877,14 +878,13 @@ async fn run_guest(
     (resp, phase)
 }
 
-/// A streamed answer whose guest failed after its head: a failure of its version for its
-/// candidate's abort rule (the head's status, counted in `finish`, said nothing of it).
-fn judged_failure(routed: Option<&Routed>) {
-    if let Some(r) = routed.filter(|r| !r.chosen)
-        && let Some(rollout) = &r.rollout
-    {
-        rollout.judge.failed_after_head(r.role);
-    }
+/// The candidate whose abort rule judges a routed request, and the version that serves it
+/// (none: no candidate, or a request that chose its version): a streamed answer whose guest
+/// fails after its head is one more failure of that version (the head's status, counted in
+/// `finish`, said nothing of it).
+fn judged(routed: Option<&Routed>) -> Option<(Arc<crate::registry::Candidate>, rollout::Role)> {
+    let r = routed.filter(|r| !r.chosen)?;
+    Some((r.rollout.clone()?, r.role))
 }
 
 /// A run that ended: its phases into the exchange's timings and `/metrics`, its end into the
