@@ -135,6 +135,23 @@ async fn as_user(conn: &mut Conn, path: &str, key: &str) -> Reply {
     .await
 }
 
+/// Tenant `site` once its candidate is aborted (within 10 s of `since`).
+async fn aborted(s: &TestServer, since: Instant) -> Value {
+    loop {
+        let (_, t) = s
+            .admin_call(Method::GET, "/admin/v1/tenants/site", "")
+            .await;
+        if t["candidate"]["state"] == "aborted" {
+            return t;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "not aborted: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// every run of a build).
 pub fn user_keys(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("user-{i:05}")).collect()
@@ -396,19 +413,7 @@ async fn a_failing_candidate_is_aborted_and_gets_no_request_after() {
         assert!(i < 5000, "the candidate got {to_candidate} of {i}");
     };
     let (judged_at, judged_ms) = judged_at;
-    let t = loop {
-        let (_, t) = s
-            .admin_call(Method::GET, "/admin/v1/tenants/site", "")
-            .await;
-        if t["candidate"]["state"] == "aborted" {
-            break t;
-        }
-        assert!(
-            judged_at.elapsed() < Duration::from_secs(10),
-            "not aborted: {t}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let t = aborted(&s, judged_at).await;
     // The server's own time of the abort: within one round of the rule's check (1 s) and the
     // change's commit after the candidate's 40th answer.
     let at = t["candidate"]["plan"]["aborted"]["at_ms"].as_u64().unwrap();
@@ -935,20 +940,7 @@ async fn a_candidate_failing_after_its_head_is_aborted_too() {
         }
     }
     assert_eq!(to_candidate, 20, "the candidate's share of 400 requests");
-    let started = Instant::now();
-    let t = loop {
-        let (_, t) = s
-            .admin_call(Method::GET, "/admin/v1/tenants/site", "")
-            .await;
-        if t["candidate"]["state"] == "aborted" {
-            break t;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "not aborted: {t}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let t = aborted(&s, Instant::now()).await;
     let reason = t["candidate"]["plan"]["aborted"]["reason"]
         .as_str()
         .unwrap();
