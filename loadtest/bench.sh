@@ -41,6 +41,8 @@
 #                                       latency next to a tailer that stopped reading, and its count
 #   bash loadtest/bench.sh rollout      gradual deployments, pinned: CPU per `hello` request of a tenant
 #                                       with a candidate at 50 % next to the same tenant with one version
+#   bash loadtest/bench.sh schedule     scheduled runs' punctuality: from each tick of a `*/2 * * * * *`
+#                                       schedule to its guest's start, with `hello` under wrk load
 #   bash loadtest/bench.sh fleet        a fleet on one S3 registry (versitygw): a replica joining
 #                                       1,000 tenants, and deploy-to-every-replica convergence
 #   bash loadtest/bench.sh charts       PNG charts from the results (gnuplot)
@@ -60,8 +62,8 @@ for bench in "$ROOT"/loadtest/bench/*.sh; do
 done
 
 case ${1:-} in
-    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | cache | compression | readthrough | h3 | ratelimit | websocket | logs | rollout | fleet | charts) "$1" ;;
+    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | cache | compression | readthrough | h3 | ratelimit | websocket | logs | rollout | schedule | fleet | charts) "$1" ;;
     tracing) need wrk wrk; need perf linux-perf; build; tracing_cost ;;
     all) cpu; throughput; scaling; mixed; allocator; density; proxy; kinds; kv; tls; charts ;;
-    *) sed -n '2,53p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,55p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

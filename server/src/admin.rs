@@ -13,6 +13,8 @@
 //! | `POST /admin/v1/tenants/{name}/promote` | make the candidate the current version |
 //! | `POST /admin/v1/tenants/{name}/rollback` | drop the candidate, if there is one; else back to the previous version |
 //! | `DELETE /admin/v1/tenants/{name}` | remove a tenant |
+//! | `GET /admin/v1/tenants/{name}/schedules` | its schedules (`[[tenant.schedule]]`): each one's next five times and last runs (in a fleet, every replica's) |
+//! | `POST /admin/v1/tenants/{name}/schedules/run` | run a schedule now, on this server: JSON `{"schedule": "NAME"}`; answers when the run ends, with its status |
 //! | `POST /admin/v1/tenants/{name}/cache/purge` | drop stored answers from its cache on this server: JSON `{"all": true}`, `{"prefixes": [...]}` or `{"tags": [...]}` |
 //! | `POST /admin/v1/tenants/{name}/publish` | send messages to its events-mode WebSocket connections subscribed to a channel (or to one connection), on every replica: Pushpin's publish JSON `{"items": [{"channel": "room", "formats": {"ws-message": {"content": "hi"}}}]}` |
 //! | `GET /admin/v1/tenants/{name}/logs?follow=1&status=5xx&...` | its requests as live log records, one JSON object a line (NDJSON; server-sent events with `Accept: text/event-stream` or `format=sse`): those kept (`since`), then as they come (`follow`); filters `status`, `outcome`, `method`, `path`, `search`, `version`, `sample`; in a fleet, every replica's merged (`local=1`: this one's) |
@@ -240,6 +242,7 @@ fn action<'a>(method: &Method, parts: &[&'a str]) -> Action<'a> {
             ],
         ) => Action::Tenant(name, Scope::Deploy),
         (_, ["tenants", name, "cache", "purge"]) => Action::Tenant(name, Scope::Purge),
+        (_, ["tenants", name, "schedules", "run"]) => Action::Tenant(name, Scope::Deploy),
         (_, ["tenants", name, "publish"]) => Action::Tenant(name, Scope::Publish),
         (_, ["tenants", name, "logs"]) => Action::Tenant(name, Scope::Logs),
         (&Method::GET, ["tenants", name, "variables"]) => Action::Tenant(name, Scope::Variables),
@@ -290,6 +293,19 @@ fn error_response(e: &ChangeError) -> Response<ResponseBody> {
 
 /// How long the rest of an upload past the limit is read (and discarded) before the `413`.
 const DISCARD_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The schedule a `schedules/run` body names: `{"schedule": "NAME"}`.
+fn schedule_named(body: &[u8]) -> Result<String, ChangeError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ChangeError::Invalid(format!("the body must be JSON: {e}")))?;
+    v["schedule"].as_str().map(str::to_string).ok_or_else(|| {
+        ChangeError::Invalid(
+            "the body must name the schedule: {\"schedule\": \"NAME\"} (its `name`, or its \
+             cron expression when it has none)"
+                .into(),
+        )
+    })
+}
 
 /// Reads a body of at most `limit` bytes.
 ///
@@ -644,6 +660,27 @@ async fn answer(
             Err(e) => Err(e),
             Ok(changed) => rollout_answer(&app, name, &changed).await,
         },
+        (&Method::GET, ["tenants", name, "schedules"]) => {
+            crate::scheduler::Scheduler::list(&app, name)
+                .await
+                .map(|v| (StatusCode::OK, v))
+        }
+        (&Method::POST, ["tenants", name, "schedules", "run"]) => {
+            match read_body(req, MAX_JSON_BYTES)
+                .await
+                .and_then(|b| schedule_named(&b))
+            {
+                Err(e) => Err(e),
+                Ok(schedule) => crate::scheduler::Scheduler::run_now(&app, name, &schedule)
+                    .await
+                    .map(|ran| {
+                        (
+                            StatusCode::OK,
+                            json!({ "tenant": name, "schedule": schedule, "run": ran }),
+                        )
+                    }),
+            }
+        }
         (&Method::POST, ["tenants", name, "cache", "purge"]) => {
             purge(&app, name, read_body(req, MAX_JSON_BYTES).await).await
         }
@@ -714,6 +751,8 @@ async fn answer(
             | ["tenants", _]
             | ["tenants", _, "module" | "rollback" | "rollout" | "promote"]
             | ["tenants", _, "cache", "purge"]
+            | ["tenants", _, "schedules"]
+            | ["tenants", _, "schedules", "run"]
             | ["tenants", _, "publish"]
             | ["tenants", _, "logs"]
             | ["tenants", _, "variables"]

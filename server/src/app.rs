@@ -37,6 +37,8 @@ pub struct App {
     pub sockets: std::sync::Arc<crate::websocket::Sockets>,
     /// What live log streams share (`tern logs`).
     pub live_logs: crate::livelog::Readers,
+    /// The runner of tenants' schedules and their ledgers (`[[tenant.schedule]]`).
+    pub scheduler: crate::scheduler::Scheduler,
 }
 
 impl App {

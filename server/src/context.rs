@@ -56,6 +56,8 @@ pub struct RequestContext {
     pub version: Version,
     /// Its trace, when tracing is on (`[tracing]`).
     pub trace: Option<Arc<crate::trace::Active>>,
+    /// A time limit other than the tenant's `limits.timeout_ms` (a scheduled run's).
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl RequestContext {
@@ -271,6 +273,7 @@ mod tests {
             prefix_len: 0,
             version: Version::HTTP_11,
             trace: None,
+            timeout: None,
         }
     }
 

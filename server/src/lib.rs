@@ -87,6 +87,8 @@
 //! - [`rollout`]: gradual deployments: a tenant's candidate version beside its current one,
 //!   the split of its clients (sticky buckets, the `Tern-Version` override), stages and the
 //!   abort rule; the registry keeps the candidate, the front end picks the version per request.
+//! - [`schedule`]: scheduled runs (`[[tenant.schedule]]`): cron expressions, settings, the
+//!   ledger that gives each tick to one replica; [`scheduler`] runs them through the front end.
 //! - [`datadir`]: the data directory (`--data-dir`): content-addressed modules and assets, the manifest.
 //! - [`fleet`]: a fleet's shared registry on object storage ([`fleet::objects`]: the S3 client,
 //!   compare-and-swap writes, the store probe), signed artifacts and sealed secrets, nudges to
@@ -170,6 +172,8 @@ pub mod registry;
 pub mod rollout;
 pub mod router;
 pub mod scaffold;
+pub mod schedule;
+pub mod scheduler;
 pub mod server;
 pub mod shutdown;
 pub mod target;

@@ -233,6 +233,12 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// A tenant's schedules ([[tenant.schedule]]): their next times and last runs, a run
+    /// now.
+    Schedule {
+        #[command(subcommand)]
+        action: ScheduleAction,
+    },
     /// Make a running server re-read its config file (as SIGHUP does).
     Reload {
         #[command(flatten)]
@@ -351,6 +357,51 @@ enum CacheAction {
         /// their validators, and a `304` keeps the stored body.
         #[arg(long)]
         soft: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+/// `tern schedule ...`.
+#[derive(Debug, clap::Subcommand)]
+enum ScheduleAction {
+    /// Each schedule of a tenant: its next time and its last runs (outcome, status, time,
+    /// replica), in a fleet whoever ran them.
+    List {
+        /// The tenant's name.
+        tenant: String,
+        /// Print the server's JSON answer.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// The next five times of a tenant's schedules, or of an expression (--cron, without a
+    /// server): check one before you deploy it.
+    Next {
+        /// The tenant's name (leave out with --cron).
+        #[arg(required_unless_present = "cron")]
+        tenant: Option<String>,
+        /// A cron expression: 5 fields (minute hour day-of-month month day-of-week), 6
+        /// (seconds first) or 7 (a year last); L, W, #, names; weekdays 1-7 with Sunday = 1.
+        #[arg(long, conflicts_with = "tenant")]
+        cron: Option<String>,
+        /// The time zone the expression is read in (IANA name: Europe/Berlin); UTC by default.
+        #[arg(long, requires = "cron")]
+        timezone: Option<String>,
+        /// How many times to show.
+        #[arg(long, default_value_t = 5)]
+        count: usize,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Run one of a tenant's schedules now, on the server asked, and wait for its end (as a
+    /// tick would run it; recorded among its runs as one by hand).
+    Run {
+        /// The tenant's name.
+        tenant: String,
+        /// The schedule's name (its cron expression when it has no `name`).
+        schedule: String,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -606,6 +657,33 @@ fn main() -> ExitCode {
             };
             tern::cli::cache_purge(&t, &tenant, &purge).await
         }),
+        Command::Schedule { action } => match action {
+            ScheduleAction::List {
+                tenant,
+                json,
+                admin,
+            } => admin.run(|t| async move { tern::cli::schedule_list(&t, &tenant, json).await }),
+            ScheduleAction::Next {
+                tenant,
+                cron,
+                timezone,
+                count,
+                admin,
+            } => match (cron, tenant) {
+                (Some(cron), _) => tern::cli::cron_next(&cron, timezone.as_deref(), count),
+                (None, Some(tenant)) => {
+                    admin.run(|t| async move { tern::cli::schedule_next(&t, &tenant).await })
+                }
+                (None, None) => Err(anyhow::anyhow!("name a tenant, or give --cron")),
+            },
+            ScheduleAction::Run {
+                tenant,
+                schedule,
+                admin,
+            } => {
+                admin.run(|t| async move { tern::cli::schedule_run(&t, &tenant, &schedule).await })
+            }
+        },
         Command::Var { action } => match action {
             VarAction::Set { var, value } => set_variable(var, false, || Ok(value)),
             VarAction::List(OfTenant { tenant, admin }) => {

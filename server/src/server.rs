@@ -329,6 +329,12 @@ fn new_app(
         registry.stores(),
     )
     .map_err(|e| anyhow::anyhow!("server.{e}"))?;
+    let clock = crate::schedule::Clock::from_env().map_err(anyhow::Error::msg)?;
+    let scheduler = crate::scheduler::Scheduler::new(
+        crate::scheduler::Store::open(registry.fleet().cloned(), data_dir),
+        clock,
+        config.registry.replica_name(),
+    );
     Ok(Arc::new(App {
         registry,
         certificates: std::sync::OnceLock::new(),
@@ -352,6 +358,7 @@ fn new_app(
             replica: config.registry.replica_name().into(),
             shutdown: shutdown.clone(),
         },
+        scheduler,
     }))
 }
 
@@ -511,6 +518,38 @@ async fn tls_listener(
     Ok((l, Arc::new(acceptor), acme))
 }
 
+/// The scheduled runs' runner runs in the server: its tenants, and the front end its runs go
+/// through.
+impl crate::scheduler::Host for App {
+    fn scheduler(&self) -> &crate::scheduler::Scheduler {
+        &self.scheduler
+    }
+
+    fn live(&self) -> Arc<crate::registry::Live> {
+        self.registry.live().clone()
+    }
+
+    fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
+    }
+
+    fn queue_timeout(&self) -> Duration {
+        self.pool.queue_timeout()
+    }
+
+    fn fire(
+        this: &Arc<Self>,
+        tenant: crate::tenant::TenantRef,
+        req: http::Request<crate::body::RequestBody>,
+        timeout: Option<Duration>,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = http::Response<crate::body::ResponseBody>> + Send>,
+    > {
+        let app = this.clone();
+        Box::pin(async move { crate::http::scheduled(&app, tenant, req, timeout).await })
+    }
+}
+
 /// How often candidates' rollouts are looked at (abort rule, stages): the time an abort
 /// takes at most after its rule is met, besides the change itself.
 const ROLLOUTS_TENDED_EVERY: Duration = Duration::from_secs(1);
@@ -582,6 +621,11 @@ fn background(
             }
         }
     }));
+    // Tenants' schedules.
+    tasks.push(tokio::spawn(crate::scheduler::Scheduler::run_until(
+        app.clone(),
+        shutdown.clone(),
+    )));
     // When each scoped token was last used, saved now and then (and once more at the end).
     let (a, s) = (app.clone(), shutdown.clone());
     tasks.push(tokio::spawn(async move {

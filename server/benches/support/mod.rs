@@ -84,6 +84,7 @@ pub async fn request(tenant: &TenantRef) -> RunOutput {
             prefix_len: 0,
             version: http::Version::HTTP_11,
             trace: None,
+            timeout: None,
         },
     );
     execute::answer(tenant.clone(), req, ())

@@ -14,6 +14,7 @@ mod admin_client;
 mod audit;
 mod certs;
 mod logs;
+mod schedules;
 mod tokens;
 mod variables;
 
@@ -21,6 +22,7 @@ pub use admin_client::AdminClient;
 pub use audit::{AuditQuery, audit};
 pub use certs::{cert_delete, cert_list, cert_put};
 pub use logs::{Logs, logs};
+pub use schedules::{cron_next, schedule_list, schedule_next, schedule_run};
 pub use tokens::{Create as TokenCreate, create_token, list_tokens, revoke_token, rotate_token};
 pub use variables::{delete_variable, list_variables, read_secret, reseal, set_variable};
 

@@ -109,6 +109,10 @@ pub struct TenantSettings<R> {
         skip_serializing_if = "crate::websocket::WebsocketConfig::is_default"
     )]
     pub websocket: crate::websocket::WebsocketConfig,
+    /// `[[tenant.schedule]]`: its guest called on cron schedules, once per tick across a
+    /// fleet ([`crate::schedule`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schedule: Vec<crate::schedule::ScheduleConfig>,
 }
 
 /// `[tenant.hsts]`: HTTP Strict Transport Security (RFC 6797). Sticky: a browser that saw it
@@ -186,6 +190,7 @@ impl<R> Default for TenantSettings<R> {
             rate_counter: Vec::new(),
             penalty_box: Vec::new(),
             websocket: crate::websocket::WebsocketConfig::default(),
+            schedule: Vec::new(),
         }
     }
 }
@@ -210,6 +215,7 @@ impl<R> TenantSettings<R> {
             rate_counter,
             penalty_box,
             websocket,
+            schedule,
         } = self;
         TenantSettings {
             hosts: hosts.iter().map(&f).collect(),
@@ -228,6 +234,7 @@ impl<R> TenantSettings<R> {
             rate_counter: rate_counter.clone(),
             penalty_box: penalty_box.clone(),
             websocket: websocket.clone(),
+            schedule: schedule.clone(),
         }
     }
 }
@@ -419,6 +426,15 @@ pub fn validate_tenant(t: &TenantConfig, pool: &PoolConfig) -> Result<(), Invali
         return here(&t.name, format!("tenant {name:?}: {m}"));
     }
     if let Err(m) = t.settings.websocket.check() {
+        return here(&t.name, format!("tenant {name:?}: {m}"));
+    }
+    let paths: Vec<&str> = t
+        .settings
+        .paths
+        .iter()
+        .map(|p| p.get_ref().as_str())
+        .collect();
+    if let Err(m) = crate::schedule::prepare_all(&t.settings.schedule, &paths, MAX_TIMEOUT_MS) {
         return here(&t.name, format!("tenant {name:?}: {m}"));
     }
     for (what, tables) in [

@@ -13,6 +13,7 @@
 //! captured output and teardown. The kinds' host sides are [`crate::guest`]'s.
 
 mod deadline;
+pub use deadline::WALL_FACTOR;
 mod driver;
 mod module;
 mod wasi_http;
@@ -225,6 +226,7 @@ async fn run(tenant: TenantRef, request: GuestRequest, commit: oneshot::Sender<H
         start,
         request_id,
         head_request,
+        timeout: request.context.timeout.unwrap_or(tenant.limits.timeout),
     };
     match &tenant.guest {
         Guest::Tern(core) => {
@@ -253,6 +255,8 @@ struct Run {
     request_id: HeaderValue,
     /// A `HEAD` request (its answer has no body, whatever length it declares).
     head_request: bool,
+    /// The guest's time limit (the tenant's, or a scheduled run's).
+    timeout: Duration,
 }
 
 /// The shared life of one guest: a fresh store, its handler on its own fiber within the
@@ -263,18 +267,18 @@ async fn lifecycle<D: Driver>(tenant: &Tenant, mut driver: D, state: D::State, r
         start,
         request_id,
         head_request,
+        timeout,
     } = run;
-    let limits = &tenant.limits;
     let mut store = new_store(driver.engine(), state);
     store.limiter(|s| s.limits());
     let mut clock = Clock::default();
-    let timed = deadline::within(limits.timeout, driver.call(&mut store, &mut clock)).await;
+    let timed = deadline::within(timeout, driver.call(&mut store, &mut clock)).await;
     let ran_until = Instant::now();
     let ended = timed.ended.map(|r| driver.settle(store.data_mut(), r));
     let body = driver.body_end(store.data());
     let mut result = {
         let response = driver.response(store.data_mut());
-        let result = verdict(ended, body, response, limits.timeout, head_request);
+        let result = verdict(ended, body, response, timeout, head_request);
         reply(result, response, tenant, &request_id)
     };
     let data = store.data_mut();

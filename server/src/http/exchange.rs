@@ -79,6 +79,8 @@ pub(super) struct Exchange {
     /// Its live log record, once routed to a tenant whose live log is on: kept when the
     /// answer's head is made (or, for a streamed answer, when its guest ends).
     pub(super) live: Option<crate::livelog::Pending>,
+    /// A time limit other than the tenant's for its guest (a scheduled run's).
+    pub(super) timeout: Option<std::time::Duration>,
 }
 
 impl Exchange {
@@ -134,6 +136,7 @@ impl Exchange {
             trace,
             access,
             live: None,
+            timeout: None,
         }
     }
 

@@ -111,6 +111,37 @@ pub async fn handle(
     }
 }
 
+/// Runs `tenant`'s guest for a scheduled run ([`crate::scheduler`]): `req` (its path under
+/// one of the tenant's paths) as if a client on this host had sent it, routed to the tenant's
+/// current version, without the rate limits or the cache a client's request meets: a slot
+/// (`admit`), the guest within `timeout` (the tenant's limit when `None`), and the records
+/// every request gets (`/metrics`, `Server-Timing`, its trace, its live log, its access line).
+pub async fn scheduled(
+    app: &Arc<App>,
+    tenant: TenantRef,
+    req: Request<RequestBody>,
+    timeout: Option<std::time::Duration>,
+) -> Response<ResponseBody> {
+    let here = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0));
+    let mut ex = Exchange::begin(app, &req, crate::context::Connection::plain(here), here);
+    ex.timeout = timeout;
+    let paths: Vec<&str> = tenant.paths.iter().map(String::as_str).collect();
+    let prefix_len = crate::schedule::prefix_len(&paths, req.uri().path()).unwrap_or(0);
+    let routed = Routed {
+        tenant,
+        prefix_len,
+        host: request::HostFrom::Header,
+        role: rollout::Role::Current,
+        rollout: None,
+        chosen: true,
+    };
+    ex.route_to(routed, &req);
+    match run(app, &mut ex, req, None).await {
+        Ok((resp, reached)) => ex.answered(app, resp, reached),
+        Err((early, _)) => ex.early(app, early),
+    }
+}
+
 /// A WebSocket opening: a place within the connection limits (`503` without one), the
 /// guest's run (never the cache), and the handoff its answer asks for, or its answer as it is
 /// (a `401`, say) when it asks for none.
@@ -561,6 +592,11 @@ async fn route(
     {
         headers.remove(&rollout::TERN_VERSION);
     }
+    // A scheduled run's headers are the server's to give (`scheduled`): a client cannot pose
+    // as the scheduler.
+    headers.remove(&crate::schedule::TERN_SCHEDULE);
+    headers.remove(&crate::schedule::TERN_SCHEDULE_NAME);
+    headers.remove(&crate::schedule::TERN_SCHEDULED_TIME);
     routed.unwrap_or_else(|| {
         Err(Early::Unrouted(Box::new(plain(
             StatusCode::NOT_FOUND,
@@ -784,6 +820,7 @@ async fn run_guest(
         prefix_len,
         version: parts.version,
         trace,
+        timeout: ex.timeout,
     };
     let request = GuestRequest::new(
         parts.method,

@@ -335,6 +335,21 @@ named_metrics! {
         "Live log streams open (tern logs -f), every tenant's; a fleet's merged stream counts on \
          each replica it reads.",
     );
+    pub schedule_runs: counters(
+        "tern_schedule_runs_total",
+        "Ticks of tenants' schedules, by tenant and what became of them: ok (the guest \
+         answered 1xx-3xx), failed (4xx/5xx or a failure), skipped (the last run still ran, \
+         overlap = \"skip\"), missed (this replica could not reach the fleet's registry to \
+         take it before the next tick, and no other replica had), counted by the replica that took the tick (once for a fleet); runs \
+         asked by hand count too.",
+        &["tenant", "outcome"],
+    );
+    pub schedule_lag: histogram(
+        "tern_schedule_lag_seconds",
+        "From a schedule's tick to its guest's start (taking the tick in the registry \
+         included).",
+        prometheus::exponential_buckets(0.0005, 2.0, 16).expect("static buckets"),
+    );
     pub rollout_steps: counters(
         "tern_rollout_steps_total",
         "Steps gradual deployments took by themselves, by tenant and step (advance: the next \

@@ -193,6 +193,8 @@ pub struct Tenant {
     /// What keys its answers in its cache apart from another version's (a candidate shares
     /// the current version's cache): from its version id; 0 for a tenant of the config file.
     pub cache_version: u64,
+    /// Its schedules (`[[tenant.schedule]]`), read when it loaded.
+    pub schedules: Arc<[crate::schedule::Schedule]>,
 }
 
 impl crate::logwriter::Named for Tenant {
@@ -543,7 +545,20 @@ pub fn prepare(
     if let Some(cache) = &front.cache {
         cache.serves_version(cache_version);
     }
+    let paths: Vec<&str> = config
+        .settings
+        .paths
+        .iter()
+        .map(|p| p.get_ref().as_str())
+        .collect();
+    let schedules = crate::schedule::prepare_all(
+        &config.settings.schedule,
+        &paths,
+        crate::ceilings::MAX_TIMEOUT_MS,
+    )
+    .map_err(refuse)?;
     Ok(Tenant {
+        schedules: schedules.into(),
         logs,
         cache_version,
         version_label,

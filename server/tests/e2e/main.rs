@@ -34,6 +34,7 @@ mod ratelimit;
 mod readthrough;
 mod rollout;
 mod routing;
+mod schedules;
 mod shutdown;
 mod slow_clients;
 mod streaming;

@@ -592,6 +592,7 @@ mod tests {
             prefix_len,
             version,
             trace: None,
+            timeout: None,
         };
         let request = super::GuestRequest::new(
             http::Method::GET,

@@ -11,6 +11,7 @@ use crate::support::{demo, tern_bin, tools_dir};
 mod deploys;
 mod lost_answers;
 mod registry;
+mod schedules;
 mod shared;
 mod tokens;
 

@@ -52,6 +52,7 @@ fn context() -> RequestContext {
         prefix_len: 0,
         version: http::Version::HTTP_11,
         trace: None,
+        timeout: None,
     }
 }
 

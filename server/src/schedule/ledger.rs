@@ -1,0 +1,225 @@
+//! A schedule's ledger: its last runs, and the rule by which one replica of a fleet takes
+//! each tick ([`Ledger::claim`]).
+//!
+//! The ledger is one record per schedule, changed only by compare-and-swap (in a fleet's
+//! registry, or in the data directory for a lone server). A replica takes tick `T` by writing
+//! a `running` run of `T` with a lease; another replica that reads the ledger and finds `T`
+//! there leaves it. So each tick is started once while its holder lives. A holder that dies
+//! mid-run (or cannot record the run's end) leaves a `running` run whose lease passes: the
+//! first replica to look after that marks it `lost` and runs the tick once more (attempt 2,
+//! never a third), so a tick runs at most twice, and never twice within a lease. The lease is
+//! the longest a run can take: the guest's time limit times the server's wall-time factor,
+//! and a margin.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use super::config::Overlap;
+
+/// Runs kept per schedule (older ones are dropped).
+pub const KEPT: usize = 20;
+
+/// How many times a tick is started at most (the first run, and one after a lost one).
+pub const MAX_ATTEMPTS: u8 = 2;
+
+/// A schedule's ledger.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ledger {
+    /// Its last runs, oldest first.
+    #[serde(default)]
+    pub runs: VecDeque<Run>,
+    /// The change ids of the writes that made it (the registry's write check).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
+}
+
+/// One run (or skipped tick) of a schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    /// The tick (Unix milliseconds); for a run asked by hand, when it was asked.
+    pub tick_ms: i64,
+    /// Asked by hand (`tern schedule run`), not by the schedule.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub manual: bool,
+    /// The replica that took it.
+    pub replica: String,
+    /// 1, or 2 for the run after a lost one.
+    pub attempt: u8,
+    /// When it started (Unix milliseconds).
+    pub started_ms: i64,
+    /// Until when its holder holds it (Unix milliseconds).
+    pub lease_until_ms: i64,
+    /// Where it is.
+    pub state: State,
+    /// The status its guest answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// How long it ran (milliseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub took_ms: Option<u64>,
+}
+
+/// Where a run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Started, its end not recorded yet.
+    Running,
+    /// Its guest answered 1xx-3xx.
+    Ok,
+    /// Its guest answered 4xx/5xx, or failed.
+    Failed,
+    /// The tick came while the last run still ran (`overlap = "skip"`).
+    Skipped,
+    /// Its holder's lease passed without its end recorded (the holder died, or could not
+    /// reach the ledger).
+    Lost,
+}
+
+impl State {
+    /// Its name in metrics and listings.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Ok => "ok",
+            Self::Failed => "failed",
+            Self::Skipped => "skipped",
+            Self::Lost => "lost",
+        }
+    }
+}
+
+/// What [`Ledger::claim`] decided for a replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// This replica runs the tick (its attempt).
+    Run(u8),
+    /// The tick is skipped (the last run still runs): recorded so.
+    Skipped,
+    /// Another replica has the tick (running until the lease given), or it is done.
+    Taken(Option<i64>),
+}
+
+impl Ledger {
+    /// Decides who runs tick `tick_ms` at `now_ms` and records it here (to be written back by
+    /// compare-and-swap): a tick not in the ledger is this replica's (or skipped, while
+    /// another run holds a live lease and overlap is `skip`); a tick whose run lost its lease
+    /// is run once more; any other tick is taken. A run that lost its lease is marked `lost`.
+    pub fn claim(
+        &mut self,
+        tick_ms: i64,
+        now_ms: i64,
+        replica: &str,
+        lease_ms: i64,
+        overlap: Overlap,
+    ) -> Claim {
+        let mut retry = None;
+        for run in self.runs.iter_mut() {
+            if run.state == State::Running && run.lease_until_ms <= now_ms {
+                run.state = State::Lost;
+            }
+        }
+        if let Some(last) = self
+            .runs
+            .iter()
+            .filter(|r| !r.manual && r.tick_ms == tick_ms)
+            .max_by_key(|r| r.attempt)
+        {
+            match last.state {
+                State::Running => return Claim::Taken(Some(last.lease_until_ms)),
+                State::Lost if last.attempt < MAX_ATTEMPTS => retry = Some(last.attempt + 1),
+                _ => return Claim::Taken(None),
+            }
+        } else if self.runs.iter().any(|r| !r.manual && r.tick_ms > tick_ms) {
+            // A later tick was taken already: this one is past.
+            return Claim::Taken(None);
+        }
+        let busy = self.runs.iter().any(|r| r.state == State::Running);
+        let attempt = retry.unwrap_or(1);
+        if busy && overlap == Overlap::Skip {
+            self.push(Run {
+                tick_ms,
+                manual: false,
+                replica: replica.to_string(),
+                attempt,
+                started_ms: now_ms,
+                lease_until_ms: now_ms,
+                state: State::Skipped,
+                status: None,
+                took_ms: None,
+            });
+            return Claim::Skipped;
+        }
+        self.push(Run {
+            tick_ms,
+            manual: false,
+            replica: replica.to_string(),
+            attempt,
+            started_ms: now_ms,
+            lease_until_ms: now_ms.saturating_add(lease_ms),
+            state: State::Running,
+            status: None,
+            took_ms: None,
+        });
+        Claim::Run(attempt)
+    }
+
+    /// Records a run asked by hand, starting now.
+    pub fn manual(&mut self, now_ms: i64, replica: &str, lease_ms: i64) {
+        self.push(Run {
+            tick_ms: now_ms,
+            manual: true,
+            replica: replica.to_string(),
+            attempt: 1,
+            started_ms: now_ms,
+            lease_until_ms: now_ms.saturating_add(lease_ms),
+            state: State::Running,
+            status: None,
+            took_ms: None,
+        });
+    }
+
+    /// Records the end of this replica's run of `tick_ms` (its `attempt`); whether it found it
+    /// (a run marked lost meanwhile is left lost).
+    pub fn end(
+        &mut self,
+        (tick_ms, manual, attempt): (i64, bool, u8),
+        replica: &str,
+        state: State,
+        status: Option<u16>,
+        took_ms: u64,
+    ) -> bool {
+        let Some(run) = self.runs.iter_mut().find(|r| {
+            r.tick_ms == tick_ms
+                && r.manual == manual
+                && r.attempt == attempt
+                && r.replica == replica
+        }) else {
+            return false;
+        };
+        if run.state != State::Running {
+            return false;
+        }
+        run.state = state;
+        run.status = status;
+        run.took_ms = Some(took_ms);
+        true
+    }
+
+    /// The last tick the schedule itself took (not a run by hand, not skipped), if any.
+    pub fn last_tick(&self) -> Option<i64> {
+        self.runs
+            .iter()
+            .filter(|r| !r.manual)
+            .map(|r| r.tick_ms)
+            .max()
+    }
+
+    fn push(&mut self, run: Run) {
+        self.runs.push_back(run);
+        while self.runs.len() > KEPT {
+            self.runs.pop_front();
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Where schedules' ledgers are kept: in a fleet's registry (one object per schedule,
+//! `schedules/<tenant>/<id>.json`, changed by compare-and-swap), or for a lone server in its
+//! data directory (`schedules.json`, written whole and atomically after each change, off the
+//! reactor).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use object_store::UpdateVersion;
+use sha2::Digest;
+
+use crate::fleet::Fleet;
+use crate::fleet::objects::{RemoteError, change_id, record_change};
+use crate::schedule::{Ledger, State};
+
+/// The data directory's file of ledgers.
+const LOCAL_FILE: &str = "schedules.json";
+
+/// How often a change that lost the race is computed again.
+const TRIES: usize = 8;
+
+/// Why a ledger could not be changed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The registry cannot be reached (or the file written): nothing is known to be written.
+    #[error("{0}")]
+    Unreachable(String),
+    /// Others kept changing it first.
+    #[error("the schedule's ledger kept changing under this replica")]
+    Busy,
+}
+
+/// Where ledgers are kept.
+#[derive(Debug)]
+pub enum Store {
+    /// A lone server: in memory, saved to the data directory.
+    Local {
+        /// The data directory's `schedules.json`.
+        file: PathBuf,
+        /// Every schedule's ledger, by key.
+        ledgers: tokio::sync::Mutex<BTreeMap<String, Ledger>>,
+    },
+    /// A fleet's registry.
+    Shared(Arc<Fleet>),
+}
+
+/// The key of tenant `tenant`'s schedule `name`: its object's name in the registry.
+pub fn key(tenant: &str, name: &str) -> String {
+    let digest = sha2::Sha256::digest(name.as_bytes());
+    format!(
+        "schedules/{tenant}/{}.json",
+        crate::hex::encode(&digest[..8])
+    )
+}
+
+impl Store {
+    /// The fleet's registry, or the data directory's file (read now; runs it records as
+    /// running are lost: the process that ran them is gone).
+    pub fn open(fleet: Option<Arc<Fleet>>, data_dir: &std::path::Path) -> Self {
+        if let Some(f) = fleet {
+            return Self::Shared(f);
+        }
+        let file = data_dir.join(LOCAL_FILE);
+        let mut ledgers: BTreeMap<String, Ledger> = std::fs::read(&file)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        for l in ledgers.values_mut() {
+            for r in &mut l.runs {
+                if r.state == State::Running {
+                    r.state = State::Lost;
+                }
+            }
+        }
+        Self::Local {
+            file,
+            ledgers: tokio::sync::Mutex::new(ledgers),
+        }
+    }
+
+    /// The ledger of `key` as kept.
+    ///
+    /// # Errors
+    /// [`StoreError::Unreachable`].
+    pub async fn read(&self, key: &str) -> Result<Ledger, StoreError> {
+        match self {
+            Self::Local { ledgers, .. } => {
+                Ok(ledgers.lock().await.get(key).cloned().unwrap_or_default())
+            }
+            Self::Shared(f) => Ok(read_shared(f, key).await?.0),
+        }
+    }
+
+    /// Applies `change` to the ledger of `key` and writes it back, computing it again from
+    /// the ledger read anew when another replica changed it first; `change` returns what to
+    /// answer and whether it changed the ledger (nothing is written when it did not).
+    ///
+    /// # Errors
+    /// [`StoreError`]: nothing was written (or, registry unreachable, it is unknown).
+    pub async fn update<T>(
+        &self,
+        key: &str,
+        mut change: impl FnMut(&mut Ledger) -> (T, bool),
+    ) -> Result<T, StoreError> {
+        match self {
+            Self::Local { file, ledgers } => {
+                let mut all = ledgers.lock().await;
+                let ledger = all.entry(key.to_string()).or_default();
+                let (out, changed) = change(ledger);
+                if changed {
+                    let bytes = serde_json::to_vec(&*all).expect("serialisable");
+                    let file = file.clone();
+                    tokio::task::spawn_blocking(move || {
+                        crate::artifact::write_atomic(&file, &bytes)
+                    })
+                    .await
+                    .map_err(|e| StoreError::Unreachable(e.to_string()))?
+                    .map_err(|e| StoreError::Unreachable(e.to_string()))?;
+                }
+                Ok(out)
+            }
+            Self::Shared(f) => {
+                for _ in 0..TRIES {
+                    let (mut ledger, version) = read_shared(f, key).await?;
+                    let (out, changed) = change(&mut ledger);
+                    if !changed {
+                        return Ok(out);
+                    }
+                    let id = change_id();
+                    record_change(&mut ledger.changes, &id);
+                    let bytes = serde_json::to_vec(&ledger).expect("serialisable");
+                    match f
+                        .remote
+                        .put_if(key, bytes.into(), version.as_ref(), &id)
+                        .await
+                    {
+                        Ok(_) => return Ok(out),
+                        Err(RemoteError::Conflict(_)) => {}
+                        Err(e) => return Err(StoreError::Unreachable(e.to_string())),
+                    }
+                }
+                Err(StoreError::Busy)
+            }
+        }
+    }
+}
+
+/// The ledger of `key` in the registry and its version (`None`: there is none yet).
+async fn read_shared(f: &Fleet, key: &str) -> Result<(Ledger, Option<UpdateVersion>), StoreError> {
+    match f.remote.get_if_changed(key, None).await {
+        Ok(None) => Ok((Ledger::default(), None)),
+        Ok(Some((bytes, version))) => {
+            let ledger = serde_json::from_slice(&bytes).map_err(|e| {
+                StoreError::Unreachable(format!("the schedule's ledger {key} is damaged: {e}"))
+            })?;
+            Ok((ledger, Some(version)))
+        }
+        Err(e) => Err(StoreError::Unreachable(e.to_string())),
+    }
+}

@@ -1,0 +1,229 @@
+//! Scheduled runs in a fleet, on a simulated clock every replica reads
+//! (`TERN_SCHEDULE_CLOCK=file:...`): each tick runs once across three replicas; a holder
+//! killed mid-run loses its tick, which runs once more elsewhere after the lease (never
+//! within it), and the next tick runs once.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use http::Method;
+
+use super::{FLEET_TOKEN, REGISTRY, S3, admin, metrics};
+use crate::support::{TernProcess, test_guest};
+
+/// 2025-12-01T00:00:00Z in Unix milliseconds.
+const MIDNIGHT: i64 = 1_764_547_200_000;
+
+/// Sets the simulated clock in `file` to `ms`.
+fn set_clock(file: &Path, ms: i64) {
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, ms.to_string()).unwrap();
+    std::fs::rename(&tmp, file).unwrap();
+}
+
+/// A replica named `name` of the fleet on `s3` (data in `dir`), on the simulated clock `clock`.
+fn clocked(s3: &S3, name: &str, dir: &Path, clock: &Path) -> TernProcess {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = dir.join("tern.toml");
+    std::fs::write(
+        &config,
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n[registry]\npoll_interval_ms = 100\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let clock = format!("file:{}", clock.display());
+    TernProcess::serve_with(&["--config", &config, "--registry", REGISTRY], dir, |cmd| {
+        s3.env(cmd);
+        cmd.env("TERN_ADMIN_TOKEN", FLEET_TOKEN)
+            .env("TERN_REPLICA", name)
+            .env("TERN_SCHEDULE_CLOCK", &clock);
+    })
+}
+
+/// Three replicas on a simulated clock at `start`, with tenant `job` (the schedule probe at
+/// `/job`) and its `schedule` deployed through the first and served by all.
+async fn fleet_with(
+    s3: &S3,
+    root: &Path,
+    start: i64,
+    schedule: serde_json::Value,
+) -> (Vec<TernProcess>, std::path::PathBuf) {
+    let clock = root.join("clock");
+    set_clock(&clock, start);
+    let replicas: Vec<TernProcess> = ["a", "b", "c"]
+        .iter()
+        .map(|n| clocked(s3, n, &root.join(n), &clock))
+        .collect();
+    let spec = serde_json::json!({ "paths": ["/job"], "kv": ["default"], "schedule": [schedule] });
+    let (status, v) = admin(
+        &replicas[0],
+        Method::PUT,
+        "/admin/v1/tenants/job",
+        spec.to_string(),
+    )
+    .await;
+    assert!(status.is_success(), "{status} {v}");
+    let wasm = std::fs::read(test_guest(root, "schedule_probe")).unwrap();
+    let (status, v) = admin(
+        &replicas[0],
+        Method::PUT,
+        "/admin/v1/tenants/job/module",
+        wasm,
+    )
+    .await;
+    assert!(status.is_success(), "{status} {v}");
+    for r in &replicas {
+        super::serves(r, "/job", "").await;
+        // Its runner has seen the schedule (before the clock moves on).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, v) = admin(r, Method::GET, "/admin/v1/tenants/job/schedules", "").await;
+            if v["schedules"][0]["watched_here"] == true {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{v}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    (replicas, clock)
+}
+
+/// The runs of tenant `job` each replica counts with `outcome`, summed.
+async fn counted(replicas: &[&TernProcess], outcome: &str) -> f64 {
+    let series = format!("tern_schedule_runs_total{{outcome=\"{outcome}\",tenant=\"job\"}}");
+    let mut sum = 0.0;
+    for r in replicas {
+        sum += crate::schedules::series(&metrics(r).await, &series);
+    }
+    sum
+}
+
+/// The ledger's runs of `job`'s one schedule, newest first, as `r` lists them.
+async fn runs(r: &TernProcess) -> Vec<serde_json::Value> {
+    let (status, v) = admin(r, Method::GET, "/admin/v1/tenants/job/schedules", "").await;
+    assert!(status.is_success(), "{status} {v}");
+    assert!(v["schedules"][0]["runs_error"].is_null(), "{v}");
+    v["schedules"][0]["runs"].as_array().unwrap().clone()
+}
+
+/// Waits until `done` holds of `r`'s listing of the runs (panics after 20 s, saying `what`).
+async fn wait_runs(
+    r: &TernProcess,
+    what: &str,
+    done: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let runs = runs(r).await;
+        if done(&runs) {
+            return runs;
+        }
+        assert!(Instant::now() < deadline, "{what}: {runs:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Tick `minute` (minutes after midnight) as the ledger writes it.
+fn tick(minute: i64) -> String {
+    let t = chrono::DateTime::from_timestamp_millis(MIDNIGHT + minute * 60_000).unwrap();
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tick_runs_once_across_three_replicas_over_sixty_simulated_minutes() {
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let schedule = serde_json::json!({ "cron": "* * * * *", "path": "/job/tick" });
+    let (replicas, clock) = fleet_with(&s3, root.path(), MIDNIGHT + 30_000, schedule).await;
+    let all: Vec<&TernProcess> = replicas.iter().collect();
+    for minute in 1..=60i64 {
+        set_clock(&clock, MIDNIGHT + minute * 60_000 + 30_000);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let ran = counted(&all, "ok").await;
+            assert!(ran <= minute as f64, "minute {minute}: {ran} runs");
+            if ran == minute as f64 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "minute {minute}: {ran} runs");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Nothing more comes late, and no tick was skipped or missed.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(counted(&all, "ok").await, 60.0);
+    for outcome in ["failed", "skipped", "missed"] {
+        assert_eq!(counted(&all, outcome).await, 0.0, "{outcome}");
+    }
+    // The ledger (its last 20 runs) on any replica: one run per minute, each the first
+    // attempt, all ended.
+    for r in &replicas {
+        let runs = runs(r).await;
+        let ticks: Vec<&str> = runs.iter().map(|r| r["tick"].as_str().unwrap()).collect();
+        let want: Vec<String> = (41..=60).rev().map(tick).collect();
+        assert_eq!(ticks, want, "{runs:#?}");
+        for run in &runs {
+            assert_eq!(
+                (run["state"].as_str(), run["attempt"].as_u64()),
+                (Some("ok"), Some(1))
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_killed_mid_run_loses_its_tick_which_runs_once_more_after_its_lease() {
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    // Each run sleeps 3 s (real time); its lease: 4 × 5 s (time limit) + 1 s (the wait for a
+    // slot) + 5 s = 26 s of the simulated clock.
+    let schedule = serde_json::json!({
+        "cron": "* * * * *",
+        "path": "/job/slow?sleep_ms=3000",
+        "timeout_ms": 5000,
+    });
+    let (mut replicas, clock) = fleet_with(&s3, root.path(), MIDNIGHT + 1000, schedule).await;
+    set_clock(&clock, MIDNIGHT + 61_000);
+    let first = wait_runs(&replicas[0], "tick 1 running", |r| {
+        r.first().is_some_and(|r| r["state"] == "running")
+    })
+    .await;
+    assert_eq!(first[0]["tick"], tick(1));
+    let holder = first[0]["replica"].as_str().unwrap().to_string();
+    let i = ["a", "b", "c"].iter().position(|n| *n == holder).unwrap();
+    let mut dead = replicas.remove(i);
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let alive: Vec<&TernProcess> = replicas.iter().collect();
+    // Within the lease nobody takes the tick again.
+    set_clock(&clock, MIDNIGHT + 80_000);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let within = runs(alive[0]).await;
+    assert_eq!(within.len(), 1, "{within:#?}");
+    assert_eq!(within[0]["state"], "running");
+    // After it (61 s + 26 s, and the 1 s margin), once more, elsewhere.
+    set_clock(&clock, MIDNIGHT + 90_000);
+    let after = wait_runs(alive[0], "tick 1 run again", |r| {
+        r.first()
+            .is_some_and(|r| r["attempt"] == 2 && r["state"] == "ok")
+    })
+    .await;
+    assert_eq!(after.len(), 2, "{after:#?}");
+    assert_eq!(after[0]["tick"], tick(1));
+    assert_ne!(after[0]["replica"], holder.as_str());
+    assert_eq!(
+        (after[1]["state"].as_str(), after[1]["attempt"].as_u64()),
+        (Some("lost"), Some(1))
+    );
+    // The next tick runs once.
+    set_clock(&clock, MIDNIGHT + 121_000);
+    let next = wait_runs(alive[0], "tick 2", |r| {
+        r.first()
+            .is_some_and(|r| r["tick"] == tick(2) && r["state"] == "ok")
+    })
+    .await;
+    assert_eq!(next.len(), 3, "{next:#?}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(runs(alive[1]).await.len(), 3);
+    assert_eq!(counted(&alive, "ok").await, 2.0);
+}

@@ -1,0 +1,260 @@
+//! Scheduled runs on one server (`[[tenant.schedule]]`): the guest is called each tick with
+//! the schedule's headers, a client cannot pose as the scheduler, runs by hand, the listing,
+//! bad expressions refused at start and by the API, `overlap = "skip"`. (A fleet's: in
+//! `fleet::schedules`.)
+
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+
+use crate::support::{TestServer, post, test_guest};
+
+/// The value of `series` in `metrics` (0 when absent: a counter family with no series yet is
+/// not exposed at all).
+pub fn series(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// A server with the schedule probe at `/probe` (its `default` store) and `schedules`
+/// (`[[tenant.schedule]]` tables).
+async fn probe_server(schedules: &str) -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "schedule_probe");
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"probe\"\nmodule = \"schedule_probe.wasm\"\npaths = [\"/probe\"]\n\
+         kv = [\"default\"]\n{schedules}"
+    );
+    TestServer::try_start_in(dir, &config)
+        .await
+        .unwrap_or_else(|e| panic!("server failed to start: {e:#}"))
+}
+
+/// The runs the probe recorded, one line each.
+async fn recorded(s: &TestServer) -> Vec<String> {
+    let reply = s.get("/probe").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    reply.text().lines().map(str::to_string).collect()
+}
+
+/// Waits until the probe recorded `n` runs (panics after 20 s).
+async fn wait_runs(s: &TestServer, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let lines = recorded(s).await;
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(Instant::now() < deadline, "{n} runs never came: {lines:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tick_calls_the_guest_once_with_the_schedules_headers() {
+    let s = probe_server(
+        "[[tenant.schedule]]\nname = \"every-second\"\ncron = \"* * * * * *\"\n\
+         path = \"/probe/tick\"\nbody = \"payload\"\n",
+    )
+    .await;
+    let lines = wait_runs(&s, 4).await;
+    let mut ticks = Vec::new();
+    for line in &lines {
+        let f: Vec<&str> = line.split('|').collect();
+        assert_eq!(
+            (f[0], f[1], f[2], f[4]),
+            ("/probe/tick", "* * * * * *", "every-second", "payload"),
+            "{line}"
+        );
+        let t =
+            chrono::DateTime::parse_from_rfc3339(f[3]).unwrap_or_else(|e| panic!("{line}: {e}"));
+        ticks.push(t.timestamp());
+    }
+    // One run per tick: whole seconds, one apart, none twice.
+    for w in ticks.windows(2) {
+        assert_eq!(w[1] - w[0], 1, "{lines:?}");
+    }
+    // Each is counted, with its lag from the tick.
+    let m = s.metrics().await;
+    assert!(
+        series(
+            &m,
+            "tern_schedule_runs_total{outcome=\"ok\",tenant=\"probe\"}"
+        ) >= 4.0,
+        "{m}"
+    );
+    assert!(series(&m, "tern_schedule_lag_seconds_count") >= 4.0);
+    // The listing: the next five times, the last runs, newest first.
+    let (status, v) = s
+        .admin_call(Method::GET, "/admin/v1/tenants/probe/schedules", "")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let sched = &v["schedules"][0];
+    assert_eq!(sched["name"], "every-second");
+    assert_eq!(sched["next"].as_array().unwrap().len(), 5);
+    let runs = sched["runs"].as_array().unwrap();
+    assert!(runs.len() >= 4, "{v}");
+    assert_eq!(runs[1]["state"], "ok", "{v}");
+    assert_eq!(runs[1]["status"], 200, "{v}");
+    assert!(runs[0]["tick"].as_str() > runs[1]["tick"].as_str(), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_pose_as_the_scheduler_and_a_run_by_hand_is_recorded() {
+    let s = probe_server(
+        "[[tenant.schedule]]\nname = \"yearly\"\ncron = \"0 0 1 1 *\"\npath = \"/probe/yearly\"\n",
+    )
+    .await;
+    let headers = [
+        ("tern-schedule", "forged"),
+        ("tern-schedule-name", "forged"),
+        ("tern-scheduled-time", "forged"),
+    ];
+    let r = post(&s, "/probe/client", &headers, b"x".to_vec()).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(recorded(&s).await, ["/probe/client|-|-|-|x"]);
+    // By hand: run now, answered when it ends.
+    let (status, v) = s
+        .admin_call(
+            Method::POST,
+            "/admin/v1/tenants/probe/schedules/run",
+            r#"{"schedule": "yearly"}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["run"]["state"], "ok", "{v}");
+    assert_eq!(v["run"]["status"], 200, "{v}");
+    let lines = recorded(&s).await;
+    assert!(
+        lines[1].starts_with("/probe/yearly|0 0 1 1 *|yearly|"),
+        "{lines:?}"
+    );
+    let (_, v) = s
+        .admin_call(Method::GET, "/admin/v1/tenants/probe/schedules", "")
+        .await;
+    assert_eq!(v["schedules"][0]["runs"][0]["manual"], true, "{v}");
+    assert_eq!(v["schedules"][0]["next"][0], "2027-01-01T00:00:00Z", "{v}");
+    // Unknown schedule, tenant, body.
+    for (path, body, want) in [
+        (
+            "/admin/v1/tenants/probe/schedules/run",
+            r#"{"schedule": "nope"}"#,
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "/admin/v1/tenants/nope/schedules/run",
+            r#"{"schedule": "yearly"}"#,
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "/admin/v1/tenants/probe/schedules/run",
+            "{}",
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let (status, v) = s.admin_call(Method::POST, path, body).await;
+        assert_eq!(status, want, "{path} {body}: {v}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_schedules_are_refused_at_start_and_by_the_api() {
+    for (schedule, says) in [
+        ("cron = \"61 * * * *\"\npath = \"/probe/x\"", "61"),
+        ("cron = \"* * *\"\npath = \"/probe/x\"", "3 fields"),
+        (
+            "cron = \"* * * * *\"\npath = \"/elsewhere\"",
+            "not under the tenant's paths",
+        ),
+        (
+            "cron = \"* * * * *\"\npath = \"/probe\"\ntimezone = \"Nowhere/City\"",
+            "Nowhere/City",
+        ),
+        (
+            "cron = \"* * * * *\"\npath = \"/probe\"\noverlap = \"sometimes\"",
+            "sometimes",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        test_guest(dir.path(), "schedule_probe");
+        let config = format!(
+            "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+             [[tenant]]\nname = \"probe\"\nmodule = \"schedule_probe.wasm\"\n\
+             paths = [\"/probe\"]\n[[tenant.schedule]]\n{schedule}\n"
+        );
+        let e = match TestServer::try_start_in(dir, &config).await {
+            Ok(_) => panic!("started with {schedule}"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(e.contains(says), "{schedule}: {e}");
+    }
+    // Through the API: 400, and the tenant keeps its schedules.
+    let s = probe_server("").await;
+    let spec = serde_json::json!({
+        "paths": ["/api"],
+        "schedule": [{ "cron": "0 9 * * MON-FRI", "path": "/api/digest" }],
+    });
+    let (status, v) = s
+        .admin_call(Method::PUT, "/admin/v1/tenants/api", spec.to_string())
+        .await;
+    assert!(status.is_success(), "{status} {v}");
+    for bad in ["61 * * * *", "* * *"] {
+        let patch = serde_json::json!({ "schedule": [{ "cron": bad, "path": "/api/x" }] });
+        let (status, v) = s
+            .admin_call(Method::PATCH, "/admin/v1/tenants/api", patch.to_string())
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(bad), "{v}");
+    }
+    let (_, v) = s.admin_call(Method::GET, "/admin/v1/tenants/api", "").await;
+    assert_eq!(v["spec"]["schedule"][0]["cron"], "0 9 * * MON-FRI", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlap_skip_never_runs_two_at_once_and_allow_does() {
+    // Each run sleeps 2.5 s; the schedule ticks every second.
+    let slow = |overlap: &str| {
+        format!(
+            "[[tenant.schedule]]\ncron = \"* * * * * *\"\npath = \"/probe/slow?sleep_ms=2500\"\n\
+             timeout_ms = 10000\noverlap = \"{overlap}\"\n"
+        )
+    };
+    let s = probe_server(&slow("skip")).await;
+    let ok = "tern_schedule_runs_total{outcome=\"ok\",tenant=\"probe\"}";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while series(&s.metrics().await, ok) < 2.0 {
+        assert!(Instant::now() < deadline, "two runs never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lines = recorded(&s).await;
+    assert!(!lines.iter().any(|l| l == "OVERLAP"), "{lines:?}");
+    let m = s.metrics().await;
+    let skipped = series(
+        &m,
+        "tern_schedule_runs_total{outcome=\"skipped\",tenant=\"probe\"}",
+    );
+    assert!(skipped >= 2.0, "ticks within a run are skipped: {m}");
+    // The same guest with `allow`: runs overlap (so the check above can fail).
+    let s = probe_server(&slow("allow")).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let lines = recorded(&s).await;
+        if lines.iter().any(|l| l == "OVERLAP") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no overlap with allow: {lines:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
