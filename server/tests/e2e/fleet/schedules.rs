@@ -227,3 +227,43 @@ async fn a_holder_killed_mid_run_loses_its_tick_which_runs_once_more_after_its_l
     assert_eq!(runs(alive[1]).await.len(), 3);
     assert_eq!(counted(&alive, "ok").await, 2.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_out_for_two_minutes_misses_its_ticks_and_no_burst_follows() {
+    let mut s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let schedule = serde_json::json!({ "cron": "* * * * *", "path": "/job/tick" });
+    let (replicas, clock) = fleet_with(&s3, root.path(), MIDNIGHT + 1000, schedule).await;
+    let all: Vec<&TernProcess> = replicas.iter().collect();
+    // The registry goes away for ticks 1 and 2: every replica tries each until the next.
+    s3.stop();
+    set_clock(&clock, MIDNIGHT + 61_000);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    set_clock(&clock, MIDNIGHT + 121_000);
+    // Tick 1's time is over: missed, by every replica (none could take it).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while counted(&all, "missed").await < 3.0 {
+        assert!(
+            Instant::now() < deadline,
+            "tick 1 never counted missed on all three"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Back before tick 2's time is over: tick 2 runs once, late; tick 1 never.
+    s3.restart();
+    let runs2 = wait_runs(all[0], "tick 2 run late", |r| {
+        r.iter().any(|r| r["tick"] == tick(2) && r["state"] == "ok")
+    })
+    .await;
+    set_clock(&clock, MIDNIGHT + 181_000);
+    let after = wait_runs(all[0], "tick 3", |r| {
+        r.first()
+            .is_some_and(|r| r["tick"] == tick(3) && r["state"] == "ok")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ticks: Vec<&str> = after.iter().map(|r| r["tick"].as_str().unwrap()).collect();
+    assert_eq!(ticks, [tick(3), tick(2)], "{runs2:#?} {after:#?}");
+    assert_eq!(counted(&all, "ok").await, 2.0);
+    assert_eq!(counted(&all, "missed").await, 3.0);
+}
