@@ -144,6 +144,16 @@ pub fn prepare_all(
             )));
         }
         let only = s.path.split(['?', '#']).next().unwrap_or_default();
+        if !matches!(
+            crate::target::normalize(only),
+            Ok(std::borrow::Cow::Borrowed(_))
+        ) {
+            return Err(bad(format!(
+                "path {:?} is not in its normal form (no `.` or `..` segments, no `//`, no \
+                 needless percent-encoding)",
+                s.path
+            )));
+        }
         if !paths.is_empty() && prefix_len(paths, only).is_none() {
             return Err(bad(format!(
                 "path {:?} is not under the tenant's paths ({})",

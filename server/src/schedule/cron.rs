@@ -54,8 +54,9 @@ impl Cron {
             zone,
             parsed,
         };
-        // An expression no date ever matches (`0 0 30 2 *`) is refused, not kept silent.
-        if cron.next_after(0).is_none() && cron.next_after(now_floor()).is_none() {
+        // An expression no date ever matches again (`0 0 30 2 *`, a past year) is refused, not
+        // kept silent.
+        if cron.next_after(now_floor()).is_none() {
             return Err(format!("cron {expression:?} never fires"));
         }
         Ok(cron)

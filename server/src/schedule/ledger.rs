@@ -165,10 +165,15 @@ impl Ledger {
         Claim::Run(attempt)
     }
 
-    /// Records a run asked by hand, starting now.
-    pub fn manual(&mut self, now_ms: i64, replica: &str, lease_ms: i64) {
+    /// Records a run asked by hand, starting now; its key (`tick_ms`: now, moved on by a
+    /// millisecond past another run by hand at the same time).
+    pub fn manual(&mut self, now_ms: i64, replica: &str, lease_ms: i64) -> i64 {
+        let mut at = now_ms;
+        while self.runs.iter().any(|r| r.manual && r.tick_ms == at) {
+            at += 1;
+        }
         self.push(Run {
-            tick_ms: now_ms,
+            tick_ms: at,
             manual: true,
             replica: replica.to_string(),
             attempt: 1,
@@ -178,6 +183,7 @@ impl Ledger {
             status: None,
             took_ms: None,
         });
+        at
     }
 
     /// Records the end of this replica's run of `tick_ms` (its `attempt`); whether it found it
@@ -207,7 +213,7 @@ impl Ledger {
         true
     }
 
-    /// The last tick the schedule itself took (not a run by hand, not skipped), if any.
+    /// The last tick the schedule itself took or skipped (not a run by hand), if any.
     pub fn last_tick(&self) -> Option<i64> {
         self.runs
             .iter()
@@ -216,10 +222,17 @@ impl Ledger {
             .max()
     }
 
+    /// Adds `run`, dropping the oldest ended ones past [`KEPT`] (a run still running is never
+    /// dropped: it holds its tick, and `overlap = "skip"` reads it).
     fn push(&mut self, run: Run) {
         self.runs.push_back(run);
         while self.runs.len() > KEPT {
-            self.runs.pop_front();
+            match self.runs.iter().position(|r| r.state != State::Running) {
+                Some(i) => {
+                    self.runs.remove(i);
+                }
+                None => break,
+            }
         }
     }
 }

@@ -137,6 +137,7 @@ fn bad_expressions_are_refused_in_words() {
         ("* * *", "3 fields"),
         ("* * * * * * * *", "8 fields"),
         ("0 0 30 2 *", "never fires"),
+        ("0 0 0 1 1 * 2020", "never fires"),
         ("0 0 * * 8", "cron"),
         ("0 0 * * 0", "cron"),
         ("x * * * *", "cron"),
@@ -169,6 +170,8 @@ fn settings_are_checked_with_the_schedule_named() {
     assert_eq!(ok[0].name, "*/5 * * * *");
     let e = prepare_all(&[one("*/5 * * * *", "/other")], &["/api"], 60_000).unwrap_err();
     assert!(e.contains("not under the tenant's paths"), "{e}");
+    let e = prepare_all(&[one("*/5 * * * *", "/api/../admin")], &["/api"], 60_000).unwrap_err();
+    assert!(e.contains("normal form"), "{e}");
     let e = prepare_all(&[one("*/5 * * * *", "cron")], &[], 60_000).unwrap_err();
     assert!(e.contains("absolute path"), "{e}");
     let twice = [one("* * * * *", "/a"), one("* * * * *", "/b")];
@@ -267,6 +270,30 @@ fn overlap_skip_records_the_tick_skipped_while_a_run_holds_its_lease() {
         l.claim(60_000, 60_001, "a", 100_000, Overlap::Allow),
         Claim::Run(1)
     );
+}
+
+#[test]
+fn a_running_run_is_never_dropped_and_runs_by_hand_keep_apart() {
+    let mut l = Ledger::default();
+    assert_eq!(l.claim(0, 1, "a", 10_000_000, Overlap::Skip), Claim::Run(1));
+    // Ticks skipped while it runs, more than the ledger keeps: the run stays, and skips go on.
+    for i in 1..40 {
+        let t = i * 1000;
+        assert_eq!(
+            l.claim(t, t + 1, "b", 10_000_000, Overlap::Skip),
+            Claim::Skipped,
+            "{i}"
+        );
+    }
+    assert_eq!(l.runs.len(), super::ledger::KEPT);
+    assert_eq!(l.runs[0].state, State::Running);
+    assert!(l.end((0, false, 1), "a", State::Ok, Some(200), 5));
+    // Two runs by hand in one millisecond are two runs, each ended on its own.
+    let (x, y) = (l.manual(50_000, "a", 1000), l.manual(50_000, "a", 1000));
+    assert_ne!(x, y);
+    assert!(l.end((y, true, 1), "a", State::Ok, Some(200), 1));
+    assert!(l.end((x, true, 1), "a", State::Failed, Some(500), 1));
+    assert!(!l.runs.iter().any(|r| r.state == State::Running));
 }
 
 #[test]

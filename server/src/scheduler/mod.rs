@@ -107,10 +107,13 @@ impl Scheduler {
     /// Runs the schedules of `app`'s tenants until `shutdown`.
     pub async fn run_until<H: Host>(app: Arc<H>, shutdown: Shutdown) {
         let me = app.scheduler();
+        let mut first = true;
         loop {
             let now = me.clock.now_ms();
             let mut wake = now.saturating_add(LOOK_EVERY.as_millis() as i64);
-            for (tick, tenant) in me.due(app.as_ref(), now, &mut wake) {
+            let due = me.due(app.as_ref(), now, &mut wake, first);
+            first = false;
+            for (tick, tenant) in due {
                 let app = app.clone();
                 tokio::spawn(async move { take(&app, tenant, tick).await });
             }
@@ -122,11 +125,19 @@ impl Scheduler {
     }
 
     /// The ticks due at `now` of every live tenant's schedules (and `wake` moved to the
-    /// earliest next one).
-    fn due<H: Host>(&self, app: &H, now: i64, wake: &mut i64) -> Vec<(Tick, TenantRef)> {
+    /// earliest next one); on the runner's `first` look, the ticks to catch up on. Schedules
+    /// gone since the last look are forgotten (one added again starts anew).
+    fn due<H: Host>(
+        &self,
+        app: &H,
+        now: i64,
+        wake: &mut i64,
+        first: bool,
+    ) -> Vec<(Tick, TenantRef)> {
         let live = app.live();
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         let mut due = Vec::new();
+        let mut present = std::collections::HashSet::new();
         for (name, tenant) in &live.tenants {
             for s in tenant.schedules.iter() {
                 let Some(next) = s.cron.next_after(now) else {
@@ -138,6 +149,7 @@ impl Scheduler {
                 };
                 let ident = format!("{}\u{0} {}", s.cron.expression(), s.cron.zone());
                 let key = (name.clone(), s.name.clone());
+                present.insert(key.clone());
                 let tick = Tick {
                     tenant: name.clone(),
                     schedule: s.name.clone(),
@@ -153,9 +165,10 @@ impl Scheduler {
                     }
                     _ => {
                         // First seen (start-up, a new schedule, a changed expression): its
-                        // last tick is past, run only to catch up on a missed one.
+                        // last tick is past, run only to catch up on one missed while no
+                        // replica ran (at this process's start).
                         seen.insert(key, (ident, last));
-                        if s.catch_up {
+                        if s.catch_up && first {
                             due.push((
                                 Tick {
                                     until_ms: None,
@@ -168,6 +181,7 @@ impl Scheduler {
                 }
             }
         }
+        seen.retain(|k, _| present.contains(k));
         due
     }
 
@@ -193,14 +207,12 @@ impl Scheduler {
         let key = store::key(tenant, name);
         let now = me.clock.now_ms();
         let lease = lease_ms(app.as_ref(), &t, s);
-        me.store
-            .update(&key, |l| {
-                l.manual(now, &me.replica, lease);
-                ((), true)
-            })
+        let at = me
+            .store
+            .update(&key, |l| (l.manual(now, &me.replica, lease), true))
             .await
             .map_err(|e| ChangeError::Unavailable(format!("the schedule's ledger: {e}")))?;
-        Ok(fire(app, &t, s, (now, true, 1), &key).await)
+        Ok(fire(app, &t, s, (at, true, 1), &key).await)
     }
 
     /// Tenant `tenant`'s schedules: each one's settings, next five times and last runs
@@ -296,6 +308,7 @@ fn lease_ms<H: Host>(app: &H, t: &TenantRef, s: &Schedule) -> i64 {
 /// a tick another replica holds is looked at again when its lease ends.
 async fn take<H: Host>(app: &Arc<H>, tenant: TenantRef, mut tick: Tick) {
     let me = app.scheduler();
+    let mut tenant = tenant;
     while let Some(until) = take_once(app, &tenant, &tick).await {
         while me.clock.now_ms() < until + LEASE_MARGIN_MS {
             me.clock
@@ -303,6 +316,12 @@ async fn take<H: Host>(app: &Arc<H>, tenant: TenantRef, mut tick: Tick) {
                 .await;
         }
         tick.until_ms = Some(i64::MAX);
+        // The tenant as it serves now (redeployed meanwhile: its new version; deleted, or
+        // the schedule gone: nothing to run).
+        match app.live().tenants.get(&tick.tenant) {
+            Some(now) if find(now, &tick.schedule).is_ok() => tenant = now.clone(),
+            _ => return,
+        }
     }
 }
 
@@ -418,10 +437,6 @@ async fn fire<H: Host>(
     } else {
         State::Failed
     };
-    app.metrics()
-        .schedule_runs
-        .with_label_values(&[&tenant.label, state.name()])
-        .inc();
     if state == State::Failed {
         tracing::warn!(
             tenant = %tenant.name,
@@ -458,6 +473,11 @@ async fn fire<H: Host>(
             }
         }
     }
+    // Counted once its end is in the ledger (a replica reading the ledger then sees it ended).
+    app.metrics()
+        .schedule_runs
+        .with_label_values(&[&tenant.label, state.name()])
+        .inc();
     Ran {
         state: state.name(),
         status,

@@ -79,20 +79,19 @@ async fn each_tick_calls_the_guest_once_with_the_schedules_headers() {
             chrono::DateTime::parse_from_rfc3339(f[3]).unwrap_or_else(|e| panic!("{line}: {e}"));
         ticks.push(t.timestamp());
     }
-    // One run per tick: whole seconds, one apart, none twice.
+    // One run per tick: whole seconds, in order, none twice (a tick may be skipped while a
+    // slow run still runs, so not necessarily one apart).
     for w in ticks.windows(2) {
-        assert_eq!(w[1] - w[0], 1, "{lines:?}");
+        assert!(w[1] > w[0], "{lines:?}");
     }
-    // Each is counted, with its lag from the tick.
-    let m = s.metrics().await;
-    assert!(
-        series(
-            &m,
-            "tern_schedule_runs_total{outcome=\"ok\",tenant=\"probe\"}"
-        ) >= 4.0,
-        "{m}"
-    );
-    assert!(series(&m, "tern_schedule_lag_seconds_count") >= 4.0);
+    // Each is counted (once its end is recorded), with its lag from the tick.
+    let ok = "tern_schedule_runs_total{outcome=\"ok\",tenant=\"probe\"}";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while series(&s.metrics().await, ok) < 4.0 {
+        assert!(Instant::now() < deadline, "4 runs never counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(series(&s.metrics().await, "tern_schedule_lag_seconds_count") >= 4.0);
     // The listing: the next five times, the last runs, newest first.
     let (status, v) = s
         .admin_call(Method::GET, "/admin/v1/tenants/probe/schedules", "")
@@ -142,7 +141,11 @@ async fn a_client_cannot_pose_as_the_scheduler_and_a_run_by_hand_is_recorded() {
         .admin_call(Method::GET, "/admin/v1/tenants/probe/schedules", "")
         .await;
     assert_eq!(v["schedules"][0]["runs"][0]["manual"], true, "{v}");
-    assert_eq!(v["schedules"][0]["next"][0], "2027-01-01T00:00:00Z", "{v}");
+    let new_year = format!(
+        "{}-01-01T00:00:00Z",
+        chrono::Datelike::year(&chrono::Utc::now()) + 1
+    );
+    assert_eq!(v["schedules"][0]["next"][0], new_year.as_str(), "{v}");
     // Unknown schedule, tenant, body.
     for (path, body, want) in [
         (
