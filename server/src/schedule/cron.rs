@@ -75,38 +75,22 @@ impl Cron {
     /// The first time it fires strictly after `ms` (Unix milliseconds), in Unix
     /// milliseconds.
     pub fn next_after(&self, ms: i64) -> Option<i64> {
-        let at = Utc.timestamp_millis_opt(ms).single()?;
-        let next = match &self.zone {
-            None => self
-                .parsed
-                .find_next_occurrence(&at, false)
-                .ok()?
-                .timestamp_millis(),
-            Some(z) => self
-                .parsed
-                .find_next_occurrence(&at.with_timezone(z), false)
-                .ok()?
-                .timestamp_millis(),
-        };
-        Some(next)
+        self.occurrence(ms, croner::Direction::Forward, false)
     }
 
     /// The last time it fired at or before `ms`.
     pub fn last_at_or_before(&self, ms: i64) -> Option<i64> {
+        self.occurrence(ms, croner::Direction::Backward, true)
+    }
+
+    /// The first time it fires from `ms` on in `direction` (`ms` itself if `inclusive`), read
+    /// in its zone.
+    fn occurrence(&self, ms: i64, direction: croner::Direction, inclusive: bool) -> Option<i64> {
         let at = Utc.timestamp_millis_opt(ms).single()?;
-        let last = match &self.zone {
-            None => self
-                .parsed
-                .find_previous_occurrence(&at, true)
-                .ok()?
-                .timestamp_millis(),
-            Some(z) => self
-                .parsed
-                .find_previous_occurrence(&at.with_timezone(z), true)
-                .ok()?
-                .timestamp_millis(),
-        };
-        Some(last)
+        match &self.zone {
+            None => find(&self.parsed, &at, direction, inclusive),
+            Some(z) => find(&self.parsed, &at.with_timezone(z), direction, inclusive),
+        }
     }
 
     /// The next `n` times after `ms`.
@@ -135,6 +119,23 @@ impl Cron {
                 .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         }
     }
+}
+
+/// The first time `cron` matches from `at` on in `direction`, in Unix milliseconds.
+fn find<Z: TimeZone>(
+    cron: &croner::Cron,
+    at: &DateTime<Z>,
+    direction: croner::Direction,
+    inclusive: bool,
+) -> Option<i64>
+where
+    DateTime<Z>: croner::CronDateTime,
+{
+    let found = match direction {
+        croner::Direction::Forward => cron.find_next_occurrence(at, inclusive),
+        croner::Direction::Backward => cron.find_previous_occurrence(at, inclusive),
+    };
+    Some(found.ok()?.timestamp_millis())
 }
 
 /// `ms` (Unix milliseconds) in UTC, RFC 3339 to the second (`2026-12-01T08:00:00Z`).

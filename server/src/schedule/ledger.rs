@@ -137,32 +137,27 @@ impl Ledger {
         }
         let busy = self.runs.iter().any(|r| r.state == State::Running);
         let attempt = retry.unwrap_or(1);
-        if busy && overlap == Overlap::Skip {
-            self.push(Run {
-                tick_ms,
-                manual: false,
-                replica: replica.to_string(),
-                attempt,
-                started_ms: now_ms,
-                lease_until_ms: now_ms,
-                state: State::Skipped,
-                status: None,
-                took_ms: None,
-            });
-            return Claim::Skipped;
-        }
+        let skip = busy && overlap == Overlap::Skip;
         self.push(Run {
             tick_ms,
             manual: false,
             replica: replica.to_string(),
             attempt,
             started_ms: now_ms,
-            lease_until_ms: now_ms.saturating_add(lease_ms),
-            state: State::Running,
+            lease_until_ms: if skip {
+                now_ms
+            } else {
+                now_ms.saturating_add(lease_ms)
+            },
+            state: if skip { State::Skipped } else { State::Running },
             status: None,
             took_ms: None,
         });
-        Claim::Run(attempt)
+        if skip {
+            Claim::Skipped
+        } else {
+            Claim::Run(attempt)
+        }
     }
 
     /// Records a run asked by hand, starting now; its key (`tick_ms`: now, moved on by a
