@@ -332,7 +332,7 @@ pub fn strip_port(host: &str) -> &str {
 }
 
 /// `/api` matches `/api`, `/api/` and `/api/x`, but not `/apix`.
-fn prefix_matches(prefix: &str, path: &str) -> bool {
+pub fn prefix_matches(prefix: &str, path: &str) -> bool {
     if prefix == "/" {
         return true;
     }

@@ -203,13 +203,7 @@ pub fn prefix_len(paths: &[&str], path: &str) -> Option<usize> {
     paths
         .iter()
         .map(|p| crate::router::normalise_prefix(p))
-        .filter(|p| {
-            p == "/"
-                || path == p
-                || path
-                    .strip_prefix(p.as_str())
-                    .is_some_and(|rest| rest.starts_with('/'))
-        })
+        .filter(|p| crate::router::prefix_matches(p, path))
         .map(|p| if p == "/" { 0 } else { p.len() })
         .max()
 }
