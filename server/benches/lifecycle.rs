@@ -149,7 +149,12 @@ fn small_pool() -> PoolConfig {
     }
 }
 
-const NOP: &str = r#"(module (memory (export "memory") 1) (func (export "_start")))"#;
+/// A Tern ABI guest (it imports from `tern`, so it is not taken for a CGI program) whose
+/// handler does nothing: an empty `200`.
+const NOP: &str = r#"(module
+  (import "tern" "response_set_status" (func (param i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")))"#;
 
 fn lifecycle(c: &mut Criterion) {
     let mut g = c.benchmark_group("lifecycle");
@@ -198,6 +203,21 @@ fn lifecycle(c: &mut Criterion) {
         x.iter_custom(b.phase(&hello, |_, all| all))
     });
     g.bench_function("total/nop", |x| x.iter_custom(b.phase(&nop, |_, all| all)));
+    // Two tenants (two modules: the same bytes loaded twice) taking turns, request by request,
+    // on the same pool: what a second module on the slots costs each request (gradual
+    // deployments at 50 %, several tenants on one worker).
+    let other = b.tenant("hello-2", tern::demo::module("hello").unwrap());
+    g.bench_function("total/hello_and_another_in_turns", |x| {
+        x.iter_custom(|iters| {
+            b.rt.block_on(async {
+                let start = Instant::now();
+                for i in 0..iters {
+                    request_ok(if i % 2 == 0 { &hello } else { &other }).await;
+                }
+                start.elapsed()
+            })
+        })
+    });
     g.finish();
 }
 
