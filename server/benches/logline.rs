@@ -41,6 +41,7 @@ fn record(trace_id: Option<[u8; 32]>) -> logwriter::AccessRecord {
         trace_id,
         arrived: std::time::Instant::now(),
         status: 200,
+        trigger: tern::context::Trigger::Request,
     }
 }
 
@@ -80,6 +81,7 @@ fn access_line(c: &mut Criterion) {
                             trace_id,
                             arrived: p.arrived,
                             status: p.status,
+                            trigger: p.trigger,
                         };
                         let mut body = tern::body::ResponseBody::full(&b"Hello from Tern!\n"[..])
                             .logged(r, false);

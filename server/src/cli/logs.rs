@@ -48,6 +48,9 @@ pub struct Logs {
     /// or `config` for a config file's tenant).
     #[arg(long)]
     pub version: Option<String>,
+    /// Only runs of the tenant's schedules (`schedule`) or only clients' requests (`request`).
+    #[arg(long, value_name = "TRIGGER")]
+    pub trigger: Option<String>,
     /// Print the server's records as they come, one JSON object a line (NDJSON).
     #[arg(long)]
     pub json: bool,
@@ -74,6 +77,7 @@ impl Logs {
             ("search", &self.search),
             ("since", &self.since),
             ("version", &self.version),
+            ("trigger", &self.trigger),
         ] {
             if let Some(v) = value {
                 q.append_pair(key, v);
@@ -181,6 +185,9 @@ pub fn readable(v: &Value) -> String {
         s("outcome"),
         s("client"),
     );
+    if let Some(trigger) = v["trigger"].as_str() {
+        text.push_str(&format!("  by {}", escaped(trigger)));
+    }
     if let Some(cache) = v["cache"].as_str() {
         text.push_str(&format!("  cache: {}", escaped(cache)));
     }

@@ -81,6 +81,8 @@ pub(super) struct Exchange {
     pub(super) live: Option<crate::livelog::Pending>,
     /// A time limit other than the tenant's for its guest (a scheduled run's).
     pub(super) timeout: Option<std::time::Duration>,
+    /// What made it: a client's request, or a schedule ([`Self::scheduled`]).
+    trigger: crate::context::Trigger,
 }
 
 impl Exchange {
@@ -123,6 +125,7 @@ impl Exchange {
             trace_id: trace.as_ref().map(|t| *t.active.trace_id_hex()),
             arrived,
             status: 0,
+            trigger: crate::context::Trigger::Request,
         });
         Self {
             conn,
@@ -137,6 +140,21 @@ impl Exchange {
             access,
             live: None,
             timeout: None,
+            trigger: crate::context::Trigger::Request,
+        }
+    }
+
+    /// It is a run of its tenant's schedule, not a client's request, with `timeout` its
+    /// guest's limit: counted, logged and traced as such (before it is routed).
+    pub(super) fn scheduled(&mut self, timeout: Option<std::time::Duration>) {
+        let trigger = crate::context::Trigger::Schedule;
+        self.trigger = trigger;
+        self.timeout = timeout;
+        if let Some(a) = &mut self.access {
+            a.trigger = trigger;
+        }
+        if let Some(t) = &mut self.trace {
+            t.trigger = trigger;
         }
     }
 
@@ -146,7 +164,7 @@ impl Exchange {
             t.tenant = Some((routed.tenant.clone(), routed.prefix_len));
         }
         let tenant = (&routed.tenant.logs, &routed.tenant.version_label);
-        self.live = crate::livelog::Pending::begin(tenant, req, self.client.ip());
+        self.live = crate::livelog::Pending::begin(tenant, req, self.client.ip(), self.trigger);
         self.routed = Some(routed);
     }
 
@@ -277,7 +295,9 @@ impl Exchange {
         let status = resp.status().as_u16();
         match &self.routed {
             Some(r) => {
-                r.tenant.requests.count(status, self.version, r.role);
+                r.tenant
+                    .requests
+                    .count(status, self.version, r.role, self.trigger);
                 r.tenant.served.count(status);
                 if let Some(rollout) = r.rollout.as_ref().filter(|_| !r.chosen) {
                     rollout.judge.count(r.role, status);
@@ -285,7 +305,10 @@ impl Exchange {
             }
             None => {
                 let role = crate::rollout::Role::Current;
-                app.metrics.unrouted().count(status, self.version, role);
+                let trigger = crate::context::Trigger::Request;
+                app.metrics
+                    .unrouted()
+                    .count(status, self.version, role, trigger);
             }
         }
         // A WebSocket's access line and span are written when it closes.
@@ -370,6 +393,8 @@ pub(super) struct Traced {
     /// The guest failed (a trap, its deadline, a limit): an error kept whatever the sampling
     /// said, like a 5xx. A client's malformed or oversized body (a 4xx) is not.
     guest_failed: bool,
+    /// What made the request (a schedule's run says so on its span).
+    trigger: crate::context::Trigger,
 }
 
 impl Traced {
@@ -392,6 +417,7 @@ impl Traced {
             run_start: None,
             failure: None,
             guest_failed: false,
+            trigger: crate::context::Trigger::Request,
         }
     }
 
@@ -483,6 +509,7 @@ impl Traced {
             failure: self.failure,
             cache_status: cache_status.cloned(),
             websocket: None,
+            trigger: self.trigger,
         })
     }
 }

@@ -124,7 +124,7 @@ pub async fn scheduled(
 ) -> Response<ResponseBody> {
     let here = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0));
     let mut ex = Exchange::begin(app, &req, crate::context::Connection::plain(here), here);
-    ex.timeout = timeout;
+    ex.scheduled(timeout);
     let paths: Vec<&str> = tenant.paths.iter().map(String::as_str).collect();
     let prefix_len = crate::schedule::prefix_len(&paths, req.uri().path()).unwrap_or(0);
     let routed = Routed {

@@ -1,5 +1,5 @@
 //! What a reader of a tenant's live log asks for (the query of `GET .../logs`): which records
-//! (status, outcome, method, path prefix, text, version, since when, a sample), whether to
+//! (status, outcome, method, path prefix, text, version, trigger, since when, a sample), whether to
 //! follow, in which format. Filters run on the server: a tailer is sent only what it asked for.
 
 use super::record::Record;
@@ -20,6 +20,8 @@ pub struct Filter {
     search: Option<String>,
     /// The tenant's version that served it (its id, or the first 8 or more of its digits).
     version: Option<String>,
+    /// What made it (a client's request or a schedule); `None`: either.
+    trigger: Option<crate::context::Trigger>,
     /// The share of records sent, 0 to 1 (each chosen by its request id, so every replica
     /// and every reader picks the same ones).
     sample: Option<f64>,
@@ -46,7 +48,7 @@ pub struct Asked {
 
 impl Asked {
     /// From the query string (`follow`, `status`, `outcome`, `method`, `path`, `search`,
-    /// `version`, `sample`, `since`, `format`, `local`); `sse` when the client accepts only
+    /// `version`, `trigger`, `sample`, `since`, `format`, `local`); `sse` when the client accepts only
     /// `text/event-stream`.
     ///
     /// # Errors
@@ -107,6 +109,17 @@ impl Asked {
                 "search" => {}
                 "version" if !value.is_empty() => f.version = Some(value.to_string()),
                 "version" => {}
+                "trigger" => {
+                    use crate::context::Trigger;
+                    f.trigger = match value {
+                        "request" => Some(Trigger::Request),
+                        "schedule" => Some(Trigger::Schedule),
+                        "" => None,
+                        _ => {
+                            return Err(format!("trigger is request or schedule, not {value:?}"));
+                        }
+                    };
+                }
                 "sample" => {
                     let share: f64 = value
                         .parse()
@@ -121,7 +134,7 @@ impl Asked {
                 other => {
                     return Err(format!(
                         "unknown parameter {other:?}: follow, status, outcome, method, path, \
-                         search, version, sample, since, format"
+                         search, version, trigger, sample, since, format"
                     ));
                 }
             }
@@ -207,6 +220,7 @@ impl Filter {
                 .version
                 .as_deref()
                 .is_none_or(|v| *r.version == *v || (v.len() >= 8 && r.version.starts_with(v)))
+            && self.trigger.is_none_or(|t| r.trigger == t)
             && self.search.as_deref().is_none_or(|t| r.mentions(t))
             && self.sample.is_none_or(|share| chosen(r, share))
     }

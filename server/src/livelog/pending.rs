@@ -20,18 +20,20 @@ pub struct Pending {
     target: Uri,
     http: http::Version,
     client: IpAddr,
+    trigger: crate::context::Trigger,
     ended: Option<Ended>,
     output: Option<Output>,
     error: Option<Box<(String, Option<Box<str>>)>>,
 }
 
 impl Pending {
-    /// A record of `req` from `client` for the tenant whose live log is `tail` (its version
-    /// serving: `version`), if its live log is on.
+    /// A record of `req` from `client` (made by `trigger`) for the tenant whose live log is
+    /// `tail` (its version serving: `version`), if its live log is on.
     pub fn begin<B>(
         (tail, version): (&Arc<Tail>, &Arc<str>),
         req: &http::Request<B>,
         client: IpAddr,
+        trigger: crate::context::Trigger,
     ) -> Option<Self> {
         tail.is_on().then(|| Self {
             tail: tail.clone(),
@@ -40,6 +42,7 @@ impl Pending {
             target: req.uri().clone(),
             http: req.version(),
             client,
+            trigger,
             ended: None,
             output: None,
             error: None,
@@ -77,7 +80,9 @@ impl Pending {
             .ended
             .unwrap_or(Ended::Guest(crate::outcome::Outcome::Ok));
         let ended_ms = now_ms();
-        let always = outcome.always_kept(answered.status);
+        // (A scheduled run is rare and wanted: never sampled out.)
+        let always = outcome.always_kept(answered.status)
+            || self.trigger == crate::context::Trigger::Schedule;
         let Some(sample) = self.tail.sample(ended_ms / 1000, always) else {
             return;
         };
@@ -94,6 +99,7 @@ impl Pending {
             request_id: answered.request_id.to_str().unwrap_or("-").into(),
             version: self.version,
             client: self.client,
+            trigger: self.trigger,
             method: self.method,
             target: target.into(),
             http: self.http,

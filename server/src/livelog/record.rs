@@ -57,6 +57,8 @@ pub struct Record {
     pub version: Arc<str>,
     /// The client (through trusted proxies).
     pub client: IpAddr,
+    /// What made it (a scheduled run's record says `"trigger": "schedule"`).
+    pub trigger: crate::context::Trigger,
     /// Its method.
     pub method: Method,
     /// Its target: the normal path and the query (shown only with `access_log_query`). (A
@@ -147,6 +149,8 @@ impl Record {
             tenant,
             version: &self.version,
             client: self.client.to_canonical().to_string(),
+            trigger: (self.trigger != crate::context::Trigger::Request)
+                .then(|| self.trigger.name()),
             method: self.method.as_str(),
             path: self.path(with_query),
             http: http_version(self.http),
@@ -199,6 +203,8 @@ struct Line<'a> {
     tenant: &'a str,
     version: &'a str,
     client: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trigger: Option<&'static str>,
     method: &'a str,
     path: &'a str,
     http: &'static str,

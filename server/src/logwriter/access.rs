@@ -54,6 +54,8 @@ pub struct AccessRecord {
     pub arrived: std::time::Instant,
     /// The response status (set when the head is ready).
     pub status: u16,
+    /// What made it: a scheduled run's line says `trigger=schedule` (a client's says nothing).
+    pub trigger: crate::context::Trigger,
 }
 
 /// Whether access lines are written (the log filter lets `tern::access` through at info): one
@@ -106,6 +108,7 @@ impl AccessRecord {
             referer = header_text(self.referer.as_ref()),
             trace_id = self.trace_id.as_ref().and_then(|t| std::str::from_utf8(t).ok()),
             incomplete = (!complete).then_some(true),
+            trigger = (self.trigger != crate::context::Trigger::Request).then(|| self.trigger.name()),
             "request"
         );
     }
@@ -379,6 +382,9 @@ impl AccessSink {
         if !complete {
             l.raw("incomplete", b"true", false);
         }
+        if r.trigger != crate::context::Trigger::Request {
+            l.str("trigger", r.trigger.name().as_bytes());
+        }
         if self.json {
             out.extend_from_slice(b"},\"target\":\"tern::access\"}");
         }
@@ -553,6 +559,12 @@ mod tests {
             trace_id: Some(*b"4bf92f3577b34da6a3ce929d0e0e4736"),
             arrived: std::time::Instant::now(),
             status: 201,
+            // (A scheduled run's line in one of the two.)
+            trigger: if v6 {
+                crate::context::Trigger::Schedule
+            } else {
+                crate::context::Trigger::Request
+            },
         }
     }
 
@@ -589,6 +601,7 @@ mod tests {
                 };
                 assert_eq!(strip(&direct), strip(&evented), "json={json}");
                 assert!(direct.contains("incomplete"), "{direct}");
+                assert_eq!(direct.contains("\"schedule\""), v6, "{direct}");
                 assert!(!direct.contains("secret"), "no query: {direct}");
             }
         }

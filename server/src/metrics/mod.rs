@@ -98,28 +98,40 @@ fn version_index(version: http::Version) -> usize {
     }
 }
 
-/// Request counters of one tenant, by deployment (its current version or its candidate),
-/// HTTP version and status class: each resolved the first time it counts (a tenant that
-/// never sees HTTP/1.0 exports no series for it), then one atomic load and an increment.
+/// One tenant's counters of one trigger: by deployment, HTTP version and status class.
+type ByVersionClass = [[[std::sync::OnceLock<IntCounter>; 5]; 4]; 2];
+
+/// Request counters of one tenant, by trigger (a client's request or a schedule), deployment
+/// (its current version or its candidate), HTTP version and status class: each resolved the
+/// first time it counts (a tenant that never sees HTTP/1.0 exports no series for it), then one
+/// atomic load and an increment.
 #[derive(Debug, Clone)]
 pub struct TenantMetrics {
     requests: IntCounterVec,
     label: std::sync::Arc<str>,
-    by_version_class: std::sync::Arc<[[[std::sync::OnceLock<IntCounter>; 5]; 4]; 2]>,
+    by_version_class: std::sync::Arc<[ByVersionClass; 2]>,
 }
 
 impl TenantMetrics {
-    /// Counts one response with `status` to a request of `version`, served by `role`.
-    pub fn count(&self, status: u16, version: http::Version, role: crate::rollout::Role) {
+    /// Counts one response with `status` to a request of `version`, served by `role`, that
+    /// `trigger` made.
+    pub fn count(
+        &self,
+        status: u16,
+        version: http::Version,
+        role: crate::rollout::Role,
+        trigger: crate::context::Trigger,
+    ) {
         let v = version_index(version);
         let class = status_class(status);
-        self.by_version_class[role as usize][v][class]
+        self.by_version_class[trigger as usize][role as usize][v][class]
             .get_or_init(|| {
                 self.requests.with_label_values(&[
                     &*self.label,
                     ["1xx", "2xx", "3xx", "4xx", "5xx"][class],
                     VERSIONS[v],
                     role.name(),
+                    trigger.name(),
                 ])
             })
             .inc();
@@ -178,10 +190,11 @@ named_metrics! {
     );
     requests: counters(
         "tern_requests_total",
-        "Responses sent, by tenant, status class, HTTP version (1.0, 1.1, 2, 3) and \
+        "Responses sent, by tenant, status class, HTTP version (1.0, 1.1, 2, 3), \
          deployment (current: the tenant's version; candidate: its new version in a gradual \
-         deployment).",
-        &["tenant", "status", "version", "deployment"],
+         deployment) and trigger (request: a client's; schedule: a run of the tenant's \
+         schedule, [[tenant.schedule]]).",
+        &["tenant", "status", "version", "deployment", "trigger"],
     );
     outcomes: counters(
         "tern_guest_outcomes_total",

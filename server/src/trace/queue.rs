@@ -217,6 +217,7 @@ mod tests {
             failure: None,
             cache_status: None,
             websocket: None,
+            trigger: crate::context::Trigger::Schedule,
         }
     }
 

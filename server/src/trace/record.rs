@@ -46,6 +46,8 @@ pub struct Record {
     /// The request opened a WebSocket: its close code and the bytes sent to the client (the
     /// span then lasts until the connection closed).
     pub websocket: Option<(u16, u64)>,
+    /// What made it: a scheduled run's span says `tern.trigger = "schedule"`.
+    pub trigger: crate::context::Trigger,
 }
 
 /// What the server span says of the tenant a request was routed to (the tenant itself, so a

@@ -328,7 +328,7 @@ async fn aioquic_is_served_every_demo_tenant_and_guest_kind_over_http3() {
     assert!(
         metric_value_or_zero(
             &m,
-            r#"tern_requests_total{deployment="current",status="2xx",tenant="hello",version="3"}"#
+            r#"tern_requests_total{deployment="current",status="2xx",tenant="hello",trigger="request",version="3"}"#
         ) >= 1.0,
         "{m}"
     );

@@ -34,7 +34,7 @@ async fn metrics_show_every_phase_and_the_tenant() {
     );
     assert!(metric_is(
         &m,
-        r#"tern_requests_total{deployment="current",status="2xx",tenant="hello",version="1.1"}"#,
+        r#"tern_requests_total{deployment="current",status="2xx",tenant="hello",trigger="request",version="1.1"}"#,
         5.0
     ));
     assert!(metric_is(
@@ -75,7 +75,7 @@ async fn metrics_show_every_phase_and_the_tenant() {
     let m = s.metrics().await;
     for (version, n) in [("2", 1.0), ("1.1", 5.0)] {
         let series = format!(
-            r#"tern_requests_total{{deployment="current",status="2xx",tenant="hello",version="{version}"}}"#
+            r#"tern_requests_total{{deployment="current",status="2xx",tenant="hello",trigger="request",version="{version}"}}"#
         );
         assert_eq!(crate::support::metric_value(&m, &series), n, "{m}");
     }
@@ -104,7 +104,7 @@ async fn tenants_past_the_label_cap_count_as_other() {
     assert!(
         metric_is(
             &m,
-            r#"tern_requests_total{deployment="current",status="2xx",tenant="first",version="1.1"}"#,
+            r#"tern_requests_total{deployment="current",status="2xx",tenant="first",trigger="request",version="1.1"}"#,
             1.0
         ),
         "{m}"
@@ -112,7 +112,7 @@ async fn tenants_past_the_label_cap_count_as_other() {
     assert!(
         metric_is(
             &m,
-            r#"tern_requests_total{deployment="current",status="2xx",tenant="other",version="1.1"}"#,
+            r#"tern_requests_total{deployment="current",status="2xx",tenant="other",trigger="request",version="1.1"}"#,
             1.0
         ),
         "{m}"

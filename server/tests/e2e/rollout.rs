@@ -193,7 +193,7 @@ async fn a_candidate_gets_its_share_and_each_key_keeps_its_version() {
     let m = s.metrics().await;
     let counted = metric_value(
         &m,
-        r#"tern_requests_total{deployment="candidate",status="2xx",tenant="site",version="1.1"}"#,
+        r#"tern_requests_total{deployment="candidate",status="2xx",tenant="site",trigger="request",version="1.1"}"#,
     );
     assert_eq!(
         counted as usize, n,

@@ -169,6 +169,87 @@ async fn a_client_cannot_pose_as_the_scheduler_and_a_run_by_hand_is_recorded() {
     }
 }
 
+/// A scheduled run is counted, logged and kept in the live log as one: `trigger="schedule"` in
+/// `tern_requests_total`, `trigger="schedule"` on its access line, `"trigger": "schedule"` in
+/// its live log record (and `tern logs --trigger` selects by it); a client's request says
+/// `request` or nothing.
+#[test]
+fn a_scheduled_run_is_counted_and_logged_as_one() {
+    use crate::support::{TernProcess, ran, tern_bin};
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "schedule_probe");
+    let config = dir.path().join("tern.toml");
+    std::fs::write(
+        &config,
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"probe\"\nmodule = \"schedule_probe.wasm\"\n\
+         paths = [\"/probe\"]\nkv = [\"default\"]\n\
+         [[tenant.schedule]]\nname = \"yearly\"\ncron = \"0 0 1 1 *\"\npath = \"/probe/yearly\"\n",
+    )
+    .unwrap();
+    let tern = TernProcess::serve_with(
+        &["--config", &config.display().to_string()],
+        dir.path(),
+        |cmd| {
+            cmd.env("TERN_LOG", "info,tern::access=info");
+        },
+    );
+    let tern_cli = |args: &[&str]| {
+        let mut cmd = tern_bin();
+        cmd.args(args)
+            .args(["--server", &format!("http://{}", tern.admin)])
+            .arg("--data-dir")
+            .arg(dir.path().join("data"));
+        String::from_utf8(ran(&mut cmd).stdout).unwrap()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let addr: std::net::SocketAddr = tern.addr.parse().unwrap();
+    let client = rt.block_on(crate::support::send(
+        addr,
+        Method::POST,
+        "/probe/client",
+        None,
+        &[],
+        bytes::Bytes::from_static(b"x"),
+    ));
+    assert_eq!(client.status, StatusCode::OK);
+    let said = tern_cli(&["schedule", "run", "probe", "yearly"]);
+    assert!(said.contains("ok"), "{said}");
+
+    let series = |trigger: &str| {
+        format!(
+            "tern_requests_total{{deployment=\"current\",status=\"2xx\",tenant=\"probe\",\
+             trigger=\"{trigger}\",version=\"1.1\"}}"
+        )
+    };
+    tern.wait_metric(&series("schedule"), 1.0);
+    let m = tern.metrics();
+    assert_eq!(self::series(&m, &series("schedule")), 1.0, "{m}");
+    assert_eq!(self::series(&m, &series("request")), 1.0, "{m}");
+
+    let line = tern.wait_for("path=\"/probe/yearly\"");
+    assert!(line.contains("trigger=\"schedule\""), "{line}");
+    let line = tern
+        .logged("path=\"/probe/client\"")
+        .expect("the client's access line came first");
+    assert!(!line.contains("trigger"), "{line}");
+
+    let records = |trigger: &str| -> Vec<serde_json::Value> {
+        tern_cli(&["logs", "probe", "--json", "--trigger", trigger])
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let scheduled = records("schedule");
+    assert_eq!(scheduled.len(), 1, "{scheduled:?}");
+    assert_eq!(scheduled[0]["path"], "/probe/yearly");
+    assert_eq!(scheduled[0]["trigger"], "schedule");
+    let requests = records("request");
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0]["path"], "/probe/client");
+    assert!(requests[0].get("trigger").is_none(), "{requests:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_schedules_are_refused_at_start_and_by_the_api() {
     for (schedule, says) in [

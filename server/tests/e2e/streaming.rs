@@ -82,7 +82,7 @@ async fn bodies_at_the_stream_threshold_arrive_whole_over_http1() {
     assert_eq!(
         crate::support::metric_value_or_zero(
             &m,
-            r#"tern_requests_total{deployment="current",status="5xx",tenant="sized",version="1.1"}"#
+            r#"tern_requests_total{deployment="current",status="5xx",tenant="sized",trigger="request",version="1.1"}"#
         ),
         0.0
     );

@@ -109,7 +109,7 @@ async fn chromium_talks_to_both_modes_over_http1_and_http2() {
             // (An opening is answered 101 over HTTP/1.1, 200 over HTTP/2.)
             let status = if version == "2" { "2xx" } else { "1xx" };
             let series = format!(
-                "tern_requests_total{{deployment=\"current\",status=\"{status}\",tenant=\"{tenant}\",version=\"{version}\"}}"
+                "tern_requests_total{{deployment=\"current\",status=\"{status}\",tenant=\"{tenant}\",trigger=\"request\",version=\"{version}\"}}"
             );
             let before = count(&s.metrics().await, &series);
             let got = chromium(&page, &format!("{origin}{path}")).await;
