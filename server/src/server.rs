@@ -334,6 +334,7 @@ fn new_app(
         crate::scheduler::Store::open(registry.fleet().cloned(), data_dir),
         clock,
         config.registry.replica_name(),
+        Duration::from_millis(config.server.shutdown_grace_ms),
     );
     Ok(Arc::new(App {
         registry,

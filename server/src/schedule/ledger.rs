@@ -44,6 +44,10 @@ pub struct Run {
     pub manual: bool,
     /// The replica that took it.
     pub replica: String,
+    /// The token of the take that wrote it (one per tick a replica takes): the taker knows
+    /// its own write when the registry's answer to it was lost and it reads the ledger again.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
     /// 1, or 2 for the run after a lost one.
     pub attempt: u8,
     /// When it started (Unix milliseconds).
@@ -95,6 +99,9 @@ impl State {
 pub enum Claim {
     /// This replica runs the tick (its attempt).
     Run(u8),
+    /// This replica's own take of the tick is in the ledger already (written by an earlier try
+    /// whose answer was lost): it runs the tick (its attempt), nothing to write.
+    Resumed(u8),
     /// The tick is skipped (the last run still runs): recorded so.
     Skipped,
     /// Another replica has the tick (running until the lease given), or it is done.
@@ -106,11 +113,13 @@ impl Ledger {
     /// compare-and-swap): a tick not in the ledger is this replica's (or skipped, while
     /// another run holds a live lease and overlap is `skip`); a tick whose run lost its lease
     /// is run once more; any other tick is taken. A run that lost its lease is marked `lost`.
+    /// `(replica, token)`: who takes it, and the token of this take (the same for each try of
+    /// one take: a run it wrote already is its own, [`Claim::Resumed`]).
     pub fn claim(
         &mut self,
         tick_ms: i64,
         now_ms: i64,
-        replica: &str,
+        (replica, token): (&str, &str),
         lease_ms: i64,
         overlap: Overlap,
     ) -> Claim {
@@ -126,7 +135,9 @@ impl Ledger {
             .filter(|r| !r.manual && r.tick_ms == tick_ms)
             .max_by_key(|r| r.attempt)
         {
+            let mine = !token.is_empty() && last.token == token;
             match last.state {
+                State::Running if mine => return Claim::Resumed(last.attempt),
                 State::Running => return Claim::Taken(Some(last.lease_until_ms)),
                 State::Lost if last.attempt < MAX_ATTEMPTS => retry = Some(last.attempt + 1),
                 _ => return Claim::Taken(None),
@@ -142,6 +153,7 @@ impl Ledger {
             tick_ms,
             manual: false,
             replica: replica.to_string(),
+            token: token.to_string(),
             attempt,
             started_ms: now_ms,
             lease_until_ms: if skip {
@@ -171,6 +183,7 @@ impl Ledger {
             tick_ms: at,
             manual: true,
             replica: replica.to_string(),
+            token: String::new(),
             attempt: 1,
             started_ms: now_ms,
             lease_until_ms: now_ms.saturating_add(lease_ms),

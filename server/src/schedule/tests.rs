@@ -209,28 +209,28 @@ fn a_tick_is_taken_once_and_a_lost_one_runs_once_more() {
     let mut l = Ledger::default();
     let t = 60_000;
     assert_eq!(
-        l.claim(t, t + 5, "a", 10_000, Overlap::Allow),
+        l.claim(t, t + 5, ("a", ""), 10_000, Overlap::Allow),
         Claim::Run(1)
     );
     // Another replica finds it running, and leaves it.
     assert_eq!(
-        l.claim(t, t + 6, "b", 10_000, Overlap::Allow),
+        l.claim(t, t + 6, ("b", ""), 10_000, Overlap::Allow),
         Claim::Taken(Some(t + 5 + 10_000))
     );
     // Its holder dies; after the lease the tick runs once more, and never a third time.
     assert_eq!(
-        l.claim(t, t + 10_005, "b", 10_000, Overlap::Allow),
+        l.claim(t, t + 10_005, ("b", ""), 10_000, Overlap::Allow),
         Claim::Run(2)
     );
     assert_eq!(l.runs[0].state, State::Lost);
     assert_eq!(
-        l.claim(t, t + 15_000, "c", 10_000, Overlap::Allow),
+        l.claim(t, t + 15_000, ("c", ""), 10_000, Overlap::Allow),
         Claim::Taken(Some(t + 10_005 + 10_000))
     );
     // The ended run is recorded, and nobody takes the tick a third time.
     assert!(l.end((t, false, 2), "b", State::Ok, Some(200), 12));
     assert_eq!(
-        l.claim(t, t + 30_000, "c", 10_000, Overlap::Allow),
+        l.claim(t, t + 30_000, ("c", ""), 10_000, Overlap::Allow),
         Claim::Taken(None)
     );
     assert!(
@@ -238,36 +238,68 @@ fn a_tick_is_taken_once_and_a_lost_one_runs_once_more() {
         "lost stays lost"
     );
     assert_eq!(
-        l.claim(t - 60_000, t + 30_000, "c", 10_000, Overlap::Allow),
+        l.claim(t - 60_000, t + 30_000, ("c", ""), 10_000, Overlap::Allow),
         Claim::Taken(None)
     );
     assert_eq!(l.last_tick(), Some(t));
 }
 
+/// A take whose write reached the ledger but whose answer was lost tries again with the same
+/// token: it finds its own run and runs the tick (attempt 1, nothing written again), where a
+/// take with another token (another replica, or a later take) leaves it to its holder.
+#[test]
+fn a_take_whose_answer_was_lost_finds_its_own_run() {
+    let mut l = Ledger::default();
+    let t = 60_000;
+    assert_eq!(
+        l.claim(t, t + 5, ("a", "take-1"), 10_000, Overlap::Skip),
+        Claim::Run(1)
+    );
+    let written = l.clone();
+    assert_eq!(
+        l.claim(t, t + 1_005, ("a", "take-1"), 10_000, Overlap::Skip),
+        Claim::Resumed(1)
+    );
+    assert_eq!(l, written, "nothing to write again");
+    for who in [("a", "take-2"), ("b", "take-1x"), ("a", "")] {
+        assert_eq!(
+            l.claim(t, t + 1_005, who, 10_000, Overlap::Skip),
+            Claim::Taken(Some(t + 5 + 10_000)),
+            "{who:?}"
+        );
+    }
+}
+
 #[test]
 fn overlap_skip_records_the_tick_skipped_while_a_run_holds_its_lease() {
     let mut l = Ledger::default();
-    assert_eq!(l.claim(0, 1, "a", 100_000, Overlap::Skip), Claim::Run(1));
     assert_eq!(
-        l.claim(60_000, 60_001, "b", 100_000, Overlap::Skip),
+        l.claim(0, 1, ("a", ""), 100_000, Overlap::Skip),
+        Claim::Run(1)
+    );
+    assert_eq!(
+        l.claim(60_000, 60_001, ("b", ""), 100_000, Overlap::Skip),
         Claim::Skipped
     );
     assert_eq!(l.runs[1].state, State::Skipped);
     // Skipped is taken: nobody runs it.
     assert_eq!(
-        l.claim(60_000, 60_002, "c", 100_000, Overlap::Skip),
+        l.claim(60_000, 60_002, ("c", ""), 100_000, Overlap::Skip),
         Claim::Taken(None)
     );
     assert!(l.end((0, false, 1), "a", State::Ok, Some(204), 70_000));
     assert_eq!(
-        l.claim(120_000, 120_001, "b", 100_000, Overlap::Skip),
+        l.claim(120_000, 120_001, ("b", ""), 100_000, Overlap::Skip),
         Claim::Run(1)
     );
     // `allow` runs beside.
     let mut l = Ledger::default();
-    assert_eq!(l.claim(0, 1, "a", 100_000, Overlap::Allow), Claim::Run(1));
     assert_eq!(
-        l.claim(60_000, 60_001, "a", 100_000, Overlap::Allow),
+        l.claim(0, 1, ("a", ""), 100_000, Overlap::Allow),
+        Claim::Run(1)
+    );
+    assert_eq!(
+        l.claim(60_000, 60_001, ("a", ""), 100_000, Overlap::Allow),
         Claim::Run(1)
     );
 }
@@ -275,12 +307,15 @@ fn overlap_skip_records_the_tick_skipped_while_a_run_holds_its_lease() {
 #[test]
 fn a_running_run_is_never_dropped_and_runs_by_hand_keep_apart() {
     let mut l = Ledger::default();
-    assert_eq!(l.claim(0, 1, "a", 10_000_000, Overlap::Skip), Claim::Run(1));
+    assert_eq!(
+        l.claim(0, 1, ("a", ""), 10_000_000, Overlap::Skip),
+        Claim::Run(1)
+    );
     // Ticks skipped while it runs, more than the ledger keeps: the run stays, and skips go on.
     for i in 1..40 {
         let t = i * 1000;
         assert_eq!(
-            l.claim(t, t + 1, "b", 10_000_000, Overlap::Skip),
+            l.claim(t, t + 1, ("b", ""), 10_000_000, Overlap::Skip),
             Claim::Skipped,
             "{i}"
         );
@@ -301,7 +336,10 @@ fn the_ledger_keeps_its_last_runs_only() {
     let mut l = Ledger::default();
     for i in 0..50 {
         let t = i * 60_000;
-        assert_eq!(l.claim(t, t, "a", 1000, Overlap::Allow), Claim::Run(1));
+        assert_eq!(
+            l.claim(t, t, ("a", ""), 1000, Overlap::Allow),
+            Claim::Run(1)
+        );
         assert!(l.end((t, false, 1), "a", State::Ok, Some(200), 1));
     }
     assert_eq!(l.runs.len(), super::ledger::KEPT);

@@ -13,6 +13,8 @@
 //!   `catch_up = true`: then the last one missed runs once, when the schedule is seen again.
 //! - Only the current version of a tenant runs its schedules (a candidate in rollout never
 //!   does).
+//! - At shutdown no tick is taken any more; runs under way end (within the shutdown grace) and
+//!   their ends are recorded; a replica waiting out another's lease stops waiting.
 
 mod store;
 
@@ -79,6 +81,8 @@ pub struct Scheduler {
     store: Store,
     clock: Clock,
     replica: String,
+    /// How long runs under way may take to end at shutdown.
+    grace: Duration,
     /// Each schedule's last tick this replica looked at, by tenant and schedule (with the
     /// expression it was computed from: a changed expression starts from now).
     seen: Mutex<HashMap<(String, String), (String, i64)>>,
@@ -94,33 +98,56 @@ struct Tick {
 }
 
 impl Scheduler {
-    /// A runner keeping ledgers in `store`, firing by `clock`, named `replica`.
-    pub fn new(store: Store, clock: Clock, replica: String) -> Self {
+    /// A runner keeping ledgers in `store`, firing by `clock`, named `replica`, giving runs
+    /// under way `grace` to end at shutdown.
+    pub fn new(store: Store, clock: Clock, replica: String, grace: Duration) -> Self {
         Self {
             store,
             clock,
             replica,
+            grace,
             seen: Mutex::default(),
         }
     }
 
-    /// Runs the schedules of `app`'s tenants until `shutdown`.
+    /// Runs the schedules of `app`'s tenants until `shutdown`, then waits (at most the grace)
+    /// for the runs under way to end and be recorded.
     pub async fn run_until<H: Host>(app: Arc<H>, shutdown: Shutdown) {
         let me = app.scheduler();
         let mut first = true;
+        let mut takes = tokio::task::JoinSet::new();
         loop {
+            while takes.try_join_next().is_some() {}
             let now = me.clock.now_ms();
             let mut wake = now.saturating_add(LOOK_EVERY.as_millis() as i64);
             let due = me.due(app.as_ref(), now, &mut wake, first);
             first = false;
             for (tick, tenant) in due {
-                let app = app.clone();
-                tokio::spawn(async move { take(&app, tenant, tick).await });
+                let (app, shutdown) = (app.clone(), shutdown.clone());
+                takes.spawn(async move { take(&app, tenant, tick, &shutdown).await });
             }
             tokio::select! {
                 () = me.clock.sleep_until(wake, LOOK_EVERY) => {}
-                () = shutdown.wait() => return,
+                () = shutdown.wait() => break,
             }
+        }
+        if !takes.is_empty() {
+            tracing::info!(
+                runs = takes.len(),
+                "shutdown: waiting for scheduled runs under way"
+            );
+        }
+        if tokio::time::timeout(me.grace, async {
+            while takes.join_next().await.is_some() {}
+        })
+        .await
+        .is_err()
+        {
+            tracing::warn!(
+                runs = takes.len(),
+                "shutdown: scheduled runs still under way after the grace are cut off (their \
+                 ticks run once more elsewhere after their lease)"
+            );
         }
     }
 
@@ -159,6 +186,23 @@ impl Scheduler {
                 match seen.get_mut(&key) {
                     Some((was, at)) if *was == ident => {
                         if last > *at {
+                            let passed = passed_between(&s.cron, *at, last);
+                            if passed > 0 {
+                                // The runner did not look for longer than a period (the
+                                // clock jumped, the process was stopped): only the last
+                                // tick runs.
+                                app.metrics()
+                                    .schedule_runs
+                                    .with_label_values(&[&tenant.label, "missed"])
+                                    .inc_by(passed);
+                                tracing::warn!(
+                                    tenant = %name,
+                                    schedule = %s.name,
+                                    missed = passed,
+                                    "scheduled ticks passed unseen (the clock jumped or the \
+                                     process stood still); the last one runs"
+                                );
+                            }
                             *at = last;
                             due.push((tick, tenant.clone()));
                         }
@@ -207,11 +251,27 @@ impl Scheduler {
         let key = store::key(tenant, name);
         let now = me.clock.now_ms();
         let lease = lease_ms(app.as_ref(), &t, s);
+        let skip = s.overlap == crate::schedule::Overlap::Skip;
         let at = me
             .store
-            .update(&key, |l| (l.manual(now, &me.replica, lease), true))
+            .update(&key, |l| {
+                let running = l
+                    .runs
+                    .iter()
+                    .any(|r| r.state == State::Running && r.lease_until_ms > now);
+                if running && skip {
+                    return (None, false);
+                }
+                (Some(l.manual(now, &me.replica, lease)), true)
+            })
             .await
-            .map_err(|e| ChangeError::Unavailable(format!("the schedule's ledger: {e}")))?;
+            .map_err(|e| ChangeError::Unavailable(format!("the schedule's ledger: {e}")))?
+            .ok_or_else(|| {
+                ChangeError::Conflict(format!(
+                    "schedule {name:?} of tenant {tenant:?} is running now and does not \
+                     overlap (overlap = \"skip\"): try again when it ends"
+                ))
+            })?;
         Ok(fire(app, &t, s, (at, true, 1), &key).await)
     }
 
@@ -244,7 +304,14 @@ impl Scheduler {
         for (s, watched) in t.schedules.iter().zip(watched) {
             let (runs, error) = match me.store.read(&store::key(tenant, &s.name)).await {
                 Ok(l) => (runs_json(&l), None),
-                Err(e) => (Vec::new(), Some(e.to_string())),
+                Err(e) => {
+                    // (The store's own words, which may name its address, stay in the log.)
+                    tracing::warn!(tenant, schedule = %s.name, "reading a schedule's ledger: {e}");
+                    (
+                        Vec::new(),
+                        Some("the schedule's ledger cannot be read now (the server log says why)"),
+                    )
+                }
             };
             out.push(serde_json::json!({
                 "name": s.name,
@@ -264,6 +331,25 @@ impl Scheduler {
         )
     }
 }
+
+/// Ticks of `cron` strictly between `from` and `to` (at most [`PASSED_COUNTED`]).
+fn passed_between(cron: &crate::schedule::Cron, from: i64, to: i64) -> u64 {
+    let mut n = 0;
+    let mut at = from;
+    while n < PASSED_COUNTED {
+        match cron.next_after(at) {
+            Some(next) if next < to => {
+                n += 1;
+                at = next;
+            }
+            _ => break,
+        }
+    }
+    n
+}
+
+/// The most ticks counted missed at once after the clock jumped.
+const PASSED_COUNTED: u64 = 10_000;
 
 /// Tenant `t`'s schedule `name`.
 fn find<'t>(t: &'t TenantRef, name: &str) -> Result<&'t Schedule, crate::change::ChangeError> {
@@ -305,15 +391,17 @@ fn lease_ms<H: Host>(app: &H, t: &TenantRef, s: &Schedule) -> i64 {
 }
 
 /// Takes `tick` of its schedule through the ledger and runs it when it is this replica's;
-/// a tick another replica holds is looked at again when its lease ends.
-async fn take<H: Host>(app: &Arc<H>, tenant: TenantRef, mut tick: Tick) {
+/// a tick another replica holds is looked at again when its lease ends (unless the server
+/// shuts down meanwhile).
+async fn take<H: Host>(app: &Arc<H>, tenant: TenantRef, mut tick: Tick, shutdown: &Shutdown) {
     let me = app.scheduler();
     let mut tenant = tenant;
-    while let Some(until) = take_once(app, &tenant, &tick).await {
+    while let Some(until) = take_once(app, &tenant, &tick, shutdown).await {
         while me.clock.now_ms() < until + LEASE_MARGIN_MS {
-            me.clock
-                .sleep_until(until + LEASE_MARGIN_MS, Duration::from_secs(60))
-                .await;
+            tokio::select! {
+                () = me.clock.sleep_until(until + LEASE_MARGIN_MS, Duration::from_secs(60)) => {}
+                () = shutdown.wait() => return,
+            }
         }
         tick.until_ms = Some(i64::MAX);
         // The tenant as it serves now (redeployed meanwhile: its new version; deleted, or
@@ -328,11 +416,19 @@ async fn take<H: Host>(app: &Arc<H>, tenant: TenantRef, mut tick: Tick) {
 /// Takes `tick` of its schedule through the ledger and runs it when it is this replica's;
 /// tries again while the registry cannot be reached, until the tick's time to be taken ends.
 /// Held by another replica: until when.
-async fn take_once<H: Host>(app: &Arc<H>, tenant: &TenantRef, tick: &Tick) -> Option<i64> {
+async fn take_once<H: Host>(
+    app: &Arc<H>,
+    tenant: &TenantRef,
+    tick: &Tick,
+    shutdown: &Shutdown,
+) -> Option<i64> {
     let me = app.scheduler();
     let Ok(s) = find(tenant, &tick.schedule) else {
         return None;
     };
+    // One token for every try of this take: a try whose write reached the ledger but whose
+    // answer was lost is recognised by the next.
+    let token = crate::hex::random_id::<8>();
     let key = store::key(&tick.tenant, &tick.schedule);
     let runs = &app.metrics().schedule_runs;
     let lease = lease_ms(app.as_ref(), tenant, s);
@@ -353,7 +449,7 @@ async fn take_once<H: Host>(app: &Arc<H>, tenant: &TenantRef, tick: &Tick) -> Op
                     let taken = l.runs.iter().any(|r| !r.manual && r.tick_ms >= tick.at_ms);
                     return (taken.then_some(Claim::Taken(None)), false);
                 }
-                let c = l.claim(tick.at_ms, now, &me.replica, lease, s.overlap);
+                let c = l.claim(tick.at_ms, now, (&me.replica, &token), lease, s.overlap);
                 let changed = matches!(c, Claim::Run(_) | Claim::Skipped);
                 (Some(c), changed)
             })
@@ -366,7 +462,19 @@ async fn take_once<H: Host>(app: &Arc<H>, tenant: &TenantRef, tick: &Tick) -> Op
             Err(e) => Err(e),
         };
         match claimed {
-            Ok(Claim::Run(attempt)) => {
+            Ok(Claim::Run(attempt) | Claim::Resumed(attempt)) => {
+                if attempt > 1 {
+                    // The first run's holder let its lease pass (it died, or could not record
+                    // the end): counted by the replica that runs the tick again.
+                    runs.with_label_values(&[&tenant.label, "lost"]).inc();
+                    tracing::warn!(
+                        tenant = %tick.tenant,
+                        schedule = %tick.schedule,
+                        tick = %crate::schedule::rfc3339(tick.at_ms),
+                        "a scheduled run's holder let its lease pass without recording its \
+                         end: the tick runs once more here"
+                    );
+                }
                 let ran = fire(app, tenant, s, (tick.at_ms, false, attempt), &key).await;
                 tracing::debug!(tenant = %tick.tenant, schedule = %tick.schedule, ?ran, "scheduled run ended");
                 return None;
@@ -396,9 +504,10 @@ async fn take_once<H: Host>(app: &Arc<H>, tenant: &TenantRef, tick: &Tick) -> Op
                     );
                     return None;
                 }
-                me.clock
-                    .sleep_until(me.clock.now_ms() + 1000, Duration::from_secs(1))
-                    .await;
+                tokio::select! {
+                    () = me.clock.sleep_until(me.clock.now_ms() + 1000, Duration::from_secs(1)) => {}
+                    () = shutdown.wait() => return None,
+                }
             }
         }
     }

@@ -152,7 +152,7 @@ async fn each_tick_runs_once_across_three_replicas_over_sixty_simulated_minutes(
     // Nothing more comes late, and no tick was skipped or missed.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(counted(&all, "ok").await, 60.0);
-    for outcome in ["failed", "skipped", "missed"] {
+    for outcome in ["failed", "skipped", "missed", "lost"] {
         assert_eq!(counted(&all, outcome).await, 0.0, "{outcome}");
     }
     // The ledger (its last 20 runs) on any replica: one run per minute, each the first
@@ -225,6 +225,8 @@ async fn a_holder_killed_mid_run_loses_its_tick_which_runs_once_more_after_its_l
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(runs(alive[1]).await.len(), 3);
     assert_eq!(counted(&alive, "ok").await, 2.0);
+    // The lost run is counted once, by the replica that ran its tick again.
+    assert_eq!(counted(&alive, "lost").await, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
