@@ -80,6 +80,9 @@ pub struct RequestContext {
     pub trace: Option<Arc<crate::trace::Active>>,
     /// A time limit other than the tenant's `limits.timeout_ms` (a scheduled run's).
     pub timeout: Option<std::time::Duration>,
+    /// What made it run: a client's request, or a schedule (a component's scheduled run calls
+    /// its `handle-cron-event` when it exports one).
+    pub trigger: Trigger,
 }
 
 impl RequestContext {
@@ -296,6 +299,7 @@ mod tests {
             version: Version::HTTP_11,
             trace: None,
             timeout: None,
+            trigger: crate::context::Trigger::Request,
         }
     }
 

@@ -47,11 +47,14 @@ pub enum Outcome {
     /// The guest's answer was not a valid response: a CGI program's malformed header block,
     /// a component that set no response or an error.
     BadOutput,
+    /// The tenant serves no requests: its component exports only Spin's `handle-cron-event`
+    /// (it runs on its schedules). `404`.
+    NotServed,
 }
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 18] = [
+    pub const ALL: [Outcome; 19] = [
         Outcome::Ok,
         Outcome::Timeout,
         Outcome::TrapStackOverflow,
@@ -70,6 +73,7 @@ impl Outcome {
         Outcome::RateLimited,
         Outcome::Error,
         Outcome::BadOutput,
+        Outcome::NotServed,
     ];
 
     /// The metric label.
@@ -93,6 +97,7 @@ impl Outcome {
             Outcome::RateLimited => "rate_limited",
             Outcome::Error => "error",
             Outcome::BadOutput => "bad_output",
+            Outcome::NotServed => "not_served",
         }
     }
 
@@ -107,6 +112,7 @@ impl Outcome {
                 | Outcome::BodyTooLarge
                 | Outcome::BadRequest
                 | Outcome::Error
+                | Outcome::NotServed
         )
     }
 
@@ -120,6 +126,7 @@ impl Outcome {
             Outcome::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Outcome::BadRequest => StatusCode::BAD_REQUEST,
             Outcome::BadOutput => StatusCode::BAD_GATEWAY,
+            Outcome::NotServed => StatusCode::NOT_FOUND,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -1,6 +1,7 @@
 //! The driver of a `wasi:http` component: `incoming-handler.handle` (WASI 0.2) or
 //! `handler.handle` (WASI 0.3) with the request, its answer moved into the shared response as
-//! the guest writes it.
+//! the guest writes it; for a scheduled run of a component that exports Spin's
+//! `handle-cron-event`, that call instead.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +39,9 @@ pub(super) struct Component<'a> {
     response: GuestResponse,
     /// The instance (WASI 0.2), for the memory probe.
     instance: Option<wasmtime::component::Instance>,
+    /// A scheduled run of a component with Spin's cron export: the tick (Unix seconds) its
+    /// `handle-cron-event` is called with.
+    cron_tick: Option<u64>,
 }
 
 impl<'a> Component<'a> {
@@ -61,6 +65,14 @@ impl<'a> Component<'a> {
             Some(_) => Scheme::Https,
             None => Scheme::Http,
         };
+        let cron_tick = match handler {
+            Handler::P2(Proxy { cron: Some(_), .. })
+                if request.context.trigger == crate::context::Trigger::Schedule =>
+            {
+                Some(scheduled_time(&request.headers))
+            }
+            _ => None,
+        };
         let driver = Self {
             handler,
             max_request: request.max_bytes,
@@ -69,6 +81,7 @@ impl<'a> Component<'a> {
             scheme,
             response,
             instance: None,
+            cron_tick,
         };
         (driver, state)
     }
@@ -124,14 +137,23 @@ impl Driver for Component<'_> {
                     .map_err(Stage::Run)?;
             }
         };
+        if let (Some(tick), Some(index)) = (self.cron_tick, pre.cron) {
+            return self.cron(store, clock, pre, index, tick).await;
+        }
+        let Some(handler) = &pre.handler else {
+            return Err(Stage::Answer(ExecError::new(
+                Outcome::NotServed,
+                "this tenant serves no requests: its component exports only Spin's \
+                 handle-cron-event, which runs on the tenant's schedules",
+            )));
+        };
         let made = pre
             .pre
             .instantiate_async(&mut *store)
             .await
             .map_err(Stage::Instantiate)?;
         self.instance = Some(made);
-        let proxy = pre
-            .handler
+        let proxy = handler
             .load(&mut *store, &made)
             .map_err(Stage::Instantiate)?;
         clock.called = Some(Instant::now());
@@ -211,6 +233,80 @@ impl Driver for Component<'_> {
                 .map(|m| (sweep, m)),
             _ => None,
         }
+    }
+}
+
+impl Component<'_> {
+    /// A scheduled run of a component with Spin's cron export: `handle-cron-event` with the
+    /// tick `tick` (Unix seconds). `Ok` is an empty `200`; the guest's `error` fails the run
+    /// (`502`, its message kept).
+    async fn cron(
+        &mut self,
+        store: &mut Store<HttpState>,
+        clock: &mut Clock,
+        proxy: &Proxy,
+        index: wasmtime::component::ComponentExportIndex,
+        tick: u64,
+    ) -> Result<(), Stage> {
+        use wasmtime::component::Val;
+        let made = proxy
+            .pre
+            .instantiate_async(&mut *store)
+            .await
+            .map_err(Stage::Instantiate)?;
+        self.instance = Some(made);
+        let func = made.get_func(&mut *store, index).ok_or_else(|| {
+            Stage::Instantiate(wasmtime::Error::msg(
+                "the component's handle-cron-event is not a function",
+            ))
+        })?;
+        clock.called = Some(Instant::now());
+        let metadata = Val::Record(vec![("timestamp".to_string(), Val::U64(tick))]);
+        let mut results = [Val::Bool(false)];
+        func.call_async(&mut *store, &[metadata], &mut results)
+            .await
+            .map_err(Stage::Run)?;
+        match &results[0] {
+            Val::Result(Ok(_)) => Ok(()),
+            Val::Result(Err(error)) => Err(Stage::Answer(ExecError::new(
+                Outcome::BadOutput,
+                format!(
+                    "handle-cron-event returned an error: {}",
+                    cron_error_text(error.as_deref())
+                ),
+            ))),
+            other => Err(Stage::Answer(ExecError::new(
+                Outcome::BadOutput,
+                format!("handle-cron-event returned {other:?}, not Spin's result<_, error>"),
+            ))),
+        }
+    }
+}
+
+/// The tick a scheduled run is for, in Unix seconds: its `Tern-Scheduled-Time` (set by the
+/// scheduler; a client's is removed when it is routed), or now.
+fn scheduled_time(headers: &http::HeaderMap) -> u64 {
+    headers
+        .get(&crate::schedule::TERN_SCHEDULED_TIME)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .and_then(|t| u64::try_from(t.timestamp()).ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        })
+}
+
+/// The text of Spin's cron `error` (`other(string)`), or the value as it came.
+fn cron_error_text(error: Option<&wasmtime::component::Val>) -> String {
+    use wasmtime::component::Val;
+    match error {
+        Some(Val::Variant(_, Some(text))) => match &**text {
+            Val::String(s) => s.chars().take(1000).collect(),
+            other => format!("{other:?}"),
+        },
+        other => format!("{other:?}"),
     }
 }
 

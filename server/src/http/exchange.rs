@@ -82,7 +82,7 @@ pub(super) struct Exchange {
     /// A time limit other than the tenant's for its guest (a scheduled run's).
     pub(super) timeout: Option<std::time::Duration>,
     /// What made it: a client's request, or a schedule ([`Self::scheduled`]).
-    trigger: crate::context::Trigger,
+    pub(super) trigger: crate::context::Trigger,
 }
 
 impl Exchange {

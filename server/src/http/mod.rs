@@ -821,6 +821,7 @@ async fn run_guest(
         version: parts.version,
         trace,
         timeout: ex.timeout,
+        trigger: ex.trigger,
     };
     let request = GuestRequest::new(
         parts.method,

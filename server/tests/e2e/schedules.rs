@@ -421,3 +421,136 @@ async fn overlap_skip_never_runs_two_at_once_and_allow_does() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A component that exports only Spin's `handle-cron-event` (`Ok`): runs on its schedules,
+/// serves no request.
+const CRON_ONLY: &str = r#"(component
+    (core module $m
+        (memory (export "memory") 1)
+        (func (export "cron") (param i64) (result i32) (i32.const 0)))
+    (core instance $i (instantiate $m))
+    (type $metadata' (record (field "timestamp" u64)))
+    (export $metadata "metadata" (type $metadata'))
+    (type $error' (variant (case "other" string)))
+    (export $error "error" (type $error'))
+    (func $cron (param "metadata" $metadata) (result (result (error $error)))
+        (canon lift (core func $i "cron") (memory (core memory $i "memory"))))
+    (export "handle-cron-event" (func $cron)))"#;
+
+/// Spin's cron export: a scheduled run of a component that exports `handle-cron-event` calls
+/// it with the tick (Unix seconds) — the suite's component prints it — instead of its HTTP
+/// handler, which still serves clients; the guest's `error` fails the run with its message; a
+/// component with only the cron export runs on its schedule and answers clients `404`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_components_cron_export_is_called_on_its_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::support::test_component(dir.path(), "component");
+    std::fs::write(
+        dir.path().join("cron_only.wasm"),
+        wat::parse_str(CRON_ONLY).unwrap(),
+    )
+    .unwrap();
+    let yearly = |path: &str| {
+        format!("[[tenant.schedule]]\nname = \"yearly\"\ncron = \"0 0 1 1 *\"\npath = \"{path}\"\n")
+    };
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [[tenant]]\nname = \"comp\"\nmodule = \"component.wasm\"\npaths = [\"/comp\"]\n{}\
+         [[tenant]]\nname = \"failing\"\nmodule = \"component.wasm\"\npaths = [\"/failing\"]\n\
+         env = {{ CRON_FAIL = \"1\" }}\n{}\
+         [[tenant]]\nname = \"cron\"\nmodule = \"cron_only.wasm\"\npaths = [\"/cron\"]\n{}",
+        yearly("/comp/tick"),
+        yearly("/failing/tick"),
+        yearly("/cron/tick"),
+    );
+    let s = TestServer::try_start_in(dir, &config)
+        .await
+        .unwrap_or_else(|e| panic!("server failed to start: {e:#}"));
+    let run = |tenant: &'static str| {
+        let s = &s;
+        async move {
+            let (status, v) = s
+                .admin_call(
+                    Method::POST,
+                    &format!("/admin/v1/tenants/{tenant}/schedules/run"),
+                    r#"{"schedule": "yearly"}"#,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{tenant}: {v}");
+            v["run"].clone()
+        }
+    };
+    let record = |tenant: &'static str| {
+        let s = &s;
+        async move {
+            let (status, v) = s
+                .admin_call(
+                    Method::GET,
+                    &format!("/admin/v1/tenants/{tenant}/logs?trigger=schedule"),
+                    "",
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{tenant}: {v}");
+            v
+        }
+    };
+    let now = chrono::Utc::now().timestamp();
+
+    // Both exports: the schedule calls the cron export with the tick, clients get HTTP.
+    let ran = run("comp").await;
+    assert_eq!(
+        (ran["state"].as_str(), ran["status"].as_u64()),
+        (Some("ok"), Some(200)),
+        "{ran}"
+    );
+    let r = record("comp").await;
+    let out = r["stdout"][0].as_str().unwrap_or_else(|| panic!("{r}"));
+    let tick: i64 = out
+        .strip_prefix("cron-event ")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{r}"));
+    assert!((tick - now).abs() <= 5, "tick {tick}, now {now}: {r}");
+    let hello = s.get("/comp/hello").await;
+    assert_eq!(hello.status, StatusCode::OK);
+    assert_eq!(hello.text(), "Hello from a component!\n");
+
+    // The guest's error fails the run, its message in the live log.
+    let ran = run("failing").await;
+    assert_eq!(
+        (ran["state"].as_str(), ran["status"].as_u64()),
+        (Some("failed"), Some(502)),
+        "{ran}"
+    );
+    let r = record("failing").await;
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("CRON_FAIL is set"),
+        "{r}"
+    );
+
+    // Only the cron export: it runs; a client is told it serves no requests.
+    let ran = run("cron").await;
+    assert_eq!(
+        (ran["state"].as_str(), ran["status"].as_u64()),
+        (Some("ok"), Some(200)),
+        "{ran}"
+    );
+    let client = s.get("/cron/anything").await;
+    assert_eq!(client.status, StatusCode::NOT_FOUND);
+    assert!(
+        client.text().contains("serves no requests"),
+        "{}",
+        client.text()
+    );
+    let m = s.metrics().await;
+    assert_eq!(
+        series(
+            &m,
+            "tern_guest_outcomes_total{outcome=\"not_served\",tenant=\"cron\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+}

@@ -41,6 +41,10 @@
 //! - `/env`: its environment, one `NAME=value` per line.
 //! - `/config?name=N`: the value of N read through `wasi:config/store@0.2.0-draft`: `200` and
 //!   the value, `404` "none", or `500` and the error; `/config` alone: every name (`get-all`).
+//!
+//! It also exports Spin's `handle-cron-event` (`server/wit/spin-cron`): it prints `cron-event
+//! TIMESTAMP` to stdout and returns `Ok`, or, when its environment has `CRON_FAIL`, the error
+//! `other("CRON_FAIL is set")`.
 
 use wasip2::http::outgoing_handler;
 use wasip2::http::types::{
@@ -74,9 +78,27 @@ mod rate {
     });
 }
 
+mod cron {
+    wit_bindgen::generate!({
+        path: "../../wit/spin-cron",
+        world: "fermyon:spin-cron/spin-cron",
+    });
+}
+
 struct Component;
 
 wasip2::http::proxy::export!(Component);
+cron::export!(Component with_types_in cron);
+
+impl cron::Guest for Component {
+    fn handle_cron_event(metadata: cron::Metadata) -> Result<(), cron::Error> {
+        println!("cron-event {}", metadata.timestamp);
+        if std::env::var_os("CRON_FAIL").is_some() {
+            return Err(cron::Error::Other("CRON_FAIL is set".into()));
+        }
+        Ok(())
+    }
+}
 
 fn query(path: &str, key: &str) -> Option<String> {
     let (_, q) = path.split_once('?')?;

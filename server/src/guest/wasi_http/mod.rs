@@ -53,6 +53,10 @@ pub enum Version {
 
 pub use crate::adapter::HANDLER_EXPORT;
 
+/// Spin's cron export (`fermyon:spin-cron@2.0.0`, `server/wit/spin-cron`): a scheduled run of
+/// a component that exports it calls it instead of its `wasi:http` handler.
+pub const CRON_EXPORT: &str = "handle-cron-event";
+
 /// Core instances (and tables) a component's store may create; the pool's own per-component
 /// limit (`pool.component_core_instances`) is the one that binds, checked at deploy.
 const STORE_INSTANCES: usize = 10_000;
@@ -213,8 +217,11 @@ pub fn linker(engine: &Engine, wasi_p3: bool) -> wasmtime::Result<Linker<HttpSta
 pub struct Proxy {
     /// The component, its imports resolved.
     pub pre: InstancePre<HttpState>,
-    /// Where its `incoming-handler` is.
-    pub handler: ProxyIndices,
+    /// Where its `incoming-handler` is; `None` for a component that exports only Spin's
+    /// `handle-cron-event` (it runs on its schedules and serves no request).
+    pub handler: Option<ProxyIndices>,
+    /// Where its `handle-cron-event` is, if it exports it ([`CRON_EXPORT`]).
+    pub cron: Option<ComponentExportIndex>,
     /// Its memory probe, if it has one ([`crate::teardown::probe`]).
     pub probe: Option<ComponentExportIndex>,
 }
@@ -238,16 +245,23 @@ impl Handler {
             .instantiate_pre(component)
             .map_err(|e| link_message(&e))?;
         match version {
-            Version::P2 => ProxyIndices::new(&pre).map(|handler| {
-                Self::P2(Proxy {
+            Version::P2 => {
+                let cron = component.get_export_index(None, CRON_EXPORT);
+                let handler = match ProxyIndices::new(&pre) {
+                    Ok(handler) => Some(handler),
+                    // (`check_exports` let it through for its cron export.)
+                    Err(_) if cron.is_some() => None,
+                    Err(e) => return Err(link_message(&e)),
+                };
+                Ok(Self::P2(Proxy {
                     probe: component.get_export_index(None, crate::teardown::probe::EXPORT),
                     pre,
                     handler,
-                })
-            }),
-            Version::P3 => PreP3::new(pre).map(Self::P3),
+                    cron,
+                }))
+            }
+            Version::P3 => PreP3::new(pre).map(Self::P3).map_err(|e| link_message(&e)),
         }
-        .map_err(|e| link_message(&e))
     }
 
     /// The engine it is compiled for.
@@ -260,18 +274,38 @@ impl Handler {
 }
 
 /// Which `wasi:http` a component is served through, or why it is not a `wasi-http` guest: it
-/// must export `wasi:http/incoming-handler@0.2.x` (or, WASI 0.3, `wasi:http/handler@0.3.x`).
+/// must export `wasi:http/incoming-handler@0.2.x` (or, WASI 0.3, `wasi:http/handler@0.3.x`),
+/// or Spin's `handle-cron-event` (then it runs on its schedules only, through WASI 0.2). A
+/// `handle-cron-event` must take Spin's one `metadata` and return its `result`.
 pub fn check_exports(component: &Component, engine: &Engine) -> Result<Version, String> {
     let ty = component.component_type();
-    let exports: Vec<String> = ty
-        .exports(engine)
-        .map(|(name, _)| name.to_string())
-        .collect();
+    let mut exports = Vec::new();
+    for (name, item) in ty.exports(engine) {
+        if name == CRON_EXPORT {
+            let fits = match &item.ty {
+                wasmtime::component::types::ComponentItem::ComponentFunc(f) => {
+                    f.params().len() == 1 && f.results().len() == 1
+                }
+                _ => false,
+            };
+            if !fits {
+                return Err(format!(
+                    "this component exports `{CRON_EXPORT}`, but not as Spin's cron trigger \
+                     defines it (`func(metadata: metadata) -> result<_, error>`, \
+                     fermyon:spin-cron@2.0.0)"
+                ));
+            }
+        }
+        exports.push(name.to_string());
+    }
     if exports.iter().any(|e| e.starts_with(HANDLER_EXPORT)) {
         return Ok(Version::P2);
     }
     if exports.iter().any(|e| e.starts_with(HANDLER_EXPORT_P3)) {
         return Ok(Version::P3);
+    }
+    if exports.iter().any(|e| e == CRON_EXPORT) {
+        return Ok(Version::P2);
     }
     let hint = if exports.iter().any(|e| e.starts_with("wasi:cli/run@")) {
         "; it is a command component (a program with `main`, built for wasm32-wasip2): build it \
@@ -281,7 +315,8 @@ pub fn check_exports(component: &Component, engine: &Engine) -> Result<Version, 
     };
     Err(format!(
         "this component does not export `wasi:http/incoming-handler` (it exports: {}); Tern \
-         serves wasi:http proxy components (`wasmtime serve`, Spin){hint}",
+         serves wasi:http proxy components (`wasmtime serve`, Spin), and Spin cron components \
+         (`{CRON_EXPORT}`) on their schedules{hint}",
         if exports.is_empty() {
             "nothing".to_string()
         } else {
@@ -310,5 +345,49 @@ fn link_message(e: &wasmtime::Error) -> String {
              wasi:keyvalue and wasi:config, not other platforms' host APIs (e.g. Spin's SQLite \
              or Redis)"
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A component that exports only Spin's `handle-cron-event` (its core function returns a
+    /// pointer to zeroes: `Ok`), as `shape` gives its function type.
+    fn cron_only(shape: &str) -> Vec<u8> {
+        wat::parse_str(format!(
+            r#"(component
+                (core module $m
+                    (memory (export "memory") 1)
+                    (func (export "cron") (param i64) (result i32) (i32.const 0)))
+                (core instance $i (instantiate $m))
+                (type $metadata' (record (field "timestamp" u64)))
+                (export $metadata "metadata" (type $metadata'))
+                (type $error' (variant (case "other" string)))
+                (export $error "error" (type $error'))
+                (func $cron {shape}
+                    (canon lift (core func $i "cron") (memory (core memory $i "memory"))))
+                (export "handle-cron-event" (func $cron)))"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_spin_cron_component_is_served_through_wasi_0_2_and_a_wrong_export_is_named() {
+        let engine = Engine::default();
+        let good = cron_only(r#"(param "metadata" $metadata) (result (result (error $error)))"#);
+        let component = Component::new(&engine, good).unwrap();
+        assert_eq!(check_exports(&component, &engine), Ok(Version::P2));
+        let bad = wat::parse_str(
+            r#"(component
+                (core module $m (func (export "f")))
+                (core instance $i (instantiate $m))
+                (func $f (canon lift (core func $i "f")))
+                (export "handle-cron-event" (func $f)))"#,
+        )
+        .unwrap();
+        let component = Component::new(&engine, bad).unwrap();
+        let e = check_exports(&component, &engine).unwrap_err();
+        assert!(e.contains("not as Spin's cron trigger defines it"), "{e}");
     }
 }

@@ -53,6 +53,7 @@ fn context() -> RequestContext {
         version: http::Version::HTTP_11,
         trace: None,
         timeout: None,
+        trigger: crate::context::Trigger::Request,
     }
 }
 
