@@ -330,8 +330,25 @@ fn new_app(
     )
     .map_err(|e| anyhow::anyhow!("server.{e}"))?;
     let clock = crate::schedule::Clock::from_env().map_err(anyhow::Error::msg)?;
+    let schedule_store = match config.server.schedule_store.as_str() {
+        "" => None,
+        name => Some(registry.stores().get(name).cloned().ok_or_else(|| {
+            anyhow::anyhow!(
+                "server.schedule_store = {name:?}: there is no [kv.{name}] (a Redis store, \
+                 backend = \"redis\")"
+            )
+        })?),
+    };
+    let ledgers =
+        crate::scheduler::Store::open(schedule_store, registry.fleet().cloned(), data_dir)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "server.schedule_store = {:?}: {e}",
+                    config.server.schedule_store
+                )
+            })?;
     let scheduler = crate::scheduler::Scheduler::new(
-        crate::scheduler::Store::open(registry.fleet().cloned(), data_dir),
+        ledgers,
         clock,
         config.registry.replica_name(),
         Duration::from_millis(config.server.shutdown_grace_ms),

@@ -105,6 +105,10 @@ pub struct ServerConfig {
     pub rate_limit: Vec<crate::ratelimit::LimitConfig>,
     /// `[server.live_logs]`: what `tern logs` reads (each tenant's recent requests).
     pub live_logs: LiveLogsConfig,
+    /// A Redis key-value store (`[kv.NAME]` with `backend = "redis"`) that keeps the ledgers of
+    /// tenants' schedules, through which the servers sharing it take each tick once; empty:
+    /// the fleet's registry, or a lone server's data directory.
+    pub schedule_store: String,
 }
 
 /// `[server.live_logs]`: each tenant's recent requests, kept for `tern logs`
@@ -171,6 +175,7 @@ impl Default for ServerConfig {
             secrets_previous_key_file: String::new(),
             rate_limit: Vec::new(),
             live_logs: LiveLogsConfig::default(),
+            schedule_store: String::new(),
         }
     }
 }

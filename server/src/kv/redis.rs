@@ -176,6 +176,18 @@ end
 return {excess, new}
 ";
 
+/// A compare-and-swap of one value (`KEYS[1]`): set to `ARGV[2]` if it holds `ARGV[1]` (its
+/// bytes; an empty `ARGV[1]`: if it does not exist). Answers `1` when it was set, `0` when the
+/// value was another.
+const SWAP: &str = r"
+local now = redis.call('GET', KEYS[1])
+if (now == false and ARGV[1] == '') or now == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+";
+
 /// A store on a Redis server.
 pub struct Redis {
     name: String,
@@ -186,6 +198,7 @@ pub struct Redis {
     max_bytes: u64,
     script: redis::Script,
     leaky_bucket: redis::Script,
+    swap: redis::Script,
     /// Made on first use (it needs the runtime); it connects and reconnects by itself.
     conn: OnceLock<Result<ConnectionManager, String>>,
 }
@@ -211,6 +224,7 @@ impl Redis {
             max_bytes: config.max_bytes_per_tenant,
             script: redis::Script::new(WRITE),
             leaky_bucket: redis::Script::new(LEAKY_BUCKET),
+            swap: redis::Script::new(SWAP),
             conn: OnceLock::new(),
         })
     }
@@ -312,17 +326,62 @@ impl Redis {
         };
         answer
             .map(|(excess, new): (u64, u8)| (excess, new == 1))
-            .map_err(|e: redis::RedisError| {
-                if e.is_timeout() {
-                    format!(
-                        "Redis store {:?}: no answer within {} ms (timeout_ms)",
-                        self.name,
-                        self.timeout.as_millis()
-                    )
-                } else {
-                    format!("Redis store {:?}: {e}", self.name)
+            .map_err(|e: redis::RedisError| self.said(&e))
+    }
+
+    /// The value of the server's own key `key` (under the store's prefix; none of a tenant's),
+    /// if it has one.
+    ///
+    /// # Errors
+    /// The server failing or not answering, in words for the log.
+    pub async fn get_own(&self, key: &str) -> Result<Option<Vec<u8>>, String> {
+        let mut conn = self.connection().map_err(|e| e.to_string())?;
+        let key = format!("{}{key}", self.prefix);
+        let answer: redis::RedisResult<Option<Vec<u8>>> =
+            match redis::cmd("GET").arg(&key).query_async(&mut conn).await {
+                Err(e) if refused(&e) || e.is_connection_dropped() => {
+                    redis::cmd("GET").arg(&key).query_async(&mut conn).await
                 }
-            })
+                answer => answer,
+            };
+        answer.map_err(|e| self.said(&e))
+    }
+
+    /// Sets the server's own key `key` to `new` if it holds `expected` (`None`: if it has
+    /// none): whether it did.
+    ///
+    /// # Errors
+    /// The server failing or not answering (a swap sent and not answered may have been
+    /// applied), in words for the log.
+    pub async fn swap_own(
+        &self,
+        key: &str,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<bool, String> {
+        let mut conn = self.connection().map_err(|e| e.to_string())?;
+        let mut call = self.swap.prepare_invoke();
+        call.key(format!("{}{key}", self.prefix))
+            .arg(expected.unwrap_or_default())
+            .arg(new);
+        let answer = match call.invoke_async(&mut conn).await {
+            Err(e) if refused(&e) => call.invoke_async(&mut conn).await,
+            answer => answer,
+        };
+        answer.map(|set: u8| set == 1).map_err(|e| self.said(&e))
+    }
+
+    /// A failure of the server's own keys, in words.
+    fn said(&self, e: &redis::RedisError) -> String {
+        if e.is_timeout() {
+            format!(
+                "Redis store {:?}: no answer within {} ms (timeout_ms)",
+                self.name,
+                self.timeout.as_millis()
+            )
+        } else {
+            format!("Redis store {:?}: {e}", self.name)
+        }
     }
 
     /// Sends `op` for the tenant whose Redis keys start with `base`.

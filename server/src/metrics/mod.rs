@@ -353,8 +353,8 @@ named_metrics! {
         "Ticks of tenants' schedules, by tenant and what became of them: ok (the guest \
          answered 1xx-3xx), failed (4xx/5xx or a failure), skipped (the last run still ran, \
          overlap = \"skip\"), missed (this replica could not reach the fleet's registry to \
-         take it before the next tick, and no other replica had: counted by each such replica; \
-         or the runner saw ticks pass unseen, the clock having jumped), lost (the replica \
+         take it before the next tick, and no other replica had: counted by each such \
+         replica), lost (the replica \
          running a tick let its lease pass without recording the end: counted by the replica \
          that runs it once more); ok, failed and skipped are counted by the replica that took \
          the tick (once for a fleet); runs asked by hand count too.",

@@ -188,19 +188,17 @@ impl Scheduler {
                         if last > *at {
                             let passed = passed_between(&s.cron, *at, last);
                             if passed > 0 {
-                                // The runner did not look for longer than a period (the
-                                // clock jumped, the process was stopped): only the last
-                                // tick runs.
-                                app.metrics()
-                                    .schedule_runs
-                                    .with_label_values(&[&tenant.label, "missed"])
-                                    .inc_by(passed);
-                                tracing::warn!(
+                                // This runner did not look for longer than a period (the
+                                // clock jumped, the process stood still): only the last tick
+                                // is tried. (Not counted missed: in a fleet another replica
+                                // may have run them.)
+                                tracing::info!(
                                     tenant = %name,
                                     schedule = %s.name,
-                                    missed = passed,
-                                    "scheduled ticks passed unseen (the clock jumped or the \
-                                     process stood still); the last one runs"
+                                    passed,
+                                    "scheduled ticks passed unseen by this replica's runner \
+                                     (the clock jumped or the process stood still); the last \
+                                     one is tried"
                                 );
                             }
                             *at = last;

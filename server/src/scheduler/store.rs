@@ -1,7 +1,8 @@
-//! Where schedules' ledgers are kept: in a fleet's registry (one object per schedule,
-//! `schedules/<tenant>/<id>.json`, changed by compare-and-swap), or for a lone server in its
-//! data directory (`schedules.json`, written whole and atomically after each change, off the
-//! reactor).
+//! Where schedules' ledgers are kept: in a Redis key-value store when one is named
+//! (`server.schedule_store`: one key per schedule, changed by a compare-and-swap script), else
+//! in a fleet's registry (one object per schedule, `schedules/<tenant>/<id>.json`, changed by
+//! compare-and-swap), or for a lone server in its data directory (`schedules.json`, written
+//! whole and atomically after each change, off the reactor).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -43,6 +44,9 @@ pub enum Store {
     },
     /// A fleet's registry.
     Shared(Arc<Fleet>),
+    /// A Redis key-value store (`server.schedule_store`): the server's own keys there, under
+    /// the store's prefix.
+    Redis(Arc<crate::kv::Store>),
 }
 
 /// The key of tenant `tenant`'s schedule `name`: its object's name in the registry.
@@ -55,11 +59,29 @@ pub fn key(tenant: &str, name: &str) -> String {
 }
 
 impl Store {
-    /// The fleet's registry, or the data directory's file (read now; runs it records as
-    /// running are lost: the process that ran them is gone).
-    pub fn open(fleet: Option<Arc<Fleet>>, data_dir: &std::path::Path) -> Self {
+    /// The Redis store `redis` (a `[kv.NAME]` with `backend = "redis"`), else the fleet's
+    /// registry, else the data directory's file (read now; runs it records as running are
+    /// lost: the process that ran them is gone).
+    ///
+    /// # Errors
+    /// `redis` is not a Redis store.
+    pub fn open(
+        redis: Option<Arc<crate::kv::Store>>,
+        fleet: Option<Arc<Fleet>>,
+        data_dir: &std::path::Path,
+    ) -> Result<Self, String> {
+        if let Some(kv) = redis {
+            if kv.redis().is_none() {
+                return Err(format!(
+                    "the store is a {} one; schedules' ledgers are kept in a Redis store \
+                     (backend = \"redis\")",
+                    kv.system()
+                ));
+            }
+            return Ok(Self::Redis(kv));
+        }
         if let Some(f) = fleet {
-            return Self::Shared(f);
+            return Ok(Self::Shared(f));
         }
         let file = data_dir.join(LOCAL_FILE);
         let mut ledgers: BTreeMap<String, Ledger> = std::fs::read(&file)
@@ -73,10 +95,10 @@ impl Store {
                 }
             }
         }
-        Self::Local {
+        Ok(Self::Local {
             file,
             ledgers: tokio::sync::Mutex::new(ledgers),
-        }
+        })
     }
 
     /// The ledger of `key` as kept.
@@ -89,6 +111,7 @@ impl Store {
                 Ok(ledgers.lock().await.get(key).cloned().unwrap_or_default())
             }
             Self::Shared(f) => Ok(read_shared(f, key).await?.0),
+            Self::Redis(kv) => Ok(read_redis(kv, key).await?.0),
         }
     }
 
@@ -142,8 +165,43 @@ impl Store {
                 }
                 Err(StoreError::Busy)
             }
+            Self::Redis(kv) => {
+                for _ in 0..TRIES {
+                    let (mut ledger, raw) = read_redis(kv, key).await?;
+                    let (out, changed) = change(&mut ledger);
+                    if !changed {
+                        return Ok(out);
+                    }
+                    let bytes = serde_json::to_vec(&ledger).expect("serialisable");
+                    let redis = kv.redis().expect("a Redis store (checked when opened)");
+                    if redis
+                        .swap_own(key, raw.as_deref(), &bytes)
+                        .await
+                        .map_err(StoreError::Unreachable)?
+                    {
+                        return Ok(out);
+                    }
+                }
+                Err(StoreError::Busy)
+            }
         }
     }
+}
+
+/// The ledger of `key` in a Redis store, and its bytes as read (`None`: there is none yet).
+async fn read_redis(
+    kv: &crate::kv::Store,
+    key: &str,
+) -> Result<(Ledger, Option<Vec<u8>>), StoreError> {
+    let redis = kv.redis().expect("a Redis store (checked when opened)");
+    let raw = redis.get_own(key).await.map_err(StoreError::Unreachable)?;
+    let ledger = match &raw {
+        Some(bytes) => serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::Unreachable(format!("the schedule's ledger {key} is damaged: {e}"))
+        })?,
+        None => Ledger::default(),
+    };
+    Ok((ledger, raw))
 }
 
 /// The ledger of `key` in the registry and its version (`None`: there is none yet).

@@ -268,3 +268,84 @@ async fn a_registry_out_for_two_minutes_misses_its_ticks_and_no_burst_follows() 
     assert_eq!(counted(&all, "ok").await, 2.0);
     assert_eq!(counted(&all, "missed").await, 3.0);
 }
+
+/// Servers that share no registry but a Redis store for their schedules' ledgers
+/// (`server.schedule_store`), each with the same config file: each tick of `* * * * *` over 20
+/// simulated minutes runs once across the three (each alone would run every tick), and each
+/// lists the same ledger, read from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_sharing_a_redis_store_run_each_tick_once() {
+    let redis = crate::kv::Redis::start();
+    let root = tempfile::tempdir().unwrap();
+    let clock = root.path().join("clock");
+    set_clock(&clock, MIDNIGHT + 30_000);
+    let replicas: Vec<TernProcess> = ["a", "b", "c"]
+        .iter()
+        .map(|name| {
+            let dir = root.path().join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            test_guest(&dir, "schedule_probe");
+            let config = dir.join("tern.toml");
+            std::fs::write(
+                &config,
+                format!(
+                    "[server]\nschedule_store = \"fleet\"\n\
+                     [pool]\ninstances = 16\nmax_memory_mib = 64\n\
+                     [kv.fleet]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\n\
+                     [[tenant]]\nname = \"job\"\nmodule = \"schedule_probe.wasm\"\n\
+                     paths = [\"/job\"]\nkv = [\"default\"]\n\
+                     [[tenant.schedule]]\ncron = \"* * * * *\"\npath = \"/job/tick\"\n",
+                    redis.port
+                ),
+            )
+            .unwrap();
+            let clock = format!("file:{}", clock.display());
+            let config = config.display().to_string();
+            TernProcess::serve_with(&["--config", &config], &dir, |cmd| {
+                cmd.env("TERN_ADMIN_TOKEN", FLEET_TOKEN)
+                    .env("TERN_REPLICA", name)
+                    .env("TERN_SCHEDULE_CLOCK", &clock);
+            })
+        })
+        .collect();
+    let all: Vec<&TernProcess> = replicas.iter().collect();
+    for r in &all {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, v) = admin(r, Method::GET, "/admin/v1/tenants/job/schedules", "").await;
+            if v["schedules"][0]["watched_here"] == true {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{v}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for minute in 1..=20i64 {
+        set_clock(&clock, MIDNIGHT + minute * 60_000 + 30_000);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let ran = counted(&all, "ok").await;
+            assert!(ran <= minute as f64, "minute {minute}: {ran} runs");
+            if ran == minute as f64 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "minute {minute}: {ran} runs");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(counted(&all, "ok").await, 20.0);
+    for outcome in ["failed", "skipped", "missed", "lost"] {
+        assert_eq!(counted(&all, outcome).await, 0.0, "{outcome}");
+    }
+    let want: Vec<String> = (1..=20).rev().map(tick).collect();
+    for r in &all {
+        let runs = runs(r).await;
+        let ticks: Vec<&str> = runs.iter().map(|r| r["tick"].as_str().unwrap()).collect();
+        assert_eq!(ticks, want, "{runs:#?}");
+        assert!(
+            runs.iter().all(|r| r["state"] == "ok" && r["attempt"] == 1),
+            "{runs:#?}"
+        );
+    }
+}
