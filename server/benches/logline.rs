@@ -41,7 +41,7 @@ fn record(trace_id: Option<[u8; 32]>) -> logwriter::AccessRecord {
         trace_id,
         arrived: std::time::Instant::now(),
         status: 200,
-        trigger: tern::context::Trigger::Request,
+        trigger: tern::trigger::Trigger::Request,
     }
 }
 

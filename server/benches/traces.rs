@@ -149,7 +149,7 @@ fn request(c: &mut Criterion) {
             failure: None,
             cache_status: None,
             websocket: None,
-            trigger: tern::context::Trigger::Request,
+            trigger: tern::trigger::Trigger::Request,
         });
     };
     group.bench_function("kept", |b| {

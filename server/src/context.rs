@@ -40,28 +40,6 @@ pub struct TlsInfo {
     pub sni: Option<String>,
 }
 
-/// What made a guest run: a client's request, or its tenant's schedule (`[[tenant.schedule]]`).
-/// Counted apart (`tern_requests_total{trigger}`) and shown on the access line, the live log
-/// and the span of a scheduled run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Trigger {
-    /// A client's request.
-    #[default]
-    Request = 0,
-    /// A tick of one of the tenant's schedules, or a run of one by hand.
-    Schedule = 1,
-}
-
-impl Trigger {
-    /// Its name: the `trigger` label, the access line's and the live log's `trigger`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Request => "request",
-            Self::Schedule => "schedule",
-        }
-    }
-}
-
 /// What the server knows of a request beyond its message.
 #[derive(Debug, Clone)]
 pub struct RequestContext {
@@ -82,7 +60,7 @@ pub struct RequestContext {
     pub timeout: Option<std::time::Duration>,
     /// What made it run: a client's request, or a schedule (a component's scheduled run calls
     /// its `handle-cron-event` when it exports one).
-    pub trigger: Trigger,
+    pub trigger: crate::trigger::Trigger,
 }
 
 impl RequestContext {
@@ -299,7 +277,7 @@ mod tests {
             version: Version::HTTP_11,
             trace: None,
             timeout: None,
-            trigger: crate::context::Trigger::Request,
+            trigger: crate::trigger::Trigger::Request,
         }
     }
 

@@ -56,6 +56,8 @@
 //!   kinds' linkers with the host APIs of the capabilities. A new kind is a module here, a
 //!   variant of [`guest::Guest`], and its driver in `execute`.
 //! - [`outcome`]: how a run ended (`Outcome`, `ExecError`) and the status each one gets.
+//! - [`trigger`]: what made a guest run (a client's request or a schedule), as metrics, logs
+//!   and traces tell them apart.
 //! - [`outbound`]: every guest kind's outgoing requests: `policy` (what a
 //!   tenant's guests may call: backends, allowed hosts, SSRF checks, the `[tenant.outbound]`
 //!   schema), `calls` (the one path a request takes: admission, loop check, `CDN-Loop` and
@@ -181,6 +183,7 @@ pub mod teardown;
 pub mod tenant;
 pub mod tls;
 pub mod trace;
+pub mod trigger;
 pub mod variables;
 pub mod websocket;
 

@@ -85,7 +85,7 @@ pub async fn request(tenant: &TenantRef) -> RunOutput {
             version: http::Version::HTTP_11,
             trace: None,
             timeout: None,
-            trigger: tern::context::Trigger::Request,
+            trigger: tern::trigger::Trigger::Request,
         },
     );
     execute::answer(tenant.clone(), req, ())

@@ -67,7 +67,7 @@ impl<'a> Component<'a> {
         };
         let cron_tick = match handler {
             Handler::P2(Proxy { cron: Some(_), .. })
-                if request.context.trigger == crate::context::Trigger::Schedule =>
+                if request.context.trigger == crate::trigger::Trigger::Schedule =>
             {
                 Some(scheduled_time(&request.headers))
             }

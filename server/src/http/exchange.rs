@@ -82,7 +82,7 @@ pub(super) struct Exchange {
     /// A time limit other than the tenant's for its guest (a scheduled run's).
     pub(super) timeout: Option<std::time::Duration>,
     /// What made it: a client's request, or a schedule ([`Self::scheduled`]).
-    pub(super) trigger: crate::context::Trigger,
+    pub(super) trigger: crate::trigger::Trigger,
 }
 
 impl Exchange {
@@ -125,7 +125,7 @@ impl Exchange {
             trace_id: trace.as_ref().map(|t| *t.active.trace_id_hex()),
             arrived,
             status: 0,
-            trigger: crate::context::Trigger::Request,
+            trigger: crate::trigger::Trigger::Request,
         });
         Self {
             conn,
@@ -140,14 +140,14 @@ impl Exchange {
             access,
             live: None,
             timeout: None,
-            trigger: crate::context::Trigger::Request,
+            trigger: crate::trigger::Trigger::Request,
         }
     }
 
     /// It is a run of its tenant's schedule, not a client's request, with `timeout` its
     /// guest's limit: counted, logged and traced as such (before it is routed).
     pub(super) fn scheduled(&mut self, timeout: Option<std::time::Duration>) {
-        let trigger = crate::context::Trigger::Schedule;
+        let trigger = crate::trigger::Trigger::Schedule;
         self.trigger = trigger;
         self.timeout = timeout;
         if let Some(a) = &mut self.access {
@@ -305,7 +305,7 @@ impl Exchange {
             }
             None => {
                 let role = crate::rollout::Role::Current;
-                let trigger = crate::context::Trigger::Request;
+                let trigger = crate::trigger::Trigger::Request;
                 app.metrics
                     .unrouted()
                     .count(status, self.version, role, trigger);
@@ -394,7 +394,7 @@ pub(super) struct Traced {
     /// said, like a 5xx. A client's malformed or oversized body (a 4xx) is not.
     guest_failed: bool,
     /// What made the request (a schedule's run says so on its span).
-    trigger: crate::context::Trigger,
+    trigger: crate::trigger::Trigger,
 }
 
 impl Traced {
@@ -417,7 +417,7 @@ impl Traced {
             run_start: None,
             failure: None,
             guest_failed: false,
-            trigger: crate::context::Trigger::Request,
+            trigger: crate::trigger::Trigger::Request,
         }
     }
 

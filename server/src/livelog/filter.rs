@@ -21,7 +21,7 @@ pub struct Filter {
     /// The tenant's version that served it (its id, or the first 8 or more of its digits).
     version: Option<String>,
     /// What made it (a client's request or a schedule); `None`: either.
-    trigger: Option<crate::context::Trigger>,
+    trigger: Option<crate::trigger::Trigger>,
     /// The share of records sent, 0 to 1 (each chosen by its request id, so every replica
     /// and every reader picks the same ones).
     sample: Option<f64>,
@@ -110,7 +110,7 @@ impl Asked {
                 "version" if !value.is_empty() => f.version = Some(value.to_string()),
                 "version" => {}
                 "trigger" => {
-                    use crate::context::Trigger;
+                    use crate::trigger::Trigger;
                     f.trigger = match value {
                         "request" => Some(Trigger::Request),
                         "schedule" => Some(Trigger::Schedule),

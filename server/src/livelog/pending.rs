@@ -20,7 +20,7 @@ pub struct Pending {
     target: Uri,
     http: http::Version,
     client: IpAddr,
-    trigger: crate::context::Trigger,
+    trigger: crate::trigger::Trigger,
     ended: Option<Ended>,
     output: Option<Output>,
     error: Option<Box<(String, Option<Box<str>>)>>,
@@ -33,7 +33,7 @@ impl Pending {
         (tail, version): (&Arc<Tail>, &Arc<str>),
         req: &http::Request<B>,
         client: IpAddr,
-        trigger: crate::context::Trigger,
+        trigger: crate::trigger::Trigger,
     ) -> Option<Self> {
         tail.is_on().then(|| Self {
             tail: tail.clone(),
@@ -82,7 +82,7 @@ impl Pending {
         let ended_ms = now_ms();
         // (A scheduled run is rare and wanted: never sampled out.)
         let always = outcome.always_kept(answered.status)
-            || self.trigger == crate::context::Trigger::Schedule;
+            || self.trigger == crate::trigger::Trigger::Schedule;
         let Some(sample) = self.tail.sample(ended_ms / 1000, always) else {
             return;
         };

@@ -58,7 +58,7 @@ pub struct Record {
     /// The client (through trusted proxies).
     pub client: IpAddr,
     /// What made it (a scheduled run's record says `"trigger": "schedule"`).
-    pub trigger: crate::context::Trigger,
+    pub trigger: crate::trigger::Trigger,
     /// Its method.
     pub method: Method,
     /// Its target: the normal path and the query (shown only with `access_log_query`). (A
@@ -149,7 +149,7 @@ impl Record {
             tenant,
             version: &self.version,
             client: self.client.to_canonical().to_string(),
-            trigger: (self.trigger != crate::context::Trigger::Request)
+            trigger: (self.trigger != crate::trigger::Trigger::Request)
                 .then(|| self.trigger.name()),
             method: self.method.as_str(),
             path: self.path(with_query),

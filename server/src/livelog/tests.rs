@@ -37,7 +37,7 @@ fn record(path: &str, status: u16, ended_ms: u64, stdout: &[u8]) -> Record {
         request_id: format!("id-{path}").into(),
         version: "v1".into(),
         client: "127.0.0.1".parse().unwrap(),
-        trigger: crate::context::Trigger::Request,
+        trigger: crate::trigger::Trigger::Request,
         method: Method::GET,
         target: path.into(),
         http: http::Version::HTTP_11,

@@ -55,7 +55,7 @@ pub struct AccessRecord {
     /// The response status (set when the head is ready).
     pub status: u16,
     /// What made it: a scheduled run's line says `trigger=schedule` (a client's says nothing).
-    pub trigger: crate::context::Trigger,
+    pub trigger: crate::trigger::Trigger,
 }
 
 /// Whether access lines are written (the log filter lets `tern::access` through at info): one
@@ -108,7 +108,7 @@ impl AccessRecord {
             referer = header_text(self.referer.as_ref()),
             trace_id = self.trace_id.as_ref().and_then(|t| std::str::from_utf8(t).ok()),
             incomplete = (!complete).then_some(true),
-            trigger = (self.trigger != crate::context::Trigger::Request).then(|| self.trigger.name()),
+            trigger = (self.trigger != crate::trigger::Trigger::Request).then(|| self.trigger.name()),
             "request"
         );
     }
@@ -382,7 +382,7 @@ impl AccessSink {
         if !complete {
             l.raw("incomplete", b"true", false);
         }
-        if r.trigger != crate::context::Trigger::Request {
+        if r.trigger != crate::trigger::Trigger::Request {
             l.str("trigger", r.trigger.name().as_bytes());
         }
         if self.json {
@@ -561,9 +561,9 @@ mod tests {
             status: 201,
             // (A scheduled run's line in one of the two.)
             trigger: if v6 {
-                crate::context::Trigger::Schedule
+                crate::trigger::Trigger::Schedule
             } else {
-                crate::context::Trigger::Request
+                crate::trigger::Trigger::Request
             },
         }
     }

@@ -120,7 +120,7 @@ impl TenantMetrics {
         status: u16,
         version: http::Version,
         role: crate::rollout::Role,
-        trigger: crate::context::Trigger,
+        trigger: crate::trigger::Trigger,
     ) {
         let v = version_index(version);
         let class = status_class(status);

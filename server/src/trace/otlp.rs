@@ -414,7 +414,7 @@ pub(super) fn request_spans(out: &mut Pb, r: &Record) -> usize {
         if let Some(cache) = r.cache_status.as_ref().and_then(|v| v.to_str().ok()) {
             s.attr(9, "tern.cache_status", cache);
         }
-        if r.trigger != crate::context::Trigger::Request {
+        if r.trigger != crate::trigger::Trigger::Request {
             s.attr(9, "tern.trigger", r.trigger.name());
         }
         if let Some((code, bytes)) = r.websocket {

@@ -217,7 +217,7 @@ mod tests {
             failure: None,
             cache_status: None,
             websocket: None,
-            trigger: crate::context::Trigger::Schedule,
+            trigger: crate::trigger::Trigger::Schedule,
         }
     }
 

@@ -47,7 +47,7 @@ pub struct Record {
     /// span then lasts until the connection closed).
     pub websocket: Option<(u16, u64)>,
     /// What made it: a scheduled run's span says `tern.trigger = "schedule"`.
-    pub trigger: crate::context::Trigger,
+    pub trigger: crate::trigger::Trigger,
 }
 
 /// What the server span says of the tenant a request was routed to (the tenant itself, so a

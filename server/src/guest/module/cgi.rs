@@ -593,7 +593,7 @@ mod tests {
             version,
             trace: None,
             timeout: None,
-            trigger: crate::context::Trigger::Request,
+            trigger: crate::trigger::Trigger::Request,
         };
         let request = super::GuestRequest::new(
             http::Method::GET,

@@ -53,7 +53,7 @@ fn context() -> RequestContext {
         version: http::Version::HTTP_11,
         trace: None,
         timeout: None,
-        trigger: crate::context::Trigger::Request,
+        trigger: crate::trigger::Trigger::Request,
     }
 }
 
