@@ -365,11 +365,11 @@ enum CacheAction {
 /// `tern schedule ...`.
 #[derive(Debug, clap::Subcommand)]
 enum ScheduleAction {
-    /// Each schedule of a tenant: its next time and its last runs (outcome, status, time,
-    /// replica), in a fleet whoever ran them.
+    /// Each schedule of a tenant (or of every tenant that has some): its next time and its
+    /// last runs (outcome, status, time, replica), in a fleet whoever ran them.
     List {
-        /// The tenant's name.
-        tenant: String,
+        /// The tenant's name; every tenant the token reaches when left out.
+        tenant: Option<String>,
         /// Print the server's JSON answer.
         #[arg(long)]
         json: bool,
@@ -657,33 +657,36 @@ fn main() -> ExitCode {
             };
             tern::cli::cache_purge(&t, &tenant, &purge).await
         }),
-        Command::Schedule { action } => match action {
-            ScheduleAction::List {
-                tenant,
-                json,
-                admin,
-            } => admin.run(|t| async move { tern::cli::schedule_list(&t, &tenant, json).await }),
-            ScheduleAction::Next {
-                tenant,
-                cron,
-                timezone,
-                count,
-                admin,
-            } => match (cron, tenant) {
-                (Some(cron), _) => tern::cli::cron_next(&cron, timezone.as_deref(), count),
-                (None, Some(tenant)) => {
-                    admin.run(|t| async move { tern::cli::schedule_next(&t, &tenant).await })
-                }
-                (None, None) => Err(anyhow::anyhow!("name a tenant, or give --cron")),
-            },
-            ScheduleAction::Run {
-                tenant,
-                schedule,
-                admin,
-            } => {
-                admin.run(|t| async move { tern::cli::schedule_run(&t, &tenant, &schedule).await })
+        Command::Schedule { action } => {
+            match action {
+                ScheduleAction::List {
+                    tenant,
+                    json,
+                    admin,
+                } => admin.run(|t| async move {
+                    tern::cli::schedule_list(&t, tenant.as_deref(), json).await
+                }),
+                ScheduleAction::Next {
+                    tenant,
+                    cron,
+                    timezone,
+                    count,
+                    admin,
+                } => match (cron, tenant) {
+                    (Some(cron), _) => tern::cli::cron_next(&cron, timezone.as_deref(), count),
+                    (None, Some(tenant)) => {
+                        admin.run(|t| async move { tern::cli::schedule_next(&t, &tenant).await })
+                    }
+                    (None, None) => Err(anyhow::anyhow!("name a tenant, or give --cron")),
+                },
+                ScheduleAction::Run {
+                    tenant,
+                    schedule,
+                    admin,
+                } => admin
+                    .run(|t| async move { tern::cli::schedule_run(&t, &tenant, &schedule).await }),
             }
-        },
+        }
         Command::Var { action } => match action {
             VarAction::Set { var, value } => set_variable(var, false, || Ok(value)),
             VarAction::List(OfTenant { tenant, admin }) => {

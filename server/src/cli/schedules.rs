@@ -7,26 +7,67 @@ use serde_json::{Value, json};
 
 use super::admin_client::AdminClient;
 
-/// `tern schedule list NAME`: each schedule, its next time and its last runs.
+/// `tern schedule list [NAME]`: each schedule of tenant `NAME`, or of every tenant the token
+/// reaches that has some, its next time and its last runs.
 ///
 /// # Errors
 /// The server refuses (no such tenant, no access).
-pub async fn schedule_list(target: &AdminClient, tenant: &str, json: bool) -> anyhow::Result<()> {
-    let v = target
-        .send(
-            Method::GET,
-            &format!("/admin/v1/tenants/{tenant}/schedules"),
-        )
-        .await?;
+pub async fn schedule_list(
+    target: &AdminClient,
+    tenant: Option<&str>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let names: Vec<String> = match tenant {
+        Some(name) => vec![name.to_string()],
+        None => {
+            let listing = target.send(Method::GET, "/admin/v1/tenants").await?;
+            listing["tenants"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["name"].as_str().map(str::to_string))
+                .collect()
+        }
+    };
+    let mut answers = Vec::new();
+    for name in &names {
+        let v = target
+            .send(Method::GET, &format!("/admin/v1/tenants/{name}/schedules"))
+            .await?;
+        let has = v["schedules"].as_array().is_some_and(|s| !s.is_empty());
+        // Every tenant: only those with schedules.
+        if tenant.is_some() || has {
+            answers.push(v);
+        }
+    }
     if json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        let out = match (tenant, answers.as_slice()) {
+            (Some(_), [one]) => one.clone(),
+            _ => Value::Array(answers),
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
+    if answers.is_empty() && tenant.is_none() {
+        println!("no tenant has schedules ([[tenant.schedule]])");
+    }
+    for v in &answers {
+        let name = text(&v["tenant"]);
+        if tenant.is_none() {
+            println!("{name}:");
+        }
+        print_schedules(name, v);
+    }
+    Ok(())
+}
+
+/// A tenant's schedules (its answer `v`) for people.
+fn print_schedules(tenant: &str, v: &Value) {
     let empty = Vec::new();
     let schedules = v["schedules"].as_array().unwrap_or(&empty);
     if schedules.is_empty() {
         println!("tenant {tenant} has no schedules ([[tenant.schedule]])");
-        return Ok(());
+        return;
     }
     for s in schedules {
         println!(
@@ -48,7 +89,6 @@ pub async fn schedule_list(target: &AdminClient, tenant: &str, json: bool) -> an
             println!("  {}", run_line(r));
         }
     }
-    Ok(())
 }
 
 /// One run as a line: its tick, state, status, time, replica.

@@ -215,6 +215,13 @@ fn a_scheduled_run_is_counted_and_logged_as_one() {
     assert_eq!(client.status, StatusCode::OK);
     let said = tern_cli(&["schedule", "run", "probe", "yearly"]);
     assert!(said.contains("ok"), "{said}");
+    // Every tenant's schedules (only `probe` has some), its run by hand among them.
+    let listed = tern_cli(&["schedule", "list"]);
+    assert!(listed.starts_with("probe:\n"), "{listed}");
+    assert!(
+        listed.contains("yearly") && listed.contains("(by hand)"),
+        "{listed}"
+    );
 
     let series = |trigger: &str| {
         format!(
