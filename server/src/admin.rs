@@ -586,10 +586,15 @@ async fn answer(
                 }
             }
         }
-        (&Method::DELETE, ["tenants", name]) => registry
-            .delete(name, &pre)
-            .await
-            .map(|()| (StatusCode::OK, json!({ "deleted": name }))),
+        (&Method::DELETE, ["tenants", name]) => {
+            let was = registry.live().tenants.get(*name).cloned();
+            let deleted = registry.delete(name, &pre).await;
+            if let (Ok(()), Some(was)) = (&deleted, was) {
+                // Its schedules' ledgers go with it (a new tenant of the name starts anew).
+                crate::scheduler::Scheduler::forget(&app, &was).await;
+            }
+            deleted.map(|()| (StatusCode::OK, json!({ "deleted": name })))
+        }
         (&Method::PUT, ["tenants", name, "module"]) => {
             let name = name.to_string();
             let assets = query_param(query.as_deref(), "assets").map(str::to_string);

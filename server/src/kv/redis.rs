@@ -371,6 +371,19 @@ impl Redis {
         answer.map(|set: u8| set == 1).map_err(|e| self.said(&e))
     }
 
+    /// Deletes the server's own key `key` (one that is not there is no error).
+    ///
+    /// # Errors
+    /// The server failing or not answering, in words for the log.
+    pub async fn delete_own(&self, key: &str) -> Result<(), String> {
+        let mut conn = self.connection().map_err(|e| e.to_string())?;
+        let deleted: redis::RedisResult<u64> = redis::cmd("DEL")
+            .arg(format!("{}{key}", self.prefix))
+            .query_async(&mut conn)
+            .await;
+        deleted.map(|_| ()).map_err(|e| self.said(&e))
+    }
+
     /// A failure of the server's own keys, in words.
     fn said(&self, e: &redis::RedisError) -> String {
         if e.is_timeout() {

@@ -273,6 +273,22 @@ impl Scheduler {
         Ok(fire(app, &t, s, (at, true, 1), &key).await)
     }
 
+    /// Removes the ledgers of deleted tenant `was`'s schedules (a failure is logged: they then
+    /// stay, and a new tenant of its name and schedule reads their history).
+    pub async fn forget<H: Host>(app: &Arc<H>, was: &TenantRef) {
+        let keys: Vec<String> = was
+            .schedules
+            .iter()
+            .map(|s| store::key(&was.name, &s.name))
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        if let Err(e) = app.scheduler().store.remove(&keys).await {
+            tracing::warn!(tenant = %was.name, "the deleted tenant's schedule ledgers stay: {e}");
+        }
+    }
+
     /// Tenant `tenant`'s schedules: each one's settings, next five times and last runs
     /// (newest first), as the admin API gives them.
     ///

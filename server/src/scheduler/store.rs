@@ -188,6 +188,51 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Removes the ledgers of `keys` (a deleted tenant's).
+    ///
+    /// # Errors
+    /// [`StoreError::Unreachable`]: some may remain.
+    pub async fn remove(&self, keys: &[String]) -> Result<(), StoreError> {
+        let unreachable = |e: &dyn std::fmt::Display| StoreError::Unreachable(e.to_string());
+        match self {
+            Self::Local { file, ledgers } => {
+                let mut all = ledgers.lock().await;
+                let before = all.len();
+                all.retain(|k, _| !keys.contains(k));
+                if all.len() == before {
+                    return Ok(());
+                }
+                let bytes = serde_json::to_vec(&*all).expect("serialisable");
+                let file = file.clone();
+                tokio::task::spawn_blocking(move || crate::artifact::write_atomic(&file, &bytes))
+                    .await
+                    .map_err(|e| unreachable(&e))?
+                    .map_err(|e| unreachable(&e))
+            }
+            Self::Shared(f) => {
+                for key in keys {
+                    f.remote
+                        .delete_object(key)
+                        .await
+                        .map_err(|e| unreachable(&e))?;
+                }
+                Ok(())
+            }
+            Self::Redis(kv) => {
+                let redis = kv.redis().expect("a Redis store (checked when opened)");
+                for key in keys {
+                    redis
+                        .delete_own(key)
+                        .await
+                        .map_err(StoreError::Unreachable)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// The ledger of `key` in a Redis store, and its bytes as read (`None`: there is none yet).
 async fn read_redis(
     kv: &crate::kv::Store,

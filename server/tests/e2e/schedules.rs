@@ -561,3 +561,52 @@ async fn a_components_cron_export_is_called_on_its_schedule() {
         "{m}"
     );
 }
+
+/// A deleted tenant's schedule ledgers go with it: a new tenant of its name and schedule
+/// starts with no runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_tenants_ledgers_go_with_it() {
+    let s = probe_server("").await;
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = std::fs::read(test_guest(dir.path(), "schedule_probe")).unwrap();
+    let spec = serde_json::json!({
+        "paths": ["/job"],
+        "kv": ["default"],
+        "schedule": [{ "name": "yearly", "cron": "0 0 1 1 *", "path": "/job/y" }],
+    });
+    let runs = async || {
+        let (status, v) = s
+            .admin_call(Method::GET, "/admin/v1/tenants/job/schedules", "")
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        v["schedules"][0]["runs"].as_array().unwrap().len()
+    };
+    for round in 0..2 {
+        let (status, v) = s
+            .admin_call(Method::PUT, "/admin/v1/tenants/job", spec.to_string())
+            .await;
+        assert!(status.is_success(), "{status} {v}");
+        let (status, v) = s
+            .admin_call(Method::PUT, "/admin/v1/tenants/job/module", wasm.clone())
+            .await;
+        assert!(status.is_success(), "{status} {v}");
+        assert_eq!(
+            runs().await,
+            0,
+            "round {round}: a new tenant starts with no runs"
+        );
+        let (status, v) = s
+            .admin_call(
+                Method::POST,
+                "/admin/v1/tenants/job/schedules/run",
+                r#"{"schedule": "yearly"}"#,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(runs().await, 1);
+        let (status, v) = s
+            .admin_call(Method::DELETE, "/admin/v1/tenants/job", "")
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+    }
+}
