@@ -24,19 +24,37 @@ pub fn series(metrics: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A server with the schedule probe at `/probe` (its `default` store) and `schedules`
-/// (`[[tenant.schedule]]` tables).
-async fn probe_server(schedules: &str) -> TestServer {
-    let dir = tempfile::tempdir().unwrap();
-    test_guest(dir.path(), "schedule_probe");
-    let config = format!(
+/// A config with the schedule probe at `/probe` (its `default` store) and `schedules`
+/// (`[[tenant.schedule]]` tables), the probe's module written into `dir`.
+fn probe_config(dir: &std::path::Path, schedules: &str) -> String {
+    test_guest(dir, "schedule_probe");
+    format!(
         "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
          [[tenant]]\nname = \"probe\"\nmodule = \"schedule_probe.wasm\"\npaths = [\"/probe\"]\n\
          kv = [\"default\"]\n{schedules}"
-    );
+    )
+}
+
+/// A server with [`probe_config`].
+async fn probe_server(schedules: &str) -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    let config = probe_config(dir.path(), schedules);
     TestServer::try_start_in(dir, &config)
         .await
         .unwrap_or_else(|e| panic!("server failed to start: {e:#}"))
+}
+
+/// A `tern serve` process of [`probe_config`] in `dir`, writing access lines.
+fn probe_process(dir: &std::path::Path, schedules: &str) -> crate::support::TernProcess {
+    let config = dir.join("tern.toml");
+    std::fs::write(&config, probe_config(dir, schedules)).unwrap();
+    crate::support::TernProcess::serve_with(
+        &["--config", &config.display().to_string()],
+        dir,
+        |cmd| {
+            cmd.env("TERN_LOG", "info,tern::access=info");
+        },
+    )
 }
 
 /// The runs the probe recorded, one line each.
@@ -175,24 +193,11 @@ async fn a_client_cannot_pose_as_the_scheduler_and_a_run_by_hand_is_recorded() {
 /// `request` or nothing.
 #[test]
 fn a_scheduled_run_is_counted_and_logged_as_one() {
-    use crate::support::{TernProcess, ran, tern_bin};
+    use crate::support::{ran, tern_bin};
     let dir = tempfile::tempdir().unwrap();
-    test_guest(dir.path(), "schedule_probe");
-    let config = dir.path().join("tern.toml");
-    std::fs::write(
-        &config,
-        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
-         [[tenant]]\nname = \"probe\"\nmodule = \"schedule_probe.wasm\"\n\
-         paths = [\"/probe\"]\nkv = [\"default\"]\n\
-         [[tenant.schedule]]\nname = \"yearly\"\ncron = \"0 0 1 1 *\"\npath = \"/probe/yearly\"\n",
-    )
-    .unwrap();
-    let tern = TernProcess::serve_with(
-        &["--config", &config.display().to_string()],
+    let tern = probe_process(
         dir.path(),
-        |cmd| {
-            cmd.env("TERN_LOG", "info,tern::access=info");
-        },
+        "[[tenant.schedule]]\nname = \"yearly\"\ncron = \"0 0 1 1 *\"\npath = \"/probe/yearly\"\n",
     );
     let tern_cli = |args: &[&str]| {
         let mut cmd = tern_bin();
@@ -262,23 +267,11 @@ fn a_scheduled_run_is_counted_and_logged_as_one() {
 /// taken after the signal.
 #[test]
 fn a_run_under_way_at_shutdown_ends_and_is_recorded() {
-    use crate::support::TernProcess;
     let dir = tempfile::tempdir().unwrap();
-    test_guest(dir.path(), "schedule_probe");
-    let config = dir.path().join("tern.toml");
-    std::fs::write(
-        &config,
-        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
-         [[tenant]]\nname = \"probe\"\nmodule = \"schedule_probe.wasm\"\n\
-         paths = [\"/probe\"]\nkv = [\"default\"]\n\
-         [[tenant.schedule]]\ncron = \"* * * * * *\"\npath = \"/probe/slow?sleep_ms=2000\"\n\
-         timeout_ms = 10000\n",
-    )
-    .unwrap();
-    let mut tern = TernProcess::serve_with(
-        &["--config", &config.display().to_string()],
+    let mut tern = probe_process(
         dir.path(),
-        |_| {},
+        "[[tenant.schedule]]\ncron = \"* * * * * *\"\npath = \"/probe/slow?sleep_ms=2000\"\n\
+         timeout_ms = 10000\n",
     );
     let ledger = dir.path().join("data/schedules.json");
     let runs = || -> Vec<serde_json::Value> {

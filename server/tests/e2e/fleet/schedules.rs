@@ -123,6 +123,24 @@ async fn wait_runs(
     }
 }
 
+/// Moves the simulated clock `clock` to half past minutes 1 to `minutes` in turn, waiting each
+/// time until `all` have counted one `ok` run per minute so far between them (never more).
+async fn each_minute_runs_once(clock: &Path, all: &[&TernProcess], minutes: i64) {
+    for minute in 1..=minutes {
+        set_clock(clock, MIDNIGHT + minute * 60_000 + 30_000);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let ran = counted(all, "ok").await;
+            assert!(ran <= minute as f64, "minute {minute}: {ran} runs");
+            if ran == minute as f64 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "minute {minute}: {ran} runs");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 /// Tick `minute` (minutes after midnight) as the ledger writes it.
 fn tick(minute: i64) -> String {
     let t = chrono::DateTime::from_timestamp_millis(MIDNIGHT + minute * 60_000).unwrap();
@@ -136,19 +154,7 @@ async fn each_tick_runs_once_across_three_replicas_over_sixty_simulated_minutes(
     let schedule = serde_json::json!({ "cron": "* * * * *", "path": "/job/tick" });
     let (replicas, clock) = fleet_with(&s3, root.path(), MIDNIGHT + 30_000, schedule).await;
     let all: Vec<&TernProcess> = replicas.iter().collect();
-    for minute in 1..=60i64 {
-        set_clock(&clock, MIDNIGHT + minute * 60_000 + 30_000);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let ran = counted(&all, "ok").await;
-            assert!(ran <= minute as f64, "minute {minute}: {ran} runs");
-            if ran == minute as f64 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "minute {minute}: {ran} runs");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    each_minute_runs_once(&clock, &all, 60).await;
     // Nothing more comes late, and no tick was skipped or missed.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(counted(&all, "ok").await, 60.0);
@@ -320,19 +326,7 @@ async fn servers_sharing_a_redis_store_run_each_tick_once() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    for minute in 1..=20i64 {
-        set_clock(&clock, MIDNIGHT + minute * 60_000 + 30_000);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let ran = counted(&all, "ok").await;
-            assert!(ran <= minute as f64, "minute {minute}: {ran} runs");
-            if ran == minute as f64 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "minute {minute}: {ran} runs");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    each_minute_runs_once(&clock, &all, 20).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(counted(&all, "ok").await, 20.0);
     for outcome in ["failed", "skipped", "missed", "lost"] {
