@@ -587,11 +587,10 @@ async fn answer(
             }
         }
         (&Method::DELETE, ["tenants", name]) => {
-            let was = registry.live().tenants.get(*name).cloned();
             let deleted = registry.delete(name, &pre).await;
-            if let (Ok(()), Some(was)) = (&deleted, was) {
+            if deleted.is_ok() {
                 // Its schedules' ledgers go with it (a new tenant of the name starts anew).
-                crate::scheduler::Scheduler::forget(&app, &was).await;
+                crate::scheduler::Scheduler::forget(&app, name).await;
             }
             deleted.map(|()| (StatusCode::OK, json!({ "deleted": name })))
         }

@@ -371,16 +371,37 @@ impl Redis {
         answer.map(|set: u8| set == 1).map_err(|e| self.said(&e))
     }
 
-    /// Deletes the server's own key `key` (one that is not there is no error).
+    /// Deletes the server's own keys that start with `dir` (under the store's prefix; `dir`
+    /// holds no glob characters).
     ///
     /// # Errors
     /// The server failing or not answering, in words for the log.
-    pub async fn delete_own(&self, key: &str) -> Result<(), String> {
+    pub async fn delete_own_under(&self, dir: &str) -> Result<(), String> {
         let mut conn = self.connection().map_err(|e| e.to_string())?;
-        let deleted: redis::RedisResult<u64> = redis::cmd("DEL")
-            .arg(format!("{}{key}", self.prefix))
-            .query_async(&mut conn)
-            .await;
+        let pattern = format!("{}{dir}*", self.prefix);
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(100)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.said(&e))?;
+            keys.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let deleted: redis::RedisResult<u64> =
+            redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
         deleted.map(|_| ()).map_err(|e| self.said(&e))
     }
 

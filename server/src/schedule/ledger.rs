@@ -123,6 +123,9 @@ impl Ledger {
         lease_ms: i64,
         overlap: Overlap,
     ) -> Claim {
+        if let Some(own) = self.mine(tick_ms, token) {
+            return own;
+        }
         let mut retry = None;
         for run in self.runs.iter_mut() {
             if run.state == State::Running && run.lease_until_ms <= now_ms {
@@ -135,9 +138,7 @@ impl Ledger {
             .filter(|r| !r.manual && r.tick_ms == tick_ms)
             .max_by_key(|r| r.attempt)
         {
-            let mine = !token.is_empty() && last.token == token;
             match last.state {
-                State::Running if mine => return Claim::Resumed(last.attempt),
                 State::Running => return Claim::Taken(Some(last.lease_until_ms)),
                 State::Lost if last.attempt < MAX_ATTEMPTS => retry = Some(last.attempt + 1),
                 _ => return Claim::Taken(None),
@@ -169,6 +170,23 @@ impl Ledger {
             Claim::Skipped
         } else {
             Claim::Run(attempt)
+        }
+    }
+
+    /// What this take (`token`) already wrote of tick `tick_ms`, if its answer was lost: its
+    /// run still running ([`Claim::Resumed`]), or the tick it recorded skipped.
+    pub fn mine(&self, tick_ms: i64, token: &str) -> Option<Claim> {
+        if token.is_empty() {
+            return None;
+        }
+        let run = self
+            .runs
+            .iter()
+            .find(|r| !r.manual && r.tick_ms == tick_ms && r.token == token)?;
+        match run.state {
+            State::Running => Some(Claim::Resumed(run.attempt)),
+            State::Skipped => Some(Claim::Skipped),
+            _ => None,
         }
     }
 

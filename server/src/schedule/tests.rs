@@ -261,6 +261,15 @@ fn a_take_whose_answer_was_lost_finds_its_own_run() {
         Claim::Resumed(1)
     );
     assert_eq!(l, written, "nothing to write again");
+    // Before any other rule (the runner asks first, before its catch-up and late checks).
+    assert_eq!(l.mine(t, "take-1"), Some(Claim::Resumed(1)));
+    assert_eq!(l.mine(t, "take-2"), None);
+    // A tick this take recorded skipped is its own skip (counted once, not written again).
+    assert_eq!(
+        l.claim(t + 1_000, t + 1_001, ("a", "take-3"), 10_000, Overlap::Skip),
+        Claim::Skipped
+    );
+    assert_eq!(l.mine(t + 1_000, "take-3"), Some(Claim::Skipped));
     for who in [("a", "take-2"), ("b", "take-1x"), ("a", "")] {
         assert_eq!(
             l.claim(t, t + 1_005, who, 10_000, Overlap::Skip),

@@ -263,7 +263,13 @@ impl Scheduler {
                 (Some(l.manual(now, &me.replica, lease)), true)
             })
             .await
-            .map_err(|e| ChangeError::Unavailable(format!("the schedule's ledger: {e}")))?
+            .map_err(|e| {
+                // (The store's own words, which may name its address, stay in the log.)
+                tracing::warn!(tenant, schedule = %name, "a run by hand: its ledger: {e}");
+                ChangeError::Unavailable(
+                    "the schedule's ledger cannot be written now (the server log says why)".into(),
+                )
+            })?
             .ok_or_else(|| {
                 ChangeError::Conflict(format!(
                     "schedule {name:?} of tenant {tenant:?} is running now and does not \
@@ -273,19 +279,12 @@ impl Scheduler {
         Ok(fire(app, &t, s, (at, true, 1), &key).await)
     }
 
-    /// Removes the ledgers of deleted tenant `was`'s schedules (a failure is logged: they then
-    /// stay, and a new tenant of its name and schedule reads their history).
-    pub async fn forget<H: Host>(app: &Arc<H>, was: &TenantRef) {
-        let keys: Vec<String> = was
-            .schedules
-            .iter()
-            .map(|s| store::key(&was.name, &s.name))
-            .collect();
-        if keys.is_empty() {
-            return;
-        }
-        if let Err(e) = app.scheduler().store.remove(&keys).await {
-            tracing::warn!(tenant = %was.name, "the deleted tenant's schedule ledgers stay: {e}");
+    /// Removes every schedule ledger of deleted tenant `tenant` (of any schedule it ever had;
+    /// a failure is logged: they then stay, and a new tenant of its name and schedule reads
+    /// their history).
+    pub async fn forget<H: Host>(app: &Arc<H>, tenant: &str) {
+        if let Err(e) = app.scheduler().store.remove_tenant(tenant).await {
+            tracing::warn!(tenant, "the deleted tenant's schedule ledgers stay: {e}");
         }
     }
 
@@ -443,6 +442,11 @@ async fn take_once<H: Host>(
     // One token for every try of this take: a try whose write reached the ledger but whose
     // answer was lost is recognised by the next.
     let token = crate::hex::random_id::<8>();
+    // (Past shutdown nothing is taken; a take already written still runs, and ends within
+    // the grace.)
+    if shutdown.is_triggered() {
+        return None;
+    }
     let key = store::key(&tick.tenant, &tick.schedule);
     let runs = &app.metrics().schedule_runs;
     let lease = lease_ms(app.as_ref(), tenant, s);
@@ -452,6 +456,10 @@ async fn take_once<H: Host>(
         let claimed = me
             .store
             .update(&key, |l| {
+                // This take's own write, whose answer was lost: nothing to write again.
+                if let Some(own) = l.mine(tick.at_ms, &token) {
+                    return (Some(own), false);
+                }
                 if catching_up && l.last_tick().is_none_or(|last| last >= tick.at_ms) {
                     // Nothing missed: a new schedule, or its last tick was taken.
                     return (Some(Claim::Taken(None)), false);

@@ -53,9 +53,15 @@ pub enum Store {
 pub fn key(tenant: &str, name: &str) -> String {
     let digest = sha2::Sha256::digest(name.as_bytes());
     format!(
-        "schedules/{tenant}/{}.json",
+        "{}{}.json",
+        tenant_dir(tenant),
         crate::hex::encode(&digest[..8])
     )
+}
+
+/// What the keys of tenant `tenant`'s ledgers start with.
+fn tenant_dir(tenant: &str) -> String {
+    format!("schedules/{tenant}/")
 }
 
 impl Store {
@@ -189,17 +195,18 @@ impl Store {
 }
 
 impl Store {
-    /// Removes the ledgers of `keys` (a deleted tenant's).
+    /// Removes every ledger of tenant `tenant` (a deleted one's).
     ///
     /// # Errors
     /// [`StoreError::Unreachable`]: some may remain.
-    pub async fn remove(&self, keys: &[String]) -> Result<(), StoreError> {
+    pub async fn remove_tenant(&self, tenant: &str) -> Result<(), StoreError> {
         let unreachable = |e: &dyn std::fmt::Display| StoreError::Unreachable(e.to_string());
+        let dir = tenant_dir(tenant);
         match self {
             Self::Local { file, ledgers } => {
                 let mut all = ledgers.lock().await;
                 let before = all.len();
-                all.retain(|k, _| !keys.contains(k));
+                all.retain(|k, _| !k.starts_with(&dir));
                 if all.len() == before {
                     return Ok(());
                 }
@@ -211,9 +218,14 @@ impl Store {
                     .map_err(|e| unreachable(&e))
             }
             Self::Shared(f) => {
+                let keys = f
+                    .remote
+                    .list(dir.trim_end_matches('/'))
+                    .await
+                    .map_err(|e| unreachable(&e))?;
                 for key in keys {
                     f.remote
-                        .delete_object(key)
+                        .delete_object(&key)
                         .await
                         .map_err(|e| unreachable(&e))?;
                 }
@@ -221,13 +233,10 @@ impl Store {
             }
             Self::Redis(kv) => {
                 let redis = kv.redis().expect("a Redis store (checked when opened)");
-                for key in keys {
-                    redis
-                        .delete_own(key)
-                        .await
-                        .map_err(StoreError::Unreachable)?;
-                }
-                Ok(())
+                redis
+                    .delete_own_under(&dir)
+                    .await
+                    .map_err(StoreError::Unreachable)
             }
         }
     }

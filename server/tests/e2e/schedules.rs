@@ -283,21 +283,39 @@ fn a_run_under_way_at_shutdown_ends_and_is_recorded() {
         one["runs"].as_array().unwrap().clone()
     };
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !runs().iter().any(|r| r["state"] == "running") {
+    let tick = loop {
+        if let Some(r) = runs().iter().find(|r| r["state"] == "running") {
+            break r["tick_ms"].clone();
+        }
         assert!(Instant::now() < deadline, "no run started: {:?}", runs());
         std::thread::sleep(Duration::from_millis(20));
-    }
+    };
     let status = std::process::Command::new("kill")
         .args(["-TERM", &tern.child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
-    let exited = tern.child.wait().unwrap();
+    // (Within the 10 s grace and a margin; a drain that never ends fails here.)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exited = loop {
+        if let Some(exited) = tern.child.try_wait().unwrap() {
+            break exited;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 30 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(exited.success(), "{exited:?}");
+    // The run seen running ended `ok` (ticks after it, if any, were skipped: it overlapped).
     let after = runs();
-    let last = after.last().unwrap();
-    assert_eq!(last["state"], "ok", "{after:#?}");
-    assert_eq!(last["status"], 200, "{after:#?}");
+    let run = after
+        .iter()
+        .find(|r| r["tick_ms"] == tick)
+        .unwrap_or_else(|| panic!("{after:#?}"));
+    assert_eq!(run["state"], "ok", "{after:#?}");
+    assert_eq!(run["status"], 200, "{after:#?}");
     assert!(!after.iter().any(|r| r["state"] == "running"), "{after:#?}");
 }
 

@@ -246,7 +246,9 @@ impl Handler {
             .map_err(|e| link_message(&e))?;
         match version {
             Version::P2 => {
-                let cron = component.get_export_index(None, CRON_EXPORT);
+                let cron = (spin_cron(component, component.engine()) == Some(true))
+                    .then(|| component.get_export_index(None, CRON_EXPORT))
+                    .flatten();
                 let handler = match ProxyIndices::new(&pre) {
                     Ok(handler) => Some(handler),
                     // (`check_exports` let it through for its cron export.)
@@ -273,39 +275,62 @@ impl Handler {
     }
 }
 
+/// Whether `component` exports Spin's cron function (`None`: it exports no
+/// `handle-cron-event`) of Spin's shape: `func(metadata: record { timestamp: u64 }) ->
+/// result<...>`.
+fn spin_cron(component: &Component, engine: &Engine) -> Option<bool> {
+    use wasmtime::component::types::{ComponentItem, Type};
+    let ty = component.component_type();
+    let (_, item) = ty.exports(engine).find(|(name, _)| *name == CRON_EXPORT)?;
+    let ComponentItem::ComponentFunc(f) = &item.ty else {
+        return Some(false);
+    };
+    let mut params = f.params();
+    let metadata = match (params.next(), params.next()) {
+        (Some((_, Type::Record(r))), None) => {
+            let mut fields = r.fields();
+            matches!(
+                (fields.next(), fields.next()),
+                (Some(field), None) if field.name == "timestamp" && matches!(field.ty, Type::U64)
+            )
+        }
+        _ => false,
+    };
+    let mut results = f.results();
+    let result = matches!(
+        (results.next(), results.next()),
+        (Some(Type::Result(_)), None)
+    );
+    Some(metadata && result)
+}
+
 /// Which `wasi:http` a component is served through, or why it is not a `wasi-http` guest: it
 /// must export `wasi:http/incoming-handler@0.2.x` (or, WASI 0.3, `wasi:http/handler@0.3.x`),
-/// or Spin's `handle-cron-event` (then it runs on its schedules only, through WASI 0.2). A
-/// `handle-cron-event` must take Spin's one `metadata` and return its `result`.
+/// or Spin's `handle-cron-event` of Spin's shape (then it runs on its schedules only, through
+/// WASI 0.2). (A component with a `wasi:http` handler and a `handle-cron-event` of another
+/// shape is served by its handler only. A WASI 0.3 component's cron export is not called.)
 pub fn check_exports(component: &Component, engine: &Engine) -> Result<Version, String> {
     let ty = component.component_type();
-    let mut exports = Vec::new();
-    for (name, item) in ty.exports(engine) {
-        if name == CRON_EXPORT {
-            let fits = match &item.ty {
-                wasmtime::component::types::ComponentItem::ComponentFunc(f) => {
-                    f.params().len() == 1 && f.results().len() == 1
-                }
-                _ => false,
-            };
-            if !fits {
-                return Err(format!(
-                    "this component exports `{CRON_EXPORT}`, but not as Spin's cron trigger \
-                     defines it (`func(metadata: metadata) -> result<_, error>`, \
-                     fermyon:spin-cron@2.0.0)"
-                ));
-            }
-        }
-        exports.push(name.to_string());
-    }
+    let exports: Vec<String> = ty
+        .exports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect();
     if exports.iter().any(|e| e.starts_with(HANDLER_EXPORT)) {
         return Ok(Version::P2);
     }
     if exports.iter().any(|e| e.starts_with(HANDLER_EXPORT_P3)) {
         return Ok(Version::P3);
     }
-    if exports.iter().any(|e| e == CRON_EXPORT) {
-        return Ok(Version::P2);
+    match spin_cron(component, engine) {
+        Some(true) => return Ok(Version::P2),
+        Some(false) => {
+            return Err(format!(
+                "this component exports `{CRON_EXPORT}`, but not as Spin's cron trigger \
+                 defines it (`func(metadata: metadata) -> result<_, error>`, metadata a record \
+                 of `timestamp: u64`, fermyon:spin-cron@2.0.0), and no wasi:http handler"
+            ));
+        }
+        None => {}
     }
     let hint = if exports.iter().any(|e| e.starts_with("wasi:cli/run@")) {
         "; it is a command component (a program with `main`, built for wasm32-wasip2): build it \
@@ -386,6 +411,11 @@ mod tests {
                 (export "handle-cron-event" (func $f)))"#,
         )
         .unwrap();
+        let component = Component::new(&engine, bad).unwrap();
+        let e = check_exports(&component, &engine).unwrap_err();
+        assert!(e.contains("not as Spin's cron trigger defines it"), "{e}");
+        // One parameter and one result, of other types: refused too.
+        let bad = cron_only(r#"(param "metadata" u64) (result (result (error $error)))"#);
         let component = Component::new(&engine, bad).unwrap();
         let e = check_exports(&component, &engine).unwrap_err();
         assert!(e.contains("not as Spin's cron trigger defines it"), "{e}");
