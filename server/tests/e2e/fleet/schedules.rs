@@ -175,6 +175,33 @@ async fn each_tick_runs_once_across_three_replicas_over_sixty_simulated_minutes(
             );
         }
     }
+    // Deleted, the tenant's ledger leaves the registry: made again with the same schedule,
+    // it starts with no runs.
+    let (status, v) = admin(&replicas[0], Method::DELETE, "/admin/v1/tenants/job", "").await;
+    assert!(status.is_success(), "{status} {v}");
+    let spec = serde_json::json!({
+        "paths": ["/job"], "kv": ["default"],
+        "schedule": [{ "cron": "* * * * *", "path": "/job/tick" }],
+    });
+    let (status, v) = admin(
+        &replicas[0],
+        Method::PUT,
+        "/admin/v1/tenants/job",
+        spec.to_string(),
+    )
+    .await;
+    assert!(status.is_success(), "{status} {v}");
+    let wasm = std::fs::read(test_guest(root.path(), "schedule_probe")).unwrap();
+    let (status, v) = admin(
+        &replicas[0],
+        Method::PUT,
+        "/admin/v1/tenants/job/module",
+        wasm,
+    )
+    .await;
+    assert!(status.is_success(), "{status} {v}");
+    let runs = runs(&replicas[0]).await;
+    assert!(runs.is_empty(), "{runs:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
