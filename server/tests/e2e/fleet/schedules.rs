@@ -40,6 +40,17 @@ fn clocked(s3: &S3, name: &str, dir: &Path, clock: &Path) -> TernProcess {
     })
 }
 
+/// Tenant `job` (the schedule probe at `/job`, its module written into `root`) with
+/// `schedule`, deployed through `r`.
+async fn deploy_job(r: &TernProcess, root: &Path, schedule: serde_json::Value) {
+    let spec = serde_json::json!({ "paths": ["/job"], "kv": ["default"], "schedule": [schedule] });
+    let (status, v) = admin(r, Method::PUT, "/admin/v1/tenants/job", spec.to_string()).await;
+    assert!(status.is_success(), "{status} {v}");
+    let wasm = std::fs::read(test_guest(root, "schedule_probe")).unwrap();
+    let (status, v) = admin(r, Method::PUT, "/admin/v1/tenants/job/module", wasm).await;
+    assert!(status.is_success(), "{status} {v}");
+}
+
 /// Three replicas on a simulated clock at `start`, with tenant `job` (the schedule probe at
 /// `/job`) and its `schedule` deployed through the first and served by all.
 async fn fleet_with(
@@ -54,24 +65,7 @@ async fn fleet_with(
         .iter()
         .map(|n| clocked(s3, n, &root.join(n), &clock))
         .collect();
-    let spec = serde_json::json!({ "paths": ["/job"], "kv": ["default"], "schedule": [schedule] });
-    let (status, v) = admin(
-        &replicas[0],
-        Method::PUT,
-        "/admin/v1/tenants/job",
-        spec.to_string(),
-    )
-    .await;
-    assert!(status.is_success(), "{status} {v}");
-    let wasm = std::fs::read(test_guest(root, "schedule_probe")).unwrap();
-    let (status, v) = admin(
-        &replicas[0],
-        Method::PUT,
-        "/admin/v1/tenants/job/module",
-        wasm,
-    )
-    .await;
-    assert!(status.is_success(), "{status} {v}");
+    deploy_job(&replicas[0], root, schedule).await;
     for r in &replicas {
         super::serves(r, "/job", "").await;
         // Its runner has seen the schedule (before the clock moves on).
@@ -179,27 +173,8 @@ async fn each_tick_runs_once_across_three_replicas_over_sixty_simulated_minutes(
     // it starts with no runs.
     let (status, v) = admin(&replicas[0], Method::DELETE, "/admin/v1/tenants/job", "").await;
     assert!(status.is_success(), "{status} {v}");
-    let spec = serde_json::json!({
-        "paths": ["/job"], "kv": ["default"],
-        "schedule": [{ "cron": "* * * * *", "path": "/job/tick" }],
-    });
-    let (status, v) = admin(
-        &replicas[0],
-        Method::PUT,
-        "/admin/v1/tenants/job",
-        spec.to_string(),
-    )
-    .await;
-    assert!(status.is_success(), "{status} {v}");
-    let wasm = std::fs::read(test_guest(root.path(), "schedule_probe")).unwrap();
-    let (status, v) = admin(
-        &replicas[0],
-        Method::PUT,
-        "/admin/v1/tenants/job/module",
-        wasm,
-    )
-    .await;
-    assert!(status.is_success(), "{status} {v}");
+    let schedule = serde_json::json!({ "cron": "* * * * *", "path": "/job/tick" });
+    deploy_job(&replicas[0], root.path(), schedule).await;
     let runs = runs(&replicas[0]).await;
     assert!(runs.is_empty(), "{runs:#?}");
 }
