@@ -289,5 +289,43 @@ fn reset_settings(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, lifecycle, heap_curves, reset_settings);
+/// Tenants taking turns, request by request, on a pool sized as a server's (64 instances, as
+/// many memory slots): a whole request of `hello` when 1, 3 or 10 tenants (the same bytes
+/// loaded again, so as many modules) share the slots. A server with several tenants should
+/// pay no more per request than one with a tenant alone.
+fn tenants_in_turns(c: &mut Criterion) {
+    let mut g = c.benchmark_group("tenants_in_turns");
+    g.measurement_time(Duration::from_secs(4));
+    let b = Bench::new(PoolConfig {
+        instances: 64,
+        ..PoolConfig::default()
+    });
+    let hello = tern::demo::module("hello").unwrap();
+    let tenants: Vec<TenantRef> = (0..10)
+        .map(|n| b.tenant(&format!("hello-{n}"), hello))
+        .collect();
+    for k in [1usize, 3, 10] {
+        let turns = &tenants[..k];
+        g.bench_with_input(BenchmarkId::new("total_hello", k), &k, |x, _| {
+            x.iter_custom(|iters| {
+                b.rt.block_on(async {
+                    let start = Instant::now();
+                    for i in 0..iters {
+                        request_ok(&turns[i as usize % turns.len()]).await;
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    lifecycle,
+    heap_curves,
+    reset_settings,
+    tenants_in_turns
+);
 criterion_main!(benches);
