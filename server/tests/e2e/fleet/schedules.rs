@@ -40,6 +40,19 @@ fn clocked(s3: &S3, name: &str, dir: &Path, clock: &Path) -> TernProcess {
     })
 }
 
+/// Waits until `r`'s runner has seen `job`'s schedule (before the clock moves on).
+async fn watching(r: &TernProcess) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, v) = admin(r, Method::GET, "/admin/v1/tenants/job/schedules", "").await;
+        if v["schedules"][0]["watched_here"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Tenant `job` (the schedule probe at `/job`, its module written into `root`) with
 /// `schedule`, deployed through `r`.
 async fn deploy_job(r: &TernProcess, root: &Path, schedule: serde_json::Value) {
@@ -68,16 +81,7 @@ async fn fleet_with(
     deploy_job(&replicas[0], root, schedule).await;
     for r in &replicas {
         super::serves(r, "/job", "").await;
-        // Its runner has seen the schedule (before the clock moves on).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let (_, v) = admin(r, Method::GET, "/admin/v1/tenants/job/schedules", "").await;
-            if v["schedules"][0]["watched_here"] == true {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{v}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        watching(r).await;
     }
     (replicas, clock)
 }
@@ -318,15 +322,7 @@ async fn servers_sharing_a_redis_store_run_each_tick_once() {
         .collect();
     let all: Vec<&TernProcess> = replicas.iter().collect();
     for r in &all {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let (_, v) = admin(r, Method::GET, "/admin/v1/tenants/job/schedules", "").await;
-            if v["schedules"][0]["watched_here"] == true {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{v}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        watching(r).await;
     }
     each_minute_runs_once(&clock, &all, 20).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
