@@ -713,3 +713,48 @@ async fn a_websockets_span_lasts_until_it_closes() {
         "{spans:#?}"
     );
 }
+
+/// A scheduled run is traced like a request, its server span saying `tern.trigger =
+/// "schedule"` (a client's request's says nothing of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_runs_span_says_it_was_scheduled() {
+    let collector = Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "context");
+    let config = format!(
+        "[pool]\ninstances = 16\nmax_memory_mib = 64\n\
+         [tracing]\nendpoint = \"{}\"\nbatch_delay_ms = 50\n\
+         [[tenant]]\nname = \"ctx\"\nmodule = \"context.wasm\"\npaths = [\"/ctx\"]\n\
+         [[tenant.schedule]]\nname = \"yearly\"\ncron = \"0 0 1 1 *\"\npath = \"/ctx/tick\"\n",
+        collector.endpoint
+    );
+    let s = TestServer::try_start_in(dir, &config).await.expect("start");
+    let r = get(s.addr(), "/ctx/client", &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let client_trace = r.header("x-request-id").to_string();
+    let (status, v) = s
+        .admin_call(
+            Method::POST,
+            "/admin/v1/tenants/ctx/schedules/run",
+            r#"{"schedule": "yearly"}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let scheduled = loop {
+        if let Some(span) = collector
+            .spans()
+            .into_iter()
+            .find(|s| s.name == "POST /ctx" && s.kind == 2)
+        {
+            break span;
+        }
+        assert!(Instant::now() < deadline, "{:#?}", collector.spans());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(scheduled.attr("tern.trigger"), "schedule", "{scheduled:#?}");
+    assert_eq!(scheduled.attr("url.path"), "/ctx/tick", "{scheduled:#?}");
+    let spans = collector.trace(&client_trace, 1).await;
+    let client = named(&spans, "GET /ctx");
+    assert!(!client.attrs.contains_key("tern.trigger"), "{client:#?}");
+}
