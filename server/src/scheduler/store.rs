@@ -138,14 +138,7 @@ impl Store {
                 let ledger = all.entry(key.to_string()).or_default();
                 let (out, changed) = change(ledger);
                 if changed {
-                    let bytes = serde_json::to_vec(&*all).expect("serialisable");
-                    let file = file.clone();
-                    tokio::task::spawn_blocking(move || {
-                        crate::artifact::write_atomic(&file, &bytes)
-                    })
-                    .await
-                    .map_err(|e| StoreError::Unreachable(e.to_string()))?
-                    .map_err(|e| StoreError::Unreachable(e.to_string()))?;
+                    save_local(file, &all).await?;
                 }
                 Ok(out)
             }
@@ -192,9 +185,7 @@ impl Store {
             }
         }
     }
-}
 
-impl Store {
     /// Removes every ledger of tenant `tenant` (a deleted one's).
     ///
     /// # Errors
@@ -210,12 +201,7 @@ impl Store {
                 if all.len() == before {
                     return Ok(());
                 }
-                let bytes = serde_json::to_vec(&*all).expect("serialisable");
-                let file = file.clone();
-                tokio::task::spawn_blocking(move || crate::artifact::write_atomic(&file, &bytes))
-                    .await
-                    .map_err(|e| unreachable(&e))?
-                    .map_err(|e| unreachable(&e))
+                save_local(file, &all).await
             }
             Self::Shared(f) => {
                 let keys = f
@@ -240,6 +226,20 @@ impl Store {
             }
         }
     }
+}
+
+/// Writes a lone server's ledgers `all` to `file`, whole and atomically, off the reactor.
+async fn save_local(
+    file: &std::path::Path,
+    all: &BTreeMap<String, Ledger>,
+) -> Result<(), StoreError> {
+    let unreachable = |e: &dyn std::fmt::Display| StoreError::Unreachable(e.to_string());
+    let bytes = serde_json::to_vec(all).expect("serialisable");
+    let file = file.to_path_buf();
+    tokio::task::spawn_blocking(move || crate::artifact::write_atomic(&file, &bytes))
+        .await
+        .map_err(|e| unreachable(&e))?
+        .map_err(|e| unreachable(&e))
 }
 
 /// The ledger of `key` in a Redis store, and its bytes as read (`None`: there is none yet).
