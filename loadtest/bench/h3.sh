@@ -29,8 +29,36 @@ h3() {
         awk -v r="$rate" -v n="$n" -v e="$errors" -v t=$((after - before)) -v hz="$hz" \
             'BEGIN { cpu = t / hz; printf "%s %s %s %.1f %.0f\n", r, n, e, (n > 0 ? cpu * 1e6 / n : 0), (cpu > 0 ? n / cpu : 0) }'
     }
-    local config
+    # thread_ticks PID NAME -> CPU ticks of the process's thread called NAME
+    thread_ticks() {
+        local t
+        for t in /proc/"$1"/task/*; do
+            [ "$(cat "$t/comm" 2>/dev/null)" = "$2" ] && awk '{ print $14 + $15; exit }' "$t/stat" && return
+        done
+        echo 0
+    }
+    # workers_run PID CORES -> the keep-alive run over HTTP/3 with the client on CORES, then
+    # "rate count errors cpu-µs-per-req worker0-share% worker1-share% quic-conns-w0 quic-conns-w1"
+    workers_run() {
+        local before after w0 w1 w0b w1b out conns_w
+        before=$(process_ticks "$1")
+        w0b=$(thread_ticks "$1" tern-worker-0)
+        w1b=$(thread_ticks "$1" tern-worker-1)
+        taskset -c "$2" "$load" h3 127.0.0.1:18443 "$name" "$dir/cert.pem" /hello "$SECS" "$conns" "$streams" keepalive >"$dir/out" &
+        local lpid=$!
+        sleep $((SECS / 2))
+        conns_w=$(curl -sf "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '/^tern_worker_connections_open\{transport="quic",worker="0"\}/ { a = $2 } /^tern_worker_connections_open\{transport="quic",worker="1"\}/ { b = $2 } END { printf "%d %d", a, b }')
+        wait "$lpid"
+        after=$(process_ticks "$1")
+        w0=$(( $(thread_ticks "$1" tern-worker-0) - w0b ))
+        w1=$(( $(thread_ticks "$1" tern-worker-1) - w1b ))
+        read -r rate n errors <"$dir/out"
+        awk -v r="$rate" -v n="$n" -v e="$errors" -v t=$((after - before)) -v hz="$hz" -v w0="$w0" -v w1="$w1" -v c="$conns_w" \
+            'BEGIN { cpu = t / hz; w = w0 + w1; printf "%s %s %s %.1f %.0f %.0f %s\n", r, n, e, (n > 0 ? cpu * 1e6 / n : 0), (w > 0 ? 100 * w0 / w : 0), (w > 0 ? 100 * w1 / w : 0), c }'
+    }
+    local config config2
     config=$(hello_config "[server]\nworker_threads = 1\ntls_listen = \"127.0.0.1:18443\"\nhttp3 = true\n[[certificate]]\ncert = \"$dir/cert.pem\"\nkey = \"$dir/key.pem\"\n")
+    config2=$(hello_config "[server]\nworker_threads = 2\ntls_listen = \"127.0.0.1:18443\"\nhttp3 = true\n[[certificate]]\ncert = \"$dir/cert.pem\"\nkey = \"$dir/key.pem\"\n")
     cat >"$dir/Caddyfile" <<CADDY
 {
 	admin off
@@ -54,6 +82,14 @@ CADDY
         r[tern_h2hs]+="$(run "$tern" h2 18443 /hello handshakes)"$'\n'
         r[tern_h3hs]+="$(run "$tern" h3 18443 /hello handshakes)"$'\n'
         stop "$tern"
+        # Workers: one (server on core 0, client on core 1), then two (server and client on
+        # both cores, as a two-core edge whose clients are elsewhere cannot be shown here).
+        PIN=0 start_tern "$config" TERN_LOG=warn
+        r[w1]+="$(workers_run "$TERN_PID" 1)"$'\n'
+        stop "$TERN_PID"
+        PIN=0,1 start_tern "$config2" TERN_LOG=warn
+        r[w2]+="$(workers_run "$TERN_PID" 0,1)"$'\n'
+        stop "$TERN_PID"
         GOMAXPROCS=1 taskset -c 0 "$caddy" run --config "$dir/Caddyfile" --adapter caddyfile \
             >"$dir/caddy.log" 2>&1 &
         local cpid=$!
@@ -103,5 +139,17 @@ CADDY
         echo "- Requests per core, HTTP/3 / HTTP/2: Tern **$(per_core_ratio tern_h3 tern_h2)**, Caddy $(per_core_ratio caddy_h3 caddy_h2) (goal for Tern: ≥ 0.8)"
         echo "- Requests per core over HTTP/3, Tern / Caddy: **$(per_core_ratio tern_h3 caddy_h3)** (Tern runs a guest per request)"
         echo "- Handshakes per core over QUIC, Tern / Caddy: **$(per_core_ratio tern_h3hs caddy_h3hs)**"
+        echo
+        echo "HTTP/3 on every worker (packets steered by connection ID): the keep-alive run with one"
+        echo "worker (server on core 0, client on core 1), then two (server and client on both cores)."
+        echo "Worker shares: each worker thread's part of the server's worker CPU (\`/proc/PID/task\`);"
+        echo "connections: \`tern_worker_connections_open{transport=\"quic\"}\` halfway through."
+        echo
+        echo "| workers | req/s | errors | server CPU µs/req | worker 0 share % | worker 1 share % | QUIC connections on worker 0 / 1 |"
+        echo "|---|---|---|---|---|---|---|"
+        echo "| 1 | $(span w1 1) | $(span w1 3) | $(span w1 4) | $(span w1 5) | $(span w1 6) | $(span w1 7) / $(span w1 8) |"
+        echo "| 2 | $(span w2 1) | $(span w2 3) | $(span w2 4) | $(span w2 5) | $(span w2 6) | $(span w2 7) / $(span w2 8) |"
+        echo
+        echo "- req/s, 2 workers / 1: **$(paste <(printf '%s' "${r[w2]}") <(printf '%s' "${r[w1]}") | awk 'NF { q = $1 / $9; if (min == "" || q < min) min = q; if (q > max) max = q } END { printf "%.2f-%.2f", min, max }')** (round by round)"
     } | tee "$RESULTS/h3.md"
 }

@@ -163,6 +163,41 @@ pub fn check_headroom(memory_slots: u32, max_connections: usize) -> Vec<String> 
     warnings
 }
 
+/// `SO_ATTACH_REUSEPORT_CBPF` (`asm-generic/socket.h`; `libc` names it for Android only).
+const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+
+/// Attaches the classic BPF `program` to the `SO_REUSEPORT` group of `socket`: it picks, for
+/// each packet, the index of the group's socket that receives it.
+///
+/// # Errors
+/// The kernel's, e.g. if the socket is in no group or the program is invalid.
+pub fn attach_reuseport_program(
+    socket: &std::net::UdpSocket,
+    program: &[libc::sock_filter],
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(program.len()).map_err(|_| std::io::ErrorKind::InvalidInput)?,
+        filter: program.as_ptr().cast_mut(),
+    };
+    // SAFETY: `socket` is open; the option's value is a `sock_fprog` pointing at `program`,
+    // which outlives the call (the kernel copies it and never writes through the pointer).
+    let attached = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_ATTACH_REUSEPORT_CBPF,
+            std::ptr::from_ref(&fprog).cast(),
+            u32::try_from(std::mem::size_of::<libc::sock_fprog>()).expect("small"),
+        )
+    };
+    if attached == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Asks for `bytes` of receive and send buffer on `socket`; returns the sizes granted.
 pub fn raise_socket_buffers(socket: &std::net::UdpSocket, bytes: usize) -> (usize, usize) {
     use std::os::fd::AsRawFd;

@@ -403,7 +403,7 @@ impl Public {
         let plain = config
             .server
             .listen
-            .map(|at| bind(at, per_core).with_context(|| format!("cannot listen on {at}")))
+            .map(|at| bind_first(at, per_core).with_context(|| format!("cannot listen on {at}")))
             .transpose()?;
         let addr = plain.as_ref().map(TcpListener::local_addr).transpose()?;
         let (tls, acme) = match config.server.tls_listen {
@@ -428,15 +428,19 @@ impl Public {
         opts.open = Some(app.metrics.connections_open.clone());
         opts.panics = Some(app.metrics.task_panics.clone());
         // HTTP/3 on the TLS listener's address over UDP, advertised on its answers.
+        // Per-core: a UDP socket for each worker, bound here, now (see `listener::quic`).
+        let mut quic_rest = Vec::new();
         let quic = match (&tls, tls_addr) {
             (Some((_, acceptor)), Some(at)) if config.server.http3 => {
-                let bound = listener::quic::bind(at, acceptor, &config.server)?;
+                let sockets = if per_core { config.server.workers() } else { 1 };
+                let mut bound = listener::quic::bind(at, acceptor, &config.server, sockets)?;
+                quic_rest = bound.split_off(1);
                 let port = app.https_port.get().copied().unwrap_or(at.port());
                 let alt_svc = Arc::new(listener::AltSvc::new(
                     port,
                     config.server.http3_alt_svc_max_age_secs,
                 ));
-                Some((bound, alt_svc))
+                Some((bound.remove(0), alt_svc))
             }
             _ => None,
         };
@@ -461,6 +465,7 @@ impl Public {
             },
             addr,
             tls_addr,
+            quic_rest,
         };
         Ok(Self {
             addr,
@@ -532,7 +537,7 @@ async fn tls_listener(
         Duration::from_millis(config.server.tls_handshake_timeout_ms),
         &app.metrics,
     )?;
-    let l = bind(at, per_core).with_context(|| format!("cannot listen on {at} (TLS)"))?;
+    let l = bind_first(at, per_core).with_context(|| format!("cannot listen on {at} (TLS)"))?;
     Ok((l, Arc::new(acceptor), acme))
 }
 
@@ -662,13 +667,15 @@ fn background(
 
 /// Who serves the public listeners: per-core, one thread with its own runtime per worker (the
 /// first takes the sockets bound at start, which fixed the ports; the others bind the same
-/// addresses with `SO_REUSEPORT`, and the kernel spreads connections across them); else one
-/// task on the shared runtime.
+/// addresses with `SO_REUSEPORT`, and the kernel spreads connections across them; HTTP/3's
+/// sockets are all bound at start, one per worker); else one task on the shared runtime.
 struct Workers {
     per_core: bool,
     first: Worker,
     addr: Option<SocketAddr>,
     tls_addr: Option<SocketAddr>,
+    /// The other workers' HTTP/3 sockets, in the workers' order.
+    quic_rest: Vec<listener::quic::Bound>,
 }
 
 impl Workers {
@@ -681,14 +688,18 @@ impl Workers {
         tasks: &mut Vec<JoinHandle<()>>,
     ) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
         if !self.per_core {
-            tasks.push(tokio::spawn(
-                self.first.serve(app.clone(), shutdown.clone()),
-            ));
+            tasks.push(tokio::spawn(self.first.serve(
+                app.clone(),
+                shutdown.clone(),
+                0,
+            )));
             return Ok(Vec::new());
         }
         let mut workers = Vec::with_capacity(config.server.workers());
+        let mut quic_rest = self.quic_rest.into_iter();
         for _ in 1..config.server.workers() {
-            workers.push(self.first.again(self.addr, self.tls_addr)?);
+            let quic = quic_rest.next();
+            workers.push(self.first.again(self.addr, self.tls_addr, quic)?);
         }
         workers.insert(0, self.first);
         let mut threads = Vec::new();
@@ -701,7 +712,7 @@ impl Workers {
                         .enable_all()
                         .build()
                         .expect("worker runtime");
-                    rt.block_on(worker.serve(app, shutdown));
+                    rt.block_on(worker.serve(app, shutdown, i));
                 })?;
             threads.push(thread);
         }
@@ -714,7 +725,8 @@ impl Workers {
 struct Worker {
     plain: Option<std::net::TcpListener>,
     tls: Option<(std::net::TcpListener, listener::ListenOptions)>,
-    /// HTTP/3: the first worker's only (quinn drives an endpoint on the runtime it is made in).
+    /// HTTP/3: this worker's own socket and endpoint (quinn drives an endpoint on the
+    /// runtime it is made in).
     quic: Option<(
         (listener::quic::Bound, Arc<listener::AltSvc>),
         listener::ListenOptions,
@@ -724,11 +736,12 @@ struct Worker {
 
 impl Worker {
     /// Another worker beside this one: its own sockets on the same addresses
-    /// (`SO_REUSEPORT`), the same options.
+    /// (`SO_REUSEPORT`; HTTP/3's, `quic`, bound at start), the same options.
     fn again(
         &self,
         addr: Option<SocketAddr>,
         tls_addr: Option<SocketAddr>,
+        quic: Option<listener::quic::Bound>,
     ) -> std::io::Result<Self> {
         let plain = match addr {
             Some(at) => Some(bind(at, true)?.into_std()?),
@@ -738,23 +751,44 @@ impl Worker {
             (Some((_, o)), Some(at)) => Some((bind(at, true)?.into_std()?, o.clone())),
             _ => None,
         };
+        let quic = match (&self.quic, quic) {
+            (Some(((_, alt_svc), o)), Some(bound)) => Some(((bound, alt_svc.clone()), o.clone())),
+            _ => None,
+        };
         Ok(Self {
             plain,
             tls,
-            quic: None,
+            quic,
             opts: self.opts.clone(),
         })
     }
 
-    /// Serves every listener of this worker with the front end until shutdown (and the
-    /// drain after it).
-    async fn serve(self, app: Arc<App>, shutdown: Shutdown) {
+    /// Serves every listener of this worker (number `index`) with the front end until
+    /// shutdown (and the drain after it).
+    async fn serve(self, app: Arc<App>, shutdown: Shutdown, index: usize) {
         let Self {
             plain,
             tls,
             quic,
-            opts,
+            mut opts,
         } = self;
+        let worker = index.to_string();
+        let counted = |o: &mut listener::ListenOptions, transport: &str| {
+            let gauge = app
+                .metrics
+                .worker_connections
+                .with_label_values(&[&worker, transport]);
+            o.worker_open = Some(gauge);
+        };
+        counted(&mut opts, "tcp");
+        let tls = tls.map(|(l, mut o)| {
+            counted(&mut o, "tcp");
+            (l, o)
+        });
+        let quic = quic.map(|(bound, mut o)| {
+            counted(&mut o, "quic");
+            (bound, o)
+        });
         let sockets = app.sockets.clone();
         let handler = move |req: http::Request<RequestBody>, conn| {
             crate::http::handle(app.clone(), req, conn)
@@ -813,6 +847,28 @@ async fn use_memset_reset_under_swap(app: Arc<App>, shutdown: Shutdown) {
             }
         }
     }
+}
+
+/// Binds the first listening socket on `addr`. With `SO_REUSEPORT` (per-core workers), the port
+/// is first bound without it, which fails while another process listens there: a second server
+/// on the same port stops with an error instead of silently taking a share of the first one's
+/// connections.
+fn bind_first(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
+    if reuse_port && addr.port() != 0 {
+        let probe = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        probe.set_reuseaddr(true)?;
+        probe.bind(addr).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("{e} (is another server already listening there?)"),
+            )
+        })?;
+    }
+    bind(addr, reuse_port)
 }
 
 /// Binds a listening socket, with `SO_REUSEPORT` when several workers share the address.

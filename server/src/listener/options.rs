@@ -19,6 +19,8 @@ pub struct ListenOptions {
     pub(super) max_connections: usize,
     /// Counts the open connections, if set.
     pub open: Option<prometheus::IntGauge>,
+    /// Counts this worker's open connections on this listener, if set.
+    pub worker_open: Option<prometheus::IntGauge>,
     /// Counts request tasks that panicked, if set ([`caught`]).
     pub panics: Option<prometheus::IntCounter>,
     /// Time allowed to send a request head; also the keep-alive idle limit.
@@ -42,6 +44,7 @@ impl ListenOptions {
             connections: Arc::new(tokio::sync::Semaphore::new(c.max_connections)),
             max_connections: c.max_connections,
             open: None,
+            worker_open: None,
             panics: None,
             header_read_timeout: Duration::from_millis(c.header_read_timeout_ms),
             send_timeout: Duration::from_millis(c.send_timeout_ms),

@@ -79,8 +79,9 @@ where
         let first_bytes_timeout = opts.header_read_timeout;
         let send_timeout = opts.send_timeout;
         let open = opts.open.clone().map(GaugeGuard::new);
+        let worker_open = opts.worker_open.clone().map(GaugeGuard::new);
         tokio::spawn(async move {
-            let _open = open;
+            let _open = (open, worker_open);
             let _permit = permit;
             let service = move |conn: Connection| {
                 let alt_svc = alt_svc.clone();

@@ -252,6 +252,13 @@ named_metrics! {
         "Open client connections on the public listener, all workers (at most \
          server.max_connections).",
     );
+    pub worker_connections: gauges(
+        "tern_worker_connections_open",
+        "Open client connections on the public listeners by worker thread (`worker`, from 0) \
+         and transport (`tcp`: HTTP/1 and HTTP/2, with or without TLS; `quic`: HTTP/3): how \
+         evenly the kernel (TCP) and the connection-ID steering (QUIC) spread them.",
+        &["worker", "transport"],
+    );
     pub tls_handshakes: counter(
         "tern_tls_handshakes_total",
         "TLS handshakes completed on the TLS listener.",

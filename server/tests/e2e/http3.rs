@@ -527,6 +527,177 @@ async fn a_client_that_changes_address_keeps_its_http3_connection() {
     assert!(c.quic.close_reason().is_none(), "the connection ended");
 }
 
+/// With two per-core workers, each drives QUIC connections of its own, and a client that
+/// changes address again and again stays with its worker: its packets are steered by the
+/// connection ID the worker gave it, not by addresses (after which half the moves would land on
+/// the other worker, which knows nothing of the connection and resets it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_connections_spread_over_the_workers_and_keep_theirs_when_they_move() {
+    let h = h3_server("runtime = \"per-core\"\nworker_threads = 2").await;
+    let mut clients = Vec::new();
+    for _ in 0..16 {
+        let mut c = h.h3().await;
+        assert_eq!(c.get("/ctx").await.unwrap().status, StatusCode::OK);
+        clients.push(c);
+    }
+    // The connections' first packets carry IDs the clients chose at random: both workers got
+    // some (all 16 on one: a chance of 2 in 65,536).
+    let metrics = h.s.metrics().await;
+    let on = |worker: &str| {
+        metric_value_or_zero(
+            &metrics,
+            &format!("tern_worker_connections_open{{transport=\"quic\",worker=\"{worker}\"}}"),
+        )
+    };
+    assert_eq!(on("0") + on("1"), 16.0, "{metrics}");
+    assert!(on("0") >= 1.0 && on("1") >= 1.0, "{metrics}");
+    // Each client moves 8 times, a request after each move: 128 moves, none lost.
+    for c in &mut clients {
+        for _ in 0..8 {
+            let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let port = socket.local_addr().unwrap().port();
+            c.endpoint.rebind(socket).unwrap();
+            let a = c.get("/ctx").await.expect("served after the move");
+            assert_eq!(a.status, StatusCode::OK);
+            let body = std::str::from_utf8(&a.body).unwrap();
+            assert_eq!(field(body, "CLIENT_PORT"), format!("={port}"), "{body}");
+        }
+        assert!(c.quic.close_reason().is_none(), "the connection ended");
+    }
+    let metrics = h.s.metrics().await;
+    let reset = metric_value_or_zero(
+        &metrics,
+        "tern_worker_connections_open{transport=\"quic\",worker=\"0\"}",
+    ) + metric_value_or_zero(
+        &metrics,
+        "tern_worker_connections_open{transport=\"quic\",worker=\"1\"}",
+    );
+    assert_eq!(reset, 16.0, "connections lost: {metrics}");
+}
+
+/// `tern serve` with `args` that is expected to stop at start: whether it failed, and its log.
+fn serve_expecting_failure(args: &[&str], cache: &std::path::Path) -> (bool, String) {
+    let mut child = crate::support::tern_bin()
+        .arg("serve")
+        .args(args)
+        .env("TERN_CACHE_DIR", cache)
+        .env("TERN_DATA_DIR", cache.join("data"))
+        .env_remove("TERN_ADMIN_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start tern");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    (status.is_some_and(|s| !s.success()), log)
+}
+
+/// A second server started on a port the first one serves (TCP, or HTTP/3's UDP) stops at
+/// start, naming the address, instead of joining the first one's `SO_REUSEPORT` sockets and
+/// taking a share of its connections and packets; the first serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_server_on_the_same_ports_stops_instead_of_sharing_them() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    pki.issue(dir.path(), "a", &["a.test"]);
+    let config = dir.path().join("tern.toml");
+    std::fs::write(
+        &config,
+        "[server]\nworker_threads = 2\nruntime = \"per-core\"\n\
+         [[tenant]]\nname = \"hello\"\nmodule = \"builtin:hello\"\npaths = [\"/hello\"]\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let (cert, key) = (dir.path().join("a.crt"), dir.path().join("a.key"));
+    let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let first = crate::support::TernProcess::serve(
+        &[
+            "--config",
+            config,
+            "--tls-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+            "--http3",
+        ],
+        &dir.path().join("cache"),
+    );
+    let tls = first.tls.clone().expect("an HTTPS address");
+    let second = |listen: &str, tls_listen: &str| {
+        let args = [
+            "--config",
+            config,
+            "--listen",
+            listen,
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--tls-listen",
+            tls_listen,
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+            "--http3",
+        ];
+        serve_expecting_failure(&args, &dir.path().join("second"))
+    };
+    // The cleartext port.
+    let (failed, log) = second(&first.addr, "127.0.0.1:0");
+    assert!(failed, "a second server served beside the first: {log}");
+    assert!(
+        log.contains(&format!("cannot listen on {}", first.addr)) && log.contains("another server"),
+        "{log}"
+    );
+    // The TLS port (TCP, then UDP for HTTP/3).
+    let (failed, log) = second("127.0.0.1:0", &tls);
+    assert!(failed, "a second server served beside the first: {log}");
+    assert!(
+        log.contains(&format!("cannot listen on {tls}")) && log.contains("another server"),
+        "{log}"
+    );
+    // Only the UDP port taken, by sockets sharing it (as another server's workers would).
+    let holder = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )
+    .unwrap();
+    holder.set_reuse_port(true).unwrap();
+    holder
+        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    let udp = holder.local_addr().unwrap().as_socket().unwrap();
+    let (failed, log) = second("127.0.0.1:0", &udp.to_string());
+    assert!(failed, "a second server shared a UDP port: {log}");
+    assert!(
+        log.contains(&format!("cannot listen on {udp} (UDP, HTTP/3)"))
+            && log.contains("another server"),
+        "{log}"
+    );
+    // The first serves on, over HTTP/3 and HTTP/1.1.
+    let mut c = H3Client::connect(tls.parse().unwrap(), &pki.ca)
+        .await
+        .unwrap();
+    let a = c.get("/hello").await.unwrap();
+    assert_eq!(a.status, StatusCode::OK);
+    let r = crate::support::get_at(first.addr.parse().unwrap(), "/hello").await;
+    assert_eq!(r.status, StatusCode::OK);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handshake_flood_is_capped_and_the_listener_keeps_serving() {
     let h = h3_server("max_tls_handshakes = 4\n").await;

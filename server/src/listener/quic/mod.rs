@@ -1,7 +1,9 @@
 //! HTTP/3: QUIC (quinn) on the TLS listener's address over UDP, the HTTP/3 framing and QPACK of
 //! `h3`. Each request goes to the same front end as TCP's (`http::handle`), its body an
 //! [`H3Body`] ([`body`]) as a [`RequestBody`]; the answer's [`ResponseBody`] is written as DATA
-//! frames. `h3` reads its streams through [`streams`], which bounds them.
+//! frames. `h3` reads its streams through [`streams`], which bounds them. Per-core, every
+//! worker runs an endpoint on a socket of its own, packets steered by connection ID
+//! ([`steer`]).
 //!
 //! The limits are the TCP listeners': the connection cap (shared), handshakes in flight and
 //! their timeout (shared with TLS over TCP), the request head's size, the idle limit
@@ -23,6 +25,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 
 mod body;
+mod steer;
 mod streams;
 
 use self::body::H3Body;
@@ -47,37 +50,48 @@ const UNI_STREAMS: u32 = 16;
 /// ([`streams`]), this bounds what one connection holds in memory.
 const CONNECTION_RECEIVE_WINDOW: u32 = 16 << 20;
 
-/// A UDP socket bound for HTTP/3 and its QUIC configuration, made at start (where a bad
+/// One worker's UDP socket for HTTP/3 and its QUIC configuration, made at start (where a bad
 /// address or configuration is an error to report) and served by the runtime that runs
-/// [`serve`] (with per-core workers, the first worker's: quinn drives an endpoint on the
-/// runtime it is made in).
+/// [`serve`] (quinn drives an endpoint on the runtime it is made in).
 pub struct Bound {
     socket: std::net::UdpSocket,
+    /// This worker's endpoint: the connection IDs it issues steer packets to its socket.
+    endpoint: quinn::EndpointConfig,
+    /// Shared by every worker (a clone): one key for address validation tokens, so a Retry's
+    /// token is good on whichever worker the client's next packet reaches.
     config: quinn::ServerConfig,
 }
 
-/// Binds HTTP/3's UDP socket on `addr`: `acceptor`'s certificates and handshake cap, the
-/// limits of `[server]`, socket buffers raised to `http3_socket_buffer_kib` (the size the
-/// kernel grants is logged).
+/// Binds HTTP/3's UDP sockets on `addr`, one per worker of `workers` (steered by connection
+/// ID: [`steer`]): `acceptor`'s certificates and handshake cap, the limits of `[server]`,
+/// socket buffers raised to `http3_socket_buffer_kib` (the size the kernel grants is logged).
 ///
 /// # Errors
-/// If the UDP address cannot be bound, or the TLS configuration not made.
+/// If the UDP address cannot be bound (another server holds it), or the TLS configuration not
+/// made.
 pub fn bind(
     addr: SocketAddr,
     acceptor: &crate::tls::Acceptor,
     c: &crate::config::ServerConfig,
-) -> anyhow::Result<Bound> {
+    workers: usize,
+) -> anyhow::Result<Vec<Bound>> {
     use anyhow::Context as _;
-    let socket = std::net::UdpSocket::bind(addr)
-        .with_context(|| format!("cannot listen on {addr} (UDP, HTTP/3)"))?;
-    let (receive, send) =
-        crate::os::raise_socket_buffers(&socket, c.http3_socket_buffer_kib * 1024);
+    let sockets = steer::bind_group(addr, workers)?;
+    let mut granted = (0, 0);
+    for socket in &sockets {
+        granted = crate::os::raise_socket_buffers(socket, c.http3_socket_buffer_kib * 1024);
+    }
     tracing::info!(
-        "HTTP/3 on udp {}: socket buffers {} KiB receive, {} KiB send (asked {} KiB; the \
+        "HTTP/3 on udp {} ({}): socket buffers {} KiB receive, {} KiB send (asked {} KiB; the \
          kernel caps them at net.core.rmem_max / wmem_max)",
-        socket.local_addr()?,
-        receive / 1024,
-        send / 1024,
+        sockets[0].local_addr()?,
+        if workers > 1 {
+            format!("{workers} workers, packets steered by connection ID")
+        } else {
+            "one worker".to_string()
+        },
+        granted.0 / 1024,
+        granted.1 / 1024,
         c.http3_socket_buffer_kib
     );
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(acceptor.quic_config()?)
@@ -94,7 +108,20 @@ pub fn bind(
     config.transport_config(Arc::new(transport));
     // Handshakes not yet accepted by the loop: a flood beyond them is dropped by quinn.
     config.max_incoming(c.max_tls_handshakes.max(64));
-    Ok(Bound { socket, config })
+    Ok(sockets
+        .into_iter()
+        .enumerate()
+        .map(|(worker, socket)| {
+            let mut endpoint = quinn::EndpointConfig::default();
+            let cids = steer::WorkerCids::new(worker, workers.max(1));
+            endpoint.cid_generator(move || Box::new(cids));
+            Bound {
+                socket,
+                endpoint,
+                config: config.clone(),
+            }
+        })
+        .collect())
 }
 
 /// Serves HTTP/3 on `bound` with `handler` until `shutdown` fires; then refuses new
@@ -111,7 +138,7 @@ pub async fn serve<H, F>(
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let endpoint = match quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        bound.endpoint,
         Some(bound.config),
         bound.socket,
         Arc::new(quinn::TokioRuntime),
@@ -191,6 +218,7 @@ async fn connection<H, F>(
 {
     let tls = opts.tls.as_ref().expect("a QUIC listener terminates TLS");
     let _open = opts.open.clone().map(GaugeGuard::new);
+    let _worker_open = opts.worker_open.clone().map(GaugeGuard::new);
     let peer = incoming.remote_address();
     let quic = {
         let Some(_handshake) = tls.handshake() else {
