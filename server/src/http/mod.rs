@@ -88,8 +88,11 @@ pub async fn handle(
         Ok(wait) => tokio::time::sleep(wait).await,
         Err(early) => return ex.early(&app, early),
     }
+    // The guest's run and a WebSocket's life are awaited in boxes of their own: their state
+    // (tens of KB with the lifecycle's) would otherwise be part of every request's future,
+    // which hyper moves whole when a request comes in, a cache hit's too.
     if let Some(opening) = opening {
-        return websocket(&app, ex, req, opening).await;
+        return Box::pin(websocket(&app, ex, req, opening)).await;
     }
     let fill = match look_up(&app, &mut ex, &mut req).await {
         Looked::Guest(fill) => fill,
@@ -102,7 +105,7 @@ pub async fn handle(
             return ex.cached(&app, *stale, false, true);
         }
     };
-    match run(&app, &mut ex, req, fill).await {
+    match Box::pin(run(&app, &mut ex, req, fill)).await {
         Ok((resp, reached)) => ex.answered(&app, resp, reached),
         // A stale answer the guest was to revalidate stands in for an overload, within its
         // `stale-if-error`.
