@@ -40,11 +40,20 @@ pub(super) fn hit(v: &Variant, headers: &HeaderMap, now: Instant) -> Response<Re
     } else {
         -i128::from(v.stale_for(now).as_secs().max(1))
     };
-    if let Ok(value) = HeaderValue::from_str(&format!("tern; hit; ttl={ttl}")) {
-        resp.headers_mut().insert(CACHE_STATUS.clone(), value);
+    // Written on the stack: no `String` per hit.
+    let mut buf = [0u8; 64];
+    let mut w = &mut buf[..];
+    if std::io::Write::write_fmt(&mut w, format_args!("tern; hit; ttl={ttl}")).is_ok() {
+        let n = 64 - w.len();
+        if let Ok(value) = HeaderValue::from_bytes(&buf[..n]) {
+            resp.headers_mut().insert(CACHE_STATUS.clone(), value);
+        }
     }
     resp
 }
+
+/// Headers a hit's answer gets beyond the stored ones, room for which is kept in them.
+pub(super) const HIT_HEADERS: usize = 8;
 
 /// Headers a `304` repeats from the answer it stands for (RFC 9110 §15.4.5).
 const NOT_MODIFIED_KEEPS: [HeaderName; 6] = [
