@@ -77,6 +77,7 @@ pub fn bind(
 ) -> anyhow::Result<Vec<Bound>> {
     use anyhow::Context as _;
     let sockets = steer::bind_group(addr, workers)?;
+    let workers = sockets.len();
     let mut granted = (0, 0);
     for socket in &sockets {
         granted = crate::os::raise_socket_buffers(socket, c.http3_socket_buffer_kib * 1024);
@@ -113,7 +114,7 @@ pub fn bind(
         .enumerate()
         .map(|(worker, socket)| {
             let mut endpoint = quinn::EndpointConfig::default();
-            let cids = steer::WorkerCids::new(worker, workers.max(1));
+            let cids = steer::WorkerCids::new(worker, workers);
             endpoint.cid_generator(move || Box::new(cids));
             Bound {
                 socket,

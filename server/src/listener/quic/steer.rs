@@ -97,11 +97,11 @@ fn steering_program(workers: usize) -> [libc::sock_filter; 7] {
 }
 
 /// Binds `workers` UDP sockets on `addr`, worker 0's first, steered by connection ID when
-/// there are several (see the module's comment).
+/// there are several (see the module's comment); one socket if the kernel refuses the
+/// steering program (logged).
 ///
 /// # Errors
-/// If the address is taken (by another process too), cannot be bound, or the program not
-/// attached.
+/// If the address is taken (by another process too) or cannot be bound.
 pub fn bind_group(addr: SocketAddr, workers: usize) -> anyhow::Result<Vec<UdpSocket>> {
     let taken = || format!("cannot listen on {addr} (UDP, HTTP/3)");
     if workers <= 1 {
@@ -130,8 +130,15 @@ pub fn bind_group(addr: SocketAddr, workers: usize) -> anyhow::Result<Vec<UdpSoc
         sockets.push(socket);
     }
     let program = steering_program(workers);
-    crate::os::attach_reuseport_program(&sockets[0], &program)
-        .context("cannot attach the HTTP/3 steering program (SO_ATTACH_REUSEPORT_CBPF)")?;
+    if let Err(e) = crate::os::attach_reuseport_program(&sockets[0], &program) {
+        // A kernel (or sandbox) that refuses the program: one worker serves HTTP/3, as a
+        // socket alone in its group gets every packet.
+        tracing::warn!(
+            "HTTP/3 on the first worker only: the kernel refused the program that steers \
+             packets among workers (SO_ATTACH_REUSEPORT_CBPF: {e})"
+        );
+        sockets.truncate(1);
+    }
     if let Some(other) = foreign_socket(at, &sockets) {
         anyhow::bail!(
             "{}: another socket (inode {other}) joined its port at the same time: is another \
