@@ -404,6 +404,7 @@ impl Cache {
         // and the rest wait on, so a failing guest is not run by every waiting request at
         // once; all within COLLAPSE_WAIT, after which a request runs the guest itself.
         let patience = Instant::now() + COLLAPSE_WAIT;
+        let mut waited = false;
         while let Lookup::Miss(fill) = &mut looked
             && let Then::Store(s) = &mut fill.then
         {
@@ -412,12 +413,24 @@ impl Cache {
                 s.passing = true;
                 break;
             }
-            let Some(mut filled) = self.lead(s.hash) else {
+            let hash = s.hash;
+            let Some(mut filled) = self.lead(hash) else {
                 // This one fills the key; the misses behind it wait until its fill ends.
-                fill.lead = Some(Lead {
+                let lead = Lead {
                     cache: self.clone(),
-                    hash: s.hash,
-                });
+                    hash,
+                };
+                // The request that filled it before may have stored its answer and ended its
+                // fill between the look above and this one's taking the lead: looked at once
+                // more, with the lead held, else both would fill it. (Counted by what that
+                // look finds.)
+                fill.counted = Counted::Uncounted;
+                looked = self.look(req, &asked, unkeyed, waited);
+                if let Lookup::Miss(fill) = &mut looked
+                    && matches!(fill.then, Then::Store(_))
+                {
+                    fill.lead = Some(lead);
+                }
                 break;
             };
             let left = patience.saturating_duration_since(Instant::now());
@@ -428,6 +441,7 @@ impl Cache {
             let _ = tokio::time::timeout(left, filled.changed()).await;
             // Counted by what the next look finds.
             fill.counted = Counted::Uncounted;
+            waited = true;
             looked = self.look(req, &asked, unkeyed, true);
         }
         looked

@@ -670,17 +670,23 @@ async fn a_second_server_on_the_same_ports_stops_instead_of_sharing_them() {
         "{log}"
     );
     // Only the UDP port taken, by sockets sharing it (as another server's workers would).
-    let holder = socket2::Socket::new(
-        socket2::Domain::IPV4,
-        socket2::Type::DGRAM,
-        Some(socket2::Protocol::UDP),
-    )
-    .unwrap();
-    holder.set_reuse_port(true).unwrap();
-    holder
-        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+    // (A UDP port whose TCP twin is free, so that the second server gets as far as UDP.)
+    let (_holder, udp) = loop {
+        let holder = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::DGRAM,
+            Some(socket2::Protocol::UDP),
+        )
         .unwrap();
-    let udp = holder.local_addr().unwrap().as_socket().unwrap();
+        holder.set_reuse_port(true).unwrap();
+        holder
+            .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        let udp = holder.local_addr().unwrap().as_socket().unwrap();
+        if std::net::TcpListener::bind(udp).is_ok() {
+            break (holder, udp);
+        }
+    };
     let (failed, log) = second("127.0.0.1:0", &udp.to_string());
     assert!(failed, "a second server shared a UDP port: {log}");
     assert!(

@@ -60,6 +60,10 @@ pub struct Bound {
     /// Shared by every worker (a clone): one key for address validation tokens, so a Retry's
     /// token is good on whichever worker the client's next packet reaches.
     config: quinn::ServerConfig,
+    /// Every worker's socket, duplicated, held by each worker until it has stopped: a socket
+    /// leaves the group (and the kernel renumbers the rest, which would misdirect the packets
+    /// of connections still draining elsewhere) only once every worker has stopped.
+    group: Arc<[std::net::UdpSocket]>,
 }
 
 /// Binds HTTP/3's UDP sockets on `addr`, one per worker of `workers` (steered by connection
@@ -76,8 +80,15 @@ pub fn bind(
     workers: usize,
 ) -> anyhow::Result<Vec<Bound>> {
     use anyhow::Context as _;
-    let sockets = steer::bind_group(addr, workers)?;
+    // The connection ID's first byte names the worker: past 256 workers, the first 256 serve
+    // HTTP/3.
+    let sockets = steer::bind_group(addr, workers.min(steer::MAX_WORKERS))?;
     let workers = sockets.len();
+    let group: Arc<[std::net::UdpSocket]> = sockets
+        .iter()
+        .map(std::net::UdpSocket::try_clone)
+        .collect::<std::io::Result<Vec<_>>>()?
+        .into();
     let mut granted = (0, 0);
     for socket in &sockets {
         granted = crate::os::raise_socket_buffers(socket, c.http3_socket_buffer_kib * 1024);
@@ -120,6 +131,7 @@ pub fn bind(
                 socket,
                 endpoint,
                 config: config.clone(),
+                group: group.clone(),
             }
         })
         .collect())
@@ -138,6 +150,7 @@ pub async fn serve<H, F>(
     H: Fn(Request<RequestBody>, Connection) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
+    let group = bound.group;
     let endpoint = match quinn::Endpoint::new(
         bound.endpoint,
         Some(bound.config),
@@ -203,6 +216,7 @@ pub async fn serve<H, F>(
     }
     endpoint.close(H3_NO_ERROR.into(), b"shutting down");
     let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+    drop(group);
 }
 
 /// One QUIC connection: its handshake (within the TLS listener's timeout and cap), then its

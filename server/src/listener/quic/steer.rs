@@ -161,25 +161,36 @@ fn reuse_port_socket(addr: SocketAddr) -> std::io::Result<UdpSocket> {
 /// A UDP socket on `addr` (`/proc/net/udp`, `udp6`) that is none of `ours`, by its inode.
 fn foreign_socket(addr: SocketAddr, ours: &[UdpSocket]) -> Option<u64> {
     use std::os::unix::fs::MetadataExt as _;
+    // Our sockets' inodes: the descriptor's link names the socket, its metadata is the
+    // socket's. Unread (a sandbox without them), the check is skipped rather than guessed.
     let inodes: Vec<u64> = ours
         .iter()
-        .filter_map(|s| {
-            // The descriptor's link names the socket; its metadata is the socket's.
+        .map(|s| {
             let link = format!("/proc/self/fd/{}", s.as_raw_fd());
             std::fs::metadata(link).ok().map(|m| m.ino())
         })
-        .collect();
+        .collect::<Option<_>>()?;
     let table = if addr.is_ipv4() {
         "/proc/net/udp"
     } else {
         "/proc/net/udp6"
     };
     let text = std::fs::read_to_string(table).ok()?;
-    text.lines().skip(1).find_map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let (local, inode) = (fields.get(1)?, fields.get(9)?.parse::<u64>().ok()?);
-        (proc_address(local)? == addr && !inodes.contains(&inode)).then_some(inode)
-    })
+    let on_addr: Vec<u64> = text
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, inode) = (fields.get(1)?, fields.get(9)?.parse::<u64>().ok()?);
+            (proc_address(local)? == addr).then_some(inode)
+        })
+        .collect();
+    // A table that does not list our own sockets (another network namespace's view) says
+    // nothing of others.
+    if !inodes.iter().all(|i| on_addr.contains(i)) {
+        return None;
+    }
+    on_addr.into_iter().find(|i| !inodes.contains(i))
 }
 
 /// An address as `/proc/net/udp` writes it: the IP's 32-bit words in hex, each in the
