@@ -404,7 +404,6 @@ impl Cache {
         // and the rest wait on, so a failing guest is not run by every waiting request at
         // once; all within COLLAPSE_WAIT, after which a request runs the guest itself.
         let patience = Instant::now() + COLLAPSE_WAIT;
-        let mut waited = false;
         while let Lookup::Miss(fill) = &mut looked
             && let Then::Store(s) = &mut fill.then
         {
@@ -425,6 +424,7 @@ impl Cache {
                 // more, with the lead held, else both would fill it. (Counted by what that
                 // look finds.)
                 fill.counted = Counted::Uncounted;
+                let waited = fill.collapsed;
                 looked = self.look(req, &asked, unkeyed, waited);
                 if let Lookup::Miss(fill) = &mut looked
                     && matches!(fill.then, Then::Store(_))
@@ -441,7 +441,6 @@ impl Cache {
             let _ = tokio::time::timeout(left, filled.changed()).await;
             // Counted by what the next look finds.
             fill.counted = Counted::Uncounted;
-            waited = true;
             looked = self.look(req, &asked, unkeyed, true);
         }
         looked
