@@ -3,7 +3,8 @@
 //! (key `run:N`, `N` counting from 1 in key `count`) and answers `?status=N` (default 200)
 //! after `?sleep_ms=N` (sleeping, and `running` set to 1 while it does: a run that finds it set
 //! records `OVERLAP` first); with `?clock=1` the line ends with `|` and when the run started
-//! by the guest's clock (Unix milliseconds). A `GET` answers every recorded line, one per line.
+//! by the guest's clock (Unix milliseconds). A `GET` answers every recorded line, one per line,
+//! up to the first a run has counted and not yet stored.
 use tern_sdk::kv::Store;
 
 fn header(req: &tern_sdk::http::Request<tern_sdk::Body>, name: &str) -> String {
@@ -55,12 +56,12 @@ fn main() {
                 .flatten()
                 .and_then(|v| String::from_utf8_lossy(&v).parse().ok())
                 .unwrap_or(0);
+            // A run counts itself before it stores its line: one counted and not yet
+            // stored (a run under way) ends the answer, which has every line before it.
             for n in 1..=count {
-                let line = store
-                    .get(format!("run:{n}"))
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default();
+                let Some(line) = store.get(format!("run:{n}")).ok().flatten() else {
+                    break;
+                };
                 text.push_str(&String::from_utf8_lossy(&line));
                 text.push('\n');
             }
