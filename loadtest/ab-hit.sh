@@ -8,7 +8,9 @@
 # pinned to core 0; a 1 KB answer (`Cache-Control: max-age=3600`) is stored by a first request,
 # then asked again and again by `wrk -t1 -c32` pinned to core 1 (every request a hit). CPU:
 # utime + stime of the server (/proc/PID/stat) over the run. The native hello
-# (`target/release/native-hello`, one tokio worker) runs in each round too.
+# (`target/release/native-hello`, one tokio worker) runs in each round too, twice: as the hello
+# (17 bytes), and answering what the hit answers (`native-hello ADDR 1000`: the same 1,000 bytes
+# kept once, with the stored answer's headers) — the floor for serving that answer with hyper.
 #
 # Settings (environment): SECS=5, ROUNDS=3. Needs wrk, taskset, 2 cores, and the guest built
 # (`cargo build -p tern-test-guests --bins --target wasm32-wasip1 --profile guest
@@ -43,11 +45,14 @@ measure() { # pid url -> "µs/request req/s"
 wait_up() { for _ in $(seq 100); do curl -fs -o /dev/null "$1" && return; sleep 0.1; done; echo "not up: $1" >&2; exit 1; }
 
 for round in $(seq "$ROUNDS"); do
-    TOKIO_WORKER_THREADS=1 taskset -c 0 "$NATIVE" 127.0.0.1:$NATIVE_PORT 2>/dev/null &
-    PID=$!
-    wait_up "http://127.0.0.1:$NATIVE_PORT/"
-    echo "round $round native $(measure $PID "http://127.0.0.1:$NATIVE_PORT/")"
-    kill $PID; wait $PID 2>/dev/null || true
+    for label in native native-1k; do
+        size=; [ $label = native-1k ] && size=1000
+        TOKIO_WORKER_THREADS=1 taskset -c 0 "$NATIVE" 127.0.0.1:$NATIVE_PORT $size 2>/dev/null &
+        PID=$!
+        wait_up "http://127.0.0.1:$NATIVE_PORT/"
+        echo "round $round $label $(measure $PID "http://127.0.0.1:$NATIVE_PORT/")"
+        kill $PID; wait $PID 2>/dev/null || true
+    done
     for label in before after; do
         bin=$1; [ $label = after ] && bin=$2
         env TERN_CACHE_DIR="$WORK/cache" TERN_DATA_DIR="$WORK/data-$label" TERN_LOG=warn \
@@ -61,7 +66,7 @@ for round in $(seq "$ROUNDS"); do
         kill $PID; wait $PID 2>/dev/null || true
     done
 done | tee "$WORK/rounds"
-for label in native before after; do
+for label in native native-1k before after; do
     awk -v l=$label '$3 == l { v = $4; if (min == "" || v < min) min = v; if (v > max) max = v }
-        END { printf "%-6s %.2f-%.2f µs CPU per request\n", l, min, max }' "$WORK/rounds"
+        END { printf "%-9s %.2f-%.2f µs CPU per request\n", l, min, max }' "$WORK/rounds"
 done
