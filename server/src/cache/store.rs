@@ -50,6 +50,14 @@ pub(super) static UNKEYED: [HeaderName; 14] = [
     header::FORWARDED,
 ];
 
+/// Whether `headers` name one of the [`UNKEYED`]: one pass over the request's names (a
+/// request carries a few; looking each of the fourteen up hashed fourteen names a request).
+pub(super) fn carries_unkeyed(headers: &http::HeaderMap) -> bool {
+    headers.keys().any(|name| {
+        (name == header::FORWARDED || name.as_str().starts_with("x-")) && UNKEYED.contains(name)
+    })
+}
+
 /// One tenant's cache.
 pub struct Cache {
     pub(super) entries: moka::sync::Cache<u64, Arc<Keyed>>,
@@ -397,13 +405,14 @@ impl Cache {
     /// of a key another request is filling waits for that answer (at most [`COLLAPSE_WAIT`])
     /// and is answered with it when it was stored.
     pub async fn lookup<B>(self: &Arc<Self>, req: &Request<B>, asked: Asking<'_>) -> Lookup {
-        let unkeyed = !asked.trusted && UNKEYED.iter().any(|h| req.headers().contains_key(h));
+        let unkeyed = !asked.trusted && carries_unkeyed(req.headers());
         let mut looked = self.look(req, &asked, unkeyed, false);
         // A miss waits while another request fills its key. If that fill failed (a trap, a
         // deadline, a 5xx: nothing stored, and no pass), one of those waiting fills it next
         // and the rest wait on, so a failing guest is not run by every waiting request at
         // once; all within COLLAPSE_WAIT, after which a request runs the guest itself.
-        let patience = Instant::now() + COLLAPSE_WAIT;
+        // (Read off the clock when a miss first waits: a hit never does.)
+        let mut patience = None;
         while let Lookup::Miss(fill) = &mut looked
             && let Then::Store(s) = &mut fill.then
         {
@@ -433,7 +442,9 @@ impl Cache {
                 }
                 break;
             };
-            let left = patience.saturating_duration_since(Instant::now());
+            let now = Instant::now();
+            let patience = *patience.get_or_insert(now + COLLAPSE_WAIT);
+            let left = patience.saturating_duration_since(now);
             if left.is_zero() {
                 break;
             }
@@ -784,5 +795,47 @@ impl moka::Expiry<u64, Arc<Keyed>> for Expire {
         _: Option<Duration>,
     ) -> Option<Duration> {
         self.expire_after_create(key, entry, now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{UNKEYED, carries_unkeyed};
+    use http::{HeaderMap, HeaderName, HeaderValue};
+
+    fn with(names: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for n in names {
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).expect("a name"),
+                HeaderValue::from_static("v"),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn every_unkeyed_header_is_found_among_others_and_no_other_is() {
+        assert!(!carries_unkeyed(&HeaderMap::new()));
+        let others = [
+            "host",
+            "accept",
+            "x-forwarded-for",
+            "x-request-id",
+            "x-hostile",
+            "forwarded-for",
+        ];
+        assert!(!carries_unkeyed(&with(&others)));
+        for name in &UNKEYED {
+            // First, last and alone; as clients spell it (names are case-insensitive).
+            let upper = name.as_str().to_ascii_uppercase();
+            for names in [
+                vec![name.as_str(), "host", "accept"],
+                vec!["host", "x-forwarded-for", name.as_str()],
+                vec![upper.as_str()],
+            ] {
+                assert!(carries_unkeyed(&with(&names)), "{names:?}");
+            }
+        }
     }
 }

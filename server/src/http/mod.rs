@@ -586,20 +586,27 @@ async fn route(
             .await;
         routed = find();
     }
-    // A token for `Tern-Version` is the server's to read, never a guest's.
+    // The server's own request headers all begin `tern-`: looked for in one pass over the
+    // request's names before any is removed by name (each removal hashes its name).
     let headers = req.headers_mut();
-    if headers.remove(&rollout::TERN_VERSION_TOKEN).is_some()
-        | routed
-            .as_ref()
-            .is_some_and(|r| r.as_ref().is_ok_and(|r| r.rollout.is_some()))
+    if headers
+        .keys()
+        .any(|name| name.as_str().starts_with("tern-"))
     {
-        headers.remove(&rollout::TERN_VERSION);
+        // A token for `Tern-Version` is the server's to read, never a guest's.
+        if headers.remove(&rollout::TERN_VERSION_TOKEN).is_some()
+            | routed
+                .as_ref()
+                .is_some_and(|r| r.as_ref().is_ok_and(|r| r.rollout.is_some()))
+        {
+            headers.remove(&rollout::TERN_VERSION);
+        }
+        // A scheduled run's headers are the server's to give (`scheduled`): a client cannot
+        // pose as the scheduler.
+        headers.remove(&crate::schedule::TERN_SCHEDULE);
+        headers.remove(&crate::schedule::TERN_SCHEDULE_NAME);
+        headers.remove(&crate::schedule::TERN_SCHEDULED_TIME);
     }
-    // A scheduled run's headers are the server's to give (`scheduled`): a client cannot pose
-    // as the scheduler.
-    headers.remove(&crate::schedule::TERN_SCHEDULE);
-    headers.remove(&crate::schedule::TERN_SCHEDULE_NAME);
-    headers.remove(&crate::schedule::TERN_SCHEDULED_TIME);
     routed.unwrap_or_else(|| {
         Err(Early::Unrouted(Box::new(plain(
             StatusCode::NOT_FOUND,
