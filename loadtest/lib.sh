@@ -204,6 +204,26 @@ pinned_h1() { # url pid [wrk arguments...]
               n, (n > 0 ? (a - b) / hz * 1e6 / n : 0) }'
 }
 
+# pinned_h1's fields over HTTP/2 with prior knowledge: `h2load -c$CONNS -m1 -t1` on core 1 (one
+# stream in flight per connection, as wrk has one request), latencies from its log.
+pinned_h2() { # url pid
+    local before after out log=$WORK/h2-pinned.log url=$1 pid=$2
+    before=$(process_ticks "$pid")
+    out=$(taskset -c 1 h2load -c"$CONNS" -m1 -t1 -D "$SECS" --log-file "$log" "$url" 2>&1)
+    after=$(process_ticks "$pid")
+    local rps failed n
+    rps=$(echo "$out" | awk '/^finished in/ { gsub(",", "", $4); printf "%.0f", $4 }')
+    failed=$(echo "$out" | awk '/^requests:/ { print $10 + $12 + $14 }')
+    n=$(echo "$out" | awk '/^requests:/ { print $8 }')
+    sort -n -k3,3 "$log" | awk -v rps="$rps" -v failed="$failed" -v n="$n" -v b="$before" -v a="$after" \
+        -v hz="$(getconf CLK_TCK)" '{ d[NR] = $3 } END {
+        printf "%s %d %d %d %d %d %.2f\n", rps, d[int(NR * 0.5)], d[int(NR * 0.99)], d[int(NR * 0.999)],
+            failed, n, (n > 0 ? (a - b) / hz * 1e6 / n : 0) }'
+}
+
+# "MIN-MAX" of the CPU per request (field 7) of a set of pinned_h1 or pinned_h2 lines.
+cpu_range() { sort -k7,7n | awk '{ v[NR] = $7 } END { printf "%.2f-%.2f", v[1], v[NR] }'; }
+
 # Lowest CPU per request of a set of pinned_h1 lines (the least disturbed run).
 least_cpu() { sort -k7,7n | head -1; }
 

@@ -5,6 +5,7 @@ cpu() {
     need wrk wrk
     need taskset util-linux
     need perf linux-perf
+    need h2load nghttp2-client
     if [ "$(nproc)" -lt 2 ]; then
         echo "bench.sh cpu needs 2 cores (server on one, load generator on the other)" >&2
         exit 1
@@ -26,11 +27,22 @@ cpu() {
         PIN=0 start_tern "$config" TERN_LOG=info,tern::access=off
         r[nolog]+="$(pinned_h1 http://127.0.0.1:$TERN_PORT/hello "$TERN_PID")"$'\n'
         stop "$TERN_PID"
+        # The same two over h2 (cleartext, prior knowledge).
+        start_pinned_native
+        r[native_h2]+="$(pinned_h2 http://127.0.0.1:$NATIVE_PORT/ "$NATIVE_PID")"$'\n'
+        stop "$NATIVE_PID"
+        PIN=0 start_tern "$config" TERN_LOG=info,tern::access=off
+        r[nolog_h2]+="$(pinned_h2 http://127.0.0.1:$TERN_PORT/hello "$TERN_PID")"$'\n'
+        stop "$TERN_PID"
         lifecycle+="$(taskset -c 0 target/release/examples/phases builtin:hello 100000 |
             awk '$1 == "total" { gsub("µs", ""); print $2, $5 }')"$'\n'
     done
     local k
-    for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | least_cpu); done
+    local -A spread=()
+    for k in "${!r[@]}"; do
+        spread[$k]=$(printf '%s' "${r[$k]}" | grep . | cpu_range)
+        r[$k]=$(printf '%s' "${r[$k]}" | grep . | least_cpu)
+    done
     tracing_cost >"$WORK/tracing.md"
     # The worker's own share of the access line and of tracing, without HTTP (criterion, core 0).
     local line_ns traced_line_ns unsampled_ns kept_ns
@@ -44,9 +56,12 @@ cpu() {
     ncpu=$(echo "${r[native]}" | cut -d' ' -f7)
     tcpu=$(echo "${r[tern]}" | cut -d' ' -f7)
     lcpu=$(echo "${r[nolog]}" | cut -d' ' -f7)
-    cpu_row() { # label line
-        read -r rps p50 p99 p999 err reqs us <<<"$2"
-        echo "| $1 | **$us µs** | $rps | $p50 µs | $p99 µs | $p999 µs | $err |"
+    local n2cpu l2cpu
+    n2cpu=$(echo "${r[native_h2]}" | cut -d' ' -f7)
+    l2cpu=$(echo "${r[nolog_h2]}" | cut -d' ' -f7)
+    cpu_row() { # label key
+        read -r rps p50 p99 p999 err reqs us <<<"${r[$2]}"
+        echo "| $1 | **$us µs** | ${spread[$2]} µs | $rps | $p50 µs | $p99 µs | $p999 µs | $err |"
     }
     {
         header "CPU per request: Tern \`hello\` against native hyper, one pinned worker" "bash loadtest/bench.sh cpu"
@@ -56,16 +71,19 @@ cpu() {
         echo "process's user + system time (\`/proc/PID/stat\`, all its threads) over the run divided by"
         echo "the requests answered; the least disturbed of $ROUNDS alternating rounds is shown. The"
         echo "lifecycle p50 is \`phases builtin:hello\` (instantiate + run + teardown of the same guest,"
-        echo "no server) pinned to core 0 in the same run."
+        echo "no server) pinned to core 0 in the same run. The h2 rows: \`h2load -c$CONNS -m1 -t1\` pinned"
+        echo "to core 1 (cleartext HTTP/2 with prior knowledge, one stream in flight per connection)."
         echo
-        echo "| server | CPU per request | requests/s | p50 | p99 | p99.9 | errors |"
-        echo "|---|---:|---:|---:|---:|---:|---:|"
-        cpu_row "native hyper hello" "${r[native]}"
-        cpu_row "Tern \`hello\` (defaults: access log on)" "${r[tern]}"
-        cpu_row "Tern \`hello\`, access log off" "${r[nolog]}"
+        echo "| server | CPU per request | over the rounds | requests/s | p50 | p99 | p99.9 | errors |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+        cpu_row "native hyper hello" native
+        cpu_row "Tern \`hello\` (defaults: access log on)" tern
+        cpu_row "Tern \`hello\`, access log off" nolog
+        cpu_row "native hyper hello, h2 (\`h2load -c$CONNS -m1\`)" native_h2
+        cpu_row "Tern \`hello\`, access log off, h2" nolog_h2
         echo
         echo "- lifecycle p50 of \`hello\` (instantiate + run + teardown): **$life µs** (mean $mean µs: one request in 16 also returns 16 slots' pages to the kernel)"
-        echo "- Tern − native: **$(awk -v a="$tcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs** per request (access log off: $(awk -v a="$lcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs); goal ≤ 5 µs and ≤ the lifecycle p50"
+        echo "- Tern − native: **$(awk -v a="$tcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs** per request (access log off: $(awk -v a="$lcpu" -v b="$ncpu" 'BEGIN { printf "%.1f", a - b }') µs = $(awk -v a="$lcpu" -v b="$ncpu" -v l="$life" 'BEGIN { printf "%.2f", (a - b) / l }') × the lifecycle p50; h2: $(awk -v a="$l2cpu" -v b="$n2cpu" 'BEGIN { printf "%.1f", a - b }') µs = $(awk -v a="$l2cpu" -v b="$n2cpu" -v l="$life" 'BEGIN { printf "%.2f", (a - b) / l }') ×); goal ≤ 1.2 × the lifecycle p50"
         echo "- p99 Tern / native: **$(ratio "$(echo "${r[tern]}" | cut -d' ' -f3)" "$(echo "${r[native]}" | cut -d' ' -f3)")** (access log off: $(ratio "$(echo "${r[nolog]}" | cut -d' ' -f3)" "$(echo "${r[native]}" | cut -d' ' -f3)")); goal ≤ 1.2"
         echo "- access log cost in requests/s: $(awk -v a="$(echo "${r[tern]}" | cut -d' ' -f1)" -v b="$(echo "${r[nolog]}" | cut -d' ' -f1)" 'BEGIN { printf "%.1f %%", (1 - a / b) * 100 }'); in CPU per request: $(awk -v a="$tcpu" -v b="$lcpu" 'BEGIN { printf "%.1f %%", (a / b - 1) * 100 }'); goal ≤ 5 %. The access line alone costs the worker $line_ns ns (criterion) and the rows above $(awk -v a="$tcpu" -v b="$lcpu" 'BEGIN { printf "%.0f", (a - b) * 1000 }') ns: in this closed loop a slower worker wakes the idle load generator more often, and the server pays for those wake-ups (\`perf\`: \`sock_def_readable\` under \`writev\`), so these rows magnify a worker's own cost about $(awk -v a="$tcpu" -v b="$lcpu" -v n="$line_ns" 'BEGIN { if (n > 0) printf "%.1f", (a - b) * 1000 / n; else print "-" }')×"
         echo
