@@ -129,14 +129,26 @@ kinds() {
     done
     local k
     for k in "${!r[@]}"; do r[$k]=$(printf '%s' "${r[$k]}" | grep . | best); done
-    for k in "${!c[@]}"; do c[$k]=$(printf '%s' "${c[$k]}" | grep . | least_cpu); done
+    local -A c_all=()
+    for k in "${!c[@]}"; do
+        c_all[$k]=${c[$k]}
+        c[$k]=$(printf '%s' "${c[$k]}" | grep . | least_cpu)
+    done
+    # "MIN-MAX" of peer CPU / Tern CPU per request, round by round (each round runs both).
+    round_ratios() { # peer-key tern-key
+        paste -d' ' <(printf '%s' "${c_all[$1]:-}" | grep . | cut -d' ' -f7) \
+            <(printf '%s' "${c_all[$2]:-}" | grep . | cut -d' ' -f7) | awk '
+            NF == 2 && $2 > 0 { r = $1 / $2; if (min == "" || r < min) min = r; if (r > max) max = r }
+            END { if (min == "") print "-"; else printf "%.2f-%.2f", min, max }'
+    }
+    spread_of() { printf '%s' "${c_all[$1]:-}" | grep . | cpu_range; }
     # the round with the least lifecycle
     for k in "${!ph[@]}"; do ph[$k]=$(printf '%s' "${ph[$k]}" | grep . | awk '{ print $1 + $2 + $3, $0 }' | sort -n | head -1 | cut -d' ' -f2-); done
     cpu_of() { echo "${c[$1]:-}" | cut -d' ' -f7; }
-    cpu_row() { # label line
-        if [ -z "$2" ]; then echo "| $1 | not run | | | | |"; return; fi
-        read -r rps p50 p99 _ err _ us <<<"$2"
-        echo "| $1 | **$us µs** | $rps | $p50 µs | $p99 µs | $err |"
+    cpu_row() { # label key
+        if [ -z "${c[$2]:-}" ]; then echo "| $1 | not run | | | | | |"; return; fi
+        read -r rps p50 p99 _ err _ us <<<"${c[$2]}"
+        echo "| $1 | **$us µs** | $(spread_of "$2") µs | $rps | $p50 µs | $p99 µs | $err |"
     }
     local v48 vnew="not installed"
     v48=$("$wasmtime" --version | cut -d' ' -f1-2)
@@ -160,23 +172,26 @@ kinds() {
         echo "run follows ${WARM_SECS} s of the same load, unmeasured, so both servers are measured warm (see"
         echo "loadtest/README.md for a Python component's cold start):"
         echo
-        echo "| server, guest | CPU per request | requests/s | p50 | p99 | errors |"
-        echo "|---|---:|---:|---:|---:|---:|"
-        cpu_row "native hyper hello (no guest)" "${c[native]}"
-        cpu_row "Tern, \`tern\` kind (\`hello\`)" "${c[hello]}"
-        cpu_row "Tern, \`cgi\` program" "${c[cgi]}"
+        echo "| server, guest | CPU per request | over the rounds | requests/s | p50 | p99 | errors |"
+        echo "|---|---:|---:|---:|---:|---:|---:|"
+        cpu_row "native hyper hello (no guest)" native
+        cpu_row "Tern, \`tern\` kind (\`hello\`)" hello
+        cpu_row "Tern, \`cgi\` program" cgi
         for kind in $components; do
-            cpu_row "Tern, \`$kind\` component" "${c[$kind]}"
-            cpu_row "$v48 serve, \`$kind\` component" "${c[w48-$kind]:-}"
-            cpu_row "$vnew serve, \`$kind\` component" "${c[wnew-$kind]:-}"
+            cpu_row "Tern, \`$kind\` component" "$kind"
+            cpu_row "$v48 serve, \`$kind\` component" "w48-$kind"
+            cpu_row "$vnew serve, \`$kind\` component" "wnew-$kind"
         done
         echo
-        echo "Requests per CPU second, Tern / \`wasmtime serve\` (= their CPU per request inverted; goals: every one ≥ 1, \`pyasync\` ≥ 2, JavaScript ≥ 3):"
+        echo "Requests per CPU second, Tern / \`wasmtime serve\` (= their CPU per request inverted), of the"
+        echo "least disturbed runs and, paired round by round, over the $ROUNDS rounds (goals: every one ≥ 1,"
+        echo "\`pyasync\` ≥ 2, JavaScript ≥ 3). Tern serves all seven tenants from one server, \`wasmtime"
+        echo "serve\` one component each:"
         echo
-        echo "| component | Tern / $v48 | Tern / $vnew |"
-        echo "|---|---:|---:|"
+        echo "| component | Tern / $v48 | over the rounds | Tern / $vnew | over the rounds |"
+        echo "|---|---:|---:|---:|---:|"
         for kind in $components; do
-            echo "| \`$kind\` | **$(ratio "$(cpu_of "w48-$kind")" "$(cpu_of "$kind")")** | $(ratio "$(cpu_of "wnew-$kind")" "$(cpu_of "$kind")") |"
+            echo "| \`$kind\` | **$(ratio "$(cpu_of "w48-$kind")" "$(cpu_of "$kind")")** | $(round_ratios "w48-$kind" "$kind") | $(ratio "$(cpu_of "wnew-$kind")" "$(cpu_of "$kind")") | $(round_ratios "wnew-$kind" "$kind") |"
         done
         echo
         echo "The lifecycle's phases as the server times them during the pinned runs above"
