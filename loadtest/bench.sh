@@ -45,6 +45,8 @@
 #                                       schedule to its guest's start, with `hello` under wrk load
 #   bash loadtest/bench.sh fleet        a fleet on one S3 registry (versitygw): a replica joining
 #                                       1,000 tenants, and deploy-to-every-replica convergence
+#   bash loadtest/bench.sh tenants      one server with 1, 3 and 10 tenants (`hello` loaded as that
+#                                       many modules), asked in turn request by request: CPU per request
 #   bash loadtest/bench.sh charts       PNG charts from the results (gnuplot)
 #   bash loadtest/bench.sh all          all of the above, in that order (cpu first)
 #
@@ -62,8 +64,8 @@ for bench in "$ROOT"/loadtest/bench/*.sh; do
 done
 
 case ${1:-} in
-    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | cache | compression | readthrough | h3 | ratelimit | websocket | logs | rollout | schedule | fleet | charts) "$1" ;;
+    cpu | throughput | scaling | mixed | allocator | density | proxy | kinds | kv | tls | cache | compression | readthrough | h3 | ratelimit | websocket | logs | rollout | schedule | fleet | tenants | charts) "$1" ;;
     tracing) need wrk wrk; need perf linux-perf; build; tracing_cost ;;
     all) cpu; throughput; scaling; mixed; allocator; density; proxy; kinds; kv; tls; charts ;;
-    *) sed -n '2,55p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,57p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
