@@ -111,10 +111,11 @@ warm() { # url [taskset-prefix...]
 # h2load, HTTP/2 with prior knowledge, 10 streams per connection -> same fields as h1
 h2() { # url
     local log=$WORK/h2.log out
+    rm -f "$log" # h2load appends to its log
     out=$(h2load -c"$CONNS" -m10 -t"$WRK_THREADS" -D "$SECS" --log-file "$log" "$1" 2>&1)
     local rps failed
     rps=$(echo "$out" | awk '/^finished in/ { gsub(",", "", $4); printf "%.0f", $4 }')
-    failed=$(echo "$out" | awk '/^requests:/ { print $10 + $12 + $14 }')
+    failed=$(echo "$out" | awk '/^requests:/ { print $10 }') # errored and timed out included
     sort -n -k3,3 "$log" | awk -v rps="$rps" -v failed="$failed" '{ d[NR] = $3 } END {
         printf "%s %d %d %d %d\n", rps, d[int(NR * 0.5)], d[int(NR * 0.99)], d[int(NR * 0.999)], failed }'
 }
@@ -208,12 +209,13 @@ pinned_h1() { # url pid [wrk arguments...]
 # stream in flight per connection, as wrk has one request), latencies from its log.
 pinned_h2() { # url pid
     local before after out log=$WORK/h2-pinned.log url=$1 pid=$2
+    rm -f "$log" # h2load appends to its log
     before=$(process_ticks "$pid")
     out=$(taskset -c 1 h2load -c"$CONNS" -m1 -t1 -D "$SECS" --log-file "$log" "$url" 2>&1)
     after=$(process_ticks "$pid")
     local rps failed n
     rps=$(echo "$out" | awk '/^finished in/ { gsub(",", "", $4); printf "%.0f", $4 }')
-    failed=$(echo "$out" | awk '/^requests:/ { print $10 + $12 + $14 }')
+    failed=$(echo "$out" | awk '/^requests:/ { print $10 }') # errored and timed out included
     n=$(echo "$out" | awk '/^requests:/ { print $8 }')
     sort -n -k3,3 "$log" | awk -v rps="$rps" -v failed="$failed" -v n="$n" -v b="$before" -v a="$after" \
         -v hz="$(getconf CLK_TCK)" '{ d[NR] = $3 } END {

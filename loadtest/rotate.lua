@@ -1,5 +1,6 @@
 -- wrk script: the paths given after `--` in turn, request by request (e.g. `-- /t0 /t1 /t2`:
--- every connection's next request goes to the next path), with latency.lua's RESULT line.
+-- each wrk thread's next request, on whichever of its connections, goes to the next path),
+-- with latency.lua's RESULT line.
 dofile("loadtest/latency.lua")
 local paths = {}
 local next_path = 0

@@ -184,7 +184,8 @@ kinds() {
         done
         echo
         echo "Requests per CPU second, Tern / \`wasmtime serve\` (= their CPU per request inverted), of the"
-        echo "least disturbed runs and, paired round by round, over the $ROUNDS rounds (goals: every one ≥ 1,"
+        echo "least disturbed runs (each server's own, so possibly of two rounds) and, paired round by round,"
+        echo "over the $ROUNDS rounds (goals: every one ≥ 1,"
         echo "\`pyasync\` ≥ 2, JavaScript ≥ 3). Tern serves all seven tenants from one server, \`wasmtime"
         echo "serve\` one component each:"
         echo
