@@ -192,11 +192,12 @@ find_wasmtime() { # [version]
 
 # wrk pinned to core 1, one thread -> "rps p50 p99 p999 errors requests cpu_us_per_request" where
 # the CPU is process $2's over the run; further arguments go to wrk (`-H 'Accept-Encoding: gzip'`).
-pinned_h1() { # url pid [wrk arguments...]
+pinned_h1() { # url pid [wrk arguments... [-- script arguments...]]
     local before after out url=$1 pid=$2
     shift 2
     before=$(process_ticks "$pid")
-    out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" -s loadtest/latency.lua "$@" "$url")
+    # (The URL first: arguments after `--` in "$@" are the script's, e.g. rotate.lua's paths.)
+    out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" -s loadtest/latency.lua "$url" "$@")
     after=$(process_ticks "$pid")
     echo "$out" | awk -v b="$before" -v a="$after" -v hz="$(getconf CLK_TCK)" '
         /requests in/ { n = $1 }

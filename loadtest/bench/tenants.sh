@@ -2,20 +2,6 @@
 # (the same `hello` loaded as that many modules), their requests interleaved request by request.
 # Sourced by loadtest/bench.sh after loadtest/lib.sh.
 
-# pinned_h1's fields, the requests going to PATHS in turn (loadtest/rotate.lua).
-rotated_h1() { # url pid paths...
-    local url=$1 pid=$2 before after out
-    shift 2
-    before=$(process_ticks "$pid")
-    out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${SECS}s" -s loadtest/rotate.lua "$url" -- "$@")
-    after=$(process_ticks "$pid")
-    echo "$out" | awk -v b="$before" -v a="$after" -v hz="$(getconf CLK_TCK)" '
-        /requests in/ { n = $1 }
-        /^RESULT/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] } }
-        END { printf "%s %s %s %s %s %d %.2f\n", v["rps"], v["p50"], v["p99"], v["p999"], v["errors"],
-              n, (n > 0 ? (a - b) / hz * 1e6 / n : 0) }'
-}
-
 # "MIN MAX" of the 2xx answers of tenants t0..t(K-1) so far (MIN 0 when one has none).
 tenant_counts() { # k
     curl -sf "http://127.0.0.1:$ADMIN_PORT/metrics" | awk -v k="$1" '
@@ -52,7 +38,7 @@ tenants() {
             PIN=0 start_tern "$cfg" TERN_LOG=info,tern::access=off
             taskset -c 1 wrk -t1 -c"$CONNS" -d"${WARM_SECS}s" -s loadtest/rotate.lua \
                 "http://127.0.0.1:$TERN_PORT/" -- "${paths[@]}" >/dev/null
-            c[$k]+="$(rotated_h1 "http://127.0.0.1:$TERN_PORT/" "$TERN_PID" "${paths[@]}")"$'\n'
+            c[$k]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT/" "$TERN_PID" -s loadtest/rotate.lua -- "${paths[@]}")"$'\n'
             # Every tenant was asked its share (the turns went where they were meant to).
             local lo hi
             read -r lo hi <<<"$(tenant_counts "$k")"
