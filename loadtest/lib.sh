@@ -108,16 +108,24 @@ warm() { # url [taskset-prefix...]
     "$@" wrk -t"$WRK_THREADS" -c"$CONNS" -d"${WARM_SECS}s" "$url" >/dev/null
 }
 
+# One h2load run (its arguments, `--log-file` added) -> "rps p50 p99 p999 failed succeeded",
+# latencies in µs from its log. With PIN_CLIENT=N in the environment it runs on core N only.
+h2load_run() { # h2load arguments...
+    local log=$WORK/h2.log out pin=()
+    [ -n "${PIN_CLIENT:-}" ] && pin=(taskset -c "$PIN_CLIENT")
+    rm -f "$log" # h2load appends to its log
+    out=$("${pin[@]}" h2load --log-file "$log" "$@" 2>&1)
+    local rps failed done
+    rps=$(echo "$out" | awk '/^finished in/ { gsub(",", "", $4); printf "%.0f", $4 }')
+    # (`failed` holds the errored and the timed-out ones too.)
+    read -r failed done <<<"$(echo "$out" | awk '/^requests:/ { print $10, $8 }')"
+    sort -n -k3,3 "$log" | awk -v rps="$rps" -v failed="$failed" -v done="$done" '{ d[NR] = $3 } END {
+        printf "%s %d %d %d %d %d\n", rps, d[int(NR * 0.5)], d[int(NR * 0.99)], d[int(NR * 0.999)], failed, done }'
+}
+
 # h2load, HTTP/2 with prior knowledge, 10 streams per connection -> same fields as h1
 h2() { # url
-    local log=$WORK/h2.log out
-    rm -f "$log" # h2load appends to its log
-    out=$(h2load -c"$CONNS" -m10 -t"$WRK_THREADS" -D "$SECS" --log-file "$log" "$1" 2>&1)
-    local rps failed
-    rps=$(echo "$out" | awk '/^finished in/ { gsub(",", "", $4); printf "%.0f", $4 }')
-    failed=$(echo "$out" | awk '/^requests:/ { print $10 }') # errored and timed out included
-    sort -n -k3,3 "$log" | awk -v rps="$rps" -v failed="$failed" '{ d[NR] = $3 } END {
-        printf "%s %d %d %d %d\n", rps, d[int(NR * 0.5)], d[int(NR * 0.99)], d[int(NR * 0.999)], failed }'
+    h2load_run -c"$CONNS" -m10 -t"$WRK_THREADS" -D "$SECS" "$1" | cut -d' ' -f1-5
 }
 
 best() { sort -k1,1nr | head -1; }
@@ -209,23 +217,24 @@ pinned_h1() { # url pid [wrk arguments... [-- script arguments...]]
 # pinned_h1's fields over HTTP/2 with prior knowledge: `h2load -c$CONNS -m1 -t1` on core 1 (one
 # stream in flight per connection, as wrk has one request), latencies from its log.
 pinned_h2() { # url pid
-    local before after out log=$WORK/h2-pinned.log url=$1 pid=$2
-    rm -f "$log" # h2load appends to its log
+    local before after out url=$1 pid=$2
     before=$(process_ticks "$pid")
-    out=$(taskset -c 1 h2load -c"$CONNS" -m1 -t1 -D "$SECS" --log-file "$log" "$url" 2>&1)
+    out=$(PIN_CLIENT=1 h2load_run -c"$CONNS" -m1 -t1 -D "$SECS" "$url")
     after=$(process_ticks "$pid")
-    local rps failed n
-    rps=$(echo "$out" | awk '/^finished in/ { gsub(",", "", $4); printf "%.0f", $4 }')
-    failed=$(echo "$out" | awk '/^requests:/ { print $10 }') # errored and timed out included
-    n=$(echo "$out" | awk '/^requests:/ { print $8 }')
-    sort -n -k3,3 "$log" | awk -v rps="$rps" -v failed="$failed" -v n="$n" -v b="$before" -v a="$after" \
-        -v hz="$(getconf CLK_TCK)" '{ d[NR] = $3 } END {
-        printf "%s %d %d %d %d %d %.2f\n", rps, d[int(NR * 0.5)], d[int(NR * 0.99)], d[int(NR * 0.999)],
-            failed, n, (n > 0 ? (a - b) / hz * 1e6 / n : 0) }'
+    echo "$out" | awk -v b="$before" -v a="$after" -v hz="$(getconf CLK_TCK)" '
+        { printf "%s %.2f\n", $0, ($6 > 0 ? (a - b) / hz * 1e6 / $6 : 0) }'
 }
 
 # "MIN-MAX" of the CPU per request (field 7) of a set of pinned_h1 or pinned_h2 lines.
 cpu_range() { sort -k7,7n | awk '{ v[NR] = $7 } END { printf "%.2f-%.2f", v[1], v[NR] }'; }
+
+# "MIN-MAX" of the CPU per request (field 7) of the lines $1 over that of the lines $2, round by
+# round (line N of each is round N), with $3 decimals (default 2); "-" when none pair.
+round_ratios() { # lines lines [decimals]
+    paste -d' ' <(printf '%s' "$1" | grep . | cut -d' ' -f7) <(printf '%s' "$2" | grep . | cut -d' ' -f7) |
+        awk -v d="${3:-2}" 'NF == 2 && $2 > 0 { r = $1 / $2; if (min == "" || r < min) min = r; if (r > max) max = r }
+            END { if (min == "") print "-"; else printf "%." d "f-%." d "f", min, max }'
+}
 
 # Lowest CPU per request of a set of pinned_h1 lines (the least disturbed run).
 least_cpu() { sort -k7,7n | head -1; }

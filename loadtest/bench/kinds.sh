@@ -134,13 +134,8 @@ kinds() {
         c_all[$k]=${c[$k]}
         c[$k]=$(printf '%s' "${c[$k]}" | grep . | least_cpu)
     done
-    # "MIN-MAX" of peer CPU / Tern CPU per request, round by round (each round runs both).
-    round_ratios() { # peer-key tern-key
-        paste -d' ' <(printf '%s' "${c_all[$1]:-}" | grep . | cut -d' ' -f7) \
-            <(printf '%s' "${c_all[$2]:-}" | grep . | cut -d' ' -f7) | awk '
-            NF == 2 && $2 > 0 { r = $1 / $2; if (min == "" || r < min) min = r; if (r > max) max = r }
-            END { if (min == "") print "-"; else printf "%.2f-%.2f", min, max }'
-    }
+    # Peer CPU / Tern CPU per request, round by round (each round runs both).
+    paired() { round_ratios "${c_all[$1]:-}" "${c_all[$2]:-}"; } # peer-key tern-key
     spread_of() { printf '%s' "${c_all[$1]:-}" | grep . | cpu_range; }
     # the round with the least lifecycle
     for k in "${!ph[@]}"; do ph[$k]=$(printf '%s' "${ph[$k]}" | grep . | awk '{ print $1 + $2 + $3, $0 }' | sort -n | head -1 | cut -d' ' -f2-); done
@@ -192,7 +187,7 @@ kinds() {
         echo "| component | Tern / $v48 | over the rounds | Tern / $vnew | over the rounds |"
         echo "|---|---:|---:|---:|---:|"
         for kind in $components; do
-            echo "| \`$kind\` | **$(ratio "$(cpu_of "w48-$kind")" "$(cpu_of "$kind")")** | $(round_ratios "w48-$kind" "$kind") | $(ratio "$(cpu_of "wnew-$kind")" "$(cpu_of "$kind")") | $(round_ratios "wnew-$kind" "$kind") |"
+            echo "| \`$kind\` | **$(ratio "$(cpu_of "w48-$kind")" "$(cpu_of "$kind")")** | $(paired "w48-$kind" "$kind") | $(ratio "$(cpu_of "wnew-$kind")" "$(cpu_of "$kind")") | $(paired "wnew-$kind" "$kind") |"
         done
         echo
         echo "The lifecycle's phases as the server times them during the pinned runs above"

@@ -21,7 +21,7 @@ tenants() {
         exit 1
     fi
     build
-    local k n i cfg
+    local k n i cfg lo hi least
     local -a paths
     local -A c=()
     for n in $(seq 1 "$ROUNDS"); do
@@ -40,7 +40,6 @@ tenants() {
                 "http://127.0.0.1:$TERN_PORT/" -- "${paths[@]}" >/dev/null
             c[$k]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT/" "$TERN_PID" -s loadtest/rotate.lua -- "${paths[@]}")"$'\n'
             # Every tenant was asked its share (the turns went where they were meant to).
-            local lo hi
             read -r lo hi <<<"$(tenant_counts "$k")"
             if [ "$lo" -eq 0 ] || [ $((lo * 11)) -lt $((hi * 10)) ]; then
                 echo "bench.sh tenants: the $k tenants' answers are uneven ($lo to $hi)" >&2
@@ -49,13 +48,6 @@ tenants() {
             stop "$TERN_PID"
         done
     done
-    # "MIN-MAX" of CPU per request of $1 tenants over that of 1, round by round.
-    paired() {
-        paste -d' ' <(printf '%s' "${c[$1]}" | grep . | cut -d' ' -f7) \
-            <(printf '%s' "${c[1]}" | grep . | cut -d' ' -f7) | awk '
-            $2 > 0 { r = $1 / $2; if (min == "" || r < min) min = r; if (r > max) max = r }
-            END { printf "%.3f-%.3f", min, max }'
-    }
     {
         header "One server, 1, 3 and 10 tenants: CPU per request, interleaved" "bash loadtest/bench.sh tenants"
         echo "Tern with \`worker_threads = 1\` pinned to core 0 serves k tenants, each \`builtin:hello\` (the"
@@ -67,10 +59,9 @@ tenants() {
         echo "| tenants | CPU per request (least) | over the rounds | k ÷ 1, paired by round | requests/s | p50 | p99 | errors |"
         echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
         for k in 1 3 10; do
-            local least
             least=$(printf '%s' "${c[$k]}" | grep . | least_cpu)
             read -r rps p50 p99 _ err _ us <<<"$least"
-            echo "| $k | **$us µs** | $(printf '%s' "${c[$k]}" | grep . | cpu_range) µs | $(paired "$k") | $rps | $p50 µs | $p99 µs | $err |"
+            echo "| $k | **$us µs** | $(printf '%s' "${c[$k]}" | grep . | cpu_range) µs | $(round_ratios "${c[$k]}" "${c[1]}" 3) | $rps | $p50 µs | $p99 µs | $err |"
         done
         echo
         echo "- Goal (issue 77): a server with several tenants pays no more per request for one of them"
