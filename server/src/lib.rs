@@ -116,6 +116,7 @@
 //! - [`trace`]: every request's phases as OpenTelemetry spans (ids and sampling on the request
 //!   path, spans encoded where a kept request ends, exported by OTLP/HTTP off it).
 //! - [`hex`]: lower-case hex for digests, names and the trace context.
+//! - [`budget`]: size budgets of the request path's futures, checked at compile time.
 //! - [`app`]: what the request path and the admin listener share.
 //! - [`body`], [`demo`]: the body types (every response's; a client's request body as a guest
 //!   or the server reads it) and short plain responses; the embedded demo guests.
@@ -142,6 +143,7 @@ pub mod artifact;
 pub mod assets;
 pub mod audit;
 pub mod body;
+pub mod budget;
 pub mod cache;
 pub mod capabilities;
 pub mod ceilings;

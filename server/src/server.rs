@@ -791,7 +791,8 @@ impl Worker {
         });
         let sockets = app.sockets.clone();
         let handler = move |req: http::Request<RequestBody>, conn| {
-            crate::http::handle(app.clone(), req, conn)
+            // (2,880 bytes: hyper moves it in for every request, a cache hit's too.)
+            crate::budget::sized::<3072, _>(crate::http::handle(app.clone(), req, conn))
         };
         let tokio_listener = |l| TcpListener::from_std(l).expect("a listener bound at start");
         let plain = async {

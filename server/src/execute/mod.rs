@@ -156,7 +156,7 @@ pub async fn answer(tenant: TenantRef, request: GuestRequest, hold: impl Send + 
     let (commit, mut committed) = oneshot::channel();
     // 3,336 bytes with a core module's lifecycle (was 15,856 before the component's was
     // boxed apart and the store state and call future were held once each).
-    let mut run = boxed::<4096, _>(async move {
+    let mut run = crate::budget::boxed::<4096, _>(async move {
         let ran = run(tenant, request, commit).await;
         drop(hold);
         ran
@@ -193,23 +193,6 @@ pub async fn answer(tenant: TenantRef, request: GuestRequest, hold: impl Send + 
             })),
         },
     }
-}
-
-/// `future` in a box, refused at compile time when it is over `MAX` bytes: boxing moves a
-/// future whole (every byte of its largest state, not only what it starts with), once per
-/// request on the hot path, and a few kilobytes more of it cost more than the copy (the
-/// stack and cache lines it touches; a `hello` spent ~4 µs more CPU with a 15.8 KB run than
-/// with 3.3 KB). Checked in release builds, the ones served, tested and measured (a debug
-/// build lays futures out otherwise).
-pub(crate) fn boxed<const MAX: usize, F: Future>(future: F) -> std::pin::Pin<Box<F>> {
-    #[cfg(not(debug_assertions))]
-    const {
-        assert!(
-            size_of::<F>() <= MAX,
-            "a future boxed on the hot path outgrew its budget: box its largest await apart"
-        );
-    }
-    Box::pin(future)
 }
 
 /// A run's response (`None`: it streamed, its head went through the hand-off), phases and

@@ -105,7 +105,7 @@ pub async fn handle(
             return ex.cached(&app, *stale, false, true);
         }
     };
-    match crate::execute::boxed::<2048, _>(run(&app, &mut ex, req, fill)).await {
+    match crate::budget::boxed::<2048, _>(run(&app, &mut ex, req, fill)).await {
         Ok((resp, reached)) => ex.answered(&app, resp, reached),
         // A stale answer the guest was to revalidate stands in for an overload, within its
         // `stale-if-error`.
