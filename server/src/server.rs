@@ -791,7 +791,7 @@ impl Worker {
         });
         let sockets = app.sockets.clone();
         let handler = move |req: http::Request<RequestBody>, conn| {
-            // (2,880 bytes: hyper moves it in for every request, a cache hit's too.)
+            // (Hyper moves it in for every request, a cache hit's too.)
             crate::budget::sized::<3072, _>(crate::http::handle(app.clone(), req, conn))
         };
         let tokio_listener = |l| TcpListener::from_std(l).expect("a listener bound at start");

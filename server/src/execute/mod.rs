@@ -154,8 +154,7 @@ impl Answer {
 /// permit) is dropped after teardown.
 pub async fn answer(tenant: TenantRef, request: GuestRequest, hold: impl Send + 'static) -> Answer {
     let (commit, mut committed) = oneshot::channel();
-    // 3,336 bytes with a core module's lifecycle (was 15,856 before the component's was
-    // boxed apart and the store state and call future were held once each).
+    // (A core module's lifecycle sizes it; a component's is boxed apart in `run`.)
     let mut run = crate::budget::boxed::<4096, _>(async move {
         let ran = run(tenant, request, commit).await;
         drop(hold);
