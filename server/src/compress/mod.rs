@@ -49,18 +49,51 @@ pub enum Choice {
 /// The compressed copies of one answer the edge cache stored, one per encoding, each made by
 /// the first client that takes it and served as it is to the next (a purge drops them with
 /// the answer).
+///
+/// It also keeps what the tenant's compression judged of the stored answer itself (whether it
+/// qualifies, whether its `Vary` lists `Accept-Encoding`), so a hit does not judge it again:
+/// tagged with the settings' id, so a reload's new settings judge it anew.
 #[derive(Debug, Default)]
-pub struct Copies([std::sync::OnceLock<bytes::Bytes>; 3]);
+pub struct Copies {
+    made: [std::sync::OnceLock<bytes::Bytes>; 3],
+    /// `id << 2 | vary_listed << 1 | qualifies`; 0 before it was judged.
+    verdict: std::sync::atomic::AtomicU64,
+}
 
 impl Copies {
     /// The bytes its copies hold.
     pub fn bytes(&self) -> usize {
-        self.0
+        self.made
             .iter()
             .filter_map(|c| c.get())
             .map(bytes::Bytes::len)
             .sum()
     }
+
+    /// The stored answer's verdict under the compression `id`: kept, or `judge`d now and kept.
+    fn judged(&self, id: u64, judge: impl FnOnce() -> Verdict) -> Verdict {
+        use std::sync::atomic::Ordering::Relaxed;
+        let kept = self.verdict.load(Relaxed);
+        if kept >> 2 == id {
+            return Verdict {
+                qualifies: kept & 1 != 0,
+                vary_listed: kept & 2 != 0,
+            };
+        }
+        let v = judge();
+        let bits = id << 2 | u64::from(v.vary_listed) << 1 | u64::from(v.qualifies);
+        self.verdict.store(bits, Relaxed);
+        v
+    }
+}
+
+/// What a compression judged of an answer.
+#[derive(Debug, Clone, Copy)]
+struct Verdict {
+    /// It may be compressed (see the module's documentation).
+    qualifies: bool,
+    /// Its `Vary` already lists `Accept-Encoding` (or `*`).
+    vary_listed: bool,
 }
 
 /// What a request asked of its answer's compression: the encoding its client takes best.
@@ -81,6 +114,9 @@ pub struct Compression {
     answers: [prometheus::IntCounter; 3],
     /// `tern_compression_bytes_total`: plain and sent.
     bytes: body::Counted,
+    /// Tells these settings from every other compression's in the process (never 0): the
+    /// verdicts a stored answer keeps ([`Copies`]) are these settings'.
+    id: u64,
 }
 
 impl Compression {
@@ -94,8 +130,10 @@ impl Compression {
         if !c.enabled {
             return None;
         }
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let bytes = |b| metrics.compression_bytes.with_label_values(&[label, b]);
         Some(Self {
+            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             answers: [Encoding::Zstd, Encoding::Br, Encoding::Gzip]
                 .map(|e| metrics.compressed.with_label_values(&[label, e.token()])),
             bytes: body::Counted {
@@ -148,6 +186,8 @@ impl Compression {
     /// [`Compression::apply`] to an answer the edge cache stored, whose compressed `copies`
     /// are kept with it: the copy in the client's encoding is served, made (whole, at once)
     /// by the first client that takes it. Also says how many bytes a copy made now holds.
+    /// `resp` is the stored answer (with its `Age`, `Cache-Status`) or one made from it (a
+    /// `304`, a range's `206` or `416`); the stored answer is judged once per settings.
     pub fn apply_stored(
         &self,
         asked: Asked,
@@ -168,17 +208,35 @@ impl Compression {
             ResponseBody::Full(Some(b)) => Some(b.len() as u64),
             _ => None,
         };
-        if !self.qualifies(resp.status(), resp.headers(), known) {
+        let judge = || Verdict {
+            qualifies: self.qualifies(resp.status(), resp.headers(), known),
+            vary_listed: vary_listed(resp.headers()),
+        };
+        // An answer made from the stored one has a status of its own: judged each time.
+        let made_from_stored = matches!(
+            resp.status(),
+            StatusCode::NOT_MODIFIED
+                | StatusCode::PARTIAL_CONTENT
+                | StatusCode::RANGE_NOT_SATISFIABLE
+        );
+        let verdict = match copies {
+            Some(copies) if !made_from_stored => copies.judged(self.id, judge),
+            _ => judge(),
+        };
+        if !verdict.qualifies {
             return (resp, None);
         }
-        add_vary(resp.headers_mut());
+        if !verdict.vary_listed {
+            resp.headers_mut()
+                .append(VARY, HeaderValue::from_static("accept-encoding"));
+        }
         let Choice::Encode(encoding) = choice else {
             return (resp, None);
         };
         let (mut parts, plain) = resp.into_parts();
         let (body, made) = match (copies, plain) {
             (Some(copies), ResponseBody::Full(Some(plain))) => {
-                let slot = &copies.0[encoding as usize];
+                let slot = &copies.made[encoding as usize];
                 let (copy, made) = match slot.get() {
                     Some(copy) => (copy.clone(), None),
                     None => match body::whole(&plain, encoding, self.levels) {
@@ -312,14 +370,12 @@ fn list_has(v: &HeaderValue, token: &str) -> bool {
 }
 
 /// Adds `Accept-Encoding` to the answer's `Vary`, unless it is there or `Vary: *`.
-fn add_vary(headers: &mut HeaderMap) {
-    let listed = headers
+/// Whether `headers`' `Vary` lists `Accept-Encoding` (or `*`).
+fn vary_listed(headers: &HeaderMap) -> bool {
+    headers
         .get_all(VARY)
         .iter()
-        .any(|v| list_has(v, "accept-encoding") || list_has(v, "*"));
-    if !listed {
-        headers.append(VARY, HeaderValue::from_static("accept-encoding"));
-    }
+        .any(|v| list_has(v, "accept-encoding") || list_has(v, "*"))
 }
 
 /// Makes a strong `ETag` weak (`"x"` → `W/"x"`).

@@ -330,3 +330,59 @@ async fn each_body_is_counted_once_whole_streamed_or_from_a_copy() {
     let answers = metrics.compressed.with_label_values(&["m", "gzip"]).get();
     assert_eq!(answers, 4);
 }
+
+/// A stored answer is judged once per compression settings: the verdict kept for one tenant's
+/// settings is not another's (a reload's), and an answer made from the stored one (a `304`, a
+/// range) is judged as itself.
+#[tokio::test]
+async fn a_stored_answers_verdict_is_kept_for_its_settings_only() {
+    static METRICS: std::sync::OnceLock<crate::metrics::Metrics> = std::sync::OnceLock::new();
+    let metrics = METRICS.get_or_init(|| crate::metrics::Metrics::new(10));
+    let html = Compression::prepare(&CompressionConfig::default(), metrics, "v").unwrap();
+    let json_only = CompressionConfig {
+        types: vec!["application/json".into()],
+        ..CompressionConfig::default()
+    };
+    let json_only = Compression::prepare(&json_only, metrics, "v").unwrap();
+    let small = CompressionConfig {
+        max_bytes: 1_000,
+        ..CompressionConfig::default()
+    };
+    let small = Compression::prepare(&small, metrics, "v").unwrap();
+    let body = page(20_000);
+    let copies = Copies::default();
+    let stored = |extra: &[(&str, &str)]| answer("text/html", &body, extra);
+    let gzip = || asked("gzip", http::Method::GET);
+    let encoding = |resp: &Response<ResponseBody>| resp.headers().get(CONTENT_ENCODING).cloned();
+    let varies = |resp: &Response<ResponseBody>| resp.headers().get_all(VARY).iter().count();
+    for _ in 0..2 {
+        let (resp, _) = html.apply_stored(gzip(), stored(&[]), &copies);
+        assert_eq!(encoding(&resp).unwrap(), "gzip");
+        assert_eq!(varies(&resp), 1);
+    }
+    // Other settings over the same stored answer: judged by their own rules, then by the
+    // first's again.
+    for _ in 0..2 {
+        let (resp, _) = json_only.apply_stored(gzip(), stored(&[]), &copies);
+        assert_eq!(encoding(&resp), None, "text/html is not json_only's");
+        assert_eq!(varies(&resp), 0);
+        let (resp, _) = small.apply_stored(gzip(), stored(&[]), &copies);
+        assert_eq!(encoding(&resp), None, "longer than small's max_bytes");
+        let (resp, _) = html.apply_stored(gzip(), stored(&[]), &copies);
+        assert_eq!(encoding(&resp).unwrap(), "gzip");
+    }
+    // Answers made from the stored one, after its verdict was kept.
+    for status in [StatusCode::NOT_MODIFIED, StatusCode::PARTIAL_CONTENT] {
+        let mut made = stored(&[]);
+        *made.status_mut() = status;
+        let (resp, _) = html.apply_stored(gzip(), made, &copies);
+        assert_eq!(encoding(&resp), None, "{status}");
+    }
+    // A stored answer whose `Vary` lists `Accept-Encoding` keeps it once.
+    let listed = Copies::default();
+    for _ in 0..2 {
+        let (resp, _) = html.apply_stored(gzip(), stored(&[("vary", "Accept-Encoding")]), &listed);
+        assert_eq!(encoding(&resp).unwrap(), "gzip");
+        assert_eq!(varies(&resp), 1);
+    }
+}
