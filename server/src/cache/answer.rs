@@ -52,8 +52,8 @@ pub(super) fn hit(v: &Variant, headers: &HeaderMap, now: Instant) -> Response<Re
     resp
 }
 
-/// Headers a hit's answer gets beyond the stored ones, room for which is kept in them.
-pub(super) const HIT_HEADERS: usize = 8;
+/// Headers a hit's answer gets beyond the stored ones (room is made for them when it is built).
+const HIT_HEADERS: usize = 8;
 
 /// Headers a `304` repeats from the answer it stands for (RFC 9110 §15.4.5).
 const NOT_MODIFIED_KEEPS: [HeaderName; 6] = [
@@ -81,12 +81,33 @@ pub(super) fn respond(v: &Variant, validated: bool, now: Instant) -> Response<Re
     } else {
         let mut resp = Response::new(ResponseBody::Full(Some(v.body.clone())));
         *resp.status_mut() = v.status;
-        *resp.headers_mut() = v.headers.clone();
+        // With room for a hit's own headers: a clone's would be full, and grown twice.
+        let headers = resp.headers_mut();
+        headers.reserve(v.headers.len() + HIT_HEADERS);
+        for (name, value) in &v.headers {
+            headers.append(name.clone(), value.clone());
+        }
         resp
     };
     resp.headers_mut()
-        .insert(header::AGE, HeaderValue::from(v.age(now).as_secs()));
+        .insert(header::AGE, decimal(v.age(now).as_secs()));
     resp
+}
+
+/// `n` in decimal as a header value, written on the stack (`HeaderValue::from(u64)` makes it
+/// in a growing buffer: two allocations).
+fn decimal(mut n: u64) -> HeaderValue {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    HeaderValue::from_bytes(&digits[at..]).expect("digits are a header value")
 }
 
 /// The client's `range` (RFC 9110 §14) and `if_range` on the stored `200` `v` served whole as

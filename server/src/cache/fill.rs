@@ -12,9 +12,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_cache_semantics::CachePolicy;
 
 use super::answer::CACHE_STATUS;
-use super::answer::{
-    CACHE_TAG, HIT_HEADERS, SURROGATE_KEY, not_modified, ranged, respond, take_tags,
-};
+use super::answer::{CACHE_TAG, SURROGATE_KEY, not_modified, ranged, respond, take_tags};
 use super::space::{Counted, Space};
 use super::store::{
     Answered, Asked, CDN_CACHE_CONTROL, Cache, Fill, Keyed, MAX_VARIANTS, Storing, Then, options,
@@ -430,9 +428,6 @@ impl Cache {
         stored_headers.remove(header::CONTENT_LENGTH);
         stored_headers.remove(CACHE_STATUS.clone());
         let mut tags = take_tags(&mut stored_headers);
-        // Room for what every hit adds (`Age`, `Cache-Status`, `Server-Timing`, the request
-        // id, ...): a clone keeps the table's size, so a hit's inserts never rehash it.
-        stored_headers.reserve(HIT_HEADERS);
         for tag in &s.tags {
             if !tags.contains(tag) {
                 tags.push(tag.clone());

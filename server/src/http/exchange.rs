@@ -333,10 +333,11 @@ impl Exchange {
             None => resp,
         };
         let headers: &mut HeaderMap = resp.headers_mut();
-        headers.insert(X_REQUEST_ID.clone(), self.request_id.clone());
-        // (Its bytes become the header's as they are: no second copy.)
+        // Its bytes become the header's as they are, in a buffer of their length (a `Bytes`
+        // of a longer one would allocate its share count).
         let version = tenant.and_then(|t| t.short_version());
-        let timing = bytes::Bytes::from(self.timings.server_timing(total, reached, version));
+        let timing = self.timings.server_timing(total, reached, version);
+        let timing = bytes::Bytes::from(timing.into_bytes().into_boxed_slice());
         if let Ok(v) = HeaderValue::from_maybe_shared(timing) {
             headers.insert(SERVER_TIMING.clone(), v);
         }
@@ -359,6 +360,9 @@ impl Exchange {
                 &self.request_id,
             )
         });
+        // Moved, not cloned, after its last reader: a clone would allocate its share count.
+        resp.headers_mut()
+            .insert(X_REQUEST_ID.clone(), self.request_id);
         let traced = app.tracer.as_ref().zip(kept);
         match later {
             Some(later) => later.send(access_later, traced.map(|(t, r)| (t.clone(), r))),

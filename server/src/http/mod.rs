@@ -97,7 +97,7 @@ pub async fn handle(
     let fill = match look_up(&app, &mut ex, &mut req).await {
         Looked::Guest(fill) => fill,
         // A hit comes compressed from the stored answer's copy (`Cache::lookup`).
-        Looked::Cached(hit) => return ex.cached(&app, *hit, false, false),
+        Looked::Cached(hit) => return ex.cached(&app, hit, false, false),
         Looked::Stale(stale, mut fill) => {
             // Served stale now; the guest is asked for a new answer in the background.
             let refresh = fill.refresh(&req);
@@ -413,7 +413,7 @@ enum Looked {
     /// The guest answers (and the cache, if the tenant has one, does what it may with it).
     Guest(Option<crate::cache::Fill>),
     /// Answered from the cache.
-    Cached(Box<Response<ResponseBody>>),
+    Cached(Response<ResponseBody>),
     /// Answered with a stale stored answer, refreshed in the background by this fill.
     Stale(Box<Response<ResponseBody>>, Box<crate::cache::Fill>),
 }
@@ -443,7 +443,7 @@ async fn look_up(app: &App, ex: &mut Exchange, req: &mut Request<RequestBody>) -
     };
     let looked = cache.lookup(req, asking).await;
     let looked = match looked {
-        crate::cache::Lookup::Hit(resp) => Looked::Cached(Box::new(resp)),
+        crate::cache::Lookup::Hit(resp) => Looked::Cached(resp),
         crate::cache::Lookup::Refresh(resp, fill) => Looked::Stale(Box::new(resp), Box::new(fill)),
         crate::cache::Lookup::Miss(mut fill) => {
             fill.take_validators(req);
