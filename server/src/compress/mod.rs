@@ -369,7 +369,6 @@ fn list_has(v: &HeaderValue, token: &str) -> bool {
     })
 }
 
-/// Adds `Accept-Encoding` to the answer's `Vary`, unless it is there or `Vary: *`.
 /// Whether `headers`' `Vary` lists `Accept-Encoding` (or `*`).
 fn vary_listed(headers: &HeaderMap) -> bool {
     headers

@@ -371,13 +371,32 @@ async fn a_stored_answers_verdict_is_kept_for_its_settings_only() {
         let (resp, _) = html.apply_stored(gzip(), stored(&[]), &copies);
         assert_eq!(encoding(&resp).unwrap(), "gzip");
     }
-    // Answers made from the stored one, after its verdict was kept.
-    for status in [StatusCode::NOT_MODIFIED, StatusCode::PARTIAL_CONTENT] {
+    // Answers made from the stored one, after its verdict was kept: a `304`, a range's `206`
+    // (as the test's answer, without `Content-Range`: its status alone refuses it), and a `416`
+    // (refused by its `Content-Range`).
+    let made_from_stored = [
+        (StatusCode::NOT_MODIFIED, None),
+        (StatusCode::PARTIAL_CONTENT, None),
+        (StatusCode::RANGE_NOT_SATISFIABLE, Some("bytes */20000")),
+    ];
+    for (status, range) in made_from_stored {
         let mut made = stored(&[]);
         *made.status_mut() = status;
+        if let Some(range) = range {
+            made.headers_mut()
+                .insert(CONTENT_RANGE, HeaderValue::from_static(range));
+        }
         let (resp, _) = html.apply_stored(gzip(), made, &copies);
         assert_eq!(encoding(&resp), None, "{status}");
     }
+    // The verdict is kept, not judged again: the cache never changes a stored answer under its
+    // copies, so an answer that would be judged otherwise shows which was used.
+    let kept = Copies::default();
+    let (resp, _) = html.apply_stored(gzip(), stored(&[]), &kept);
+    assert_eq!(encoding(&resp).unwrap(), "gzip");
+    let image = answer("image/png", &body, &[]);
+    let (resp, _) = html.apply_stored(gzip(), image, &kept);
+    assert_eq!(encoding(&resp).unwrap(), "gzip", "the kept verdict");
     // A stored answer whose `Vary` lists `Accept-Encoding` keeps it once.
     let listed = Copies::default();
     for _ in 0..2 {
