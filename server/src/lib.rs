@@ -116,6 +116,8 @@
 //! - [`trace`]: every request's phases as OpenTelemetry spans (ids and sampling on the request
 //!   path, spans encoded where a kept request ends, exported by OTLP/HTTP off it).
 //! - [`hex`]: lower-case hex for digests, names and the trace context.
+//! - [`decimal`]: unsigned integers in decimal, written on the stack (the request path's
+//!   `Server-Timing`, `Age`, metric lines).
 //! - [`budget`]: size budgets of the request path's futures, checked at compile time.
 //! - [`app`]: what the request path and the admin listener share.
 //! - [`body`], [`demo`]: the body types (every response's; a client's request body as a guest
@@ -153,6 +155,7 @@ pub mod compress;
 pub mod config;
 pub mod context;
 pub mod datadir;
+pub mod decimal;
 pub mod demo;
 pub mod dev;
 pub mod engine;

@@ -96,18 +96,9 @@ pub(super) fn respond(v: &Variant, validated: bool, now: Instant) -> Response<Re
 
 /// `n` in decimal as a header value, written on the stack (`HeaderValue::from(u64)` makes it
 /// in a growing buffer: two allocations).
-fn decimal(mut n: u64) -> HeaderValue {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    HeaderValue::from_bytes(&digits[at..]).expect("digits are a header value")
+fn decimal(n: u64) -> HeaderValue {
+    HeaderValue::from_str(crate::decimal::digits(n, &mut [0; 20]))
+        .expect("digits are a header value")
 }
 
 /// The client's `range` (RFC 9110 §14) and `if_range` on the stored `200` `v` served whole as

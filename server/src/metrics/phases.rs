@@ -127,16 +127,6 @@ impl Timings {
 }
 
 /// Appends `n` in decimal.
-pub(super) fn push_u64(s: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    s.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
+pub(super) fn push_u64(s: &mut String, n: u64) {
+    s.push_str(crate::decimal::digits(n, &mut [0; 20]));
 }
