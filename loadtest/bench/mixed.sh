@@ -29,7 +29,7 @@ mixed() {
         header "Mixed load: \`hello\` next to a CPU-bound tenant" "bash loadtest/bench.sh mixed"
         echo "The CPU-bound tenant (\`server/guests/src/bin/cpu_burn.rs\`, 20 ms of computation per"
         echo "request, 4 clients) yields at every epoch tick (500 µs) after its first slice, which is short"
-        echo "(0.5-1 ms) once its requests have kept using up the long one (1.5-2 ms of CPU), so"
+        echo "(0.5-1 ms) once its requests have kept using up the long one (2-2.5 ms of CPU), so"
         echo "\`hello\` requests are not stuck behind it. Target: \`hello\`'s p99 within 2x of its solo value."
         echo
         echo "| run | hello req/s | p50 | p99 | p99.9 | errors |"
