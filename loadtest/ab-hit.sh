@@ -12,7 +12,9 @@
 # (17 bytes), and answering what the hit answers (`native-hello ADDR 1000`: the same 1,000 bytes
 # kept once, with the stored answer's headers) — the floor for serving that answer with hyper.
 #
-# Settings (environment): SECS=5, ROUNDS=3. Needs wrk, taskset, 2 cores, and the guest built
+# Settings (environment): SECS=5, ROUNDS=3, PIPELINE=0 (N > 0: each connection sends N requests
+# at once, loadtest/pipeline.lua, so the load generator is woken once per N answers, not once per
+# answer: the servers' CPU per request without most of the closed loop's wake-ups). Needs wrk, taskset, 2 cores, and the guest built
 # (`cargo build -p tern-test-guests --bins --target wasm32-wasip1 --profile guest
 # --target-dir target/test-guests`, as the e2e tests and `bench.sh cache` do).
 set -euo pipefail
@@ -33,11 +35,14 @@ trap 'kill "${PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 printf '[server]\nworker_threads = 1\n[[tenant]]\nname = "obj"\nmodule = "%s"\n[tenant.cache]\nenabled = true\n' \
     "$GUEST" >"$WORK/tern.toml"
 
+PIPELINE=${PIPELINE:-0}
+WRK_ARGS=()
+[ "$PIPELINE" -gt 0 ] && WRK_ARGS=(-s "$ROOT/loadtest/pipeline.lua")
 measure() { # pid url -> "µs/request req/s"
-    taskset -c 1 wrk -t1 -c32 -d2s "$2" >/dev/null
+    taskset -c 1 wrk "${WRK_ARGS[@]}" -t1 -c32 -d2s "$2" -- "$PIPELINE" >/dev/null
     local t0 t1 out
     t0=$(awk '{ print $14 + $15 }' "/proc/$1/stat")
-    out=$(taskset -c 1 wrk -t1 -c32 -d"${SECS}"s "$2")
+    out=$(taskset -c 1 wrk "${WRK_ARGS[@]}" -t1 -c32 -d"${SECS}"s "$2" -- "$PIPELINE")
     t1=$(awk '{ print $14 + $15 }' "/proc/$1/stat")
     echo "$out" | awk -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '/requests in/ { n = $1 } /Requests\/sec/ { r = $2 }
         END { printf "%.2f %d\n", t / hz * 1e6 / n, r }'

@@ -13,7 +13,9 @@
 #
 # Settings (environment): SECS=8, ROUNDS=6 (per binary), CONNS=64, PORT=18080 (and PORT+1 for
 # the admin listener), BODY=0 (N > 0: each request is a `POST` with an N-byte body, which the
-# listeners hand on as a streaming request body). Needs wrk and taskset (util-linux) and 2 cores.
+# listeners hand on as a streaming request body), PIPELINE=0 (N > 0: each connection sends N
+# requests at once, loadtest/pipeline.lua: the load generator is woken once per N answers; not
+# with BODY). Needs wrk and taskset (util-linux) and 2 cores.
 set -euo pipefail
 
 if [ $# -ne 2 ] || [ ! -x "$1" ] || [ ! -x "$2" ]; then
@@ -31,6 +33,8 @@ WRK_ARGS=()
 if [ "$BODY" -gt 0 ]; then
     printf 'wrk.method = "POST"\nwrk.body = string.rep("x", %d)\n' "$BODY" >"$WORK/post.lua"
     WRK_ARGS=(-s "$WORK/post.lua")
+elif [ "${PIPELINE:-0}" -gt 0 ]; then
+    WRK_ARGS=(-s "$(cd "$(dirname "$0")" && pwd)/pipeline.lua")
 fi
 
 round() { # binary label -> "label rps µs/request"
@@ -42,10 +46,10 @@ round() { # binary label -> "label rps µs/request"
         curl -fs -o /dev/null "http://127.0.0.1:$ADMIN/readyz" && break
         sleep 0.1
     done
-    taskset -c 1 wrk "${WRK_ARGS[@]}" -t1 -c"$CONNS" -d3s "http://127.0.0.1:$PORT/hello" >/dev/null
+    taskset -c 1 wrk "${WRK_ARGS[@]}" -t1 -c"$CONNS" -d3s "http://127.0.0.1:$PORT/hello" -- "${PIPELINE:-0}" >/dev/null
     local t0 t1 out
     t0=$(awk '{ print $14 + $15 }' "/proc/$PID/stat")
-    out=$(taskset -c 1 wrk "${WRK_ARGS[@]}" -t1 -c"$CONNS" -d"${SECS}s" "http://127.0.0.1:$PORT/hello")
+    out=$(taskset -c 1 wrk "${WRK_ARGS[@]}" -t1 -c"$CONNS" -d"${SECS}s" "http://127.0.0.1:$PORT/hello" -- "${PIPELINE:-0}")
     t1=$(awk '{ print $14 + $15 }' "/proc/$PID/stat")
     kill "$PID"
     wait "$PID" 2>/dev/null || true
