@@ -307,7 +307,11 @@ async fn lifecycle_in<D: Driver>(
         reply(result, response, tenant, &request_id)
     };
     let data = store.data_mut();
-    tenant.slice_habit.record(data.slicing());
+    let slicing = data.slicing();
+    tenant.slice_habit.record(slicing);
+    if slicing.used_up() == Some(true) {
+        tenant.sliced.inc();
+    }
     tenant.memory_peak.observe(data.limits().peak_memory as f64);
     let (outbound, kv) = data.capabilities().waited();
     let stdio = data.take_stdio();

@@ -201,6 +201,14 @@ named_metrics! {
         "Guest runs by tenant and outcome (ok, trap kinds, timeout, exit, overload, ...).",
         &["tenant", "outcome"],
     );
+    sliced: counters(
+        "tern_guest_sliced_total",
+        "Guest runs that used their first time slice up (2 ms of CPU after the first epoch \
+         tick) and ran on in turns, yielding their worker to the other requests between turns, \
+         by tenant. Each turn waits behind the worker's other ready requests (the `ready` \
+         phase); a tenant whose runs keep doing so gets a short first slice.",
+        &["tenant"],
+    );
     undelivered: counters(
         "tern_responses_undelivered_total",
         "Streamed responses whose body did not reach its end, by tenant and reason \
@@ -683,6 +691,11 @@ impl Metrics {
     /// The outcome counter of a tenant (resolved once per tenant and outcome by the caller).
     pub fn outcome(&self, label: &str, outcome: &str) -> IntCounter {
         self.outcomes.with_label_values(&[label, outcome])
+    }
+
+    /// The counter of a tenant's runs that used their first time slice up.
+    pub fn sliced(&self, label: &str) -> IntCounter {
+        self.sliced.with_label_values(&[label])
     }
 
     /// The undelivered-response counters of a tenant labelled `label`.

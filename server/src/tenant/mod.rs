@@ -180,6 +180,8 @@ pub struct Tenant {
     pub sweep: Option<MemorySweep>,
     /// Whether its requests lately used their first time slice up ([`crate::guest::slice::Habit`]).
     pub slice_habit: crate::guest::slice::Habit,
+    /// Its runs that used their first time slice up (`tern_guest_sliced_total`).
+    pub sliced: IntCounter,
     /// What its guests are granted (outbound calls, key-value stores).
     pub grants: crate::capabilities::Grants,
     /// What the front end does for it around its guests (redirect, HSTS, error pages).
@@ -584,6 +586,7 @@ pub fn prepare(
             .then(|| MemorySweep::new(pool.memory_keep_resident_kib * 1024))
             .flatten(),
         slice_habit: crate::guest::slice::Habit::default(),
+        sliced: metrics.sliced(&label),
         log_budget,
         requests: metrics.tenant(&label),
         undelivered: metrics.undelivered(&label),

@@ -393,6 +393,41 @@ async fn pool_exhaustion_and_tenant_caps_answer_503_with_retry_after() {
     );
 }
 
+/// A run that uses its first time slice up is counted for its tenant
+/// (`tern_guest_sliced_total`); runs that end within it are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_past_their_first_time_slice_are_counted_by_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "cpu_burn");
+    let config = "[[tenant]]\nname = \"burn\"\nmodule = \"cpu_burn.wasm\"\npaths = [\"/burn\"]\n\
+        [tenant.limits]\ntimeout_ms = 20000\n\
+        [[tenant]]\nname = \"hello\"\nmodule = \"builtin:hello\"\npaths = [\"/hello\"]\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let sliced = |m: &str, tenant: &str, n: f64| {
+        metric_is(
+            m,
+            &format!("tern_guest_sliced_total{{tenant=\"{tenant}\"}}"),
+            n,
+        )
+    };
+    for _ in 0..3 {
+        assert_eq!(s.get("/hello").await.status, StatusCode::OK);
+    }
+    // 10 rounds of the burn's work: about 0.1 ms of CPU, within the first slice (2 ms after
+    // the first tick).
+    let r = s.get("/burn?work=10").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let m = s.metrics().await;
+    assert!(sliced(&m, "burn", 0.0) && sliced(&m, "hello", 0.0), "{m}");
+    // 2,000 rounds: about 20 ms of CPU, past it whatever else runs on the machine (the slice
+    // is counted in the worker thread's CPU time, not wall time).
+    let r = s.get("/burn?work=2000").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let m = s.metrics().await;
+    assert!(sliced(&m, "burn", 1.0), "{m}");
+    assert!(sliced(&m, "hello", 0.0), "{m}");
+}
+
 /// Guests interleaved on one busy worker wait for it between their time slices; that wait is
 /// the server's, not the guest's, so a guest within its own time limit is not cut off (counted
 /// in wall time, such guests got `504`), and `Server-Timing` shows the wait as `ready`.
