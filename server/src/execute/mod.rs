@@ -309,7 +309,7 @@ async fn lifecycle_in<D: Driver>(
     let data = store.data_mut();
     let slicing = data.slicing();
     tenant.slice_habit.record(slicing);
-    if slicing.used_up() == Some(true) {
+    if slicing.cut() {
         tenant.sliced.inc();
     }
     tenant.memory_peak.observe(data.limits().peak_memory as f64);

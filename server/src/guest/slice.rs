@@ -168,6 +168,13 @@ impl Slicing {
         })
     }
 
+    /// Whether the run used its first slice up (and so ran on in turns): what
+    /// `tern_guest_sliced_total` counts. A run that met no tick, ended within its slice, or had
+    /// no clock is not.
+    pub fn cut(&self) -> bool {
+        self.used_up() == Some(true)
+    }
+
     /// What the run tells its tenant: `Some(true)` if it used its first slice up, `Some(false)`
     /// if it met a tick and ended within it, `None` if it met no tick or had no clock.
     pub fn used_up(&self) -> Option<bool> {
@@ -427,6 +434,31 @@ mod tests {
         spent.tick(|| None);
         rt.block_on(spent.pause());
         assert!(spent.resumed.is_none());
+    }
+
+    #[test]
+    fn only_a_run_that_used_its_first_slice_up_is_cut() {
+        let me = me();
+        assert!(!Slicing::new(true).cut(), "no tick met");
+        let mut within = Slicing::new(true);
+        within.tick(|| Some((me, ms(0.0))));
+        within.tick(|| Some((me, FIRST_SLICE_CPU - ms(0.001))));
+        assert_eq!(within.used_up(), Some(false));
+        assert!(
+            !within.cut(),
+            "met ticks, ended within its slice (limit - 1 µs)"
+        );
+        let mut spent = Slicing::new(true);
+        spent.tick(|| Some((me, ms(0.0))));
+        spent.tick(|| Some((me, FIRST_SLICE_CPU)));
+        assert!(spent.cut(), "used it up (the limit)");
+        let mut short = Slicing::new(false);
+        short.tick(|| Some((me, ms(0.0))));
+        assert!(short.tick(|| Some((me, ms(0.5)))), "a short slice yields");
+        assert!(!short.cut(), "yielded, but 0.5 ms is within the slice");
+        let mut unknown = Slicing::new(true);
+        unknown.tick(|| None);
+        assert!(!unknown.cut(), "no clock");
     }
 
     #[test]
