@@ -89,16 +89,11 @@ pub(super) fn respond(v: &Variant, validated: bool, now: Instant) -> Response<Re
         }
         resp
     };
-    resp.headers_mut()
-        .insert(header::AGE, decimal(v.age(now).as_secs()));
+    resp.headers_mut().insert(
+        header::AGE,
+        crate::decimal::header_value(v.age(now).as_secs()),
+    );
     resp
-}
-
-/// `n` in decimal as a header value, written on the stack (`HeaderValue::from(u64)` makes it
-/// in a growing buffer: two allocations).
-fn decimal(n: u64) -> HeaderValue {
-    HeaderValue::from_str(crate::decimal::digits(n, &mut [0; 20]))
-        .expect("digits are a header value")
 }
 
 /// The client's `range` (RFC 9110 §14) and `if_range` on the stored `200` `v` served whole as

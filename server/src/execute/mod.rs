@@ -414,9 +414,10 @@ fn reply(
         Ok(()) if response.is_streaming() => Ok(None),
         Ok(()) => {
             if let Some(n) = response.declared {
-                response
-                    .headers
-                    .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+                response.headers.insert(
+                    http::header::CONTENT_LENGTH,
+                    crate::decimal::header_value(n),
+                );
             }
             Ok(Some(Finished {
                 status: response.status,

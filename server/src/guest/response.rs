@@ -283,7 +283,10 @@ impl GuestResponse {
         let (tx, rx) = mpsc::channel(STREAM_CHANNEL_CHUNKS);
         let mut headers = std::mem::take(&mut self.headers);
         if let Some(n) = self.declared {
-            headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+            headers.insert(
+                http::header::CONTENT_LENGTH,
+                crate::decimal::header_value(n),
+            );
         }
         let aborted = Arc::new(AtomicBool::new(false));
         let head = Head {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::LogWriter;
+use crate::decimal::bytes as decimal;
 
 /// The target of the per-request access line.
 pub const ACCESS_TARGET: &str = "tern::access";
@@ -220,30 +221,6 @@ impl Line<'_> {
         let text = decimal(n, &mut digits);
         self.raw(name, text, false);
     }
-}
-
-/// `n` in decimal, in the end of `buf` (two digits at a time).
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-        2021222324252627282930313233343536373839404142434445464748495051525354555657585960616263\
-        6465666768697071727374757677787980818283848586878889909192939495969798\
-        99";
-    let mut i = buf.len();
-    while n >= 100 {
-        let pair = (n % 100) as usize * 2;
-        n /= 100;
-        i -= 2;
-        buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-    }
-    if n >= 10 {
-        let pair = n as usize * 2;
-        i -= 2;
-        buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-    } else {
-        i -= 1;
-        buf[i] = b'0' + n as u8;
-    }
-    &buf[i..]
 }
 
 /// `value` quoted: as `Debug` writes a `str` (text), or as a JSON string. Bytes that are not
