@@ -712,6 +712,8 @@ impl Workers {
                         .enable_all()
                         .build()
                         .expect("worker runtime");
+                    // A guest never leaves this thread: a cut one holds its tenant's line.
+                    crate::execute::turn::per_worker();
                     rt.block_on(worker.serve(app, shutdown, i));
                 })?;
             threads.push(thread);

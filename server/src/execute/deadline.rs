@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use super::turn::Hold;
 use crate::guest::slice;
 
 /// The bound in wall time, as a multiple of the guest's own limit.
@@ -51,12 +52,17 @@ pub struct Timed<T> {
 }
 
 /// Runs `run` until it ends, its own time passes `limit`, or the wall time passes
-/// [`WALL_FACTOR`] × `limit`.
+/// [`WALL_FACTOR`] × `limit`; `hold` is told after each poll whether the guest yielded its
+/// slice ([`super::turn`]: its tenant's line).
 ///
 /// (`run` is pinned by the caller: taken by value, a guest's call future — kilobytes — would
 /// be held twice in this one, once as the argument and once pinned, and every request's
 /// future boxed around it would copy both.)
-pub async fn within<F: Future>(limit: Duration, mut run: Pin<&mut F>) -> Timed<F::Output> {
+pub async fn within<F: Future>(
+    limit: Duration,
+    mut run: Pin<&mut F>,
+    mut hold: Hold,
+) -> Timed<F::Output> {
     let start = Instant::now();
     let wall_end = start + limit * WALL_FACTOR;
     let wakes = Arc::new(Wakes::new(start));
@@ -73,7 +79,9 @@ pub async fn within<F: Future>(limit: Duration, mut run: Pin<&mut F>) -> Timed<F
         if let Poll::Ready(out) = polled {
             return Poll::Ready(Ok(out));
         }
-        wakes.polled(now, slice::take_yield());
+        let yielded = slice::take_yield();
+        wakes.polled(now, yielded);
+        hold.pending(yielded);
         // The alarm rings at the earliest moment the limit could be passed; then it is moved
         // on by the time spent ready since.
         while alarm.as_mut().poll(&mut inner).is_ready() {
@@ -199,6 +207,7 @@ mod tests {
                     within(
                         Duration::from_millis(300),
                         pin!(compute(Duration::from_millis(60), Duration::from_millis(1))),
+                        Hold::none(),
                     )
                     .await
                 })
@@ -221,6 +230,7 @@ mod tests {
         let timed = within(
             Duration::from_millis(50),
             pin!(compute(Duration::from_secs(5), Duration::from_millis(1))),
+            Hold::none(),
         )
         .await;
         assert_eq!(timed.ended, Err(Expired::Guest));
@@ -233,6 +243,7 @@ mod tests {
         let timed = within(
             Duration::from_millis(50),
             pin!(tokio::time::sleep(Duration::from_secs(5))),
+            Hold::none(),
         )
         .await;
         // Cut off by its own time (not the wall bound, 4 x 50 ms): the sleep counted as the
@@ -257,6 +268,7 @@ mod tests {
                     within(
                         limit,
                         pin!(compute(Duration::from_millis(90), Duration::from_millis(1))),
+                        Hold::none(),
                     )
                     .await
                 })

@@ -16,6 +16,7 @@ mod deadline;
 pub use deadline::WALL_FACTOR;
 mod driver;
 mod module;
+pub mod turn;
 mod wasi_http;
 
 use std::time::{Duration, Instant};
@@ -296,7 +297,7 @@ async fn lifecycle_in<D: Driver>(
     let mut clock = Clock::default();
     let timed = {
         let call = std::pin::pin!(driver.call(&mut store, &mut clock));
-        deadline::within(timeout, call).await
+        deadline::within(timeout, call, turn::Hold::new(turn::key(tenant))).await
     };
     let ran_until = Instant::now();
     let ended = timed.ended.map(|r| driver.settle(store.data_mut(), r));

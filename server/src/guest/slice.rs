@@ -33,6 +33,10 @@
 //! one using about 2.5 ms is still cut at times), while a 20 ms tenant's neighbours saw no
 //! change (`loadtest/README.md`, "Python's tail on a slower machine").
 //!
+//! While a guest that yielded waits for its worker, its tenant's next requests on that worker
+//! wait in line behind it ([`crate::execute::turn`]), so the wait after a yield is for the
+//! guests already running, not for a slice of every request that arrived meanwhile.
+//!
 //! `unsafe`: one `libc::clock_gettime` call on a local struct.
 #![allow(unsafe_code)]
 

@@ -776,13 +776,16 @@ async fn limit(
     })
 }
 
-/// Waits for a pool slot and a place within the tenant's concurrency (the `queue` phase).
+/// Waits for the tenant's turn on this worker (none of its guests here is cut:
+/// [`execute::turn`]), then for a pool slot and a place within the tenant's concurrency (the
+/// `queue` phase).
 async fn admit(app: &App, ex: &mut Exchange) -> Result<Admitted, Early> {
     let tenant = &ex.routed.as_ref().expect("a routed request").tenant;
     let queued = Instant::now();
     if let Some(t) = &mut ex.trace {
         t.queued = Some(queued);
     }
+    execute::turn::wait(execute::turn::key(tenant)).await;
     let admitted = app
         .pool
         .admit(&tenant.slots, tenant.limits.max_concurrency)

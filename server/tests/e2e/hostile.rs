@@ -428,6 +428,54 @@ async fn runs_past_their_first_time_slice_are_counted_by_tenant() {
     assert!(sliced(&m, "hello", 0.0), "{m}");
 }
 
+/// A guest that used its first time slice up goes on before its tenant starts the requests
+/// that arrived meanwhile: they wait in line (the `queue` phase, in `Server-Timing`) instead
+/// of each running a slice ahead of it, and each ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_guest_goes_on_before_its_tenants_next_requests_begin() {
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "cpu_burn");
+    let config = "[server]\nworker_threads = 1\n\
+        [[tenant]]\nname = \"burn\"\nmodule = \"cpu_burn.wasm\"\npaths = [\"/burn\"]\n\
+        [tenant.limits]\ntimeout_ms = 20000\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    // A fixed amount of work that takes one guest alone at least 6 ms of run (the least of
+    // three): past its first slice (2-2.5 ms of CPU) on any machine.
+    let mut work = 100u64;
+    loop {
+        let mut least = f64::MAX;
+        for _ in 0..3 {
+            let r = s.get(&format!("/burn?work={work}")).await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+            least = least.min(phase_ms(r.header("server-timing"), "run"));
+        }
+        if least >= 6.0 {
+            break;
+        }
+        work = (work as f64 * 8.0 / least.max(0.1)).ceil() as u64;
+    }
+    // Six at once on the one worker: the first is cut while the others arrive.
+    let path: &'static str = Box::leak(format!("/burn?work={work}").into_boxed_str());
+    let addr = s.addr();
+    let runs: Vec<_> = (0..6)
+        .map(|_| {
+            tokio::spawn(
+                async move { send(addr, Method::GET, path, None, &[], Bytes::new()).await },
+            )
+        })
+        .collect();
+    let mut queued = Vec::new();
+    for run in runs {
+        let r = run.await.unwrap();
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        queued.push(phase_ms(r.header("server-timing"), "queue"));
+    }
+    // Without the line none waits before its run (the pool and the tenant have room for all
+    // six): each queue is microseconds. In line, the last waits for the turns of those ahead.
+    let longest = queued.iter().copied().fold(0.0, f64::max);
+    assert!(longest >= 2.0, "queue phases (ms): {queued:?}");
+}
+
 /// Guests interleaved on one busy worker wait for it between their time slices; that wait is
 /// the server's, not the guest's, so a guest within its own time limit is not cut off (counted
 /// in wall time, such guests got `504`), and `Server-Timing` shows the wait as `ready`.
