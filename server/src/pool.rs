@@ -2,10 +2,15 @@
 //!
 //! wasmtime's pooling allocator preallocates every instance slot, memory, table and fiber stack
 //! at start-up and fails an instantiation when none is free. A semaphore with one permit per
-//! slot turns that failure into a bounded wait (the `queue` phase) and then a clean `503`.
+//! slot turns that failure into a bounded wait (the `queue` phase) and then a clean `503`; the
+//! same wait bounds a request's turn in its tenant's line ([`crate::execute::turn`]).
 
+use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
+
+use futures_util::FutureExt;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -20,6 +25,10 @@ pub enum Overloaded {
     /// The tenant stayed at its concurrency limit (`limits.max_concurrency`).
     #[error("this tenant is at its limit of {0} concurrent requests; try again shortly")]
     Tenant(usize),
+    /// The tenant's line on its worker did not move (its guests there kept using their time
+    /// slices up: [`crate::execute::turn`]).
+    #[error("this tenant's requests are waiting in line for a busy worker; try again shortly")]
+    Line,
 }
 
 /// A request's admission: one of its tenant's concurrency permits and a pool slot, both
@@ -61,18 +70,22 @@ impl Pool {
         }
     }
 
-    /// Takes one of the tenant's permits (`tenant`, its concurrency cap of `tenant_limit`) and
-    /// then a pool slot, waiting up to the queue timeout for both together.
+    /// Waits for the request's turn in its tenant's `line` (see [`crate::execute::turn`]),
+    /// then takes one of the tenant's permits (`tenant`, its concurrency cap of `tenant_limit`)
+    /// and a pool slot, waiting up to the queue timeout for the three together.
     ///
     /// # Errors
-    /// [`Overloaded`] if either stayed unavailable for the whole timeout.
+    /// [`Overloaded`] if one stayed unavailable for the whole timeout.
     pub async fn admit(
         &self,
+        line: impl Future<Output = ()>,
         tenant: &Arc<Semaphore>,
         tenant_limit: usize,
     ) -> Result<Admitted, Overloaded> {
-        // Fast path without arming a timer: usually both are free.
-        if let Ok(tenant_permit) = tenant.clone().try_acquire_owned() {
+        let mut line = pin!(line);
+        // Fast path without arming a timer: usually the line is empty and both are free.
+        let in_turn = line.as_mut().now_or_never().is_some();
+        if in_turn && let Ok(tenant_permit) = tenant.clone().try_acquire_owned() {
             if let Ok(slot) = self.slots.clone().try_acquire_owned() {
                 return Ok(Admitted {
                     tenant_permit,
@@ -83,6 +96,11 @@ impl Pool {
         }
         let _waiting = GaugeGuard::new(&self.queue_depth);
         let deadline = tokio::time::Instant::now() + self.queue_timeout;
+        if !in_turn {
+            tokio::time::timeout_at(deadline, line)
+                .await
+                .map_err(|_| Overloaded::Line)?;
+        }
         let tenant_permit = tokio::time::timeout_at(deadline, tenant.clone().acquire_owned())
             .await
             .ok()
@@ -107,5 +125,49 @@ impl Pool {
     /// Total slots.
     pub fn size(&self) -> u32 {
         self.size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(queue_timeout: Duration) -> Pool {
+        let depth = prometheus::IntGauge::new("queue_depth", "requests waiting").unwrap();
+        Pool::new(2, queue_timeout, depth)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_line_that_does_not_move_is_refused_at_the_queue_timeout() {
+        let pool = pool(Duration::from_millis(20));
+        let tenant = Arc::new(Semaphore::new(2));
+        let refused = tokio::time::timeout(
+            Duration::from_secs(10),
+            pool.admit(std::future::pending(), &tenant, 2),
+        )
+        .await
+        .expect("the wait in line is bounded");
+        let Err(refused) = refused else {
+            panic!("admitted past a line that never moved")
+        };
+        assert!(matches!(refused, Overloaded::Line), "{refused}");
+        assert!(refused.to_string().contains("waiting in line"), "{refused}");
+        // Nothing was taken while it waited.
+        assert_eq!((pool.available(), tenant.available_permits()), (2, 2));
+        assert_eq!(pool.queue_depth.get(), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_whose_turn_comes_is_admitted() {
+        let pool = pool(Duration::from_secs(10));
+        let tenant = Arc::new(Semaphore::new(2));
+        let now = pool.admit(async {}, &tenant, 2).await.expect("at once");
+        let later = pool
+            .admit(tokio::task::yield_now(), &tenant, 2)
+            .await
+            .expect("after its turn");
+        assert_eq!((pool.available(), tenant.available_permits()), (0, 0));
+        drop((now, later));
+        assert_eq!((pool.available(), tenant.available_permits()), (2, 2));
     }
 }

@@ -8,8 +8,9 @@
 //! other connection: with 64 connections on one worker its p99 was 2.6x its p50, where
 //! `wasmtime serve`, which does not slice, had 1.3x. With this turn the tenant's requests that
 //! arrive while one of its guests is cut wait in line (the `queue` phase, first come first
-//! served) until that guest ends, waits on I/O (a backend, a store, the client), or has had
-//! [`GRACE`] turns; so a cut guest waits only for the guests already running, and a tenant's
+//! served, bounded by the pool's queue timeout: [`crate::pool::Pool::admit`]) until that guest
+//! ends, waits on I/O (a backend, a store, the client: it takes the line again at its next
+//! yield), or has had [`GRACE`] turns in all; so a cut guest waits only for the guests already running, and a tenant's
 //! requests run to their end one after the other instead of all at once (the same CPU, a
 //! shorter wait for each but the last).
 //!
@@ -113,14 +114,16 @@ impl Hold {
         if !std::mem::take(&mut self.held) {
             return;
         }
-        let _ = LINES.try_with(|lines| {
+        // (A held line is on this thread: lines are on only where a guest never moves.)
+        debug_assert!(ON.try_with(Cell::get).unwrap_or(true));
+        let next = LINES.try_with(|lines| {
             let mut lines = lines.borrow_mut();
-            if let Some(i) = lines.iter().position(|(k, _)| *k == self.key) {
-                let line = &mut lines[i].1;
-                line.cut = line.cut.saturating_sub(1);
-                settle(&mut lines, i);
-            }
+            let i = lines.iter().position(|(k, _)| *k == self.key)?;
+            let line = &mut lines[i].1;
+            line.cut = line.cut.saturating_sub(1);
+            settle(&mut lines, i)
         });
+        wake(next.ok().flatten());
     }
 }
 
@@ -145,18 +148,27 @@ fn with_line(key: usize, f: impl FnOnce(&mut Line)) {
     });
 }
 
-/// After a change to line `i`: with no guest cut, its first request is woken (it goes on, and
-/// wakes the next), and a line with no one in it is dropped.
-fn settle(lines: &mut Vec<(usize, Line)>, i: usize) {
+/// After a change to line `i`: with no guest cut, its first request is to be woken (it goes
+/// on, and wakes the next): its waker is returned, to be woken once the lines are no longer
+/// borrowed. A line with no one in it is dropped.
+fn settle(lines: &mut Vec<(usize, Line)>, i: usize) -> Option<Waker> {
     let line = &lines[i].1;
     if line.cut > 0 {
-        return;
+        return None;
     }
     match line.waiting.front() {
-        Some((_, first)) => first.wake_by_ref(),
+        Some((_, first)) => Some(first.clone()),
         None => {
             lines.swap_remove(i);
+            None
         }
+    }
+}
+
+/// Wakes what [`settle`] returned.
+fn wake(next: Option<Waker>) {
+    if let Some(next) = next {
+        next.wake();
     }
 }
 
@@ -179,10 +191,11 @@ impl Future for Wait {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let key = self.key;
-        LINES.with(|lines| {
+        // Wakers are woken and dropped after the lines are no longer borrowed.
+        let (polled, next, _replaced) = LINES.with(|lines| {
             let mut lines = lines.borrow_mut();
             let Some(i) = lines.iter().position(|(k, _)| *k == key) else {
-                return Poll::Ready(());
+                return (Poll::Ready(()), None, None);
             };
             let line = &mut lines[i].1;
             let first = line.waiting.front().map(|(t, _)| *t);
@@ -192,27 +205,31 @@ impl Future for Wait {
                 (Some(_), None) => true,
             };
             if line.cut == 0 && !behind {
-                if self.ticket.take().is_some() {
-                    line.waiting.pop_front();
-                }
-                settle(&mut lines, i);
-                return Poll::Ready(());
+                let left = self
+                    .ticket
+                    .take()
+                    .and_then(|_| line.waiting.pop_front())
+                    .map(|(_, w)| w);
+                return (Poll::Ready(()), settle(&mut lines, i), left);
             }
-            match self.ticket {
-                Some(mine) => {
-                    if let Some((_, w)) = line.waiting.iter_mut().find(|(t, _)| *t == mine) {
-                        w.clone_from(cx.waker());
-                    }
-                }
+            let replaced = match self.ticket {
+                Some(mine) => line
+                    .waiting
+                    .iter_mut()
+                    .find(|(t, w)| *t == mine && !w.will_wake(cx.waker()))
+                    .map(|(_, w)| std::mem::replace(w, cx.waker().clone())),
                 None => {
                     let mine = TICKETS.get();
                     TICKETS.set(mine + 1);
                     self.ticket = Some(mine);
                     line.waiting.push_back((mine, cx.waker().clone()));
+                    None
                 }
-            }
-            Poll::Pending
-        })
+            };
+            (Poll::Pending, None, replaced)
+        });
+        wake(next);
+        polled
     }
 }
 
@@ -224,20 +241,26 @@ impl Drop for Wait {
         let key = self.key;
         // A request given up (its client left) leaves the line; if it was first, the next is
         // woken in its place.
-        let _ = LINES.try_with(|lines| {
+        let woken = LINES.try_with(|lines| {
             let mut lines = lines.borrow_mut();
-            if let Some(i) = lines.iter().position(|(k, _)| *k == key) {
-                lines[i].1.waiting.retain(|(t, _)| *t != mine);
-                settle(&mut lines, i);
-            }
+            let i = lines.iter().position(|(k, _)| *k == key)?;
+            let waiting = &mut lines[i].1.waiting;
+            let mine = waiting.iter().position(|(t, _)| *t == mine)?;
+            let left = waiting.remove(mine);
+            Some((settle(&mut lines, i), left))
         });
+        if let Ok(Some((next, _left))) = woken {
+            wake(next);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
     /// The order things happened in, shared by a test's tasks.
     type Log = Arc<Mutex<Vec<String>>>;
@@ -263,33 +286,65 @@ mod tests {
         note(&log, format!("{name} begins"));
     }
 
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
+    /// Runs `tasks` on a per-core worker's kind of runtime; a lost wake-up fails (it would
+    /// leave a task waiting) instead of hanging.
+    fn run_all(tasks: impl FnOnce() -> Vec<tokio::task::JoinHandle<()>>) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
             .build()
-            .unwrap()
+            .unwrap();
+        rt.block_on(async {
+            per_worker();
+            let all = async {
+                for task in tasks() {
+                    task.await.unwrap();
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(10), all)
+                .await
+                .expect("a task was never woken");
+        });
     }
 
     fn lines_left() -> usize {
         LINES.with(|l| l.borrow().len())
     }
 
+    /// A waker that counts its wakes.
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counting() -> (Arc<Wakes>, Waker) {
+        let wakes = Arc::new(Wakes::default());
+        (wakes.clone(), Waker::from(wakes))
+    }
+
+    fn woken(wakes: &Wakes) -> usize {
+        wakes.0.load(Ordering::SeqCst)
+    }
+
     #[test]
     fn a_cut_guest_ends_before_its_tenants_next_requests_begin() {
         let log = Log::default();
-        runtime().block_on(async {
-            per_worker();
-            let a = tokio::spawn(guest(1, 3, "a", log.clone()));
-            tokio::task::yield_now().await;
-            // `a` is cut: its tenant's requests wait, another tenant's does not.
-            let b = tokio::spawn(request(1, "b", log.clone()));
-            let c = tokio::spawn(request(1, "c", log.clone()));
-            let other = tokio::spawn(request(2, "other", log.clone()));
-            for task in [a, b, c, other] {
-                task.await.unwrap();
-            }
+        let l = log.clone();
+        run_all(move || {
+            let a = tokio::spawn(guest(1, 3, "a", l.clone()));
+            // `b`, `c` and `other` are first polled after `a`'s first turn: `a` is cut then.
+            // Its tenant's requests wait, another tenant's does not.
+            let b = tokio::spawn(request(1, "b", l.clone()));
+            let c = tokio::spawn(request(1, "c", l.clone()));
+            let other = tokio::spawn(request(2, "other", l));
+            vec![a, b, c, other]
         });
         let log = log.lock().unwrap().clone();
         let at = |what: &str| log.iter().position(|l| l == what).unwrap();
+        assert!(at("a turn 0") < at("other begins"), "{log:?}");
         assert!(at("other begins") < at("a ends"), "{log:?}");
         assert!(at("a ends") < at("b begins"), "{log:?}");
         assert!(at("b begins") < at("c begins"), "{log:?}");
@@ -299,14 +354,11 @@ mod tests {
     #[test]
     fn a_long_run_lets_the_line_go_after_its_grace() {
         let log = Log::default();
-        runtime().block_on(async {
-            per_worker();
-            let a = tokio::spawn(guest(1, 3 * GRACE, "a", log.clone()));
-            tokio::task::yield_now().await;
-            let b = tokio::spawn(request(1, "b", log.clone()));
-            for task in [a, b] {
-                task.await.unwrap();
-            }
+        let l = log.clone();
+        run_all(move || {
+            let a = tokio::spawn(guest(1, 3 * GRACE, "a", l.clone()));
+            let b = tokio::spawn(request(1, "b", l));
+            vec![a, b]
         });
         let log = log.lock().unwrap().clone();
         let at = |what: &str| log.iter().position(|l| l == what).unwrap();
@@ -319,48 +371,55 @@ mod tests {
     }
 
     #[test]
-    fn a_guest_waiting_on_io_or_dropped_lets_the_line_go() {
-        runtime().block_on(async {
-            per_worker();
-            let mut hold = Hold::new(7);
-            hold.pending(true);
-            let mut waiting = Box::pin(wait(7));
-            let waker = futures_util::task::noop_waker();
-            let mut cx = Context::from_waker(&waker);
-            assert!(waiting.as_mut().poll(&mut cx).is_pending());
-            // Waiting on I/O: the line goes on.
-            hold.pending(false);
-            assert!(waiting.as_mut().poll(&mut cx).is_ready());
-            assert_eq!(lines_left(), 0);
-            // Cut again, then dropped (its request was given up): the same.
-            hold.pending(true);
-            let mut waiting = Box::pin(wait(7));
-            assert!(waiting.as_mut().poll(&mut cx).is_pending());
-            drop(hold);
-            assert!(waiting.as_mut().poll(&mut cx).is_ready());
-            assert_eq!(lines_left(), 0);
-        });
+    fn a_guest_waiting_on_io_or_dropped_wakes_the_line() {
+        per_worker();
+        let (wakes, waker) = counting();
+        let mut cx = Context::from_waker(&waker);
+        let mut hold = Hold::new(7);
+        hold.pending(true);
+        let mut waiting = Box::pin(wait(7));
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        // Waiting on I/O: the line goes on, its first request woken.
+        hold.pending(false);
+        assert_eq!(woken(&wakes), 1);
+        assert!(waiting.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(lines_left(), 0);
+        // Cut again (its yields so far count towards its grace), then dropped (its request
+        // was given up): the same.
+        hold.pending(true);
+        let mut waiting = Box::pin(wait(7));
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        drop(hold);
+        assert_eq!(woken(&wakes), 2);
+        assert!(waiting.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(lines_left(), 0);
     }
 
     #[test]
     fn a_request_given_up_hands_its_place_on() {
-        runtime().block_on(async {
-            per_worker();
-            let waker = futures_util::task::noop_waker();
-            let mut cx = Context::from_waker(&waker);
-            let mut hold = Hold::new(9);
-            hold.pending(true);
-            let mut first = Box::pin(wait(9));
-            let mut second = Box::pin(wait(9));
-            assert!(first.as_mut().poll(&mut cx).is_pending());
-            assert!(second.as_mut().poll(&mut cx).is_pending());
-            drop(hold);
-            // The second stays behind the first until the first goes or is given up.
-            assert!(second.as_mut().poll(&mut cx).is_pending());
-            drop(first);
-            assert!(second.as_mut().poll(&mut cx).is_ready());
-            assert_eq!(lines_left(), 0);
-        });
+        per_worker();
+        let (first_wakes, first_waker) = counting();
+        let (second_wakes, second_waker) = counting();
+        let mut hold = Hold::new(9);
+        hold.pending(true);
+        let mut first = Box::pin(wait(9));
+        let mut second = Box::pin(wait(9));
+        assert!(
+            first
+                .as_mut()
+                .poll(&mut Context::from_waker(&first_waker))
+                .is_pending()
+        );
+        let mut cx = Context::from_waker(&second_waker);
+        assert!(second.as_mut().poll(&mut cx).is_pending());
+        drop(hold);
+        // The first is woken; the second stays behind it until it goes or is given up.
+        assert_eq!((woken(&first_wakes), woken(&second_wakes)), (1, 0));
+        assert!(second.as_mut().poll(&mut cx).is_pending());
+        drop(first);
+        assert_eq!(woken(&second_wakes), 1);
+        assert!(second.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(lines_left(), 0);
     }
 
     #[test]

@@ -785,10 +785,10 @@ async fn admit(app: &App, ex: &mut Exchange) -> Result<Admitted, Early> {
     if let Some(t) = &mut ex.trace {
         t.queued = Some(queued);
     }
-    execute::turn::wait(execute::turn::key(tenant)).await;
+    let line = execute::turn::wait(execute::turn::key(tenant));
     let admitted = app
         .pool
-        .admit(&tenant.slots, tenant.limits.max_concurrency)
+        .admit(line, &tenant.slots, tenant.limits.max_concurrency)
         .await;
     ex.timings.set(Phase::Queue, queued.elapsed());
     admitted.map_err(|overloaded| {

@@ -439,21 +439,30 @@ async fn a_cut_guest_goes_on_before_its_tenants_next_requests_begin() {
         [[tenant]]\nname = \"burn\"\nmodule = \"cpu_burn.wasm\"\npaths = [\"/burn\"]\n\
         [tenant.limits]\ntimeout_ms = 20000\n";
     let s = TestServer::try_start_in(dir, config).await.expect("start");
+    let sliced = r#"tern_guest_sliced_total{tenant="burn"}"#;
     // A fixed amount of work that takes one guest alone at least 6 ms of run (the least of
-    // three): past its first slice (2-2.5 ms of CPU) on any machine.
+    // three) and that each of the three used its first slice up with (a slice is CPU time: on
+    // a busy machine 6 ms of wall time may be less).
     let mut work = 100u64;
     loop {
+        let before = metric_value_or_zero(&s.metrics().await, sliced);
         let mut least = f64::MAX;
         for _ in 0..3 {
             let r = s.get(&format!("/burn?work={work}")).await;
             assert_eq!(r.status, StatusCode::OK, "{}", r.text());
             least = least.min(phase_ms(r.header("server-timing"), "run"));
         }
-        if least >= 6.0 {
+        let cut = metric_value_or_zero(&s.metrics().await, sliced) - before;
+        if least >= 6.0 && cut >= 3.0 {
             break;
         }
-        work = (work as f64 * 8.0 / least.max(0.1)).ceil() as u64;
+        assert!(
+            work < 1_000_000,
+            "work {work}: run {least} ms, {cut} of 3 cut"
+        );
+        work = (work as f64 * 8.0 / least.clamp(0.1, 6.0)).ceil() as u64;
     }
+    let before = metric_value_or_zero(&s.metrics().await, sliced);
     // Six at once on the one worker: the first is cut while the others arrive.
     let path: &'static str = Box::leak(format!("/burn?work={work}").into_boxed_str());
     let addr = s.addr();
@@ -472,6 +481,8 @@ async fn a_cut_guest_goes_on_before_its_tenants_next_requests_begin() {
     }
     // Without the line none waits before its run (the pool and the tenant have room for all
     // six): each queue is microseconds. In line, the last waits for the turns of those ahead.
+    let cut = metric_value_or_zero(&s.metrics().await, sliced) - before;
+    assert!(cut >= 1.0, "none of the six was cut");
     let longest = queued.iter().copied().fold(0.0, f64::max);
     assert!(longest >= 2.0, "queue phases (ms): {queued:?}");
 }
