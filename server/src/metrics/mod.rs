@@ -238,7 +238,8 @@ named_metrics! {
     );
     pub queue_depth: gauge(
         "tern_queue_depth",
-        "Requests waiting for a free pool slot or a tenant concurrency permit.",
+        "Requests waiting for their turn in their tenant's line on a worker, a free pool slot \
+         or a tenant concurrency permit.",
     );
     pub admin_throttled: counter(
         "tern_admin_throttled_total",
