@@ -10,9 +10,9 @@
 //! arrive while one of its guests is cut wait in line (the `queue` phase, first come first
 //! served, bounded by the pool's queue timeout: [`crate::pool::Pool::admit`]) until that guest
 //! ends, waits on I/O (a backend, a store, the client: it takes the line again at its next
-//! yield), or has had [`GRACE`] turns in all; so a cut guest waits only for the guests already running, and a tenant's
-//! requests run to their end one after the other instead of all at once (the same CPU, a
-//! shorter wait for each but the last).
+//! yield), or has had [`GRACE`] turns in all; so a cut guest waits only for the guests already
+//! running, and a tenant's requests run to their end one after the other instead of all at
+//! once (the same CPU, a shorter wait for each but the last).
 //!
 //! Other tenants' requests never wait here: a tenant's cut guests hold only its own line.
 //! [`GRACE`] bounds the wait behind a long run (a report computing for a second): after it the

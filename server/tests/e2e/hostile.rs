@@ -446,12 +446,7 @@ async fn a_cut_guest_goes_on_before_its_tenants_next_requests_begin() {
     let mut work = 100u64;
     loop {
         let before = metric_value_or_zero(&s.metrics().await, sliced);
-        let mut least = f64::MAX;
-        for _ in 0..3 {
-            let r = s.get(&format!("/burn?work={work}")).await;
-            assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-            least = least.min(phase_ms(r.header("server-timing"), "run"));
-        }
+        let least = least_run_ms(&s, work).await;
         let cut = metric_value_or_zero(&s.metrics().await, sliced) - before;
         if least >= 6.0 && cut >= 3.0 {
             break;
@@ -501,12 +496,7 @@ async fn time_spent_waiting_for_a_busy_worker_is_not_counted_against_a_guests_li
     // A fixed amount of work that takes one guest alone 40-200 ms (the least of three runs).
     let mut work = 100u64;
     let alone_ms = loop {
-        let mut least = f64::MAX;
-        for _ in 0..3 {
-            let r = s.get(&format!("/burn?work={work}")).await;
-            assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-            least = least.min(phase_ms(r.header("server-timing"), "run"));
-        }
+        let least = least_run_ms(&s, work).await;
         if least >= 40.0 {
             break least;
         }
@@ -565,6 +555,18 @@ async fn time_spent_waiting_for_a_busy_worker_is_not_counted_against_a_guests_li
     );
     let timeouts = r#"tern_guest_outcomes_total{outcome="timeout",tenant="burn"}"#;
     assert_eq!(metric_value_or_zero(&m, timeouts), 0.0, "{m}");
+}
+
+/// The least `run` phase of three `/burn?work={work}` requests one after another, in
+/// milliseconds.
+async fn least_run_ms(s: &TestServer, work: u64) -> f64 {
+    let mut least = f64::MAX;
+    for _ in 0..3 {
+        let r = s.get(&format!("/burn?work={work}")).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        least = least.min(phase_ms(r.header("server-timing"), "run"));
+    }
+    least
 }
 
 /// The duration of `phase` in a `Server-Timing` value, in milliseconds.
