@@ -8,6 +8,11 @@
 //!
 //! `KEY=VALUE` sets a `[pool]` setting (docs/configuration.md), so reset settings can be compared
 //! for a given guest. Useful to see what a guest costs per request before deploying it.
+//!
+//! `--evict=KIB` writes a buffer of that many KiB between requests, as a server's own work
+//! (the kernel's TCP, hyper, the records) does between two guests: the lifecycle then runs with
+//! its data evicted from the caches, as it does in a server under load
+//! (`loadtest/results/hotpath.md`, "cold").
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -21,14 +26,19 @@ fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let Some(module) = args.next() else {
         anyhow::bail!(
-            "usage: phases GUEST.wasm|GUEST.wat|builtin:NAME [REQUESTS] [POOL_KEY=VALUE ...]"
+            "usage: phases GUEST.wasm|GUEST.wat|builtin:NAME [REQUESTS] [POOL_KEY=VALUE ...] [--evict=KIB]"
         );
     };
     let mut requests = 100_000usize;
     // The server's `[pool]` defaults, so the reset (decommit batches, keep-resident sizes) is the
     // one a request gets in `tern serve`.
     let mut pool_toml = String::from("[pool]\n");
+    let mut evict = Vec::new();
     for a in args {
+        if let Some(kib) = a.strip_prefix("--evict=") {
+            evict = vec![0u8; kib.parse::<usize>()? * 1024];
+            continue;
+        }
         match a.split_once('=') {
             Some((k, v)) => pool_toml.push_str(&format!("{k} = {v}\n")),
             None => requests = a.parse()?,
@@ -52,6 +62,12 @@ fn main() -> anyhow::Result<()> {
     let mut samples: [Vec<Duration>; 4] = Default::default();
     rt.block_on(async {
         for i in 0..requests + requests / 10 {
+            // One write per cache line: the lines are dirty, so evicting them costs as a
+            // server's own dirty data does.
+            for line in evict.chunks_mut(64) {
+                line[0] = line[0].wrapping_add(1);
+            }
+            std::hint::black_box(&mut evict);
             let start = Instant::now();
             let out = support::request(&tenant).await;
             let total = start.elapsed();
@@ -72,7 +88,15 @@ fn main() -> anyhow::Result<()> {
         }
         Ok(())
     })?;
-    println!("{requests} requests of {module} ({} bytes)", wasm.len());
+    println!(
+        "{requests} requests of {module} ({} bytes){}",
+        wasm.len(),
+        if evict.is_empty() {
+            String::new()
+        } else {
+            format!(", {} KiB written between requests", evict.len() / 1024)
+        }
+    );
     // The mean next to the quantiles: a reset batched over many requests (one `madvise` call for
     // 16 freed slots) shows in the p90 and the mean, not in the p50.
     println!(
