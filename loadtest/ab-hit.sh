@@ -12,7 +12,8 @@
 # (17 bytes), and answering what the hit answers (`native-hello ADDR 1000`: the same 1,000 bytes
 # kept once, with the stored answer's headers) — the floor for serving that answer with hyper.
 #
-# Settings (environment): SECS=5, ROUNDS=3, PIPELINE=0 (N > 0: each connection sends N requests
+# Settings (environment): SECS=5, ROUNDS=3, NATIVE=target/release/native-hello (another build of
+# it, e.g. the profile-guided one of loadtest/results/pgo.md), PIPELINE=0 (N > 0: each connection sends N requests
 # at once, loadtest/pipeline.lua, so the load generator is woken once per N answers, not once per
 # answer: the servers' CPU per request without most of the closed loop's wake-ups). Needs wrk, taskset, 2 cores, and the guest built
 # (`cargo build -p tern-test-guests --bins --target wasm32-wasip1 --profile guest
@@ -25,7 +26,7 @@ if [ $# -ne 2 ] || [ ! -x "$1" ] || [ ! -x "$2" ]; then
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 GUEST=$ROOT/target/test-guests/wasm32-wasip1/guest/cache_headers.wasm
-NATIVE=$ROOT/target/release/native-hello
+NATIVE=${NATIVE:-$ROOT/target/release/native-hello}
 [ -f "$GUEST" ] || { echo "build the test guests first (see the header)" >&2; exit 2; }
 [ -x "$NATIVE" ] || { echo "build native-hello first: cargo build --release -p tern-loadtest" >&2; exit 2; }
 SECS=${SECS:-5} ROUNDS=${ROUNDS:-3} PORT=18280 NATIVE_PORT=18281

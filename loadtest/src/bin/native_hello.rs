@@ -4,6 +4,8 @@
 //! a stored answer a cache gives: that many bytes, kept once and shared by every answer, with the
 //! headers Tern's cache hit of the same object carries (`content-type`, `cache-control`, `age`,
 //! `vary`) — the floor a cache hit of that size is measured against (`loadtest/ab-hit.sh`).
+//! `SIGTERM` or `SIGINT` ends it cleanly (an instrumented build then writes its profile: the
+//! profile-guided native baseline of `loadtest/results/pgo.md`).
 
 use std::convert::Infallible;
 
@@ -34,8 +36,17 @@ async fn main() -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     eprintln!("native hello on http://{}", listener.local_addr()?);
     let builder = std::sync::Arc::new(auto::Builder::new(TokioExecutor::new()));
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int) = (
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+    );
     loop {
-        let (stream, _) = listener.accept().await?;
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+        };
         let _ = stream.set_nodelay(true);
         let builder = builder.clone();
         let stored = stored.clone();
