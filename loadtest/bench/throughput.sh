@@ -7,7 +7,7 @@ throughput() {
     build
     local config nolog wasmtime peer="" component
     config=$(hello_config)
-    target/release/native-hello 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+    "$(native_bin)" 127.0.0.1:$NATIVE_PORT 2>/dev/null &
     local native=$!
     PIDS+=("$native")
     wait_http "http://127.0.0.1:$NATIVE_PORT/"
