@@ -26,16 +26,15 @@ mixed() {
         local kind
         for kind in "ms=20" "work=$work"; do
             wrk -t1 -c4 -d"$((SECS + 2))s" -s loadtest/latency.lua "http://127.0.0.1:$TERN_PORT/burn?$kind" >"$WORK/burn.out" &
-            local bw=$!
+            local bw=$! hello burned
             sleep 1
+            hello=$(h1 http://127.0.0.1:$TERN_PORT/hello)
+            wait "$bw" || true
+            burned=$(awk '/^RESULT/ { print $2, $4 }' "$WORK/burn.out")
             if [ "$kind" = "ms=20" ]; then
-                mixes+=("$(h1 http://127.0.0.1:$TERN_PORT/hello)")
-                wait "$bw" || true
-                burnres=$(awk '/^RESULT/ { print $2, $4 }' "$WORK/burn.out")
+                mixes+=("$hello") burnres=$burned
             else
-                fixes+=("$(h1 http://127.0.0.1:$TERN_PORT/hello)")
-                wait "$bw" || true
-                fixres=$(awk '/^RESULT/ { print $2, $4 }' "$WORK/burn.out")
+                fixes+=("$hello") fixres=$burned
             fi
         done
         stop "$TERN_PID"
