@@ -12,7 +12,7 @@
 //! `--evict=KIB` writes a buffer of that many KiB between requests, as a server's own work
 //! (the kernel's TCP, hyper, the records) does between two guests: the lifecycle then runs with
 //! its data evicted from the caches, as it does in a server under load
-//! (`loadtest/results/hotpath.md`, "cold").
+//! (`loadtest/results/pgo.md`, "Why").
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -16,6 +16,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use tokio::signal::unix::{SignalKind, signal};
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
@@ -36,7 +37,6 @@ async fn main() -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     eprintln!("native hello on http://{}", listener.local_addr()?);
     let builder = std::sync::Arc::new(auto::Builder::new(TokioExecutor::new()));
-    use tokio::signal::unix::{SignalKind, signal};
     let (mut term, mut int) = (
         signal(SignalKind::terminate())?,
         signal(SignalKind::interrupt())?,
