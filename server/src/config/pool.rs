@@ -38,7 +38,10 @@ pub struct PoolConfig {
     /// request, so this part is cleared by `memset` rather than by page faults next time.
     pub stack_keep_resident_kib: usize,
     /// Zero each fiber stack after every request (defence in depth: guest code cannot address
-    /// the host stack, so this guards only against a host bug reading stale stack memory).
+    /// the host stack, so this guards only against a host or compiler bug reading stale stack
+    /// memory). It costs more than its `memset`: a zeroed stack also waits in the batched
+    /// decommit for the rest of it to be handed back, where an unzeroed one is reused at once
+    /// (~2-3 µs of a `hello` request, docs/configuration.md).
     pub zero_stacks: bool,
     /// Memory, table and stack pages to hand back to the kernel are queued and returned in
     /// batches of this many slots (one `process_madvise` call); capped at `instances / 8`.
