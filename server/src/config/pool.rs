@@ -41,7 +41,7 @@ pub struct PoolConfig {
     /// the host stack, so this guards only against a host or compiler bug reading stale stack
     /// memory). It costs more than its `memset`: a zeroed stack also waits in the batched
     /// decommit for the rest of it to be handed back, where an unzeroed one is reused at once
-    /// (~2-3 µs of a `hello` request, docs/configuration.md).
+    /// (its measured price: docs/configuration.md).
     pub zero_stacks: bool,
     /// Memory, table and stack pages to hand back to the kernel are queued and returned in
     /// batches of this many slots (one `process_madvise` call); capped at `instances / 8`.
