@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Two tern binaries side by side: server CPU per `hello` request, pinned, in alternating rounds.
+# Two tern binaries side by side: server CPU per request to one tenant (`builtin:hello` unless
+# MODULE says otherwise), pinned, in alternating rounds.
 # For a change that must not cost CPU (a refactor): build the commit before and the one after,
 # then compare them here in one run.
 #
 #   bash loadtest/ab.sh BEFORE_BIN AFTER_BIN
 #
-# Each round starts one binary serving `builtin:hello` with one worker pinned to core 0, warms it
-# for 3 s, then runs `wrk -t1 -c$CONNS -d${SECS}s` pinned to core 1 and reads the server's CPU
+# Each round starts one binary serving MODULE with one worker pinned to core 0, warms it
+# for 3 s, then runs `wrk -t1 -c$CONNS -d${SECS}s` (or `h2load -c$CONNS -m1 -D$SECS` with
+# PROTO=h2) pinned to core 1 and reads the server's CPU
 # (utime + stime, /proc/PID/stat) over the run. Rounds alternate BEFORE, AFTER, ... and the order
 # is reversed halfway, so drift favours neither. Prints every round, then each binary's range
 # and median of µs CPU per request.
@@ -15,20 +17,36 @@
 # the admin listener), BODY=0 (N > 0: each request is a `POST` with an N-byte body, which the
 # listeners hand on as a streaming request body), PIPELINE=0 (N > 0: each connection sends N
 # requests at once, loadtest/pipeline.lua: the load generator is woken once per N answers; not
-# with BODY). Needs wrk and taskset (util-linux) and 2 cores.
+# with BODY; with PROTO=h2, N streams in flight per connection), MODULE=builtin:hello (any tenant
+# module: `builtin:wasi-http` for the Rust `wasi:http` component, a path to a .wasm), PROTO=h1
+# (h2: HTTP/2 over cleartext with prior knowledge, by h2load of nghttp2-client; not with BODY).
+# Needs wrk (or h2load) and taskset (util-linux) and 2 cores.
 set -euo pipefail
 
 if [ $# -ne 2 ] || [ ! -x "$1" ] || [ ! -x "$2" ]; then
     echo "usage: bash loadtest/ab.sh BEFORE_BIN AFTER_BIN (two executable tern binaries)" >&2
     exit 2
 fi
-command -v wrk >/dev/null || { echo "ab.sh needs wrk (apt-get install wrk)" >&2; exit 2; }
 SECS=${SECS:-8} ROUNDS=${ROUNDS:-6} CONNS=${CONNS:-64} PORT=${PORT:-18080} BODY=${BODY:-0}
+MODULE=${MODULE:-builtin:hello} PROTO=${PROTO:-h1}
+case "$PROTO" in
+    h1) command -v wrk >/dev/null || { echo "ab.sh needs wrk (apt-get install wrk)" >&2; exit 2; } ;;
+    h2)
+        command -v h2load >/dev/null || { echo "ab.sh PROTO=h2 needs h2load (apt-get install nghttp2-client)" >&2; exit 2; }
+        [ "$BODY" -eq 0 ] || { echo "ab.sh: BODY is for PROTO=h1 only" >&2; exit 2; }
+        ;;
+    *) echo "ab.sh: PROTO is h1 or h2, not $PROTO" >&2; exit 2 ;;
+esac
+case "$MODULE" in
+    builtin:*) ;;
+    *) [ -f "$MODULE" ] || { echo "ab.sh: MODULE $MODULE: no such file" >&2; exit 2; }
+       MODULE=$(realpath "$MODULE") ;;
+esac
 ADMIN=$((PORT + 1))
 WORK=$(mktemp -d)
 trap 'kill "${PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
-printf '[server]\nworker_threads = 1\n[[tenant]]\nname = "hello"\nmodule = "builtin:hello"\npaths = ["/hello"]\n' \
-    >"$WORK/tern.toml"
+printf '[server]\nworker_threads = 1\n[[tenant]]\nname = "hello"\nmodule = "%s"\npaths = ["/hello"]\n' \
+    "$MODULE" >"$WORK/tern.toml"
 WRK_ARGS=()
 if [ "$BODY" -gt 0 ]; then
     printf 'wrk.method = "POST"\nwrk.body = string.rep("x", %d)\n' "$BODY" >"$WORK/post.lua"
@@ -37,25 +55,45 @@ elif [ "${PIPELINE:-0}" -gt 0 ]; then
     WRK_ARGS=(-s "$(cd "$(dirname "$0")" && pwd)/pipeline.lua")
 fi
 
+# One load of $1 seconds against /hello, its summary on stdout (wrk's; or h2load's rate and its
+# count of 2xx answers).
+load() { # secs
+    if [ "$PROTO" = h2 ]; then
+        local streams=${PIPELINE:-0}
+        [ "$streams" -gt 0 ] || streams=1
+        taskset -c 1 h2load -c"$CONNS" -m"$streams" -D"$1" "http://127.0.0.1:$PORT/hello" | grep -E '^(finished in|status codes:)'
+    else
+        taskset -c 1 wrk "${WRK_ARGS[@]}" -t1 -c"$CONNS" -d"$1s" "http://127.0.0.1:$PORT/hello" -- "${PIPELINE:-0}"
+    fi
+}
+
 round() { # binary label -> "label rps µs/request"
     env TERN_CACHE_DIR="$WORK/cache-$2" TERN_DATA_DIR="$WORK/data-$2" TERN_LOG=warn \
         taskset -c 0 "$1" serve --config "$WORK/tern.toml" --listen 127.0.0.1:$PORT \
         --admin-listen 127.0.0.1:$ADMIN >>"$WORK/$2.log" 2>&1 &
     PID=$!
+    local ready=0
     for _ in $(seq 1 300); do
-        curl -fs -o /dev/null "http://127.0.0.1:$ADMIN/readyz" && break
+        curl -fs -o /dev/null "http://127.0.0.1:$ADMIN/readyz" && { ready=1; break; }
+        kill -0 "$PID" 2>/dev/null || break
         sleep 0.1
     done
-    taskset -c 1 wrk "${WRK_ARGS[@]}" -t1 -c"$CONNS" -d3s "http://127.0.0.1:$PORT/hello" -- "${PIPELINE:-0}" >/dev/null
+    if [ "$ready" = 0 ]; then
+        echo "ab.sh: $1 did not become ready; its log:" >&2
+        cat "$WORK/$2.log" >&2
+        exit 1
+    fi
+    load 3 >/dev/null
     local t0 t1 out
     t0=$(awk '{ print $14 + $15 }' "/proc/$PID/stat")
-    out=$(taskset -c 1 wrk "${WRK_ARGS[@]}" -t1 -c"$CONNS" -d"${SECS}s" "http://127.0.0.1:$PORT/hello" -- "${PIPELINE:-0}")
+    out=$(load "$SECS")
     t1=$(awk '{ print $14 + $15 }' "/proc/$PID/stat")
     kill "$PID"
     wait "$PID" 2>/dev/null || true
     PID=
     echo "$out" | awk -v l="$2" -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '
         /requests in/ { n = $1 } /Requests\/sec/ { r = $2 }
+        /^finished in/ { r = $4 } /^status codes:/ { n = $3 }
         END { if (n > 0) printf "%s %.0f %.2f\n", l, r, t / hz * 1e6 / n }'
 }
 
