@@ -290,9 +290,10 @@ fn reset_settings(c: &mut Criterion) {
 }
 
 /// Tenants taking turns, request by request, on a pool sized as a server's (64 instances, as
-/// many memory slots): a whole request of `hello` when 1, 3 or 10 tenants (the same bytes
-/// loaded again, so as many modules) share the slots. A server with several tenants should
-/// pay no more per request than one with a tenant alone.
+/// many memory slots): a whole request of `hello` when 1, 3 or 10 tenants share the slots,
+/// each with a module of its own (`total_hello`) or all with the same bytes, so one module
+/// (`total_hello_same_bytes`). A server with several tenants should pay no more per request
+/// than one with a tenant alone.
 fn tenants_in_turns(c: &mut Criterion) {
     let mut g = c.benchmark_group("tenants_in_turns");
     g.measurement_time(Duration::from_secs(4));
@@ -301,22 +302,41 @@ fn tenants_in_turns(c: &mut Criterion) {
         ..PoolConfig::default()
     });
     let hello = tern::demo::module("hello").unwrap();
-    let tenants: Vec<TenantRef> = (0..10)
-        .map(|n| b.tenant(&format!("hello-{n}"), hello))
+    // Tenants of their own modules: `hello` with a digit for the `n` of its greeting (the same
+    // code, another heap image), so a module each. Tenants of the same bytes share one
+    // (`artifact::Compiled`).
+    let greeting = b"Hello from Tern!\n";
+    let at = hello
+        .windows(greeting.len())
+        .position(|w| w == greeting)
+        .expect("hello's greeting in its data")
+        + 12;
+    let own: Vec<TenantRef> = (0..10)
+        .map(|n| {
+            let mut wasm = hello.to_vec();
+            wasm[at] = b'0' + n;
+            b.tenant(&format!("own-{n}"), &wasm)
+        })
         .collect();
-    for k in [1usize, 3, 10] {
-        let turns = &tenants[..k];
-        g.bench_with_input(BenchmarkId::new("total_hello", k), &k, |x, _| {
-            x.iter_custom(|iters| {
-                b.rt.block_on(async {
-                    let start = Instant::now();
-                    for i in 0..iters {
-                        request_ok(&turns[i as usize % turns.len()]).await;
-                    }
-                    start.elapsed()
+    let same: Vec<TenantRef> = (0..10)
+        .map(|n| b.tenant(&format!("same-{n}"), hello))
+        .collect();
+    assert_eq!(tern::artifact::loaded_on(&b.h.engine), 10 + 1);
+    for (name, tenants) in [("total_hello", &own), ("total_hello_same_bytes", &same)] {
+        for k in [1usize, 3, 10] {
+            let turns = &tenants[..k];
+            g.bench_with_input(BenchmarkId::new(name, k), &k, |x, _| {
+                x.iter_custom(|iters| {
+                    b.rt.block_on(async {
+                        let start = Instant::now();
+                        for i in 0..iters {
+                            request_ok(&turns[i as usize % turns.len()]).await;
+                        }
+                        start.elapsed()
+                    })
                 })
-            })
-        });
+            });
+        }
     }
     g.finish();
 }

@@ -7,6 +7,9 @@
 //! refuses a file whose digest does not match. Artifacts are written once, atomically (temp
 //! file, fsync, rename, fsync directory), and never rewritten in place, because they are mmapped
 //! for as long as a module lives.
+//!
+//! Loads of one artifact on one engine share the module while it is held ([`Compiled`]): every
+//! tenant and version of the same bytes is one mapping, one memory image, one set of warm slots.
 
 #![allow(unsafe_code)]
 
@@ -20,41 +23,69 @@ use wasmtime::component::Component;
 use wasmtime::{Engine, Module, Precompiled};
 
 /// A compiled guest: a core module (the `tern` and `cgi` kinds) or a component (`wasi-http`).
-#[derive(Clone)]
-pub enum Compiled {
+pub enum Code {
     /// A core WebAssembly module.
     Module(Module),
     /// A WebAssembly component.
     Component(Component),
 }
 
+/// A loaded module or component: a handle, cheap to clone, that every tenant and version
+/// serving it holds.
+///
+/// Loads of one sealed artifact on one engine give the same loaded module for as long as a
+/// handle of it lives ([`load_cwasm`]): tenants that deploy the same bytes share one mapping
+/// of its code, one memory image and the pool's slots warm for it, as a single tenant would.
+/// Nothing of a guest's state is in the module: every instance starts from its image in a slot
+/// reset after the last one, whichever tenant that served.
+#[derive(Clone)]
+pub struct Compiled(std::sync::Arc<Shared>);
+
+/// What a [`Compiled`] handle shares.
+struct Shared {
+    code: Code,
+    /// The SHA-256 of the artifact it was loaded from (its seal's digest).
+    digest: [u8; 32],
+}
+
 impl Compiled {
+    /// The module or component.
+    pub fn code(&self) -> &Code {
+        &self.0.code
+    }
+
     /// The core module, if this is one.
     pub fn module(&self) -> Option<&Module> {
-        match self {
-            Self::Module(m) => Some(m),
-            Self::Component(_) => None,
+        match self.code() {
+            Code::Module(m) => Some(m),
+            Code::Component(_) => None,
         }
     }
 
     /// The engine it was loaded on.
     pub fn engine(&self) -> &Engine {
-        match self {
-            Self::Module(m) => m.engine(),
-            Self::Component(c) => c.engine(),
+        match self.code() {
+            Code::Module(m) => m.engine(),
+            Code::Component(c) => c.engine(),
         }
     }
 
     /// Where its compiled code lives: the same for every handle of one loaded module.
     pub fn image_start(&self) -> usize {
-        match self {
-            Self::Module(m) => m.image_range().start as usize,
-            Self::Component(c) => c.image_range().start as usize,
+        match self.code() {
+            Code::Module(m) => m.image_range().start as usize,
+            Code::Component(c) => c.image_range().start as usize,
         }
+    }
+
+    /// Whether two handles are of one loaded module.
+    pub fn same(a: &Compiled, b: &Compiled) -> bool {
+        std::sync::Arc::ptr_eq(&a.0, &b.0)
     }
 
     /// The same compiled code, loaded on `engine`: no compiling, since `engine` has the
     /// fingerprint of the engine it was compiled for (only its pool settings may differ).
+    /// Shared as [`load_cwasm`] shares: moving two handles of one module gives one module.
     ///
     /// # Errors
     /// [`ArtifactError::Incompatible`] if `engine` compiles differently.
@@ -65,38 +96,145 @@ impl Compiled {
                 reason: "the new engine compiles differently".into(),
             });
         }
+        if let Some(loaded) = live::find(engine, &self.0.digest) {
+            return Ok(loaded);
+        }
         let incompatible = |e: wasmtime::Error| ArtifactError::Incompatible {
             path: "(a loaded module)".into(),
             reason: format!("{e:#}"),
         };
-        match self {
-            Self::Module(m) => {
+        let code = match self.code() {
+            Code::Module(m) => {
                 let image = m.serialize().map_err(incompatible)?;
                 // SAFETY: `image` is wasmtime's own serialization of a module it loaded (from a
                 // sealed artifact, checked before it was loaded), and `engine` has the same
                 // compilation fingerprint.
                 unsafe { Module::deserialize(engine, image) }
-                    .map(Self::Module)
-                    .map_err(incompatible)
+                    .map(Code::Module)
+                    .map_err(incompatible)?
             }
-            Self::Component(c) => {
+            Code::Component(c) => {
                 let image = c.serialize().map_err(incompatible)?;
                 // SAFETY: as for modules above.
                 unsafe { Component::deserialize(engine, image) }
-                    .map(Self::Component)
-                    .map_err(incompatible)
+                    .map(Code::Component)
+                    .map_err(incompatible)?
             }
-        }
+        };
+        Ok(live::keep(self.0.digest, code))
     }
 }
 
 impl std::fmt::Debug for Compiled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Module(_) => "Compiled::Module",
-            Self::Component(_) => "Compiled::Component",
+        f.write_str(match self.code() {
+            Code::Module(_) => "Compiled::Module",
+            Code::Component(_) => "Compiled::Component",
         })
     }
+}
+
+/// The modules loaded and still held, by the digest of the artifact they came from: what
+/// makes two loads of one artifact on one engine one module.
+mod live {
+    use super::{Code, Compiled, Shared};
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, Weak};
+    use wasmtime::Engine;
+
+    #[derive(Default)]
+    struct Table {
+        /// Per digest, a module per engine it was loaded on (more than one only while the
+        /// tenants move to a new engine).
+        by_digest: HashMap<[u8; 32], Vec<Weak<Shared>>>,
+        /// The table's size after its last sweep of released modules.
+        swept_at: usize,
+    }
+
+    fn table() -> std::sync::MutexGuard<'static, Table> {
+        static TABLE: std::sync::LazyLock<Mutex<Table>> = std::sync::LazyLock::new(Mutex::default);
+        // A panic while it was held leaves the table consistent: no step below can leave it
+        // half changed.
+        TABLE.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn engine_of(code: &Code) -> &Engine {
+        match code {
+            Code::Module(m) => m.engine(),
+            Code::Component(c) => c.engine(),
+        }
+    }
+
+    /// The modules `held` (those still held), upgraded. Collected into `into`, declared before
+    /// the table's guard, so that a module whose last other handle goes meanwhile is dropped
+    /// (unmapped) after the guard, not under it.
+    fn upgrade(held: &[Weak<Shared>], into: &mut Vec<Arc<Shared>>) {
+        into.clear();
+        into.extend(held.iter().filter_map(Weak::upgrade));
+    }
+
+    fn on(held: &[Arc<Shared>], engine: &Engine) -> Option<Compiled> {
+        held.iter()
+            .find(|s| Engine::same(engine_of(&s.code), engine))
+            .cloned()
+            .map(Compiled)
+    }
+
+    /// The module loaded from the artifact with `digest` on `engine`, if one is still held.
+    pub(super) fn find(engine: &Engine, digest: &[u8; 32]) -> Option<Compiled> {
+        let mut held = Vec::new();
+        {
+            let t = table();
+            upgrade(t.by_digest.get(digest)?, &mut held);
+        }
+        on(&held, engine)
+    }
+
+    /// `code`, loaded from the artifact with `digest`, as the module every later load of that
+    /// artifact on its engine gets while it is held; or the one a parallel load of the same
+    /// artifact kept first (`code` is then dropped, after the table's guard).
+    pub(super) fn keep(digest: [u8; 32], code: Code) -> Compiled {
+        let mut held = Vec::new();
+        let mut t = table();
+        let entry = t.by_digest.entry(digest).or_default();
+        upgrade(entry, &mut held);
+        if let Some(first) = on(&held, engine_of(&code)) {
+            return first;
+        }
+        entry.retain(|w| w.strong_count() > 0);
+        let shared = Arc::new(Shared { code, digest });
+        entry.push(Arc::downgrade(&shared));
+        // Released modules' entries go in sweeps, each when the table has doubled since the
+        // last: a constant cost per load.
+        if t.by_digest.len() > 2 * t.swept_at.max(32) {
+            t.by_digest.retain(|_, held| {
+                held.retain(|w| w.strong_count() > 0);
+                !held.is_empty()
+            });
+            t.swept_at = t.by_digest.len();
+        }
+        Compiled(shared)
+    }
+
+    /// How many modules loaded on `engine` are held.
+    pub(super) fn held(engine: &Engine) -> usize {
+        let mut held = Vec::new();
+        let mut one = Vec::new();
+        let t = table();
+        let mut n = 0;
+        for entry in t.by_digest.values() {
+            upgrade(entry, &mut one);
+            n += usize::from(on(&one, engine).is_some());
+            held.append(&mut one);
+        }
+        n
+    }
+}
+
+/// How many compiled modules and components loaded on `engine` are in use (tenants and
+/// versions of the same bytes share one).
+pub fn loaded_on(engine: &Engine) -> usize {
+    live::held(engine)
 }
 
 /// What is wrong with `wasm`'s first bytes for a Tern module, if anything, and whether it is
@@ -484,6 +622,12 @@ pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Compiled, ArtifactErro
     if Sha256::digest(body)[..] != seal[..32] {
         return Err(tampered("its contents do not match its seal"));
     }
+    let digest: [u8; 32] = seal[..32].try_into().expect("a seal starts with 32 bytes");
+    // Loaded already (another tenant or version of the same bytes) and still held: the same
+    // module, not a second mapping of it.
+    if let Some(loaded) = live::find(engine, &digest) {
+        return Ok(loaded);
+    }
     // Mapping the code can fail for want of mappings (or memory): that is not the artifact's
     // fault.
     let incompatible = |e: wasmtime::Error| match crate::os::Exhausted::in_chain(e.chain()) {
@@ -502,7 +646,9 @@ pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Compiled, ArtifactErro
             // of another version or configuration. A component is loaded from these bytes
             // rather than mapped: wasmtime offers no way to map an already opened file.
             let component = unsafe { Component::deserialize(engine, body) };
-            return component.map(Compiled::Component).map_err(incompatible);
+            return component
+                .map(|c| live::keep(digest, Code::Component(c)))
+                .map_err(incompatible);
         }
         None => return Err(tampered("it is not a compiled module or component")),
     }
@@ -513,7 +659,7 @@ pub fn load_cwasm(engine: &Engine, path: &Path) -> Result<Compiled, ArtifactErro
     // `write_atomic` (rename, never in place), so the mapped file does not change while the
     // module lives. The seal after the ELF image is ignored by wasmtime's object parser.
     unsafe { Module::deserialize_open_file(engine, file) }
-        .map(Compiled::Module)
+        .map(|m| live::keep(digest, Code::Module(m)))
         .map_err(incompatible)
 }
 
@@ -597,5 +743,99 @@ pub fn load_file(engine: &Engine, path: &Path, cache_dir: &Path) -> Result<Loade
             what: path.display().to_string(),
             reason: "the file is neither a .wasm module nor a compiled .cwasm artifact".into(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PoolConfig;
+
+    fn engine() -> Engine {
+        crate::engine::build(&PoolConfig {
+            instances: 2,
+            max_memory_mib: 16,
+            ..PoolConfig::default()
+        })
+        .expect("engine")
+    }
+
+    fn hello() -> &'static [u8] {
+        crate::demo::module("hello").expect("the hello demo module")
+    }
+
+    /// `wasm` with a custom section naming `tag`: other bytes, the same compiled code
+    /// (wasmtime keeps no custom section but `name` and DWARF in an artifact).
+    fn tagged(wasm: &[u8], tag: &str) -> Vec<u8> {
+        let payload = [&[4u8][..], b"test", tag.as_bytes()].concat();
+        let size = u8::try_from(payload.len()).expect("a short tag");
+        [wasm, &[0, size], &payload].concat()
+    }
+
+    #[test]
+    fn loads_of_the_same_code_share_one_module_while_it_is_held() {
+        let (dir, engine) = (tempfile::tempdir().unwrap(), engine());
+        let first = load_wasm(&engine, hello(), "a", dir.path()).unwrap().module;
+        let second = load_wasm(&engine, hello(), "b", dir.path()).unwrap().module;
+        assert!(Compiled::same(&first, &second));
+        assert_eq!(first.image_start(), second.image_start());
+        assert_eq!(loaded_on(&engine), 1);
+        // Bytes that differ in a custom section alone compile to the same artifact.
+        let tagged = load_wasm(&engine, &tagged(hello(), "x"), "c", dir.path()).unwrap();
+        assert!(tagged.compiled_in.is_some(), "other bytes, compiled");
+        assert!(Compiled::same(&first, &tagged.module));
+        // Another module's code is another module.
+        let counter = crate::demo::module("counter").expect("the counter demo module");
+        let other = load_wasm(&engine, counter, "d", dir.path()).unwrap().module;
+        assert!(!Compiled::same(&first, &other));
+        assert_eq!(loaded_on(&engine), 2);
+        // The same artifact on another engine is loaded there, and a module moved to that
+        // engine is the one already loaded there.
+        let elsewhere = self::engine();
+        let there = load_wasm(&elsewhere, hello(), "e", dir.path())
+            .unwrap()
+            .module;
+        assert_eq!((loaded_on(&engine), loaded_on(&elsewhere)), (2, 1));
+        assert!(Compiled::same(&first.rehome(&elsewhere).unwrap(), &there));
+        assert_eq!(loaded_on(&elsewhere), 1);
+        // Released by every holder, it is not kept: the next load maps the artifact again.
+        drop((first, second, tagged));
+        assert_eq!(loaded_on(&engine), 1);
+        let again = load_wasm(&engine, hello(), "f", dir.path()).unwrap().module;
+        assert_eq!(loaded_on(&engine), 2);
+        assert!(!Compiled::same(&again, &there));
+    }
+
+    #[test]
+    fn of_two_loads_kept_at_once_the_first_is_the_module() {
+        let (dir, engine) = (tempfile::tempdir().unwrap(), engine());
+        load_wasm(&engine, hello(), "compile", dir.path()).unwrap();
+        let path = cache_path(&engine, dir.path(), hello());
+        // Two loads that both found nothing held (as two in parallel can) each map the file.
+        // SAFETY: the artifact was just written by `load_wasm`; wasmtime ignores the seal.
+        let map = || Code::Module(unsafe { Module::deserialize_file(&engine, &path) }.unwrap());
+        let digest = [0x5a; 32];
+        let kept = live::keep(digest, map());
+        let second = live::keep(digest, map());
+        assert!(Compiled::same(&kept, &second));
+        assert!(Compiled::same(
+            &kept,
+            &live::find(&engine, &digest).unwrap()
+        ));
+        drop((kept, second));
+        assert!(live::find(&engine, &digest).is_none());
+    }
+
+    #[test]
+    fn a_tampered_artifact_is_refused_even_while_its_module_is_held() {
+        let (dir, engine) = (tempfile::tempdir().unwrap(), engine());
+        let held = load_wasm(&engine, hello(), "a", dir.path()).unwrap().module;
+        let path = cache_path(&engine, dir.path(), hello());
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[100] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = load_cwasm(&engine, &path).unwrap_err();
+        assert!(matches!(e, ArtifactError::Tampered { .. }), "{e}");
+        drop(held);
     }
 }

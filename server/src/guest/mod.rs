@@ -34,7 +34,7 @@ pub use limits::GuestLimits;
 pub use link::Linkers;
 pub use stdio::{Output, Stdio, WasiSpec};
 
-use crate::artifact::Compiled;
+use crate::artifact::{Code, Compiled};
 use crate::config::GuestKind;
 
 pub use request::{GuestRequest, RequestBody};
@@ -86,16 +86,16 @@ pub fn link(
         guest,
         warning: None,
     };
-    Ok(match (compiled, kind) {
-        (Compiled::Component(component), _) => linked(Guest::WasiHttp(wasi_http::Handler::link(
+    Ok(match (compiled.code(), kind) {
+        (Code::Component(component), _) => linked(Guest::WasiHttp(wasi_http::Handler::link(
             &linkers.http,
             component,
         )?)),
-        (Compiled::Module(module), GuestKind::Cgi) => linked(Guest::Cgi(module::link(
+        (Code::Module(module), GuestKind::Cgi) => linked(Guest::Cgi(module::link(
             linkers.module(assets, true),
             module,
         )?)),
-        (Compiled::Module(module), _) => Linked {
+        (Code::Module(module), _) => Linked {
             guest: Guest::Tern(module::link(linkers.module(assets, false), module)?),
             warning: module::tern_kind_warning(module),
         },
@@ -108,21 +108,21 @@ pub fn link(
 /// # Errors
 /// Why `compiled` cannot be of the kind asked for.
 pub fn kind_of(compiled: &Compiled, asked: Option<GuestKind>) -> Result<GuestKind, String> {
-    match (compiled, asked) {
-        (Compiled::Component(_), None | Some(GuestKind::WasiHttp)) => Ok(GuestKind::WasiHttp),
-        (Compiled::Component(_), Some(k)) => Err(format!(
+    match (compiled.code(), asked) {
+        (Code::Component(_), None | Some(GuestKind::WasiHttp)) => Ok(GuestKind::WasiHttp),
+        (Code::Component(_), Some(k)) => Err(format!(
             "kind `{}` needs a core module, but this is a component (components are served as \
              `wasi-http`)",
             k.name()
         )),
-        (Compiled::Module(_), Some(GuestKind::WasiHttp)) => Err(
+        (Code::Module(_), Some(GuestKind::WasiHttp)) => Err(
             "kind `wasi-http` needs a component exporting `wasi:http/incoming-handler`, but this \
              is a core module (build it with `--target wasm32-wasip2`, or deploy it as `tern` or \
              `cgi`)"
                 .into(),
         ),
-        (Compiled::Module(_), Some(k)) => Ok(k),
-        (Compiled::Module(m), None) => Ok(if module::imports_tern_abi(m) {
+        (Code::Module(_), Some(k)) => Ok(k),
+        (Code::Module(m), None) => Ok(if module::imports_tern_abi(m) {
             GuestKind::Tern
         } else {
             GuestKind::Cgi

@@ -227,6 +227,11 @@ named_metrics! {
         "tern_tenant_labels",
         "Tenants with their own metrics label (the rest count as `other`).",
     );
+    modules_loaded: gauge(
+        "tern_modules_loaded",
+        "Compiled modules and components loaded (mapped); tenants and versions of the same \
+         bytes share one.",
+    );
     resident: gauges(
         "tern_pool_resident_bytes",
         "Bytes kept resident by unused (warm) pool slots, by kind.",
@@ -731,6 +736,8 @@ impl Metrics {
 
     /// Renders every metric in the Prometheus text format, refreshing the pool gauges first.
     pub fn render(&self, engine: &Engine) -> Vec<u8> {
+        self.modules_loaded
+            .set(i64::try_from(crate::artifact::loaded_on(engine)).unwrap_or(i64::MAX));
         if let Some(m) = engine.pooling_allocator_metrics() {
             let set = |kind: &str, state: &str, v: u64| {
                 self.pool

@@ -2,7 +2,7 @@
 
 use http::StatusCode;
 
-use crate::support::{Conn, TestServer, wat_file};
+use crate::support::{Conn, TestServer, metric_value, wat_file};
 
 /// Traps (500) if it sees anything but the module's initial state, then leaves canaries in
 /// static memory (a data segment's byte and a zero page), a global, and a page it grows, all
@@ -45,5 +45,45 @@ async fn no_state_survives_into_the_next_request() {
         if i % 10 == 0 {
             assert_eq!(conn.get("/b").await.text(), "1\n");
         }
+    }
+}
+
+/// Tenants that deploy the same bytes share one loaded module (one mapping, one image, the
+/// slots warm for it), and each of their requests still starts from the module's initial state,
+/// whichever tenant the slot served last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_of_the_same_bytes_share_one_module_and_no_state() {
+    let dir = tempfile::tempdir().unwrap();
+    wat_file(dir.path(), "canary.wasm", CANARY);
+    // The same code with one more data segment: another heap image, so a module of its own.
+    let other = CANARY.replace(
+        r#"(data (i32.const 16) "clean")"#,
+        r#"(data (i32.const 16) "clean") (data (i32.const 256) "other")"#,
+    );
+    assert_ne!(other, CANARY);
+    wat_file(dir.path(), "other.wasm", &other);
+    let config = "[pool]\ninstances = 2\n\
+                  [[tenant]]\nname = \"a1\"\nmodule = \"canary.wasm\"\npaths = [\"/a1\"]\n\
+                  [[tenant]]\nname = \"a2\"\nmodule = \"canary.wasm\"\npaths = [\"/a2\"]\n\
+                  [[tenant]]\nname = \"b\"\nmodule = \"other.wasm\"\npaths = [\"/b\"]\n";
+    let s = TestServer::try_start_in(dir, config).await.expect("start");
+    assert_eq!(metric_value(&s.metrics().await, "tern_modules_loaded"), 2.0);
+    let mut conn = Conn::open(s.addr()).await;
+    for i in 0..600 {
+        let path = ["/a1", "/a2", "/b"][i % 3];
+        let r = conn.get(path).await;
+        assert_eq!(
+            (r.status, r.text().as_str()),
+            (StatusCode::OK, "clean"),
+            "request {i} ({path})"
+        );
+    }
+    // Each tenant was served by its own name.
+    let m = s.metrics().await;
+    for t in ["a1", "a2", "b"] {
+        let served = format!(
+            r#"tern_requests_total{{deployment="current",status="2xx",tenant="{t}",trigger="request",version="1.1"}}"#
+        );
+        assert_eq!(metric_value(&m, &served), 200.0, "{t}");
     }
 }
