@@ -45,8 +45,8 @@
 #                                       schedule to its guest's start, with `hello` under wrk load
 #   bash loadtest/bench.sh fleet        a fleet on one S3 registry (versitygw): a replica joining
 #                                       1,000 tenants, and deploy-to-every-replica convergence
-#   bash loadtest/bench.sh tenants      one server with 1, 3 and 10 tenants (`hello` loaded as that
-#                                       many modules), asked in turn request by request: CPU per request
+#   bash loadtest/bench.sh tenants      one server with 1, 3 and 10 tenants (of the same bytes, and
+#                                       each of its own), asked in turn request by request: CPU per request
 #   bash loadtest/bench.sh charts       PNG charts from the results (gnuplot)
 #   bash loadtest/bench.sh all          all of the above, in that order (cpu first)
 #
