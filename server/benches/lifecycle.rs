@@ -203,10 +203,13 @@ fn lifecycle(c: &mut Criterion) {
         x.iter_custom(b.phase(&hello, |_, all| all))
     });
     g.bench_function("total/nop", |x| x.iter_custom(b.phase(&nop, |_, all| all)));
-    // Two tenants (two modules: the same bytes loaded twice) taking turns, request by request,
-    // on the same pool: what a second module on the slots costs each request (gradual
-    // deployments at 50 %, several tenants on one worker).
-    let other = b.tenant("hello-2", tern::demo::module("hello").unwrap());
+    // Two tenants (two modules: `hello` and a copy with another greeting, so another image)
+    // taking turns, request by request, on the same pool: what a second module on the slots
+    // costs each request (gradual deployments at 50 %, several tenants on one worker).
+    let other = b.tenant(
+        "hello-2",
+        &own_hello(tern::demo::module("hello").unwrap(), 2),
+    );
     g.bench_function("total/hello_and_another_in_turns", |x| {
         x.iter_custom(|iters| {
             b.rt.block_on(async {
@@ -294,6 +297,19 @@ fn reset_settings(c: &mut Criterion) {
 /// each with a module of its own (`total_hello`) or all with the same bytes, so one module
 /// (`total_hello_same_bytes`). A server with several tenants should pay no more per request
 /// than one with a tenant alone.
+/// `hello` with the digit `n` for the `n` of its greeting: the same code, another heap image,
+/// so a module of its own (tenants of the same bytes share one).
+fn own_hello(hello: &[u8], n: u8) -> Vec<u8> {
+    let greeting = b"Hello from Tern!\n";
+    let at = hello
+        .windows(greeting.len())
+        .position(|w| w == greeting)
+        .expect("hello's greeting in its data");
+    let mut wasm = hello.to_vec();
+    wasm[at + 12] = b'0' + n;
+    wasm
+}
+
 fn tenants_in_turns(c: &mut Criterion) {
     let mut g = c.benchmark_group("tenants_in_turns");
     g.measurement_time(Duration::from_secs(4));
@@ -305,18 +321,8 @@ fn tenants_in_turns(c: &mut Criterion) {
     // Tenants of their own modules: `hello` with a digit for the `n` of its greeting (the same
     // code, another heap image), so a module each. Tenants of the same bytes share one
     // (`artifact::Compiled`).
-    let greeting = b"Hello from Tern!\n";
-    let at = hello
-        .windows(greeting.len())
-        .position(|w| w == greeting)
-        .expect("hello's greeting in its data")
-        + 12;
     let own: Vec<TenantRef> = (0..10)
-        .map(|n| {
-            let mut wasm = hello.to_vec();
-            wasm[at] = b'0' + n;
-            b.tenant(&format!("own-{n}"), &wasm)
-        })
+        .map(|n| b.tenant(&format!("own-{n}"), &own_hello(hello, n)))
         .collect();
     let same: Vec<TenantRef> = (0..10)
         .map(|n| b.tenant(&format!("same-{n}"), hello))
