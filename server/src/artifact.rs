@@ -30,6 +30,16 @@ pub enum Code {
     Component(Component),
 }
 
+impl Code {
+    /// The engine it was loaded on.
+    pub fn engine(&self) -> &Engine {
+        match self {
+            Self::Module(m) => m.engine(),
+            Self::Component(c) => c.engine(),
+        }
+    }
+}
+
 /// A loaded module or component: a handle, cheap to clone, that every tenant and version
 /// serving it holds.
 ///
@@ -64,10 +74,7 @@ impl Compiled {
 
     /// The engine it was loaded on.
     pub fn engine(&self) -> &Engine {
-        match self.code() {
-            Code::Module(m) => m.engine(),
-            Code::Component(c) => c.engine(),
-        }
+        self.code().engine()
     }
 
     /// Where its compiled code lives: the same for every handle of one loaded module.
@@ -158,13 +165,6 @@ mod live {
         TABLE.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn engine_of(code: &Code) -> &Engine {
-        match code {
-            Code::Module(m) => m.engine(),
-            Code::Component(c) => c.engine(),
-        }
-    }
-
     /// The modules `held` (those still held), upgraded. Collected into `into`, declared before
     /// the table's guard, so that a module whose last other handle goes meanwhile is dropped
     /// (unmapped) after the guard, not under it.
@@ -175,7 +175,7 @@ mod live {
 
     fn on(held: &[Arc<Shared>], engine: &Engine) -> Option<Compiled> {
         held.iter()
-            .find(|s| Engine::same(engine_of(&s.code), engine))
+            .find(|s| Engine::same(s.code.engine(), engine))
             .cloned()
             .map(Compiled)
     }
@@ -198,7 +198,7 @@ mod live {
         let mut t = table();
         let entry = t.by_digest.entry(digest).or_default();
         upgrade(entry, &mut held);
-        if let Some(first) = on(&held, engine_of(&code)) {
+        if let Some(first) = on(&held, code.engine()) {
             return first;
         }
         entry.retain(|w| w.strong_count() > 0);
