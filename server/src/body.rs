@@ -398,9 +398,12 @@ impl Drop for Forwarded {
 
 /// The body length a request declares (`Content-Length`), if it declares a valid one.
 pub fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
-    headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    length_of(headers.get(http::header::CONTENT_LENGTH))
+}
+
+/// [`declared_length`] of a `Content-Length` found already.
+pub fn length_of(content_length: Option<&HeaderValue>) -> Option<u64> {
+    content_length.and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
 }
 
 static TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");

@@ -18,38 +18,84 @@ const MAX_TAGS: usize = 64;
 /// The answer of a variant `v` (fresh, or stale within its `stale-while-revalidate`) to a
 /// request with `headers`: `304` when its validators
 /// say the client has it, else the stored answer; with its `Age` and `Cache-Status`.
-pub(super) fn hit(v: &Variant, headers: &HeaderMap, now: Instant) -> Response<ResponseBody> {
-    let validated = not_modified(
-        &v.headers,
-        headers.get(header::IF_NONE_MATCH),
-        headers.get(header::IF_MODIFIED_SINCE),
-    );
+pub(super) fn hit(v: &Variant, asks: &Asks<'_>, now: Instant) -> Response<ResponseBody> {
+    let validated = not_modified(&v.headers, asks.if_none_match, asks.if_modified_since);
     let mut resp = respond(v, validated, now);
     if !validated {
-        resp = ranged(
-            resp,
-            v,
-            headers.get(header::RANGE),
-            headers.get(header::IF_RANGE),
-        );
+        resp = ranged(resp, v, asks.range, asks.if_range);
     }
     // Negative once stale (RFC 9211 §2.5), served so by `stale-while-revalidate`.
-    let ttl = if v.fresh_at(now) {
+    let (minus, ttl) = if v.fresh_at(now) {
         let left = v.fresh_for - now.saturating_duration_since(v.stored);
-        i128::from(left.as_secs())
+        (false, left.as_secs())
     } else {
-        -i128::from(v.stale_for(now).as_secs().max(1))
+        (true, v.stale_for(now).as_secs().max(1))
     };
-    // Written on the stack: no `String` per hit.
-    let mut buf = [0u8; 64];
-    let mut w = &mut buf[..];
-    if std::io::Write::write_fmt(&mut w, format_args!("tern; hit; ttl={ttl}")).is_ok() {
-        let n = 64 - w.len();
-        if let Ok(value) = HeaderValue::from_bytes(&buf[..n]) {
-            resp.headers_mut().insert(CACHE_STATUS.clone(), value);
-        }
-    }
+    resp.headers_mut()
+        .insert(CACHE_STATUS.clone(), hit_status(minus, ttl));
     resp
+}
+
+/// `Cache-Status: tern; hit; ttl=<ttl>` (`-ttl` when `minus`), written on the stack: no
+/// `String` and no formatter per hit.
+fn hit_status(minus: bool, ttl: u64) -> HeaderValue {
+    const HIT: &[u8] = b"tern; hit; ttl=";
+    let mut buf = [0u8; HIT.len() + 1 + 20];
+    buf[..HIT.len()].copy_from_slice(HIT);
+    let mut n = HIT.len();
+    if minus {
+        buf[n] = b'-';
+        n += 1;
+    }
+    let mut scratch = [0; 20];
+    let digits = crate::decimal::bytes(ttl, &mut scratch);
+    buf[n..n + digits.len()].copy_from_slice(digits);
+    HeaderValue::from_bytes(&buf[..n + digits.len()]).expect("ASCII is a header value")
+}
+
+/// The request headers a look at the cache reads, found in one pass over the request's
+/// headers (a request carries a few; a look-up by name hashes the name, and most of these are
+/// absent from most requests): the first value of each, as `HeaderMap::get` gives it.
+#[derive(Default)]
+pub(super) struct Asks<'a> {
+    pub(super) if_none_match: Option<&'a HeaderValue>,
+    pub(super) if_modified_since: Option<&'a HeaderValue>,
+    pub(super) range: Option<&'a HeaderValue>,
+    pub(super) if_range: Option<&'a HeaderValue>,
+    pub(super) content_length: Option<&'a HeaderValue>,
+    /// `Transfer-Encoding` is there.
+    pub(super) transfer_encoding: bool,
+    /// `Cache-Control` or `Pragma` is there: directives of the request's own (RFC 9111's to
+    /// weigh).
+    pub(super) directives: bool,
+}
+
+impl<'a> Asks<'a> {
+    pub(super) fn of(headers: &'a HeaderMap) -> Self {
+        let mut asks = Self::default();
+        for (name, value) in headers {
+            let slot = if name == header::IF_NONE_MATCH {
+                &mut asks.if_none_match
+            } else if name == header::IF_MODIFIED_SINCE {
+                &mut asks.if_modified_since
+            } else if name == header::RANGE {
+                &mut asks.range
+            } else if name == header::IF_RANGE {
+                &mut asks.if_range
+            } else if name == header::CONTENT_LENGTH {
+                &mut asks.content_length
+            } else {
+                if name == header::TRANSFER_ENCODING {
+                    asks.transfer_encoding = true;
+                } else if name == header::CACHE_CONTROL || name == header::PRAGMA {
+                    asks.directives = true;
+                }
+                continue;
+            };
+            slot.get_or_insert(value);
+        }
+        asks
+    }
 }
 
 /// Headers a hit's answer gets beyond the stored ones (room is made for them when it is built).
@@ -274,6 +320,65 @@ pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn asks_finds_what_get_finds_in_one_pass() {
+        let empty = HeaderMap::new();
+        let none = Asks::of(&empty);
+        assert!(none.if_none_match.is_none() && none.range.is_none());
+        assert!(!none.directives && !none.transfer_encoding && none.content_length.is_none());
+        let mut h = headers(&[
+            ("host", "a"),
+            ("if-none-match", "\"x\""),
+            ("range", "bytes=0-1"),
+            ("x-other", "1"),
+            ("if-modified-since", "Sun, 06 Nov 1994 08:49:37 GMT"),
+            ("if-range", "\"x\""),
+            ("content-length", "5"),
+        ]);
+        // A second value: `get` gives the first, and so does `Asks`.
+        h.append(header::IF_NONE_MATCH, HeaderValue::from_static("\"y\""));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("7"));
+        let asks = Asks::of(&h);
+        for (found, name) in [
+            (asks.if_none_match, header::IF_NONE_MATCH),
+            (asks.if_modified_since, header::IF_MODIFIED_SINCE),
+            (asks.range, header::RANGE),
+            (asks.if_range, header::IF_RANGE),
+            (asks.content_length, header::CONTENT_LENGTH),
+        ] {
+            assert_eq!(found, h.get(&name), "{name}");
+            assert!(found.is_some(), "{name}");
+        }
+        assert!(!asks.directives && !asks.transfer_encoding);
+        for (name, directives, te) in [
+            ("cache-control", true, false),
+            ("pragma", true, false),
+            ("transfer-encoding", false, true),
+        ] {
+            let h = headers(&[("accept", "*/*"), (name, "x")]);
+            let asks = Asks::of(&h);
+            assert_eq!(
+                (asks.directives, asks.transfer_encoding),
+                (directives, te),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_hits_cache_status_gives_its_ttl_fresh_and_stale() {
+        for (minus, ttl, want) in [
+            (false, 0, "tern; hit; ttl=0"),
+            (false, 3579, "tern; hit; ttl=3579"),
+            (true, 1, "tern; hit; ttl=-1"),
+            (true, 86_400, "tern; hit; ttl=-86400"),
+            (false, u64::MAX, "tern; hit; ttl=18446744073709551615"),
+            (true, u64::MAX, "tern; hit; ttl=-18446744073709551615"),
+        ] {
+            assert_eq!(hit_status(minus, ttl), want);
+        }
+    }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         pairs

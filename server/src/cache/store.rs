@@ -13,7 +13,7 @@ use prometheus::IntGauge;
 
 use crate::body::ResponseBody;
 
-use super::answer::{append_param, hit};
+use super::answer::{Asks, append_param, hit};
 use super::config::{CacheConfig, Purge};
 use super::space::{Counted, Counts, Space};
 use super::variant::Variant;
@@ -393,8 +393,18 @@ impl Cache {
         h.write_u8(space);
         h.write_u64(version);
         h.write_u8(u8::from(https));
-        for b in host.bytes() {
-            h.write_u8(b.to_ascii_lowercase());
+        // The host as one write (the hasher streams, so this hashes as byte by byte would:
+        // ~45 instructions a byte less), lower-cased on the stack when it needs to be.
+        if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            let mut lower = [0u8; 64];
+            for chunk in host.as_bytes().chunks(lower.len()) {
+                let lower = &mut lower[..chunk.len()];
+                lower.copy_from_slice(chunk);
+                lower.make_ascii_lowercase();
+                h.write(lower);
+            }
+        } else {
+            h.write(host.as_bytes());
         }
         h.write_u8(0xff);
         h.write(target.as_bytes());
@@ -532,9 +542,10 @@ impl Cache {
         }
         // Only a bodiless GET's answer is stored: a body the key does not hold must not
         // choose what others are answered.
+        let asks = Asks::of(req.headers());
         let has_body = asked.body
-            || crate::body::declared_length(req.headers()).is_some_and(|n| n > 0)
-            || req.headers().contains_key(header::TRANSFER_ENCODING);
+            || crate::body::length_of(asks.content_length).is_some_and(|n| n > 0)
+            || asks.transfer_encoding;
         let storing = |stale: Option<Arc<Variant>>| {
             let generation = self.purges.generation();
             let mut s = Storing::new(hash, space, (https, host, target), req, generation);
@@ -550,8 +561,7 @@ impl Cache {
             let now = Instant::now();
             // The request's own directives are RFC 9111's to weigh; without them a variant is
             // fresh for what it was stored with.
-            let directives = req.headers().contains_key(header::CACHE_CONTROL)
-                || req.headers().contains_key(header::PRAGMA);
+            let directives = asks.directives;
             if let Some(v) = entry
                 .variants
                 .iter()
@@ -572,7 +582,7 @@ impl Cache {
                     v.fresh_at(now)
                 };
                 if fresh {
-                    let mut resp = self.compressed(hash, v, hit(v, req.headers(), now), compress);
+                    let mut resp = self.compressed(hash, v, hit(v, &asks, now), compress);
                     if waited {
                         append_param(&mut resp, "collapsed");
                         counts.collapsed.inc();
@@ -584,7 +594,7 @@ impl Cache {
                 if !directives && v.serves_while_revalidating(now) {
                     // Served stale at once; one request at a time refreshes it in the
                     // background (none for a request whose headers could shape the answer).
-                    let mut resp = self.compressed(hash, v, hit(v, req.headers(), now), compress);
+                    let mut resp = self.compressed(hash, v, hit(v, &asks, now), compress);
                     append_param(&mut resp, "detail=stale-while-revalidate");
                     counts.stale.inc();
                     if get && !has_body && !unkeyed && self.lead(hash).is_none() {
@@ -812,6 +822,36 @@ mod tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn a_key_hashes_its_host_in_any_case_alike_and_other_hosts_apart() {
+        let metrics = crate::metrics::Metrics::new(8);
+        let cache = super::Cache::new(&crate::cache::CacheConfig::default(), &metrics, "t");
+        let hash = |host: &str| cache.hash((0, 1), false, host, "/a?b");
+        // Longer than the stack buffer the upper-case path lowers it in, and across its end.
+        let long = format!("{}.example.com", "sub".repeat(30));
+        for host in ["example.com", "a", "", long.as_str()] {
+            let upper = host.to_ascii_uppercase();
+            let mixed: String = (host.chars().enumerate())
+                .map(|(i, c)| {
+                    if i % 2 == 0 {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            assert_eq!(hash(host), hash(&upper), "{host}");
+            assert_eq!(hash(host), hash(&mixed), "{host}");
+        }
+        assert_ne!(hash("example.com"), hash("example.org"));
+        assert_ne!(hash(&long), hash(&long[1..]));
+        // The host ends where the target begins.
+        assert_ne!(
+            cache.hash((0, 1), false, "a", "b/"),
+            cache.hash((0, 1), false, "ab", "/")
+        );
     }
 
     #[test]

@@ -333,12 +333,10 @@ impl Exchange {
             None => resp,
         };
         let headers: &mut HeaderMap = resp.headers_mut();
-        // Its bytes become the header's as they are, in a buffer of their length (a `Bytes`
-        // of a longer one would allocate its share count).
+        // Written on the stack, then one allocation of its length (a `Bytes` of a longer
+        // buffer would allocate its share count).
         let version = tenant.and_then(|t| t.short_version());
-        let timing = self.timings.server_timing(total, reached, version);
-        let timing = bytes::Bytes::from(timing.into_bytes().into_boxed_slice());
-        if let Ok(v) = HeaderValue::from_maybe_shared(timing) {
+        if let Some(v) = self.timings.server_timing_value(total, reached, version) {
             headers.insert(SERVER_TIMING.clone(), v);
         }
         if let Some(live) = self.live {

@@ -163,7 +163,9 @@ impl Tail {
             ring.next += 1;
             ring.bytes += weight;
             ring.records.push_back(record);
-            let mut evicted = Vec::new();
+            // A full ring drops one record per record kept: held on its own, so that case
+            // allocates no list (a `Vec` only for the rest, when outputs outweigh the bytes).
+            let (mut first, mut rest) = (None, Vec::new());
             while ring.records.len() > self.settings.history
                 || (ring.bytes > self.settings.history_bytes && ring.records.len() > 1)
             {
@@ -171,9 +173,13 @@ impl Tail {
                     break;
                 };
                 ring.bytes -= old.weight();
-                evicted.push(old);
+                if first.is_none() {
+                    first = Some(old);
+                } else {
+                    rest.push(old);
+                }
             }
-            evicted
+            (first, rest)
         };
         // (Freed outside the lock.)
         drop(evicted);

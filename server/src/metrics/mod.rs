@@ -9,8 +9,6 @@ mod phases;
 use std::time::Duration;
 
 pub use openmetrics::{CONTENT_TYPE as OPENMETRICS_CONTENT_TYPE, Exemplars};
-#[cfg(test)]
-use phases::push_u64;
 pub use phases::{PHASES, Phase, Timings};
 
 use prometheus::core::Collector;
@@ -799,11 +797,33 @@ mod tests {
             "route;dur=0.001, queue;dur=12.345, instantiate;dur=0.007, total;dur=0.000, \
              version;desc=0123456789ab"
         );
-        for n in [0, 7, 10, 999, 1_000, 123_456_789, u64::MAX] {
-            let mut s = String::new();
-            push_u64(&mut s, n);
-            assert_eq!(s, n.to_string());
+        // The header value is the same text, made on the stack, or on the heap when a long
+        // version outgrows the stack's room (every phase at its longest).
+        let mut longest = Timings::default();
+        for p in Phase::ALL.iter().chain(&Phase::WHEN_USED) {
+            longest.set(*p, Duration::MAX);
         }
+        let long_version = "v".repeat(500);
+        for (timings, version) in [
+            (t, None),
+            (t, Some("0123456789ab")),
+            (longest, Some("0123456789ab")),
+            (longest, Some(long_version.as_str())),
+            (t, Some(long_version.as_str())),
+        ] {
+            let text = timings.server_timing(Duration::MAX, Phase::Teardown, version);
+            let value = timings
+                .server_timing_value(Duration::MAX, Phase::Teardown, version)
+                .expect("a header value");
+            assert_eq!(value.to_str().expect("text"), text);
+        }
+        assert!(
+            longest
+                .server_timing(Duration::MAX, Phase::Teardown, Some("0123456789ab"))
+                .len()
+                < phases::STACK_LINE,
+            "the longest value with a version fits on the stack"
+        );
         // Past u64 microseconds (584,000 years) the figure saturates rather than wraps.
         t.set(Phase::Route, Duration::MAX);
         assert!(

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Instructions a server executes per request, counted by callgrind: exact and repeatable on a
+# noisy machine, where CPU time per request moves by more than a small change saves.
+#
+#   bash loadtest/instructions.sh BIN hit|hello|native|native-1k [N] [OUT_DIR]
+#
+# `hit`: the tern binary BIN serves the suite's `cache_headers` guest with `[tenant.cache]` on,
+# every request a hit of a 1 KB answer (as loadtest/ab-hit.sh); `hello`: `builtin:hello`;
+# `native` / `native-1k`: BIN is native-hello (`cargo build --release -p tern-loadtest`),
+# answering 17 bytes, or the hit's 1,000 bytes with its headers. The server runs under
+# `valgrind --tool=callgrind` with collection off; after 200 requests it is switched on, N
+# requests (default 2000) are sent by `h2load --h1` over 4 connections, one at a time on
+# each, and the counts are dumped. Printed: instructions per request of the thread that served
+# them (the busiest; other threads, such as the epoch ticker, tick by the clock, and a
+# server under callgrind is ~50x slower, so their counts say nothing per request), and the
+# functions with the most inclusive instructions. With OUT_DIR the callgrind files are kept
+# there (`callgrind_annotate --inclusive=yes FILE`).
+#
+# Only user-space instructions are counted: not the kernel's TCP, system calls and wake-ups
+# (`loadtest/README.md`'s cost ledger has those), and not cycles (a miss costs the same count).
+# Needs valgrind and h2load (nghttp2-client). A tern server runs with a small pool (4 slots:
+# valgrind cannot reserve the default pool's address space), access log off.
+set -euo pipefail
+
+usage() { echo "usage: bash loadtest/instructions.sh BIN hit|hello|native|native-1k [N] [OUT_DIR]" >&2; exit 2; }
+[ $# -ge 2 ] && [ -x "$1" ] || usage
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=$(realpath "$1") KIND=$2 N=${3:-2000} OUT=${4:-}
+for tool in valgrind callgrind_control h2load curl; do
+    command -v $tool >/dev/null || { echo "instructions.sh needs $tool (apt-get install valgrind nghttp2-client curl)" >&2; exit 2; }
+done
+PORT=18580
+WORK=$(mktemp -d)
+trap 'kill "${PID:-}" 2>/dev/null || true; wait 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
+case $KIND in
+hit | hello)
+    if [ "$KIND" = hit ]; then
+        GUEST=$ROOT/target/test-guests/wasm32-wasip1/guest/cache_headers.wasm
+        [ -f "$GUEST" ] || { echo "build the test guests first (see loadtest/ab-hit.sh)" >&2; exit 2; }
+        printf '[[tenant]]\nname = "obj"\nmodule = "%s"\n[tenant.cache]\nenabled = true\n' "$GUEST" >"$WORK/tenant.toml"
+        URL="http://127.0.0.1:$PORT/obj?n=1000&h=cache-control:max-age%3D3600"
+    else
+        printf '[[tenant]]\nname = "hello"\nmodule = "builtin:hello"\npaths = ["/hello"]\n' >"$WORK/tenant.toml"
+        URL="http://127.0.0.1:$PORT/hello"
+    fi
+    { printf '[server]\nworker_threads = 1\n[pool]\ninstances = 4\n'; cat "$WORK/tenant.toml"; } >"$WORK/tern.toml"
+    export TERN_CACHE_DIR="$WORK/cache" TERN_DATA_DIR="$WORK/data" TERN_LOG=warn,tern::access=off
+    CMD=("$BIN" serve --config "$WORK/tern.toml" --listen 127.0.0.1:$PORT --admin-listen 127.0.0.1:$((PORT + 10)))
+    ;;
+native | native-1k)
+    size=; [ "$KIND" = native-1k ] && size=1000
+    URL="http://127.0.0.1:$PORT/"
+    export TOKIO_WORKER_THREADS=1
+    CMD=("$BIN" 127.0.0.1:$PORT $size)
+    ;;
+*) usage ;;
+esac
+
+valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes \
+    --callgrind-out-file="$WORK/cg.out" "${CMD[@]}" >"$WORK/server.log" 2>&1 &
+PID=$!
+for _ in $(seq 600); do curl -fs -o /dev/null "$URL" 2>/dev/null && break; sleep 0.2; done
+curl -fs -o /dev/null "$URL" || { echo "not up: $URL" >&2; tail -20 "$WORK/server.log" >&2; exit 1; }
+h2load --h1 -n 200 -c 4 -m 1 "$URL" >/dev/null
+callgrind_control -i on "$PID" >/dev/null
+done_=$(h2load --h1 -n "$N" -c 4 -m 1 "$URL" | awk '/^requests:/ { print $8 }')
+callgrind_control -d "$PID" >/dev/null
+[ "$done_" = "$N" ] || { echo "only $done_ of $N requests succeeded" >&2; exit 1; }
+sleep 1
+kill "$PID"; wait "$PID" 2>/dev/null || true
+# The dump's files, one per thread (-NN suffix), the last dump of each.
+best=; most=0
+for f in "$WORK"/cg.out.1-*; do
+    total=$(awk '/^summary:/ { print $2 }' "$f")
+    [ -n "$total" ] && [ "$total" -gt "$most" ] && { most=$total; best=$f; }
+done
+[ -n "$best" ] || { echo "no callgrind counts were dumped" >&2; exit 1; }
+printf '%s %s: %d instructions per request (%d requests, thread file %s)\n' \
+    "$(basename "$BIN")" "$KIND" $((most / N)) "$N" "$(basename "$best")"
+callgrind_annotate --inclusive=yes "$best" 2>/dev/null | awk -v n="$N" '
+    /^-+$/ { dash++; next }
+    dash >= 3 && $1 ~ /^[0-9,]+$/ { c = $1; gsub(",", "", c); $1 = ""; $2 = $2;
+        if (shown++ < 40) printf "%9.0f  %s\n", c / n, substr($0, 1, 150) }'
+if [ -n "$OUT" ]; then mkdir -p "$OUT"; cp "$WORK"/cg.out* "$OUT"/; fi
