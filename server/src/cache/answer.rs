@@ -333,7 +333,7 @@ mod tests {
             ("range", "bytes=0-1"),
             ("x-other", "1"),
             ("if-modified-since", "Sun, 06 Nov 1994 08:49:37 GMT"),
-            ("if-range", "\"x\""),
+            ("if-range", "\"z\""),
             ("content-length", "5"),
         ]);
         // A second value: `get` gives the first, and so does `Asks`.

@@ -842,9 +842,22 @@ mod tests {
                     }
                 })
                 .collect();
+            let odd: String = (host.chars().enumerate())
+                .map(|(i, c)| {
+                    if i % 2 == 1 {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c
+                    }
+                })
+                .collect();
             assert_eq!(hash(host), hash(&upper), "{host}");
             assert_eq!(hash(host), hash(&mixed), "{host}");
+            assert_eq!(hash(host), hash(&odd), "{host}");
         }
+        // Its only capitals past the stack buffer's first chunk.
+        let late = format!("{}.EXAMPLE.COM", "sub".repeat(30));
+        assert_eq!(hash(&late), hash(&late.to_ascii_lowercase()));
         assert_ne!(hash("example.com"), hash("example.org"));
         assert_ne!(hash(&long), hash(&long[1..]));
         // The host ends where the target begins.

@@ -541,7 +541,7 @@ async fn route(
     }
     // h2 carries the host in the URI (`:authority`); HTTP/1.1 in the Host header, or in the URI
     // too for an absolute-form target. Where both are given they must agree.
-    let host_from = match authority(req) {
+    let (host_from, host) = match authority(req) {
         Ok(from) => from,
         Err(why) => {
             let mut resp = plain_owned(
@@ -560,7 +560,6 @@ async fn route(
     {
         return Err(Early::Unrouted(Box::new(plain(StatusCode::OK, &answer))));
     }
-    let host = host_from.host(req);
     let find = || {
         let live = app.registry.live();
         let (serving, prefix_len) = live.router.find(host, req.uri().path())?;

@@ -79,8 +79,9 @@ pub(super) fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
 /// The host a request is for, or why it is ambiguous (RFC 9112 3.2; RFC 9113 8.3.1): one
 /// `Host` header at most, the same authority in the target and in `Host` when both are given,
 /// and no userinfo in either (`http://user@host/`: RFC 9110 §4.2.4 forbids it in a request,
-/// and the guest would see it in the URL).
-pub(super) fn authority<B>(req: &Request<B>) -> Result<HostFrom, &'static str> {
+/// and the guest would see it in the URL). With it, the host as [`HostFrom::host`] gives it
+/// (found here already: routing reads it without looking it up again).
+pub(super) fn authority<B>(req: &Request<B>) -> Result<(HostFrom, Option<&str>), &'static str> {
     let headers = req.headers();
     let mut hosts = headers.get_all(HOST).iter();
     let host = hosts.next();
@@ -111,11 +112,11 @@ pub(super) fn authority<B>(req: &Request<B>) -> Result<HostFrom, &'static str> {
             if !same_port || !target.host().eq_ignore_ascii_case(host.host()) {
                 return Err("the request target's authority and the Host header differ");
             }
-            Ok(HostFrom::Target)
+            Ok((HostFrom::Target, Some(target.host())))
         }
-        (Some(_), None) => Ok(HostFrom::Target),
-        (None, Some(_)) => Ok(HostFrom::Header),
-        (None, None) => Ok(HostFrom::Absent),
+        (Some(target), None) => Ok((HostFrom::Target, Some(target.host()))),
+        (None, Some(host)) => Ok((HostFrom::Header, Some(host))),
+        (None, None) => Ok((HostFrom::Absent, None)),
     }
 }
 
@@ -201,6 +202,33 @@ pub(super) fn redirect(location: &HeaderValue) -> Response<ResponseBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_authority_finds_is_the_one_host_from_gives() {
+        let req = |uri: &str, host: Option<&str>| {
+            let mut b = Request::builder().uri(uri);
+            if let Some(h) = host {
+                b = b.header(HOST, h);
+            }
+            b.body(()).expect("a request")
+        };
+        for (uri, host, want) in [
+            ("http://a.example:8080/x", None, Some("a.example")),
+            (
+                "http://a.example:8080/x",
+                Some("A.example:8080"),
+                Some("a.example"),
+            ),
+            ("/x", Some("b.example:81"), Some("b.example:81")),
+            ("/x", None, None),
+        ] {
+            let r = req(uri, host);
+            let (from, found) = authority(&r).expect("a host");
+            assert_eq!(found, want, "{uri} {host:?}");
+            assert_eq!(found, from.host(&r), "{uri} {host:?}");
+        }
+        assert!(authority(&req("http://a.example/x", Some("b.example"))).is_err());
+    }
 
     #[test]
     fn request_ids_are_honoured_only_when_sane() {

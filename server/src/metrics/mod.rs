@@ -811,11 +811,29 @@ mod tests {
             (longest, Some(long_version.as_str())),
             (t, Some(long_version.as_str())),
         ] {
-            let text = timings.server_timing(Duration::MAX, Phase::Teardown, version);
-            let value = timings
-                .server_timing_value(Duration::MAX, Phase::Teardown, version)
+            for reached in [Phase::Route, Phase::Queue, Phase::Teardown] {
+                let text = timings.server_timing(Duration::MAX, reached, version);
+                let value = timings
+                    .server_timing_value(Duration::MAX, reached, version)
+                    .expect("a header value");
+                assert_eq!(value.to_str().expect("text"), text);
+            }
+        }
+        // Around the stack's room: a version that makes the value 447, 448 and 449 bytes.
+        let bare = longest
+            .server_timing(Duration::MAX, Phase::Teardown, Some(""))
+            .len();
+        for len in [
+            phases::STACK_LINE - 1,
+            phases::STACK_LINE,
+            phases::STACK_LINE + 1,
+        ] {
+            let version = "v".repeat(len - bare);
+            let value = longest
+                .server_timing_value(Duration::MAX, Phase::Teardown, Some(&version))
                 .expect("a header value");
-            assert_eq!(value.to_str().expect("text"), text);
+            assert_eq!(value.len(), len);
+            assert!(value.to_str().expect("text").ends_with(&version));
         }
         assert!(
             longest

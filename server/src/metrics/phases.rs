@@ -113,7 +113,8 @@ impl Timings {
         };
         self.write_timing(&mut line, total, reached, version);
         let bytes = if line.over {
-            bytes::Bytes::from(self.server_timing(total, reached, version).into_bytes())
+            let text = self.server_timing(total, reached, version);
+            bytes::Bytes::from(text.into_bytes().into_boxed_slice())
         } else {
             bytes::Bytes::copy_from_slice(&line.buf[..line.len])
         };
