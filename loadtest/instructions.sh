@@ -14,7 +14,8 @@
 # them (the busiest; other threads, such as the epoch ticker, tick by the clock, and a
 # server under callgrind is ~50x slower, so their counts say nothing per request), and the
 # functions with the most inclusive instructions. With OUT_DIR the callgrind files are kept
-# there (`callgrind_annotate --inclusive=yes FILE`).
+# there (`callgrind_annotate --inclusive=yes FILE`). PROTO=h2: the requests over cleartext
+# HTTP/2 (prior knowledge, one stream in flight per connection) instead of HTTP/1.1.
 #
 # Only user-space instructions are counted: not the kernel's TCP, system calls and wake-ups
 # (`loadtest/README.md`'s cost ledger has those), and not cycles (a miss costs the same count).
@@ -30,6 +31,11 @@ for tool in valgrind callgrind_control h2load curl; do
     command -v $tool >/dev/null || { echo "instructions.sh needs $tool (apt-get install valgrind nghttp2-client curl)" >&2; exit 2; }
 done
 PORT=18580
+case ${PROTO:-h1} in
+h1) LOAD=(h2load --h1) ;;
+h2) LOAD=(h2load) ;;
+*) echo "PROTO is h1 or h2" >&2; exit 2 ;;
+esac
 WORK=$(mktemp -d)
 trap 'kill "${PID:-}" 2>/dev/null || true; wait 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 case $KIND in
@@ -61,9 +67,9 @@ valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes \
 PID=$!
 for _ in $(seq 600); do curl -fs -o /dev/null "$URL" 2>/dev/null && break; sleep 0.2; done
 curl -fs -o /dev/null "$URL" || { echo "not up: $URL" >&2; tail -20 "$WORK/server.log" >&2; exit 1; }
-h2load --h1 -n 200 -c 4 -m 1 "$URL" >/dev/null
+"${LOAD[@]}" -n 200 -c 4 -m 1 "$URL" >/dev/null
 callgrind_control -i on "$PID" >/dev/null
-done_=$(h2load --h1 -n "$N" -c 4 -m 1 "$URL" | awk '/^requests:/ { print $8 }')
+done_=$("${LOAD[@]}" -n "$N" -c 4 -m 1 "$URL" | awk '/^requests:/ { print $8 }')
 callgrind_control -d "$PID" >/dev/null
 [ "$done_" = "$N" ] || { echo "only $done_ of $N requests succeeded" >&2; exit 1; }
 sleep 1
@@ -75,8 +81,8 @@ for f in "$WORK"/cg.out.1-*; do
     [ -n "$total" ] && [ "$total" -gt "$most" ] && { most=$total; best=$f; }
 done
 [ -n "$best" ] || { echo "no callgrind counts were dumped" >&2; exit 1; }
-printf '%s %s: %d instructions per request (%d requests, thread file %s)\n' \
-    "$(basename "$BIN")" "$KIND" $((most / N)) "$N" "$(basename "$best")"
+printf '%s %s %s: %d instructions per request (%d requests, thread file %s)\n' \
+    "$(basename "$BIN")" "$KIND" "${PROTO:-h1}" $((most / N)) "$N" "$(basename "$best")"
 callgrind_annotate --inclusive=yes "$best" 2>/dev/null | awk -v n="$N" '
     /^-+$/ { dash++; next }
     dash >= 3 && $1 ~ /^[0-9,]+$/ { c = $1; gsub(",", "", c); $1 = ""; $2 = $2;

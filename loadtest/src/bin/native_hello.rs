@@ -20,6 +20,12 @@ use tokio::signal::unix::{SignalKind, signal};
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
+    // As Tern's own subscriber does for them, hyper's and h2's trace-level spans and events
+    // are switched off at their call sites: without any subscriber, the workspace's `log`
+    // feature of `tracing` hands every h2 stream's spans to `log` one by one (~11,000
+    // instructions an h2 request, `PROTO=h2 bash loadtest/instructions.sh ... native`), a
+    // cost no real server pays and which would flatter Tern's h2 ratios.
+    let _ = tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default());
     let addr = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:8081".into());
