@@ -431,15 +431,25 @@ impl Manager {
                 Err(instant_acme::Error::Unsupported(_)) => {
                     account.new_order(&NewOrder::new(&ids)).await?
                 }
-                // An order already replaced this certificate at the CA (one whose answer was
-                // lost, or finalized by a process that stopped before storing it): the CA
-                // refuses a second replacement, so the renewal is a plain order. Without this,
-                // such a name could never be renewed again.
-                Err(instant_acme::Error::Api(p)) if is_already_replaced(&p) => {
-                    tracing::info!(
-                        host,
-                        "ACME: the CA says this certificate was already replaced; ordering a new one"
-                    );
+                // The CA refused the order for the certificate it names as replaced: one
+                // already replaced (by an order whose answer was lost, or finalized by a process
+                // that stopped before storing it), one another account ordered, one the CA does
+                // not find. `replaces` only asks the CA to link the two certificates, so the
+                // renewal is a plain order; without this, such a name could never be renewed
+                // again. (A refusal for the rate only would be refused again: not repeated.)
+                Err(instant_acme::Error::Api(p)) if !is_rate_limited(&p) => {
+                    if is_already_replaced(&p) {
+                        tracing::info!(
+                            host,
+                            "ACME: the CA says this certificate was already replaced; ordering a new one"
+                        );
+                    } else {
+                        tracing::warn!(
+                            host,
+                            problem = %p,
+                            "ACME: the CA refused an order replacing the current certificate; ordering a new one"
+                        );
+                    }
                     account.new_order(&NewOrder::new(&ids)).await?
                 }
                 other => other?,
@@ -539,6 +549,11 @@ impl Manager {
 /// (RFC 9773 section 5).
 fn is_already_replaced(p: &instant_acme::Problem) -> bool {
     p.r#type.as_deref() == Some("urn:ietf:params:acme:error:alreadyReplaced")
+}
+
+/// The CA refused a request for its rate limits (RFC 8555 section 6.6).
+fn is_rate_limited(p: &instant_acme::Problem) -> bool {
+    p.r#type.as_deref() == Some("urn:ietf:params:acme:error:rateLimited")
 }
 
 /// The challenge answers of one order, withdrawn when it ends however it ends.
