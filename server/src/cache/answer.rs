@@ -53,6 +53,28 @@ fn hit_status(minus: bool, ttl: u64) -> HeaderValue {
     HeaderValue::from_bytes(&buf[..n + digits.len()]).expect("ASCII is a header value")
 }
 
+/// Request headers that proxies and web frameworks read as the request's host, scheme, URL or
+/// method, which the key does not hold. The answer to a request carrying one from a peer that
+/// is not a trusted proxy (`server.trusted_proxies`) is served and not stored: a guest that
+/// reflects one (a link to `X-Forwarded-Host`, say) would otherwise give every client the
+/// answer one client shaped.
+pub(super) static UNKEYED: [HeaderName; 14] = [
+    HeaderName::from_static("x-forwarded-host"),
+    HeaderName::from_static("x-forwarded-proto"),
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-forwarded-server"),
+    HeaderName::from_static("x-host"),
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+    header::FORWARDED,
+];
+
 /// The request headers a look at the cache reads, found in one pass over the request's
 /// headers (a request carries a few; a look-up by name hashes the name, and most of these are
 /// absent from most requests): the first value of each, as `HeaderMap::get` gives it.
@@ -68,6 +90,9 @@ pub(super) struct Asks<'a> {
     /// `Cache-Control` or `Pragma` is there: directives of the request's own (RFC 9111's to
     /// weigh).
     pub(super) directives: bool,
+    /// One of the [`UNKEYED`] headers is there: from a peer that is not
+    /// a trusted proxy, its answer is served and not stored.
+    pub(super) unkeyed: bool,
 }
 
 impl<'a> Asks<'a> {
@@ -89,6 +114,10 @@ impl<'a> Asks<'a> {
                     asks.transfer_encoding = true;
                 } else if name == header::CACHE_CONTROL || name == header::PRAGMA {
                     asks.directives = true;
+                } else if (name == header::FORWARDED || name.as_str().starts_with("x-"))
+                    && UNKEYED.contains(name)
+                {
+                    asks.unkeyed = true;
                 }
                 continue;
             };
@@ -464,5 +493,43 @@ mod tests {
         ));
         assert!(!not_modified(&stored, None, Some(&v("not a date"))));
         assert!(!not_modified(&HeaderMap::new(), Some(&v("\"v1\"")), None));
+    }
+
+    /// Headers of the given names (spelled as given), each with the value `v`.
+    fn with(names: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for n in names {
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).expect("a name"),
+                HeaderValue::from_static("v"),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn every_unkeyed_header_is_found_among_others_and_no_other_is() {
+        let carries_unkeyed = |h: &HeaderMap| Asks::of(h).unkeyed;
+        assert!(!carries_unkeyed(&HeaderMap::new()));
+        let others = [
+            "host",
+            "accept",
+            "x-forwarded-for",
+            "x-request-id",
+            "x-hostile",
+            "forwarded-for",
+        ];
+        assert!(!carries_unkeyed(&with(&others)));
+        for name in &UNKEYED {
+            // First, last and alone; as clients spell it (names are case-insensitive).
+            let upper = name.as_str().to_ascii_uppercase();
+            for names in [
+                vec![name.as_str(), "host", "accept"],
+                vec!["host", "x-forwarded-for", name.as_str()],
+                vec![upper.as_str()],
+            ] {
+                assert!(carries_unkeyed(&with(&names)), "{names:?}");
+            }
+        }
     }
 }

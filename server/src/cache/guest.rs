@@ -30,7 +30,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use prometheus::IntCounter;
 
-use super::answer::CACHE_STATUS;
+use super::answer::{Asks, CACHE_STATUS};
 use super::config::Purge;
 use super::space::{Counts, Space};
 use super::store::{Asking, Cache, Fill, Lookup, Storing};
@@ -232,7 +232,7 @@ impl Session {
         let looked = if transaction {
             cache.lookup(&req, asking).await
         } else {
-            cache.look(&req, &asking, false, false)
+            cache.look(&req, &asking, &Asks::of(req.headers()), false)
         };
         let (found, fill) = match looked {
             Lookup::Hit(resp) => (Some(Found::from(resp)), None),

@@ -6,7 +6,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_cache_semantics::{BeforeRequest, CacheOptions, RequestLike, ResponseLike};
 use prometheus::IntGauge;
@@ -28,36 +28,6 @@ pub(super) const PASSES: u64 = 100_000;
 /// The longest a miss waits for another request filling its key (then its guest runs).
 pub const COLLAPSE_WAIT: Duration = Duration::from_secs(30);
 pub(super) static CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-control");
-/// Request headers that proxies and web frameworks read as the request's host, scheme, URL or
-/// method, which the key does not hold. The answer to a request carrying one from a peer that
-/// is not a trusted proxy (`server.trusted_proxies`) is served and not stored: a guest that
-/// reflects one (a link to `X-Forwarded-Host`, say) would otherwise give every client the
-/// answer one client shaped.
-pub(super) static UNKEYED: [HeaderName; 14] = [
-    HeaderName::from_static("x-forwarded-host"),
-    HeaderName::from_static("x-forwarded-proto"),
-    HeaderName::from_static("x-forwarded-scheme"),
-    HeaderName::from_static("x-forwarded-port"),
-    HeaderName::from_static("x-forwarded-prefix"),
-    HeaderName::from_static("x-forwarded-ssl"),
-    HeaderName::from_static("x-forwarded-server"),
-    HeaderName::from_static("x-host"),
-    HeaderName::from_static("x-original-url"),
-    HeaderName::from_static("x-rewrite-url"),
-    HeaderName::from_static("x-http-method-override"),
-    HeaderName::from_static("x-http-method"),
-    HeaderName::from_static("x-method-override"),
-    header::FORWARDED,
-];
-
-/// Whether `headers` name one of the [`UNKEYED`]: one pass over the request's names (a
-/// request carries a few; looking each of the fourteen up hashed fourteen names a request).
-pub(super) fn carries_unkeyed(headers: &http::HeaderMap) -> bool {
-    headers.keys().any(|name| {
-        (name == header::FORWARDED || name.as_str().starts_with("x-")) && UNKEYED.contains(name)
-    })
-}
-
 /// One tenant's cache.
 pub struct Cache {
     pub(super) entries: moka::sync::Cache<u64, Arc<Keyed>>,
@@ -415,8 +385,9 @@ impl Cache {
     /// of a key another request is filling waits for that answer (at most [`COLLAPSE_WAIT`])
     /// and is answered with it when it was stored.
     pub async fn lookup<B>(self: &Arc<Self>, req: &Request<B>, asked: Asking<'_>) -> Lookup {
-        let unkeyed = !asked.trusted && carries_unkeyed(req.headers());
-        let mut looked = self.look(req, &asked, unkeyed, false);
+        // The request's headers a look reads, found once for every look below.
+        let asks = Asks::of(req.headers());
+        let mut looked = self.look(req, &asked, &asks, false);
         // A miss waits while another request fills its key. If that fill failed (a trap, a
         // deadline, a 5xx: nothing stored, and no pass), one of those waiting fills it next
         // and the rest wait on, so a failing guest is not run by every waiting request at
@@ -444,7 +415,7 @@ impl Cache {
                 // look finds.)
                 fill.counted = Counted::Uncounted;
                 let waited = fill.collapsed;
-                looked = self.look(req, &asked, unkeyed, waited);
+                looked = self.look(req, &asked, &asks, waited);
                 if let Lookup::Miss(fill) = &mut looked
                     && matches!(fill.then, Then::Store(_))
                 {
@@ -462,7 +433,7 @@ impl Cache {
             let _ = tokio::time::timeout(left, filled.changed()).await;
             // Counted by what the next look finds.
             fill.counted = Counted::Uncounted;
-            looked = self.look(req, &asked, unkeyed, true);
+            looked = self.look(req, &asked, &asks, true);
         }
         looked
     }
@@ -483,15 +454,17 @@ impl Cache {
         }
     }
 
-    /// One look at the store for `req` (`unkeyed`: it carries a header that could shape an
-    /// answer the key does not hold; `waited`: after waiting for another request's fill).
+    /// One look at the store for `req`, whose headers `asks` read (`waited`: after waiting for
+    /// another request's fill).
     pub(super) fn look<B>(
         self: &Arc<Self>,
         req: &Request<B>,
         asked: &Asking<'_>,
-        unkeyed: bool,
+        asks: &Asks<'_>,
         waited: bool,
     ) -> Lookup {
+        // It carries a header that could shape an answer the key does not hold.
+        let unkeyed = !asked.trusted && asks.unkeyed;
         let (https, host, compress) = (asked.https, asked.host, asked.compress);
         let space = (asked.space.tag(), asked.space.version());
         let counts = asked.space.counts(&self.counts);
@@ -542,7 +515,6 @@ impl Cache {
         }
         // Only a bodiless GET's answer is stored: a body the key does not hold must not
         // choose what others are answered.
-        let asks = Asks::of(req.headers());
         let has_body = asked.body
             || crate::body::length_of(asks.content_length).is_some_and(|n| n > 0)
             || asks.transfer_encoding;
@@ -582,7 +554,7 @@ impl Cache {
                     v.fresh_at(now)
                 };
                 if fresh {
-                    let mut resp = self.compressed(hash, v, hit(v, &asks, now), compress);
+                    let mut resp = self.compressed(hash, v, hit(v, asks, now), compress);
                     if waited {
                         append_param(&mut resp, "collapsed");
                         counts.collapsed.inc();
@@ -594,7 +566,7 @@ impl Cache {
                 if !directives && v.serves_while_revalidating(now) {
                     // Served stale at once; one request at a time refreshes it in the
                     // background (none for a request whose headers could shape the answer).
-                    let mut resp = self.compressed(hash, v, hit(v, &asks, now), compress);
+                    let mut resp = self.compressed(hash, v, hit(v, asks, now), compress);
                     append_param(&mut resp, "detail=stale-while-revalidate");
                     counts.stale.inc();
                     if get && !has_body && !unkeyed && self.lead(hash).is_none() {
@@ -810,20 +782,6 @@ impl moka::Expiry<u64, Arc<Keyed>> for Expire {
 
 #[cfg(test)]
 mod tests {
-    use super::{UNKEYED, carries_unkeyed};
-    use http::{HeaderMap, HeaderName, HeaderValue};
-
-    fn with(names: &[&str]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for n in names {
-            h.append(
-                HeaderName::from_bytes(n.as_bytes()).expect("a name"),
-                HeaderValue::from_static("v"),
-            );
-        }
-        h
-    }
-
     #[test]
     fn a_key_hashes_its_host_in_any_case_alike_and_other_hosts_apart() {
         let metrics = crate::metrics::Metrics::new(8);
@@ -858,30 +816,5 @@ mod tests {
             cache.hash((0, 1), false, "a", "b/"),
             cache.hash((0, 1), false, "ab", "/")
         );
-    }
-
-    #[test]
-    fn every_unkeyed_header_is_found_among_others_and_no_other_is() {
-        assert!(!carries_unkeyed(&HeaderMap::new()));
-        let others = [
-            "host",
-            "accept",
-            "x-forwarded-for",
-            "x-request-id",
-            "x-hostile",
-            "forwarded-for",
-        ];
-        assert!(!carries_unkeyed(&with(&others)));
-        for name in &UNKEYED {
-            // First, last and alone; as clients spell it (names are case-insensitive).
-            let upper = name.as_str().to_ascii_uppercase();
-            for names in [
-                vec![name.as_str(), "host", "accept"],
-                vec!["host", "x-forwarded-for", name.as_str()],
-                vec![upper.as_str()],
-            ] {
-                assert!(carries_unkeyed(&with(&names)), "{names:?}");
-            }
-        }
     }
 }
