@@ -336,7 +336,11 @@ impl Exchange {
         // Written on the stack, then one allocation of its length (a `Bytes` of a longer
         // buffer would allocate its share count).
         let version = tenant.and_then(|t| t.short_version());
-        if let Some(v) = self.timings.server_timing_value(total, reached, version) {
+        if let Some(mut v) = self.timings.server_timing_value(total, reached, version) {
+            // Its value and the request id's are this answer's own: in HTTP/2's header table
+            // (HPACK) they would only be searched for, added and evict what does repeat, so
+            // they are sent never indexed.
+            v.set_sensitive(true);
             headers.insert(SERVER_TIMING.clone(), v);
         }
         if let Some(live) = self.live {
@@ -359,8 +363,9 @@ impl Exchange {
             )
         });
         // Moved, not cloned, after its last reader: a clone would allocate its share count.
-        resp.headers_mut()
-            .insert(X_REQUEST_ID.clone(), self.request_id);
+        let mut id = self.request_id;
+        id.set_sensitive(true);
+        resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
         let traced = app.tracer.as_ref().zip(kept);
         match later {
             Some(later) => later.send(access_later, traced.map(|(t, r)| (t.clone(), r))),
