@@ -597,6 +597,50 @@ async fn replaced(addr: SocketAddr, host: &str, first: &CertificateDer<'static>)
     }
 }
 
+/// A server for `host` (HTTP-01) that obtained its certificate from `pebble`, stopped: its
+/// directory and the certificate it served.
+async fn obtained_and_stopped(
+    ports: (u16, u16),
+    host: &str,
+    pebble: &Pebble,
+) -> (tempfile::TempDir, CertificateDer<'static>) {
+    let dir = tempfile::tempdir().unwrap();
+    let http_01 = format!("challenge = \"http-01\"\nhosts = [\"{host}\"]\n");
+    let s = acme_server(dir, ports, &format!("\"{host}\""), &http_01, pebble).await;
+    issued(&s, 1.0).await;
+    let first = presented(s.running.tls_addr.unwrap(), host)
+        .await
+        .expect("a certificate");
+    let TestServer { running, dir } = s;
+    running.shutdown.trigger();
+    running.wait().await;
+    (dir, first)
+}
+
+/// The server of [`obtained_and_stopped`] started again in `dir`: it renews `host`'s
+/// certificate `first` without a failed order, and serves the new one, trusted by Pebble's root.
+/// The server is returned running (its directory lives as long as it).
+async fn renewed_plainly(
+    dir: tempfile::TempDir,
+    ports: (u16, u16),
+    host: &str,
+    pebble: &Pebble,
+    first: &CertificateDer<'static>,
+) -> TestServer {
+    let http_01 = format!("challenge = \"http-01\"\nhosts = [\"{host}\"]\n");
+    let s = acme_server(dir, ports, &format!("\"{host}\""), &http_01, pebble).await;
+    let m = issued(&s, 1.0).await;
+    assert_eq!(
+        metric_value(&m, "tern_acme_orders_total{outcome=\"failed\"}"),
+        0.0,
+        "{m}"
+    );
+    replaced(s.running.tls_addr.unwrap(), host, first).await;
+    let reply = get_verified(s.running.tls_addr.unwrap(), host, &pebble.root()).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    s
+}
+
 /// The ARI CertID of `cert` as Pebble 2.10.1 finds it. Pebble keys the orders it finalized by
 /// the serial's magnitude, without the sign byte DER puts before a serial whose first byte is
 /// 0x80 or more, so for one serial in 256 it finds no order for the CertID RFC 9773 defines
@@ -626,17 +670,8 @@ async fn a_certificate_already_replaced_at_the_ca_is_renewed_by_a_plain_order() 
     };
     let ports = (free_port(), free_port());
     let pebble = Pebble::start(ports.0, ports.1, 3600);
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, first) = obtained_and_stopped(ports, "c.test", &pebble).await;
     let data = dir.path().join("data");
-    let http_01 = "challenge = \"http-01\"\nhosts = [\"c.test\"]\n";
-    let s = acme_server(dir, ports, "\"c.test\"", http_01, &pebble).await;
-    issued(&s, 1.0).await;
-    let first = presented(s.running.tls_addr.unwrap(), "c.test")
-        .await
-        .expect("a certificate for c.test");
-    let TestServer { running, dir } = s;
-    running.shutdown.trigger();
-    running.wait().await;
 
     // While it is stopped, an order of the same account replaces its certificate at the CA (as
     // a renewal finalized whose answer was lost would), and the certificate is revoked, so the
@@ -684,33 +719,15 @@ async fn a_certificate_already_replaced_at_the_ca_is_renewed_by_a_plain_order() 
     // Started again: the renewal its `replaces` would make is refused as already replaced (for
     // a serial Pebble mis-keys, as not found: see `pebble_certificate_id`), and the name is
     // renewed by a plain order, not left failing.
-    let s = acme_server(dir, ports, "\"c.test\"", http_01, &pebble).await;
-    let m = issued(&s, 1.0).await;
-    assert_eq!(
-        metric_value(&m, "tern_acme_orders_total{outcome=\"failed\"}"),
-        0.0,
-        "{m}"
-    );
-    replaced(s.running.tls_addr.unwrap(), "c.test", &first).await;
-    let reply = get_verified(s.running.tls_addr.unwrap(), "c.test", &pebble.root()).await;
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    renewed_plainly(dir, ports, "c.test", &pebble, &first).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_the_ca_will_not_link_to_the_certificate_it_replaces_is_a_plain_order() {
     let ports = (free_port(), free_port());
     let pebble = Pebble::start(ports.0, ports.1, 3600);
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, first) = obtained_and_stopped(ports, "d.test", &pebble).await;
     let data = dir.path().join("data");
-    let http_01 = "challenge = \"http-01\"\nhosts = [\"d.test\"]\n";
-    let s = acme_server(dir, ports, "\"d.test\"", http_01, &pebble).await;
-    issued(&s, 1.0).await;
-    let first = presented(s.running.tls_addr.unwrap(), "d.test")
-        .await
-        .expect("a certificate for d.test");
-    let TestServer { running, dir } = s;
-    running.shutdown.trigger();
-    running.wait().await;
 
     // While it is stopped, the account that ordered the certificate revokes it (so the CA's
     // renewal information says to renew at once), and the account's file is lost.
@@ -726,15 +743,6 @@ async fn a_renewal_the_ca_will_not_link_to_the_certificate_it_replaces_is_a_plai
 
     // Started again with a new account: the CA refuses its renewal naming a certificate
     // another account ordered (`unauthorized`), and the name is renewed by a plain order.
-    let s = acme_server(dir, ports, "\"d.test\"", http_01, &pebble).await;
-    let m = issued(&s, 1.0).await;
-    assert_eq!(
-        metric_value(&m, "tern_acme_orders_total{outcome=\"failed\"}"),
-        0.0,
-        "{m}"
-    );
+    let _s = renewed_plainly(dir, ports, "d.test", &pebble, &first).await;
     assert!(stored.exists(), "a new account is stored");
-    replaced(s.running.tls_addr.unwrap(), "d.test", &first).await;
-    let reply = get_verified(s.running.tls_addr.unwrap(), "d.test", &pebble.root()).await;
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
 }
