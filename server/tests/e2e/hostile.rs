@@ -493,16 +493,23 @@ async fn time_spent_waiting_for_a_busy_worker_is_not_counted_against_a_guests_li
         [[tenant]]\nname = \"burn\"\nmodule = \"cpu_burn.wasm\"\npaths = [\"/burn\"]\n\
         [tenant.limits]\ntimeout_ms = 500\nmax_concurrency = 40\n";
     let s = TestServer::try_start_in(dir, config).await.expect("start");
-    // A fixed amount of work that takes one guest alone 40-200 ms (the least of three runs).
+    // A fixed amount of work that takes one guest alone 40-200 ms (the least of three runs),
+    // scaled towards 60 ms until it does: a machine busy with other work can run the same
+    // work several times slower from one measure to the next.
     let mut work = 100u64;
+    let mut measured = Vec::new();
     let alone_ms = loop {
         let least = least_run_ms(&s, work).await;
-        if least >= 40.0 {
+        measured.push((work, least));
+        if (40.0..200.0).contains(&least) {
             break least;
         }
-        work = (work as f64 * 60.0 / least.max(0.5)).ceil() as u64;
+        assert!(
+            measured.len() < 10,
+            "no work takes one guest alone 40-200 ms (work, ms): {measured:?}"
+        );
+        work = ((work as f64 * 60.0 / least.max(0.5)).ceil() as u64).max(1);
     };
-    assert!(alone_ms < 200.0, "one guest alone takes {alone_ms} ms");
     // Enough of them at once for ~750 ms of work on the one worker: the last ones end past
     // the 500 ms limit in wall time, and well before the 2 s bound (4 x the limit) even on a
     // busy machine. If none ended past the limit (the guest ran faster than measured alone),
