@@ -73,6 +73,7 @@ pub fn clean_env(cmd: &mut Command) {
         "CARGO_BUILD_TARGET",
         "CARGO_BUILD_RUSTFLAGS",
         "RUSTC_WORKSPACE_WRAPPER",
+        "CLIPPY_ARGS",
     ] {
         cmd.env_remove(var);
     }
