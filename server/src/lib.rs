@@ -75,8 +75,9 @@
 //!   environment give them to guests.
 //! - [`teardown`]: the store is dropped and its slot reset and returned; zero state under swap;
 //!   `teardown::pagemap`: what wasmtime's dirty-page reset misses (swapped and scattered
-//!   pages), mended before each teardown (with [`artifact`] and [`os`], the only modules with
-//!   `unsafe`, besides one `sched_setscheduler` call in [`kv::sqlite`]); [`teardown::probe`]: a
+//!   pages), mended before each teardown (with [`artifact`], [`os`] and `allocator`, the only
+//!   modules with `unsafe`, besides one `sched_setscheduler` call in [`kv::sqlite`]);
+//!   [`teardown::probe`]: a
 //!   component's main memory made reachable for that sweep.
 //! - [`tenant`]: loaded tenants: the pre-linked guest (its kind), limits, env, metric handles.
 //! - [`registry`]: the live tenant table (swapped atomically) and the one path every change is
@@ -102,6 +103,8 @@
 //!   [`os`]: what the host lets the process hold (open files, memory mappings) against
 //!   what modules and pool slots take; the limit named when one is hit (`unsafe`: two
 //!   `rlimit` calls).
+//! - `allocator` (with the default `mimalloc` feature): the host allocator, mimalloc called
+//!   through the entry points its fast paths are on (`unsafe`: a `GlobalAlloc`).
 //! - [`metrics`], [`admin`]: Prometheus metrics; the admin listener and API.
 //! - [`cli`]: the admin API's client (`tern deploy`, `tern tenants`, ...); [`dev`]: `tern dev`;
 //!   [`scaffold`]: `tern new`.
@@ -140,6 +143,8 @@ macro_rules! debug_fields {
 pub mod access;
 pub mod adapter;
 pub mod admin;
+#[cfg(feature = "mimalloc")]
+pub mod allocator;
 pub mod app;
 pub mod artifact;
 pub mod assets;

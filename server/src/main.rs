@@ -542,7 +542,7 @@ impl AdminArgs {
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tern::allocator::Mimalloc = tern::allocator::Mimalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
