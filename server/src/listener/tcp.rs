@@ -45,6 +45,7 @@ where
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
+        // (Each connection gets a header-read timer of its own below: `HeadTimer`.)
         .timer(TokioTimer::new())
         .header_read_timeout(opts.header_read_timeout)
         // The read buffer must hold a whole request head: past it hyper answers `431`.
@@ -120,7 +121,7 @@ where
                     else {
                         return;
                     };
-                    let conn = builders[0]
+                    let conn = with_head_timer(&builders[0])
                         .serve_connection_with_upgrades(
                             TokioIo::new(stream),
                             service(Connection::plain(peer)),
@@ -153,7 +154,7 @@ where
                         // (to switch HTTP/1.1 to WebSockets) must not serve it.
                         return;
                     } else {
-                        let conn = builders[1]
+                        let conn = with_head_timer(&builders[1])
                             .serve_connection_with_upgrades(TokioIo::new(stream), service(conn))
                             .into_owned();
                         watcher.watch(conn).await
@@ -215,6 +216,17 @@ where
         () = graceful.shutdown() => tracing::debug!("{addr}: all connections drained"),
         () = tokio::time::sleep(opts.grace.saturating_sub(linger)) => tracing::warn!("{addr}: grace period over, closing open connections"),
     }
+}
+
+/// `builder` for one connection: its HTTP/1 heads timed on one timer of the connection's own
+/// (`HeadTimer`: a keep-alive connection's every request neither files a new timer in the
+/// runtime's wheel nor takes one out).
+fn with_head_timer(builder: &auto::Builder<TokioExecutor>) -> auto::Builder<TokioExecutor> {
+    let mut builder = builder.clone();
+    builder
+        .http1()
+        .timer(super::head_timer::HeadTimer::default());
+    builder
 }
 
 /// The HTTP/2 connection preface; a client that sends a prefix of it may still be HTTP/2.

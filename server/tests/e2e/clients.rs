@@ -298,3 +298,61 @@ async fn malformed_chunked_bodies_are_400_not_the_tenants_fault() {
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     assert!(reply.contains("hello"), "{reply}");
 }
+
+/// Reads one answer with a `content-length` off `conn` (a keep-alive connection).
+fn read_answer(conn: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = conn.read(&mut buf).expect("an answer");
+        assert!(n > 0, "closed after {} bytes", got.len());
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().unwrap())
+                })
+                .expect("a content-length");
+            if got.len() >= end + 4 + length {
+                return text;
+            }
+        }
+    }
+}
+
+/// Every head on a keep-alive connection has the whole header timeout from when the server
+/// starts waiting for it: requests that keep coming within it are all served, however long the
+/// connection lives (here three timeouts), and a head that never ends after them is still cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_head_on_a_keep_alive_connection_has_the_whole_header_timeout() {
+    let config = "[server]\nheader_read_timeout_ms = 2000\n\
+        [[tenant]]\nname = \"hello\"\nmodule = \"builtin:hello\"\npaths = [\"/hello\"]\n";
+    let s = TestServer::try_start_in(tempfile::tempdir().unwrap(), config)
+        .await
+        .expect("start");
+    let addr = s.addr();
+    tokio::task::spawn_blocking(move || {
+        let mut conn = TcpStream::connect(addr).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        // Twelve requests 500 ms apart: 6 s on one connection, each head well within 2 s.
+        for i in 0..12 {
+            std::thread::sleep(Duration::from_millis(500));
+            conn.write_all(b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n")
+                .unwrap();
+            let answer = read_answer(&mut conn);
+            assert!(answer.starts_with("HTTP/1.1 200"), "request {i}: {answer}");
+        }
+        // A head that never ends: the connection is closed after the timeout.
+        conn.write_all(b"GET /hello HTTP/1.1\r\nhost: x\r\n")
+            .unwrap();
+        let mut rest = Vec::new();
+        assert!(conn.read_to_end(&mut rest).is_ok(), "not closed in 30 s");
+    })
+    .await
+    .unwrap();
+}
