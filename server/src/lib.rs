@@ -77,8 +77,7 @@
 //!   `teardown::pagemap`: what wasmtime's dirty-page reset misses (swapped and scattered
 //!   pages), mended before each teardown (with [`artifact`], [`os`] and `allocator`, the only
 //!   modules with `unsafe`, besides one `sched_setscheduler` call in [`kv::sqlite`]);
-//!   [`teardown::probe`]: a
-//!   component's main memory made reachable for that sweep.
+//!   [`teardown::probe`]: a component's main memory made reachable for that sweep.
 //! - [`tenant`]: loaded tenants: the pre-linked guest (its kind), limits, env, metric handles.
 //! - [`registry`]: the live tenant table (swapped atomically) and the one path every change is
 //!   committed by; beside it `changes` (deploy, rollback, delete, settings, assets), `reload`

@@ -45,8 +45,8 @@ where
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        // (Each connection gets a header-read timer of its own below: `HeadTimer`.)
-        .timer(TokioTimer::new())
+        // Timed on a timer of each connection's own (`with_head_timer`: every HTTP/1
+        // connection is served through it; hyper panics at a configured timeout without one).
         .header_read_timeout(opts.header_read_timeout)
         // The read buffer must hold a whole request head: past it hyper answers `431`.
         .max_buf_size(opts.max_header_bytes.max(8192));
