@@ -43,14 +43,15 @@ struct Settings {
     max_bytes: u64,
 }
 
-/// A store's SQLite file and the thread that works it (started on first use).
+/// A store's SQLite file and the thread that works it (started when a tenant granted the store
+/// is loaded, or on first use).
 pub struct Sqlite {
     settings: Settings,
     queue: OnceLock<mpsc::Sender<Job>>,
 }
 
 impl Sqlite {
-    /// The store `name` in the file at `path` (created with its directory on first use).
+    /// The store `name` in the file at `path` (created with its directory when started).
     pub fn new(name: &str, path: PathBuf, config: &StoreConfig) -> Self {
         Self {
             settings: Settings {
@@ -68,7 +69,7 @@ impl Sqlite {
     /// # Errors
     /// [`KvError`]: a limit, an invalid value, or the file failing.
     pub async fn run(&self, tenant: Arc<str>, op: Op) -> Result<Reply, KvError> {
-        let queue = self.queue.get_or_init(|| self.start());
+        let queue = self.queue();
         let (reply, answer) = oneshot::channel();
         let gone = || {
             KvError::Unavailable(format!(
@@ -83,7 +84,19 @@ impl Sqlite {
         answer.await.map_err(|_| gone())?
     }
 
-    fn start(&self) -> mpsc::Sender<Job> {
+    /// Starts the store's thread unless it runs already; the thread opens the file at once
+    /// (creating it and its tables), so that no guest's operation, timed against its limit,
+    /// waits for that (on a busy disk, creating a file and switching it to WAL took a
+    /// request from milliseconds to over a guest's one-second limit).
+    pub fn start(&self) {
+        self.queue();
+    }
+
+    fn queue(&self) -> &mpsc::Sender<Job> {
+        self.queue.get_or_init(|| self.spawn())
+    }
+
+    fn spawn(&self) -> mpsc::Sender<Job> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let settings = self.settings.clone();
         let spawned = std::thread::Builder::new()
@@ -97,11 +110,22 @@ impl Sqlite {
     }
 }
 
-/// The store's thread: opens the file (again after a failure), runs batches until the server
-/// ends.
+/// The store's thread: opens the file (again before the next batch after a failure), runs
+/// batches until the server ends.
 fn work(settings: &Settings, mut rx: mpsc::Receiver<Job>) {
     batch_scheduling();
-    let mut conn: Option<Connection> = None;
+    let mut conn = match open(settings) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            // Its operations are answered `Unavailable` with the reason while it cannot be.
+            tracing::error!(
+                "key-value store {:?}: cannot open {}: {e}",
+                settings.name,
+                settings.path.display()
+            );
+            None
+        }
+    };
     let mut batch = Vec::with_capacity(BATCH);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
@@ -385,6 +409,26 @@ mod tests {
         let s = again.get("s").expect("store").clone();
         let got = rt().block_on(async move { s.run(&a, Op::Get(b"x".to_vec())).await });
         assert_eq!(got.unwrap(), Reply::Value(Some(b"1".to_vec())));
+    }
+
+    /// A store is opened when it is granted, before any operation: a tenant's first request
+    /// does not wait for its file to be created (timed against the guest's limit). A store
+    /// granted to no one creates no file.
+    #[test]
+    fn a_granted_store_opens_its_file_before_any_operation() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stores = stores(dir.path(), StoreConfig::default());
+        let file = |name: &str| dir.path().join("kv").join(format!("{name}.sqlite"));
+        stores.grant(&["s".to_string()]).expect("granted");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        // The thread opens it meanwhile: switched to WAL, its tables written in the log.
+        let log = dir.path().join("kv").join("s.sqlite-wal");
+        while !log.exists() {
+            assert!(std::time::Instant::now() < deadline, "never opened");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(file("s").exists());
+        assert!(!file("default").exists(), "a store granted to no one");
     }
 
     #[test]

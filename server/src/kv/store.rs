@@ -39,6 +39,14 @@ impl Store {
         }
     }
 
+    /// Gets the store ready for its first operation: a SQLite store's thread opens its file
+    /// (a Redis store connects on its first operation).
+    pub fn start(&self) {
+        if let Opened::Sqlite(s) = &self.backend {
+            s.start();
+        }
+    }
+
     /// Runs `op` on `tenant`'s keys. Sizes are checked here, before the backend sees it.
     ///
     /// # Errors
@@ -118,8 +126,9 @@ impl std::fmt::Debug for Stores {
 
 impl Stores {
     /// Opens the stores of `configs` and `default` (configured or not); SQLite files live
-    /// under `data_dir` unless their config says otherwise. A store's file is opened on its
-    /// first use, so a server whose tenants use no store creates none.
+    /// under `data_dir` unless their config says otherwise. A store's file is opened when a
+    /// tenant granted it is loaded ([`Self::grant`]), so a server whose tenants use no store
+    /// creates none.
     ///
     /// # Errors
     /// A store name or setting that is not valid.
@@ -179,12 +188,13 @@ impl Stores {
         self.0.keys().map(String::as_str).collect()
     }
 
-    /// The stores a tenant is granted, by `names`.
+    /// The stores a tenant is granted, by `names`, each started ([`Store::start`]): the
+    /// tenant's first request finds its files open.
     ///
     /// # Errors
     /// A name that is no store of this server.
     pub fn grant(&self, names: &[String]) -> Result<Vec<Arc<Store>>, String> {
-        names
+        let granted = names
             .iter()
             .map(|n| {
                 self.get(n).cloned().ok_or_else(|| {
@@ -195,7 +205,11 @@ impl Stores {
                     )
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        for store in &granted {
+            store.start();
+        }
+        Ok(granted)
     }
 }
 
