@@ -155,16 +155,32 @@ pub fn client_request_id(headers: &HeaderMap) -> Option<HeaderValue> {
 }
 
 /// A new request id: this process's prefix and a counter.
+///
+/// Each thread counts through a block of [`ID_BLOCK`] numbers of its own, taken from the
+/// process's counter when it begins one: ids stay unique in the process, and the workers do
+/// not all write one counter's cache line on every request (one shared write per block).
 pub fn new_request_id() -> HeaderValue {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
     static PREFIX: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    thread_local! {
+        /// The thread's next number and the end of its block.
+        static BLOCK: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    }
     let prefix = *PREFIX.get_or_init(|| {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos() ^ (d.as_secs() as u32));
         nanos.rotate_left(13) ^ std::process::id()
     });
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let n = BLOCK.with(|block| {
+        let (mut n, mut end) = block.get();
+        if n == end {
+            n = NEXT_BLOCK.fetch_add(ID_BLOCK, Ordering::Relaxed);
+            end = n + ID_BLOCK;
+        }
+        block.set((n + 1, end));
+        n
+    });
     // `{prefix:08x}-{n:012x}` (the low 48 bits of the counter), written digit by digit:
     // `format!` cost three allocations and the formatting machinery on every request (perf:
     // 0.73 % -> 0.15 % of a `hello` worker).
@@ -173,6 +189,9 @@ pub fn new_request_id() -> HeaderValue {
     crate::hex::encode_into(&n.to_be_bytes()[2..], &mut id[9..]);
     HeaderValue::from_bytes(&id).expect("hex is a valid header value")
 }
+
+/// How many request ids a thread numbers before it takes another block.
+const ID_BLOCK: u64 = 1024;
 
 /// The same URL as `uri` asked of `host`, over HTTPS on `port`.
 pub(super) fn https_location(host: &str, port: u16, uri: &http::Uri) -> Option<HeaderValue> {
@@ -252,5 +271,28 @@ mod tests {
             a.bytes()
                 .all(|c| c == b'-' || (c.is_ascii_hexdigit() && !c.is_ascii_uppercase()))
         );
+    }
+
+    /// Threads number from blocks of their own: ids from many threads, past a block each,
+    /// are all different.
+    #[test]
+    fn request_ids_from_many_threads_never_repeat() {
+        let per_thread = 3 * ID_BLOCK as usize + 7;
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    (0..per_thread)
+                        .map(|_| new_request_id())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for t in threads {
+            for id in t.join().expect("thread") {
+                assert!(seen.insert(id.clone()), "{id:?} given twice");
+            }
+        }
+        assert_eq!(seen.len(), 4 * per_thread);
     }
 }
