@@ -118,6 +118,8 @@
 //! - [`trace`]: every request's phases as OpenTelemetry spans (ids and sampling on the request
 //!   path, spans encoded where a kept request ends, exported by OTLP/HTTP off it).
 //! - [`hex`]: lower-case hex for digests, names and the trace context.
+//! - [`hashed`]: maps keyed by keyed hashes take the key as its own hash (the cache, the rate
+//!   limiters).
 //! - [`decimal`]: unsigned integers in decimal, written on the stack (the request path's
 //!   `Server-Timing`, `Age`, metric lines).
 //! - [`budget`]: size budgets of the request path's futures, checked at compile time.
@@ -166,6 +168,7 @@ pub mod engine;
 pub mod execute;
 pub mod fleet;
 pub mod guest;
+pub mod hashed;
 pub mod hex;
 pub mod http;
 pub mod kv;

@@ -12,6 +12,7 @@ use http_cache_semantics::{BeforeRequest, CacheOptions, RequestLike, ResponseLik
 use prometheus::IntGauge;
 
 use crate::body::ResponseBody;
+use crate::hashed::Hashed;
 
 use super::answer::{Asks, append_param, hit};
 use super::config::{CacheConfig, Purge};
@@ -320,7 +321,7 @@ impl Cache {
                     evictions.inc();
                 }
             })
-            .build_with_hasher(Hashed);
+            .build_with_hasher(Hashed::default());
         let result = |r: &str| metrics.cache_requests.with_label_values(&[label, r]);
         Self {
             entries,
@@ -328,7 +329,7 @@ impl Cache {
             passes: moka::sync::Cache::builder()
                 .max_capacity(PASSES)
                 .time_to_live(PASS_FOR)
-                .build_with_hasher(Hashed),
+                .build_with_hasher(Hashed::default()),
             hasher: std::hash::RandomState::new(),
             keying: key::Keying::new(&config.ignore_query, config.sort_query, &config.key_headers),
             max_object: usize::try_from(config.max_object_kib * 1024).unwrap_or(usize::MAX),
@@ -718,43 +719,6 @@ impl Cache {
             .named_since(since, |n| n.names(entry.space, &entry.target, entry.tags()))
         {
             self.entries.invalidate(&hash);
-        }
-    }
-}
-
-/// The maps of keys already hashed ([`Cache::hash`]: SipHash under the cache's random key)
-/// take a key's hash as it is, instead of hashing it again (SipHash of the 8 bytes: ~140
-/// instructions a hit). Every bit of such a hash is as good as another's, which the maps
-/// need (moka picks a segment by the high bits and a bucket by the low ones), and a client
-/// aims no better at one bucket than at one key.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Hashed;
-
-impl BuildHasher for Hashed {
-    type Hasher = AsHashed;
-
-    fn build_hasher(&self) -> AsHashed {
-        AsHashed(0)
-    }
-}
-
-/// [`Hashed`]'s hasher: a `u64` key is its own hash.
-pub(super) struct AsHashed(u64);
-
-impl Hasher for AsHashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-
-    /// Keys are `u64`s, hashed by [`Self::write_u64`]; other bytes are folded in (FNV-1a), so
-    /// that a map given another key type still spreads it.
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
         }
     }
 }

@@ -118,11 +118,7 @@ fn work(settings: &Settings, mut rx: mpsc::Receiver<Job>) {
         Ok(c) => Some(c),
         Err(e) => {
             // Its operations are answered `Unavailable` with the reason while it cannot be.
-            tracing::error!(
-                "key-value store {:?}: cannot open {}: {e}",
-                settings.name,
-                settings.path.display()
-            );
+            tracing::error!("key-value store {:?}: {e}", settings.name);
             None
         }
     };
@@ -135,17 +131,15 @@ fn work(settings: &Settings, mut rx: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        let ran = match conn.take().map_or_else(|| open(settings), Ok) {
-            Ok(c) => match run_batch(&c, settings, &mut batch) {
-                Ok(()) => {
-                    conn = Some(c);
-                    Ok(())
-                }
+        let ran = conn
+            .take()
+            .map_or_else(|| open(settings), Ok)
+            .and_then(|c| {
                 // A connection in an unknown state is not reused: the next batch reopens.
-                Err(e) => Err(e.to_string()),
-            },
-            Err(e) => Err(format!("cannot open {}: {e}", settings.path.display())),
-        };
+                run_batch(&c, settings, &mut batch).map_err(|e| e.to_string())?;
+                conn = Some(c);
+                Ok(())
+            });
         if let Err(e) = ran {
             let e = format!("key-value store {:?}: {e}", settings.name);
             tracing::error!("{e}");
@@ -174,12 +168,15 @@ fn batch_scheduling() {
     }
 }
 
-/// Opens the store's file, creating its directory and tables if they are not there yet.
+/// Opens the store's file, creating its directory and tables if they are not there yet; why
+/// not, naming the file.
 fn open(settings: &Settings) -> Result<Connection, String> {
+    let cannot =
+        |e: &dyn std::fmt::Display| format!("cannot open {}: {e}", settings.path.display());
     if let Some(dir) = settings.path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(dir).map_err(|e| cannot(&e))?;
     }
-    connect(&settings.path).map_err(|e| e.to_string())
+    connect(&settings.path).map_err(|e| cannot(&e))
 }
 
 fn connect(path: &std::path::Path) -> rusqlite::Result<Connection> {

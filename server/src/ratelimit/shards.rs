@@ -17,25 +17,7 @@ pub trait Slot {
     fn last_seen(&self) -> u64;
 }
 
-/// A hasher for keys that are already keyed hashes.
-#[derive(Default, Clone, Copy)]
-struct Identity(u64);
-
-impl std::hash::Hasher for Identity {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type Map<V> = HashMap<u64, V, std::hash::BuildHasherDefault<Identity>>;
+type Map<V> = HashMap<u64, V, crate::hashed::Hashed>;
 
 #[derive(Debug)]
 struct Shard<V> {
