@@ -88,7 +88,7 @@ pub async fn request(tenant: &TenantRef) -> RunOutput {
             trigger: tern::trigger::Trigger::Request,
         },
     );
-    execute::answer(tenant.clone(), req, ())
+    execute::answer(tenant.clone(), req, (), std::time::Instant::now())
         .await
         .finish()
         .await

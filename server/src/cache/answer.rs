@@ -1,7 +1,7 @@
 //! The answers the cache gives from a stored one: whole or `304` (the client's validators,
 //! RFC 9110 §13.1), with `Age` and `Cache-Status`; and the tags taken off an answer.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
@@ -19,17 +19,17 @@ const MAX_TAGS: usize = 64;
 /// request with `headers`: `304` when its validators
 /// say the client has it, else the stored answer; with its `Age` and `Cache-Status`.
 pub(super) fn hit(v: &Variant, asks: &Asks<'_>, now: Instant) -> Response<ResponseBody> {
+    // How long it has been stored: its age, its freshness and its ttl from one subtraction.
+    let held = now.saturating_duration_since(v.stored);
     let validated = not_modified(&v.headers, asks.if_none_match, asks.if_modified_since);
-    let mut resp = respond(v, validated, now);
+    let mut resp = respond(v, validated, v.age_at_store + held);
     if !validated {
         resp = ranged(resp, v, asks.range, asks.if_range);
     }
     // Negative once stale (RFC 9211 §2.5), served so by `stale-while-revalidate`.
-    let (minus, ttl) = if v.fresh_at(now) {
-        let left = v.fresh_for - now.saturating_duration_since(v.stored);
-        (false, left.as_secs())
-    } else {
-        (true, v.stale_for(now).as_secs().max(1))
+    let (minus, ttl) = match v.fresh_for.checked_sub(held) {
+        Some(left) if !left.is_zero() => (false, left.as_secs()),
+        _ => (true, held.saturating_sub(v.fresh_for).as_secs().max(1)),
     };
     resp.headers_mut()
         .insert(CACHE_STATUS.clone(), hit_status(minus, ttl));
@@ -140,9 +140,9 @@ const NOT_MODIFIED_KEEPS: [HeaderName; 6] = [
     header::VARY,
 ];
 
-/// The stored answer `v` at `now` with its `Age`: whole, or as a `304` when the client's
+/// The stored answer `v` with its `Age` (`age`): whole, or as a `304` when the client's
 /// validators matched it (`validated`).
-pub(super) fn respond(v: &Variant, validated: bool, now: Instant) -> Response<ResponseBody> {
+pub(super) fn respond(v: &Variant, validated: bool, age: Duration) -> Response<ResponseBody> {
     let mut resp = if validated {
         let mut resp = Response::new(ResponseBody::Full(None));
         *resp.status_mut() = StatusCode::NOT_MODIFIED;
@@ -164,10 +164,8 @@ pub(super) fn respond(v: &Variant, validated: bool, now: Instant) -> Response<Re
         }
         resp
     };
-    resp.headers_mut().insert(
-        header::AGE,
-        crate::decimal::header_value(v.age(now).as_secs()),
-    );
+    resp.headers_mut()
+        .insert(header::AGE, crate::decimal::header_value(age.as_secs()));
     resp
 }
 

@@ -296,7 +296,7 @@ impl Storing {
             self.if_none_match.as_ref(),
             self.if_modified_since.as_ref(),
         );
-        self.cut(respond(v, validated, now), v)
+        self.cut(respond(v, validated, v.age(now)), v)
     }
 
     /// `resp`, served from the stored `v`, cut to the client's range.

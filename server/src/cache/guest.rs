@@ -228,11 +228,12 @@ impl Session {
             space: Space::Guest(granted.counts.clone()),
             compress: None,
             body: false,
+            at: std::time::Instant::now(),
         };
         let looked = if transaction {
             cache.lookup(&req, asking).await
         } else {
-            cache.look(&req, &asking, &Asks::of(req.headers()), false)
+            cache.look(&req, &asking, &Asks::of(req.headers()), None)
         };
         let (found, fill) = match looked {
             Lookup::Hit(resp) => (Some(Found::from(resp)), None),

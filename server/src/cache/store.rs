@@ -249,6 +249,10 @@ pub struct Asking<'a> {
     /// HTTP/3 send a body with no `Content-Length` after a head without END_STREAM / FIN).
     /// Its answer is not stored, since the key does not hold the body.
     pub body: bool,
+    /// When it asks: its first look judges freshness and age at this time (a caller that has
+    /// just read the clock gives that reading); a look after waiting for another request's
+    /// fill reads the clock again.
+    pub at: Instant,
 }
 
 /// The request as `http-cache-semantics` reads it.
@@ -388,7 +392,7 @@ impl Cache {
     pub async fn lookup<B>(self: &Arc<Self>, req: &Request<B>, asked: Asking<'_>) -> Lookup {
         // The request's headers a look reads, found once for every look below.
         let asks = Asks::of(req.headers());
-        let mut looked = self.look(req, &asked, &asks, false);
+        let mut looked = self.look(req, &asked, &asks, None);
         // A miss waits while another request fills its key. If that fill failed (a trap, a
         // deadline, a 5xx: nothing stored, and no pass), one of those waiting fills it next
         // and the rest wait on, so a failing guest is not run by every waiting request at
@@ -415,7 +419,7 @@ impl Cache {
                 // more, with the lead held, else both would fill it. (Counted by what that
                 // look finds.)
                 fill.counted = Counted::Uncounted;
-                let waited = fill.collapsed;
+                let waited = fill.collapsed.then(Instant::now);
                 looked = self.look(req, &asked, &asks, waited);
                 if let Lookup::Miss(fill) = &mut looked
                     && matches!(fill.then, Then::Store(_))
@@ -434,7 +438,7 @@ impl Cache {
             let _ = tokio::time::timeout(left, filled.changed()).await;
             // Counted by what the next look finds.
             fill.counted = Counted::Uncounted;
-            looked = self.look(req, &asked, &asks, true);
+            looked = self.look(req, &asked, &asks, Some(Instant::now()));
         }
         looked
     }
@@ -456,14 +460,15 @@ impl Cache {
     }
 
     /// One look at the store for `req`, whose headers `asks` read (`waited`: after waiting for
-    /// another request's fill).
+    /// another request's fill, the time it ended; else the look is at `asked.at`).
     pub(super) fn look<B>(
         self: &Arc<Self>,
         req: &Request<B>,
         asked: &Asking<'_>,
         asks: &Asks<'_>,
-        waited: bool,
+        waited: Option<Instant>,
     ) -> Lookup {
+        let (now, waited) = (waited.unwrap_or(asked.at), waited.is_some());
         // It carries a header that could shape an answer the key does not hold.
         let unkeyed = !asked.trusted && asks.unkeyed;
         let (https, host, compress) = (asked.https, asked.host, asked.compress);
@@ -531,7 +536,6 @@ impl Cache {
             && entry.is_for(space, https, host, target)
         {
             fwd = "vary-miss";
-            let now = Instant::now();
             // The request's own directives are RFC 9111's to weigh; without them a variant is
             // fresh for what it was stored with.
             let directives = asks.directives;

@@ -51,34 +51,35 @@ pub struct Timed<T> {
     pub ready: Duration,
 }
 
-/// Runs `run` until it ends, its own time passes `limit`, or the wall time passes
-/// [`WALL_FACTOR`] × `limit`; `hold` is told after each poll whether the guest yielded its
-/// slice ([`super::turn`]: its tenant's line).
+/// Runs `run`, begun at `start` (its caller's reading of the clock), until it ends, its own
+/// time passes `limit`, or the wall time passes [`WALL_FACTOR`] × `limit`; `hold` is told
+/// after each poll whether the guest yielded its slice ([`super::turn`]: its tenant's line).
+/// The clock is read only where a wait is measured: not before a poll nobody woke for, and
+/// not after the poll it ends in.
 ///
 /// (`run` is pinned by the caller: taken by value, a guest's call future — kilobytes — would
 /// be held twice in this one, once as the argument and once pinned, and every request's
 /// future boxed around it would copy both.)
 pub async fn within<F: Future>(
+    start: Instant,
     limit: Duration,
     mut run: Pin<&mut F>,
     mut hold: Hold,
 ) -> Timed<F::Output> {
-    let start = Instant::now();
     let wall_end = start + limit * WALL_FACTOR;
     let wakes = Arc::new(Wakes::new(start));
     let waker = Waker::from(Arc::clone(&wakes));
     let mut alarm = pin!(tokio::time::sleep_until((start + limit).into()));
     let mut ready = Duration::ZERO;
     let ended = poll_fn(|cx| {
-        ready += wakes.waited(Instant::now());
+        ready += wakes.waited(Instant::now);
         wakes.forward_to(cx.waker());
         let mut inner = Context::from_waker(&waker);
         slice::take_yield();
-        let polled = run.as_mut().poll(&mut inner);
-        let now = Instant::now();
-        if let Poll::Ready(out) = polled {
+        if let Poll::Ready(out) = run.as_mut().poll(&mut inner) {
             return Poll::Ready(Ok(out));
         }
+        let now = Instant::now();
         let yielded = slice::take_yield();
         wakes.polled(now, yielded);
         hold.pending(yielded);
@@ -132,15 +133,16 @@ impl Wakes {
             .max(1)
     }
 
-    /// At a poll beginning `now`: how long the run was ready before it (from its wake, or the
-    /// end of the poll it was woken during), zero if it was not woken.
-    fn waited(&self, now: Instant) -> Duration {
+    /// At a poll beginning `now` (read only if the run was woken): how long the run was
+    /// ready before it (from its wake, or the end of the poll it was woken during), zero if
+    /// it was not woken.
+    fn waited(&self, now: impl FnOnce() -> Instant) -> Duration {
         let woken = self.woken.swap(0, Ordering::AcqRel);
         if woken == 0 {
             return Duration::ZERO;
         }
         let from = woken.max(self.polled.load(Ordering::Acquire));
-        Duration::from_nanos(self.nanos(now).saturating_sub(from))
+        Duration::from_nanos(self.nanos(now()).saturating_sub(from))
     }
 
     /// Notes that a poll ended at `now`, and whether the run yielded its slice then (it is
@@ -205,6 +207,7 @@ mod tests {
             .map(|_| {
                 tokio::spawn(async {
                     within(
+                        Instant::now(),
                         Duration::from_millis(300),
                         pin!(compute(Duration::from_millis(60), Duration::from_millis(1))),
                         Hold::none(),
@@ -228,6 +231,7 @@ mod tests {
     async fn a_guest_over_its_own_time_is_cut_off() {
         let started = Instant::now();
         let timed = within(
+            started,
             Duration::from_millis(50),
             pin!(compute(Duration::from_secs(5), Duration::from_millis(1))),
             Hold::none(),
@@ -241,6 +245,7 @@ mod tests {
     async fn waiting_on_io_is_the_guests_time() {
         let started = Instant::now();
         let timed = within(
+            started,
             Duration::from_millis(50),
             pin!(tokio::time::sleep(Duration::from_secs(5))),
             Hold::none(),
@@ -266,6 +271,7 @@ mod tests {
             .map(|_| {
                 tokio::spawn(async move {
                     within(
+                        Instant::now(),
                         limit,
                         pin!(compute(Duration::from_millis(90), Duration::from_millis(1))),
                         Hold::none(),

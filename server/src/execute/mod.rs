@@ -152,12 +152,18 @@ impl Answer {
 /// Instantiates a fresh guest of `tenant`, runs it on `request`, tears it down, and answers
 /// with its response: when the guest ends, or as soon as its head is ready if its body
 /// outgrows the buffer (the guest then runs on in [`Rest::Running`]). `hold` (say, a pool
-/// permit) is dropped after teardown.
-pub async fn answer(tenant: TenantRef, request: GuestRequest, hold: impl Send + 'static) -> Answer {
+/// permit) is dropped after teardown. `start` is when the run begins, its phases timed from
+/// there: the caller's last reading of the clock (the end of the request's queue), or now.
+pub async fn answer(
+    tenant: TenantRef,
+    request: GuestRequest,
+    hold: impl Send + 'static,
+    start: Instant,
+) -> Answer {
     let (commit, mut committed) = oneshot::channel();
     // (A core module's lifecycle sizes it; a component's is boxed apart in `run`.)
     let mut run = crate::budget::boxed::<4096, _>(async move {
-        let ran = run(tenant, request, commit).await;
+        let ran = run(tenant, request, commit, start).await;
         drop(hold);
         ran
     });
@@ -199,10 +205,14 @@ pub async fn answer(tenant: TenantRef, request: GuestRequest, hold: impl Send + 
 /// output.
 type Ran = (Result<Option<Finished>, ExecError>, Phases, Option<Output>);
 
-/// Runs a fresh guest of `tenant` on `request` through its kind's [`Driver`]; a streamed head
-/// goes through `commit`.
-async fn run(tenant: TenantRef, request: GuestRequest, commit: oneshot::Sender<Head>) -> Ran {
-    let start = Instant::now();
+/// Runs a fresh guest of `tenant` on `request` through its kind's [`Driver`], its phases
+/// timed from `start`; a streamed head goes through `commit`.
+async fn run(
+    tenant: TenantRef,
+    request: GuestRequest,
+    commit: oneshot::Sender<Head>,
+    start: Instant,
+) -> Ran {
     let request_id = request.context.request_id.clone();
     let mut response = GuestResponse::new(
         tenant.limits.max_response_bytes,
@@ -297,9 +307,8 @@ async fn lifecycle_in<D: Driver>(
     let mut clock = Clock::default();
     let timed = {
         let call = std::pin::pin!(driver.call(&mut store, &mut clock));
-        deadline::within(timeout, call, turn::Hold::new(turn::key(tenant))).await
+        deadline::within(start, timeout, call, turn::Hold::new(turn::key(tenant))).await
     };
-    let ran_until = Instant::now();
     let ended = timed.ended.map(|r| driver.settle(store.data_mut(), r));
     let body = driver.body_end(store.data());
     let mut result = {
@@ -317,9 +326,11 @@ async fn lifecycle_in<D: Driver>(
     let (outbound, kv) = data.capabilities().waited();
     let stdio = data.take_stdio();
     add_stderr(tenant, &mut result, stdio.as_ref());
-    let started = Instant::now();
+    // One reading ends the run (the guest's, then its answer taken out of its store) and
+    // begins teardown.
+    let ran_until = Instant::now();
     let sweep = driver.sweep(tenant, &mut store).await;
-    let teardown = teardown::teardown(store, sweep, started);
+    let teardown = teardown::teardown(store, sweep, ran_until);
     let output = stdio.map(|stdio| stdio.output(tenant.limits.stdio_bytes));
     if let Some(output) = &output {
         log_stdio(tenant, request_id.to_str().unwrap_or("-"), output);

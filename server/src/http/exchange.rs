@@ -69,6 +69,8 @@ pub(super) struct Exchange {
     /// What the client takes, read before the request goes on (`[tenant.compression]`).
     pub(super) asked: Option<crate::compress::Asked>,
     pub(super) arrived: Instant,
+    /// The last phase boundary read off the clock: where the next phase begins ([`Self::lap`]).
+    pub(super) mark: Instant,
     pub(super) request_id: HeaderValue,
     /// The HTTP version it came in (a label of `tern_requests_total`).
     version: http::Version,
@@ -133,6 +135,7 @@ impl Exchange {
             routed: None,
             asked: None,
             arrived,
+            mark: arrived,
             request_id,
             version: req.version(),
             timings: Timings::default(),
@@ -156,6 +159,18 @@ impl Exchange {
         if let Some(t) = &mut self.trace {
             t.trigger = trigger;
         }
+    }
+
+    /// Ends `phase` now: its time is from the last boundary ([`Self::mark`]), and now is the
+    /// next phase's start. One clock read per boundary: a phase begins where the one before it
+    /// ended, so what lies between two (the checks and rate limits after `route`, say) is
+    /// counted in the later one.
+    pub(super) fn lap(&mut self, phase: Phase) -> Instant {
+        let now = Instant::now();
+        self.timings
+            .set(phase, now.saturating_duration_since(self.mark));
+        self.mark = now;
+        now
     }
 
     /// The request `req` is for `routed` (and so are its trace and its live log record).

@@ -68,7 +68,7 @@ pub async fn handle(
     let _in_flight = GaugeGuard::new(&app.metrics.in_flight);
 
     let routed = route(&app, &mut req, &ex.conn, client.ip()).await;
-    ex.timings.set(Phase::Route, ex.arrived.elapsed());
+    ex.lap(Phase::Route);
     match routed {
         Ok(routed) => ex.route_to(routed, &req),
         Err(early) => return ex.early(&app, early),
@@ -85,7 +85,11 @@ pub async fn handle(
     };
     match limit(&app, &req, &ex).await {
         Ok(wait) if wait.is_zero() => {}
-        Ok(wait) => tokio::time::sleep(wait).await,
+        Ok(wait) => {
+            tokio::time::sleep(wait).await;
+            // A rate limit's delay is in no phase: the next begins after it.
+            ex.mark = Instant::now();
+        }
         Err(early) => return ex.early(&app, early),
     }
     // The guest's run and a WebSocket's life are awaited in boxes of their own: their state
@@ -426,7 +430,6 @@ async fn look_up(app: &App, ex: &mut Exchange, req: &mut Request<RequestBody>) -
     let Some(cache) = tenant.front.cache_in_front() else {
         return Looked::Guest(None);
     };
-    let started = Instant::now();
     // The authority as the guest sees it (its `Host`, `HTTP_HOST`, `SERVER_PORT`, the URL it
     // builds links from), port included: an answer made for `host:1337` is not served to
     // `host`. (Userinfo never gets here: `route` refuses it.)
@@ -440,6 +443,8 @@ async fn look_up(app: &App, ex: &mut Exchange, req: &mut Request<RequestBody>) -
         space: crate::cache::Space::Front(tenant.cache_version),
         compress: tenant.front.compression.as_ref().zip(ex.asked),
         body: !http_body::Body::is_end_stream(req.body()),
+        // The phase's start (route's end) is when it asks: a look at once needs no clock.
+        at: ex.mark,
     };
     let looked = cache.lookup(req, asking).await;
     let looked = match looked {
@@ -450,7 +455,7 @@ async fn look_up(app: &App, ex: &mut Exchange, req: &mut Request<RequestBody>) -
             Looked::Guest(Some(fill))
         }
     };
-    ex.timings.set(Phase::Cache, started.elapsed());
+    ex.lap(Phase::Cache);
     looked
 }
 
@@ -780,16 +785,15 @@ async fn limit(
 /// `queue` phase).
 async fn admit(app: &App, ex: &mut Exchange) -> Result<Admitted, Early> {
     let tenant = &ex.routed.as_ref().expect("a routed request").tenant;
-    let queued = Instant::now();
     if let Some(t) = &mut ex.trace {
-        t.queued = Some(queued);
+        t.queued = Some(ex.mark);
     }
     let line = execute::turn::wait(execute::turn::key(tenant));
     let admitted = app
         .pool
         .admit(line, &tenant.slots, tenant.limits.max_concurrency)
         .await;
-    ex.timings.set(Phase::Queue, queued.elapsed());
+    ex.lap(Phase::Queue);
     admitted.map_err(|overloaded| {
         let e = ExecError::new(Outcome::Overload, overloaded.to_string());
         Early::Refused(e, Phase::Queue)
@@ -843,7 +847,8 @@ async fn run_guest(
         tenant.limits.max_request_bytes,
         context,
     );
-    let (resp, phase) = match execute::answer(tenant.clone(), request, admitted).await {
+    // Its run begins where its queue ended (`ex.mark`).
+    let (resp, phase) = match execute::answer(tenant.clone(), request, admitted, ex.mark).await {
         Answer::Ended {
             response,
             phases,
@@ -901,6 +906,7 @@ async fn run_guest(
                 }
                 let records = (&mut after, trace.as_mut(), live.as_mut());
                 record_run((&app2, role), records, &out.phases, &out.result, out.output);
+                let ended = Instant::now();
                 if let Some(live) = live {
                     live.finish(crate::livelog::Answered {
                         request_id: &request_id,
@@ -908,17 +914,11 @@ async fn run_guest(
                         cache: None,
                         timings: &after,
                         reached: Phase::Teardown,
-                        total: arrived.elapsed(),
+                        total: ended.saturating_duration_since(arrived),
                     });
                 }
                 if let Some(t) = trace {
-                    t.end(
-                        &app2,
-                        (arrived, Instant::now()),
-                        &after,
-                        (status, None),
-                        &request_id,
-                    );
+                    t.end(&app2, (arrived, ended), &after, (status, None), &request_id);
                 }
             });
             // Only route and queue are known when the head leaves; the rest reaches /metrics.

@@ -5,6 +5,11 @@ use std::time::Duration;
 
 /// The phases of a request, in order. Their names are the `phase` label values and the
 /// `Server-Timing` metric names.
+///
+/// The clock is read once at each boundary, and a phase begins where the one before it ended
+/// (a rate limit's delay excepted): route from the request's arrival; the cache's look, or the
+/// queue, from route's end (so with the checks and rate limits between them); instantiate
+/// from the queue's end; run from the handler's call; teardown from the run's end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     /// Host/path lookup.
@@ -13,7 +18,7 @@ pub enum Phase {
     Queue = 1,
     /// Taking a slot and instantiating the guest (`Store::new` + `instantiate_async`).
     Instantiate = 2,
-    /// Running the handler on its fiber until it returns.
+    /// Running the handler on its fiber until it returns, and its answer taken from it.
     Run = 3,
     /// Dropping the store: the slot is reset and returned to the pool.
     Teardown = 4,

@@ -74,6 +74,7 @@ impl Grant {
             space: Space::Backend(counts.clone()),
             compress: None,
             body: body.may_have_bytes(),
+            at: std::time::Instant::now(),
         };
         let stored =
             |resp: Response<crate::body::ResponseBody>| resp.map(|body| Fetched::cache(body, None));

@@ -27,6 +27,21 @@ async fn hello_answers_with_headers_timing_and_request_id() {
             "Server-Timing {timing:?} lacks {phase}"
         );
     }
+    // The phases follow one another within the whole (each begins at the clock reading that
+    // ended the one before): in whole microseconds, their sum is at most the total.
+    let us = |name: &str| -> u64 {
+        let ms = timing
+            .split(", ")
+            .find_map(|p| p.strip_prefix(&format!("{name};dur=")))
+            .unwrap_or_else(|| panic!("no {name} in {timing:?}"));
+        let (whole, frac) = ms.split_once('.').expect("three decimals");
+        whole.parse::<u64>().unwrap() * 1000 + frac.parse::<u64>().unwrap()
+    };
+    let phases: u64 = ["route", "queue", "instantiate", "run", "teardown"]
+        .into_iter()
+        .map(us)
+        .sum();
+    assert!(phases <= us("total"), "{timing}");
     assert!(!r.header("x-request-id").is_empty());
 
     let r = send(
