@@ -3,6 +3,7 @@
 //! Every handle a request touches is resolved when the server starts (or a tenant is added),
 //! so the hot path only does atomic adds: no label lookups, no locks.
 
+mod durations;
 mod openmetrics;
 mod phases;
 
@@ -56,7 +57,7 @@ impl Registrar {
 }
 
 fn buckets() -> Vec<f64> {
-    prometheus::exponential_buckets(1e-6, 2.0, 25).expect("static bucket spec")
+    durations::bounds()
 }
 
 /// The index (0-4) of `status`'s class, 1xx to 5xx (anything else counts as 1xx or 5xx).
@@ -181,11 +182,6 @@ macro_rules! named_metrics {
 }
 
 named_metrics! {
-    total: histogram(
-        "tern_request_duration_seconds",
-        "Time from a request's arrival until its response head is ready.",
-        buckets(),
-    );
     requests: counters(
         "tern_requests_total",
         "Responses sent, by tenant, status class, HTTP version (1.0, 1.1, 2, 3), \
@@ -564,8 +560,10 @@ pub struct Metrics {
     registry: Registry,
     /// The metrics registered by name alone.
     named: Named,
-    /// By deployment ([`crate::rollout::Role`]), then phase.
-    phases: [[Histogram; PHASES]; 2],
+    /// Time from a request's arrival until its response head is ready.
+    total: durations::Family,
+    /// By deployment ([`crate::rollout::Role`]), then phase: the series in that order.
+    phases: durations::Family,
     /// Tenant names that have their own label (taken at load time, never per request).
     labelled: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     max_tenant_labels: usize,
@@ -592,20 +590,30 @@ impl Metrics {
     pub fn new(max_tenant_labels: usize) -> Self {
         let r = Registrar(Registry::new());
         let named = Named::register(&r);
-        let phase_vec = r.register(
-            HistogramVec::new(
-                HistogramOpts::new(
-                    "tern_request_phase_duration_seconds",
-                    "Time spent in each phase of a request: route, queue, instantiate, run, \
-                     teardown; outbound (part of run: waiting for outbound requests) for \
-                     requests that made any; by deployment (current, or a gradual \
-                     deployment's candidate).",
-                )
-                .buckets(buckets()),
-                &["phase", "deployment"],
-            )
-            .expect("valid metric"),
-        );
+        // Every request adds to these: kept per thread (`durations`).
+        let total = r.register(durations::Family::new(
+            "tern_request_duration_seconds",
+            "Time from a request's arrival until its response head is ready.",
+            &[],
+            &[vec![]],
+        ));
+        let roles = [
+            crate::rollout::Role::Current,
+            crate::rollout::Role::Candidate,
+        ];
+        let phase_labels: Vec<Vec<&str>> = roles
+            .iter()
+            .flat_map(|role| Phase::EVERY.map(|p| vec![p.name(), role.name()]))
+            .collect();
+        let phases = r.register(durations::Family::new(
+            "tern_request_phase_duration_seconds",
+            "Time spent in each phase of a request: route, queue, instantiate, run, \
+             teardown; outbound (part of run: waiting for outbound requests) for \
+             requests that made any; by deployment (current, or a gradual \
+             deployment's candidate).",
+            &["phase", "deployment"],
+            &phase_labels,
+        ));
         // Every outcome from the start: a rate over a series that appears only with its first
         // order is no rate at all.
         for outcome in ["issued", "failed", "busy"] {
@@ -629,15 +637,11 @@ impl Metrics {
                 prometheus::process_collector::ProcessCollector::for_self(),
             ))
             .expect("process metrics registered once");
-        let phases = [
-            crate::rollout::Role::Current,
-            crate::rollout::Role::Candidate,
-        ]
-        .map(|role| Phase::EVERY.map(|p| phase_vec.with_label_values(&[p.name(), role.name()])));
         let unrouted = Self::tenant_counters(&named.requests, "none");
         Self {
             registry,
             named,
+            total,
             phases,
             labelled: Default::default(),
             max_tenant_labels,
@@ -715,21 +719,22 @@ impl Metrics {
     /// Records a request's phase timings up to the last phase it `reached`, as served by
     /// `role`.
     pub fn observe(&self, t: &Timings, reached: Phase, role: crate::rollout::Role) {
-        let phases = &self.phases[role as usize];
-        for (h, d) in phases.iter().zip(&t.0).take(reached as usize + 1) {
-            h.observe(d.as_secs_f64());
+        // The role's series, in `Phase::EVERY` order.
+        let series = |phase: usize| self.phases.series(role as usize * PHASES + phase);
+        for (phase, d) in t.0.iter().enumerate().take(reached as usize + 1) {
+            series(phase).observe(*d);
         }
         for phase in Phase::WHEN_USED {
             let d = t.0[phase as usize];
             if !d.is_zero() {
-                phases[phase as usize].observe(d.as_secs_f64());
+                series(phase as usize).observe(d);
             }
         }
     }
 
     /// Records a request's total time to response head.
     pub fn observe_total(&self, d: Duration) {
-        self.total.observe(d.as_secs_f64());
+        self.total.series(0).observe(d);
     }
 
     /// Renders every metric in the Prometheus text format, refreshing the pool gauges first.

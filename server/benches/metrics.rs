@@ -1,0 +1,100 @@
+//! What a request's latency histograms cost the worker that records them, alone and with
+//! another core recording at the same time: a `hello`'s five phases and its total
+//! (`Metrics::observe` + `Metrics::observe_total`), against the same six observations into
+//! `prometheus::Histogram`s (what the server used before its histograms were kept per thread:
+//! every core then wrote the same cache lines).
+//!
+//! Run: `cargo bench -p tern --bench metrics`. `threads/2` is the wall time of two threads
+//! each recording one request, per request pair: with no shared line it stays near
+//! `threads/1`.
+
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use tern::metrics::{Metrics, Phase, Timings};
+use tern::rollout::Role;
+
+/// A `hello`'s phases, as the server times them under load.
+fn timings() -> Timings {
+    let mut t = Timings::default();
+    for (phase, us) in [
+        (Phase::Route, 2),
+        (Phase::Queue, 1),
+        (Phase::Instantiate, 9),
+        (Phase::Run, 9),
+        (Phase::Teardown, 12),
+    ] {
+        t.set(phase, Duration::from_micros(us));
+    }
+    t
+}
+
+/// Runs `record` `iters` times on each of `threads` threads at once; the wall time from the
+/// moment all have started.
+fn together(threads: usize, iters: u64, record: Arc<dyn Fn() + Send + Sync>) -> Duration {
+    let start = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (start, record) = (start.clone(), record.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                for _ in 0..iters {
+                    record();
+                }
+            })
+        })
+        .collect();
+    start.wait();
+    let began = Instant::now();
+    for h in handles {
+        h.join().expect("recording thread");
+    }
+    began.elapsed()
+}
+
+fn histograms(c: &mut Criterion) {
+    let t = timings();
+    let total = Duration::from_micros(35);
+    let metrics = Metrics::new(10);
+    let ours: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        metrics.observe(black_box(&t), Phase::Teardown, Role::Current);
+        metrics.observe_total(black_box(total));
+    });
+    let vec = prometheus::HistogramVec::new(
+        prometheus::HistogramOpts::new("bench_phase_seconds", "h")
+            .buckets(prometheus::exponential_buckets(1e-6, 2.0, 25).expect("buckets")),
+        &["phase"],
+    )
+    .expect("valid");
+    let shared: Vec<prometheus::Histogram> = ["route", "queue", "instantiate", "run", "teardown"]
+        .iter()
+        .map(|p| vec.with_label_values(&[p]))
+        .collect();
+    let whole = prometheus::Histogram::with_opts(
+        prometheus::HistogramOpts::new("bench_seconds", "h")
+            .buckets(prometheus::exponential_buckets(1e-6, 2.0, 25).expect("buckets")),
+    )
+    .expect("valid");
+    let reference: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        let t = black_box(&t);
+        for (h, d) in shared.iter().zip(&t.0) {
+            h.observe(d.as_secs_f64());
+        }
+        whole.observe(black_box(total).as_secs_f64());
+    });
+    for (name, record) in [("per_thread", ours), ("prometheus", reference)] {
+        let mut group = c.benchmark_group(format!("request_histograms/{name}"));
+        for threads in [1, 2] {
+            let record = record.clone();
+            group.bench_function(format!("threads/{threads}"), |b| {
+                b.iter_custom(|iters| together(threads, iters, record.clone()));
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, histograms);
+criterion_main!(benches);

@@ -1,0 +1,301 @@
+//! The latency histograms every request adds to (`tern_request_duration_seconds`,
+//! `tern_request_phase_duration_seconds`), counted per thread.
+//!
+//! A `prometheus::Histogram` keeps one count, one sum and one set of buckets for every thread:
+//! each observation is four atomic writes to lines all workers share (one of them a
+//! compare-and-swap loop for the sum in `f64`), so on a many-core edge every request of every
+//! core takes those cache lines from the core that wrote them last. Here each thread adds to a
+//! shard of its own, a cache line apart from the others' ([`SHARDS`], a thread's picked when
+//! it first observes), with two atomic additions that no other core contends for (the bucket's
+//! count, and the sum in whole nanoseconds); a scrape sums the shards. The count is the
+//! buckets' sum, so it always agrees with them.
+//!
+//! The buckets are [`bounds`], 1 µs × 2^k for k = 0..24, and a duration's is found by its
+//! bits, not by comparing it with each bound.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto;
+
+/// Finite buckets: upper bounds 1 µs × 2^k, k = 0..24 (`prometheus::exponential_buckets(1e-6,
+/// 2.0, 25)`); one more counts what lies above them (`+Inf`).
+pub const BUCKETS: usize = 25;
+
+/// Shards of each histogram. Threads past this many share shards (still exact: the additions
+/// are atomic); the workers of a machine with up to this many cores never do.
+const SHARDS: usize = 64;
+
+/// The buckets' upper bounds in seconds, as the exposition gives them (every latency histogram
+/// of the server has these).
+pub fn bounds() -> Vec<f64> {
+    prometheus::exponential_buckets(1e-6, 2.0, BUCKETS).expect("static bucket spec")
+}
+
+/// The index of the bucket for `ns` nanoseconds: the least `k` with `ns <= 1000 × 2^k`, or
+/// [`BUCKETS`] past the last bound.
+fn bucket(ns: u64) -> usize {
+    let micros = ns.div_ceil(1000);
+    if micros <= 1 {
+        return 0;
+    }
+    // The least k with 2^k >= micros.
+    ((u64::BITS - (micros - 1).leading_zeros()) as usize).min(BUCKETS)
+}
+
+/// The shard the calling thread adds to.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    SHARD.with(|s| *s)
+}
+
+/// One thread's part of a histogram, on cache lines of its own.
+#[repr(align(128))]
+#[derive(Default)]
+struct Shard {
+    /// Observations in each bucket (not cumulative), the last above every bound.
+    counts: [AtomicU64; BUCKETS + 1],
+    /// Their sum in nanoseconds.
+    sum_ns: AtomicU64,
+}
+
+/// A histogram of durations, kept per thread ([`Shard`]).
+pub struct Durations {
+    shards: Box<[Shard]>,
+}
+
+impl Default for Durations {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Durations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Durations").finish_non_exhaustive()
+    }
+}
+
+impl Durations {
+    /// Counts `d`.
+    pub fn observe(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let shard = &self.shards[shard_index()];
+        shard.counts[bucket(ns)].fetch_add(1, Ordering::Relaxed);
+        shard.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// The shards summed, as the exposition's histogram with `bounds`' buckets.
+    fn proto(&self, bounds: &[f64]) -> proto::Histogram {
+        let mut counts = [0u64; BUCKETS + 1];
+        let mut sum_ns = 0u128;
+        for shard in &self.shards {
+            for (total, count) in counts.iter_mut().zip(&shard.counts) {
+                *total += count.load(Ordering::Relaxed);
+            }
+            sum_ns += u128::from(shard.sum_ns.load(Ordering::Relaxed));
+        }
+        let mut h = proto::Histogram::default();
+        let mut cumulative = 0;
+        let buckets = bounds
+            .iter()
+            .zip(counts)
+            .map(|(bound, count)| {
+                cumulative += count;
+                let mut b = proto::Bucket::default();
+                b.set_cumulative_count(cumulative);
+                b.set_upper_bound(*bound);
+                b
+            })
+            .collect();
+        h.set_bucket(buckets);
+        h.set_sample_count(counts.iter().sum());
+        h.set_sample_sum(sum_ns as f64 / 1e9);
+        h
+    }
+}
+
+/// A metric family of [`Durations`], one per fixed set of label values, all made at once
+/// (a clone is a handle to the same).
+#[derive(Debug, Clone)]
+pub struct Family(Arc<Series>);
+
+#[derive(Debug)]
+struct Series {
+    desc: Desc,
+    bounds: Vec<f64>,
+    series: Vec<(Vec<proto::LabelPair>, Durations)>,
+}
+
+impl Family {
+    /// `name` with `help`, a series for each of `values` (the values of `labels`, in order).
+    ///
+    /// # Panics
+    /// If `name`, `help` or `labels` is not a valid metric description (a programming error).
+    pub fn new(name: &str, help: &str, labels: &[&str], values: &[Vec<&str>]) -> Self {
+        let desc = Desc::new(
+            name.into(),
+            help.into(),
+            labels.iter().map(|l| (*l).to_string()).collect(),
+            Default::default(),
+        )
+        .expect("valid metric");
+        let series = values
+            .iter()
+            .map(|values| {
+                let mut pairs: Vec<proto::LabelPair> = labels
+                    .iter()
+                    .zip(values)
+                    .map(|(name, value)| {
+                        let mut pair = proto::LabelPair::default();
+                        pair.set_name((*name).to_string());
+                        pair.set_value((*value).to_string());
+                        pair
+                    })
+                    .collect();
+                // As the exposition has them: by name.
+                pairs.sort_by(|a, b| a.name().cmp(b.name()));
+                (pairs, Durations::default())
+            })
+            .collect();
+        Self(Arc::new(Series {
+            desc,
+            bounds: bounds(),
+            series,
+        }))
+    }
+
+    /// The series made for the `i`th of the values given to [`Family::new`].
+    pub fn series(&self, i: usize) -> &Durations {
+        &self.0.series[i].1
+    }
+}
+
+impl Collector for Family {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.0.desc]
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        let this = &self.0;
+        let mut family = proto::MetricFamily::default();
+        family.set_name(this.desc.fq_name.clone());
+        family.set_help(this.desc.help.clone());
+        family.set_field_type(proto::MetricType::HISTOGRAM);
+        family.set_metric(
+            this.series
+                .iter()
+                .map(|(labels, durations)| {
+                    let mut m = proto::Metric::from_label(labels.clone());
+                    m.set_histogram(durations.proto(&this.bounds));
+                    m
+                })
+                .collect(),
+        );
+        vec![family]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_duration_falls_in_the_bucket_of_the_least_bound_it_does_not_exceed() {
+        let bounds = bounds();
+        assert_eq!(bounds.len(), BUCKETS);
+        for ns in [
+            0,
+            1,
+            999,
+            1000,
+            1001,
+            1999,
+            2000,
+            2001,
+            3000,
+            4000,
+            4001,
+            123_456,
+            1_000_000,
+            999_999_999,
+            16_777_216_000,
+            16_777_216_001,
+            60_000_000_000,
+            u64::MAX,
+        ] {
+            let seconds = ns as f64 / 1e9;
+            let expected = bounds.iter().position(|b| seconds <= *b).unwrap_or(BUCKETS);
+            assert_eq!(bucket(ns), expected, "{ns} ns");
+        }
+    }
+
+    #[test]
+    fn shards_from_many_threads_sum_to_what_prometheus_would_expose() {
+        // The same durations into a sharded family and into prometheus's own histogram, from
+        // eight threads: the same exposition, up to the sum's last digits.
+        let ours = Family::new(
+            "t_seconds",
+            "h",
+            &["phase", "deployment"],
+            &[vec!["run", "current"], vec!["route", "current"]],
+        );
+        let reference = prometheus::HistogramVec::new(
+            prometheus::HistogramOpts::new("t_seconds", "h").buckets(bounds()),
+            &["phase", "deployment"],
+        )
+        .unwrap();
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (ours, reference) = (ours.clone(), reference.clone());
+                std::thread::spawn(move || {
+                    for i in 0..500u64 {
+                        let d = Duration::from_nanos((t * 7919 + i * 104_729) % 40_000_000);
+                        let series = usize::from(i % 3 == 0);
+                        ours.series(series).observe(d);
+                        let phase = ["run", "route"][series];
+                        reference
+                            .with_label_values(&[phase, "current"])
+                            .observe(d.as_secs_f64());
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let text = |c: Box<dyn Collector>| {
+            let r = prometheus::Registry::new();
+            r.register(c).unwrap();
+            let mut out = Vec::new();
+            prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &r.gather(), &mut out)
+                .unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let (ours, reference) = (text(Box::new(ours)), text(Box::new(reference)));
+        let without_sums = |t: &str| {
+            t.lines()
+                .filter(|l| !l.starts_with("t_seconds_sum"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(without_sums(&ours), without_sums(&reference), "{ours}");
+        assert!(ours.contains("t_seconds_count{deployment=\"current\",phase=\"route\"} 1336"));
+        let sums = |t: &str| -> Vec<f64> {
+            t.lines()
+                .filter(|l| l.starts_with("t_seconds_sum"))
+                .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+                .collect()
+        };
+        for (a, b) in sums(&ours).into_iter().zip(sums(&reference)) {
+            assert!((a - b).abs() < 1e-9 * b.max(1.0), "{a} against {b}");
+        }
+    }
+}
