@@ -19,7 +19,9 @@
 # requests at once, loadtest/pipeline.lua: the load generator is woken once per N answers; not
 # with BODY; with PROTO=h2, N streams in flight per connection), MODULE=builtin:hello (any tenant
 # module: `builtin:wasi-http` for the Rust `wasi:http` component, a path to a .wasm), PROTO=h1
-# (h2: HTTP/2 over cleartext with prior knowledge, by h2load of nghttp2-client; not with BODY).
+# (h2: HTTP/2 over cleartext with prior knowledge, by h2load of nghttp2-client; not with BODY),
+# WORKERS=1 (2: the server runs two workers on both cores and the load generator two threads
+# on the same two cores; for what workers share, such as metrics every request writes).
 # Needs wrk (or h2load) and taskset (util-linux) and 2 cores.
 set -euo pipefail
 
@@ -28,7 +30,12 @@ if [ $# -ne 2 ] || [ ! -x "$1" ] || [ ! -x "$2" ]; then
     exit 2
 fi
 SECS=${SECS:-8} ROUNDS=${ROUNDS:-6} CONNS=${CONNS:-64} PORT=${PORT:-18080} BODY=${BODY:-0}
-MODULE=${MODULE:-builtin:hello} PROTO=${PROTO:-h1}
+MODULE=${MODULE:-builtin:hello} PROTO=${PROTO:-h1} WORKERS=${WORKERS:-1}
+case "$WORKERS" in
+    1) SERVER_CPUS=0 LOAD_CPUS=1 ;;
+    2) SERVER_CPUS=0,1 LOAD_CPUS=0,1 ;;
+    *) echo "ab.sh: WORKERS is 1 or 2, not $WORKERS" >&2; exit 2 ;;
+esac
 case "$PROTO" in
     h1) command -v wrk >/dev/null || { echo "ab.sh needs wrk (apt-get install wrk)" >&2; exit 2; } ;;
     h2)
@@ -45,8 +52,8 @@ esac
 ADMIN=$((PORT + 1))
 WORK=$(mktemp -d)
 trap 'kill "${PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
-printf '[server]\nworker_threads = 1\n[[tenant]]\nname = "hello"\nmodule = "%s"\npaths = ["/hello"]\n' \
-    "$MODULE" >"$WORK/tern.toml"
+printf '[server]\nworker_threads = %s\n[[tenant]]\nname = "hello"\nmodule = "%s"\npaths = ["/hello"]\n' \
+    "$WORKERS" "$MODULE" >"$WORK/tern.toml"
 WRK_ARGS=()
 if [ "$BODY" -gt 0 ]; then
     printf 'wrk.method = "POST"\nwrk.body = string.rep("x", %d)\n' "$BODY" >"$WORK/post.lua"
@@ -61,15 +68,15 @@ load() { # secs
     if [ "$PROTO" = h2 ]; then
         local streams=${PIPELINE:-0}
         [ "$streams" -gt 0 ] || streams=1
-        taskset -c 1 h2load -c"$CONNS" -m"$streams" -D"$1" "http://127.0.0.1:$PORT/hello" | grep -E '^(finished in|status codes:)'
+        taskset -c "$LOAD_CPUS" h2load -t"$WORKERS" -c"$CONNS" -m"$streams" -D"$1" "http://127.0.0.1:$PORT/hello" | grep -E '^(finished in|status codes:)'
     else
-        taskset -c 1 wrk "${WRK_ARGS[@]}" -t1 -c"$CONNS" -d"$1s" "http://127.0.0.1:$PORT/hello" -- "${PIPELINE:-0}"
+        taskset -c "$LOAD_CPUS" wrk "${WRK_ARGS[@]}" -t"$WORKERS" -c"$CONNS" -d"$1s" "http://127.0.0.1:$PORT/hello" -- "${PIPELINE:-0}"
     fi
 }
 
 round() { # binary label -> "label rps µs/request"
     env TERN_CACHE_DIR="$WORK/cache-$2" TERN_DATA_DIR="$WORK/data-$2" TERN_LOG=warn \
-        taskset -c 0 "$1" serve --config "$WORK/tern.toml" --listen 127.0.0.1:$PORT \
+        taskset -c "$SERVER_CPUS" "$1" serve --config "$WORK/tern.toml" --listen 127.0.0.1:$PORT \
         --admin-listen 127.0.0.1:$ADMIN >>"$WORK/$2.log" 2>&1 &
     PID=$!
     local ready=0

@@ -79,7 +79,7 @@ fn tracer(rt: &tokio::runtime::Runtime, sampler: &str) -> (Arc<Tracer>, TraceMet
         settings,
         metrics.clone(),
         tern::shutdown::Shutdown::new(),
-        prometheus::IntGauge::new("in_flight", "in flight").expect("gauge"),
+        || 0,
         Duration::from_secs(1),
     );
     (tracer, metrics)

@@ -306,7 +306,10 @@ fn new_app(
             settings,
             metrics.trace(),
             shutdown.clone(),
-            metrics.in_flight.clone(),
+            {
+                let in_flight = metrics.in_flight.clone();
+                move || in_flight.get()
+            },
             Duration::from_millis(config.server.shutdown_grace_ms),
         );
         tasks.push(task);

@@ -30,7 +30,7 @@ use crate::body::{ResponseBody, declared_length, plain, plain_owned};
 use crate::context::{Connection, RequestContext};
 use crate::execute::{self, Answer, Phases, Rest};
 use crate::guest::{GuestRequest, Head, RequestBody};
-use crate::metrics::{GaugeGuard, Phase, Timings};
+use crate::metrics::{Phase, Timings};
 use crate::outcome::{self, ExecError, Outcome};
 use crate::pool::Admitted;
 use crate::ratelimit::RateLimits;
@@ -65,7 +65,7 @@ pub async fn handle(
         app.trusted_proxies.client(conn.peer, req.headers())
     };
     let mut ex = Exchange::begin(&app, &req, conn, client);
-    let _in_flight = GaugeGuard::new(&app.metrics.in_flight);
+    let _in_flight = app.metrics.in_flight.enter();
 
     let routed = route(&app, &mut req, &ex.conn, client.ip()).await;
     ex.lap(Phase::Route);

@@ -3,13 +3,14 @@
 //! Every handle a request touches is resolved when the server starts (or a tenant is added),
 //! so the hot path only does atomic adds: no label lookups, no locks.
 
-mod durations;
 mod openmetrics;
+mod per_thread;
 mod phases;
 
 use std::time::Duration;
 
 pub use openmetrics::{CONTENT_TYPE as OPENMETRICS_CONTENT_TYPE, Exemplars};
+pub use per_thread::{Entered, Level};
 pub use phases::{PHASES, Phase, Timings};
 
 use prometheus::core::Collector;
@@ -57,7 +58,7 @@ impl Registrar {
 }
 
 fn buckets() -> Vec<f64> {
-    durations::bounds()
+    per_thread::bounds()
 }
 
 /// The index (0-4) of `status`'s class, 1xx to 5xx (anything else counts as 1xx or 5xx).
@@ -230,10 +231,6 @@ named_metrics! {
         "tern_pool_resident_bytes",
         "Bytes kept resident by unused (warm) pool slots, by kind.",
         &["kind"],
-    );
-    pub in_flight: gauge(
-        "tern_requests_in_flight",
-        "Requests received and not yet answered (up to their response head).",
     );
     pub queue_depth: gauge(
         "tern_queue_depth",
@@ -560,10 +557,12 @@ pub struct Metrics {
     registry: Registry,
     /// The metrics registered by name alone.
     named: Named,
+    /// Requests received and not yet answered (up to their response head).
+    pub in_flight: Level,
     /// Time from a request's arrival until its response head is ready.
-    total: durations::Family,
+    total: per_thread::Family,
     /// By deployment ([`crate::rollout::Role`]), then phase: the series in that order.
-    phases: durations::Family,
+    phases: per_thread::Family,
     /// Tenant names that have their own label (taken at load time, never per request).
     labelled: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     max_tenant_labels: usize,
@@ -590,8 +589,12 @@ impl Metrics {
     pub fn new(max_tenant_labels: usize) -> Self {
         let r = Registrar(Registry::new());
         let named = Named::register(&r);
-        // Every request adds to these: kept per thread (`durations`).
-        let total = r.register(durations::Family::new(
+        // Every request adds to these: kept per thread (`per_thread`).
+        let in_flight = r.register(Level::new(
+            "tern_requests_in_flight",
+            "Requests received and not yet answered (up to their response head).",
+        ));
+        let total = r.register(per_thread::Family::new(
             "tern_request_duration_seconds",
             "Time from a request's arrival until its response head is ready.",
             &[],
@@ -605,7 +608,7 @@ impl Metrics {
             .iter()
             .flat_map(|role| Phase::EVERY.map(|p| vec![p.name(), role.name()]))
             .collect();
-        let phases = r.register(durations::Family::new(
+        let phases = r.register(per_thread::Family::new(
             "tern_request_phase_duration_seconds",
             "Time spent in each phase of a request: route, queue, instantiate, run, \
              teardown; outbound (part of run: waiting for outbound requests) for \
@@ -641,6 +644,7 @@ impl Metrics {
         Self {
             registry,
             named,
+            in_flight,
             total,
             phases,
             labelled: Default::default(),

@@ -55,7 +55,7 @@ enum Undelivered {
 /// How a stopping server's exporter knows its last requests are done: `in_flight` (requests
 /// not yet answered) falls to zero, or `grace` passes.
 pub(super) struct Draining {
-    pub in_flight: prometheus::IntGauge,
+    pub in_flight: Box<dyn Fn() -> i64 + Send + Sync>,
     pub grace: Duration,
 }
 
@@ -98,7 +98,7 @@ pub(super) async fn run(
     // Stopping: the requests still being answered are exported too, until they are done or
     // the shutdown grace has passed.
     let until = Instant::now() + draining.grace;
-    while draining.in_flight.get() > 0 && Instant::now() < until {
+    while (draining.in_flight)() > 0 && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(50)).await;
         exporter.drain(&queue).await;
     }

@@ -46,12 +46,13 @@ pub struct Tracer {
 impl Tracer {
     /// Starts the exporter task (on the current runtime) and returns the tracer of the
     /// request path, and the exporter's handle. When `stop` fires the exporter goes on
-    /// exporting until `in_flight` (requests not yet answered) is zero or `grace` has passed.
+    /// exporting until `in_flight` (the requests not yet answered, read) is zero or `grace` has
+    /// passed.
     pub fn start(
         settings: Settings,
         metrics: TraceMetrics,
         stop: crate::shutdown::Shutdown,
-        in_flight: prometheus::IntGauge,
+        in_flight: impl Fn() -> i64 + Send + Sync + 'static,
         grace: Duration,
     ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
         let envelope = otlp::Envelope::new(&settings.resource);
@@ -67,7 +68,10 @@ impl Tracer {
             queue: queue.clone(),
             dropped: metrics.dropped_queue.clone(),
         });
-        let draining = export::Draining { in_flight, grace };
+        let draining = export::Draining {
+            in_flight: Box::new(in_flight),
+            grace,
+        };
         let task = tokio::spawn(export::run(
             settings, envelope, queue, metrics, stop, draining,
         ));

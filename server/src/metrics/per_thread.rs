@@ -1,20 +1,21 @@
-//! The latency histograms every request adds to (`tern_request_duration_seconds`,
-//! `tern_request_phase_duration_seconds`), counted per thread.
+//! The metrics every request writes, counted per thread: the latency histograms
+//! (`tern_request_duration_seconds`, `tern_request_phase_duration_seconds`) and the requests in
+//! flight (`tern_requests_in_flight`).
 //!
 //! A `prometheus::Histogram` keeps one count, one sum and one set of buckets for every thread:
 //! each observation is four atomic writes to lines all workers share (one of them a
-//! compare-and-swap loop for the sum in `f64`), so on a many-core edge every request of every
-//! core takes those cache lines from the core that wrote them last. Here each thread adds to a
-//! shard of its own, a cache line apart from the others' ([`SHARDS`], a thread's picked when
-//! it first observes), with two atomic additions that no other core contends for (the bucket's
-//! count, and the sum in whole nanoseconds); a scrape sums the shards. The count is the
-//! buckets' sum, so it always agrees with them.
+//! compare-and-swap loop for the sum in `f64`), and an `IntGauge` moved up and down by every
+//! request is one line all workers write twice a request; so on a many-core edge every request
+//! of every core takes those cache lines from the core that wrote them last. Here each thread
+//! adds to a shard of its own, a cache line apart from the others' ([`SHARDS`], a thread's
+//! picked when it first writes), with atomic additions no other core contends for; a scrape
+//! sums the shards. A histogram's count is its buckets' sum, so it always agrees with them.
 //!
 //! The buckets are [`bounds`], 1 µs × 2^k for k = 0..24, and a duration's is found by its
 //! bits, not by comparing it with each bound.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use prometheus::core::{Collector, Desc};
@@ -203,6 +204,93 @@ impl Collector for Family {
     }
 }
 
+/// A gauge every request moves, up when it arrives and down when it is answered, counted per
+/// thread: each shard holds the moves made on its thread (a request may end on another than
+/// it began on), and the level is their sum. A clone is a handle to the same.
+#[derive(Clone)]
+pub struct Level(Arc<LevelShards>);
+
+struct LevelShards {
+    desc: Desc,
+    shards: Box<[Moves]>,
+}
+
+/// One thread's moves of a [`Level`], on a cache line of its own.
+#[repr(align(128))]
+#[derive(Default)]
+struct Moves(AtomicI64);
+
+impl std::fmt::Debug for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Level").field(&self.get()).finish()
+    }
+}
+
+impl Level {
+    /// The gauge `name` with `help`.
+    ///
+    /// # Panics
+    /// If `name` or `help` is not a valid metric description (a programming error).
+    pub fn new(name: &str, help: &str) -> Self {
+        let desc =
+            Desc::new(name.into(), help.into(), vec![], Default::default()).expect("valid metric");
+        Self(Arc::new(LevelShards {
+            desc,
+            shards: (0..SHARDS).map(|_| Moves::default()).collect(),
+        }))
+    }
+
+    /// One more, until the guard is dropped.
+    pub fn enter(&self) -> Entered<'_> {
+        self.add(1);
+        Entered(self)
+    }
+
+    fn add(&self, n: i64) {
+        self.0.shards[shard_index()]
+            .0
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The level now: the shards summed.
+    pub fn get(&self) -> i64 {
+        self.0
+            .shards
+            .iter()
+            .map(|m| m.0.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// One in a [`Level`] while it lives.
+#[derive(Debug)]
+pub struct Entered<'a>(&'a Level);
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        self.0.add(-1);
+    }
+}
+
+impl Collector for Level {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.0.desc]
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        let mut gauge = proto::Gauge::default();
+        gauge.set_value(self.get() as f64);
+        let mut m = proto::Metric::default();
+        m.set_gauge(gauge);
+        let mut family = proto::MetricFamily::default();
+        family.set_name(self.0.desc.fq_name.clone());
+        family.set_help(self.0.desc.help.clone());
+        family.set_field_type(proto::MetricType::GAUGE);
+        family.set_metric(vec![m]);
+        vec![family]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,5 +385,52 @@ mod tests {
         for (a, b) in sums(&ours).into_iter().zip(sums(&reference)) {
             assert!((a - b).abs() < 1e-9 * b.max(1.0), "{a} against {b}");
         }
+    }
+
+    #[test]
+    fn a_level_is_the_sum_of_every_threads_moves_whichever_thread_ends_one() {
+        let level = Level::new("t_in_flight", "h");
+        let outer = level.enter();
+        // Eight threads each enter 100 times and leave 60 of them; 40 each are left to a
+        // thread of their own to end.
+        let left: Vec<_> = (0..8)
+            .map(|_| {
+                let level = level.clone();
+                std::thread::spawn(move || {
+                    for i in 0..100 {
+                        let entered = level.enter();
+                        if i < 40 {
+                            std::mem::forget(entered);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in left {
+            t.join().unwrap();
+        }
+        assert_eq!(level.get(), 1 + 8 * 40);
+        let ends: Vec<_> = (0..4)
+            .map(|_| {
+                let level = level.clone();
+                std::thread::spawn(move || (0..80).for_each(|_| level.add(-1)))
+            })
+            .collect();
+        for t in ends {
+            t.join().unwrap();
+        }
+        assert_eq!(level.get(), 1);
+        drop(outer);
+        assert_eq!(level.get(), 0);
+        let r = prometheus::Registry::new();
+        r.register(Box::new(level.clone())).unwrap();
+        let _one = level.enter();
+        let mut out = Vec::new();
+        prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &r.gather(), &mut out)
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "# HELP t_in_flight h\n# TYPE t_in_flight gauge\nt_in_flight 1\n"
+        );
     }
 }
