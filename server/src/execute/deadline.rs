@@ -242,6 +242,30 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread")]
+    async fn the_limit_counts_from_the_start_the_caller_gives() {
+        // Begun three seconds ago with a two-second limit: over at its first poll (a run
+        // timed from its own first poll would wait two seconds).
+        let limit = Duration::from_secs(2);
+        let Some(start) = Instant::now().checked_sub(Duration::from_secs(3)) else {
+            return;
+        };
+        let polled = Instant::now();
+        let timed = within(
+            start,
+            limit,
+            pin!(std::future::pending::<()>()),
+            Hold::none(),
+        )
+        .await;
+        assert_eq!(timed.ended, Err(Expired::Guest));
+        assert!(
+            polled.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            polled.elapsed()
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
     async fn waiting_on_io_is_the_guests_time() {
         let started = Instant::now();
         let timed = within(

@@ -83,7 +83,7 @@ pub async fn handle(
         Some(Ok(opening)) => Some(opening),
         Some(Err(bad)) => return ex.early(&app, bad_opening(&bad)),
     };
-    match limit(&app, &req, &ex).await {
+    match limit(&app, &req, &mut ex).await {
         Ok(wait) if wait.is_zero() => {}
         Ok(wait) => {
             tokio::time::sleep(wait).await;
@@ -739,7 +739,7 @@ fn check(app: &App, req: &mut Request<RequestBody>, ex: &mut Exchange) -> Result
 async fn limit(
     app: &App,
     req: &Request<RequestBody>,
-    ex: &Exchange,
+    ex: &mut Exchange,
 ) -> Result<std::time::Duration, Early> {
     let tenant = &ex.routed.as_ref().expect("a routed request").tenant;
     let tenant_limits = tenant.front.rate_limits.as_ref();
@@ -761,8 +761,11 @@ async fn limit(
         || tenant_limits.is_some_and(RateLimits::waits)
     {
         // A shared store's round trip: the check waits, in a box of its own (its state would
-        // otherwise grow every request's future, moved whole).
-        Box::pin(check).await
+        // otherwise grow every request's future, moved whole). Like a limit's delay, the wait
+        // is in no phase: the next begins after it.
+        let checked = Box::pin(check).await;
+        ex.mark = Instant::now();
+        checked
     } else {
         // Counted here in memory: ready at once.
         futures_util::FutureExt::now_or_never(check).expect("memory limits never wait")

@@ -93,7 +93,9 @@ impl Durations {
         shard.sum_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
-    /// The shards summed, as the exposition's histogram with `bounds`' buckets.
+    /// The shards summed, as the exposition's histogram with `bounds`' buckets. (Read while
+    /// others observe, the sum may lack an observation the count has, or hold one it lacks;
+    /// the count is always its buckets'.)
     fn proto(&self, bounds: &[f64]) -> proto::Histogram {
         let mut counts = [0u64; BUCKETS + 1];
         let mut sum_ns = 0u128;
@@ -252,13 +254,20 @@ impl Level {
             .fetch_add(n, Ordering::Relaxed);
     }
 
-    /// The level now: the shards summed.
+    /// The level now: the shards summed. A request that enters on a shard already read and
+    /// leaves on one not yet read would make one sum low by one (and a server draining on
+    /// "nothing in flight" stop early), so the shards are summed twice and the larger sum
+    /// taken: a request moving during both passes is all it can miss, and it can count one
+    /// that has just left.
     pub fn get(&self) -> i64 {
-        self.0
-            .shards
-            .iter()
-            .map(|m| m.0.load(Ordering::Relaxed))
-            .sum()
+        let sum = || -> i64 {
+            self.0
+                .shards
+                .iter()
+                .map(|m| m.0.load(Ordering::Relaxed))
+                .sum()
+        };
+        sum().max(sum())
     }
 }
 
@@ -279,7 +288,7 @@ impl Collector for Level {
 
     fn collect(&self) -> Vec<proto::MetricFamily> {
         let mut gauge = proto::Gauge::default();
-        gauge.set_value(self.get() as f64);
+        gauge.set_value(self.get().max(0) as f64);
         let mut m = proto::Metric::default();
         m.set_gauge(gauge);
         let mut family = proto::MetricFamily::default();
@@ -318,7 +327,13 @@ mod tests {
             16_777_216_001,
             60_000_000_000,
             u64::MAX,
-        ] {
+        ]
+        .into_iter()
+        // Every bound, and a nanosecond either side of it.
+        .chain((0..BUCKETS).flat_map(|k| {
+            let bound = 1000u64 << k;
+            [bound - 1, bound, bound + 1]
+        })) {
             let seconds = ns as f64 / 1e9;
             let expected = bounds.iter().position(|b| seconds <= *b).unwrap_or(BUCKETS);
             assert_eq!(bucket(ns), expected, "{ns} ns");
@@ -391,34 +406,27 @@ mod tests {
     fn a_level_is_the_sum_of_every_threads_moves_whichever_thread_ends_one() {
         let level = Level::new("t_in_flight", "h");
         let outer = level.enter();
-        // Eight threads each enter 100 times and leave 60 of them; 40 each are left to a
-        // thread of their own to end.
-        let left: Vec<_> = (0..8)
-            .map(|_| {
-                let level = level.clone();
-                std::thread::spawn(move || {
-                    for i in 0..100 {
-                        let entered = level.enter();
-                        if i < 40 {
-                            std::mem::forget(entered);
-                        }
-                    }
-                })
-            })
-            .collect();
-        for t in left {
-            t.join().unwrap();
-        }
-        assert_eq!(level.get(), 1 + 8 * 40);
-        let ends: Vec<_> = (0..4)
-            .map(|_| {
-                let level = level.clone();
-                std::thread::spawn(move || (0..80).for_each(|_| level.add(-1)))
-            })
-            .collect();
-        for t in ends {
-            t.join().unwrap();
-        }
+        // Eight threads each enter 100 times and leave as many.
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    let entered: Vec<_> = (0..100).map(|_| level.enter()).collect();
+                    assert!(level.get() >= 101);
+                    drop(entered);
+                });
+            }
+        });
+        assert_eq!(level.get(), 1);
+        // Entered here, ended on four other threads.
+        let entered: Vec<_> = (0..320).map(|_| level.enter()).collect();
+        assert_eq!(level.get(), 321);
+        std::thread::scope(|s| {
+            let mut entered = entered.into_iter();
+            for _ in 0..4 {
+                let part: Vec<_> = entered.by_ref().take(80).collect();
+                s.spawn(move || drop(part));
+            }
+        });
         assert_eq!(level.get(), 1);
         drop(outer);
         assert_eq!(level.get(), 0);
