@@ -7,9 +7,10 @@ use std::time::Duration;
 /// `Server-Timing` metric names.
 ///
 /// The clock is read once at each boundary, and a phase begins where the one before it ended
-/// (a rate limit's delay excepted): route from the request's arrival; the cache's look, or the
-/// queue, from route's end (so with the checks and rate limits between them); instantiate
-/// from the queue's end; run from the handler's call; teardown from the run's end.
+/// (a rate limit's delay, and a shared store's round trip for it, excepted): route from the
+/// request's arrival; the cache's look, or the queue, from route's end (so with the checks and
+/// rate limits between them); instantiate from the queue's end; run from the handler's call;
+/// teardown from the run's end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     /// Host/path lookup.
