@@ -165,12 +165,17 @@ impl Exchange {
     /// next phase's start. One clock read per boundary: a phase begins where the one before it
     /// ended, so what lies between two (the checks and rate limits after `route`, say) is
     /// counted in the later one.
-    pub(super) fn lap(&mut self, phase: Phase) -> Instant {
+    pub(super) fn lap(&mut self, phase: Phase) {
         let now = Instant::now();
         self.timings
             .set(phase, now.saturating_duration_since(self.mark));
         self.mark = now;
-        now
+    }
+
+    /// It waited in no phase (for a rate limit: its delay, or its shared store's answer): the
+    /// next phase begins now.
+    pub(super) fn waited_unphased(&mut self) {
+        self.mark = Instant::now();
     }
 
     /// The request `req` is for `routed` (and so are its trace and its live log record).

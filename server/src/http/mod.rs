@@ -87,8 +87,7 @@ pub async fn handle(
         Ok(wait) if wait.is_zero() => {}
         Ok(wait) => {
             tokio::time::sleep(wait).await;
-            // A rate limit's delay is in no phase: the next begins after it.
-            ex.mark = Instant::now();
+            ex.waited_unphased();
         }
         Err(early) => return ex.early(&app, early),
     }
@@ -761,10 +760,9 @@ async fn limit(
         || tenant_limits.is_some_and(RateLimits::waits)
     {
         // A shared store's round trip: the check waits, in a box of its own (its state would
-        // otherwise grow every request's future, moved whole). Like a limit's delay, the wait
-        // is in no phase: the next begins after it.
+        // otherwise grow every request's future, moved whole).
         let checked = Box::pin(check).await;
-        ex.mark = Instant::now();
+        ex.waited_unphased();
         checked
     } else {
         // Counted here in memory: ready at once.
