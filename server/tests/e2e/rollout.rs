@@ -668,19 +668,30 @@ async fn stages_move_the_share_by_time_and_promote_at_the_end() {
         let series = format!(r#"tern_rollout_steps_total{{step="{step}",tenant="site"}}"#);
         assert_eq!(metric_value(&m, &series), 1.0, "{series}");
     }
-    // The audit log has both steps, by the rollout, with the candidate's version.
-    let (status, audit) = s
-        .admin_call(Method::GET, "/admin/v1/audit?tenant=site", "")
-        .await;
-    assert_eq!(status, StatusCode::OK, "{audit}");
-    let steps: Vec<&str> = (audit["records"].as_array().unwrap().iter())
-        .filter(|r| r["who"] == "rollout")
-        .map(|r| {
-            assert!(r["version"].as_str().unwrap().starts_with(&cand), "{r}");
-            r["step"].as_str().unwrap()
-        })
-        .collect();
-    assert_eq!(steps, ["advance", "promote"], "{audit}");
+    // The audit log has both steps, by the rollout, with the candidate's version. (A step is
+    // recorded after it took effect, and the log's lines reach its file through a writer
+    // thread: the promote's record may follow the promotion by a moment, so it is awaited,
+    // within 5 s.)
+    let asked = std::time::Instant::now();
+    loop {
+        let (status, audit) = s
+            .admin_call(Method::GET, "/admin/v1/audit?tenant=site", "")
+            .await;
+        assert_eq!(status, StatusCode::OK, "{audit}");
+        let steps: Vec<&str> = (audit["records"].as_array().unwrap().iter())
+            .filter(|r| r["who"] == "rollout")
+            .map(|r| {
+                assert!(r["version"].as_str().unwrap().starts_with(&cand), "{r}");
+                r["step"].as_str().unwrap()
+            })
+            .collect();
+        if steps == ["advance"] && asked.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        assert_eq!(steps, ["advance", "promote"], "{audit}");
+        break;
+    }
     let (_, t) = s
         .admin_call(Method::GET, "/admin/v1/tenants/site", "")
         .await;
