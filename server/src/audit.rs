@@ -12,7 +12,9 @@
 //! variable's or secret's value is in a body, which is not logged.
 //!
 //! The API hands each line to a thread of its own through a bounded queue and never waits: a
-//! full queue (a stuck disk) drops the line and counts it (`tern_audit_dropped_total`).
+//! full queue (a stuck disk) drops the line and counts it (`tern_audit_dropped_total`). A read
+//! of this server's log sees every line recorded before it: it waits (at most [`CATCH_UP`]) for
+//! the writer to have written as many lines as were handed to it.
 //!
 //! In a fleet each line also names its replica and goes to the shared registry: a replica
 //! keeps the lines it has not shipped yet (at most [`PENDING_MAX_BYTES`]) and writes them every
@@ -24,7 +26,8 @@
 use std::collections::VecDeque;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, mpsc};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -103,10 +106,16 @@ pub struct Record<'a> {
     pub step: Option<&'a str>,
 }
 
+/// How long a read of this server's log waits for the writer to write the lines recorded
+/// before it (a stuck disk: the read then answers with what the file holds).
+const CATCH_UP: Duration = Duration::from_secs(2);
+
 /// Where audited requests go.
 #[derive(Debug)]
 pub struct AuditLog {
     lines: mpsc::SyncSender<Vec<u8>>,
+    /// The lines handed to the writer, and how many it has written.
+    progress: Arc<Progress>,
     dropped: prometheus::IntCounter,
     path: PathBuf,
     /// In a fleet: this replica's name, and the lines not in the registry yet.
@@ -117,6 +126,35 @@ pub struct AuditLog {
 struct Shipping {
     replica: String,
     pending: Mutex<Pending>,
+}
+
+/// The lines handed to the writer thread, and the lines it has written (or failed to: the
+/// disk's error is logged) — what a read waits for.
+#[derive(Debug, Default)]
+struct Progress {
+    sent: AtomicU64,
+    written: Mutex<u64>,
+    wrote: Condvar,
+}
+
+impl Progress {
+    /// Waits (at most `limit`) until the writer has written the lines handed to it so far;
+    /// whether it has.
+    fn catch_up(&self, limit: Duration) -> bool {
+        let sent = self.sent.load(Ordering::Acquire);
+        let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let (written, _) = self
+            .wrote
+            .wait_timeout_while(written, limit, |w| *w < sent)
+            .unwrap_or_else(|e| e.into_inner());
+        *written >= sent
+    }
+
+    /// One more line written.
+    fn wrote_one(&self) {
+        *self.written.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.wrote.notify_all();
+    }
 }
 
 /// Lines not in the registry yet, oldest first.
@@ -174,11 +212,14 @@ impl AuditLog {
         let file = append(&path)?;
         let (lines, queue) = mpsc::sync_channel::<Vec<u8>>(QUEUE);
         let writing = path.clone();
+        let progress = Arc::new(Progress::default());
+        let writer = progress.clone();
         std::thread::Builder::new()
             .name("tern-audit".into())
-            .spawn(move || write_lines(&writing, file, &queue))?;
+            .spawn(move || write_lines(&writing, file, &queue, &writer))?;
         Ok(Self {
             lines,
+            progress,
             dropped,
             path,
             shipping: replica.map(|replica| Shipping {
@@ -188,7 +229,7 @@ impl AuditLog {
         })
     }
 
-    /// Appends `record` (never waits).
+    /// Appends `record` (never waits; a read made after this returns sees it).
     pub fn record<'a>(&'a self, mut record: Record<'a>) {
         if let Some(s) = &self.shipping {
             record.replica = Some(&s.replica);
@@ -207,7 +248,9 @@ impl AuditLog {
                 self.dropped.inc();
             }
         }
-        if self.lines.try_send(line).is_err() {
+        if self.lines.try_send(line).is_ok() {
+            self.progress.sent.fetch_add(1, Ordering::Release);
+        } else {
             self.dropped.inc();
         }
     }
@@ -298,10 +341,18 @@ impl AuditLog {
                 (records, "registry", truncated)
             }
             _ => {
-                let (path, q) = (self.path.clone(), q.clone());
-                let records = tokio::task::spawn_blocking(move || read_files(&path, &q))
-                    .await
-                    .unwrap_or_default();
+                let (path, q, progress) = (self.path.clone(), q.clone(), self.progress.clone());
+                let records = tokio::task::spawn_blocking(move || {
+                    if !progress.catch_up(CATCH_UP) {
+                        tracing::warn!(
+                            "the audit log's writer is behind (a slow disk?): read without its \
+                             latest lines"
+                        );
+                    }
+                    read_files(&path, &q)
+                })
+                .await
+                .unwrap_or_default();
                 (records, "data-dir", false)
             }
         };
@@ -424,7 +475,12 @@ fn append(path: &Path) -> std::io::Result<std::fs::File> {
 }
 
 /// The writer thread: each line written as it comes; the file rotated past [`ROTATE_AT`].
-fn write_lines(path: &PathBuf, mut file: std::fs::File, queue: &mpsc::Receiver<Vec<u8>>) {
+fn write_lines(
+    path: &PathBuf,
+    mut file: std::fs::File,
+    queue: &mpsc::Receiver<Vec<u8>>,
+    progress: &Progress,
+) {
     let mut size = file.metadata().map_or(0, |m| m.len());
     while let Ok(line) = queue.recv() {
         if size + line.len() as u64 > ROTATE_AT && size > 0 {
@@ -442,13 +498,13 @@ fn write_lines(path: &PathBuf, mut file: std::fs::File, queue: &mpsc::Receiver<V
             Ok(()) => size += line.len() as u64,
             Err(e) => tracing::error!("cannot write {}: {e}", path.display()),
         }
+        progress.wrote_one();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     fn record(log: &AuditLog, tenant: &str, time_ms: u64) {
         log.record(Record {
@@ -470,6 +526,38 @@ mod tests {
             fields: &[],
             step: None,
         });
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_sees_every_line_recorded_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let dropped = prometheus::IntCounter::new("d", "d").unwrap();
+        let log = AuditLog::open(dir.path(), dropped.clone(), None).unwrap();
+        let all = Query {
+            limit: MAX_READ,
+            ..Query::default()
+        };
+        // Rounds of lines read right after they are handed over: the writer thread has not
+        // written the last of them yet unless the read waits for it.
+        let mut recorded = 0;
+        for round in 1..=20u64 {
+            for i in 0..round * 10 {
+                record(&log, "t", round * 1_000_000 + i);
+                recorded += 1;
+            }
+            let found = log.read(None, &all).await.unwrap();
+            assert_eq!(found.source, "data-dir");
+            assert_eq!(
+                found.records.len(),
+                recorded.min(MAX_READ),
+                "round {round}: every line recorded before the read"
+            );
+            assert_eq!(
+                found.records.last().unwrap()["time_ms"].as_u64(),
+                Some(round * 1_000_000 + round * 10 - 1)
+            );
+        }
+        assert_eq!(dropped.get(), 0);
     }
 
     #[test]

@@ -622,29 +622,31 @@ fn background(
     let (a, s) = (app.clone(), shutdown.clone());
     tasks.push(tokio::spawn(async move {
         while s.sleep(ROLLOUTS_TENDED_EVERY).await {
-            for taken in a.registry.tend_rollouts().await {
-                let time_ms = crate::audit::now_ms();
-                let path = format!("/admin/v1/tenants/{}", taken.tenant);
-                a.audit.record(crate::audit::Record {
-                    time: time_ms / 1000,
-                    time_ms,
-                    replica: None,
-                    request_id: "-",
-                    who: "rollout",
-                    token: None,
-                    token_name: None,
-                    client: std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-                    method: "-",
-                    path: &path,
-                    tenant: Some(&taken.tenant),
-                    status: 200,
-                    outcome: "done",
-                    version: Some(&taken.version),
-                    token_made: None,
-                    fields: &[],
-                    step: Some(taken.step),
-                });
-            }
+            a.registry
+                .tend_rollouts(|taken| {
+                    let time_ms = crate::audit::now_ms();
+                    let path = format!("/admin/v1/tenants/{}", taken.tenant);
+                    a.audit.record(crate::audit::Record {
+                        time: time_ms / 1000,
+                        time_ms,
+                        replica: None,
+                        request_id: "-",
+                        who: "rollout",
+                        token: None,
+                        token_name: None,
+                        client: std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+                        method: "-",
+                        path: &path,
+                        tenant: Some(&taken.tenant),
+                        status: 200,
+                        outcome: "done",
+                        version: Some(&taken.version),
+                        token_made: None,
+                        fields: &[],
+                        step: Some(taken.step),
+                    });
+                })
+                .await;
         }
     }));
     // Tenants' schedules.

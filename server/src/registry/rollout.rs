@@ -294,10 +294,10 @@ impl Registry {
 
     /// One round of every serving candidate's rollout: aborted if its abort rule says so,
     /// else moved to its next stage (or promoted after its last timed one) when that is due.
-    /// A step another replica took first is refused here (`409`) and left alone. The steps
-    /// this replica took, for the audit log.
-    pub async fn tend_rollouts(&self) -> Vec<Taken> {
-        let mut taken_here = Vec::new();
+    /// A step another replica took first is refused here (`409`) and left alone. Each step
+    /// this replica took is handed to `taken` (the audit log) as soon as it serves, before the
+    /// round goes on to the next candidate and before it is counted.
+    pub async fn tend_rollouts(&self, taken_here: impl Fn(Taken)) {
         let live = self.live.load_full();
         for (name, c) in &live.candidates {
             let verdict = match (&c.plan.aborted, &c.plan.abort) {
@@ -316,14 +316,14 @@ impl Registry {
             };
             match step {
                 Ok(true) => {
-                    (self.loader.metrics.rollout_steps)
-                        .with_label_values(&[&c.tenant.label, taken])
-                        .inc();
-                    taken_here.push(Taken {
+                    taken_here(Taken {
                         tenant: name.clone(),
                         step: taken,
                         version: c.tenant.version_label.to_string(),
                     });
+                    (self.loader.metrics.rollout_steps)
+                        .with_label_values(&[&c.tenant.label, taken])
+                        .inc();
                 }
                 Ok(false) => {}
                 Err(ChangeError::Conflict(why) | ChangeError::PreconditionFailed(why)) => {
@@ -332,7 +332,6 @@ impl Registry {
                 Err(e) => tracing::warn!(tenant = %name, "rollout step failed (tried again): {e}"),
             }
         }
-        taken_here
     }
 
     /// Takes `step` of the rollout of `name` if its stored candidate is still the version and
