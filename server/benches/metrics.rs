@@ -4,6 +4,11 @@
 //! `prometheus::Histogram`s (what the server used before its histograms were kept per thread:
 //! every core then wrote the same cache lines).
 //!
+//! `request_counters`: the counters a cache hit adds one to (its tenant's responses by status
+//! class for `tern_requests_total` and for the admin API, the cache's `hit`, the live log's
+//! `kept`), as `tern::metrics::Counter`s (per thread) against `prometheus::IntCounter`s (what
+//! the server used before).
+//!
 //! Run: `cargo bench -p tern --bench metrics`. `threads/2` is the wall time of two threads
 //! each recording one request, per request pair: with no shared line it stays near
 //! `threads/1`.
@@ -96,5 +101,32 @@ fn histograms(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, histograms);
+fn counters(c: &mut Criterion) {
+    let ours: Vec<tern::metrics::Counter> = (0..4).map(|_| tern::metrics::Counter::new()).collect();
+    let ours: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        for counter in black_box(&ours) {
+            counter.inc();
+        }
+    });
+    let reference: Vec<prometheus::IntCounter> = (0..4)
+        .map(|i| prometheus::IntCounter::new(format!("bench_{i}_total"), "c").expect("valid"))
+        .collect();
+    let reference: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        for counter in black_box(&reference) {
+            counter.inc();
+        }
+    });
+    for (name, record) in [("per_thread", ours), ("prometheus", reference)] {
+        let mut group = c.benchmark_group(format!("request_counters/{name}"));
+        for threads in [1, 2] {
+            let record = record.clone();
+            group.bench_function(format!("threads/{threads}"), |b| {
+                b.iter_custom(|iters| together(threads, iters, record.clone()));
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, histograms, counters);
 criterion_main!(benches);

@@ -160,6 +160,7 @@ pub mod cli;
 pub mod compress;
 pub mod config;
 pub mod context;
+pub mod counter;
 pub mod datadir;
 pub mod decimal;
 pub mod demo;

@@ -3,19 +3,19 @@
 
 use std::sync::Arc;
 
-use prometheus::IntCounter;
+use crate::metrics::Counter;
 
 /// How the requests of one space of a tenant's cache ended: its front's
 /// (`tern_cache_requests_total`), one backend's (`tern_outbound_cache_requests_total`) or its
 /// guests' own entries' (`tern_guest_cache_requests_total`).
 #[derive(Debug)]
 pub struct Counts {
-    pub(super) hit: IntCounter,
-    pub(super) collapsed: IntCounter,
-    pub(super) stale: IntCounter,
-    pub(super) revalidated: IntCounter,
-    pub(super) miss: IntCounter,
-    pub(super) bypass: IntCounter,
+    pub(super) hit: Counter,
+    pub(super) collapsed: Counter,
+    pub(super) stale: Counter,
+    pub(super) revalidated: Counter,
+    pub(super) miss: Counter,
+    pub(super) bypass: Counter,
 }
 
 impl Counts {
@@ -25,7 +25,7 @@ impl Counts {
     }
 
     /// The counters of each result, from `result(name)`.
-    pub fn new(result: impl Fn(&str) -> IntCounter) -> Self {
+    pub fn new(result: impl Fn(&str) -> Counter) -> Self {
         Self {
             hit: result("hit"),
             collapsed: result("collapsed"),

@@ -41,8 +41,8 @@ impl Default for Settings {
 /// The metrics every ring counts into.
 #[derive(Clone)]
 pub struct Counts {
-    kept: prometheus::IntCounter,
-    sampled_out: prometheus::IntCounter,
+    kept: crate::metrics::Counter,
+    sampled_out: crate::metrics::Counter,
     tailers: prometheus::IntGauge,
     dropped: prometheus::IntCounter,
 }

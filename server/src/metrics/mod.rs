@@ -10,7 +10,7 @@ mod phases;
 use std::time::Duration;
 
 pub use openmetrics::{CONTENT_TYPE as OPENMETRICS_CONTENT_TYPE, Exemplars};
-pub use per_thread::{Entered, Level};
+pub use per_thread::{Counter, Counters, Entered, Level};
 pub use phases::{PHASES, Phase, Timings};
 
 use prometheus::core::Collector;
@@ -49,6 +49,10 @@ impl Registrar {
 
     fn counters(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
         self.register(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn thread_counters(&self, name: &str, help: &str, labels: &[&str]) -> Counters {
+        self.register(Counters::new(name, help, labels))
     }
 
     fn histogram(&self, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
@@ -99,7 +103,7 @@ fn version_index(version: http::Version) -> usize {
 }
 
 /// One tenant's counters of one trigger: by deployment, HTTP version and status class.
-type ByVersionClass = [[[std::sync::OnceLock<IntCounter>; 5]; 4]; 2];
+type ByVersionClass = [[[std::sync::OnceLock<Counter>; 5]; 4]; 2];
 
 /// Request counters of one tenant, by trigger (a client's request or a schedule), deployment
 /// (its current version or its candidate), HTTP version and status class: each resolved the
@@ -107,7 +111,7 @@ type ByVersionClass = [[[std::sync::OnceLock<IntCounter>; 5]; 4]; 2];
 /// atomic load and an increment.
 #[derive(Debug, Clone)]
 pub struct TenantMetrics {
-    requests: IntCounterVec,
+    requests: Counters,
     label: std::sync::Arc<str>,
     by_version_class: std::sync::Arc<[ByVersionClass; 2]>,
 }
@@ -179,11 +183,12 @@ macro_rules! named_metrics {
     (@type gauges) => { IntGaugeVec };
     (@type counter) => { IntCounter };
     (@type counters) => { IntCounterVec };
+    (@type thread_counters) => { Counters };
     (@type histogram) => { Histogram };
 }
 
 named_metrics! {
-    requests: counters(
+    requests: thread_counters(
         "tern_requests_total",
         "Responses sent, by tenant, status class, HTTP version (1.0, 1.1, 2, 3), \
          deployment (current: the tenant's version; candidate: its new version in a gradual \
@@ -191,7 +196,7 @@ named_metrics! {
          schedule, [[tenant.schedule]]).",
         &["tenant", "status", "version", "deployment", "trigger"],
     );
-    outcomes: counters(
+    outcomes: thread_counters(
         "tern_guest_outcomes_total",
         "Guest runs by tenant and outcome (ok, trap kinds, timeout, exit, overload, ...).",
         &["tenant", "outcome"],
@@ -349,7 +354,7 @@ named_metrics! {
         "tern_guest_log_lines_dropped_total",
         "Guest stdout/stderr log lines dropped because a tenant exceeded its log budget.",
     );
-    pub live_log_records: counters(
+    pub live_log_records: thread_counters(
         "tern_live_log_records_total",
         "Requests as live log records (tern logs): kept in their tenant's ring, or left out by \
          its sampling past server.live_logs.records_per_second.",
@@ -423,7 +428,7 @@ named_metrics! {
          tracing.timeout_ms).",
         &["reason"],
     );
-    pub cache_requests: counters(
+    pub cache_requests: thread_counters(
         "tern_cache_requests_total",
         "Requests of tenants with a cache ([tenant.cache]), by result: hit (answered from \
          the cache, no guest ran), collapsed (waited for another request filling the same \
@@ -431,7 +436,7 @@ named_metrics! {
          have been stored), bypass (a method the cache does not answer).",
         &["tenant", "result"],
     );
-    pub outbound_cache_requests: counters(
+    pub outbound_cache_requests: thread_counters(
         "tern_outbound_cache_requests_total",
         "Guests' requests to backends whose answers are cached (outbound.backends.NAME.cache), \
          by tenant, backend and result: hit (answered from the tenant's cache, the backend \
@@ -440,7 +445,7 @@ named_metrics! {
          (not a GET or HEAD, or Tern-Cache: pass).",
         &["tenant", "backend", "result"],
     );
-    pub guest_cache_requests: counters(
+    pub guest_cache_requests: thread_counters(
         "tern_guest_cache_requests_total",
         "Guests' lookups of their own entries in their tenant's cache (the cache API), by \
          tenant and result: hit (found fresh), collapsed (waited for another request \
@@ -666,7 +671,7 @@ impl Metrics {
         }
     }
 
-    fn tenant_counters(requests: &IntCounterVec, label: &str) -> TenantMetrics {
+    fn tenant_counters(requests: &Counters, label: &str) -> TenantMetrics {
         TenantMetrics {
             requests: requests.clone(),
             label: label.into(),
@@ -701,7 +706,7 @@ impl Metrics {
     }
 
     /// The outcome counter of a tenant (resolved once per tenant and outcome by the caller).
-    pub fn outcome(&self, label: &str, outcome: &str) -> IntCounter {
+    pub fn outcome(&self, label: &str, outcome: &str) -> Counter {
         self.outcomes.with_label_values(&[label, outcome])
     }
 

@@ -1,6 +1,8 @@
 //! The metrics every request writes, counted per thread: the latency histograms
-//! (`tern_request_duration_seconds`, `tern_request_phase_duration_seconds`) and the requests in
-//! flight (`tern_requests_in_flight`).
+//! (`tern_request_duration_seconds`, `tern_request_phase_duration_seconds`), the requests in
+//! flight (`tern_requests_in_flight`), and the counters a request adds one to ([`Counters`]:
+//! `tern_requests_total`, `tern_guest_outcomes_total`, `tern_cache_requests_total`,
+//! `tern_live_log_records_total`; a tenant's responses by status class for the admin API).
 //!
 //! A `prometheus::Histogram` keeps one count, one sum and one set of buckets for every thread:
 //! each observation is four atomic writes to lines all workers share (one of them a
@@ -13,21 +15,27 @@
 //!
 //! The buckets are [`bounds`], 1 µs × 2^k for k = 0..24, and a duration's is found by its
 //! bits, not by comparing it with each bound.
+//!
+//! A counter family's series are [`Counter`]s (`crate::counter`): a slot in each thread's
+//! shard of one arena.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::collections::HashMap;
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto;
 
+pub use crate::counter::Counter;
+
 /// Finite buckets: upper bounds 1 µs × 2^k, k = 0..24 (`prometheus::exponential_buckets(1e-6,
 /// 2.0, 25)`); one more counts what lies above them (`+Inf`).
 pub const BUCKETS: usize = 25;
 
-/// Shards of each histogram. Threads past this many share shards (still exact: the additions
-/// are atomic); the workers of a machine with up to this many cores never do.
-const SHARDS: usize = 64;
+/// Shards of each histogram: one per thread up to this many ([`crate::counter::SHARDS`]).
+const SHARDS: usize = crate::counter::SHARDS;
 
 /// The buckets' upper bounds in seconds, as the exposition gives them (every latency histogram
 /// of the server has these).
@@ -44,15 +52,6 @@ fn bucket(ns: u64) -> usize {
     }
     // The least k with 2^k >= micros.
     ((u64::BITS - (micros - 1).leading_zeros()) as usize).min(BUCKETS)
-}
-
-/// The shard the calling thread adds to.
-fn shard_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
-    }
-    SHARD.with(|s| *s)
 }
 
 /// One thread's part of a histogram, on cache lines of its own.
@@ -88,7 +87,7 @@ impl Durations {
     /// Counts `d`.
     pub fn observe(&self, d: Duration) {
         let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        let shard = &self.shards[shard_index()];
+        let shard = &self.shards[crate::counter::shard_index()];
         shard.counts[bucket(ns)].fetch_add(1, Ordering::Relaxed);
         shard.sum_ns.fetch_add(ns, Ordering::Relaxed);
     }
@@ -249,7 +248,7 @@ impl Level {
     }
 
     fn add(&self, n: i64) {
-        self.0.shards[shard_index()]
+        self.0.shards[crate::counter::shard_index()]
             .0
             .fetch_add(n, Ordering::Relaxed);
     }
@@ -296,6 +295,100 @@ impl Collector for Level {
         family.set_help(self.0.desc.help.clone());
         family.set_field_type(proto::MetricType::GAUGE);
         family.set_metric(vec![m]);
+        vec![family]
+    }
+}
+
+/// A labelled family of [`Counter`]s (as `prometheus::IntCounterVec`, counted per thread); a
+/// series is made when its label values are first asked for. A clone is a handle to the
+/// same.
+#[derive(Clone)]
+pub struct Counters(Arc<CountersInner>);
+
+struct CountersInner {
+    desc: Desc,
+    series: Mutex<HashMap<Box<[Box<str>]>, Counter>>,
+}
+
+impl std::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Counters")
+            .field(&self.0.desc.fq_name)
+            .finish()
+    }
+}
+
+impl Counters {
+    /// `name` with `help` and `labels`.
+    ///
+    /// # Panics
+    /// If `name`, `help` or `labels` is not a valid metric description (a programming error).
+    pub fn new(name: &str, help: &str, labels: &[&str]) -> Self {
+        let desc = Desc::new(
+            name.into(),
+            help.into(),
+            labels.iter().map(|l| (*l).to_string()).collect(),
+            Default::default(),
+        )
+        .expect("valid metric");
+        Self(Arc::new(CountersInner {
+            desc,
+            series: Mutex::default(),
+        }))
+    }
+
+    /// The counter of `values` (one for each label, in order), made if it is new. Resolved
+    /// once by its user, not per request (it takes a lock).
+    ///
+    /// # Panics
+    /// If `values` has not one value per label (a programming error).
+    pub fn with_label_values(&self, values: &[&str]) -> Counter {
+        assert_eq!(
+            values.len(),
+            self.0.desc.variable_labels.len(),
+            "{}: one value per label",
+            self.0.desc.fq_name
+        );
+        let key: Box<[Box<str>]> = values.iter().map(|v| (*v).into()).collect();
+        let mut series = self.0.series.lock().unwrap_or_else(|e| e.into_inner());
+        series.entry(key).or_default().clone()
+    }
+}
+
+impl Collector for Counters {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.0.desc]
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        let this = &self.0;
+        let series = this.series.lock().unwrap_or_else(|e| e.into_inner());
+        let metrics = series
+            .iter()
+            .map(|(values, counter)| {
+                let mut pairs: Vec<proto::LabelPair> = (this.desc.variable_labels.iter())
+                    .zip(values.iter())
+                    .map(|(name, value)| {
+                        let mut pair = proto::LabelPair::default();
+                        pair.set_name(name.clone());
+                        pair.set_value(value.to_string());
+                        pair
+                    })
+                    .collect();
+                pairs.sort_by(|a, b| a.name().cmp(b.name()));
+                let mut c = proto::Counter::default();
+                c.set_value(counter.get() as f64);
+                let mut m = proto::Metric::from_label(pairs);
+                m.set_counter(c);
+                m
+            })
+            .collect();
+        drop(series);
+        let mut family = proto::MetricFamily::default();
+        family.set_name(this.desc.fq_name.clone());
+        family.set_help(this.desc.help.clone());
+        family.set_field_type(proto::MetricType::COUNTER);
+        family.set_metric(metrics);
         vec![family]
     }
 }
@@ -400,6 +493,55 @@ mod tests {
         for (a, b) in sums(&ours).into_iter().zip(sums(&reference)) {
             assert!((a - b).abs() < 1e-9 * b.max(1.0), "{a} against {b}");
         }
+    }
+
+    #[test]
+    fn counters_from_many_threads_sum_to_what_prometheus_would_expose() {
+        // The same counts into a family of per-thread counters and into prometheus's own, from
+        // eight threads (each series asked for by every thread: one counter a series).
+        let ours = Counters::new("t_total", "c", &["tenant", "status"]);
+        let reference = prometheus::IntCounterVec::new(
+            prometheus::Opts::new("t_total", "c"),
+            &["tenant", "status"],
+        )
+        .unwrap();
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (ours, reference) = (ours.clone(), reference.clone());
+                std::thread::spawn(move || {
+                    for i in 0..1000u64 {
+                        let tenant = ["a", "b", "c"][((t + i) % 3) as usize];
+                        let status = ["2xx", "5xx"][usize::from(i % 7 == 0)];
+                        ours.with_label_values(&[tenant, status]).inc_by(i % 4);
+                        reference.with_label_values(&[tenant, status]).inc_by(i % 4);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(
+            ours.with_label_values(&["a", "2xx"]).get(),
+            reference.with_label_values(&["a", "2xx"]).get()
+        );
+        let text = |c: Box<dyn Collector>| {
+            let r = prometheus::Registry::new();
+            r.register(c).unwrap();
+            let mut out = Vec::new();
+            prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &r.gather(), &mut out)
+                .unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let (ours, reference) = (text(Box::new(ours)), text(Box::new(reference)));
+        assert_eq!(ours, reference);
+        assert!(
+            ours.contains("t_total{status=\"5xx\",tenant=\"b\"} "),
+            "{ours}"
+        );
+        // A family nobody counted in yet is left out, as prometheus's own is.
+        let empty = Counters::new("u_total", "c", &["tenant"]);
+        assert_eq!(text(Box::new(empty)), "");
     }
 
     #[test]

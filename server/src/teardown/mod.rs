@@ -81,8 +81,9 @@ pub struct MemorySweep {
     sweep: Sweep,
     /// Sweeps in a row that found nothing to join (saturating at [`QUIET_AFTER`]).
     quiet: AtomicU32,
-    /// Requests since the tenant went quiet.
-    skipped: AtomicU32,
+    /// Requests since the tenant went quiet, counted per thread (each thread sweeps one of its
+    /// own requests in [`RECHECK_EVERY`]: every request wrote one count all cores shared).
+    skipped: crate::counter::Counter,
 }
 
 impl MemorySweep {
@@ -92,7 +93,7 @@ impl MemorySweep {
         Some(Self {
             sweep: Sweep::new(keep_resident)?,
             quiet: AtomicU32::new(0),
-            skipped: AtomicU32::new(0),
+            skipped: crate::counter::Counter::new(),
         })
     }
 
@@ -101,7 +102,8 @@ impl MemorySweep {
     pub fn due(&self) -> bool {
         SWAP_ACTIVE.load(Ordering::Relaxed)
             || self.quiet.load(Ordering::Relaxed) < QUIET_AFTER
-            || rechecked(self.skipped.fetch_add(1, Ordering::Relaxed))
+            // (Its low 32 bits: the spread holds for any run of them.)
+            || rechecked(self.skipped.inc_here() as u32)
     }
 
     /// Sweeps the `len` bytes of guest memory at `start` (see [`Sweep::run`]), a sweep found

@@ -122,20 +122,20 @@ pub enum Origin {
     },
 }
 
-/// Responses by status class (1xx..5xx), kept across a tenant's versions for the admin API.
+/// Responses by status class (1xx..5xx), kept across a tenant's versions for the admin API
+/// (counted per thread: every request of the tenant counts one).
 #[derive(Debug, Default)]
-pub struct Served([std::sync::atomic::AtomicU64; 5]);
+pub struct Served([crate::metrics::Counter; 5]);
 
 impl Served {
     /// Counts one response.
     pub fn count(&self, status: u16) {
-        self.0[crate::metrics::status_class(status)]
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0[crate::metrics::status_class(status)].inc();
     }
 
     /// The counts, 1xx to 5xx.
     pub fn get(&self) -> [u64; 5] {
-        std::array::from_fn(|i| self.0[i].load(std::sync::atomic::Ordering::Relaxed))
+        std::array::from_fn(|i| self.0[i].get())
     }
 }
 
@@ -167,7 +167,7 @@ pub struct Tenant {
     /// Request counters by status class.
     pub requests: TenantMetrics,
     /// Outcome counters, indexed by [`Outcome`].
-    pub outcomes: Vec<IntCounter>,
+    pub outcomes: Vec<crate::metrics::Counter>,
     /// Streamed responses that did not reach their end.
     pub undelivered: Undelivered,
     /// Permits for this tenant's concurrent requests (`limits.max_concurrency`).
