@@ -66,8 +66,12 @@ pub struct Tail {
     ring: Mutex<Ring>,
     /// Tailers attached now.
     tailers: AtomicUsize,
-    /// The sampling window: its second (high 32 bits) and the records counted in it.
+    /// The sampling window's second.
     window: AtomicU64,
+    /// Records seen (sampled in or out), counted per thread.
+    seen: crate::counter::Counter,
+    /// `seen` when the window's second began.
+    window_began: AtomicU64,
     /// One record kept in this many (from the last window's rate; 1: every one).
     step: AtomicU64,
     counts: Counts,
@@ -89,6 +93,8 @@ impl Tail {
             ring: Mutex::new(Ring::default()),
             tailers: AtomicUsize::new(0),
             window: AtomicU64::new(0),
+            seen: crate::counter::Counter::new(),
+            window_began: AtomicU64::new(0),
             step: AtomicU64::new(1),
             counts,
         }
@@ -106,31 +112,33 @@ impl Tail {
         if per == 0 {
             return Some(1);
         }
-        let stamp = second << 32;
+        // This thread's count of the tenant's records: a thread keeps one in `step` of its
+        // own (every request's count on one line all cores wrote, before).
+        let counted = self.seen.inc_here();
         let now = self.window.load(Ordering::Relaxed);
-        let counted = if now & !0xffff_ffff == stamp {
-            self.window.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff
-        } else {
-            // A new second: the last one's count sets the rate for this one (a quiet second
-            // in between resets it).
-            if self
+        if second > now
+            && self
                 .window
-                .compare_exchange(now, stamp | 1, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(now, second, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
-            {
-                let last = if now >> 32 == second.wrapping_sub(1) {
-                    now & 0xffff_ffff
-                } else {
-                    0
-                };
-                self.step
-                    .store(last.div_ceil(per).max(1), Ordering::Relaxed);
+        {
+            // A new second: the last one's count sets the rate for this one (a quiet second
+            // in between resets it). (Counted while other threads count: near enough.)
+            let seen = self.seen.get();
+            let began = self.window_began.swap(seen, Ordering::Relaxed);
+            let last = if now == second - 1 {
+                seen.saturating_sub(began)
+            } else {
+                0
+            };
+            let step = last.div_ceil(per).max(1);
+            if self.step.load(Ordering::Relaxed) != step {
+                self.step.store(step, Ordering::Relaxed);
             }
-            0
-        };
+        }
         let step = self.step.load(Ordering::Relaxed).max(1);
         let rate = u32::try_from(step).unwrap_or(u32::MAX);
-        if failed || step == 1 || counted % step == 0 {
+        if failed || step == 1 || counted.is_multiple_of(step) {
             self.counts.kept.inc();
             Some(if failed { 1 } else { rate })
         } else {

@@ -153,6 +153,37 @@ fn past_the_rate_successes_are_sampled_and_say_so_and_failures_are_all_kept() {
 }
 
 #[test]
+fn records_from_many_threads_are_sampled_to_the_rate_together() {
+    // Each thread keeps one in `step` of its own records: together, about the rate.
+    let t = tail(100_000, 1 << 30, 100);
+    let push = |ms: u64| {
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        t.push(record("/ok", 200, ms, b""));
+                    }
+                });
+            }
+        });
+    };
+    push(10_000);
+    let mut cursor = 0;
+    assert_eq!(
+        read_all(&t, &mut cursor).1.len(),
+        4000,
+        "the first second: all"
+    );
+    push(11_000);
+    let mut into = Vec::new();
+    t.read(&mut cursor, usize::MAX, &mut into);
+    // 4000 a second at 100 a second: one in 40, and each of the four threads may keep one
+    // more for its first record of the second.
+    assert!((98..=104).contains(&into.len()), "{}", into.len());
+    assert!(into.iter().all(|r| r.sample == 40), "each says its rate");
+}
+
+#[test]
 fn output_becomes_lines_escaped_by_json_whatever_the_guest_wrote() {
     assert_eq!(lines(b""), Vec::<String>::new());
     assert_eq!(lines(b"a\n"), vec!["a"]);
