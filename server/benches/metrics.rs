@@ -9,6 +9,11 @@
 //! `kept`), as `tern::metrics::Counter`s (per thread) against `prometheus::IntCounter`s (what
 //! the server used before).
 //!
+//! `cache_get`: a hit's look in the store a tenant's cache keeps its answers in
+//! (`moka::sync::Cache`, as `cache::store` builds it: keyed by the key's hash, weighed), of one
+//! key by one thread and by two at once: what a hit shares with the other cores beyond the
+//! metrics (moka records every read in a channel all threads write).
+//!
 //! Run: `cargo bench -p tern --bench metrics`. `threads/2` is the wall time of two threads
 //! each recording one request, per request pair: with no shared line it stays near
 //! `threads/1`.
@@ -128,5 +133,26 @@ fn counters(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, histograms, counters);
+fn cache_get(c: &mut Criterion) {
+    let store: moka::sync::Cache<u64, Arc<Vec<u8>>> = moka::sync::Cache::builder()
+        .max_capacity(64 * 1024 * 1024)
+        .weigher(|_, v: &Arc<Vec<u8>>| u32::try_from(v.len()).unwrap_or(u32::MAX))
+        .build();
+    for key in 0..1000u64 {
+        store.insert(key, Arc::new(vec![0; 1000]));
+    }
+    let get: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        black_box(store.get(black_box(&7)));
+    });
+    let mut group = c.benchmark_group("cache_get/moka");
+    for threads in [1, 2] {
+        let get = get.clone();
+        group.bench_function(format!("threads/{threads}"), |b| {
+            b.iter_custom(|iters| together(threads, iters, get.clone()));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, histograms, counters, cache_get);
 criterion_main!(benches);

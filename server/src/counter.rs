@@ -15,14 +15,40 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// additions are atomic); the workers of a machine with up to this many cores never do.
 pub const SHARDS: usize = 64;
 
-/// The shard the calling thread adds to.
+/// The shard the calling thread adds to: the first of those no running thread has, taken
+/// when the thread first counts and given back when it ends (so threads that come and go, as
+/// a blocking pool's, do not pile onto the workers' shards).
 #[inline]
 pub fn shard_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        static SHARD: ShardTaken = ShardTaken::take();
     }
-    SHARD.with(|s| *s)
+    // (While the thread ends, after its shard was given back: the first shard.)
+    SHARD.try_with(|s| s.0).unwrap_or(0)
+}
+
+/// Shards given back by threads that ended.
+static SHARDS_FREE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// A thread's shard, given back when the thread ends.
+struct ShardTaken(usize);
+
+impl ShardTaken {
+    fn take() -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let free = SHARDS_FREE.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        // Past SHARDS running threads, shards are shared (still exact: additions are atomic).
+        Self(free.unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS))
+    }
+}
+
+impl Drop for ShardTaken {
+    fn drop(&mut self) {
+        SHARDS_FREE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.0);
+    }
 }
 
 /// Counters in one chunk of the [`Arena`] (32 KB a shard).
@@ -32,6 +58,10 @@ const CHUNK: usize = 4096;
 /// ~30, at most ~120; tenants' labels are capped: `server.max_tenant_labels`, 1,000 by
 /// default).
 const CHUNKS: usize = 64;
+
+/// The last index: shared by the counters made past the others (see [`Arena::take`]).
+#[allow(clippy::cast_possible_truncation)]
+const OVERFLOW: u32 = (CHUNKS * CHUNK - 1) as u32;
 
 /// Counters' slots kept clear at each end of a chunk, so that no other allocation shares a
 /// cache line (or its neighbour the prefetcher pairs it with) with a chunk's counters.
@@ -94,22 +124,34 @@ impl Arena {
             .filter_map(move |shard| Some(&shard[chunk].get()?[slot]))
     }
 
-    /// An index no live counter has.
-    ///
-    /// # Panics
-    /// Past [`CHUNKS`] × [`CHUNK`] live counters (a programming error: a server keeps a
-    /// bounded number).
+    /// An index no live counter has; past [`CHUNKS`] × [`CHUNK`] − 1 live counters (more than
+    /// a server keeps), [`OVERFLOW`], which every such counter shares (said once, in the log).
     fn take(&self) -> u32 {
         if let Some(index) = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop() {
             return index;
         }
         let index = self.next.fetch_add(1, Ordering::Relaxed);
-        assert!(index < CHUNKS * CHUNK, "too many per-thread counters");
-        u32::try_from(index).expect("CHUNKS * CHUNK fits in u32")
+        match u32::try_from(index) {
+            Ok(index) if index < OVERFLOW => index,
+            _ => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::error!(
+                        "more than {OVERFLOW} counters at once: the ones made past that share \
+                         one count (their metrics are wrong)"
+                    );
+                });
+                OVERFLOW
+            }
+        }
     }
 
-    /// `index` back, its slots zeroed (no handle to it is left to add to them).
+    /// `index` back, its slots zeroed (no handle to it is left to add to them); never
+    /// [`OVERFLOW`], which others may still share.
     fn give_back(&self, index: u32) {
+        if index == OVERFLOW {
+            return;
+        }
         for slot in self.slots(index) {
             slot.store(0, Ordering::Relaxed);
         }
@@ -201,9 +243,14 @@ mod tests {
         drop(old);
         assert_eq!(clone.get(), 7, "a clone keeps its counter");
         drop(clone);
-        let new: Vec<Counter> = (0..100).map(|_| Counter::new()).collect();
+        // New counters until one has a place given back (tests running alongside may give
+        // back places of their own, taken first).
+        let mut new: Vec<Counter> = Vec::new();
+        while new.len() < 100_000 && !new.last().is_some_and(|c| indexes.contains(&c.0.0)) {
+            new.push(Counter::new());
+        }
         assert!(
-            new.iter().any(|c| indexes.contains(&c.0.0)),
+            new.last().is_some_and(|c| indexes.contains(&c.0.0)),
             "the places given back are taken again"
         );
         assert!(

@@ -105,7 +105,11 @@ impl Grant {
     pub fn new(cache: Arc<Cache>, metrics: &crate::metrics::Metrics, label: &str) -> Self {
         let result = |r: &str| match r {
             // A guest's lookup is never a bypass nor a revalidation: no series for them.
-            "bypass" | "revalidated" => crate::metrics::Counter::new(),
+            "bypass" | "revalidated" => {
+                static UNEXPORTED: std::sync::LazyLock<crate::metrics::Counter> =
+                    std::sync::LazyLock::new(crate::metrics::Counter::new);
+                UNEXPORTED.clone()
+            }
             _ => metrics.guest_cache_requests.with_label_values(&[label, r]),
         };
         Self {

@@ -116,7 +116,9 @@ impl Tail {
         // own (every request's count on one line all cores wrote, before).
         let counted = self.seen.inc_here();
         let now = self.window.load(Ordering::Relaxed);
-        if second > now
+        // A later second begins a window; so does one well before it (the clock was set
+        // back), not a record that ended a moment before another thread's.
+        if (second > now || second.saturating_add(2) < now)
             && self
                 .window
                 .compare_exchange(now, second, Ordering::Relaxed, Ordering::Relaxed)
@@ -126,7 +128,7 @@ impl Tail {
             // in between resets it). (Counted while other threads count: near enough.)
             let seen = self.seen.get();
             let began = self.window_began.swap(seen, Ordering::Relaxed);
-            let last = if now == second - 1 {
+            let last = if now.saturating_add(1) == second {
                 seen.saturating_sub(began)
             } else {
                 0

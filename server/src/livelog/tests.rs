@@ -154,9 +154,12 @@ fn past_the_rate_successes_are_sampled_and_say_so_and_failures_are_all_kept() {
 
 #[test]
 fn records_from_many_threads_are_sampled_to_the_rate_together() {
-    // Each thread keeps one in `step` of its own records: together, about the rate.
+    // Each thread keeps one in `step` of its own records: together, about the rate. (Each
+    // second is begun by one record from this thread, so no thread samples with the step of
+    // the second before while the new one is set.)
     let t = tail(100_000, 1 << 30, 100);
     let push = |ms: u64| {
+        t.push(record("/first", 200, ms, b""));
         std::thread::scope(|s| {
             for _ in 0..4 {
                 s.spawn(|| {
@@ -171,16 +174,55 @@ fn records_from_many_threads_are_sampled_to_the_rate_together() {
     let mut cursor = 0;
     assert_eq!(
         read_all(&t, &mut cursor).1.len(),
-        4000,
+        4001,
         "the first second: all"
     );
     push(11_000);
     let mut into = Vec::new();
     t.read(&mut cursor, usize::MAX, &mut into);
-    // 4000 a second at 100 a second: one in 40, and each of the four threads may keep one
-    // more for its first record of the second.
-    assert!((98..=104).contains(&into.len()), "{}", into.len());
-    assert!(into.iter().all(|r| r.sample == 40), "each says its rate");
+    // 4001 in second 10, at 100 a second: one in 41 of each thread's own 1000 (24 or 25
+    // each; two threads sharing a shard count together), this thread's record perhaps.
+    let kept = into.iter().filter(|r| r.path(false) == "/ok").count();
+    assert!((94..=101).contains(&kept), "{kept}");
+    assert!(into.iter().all(|r| r.sample == 41), "each says its rate");
+}
+
+#[test]
+fn a_clock_set_back_begins_a_new_window() {
+    let t = tail(100_000, 1 << 30, 10);
+    for _ in 0..100 {
+        t.push(record("/a", 200, 50_000, b""));
+    }
+    for _ in 0..100 {
+        t.push(record("/b", 200, 51_000, b""));
+    }
+    // One in ten in second 51; set back to second 20 (a quiet second before it): all kept
+    // again, not one in ten until second 52.
+    t.push(record("/c", 200, 20_000, b""));
+    t.push(record("/c", 200, 20_000, b""));
+    let mut cursor = 0;
+    let mut into = Vec::new();
+    t.read(&mut cursor, usize::MAX, &mut into);
+    assert_eq!(into.iter().filter(|r| r.path(false) == "/b").count(), 10);
+    assert_eq!(into.iter().filter(|r| r.path(false) == "/c").count(), 2);
+    // Second 21 after a quiet one: every record. Then second 22, one in ten; a record that
+    // ended in second 21 (another thread's, late) does not begin a window: the rest of
+    // second 22 is still sampled one in ten.
+    for _ in 0..100 {
+        t.push(record("/d", 200, 21_000, b""));
+    }
+    for _ in 0..50 {
+        t.push(record("/f", 200, 22_000, b""));
+    }
+    t.push(record("/late", 200, 21_000, b""));
+    for _ in 0..50 {
+        t.push(record("/f", 200, 22_000, b""));
+    }
+    into.clear();
+    t.read(&mut cursor, usize::MAX, &mut into);
+    assert_eq!(into.iter().filter(|r| r.path(false) == "/d").count(), 100);
+    let f = into.iter().filter(|r| r.path(false) == "/f").count();
+    assert!((9..=11).contains(&f), "{f}");
 }
 
 #[test]

@@ -295,7 +295,8 @@ impl Registry {
     /// One round of every serving candidate's rollout: aborted if its abort rule says so,
     /// else moved to its next stage (or promoted after its last timed one) when that is due.
     /// A step another replica took first is refused here (`409`) and left alone. Each step
-    /// this replica took is handed to `taken` (the audit log) as soon as it serves, before the
+    /// this replica took is handed to `taken` (the audit log) once its change is committed
+    /// (it serves a moment before: the commit then forgets what it replaced), before the
     /// round goes on to the next candidate and before it is counted.
     pub async fn tend_rollouts(&self, taken_here: impl Fn(Taken)) {
         let live = self.live.load_full();

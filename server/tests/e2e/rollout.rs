@@ -663,7 +663,8 @@ async fn stages_move_the_share_by_time_and_promote_at_the_end() {
         promoted >= Duration::from_secs(8),
         "promoted after {promoted:?}"
     );
-    // Each step is counted right after its audit record is made (a moment after it serves):
+    // Each step is counted right after its audit record is made (once its change is
+    // committed, a moment after it serves: the version it replaced is forgotten first):
     // once both are counted, one read of the audit log has both, by the rollout, with the
     // candidate's version (a read waits for the log's writer thread to write what was recorded
     // before it).
@@ -671,7 +672,7 @@ async fn stages_move_the_share_by_time_and_promote_at_the_end() {
     loop {
         let m = s.metrics().await;
         let steps = ["advance", "promote"].map(|step| {
-            metric_value(
+            metric_value_or_zero(
                 &m,
                 &format!(r#"tern_rollout_steps_total{{step="{step}",tenant="site"}}"#),
             )
