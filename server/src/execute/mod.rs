@@ -322,7 +322,9 @@ async fn lifecycle_in<D: Driver>(
     if slicing.cut() {
         tenant.sliced.inc();
     }
-    tenant.memory_peak.observe(data.limits().peak_memory as f64);
+    tenant
+        .memory_peak
+        .observe(u64::try_from(data.limits().peak_memory).unwrap_or(u64::MAX));
     let (outbound, kv) = data.capabilities().waited();
     let stdio = data.take_stdio();
     add_stderr(tenant, &mut result, stdio.as_ref());

@@ -10,7 +10,7 @@ mod phases;
 use std::time::Duration;
 
 pub use openmetrics::{CONTENT_TYPE as OPENMETRICS_CONTENT_TYPE, Exemplars};
-pub use per_thread::{Counter, Counters, Entered, Level};
+pub use per_thread::{Counter, Counters, Entered, Level, Sizes};
 pub use phases::{PHASES, Phase, Timings};
 
 use prometheus::core::Collector;
@@ -49,6 +49,10 @@ impl Registrar {
 
     fn counters(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
         self.register(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn sizes(&self, name: &str, help: &str) -> Sizes {
+        self.register(Sizes::new(name, help))
     }
 
     fn thread_counters(&self, name: &str, help: &str, labels: &[&str]) -> Counters {
@@ -184,6 +188,7 @@ macro_rules! named_metrics {
     (@type counter) => { IntCounter };
     (@type counters) => { IntCounterVec };
     (@type thread_counters) => { Counters };
+    (@type sizes) => { Sizes };
     (@type histogram) => { Histogram };
 }
 
@@ -340,10 +345,9 @@ named_metrics! {
         "The other replicas this one tells of a change it makes (those whose reports in the \
          registry are fresh and name an admin URL; `[registry] advertise`).",
     );
-    pub memory_peak: histogram(
+    pub memory_peak: sizes(
         "tern_guest_memory_peak_bytes",
         "Largest linear memory each guest reached during its request.",
-        prometheus::exponential_buckets(65536.0, 2.0, 17).expect("static buckets"),
     );
     pub compile: histogram(
         "tern_module_compile_duration_seconds",

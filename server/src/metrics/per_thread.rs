@@ -2,7 +2,8 @@
 //! (`tern_request_duration_seconds`, `tern_request_phase_duration_seconds`), the requests in
 //! flight (`tern_requests_in_flight`), and the counters a request adds one to ([`Counters`]:
 //! `tern_requests_total`, `tern_guest_outcomes_total`, `tern_cache_requests_total`,
-//! `tern_live_log_records_total`; a tenant's responses by status class for the admin API).
+//! `tern_live_log_records_total`; a tenant's responses by status class for the admin API), and
+//! the guests' peak memory ([`Sizes`], `tern_guest_memory_peak_bytes`).
 //!
 //! A `prometheus::Histogram` keeps one count, one sum and one set of buckets for every thread:
 //! each observation is four atomic writes to lines all workers share (one of them a
@@ -43,66 +44,67 @@ pub fn bounds() -> Vec<f64> {
     prometheus::exponential_buckets(1e-6, 2.0, BUCKETS).expect("static bucket spec")
 }
 
-/// The index of the bucket for `ns` nanoseconds: the least `k` with `ns <= 1000 × 2^k`, or
-/// [`BUCKETS`] past the last bound.
-fn bucket(ns: u64) -> usize {
-    let micros = ns.div_ceil(1000);
-    if micros <= 1 {
+/// The least `k` with `value <= unit × 2^k`, or `finite` past the last bound (`k = finite − 1`).
+fn power_bucket(value: u64, unit: u64, finite: usize) -> usize {
+    let units = value.div_ceil(unit);
+    if units <= 1 {
         return 0;
     }
-    // The least k with 2^k >= micros.
-    ((u64::BITS - (micros - 1).leading_zeros()) as usize).min(BUCKETS)
+    // The least k with 2^k >= units.
+    ((u64::BITS - (units - 1).leading_zeros()) as usize).min(finite)
 }
 
-/// One thread's part of a histogram, on cache lines of its own.
+/// One thread's part of a histogram of `N − 1` finite buckets, on cache lines of its own.
 #[repr(align(128))]
-#[derive(Default)]
-struct Shard {
+struct Shard<const N: usize> {
     /// Observations in each bucket (not cumulative), the last above every bound.
-    counts: [AtomicU64; BUCKETS + 1],
-    /// Their sum in nanoseconds.
-    sum_ns: AtomicU64,
+    counts: [AtomicU64; N],
+    /// Their sum, in the histogram's whole units (nanoseconds, bytes).
+    sum: AtomicU64,
 }
 
-/// A histogram of durations, kept per thread ([`Shard`]).
-pub struct Durations {
-    shards: Box<[Shard]>,
-}
-
-impl Default for Durations {
+impl<const N: usize> Default for Shard<N> {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum: AtomicU64::new(0),
         }
     }
 }
 
-impl std::fmt::Debug for Durations {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Durations").finish_non_exhaustive()
-    }
+/// A histogram of whole numbers with bounds `unit` × 2^k (k < `N` − 1), kept per thread
+/// ([`Shard`]).
+struct Powers<const N: usize> {
+    unit: u64,
+    shards: Box<[Shard<N>]>,
 }
 
-impl Durations {
-    /// Counts `d`.
-    pub fn observe(&self, d: Duration) {
-        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        let shard = &self.shards[crate::counter::shard_index()];
-        shard.counts[bucket(ns)].fetch_add(1, Ordering::Relaxed);
-        shard.sum_ns.fetch_add(ns, Ordering::Relaxed);
+impl<const N: usize> Powers<N> {
+    fn new(unit: u64) -> Self {
+        Self {
+            unit,
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+        }
     }
 
-    /// The shards summed, as the exposition's histogram with `bounds`' buckets. (Read while
-    /// others observe, the sum may lack an observation the count has, or hold one it lacks;
-    /// the count is always its buckets'.)
-    fn proto(&self, bounds: &[f64]) -> proto::Histogram {
-        let mut counts = [0u64; BUCKETS + 1];
-        let mut sum_ns = 0u128;
+    #[inline]
+    fn observe(&self, value: u64) {
+        let shard = &self.shards[crate::counter::shard_index()];
+        shard.counts[power_bucket(value, self.unit, N - 1)].fetch_add(1, Ordering::Relaxed);
+        shard.sum.fetch_add(value, Ordering::Relaxed);
+    }
+
+    /// The shards summed, as the exposition's histogram with `bounds`' buckets and its sum
+    /// times `scale`. (Read while others observe, the sum may lack an observation the count
+    /// has, or hold one it lacks; the count is always its buckets'.)
+    fn proto(&self, bounds: &[f64], scale: f64) -> proto::Histogram {
+        let mut counts = [0u64; N];
+        let mut sum = 0u128;
         for shard in &self.shards {
             for (total, count) in counts.iter_mut().zip(&shard.counts) {
                 *total += count.load(Ordering::Relaxed);
             }
-            sum_ns += u128::from(shard.sum_ns.load(Ordering::Relaxed));
+            sum += u128::from(shard.sum.load(Ordering::Relaxed));
         }
         let mut h = proto::Histogram::default();
         let mut cumulative = 0;
@@ -119,8 +121,96 @@ impl Durations {
             .collect();
         h.set_bucket(buckets);
         h.set_sample_count(counts.iter().sum());
-        h.set_sample_sum(sum_ns as f64 / 1e9);
+        h.set_sample_sum(sum as f64 * scale);
         h
+    }
+}
+
+/// A histogram of durations, kept per thread: bounds [`bounds`], the sum in nanoseconds.
+pub struct Durations(Powers<{ BUCKETS + 1 }>);
+
+impl Default for Durations {
+    fn default() -> Self {
+        Self(Powers::new(1000))
+    }
+}
+
+impl std::fmt::Debug for Durations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Durations").finish_non_exhaustive()
+    }
+}
+
+impl Durations {
+    /// Counts `d`.
+    pub fn observe(&self, d: Duration) {
+        self.0
+            .observe(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    fn proto(&self, bounds: &[f64]) -> proto::Histogram {
+        self.0.proto(bounds, 1e-9)
+    }
+}
+
+/// Finite buckets of [`Sizes`]: upper bounds 64 KiB × 2^k, k = 0..16 (a guest's memory grows
+/// by 64 KiB pages).
+pub const SIZE_BUCKETS: usize = 17;
+
+/// A histogram of sizes in bytes without labels (`tern_guest_memory_peak_bytes`, one
+/// observation a guest run, every tenant's), kept per thread; bounds 64 KiB × 2^k
+/// ([`SIZE_BUCKETS`]). A clone is a handle to the same.
+#[derive(Clone)]
+pub struct Sizes(Arc<SizesInner>);
+
+struct SizesInner {
+    desc: Desc,
+    bounds: Vec<f64>,
+    powers: Powers<{ SIZE_BUCKETS + 1 }>,
+}
+
+impl std::fmt::Debug for Sizes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Sizes").field(&self.0.desc.fq_name).finish()
+    }
+}
+
+impl Sizes {
+    /// `name` with `help`.
+    ///
+    /// # Panics
+    /// If `name` or `help` is not a valid metric description (a programming error).
+    pub fn new(name: &str, help: &str) -> Self {
+        let desc =
+            Desc::new(name.into(), help.into(), vec![], Default::default()).expect("valid metric");
+        Self(Arc::new(SizesInner {
+            desc,
+            bounds: prometheus::exponential_buckets(65536.0, 2.0, SIZE_BUCKETS)
+                .expect("static bucket spec"),
+            powers: Powers::new(65536),
+        }))
+    }
+
+    /// Counts `bytes`.
+    pub fn observe(&self, bytes: u64) {
+        self.0.powers.observe(bytes);
+    }
+}
+
+impl Collector for Sizes {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.0.desc]
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        let mut m = proto::Metric::default();
+        m.set_histogram(self.0.powers.proto(&self.0.bounds, 1.0));
+        let mut family = proto::MetricFamily::default();
+        family.set_name(self.0.desc.fq_name.clone());
+        family.set_help(self.0.desc.help.clone());
+        family.set_field_type(proto::MetricType::HISTOGRAM);
+        family.set_metric(vec![m]);
+        vec![family]
     }
 }
 
@@ -429,7 +519,7 @@ mod tests {
         })) {
             let seconds = ns as f64 / 1e9;
             let expected = bounds.iter().position(|b| seconds <= *b).unwrap_or(BUCKETS);
-            assert_eq!(bucket(ns), expected, "{ns} ns");
+            assert_eq!(power_bucket(ns, 1000, BUCKETS), expected, "{ns} ns");
         }
     }
 
@@ -493,6 +583,44 @@ mod tests {
         for (a, b) in sums(&ours).into_iter().zip(sums(&reference)) {
             assert!((a - b).abs() < 1e-9 * b.max(1.0), "{a} against {b}");
         }
+    }
+
+    #[test]
+    fn sizes_expose_what_prometheus_would_at_every_bound() {
+        // Every bound, a byte either side, 0 and past the last, into both.
+        let ours = Sizes::new("m_bytes", "m");
+        let reference = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new("m_bytes", "m")
+                .buckets(prometheus::exponential_buckets(65536.0, 2.0, SIZE_BUCKETS).unwrap()),
+        )
+        .unwrap();
+        let mut values = vec![0u64, 1, u64::from(u32::MAX) * 4];
+        for k in 0..SIZE_BUCKETS as u32 {
+            let bound = 65536u64 << k;
+            values.extend([bound - 1, bound, bound + 1]);
+        }
+        std::thread::scope(|s| {
+            for half in values.chunks(values.len() / 2 + 1) {
+                let (ours, reference) = (&ours, &reference);
+                s.spawn(move || {
+                    for v in half {
+                        ours.observe(*v);
+                        reference.observe(*v as f64);
+                    }
+                });
+            }
+        });
+        let text = |c: Box<dyn Collector>| {
+            let r = prometheus::Registry::new();
+            r.register(c).unwrap();
+            let mut out = Vec::new();
+            prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &r.gather(), &mut out)
+                .unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let (ours, reference) = (text(Box::new(ours)), text(Box::new(reference)));
+        assert_eq!(ours, reference);
+        assert!(ours.contains("m_bytes_bucket{le=\"65536\"} 4\n"), "{ours}");
     }
 
     #[test]

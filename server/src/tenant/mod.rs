@@ -173,7 +173,7 @@ pub struct Tenant {
     /// Permits for this tenant's concurrent requests (`limits.max_concurrency`).
     pub slots: Arc<tokio::sync::Semaphore>,
     /// Where each request's peak guest memory is recorded.
-    pub memory_peak: prometheus::Histogram,
+    pub memory_peak: crate::metrics::Sizes,
     /// Budget for guest output log lines.
     pub log_budget: Arc<LogBudget>,
     /// The sweep before teardown, when the dirty-page reset is in use (`crate::teardown`).
