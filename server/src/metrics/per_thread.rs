@@ -153,6 +153,53 @@ impl Durations {
     }
 }
 
+/// The description of `name` with `help` and `labels`.
+///
+/// # Panics
+/// If they are not a valid metric description (a programming error).
+fn describe(name: &str, help: &str, labels: &[&str]) -> Desc {
+    Desc::new(
+        name.into(),
+        help.into(),
+        labels.iter().map(|l| (*l).to_string()).collect(),
+        Default::default(),
+    )
+    .expect("valid metric")
+}
+
+/// `names` paired with `values`, sorted by name as the exposition has them.
+fn label_pairs<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    values: impl IntoIterator<Item = &'a str>,
+) -> Vec<proto::LabelPair> {
+    let mut pairs: Vec<proto::LabelPair> = names
+        .into_iter()
+        .zip(values)
+        .map(|(name, value)| {
+            let mut pair = proto::LabelPair::default();
+            pair.set_name(name.to_string());
+            pair.set_value(value.to_string());
+            pair
+        })
+        .collect();
+    pairs.sort_by(|a, b| a.name().cmp(b.name()));
+    pairs
+}
+
+/// The exposition's family of `desc`: of `kind`, with `metrics`.
+fn family(
+    desc: &Desc,
+    kind: proto::MetricType,
+    metrics: Vec<proto::Metric>,
+) -> Vec<proto::MetricFamily> {
+    let mut family = proto::MetricFamily::default();
+    family.set_name(desc.fq_name.clone());
+    family.set_help(desc.help.clone());
+    family.set_field_type(kind);
+    family.set_metric(metrics);
+    vec![family]
+}
+
 /// Finite buckets of [`Sizes`]: upper bounds 64 KiB × 2^k, k = 0..16 (a guest's memory grows
 /// by 64 KiB pages).
 pub const SIZE_BUCKETS: usize = 17;
@@ -181,10 +228,8 @@ impl Sizes {
     /// # Panics
     /// If `name` or `help` is not a valid metric description (a programming error).
     pub fn new(name: &str, help: &str) -> Self {
-        let desc =
-            Desc::new(name.into(), help.into(), vec![], Default::default()).expect("valid metric");
         Self(Arc::new(SizesInner {
-            desc,
+            desc: describe(name, help, &[]),
             bounds: prometheus::exponential_buckets(65536.0, 2.0, SIZE_BUCKETS)
                 .expect("static bucket spec"),
             powers: Powers::new(65536),
@@ -205,12 +250,7 @@ impl Collector for Sizes {
     fn collect(&self) -> Vec<proto::MetricFamily> {
         let mut m = proto::Metric::default();
         m.set_histogram(self.0.powers.proto(&self.0.bounds, 1.0));
-        let mut family = proto::MetricFamily::default();
-        family.set_name(self.0.desc.fq_name.clone());
-        family.set_help(self.0.desc.help.clone());
-        family.set_field_type(proto::MetricType::HISTOGRAM);
-        family.set_metric(vec![m]);
-        vec![family]
+        family(&self.0.desc, proto::MetricType::HISTOGRAM, vec![m])
     }
 }
 
@@ -232,28 +272,11 @@ impl Family {
     /// # Panics
     /// If `name`, `help` or `labels` is not a valid metric description (a programming error).
     pub fn new(name: &str, help: &str, labels: &[&str], values: &[Vec<&str>]) -> Self {
-        let desc = Desc::new(
-            name.into(),
-            help.into(),
-            labels.iter().map(|l| (*l).to_string()).collect(),
-            Default::default(),
-        )
-        .expect("valid metric");
+        let desc = describe(name, help, labels);
         let series = values
             .iter()
             .map(|values| {
-                let mut pairs: Vec<proto::LabelPair> = labels
-                    .iter()
-                    .zip(values)
-                    .map(|(name, value)| {
-                        let mut pair = proto::LabelPair::default();
-                        pair.set_name((*name).to_string());
-                        pair.set_value((*value).to_string());
-                        pair
-                    })
-                    .collect();
-                // As the exposition has them: by name.
-                pairs.sort_by(|a, b| a.name().cmp(b.name()));
+                let pairs = label_pairs(labels.iter().copied(), values.iter().copied());
                 (pairs, Durations::default())
             })
             .collect();
@@ -277,21 +300,14 @@ impl Collector for Family {
 
     fn collect(&self) -> Vec<proto::MetricFamily> {
         let this = &self.0;
-        let mut family = proto::MetricFamily::default();
-        family.set_name(this.desc.fq_name.clone());
-        family.set_help(this.desc.help.clone());
-        family.set_field_type(proto::MetricType::HISTOGRAM);
-        family.set_metric(
-            this.series
-                .iter()
-                .map(|(labels, durations)| {
-                    let mut m = proto::Metric::from_label(labels.clone());
-                    m.set_histogram(durations.proto(&this.bounds));
-                    m
-                })
-                .collect(),
-        );
-        vec![family]
+        let metrics = (this.series.iter())
+            .map(|(labels, durations)| {
+                let mut m = proto::Metric::from_label(labels.clone());
+                m.set_histogram(durations.proto(&this.bounds));
+                m
+            })
+            .collect();
+        family(&this.desc, proto::MetricType::HISTOGRAM, metrics)
     }
 }
 
@@ -323,10 +339,8 @@ impl Level {
     /// # Panics
     /// If `name` or `help` is not a valid metric description (a programming error).
     pub fn new(name: &str, help: &str) -> Self {
-        let desc =
-            Desc::new(name.into(), help.into(), vec![], Default::default()).expect("valid metric");
         Self(Arc::new(LevelShards {
-            desc,
+            desc: describe(name, help, &[]),
             shards: (0..SHARDS).map(|_| Moves::default()).collect(),
         }))
     }
@@ -380,12 +394,7 @@ impl Collector for Level {
         gauge.set_value(self.get().max(0) as f64);
         let mut m = proto::Metric::default();
         m.set_gauge(gauge);
-        let mut family = proto::MetricFamily::default();
-        family.set_name(self.0.desc.fq_name.clone());
-        family.set_help(self.0.desc.help.clone());
-        family.set_field_type(proto::MetricType::GAUGE);
-        family.set_metric(vec![m]);
-        vec![family]
+        family(&self.0.desc, proto::MetricType::GAUGE, vec![m])
     }
 }
 
@@ -414,15 +423,8 @@ impl Counters {
     /// # Panics
     /// If `name`, `help` or `labels` is not a valid metric description (a programming error).
     pub fn new(name: &str, help: &str, labels: &[&str]) -> Self {
-        let desc = Desc::new(
-            name.into(),
-            help.into(),
-            labels.iter().map(|l| (*l).to_string()).collect(),
-            Default::default(),
-        )
-        .expect("valid metric");
         Self(Arc::new(CountersInner {
-            desc,
+            desc: describe(name, help, labels),
             series: Mutex::default(),
         }))
     }
@@ -456,16 +458,10 @@ impl Collector for Counters {
         let metrics = series
             .iter()
             .map(|(values, counter)| {
-                let mut pairs: Vec<proto::LabelPair> = (this.desc.variable_labels.iter())
-                    .zip(values.iter())
-                    .map(|(name, value)| {
-                        let mut pair = proto::LabelPair::default();
-                        pair.set_name(name.clone());
-                        pair.set_value(value.to_string());
-                        pair
-                    })
-                    .collect();
-                pairs.sort_by(|a, b| a.name().cmp(b.name()));
+                let pairs = label_pairs(
+                    this.desc.variable_labels.iter().map(String::as_str),
+                    values.iter().map(|v| &**v),
+                );
                 let mut c = proto::Counter::default();
                 c.set_value(counter.get() as f64);
                 let mut m = proto::Metric::from_label(pairs);
@@ -474,18 +470,23 @@ impl Collector for Counters {
             })
             .collect();
         drop(series);
-        let mut family = proto::MetricFamily::default();
-        family.set_name(this.desc.fq_name.clone());
-        family.set_help(this.desc.help.clone());
-        family.set_field_type(proto::MetricType::COUNTER);
-        family.set_metric(metrics);
-        vec![family]
+        family(&this.desc, proto::MetricType::COUNTER, metrics)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The exposition text of `c` alone.
+    fn text(c: Box<dyn Collector>) -> String {
+        let r = prometheus::Registry::new();
+        r.register(c).unwrap();
+        let mut out = Vec::new();
+        prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &r.gather(), &mut out)
+            .unwrap();
+        String::from_utf8(out).unwrap()
+    }
 
     #[test]
     fn a_duration_falls_in_the_bucket_of_the_least_bound_it_does_not_exceed() {
@@ -557,14 +558,6 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        let text = |c: Box<dyn Collector>| {
-            let r = prometheus::Registry::new();
-            r.register(c).unwrap();
-            let mut out = Vec::new();
-            prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &r.gather(), &mut out)
-                .unwrap();
-            String::from_utf8(out).unwrap()
-        };
         let (ours, reference) = (text(Box::new(ours)), text(Box::new(reference)));
         let without_sums = |t: &str| {
             t.lines()
@@ -610,14 +603,6 @@ mod tests {
                 });
             }
         });
-        let text = |c: Box<dyn Collector>| {
-            let r = prometheus::Registry::new();
-            r.register(c).unwrap();
-            let mut out = Vec::new();
-            prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &r.gather(), &mut out)
-                .unwrap();
-            String::from_utf8(out).unwrap()
-        };
         let (ours, reference) = (text(Box::new(ours)), text(Box::new(reference)));
         assert_eq!(ours, reference);
         assert!(ours.contains("m_bytes_bucket{le=\"65536\"} 4\n"), "{ours}");
@@ -653,14 +638,6 @@ mod tests {
             ours.with_label_values(&["a", "2xx"]).get(),
             reference.with_label_values(&["a", "2xx"]).get()
         );
-        let text = |c: Box<dyn Collector>| {
-            let r = prometheus::Registry::new();
-            r.register(c).unwrap();
-            let mut out = Vec::new();
-            prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &r.gather(), &mut out)
-                .unwrap();
-            String::from_utf8(out).unwrap()
-        };
         let (ours, reference) = (text(Box::new(ours)), text(Box::new(reference)));
         assert_eq!(ours, reference);
         assert!(
