@@ -135,6 +135,9 @@ struct Progress {
     sent: AtomicU64,
     written: Mutex<u64>,
     wrote: Condvar,
+    /// Held by a rotation and by a read of both files: a read between the rename and the new
+    /// file would miss the lines just moved (read `audit.log.1` before, `audit.log` after).
+    files: Mutex<()>,
 }
 
 impl Progress {
@@ -208,6 +211,15 @@ impl AuditLog {
         dropped: prometheus::IntCounter,
         replica: Option<String>,
     ) -> std::io::Result<Self> {
+        Self::rotating_at(data_dir, dropped, replica, ROTATE_AT)
+    }
+
+    fn rotating_at(
+        data_dir: &Path,
+        dropped: prometheus::IntCounter,
+        replica: Option<String>,
+        rotate_at: u64,
+    ) -> std::io::Result<Self> {
         let path = data_dir.join("audit.log");
         let file = append(&path)?;
         let (lines, queue) = mpsc::sync_channel::<Vec<u8>>(QUEUE);
@@ -216,7 +228,7 @@ impl AuditLog {
         let writer = progress.clone();
         std::thread::Builder::new()
             .name("tern-audit".into())
-            .spawn(move || write_lines(&writing, file, &queue, &writer))?;
+            .spawn(move || write_lines(&writing, file, &queue, &writer, rotate_at))?;
         Ok(Self {
             lines,
             progress,
@@ -349,6 +361,7 @@ impl AuditLog {
                              latest lines"
                         );
                     }
+                    let _files = progress.files.lock().unwrap_or_else(|e| e.into_inner());
                     read_files(&path, &q)
                 })
                 .await
@@ -474,16 +487,19 @@ fn append(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-/// The writer thread: each line written as it comes; the file rotated past [`ROTATE_AT`].
+/// The writer thread: each line written as it comes; the file rotated past `rotate_at` bytes
+/// ([`ROTATE_AT`]).
 fn write_lines(
     path: &PathBuf,
     mut file: std::fs::File,
     queue: &mpsc::Receiver<Vec<u8>>,
     progress: &Progress,
+    rotate_at: u64,
 ) {
     let mut size = file.metadata().map_or(0, |m| m.len());
     while let Ok(line) = queue.recv() {
-        if size + line.len() as u64 > ROTATE_AT && size > 0 {
+        if size + line.len() as u64 > rotate_at && size > 0 {
+            let _files = progress.files.lock().unwrap_or_else(|e| e.into_inner());
             let _ = file.sync_all();
             let _ = std::fs::rename(path, path.with_extension("log.1"));
             match append(path) {
@@ -557,6 +573,58 @@ mod tests {
                 Some(round * 1_000_000 + round * 10 - 1)
             );
         }
+        assert_eq!(dropped.get(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_during_rotations_sees_an_unbroken_run_of_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let dropped = prometheus::IntCounter::new("d", "d").unwrap();
+        // ~150 lines a file: the writer rotates every few milliseconds while the reads go on
+        // (a read parses a file's lines between reading `audit.log.1` and `audit.log`).
+        let log =
+            Arc::new(AuditLog::rotating_at(dir.path(), dropped.clone(), None, 32 * 1024).unwrap());
+        let all = Query {
+            limit: MAX_READ,
+            ..Query::default()
+        };
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (log, stop) = (log.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    record(&log, "t", 1_000_000 + i);
+                    i += 1;
+                    if i.is_multiple_of(1024) {
+                        assert!(log.progress.catch_up(Duration::from_secs(10)));
+                    }
+                }
+                i
+            })
+        };
+        let mut rotated = false;
+        for _ in 0..300 {
+            let found = log.read(None, &all).await.unwrap();
+            let times: Vec<u64> = found
+                .records
+                .iter()
+                .map(|r| r["time_ms"].as_u64().unwrap())
+                .collect();
+            // The older file's lines, then the newer's: one run without a gap (the oldest are
+            // gone with the file rotated out).
+            for pair in times.windows(2) {
+                assert_eq!(pair[1], pair[0] + 1, "a gap in a read: {times:?}");
+            }
+            rotated |= dir.path().join("audit.log.1").exists();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let written = writer.join().unwrap();
+        assert!(
+            written > 1024,
+            "only {written} lines were written beside the reads"
+        );
+        assert!(rotated, "the log never rotated");
         assert_eq!(dropped.get(), 0);
     }
 
