@@ -70,8 +70,9 @@ pub struct Tail {
     window: AtomicU64,
     /// Records seen (sampled in or out), counted per thread.
     seen: crate::counter::Counter,
-    /// `seen` when the window's second began.
-    window_began: AtomicU64,
+    /// `seen` when the window's second began; held while a window begins, so that the window,
+    /// this count and the step change together (one thread begins it, the others go on).
+    window_began: Mutex<u64>,
     /// One record kept in this many (from the last window's rate; 1: every one).
     step: AtomicU64,
     counts: Counts,
@@ -94,7 +95,7 @@ impl Tail {
             tailers: AtomicUsize::new(0),
             window: AtomicU64::new(0),
             seen: crate::counter::Counter::new(),
-            window_began: AtomicU64::new(0),
+            window_began: Mutex::new(0),
             step: AtomicU64::new(1),
             counts,
         }
@@ -118,24 +119,28 @@ impl Tail {
         let now = self.window.load(Ordering::Relaxed);
         // A later second begins a window; so does one well before it (the clock was set
         // back), not a record that ended a moment before another thread's.
-        if (second > now || second.saturating_add(2) < now)
-            && self
-                .window
-                .compare_exchange(now, second, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+        let begins = |now: u64| second > now || second.saturating_add(2) < now;
+        if begins(now)
+            && let Ok(mut began) = self.window_began.try_lock()
         {
-            // A new second: the last one's count sets the rate for this one (a quiet second
-            // in between resets it). (Counted while other threads count: near enough.)
-            let seen = self.seen.get();
-            let began = self.window_began.swap(seen, Ordering::Relaxed);
-            let last = if now.saturating_add(1) == second {
-                seen.saturating_sub(began)
-            } else {
-                0
-            };
-            let step = last.div_ceil(per).max(1);
-            if self.step.load(Ordering::Relaxed) != step {
-                self.step.store(step, Ordering::Relaxed);
+            // Looked at again under the lock: another thread may have begun it just now.
+            let now = self.window.load(Ordering::Relaxed);
+            if begins(now) {
+                // A new second: the last one's count sets the rate for this one (a quiet
+                // second in between resets it). (Counted while other threads count: near
+                // enough.)
+                let seen = self.seen.get();
+                let last = if now.saturating_add(1) == second {
+                    seen.saturating_sub(*began)
+                } else {
+                    0
+                };
+                *began = seen;
+                let step = last.div_ceil(per).max(1);
+                if self.step.load(Ordering::Relaxed) != step {
+                    self.step.store(step, Ordering::Relaxed);
+                }
+                self.window.store(second, Ordering::Relaxed);
             }
         }
         let step = self.step.load(Ordering::Relaxed).max(1);
