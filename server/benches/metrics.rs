@@ -14,6 +14,12 @@
 //! key by one thread and by two at once: what a hit shares with the other cores beyond the
 //! metrics (moka records every read in a channel all threads write).
 //!
+//! `cache_hit`: a whole hit of a tenant's cache (`Cache::lookup` of a stored answer with a
+//! header of the guest's own, the answer built and dropped), by one thread and by two at once
+//! on the same key: what the hit writes that the cores share (the store's read, and the
+//! counted references of the stored header values and body, unless each thread answers from
+//! its own copy).
+//!
 //! Run: `cargo bench -p tern --bench metrics`. `threads/2` is the wall time of two threads
 //! each recording one request, per request pair: with no shared line it stays near
 //! `threads/1`.
@@ -154,5 +160,61 @@ fn cache_get(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, histograms, counters, cache_get);
+fn cache_hit(c: &mut Criterion) {
+    use std::future::Future;
+    use tern::body::ResponseBody;
+    use tern::cache::{Asking, Cache, CacheConfig, Lookup, Space};
+
+    let metrics = Metrics::new(10);
+    let cache = Arc::new(Cache::new(&CacheConfig::default(), &metrics, "t"));
+    let req = http::Request::get("/a").body(()).expect("request");
+    let asking = || Asking {
+        https: false,
+        host: "example.com",
+        trusted: false,
+        space: Space::Front(1),
+        compress: None,
+        body: false,
+        at: Instant::now(),
+    };
+    // Polled once: a hit never waits.
+    let look = move |cache: &Arc<Cache>, req: &http::Request<()>| {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let looked = std::pin::pin!(cache.lookup(req, asking()));
+        match looked.poll(&mut cx) {
+            std::task::Poll::Ready(looked) => looked,
+            std::task::Poll::Pending => panic!("a look waited"),
+        }
+    };
+    let Lookup::Miss(fill) = look(&cache, &req) else {
+        panic!("the first look is a miss");
+    };
+    let answer = http::Response::builder()
+        .header("cache-control", "max-age=3600")
+        .header("content-type", "text/plain")
+        .header("etag", "\"v1\"")
+        .header("x-tier", "gold")
+        .body(ResponseBody::Full(Some(bytes::Bytes::from(vec![
+            b'x';
+            512
+        ]))))
+        .expect("answer");
+    drop(fill.answered(answer));
+    let hit: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        let Lookup::Hit(resp) = look(&cache, black_box(&req)) else {
+            panic!("not a hit");
+        };
+        black_box(resp);
+    });
+    let mut group = c.benchmark_group("cache_hit");
+    for threads in [1, 2] {
+        let hit = hit.clone();
+        group.bench_function(format!("threads/{threads}"), |b| {
+            b.iter_custom(|iters| together(threads, iters, hit.clone()));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, histograms, counters, cache_get, cache_hit);
 criterion_main!(benches);

@@ -13,9 +13,10 @@ use http_cache_semantics::CachePolicy;
 
 use super::answer::CACHE_STATUS;
 use super::answer::{CACHE_TAG, SURROGATE_KEY, not_modified, ranged, respond, take_tags};
+use super::entries::Keyed;
 use super::space::{Counted, Space};
 use super::store::{
-    Answered, Asked, CDN_CACHE_CONTROL, Cache, Fill, Keyed, MAX_VARIANTS, Storing, Then, options,
+    Answered, Asked, CDN_CACHE_CONTROL, Cache, Fill, MAX_VARIANTS, Storing, Then, options,
 };
 use super::variant::{Variant, Windows};
 use crate::body::ResponseBody;
@@ -111,7 +112,7 @@ impl Fill {
             Then::Invalidate(hashes) => {
                 if resp.status().is_success() || resp.status().is_redirection() {
                     for hash in hashes {
-                        cache.entries.invalidate(hash);
+                        cache.entries.invalidate(*hash);
                     }
                 }
             }
@@ -468,7 +469,7 @@ impl Cache {
 
     /// Stores `variant` under `s`'s key, beside the key's other variants.
     fn put_variant(&self, s: &Storing, variant: Arc<Variant>) {
-        let mut variants: Vec<Arc<Variant>> = match self.entries.get(&s.hash) {
+        let mut variants: Vec<Arc<Variant>> = match self.entries.get(s.hash) {
             Some(e) if e.is_for((s.space, s.version), s.https, &s.host, &s.target) => e
                 .variants
                 .iter()

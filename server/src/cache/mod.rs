@@ -24,11 +24,13 @@
 //!
 //! The store is `moka`'s (bounded by bytes, TinyLFU admission, so one-off scans do not flush
 //! what is asked often); an entry leaves when none of its variants can be used, fresh or
-//! stale. A tenant's cache is made with it, so a deploy, a rollback or a change of its
-//! settings starts it empty.
+//! stale. Each thread answers hits from its own copies of the entries it hits (`entries`).
+//! A tenant's cache is made with it, so a deploy, a rollback or a change of its settings
+//! starts it empty.
 
 mod answer;
 mod config;
+mod entries;
 mod fill;
 pub mod guest;
 mod key;

@@ -16,6 +16,7 @@ use crate::hashed::Hashed;
 
 use super::answer::{Asks, append_param, hit};
 use super::config::{CacheConfig, Purge};
+use super::entries::{Changes, Entries, Keyed};
 use super::space::{Counted, Counts, Space};
 use super::variant::Variant;
 use super::{key, purged};
@@ -31,7 +32,8 @@ pub const COLLAPSE_WAIT: Duration = Duration::from_secs(30);
 pub(super) static CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-control");
 /// One tenant's cache.
 pub struct Cache {
-    pub(super) entries: moka::sync::Cache<u64, Arc<Keyed>, Hashed>,
+    /// The stored entries, and each thread's copies of those it hits.
+    pub(super) entries: Entries,
     /// Keys a guest is filling now: later misses of the key wait for its answer.
     pub(super) filling:
         std::sync::Mutex<std::collections::HashMap<u64, tokio::sync::watch::Sender<()>, Hashed>>,
@@ -78,17 +80,6 @@ impl std::fmt::Debug for Cache {
             .field("bytes", &self.entries.weighted_size())
             .finish_non_exhaustive()
     }
-}
-
-/// The stored answers of one key (space, scheme, host, path and query).
-pub(super) struct Keyed {
-    pub(super) space: u8,
-    /// The version whose answers it holds ([`Space::version`]).
-    pub(super) version: u64,
-    pub(super) https: bool,
-    pub(super) host: Box<str>,
-    pub(super) target: Box<str>,
-    pub(super) variants: Vec<Arc<Variant>>,
 }
 
 /// What the cache did with a request.
@@ -311,7 +302,10 @@ impl Cache {
         // Every entry that leaves (replaced, stale, evicted, purged) gives its bytes back.
         let held = Arc::new(std::sync::atomic::AtomicI64::new(0));
         let (gauge, left) = (stored_bytes.clone(), held.clone());
-        let entries = moka::sync::Cache::builder()
+        // Every entry that leaves is a change the threads' copies must see.
+        let changes = Arc::new(Changes::default());
+        let changed = changes.clone();
+        let store = moka::sync::Cache::builder()
             .max_capacity(config.max_mib * 1024 * 1024)
             .weigher(|_, entry: &Arc<Keyed>| entry.weight())
             .expire_after(Expire)
@@ -324,11 +318,12 @@ impl Cache {
                 if cause == moka::notification::RemovalCause::Size {
                     evictions.inc();
                 }
+                changed.changed();
             })
             .build_with_hasher(Hashed::default());
         let result = |r: &str| metrics.cache_requests.with_label_values(&[label, r]);
         Self {
-            entries,
+            entries: Entries::new(store, changes),
             filling: std::sync::Mutex::default(),
             passes: moka::sync::Cache::builder()
                 .max_capacity(PASSES)
@@ -532,7 +527,7 @@ impl Cache {
         };
         let mut fwd = "uri-miss";
         let mut stale = None;
-        if let Some(entry) = self.entries.get(&hash)
+        if let Some(entry) = self.entries.look(hash, now)
             && entry.is_for(space, https, host, target)
         {
             fwd = "vary-miss";
@@ -636,7 +631,7 @@ impl Cache {
         }
         let now = Instant::now();
         let mut purged = 0;
-        for (hash, entry) in &self.entries {
+        for (hash, entry) in self.entries.iter() {
             if !named.names(entry.space, &entry.target, entry.tags()) {
                 continue;
             }
@@ -658,7 +653,7 @@ impl Cache {
                     },
                 );
             } else {
-                self.entries.invalidate(&*hash);
+                self.entries.invalidate(*hash);
             }
         }
         self.entries.run_pending_tasks();
@@ -705,10 +700,15 @@ impl Cache {
     /// first because the entry it replaces (itself) gives back its weight with the copy in.
     pub(super) fn grew(&self, hash: u64, v: &Arc<Variant>, bytes: usize) {
         let since = self.purges.generation();
-        let Some(entry) = self.entries.get(&hash) else {
+        let Some(entry) = self.entries.get(hash) else {
             return;
         };
-        if !entry.variants.iter().any(|w| Arc::ptr_eq(w, v)) {
+        // (`v` may be a thread's copy of the stored variant: the two share their copies.)
+        if !entry
+            .variants
+            .iter()
+            .any(|w| Arc::ptr_eq(&w.copies, &v.copies))
+        {
             return;
         }
         let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
@@ -722,49 +722,8 @@ impl Cache {
             .purges
             .named_since(since, |n| n.names(entry.space, &entry.target, entry.tags()))
         {
-            self.entries.invalidate(&hash);
+            self.entries.invalidate(hash);
         }
-    }
-}
-
-impl Keyed {
-    /// Whether it holds the key `space`, `https`, `host`, `target` (its hash may be another
-    /// key's).
-    pub(super) fn is_for(
-        &self,
-        (space, version): (u8, u64),
-        https: bool,
-        host: &str,
-        target: &str,
-    ) -> bool {
-        self.space == space
-            && self.version == version
-            && self.https == https
-            // The same bytes first (one `memcmp`): letter by letter without case only when
-            // they differ, as a host written in capitals.
-            && (*self.host == *host || self.host.eq_ignore_ascii_case(host))
-            && &*self.target == target
-    }
-
-    /// The tags its answers were stored with.
-    pub(super) fn tags(&self) -> impl Iterator<Item = &str> {
-        self.variants
-            .iter()
-            .flat_map(|v| v.tags.iter().map(|t| &**t))
-    }
-
-    /// Bytes it holds, roughly: what the cache's size counts.
-    pub(super) fn weight(&self) -> u32 {
-        let key = self.host.len() + self.target.len() + 64;
-        let bytes = self.variants.iter().fold(key, |n, v| {
-            let headers: usize = v
-                .headers
-                .iter()
-                .map(|(k, v)| k.as_str().len() + v.len() + 32)
-                .sum();
-            n + v.body.len() + v.copies.bytes() + headers + 256
-        });
-        u32::try_from(bytes).unwrap_or(u32::MAX)
     }
 }
 

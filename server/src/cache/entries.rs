@@ -1,0 +1,477 @@
+//! The stored entries, and each thread's own copies of the ones it hits.
+//!
+//! A hit read through the store alone writes memory every core shares: the store's own
+//! bookkeeping of the read, the entry's reference count, and the reference counts of the
+//! stored header values and body that the answer clones. On two cores those writes cost more
+//! than the rest of the look (see `loadtest/results/hotpath.md`). So each thread keeps, in
+//! [`SLOTS`] slots chosen by the key's hash, its own deep copy of an entry it read (at most
+//! [`MAX_BYTES`] each), and answers the next hit of that key from it.
+//!
+//! A copy is used only while it is what the store would give: every change to the store
+//! (a store, an invalidation, a purge, an eviction) counts in the store's [`Changes`], which
+//! a copy remembers; a copy is not used past the time its entry expires; and every
+//! [`RECORD_EVERY`]th hit of a thread reads the store anyway, so the store still sees which
+//! entries are asked often (its admission and eviction weigh that). A thread's copies hold at
+//! most `SLOTS × MAX_BYTES` (1 MiB), outside the cache's `max_mib`.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::hashed::Hashed;
+
+use super::variant::Variant;
+
+/// The stored answers of one key (space, scheme, host, path and query).
+pub(super) struct Keyed {
+    pub(super) space: u8,
+    /// The version whose answers it holds ([`Space::version`]).
+    pub(super) version: u64,
+    pub(super) https: bool,
+    pub(super) host: Box<str>,
+    pub(super) target: Box<str>,
+    pub(super) variants: Vec<Arc<Variant>>,
+}
+
+impl Keyed {
+    /// Whether it holds the key `space`, `https`, `host`, `target` (its hash may be another
+    /// key's).
+    pub(super) fn is_for(
+        &self,
+        (space, version): (u8, u64),
+        https: bool,
+        host: &str,
+        target: &str,
+    ) -> bool {
+        self.space == space
+            && self.version == version
+            && self.https == https
+            // The same bytes first (one `memcmp`): letter by letter without case only when
+            // they differ, as a host written in capitals.
+            && (*self.host == *host || self.host.eq_ignore_ascii_case(host))
+            && &*self.target == target
+    }
+
+    /// The tags its answers were stored with.
+    pub(super) fn tags(&self) -> impl Iterator<Item = &str> {
+        self.variants
+            .iter()
+            .flat_map(|v| v.tags.iter().map(|t| &**t))
+    }
+
+    /// Bytes it holds, roughly: what the cache's size counts.
+    pub(super) fn weight(&self) -> u32 {
+        let key = self.host.len() + self.target.len() + 64;
+        let bytes = self.variants.iter().fold(key, |n, v| {
+            let headers: usize = v
+                .headers
+                .iter()
+                .map(|(k, v)| k.as_str().len() + v.len() + 32)
+                .sum();
+            n + v.body.len() + v.copies.bytes() + headers + 256
+        });
+        u32::try_from(bytes).unwrap_or(u32::MAX)
+    }
+}
+
+/// A thread's copies, one per slot (`hash % SLOTS`).
+const SLOTS: usize = 64;
+/// The largest entry (by the store's weight) a thread copies; a larger one is read from the
+/// store each time (its answer's body dwarfs what the store's read costs).
+pub(super) const MAX_BYTES: u32 = 16 * 1024;
+/// One hit in this many (a thread's) reads the store even when the copy is good.
+const RECORD_EVERY: u32 = 16;
+
+/// Ids of stores: a slot names the store its copy is of (never reused).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The store: `moka`'s, and how many times it has changed.
+pub(super) struct Entries {
+    store: moka::sync::Cache<u64, Arc<Keyed>, Hashed>,
+    changes: Arc<Changes>,
+    id: u64,
+}
+
+/// How many times a store has changed (on a line of its own: it is read by every hit, and
+/// written only by changes).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(super) struct Changes(AtomicU64);
+
+impl Changes {
+    /// One more change, made before this is called (a look that reads the count after this
+    /// sees the change in the store).
+    pub(super) fn changed(&self) {
+        self.0.fetch_add(1, Ordering::Release);
+    }
+
+    fn now(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// One slot of a thread's copies.
+#[derive(Default)]
+struct Slot {
+    /// The store's id (`0`: empty).
+    store: u64,
+    hash: u64,
+    /// The store's changes when the copy was last found good.
+    changes: u64,
+    held: Option<Held>,
+}
+
+struct Held {
+    /// The stored entry it copies (kept by address only: a `Weak` holds the allocation, so
+    /// another entry cannot come to have the same address while it is held).
+    stored: Weak<Keyed>,
+    copy: Arc<Keyed>,
+    /// When the stored entry expires (none of its variants usable any more).
+    until: Instant,
+}
+
+struct Front {
+    slots: Vec<Slot>,
+    hits: u32,
+}
+
+thread_local! {
+    static FRONT: RefCell<Front> = RefCell::new(Front {
+        slots: std::iter::repeat_with(Slot::default).take(SLOTS).collect(),
+        hits: 0,
+    });
+}
+
+impl Entries {
+    /// `store`, whose removals (its eviction listener) count in `changes`.
+    pub(super) fn new(
+        store: moka::sync::Cache<u64, Arc<Keyed>, Hashed>,
+        changes: Arc<Changes>,
+    ) -> Self {
+        Self {
+            store,
+            changes,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The entry under `hash` for a look at `now`: this thread's copy while it is good, else
+    /// the store's (copied for the next look when it is small enough).
+    pub(super) fn look(&self, hash: u64, now: Instant) -> Option<Arc<Keyed>> {
+        // Read before the store: a change made after this read is seen by the next look.
+        let changes = self.changes.now();
+        FRONT
+            .try_with(|front| {
+                let Ok(mut front) = front.try_borrow_mut() else {
+                    return self.store.get(&hash);
+                };
+                let front = &mut *front;
+                front.hits = front.hits.wrapping_add(1);
+                let record = front.hits.is_multiple_of(RECORD_EVERY);
+                #[allow(clippy::cast_possible_truncation)]
+                let slot = &mut front.slots[(hash as usize) % SLOTS];
+                let mine = slot.store == self.id && slot.hash == hash;
+                if mine
+                    && !record
+                    && slot.changes == changes
+                    && let Some(held) = &slot.held
+                    && now < held.until
+                {
+                    return Some(held.copy.clone());
+                }
+                let Some(stored) = self.store.get(&hash) else {
+                    slot.held = None;
+                    return None;
+                };
+                if mine
+                    && let Some(held) = &slot.held
+                    && std::ptr::eq(held.stored.as_ptr(), Arc::as_ptr(&stored))
+                {
+                    // Other keys changed; this one did not.
+                    slot.changes = changes;
+                    return Some(held.copy.clone());
+                }
+                let until = stored
+                    .variants
+                    .iter()
+                    .map(|v| v.usable_for(now))
+                    .max()
+                    .and_then(|left| now.checked_add(left))
+                    .filter(|until| *until > now);
+                match until {
+                    Some(until) if stored.weight() <= MAX_BYTES => {
+                        let copy = Arc::new(stored.own_copy());
+                        *slot = Slot {
+                            store: self.id,
+                            hash,
+                            changes,
+                            held: Some(Held {
+                                stored: Arc::downgrade(&stored),
+                                copy: copy.clone(),
+                                until,
+                            }),
+                        };
+                        Some(copy)
+                    }
+                    _ => {
+                        slot.held = None;
+                        Some(stored)
+                    }
+                }
+            })
+            .unwrap_or_else(|_| self.store.get(&hash))
+    }
+
+    /// The stored entry under `hash` (never a copy).
+    pub(super) fn get(&self, hash: u64) -> Option<Arc<Keyed>> {
+        self.store.get(&hash)
+    }
+
+    pub(super) fn insert(&self, hash: u64, entry: Arc<Keyed>) {
+        self.store.insert(hash, entry);
+        self.changes.changed();
+    }
+
+    pub(super) fn invalidate(&self, hash: u64) {
+        self.store.invalidate(&hash);
+        self.changes.changed();
+    }
+
+    pub(super) fn invalidate_all(&self) {
+        self.store.invalidate_all();
+        self.changes.changed();
+    }
+
+    /// The store's upkeep now (what left gives its bytes back).
+    pub(super) fn run_pending_tasks(&self) {
+        self.store.run_pending_tasks();
+    }
+
+    /// Every stored entry.
+    pub(super) fn iter(&self) -> moka::sync::Iter<'_, u64, Arc<Keyed>> {
+        self.store.iter()
+    }
+
+    pub(super) fn entry_count(&self) -> u64 {
+        self.store.entry_count()
+    }
+
+    pub(super) fn weighted_size(&self) -> u64 {
+        self.store.weighted_size()
+    }
+}
+
+impl Keyed {
+    /// A copy that shares nothing a read writes with `self` (its header values and body are
+    /// new allocations), but its compressed copies, which grow as clients take them.
+    fn own_copy(&self) -> Self {
+        Self {
+            space: self.space,
+            version: self.version,
+            https: self.https,
+            host: self.host.clone(),
+            target: self.target.clone(),
+            variants: self
+                .variants
+                .iter()
+                .map(|v| Arc::new(v.own_copy()))
+                .collect(),
+        }
+    }
+}
+
+impl Variant {
+    fn own_copy(&self) -> Self {
+        let mut headers = HeaderMap::with_capacity(self.headers.len());
+        for (name, value) in &self.headers {
+            headers.append(own_name(name), own_value(value));
+        }
+        Self {
+            headers,
+            body: bytes::Bytes::copy_from_slice(&self.body),
+            ..self.clone()
+        }
+    }
+}
+
+/// `name` in an allocation of its own (a standard name is a constant either way).
+fn own_name(name: &HeaderName) -> HeaderName {
+    HeaderName::from_bytes(name.as_str().as_bytes()).unwrap_or_else(|_| name.clone())
+}
+
+fn own_value(value: &HeaderValue) -> HeaderValue {
+    let mut own = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+    own.set_sensitive(value.is_sensitive());
+    own
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use bytes::Bytes;
+
+    use crate::body::ResponseBody;
+    use crate::cache::{Asking, Cache, CacheConfig, Lookup, Purge, Space};
+
+    const HOST: &str = "example.com";
+
+    fn cache() -> Arc<Cache> {
+        let metrics = crate::metrics::Metrics::new(8);
+        Arc::new(Cache::new(&CacheConfig::default(), &metrics, "t"))
+    }
+
+    /// One look at `cache` for `method` `path` (polled once: a hit or a miss never waits here).
+    fn look(cache: &Arc<Cache>, method: &str, path: &str) -> Lookup {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .body(())
+            .unwrap();
+        let asking = Asking {
+            https: false,
+            host: HOST,
+            trusted: false,
+            space: Space::Front(1),
+            compress: None,
+            body: false,
+            at: Instant::now(),
+        };
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::pin::pin!(cache.lookup(&req, asking)).poll(&mut cx) {
+            std::task::Poll::Ready(looked) => looked,
+            std::task::Poll::Pending => panic!("a look waited"),
+        }
+    }
+
+    /// Stores `body` as the answer to `GET path`.
+    fn store(cache: &Arc<Cache>, path: &str, body: Bytes) {
+        let Lookup::Miss(fill) = look(cache, "GET", path) else {
+            panic!("{path} was stored already");
+        };
+        let answer = http::Response::builder()
+            .header("cache-control", "max-age=3600")
+            .header("etag", "\"v1\"")
+            .header("x-tier", "gold")
+            .body(ResponseBody::Full(Some(body)))
+            .unwrap();
+        drop(fill.answered(answer));
+    }
+
+    /// The body a hit on `path` is answered with (`None`: not a hit).
+    fn hit(cache: &Arc<Cache>, path: &str) -> Option<Bytes> {
+        match look(cache, "GET", path) {
+            Lookup::Hit(resp) => match resp.into_body() {
+                ResponseBody::Full(body) => body,
+                _ => panic!("a hit's body is whole"),
+            },
+            _ => None,
+        }
+    }
+
+    fn hash(cache: &Cache, path: &str) -> u64 {
+        cache.hash((0, 1), false, HOST, path)
+    }
+
+    /// The stored body of `path` (the store's own entry, never a copy).
+    fn stored_body(cache: &Cache, path: &str) -> Bytes {
+        cache.entries.get(hash(cache, path)).unwrap().variants[0]
+            .body
+            .clone()
+    }
+
+    #[test]
+    fn a_hit_is_answered_from_its_threads_own_copy_of_the_entry() {
+        let cache = cache();
+        store(&cache, "/a", Bytes::from(vec![b'a'; 512]));
+        let stored = stored_body(&cache, "/a");
+        let first = hit(&cache, "/a").unwrap();
+        let second = hit(&cache, "/a").unwrap();
+        assert_eq!(first, stored);
+        // Not the stored bytes: this thread's copy of them, the same for each hit.
+        assert_ne!(first.as_ptr(), stored.as_ptr());
+        assert_eq!(first.as_ptr(), second.as_ptr());
+        let entry = cache
+            .entries
+            .look(hash(&cache, "/a"), Instant::now())
+            .unwrap();
+        let own = cache.entries.get(hash(&cache, "/a")).unwrap();
+        assert!(!Arc::ptr_eq(&entry, &own));
+        // Its header values are its own too.
+        let (mine, theirs) = (&entry.variants[0].headers, &own.variants[0].headers);
+        assert_eq!(mine, theirs);
+        assert_ne!(
+            mine["x-tier"].as_bytes().as_ptr(),
+            theirs["x-tier"].as_bytes().as_ptr()
+        );
+        // Another thread has a copy of its own.
+        let other = std::thread::scope(|s| s.spawn(|| hit(&cache, "/a").unwrap()).join().unwrap());
+        assert_eq!(other, stored);
+        assert_ne!(other.as_ptr(), first.as_ptr());
+        assert_ne!(other.as_ptr(), stored.as_ptr());
+    }
+
+    #[test]
+    fn every_change_to_the_cache_reaches_the_copies() {
+        let cache = cache();
+        let body = |c: u8| Bytes::from(vec![c; 100]);
+        store(&cache, "/a", body(b'a'));
+        store(&cache, "/b", body(b'b'));
+        let copy = hit(&cache, "/a").unwrap();
+        // Another key's change leaves this key's copy as it is (looked at again in the store).
+        let Lookup::Miss(fill) = look(&cache, "POST", "/b") else {
+            panic!("a POST is passed to the guest");
+        };
+        drop(fill.answered(http::Response::new(ResponseBody::Full(None))));
+        assert_eq!(hit(&cache, "/b"), None, "a POST invalidates its key");
+        assert_eq!(hit(&cache, "/a").unwrap().as_ptr(), copy.as_ptr());
+        // An unsafe method invalidates the key: no copy answers it.
+        let Lookup::Miss(fill) = look(&cache, "DELETE", "/a") else {
+            panic!("a DELETE is passed to the guest");
+        };
+        drop(fill.answered(http::Response::new(ResponseBody::Full(None))));
+        assert_eq!(hit(&cache, "/a"), None);
+        // A new answer is the one a copy is made of.
+        store(&cache, "/a", body(b'c'));
+        assert_eq!(hit(&cache, "/a"), Some(body(b'c')));
+        assert_eq!(hit(&cache, "/a"), Some(body(b'c')));
+        // A soft purge makes the stored answer stale: the copy is not served as fresh.
+        let soft = Purge {
+            prefixes: vec!["/a".into()],
+            soft: true,
+            ..Purge::default()
+        };
+        assert_eq!(cache.purge(&soft), Ok(1));
+        assert_eq!(hit(&cache, "/a"), None);
+        // Purging everything drops every copy's entry.
+        store(&cache, "/d", body(b'd'));
+        assert_eq!(hit(&cache, "/d"), Some(body(b'd')));
+        let all = Purge {
+            all: true,
+            ..Purge::default()
+        };
+        assert_eq!(cache.purge(&all), Ok(2), "/a (stale) and /d");
+        assert_eq!(hit(&cache, "/d"), None);
+    }
+
+    #[test]
+    fn an_entry_past_the_copies_bound_is_read_from_the_store() {
+        let cache = cache();
+        store(&cache, "/small", Bytes::from(vec![b's'; 8 * 1024]));
+        store(
+            &cache,
+            "/large",
+            Bytes::from(vec![b'l'; super::MAX_BYTES as usize]),
+        );
+        let small = hit(&cache, "/small").unwrap();
+        assert_ne!(small.as_ptr(), stored_body(&cache, "/small").as_ptr());
+        let large = hit(&cache, "/large").unwrap();
+        assert_eq!(large.len(), super::MAX_BYTES as usize);
+        assert_eq!(large.as_ptr(), stored_body(&cache, "/large").as_ptr());
+    }
+}
