@@ -70,6 +70,19 @@ fn together(threads: usize, iters: u64, record: Arc<dyn Fn() + Send + Sync>) -> 
     began.elapsed()
 }
 
+/// Benches `record` in the group `name` on one thread and on two at once (`threads/1`,
+/// `threads/2`).
+fn one_and_two_threads(c: &mut Criterion, name: &str, record: &Arc<dyn Fn() + Send + Sync>) {
+    let mut group = c.benchmark_group(name);
+    for threads in [1, 2] {
+        let record = record.clone();
+        group.bench_function(format!("threads/{threads}"), |b| {
+            b.iter_custom(|iters| together(threads, iters, record.clone()));
+        });
+    }
+    group.finish();
+}
+
 fn histograms(c: &mut Criterion) {
     let t = timings();
     let total = Duration::from_micros(35);
@@ -101,14 +114,7 @@ fn histograms(c: &mut Criterion) {
         whole.observe(black_box(total).as_secs_f64());
     });
     for (name, record) in [("per_thread", ours), ("prometheus", reference)] {
-        let mut group = c.benchmark_group(format!("request_histograms/{name}"));
-        for threads in [1, 2] {
-            let record = record.clone();
-            group.bench_function(format!("threads/{threads}"), |b| {
-                b.iter_custom(|iters| together(threads, iters, record.clone()));
-            });
-        }
-        group.finish();
+        one_and_two_threads(c, &format!("request_histograms/{name}"), &record);
     }
 }
 
@@ -128,14 +134,7 @@ fn counters(c: &mut Criterion) {
         }
     });
     for (name, record) in [("per_thread", ours), ("prometheus", reference)] {
-        let mut group = c.benchmark_group(format!("request_counters/{name}"));
-        for threads in [1, 2] {
-            let record = record.clone();
-            group.bench_function(format!("threads/{threads}"), |b| {
-                b.iter_custom(|iters| together(threads, iters, record.clone()));
-            });
-        }
-        group.finish();
+        one_and_two_threads(c, &format!("request_counters/{name}"), &record);
     }
 }
 
@@ -150,14 +149,7 @@ fn cache_get(c: &mut Criterion) {
     let get: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
         black_box(store.get(black_box(&7)));
     });
-    let mut group = c.benchmark_group("cache_get/moka");
-    for threads in [1, 2] {
-        let get = get.clone();
-        group.bench_function(format!("threads/{threads}"), |b| {
-            b.iter_custom(|iters| together(threads, iters, get.clone()));
-        });
-    }
-    group.finish();
+    one_and_two_threads(c, "cache_get/moka", &get);
 }
 
 fn cache_hit(c: &mut Criterion) {
@@ -206,14 +198,7 @@ fn cache_hit(c: &mut Criterion) {
         };
         black_box(resp);
     });
-    let mut group = c.benchmark_group("cache_hit");
-    for threads in [1, 2] {
-        let hit = hit.clone();
-        group.bench_function(format!("threads/{threads}"), |b| {
-            b.iter_custom(|iters| together(threads, iters, hit.clone()));
-        });
-    }
-    group.finish();
+    one_and_two_threads(c, "cache_hit", &hit);
 }
 
 criterion_group!(benches, histograms, counters, cache_get, cache_hit);
