@@ -361,8 +361,14 @@ impl AuditLog {
                              latest lines"
                         );
                     }
-                    let _files = progress.files.lock().unwrap_or_else(|e| e.into_inner());
-                    read_files(&path, &q)
+                    // Opened under the rotation's lock (the two files of one moment), read
+                    // after it: a rotation renames, it does not change what an open file holds.
+                    let files = {
+                        let _files = progress.files.lock().unwrap_or_else(|e| e.into_inner());
+                        [path.with_extension("log.1"), path]
+                            .map(|file| std::fs::File::open(file).ok())
+                    };
+                    read_files(files.into_iter().flatten(), &q)
                 })
                 .await
                 .unwrap_or_default();
@@ -445,13 +451,15 @@ async fn read_registry(
     Ok((records, truncated))
 }
 
-/// This server's records `q` asks for, from `audit.log.1` and `audit.log`.
-fn read_files(path: &Path, q: &Query) -> Vec<Value> {
+/// This server's records `q` asks for, from `files` (`audit.log.1`, then `audit.log`).
+fn read_files(files: impl Iterator<Item = std::fs::File>, q: &Query) -> Vec<Value> {
+    use std::io::Read;
     let mut out = Vec::new();
-    for file in [path.with_extension("log.1"), path.to_path_buf()] {
-        let Ok(text) = std::fs::read(&file) else {
+    for mut file in files {
+        let mut text = Vec::new();
+        if file.read_to_end(&mut text).is_err() {
             continue;
-        };
+        }
         out.extend(
             text.split(|b| *b == b'\n')
                 .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
@@ -580,22 +588,31 @@ mod tests {
     async fn a_read_during_rotations_sees_an_unbroken_run_of_lines() {
         let dir = tempfile::tempdir().unwrap();
         let dropped = prometheus::IntCounter::new("d", "d").unwrap();
-        // ~150 lines a file: the writer rotates every few milliseconds while the reads go on
-        // (a read parses a file's lines between reading `audit.log.1` and `audit.log`).
+        // ~150 lines a file: the writer rotates every few milliseconds while the reads go on.
         let log =
             Arc::new(AuditLog::rotating_at(dir.path(), dropped.clone(), None, 32 * 1024).unwrap());
         let all = Query {
             limit: MAX_READ,
             ..Query::default()
         };
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // The writer stops when the test ends, passed or not.
+        struct Stop(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Stop {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let stop = Stop(Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        // Lines recorded so far (each one before it is counted here).
+        let recorded = Arc::new(AtomicU64::new(0));
         let writer = {
-            let (log, stop) = (log.clone(), stop.clone());
+            let (log, stop, recorded) = (log.clone(), stop.0.clone(), recorded.clone());
             std::thread::spawn(move || {
                 let mut i = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) {
                     record(&log, "t", 1_000_000 + i);
                     i += 1;
+                    recorded.store(i, Ordering::Release);
                     if i.is_multiple_of(1024) {
                         assert!(log.progress.catch_up(Duration::from_secs(10)));
                     }
@@ -603,28 +620,52 @@ mod tests {
                 i
             })
         };
-        let mut rotated = false;
+        let first = dir.path().join("audit.log.1");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !first.exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the log never rotated"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let mut longest = 0;
         for _ in 0..300 {
+            let before = recorded.load(Ordering::Acquire);
             let found = log.read(None, &all).await.unwrap();
             let times: Vec<u64> = found
                 .records
                 .iter()
                 .map(|r| r["time_ms"].as_u64().unwrap())
                 .collect();
-            // The older file's lines, then the newer's: one run without a gap (the oldest are
-            // gone with the file rotated out).
+            // Every line recorded before the read is in it ...
+            assert!(
+                times.last().is_some_and(|t| *t + 1 >= 1_000_000 + before),
+                "a read missed lines recorded before it ({before} recorded): {times:?}"
+            );
+            // ... after the older file's lines, then the newer's: one run without a gap (the
+            // oldest are gone with the file rotated out).
             for pair in times.windows(2) {
                 assert_eq!(pair[1], pair[0] + 1, "a gap in a read: {times:?}");
             }
-            rotated |= dir.path().join("audit.log.1").exists();
+            longest = longest.max(times.len());
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(stop);
         let written = writer.join().unwrap();
         assert!(
             written > 1024,
             "only {written} lines were written beside the reads"
         );
-        assert!(rotated, "the log never rotated");
+        // Reads took lines of both files: more than a rotated file holds.
+        let one_file = std::fs::read(&first)
+            .unwrap()
+            .split(|b| *b == b'\n')
+            .count()
+            - 1;
+        assert!(
+            longest > one_file,
+            "no read spanned both files ({longest} lines, {one_file} a file)"
+        );
         assert_eq!(dropped.get(), 0);
     }
 
