@@ -182,8 +182,12 @@ impl Entries {
                 {
                     return Some(held.copy.clone());
                 }
+                // (Another key's copy in the slot stays: a miss or a large entry does not
+                // take its place.)
                 let Some(stored) = self.store.get(&hash) else {
-                    slot.held = None;
+                    if mine {
+                        slot.held = None;
+                    }
                     return None;
                 };
                 if mine
@@ -217,7 +221,9 @@ impl Entries {
                         Some(copy)
                     }
                     _ => {
-                        slot.held = None;
+                        if mine {
+                            slot.held = None;
+                        }
                         Some(stored)
                     }
                 }
@@ -457,21 +463,51 @@ mod tests {
         };
         assert_eq!(cache.purge(&all), Ok(2), "/a (stale) and /d");
         assert_eq!(hit(&cache, "/d"), None);
+        // A change made on another thread reaches this thread's copy.
+        store(&cache, "/e", body(b'e'));
+        assert_eq!(hit(&cache, "/e"), Some(body(b'e')));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let Lookup::Miss(fill) = look(&cache, "DELETE", "/e") else {
+                    panic!("a DELETE is passed to the guest");
+                };
+                drop(fill.answered(http::Response::new(ResponseBody::Full(None))));
+                store(&cache, "/e", body(b'f'));
+            });
+        });
+        assert_eq!(hit(&cache, "/e"), Some(body(b'f')));
+    }
+
+    #[test]
+    fn a_miss_leaves_another_keys_copy_in_its_slot() {
+        let cache = cache();
+        store(&cache, "/a", Bytes::from(vec![b'a'; 100]));
+        let copy = hit(&cache, "/a").unwrap();
+        // Paths until one shares /a's slot.
+        let slot = |path: &str| hash(&cache, path) % super::SLOTS as u64;
+        let other = (0..)
+            .map(|n| format!("/other-{n}"))
+            .find(|p| slot(p) == slot("/a"))
+            .unwrap();
+        assert!(matches!(look(&cache, "GET", &other), Lookup::Miss(_)));
+        assert_eq!(hit(&cache, "/a").unwrap().as_ptr(), copy.as_ptr());
     }
 
     #[test]
     fn an_entry_past_the_copies_bound_is_read_from_the_store() {
         let cache = cache();
-        store(&cache, "/small", Bytes::from(vec![b's'; 8 * 1024]));
-        store(
-            &cache,
-            "/large",
-            Bytes::from(vec![b'l'; super::MAX_BYTES as usize]),
-        );
-        let small = hit(&cache, "/small").unwrap();
-        assert_ne!(small.as_ptr(), stored_body(&cache, "/small").as_ptr());
-        let large = hit(&cache, "/large").unwrap();
-        assert_eq!(large.len(), super::MAX_BYTES as usize);
-        assert_eq!(large.as_ptr(), stored_body(&cache, "/large").as_ptr());
+        let weight = |path: &str| cache.entries.get(hash(&cache, path)).unwrap().weight();
+        // Bodies sized so that the stored entries weigh the bound and a byte more (paths of
+        // one length, the same headers).
+        store(&cache, "/p", Bytes::from(vec![b'p'; 1000]));
+        let at = 1000 + (super::MAX_BYTES - weight("/p")) as usize;
+        store(&cache, "/e", Bytes::from(vec![b'e'; at]));
+        store(&cache, "/o", Bytes::from(vec![b'o'; at + 1]));
+        assert_eq!(weight("/e"), super::MAX_BYTES);
+        assert_eq!(weight("/o"), super::MAX_BYTES + 1);
+        let at_bound = hit(&cache, "/e").unwrap();
+        assert_ne!(at_bound.as_ptr(), stored_body(&cache, "/e").as_ptr());
+        let over = hit(&cache, "/o").unwrap();
+        assert_eq!(over.as_ptr(), stored_body(&cache, "/o").as_ptr());
     }
 }
