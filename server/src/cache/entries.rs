@@ -369,8 +369,17 @@ mod tests {
         drop(fill.answered(answer));
     }
 
-    /// The body a hit on `path` is answered with (`None`: not a hit).
+    /// Starts this thread's count of hits again: its next looks are not the one in
+    /// `RECORD_EVERY` that reads the store whatever the copy (which would hide a copy used
+    /// past a change).
+    fn count_from_zero() {
+        super::FRONT.with(|front| front.borrow_mut().hits = 0);
+    }
+
+    /// The body a hit on `path` is answered with (`None`: not a hit), never from the look
+    /// that reads the store anyway.
     fn hit(cache: &Arc<Cache>, path: &str) -> Option<Bytes> {
+        count_from_zero();
         match look(cache, "GET", path) {
             Lookup::Hit(resp) => match resp.into_body() {
                 ResponseBody::Full(body) => body,
@@ -476,6 +485,63 @@ mod tests {
             });
         });
         assert_eq!(hit(&cache, "/e"), Some(body(b'f')));
+    }
+
+    #[test]
+    fn a_removal_the_store_makes_itself_reaches_the_copies() {
+        let cache = cache();
+        store(&cache, "/a", Bytes::from(vec![b'a'; 100]));
+        assert!(hit(&cache, "/a").is_some());
+        // Removed by the store alone (as an eviction or an expiry is), not through
+        // `Entries`: only the store's listener can tell the copies.
+        cache.entries.store.invalidate(&hash(&cache, "/a"));
+        cache.entries.run_pending_tasks();
+        assert_eq!(hit(&cache, "/a"), None);
+    }
+
+    #[test]
+    fn one_hit_in_sixteen_reads_the_store() {
+        let cache = cache();
+        store(&cache, "/a", Bytes::from(vec![b'a'; 100]));
+        let a = hit(&cache, "/a").unwrap();
+        // The stored entry replaced behind the copy's back: the store counts the replaced
+        // entry's removal as a change, and the copy is told it has seen that count, so only
+        // a hit that reads the store anyway finds the new entry.
+        let h = hash(&cache, "/a");
+        let old = cache.entries.get(h).unwrap();
+        let mut variant = (*old.variants[0]).clone();
+        variant.body = Bytes::from(vec![b'b'; 100]);
+        let replaced = super::Keyed {
+            space: old.space,
+            version: old.version,
+            https: old.https,
+            host: old.host.clone(),
+            target: old.target.clone(),
+            variants: vec![Arc::new(variant)],
+        };
+        cache.entries.store.insert(h, Arc::new(replaced));
+        cache.entries.run_pending_tasks();
+        let now = cache.entries.changes.now();
+        super::FRONT.with(|front| {
+            for slot in &mut front.borrow_mut().slots {
+                if slot.store == cache.entries.id && slot.hash == h {
+                    slot.changes = now;
+                }
+            }
+        });
+        count_from_zero();
+        let bodies: Vec<Bytes> = (1..=super::RECORD_EVERY)
+            .map(|_| match look(&cache, "GET", "/a") {
+                Lookup::Hit(resp) => match resp.into_body() {
+                    ResponseBody::Full(Some(body)) => body,
+                    _ => panic!("a hit's body is whole"),
+                },
+                _ => panic!("/a is stored"),
+            })
+            .collect();
+        let (last, before) = bodies.split_last().unwrap();
+        assert!(before.iter().all(|b| b.as_ptr() == a.as_ptr()));
+        assert_eq!(*last, Bytes::from(vec![b'b'; 100]));
     }
 
     #[test]
