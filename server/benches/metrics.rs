@@ -20,6 +20,9 @@
 //! counted references of the stored header values and body, unless each thread answers from
 //! its own copy).
 //!
+//! `cache_hit_gzip`: the same hit by clients that take gzip (the stored answer's compressed
+//! copy, made by the first of them, sent to the others).
+//!
 //! Run: `cargo bench -p tern --bench metrics`. `threads/2` is the wall time of two threads
 //! each recording one request, per request pair: with no shared line it stays near
 //! `threads/1`.
@@ -156,29 +159,37 @@ fn cache_hit(c: &mut Criterion) {
     use std::future::Future;
     use tern::body::ResponseBody;
     use tern::cache::{Asking, Cache, CacheConfig, Lookup, Space};
+    use tern::compress::{Compression, CompressionConfig};
 
     let metrics = Metrics::new(10);
     let cache = Arc::new(Cache::new(&CacheConfig::default(), &metrics, "t"));
+    let gzip = Arc::new(
+        Compression::prepare(&CompressionConfig::default(), &metrics, "t").expect("compression"),
+    );
     let req = http::Request::get("/a").body(()).expect("request");
-    let asking = || Asking {
-        https: false,
-        host: "example.com",
-        trusted: false,
-        space: Space::Front(1),
-        compress: None,
-        body: false,
-        at: Instant::now(),
-    };
+    let req_gzip = http::Request::get("/a")
+        .header("accept-encoding", "gzip")
+        .body(())
+        .expect("request");
     // Polled once: a hit never waits.
-    let look = move |cache: &Arc<Cache>, req: &http::Request<()>| {
+    let look = move |cache: &Arc<Cache>, req: &http::Request<()>, gzip: Option<&Compression>| {
+        let asking = Asking {
+            https: false,
+            host: "example.com",
+            trusted: false,
+            space: Space::Front(1),
+            compress: gzip.map(|c| (c, c.ask(req))),
+            body: false,
+            at: Instant::now(),
+        };
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        let looked = std::pin::pin!(cache.lookup(req, asking()));
+        let looked = std::pin::pin!(cache.lookup(req, asking));
         match looked.poll(&mut cx) {
             std::task::Poll::Ready(looked) => looked,
             std::task::Poll::Pending => panic!("a look waited"),
         }
     };
-    let Lookup::Miss(fill) = look(&cache, &req) else {
+    let Lookup::Miss(fill) = look(&cache, &req, None) else {
         panic!("the first look is a miss");
     };
     let answer = http::Response::builder()
@@ -192,13 +203,23 @@ fn cache_hit(c: &mut Criterion) {
         ]))))
         .expect("answer");
     drop(fill.answered(answer));
+    let plain_cache = cache.clone();
     let hit: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-        let Lookup::Hit(resp) = look(&cache, black_box(&req)) else {
+        let Lookup::Hit(resp) = look(&plain_cache, black_box(&req), None) else {
             panic!("not a hit");
         };
         black_box(resp);
     });
     one_and_two_threads(c, "cache_hit", &hit);
+    // The same answer to clients that take gzip: its compressed copy made by the first.
+    let hit_gzip: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        let Lookup::Hit(resp) = look(&cache, black_box(&req_gzip), Some(&gzip)) else {
+            panic!("not a hit");
+        };
+        assert!(resp.headers().contains_key("content-encoding"));
+        black_box(resp);
+    });
+    one_and_two_threads(c, "cache_hit_gzip", &hit_gzip);
 }
 
 criterion_group!(benches, histograms, counters, cache_get, cache_hit);

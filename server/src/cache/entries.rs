@@ -55,6 +55,16 @@ impl Keyed {
             && &*self.target == target
     }
 
+    /// Compressed copies of its answers: the shared ones (a stored entry's), or a thread's own
+    /// (its copy's; fewer than the stored entry's once a client took another encoding since).
+    fn copies_made(&self) -> usize {
+        self.variants.iter().map(|v| v.copies.made()).sum()
+    }
+
+    fn own_copies(&self) -> usize {
+        self.variants.iter().map(|v| v.own.count()).sum()
+    }
+
     /// The tags its answers were stored with.
     pub(super) fn tags(&self) -> impl Iterator<Item = &str> {
         self.variants
@@ -193,8 +203,10 @@ impl Entries {
                 if mine
                     && let Some(held) = &slot.held
                     && std::ptr::eq(held.stored.as_ptr(), Arc::as_ptr(&stored))
+                    && held.copy.own_copies() == stored.copies_made()
                 {
-                    // Other keys changed; this one did not.
+                    // Other keys changed; this one did not (nor its compressed copies: a
+                    // new one is copied with the whole entry below).
                     slot.changes = changes;
                     return Some(held.copy.clone());
                 }
@@ -298,6 +310,7 @@ impl Variant {
         Self {
             headers,
             body: bytes::Bytes::copy_from_slice(&self.body),
+            own: self.copies.own(),
             ..self.clone()
         }
     }
@@ -324,6 +337,7 @@ mod tests {
 
     use crate::body::ResponseBody;
     use crate::cache::{Asking, Cache, CacheConfig, Lookup, Purge, Space};
+    use crate::compress::{Compression, CompressionConfig};
 
     const HOST: &str = "example.com";
 
@@ -334,9 +348,20 @@ mod tests {
 
     /// One look at `cache` for `method` `path` (polled once: a hit or a miss never waits here).
     fn look(cache: &Arc<Cache>, method: &str, path: &str) -> Lookup {
+        look_with(cache, method, path, None)
+    }
+
+    /// [`look`] by a client that takes `compress`'s encodings (`Accept-Encoding: gzip`).
+    fn look_with(
+        cache: &Arc<Cache>,
+        method: &str,
+        path: &str,
+        compress: Option<&Compression>,
+    ) -> Lookup {
         let req = http::Request::builder()
             .method(method)
             .uri(path)
+            .header("accept-encoding", "gzip")
             .body(())
             .unwrap();
         let asking = Asking {
@@ -344,7 +369,7 @@ mod tests {
             host: HOST,
             trusted: false,
             space: Space::Front(1),
-            compress: None,
+            compress: compress.map(|c| (c, c.ask(&req))),
             body: false,
             at: Instant::now(),
         };
@@ -361,6 +386,7 @@ mod tests {
             panic!("{path} was stored already");
         };
         let answer = http::Response::builder()
+            .header("content-type", "text/plain")
             .header("cache-control", "max-age=3600")
             .header("etag", "\"v1\"")
             .header("x-tier", "gold")
@@ -485,6 +511,48 @@ mod tests {
             });
         });
         assert_eq!(hit(&cache, "/e"), Some(body(b'f')));
+    }
+
+    #[test]
+    fn a_compressed_hit_is_answered_from_its_threads_own_copy() {
+        let cache = cache();
+        let metrics = crate::metrics::Metrics::new(8);
+        let gzip = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
+        let plain = Bytes::from("a plain answer to compress. ".repeat(80));
+        store(&cache, "/a", plain.clone());
+        let gzipped = || {
+            count_from_zero();
+            let Lookup::Hit(resp) = look_with(&cache, "GET", "/a", Some(&gzip)) else {
+                panic!("/a is stored");
+            };
+            assert_eq!(resp.headers()["content-encoding"], "gzip");
+            match resp.into_body() {
+                ResponseBody::Full(Some(body)) => body,
+                _ => panic!("a hit's body is whole"),
+            }
+        };
+        // The first client to take gzip makes the stored answer's copy: shared by every thread.
+        let shared = gzipped();
+        assert!(shared.len() < plain.len());
+        // The next hit finds the change and copies the entry again, with that copy its own.
+        let own = gzipped();
+        assert_eq!(own, shared);
+        assert_ne!(own.as_ptr(), shared.as_ptr());
+        assert_eq!(gzipped().as_ptr(), own.as_ptr());
+        // Another thread has one of its own.
+        let other = std::thread::scope(|s| {
+            s.spawn(|| {
+                gzipped();
+                gzipped()
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(other, shared);
+        assert_ne!(other.as_ptr(), shared.as_ptr());
+        assert_ne!(other.as_ptr(), own.as_ptr());
+        // A client taking the plain answer still gets it.
+        assert_eq!(hit(&cache, "/a"), Some(plain));
     }
 
     #[test]

@@ -453,6 +453,7 @@ impl Cache {
             policy,
             tags,
             copies: Arc::default(),
+            own: crate::compress::Owned::default(),
         })
     }
 

@@ -687,7 +687,7 @@ impl Cache {
         let Some((compression, asked)) = compress else {
             return resp;
         };
-        let (resp, made) = compression.apply_stored(asked, resp, &v.copies);
+        let (resp, made) = compression.apply_stored(asked, resp, &v.copies, &v.own);
         if let Some(bytes) = made {
             self.grew(hash, v, bytes);
         }

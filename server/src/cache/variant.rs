@@ -46,6 +46,9 @@ pub(super) struct Variant {
     pub(super) tags: Vec<Box<str>>,
     /// Its body compressed, per encoding, as clients have taken it (`[tenant.compression]`).
     pub(super) copies: Arc<crate::compress::Copies>,
+    /// A thread's copy of the stored answer (`entries`): its own copies of those of `copies`
+    /// made when it was copied (none in the store).
+    pub(super) own: crate::compress::Owned,
 }
 
 /// The stale windows of an answer (RFC 5861), from the directives that decided its

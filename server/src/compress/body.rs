@@ -57,13 +57,14 @@ fn encoder(encoding: Encoding, levels: Levels, size: Option<usize>) -> Box<dyn C
     }
 }
 
-/// `tern_compression_bytes_total` of one tenant.
+/// `tern_compression_bytes_total` of one tenant (counted per thread: every compressed answer
+/// adds to both).
 #[derive(Debug, Clone)]
 pub struct Counted {
     /// Bytes before compression.
-    pub plain: prometheus::IntCounter,
+    pub plain: crate::counter::Counter,
     /// Bytes after.
-    pub sent: prometheus::IntCounter,
+    pub sent: crate::counter::Counter,
 }
 
 /// A codec that may move between threads.

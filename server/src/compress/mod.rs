@@ -61,6 +61,22 @@ pub struct Copies {
 }
 
 impl Copies {
+    /// How many copies it holds (of its three encodings).
+    pub fn made(&self) -> usize {
+        self.made.iter().filter(|c| c.get().is_some()).count()
+    }
+
+    /// The copies made so far, each in an allocation of its own: for a thread's own copy of
+    /// a stored answer, whose hits then share nothing with other threads' (a shared body's
+    /// reference count is written by every hit that sends it).
+    pub fn own(&self) -> Owned {
+        Owned(
+            self.made
+                .each_ref()
+                .map(|c| c.get().map(|b| bytes::Bytes::copy_from_slice(b))),
+        )
+    }
+
     /// The bytes its copies hold.
     pub fn bytes(&self) -> usize {
         self.made
@@ -84,6 +100,18 @@ impl Copies {
         let bits = id << 2 | u64::from(v.vary_listed) << 1 | u64::from(v.qualifies);
         self.verdict.store(bits, Relaxed);
         v
+    }
+}
+
+/// A thread's own copies of a stored answer's compressed bodies, made by [`Copies::own`] (none
+/// for the stored answer itself).
+#[derive(Debug, Clone, Default)]
+pub struct Owned([Option<bytes::Bytes>; 3]);
+
+impl Owned {
+    /// How many it holds.
+    pub fn count(&self) -> usize {
+        self.0.iter().flatten().count()
     }
 }
 
@@ -111,7 +139,7 @@ pub struct Compression {
     /// Levels: gzip, Brotli, zstd.
     levels: body::Levels,
     /// `tern_compressed_responses_total`, by encoding (in [`Encoding`]'s order).
-    answers: [prometheus::IntCounter; 3],
+    answers: [crate::counter::Counter; 3],
     /// `tern_compression_bytes_total`: plain and sent.
     bytes: body::Counted,
     /// Tells these settings from every other compression's in the process (never 0): the
@@ -187,21 +215,23 @@ impl Compression {
     /// are kept with it: the copy in the client's encoding is served, made (whole, at once)
     /// by the first client that takes it. Also says how many bytes a copy made now holds.
     /// `resp` is the stored answer (with its `Age`, `Cache-Status`) or one made from it (a
-    /// `304`, a range's `206` or `416`); the stored answer is judged once per settings.
+    /// `304`, a range's `206` or `416`); the stored answer is judged once per settings. A
+    /// copy in `own` (a thread's own of `copies`' bytes) is served before the shared one.
     pub fn apply_stored(
         &self,
         asked: Asked,
         resp: Response<ResponseBody>,
         copies: &Copies,
+        own: &Owned,
     ) -> (Response<ResponseBody>, Option<usize>) {
-        self.apply_with(asked, resp, Some(copies))
+        self.apply_with(asked, resp, Some((copies, own)))
     }
 
     fn apply_with(
         &self,
         asked: Asked,
         mut resp: Response<ResponseBody>,
-        copies: Option<&Copies>,
+        stored: Option<(&Copies, &Owned)>,
     ) -> (Response<ResponseBody>, Option<usize>) {
         let Asked(choice) = asked;
         let known = match resp.body() {
@@ -219,8 +249,8 @@ impl Compression {
                 | StatusCode::PARTIAL_CONTENT
                 | StatusCode::RANGE_NOT_SATISFIABLE
         );
-        let verdict = match copies {
-            Some(copies) if !made_from_stored => copies.judged(self.id, judge),
+        let verdict = match stored {
+            Some((copies, _)) if !made_from_stored => copies.judged(self.id, judge),
             _ => judge(),
         };
         if !verdict.qualifies {
@@ -234,10 +264,10 @@ impl Compression {
             return (resp, None);
         };
         let (mut parts, plain) = resp.into_parts();
-        let (body, made) = match (copies, plain) {
-            (Some(copies), ResponseBody::Full(Some(plain))) => {
+        let (body, made) = match (stored, plain) {
+            (Some((copies, own)), ResponseBody::Full(Some(plain))) => {
                 let slot = &copies.made[encoding as usize];
-                let (copy, made) = match slot.get() {
+                let (copy, made) = match own.0[encoding as usize].as_ref().or_else(|| slot.get()) {
                     Some(copy) => (copy.clone(), None),
                     None => match body::whole(&plain, encoding, self.levels) {
                         Ok(copy) => {

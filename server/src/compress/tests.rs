@@ -322,6 +322,7 @@ async fn each_body_is_counted_once_whole_streamed_or_from_a_copy() {
             asked("gzip", http::Method::GET),
             answer("text/html", &small, &[]),
             &copies,
+            &Owned::default(),
         );
         sent += collect(resp).await.len() as u64;
     }
@@ -356,19 +357,19 @@ async fn a_stored_answers_verdict_is_kept_for_its_settings_only() {
     let encoding = |resp: &Response<ResponseBody>| resp.headers().get(CONTENT_ENCODING).cloned();
     let varies = |resp: &Response<ResponseBody>| resp.headers().get_all(VARY).iter().count();
     for _ in 0..2 {
-        let (resp, _) = html.apply_stored(gzip(), stored(&[]), &copies);
+        let (resp, _) = html.apply_stored(gzip(), stored(&[]), &copies, &Owned::default());
         assert_eq!(encoding(&resp).unwrap(), "gzip");
         assert_eq!(varies(&resp), 1);
     }
     // Other settings over the same stored answer: judged by their own rules, then by the
     // first's again.
     for _ in 0..2 {
-        let (resp, _) = json_only.apply_stored(gzip(), stored(&[]), &copies);
+        let (resp, _) = json_only.apply_stored(gzip(), stored(&[]), &copies, &Owned::default());
         assert_eq!(encoding(&resp), None, "text/html is not json_only's");
         assert_eq!(varies(&resp), 0);
-        let (resp, _) = small.apply_stored(gzip(), stored(&[]), &copies);
+        let (resp, _) = small.apply_stored(gzip(), stored(&[]), &copies, &Owned::default());
         assert_eq!(encoding(&resp), None, "longer than small's max_bytes");
-        let (resp, _) = html.apply_stored(gzip(), stored(&[]), &copies);
+        let (resp, _) = html.apply_stored(gzip(), stored(&[]), &copies, &Owned::default());
         assert_eq!(encoding(&resp).unwrap(), "gzip");
     }
     // Answers made from the stored one, after its verdict was kept: a `304`, a range's `206`
@@ -386,21 +387,26 @@ async fn a_stored_answers_verdict_is_kept_for_its_settings_only() {
             made.headers_mut()
                 .insert(CONTENT_RANGE, HeaderValue::from_static(range));
         }
-        let (resp, _) = html.apply_stored(gzip(), made, &copies);
+        let (resp, _) = html.apply_stored(gzip(), made, &copies, &Owned::default());
         assert_eq!(encoding(&resp), None, "{status}");
     }
     // The verdict is kept, not judged again: the cache never changes a stored answer under its
     // copies, so an answer that would be judged otherwise shows which was used.
     let kept = Copies::default();
-    let (resp, _) = html.apply_stored(gzip(), stored(&[]), &kept);
+    let (resp, _) = html.apply_stored(gzip(), stored(&[]), &kept, &Owned::default());
     assert_eq!(encoding(&resp).unwrap(), "gzip");
     let image = answer("image/png", &body, &[]);
-    let (resp, _) = html.apply_stored(gzip(), image, &kept);
+    let (resp, _) = html.apply_stored(gzip(), image, &kept, &Owned::default());
     assert_eq!(encoding(&resp).unwrap(), "gzip", "the kept verdict");
     // A stored answer whose `Vary` lists `Accept-Encoding` keeps it once.
     let listed = Copies::default();
     for _ in 0..2 {
-        let (resp, _) = html.apply_stored(gzip(), stored(&[("vary", "Accept-Encoding")]), &listed);
+        let (resp, _) = html.apply_stored(
+            gzip(),
+            stored(&[("vary", "Accept-Encoding")]),
+            &listed,
+            &Owned::default(),
+        );
         assert_eq!(encoding(&resp).unwrap(), "gzip");
         assert_eq!(varies(&resp), 1);
     }

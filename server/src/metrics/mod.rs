@@ -546,13 +546,13 @@ named_metrics! {
         "Publishes sent on to the other replicas of a fleet, by outcome (sent, failed).",
         &["outcome"]
     );
-    pub compressed: counters(
+    pub compressed: thread_counters(
         "tern_compressed_responses_total",
         "Answers sent compressed ([tenant.compression]), by tenant and encoding (zstd, br, \
          gzip).",
         &["tenant", "encoding"],
     );
-    pub compression_bytes: counters(
+    pub compression_bytes: thread_counters(
         "tern_compression_bytes_total",
         "Body bytes of the answers sent compressed, by tenant: plain (before compression) \
          and sent (after); their ratio is what compression saves.",
