@@ -283,8 +283,9 @@ impl Entries {
 }
 
 impl Keyed {
-    /// A copy that shares nothing a read writes with `self` (its header values and body are
-    /// new allocations), but its compressed copies, which grow as clients take them.
+    /// A copy that shares nothing a hit writes with `self`: its header values, body and the
+    /// compressed bodies made so far are new allocations. (It keeps the shared `Copies`, so an
+    /// encoding no client took yet is made once, for the store, by the first that does.)
     fn own_copy(&self) -> Self {
         Self {
             space: self.space,
