@@ -203,10 +203,12 @@ impl Entries {
                 if mine
                     && let Some(held) = &slot.held
                     && std::ptr::eq(held.stored.as_ptr(), Arc::as_ptr(&stored))
-                    && held.copy.own_copies() == stored.copies_made()
+                    && (held.copy.own_copies() == stored.copies_made()
+                        || stored.weight() > MAX_BYTES)
                 {
                     // Other keys changed; this one did not (nor its compressed copies: a
-                    // new one is copied with the whole entry below).
+                    // new one is copied with the whole entry below, unless the entry with
+                    // it is past the bound: the copy is kept, the new encoding's shared).
                     slot.changes = changes;
                     return Some(held.copy.clone());
                 }
@@ -554,6 +556,34 @@ mod tests {
         assert_ne!(other.as_ptr(), own.as_ptr());
         // A client taking the plain answer still gets it.
         assert_eq!(hit(&cache, "/a"), Some(plain));
+    }
+
+    #[test]
+    fn a_copy_is_kept_when_a_compressed_copy_takes_its_entry_past_the_bound() {
+        let cache = cache();
+        let metrics = crate::metrics::Metrics::new(8);
+        let gzip = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
+        // Letters in no order: gzip saves only a quarter, so the stored entry fits the bound
+        // plain and not with its gzip copy.
+        let mut x = 1u32;
+        let plain: Vec<u8> = (0..10_000)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                b'a' + u8::try_from((x >> 16) % 26).unwrap()
+            })
+            .collect();
+        store(&cache, "/a", Bytes::from(plain));
+        let weight = || cache.entries.get(hash(&cache, "/a")).unwrap().weight();
+        assert!(weight() <= super::MAX_BYTES);
+        let copy = hit(&cache, "/a").unwrap();
+        count_from_zero();
+        assert!(matches!(
+            look_with(&cache, "GET", "/a", Some(&gzip)),
+            Lookup::Hit(_)
+        ));
+        assert!(weight() > super::MAX_BYTES);
+        // The copy is still the thread's (not one read from the store each hit from now on).
+        assert_eq!(hit(&cache, "/a").unwrap().as_ptr(), copy.as_ptr());
     }
 
     #[test]
