@@ -1,7 +1,7 @@
 //! Each version's requests and failures while a candidate serves, and the abort rule's
 //! verdict over them.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::counter::Counter;
 
 use super::plan::Abort;
 use super::split::Role;
@@ -10,8 +10,9 @@ use super::split::Role;
 /// here (or was given a share again after an abort). Kept across share changes.
 #[derive(Debug, Default)]
 pub struct Judge {
-    /// By [`Role`]: requests, then failures.
-    counts: [[AtomicU64; 2]; 2],
+    /// By [`Role`]: requests, then failures (each thread counts in its own shard: every
+    /// request of a rolling tenant adds to them).
+    counts: [[Counter; 2]; 2],
 }
 
 /// What a [`Judge`] counted, by version.
@@ -37,24 +38,24 @@ impl Judge {
     /// Counts one answer of `role` with `status`.
     pub fn count(&self, role: Role, status: u16) {
         let c = &self.counts[role as usize];
-        c[0].fetch_add(1, Relaxed);
+        c[0].inc();
         if status >= 500 {
-            c[1].fetch_add(1, Relaxed);
+            c[1].inc();
         }
     }
 
     /// One more failure of `role`, for an answer counted by its head's status that failed
     /// after it (a streamed body cut by a trap, a deadline, a limit).
     pub fn failed_after_head(&self, role: Role) {
-        self.counts[role as usize][1].fetch_add(1, Relaxed);
+        self.counts[role as usize][1].inc();
     }
 
     /// What `role` was counted.
     pub fn counts(&self, role: Role) -> Counts {
         let c = &self.counts[role as usize];
         Counts {
-            requests: c[0].load(Relaxed),
-            failures: c[1].load(Relaxed),
+            requests: c[0].get(),
+            failures: c[1].get(),
         }
     }
 
