@@ -12,11 +12,15 @@
 //! a copy remembers; a copy is not used past the time its entry expires; and every
 //! [`RECORD_EVERY`]th hit of a thread reads the store anyway, so the store still sees which
 //! entries are asked often (its admission and eviction weigh that). A thread's copies hold at
-//! most `SLOTS × MAX_BYTES` (1 MiB), outside the cache's `max_mib`.
+//! most `SLOTS × MAX_BYTES` (1 MiB), outside the cache's `max_mib`: a copy's compressed
+//! bodies, each copied from the stored one the first time the thread serves its encoding,
+//! are counted in its `MAX_BYTES` (one that does not fit is served from the store's). A
+//! copy of an entry that left the store keeps the entry's shared compressed bodies until the
+//! thread looks at that slot again.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Instant;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -55,16 +59,6 @@ impl Keyed {
             && &*self.target == target
     }
 
-    /// Compressed copies of its answers: the shared ones (a stored entry's), or a thread's own
-    /// (its copy's; fewer than the stored entry's once a client took another encoding since).
-    fn copies_made(&self) -> usize {
-        self.variants.iter().map(|v| v.copies.made()).sum()
-    }
-
-    fn own_copies(&self) -> usize {
-        self.variants.iter().map(|v| v.own.count()).sum()
-    }
-
     /// The tags its answers were stored with.
     pub(super) fn tags(&self) -> impl Iterator<Item = &str> {
         self.variants
@@ -74,16 +68,21 @@ impl Keyed {
 
     /// Bytes it holds, roughly: what the cache's size counts.
     pub(super) fn weight(&self) -> u32 {
+        let copies: usize = self.variants.iter().map(|v| v.copies.bytes()).sum();
+        u32::try_from(self.plain_weight() + copies).unwrap_or(u32::MAX)
+    }
+
+    /// Bytes it holds besides its compressed copies, roughly.
+    fn plain_weight(&self) -> usize {
         let key = self.host.len() + self.target.len() + 64;
-        let bytes = self.variants.iter().fold(key, |n, v| {
+        self.variants.iter().fold(key, |n, v| {
             let headers: usize = v
                 .headers
                 .iter()
                 .map(|(k, v)| k.as_str().len() + v.len() + 32)
                 .sum();
-            n + v.body.len() + v.copies.bytes() + headers + 256
-        });
-        u32::try_from(bytes).unwrap_or(u32::MAX)
+            n + v.body.len() + headers + 256
+        })
     }
 }
 
@@ -98,11 +97,18 @@ const RECORD_EVERY: u32 = 16;
 /// Ids of stores: a slot names the store its copy is of (never reused).
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Locks of the keys' writers, chosen by the key's hash.
+const WRITERS: usize = 64;
+
 /// The store: `moka`'s, and how many times it has changed.
 pub(super) struct Entries {
     store: moka::sync::Cache<u64, Arc<Keyed>, Hashed>,
     changes: Arc<Changes>,
     id: u64,
+    /// One writer of a key at a time (its hash's lock): what is stored made from what was
+    /// read ([`Entries::update`]) is stored with no other store or invalidation of the key
+    /// in between, so it never undoes one. Hits take none.
+    writers: Box<[Mutex<()>]>,
 }
 
 /// How many times a store has changed (on a line of its own: it is read by every hit, and
@@ -165,7 +171,18 @@ impl Entries {
             store,
             changes,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            writers: std::iter::repeat_with(Mutex::default)
+                .take(WRITERS)
+                .collect(),
         }
+    }
+
+    /// The lock of `hash`'s writers.
+    fn writer(&self, hash: u64) -> MutexGuard<'_, ()> {
+        #[allow(clippy::cast_possible_truncation)]
+        self.writers[(hash as usize) % WRITERS]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The entry under `hash` for a look at `now`: this thread's copy while it is good, else
@@ -203,12 +220,9 @@ impl Entries {
                 if mine
                     && let Some(held) = &slot.held
                     && std::ptr::eq(held.stored.as_ptr(), Arc::as_ptr(&stored))
-                    && (held.copy.own_copies() == stored.copies_made()
-                        || stored.weight() > MAX_BYTES)
                 {
-                    // Other keys changed; this one did not (nor its compressed copies: a
-                    // new one is copied with the whole entry below, unless the entry with
-                    // it is past the bound: the copy is kept, the new encoding's shared).
+                    // Other keys changed; this one did not (or only by a compressed copy
+                    // made: the thread's copy makes its own from it when it serves it).
                     slot.changes = changes;
                     return Some(held.copy.clone());
                 }
@@ -219,9 +233,10 @@ impl Entries {
                     .max()
                     .and_then(|left| now.checked_add(left))
                     .filter(|until| *until > now);
+                let plain = stored.plain_weight();
                 match until {
-                    Some(until) if stored.weight() <= MAX_BYTES => {
-                        let copy = Arc::new(stored.own_copy());
+                    Some(until) if plain <= MAX_BYTES as usize => {
+                        let copy = Arc::new(stored.own_copy(MAX_BYTES as usize - plain));
                         *slot = Slot {
                             store: self.id,
                             hash,
@@ -250,17 +265,42 @@ impl Entries {
         self.store.get(&hash)
     }
 
-    pub(super) fn insert(&self, hash: u64, entry: Arc<Keyed>) {
+    /// Stores what `make` makes of the entry stored under `hash` now (`None`: none is;
+    /// making `None` stores nothing), with no other store or invalidation of `hash` in
+    /// between: a new variant beside the key's others, a compressed copy counted, a purge's
+    /// stale mark are never made of an entry that was replaced or dropped meanwhile (which
+    /// would bring it back). Whether it stored one.
+    pub(super) fn update(
+        &self,
+        hash: u64,
+        make: impl FnOnce(Option<Arc<Keyed>>) -> Option<Arc<Keyed>>,
+    ) -> bool {
+        let _writing = self.writer(hash);
+        let now = self.store.get(&hash);
+        #[cfg(test)]
+        tests::meanwhile();
+        let Some(entry) = make(now) else {
+            return false;
+        };
         self.store.insert(hash, entry);
         self.changes.changed();
+        true
     }
 
     pub(super) fn invalidate(&self, hash: u64) {
+        let _writing = self.writer(hash);
         self.store.invalidate(&hash);
         self.changes.changed();
     }
 
     pub(super) fn invalidate_all(&self) {
+        // Every key's writers: an update under way is stored before, and dropped with the
+        // rest.
+        let _writing: Vec<MutexGuard<'_, ()>> = self
+            .writers
+            .iter()
+            .map(|w| w.lock().unwrap_or_else(PoisonError::into_inner))
+            .collect();
         self.store.invalidate_all();
         self.changes.changed();
     }
@@ -285,10 +325,12 @@ impl Entries {
 }
 
 impl Keyed {
-    /// A copy that shares nothing a hit writes with `self`: its header values, body and the
-    /// compressed bodies made so far are new allocations. (It keeps the shared `Copies`, so an
-    /// encoding no client took yet is made once, for the store, by the first that does.)
-    fn own_copy(&self) -> Self {
+    /// A copy that shares nothing a hit writes with `self`: its header values and body are
+    /// new allocations, and so are the compressed bodies it serves, each copied when first
+    /// served while they fit in `room` bytes (it keeps the shared `Copies`: an encoding no
+    /// client took yet is made once, for the store, by the first that does).
+    fn own_copy(&self, room: usize) -> Self {
+        let room = Arc::new(std::sync::atomic::AtomicUsize::new(room));
         Self {
             space: self.space,
             version: self.version,
@@ -298,14 +340,14 @@ impl Keyed {
             variants: self
                 .variants
                 .iter()
-                .map(|v| Arc::new(v.own_copy()))
+                .map(|v| Arc::new(v.own_copy(&room)))
                 .collect(),
         }
     }
 }
 
 impl Variant {
-    fn own_copy(&self) -> Self {
+    fn own_copy(&self, room: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
         let mut headers = HeaderMap::with_capacity(self.headers.len());
         for (name, value) in &self.headers {
             headers.append(own_name(name), own_value(value));
@@ -313,7 +355,7 @@ impl Variant {
         Self {
             headers,
             body: bytes::Bytes::copy_from_slice(&self.body),
-            own: self.copies.own(),
+            own: crate::compress::Owned::with_room(room),
             ..self.clone()
         }
     }
@@ -367,17 +409,49 @@ mod tests {
             .header("accept-encoding", "gzip")
             .body(())
             .unwrap();
+        look_for(cache, &req, compress)
+    }
+
+    /// The body and `Content-Encoding` of a hit on `GET path` by a client taking only
+    /// `encoding` through `compress`, never from the look that reads the store anyway.
+    fn hit_in(cache: &Arc<Cache>, path: &str, compress: &Compression, encoding: &str) -> Bytes {
+        count_from_zero();
+        let req = http::Request::builder()
+            .uri(path)
+            .header("accept-encoding", encoding)
+            .body(())
+            .unwrap();
+        let Lookup::Hit(resp) = look_for(cache, &req, Some(compress)) else {
+            panic!("{path} is stored");
+        };
+        assert_eq!(resp.headers()["content-encoding"], encoding);
+        let length = resp.headers()["content-length"].clone();
+        match resp.into_body() {
+            ResponseBody::Full(Some(body)) => {
+                assert_eq!(length, body.len().to_string().as_str());
+                body
+            }
+            _ => panic!("a hit's body is whole"),
+        }
+    }
+
+    /// One look at `cache` for `req`.
+    fn look_for(
+        cache: &Arc<Cache>,
+        req: &http::Request<()>,
+        compress: Option<&Compression>,
+    ) -> Lookup {
         let asking = Asking {
             https: false,
             host: HOST,
             trusted: false,
             space: Space::Front(1),
-            compress: compress.map(|c| (c, c.ask(&req))),
+            compress: compress.map(|c| (c, c.ask(req))),
             body: false,
             at: Instant::now(),
         };
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match std::pin::pin!(cache.lookup(&req, asking)).poll(&mut cx) {
+        match std::pin::pin!(cache.lookup(req, asking)).poll(&mut cx) {
             std::task::Poll::Ready(looked) => looked,
             std::task::Poll::Pending => panic!("a look waited"),
         }
@@ -520,24 +594,14 @@ mod tests {
     fn a_compressed_hit_is_answered_from_its_threads_own_copy() {
         let cache = cache();
         let metrics = crate::metrics::Metrics::new(8);
-        let gzip = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
+        let compress = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
         let plain = Bytes::from("a plain answer to compress. ".repeat(80));
         store(&cache, "/a", plain.clone());
-        let gzipped = || {
-            count_from_zero();
-            let Lookup::Hit(resp) = look_with(&cache, "GET", "/a", Some(&gzip)) else {
-                panic!("/a is stored");
-            };
-            assert_eq!(resp.headers()["content-encoding"], "gzip");
-            match resp.into_body() {
-                ResponseBody::Full(Some(body)) => body,
-                _ => panic!("a hit's body is whole"),
-            }
-        };
+        let gzipped = || hit_in(&cache, "/a", &compress, "gzip");
         // The first client to take gzip makes the stored answer's copy: shared by every thread.
         let shared = gzipped();
         assert!(shared.len() < plain.len());
-        // The next hit finds the change and copies the entry again, with that copy its own.
+        // The next hit makes the thread's own copy of it, served from then on.
         let own = gzipped();
         assert_eq!(own, shared);
         assert_ne!(own.as_ptr(), shared.as_ptr());
@@ -554,8 +618,66 @@ mod tests {
         assert_eq!(other, shared);
         assert_ne!(other.as_ptr(), shared.as_ptr());
         assert_ne!(other.as_ptr(), own.as_ptr());
+        // A second encoding: made once, then the thread's own; the first's copy stays.
+        let br = hit_in(&cache, "/a", &compress, "br");
+        assert_ne!(br, shared);
+        let own_br = hit_in(&cache, "/a", &compress, "br");
+        assert_eq!(own_br, br);
+        assert_ne!(own_br.as_ptr(), br.as_ptr());
+        assert_eq!(gzipped().as_ptr(), own.as_ptr());
         // A client taking the plain answer still gets it.
         assert_eq!(hit(&cache, "/a"), Some(plain));
+        // A new answer under the key: its own copies, of its own body.
+        let new = Bytes::from("another answer to compress. ".repeat(80));
+        let Lookup::Miss(fill) = look(&cache, "DELETE", "/a") else {
+            panic!("a DELETE is passed to the guest");
+        };
+        drop(fill.answered(http::Response::new(ResponseBody::Full(None))));
+        store(&cache, "/a", new.clone());
+        let shared = gzipped();
+        assert_ne!(shared.as_ptr(), own.as_ptr());
+        let own = gzipped();
+        assert_eq!(own, shared);
+        assert_ne!(own.as_ptr(), shared.as_ptr());
+        assert_eq!(hit(&cache, "/a"), Some(new));
+    }
+
+    #[test]
+    fn a_threads_compressed_copies_fit_in_its_copys_bound() {
+        let cache = cache();
+        let metrics = crate::metrics::Metrics::new(8);
+        let compress = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
+        // Letters in no order (each encoding saves only a part) and a body that leaves the
+        // copy room for one compressed body, not two.
+        let mut x = 1u32;
+        let plain: Vec<u8> = (0..9_000)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                b'a' + u8::try_from((x >> 16) % 26).unwrap()
+            })
+            .collect();
+        store(&cache, "/a", Bytes::from(plain));
+        let entry = cache.entries.get(hash(&cache, "/a")).unwrap();
+        let room = super::MAX_BYTES as usize - entry.plain_weight();
+        assert!(hit(&cache, "/a").is_some());
+        let gzip = hit_in(&cache, "/a", &compress, "gzip");
+        let zstd = hit_in(&cache, "/a", &compress, "zstd");
+        assert!(gzip.len() <= room && zstd.len() <= room && gzip.len() + zstd.len() > room);
+        // gzip's own copy takes the room: zstd is served from the shared copy each time.
+        let own_gzip = hit_in(&cache, "/a", &compress, "gzip");
+        assert_ne!(own_gzip.as_ptr(), gzip.as_ptr());
+        assert_eq!(
+            hit_in(&cache, "/a", &compress, "zstd").as_ptr(),
+            zstd.as_ptr()
+        );
+        assert_eq!(
+            hit_in(&cache, "/a", &compress, "zstd").as_ptr(),
+            zstd.as_ptr()
+        );
+        assert_eq!(
+            hit_in(&cache, "/a", &compress, "gzip").as_ptr(),
+            own_gzip.as_ptr()
+        );
     }
 
     #[test]
@@ -584,6 +706,12 @@ mod tests {
         assert!(weight() > super::MAX_BYTES);
         // The copy is still the thread's (not one read from the store each hit from now on).
         assert_eq!(hit(&cache, "/a").unwrap().as_ptr(), copy.as_ptr());
+        // And another thread copies it too: the bound weighs what a copy holds, not the
+        // store's compressed bodies.
+        let stored = stored_body(&cache, "/a");
+        let other = std::thread::scope(|s| s.spawn(|| hit(&cache, "/a").unwrap()).join().unwrap());
+        assert_eq!(other, stored);
+        assert_ne!(other.as_ptr(), stored.as_ptr());
     }
 
     #[test]
@@ -674,5 +802,115 @@ mod tests {
         assert_ne!(at_bound.as_ptr(), stored_body(&cache, "/e").as_ptr());
         let over = hit(&cache, "/o").unwrap();
         assert_eq!(over.as_ptr(), stored_body(&cache, "/o").as_ptr());
+    }
+
+    thread_local! {
+        /// What runs in this thread's next [`super::Entries::update`], between its read and
+        /// its store.
+        static MEANWHILE: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+            std::cell::RefCell::new(None);
+    }
+
+    /// Runs what a test asked to run in this update (see [`MEANWHILE`]).
+    pub(super) fn meanwhile() {
+        if let Some(run) = MEANWHILE.with(|m| m.borrow_mut().take()) {
+            run();
+        }
+    }
+
+    /// Sends `DELETE path` through `cache` (an unsafe method: its key is invalidated) from
+    /// another thread, inside this thread's next update, giving it `WAIT` to finish; the
+    /// thread, to join.
+    fn delete_during_next_update(
+        cache: &Arc<Cache>,
+        path: &'static str,
+    ) -> Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>> {
+        const WAIT: std::time::Duration = std::time::Duration::from_millis(300);
+        let deleter = Arc::new(std::sync::Mutex::new(None));
+        let (cache, handle) = (cache.clone(), deleter.clone());
+        MEANWHILE.with(|m| {
+            *m.borrow_mut() = Some(Box::new(move || {
+                let (done, finished) = std::sync::mpsc::channel();
+                *handle.lock().unwrap() = Some(std::thread::spawn(move || {
+                    let Lookup::Miss(fill) = look(&cache, "DELETE", path) else {
+                        panic!("a DELETE is passed to the guest");
+                    };
+                    drop(fill.answered(http::Response::new(ResponseBody::Full(None))));
+                    let _ = done.send(());
+                }));
+                // Done within it when nothing holds the invalidation back.
+                let _ = finished.recv_timeout(WAIT);
+            }));
+        });
+        deleter
+    }
+
+    #[test]
+    fn a_compressed_copy_counted_never_brings_back_an_answer_invalidated_meanwhile() {
+        let cache = cache();
+        let metrics = crate::metrics::Metrics::new(8);
+        let gzip = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
+        store(
+            &cache,
+            "/a",
+            Bytes::from("an answer to compress. ".repeat(80)),
+        );
+        // The first client taking gzip makes the stored answer's copy and stores the entry
+        // again to count it; a DELETE of /a lands between that store's read and its write.
+        let deleter = delete_during_next_update(&cache, "/a");
+        count_from_zero();
+        assert!(matches!(
+            look_with(&cache, "GET", "/a", Some(&gzip)),
+            Lookup::Hit(_)
+        ));
+        deleter.lock().unwrap().take().unwrap().join().unwrap();
+        assert!(cache.entries.get(hash(&cache, "/a")).is_none());
+        assert_eq!(
+            hit(&cache, "/a"),
+            None,
+            "the DELETE's invalidation was undone"
+        );
+    }
+
+    #[test]
+    fn a_new_variant_never_brings_back_the_keys_others_invalidated_meanwhile() {
+        let cache = cache();
+        let asking = |lang: &str| {
+            http::Request::builder()
+                .uri("/v")
+                .header("accept-language", lang)
+                .body(())
+                .unwrap()
+        };
+        let answer = |lang: &str| {
+            http::Response::builder()
+                .header("cache-control", "max-age=3600")
+                .header("vary", "accept-language")
+                .body(ResponseBody::Full(Some(Bytes::from(format!("in {lang}")))))
+                .unwrap()
+        };
+        let fill = |lang: &str| {
+            let Lookup::Miss(fill) = look_for(&cache, &asking(lang), None) else {
+                panic!("/v in {lang} is not stored yet");
+            };
+            fill
+        };
+        drop(fill("en").answered(answer("en")));
+        count_from_zero();
+        assert!(matches!(
+            look_for(&cache, &asking("en"), None),
+            Lookup::Hit(_)
+        ));
+        // The German answer is stored beside the English one; a DELETE of /v lands between
+        // that store's read of the key's variants and its write.
+        let de = fill("de");
+        let deleter = delete_during_next_update(&cache, "/v");
+        drop(de.answered(answer("de")));
+        deleter.lock().unwrap().take().unwrap().join().unwrap();
+        count_from_zero();
+        assert!(
+            matches!(look_for(&cache, &asking("en"), None), Lookup::Miss(_)),
+            "the English answer, invalidated by the DELETE, was stored again"
+        );
     }
 }

@@ -468,31 +468,31 @@ impl Cache {
         )
     }
 
-    /// Stores `variant` under `s`'s key, beside the key's other variants.
+    /// Stores `variant` under `s`'s key, beside the key's other variants as they are stored
+    /// now (an invalidation of the key meanwhile drops them all, never brought back).
     fn put_variant(&self, s: &Storing, variant: Arc<Variant>) {
-        let mut variants: Vec<Arc<Variant>> = match self.entries.get(s.hash) {
-            Some(e) if e.is_for((s.space, s.version), s.https, &s.host, &s.target) => e
-                .variants
-                .iter()
-                .filter(|v| v.vary != variant.vary)
-                .cloned()
-                .collect(),
-            _ => Vec::new(),
-        };
-        if variants.len() >= MAX_VARIANTS {
-            variants.remove(0);
-        }
-        variants.push(variant);
-        self.put(
-            s.hash,
-            Keyed {
+        self.update(s.hash, |stored| {
+            let mut variants: Vec<Arc<Variant>> = match stored {
+                Some(e) if e.is_for((s.space, s.version), s.https, &s.host, &s.target) => e
+                    .variants
+                    .iter()
+                    .filter(|v| v.vary != variant.vary)
+                    .cloned()
+                    .collect(),
+                _ => Vec::new(),
+            };
+            if variants.len() >= MAX_VARIANTS {
+                variants.remove(0);
+            }
+            variants.push(variant);
+            Some(Arc::new(Keyed {
                 space: s.space,
                 version: s.version,
                 https: s.https,
                 host: s.host.clone(),
                 target: s.target.clone(),
                 variants,
-            },
-        );
+            }))
+        });
     }
 }

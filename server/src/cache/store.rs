@@ -637,21 +637,23 @@ impl Cache {
             }
             purged += 1;
             if soft {
-                self.put(
-                    *hash,
-                    Keyed {
-                        space: entry.space,
-                        version: entry.version,
-                        https: entry.https,
-                        host: entry.host.clone(),
-                        target: entry.target.clone(),
-                        variants: entry
+                // Only the entry found: one stored since came after the purge (a fill
+                // looked up before it is not stored).
+                self.update(*hash, |stored| {
+                    let stored = stored.filter(|s| Arc::ptr_eq(s, &entry))?;
+                    Some(Arc::new(Keyed {
+                        space: stored.space,
+                        version: stored.version,
+                        https: stored.https,
+                        host: stored.host.clone(),
+                        target: stored.target.clone(),
+                        variants: stored
                             .variants
                             .iter()
                             .map(|v| Arc::new(v.made_stale(now)))
                             .collect(),
-                    },
-                );
+                    }))
+                });
             } else {
                 self.entries.invalidate(*hash);
             }
@@ -660,18 +662,23 @@ impl Cache {
         purged
     }
 
-    /// Stores `entry` under `hash`, counting its bytes (the one it replaces gives its own
-    /// back when it leaves).
-    pub(super) fn put(&self, hash: u64, entry: Keyed) {
-        self.put_arc(hash, Arc::new(entry));
-    }
-
-    pub(super) fn put_arc(&self, hash: u64, entry: Arc<Keyed>) {
-        let weight = i64::from(entry.weight());
-        self.held
-            .fetch_add(weight, std::sync::atomic::Ordering::Relaxed);
-        self.stored_bytes.add(weight);
-        self.entries.insert(hash, entry);
+    /// Stores what `make` makes of the entry under `hash` as it is now (`None`: there is
+    /// none; making `None` stores nothing), counting its bytes (the one it replaces gives its
+    /// own back when it leaves); whether it stored one. No other store or invalidation of
+    /// `hash` comes between the read and the store ([`Entries::update`]).
+    pub(super) fn update(
+        &self,
+        hash: u64,
+        make: impl FnOnce(Option<Arc<Keyed>>) -> Option<Arc<Keyed>>,
+    ) -> bool {
+        self.entries.update(hash, |stored| {
+            let entry = make(stored)?;
+            let weight = i64::from(entry.weight());
+            self.held
+                .fetch_add(weight, std::sync::atomic::Ordering::Relaxed);
+            self.stored_bytes.add(weight);
+            Some(entry)
+        })
     }
 
     /// The hit `resp` from the stored `v` (under `hash`) as its client takes it: in the
@@ -695,32 +702,29 @@ impl Cache {
     }
 
     /// Counts a copy of `bytes` made for the stored `v` under `hash`, if `v` is still stored
-    /// there (a new answer may have replaced it; its copies then leave with it, uncounted):
-    /// the entry is stored again so the store weighs it anew, and the bytes are added
-    /// first because the entry it replaces (itself) gives back its weight with the copy in.
+    /// there (a new answer may have replaced it, or an invalidation dropped it; its copies
+    /// then leave with it, uncounted): the entry is stored again so the store weighs it
+    /// anew, and the bytes are added to what it holds.
     pub(super) fn grew(&self, hash: u64, v: &Arc<Variant>, bytes: usize) {
         let since = self.purges.generation();
-        let Some(entry) = self.entries.get(hash) else {
-            return;
-        };
-        // (`v` may be a thread's copy of the stored variant: the two share their copies.)
-        if !entry
-            .variants
-            .iter()
-            .any(|w| Arc::ptr_eq(&w.copies, &v.copies))
-        {
-            return;
-        }
         let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
-        self.held
-            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
-        self.stored_bytes.add(bytes);
-        self.put_arc(hash, entry.clone());
-        // A purge that went through the entries between the look and the put missed what
-        // was put again: dropped here instead.
-        if self
-            .purges
-            .named_since(since, |n| n.names(entry.space, &entry.target, entry.tags()))
+        let mut kept = None;
+        self.update(hash, |stored| {
+            // (`v` may be a thread's copy of the stored variant: the two share their copies.)
+            let stored =
+                stored.filter(|s| s.variants.iter().any(|w| Arc::ptr_eq(&w.copies, &v.copies)))?;
+            self.held
+                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+            self.stored_bytes.add(bytes);
+            kept = Some(stored.clone());
+            Some(stored)
+        });
+        // A purge going through the entries as it was stored again may have missed it:
+        // dropped here instead.
+        if let Some(entry) = kept
+            && self
+                .purges
+                .named_since(since, |n| n.names(entry.space, &entry.target, entry.tags()))
         {
             self.entries.invalidate(hash);
         }

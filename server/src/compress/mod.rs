@@ -61,22 +61,6 @@ pub struct Copies {
 }
 
 impl Copies {
-    /// How many copies it holds (of its three encodings).
-    pub fn made(&self) -> usize {
-        self.made.iter().filter(|c| c.get().is_some()).count()
-    }
-
-    /// The copies made so far, each in an allocation of its own: for a thread's own copy of
-    /// a stored answer, whose hits then share nothing with other threads' (a shared body's
-    /// reference count is written by every hit that sends it).
-    pub fn own(&self) -> Owned {
-        Owned(
-            self.made
-                .each_ref()
-                .map(|c| c.get().map(|b| bytes::Bytes::copy_from_slice(b))),
-        )
-    }
-
     /// The bytes its copies hold.
     pub fn bytes(&self) -> usize {
         self.made
@@ -103,15 +87,50 @@ impl Copies {
     }
 }
 
-/// A thread's own copies of a stored answer's compressed bodies, made by [`Copies::own`] (none
-/// for the stored answer itself).
-#[derive(Debug, Clone, Default)]
-pub struct Owned([Option<bytes::Bytes>; 3]);
+/// A thread's own copies of a stored answer's compressed bodies (a thread's copy of the
+/// answer holds them: served before the shared ones, whose reference counts every core's hits
+/// would write). Each is copied from the shared one the first time the thread serves its
+/// encoding, while they fit in the room they were given; the stored answer itself has none.
+#[derive(Debug, Default)]
+pub struct Owned(Option<Box<Own>>);
+
+#[derive(Debug)]
+struct Own {
+    made: [std::sync::OnceLock<bytes::Bytes>; 3],
+    /// Bytes still free for copies (shared by the variants of one copied entry).
+    room: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Clone for Owned {
+    /// A clone is a stored answer's: with none of its own.
+    fn clone(&self) -> Self {
+        Self(None)
+    }
+}
 
 impl Owned {
-    /// How many it holds.
-    pub fn count(&self) -> usize {
-        self.0.iter().flatten().count()
+    /// None yet, and copies of at most `room` bytes in all (with those of the others given
+    /// the same room).
+    pub fn with_room(room: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        Self(Some(Box::new(Own {
+            made: Default::default(),
+            room: room.clone(),
+        })))
+    }
+
+    /// Its copy in `encoding`, if made.
+    fn made(&self, encoding: Encoding) -> Option<&bytes::Bytes> {
+        self.0.as_ref()?.made[encoding as usize].get()
+    }
+
+    /// Its copy in `encoding` made now from `shared`, if there is room for it.
+    fn copy(&self, encoding: Encoding, shared: &bytes::Bytes) -> Option<&bytes::Bytes> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let own = self.0.as_ref()?;
+        own.room
+            .fetch_update(Relaxed, Relaxed, |room| room.checked_sub(shared.len()))
+            .ok()?;
+        Some(own.made[encoding as usize].get_or_init(|| bytes::Bytes::copy_from_slice(shared)))
     }
 }
 
@@ -216,7 +235,8 @@ impl Compression {
     /// by the first client that takes it. Also says how many bytes a copy made now holds.
     /// `resp` is the stored answer (with its `Age`, `Cache-Status`) or one made from it (a
     /// `304`, a range's `206` or `416`); the stored answer is judged once per settings. A
-    /// copy in `own` (a thread's own of `copies`' bytes) is served before the shared one.
+    /// copy in `own` (a thread's own of `copies`' bytes, made now when there is room for it)
+    /// is served before the shared one.
     pub fn apply_stored(
         &self,
         asked: Asked,
@@ -267,7 +287,10 @@ impl Compression {
         let (body, made) = match (stored, plain) {
             (Some((copies, own)), ResponseBody::Full(Some(plain))) => {
                 let slot = &copies.made[encoding as usize];
-                let (copy, made) = match own.0[encoding as usize].as_ref().or_else(|| slot.get()) {
+                let (copy, made) = match own.made(encoding).or_else(|| {
+                    slot.get()
+                        .map(|shared| own.copy(encoding, shared).unwrap_or(shared))
+                }) {
                     Some(copy) => (copy.clone(), None),
                     None => match body::whole(&plain, encoding, self.levels) {
                         Ok(copy) => {
@@ -297,7 +320,7 @@ impl Compression {
         weaken_etag(headers);
         match &body {
             ResponseBody::Full(Some(b)) => {
-                headers.insert(CONTENT_LENGTH, HeaderValue::from(b.len()));
+                headers.insert(CONTENT_LENGTH, crate::decimal::header_value(b.len() as u64));
             }
             _ => {
                 headers.remove(CONTENT_LENGTH);
