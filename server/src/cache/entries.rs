@@ -261,6 +261,7 @@ impl Entries {
     }
 
     /// The stored entry under `hash` (never a copy).
+    #[cfg(test)]
     pub(super) fn get(&self, hash: u64) -> Option<Arc<Keyed>> {
         self.store.get(&hash)
     }
@@ -600,6 +601,7 @@ mod tests {
         let gzipped = || hit_in(&cache, "/a", &compress, "gzip");
         // The first client to take gzip makes the stored answer's copy: shared by every thread.
         let shared = gzipped();
+        let first = shared.clone();
         assert!(shared.len() < plain.len());
         // The next hit makes the thread's own copy of it, served from then on.
         let own = gzipped();
@@ -635,7 +637,7 @@ mod tests {
         drop(fill.answered(http::Response::new(ResponseBody::Full(None))));
         store(&cache, "/a", new.clone());
         let shared = gzipped();
-        assert_ne!(shared.as_ptr(), own.as_ptr());
+        assert_ne!(shared, first, "the old answer's gzip copy");
         let own = gzipped();
         assert_eq!(own, shared);
         assert_ne!(own.as_ptr(), shared.as_ptr());
@@ -872,45 +874,74 @@ mod tests {
         );
     }
 
+    /// `GET /v` by a client reading `lang`.
+    fn asking_in(lang: &str) -> http::Request<()> {
+        http::Request::builder()
+            .uri("/v")
+            .header("accept-language", lang)
+            .body(())
+            .unwrap()
+    }
+
+    /// The answer to [`asking_in`] `lang`, varying on the language.
+    fn answer_in(lang: &str) -> http::Response<ResponseBody> {
+        http::Response::builder()
+            .header("cache-control", "max-age=3600")
+            .header("vary", "accept-language")
+            .body(ResponseBody::Full(Some(Bytes::from(format!("in {lang}")))))
+            .unwrap()
+    }
+
+    /// Stores [`answer_in`] `lang` for `/v`.
+    fn store_in(cache: &Arc<Cache>, lang: &str) {
+        let Lookup::Miss(fill) = look_for(cache, &asking_in(lang), None) else {
+            panic!("/v in {lang} is not stored yet");
+        };
+        drop(fill.answered(answer_in(lang)));
+    }
+
+    /// Whether `/v` in `lang` is a fresh hit.
+    fn hit_in_lang(cache: &Arc<Cache>, lang: &str) -> bool {
+        count_from_zero();
+        matches!(look_for(cache, &asking_in(lang), None), Lookup::Hit(_))
+    }
+
     #[test]
     fn a_new_variant_never_brings_back_the_keys_others_invalidated_meanwhile() {
         let cache = cache();
-        let asking = |lang: &str| {
-            http::Request::builder()
-                .uri("/v")
-                .header("accept-language", lang)
-                .body(())
-                .unwrap()
-        };
-        let answer = |lang: &str| {
-            http::Response::builder()
-                .header("cache-control", "max-age=3600")
-                .header("vary", "accept-language")
-                .body(ResponseBody::Full(Some(Bytes::from(format!("in {lang}")))))
-                .unwrap()
-        };
-        let fill = |lang: &str| {
-            let Lookup::Miss(fill) = look_for(&cache, &asking(lang), None) else {
-                panic!("/v in {lang} is not stored yet");
-            };
-            fill
-        };
-        drop(fill("en").answered(answer("en")));
-        count_from_zero();
-        assert!(matches!(
-            look_for(&cache, &asking("en"), None),
-            Lookup::Hit(_)
-        ));
+        store_in(&cache, "en");
+        assert!(hit_in_lang(&cache, "en"));
         // The German answer is stored beside the English one; a DELETE of /v lands between
         // that store's read of the key's variants and its write.
-        let de = fill("de");
+        let Lookup::Miss(de) = look_for(&cache, &asking_in("de"), None) else {
+            panic!("/v in de is not stored yet");
+        };
         let deleter = delete_during_next_update(&cache, "/v");
-        drop(de.answered(answer("de")));
+        drop(de.answered(answer_in("de")));
         deleter.lock().unwrap().take().unwrap().join().unwrap();
-        count_from_zero();
         assert!(
-            matches!(look_for(&cache, &asking("en"), None), Lookup::Miss(_)),
+            !hit_in_lang(&cache, "en"),
             "the English answer, invalidated by the DELETE, was stored again"
+        );
+    }
+
+    #[test]
+    fn a_soft_purge_marks_what_it_found_when_a_variant_was_stored_beside_it_since() {
+        let cache = cache();
+        store_in(&cache, "en");
+        let h = hash(&cache, "/v");
+        let found = cache.entries.get(h).unwrap();
+        // A soft purge found /v with its English answer; the German one was stored beside
+        // it (a new entry holding both) before the purge marked what it found.
+        store_in(&cache, "de");
+        cache.mark_stale(h, &found, Instant::now());
+        assert!(
+            !hit_in_lang(&cache, "en"),
+            "the English answer the purge found is served fresh"
+        );
+        assert!(
+            hit_in_lang(&cache, "de"),
+            "the German one, stored since, is kept fresh"
         );
     }
 }

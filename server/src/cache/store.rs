@@ -637,29 +637,45 @@ impl Cache {
             }
             purged += 1;
             if soft {
-                // Only the entry found: one stored since came after the purge (a fill
-                // looked up before it is not stored).
-                self.update(*hash, |stored| {
-                    let stored = stored.filter(|s| Arc::ptr_eq(s, &entry))?;
-                    Some(Arc::new(Keyed {
-                        space: stored.space,
-                        version: stored.version,
-                        https: stored.https,
-                        host: stored.host.clone(),
-                        target: stored.target.clone(),
-                        variants: stored
-                            .variants
-                            .iter()
-                            .map(|v| Arc::new(v.made_stale(now)))
-                            .collect(),
-                    }))
-                });
+                self.mark_stale(*hash, &entry, now);
             } else {
                 self.entries.invalidate(*hash);
             }
         }
         self.entries.run_pending_tasks();
         purged
+    }
+
+    /// Marks stale, as of `now`, the variants a soft purge `found` under `hash` that are still
+    /// stored there; one stored beside them since is left fresh (it came after the purge: a
+    /// fill looked up before it is not stored, or is one the purge does not name).
+    pub(super) fn mark_stale(&self, hash: u64, found: &Keyed, now: Instant) {
+        self.update(hash, |stored| {
+            let stored = stored?;
+            let mut marked = false;
+            let variants = stored
+                .variants
+                .iter()
+                .map(|v| {
+                    if found.variants.iter().any(|f| Arc::ptr_eq(f, v)) {
+                        marked = true;
+                        Arc::new(v.made_stale(now))
+                    } else {
+                        v.clone()
+                    }
+                })
+                .collect();
+            marked.then(|| {
+                Arc::new(Keyed {
+                    space: stored.space,
+                    version: stored.version,
+                    https: stored.https,
+                    host: stored.host.clone(),
+                    target: stored.target.clone(),
+                    variants,
+                })
+            })
+        });
     }
 
     /// Stores what `make` makes of the entry under `hash` as it is now (`None`: there is
