@@ -426,6 +426,8 @@ mod tests {
             panic!("{path} is stored");
         };
         assert_eq!(resp.headers()["content-encoding"], encoding);
+        // The stored answer's strong `ETag` (see [`store`]), weak for a compressed body.
+        assert_eq!(resp.headers()["etag"], "W/\"v1\"");
         let length = resp.headers()["content-length"].clone();
         match resp.into_body() {
             ResponseBody::Full(Some(body)) => {

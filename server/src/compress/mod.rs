@@ -96,9 +96,12 @@ pub struct Owned(Option<Box<Own>>);
 
 #[derive(Debug)]
 struct Own {
-    made: [std::sync::OnceLock<bytes::Bytes>; 3],
+    /// By encoding: the body, and its `Content-Length`.
+    made: [std::sync::OnceLock<(bytes::Bytes, HeaderValue)>; 3],
     /// Bytes still free for copies (shared by the variants of one copied entry).
     room: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The answer's `ETag` made weak (`None`: it has none, or a weak one), once made.
+    weak_etag: std::sync::OnceLock<Option<HeaderValue>>,
 }
 
 impl Clone for Owned {
@@ -115,22 +118,30 @@ impl Owned {
         Self(Some(Box::new(Own {
             made: Default::default(),
             room: room.clone(),
+            weak_etag: std::sync::OnceLock::new(),
         })))
     }
 
-    /// Its copy in `encoding`, if made.
-    fn made(&self, encoding: Encoding) -> Option<&bytes::Bytes> {
+    /// Its copy in `encoding` and that copy's `Content-Length`, if made.
+    fn made(&self, encoding: Encoding) -> Option<&(bytes::Bytes, HeaderValue)> {
         self.0.as_ref()?.made[encoding as usize].get()
     }
 
     /// Its copy in `encoding` made now from `shared`, if there is room for it.
-    fn copy(&self, encoding: Encoding, shared: &bytes::Bytes) -> Option<&bytes::Bytes> {
+    fn copy(
+        &self,
+        encoding: Encoding,
+        shared: &bytes::Bytes,
+    ) -> Option<&(bytes::Bytes, HeaderValue)> {
         use std::sync::atomic::Ordering::Relaxed;
         let own = self.0.as_ref()?;
         own.room
             .fetch_update(Relaxed, Relaxed, |room| room.checked_sub(shared.len()))
             .ok()?;
-        Some(own.made[encoding as usize].get_or_init(|| bytes::Bytes::copy_from_slice(shared)))
+        Some(own.made[encoding as usize].get_or_init(|| {
+            let length = crate::decimal::header_value(shared.len() as u64);
+            (bytes::Bytes::copy_from_slice(shared), length)
+        }))
     }
 }
 
@@ -284,13 +295,16 @@ impl Compression {
             return (resp, None);
         };
         let (mut parts, plain) = resp.into_parts();
+        // A thread's own copy's `Content-Length`, made with it.
+        let mut length = None;
         let (body, made) = match (stored, plain) {
             (Some((copies, own)), ResponseBody::Full(Some(plain))) => {
                 let slot = &copies.made[encoding as usize];
-                let (copy, made) = match own.made(encoding).or_else(|| {
-                    slot.get()
-                        .map(|shared| own.copy(encoding, shared).unwrap_or(shared))
-                }) {
+                let owned = own.made(encoding).or_else(|| {
+                    let shared = slot.get()?;
+                    own.copy(encoding, shared)
+                });
+                let (copy, made) = match owned.map(|(copy, _)| copy).or_else(|| slot.get()) {
                     Some(copy) => (copy.clone(), None),
                     None => match body::whole(&plain, encoding, self.levels) {
                         Ok(copy) => {
@@ -305,6 +319,7 @@ impl Compression {
                 };
                 self.bytes.plain.inc_by(plain.len() as u64);
                 self.bytes.sent.inc_by(copy.len() as u64);
+                length = owned.map(|(_, length)| length.clone());
                 (ResponseBody::Full(Some(copy)), made)
             }
             (_, plain) => match body::encode(plain, encoding, self.levels, &self.bytes) {
@@ -317,10 +332,11 @@ impl Compression {
         let headers = &mut parts.headers;
         headers.insert(CONTENT_ENCODING, HeaderValue::from_static(encoding.token()));
         headers.remove(ACCEPT_RANGES);
-        weaken_etag(headers);
+        weaken_etag(headers, stored.map(|(_, own)| own));
         match &body {
             ResponseBody::Full(Some(b)) => {
-                headers.insert(CONTENT_LENGTH, crate::decimal::header_value(b.len() as u64));
+                let length = length.unwrap_or_else(|| crate::decimal::header_value(b.len() as u64));
+                headers.insert(CONTENT_LENGTH, length);
             }
             _ => {
                 headers.remove(CONTENT_LENGTH);
@@ -430,17 +446,30 @@ fn vary_listed(headers: &HeaderMap) -> bool {
         .any(|v| list_has(v, "accept-encoding") || list_has(v, "*"))
 }
 
-/// Makes a strong `ETag` weak (`"x"` → `W/"x"`).
-fn weaken_etag(headers: &mut HeaderMap) {
-    if let Some(tag) = headers.get(ETAG)
-        && tag.as_bytes().first() == Some(&b'"')
-    {
-        let mut weak = b"W/".to_vec();
-        weak.extend_from_slice(tag.as_bytes());
-        if let Ok(v) = HeaderValue::from_bytes(&weak) {
-            headers.insert(ETAG, v);
-        }
+/// Makes a strong `ETag` weak (`"x"` → `W/"x"`): made once for a thread's copy of a stored
+/// answer (`own`), kept with it.
+fn weaken_etag(headers: &mut HeaderMap, own: Option<&Owned>) {
+    let Some(tag) = headers.get(ETAG) else {
+        return;
+    };
+    let weak = match own.and_then(|own| own.0.as_deref()) {
+        Some(own) => own.weak_etag.get_or_init(|| weak_of(tag)).clone(),
+        None => weak_of(tag),
+    };
+    if let Some(weak) = weak {
+        headers.insert(ETAG, weak);
     }
+}
+
+/// The weak form of the strong `ETag` `tag` (`None`: it is not strong).
+fn weak_of(tag: &HeaderValue) -> Option<HeaderValue> {
+    if tag.as_bytes().first() != Some(&b'"') {
+        return None;
+    }
+    let mut weak = Vec::with_capacity(tag.len() + 2);
+    weak.extend_from_slice(b"W/");
+    weak.extend_from_slice(tag.as_bytes());
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(weak)).ok()
 }
 
 #[cfg(test)]
