@@ -38,6 +38,11 @@ pub(super) struct Keyed {
     pub(super) host: Box<str>,
     pub(super) target: Box<str>,
     pub(super) variants: Vec<Arc<Variant>>,
+    /// Bytes of its variants' compressed copies counted in its weight: fixed when it is
+    /// made (a copy made later is counted by storing it anew, [`super::Cache::grew`]), so
+    /// what the store and the cache's bytes add when it is stored is what they take back
+    /// when it leaves.
+    pub(super) copied: usize,
 }
 
 impl Keyed {
@@ -68,8 +73,7 @@ impl Keyed {
 
     /// Bytes it holds, roughly: what the cache's size counts.
     pub(super) fn weight(&self) -> u32 {
-        let copies: usize = self.variants.iter().map(|v| v.copies.bytes()).sum();
-        u32::try_from(self.plain_weight() + copies).unwrap_or(u32::MAX)
+        u32::try_from(self.plain_weight() + self.copied).unwrap_or(u32::MAX)
     }
 
     /// Bytes it holds besides its compressed copies, roughly.
@@ -221,8 +225,8 @@ impl Entries {
                     && let Some(held) = &slot.held
                     && std::ptr::eq(held.stored.as_ptr(), Arc::as_ptr(&stored))
                 {
-                    // Other keys changed; this one did not (or only by a compressed copy
-                    // made: the thread's copy makes its own from it when it serves it).
+                    // Other keys changed; this one did not. (A compressed copy made for it
+                    // stores it anew, to count the copy: copied again below, once.)
                     slot.changes = changes;
                     return Some(held.copy.clone());
                 }
@@ -343,6 +347,7 @@ impl Keyed {
                 .iter()
                 .map(|v| Arc::new(v.own_copy(&room)))
                 .collect(),
+            copied: 0,
         }
     }
 }
@@ -622,13 +627,20 @@ mod tests {
         assert_eq!(other, shared);
         assert_ne!(other.as_ptr(), shared.as_ptr());
         assert_ne!(other.as_ptr(), own.as_ptr());
-        // A second encoding: made once, then the thread's own; the first's copy stays.
+        // A second encoding: made once, then the thread's own, beside gzip's own.
         let br = hit_in(&cache, "/a", &compress, "br");
         assert_ne!(br, shared);
         let own_br = hit_in(&cache, "/a", &compress, "br");
         assert_eq!(own_br, br);
         assert_ne!(own_br.as_ptr(), br.as_ptr());
+        let own = gzipped();
+        assert_eq!(own, shared);
+        assert_ne!(own.as_ptr(), shared.as_ptr());
         assert_eq!(gzipped().as_ptr(), own.as_ptr());
+        assert_eq!(
+            hit_in(&cache, "/a", &compress, "br").as_ptr(),
+            own_br.as_ptr()
+        );
         // A client taking the plain answer still gets it.
         assert_eq!(hit(&cache, "/a"), Some(plain));
         // A new answer under the key: its own copies, of its own body.
@@ -701,21 +713,74 @@ mod tests {
         store(&cache, "/a", Bytes::from(plain));
         let weight = || cache.entries.get(hash(&cache, "/a")).unwrap().weight();
         assert!(weight() <= super::MAX_BYTES);
-        let copy = hit(&cache, "/a").unwrap();
+        assert!(hit(&cache, "/a").is_some());
         count_from_zero();
         assert!(matches!(
             look_with(&cache, "GET", "/a", Some(&gzip)),
             Lookup::Hit(_)
         ));
         assert!(weight() > super::MAX_BYTES);
-        // The copy is still the thread's (not one read from the store each hit from now on).
+        // Still a copy of the thread's (not the stored body, read from the store each hit
+        // from now on), copied again once the entry was stored anew with its gzip copy.
+        let stored = stored_body(&cache, "/a");
+        let copy = hit(&cache, "/a").unwrap();
+        assert_eq!(copy, stored);
+        assert_ne!(copy.as_ptr(), stored.as_ptr());
         assert_eq!(hit(&cache, "/a").unwrap().as_ptr(), copy.as_ptr());
         // And another thread copies it too: the bound weighs what a copy holds, not the
         // store's compressed bodies.
-        let stored = stored_body(&cache, "/a");
         let other = std::thread::scope(|s| s.spawn(|| hit(&cache, "/a").unwrap()).join().unwrap());
         assert_eq!(other, stored);
         assert_ne!(other.as_ptr(), stored.as_ptr());
+    }
+
+    #[test]
+    fn the_bytes_an_entry_is_counted_with_are_taken_back_whatever_its_copies_meet() {
+        let cache = cache();
+        let metrics = crate::metrics::Metrics::new(8);
+        let gzip = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
+        let plain = Bytes::from("an answer to compress. ".repeat(80));
+        let held = || {
+            cache.entries.run_pending_tasks();
+            (
+                cache.held.load(std::sync::atomic::Ordering::Relaxed),
+                cache.stored_bytes.get(),
+            )
+        };
+        let delete = || {
+            let Lookup::Miss(fill) = look(&cache, "DELETE", "/a") else {
+                panic!("a DELETE is passed to the guest");
+            };
+            drop(fill.answered(http::Response::new(ResponseBody::Full(None))));
+        };
+        // A compressed copy counted while its entry is stored, then the entry dropped.
+        store(&cache, "/a", plain.clone());
+        let weight = i64::from(cache.entries.get(hash(&cache, "/a")).unwrap().weight());
+        assert_eq!(held(), (weight, weight));
+        hit_in(&cache, "/a", &gzip, "gzip");
+        let grown = i64::from(cache.entries.get(hash(&cache, "/a")).unwrap().weight());
+        assert!(grown > weight);
+        assert_eq!(held(), (grown, grown));
+        delete();
+        assert_eq!(held(), (0, 0));
+        // A copy made for an entry that leaves before the copy is counted: neither counted
+        // nor taken back.
+        store(&cache, "/a", plain);
+        count_from_zero();
+        let h = hash(&cache, "/a");
+        let v = cache.entries.look(h, Instant::now()).unwrap().variants[0].clone();
+        let req = http::Request::builder()
+            .header("accept-encoding", "gzip")
+            .body(())
+            .unwrap();
+        let resp = http::Response::builder()
+            .header("content-type", "text/plain")
+            .body(ResponseBody::Full(Some(v.body.clone())))
+            .unwrap();
+        let (_, made) = gzip.apply_stored(gzip.ask(&req), resp, &v.copies, &v.own);
+        delete();
+        cache.grew(h, &v, made.expect("the first gzip client makes the copy"));
+        assert_eq!(held(), (0, 0));
     }
 
     #[test]
@@ -749,6 +814,7 @@ mod tests {
             host: old.host.clone(),
             target: old.target.clone(),
             variants: vec![Arc::new(variant)],
+            copied: old.copied,
         };
         cache.entries.store.insert(h, Arc::new(replaced));
         cache.entries.run_pending_tasks();

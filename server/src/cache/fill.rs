@@ -491,6 +491,7 @@ impl Cache {
                 https: s.https,
                 host: s.host.clone(),
                 target: s.target.clone(),
+                copied: variants.iter().map(|v| v.copies.bytes()).sum(),
                 variants,
             }))
         });

@@ -673,6 +673,7 @@ impl Cache {
                     host: stored.host.clone(),
                     target: stored.target.clone(),
                     variants,
+                    copied: stored.copied,
                 })
             })
         });
@@ -719,21 +720,26 @@ impl Cache {
 
     /// Counts a copy of `bytes` made for the stored `v` under `hash`, if `v` is still stored
     /// there (a new answer may have replaced it, or an invalidation dropped it; its copies
-    /// then leave with it, uncounted): the entry is stored again so the store weighs it
-    /// anew, and the bytes are added to what it holds.
+    /// then leave with it, uncounted): the entry is stored anew with the bytes in its
+    /// weight, so the store weighs it and the cache's bytes count it.
     pub(super) fn grew(&self, hash: u64, v: &Arc<Variant>, bytes: usize) {
         let since = self.purges.generation();
-        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
         let mut kept = None;
         self.update(hash, |stored| {
             // (`v` may be a thread's copy of the stored variant: the two share their copies.)
             let stored =
                 stored.filter(|s| s.variants.iter().any(|w| Arc::ptr_eq(&w.copies, &v.copies)))?;
-            self.held
-                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
-            self.stored_bytes.add(bytes);
-            kept = Some(stored.clone());
-            Some(stored)
+            let grown = Arc::new(Keyed {
+                space: stored.space,
+                version: stored.version,
+                https: stored.https,
+                host: stored.host.clone(),
+                target: stored.target.clone(),
+                variants: stored.variants.clone(),
+                copied: stored.copied + bytes,
+            });
+            kept = Some(grown.clone());
+            Some(grown)
         });
         // A purge going through the entries as it was stored again may have missed it:
         // dropped here instead.
