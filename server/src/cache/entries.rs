@@ -104,6 +104,11 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Locks of the keys' writers, chosen by the key's hash.
 const WRITERS: usize = 64;
 
+/// Counts of keys' invalidations, chosen by the key's hash (a multiple of [`WRITERS`]: each
+/// count is written and checked under one writer lock).
+const INVALIDATIONS: usize = 1024;
+const _: () = assert!(INVALIDATIONS.is_multiple_of(WRITERS));
+
 /// The store: `moka`'s, and how many times it has changed.
 pub(super) struct Entries {
     store: moka::sync::Cache<u64, Arc<Keyed>, Hashed>,
@@ -113,6 +118,10 @@ pub(super) struct Entries {
     /// read ([`Entries::update`]) is stored with no other store or invalidation of the key
     /// in between, so it never undoes one. Hits take none.
     writers: Box<[Mutex<()>]>,
+    /// How many times the keys of each share of the hashes were invalidated: a fill notes its
+    /// key's before it asks for the answer, and is not stored if it changed since
+    /// ([`Entries::invalidated_since`]). Read by misses only.
+    invalidations: Box<[AtomicU64]>,
 }
 
 /// How many times a store has changed (on a line of its own: it is read by every hit, and
@@ -178,7 +187,28 @@ impl Entries {
             writers: std::iter::repeat_with(Mutex::default)
                 .take(WRITERS)
                 .collect(),
+            invalidations: std::iter::repeat_with(AtomicU64::default)
+                .take(INVALIDATIONS)
+                .collect(),
         }
+    }
+
+    fn invalidations_of(&self, hash: u64) -> &AtomicU64 {
+        #[allow(clippy::cast_possible_truncation)]
+        &self.invalidations[(hash as usize) % INVALIDATIONS]
+    }
+
+    /// What a fill of key `hash` notes before it asks for its answer.
+    pub(super) fn invalidations(&self, hash: u64) -> u64 {
+        self.invalidations_of(hash).load(Ordering::Acquire)
+    }
+
+    /// Whether key `hash` may have been invalidated since a fill noted `noted`: exact when
+    /// asked inside [`Entries::update`] of `hash` (under its writer lock, which an
+    /// invalidation holds); another key sharing its count may make it true (that fill is
+    /// then not stored, rarely: one key in 1,024 invalidated while it runs).
+    pub(super) fn invalidated_since(&self, hash: u64, noted: u64) -> bool {
+        self.invalidations_of(hash).load(Ordering::Acquire) != noted
     }
 
     /// The lock of `hash`'s writers.
@@ -294,6 +324,7 @@ impl Entries {
 
     pub(super) fn invalidate(&self, hash: u64) {
         let _writing = self.writer(hash);
+        self.invalidations_of(hash).fetch_add(1, Ordering::Release);
         self.store.invalidate(&hash);
         self.changes.changed();
     }
@@ -306,6 +337,9 @@ impl Entries {
             .iter()
             .map(|w| w.lock().unwrap_or_else(PoisonError::into_inner))
             .collect();
+        for count in &self.invalidations {
+            count.fetch_add(1, Ordering::Release);
+        }
         self.store.invalidate_all();
         self.changes.changed();
     }
@@ -1011,5 +1045,121 @@ mod tests {
             hit_in_lang(&cache, "de"),
             "the German one, stored since, is kept fresh"
         );
+    }
+
+    /// The guest's answer `body` to `GET`, stored for an hour.
+    fn answer(body: &'static str) -> http::Response<ResponseBody> {
+        http::Response::builder()
+            .header("cache-control", "max-age=3600")
+            .header("etag", "\"v1\"")
+            .body(ResponseBody::Full(Some(Bytes::from(body))))
+            .unwrap()
+    }
+
+    /// Sends `DELETE path` through `cache`, answered by the guest.
+    fn delete(cache: &Arc<Cache>, path: &str) {
+        let Lookup::Miss(fill) = look(cache, "DELETE", path) else {
+            panic!("a DELETE is passed to the guest");
+        };
+        drop(fill.answered(http::Response::new(ResponseBody::Full(None))));
+    }
+
+    fn cache_status(resp: &http::Response<ResponseBody>) -> &str {
+        resp.headers()["cache-status"].to_str().unwrap()
+    }
+
+    #[test]
+    fn an_answer_made_while_its_key_was_invalidated_is_served_and_not_stored() {
+        let cache = cache();
+        // A path whose key counts its invalidations apart from /a's.
+        let share = |path: &str| hash(&cache, path) % super::INVALIDATIONS as u64;
+        let other = (0..)
+            .map(|i| format!("/b{i}"))
+            .find(|p| share(p) != share("/a"))
+            .unwrap();
+        let Lookup::Miss(fill) = look(&cache, "GET", "/a") else {
+            panic!("/a is not stored yet");
+        };
+        let Lookup::Miss(beside) = look(&cache, "GET", &other) else {
+            panic!("{other} is not stored yet");
+        };
+        // While the guest makes the answer to GET /a (from what it held before), a DELETE
+        // of /a is answered.
+        delete(&cache, "/a");
+        let resp = fill.answered(answer("before the DELETE"));
+        assert_eq!(
+            cache_status(&resp),
+            "tern; fwd=uri-miss; detail=invalidated-during-fill"
+        );
+        assert_eq!(
+            hit(&cache, "/a"),
+            None,
+            "an answer older than the DELETE is stored"
+        );
+        // Another key's fill is stored (the DELETE named /a only).
+        let resp = beside.answered(answer("another page"));
+        assert_eq!(cache_status(&resp), "tern; fwd=uri-miss; stored");
+        assert_eq!(hit(&cache, &other).unwrap(), "another page");
+        // A GET looked up after the DELETE is stored.
+        store(&cache, "/a", Bytes::from("after the DELETE"));
+        assert_eq!(hit(&cache, "/a").unwrap(), "after the DELETE");
+    }
+
+    /// Stores an answer for `path`, then looks it up for a client asking to revalidate it
+    /// (`Cache-Control: no-cache`): the fill revalidating it.
+    fn stored_then_revalidating(cache: &Arc<Cache>, path: &str) -> crate::cache::Fill {
+        store(cache, path, Bytes::from("the stored page"));
+        let req = http::Request::builder()
+            .uri(path)
+            .header("cache-control", "no-cache")
+            .body(())
+            .unwrap();
+        let Lookup::Miss(fill) = look_for(cache, &req, None) else {
+            panic!("{path} is revalidated");
+        };
+        fill
+    }
+
+    #[test]
+    fn a_revalidation_is_stored_only_while_its_stale_answer_is() {
+        let cache = cache();
+        let not_modified = || {
+            http::Response::builder()
+                .status(http::StatusCode::NOT_MODIFIED)
+                .header("cache-control", "max-age=3600")
+                .header("etag", "\"v1\"")
+                .body(ResponseBody::Full(None))
+                .unwrap()
+        };
+        // Confirmed by a `304`: stored again, fresh.
+        let fill = stored_then_revalidating(&cache, "/a");
+        let resp = fill.answered(not_modified());
+        assert_eq!(
+            cache_status(&resp),
+            "tern; fwd=request; fwd-status=304; stored"
+        );
+        assert_eq!(hit(&cache, "/a").unwrap(), "the stored page");
+        // The stale answer left the store while it was being revalidated (here taken out
+        // as the store drops an entry itself; a DELETE answered before the fill noted the
+        // key's invalidations is the same): the `304` does not bring it back.
+        let fill = stored_then_revalidating(&cache, "/b");
+        cache.entries.store.invalidate(&hash(&cache, "/b"));
+        cache.entries.run_pending_tasks();
+        let resp = fill.answered(not_modified());
+        assert_eq!(
+            cache_status(&resp),
+            "tern; fwd=request; fwd-status=304; detail=invalidated-during-fill"
+        );
+        let ResponseBody::Full(Some(body)) = resp.into_body() else {
+            panic!("a revalidated answer is whole");
+        };
+        assert_eq!(body, "the stored page");
+        assert_eq!(hit(&cache, "/b"), None, "the stale answer was brought back");
+        // Nor does a `304` to a revalidation that spans a DELETE.
+        let fill = stored_then_revalidating(&cache, "/c");
+        delete(&cache, "/c");
+        let resp = fill.answered(not_modified());
+        assert!(cache_status(&resp).ends_with("; detail=invalidated-during-fill"));
+        assert_eq!(hit(&cache, "/c"), None, "the DELETE was undone");
     }
 }

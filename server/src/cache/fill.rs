@@ -168,7 +168,7 @@ impl Fill {
                                         cache.max_object,
                                         Box::new(move |body| {
                                             let variant = Variant { body, ..variant };
-                                            let _ = cache.insert(&storing, Arc::new(variant));
+                                            let _ = cache.insert(&storing, Arc::new(variant), None);
                                             drop(lead);
                                         }),
                                     )
@@ -182,12 +182,16 @@ impl Fill {
                 };
                 match stored {
                     Some(variant) => {
-                        if cache.insert(storing, variant.clone()) {
-                            status.push_str("; stored");
-                        } else {
+                        let from =
+                            (storing.stale.as_ref()).filter(|_| guest == StatusCode::NOT_MODIFIED);
+                        status.push_str(match cache.insert(storing, variant.clone(), from) {
+                            Stored::Yes => "; stored",
                             // A purge naming it came while it was being made.
-                            status.push_str("; detail=purged-during-fill");
-                        }
+                            Stored::Purged => "; detail=purged-during-fill",
+                            // A `POST`, `PUT`, `PATCH` or `DELETE` of its URL was answered
+                            // while it was being made: it may be what that changed.
+                            Stored::Invalidated => "; detail=invalidated-during-fill",
+                        });
                         // The client's own validators and range, answered from what was
                         // stored (a revalidation was served so already).
                         let asks = storing.if_none_match.is_some()
@@ -458,20 +462,50 @@ impl Cache {
     }
 
     /// Stores `variant` under `s`'s key, beside the key's other variants, unless a purge
-    /// since `s` was looked up names it; whether it was stored.
-    pub(super) fn insert(&self, s: &Storing, variant: Arc<Variant>) -> bool {
+    /// since `s` was looked up names it, or its key was invalidated since (`from`: the stale
+    /// answer it was made from, which must still be stored).
+    pub(super) fn insert(
+        &self,
+        s: &Storing,
+        variant: Arc<Variant>,
+        from: Option<&Arc<Variant>>,
+    ) -> Stored {
         let tags = || variant.tags.iter().map(|t| &**t);
-        self.purges.store(
+        let mut put = false;
+        let unpurged = self.purges.store(
             s.generation,
             |named| named.names(s.space, &s.target, tags()),
-            || self.put_variant(s, variant.clone()),
-        )
+            || put = self.put_variant(s, variant.clone(), from),
+        );
+        match (unpurged, put) {
+            (false, _) => Stored::Purged,
+            (true, false) => Stored::Invalidated,
+            (true, true) => Stored::Yes,
+        }
     }
 
     /// Stores `variant` under `s`'s key, beside the key's other variants as they are stored
-    /// now (an invalidation of the key meanwhile drops them all, never brought back).
-    fn put_variant(&self, s: &Storing, variant: Arc<Variant>) {
+    /// now (an invalidation of the key meanwhile drops them all, never brought back); not if
+    /// the key was invalidated since `s` was looked up, nor when `from` (the stale answer a
+    /// `304` confirmed) is no longer stored; whether it was stored.
+    fn put_variant(&self, s: &Storing, variant: Arc<Variant>, from: Option<&Arc<Variant>>) -> bool {
         self.update(s.hash, |stored| {
+            // (Under the key's writer lock: an invalidation is before it or after the store.)
+            if self.entries.invalidated_since(s.hash, s.invalidations) {
+                return None;
+            }
+            // What was read at the look, before the fill noted the key's invalidations, may
+            // have been dropped in between. (`from` may be a thread's copy of the stored
+            // variant: the two share their copies.)
+            if let Some(from) = from
+                && !stored.as_ref().is_some_and(|e| {
+                    e.variants
+                        .iter()
+                        .any(|w| Arc::ptr_eq(&w.copies, &from.copies))
+                })
+            {
+                return None;
+            }
             let mut variants: Vec<Arc<Variant>> = match stored {
                 Some(e) if e.is_for((s.space, s.version), s.https, &s.host, &s.target) => e
                     .variants
@@ -494,6 +528,16 @@ impl Cache {
                 copied: variants.iter().map(|v| v.copies.bytes()).sum(),
                 variants,
             }))
-        });
+        })
     }
+}
+
+/// What became of an answer a fill meant to store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stored {
+    Yes,
+    /// A purge since its lookup names it.
+    Purged,
+    /// Its key was invalidated since its lookup (or the stale answer it confirms left).
+    Invalidated,
 }

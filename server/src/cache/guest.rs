@@ -162,8 +162,8 @@ pub struct Entry {
     found: Option<Found>,
     /// This request fills the key: others wait until it inserts or drops it.
     fill: Option<Fill>,
-    /// The cache's purge generation at the lookup.
-    generation: u64,
+    /// The cache's purge generation and its key's invalidations at the lookup.
+    since: (u64, u64),
 }
 
 struct Found {
@@ -222,7 +222,7 @@ impl Session {
         let cache = &granted.cache;
         // A purge from here on that names what this request inserts keeps it out: the
         // guest may have made it from what the purge meant to drop.
-        let generation = cache.purges.generation();
+        let since = cache.since(key_hash(cache, req.uri().path()));
         let asking = Asking {
             https: false,
             host: "",
@@ -250,7 +250,7 @@ impl Session {
             req,
             found,
             fill,
-            generation,
+            since,
         })
     }
 
@@ -292,6 +292,11 @@ impl From<Response<ResponseBody>> for Found {
         };
         Self { body, age, stale }
     }
+}
+
+/// The store's key of a guest's entry under `target`.
+fn key_hash(cache: &Cache, target: &str) -> u64 {
+    cache.hash((Space::GUEST, 0), false, "", target)
 }
 
 impl Entry {
@@ -338,13 +343,13 @@ impl Entry {
             )));
         }
         let target = self.req.uri().path();
-        let hash = self.cache.hash((Space::GUEST, 0), false, "", target);
+        let hash = key_hash(&self.cache, target);
         let mut storing = Storing::new(
             hash,
             (Space::GUEST, 0),
             (false, "", target),
             &self.req,
-            self.generation,
+            self.since,
         );
         storing.tags = write.tags.iter().map(|t| t.as_str().into()).collect();
         let variant = self
@@ -353,7 +358,7 @@ impl Entry {
             .ok_or_else(|| CacheError::Invalid("the entry cannot be stored".into()))?;
         // Not stored if a purge naming it came since the lookup: as if it had been stored
         // first and purged then.
-        let _ = self.cache.insert(&storing, Arc::new(variant));
+        let _ = self.cache.insert(&storing, Arc::new(variant), None);
         self.found = Some(Found {
             body,
             age: Duration::ZERO,

@@ -177,6 +177,9 @@ pub(super) struct Storing {
     /// The cache's purge generation when the request was looked up: a purge since then that
     /// names the answer keeps it from being stored.
     pub(super) generation: u64,
+    /// Its key's invalidations when the request was looked up ([`Cache::since`]): a `POST`,
+    /// `PUT`, `PATCH` or `DELETE` answered since then keeps the answer from being stored.
+    pub(super) invalidations: u64,
     /// The stale answer this request revalidates (its validators go to the guest; a `304`
     /// keeps its body) and serves if the guest fails within its `stale-if-error`.
     pub(super) stale: Option<Arc<Variant>>,
@@ -195,7 +198,7 @@ impl Storing {
         (space, version): (u8, u64),
         key: (bool, &str, &str),
         req: &Request<B>,
-        generation: u64,
+        (generation, invalidations): (u64, u64),
     ) -> Self {
         let (https, host, target) = key;
         Self {
@@ -213,6 +216,7 @@ impl Storing {
             if_range: None,
             passing: false,
             generation,
+            invalidations,
             stale: None,
             ttl: None,
             tags: Vec::new(),
@@ -438,6 +442,12 @@ impl Cache {
         looked
     }
 
+    /// What a fill of key `hash` notes before its answer is asked for: the purges' generation
+    /// and the key's invalidations (a purge or an invalidation since keeps its answer out).
+    pub(super) fn since(&self, hash: u64) -> (u64, u64) {
+        (self.purges.generation(), self.entries.invalidations(hash))
+    }
+
     /// Takes the place of the request filling key `hash`, if no other request holds it (then
     /// `None`); else a receiver that changes when that fill ends.
     pub(super) fn lead(&self, hash: u64) -> Option<tokio::sync::watch::Receiver<()>> {
@@ -520,8 +530,7 @@ impl Cache {
             || crate::body::length_of(asks.content_length).is_some_and(|n| n > 0)
             || asks.transfer_encoding;
         let storing = |stale: Option<Arc<Variant>>| {
-            let generation = self.purges.generation();
-            let mut s = Storing::new(hash, space, (https, host, target), req, generation);
+            let mut s = Storing::new(hash, space, (https, host, target), req, self.since(hash));
             s.stale = stale;
             Then::Store(Box::new(s))
         };
