@@ -64,6 +64,11 @@ pub struct Cache {
 /// ones just replaced (whose entries age out).
 const VERSIONS_KEPT: usize = 4;
 
+/// A key's bytes before its host: its space, version and scheme.
+const KEY_HEAD: usize = 10;
+/// Room on the stack for a key hashed in one write (see [`Cache::hash`]).
+const KEY_ON_STACK: usize = 256;
+
 impl Drop for Cache {
     fn drop(&mut self) {
         let held = self
@@ -364,11 +369,28 @@ impl Cache {
         target: &str,
     ) -> u64 {
         let mut h = self.hasher.build_hasher();
-        h.write_u8(space);
-        h.write_u64(version);
-        h.write_u8(u8::from(https));
-        // The host as one write (the hasher streams, so this hashes as byte by byte would:
-        // ~45 instructions a byte less), lower-cased on the stack when it needs to be.
+        let mut head = [0; KEY_HEAD];
+        head[0] = space;
+        head[1..9].copy_from_slice(&version.to_le_bytes());
+        head[9] = u8::from(https);
+        // The hasher streams (pieces hash as their bytes in one write would), but each write
+        // costs its own setup: a usual key is laid out on the stack and hashed in one write
+        // (700 -> 465 instructions a hit, callgrind), host lower-cased there. The bytes are
+        // the same either way: a host is UTF-8 and never holds the 0xff that ends it.
+        let len = KEY_HEAD + host.len() + 1 + target.len();
+        if len <= KEY_ON_STACK {
+            let mut key = [0; KEY_ON_STACK];
+            let (at_host, at_target) = (KEY_HEAD, KEY_HEAD + host.len() + 1);
+            key[..KEY_HEAD].copy_from_slice(&head);
+            key[at_host..at_target - 1].copy_from_slice(host.as_bytes());
+            key[at_host..at_target - 1].make_ascii_lowercase();
+            key[at_target - 1] = 0xff;
+            key[at_target..len].copy_from_slice(target.as_bytes());
+            h.write(&key[..len]);
+            return h.finish();
+        }
+        h.write(&head);
+        // The host as one write, lower-cased on the stack when it needs to be.
         if host.bytes().any(|b| b.is_ascii_uppercase()) {
             let mut lower = [0u8; 64];
             for chunk in host.as_bytes().chunks(lower.len()) {
@@ -787,7 +809,25 @@ mod tests {
     fn a_key_hashes_its_host_in_any_case_alike_and_other_hosts_apart() {
         let metrics = crate::metrics::Metrics::new(8);
         let cache = super::Cache::new(&crate::cache::CacheConfig::default(), &metrics, "t");
-        let hash = |host: &str| cache.hash((0, 1), false, host, "/a?b");
+        // A key laid out on the stack, and one past that room (hashed in pieces).
+        let long_target = format!("/{}", "t".repeat(super::KEY_ON_STACK));
+        for target in ["/a?b", long_target.as_str()] {
+            hosts_hash_in_any_case_alike(&cache, target);
+        }
+        // Both sides of the stack room's end: a key of exactly that length, and one byte more.
+        for extra in [0, 1] {
+            let host = "Example.COM";
+            let fill = super::KEY_ON_STACK - super::KEY_HEAD - host.len() - 1 + extra;
+            let target = format!("/{}", "x".repeat(fill - 1));
+            let hash = |host: &str| cache.hash((0, 1), false, host, &target);
+            assert_eq!(hash(host), hash(&host.to_ascii_lowercase()), "{extra}");
+            assert_ne!(hash(host), hash("example.org"), "{extra}");
+            assert_ne!(hash(host), cache.hash((0, 1), false, host, &target[1..]));
+        }
+    }
+
+    fn hosts_hash_in_any_case_alike(cache: &super::Cache, target: &str) {
+        let hash = |host: &str| cache.hash((0, 1), false, host, target);
         // Longer than the stack buffer the upper-case path lowers it in, and across its end.
         let long = format!("{}.example.com", "sub".repeat(30));
         for host in ["example.com", "a", "", long.as_str()] {
@@ -809,13 +849,18 @@ mod tests {
         }
         // Its only capitals past the stack buffer's first chunk.
         let late = format!("{}.EXAMPLE.COM", "sub".repeat(30));
-        assert_eq!(hash(&late), hash(&late.to_ascii_lowercase()));
+        assert_eq!(hash(&late), hash(&late.to_ascii_lowercase()), "{target}");
         assert_ne!(hash("example.com"), hash("example.org"));
         assert_ne!(hash(&long), hash(&long[1..]));
         // The host ends where the target begins.
         assert_ne!(
-            cache.hash((0, 1), false, "a", "b/"),
-            cache.hash((0, 1), false, "ab", "/")
+            cache.hash((0, 1), false, "a", &format!("b{target}")),
+            cache.hash((0, 1), false, "ab", target)
         );
+        // Space, version and scheme are the key's too.
+        let one = cache.hash((0, 1), false, "a", target);
+        assert_ne!(one, cache.hash((1, 1), false, "a", target));
+        assert_ne!(one, cache.hash((0, 2), false, "a", target));
+        assert_ne!(one, cache.hash((0, 1), true, "a", target));
     }
 }
