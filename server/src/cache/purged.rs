@@ -25,6 +25,8 @@ pub(super) struct Named {
     /// Path prefixes, in the normal form keys are in.
     pub(super) prefixes: Vec<String>,
     pub(super) tags: Vec<String>,
+    /// It makes what it names stale rather than dropping it.
+    pub(super) soft: bool,
 }
 
 impl Named {
@@ -40,6 +42,17 @@ impl Named {
             || (space != Space::GUEST && self.prefixes.iter().any(|p| target.starts_with(p)))
             || tags.any(|t| self.tags.iter().any(|n| n == t))
     }
+}
+
+/// What purges since a generation did to what a fill or a copy names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Since {
+    /// None of them named it.
+    Nothing,
+    /// Soft purges named it: stale.
+    Staled,
+    /// A purge dropped it (or may have: the log no longer reaches back that far).
+    Dropped,
 }
 
 /// The purges of one cache, in order.
@@ -75,9 +88,9 @@ impl Purges {
         run(&named)
     }
 
-    /// Whether a purge since generation `since` names what `named` says it names (or may
-    /// have: the log no longer reaches back that far).
-    pub(super) fn named_since(&self, since: u64, named: impl Fn(&Named) -> bool) -> bool {
+    /// What the purges since generation `since` that name what `named` says it names did to
+    /// it (dropped, if the log no longer reaches back that far).
+    pub(super) fn since(&self, since: u64, named: impl Fn(&Named) -> bool) -> Since {
         Self::in_log(
             &self.lock(),
             self.latest.load(Ordering::Acquire),
@@ -91,17 +104,25 @@ impl Purges {
         latest: u64,
         since: u64,
         named: impl Fn(&Named) -> bool,
-    ) -> bool {
+    ) -> Since {
         if latest == since {
-            return false;
+            return Since::Nothing;
         }
         // Generations since+1 ..= latest must all be in the log to be weighed.
         let complete = log.front().is_some_and(|(g, _)| *g <= since + 1);
-        !complete
-            || log
-                .iter()
-                .filter(|(g, _)| *g > since)
-                .any(|(_, n)| named(n))
+        if !complete {
+            return Since::Dropped;
+        }
+        let mut did = Since::Nothing;
+        for (_, n) in log.iter().filter(|(g, _)| *g > since) {
+            if named(n) {
+                if !n.soft {
+                    return Since::Dropped;
+                }
+                did = Since::Staled;
+            }
+        }
+        did
     }
 
     /// Runs `put` (storing an answer whose fill began at generation `since`) unless a purge
@@ -113,7 +134,8 @@ impl Purges {
         put: impl FnOnce(),
     ) -> bool {
         let log = self.lock();
-        if Self::in_log(&log, self.latest.load(Ordering::Acquire), since, named) {
+        // (A soft purge leaves it unstored too: made before the purge, it is not fresh.)
+        if Self::in_log(&log, self.latest.load(Ordering::Acquire), since, named) != Since::Nothing {
             return false;
         }
         put();
@@ -130,6 +152,7 @@ mod tests {
             all: false,
             prefixes: prefixes.iter().map(|s| (*s).to_string()).collect(),
             tags: tags.iter().map(|s| (*s).to_string()).collect(),
+            soft: false,
         }
     }
 

@@ -645,6 +645,7 @@ impl Cache {
             all: purge.all,
             prefixes,
             tags: purge.tags.clone(),
+            soft: purge.soft,
         };
         Ok(self
             .purges
@@ -772,14 +773,15 @@ impl Cache {
             kept = Some(grown.clone());
             Some(grown)
         });
-        // A purge going through the entries as it was stored again may have missed it:
-        // dropped here instead.
-        if let Some(entry) = kept
-            && self
-                .purges
-                .named_since(since, |n| n.names(entry.space, &entry.target, entry.tags()))
-        {
-            self.entries.invalidate(hash);
+        // A purge going through the entries as it was stored again may have missed it: done
+        // here instead (a soft one marks it stale; it was dropped, before).
+        if let Some(entry) = kept {
+            let named = |n: &purged::Named| n.names(entry.space, &entry.target, entry.tags());
+            match self.purges.since(since, named) {
+                purged::Since::Nothing => {}
+                purged::Since::Staled => self.mark_stale(hash, &entry, Instant::now()),
+                purged::Since::Dropped => self.entries.invalidate(hash),
+            }
         }
     }
 }
