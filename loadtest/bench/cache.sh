@@ -21,6 +21,8 @@ cache() {
     local small="/obj?n=1000&h=cache-control:max-age%3D3600"
     local large="/obj?n=100000&h=cache-control:max-age%3D3600"
     local object=$small
+    # What a browser sends (Chromium's Accept-Encoding).
+    local browser="gzip, deflate, br, zstd"
     # What the cache adds to a miss: the same guest and answer behind the cache but never
     # stored (`no-store`), against the tenant without a cache.
     local pass="/obj?n=1000&h=cache-control:no-store"
@@ -72,10 +74,14 @@ NGINX
         stop "$NATIVE_PID"
         PIN=0 start_tern "$config" TERN_LOG=warn
         hits tern_hit "$TERN_PORT" "$TERN_PID"
+        # As a browser asks (Chrome's Accept-Encoding): the hit's compressed copy.
+        r[tern_hit_enc]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT$small" "$TERN_PID" -H "Accept-Encoding: $browser")"$'\n'
         r[tern_miss]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT/miss$pass" "$TERN_PID")"$'\n'
         r[tern_pass]+="$(pinned_h1 "http://127.0.0.1:$TERN_PORT$pass" "$TERN_PID")"$'\n'
         curl -fsI "http://127.0.0.1:$TERN_PORT$small" | grep -i '^cache-status' >"$WORK/tern-status"
         curl -fsI "http://127.0.0.1:$TERN_PORT$large" | grep -i '^cache-status' >"$WORK/tern-status-large"
+        curl -fsI -H "Accept-Encoding: $browser" "http://127.0.0.1:$TERN_PORT$small" |
+            grep -i -e '^content-encoding' -e '^content-length' | tr -d '\r' | paste -sd ' ' >"$WORK/tern-encoded"
         stop "$TERN_PID"
         taskset -c 0 nginx -c "$WORK/nginx.conf" -e "$WORK/nginx-error.log" &
         local master=$!
@@ -111,10 +117,13 @@ NGINX
         echo "(\`/proc/PID/stat\`; nginx's worker, Varnish's child) over the run per request; the least"
         echo "disturbed of $ROUNDS alternating rounds. nginx $(nginx -v 2>&1 | awk -F/ '{print $2}'), $(varnishd -V 2>&1 | head -1 | awk '{print $1, $2}' | tr -d '(')."
         echo "Tern's hits said: \`$(tr -d '\r' <"$WORK/tern-status")\` and \`$(tr -d '\r' <"$WORK/tern-status-large")\`."
+        echo "The compressed row: the 1 KB hit asked with \`Accept-Encoding: $browser\` (a browser's),"
+        echo "answered from the entry's compressed copy: \`$(cat "$WORK/tern-encoded")\`."
         echo
         echo "| server | CPU per request | req/s | p50 | p99 | errors |"
         echo "|---|---:|---:|---:|---:|---:|"
         row "Tern, cache hit, 1 KB" "${r[tern_hit]}"
+        row "Tern, cache hit, 1 KB, compressed (a browser's Accept-Encoding)" "${r[tern_hit_enc]}"
         row "nginx proxy_cache, hit, 1 KB" "${r[nginx]}"
         row "Varnish, hit, 1 KB" "${r[varnish]}"
         row "Tern, cache hit, 100 KB" "${r[tern_hit_large]}"
