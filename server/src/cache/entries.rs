@@ -1019,6 +1019,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_misss_cache_status_is_written_whole_at_any_length() {
+        let cache = cache();
+        // One that fits the stack's room, one at its end, one past it.
+        for len in [
+            0,
+            160 - "tern; fwd=uri-miss; detail=".len() - "; stored".len(),
+            400,
+        ] {
+            let Lookup::Miss(mut fill) = look(&cache, "GET", "/s") else {
+                panic!("/s is not stored");
+            };
+            let detail: &'static str = Box::leak("d".repeat(len).into_boxed_str());
+            if len > 0 {
+                fill.detail = Some(detail);
+            }
+            let resp = fill.answered(answer("s"));
+            let expected = if len > 0 {
+                format!("tern; fwd=uri-miss; detail={detail}; stored")
+            } else {
+                "tern; fwd=uri-miss; stored".to_string()
+            };
+            assert_eq!(cache_status(&resp), expected, "{len}");
+            cache.entries.invalidate(hash(&cache, "/s"));
+        }
+    }
+
     /// `GET /v` by a client reading `lang`.
     fn asking_in(lang: &str) -> http::Request<()> {
         http::Request::builder()

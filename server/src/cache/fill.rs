@@ -221,34 +221,40 @@ impl Fill {
         resp
     }
 
-    /// Puts `Cache-Status` on `resp`: the forward reason, then `more`.
+    /// Puts `Cache-Status` on `resp`: the forward reason, then `more`. Written on the stack
+    /// and copied once into the header's value (`format!` and a growing `String` showed in a
+    /// miss's profile: 782 -> 568 instructions, callgrind).
     fn status(&self, resp: &mut Response<ResponseBody>, more: &str) {
-        let mut status = format!("tern; fwd={}", self.fwd);
-        if self.collapsed {
-            status.push_str("; collapsed");
-        }
-        if let Some(detail) = self.detail {
-            status.push_str("; detail=");
-            status.push_str(detail);
-        }
-        status.push_str(more);
-        if let Ok(value) = HeaderValue::from_str(&status) {
+        let (detail_is, detail) = self.detail.map_or(("", ""), |d| ("; detail=", d));
+        let collapsed = if self.collapsed { "; collapsed" } else { "" };
+        let parts = ["tern; fwd=", self.fwd, collapsed, detail_is, detail, more];
+        let mut line = [0; STATUS_ON_STACK];
+        let mut len = 0;
+        let value = if parts.iter().map(|p| p.len()).sum::<usize>() <= line.len() {
+            for part in parts {
+                line[len..len + part.len()].copy_from_slice(part.as_bytes());
+                len += part.len();
+            }
+            HeaderValue::from_bytes(&line[..len])
+        } else {
+            HeaderValue::from_str(&parts.concat())
+        };
+        if let Ok(value) = value {
             resp.headers_mut().insert(CACHE_STATUS.clone(), value);
         }
     }
 }
+
+/// Room on the stack for a miss's `Cache-Status` (its longest is ~90 bytes).
+const STATUS_ON_STACK: usize = 160;
 
 /// Whether an answer with `headers` (and `cdn`, its `CDN-Cache-Control`) can be stored at all,
 /// read cheaply before the policy is built: not with `no-store`, and only with explicit
 /// freshness (`max-age`, `s-maxage`, or `Expires` without `CDN-Cache-Control`), as heuristics
 /// are off. Most answers a cache does not keep are told apart here.
 fn may_be_fresh(cdn: Option<&HeaderValue>, headers: &http::HeaderMap) -> bool {
-    let mut directives = match cdn {
-        Some(cdn) => directive_names(vec![cdn]),
-        None => directive_names(headers.get_all(header::CACHE_CONTROL).iter().collect()),
-    };
     let mut fresh = cdn.is_none() && headers.contains_key(header::EXPIRES);
-    for name in directives.by_ref() {
+    for name in directive_names(cdn_or_cache_control(cdn, headers)) {
         if name.eq_ignore_ascii_case("no-store") {
             return false;
         }
@@ -261,8 +267,7 @@ fn may_be_fresh(cdn: Option<&HeaderValue>, headers: &http::HeaderMap) -> bool {
 fn says_private(headers: &http::HeaderMap) -> bool {
     let values = [&header::CACHE_CONTROL, &CDN_CACHE_CONTROL]
         .into_iter()
-        .flat_map(|name| headers.get_all(name))
-        .collect();
+        .flat_map(|name| headers.get_all(name));
     says_any(values, &["private", "no-store"])
 }
 
@@ -270,23 +275,35 @@ fn says_private(headers: &http::HeaderMap) -> bool {
 /// `public`, `s-maxage` or `must-revalidate` in `cdn` (its `CDN-Cache-Control`, or the
 /// requester's freshness) when given, else in `Cache-Control`.
 fn says_shared(cdn: Option<&HeaderValue>, headers: &http::HeaderMap) -> bool {
-    let values = match cdn {
-        Some(cdn) => vec![cdn],
-        None => headers.get_all(header::CACHE_CONTROL).iter().collect(),
-    };
-    says_any(values, &["public", "s-maxage", "must-revalidate"])
+    says_any(
+        cdn_or_cache_control(cdn, headers),
+        &["public", "s-maxage", "must-revalidate"],
+    )
+}
+
+/// `cdn` when given, else the `Cache-Control` values of `headers` (read in place: a `Vec` of
+/// them was allocated for every answer a miss judged).
+fn cdn_or_cache_control<'a>(
+    cdn: Option<&'a HeaderValue>,
+    headers: &'a http::HeaderMap,
+) -> impl Iterator<Item = &'a HeaderValue> {
+    let all = cdn
+        .is_none()
+        .then(|| headers.get_all(header::CACHE_CONTROL).iter());
+    cdn.into_iter().chain(all.into_iter().flatten())
 }
 
 /// Whether cache-control `values` hold one of the directives `names`.
-fn says_any(values: Vec<&HeaderValue>, names: &[&str]) -> bool {
+fn says_any<'a>(values: impl Iterator<Item = &'a HeaderValue>, names: &[&str]) -> bool {
     directive_names(values).any(|d| names.iter().any(|n| d.eq_ignore_ascii_case(n)))
 }
 
 /// The names of the directives in cache-control `values` (`max-age=60, public`: `max-age`,
 /// `public`).
-fn directive_names(values: Vec<&HeaderValue>) -> impl Iterator<Item = &str> {
+fn directive_names<'a>(
+    values: impl Iterator<Item = &'a HeaderValue>,
+) -> impl Iterator<Item = &'a str> {
     values
-        .into_iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(|d| d.split('=').next().unwrap_or("").trim())
@@ -362,6 +379,18 @@ impl Cache {
         if !self.store_set_cookie && headers.contains_key(header::SET_COOKIE) {
             return None;
         }
+        // The requester's own freshness sets how long, never whether: an answer its source
+        // marked `private` or `no-store` is one user's, whatever the requester asked.
+        if s.ttl.is_some() && says_private(headers) {
+            return None;
+        }
+        // `CDN-Cache-Control` stands for `Cache-Control` and `Expires` when it is there, and
+        // the requester's own freshness for both.
+        let cdn = s.ttl.as_ref().or_else(|| headers.get(&CDN_CACHE_CONTROL));
+        if !may_be_fresh(cdn, headers) {
+            return None;
+        }
+        // (Told apart before `Vary` is read: most answers a cache does not keep stop here.)
         // The fields the answer varies on, and always `Authorization`: an answer to one
         // client's credentials (stored only when it says it may be) is served to the same
         // credentials only, and an anonymous one never to a request that has them.
@@ -384,17 +413,6 @@ impl Cache {
             if !vary_names.contains(&name) {
                 vary_names.push(name);
             }
-        }
-        // The requester's own freshness sets how long, never whether: an answer its source
-        // marked `private` or `no-store` is one user's, whatever the requester asked.
-        if s.ttl.is_some() && says_private(headers) {
-            return None;
-        }
-        // `CDN-Cache-Control` stands for `Cache-Control` and `Expires` when it is there, and
-        // the requester's own freshness for both.
-        let cdn = s.ttl.as_ref().or_else(|| headers.get(&CDN_CACHE_CONTROL));
-        if !may_be_fresh(cdn, headers) {
-            return None;
         }
         // A request with a cookie may be a signed-in user's: its answer is shared only when it
         // says so (as RFC 9111 §3.5 has it for `Authorization`), or kept per cookie (`Vary`).
