@@ -245,7 +245,7 @@ impl Fill {
     }
 }
 
-/// Room on the stack for a miss's `Cache-Status` (its longest is ~90 bytes).
+/// Room on the stack for a miss's `Cache-Status` (its longest is ~80 bytes).
 const STATUS_ON_STACK: usize = 160;
 
 /// Whether an answer with `headers` (and `cdn`, its `CDN-Cache-Control`) can be stored at all,
@@ -472,6 +472,7 @@ impl Cache {
             fresh_for,
             windows,
             purged: false,
+            begun: s.generation,
             policy,
             tags,
             copies: Arc::default(),

@@ -49,8 +49,9 @@ impl Named {
 pub(super) enum Since {
     /// None of them named it.
     Nothing,
-    /// Soft purges named it: stale.
-    Staled,
+    /// Soft purges named it: stale, if it was stored before the latest of them (at this
+    /// generation).
+    Staled(u64),
     /// A purge dropped it (or may have: the log no longer reaches back that far).
     Dropped,
 }
@@ -114,12 +115,12 @@ impl Purges {
             return Since::Dropped;
         }
         let mut did = Since::Nothing;
-        for (_, n) in log.iter().filter(|(g, _)| *g > since) {
+        for (g, n) in log.iter().filter(|(g, _)| *g > since) {
             if named(n) {
                 if !n.soft {
                     return Since::Dropped;
                 }
-                did = Since::Staled;
+                did = Since::Staled(*g);
             }
         }
         did
@@ -135,7 +136,8 @@ impl Purges {
     ) -> bool {
         let log = self.lock();
         // (A soft purge leaves it unstored too: made before the purge, it is not fresh.)
-        if Self::in_log(&log, self.latest.load(Ordering::Acquire), since, named) != Since::Nothing {
+        let latest = self.latest.load(Ordering::Acquire);
+        if Self::in_log(&log, latest, since, named) != Since::Nothing {
             return false;
         }
         put();
@@ -154,6 +156,34 @@ mod tests {
             tags: tags.iter().map(|s| (*s).to_string()).collect(),
             soft: false,
         }
+    }
+
+    #[test]
+    fn purges_since_a_generation_say_what_they_did_to_what_they_name() {
+        let p = Purges::default();
+        let soft = |prefix: &str| Named {
+            soft: true,
+            ..named(&[prefix], &[])
+        };
+        let since = |g: u64| p.since(g, |n| n.names(0, "/a/b", std::iter::empty()));
+        assert_eq!(since(0), Since::Nothing);
+        p.purge(named(&["/x"], &[]), |_| ()); // 1: names another path
+        assert_eq!(since(0), Since::Nothing);
+        p.purge(soft("/a"), |_| ()); // 2
+        assert_eq!(since(0), Since::Staled(2));
+        assert_eq!(since(2), Since::Nothing);
+        p.purge(soft("/a/"), |_| ()); // 3: the latest soft one is told
+        assert_eq!(since(1), Since::Staled(3));
+        p.purge(named(&["/a"], &[]), |_| ()); // 4: a hard one
+        assert_eq!(since(0), Since::Dropped);
+        assert_eq!(since(3), Since::Dropped);
+        p.purge(soft("/a"), |_| ()); // 5: a soft one after it
+        assert_eq!(
+            since(3),
+            Since::Dropped,
+            "a hard purge before a soft one dropped it"
+        );
+        assert_eq!(since(4), Since::Staled(5));
     }
 
     #[test]

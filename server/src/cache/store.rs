@@ -669,7 +669,7 @@ impl Cache {
             }
             purged += 1;
             if soft {
-                self.mark_stale(*hash, &entry, now);
+                self.mark_stale(*hash, &entry.variants, now);
             } else {
                 self.entries.invalidate(*hash);
             }
@@ -681,7 +681,7 @@ impl Cache {
     /// Marks stale, as of `now`, the variants a soft purge `found` under `hash` that are still
     /// stored there; one stored beside them since is left fresh (it came after the purge: a
     /// fill looked up before it is not stored, or is one the purge does not name).
-    pub(super) fn mark_stale(&self, hash: u64, found: &Keyed, now: Instant) {
+    pub(super) fn mark_stale(&self, hash: u64, found: &[Arc<Variant>], now: Instant) {
         self.update(hash, |stored| {
             let stored = stored?;
             let mut marked = false;
@@ -689,7 +689,7 @@ impl Cache {
                 .variants
                 .iter()
                 .map(|v| {
-                    if found.variants.iter().any(|f| Arc::ptr_eq(f, v)) {
+                    if found.iter().any(|f| Arc::ptr_eq(f, v)) {
                         marked = true;
                         Arc::new(v.made_stale(now))
                     } else {
@@ -755,7 +755,11 @@ impl Cache {
     /// then leave with it, uncounted): the entry is stored anew with the bytes in its
     /// weight, so the store weighs it and the cache's bytes count it.
     pub(super) fn grew(&self, hash: u64, v: &Arc<Variant>, bytes: usize) {
-        let since = self.purges.generation();
+        self.grew_since(self.purges.generation(), hash, v, bytes);
+    }
+
+    /// [`Self::grew`], begun at purge generation `since`.
+    pub(super) fn grew_since(&self, since: u64, hash: u64, v: &Arc<Variant>, bytes: usize) {
         let mut kept = None;
         self.update(hash, |stored| {
             // (`v` may be a thread's copy of the stored variant: the two share their copies.)
@@ -774,12 +778,19 @@ impl Cache {
             Some(grown)
         });
         // A purge going through the entries as it was stored again may have missed it: done
-        // here instead (a soft one marks it stale; it was dropped, before).
+        // here instead. A soft one marks stale what was stored before it (a variant stored
+        // beside them since was begun after it, and stays fresh); a hard one drops the entry.
         if let Some(entry) = kept {
             let named = |n: &purged::Named| n.names(entry.space, &entry.target, entry.tags());
             match self.purges.since(since, named) {
                 purged::Since::Nothing => {}
-                purged::Since::Staled => self.mark_stale(hash, &entry, Instant::now()),
+                purged::Since::Staled(purge) => {
+                    let before: Vec<_> = (entry.variants.iter())
+                        .filter(|v| v.begun < purge)
+                        .cloned()
+                        .collect();
+                    self.mark_stale(hash, &before, Instant::now());
+                }
                 purged::Since::Dropped => self.entries.invalidate(hash),
             }
         }
@@ -858,6 +869,13 @@ mod tests {
         assert_ne!(
             cache.hash((0, 1), false, "a", &format!("b{target}")),
             cache.hash((0, 1), false, "ab", target)
+        );
+        // The target keeps its case.
+        let upper = target.to_ascii_uppercase();
+        assert_ne!(
+            cache.hash((0, 1), false, "a", target),
+            cache.hash((0, 1), false, "a", &upper),
+            "{target}"
         );
         // Space, version and scheme are the key's too.
         let one = cache.hash((0, 1), false, "a", target);

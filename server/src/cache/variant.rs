@@ -39,6 +39,10 @@ pub(super) struct Variant {
     pub(super) windows: Windows,
     /// A soft purge made it stale: a request's own directives cannot make it fresh again.
     pub(super) purged: bool,
+    /// The cache's purge generation when the request that made it was looked up. A purge
+    /// logged later (at a greater generation) that names it finds it stored, or keeps it from
+    /// being stored: what is stored under a key after a purge was begun after it.
+    pub(super) begun: u64,
     /// For requests with their own `Cache-Control` (`no-cache`, `max-age`, `min-fresh`,
     /// `max-stale`): RFC 9111's answer, from the policy it was stored with.
     pub(super) policy: CachePolicy,
