@@ -999,7 +999,7 @@ mod tests {
                         tags: Vec::new(),
                         soft,
                     };
-                    purging.purges.purge(named, |_| ());
+                    purging.purges.purge(named, |_, _| ());
                 }));
             });
             count_from_zero();
@@ -1134,9 +1134,36 @@ mod tests {
             tags: Vec::new(),
             soft: true,
         };
-        cache.purges.purge(purge, |_| ());
+        cache.purges.purge(purge, |_, _| ());
         store_in(&cache, "de");
         cache.grew_since(since, h, &en, 10);
+        assert!(
+            !hit_in_lang(&cache, "en"),
+            "the English answer the purge named is served fresh"
+        );
+        assert!(
+            hit_in_lang(&cache, "de"),
+            "the German one, asked after the purge, was made stale by it"
+        );
+    }
+
+    #[test]
+    fn a_soft_purge_leaves_fresh_a_variant_stored_after_it_was_asked_for() {
+        let cache = cache();
+        store_in(&cache, "en");
+        // The purge is logged; a German answer, asked after it, is stored before the purge
+        // goes through the entries.
+        let purge = super::super::purged::Named {
+            all: false,
+            prefixes: vec!["/v".into()],
+            tags: Vec::new(),
+            soft: true,
+        };
+        let marked = cache.purges.purge(purge, |named, generation| {
+            store_in(&cache, "de");
+            cache.drop_named(named, true, generation)
+        });
+        assert_eq!(marked, 1);
         assert!(
             !hit_in_lang(&cache, "en"),
             "the English answer the purge named is served fresh"

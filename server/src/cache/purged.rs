@@ -75,9 +75,9 @@ impl Purges {
     }
 
     /// Logs the purge `named` as the next generation, then runs it (`run` drops or marks
-    /// what it names).
-    pub(super) fn purge<T>(&self, named: Named, run: impl FnOnce(&Named) -> T) -> T {
-        {
+    /// what it names, given that generation).
+    pub(super) fn purge<T>(&self, named: Named, run: impl FnOnce(&Named, u64) -> T) -> T {
+        let generation = {
             let mut log = self.lock();
             let generation = self.latest.load(Ordering::Acquire) + 1;
             if log.len() == KEPT {
@@ -85,8 +85,9 @@ impl Purges {
             }
             log.push_back((generation, named.clone()));
             self.latest.store(generation, Ordering::Release);
-        }
-        run(&named)
+            generation
+        };
+        run(&named, generation)
     }
 
     /// What the purges since generation `since` that name what `named` says it names did to
@@ -167,17 +168,17 @@ mod tests {
         };
         let since = |g: u64| p.since(g, |n| n.names(0, "/a/b", std::iter::empty()));
         assert_eq!(since(0), Since::Nothing);
-        p.purge(named(&["/x"], &[]), |_| ()); // 1: names another path
+        p.purge(named(&["/x"], &[]), |_, _| ()); // 1: names another path
         assert_eq!(since(0), Since::Nothing);
-        p.purge(soft("/a"), |_| ()); // 2
+        p.purge(soft("/a"), |_, _| ()); // 2
         assert_eq!(since(0), Since::Staled(2));
         assert_eq!(since(2), Since::Nothing);
-        p.purge(soft("/a/"), |_| ()); // 3: the latest soft one is told
+        p.purge(soft("/a/"), |_, _| ()); // 3: the latest soft one is told
         assert_eq!(since(1), Since::Staled(3));
-        p.purge(named(&["/a"], &[]), |_| ()); // 4: a hard one
+        p.purge(named(&["/a"], &[]), |_, _| ()); // 4: a hard one
         assert_eq!(since(0), Since::Dropped);
         assert_eq!(since(3), Since::Dropped);
-        p.purge(soft("/a"), |_| ()); // 5: a soft one after it
+        p.purge(soft("/a"), |_, _| ()); // 5: a soft one after it
         assert_eq!(
             since(3),
             Since::Dropped,
@@ -194,14 +195,14 @@ mod tests {
         };
         let before = p.generation();
         assert!(stores(before, "/a", &[]), "no purge since");
-        p.purge(named(&["/news/"], &[]), |_| ());
+        p.purge(named(&["/news/"], &[]), |_, _| ());
         assert!(!stores(before, "/news/1", &[]), "its prefix was purged");
         assert!(stores(before, "/sport/1", &[]), "another prefix");
         assert!(
             stores(p.generation(), "/news/1", &[]),
             "began after the purge"
         );
-        p.purge(named(&[], &["t1"]), |_| ());
+        p.purge(named(&[], &["t1"]), |_, _| ());
         assert!(!stores(before, "/x", &["t0", "t1"]), "a tag was purged");
         assert!(stores(before, "/x", &["t2"]));
         // Guests' entries are not paths: a prefix never names them.
@@ -213,10 +214,10 @@ mod tests {
         // More purges than are kept: an older fill cannot tell, and is not stored.
         let old = p.generation();
         for _ in 0..KEPT {
-            p.purge(named(&["/other/"], &[]), |_| ());
+            p.purge(named(&["/other/"], &[]), |_, _| ());
         }
         assert!(stores(old, "/a", &[]), "every purge since is kept");
-        p.purge(named(&["/other/"], &[]), |_| ());
+        p.purge(named(&["/other/"], &[]), |_, _| ());
         assert!(!stores(old, "/a", &[]), "one purge since is forgotten");
     }
 }

@@ -647,13 +647,14 @@ impl Cache {
             tags: purge.tags.clone(),
             soft: purge.soft,
         };
-        Ok(self
-            .purges
-            .purge(named, |named| self.drop_named(named, purge.soft)))
+        Ok(self.purges.purge(named, |named, generation| {
+            self.drop_named(named, purge.soft, generation)
+        }))
     }
 
-    /// Drops the entries `named` names, or with `soft` makes them stale; how many.
-    pub(super) fn drop_named(&self, named: &purged::Named, soft: bool) -> u64 {
+    /// Drops the entries `named` (the purge of `generation`) names, or with `soft` makes
+    /// them stale; how many.
+    pub(super) fn drop_named(&self, named: &purged::Named, soft: bool, generation: u64) -> u64 {
         if named.all && !soft {
             let count = self.entries.iter().count() as u64;
             self.entries.invalidate_all();
@@ -669,7 +670,7 @@ impl Cache {
             }
             purged += 1;
             if soft {
-                self.mark_stale(*hash, &entry.variants, now);
+                self.mark_stale(*hash, &stored_before(&entry.variants, generation), now);
             } else {
                 self.entries.invalidate(*hash);
             }
@@ -785,16 +786,23 @@ impl Cache {
             match self.purges.since(since, named) {
                 purged::Since::Nothing => {}
                 purged::Since::Staled(purge) => {
-                    let before: Vec<_> = (entry.variants.iter())
-                        .filter(|v| v.begun < purge)
-                        .cloned()
-                        .collect();
+                    let before = stored_before(&entry.variants, purge);
                     self.mark_stale(hash, &before, Instant::now());
                 }
                 purged::Since::Dropped => self.entries.invalidate(hash),
             }
         }
     }
+}
+
+/// Those of `variants` a purge logged at generation `purge` names: those whose fill began
+/// before it (one that began before it and ended after it was not stored; one stored beside
+/// them since began after it).
+fn stored_before(variants: &[Arc<Variant>], purge: u64) -> Vec<Arc<Variant>> {
+    (variants.iter())
+        .filter(|v| v.begun < purge)
+        .cloned()
+        .collect()
 }
 
 /// Entries leave when none of their variants can be used any more, fresh or stale.
