@@ -635,8 +635,7 @@ mod tests {
     #[test]
     fn a_compressed_hit_is_answered_from_its_threads_own_copy() {
         let cache = cache();
-        let metrics = crate::metrics::Metrics::new(8);
-        let compress = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
+        let compress = compression();
         let plain = Bytes::from("a plain answer to compress. ".repeat(80));
         store(&cache, "/a", plain.clone());
         let gzipped = || hit_in(&cache, "/a", &compress, "gzip");
@@ -692,21 +691,31 @@ mod tests {
         assert_eq!(hit(&cache, "/a"), Some(new));
     }
 
-    #[test]
-    fn a_threads_compressed_copies_fit_in_its_copys_bound() {
-        let cache = cache();
+    /// The default compression settings, prepared.
+    fn compression() -> Compression {
         let metrics = crate::metrics::Metrics::new(8);
-        let compress = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
-        // Letters in no order (each encoding saves only a part) and a body that leaves the
-        // copy room for one compressed body, not two.
+        Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap()
+    }
+
+    /// `n` lowercase letters in no order (a compressor saves only a part of them).
+    fn letters(n: usize) -> Bytes {
         let mut x = 1u32;
-        let plain: Vec<u8> = (0..9_000)
+        (0..n)
             .map(|_| {
                 x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
                 b'a' + u8::try_from((x >> 16) % 26).unwrap()
             })
-            .collect();
-        store(&cache, "/a", Bytes::from(plain));
+            .collect::<Vec<u8>>()
+            .into()
+    }
+
+    #[test]
+    fn a_threads_compressed_copies_fit_in_its_copys_bound() {
+        let cache = cache();
+        let compress = compression();
+        // Letters in no order (each encoding saves only a part) and a body that leaves the
+        // copy room for one compressed body, not two.
+        store(&cache, "/a", letters(9_000));
         let entry = cache.entries.get(hash(&cache, "/a")).unwrap();
         let room = super::MAX_BYTES as usize - entry.plain_weight();
         assert!(hit(&cache, "/a").is_some());
@@ -733,18 +742,10 @@ mod tests {
     #[test]
     fn a_copy_is_kept_when_a_compressed_copy_takes_its_entry_past_the_bound() {
         let cache = cache();
-        let metrics = crate::metrics::Metrics::new(8);
-        let gzip = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
+        let gzip = compression();
         // Letters in no order: gzip saves only a quarter, so the stored entry fits the bound
         // plain and not with its gzip copy.
-        let mut x = 1u32;
-        let plain: Vec<u8> = (0..10_000)
-            .map(|_| {
-                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-                b'a' + u8::try_from((x >> 16) % 26).unwrap()
-            })
-            .collect();
-        store(&cache, "/a", Bytes::from(plain));
+        store(&cache, "/a", letters(10_000));
         let weight = || cache.entries.get(hash(&cache, "/a")).unwrap().weight();
         assert!(weight() <= super::MAX_BYTES);
         assert!(hit(&cache, "/a").is_some());
@@ -771,8 +772,7 @@ mod tests {
     #[test]
     fn the_bytes_an_entry_is_counted_with_are_taken_back_whatever_its_copies_meet() {
         let cache = cache();
-        let metrics = crate::metrics::Metrics::new(8);
-        let gzip = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
+        let gzip = compression();
         let plain = Bytes::from("an answer to compress. ".repeat(80));
         let held = || {
             cache.entries.run_pending_tasks();
@@ -952,8 +952,7 @@ mod tests {
     #[test]
     fn a_compressed_copy_counted_never_brings_back_an_answer_invalidated_meanwhile() {
         let cache = cache();
-        let metrics = crate::metrics::Metrics::new(8);
-        let gzip = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
+        let gzip = compression();
         store(
             &cache,
             "/a",
@@ -978,8 +977,7 @@ mod tests {
 
     #[test]
     fn a_purge_that_missed_a_compressed_copys_store_is_done_by_it_soft_or_hard() {
-        let metrics = crate::metrics::Metrics::new(8);
-        let gzip = Compression::prepare(&CompressionConfig::default(), &metrics, "c").unwrap();
+        let gzip = compression();
         for soft in [true, false] {
             let cache = cache();
             store(
@@ -993,13 +991,7 @@ mod tests {
             let purging = cache.clone();
             MEANWHILE.with(|m| {
                 *m.borrow_mut() = Some(Box::new(move || {
-                    let named = super::super::purged::Named {
-                        all: false,
-                        prefixes: vec!["/a".into()],
-                        tags: Vec::new(),
-                        soft,
-                    };
-                    purging.purges.purge(named, |_, _| ());
+                    purging.purges.purge(purge_of("/a", soft), |_, _| ());
                 }));
             });
             count_from_zero();
@@ -1107,14 +1099,7 @@ mod tests {
         // it (a new entry holding both) before the purge marked what it found.
         store_in(&cache, "de");
         cache.mark_stale(h, &found.variants, Instant::now());
-        assert!(
-            !hit_in_lang(&cache, "en"),
-            "the English answer the purge found is served fresh"
-        );
-        assert!(
-            hit_in_lang(&cache, "de"),
-            "the German one, stored since, is kept fresh"
-        );
+        only_english_is_stale(&cache);
     }
 
     #[test]
@@ -1128,23 +1113,11 @@ mod tests {
         // German answer, asked after the purge, is stored beside the English one; then the
         // copy's count stores the entry again, the German answer in it.
         let since = cache.purges.generation();
-        let purge = super::super::purged::Named {
-            all: false,
-            prefixes: vec!["/v".into()],
-            tags: Vec::new(),
-            soft: true,
-        };
+        let purge = purge_of("/v", true);
         cache.purges.purge(purge, |_, _| ());
         store_in(&cache, "de");
         cache.grew_since(since, h, &en, 10);
-        assert!(
-            !hit_in_lang(&cache, "en"),
-            "the English answer the purge named is served fresh"
-        );
-        assert!(
-            hit_in_lang(&cache, "de"),
-            "the German one, asked after the purge, was made stale by it"
-        );
+        only_english_is_stale(&cache);
     }
 
     #[test]
@@ -1153,24 +1126,35 @@ mod tests {
         store_in(&cache, "en");
         // The purge is logged; a German answer, asked after it, is stored before the purge
         // goes through the entries.
-        let purge = super::super::purged::Named {
-            all: false,
-            prefixes: vec!["/v".into()],
-            tags: Vec::new(),
-            soft: true,
-        };
+        let purge = purge_of("/v", true);
         let marked = cache.purges.purge(purge, |named, generation| {
             store_in(&cache, "de");
             cache.drop_named(named, true, generation)
         });
         assert_eq!(marked, 1);
+        only_english_is_stale(&cache);
+    }
+
+    /// A purge of the paths under `prefix`, `soft` or not.
+    fn purge_of(prefix: &str, soft: bool) -> super::super::purged::Named {
+        super::super::purged::Named {
+            all: false,
+            prefixes: vec![prefix.into()],
+            tags: Vec::new(),
+            soft,
+        }
+    }
+
+    /// The English answer to /v was made stale by a soft purge; the German one, stored beside
+    /// it after the purge was asked for, is fresh.
+    fn only_english_is_stale(cache: &Arc<Cache>) {
         assert!(
-            !hit_in_lang(&cache, "en"),
+            !hit_in_lang(cache, "en"),
             "the English answer the purge named is served fresh"
         );
         assert!(
-            hit_in_lang(&cache, "de"),
-            "the German one, asked after the purge, was made stale by it"
+            hit_in_lang(cache, "de"),
+            "the German one, stored after the purge was asked for, was made stale by it"
         );
     }
 
