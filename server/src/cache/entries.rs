@@ -1129,7 +1129,7 @@ mod tests {
         let purge = purge_of("/v", true);
         let marked = cache.purges.purge(purge, |named, generation| {
             store_in(&cache, "de");
-            cache.drop_named(named, true, generation)
+            cache.drop_named(named, generation)
         });
         assert_eq!(marked, 1);
         only_english_is_stale(&cache);

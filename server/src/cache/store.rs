@@ -648,14 +648,14 @@ impl Cache {
             soft: purge.soft,
         };
         Ok(self.purges.purge(named, |named, generation| {
-            self.drop_named(named, purge.soft, generation)
+            self.drop_named(named, generation)
         }))
     }
 
-    /// Drops the entries `named` (the purge of `generation`) names, or with `soft` makes
-    /// them stale; how many.
-    pub(super) fn drop_named(&self, named: &purged::Named, soft: bool, generation: u64) -> u64 {
-        if named.all && !soft {
+    /// Drops the entries `named` (the purge of `generation`) names, or makes them stale if it
+    /// is soft; how many.
+    pub(super) fn drop_named(&self, named: &purged::Named, generation: u64) -> u64 {
+        if named.all && !named.soft {
             let count = self.entries.iter().count() as u64;
             self.entries.invalidate_all();
             // Their bytes are given back now, not at the store's next upkeep.
@@ -669,7 +669,7 @@ impl Cache {
                 continue;
             }
             purged += 1;
-            if soft {
+            if named.soft {
                 self.mark_stale(*hash, &stored_before(&entry.variants, generation), now);
             } else {
                 self.entries.invalidate(*hash);
