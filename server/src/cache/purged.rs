@@ -44,16 +44,23 @@ impl Named {
     }
 }
 
-/// What purges since a generation did to what a fill or a copy names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Since {
-    /// None of them named it.
-    Nothing,
-    /// Soft purges named it: stale, if it was stored before the latest of them (at this
-    /// generation).
-    Staled(u64),
-    /// A purge dropped it (or may have: the log no longer reaches back that far).
-    Dropped,
+/// What purges since a generation did to what a fill or a copy names: each as the
+/// generation of the latest purge of its kind that named it, so that what was stored before
+/// that purge (a variant's `begun` below it) can be told from what was asked for after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Since {
+    /// A hard purge dropped it (or may have: the log no longer reaches back that far, and
+    /// this is then the latest generation).
+    pub(super) dropped: Option<u64>,
+    /// A soft purge made it stale.
+    pub(super) staled: Option<u64>,
+}
+
+impl Since {
+    /// No purge since named it.
+    pub(super) fn is_nothing(self) -> bool {
+        self == Self::default()
+    }
 }
 
 /// The purges of one cache, in order.
@@ -107,21 +114,23 @@ impl Purges {
         since: u64,
         named: impl Fn(&Named) -> bool,
     ) -> Since {
+        let mut did = Since::default();
         if latest == since {
-            return Since::Nothing;
+            return did;
         }
         // Generations since+1 ..= latest must all be in the log to be weighed.
         let complete = log.front().is_some_and(|(g, _)| *g <= since + 1);
         if !complete {
-            return Since::Dropped;
+            did.dropped = Some(latest);
+            return did;
         }
-        let mut did = Since::Nothing;
         for (g, n) in log.iter().filter(|(g, _)| *g > since) {
             if named(n) {
-                if !n.soft {
-                    return Since::Dropped;
-                }
-                did = Since::Staled(*g);
+                *(if n.soft {
+                    &mut did.staled
+                } else {
+                    &mut did.dropped
+                }) = Some(*g);
             }
         }
         did
@@ -138,7 +147,7 @@ impl Purges {
         let log = self.lock();
         // (A soft purge leaves it unstored too: made before the purge, it is not fresh.)
         let latest = self.latest.load(Ordering::Acquire);
-        if Self::in_log(&log, latest, since, named) != Since::Nothing {
+        if !Self::in_log(&log, latest, since, named).is_nothing() {
             return false;
         }
         put();
@@ -167,24 +176,35 @@ mod tests {
             ..named(&[prefix], &[])
         };
         let since = |g: u64| p.since(g, |n| n.names(0, "/a/b", std::iter::empty()));
-        assert_eq!(since(0), Since::Nothing);
+        let did = |dropped, staled| Since { dropped, staled };
+        assert!(since(0).is_nothing());
         p.purge(named(&["/x"], &[]), |_, _| ()); // 1: names another path
-        assert_eq!(since(0), Since::Nothing);
+        assert!(since(0).is_nothing());
         p.purge(soft("/a"), |_, _| ()); // 2
-        assert_eq!(since(0), Since::Staled(2));
-        assert_eq!(since(2), Since::Nothing);
+        assert_eq!(since(0), did(None, Some(2)));
+        assert!(since(2).is_nothing());
         p.purge(soft("/a/"), |_, _| ()); // 3: the latest soft one is told
-        assert_eq!(since(1), Since::Staled(3));
+        assert_eq!(since(1), did(None, Some(3)));
         p.purge(named(&["/a"], &[]), |_, _| ()); // 4: a hard one
-        assert_eq!(since(0), Since::Dropped);
-        assert_eq!(since(3), Since::Dropped);
+        assert_eq!(since(0), did(Some(4), Some(3)));
+        assert_eq!(since(3), did(Some(4), None));
         p.purge(soft("/a"), |_, _| ()); // 5: a soft one after it
+        assert_eq!(since(3), did(Some(4), Some(5)));
+        assert_eq!(since(4), did(None, Some(5)));
+        p.purge(named(&["/a/b"], &[]), |_, _| ()); // 6: the latest hard one is told
+        assert_eq!(since(0), did(Some(6), Some(5)));
+        // More purges than are kept: all the fill can be told is that it may have been dropped
+        // by any of them.
+        for _ in 0..KEPT {
+            p.purge(named(&["/other/"], &[]), |_, _| ());
+        }
+        let latest = p.generation();
+        assert_eq!(since(6), did(None, None), "every purge since is kept");
         assert_eq!(
-            since(3),
-            Since::Dropped,
-            "a hard purge before a soft one dropped it"
+            since(5),
+            did(Some(latest), None),
+            "one purge since is forgotten"
         );
-        assert_eq!(since(4), Since::Staled(5));
     }
 
     #[test]

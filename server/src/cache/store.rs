@@ -668,11 +668,12 @@ impl Cache {
             if !named.names(entry.space, &entry.target, entry.tags()) {
                 continue;
             }
-            purged += 1;
-            if named.soft {
-                self.mark_stale(*hash, &stored_before(&entry.variants, generation), now);
-            } else {
+            if !named.soft {
                 self.entries.invalidate(*hash);
+                purged += 1;
+            } else if self.mark_stale(*hash, &stored_before(&entry.variants, generation), now) {
+                // (Not counted: an entry whose every answer was asked for after the purge.)
+                purged += 1;
             }
         }
         self.entries.run_pending_tasks();
@@ -681,8 +682,12 @@ impl Cache {
 
     /// Marks stale, as of `now`, the variants a soft purge `found` under `hash` that are still
     /// stored there; one stored beside them since is left fresh (it came after the purge: a
-    /// fill looked up before it is not stored, or is one the purge does not name).
-    pub(super) fn mark_stale(&self, hash: u64, found: &[Arc<Variant>], now: Instant) {
+    /// fill looked up before it is not stored, or is one the purge does not name). Whether it
+    /// marked any.
+    pub(super) fn mark_stale(&self, hash: u64, found: &[Arc<Variant>], now: Instant) -> bool {
+        if found.is_empty() {
+            return false;
+        }
         self.update(hash, |stored| {
             let stored = stored?;
             let mut marked = false;
@@ -698,18 +703,36 @@ impl Cache {
                     }
                 })
                 .collect();
-            marked.then(|| {
-                Arc::new(Keyed {
-                    space: stored.space,
-                    version: stored.version,
-                    https: stored.https,
-                    host: stored.host.clone(),
-                    target: stored.target.clone(),
-                    variants,
-                    copied: stored.copied,
-                })
-            })
+            marked.then(|| stored.with(variants, stored.copied))
+        })
+    }
+
+    /// Drops the variants a hard purge `found` under `hash` that are still stored there: the
+    /// entry, when no other is left beside them; one stored beside them since (asked for
+    /// after the purge) stays.
+    fn drop_found(&self, hash: u64, found: &[Arc<Variant>]) {
+        if found.is_empty() {
+            return;
+        }
+        let is_found = |v: &Arc<Variant>| found.iter().any(|f| Arc::ptr_eq(f, v));
+        let mut alone = false;
+        self.update(hash, |stored| {
+            let stored = stored?;
+            let variants: Vec<_> = (stored.variants.iter())
+                .filter(|v| !is_found(v))
+                .cloned()
+                .collect();
+            if variants.len() == stored.variants.len() {
+                return None;
+            }
+            alone = variants.is_empty();
+            (!alone).then(|| stored.with(variants, stored.copied))
         });
+        if alone {
+            // (Read again under the key's writer: one stored beside them meanwhile stays.)
+            self.entries
+                .invalidate_if(hash, |stored| stored.variants.iter().all(is_found));
+        }
     }
 
     /// Stores what `make` makes of the entry under `hash` as it is now (`None`: there is
@@ -766,30 +789,23 @@ impl Cache {
             // (`v` may be a thread's copy of the stored variant: the two share their copies.)
             let stored =
                 stored.filter(|s| s.variants.iter().any(|w| Arc::ptr_eq(&w.copies, &v.copies)))?;
-            let grown = Arc::new(Keyed {
-                space: stored.space,
-                version: stored.version,
-                https: stored.https,
-                host: stored.host.clone(),
-                target: stored.target.clone(),
-                variants: stored.variants.clone(),
-                copied: stored.copied + bytes,
-            });
+            let grown = stored.with(stored.variants.clone(), stored.copied + bytes);
             kept = Some(grown.clone());
             Some(grown)
         });
         // A purge going through the entries as it was stored again may have missed it: done
-        // here instead. A soft one marks stale what was stored before it (a variant stored
-        // beside them since was begun after it, and stays fresh); a hard one drops the entry.
+        // here instead, to what was stored before it (a variant stored beside them since was
+        // asked for after it, and stays): a hard one drops it, a soft one marks it stale.
         if let Some(entry) = kept {
             let named = |n: &purged::Named| n.names(entry.space, &entry.target, entry.tags());
-            match self.purges.since(since, named) {
-                purged::Since::Nothing => {}
-                purged::Since::Staled(purge) => {
-                    let before = stored_before(&entry.variants, purge);
-                    self.mark_stale(hash, &before, Instant::now());
-                }
-                purged::Since::Dropped => self.entries.invalidate(hash),
+            let did = self.purges.since(since, named);
+            let mut left = entry.variants.clone();
+            if let Some(purge) = did.dropped {
+                self.drop_found(hash, &stored_before(&left, purge));
+                left.retain(|v| v.begun >= purge);
+            }
+            if let Some(purge) = did.staled {
+                self.mark_stale(hash, &stored_before(&left, purge), Instant::now());
             }
         }
     }
