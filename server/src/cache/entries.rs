@@ -45,6 +45,16 @@ pub(super) struct Keyed {
     pub(super) copied: usize,
 }
 
+/// What an [`Entries::change`] makes of the entry stored under a key.
+pub(super) enum Change {
+    /// Leaves it as it is (or none, where none is stored).
+    Keep,
+    /// Stores this one in its place.
+    Store(Arc<Keyed>),
+    /// Drops it, counting an invalidation of the key.
+    Drop,
+}
+
 impl Keyed {
     /// Whether it holds the key `space`, `https`, `host`, `target` (its hash may be another
     /// key's).
@@ -313,24 +323,25 @@ impl Entries {
         self.store.get(&hash)
     }
 
-    /// Stores what `make` makes of the entry stored under `hash` now (`None`: none is;
-    /// making `None` stores nothing), with no other store or invalidation of `hash` in
-    /// between: a new variant beside the key's others, a compressed copy counted, a purge's
-    /// stale mark are never made of an entry that was replaced or dropped meanwhile (which
-    /// would bring it back). Whether it stored one.
-    pub(super) fn update(
+    /// Makes `change` of the entry stored under `hash` now (`None`: none is), with no other
+    /// store or invalidation of `hash` in between: a new variant beside the key's others, a
+    /// compressed copy counted, a purge's stale mark or the drop of the answers it names are
+    /// never made of an entry that was replaced or dropped meanwhile (which would bring it
+    /// back, or drop an answer stored since). Whether it changed the entry.
+    pub(super) fn change(
         &self,
         hash: u64,
-        make: impl FnOnce(Option<Arc<Keyed>>) -> Option<Arc<Keyed>>,
+        change: impl FnOnce(Option<Arc<Keyed>>) -> Change,
     ) -> bool {
         let _writing = self.writer(hash);
         let now = self.store.get(&hash);
         #[cfg(test)]
         tests::meanwhile();
-        let Some(entry) = make(now) else {
-            return false;
-        };
-        self.store.insert(hash, entry);
+        match change(now) {
+            Change::Keep => return false,
+            Change::Store(entry) => self.store.insert(hash, entry),
+            Change::Drop => self.drop_held(hash),
+        }
         self.changes.changed();
         true
     }
@@ -338,21 +349,13 @@ impl Entries {
     pub(super) fn invalidate(&self, hash: u64) {
         let _writing = self.writer(hash);
         self.drop_held(hash);
-    }
-
-    /// [`Self::invalidate`] if the entry under `hash` is one `drop` says to drop.
-    pub(super) fn invalidate_if(&self, hash: u64, drop: impl FnOnce(&Keyed) -> bool) {
-        let _writing = self.writer(hash);
-        if self.store.get(&hash).is_some_and(|stored| drop(&stored)) {
-            self.drop_held(hash);
-        }
+        self.changes.changed();
     }
 
     /// Drops the entry under `hash`, whose writer is held, counting an invalidation of it.
     fn drop_held(&self, hash: u64) {
         self.invalidations_of(hash).fetch_add(1, Ordering::Release);
         self.store.invalidate(&hash);
-        self.changes.changed();
     }
 
     pub(super) fn invalidate_all(&self) {
@@ -1147,6 +1150,66 @@ mod tests {
             let kept = cache.entries.get(h).unwrap().variants.len();
             assert_eq!(kept, if soft { 2 } else { 1 }, "soft: {soft}");
         }
+    }
+
+    #[test]
+    fn a_hard_purge_drops_what_it_found_after_a_soft_purge_marked_it_stale() {
+        let cache = cache();
+        store_in(&cache, "en");
+        store_in(&cache, "de");
+        let h = hash(&cache, "/v");
+        let en = cache.entries.get(h).unwrap().variants[..1].to_vec();
+        // A hard purge found the English answer; a soft purge marks it stale (storing it
+        // anew, marked) before the hard one drops what it found.
+        assert!(cache.mark_stale(h, &en, Instant::now()));
+        cache.drop_found(h, &en);
+        let left = cache.entries.get(h).expect("the German answer stays");
+        assert_eq!(
+            left.variants.len(),
+            1,
+            "the English answer, marked stale, was kept"
+        );
+        assert!(hit_in_lang(&cache, "de"));
+    }
+
+    #[test]
+    fn a_hard_purges_drop_keeps_no_answer_it_found_when_another_is_stored_meanwhile() {
+        let cache = cache();
+        store_in(&cache, "en");
+        let h = hash(&cache, "/v");
+        let en = cache.entries.get(h).unwrap().variants.clone();
+        // A German answer, asked for after the purge, is stored while the purge drops the
+        // English one it found (it waits for the key's writer, then finds the key
+        // invalidated, or stores itself alone).
+        let Lookup::Miss(de) = look_for(&cache, &asking_in("de"), None) else {
+            panic!("/v in de is not stored yet");
+        };
+        let storer = Arc::new(std::sync::Mutex::new(None));
+        let handle = storer.clone();
+        MEANWHILE.with(|m| {
+            *m.borrow_mut() = Some(Box::new(move || {
+                let (done, finished) = std::sync::mpsc::channel();
+                *handle.lock().unwrap() = Some(std::thread::spawn(move || {
+                    drop(de.answered(answer_in("de")));
+                    let _ = done.send(());
+                }));
+                let _ = finished.recv_timeout(std::time::Duration::from_millis(300));
+            }));
+        });
+        cache.drop_found(h, &en);
+        storer.lock().unwrap().take().unwrap().join().unwrap();
+        assert!(
+            !hit_in_lang(&cache, "en"),
+            "the English answer the purge dropped is served"
+        );
+        let stored = cache.entries.get(h);
+        assert!(
+            stored.is_none_or(|e| e
+                .variants
+                .iter()
+                .all(|v| !Arc::ptr_eq(&v.copies, &en[0].copies))),
+            "the English answer is still stored"
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::hashed::Hashed;
 
 use super::answer::{Asks, append_param, hit};
 use super::config::{CacheConfig, Purge};
-use super::entries::{Changes, Entries, Keyed};
+use super::entries::{Change, Changes, Entries, Keyed};
 use super::space::{Counted, Counts, Space};
 use super::variant::Variant;
 use super::{key, purged};
@@ -688,14 +688,14 @@ impl Cache {
         if found.is_empty() {
             return false;
         }
-        self.update(hash, |stored| {
-            let stored = stored?;
+        self.change(hash, |stored| {
+            let Some(stored) = stored else {
+                return Change::Keep;
+            };
             let mut marked = false;
-            let variants = stored
-                .variants
-                .iter()
+            let variants = (stored.variants.iter())
                 .map(|v| {
-                    if found.iter().any(|f| Arc::ptr_eq(f, v)) {
+                    if is_among(found, v) {
                         marked = true;
                         Arc::new(v.made_stale(now))
                     } else {
@@ -703,54 +703,68 @@ impl Cache {
                     }
                 })
                 .collect();
-            marked.then(|| stored.with(variants, stored.copied))
+            if !marked {
+                return Change::Keep;
+            }
+            Change::Store(stored.with(variants, stored.copied))
         })
     }
 
-    /// Drops the variants a hard purge `found` under `hash` that are still stored there: the
-    /// entry, when no other is left beside them; one stored beside them since (asked for
-    /// after the purge) stays.
-    fn drop_found(&self, hash: u64, found: &[Arc<Variant>]) {
+    /// Drops the variants a hard purge `found` under `hash` that are still stored there (stale
+    /// or not): the entry, when no other is left beside them; one stored beside them since
+    /// (asked for after the purge) stays. In one step under the key's writer: a variant
+    /// stored between a read and a drop would otherwise keep them all, or go with them.
+    pub(super) fn drop_found(&self, hash: u64, found: &[Arc<Variant>]) {
         if found.is_empty() {
             return;
         }
-        let is_found = |v: &Arc<Variant>| found.iter().any(|f| Arc::ptr_eq(f, v));
-        let mut alone = false;
-        self.update(hash, |stored| {
-            let stored = stored?;
+        self.change(hash, |stored| {
+            let Some(stored) = stored else {
+                return Change::Keep;
+            };
             let variants: Vec<_> = (stored.variants.iter())
-                .filter(|v| !is_found(v))
+                .filter(|v| !is_among(found, v))
                 .cloned()
                 .collect();
             if variants.len() == stored.variants.len() {
-                return None;
+                Change::Keep
+            } else if variants.is_empty() {
+                Change::Drop
+            } else {
+                // (Its copies leave with the dropped ones.)
+                let copied = variants.iter().map(|v| v.copies.bytes()).sum();
+                Change::Store(stored.with(variants, copied))
             }
-            alone = variants.is_empty();
-            (!alone).then(|| stored.with(variants, stored.copied))
         });
-        if alone {
-            // (Read again under the key's writer: one stored beside them meanwhile stays.)
-            self.entries
-                .invalidate_if(hash, |stored| stored.variants.iter().all(is_found));
-        }
     }
 
     /// Stores what `make` makes of the entry under `hash` as it is now (`None`: there is
-    /// none; making `None` stores nothing), counting its bytes (the one it replaces gives its
-    /// own back when it leaves); whether it stored one. No other store or invalidation of
-    /// `hash` comes between the read and the store ([`Entries::update`]).
+    /// none; making `None` stores nothing), counting its bytes; whether it stored one. No
+    /// other store or invalidation of `hash` comes between the read and the store
+    /// ([`Entries::change`]).
     pub(super) fn update(
         &self,
         hash: u64,
         make: impl FnOnce(Option<Arc<Keyed>>) -> Option<Arc<Keyed>>,
     ) -> bool {
-        self.entries.update(hash, |stored| {
-            let entry = make(stored)?;
-            let weight = i64::from(entry.weight());
-            self.held
-                .fetch_add(weight, std::sync::atomic::Ordering::Relaxed);
-            self.stored_bytes.add(weight);
-            Some(entry)
+        self.change(hash, |stored| {
+            make(stored).map_or(Change::Keep, Change::Store)
+        })
+    }
+
+    /// Makes `change` of the entry under `hash` as it is now ([`Entries::change`]), counting
+    /// the bytes of one it stores (the one it replaces or drops gives its own back when it
+    /// leaves); whether it changed it.
+    fn change(&self, hash: u64, change: impl FnOnce(Option<Arc<Keyed>>) -> Change) -> bool {
+        self.entries.change(hash, |stored| {
+            let change = change(stored);
+            if let Change::Store(entry) = &change {
+                let weight = i64::from(entry.weight());
+                self.held
+                    .fetch_add(weight, std::sync::atomic::Ordering::Relaxed);
+                self.stored_bytes.add(weight);
+            }
+            change
         })
     }
 
@@ -787,8 +801,7 @@ impl Cache {
         let mut kept = None;
         self.update(hash, |stored| {
             // (`v` may be a thread's copy of the stored variant: the two share their copies.)
-            let stored =
-                stored.filter(|s| s.variants.iter().any(|w| Arc::ptr_eq(&w.copies, &v.copies)))?;
+            let stored = stored.filter(|s| is_among(&s.variants, v))?;
             let grown = stored.with(stored.variants.clone(), stored.copied + bytes);
             kept = Some(grown.clone());
             Some(grown)
@@ -809,6 +822,12 @@ impl Cache {
             }
         }
     }
+}
+
+/// Whether `v` is one of `found`, or made of one: a thread's copy of a stored variant and
+/// the variant marked stale from it share its compressed copies with it.
+fn is_among(found: &[Arc<Variant>], v: &Variant) -> bool {
+    found.iter().any(|f| Arc::ptr_eq(&f.copies, &v.copies))
 }
 
 /// Those of `variants` a purge logged at generation `purge` names: those whose fill began
