@@ -138,7 +138,7 @@ pub(super) struct Entries {
     changes: Arc<Changes>,
     id: u64,
     /// One writer of a key at a time (its hash's lock): what is stored made from what was
-    /// read ([`Entries::update`]) is stored with no other store or invalidation of the key
+    /// read ([`Entries::change`]) is stored with no other store or invalidation of the key
     /// in between, so it never undoes one. Hits take none.
     writers: Box<[Mutex<()>]>,
     /// How many times the keys of each share of the hashes were invalidated: a fill notes its
@@ -227,7 +227,7 @@ impl Entries {
     }
 
     /// Whether key `hash` may have been invalidated since a fill noted `noted`: exact when
-    /// asked inside [`Entries::update`] of `hash` (under its writer lock, which an
+    /// asked inside [`Entries::change`] of `hash` (under its writer lock, which an
     /// invalidation holds); another key sharing its count may make it true (that fill is
     /// then not stored, rarely: one key in 1,024 invalidated while it runs).
     pub(super) fn invalidated_since(&self, hash: u64, noted: u64) -> bool {
@@ -236,6 +236,8 @@ impl Entries {
 
     /// The lock of `hash`'s writers.
     fn writer(&self, hash: u64) -> MutexGuard<'_, ()> {
+        #[cfg(test)]
+        tests::before_writer();
         #[allow(clippy::cast_possible_truncation)]
         self.writers[(hash as usize) % WRITERS]
             .lock()
@@ -842,7 +844,8 @@ mod tests {
             .unwrap();
         let (_, made) = gzip.apply_stored(gzip.ask(&req), resp, &v.copies, &v.own);
         delete();
-        cache.grew(h, &v, made.expect("the first gzip client makes the copy"));
+        assert!(made.is_some(), "the first gzip client makes the copy");
+        cache.grew(h, &v);
         assert_eq!(held(), (0, 0));
     }
 
@@ -938,13 +941,41 @@ mod tests {
     }
 
     thread_local! {
-        /// What runs in this thread's next [`super::Entries::update`], between its read and
+        /// What runs in this thread's next [`super::Entries::change`], between its read and
         /// its store.
         static MEANWHILE: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
             std::cell::RefCell::new(None);
     }
 
-    /// Runs what a test asked to run in this update (see [`MEANWHILE`]).
+    /// What a test runs inside the cache's work.
+    type Run = Box<dyn FnOnce()>;
+
+    thread_local! {
+        /// What runs before this thread takes a key's writer lock, once it has taken it the
+        /// given number of times more.
+        static BEFORE_WRITER: std::cell::RefCell<Option<(usize, Run)>> =
+            std::cell::RefCell::new(None);
+    }
+
+    /// Runs what a test asked to run before this writer lock (see [`BEFORE_WRITER`]).
+    pub(super) fn before_writer() {
+        let due = BEFORE_WRITER.with(|b| {
+            let mut b = b.borrow_mut();
+            match &mut *b {
+                Some((0, _)) => b.take().map(|(_, run)| run),
+                Some((skip, _)) => {
+                    *skip -= 1;
+                    None
+                }
+                None => None,
+            }
+        });
+        if let Some(run) = due {
+            run();
+        }
+    }
+
+    /// Runs what a test asked to run in this change (see [`MEANWHILE`]).
     pub(super) fn meanwhile() {
         if let Some(run) = MEANWHILE.with(|m| m.borrow_mut().take()) {
             run();
@@ -1079,9 +1110,12 @@ mod tests {
     /// The answer to [`asking_in`] `lang`, varying on the language.
     fn answer_in(lang: &str) -> http::Response<ResponseBody> {
         http::Response::builder()
+            .header("content-type", "text/plain")
             .header("cache-control", "max-age=3600")
             .header("vary", "accept-language")
-            .body(ResponseBody::Full(Some(Bytes::from(format!("in {lang}")))))
+            .body(ResponseBody::Full(Some(Bytes::from(
+                format!("in {lang}, ").repeat(80),
+            ))))
             .unwrap()
     }
 
@@ -1145,7 +1179,7 @@ mod tests {
             let since = cache.purges.generation();
             cache.purges.purge(purge_of("/v", soft), |_, _| ());
             store_in(&cache, "de");
-            cache.grew_since(since, h, &en, 10);
+            cache.grew_since(since, h, &en);
             only_english_is_stale(&cache);
             let kept = cache.entries.get(h).unwrap().variants.len();
             assert_eq!(kept, if soft { 2 } else { 1 }, "soft: {soft}");
@@ -1173,42 +1207,87 @@ mod tests {
     }
 
     #[test]
-    fn a_hard_purges_drop_keeps_no_answer_it_found_when_another_is_stored_meanwhile() {
+    fn a_hard_purges_drop_of_what_it_found_is_not_undone_by_a_store_between_its_steps() {
         let cache = cache();
         store_in(&cache, "en");
         let h = hash(&cache, "/v");
         let en = cache.entries.get(h).unwrap().variants.clone();
-        // A German answer, asked for after the purge, is stored while the purge drops the
-        // English one it found (it waits for the key's writer, then finds the key
-        // invalidated, or stores itself alone).
+        // A German answer, asked for after the purge, is stored as soon as the purge's drop
+        // lets go of the key's writer lock, if it takes it twice (read, then drop): the
+        // English answer must still go.
         let Lookup::Miss(de) = look_for(&cache, &asking_in("de"), None) else {
             panic!("/v in de is not stored yet");
         };
-        let storer = Arc::new(std::sync::Mutex::new(None));
-        let handle = storer.clone();
-        MEANWHILE.with(|m| {
-            *m.borrow_mut() = Some(Box::new(move || {
-                let (done, finished) = std::sync::mpsc::channel();
-                *handle.lock().unwrap() = Some(std::thread::spawn(move || {
-                    drop(de.answered(answer_in("de")));
-                    let _ = done.send(());
-                }));
-                let _ = finished.recv_timeout(std::time::Duration::from_millis(300));
-            }));
+        let (stored, storing) = std::sync::mpsc::channel();
+        BEFORE_WRITER.with(|b| {
+            *b.borrow_mut() = Some((
+                1,
+                Box::new(move || {
+                    let _ = stored.send(de.answered(answer_in("de")).status());
+                }),
+            ));
         });
         cache.drop_found(h, &en);
-        storer.lock().unwrap().take().unwrap().join().unwrap();
+        BEFORE_WRITER.with(|b| b.borrow_mut().take());
         assert!(
             !hit_in_lang(&cache, "en"),
-            "the English answer the purge dropped is served"
+            "the English answer the purge dropped is served fresh (store between: {:?})",
+            storing.try_recv().ok()
         );
-        let stored = cache.entries.get(h);
-        assert!(
-            stored.is_none_or(|e| e
-                .variants
+        assert!(cache.entries.get(h).is_none_or(|e| {
+            !e.variants
                 .iter()
-                .all(|v| !Arc::ptr_eq(&v.copies, &en[0].copies))),
-            "the English answer is still stored"
+                .any(|v| Arc::ptr_eq(&v.copies, &en[0].copies))
+        }));
+    }
+
+    #[test]
+    fn an_entry_counts_each_compressed_copy_of_its_answers_once() {
+        let cache = cache();
+        let gzip = compression();
+        let h = hash(&cache, "/v");
+        let counted = |e: &super::Keyed| e.variants.iter().map(|v| v.copies.bytes()).sum::<usize>();
+        store_in(&cache, "en");
+        store_in(&cache, "de");
+        // The first gzip client of the German answer makes its copy; the French answer is
+        // stored (counting the copy with the others) before the copy's own count.
+        let de = cache.entries.get(h).unwrap().variants[1].clone();
+        let req = http::Request::builder()
+            .header("accept-encoding", "gzip")
+            .body(())
+            .unwrap();
+        let resp = http::Response::builder()
+            .header("content-type", "text/plain")
+            .body(ResponseBody::Full(Some(de.body.clone())))
+            .unwrap();
+        let (_, made) = gzip.apply_stored(gzip.ask(&req), resp, &de.copies, &de.own);
+        assert!(made.is_some_and(|n| n > 0));
+        store_in(&cache, "fr");
+        cache.grew(h, &de);
+        // The English one's first gzip client makes and counts its copy.
+        count_from_zero();
+        let req = http::Request::builder()
+            .uri("/v")
+            .header("accept-language", "en")
+            .header("accept-encoding", "gzip")
+            .body(())
+            .unwrap();
+        assert!(matches!(
+            look_for(&cache, &req, Some(&gzip)),
+            Lookup::Hit(_)
+        ));
+        let all = cache.entries.get(h).unwrap();
+        assert_eq!(all.variants.len(), 3);
+        assert!(all.variants[0].copies.bytes() > 0, "no English copy made");
+        assert_eq!(all.copied, counted(&all), "a copy is counted twice or not");
+        // A hard purge that found the English answer drops it: its copy leaves the count.
+        cache.drop_found(h, &all.variants[..1]);
+        let left = cache.entries.get(h).unwrap();
+        assert_eq!(left.variants.len(), 2);
+        assert_eq!(
+            left.copied,
+            counted(&left),
+            "the dropped answer's copy is counted"
         );
     }
 

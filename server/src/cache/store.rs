@@ -782,27 +782,30 @@ impl Cache {
             return resp;
         };
         let (resp, made) = compression.apply_stored(asked, resp, &v.copies, &v.own);
-        if let Some(bytes) = made {
-            self.grew(hash, v, bytes);
+        if made.is_some() {
+            self.grew(hash, v);
         }
         resp
     }
 
-    /// Counts a copy of `bytes` made for the stored `v` under `hash`, if `v` is still stored
-    /// there (a new answer may have replaced it, or an invalidation dropped it; its copies
-    /// then leave with it, uncounted): the entry is stored anew with the bytes in its
-    /// weight, so the store weighs it and the cache's bytes count it.
-    pub(super) fn grew(&self, hash: u64, v: &Arc<Variant>, bytes: usize) {
-        self.grew_since(self.purges.generation(), hash, v, bytes);
+    /// Counts a copy made for the stored `v` under `hash`, if `v` is still stored there (a
+    /// new answer may have replaced it, or an invalidation dropped it; its copies then leave
+    /// with it, uncounted): the entry is stored anew with its copies' bytes in its weight, so
+    /// the store weighs it and the cache's bytes count it.
+    pub(super) fn grew(&self, hash: u64, v: &Arc<Variant>) {
+        self.grew_since(self.purges.generation(), hash, v);
     }
 
     /// [`Self::grew`], begun at purge generation `since`.
-    pub(super) fn grew_since(&self, since: u64, hash: u64, v: &Arc<Variant>, bytes: usize) {
+    pub(super) fn grew_since(&self, since: u64, hash: u64, v: &Arc<Variant>) {
         let mut kept = None;
         self.update(hash, |stored| {
             // (`v` may be a thread's copy of the stored variant: the two share their copies.)
             let stored = stored.filter(|s| is_among(&s.variants, v))?;
-            let grown = stored.with(stored.variants.clone(), stored.copied + bytes);
+            // (Its copies' bytes as they are now: a copy counted by a store since it was
+            // made, as a new variant's, is not counted twice.)
+            let copied = stored.variants.iter().map(|w| w.copies.bytes()).sum();
+            let grown = stored.with(stored.variants.clone(), copied);
             kept = Some(grown.clone());
             Some(grown)
         });
