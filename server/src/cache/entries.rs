@@ -1207,38 +1207,50 @@ mod tests {
     }
 
     #[test]
-    fn a_hard_purges_drop_of_what_it_found_is_not_undone_by_a_store_between_its_steps() {
-        let cache = cache();
-        store_in(&cache, "en");
-        let h = hash(&cache, "/v");
-        let en = cache.entries.get(h).unwrap().variants.clone();
-        // A German answer, asked for after the purge, is stored as soon as the purge's drop
-        // lets go of the key's writer lock, if it takes it twice (read, then drop): the
-        // English answer must still go.
-        let Lookup::Miss(de) = look_for(&cache, &asking_in("de"), None) else {
-            panic!("/v in de is not stored yet");
-        };
-        let (stored, storing) = std::sync::mpsc::channel();
-        BEFORE_WRITER.with(|b| {
-            *b.borrow_mut() = Some((
-                1,
-                Box::new(move || {
-                    let _ = stored.send(de.answered(answer_in("de")).status());
-                }),
-            ));
-        });
-        cache.drop_found(h, &en);
-        BEFORE_WRITER.with(|b| b.borrow_mut().take());
-        assert!(
-            !hit_in_lang(&cache, "en"),
-            "the English answer the purge dropped is served fresh (store between: {:?})",
-            storing.try_recv().ok()
-        );
-        assert!(cache.entries.get(h).is_none_or(|e| {
-            !e.variants
-                .iter()
-                .any(|v| Arc::ptr_eq(&v.copies, &en[0].copies))
-        }));
+    fn a_hard_purges_drop_of_what_it_found_is_not_undone_by_a_store_beside_it() {
+        // A German answer, asked for after the purge, is stored before the purge's drop takes
+        // the key's writer lock the first, second or third time (if it takes it that often):
+        // the English answer must go, the German one stays if it is stored before the drop.
+        for skip in 0..3 {
+            let cache = cache();
+            store_in(&cache, "en");
+            let h = hash(&cache, "/v");
+            let en = cache.entries.get(h).unwrap().variants.clone();
+            let Lookup::Miss(de) = look_for(&cache, &asking_in("de"), None) else {
+                panic!("/v in de is not stored yet");
+            };
+            let (stored, storing) = std::sync::mpsc::channel();
+            BEFORE_WRITER.with(|b| {
+                *b.borrow_mut() = Some((
+                    skip,
+                    Box::new(move || {
+                        let _ = stored.send(de.answered(answer_in("de")).status());
+                    }),
+                ));
+            });
+            cache.drop_found(h, &en);
+            BEFORE_WRITER.with(|b| b.borrow_mut().take());
+            let before = storing.try_recv().is_ok();
+            assert!(
+                !hit_in_lang(&cache, "en"),
+                "the English answer the purge dropped is served fresh (skip {skip})"
+            );
+            assert!(cache.entries.get(h).is_none_or(|e| {
+                !e.variants
+                    .iter()
+                    .any(|v| Arc::ptr_eq(&v.copies, &en[0].copies))
+            }));
+            assert_eq!(
+                skip == 0,
+                before,
+                "the drop took the key's writer more than once"
+            );
+            assert_eq!(
+                hit_in_lang(&cache, "de"),
+                before,
+                "the German answer, stored before the drop, went with it (skip {skip})"
+            );
+        }
     }
 
     #[test]

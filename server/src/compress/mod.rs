@@ -243,7 +243,8 @@ impl Compression {
 
     /// [`Compression::apply`] to an answer the edge cache stored, whose compressed `copies`
     /// are kept with it: the copy in the client's encoding is served, made (whole, at once)
-    /// by the first client that takes it. Also says how many bytes a copy made now holds.
+    /// by the first client that takes it. Also says whether this call made the copy (the
+    /// bytes it holds): its maker, only, has it counted with the stored answer.
     /// `resp` is the stored answer (with its `Age`, `Cache-Status`) or one made from it (a
     /// `304`, a range's `206` or `416`); the stored answer is judged once per settings. A
     /// copy in `own` (a thread's own of `copies`' bytes, made now when there is room for it)
