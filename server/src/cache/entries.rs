@@ -1420,6 +1420,12 @@ mod tests {
     /// (`Cache-Control: no-cache`): the fill revalidating it.
     fn stored_then_revalidating(cache: &Arc<Cache>, path: &str) -> crate::cache::Fill {
         store(cache, path, Bytes::from("the stored page"));
+        revalidating(cache, path)
+    }
+
+    /// The fill revalidating the stored answer for `path` for a client asking to
+    /// (`Cache-Control: no-cache`).
+    fn revalidating(cache: &Arc<Cache>, path: &str) -> crate::cache::Fill {
         let req = http::Request::builder()
             .uri(path)
             .header("cache-control", "no-cache")
@@ -1431,17 +1437,51 @@ mod tests {
         fill
     }
 
+    /// The guest's `304` confirming [`answer`]'s `ETag`, fresh for an hour.
+    fn not_modified() -> http::Response<ResponseBody> {
+        http::Response::builder()
+            .status(http::StatusCode::NOT_MODIFIED)
+            .header("cache-control", "max-age=3600")
+            .header("etag", "\"v1\"")
+            .body(ResponseBody::Full(None))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_hard_purge_drops_an_answer_a_304_confirmed_while_it_ran() {
+        // A client revalidates /a after the purge was asked for, before the purge reaches it
+        // in the entries; the guest confirms the stored body with a `304` before (`early`) or
+        // after the purge went through the entries. The purged body must not be served
+        // fresh after the purge answered.
+        for early in [true, false] {
+            let cache = cache();
+            store(&cache, "/a", Bytes::from("the purged page"));
+            let mut late = None;
+            cache
+                .purges
+                .purge(purge_of("/a", false), |named, generation| {
+                    let fill = revalidating(&cache, "/a");
+                    if early {
+                        drop(fill.answered(not_modified()));
+                    } else {
+                        late = Some(fill);
+                    }
+                    cache.drop_named(named, generation)
+                });
+            if let Some(fill) = late {
+                drop(fill.answered(not_modified()));
+            }
+            assert_eq!(
+                hit(&cache, "/a"),
+                None,
+                "the purged page is served (early: {early})"
+            );
+        }
+    }
+
     #[test]
     fn a_revalidation_is_stored_only_while_its_stale_answer_is() {
         let cache = cache();
-        let not_modified = || {
-            http::Response::builder()
-                .status(http::StatusCode::NOT_MODIFIED)
-                .header("cache-control", "max-age=3600")
-                .header("etag", "\"v1\"")
-                .body(ResponseBody::Full(None))
-                .unwrap()
-        };
         // Confirmed by a `304`: stored again, fresh.
         let fill = stored_then_revalidating(&cache, "/a");
         let resp = fill.answered(not_modified());
