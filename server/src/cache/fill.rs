@@ -544,7 +544,7 @@ impl Cache {
                 https: s.https,
                 host: s.host.clone(),
                 target: s.target.clone(),
-                copied: variants.iter().map(|v| v.copies.bytes()).sum(),
+                copied: Keyed::copies_of(&variants),
                 variants,
             }))
         })

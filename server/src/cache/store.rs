@@ -706,7 +706,7 @@ impl Cache {
             if !marked {
                 return Change::Keep;
             }
-            Change::Store(stored.with(variants, stored.copied))
+            Change::Store(stored.with(variants))
         })
     }
 
@@ -732,8 +732,7 @@ impl Cache {
                 Change::Drop
             } else {
                 // (Its copies leave with the dropped ones.)
-                let copied = variants.iter().map(|v| v.copies.bytes()).sum();
-                Change::Store(stored.with(variants, copied))
+                Change::Store(stored.with(variants))
             }
         });
     }
@@ -802,10 +801,7 @@ impl Cache {
         self.update(hash, |stored| {
             // (`v` may be a thread's copy of the stored variant: the two share their copies.)
             let stored = stored.filter(|s| is_among(&s.variants, v))?;
-            // (Its copies' bytes as they are now: a copy counted by a store since it was
-            // made, as a new variant's, is not counted twice.)
-            let copied = stored.variants.iter().map(|w| w.copies.bytes()).sum();
-            let grown = stored.with(stored.variants.clone(), copied);
+            let grown = stored.with(stored.variants.clone());
             kept = Some(grown.clone());
             Some(grown)
         });
