@@ -45,16 +45,6 @@ pub(super) struct Keyed {
     pub(super) copied: usize,
 }
 
-/// What an [`Entries::change`] makes of the entry stored under a key.
-pub(super) enum Change {
-    /// Leaves it as it is (or none, where none is stored).
-    Keep,
-    /// Stores this one in its place.
-    Store(Arc<Keyed>),
-    /// Drops it, counting an invalidation of the key.
-    Drop,
-}
-
 impl Keyed {
     /// Whether it holds the key `space`, `https`, `host`, `target` (its hash may be another
     /// key's).
@@ -145,7 +135,7 @@ pub(super) struct Entries {
     changes: Arc<Changes>,
     id: u64,
     /// One writer of a key at a time (its hash's lock): what is stored made from what was
-    /// read ([`Entries::change`]) is stored with no other store or invalidation of the key
+    /// read ([`Entries::update`]) is stored with no other store or invalidation of the key
     /// in between, so it never undoes one. Hits take none.
     writers: Box<[Mutex<()>]>,
     /// How many times the keys of each share of the hashes were invalidated: a fill notes its
@@ -234,7 +224,7 @@ impl Entries {
     }
 
     /// Whether key `hash` may have been invalidated since a fill noted `noted`: exact when
-    /// asked inside [`Entries::change`] of `hash` (under its writer lock, which an
+    /// asked inside [`Entries::update`] of `hash` (under its writer lock, which an
     /// invalidation holds); another key sharing its count may make it true (that fill is
     /// then not stored, rarely: one key in 1,024 invalidated while it runs).
     pub(super) fn invalidated_since(&self, hash: u64, noted: u64) -> bool {
@@ -243,8 +233,6 @@ impl Entries {
 
     /// The lock of `hash`'s writers.
     fn writer(&self, hash: u64) -> MutexGuard<'_, ()> {
-        #[cfg(test)]
-        tests::before_writer();
         #[allow(clippy::cast_possible_truncation)]
         self.writers[(hash as usize) % WRITERS]
             .lock()
@@ -332,39 +320,35 @@ impl Entries {
         self.store.get(&hash)
     }
 
-    /// Makes `change` of the entry stored under `hash` now (`None`: none is), with no other
-    /// store or invalidation of `hash` in between: a new variant beside the key's others, a
-    /// compressed copy counted, a purge's stale mark or the drop of the answers it names are
-    /// never made of an entry that was replaced or dropped meanwhile (which would bring it
-    /// back, or drop an answer stored since). Whether it changed the entry.
-    pub(super) fn change(
+    /// Stores what `make` makes of the entry stored under `hash` now (`None`: none is;
+    /// making `None` leaves it as it is), with no other store or invalidation of `hash` in
+    /// between: a new variant beside the key's others, a compressed copy counted or a soft
+    /// purge's stale mark is never made of an entry that was replaced or dropped meanwhile
+    /// (which would bring it back, or undo an answer stored since). Whether it stored one.
+    pub(super) fn update(
         &self,
         hash: u64,
-        change: impl FnOnce(Option<Arc<Keyed>>) -> Change,
+        make: impl FnOnce(Option<Arc<Keyed>>) -> Option<Arc<Keyed>>,
     ) -> bool {
         let _writing = self.writer(hash);
         let now = self.store.get(&hash);
         #[cfg(test)]
         tests::meanwhile();
-        match change(now) {
-            Change::Keep => return false,
-            Change::Store(entry) => self.store.insert(hash, entry),
-            Change::Drop => self.drop_held(hash),
-        }
+        let Some(entry) = make(now) else {
+            return false;
+        };
+        self.store.insert(hash, entry);
         self.changes.changed();
         true
     }
 
+    /// Drops the entry under `hash`, counting an invalidation of it (a fill that noted the
+    /// count before is not stored).
     pub(super) fn invalidate(&self, hash: u64) {
         let _writing = self.writer(hash);
-        self.drop_held(hash);
-        self.changes.changed();
-    }
-
-    /// Drops the entry under `hash`, whose writer is held, counting an invalidation of it.
-    fn drop_held(&self, hash: u64) {
         self.invalidations_of(hash).fetch_add(1, Ordering::Release);
         self.store.invalidate(&hash);
+        self.changes.changed();
     }
 
     pub(super) fn invalidate_all(&self) {
@@ -940,38 +924,10 @@ mod tests {
     }
 
     thread_local! {
-        /// What runs in this thread's next [`super::Entries::change`], between its read and
+        /// What runs in this thread's next [`super::Entries::update`], between its read and
         /// its store.
         static MEANWHILE: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
             std::cell::RefCell::new(None);
-    }
-
-    /// What a test runs inside the cache's work.
-    type Run = Box<dyn FnOnce()>;
-
-    thread_local! {
-        /// What runs before this thread takes a key's writer lock, once it has taken it the
-        /// given number of times more.
-        static BEFORE_WRITER: std::cell::RefCell<Option<(usize, Run)>> =
-            std::cell::RefCell::new(None);
-    }
-
-    /// Runs what a test asked to run before this writer lock (see [`BEFORE_WRITER`]).
-    pub(super) fn before_writer() {
-        let due = BEFORE_WRITER.with(|b| {
-            let mut b = b.borrow_mut();
-            match &mut *b {
-                Some((0, _)) => b.take().map(|(_, run)| run),
-                Some((skip, _)) => {
-                    *skip -= 1;
-                    None
-                }
-                None => None,
-            }
-        });
-        if let Some(run) = due {
-            run();
-        }
     }
 
     /// Runs what a test asked to run in this change (see [`MEANWHILE`]).
@@ -1165,90 +1121,71 @@ mod tests {
     }
 
     #[test]
-    fn a_purge_a_copys_count_slipped_past_does_only_to_what_was_stored_before_it() {
-        for soft in [true, false] {
+    fn a_purge_a_copys_count_slipped_past_is_done_as_its_pass_does_it() {
+        let gzip = compression();
+        // The purges logged, each of /v (soft or hard) or of another path.
+        let (soft, hard, other) = (("/v", true), ("/v", false), ("/w", false));
+        for purges in [&[soft][..], &[hard], &[soft, hard], &[hard, soft], &[other]] {
             let cache = cache();
             store_in(&cache, "en");
             let h = hash(&cache, "/v");
             let en = cache.entries.get(h).unwrap().variants[0].clone();
-            // The first gzip client of the English answer begins counting its copy; a purge
-            // of /v is logged (and goes through the entries without finding it: not run
-            // here); a German answer, asked after the purge, is stored beside the English
-            // one; then the copy's count stores the entry again, the German answer in it.
+            // The purges are logged (and go through the entries without finding /v: not run
+            // here); a German answer, asked after them, is stored beside the English one, a
+            // French one is looked up, and the first gzip client of the English answer makes
+            // its copy; then the copy's count stores the entry again, the German answer in
+            // it, before the French answer is stored.
             let since = cache.purges.generation();
-            cache.purges.purge(purge_of("/v", soft), |_, _| ());
+            for (prefix, soft) in purges {
+                cache.purges.purge(purge_of(prefix, *soft), |_, _| ());
+            }
             store_in(&cache, "de");
-            cache.grew_since(since, h, &en);
-            only_english_is_stale(&cache);
-            let kept = cache.entries.get(h).unwrap().variants.len();
-            assert_eq!(kept, if soft { 2 } else { 1 }, "soft: {soft}");
-        }
-    }
-
-    #[test]
-    fn a_hard_purge_drops_what_it_found_after_a_soft_purge_marked_it_stale() {
-        let cache = cache();
-        store_in(&cache, "en");
-        store_in(&cache, "de");
-        let h = hash(&cache, "/v");
-        let en = cache.entries.get(h).unwrap().variants[..1].to_vec();
-        // A hard purge found the English answer; a soft purge marks it stale (storing it
-        // anew, marked) before the hard one drops what it found.
-        assert!(cache.mark_stale(h, &en, Instant::now()));
-        cache.drop_found(h, &en);
-        let left = cache.entries.get(h).expect("the German answer stays");
-        assert_eq!(
-            left.variants.len(),
-            1,
-            "the English answer, marked stale, was kept"
-        );
-        assert!(hit_in_lang(&cache, "de"));
-    }
-
-    #[test]
-    fn a_hard_purges_drop_of_what_it_found_is_not_undone_by_a_store_beside_it() {
-        // A German answer, asked for after the purge, is stored before the purge's drop takes
-        // the key's writer lock the first, second or third time (if it takes it that often):
-        // the English answer must go, the German one stays if it is stored before the drop.
-        for skip in 0..3 {
-            let cache = cache();
-            store_in(&cache, "en");
-            let h = hash(&cache, "/v");
-            let en = cache.entries.get(h).unwrap().variants.clone();
-            let Lookup::Miss(de) = look_for(&cache, &asking_in("de"), None) else {
-                panic!("/v in de is not stored yet");
+            let Lookup::Miss(fr) = look_for(&cache, &asking_in("fr"), None) else {
+                panic!("/v in fr is not stored yet");
             };
-            let (stored, storing) = std::sync::mpsc::channel();
-            BEFORE_WRITER.with(|b| {
-                *b.borrow_mut() = Some((
-                    skip,
-                    Box::new(move || {
-                        let _ = stored.send(de.answered(answer_in("de")).status());
-                    }),
-                ));
-            });
-            cache.drop_found(h, &en);
-            BEFORE_WRITER.with(|b| b.borrow_mut().take());
-            let before = storing.try_recv().is_ok();
+            assert!(gzip_copy_uncounted(&gzip, &en).is_some_and(|n| n > 0));
+            let before = cache.entries.get(h).unwrap();
+            cache.grew_since(since, h, &en);
             assert!(
-                !hit_in_lang(&cache, "en"),
-                "the English answer the purge dropped is served fresh (skip {skip})"
+                !cache
+                    .entries
+                    .get(h)
+                    .is_some_and(|e| Arc::ptr_eq(&e, &before)),
+                "{purges:?}: the copy's count did not store /v again"
             );
-            assert!(cache.entries.get(h).is_none_or(|e| {
-                !e.variants
-                    .iter()
-                    .any(|v| Arc::ptr_eq(&v.copies, &en[0].copies))
-            }));
-            assert_eq!(
-                skip == 0,
-                before,
-                "the drop took the key's writer more than once"
-            );
-            assert_eq!(
-                hit_in_lang(&cache, "de"),
-                before,
-                "the German answer, stored before the drop, went with it (skip {skip})"
-            );
+            let dropped = purges.contains(&hard);
+            if dropped {
+                // As its pass does: the key is dropped (the German answer may be a 304's
+                // revalidation of the purged body), ...
+                assert!(
+                    cache.entries.get(h).is_none(),
+                    "{purges:?} left {:?} of /v",
+                    cache.entries.get(h).map(|e| e.variants.len())
+                );
+            }
+            drop(fr.answered(answer_in("fr")));
+            if dropped {
+                // ... and counted as an invalidation of it: a fill under way is not stored.
+                assert!(
+                    !hit_in_lang(&cache, "fr"),
+                    "{purges:?}: a fill begun before the drop is stored"
+                );
+            } else {
+                if purges.contains(&soft) {
+                    // As its pass does: stale what was stored before it, the rest fresh.
+                    only_english_is_stale(&cache);
+                } else {
+                    assert!(
+                        hit_in_lang(&cache, "en"),
+                        "{purges:?}, of another path, took the English answer"
+                    );
+                    assert!(hit_in_lang(&cache, "de"));
+                }
+                assert!(
+                    hit_in_lang(&cache, "fr"),
+                    "{purges:?}: the French answer was not stored"
+                );
+            }
         }
     }
 
@@ -1280,7 +1217,12 @@ mod tests {
         let made = gzip_copy_uncounted(&gzip, &de);
         assert!(made.is_some_and(|n| n > 0));
         store_in(&cache, "fr");
+        let counted_by_fr = cache.entries.get(h).unwrap();
         cache.grew(h, &de);
+        assert!(
+            Arc::ptr_eq(&counted_by_fr, &cache.entries.get(h).unwrap()),
+            "a copy counted already was stored again"
+        );
         // The English one's first gzip client makes and counts its copy.
         count_from_zero();
         let req = http::Request::builder()
@@ -1297,15 +1239,6 @@ mod tests {
         assert_eq!(all.variants.len(), 3);
         assert!(all.variants[0].copies.bytes() > 0, "no English copy made");
         assert_eq!(all.copied, counted(&all), "a copy is counted twice or not");
-        // A hard purge that found the English answer drops it: its copy leaves the count.
-        cache.drop_found(h, &all.variants[..1]);
-        let left = cache.entries.get(h).unwrap();
-        assert_eq!(left.variants.len(), 2);
-        assert_eq!(
-            left.copied,
-            counted(&left),
-            "the dropped answer's copy is counted"
-        );
     }
 
     #[test]

@@ -45,8 +45,8 @@ impl Named {
 }
 
 /// What purges since a generation did to what a fill or a copy names: each as the
-/// generation of the latest purge of its kind that named it, so that what was stored before
-/// that purge (a variant's `begun` below it) can be told from what was asked for after it.
+/// generation of the latest purge of its kind that named it (for a soft one, what was stored
+/// before it, a variant's `begun` below it, is told from what was asked for after it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) struct Since {
     /// A hard purge dropped it (or may have: the log no longer reaches back that far, and

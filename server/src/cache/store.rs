@@ -16,7 +16,7 @@ use crate::hashed::Hashed;
 
 use super::answer::{Asks, append_param, hit};
 use super::config::{CacheConfig, Purge};
-use super::entries::{Change, Changes, Entries, Keyed};
+use super::entries::{Changes, Entries, Keyed};
 use super::space::{Counted, Counts, Space};
 use super::variant::Variant;
 use super::{key, purged};
@@ -688,10 +688,8 @@ impl Cache {
         if found.is_empty() {
             return false;
         }
-        self.change(hash, |stored| {
-            let Some(stored) = stored else {
-                return Change::Keep;
-            };
+        self.update(hash, |stored| {
+            let stored = stored?;
             let mut marked = false;
             let variants = (stored.variants.iter())
                 .map(|v| {
@@ -703,67 +701,26 @@ impl Cache {
                     }
                 })
                 .collect();
-            if !marked {
-                return Change::Keep;
-            }
-            Change::Store(stored.with(variants))
+            marked.then(|| stored.with(variants))
         })
     }
 
-    /// Drops the variants a hard purge `found` under `hash` that are still stored there (stale
-    /// or not): the entry, when no other is left beside them; one stored beside them since
-    /// (asked for after the purge) stays. In one step under the key's writer: a variant
-    /// stored between a read and a drop would otherwise keep them all, or go with them.
-    pub(super) fn drop_found(&self, hash: u64, found: &[Arc<Variant>]) {
-        if found.is_empty() {
-            return;
-        }
-        self.change(hash, |stored| {
-            let Some(stored) = stored else {
-                return Change::Keep;
-            };
-            let variants: Vec<_> = (stored.variants.iter())
-                .filter(|v| !is_among(found, v))
-                .cloned()
-                .collect();
-            if variants.len() == stored.variants.len() {
-                Change::Keep
-            } else if variants.is_empty() {
-                Change::Drop
-            } else {
-                // (Its copies leave with the dropped ones.)
-                Change::Store(stored.with(variants))
-            }
-        });
-    }
-
     /// Stores what `make` makes of the entry under `hash` as it is now (`None`: there is
-    /// none; making `None` stores nothing), counting its bytes; whether it stored one. No
-    /// other store or invalidation of `hash` comes between the read and the store
-    /// ([`Entries::change`]).
+    /// none; making `None` leaves it as it is), counting its bytes (the one it replaces gives
+    /// its own back when it leaves); whether it stored one. No other store or invalidation of
+    /// `hash` comes between the read and the store ([`Entries::update`]).
     pub(super) fn update(
         &self,
         hash: u64,
         make: impl FnOnce(Option<Arc<Keyed>>) -> Option<Arc<Keyed>>,
     ) -> bool {
-        self.change(hash, |stored| {
-            make(stored).map_or(Change::Keep, Change::Store)
-        })
-    }
-
-    /// Makes `change` of the entry under `hash` as it is now ([`Entries::change`]), counting
-    /// the bytes of one it stores (the one it replaces or drops gives its own back when it
-    /// leaves); whether it changed it.
-    fn change(&self, hash: u64, change: impl FnOnce(Option<Arc<Keyed>>) -> Change) -> bool {
-        self.entries.change(hash, |stored| {
-            let change = change(stored);
-            if let Change::Store(entry) = &change {
-                let weight = i64::from(entry.weight());
-                self.held
-                    .fetch_add(weight, std::sync::atomic::Ordering::Relaxed);
-                self.stored_bytes.add(weight);
-            }
-            change
+        self.entries.update(hash, |stored| {
+            let entry = make(stored)?;
+            let weight = i64::from(entry.weight());
+            self.held
+                .fetch_add(weight, std::sync::atomic::Ordering::Relaxed);
+            self.stored_bytes.add(weight);
+            Some(entry)
         })
     }
 
@@ -789,8 +746,8 @@ impl Cache {
 
     /// Counts a copy made for the stored `v` under `hash`, if `v` is still stored there (a
     /// new answer may have replaced it, or an invalidation dropped it; its copies then leave
-    /// with it, uncounted): the entry is stored anew with its copies' bytes in its weight, so
-    /// the store weighs it and the cache's bytes count it.
+    /// with it, uncounted) and the entry does not count it yet: the entry is stored anew with
+    /// its copies' bytes in its weight, so the store weighs it and the cache's bytes count it.
     pub(super) fn grew(&self, hash: u64, v: &Arc<Variant>) {
         self.grew_since(self.purges.generation(), hash, v);
     }
@@ -802,22 +759,25 @@ impl Cache {
             // (`v` may be a thread's copy of the stored variant: the two share their copies.)
             let stored = stored.filter(|s| is_among(&s.variants, v))?;
             let grown = stored.with(stored.variants.clone());
+            // (A store since the copy was made, of an answer beside it, counted it already.)
+            if grown.copied == stored.copied {
+                return None;
+            }
             kept = Some(grown.clone());
             Some(grown)
         });
         // A purge going through the entries as it was stored again may have missed it: done
-        // here instead, to what was stored before it (a variant stored beside them since was
-        // asked for after it, and stays): a hard one drops it, a soft one marks it stale.
+        // here instead, as its pass does it. A hard one drops the key (every answer in it: one
+        // asked for after the purge may be a revalidation carrying the purged body) and counts
+        // an invalidation of it (a fill under way is not stored); a soft one marks stale what
+        // was stored before it (one asked for after it stays fresh).
         if let Some(entry) = kept {
             let named = |n: &purged::Named| n.names(entry.space, &entry.target, entry.tags());
             let did = self.purges.since(since, named);
-            let mut left = entry.variants.clone();
-            if let Some(purge) = did.dropped {
-                self.drop_found(hash, &stored_before(&left, purge));
-                left.retain(|v| v.begun >= purge);
-            }
-            if let Some(purge) = did.staled {
-                self.mark_stale(hash, &stored_before(&left, purge), Instant::now());
+            if did.dropped.is_some() {
+                self.entries.invalidate(hash);
+            } else if let Some(purge) = did.staled {
+                self.mark_stale(hash, &stored_before(&entry.variants, purge), Instant::now());
             }
         }
     }
