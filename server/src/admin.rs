@@ -954,6 +954,25 @@ async fn set_variable(
         Scope::Variables
     };
     access::decide(who.principal(), Action::Tenant(name, scope)).map_err(refusal)?;
+    if let Principal::Token(..) = who.principal() {
+        // Setting a variable replaces the one of its name: a secret with a plain value (or
+        // the other way round) needs the scope of what it replaces too.
+        let was_secret = app
+            .registry
+            .variables(name)
+            .await?
+            .iter()
+            .find(|v| v.name == var)
+            .map(|v| v.secret);
+        if let Some(was_secret) = was_secret.filter(|was| *was != set.secret) {
+            let replaced = if was_secret {
+                Scope::Secrets
+            } else {
+                Scope::Variables
+            };
+            access::decide(who.principal(), Action::Tenant(name, replaced)).map_err(refusal)?;
+        }
+    }
     let listed = app
         .registry
         .set_variable(name, var, &set.value, set.secret)

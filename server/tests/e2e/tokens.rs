@@ -126,6 +126,29 @@ async fn a_token_reaches_its_own_tenants_and_no_other() {
     .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
     assert!(v["error"].as_str().unwrap().contains("\"secrets\""), "{v}");
+    // Nor may it replace a secret the operator set with a plain value of its own choosing
+    // (a guest would read that as the secret): 403, the secret as it was.
+    let (status, _) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/a/variables/api_key",
+            secret.clone(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let a_vars = state_of(&s, "a").await.1;
+    let over = json!({ "value": "chosen", "secret": false }).to_string();
+    let (status, v) = as_token(
+        &s,
+        &token,
+        Method::PUT,
+        "/admin/v1/tenants/a/variables/api_key",
+        &over,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("\"secrets\""), "{v}");
+    assert_eq!(state_of(&s, "a").await.1, a_vars, "the secret was replaced");
 
     // Another tenant reads as one that does not exist: the same answer for `b` (which
     // exists) and `ghost` (which does not), on every endpoint.
