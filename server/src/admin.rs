@@ -570,7 +570,10 @@ async fn answer(
                     } else {
                         SpecChange::Replace(body)
                     };
-                    match registry.put_spec(&name, change, &pre).await {
+                    match registry
+                        .put_spec(&name, change, &pre, who.principal())
+                        .await
+                    {
                         Ok((created, etag)) => registry.describe(Some(&name)).await.map(|mut v| {
                             let status = if created {
                                 StatusCode::CREATED

@@ -57,6 +57,31 @@ impl HostPattern {
         })
     }
 
+    /// The least specific host a request can name that both `self` and `other` accept: any
+    /// other pattern that accepts it accepts every host the two share, so it is routed as the
+    /// least specific request to both is. `Some(None)`: no host (both accept any); `None`: no
+    /// host is accepted by both. (A wildcard's is its suffix under a label no pattern can
+    /// name, `~`.)
+    pub fn meet(&self, other: &Self) -> Option<Option<String>> {
+        match (self, other) {
+            (Self::Any, Self::Any) => Some(None),
+            (Self::Any, Self::Exact(e)) | (Self::Exact(e), Self::Any) => Some(Some(e.clone())),
+            (Self::Any, Self::Suffix(s)) | (Self::Suffix(s), Self::Any) => {
+                Some(Some(format!("~{s}")))
+            }
+            (Self::Exact(a), Self::Exact(b)) => (a == b).then(|| Some(a.clone())),
+            (Self::Exact(e), s @ Self::Suffix(_)) | (s @ Self::Suffix(_), Self::Exact(e)) => {
+                s.matches(e).then(|| Some(e.clone()))
+            }
+            (Self::Suffix(a), Self::Suffix(b)) => {
+                let (longer, shorter) = if a.len() >= b.len() { (a, b) } else { (b, a) };
+                longer
+                    .ends_with(shorter.as_str())
+                    .then(|| Some(format!("~{longer}")))
+            }
+        }
+    }
+
     /// Whether `host` (lowercase, no port) matches.
     pub fn matches(&self, host: &str) -> bool {
         match self {
@@ -274,6 +299,12 @@ impl<T: Clone> Router<T> {
     /// Like [`Router::route`], with the length of the path prefix that matched: `path[..len]`
     /// is where the target is mounted (empty when at `/`), `path[len..]` the path below it.
     pub fn find(&self, host: Option<&str>, path: &str) -> Option<(&T, usize)> {
+        self.find_by(host, path).map(|(t, len, _)| (t, len))
+    }
+
+    /// Like [`Router::find`], with whether a route naming the request's host (exactly or by
+    /// a `*.suffix`) matched it, rather than one for any host.
+    pub fn find_by(&self, host: Option<&str>, path: &str) -> Option<(&T, usize, bool)> {
         let host = host.map_or("", strip_port);
         // Host names are case-insensitive; avoid allocating for the usual lowercase case.
         let lowered;
@@ -284,19 +315,20 @@ impl<T: Clone> Router<T> {
             host
         };
         if !host.is_empty() {
-            if let Some(t) = self.exact.get(host).and_then(|g| g.lookup(path)) {
-                return Some(t);
+            if let Some((t, len)) = self.exact.get(host).and_then(|g| g.lookup(path)) {
+                return Some((t, len, true));
             }
             if !self.suffix.is_empty() {
                 // `a.b.example.com` tries `.b.example.com`, then `.example.com`, then `.com`.
                 for (i, _) in host.match_indices('.').filter(|(i, _)| *i > 0) {
-                    if let Some(t) = self.suffix.get(&host[i..]).and_then(|g| g.lookup(path)) {
-                        return Some(t);
+                    if let Some((t, len)) = self.suffix.get(&host[i..]).and_then(|g| g.lookup(path))
+                    {
+                        return Some((t, len, true));
                     }
                 }
             }
         }
-        self.any.lookup(path)
+        self.any.lookup(path).map(|(t, len)| (t, len, false))
     }
 
     /// Number of (host, prefix) routes.
@@ -342,9 +374,58 @@ pub fn prefix_matches(prefix: &str, path: &str) -> bool {
     }
 }
 
+/// The deeper of two normalised path prefixes when one is under the other (a path under it
+/// is under both); `None` when no path is under both.
+pub fn deeper<'a>(a: &'a str, b: &'a str) -> Option<&'a str> {
+    if prefix_matches(a, b) {
+        Some(b)
+    } else if prefix_matches(b, a) {
+        Some(a)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn two_routes_meet_at_the_least_specific_request_to_both() {
+        let p = |s: &str| HostPattern::parse(s).unwrap();
+        let host = |h: &str| Some(Some(h.to_string()));
+        assert_eq!(p("*").meet(&p("*")), Some(None));
+        assert_eq!(p("*").meet(&p("a.test")), host("a.test"));
+        assert_eq!(p("a.test").meet(&p("a.test")), host("a.test"));
+        assert_eq!(p("a.test").meet(&p("b.test")), None);
+        assert_eq!(p("*.test").meet(&p("a.test")), host("a.test"));
+        assert_eq!(p("a.test").meet(&p("*.test")), host("a.test"));
+        assert_eq!(p("*.test").meet(&p("test")), None);
+        assert_eq!(p("*.test").meet(&p("*")), host("~.test"));
+        assert_eq!(p("*.b.test").meet(&p("*.test")), host("~.b.test"));
+        assert_eq!(p("*.test").meet(&p("*.b.test")), host("~.b.test"));
+        assert_eq!(p("*.b.test").meet(&p("*.c.test")), None);
+        assert_eq!(deeper("/api", "/api/v2"), Some("/api/v2"));
+        assert_eq!(deeper("/api/v2", "/api"), Some("/api/v2"));
+        assert_eq!(deeper("/api", "/apix"), None);
+        assert_eq!(deeper("/", "/x"), Some("/x"));
+        // The witness host of a wildcard is routed by it, never by an exact host.
+        let router = Router::build([
+            Route::new("exact", ["b.b.test"], ["/"], "exact"),
+            Route::new("wild", ["*.b.test"], ["/"], "wild"),
+            Route::new("any", [], ["/"], "any"),
+        ])
+        .unwrap();
+        assert_eq!(
+            router.find_by(Some("~.b.test"), "/"),
+            Some((&"wild", 0, true))
+        );
+        assert_eq!(
+            router.find_by(Some("b.b.test"), "/x"),
+            Some((&"exact", 0, true))
+        );
+        assert_eq!(router.find_by(None, "/x"), Some((&"any", 0, false)));
+    }
 
     fn table() -> Router<&'static str> {
         Router::build(

@@ -38,6 +38,7 @@ impl Registry {
         name: &str,
         change: SpecChange,
         pre: &Precondition,
+        who: crate::access::Principal<'_>,
     ) -> Result<(bool, String), ChangeError> {
         let mut state = self.lock().await?;
         Self::check_api_owned(&state, name)?;
@@ -84,7 +85,7 @@ impl Registry {
             }
             _ => None,
         };
-        check_routes(&live, state.truth(), name, &spec)?;
+        check_routes(&live, state.truth(), name, &spec, who)?;
         check_cache_budget(&state, name, &spec)?;
         let mut entry = base.clone().unwrap_or_else(|| StoredTenant {
             spec: spec.clone(),

@@ -277,7 +277,14 @@ impl Registry {
                             ..
                         } = &change
                         {
-                            check_routes(&self.live.load(), state.truth(), name, &e.spec)?;
+                            // (Who asked is not carried this far: the clash alone is checked again.)
+                            check_routes(
+                                &self.live.load(),
+                                state.truth(),
+                                name,
+                                &e.spec,
+                                crate::access::Principal::Operator,
+                            )?;
                         }
                         table = table_now()?;
                     }

@@ -9,15 +9,17 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
+use super::error::internal;
 use super::loader::Loader;
 use super::serving::{Candidate, Serving};
+use crate::access::Principal;
 use crate::access::StoredToken;
 use crate::change::ChangeError;
 use crate::config::Config;
 use crate::datadir::{Manifest, StoredTenant, TenantSpec, Version};
 use crate::engine::EpochTicker;
 use crate::fleet::Fleet;
-use crate::router::{Clash, Route, Router};
+use crate::router::{Clash, HostPattern, Route, Router, deeper, normalise_prefix};
 use crate::tenant::{Carried, Tenant, TenantRef};
 use object_store::UpdateVersion;
 
@@ -355,25 +357,20 @@ pub(super) fn check_cache_budget(
 }
 
 /// Checks that `name` with `spec` claims no route another tenant has: a serving one, or one
-/// created through the API that has no module yet (its routes are reserved too).
+/// created through the API that has no module yet (its routes are reserved too). Asked by a
+/// scoped token (`who`), a clash does not name a tenant the token does not reach, and no
+/// request such a tenant serves may go to `name` after the change ([`check_takes_none`]).
 pub(super) fn check_routes(
     live: &Live,
     manifest: &Manifest,
     name: &str,
     spec: &TenantSpec,
+    who: Principal<'_>,
 ) -> Result<(), ChangeError> {
-    pub(super) fn route<'a>(
-        name: &'a str,
-        hosts: &'a [String],
-        paths: &'a [String],
-    ) -> Route<'a, ()> {
-        Route::new(
-            name,
-            hosts.iter().map(String::as_str),
-            paths.iter().map(String::as_str),
-            (),
-        )
-    }
+    let reaches = |other: &str| match who {
+        Principal::Operator => true,
+        Principal::Token(_, token) => token.reaches(other),
+    };
     let serving = live
         .tenants
         .values()
@@ -384,8 +381,100 @@ pub(super) fn check_routes(
         .iter()
         .filter(|(n, t)| *n != name && t.current.is_none())
         .map(|(n, t)| route(n, &t.spec.hosts, &t.spec.paths));
-    let this = std::iter::once(route(name, &spec.hosts, &spec.paths));
-    Router::build(serving.chain(pending).chain(this))?;
+    let others: Vec<Route<'_, &str>> = serving.chain(pending).collect();
+    let this = route(name, &spec.hosts, &spec.paths);
+    let after = match Router::build(others.iter().cloned().chain([this.clone()])) {
+        Ok(after) => after,
+        // A token never learns which tenants it does not reach, nor from a clash.
+        Err(c) if !reaches(&c.existing) => {
+            return Err(ChangeError::Conflict(format!(
+                "tenant {name:?}: route host={:?} path={:?} is another tenant's; choose other \
+                 hosts or paths",
+                c.host, c.prefix
+            )));
+        }
+        Err(c) => return Err(c.into()),
+    };
+    if let Principal::Operator = who {
+        return Ok(());
+    }
+    let now = (manifest.tenants.get(name)).map(|t| route(name, &t.spec.hosts, &t.spec.paths));
+    let before = Router::build(others.iter().cloned().chain(now)).map_err(internal)?;
+    let unreached: Vec<&Route<'_, &str>> = others.iter().filter(|o| !reaches(o.name)).collect();
+    check_takes_none(&this, &unreached, &before, &after)
+}
+
+/// `name`'s route to the target `name`.
+fn route<'a>(name: &'a str, hosts: &'a [String], paths: &'a [String]) -> Route<'a, &'a str> {
+    Route::new(
+        name,
+        hosts.iter().map(String::as_str),
+        paths.iter().map(String::as_str),
+        name,
+    )
+}
+
+/// A route's (host, path prefix) pairs: the host as given (`*` for any), as parsed, and the
+/// prefix as the router keys it.
+fn pairs<'a>(r: &Route<'a, &'a str>) -> Vec<(&'a str, HostPattern, String)> {
+    let hosts = if r.hosts.is_empty() {
+        vec!["*"]
+    } else {
+        r.hosts.clone()
+    };
+    let paths = if r.paths.is_empty() {
+        vec!["/"]
+    } else {
+        r.paths.clone()
+    };
+    let mut pairs = Vec::with_capacity(hosts.len() * paths.len());
+    for h in hosts {
+        let pattern = HostPattern::parse(h).unwrap_or(HostPattern::Any);
+        for p in &paths {
+            pairs.push((h, pattern.clone(), normalise_prefix(p)));
+        }
+    }
+    pairs
+}
+
+/// Refuses a change of `this` (routed by `after`, instead of `before`) that takes a request
+/// from one of the `unreached` tenants (a scoped token's change; the token does not reach
+/// them): one that goes to it before and to `this` after. But for a host `this` names over a
+/// route of theirs for any host: hosts no tenant names fall to routes for any host, and a team
+/// claims its own host by naming it. Each pair of routes (one of `this`, one of theirs) is
+/// tried with the least specific request to both ([`HostPattern::meet`], [`deeper`]): a
+/// request taken from them is routed as that one is, so these find every one.
+fn check_takes_none(
+    this: &Route<'_, &str>,
+    unreached: &[&Route<'_, &str>],
+    before: &Router<&str>,
+    after: &Router<&str>,
+) -> Result<(), ChangeError> {
+    let theirs: Vec<(&str, HostPattern, String)> = (unreached.iter())
+        .flat_map(|r| pairs(r).into_iter().map(move |(_, h, p)| (r.name, h, p)))
+        .collect();
+    for (shown, host, prefix) in pairs(this) {
+        for (other, their_host, their_prefix) in &theirs {
+            let (Some(asked), Some(path)) = (host.meet(their_host), deeper(&prefix, their_prefix))
+            else {
+                continue;
+            };
+            let (Some((was, _, was_by_host)), Some((is, _, is_by_host))) = (
+                before.find_by(asked.as_deref(), path),
+                after.find_by(asked.as_deref(), path),
+            ) else {
+                continue;
+            };
+            if *was == *other && *is == this.name && (was_by_host || !is_by_host) {
+                return Err(ChangeError::Conflict(format!(
+                    "tenant {:?}: route host={shown:?} path={prefix:?} would take requests \
+                     another tenant serves (a token changes only what its own tenants serve); \
+                     choose other hosts or paths",
+                    this.name
+                )));
+            }
+        }
+    }
     Ok(())
 }
 

@@ -677,3 +677,76 @@ async fn wrong_tokens_from_one_address_are_slowed_and_lock_no_one_out() {
         "{m}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_takes_no_request_from_a_tenant_it_does_not_reach() {
+    let s = TestServer::start("").await;
+    // The operator's: `b` serves every path of shop.b.test, `api` every host's /api.
+    for (name, spec) in [
+        ("b", json!({ "hosts": ["shop.b.test"], "paths": ["/"] })),
+        ("api", json!({ "paths": ["/api"] })),
+    ] {
+        let at = format!("/admin/v1/tenants/{name}");
+        let (status, v) = s.admin_call(Method::PUT, &at, spec.to_string()).await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        let (status, v) = s
+            .admin_call(Method::PUT, &format!("{at}/module"), demo("hello").to_vec())
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+    }
+    let (_, token) = make(
+        &s,
+        json!({ "name": "team", "tenants": ["team-*"], "scopes": ["deploy"] }),
+    )
+    .await;
+    // Refused, 409 without the other tenant's name: a path of b's host, the whole of it, a
+    // path under `api`'s on every host.
+    for (name, spec) in [
+        (
+            "team-login",
+            json!({ "hosts": ["shop.b.test"], "paths": ["/login"] }),
+        ),
+        ("team-same", json!({ "hosts": ["shop.b.test"] })),
+        ("team-api", json!({ "paths": ["/api/v2"] })),
+    ] {
+        let at = format!("/admin/v1/tenants/{name}");
+        let (status, v) = as_token(&s, &token, Method::PUT, &at, &spec.to_string()).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{name}: {v}");
+        let error = v["error"].as_str().unwrap();
+        assert!(
+            !error.contains("\"b\"") && !error.contains("\"api\""),
+            "{name}: the answer names the other tenant: {error}"
+        );
+        let (status, _) = as_token(&s, &token, Method::GET, &at, "").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{name} was made");
+    }
+    let login = support::send(
+        s.addr(),
+        Method::GET,
+        "/login",
+        Some("shop.b.test"),
+        &[],
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(login.status, StatusCode::OK, "b no longer answers its host");
+    // Created: its own host, over `api`'s route for any host (a host no tenant names falls to
+    // such a route; a team claims its own by naming it); a path beside the others.
+    for (name, spec) in [
+        (
+            "team-site",
+            json!({ "hosts": ["www.team.test"], "paths": ["/"] }),
+        ),
+        ("team-docs", json!({ "paths": ["/docs"] })),
+    ] {
+        let at = format!("/admin/v1/tenants/{name}");
+        let (status, v) = as_token(&s, &token, Method::PUT, &at, &spec.to_string()).await;
+        assert_eq!(status, StatusCode::CREATED, "{name}: {v}");
+    }
+    // The operator's token moves routes as it likes.
+    let spec = json!({ "hosts": ["shop.b.test"], "paths": ["/login"] }).to_string();
+    let (status, v) = s
+        .admin_call(Method::PUT, "/admin/v1/tenants/ops-login", spec)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+}
