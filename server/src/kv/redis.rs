@@ -142,17 +142,17 @@ enum Raw {
 /// ([`crate::ratelimit::table`]) on the Redis server's clock: `KEYS[1]` the key's hash of
 /// excess (`e`, milli-requests) and last time (`l`, ms); `ARGV` the rate (milli-requests a
 /// second), the burst (milli-requests), `1` to charge a request (or `r`: give one back, `n`:
-/// give back the one that made the key) and how long the key lives (ms, until it has
-/// drained). Answers the key's excess with this request (stored if it is within the burst)
-/// and `1` if the key was new; a refund answers `{0, 0}`.
+/// give back the one that made the key, which is forgotten unless others were charged to it
+/// since) and how long the key lives (ms, until it has drained). Answers the key's excess
+/// with this request (stored if it is within the burst) and `1` if the key was new; a refund
+/// answers `{0, 0}`.
 const LEAKY_BUCKET: &str = r"
 local rate, burst, commit, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
-if commit == 'n' then
-  redis.call('DEL', KEYS[1])
-  return {0, 0}
-elseif commit == 'r' then
+if commit == 'n' or commit == 'r' then
   local e = redis.call('HGET', KEYS[1], 'e')
-  if e then
+  if commit == 'n' and e and tonumber(e) == 0 then
+    redis.call('DEL', KEYS[1])
+  elseif e then
     e = math.max(tonumber(e) - 1000, 0)
     redis.call('HSET', KEYS[1], 'e', string.format('%d', e))
   end

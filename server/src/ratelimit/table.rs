@@ -105,11 +105,15 @@ impl Table {
     }
 
     /// Gives back one request charged to `key` (another limit refused it): its excess less
-    /// one request, or a key that request made is forgotten (its next request is free again).
+    /// one request; a key that request made is forgotten (its next request is free again)
+    /// unless other requests were charged to it since (their charges stay).
     pub fn refund(&self, key: u64, new: bool) {
         self.keys.update(key, |st| {
+            if new && st.excess == 0 {
+                return false;
+            }
             st.excess = st.excess.saturating_sub(1000);
-            !new
+            true
         });
     }
 
@@ -245,6 +249,16 @@ mod tests {
         t.refund(6, new);
         assert_eq!(t.keys(), 1, "the new key is forgotten");
         assert_eq!(t.charge(6, 0), (Verdict::Pass, true), "free again");
+        // A request charged to a new key meanwhile keeps its charge when the one that made
+        // the key is given back.
+        let (_, new) = t.charge(7, 0);
+        assert_eq!(t.charge(7, 0), (Verdict::Pass, false));
+        t.refund(7, new);
+        assert_eq!(t.account(7, 0), Verdict::Pass, "the refunded place");
+        assert!(
+            matches!(t.account(7, 0), Verdict::Over { .. }),
+            "the other request's charge was forgotten"
+        );
     }
 
     #[test]
