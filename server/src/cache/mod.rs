@@ -42,4 +42,4 @@ mod variant;
 pub use answer::CACHE_STATUS;
 pub use config::{CacheConfig, MAX_CACHE_MIB, Purge};
 pub use space::{Counts, Space};
-pub use store::{Asking, COLLAPSE_WAIT, Cache, Fill, Lookup};
+pub use store::{Asking, COLLAPSE_WAIT, Cache, Fill, Lookup, Serving};

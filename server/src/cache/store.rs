@@ -55,14 +55,17 @@ pub struct Cache {
     /// Bytes its entries hold now, given back to `tern_cache_stored_bytes` when a deploy or
     /// a change of settings drops the cache.
     pub(super) held: Arc<std::sync::atomic::AtomicI64>,
-    /// The versions whose answers its front keeps ([`Space::Front`]): a tenant's current one
-    /// and its candidate's, which share it (the last few, for a write's invalidation).
-    pub(super) versions: std::sync::Mutex<Vec<u64>>,
+    /// The versions its front answers for ([`Space::Front`]), each while a tenant version
+    /// holds it ([`Serving`]): the current one and its candidate's, which share the cache, and
+    /// one replaced until its last request ends. A write through one invalidates the others'
+    /// keys too.
+    pub(super) versions: std::sync::Mutex<Vec<std::sync::Weak<u64>>>,
 }
 
-/// How many versions' front keys a write invalidates: the current, the candidate, and the
-/// ones just replaced (whose entries age out).
-const VERSIONS_KEPT: usize = 4;
+/// Held by a tenant version while it answers from a cache's front: a write through any
+/// version sharing the cache invalidates this one's keys too (see [`Cache::serves_version`]).
+#[derive(Debug)]
+pub struct Serving(#[allow(dead_code, reason = "held for its count")] Arc<u64>);
 
 /// A key's bytes before its host: its space, version and scheme.
 const KEY_HEAD: usize = 10;
@@ -351,14 +354,33 @@ impl Cache {
         }
     }
 
-    /// Its front now answers for `version` too (a tenant's version using it: [`Space::Front`]).
-    pub fn serves_version(&self, version: u64) {
+    /// Its front answers for `version` too (a tenant's version using it: [`Space::Front`]),
+    /// as long as what this returns is held: however many versions come and go beside it, a
+    /// write through one of them invalidates its keys.
+    pub fn serves_version(&self, version: u64) -> Serving {
         let mut versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
-        versions.retain(|v| *v != version);
-        versions.push(version);
-        if versions.len() > VERSIONS_KEPT {
-            versions.remove(0);
+        versions.retain(|v| v.strong_count() > 0);
+        if let Some(held) = (versions.iter())
+            .filter_map(std::sync::Weak::upgrade)
+            .find(|held| **held == version)
+        {
+            return Serving(held);
         }
+        let held = Arc::new(version);
+        versions.push(Arc::downgrade(&held));
+        Serving(held)
+    }
+
+    /// The versions its front answers for now, but `own`.
+    fn other_versions(&self, own: u64) -> Vec<u64> {
+        let versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        let mut others: Vec<u64> = (versions.iter())
+            .filter_map(|v| v.upgrade().map(|held| *held))
+            .filter(|v| *v != own)
+            .collect();
+        others.sort_unstable();
+        others.dedup();
+        others
     }
 
     pub(super) fn hash(
@@ -533,11 +555,9 @@ impl Cache {
             let then = if unsafe_method {
                 let mut hashes = vec![hash];
                 if let Space::Front(own) = asked.space {
-                    let versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
                     hashes.extend(
-                        (versions.iter())
-                            .filter(|v| **v != own)
-                            .map(|v| self.hash((space.0, *v), https, host, target)),
+                        (self.other_versions(own).into_iter())
+                            .map(|v| self.hash((space.0, v), https, host, target)),
                     );
                 }
                 Then::Invalidate(hashes.into())
@@ -839,6 +859,37 @@ mod tests {
             assert_ne!(hash(host), hash("example.org"), "{extra}");
             assert_ne!(hash(host), cache.hash((0, 1), false, host, &target[1..]));
         }
+    }
+
+    /// A write invalidates the keys of every version holding the cache, however many came and
+    /// went beside it; a version held twice (a tenant rebuilt around it) counts once, until
+    /// its last holder lets go.
+    #[test]
+    fn a_write_reaches_every_version_held_however_many_came_and_went() {
+        let metrics = crate::metrics::Metrics::new(8);
+        let cache = super::Cache::new(&crate::cache::CacheConfig::default(), &metrics, "t");
+        let current = cache.serves_version(7);
+        let mut candidate = cache.serves_version(1);
+        for version in 2..=6 {
+            candidate = cache.serves_version(version);
+        }
+        assert_eq!(cache.other_versions(6), [7]);
+        assert_eq!(cache.other_versions(7), [6]);
+        let rebuilt = cache.serves_version(6);
+        drop(candidate);
+        assert_eq!(
+            cache.other_versions(7),
+            [6],
+            "still held by its rebuilt tenant"
+        );
+        drop(rebuilt);
+        assert_eq!(cache.other_versions(7), [] as [u64; 0]);
+        let again = cache.serves_version(8);
+        let held = cache.versions.lock().unwrap().len();
+        assert_eq!(held, 2, "the versions let go are forgotten");
+        assert_eq!(cache.other_versions(8), [7]);
+        drop((current, again));
+        assert_eq!(cache.other_versions(1), [] as [u64; 0]);
     }
 
     fn hosts_hash_in_any_case_alike(cache: &super::Cache, target: &str) {

@@ -195,6 +195,9 @@ pub struct Tenant {
     /// What keys its answers in its cache apart from another version's (a candidate shares
     /// the current version's cache): from its version id; 0 for a tenant of the config file.
     pub cache_version: u64,
+    /// Holds `cache_version` among the versions its cache's front answers for while it lives
+    /// (a write through another version sharing the cache invalidates this one's keys too).
+    pub cache_serving: Option<crate::cache::Serving>,
     /// Its schedules (`[[tenant.schedule]]`), read when it loaded.
     pub schedules: Arc<[crate::schedule::Schedule]>,
 }
@@ -544,9 +547,7 @@ pub fn prepare(
         }
         Origin::Config => 0,
     };
-    if let Some(cache) = &front.cache {
-        cache.serves_version(cache_version);
-    }
+    let cache_serving = (front.cache.as_ref()).map(|cache| cache.serves_version(cache_version));
     let paths: Vec<&str> = config
         .settings
         .paths
@@ -563,6 +564,7 @@ pub fn prepare(
         schedules: schedules.into(),
         logs,
         cache_version,
+        cache_serving,
         version_label,
         origin,
         hosts: config

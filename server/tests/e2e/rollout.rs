@@ -599,6 +599,51 @@ async fn the_cache_never_gives_one_versions_answer_to_the_others_clients() {
     }
 }
 
+/// Candidates deployed one after another (each replacing the last, as a team trying fixes
+/// does): a write through the last one still makes the current version's stored page stale,
+/// and one through the current version the candidate's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_reaches_the_current_versions_page_after_many_candidates() {
+    let s = TestServer::start("").await;
+    let dir = tempfile::tempdir().unwrap();
+    let guest = std::fs::read(test_guest(dir.path(), "cache_headers")).unwrap();
+    let current = tenant(&s, "site", json!({ "cache": { "enabled": true } }), &guest).await;
+    let mut cand = String::new();
+    for tag in ["2", "3", "4", "5", "6"] {
+        let query = "percent=50&key=header%3Ax-user";
+        cand = deployed_candidate(&s, "site", &variant(&guest, tag), query).await;
+    }
+    let keys = user_keys(64);
+    let of = versions(s.addr(), "/site/probe", &keys).await;
+    let key_of = |version: &str| keys[of.iter().position(|v| v == version).unwrap()].clone();
+    let (old_client, new_client) = (key_of(&current), key_of(&cand));
+    let page = "/site/page?h=cache-control:public,max-age%3D60";
+    let addr = s.addr();
+    let call = |method: Method, key: String| async move {
+        send(addr, method, page, None, &[("x-user", &key)], Bytes::new()).await
+    };
+    for (reader, writer, version) in [
+        (&old_client, &new_client, &current),
+        (&new_client, &old_client, &cand),
+    ] {
+        let stored = call(Method::GET, reader.clone()).await;
+        assert_eq!(&version_of(&stored), version);
+        let hit = call(Method::GET, reader.clone()).await;
+        assert!(hit.header("cache-status").contains("hit"), "{:?}", hit.headers);
+        assert_eq!(hit.body, stored.body);
+        let w = call(Method::POST, writer.clone()).await;
+        assert!(w.status.is_success(), "{}", w.status);
+        assert_ne!(&version_of(&w), version);
+        let after = call(Method::GET, reader.clone()).await;
+        assert!(
+            !after.header("cache-status").contains("hit"),
+            "{version}'s page after a write through the other version: {:?}",
+            after.headers
+        );
+        assert_ne!(after.body, stored.body, "{version}'s page after a write");
+    }
+}
+
 /// `5 s at 50 %, 3 s at 100 %`: the share follows the stages (the tenant's record says which
 /// and when the next begins), then the candidate is promoted with the previous version kept
 /// for `rollback`.
