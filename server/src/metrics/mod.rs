@@ -390,8 +390,9 @@ named_metrics! {
     pub rollout_steps: counters(
         "tern_rollout_steps_total",
         "Steps gradual deployments took by themselves, by tenant and step (advance: the next \
-         stage; promote: after the last timed stage; abort: the abort rule), counted by the \
-         replica that made the change (once for a fleet).",
+         stage; promote: after the last timed stage; abort: the abort rule; restart: a stage \
+         found ended long ago, while no replica tended it, runs again), counted by the replica \
+         that made the change (once for a fleet).",
         &["tenant", "step"],
     );
     pub live_log_dropped: counter(

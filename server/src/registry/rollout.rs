@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::serving::Candidate;
 use crate::change::ChangeError;
 use crate::datadir::{self, StoredTenant, TenantSpec};
-use crate::rollout::{Aborted, Judge, Plan, now_ms};
+use crate::rollout::{Aborted, Advanced, Judge, Plan, now_ms};
 use crate::tenant::{Carried, Tenant, TenantRef};
 
 use super::precondition::Precondition;
@@ -306,17 +306,15 @@ impl Registry {
                 _ => None,
             };
             let seen = (&*c.tenant.version_label, &c.plan);
-            let (step, taken) = if let Some(reason) = verdict {
-                (self.step(name, seen, Step::Abort(reason)).await, "abort")
+            let step = if let Some(reason) = verdict {
+                self.step(name, seen, Step::Abort(reason)).await
             } else if c.plan.due(now_ms()).is_some() {
-                let last = c.plan.stage + 1 >= c.plan.stages.len();
-                let taken = if last { "promote" } else { "advance" };
-                (self.step(name, seen, Step::Advance).await, taken)
+                self.step(name, seen, Step::Advance).await
             } else {
                 continue;
             };
             match step {
-                Ok(true) => {
+                Ok(Some(taken)) => {
                     taken_here(Taken {
                         tenant: name.clone(),
                         step: taken,
@@ -326,7 +324,7 @@ impl Registry {
                         .with_label_values(&[&c.tenant.label, taken])
                         .inc();
                 }
-                Ok(false) => {}
+                Ok(None) => {}
                 Err(ChangeError::Conflict(why) | ChangeError::PreconditionFailed(why)) => {
                     tracing::debug!(tenant = %name, "rollout step taken elsewhere: {why}");
                 }
@@ -336,61 +334,70 @@ impl Registry {
     }
 
     /// Takes `step` of the rollout of `name` if its stored candidate is still the version and
-    /// plan `seen`; whether it took it.
-    async fn step(&self, name: &str, seen: (&str, &Plan), step: Step) -> Result<bool, ChangeError> {
+    /// plan `seen`: the step taken (as [`Taken::step`] names it), if any.
+    async fn step(
+        &self,
+        name: &str,
+        seen: (&str, &Plan),
+        step: Step,
+    ) -> Result<Option<&'static str>, ChangeError> {
         let mut state = self.lock().await?;
         let Ok((stored, mut candidate)) =
             Self::with_candidate(&state, name, &Precondition::default())
         else {
-            return Ok(false);
+            return Ok(None);
         };
         if (candidate.version.id.as_str(), &candidate.plan) != seen {
             // Changed since (by an operator, or another replica): the next round looks again.
-            return Ok(false);
+            return Ok(None);
         }
         let version = candidate.version.id.clone();
         let plan = &mut candidate.plan;
         let now = now_ms();
-        let done = match step {
+        let (taken, done) = match step {
             Step::Abort(reason) => {
                 let done = format!(
                     "rollout aborted (the candidate gets no more clients; `tern rollback {name}` \
                      drops it): {reason}"
                 );
                 plan.aborted = Some(Aborted { at_ms: now, reason });
-                done
+                ("abort", done)
             }
-            Step::Advance => {
-                let next = plan.stage + 1;
-                let Some(stage) = plan.stages.get(next).copied() else {
-                    // After the last timed stage: promoted.
+            Step::Advance => match plan.advance(now) {
+                Advanced::Not => return Ok(None),
+                Advanced::Promote => {
                     self.promote_locked(&mut state, name, &Precondition::default())
                         .await?;
-                    return Ok(true);
-                };
-                // The next stage begins when this one was due (not a tick later: no drift), or
-                // now if that is earlier.
-                let due = plan.stages[plan.stage]
-                    .secs
-                    .unwrap_or(0)
-                    .saturating_mul(1000);
-                plan.since_ms = plan.since_ms.saturating_add(due).min(now);
-                plan.stage = next;
-                plan.share = stage.share;
-                format!(
-                    "rollout advanced to its next stage ({} of {}: {})",
-                    next + 1,
-                    plan.stages.len(),
-                    crate::rollout::percent_text(stage.share)
-                )
-            }
+                    return Ok(Some("promote"));
+                }
+                Advanced::Stage(next) => (
+                    "advance",
+                    format!(
+                        "rollout advanced to its next stage ({} of {}: {})",
+                        next + 1,
+                        plan.stages.len(),
+                        plan.percent()
+                    ),
+                ),
+                Advanced::Again { late_ms } => (
+                    "restart",
+                    format!(
+                        "rollout stage {} of {} ({}) runs again for its full time: it ended {} s \
+                         ago while no replica tended the rollout (down?), unwatched",
+                        plan.stage + 1,
+                        plan.stages.len(),
+                        plan.percent(),
+                        late_ms / 1000
+                    ),
+                ),
+            },
         };
         let mut entry = stored.clone();
         entry.candidate = Some(candidate);
         self.commit_plan(&mut state, name, stored, entry).await?;
         // Logged once it is the fleet's: a replica whose step lost the race logs nothing.
         tracing::warn!(tenant = name, version = %version, "{done}");
-        Ok(true)
+        Ok(Some(taken))
     }
 }
 
@@ -399,7 +406,8 @@ impl Registry {
 pub struct Taken {
     /// The tenant.
     pub tenant: String,
-    /// `advance`, `promote` or `abort`.
+    /// `advance`, `promote`, `abort`, or `restart` (a stage found ended long ago, unwatched,
+    /// runs again: [`Plan::advance`]).
     pub step: &'static str,
     /// The candidate's version.
     pub version: String,
@@ -409,6 +417,6 @@ pub struct Taken {
 enum Step {
     /// The abort rule's verdict.
     Abort(String),
-    /// The next stage, or the promotion after the last timed one.
+    /// The next stage, or the promotion after the last timed one ([`Plan::advance`]).
     Advance,
 }

@@ -22,7 +22,8 @@ mod split;
 
 pub use judge::{Counts, Judge};
 pub use plan::{
-    Abort, Aborted, Key, Plan, Stage, now_ms, parse_percent, parse_stages, percent_text,
+    Abort, Aborted, Advanced, Key, LATE_MS, Plan, Stage, now_ms, parse_percent, parse_stages,
+    percent_text,
 };
 pub use split::{Role, Split, TERN_VERSION, TERN_VERSION_TOKEN};
 

@@ -148,6 +148,26 @@ impl<'de> Deserialize<'de> for Key {
     }
 }
 
+/// How long after a stage's end a replica may find it and still take the next step as if on
+/// time (rollouts are tended every second; a slow registry write may hold one a while).
+pub const LATE_MS: u64 = 30_000;
+
+/// What [`Plan::advance`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advanced {
+    /// Nothing was due.
+    Not,
+    /// The stage (its index) is the one in effect now.
+    Stage(usize),
+    /// The last timed stage ended: the candidate is to be promoted (the plan is unchanged).
+    Promote,
+    /// The stage in effect ended `late_ms` ago, unwatched: it runs again from now.
+    Again {
+        /// How long ago it ended.
+        late_ms: u64,
+    },
+}
+
 impl Plan {
     /// A rollout at `share` from now, stepped by `stages` when there are any (the first
     /// stage's share then).
@@ -187,6 +207,32 @@ impl Plan {
         let secs = stage.secs?;
         (now_ms >= self.since_ms.saturating_add(secs.saturating_mul(1000)))
             .then_some(self.stage + 1)
+    }
+
+    /// The rollout's step at `now_ms`: nothing before its stage in effect ends; else the next
+    /// stage, begun when this one ended (a tick late does not drift the ones after), or the
+    /// promotion after the last timed stage. A stage found ended more than [`LATE_MS`] ago
+    /// (no replica tended the rollout meanwhile: the server, or the whole fleet, was down)
+    /// runs again for its full time from now instead: each stage serves its share, and is
+    /// judged, for its time before the next one (or the promotion) comes.
+    pub fn advance(&mut self, now_ms: u64) -> Advanced {
+        if self.due(now_ms).is_none() {
+            return Advanced::Not;
+        }
+        let secs = self.stages[self.stage].secs.unwrap_or(0);
+        let ended = self.since_ms.saturating_add(secs.saturating_mul(1000));
+        let late_ms = now_ms - ended;
+        if late_ms > LATE_MS {
+            self.since_ms = now_ms;
+            return Advanced::Again { late_ms };
+        }
+        let Some(next) = self.stages.get(self.stage + 1) else {
+            return Advanced::Promote;
+        };
+        self.share = next.share;
+        self.stage += 1;
+        self.since_ms = ended;
+        Advanced::Stage(self.stage)
     }
 
     /// The stage in effect began at `now_ms`: its times count from then (the judge's too).

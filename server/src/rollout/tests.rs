@@ -180,6 +180,62 @@ fn a_stage_is_due_when_its_time_is_up_and_never_once_aborted() {
     assert_eq!(timed.due(u64::MAX), None);
 }
 
+/// On time (up to `LATE_MS` after a stage's end) the next stage begins when the last ended;
+/// found later (nothing tended it: the server was down) the stage runs again from now, the
+/// last timed one too (no promotion that no one watched).
+#[test]
+fn a_stage_found_long_ended_runs_again_instead_of_advancing() {
+    let stages = parse_stages("5%:1m,50%:1m,100%:1m").unwrap();
+    let plan = Plan::new(None, stages, 1_000).unwrap();
+    let mut p = plan.clone();
+    assert_eq!(p.advance(60_999), Advanced::Not);
+    assert_eq!(p, plan, "nothing changed before its end");
+    for late in [0, 1, LATE_MS - 1, LATE_MS] {
+        let mut p = plan.clone();
+        assert_eq!(
+            p.advance(61_000 + late),
+            Advanced::Stage(1),
+            "{late} ms late"
+        );
+        assert_eq!((p.stage, p.share, p.since_ms), (1, 5000, 61_000), "{late}");
+    }
+    let mut p = plan.clone();
+    let now = 61_000 + LATE_MS + 1;
+    assert_eq!(
+        p.advance(now),
+        Advanced::Again {
+            late_ms: LATE_MS + 1
+        }
+    );
+    assert_eq!((p.stage, p.share, p.since_ms), (0, 500, now));
+    assert_eq!(
+        p.advance(now + 59_999),
+        Advanced::Not,
+        "its full time again"
+    );
+    assert_eq!(p.advance(now + 60_000), Advanced::Stage(1));
+    // The last timed stage: promoted on time, run again when found late.
+    p.stage = 2;
+    p.since_ms = 0;
+    let before = p.clone();
+    assert_eq!(p.advance(60_000 + LATE_MS), Advanced::Promote);
+    assert_eq!(p, before, "a promotion leaves the plan as it is");
+    let hours = 3 * 3_600_000;
+    assert_eq!(
+        p.advance(hours),
+        Advanced::Again {
+            late_ms: hours - 60_000
+        }
+    );
+    assert_eq!((p.stage, p.since_ms), (2, hours));
+    // Held or aborted: nothing.
+    p.aborted = Some(Aborted {
+        at_ms: 0,
+        reason: String::new(),
+    });
+    assert_eq!(p.advance(u64::MAX), Advanced::Not);
+}
+
 #[test]
 fn the_judge_waits_for_its_minimum_then_compares_failure_rates() {
     let abort = Abort {

@@ -629,7 +629,11 @@ async fn a_write_reaches_the_current_versions_page_after_many_candidates() {
         let stored = call(Method::GET, reader.clone()).await;
         assert_eq!(&version_of(&stored), version);
         let hit = call(Method::GET, reader.clone()).await;
-        assert!(hit.header("cache-status").contains("hit"), "{:?}", hit.headers);
+        assert!(
+            hit.header("cache-status").contains("hit"),
+            "{:?}",
+            hit.headers
+        );
         assert_eq!(hit.body, stored.body);
         let w = call(Method::POST, writer.clone()).await;
         assert!(w.status.is_success(), "{}", w.status);
@@ -748,6 +752,87 @@ async fn stages_move_the_share_by_time_and_promote_at_the_end() {
         .await;
     assert_eq!(t["current"]["id"].as_str().unwrap()[..12], cand);
     assert_eq!(t["previous"]["id"].as_str().unwrap()[..12], current);
+}
+
+/// A server down for hours in a staged rollout: the stage it finds long ended runs again for
+/// its full time (its share served and judged) instead of racing through the stages after it
+/// to a promotion no one watched; the step is counted and audited as `restart`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_found_long_ended_after_downtime_runs_again() {
+    let s = TestServer::start("").await;
+    let echo = demo("echo");
+    let current = tenant(&s, "site", json!({}), echo).await;
+    let query = "stages=50%25%3A1h%2C100%25%3A1h&key=header%3Ax-user";
+    let cand = deployed_candidate(&s, "site", &variant(echo, "2"), query).await;
+    // Down for three hours: the stored stage began three hours before the restart.
+    let dir = restart_dir(s);
+    let manifest = dir.path().join("data/manifest.json");
+    let mut m: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let plan = &mut m["tenants"]["site"]["candidate"]["plan"];
+    let since = plan["since_ms"].as_u64().unwrap() - 3 * 3_600_000;
+    plan["since_ms"] = since.into();
+    plan["judged_since_ms"] = since.into();
+    std::fs::write(&manifest, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    let now_ms = || {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        u64::try_from(t.unwrap().as_millis()).unwrap()
+    };
+    let restarted = now_ms();
+    let s = TestServer::try_start_in(dir, "").await.expect("restart");
+    // (The steps' metric has no series before the first step.)
+    let step = |m: &str, step: &str| {
+        let series = format!(r#"tern_rollout_steps_total{{step="{step}",tenant="site"}}"#);
+        series_value(m, &series).unwrap_or(0.0)
+    };
+    let waited = Instant::now();
+    while step(&s.metrics().await, "restart") == 0.0 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "no restart step"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Three more rounds of the rollouts: the stage holds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let m = s.metrics().await;
+    let steps = ["restart", "advance", "promote"].map(|name| step(&m, name));
+    assert_eq!(
+        steps,
+        [1.0, 0.0, 0.0],
+        "steps taken: restart, advance, promote"
+    );
+    let (_, t) = s
+        .admin_call(Method::GET, "/admin/v1/tenants/site", "")
+        .await;
+    assert_eq!(t["current"]["id"].as_str().unwrap()[..12], current, "{t}");
+    let c = &t["candidate"];
+    assert_eq!(c["version"]["id"].as_str().unwrap()[..12], cand, "{t}");
+    assert_eq!(
+        (c["plan"]["stage"].as_u64(), c["percent"].as_str()),
+        (Some(0), Some("50%"))
+    );
+    let since = c["plan"]["since_ms"].as_u64().unwrap();
+    assert!(
+        since >= restarted,
+        "the stage runs again from the restart: {t}"
+    );
+    assert_eq!(
+        c["next_stage_at_ms"].as_u64(),
+        Some(since + 3_600_000),
+        "{t}"
+    );
+    let keys = user_keys(400);
+    let n = share(&versions(s.addr(), "/site/", &keys).await, &cand);
+    assert!((140..=260).contains(&n), "{n} of 400 at 50 %");
+    let (status, audit) = s
+        .admin_call(Method::GET, "/admin/v1/audit?tenant=site", "")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{audit}");
+    let steps: Vec<&str> = (audit["records"].as_array().unwrap().iter())
+        .filter(|r| r["who"] == "rollout")
+        .map(|r| r["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(steps, ["restart"], "{audit}");
 }
 
 /// What would lose a rollout or makes no sense is refused with a clear error, and leaves the

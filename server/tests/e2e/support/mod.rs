@@ -413,7 +413,7 @@ impl http_body::Body for Unsized {
 
 /// The value of the series `series` (name and labels, as the text format writes them), if
 /// the metrics have it.
-fn series_value(metrics: &str, series: &str) -> Option<f64> {
+pub fn series_value(metrics: &str, series: &str) -> Option<f64> {
     metrics
         .lines()
         .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
