@@ -122,6 +122,12 @@ pub struct StoredTenant {
     pub candidate: Option<Candidate>,
     /// When the tenant was created (Unix seconds).
     pub created_at: u64,
+    /// Made at random when the tenant is created, never reused: its guests' key-value data is
+    /// kept under it ([`StoredTenant::data_key`]), so a tenant created again under the name of
+    /// a deleted one (by its team or another) starts with none of the old one's. `None` for a
+    /// tenant created before there were ids: its data is under its name, as it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// Its variables (`tern var`, `tern secret`): plain values and sealed secrets, changed
     /// without a new version.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -129,6 +135,36 @@ pub struct StoredTenant {
 }
 
 impl StoredTenant {
+    /// A tenant created now with `spec`: no version yet, a new id.
+    pub fn created(spec: TenantSpec) -> Self {
+        Self {
+            spec,
+            current: None,
+            previous: None,
+            candidate: None,
+            created_at: now(),
+            id: Some(format!("{:016x}", crate::random_u64())),
+            variables: BTreeMap::new(),
+        }
+    }
+
+    /// Whose key-value data tenant `name`'s guests reach: its name and id (`NAME/ID`: no
+    /// tenant name has a `/`), or its name alone for a tenant made before ids.
+    pub fn data_key(&self, name: &str) -> std::sync::Arc<str> {
+        match &self.id {
+            Some(id) => format!("{name}/{id}").into(),
+            None => name.into(),
+        }
+    }
+
+    /// The equivalent config-file tenant, serving `module`, its guests reaching its own data.
+    pub fn to_config(&self, name: &str, module: &str) -> TenantConfig {
+        TenantConfig {
+            data: Some(self.data_key(name)),
+            ..self.spec.to_config(name, module)
+        }
+    }
+
     /// The record as a fleet's registry stores it (compact JSON) and its SHA-256 (hex), which
     /// names it there.
     pub fn record(&self) -> (String, Vec<u8>) {
@@ -171,6 +207,7 @@ impl TenantSpec {
             kind: None,
             assets: None,
             variables: BTreeMap::new(),
+            data: None,
             settings: self.map_routes(spanned),
         }
     }
@@ -465,6 +502,26 @@ mod tests {
     }
 
     #[test]
+    fn a_tenant_created_again_keeps_its_data_under_a_key_of_its_own() {
+        let (one, two) = (
+            StoredTenant::created(TenantSpec::default()),
+            StoredTenant::created(TenantSpec::default()),
+        );
+        assert_ne!(one.id, two.id);
+        assert_ne!(one.data_key("a"), two.data_key("a"));
+        let key = one.data_key("a");
+        assert!(key.starts_with("a/") && key.len() == 2 + 16, "{key}");
+        assert_eq!(one.to_config("a", "m").data, Some(key));
+        // Made before ids: its data under its name, as before.
+        let old = StoredTenant { id: None, ..one };
+        assert_eq!(&*old.data_key("a"), "a");
+        let text = serde_json::to_string(&old).unwrap();
+        assert!(!text.contains("\"id\""), "{text}");
+        let read: StoredTenant = serde_json::from_str(&text).unwrap();
+        assert_eq!(read.id, None);
+    }
+
+    #[test]
     fn leftover_temp_files_are_removed_and_the_manifest_survives() {
         let dir = tempfile::tempdir().unwrap();
         let store = DataDir::open(dir.path()).unwrap();
@@ -477,6 +534,7 @@ mod tests {
                 previous: None,
                 candidate: None,
                 created_at: 1,
+                id: None,
                 variables: BTreeMap::new(),
             },
         );

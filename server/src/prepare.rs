@@ -10,6 +10,8 @@
 pub struct Preparing<'a> {
     /// The tenant's name.
     pub tenant: &'a str,
+    /// Whose key-value data its guests reach ([`crate::config::TenantConfig::data`]).
+    pub data: &'a std::sync::Arc<str>,
     /// Its metrics label.
     pub label: &'a str,
     /// Its budget of guest log lines (denied calls are logged within it).

@@ -28,6 +28,9 @@ pub struct TenantConfig {
     /// `[tenant.variables]`: what its guests read as variables (Spin's, `wasi:config`, a CGI
     /// program's environment), plain or secrets from the server's environment or files.
     pub variables: std::collections::BTreeMap<String, crate::variables::Declared>,
+    /// Whose key-value data its guests reach: a tenant of the admin API's, its name and id
+    /// ([`crate::datadir::StoredTenant::data_key`]); `None`, a config file's tenant: its name.
+    pub data: Option<std::sync::Arc<str>>,
     /// Routes, environment, limits, outbound policy, error responses.
     pub settings: TenantSettings<Spanned<String>>,
 }

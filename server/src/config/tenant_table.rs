@@ -109,6 +109,7 @@ impl<'de> serde::de::Visitor<'de> for FileTenant {
             kind: own.kind,
             assets: own.assets,
             variables: own.variables.unwrap_or_default(),
+            data: None,
             settings,
         })
     }

@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 /// operations a request may make.
 #[derive(Debug)]
 pub struct Grant {
-    /// Whose keys they are.
+    /// Whose keys they are: the tenant's name, or its name and id (a tenant created again
+    /// under a deleted one's name reaches none of the old one's).
     pub tenant: Arc<str>,
     /// The stores granted (`[tenant] kv`).
     pub stores: Vec<Arc<Store>>,
@@ -48,7 +49,7 @@ impl Grant {
         stores: &Stores,
     ) -> Result<Self, String> {
         Ok(Self {
-            tenant: p.tenant.into(),
+            tenant: p.data.clone(),
             stores: stores.grant(names)?,
             max_ops,
         })

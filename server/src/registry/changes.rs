@@ -11,7 +11,7 @@ use wasmtime::Engine;
 use crate::artifact;
 use crate::assets::Assets;
 use crate::config::{self};
-use crate::datadir::{self, StoredTenant, TenantSpec, Version};
+use crate::datadir::{self, StoredTenant, Version};
 use crate::fleet::objects::RemoteError;
 use crate::tenant::{self, Carried, Origin, Tenant, TenantError};
 
@@ -47,7 +47,9 @@ impl Registry {
         pre.check(name, base.as_ref())?;
         let current = base.as_ref().map(|t| &t.spec);
         let spec = change.apply(name, current)?;
-        let as_config = spec.to_config(name, "(admin API)");
+        let mut entry = (base.clone()).unwrap_or_else(|| StoredTenant::created(spec.clone()));
+        entry.spec = spec.clone();
+        let as_config = entry.to_config(name, "(admin API)");
         let rt = self.loader.runtime();
         config::validate_tenant(&as_config, &rt.pool)
             .map_err(|e| ChangeError::Invalid(e.message))?;
@@ -87,15 +89,6 @@ impl Registry {
         };
         check_routes(&live, state.truth(), name, &spec, who)?;
         check_cache_budget(&state, name, &spec)?;
-        let mut entry = base.clone().unwrap_or_else(|| StoredTenant {
-            spec: spec.clone(),
-            current: None,
-            previous: None,
-            candidate: None,
-            created_at: datadir::now(),
-            variables: std::collections::BTreeMap::new(),
-        });
-        entry.spec = spec;
         let etag = entry.etag();
         let change = Change::Tenant {
             name: name.to_string(),
@@ -172,7 +165,7 @@ impl Registry {
                     "no assets archive {a:?} is stored; upload it with POST /admin/v1/assets first"
                 )));
             }
-            let spec = {
+            let base = {
                 let state = self.lock().await?;
                 Self::check_api_owned(&state, name)?;
                 let stored = state.truth().tenants.get(name);
@@ -180,7 +173,7 @@ impl Registry {
                 if let Some(t) = stored {
                     check_rollout(name, t, rollout.is_some())?;
                 }
-                stored.map(|t| t.spec.clone())
+                stored.cloned()
             }
             .ok_or_else(|| {
                 ChangeError::NotFound(format!(
@@ -191,15 +184,15 @@ impl Registry {
             // Check, compile and prepare off the reactor, outside the change lock; the upload is
             // stored only once it is known to load, and held until it is committed or forgotten.
             let this = self.loader();
-            let (n, live, spec2) = (name.to_string(), self.live.load_full(), spec.clone());
+            let (n, live, base2) = (name.to_string(), self.live.load_full(), base.clone());
             let as_candidate = rollout.is_some();
             let (module_hash, prepared) = tokio::task::spawn_blocking(move || {
-                let spec = spec2;
+                let base = base2;
                 let started = Instant::now();
                 let module_hash = crate::hex::encode(&Sha256::digest(&wasm));
                 let rt = this.runtime();
                 let prepared = (|| {
-                    let limits = tenant::Limits::from_config(&spec.limits, &rt.pool);
+                    let limits = tenant::Limits::from_config(&base.spec.limits, &rt.pool);
                     if !artifact::is_component(&wasm) {
                         tenant::check_fits(&wasm, &limits).map_err(|reason| {
                             TenantError::DoesNotFit {
@@ -238,7 +231,7 @@ impl Registry {
                         _ => live.carried(&n),
                     };
                     let t =
-                        this.prepare_version(&rt, &n, &spec, &version, &loaded.module, carried)?;
+                        this.prepare_version(&rt, &n, &base, &version, &loaded.module, carried)?;
                     let held = this.hold(&module_hash);
                     this.store.put_blob(&wasm)?;
                     tracing::debug!(tenant = %n, "deploy prepared in {:?}", started.elapsed());
@@ -273,7 +266,7 @@ impl Registry {
             let (state, committed) = match locked {
                 Ok((mut state, (tenant, held))) => {
                     let result = self
-                        .commit_deploy(&mut state, name, (&spec, tenant), rollout, pre)
+                        .commit_deploy(&mut state, name, (&base, tenant), rollout, pre)
                         .await;
                     drop(held);
                     (state, result)
@@ -299,7 +292,7 @@ impl Registry {
         &self,
         state: &mut State,
         name: &str,
-        (spec, tenant): (&TenantSpec, Tenant),
+        (base, tenant): (&StoredTenant, Tenant),
         rollout: Option<crate::rollout::Plan>,
         pre: &Precondition,
     ) -> Result<Deployed, ChangeError> {
@@ -308,6 +301,12 @@ impl Registry {
                 "tenant {name:?} was deleted during the deploy"
             )));
         };
+        if stored.id != base.id {
+            // Not the tenant it was prepared for (it carries that one's counts and logs).
+            return Err(ChangeError::Conflict(format!(
+                "tenant {name:?} was deleted and created again during the deploy: deploy again"
+            )));
+        }
         // Another change while this one compiled: a conditional deploy was computed from the
         // state it names, and that state is gone.
         pre.check(name, Some(&stored))?;
@@ -327,19 +326,19 @@ impl Registry {
         let tenant = if !Engine::same(tenant.compiled.engine(), &rt.engine) {
             // The engine was replaced while this compiled (`use_memset_reset`): the stored
             // version is loaded on the new one, with the latest spec.
-            let (this, n, spec) = (self.loader(), name.to_string(), stored.spec.clone());
+            let (this, n, latest) = (self.loader(), name.to_string(), stored.clone());
             let Origin::Api { version } = tenant.origin.clone() else {
                 unreachable!("loaded as an API tenant")
             };
             let carried = carried_again(&tenant);
             tokio::task::spawn_blocking(move || {
-                this.load_version(&n, &spec, &version, carried, &ModuleCache::default())
+                this.load_version(&n, &latest, &version, carried, &ModuleCache::default())
             })
             .await
             .map_err(internal)??
-        } else if stored.spec != *spec {
+        } else if stored.spec != base.spec {
             // The routes changed while this compiled: rebuild around the latest spec.
-            let config = stored.spec.to_config(name, "(admin API)");
+            let config = stored.to_config(name, "(admin API)");
             let carried = carried_again(&tenant);
             self.loader
                 .respec_carrying(&rt, &tenant, &tenant.compiled, &config, carried)?
@@ -444,12 +443,7 @@ impl Registry {
             )));
         };
         let carried = self.live.load().carried(name);
-        let item = (
-            name.to_string(),
-            stored.spec.clone(),
-            target.clone(),
-            carried,
-        );
+        let item = (name.to_string(), stored.clone(), target.clone(), carried);
         let loaded = self
             .load_stored(vec![item])
             .await

@@ -12,7 +12,7 @@ use crate::artifact::{self, Compiled};
 use crate::assets::Assets;
 use crate::change::ChangeError;
 use crate::config::{PoolConfig, TenantConfig};
-use crate::datadir::{DataDir, TenantSpec, Version};
+use crate::datadir::{DataDir, StoredTenant, Version};
 use crate::guest::Linkers;
 use crate::metrics::Metrics;
 use crate::tenant::{self, Carried, Origin, Tenant, TenantError};
@@ -121,14 +121,14 @@ impl Loader {
     pub(super) fn load_version(
         &self,
         name: &str,
-        spec: &TenantSpec,
+        stored: &StoredTenant,
         version: &Version,
         carried: Carried,
         cache: &ModuleCache,
     ) -> Result<Tenant, ChangeError> {
         let rt = self.runtime();
         let module = self.module(&rt, name, &version.module, cache)?;
-        self.prepare_version(&rt, name, spec, version, &module, carried)
+        self.prepare_version(&rt, name, stored, version, &module, carried)
     }
 
     /// `old` again (same module, assets and version) with the routes, env and limits of
@@ -166,13 +166,13 @@ impl Loader {
         )?)
     }
 
-    /// Pre-links `module` (loaded on `rt`'s engine) as `version` of the tenant, with the
-    /// version's assets in memory.
+    /// Pre-links `module` (loaded on `rt`'s engine) as `version` of the tenant `stored`, with
+    /// the version's assets in memory.
     pub(super) fn prepare_version(
         &self,
         rt: &Runtime,
         name: &str,
-        spec: &TenantSpec,
+        stored: &StoredTenant,
         version: &Version,
         module: &Compiled,
         carried: Carried,
@@ -190,7 +190,7 @@ impl Loader {
                 Some(Arc::new(assets))
             }
         };
-        let mut config = spec.to_config(name, &format!("sha256:{}", version.module));
+        let mut config = stored.to_config(name, &format!("sha256:{}", version.module));
         config.kind = version.kind;
         let origin = Origin::Api {
             version: version.clone(),
@@ -250,6 +250,7 @@ impl Loader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::datadir::TenantSpec;
 
     /// A loader over a fresh data directory, with a small pool.
     fn loader(dir: &std::path::Path) -> Arc<Loader> {
@@ -291,8 +292,8 @@ mod tests {
 
     /// Loads `v` as tenant `t` with a fresh module cache.
     fn load(l: &Loader, v: &Version) -> Result<Tenant, ChangeError> {
-        let spec = TenantSpec::default();
-        l.load_version("t", &spec, v, Carried::default(), &Default::default())
+        let stored = StoredTenant::created(TenantSpec::default());
+        l.load_version("t", &stored, v, Carried::default(), &Default::default())
     }
 
     /// A loader over a temporary directory holding the `hello` demo module, and its version.

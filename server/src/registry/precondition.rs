@@ -135,6 +135,7 @@ mod tests {
             previous: None,
             candidate: None,
             created_at,
+            id: None,
             variables: std::collections::BTreeMap::new(),
         }
     }

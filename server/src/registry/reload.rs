@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::datadir::{Manifest, TenantSpec, Version};
+use crate::datadir::{Manifest, StoredTenant, Version};
 use crate::tenant::{self, Carried, Origin, Tenant, TenantRef};
 
 /// A stored version to load: its tenant, the tenant's spec, the version, and what it carries
 /// over from the version serving.
-pub(super) type Stored = (String, TenantSpec, Version, Carried);
+pub(super) type Stored = (String, StoredTenant, Version, Carried);
 
 use super::error::internal;
 use super::loader::ModuleCache;
@@ -67,12 +67,7 @@ impl Registry {
             .tenants
             .iter()
             .filter_map(|(n, t)| {
-                Some((
-                    n.clone(),
-                    t.spec.clone(),
-                    t.current.clone()?,
-                    Carried::default(),
-                ))
+                Some((n.clone(), t.clone(), t.current.clone()?, Carried::default()))
             })
             .collect();
         let results = self.load_stored(items).await;

@@ -113,10 +113,11 @@ fn config_of(state: &State, tenant: &TenantRef) -> anyhow::Result<TenantConfig> 
             .iter()
             .find(|c| *c.name.get_ref() == tenant.name)
             .cloned(),
-        Origin::Api { version } => state.manifest.tenants.get(&tenant.name).map(|t| {
-            t.spec
-                .to_config(&tenant.name, &format!("sha256:{}", version.module))
-        }),
+        Origin::Api { version } => state
+            .manifest
+            .tenants
+            .get(&tenant.name)
+            .map(|t| t.to_config(&tenant.name, &format!("sha256:{}", version.module))),
     };
     config.ok_or_else(|| anyhow::anyhow!("tenant {:?} serves without a spec", tenant.name))
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::serving::Candidate;
 use crate::change::ChangeError;
-use crate::datadir::{self, StoredTenant, TenantSpec};
+use crate::datadir::{self, StoredTenant};
 use crate::rollout::{Aborted, Advanced, Judge, Plan, now_ms};
 use crate::tenant::{Carried, Tenant, TenantRef};
 
@@ -18,7 +18,7 @@ use super::state::{Change, Live, Registry, State};
 
 /// A candidate to serve: its tenant, the stored candidate, the current version it serves
 /// beside.
-pub(super) type Wanted = (String, TenantSpec, datadir::Candidate, TenantRef);
+pub(super) type Wanted = (String, StoredTenant, datadir::Candidate, TenantRef);
 
 /// What a change of a rollout did, for the admin API's answer.
 #[derive(Debug, Clone)]
@@ -127,7 +127,7 @@ impl Registry {
                 let current = currents.get(name)?;
                 let at = t.current.as_ref()?;
                 (*current.version_label == *at.id)
-                    .then(|| (name.clone(), t.spec.clone(), c, current.clone()))
+                    .then(|| (name.clone(), t.clone(), c, current.clone()))
             })
             .collect()
     }
@@ -243,7 +243,7 @@ impl Registry {
                 let carried = live.carried(name);
                 let item = (
                     name.to_string(),
-                    stored.spec.clone(),
+                    stored.clone(),
                     candidate.version.clone(),
                     carried,
                 );

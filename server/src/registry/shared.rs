@@ -23,7 +23,7 @@ use crate::fleet::Fleet;
 use crate::fleet::objects::RemoteError;
 use crate::metrics::Metrics;
 use crate::shutdown::Shutdown;
-use crate::tenant::{Origin, TenantRef};
+use crate::tenant::{Carried, Origin, TenantRef};
 
 /// How soon tenants that failed to load from the registry are tried again.
 const RETRY_FAILED: Duration = Duration::from_secs(30);
@@ -234,10 +234,11 @@ impl Registry {
             if owned_by_file.contains(name.as_str()) || served.tenants.get(name) == Some(t) {
                 continue;
             }
-            let running = live
-                .tenants
-                .get(name)
-                .filter(|r| matches!(r.origin, Origin::Api { .. }));
+            // The tenant that serves here, if the record is still its own (not one deleted and
+            // created again under its name: that one starts anew, its data its own).
+            let same = served.tenants.get(name).is_some_and(|s| s.id == t.id);
+            let running =
+                (live.tenants.get(name)).filter(|r| same && matches!(r.origin, Origin::Api { .. }));
             let running_version = running.and_then(|r| match &r.origin {
                 Origin::Api { version } => Some(version),
                 Origin::Config => None,
@@ -257,7 +258,7 @@ impl Registry {
                 }
                 (Some(v), Some(r)) if running_version == Some(v) => {
                     // Only the spec changed: the running module with the new spec.
-                    let config = t.spec.to_config(name, "(admin API)");
+                    let config = t.to_config(name, "(admin API)");
                     match self.loader.respec(&rt, r, &r.compiled, &config) {
                         Ok(new) => {
                             tenants.insert(name.clone(), Arc::new(new));
@@ -267,10 +268,11 @@ impl Registry {
                     }
                 }
                 (Some(v), _)
-                    if live
-                        .candidates
-                        .get(name)
-                        .is_some_and(|c| *c.tenant.version_label == *v.id)
+                    if same
+                        && live
+                            .candidates
+                            .get(name)
+                            .is_some_and(|c| *c.tenant.version_label == *v.id)
                         && served.tenants.get(name).is_some_and(|s| s.spec == t.spec) =>
                 {
                     // Its candidate was promoted: it serves as it is, its cache and all.
@@ -278,8 +280,12 @@ impl Registry {
                     next.set(name, Some(t.clone()));
                 }
                 (Some(v), _) => {
-                    let carried = live.carried(name);
-                    to_load.push((name.clone(), t.spec.clone(), v.clone(), carried));
+                    let carried = if same {
+                        live.carried(name)
+                    } else {
+                        Carried::default()
+                    };
+                    to_load.push((name.clone(), t.clone(), v.clone(), carried));
                 }
             }
         }

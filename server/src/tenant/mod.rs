@@ -495,8 +495,10 @@ pub fn prepare(
         config.settings.limits.log_lines_per_sec,
         metrics.log_dropped.clone(),
     ));
+    let data = (config.data.clone()).unwrap_or_else(|| name.as_str().into());
     let preparing = crate::prepare::Preparing {
         tenant: &name,
+        data: &data,
         label: &label,
         log_budget: &log_budget,
         metrics,

@@ -266,6 +266,58 @@ async fn stores_are_granted_through_the_admin_api_and_checked_in_config() {
     }
 }
 
+/// A tenant keeps its keys across deploys, changes of its spec and restarts; deleted and
+/// created again under its name (by its team or another), it starts with none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_created_again_under_a_deleted_ones_name_starts_with_no_data() {
+    let s = start(tempfile::tempdir().unwrap()).await;
+    let wasm = std::fs::read(s.path("kv_probe.wasm")).unwrap();
+    let create = async |s: &TestServer| {
+        let spec = serde_json::json!({ "paths": ["/api"], "kv": ["default"] }).to_string();
+        let (status, v) = s
+            .admin_call(Method::PUT, "/admin/v1/tenants/api", spec)
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+    };
+    let deploy = async |s: &TestServer| {
+        let path = "/admin/v1/tenants/api/module";
+        let (status, v) = s.admin_call(Method::PUT, path, wasm.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+    };
+    assert_eq!(probe(&s, "/b?op=set:k:theirs").await, ["ok"]);
+    create(&s).await;
+    deploy(&s).await;
+    assert_eq!(
+        probe(&s, "/api?op=set:k:kept&op=get:k").await,
+        ["ok", "kept"]
+    );
+    // Its own: deployed again, its spec changed, the server restarted.
+    deploy(&s).await;
+    let spec = serde_json::json!({ "limits": { "max_kv_ops": 50 } }).to_string();
+    let (status, v) = s
+        .admin_call(Method::PATCH, "/admin/v1/tenants/api", spec)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(probe(&s, "/api?op=get:k").await, ["kept"]);
+    let dir = restart_dir(s);
+    let s = start(dir).await;
+    assert_eq!(probe(&s, "/api?op=get:k").await, ["kept"]);
+    // Deleted, then created again: nothing of the old tenant's.
+    let (status, v) = s
+        .admin_call(Method::DELETE, "/admin/v1/tenants/api", "")
+        .await;
+    assert!(status.is_success(), "{status} {v}");
+    create(&s).await;
+    deploy(&s).await;
+    assert_eq!(
+        probe(&s, "/api?op=get:k&op=list&op=set:k:new").await,
+        ["none", "", "ok"],
+        "the deleted tenant's keys"
+    );
+    // A config file's tenant keeps its own under its name, apart from it.
+    assert_eq!(probe(&s, "/b?op=get:k").await, ["theirs"]);
+}
+
 /// Tenants running the Spin component of `server/guests/spin` (its `/kv/` routes): `s3` and
 /// `s5` (spin-sdk 3.x and 5.x; stores `default` and `small`), `nokv` (none) and `few`
 /// (`default`, 5 operations per request).

@@ -884,6 +884,7 @@ mod tests {
             previous: None,
             candidate: None,
             created_at,
+            id: None,
             variables: std::collections::BTreeMap::new(),
         };
         let mut m = Manifest::default();
