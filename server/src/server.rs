@@ -620,10 +620,11 @@ fn background(
     }
     // Gradual deployments: each candidate's abort rule and stages, every second.
     let (a, s) = (app.clone(), shutdown.clone());
+    let watched_since_ms = crate::rollout::now_ms();
     tasks.push(tokio::spawn(async move {
         while s.sleep(ROLLOUTS_TENDED_EVERY).await {
             a.registry
-                .tend_rollouts(|taken| {
+                .tend_rollouts(watched_since_ms, |taken| {
                     let time_ms = crate::audit::now_ms();
                     let path = format!("/admin/v1/tenants/{}", taken.tenant);
                     a.audit.record(crate::audit::Record {

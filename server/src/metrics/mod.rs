@@ -391,7 +391,7 @@ named_metrics! {
         "tern_rollout_steps_total",
         "Steps gradual deployments took by themselves, by tenant and step (advance: the next \
          stage; promote: after the last timed stage; abort: the abort rule; restart: a stage \
-         found ended long ago, while no replica tended it, runs again), counted by the replica \
+         that ended while the server was down runs again), counted by the replica \
          that made the change (once for a fleet).",
         &["tenant", "step"],
     );

@@ -298,7 +298,8 @@ impl Registry {
     /// this replica took is handed to `taken` (the audit log) once its change is committed
     /// (it serves a moment before: the commit then forgets what it replaced), before the
     /// round goes on to the next candidate and before it is counted.
-    pub async fn tend_rollouts(&self, taken_here: impl Fn(Taken)) {
+    /// `watched_since_ms`: when this server began tending them ([`Plan::advance`]).
+    pub async fn tend_rollouts(&self, watched_since_ms: u64, taken_here: impl Fn(Taken)) {
         let live = self.live.load_full();
         for (name, c) in &live.candidates {
             let verdict = match (&c.plan.aborted, &c.plan.abort) {
@@ -309,7 +310,8 @@ impl Registry {
             let step = if let Some(reason) = verdict {
                 self.step(name, seen, Step::Abort(reason)).await
             } else if c.plan.due(now_ms()).is_some() {
-                self.step(name, seen, Step::Advance).await
+                self.step(name, seen, Step::Advance { watched_since_ms })
+                    .await
             } else {
                 continue;
             };
@@ -363,7 +365,7 @@ impl Registry {
                 plan.aborted = Some(Aborted { at_ms: now, reason });
                 ("abort", done)
             }
-            Step::Advance => match plan.advance(now) {
+            Step::Advance { watched_since_ms } => match plan.advance(now, watched_since_ms) {
                 Advanced::Not => return Ok(None),
                 Advanced::Promote => {
                     self.promote_locked(&mut state, name, &Precondition::default())
@@ -383,7 +385,8 @@ impl Registry {
                     "restart",
                     format!(
                         "rollout stage {} of {} ({}) runs again for its full time: it ended {} s \
-                         ago while no replica tended the rollout (down?), unwatched",
+                         ago, before this server began to tend rollouts, and no replica \
+                         advanced it (the server, or the fleet, was down)",
                         plan.stage + 1,
                         plan.stages.len(),
                         plan.percent(),
@@ -418,5 +421,8 @@ enum Step {
     /// The abort rule's verdict.
     Abort(String),
     /// The next stage, or the promotion after the last timed one ([`Plan::advance`]).
-    Advance,
+    Advance {
+        /// When this server began tending rollouts.
+        watched_since_ms: u64,
+    },
 }

@@ -161,7 +161,8 @@ pub enum Advanced {
     Stage(usize),
     /// The last timed stage ended: the candidate is to be promoted (the plan is unchanged).
     Promote,
-    /// The stage in effect ended `late_ms` ago, unwatched: it runs again from now.
+    /// The stage in effect ended `late_ms` ago, before this server tended rollouts: it runs
+    /// again from now.
     Again {
         /// How long ago it ended.
         late_ms: u64,
@@ -211,18 +212,20 @@ impl Plan {
 
     /// The rollout's step at `now_ms`: nothing before its stage in effect ends; else the next
     /// stage, begun when this one ended (a tick late does not drift the ones after), or the
-    /// promotion after the last timed stage. A stage found ended more than [`LATE_MS`] ago
-    /// (no replica tended the rollout meanwhile: the server, or the whole fleet, was down)
-    /// runs again for its full time from now instead: each stage serves its share, and is
-    /// judged, for its time before the next one (or the promotion) comes.
-    pub fn advance(&mut self, now_ms: u64) -> Advanced {
+    /// promotion after the last timed stage. A stage that ended before this server began to
+    /// tend rollouts (`watched_since_ms`), found more than [`LATE_MS`] after its end (no
+    /// replica advanced it: the server, or the whole fleet, was down) runs again for its full
+    /// time from now instead: each stage serves its share, and is judged, for its time before
+    /// the next one (or the promotion) comes. One that ended while this server was tending is
+    /// advanced however late (a slow registry, a step that failed and is tried again).
+    pub fn advance(&mut self, now_ms: u64, watched_since_ms: u64) -> Advanced {
         if self.due(now_ms).is_none() {
             return Advanced::Not;
         }
         let secs = self.stages[self.stage].secs.unwrap_or(0);
         let ended = self.since_ms.saturating_add(secs.saturating_mul(1000));
         let late_ms = now_ms - ended;
-        if late_ms > LATE_MS {
+        if late_ms > LATE_MS && ended < watched_since_ms {
             self.since_ms = now_ms;
             return Advanced::Again { late_ms };
         }

@@ -180,49 +180,64 @@ fn a_stage_is_due_when_its_time_is_up_and_never_once_aborted() {
     assert_eq!(timed.due(u64::MAX), None);
 }
 
-/// On time (up to `LATE_MS` after a stage's end) the next stage begins when the last ended;
-/// found later (nothing tended it: the server was down) the stage runs again from now, the
-/// last timed one too (no promotion that no one watched).
+/// On time (up to `LATE_MS` after a stage's end), or however late while this server was
+/// tending rollouts when it ended, the next stage begins when the last ended; found later by
+/// a server that began tending after its end (it was down) the stage runs again from now,
+/// the last timed one too (no promotion that no one watched).
 #[test]
 fn a_stage_found_long_ended_runs_again_instead_of_advancing() {
     let stages = parse_stages("5%:1m,50%:1m,100%:1m").unwrap();
     let plan = Plan::new(None, stages, 1_000).unwrap();
     let mut p = plan.clone();
-    assert_eq!(p.advance(60_999), Advanced::Not);
+    assert_eq!(p.advance(60_999, 0), Advanced::Not);
     assert_eq!(p, plan, "nothing changed before its end");
-    for late in [0, 1, LATE_MS - 1, LATE_MS] {
+    // Started after the stage ended (at `now`), or tending since before it ended (at 0).
+    for (late, watched_since) in [
+        (0, 61_000 + 1),
+        (1, 61_000 + 1),
+        (LATE_MS - 1, 61_000 + LATE_MS),
+        (LATE_MS, 61_000 + LATE_MS),
+        (LATE_MS + 1, 0),
+        (LATE_MS + 1, 61_000),
+        (3_600_000, 61_000),
+    ] {
         let mut p = plan.clone();
+        let now = 61_000 + late;
         assert_eq!(
-            p.advance(61_000 + late),
+            p.advance(now, watched_since),
             Advanced::Stage(1),
-            "{late} ms late"
+            "{late} ms late, tending since {watched_since}"
         );
         assert_eq!((p.stage, p.share, p.since_ms), (1, 5000, 61_000), "{late}");
     }
     let mut p = plan.clone();
     let now = 61_000 + LATE_MS + 1;
     assert_eq!(
-        p.advance(now),
+        p.advance(now, 61_001),
         Advanced::Again {
             late_ms: LATE_MS + 1
         }
     );
     assert_eq!((p.stage, p.share, p.since_ms), (0, 500, now));
     assert_eq!(
-        p.advance(now + 59_999),
+        p.advance(now + 59_999, now),
         Advanced::Not,
         "its full time again"
     );
-    assert_eq!(p.advance(now + 60_000), Advanced::Stage(1));
-    // The last timed stage: promoted on time, run again when found late.
+    assert_eq!(
+        p.advance(now + 60_000 + LATE_MS * 2, now),
+        Advanced::Stage(1)
+    );
+    // The last timed stage: promoted on time, run again when found late after a restart.
     p.stage = 2;
     p.since_ms = 0;
     let before = p.clone();
-    assert_eq!(p.advance(60_000 + LATE_MS), Advanced::Promote);
+    assert_eq!(p.advance(60_000 + LATE_MS, 60_001), Advanced::Promote);
+    assert_eq!(p.advance(3_600_000, 0), Advanced::Promote);
     assert_eq!(p, before, "a promotion leaves the plan as it is");
     let hours = 3 * 3_600_000;
     assert_eq!(
-        p.advance(hours),
+        p.advance(hours, hours),
         Advanced::Again {
             late_ms: hours - 60_000
         }
@@ -233,7 +248,7 @@ fn a_stage_found_long_ended_runs_again_instead_of_advancing() {
         at_ms: 0,
         reason: String::new(),
     });
-    assert_eq!(p.advance(u64::MAX), Advanced::Not);
+    assert_eq!(p.advance(u64::MAX, u64::MAX), Advanced::Not);
 }
 
 #[test]
