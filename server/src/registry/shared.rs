@@ -237,6 +237,10 @@ impl Registry {
             // The tenant that serves here, if the record is still its own (not one deleted and
             // created again under its name: that one starts anew, its data its own).
             let same = served.tenants.get(name).is_some_and(|s| s.id == t.id);
+            if !same {
+                // The one deleted serves no more, even if the new one fails to load here.
+                tenants.remove(name);
+            }
             let running =
                 (live.tenants.get(name)).filter(|r| same && matches!(r.origin, Origin::Api { .. }));
             let running_version = running.and_then(|r| match &r.origin {

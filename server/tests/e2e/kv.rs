@@ -266,8 +266,9 @@ async fn stores_are_granted_through_the_admin_api_and_checked_in_config() {
     }
 }
 
-/// A tenant keeps its keys across deploys, changes of its spec and restarts; deleted and
-/// created again under its name (by its team or another), it starts with none of them.
+/// A tenant keeps its keys across deploys, candidates, promotions, rollbacks, changes of its
+/// spec and restarts; deleted and created again under its name (by its team or another), it
+/// starts with none of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_created_again_under_a_deleted_ones_name_starts_with_no_data() {
     let s = start(tempfile::tempdir().unwrap()).await;
@@ -291,8 +292,20 @@ async fn a_tenant_created_again_under_a_deleted_ones_name_starts_with_no_data() 
         probe(&s, "/api?op=set:k:kept&op=get:k").await,
         ["ok", "kept"]
     );
-    // Its own: deployed again, its spec changed, the server restarted.
+    // Its own: deployed again, as a candidate (serving every client) then promoted, rolled
+    // back, its spec changed, the server restarted.
     deploy(&s).await;
+    let path = "/admin/v1/tenants/api/module?percent=100";
+    let other = crate::rollout::variant(&wasm, "2");
+    let (status, v) = s.admin_call(Method::PUT, path, other).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(probe(&s, "/api?op=get:k").await, ["kept"], "the candidate");
+    for step in ["promote", "rollback"] {
+        let path = format!("/admin/v1/tenants/api/{step}");
+        let (status, v) = s.admin_call(Method::POST, &path, "").await;
+        assert_eq!(status, StatusCode::OK, "{step}: {v}");
+        assert_eq!(probe(&s, "/api?op=get:k").await, ["kept"], "{step}");
+    }
     let spec = serde_json::json!({ "limits": { "max_kv_ops": 50 } }).to_string();
     let (status, v) = s
         .admin_call(Method::PATCH, "/admin/v1/tenants/api", spec)
