@@ -50,6 +50,9 @@ pub enum Op {
         /// Most keys answered.
         limit: usize,
     },
+    /// Removes every key of the tenant: the server's own, for a tenant deleted (no guest asks
+    /// for it: [`super::Store::forget`]).
+    Forget,
 }
 
 impl Op {
@@ -63,6 +66,7 @@ impl Op {
             Op::Increment(..) => "increment",
             Op::CompareAndSwap { .. } => "compare_and_swap",
             Op::List { .. } => "list",
+            Op::Forget => "forget",
         }
     }
 }

@@ -444,6 +444,11 @@ impl Redis {
             call
         };
         Ok(match op {
+            Op::Forget => {
+                let keys = [values.clone(), format!("{base}k"), format!("{base}b")];
+                let () = redis::cmd("DEL").arg(&keys).query_async(conn).await?;
+                Raw::Done(Reply::Done)
+            }
             Op::Get(key) => Raw::Done(Reply::Value(field("HGET", key).query_async(conn).await?)),
             Op::Exists(key) => {
                 Raw::Done(Reply::Bool(field("HEXISTS", key).query_async(conn).await?))

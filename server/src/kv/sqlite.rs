@@ -84,6 +84,11 @@ impl Sqlite {
         answer.await.map_err(|_| gone())?
     }
 
+    /// Whether it holds anything: its thread runs, or its file is there.
+    pub fn exists(&self) -> bool {
+        self.queue.get().is_some() || self.settings.path.exists()
+    }
+
     /// Starts the store's thread unless it runs already; the thread opens the file at once
     /// (creating it and its tables), so that no guest's operation, timed against its limit,
     /// waits for that (on a busy disk, creating a file and switching it to WAL took a
@@ -233,6 +238,13 @@ fn apply(
     op: &Op,
 ) -> rusqlite::Result<Result<Reply, KvError>> {
     Ok(match op {
+        Op::Forget => {
+            db.prepare_cached("DELETE FROM entries WHERE tenant = ?1")?
+                .execute(params![tenant])?;
+            db.prepare_cached("DELETE FROM usage WHERE tenant = ?1")?
+                .execute(params![tenant])?;
+            Ok(Reply::Done)
+        }
         Op::Get(key) => Ok(Reply::Value(get(db, tenant, key)?)),
         Op::Exists(key) => Ok(Reply::Bool(
             db.prepare_cached("SELECT 1 FROM entries WHERE tenant = ?1 AND key = ?2")?

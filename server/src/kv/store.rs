@@ -70,6 +70,20 @@ impl Store {
         answer
     }
 
+    /// Removes every key of `tenant` (a tenant deleted, or created again under its name: see
+    /// [`crate::datadir::StoredTenant::data_key`]). A SQLite store never opened is left as
+    /// it is (it holds nothing). Not counted among the guests' operations.
+    ///
+    /// # Errors
+    /// [`KvError`]: the store failing or not answering (the keys are then still there).
+    pub async fn forget(&self, tenant: &Arc<str>) -> Result<(), KvError> {
+        match &self.backend {
+            Opened::Sqlite(b) if !b.exists() => Ok(()),
+            Opened::Sqlite(b) => b.run(tenant.clone(), Op::Forget).await.map(drop),
+            Opened::Redis(b) => b.run(tenant, Op::Forget).await.map(drop),
+        }
+    }
+
     fn check(&self, op: &Op) -> Result<(), KvError> {
         let key = match op {
             Op::Get(k)
@@ -79,6 +93,7 @@ impl Store {
             | Op::Increment(k, _)
             | Op::CompareAndSwap { key: k, .. } => k,
             Op::List { after, .. } => return after.as_deref().map_or(Ok(()), |k| self.key(k)),
+            Op::Forget => return Ok(()),
         };
         self.key(key)?;
         let value = match op {
@@ -181,6 +196,11 @@ impl Stores {
     /// The store named `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<Store>> {
         self.0.get(name)
+    }
+
+    /// Every store.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Store>> {
+        self.0.values()
     }
 
     /// The names of every store, for error messages.

@@ -474,7 +474,8 @@ impl Registry {
         })
     }
 
-    /// Removes an API tenant: it stops being routed at once; requests running finish.
+    /// Removes an API tenant: it stops being routed at once; requests running finish. Its
+    /// key-value data is removed before the answer ([`Self::forget_data`]).
     ///
     /// # Errors
     /// `404` unknown tenant, `409` config-owned, `412` if the tenant is not in the state `pre`
@@ -488,12 +489,15 @@ impl Registry {
         };
         let change = Change::Tenant {
             name: name.to_string(),
-            base: Some(base),
+            base: Some(base.clone()),
             entry: None,
             serve: Some(None),
         };
         self.commit(&mut state, change).await?;
+        drop(state);
         tracing::info!(tenant = name, "deleted");
+        // Its keys go before the answer (the tenant is gone already; other changes go on).
+        self.forget_data(name, &base).await;
         Ok(())
     }
 }

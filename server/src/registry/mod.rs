@@ -26,7 +26,7 @@ use arc_swap::ArcSwap;
 use wasmtime::Engine;
 
 use crate::config::{self, Config};
-use crate::datadir::{DataDir, Manifest};
+use crate::datadir::{DataDir, Manifest, StoredTenant};
 use crate::engine::EpochTicker;
 use crate::fleet::Fleet;
 use crate::fleet::objects::RemoteError;
@@ -381,6 +381,27 @@ impl Registry {
     /// Removes the stored files of `hashes` that no version in the manifest refers to and no
     /// deploy in flight holds: versions a change dropped, uploads a deploy refused. The caller
     /// holds the change lock, so the manifest cannot change meanwhile.
+    /// Removes, in every key-value store, the data of tenant `name` (as `stored`), deleted
+    /// here. A store failing is logged: the data, reached by no tenant (a tenant created again
+    /// under the name has another id, another key), then takes space until it is cleared. A
+    /// fleet's replica that reads the deletion from the registry leaves its own SQLite stores
+    /// as they are (a registry that reads empty, one misnamed, must never cost data): there
+    /// the rows stay, reached by no tenant.
+    pub(super) async fn forget_data(&self, name: &str, stored: &StoredTenant) {
+        let key = stored.data_key(name);
+        for store in self.loader.resources.stores.all() {
+            match store.forget(&key).await {
+                Ok(()) => tracing::debug!(tenant = name, store = %store.name, "keys removed"),
+                Err(e) => tracing::warn!(
+                    tenant = name,
+                    store = %store.name,
+                    "cannot remove a deleted tenant's keys (they take space, reached by no \
+                     tenant): {e}"
+                ),
+            }
+        }
+    }
+
     async fn forget(&self, state: &State, hashes: Vec<String>) {
         let referenced = state.manifest.referenced();
         let hashes: Vec<String> = hashes

@@ -267,8 +267,8 @@ async fn stores_are_granted_through_the_admin_api_and_checked_in_config() {
 }
 
 /// A tenant keeps its keys across deploys, candidates, promotions, rollbacks, changes of its
-/// spec and restarts; deleted and created again under its name (by its team or another), it
-/// starts with none of them.
+/// spec and restarts; deleted, its keys are removed from the store, and created again under
+/// its name (by its team or another) it starts with none of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_created_again_under_a_deleted_ones_name_starts_with_no_data() {
     let s = start(tempfile::tempdir().unwrap()).await;
@@ -315,11 +315,26 @@ async fn a_tenant_created_again_under_a_deleted_ones_name_starts_with_no_data() 
     let dir = restart_dir(s);
     let s = start(dir).await;
     assert_eq!(probe(&s, "/api?op=get:k").await, ["kept"]);
-    // Deleted, then created again: nothing of the old tenant's.
+    // Deleted: its rows leave the store's file before the answer (read after a restart:
+    // a running server holds the file's lock), another tenant's stay.
     let (status, v) = s
         .admin_call(Method::DELETE, "/admin/v1/tenants/api", "")
         .await;
     assert!(status.is_success(), "{status} {v}");
+    let dir = restart_dir(s);
+    let rows = |tenant: &str| {
+        let db = rusqlite::Connection::open(dir.path().join("data/kv/default.sqlite")).unwrap();
+        let count = "SELECT count(*) FROM entries WHERE tenant LIKE ?1";
+        db.query_row(count, [tenant], |r| r.get::<_, i64>(0))
+            .unwrap()
+    };
+    assert_eq!(
+        (rows("api/%"), rows("b")),
+        (0, 1),
+        "the deleted tenant's rows"
+    );
+    let s = start(dir).await;
+    // Created again: nothing of the old tenant's.
     create(&s).await;
     deploy(&s).await;
     assert_eq!(
@@ -559,6 +574,55 @@ fn redis_config(port: u16) -> String {
          [[tenant]]\nname = \"s5\"\nmodule = \"spin5.wasm\"\npaths = [\"/s5\"]\n\
          kv = [\"shared\"]\n"
     )
+}
+
+/// A tenant of the admin API deleted: its keys leave a Redis store (the three Redis keys
+/// that hold them) before the answer, another tenant's stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_tenants_keys_leave_a_redis_store() {
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    test_guest(dir.path(), "kv_probe");
+    spin_module(dir.path(), 5, "spin5");
+    let s = TestServer::try_start_in(dir, &redis_config(redis.port))
+        .await
+        .expect("start");
+    let spec = serde_json::json!({ "paths": ["/api"], "kv": ["shared"] }).to_string();
+    let (status, v) = s
+        .admin_call(Method::PUT, "/admin/v1/tenants/api", spec)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let wasm = std::fs::read(s.path("kv_probe.wasm")).unwrap();
+    let (status, v) = s
+        .admin_call(Method::PUT, "/admin/v1/tenants/api/module", wasm)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    for tenant in ["a", "api"] {
+        let set = format!("/{tenant}?store=shared&op=set:k:v");
+        assert_eq!(probe(&s, &set).await, ["opened", "ok"]);
+    }
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let mut keys = |pattern: &str| -> Vec<String> {
+        let mut found: Vec<String> = redis::cmd("KEYS").arg(pattern).query(&mut conn).unwrap();
+        found.sort();
+        found
+    };
+    assert_eq!(keys("*{api/*").len(), 3, "{:?}", keys("*"));
+    let theirs = keys("*{a}*");
+    assert_eq!(theirs.len(), 3, "{:?}", keys("*"));
+    let (status, v) = s
+        .admin_call(Method::DELETE, "/admin/v1/tenants/api", "")
+        .await;
+    assert!(status.is_success(), "{status} {v}");
+    // Gone before the answer.
+    assert_eq!(
+        keys("*{api/*"),
+        [] as [String; 0],
+        "the deleted tenant's keys"
+    );
+    assert_eq!(keys("*{a}*"), theirs, "another tenant's keys");
+    assert_eq!(probe(&s, "/a?store=shared&op=get:k").await, ["opened", "v"]);
 }
 
 /// Two servers (replicas of a fleet) with one Redis store: guests of both kinds on either see
