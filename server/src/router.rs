@@ -203,6 +203,29 @@ impl<'a, T> Route<'a, T> {
             target,
         }
     }
+
+    /// Its (host, path prefix) pairs, each a key of the table: the host as written (`*` for
+    /// any), as parsed, and the prefix as the router keys it ([`normalise_prefix`]).
+    pub fn pairs(&self) -> Vec<(&'a str, HostPattern, String)> {
+        let hosts: &[&'a str] = if self.hosts.is_empty() {
+            &["*"]
+        } else {
+            &self.hosts
+        };
+        let paths: &[&'a str] = if self.paths.is_empty() {
+            &["/"]
+        } else {
+            &self.paths
+        };
+        let mut pairs = Vec::with_capacity(hosts.len() * paths.len());
+        for h in hosts {
+            let pattern = HostPattern::parse(h).unwrap_or(HostPattern::Any);
+            for p in paths {
+                pairs.push((*h, pattern.clone(), normalise_prefix(p)));
+            }
+        }
+        pairs
+    }
 }
 
 /// A configured path prefix as the router keys it: without trailing slashes (`/` stays `/`),
@@ -245,47 +268,32 @@ impl<T: Clone> Router<T> {
     pub fn build<'a>(routes: impl IntoIterator<Item = Route<'a, T>>) -> Result<Self, Clash> {
         let mut router = Self::default();
         let mut owners: HashMap<(HostPattern, String), &'a str> = HashMap::new();
-        for Route {
-            name,
-            hosts,
-            paths,
-            target,
-        } in routes
-        {
-            let hosts = if hosts.is_empty() { vec![""] } else { hosts };
-            let paths = if paths.is_empty() { vec!["/"] } else { paths };
-            for h in &hosts {
-                let host = HostPattern::parse(h).unwrap_or(HostPattern::Any);
-                for p in &paths {
-                    let prefix = normalise_prefix(p);
-                    match owners.entry((host.clone(), prefix.clone())) {
-                        std::collections::hash_map::Entry::Occupied(o) if *o.get() == name => {
-                            continue; // the same tenant listing `/x` and `/x/`
-                        }
-                        std::collections::hash_map::Entry::Occupied(o) => {
-                            return Err(Clash {
-                                host: if h.is_empty() {
-                                    "*".into()
-                                } else {
-                                    h.to_string()
-                                },
-                                prefix,
-                                existing: o.get().to_string(),
-                                other: name.to_string(),
-                            });
-                        }
-                        std::collections::hash_map::Entry::Vacant(v) => {
-                            v.insert(name);
-                        }
+        for route in routes {
+            let name = route.name;
+            for (h, host, prefix) in route.pairs() {
+                match owners.entry((host.clone(), prefix.clone())) {
+                    std::collections::hash_map::Entry::Occupied(o) if *o.get() == name => {
+                        continue; // the same tenant listing `/x` and `/x/`
                     }
-                    let group = match &host {
-                        HostPattern::Any => &mut router.any,
-                        HostPattern::Exact(e) => router.exact.entry(e.clone()).or_default(),
-                        HostPattern::Suffix(s) => router.suffix.entry(s.clone()).or_default(),
-                    };
-                    group.insert(prefix, target.clone());
-                    router.routes += 1;
+                    std::collections::hash_map::Entry::Occupied(o) => {
+                        return Err(Clash {
+                            host: h.to_string(),
+                            prefix,
+                            existing: o.get().to_string(),
+                            other: name.to_string(),
+                        });
+                    }
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        v.insert(name);
+                    }
                 }
+                let group = match &host {
+                    HostPattern::Any => &mut router.any,
+                    HostPattern::Exact(e) => router.exact.entry(e.clone()).or_default(),
+                    HostPattern::Suffix(s) => router.suffix.entry(s.clone()).or_default(),
+                };
+                group.insert(prefix, route.target.clone());
+                router.routes += 1;
             }
         }
         Ok(router)

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::datadir::{Manifest, StoredTenant, TenantSpec, Version};
 use crate::engine::EpochTicker;
 use crate::fleet::Fleet;
-use crate::router::{Clash, HostPattern, Route, Router, deeper, normalise_prefix};
+use crate::router::{Clash, HostPattern, Route, Router, deeper};
 use crate::tenant::{Carried, Tenant, TenantRef};
 use object_store::UpdateVersion;
 
@@ -414,29 +414,6 @@ fn route<'a>(name: &'a str, hosts: &'a [String], paths: &'a [String]) -> Route<'
     )
 }
 
-/// A route's (host, path prefix) pairs: the host as given (`*` for any), as parsed, and the
-/// prefix as the router keys it.
-fn pairs<'a>(r: &Route<'a, &'a str>) -> Vec<(&'a str, HostPattern, String)> {
-    let hosts = if r.hosts.is_empty() {
-        vec!["*"]
-    } else {
-        r.hosts.clone()
-    };
-    let paths = if r.paths.is_empty() {
-        vec!["/"]
-    } else {
-        r.paths.clone()
-    };
-    let mut pairs = Vec::with_capacity(hosts.len() * paths.len());
-    for h in hosts {
-        let pattern = HostPattern::parse(h).unwrap_or(HostPattern::Any);
-        for p in &paths {
-            pairs.push((h, pattern.clone(), normalise_prefix(p)));
-        }
-    }
-    pairs
-}
-
 /// Refuses a change of `this` (routed by `after`, instead of `before`) that takes a request
 /// from one of the `unreached` tenants (a scoped token's change; the token does not reach
 /// them): one that goes to it before and to `this` after. But for a host `this` names over a
@@ -451,9 +428,9 @@ fn check_takes_none(
     after: &Router<&str>,
 ) -> Result<(), ChangeError> {
     let theirs: Vec<(&str, HostPattern, String)> = (unreached.iter())
-        .flat_map(|r| pairs(r).into_iter().map(move |(_, h, p)| (r.name, h, p)))
+        .flat_map(|r| r.pairs().into_iter().map(move |(_, h, p)| (r.name, h, p)))
         .collect();
-    for (shown, host, prefix) in pairs(this) {
+    for (shown, host, prefix) in this.pairs() {
         for (other, their_host, their_prefix) in &theirs {
             let (Some(asked), Some(path)) = (host.meet(their_host), deeper(&prefix, their_prefix))
             else {
