@@ -58,6 +58,15 @@ pub enum Scope {
 }
 
 impl Scope {
+    /// What a variable needs: `secrets` for a secret, `variables` for a plain one.
+    pub fn for_variable(secret: bool) -> Self {
+        if secret {
+            Self::Secrets
+        } else {
+            Self::Variables
+        }
+    }
+
     /// Every scope, in the order `--help` and errors list them.
     pub const ALL: [Self; 7] = [
         Self::Read,

@@ -951,11 +951,7 @@ async fn set_variable(
             e.column()
         ))
     })?;
-    let scope = if set.secret {
-        Scope::Secrets
-    } else {
-        Scope::Variables
-    };
+    let scope = Scope::for_variable(set.secret);
     access::decide(who.principal(), Action::Tenant(name, scope)).map_err(refusal)?;
     if let Principal::Token(..) = who.principal() {
         // Setting a variable replaces the one of its name: a secret with a plain value (or
@@ -968,11 +964,7 @@ async fn set_variable(
             .find(|v| v.name == var)
             .map(|v| v.secret);
         if let Some(was_secret) = was_secret.filter(|was| *was != set.secret) {
-            let replaced = if was_secret {
-                Scope::Secrets
-            } else {
-                Scope::Variables
-            };
+            let replaced = Scope::for_variable(was_secret);
             access::decide(who.principal(), Action::Tenant(name, replaced)).map_err(refusal)?;
         }
     }
@@ -1001,11 +993,7 @@ async fn delete_variable(
             .await?
             .iter()
             .any(|v| v.name == var && v.secret);
-        let scope = if secret {
-            Scope::Secrets
-        } else {
-            Scope::Variables
-        };
+        let scope = Scope::for_variable(secret);
         access::decide(who.principal(), Action::Tenant(name, scope)).map_err(refusal)?;
     }
     app.registry
