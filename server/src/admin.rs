@@ -956,13 +956,7 @@ async fn set_variable(
     if let Principal::Token(..) = who.principal() {
         // Setting a variable replaces the one of its name: a secret with a plain value (or
         // the other way round) needs the scope of what it replaces too.
-        let was_secret = app
-            .registry
-            .variables(name)
-            .await?
-            .iter()
-            .find(|v| v.name == var)
-            .map(|v| v.secret);
+        let was_secret = stored_secret(app, name, var).await?;
         if let Some(was_secret) = was_secret.filter(|was| *was != set.secret) {
             let replaced = Scope::for_variable(was_secret);
             access::decide(who.principal(), Action::Tenant(name, replaced)).map_err(refusal)?;
@@ -978,6 +972,12 @@ async fn set_variable(
     ))
 }
 
+/// Whether tenant `name`'s variable `var` is a secret; `None` if it has none of that name.
+async fn stored_secret(app: &App, name: &str, var: &str) -> Result<Option<bool>, ChangeError> {
+    let variables = app.registry.variables(name).await?;
+    Ok(variables.iter().find(|v| v.name == var).map(|v| v.secret))
+}
+
 /// `DELETE /admin/v1/tenants/{name}/variables/{var}`: a secret needs the `secrets` scope, a
 /// plain variable `variables`.
 async fn delete_variable(
@@ -987,13 +987,8 @@ async fn delete_variable(
     var: &str,
 ) -> Result<(StatusCode, Value), ChangeError> {
     if let Principal::Token(..) = who.principal() {
-        let secret = app
-            .registry
-            .variables(name)
-            .await?
-            .iter()
-            .any(|v| v.name == var && v.secret);
-        let scope = Scope::for_variable(secret);
+        let secret = stored_secret(app, name, var).await?;
+        let scope = Scope::for_variable(secret.unwrap_or(false));
         access::decide(who.principal(), Action::Tenant(name, scope)).map_err(refusal)?;
     }
     app.registry
