@@ -488,6 +488,15 @@ async fn a_failing_candidate_is_aborted_and_gets_no_request_after() {
     assert_eq!(v["version"].as_str().unwrap()[..12], current);
 }
 
+/// The key (`x-user`) of a client tenant `site` answers with `current`, and of one it
+/// answers with `cand`.
+async fn a_client_of_each(s: &TestServer, current: &str, cand: &str) -> (String, String) {
+    let keys = user_keys(64);
+    let of = versions(s.addr(), "/site/probe", &keys).await;
+    let key_of = |version: &str| keys[of.iter().position(|v| v == version).unwrap()].clone();
+    (key_of(current), key_of(cand))
+}
+
 /// A tenant with a cache and a candidate at 50 %: a page stored from one version is never
 /// given to the other's clients (each version fills and hits its own), a purge reaches both,
 /// and after a promotion the candidate's stored page still answers.
@@ -504,11 +513,7 @@ async fn the_cache_never_gives_one_versions_answer_to_the_others_clients() {
         "percent=50&key=header%3Ax-user",
     )
     .await;
-    // A key of each version.
-    let keys = user_keys(64);
-    let of = versions(s.addr(), "/site/probe", &keys).await;
-    let key_of = |version: &str| keys[of.iter().position(|v| v == version).unwrap()].clone();
-    let (old_client, new_client) = (key_of(&current), key_of(&cand));
+    let (old_client, new_client) = a_client_of_each(&s, &current, &cand).await;
     let page = "/site/page?h=cache-control:public,max-age%3D60";
     let addr = s.addr();
     let get = |key: String| async move {
@@ -613,10 +618,7 @@ async fn a_write_reaches_the_current_versions_page_after_many_candidates() {
         let query = "percent=50&key=header%3Ax-user";
         cand = deployed_candidate(&s, "site", &variant(&guest, tag), query).await;
     }
-    let keys = user_keys(64);
-    let of = versions(s.addr(), "/site/probe", &keys).await;
-    let key_of = |version: &str| keys[of.iter().position(|v| v == version).unwrap()].clone();
-    let (old_client, new_client) = (key_of(&current), key_of(&cand));
+    let (old_client, new_client) = a_client_of_each(&s, &current, &cand).await;
     let page = "/site/page?h=cache-control:public,max-age%3D60";
     let addr = s.addr();
     let call = |method: Method, key: String| async move {
