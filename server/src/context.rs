@@ -31,6 +31,18 @@ impl Connection {
     }
 }
 
+/// `addr` with an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, how a dual-stack `[::]`
+/// listener sees an IPv4 client) as the IPv4 address it maps: one client, one spelling.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => addr,
+        },
+        SocketAddr::V4(_) => addr,
+    }
+}
+
 /// What a TLS listener learnt in the handshake.
 #[derive(Debug, Clone)]
 pub struct TlsInfo {
@@ -46,7 +58,8 @@ pub struct RequestContext {
     /// The connection it came on.
     pub conn: Connection,
     /// The client: the connection's peer, or behind a trusted proxy the address it forwarded
-    /// ([`TrustedProxies::client`]); port `0` when the proxy did not say.
+    /// ([`TrustedProxies::client`]); port `0` when the proxy did not say. Always
+    /// [`canonical`]: an IPv4 client is an IPv4 address however it came.
     pub client: SocketAddr,
     /// The id the server gave the request.
     pub request_id: HeaderValue,
@@ -324,6 +337,24 @@ mod forwarded_tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn an_ipv4_mapped_address_is_its_ipv4_address() {
+        for (addr, want) in [
+            ("[::ffff:192.0.2.7]:4711", "192.0.2.7:4711"),
+            ("192.0.2.7:4711", "192.0.2.7:4711"),
+            ("[::1]:80", "[::1]:80"),
+            (
+                "[2001:db8::ffff:c000:207]:80",
+                "[2001:db8::ffff:c000:207]:80",
+            ),
+            // IPv4-compatible (deprecated, `::a.b.c.d`) is not a mapped address.
+            ("[::192.0.2.7]:80", "[::c000:207]:80"),
+        ] {
+            let addr: SocketAddr = addr.parse().unwrap();
+            assert_eq!(canonical(addr).to_string(), want, "{addr}");
+        }
     }
 
     #[test]

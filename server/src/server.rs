@@ -147,7 +147,9 @@ pub async fn start_with(mut config: Config, opts: StartOptions) -> anyhow::Resul
     let a = app.clone();
     tasks.push(tokio::spawn(listener::serve(
         admin,
-        move |req, conn: crate::context::Connection| admin::handle(a.clone(), req, conn.peer),
+        move |req, conn: crate::context::Connection| {
+            admin::handle(a.clone(), req, crate::context::canonical(conn.peer))
+        },
         shutdown.clone(),
         listener::ListenOptions::from_config(&config.server),
     )));

@@ -121,7 +121,7 @@ impl Exchange {
                 None => req.headers().get(HOST).cloned(),
             },
             remote: conn.peer,
-            client: client.ip().to_canonical(),
+            client: client.ip(),
             user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
             referer: req.headers().get(http::header::REFERER).cloned(),
             trace_id: trace.as_ref().map(|t| *t.active.trace_id_hex()),

@@ -58,12 +58,14 @@ pub async fn handle(
     mut req: Request<RequestBody>,
     conn: Connection,
 ) -> Response<ResponseBody> {
-    // The client: the peer, or whom a trusted proxy in front says it forwards.
-    let client = if app.trusted_proxies.is_empty() {
+    // The client: the peer, or whom a trusted proxy in front says it forwards; one spelling
+    // of each address (an IPv4 client of a `[::]` listener is `::ffff:a.b.c.d`), so that
+    // its rate limits, failure counts, split and logs are one client's.
+    let client = crate::context::canonical(if app.trusted_proxies.is_empty() {
         conn.peer
     } else {
         app.trusted_proxies.client(conn.peer, req.headers())
-    };
+    });
     let mut ex = Exchange::begin(&app, &req, conn, client);
     let _in_flight = app.metrics.in_flight.enter();
 

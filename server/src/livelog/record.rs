@@ -148,7 +148,7 @@ impl Record {
             replica,
             tenant,
             version: &self.version,
-            client: self.client.to_canonical().to_string(),
+            client: self.client.to_string(),
             trigger: (self.trigger != crate::trigger::Trigger::Request)
                 .then(|| self.trigger.name()),
             method: self.method.as_str(),

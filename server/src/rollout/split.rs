@@ -106,7 +106,7 @@ impl Split {
     }
 
     fn client_bucket(&self, client: IpAddr) -> u16 {
-        match client.to_canonical() {
+        match client {
             IpAddr::V4(a) => self.bucket(&a.octets()),
             IpAddr::V6(a) => self.bucket(&a.octets()),
         }

@@ -253,6 +253,51 @@ async fn a_forwarded_for_counts_only_from_a_trusted_proxy() {
     assert_eq!(own.last(), Some(&StatusCode::TOO_MANY_REQUESTS), "{own:?}");
 }
 
+/// A dual-stack listener (`[::]`) sees an IPv4 client as `::ffff:127.0.0.1`, a trusted proxy
+/// names it `127.0.0.1` or `::ffff:127.0.0.1`: one client however its address is spelt, for its
+/// rate limit and for what a guest sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv4_client_is_one_client_however_its_address_is_spelt() {
+    let config = format!(
+        "[server]\nlisten = \"[::]:0\"\ntrusted_proxies = [\"127.0.0.1\"]\n{}\
+         [[tenant]]\nname = \"cgi\"\nmodule = \"builtin:cgi\"\npaths = [\"/cgi\"]\n",
+        limited("rate = \"4/h\"\nburst = 1")
+    );
+    let s = TestServer::start(&config).await;
+    assert!(s.addr().is_ipv6(), "a dual-stack listener: {}", s.addr());
+    // Over IPv4, to the dual-stack listener.
+    let v4: SocketAddr = ([127, 0, 0, 1], s.addr().port()).into();
+    // The proxy's own request (the peer `::ffff:127.0.0.1`), then the same client named by
+    // the proxy both ways: one count, burst 1 lets two through.
+    let mut codes = Vec::new();
+    for forwarded in [None, Some("127.0.0.1"), Some("::ffff:127.0.0.1"), None] {
+        let headers: Vec<(&str, &str)> = forwarded
+            .map(|f| ("x-forwarded-for", f))
+            .into_iter()
+            .collect();
+        codes.push(status(v4, "/hello", &headers).await);
+    }
+    assert_eq!(
+        codes,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ],
+        "one client's count"
+    );
+    // Another client through the proxy still has its own.
+    assert_eq!(
+        status(v4, "/hello", &[("x-forwarded-for", "198.51.100.7")]).await,
+        StatusCode::OK
+    );
+    // What a guest sees.
+    let reply = support::send(v4, Method::GET, "/cgi/env", None, &[], Bytes::new()).await;
+    let env = String::from_utf8_lossy(&reply.body);
+    assert!(env.contains("REMOTE_ADDR=127.0.0.1\n"), "{env}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dry_run_refuses_nothing_and_counts_everything() {
     let s = TestServer::start(&limited("rate = \"4/h\"\nmode = \"dry_run\"")).await;

@@ -141,7 +141,7 @@ pub fn env(
             .map_or("/", |pq| pq.as_str())
             .into(),
     );
-    let client = ctx.client().ip().to_canonical();
+    let client = ctx.client().ip();
     set("REMOTE_ADDR", client.to_string());
     set("REMOTE_HOST", client.to_string());
     // Unknown behind a proxy that forwarded only the client's IP: left out.

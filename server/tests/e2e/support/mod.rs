@@ -50,7 +50,8 @@ impl TestServer {
         let path = dir.path().join("tern.toml");
         std::fs::write(&path, config)?;
         let mut config = Config::load(&path)?;
-        if config.server.listen.is_some() {
+        // A listener the test chose on port 0 (`[::]:0`: dual-stack) is kept.
+        if config.server.listen.is_some_and(|l| l.port() != 0) {
             config.server.listen = Some("127.0.0.1:0".parse()?);
         }
         config.server.admin_listen = "127.0.0.1:0".parse()?;

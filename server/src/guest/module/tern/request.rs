@@ -38,8 +38,8 @@ fn request_info<'a>(
     let path = request.uri.path();
     let split = request.context.prefix_len.min(path.len());
     match key {
-        // An IPv4 client of a dual-stack listener arrives as `::ffff:a.b.c.d`.
-        info::CLIENT_IP => owned(request.context.client().ip().to_canonical().to_string()),
+        // Canonical: an IPv4 client of a dual-stack listener as `a.b.c.d` (`http::handle`).
+        info::CLIENT_IP => owned(request.context.client().ip().to_string()),
         // Unknown behind a proxy that forwarded only the client's IP.
         info::CLIENT_PORT => match request.context.client().port() {
             0 => Err(abi::errno::UNAVAILABLE),
