@@ -97,7 +97,7 @@ impl Registry {
             // A tenant with no module yet is not routed: only the manifest changes.
             serve: respecced.map(|t| Some((t, candidate))),
         };
-        self.commit(&mut state, change).await?;
+        self.commit_as(&mut state, change, who).await?;
         tracing::info!(tenant = name, created, "tenant spec saved");
         Ok((created, etag))
     }

@@ -59,7 +59,7 @@ pub use precondition::Precondition;
 pub use rollout::{RolloutChanged, Taken};
 pub use serving::{Candidate, Serving};
 pub use spec::SpecChange;
-use state::{Change, State, check_routes, one_owner};
+use state::{Change, State, check_cache_budget, check_routes, one_owner};
 pub use state::{Deployed, Live, Registry};
 
 /// How long a change that keeps losing the race to the shared registry is tried again before
@@ -216,7 +216,23 @@ impl Registry {
     /// written). The write records a change id, so a write whose reply was lost is recognised
     /// when the registry is read back (`Remote::put_if`); one whose fate the registry's answers
     /// never settled is a `503` that says so.
+    ///
+    /// A change of no route, or the server's own: [`Self::commit_as`] the operator.
     async fn commit(&self, state: &mut State, change: Change) -> Result<(), ChangeError> {
+        self.commit_as(state, change, crate::access::Principal::Operator)
+            .await
+    }
+
+    /// [`Self::commit`] of a change `who` asked for: a tenant's routes checked again after
+    /// another replica's change was applied are checked for `who`, as they were before the
+    /// first attempt (a scoped token's change takes no request from a tenant it does not
+    /// reach, whichever replica made that tenant first; its refusal names none).
+    async fn commit_as(
+        &self,
+        state: &mut State,
+        change: Change,
+        who: crate::access::Principal<'_>,
+    ) -> Result<(), ChangeError> {
         // The table to swap in, from the one serving now (rebuilt after another replica's
         // change was applied); none for a change that routes nothing differently.
         let table_now = || match &change {
@@ -277,14 +293,10 @@ impl Registry {
                             ..
                         } = &change
                         {
-                            // (Who asked is not carried this far: the clash alone is checked again.)
-                            check_routes(
-                                &self.live.load(),
-                                state.truth(),
-                                name,
-                                &e.spec,
-                                crate::access::Principal::Operator,
-                            )?;
+                            // Checked again as before the first attempt, on what the other
+                            // replica's change made of the registry.
+                            check_routes(&self.live.load(), state.truth(), name, &e.spec, who)?;
+                            check_cache_budget(state, name, &e.spec)?;
                         }
                         table = table_now()?;
                     }

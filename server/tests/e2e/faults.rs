@@ -16,8 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
-/// What becomes of the answer to the write a fault is armed for (the write itself always
-/// reaches the store).
+/// What becomes of the write a fault is armed for: its answer lost (the write itself reaches
+/// the store), or the write held back a while (it reaches the store late, and is answered).
 #[derive(Debug, Clone, Copy)]
 pub enum Fault {
     /// The connection is closed instead of the answer.
@@ -27,6 +27,9 @@ pub enum Fault {
     /// The answer is held until [`S3Proxy::release`] (the test stops S3 meanwhile), then the
     /// connection closed.
     Hold,
+    /// The write is held before it reaches S3 until [`S3Proxy::release`] (the test has
+    /// another replica write meanwhile: a race lost on purpose), then sent on and answered.
+    HoldWrite,
 }
 
 struct S3State {
@@ -99,7 +102,8 @@ impl S3Proxy {
     }
 
     /// Waits until S3 has answered the write a [`Fault::Hold`] was armed for (its answer is
-    /// held); panics after `within`.
+    /// held), or the write a [`Fault::HoldWrite`] was armed for arrived (it is held); panics
+    /// after `within`.
     pub async fn wait_held(&self, within: Duration) {
         tokio::time::timeout(within, self.state.held.notified())
             .await
@@ -135,6 +139,11 @@ async fn forward(state: Arc<S3State>, req: hyper::Request<Incoming>) -> Result<A
             _ => None,
         }
     };
+    if let Some(Fault::HoldWrite) = fault {
+        state.applied.fetch_add(1, Ordering::SeqCst);
+        state.held.notify_one();
+        state.release.notified().await;
+    }
     let stream = TcpStream::connect(state.upstream)
         .await
         .map_err(|e| format!("S3 is not there: {e}"))?;
@@ -153,7 +162,7 @@ async fn forward(state: Arc<S3State>, req: hyper::Request<Incoming>) -> Result<A
     let resp = send.send_request(out).await.map_err(|e| e.to_string())?;
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
-    let Some(fault) = fault else {
+    let Some(fault) = fault.filter(|f| !matches!(f, Fault::HoldWrite)) else {
         return Ok(hyper::Response::from_parts(parts, Full::new(body)));
     };
     state.applied.fetch_add(1, Ordering::SeqCst);
@@ -164,6 +173,7 @@ async fn forward(state: Arc<S3State>, req: hyper::Request<Incoming>) -> Result<A
             state.held.notify_one();
             state.release.notified().await;
         }
+        Fault::HoldWrite => unreachable!("answered above"),
     }
     Err(format!(
         "fault: S3 answered {}; the answer is lost",

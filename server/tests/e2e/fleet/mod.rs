@@ -156,11 +156,11 @@ fn replica_with(
     config: &str,
     poll_ms: u64,
 ) -> crate::support::TernProcess {
-    replica_via(s3, None, name, dir, config, poll_ms)
+    replica_via(s3, None, name, dir, config, poll_ms, "2s")
 }
 
 /// [`replica_with`], reaching S3 at `endpoint` (a proxy in front of it) when given, with
-/// requests to it timing out after 2 s.
+/// requests to it timing out after `timeout` (`2s`).
 fn replica_via(
     s3: &S3,
     endpoint: Option<&str>,
@@ -168,6 +168,7 @@ fn replica_via(
     dir: &Path,
     config: &str,
     poll_ms: u64,
+    timeout: &str,
 ) -> crate::support::TernProcess {
     std::fs::create_dir_all(dir).unwrap();
     let text = format!(
@@ -185,7 +186,7 @@ fn replica_via(
                 .env("TERN_REPLICA", name);
             if let Some(endpoint) = endpoint {
                 cmd.env("AWS_ENDPOINT_URL", endpoint)
-                    .env("AWS_TIMEOUT", "2s");
+                    .env("AWS_TIMEOUT", timeout);
             }
         },
     )
@@ -384,7 +385,15 @@ async fn replica_behind_a_proxy(
     dir: &Path,
 ) -> (crate::support::TernProcess, crate::faults::S3Proxy) {
     let proxy = crate::faults::S3Proxy::start(&s3.endpoint).await;
-    let a = replica_via(s3, Some(&proxy.endpoint), "a", &dir.join("a"), TLS, 100);
+    let a = replica_via(
+        s3,
+        Some(&proxy.endpoint),
+        "a",
+        &dir.join("a"),
+        TLS,
+        100,
+        "2s",
+    );
     (a, proxy)
 }
 

@@ -221,3 +221,76 @@ async fn tokens_made_rotated_or_revoked_on_one_replica_hold_on_every_replica() {
         }
     }
 }
+
+/// A scoped token's route change that loses the registry's race to another replica's change
+/// is checked again, for the token, on what that change made: a tenant the token does not
+/// reach, created on another replica while the token's write was on its way, keeps its
+/// requests (`409`, its name not said), as it would had it been there first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokens_route_change_that_lost_a_race_is_checked_again_for_the_token() {
+    use crate::faults::{Fault, S3Proxy};
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let proxy = S3Proxy::start(&s3.endpoint).await;
+    // a's registry writes pass the proxy; held there for seconds, they do not time out.
+    let a = super::replica_via(
+        &s3,
+        Some(&proxy.endpoint),
+        "a",
+        &root.path().join("a"),
+        "",
+        100,
+        "30s",
+    );
+    let b = replica(&s3, "b", &root.path().join("b"));
+    let new = json!({"name": "team", "tenants": ["team-*"], "scopes": ["deploy"]});
+    let (status, v) = operator(&a, Method::POST, "/admin/v1/tokens", new).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let token = v["token"].as_str().unwrap().to_string();
+    let as_token = |name: &'static str, spec: Value| {
+        let token = token.clone();
+        let at = addr(&a.admin);
+        async move {
+            let path = format!("/admin/v1/tenants/{name}");
+            admin_request(at, &token, Method::PUT, &path, spec.to_string().into()).await
+        }
+    };
+
+    // The token's tenant under /shop/cart, its write held on the way to the registry while
+    // the operator makes `shop` (every path under /shop) on b; then it arrives, too late.
+    proxy.arm(Fault::HoldWrite, "registry/index.json");
+    let (answer, ()) = tokio::join!(
+        as_token("team-cart", json!({"paths": ["/shop/cart"]})),
+        async {
+            proxy.wait_held(Duration::from_secs(20)).await;
+            let spec = json!({"paths": ["/shop"]});
+            let (status, v) = operator(&b, Method::PUT, "/admin/v1/tenants/shop", spec).await;
+            assert_eq!(status, StatusCode::CREATED, "{v}");
+            proxy.release();
+        }
+    );
+    let (status, v) = answer;
+    assert_eq!(proxy.applied(), 1, "the write was held");
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    let error = v["error"].as_str().unwrap();
+    assert!(
+        !error.contains("\"shop\""),
+        "the answer names the other tenant: {error}"
+    );
+    for r in [&a, &b] {
+        let (status, v) =
+            operator(r, Method::GET, "/admin/v1/tenants/team-cart", Value::Null).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{} made it: {v}", r.admin);
+    }
+    // The same race for a path beside shop's: made (the check is the one it was, no stricter).
+    proxy.arm(Fault::HoldWrite, "registry/index.json");
+    let (answer, ()) = tokio::join!(as_token("team-docs", json!({"paths": ["/docs"]})), async {
+        proxy.wait_held(Duration::from_secs(20)).await;
+        let spec = json!({"paths": ["/blog"]});
+        let (status, v) = operator(&b, Method::PUT, "/admin/v1/tenants/blog", spec).await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        proxy.release();
+    });
+    assert_eq!(proxy.applied(), 2, "the write was held");
+    assert_eq!(answer.0, StatusCode::CREATED, "{:?}", answer.1);
+}
