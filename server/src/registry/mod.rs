@@ -157,12 +157,14 @@ impl Registry {
         let (n_config, n_api) = (tenants.len(), api.len());
         tenants.extend(api.iter().map(|(n, t)| (n.clone(), t.clone())));
         let wanted = Self::wanted(&manifest, &api);
-        let candidates = registry.load_candidates(wanted, &Live::default()).await;
+        let (candidates, unloaded) = registry.load_candidates(wanted, &Live::default()).await;
         let live = Live::build(tenants.into_values(), candidates)?;
         registry.live.store(Arc::new(live));
         let manifest = {
             let mut state = registry.state.lock().await;
-            registry.served_after_start(&mut state, &api).await;
+            registry
+                .served_after_start(&mut state, &api, !unloaded.is_empty())
+                .await;
             state.manifest.clone()
         };
         registry.tokens.store(Arc::new(manifest.tokens.clone()));

@@ -78,7 +78,7 @@ impl Registry {
         self.loader.runtime.store(Arc::new(rt));
         // The candidates follow, loaded on the new engine beside their moved current versions.
         let wanted = Self::wanted(&state.manifest, &tenants);
-        let candidates = self.load_candidates(wanted, &live).await;
+        let (candidates, _logged) = self.load_candidates(wanted, &live).await;
         let table = Live::build(tenants.into_values(), candidates)?;
         self.live.store(Arc::new(table));
         self.memset.send_replace(true);

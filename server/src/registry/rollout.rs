@@ -65,13 +65,16 @@ fn judge_of(old: Option<&Arc<Candidate>>, stored: &datadir::Candidate) -> Arc<Ju
 impl Registry {
     /// Serves the candidates `wanted`: one serving in `old` beside the same current version
     /// keeps its prepared tenant (a new split and plan), the others are loaded. One that cannot
-    /// be loaded is left out (logged): its current version serves all its clients.
+    /// be loaded is left out (logged, and named in the second part): its current version
+    /// serves all its clients until it is loaded (in a fleet, tried again as a tenant that
+    /// failed to load is).
     pub(super) async fn load_candidates(
         &self,
         wanted: Vec<Wanted>,
         old: &Live,
-    ) -> BTreeMap<String, Arc<Candidate>> {
+    ) -> (BTreeMap<String, Arc<Candidate>>, Vec<String>) {
         let mut out = BTreeMap::new();
+        let mut failed = Vec::new();
         let mut to_load = Vec::new();
         let mut pending = BTreeMap::new();
         for (name, spec, stored, current) in wanted {
@@ -87,7 +90,10 @@ impl Registry {
                         Ok(c) => {
                             out.insert(name, c);
                         }
-                        Err(e) => tracing::error!(tenant = %name, "candidate not served: {e}"),
+                        Err(e) => {
+                            tracing::error!(tenant = %name, "candidate not served: {e}");
+                            failed.push(name);
+                        }
                     }
                 }
                 _ => {
@@ -103,14 +109,17 @@ impl Registry {
                 Ok(c) => {
                     out.insert(name, c);
                 }
-                Err(e) => tracing::error!(
-                    tenant = %name,
-                    version = %stored.version.id,
-                    "candidate not served (its current version serves every client): {e}"
-                ),
+                Err(e) => {
+                    tracing::error!(
+                        tenant = %name,
+                        version = %stored.version.id,
+                        "candidate not served (its current version serves every client): {e}"
+                    );
+                    failed.push(name);
+                }
             }
         }
-        out
+        (out, failed)
     }
 
     /// The candidates of `manifest`'s tenants that serve in `currents` (API tenants at the

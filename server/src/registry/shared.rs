@@ -306,10 +306,16 @@ impl Registry {
                 }
             }
         }
-        // Candidates beside the versions that now serve.
-        let candidates = self
+        // Candidates beside the versions that now serve. One that cannot be loaded here is
+        // tried again as a tenant is (its record is the registry's: no later change may come
+        // to make this replica try again).
+        let (candidates, unloaded) = self
             .load_candidates(Self::wanted(&next, &tenants), &live)
             .await;
+        for name in &unloaded {
+            failed = true;
+            self.failed_to_apply(name, "its candidate cannot be loaded (logged above)");
+        }
         // Routes another replica's config file does not have can clash with this one's: the
         // registry's tenant is left out here.
         let table = loop {
@@ -375,11 +381,13 @@ impl Registry {
     }
 
     /// After start-up: with a shared registry, the snapshot names only what serves (tenants
-    /// that failed to load are tried again later) and is saved.
+    /// that failed to load are tried again later, as are candidates when `unloaded_candidates`)
+    /// and is saved.
     pub(super) async fn served_after_start(
         &self,
         state: &mut State,
         api: &BTreeMap<String, TenantRef>,
+        unloaded_candidates: bool,
     ) {
         if self.fleet.is_none() {
             return;
@@ -389,7 +397,7 @@ impl Registry {
         served
             .tenants
             .retain(|n, t| t.current.is_none() || api.contains_key(n));
-        if served.tenants.len() != before {
+        if served.tenants.len() != before || unloaded_candidates {
             state.retry_at = Some(Instant::now() + RETRY_FAILED);
         }
         if let Some(read) = &state.shared {

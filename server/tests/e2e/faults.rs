@@ -42,6 +42,10 @@ struct S3State {
     held: Notify,
     /// Tells a held answer to go (be dropped).
     release: Notify,
+    /// Reads (`GET`) of objects whose path contains one of these are answered `503` (a
+    /// store failing for a while), and how many were.
+    failing_reads: Mutex<Vec<String>>,
+    failed_reads: AtomicUsize,
 }
 
 /// An HTTP proxy in front of an S3 server (`endpoint` is what its clients are pointed at).
@@ -67,6 +71,8 @@ impl S3Proxy {
             applied: AtomicUsize::new(0),
             held: Notify::new(),
             release: Notify::new(),
+            failing_reads: Mutex::new(Vec::new()),
+            failed_reads: AtomicUsize::new(0),
         });
         let s = state.clone();
         let task = tokio::spawn(async move {
@@ -114,6 +120,22 @@ impl S3Proxy {
     pub fn release(&self) {
         self.state.release.notify_one();
     }
+
+    /// Answers `503` to every read of an object whose path contains one of `parts`, until
+    /// [`Self::heal`].
+    pub fn fail_reads(&self, parts: &[&str]) {
+        *self.state.failing_reads.lock().unwrap() = parts.iter().map(|p| p.to_string()).collect();
+    }
+
+    /// Reads pass again.
+    pub fn heal(&self) {
+        self.state.failing_reads.lock().unwrap().clear();
+    }
+
+    /// How many reads were answered `503`.
+    pub fn failed_reads(&self) -> usize {
+        self.state.failed_reads.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for S3Proxy {
@@ -128,6 +150,18 @@ type Answer = hyper::Response<Full<Bytes>>;
 async fn forward(state: Arc<S3State>, req: hyper::Request<Incoming>) -> Result<Answer, String> {
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    let failing = parts.method == http::Method::GET
+        && (state.failing_reads.lock().unwrap())
+            .iter()
+            .any(|p| parts.uri.path().contains(p.as_str()));
+    if failing {
+        state.failed_reads.fetch_add(1, Ordering::SeqCst);
+        let mut answer = hyper::Response::new(Full::new(Bytes::from_static(
+            b"<Error><Code>ServiceUnavailable</Code></Error>",
+        )));
+        *answer.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        return Ok(answer);
+    }
     let fault = {
         let mut armed = state.armed.lock().unwrap();
         match &*armed {

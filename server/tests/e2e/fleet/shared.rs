@@ -691,3 +691,82 @@ async fn a_rollout_splits_alike_on_every_replica_steps_once_and_aborts_everywher
     let now = versions(addr(&b.addr), "/site/k", &keys).await;
     assert!(now.iter().all(|v| *v == cand), "after the promotion on b");
 }
+
+/// A candidate one replica cannot load (the registry failing its reads of modules for a
+/// while) is tried again there as a tenant is, with no later change in the registry to make
+/// it: once the registry answers again the replica serves it, with no other step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_a_replica_could_not_load_is_tried_again() {
+    use crate::rollout::{variant, version_of};
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let proxy = crate::faults::S3Proxy::start(&s3.endpoint).await;
+    let a = replica(&s3, "a", &root.path().join("a"));
+    let b = replica_via(
+        &s3,
+        Some(&proxy.endpoint),
+        "b",
+        &root.path().join("b"),
+        "",
+        100,
+        "2s",
+    );
+    create(addr(&a.admin), "site", "/site").await;
+    let (status, v) = deploy(addr(&a.admin), "site", demo("hello")).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    let current = v["version"].as_str().unwrap()[..12].to_string();
+    serves(&b, "/site", "Hello").await;
+
+    // b's reads of modules and compiled artifacts fail; a candidate for every client.
+    proxy.fail_reads(&["/blobs/", "/artifacts/"]);
+    let path = "/admin/v1/tenants/site/module?percent=100";
+    let (status, v) = admin(&a, http::Method::PUT, path, variant(demo("hello"), "2")).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    let cand = v["version"].as_str().unwrap()[..12].to_string();
+    let serving_here = async |r: &crate::support::TernProcess| {
+        let (_, t) = admin(r, http::Method::GET, "/admin/v1/tenants/site", "").await;
+        t["candidate"]["serving_here"] == true
+    };
+    assert!(serving_here(&a).await, "a made it");
+    let started = Instant::now();
+    let failed = r#"tern_registry_syncs_total{outcome="failed"}"#;
+    while crate::support::metric_value_or_zero(&metrics(&b).await, failed) < 1.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "b never failed to load the candidate ({} reads failed)",
+            proxy.failed_reads()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!serving_here(&b).await, "b cannot have loaded it");
+    assert_eq!(
+        version_of(&get(&b, "/site").await),
+        current,
+        "b's current serves"
+    );
+    assert_eq!(
+        version_of(&get(&a, "/site").await),
+        cand,
+        "a's candidate serves"
+    );
+
+    // The registry answers again; nothing else changes in it.
+    proxy.heal();
+    let healed = Instant::now();
+    while !serving_here(&b).await {
+        assert!(
+            healed.elapsed() < Duration::from_secs(60),
+            "b never tried the candidate again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "b loaded the candidate {:?} after the registry healed",
+        healed.elapsed()
+    );
+    assert_eq!(
+        version_of(&get(&b, "/site").await),
+        cand,
+        "b's candidate serves"
+    );
+}
