@@ -252,16 +252,18 @@ async fn events(
 ) -> Response<ResponseBody> {
     let routed = ex.routed.clone().expect("a routed request");
     let tenant = routed.tenant.clone();
+    let (parts, _) = req.into_parts();
     let origin = Arc::new(EventsOrigin {
         app: app.clone(),
         conn: ex.conn.clone(),
         client: ex.client,
         channels: tenant.grants.channels.clone(),
         version: tenant.version_label.clone(),
+        chosen: routed.chosen,
+        headers: parts.headers.clone(),
         prefix_len: routed.prefix_len,
         host: routed.host,
     });
-    let (parts, _) = req.into_parts();
     let mut headers = parts.headers;
     if let Some(t) = &ex.trace {
         // The batches' spans are the connection's children.
@@ -328,15 +330,24 @@ struct EventsOrigin {
     /// The tenant's channels when the connection opened: a tenant deleted and made again
     /// under its name has others (another key), and the connection's batches never reach it.
     channels: Arc<crate::websocket::channels::Grant>,
-    /// The version it opened on: its batches go to it while it serves the tenant.
+    /// The version it opened on.
     version: Arc<str>,
+    /// Its opening asked for its version (`Tern-Version`): its batches go to that version
+    /// while it is the tenant's candidate (an aborted one too, as a request asking for it).
+    chosen: bool,
+    /// Its opening's headers: what a split by `header:` or `cookie:` reads of the client.
+    headers: http::HeaderMap,
     prefix_len: usize,
     host: request::HostFrom,
 }
 
 impl EventsOrigin {
-    /// The tenant the connection opened on, as it is deployed now (`None`: gone): the version
-    /// it opened on while that is the tenant's candidate, else its current version.
+    /// The tenant the connection opened on, as it is deployed now (`None`: gone), and the
+    /// version of it a batch goes to: the one the tenant's split gives the connection's
+    /// client now, as to a request of the client's (a candidate aborted, given a share of 0
+    /// or rolled back no longer gets its connections' events; a new one gets those whose
+    /// client it gets); or, when the opening asked for its version, that version while it
+    /// is the tenant's candidate, else the current one.
     fn tenant(&self) -> Option<Picked> {
         let live = self.app.registry.live();
         let name = self.channels.name();
@@ -345,18 +356,25 @@ impl EventsOrigin {
             return None;
         }
         let candidate = live.candidates.get(name);
+        let to_candidate = candidate.is_some_and(|c| {
+            if self.chosen {
+                c.tenant.version_label == self.version
+            } else {
+                c.split.role(&self.headers, self.client.ip()) == rollout::Role::Candidate
+            }
+        });
         Some(match candidate {
-            Some(c) if c.tenant.version_label == self.version => (
+            Some(c) if to_candidate => (
                 c.tenant.clone(),
                 rollout::Role::Candidate,
                 Some(c.clone()),
-                true,
+                self.chosen,
             ),
             _ => (
                 current.clone(),
                 rollout::Role::Current,
                 candidate.cloned(),
-                true,
+                self.chosen,
             ),
         })
     }

@@ -628,3 +628,92 @@ async fn a_guest_publishes_from_an_ordinary_request_with_the_host_call() {
         "{m}"
     );
 }
+
+/// Each batch of a connection's events goes to the version the tenant's split gives its
+/// client at that moment, as a request of the client's would: opened on a candidate at 100 %,
+/// its next message goes to the current version once the candidate's share is 0 (what an
+/// abort does), and back when it has a share again; a connection whose opening asked for the
+/// candidate (`Tern-Version`) stays on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connections_events_go_to_the_version_the_split_gives_its_client_now() {
+    use crate::websocket::masked_text;
+    use crate::websocket_autobahn::{open, open_with};
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = std::fs::read(test_guest(dir.path(), "ws_events")).unwrap();
+    let s = TestServer::start("").await;
+    let spec = json!({"paths": ["/"], "websocket": {"mode": "events"}}).to_string();
+    let (status, v) = s
+        .admin_call(Method::PUT, "/admin/v1/tenants/chat", spec)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let at = "/admin/v1/tenants/chat/module";
+    let (status, v) = s.admin_call(Method::PUT, at, wasm.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let candidate = crate::rollout::variant(&wasm, "2");
+    let (status, v) = s
+        .admin_call(Method::PUT, &format!("{at}?percent=100"), candidate)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let share = async |percent: u32| {
+        let body = json!({ "percent": percent }).to_string();
+        let (status, v) = s
+            .admin_call(Method::POST, "/admin/v1/tenants/chat/rollout", body)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+    };
+    // The answers each version has sent the tenant's clients (openings and batches).
+    let served = async || {
+        let m = s.metrics().await;
+        let count = |deployment: &str| -> f64 {
+            let label = format!("deployment=\"{deployment}\"");
+            m.lines()
+                .filter(|l| l.starts_with("tern_requests_total{") && l.contains(&label))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+                .sum()
+        };
+        (count("current"), count("candidate"))
+    };
+    // Waits until the counts are `want` (an answer is counted as it ends), then checks they
+    // stay so a moment.
+    let until = async |want: (f64, f64), what: &str| {
+        let started = std::time::Instant::now();
+        while served().await != want {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{what}: (current, candidate) answers {:?}, not {want:?}",
+                served().await
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(served().await, want, "{what}");
+    };
+
+    // Both open on the candidate: one by the split (100 %), one asking for it.
+    let (mut split, mut split_buf) = open(s.addr(), "/?user=split").await.unwrap();
+    let asked = format!(
+        "tern-version: candidate\r\ntern-version-token: {}\r\n",
+        crate::support::ADMIN_TOKEN
+    );
+    let (mut chose, mut chose_buf) = open_with(s.addr(), "/?user=chose", &asked).await.unwrap();
+    until((0.0, 2.0), "two openings on the candidate").await;
+    split.write_all(&masked_text("whoami")).await.unwrap();
+    assert_eq!(next_message(&mut split, &mut split_buf).await, "split");
+    until((0.0, 3.0), "a message at 100 %").await;
+
+    // At 0 %: the split's connection goes to the current version, the other stays.
+    share(0).await;
+    split.write_all(&masked_text("whoami")).await.unwrap();
+    assert_eq!(next_message(&mut split, &mut split_buf).await, "split");
+    until((1.0, 3.0), "a message at 0 %").await;
+    chose.write_all(&masked_text("whoami")).await.unwrap();
+    assert_eq!(next_message(&mut chose, &mut chose_buf).await, "chose");
+    until((1.0, 4.0), "a message that asked for the candidate, at 0 %").await;
+
+    // A share again: the client's connection is the candidate's again.
+    share(100).await;
+    split.write_all(&masked_text("whoami")).await.unwrap();
+    assert_eq!(next_message(&mut split, &mut split_buf).await, "split");
+    until((1.0, 5.0), "a message at 100 % again").await;
+}
