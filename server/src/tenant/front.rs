@@ -74,7 +74,9 @@ impl Front {
                 &s.rate_limit,
                 carried,
                 p.metrics,
-                (p.label, p.tenant),
+                // A shared limit counts under the tenant's data key: a tenant created again
+                // under a deleted one's name starts with counts of its own.
+                (p.label, p.data),
                 stores,
             )?,
             websocket: s.websocket.clone(),

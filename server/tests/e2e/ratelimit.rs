@@ -626,3 +626,70 @@ async fn a_shared_limit_counts_for_the_fleet_and_follows_its_choice_without_redi
         .expect("refused");
     assert!(format!("{e:#}").contains("for a shared limit"), "{e:#}");
 }
+
+/// A shared limit of a tenant of the admin API counts under the tenant's name and id: a
+/// tenant created again under a deleted one's name starts with counts of its own, while
+/// the same tenant's counts outlive a redeploy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_created_again_under_a_deleted_ones_name_has_shared_counts_of_its_own() {
+    let redis = crate::kv::Redis::start();
+    let config = format!(
+        "[kv.fleet]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout_ms = 500\n",
+        redis.port
+    );
+    let s = TestServer::start(&config).await;
+    let spec = serde_json::json!({
+        "paths": ["/api"],
+        "rate_limit": [{"name": "few", "rate": "4/h", "shared": true, "store": "fleet"}],
+    })
+    .to_string();
+    let make = async || {
+        let (status, v) = s
+            .admin_call(Method::PUT, "/admin/v1/tenants/api", spec.clone())
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        let (status, v) = s
+            .admin_call(
+                Method::PUT,
+                "/admin/v1/tenants/api/module",
+                support::demo("hello").to_vec(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+    };
+    make().await;
+    assert_eq!(status(s.addr(), "/api", &[]).await, StatusCode::OK);
+    assert_eq!(
+        status(s.addr(), "/api", &[]).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Redeployed: the same tenant, the same count.
+    let (status_, v) = s
+        .admin_call(
+            Method::PUT,
+            "/admin/v1/tenants/api/module",
+            support::demo("echo").to_vec(),
+        )
+        .await;
+    assert_eq!(status_, StatusCode::OK, "{v}");
+    assert_eq!(
+        status(s.addr(), "/api", &[]).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a redeploy keeps the count"
+    );
+    // Deleted and created again: another tenant, its own count.
+    let (status_, v) = s
+        .admin_call(Method::DELETE, "/admin/v1/tenants/api", "")
+        .await;
+    assert!(status_.is_success(), "{status_} {v}");
+    make().await;
+    assert_eq!(
+        status(s.addr(), "/api", &[]).await,
+        StatusCode::OK,
+        "the deleted tenant's count"
+    );
+    assert_eq!(
+        status(s.addr(), "/api", &[]).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
