@@ -365,7 +365,7 @@ impl Registry {
                 .manifest
                 .tenants
                 .iter()
-                .map(|(n, t)| (n.as_str(), &t.variables))
+                .map(|(n, t)| (t.data_key(n), n.as_str(), &t.variables))
                 .collect(),
             reread_file,
         };

@@ -94,7 +94,7 @@ mod tests {
         };
         assert!(
             table
-                .follow(&sources(vec![("t", &stored)]), Some(&key))
+                .follow(&sources(vec![("t".into(), "t", &stored)]), Some(&key))
                 .is_empty()
         );
         let values = granted.values();
@@ -102,12 +102,12 @@ mod tests {
         assert_eq!(values.get("s"), Found::Value("hush"));
         assert_eq!(values.get("b"), Found::Undefined);
         // Unchanged sources keep their values (nothing is opened again).
-        table.follow(&sources(vec![("t", &stored)]), Some(&key));
+        table.follow(&sources(vec![("t".into(), "t", &stored)]), Some(&key));
         assert!(Arc::ptr_eq(&values, &granted.values()));
         // Another key opens nothing and says so.
         let other = SecretsKey::new(&[8; 32], None, "test".into());
         let fresh = Table::default();
-        let why = fresh.follow(&sources(vec![("t", &stored)]), Some(&other));
+        let why = fresh.follow(&sources(vec![("t".into(), "t", &stored)]), Some(&other));
         assert_eq!(why.len(), 1);
         assert!(matches!(
             fresh.of("t").unwrap().get("a"),
@@ -117,7 +117,7 @@ mod tests {
         table.follow(&sources(vec![]), Some(&key));
         // Without a key (a fleet's replica not given one) secrets say why they cannot be read.
         let keyless = Table::default();
-        let why = keyless.follow(&sources(vec![("t", &stored)]), None);
+        let why = keyless.follow(&sources(vec![("t".into(), "t", &stored)]), None);
         assert!(why[0].1.contains("TERN_SECRETS_KEY"), "{why:?}");
         assert_eq!(granted.values().get("a"), Found::Undefined);
     }

@@ -224,15 +224,18 @@ pub struct Sources<'a> {
     pub file: Vec<(&'a str, &'a BTreeMap<String, Declared>)>,
     /// Where the config file's relative paths start.
     pub base_dir: &'a std::path::Path,
-    /// API tenants and their stored variables.
-    pub api: Vec<(&'a str, &'a BTreeMap<String, Stored>)>,
+    /// API tenants and their stored variables: each tenant's data key (its name and id:
+    /// a tenant created again under a deleted one's name reads none of its variables, not
+    /// even from a request of the deleted one still running), its name (its secrets are
+    /// sealed to it), its variables.
+    pub api: Vec<(std::sync::Arc<str>, &'a str, &'a BTreeMap<String, Stored>)>,
     /// Read the config file's secrets again even if their declarations did not change (a
     /// reload of the config file).
     pub reread_file: bool,
 }
 
 impl Table {
-    /// The values of `tenant` (none: an empty set).
+    /// The values of the tenant whose data key is `tenant` (none: an empty set).
     pub fn of(&self, tenant: &str) -> Option<Arc<Values>> {
         self.tenants.load().get(tenant).cloned()
     }
@@ -252,18 +255,18 @@ impl Table {
         let mut changed = false;
         // Borrowed until a tenant's variables prove changed: an unchanged tenant's are not
         // copied at each change of the registry.
-        let file = sources.file.iter().map(|(n, d)| (*n, Borrowed::File(d)));
-        let api = sources.api.iter().map(|(n, s)| (*n, Borrowed::Api(s)));
-        for (name, borrowed) in file.chain(api) {
+        let file = (sources.file.iter()).map(|(n, d)| (*n, *n, Borrowed::File(d)));
+        let api = (sources.api.iter()).map(|(k, n, s)| (&**k, *n, Borrowed::Api(s)));
+        for (at, name, borrowed) in file.chain(api) {
             if borrowed.is_empty() {
                 continue;
             }
             let kept = known
-                .remove(name)
+                .remove(at)
                 .filter(|k| borrowed.is(k) && !(sources.reread_file && borrowed.is_file()));
             let same = kept.is_some();
             let source = kept.unwrap_or_else(|| borrowed.owned());
-            let values = match (same, old.get(name)) {
+            let values = match (same, old.get(at)) {
                 (true, Some(v)) => v.clone(),
                 _ => {
                     changed = true;
@@ -276,8 +279,8 @@ impl Table {
             if let Some(why) = &values.unreadable {
                 unreadable.push((name.to_string(), why.clone()));
             }
-            next.insert(name.to_string(), values);
-            next_sources.insert(name.to_string(), source);
+            next.insert(at.to_string(), values);
+            next_sources.insert(at.to_string(), source);
         }
         if changed || next.len() != old.len() {
             self.tenants.store(Arc::new(next));
@@ -295,12 +298,12 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// `p`'s tenant's variables in the server's `table`.
+    /// `p`'s tenant's variables in the server's `table` (by its data key).
     pub fn prepare(p: &crate::prepare::Preparing<'_>, table: &Arc<Table>) -> Self {
-        Self::new(p.tenant, table.clone())
+        Self::new(p.data, table.clone())
     }
 
-    /// `tenant`'s variables in `table`.
+    /// The variables in `table` of the tenant whose data key is `tenant`.
     pub fn new(tenant: &str, table: Arc<Table>) -> Self {
         Self {
             tenant: tenant.into(),

@@ -609,3 +609,79 @@ async fn the_command_line_sets_lists_and_deletes_variables_and_secrets() {
     let (ok, text) = tern(&["secret", "reseal"], None);
     assert!(ok && text.contains("0 secret(s) sealed again"), "{text}");
 }
+
+/// A request of a deleted tenant still running (its body still on its way) reads none of the
+/// variables of the tenant created again under its name: each tenant's variables are its own
+/// (by its name and id), not its name's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_tenants_request_still_running_reads_no_variable_of_its_successor() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = server_in(tempfile::tempdir().unwrap(), KEY1, None).await;
+    test_guest(s.dir.path(), "config_probe");
+    let wasm = std::fs::read(s.dir.path().join("config_probe.wasm")).unwrap();
+    let make = async |value: &str| {
+        let spec = serde_json::json!({"paths": ["/v"], "limits": {"timeout_ms": 30000}});
+        let (status, v) = s
+            .admin_call(Method::PUT, "/admin/v1/tenants/v", spec.to_string())
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        let (status, v) = s
+            .admin_call(Method::PUT, "/admin/v1/tenants/v/module", wasm.clone())
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        set(&s, "v", "token", value, true).await;
+    };
+    make("first-tenants-secret").await;
+    let read = s.get("/v?name=token").await;
+    assert_eq!(read.text(), "first-tenants-secret");
+
+    // A request whose body is held back, in flight at the guest.
+    let mut conn = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    conn.write_all(
+        b"POST /v?name=token HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\na",
+    )
+    .await
+    .unwrap();
+    // Its guest running (an instance in use), waiting for the rest of the body.
+    let running = |m: &str| {
+        m.lines().any(|l| {
+            l.starts_with("tern_pool_slots{")
+                && l.contains("kind=\"instances\"")
+                && l.contains("state=\"in_use\"")
+                && l.ends_with(" 1")
+        })
+    };
+    let started = std::time::Instant::now();
+    while !running(&s.metrics().await) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the guest never ran"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // Deleted, and another tenant made under its name, with a secret of its own.
+    assert!(
+        s.admin_status(Method::DELETE, "/admin/v1/tenants/v")
+            .await
+            .is_success()
+    );
+    make("successors-secret").await;
+    conn.write_all(b"b").await.unwrap();
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        conn.read_to_end(&mut reply),
+    )
+    .await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(
+        !reply.contains("successors-secret"),
+        "the deleted tenant's request read its successor's secret: {reply}"
+    );
+    assert!(
+        reply.starts_with("HTTP/1.1 404 "),
+        "none of its own left: {reply}"
+    );
+    // The successor's own requests read it.
+    assert_eq!(s.get("/v?name=token").await.text(), "successors-secret");
+}
