@@ -356,8 +356,9 @@ pub(super) fn check_cache_budget(
     Ok(())
 }
 
-/// Checks that `name` with `spec` claims no route another tenant has: a serving one, or one
-/// created through the API that has no module yet (its routes are reserved too). Asked by a
+/// Checks that `name` with `spec` claims no route another tenant has: a serving one, or one of
+/// the API's that does not serve here (no module yet, or one this replica could not load):
+/// its routes are reserved too. Asked by a
 /// scoped token (`who`), a clash does not name a tenant the token does not reach, and no
 /// request such a tenant serves may go to `name` after the change ([`check_takes_none`]).
 pub(super) fn check_routes(
@@ -379,7 +380,7 @@ pub(super) fn check_routes(
     let pending = manifest
         .tenants
         .iter()
-        .filter(|(n, t)| *n != name && t.current.is_none())
+        .filter(|(n, _)| *n != name && !live.tenants.contains_key(n.as_str()))
         .map(|(n, t)| route(n, &t.spec.hosts, &t.spec.paths));
     let others: Vec<Route<'_, &str>> = serving.chain(pending).collect();
     let this = route(name, &spec.hosts, &spec.paths);
