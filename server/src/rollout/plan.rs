@@ -211,9 +211,10 @@ impl Plan {
     }
 
     /// The rollout's step at `now_ms`: nothing before its stage in effect ends; else the next
-    /// stage, begun when this one ended (a tick late does not drift the ones after), or the
-    /// promotion after the last timed stage. A stage that ended before this server began to
-    /// tend rollouts (`watched_since_ms`), found more than [`LATE_MS`] after its end (no
+    /// stage, begun when this one ended (a tick late does not drift the ones after; found more
+    /// than [`LATE_MS`] late, it begins now, so that it serves its full time however short it
+    /// is), or the promotion after the last timed stage. A stage that ended before this server
+    /// began to tend rollouts (`watched_since_ms`), found more than [`LATE_MS`] after its end (no
     /// replica advanced it: the server, or the whole fleet, was down) runs again for its full
     /// time from now instead: each stage serves its share, and is judged, for its time before
     /// the next one (or the promotion) comes. One that ended while this server was tending is
@@ -234,7 +235,7 @@ impl Plan {
         };
         self.share = next.share;
         self.stage += 1;
-        self.since_ms = ended;
+        self.since_ms = if late_ms > LATE_MS { now_ms } else { ended };
         Advanced::Stage(self.stage)
     }
 

@@ -208,7 +208,14 @@ fn a_stage_found_long_ended_runs_again_instead_of_advancing() {
             Advanced::Stage(1),
             "{late} ms late, tending since {watched_since}"
         );
-        assert_eq!((p.stage, p.share, p.since_ms), (1, 5000, 61_000), "{late}");
+        // Begun when the last ended, or now when found long after (its full time).
+        let begun = if late > LATE_MS { now } else { 61_000 };
+        assert_eq!((p.stage, p.share, p.since_ms), (1, 5000, begun), "{late}");
+        assert_eq!(
+            p.advance(begun + 59_999, watched_since),
+            Advanced::Not,
+            "{late}: stage 2 serves its full minute"
+        );
     }
     let mut p = plan.clone();
     let now = 61_000 + LATE_MS + 1;
