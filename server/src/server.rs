@@ -887,7 +887,13 @@ fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
-        TcpSocket::new_v6()?
+        let socket = TcpSocket::new_v6()?;
+        // `[::]` takes IPv4 clients too, whatever the host's `net.ipv6.bindv6only` says
+        // (their addresses are made canonical in `http::handle`).
+        if addr.ip().is_unspecified() {
+            socket2::SockRef::from(&socket).set_only_v6(false)?;
+        }
+        socket
     };
     socket.set_reuseaddr(true)?;
     if reuse_port {
