@@ -29,7 +29,7 @@ impl Registry {
     /// If the new engine cannot be built (the host cannot reserve a second pool) or a tenant
     /// cannot be linked on it; the tenants then keep serving on the old one.
     pub async fn use_memset_reset(&self) -> anyhow::Result<bool> {
-        let state = self.state.lock().await;
+        let mut state = self.state.lock().await;
         let old = self.loader.runtime();
         if !old.pool.pagemap_scan {
             return Ok(false);
@@ -78,7 +78,11 @@ impl Registry {
         self.loader.runtime.store(Arc::new(rt));
         // The candidates follow, loaded on the new engine beside their moved current versions.
         let wanted = Self::wanted(&state.manifest, &tenants);
-        let (candidates, _logged) = self.load_candidates(wanted, &live).await;
+        let (candidates, unloaded) = self.load_candidates(wanted, &live).await;
+        if !unloaded.is_empty() && self.fleet.is_some() {
+            // Tried again as after any sync that could not load them (logged).
+            state.retry_at = Some(Instant::now() + super::shared::RETRY_FAILED);
+        }
         let table = Live::build(tenants.into_values(), candidates)?;
         self.live.store(Arc::new(table));
         self.memset.send_replace(true);

@@ -26,7 +26,7 @@ use crate::shutdown::Shutdown;
 use crate::tenant::{Carried, Origin, TenantRef};
 
 /// How soon tenants that failed to load from the registry are tried again.
-const RETRY_FAILED: Duration = Duration::from_secs(30);
+pub(super) const RETRY_FAILED: Duration = Duration::from_secs(30);
 
 /// How often a replica rewrites its report even when nothing changed (its heartbeat).
 const REPORT_EVERY: Duration = Duration::from_secs(10);
