@@ -260,7 +260,6 @@ async fn events(
         channels: tenant.grants.channels.clone(),
         version: tenant.version_label.clone(),
         chosen: routed.chosen,
-        headers: parts.headers.clone(),
         prefix_len: routed.prefix_len,
         host: routed.host,
     });
@@ -335,20 +334,19 @@ struct EventsOrigin {
     /// Its opening asked for its version (`Tern-Version`): its batches go to that version
     /// while it is the tenant's candidate (an aborted one too, as a request asking for it).
     chosen: bool,
-    /// Its opening's headers: what a split by `header:` or `cookie:` reads of the client.
-    headers: http::HeaderMap,
     prefix_len: usize,
     host: request::HostFrom,
 }
 
 impl EventsOrigin {
     /// The tenant the connection opened on, as it is deployed now (`None`: gone), and the
-    /// version of it a batch goes to: the one the tenant's split gives the connection's
-    /// client now, as to a request of the client's (a candidate aborted, given a share of 0
+    /// version of it a batch with `headers` (the opening's, as every batch carries them) goes
+    /// to: the one the tenant's split gives the connection's client now, as to a request of
+    /// the client's (a candidate aborted, given a share of 0
     /// or rolled back no longer gets its connections' events; a new one gets those whose
     /// client it gets); or, when the opening asked for its version, that version while it
     /// is the tenant's candidate, else the current one.
-    fn tenant(&self) -> Option<Picked> {
+    fn tenant(&self, headers: &http::HeaderMap) -> Option<Picked> {
         let live = self.app.registry.live();
         let name = self.channels.name();
         let current = live.tenants.get(name)?;
@@ -360,7 +358,7 @@ impl EventsOrigin {
             if self.chosen {
                 c.tenant.version_label == self.version
             } else {
-                c.split.role(&self.headers, self.client.ip()) == rollout::Role::Candidate
+                c.split.role(headers, self.client.ip()) == rollout::Role::Candidate
             }
         });
         Some(match candidate {
@@ -387,7 +385,7 @@ impl crate::websocket::Origin for EventsOrigin {
     ) -> futures_util::future::BoxFuture<'static, Response<ResponseBody>> {
         let app = self.app.clone();
         let mut ex = Exchange::begin(&app, &req, self.conn.clone(), self.client);
-        let tenant = self.tenant();
+        let tenant = self.tenant(req.headers());
         let (prefix_len, host) = (self.prefix_len, self.host);
         Box::pin(async move {
             let Some((tenant, role, rollout, chosen)) = tenant else {
@@ -412,7 +410,8 @@ impl crate::websocket::Origin for EventsOrigin {
     }
 
     fn publish(&self, to: crate::websocket::Target, push: crate::websocket::Push) {
-        if let Some((tenant, ..)) = self.tenant() {
+        // (Every version of the tenant has its channels.)
+        if let Some((tenant, ..)) = self.tenant(&http::HeaderMap::new()) {
             tenant.grants.channels.publish(&[(to, push)], false);
         }
     }

@@ -716,4 +716,57 @@ async fn a_connections_events_go_to_the_version_the_split_gives_its_client_now()
     split.write_all(&masked_text("whoami")).await.unwrap();
     assert_eq!(next_message(&mut split, &mut split_buf).await, "split");
     until((1.0, 5.0), "a message at 100 % again").await;
+
+    // A new candidate split at 50 % by a header: each connection's messages go where its
+    // opening went (its header decides, not the address all of them share), and the
+    // candidate's are judged (the judge counts what its split gives it, not what is asked for).
+    let candidate = crate::rollout::variant(&wasm, "3");
+    let query = "percent=50&key=header%3Ax-user";
+    let (status, v) = s
+        .admin_call(Method::PUT, &format!("{at}?{query}"), candidate)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let judged = async || {
+        let (_, t) = s
+            .admin_call(Method::GET, "/admin/v1/tenants/chat", "")
+            .await;
+        t["candidate"]["answered_here"]["candidate"]["requests"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no judge counts: {t}"))
+    };
+    let before = served().await;
+    let mut conns = Vec::new();
+    for i in 0..20 {
+        let user = format!("x-user: u{i}\r\n");
+        conns.push(
+            open_with(s.addr(), &format!("/?user=u{i}"), &user)
+                .await
+                .unwrap(),
+        );
+    }
+    let started = std::time::Instant::now();
+    let opened = loop {
+        let now = served().await;
+        if now.0 + now.1 == before.0 + before.1 + 20.0 {
+            break (now.0 - before.0, now.1 - before.1);
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{now:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        opened.0 > 0.0 && opened.1 > 0.0,
+        "20 users split both ways: {opened:?}"
+    );
+    let judged_before = judged().await;
+    for (i, (io, buf)) in conns.iter_mut().enumerate() {
+        io.write_all(&masked_text("whoami")).await.unwrap();
+        assert_eq!(next_message(io, buf).await, format!("u{i}"));
+    }
+    let after = (before.0 + 2.0 * opened.0, before.1 + 2.0 * opened.1);
+    until(after, "each connection's message where its opening went").await;
+    assert_eq!(
+        judged().await,
+        judged_before + opened.1 as u64,
+        "the candidate's messages are judged"
+    );
 }
