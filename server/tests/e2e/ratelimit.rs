@@ -634,7 +634,7 @@ async fn a_shared_limit_counts_for_the_fleet_and_follows_its_choice_without_redi
 async fn a_tenant_created_again_under_a_deleted_ones_name_has_shared_counts_of_its_own() {
     let redis = crate::kv::Redis::start();
     let config = format!(
-        "[kv.fleet]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout_ms = 500\n",
+        "[kv.fleet]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout_ms = 10000\n",
         redis.port
     );
     let s = TestServer::start(&config).await;

@@ -274,6 +274,10 @@ async fn a_tokens_route_change_that_lost_a_race_is_checked_again_for_the_token()
     assert_eq!(status, StatusCode::CONFLICT, "{v}");
     let error = v["error"].as_str().unwrap();
     assert!(
+        error.contains("would take requests another tenant serves"),
+        "{error}"
+    );
+    assert!(
         !error.contains("\"shop\""),
         "the answer names the other tenant: {error}"
     );
