@@ -342,10 +342,10 @@ impl EventsOrigin {
     /// The tenant the connection opened on, as it is deployed now (`None`: gone), and the
     /// version of it a batch with `headers` (the opening's, as every batch carries them) goes
     /// to: the one the tenant's split gives the connection's client now, as to a request of
-    /// the client's (a candidate aborted, given a share of 0
-    /// or rolled back no longer gets its connections' events; a new one gets those whose
-    /// client it gets); or, when the opening asked for its version, that version while it
-    /// is the tenant's candidate, else the current one.
+    /// the client's (a candidate aborted, given a share of 0 or rolled back no longer gets
+    /// its connections' events; a new one gets those whose client it gets); or, when the
+    /// opening asked for its version, that version while it is the tenant's candidate, else
+    /// the current one.
     fn tenant(&self, headers: &http::HeaderMap) -> Option<Picked> {
         let live = self.app.registry.live();
         let name = self.channels.name();

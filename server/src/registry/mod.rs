@@ -392,9 +392,6 @@ impl Registry {
         )
     }
 
-    /// Removes the stored files of `hashes` that no version in the manifest refers to and no
-    /// deploy in flight holds: versions a change dropped, uploads a deploy refused. The caller
-    /// holds the change lock, so the manifest cannot change meanwhile.
     /// Removes, in every key-value store, the data of tenant `name` (as `stored`), deleted
     /// here. A store failing is logged: the data, reached by no tenant (a tenant created again
     /// under the name has another id, another key), then takes space until it is cleared. A
@@ -416,6 +413,9 @@ impl Registry {
         }
     }
 
+    /// Removes the stored files of `hashes` that no version in the manifest refers to and no
+    /// deploy in flight holds: versions a change dropped, uploads a deploy refused. The caller
+    /// holds the change lock, so the manifest cannot change meanwhile.
     async fn forget(&self, state: &State, hashes: Vec<String>) {
         let referenced = state.manifest.referenced();
         let hashes: Vec<String> = hashes

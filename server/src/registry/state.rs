@@ -358,9 +358,9 @@ pub(super) fn check_cache_budget(
 
 /// Checks that `name` with `spec` claims no route another tenant has: a serving one, or one of
 /// the API's that does not serve here (no module yet, or one this replica could not load):
-/// its routes are reserved too. Asked by a
-/// scoped token (`who`), a clash does not name a tenant the token does not reach, and no
-/// request such a tenant serves may go to `name` after the change ([`check_takes_none`]).
+/// its routes are reserved too. Asked by a scoped token (`who`), a clash does not name a
+/// tenant the token does not reach, and no request such a tenant serves may go to `name`
+/// after the change ([`check_takes_none`]).
 pub(super) fn check_routes(
     live: &Live,
     manifest: &Manifest,

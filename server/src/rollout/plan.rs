@@ -214,11 +214,12 @@ impl Plan {
     /// stage, begun when this one ended (a tick late does not drift the ones after; found more
     /// than [`LATE_MS`] late, it begins now, so that it serves its full time however short it
     /// is), or the promotion after the last timed stage. A stage that ended before this server
-    /// began to tend rollouts (`watched_since_ms`), found more than [`LATE_MS`] after its end (no
-    /// replica advanced it: the server, or the whole fleet, was down) runs again for its full
-    /// time from now instead: each stage serves its share, and is judged, for its time before
-    /// the next one (or the promotion) comes. One that ended while this server was tending is
-    /// advanced however late (a slow registry, a step that failed and is tried again).
+    /// began to tend rollouts (`watched_since_ms`), found more than [`LATE_MS`] after its end
+    /// (no replica advanced it: the server, or the whole fleet, was down) runs again for its
+    /// full time from now instead: each stage serves its share, and is judged, for its time
+    /// before the next one (or the promotion) comes. One that ended while this server was
+    /// tending is advanced however late (a slow registry, a step that failed and is tried
+    /// again).
     pub fn advance(&mut self, now_ms: u64, watched_since_ms: u64) -> Advanced {
         if self.due(now_ms).is_none() {
             return Advanced::Not;
