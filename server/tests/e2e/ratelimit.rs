@@ -641,21 +641,10 @@ async fn a_tenant_created_again_under_a_deleted_ones_name_has_shared_counts_of_i
     let spec = serde_json::json!({
         "paths": ["/api"],
         "rate_limit": [{"name": "few", "rate": "4/h", "shared": true, "store": "fleet"}],
-    })
-    .to_string();
+    });
     let make = async || {
-        let (status, v) = s
-            .admin_call(Method::PUT, "/admin/v1/tenants/api", spec.clone())
+        s.create_and_deploy("api", spec.clone(), support::demo("hello"))
             .await;
-        assert_eq!(status, StatusCode::CREATED, "{v}");
-        let (status, v) = s
-            .admin_call(
-                Method::PUT,
-                "/admin/v1/tenants/api/module",
-                support::demo("hello").to_vec(),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{v}");
     };
     make().await;
     assert_eq!(status(s.addr(), "/api", &[]).await, StatusCode::OK);

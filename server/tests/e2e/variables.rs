@@ -621,14 +621,7 @@ async fn a_deleted_tenants_request_still_running_reads_no_variable_of_its_succes
     let wasm = std::fs::read(s.dir.path().join("config_probe.wasm")).unwrap();
     let make = async |value: &str| {
         let spec = serde_json::json!({"paths": ["/v"], "limits": {"timeout_ms": 30000}});
-        let (status, v) = s
-            .admin_call(Method::PUT, "/admin/v1/tenants/v", spec.to_string())
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{v}");
-        let (status, v) = s
-            .admin_call(Method::PUT, "/admin/v1/tenants/v/module", wasm.clone())
-            .await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        s.create_and_deploy("v", spec, &wasm).await;
         set(&s, "v", "token", value, true).await;
     };
     make("first-tenants-secret").await;

@@ -629,6 +629,15 @@ async fn a_guest_publishes_from_an_ordinary_request_with_the_host_call() {
     );
 }
 
+/// Sends `whoami` on a raw connection: the guest's answer (the `user` its opening named).
+async fn whoami(io: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> String {
+    use tokio::io::AsyncWriteExt;
+    io.write_all(&crate::websocket::masked_text("whoami"))
+        .await
+        .unwrap();
+    next_message(io, buf).await
+}
+
 /// Each batch of a connection's events goes to the version the tenant's split gives its
 /// client at that moment, as a request of the client's would: opened on a candidate at 100 %,
 /// its next message goes to the current version once the candidate's share is 0 (what an
@@ -636,20 +645,13 @@ async fn a_guest_publishes_from_an_ordinary_request_with_the_host_call() {
 /// candidate (`Tern-Version`) stays on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connections_events_go_to_the_version_the_split_gives_its_client_now() {
-    use crate::websocket::masked_text;
     use crate::websocket_autobahn::{open, open_with};
-    use tokio::io::AsyncWriteExt;
     let dir = tempfile::tempdir().unwrap();
     let wasm = std::fs::read(test_guest(dir.path(), "ws_events")).unwrap();
     let s = TestServer::start("").await;
-    let spec = json!({"paths": ["/"], "websocket": {"mode": "events"}}).to_string();
-    let (status, v) = s
-        .admin_call(Method::PUT, "/admin/v1/tenants/chat", spec)
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let spec = json!({"paths": ["/"], "websocket": {"mode": "events"}});
+    s.create_and_deploy("chat", spec, &wasm).await;
     let at = "/admin/v1/tenants/chat/module";
-    let (status, v) = s.admin_call(Method::PUT, at, wasm.clone()).await;
-    assert_eq!(status, StatusCode::OK, "{v}");
     let candidate = crate::rollout::variant(&wasm, "2");
     let (status, v) = s
         .admin_call(Method::PUT, &format!("{at}?percent=100"), candidate)
@@ -698,23 +700,19 @@ async fn a_connections_events_go_to_the_version_the_split_gives_its_client_now()
     );
     let (mut chose, mut chose_buf) = open_with(s.addr(), "/?user=chose", &asked).await.unwrap();
     until((0.0, 2.0), "two openings on the candidate").await;
-    split.write_all(&masked_text("whoami")).await.unwrap();
-    assert_eq!(next_message(&mut split, &mut split_buf).await, "split");
+    assert_eq!(whoami(&mut split, &mut split_buf).await, "split");
     until((0.0, 3.0), "a message at 100 %").await;
 
     // At 0 %: the split's connection goes to the current version, the other stays.
     share(0).await;
-    split.write_all(&masked_text("whoami")).await.unwrap();
-    assert_eq!(next_message(&mut split, &mut split_buf).await, "split");
+    assert_eq!(whoami(&mut split, &mut split_buf).await, "split");
     until((1.0, 3.0), "a message at 0 %").await;
-    chose.write_all(&masked_text("whoami")).await.unwrap();
-    assert_eq!(next_message(&mut chose, &mut chose_buf).await, "chose");
+    assert_eq!(whoami(&mut chose, &mut chose_buf).await, "chose");
     until((1.0, 4.0), "a message that asked for the candidate, at 0 %").await;
 
     // A share again: the client's connection is the candidate's again.
     share(100).await;
-    split.write_all(&masked_text("whoami")).await.unwrap();
-    assert_eq!(next_message(&mut split, &mut split_buf).await, "split");
+    assert_eq!(whoami(&mut split, &mut split_buf).await, "split");
     until((1.0, 5.0), "a message at 100 % again").await;
 
     // A new candidate split at 50 % by a header: each connection's messages go where its
@@ -759,8 +757,7 @@ async fn a_connections_events_go_to_the_version_the_split_gives_its_client_now()
     );
     let judged_before = judged().await;
     for (i, (io, buf)) in conns.iter_mut().enumerate() {
-        io.write_all(&masked_text("whoami")).await.unwrap();
-        assert_eq!(next_message(io, buf).await, format!("u{i}"));
+        assert_eq!(whoami(io, buf).await, format!("u{i}"));
     }
     let after = (before.0 + 2.0 * opened.0, before.1 + 2.0 * opened.1);
     until(after, "each connection's message where its opening went").await;

@@ -86,6 +86,24 @@ impl TestServer {
         self.deploy_query(name, path, wasm, "").await
     }
 
+    /// Creates API tenant `name` with `spec` (a new tenant: `201`) and deploys `wasm` to it
+    /// (`200`); panics otherwise. The deploy's answer.
+    pub async fn create_and_deploy(
+        &self,
+        name: &str,
+        spec: serde_json::Value,
+        wasm: &[u8],
+    ) -> serde_json::Value {
+        let at = format!("/admin/v1/tenants/{name}");
+        let (status, v) = self.admin_call(Method::PUT, &at, spec.to_string()).await;
+        assert_eq!(status, StatusCode::CREATED, "create {name}: {v}");
+        let (status, v) = self
+            .admin_call(Method::PUT, &format!("{at}/module"), wasm.to_vec())
+            .await;
+        assert_eq!(status, StatusCode::OK, "deploy {name}: {v}");
+        v
+    }
+
     /// [`Self::deploy`] as guest kind `kind`.
     pub async fn deploy_as(
         &self,
