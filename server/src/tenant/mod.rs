@@ -143,6 +143,11 @@ impl Served {
 pub struct Tenant {
     /// Unique name.
     pub name: String,
+    /// Whose it is: its name and id for a tenant of the admin API (another for a tenant
+    /// created again under a deleted one's name), its name for one of the config file
+    /// ([`TenantConfig::data`]). What it keeps per tenant (its key-value data, connections,
+    /// counts, schedules' ledgers) and what replicas ask of each other about it go by this.
+    pub data: Arc<str>,
     /// Where it comes from.
     pub origin: Origin,
     /// Host patterns routed to it (empty: any host).
@@ -413,6 +418,8 @@ pub fn load_assets(
 /// What a tenant keeps from the version it replaces (so a redeploy does not reset them).
 #[derive(Clone, Default)]
 pub struct Carried {
+    /// Whose it is ([`Tenant::data`]): nothing is carried to a tenant of another.
+    pub data: Option<Arc<str>>,
     /// Its concurrency permits (kept when the limit is unchanged).
     pub slots: Option<(usize, Arc<tokio::sync::Semaphore>)>,
     /// Its response counts.
@@ -434,6 +441,7 @@ impl Carried {
     /// What `tenant`'s successor keeps.
     pub fn from(tenant: &Tenant) -> Self {
         Self {
+            data: Some(tenant.data.clone()),
             slots: Some((tenant.limits.max_concurrency, tenant.slots.clone())),
             served: Some(tenant.served.clone()),
             rate_limits: tenant.front.rate_limits.clone(),
@@ -496,6 +504,12 @@ pub fn prepare(
         metrics.log_dropped.clone(),
     ));
     let data = (config.data.clone()).unwrap_or_else(|| name.as_str().into());
+    // What another tenant's version kept (one of a deleted tenant's name, say) is not this
+    // one's.
+    let carried = match &carried.data {
+        Some(whose) if *whose != data => Carried::default(),
+        _ => carried,
+    };
     let preparing = crate::prepare::Preparing {
         tenant: &name,
         data: &data,
@@ -608,6 +622,7 @@ pub fn prepare(
         }),
         limits,
         name,
+        data,
     })
 }
 
