@@ -168,7 +168,7 @@ async fn websocket(
     };
     let mode = tenant.front.websocket.mode;
     let place = match app.sockets.take(
-        &tenant.name,
+        &tenant.data,
         &tenant.label,
         mode,
         tenant.front.websocket.max_connections,
@@ -765,7 +765,7 @@ async fn limit(
         return Ok(std::time::Duration::ZERO);
     }
     let asked = crate::ratelimit::Asked {
-        tenant: &tenant.name,
+        tenant: &tenant.data,
         method: req.method(),
         path: req.uri().path(),
         query: req.uri().query(),

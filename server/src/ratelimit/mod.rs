@@ -95,7 +95,8 @@ pub struct Asked<'a> {
     pub headers: &'a HeaderMap,
     /// The client (through `trusted_proxies`).
     pub client: IpAddr,
-    /// Its tenant's name (the `tenant` key of a server-wide limit).
+    /// Its tenant ([`crate::tenant::Tenant::data`]: a tenant created again under a deleted
+    /// one's name counts apart from it), the `tenant` key of a server-wide limit.
     pub tenant: &'a str,
     /// When it came.
     pub at: Instant,

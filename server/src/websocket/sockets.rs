@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub struct Sockets {
     open: AtomicU32,
     max: u32,
-    /// Open connections per tenant name (taken at an opening, not per frame).
+    /// Open connections per tenant (its [`crate::tenant::Tenant::data`]: a tenant created
+    /// again under a deleted one's name counts its own), taken at an opening, not per frame.
     per_tenant: std::sync::Mutex<HashMap<Arc<str>, u32>>,
     /// Every relay's task, waited for at shutdown.
     pub(super) tasks: tokio_util::task::TaskTracker,
@@ -67,7 +68,7 @@ impl Sockets {
     /// Which limit is reached.
     pub fn take(
         self: &Arc<Self>,
-        tenant: &str,
+        tenant: &Arc<str>,
         label: &str,
         mode: super::config::Mode,
         max: u32,
@@ -86,10 +87,7 @@ impl Sockets {
             return Err(Full::Server);
         }
         let mut per = self.per_tenant.lock().expect("never poisoned");
-        let name: Arc<str> = match per.get_key_value(tenant) {
-            Some((k, _)) => k.clone(),
-            None => Arc::from(tenant),
-        };
+        let name = tenant.clone();
         let n = per.entry(name.clone()).or_insert(0);
         if *n >= max {
             drop(per);

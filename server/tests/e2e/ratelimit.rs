@@ -682,3 +682,37 @@ async fn a_tenant_created_again_under_a_deleted_ones_name_has_shared_counts_of_i
         StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+/// A server-wide limit keyed by tenant counts a tenant created again under a deleted one's
+/// name apart from it (limit 1: the old one's count would refuse the new one's first request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_limit_by_tenant_counts_a_tenant_created_again_apart() {
+    let config = "[server]\n\
+        [[server.rate_limit]]\nname = \"per-tenant\"\nkey = \"tenant\"\nrate = \"4/h\"\n";
+    let s = TestServer::start(config).await;
+    let spec = serde_json::json!({ "paths": ["/api"] });
+    let make = async || {
+        s.create_and_deploy("api", spec.clone(), support::demo("hello"))
+            .await;
+    };
+    make().await;
+    assert_eq!(status(s.addr(), "/api", &[]).await, StatusCode::OK);
+    assert_eq!(
+        status(s.addr(), "/api", &[]).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (code, v) = s
+        .admin_call(Method::DELETE, "/admin/v1/tenants/api", "")
+        .await;
+    assert!(code.is_success(), "{code} {v}");
+    make().await;
+    assert_eq!(
+        status(s.addr(), "/api", &[]).await,
+        StatusCode::OK,
+        "the deleted tenant's count"
+    );
+    assert_eq!(
+        status(s.addr(), "/api", &[]).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

@@ -19,7 +19,8 @@ use crate::support::{TestServer, test_guest, tools_dir};
 pub struct Talk {
     child: Child,
     out: Option<std::io::BufReader<ChildStdout>>,
-    first: Value,
+    /// Its first line (`{"opened": true, ...}`, or the refusal).
+    pub first: Value,
 }
 
 impl Drop for Talk {
@@ -766,4 +767,38 @@ async fn a_connections_events_go_to_the_version_the_split_gives_its_client_now()
         judged_before + opened.1 as u64,
         "the candidate's messages are judged"
     );
+}
+
+/// A tenant's connection limit counts its own connections: one created again under a deleted
+/// one's name opens up to its own limit while the old one's connection is still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_made_again_counts_its_own_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = std::fs::read(test_guest(dir.path(), "ws_events")).unwrap();
+    let s = TestServer::start("").await;
+    let spec = json!({"paths": ["/"], "websocket": {"mode": "events", "max_connections": 1}});
+    s.create_and_deploy("chat", spec.clone(), &wasm).await;
+    let url = |user: &str| format!("ws://{}/?user={user}", s.addr());
+    // The limit, then the limit + 1.
+    let bob = talk(&url("bob"), &["--recv", "2"]).await;
+    assert_eq!(bob.first["opened"], true, "{}", bob.first);
+    open_connections(&s, "chat", 1).await;
+    let full = talk(&url("eve"), &[]).await;
+    assert_eq!(full.first["status"], 503, "{}", full.first);
+    // Deleted (bob's connection stays until its next batch) and created again.
+    let (status, v) = s
+        .admin_call(Method::DELETE, "/admin/v1/tenants/chat", "")
+        .await;
+    assert!(status.is_success(), "{status} {v}");
+    s.create_and_deploy("chat", spec, &wasm).await;
+    let carol = talk(&url("carol"), &["--recv", "2"]).await;
+    assert_eq!(
+        carol.first["opened"], true,
+        "the old tenant's count: {}",
+        carol.first
+    );
+    open_connections(&s, "chat", 2).await;
+    let full = talk(&url("eve"), &[]).await;
+    assert_eq!(full.first["status"], 503, "its own limit: {}", full.first);
+    drop((bob, carol));
 }
