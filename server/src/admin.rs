@@ -542,6 +542,8 @@ async fn answer(
         Ok(p) => p,
         Err(e) => return error_response(&e),
     };
+    // Whose tenant a replica's request about one is ([`crate::fleet::TENANT_KEY`]).
+    let tenant_key = req.headers().get(crate::fleet::TENANT_KEY).cloned();
     let result: Result<(StatusCode, Value), ChangeError> = match (&method, parts.as_slice()) {
         (&Method::GET, ["tenants"]) => registry
             .describe(None)
@@ -692,11 +694,14 @@ async fn answer(
             purge(&app, name, read_body(req, MAX_JSON_BYTES).await).await
         }
         (&Method::POST, ["tenants", name, "publish"]) => {
-            publish(&app, name, read_body(req, MAX_JSON_BYTES * 2).await, false)
+            publish(&app, name, read_body(req, MAX_JSON_BYTES * 2).await, None)
         }
-        (&Method::POST, ["fleet", "publish", name]) => {
-            publish(&app, name, read_body(req, MAX_JSON_BYTES * 2).await, true)
-        }
+        (&Method::POST, ["fleet", "publish", name]) => publish(
+            &app,
+            name,
+            read_body(req, MAX_JSON_BYTES * 2).await,
+            Some(tenant_key.as_ref()),
+        ),
         (&Method::GET, ["tenants", name, "variables"]) => registry
             .variables(name)
             .await
@@ -838,6 +843,9 @@ fn logs(app: &App, name: &str, query: Option<&str>, headers: &HeaderMap) -> Resp
     let Some(tenant) = live.tenants.get(name) else {
         return error_response(&ChangeError::NotFound(format!("no tenant named {name:?}")));
     };
+    if let Err(e) = crate::app::asked_of(tenant, headers.get(crate::fleet::TENANT_KEY)) {
+        return error_response(&e);
+    }
     if !tenant.logs.is_on() {
         return error_response(&ChangeError::Conflict(
             "live logs are off on this server (server.live_logs.history = 0)".into(),
@@ -865,7 +873,9 @@ fn logs(app: &App, name: &str, query: Option<&str>, headers: &HeaderMap) -> Resp
     let (local, sse) = (asked.local, asked.sse);
     let reader = stream::Reader::new(attached, asked, readers.shutdown.clone());
     let body = match app.registry.fleet() {
-        Some(fleet) if !local => crate::livelog::fleet::merged(fleet, name, reader, writer, query),
+        Some(fleet) if !local => {
+            crate::livelog::fleet::merged(fleet, (name, &tenant.data), reader, writer, query)
+        }
         _ => stream::body(reader, writer),
     };
     let mut resp = Response::new(body);
@@ -907,10 +917,12 @@ fn publish(
     app: &App,
     name: &str,
     body: Result<bytes::Bytes, ChangeError>,
-    forwarded: bool,
+    forwarded: Option<Option<&HeaderValue>>,
 ) -> Result<(StatusCode, Value), ChangeError> {
     let items = crate::websocket::channels::Publish::read(&body?).map_err(ChangeError::Invalid)?;
+    let forwarded = forwarded.map(|key| key.map(HeaderValue::as_bytes));
     let done = app.publish(name, &items, forwarded)?;
+    let forwarded = forwarded.is_some();
     let fleet = app.registry.fleet().is_some() && !forwarded;
     Ok((
         StatusCode::OK,

@@ -43,16 +43,17 @@ pub struct App {
 
 impl App {
     /// Publishes `items` to tenant `name`'s events-mode WebSocket connections on this server
-    /// and, unless `forwarded` (it came from another replica), on every other replica of a
-    /// fleet. What it did here.
+    /// and, unless `forwarded` (it came from another replica, naming whose tenant it is), on
+    /// every other replica of a fleet. What it did here.
     ///
     /// # Errors
-    /// No such tenant; its WebSockets are not in events mode (it has no channels).
+    /// No such tenant; forwarded for another tenant of its name ([`asked_of`]); its
+    /// WebSockets are not in events mode (it has no channels).
     pub fn publish(
         &self,
         name: &str,
         items: &[(crate::websocket::Target, crate::websocket::Push)],
-        forwarded: bool,
+        forwarded: Option<Option<&[u8]>>,
     ) -> Result<crate::websocket::channels::Published, crate::change::ChangeError> {
         use crate::change::ChangeError;
         let tenant = self
@@ -62,13 +63,16 @@ impl App {
             .get(name)
             .cloned()
             .ok_or_else(|| ChangeError::NotFound(format!("no tenant {name:?}")))?;
+        if let Some(key) = forwarded {
+            asked_of(&tenant, key)?;
+        }
         let channels = &tenant.grants.channels;
         if !channels.events() {
             return Err(ChangeError::Conflict(
                 crate::websocket::channels::PublishError::NotEvents.to_string(),
             ));
         }
-        Ok(channels.publish(items, forwarded))
+        Ok(channels.publish(items, forwarded.is_some()))
     }
 
     /// The TLS listener's certificates, if there is one.
@@ -85,5 +89,28 @@ impl App {
         self.registry
             .reload(self.certificates().map(|c| &**c))
             .await
+    }
+}
+
+/// Whether `tenant` is the one another replica's request about it names (`key`, the
+/// [`crate::fleet::TENANT_KEY`] header: its [`crate::tenant::Tenant::data`]; a request naming
+/// none, from a replica of a version before it, is taken as it is).
+///
+/// # Errors
+/// `409`: the two replicas know different tenants of that name (one of them has not applied
+/// a delete and a create again yet): what is asked belongs to the other.
+pub fn asked_of(
+    tenant: &crate::tenant::Tenant,
+    key: Option<&(impl AsRef<[u8]> + ?Sized)>,
+) -> Result<(), crate::change::ChangeError> {
+    match key {
+        Some(key) if key.as_ref() != tenant.data.as_bytes() => {
+            Err(crate::change::ChangeError::Conflict(format!(
+                "the replica asking and this one know different tenants named {:?} (one of them \
+                 has not applied the registry's latest change yet): nothing was done",
+                tenant.name
+            )))
+        }
+        _ => Ok(()),
     }
 }

@@ -42,8 +42,15 @@ const NUDGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 /// without reading the registry's reports.
 pub const NUDGE_FROM: &str = "tern-replica-url";
 
+/// The header a replica's request to another about a tenant (a forwarded publish, a read of
+/// its live log) names whose tenant it is in ([`crate::tenant::Tenant::data`]): the other
+/// replica answers `409` and does nothing when the tenant it serves under that name is
+/// another (one replica has not seen a delete and a create again yet).
+pub const TENANT_KEY: &str = "tern-tenant-key";
+
 /// `POST <peer>/admin/v1/fleet/sync` with the fleet's token, from the replica at `from`.
 async fn nudge(peer: &str, token: &str, from: Option<&str>) -> Result<(), String> {
+    let from = from.map(|url| (NUDGE_FROM, url));
     post(peer, "/admin/v1/fleet/sync", token, from, Bytes::new()).await
 }
 
@@ -72,12 +79,12 @@ where
     Ok((send, format!("{host}:{port}")))
 }
 
-/// `POST <peer><path>` of `body` with the fleet's token, from the replica at `from`.
+/// `POST <peer><path>` of `body` with the fleet's token, and `header` when given.
 async fn post(
     peer: &str,
     path: &str,
     token: &str,
-    from: Option<&str>,
+    header: Option<(&'static str, &str)>,
     body: Bytes,
 ) -> Result<(), String> {
     use http_body_util::Full;
@@ -85,8 +92,8 @@ async fn post(
     let req = hyper::Request::post(path)
         .header(hyper::header::HOST, host)
         .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
-    let req = match from {
-        Some(url) => req.header(NUDGE_FROM, url),
+    let req = match header {
+        Some((name, value)) => req.header(name, value),
         None => req,
     }
     .body(Full::new(body))
@@ -230,8 +237,8 @@ impl Fleet {
         self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// `GET <peer><path>` with the fleet's token: the answer's head, its body to be read as
-    /// it comes.
+    /// `GET <peer><path>` with the fleet's token, about the tenant whose key is `tenant_key`
+    /// ([`TENANT_KEY`]): the answer's head, its body to be read as it comes.
     ///
     /// # Errors
     /// The peer cannot be reached or answered no head, in words.
@@ -239,6 +246,7 @@ impl Fleet {
         &self,
         peer: &str,
         path: &str,
+        tenant_key: &str,
     ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
         let (mut send, host) = connect(peer).await?;
         let req = hyper::Request::get(path)
@@ -247,6 +255,7 @@ impl Fleet {
                 hyper::header::AUTHORIZATION,
                 format!("Bearer {}", self.token),
             )
+            .header(TENANT_KEY, tenant_key)
             .body(http_body_util::Empty::<Bytes>::new())
             .map_err(|e| e.to_string())?;
         send.send_request(req).await.map_err(|e| e.to_string())
@@ -302,18 +311,26 @@ impl Fleet {
     }
 
     /// Sends a publish of tenant `tenant`'s WebSocket messages (`body`, Pushpin's format) to
-    /// every other replica (`POST <peer>/admin/v1/fleet/publish/{tenant}`), in the
-    /// background, each within 1 s; each applies it to its own connections only. A replica
-    /// that cannot be reached misses it (messages are not kept: as in Pushpin, a publish
+    /// every other replica (`POST <peer>/admin/v1/fleet/publish/{tenant}`, naming whose
+    /// tenant it is: `data`, [`TENANT_KEY`]), in the background, each within 1 s; each
+    /// applies it to its own connections only. A replica that cannot be reached, or serves
+    /// another tenant of that name, misses it (messages are not kept: as in Pushpin, a publish
     /// reaches the connections open when it is made).
-    pub fn publish_to_peers(&self, tenant: &str, body: Bytes, sent: &prometheus::IntCounterVec) {
+    pub fn publish_to_peers(
+        &self,
+        (tenant, data): (&str, &str),
+        body: Bytes,
+        sent: &prometheus::IntCounterVec,
+    ) {
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for peer in peers {
             let (token, counter) = (self.token.clone(), sent.clone());
             let (path, body) = (format!("/admin/v1/fleet/publish/{tenant}"), body.clone());
+            let data = data.to_string();
             tokio::spawn(async move {
+                let header = Some((TENANT_KEY, data.as_str()));
                 let sent =
-                    tokio::time::timeout(NUDGE_TIMEOUT, post(&peer, &path, &token, None, body))
+                    tokio::time::timeout(NUDGE_TIMEOUT, post(&peer, &path, &token, header, body))
                         .await;
                 let outcome = match sent {
                     Ok(Ok(())) => "sent",
@@ -540,8 +557,8 @@ pub struct Forwarder {
 }
 
 impl crate::websocket::channels::Forward for Forwarder {
-    fn forward(&self, name: &str, body: Bytes) {
-        self.fleet.publish_to_peers(name, body, &self.sent);
+    fn forward(&self, name: &str, data: &str, body: Bytes) {
+        self.fleet.publish_to_peers((name, data), body, &self.sent);
     }
 }
 

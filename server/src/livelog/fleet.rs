@@ -34,10 +34,11 @@ enum Item {
 }
 
 /// The merged stream of `reader` (this replica's ring) and every peer of `fleet` (asked with
-/// `query`, the reader's own), written as `writer` says.
+/// `query`, the reader's own, about tenant `(name, data key)`: a peer serving another tenant of
+/// that name is said in the stream not to serve it), written as `writer` says.
 pub fn merged(
     fleet: &Arc<crate::fleet::Fleet>,
-    tenant: &str,
+    (tenant, data): (&str, &Arc<str>),
     reader: Reader,
     writer: Writer,
     query: Option<&str>,
@@ -55,7 +56,7 @@ pub fn merged(
         tokio::spawn(remote(
             fleet.clone(),
             peer.clone(),
-            path.clone(),
+            (path.clone(), data.clone()),
             tx.clone(),
         ));
     }
@@ -112,18 +113,30 @@ async fn local(mut reader: Reader, writer: Writer, tx: mpsc::Sender<Item>) {
 async fn remote(
     fleet: Arc<crate::fleet::Fleet>,
     peer: String,
-    path: String,
+    (path, data): (String, Arc<str>),
     tx: mpsc::Sender<Item>,
 ) {
     let failed = |why: String| Item::Failed(format!("replica {peer}: {why}"));
     let resp = tokio::select! {
-        resp = fleet.get(&peer, &path) => resp,
+        resp = fleet.get(&peer, &path, &data) => resp,
         () = tx.closed() => return,
     };
     let item = match resp {
         Err(e) => Some(failed(format!("cannot be reached: {e}"))),
         Ok(resp) if !resp.status().is_success() => {
-            Some(failed(format!("answered {}", resp.status())))
+            let status = resp.status();
+            // Its error, in its own words (`{"error": ...}`, a few hundred bytes).
+            let body = http_body_util::Limited::new(resp.into_body(), 4096);
+            let said = tokio::time::timeout(Duration::from_secs(2), body.collect())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .and_then(|b| serde_json::from_slice::<Value>(&b.to_bytes()).ok())
+                .and_then(|v| v["error"].as_str().map(str::to_string));
+            Some(failed(match said {
+                Some(said) => format!("answered {status}: {said}"),
+                None => format!("answered {status}"),
+            }))
         }
         Ok(resp) => read_lines(resp.into_body(), &tx).await.err().map(failed),
     };

@@ -57,8 +57,9 @@ pub const MAX_PUBLISHES: usize = 100;
 /// Where a tenant's publishes go beyond this server: the other replicas of a fleet.
 pub trait Forward: Send + Sync {
     /// Sends tenant `name`'s publish (its JSON, [`to_json`]) to the other replicas, in the
-    /// background.
-    fn forward(&self, name: &str, body: Bytes);
+    /// background, naming whose it is (`data`, [`crate::tenant::Tenant::data`]): a replica
+    /// serving another tenant of that name drops it.
+    fn forward(&self, name: &str, data: &str, body: Bytes);
 }
 
 /// A tenant's channels, prepared with each of its versions: its key in the hub (its name and
@@ -69,6 +70,7 @@ pub struct Grant {
     hub: Arc<Hub>,
     key: Arc<str>,
     name: String,
+    data: Arc<str>,
     /// Whether the tenant's WebSockets are in events mode (only those have channels).
     events: bool,
     forward: Option<Arc<dyn Forward>>,
@@ -99,6 +101,7 @@ impl Grant {
             hub: hub.clone(),
             key,
             name: p.tenant.to_string(),
+            data: p.data.clone(),
             events: mode == super::Mode::Events,
             forward: forward.cloned(),
             delivered: m.with_label_values(&[p.label, "delivered"]),
@@ -138,7 +141,7 @@ impl Grant {
         self.delivered.inc_by(done.delivered);
         self.dropped.inc_by(done.dropped);
         if !forwarded && let Some(f) = &self.forward {
-            f.forward(&self.name, to_json(items).to_string().into());
+            f.forward(&self.name, &self.data, to_json(items).to_string().into());
         }
         done
     }

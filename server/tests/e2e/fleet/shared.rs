@@ -770,3 +770,159 @@ async fn a_candidate_a_replica_could_not_load_is_tried_again() {
         "b's candidate serves"
     );
 }
+
+/// A replica that has not seen a tenant deleted and created again under its name (its reads
+/// of the registry's index failing) keeps the two tenants apart: a publish of either reaches
+/// only its own connections, and a live log read through the other replica does not give the
+/// new tenant's readers the old one's requests (that replica is said to know another tenant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_behind_on_a_tenant_made_again_keeps_the_two_apart() {
+    use crate::websocket_events::talk;
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let proxy = crate::faults::S3Proxy::start(&s3.endpoint).await;
+    let wasm = std::fs::read(crate::support::test_guest(root.path(), "ws_events")).unwrap();
+    let a = replica(&s3, "a", &root.path().join("a"));
+    let b = replica_via(
+        &s3,
+        Some(&proxy.endpoint),
+        "b",
+        &root.path().join("b"),
+        "",
+        100,
+        "2s",
+    );
+    knows_peers(&a, 1.0).await;
+    knows_peers(&b, 1.0).await;
+    let make = async || {
+        let spec = serde_json::json!({"paths": ["/chat"], "websocket": {"mode": "events"}});
+        let path = "/admin/v1/tenants/chat";
+        let (status, v) = admin(&a, http::Method::PUT, path, spec.to_string()).await;
+        assert!(status.is_success(), "{v}");
+        let (status, v) = deploy(addr(&a.admin), "chat", &wasm).await;
+        assert_eq!(status, http::StatusCode::OK, "{v}");
+    };
+    let connections = async |r: &crate::support::TernProcess| {
+        let series = "tern_websocket_connections{mode=\"events\",tenant=\"chat\"}";
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while crate::support::metric_value_or_zero(&metrics(r).await, series) < 1.0 {
+            assert!(Instant::now() < deadline, "{} has no connection", r.addr);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    make().await;
+    serves(&b, "/chat", "").await;
+    // bob on b, on the tenant as it was.
+    let bob = talk(&format!("ws://{}/chat?user=bob", b.addr), &["--recv", "2"]).await;
+    assert_eq!(bob.first["opened"], true, "{}", bob.first);
+    connections(&b).await;
+
+    // b misses the delete and the tenant made again on a.
+    proxy.fail_reads(&["/index.json"]);
+    let (status, v) = admin(&a, http::Method::DELETE, "/admin/v1/tenants/chat", "").await;
+    assert!(status.is_success(), "{v}");
+    make().await;
+    // (b reads the index after the change: its next poll.)
+    let failed = proxy.failed_reads();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while proxy.failed_reads() <= failed {
+        assert!(Instant::now() < deadline, "b never read the index again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // carol on a, on the new tenant.
+    let carol = talk(
+        &format!("ws://{}/chat?user=carol", a.addr),
+        &["--recv", "3"],
+    )
+    .await;
+    assert_eq!(carol.first["opened"], true, "{}", carol.first);
+    connections(&a).await;
+
+    // Publishes on a, on b, on a again: each replica's sent on to the other (waited for).
+    let forwarded = async |r: &crate::support::TernProcess| {
+        let m = metrics(r).await;
+        let series = |o: &str| format!("tern_websocket_fleet_publishes_total{{outcome=\"{o}\"}}");
+        let value = |o: &str| crate::support::series_value(&m, &series(o)).unwrap_or(0.0);
+        value("sent") + value("failed")
+    };
+    for (r, text) in [
+        (&a, "from the new chat"),
+        (&b, "from the old chat"),
+        (&a, "again from the new chat"),
+    ] {
+        let before = forwarded(r).await;
+        let publish = serde_json::json!({"items": [
+            {"channel": "lobby", "formats": {"ws-message": {"content": text}}}
+        ]});
+        let path = "/admin/v1/tenants/chat/publish";
+        let (status, v) = admin(r, http::Method::POST, path, publish.to_string()).await;
+        assert_eq!(status, http::StatusCode::OK, "{v}");
+        assert_eq!(
+            v["delivered"], 1,
+            "its own connection here (none: it ended on a message of the other tenant): {v}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while forwarded(r).await <= before {
+            assert!(
+                Instant::now() < deadline,
+                "{} never sent {text:?} on",
+                r.addr
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let bob = bob.end().await;
+    assert_eq!(
+        bob["received"],
+        serde_json::json!(["welcome", "from the old chat"]),
+        "bob on b's old tenant: {bob}"
+    );
+    let carol = carol.end().await;
+    assert_eq!(
+        carol["received"],
+        serde_json::json!(["welcome", "from the new chat", "again from the new chat"]),
+        "carol on a's new tenant: {carol}"
+    );
+    for r in [&a, &b] {
+        let m = metrics(r).await;
+        let series = "tern_websocket_fleet_publishes_total{outcome=\"failed\"}";
+        assert!(
+            crate::support::metric_value_or_zero(&m, series) >= 1.0,
+            "{}: the other replica refused its publishes",
+            r.addr
+        );
+    }
+
+    // The new tenant's live log read through a: a's records, and b said to know another.
+    let reply = crate::support::send(
+        addr(&a.admin),
+        http::Method::GET,
+        "/admin/v1/tenants/chat/logs",
+        None,
+        &[("authorization", &format!("Bearer {FLEET_TOKEN}"))],
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(reply.status, http::StatusCode::OK, "{}", reply.text());
+    let lines: Vec<serde_json::Value> = reply
+        .text()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines.iter().all(|v| v["replica"] != "b"),
+        "the old tenant's requests on b: {lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|v| v["replica"] == "a" && v["path"] == "/chat"),
+        "carol's opening on a: {lines:#?}"
+    );
+    assert!(
+        lines.iter().any(|v| v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("409") && e.contains("know different tenants"))),
+        "b said to know another tenant: {lines:#?}"
+    );
+}
