@@ -26,6 +26,10 @@ pub const MAX_ATTEMPTS: u8 = 2;
 /// A schedule's ledger.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ledger {
+    /// Whose schedule it is ([`crate::tenant::Tenant::data`]); `None` in a ledger written
+    /// before it was kept (taken as the tenant's of that name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// Its last runs, oldest first.
     #[serde(default)]
     pub runs: VecDeque<Run>,
@@ -109,6 +113,18 @@ pub enum Claim {
 }
 
 impl Ledger {
+    /// Makes this ledger, as read, tenant `data`'s ([`crate::tenant::Tenant::data`]): one
+    /// another tenant of the name left (deleted, its ledgers not removed, or a replica still
+    /// serving it wrote since) holds none of its runs for this one.
+    pub fn of(&mut self, data: &str) {
+        if self.tenant.as_deref().is_some_and(|t| t != data) {
+            self.runs.clear();
+        }
+        if self.tenant.as_deref() != Some(data) {
+            self.tenant = Some(data.to_string());
+        }
+    }
+
     /// Decides who runs tick `tick_ms` at `now_ms` and records it here (to be written back by
     /// compare-and-swap): a tick not in the ledger is this replica's (or skipped, while
     /// another run holds a live lease and overlap is `skip`); a tick whose run lost its lease

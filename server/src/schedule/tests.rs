@@ -354,3 +354,34 @@ fn the_ledger_keeps_its_last_runs_only() {
     assert_eq!(l.runs.len(), super::ledger::KEPT);
     assert_eq!(l.last_tick(), Some(49 * 60_000));
 }
+
+/// A ledger is one tenant's: read for another tenant of the name (one created again after a
+/// delete), it holds none of its runs and becomes the new one's; one written before ledgers
+/// named their tenant is taken as the reader's.
+#[test]
+fn a_ledger_read_for_another_tenant_of_the_name_holds_none_of_its_runs() {
+    let t = 60_000;
+    let mut l = Ledger::default();
+    l.of("job/1");
+    assert_eq!(
+        l.claim(t, t + 5, ("a", ""), 10_000, Overlap::Skip),
+        Claim::Run(1)
+    );
+    let mut same = l.clone();
+    same.of("job/1");
+    assert_eq!(same, l, "its own ledger is left as it is");
+    let mut other = l.clone();
+    other.of("job/2");
+    assert!(other.runs.is_empty(), "{other:?}");
+    assert_eq!(other.tenant.as_deref(), Some("job/2"));
+    assert_eq!(
+        other.claim(t, t + 6, ("b", ""), 10_000, Overlap::Skip),
+        Claim::Run(1),
+        "the old tenant's run holds no tick of the new one"
+    );
+    let mut older = l.clone();
+    older.tenant = None;
+    older.of("job");
+    assert_eq!(older.runs, l.runs, "a ledger naming no tenant is kept");
+    assert_eq!(older.tenant.as_deref(), Some("job"));
+}

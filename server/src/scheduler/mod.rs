@@ -83,14 +83,22 @@ pub struct Scheduler {
     replica: String,
     /// How long runs under way may take to end at shutdown.
     grace: Duration,
-    /// Each schedule's last tick this replica looked at, by tenant and schedule (with the
-    /// expression it was computed from: a changed expression starts from now).
-    seen: Mutex<HashMap<(String, String), (String, i64)>>,
+    /// Each schedule's last tick this replica looked at, by tenant (its
+    /// [`crate::tenant::Tenant::data`]: a tenant created again under a deleted one's name
+    /// starts anew) and schedule (with the expression it was computed from: a changed
+    /// expression starts from now).
+    seen: Mutex<Seen>,
 }
+
+/// The runner's last look at each schedule: by `(tenant's data key, schedule)`, the expression
+/// (and zone) and the tick last looked at.
+type Seen = HashMap<(Arc<str>, String), (String, i64)>;
 
 /// Whether a schedule is this tick's to take.
 struct Tick {
     tenant: String,
+    /// Whose tenant ([`crate::tenant::Tenant::data`]).
+    data: Arc<str>,
     schedule: String,
     at_ms: i64,
     /// Until when it may be taken (its next tick), or `None` after a lease (no limit).
@@ -175,10 +183,11 @@ impl Scheduler {
                     continue;
                 };
                 let ident = format!("{}\u{0} {}", s.cron.expression(), s.cron.zone());
-                let key = (name.clone(), s.name.clone());
+                let key = (tenant.data.clone(), s.name.clone());
                 present.insert(key.clone());
                 let tick = Tick {
                     tenant: name.clone(),
+                    data: tenant.data.clone(),
                     schedule: s.name.clone(),
                     at_ms: last,
                     until_ms: Some(next),
@@ -252,7 +261,7 @@ impl Scheduler {
         let skip = s.overlap == crate::schedule::Overlap::Skip;
         let at = me
             .store
-            .update(&key, |l| {
+            .update((&key, &t.data), |l| {
                 let running = l
                     .runs
                     .iter()
@@ -310,12 +319,12 @@ impl Scheduler {
             let seen = me.seen.lock().unwrap_or_else(PoisonError::into_inner);
             t.schedules
                 .iter()
-                .map(|s| seen.contains_key(&(tenant.to_string(), s.name.clone())))
+                .map(|s| seen.contains_key(&(t.data.clone(), s.name.clone())))
                 .collect()
         };
         let mut out = Vec::new();
         for (s, watched) in t.schedules.iter().zip(watched) {
-            let (runs, error) = match me.store.read(&store::key(tenant, &s.name)).await {
+            let (runs, error) = match me.store.read(&store::key(tenant, &s.name), &t.data).await {
                 Ok(l) => (runs_json(&l), None),
                 Err(e) => {
                     // (The store's own words, which may name its address, stay in the log.)
@@ -417,10 +426,12 @@ async fn take<H: Host>(app: &Arc<H>, tenant: TenantRef, mut tick: Tick, shutdown
             }
         }
         tick.until_ms = Some(i64::MAX);
-        // The tenant as it serves now (redeployed meanwhile: its new version; deleted, or
-        // the schedule gone: nothing to run).
+        // The tenant as it serves now (redeployed meanwhile: its new version; deleted, made
+        // again under its name, or the schedule gone: nothing to run).
         match app.live().tenants.get(&tick.tenant) {
-            Some(now) if find(now, &tick.schedule).is_ok() => tenant = now.clone(),
+            Some(now) if now.data == tick.data && find(now, &tick.schedule).is_ok() => {
+                tenant = now.clone();
+            }
             _ => return,
         }
     }
@@ -455,7 +466,7 @@ async fn take_once<H: Host>(
         let until = tick.until_ms.unwrap_or(i64::MAX);
         let claimed = me
             .store
-            .update(&key, |l| {
+            .update((&key, &tick.data), |l| {
                 // This take's own write, whose answer was lost: nothing to write again.
                 if let Some(own) = l.mine(tick.at_ms, &token) {
                     return (Some(own), false);
@@ -581,7 +592,7 @@ async fn fire<H: Host>(
     loop {
         let ended = me
             .store
-            .update(key, |l| {
+            .update((key, &tenant.data), |l| {
                 let found = l.end(run, &me.replica, state, Some(status), took_ms);
                 ((), found)
             })

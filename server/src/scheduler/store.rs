@@ -107,37 +107,46 @@ impl Store {
         })
     }
 
-    /// The ledger of `key` as kept.
+    /// The ledger of `key` as kept, tenant `data`'s ([`Ledger::of`]: another's reads as
+    /// empty).
     ///
     /// # Errors
     /// [`StoreError::Unreachable`].
-    pub async fn read(&self, key: &str) -> Result<Ledger, StoreError> {
-        match self {
+    pub async fn read(&self, key: &str, data: &str) -> Result<Ledger, StoreError> {
+        let mut ledger = match self {
             Self::Local { ledgers, .. } => {
-                Ok(ledgers.lock().await.get(key).cloned().unwrap_or_default())
+                ledgers.lock().await.get(key).cloned().unwrap_or_default()
             }
-            Self::Shared(f) => Ok(read_shared(f, key).await?.0),
-            Self::Redis(kv) => Ok(read_redis(kv, key).await?.0),
-        }
+            Self::Shared(f) => read_shared(f, key).await?.0,
+            Self::Redis(kv) => read_redis(kv, key).await?.0,
+        };
+        ledger.of(data);
+        Ok(ledger)
     }
 
-    /// Applies `change` to the ledger of `key` and writes it back, computing it again from
-    /// the ledger read anew when another replica changed it first; `change` returns what to
-    /// answer and whether it changed the ledger (nothing is written when it did not).
+    /// Applies `change` to the ledger of `key`, tenant `data`'s ([`Ledger::of`]), and writes
+    /// it back, computing it again from the ledger read anew when another replica changed it
+    /// first; `change` returns what to answer and whether it changed the ledger (nothing is
+    /// written when it did not).
     ///
     /// # Errors
     /// [`StoreError`]: nothing was written (or, registry unreachable, it is unknown).
     pub async fn update<T>(
         &self,
-        key: &str,
+        (key, data): (&str, &str),
         mut change: impl FnMut(&mut Ledger) -> (T, bool),
     ) -> Result<T, StoreError> {
+        let mut change = |ledger: &mut Ledger| {
+            ledger.of(data);
+            change(ledger)
+        };
         match self {
             Self::Local { file, ledgers } => {
                 let mut all = ledgers.lock().await;
-                let ledger = all.entry(key.to_string()).or_default();
-                let (out, changed) = change(ledger);
+                let mut ledger = all.get(key).cloned().unwrap_or_default();
+                let (out, changed) = change(&mut ledger);
                 if changed {
+                    all.insert(key.to_string(), ledger);
                     save_local(file, &all).await?;
                 }
                 Ok(out)

@@ -23,6 +23,17 @@ fn set_clock(file: &Path, ms: i64) {
 
 /// A replica named `name` of the fleet on `s3` (data in `dir`), on the simulated clock `clock`.
 fn clocked(s3: &S3, name: &str, dir: &Path, clock: &Path) -> TernProcess {
+    clocked_via(s3, None, name, dir, clock)
+}
+
+/// [`clocked`], reaching S3 at `endpoint` (a proxy in front of it) when given.
+fn clocked_via(
+    s3: &S3,
+    endpoint: Option<&str>,
+    name: &str,
+    dir: &Path,
+    clock: &Path,
+) -> TernProcess {
     std::fs::create_dir_all(dir).unwrap();
     let config = dir.join("tern.toml");
     std::fs::write(
@@ -37,6 +48,9 @@ fn clocked(s3: &S3, name: &str, dir: &Path, clock: &Path) -> TernProcess {
         cmd.env("TERN_ADMIN_TOKEN", FLEET_TOKEN)
             .env("TERN_REPLICA", name)
             .env("TERN_SCHEDULE_CLOCK", &clock);
+        if let Some(endpoint) = endpoint {
+            cmd.env("AWS_ENDPOINT_URL", endpoint);
+        }
     })
 }
 
@@ -239,6 +253,93 @@ async fn a_holder_killed_mid_run_loses_its_tick_which_runs_once_more_after_its_l
     assert_eq!(counted(&alive, "ok").await, 2.0);
     // The lost run is counted once, by the replica that ran its tick again.
     assert_eq!(counted(&alive, "lost").await, 1.0);
+}
+
+/// A replica that has not seen tenant `job` deleted and made again under its name (its reads
+/// of the registry's index failing) goes on running the old one's schedule; the new one's
+/// ticks are its own all the same: each of the two runs the tick (the old code: one of them),
+/// and the new one lists none of the old one's runs. Once the replica catches up, each tick
+/// runs once again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_made_again_runs_its_ticks_beside_a_replica_behind_on_the_old_one() {
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let proxy = crate::faults::S3Proxy::start(&s3.endpoint).await;
+    let clock = root.path().join("clock");
+    set_clock(&clock, MIDNIGHT + 30_000);
+    let a = clocked(&s3, "a", &root.path().join("a"), &clock);
+    let b = clocked_via(
+        &s3,
+        Some(&proxy.endpoint),
+        "b",
+        &root.path().join("b"),
+        &clock,
+    );
+    let schedule = serde_json::json!({ "cron": "* * * * *", "path": "/job/tick" });
+    deploy_job(&a, root.path(), schedule.clone()).await;
+    for r in [&a, &b] {
+        super::serves(r, "/job", "").await;
+        watching(r).await;
+    }
+    each_minute_runs_once(&clock, &[&a, &b], 1).await;
+
+    // b misses the delete and the tenant made again on a.
+    proxy.fail_reads(&["/index.json"]);
+    let (status, v) = admin(&a, Method::DELETE, "/admin/v1/tenants/job", "").await;
+    assert!(status.is_success(), "{status} {v}");
+    deploy_job(&a, root.path(), schedule).await;
+    watching(&a).await;
+    // (b reads the index after the change: its next poll.)
+    let failed = proxy.failed_reads();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while proxy.failed_reads() <= failed {
+        assert!(Instant::now() < deadline, "b never read the index again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = (counted(&[&a], "ok").await, counted(&[&b], "ok").await);
+    set_clock(&clock, MIDNIGHT + 2 * 60_000 + 30_000);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = (counted(&[&a], "ok").await, counted(&[&b], "ok").await);
+        if now == (before.0 + 1.0, before.1 + 1.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tick 2 runs on a (the new job) and on b (the old one): {before:?} -> {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let listed = runs(&a).await;
+    assert!(
+        listed
+            .iter()
+            .all(|r| r["tick"] == tick(2) && r["replica"] == "a"),
+        "the new job's ledger: {listed:#?}"
+    );
+
+    // b catches up: tick 3 runs once between them, and the new job lists it.
+    let changed = async || {
+        let series = r#"tern_registry_syncs_total{outcome="changed"}"#;
+        crate::support::metric_value(&metrics(&b).await, series)
+    };
+    let read = changed().await;
+    proxy.heal();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while changed().await <= read {
+        assert!(Instant::now() < deadline, "b never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    watching(&b).await;
+    let before = counted(&[&a, &b], "ok").await;
+    set_clock(&clock, MIDNIGHT + 3 * 60_000 + 30_000);
+    wait_runs(&a, "tick 3", |r| {
+        r.first()
+            .is_some_and(|r| r["tick"] == tick(3) && r["state"] == "ok")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(counted(&[&a, &b], "ok").await, before + 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
