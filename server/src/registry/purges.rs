@@ -49,6 +49,10 @@ struct Log {
 struct Logged {
     seq: u64,
     tenant: String,
+    /// Whose tenant ([`crate::tenant::Tenant::data`]): a replica serving another tenant of
+    /// the name leaves its cache be. (`None`: logged by a version before it.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data: Option<String>,
     /// When it was asked (Unix seconds).
     at: u64,
     purge: Purge,
@@ -62,7 +66,7 @@ impl Registry {
     /// `404` no such tenant, `400` no cache or a purge naming nothing; `503` when the shared
     /// registry cannot be written (the purge was applied here only: retry).
     pub async fn purge(&self, name: &str, purge: &Purge) -> Result<Value, ChangeError> {
-        let purged = {
+        let (purged, data) = {
             let live = self.live();
             let tenant = live
                 .tenants
@@ -73,7 +77,8 @@ impl Registry {
                     "tenant {name:?} has no cache (cache.enabled is false)"
                 ))
             })?;
-            cache.purge(purge).map_err(ChangeError::Invalid)?
+            let purged = cache.purge(purge).map_err(ChangeError::Invalid)?;
+            (purged, tenant.data.to_string())
         };
         let metrics = &self.loader.metrics;
         metrics.cache_purges.with_label_values(&["api"]).inc();
@@ -85,14 +90,17 @@ impl Registry {
                 "replicas": "this one",
             }));
         };
-        let seq = self.append(&fleet, name, purge).await.map_err(|e| {
-            ChangeError::Unavailable(format!(
-                "purged on this replica ({purged} stored URL(s)), but the shared registry {} \
+        let seq = self
+            .append(&fleet, (name, data), purge)
+            .await
+            .map_err(|e| {
+                ChangeError::Unavailable(format!(
+                    "purged on this replica ({purged} stored URL(s)), but the shared registry {} \
                  could not be written ({e}), so the other replicas still serve theirs: send \
                  the purge again",
-                fleet.url
-            ))
-        })?;
+                    fleet.url
+                ))
+            })?;
         fleet.nudge_peers(metrics);
         Ok(json!({
             "tenant": name,
@@ -103,8 +111,14 @@ impl Registry {
         }))
     }
 
-    /// Appends `purge` of `tenant` to the registry's log; its number there.
-    async fn append(&self, fleet: &Fleet, tenant: &str, purge: &Purge) -> Result<u64, RemoteError> {
+    /// Appends `purge` of `tenant` (its name, and whose it is) to the registry's log; its
+    /// number there.
+    async fn append(
+        &self,
+        fleet: &Fleet,
+        (tenant, data): (&str, String),
+        purge: &Purge,
+    ) -> Result<u64, RemoteError> {
         let change = change_id();
         let mut last_error = None;
         for _ in 0..APPEND_TRIES {
@@ -117,6 +131,7 @@ impl Registry {
             log.purges.push(Logged {
                 seq,
                 tenant: tenant.to_string(),
+                data: Some(data.clone()),
                 at: crate::datadir::now(),
                 purge: purge.clone(),
             });
@@ -208,6 +223,7 @@ impl Registry {
         let Some(cache) = live
             .tenants
             .get(&p.tenant)
+            .filter(|t| p.data.as_deref().is_none_or(|d| *d == *t.data))
             .and_then(|t| t.front.cache.as_ref())
         else {
             return;
