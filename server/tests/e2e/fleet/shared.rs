@@ -926,3 +926,49 @@ async fn a_replica_behind_on_a_tenant_made_again_keeps_the_two_apart() {
         "b said to know another tenant: {lines:#?}"
     );
 }
+
+/// A route change on a replica that could not load a tenant of the registry (its reads of
+/// modules failing) is checked against that tenant's routes all the same: its path stays
+/// taken there, and a path beside it is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_a_replica_could_not_load_keeps_its_routes_taken_there() {
+    let s3 = S3::start();
+    let root = tempfile::tempdir().unwrap();
+    let proxy = crate::faults::S3Proxy::start(&s3.endpoint).await;
+    let a = replica(&s3, "a", &root.path().join("a"));
+    let b = replica_via(
+        &s3,
+        Some(&proxy.endpoint),
+        "b",
+        &root.path().join("b"),
+        "",
+        100,
+        "2s",
+    );
+    proxy.fail_reads(&["/blobs/", "/artifacts/"]);
+    create(addr(&a.admin), "shop", "/shop").await;
+    let (status, v) = deploy(addr(&a.admin), "shop", demo("hello")).await;
+    assert_eq!(status, http::StatusCode::OK, "{v}");
+    let failed = r#"tern_registry_syncs_total{outcome="failed"}"#;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while crate::support::metric_value_or_zero(&metrics(&b).await, failed) < 1.0 {
+        assert!(Instant::now() < deadline, "b never failed to load shop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get(&b, "/shop").await.status, http::StatusCode::NOT_FOUND);
+    let put = async |name: &str, path: &str| {
+        let spec = serde_json::json!({ "paths": [path] }).to_string();
+        admin(
+            &b,
+            http::Method::PUT,
+            &format!("/admin/v1/tenants/{name}"),
+            spec,
+        )
+        .await
+    };
+    let (status, v) = put("outlet", "/shop").await;
+    assert_eq!(status, http::StatusCode::CONFLICT, "{v}");
+    assert!(v.to_string().contains("shop"), "{v}");
+    let (status, v) = put("outlet", "/shopping").await;
+    assert!(status.is_success(), "{status} {v}");
+}
