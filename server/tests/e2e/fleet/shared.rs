@@ -968,7 +968,8 @@ async fn a_tenant_a_replica_could_not_load_keeps_its_routes_taken_there() {
     };
     let (status, v) = put("outlet", "/shop").await;
     assert_eq!(status, http::StatusCode::CONFLICT, "{v}");
-    assert!(v.to_string().contains("shop"), "{v}");
+    let said = v["error"].as_str().unwrap_or_default();
+    assert!(said.contains(r#"routed to tenant "shop""#), "{v}");
     let (status, v) = put("outlet", "/shopping").await;
     assert!(status.is_success(), "{status} {v}");
 }
