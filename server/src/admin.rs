@@ -593,11 +593,11 @@ async fn answer(
         }
         (&Method::DELETE, ["tenants", name]) => {
             let deleted = registry.delete(name, &pre).await;
-            if deleted.is_ok() {
-                // Its schedules' ledgers go with it (a new tenant of the name starts anew).
-                crate::scheduler::Scheduler::forget(&app, name).await;
+            if let Ok(data) = &deleted {
+                // Its schedules' runs go with it (a new tenant of the name starts anew).
+                crate::scheduler::Scheduler::forget(&app, name, data).await;
             }
-            deleted.map(|()| (StatusCode::OK, json!({ "deleted": name })))
+            deleted.map(|_| (StatusCode::OK, json!({ "deleted": name })))
         }
         (&Method::PUT, ["tenants", name, "module"]) => {
             let name = name.to_string();

@@ -371,15 +371,15 @@ impl Redis {
         answer.map(|set: u8| set == 1).map_err(|e| self.said(&e))
     }
 
-    /// Deletes the server's own keys that start with `dir` (under the store's prefix; `dir`
-    /// holds no glob characters).
+    /// The server's own keys that start with `dir` (without the store's prefix; `dir` holds
+    /// no glob characters).
     ///
     /// # Errors
     /// The server failing or not answering, in words for the log.
-    pub async fn delete_own_under(&self, dir: &str) -> Result<(), String> {
+    pub async fn own_keys_under(&self, dir: &str) -> Result<Vec<String>, String> {
         let mut conn = self.connection().map_err(|e| e.to_string())?;
         let pattern = format!("{}{dir}*", self.prefix);
-        let mut keys: Vec<Vec<u8>> = Vec::new();
+        let mut keys = Vec::new();
         let mut cursor = 0u64;
         loop {
             let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
@@ -391,18 +391,18 @@ impl Redis {
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.said(&e))?;
-            keys.extend(batch);
+            keys.extend(batch.into_iter().filter_map(|k| {
+                let k = String::from_utf8(k).ok()?;
+                Some(k.strip_prefix(self.prefix.as_str())?.to_string())
+            }));
             if next == 0 {
                 break;
             }
             cursor = next;
         }
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let deleted: redis::RedisResult<u64> =
-            redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
-        deleted.map(|_| ()).map_err(|e| self.said(&e))
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
     }
 
     /// A failure of the server's own keys, in words.

@@ -475,12 +475,17 @@ impl Registry {
     }
 
     /// Removes an API tenant: it stops being routed at once; requests running finish. Its
-    /// key-value data is removed before the answer ([`Self::forget_data`]).
+    /// key-value data is removed before the answer ([`Self::forget_data`]). Its key
+    /// ([`crate::datadir::StoredTenant::data_key`]), for what else goes with it.
     ///
     /// # Errors
     /// `404` unknown tenant, `409` config-owned, `412` if the tenant is not in the state `pre`
     /// requires.
-    pub async fn delete(&self, name: &str, pre: &Precondition) -> Result<(), ChangeError> {
+    pub async fn delete(
+        &self,
+        name: &str,
+        pre: &Precondition,
+    ) -> Result<std::sync::Arc<str>, ChangeError> {
         let mut state = self.lock().await?;
         Self::check_api_owned(&state, name)?;
         pre.check(name, state.truth().tenants.get(name))?;
@@ -498,7 +503,7 @@ impl Registry {
         tracing::info!(tenant = name, "deleted");
         // Its keys go before the answer (the tenant is gone already; other changes go on).
         self.forget_data(name, &base).await;
-        Ok(())
+        Ok(base.data_key(name))
     }
 }
 

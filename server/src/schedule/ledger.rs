@@ -11,7 +11,7 @@
 //! the longest a run can take: the guest's time limit times the server's wall-time factor,
 //! and a margin.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -20,19 +20,28 @@ use super::config::Overlap;
 /// Runs kept per schedule (older ones are dropped).
 pub const KEPT: usize = 20;
 
+/// Other tenants of the name whose runs a ledger keeps ([`Ledger::others`]).
+pub const OTHERS_KEPT: usize = 4;
+
 /// How many times a tick is started at most (the first run, and one after a lost one).
 pub const MAX_ATTEMPTS: u8 = 2;
 
 /// A schedule's ledger.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ledger {
-    /// Whose schedule it is ([`crate::tenant::Tenant::data`]); `None` in a ledger written
-    /// before it was kept (taken as the tenant's of that name).
+    /// Whose runs `runs` are ([`crate::tenant::Tenant::data`]); `None` in a ledger written
+    /// before it was kept (taken as the reader's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
     /// Its last runs, oldest first.
     #[serde(default)]
     pub runs: VecDeque<Run>,
+    /// The runs of other tenants of the name with a schedule of this name, by their key: a
+    /// tenant deleted and created again is another, and a replica that has not seen the
+    /// change yet goes on running the old one's (each keeps its own runs and claims here, in
+    /// the one record every replica changes by compare-and-swap). At most [`OTHERS_KEPT`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub others: BTreeMap<String, VecDeque<Run>>,
     /// The change ids of the writes that made it (the registry's write check).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub changes: Vec<String>,
@@ -113,16 +122,51 @@ pub enum Claim {
 }
 
 impl Ledger {
-    /// Makes this ledger, as read, tenant `data`'s ([`crate::tenant::Tenant::data`]): one
-    /// another tenant of the name left (deleted, its ledgers not removed, or a replica still
-    /// serving it wrote since) holds none of its runs for this one.
+    /// Makes `runs` tenant `data`'s ([`crate::tenant::Tenant::data`]): those of another
+    /// tenant of the name (a deleted one, or one a replica behind still serves) move to
+    /// `others`, and `data`'s own come back from there. A ledger naming no tenant (written
+    /// before ledgers did) is taken as `data`'s.
     pub fn of(&mut self, data: &str) {
-        if self.tenant.as_deref().is_some_and(|t| t != data) {
-            self.runs.clear();
+        let Some(was) = self.tenant.replace(data.to_string()) else {
+            return;
+        };
+        if was == data {
+            return;
         }
+        let own = self.others.remove(data).unwrap_or_default();
+        let theirs = std::mem::replace(&mut self.runs, own);
+        if !theirs.is_empty() {
+            self.others.insert(was, theirs);
+        }
+        while self.others.len() > OTHERS_KEPT {
+            // The tenant whose last run is the oldest goes first.
+            let oldest = (self.others.iter())
+                .min_by_key(|(_, runs)| runs.back().map_or(i64::MIN, |r| r.started_ms))
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                self.others.remove(&k);
+            }
+        }
+    }
+
+    /// Drops deleted tenant `data`'s runs (another tenant's, if any, become `runs`); whether
+    /// it held any.
+    pub fn forget(&mut self, data: &str) -> bool {
         if self.tenant.as_deref() != Some(data) {
-            self.tenant = Some(data.to_string());
+            return self.others.remove(data).is_some();
         }
+        let (tenant, runs) = match self.others.pop_first() {
+            Some((k, runs)) => (Some(k), runs),
+            None => (None, VecDeque::new()),
+        };
+        self.tenant = tenant;
+        self.runs = runs;
+        true
+    }
+
+    /// Whether it holds no run of any tenant.
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty() && self.others.is_empty()
     }
 
     /// Decides who runs tick `tick_ms` at `now_ms` and records it here (to be written back by

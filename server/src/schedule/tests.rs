@@ -3,7 +3,7 @@ use chrono::{TimeZone, Utc};
 use super::Overlap;
 use super::config::{ScheduleConfig, prepare_all};
 use super::cron::{Cron, rfc3339};
-use super::ledger::{Claim, Ledger, State};
+use super::ledger::{Claim, Ledger, OTHERS_KEPT, State};
 
 fn ms(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> i64 {
     Utc.with_ymd_and_hms(y, mo, d, h, mi, s)
@@ -355,11 +355,13 @@ fn the_ledger_keeps_its_last_runs_only() {
     assert_eq!(l.last_tick(), Some(49 * 60_000));
 }
 
-/// A ledger is one tenant's: read for another tenant of the name (one created again after a
-/// delete), it holds none of its runs and becomes the new one's; one written before ledgers
-/// named their tenant is taken as the reader's.
+/// A ledger keeps each tenant's runs apart: read for another tenant of the name (one created
+/// again after a delete) it holds none of the old one's, which stay there for the old one (a
+/// replica behind still serving it) and come back when that one reads it; a deleted tenant's
+/// runs are dropped; one written before ledgers named their tenant is taken as the reader's;
+/// at most [`OTHERS_KEPT`] other tenants are kept.
 #[test]
-fn a_ledger_read_for_another_tenant_of_the_name_holds_none_of_its_runs() {
+fn a_ledger_keeps_the_runs_of_each_tenant_of_the_name_apart() {
     let t = 60_000;
     let mut l = Ledger::default();
     l.of("job/1");
@@ -370,18 +372,54 @@ fn a_ledger_read_for_another_tenant_of_the_name_holds_none_of_its_runs() {
     let mut same = l.clone();
     same.of("job/1");
     assert_eq!(same, l, "its own ledger is left as it is");
-    let mut other = l.clone();
-    other.of("job/2");
-    assert!(other.runs.is_empty(), "{other:?}");
-    assert_eq!(other.tenant.as_deref(), Some("job/2"));
+    // The new tenant claims the tick too: the old one's run holds none of its ticks.
+    l.of("job/2");
+    assert!(l.runs.is_empty(), "{l:?}");
+    assert_eq!(l.tenant.as_deref(), Some("job/2"));
     assert_eq!(
-        other.claim(t, t + 6, ("b", ""), 10_000, Overlap::Skip),
+        l.claim(t, t + 6, ("b", ""), 10_000, Overlap::Skip),
         Claim::Run(1),
         "the old tenant's run holds no tick of the new one"
     );
-    let mut older = l.clone();
-    older.tenant = None;
+    // Read again for the old one: its run is there (taken), and the new one's stays too.
+    l.of("job/1");
+    assert_eq!(
+        l.claim(t, t + 7, ("c", ""), 10_000, Overlap::Skip),
+        Claim::Taken(Some(t + 5 + 10_000))
+    );
+    l.of("job/2");
+    assert_eq!(
+        l.claim(t, t + 8, ("c", ""), 10_000, Overlap::Skip),
+        Claim::Taken(Some(t + 6 + 10_000))
+    );
+    // The old one deleted: its runs go, the new one's stay.
+    assert!(l.forget("job/1"));
+    assert!(!l.forget("job/1"), "nothing left of it");
+    assert_eq!((l.tenant.as_deref(), l.runs.len()), (Some("job/2"), 1));
+    assert!(l.others.is_empty());
+    assert!(l.forget("job/2"));
+    assert!(l.is_empty() && l.tenant.is_none(), "{l:?}");
+    // Written before ledgers named their tenant: the reader's.
+    let mut older = Ledger::default();
+    older.claim(t, t + 5, ("a", ""), 10_000, Overlap::Skip);
+    let runs = older.runs.clone();
     older.of("job");
-    assert_eq!(older.runs, l.runs, "a ledger naming no tenant is kept");
+    assert_eq!(older.runs, runs, "a ledger naming no tenant is kept");
     assert_eq!(older.tenant.as_deref(), Some("job"));
+    // Many tenants made again in turn: the ones whose last run is oldest go.
+    let mut many = Ledger::default();
+    for n in 0..(OTHERS_KEPT as i64 + 3) {
+        many.of(&format!("job/{n}"));
+        many.claim(
+            t + n * 60_000,
+            t + n * 60_000 + 5,
+            ("a", ""),
+            10_000,
+            Overlap::Skip,
+        );
+    }
+    many.of("job/new");
+    assert_eq!(many.others.len(), OTHERS_KEPT);
+    let kept: Vec<&str> = many.others.keys().map(String::as_str).collect();
+    assert_eq!(kept, ["job/3", "job/4", "job/5", "job/6"]);
 }

@@ -288,12 +288,15 @@ impl Scheduler {
         Ok(fire(app, &t, s, (at, true, 1), &key).await)
     }
 
-    /// Removes every schedule ledger of deleted tenant `tenant` (of any schedule it ever had;
-    /// a failure is logged: they then stay, and a new tenant of its name and schedule reads
-    /// their history).
-    pub async fn forget<H: Host>(app: &Arc<H>, tenant: &str) {
-        if let Err(e) = app.scheduler().store.remove_tenant(tenant).await {
-            tracing::warn!(tenant, "the deleted tenant's schedule ledgers stay: {e}");
+    /// Removes deleted tenant `tenant`'s runs (its key `data`'s) from the ledgers of every
+    /// schedule its name ever had (a failure is logged: they then stay, unseen by any other
+    /// tenant of its name, each reading only its own runs: [`Ledger::of`]).
+    pub async fn forget<H: Host>(app: &Arc<H>, tenant: &str, data: &str) {
+        if let Err(e) = app.scheduler().store.remove_tenant(tenant, data).await {
+            tracing::warn!(
+                tenant,
+                "the deleted tenant's schedule runs stay in their ledgers: {e}"
+            );
         }
     }
 

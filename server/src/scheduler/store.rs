@@ -136,10 +136,20 @@ impl Store {
         (key, data): (&str, &str),
         mut change: impl FnMut(&mut Ledger) -> (T, bool),
     ) -> Result<T, StoreError> {
-        let mut change = |ledger: &mut Ledger| {
+        self.change(key, |ledger: &mut Ledger| {
             ledger.of(data);
             change(ledger)
-        };
+        })
+        .await
+    }
+
+    /// Applies `change` to the whole ledger of `key` (every tenant's runs in it) and writes
+    /// it back as [`Store::update`] does.
+    async fn change<T>(
+        &self,
+        key: &str,
+        mut change: impl FnMut(&mut Ledger) -> (T, bool),
+    ) -> Result<T, StoreError> {
         match self {
             Self::Local { file, ledgers } => {
                 let mut all = ledgers.lock().await;
@@ -195,45 +205,48 @@ impl Store {
         }
     }
 
-    /// Removes every ledger of tenant `tenant` (a deleted one's).
+    /// Removes deleted tenant `data`'s runs (`tenant`'s, of its name) from every ledger of
+    /// its name; another tenant's of the name (one created again, or a replica's behind) stay.
+    /// A lone server's ledgers left with no run are removed; a fleet's and a Redis store's
+    /// stay, empty (removing one is not conditional: a claim written meanwhile would go).
     ///
     /// # Errors
-    /// [`StoreError::Unreachable`]: some may remain.
-    pub async fn remove_tenant(&self, tenant: &str) -> Result<(), StoreError> {
+    /// [`StoreError`]: some runs may remain.
+    pub async fn remove_tenant(&self, tenant: &str, data: &str) -> Result<(), StoreError> {
         let unreachable = |e: &dyn std::fmt::Display| StoreError::Unreachable(e.to_string());
         let dir = tenant_dir(tenant);
-        match self {
+        let keys = match self {
             Self::Local { file, ledgers } => {
                 let mut all = ledgers.lock().await;
-                let before = all.len();
-                all.retain(|k, _| !k.starts_with(&dir));
-                if all.len() == before {
-                    return Ok(());
+                let mut changed = false;
+                all.retain(|k, l| {
+                    if !k.starts_with(&dir) || !l.forget(data) {
+                        return true;
+                    }
+                    changed = true;
+                    !l.is_empty()
+                });
+                if changed {
+                    save_local(file, &all).await?;
                 }
-                save_local(file, &all).await
+                return Ok(());
             }
-            Self::Shared(f) => {
-                let keys = f
-                    .remote
-                    .list(dir.trim_end_matches('/'))
-                    .await
-                    .map_err(|e| unreachable(&e))?;
-                for key in keys {
-                    f.remote
-                        .delete_object(&key)
-                        .await
-                        .map_err(|e| unreachable(&e))?;
-                }
-                Ok(())
-            }
-            Self::Redis(kv) => {
-                let redis = kv.redis().expect("a Redis store (checked when opened)");
-                redis
-                    .delete_own_under(&dir)
-                    .await
-                    .map_err(StoreError::Unreachable)
-            }
+            Self::Shared(f) => f
+                .remote
+                .list(dir.trim_end_matches('/'))
+                .await
+                .map_err(|e| unreachable(&e))?,
+            Self::Redis(kv) => kv
+                .redis()
+                .expect("a Redis store (checked when opened)")
+                .own_keys_under(&dir)
+                .await
+                .map_err(StoreError::Unreachable)?,
+        };
+        for key in keys {
+            self.change(&key, |l| ((), l.forget(data))).await?;
         }
+        Ok(())
     }
 }
 

@@ -187,10 +187,18 @@ async fn each_tick_runs_once_across_three_replicas_over_sixty_simulated_minutes(
             );
         }
     }
-    // Deleted, the tenant's ledger leaves the registry: made again with the same schedule,
-    // it starts with no runs.
+    // Deleted, the tenant's runs leave its ledger (the object stays, empty: removing it
+    // would not be conditional): made again with the same schedule, it starts with no runs.
     let (status, v) = admin(&replicas[0], Method::DELETE, "/admin/v1/tenants/job", "").await;
     assert!(status.is_success(), "{status} {v}");
+    let ledgers = super::walk(&s3.root.path().join("fleet/registry/schedules/job"));
+    assert_eq!(ledgers.len(), 1, "{ledgers:?}");
+    let ledger: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&ledgers[0]).unwrap()).unwrap();
+    assert!(
+        ledger["runs"] == serde_json::json!([]) && ledger.get("others").is_none(),
+        "{ledger}"
+    );
     let schedule = serde_json::json!({ "cron": "* * * * *", "path": "/job/tick" });
     deploy_job(&replicas[0], root.path(), schedule).await;
     let runs = runs(&replicas[0]).await;
@@ -255,11 +263,11 @@ async fn a_holder_killed_mid_run_loses_its_tick_which_runs_once_more_after_its_l
     assert_eq!(counted(&alive, "lost").await, 1.0);
 }
 
-/// A replica that has not seen tenant `job` deleted and made again under its name (its reads
-/// of the registry's index failing) goes on running the old one's schedule; the new one's
-/// ticks are its own all the same: each of the two runs the tick (the old code: one of them),
-/// and the new one lists none of the old one's runs. Once the replica catches up, each tick
-/// runs once again.
+/// A replica that has not seen tenant `job` deleted and made again under its name (b, its
+/// reads of the registry's index failing) goes on running the old one's schedule, beside two
+/// replicas (a and c) running the new one's: each tenant runs tick 2 once (the new one on a
+/// or c, the old one on b), and each lists only its own runs. Once b catches up, tick 3 runs
+/// once across the three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_made_again_runs_its_ticks_beside_a_replica_behind_on_the_old_one() {
     let s3 = S3::start();
@@ -268,6 +276,7 @@ async fn a_tenant_made_again_runs_its_ticks_beside_a_replica_behind_on_the_old_o
     let clock = root.path().join("clock");
     set_clock(&clock, MIDNIGHT + 30_000);
     let a = clocked(&s3, "a", &root.path().join("a"), &clock);
+    let c = clocked(&s3, "c", &root.path().join("c"), &clock);
     let b = clocked_via(
         &s3,
         Some(&proxy.endpoint),
@@ -275,20 +284,36 @@ async fn a_tenant_made_again_runs_its_ticks_beside_a_replica_behind_on_the_old_o
         &root.path().join("b"),
         &clock,
     );
+    let all = [&a, &b, &c];
     let schedule = serde_json::json!({ "cron": "* * * * *", "path": "/job/tick" });
     deploy_job(&a, root.path(), schedule.clone()).await;
-    for r in [&a, &b] {
+    for r in all {
         super::serves(r, "/job", "").await;
         watching(r).await;
     }
-    each_minute_runs_once(&clock, &[&a, &b], 1).await;
+    each_minute_runs_once(&clock, &all, 1).await;
 
     // b misses the delete and the tenant made again on a.
     proxy.fail_reads(&["/index.json"]);
     let (status, v) = admin(&a, Method::DELETE, "/admin/v1/tenants/job", "").await;
     assert!(status.is_success(), "{status} {v}");
     deploy_job(&a, root.path(), schedule).await;
+    let changed = async |r: &TernProcess| {
+        let series = r#"tern_registry_syncs_total{outcome="changed"}"#;
+        crate::support::metric_value(&metrics(r).await, series)
+    };
+    // c applies it (the delete and the create: its runner watches the new job's schedule).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, v) = admin(&c, Method::GET, "/admin/v1/tenants/job/schedules", "").await;
+        if status.is_success() && v["schedules"][0]["runs"] == serde_json::json!([]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "c never served the new job: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     watching(&a).await;
+    watching(&c).await;
     // (b reads the index after the change: its next poll.)
     let failed = proxy.failed_reads();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -296,50 +321,54 @@ async fn a_tenant_made_again_runs_its_ticks_beside_a_replica_behind_on_the_old_o
         assert!(Instant::now() < deadline, "b never read the index again");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let before = (counted(&[&a], "ok").await, counted(&[&b], "ok").await);
+    let count = async || (counted(&[&a, &c], "ok").await, counted(&[&b], "ok").await);
+    let before = count().await;
     set_clock(&clock, MIDNIGHT + 2 * 60_000 + 30_000);
+    let want = (before.0 + 1.0, before.1 + 1.0);
     let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let now = (counted(&[&a], "ok").await, counted(&[&b], "ok").await);
-        if now == (before.0 + 1.0, before.1 + 1.0) {
-            break;
-        }
+    while count().await != want {
+        let now = count().await;
         assert!(
-            Instant::now() < deadline,
-            "tick 2 runs on a (the new job) and on b (the old one): {before:?} -> {now:?}"
+            Instant::now() < deadline && now.0 <= want.0 && now.1 <= want.1,
+            "tick 2 runs once on a or c (the new job) and once on b (the old one): \
+             {before:?} -> {now:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let listed = runs(&a).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(count().await, want, "once each");
+    let new = runs(&a).await;
+    assert_eq!(new.len(), 1, "the new job's runs: {new:#?}");
     assert!(
-        listed
-            .iter()
-            .all(|r| r["tick"] == tick(2) && r["replica"] == "a"),
-        "the new job's ledger: {listed:#?}"
+        new[0]["tick"] == tick(2) && new[0]["state"] == "ok" && new[0]["replica"] != "b",
+        "{new:#?}"
+    );
+    let old = runs(&b).await;
+    assert!(
+        old[0]["tick"] == tick(2) && old[0]["replica"] == "b",
+        "the old job's runs, as b lists them: {old:#?}"
     );
 
-    // b catches up: tick 3 runs once between them, and the new job lists it.
-    let changed = async || {
-        let series = r#"tern_registry_syncs_total{outcome="changed"}"#;
-        crate::support::metric_value(&metrics(&b).await, series)
-    };
-    let read = changed().await;
+    // b catches up: tick 3 runs once across the three, and the new job lists it.
+    let read = changed(&b).await;
     proxy.heal();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while changed().await <= read {
+    while changed(&b).await <= read {
         assert!(Instant::now() < deadline, "b never caught up");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     watching(&b).await;
-    let before = counted(&[&a, &b], "ok").await;
+    let before = counted(&all, "ok").await;
     set_clock(&clock, MIDNIGHT + 3 * 60_000 + 30_000);
-    wait_runs(&a, "tick 3", |r| {
+    let listed = wait_runs(&a, "tick 3", |r| {
         r.first()
             .is_some_and(|r| r["tick"] == tick(3) && r["state"] == "ok")
     })
     .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(counted(&[&a, &b], "ok").await, before + 1.0);
+    assert_eq!(counted(&all, "ok").await, before + 1.0);
+    let ticks: Vec<&str> = listed.iter().map(|r| r["tick"].as_str().unwrap()).collect();
+    assert_eq!(ticks, [tick(3), tick(2)], "{listed:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
