@@ -520,11 +520,8 @@ impl Registry {
         let report = {
             let state = self.state.lock().await;
             let live = self.live.load();
-            let serving: BTreeMap<&String, Option<&str>> = state
-                .truth()
-                .tenants
-                .keys()
-                .chain(state.manifest.tenants.keys())
+            let names = || (state.truth().tenants.keys()).chain(state.manifest.tenants.keys());
+            let serving: BTreeMap<&String, Option<&str>> = names()
                 .map(|n| {
                     let v = live.tenants.get(n).and_then(|t| match &t.origin {
                         Origin::Api { version } => Some(version.id.as_str()),
@@ -533,12 +530,18 @@ impl Registry {
                     (n, v)
                 })
                 .collect();
+            // Whose tenant each is (a replica serving a deleted tenant's version under a name
+            // made again does not serve the new one's, whatever its version).
+            let keys: BTreeMap<&String, &str> = names()
+                .filter_map(|n| live.tenants.get(n).map(|t| (n, &*t.data)))
+                .collect();
             json!({
                 "replica": fleet.replica,
                 "admin": fleet.advertise.get(),
                 "revision": state.manifest.revision,
                 "updated_at": crate::datadir::now(),
                 "tenants": serving,
+                "keys": keys,
                 "tokens_used": self.token_used(),
             })
         };
@@ -570,9 +573,14 @@ impl Registry {
         let mut tenants = serde_json::Map::new();
         for (name, t) in &truth.tenants {
             let want = t.current.as_ref().map(|v| v.id.clone());
+            let key = t.data_key(name);
+            // (A report naming no key comes from a replica of a version before keys.)
             let serving = live
                 .iter()
-                .filter(|r| r["tenants"][name].as_str().map(String::from) == want)
+                .filter(|r| {
+                    r["tenants"][name].as_str().map(String::from) == want
+                        && r["keys"][name].as_str().is_none_or(|k| *k == *key)
+                })
                 .count();
             tenants.insert(
                 name.clone(),

@@ -829,6 +829,23 @@ async fn a_replica_behind_on_a_tenant_made_again_keeps_the_two_apart() {
         assert!(Instant::now() < deadline, "b never read the index again");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The fleet's view: a serves the new tenant, b does not (it serves the old one's version,
+    // the same module).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, view) = admin(&a, http::Method::GET, "/admin/v1/fleet", "").await;
+        assert_eq!(status, http::StatusCode::OK, "{view}");
+        let chat = &view["tenants"]["chat"];
+        if chat["serving"] == 1 {
+            assert_eq!(chat["converged"], false, "{view}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b counted as serving the new chat: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // carol on a, on the new tenant.
     let carol = talk(
         &format!("ws://{}/chat?user=carol", a.addr),
