@@ -31,9 +31,47 @@ pub(super) fn hit(v: &Variant, asks: &Asks<'_>, now: Instant) -> Response<Respon
         Some(left) if !left.is_zero() => (false, left.as_secs()),
         _ => (true, held.saturating_sub(v.fresh_for).as_secs().max(1)),
     };
-    resp.headers_mut()
-        .insert(CACHE_STATUS.clone(), hit_status(minus, ttl));
+    set_at(
+        resp.headers_mut(),
+        HEAD_CACHE_STATUS,
+        &CACHE_STATUS,
+        hit_status(minus, ttl),
+    );
     resp
+}
+
+/// Where a thread's own copy of a stored answer keeps the headers every hit sets ([`hit_head`]).
+const HEAD_AGE: usize = 0;
+const HEAD_CACHE_STATUS: usize = 1;
+
+/// The headers a hit on a thread's own copy of a stored answer starts from: `Age` and
+/// `Cache-Status` first, each with one value (standing in until each hit sets its own), then
+/// the stored ones but those two. A hit clones it, which copies its entries and hashes no name, then sets the two in
+/// place ([`set_at`]).
+pub(super) fn hit_head(stored: &HeaderMap) -> HeaderMap {
+    // Room in its index for the headers a hit adds: a clone keeps it (its entries it does not).
+    let mut head = HeaderMap::with_capacity(stored.len() + 2 + HIT_HEADERS);
+    head.insert(header::AGE, HeaderValue::from_static("0"));
+    head.insert(CACHE_STATUS.clone(), HeaderValue::from_static("tern; hit"));
+    for (name, value) in stored {
+        // (A stored `Age`, the origin's, is replaced by each hit's: not a second value.)
+        if name != header::AGE && *name != CACHE_STATUS {
+            head.append(name.clone(), value.clone());
+        }
+    }
+    head
+}
+
+/// Sets `name` to `value` in `headers`: in place when it is the entry at `at` (as in a clone
+/// of [`hit_head`]), else by name.
+fn set_at(headers: &mut HeaderMap, at: usize, name: &HeaderName, value: HeaderValue) {
+    if let Some((found, slot)) = headers.iter_mut().nth(at)
+        && found == name
+    {
+        *slot = value;
+        return;
+    }
+    headers.insert(name.clone(), value);
 }
 
 /// `Cache-Status: tern; hit; ttl=<ttl>` (`-ttl` when `minus`), written on the stack: no
@@ -153,6 +191,12 @@ pub(super) fn respond(v: &Variant, validated: bool, age: Duration) -> Response<R
             }
         }
         resp
+    } else if !v.hit_head.is_empty() {
+        // A thread's own copy: its hit headers cloned (no name hashed), set below.
+        let mut resp = Response::new(ResponseBody::Full(Some(v.body.clone())));
+        *resp.status_mut() = v.status;
+        *resp.headers_mut() = v.hit_head.clone();
+        resp
     } else {
         let mut resp = Response::new(ResponseBody::Full(Some(v.body.clone())));
         *resp.status_mut() = v.status;
@@ -164,8 +208,12 @@ pub(super) fn respond(v: &Variant, validated: bool, age: Duration) -> Response<R
         }
         resp
     };
-    resp.headers_mut()
-        .insert(header::AGE, crate::decimal::header_value(age.as_secs()));
+    set_at(
+        resp.headers_mut(),
+        HEAD_AGE,
+        &header::AGE,
+        crate::decimal::header_value(age.as_secs()),
+    );
     resp
 }
 
@@ -296,8 +344,11 @@ pub(super) fn not_modified(
             .to_str()
             .is_ok_and(|list| list.split(',').any(|t| t.trim() == "*" || weak(t) == etag));
     }
-    let (Some(since), Some(modified)) = (if_modified_since, stored.get(header::LAST_MODIFIED))
-    else {
+    // (Asked first: most requests carry no validator, and a look-up by name costs.)
+    let Some(since) = if_modified_since else {
+        return false;
+    };
+    let Some(modified) = stored.get(header::LAST_MODIFIED) else {
         return false;
     };
     let date = |v: &HeaderValue| {

@@ -415,6 +415,7 @@ impl Variant {
             headers.append(own_name(name), own_value(value));
         }
         Self {
+            hit_head: super::answer::hit_head(&headers),
             headers,
             body: bytes::Bytes::copy_from_slice(&self.body),
             own: crate::compress::Owned::with_room(room),
@@ -565,6 +566,73 @@ mod tests {
         cache.entries.get(hash(cache, path)).unwrap().variants[0]
             .body
             .clone()
+    }
+
+    #[test]
+    fn a_hit_from_a_threads_copy_has_the_stored_headers_and_its_own_age_and_status() {
+        let cache = cache();
+        let Lookup::Miss(fill) = look(&cache, "GET", "/h") else {
+            panic!("a miss");
+        };
+        let answer = http::Response::builder()
+            .header("content-type", "text/plain")
+            .header("cache-control", "max-age=3600")
+            .header("age", "100")
+            .header("x-tier", "gold")
+            .header("x-tier", "silver")
+            .body(ResponseBody::Full(Some(Bytes::from_static(b"0123456789"))))
+            .unwrap();
+        drop(fill.answered(answer));
+        for round in 0..3 {
+            count_from_zero();
+            let Lookup::Hit(resp) = look(&cache, "GET", "/h") else {
+                panic!("a hit");
+            };
+            let h = resp.headers();
+            let age: u64 = h["age"].to_str().unwrap().parse().unwrap();
+            assert!((100..110).contains(&age), "round {round}: age {age}");
+            assert_eq!(h.get_all("age").iter().count(), 1);
+            let status: Vec<_> = h.get_all("cache-status").iter().collect();
+            assert_eq!(status.len(), 1, "{h:?}");
+            let status = status[0].to_str().unwrap();
+            assert!(status.starts_with("tern; hit; ttl="), "{status}");
+            assert!(
+                status["tern; hit; ttl=".len()..]
+                    .parse::<u64>()
+                    .is_ok_and(|t| t > 3000)
+            );
+            assert_eq!(h["content-type"], "text/plain");
+            assert_eq!(h["cache-control"], "max-age=3600");
+            let tiers: Vec<_> = h.get_all("x-tier").iter().collect();
+            assert_eq!(tiers, ["gold", "silver"]);
+            assert_eq!(h.len(), 6, "{h:?}");
+        }
+        // A range of it, from the same copy: its own status too.
+        count_from_zero();
+        let req = http::Request::builder()
+            .uri("/h")
+            .header("range", "bytes=2-4")
+            .body(())
+            .unwrap();
+        let Lookup::Hit(resp) = look_for(&cache, &req, None) else {
+            panic!("a hit");
+        };
+        assert_eq!(resp.status(), http::StatusCode::PARTIAL_CONTENT);
+        assert!(
+            resp.headers()["cache-status"]
+                .to_str()
+                .unwrap()
+                .starts_with("tern; hit; ttl=")
+        );
+        assert!(
+            resp.headers()["age"]
+                .to_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                >= 100
+        );
+        assert_eq!(resp.headers()["content-range"], "bytes 2-4/10");
     }
 
     #[test]

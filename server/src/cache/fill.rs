@@ -459,6 +459,7 @@ impl Cache {
         Some(Variant {
             status,
             headers: stored_headers,
+            hit_head: http::HeaderMap::new(),
             body: body.clone(),
             vary: vary_names
                 .into_iter()

@@ -24,6 +24,9 @@ pub(super) struct Variant {
     pub(super) status: StatusCode,
     /// Its headers as the client gets them (without framing).
     pub(super) headers: HeaderMap,
+    /// A thread's own copy only (empty in the store): the headers a hit starts from
+    /// ([`super::answer::hit_head`]).
+    pub(super) hit_head: HeaderMap,
     pub(super) body: Bytes,
     /// The request's field lines of the fields its `Vary` names, each field's lines in the
     /// order they came (none: the request did not have it).
