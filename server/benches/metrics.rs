@@ -181,6 +181,7 @@ fn cache_hit(c: &mut Criterion) {
             compress: gzip.map(|c| (c, c.ask(req))),
             body: false,
             at: Instant::now(),
+            present: tern::context::Present::of(req.headers()),
         };
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let looked = std::pin::pin!(cache.lookup(req, asking));

@@ -228,6 +228,69 @@ fn node(text: &[u8]) -> Option<SocketAddr> {
         .map(|ip| SocketAddr::new(ip.to_canonical(), 0))
 }
 
+/// Which of the request headers the front end looks up by name a request carries, found in
+/// one pass over its head as it came. Most requests carry none of them, and a look-up of an
+/// absent name still hashes it and probes the map (~90 instructions each), so each look-up
+/// first asks here. A step that adds one of these headers to a request must not ask it after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Present(u8);
+
+impl Present {
+    /// `Transfer-Encoding`.
+    pub const TRANSFER_ENCODING: Self = Self(1);
+    /// `Upgrade`.
+    pub const UPGRADE: Self = Self(1 << 1);
+    /// `Accept-Encoding`.
+    pub const ACCEPT_ENCODING: Self = Self(1 << 2);
+    /// `x-request-id`.
+    pub const REQUEST_ID: Self = Self(1 << 3);
+    /// One the edge cache's look reads (its validators, `Range`, `If-Range`, the body's
+    /// framing, the request's own directives) or a header it judges unkeyed (`Forwarded`, an
+    /// `x-` header).
+    pub const CACHE: Self = Self(1 << 4);
+    /// Every one: what a request not summed up gets (each look-up is made).
+    pub const ALL: Self = Self(u8::MAX);
+
+    /// What `headers` carry.
+    pub fn of(headers: &HeaderMap) -> Self {
+        use http::header;
+        let mut bits = 0;
+        for name in headers.keys() {
+            bits |= if name == header::ACCEPT_ENCODING {
+                Self::ACCEPT_ENCODING.0
+            } else if name == header::TRANSFER_ENCODING {
+                Self::TRANSFER_ENCODING.0 | Self::CACHE.0
+            } else if name == header::UPGRADE {
+                Self::UPGRADE.0
+            } else if name == header::IF_NONE_MATCH
+                || name == header::IF_MODIFIED_SINCE
+                || name == header::RANGE
+                || name == header::IF_RANGE
+                || name == header::CONTENT_LENGTH
+                || name == header::CACHE_CONTROL
+                || name == header::PRAGMA
+                || name == header::FORWARDED
+            {
+                Self::CACHE.0
+            } else if name.as_str().starts_with("x-") {
+                if name.as_str() == "x-request-id" {
+                    Self::REQUEST_ID.0 | Self::CACHE.0
+                } else {
+                    Self::CACHE.0
+                }
+            } else {
+                0
+            };
+        }
+        Self(bits)
+    }
+
+    /// Whether it carries (or may carry) `header`.
+    pub fn has(self, header: Self) -> bool {
+        self.0 & header.0 != 0
+    }
+}
+
 /// The host the request names: its target's authority (HTTP/2's `:authority`, an
 /// absolute-form target), else its `Host` header.
 pub fn host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<&'a [u8]> {
@@ -419,5 +482,57 @@ mod forwarded_tests {
         let garbage = headers(&[("x-forwarded-for", "198.51.100.1, not-an-ip")]);
         assert_eq!(t.client(proxy, &garbage), proxy);
         assert_eq!(t.client(proxy, &HeaderMap::new()), proxy);
+    }
+}
+
+#[cfg(test)]
+mod present_tests {
+    use super::Present;
+    use http::HeaderMap;
+
+    #[test]
+    fn a_request_head_is_summed_up_in_one_pass() {
+        let of = |lines: &[(&str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (n, v) in lines {
+                h.append(
+                    http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            Present::of(&h)
+        };
+        let none = of(&[("host", "a"), ("user-agent", "k6"), ("accept", "*/*")]);
+        for bit in [
+            Present::TRANSFER_ENCODING,
+            Present::UPGRADE,
+            Present::ACCEPT_ENCODING,
+            Present::REQUEST_ID,
+            Present::CACHE,
+        ] {
+            assert!(!none.has(bit));
+            assert!(Present::ALL.has(bit));
+        }
+        assert!(of(&[("accept-encoding", "gzip")]).has(Present::ACCEPT_ENCODING));
+        assert!(of(&[("upgrade", "websocket")]).has(Present::UPGRADE));
+        let te = of(&[("transfer-encoding", "chunked")]);
+        assert!(te.has(Present::TRANSFER_ENCODING) && te.has(Present::CACHE));
+        let id = of(&[("x-request-id", "abc")]);
+        assert!(id.has(Present::REQUEST_ID) && id.has(Present::CACHE));
+        for name in [
+            "if-none-match",
+            "if-modified-since",
+            "range",
+            "if-range",
+            "content-length",
+            "cache-control",
+            "pragma",
+            "forwarded",
+            "x-forwarded-host",
+        ] {
+            let p = of(&[(name, "1")]);
+            assert!(p.has(Present::CACHE), "{name}");
+            assert!(!p.has(Present::ACCEPT_ENCODING), "{name}");
+        }
     }
 }

@@ -514,6 +514,7 @@ mod tests {
             compress: compress.map(|c| (c, c.ask(req))),
             body: false,
             at: Instant::now(),
+            present: crate::context::Present::ALL,
         };
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         match std::pin::pin!(cache.lookup(req, asking)).poll(&mut cx) {

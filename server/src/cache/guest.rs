@@ -231,6 +231,7 @@ impl Session {
             compress: None,
             body: false,
             at: std::time::Instant::now(),
+            present: crate::context::Present::ALL,
         };
         let looked = if transaction {
             cache.lookup(&req, asking).await

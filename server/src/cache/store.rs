@@ -256,6 +256,9 @@ pub struct Asking<'a> {
     /// just read the clock gives that reading); a look after waiting for another request's
     /// fill reads the clock again.
     pub at: Instant,
+    /// Which of the headers a look reads it may carry ([`crate::context::Present::CACHE`]):
+    /// a request with none of them is looked up without reading its headers again.
+    pub present: crate::context::Present,
 }
 
 /// The request as `http-cache-semantics` reads it.
@@ -434,7 +437,11 @@ impl Cache {
     /// and is answered with it when it was stored.
     pub async fn lookup<B>(self: &Arc<Self>, req: &Request<B>, asked: Asking<'_>) -> Lookup {
         // The request's headers a look reads, found once for every look below.
-        let asks = Asks::of(req.headers());
+        let asks = if asked.present.has(crate::context::Present::CACHE) {
+            Asks::of(req.headers())
+        } else {
+            Asks::default()
+        };
         let mut looked = self.look(req, &asked, &asks, None);
         // A miss waits while another request fills its key. If that fill failed (a trap, a
         // deadline, a 5xx: nothing stored, and no pass), one of those waiting fills it next

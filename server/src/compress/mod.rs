@@ -158,6 +158,11 @@ struct Verdict {
 #[derive(Debug, Clone, Copy)]
 pub struct Asked(Choice);
 
+impl Asked {
+    /// What a request without `Accept-Encoding` asks: the plain answer.
+    pub const PLAIN: Self = Self(Choice::Plain);
+}
+
 /// A tenant's compression, prepared from its `[tenant.compression]`.
 #[derive(Debug)]
 pub struct Compression {

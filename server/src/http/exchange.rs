@@ -68,6 +68,8 @@ pub(super) struct Exchange {
     pub(super) routed: Option<Routed>,
     /// What the client takes, read before the request goes on (`[tenant.compression]`).
     pub(super) asked: Option<crate::compress::Asked>,
+    /// Which of the headers the front end looks up the request came with.
+    pub(super) present: crate::context::Present,
     pub(super) arrived: Instant,
     /// The last phase boundary read off the clock: where the next phase begins ([`Self::lap`]).
     pub(super) mark: Instant,
@@ -103,7 +105,13 @@ impl Exchange {
             .tracer
             .as_ref()
             .map(|t| Traced::begin(t, req, &conn, client));
-        let request_id = match (client_request_id(req.headers()), &trace) {
+        let present = crate::context::Present::of(req.headers());
+        let asked_id = if present.has(crate::context::Present::REQUEST_ID) {
+            client_request_id(req.headers())
+        } else {
+            None
+        };
+        let request_id = match (asked_id, &trace) {
             (Some(id), _) => id,
             // A traced request's id is its trace id: logs, error pages and traces join on it.
             (None, Some(t)) => t.active.trace_id_header(),
@@ -134,6 +142,7 @@ impl Exchange {
             client,
             routed: None,
             asked: None,
+            present,
             arrived,
             mark: arrived,
             request_id,

@@ -27,7 +27,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 
 use crate::app::App;
 use crate::body::{ResponseBody, declared_length, plain, plain_owned};
-use crate::context::{Connection, RequestContext};
+use crate::context::{Connection, Present, RequestContext};
 use crate::execute::{self, Answer, Phases, Rest};
 use crate::guest::{GuestRequest, Head, RequestBody};
 use crate::metrics::{Phase, Timings};
@@ -69,7 +69,7 @@ pub async fn handle(
     let mut ex = Exchange::begin(&app, &req, conn, client);
     let _in_flight = app.metrics.in_flight.enter();
 
-    let routed = route(&app, &mut req, &ex.conn, client.ip()).await;
+    let routed = route(&app, &mut req, &ex.conn, client.ip(), ex.present).await;
     ex.lap(Phase::Route);
     match routed {
         Ok(routed) => ex.route_to(routed, &req),
@@ -80,7 +80,12 @@ pub async fn handle(
     }
     // A WebSocket opening: checked, and its connection taken off the request (every guest
     // sees one shape of it).
-    let opening = match crate::websocket::opening(&mut req) {
+    // (HTTP/1.1 opens with `Upgrade`, HTTP/2 with an extended `CONNECT`.)
+    let may_open = ex.present.has(Present::UPGRADE) || req.method() == Method::CONNECT;
+    let opening = match may_open
+        .then(|| crate::websocket::opening(&mut req))
+        .flatten()
+    {
         None => None,
         Some(Ok(opening)) => Some(opening),
         Some(Err(bad)) => return ex.early(&app, bad_opening(&bad)),
@@ -463,6 +468,7 @@ async fn look_up(app: &App, ex: &mut Exchange, req: &mut Request<RequestBody>) -
         body: !http_body::Body::is_end_stream(req.body()),
         // The phase's start (route's end) is when it asks: a look at once needs no clock.
         at: ex.mark,
+        present: ex.present,
     };
     let looked = cache.lookup(req, asking).await;
     let looked = match looked {
@@ -532,10 +538,13 @@ async fn route(
     req: &mut Request<RequestBody>,
     conn: &Connection,
     client: std::net::IpAddr,
+    present: Present,
 ) -> Result<Routed, Early> {
     // Framing a proxy in front might read differently, a coding Tern cannot undo: refused
     // before anything reads the body, and the connection closed.
-    if let Err((status, why)) = framing(req) {
+    if present.has(Present::TRANSFER_ENCODING)
+        && let Err((status, why)) = framing(req)
+    {
         let mut resp = plain_owned(status, format!("{why}\n"));
         resp.headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
@@ -747,7 +756,14 @@ fn check(app: &App, req: &mut Request<RequestBody>, ex: &mut Exchange) -> Result
         req.headers_mut().remove(&crate::outbound::CACHE_OVERRIDE);
     }
     // What the client takes, read before the request goes to the guest.
-    ex.asked = tenant.front.compression.as_ref().map(|c| c.ask(req));
+    let accepts = ex.present.has(Present::ACCEPT_ENCODING);
+    ex.asked = tenant.front.compression.as_ref().map(|c| {
+        if accepts {
+            c.ask(req)
+        } else {
+            crate::compress::Asked::PLAIN
+        }
+    });
     Ok(())
 }
 

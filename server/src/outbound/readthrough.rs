@@ -75,6 +75,7 @@ impl Grant {
             compress: None,
             body: body.may_have_bytes(),
             at: std::time::Instant::now(),
+            present: crate::context::Present::ALL,
         };
         let stored =
             |resp: Response<crate::body::ResponseBody>| resp.map(|body| Fetched::cache(body, None));
