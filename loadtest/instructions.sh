@@ -5,7 +5,8 @@
 #   bash loadtest/instructions.sh BIN hit|hello|native|native-1k [N] [OUT_DIR]
 #
 # `hit`: the tern binary BIN serves the suite's `cache_headers` guest with `[tenant.cache]` on,
-# every request a hit of a 1 KB answer (as loadtest/ab-hit.sh); `hello`: `builtin:hello`;
+# every request a hit of a 1 KB answer (as loadtest/ab-hit.sh; `HEADERS=8`: an answer with 8
+# headers, as an origin's static file often has, instead of 2); `hello`: `builtin:hello`;
 # `native` / `native-1k`: BIN is native-hello (`cargo build --release -p tern-loadtest`),
 # answering 17 bytes, or the hit's 1,000 bytes with its headers. The server runs under
 # `valgrind --tool=callgrind` with collection off; after 200 requests it is switched on, N
@@ -45,6 +46,13 @@ hit | hello)
         [ -f "$GUEST" ] || { echo "build the test guests first (see loadtest/ab-hit.sh)" >&2; exit 2; }
         printf '[[tenant]]\nname = "obj"\nmodule = "%s"\n[tenant.cache]\nenabled = true\n' "$GUEST" >"$WORK/tenant.toml"
         URL="http://127.0.0.1:$PORT/obj?n=1000&h=cache-control:max-age%3D3600"
+        # HEADERS=8: the stored answer has 8 headers, as an origin's static answer often does
+        # (the default: content-type and cache-control).
+        if [ "${HEADERS:-2}" = 8 ]; then
+            URL+="&h=etag:%22v1-5f2a%22&h=last-modified:Mon,%2007%20Dec%202026%2009:00:00%20GMT"
+            URL+="&h=x-content-type-options:nosniff&h=strict-transport-security:max-age%3D63072000"
+            URL+="&h=access-control-allow-origin:*&h=x-frame-options:DENY"
+        fi
     else
         printf '[[tenant]]\nname = "hello"\nmodule = "builtin:hello"\npaths = ["/hello"]\n' >"$WORK/tenant.toml"
         URL="http://127.0.0.1:$PORT/hello"
