@@ -12,7 +12,7 @@
 # (17 bytes), and answering what the hit answers (`native-hello ADDR 1000`: the same 1,000 bytes
 # kept once, with the stored answer's headers) — the floor for serving that answer with hyper.
 #
-# Settings (environment): SECS=5, ROUNDS=3, NATIVE=target/release/native-hello (another build of
+# Settings (environment): SECS=5, ROUNDS=3, HEADERS=2 (8: a stored answer with 8 headers), NATIVE=target/release/native-hello (another build of
 # it, e.g. the profile-guided one of loadtest/results/pgo.md), PIPELINE=0 (N > 0: each connection sends N requests
 # at once, loadtest/pipeline.lua, so the load generator is woken once per N answers, not once per
 # answer: the servers' CPU per request without most of the closed loop's wake-ups). Needs wrk, taskset, 2 cores, and the guest built
@@ -31,6 +31,12 @@ NATIVE=${NATIVE:-$ROOT/target/release/native-hello}
 [ -x "$NATIVE" ] || { echo "build native-hello first: cargo build --release -p tern-loadtest" >&2; exit 2; }
 SECS=${SECS:-5} ROUNDS=${ROUNDS:-3} PORT=18280 NATIVE_PORT=18281
 OBJECT="/obj?n=1000&h=cache-control:max-age%3D3600"
+# HEADERS=8: the stored answer has 8 headers (as loadtest/instructions.sh's), not 2.
+if [ "${HEADERS:-2}" = 8 ]; then
+    OBJECT+="&h=etag:%22v1-5f2a%22&h=last-modified:Mon,%2007%20Dec%202026%2009:00:00%20GMT"
+    OBJECT+="&h=x-content-type-options:nosniff&h=strict-transport-security:max-age%3D63072000"
+    OBJECT+="&h=access-control-allow-origin:*&h=x-frame-options:DENY"
+fi
 WORK=$(mktemp -d)
 trap 'kill "${PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 printf '[server]\nworker_threads = 1\n[[tenant]]\nname = "obj"\nmodule = "%s"\n[tenant.cache]\nenabled = true\n' \
