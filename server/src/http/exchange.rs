@@ -376,7 +376,7 @@ impl Exchange {
             live.finish(crate::livelog::Answered {
                 request_id: &self.request_id,
                 status,
-                cache: resp.headers().get(&crate::cache::CACHE_STATUS),
+                headers: Some(resp.headers()),
                 timings: &self.timings,
                 reached,
                 total,

@@ -947,7 +947,7 @@ async fn run_guest(
                     live.finish(crate::livelog::Answered {
                         request_id: &request_id,
                         status,
-                        cache: None,
+                        headers: None,
                         timings: &after,
                         reached: Phase::Teardown,
                         total: ended.saturating_duration_since(arrived),

@@ -105,7 +105,10 @@ impl Pending {
             http: self.http,
             status: answered.status,
             outcome,
-            cache: answered.cache.cloned(),
+            cache: answered
+                .headers
+                .and_then(|h| h.get("cache-status"))
+                .cloned(),
             output: self.output,
             error: self.error,
             sample,
@@ -121,8 +124,9 @@ pub struct Answered<'a> {
     pub request_id: &'a HeaderValue,
     /// The status answered.
     pub status: u16,
-    /// `Cache-Status`, if the tenant's cache gave one.
-    pub cache: Option<&'a HeaderValue>,
+    /// The answer's headers, whose `Cache-Status` (if the tenant's cache gave one) the record
+    /// keeps: looked up only for a record that is kept.
+    pub headers: Option<&'a http::HeaderMap>,
     /// Its phases, up to `reached`.
     pub timings: &'a Timings,
     /// The last phase it reached.
