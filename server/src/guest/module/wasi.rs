@@ -15,7 +15,10 @@ use crate::variables::Grant;
 /// context with its two capture pipes costs about as much as instantiating the guest, so a
 /// request pays for it only when its guest uses it.
 pub struct Wasi {
-    ctx: Option<WasiP1Ctx>,
+    /// Boxed: most guests of the `tern` kind make no WASI call, and every request's state is
+    /// moved a few times whole before its store holds it (its 384 bytes inline would be moved
+    /// with it).
+    ctx: Option<Box<WasiP1Ctx>>,
     spec: Arc<WasiSpec>,
     stdio: Option<Stdio>,
 }
@@ -47,7 +50,7 @@ impl Wasi {
                 Some((args, vars)) => b.args(&args).envs(&vars),
                 None => b.args(&[&t.name]).envs(&t.env.resolve(variables)),
             };
-            b.build_p1()
+            Box::new(b.build_p1())
         })
     }
 
