@@ -514,6 +514,23 @@ mod present_tests {
             assert!(Present::ALL.has(bit));
         }
         assert!(of(&[("accept-encoding", "gzip")]).has(Present::ACCEPT_ENCODING));
+        // Several at once: each is seen.
+        let many = of(&[
+            ("host", "a"),
+            ("accept-encoding", "br"),
+            ("upgrade", "websocket"),
+            ("x-request-id", "abc"),
+            ("transfer-encoding", "chunked"),
+        ]);
+        for bit in [
+            Present::TRANSFER_ENCODING,
+            Present::UPGRADE,
+            Present::ACCEPT_ENCODING,
+            Present::REQUEST_ID,
+            Present::CACHE,
+        ] {
+            assert!(many.has(bit));
+        }
         assert!(of(&[("upgrade", "websocket")]).has(Present::UPGRADE));
         let te = of(&[("transfer-encoding", "chunked")]);
         assert!(te.has(Present::TRANSFER_ENCODING) && te.has(Present::CACHE));

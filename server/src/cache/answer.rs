@@ -62,11 +62,13 @@ pub(super) fn hit_head(stored: &HeaderMap) -> HeaderMap {
     head
 }
 
-/// Sets `name` to `value` in `headers`: in place when it is the entry at `at` (as in a clone
-/// of [`hit_head`]), else by name.
+/// Sets `name` to `value` in `headers` (its only value): in place when it is the entry at `at`
+/// with one value (as in a clone of [`hit_head`]), else by name.
 fn set_at(headers: &mut HeaderMap, at: usize, name: &HeaderName, value: HeaderValue) {
-    if let Some((found, slot)) = headers.iter_mut().nth(at)
+    let mut values = headers.iter_mut().skip(at);
+    if let Some((found, slot)) = values.next()
         && found == name
+        && values.next().is_none_or(|(next, _)| next != name)
     {
         *slot = value;
         return;
@@ -398,6 +400,45 @@ pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn set_at_leaves_the_one_value_it_is_given() {
+        let age = |h: &HeaderMap| {
+            h.get_all(header::AGE)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        // A thread copy's head: set in place, the other headers as they were.
+        let mut head = hit_head(&headers(&[("content-type", "text/plain"), ("age", "100")]));
+        set_at(
+            &mut head,
+            HEAD_AGE,
+            &header::AGE,
+            HeaderValue::from_static("7"),
+        );
+        assert_eq!(age(&head), ["7"]);
+        assert_eq!(head["content-type"], "text/plain");
+        // A stored answer's own headers, an origin's `Age` first with two lines: both go.
+        let mut stored = headers(&[("age", "100"), ("age", "200"), ("etag", "\"x\"")]);
+        set_at(
+            &mut stored,
+            HEAD_AGE,
+            &header::AGE,
+            HeaderValue::from_static("7"),
+        );
+        assert_eq!(age(&stored), ["7"]);
+        // Another name at that place: set by name.
+        let mut other = headers(&[("etag", "\"x\""), ("age", "100")]);
+        set_at(
+            &mut other,
+            HEAD_AGE,
+            &header::AGE,
+            HeaderValue::from_static("7"),
+        );
+        assert_eq!(age(&other), ["7"]);
+        assert_eq!(other["etag"], "\"x\"");
+    }
 
     #[test]
     fn asks_finds_what_get_finds_in_one_pass() {
