@@ -65,6 +65,78 @@ async fn fresh_answers_are_served_from_memory_without_a_guest() {
     assert_eq!(b.header("cache-status"), "");
 }
 
+/// The headers the edge sets on every hit (`Age`, `Cache-Status`, `x-request-id`,
+/// `Server-Timing`) are one value each, its own, whatever the stored answer carried of them
+/// (an origin's `Age` counts in it), and every other stored header keeps all its values in
+/// order: on the store's answer and on a thread's own copy of it (the hits after the first),
+/// over HTTP/1.1 and HTTP/2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_carries_each_header_the_edge_sets_once() {
+    let s = server().await;
+    let path = "/c/once?h=cache-control:max-age%3D600&h=age:100\
+                &h=cache-status:origin%3B%20hit&h=x-request-id:from-origin\
+                &h=server-timing:db%3Bdur%3D5&h=x-two:a&h=x-two:b";
+    // HTTP/2 names the host in `:authority` (the address): HTTP/1.1 names the same host, so
+    // that both ask for one key.
+    let host = s.addr().to_string();
+    let h1 = async |asked: &[(&str, &str)]| {
+        send(
+            s.addr(),
+            Method::GET,
+            path,
+            Some(&host),
+            asked,
+            Bytes::new(),
+        )
+        .await
+    };
+    let first = h1(&[]).await;
+    assert_eq!(first.header("cache-status"), "tern; fwd=uri-miss; stored");
+    let all = |r: &Reply, name: &str| -> Vec<String> {
+        (r.headers.get_all(name).iter())
+            .map(|v| v.to_str().unwrap_or("?").to_string())
+            .collect()
+    };
+    let mut h2 = H2Conn::open(s.addr()).await;
+    for i in 0..8 {
+        let id = format!("client-{i}");
+        let asked = [("x-request-id", id.as_str())];
+        let hit = if i % 2 == 0 {
+            h1(&asked).await
+        } else {
+            h2.get_with(path, &asked).await
+        };
+        assert_eq!(hit.status, StatusCode::OK, "hit {i}");
+        assert_eq!(hit.body, first.body, "hit {i}: the stored body");
+        let age = all(&hit, "age");
+        assert_eq!(age.len(), 1, "hit {i}: one Age: {:?}", hit.headers);
+        let age: u64 = age[0].parse().expect("Age is whole seconds");
+        assert!(
+            (100..=160).contains(&age),
+            "hit {i}: the origin's 100 s count: {age}"
+        );
+        let status = all(&hit, "cache-status");
+        assert_eq!(status.len(), 1, "hit {i}: {:?}", hit.headers);
+        let ttl = status[0]
+            .strip_prefix("tern; hit; ttl=")
+            .expect("the edge's status");
+        assert!(ttl.parse::<u64>().is_ok_and(|t| t <= 500), "hit {i}: {ttl}");
+        assert_eq!(
+            all(&hit, "x-request-id"),
+            [id],
+            "hit {i}: the request's own id"
+        );
+        let timing = all(&hit, "server-timing");
+        assert_eq!(timing.len(), 1, "hit {i}: {timing:?}");
+        assert!(
+            timing[0].contains("cache;dur=") && !timing[0].contains("db;dur"),
+            "hit {i}: the edge's own timing: {timing:?}"
+        );
+        assert_eq!(all(&hit, "x-two"), ["a", "b"], "hit {i}");
+        assert_eq!(all(&hit, "content-type"), ["text/plain"], "hit {i}");
+    }
+    assert_eq!(guest_runs(&s, "c").await, 1.0, "no guest ran for a hit");
+}
 /// Each of these answers is served and never stored: the guest runs for every request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_a_shared_cache_must_not_keep_are_not_stored() {
