@@ -1258,6 +1258,75 @@ mod tests {
         }
     }
 
+    /// A hit of a tenant that compresses says `Vary: accept-encoding` once, last, whether the
+    /// store or a thread's own copy answers, plain or compressed; a range's answer (never
+    /// compressed) does not; and a stored `Vary` that lists it already is not given a second.
+    #[test]
+    fn a_hit_a_tenant_compresses_says_vary_once() {
+        let cache = cache();
+        let compress = compression();
+        let varies = |resp: &http::Response<ResponseBody>| -> Vec<String> {
+            (resp.headers().get_all("vary").iter())
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect()
+        };
+        let ask = |path: &str, headers: &[(&str, &str)]| {
+            count_from_zero();
+            let mut req = http::Request::builder().uri(path);
+            for (name, value) in headers {
+                req = req.header(*name, *value);
+            }
+            let Lookup::Hit(resp) = look_for(&cache, &req.body(()).unwrap(), Some(&compress))
+            else {
+                panic!("{path} is stored");
+            };
+            resp
+        };
+        store(
+            &cache,
+            "/a",
+            Bytes::from("a plain answer to compress. ".repeat(80)),
+        );
+        // The first hit is the store's; the later ones come from the thread's own copy.
+        for round in 0..3 {
+            let plain = ask("/a", &[]);
+            assert_eq!(varies(&plain), ["accept-encoding"], "round {round}");
+            let last = plain.headers().iter().last().map(|(name, _)| name.clone());
+            assert_eq!(last, Some(http::header::VARY), "round {round}");
+            assert_eq!(plain.headers()["x-tier"], "gold");
+            assert!(plain.headers().get("content-encoding").is_none());
+            let gzip = ask("/a", &[("accept-encoding", "gzip")]);
+            assert_eq!(varies(&gzip), ["accept-encoding"], "round {round}");
+            assert_eq!(gzip.headers()["content-encoding"], "gzip");
+            let range = ask("/a", &[("range", "bytes=0-9")]);
+            assert_eq!(range.status(), http::StatusCode::PARTIAL_CONTENT);
+            assert!(
+                varies(&range).is_empty(),
+                "round {round}: {:?}",
+                range.headers()
+            );
+        }
+        // An answer whose own `Vary` lists it (a variant per `Accept-Encoding`: stored for
+        // `gzip`, as `look` asks).
+        let Lookup::Miss(fill) = look(&cache, "GET", "/b") else {
+            panic!("/b is new");
+        };
+        let answer = http::Response::builder()
+            .header("content-type", "text/plain")
+            .header("cache-control", "max-age=3600")
+            .header("vary", "Accept-Encoding")
+            .body(ResponseBody::Full(Some(Bytes::from(
+                "vary listed. ".repeat(80),
+            ))))
+            .unwrap();
+        drop(fill.answered(answer));
+        for round in 0..3 {
+            let gzip = ask("/b", &[("accept-encoding", "gzip")]);
+            assert_eq!(varies(&gzip), ["Accept-Encoding"], "round {round}");
+            assert_eq!(gzip.headers()["content-encoding"], "gzip");
+        }
+    }
+
     /// Serves the stored `v` to a gzip client as a hit would, without counting the copy it
     /// makes (as the first client does before its count): the bytes of the copy made now.
     fn gzip_copy_uncounted(gzip: &Compression, v: &super::Variant) -> Option<usize> {
