@@ -83,9 +83,10 @@ NGINX
 }
 
 # The native hello with one worker pinned to core 0 (the baseline of the pinned benches); its
-# pid in NATIVE_PID.
+# pid in NATIVE_PID. With $1, it answers that many bytes (`native-hello ADDR 1000`: a cache
+# hit's answer) instead of the hello.
 start_pinned_native() {
-    TOKIO_WORKER_THREADS=1 taskset -c 0 "$(native_bin)" 127.0.0.1:$NATIVE_PORT 2>/dev/null &
+    TOKIO_WORKER_THREADS=1 taskset -c 0 "$(native_bin)" 127.0.0.1:$NATIVE_PORT "$@" 2>/dev/null &
     NATIVE_PID=$!
     PIDS+=("$NATIVE_PID")
     wait_http "http://127.0.0.1:$NATIVE_PORT/"

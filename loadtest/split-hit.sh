@@ -13,38 +13,34 @@
 # samples times it. perf's sampling is charged to the process (both servers show ~1.8x their
 # unprofiled CPU): read the split, not the totals (those are loadtest/bench.sh cache's).
 #
-# Settings (environment): SECS=5, ROUNDS=3, NATIVE=target/release/native-hello. Needs perf,
-# wrk, taskset, 2 cores, the test guests built (see loadtest/ab-hit.sh) and native-hello
-# (`cargo build --release -p tern-loadtest`).
-set -euo pipefail
-
+# Settings (environment): SECS=5, ROUNDS=3, NATIVE_BIN (as bench.sh's). Needs perf, wrk,
+# taskset, 2 cores, the test guests built (see loadtest/ab-hit.sh) and native-hello
+# (`cargo build --release -p tern-loadtest`). Uses loadtest/lib.sh (bench.sh's helpers).
+SECS=${SECS:-5} ROUNDS=${ROUNDS:-3}
 if [ $# -ne 1 ] || [ ! -x "$1" ]; then
     echo "usage: bash loadtest/split-hit.sh TERN_BIN (an executable tern binary)" >&2
     exit 2
 fi
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TERN_BIN=$(realpath "$1")
+source "$(dirname "$0")/lib.sh"
 GUEST=$ROOT/target/test-guests/wasm32-wasip1/guest/cache_headers.wasm
-NATIVE=${NATIVE:-$ROOT/target/release/native-hello}
 [ -f "$GUEST" ] || { echo "build the test guests first (see loadtest/ab-hit.sh)" >&2; exit 2; }
-[ -x "$NATIVE" ] || { echo "build native-hello first: cargo build --release -p tern-loadtest" >&2; exit 2; }
-command -v perf >/dev/null || { echo "needs perf" >&2; exit 2; }
-SECS=${SECS:-5} ROUNDS=${ROUNDS:-3} PORT=18380 NATIVE_PORT=18381
+[ -x "$(native_bin)" ] || { echo "build native-hello first: cargo build --release -p tern-loadtest" >&2; exit 2; }
+need perf linux-perf
+need wrk wrk
 OBJECT="/obj?n=1000&h=cache-control:max-age%3D3600"
-WORK=$(mktemp -d)
-trap 'kill "${PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 printf '[server]\nworker_threads = 1\n[[tenant]]\nname = "obj"\nmodule = "%s"\n[tenant.cache]\nenabled = true\n' \
     "$GUEST" >"$WORK/tern.toml"
 
-wait_up() { for _ in $(seq 100); do curl -fs -o /dev/null "$1" && return; sleep 0.1; done; echo "not up: $1" >&2; exit 1; }
 split() { # label pid url
-    local t0 t1 rps cpu
+    local t0 t1 rps cpu load
     taskset -c 1 wrk -t1 -c32 -d2s "$3" >/dev/null
     taskset -c 1 wrk -t1 -c32 -d"$((SECS + 2))"s "$3" >"$WORK/wrk" &
-    local load=$!
+    load=$!
     sleep 1
-    t0=$(awk '{ print $14 + $15 }' "/proc/$2/stat")
+    t0=$(process_ticks "$2")
     perf record -q -F 2999 -p "$2" -o "$WORK/perf.data" -- sleep "$SECS" >/dev/null 2>&1
-    t1=$(awk '{ print $14 + $15 }' "/proc/$2/stat")
+    t1=$(process_ticks "$2")
     wait $load
     rps=$(awk '/Requests\/sec/ { print $2 }' "$WORK/wrk")
     cpu=$(awk -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" -v r="$rps" -v s="$SECS" \
@@ -56,18 +52,13 @@ split() { # label pid url
 }
 
 for round in $(seq "$ROUNDS"); do
-    env TERN_CACHE_DIR="$WORK/cache" TERN_DATA_DIR="$WORK/data" TERN_LOG=warn \
-        taskset -c 0 "$1" serve --config "$WORK/tern.toml" --listen 127.0.0.1:$PORT \
-        --admin-listen 127.0.0.1:$((PORT + 10)) >>"$WORK/tern.log" 2>&1 &
-    PID=$!
-    wait_up "http://127.0.0.1:$PORT$OBJECT"
-    curl -fsI "http://127.0.0.1:$PORT$OBJECT" | grep -qi '^cache-status: tern; hit' ||
+    PIN=0 start_tern "$WORK/tern.toml" TERN_LOG=warn
+    wait_http "http://127.0.0.1:$TERN_PORT$OBJECT"
+    curl -fsI "http://127.0.0.1:$TERN_PORT$OBJECT" | grep -qi '^cache-status: tern; hit' ||
         { echo "the object is not a hit" >&2; exit 1; }
-    split "round $round tern hit" $PID "http://127.0.0.1:$PORT$OBJECT"
-    kill $PID; wait $PID 2>/dev/null || true
-    TOKIO_WORKER_THREADS=1 taskset -c 0 "$NATIVE" 127.0.0.1:$NATIVE_PORT 1000 2>/dev/null &
-    PID=$!
-    wait_up "http://127.0.0.1:$NATIVE_PORT/"
-    split "round $round native-1k" $PID "http://127.0.0.1:$NATIVE_PORT/"
-    kill $PID; wait $PID 2>/dev/null || true
+    split "round $round tern hit" "$TERN_PID" "http://127.0.0.1:$TERN_PORT$OBJECT"
+    stop "$TERN_PID"
+    start_pinned_native 1000
+    split "round $round native-1k" "$NATIVE_PID" "http://127.0.0.1:$NATIVE_PORT/"
+    stop "$NATIVE_PID"
 done
