@@ -107,7 +107,7 @@ impl Pending {
             outcome,
             cache: answered
                 .headers
-                .and_then(|h| h.get("cache-status"))
+                .and_then(|h| h.get(&crate::cache::CACHE_STATUS))
                 .cloned(),
             output: self.output,
             error: self.error,
