@@ -409,33 +409,21 @@ mod tests {
                 .map(|v| v.to_str().unwrap().to_string())
                 .collect::<Vec<_>>()
         };
+        let set_age = |h: &mut HeaderMap| {
+            set_at(h, HEAD_AGE, &header::AGE, HeaderValue::from_static("7"));
+        };
         // A thread copy's head: set in place, the other headers as they were.
         let mut head = hit_head(&headers(&[("content-type", "text/plain"), ("age", "100")]));
-        set_at(
-            &mut head,
-            HEAD_AGE,
-            &header::AGE,
-            HeaderValue::from_static("7"),
-        );
+        set_age(&mut head);
         assert_eq!(age(&head), ["7"]);
         assert_eq!(head["content-type"], "text/plain");
         // A stored answer's own headers, an origin's `Age` first with two lines: both go.
         let mut stored = headers(&[("age", "100"), ("age", "200"), ("etag", "\"x\"")]);
-        set_at(
-            &mut stored,
-            HEAD_AGE,
-            &header::AGE,
-            HeaderValue::from_static("7"),
-        );
+        set_age(&mut stored);
         assert_eq!(age(&stored), ["7"]);
         // Another name at that place: set by name.
         let mut other = headers(&[("etag", "\"x\""), ("age", "100")]);
-        set_at(
-            &mut other,
-            HEAD_AGE,
-            &header::AGE,
-            HeaderValue::from_static("7"),
-        );
+        set_age(&mut other);
         assert_eq!(age(&other), ["7"]);
         assert_eq!(other["etag"], "\"x\"");
     }

@@ -525,16 +525,23 @@ mod tests {
 
     /// Stores `body` as the answer to `GET path`.
     fn store(cache: &Arc<Cache>, path: &str, body: Bytes) {
+        let headers = [("etag", "\"v1\""), ("x-tier", "gold")];
+        store_with(cache, path, &headers, body);
+    }
+
+    /// Stores `body` with `headers` (after `Content-Type: text/plain` and an hour's
+    /// `max-age`) as the answer to `GET path`.
+    fn store_with(cache: &Arc<Cache>, path: &str, headers: &[(&str, &str)], body: Bytes) {
         let Lookup::Miss(fill) = look(cache, "GET", path) else {
             panic!("{path} was stored already");
         };
-        let answer = http::Response::builder()
+        let mut answer = http::Response::builder()
             .header("content-type", "text/plain")
-            .header("cache-control", "max-age=3600")
-            .header("etag", "\"v1\"")
-            .header("x-tier", "gold")
-            .body(ResponseBody::Full(Some(body)))
-            .unwrap();
+            .header("cache-control", "max-age=3600");
+        for (name, value) in headers {
+            answer = answer.header(*name, *value);
+        }
+        let answer = answer.body(ResponseBody::Full(Some(body))).unwrap();
         drop(fill.answered(answer));
     }
 
@@ -572,18 +579,8 @@ mod tests {
     #[test]
     fn a_hit_from_a_threads_copy_has_the_stored_headers_and_its_own_age_and_status() {
         let cache = cache();
-        let Lookup::Miss(fill) = look(&cache, "GET", "/h") else {
-            panic!("a miss");
-        };
-        let answer = http::Response::builder()
-            .header("content-type", "text/plain")
-            .header("cache-control", "max-age=3600")
-            .header("age", "100")
-            .header("x-tier", "gold")
-            .header("x-tier", "silver")
-            .body(ResponseBody::Full(Some(Bytes::from_static(b"0123456789"))))
-            .unwrap();
-        drop(fill.answered(answer));
+        let headers = [("age", "100"), ("x-tier", "gold"), ("x-tier", "silver")];
+        store_with(&cache, "/h", &headers, Bytes::from_static(b"0123456789"));
         for round in 0..3 {
             count_from_zero();
             let Lookup::Hit(resp) = look(&cache, "GET", "/h") else {
@@ -1308,18 +1305,8 @@ mod tests {
         }
         // An answer whose own `Vary` lists it (a variant per `Accept-Encoding`: stored for
         // `gzip`, as `look` asks).
-        let Lookup::Miss(fill) = look(&cache, "GET", "/b") else {
-            panic!("/b is new");
-        };
-        let answer = http::Response::builder()
-            .header("content-type", "text/plain")
-            .header("cache-control", "max-age=3600")
-            .header("vary", "Accept-Encoding")
-            .body(ResponseBody::Full(Some(Bytes::from(
-                "vary listed. ".repeat(80),
-            ))))
-            .unwrap();
-        drop(fill.answered(answer));
+        let body = Bytes::from("vary listed. ".repeat(80));
+        store_with(&cache, "/b", &[("vary", "Accept-Encoding")], body);
         for round in 0..3 {
             let gzip = ask("/b", &[("accept-encoding", "gzip")]);
             assert_eq!(varies(&gzip), ["Accept-Encoding"], "round {round}");
