@@ -17,9 +17,12 @@
 # the admin listener), BODY=0 (N > 0: each request is a `POST` with an N-byte body, which the
 # listeners hand on as a streaming request body), PIPELINE=0 (N > 0: each connection sends N
 # requests at once, loadtest/pipeline.lua: the load generator is woken once per N answers; not
-# with BODY; with PROTO=h2, N streams in flight per connection), MODULE=builtin:hello (any tenant
-# module: `builtin:wasi-http` for the Rust `wasi:http` component, a path to a .wasm), PROTO=h1
-# (h2: HTTP/2 over cleartext with prior knowledge, by h2load of nghttp2-client; not with BODY),
+# with BODY; with PROTO=h2 or h3, N streams in flight per connection), MODULE=builtin:hello (any
+# tenant module: `builtin:wasi-http` for the Rust `wasi:http` component, a path to a .wasm),
+# PROTO=h1 (h2: HTTP/2 over cleartext with prior knowledge, by h2load of nghttp2-client; h3:
+# HTTP/3 on the TLS listener's port PORT+2 with a self-signed certificate made for the run, by
+# target/release/h3load, as `bench.sh h3` (`cargo build --release -p tern-loadtest`); neither
+# with BODY),
 # WORKERS=1 (2: the server runs two workers on both cores and the load generator two threads
 # on the same two cores; for what workers share, such as metrics every request writes).
 # Needs wrk (or h2load) and taskset (util-linux) and 2 cores.
@@ -42,7 +45,13 @@ case "$PROTO" in
         command -v h2load >/dev/null || { echo "ab.sh PROTO=h2 needs h2load (apt-get install nghttp2-client)" >&2; exit 2; }
         [ "$BODY" -eq 0 ] || { echo "ab.sh: BODY is for PROTO=h1 only" >&2; exit 2; }
         ;;
-    *) echo "ab.sh: PROTO is h1 or h2, not $PROTO" >&2; exit 2 ;;
+    h3)
+        H3LOAD=$(cd "$(dirname "$0")/.." && pwd)/target/release/h3load
+        [ -x "$H3LOAD" ] || { echo "ab.sh PROTO=h3 needs $H3LOAD (cargo build --release -p tern-loadtest)" >&2; exit 2; }
+        command -v openssl >/dev/null || { echo "ab.sh PROTO=h3 needs openssl" >&2; exit 2; }
+        [ "$BODY" -eq 0 ] || { echo "ab.sh: BODY is for PROTO=h1 only" >&2; exit 2; }
+        ;;
+    *) echo "ab.sh: PROTO is h1, h2 or h3, not $PROTO" >&2; exit 2 ;;
 esac
 case "$MODULE" in
     builtin:*) ;;
@@ -54,6 +63,18 @@ WORK=$(mktemp -d)
 trap 'kill "${PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 printf '[server]\nworker_threads = %s\n[[tenant]]\nname = "hello"\nmodule = "%s"\npaths = ["/hello"]\n' \
     "$WORKERS" "$MODULE" >"$WORK/tern.toml"
+if [ "$PROTO" = h3 ]; then
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+        -subj "/CN=bench.test" -addext "subjectAltName=DNS:bench.test" \
+        -addext "basicConstraints=critical,CA:FALSE" \
+        -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+    printf 'tls_listen = "127.0.0.1:%s"\nhttp3 = true\n[[certificate]]\ncert = "%s"\nkey = "%s"\n' \
+        $((PORT + 2)) "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/tls.toml"
+    # `[server]`'s keys go before the tenant's table, the certificate's table after it.
+    { printf '[server]\nworker_threads = %s\n' "$WORKERS"; head -2 "$WORK/tls.toml"
+      printf '[[tenant]]\nname = "hello"\nmodule = "%s"\npaths = ["/hello"]\n' "$MODULE"
+      tail -n +3 "$WORK/tls.toml"; } >"$WORK/tern.toml"
+fi
 WRK_ARGS=()
 if [ "$BODY" -gt 0 ]; then
     printf 'wrk.method = "POST"\nwrk.body = string.rep("x", %d)\n' "$BODY" >"$WORK/post.lua"
@@ -63,9 +84,14 @@ elif [ "${PIPELINE:-0}" -gt 0 ]; then
 fi
 
 # One load of $1 seconds against /hello, its summary on stdout (wrk's; or h2load's rate and its
-# count of 2xx answers).
+# count of 2xx answers; or h3load's "rate answers errors").
 load() { # secs
-    if [ "$PROTO" = h2 ]; then
+    if [ "$PROTO" = h3 ]; then
+        local streams=${PIPELINE:-0}
+        [ "$streams" -gt 0 ] || streams=1
+        taskset -c "$LOAD_CPUS" "$H3LOAD" h3 127.0.0.1:$((PORT + 2)) bench.test "$WORK/cert.pem" /hello "$1" "$CONNS" "$streams" keepalive |
+            awk '{ print "h3load:", $0 }'
+    elif [ "$PROTO" = h2 ]; then
         local streams=${PIPELINE:-0}
         [ "$streams" -gt 0 ] || streams=1
         taskset -c "$LOAD_CPUS" h2load -t"$WORKERS" -c"$CONNS" -m"$streams" -D"$1" "http://127.0.0.1:$PORT/hello" | grep -E '^(finished in|status codes:)'
@@ -101,6 +127,7 @@ round() { # binary label -> "label rps µs/request"
     echo "$out" | awk -v l="$2" -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '
         /requests in/ { n = $1 } /Requests\/sec/ { r = $2 }
         /^finished in/ { r = $4 } /^status codes:/ { n = $3 }
+        /^h3load:/ { r = $2; n = $3 }
         END { if (n > 0) printf "%s %.0f %.2f\n", l, r, t / hz * 1e6 / n }'
 }
 
