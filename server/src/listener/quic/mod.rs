@@ -17,7 +17,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, DATE};
@@ -441,8 +441,10 @@ async fn write_answer(
     {
         parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
     }
-    if !parts.headers.contains_key(DATE) {
-        parts.headers.insert(DATE, date_now());
+    if !parts.headers.contains_key(DATE)
+        && let Some(date) = date_at(SystemTime::now())
+    {
+        parts.headers.insert(DATE, date);
     }
     within(
         send_timeout,
@@ -475,44 +477,62 @@ async fn write_answer(
     Ok(())
 }
 
-/// This second's `Date` value, written once a second per thread (as hyper does for HTTP/1 and
-/// HTTP/2) instead of formatted for every answer.
-fn date_now() -> HeaderValue {
+/// The `Date` of an answer made at `now`: written once a second per thread (as hyper does for
+/// HTTP/1 and HTTP/2) instead of formatted for every answer; rewritten whenever the second
+/// differs, a clock set back too. None for a clock before 1970, which cannot be right: an
+/// answer then goes without one (RFC 9110 §6.6.1).
+fn date_at(now: SystemTime) -> Option<HeaderValue> {
     use std::cell::RefCell;
-    use std::time::{SystemTime, UNIX_EPOCH};
     thread_local! {
-        static DATE_NOW: RefCell<(u64, HeaderValue)> =
+        static DATE: RefCell<(u64, HeaderValue)> =
             const { RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
     }
-    let now = SystemTime::now();
-    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    DATE_NOW.with_borrow_mut(|(at, value)| {
+    let second = now.duration_since(UNIX_EPOCH).ok()?.as_secs();
+    Some(DATE.with_borrow_mut(|(at, value)| {
         if *at != second {
             let text = httpdate::fmt_http_date(now);
             *value = HeaderValue::from_maybe_shared(Bytes::from(text)).expect("ASCII");
             *at = second;
         }
         value.clone()
-    })
+    }))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::date_now;
-    use std::time::{Duration, SystemTime};
+    use super::date_at;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     #[test]
-    fn the_date_given_is_this_seconds_and_follows_the_clock() {
-        let first = date_now();
-        let read = |v: &http::HeaderValue| httpdate::parse_http_date(v.to_str().unwrap()).unwrap();
-        let off = |t: SystemTime| {
-            let now = SystemTime::now();
-            now.duration_since(t).unwrap_or_else(|e| e.duration())
+    fn an_answers_date_is_its_seconds_written_once_and_follows_the_clock_both_ways() {
+        let at = |secs: u64, millis: u64| {
+            UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(millis)
         };
-        assert!(off(read(&first)) <= Duration::from_secs(1), "{first:?}");
-        std::thread::sleep(Duration::from_millis(1100));
-        let later = date_now();
-        assert!(read(&later) > read(&first), "{first:?} then {later:?}");
-        assert!(off(read(&later)) <= Duration::from_secs(1), "{later:?}");
+        let date = |t: SystemTime| date_at(t).expect("after 1970");
+        let t = 1_796_000_000;
+        let first = date(at(t, 100));
+        assert_eq!(first, httpdate::fmt_http_date(at(t, 0)));
+        // Within the second: the same bytes, not written again.
+        let again = date(at(t, 900));
+        assert_eq!(again, first);
+        assert_eq!(again.as_bytes().as_ptr(), first.as_bytes().as_ptr());
+        // The next second, and a clock set back: each its own.
+        assert_eq!(date(at(t + 1, 0)), httpdate::fmt_http_date(at(t + 1, 0)));
+        assert_eq!(
+            date(at(t - 3600, 0)),
+            httpdate::fmt_http_date(at(t - 3600, 0))
+        );
+        assert_eq!(date(at(t, 500)), first);
+        // A clock before 1970 gives none.
+        assert_eq!(date_at(UNIX_EPOCH - Duration::from_secs(1)), None);
+        // Now: the clock's second, read around the call.
+        let before = SystemTime::now();
+        let now = date(SystemTime::now());
+        let after = SystemTime::now();
+        let read = httpdate::parse_http_date(now.to_str().unwrap()).unwrap();
+        let whole = |t: SystemTime| {
+            UNIX_EPOCH + Duration::from_secs(t.duration_since(UNIX_EPOCH).unwrap().as_secs())
+        };
+        assert!(whole(before) <= read && read <= after, "{now:?}");
     }
 }
