@@ -8,7 +8,7 @@
 #
 # Each round starts one binary serving MODULE with one worker pinned to core 0, warms it
 # for 3 s, then runs `wrk -t1 -c$CONNS -d${SECS}s` (or `h2load -c$CONNS -m1 -D$SECS` with
-# PROTO=h2) pinned to core 1 and reads the server's CPU
+# PROTO=h2, `h3load` with PROTO=h3) pinned to core 1 and reads the server's CPU
 # (utime + stime, /proc/PID/stat) over the run. Rounds alternate BEFORE, AFTER, ... and the order
 # is reversed halfway, so drift favours neither. Prints every round, then each binary's range
 # and median of µs CPU per request.
@@ -25,7 +25,9 @@
 # with BODY),
 # WORKERS=1 (2: the server runs two workers on both cores and the load generator two threads
 # on the same two cores; for what workers share, such as metrics every request writes).
-# Needs wrk (or h2load) and taskset (util-linux) and 2 cores.
+# With PROTO=h3 and WORKERS=2, h3load is still one thread (on both cores). A round whose load
+# answered nothing, or with errors, is said on stderr (none answered: the run stops).
+# Needs wrk (or h2load; or h3load and openssl) and taskset (util-linux) and 2 cores.
 set -euo pipefail
 
 if [ $# -ne 2 ] || [ ! -x "$1" ] || [ ! -x "$2" ]; then
@@ -67,7 +69,8 @@ if [ "$PROTO" = h3 ]; then
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
         -subj "/CN=bench.test" -addext "subjectAltName=DNS:bench.test" \
         -addext "basicConstraints=critical,CA:FALSE" \
-        -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+        -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>"$WORK/openssl.log" ||
+        { echo "ab.sh: openssl could not make the certificate:" >&2; cat "$WORK/openssl.log" >&2; exit 2; }
     printf 'tls_listen = "127.0.0.1:%s"\nhttp3 = true\n[[certificate]]\ncert = "%s"\nkey = "%s"\n' \
         $((PORT + 2)) "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/tls.toml"
     # `[server]`'s keys go before the tenant's table, the certificate's table after it.
@@ -116,10 +119,12 @@ round() { # binary label -> "label rps µs/request"
         cat "$WORK/$2.log" >&2
         exit 1
     fi
-    load 3 >/dev/null
+    # (This runs in a pipeline's subshell: the exit trap does not see PID, so a failed load
+    # stops the server here.)
     local t0 t1 out
+    load 3 >/dev/null || { kill "$PID"; echo "ab.sh: the load generator failed" >&2; exit 1; }
     t0=$(awk '{ print $14 + $15 }' "/proc/$PID/stat")
-    out=$(load "$SECS")
+    out=$(load "$SECS") || { kill "$PID"; echo "ab.sh: the load generator failed" >&2; exit 1; }
     t1=$(awk '{ print $14 + $15 }' "/proc/$PID/stat")
     kill "$PID"
     wait "$PID" 2>/dev/null || true
@@ -127,8 +132,13 @@ round() { # binary label -> "label rps µs/request"
     echo "$out" | awk -v l="$2" -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '
         /requests in/ { n = $1 } /Requests\/sec/ { r = $2 }
         /^finished in/ { r = $4 } /^status codes:/ { n = $3 }
-        /^h3load:/ { r = $2; n = $3 }
-        END { if (n > 0) printf "%s %.0f %.2f\n", l, r, t / hz * 1e6 / n }'
+        /^h3load:/ { r = $2; n = $3; e = $4 }
+        /Non-2xx or 3xx responses:/ { e = $NF } /Socket errors:/ { e = "socket errors" }
+        END {
+            if (e != "" && e != "0") printf "ab.sh: %s: %s failed requests in this round\n", l, e > "/dev/stderr"
+            if (n > 0) printf "%s %.0f %.2f\n", l, r, t / hz * 1e6 / n
+            else { printf "ab.sh: %s: no request answered\n", l > "/dev/stderr"; exit 1 }
+        }'
 }
 
 results=$WORK/results
