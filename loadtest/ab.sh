@@ -50,7 +50,6 @@ case "$PROTO" in
     h3)
         H3LOAD=$(cd "$(dirname "$0")/.." && pwd)/target/release/h3load
         [ -x "$H3LOAD" ] || { echo "ab.sh PROTO=h3 needs $H3LOAD (cargo build --release -p tern-loadtest)" >&2; exit 2; }
-        command -v openssl >/dev/null || { echo "ab.sh PROTO=h3 needs openssl" >&2; exit 2; }
         [ "$BODY" -eq 0 ] || { echo "ab.sh: BODY is for PROTO=h1 only" >&2; exit 2; }
         ;;
     *) echo "ab.sh: PROTO is h1, h2 or h3, not $PROTO" >&2; exit 2 ;;
@@ -63,21 +62,17 @@ esac
 ADMIN=$((PORT + 1))
 WORK=$(mktemp -d)
 trap 'kill "${PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
-printf '[server]\nworker_threads = %s\n[[tenant]]\nname = "hello"\nmodule = "%s"\npaths = ["/hello"]\n' \
-    "$WORKERS" "$MODULE" >"$WORK/tern.toml"
+# HTTP/3: a TLS listener on PORT+2 with a certificate made for the run.
+TLS_KEYS= CERTIFICATE=
 if [ "$PROTO" = h3 ]; then
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-        -subj "/CN=bench.test" -addext "subjectAltName=DNS:bench.test" \
-        -addext "basicConstraints=critical,CA:FALSE" \
-        -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>"$WORK/openssl.log" ||
-        { echo "ab.sh: openssl could not make the certificate:" >&2; cat "$WORK/openssl.log" >&2; exit 2; }
-    printf 'tls_listen = "127.0.0.1:%s"\nhttp3 = true\n[[certificate]]\ncert = "%s"\nkey = "%s"\n' \
-        $((PORT + 2)) "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/tls.toml"
-    # `[server]`'s keys go before the tenant's table, the certificate's table after it.
-    { printf '[server]\nworker_threads = %s\n' "$WORKERS"; head -2 "$WORK/tls.toml"
-      printf '[[tenant]]\nname = "hello"\nmodule = "%s"\npaths = ["/hello"]\n' "$MODULE"
-      tail -n +3 "$WORK/tls.toml"; } >"$WORK/tern.toml"
+    bash "$(dirname "$0")/self-signed.sh" "$WORK" bench.test 2
+    TLS_KEYS=$(printf 'tls_listen = "127.0.0.1:%s"\nhttp3 = true\n' $((PORT + 2)))
+    CERTIFICATE=$(printf '[[certificate]]\ncert = "%s"\nkey = "%s"\n' "$WORK/cert.pem" "$WORK/key.pem")
 fi
+printf '[server]\nworker_threads = %s\n%s\n[[tenant]]\nname = "hello"\nmodule = "%s"\npaths = ["/hello"]\n%s\n' \
+    "$WORKERS" "$TLS_KEYS" "$MODULE" "$CERTIFICATE" >"$WORK/tern.toml"
+STREAMS=${PIPELINE:-0}
+[ "$STREAMS" -gt 0 ] || STREAMS=1
 WRK_ARGS=()
 if [ "$BODY" -gt 0 ]; then
     printf 'wrk.method = "POST"\nwrk.body = string.rep("x", %d)\n' "$BODY" >"$WORK/post.lua"
@@ -90,14 +85,10 @@ fi
 # count of 2xx answers; or h3load's "rate answers errors").
 load() { # secs
     if [ "$PROTO" = h3 ]; then
-        local streams=${PIPELINE:-0}
-        [ "$streams" -gt 0 ] || streams=1
-        taskset -c "$LOAD_CPUS" "$H3LOAD" h3 127.0.0.1:$((PORT + 2)) bench.test "$WORK/cert.pem" /hello "$1" "$CONNS" "$streams" keepalive |
+        taskset -c "$LOAD_CPUS" "$H3LOAD" h3 127.0.0.1:$((PORT + 2)) bench.test "$WORK/cert.pem" /hello "$1" "$CONNS" "$STREAMS" keepalive |
             awk '{ print "h3load:", $0 }'
     elif [ "$PROTO" = h2 ]; then
-        local streams=${PIPELINE:-0}
-        [ "$streams" -gt 0 ] || streams=1
-        taskset -c "$LOAD_CPUS" h2load -t"$WORKERS" -c"$CONNS" -m"$streams" -D"$1" "http://127.0.0.1:$PORT/hello" | grep -E '^(finished in|status codes:)'
+        taskset -c "$LOAD_CPUS" h2load -t"$WORKERS" -c"$CONNS" -m"$STREAMS" -D"$1" "http://127.0.0.1:$PORT/hello" | grep -E '^(finished in|status codes:)'
     else
         taskset -c "$LOAD_CPUS" wrk "${WRK_ARGS[@]}" -t"$WORKERS" -c"$CONNS" -d"$1s" "http://127.0.0.1:$PORT/hello" -- "${PIPELINE:-0}"
     fi

@@ -14,9 +14,7 @@ h3() {
     caddy=$(find_caddy)
     hz=$(getconf CLK_TCK)
     mkdir -p "$dir"
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
-        -subj "/CN=$name" -addext "subjectAltName=DNS:$name" -addext "basicConstraints=critical,CA:FALSE" \
-        -keyout "$dir/key.pem" -out "$dir/cert.pem" 2>/dev/null
+    bash "$ROOT/loadtest/self-signed.sh" "$dir" "$name"
     local load=$ROOT/target/release/h3load
     # run PID PROTO PORT PATH MODE -> "rate count errors cpu-µs-per-unit units-per-core-second"
     run() {

@@ -12,9 +12,7 @@ tls() {
     local dir=$WORK/tls hz name=bench.test
     hz=$(getconf CLK_TCK)
     mkdir -p "$dir"
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
-        -subj "/CN=$name" -addext "subjectAltName=DNS:$name" -addext "basicConstraints=critical,CA:FALSE" \
-        -keyout "$dir/key.pem" -out "$dir/cert.pem" 2>/dev/null
+    bash "$ROOT/loadtest/self-signed.sh" "$dir" "$name"
     local handshakes=$ROOT/target/release/tls-handshakes
     # measure PID PORT MODE -> "handshakes/s cpu-seconds handshakes-per-core-second resumed"
     measure() {
