@@ -315,11 +315,11 @@ async fn connection<H, F>(
         let mut conn = conn.clone();
         conn.peer = quic.remote_address();
         let timeouts = (opts.header_read_timeout, opts.send_timeout);
-        let task = request(resolver, handler.clone(), conn, timeouts);
         // Boxed: tokio moves a task's future whole when it spawns it (~9 KB here, with h3's
         // futures and the front end's) and writes over it when it ends; a box is one
         // allocation, and a pointer moved.
-        requests.spawn(Box::pin(caught(task, opts.panics.clone())));
+        let task = Box::pin(request(resolver, handler.clone(), conn, timeouts));
+        requests.spawn(caught(task, opts.panics.clone()));
     }
     // Whatever ended the loop, the requests still running finish before the close.
     requests.close();
