@@ -7,6 +7,9 @@
 //! ```
 //!
 //! Prints `RATE COUNT ERRORS` (requests or handshakes per second, how many, how many failed).
+//! With `H3LOAD_REQUESTS=N` in the environment, keep-alive load sends exactly `N` requests
+//! (over all connections) and ends when they are answered, whatever `SECS` says: a count to
+//! divide by, as `loadtest/instructions.sh` needs.
 //! The client is rustls with aws-lc-rs for both; HTTP/3 is quinn + h3 (the crates Tern serves
 //! with), HTTP/2 is hyper's client.
 
@@ -29,6 +32,8 @@ struct Args {
     conns: usize,
     streams: usize,
     handshakes: bool,
+    /// `H3LOAD_REQUESTS`: this many requests in all, instead of for `secs`.
+    requests: Option<u64>,
 }
 
 fn args() -> Args {
@@ -55,6 +60,9 @@ fn args() -> Args {
         conns: a[7].parse().expect("CONNS"),
         streams: a[8].parse().expect("STREAMS"),
         handshakes: a.get(9).is_some_and(|m| m == "handshakes"),
+        requests: std::env::var("H3LOAD_REQUESTS")
+            .ok()
+            .map(|n| n.parse().expect("H3LOAD_REQUESTS is a count")),
     }
 }
 
@@ -73,12 +81,32 @@ fn tls(ca: &rustls::RootCertStore, alpn: &[u8]) -> rustls::ClientConfig {
     c
 }
 
-/// What every request loop shares: when to stop, and the counts.
-#[derive(Clone, Default)]
+/// What every request loop shares: when to stop, the requests still to send (with
+/// `H3LOAD_REQUESTS`), and the counts.
+#[derive(Clone)]
 struct Counts {
     stop: Arc<AtomicBool>,
+    left: Arc<AtomicU64>,
     done: Arc<AtomicU64>,
     failed: Arc<AtomicU64>,
+}
+
+impl Counts {
+    fn new(requests: Option<u64>) -> Self {
+        Self {
+            stop: Arc::default(),
+            left: Arc::new(AtomicU64::new(requests.unwrap_or(u64::MAX))),
+            done: Arc::default(),
+            failed: Arc::default(),
+        }
+    }
+
+    /// Takes one request from what is left to send: false once none is.
+    fn take(&self) -> bool {
+        self.left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
 }
 
 /// Runs `loops` loops of `one` request at a time (one request in all if `once`) until stop.
@@ -92,6 +120,9 @@ where
         let (one, counts) = (one.clone(), counts.clone());
         running.push(tokio::spawn(async move {
             loop {
+                if !counts.take() {
+                    return;
+                }
                 match one().await {
                     Ok(()) => counts.done.fetch_add(1, Ordering::Relaxed),
                     Err(_) => counts.failed.fetch_add(1, Ordering::Relaxed),
@@ -172,7 +203,7 @@ async fn h2_connection(
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let a = Arc::new(args());
-    let counts = Counts::default();
+    let counts = Counts::new(a.requests.filter(|_| !a.handshakes));
     let h3_config = quinn::ClientConfig::new(Arc::new(
         quinn::crypto::rustls::QuicClientConfig::try_from(tls(&a.ca, b"h3")).expect("QUIC TLS"),
     ));
@@ -208,13 +239,25 @@ async fn main() {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_secs(a.secs)).await;
-    counts.stop.store(true, Ordering::Relaxed);
-    let elapsed = started.elapsed().as_secs_f64();
-    let counted = counts.done.load(Ordering::Relaxed);
-    for t in tasks {
-        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
-    }
+    let (elapsed, counted) = if a.requests.is_some() && !a.handshakes {
+        // A count: every loop ends when none is left to send.
+        for t in tasks {
+            let _ = t.await;
+        }
+        (
+            started.elapsed().as_secs_f64(),
+            counts.done.load(Ordering::Relaxed),
+        )
+    } else {
+        tokio::time::sleep(Duration::from_secs(a.secs)).await;
+        counts.stop.store(true, Ordering::Relaxed);
+        let elapsed = started.elapsed().as_secs_f64();
+        let counted = counts.done.load(Ordering::Relaxed);
+        for t in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+        (elapsed, counted)
+    };
     println!(
         "{:.0} {} {}",
         counted as f64 / elapsed,
