@@ -425,27 +425,13 @@ async fn write_answer(
     send_timeout: Duration,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let (mut parts, mut body) = resp.into_parts();
-    for name in FRAMING_HEADERS {
-        parts.headers.remove(name);
-    }
     let status = parts.status;
     let bodiless = head_only
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    if !parts.headers.contains_key(CONTENT_LENGTH)
-        && status != StatusCode::NO_CONTENT
-        && !status.is_informational()
-        && let Some(n) = http_body::Body::size_hint(&body).exact()
-        && !(head_only && n == 0)
-    {
-        parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
-    }
-    if !parts.headers.contains_key(DATE)
-        && let Some(date) = date_at(SystemTime::now())
-    {
-        parts.headers.insert(DATE, date);
-    }
+    let length = http_body::Body::size_hint(&body).exact();
+    h3_head(&mut parts, length, head_only, SystemTime::now);
     within(
         send_timeout,
         send.send_response(Response::from_parts(parts, ())),
@@ -477,6 +463,46 @@ async fn write_answer(
     Ok(())
 }
 
+/// An answer's head as HTTP/3 sends it (RFC 9114 §4.2): without HTTP/1's connection headers
+/// ([`FRAMING_HEADERS`]), with a `Content-Length` when the body's `length` is known and the
+/// status has a body, and a `Date` (of `now()`, read only then) when the guest gave none. One pass over the
+/// head's names says which of these it holds: a look-up by name hashes and probes, and nine
+/// of them cost more than a pass over the few headers an answer has.
+fn h3_head(
+    parts: &mut http::response::Parts,
+    length: Option<u64>,
+    head_only: bool,
+    now: impl FnOnce() -> SystemTime,
+) {
+    let (mut framing, mut has_length, mut has_date) = (false, false, false);
+    for name in parts.headers.keys() {
+        if name == CONTENT_LENGTH {
+            has_length = true;
+        } else if name == DATE {
+            has_date = true;
+        } else {
+            framing |= FRAMING_HEADERS.contains(&name.as_str());
+        }
+    }
+    if framing {
+        for name in FRAMING_HEADERS {
+            parts.headers.remove(name);
+        }
+    }
+    let status = parts.status;
+    if !has_length
+        && status != StatusCode::NO_CONTENT
+        && !status.is_informational()
+        && let Some(n) = length
+        && !(head_only && n == 0)
+    {
+        parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+    }
+    if !has_date && let Some(date) = date_at(now()) {
+        parts.headers.insert(DATE, date);
+    }
+}
+
 /// The `Date` of an answer made at `now`: written once a second per thread (as hyper does for
 /// HTTP/1 and HTTP/2) instead of formatted for every answer; rewritten whenever the second
 /// differs, a clock set back too. None for a clock before 1970, which cannot be right: an
@@ -500,8 +526,77 @@ fn date_at(now: SystemTime) -> Option<HeaderValue> {
 
 #[cfg(test)]
 mod tests {
-    use super::date_at;
+    use super::{FRAMING_HEADERS, date_at, h3_head};
+    use http::{Response, StatusCode};
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    #[test]
+    fn an_http3_head_drops_connection_headers_and_gains_a_length_and_a_date_only_where_missing() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_796_000_000);
+        let head = |status: StatusCode, headers: &[(&str, &str)]| {
+            let mut b = Response::builder().status(status);
+            for (n, v) in headers {
+                b = b.header(*n, *v);
+            }
+            b.body(()).unwrap().into_parts().0
+        };
+        let names = |p: &http::response::Parts| {
+            let mut n: Vec<String> = p.headers.keys().map(|k| k.to_string()).collect();
+            n.sort();
+            n
+        };
+        // Every connection header goes, whichever it is, and only they do.
+        for framing in FRAMING_HEADERS {
+            let mut p = head(
+                StatusCode::OK,
+                &[
+                    ("content-type", "text/plain"),
+                    (framing, "x"),
+                    ("x-own", "1"),
+                ],
+            );
+            h3_head(&mut p, Some(5), false, || now);
+            assert_eq!(
+                names(&p),
+                ["content-length", "content-type", "date", "x-own"],
+                "{framing}"
+            );
+            assert_eq!(p.headers["content-length"], "5");
+            assert_eq!(p.headers["date"], httpdate::fmt_http_date(now));
+        }
+        // All of them at once.
+        let all: Vec<(&str, &str)> = FRAMING_HEADERS.iter().map(|n| (*n, "x")).collect();
+        let mut p = head(StatusCode::OK, &all);
+        h3_head(&mut p, None, false, || now);
+        assert_eq!(names(&p), ["date"]);
+        // A guest's own length and date stand, and the clock is not read for them.
+        let mut p = head(
+            StatusCode::OK,
+            &[
+                ("content-length", "7"),
+                ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
+            ],
+        );
+        h3_head(&mut p, Some(5), false, || panic!("the clock read"));
+        assert_eq!(p.headers["content-length"], "7");
+        assert_eq!(p.headers["date"], "Sun, 06 Nov 1994 08:49:37 GMT");
+        assert_eq!(p.headers.len(), 2);
+        // No length for a status without a body, an unknown length, or an empty HEAD.
+        for (status, length, head_only) in [
+            (StatusCode::NO_CONTENT, Some(0), false),
+            (StatusCode::CONTINUE, Some(0), false),
+            (StatusCode::OK, None, false),
+            (StatusCode::OK, Some(0), true),
+        ] {
+            let mut p = head(status, &[]);
+            h3_head(&mut p, length, head_only, || now);
+            assert_eq!(names(&p), ["date"], "{status} {length:?} {head_only}");
+        }
+        // A HEAD whose body would have a known length says it.
+        let mut p = head(StatusCode::OK, &[]);
+        h3_head(&mut p, Some(17), true, || now);
+        assert_eq!(p.headers["content-length"], "17");
+    }
 
     #[test]
     fn an_answers_date_is_its_seconds_written_once_and_follows_the_clock_both_ways() {
