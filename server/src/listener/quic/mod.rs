@@ -291,6 +291,9 @@ async fn connection<H, F>(
     // The connection's requests, each in a task of its own.
     let requests = tokio_util::task::TaskTracker::new();
     let mut draining = false;
+    // Made once: a wait made afresh for every request subscribed to the shutdown channel and
+    // left it again (its counts shared by every worker) each time.
+    let mut stop = std::pin::pin!(shutdown.wait());
     loop {
         let resolver = tokio::select! {
             accepted = h3.accept() => match accepted {
@@ -302,7 +305,7 @@ async fn connection<H, F>(
                 }
             },
             // GOAWAY: the requests the client sent so far are served, later ones refused.
-            () = shutdown.wait(), if !draining => {
+            () = stop.as_mut(), if !draining => {
                 draining = true;
                 requests.close();
                 let _ = h3.shutdown(1).await;
