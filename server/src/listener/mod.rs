@@ -11,5 +11,5 @@ pub mod quic;
 mod tcp;
 
 pub use alt_svc::AltSvc;
-pub use options::{ListenOptions, caught};
+pub use options::{Caught, ListenOptions, caught};
 pub use tcp::{Prefixed, serve};

@@ -72,12 +72,16 @@ pub fn caught<F: Future<Output = ()>>(
     task: Pin<Box<F>>,
     panics: Option<prometheus::IntCounter>,
 ) -> Caught<F> {
-    Caught { task, panics }
+    Caught {
+        task: Some(task),
+        panics,
+    }
 }
 
 /// The future of [`caught`].
 pub struct Caught<F> {
-    task: Pin<Box<F>>,
+    /// The task until it ends or panics; dropped then, with all it holds.
+    task: Option<Pin<Box<F>>>,
     panics: Option<prometheus::IntCounter>,
 }
 
@@ -85,9 +89,14 @@ impl<F: Future<Output = ()>> Future for Caught<F> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let task = self.task.as_mut();
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.poll(cx))) {
-            Ok(polled) => polled,
+        let Some(task) = self.task.as_mut() else {
+            return Poll::Ready(());
+        };
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.as_mut().poll(cx)));
+        match polled {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(())) => {}
             Err(panic) => {
                 let why = panic
                     .downcast_ref::<&str>()
@@ -98,9 +107,10 @@ impl<F: Future<Output = ()>> Future for Caught<F> {
                 if let Some(panics) = &self.panics {
                     panics.inc();
                 }
-                Poll::Ready(())
             }
         }
+        self.task = None;
+        Poll::Ready(())
     }
 }
 
@@ -109,17 +119,34 @@ mod tests {
     use super::caught;
     use std::future::Future;
     use std::pin::pin;
-    use std::task::{Context, Poll, Waker};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll, Wake, Waker};
+
+    /// Counts its wakes.
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 
     #[test]
     fn a_caught_task_runs_to_its_end_and_a_panic_in_it_is_counted_not_unwound() {
-        let mut cx = Context::from_waker(Waker::noop());
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
         let panics = prometheus::IntCounter::new("panics", "panics").unwrap();
-        // A task that waits once, then ends: polled where it is, to its end.
+        // A task that waits once (waking its caller's waker, which must reach it), then ends.
         let mut polls = 0;
-        let waits_once = std::future::poll_fn(|_| {
+        let waits_once = std::future::poll_fn(|cx| {
             polls += 1;
             if polls == 1 {
+                cx.waker().wake_by_ref();
                 Poll::Pending
             } else {
                 Poll::Ready(())
@@ -128,19 +155,27 @@ mod tests {
         {
             let mut task = pin!(caught(Box::pin(waits_once), Some(panics.clone())));
             assert_eq!(task.as_mut().poll(&mut cx), Poll::Pending);
+            assert_eq!(
+                wakes.0.load(Ordering::Relaxed),
+                1,
+                "the task got another waker"
+            );
+            assert_eq!(task.as_mut().poll(&mut cx), Poll::Ready(()));
+            // Polled again after its end: still ended, the task not resumed (which panics).
             assert_eq!(task.as_mut().poll(&mut cx), Poll::Ready(()));
         }
         assert_eq!(polls, 2);
         assert_eq!(panics.get(), 0);
-        // A task that panics on its second poll ends there, counted; the caller goes on.
+        // A task that panics on its second poll ends there, counted once; the caller goes on.
         let mut polled = 0;
         let panics_later = std::future::poll_fn(|_| {
             polled += 1;
-            assert!(polled < 2, "a bug in the task");
+            assert!(polled < 2, "a bug in the task: {polled}");
             Poll::Pending
         });
         let mut task = pin!(caught(Box::pin(panics_later), Some(panics.clone())));
         assert_eq!(task.as_mut().poll(&mut cx), Poll::Pending);
+        assert_eq!(task.as_mut().poll(&mut cx), Poll::Ready(()));
         assert_eq!(task.as_mut().poll(&mut cx), Poll::Ready(()));
         assert_eq!(panics.get(), 1);
         // Without a counter, the same.

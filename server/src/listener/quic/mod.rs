@@ -468,7 +468,8 @@ async fn write_answer(
 
 /// An answer's head as HTTP/3 sends it (RFC 9114 §4.2): without HTTP/1's connection headers
 /// ([`FRAMING_HEADERS`]), with a `Content-Length` when the body's `length` is known and the
-/// status has a body, and a `Date` (of `now()`, read only then) when the guest gave none. One pass over the
+/// status has a body (not a `304`: its length would be the full answer's, which this body
+/// does not say, RFC 9110 §8.6), and a `Date` (of `now()`, read only then) when the guest gave none. One pass over the
 /// head's names says which of these it holds: a look-up by name hashes and probes, and nine
 /// of them cost more than a pass over the few headers an answer has.
 fn h3_head(
@@ -495,6 +496,7 @@ fn h3_head(
     let status = parts.status;
     if !has_length
         && status != StatusCode::NO_CONTENT
+        && status != StatusCode::NOT_MODIFIED
         && !status.is_informational()
         && let Some(n) = length
         && !(head_only && n == 0)
@@ -584,10 +586,29 @@ mod tests {
         assert_eq!(p.headers["content-length"], "7");
         assert_eq!(p.headers["date"], "Sun, 06 Nov 1994 08:49:37 GMT");
         assert_eq!(p.headers.len(), 2);
-        // No length for a status without a body, an unknown length, or an empty HEAD.
+        // Each of the two alone: the other is added, and a connection header beside them goes.
+        let mut p = head(StatusCode::OK, &[("content-length", "7"), ("upgrade", "x")]);
+        h3_head(&mut p, Some(5), false, || now);
+        assert_eq!(names(&p), ["content-length", "date"]);
+        assert_eq!(p.headers["content-length"], "7");
+        let mut p = head(
+            StatusCode::OK,
+            &[("date", "Sun, 06 Nov 1994 08:49:37 GMT"), ("te", "x")],
+        );
+        h3_head(&mut p, Some(5), false, || panic!("the clock read"));
+        assert_eq!(names(&p), ["content-length", "date"]);
+        assert_eq!(p.headers["content-length"], "5");
+        // An empty answer to a GET says its length, 0.
+        let mut p = head(StatusCode::OK, &[]);
+        h3_head(&mut p, Some(0), false, || now);
+        assert_eq!(p.headers["content-length"], "0");
+        // No length for a status without a body (or a 304's), an unknown length, or an
+        // empty HEAD.
         for (status, length, head_only) in [
-            (StatusCode::NO_CONTENT, Some(0), false),
-            (StatusCode::CONTINUE, Some(0), false),
+            (StatusCode::NO_CONTENT, Some(5), false),
+            (StatusCode::CONTINUE, Some(5), false),
+            (StatusCode::NOT_MODIFIED, Some(0), false),
+            (StatusCode::NOT_MODIFIED, Some(5), true),
             (StatusCode::OK, None, false),
             (StatusCode::OK, Some(0), true),
         ] {
