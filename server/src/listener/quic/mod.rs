@@ -428,11 +428,7 @@ async fn write_answer(
     send_timeout: Duration,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let (mut parts, mut body) = resp.into_parts();
-    let status = parts.status;
-    let bodiless = head_only
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
+    let bodiless = head_only || bodiless_status(parts.status);
     let length = http_body::Body::size_hint(&body).exact();
     h3_head(&mut parts, length, head_only, SystemTime::now);
     within(
@@ -466,12 +462,20 @@ async fn write_answer(
     Ok(())
 }
 
+/// Whether an answer with `status` has no body to send (RFC 9110 §6.4.1).
+fn bodiless_status(status: StatusCode) -> bool {
+    status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+}
+
 /// An answer's head as HTTP/3 sends it (RFC 9114 §4.2): without HTTP/1's connection headers
 /// ([`FRAMING_HEADERS`]), with a `Content-Length` when the body's `length` is known and the
-/// status has a body (not a `304`: its length would be the full answer's, which this body
-/// does not say, RFC 9110 §8.6), and a `Date` (of `now()`, read only then) when the guest gave none. One pass over the
-/// head's names says which of these it holds: a look-up by name hashes and probes, and nine
-/// of them cost more than a pass over the few headers an answer has.
+/// status has a body (so not a `304`'s: its length would be the full answer's, which this
+/// body does not say, RFC 9110 §8.6), and a `Date` (of `now()`, read only then) when the guest
+/// gave none. One pass over the head's names says which of these it holds: a look-up by name
+/// hashes and probes, and nine of them cost more than a pass over the few headers an answer
+/// has.
 fn h3_head(
     parts: &mut http::response::Parts,
     length: Option<u64>,
@@ -493,11 +497,8 @@ fn h3_head(
             parts.headers.remove(name);
         }
     }
-    let status = parts.status;
     if !has_length
-        && status != StatusCode::NO_CONTENT
-        && status != StatusCode::NOT_MODIFIED
-        && !status.is_informational()
+        && !bodiless_status(parts.status)
         && let Some(n) = length
         && !(head_only && n == 0)
     {
